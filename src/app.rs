@@ -1,0 +1,171 @@
+//! Running roles: bind every listener first, report the bound addresses, then serve until
+//! shutdown, then drain. The one owner of long-lived tasks.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+use tracing::Instrument;
+
+use crate::mcp::server::{Limits, SourceServer};
+use crate::mcp::source::DynSource;
+use crate::store::Store;
+use crate::transport::{self, http, quic, tls};
+
+/// How long shutdown waits for open connections to finish.
+pub const GRACE: Duration = Duration::from_secs(5);
+
+/// Where and how a source is served.
+#[derive(Debug, Clone, Default)]
+pub struct ServeOptions {
+    /// `--http ADDR`.
+    pub http: Option<String>,
+    /// `--quic ADDR`.
+    pub quic: Option<String>,
+    /// Serve stdin/stdout too (the default when no listener is given).
+    pub stdio: bool,
+    pub http_options: http::HttpOptions,
+    pub tls_cert: Option<PathBuf>,
+    pub tls_key: Option<PathBuf>,
+    pub limits: Limits,
+}
+
+/// What a role actually bound.
+#[derive(Debug, Clone, Default, serde::Serialize)]
+pub struct Bound {
+    pub role: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub http: Option<SocketAddr>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub quic: Option<SocketAddr>,
+    /// SHA-256 of the QUIC certificate, for clients' `--tls-pin`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub quic_fingerprint: Option<String>,
+    pub stdio: bool,
+}
+
+impl Bound {
+    /// The HTTP endpoint URL, if serving HTTP.
+    pub fn http_url(&self) -> Option<String> {
+        self.http.map(|a| format!("http://{a}{}", http::MCP_PATH))
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum AppError {
+    #[error("cannot listen on {addr}: {message}")]
+    Bind { addr: String, message: String },
+    #[error(transparent)]
+    Tls(#[from] tls::TlsError),
+}
+
+/// Binds the listeners `opts` asks for and spawns the serving tasks on `tracker`.
+/// Stdio, when served, cancels `shutdown` when stdin closes (the client went away).
+pub async fn serve_source(
+    source: DynSource,
+    opts: &ServeOptions,
+    store: &Store,
+    shutdown: &CancellationToken,
+    tracker: &TaskTracker,
+) -> Result<Bound, AppError> {
+    let role = source.info().name;
+    let server = SourceServer::new(source, opts.limits.clone(), shutdown.clone());
+    let mut bound = Bound {
+        role: role.clone(),
+        ..Bound::default()
+    };
+    if let Some(addr) = &opts.http {
+        let listener = http::bind(addr).await.map_err(|e| AppError::Bind {
+            addr: addr.clone(),
+            message: e.to_string(),
+        })?;
+        let local = listener.local_addr().map_err(|e| AppError::Bind {
+            addr: addr.clone(),
+            message: e.to_string(),
+        })?;
+        bound.http = Some(local);
+        let router = http::router(server.clone(), local, &opts.http_options, shutdown.clone());
+        tracker.spawn(
+            http::serve(listener, router, shutdown.clone(), GRACE)
+                .instrument(tracing::info_span!("http", role = %role, addr = %local)),
+        );
+    }
+    if let Some(addr) = &opts.quic {
+        let sock: SocketAddr = resolve_bind(addr).await?;
+        let identity =
+            tls::load_identity(store, opts.tls_cert.as_deref(), opts.tls_key.as_deref()).await?;
+        bound.quic_fingerprint = Some(identity.fingerprint());
+        let endpoint = quic::bind(sock, identity)?;
+        let local = endpoint.local_addr().map_err(|e| AppError::Bind {
+            addr: addr.clone(),
+            message: e.to_string(),
+        })?;
+        bound.quic = Some(local);
+        tracker.spawn(
+            quic::serve(endpoint, server.clone(), shutdown.clone())
+                .instrument(tracing::info_span!("quic", role = %role, addr = %local)),
+        );
+    }
+    if opts.stdio || (opts.http.is_none() && opts.quic.is_none()) {
+        bound.stdio = true;
+        let shutdown = shutdown.clone();
+        tracker.spawn(async move {
+            transport::serve_stdio(server, shutdown.clone()).await;
+            // The client closed stdin: nothing is left to serve on stdio.
+            shutdown.cancel();
+        });
+    }
+    Ok(bound)
+}
+
+async fn resolve_bind(addr: &str) -> Result<SocketAddr, AppError> {
+    tokio::net::lookup_host(addr)
+        .await
+        .map_err(|e| AppError::Bind {
+            addr: addr.into(),
+            message: e.to_string(),
+        })?
+        .next()
+        .ok_or_else(|| AppError::Bind {
+            addr: addr.into(),
+            message: "resolves to no address".into(),
+        })
+}
+
+/// Cancels `shutdown` on SIGINT or SIGTERM.
+pub fn cancel_on_signals(shutdown: CancellationToken) {
+    tokio::spawn(async move {
+        #[cfg(unix)]
+        {
+            use tokio::signal::unix::{SignalKind, signal};
+            let mut term = match signal(SignalKind::terminate()) {
+                Ok(s) => s,
+                Err(_) => return,
+            };
+            tokio::select! {
+                _ = tokio::signal::ctrl_c() => {}
+                _ = term.recv() => {}
+                _ = shutdown.cancelled() => return,
+            }
+        }
+        #[cfg(not(unix))]
+        {
+            let _ = tokio::signal::ctrl_c().await;
+        }
+        tracing::info!("shutting down");
+        shutdown.cancel();
+    });
+}
+
+/// Waits for `tracker`'s tasks after `shutdown`, at most [`GRACE`] plus a second.
+pub async fn drain(tracker: TaskTracker) {
+    tracker.close();
+    if tokio::time::timeout(GRACE + Duration::from_secs(1), tracker.wait())
+        .await
+        .is_err()
+    {
+        tracing::warn!("some tasks did not finish within the shutdown deadline");
+    }
+}

@@ -1,0 +1,221 @@
+//! `herald ls`, `herald read`, `herald call`: a small MCP client for people and scripts.
+
+use std::path::PathBuf;
+
+use anyhow::{Context, anyhow};
+use clap::Args;
+use rmcp::model::{CallToolRequestParams, ReadResourceRequestParams, ResourceContents};
+use serde_json::{Map, Value};
+
+use crate::cli::{Exit, usage};
+use crate::transport::client::{Connection, Target, client_config, connect};
+use crate::transport::tls::ClientTrust;
+
+/// Which server to talk to (exactly one).
+#[derive(Debug, Clone, Args)]
+#[group(required = true, multiple = false, id = "server")]
+pub struct ServerArgs {
+    /// Run CMD (through `sh -c`) and speak MCP on its stdin/stdout.
+    #[arg(long, value_name = "CMD")]
+    pub mcp_stdio: Option<String>,
+    /// Streamable HTTP endpoint, e.g. http://127.0.0.1:8750/mcp.
+    #[arg(long, value_name = "URL")]
+    pub mcp_http: Option<String>,
+    /// QUIC endpoint HOST:PORT.
+    #[arg(long, value_name = "HOST:PORT")]
+    pub mcp_quic: Option<String>,
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct ClientArgs {
+    #[command(flatten)]
+    pub server: ServerArgs,
+    /// Trust QUIC servers whose certificate chains to a CA in FILE (PEM).
+    #[arg(long, value_name = "FILE")]
+    pub tls_ca: Option<PathBuf>,
+    /// Trust the QUIC server whose certificate has this SHA-256 fingerprint (printed at its start).
+    #[arg(long, value_name = "SHA256")]
+    pub tls_pin: Option<String>,
+    /// Print JSON instead of text.
+    #[arg(long)]
+    pub json: bool,
+}
+
+impl ClientArgs {
+    fn target(&self) -> Target {
+        let s = &self.server;
+        if let Some(c) = &s.mcp_stdio {
+            Target::Stdio(c.clone())
+        } else if let Some(u) = &s.mcp_http {
+            Target::Http(u.clone())
+        } else {
+            Target::Quic(s.mcp_quic.clone().unwrap_or_default())
+        }
+    }
+
+    async fn connect(&self) -> Result<Connection, Exit> {
+        let trust = ClientTrust {
+            ca: self.tls_ca.clone(),
+            pin: self.tls_pin.clone(),
+        };
+        Ok(connect(&self.target(), &trust, client_config(), 4 * 1024 * 1024).await?)
+    }
+}
+
+#[derive(Debug, Args)]
+pub struct LsArgs {
+    #[command(flatten)]
+    pub client: ClientArgs,
+}
+
+#[derive(Debug, Args)]
+pub struct ReadArgs {
+    /// The resource URI.
+    pub uri: String,
+    #[command(flatten)]
+    pub client: ClientArgs,
+}
+
+#[derive(Debug, Args)]
+pub struct CallArgs {
+    /// The tool name.
+    pub tool: String,
+    /// Arguments as key=value; values are parsed as JSON when they parse, else taken as strings.
+    #[arg(value_name = "KEY=VALUE")]
+    pub args: Vec<String>,
+    #[command(flatten)]
+    pub client: ClientArgs,
+}
+
+pub async fn ls(args: LsArgs) -> Result<(), Exit> {
+    let conn = args.client.connect().await?;
+    let tools = conn.list_all_tools().await.context("tools/list failed")?;
+    let resources = conn.list_all_resources().await.context("resources/list failed")?;
+    let templates = conn
+        .list_all_resource_templates()
+        .await
+        .context("resources/templates/list failed")?;
+    if args.client.json {
+        let v = serde_json::json!({"tools": tools, "resources": resources, "templates": templates});
+        println!("{}", serde_json::to_string_pretty(&v)?);
+    } else {
+        println!("tools:");
+        for t in &tools {
+            let ro = t
+                .annotations
+                .as_ref()
+                .and_then(|a| a.read_only_hint)
+                .unwrap_or(false);
+            let tag = if ro { "read-only" } else { "mutating" };
+            println!("  {} ({tag}): {}", t.name, first_line(t.description.as_deref()));
+        }
+        println!("resources:");
+        for r in &resources {
+            println!(
+                "  {} [{}]: {}",
+                r.uri,
+                r.mime_type.as_deref().unwrap_or("?"),
+                first_line(r.description.as_deref())
+            );
+        }
+        println!("templates:");
+        for t in &templates {
+            println!("  {}: {}", t.uri_template, first_line(t.description.as_deref()));
+        }
+    }
+    conn.close().await;
+    Ok(())
+}
+
+fn first_line(s: Option<&str>) -> &str {
+    s.and_then(|s| s.lines().next()).unwrap_or("")
+}
+
+pub async fn read(args: ReadArgs) -> Result<(), Exit> {
+    let conn = args.client.connect().await?;
+    let result = conn
+        .read_resource(ReadResourceRequestParams::new(args.uri.clone()))
+        .await
+        .map_err(|e| anyhow!("reading {}: {e}", args.uri))?;
+    if args.client.json {
+        println!("{}", serde_json::to_string_pretty(&result)?);
+    } else {
+        for c in &result.contents {
+            match c {
+                ResourceContents::TextResourceContents { text, .. } => {
+                    match serde_json::from_str::<Value>(text) {
+                        Ok(v) => println!("{}", serde_json::to_string_pretty(&v)?),
+                        Err(_) => println!("{text}"),
+                    }
+                }
+                ResourceContents::BlobResourceContents { blob, mime_type, .. } => println!(
+                    "<{} bytes of {} as base64; use --json to see it>",
+                    blob.len(),
+                    mime_type.as_deref().unwrap_or("binary")
+                ),
+                #[allow(unreachable_patterns)]
+                other => println!("{}", serde_json::to_string(other)?),
+            }
+        }
+    }
+    conn.close().await;
+    Ok(())
+}
+
+/// Parses `key=value` pairs; a value is JSON when it parses as JSON, else a string.
+pub fn parse_kv(pairs: &[String]) -> anyhow::Result<Map<String, Value>> {
+    let mut out = Map::new();
+    for p in pairs {
+        let (k, v) = p
+            .split_once('=')
+            .ok_or_else(|| anyhow!("argument {p:?} is not KEY=VALUE"))?;
+        if k.is_empty() {
+            return Err(anyhow!("argument {p:?} has an empty key"));
+        }
+        let value = serde_json::from_str(v).unwrap_or_else(|_| Value::String(v.to_owned()));
+        out.insert(k.to_owned(), value);
+    }
+    Ok(out)
+}
+
+pub async fn call(args: CallArgs) -> Result<(), Exit> {
+    let arguments = parse_kv(&args.args).map_err(usage)?;
+    let conn = args.client.connect().await?;
+    let result = conn
+        .call_tool(CallToolRequestParams::new(args.tool.clone()).with_arguments(arguments))
+        .await
+        .map_err(|e| anyhow!("calling {}: {e}", args.tool))?;
+    let failed = result.is_error == Some(true);
+    if args.client.json {
+        println!("{}", serde_json::to_string_pretty(&result)?);
+    } else {
+        for c in &result.content {
+            match c.as_text() {
+                Some(t) => println!("{}", t.text),
+                None => println!("{}", serde_json::to_string(c)?),
+            }
+        }
+    }
+    conn.close().await;
+    if failed {
+        return Err(anyhow!("{} reported an error", args.tool).into());
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn kv_values_are_json_when_they_parse() {
+        let m = parse_kv(&["a=1".into(), "b=hello".into(), "c={\"x\":[1]}".into(), "d=\"1\"".into(), "e=".into()]).unwrap();
+        assert_eq!(m["a"], 1);
+        assert_eq!(m["b"], "hello");
+        assert_eq!(m["c"]["x"][0], 1);
+        assert_eq!(m["d"], "1");
+        assert_eq!(m["e"], "");
+        assert!(parse_kv(&["novalue".into()]).is_err());
+        assert!(parse_kv(&["=x".into()]).is_err());
+    }
+}

@@ -1,0 +1,146 @@
+//! The command line: clap types, one file per subcommand. The only place that uses `anyhow`.
+
+mod client;
+mod memo;
+mod serve;
+mod up;
+
+use std::path::PathBuf;
+
+use clap::{Parser, Subcommand, ValueEnum};
+
+use crate::store::{Location, Store};
+
+/// herald: a push-driven MCP watch pipeline in one binary.
+#[derive(Debug, Parser)]
+#[command(name = "herald", version, about, propagate_version = true)]
+pub struct Cli {
+    /// Log format on stderr. `json` writes one JSON object per line (and the bound-address
+    /// line as JSON too).
+    #[arg(long, global = true, value_enum, default_value_t = LogFormat::Text)]
+    pub log_format: LogFormat,
+    /// More logging (repeat for more). `RUST_LOG` overrides.
+    #[arg(short, long, global = true, action = clap::ArgAction::Count)]
+    pub verbose: u8,
+    /// The store file. Default: $STATE_DIRECTORY/herald.redb, else
+    /// $XDG_STATE_HOME/herald/herald.redb, else ~/.local/state/herald/herald.redb.
+    /// `:memory:` keeps nothing on disk.
+    #[arg(long, global = true, value_name = "PATH")]
+    pub store: Option<String>,
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum LogFormat {
+    Text,
+    Json,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Serve the memo source: memo://notes and memo://log, with memo_set / memo_delete.
+    Memo(memo::MemoArgs),
+    /// Run the demo pipeline with no config: memo on HTTP 127.0.0.1:8750 and QUIC :8751.
+    Up(up::UpArgs),
+    /// List a server's tools, resources and templates.
+    Ls(client::LsArgs),
+    /// Read a resource.
+    Read(client::ReadArgs),
+    /// Call a tool: `herald call memo_set key=todo value='"buy milk"'`.
+    Call(client::CallArgs),
+}
+
+/// An error with the exit code it maps to.
+#[derive(Debug)]
+pub struct Exit {
+    pub code: i32,
+    pub error: anyhow::Error,
+}
+
+impl<E: Into<anyhow::Error>> From<E> for Exit {
+    fn from(e: E) -> Self {
+        Exit {
+            code: 1,
+            error: e.into(),
+        }
+    }
+}
+
+/// Exit code for bad usage or configuration.
+pub const EXIT_USAGE: i32 = 64;
+
+pub fn usage(error: anyhow::Error) -> Exit {
+    Exit {
+        code: EXIT_USAGE,
+        error,
+    }
+}
+
+/// Runs the parsed command line.
+pub fn run(cli: Cli) -> Result<(), Exit> {
+    init_logging(cli.log_format, cli.verbose);
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()?;
+    let globals = Globals {
+        log_format: cli.log_format,
+        store: cli.store,
+    };
+    runtime.block_on(async move {
+        match cli.command {
+            Command::Memo(a) => memo::run(a, &globals).await,
+            Command::Up(a) => up::run(a, &globals).await,
+            Command::Ls(a) => client::ls(a).await,
+            Command::Read(a) => client::read(a).await,
+            Command::Call(a) => client::call(a).await,
+        }
+    })
+}
+
+/// Options every subcommand sees.
+#[derive(Debug)]
+pub struct Globals {
+    pub log_format: LogFormat,
+    pub store: Option<String>,
+}
+
+impl Globals {
+    /// Opens the store named by `--store`, or the default one.
+    pub async fn open_store(&self) -> Result<Store, Exit> {
+        let location = match &self.store {
+            Some(s) => Location::parse(s),
+            None => Location::default_path().map_err(|e| usage(e.into()))?,
+        };
+        let store = tokio::task::spawn_blocking(move || Store::open(&location)).await??;
+        Ok(store)
+    }
+
+    pub fn store_path(&self) -> Option<PathBuf> {
+        match self.store.as_deref().map(Location::parse) {
+            Some(Location::File(p)) => Some(p),
+            Some(Location::Memory) => None,
+            None => match Location::default_path() {
+                Ok(Location::File(p)) => Some(p),
+                _ => None,
+            },
+        }
+    }
+}
+
+fn init_logging(format: LogFormat, verbose: u8) {
+    use tracing_subscriber::EnvFilter;
+    let default = match verbose {
+        0 => "herald=info,rmcp=warn,warn",
+        1 => "herald=debug,rmcp=info,info",
+        _ => "debug",
+    };
+    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(default));
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
+    let _ = match format {
+        LogFormat::Json => builder.json().flatten_event(true).try_init(),
+        LogFormat::Text => builder.with_target(false).try_init(),
+    };
+}

@@ -1,0 +1,96 @@
+//! Flags shared by every server role: where to listen, TLS, and limits.
+
+use std::path::PathBuf;
+
+use clap::Args;
+
+use crate::app::{Bound, ServeOptions};
+use crate::cli::LogFormat;
+use crate::mcp::server::Limits;
+use crate::transport::http::HttpOptions;
+
+#[derive(Debug, Clone, Args)]
+pub struct ServeArgs {
+    /// Serve Streamable HTTP on ADDR (e.g. 127.0.0.1:8750; port 0 picks one). The endpoint is /mcp.
+    #[arg(long, value_name = "ADDR")]
+    pub http: Option<String>,
+    /// Serve MCP over QUIC on ADDR (ALPN `mcp`, one bidirectional stream per connection).
+    #[arg(long, value_name = "ADDR")]
+    pub quic: Option<String>,
+    /// Also serve stdin/stdout (the default when neither --http nor --quic is given).
+    #[arg(long)]
+    pub stdio: bool,
+    /// PEM certificate chain for QUIC. Without it a self-signed identity is made on first start,
+    /// kept in the store, and its fingerprint printed.
+    #[arg(long, value_name = "FILE", requires = "tls_key")]
+    pub tls_cert: Option<PathBuf>,
+    /// PEM private key for --tls-cert.
+    #[arg(long, value_name = "FILE", requires = "tls_cert")]
+    pub tls_key: Option<PathBuf>,
+    /// Accept this Host header on HTTP besides loopback names and the bound address (repeatable).
+    #[arg(long = "allowed-host", value_name = "HOST")]
+    pub allowed_hosts: Vec<String>,
+    /// Accept this browser Origin on HTTP besides loopback origins (repeatable), e.g. https://app.example.com:443.
+    #[arg(long = "allowed-origin", value_name = "ORIGIN")]
+    pub allowed_origins: Vec<String>,
+    /// Most open subscriptions/listen streams per connection.
+    #[arg(long, default_value_t = 64)]
+    pub max_listen_streams: usize,
+    /// Most resource URIs one listen stream may ask for.
+    #[arg(long, default_value_t = 256)]
+    pub max_listen_uris: usize,
+    /// Largest incoming message in bytes (stdio/QUIC line, HTTP body).
+    #[arg(long, default_value_t = 4 * 1024 * 1024)]
+    pub max_message_bytes: usize,
+}
+
+impl ServeArgs {
+    pub fn options(&self) -> ServeOptions {
+        ServeOptions {
+            http: self.http.clone(),
+            quic: self.quic.clone(),
+            stdio: self.stdio,
+            http_options: HttpOptions {
+                allowed_hosts: self.allowed_hosts.clone(),
+                allowed_origins: self.allowed_origins.clone(),
+            },
+            tls_cert: self.tls_cert.clone(),
+            tls_key: self.tls_key.clone(),
+            limits: Limits {
+                max_streams_per_connection: self.max_listen_streams,
+                max_uris_per_stream: self.max_listen_uris,
+                max_message_bytes: self.max_message_bytes,
+                ..Limits::default()
+            },
+        }
+    }
+}
+
+/// Prints what a role bound, on stderr: one JSON line with `--log-format json`, else one
+/// human line per listener. Scripts and tests read this instead of guessing ports.
+pub fn announce(bound: &Bound, format: LogFormat) {
+    match format {
+        LogFormat::Json => {
+            let mut v = serde_json::to_value(bound).unwrap_or_default();
+            if let Some(o) = v.as_object_mut() {
+                o.insert("event".into(), "listening".into());
+                if let Some(url) = bound.http_url() {
+                    o.insert("http_url".into(), url.into());
+                }
+            }
+            eprintln!("{v}");
+        }
+        LogFormat::Text => {
+            if let Some(url) = bound.http_url() {
+                eprintln!("herald {}: listening on {url}", bound.role);
+            }
+            if let (Some(q), Some(fp)) = (bound.quic, &bound.quic_fingerprint) {
+                eprintln!("herald {}: listening on quic://{q} (certificate sha256 {fp})", bound.role);
+            }
+            if bound.stdio && bound.http.is_none() && bound.quic.is_none() {
+                // stdout carries the protocol; say nothing there.
+                tracing::debug!(role = %bound.role, "serving stdio");
+            }
+        }
+    }
+}

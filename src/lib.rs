@@ -1,0 +1,13 @@
+//! herald: one binary carrying a push-driven MCP watch pipeline.
+//!
+//! Reading order: [`store`] (the one redb file), [`mcp`] (server plumbing every source shares:
+//! the source trait, listen hub, event-log ring, rmcp handler), [`transport`] (stdio, HTTP and
+//! QUIC, server and client), [`source`] (the change sources), [`app`] (binding and running
+//! roles), [`cli`] (the command line). `docs/ARCHITECTURE.md` has the map and the invariants.
+
+pub mod app;
+pub mod cli;
+pub mod mcp;
+pub mod source;
+pub mod store;
+pub mod transport;

@@ -1,0 +1,25 @@
+//! The herald binary: parse, run, map errors to exit codes (0 ok, 64 bad usage or config,
+//! 1 failure).
+
+use clap::Parser;
+
+fn main() {
+    // One crypto provider for the whole process: rustls on ring (reqwest and friends use the
+    // process default; herald's own TLS passes ring explicitly).
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let cli = match herald::cli::Cli::try_parse() {
+        Ok(c) => c,
+        Err(e) => {
+            let code = match e.kind() {
+                clap::error::ErrorKind::DisplayHelp | clap::error::ErrorKind::DisplayVersion => 0,
+                _ => herald::cli::EXIT_USAGE,
+            };
+            let _ = e.print();
+            std::process::exit(code);
+        }
+    };
+    if let Err(exit) = herald::cli::run(cli) {
+        eprintln!("herald: {:#}", exit.error);
+        std::process::exit(exit.code);
+    }
+}

@@ -1,0 +1,7 @@
+//! MCP server plumbing shared by every source: the [`Source`](source::Source) trait, the listen
+//! hub and change feed, the event-log ring, and the rmcp handler that ties them together.
+
+pub mod hub;
+pub mod ring;
+pub mod server;
+pub mod source;

@@ -1,0 +1,386 @@
+//! MCP server plumbing shared by every source: discover, resources, tools, `subscriptions/listen`
+//! with its limits, and error mapping, on rmcp.
+//!
+//! [`SourceServer`] is the rmcp handler. On byte-stream transports each connection gets a
+//! [`ConnServer`] ([`SourceServer::for_connection`]) that counts its listen streams; on HTTP, where
+//! rmcp builds a handler per request, the HTTP layer counts per TCP connection ([`ConnStreams`])
+//! and runs the same [`check_listen`]. Either way the limits are enforced
+//! *before* rmcp acknowledges a listen, so a refused listen is a
+//! plain JSON-RPC error, never an acknowledgment followed by silence.
+
+use std::borrow::Cow;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::time::Duration;
+
+use base64::Engine as _;
+use rmcp::handler::server::ServerHandler;
+use rmcp::model::{
+    CallToolRequestParams, CallToolResponse, ClientRequest, ErrorData as McpError, Implementation,
+    ListPromptsResult, ListResourceTemplatesResult, ListResourcesResult, ListToolsResult,
+    PaginatedRequestParams, ProtocolVersion, ReadResourceRequestParams, ReadResourceResponse,
+    ReadResourceResult, ResourceContents, ServerCapabilities, ServerConfig, ServerResult,
+    SubscriptionFilter, Tool,
+};
+use rmcp::service::{
+    NotificationContext, RequestContext, RoleServer, Service, SubscriptionContext,
+    SubscriptionSendError,
+};
+use serde_json::json;
+use tokio_util::sync::CancellationToken;
+use tracing::{debug, info, warn};
+
+use crate::mcp::hub::ChangeFeed;
+use crate::mcp::source::{Body, DynSource, SourceError};
+
+/// Server-side limits. Every field has a default and a flag.
+#[derive(Debug, Clone)]
+pub struct Limits {
+    /// Open `subscriptions/listen` streams per connection.
+    pub max_streams_per_connection: usize,
+    /// URIs one listen stream may ask for.
+    pub max_uris_per_stream: usize,
+    /// Largest incoming message (stdio/QUIC line, HTTP body), in bytes.
+    pub max_message_bytes: usize,
+    /// A listen stream whose notification cannot be written within this is ended, so the
+    /// client resubscribes instead of holding a stalled stream.
+    pub stall_timeout: Duration,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Limits {
+            max_streams_per_connection: 64,
+            max_uris_per_stream: 256,
+            max_message_bytes: 4 * 1024 * 1024,
+            stall_timeout: Duration::from_secs(10),
+        }
+    }
+}
+
+/// Open listen streams on one connection.
+#[derive(Debug, Clone, Default)]
+pub struct ConnStreams(Arc<AtomicUsize>);
+
+impl ConnStreams {
+    pub fn try_acquire(&self, max: usize) -> Option<StreamSlot> {
+        let prev = self.0.fetch_add(1, Ordering::AcqRel);
+        if prev >= max {
+            self.0.fetch_sub(1, Ordering::AcqRel);
+            return None;
+        }
+        Some(StreamSlot(Arc::new(SlotInner(self.0.clone()))))
+    }
+
+    pub fn open(&self) -> usize {
+        self.0.load(Ordering::Acquire)
+    }
+}
+
+/// A reserved listen slot; it rides in the request's extensions, so it is released when rmcp
+/// drops the listen request's context.
+#[derive(Clone)]
+pub struct StreamSlot(#[allow(dead_code)] Arc<SlotInner>);
+struct SlotInner(Arc<AtomicUsize>);
+impl Drop for SlotInner {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+struct Shared {
+    source: DynSource,
+    feed: ChangeFeed,
+    limits: Limits,
+    shutdown: CancellationToken,
+    config: ServerConfig,
+    tools: Vec<Tool>,
+    streams_total: AtomicU64,
+}
+
+/// The handler rmcp drives: one per server, cloned per request or connection.
+#[derive(Clone)]
+pub struct SourceServer {
+    shared: Arc<Shared>,
+}
+
+impl SourceServer {
+    pub fn new(source: DynSource, limits: Limits, shutdown: CancellationToken) -> SourceServer {
+        let info = source.info();
+        let tools = source.tools();
+        let caps = ServerCapabilities::builder()
+            .enable_resources()
+            .enable_resources_subscribe()
+            .enable_prompts()
+            .enable_tools()
+            .build();
+        let mut config = ServerConfig::new(caps).with_server_info(Implementation::new(
+            format!("herald-{}", info.name),
+            env!("CARGO_PKG_VERSION"),
+        ));
+        if let Some(i) = info.instructions {
+            config = config.with_instructions(i);
+        }
+        SourceServer {
+            shared: Arc::new(Shared {
+                feed: source.changes(),
+                source,
+                limits,
+                shutdown,
+                config,
+                tools,
+                streams_total: AtomicU64::new(0),
+            }),
+        }
+    }
+
+    /// This server for a new byte-stream connection (stdio, QUIC stream), with its own
+    /// listen-stream count.
+    pub fn for_connection(&self) -> ConnServer {
+        ConnServer {
+            server: self.clone(),
+            conn: ConnStreams::default(),
+        }
+    }
+
+    pub fn limits(&self) -> &Limits {
+        &self.shared.limits
+    }
+
+    pub fn feed(&self) -> &ChangeFeed {
+        &self.shared.feed
+    }
+}
+
+/// Checks a listen request against the limits and reserves a stream slot on `conn`.
+/// Called before rmcp acknowledges the listen, so a refusal is a plain JSON-RPC error.
+pub fn check_listen(
+    limits: &Limits,
+    requested_uris: usize,
+    conn: &ConnStreams,
+) -> Result<StreamSlot, McpError> {
+    if requested_uris > limits.max_uris_per_stream {
+        return Err(McpError::invalid_params(
+            format!(
+                "subscriptions/listen asks for {requested_uris} resources; one stream takes at most {}: split them across several listen requests",
+                limits.max_uris_per_stream
+            ),
+            Some(json!({"limit": limits.max_uris_per_stream, "requested": requested_uris})),
+        ));
+    }
+    conn.try_acquire(limits.max_streams_per_connection)
+        .ok_or_else(|| {
+            McpError::invalid_request(
+                format!(
+                    "this connection already has {} open listen streams, the most allowed; cancel one first or open another connection",
+                    limits.max_streams_per_connection
+                ),
+                Some(json!({"limit": limits.max_streams_per_connection})),
+            )
+        })
+}
+
+/// [`SourceServer`] on one byte-stream connection: enforces the listen limits before rmcp
+/// acknowledges a listen. (On HTTP the same check runs in the HTTP layer; see
+/// `transport::http`.)
+#[derive(Clone)]
+pub struct ConnServer {
+    server: SourceServer,
+    conn: ConnStreams,
+}
+
+impl Service<RoleServer> for ConnServer {
+    async fn handle_request(
+        &self,
+        request: ClientRequest,
+        mut context: RequestContext<RoleServer>,
+    ) -> Result<ServerResult, McpError> {
+        if let ClientRequest::SubscriptionsListenRequest(r) = &request {
+            let n = r
+                .params
+                .notifications
+                .resource_subscriptions
+                .as_ref()
+                .map_or(0, Vec::len);
+            let slot = check_listen(&self.server.shared.limits, n, &self.conn)?;
+            context.extensions.insert(slot);
+        }
+        self.server.handle_request(request, context).await
+    }
+
+    async fn handle_notification(
+        &self,
+        notification: rmcp::model::ClientNotification,
+        context: NotificationContext<RoleServer>,
+    ) -> Result<(), McpError> {
+        self.server.handle_notification(notification, context).await
+    }
+
+    fn get_info(&self) -> ServerConfig {
+        self.server.shared.config.clone()
+    }
+
+    fn supported_protocol_versions(&self) -> Cow<'static, [ProtocolVersion]> {
+        Cow::Borrowed(ProtocolVersion::KNOWN_VERSIONS)
+    }
+}
+
+/// Maps a source error to JSON-RPC. `uri` is attached as `data.uri` where it applies.
+pub fn to_mcp_error(e: SourceError) -> McpError {
+    match &e {
+        SourceError::NotFound { uri } => {
+            McpError::resource_not_found(e.to_string(), Some(json!({ "uri": uri })))
+        }
+        SourceError::InvalidParams(_) | SourceError::UnknownTool(_) => {
+            McpError::invalid_params(e.to_string(), None)
+        }
+        SourceError::Unavailable(_) => McpError::internal_error(e.to_string(), None),
+    }
+}
+
+impl ServerHandler for SourceServer {
+    fn get_info(&self) -> ServerConfig {
+        self.shared.config.clone()
+    }
+
+    async fn list_resources(
+        &self,
+        _request: Option<PaginatedRequestParams>,
+        _context: RequestContext<RoleServer>,
+    ) -> Result<ListResourcesResult, McpError> {
+        Ok(ListResourcesResult::with_all_items(self.shared.source.resources()))
+    }
+
+    async fn list_resource_templates(
+        &self,
+        _request: Option<PaginatedRequestParams>,
+        _context: RequestContext<RoleServer>,
+    ) -> Result<ListResourceTemplatesResult, McpError> {
+        Ok(ListResourceTemplatesResult::with_all_items(
+            self.shared.source.templates(),
+        ))
+    }
+
+    async fn list_prompts(
+        &self,
+        _request: Option<PaginatedRequestParams>,
+        _context: RequestContext<RoleServer>,
+    ) -> Result<ListPromptsResult, McpError> {
+        Ok(ListPromptsResult::with_all_items(Vec::new()))
+    }
+
+    async fn read_resource(
+        &self,
+        request: ReadResourceRequestParams,
+        _context: RequestContext<RoleServer>,
+    ) -> Result<ReadResourceResponse, McpError> {
+        let uri = request.uri;
+        let contents = self.shared.source.read(&uri).await.map_err(to_mcp_error)?;
+        let rc = match contents.body {
+            Body::Text(t) => ResourceContents::text(t, uri),
+            Body::Blob(b) => {
+                ResourceContents::blob(base64::engine::general_purpose::STANDARD.encode(b), uri)
+            }
+        }
+        .with_mime_type(contents.mime_type);
+        Ok(ReadResourceResult::new(vec![rc]).into())
+    }
+
+    fn accepted_subscription_filter(
+        &self,
+        requested: &SubscriptionFilter,
+    ) -> Option<SubscriptionFilter> {
+        let mut accepted = SubscriptionFilter::default();
+        if let Some(uris) = &requested.resource_subscriptions {
+            accepted.resource_subscriptions = Some(
+                uris.iter()
+                    .filter(|u| self.shared.source.watchable(u))
+                    .cloned()
+                    .collect(),
+            );
+        }
+        Some(accepted)
+    }
+
+    async fn listen(&self, ctx: SubscriptionContext) -> Result<(), McpError> {
+        let shared = &self.shared;
+        let uris = ctx
+            .accepted()
+            .resource_subscriptions
+            .clone()
+            .unwrap_or_default();
+        let stream = shared.streams_total.fetch_add(1, Ordering::Relaxed);
+        let id = ctx.sink().id().clone();
+        debug!(stream, ?id, uris = uris.len(), "listen stream opened");
+        // Register before starting source watchers, so a change that lands while a watcher
+        // starts is not lost.
+        let registration = shared.feed.register(&uris);
+        let mut guards = Vec::with_capacity(uris.len());
+        for uri in &uris {
+            match shared.source.watch(uri).await {
+                Ok(g) => guards.push(g),
+                Err(e) => warn!(%uri, error = %e, "source could not start watching"),
+            }
+        }
+        let sink = ctx.sink().clone();
+        let stall = shared.limits.stall_timeout;
+        loop {
+            tokio::select! {
+                biased;
+                _ = ctx.cancelled() => {
+                    debug!(stream, "listen stream cancelled by the client");
+                    return Ok(());
+                }
+                _ = shared.shutdown.cancelled() => {
+                    debug!(stream, "listen stream closed for shutdown");
+                    return Ok(());
+                }
+                batch = registration.queue().next_batch() => {
+                    for uri in batch {
+                        match tokio::time::timeout(stall, sink.notify_resource_updated(uri)).await {
+                            Ok(Ok(())) => {}
+                            Ok(Err(SubscriptionSendError::SubscriptionClosed)) => return Ok(()),
+                            Ok(Err(e)) => {
+                                debug!(stream, error = %e, "notification not sent");
+                            }
+                            Err(_) => {
+                                info!(
+                                    stream,
+                                    stall_ms = stall.as_millis() as u64,
+                                    "listen stream stalled: its reader took no notification; ending it so the client resubscribes"
+                                );
+                                return Ok(());
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    async fn list_tools(
+        &self,
+        _request: Option<PaginatedRequestParams>,
+        _context: RequestContext<RoleServer>,
+    ) -> Result<ListToolsResult, McpError> {
+        Ok(ListToolsResult::with_all_items(self.shared.tools.clone()))
+    }
+
+    fn get_tool(&self, name: &str) -> Option<Tool> {
+        self.shared.tools.iter().find(|t| t.name == name).cloned()
+    }
+
+    async fn call_tool(
+        &self,
+        request: CallToolRequestParams,
+        _context: RequestContext<RoleServer>,
+    ) -> Result<CallToolResponse, McpError> {
+        let args = request.arguments.unwrap_or_default();
+        self.shared
+            .source
+            .call_tool(&request.name, args)
+            .await
+            .map(Into::into)
+            .map_err(to_mcp_error)
+    }
+}

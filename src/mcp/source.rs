@@ -1,0 +1,140 @@
+//! The source trait: what a change source implements, and nothing more.
+//!
+//! A source lists its resources and templates, reads a URI in one of the two read shapes
+//! (state or event-log), says which URIs can be watched, optionally offers tools, and publishes
+//! changed URIs on its [`ChangeFeed`]. The plumbing in [`crate::mcp::server`] turns that into
+//! `server/discover`, `resources/*`, `tools/*`, `subscriptions/listen` and its notifications,
+//! limits and errors, the same way for every source.
+
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use rmcp::model::{CallToolResult, JsonObject, Resource, ResourceTemplate, Tool};
+use serde_json::Value;
+
+use crate::mcp::hub::ChangeFeed;
+use crate::mcp::ring::{EVENT_LOG_MIME, EventRing};
+
+/// One read of a resource.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Contents {
+    pub mime_type: String,
+    pub body: Body,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub enum Body {
+    Text(String),
+    Blob(Vec<u8>),
+}
+
+impl Contents {
+    /// A state read holding JSON.
+    pub fn json(value: &Value) -> Contents {
+        Contents {
+            mime_type: "application/json".into(),
+            body: Body::Text(value.to_string()),
+        }
+    }
+
+    /// An event-log read of `ring`.
+    pub fn event_log(ring: &EventRing) -> Contents {
+        Contents {
+            mime_type: EVENT_LOG_MIME.into(),
+            body: Body::Text(ring.read_json()),
+        }
+    }
+
+    pub fn text(mime_type: impl Into<String>, text: impl Into<String>) -> Contents {
+        Contents {
+            mime_type: mime_type.into(),
+            body: Body::Text(text.into()),
+        }
+    }
+
+    pub fn blob(mime_type: impl Into<String>, bytes: Vec<u8>) -> Contents {
+        Contents {
+            mime_type: mime_type.into(),
+            body: Body::Blob(bytes),
+        }
+    }
+}
+
+/// Errors a source reports. The plumbing maps them to JSON-RPC errors.
+#[derive(Debug, Clone, thiserror::Error, PartialEq)]
+pub enum SourceError {
+    /// No such resource: `-32602` with `data.uri`.
+    #[error("unknown resource {uri}; resources/list and resources/templates/list name what this server serves")]
+    NotFound { uri: String },
+    /// Bad arguments or a malformed URI: `-32602`.
+    #[error("{0}")]
+    InvalidParams(String),
+    /// No such tool: `-32602`.
+    #[error("unknown tool {0}; tools/list names the tools this server offers")]
+    UnknownTool(String),
+    /// The source cannot serve this right now (its upstream failed): `-32603` with the reason.
+    #[error("{0}")]
+    Unavailable(String),
+}
+
+/// Held while a listen stream watches a URI; dropping it tells the source one watcher left.
+/// Sources that start work per URI (a kubectl process, an inotify watch) refcount with it.
+pub struct WatchGuard(#[allow(dead_code)] Option<Box<dyn Send + Sync>>);
+
+impl WatchGuard {
+    pub fn none() -> WatchGuard {
+        WatchGuard(None)
+    }
+
+    pub fn new(inner: impl Send + Sync + 'static) -> WatchGuard {
+        WatchGuard(Some(Box::new(inner)))
+    }
+}
+
+/// Identity of a source as the server announces it.
+#[derive(Debug, Clone)]
+pub struct SourceInfo {
+    /// Short role name, e.g. `memo`; the server calls itself `herald-<name>`.
+    pub name: String,
+    pub instructions: Option<String>,
+}
+
+/// A change source. See the module docs.
+#[async_trait]
+pub trait Source: Send + Sync + 'static {
+    fn info(&self) -> SourceInfo;
+
+    /// Fixed resources (`resources/list`).
+    fn resources(&self) -> Vec<Resource>;
+
+    /// RFC 6570 templates (`resources/templates/list`).
+    fn templates(&self) -> Vec<ResourceTemplate> {
+        Vec::new()
+    }
+
+    /// Reads `uri`. Unknown URIs are [`SourceError::NotFound`], never empty contents.
+    async fn read(&self, uri: &str) -> Result<Contents, SourceError>;
+
+    /// Whether a listen stream may subscribe to `uri`.
+    fn watchable(&self, uri: &str) -> bool;
+
+    /// A listen stream starts watching `uri`; the guard is dropped when it stops.
+    async fn watch(&self, uri: &str) -> Result<WatchGuard, SourceError> {
+        let _ = uri;
+        Ok(WatchGuard::none())
+    }
+
+    /// The feed this source publishes changed URIs on.
+    fn changes(&self) -> ChangeFeed;
+
+    fn tools(&self) -> Vec<Tool> {
+        Vec::new()
+    }
+
+    async fn call_tool(&self, name: &str, args: JsonObject) -> Result<CallToolResult, SourceError> {
+        let _ = args;
+        Err(SourceError::UnknownTool(name.to_owned()))
+    }
+}
+
+pub type DynSource = Arc<dyn Source>;

@@ -1,0 +1,367 @@
+//! The memo source: `memo://notes`, a JSON object of notes kept in the store, changed by the
+//! `memo_set` / `memo_delete` tools, plus `memo://log`, the event log of those changes.
+//!
+//! It is the smallest real source: its change feed is its own write path. Writes are serialized
+//! (store commit, then memory, then the log, then the notification), so the log's order is the
+//! store's order and a reader that gets a notification always reads the change it announces.
+
+use std::collections::BTreeMap;
+use std::sync::RwLock;
+
+use async_trait::async_trait;
+use rmcp::model::{CallToolResult, ContentBlock as Content, JsonObject, Resource, Tool, ToolAnnotations};
+use serde_json::{Map, Value, json};
+
+use crate::mcp::hub::ChangeFeed;
+use crate::mcp::ring::{EVENT_LOG_MIME, EventRing};
+use crate::mcp::source::{Contents, Source, SourceError, SourceInfo};
+use crate::store::{Store, StoreError, Table};
+
+pub const NOTES_URI: &str = "memo://notes";
+pub const LOG_URI: &str = "memo://log";
+
+/// Longest note key accepted.
+const MAX_KEY_BYTES: usize = 1024;
+
+pub struct Memo {
+    notes: RwLock<BTreeMap<String, Value>>,
+    store: Store,
+    log: EventRing,
+    feed: ChangeFeed,
+    writes: tokio::sync::Mutex<()>,
+}
+
+impl Memo {
+    /// Loads the notes from the store.
+    pub async fn open(store: Store, ring_capacity: usize) -> Result<Memo, StoreError> {
+        let mut notes = BTreeMap::new();
+        for (k, v) in store.scan(Table::Notes).await? {
+            match serde_json::from_slice(&v) {
+                Ok(v) => {
+                    notes.insert(k, v);
+                }
+                Err(e) => tracing::warn!(key = %k, error = %e, "skipping an unreadable note"),
+            }
+        }
+        Ok(Memo {
+            notes: RwLock::new(notes),
+            store,
+            log: EventRing::new(ring_capacity),
+            feed: ChangeFeed::new(),
+            writes: tokio::sync::Mutex::new(()),
+        })
+    }
+
+    fn snapshot(&self) -> Value {
+        let notes = self.notes.read().unwrap_or_else(|e| e.into_inner());
+        Value::Object(notes.iter().map(|(k, v)| (k.clone(), v.clone())).collect())
+    }
+
+    fn check_key(key: &str) -> Result<(), SourceError> {
+        if key.is_empty() {
+            return Err(SourceError::InvalidParams(
+                "key must not be empty; pass key=\"name\"".into(),
+            ));
+        }
+        if key.len() > MAX_KEY_BYTES {
+            return Err(SourceError::InvalidParams(format!(
+                "key is {} bytes; keys are at most {MAX_KEY_BYTES} bytes",
+                key.len()
+            )));
+        }
+        Ok(())
+    }
+
+    /// Sets `key` to `value`. Returns whether anything changed.
+    pub async fn set(&self, key: &str, value: Value) -> Result<bool, SourceError> {
+        Self::check_key(key)?;
+        let _w = self.writes.lock().await;
+        let old = self
+            .notes
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(key)
+            .cloned();
+        if old.as_ref() == Some(&value) {
+            return Ok(false);
+        }
+        self.store
+            .put(Table::Notes, key, value.to_string().into_bytes())
+            .await
+            .map_err(|e| SourceError::Unavailable(e.to_string()))?;
+        self.notes
+            .write()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(key.to_owned(), value.clone());
+        let mut f = Map::new();
+        f.insert("key".into(), Value::from(key));
+        f.insert("object".into(), value);
+        let kind = match old {
+            Some(old) => {
+                f.insert("old".into(), old);
+                "MODIFIED"
+            }
+            None => "ADDED",
+        };
+        self.log.push(kind, f);
+        self.feed.publish(NOTES_URI);
+        self.feed.publish(LOG_URI);
+        Ok(true)
+    }
+
+    /// Deletes `key`. Returns whether it existed.
+    pub async fn delete(&self, key: &str) -> Result<bool, SourceError> {
+        Self::check_key(key)?;
+        let _w = self.writes.lock().await;
+        let Some(old) = self
+            .notes
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(key)
+            .cloned()
+        else {
+            return Ok(false);
+        };
+        self.store
+            .delete(Table::Notes, key)
+            .await
+            .map_err(|e| SourceError::Unavailable(e.to_string()))?;
+        self.notes
+            .write()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(key);
+        let mut f = Map::new();
+        f.insert("key".into(), Value::from(key));
+        f.insert("object".into(), old);
+        self.log.push("DELETED", f);
+        self.feed.publish(NOTES_URI);
+        self.feed.publish(LOG_URI);
+        Ok(true)
+    }
+}
+
+fn schema(v: Value) -> JsonObject {
+    v.as_object().cloned().unwrap_or_default()
+}
+
+fn key_arg(args: &JsonObject) -> Result<String, SourceError> {
+    match args.get("key") {
+        Some(Value::String(s)) => Ok(s.clone()),
+        Some(other) => Err(SourceError::InvalidParams(format!(
+            "key must be a string, got {other}"
+        ))),
+        None => Err(SourceError::InvalidParams(
+            "missing argument key; call with key=\"name\"".into(),
+        )),
+    }
+}
+
+fn check_args(args: &JsonObject, allowed: &[&str]) -> Result<(), SourceError> {
+    if let Some(k) = args.keys().find(|k| !allowed.contains(&k.as_str())) {
+        return Err(SourceError::InvalidParams(format!(
+            "unknown argument {k}; this tool takes {}",
+            allowed.join(", ")
+        )));
+    }
+    Ok(())
+}
+
+#[async_trait]
+impl Source for Memo {
+    fn info(&self) -> SourceInfo {
+        SourceInfo {
+            name: "memo".into(),
+            instructions: Some(
+                "Notes as a JSON object. Watch memo://notes (state) or memo://log (event log); change them with memo_set and memo_delete.".into(),
+            ),
+        }
+    }
+
+    fn resources(&self) -> Vec<Resource> {
+        vec![
+            Resource::new(NOTES_URI, "notes")
+                .with_mime_type("application/json")
+                .with_description(
+                    "All notes as one JSON object (key -> value); a state resource, diffed by key. \
+                     Change it with memo_set / memo_delete.\n\
+                     Example: await watch_start(name=\"notes\", uri=\"memo://notes\")",
+                ),
+            Resource::new(LOG_URI, "notes log")
+                .with_mime_type(EVENT_LOG_MIME)
+                .with_description(
+                    "Event log of note changes: ADDED / MODIFIED (with old) / DELETED, each with key and object, \
+                     numbered by seq.\n\
+                     Example: await watch_start(name=\"memo-log\", uri=\"memo://log\")",
+                ),
+        ]
+    }
+
+    async fn read(&self, uri: &str) -> Result<Contents, SourceError> {
+        match uri {
+            NOTES_URI => Ok(Contents::json(&self.snapshot())),
+            LOG_URI => Ok(Contents::event_log(&self.log)),
+            _ => Err(SourceError::NotFound { uri: uri.into() }),
+        }
+    }
+
+    fn watchable(&self, uri: &str) -> bool {
+        uri == NOTES_URI || uri == LOG_URI
+    }
+
+    fn changes(&self) -> ChangeFeed {
+        self.feed.clone()
+    }
+
+    fn tools(&self) -> Vec<Tool> {
+        vec![
+            Tool::new(
+                "memo_set",
+                "Set note `key` to `value` (any JSON value). Watchers of memo://notes and memo://log are notified.",
+                schema(json!({
+                    "type": "object",
+                    "properties": {
+                        "key": {"type": "string", "description": "note name"},
+                        "value": {"description": "any JSON value"}
+                    },
+                    "required": ["key", "value"],
+                    "additionalProperties": false
+                })),
+            )
+            .with_annotations(
+                ToolAnnotations::with_title("Set a note")
+                    .read_only(false)
+                    .destructive(false)
+                    .idempotent(true)
+                    .open_world(false),
+            ),
+            Tool::new(
+                "memo_delete",
+                "Delete note `key`. Watchers of memo://notes and memo://log are notified.",
+                schema(json!({
+                    "type": "object",
+                    "properties": {"key": {"type": "string", "description": "note name"}},
+                    "required": ["key"],
+                    "additionalProperties": false
+                })),
+            )
+            .with_annotations(
+                ToolAnnotations::with_title("Delete a note")
+                    .read_only(false)
+                    .destructive(true)
+                    .idempotent(true)
+                    .open_world(false),
+            ),
+        ]
+    }
+
+    async fn call_tool(&self, name: &str, args: JsonObject) -> Result<CallToolResult, SourceError> {
+        match name {
+            "memo_set" => {
+                check_args(&args, &["key", "value"])?;
+                let key = key_arg(&args)?;
+                let value = args.get("value").cloned().ok_or_else(|| {
+                    SourceError::InvalidParams(
+                        "missing argument value; call with value=<any JSON>".into(),
+                    )
+                })?;
+                let changed = self.set(&key, value).await?;
+                let text = if changed {
+                    format!("set {key}")
+                } else {
+                    format!("{key} unchanged")
+                };
+                let mut r = CallToolResult::success(vec![Content::text(text)]);
+                r.structured_content = Some(json!({"key": key, "changed": changed}));
+                Ok(r)
+            }
+            "memo_delete" => {
+                check_args(&args, &["key"])?;
+                let key = key_arg(&args)?;
+                let existed = self.delete(&key).await?;
+                let text = if existed {
+                    format!("deleted {key}")
+                } else {
+                    format!("{key} did not exist")
+                };
+                let mut r = CallToolResult::success(vec![Content::text(text)]);
+                r.structured_content = Some(json!({"key": key, "deleted": existed}));
+                Ok(r)
+            }
+            other => Err(SourceError::UnknownTool(other.to_owned())),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    async fn memo() -> Memo {
+        Memo::open(Store::memory(), 16).await.unwrap()
+    }
+
+    fn read_json(c: Contents) -> Value {
+        match c.body {
+            crate::mcp::source::Body::Text(t) => serde_json::from_str(&t).unwrap(),
+            _ => panic!("expected text"),
+        }
+    }
+
+    #[tokio::test]
+    async fn set_modify_delete_are_logged_with_old() {
+        let m = memo().await;
+        let r = m.changes().register(&[NOTES_URI.into(), LOG_URI.into()]);
+        assert!(m.set("a", json!(1)).await.unwrap());
+        assert!(!m.set("a", json!(1)).await.unwrap(), "same value is not a change");
+        assert!(m.set("a", json!({"x": 2})).await.unwrap());
+        assert!(m.delete("a").await.unwrap());
+        assert!(!m.delete("a").await.unwrap());
+        let log = read_json(m.read(LOG_URI).await.unwrap());
+        let ev = log["events"].as_array().unwrap();
+        let types: Vec<&str> = ev.iter().map(|e| e["type"].as_str().unwrap()).collect();
+        assert_eq!(types, ["ADDED", "MODIFIED", "DELETED"]);
+        assert_eq!(ev[1]["old"], json!(1));
+        assert_eq!(ev[1]["object"], json!({"x": 2}));
+        assert!(ev[0]["seq"].as_u64() < ev[1]["seq"].as_u64());
+        assert_eq!(read_json(m.read(NOTES_URI).await.unwrap()), json!({}));
+        let batch = r.queue().next_batch().await;
+        assert_eq!(batch, vec![NOTES_URI.to_string(), LOG_URI.to_string()]);
+    }
+
+    #[tokio::test]
+    async fn notes_survive_reopen_on_the_same_store() {
+        let store = Store::memory();
+        let m = Memo::open(store.clone(), 16).await.unwrap();
+        m.set("k", json!("v")).await.unwrap();
+        drop(m);
+        let m = Memo::open(store, 16).await.unwrap();
+        assert_eq!(read_json(m.read(NOTES_URI).await.unwrap()), json!({"k": "v"}));
+    }
+
+    #[tokio::test]
+    async fn bad_arguments_are_clear_errors() {
+        let m = memo().await;
+        let err = m.call_tool("memo_set", schema(json!({"key": "a"}))).await.unwrap_err();
+        assert!(err.to_string().contains("missing argument value"), "{err}");
+        let err = m
+            .call_tool("memo_set", schema(json!({"key": "a", "value": 1, "extra": 2})))
+            .await
+            .unwrap_err();
+        assert!(err.to_string().contains("unknown argument extra"), "{err}");
+        let err = m.call_tool("memo_set", schema(json!({"key": 5, "value": 1}))).await.unwrap_err();
+        assert!(err.to_string().contains("key must be a string"), "{err}");
+        let err = m.read("memo://nope").await.unwrap_err();
+        assert_eq!(err, SourceError::NotFound { uri: "memo://nope".into() });
+    }
+
+    #[test]
+    fn descriptions_end_with_a_code_mode_example() {
+        let m = futures::executor::block_on(memo());
+        for r in m.resources() {
+            let d = r.description.unwrap();
+            let last = d.lines().last().unwrap();
+            assert!(last.starts_with("Example: await watch_start("), "{last}");
+            assert!(last.contains(&format!("uri=\"{}\"", r.uri)));
+        }
+    }
+}

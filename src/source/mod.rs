@@ -1,0 +1,4 @@
+//! Change sources. Each implements [`crate::mcp::source::Source`] and nothing else; sources
+//! never import each other, the gateway or the watch client.
+
+pub mod memo;

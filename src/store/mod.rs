@@ -1,0 +1,470 @@
+//! The store: one redb file per process, and the only module that names redb.
+//!
+//! Every role that keeps state (memo notes, the QUIC identity, saved watch specs, later the
+//! Slack buffer and the task table) keeps it here, as byte values under string keys in one of a
+//! fixed set of [`Table`]s. Writes go to a single writer thread through a bounded channel; the
+//! thread folds whatever is queued into one transaction, so a burst of writes costs one commit.
+//! Reads run on tokio's blocking pool. Nothing here blocks a runtime worker.
+//!
+//! redb holds an exclusive file lock, so a second process that opens the same file gets
+//! [`StoreError::Locked`], which names the file and says another herald holds it.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::mpsc as std_mpsc;
+
+use redb::{Database, ReadableDatabase, ReadableTable, TableDefinition};
+use tokio::sync::oneshot;
+
+/// The schema version this build writes. A file with a newer version is refused.
+pub const SCHEMA_VERSION: u64 = 1;
+
+/// Writes queued to the writer thread before `put`/`delete` wait for room.
+const WRITE_QUEUE: usize = 1024;
+/// Most writes folded into one transaction.
+const MAX_BATCH: usize = 512;
+
+const META: TableDefinition<&str, u64> = TableDefinition::new("meta");
+const NOTES: TableDefinition<&str, &[u8]> = TableDefinition::new("memo_notes");
+const IDENTITY: TableDefinition<&str, &[u8]> = TableDefinition::new("identity");
+const WATCHES: TableDefinition<&str, &[u8]> = TableDefinition::new("watch_specs");
+
+/// The tables herald keeps. Each maps string keys to opaque bytes (JSON by convention).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Table {
+    /// `herald memo`'s notes: key → JSON value.
+    Notes,
+    /// TLS identities: `quic.cert` / `quic.key` → DER.
+    Identity,
+    /// Saved watch specs (`--watch-state`): name → JSON spec.
+    Watches,
+}
+
+impl Table {
+    fn def(self) -> TableDefinition<'static, &'static str, &'static [u8]> {
+        match self {
+            Table::Notes => NOTES,
+            Table::Identity => IDENTITY,
+            Table::Watches => WATCHES,
+        }
+    }
+}
+
+/// Where the store lives.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Location {
+    /// A file on disk.
+    File(PathBuf),
+    /// Nothing on disk; gone when the process exits (`--store :memory:`).
+    Memory,
+}
+
+impl Location {
+    /// Parses `--store`: `:memory:` or a path.
+    pub fn parse(s: &str) -> Location {
+        if s == ":memory:" {
+            Location::Memory
+        } else {
+            Location::File(PathBuf::from(s))
+        }
+    }
+
+    /// The default path: `$STATE_DIRECTORY/herald.redb` (systemd), else
+    /// `$XDG_STATE_HOME/herald/herald.redb`, else `~/.local/state/herald/herald.redb`.
+    pub fn default_path() -> Result<Location, StoreError> {
+        default_path_from(|k| std::env::var_os(k))
+    }
+}
+
+fn default_path_from(
+    env: impl Fn(&str) -> Option<std::ffi::OsString>,
+) -> Result<Location, StoreError> {
+    let nonempty = |k: &str| env(k).filter(|v| !v.is_empty());
+    if let Some(dirs) = nonempty("STATE_DIRECTORY") {
+        // systemd passes a colon-separated list when StateDirectory= names several.
+        let first = dirs.to_string_lossy().split(':').next().unwrap_or("").to_owned();
+        if !first.is_empty() {
+            return Ok(Location::File(Path::new(&first).join("herald.redb")));
+        }
+    }
+    if let Some(xdg) = nonempty("XDG_STATE_HOME") {
+        return Ok(Location::File(PathBuf::from(xdg).join("herald/herald.redb")));
+    }
+    if let Some(home) = nonempty("HOME") {
+        return Ok(Location::File(
+            PathBuf::from(home).join(".local/state/herald/herald.redb"),
+        ));
+    }
+    Err(StoreError::NoDefaultPath)
+}
+
+/// What can go wrong with the store. Messages say what to do.
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    #[error(
+        "store {path} is held by another herald process; stop that process or pass --store with another path"
+    )]
+    Locked { path: PathBuf },
+    #[error(
+        "store {path} has schema version {found}, newer than this herald understands ({supported}); upgrade herald or use another --store"
+    )]
+    NewerSchema {
+        path: PathBuf,
+        found: u64,
+        supported: u64,
+    },
+    #[error("cannot create the store directory {path}: {source}")]
+    CreateDir {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error(
+        "no default store path: none of STATE_DIRECTORY, XDG_STATE_HOME or HOME is set; pass --store PATH or --store :memory:"
+    )]
+    NoDefaultPath,
+    #[error("store {path}: {message}")]
+    Open { path: PathBuf, message: String },
+    #[error("store I/O failed: {0}")]
+    Io(String),
+    #[error("the store writer has stopped; herald is shutting down")]
+    Closed,
+}
+
+fn io_err(e: impl std::fmt::Display) -> StoreError {
+    StoreError::Io(e.to_string())
+}
+
+enum WriteOp {
+    Put {
+        table: Table,
+        key: String,
+        value: Vec<u8>,
+    },
+    Delete {
+        table: Table,
+        key: String,
+    },
+}
+
+struct Job {
+    op: WriteOp,
+    reply: oneshot::Sender<Result<bool, StoreError>>,
+}
+
+/// A handle to the open store. Cheap to clone; the writer thread stops when the last clone drops.
+#[derive(Clone)]
+pub struct Store {
+    db: Arc<Database>,
+    writer: std_mpsc::SyncSender<Job>,
+    location: Arc<Location>,
+}
+
+impl std::fmt::Debug for Store {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Store")
+            .field("location", &self.location)
+            .finish()
+    }
+}
+
+impl Store {
+    /// Opens (creating if needed) the store. Blocking: call it at start-up or in
+    /// `spawn_blocking`.
+    pub fn open(location: &Location) -> Result<Store, StoreError> {
+        let db = match location {
+            Location::Memory => redb::Builder::new()
+                .create_with_backend(redb::backends::InMemoryBackend::new())
+                .map_err(|e| StoreError::Open {
+                    path: PathBuf::from(":memory:"),
+                    message: e.to_string(),
+                })?,
+            Location::File(path) => {
+                if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+                    std::fs::create_dir_all(dir).map_err(|source| StoreError::CreateDir {
+                        path: dir.to_owned(),
+                        source,
+                    })?;
+                }
+                Database::create(path).map_err(|e| match e {
+                    redb::DatabaseError::DatabaseAlreadyOpen => StoreError::Locked {
+                        path: path.clone(),
+                    },
+                    other => StoreError::Open {
+                        path: path.clone(),
+                        message: other.to_string(),
+                    },
+                })?
+            }
+        };
+        let display = match location {
+            Location::File(p) => p.clone(),
+            Location::Memory => PathBuf::from(":memory:"),
+        };
+        check_schema(&db, &display)?;
+        let db = Arc::new(db);
+        let (writer, rx) = std_mpsc::sync_channel::<Job>(WRITE_QUEUE);
+        let wdb = db.clone();
+        std::thread::Builder::new()
+            .name("herald-store".into())
+            .spawn(move || writer_loop(&wdb, rx))
+            .map_err(io_err)?;
+        Ok(Store {
+            db,
+            writer,
+            location: Arc::new(location.clone()),
+        })
+    }
+
+    /// An in-memory store, for tests and `--store :memory:`.
+    pub fn memory() -> Store {
+        Store::open(&Location::Memory).expect("an in-memory store always opens")
+    }
+
+    pub fn location(&self) -> &Location {
+        &self.location
+    }
+
+    /// Stores `value` under `key`, durably, before returning.
+    pub async fn put(&self, table: Table, key: &str, value: Vec<u8>) -> Result<(), StoreError> {
+        self.submit(WriteOp::Put {
+            table,
+            key: key.to_owned(),
+            value,
+        })
+        .await
+        .map(|_| ())
+    }
+
+    /// Removes `key`; returns whether it existed.
+    pub async fn delete(&self, table: Table, key: &str) -> Result<bool, StoreError> {
+        self.submit(WriteOp::Delete {
+            table,
+            key: key.to_owned(),
+        })
+        .await
+    }
+
+    async fn submit(&self, op: WriteOp) -> Result<bool, StoreError> {
+        let (reply, rx) = oneshot::channel();
+        let job = Job { op, reply };
+        // The channel is bounded; when it is full the writer is behind, and we wait for room
+        // on the blocking pool rather than on a runtime worker.
+        match self.writer.try_send(job) {
+            Ok(()) => {}
+            Err(std_mpsc::TrySendError::Disconnected(_)) => return Err(StoreError::Closed),
+            Err(std_mpsc::TrySendError::Full(job)) => {
+                let writer = self.writer.clone();
+                tokio::task::spawn_blocking(move || writer.send(job))
+                    .await
+                    .map_err(io_err)?
+                    .map_err(|_| StoreError::Closed)?;
+            }
+        }
+        rx.await.map_err(|_| StoreError::Closed)?
+    }
+
+    /// Reads one value.
+    pub async fn get(&self, table: Table, key: &str) -> Result<Option<Vec<u8>>, StoreError> {
+        let db = self.db.clone();
+        let key = key.to_owned();
+        tokio::task::spawn_blocking(move || {
+            let tx = db.begin_read().map_err(io_err)?;
+            let t = match tx.open_table(table.def()) {
+                Ok(t) => t,
+                Err(redb::TableError::TableDoesNotExist(_)) => return Ok(None),
+                Err(e) => return Err(io_err(e)),
+            };
+            Ok(t.get(key.as_str())
+                .map_err(io_err)?
+                .map(|g| g.value().to_vec()))
+        })
+        .await
+        .map_err(io_err)?
+    }
+
+    /// Reads a whole table, in key order.
+    pub async fn scan(&self, table: Table) -> Result<Vec<(String, Vec<u8>)>, StoreError> {
+        let db = self.db.clone();
+        tokio::task::spawn_blocking(move || {
+            let tx = db.begin_read().map_err(io_err)?;
+            let t = match tx.open_table(table.def()) {
+                Ok(t) => t,
+                Err(redb::TableError::TableDoesNotExist(_)) => return Ok(Vec::new()),
+                Err(e) => return Err(io_err(e)),
+            };
+            let mut out = Vec::new();
+            for row in t.iter().map_err(io_err)? {
+                let (k, v) = row.map_err(io_err)?;
+                out.push((k.value().to_owned(), v.value().to_vec()));
+            }
+            Ok(out)
+        })
+        .await
+        .map_err(io_err)?
+    }
+}
+
+fn check_schema(db: &Database, path: &Path) -> Result<(), StoreError> {
+    let tx = db.begin_write().map_err(io_err)?;
+    {
+        let mut meta = tx.open_table(META).map_err(io_err)?;
+        let found = meta
+            .get("schema_version")
+            .map_err(io_err)?
+            .map(|g| g.value());
+        match found {
+            Some(v) if v > SCHEMA_VERSION => {
+                return Err(StoreError::NewerSchema {
+                    path: path.to_owned(),
+                    found: v,
+                    supported: SCHEMA_VERSION,
+                });
+            }
+            Some(v) if v == SCHEMA_VERSION => {}
+            _ => {
+                meta.insert("schema_version", SCHEMA_VERSION)
+                    .map_err(io_err)?;
+            }
+        }
+    }
+    tx.commit().map_err(io_err)
+}
+
+fn writer_loop(db: &Database, rx: std_mpsc::Receiver<Job>) {
+    while let Ok(first) = rx.recv() {
+        let mut batch = vec![first];
+        while batch.len() < MAX_BATCH {
+            match rx.try_recv() {
+                Ok(j) => batch.push(j),
+                Err(_) => break,
+            }
+        }
+        match apply(db, &batch) {
+            Ok(results) => {
+                for (job, r) in batch.into_iter().zip(results) {
+                    let _ = job.reply.send(Ok(r));
+                }
+            }
+            Err(msg) => {
+                tracing::error!(error = %msg, writes = batch.len(), "store commit failed");
+                for job in batch {
+                    let _ = job.reply.send(Err(StoreError::Io(msg.clone())));
+                }
+            }
+        }
+    }
+}
+
+fn apply(db: &Database, batch: &[Job]) -> Result<Vec<bool>, String> {
+    let tx = db.begin_write().map_err(|e| e.to_string())?;
+    let mut results = Vec::with_capacity(batch.len());
+    for job in batch {
+        match &job.op {
+            WriteOp::Put { table, key, value } => {
+                let mut t = tx.open_table(table.def()).map_err(|e| e.to_string())?;
+                t.insert(key.as_str(), value.as_slice())
+                    .map_err(|e| e.to_string())?;
+                results.push(true);
+            }
+            WriteOp::Delete { table, key } => {
+                let mut t = tx.open_table(table.def()).map_err(|e| e.to_string())?;
+                let existed = t.remove(key.as_str()).map_err(|e| e.to_string())?.is_some();
+                results.push(existed);
+            }
+        }
+    }
+    tx.commit().map_err(|e| e.to_string())?;
+    Ok(results)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn put_get_delete_scan() {
+        let s = Store::memory();
+        s.put(Table::Notes, "b", b"2".to_vec()).await.unwrap();
+        s.put(Table::Notes, "a", b"1".to_vec()).await.unwrap();
+        assert_eq!(s.get(Table::Notes, "a").await.unwrap(), Some(b"1".to_vec()));
+        assert_eq!(s.get(Table::Identity, "a").await.unwrap(), None);
+        let all = s.scan(Table::Notes).await.unwrap();
+        assert_eq!(all, vec![("a".into(), b"1".to_vec()), ("b".into(), b"2".to_vec())]);
+        assert!(s.delete(Table::Notes, "a").await.unwrap());
+        assert!(!s.delete(Table::Notes, "a").await.unwrap());
+    }
+
+    #[tokio::test]
+    async fn concurrent_writes_are_batched_and_all_land() {
+        let s = Store::memory();
+        let mut tasks = Vec::new();
+        for i in 0..2000 {
+            let s = s.clone();
+            tasks.push(tokio::spawn(async move {
+                s.put(Table::Notes, &format!("k{i:05}"), vec![1]).await
+            }));
+        }
+        for t in tasks {
+            t.await.unwrap().unwrap();
+        }
+        assert_eq!(s.scan(Table::Notes).await.unwrap().len(), 2000);
+    }
+
+    #[test]
+    fn second_open_of_a_file_is_refused_with_the_path() {
+        let dir = std::env::temp_dir().join(format!("herald-store-lock-{}", std::process::id()));
+        let path = dir.join("h.redb");
+        let _first = Store::open(&Location::File(path.clone())).unwrap();
+        let err = Store::open(&Location::File(path.clone())).unwrap_err();
+        let msg = err.to_string();
+        assert!(matches!(err, StoreError::Locked { .. }), "{msg}");
+        assert!(msg.contains(&path.display().to_string()) && msg.contains("another herald"));
+        drop(_first);
+        let _ = std::fs::remove_dir_all(dir);
+    }
+
+    #[test]
+    fn newer_schema_is_refused() {
+        let dir = std::env::temp_dir().join(format!("herald-store-schema-{}", std::process::id()));
+        let path = dir.join("h.redb");
+        std::fs::create_dir_all(&dir).unwrap();
+        {
+            let db = Database::create(&path).unwrap();
+            let tx = db.begin_write().unwrap();
+            tx.open_table(META)
+                .unwrap()
+                .insert("schema_version", SCHEMA_VERSION + 1)
+                .unwrap();
+            tx.commit().unwrap();
+        }
+        let err = Store::open(&Location::File(path)).unwrap_err();
+        assert!(matches!(err, StoreError::NewerSchema { .. }), "{err}");
+        let _ = std::fs::remove_dir_all(dir);
+    }
+
+    #[test]
+    fn default_path_order() {
+        let env = |pairs: &'static [(&'static str, &'static str)]| {
+            move |k: &str| {
+                pairs
+                    .iter()
+                    .find(|(n, _)| *n == k)
+                    .map(|(_, v)| std::ffi::OsString::from(v))
+            }
+        };
+        assert_eq!(
+            default_path_from(env(&[("STATE_DIRECTORY", "/var/lib/h:/x"), ("HOME", "/h")]))
+                .unwrap(),
+            Location::File("/var/lib/h/herald.redb".into())
+        );
+        assert_eq!(
+            default_path_from(env(&[("XDG_STATE_HOME", "/s"), ("HOME", "/h")])).unwrap(),
+            Location::File("/s/herald/herald.redb".into())
+        );
+        assert_eq!(
+            default_path_from(env(&[("HOME", "/h")])).unwrap(),
+            Location::File("/h/.local/state/herald/herald.redb".into())
+        );
+        assert!(default_path_from(env(&[])).is_err());
+    }
+}

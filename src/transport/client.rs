@@ -1,0 +1,185 @@
+//! The client connector every client role uses: `--mcp-stdio "CMD ARGS"` (a spawned child),
+//! `--mcp-http URL`, `--mcp-quic HOST:PORT`.
+//!
+//! Connections open with `server/discover` (2026-07-28) and fall back to `initialize` for older
+//! servers, which then still serve tools and reads; [`Connection::is_modern`] tells a caller
+//! whether `subscriptions/listen` is available.
+
+use std::ops::Deref;
+use std::process::Stdio;
+
+use rmcp::model::{ClientCapabilities, ClientConfig, Implementation, ProtocolVersion};
+use rmcp::service::{ClientLifecycleMode, ClientServiceExt, Peer, RoleClient, RunningService};
+use rmcp::ClientHandler;
+use rmcp::transport::StreamableHttpClientTransport;
+
+use crate::transport::lines::LineTransport;
+use crate::transport::quic;
+use crate::transport::tls::ClientTrust;
+
+/// Where a server is.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Target {
+    /// A command line, run with `sh -c`, speaking stdio.
+    Stdio(String),
+    /// A Streamable HTTP endpoint URL.
+    Http(String),
+    /// `HOST:PORT` of a QUIC endpoint.
+    Quic(String),
+}
+
+impl std::fmt::Display for Target {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Target::Stdio(c) => write!(f, "stdio:{c}"),
+            Target::Http(u) => write!(f, "{u}"),
+            Target::Quic(a) => write!(f, "quic://{a}"),
+        }
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ConnectError {
+    #[error("cannot start `{command}`: {message}")]
+    Spawn { command: String, message: String },
+    #[error("{target}: {message}")]
+    Transport { target: String, message: String },
+    #[error("{target}: MCP handshake failed: {message}")]
+    Handshake { target: String, message: String },
+}
+
+/// The client identity herald presents, usable as an rmcp client handler.
+pub fn client_config() -> ClientConfig {
+    ClientConfig::new(
+        ClientCapabilities::default(),
+        Implementation::new("herald", env!("CARGO_PKG_VERSION")),
+    )
+}
+
+/// An open client connection. Derefs to the rmcp [`Peer`]. Dropping it closes the connection
+/// (and stops a spawned child).
+pub struct Connection<H: ClientHandler = ClientConfig> {
+    service: RunningService<RoleClient, H>,
+    target: Target,
+    _child: Option<tokio::process::Child>,
+    _quic: Option<(quinn::Endpoint, quinn::Connection)>,
+}
+
+impl<H: ClientHandler> Deref for Connection<H> {
+    type Target = Peer<RoleClient>;
+    fn deref(&self) -> &Peer<RoleClient> {
+        self.service.peer()
+    }
+}
+
+impl<H: ClientHandler> Connection<H> {
+    /// Whether the server speaks 2026-07-28 (and so `subscriptions/listen`).
+    pub fn is_modern(&self) -> bool {
+        self.service
+            .peer_info()
+            .is_some_and(|i| i.protocol_version.as_str() >= ProtocolVersion::V_2026_07_28.as_str())
+    }
+
+    pub fn protocol_version(&self) -> Option<String> {
+        self.service
+            .peer_info()
+            .map(|i| i.protocol_version.as_str().to_owned())
+    }
+
+    pub fn target(&self) -> &Target {
+        &self.target
+    }
+
+    /// Closes the connection and waits for the transport to finish.
+    pub async fn close(self) {
+        let _ = self.service.cancel().await;
+    }
+
+    /// Whether the connection has ended.
+    pub fn is_closed(&self) -> bool {
+        self.service.is_closed()
+    }
+}
+
+fn lifecycle() -> ClientLifecycleMode {
+    ClientLifecycleMode::Auto {
+        preferred_versions: vec![ProtocolVersion::V_2026_07_28],
+        legacy_version: Some(ProtocolVersion::V_2025_11_25),
+    }
+}
+
+/// Connects to `target`.
+pub async fn connect<H: ClientHandler>(
+    target: &Target,
+    trust: &ClientTrust,
+    handler: H,
+    max_message_bytes: usize,
+) -> Result<Connection<H>, ConnectError> {
+    let handshake = |e: rmcp::service::ClientInitializeError| ConnectError::Handshake {
+        target: target.to_string(),
+        message: e.to_string(),
+    };
+    match target {
+        Target::Stdio(command) => {
+            let mut child = tokio::process::Command::new("sh")
+                .arg("-c")
+                .arg(format!("exec {command}"))
+                .stdin(Stdio::piped())
+                .stdout(Stdio::piped())
+                .stderr(Stdio::inherit())
+                .kill_on_drop(true)
+                .spawn()
+                .map_err(|e| ConnectError::Spawn {
+                    command: command.clone(),
+                    message: e.to_string(),
+                })?;
+            let stdin = child.stdin.take().expect("piped");
+            let stdout = child.stdout.take().expect("piped");
+            let transport =
+                LineTransport::<RoleClient, _>::new(stdout, stdin, max_message_bytes, false);
+            let service = handler
+                .serve_with_lifecycle(transport, lifecycle())
+                .await
+                .map_err(handshake)?;
+            Ok(Connection {
+                service,
+                target: target.clone(),
+                _child: Some(child),
+                _quic: None,
+            })
+        }
+        Target::Http(url) => {
+            let transport = StreamableHttpClientTransport::from_uri(url.as_str());
+            let service = handler
+                .serve_with_lifecycle(transport, lifecycle())
+                .await
+                .map_err(handshake)?;
+            Ok(Connection {
+                service,
+                target: target.clone(),
+                _child: None,
+                _quic: None,
+            })
+        }
+        Target::Quic(addr) => {
+            let (endpoint, conn, send, recv) =
+                quic::connect(addr, trust)
+                    .await
+                    .map_err(|message| ConnectError::Transport {
+                        target: target.to_string(),
+                        message,
+                    })?;
+            let transport = LineTransport::<RoleClient, _>::new(recv, send, max_message_bytes, false);
+            let service = handler
+                .serve_with_lifecycle(transport, lifecycle())
+                .await
+                .map_err(handshake)?;
+            Ok(Connection {
+                service,
+                target: target.clone(),
+                _child: None,
+                _quic: Some((endpoint, conn)),
+            })
+        }
+    }
+}

@@ -1,0 +1,193 @@
+//! Streamable HTTP: rmcp's service behind herald's own accept loop.
+//!
+//! The accept loop exists for three reasons rmcp's examples do not cover: `TCP_NODELAY` on every
+//! connection (notifications are small writes that Nagle would hold back), a per-TCP-connection
+//! listen-stream count ([`ConnStreams`] in the request extensions, checked by [`listen_gate`]
+//! before rmcp acknowledges a listen), and a graceful drain on shutdown. Origin validation and the
+//! Host check are on; SSE keep-alive comments go out on listen streams.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::Router;
+use axum::body::Body;
+use axum::extract::{Request, State};
+use axum::http::{Method, StatusCode, header};
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use hyper_util::service::TowerToHyperService;
+use rmcp::transport::streamable_http_server::session::local::LocalSessionManager;
+use rmcp::transport::streamable_http_server::{StreamableHttpServerConfig, StreamableHttpService};
+use serde_json::{Value, json};
+use tokio::net::TcpListener;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+use tracing::{Instrument, debug, info_span};
+
+use crate::mcp::server::{ConnStreams, Limits, SourceServer, check_listen};
+
+/// The path the MCP endpoint is served on.
+pub const MCP_PATH: &str = "/mcp";
+
+/// HTTP server options.
+#[derive(Debug, Clone, Default)]
+pub struct HttpOptions {
+    /// Extra `Host` values accepted besides loopback names and the bound address.
+    pub allowed_hosts: Vec<String>,
+    /// Extra browser origins accepted besides loopback origins.
+    pub allowed_origins: Vec<String>,
+}
+
+/// Binds `addr` (e.g. `127.0.0.1:0`).
+pub async fn bind(addr: &str) -> std::io::Result<TcpListener> {
+    TcpListener::bind(addr).await
+}
+
+/// The router serving `server` at [`MCP_PATH`], plus `/live`.
+pub fn router(
+    server: SourceServer,
+    bound: SocketAddr,
+    opts: &HttpOptions,
+    shutdown: CancellationToken,
+) -> Router {
+    let limits = Arc::new(server.limits().clone());
+    let mut hosts: Vec<String> = vec!["localhost".into(), "127.0.0.1".into(), "::1".into()];
+    if !bound.ip().is_unspecified() {
+        hosts.push(bound.ip().to_string());
+    }
+    hosts.extend(opts.allowed_hosts.iter().cloned());
+    let mut origins: Vec<String> = vec![
+        "http://localhost:*".into(),
+        "http://127.0.0.1:*".into(),
+        "http://[::1]:*".into(),
+    ];
+    origins.extend(opts.allowed_origins.iter().cloned());
+    let config = StreamableHttpServerConfig::default()
+        .with_allowed_hosts(hosts)
+        .with_allowed_origins(origins)
+        .enforce_origin_validation()
+        .with_sse_keep_alive(Some(Duration::from_secs(15)))
+        .with_max_request_body_bytes(limits.max_message_bytes)
+        .with_cancellation_token(shutdown.child_token());
+    let service = StreamableHttpService::new(
+        move || Ok(server.clone()),
+        Arc::new(LocalSessionManager::default()),
+        config,
+    );
+    Router::new()
+        .nest_service(MCP_PATH, service)
+        .layer(axum::middleware::from_fn_with_state(limits, listen_gate))
+        .route("/live", axum::routing::get(|| async { "ok\n" }))
+}
+
+/// Serves `router` on `listener` until `shutdown`, then drains open connections for up to
+/// `grace`.
+pub async fn serve(
+    listener: TcpListener,
+    router: Router,
+    shutdown: CancellationToken,
+    grace: Duration,
+) {
+    let tracker = TaskTracker::new();
+    let graceful = hyper_util::server::graceful::GracefulShutdown::new();
+    loop {
+        let (stream, peer) = tokio::select! {
+            _ = shutdown.cancelled() => break,
+            accepted = listener.accept() => match accepted {
+                Ok(a) => a,
+                Err(e) => {
+                    // EMFILE and friends: back off briefly instead of spinning.
+                    debug!(error = %e, "accept failed");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    continue;
+                }
+            },
+        };
+        let _ = stream.set_nodelay(true);
+        let conn = ConnStreams::default();
+        let svc = tower::ServiceExt::map_request(router.clone(), move |mut req: Request<hyper::body::Incoming>| {
+            req.extensions_mut().insert(conn.clone());
+            req
+        });
+        let builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
+        let connection = builder
+            .serve_connection_with_upgrades(TokioIo::new(stream), TowerToHyperService::new(svc))
+            .into_owned();
+        let watched = graceful.watch(connection);
+        tracker.spawn(
+            async move {
+                if let Err(e) = watched.await {
+                    debug!(error = %e, "http connection ended with an error");
+                }
+            }
+            .instrument(info_span!("http_conn", %peer)),
+        );
+    }
+    drop(listener);
+    tracker.close();
+    if tokio::time::timeout(grace, graceful.shutdown()).await.is_err() {
+        debug!("http drain deadline passed; closing remaining connections");
+    }
+}
+
+/// Runs the listen limits before rmcp sees a `subscriptions/listen`, and reserves the stream's
+/// slot on the TCP connection (the slot rides in the request extensions, which rmcp keeps for
+/// as long as the listen runs).
+async fn listen_gate(State(limits): State<Arc<Limits>>, req: Request, next: Next) -> Response {
+    if req.method() != Method::POST {
+        return next.run(req).await;
+    }
+    let header_method = req
+        .headers()
+        .get("mcp-method")
+        .and_then(|v| v.to_str().ok())
+        .map(str::trim);
+    if header_method.is_some_and(|m| m != "subscriptions/listen") {
+        return next.run(req).await;
+    }
+    let (mut parts, body) = req.into_parts();
+    let bytes = match axum::body::to_bytes(body, limits.max_message_bytes).await {
+        Ok(b) => b,
+        Err(_) => {
+            return (
+                StatusCode::PAYLOAD_TOO_LARGE,
+                [(header::CONTENT_TYPE, "application/json")],
+                json!({"jsonrpc":"2.0","id":null,"error":{"code":-32600,"message":format!(
+                    "request body exceeds the {}-byte limit; send smaller messages",
+                    limits.max_message_bytes)}})
+                .to_string(),
+            )
+                .into_response();
+        }
+    };
+    if let Ok(v) = serde_json::from_slice::<Value>(&bytes)
+        && v.get("method").and_then(Value::as_str) == Some("subscriptions/listen")
+    {
+        let n = v
+            .pointer("/params/notifications/resourceSubscriptions")
+            .and_then(Value::as_array)
+            .map_or(0, Vec::len);
+        let conn = parts
+            .extensions
+            .get::<ConnStreams>()
+            .cloned()
+            .unwrap_or_default();
+        match check_listen(&limits, n, &conn) {
+            Ok(slot) => {
+                parts.extensions.insert(slot);
+            }
+            Err(e) => {
+                let id = v.get("id").cloned().unwrap_or(Value::Null);
+                return (
+                    StatusCode::OK,
+                    [(header::CONTENT_TYPE, "application/json")],
+                    json!({"jsonrpc":"2.0","id":id,"error":e}).to_string(),
+                )
+                    .into_response();
+            }
+        }
+    }
+    next.run(Request::from_parts(parts, Body::from(bytes))).await
+}

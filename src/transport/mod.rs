@@ -1,0 +1,28 @@
+//! Transports: stdio, Streamable HTTP and QUIC, server and client side. The only module that
+//! touches sockets, pipes and framing.
+
+pub mod client;
+pub mod http;
+pub mod lines;
+pub mod quic;
+pub mod tls;
+
+use rmcp::ServiceExt;
+use tokio_util::sync::CancellationToken;
+
+use crate::mcp::server::SourceServer;
+use lines::LineTransport;
+
+/// Serves `server` on this process's stdin/stdout until stdin closes or `shutdown`.
+/// Returns when the session ends.
+pub async fn serve_stdio(server: SourceServer, shutdown: CancellationToken) {
+    let max = server.limits().max_message_bytes;
+    let transport =
+        LineTransport::<rmcp::RoleServer, _>::new(tokio::io::stdin(), tokio::io::stdout(), max, true);
+    match server.for_connection().serve_with_ct(transport, shutdown).await {
+        Ok(running) => {
+            let _ = running.waiting().await;
+        }
+        Err(e) => tracing::warn!(error = %e, "stdio session did not start"),
+    }
+}

@@ -1,0 +1,148 @@
+//! MCP over QUIC: quinn + rustls, ALPN `mcp`, one bidirectional stream per MCP connection
+//! carrying the stdio framing ([`LineTransport`]).
+//!
+//! A QUIC connection may carry many MCP connections (one per stream); each gets its own
+//! [`ConnServer`](crate::mcp::server::ConnServer) and so its own listen-stream count. Keep-alives
+//! run on both sides so that a quiet listen stream is not taken for an idle connection.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use quinn::crypto::rustls::{QuicClientConfig, QuicServerConfig};
+use rmcp::ServiceExt;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+use tracing::{Instrument, debug, info_span};
+
+use crate::mcp::server::SourceServer;
+use crate::transport::lines::LineTransport;
+use crate::transport::tls::{self, ClientTrust, Identity, TlsError};
+
+/// How often an idle QUIC connection sends a keep-alive.
+const KEEP_ALIVE: Duration = Duration::from_secs(10);
+/// How long a connection may go without hearing from the peer.
+const IDLE_TIMEOUT: Duration = Duration::from_secs(60);
+
+fn transport_config() -> Arc<quinn::TransportConfig> {
+    let mut t = quinn::TransportConfig::default();
+    t.keep_alive_interval(Some(KEEP_ALIVE));
+    t.max_idle_timeout(Some(
+        quinn::IdleTimeout::try_from(IDLE_TIMEOUT).expect("60 s is a valid idle timeout"),
+    ));
+    Arc::new(t)
+}
+
+/// Binds a QUIC server endpoint on `addr` with `identity`.
+pub fn bind(addr: SocketAddr, identity: Identity) -> Result<quinn::Endpoint, TlsError> {
+    let tls = tls::server_config(identity)?;
+    let crypto = QuicServerConfig::try_from(tls).map_err(|e| TlsError::Config(e.to_string()))?;
+    let mut cfg = quinn::ServerConfig::with_crypto(Arc::new(crypto));
+    cfg.transport_config(transport_config());
+    quinn::Endpoint::server(cfg, addr).map_err(|e| TlsError::Config(format!("cannot bind {addr}: {e}")))
+}
+
+/// Serves MCP on every bidirectional stream of every connection until `shutdown`.
+pub async fn serve(endpoint: quinn::Endpoint, server: SourceServer, shutdown: CancellationToken) {
+    let tracker = TaskTracker::new();
+    loop {
+        let incoming = tokio::select! {
+            _ = shutdown.cancelled() => break,
+            i = endpoint.accept() => match i {
+                Some(i) => i,
+                None => break,
+            },
+        };
+        let server = server.clone();
+        let shutdown = shutdown.clone();
+        let remote = incoming.remote_address();
+        let streams = tracker.clone();
+        tracker.spawn(
+            async move {
+                let conn = match incoming.await {
+                    Ok(c) => c,
+                    Err(e) => {
+                        debug!(error = %e, "quic handshake failed");
+                        return;
+                    }
+                };
+                loop {
+                    let (send, recv) = tokio::select! {
+                        _ = shutdown.cancelled() => break,
+                        s = conn.accept_bi() => match s {
+                            Ok(s) => s,
+                            Err(e) => {
+                                debug!(reason = %e, "quic connection closed");
+                                break;
+                            }
+                        },
+                    };
+                    let service = server.for_connection();
+                    let max = server.limits().max_message_bytes;
+                    let ct = shutdown.child_token();
+                    streams.spawn(
+                        async move {
+                            let transport = LineTransport::<rmcp::RoleServer, _>::new(recv, send, max, true);
+                            match service.serve_with_ct(transport, ct).await {
+                                Ok(running) => {
+                                    let _ = running.waiting().await;
+                                }
+                                Err(e) => debug!(error = %e, "mcp session over quic did not start"),
+                            }
+                        }
+                        .instrument(info_span!("quic_stream")),
+                    );
+                }
+            }
+            .instrument(info_span!("quic_conn", %remote)),
+        );
+    }
+    tracker.close();
+    // Listen streams answer the shutdown with their final result; give them a moment to flush,
+    // then close the endpoint.
+    let _ = tokio::time::timeout(Duration::from_secs(2), tracker.wait()).await;
+    endpoint.close(0u32.into(), b"shutting down");
+}
+
+/// Opens an MCP connection (one bidirectional stream) to `host:port`.
+pub async fn connect(
+    target: &str,
+    trust: &ClientTrust,
+) -> Result<(quinn::Endpoint, quinn::Connection, quinn::SendStream, quinn::RecvStream), String> {
+    let (host, addr) = resolve(target).await?;
+    let tls = tls::client_config(trust).map_err(|e| e.to_string())?;
+    let crypto = QuicClientConfig::try_from(tls).map_err(|e| e.to_string())?;
+    let mut cfg = quinn::ClientConfig::new(Arc::new(crypto));
+    cfg.transport_config(transport_config());
+    let bind: SocketAddr = if addr.is_ipv6() {
+        "[::]:0".parse().expect("valid")
+    } else {
+        "0.0.0.0:0".parse().expect("valid")
+    };
+    let mut endpoint = quinn::Endpoint::client(bind).map_err(|e| format!("cannot open a UDP socket: {e}"))?;
+    endpoint.set_default_client_config(cfg);
+    let conn = endpoint
+        .connect(addr, &host)
+        .map_err(|e| format!("cannot connect to {target}: {e}"))?
+        .await
+        .map_err(|e| format!("QUIC handshake with {target} failed: {e}"))?;
+    let (send, recv) = conn
+        .open_bi()
+        .await
+        .map_err(|e| format!("cannot open a stream to {target}: {e}"))?;
+    Ok((endpoint, conn, send, recv))
+}
+
+async fn resolve(target: &str) -> Result<(String, SocketAddr), String> {
+    let target = target.trim_start_matches("quic://");
+    let (host, _) = target
+        .rsplit_once(':')
+        .ok_or_else(|| format!("{target}: expected HOST:PORT"))?;
+    let host = host.trim_start_matches('[').trim_end_matches(']').to_owned();
+    let addr = tokio::net::lookup_host(target)
+        .await
+        .map_err(|e| format!("cannot resolve {target}: {e}"))?
+        .next()
+        .ok_or_else(|| format!("{target} resolves to no address"))?;
+    Ok((host, addr))
+}
