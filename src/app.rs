@@ -17,6 +17,10 @@ use crate::transport::{self, http, quic, tls};
 /// How long shutdown waits for open connections to finish.
 pub const GRACE: Duration = Duration::from_secs(5);
 
+/// How long sessions stay open after the last listen returned at shutdown, so its final
+/// result reaches the wire.
+const FLUSH: Duration = Duration::from_millis(250);
+
 /// Where and how a source is served.
 #[derive(Debug, Clone, Default)]
 pub struct ServeOptions {
@@ -72,6 +76,20 @@ pub async fn serve_source(
 ) -> Result<Bound, AppError> {
     let role = source.info().name;
     let server = SourceServer::new(source, opts.limits.clone(), shutdown.clone());
+    // Sessions outlive `shutdown` a little: listens answer the shutdown with their final
+    // result, and the sessions carrying them close only once those results are out.
+    let sessions = CancellationToken::new();
+    {
+        let (server, shutdown, sessions) = (server.clone(), shutdown.clone(), sessions.clone());
+        tracker.spawn(async move {
+            shutdown.cancelled().await;
+            let _ = tokio::time::timeout(GRACE, server.listens_drained()).await;
+            // The final results pass through rmcp's send loop and the writer task; give them
+            // a moment on the wire before the sessions close.
+            tokio::time::sleep(FLUSH).await;
+            sessions.cancel();
+        });
+    }
     let mut bound = Bound {
         role: role.clone(),
         ..Bound::default()
@@ -86,7 +104,7 @@ pub async fn serve_source(
             message: e.to_string(),
         })?;
         bound.http = Some(local);
-        let router = http::router(server.clone(), local, &opts.http_options, shutdown.clone());
+        let router = http::router(server.clone(), local, &opts.http_options, sessions.clone());
         tracker.spawn(
             http::serve(listener, router, shutdown.clone(), GRACE)
                 .instrument(tracing::info_span!("http", role = %role, addr = %local)),
@@ -104,15 +122,16 @@ pub async fn serve_source(
         })?;
         bound.quic = Some(local);
         tracker.spawn(
-            quic::serve(endpoint, server.clone(), shutdown.clone())
+            quic::serve(endpoint, server.clone(), shutdown.clone(), sessions.clone())
                 .instrument(tracing::info_span!("quic", role = %role, addr = %local)),
         );
     }
     if opts.stdio || (opts.http.is_none() && opts.quic.is_none()) {
         bound.stdio = true;
         let shutdown = shutdown.clone();
+        let sessions = sessions.clone();
         tracker.spawn(async move {
-            transport::serve_stdio(server, shutdown.clone()).await;
+            transport::serve_stdio(server, sessions).await;
             // The client closed stdin: nothing is left to serve on stdio.
             shutdown.cancel();
         });

@@ -90,7 +90,10 @@ pub struct CallArgs {
 pub async fn ls(args: LsArgs) -> Result<(), Exit> {
     let conn = args.client.connect().await?;
     let tools = conn.list_all_tools().await.context("tools/list failed")?;
-    let resources = conn.list_all_resources().await.context("resources/list failed")?;
+    let resources = conn
+        .list_all_resources()
+        .await
+        .context("resources/list failed")?;
     let templates = conn
         .list_all_resource_templates()
         .await
@@ -107,7 +110,11 @@ pub async fn ls(args: LsArgs) -> Result<(), Exit> {
                 .and_then(|a| a.read_only_hint)
                 .unwrap_or(false);
             let tag = if ro { "read-only" } else { "mutating" };
-            println!("  {} ({tag}): {}", t.name, first_line(t.description.as_deref()));
+            println!(
+                "  {} ({tag}): {}",
+                t.name,
+                first_line(t.description.as_deref())
+            );
         }
         println!("resources:");
         for r in &resources {
@@ -120,7 +127,11 @@ pub async fn ls(args: LsArgs) -> Result<(), Exit> {
         }
         println!("templates:");
         for t in &templates {
-            println!("  {}: {}", t.uri_template, first_line(t.description.as_deref()));
+            println!(
+                "  {}: {}",
+                t.uri_template,
+                first_line(t.description.as_deref())
+            );
         }
     }
     conn.close().await;
@@ -148,7 +159,9 @@ pub async fn read(args: ReadArgs) -> Result<(), Exit> {
                         Err(_) => println!("{text}"),
                     }
                 }
-                ResourceContents::BlobResourceContents { blob, mime_type, .. } => println!(
+                ResourceContents::BlobResourceContents {
+                    blob, mime_type, ..
+                } => println!(
                     "<{} bytes of {} as base64; use --json to see it>",
                     blob.len(),
                     mime_type.as_deref().unwrap_or("binary")
@@ -209,7 +222,14 @@ mod tests {
 
     #[test]
     fn kv_values_are_json_when_they_parse() {
-        let m = parse_kv(&["a=1".into(), "b=hello".into(), "c={\"x\":[1]}".into(), "d=\"1\"".into(), "e=".into()]).unwrap();
+        let m = parse_kv(&[
+            "a=1".into(),
+            "b=hello".into(),
+            "c={\"x\":[1]}".into(),
+            "d=\"1\"".into(),
+            "e=".into(),
+        ])
+        .unwrap();
         assert_eq!(m["a"], 1);
         assert_eq!(m["b"], "hello");
         assert_eq!(m["c"]["x"][0], 1);

@@ -27,9 +27,15 @@ pub async fn run(args: MemoArgs, globals: &Globals) -> Result<(), Exit> {
     let shutdown = CancellationToken::new();
     app::cancel_on_signals(shutdown.clone());
     let tracker = TaskTracker::new();
-    let bound = app::serve_source(Arc::new(memo), &args.serve.options(), &store, &shutdown, &tracker)
-        .await
-        .map_err(|e| crate::cli::usage(e.into()))?;
+    let bound = app::serve_source(
+        Arc::new(memo),
+        &args.serve.options(),
+        &store,
+        &shutdown,
+        &tracker,
+    )
+    .await
+    .map_err(|e| crate::cli::usage(e.into()))?;
     announce(&bound, globals.log_format);
     shutdown.cancelled().await;
     app::drain(tracker).await;

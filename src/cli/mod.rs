@@ -131,7 +131,7 @@ impl Globals {
 fn init_logging(format: LogFormat, verbose: u8) {
     use tracing_subscriber::EnvFilter;
     let default = match verbose {
-        0 => "herald=info,rmcp=warn,warn",
+        0 => "herald=info,rmcp=error,warn",
         1 => "herald=debug,rmcp=info,info",
         _ => "debug",
     };

@@ -42,6 +42,10 @@ pub struct ServeArgs {
     /// Largest incoming message in bytes (stdio/QUIC line, HTTP body).
     #[arg(long, default_value_t = 4 * 1024 * 1024)]
     pub max_message_bytes: usize,
+    /// A listen stream whose reader takes no notification for this long is ended (and logged),
+    /// so the client resubscribes instead of holding a stalled stream.
+    #[arg(long, default_value_t = 10_000, value_name = "MS")]
+    pub listen_stall_ms: u64,
 }
 
 impl ServeArgs {
@@ -60,7 +64,7 @@ impl ServeArgs {
                 max_streams_per_connection: self.max_listen_streams,
                 max_uris_per_stream: self.max_listen_uris,
                 max_message_bytes: self.max_message_bytes,
-                ..Limits::default()
+                stall_timeout: std::time::Duration::from_millis(self.listen_stall_ms),
             },
         }
     }
@@ -85,7 +89,10 @@ pub fn announce(bound: &Bound, format: LogFormat) {
                 eprintln!("herald {}: listening on {url}", bound.role);
             }
             if let (Some(q), Some(fp)) = (bound.quic, &bound.quic_fingerprint) {
-                eprintln!("herald {}: listening on quic://{q} (certificate sha256 {fp})", bound.role);
+                eprintln!(
+                    "herald {}: listening on quic://{q} (certificate sha256 {fp})",
+                    bound.role
+                );
             }
             if bound.stdio && bound.http.is_none() && bound.quic.is_none() {
                 // stdout carries the protocol; say nothing there.

@@ -184,7 +184,10 @@ mod tests {
             feed.publish("b");
             feed.publish("a");
         }
-        assert_eq!(r.queue().next_batch().await, vec!["b".to_string(), "a".to_string()]);
+        assert_eq!(
+            r.queue().next_batch().await,
+            vec!["b".to_string(), "a".to_string()]
+        );
     }
 
     #[test]

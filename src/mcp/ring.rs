@@ -95,7 +95,8 @@ impl EventRing {
     /// The read body: `{"events":[...]}`, oldest first.
     pub fn read_json(&self) -> String {
         let inner = self.inner.lock().unwrap_or_else(|e| e.into_inner());
-        let mut out = String::with_capacity(16 + inner.events.iter().map(|e| e.1.len() + 1).sum::<usize>());
+        let mut out =
+            String::with_capacity(16 + inner.events.iter().map(|e| e.1.len() + 1).sum::<usize>());
         out.push_str("{\"events\":[");
         for (i, (_, text)) in inner.events.iter().enumerate() {
             if i > 0 {
@@ -109,7 +110,11 @@ impl EventRing {
 
     /// The seq the next event will get; a cursor meaning "from now".
     pub fn head(&self) -> u64 {
-        self.inner.lock().unwrap_or_else(|e| e.into_inner()).next_seq - 1
+        self.inner
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .next_seq
+            - 1
     }
 
     /// Events with seq greater than `cursor`, at most `max`.
@@ -137,7 +142,11 @@ impl EventRing {
     }
 
     pub fn len(&self) -> usize {
-        self.inner.lock().unwrap_or_else(|e| e.into_inner()).events.len()
+        self.inner
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .events
+            .len()
     }
 
     pub fn is_empty(&self) -> bool {
@@ -184,7 +193,10 @@ mod tests {
         let r = EventRing::with_start(4, 1);
         r.push_error("kubectl exited: boom");
         let body: Value = serde_json::from_str(&r.read_json()).unwrap();
-        assert_eq!(body["events"][0], json!({"seq":1,"type":"ERROR","message":"kubectl exited: boom"}));
+        assert_eq!(
+            body["events"][0],
+            json!({"seq":1,"type":"ERROR","message":"kubectl exited: boom"})
+        );
     }
 
     #[test]

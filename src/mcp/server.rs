@@ -72,6 +72,15 @@ impl ConnStreams {
         Some(StreamSlot(Arc::new(SlotInner(self.0.clone()))))
     }
 
+    /// A counter shared with other holders of `shared`.
+    pub fn from_shared(shared: Arc<AtomicUsize>) -> ConnStreams {
+        ConnStreams(shared)
+    }
+
+    pub fn downgrade(&self) -> std::sync::Weak<AtomicUsize> {
+        Arc::downgrade(&self.0)
+    }
+
     pub fn open(&self) -> usize {
         self.0.load(Ordering::Acquire)
     }
@@ -96,6 +105,27 @@ struct Shared {
     config: ServerConfig,
     tools: Vec<Tool>,
     streams_total: AtomicU64,
+    /// Listen streams running now, and a wake-up for when that reaches zero.
+    active_listens: AtomicUsize,
+    drained: tokio::sync::Notify,
+}
+
+/// Counts a running listen; wakes [`SourceServer::listens_drained`] at zero.
+struct ActiveListen<'a>(&'a Shared);
+
+impl<'a> ActiveListen<'a> {
+    fn new(shared: &'a Shared) -> Self {
+        shared.active_listens.fetch_add(1, Ordering::AcqRel);
+        ActiveListen(shared)
+    }
+}
+
+impl Drop for ActiveListen<'_> {
+    fn drop(&mut self) {
+        if self.0.active_listens.fetch_sub(1, Ordering::AcqRel) == 1 {
+            self.0.drained.notify_waiters();
+        }
+    }
 }
 
 /// The handler rmcp drives: one per server, cloned per request or connection.
@@ -130,6 +160,8 @@ impl SourceServer {
                 config,
                 tools,
                 streams_total: AtomicU64::new(0),
+                active_listens: AtomicUsize::new(0),
+                drained: tokio::sync::Notify::new(),
             }),
         }
     }
@@ -149,6 +181,25 @@ impl SourceServer {
 
     pub fn feed(&self) -> &ChangeFeed {
         &self.shared.feed
+    }
+
+    /// Listen streams running now.
+    pub fn active_listens(&self) -> usize {
+        self.shared.active_listens.load(Ordering::Acquire)
+    }
+
+    /// Resolves once no listen stream is running (after shutdown, once every listen has
+    /// returned its final result to rmcp).
+    pub async fn listens_drained(&self) {
+        loop {
+            let notified = self.shared.drained.notified();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
+            if self.active_listens() == 0 {
+                return;
+            }
+            notified.await;
+        }
     }
 }
 
@@ -248,7 +299,9 @@ impl ServerHandler for SourceServer {
         _request: Option<PaginatedRequestParams>,
         _context: RequestContext<RoleServer>,
     ) -> Result<ListResourcesResult, McpError> {
-        Ok(ListResourcesResult::with_all_items(self.shared.source.resources()))
+        Ok(ListResourcesResult::with_all_items(
+            self.shared.source.resources(),
+        ))
     }
 
     async fn list_resource_templates(
@@ -304,6 +357,7 @@ impl ServerHandler for SourceServer {
 
     async fn listen(&self, ctx: SubscriptionContext) -> Result<(), McpError> {
         let shared = &self.shared;
+        let _active = ActiveListen::new(shared);
         let uris = ctx
             .accepted()
             .resource_subscriptions

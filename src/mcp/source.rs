@@ -64,7 +64,9 @@ impl Contents {
 #[derive(Debug, Clone, thiserror::Error, PartialEq)]
 pub enum SourceError {
     /// No such resource: `-32602` with `data.uri`.
-    #[error("unknown resource {uri}; resources/list and resources/templates/list name what this server serves")]
+    #[error(
+        "unknown resource {uri}; resources/list and resources/templates/list name what this server serves"
+    )]
     NotFound { uri: String },
     /// Bad arguments or a malformed URI: `-32602`.
     #[error("{0}")]

@@ -82,13 +82,20 @@ fn default_path_from(
     let nonempty = |k: &str| env(k).filter(|v| !v.is_empty());
     if let Some(dirs) = nonempty("STATE_DIRECTORY") {
         // systemd passes a colon-separated list when StateDirectory= names several.
-        let first = dirs.to_string_lossy().split(':').next().unwrap_or("").to_owned();
+        let first = dirs
+            .to_string_lossy()
+            .split(':')
+            .next()
+            .unwrap_or("")
+            .to_owned();
         if !first.is_empty() {
             return Ok(Location::File(Path::new(&first).join("herald.redb")));
         }
     }
     if let Some(xdg) = nonempty("XDG_STATE_HOME") {
-        return Ok(Location::File(PathBuf::from(xdg).join("herald/herald.redb")));
+        return Ok(Location::File(
+            PathBuf::from(xdg).join("herald/herald.redb"),
+        ));
     }
     if let Some(home) = nonempty("HOME") {
         return Ok(Location::File(
@@ -186,9 +193,9 @@ impl Store {
                     })?;
                 }
                 Database::create(path).map_err(|e| match e {
-                    redb::DatabaseError::DatabaseAlreadyOpen => StoreError::Locked {
-                        path: path.clone(),
-                    },
+                    redb::DatabaseError::DatabaseAlreadyOpen => {
+                        StoreError::Locked { path: path.clone() }
+                    }
                     other => StoreError::Open {
                         path: path.clone(),
                         message: other.to_string(),
@@ -389,7 +396,10 @@ mod tests {
         assert_eq!(s.get(Table::Notes, "a").await.unwrap(), Some(b"1".to_vec()));
         assert_eq!(s.get(Table::Identity, "a").await.unwrap(), None);
         let all = s.scan(Table::Notes).await.unwrap();
-        assert_eq!(all, vec![("a".into(), b"1".to_vec()), ("b".into(), b"2".to_vec())]);
+        assert_eq!(
+            all,
+            vec![("a".into(), b"1".to_vec()), ("b".into(), b"2".to_vec())]
+        );
         assert!(s.delete(Table::Notes, "a").await.unwrap());
         assert!(!s.delete(Table::Notes, "a").await.unwrap());
     }

@@ -8,9 +8,9 @@
 use std::ops::Deref;
 use std::process::Stdio;
 
+use rmcp::ClientHandler;
 use rmcp::model::{ClientCapabilities, ClientConfig, Implementation, ProtocolVersion};
 use rmcp::service::{ClientLifecycleMode, ClientServiceExt, Peer, RoleClient, RunningService};
-use rmcp::ClientHandler;
 use rmcp::transport::StreamableHttpClientTransport;
 
 use crate::transport::lines::LineTransport;
@@ -169,7 +169,8 @@ pub async fn connect<H: ClientHandler>(
                         target: target.to_string(),
                         message,
                     })?;
-            let transport = LineTransport::<RoleClient, _>::new(recv, send, max_message_bytes, false);
+            let transport =
+                LineTransport::<RoleClient, _>::new(recv, send, max_message_bytes, false);
             let service = handler
                 .serve_with_lifecycle(transport, lifecycle())
                 .await

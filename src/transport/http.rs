@@ -1,13 +1,15 @@
 //! Streamable HTTP: rmcp's service behind herald's own accept loop.
 //!
 //! The accept loop exists for three reasons rmcp's examples do not cover: `TCP_NODELAY` on every
-//! connection (notifications are small writes that Nagle would hold back), a per-TCP-connection
+//! connection (notifications are small writes that Nagle would hold back), a per-client
 //! listen-stream count ([`ConnStreams`] in the request extensions, checked by [`listen_gate`]
 //! before rmcp acknowledges a listen), and a graceful drain on shutdown. Origin validation and the
 //! Host check are on; SSE keep-alive comments go out on listen streams.
 
-use std::net::SocketAddr;
+use std::collections::HashMap;
+use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
+use std::sync::atomic::AtomicUsize;
 use std::time::Duration;
 
 use axum::Router;
@@ -50,7 +52,7 @@ pub fn router(
     server: SourceServer,
     bound: SocketAddr,
     opts: &HttpOptions,
-    shutdown: CancellationToken,
+    sessions: CancellationToken,
 ) -> Router {
     let limits = Arc::new(server.limits().clone());
     let mut hosts: Vec<String> = vec!["localhost".into(), "127.0.0.1".into(), "::1".into()];
@@ -70,7 +72,7 @@ pub fn router(
         .enforce_origin_validation()
         .with_sse_keep_alive(Some(Duration::from_secs(15)))
         .with_max_request_body_bytes(limits.max_message_bytes)
-        .with_cancellation_token(shutdown.child_token());
+        .with_cancellation_token(sessions.child_token());
     let service = StreamableHttpService::new(
         move || Ok(server.clone()),
         Arc::new(LocalSessionManager::default()),
@@ -92,6 +94,7 @@ pub async fn serve(
 ) {
     let tracker = TaskTracker::new();
     let graceful = hyper_util::server::graceful::GracefulShutdown::new();
+    let peers = PeerStreams::default();
     loop {
         let (stream, peer) = tokio::select! {
             _ = shutdown.cancelled() => break,
@@ -106,11 +109,14 @@ pub async fn serve(
             },
         };
         let _ = stream.set_nodelay(true);
-        let conn = ConnStreams::default();
-        let svc = tower::ServiceExt::map_request(router.clone(), move |mut req: Request<hyper::body::Incoming>| {
-            req.extensions_mut().insert(conn.clone());
-            req
-        });
+        let conn = peers.for_peer(peer.ip());
+        let svc = tower::ServiceExt::map_request(
+            router.clone(),
+            move |mut req: Request<hyper::body::Incoming>| {
+                req.extensions_mut().insert(conn.clone());
+                req
+            },
+        );
         let builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
         let connection = builder
             .serve_connection_with_upgrades(TokioIo::new(stream), TowerToHyperService::new(svc))
@@ -127,8 +133,34 @@ pub async fn serve(
     }
     drop(listener);
     tracker.close();
-    if tokio::time::timeout(grace, graceful.shutdown()).await.is_err() {
+    if tokio::time::timeout(grace, graceful.shutdown())
+        .await
+        .is_err()
+    {
         debug!("http drain deadline passed; closing remaining connections");
+    }
+}
+
+/// Listen-stream counts per client address. HTTP/1.1 gives every open SSE response its own
+/// TCP connection, so on HTTP the "connection" the stream limit counts is the client's IP
+/// address. Entries are weak: an address with no open connection and no open stream is pruned.
+#[derive(Default)]
+struct PeerStreams {
+    map: std::sync::Mutex<HashMap<IpAddr, std::sync::Weak<AtomicUsize>>>,
+}
+
+impl PeerStreams {
+    fn for_peer(&self, ip: IpAddr) -> ConnStreams {
+        let mut map = self.map.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(live) = map.get(&ip).and_then(std::sync::Weak::upgrade) {
+            return ConnStreams::from_shared(live);
+        }
+        if map.len() >= 1024 {
+            map.retain(|_, w| w.strong_count() > 0);
+        }
+        let fresh = ConnStreams::default();
+        map.insert(ip, fresh.downgrade());
+        fresh
     }
 }
 
@@ -189,5 +221,6 @@ async fn listen_gate(State(limits): State<Arc<Limits>>, req: Request, next: Next
             }
         }
     }
-    next.run(Request::from_parts(parts, Body::from(bytes))).await
+    next.run(Request::from_parts(parts, Body::from(bytes)))
+        .await
 }

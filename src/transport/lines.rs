@@ -151,7 +151,10 @@ where
             bytes.push(b'\n');
             match tx {
                 Some(tx) => tx.send(bytes).await.map_err(|_| {
-                    std::io::Error::new(std::io::ErrorKind::BrokenPipe, "the peer closed the stream")
+                    std::io::Error::new(
+                        std::io::ErrorKind::BrokenPipe,
+                        "the peer closed the stream",
+                    )
                 }),
                 None => Err(std::io::Error::new(
                     std::io::ErrorKind::NotConnected,
@@ -215,22 +218,21 @@ where
                             self.queue_error(
                                 Value::Null,
                                 -32700,
-                                format!("parse error: {syntax}; send one JSON-RPC message per line"),
+                                format!(
+                                    "parse error: {syntax}; send one JSON-RPC message per line"
+                                ),
                             );
                         }
                         Ok(v) => {
                             // Notifications other than the ones rmcp knows are harmless; skip them.
-                            let is_notification = v.get("id").is_none() && v.get("method").is_some();
+                            let is_notification =
+                                v.get("id").is_none() && v.get("method").is_some();
                             if is_notification {
                                 tracing::debug!(error = %e, "ignoring an unknown notification");
                                 continue;
                             }
                             let id = v.get("id").cloned().unwrap_or(Value::Null);
-                            self.queue_error(
-                                id,
-                                -32600,
-                                format!("invalid request: {e}"),
-                            );
+                            self.queue_error(id, -32600, format!("invalid request: {e}"));
                         }
                     }
                 }
@@ -259,7 +261,7 @@ mod tests {
         let (mut cr, mut cw) = tokio::io::split(client);
         let mut t = LineTransport::<RoleServer, _>::new(sr, sw, max, true);
         cw.write_all(input).await.unwrap();
-        drop(cw);
+        cw.shutdown().await.unwrap();
         let mut methods = Vec::new();
         while let Some(m) = t.receive().await {
             let v = serde_json::to_value(&m).unwrap();
@@ -285,21 +287,33 @@ mod tests {
 
     #[tokio::test]
     async fn oversized_line_is_refused_and_the_next_one_served() {
-        let big = format!("{{\"jsonrpc\":\"2.0\",\"id\":9,\"method\":\"x\",\"params\":{{\"p\":\"{}\"}}}}\n", "a".repeat(5000));
+        let big = format!(
+            "{{\"jsonrpc\":\"2.0\",\"id\":9,\"method\":\"x\",\"params\":{{\"p\":\"{}\"}}}}\n",
+            "a".repeat(5000)
+        );
         let input = format!("{big}{PING}\n");
         let (methods, out) = run(input.as_bytes(), 1024).await;
         assert_eq!(methods, ["tools/list"]);
         let err: Value = serde_json::from_str(out.lines().next().unwrap()).unwrap();
         assert_eq!(err["error"]["code"], -32600);
-        assert!(err["error"]["message"].as_str().unwrap().contains("1024-byte limit"));
+        assert!(
+            err["error"]["message"]
+                .as_str()
+                .unwrap()
+                .contains("1024-byte limit")
+        );
     }
 
     #[tokio::test]
     async fn wrong_shape_gets_invalid_request_with_its_id() {
-        let input = format!("{{\"jsonrpc\":\"2.0\",\"id\":7,\"result\":5,\"method\":3}}\n[1,2]\n{PING}\n");
+        let input =
+            format!("{{\"jsonrpc\":\"2.0\",\"id\":7,\"result\":5,\"method\":3}}\n[1,2]\n{PING}\n");
         let (methods, out) = run(input.as_bytes(), 1024).await;
         assert_eq!(methods, ["tools/list"]);
-        let lines: Vec<Value> = out.lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+        let lines: Vec<Value> = out
+            .lines()
+            .map(|l| serde_json::from_str(l).unwrap())
+            .collect();
         assert_eq!(lines.len(), 2, "{out}");
         assert_eq!(lines[0]["id"], 7);
         assert_eq!(lines[0]["error"]["code"], -32600);

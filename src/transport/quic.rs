@@ -39,11 +39,19 @@ pub fn bind(addr: SocketAddr, identity: Identity) -> Result<quinn::Endpoint, Tls
     let crypto = QuicServerConfig::try_from(tls).map_err(|e| TlsError::Config(e.to_string()))?;
     let mut cfg = quinn::ServerConfig::with_crypto(Arc::new(crypto));
     cfg.transport_config(transport_config());
-    quinn::Endpoint::server(cfg, addr).map_err(|e| TlsError::Config(format!("cannot bind {addr}: {e}")))
+    quinn::Endpoint::server(cfg, addr)
+        .map_err(|e| TlsError::Config(format!("cannot bind {addr}: {e}")))
 }
 
 /// Serves MCP on every bidirectional stream of every connection until `shutdown`.
-pub async fn serve(endpoint: quinn::Endpoint, server: SourceServer, shutdown: CancellationToken) {
+/// `shutdown` stops accepting; `sessions` ends the MCP sessions (later, once listens have
+/// sent their final results).
+pub async fn serve(
+    endpoint: quinn::Endpoint,
+    server: SourceServer,
+    shutdown: CancellationToken,
+    sessions: CancellationToken,
+) {
     let tracker = TaskTracker::new();
     loop {
         let incoming = tokio::select! {
@@ -55,6 +63,7 @@ pub async fn serve(endpoint: quinn::Endpoint, server: SourceServer, shutdown: Ca
         };
         let server = server.clone();
         let shutdown = shutdown.clone();
+        let sessions = sessions.clone();
         let remote = incoming.remote_address();
         let streams = tracker.clone();
         tracker.spawn(
@@ -79,10 +88,11 @@ pub async fn serve(endpoint: quinn::Endpoint, server: SourceServer, shutdown: Ca
                     };
                     let service = server.for_connection();
                     let max = server.limits().max_message_bytes;
-                    let ct = shutdown.child_token();
+                    let ct = sessions.child_token();
                     streams.spawn(
                         async move {
-                            let transport = LineTransport::<rmcp::RoleServer, _>::new(recv, send, max, true);
+                            let transport =
+                                LineTransport::<rmcp::RoleServer, _>::new(recv, send, max, true);
                             match service.serve_with_ct(transport, ct).await {
                                 Ok(running) => {
                                     let _ = running.waiting().await;
@@ -98,17 +108,27 @@ pub async fn serve(endpoint: quinn::Endpoint, server: SourceServer, shutdown: Ca
         );
     }
     tracker.close();
-    // Listen streams answer the shutdown with their final result; give them a moment to flush,
-    // then close the endpoint.
+    // Sessions end when `sessions` is cancelled (after listens sent their final results);
+    // each finishes its stream on the way out. Then close the endpoint.
+    sessions.cancelled().await;
     let _ = tokio::time::timeout(Duration::from_secs(2), tracker.wait()).await;
     endpoint.close(0u32.into(), b"shutting down");
+    let _ = tokio::time::timeout(Duration::from_secs(1), endpoint.wait_idle()).await;
 }
 
 /// Opens an MCP connection (one bidirectional stream) to `host:port`.
 pub async fn connect(
     target: &str,
     trust: &ClientTrust,
-) -> Result<(quinn::Endpoint, quinn::Connection, quinn::SendStream, quinn::RecvStream), String> {
+) -> Result<
+    (
+        quinn::Endpoint,
+        quinn::Connection,
+        quinn::SendStream,
+        quinn::RecvStream,
+    ),
+    String,
+> {
     let (host, addr) = resolve(target).await?;
     let tls = tls::client_config(trust).map_err(|e| e.to_string())?;
     let crypto = QuicClientConfig::try_from(tls).map_err(|e| e.to_string())?;
@@ -119,7 +139,8 @@ pub async fn connect(
     } else {
         "0.0.0.0:0".parse().expect("valid")
     };
-    let mut endpoint = quinn::Endpoint::client(bind).map_err(|e| format!("cannot open a UDP socket: {e}"))?;
+    let mut endpoint =
+        quinn::Endpoint::client(bind).map_err(|e| format!("cannot open a UDP socket: {e}"))?;
     endpoint.set_default_client_config(cfg);
     let conn = endpoint
         .connect(addr, &host)
@@ -138,7 +159,10 @@ async fn resolve(target: &str) -> Result<(String, SocketAddr), String> {
     let (host, _) = target
         .rsplit_once(':')
         .ok_or_else(|| format!("{target}: expected HOST:PORT"))?;
-    let host = host.trim_start_matches('[').trim_end_matches(']').to_owned();
+    let host = host
+        .trim_start_matches('[')
+        .trim_end_matches(']')
+        .to_owned();
     let addr = tokio::net::lookup_host(target)
         .await
         .map_err(|e| format!("cannot resolve {target}: {e}"))?

@@ -98,8 +98,14 @@ pub async fn load_identity(
 
 async fn self_signed(store: &Store) -> Result<Identity, TlsError> {
     let stored = |e: crate::store::StoreError| TlsError::Stored(e.to_string());
-    let cert = store.get(Table::Identity, "quic.cert").await.map_err(stored)?;
-    let key = store.get(Table::Identity, "quic.key").await.map_err(stored)?;
+    let cert = store
+        .get(Table::Identity, "quic.cert")
+        .await
+        .map_err(stored)?;
+    let key = store
+        .get(Table::Identity, "quic.key")
+        .await
+        .map_err(stored)?;
     if let (Some(cert), Some(key)) = (cert, key) {
         let key = PrivateKeyDer::try_from(key).map_err(|e| TlsError::Stored(e.to_string()))?;
         return Ok(Identity {
@@ -108,7 +114,8 @@ async fn self_signed(store: &Store) -> Result<Identity, TlsError> {
         });
     }
     let names = vec!["localhost".to_string(), "127.0.0.1".into(), "::1".into()];
-    let made = rcgen::generate_simple_self_signed(names).map_err(|e| TlsError::Generate(e.to_string()))?;
+    let made =
+        rcgen::generate_simple_self_signed(names).map_err(|e| TlsError::Generate(e.to_string()))?;
     let cert = made.cert.der().to_vec();
     let key = made.signing_key.serialize_der();
     store
@@ -269,7 +276,10 @@ mod tests {
         let hexd = "AB".repeat(32);
         assert_eq!(parse_pin(&hexd).unwrap(), "ab".repeat(32));
         let colons = vec!["ab"; 32].join(":");
-        assert_eq!(parse_pin(&format!("sha256:{colons}")).unwrap(), "ab".repeat(32));
+        assert_eq!(
+            parse_pin(&format!("sha256:{colons}")).unwrap(),
+            "ab".repeat(32)
+        );
         assert!(parse_pin("abc").is_err());
         assert!(parse_pin(&"zz".repeat(32)).is_err());
     }
@@ -286,6 +296,9 @@ mod tests {
 
     #[test]
     fn client_needs_some_trust() {
-        assert!(matches!(client_config(&ClientTrust::default()), Err(TlsError::NoTrust)));
+        assert!(matches!(
+            client_config(&ClientTrust::default()),
+            Err(TlsError::NoTrust)
+        ));
     }
 }

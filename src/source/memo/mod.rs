@@ -9,7 +9,9 @@ use std::collections::BTreeMap;
 use std::sync::RwLock;
 
 use async_trait::async_trait;
-use rmcp::model::{CallToolResult, ContentBlock as Content, JsonObject, Resource, Tool, ToolAnnotations};
+use rmcp::model::{
+    CallToolResult, ContentBlock as Content, JsonObject, Resource, Tool, ToolAnnotations,
+};
 use serde_json::{Map, Value, json};
 
 use crate::mcp::hub::ChangeFeed;
@@ -312,7 +314,10 @@ mod tests {
         let m = memo().await;
         let r = m.changes().register(&[NOTES_URI.into(), LOG_URI.into()]);
         assert!(m.set("a", json!(1)).await.unwrap());
-        assert!(!m.set("a", json!(1)).await.unwrap(), "same value is not a change");
+        assert!(
+            !m.set("a", json!(1)).await.unwrap(),
+            "same value is not a change"
+        );
         assert!(m.set("a", json!({"x": 2})).await.unwrap());
         assert!(m.delete("a").await.unwrap());
         assert!(!m.delete("a").await.unwrap());
@@ -335,28 +340,45 @@ mod tests {
         m.set("k", json!("v")).await.unwrap();
         drop(m);
         let m = Memo::open(store, 16).await.unwrap();
-        assert_eq!(read_json(m.read(NOTES_URI).await.unwrap()), json!({"k": "v"}));
+        assert_eq!(
+            read_json(m.read(NOTES_URI).await.unwrap()),
+            json!({"k": "v"})
+        );
     }
 
     #[tokio::test]
     async fn bad_arguments_are_clear_errors() {
         let m = memo().await;
-        let err = m.call_tool("memo_set", schema(json!({"key": "a"}))).await.unwrap_err();
+        let err = m
+            .call_tool("memo_set", schema(json!({"key": "a"})))
+            .await
+            .unwrap_err();
         assert!(err.to_string().contains("missing argument value"), "{err}");
         let err = m
-            .call_tool("memo_set", schema(json!({"key": "a", "value": 1, "extra": 2})))
+            .call_tool(
+                "memo_set",
+                schema(json!({"key": "a", "value": 1, "extra": 2})),
+            )
             .await
             .unwrap_err();
         assert!(err.to_string().contains("unknown argument extra"), "{err}");
-        let err = m.call_tool("memo_set", schema(json!({"key": 5, "value": 1}))).await.unwrap_err();
+        let err = m
+            .call_tool("memo_set", schema(json!({"key": 5, "value": 1})))
+            .await
+            .unwrap_err();
         assert!(err.to_string().contains("key must be a string"), "{err}");
         let err = m.read("memo://nope").await.unwrap_err();
-        assert_eq!(err, SourceError::NotFound { uri: "memo://nope".into() });
+        assert_eq!(
+            err,
+            SourceError::NotFound {
+                uri: "memo://nope".into()
+            }
+        );
     }
 
-    #[test]
-    fn descriptions_end_with_a_code_mode_example() {
-        let m = futures::executor::block_on(memo());
+    #[tokio::test]
+    async fn descriptions_end_with_a_code_mode_example() {
+        let m = memo().await;
         for r in m.resources() {
             let d = r.description.unwrap();
             let last = d.lines().last().unwrap();

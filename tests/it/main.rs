@@ -1,0 +1,5 @@
+//! One integration-test binary driving the real `herald` binary over its real transports.
+
+mod memo;
+mod support;
+mod wire;

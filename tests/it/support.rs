@@ -1,0 +1,261 @@
+//! Test support: spawn `herald` roles, read their bound addresses, connect clients.
+
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::sync::{Arc, Mutex, Once};
+use std::time::Duration;
+
+use herald::transport::client::{Connection, Target, client_config, connect};
+use herald::transport::tls::ClientTrust;
+use rmcp::model::{CallToolRequestParams, ReadResourceRequestParams, ResourceContents};
+use serde_json::{Map, Value, json};
+use tokio::io::{AsyncBufReadExt, BufReader};
+use tokio::process::{Child, Command};
+
+/// The bound for any await in a test: generous, because CI machines are loaded.
+pub const WAIT: Duration = Duration::from_secs(30);
+
+pub fn bin() -> &'static str {
+    env!("CARGO_BIN_EXE_herald")
+}
+
+pub fn init() {
+    static ONCE: Once = Once::new();
+    ONCE.call_once(|| {
+        let _ = rustls::crypto::ring::default_provider().install_default();
+    });
+}
+
+/// A fresh temporary directory, removed on drop.
+pub struct TempDir(pub PathBuf);
+
+impl TempDir {
+    pub fn new(tag: &str) -> TempDir {
+        static N: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+        let n = N.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let p = std::env::temp_dir().join(format!("herald-it-{tag}-{}-{n}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&p);
+        std::fs::create_dir_all(&p).unwrap();
+        TempDir(p)
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.0
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// A running `herald` server process.
+pub struct Server {
+    pub child: Child,
+    pub listening: Value,
+    pub stderr: Arc<Mutex<String>>,
+}
+
+impl Server {
+    /// Spawns `herald --log-format json ARGS` and waits for its `listening` line.
+    pub async fn spawn(args: &[&str]) -> Server {
+        init();
+        let mut child = Command::new(bin())
+            .arg("--log-format")
+            .arg("json")
+            .args(args)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .kill_on_drop(true)
+            .spawn()
+            .expect("spawn herald");
+        let stderr = child.stderr.take().unwrap();
+        let log = Arc::new(Mutex::new(String::new()));
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        let log2 = log.clone();
+        tokio::spawn(async move {
+            let mut lines = BufReader::new(stderr).lines();
+            let mut tx = Some(tx);
+            while let Ok(Some(line)) = lines.next_line().await {
+                log2.lock().unwrap().push_str(&line);
+                log2.lock().unwrap().push('\n');
+                if let Ok(v) = serde_json::from_str::<Value>(&line)
+                    && v["event"] == "listening"
+                    && let Some(tx) = tx.take()
+                {
+                    let _ = tx.send(v);
+                }
+            }
+        });
+        let listening = match tokio::time::timeout(WAIT, rx).await {
+            Ok(Ok(v)) => v,
+            _ => panic!(
+                "herald {args:?} never said where it listens; stderr:\n{}",
+                log.lock().unwrap()
+            ),
+        };
+        Server {
+            child,
+            listening,
+            stderr: log,
+        }
+    }
+
+    pub fn http_url(&self) -> String {
+        self.listening["http_url"]
+            .as_str()
+            .expect("serving http")
+            .to_owned()
+    }
+
+    pub fn quic_addr(&self) -> String {
+        self.listening["quic"]
+            .as_str()
+            .expect("serving quic")
+            .to_owned()
+    }
+
+    pub fn fingerprint(&self) -> String {
+        self.listening["quic_fingerprint"]
+            .as_str()
+            .unwrap()
+            .to_owned()
+    }
+
+    /// Everything the server wrote to stderr so far.
+    pub fn stderr(&self) -> String {
+        self.stderr.lock().unwrap().clone()
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.id().expect("running")
+    }
+
+    /// Sends SIGTERM and waits for exit.
+    pub async fn terminate(mut self) -> std::process::ExitStatus {
+        let _ = std::process::Command::new("kill")
+            .arg("-TERM")
+            .arg(self.pid().to_string())
+            .status();
+        tokio::time::timeout(WAIT, self.child.wait())
+            .await
+            .expect("herald exits after SIGTERM")
+            .unwrap()
+    }
+}
+
+/// The transports a test runs over.
+#[derive(Debug, Clone, Copy)]
+pub enum Via {
+    Stdio,
+    Http,
+    Quic,
+}
+
+/// A memo server reachable over `via`, and a way to make clients for it.
+pub struct Memo {
+    pub server: Option<Server>,
+    pub target: Target,
+    pub trust: ClientTrust,
+}
+
+impl Memo {
+    pub async fn start(via: Via) -> Memo {
+        Memo::start_with(via, &[]).await
+    }
+
+    pub async fn start_with(via: Via, extra: &[&str]) -> Memo {
+        init();
+        match via {
+            Via::Stdio => Memo {
+                server: None,
+                target: Target::Stdio(format!(
+                    "{} --store :memory: memo {}",
+                    bin(),
+                    extra.join(" ")
+                )),
+                trust: ClientTrust::default(),
+            },
+            Via::Http => {
+                let mut args = vec!["--store", ":memory:", "memo", "--http", "127.0.0.1:0"];
+                args.extend_from_slice(extra);
+                let s = Server::spawn(&args).await;
+                Memo {
+                    target: Target::Http(s.http_url()),
+                    trust: ClientTrust::default(),
+                    server: Some(s),
+                }
+            }
+            Via::Quic => {
+                let mut args = vec!["--store", ":memory:", "memo", "--quic", "127.0.0.1:0"];
+                args.extend_from_slice(extra);
+                let s = Server::spawn(&args).await;
+                Memo {
+                    target: Target::Quic(s.quic_addr()),
+                    trust: ClientTrust {
+                        ca: None,
+                        pin: Some(s.fingerprint()),
+                    },
+                    server: Some(s),
+                }
+            }
+        }
+    }
+
+    /// A new client connection. Over stdio that is a new server process, so tests that need
+    /// two clients of one server use HTTP or QUIC.
+    pub async fn client(&self) -> Connection {
+        tokio::time::timeout(
+            WAIT,
+            connect(&self.target, &self.trust, client_config(), 4 * 1024 * 1024),
+        )
+        .await
+        .expect("connect in time")
+        .expect("connect")
+    }
+}
+
+pub fn args(v: Value) -> Map<String, Value> {
+    v.as_object().unwrap().clone()
+}
+
+pub async fn call(conn: &Connection, tool: &str, a: Value) {
+    let r = tokio::time::timeout(
+        WAIT,
+        conn.call_tool(CallToolRequestParams::new(tool.to_owned()).with_arguments(args(a))),
+    )
+    .await
+    .expect("call in time")
+    .expect("call succeeds");
+    assert_ne!(r.is_error, Some(true), "{tool} failed: {r:?}");
+}
+
+/// Reads `uri` and parses its text as JSON; also returns the mimeType.
+pub async fn read_json(conn: &Connection, uri: &str) -> (Value, String) {
+    let r = tokio::time::timeout(
+        WAIT,
+        conn.read_resource(ReadResourceRequestParams::new(uri.to_owned())),
+    )
+    .await
+    .expect("read in time")
+    .expect("read succeeds");
+    match &r.contents[0] {
+        ResourceContents::TextResourceContents {
+            text, mime_type, ..
+        } => (
+            serde_json::from_str(text).expect("json"),
+            mime_type.clone().unwrap_or_default(),
+        ),
+        other => panic!("unexpected contents {other:?}"),
+    }
+}
+
+pub fn meta() -> Value {
+    json!({
+        "io.modelcontextprotocol/protocolVersion": "2026-07-28",
+        "io.modelcontextprotocol/clientCapabilities": {},
+        "io.modelcontextprotocol/clientInfo": {"name": "wire-test", "version": "1"}
+    })
+}

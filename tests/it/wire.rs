@@ -1,0 +1,270 @@
+//! Raw wire tests: JSON-RPC lines on stdio and plain HTTP requests, without an MCP client in
+//! the way, for what a well-behaved client would never send or would hide.
+
+use std::process::Stdio;
+
+use serde_json::{Value, json};
+use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader, Lines};
+use tokio::process::{Child, ChildStdin, ChildStdout};
+
+use crate::support::*;
+
+struct Raw {
+    child: Child,
+    stdin: ChildStdin,
+    lines: Lines<BufReader<ChildStdout>>,
+}
+
+impl Raw {
+    fn spawn(extra: &[&str]) -> Raw {
+        Raw::spawn_with_stderr(extra, Stdio::null())
+    }
+
+    fn spawn_with_stderr(extra: &[&str], stderr: Stdio) -> Raw {
+        init();
+        let mut child = tokio::process::Command::new(bin())
+            .args(["--store", ":memory:", "memo"])
+            .args(extra)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(stderr)
+            .kill_on_drop(true)
+            .spawn()
+            .unwrap();
+        let stdin = child.stdin.take().unwrap();
+        let lines = BufReader::new(child.stdout.take().unwrap()).lines();
+        Raw {
+            child,
+            stdin,
+            lines,
+        }
+    }
+
+    async fn send_line(&mut self, line: &str) {
+        self.stdin.write_all(line.as_bytes()).await.unwrap();
+        self.stdin.write_all(b"\n").await.unwrap();
+        self.stdin.flush().await.unwrap();
+    }
+
+    async fn send(&mut self, v: Value) {
+        self.send_line(&v.to_string()).await;
+    }
+
+    async fn recv(&mut self) -> Value {
+        let line = tokio::time::timeout(WAIT, self.lines.next_line())
+            .await
+            .expect("a line in time")
+            .unwrap()
+            .expect("server still running");
+        serde_json::from_str(&line).unwrap_or_else(|e| panic!("bad line {line}: {e}"))
+    }
+
+    /// Reads until `pred` holds, returning everything read (including the match).
+    async fn recv_until(&mut self, pred: impl Fn(&Value) -> bool) -> Vec<Value> {
+        let mut seen = Vec::new();
+        loop {
+            let v = self.recv().await;
+            let done = pred(&v);
+            seen.push(v);
+            if done {
+                return seen;
+            }
+        }
+    }
+
+    async fn listen(&mut self, id: &str, uris: &[&str]) {
+        self.send(
+            json!({"jsonrpc":"2.0","id":id,"method":"subscriptions/listen",
+            "params":{"_meta":meta(),"notifications":{"resourceSubscriptions":uris}}}),
+        )
+        .await;
+        let seen = self.recv_until(|v| sub_id(v) == Some(id)).await;
+        let ack = seen.last().unwrap();
+        assert_eq!(
+            ack["method"], "notifications/subscriptions/acknowledged",
+            "{ack}"
+        );
+    }
+
+    async fn memo_set(&mut self, id: u64, key: &str, value: Value) {
+        self.send(json!({"jsonrpc":"2.0","id":id,"method":"tools/call",
+            "params":{"_meta":meta(),"name":"memo_set","arguments":{"key":key,"value":value}}}))
+            .await;
+    }
+}
+
+fn sub_id(v: &Value) -> Option<&str> {
+    v.pointer("/params/_meta/io.modelcontextprotocol~1subscriptionId")
+        .and_then(Value::as_str)
+}
+
+#[tokio::test]
+async fn cancelled_listen_gets_nothing_and_unsubscribed_uris_send_nothing() {
+    let mut raw = Raw::spawn(&[]);
+    raw.listen("L1", &["memo://notes"]).await;
+    raw.listen("L2", &["memo://log"]).await;
+    raw.send(json!({"jsonrpc":"2.0","method":"notifications/cancelled","params":{"requestId":"L1","reason":"test"}}))
+        .await;
+    raw.listen("L3", &["memo://notes"]).await;
+    let mut seen = Vec::new();
+    for (i, key) in ["a", "b"].iter().enumerate() {
+        raw.memo_set(100 + i as u64, key, json!(i)).await;
+        let mut got_response = false;
+        let mut got_l2 = false;
+        let mut got_l3 = false;
+        while !(got_response && got_l2 && got_l3) {
+            let v = raw.recv().await;
+            got_response |= v["id"] == 100 + i as u64;
+            got_l2 |= sub_id(&v) == Some("L2");
+            got_l3 |= sub_id(&v) == Some("L3");
+            seen.push(v);
+        }
+    }
+    for v in &seen {
+        assert_ne!(sub_id(v), Some("L1"), "a cancelled listen got {v}");
+        if sub_id(v) == Some("L2") {
+            assert_eq!(
+                v["params"]["uri"], "memo://log",
+                "L2 only asked for the log: {v}"
+            );
+        }
+        if sub_id(v) == Some("L3") {
+            assert_eq!(v["params"]["uri"], "memo://notes");
+        }
+    }
+}
+
+#[tokio::test]
+async fn malformed_and_oversized_lines_are_refused_and_serving_continues() {
+    let mut raw = Raw::spawn(&["--max-message-bytes", "2000"]);
+    raw.send_line("{oops").await;
+    let e = raw.recv().await;
+    assert_eq!(e["error"]["code"], -32700, "{e}");
+    raw.send_line(&format!(
+        "{{\"jsonrpc\":\"2.0\",\"id\":1,\"method\":\"tools/list\",\"params\":{{\"pad\":\"{}\"}}}}",
+        "x".repeat(5000)
+    ))
+    .await;
+    let e = raw.recv().await;
+    assert_eq!(e["error"]["code"], -32600, "{e}");
+    assert!(
+        e["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("2000-byte limit"),
+        "{e}"
+    );
+    raw.send(json!({"jsonrpc":"2.0","id":2,"method":"tools/list","params":{"_meta":meta()}}))
+        .await;
+    let ok = raw.recv().await;
+    assert_eq!(ok["id"], 2);
+    let names: Vec<&str> = ok["result"]["tools"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(names, ["memo_set", "memo_delete"]);
+    // A request without _meta is refused with -32602, and serving continues.
+    raw.send(json!({"jsonrpc":"2.0","id":3,"method":"tools/list","params":{}}))
+        .await;
+    let e = raw.recv().await;
+    assert_eq!(
+        (e["id"].clone(), e["error"]["code"].clone()),
+        (json!(3), json!(-32602)),
+        "{e}"
+    );
+    raw.send(json!({"jsonrpc":"2.0","id":4,"method":"tools/list","params":{"_meta":meta()}}))
+        .await;
+    assert_eq!(raw.recv().await["id"], 4);
+}
+
+async fn post(url: &str, origin: Option<&str>, body: Value) -> (u16, String) {
+    let client = reqwest::Client::new();
+    let method = body["method"].as_str().unwrap_or("").to_owned();
+    let mut req = client
+        .post(url)
+        .header("content-type", "application/json")
+        .header("accept", "application/json, text/event-stream")
+        .header("mcp-protocol-version", "2026-07-28")
+        .header("mcp-method", method)
+        .body(body.to_string());
+    if let Some(o) = origin {
+        req = req.header("origin", o);
+    }
+    let resp = tokio::time::timeout(WAIT, req.send())
+        .await
+        .unwrap()
+        .unwrap();
+    let status = resp.status().as_u16();
+    (status, resp.text().await.unwrap_or_default())
+}
+
+#[tokio::test]
+async fn http_refuses_missing_meta_and_bad_origin() {
+    let s = Server::spawn(&["--store", ":memory:", "memo", "--http", "127.0.0.1:0"]).await;
+    let url = s.http_url();
+    let (status, body) = post(
+        &url,
+        None,
+        json!({"jsonrpc":"2.0","id":1,"method":"tools/list","params":{}}),
+    )
+    .await;
+    assert_eq!(status, 400, "{body}");
+    assert!(body.contains("-32602"), "{body}");
+    let ok = json!({"jsonrpc":"2.0","id":2,"method":"tools/list","params":{"_meta":meta()}});
+    let (status, body) = post(&url, Some("http://evil.example.com"), ok.clone()).await;
+    assert_eq!(status, 403, "{body}");
+    let (status, body) = post(&url, Some("http://localhost:3000"), ok.clone()).await;
+    assert_eq!(status, 200, "{body}");
+    assert!(body.contains("memo_set"), "{body}");
+    let (status, _) = post(&url, None, ok).await;
+    assert_eq!(status, 200);
+}
+
+#[tokio::test]
+async fn a_reader_that_stalls_has_its_listen_ended_and_logged() {
+    let mut raw = Raw::spawn_with_stderr(&["--listen-stall-ms", "300", "-v"], Stdio::piped());
+    let mut stderr = BufReader::new(raw.child.stderr.take().unwrap()).lines();
+    raw.listen("L1", &["memo://notes"]).await;
+    // Stop reading stdout and keep writing: responses and notifications fill the pipe, the
+    // listen stream's writes stop completing, and the server must end that stream.
+    let mut stdin = raw.stdin;
+    let writer = tokio::spawn(async move {
+        for i in 0..20_000u64 {
+            let req = json!({"jsonrpc":"2.0","id":1000 + i,"method":"tools/call",
+                "params":{"_meta":meta(),"name":"memo_set","arguments":{"key":"k","value":i}}});
+            if stdin
+                .write_all(format!("{req}\n").as_bytes())
+                .await
+                .is_err()
+            {
+                return;
+            }
+        }
+        let _ = stdin.flush().await;
+    });
+    let logged = tokio::time::timeout(WAIT, async {
+        while let Ok(Some(line)) = stderr.next_line().await {
+            if line.contains("listen stream stalled") {
+                return true;
+            }
+        }
+        false
+    })
+    .await
+    .expect("the stall is logged in time");
+    assert!(logged);
+    // Reading again, the stream's end arrives: the final result for L1.
+    let mut ended = false;
+    while !ended {
+        let v = tokio::time::timeout(WAIT, raw.lines.next_line())
+            .await
+            .expect("output in time")
+            .unwrap()
+            .expect("server running");
+        let v: Value = serde_json::from_str(&v).unwrap();
+        ended = v["id"] == "L1" && v["result"]["resultType"] == "complete";
+    }
+    writer.abort();
+}
