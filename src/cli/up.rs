@@ -42,7 +42,7 @@ pub async fn run(args: UpArgs, globals: &Globals) -> Result<(), Exit> {
         .await
         .map_err(|e| crate::cli::usage(e.into()))?;
     announce(&bound, globals.log_format);
-    if let Some(url) = bound.http_url() {
+    if let (Some(url), crate::cli::LogFormat::Text) = (bound.http_url(), globals.log_format) {
         let store = globals
             .store_path()
             .map(|p| p.display().to_string())

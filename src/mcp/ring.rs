@@ -57,7 +57,7 @@ impl EventRing {
         EventRing {
             inner: Mutex::new(Inner {
                 capacity: capacity.max(1),
-                next_seq: first_seq,
+                next_seq: first_seq.max(1),
                 events: VecDeque::new(),
             }),
         }

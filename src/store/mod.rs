@@ -34,7 +34,7 @@ const WATCHES: TableDefinition<&str, &[u8]> = TableDefinition::new("watch_specs"
 pub enum Table {
     /// `herald memo`'s notes: key → JSON value.
     Notes,
-    /// TLS identities: `quic.cert` / `quic.key` → DER.
+    /// TLS identities: `quic.identity` → cert and key DER, hex, in one JSON value.
     Identity,
     /// Saved watch specs (`--watch-state`): name → JSON spec.
     Watches,

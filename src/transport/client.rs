@@ -115,6 +115,9 @@ pub async fn connect<H: ClientHandler>(
     handler: H,
     max_message_bytes: usize,
 ) -> Result<Connection<H>, ConnectError> {
+    // reqwest (rmcp's HTTP client) uses the process-wide rustls provider; make sure it is ring
+    // even when herald is used as a library. A second install is a harmless no-op.
+    let _ = rustls::crypto::ring::default_provider().install_default();
     let handshake = |e: rmcp::service::ClientInitializeError| ConnectError::Handshake {
         target: target.to_string(),
         message: e.to_string(),

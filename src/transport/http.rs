@@ -165,7 +165,7 @@ impl PeerStreams {
 }
 
 /// Runs the listen limits before rmcp sees a `subscriptions/listen`, and reserves the stream's
-/// slot on the TCP connection (the slot rides in the request extensions, which rmcp keeps for
+/// slot on the client's address (see [`PeerStreams`]; the slot rides in the request extensions, which rmcp keeps for
 /// as long as the listen runs).
 async fn listen_gate(State(limits): State<Arc<Limits>>, req: Request, next: Next) -> Response {
     if req.method() != Method::POST {

@@ -96,18 +96,32 @@ pub async fn load_identity(
     }
 }
 
+/// Store key of the self-signed identity: cert and key in one value, so they are written in
+/// one transaction and can never disagree.
+const IDENTITY_KEY: &str = "quic.identity";
+
+#[derive(serde::Serialize, serde::Deserialize)]
+struct StoredIdentity {
+    cert_der_hex: String,
+    key_der_hex: String,
+}
+
 async fn self_signed(store: &Store) -> Result<Identity, TlsError> {
     let stored = |e: crate::store::StoreError| TlsError::Stored(e.to_string());
-    let cert = store
-        .get(Table::Identity, "quic.cert")
+    let bad = |e: String| {
+        TlsError::Stored(format!(
+            "{e}; delete the {IDENTITY_KEY} entry or use another --store"
+        ))
+    };
+    if let Some(bytes) = store
+        .get(Table::Identity, IDENTITY_KEY)
         .await
-        .map_err(stored)?;
-    let key = store
-        .get(Table::Identity, "quic.key")
-        .await
-        .map_err(stored)?;
-    if let (Some(cert), Some(key)) = (cert, key) {
-        let key = PrivateKeyDer::try_from(key).map_err(|e| TlsError::Stored(e.to_string()))?;
+        .map_err(stored)?
+    {
+        let s: StoredIdentity = serde_json::from_slice(&bytes).map_err(|e| bad(e.to_string()))?;
+        let cert = hex::decode(&s.cert_der_hex).map_err(|e| bad(e.to_string()))?;
+        let key = hex::decode(&s.key_der_hex).map_err(|e| bad(e.to_string()))?;
+        let key = PrivateKeyDer::try_from(key).map_err(|e| bad(e.to_string()))?;
         return Ok(Identity {
             chain: vec![CertificateDer::from(cert)],
             key,
@@ -118,12 +132,13 @@ async fn self_signed(store: &Store) -> Result<Identity, TlsError> {
         rcgen::generate_simple_self_signed(names).map_err(|e| TlsError::Generate(e.to_string()))?;
     let cert = made.cert.der().to_vec();
     let key = made.signing_key.serialize_der();
+    let value = serde_json::to_vec(&StoredIdentity {
+        cert_der_hex: hex::encode(&cert),
+        key_der_hex: hex::encode(&key),
+    })
+    .map_err(|e| TlsError::Generate(e.to_string()))?;
     store
-        .put(Table::Identity, "quic.cert", cert.clone())
-        .await
-        .map_err(stored)?;
-    store
-        .put(Table::Identity, "quic.key", key.clone())
+        .put(Table::Identity, IDENTITY_KEY, value)
         .await
         .map_err(stored)?;
     let key = PrivateKeyDer::try_from(key).map_err(|e| TlsError::Stored(e.to_string()))?;
