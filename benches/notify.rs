@@ -34,7 +34,11 @@ async fn spawn(args: &[&str]) -> Spawned {
         .expect("spawn herald");
     let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
     let listening = loop {
-        let line = lines.next_line().await.unwrap().expect("herald printed its addresses");
+        let line = lines
+            .next_line()
+            .await
+            .unwrap()
+            .expect("herald printed its addresses");
         if let Ok(v) = serde_json::from_str::<Value>(&line)
             && v["event"] == "listening"
         {
@@ -55,9 +59,15 @@ fn ms(d: Duration) -> String {
 }
 
 async fn run(name: &str, target: Target, trust: ClientTrust, n: usize) -> Vec<Duration> {
-    let conn = connect(&target, &trust, client_config(), 4 << 20).await.expect("connect");
+    let conn = connect(&target, &trust, client_config(), 4 << 20)
+        .await
+        .expect("connect");
     let mut sub = conn
-        .listen(SubscriptionFilter::builder().resource_subscription("memo://notes").build())
+        .listen(
+            SubscriptionFilter::builder()
+                .resource_subscription("memo://notes")
+                .build(),
+        )
         .await
         .expect("listen");
     let mut lat = Vec::with_capacity(n);
@@ -122,10 +132,22 @@ async fn main() {
     )
     .await;
 
-    let server = spawn(&["--store", ":memory:", "memo", "--http", "127.0.0.1:0", "--quic", "127.0.0.1:0"]).await;
+    let server = spawn(&[
+        "--store",
+        ":memory:",
+        "memo",
+        "--http",
+        "127.0.0.1:0",
+        "--quic",
+        "127.0.0.1:0",
+    ])
+    .await;
     let url = server.listening["http_url"].as_str().unwrap().to_owned();
     let quic = server.listening["quic"].as_str().unwrap().to_owned();
-    let pin = server.listening["quic_fingerprint"].as_str().unwrap().to_owned();
+    let pin = server.listening["quic_fingerprint"]
+        .as_str()
+        .unwrap()
+        .to_owned();
     let http = run("http", Target::Http(url), ClientTrust::default(), n).await;
     let quic = run(
         "quic",
@@ -140,17 +162,34 @@ async fn main() {
     drop(server);
 
     // Idle RSS: a fresh `herald memo` serving HTTP and QUIC, after one client came and went.
-    let idle = spawn(&["--store", ":memory:", "memo", "--http", "127.0.0.1:0", "--quic", "127.0.0.1:0"]).await;
+    let idle = spawn(&[
+        "--store",
+        ":memory:",
+        "memo",
+        "--http",
+        "127.0.0.1:0",
+        "--quic",
+        "127.0.0.1:0",
+    ])
+    .await;
     let url = idle.listening["http_url"].as_str().unwrap().to_owned();
-    let conn = connect(&Target::Http(url), &ClientTrust::default(), client_config(), 4 << 20)
-        .await
-        .unwrap();
+    let conn = connect(
+        &Target::Http(url),
+        &ClientTrust::default(),
+        client_config(),
+        4 << 20,
+    )
+    .await
+    .unwrap();
     conn.list_all_tools().await.unwrap();
     conn.close().await;
     tokio::time::sleep(Duration::from_millis(500)).await;
     let pid = idle.child.id().unwrap();
     let rss = rss_kib(pid);
-    println!("idle RSS of herald memo (HTTP + QUIC): {:.1} MB", rss as f64 / 1024.0);
+    println!(
+        "idle RSS of herald memo (HTTP + QUIC): {:.1} MB",
+        rss as f64 / 1024.0
+    );
 
     let verdict = |name: &str, lat: &[Duration], target_ms: f64| {
         let p99 = pct(lat, 0.99).as_secs_f64() * 1e3;

@@ -11,3 +11,4 @@ pub mod mcp;
 pub mod source;
 pub mod store;
 pub mod transport;
+pub mod watch;

@@ -87,7 +87,7 @@ pub fn run(cli: Cli) -> Result<(), Exit> {
         log_format: cli.log_format,
         store: cli.store,
     };
-    runtime.block_on(async move {
+    let result = runtime.block_on(async move {
         match cli.command {
             Command::Memo(a) => memo::run(a, &globals).await,
             Command::Up(a) => up::run(a, &globals).await,
@@ -95,7 +95,10 @@ pub fn run(cli: Cli) -> Result<(), Exit> {
             Command::Read(a) => client::read(a).await,
             Command::Call(a) => client::call(a).await,
         }
-    })
+    });
+    // A blocked stdin read cannot be cancelled; do not wait for it after the roles drained.
+    runtime.shutdown_timeout(std::time::Duration::from_secs(1));
+    result
 }
 
 /// Options every subcommand sees.

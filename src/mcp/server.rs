@@ -30,7 +30,7 @@ use serde_json::json;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
-use crate::mcp::hub::ChangeFeed;
+use crate::mcp::hub::{ChangeFeed, Registration};
 use crate::mcp::source::{Body, DynSource, SourceError};
 
 /// Server-side limits. Every field has a default and a flag.
@@ -175,6 +175,15 @@ impl SourceServer {
         }
     }
 
+    /// This server for a byte-stream connection that shares its listen-stream budget with
+    /// others (the streams of one QUIC connection).
+    pub fn for_connection_sharing(&self, conn: ConnStreams) -> ConnServer {
+        ConnServer {
+            server: self.clone(),
+            conn,
+        }
+    }
+
     pub fn limits(&self) -> &Limits {
         &self.shared.limits
     }
@@ -200,6 +209,50 @@ impl SourceServer {
             }
             notified.await;
         }
+    }
+}
+
+/// An admitted listen: its reserved stream slot and its hub registration, made before rmcp
+/// acknowledges the listen so that no change published after the acknowledgment is lost.
+/// It rides in the request's extensions until [`SourceServer::listen`] takes the registration.
+#[derive(Clone)]
+pub struct ListenAdmission {
+    _slot: StreamSlot,
+    registration: Arc<std::sync::Mutex<Option<Registration>>>,
+}
+
+impl ListenAdmission {
+    fn take(&self) -> Option<Registration> {
+        self.registration
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .take()
+    }
+}
+
+impl SourceServer {
+    /// The URIs of `requested` this server accepts for a listen.
+    fn accepted_uris(&self, requested: &[String]) -> Vec<String> {
+        requested
+            .iter()
+            .filter(|u| self.shared.source.watchable(u))
+            .cloned()
+            .collect()
+    }
+
+    /// Admits a listen asking for `requested` URIs on `conn`: checks the limits, reserves a
+    /// stream slot and registers the accepted URIs with the hub, all before the ack.
+    pub fn admit_listen(
+        &self,
+        requested: &[String],
+        conn: &ConnStreams,
+    ) -> Result<ListenAdmission, McpError> {
+        let slot = check_listen(&self.shared.limits, requested.len(), conn)?;
+        let registration = self.shared.feed.register(&self.accepted_uris(requested));
+        Ok(ListenAdmission {
+            _slot: slot,
+            registration: Arc::new(std::sync::Mutex::new(Some(registration))),
+        })
     }
 }
 
@@ -247,14 +300,14 @@ impl Service<RoleServer> for ConnServer {
         mut context: RequestContext<RoleServer>,
     ) -> Result<ServerResult, McpError> {
         if let ClientRequest::SubscriptionsListenRequest(r) = &request {
-            let n = r
+            let requested = r
                 .params
                 .notifications
                 .resource_subscriptions
-                .as_ref()
-                .map_or(0, Vec::len);
-            let slot = check_listen(&self.server.shared.limits, n, &self.conn)?;
-            context.extensions.insert(slot);
+                .as_deref()
+                .unwrap_or_default();
+            let admission = self.server.admit_listen(requested, &self.conn)?;
+            context.extensions.insert(admission);
         }
         self.server.handle_request(request, context).await
     }
@@ -345,12 +398,7 @@ impl ServerHandler for SourceServer {
     ) -> Option<SubscriptionFilter> {
         let mut accepted = SubscriptionFilter::default();
         if let Some(uris) = &requested.resource_subscriptions {
-            accepted.resource_subscriptions = Some(
-                uris.iter()
-                    .filter(|u| self.shared.source.watchable(u))
-                    .cloned()
-                    .collect(),
-            );
+            accepted.resource_subscriptions = Some(self.accepted_uris(uris));
         }
         Some(accepted)
     }
@@ -366,9 +414,20 @@ impl ServerHandler for SourceServer {
         let stream = shared.streams_total.fetch_add(1, Ordering::Relaxed);
         let id = ctx.sink().id().clone();
         debug!(stream, ?id, uris = uris.len(), "listen stream opened");
-        // Register before starting source watchers, so a change that lands while a watcher
-        // starts is not lost.
-        let registration = shared.feed.register(&uris);
+        // Normally registered before the ack (see `admit_listen`); registering here is the
+        // fallback for a path that skipped admission.
+        let request = ctx.request_context();
+        let admitted = request
+            .extensions
+            .get::<ListenAdmission>()
+            .or_else(|| {
+                request
+                    .extensions
+                    .get::<http::request::Parts>()
+                    .and_then(|p| p.extensions.get::<ListenAdmission>())
+            })
+            .and_then(ListenAdmission::take);
+        let registration = admitted.unwrap_or_else(|| shared.feed.register(&uris));
         let mut guards = Vec::with_capacity(uris.len());
         for uri in &uris {
             match shared.source.watch(uri).await {
@@ -390,12 +449,26 @@ impl ServerHandler for SourceServer {
                     return Ok(());
                 }
                 batch = registration.queue().next_batch() => {
+                    // One deadline for the whole batch: a reader that takes nothing for
+                    // `stall` ends the stream.
+                    let deadline = tokio::time::Instant::now() + stall;
                     for uri in batch {
-                        match tokio::time::timeout(stall, sink.notify_resource_updated(uri)).await {
+                        let sent = tokio::select! {
+                            _ = shared.shutdown.cancelled() => return Ok(()),
+                            r = tokio::time::timeout_at(deadline, sink.notify_resource_updated(uri)) => r,
+                        };
+                        match sent {
                             Ok(Ok(())) => {}
                             Ok(Err(SubscriptionSendError::SubscriptionClosed)) => return Ok(()),
+                            Ok(Err(e @ SubscriptionSendError::NotificationNotAccepted(_))) => {
+                                debug!(stream, error = %e, "notification not accepted");
+                            }
                             Ok(Err(e)) => {
-                                debug!(stream, error = %e, "notification not sent");
+                                info!(stream, error = %e, "listen stream could not deliver; ending it");
+                                return Err(McpError::internal_error(
+                                    format!("listen stream failed to deliver a notification ({e}); listen again"),
+                                    None,
+                                ));
                             }
                             Err(_) => {
                                 info!(
@@ -403,7 +476,15 @@ impl ServerHandler for SourceServer {
                                     stall_ms = stall.as_millis() as u64,
                                     "listen stream stalled: its reader took no notification; ending it so the client resubscribes"
                                 );
-                                return Ok(());
+                                // An error, not the graceful result: the client must listen
+                                // again and re-read, since notifications were dropped.
+                                return Err(McpError::internal_error(
+                                    format!(
+                                        "listen stream stalled: no notification could be delivered for {} ms; listen again and re-read",
+                                        stall.as_millis()
+                                    ),
+                                    Some(json!({"reason": "stalled"})),
+                                ));
                             }
                         }
                     }
@@ -436,5 +517,66 @@ impl ServerHandler for SourceServer {
             .await
             .map(Into::into)
             .map_err(to_mcp_error)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::source::memo::Memo;
+    use crate::store::Store;
+
+    async fn server(limits: Limits) -> SourceServer {
+        let memo = Memo::open(Store::memory(), 16).await.unwrap();
+        SourceServer::new(Arc::new(memo), limits, CancellationToken::new())
+    }
+
+    /// Regression: the hub registration used to happen inside `listen`, after rmcp had sent
+    /// the ack, so a change published between the ack and the registration was lost.
+    #[tokio::test]
+    async fn admission_registers_accepted_uris_before_the_ack() {
+        let s = server(Limits::default()).await;
+        let conn = ConnStreams::default();
+        let admission = s
+            .admit_listen(&["memo://notes".into(), "memo://unknown".into()], &conn)
+            .unwrap();
+        assert_eq!(s.feed().listeners("memo://notes"), 1);
+        assert_eq!(
+            s.feed().listeners("memo://unknown"),
+            0,
+            "only accepted URIs"
+        );
+        s.feed().publish("memo://notes");
+        let reg = admission.take().unwrap();
+        assert_eq!(
+            reg.queue().next_batch().await,
+            vec!["memo://notes".to_string()]
+        );
+        assert!(admission.take().is_none(), "taken once");
+        assert_eq!(conn.open(), 1);
+        drop((reg, admission));
+        assert_eq!(conn.open(), 0, "the slot is released with the admission");
+        assert_eq!(s.feed().listeners("memo://notes"), 0);
+    }
+
+    #[tokio::test]
+    async fn admission_enforces_both_limits() {
+        let s = server(Limits {
+            max_streams_per_connection: 1,
+            max_uris_per_stream: 2,
+            ..Limits::default()
+        })
+        .await;
+        let conn = ConnStreams::default();
+        let three: Vec<String> = (0..3).map(|i| format!("memo://{i}")).collect();
+        let err = s.admit_listen(&three, &conn).err().unwrap();
+        assert_eq!(err.code.0, -32602);
+        let _one = s.admit_listen(&three[..1], &conn).unwrap();
+        let err = s.admit_listen(&three[..1], &conn).err().unwrap();
+        assert!(
+            err.message.contains("1 open listen streams"),
+            "{}",
+            err.message
+        );
     }
 }

@@ -192,7 +192,7 @@ impl Store {
                         source,
                     })?;
                 }
-                Database::create(path).map_err(|e| match e {
+                let db = Database::create(path).map_err(|e| match e {
                     redb::DatabaseError::DatabaseAlreadyOpen => {
                         StoreError::Locked { path: path.clone() }
                     }
@@ -200,7 +200,14 @@ impl Store {
                         path: path.clone(),
                         message: other.to_string(),
                     },
-                })?
+                })?;
+                // The store holds the QUIC private key: keep it to its owner.
+                #[cfg(unix)]
+                {
+                    use std::os::unix::fs::PermissionsExt;
+                    let _ = std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600));
+                }
+                db
             }
         };
         let display = match location {

@@ -28,7 +28,7 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tracing::{Instrument, debug, info_span};
 
-use crate::mcp::server::{ConnStreams, Limits, SourceServer, check_listen};
+use crate::mcp::server::{ConnStreams, SourceServer};
 
 /// The path the MCP endpoint is served on.
 pub const MCP_PATH: &str = "/mcp";
@@ -54,7 +54,8 @@ pub fn router(
     opts: &HttpOptions,
     sessions: CancellationToken,
 ) -> Router {
-    let limits = Arc::new(server.limits().clone());
+    let limits = server.limits().clone();
+    let gate = server.clone();
     let mut hosts: Vec<String> = vec!["localhost".into(), "127.0.0.1".into(), "::1".into()];
     if !bound.ip().is_unspecified() {
         hosts.push(bound.ip().to_string());
@@ -80,7 +81,7 @@ pub fn router(
     );
     Router::new()
         .nest_service(MCP_PATH, service)
-        .layer(axum::middleware::from_fn_with_state(limits, listen_gate))
+        .layer(axum::middleware::from_fn_with_state(gate, listen_gate))
         .route("/live", axum::routing::get(|| async { "ok\n" }))
 }
 
@@ -117,7 +118,13 @@ pub async fn serve(
                 req
             },
         );
-        let builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
+        let mut builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
+        // Without a timer hyper silently drops its header-read timeout; a client that never
+        // finishes its headers would hold the connection forever.
+        builder
+            .http1()
+            .timer(hyper_util::rt::TokioTimer::new())
+            .header_read_timeout(Duration::from_secs(30));
         let connection = builder
             .serve_connection_with_upgrades(TokioIo::new(stream), TowerToHyperService::new(svc))
             .into_owned();
@@ -167,7 +174,8 @@ impl PeerStreams {
 /// Runs the listen limits before rmcp sees a `subscriptions/listen`, and reserves the stream's
 /// slot on the client's address (see [`PeerStreams`]; the slot rides in the request extensions, which rmcp keeps for
 /// as long as the listen runs).
-async fn listen_gate(State(limits): State<Arc<Limits>>, req: Request, next: Next) -> Response {
+async fn listen_gate(State(server): State<SourceServer>, req: Request, next: Next) -> Response {
+    let limits = server.limits().clone();
     if req.method() != Method::POST {
         return next.run(req).await;
     }
@@ -197,18 +205,23 @@ async fn listen_gate(State(limits): State<Arc<Limits>>, req: Request, next: Next
     if let Ok(v) = serde_json::from_slice::<Value>(&bytes)
         && v.get("method").and_then(Value::as_str) == Some("subscriptions/listen")
     {
-        let n = v
+        let requested: Vec<String> = v
             .pointer("/params/notifications/resourceSubscriptions")
             .and_then(Value::as_array)
-            .map_or(0, Vec::len);
+            .map(|a| {
+                a.iter()
+                    .map(|u| u.as_str().unwrap_or_default().to_owned())
+                    .collect()
+            })
+            .unwrap_or_default();
         let conn = parts
             .extensions
             .get::<ConnStreams>()
             .cloned()
             .unwrap_or_default();
-        match check_listen(&limits, n, &conn) {
-            Ok(slot) => {
-                parts.extensions.insert(slot);
+        match server.admit_listen(&requested, &conn) {
+            Ok(admission) => {
+                parts.extensions.insert(admission);
             }
             Err(e) => {
                 let id = v.get("id").cloned().unwrap_or(Value::Null);

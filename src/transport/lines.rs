@@ -93,10 +93,16 @@ where
         }
     }
 
-    fn queue_error(&mut self, id: Value, code: i64, message: String) {
+    /// Answers bad input with `code` (server side). Returns false on the client side, where
+    /// a bad frame from the server is fatal: a skipped response would leave its request
+    /// waiting forever, so the connection is closed instead.
+    fn queue_error(&mut self, id: Value, code: i64, message: String) -> bool {
         if !self.reply_errors {
-            tracing::warn!(code, %message, "skipping a bad message from the server");
-            return;
+            tracing::warn!(
+                code,
+                "the server sent a message herald cannot use; closing the connection"
+            );
+            return false;
         }
         let frame = serde_json::json!({
             "jsonrpc": "2.0",
@@ -106,6 +112,7 @@ where
         let mut bytes = frame.to_string().into_bytes();
         bytes.push(b'\n');
         self.pending_error = Some(bytes);
+        true
     }
 }
 
@@ -174,11 +181,19 @@ where
                     permit.send(frame);
                 }
             }
+            // Backpressure: while the peer is not taking our output, stop taking its input,
+            // so responses to a pipelined flood of requests cannot pile up in memory.
+            if let Some(tx) = &self.tx
+                && tx.capacity() == 0
+            {
+                let tx = tx.clone();
+                drop(tx.reserve().await.ok()?);
+            }
             match self.read_line().await {
                 Ok(LineRead::Line) => {}
                 Ok(LineRead::Oversized(size)) => {
                     tracing::warn!(size, limit = self.max_line, "refused an oversized message");
-                    self.queue_error(
+                    let served = self.queue_error(
                         Value::Null,
                         -32600,
                         format!(
@@ -186,6 +201,9 @@ where
                             self.max_line
                         ),
                     );
+                    if !served {
+                        return None;
+                    }
                     continue;
                 }
                 Ok(LineRead::Eof) => return None,

@@ -21,12 +21,17 @@ use crate::transport::tls::{self, ClientTrust, Identity, TlsError};
 
 /// How often an idle QUIC connection sends a keep-alive.
 const KEEP_ALIVE: Duration = Duration::from_secs(10);
+/// MCP connections (bidirectional streams) one QUIC connection may have open.
+const MAX_STREAMS: u32 = 16;
 /// How long a connection may go without hearing from the peer.
 const IDLE_TIMEOUT: Duration = Duration::from_secs(60);
 
 fn transport_config() -> Arc<quinn::TransportConfig> {
     let mut t = quinn::TransportConfig::default();
     t.keep_alive_interval(Some(KEEP_ALIVE));
+    // Each bidirectional stream is a whole MCP connection; a handful is plenty per peer.
+    t.max_concurrent_bidi_streams(MAX_STREAMS.into());
+    t.max_concurrent_uni_streams(0u32.into());
     t.max_idle_timeout(Some(
         quinn::IdleTimeout::try_from(IDLE_TIMEOUT).expect("60 s is a valid idle timeout"),
     ));
@@ -75,6 +80,8 @@ pub async fn serve(
                         return;
                     }
                 };
+                // One listen-stream budget per QUIC connection, however many streams it opens.
+                let budget = crate::mcp::server::ConnStreams::default();
                 loop {
                     let (send, recv) = tokio::select! {
                         _ = shutdown.cancelled() => break,
@@ -86,7 +93,7 @@ pub async fn serve(
                             }
                         },
                     };
-                    let service = server.for_connection();
+                    let service = server.for_connection_sharing(budget.clone());
                     let max = server.limits().max_message_bytes;
                     let ct = sessions.child_token();
                     streams.spawn(

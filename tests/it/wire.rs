@@ -255,7 +255,8 @@ async fn a_reader_that_stalls_has_its_listen_ended_and_logged() {
     .await
     .expect("the stall is logged in time");
     assert!(logged);
-    // Reading again, the stream's end arrives: the final result for L1.
+    // Reading again, the stream's end arrives: an error for L1 (not the graceful result), so
+    // the client knows to listen again and re-read.
     let mut ended = false;
     while !ended {
         let v = tokio::time::timeout(WAIT, raw.lines.next_line())
@@ -264,7 +265,30 @@ async fn a_reader_that_stalls_has_its_listen_ended_and_logged() {
             .unwrap()
             .expect("server running");
         let v: Value = serde_json::from_str(&v).unwrap();
-        ended = v["id"] == "L1" && v["result"]["resultType"] == "complete";
+        ended = v["id"] == "L1" && v["error"]["data"]["reason"] == "stalled";
+        assert!(
+            v["id"] != "L1" || ended,
+            "L1 must end with the stall error: {v}"
+        );
     }
     writer.abort();
+}
+
+/// Regression: a stdio server blocked reading stdin ignored SIGTERM until stdin closed,
+/// because the runtime waited for the blocking read on drop.
+#[tokio::test]
+async fn sigterm_stops_a_stdio_server_whose_stdin_stays_open() {
+    let mut raw = Raw::spawn(&[]);
+    raw.send(json!({"jsonrpc":"2.0","id":1,"method":"tools/list","params":{"_meta":meta()}}))
+        .await;
+    assert_eq!(raw.recv().await["id"], 1);
+    let pid = raw.child.id().unwrap();
+    let _ = std::process::Command::new("kill")
+        .args(["-TERM", &pid.to_string()])
+        .status();
+    let status = tokio::time::timeout(WAIT, raw.child.wait())
+        .await
+        .expect("herald exits after SIGTERM although stdin is still open")
+        .unwrap();
+    assert!(status.success(), "{status}");
 }

@@ -1,0 +1,415 @@
+//! Turning reads into events: the state diff (lists by item key, objects by top-level key,
+//! anything else as whole text) and event-log delivery by `seq` with `GAP`.
+//!
+//! Pure functions over JSON; the watch manager owns the previous read and the last seq.
+//! Events are JSON objects shaped as the filter's `event` dict (without `watch` / `uri`, which
+//! the manager adds).
+
+use std::collections::{BTreeSet, HashMap};
+
+use serde_json::{Map, Value};
+
+/// Paths (from an item's root) never reported in `changed`.
+const IGNORED: [&str; 3] = [
+    "metadata.resourceVersion",
+    "metadata.generation",
+    "metadata.managedFields",
+];
+
+/// How deep `changed` paths go.
+const CHANGED_DEPTH: usize = 3;
+
+pub type Event = Map<String, Value>;
+
+/// A state read: JSON when it parses, else text.
+#[derive(Debug, Clone, PartialEq)]
+pub enum StateDoc {
+    Json(Value),
+    Text(String),
+}
+
+impl StateDoc {
+    pub fn from_text(text: &str) -> StateDoc {
+        match serde_json::from_str(text) {
+            Ok(v) => StateDoc::Json(v),
+            Err(_) => StateDoc::Text(text.to_owned()),
+        }
+    }
+}
+
+/// The key of a list item: the first present of `metadata.uid`, `uid`, `id`, `metadata.name`,
+/// `name`; otherwise the whole item as compact JSON.
+pub fn item_key(item: &Value) -> String {
+    for path in ["/metadata/uid", "/uid", "/id", "/metadata/name", "/name"] {
+        match item.pointer(path) {
+            Some(Value::String(s)) => return s.clone(),
+            Some(Value::Number(n)) => return n.to_string(),
+            _ => {}
+        }
+    }
+    item.to_string()
+}
+
+/// Sorted dotted paths where `old` and `new` differ, at most three levels deep, ignoring
+/// the Kubernetes bookkeeping fields. Values that are not both objects differ at the root,
+/// reported as the empty path.
+pub fn changed_paths(old: &Value, new: &Value) -> Vec<String> {
+    let mut out = BTreeSet::new();
+    walk(old, new, "", 0, &mut out);
+    out.into_iter().collect()
+}
+
+fn walk(old: &Value, new: &Value, path: &str, depth: usize, out: &mut BTreeSet<String>) {
+    if IGNORED.contains(&path) || old == new {
+        return;
+    }
+    match (old, new) {
+        (Value::Object(a), Value::Object(b)) if depth < CHANGED_DEPTH => {
+            for k in a.keys().chain(b.keys()) {
+                let sub = if path.is_empty() {
+                    k.clone()
+                } else {
+                    format!("{path}.{k}")
+                };
+                let null = Value::Null;
+                walk(
+                    a.get(k).unwrap_or(&null),
+                    b.get(k).unwrap_or(&null),
+                    &sub,
+                    depth + 1,
+                    out,
+                );
+            }
+        }
+        _ => {
+            out.insert(path.to_owned());
+        }
+    }
+}
+
+/// Looks up a dotted path (`""` is the value itself).
+pub fn at_path<'a>(v: &'a Value, path: &str) -> Option<&'a Value> {
+    if path.is_empty() {
+        return Some(v);
+    }
+    path.split('.').try_fold(v, |cur, k| cur.get(k))
+}
+
+fn modified(key: &str, old: &Value, new: &Value) -> Option<Event> {
+    let changed = changed_paths(old, new);
+    if changed.is_empty() {
+        // A no-op MODIFIED (only bookkeeping changed) is dropped before any filter.
+        return None;
+    }
+    let mut e = Event::new();
+    e.insert("type".into(), "MODIFIED".into());
+    e.insert("key".into(), key.into());
+    e.insert("old".into(), old.clone());
+    e.insert("new".into(), new.clone());
+    e.insert("item".into(), new.clone());
+    e.insert(
+        "changed".into(),
+        changed.into_iter().map(Value::from).collect(),
+    );
+    Some(e)
+}
+
+fn added_or_deleted(kind: &str, key: &str, item: &Value) -> Event {
+    let mut e = Event::new();
+    e.insert("type".into(), kind.into());
+    e.insert("key".into(), key.into());
+    e.insert("item".into(), item.clone());
+    if kind == "ADDED" {
+        e.insert("new".into(), item.clone());
+    }
+    e.insert("old".into(), Value::Null);
+    e
+}
+
+/// Diffs two state reads.
+pub fn diff_state(old: &StateDoc, new: &StateDoc) -> Vec<Event> {
+    match (old, new) {
+        (StateDoc::Json(Value::Array(a)), StateDoc::Json(Value::Array(b))) => {
+            let keyed = |items: &[Value]| -> Vec<(String, Value)> {
+                items.iter().map(|i| (item_key(i), i.clone())).collect()
+            };
+            diff_keyed(keyed(a), keyed(b))
+        }
+        (StateDoc::Json(Value::Object(a)), StateDoc::Json(Value::Object(b))) => diff_keyed(
+            a.iter().map(|(k, v)| (k.clone(), v.clone())).collect(),
+            b.iter().map(|(k, v)| (k.clone(), v.clone())).collect(),
+        ),
+        _ if old == new => Vec::new(),
+        _ => {
+            let text = |d: &StateDoc| match d {
+                StateDoc::Json(v) => Value::from(v.to_string()),
+                StateDoc::Text(t) => Value::from(t.as_str()),
+            };
+            let mut e = Event::new();
+            e.insert("type".into(), "CHANGED".into());
+            e.insert("old".into(), text(old));
+            e.insert("new".into(), text(new));
+            vec![e]
+        }
+    }
+}
+
+fn diff_keyed(old: Vec<(String, Value)>, new: Vec<(String, Value)>) -> Vec<Event> {
+    let old_index: HashMap<&str, &Value> = old.iter().map(|(k, v)| (k.as_str(), v)).collect();
+    let new_index: HashMap<&str, &Value> = new.iter().map(|(k, v)| (k.as_str(), v)).collect();
+    let mut out = Vec::new();
+    for (k, v) in &new {
+        match old_index.get(k.as_str()) {
+            None => out.push(added_or_deleted("ADDED", k, v)),
+            Some(o) if *o != v => out.extend(modified(k, o, v)),
+            Some(_) => {}
+        }
+    }
+    for (k, v) in &old {
+        if !new_index.contains_key(k.as_str()) {
+            out.push(added_or_deleted("DELETED", k, v));
+        }
+    }
+    out
+}
+
+/// Where an event-log watch is: the highest seq delivered.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct LogCursor {
+    pub last: Option<u64>,
+}
+
+/// Reads an event-log body (`{"events":[...]}`) against `cursor`: returns the events with seq
+/// greater than the last seen (a `GAP` first when the oldest held seq is beyond last + 1; a
+/// `GAP` with `reset` when the log restarted below the cursor) and the new cursor. The first
+/// read only sets the cursor (the baseline). A MODIFIED carrying `old` and `object` gets
+/// `changed`, and is dropped when nothing but bookkeeping changed.
+pub fn extract_log(cursor: LogCursor, body: &Value) -> Result<(Vec<Event>, LogCursor), String> {
+    let events = body
+        .get("events")
+        .and_then(Value::as_array)
+        .ok_or("an event-log read must be {\"events\":[...]}")?;
+    let mut held: Vec<(u64, &Value)> = events
+        .iter()
+        .filter_map(|e| e.get("seq").and_then(Value::as_u64).map(|s| (s, e)))
+        .collect();
+    held.sort_by_key(|(s, _)| *s);
+    let newest = held.last().map(|(s, _)| *s);
+    let Some(last) = cursor.last else {
+        return Ok((
+            Vec::new(),
+            LogCursor {
+                last: newest.or(Some(0)),
+            },
+        ));
+    };
+    let mut out = Vec::new();
+    let (from, reset) = match newest {
+        Some(n) if n < last => (0, true),
+        _ => (last, false),
+    };
+    let fresh: Vec<&(u64, &Value)> = held.iter().filter(|(s, _)| *s > from).collect();
+    if let Some((oldest, _)) = fresh.first()
+        && (reset || *oldest > from + 1)
+    {
+        let mut gap = Event::new();
+        gap.insert("type".into(), "GAP".into());
+        gap.insert("after_seq".into(), last.into());
+        gap.insert("next_seq".into(), (*oldest).into());
+        if reset {
+            gap.insert("reset".into(), true.into());
+            gap.insert(
+                "message".into(),
+                "the event log restarted; events since the last one seen may be missing".into(),
+            );
+        } else {
+            gap.insert(
+                "message".into(),
+                format!("events {} to {} were missed", from + 1, oldest - 1).into(),
+            );
+        }
+        out.push(gap);
+    }
+    for (_, e) in &fresh {
+        let Some(obj) = e.as_object() else { continue };
+        let mut ev = obj.clone();
+        if ev.get("type").and_then(Value::as_str) == Some("MODIFIED")
+            && let (Some(old), Some(new)) = (obj.get("old"), obj.get("object"))
+        {
+            let changed = changed_paths(old, new);
+            if changed.is_empty() {
+                continue;
+            }
+            ev.insert(
+                "changed".into(),
+                changed.into_iter().map(Value::from).collect(),
+            );
+        }
+        ev.entry("old").or_insert(Value::Null);
+        out.push(ev);
+    }
+    let last = newest.map_or(last, |n| if reset { n } else { n.max(last) });
+    Ok((out, LogCursor { last: Some(last) }))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn types(evs: &[Event]) -> Vec<(String, String)> {
+        evs.iter()
+            .map(|e| {
+                (
+                    e["type"].as_str().unwrap().to_owned(),
+                    e.get("key")
+                        .and_then(Value::as_str)
+                        .unwrap_or("")
+                        .to_owned(),
+                )
+            })
+            .collect()
+    }
+
+    #[test]
+    fn list_diff_by_item_key() {
+        let old = StateDoc::Json(json!([
+            {"metadata": {"uid": "u1", "name": "a", "resourceVersion": "1"}, "status": {"phase": "Deciding"}},
+            {"metadata": {"uid": "u2", "name": "b"}},
+            {"id": 7, "v": 1},
+        ]));
+        let new = StateDoc::Json(json!([
+            {"metadata": {"uid": "u1", "name": "a", "resourceVersion": "2"}, "status": {"phase": "Published"}},
+            {"id": 7, "v": 1},
+            {"name": "c"},
+        ]));
+        let evs = diff_state(&old, &new);
+        assert_eq!(
+            types(&evs),
+            [
+                ("MODIFIED".into(), "u1".into()),
+                ("ADDED".into(), "c".into()),
+                ("DELETED".into(), "u2".into())
+            ]
+        );
+        assert_eq!(evs[0]["changed"], json!(["status.phase"]));
+        assert_eq!(evs[0]["old"]["status"]["phase"], "Deciding");
+    }
+
+    #[test]
+    fn items_without_keys_are_keyed_by_content() {
+        let evs = diff_state(
+            &StateDoc::Json(json!([1, 2])),
+            &StateDoc::Json(json!([2, 3])),
+        );
+        assert_eq!(
+            types(&evs),
+            [("ADDED".into(), "3".into()), ("DELETED".into(), "1".into())]
+        );
+    }
+
+    #[test]
+    fn object_diff_by_top_level_key() {
+        let evs = diff_state(
+            &StateDoc::Json(json!({"owner": "ana", "todo": "milk"})),
+            &StateDoc::Json(json!({"owner": "ana", "todo": "eggs", "new": 1})),
+        );
+        assert_eq!(
+            types(&evs),
+            [
+                ("ADDED".into(), "new".into()),
+                ("MODIFIED".into(), "todo".into())
+            ]
+        );
+        assert_eq!(
+            evs[1]["changed"],
+            json!([""]),
+            "a scalar changes at the root"
+        );
+    }
+
+    #[test]
+    fn text_diff_is_whole_text() {
+        let evs = diff_state(&StateDoc::Text("a".into()), &StateDoc::Text("b".into()));
+        assert_eq!(types(&evs), [("CHANGED".into(), "".into())]);
+        assert_eq!(evs[0]["new"], "b");
+        assert!(diff_state(&StateDoc::Text("a".into()), &StateDoc::Text("a".into())).is_empty());
+        assert_eq!(
+            StateDoc::from_text("{\"a\":1}"),
+            StateDoc::Json(json!({"a": 1}))
+        );
+        assert_eq!(StateDoc::from_text("plain"), StateDoc::Text("plain".into()));
+    }
+
+    #[test]
+    fn bookkeeping_only_modified_is_dropped() {
+        let a = json!([{"metadata": {"uid": "u", "resourceVersion": "1", "generation": 1, "managedFields": [1]}}]);
+        let b = json!([{"metadata": {"uid": "u", "resourceVersion": "2", "generation": 2, "managedFields": [2]}}]);
+        assert!(diff_state(&StateDoc::Json(a), &StateDoc::Json(b)).is_empty());
+    }
+
+    #[test]
+    fn changed_stops_at_depth_three() {
+        let a = json!({"spec": {"template": {"spec": {"containers": [1]}}}});
+        let b = json!({"spec": {"template": {"spec": {"containers": [2]}}}});
+        assert_eq!(changed_paths(&a, &b), ["spec.template.spec"]);
+        assert_eq!(
+            at_path(&a, "spec.template"),
+            Some(&json!({"spec": {"containers": [1]}}))
+        );
+    }
+
+    fn log(seqs: &[u64]) -> Value {
+        json!({"events": seqs.iter().map(|s| json!({"seq": s, "type": "ADDED", "key": format!("k{s}")})).collect::<Vec<_>>()})
+    }
+
+    #[test]
+    fn event_log_delivers_new_seqs_after_the_baseline() {
+        let (evs, c) = extract_log(LogCursor::default(), &log(&[1, 2, 3])).unwrap();
+        assert!(evs.is_empty(), "the baseline read delivers nothing");
+        assert_eq!(c.last, Some(3));
+        let (evs, c) = extract_log(c, &log(&[2, 3, 4, 5])).unwrap();
+        assert_eq!(
+            evs.iter()
+                .map(|e| e["seq"].as_u64().unwrap())
+                .collect::<Vec<_>>(),
+            [4, 5]
+        );
+        assert_eq!(c.last, Some(5));
+        let (evs, c2) = extract_log(c, &log(&[2, 3, 4, 5])).unwrap();
+        assert!(evs.is_empty());
+        assert_eq!(c2, c);
+    }
+
+    #[test]
+    fn event_log_gap_when_the_ring_moved_past_us() {
+        let c = LogCursor { last: Some(3) };
+        let (evs, c) = extract_log(c, &log(&[7, 8])).unwrap();
+        assert_eq!(evs[0]["type"], "GAP");
+        assert_eq!(evs[0]["message"], "events 4 to 6 were missed");
+        assert_eq!(evs.len(), 3);
+        assert_eq!(c.last, Some(8));
+    }
+
+    #[test]
+    fn event_log_reset_below_the_cursor_is_a_gap_then_everything() {
+        let c = LogCursor { last: Some(1_000) };
+        let (evs, c) = extract_log(c, &log(&[1, 2])).unwrap();
+        assert_eq!(evs[0]["type"], "GAP");
+        assert_eq!(evs[0]["reset"], true);
+        assert_eq!(evs.len(), 3);
+        assert_eq!(c.last, Some(2));
+    }
+
+    #[test]
+    fn event_log_modified_gets_changed_and_no_ops_drop() {
+        let body = json!({"events": [
+            {"seq": 2, "type": "MODIFIED", "object": {"status": {"phase": "B"}}, "old": {"status": {"phase": "A"}}},
+            {"seq": 3, "type": "MODIFIED", "object": {"metadata": {"resourceVersion": "9"}}, "old": {"metadata": {"resourceVersion": "8"}}},
+        ]});
+        let (evs, _) = extract_log(LogCursor { last: Some(1) }, &body).unwrap();
+        assert_eq!(evs.len(), 1);
+        assert_eq!(evs[0]["changed"], json!(["status.phase"]));
+        assert!(extract_log(LogCursor::default(), &json!({"nope": 1})).is_err());
+    }
+}
