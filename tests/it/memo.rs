@@ -274,3 +274,45 @@ async fn listen_limits_are_refused_before_acknowledgment() {
         );
     }
 }
+
+#[tokio::test]
+async fn herald_up_serves_the_demo_with_no_config() {
+    let up = Server::spawn(&[
+        "--store",
+        ":memory:",
+        "up",
+        "--http",
+        "127.0.0.1:0",
+        "--quic",
+        "127.0.0.1:0",
+    ])
+    .await;
+    for (target, trust) in [
+        (
+            herald::transport::client::Target::Http(up.http_url()),
+            Default::default(),
+        ),
+        (
+            herald::transport::client::Target::Quic(up.quic_addr()),
+            herald::transport::tls::ClientTrust {
+                ca: None,
+                pin: Some(up.fingerprint()),
+            },
+        ),
+    ] {
+        let memo = Memo {
+            target,
+            trust,
+            server: None,
+        };
+        let conn = memo.client().await;
+        call(
+            &conn,
+            "memo_set",
+            json!({"key": "todo", "value": "buy milk"}),
+        )
+        .await;
+        assert_eq!(read_json(&conn, "memo://notes").await.0["todo"], "buy milk");
+    }
+    assert!(up.terminate().await.success());
+}
