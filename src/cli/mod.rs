@@ -4,6 +4,7 @@ mod client;
 mod memo;
 mod serve;
 mod up;
+mod watch;
 
 use std::path::PathBuf;
 
@@ -49,6 +50,8 @@ pub enum Command {
     Read(client::ReadArgs),
     /// Call a tool: `herald call memo_set key=todo value='"buy milk"'`.
     Call(client::CallArgs),
+    /// Watch resources and print notices (or run a command, or POST a webhook) when they change.
+    Watch(watch::WatchArgs),
 }
 
 /// An error with the exit code it maps to.
@@ -83,6 +86,7 @@ pub fn run(cli: Cli) -> Result<(), Exit> {
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()?;
+    let verbose = cli.verbose > 0;
     let globals = Globals {
         log_format: cli.log_format,
         store: cli.store,
@@ -94,6 +98,7 @@ pub fn run(cli: Cli) -> Result<(), Exit> {
             Command::Ls(a) => client::ls(a).await,
             Command::Read(a) => client::read(a).await,
             Command::Call(a) => client::call(a).await,
+            Command::Watch(a) => watch::run(a, &globals, verbose).await,
         }
     });
     // A blocked stdin read cannot be cancelled; do not wait for it after the roles drained.
@@ -134,8 +139,10 @@ impl Globals {
 fn init_logging(format: LogFormat, verbose: u8) {
     use tracing_subscriber::EnvFilter;
     let default = match verbose {
-        0 => "herald=info,rmcp=error,warn",
-        1 => "herald=debug,rmcp=info,info",
+        // rmcp logs every error response and reconnect at its own levels; herald reports what
+        // matters itself, so rmcp stays quiet unless asked for with -vv or RUST_LOG.
+        0 => "herald=info,rmcp=off,warn",
+        1 => "herald=debug,rmcp=off,info",
         _ => "debug",
     };
     let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(default));

@@ -11,6 +11,10 @@ use crate::cli::serve::announce;
 use crate::cli::{Exit, Globals};
 use crate::mcp::ring::DEFAULT_RING_CAPACITY;
 use crate::source::memo::Memo;
+use crate::transport::client::Target;
+use crate::watch::log::WatchLog;
+use crate::watch::manager::{Server, WatchConfig, WatchManager};
+use crate::watch::sink::{self, Sink};
 
 /// Where the embedded default serves HTTP.
 pub const DEFAULT_HTTP: &str = "127.0.0.1:8750";
@@ -55,10 +59,35 @@ pub async fn run(args: UpArgs, globals: &Globals) -> Result<(), Exit> {
              \n  herald read memo://notes --mcp-http {url}\
              \n  herald read memo://log --mcp-quic {quic} --tls-pin {pin}\
              \n  herald ls --mcp-http {url}\n\
+             \nA watch client here prints notices for memo://notes and memo://log on stdout.\
              \nStop with Ctrl-C.\n"
         );
     }
+    // The demo's watch client: notices for both memo resources on stdout, through the same
+    // HTTP endpoint any other client uses.
+    let (tx, rx) = tokio::sync::mpsc::channel(64);
+    let sink_task = tokio::spawn(sink::run(Sink::Stdout, rx));
+    let url = bound.http_url().unwrap_or_default();
+    let servers = vec![Server::new(Target::Http(url), Default::default(), 4 << 20)];
+    let watcher = WatchManager::new(
+        WatchConfig::default(),
+        servers,
+        tx,
+        WatchLog::stderr(false),
+        None,
+    );
+    for (name, uri) in [
+        ("notes", crate::source::memo::NOTES_URI),
+        ("memo-log", crate::source::memo::LOG_URI),
+    ] {
+        if let Err(e) = watcher.watch_start(name, uri).await {
+            tracing::warn!(watch = name, error = %e, "demo watch did not start");
+        }
+    }
     shutdown.cancelled().await;
+    watcher.shutdown().await;
+    drop(watcher);
+    let _ = sink_task.await;
     app::drain(tracker).await;
     Ok(())
 }

@@ -209,8 +209,10 @@ pub fn extract_log(cursor: LogCursor, body: &Value) -> Result<(Vec<Event>, LogCu
         _ => (last, false),
     };
     let fresh: Vec<&(u64, &Value)> = held.iter().filter(|(s, _)| *s > from).collect();
+    // `last == 0` means the baseline read found an empty log: nothing was seen, so nothing
+    // can have been missed (seq numbers start at 1, often far above it).
     if let Some((oldest, _)) = fresh.first()
-        && (reset || *oldest > from + 1)
+        && (reset || (last > 0 && *oldest > from + 1))
     {
         let mut gap = Event::new();
         gap.insert("type".into(), "GAP".into());
@@ -379,6 +381,16 @@ mod tests {
         let (evs, c2) = extract_log(c, &log(&[2, 3, 4, 5])).unwrap();
         assert!(evs.is_empty());
         assert_eq!(c2, c);
+    }
+
+    #[test]
+    fn an_empty_baseline_never_reports_a_gap() {
+        let (_, c) = extract_log(LogCursor::default(), &log(&[])).unwrap();
+        assert_eq!(c.last, Some(0));
+        let (evs, c) = extract_log(c, &log(&[1_796_000_000, 1_796_000_001])).unwrap();
+        assert_eq!(evs.len(), 2);
+        assert!(evs.iter().all(|e| e["type"] != "GAP"));
+        assert_eq!(c.last, Some(1_796_000_001));
     }
 
     #[test]

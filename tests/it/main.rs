@@ -2,4 +2,5 @@
 
 mod memo;
 mod support;
+mod watch;
 mod wire;

@@ -1,0 +1,307 @@
+//! `herald watch`: the headless watch client. Watches from flags or a TOML config; notices to
+//! stdout (NDJSON), a command, or a webhook.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::{Context, anyhow};
+use clap::Args;
+use serde::Deserialize;
+use tokio::sync::mpsc;
+
+use crate::app;
+use crate::cli::{Exit, Globals, usage};
+use crate::transport::client::Target;
+use crate::transport::tls::ClientTrust;
+use crate::watch::log::WatchLog;
+use crate::watch::manager::{Server, WatchConfig, WatchManager};
+use crate::watch::sink::{self, Sink};
+
+#[derive(Debug, Args)]
+pub struct WatchArgs {
+    /// A server to run and speak to over stdio (repeatable).
+    #[arg(long, value_name = "CMD")]
+    pub mcp_stdio: Vec<String>,
+    /// A Streamable HTTP server (repeatable).
+    #[arg(long, value_name = "URL")]
+    pub mcp_http: Vec<String>,
+    /// A QUIC server HOST:PORT (repeatable).
+    #[arg(long, value_name = "HOST:PORT")]
+    pub mcp_quic: Vec<String>,
+    /// CA file (PEM) trusted for QUIC servers given on the command line.
+    #[arg(long, value_name = "FILE")]
+    pub tls_ca: Option<PathBuf>,
+    /// Certificate fingerprint pinned for QUIC servers given on the command line.
+    #[arg(long, value_name = "SHA256")]
+    pub tls_pin: Option<String>,
+    /// TOML config with [[server]], [[watch]] and [limits]; flags add to it and override limits.
+    #[arg(long, value_name = "FILE")]
+    pub config: Option<PathBuf>,
+    /// A watch to start (repeatable). A watch that cannot start makes herald exit non-zero.
+    #[arg(long = "watch", value_name = "NAME=URI")]
+    pub watches: Vec<String>,
+    /// Run CMD (with `sh -c`) per notice, the notice text on its stdin and HERALD_WATCH /
+    /// HERALD_URI in its environment; one run at a time per watch.
+    #[arg(long, value_name = "CMD", conflicts_with = "webhook")]
+    pub exec: Option<String>,
+    /// POST each notice as JSON to URL.
+    #[arg(long, value_name = "URL")]
+    pub webhook: Option<String>,
+    /// Save watch specs in the store on every start and stop, and restart them at start.
+    #[arg(long)]
+    pub watch_state: bool,
+    /// Quiet time before a notice goes out (trailing debounce).
+    #[arg(long, value_name = "MS")]
+    pub debounce_ms: Option<u64>,
+    /// Longest a burst is held after its first line.
+    #[arg(long, value_name = "MS")]
+    pub max_wait_ms: Option<u64>,
+    /// Most lines per notice; the rest become `+N more`.
+    #[arg(long)]
+    pub max_lines: Option<usize>,
+    /// Most events processed per update.
+    #[arg(long)]
+    pub max_events: Option<usize>,
+    /// Most watches at once.
+    #[arg(long)]
+    pub max_watches: Option<usize>,
+    /// First resubscribe delay; doubles per attempt.
+    #[arg(long, value_name = "MS")]
+    pub resubscribe_base_ms: Option<u64>,
+    /// Resubscribe attempts before a watch fails.
+    #[arg(long)]
+    pub resubscribe_attempts: Option<u32>,
+}
+
+/// `herald watch --config FILE`.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct WatchFile {
+    #[serde(default)]
+    pub server: Vec<ServerEntry>,
+    #[serde(default)]
+    pub watch: Vec<WatchEntry>,
+    #[serde(default)]
+    pub limits: LimitsEntry,
+}
+
+/// One server: exactly one of `stdio`, `http`, `quic`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ServerEntry {
+    pub stdio: Option<String>,
+    pub http: Option<String>,
+    pub quic: Option<String>,
+    pub tls_ca: Option<PathBuf>,
+    pub tls_pin: Option<String>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct WatchEntry {
+    pub name: String,
+    pub uri: String,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LimitsEntry {
+    pub debounce_ms: Option<u64>,
+    pub max_wait_ms: Option<u64>,
+    pub max_lines: Option<usize>,
+    pub max_events: Option<usize>,
+    pub max_watches: Option<usize>,
+    pub resubscribe_base_ms: Option<u64>,
+    pub resubscribe_attempts: Option<u32>,
+}
+
+impl WatchFile {
+    pub fn load(path: &std::path::Path) -> anyhow::Result<WatchFile> {
+        let text =
+            std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+        let file: WatchFile = toml::from_str(&text)
+            .with_context(|| format!("{} is not a valid watch config", path.display()))?;
+        for (i, s) in file.server.iter().enumerate() {
+            let n = [&s.stdio, &s.http, &s.quic]
+                .iter()
+                .filter(|x| x.is_some())
+                .count();
+            if n != 1 {
+                return Err(anyhow!(
+                    "{}: [[server]] #{} needs exactly one of stdio, http, quic",
+                    path.display(),
+                    i + 1
+                ));
+            }
+        }
+        Ok(file)
+    }
+}
+
+fn parse_watch(s: &str) -> anyhow::Result<(String, String)> {
+    let (name, uri) = s
+        .split_once('=')
+        .ok_or_else(|| anyhow!("--watch {s:?} is not NAME=URI"))?;
+    if name.is_empty() || uri.is_empty() {
+        return Err(anyhow!("--watch {s:?} is not NAME=URI"));
+    }
+    Ok((name.to_owned(), uri.to_owned()))
+}
+
+fn config(args: &WatchArgs, file: &LimitsEntry) -> WatchConfig {
+    let mut cfg = WatchConfig::default();
+    let ms = Duration::from_millis;
+    if let Some(v) = args.debounce_ms.or(file.debounce_ms) {
+        cfg.debounce.quiet = ms(v);
+    }
+    if let Some(v) = args.max_wait_ms.or(file.max_wait_ms) {
+        cfg.debounce.max_wait = ms(v);
+    }
+    if let Some(v) = args.max_lines.or(file.max_lines) {
+        cfg.debounce.max_lines = v;
+    }
+    if let Some(v) = args.max_events.or(file.max_events) {
+        cfg.max_events_per_update = v;
+    }
+    if let Some(v) = args.max_watches.or(file.max_watches) {
+        cfg.max_watches = v;
+    }
+    if let Some(v) = args.resubscribe_base_ms.or(file.resubscribe_base_ms) {
+        cfg.resubscribe_base = ms(v);
+    }
+    if let Some(v) = args.resubscribe_attempts.or(file.resubscribe_attempts) {
+        cfg.resubscribe_attempts = v;
+    }
+    cfg
+}
+
+pub async fn run(args: WatchArgs, globals: &Globals, verbose: bool) -> Result<(), Exit> {
+    let file = match &args.config {
+        Some(p) => WatchFile::load(p).map_err(usage)?,
+        None => WatchFile::default(),
+    };
+    let cfg = config(&args, &file.limits);
+    let cli_trust = ClientTrust {
+        ca: args.tls_ca.clone(),
+        pin: args.tls_pin.clone(),
+    };
+    let mut servers = Vec::new();
+    for s in &file.server {
+        let target = match (&s.stdio, &s.http, &s.quic) {
+            (Some(c), _, _) => Target::Stdio(c.clone()),
+            (_, Some(u), _) => Target::Http(u.clone()),
+            (_, _, Some(q)) => Target::Quic(q.clone()),
+            _ => unreachable!("checked by WatchFile::load"),
+        };
+        let trust = ClientTrust {
+            ca: s.tls_ca.clone(),
+            pin: s.tls_pin.clone(),
+        };
+        servers.push(Server::new(target, trust, cfg.max_message_bytes));
+    }
+    for c in &args.mcp_stdio {
+        servers.push(Server::new(
+            Target::Stdio(c.clone()),
+            cli_trust.clone(),
+            cfg.max_message_bytes,
+        ));
+    }
+    for u in &args.mcp_http {
+        servers.push(Server::new(
+            Target::Http(u.clone()),
+            cli_trust.clone(),
+            cfg.max_message_bytes,
+        ));
+    }
+    for q in &args.mcp_quic {
+        servers.push(Server::new(
+            Target::Quic(q.clone()),
+            cli_trust.clone(),
+            cfg.max_message_bytes,
+        ));
+    }
+    if servers.is_empty() {
+        return Err(usage(anyhow!(
+            "no server to watch: pass --mcp-stdio, --mcp-http or --mcp-quic, or a --config with [[server]]"
+        )));
+    }
+    let mut watches: Vec<(String, String)> = file
+        .watch
+        .iter()
+        .map(|w| (w.name.clone(), w.uri.clone()))
+        .collect();
+    for w in &args.watches {
+        watches.push(parse_watch(w).map_err(usage)?);
+    }
+    if watches.is_empty() && !args.watch_state {
+        return Err(usage(anyhow!(
+            "nothing to watch: pass --watch NAME=URI, a --config with [[watch]], or --watch-state to restore saved watches"
+        )));
+    }
+    let store = if args.watch_state {
+        Some(globals.open_store().await?)
+    } else {
+        None
+    };
+    let sink = match (&args.exec, &args.webhook) {
+        (Some(c), _) => Sink::Exec(c.clone()),
+        (_, Some(u)) => Sink::Webhook(u.clone()),
+        _ => Sink::Stdout,
+    };
+    let (tx, rx) = mpsc::channel(64);
+    let sink_task = tokio::spawn(sink::run(sink, rx));
+    let manager = WatchManager::new(cfg, servers, tx, WatchLog::stderr(verbose), store);
+    for (target, e) in manager.connect_all().await {
+        tracing::warn!(server = %target, error = %e, "server not reachable yet; retried when a watch needs it");
+    }
+    manager.restore().await;
+    let mut failure = None;
+    for (name, uri) in &watches {
+        if let Err(e) = manager.watch_start(name, uri).await {
+            failure = Some(anyhow!("watch {name} ({uri}) cannot start: {e}"));
+            break;
+        }
+    }
+    if failure.is_none() {
+        let shutdown = tokio_util::sync::CancellationToken::new();
+        app::cancel_on_signals(shutdown.clone());
+        shutdown.cancelled().await;
+    }
+    manager.shutdown().await;
+    drop(manager);
+    let _ = sink_task.await;
+    match failure {
+        Some(e) => Err(e.into()),
+        None => Ok(()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn config_file_is_validated() {
+        let dir = std::env::temp_dir().join(format!("herald-watchcfg-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let ok = dir.join("ok.toml");
+        std::fs::write(&ok, "[[server]]\nhttp = \"http://127.0.0.1:1/mcp\"\n[[watch]]\nname = \"n\"\nuri = \"memo://notes\"\n[limits]\ndebounce_ms = 10\n").unwrap();
+        let f = WatchFile::load(&ok).unwrap();
+        assert_eq!(f.watch[0].uri, "memo://notes");
+        assert_eq!(f.limits.debounce_ms, Some(10));
+        let two = dir.join("two.toml");
+        std::fs::write(&two, "[[server]]\nhttp = \"x\"\nstdio = \"y\"\n").unwrap();
+        assert!(
+            WatchFile::load(&two)
+                .unwrap_err()
+                .to_string()
+                .contains("exactly one")
+        );
+        let typo = dir.join("typo.toml");
+        std::fs::write(&typo, "[[watch]]\nname = \"n\"\nurl = \"memo://notes\"\n").unwrap();
+        assert!(WatchFile::load(&typo).is_err());
+        let _ = std::fs::remove_dir_all(dir);
+        assert!(parse_watch("a=memo://x").is_ok());
+        assert!(parse_watch("memo://x").is_err());
+    }
+}

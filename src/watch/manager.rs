@@ -1,0 +1,875 @@
+//! The watch manager: connects to servers, routes URIs, and runs one task per watch that
+//! subscribes, reads, extracts events, dedupes, debounces and emits notices.
+//!
+//! It knows nothing about where notices go: they leave on a bounded channel, and the
+//! `herald watch` command (or, later, the agent) decides. Nothing runs while a subscription
+//! is healthy: a watch task waits on its subscription, its debounce deadline, or cancellation.
+//! When a subscription ends the task resubscribes with backoff (1, 2, 4, 8, 16 s by default);
+//! after the last failed attempt the watch fails and a notice says so.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use rmcp::model::{
+    ReadResourceRequestParams, ResourceContents, ServerNotification, SubscriptionFilter,
+};
+use rmcp::service::{Subscription, SubscriptionEnd};
+use serde_json::{Value, json};
+use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+use crate::mcp::ring::EVENT_LOG_MIME;
+use crate::store::{Store, Table};
+use crate::transport::client::{Connection, Target, client_config, connect};
+use crate::transport::tls::ClientTrust;
+use crate::watch::events::{Event, LogCursor, StateDoc, diff_state, extract_log};
+use crate::watch::log::WatchLog;
+use crate::watch::notice::{
+    Debounce, DebounceConfig, Dedupe, default_line, notice_text, object_key,
+};
+use crate::watch::template::Template;
+
+/// Watch client limits and timings. Every field has a default and a flag.
+#[derive(Debug, Clone)]
+pub struct WatchConfig {
+    pub debounce: DebounceConfig,
+    /// Watches at once.
+    pub max_watches: usize,
+    /// Events processed per update; the rest are counted in one line.
+    pub max_events_per_update: usize,
+    /// First resubscribe delay; doubles each attempt.
+    pub resubscribe_base: Duration,
+    /// Resubscribe attempts before the watch fails.
+    pub resubscribe_attempts: u32,
+    /// Largest message accepted from a server.
+    pub max_message_bytes: usize,
+}
+
+impl Default for WatchConfig {
+    fn default() -> Self {
+        WatchConfig {
+            debounce: DebounceConfig::default(),
+            max_watches: 5,
+            max_events_per_update: 100,
+            resubscribe_base: Duration::from_secs(1),
+            resubscribe_attempts: 5,
+            max_message_bytes: 4 * 1024 * 1024,
+        }
+    }
+}
+
+/// A notice: the lines of one debounced batch for one watch.
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct Notice {
+    pub watch: String,
+    pub uri: String,
+    pub lines: Vec<String>,
+    /// The `<watch-event ...>` block.
+    pub text: String,
+}
+
+impl Notice {
+    fn new(watch: &str, uri: &str, lines: Vec<String>) -> Notice {
+        Notice {
+            text: notice_text(watch, uri, &lines),
+            watch: watch.to_owned(),
+            uri: uri.to_owned(),
+            lines,
+        }
+    }
+}
+
+/// What a watch reads.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Shape {
+    State,
+    EventLog,
+}
+
+/// A saved watch spec (`--watch-state`).
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct WatchSpec {
+    pub name: String,
+    pub uri: String,
+}
+
+/// One row of `watch_list`.
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct WatchInfo {
+    pub name: String,
+    pub uri: String,
+    pub shape: Option<Shape>,
+    pub events: u64,
+    pub notices: u64,
+    pub restore_failed: bool,
+    pub failed: bool,
+}
+
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum WatchError {
+    /// Bad input that will never work: never retried, dropped from saved state.
+    #[error("{0}")]
+    Invalid(String),
+    /// The server refused the URI (its own error).
+    #[error("{server} refused {uri}: {message}")]
+    Rejected {
+        server: String,
+        uri: String,
+        message: String,
+    },
+    /// Could not reach a server now; may work later.
+    #[error("{0}")]
+    Unavailable(String),
+}
+
+impl WatchError {
+    /// Whether a saved spec failing this way should be kept for a later start.
+    pub fn is_transient(&self) -> bool {
+        matches!(self, WatchError::Unavailable(_))
+    }
+}
+
+/// A server the manager can reach, with what it lists.
+pub struct Server {
+    pub target: Target,
+    trust: ClientTrust,
+    max_message_bytes: usize,
+    conn: tokio::sync::Mutex<Option<Arc<Connection>>>,
+    catalog: Mutex<Catalog>,
+}
+
+#[derive(Default, Clone)]
+struct Catalog {
+    resources: Vec<String>,
+    templates: Vec<Template>,
+    subscribe: bool,
+}
+
+impl Server {
+    pub fn new(target: Target, trust: ClientTrust, max_message_bytes: usize) -> Arc<Server> {
+        Arc::new(Server {
+            target,
+            trust,
+            max_message_bytes,
+            conn: tokio::sync::Mutex::new(None),
+            catalog: Mutex::new(Catalog::default()),
+        })
+    }
+
+    /// The open connection, connecting (and refreshing the catalog) when there is none.
+    pub async fn connection(&self) -> Result<Arc<Connection>, WatchError> {
+        let mut slot = self.conn.lock().await;
+        if let Some(c) = slot.as_ref()
+            && !c.is_closed()
+        {
+            return Ok(c.clone());
+        }
+        *slot = None;
+        let conn = connect(
+            &self.target,
+            &self.trust,
+            client_config(),
+            self.max_message_bytes,
+        )
+        .await
+        .map_err(|e| WatchError::Unavailable(e.to_string()))?;
+        let conn = Arc::new(conn);
+        let mut catalog = Catalog {
+            subscribe: conn
+                .peer_info()
+                .and_then(|i| i.capabilities.resources.as_ref().and_then(|r| r.subscribe))
+                .unwrap_or(false),
+            ..Catalog::default()
+        };
+        if let Ok(list) = conn.list_all_resources().await {
+            catalog.resources = list.into_iter().map(|r| r.uri).collect();
+        }
+        if let Ok(list) = conn.list_all_resource_templates().await {
+            catalog.templates = list
+                .iter()
+                .filter_map(|t| Template::parse(&t.uri_template).ok())
+                .collect();
+        }
+        *self.catalog.lock().unwrap_or_else(|e| e.into_inner()) = catalog;
+        *slot = Some(conn.clone());
+        Ok(conn)
+    }
+
+    /// Forgets `failed` so the next [`Server::connection`] reconnects.
+    pub async fn reset(&self, failed: &Arc<Connection>) {
+        let mut slot = self.conn.lock().await;
+        if slot.as_ref().is_some_and(|c| Arc::ptr_eq(c, failed)) {
+            *slot = None;
+        }
+    }
+
+    fn lists(&self, uri: &str) -> bool {
+        let c = self.catalog.lock().unwrap_or_else(|e| e.into_inner());
+        c.resources.iter().any(|r| r == uri)
+    }
+
+    fn template_matches(&self, uri: &str) -> bool {
+        let c = self.catalog.lock().unwrap_or_else(|e| e.into_inner());
+        c.templates.iter().any(|t| t.matches(uri))
+    }
+
+    fn subscribable(&self) -> bool {
+        self.catalog
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .subscribe
+    }
+}
+
+/// Picks the server for `uri`: the one listing it exactly, else the one whose template
+/// matches, else the first that advertises `resources.subscribe`.
+pub fn route<'a>(servers: &'a [Arc<Server>], uri: &str) -> Option<&'a Arc<Server>> {
+    servers
+        .iter()
+        .find(|s| s.lists(uri))
+        .or_else(|| servers.iter().find(|s| s.template_matches(uri)))
+        .or_else(|| servers.iter().find(|s| s.subscribable()))
+}
+
+struct Entry {
+    spec: WatchSpec,
+    shape: Option<Shape>,
+    stats: Arc<Stats>,
+    cancel: CancellationToken,
+    restore_failed: bool,
+}
+
+#[derive(Default)]
+struct Stats {
+    events: AtomicU64,
+    notices: AtomicU64,
+    failed: std::sync::atomic::AtomicBool,
+}
+
+struct Inner {
+    cfg: WatchConfig,
+    servers: Vec<Arc<Server>>,
+    watches: Mutex<HashMap<String, Entry>>,
+    notices: mpsc::Sender<Notice>,
+    log: WatchLog,
+    store: Option<Store>,
+    tracker: TaskTracker,
+    shutdown: CancellationToken,
+}
+
+/// The watch manager. Cheap to clone.
+#[derive(Clone)]
+pub struct WatchManager {
+    inner: Arc<Inner>,
+}
+
+impl WatchManager {
+    /// A manager over `servers`. Notices go to `notices`; with `store`, watch specs are saved
+    /// on every start and stop (`--watch-state`).
+    pub fn new(
+        cfg: WatchConfig,
+        servers: Vec<Arc<Server>>,
+        notices: mpsc::Sender<Notice>,
+        log: WatchLog,
+        store: Option<Store>,
+    ) -> WatchManager {
+        WatchManager {
+            inner: Arc::new(Inner {
+                cfg,
+                servers,
+                watches: Mutex::new(HashMap::new()),
+                notices,
+                log,
+                store,
+                tracker: TaskTracker::new(),
+                shutdown: CancellationToken::new(),
+            }),
+        }
+    }
+
+    /// Connects to every server once, so routing knows what they list. Failures are
+    /// returned per server; they are retried when a watch needs that server.
+    pub async fn connect_all(&self) -> Vec<(String, WatchError)> {
+        let mut failed = Vec::new();
+        for s in &self.inner.servers {
+            if let Err(e) = s.connection().await {
+                failed.push((s.target.to_string(), e));
+            }
+        }
+        failed
+    }
+
+    pub fn servers(&self) -> &[Arc<Server>] {
+        &self.inner.servers
+    }
+
+    /// Starts watching `uri` as `name`: subscribes, takes the baseline read (so a server that
+    /// rejects the URI fails this call), then runs the watch in the background.
+    pub async fn watch_start(&self, name: &str, uri: &str) -> Result<WatchInfo, WatchError> {
+        self.start(name, uri, true).await
+    }
+
+    async fn start(&self, name: &str, uri: &str, save: bool) -> Result<WatchInfo, WatchError> {
+        let inner = &self.inner;
+        if name.is_empty() || name.len() > 128 || name.chars().any(char::is_control) {
+            return Err(WatchError::Invalid(
+                "a watch name must be 1 to 128 printable characters".into(),
+            ));
+        }
+        if uri.is_empty() {
+            return Err(WatchError::Invalid("the URI must not be empty".into()));
+        }
+        {
+            let watches = inner.watches.lock().unwrap_or_else(|e| e.into_inner());
+            if let Some(e) = watches.get(name)
+                && !e.restore_failed
+            {
+                return Err(WatchError::Invalid(format!(
+                    "a watch named {name} already exists (on {}); stop it first or pick another name",
+                    e.spec.uri
+                )));
+            }
+            let active = watches
+                .values()
+                .filter(|e| !e.restore_failed && e.spec.name != name)
+                .count();
+            if active >= inner.cfg.max_watches {
+                return Err(WatchError::Invalid(format!(
+                    "at most {} watches may run at once; stop one first (watch_list shows them)",
+                    inner.cfg.max_watches
+                )));
+            }
+        }
+        // Make sure every server has been asked what it lists before routing.
+        for s in &inner.servers {
+            let known = s
+                .catalog
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .subscribe
+                || s.conn.lock().await.is_some();
+            if !known {
+                let _ = s.connection().await;
+            }
+        }
+        let server = route(&inner.servers, uri).cloned().ok_or_else(|| {
+            WatchError::Unavailable(format!(
+                "no connected server lists {uri}, has a matching template, or supports subscriptions"
+            ))
+        })?;
+        let (conn, sub, read) = subscribe_and_read(&server, uri).await?;
+        let shape = if read.mime == EVENT_LOG_MIME {
+            Shape::EventLog
+        } else {
+            Shape::State
+        };
+        let baseline = match shape {
+            Shape::State => Baseline::State(StateDoc::from_text(&read.text)),
+            Shape::EventLog => {
+                let body: Value =
+                    serde_json::from_str(&read.text).map_err(|e| WatchError::Rejected {
+                        server: server.target.to_string(),
+                        uri: uri.into(),
+                        message: format!("its event log is not JSON: {e}"),
+                    })?;
+                let (_, cursor) =
+                    extract_log(LogCursor::default(), &body).map_err(|m| WatchError::Rejected {
+                        server: server.target.to_string(),
+                        uri: uri.into(),
+                        message: m,
+                    })?;
+                Baseline::Log(cursor)
+            }
+        };
+        let spec = WatchSpec {
+            name: name.into(),
+            uri: uri.into(),
+        };
+        let stats = Arc::new(Stats::default());
+        let cancel = inner.shutdown.child_token();
+        {
+            let mut watches = inner.watches.lock().unwrap_or_else(|e| e.into_inner());
+            // Re-check under the lock: another start may have raced us.
+            if watches.get(name).is_some_and(|e| !e.restore_failed) {
+                return Err(WatchError::Invalid(format!(
+                    "a watch named {name} already exists; stop it first or pick another name"
+                )));
+            }
+            watches.insert(
+                name.into(),
+                Entry {
+                    spec: spec.clone(),
+                    shape: Some(shape),
+                    stats: stats.clone(),
+                    cancel: cancel.clone(),
+                    restore_failed: false,
+                },
+            );
+        }
+        if save {
+            self.save(&spec).await;
+        }
+        inner.log.emit(
+            "watch.started",
+            json!({"watch": name, "uri": uri, "shape": shape}),
+        );
+        inner.log.emit(
+            "watch.subscribed",
+            json!({"watch": name, "uri": uri, "server": server.target.to_string()}),
+        );
+        let task = WatchTask {
+            mgr: self.clone(),
+            server,
+            spec: spec.clone(),
+            stats: stats.clone(),
+            cancel,
+            debounce: Debounce::new(inner.cfg.debounce),
+            dedupe: Dedupe::new(4096),
+        };
+        inner.tracker.spawn(task.run(conn, sub, baseline));
+        Ok(WatchInfo {
+            name: spec.name,
+            uri: spec.uri,
+            shape: Some(shape),
+            events: 0,
+            notices: 0,
+            restore_failed: false,
+            failed: false,
+        })
+    }
+
+    /// Stops `name`. Returns whether it existed.
+    pub async fn watch_stop(&self, name: &str) -> bool {
+        let removed = self
+            .inner
+            .watches
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(name);
+        let Some(entry) = removed else {
+            return false;
+        };
+        entry.cancel.cancel();
+        if let Some(store) = &self.inner.store
+            && let Err(e) = store.delete(Table::Watches, name).await
+        {
+            tracing::warn!(watch = name, error = %e, "could not remove the saved watch spec");
+        }
+        self.inner.log.emit(
+            "watch.stopped",
+            json!({"watch": name, "uri": entry.spec.uri}),
+        );
+        true
+    }
+
+    /// Every watch, by name.
+    pub fn watch_list(&self) -> Vec<WatchInfo> {
+        let watches = self.inner.watches.lock().unwrap_or_else(|e| e.into_inner());
+        let mut out: Vec<WatchInfo> = watches
+            .values()
+            .map(|e| WatchInfo {
+                name: e.spec.name.clone(),
+                uri: e.spec.uri.clone(),
+                shape: e.shape,
+                events: e.stats.events.load(Ordering::Relaxed),
+                notices: e.stats.notices.load(Ordering::Relaxed),
+                restore_failed: e.restore_failed,
+                failed: e.stats.failed.load(Ordering::Relaxed),
+            })
+            .collect();
+        out.sort_by(|a, b| a.name.cmp(&b.name));
+        out
+    }
+
+    async fn save(&self, spec: &WatchSpec) {
+        if let Some(store) = &self.inner.store {
+            let bytes = serde_json::to_vec(spec).unwrap_or_default();
+            if let Err(e) = store.put(Table::Watches, &spec.name, bytes).await {
+                tracing::warn!(watch = %spec.name, error = %e, "could not save the watch spec");
+            }
+        }
+    }
+
+    /// Restarts the watch specs saved in the store. Specs that can never start are dropped
+    /// from the store; transient failures stay saved and listed with `restore_failed`.
+    /// Emits one restore notice when anything was saved.
+    pub async fn restore(&self) -> Vec<(WatchSpec, Result<(), WatchError>)> {
+        let Some(store) = self.inner.store.clone() else {
+            return Vec::new();
+        };
+        let saved = match store.scan(Table::Watches).await {
+            Ok(s) => s,
+            Err(e) => {
+                tracing::warn!(error = %e, "could not read saved watch specs");
+                return Vec::new();
+            }
+        };
+        let mut results = Vec::new();
+        let mut lines = Vec::new();
+        for (key, bytes) in saved {
+            let spec: WatchSpec = match serde_json::from_slice(&bytes) {
+                Ok(s) => s,
+                Err(e) => {
+                    let _ = store.delete(Table::Watches, &key).await;
+                    lines.push(format!("dropped {key}: unreadable saved spec ({e})"));
+                    continue;
+                }
+            };
+            let r = self.start(&spec.name, &spec.uri, false).await.map(|_| ());
+            match &r {
+                Ok(()) => lines.push(format!("restored {} ({})", spec.name, spec.uri)),
+                Err(e) if e.is_transient() => {
+                    lines.push(format!(
+                        "restore failed, kept: {} ({}): {e}",
+                        spec.name, spec.uri
+                    ));
+                    self.inner
+                        .watches
+                        .lock()
+                        .unwrap_or_else(|e| e.into_inner())
+                        .entry(spec.name.clone())
+                        .or_insert_with(|| Entry {
+                            spec: spec.clone(),
+                            shape: None,
+                            stats: Arc::new(Stats::default()),
+                            cancel: CancellationToken::new(),
+                            restore_failed: true,
+                        });
+                }
+                Err(e) => {
+                    let _ = store.delete(Table::Watches, &spec.name).await;
+                    lines.push(format!("dropped {} ({}): {e}", spec.name, spec.uri));
+                }
+            }
+            results.push((spec, r));
+        }
+        if !lines.is_empty() {
+            self.inner.log.emit(
+                "watch.restored",
+                json!({
+                    "restored": results.iter().filter(|(_, r)| r.is_ok()).count(),
+                    "saved": results.len(),
+                }),
+            );
+            lines.push(
+                "changes made while herald was down may be missing: baselines are fresh".into(),
+            );
+            self.deliver(Notice::new("herald", "watch-state", lines))
+                .await;
+        }
+        results
+    }
+
+    async fn deliver(&self, notice: Notice) {
+        self.inner.log.emit(
+            "watch.notice",
+            json!({"watch": notice.watch, "uri": notice.uri, "lines": notice.lines}),
+        );
+        // Bounded: a slow sink makes watch tasks wait here, never grows a queue.
+        let _ = self.inner.notices.send(notice).await;
+    }
+
+    /// Stops every watch, flushing what each has pending, and waits for their tasks.
+    pub async fn shutdown(&self) {
+        self.inner.shutdown.cancel();
+        self.inner.tracker.close();
+        self.inner.tracker.wait().await;
+    }
+}
+
+enum Baseline {
+    State(StateDoc),
+    Log(LogCursor),
+}
+
+struct Read {
+    mime: String,
+    text: String,
+}
+
+async fn read(conn: &Connection, server: &Server, uri: &str) -> Result<Read, WatchError> {
+    let result = conn
+        .read_resource(ReadResourceRequestParams::new(uri.to_owned()))
+        .await
+        .map_err(|e| match e {
+            rmcp::ServiceError::McpError(err) => WatchError::Rejected {
+                server: server.target.to_string(),
+                uri: uri.into(),
+                message: err.message.to_string(),
+            },
+            other => {
+                WatchError::Unavailable(format!("reading {uri} from {}: {other}", server.target))
+            }
+        })?;
+    match result.contents.into_iter().next() {
+        Some(ResourceContents::TextResourceContents {
+            text, mime_type, ..
+        }) => Ok(Read {
+            mime: mime_type.unwrap_or_default(),
+            text,
+        }),
+        Some(ResourceContents::BlobResourceContents {
+            blob, mime_type, ..
+        }) => Ok(Read {
+            mime: mime_type.unwrap_or_default(),
+            text: blob,
+        }),
+        #[allow(unreachable_patterns)]
+        Some(_) | None => Err(WatchError::Rejected {
+            server: server.target.to_string(),
+            uri: uri.into(),
+            message: "the read returned no contents".into(),
+        }),
+    }
+}
+
+/// Listens first, then reads: a change between the two is then announced, never missed.
+async fn subscribe_and_read(
+    server: &Arc<Server>,
+    uri: &str,
+) -> Result<(Arc<Connection>, Subscription, Read), WatchError> {
+    let conn = server.connection().await?;
+    if !conn.is_modern() {
+        return Err(WatchError::Invalid(format!(
+            "{} speaks MCP {}; watching needs protocol version 2026-07-28 (subscriptions/listen)",
+            server.target,
+            conn.protocol_version()
+                .unwrap_or_else(|| "of an unknown version".into())
+        )));
+    }
+    let sub = match conn
+        .listen(
+            SubscriptionFilter::builder()
+                .resource_subscription(uri)
+                .build(),
+        )
+        .await
+    {
+        Ok(s) => s,
+        Err(rmcp::ServiceError::McpError(e)) => {
+            return Err(WatchError::Rejected {
+                server: server.target.to_string(),
+                uri: uri.into(),
+                message: e.message.to_string(),
+            });
+        }
+        Err(e) => {
+            server.reset(&conn).await;
+            return Err(WatchError::Unavailable(format!(
+                "subscribing to {uri} on {}: {e}",
+                server.target
+            )));
+        }
+    };
+    let accepted = sub
+        .acknowledged()
+        .resource_subscriptions
+        .as_ref()
+        .is_some_and(|u| u.iter().any(|a| a == uri));
+    let r = read(&conn, server, uri).await;
+    if let Err(WatchError::Unavailable(_)) = &r {
+        server.reset(&conn).await;
+    }
+    let r = r?;
+    if !accepted {
+        return Err(WatchError::Rejected {
+            server: server.target.to_string(),
+            uri: uri.into(),
+            message: "the server does not accept subscriptions to this URI".into(),
+        });
+    }
+    Ok((conn, sub, r))
+}
+
+struct WatchTask {
+    mgr: WatchManager,
+    server: Arc<Server>,
+    spec: WatchSpec,
+    stats: Arc<Stats>,
+    cancel: CancellationToken,
+    debounce: Debounce,
+    dedupe: Dedupe,
+}
+
+fn now() -> std::time::Instant {
+    tokio::time::Instant::now().into_std()
+}
+
+impl WatchTask {
+    async fn run(mut self, mut conn: Arc<Connection>, mut sub: Subscription, mut base: Baseline) {
+        loop {
+            let due = self.debounce.due();
+            tokio::select! {
+                _ = self.cancel.cancelled() => {
+                    self.flush_all().await;
+                    return;
+                }
+                _ = sleep_until(due), if due.is_some() => {
+                    if let Some(lines) = self.debounce.take_due(now()) {
+                        self.emit(lines).await;
+                    }
+                }
+                n = sub.next() => match n {
+                    Ok(Some(ServerNotification::ResourceUpdatedNotification(u))) if u.params.uri == self.spec.uri => {
+                        match read(&conn, &self.server, &self.spec.uri).await {
+                            Ok(r) => self.update(&mut base, r),
+                            Err(e) => {
+                                // The subscription may still be fine; the next update re-reads.
+                                tracing::warn!(watch = %self.spec.name, error = %e, "read after an update failed");
+                            }
+                        }
+                    }
+                    Ok(Some(_)) => {}
+                    Ok(None) | Err(_) => {
+                        let why = match (&n, sub.end()) {
+                            (Err(e), _) => format!("the subscription failed: {e}"),
+                            (_, Some(SubscriptionEnd::Graceful(_))) => "the server ended the subscription".to_owned(),
+                            (_, Some(SubscriptionEnd::Lagged { .. })) => "notifications were not read in time".to_owned(),
+                            (_, Some(SubscriptionEnd::Cancelled)) => "the subscription was cancelled".to_owned(),
+                            _ => "the connection to the server was lost".to_owned(),
+                        };
+                        drop(sub);
+                        self.flush_all().await;
+                        match self.resubscribe(&conn, &why).await {
+                            Some((c, s, r)) => {
+                                conn = c;
+                                sub = s;
+                                // The re-read is diffed against the last state (or cursor), so
+                                // changes made while unsubscribed are reported now.
+                                self.update(&mut base, r);
+                            }
+                            None => return,
+                        }
+                    }
+                },
+            }
+        }
+    }
+
+    async fn resubscribe(
+        &mut self,
+        failed: &Arc<Connection>,
+        why: &str,
+    ) -> Option<(Arc<Connection>, Subscription, Read)> {
+        let cfg = &self.mgr.inner.cfg;
+        let log = &self.mgr.inner.log;
+        self.server.reset(failed).await;
+        let mut last_error = String::from(why);
+        for attempt in 0..cfg.resubscribe_attempts {
+            let delay = cfg.resubscribe_base * 2u32.saturating_pow(attempt);
+            log.emit(
+                "watch.resubscribing",
+                json!({"watch": self.spec.name, "uri": self.spec.uri, "attempt": attempt + 1,
+                       "delay_ms": delay.as_millis() as u64, "reason": last_error}),
+            );
+            tokio::select! {
+                _ = self.cancel.cancelled() => return None,
+                _ = tokio::time::sleep(delay) => {}
+            }
+            match subscribe_and_read(&self.server, &self.spec.uri).await {
+                Ok(ok) => {
+                    log.emit(
+                        "watch.subscribed",
+                        json!({"watch": self.spec.name, "uri": self.spec.uri,
+                               "server": self.server.target.to_string(), "attempt": attempt + 1}),
+                    );
+                    return Some(ok);
+                }
+                Err(e) => last_error = e.to_string(),
+            }
+        }
+        self.stats.failed.store(true, Ordering::Relaxed);
+        log.emit(
+            "watch.failed",
+            json!({"watch": self.spec.name, "uri": self.spec.uri,
+                   "attempts": cfg.resubscribe_attempts, "error": last_error}),
+        );
+        let line = format!(
+            "watch failed: the subscription ended and {} resubscribe attempts failed (last error: {last_error}); start it again with watch_start",
+            cfg.resubscribe_attempts
+        );
+        self.stats.notices.fetch_add(1, Ordering::Relaxed);
+        self.mgr
+            .deliver(Notice::new(&self.spec.name, &self.spec.uri, vec![line]))
+            .await;
+        None
+    }
+
+    fn update(&mut self, base: &mut Baseline, r: Read) {
+        let events: Vec<Event> = match base {
+            Baseline::State(old) => {
+                let new = StateDoc::from_text(&r.text);
+                let evs = diff_state(old, &new);
+                *old = new;
+                evs
+            }
+            Baseline::Log(cursor) => match serde_json::from_str::<Value>(&r.text)
+                .map_err(|e| e.to_string())
+                .and_then(|body| extract_log(*cursor, &body))
+            {
+                Ok((evs, c)) => {
+                    *cursor = c;
+                    evs
+                }
+                Err(e) => {
+                    tracing::warn!(watch = %self.spec.name, error = %e, "unreadable event log");
+                    Vec::new()
+                }
+            },
+        };
+        let max = self.mgr.inner.cfg.max_events_per_update;
+        let total = events.len();
+        let log = &self.mgr.inner.log;
+        let t = now();
+        for mut ev in events.into_iter().take(max) {
+            self.stats.events.fetch_add(1, Ordering::Relaxed);
+            ev.insert("watch".into(), self.spec.name.clone().into());
+            ev.insert("uri".into(), self.spec.uri.clone().into());
+            let line = default_line(&ev);
+            let fresh = self.dedupe.admit(&object_key(&ev), &line);
+            log.emit(
+                "watch.event",
+                json!({"watch": self.spec.name, "type": ev.get("type"), "kept": fresh,
+                       "reason": if fresh { Value::Null } else { "duplicate".into() }}),
+            );
+            if fresh {
+                self.debounce.push(line, t);
+            }
+        }
+        if total > max {
+            self.debounce.push(
+                format!(
+                    "+{} more events in this update were not processed (limit {max})",
+                    total - max
+                ),
+                t,
+            );
+        }
+    }
+
+    async fn emit(&mut self, lines: Vec<String>) {
+        if lines.is_empty() {
+            return;
+        }
+        self.stats.notices.fetch_add(1, Ordering::Relaxed);
+        self.mgr
+            .deliver(Notice::new(&self.spec.name, &self.spec.uri, lines))
+            .await;
+    }
+
+    async fn flush_all(&mut self) {
+        let lines = self.debounce.take();
+        self.emit(lines).await;
+    }
+}
+
+async fn sleep_until(due: Option<std::time::Instant>) {
+    match due {
+        Some(d) => tokio::time::sleep_until(tokio::time::Instant::from_std(d)).await,
+        None => std::future::pending().await,
+    }
+}

@@ -1,0 +1,138 @@
+//! Where `herald watch` sends notices: stdout as NDJSON (default), a command (`--exec`), or a
+//! webhook (`--webhook`). Failures are logged and retried with backoff; a notice that still
+//! cannot be delivered is logged in full, never silently dropped.
+
+use std::collections::HashMap;
+use std::process::Stdio;
+use std::time::Duration;
+
+use serde_json::json;
+use tokio::io::AsyncWriteExt;
+use tokio::sync::mpsc;
+use tokio_util::task::TaskTracker;
+
+use crate::watch::manager::Notice;
+
+/// Delivery attempts for --exec and --webhook before a notice is given up (and logged).
+const ATTEMPTS: u32 = 4;
+/// First retry delay; doubles.
+const RETRY_BASE: Duration = Duration::from_millis(500);
+/// Notices queued per watch for --exec before the watch waits.
+const PER_WATCH_QUEUE: usize = 16;
+
+#[derive(Debug, Clone)]
+pub enum Sink {
+    Stdout,
+    Exec(String),
+    Webhook(String),
+}
+
+/// Drains `rx` into `sink` until the channel closes.
+pub async fn run(sink: Sink, mut rx: mpsc::Receiver<Notice>) {
+    match sink {
+        Sink::Stdout => {
+            let mut out = tokio::io::stdout();
+            while let Some(n) = rx.recv().await {
+                let mut line = json!({"event": "watch.notice", "watch": n.watch, "uri": n.uri,
+                                      "lines": n.lines, "text": n.text})
+                .to_string();
+                line.push('\n');
+                if out.write_all(line.as_bytes()).await.is_err() || out.flush().await.is_err() {
+                    tracing::error!("stdout is closed; notices can no longer be printed");
+                    return;
+                }
+            }
+        }
+        Sink::Exec(cmd) => {
+            // One run at a time per watch: a queue and a runner per watch name.
+            let tracker = TaskTracker::new();
+            let mut queues: HashMap<String, mpsc::Sender<Notice>> = HashMap::new();
+            while let Some(n) = rx.recv().await {
+                let q = queues.entry(n.watch.clone()).or_insert_with(|| {
+                    let (tx, mut qrx) = mpsc::channel::<Notice>(PER_WATCH_QUEUE);
+                    let cmd = cmd.clone();
+                    tracker.spawn(async move {
+                        while let Some(n) = qrx.recv().await {
+                            deliver_with_retry(&n, || exec_once(&cmd, &n)).await;
+                        }
+                    });
+                    tx
+                });
+                let _ = q.send(n).await;
+            }
+            queues.clear();
+            tracker.close();
+            tracker.wait().await;
+        }
+        Sink::Webhook(url) => {
+            let client = reqwest::Client::builder()
+                .timeout(Duration::from_secs(10))
+                .build()
+                .unwrap_or_default();
+            while let Some(n) = rx.recv().await {
+                deliver_with_retry(&n, || post_once(&client, &url, &n)).await;
+            }
+        }
+    }
+}
+
+async fn deliver_with_retry<F, Fut>(n: &Notice, mut once: F)
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Result<(), String>>,
+{
+    let mut delay = RETRY_BASE;
+    for attempt in 1..=ATTEMPTS {
+        match once().await {
+            Ok(()) => return,
+            Err(e) if attempt < ATTEMPTS => {
+                tracing::warn!(watch = %n.watch, attempt, error = %e, "notice delivery failed; retrying");
+                tokio::time::sleep(delay).await;
+                delay *= 2;
+            }
+            Err(e) => {
+                tracing::error!(watch = %n.watch, error = %e, notice = %n.text,
+                    "notice delivery failed {ATTEMPTS} times; giving it up (it is this log line)");
+            }
+        }
+    }
+}
+
+async fn exec_once(cmd: &str, n: &Notice) -> Result<(), String> {
+    let mut child = tokio::process::Command::new("sh")
+        .arg("-c")
+        .arg(cmd)
+        .env("HERALD_WATCH", &n.watch)
+        .env("HERALD_URI", &n.uri)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::inherit())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .map_err(|e| format!("cannot run {cmd}: {e}"))?;
+    if let Some(mut stdin) = child.stdin.take() {
+        let mut text = n.text.clone();
+        text.push('\n');
+        // A command that does not read its stdin is fine.
+        let _ = stdin.write_all(text.as_bytes()).await;
+    }
+    let status = child.wait().await.map_err(|e| e.to_string())?;
+    if status.success() {
+        Ok(())
+    } else {
+        Err(format!("{cmd} exited with {status}"))
+    }
+}
+
+async fn post_once(client: &reqwest::Client, url: &str, n: &Notice) -> Result<(), String> {
+    let resp = client
+        .post(url)
+        .json(&json!({"watch": n.watch, "uri": n.uri, "lines": n.lines, "text": n.text}))
+        .send()
+        .await
+        .map_err(|e| format!("POST {url}: {e}"))?;
+    if resp.status().is_success() {
+        Ok(())
+    } else {
+        Err(format!("POST {url}: HTTP {}", resp.status()))
+    }
+}

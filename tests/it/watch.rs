@@ -1,0 +1,398 @@
+//! `herald watch` end to end against `herald memo` over stdio, HTTP and QUIC: notices on
+//! stdout, the NDJSON log on stderr, resubscribe, failure, limits and --watch-state.
+
+use std::process::Stdio;
+
+use serde_json::{Value, json};
+use tokio::io::{AsyncBufReadExt, BufReader};
+use tokio::process::Child;
+use tokio::sync::mpsc;
+
+use crate::support::*;
+
+/// A running `herald watch`, its stdout notices and stderr lines as channels.
+struct Watch {
+    child: Child,
+    notices: mpsc::UnboundedReceiver<Value>,
+    log: mpsc::UnboundedReceiver<String>,
+}
+
+impl Watch {
+    fn spawn(store: &str, args: &[&str]) -> Watch {
+        init();
+        let mut cmd = tokio::process::Command::new(bin());
+        cmd.args(["-v", "--store", store, "watch"]);
+        if !args.contains(&"--debounce-ms") {
+            cmd.args(["--debounce-ms", "200"]);
+        }
+        let mut child = cmd
+            .args(args)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .kill_on_drop(true)
+            .spawn()
+            .unwrap();
+        let (ntx, notices) = mpsc::unbounded_channel();
+        let (ltx, log) = mpsc::unbounded_channel();
+        let mut out = BufReader::new(child.stdout.take().unwrap()).lines();
+        tokio::spawn(async move {
+            while let Ok(Some(l)) = out.next_line().await {
+                let _ = ntx.send(serde_json::from_str(&l).unwrap_or(Value::String(l)));
+            }
+        });
+        let mut err = BufReader::new(child.stderr.take().unwrap()).lines();
+        tokio::spawn(async move {
+            while let Ok(Some(l)) = err.next_line().await {
+                let _ = ltx.send(l);
+            }
+        });
+        Watch {
+            child,
+            notices,
+            log,
+        }
+    }
+
+    async fn notice(&mut self) -> Value {
+        tokio::time::timeout(WAIT, self.notices.recv())
+            .await
+            .expect("a notice in time")
+            .expect("herald watch still running")
+    }
+
+    /// Waits for a stderr line satisfying `pred`; returns it.
+    async fn log_line(&mut self, pred: impl Fn(&str) -> bool) -> String {
+        tokio::time::timeout(WAIT, async {
+            while let Some(l) = self.log.recv().await {
+                if pred(&l) {
+                    return l;
+                }
+            }
+            panic!("herald watch ended before the expected log line");
+        })
+        .await
+        .expect("the log line in time")
+    }
+
+    async fn event(&mut self, event: &str, watch: &str) -> Value {
+        let needle = format!("\"event\":\"{event}\"");
+        let w = format!("\"watch\":\"{watch}\"");
+        let l = self
+            .log_line(|l| l.contains(&needle) && l.contains(&w))
+            .await;
+        serde_json::from_str(&l).unwrap()
+    }
+
+    async fn terminate(mut self) {
+        let pid = self.child.id().unwrap().to_string();
+        let _ = std::process::Command::new("kill")
+            .args(["-TERM", &pid])
+            .status();
+        let st = tokio::time::timeout(WAIT, self.child.wait())
+            .await
+            .expect("exits")
+            .unwrap();
+        assert!(st.success(), "{st}");
+    }
+}
+
+async fn memo_client(url: &str) -> herald::transport::client::Connection {
+    Memo {
+        target: herald::transport::client::Target::Http(url.to_owned()),
+        trust: Default::default(),
+        server: None,
+    }
+    .client()
+    .await
+}
+
+#[tokio::test]
+async fn notices_over_http() {
+    let memo = Server::spawn(&["--store", ":memory:", "memo", "--http", "127.0.0.1:0"]).await;
+    let mut w = Watch::spawn(
+        ":memory:",
+        &[
+            "--mcp-http",
+            &memo.http_url(),
+            "--watch",
+            "notes=memo://notes",
+            "--watch",
+            "log=memo://log",
+        ],
+    );
+    w.event("watch.subscribed", "notes").await;
+    w.event("watch.subscribed", "log").await;
+    let c = memo_client(&memo.http_url()).await;
+    call(
+        &c,
+        "memo_set",
+        json!({"key": "bid-1", "value": {"status": {"phase": "Deciding"}}}),
+    )
+    .await;
+    let mut got = [w.notice().await, w.notice().await];
+    got.sort_by_key(|n| n["watch"].as_str().unwrap().to_owned());
+    assert_eq!(got[0]["watch"], "log");
+    assert_eq!(got[0]["lines"], json!(["ADDED bid-1"]));
+    assert_eq!(got[1]["lines"], json!(["ADDED bid-1"]));
+    assert!(
+        got[1]["text"]
+            .as_str()
+            .unwrap()
+            .starts_with("<watch-event name=\"notes\" uri=\"memo://notes\">")
+    );
+    call(
+        &c,
+        "memo_set",
+        json!({"key": "bid-1", "value": {"status": {"phase": "Published"}}}),
+    )
+    .await;
+    let mut got = [w.notice().await, w.notice().await];
+    got.sort_by_key(|n| n["watch"].as_str().unwrap().to_owned());
+    for n in &got {
+        assert_eq!(
+            n["lines"],
+            json!(["MODIFIED bid-1 (status.phase: Deciding→Published)"]),
+            "{n}"
+        );
+    }
+    w.terminate().await;
+}
+
+#[tokio::test]
+async fn notices_over_quic() {
+    let memo = Server::spawn(&[
+        "--store",
+        ":memory:",
+        "memo",
+        "--quic",
+        "127.0.0.1:0",
+        "--http",
+        "127.0.0.1:0",
+    ])
+    .await;
+    let mut w = Watch::spawn(
+        ":memory:",
+        &[
+            "--mcp-quic",
+            &memo.quic_addr(),
+            "--tls-pin",
+            &memo.fingerprint(),
+            "--watch",
+            "notes=memo://notes",
+        ],
+    );
+    w.event("watch.subscribed", "notes").await;
+    let c = memo_client(&memo.http_url()).await;
+    call(&c, "memo_set", json!({"key": "owner", "value": "ana"})).await;
+    assert_eq!(w.notice().await["lines"], json!(["ADDED owner"]));
+    w.terminate().await;
+}
+
+#[tokio::test]
+async fn notices_over_stdio() {
+    // The watch runs the memo server as its child over stdio; the child also serves HTTP, so
+    // the test can change notes, and its stderr (with the bound address) is the watch's.
+    let cmd = format!(
+        "{} --log-format json --store :memory: memo --stdio --http 127.0.0.1:0",
+        bin()
+    );
+    let mut w = Watch::spawn(
+        ":memory:",
+        &["--mcp-stdio", &cmd, "--watch", "notes=memo://notes"],
+    );
+    let listening = w.log_line(|l| l.contains("\"event\":\"listening\"")).await;
+    let url = serde_json::from_str::<Value>(&listening).unwrap()["http_url"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    w.event("watch.subscribed", "notes").await;
+    let c = memo_client(&url).await;
+    call(&c, "memo_set", json!({"key": "todo", "value": "milk"})).await;
+    assert_eq!(w.notice().await["lines"], json!(["ADDED todo"]));
+    call(&c, "memo_set", json!({"key": "todo", "value": "eggs"})).await;
+    assert_eq!(
+        w.notice().await["lines"],
+        json!(["MODIFIED todo (milk→eggs)"])
+    );
+    w.terminate().await;
+}
+
+#[tokio::test]
+async fn two_writes_in_one_debounce_window_make_one_notice() {
+    let memo = Server::spawn(&["--store", ":memory:", "memo", "--http", "127.0.0.1:0"]).await;
+    let mut w = Watch::spawn(
+        ":memory:",
+        &[
+            "--mcp-http",
+            &memo.http_url(),
+            "--watch",
+            "log=memo://log",
+            "--debounce-ms",
+            "1500",
+        ],
+    );
+    w.event("watch.subscribed", "log").await;
+    let c = memo_client(&memo.http_url()).await;
+    call(&c, "memo_set", json!({"key": "owner", "value": "ana"})).await;
+    call(&c, "memo_set", json!({"key": "todo", "value": "milk"})).await;
+    let n = w.notice().await;
+    assert_eq!(n["lines"], json!(["ADDED owner", "ADDED todo"]), "{n}");
+    w.terminate().await;
+}
+
+#[tokio::test]
+async fn a_restarted_server_is_resubscribed_and_notices_continue() {
+    let dir = TempDir::new("watch-restart");
+    let store = dir.path().join("memo.redb");
+    let store = store.to_str().unwrap();
+    let memo = Server::spawn(&["--store", store, "memo", "--http", "127.0.0.1:0"]).await;
+    let addr = memo.listening["http"].as_str().unwrap().to_owned();
+    let url = memo.http_url();
+    let mut w = Watch::spawn(
+        ":memory:",
+        &[
+            "--mcp-http",
+            &url,
+            "--watch",
+            "notes=memo://notes",
+            "--resubscribe-base-ms",
+            "100",
+            "--resubscribe-attempts",
+            "8",
+        ],
+    );
+    w.event("watch.subscribed", "notes").await;
+    assert!(memo.terminate().await.success());
+    w.event("watch.resubscribing", "notes").await;
+    let _memo = Server::spawn(&["--store", store, "memo", "--http", &addr]).await;
+    // Subscribed again (the second watch.subscribed carries the attempt).
+    let again = w.event("watch.subscribed", "notes").await;
+    assert!(again["attempt"].as_u64().is_some(), "{again}");
+    let c = memo_client(&url).await;
+    call(&c, "memo_set", json!({"key": "after", "value": 1})).await;
+    assert_eq!(w.notice().await["lines"], json!(["ADDED after"]));
+    w.terminate().await;
+}
+
+#[tokio::test]
+async fn a_server_that_never_returns_fails_the_watch_with_a_notice() {
+    let memo = Server::spawn(&["--store", ":memory:", "memo", "--http", "127.0.0.1:0"]).await;
+    let mut w = Watch::spawn(
+        ":memory:",
+        &[
+            "--mcp-http",
+            &memo.http_url(),
+            "--watch",
+            "notes=memo://notes",
+            "--resubscribe-base-ms",
+            "20",
+            "--resubscribe-attempts",
+            "3",
+        ],
+    );
+    w.event("watch.subscribed", "notes").await;
+    assert!(memo.terminate().await.success());
+    let failed = w.event("watch.failed", "notes").await;
+    assert_eq!(failed["attempts"], 3);
+    let n = w.notice().await;
+    assert_eq!(n["watch"], "notes");
+    assert!(
+        n["lines"][0].as_str().unwrap().starts_with("watch failed"),
+        "{n}"
+    );
+    w.terminate().await;
+}
+
+#[tokio::test]
+async fn the_sixth_watch_is_refused_with_a_clear_error() {
+    let memo = Server::spawn(&["--store", ":memory:", "memo", "--http", "127.0.0.1:0"]).await;
+    let url = memo.http_url();
+    let mut args = vec![
+        "--store".to_string(),
+        ":memory:".into(),
+        "watch".into(),
+        "--mcp-http".into(),
+        url,
+    ];
+    for i in 0..6 {
+        args.push("--watch".into());
+        args.push(format!("w{i}=memo://notes"));
+    }
+    let out = tokio::time::timeout(
+        WAIT,
+        tokio::process::Command::new(bin())
+            .args(&args)
+            .stdin(Stdio::null())
+            .output(),
+    )
+    .await
+    .unwrap()
+    .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("watch w5 (memo://notes) cannot start: at most 5 watches"),
+        "{err}"
+    );
+}
+
+#[tokio::test]
+async fn an_unknown_uri_fails_the_start_with_the_servers_error() {
+    let memo = Server::spawn(&["--store", ":memory:", "memo", "--http", "127.0.0.1:0"]).await;
+    let out = tokio::time::timeout(
+        WAIT,
+        tokio::process::Command::new(bin())
+            .args([
+                "--store",
+                ":memory:",
+                "watch",
+                "--mcp-http",
+                &memo.http_url(),
+                "--watch",
+                "x=memo://nope",
+            ])
+            .stdin(Stdio::null())
+            .output(),
+    )
+    .await
+    .unwrap()
+    .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("unknown resource memo://nope"), "{err}");
+}
+
+#[tokio::test]
+async fn watch_state_restores_the_watches_after_a_restart() {
+    let memo = Server::spawn(&["--store", ":memory:", "memo", "--http", "127.0.0.1:0"]).await;
+    let url = memo.http_url();
+    let dir = TempDir::new("watch-state");
+    let store = dir.path().join("watch.redb");
+    let store = store.to_str().unwrap();
+    let mut w = Watch::spawn(
+        store,
+        &[
+            "--mcp-http",
+            &url,
+            "--watch-state",
+            "--watch",
+            "notes=memo://notes",
+        ],
+    );
+    w.event("watch.subscribed", "notes").await;
+    w.terminate().await;
+
+    let mut w = Watch::spawn(store, &["--mcp-http", &url, "--watch-state"]);
+    let restore = w.notice().await;
+    assert_eq!(restore["watch"], "herald");
+    assert_eq!(restore["lines"][0], "restored notes (memo://notes)");
+    let c = memo_client(&url).await;
+    call(&c, "memo_set", json!({"key": "k", "value": 1})).await;
+    let n = w.notice().await;
+    assert_eq!(
+        (n["watch"].clone(), n["lines"].clone()),
+        (json!("notes"), json!(["ADDED k"]))
+    );
+    w.terminate().await;
+}
