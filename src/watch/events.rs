@@ -40,14 +40,30 @@ impl StateDoc {
 /// The key of a list item: the first present of `metadata.uid`, `uid`, `id`, `metadata.name`,
 /// `name`; otherwise the whole item as compact JSON.
 pub fn item_key(item: &Value) -> String {
-    for path in ["/metadata/uid", "/uid", "/id", "/metadata/name", "/name"] {
-        match item.pointer(path) {
-            Some(Value::String(s)) => return s.clone(),
-            Some(Value::Number(n)) => return n.to_string(),
+    item_key_ref(item).into_owned()
+}
+
+/// [`item_key`] without copying when the key is a string field.
+fn item_key_ref(item: &Value) -> std::borrow::Cow<'_, str> {
+    fn field<'a>(v: &'a Value, k: &str) -> Option<&'a Value> {
+        v.get(k)
+    }
+    let meta = item.get("metadata");
+    let candidates = [
+        meta.and_then(|m| field(m, "uid")),
+        field(item, "uid"),
+        field(item, "id"),
+        meta.and_then(|m| field(m, "name")),
+        field(item, "name"),
+    ];
+    for c in candidates.into_iter().flatten() {
+        match c {
+            Value::String(s) => return std::borrow::Cow::Borrowed(s.as_str()),
+            Value::Number(n) => return std::borrow::Cow::Owned(n.to_string()),
             _ => {}
         }
     }
-    item.to_string()
+    std::borrow::Cow::Owned(item.to_string())
 }
 
 /// Sorted dotted paths where `old` and `new` differ, at most three levels deep, ignoring
@@ -130,14 +146,11 @@ fn added_or_deleted(kind: &str, key: &str, item: &Value) -> Event {
 pub fn diff_state(old: &StateDoc, new: &StateDoc) -> Vec<Event> {
     match (old, new) {
         (StateDoc::Json(Value::Array(a)), StateDoc::Json(Value::Array(b))) => {
-            let keyed = |items: &[Value]| -> Vec<(String, Value)> {
-                items.iter().map(|i| (item_key(i), i.clone())).collect()
-            };
-            diff_keyed(keyed(a), keyed(b))
+            diff_keyed(&keyed(a), &keyed(b))
         }
         (StateDoc::Json(Value::Object(a)), StateDoc::Json(Value::Object(b))) => diff_keyed(
-            a.iter().map(|(k, v)| (k.clone(), v.clone())).collect(),
-            b.iter().map(|(k, v)| (k.clone(), v.clone())).collect(),
+            &a.iter().map(|(k, v)| (k.clone(), v)).collect::<Vec<_>>(),
+            &b.iter().map(|(k, v)| (k.clone(), v)).collect::<Vec<_>>(),
         ),
         _ if old == new => Vec::new(),
         _ => {
@@ -154,21 +167,32 @@ pub fn diff_state(old: &StateDoc, new: &StateDoc) -> Vec<Event> {
     }
 }
 
-fn diff_keyed(old: Vec<(String, Value)>, new: Vec<(String, Value)>) -> Vec<Event> {
-    let old_index: HashMap<&str, &Value> = old.iter().map(|(k, v)| (k.as_str(), v)).collect();
-    let new_index: HashMap<&str, &Value> = new.iter().map(|(k, v)| (k.as_str(), v)).collect();
+fn keyed(items: &[Value]) -> Vec<(std::borrow::Cow<'_, str>, &Value)> {
+    items.iter().map(|i| (item_key_ref(i), i)).collect()
+}
+
+/// Keyed diff over borrowed items: only the items that changed are cloned (into events).
+/// One hash map (of the old side); what is left in it after the new side is the deletions.
+fn diff_keyed<K: AsRef<str>>(old: &[(K, &Value)], new: &[(K, &Value)]) -> Vec<Event> {
+    let mut old_index: HashMap<&str, (usize, &Value)> = old
+        .iter()
+        .enumerate()
+        .map(|(i, (k, v))| (k.as_ref(), (i, *v)))
+        .collect();
     let mut out = Vec::new();
-    for (k, v) in &new {
-        match old_index.get(k.as_str()) {
+    for (k, v) in new {
+        let k = k.as_ref();
+        match old_index.remove(k) {
             None => out.push(added_or_deleted("ADDED", k, v)),
-            Some(o) if *o != v => out.extend(modified(k, o, v)),
+            Some((_, o)) if o != *v => out.extend(modified(k, o, v)),
             Some(_) => {}
         }
     }
-    for (k, v) in &old {
-        if !new_index.contains_key(k.as_str()) {
-            out.push(added_or_deleted("DELETED", k, v));
-        }
+    let mut deleted: Vec<(usize, &str, &Value)> =
+        old_index.into_iter().map(|(k, (i, v))| (i, k, v)).collect();
+    deleted.sort_by_key(|d| d.0);
+    for (_, k, v) in deleted {
+        out.push(added_or_deleted("DELETED", k, v));
     }
     out
 }

@@ -1,0 +1,272 @@
+//! Watch client benchmarks.
+//!
+//! 1. End to end, debounce 0: time from a `memo_set` call (issued by this bench over HTTP) to
+//!    the notice line on `herald watch`'s stdout, with the watch talking to the memo server
+//!    over stdio, HTTP and QUIC.
+//! 2. The state diff of a 100,000-item JSON list with 1% of items changed: time, and extra
+//!    memory (peak heap above the two documents, from a counting allocator) against the
+//!    list's JSON size. Targets: under 50 ms and under 2x the JSON size.
+//!
+//! `cargo bench --bench watch` (HERALD_BENCH_N overrides the 10,000 changes per transport).
+
+use std::alloc::{GlobalAlloc, Layout, System};
+use std::process::Stdio;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+use herald::transport::client::{Target, client_config, connect};
+use herald::transport::tls::ClientTrust;
+use herald::watch::events::{StateDoc, diff_state};
+use rmcp::model::CallToolRequestParams;
+use serde_json::{Value, json};
+use tokio::io::{AsyncBufReadExt, BufReader, Lines};
+use tokio::process::{Child, ChildStdout};
+
+struct Counting;
+static CURRENT: AtomicUsize = AtomicUsize::new(0);
+static PEAK: AtomicUsize = AtomicUsize::new(0);
+
+unsafe impl GlobalAlloc for Counting {
+    unsafe fn alloc(&self, l: Layout) -> *mut u8 {
+        let p = unsafe { System.alloc(l) };
+        if !p.is_null() {
+            let now = CURRENT.fetch_add(l.size(), Ordering::Relaxed) + l.size();
+            PEAK.fetch_max(now, Ordering::Relaxed);
+        }
+        p
+    }
+    unsafe fn dealloc(&self, p: *mut u8, l: Layout) {
+        unsafe { System.dealloc(p, l) };
+        CURRENT.fetch_sub(l.size(), Ordering::Relaxed);
+    }
+}
+
+#[global_allocator]
+static ALLOC: Counting = Counting;
+
+const BIN: &str = env!("CARGO_BIN_EXE_herald");
+
+fn pct(sorted: &[Duration], p: f64) -> Duration {
+    sorted[((sorted.len() as f64 - 1.0) * p).round() as usize]
+}
+
+fn ms(d: Duration) -> String {
+    format!("{:.3} ms", d.as_secs_f64() * 1e3)
+}
+
+fn diff_bench() {
+    let item = |i: usize, phase: &str, rv: usize| {
+        json!({"apiVersion": "v1", "kind": "Pod",
+               "metadata": {"uid": format!("uid-{i}"), "name": format!("pod-{i}"), "namespace": "default",
+                            "resourceVersion": rv.to_string(), "labels": {"app": "bench"}},
+               "spec": {"containers": [{"name": "c", "image": "img:1"}], "nodeName": "n1"},
+               "status": {"phase": phase}})
+    };
+    let n = 100_000;
+    let old: Vec<Value> = (0..n).map(|i| item(i, "Running", 1)).collect();
+    let new: Vec<Value> = (0..n)
+        .map(|i| {
+            if i % 100 == 0 {
+                item(i, "Pending", 2)
+            } else {
+                item(i, "Running", 1)
+            }
+        })
+        .collect();
+    let json_size = serde_json::to_string(&new).unwrap().len();
+    let old = StateDoc::Json(Value::Array(old));
+    let new = StateDoc::Json(Value::Array(new));
+    // Warm up once, then measure.
+    let _ = diff_state(&old, &new);
+    let mut times = Vec::new();
+    let mut extra = 0;
+    for _ in 0..10 {
+        let base = CURRENT.load(Ordering::Relaxed);
+        PEAK.store(base, Ordering::Relaxed);
+        let t = Instant::now();
+        let events = diff_state(&old, &new);
+        times.push(t.elapsed());
+        extra = extra.max(PEAK.load(Ordering::Relaxed) - base);
+        assert_eq!(events.len(), n / 100);
+        drop(events);
+    }
+    times.sort();
+    let p50 = pct(&times, 0.5);
+    let ratio = extra as f64 / json_size as f64;
+    println!(
+        "state diff, 100,000 items, 1% changed: {} (p50 of 10), extra memory {:.1} MB = {ratio:.2}x the list's JSON ({:.1} MB)",
+        ms(p50),
+        extra as f64 / 1e6,
+        json_size as f64 / 1e6
+    );
+    println!(
+        "target diff: {} vs 50 ms -> {}; memory {ratio:.2}x vs 2x -> {}",
+        ms(p50),
+        if p50 < Duration::from_millis(50) {
+            "met"
+        } else {
+            "MISSED"
+        },
+        if ratio < 2.0 { "met" } else { "MISSED" }
+    );
+}
+
+struct Proc {
+    _child: Child,
+    out: Lines<BufReader<ChildStdout>>,
+}
+
+async fn listening(child: &mut Child) -> Value {
+    let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
+    let v = loop {
+        let l = lines
+            .next_line()
+            .await
+            .unwrap()
+            .expect("printed its addresses");
+        if let Ok(v) = serde_json::from_str::<Value>(&l)
+            && v["event"] == "listening"
+        {
+            break v;
+        }
+    };
+    tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
+    v
+}
+
+async fn watch_proc(server: &[&str]) -> (Proc, Child, Value) {
+    // For stdio the watch's child is the memo server and its listening line comes through
+    // the watch's stderr; otherwise a separate memo server.
+    let (memo, info, args): (Option<Child>, Option<Value>, Vec<String>) = if server.is_empty() {
+        (None, None, vec![])
+    } else {
+        let mut memo = tokio::process::Command::new(BIN)
+            .args([
+                "--log-format",
+                "json",
+                "--store",
+                ":memory:",
+                "memo",
+                "--http",
+                "127.0.0.1:0",
+                "--quic",
+                "127.0.0.1:0",
+            ])
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .kill_on_drop(true)
+            .spawn()
+            .unwrap();
+        let info = listening(&mut memo).await;
+        let args = match server[0] {
+            "http" => vec![
+                "--mcp-http".into(),
+                info["http_url"].as_str().unwrap().into(),
+            ],
+            _ => vec![
+                "--mcp-quic".into(),
+                info["quic"].as_str().unwrap().into(),
+                "--tls-pin".into(),
+                info["quic_fingerprint"].as_str().unwrap().into(),
+            ],
+        };
+        (Some(memo), Some(info), args)
+    };
+    let mut cmd = tokio::process::Command::new(BIN);
+    cmd.args([
+        "--log-format",
+        "json",
+        "--store",
+        ":memory:",
+        "watch",
+        "--debounce-ms",
+        "0",
+        "--watch",
+        "n=memo://notes",
+    ]);
+    if args.is_empty() {
+        cmd.args([
+            "--mcp-stdio",
+            &format!("{BIN} --log-format json --store :memory: memo --stdio --http 127.0.0.1:0"),
+        ]);
+    } else {
+        cmd.args(&args);
+    }
+    let mut child = cmd
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let info = match info {
+        Some(i) => {
+            let mut err = BufReader::new(child.stderr.take().unwrap()).lines();
+            tokio::spawn(async move { while let Ok(Some(_)) = err.next_line().await {} });
+            i
+        }
+        None => listening(&mut child).await,
+    };
+    let out = BufReader::new(child.stdout.take().unwrap()).lines();
+    (
+        Proc { _child: child, out },
+        memo.unwrap_or_else(|| tokio::process::Command::new("true").spawn().unwrap()),
+        info,
+    )
+}
+
+async fn latency(name: &str, server: &[&str], n: usize) -> Vec<Duration> {
+    let (mut w, _memo, info) = watch_proc(server).await;
+    let url = info["http_url"].as_str().unwrap().to_owned();
+    let conn = connect(
+        &Target::Http(url),
+        &ClientTrust::default(),
+        client_config(),
+        4 << 20,
+    )
+    .await
+    .unwrap();
+    let set = |i: i64| {
+        CallToolRequestParams::new("memo_set")
+            .with_arguments(json!({"key": "k", "value": i}).as_object().unwrap().clone())
+    };
+    // The watch subscribes shortly after start; wait for the first notice to know it is live.
+    let mut i = -1_000_000i64;
+    loop {
+        conn.call_tool(set(i)).await.unwrap();
+        i += 1;
+        match tokio::time::timeout(Duration::from_millis(200), w.out.next_line()).await {
+            Ok(Ok(Some(_))) => break,
+            _ => continue,
+        }
+    }
+    let mut lat = Vec::with_capacity(n);
+    for i in 0..n as i64 {
+        let t = Instant::now();
+        conn.call_tool(set(i)).await.unwrap();
+        w.out.next_line().await.unwrap().expect("a notice");
+        lat.push(t.elapsed());
+    }
+    lat.sort();
+    println!(
+        "{name:>6}: memo_set -> notice on stdout, n={n}: p50={} p99={} max={}",
+        ms(pct(&lat, 0.5)),
+        ms(pct(&lat, 0.99)),
+        ms(*lat.last().unwrap())
+    );
+    lat
+}
+
+#[tokio::main]
+async fn main() {
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    diff_bench();
+    let n: usize = std::env::var("HERALD_BENCH_N")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(10_000);
+    latency("stdio", &[], n).await;
+    latency("http", &["http"], n).await;
+    latency("quic", &["quic"], n).await;
+}
