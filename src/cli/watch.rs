@@ -255,8 +255,17 @@ pub async fn run(args: WatchArgs, globals: &Globals, verbose: bool) -> Result<()
         tracing::warn!(server = %target, error = %e, "server not reachable yet; retried when a watch needs it");
     }
     manager.restore().await;
+    let running: Vec<(String, String)> = manager
+        .watch_list()
+        .into_iter()
+        .filter(|w| !w.restore_failed && !w.failed)
+        .map(|w| (w.name, w.uri))
+        .collect();
     let mut failure = None;
     for (name, uri) in &watches {
+        if running.iter().any(|(n, u)| n == name && u == uri) {
+            continue; // restored from --watch-state already
+        }
         if let Err(e) = manager.watch_start(name, uri).await {
             failure = Some(anyhow!("watch {name} ({uri}) cannot start: {e}"));
             break;

@@ -97,7 +97,8 @@ impl<H: ClientHandler> Connection<H> {
 
     /// Whether the connection has ended.
     pub fn is_closed(&self) -> bool {
-        self.service.is_closed()
+        // rmcp's own flag misses a transport that hit end of stream; ask the peer too.
+        self.service.is_closed() || self.service.peer().is_transport_closed()
     }
 }
 

@@ -56,6 +56,17 @@ fn item_key_ref(item: &Value) -> std::borrow::Cow<'_, str> {
         meta.and_then(|m| field(m, "name")),
         field(item, "name"),
     ];
+    // A name is only unique within its namespace.
+    if meta.and_then(|m| m.get("uid")).is_none()
+        && item.get("uid").is_none()
+        && item.get("id").is_none()
+        && let (Some(Value::String(name)), Some(Value::String(ns))) = (
+            meta.and_then(|m| m.get("name")),
+            meta.and_then(|m| m.get("namespace")),
+        )
+    {
+        return std::borrow::Cow::Owned(format!("{ns}/{name}"));
+    }
     for c in candidates.into_iter().flatten() {
         match c {
             Value::String(s) => return std::borrow::Cow::Borrowed(s.as_str()),
@@ -235,13 +246,14 @@ pub fn extract_log(cursor: LogCursor, body: &Value) -> Result<(Vec<Event>, LogCu
     let fresh: Vec<&(u64, &Value)> = held.iter().filter(|(s, _)| *s > from).collect();
     // `last == 0` means the baseline read found an empty log: nothing was seen, so nothing
     // can have been missed (seq numbers start at 1, often far above it).
-    if let Some((oldest, _)) = fresh.first()
-        && (reset || (last > 0 && *oldest > from + 1))
+    let oldest_held = held.first().map(|(s, _)| *s);
+    if let (Some((first_new, _)), Some(oldest)) = (fresh.first(), oldest_held)
+        && (reset || (last > 0 && oldest > from + 1))
     {
         let mut gap = Event::new();
         gap.insert("type".into(), "GAP".into());
         gap.insert("after_seq".into(), last.into());
-        gap.insert("next_seq".into(), (*oldest).into());
+        gap.insert("next_seq".into(), (*first_new).into());
         if reset {
             gap.insert("reset".into(), true.into());
             gap.insert(
@@ -251,7 +263,7 @@ pub fn extract_log(cursor: LogCursor, body: &Value) -> Result<(Vec<Event>, LogCu
         } else {
             gap.insert(
                 "message".into(),
-                format!("events {} to {} were missed", from + 1, oldest - 1).into(),
+                format!("events {} to {} were missed", from + 1, first_new - 1).into(),
             );
         }
         out.push(gap);
@@ -320,6 +332,22 @@ mod tests {
         );
         assert_eq!(evs[0]["changed"], json!(["status.phase"]));
         assert_eq!(evs[0]["old"]["status"]["phase"], "Deciding");
+    }
+
+    #[test]
+    fn names_are_keyed_within_their_namespace() {
+        let a = json!({"metadata": {"name": "cm", "namespace": "a"}});
+        let b = json!({"metadata": {"name": "cm", "namespace": "b"}});
+        assert_eq!(item_key(&a), "a/cm");
+        let evs = diff_state(&StateDoc::Json(json!([a])), &StateDoc::Json(json!([a, b])));
+        assert_eq!(types(&evs), [("ADDED".into(), "b/cm".into())]);
+    }
+
+    #[test]
+    fn sparse_seqs_are_not_a_gap_when_the_oldest_held_is_old() {
+        let (evs, _) = extract_log(LogCursor { last: Some(5) }, &log(&[3, 5, 9])).unwrap();
+        assert_eq!(evs.len(), 1, "no GAP: the read still holds seq 3");
+        assert_eq!(evs[0]["seq"], 9);
     }
 
     #[test]

@@ -28,7 +28,7 @@ use crate::transport::tls::ClientTrust;
 use crate::watch::events::{Event, LogCursor, StateDoc, diff_state, extract_log};
 use crate::watch::log::WatchLog;
 use crate::watch::notice::{
-    Debounce, DebounceConfig, Dedupe, default_line, notice_text, object_key,
+    Debounce, DebounceConfig, Dedupe, default_line, notice_text, object_key, sanitize_line,
 };
 use crate::watch::template::Template;
 
@@ -243,6 +243,27 @@ struct Entry {
     restore_failed: bool,
 }
 
+impl Entry {
+    /// A watch that holds a slot: not a kept-but-failed restore, not a failed watch.
+    fn is_running(&self) -> bool {
+        !self.restore_failed && !self.stats.failed.load(Ordering::Relaxed)
+    }
+}
+
+/// Running watches other than `name`.
+fn running(watches: &HashMap<String, Entry>, name: &str) -> usize {
+    watches
+        .values()
+        .filter(|e| e.is_running() && e.spec.name != name)
+        .count()
+}
+
+fn over_limit(max: usize) -> WatchError {
+    WatchError::Invalid(format!(
+        "at most {max} watches may run at once; stop one first (watch_list shows them)"
+    ))
+}
+
 #[derive(Default)]
 struct Stats {
     events: AtomicU64,
@@ -326,22 +347,15 @@ impl WatchManager {
         {
             let watches = inner.watches.lock().unwrap_or_else(|e| e.into_inner());
             if let Some(e) = watches.get(name)
-                && !e.restore_failed
+                && e.is_running()
             {
                 return Err(WatchError::Invalid(format!(
                     "a watch named {name} already exists (on {}); stop it first or pick another name",
                     e.spec.uri
                 )));
             }
-            let active = watches
-                .values()
-                .filter(|e| !e.restore_failed && e.spec.name != name)
-                .count();
-            if active >= inner.cfg.max_watches {
-                return Err(WatchError::Invalid(format!(
-                    "at most {} watches may run at once; stop one first (watch_list shows them)",
-                    inner.cfg.max_watches
-                )));
+            if running(&watches, name) >= inner.cfg.max_watches {
+                return Err(over_limit(inner.cfg.max_watches));
             }
         }
         // Make sure every server has been asked what it lists before routing.
@@ -393,11 +407,14 @@ impl WatchManager {
         let cancel = inner.shutdown.child_token();
         {
             let mut watches = inner.watches.lock().unwrap_or_else(|e| e.into_inner());
-            // Re-check under the lock: another start may have raced us.
-            if watches.get(name).is_some_and(|e| !e.restore_failed) {
+            // Re-check under the lock: another start may have raced us while we subscribed.
+            if watches.get(name).is_some_and(Entry::is_running) {
                 return Err(WatchError::Invalid(format!(
                     "a watch named {name} already exists; stop it first or pick another name"
                 )));
+            }
+            if running(&watches, name) >= inner.cfg.max_watches {
+                return Err(over_limit(inner.cfg.max_watches));
             }
             watches.insert(
                 name.into(),
@@ -577,7 +594,12 @@ impl WatchManager {
     pub async fn shutdown(&self) {
         self.inner.shutdown.cancel();
         self.inner.tracker.close();
-        self.inner.tracker.wait().await;
+        if tokio::time::timeout(Duration::from_secs(5), self.inner.tracker.wait())
+            .await
+            .is_err()
+        {
+            tracing::warn!("some watches did not stop within 5 s");
+        }
     }
 }
 
@@ -634,6 +656,7 @@ async fn subscribe_and_read(
 ) -> Result<(Arc<Connection>, Subscription, Read), WatchError> {
     let conn = server.connection().await?;
     if !conn.is_modern() {
+        server.reset(&conn).await;
         return Err(WatchError::Invalid(format!(
             "{} speaks MCP {}; watching needs protocol version 2026-07-28 (subscriptions/listen)",
             server.target,
@@ -715,11 +738,34 @@ impl WatchTask {
                 }
                 n = sub.next() => match n {
                     Ok(Some(ServerNotification::ResourceUpdatedNotification(u))) if u.params.uri == self.spec.uri => {
+                        // Notifications are idempotent: one read covers every one already
+                        // queued, so a slow moment never turns into a backlog of reads.
+                        let mut ended = false;
+                        while let Some(more) = futures::FutureExt::now_or_never(sub.next()) {
+                            if !matches!(more, Ok(Some(_))) {
+                                ended = true;
+                                break;
+                            }
+                        }
                         match read(&conn, &self.server, &self.spec.uri).await {
                             Ok(r) => self.update(&mut base, r),
                             Err(e) => {
-                                // The subscription may still be fine; the next update re-reads.
-                                tracing::warn!(watch = %self.spec.name, error = %e, "read after an update failed");
+                                // Treat it as a lost subscription: the resubscribe path re-reads
+                                // and diffs, so the change is not lost.
+                                tracing::warn!(watch = %self.spec.name, error = %e, "read after an update failed; resubscribing");
+                                ended = true;
+                            }
+                        }
+                        if ended {
+                            drop(sub);
+                            self.flush_all().await;
+                            match self.resubscribe(&conn, "a read after an update failed or the stream ended").await {
+                                Some((c, s, r)) => {
+                                    conn = c;
+                                    sub = s;
+                                    self.update(&mut base, r);
+                                }
+                                None => return,
                             }
                         }
                     }
@@ -757,10 +803,20 @@ impl WatchTask {
     ) -> Option<(Arc<Connection>, Subscription, Read)> {
         let cfg = &self.mgr.inner.cfg;
         let log = &self.mgr.inner.log;
-        self.server.reset(failed).await;
+        // Other watches may share this connection: drop it only when it is really gone. A
+        // subscription that ended on a live connection (server-side end, lag) is re-listened
+        // at once on the same connection.
+        let live = !failed.is_closed();
+        if !live {
+            self.server.reset(failed).await;
+        }
         let mut last_error = String::from(why);
         for attempt in 0..cfg.resubscribe_attempts {
-            let delay = cfg.resubscribe_base * 2u32.saturating_pow(attempt);
+            let delay = if live && attempt == 0 {
+                Duration::ZERO
+            } else {
+                cfg.resubscribe_base * 2u32.saturating_pow(attempt)
+            };
             log.emit(
                 "watch.resubscribing",
                 json!({"watch": self.spec.name, "uri": self.spec.uri, "attempt": attempt + 1,
@@ -829,7 +885,7 @@ impl WatchTask {
             self.stats.events.fetch_add(1, Ordering::Relaxed);
             ev.insert("watch".into(), self.spec.name.clone().into());
             ev.insert("uri".into(), self.spec.uri.clone().into());
-            let line = default_line(&ev);
+            let line = sanitize_line(&default_line(&ev));
             let fresh = self.dedupe.admit(&object_key(&ev), &line);
             log.emit(
                 "watch.event",

@@ -1,5 +1,6 @@
 //! One integration-test binary driving the real `herald` binary over its real transports.
 
+mod manager;
 mod memo;
 mod support;
 mod watch;

@@ -383,7 +383,17 @@ async fn watch_state_restores_the_watches_after_a_restart() {
     w.event("watch.subscribed", "notes").await;
     w.terminate().await;
 
-    let mut w = Watch::spawn(store, &["--mcp-http", &url, "--watch-state"]);
+    // Regression: the same --watch again beside the restored one used to fail as a duplicate.
+    let mut w = Watch::spawn(
+        store,
+        &[
+            "--mcp-http",
+            &url,
+            "--watch-state",
+            "--watch",
+            "notes=memo://notes",
+        ],
+    );
     let restore = w.notice().await;
     assert_eq!(restore["watch"], "herald");
     assert_eq!(restore["lines"][0], "restored notes (memo://notes)");
