@@ -43,38 +43,37 @@ pub fn item_key(item: &Value) -> String {
     item_key_ref(item).into_owned()
 }
 
-/// [`item_key`] without copying when the key is a string field.
+/// [`item_key`] without copying when the key is a string field. Lookups stop at the first
+/// key found: this runs once per item of every read.
 fn item_key_ref(item: &Value) -> std::borrow::Cow<'_, str> {
-    fn field<'a>(v: &'a Value, k: &str) -> Option<&'a Value> {
-        v.get(k)
-    }
-    let meta = item.get("metadata");
-    let candidates = [
-        meta.and_then(|m| field(m, "uid")),
-        field(item, "uid"),
-        field(item, "id"),
-        meta.and_then(|m| field(m, "name")),
-        field(item, "name"),
-    ];
-    // A name is only unique within its namespace.
-    if meta.and_then(|m| m.get("uid")).is_none()
-        && item.get("uid").is_none()
-        && item.get("id").is_none()
-        && let (Some(Value::String(name)), Some(Value::String(ns))) = (
-            meta.and_then(|m| m.get("name")),
-            meta.and_then(|m| m.get("namespace")),
-        )
-    {
-        return std::borrow::Cow::Owned(format!("{ns}/{name}"));
-    }
-    for c in candidates.into_iter().flatten() {
-        match c {
-            Value::String(s) => return std::borrow::Cow::Borrowed(s.as_str()),
-            Value::Number(n) => return std::borrow::Cow::Owned(n.to_string()),
-            _ => {}
+    use std::borrow::Cow;
+    fn scalar(v: Option<&Value>) -> Option<std::borrow::Cow<'_, str>> {
+        match v? {
+            Value::String(s) => Some(std::borrow::Cow::Borrowed(s.as_str())),
+            Value::Number(n) => Some(std::borrow::Cow::Owned(n.to_string())),
+            _ => None,
         }
     }
-    std::borrow::Cow::Owned(item.to_string())
+    let Value::Object(obj) = item else {
+        return Cow::Owned(item.to_string());
+    };
+    let meta = obj.get("metadata").and_then(Value::as_object);
+    if let Some(k) = scalar(meta.and_then(|m| m.get("uid")))
+        .or_else(|| scalar(obj.get("uid")))
+        .or_else(|| scalar(obj.get("id")))
+    {
+        return k;
+    }
+    if let Some(m) = meta
+        && let Some(name) = scalar(m.get("name"))
+    {
+        // A name is only unique within its namespace.
+        return match m.get("namespace").and_then(Value::as_str) {
+            Some(ns) => Cow::Owned(format!("{ns}/{name}")),
+            None => name,
+        };
+    }
+    scalar(obj.get("name")).unwrap_or_else(|| Cow::Owned(item.to_string()))
 }
 
 /// Sorted dotted paths where `old` and `new` differ, at most three levels deep, ignoring
@@ -178,6 +177,26 @@ pub fn diff_state(old: &StateDoc, new: &StateDoc) -> Vec<Event> {
     }
 }
 
+/// Whether two items with the same key are equal. Kubernetes-like objects (a
+/// `metadata.uid` and a non-empty `metadata.resourceVersion` on both) are equal exactly when
+/// their resourceVersions are, as the API server guarantees; that saves a deep comparison per
+/// item on large lists. Anything else is compared in full.
+fn same_item(a: &Value, b: &Value) -> bool {
+    let rv = |v: &Value| -> Option<(&str, &str)> {
+        let m = v.get("metadata")?;
+        let uid = m.get("uid")?.as_str()?;
+        let rv = m
+            .get("resourceVersion")?
+            .as_str()
+            .filter(|s| !s.is_empty())?;
+        Some((uid, rv))
+    };
+    match (rv(a), rv(b)) {
+        (Some(x), Some(y)) => x == y,
+        _ => a == b,
+    }
+}
+
 fn keyed(items: &[Value]) -> Vec<(std::borrow::Cow<'_, str>, &Value)> {
     items.iter().map(|i| (item_key_ref(i), i)).collect()
 }
@@ -195,7 +214,7 @@ fn diff_keyed<K: AsRef<str>>(old: &[(K, &Value)], new: &[(K, &Value)]) -> Vec<Ev
         let k = k.as_ref();
         match old_index.remove(k) {
             None => out.push(added_or_deleted("ADDED", k, v)),
-            Some((_, o)) if o != *v => out.extend(modified(k, o, v)),
+            Some((_, o)) if !same_item(o, v) => out.extend(modified(k, o, v)),
             Some(_) => {}
         }
     }
@@ -348,6 +367,20 @@ mod tests {
         let (evs, _) = extract_log(LogCursor { last: Some(5) }, &log(&[3, 5, 9])).unwrap();
         assert_eq!(evs.len(), 1, "no GAP: the read still holds seq 3");
         assert_eq!(evs[0]["seq"], 9);
+    }
+
+    #[test]
+    fn kubernetes_items_compare_by_resource_version() {
+        let a = json!({"metadata": {"uid": "u", "resourceVersion": "5"}, "x": 1});
+        let same_rv = json!({"metadata": {"uid": "u", "resourceVersion": "5"}, "x": 2});
+        let new_rv = json!({"metadata": {"uid": "u", "resourceVersion": "6"}, "x": 2});
+        assert!(
+            same_item(&a, &same_rv),
+            "the API server never changes an object without a new resourceVersion"
+        );
+        assert!(!same_item(&a, &new_rv));
+        assert!(!same_item(&json!({"x": 1}), &json!({"x": 2})));
+        assert!(same_item(&json!({"x": 1}), &json!({"x": 1})));
     }
 
     #[test]
