@@ -182,7 +182,7 @@ pub fn diff_state(old: &StateDoc, new: &StateDoc) -> Vec<Event> {
 /// their resourceVersions are, as the API server guarantees; that saves a deep comparison per
 /// item on large lists. Anything else is compared in full.
 fn same_item(a: &Value, b: &Value) -> bool {
-    let rv = |v: &Value| -> Option<(&str, &str)> {
+    fn rv(v: &Value) -> Option<(&str, &str)> {
         let m = v.get("metadata")?;
         let uid = m.get("uid")?.as_str()?;
         let rv = m
@@ -190,7 +190,7 @@ fn same_item(a: &Value, b: &Value) -> bool {
             .as_str()
             .filter(|s| !s.is_empty())?;
         Some((uid, rv))
-    };
+    }
     match (rv(a), rv(b)) {
         (Some(x), Some(y)) => x == y,
         _ => a == b,
