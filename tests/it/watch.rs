@@ -406,3 +406,148 @@ async fn watch_state_restores_the_watches_after_a_restart() {
     );
     w.terminate().await;
 }
+
+#[tokio::test]
+async fn exec_runs_a_command_per_notice_and_retries_a_failure() {
+    let memo = Server::spawn(&["--store", ":memory:", "memo", "--http", "127.0.0.1:0"]).await;
+    let dir = TempDir::new("watch-exec");
+    // Fails on its first run, then prints the watch, the URI and the notice it was given.
+    let cmd = format!(
+        "test -e {d}/once || {{ touch {d}/once; exit 3; }}; printf 'exec %s %s\\n' \"$HERALD_WATCH\" \"$HERALD_URI\"; cat",
+        d = dir.path().display()
+    );
+    let mut w = Watch::spawn(
+        ":memory:",
+        &[
+            "--mcp-http",
+            &memo.http_url(),
+            "--watch",
+            "notes=memo://notes",
+            "--exec",
+            &cmd,
+        ],
+    );
+    w.event("watch.subscribed", "notes").await;
+    let c = memo_client(&memo.http_url()).await;
+    call(&c, "memo_set", json!({"key": "owner", "value": "ana"})).await;
+    assert_eq!(w.notice().await, json!("exec notes memo://notes"));
+    assert_eq!(
+        w.notice().await,
+        json!("<watch-event name=\"notes\" uri=\"memo://notes\">")
+    );
+    assert_eq!(w.notice().await, json!("ADDED owner"));
+    w.log_line(|l| l.contains("notice delivery failed; retrying"))
+        .await;
+    w.terminate().await;
+}
+
+#[tokio::test]
+async fn webhook_posts_each_notice_and_retries_a_failure() {
+    use axum::extract::State;
+    let (tx, mut rx) = mpsc::unbounded_channel::<Value>();
+    let calls = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let app = axum::Router::new()
+        .route(
+            "/hook",
+            axum::routing::post(
+                |State((tx, calls)): State<(
+                    mpsc::UnboundedSender<Value>,
+                    std::sync::Arc<std::sync::atomic::AtomicUsize>,
+                )>,
+                 axum::Json(body): axum::Json<Value>| async move {
+                    if calls.fetch_add(1, std::sync::atomic::Ordering::SeqCst) == 0 {
+                        return axum::http::StatusCode::SERVICE_UNAVAILABLE;
+                    }
+                    let _ = tx.send(body);
+                    axum::http::StatusCode::OK
+                },
+            ),
+        )
+        .with_state((tx, calls.clone()));
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let hook = format!("http://{}/hook", listener.local_addr().unwrap());
+    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+
+    let memo = Server::spawn(&["--store", ":memory:", "memo", "--http", "127.0.0.1:0"]).await;
+    let mut w = Watch::spawn(
+        ":memory:",
+        &[
+            "--mcp-http",
+            &memo.http_url(),
+            "--watch",
+            "log=memo://log",
+            "--webhook",
+            &hook,
+        ],
+    );
+    w.event("watch.subscribed", "log").await;
+    let c = memo_client(&memo.http_url()).await;
+    call(&c, "memo_set", json!({"key": "k", "value": 1})).await;
+    let body = tokio::time::timeout(WAIT, rx.recv())
+        .await
+        .expect("the webhook in time")
+        .unwrap();
+    assert_eq!(body["watch"], "log");
+    assert_eq!(body["lines"], json!(["ADDED k"]));
+    assert!(
+        body["text"]
+            .as_str()
+            .unwrap()
+            .contains("<watch-event name=\"log\"")
+    );
+    assert_eq!(
+        calls.load(std::sync::atomic::Ordering::SeqCst),
+        2,
+        "one failure, one retry"
+    );
+    w.terminate().await;
+}
+
+#[tokio::test]
+async fn a_legacy_server_serves_tools_but_cannot_be_watched() {
+    let fixture = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/tests/fixtures/legacy_server.py"
+    );
+    let cmd = format!("python3 {fixture}");
+    let ls = tokio::time::timeout(
+        WAIT,
+        tokio::process::Command::new(bin())
+            .args(["ls", "--mcp-stdio", &cmd])
+            .stdin(Stdio::null())
+            .output(),
+    )
+    .await
+    .unwrap()
+    .unwrap();
+    assert!(
+        ls.status.success(),
+        "{}",
+        String::from_utf8_lossy(&ls.stderr)
+    );
+    assert!(String::from_utf8_lossy(&ls.stdout).contains("echo"));
+    let out = tokio::time::timeout(
+        WAIT,
+        tokio::process::Command::new(bin())
+            .args([
+                "--store",
+                ":memory:",
+                "watch",
+                "--mcp-stdio",
+                &cmd,
+                "--watch",
+                "t=legacy://thing",
+            ])
+            .stdin(Stdio::null())
+            .output(),
+    )
+    .await
+    .unwrap()
+    .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("watching needs protocol version 2026-07-28"),
+        "{err}"
+    );
+}
