@@ -6,8 +6,11 @@
 //! the manager adds).
 
 use std::collections::{BTreeSet, HashMap};
+use std::ops::Range;
 
 use serde_json::{Map, Value};
+
+use crate::watch::raw::{Layout, layout};
 
 /// Paths (from an item's root) never reported in `changed`.
 const IGNORED: [&str; 3] = [
@@ -177,26 +180,6 @@ pub fn diff_state(old: &StateDoc, new: &StateDoc) -> Vec<Event> {
     }
 }
 
-/// Whether two items with the same key are equal. Kubernetes-like objects (a
-/// `metadata.uid` and a non-empty `metadata.resourceVersion` on both) are equal exactly when
-/// their resourceVersions are, as the API server guarantees; that saves a deep comparison per
-/// item on large lists. Anything else is compared in full.
-fn same_item(a: &Value, b: &Value) -> bool {
-    fn rv(v: &Value) -> Option<(&str, &str)> {
-        let m = v.get("metadata")?;
-        let uid = m.get("uid")?.as_str()?;
-        let rv = m
-            .get("resourceVersion")?
-            .as_str()
-            .filter(|s| !s.is_empty())?;
-        Some((uid, rv))
-    }
-    match (rv(a), rv(b)) {
-        (Some(x), Some(y)) => x == y,
-        _ => a == b,
-    }
-}
-
 fn keyed(items: &[Value]) -> Vec<(std::borrow::Cow<'_, str>, &Value)> {
     items.iter().map(|i| (item_key_ref(i), i)).collect()
 }
@@ -214,7 +197,7 @@ fn diff_keyed<K: AsRef<str>>(old: &[(K, &Value)], new: &[(K, &Value)]) -> Vec<Ev
         let k = k.as_ref();
         match old_index.remove(k) {
             None => out.push(added_or_deleted("ADDED", k, v)),
-            Some((_, o)) if !same_item(o, v) => out.extend(modified(k, o, v)),
+            Some((_, o)) if o != *v => out.extend(modified(k, o, v)),
             Some(_) => {}
         }
     }
@@ -225,6 +208,132 @@ fn diff_keyed<K: AsRef<str>>(old: &[(K, &Value)], new: &[(K, &Value)]) -> Vec<Ev
         out.push(added_or_deleted("DELETED", k, v));
     }
     out
+}
+
+/// A state read kept as the baseline for the next diff: the text and, for arrays and objects,
+/// the byte ranges of its items ([`crate::watch::raw`]). No JSON tree is kept.
+#[derive(Debug, Clone)]
+pub struct StateBase {
+    text: String,
+    layout: Option<Layout>,
+}
+
+impl StateBase {
+    pub fn new(text: String) -> StateBase {
+        let layout = layout(&text);
+        StateBase { text, layout }
+    }
+
+    pub fn text(&self) -> &str {
+        &self.text
+    }
+}
+
+fn parse_slices<'a>(
+    text: &'a str,
+    ranges: impl Iterator<Item = &'a Range<usize>>,
+) -> Option<Vec<Value>> {
+    ranges
+        .map(|r| serde_json::from_str(&text[r.clone()]).ok())
+        .collect()
+}
+
+/// Diffs the last read against a new one with the same result as [`diff_state`], parsing only
+/// the items whose bytes changed: unchanged items cost a byte comparison, not a tree.
+pub fn diff_reads(old: &StateBase, new: &StateBase) -> Vec<Event> {
+    if old.text == new.text {
+        return Vec::new();
+    }
+    match (&old.layout, &new.layout) {
+        (Some(Layout::Array(a)), Some(Layout::Array(b))) => {
+            let (ot, nt) = (&old.text, &new.text);
+            let same = |x: &Range<usize>, y: &Range<usize>| ot[x.clone()] == nt[y.clone()];
+            // Positions whose bytes differ. Same length: compare position by position (edits in
+            // place, the common case). Otherwise: trim the common prefix and suffix.
+            let (dirty_old, dirty_new): (Vec<&Range<usize>>, Vec<&Range<usize>>) =
+                if a.len() == b.len() {
+                    a.iter().zip(b).filter(|(x, y)| !same(x, y)).unzip()
+                } else {
+                    let prefix = a.iter().zip(b).take_while(|(x, y)| same(x, y)).count();
+                    let room = a.len().min(b.len()) - prefix;
+                    let suffix = a
+                        .iter()
+                        .rev()
+                        .zip(b.iter().rev())
+                        .take(room)
+                        .take_while(|(x, y)| same(x, y))
+                        .count();
+                    (
+                        a[prefix..a.len() - suffix].iter().collect(),
+                        b[prefix..b.len() - suffix].iter().collect(),
+                    )
+                };
+            match (
+                parse_slices(ot, dirty_old.into_iter()),
+                parse_slices(nt, dirty_new.into_iter()),
+            ) {
+                (Some(o), Some(n)) => diff_keyed(&keyed(&o), &keyed(&n)),
+                _ => diff_parsed(old, new),
+            }
+        }
+        (Some(Layout::Object(a)), Some(Layout::Object(b))) => {
+            let (ot, nt) = (&old.text, &new.text);
+            let mut old_members: HashMap<&str, (usize, &Range<usize>)> = a
+                .iter()
+                .enumerate()
+                .map(|(i, (k, v))| (&ot[k.clone()], (i, v)))
+                .collect();
+            let mut changed_old = Vec::new();
+            let mut changed_new = Vec::new();
+            for (k, v) in b {
+                let key = &nt[k.clone()];
+                match old_members.remove(key) {
+                    Some((_, ov)) if ot[ov.clone()] == nt[v.clone()] => {}
+                    Some((i, ov)) => {
+                        changed_old.push((i, key, ov));
+                        changed_new.push((key, v));
+                    }
+                    None => changed_new.push((key, v)),
+                }
+            }
+            let mut gone: Vec<(usize, &str, &Range<usize>)> = old_members
+                .into_iter()
+                .map(|(k, (i, v))| (i, k, v))
+                .collect();
+            gone.sort_by_key(|g| g.0);
+            changed_old.extend(gone);
+            changed_old.sort_by_key(|c| c.0);
+            let unquote = |raw: &str| serde_json::from_str::<String>(raw).ok();
+            let parse = |text: &str, raw_key: &str, r: &Range<usize>| -> Option<(String, Value)> {
+                Some((
+                    unquote(raw_key)?,
+                    serde_json::from_str(&text[r.clone()]).ok()?,
+                ))
+            };
+            let o: Option<Vec<(String, Value)>> = changed_old
+                .iter()
+                .map(|(_, k, v)| parse(ot, k, v))
+                .collect();
+            let n: Option<Vec<(String, Value)>> =
+                changed_new.iter().map(|(k, v)| parse(nt, k, v)).collect();
+            match (o, n) {
+                (Some(o), Some(n)) => diff_keyed(
+                    &o.iter().map(|(k, v)| (k.as_str(), v)).collect::<Vec<_>>(),
+                    &n.iter().map(|(k, v)| (k.as_str(), v)).collect::<Vec<_>>(),
+                ),
+                _ => diff_parsed(old, new),
+            }
+        }
+        _ => diff_parsed(old, new),
+    }
+}
+
+/// The general path: parse both reads (JSON when they parse, else text) and diff.
+fn diff_parsed(old: &StateBase, new: &StateBase) -> Vec<Event> {
+    diff_state(
+        &StateDoc::from_text(&old.text),
+        &StateDoc::from_text(&new.text),
+    )
 }
 
 /// Where an event-log watch is: the highest seq delivered.
@@ -328,6 +437,86 @@ mod tests {
             .collect()
     }
 
+    /// `diff_reads` (raw, parsing only changed items) must say exactly what `diff_state`
+    /// (whole trees) says, for edits in place, insertions, deletions, reorders, and objects.
+    #[test]
+    fn raw_diff_agrees_with_the_tree_diff() {
+        let mut seed = 7u64;
+        let mut next = move || {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            seed
+        };
+        for round in 0..400 {
+            let n = (next() % 12) as usize;
+            let item =
+                |i: u64, v: u64| json!({"id": format!("i{i}"), "v": v, "tags": ["a", v % 3]});
+            let old: Vec<Value> = (0..n as u64).map(|i| item(i, 0)).collect();
+            let mut new = old.clone();
+            for _ in 0..(next() % 4) {
+                let len = new.len() as u64;
+                match next() % 4 {
+                    0 if len > 0 => {
+                        let i = (next() % len) as usize;
+                        new[i]["v"] = json!(next() % 5);
+                    }
+                    1 => {
+                        let at = (next() % (len + 1)) as usize;
+                        new.insert(at, item(100 + next() % 50, 1));
+                    }
+                    2 if len > 0 => {
+                        new.remove((next() % len) as usize);
+                    }
+                    _ if len > 1 => new.swap(0, (len - 1) as usize),
+                    _ => {}
+                }
+            }
+            let dedup = |v: Vec<Value>| {
+                let mut seen = std::collections::HashSet::new();
+                v.into_iter()
+                    .filter(|x| seen.insert(item_key(x)))
+                    .collect::<Vec<_>>()
+            };
+            let (old, new) = (dedup(old), dedup(new));
+            let pretty = round % 2 == 0;
+            let text = |v: &Value| {
+                if pretty {
+                    serde_json::to_string_pretty(v).unwrap()
+                } else {
+                    v.to_string()
+                }
+            };
+            let (ov, nv) = (Value::Array(old), Value::Array(new));
+            let expect = diff_state(&StateDoc::Json(ov.clone()), &StateDoc::Json(nv.clone()));
+            let got = diff_reads(&StateBase::new(text(&ov)), &StateBase::new(text(&nv)));
+            assert_eq!(got, expect, "{ov} -> {nv}");
+            // The same as objects keyed by id.
+            let obj = |v: &Value| {
+                Value::Object(
+                    v.as_array()
+                        .unwrap()
+                        .iter()
+                        .map(|i| (i["id"].as_str().unwrap().to_owned(), i.clone()))
+                        .collect(),
+                )
+            };
+            let expect = diff_state(&StateDoc::Json(obj(&ov)), &StateDoc::Json(obj(&nv)));
+            let got = diff_reads(
+                &StateBase::new(text(&obj(&ov))),
+                &StateBase::new(text(&obj(&nv))),
+            );
+            assert_eq!(got, expect, "objects {ov} -> {nv}");
+        }
+        let t = |s: &str| StateBase::new(s.to_owned());
+        assert_eq!(diff_reads(&t("plain"), &t("plain!"))[0]["type"], "CHANGED");
+        assert_eq!(diff_reads(&t("[1]"), &t("{\"a\":1}"))[0]["type"], "CHANGED");
+        assert!(
+            diff_reads(&t("[1, 2]"), &t("[1,2]")).is_empty(),
+            "whitespace is not a change"
+        );
+    }
+
     #[test]
     fn list_diff_by_item_key() {
         let old = StateDoc::Json(json!([
@@ -367,20 +556,6 @@ mod tests {
         let (evs, _) = extract_log(LogCursor { last: Some(5) }, &log(&[3, 5, 9])).unwrap();
         assert_eq!(evs.len(), 1, "no GAP: the read still holds seq 3");
         assert_eq!(evs[0]["seq"], 9);
-    }
-
-    #[test]
-    fn kubernetes_items_compare_by_resource_version() {
-        let a = json!({"metadata": {"uid": "u", "resourceVersion": "5"}, "x": 1});
-        let same_rv = json!({"metadata": {"uid": "u", "resourceVersion": "5"}, "x": 2});
-        let new_rv = json!({"metadata": {"uid": "u", "resourceVersion": "6"}, "x": 2});
-        assert!(
-            same_item(&a, &same_rv),
-            "the API server never changes an object without a new resourceVersion"
-        );
-        assert!(!same_item(&a, &new_rv));
-        assert!(!same_item(&json!({"x": 1}), &json!({"x": 2})));
-        assert!(same_item(&json!({"x": 1}), &json!({"x": 1})));
     }
 
     #[test]

@@ -25,7 +25,7 @@ use crate::mcp::ring::EVENT_LOG_MIME;
 use crate::store::{Store, Table};
 use crate::transport::client::{Connection, Target, client_config, connect};
 use crate::transport::tls::ClientTrust;
-use crate::watch::events::{Event, LogCursor, StateDoc, diff_state, extract_log};
+use crate::watch::events::{Event, LogCursor, StateBase, diff_reads, extract_log};
 use crate::watch::log::WatchLog;
 use crate::watch::notice::{
     Debounce, DebounceConfig, Dedupe, default_line, notice_text, object_key, sanitize_line,
@@ -382,7 +382,7 @@ impl WatchManager {
             Shape::State
         };
         let baseline = match shape {
-            Shape::State => Baseline::State(StateDoc::from_text(&read.text)),
+            Shape::State => Baseline::State(StateBase::new(read.text)),
             Shape::EventLog => {
                 let body: Value =
                     serde_json::from_str(&read.text).map_err(|e| WatchError::Rejected {
@@ -604,7 +604,7 @@ impl WatchManager {
 }
 
 enum Baseline {
-    State(StateDoc),
+    State(StateBase),
     Log(LogCursor),
 }
 
@@ -858,8 +858,8 @@ impl WatchTask {
     fn update(&mut self, base: &mut Baseline, r: Read) {
         let events: Vec<Event> = match base {
             Baseline::State(old) => {
-                let new = StateDoc::from_text(&r.text);
-                let evs = diff_state(old, &new);
+                let new = StateBase::new(r.text);
+                let evs = diff_reads(old, &new);
                 *old = new;
                 evs
             }

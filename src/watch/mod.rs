@@ -9,5 +9,6 @@ pub mod events;
 pub mod log;
 pub mod manager;
 pub mod notice;
+pub mod raw;
 pub mod sink;
 pub mod template;
