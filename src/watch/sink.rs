@@ -19,6 +19,8 @@ const ATTEMPTS: u32 = 4;
 const RETRY_BASE: Duration = Duration::from_millis(500);
 /// Notices queued per watch for --exec before the watch waits.
 const PER_WATCH_QUEUE: usize = 16;
+/// Longest one --exec run may take before it is killed and counted as a failure.
+const EXEC_TIMEOUT: Duration = Duration::from_secs(60);
 
 #[derive(Debug, Clone)]
 pub enum Sink {
@@ -107,15 +109,30 @@ async fn exec_once(cmd: &str, n: &Notice) -> Result<(), String> {
         .stdin(Stdio::piped())
         .stdout(Stdio::inherit())
         .stderr(Stdio::inherit())
+        .kill_on_drop(true)
         .spawn()
         .map_err(|e| format!("cannot run {cmd}: {e}"))?;
-    if let Some(mut stdin) = child.stdin.take() {
-        let mut text = n.text.clone();
-        text.push('\n');
-        // A command that does not read its stdin is fine.
-        let _ = stdin.write_all(text.as_bytes()).await;
-    }
-    let status = child.wait().await.map_err(|e| e.to_string())?;
+    let run = async {
+        if let Some(mut stdin) = child.stdin.take() {
+            let mut text = n.text.clone();
+            text.push('\n');
+            // A command that does not read its stdin is fine.
+            let _ = stdin.write_all(text.as_bytes()).await;
+        }
+        child.wait().await
+    };
+    // A command that hangs (or never reads a large notice) is killed, not waited on forever:
+    // the watch's next notice must not queue behind it.
+    let status = match tokio::time::timeout(EXEC_TIMEOUT, run).await {
+        Ok(r) => r.map_err(|e| e.to_string())?,
+        Err(_) => {
+            let _ = child.kill().await;
+            return Err(format!(
+                "{cmd} took over {} s and was killed",
+                EXEC_TIMEOUT.as_secs()
+            ));
+        }
+    };
     if status.success() {
         Ok(())
     } else {
