@@ -551,3 +551,71 @@ async fn a_legacy_server_serves_tools_but_cannot_be_watched() {
         "{err}"
     );
 }
+
+#[tokio::test]
+async fn herald_up_prints_notices_for_its_memo_source() {
+    init();
+    let mut child = tokio::process::Command::new(bin())
+        .args([
+            "--log-format",
+            "json",
+            "--store",
+            ":memory:",
+            "up",
+            "--http",
+            "127.0.0.1:0",
+            "--quic",
+            "127.0.0.1:0",
+        ])
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let mut err = BufReader::new(child.stderr.take().unwrap()).lines();
+    let url = tokio::time::timeout(WAIT, async {
+        loop {
+            let l = err
+                .next_line()
+                .await
+                .unwrap()
+                .expect("herald up is running");
+            if let Ok(v) = serde_json::from_str::<Value>(&l)
+                && v["event"] == "listening"
+            {
+                return v["http_url"].as_str().unwrap().to_owned();
+            }
+        }
+    })
+    .await
+    .expect("herald up says where it listens");
+    tokio::spawn(async move { while let Ok(Some(_)) = err.next_line().await {} });
+    let mut out = BufReader::new(child.stdout.take().unwrap()).lines();
+    let c = memo_client(&url).await;
+    // The demo's watches start right after the listening line; keep writing until the first
+    // notice shows they are live (each write is a distinct change).
+    let mut seen = Vec::new();
+    let mut i = 0;
+    while seen.len() < 2 {
+        call(&c, "memo_set", json!({"key": "demo", "value": i})).await;
+        i += 1;
+        if let Ok(Ok(Some(l))) =
+            tokio::time::timeout(std::time::Duration::from_secs(5), out.next_line()).await
+        {
+            seen.push(serde_json::from_str::<Value>(&l).unwrap());
+        }
+        assert!(i < 20, "no notices from herald up");
+    }
+    let mut watches: Vec<String> = seen
+        .iter()
+        .map(|n| n["watch"].as_str().unwrap().to_owned())
+        .collect();
+    watches.sort();
+    watches.dedup();
+    assert!(!watches.is_empty());
+    assert!(
+        watches.iter().all(|w| w == "notes" || w == "memo-log"),
+        "{watches:?}"
+    );
+}
