@@ -7,6 +7,7 @@
 
 pub mod app;
 pub mod cli;
+pub mod filter;
 pub mod mcp;
 pub mod source;
 pub mod store;

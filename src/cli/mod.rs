@@ -52,6 +52,13 @@ pub enum Command {
     Call(client::CallArgs),
     /// Watch resources and print notices (or run a command, or POST a webhook) when they change.
     Watch(watch::WatchArgs),
+    /// Internal: a sandboxed Python worker for on_event filters (started by herald itself).
+    #[command(hide = true)]
+    FilterWorker {
+        /// Data segment cap for this worker, in bytes.
+        #[arg(long, default_value_t = 256 * 1024 * 1024)]
+        memory_bytes: u64,
+    },
 }
 
 /// An error with the exit code it maps to.
@@ -82,6 +89,11 @@ pub fn usage(error: anyhow::Error) -> Exit {
 
 /// Runs the parsed command line.
 pub fn run(cli: Cli) -> Result<(), Exit> {
+    if let Command::FilterWorker { memory_bytes } = cli.command {
+        // No runtime, no logging: a small single-threaded process with a memory cap.
+        crate::filter::worker::serve(memory_bytes);
+        return Ok(());
+    }
     init_logging(cli.log_format, cli.verbose);
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
@@ -99,6 +111,7 @@ pub fn run(cli: Cli) -> Result<(), Exit> {
             Command::Read(a) => client::read(a).await,
             Command::Call(a) => client::call(a).await,
             Command::Watch(a) => watch::run(a, &globals, verbose).await,
+            Command::FilterWorker { .. } => Ok(()),
         }
     });
     // A blocked stdin read cannot be cancelled; do not wait for it after the roles drained.

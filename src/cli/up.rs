@@ -80,7 +80,7 @@ pub async fn run(args: UpArgs, globals: &Globals) -> Result<(), Exit> {
         ("notes", crate::source::memo::NOTES_URI),
         ("memo-log", crate::source::memo::LOG_URI),
     ] {
-        if let Err(e) = watcher.watch_start(name, uri).await {
+        if let Err(e) = watcher.watch_start(name, uri, None).await {
             tracing::warn!(watch = name, error = %e, "demo watch did not start");
         }
     }

@@ -11,6 +11,7 @@ use tokio::sync::mpsc;
 
 use crate::app;
 use crate::cli::{Exit, Globals, usage};
+use crate::filter::pool::{FilterPool, PoolConfig};
 use crate::transport::client::Target;
 use crate::transport::tls::ClientTrust;
 use crate::watch::log::WatchLog;
@@ -40,6 +41,17 @@ pub struct WatchArgs {
     /// A watch to start (repeatable). A watch that cannot start makes herald exit non-zero.
     #[arg(long = "watch", value_name = "NAME=URI")]
     pub watches: Vec<String>,
+    /// Python source file run once per event (`FILE.py` when there is one watch, else
+    /// `NAME=FILE.py`; repeatable). It sees `event`; what it leaves (or prints) becomes the
+    /// notice line, and `None` with nothing printed drops the event.
+    #[arg(long = "on-event", value_name = "[NAME=]FILE.py")]
+    pub on_event: Vec<String>,
+    /// Processes that run the filters.
+    #[arg(long, default_value_t = 2)]
+    pub filter_workers: usize,
+    /// Memory cap of each filter process, in MiB.
+    #[arg(long, default_value_t = 256)]
+    pub filter_memory_mb: u64,
     /// Run CMD (with `sh -c`) per notice, the notice text on its stdin and HERALD_WATCH /
     /// HERALD_URI in its environment; one run at a time per watch.
     #[arg(long, value_name = "CMD", conflicts_with = "webhook")]
@@ -101,6 +113,8 @@ pub struct ServerEntry {
 pub struct WatchEntry {
     pub name: String,
     pub uri: String,
+    /// Python source run once per event.
+    pub on_event: Option<String>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -225,13 +239,38 @@ pub async fn run(args: WatchArgs, globals: &Globals, verbose: bool) -> Result<()
             "no server to watch: pass --mcp-stdio, --mcp-http or --mcp-quic, or a --config with [[server]]"
         )));
     }
-    let mut watches: Vec<(String, String)> = file
+    let mut watches: Vec<(String, String, Option<String>)> = file
         .watch
         .iter()
-        .map(|w| (w.name.clone(), w.uri.clone()))
+        .map(|w| (w.name.clone(), w.uri.clone(), w.on_event.clone()))
         .collect();
     for w in &args.watches {
-        watches.push(parse_watch(w).map_err(usage)?);
+        let (n, u) = parse_watch(w).map_err(usage)?;
+        watches.push((n, u, None));
+    }
+    for spec in &args.on_event {
+        let (name, path) = match spec.split_once('=') {
+            Some((n, p)) if !n.is_empty() && !n.contains('/') => (Some(n.to_owned()), p.to_owned()),
+            _ => (None, spec.clone()),
+        };
+        let code = std::fs::read_to_string(&path)
+            .with_context(|| format!("reading the --on-event file {path}"))
+            .map_err(usage)?;
+        let count = watches.len();
+        let target = match name {
+            Some(n) => watches.iter_mut().find(|w| w.0 == n).ok_or_else(|| {
+                usage(anyhow!(
+                    "--on-event {spec}: no watch named {n} (give it with --watch {n}=URI)"
+                ))
+            })?,
+            None if count == 1 => &mut watches[0],
+            None => {
+                return Err(usage(anyhow!(
+                    "--on-event {spec}: there are {count} watches; say which with --on-event NAME=FILE.py"
+                )));
+            }
+        };
+        target.2 = Some(code);
     }
     if watches.is_empty() && !args.watch_state {
         return Err(usage(anyhow!(
@@ -251,6 +290,11 @@ pub async fn run(args: WatchArgs, globals: &Globals, verbose: bool) -> Result<()
     let (tx, rx) = mpsc::channel(64);
     let sink_task = tokio::spawn(sink::run(sink, rx));
     let manager = WatchManager::new(cfg, servers, tx, WatchLog::stderr(verbose), store);
+    let exe = std::env::current_exe().context("finding the herald binary for filter workers")?;
+    let mut pool = PoolConfig::new(exe);
+    pool.workers = args.filter_workers.max(1);
+    pool.memory_bytes = args.filter_memory_mb.max(16) * 1024 * 1024;
+    manager.set_filters(FilterPool::new(pool));
     for (target, e) in manager.connect_all().await {
         tracing::warn!(server = %target, error = %e, "server not reachable yet; retried when a watch needs it");
     }
@@ -262,11 +306,11 @@ pub async fn run(args: WatchArgs, globals: &Globals, verbose: bool) -> Result<()
         .map(|w| (w.name, w.uri))
         .collect();
     let mut failure = None;
-    for (name, uri) in &watches {
+    for (name, uri, on_event) in &watches {
         if running.iter().any(|(n, u)| n == name && u == uri) {
             continue; // restored from --watch-state already
         }
-        if let Err(e) = manager.watch_start(name, uri).await {
+        if let Err(e) = manager.watch_start(name, uri, on_event.as_deref()).await {
             failure = Some(anyhow!("watch {name} ({uri}) cannot start: {e}"));
             break;
         }

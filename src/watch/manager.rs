@@ -16,11 +16,12 @@ use rmcp::model::{
     ReadResourceRequestParams, ResourceContents, ServerNotification, SubscriptionFilter,
 };
 use rmcp::service::{Subscription, SubscriptionEnd};
-use serde_json::{Value, json};
+use serde_json::{Map, Value, json};
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
+use crate::filter::pool::{Catalog as FilterHost, FilterError, FilterPool};
 use crate::mcp::ring::EVENT_LOG_MIME;
 use crate::store::{Store, Table};
 use crate::transport::client::{Connection, Target, client_config, connect};
@@ -95,6 +96,9 @@ pub enum Shape {
 pub struct WatchSpec {
     pub name: String,
     pub uri: String,
+    /// Python source run once per event (`None`: default notice lines).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub on_event: Option<String>,
 }
 
 /// One row of `watch_list`.
@@ -144,6 +148,10 @@ pub struct Server {
 
 #[derive(Default, Clone)]
 struct Catalog {
+    /// `(name, read-only)` for each tool.
+    tools: Vec<(String, bool)>,
+    /// Full resource and template entries, for `list_resources()` in Python.
+    listing: Vec<Value>,
     resources: Vec<String>,
     templates: Vec<Template>,
     subscribe: bool,
@@ -169,13 +177,23 @@ impl Server {
             return Ok(c.clone());
         }
         *slot = None;
-        let conn = connect(
-            &self.target,
-            &self.trust,
-            client_config(),
-            self.max_message_bytes,
+        let conn = tokio::time::timeout(
+            REQUEST_TIMEOUT,
+            connect(
+                &self.target,
+                &self.trust,
+                client_config(),
+                self.max_message_bytes,
+            ),
         )
         .await
+        .map_err(|_| {
+            WatchError::Unavailable(format!(
+                "{}: no answer to the handshake within {} s",
+                self.target,
+                REQUEST_TIMEOUT.as_secs()
+            ))
+        })?
         .map_err(|e| WatchError::Unavailable(e.to_string()))?;
         let conn = Arc::new(conn);
         let mut catalog = Catalog {
@@ -185,10 +203,41 @@ impl Server {
                 .unwrap_or(false),
             ..Catalog::default()
         };
+        let server_name = self.target.to_string();
+        let example = |d: Option<&str>| -> Value {
+            d.and_then(|d| {
+                d.lines()
+                    .rev()
+                    .find_map(|l| l.trim().strip_prefix("Example:"))
+            })
+            .map(|e| Value::from(e.trim()))
+            .unwrap_or(Value::Null)
+        };
+        if let Ok(list) = conn.list_all_tools().await {
+            catalog.tools = list
+                .iter()
+                .map(|t| {
+                    let a = t.annotations.as_ref();
+                    let read_only = a.and_then(|a| a.read_only_hint) == Some(true)
+                        && a.and_then(|a| a.destructive_hint) != Some(true);
+                    (t.name.to_string(), read_only)
+                })
+                .collect();
+        }
         if let Ok(list) = conn.list_all_resources().await {
+            for r in &list {
+                catalog.listing.push(json!({"uri": r.uri, "template": false, "name": r.name,
+                    "description": r.description, "example": example(r.description.as_deref()),
+                    "mime_type": r.mime_type, "server": server_name, "subscribable": catalog.subscribe}));
+            }
             catalog.resources = list.into_iter().map(|r| r.uri).collect();
         }
         if let Ok(list) = conn.list_all_resource_templates().await {
+            for t in &list {
+                catalog.listing.push(json!({"uri": t.uri_template, "template": true, "name": t.name,
+                    "description": t.description, "example": example(t.description.as_deref()),
+                    "mime_type": t.mime_type, "server": server_name, "subscribable": catalog.subscribe}));
+            }
             catalog.templates = list
                 .iter()
                 .filter_map(|t| Template::parse(&t.uri_template).ok())
@@ -280,6 +329,8 @@ struct Inner {
     store: Option<Store>,
     tracker: TaskTracker,
     shutdown: CancellationToken,
+    filters: Mutex<Option<FilterPool>>,
+    validations: AtomicU64,
 }
 
 /// The watch manager. Cheap to clone.
@@ -308,6 +359,8 @@ impl WatchManager {
                 store,
                 tracker: TaskTracker::new(),
                 shutdown: CancellationToken::new(),
+                filters: Mutex::new(None),
+                validations: AtomicU64::new(0),
             }),
         }
     }
@@ -324,17 +377,94 @@ impl WatchManager {
         failed
     }
 
+    /// Lets watches run `on_event` filters in this pool's workers.
+    pub fn set_filters(&self, pool: FilterPool) {
+        *self.inner.filters.lock().unwrap_or_else(|e| e.into_inner()) = Some(pool);
+    }
+
+    fn filters(&self) -> Option<FilterPool> {
+        self.inner
+            .filters
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
+
+    /// The read-only catalog filters see.
+    fn filter_catalog(&self) -> Arc<dyn FilterHost> {
+        Arc::new(FilterCatalog {
+            servers: self.inner.servers.clone(),
+        })
+    }
+
+    /// Checks `on_event` before any subscription is made: it must be source text, it must
+    /// compile, and a dry run on a sample event must not hit a NameError (missing keys in the
+    /// sample are fine).
+    async fn validate_filter(&self, name: &str, uri: &str, code: &str) -> Result<(), WatchError> {
+        let trimmed = code.trim();
+        if trimmed.is_empty() {
+            return Err(WatchError::Invalid(
+                "on_event is empty; pass Python source text or no on_event".into(),
+            ));
+        }
+        if trimmed.starts_with("<function")
+            || trimmed.starts_with("<bound method")
+            || trimmed.starts_with("<lambda")
+        {
+            return Err(WatchError::Invalid(format!(
+                "on_event must be Python source text, not a function object ({}); pass the code itself as a string",
+                trimmed.lines().next().unwrap_or_default()
+            )));
+        }
+        let Some(pool) = self.filters() else {
+            return Err(WatchError::Invalid(
+                "this watch client runs no Python filters".into(),
+            ));
+        };
+        let n = self.inner.validations.fetch_add(1, Ordering::Relaxed);
+        let scope = format!("\u{0}validate:{name}:{n}");
+        let sample = json!({"watch": name, "uri": uri, "type": "ADDED", "seq": 1, "key": "sample",
+            "object": {"metadata": {"name": "sample", "namespace": "default", "uid": "sample"}},
+            "new": {}, "item": {}, "old": null, "changed": []});
+        let r = pool.run(&scope, code, sample, self.filter_catalog()).await;
+        pool.drop_scope(&scope).await;
+        match r {
+            Err(FilterError::Python(e))
+                if e.exc_type == "SyntaxError" || e.exc_type == "NameError" =>
+            {
+                Err(WatchError::Invalid(format!(
+                    "on_event failed its dry run on a sample event: {e}"
+                )))
+            }
+            Err(FilterError::Worker(e)) => Err(WatchError::Invalid(format!(
+                "on_event failed its dry run: {e}"
+            ))),
+            _ => Ok(()),
+        }
+    }
+
     pub fn servers(&self) -> &[Arc<Server>] {
         &self.inner.servers
     }
 
     /// Starts watching `uri` as `name`: subscribes, takes the baseline read (so a server that
     /// rejects the URI fails this call), then runs the watch in the background.
-    pub async fn watch_start(&self, name: &str, uri: &str) -> Result<WatchInfo, WatchError> {
-        self.start(name, uri, true).await
+    pub async fn watch_start(
+        &self,
+        name: &str,
+        uri: &str,
+        on_event: Option<&str>,
+    ) -> Result<WatchInfo, WatchError> {
+        self.start(name, uri, on_event, true).await
     }
 
-    async fn start(&self, name: &str, uri: &str, save: bool) -> Result<WatchInfo, WatchError> {
+    async fn start(
+        &self,
+        name: &str,
+        uri: &str,
+        on_event: Option<&str>,
+        save: bool,
+    ) -> Result<WatchInfo, WatchError> {
         let inner = &self.inner;
         if name.is_empty() || name.len() > 128 || name.chars().any(char::is_control) {
             return Err(WatchError::Invalid(
@@ -375,6 +505,9 @@ impl WatchManager {
                 "no connected server lists {uri}, has a matching template, or supports subscriptions"
             ))
         })?;
+        if let Some(code) = on_event {
+            self.validate_filter(name, uri, code).await?;
+        }
         let (conn, sub, read) = subscribe_and_read(&server, uri).await?;
         let shape = if read.mime == EVENT_LOG_MIME {
             Shape::EventLog
@@ -402,6 +535,7 @@ impl WatchManager {
         let spec = WatchSpec {
             name: name.into(),
             uri: uri.into(),
+            on_event: on_event.map(str::to_owned),
         };
         let stats = Arc::new(Stats::default());
         let cancel = inner.shutdown.child_token();
@@ -446,6 +580,7 @@ impl WatchManager {
             cancel,
             debounce: Debounce::new(inner.cfg.debounce),
             dedupe: Dedupe::new(4096),
+            scope_reset: false,
         };
         inner.tracker.spawn(task.run(conn, sub, baseline));
         Ok(WatchInfo {
@@ -536,7 +671,10 @@ impl WatchManager {
                     continue;
                 }
             };
-            let r = self.start(&spec.name, &spec.uri, false).await.map(|_| ());
+            let r = self
+                .start(&spec.name, &spec.uri, spec.on_event.as_deref(), false)
+                .await
+                .map(|_| ());
             match &r {
                 Ok(()) => lines.push(format!("restored {} ({})", spec.name, spec.uri)),
                 Err(e) if e.is_transient() => {
@@ -613,20 +751,34 @@ struct Read {
     text: String,
 }
 
+/// Bound on one request to a server (connect, listen, read, tool call).
+const REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
+
 async fn read(conn: &Connection, server: &Server, uri: &str) -> Result<Read, WatchError> {
-    let result = conn
-        .read_resource(ReadResourceRequestParams::new(uri.to_owned()))
-        .await
-        .map_err(|e| match e {
-            rmcp::ServiceError::McpError(err) => WatchError::Rejected {
+    let result = tokio::time::timeout(
+        REQUEST_TIMEOUT,
+        conn.read_resource(ReadResourceRequestParams::new(uri.to_owned())),
+    )
+    .await
+    .map_err(|_| {
+        WatchError::Unavailable(format!(
+            "reading {uri} from {} took over {} s",
+            server.target,
+            REQUEST_TIMEOUT.as_secs()
+        ))
+    })?
+    .map_err(|e| match e {
+        // Bad params / not found are the server's verdict on the URI; anything else (an
+        // internal error, a source still starting) may pass.
+        rmcp::ServiceError::McpError(err) if matches!(err.code.0, -32602 | -32002 | -32601) => {
+            WatchError::Rejected {
                 server: server.target.to_string(),
                 uri: uri.into(),
                 message: err.message.to_string(),
-            },
-            other => {
-                WatchError::Unavailable(format!("reading {uri} from {}: {other}", server.target))
             }
-        })?;
+        }
+        other => WatchError::Unavailable(format!("reading {uri} from {}: {other}", server.target)),
+    })?;
     match result.contents.into_iter().next() {
         Some(ResourceContents::TextResourceContents {
             text, mime_type, ..
@@ -664,14 +816,23 @@ async fn subscribe_and_read(
                 .unwrap_or_else(|| "of an unknown version".into())
         )));
     }
-    let sub = match conn
-        .listen(
+    let listen = tokio::time::timeout(
+        REQUEST_TIMEOUT,
+        conn.listen(
             SubscriptionFilter::builder()
                 .resource_subscription(uri)
                 .build(),
-        )
-        .await
-    {
+        ),
+    )
+    .await
+    .map_err(|_| {
+        WatchError::Unavailable(format!(
+            "{} did not acknowledge a subscription to {uri} within {} s",
+            server.target,
+            REQUEST_TIMEOUT.as_secs()
+        ))
+    })?;
+    let sub = match listen {
         Ok(s) => s,
         Err(rmcp::ServiceError::McpError(e)) => {
             return Err(WatchError::Rejected {
@@ -716,6 +877,8 @@ struct WatchTask {
     cancel: CancellationToken,
     debounce: Debounce,
     dedupe: Dedupe,
+    /// The filter's scope was lost (its worker died); the next notice says so.
+    scope_reset: bool,
 }
 
 fn now() -> std::time::Instant {
@@ -748,7 +911,7 @@ impl WatchTask {
                             }
                         }
                         match read(&conn, &self.server, &self.spec.uri).await {
-                            Ok(r) => self.update(&mut base, r),
+                            Ok(r) => self.update(&mut base, r).await,
                             Err(e) => {
                                 // Treat it as a lost subscription: the resubscribe path re-reads
                                 // and diffs, so the change is not lost.
@@ -763,7 +926,7 @@ impl WatchTask {
                                 Some((c, s, r)) => {
                                     conn = c;
                                     sub = s;
-                                    self.update(&mut base, r);
+                                    self.update(&mut base, r).await;
                                 }
                                 None => return,
                             }
@@ -786,7 +949,7 @@ impl WatchTask {
                                 sub = s;
                                 // The re-read is diffed against the last state (or cursor), so
                                 // changes made while unsubscribed are reported now.
-                                self.update(&mut base, r);
+                                self.update(&mut base, r).await;
                             }
                             None => return,
                         }
@@ -855,7 +1018,7 @@ impl WatchTask {
         None
     }
 
-    fn update(&mut self, base: &mut Baseline, r: Read) {
+    async fn update(&mut self, base: &mut Baseline, r: Read) {
         let events: Vec<Event> = match base {
             Baseline::State(old) => {
                 let new = StateBase::new(r.text);
@@ -879,13 +1042,54 @@ impl WatchTask {
         };
         let max = self.mgr.inner.cfg.max_events_per_update;
         let total = events.len();
-        let log = &self.mgr.inner.log;
+        let log = self.mgr.inner.log.clone();
         let t = now();
+        let filters = self.spec.on_event.as_ref().and_then(|_| self.mgr.filters());
+        let catalog = self.mgr.filter_catalog();
         for mut ev in events.into_iter().take(max) {
             self.stats.events.fetch_add(1, Ordering::Relaxed);
             ev.insert("watch".into(), self.spec.name.clone().into());
             ev.insert("uri".into(), self.spec.uri.clone().into());
-            let line = sanitize_line(&default_line(&ev));
+            let line = match (&self.spec.on_event, &filters) {
+                (Some(code), Some(pool)) => {
+                    let scope = self.spec.name.clone();
+                    match pool
+                        .run(&scope, code, Value::Object(ev.clone()), catalog.clone())
+                        .await
+                    {
+                        Ok(o) => {
+                            let mut parts = Vec::new();
+                            let printed = o.printed.trim_end();
+                            if !printed.is_empty() {
+                                parts.push(printed.to_owned());
+                            }
+                            match &o.value {
+                                Value::Null => {}
+                                Value::String(s) => parts.push(s.clone()),
+                                other => parts.push(other.to_string()),
+                            }
+                            (!parts.is_empty()).then(|| parts.join(" "))
+                        }
+                        Err(FilterError::Python(e)) => Some(format!("on_event raised {e}")),
+                        Err(FilterError::Worker(e)) => {
+                            self.scope_reset = true;
+                            Some(format!("on_event failed: {e}"))
+                        }
+                    }
+                }
+                _ => Some(default_line(&ev)),
+            };
+            let Some(line) = line else {
+                log.emit(
+                    "watch.event",
+                    json!({"watch": self.spec.name, "type": ev.get("type"), "kept": false, "reason": "filter"}),
+                );
+                continue;
+            };
+            let mut line = sanitize_line(&line);
+            if !line.starts_with("on_event failed") && std::mem::take(&mut self.scope_reset) {
+                line = format!("{line} (the filter's variables were reset before this event)");
+            }
             let fresh = self.dedupe.admit(&object_key(&ev), &line);
             log.emit(
                 "watch.event",
@@ -927,5 +1131,134 @@ async fn sleep_until(due: Option<std::time::Instant>) {
     match due {
         Some(d) => tokio::time::sleep_until(tokio::time::Instant::from_std(d)).await,
         None => std::future::pending().await,
+    }
+}
+
+/// What filters may call: `read_resource`, `list_resources`, and the read-only tools of the
+/// connected servers. Mutating tools and the watch built-ins are named too, so that calling
+/// one raises a clear `PermissionError` instead of a `NameError`.
+struct FilterCatalog {
+    servers: Vec<Arc<Server>>,
+}
+
+const WATCH_BUILTINS: [&str; 3] = ["watch_start", "watch_stop", "watch_list"];
+
+fn py_err(exc: &str, message: String) -> (String, String) {
+    (exc.to_owned(), message)
+}
+
+#[async_trait::async_trait]
+impl FilterHost for FilterCatalog {
+    fn functions(&self) -> Vec<String> {
+        let mut names: Vec<String> = vec!["read_resource".into(), "list_resources".into()];
+        names.extend(WATCH_BUILTINS.iter().map(|s| s.to_string()));
+        for s in &self.servers {
+            let c = s.catalog.lock().unwrap_or_else(|e| e.into_inner());
+            names.extend(c.tools.iter().map(|(n, _)| n.clone()));
+        }
+        names.sort();
+        names.dedup();
+        names
+    }
+
+    async fn call(
+        &self,
+        name: &str,
+        args: Vec<Value>,
+        kwargs: Map<String, Value>,
+    ) -> Result<Value, (String, String)> {
+        if WATCH_BUILTINS.contains(&name) {
+            return Err(py_err(
+                "PermissionError",
+                format!(
+                    "{name} is not available in filters: a filter cannot start or stop watches"
+                ),
+            ));
+        }
+        match name {
+            "read_resource" => {
+                let uri = kwargs
+                    .get("uri")
+                    .or_else(|| args.first())
+                    .and_then(Value::as_str)
+                    .ok_or_else(|| {
+                        py_err("ValueError", "read_resource needs uri=\"...\"".into())
+                    })?;
+                let server = route(&self.servers, uri).cloned().ok_or_else(|| {
+                    py_err("ValueError", format!("no connected server serves {uri}"))
+                })?;
+                let conn = server
+                    .connection()
+                    .await
+                    .map_err(|e| py_err("RuntimeError", e.to_string()))?;
+                let r = read(&conn, &server, uri)
+                    .await
+                    .map_err(|e| py_err("RuntimeError", e.to_string()))?;
+                Ok(serde_json::from_str(&r.text).unwrap_or(Value::String(r.text)))
+            }
+            "list_resources" => {
+                let mut all = Vec::new();
+                for s in &self.servers {
+                    let c = s.catalog.lock().unwrap_or_else(|e| e.into_inner());
+                    all.extend(c.listing.iter().cloned());
+                }
+                Ok(Value::Array(all))
+            }
+            tool => {
+                let owner = self.servers.iter().find_map(|s| {
+                    let c = s.catalog.lock().unwrap_or_else(|e| e.into_inner());
+                    c.tools
+                        .iter()
+                        .find(|(n, _)| n == tool)
+                        .map(|(_, ro)| (s.clone(), *ro))
+                });
+                let Some((server, read_only)) = owner else {
+                    return Err(py_err(
+                        "ValueError",
+                        format!("no connected server has a tool named {tool}"),
+                    ));
+                };
+                if !read_only {
+                    return Err(py_err(
+                        "PermissionError",
+                        format!(
+                            "{tool} is a mutating tool (not annotated readOnlyHint): filters are read-only"
+                        ),
+                    ));
+                }
+                if !args.is_empty() {
+                    return Err(py_err(
+                        "ValueError",
+                        format!("call {tool} with keyword arguments, e.g. {tool}(name=...)"),
+                    ));
+                }
+                let conn = server
+                    .connection()
+                    .await
+                    .map_err(|e| py_err("RuntimeError", e.to_string()))?;
+                let params =
+                    rmcp::model::CallToolRequestParams::new(tool.to_owned()).with_arguments(kwargs);
+                let r = tokio::time::timeout(REQUEST_TIMEOUT, conn.call_tool(params))
+                    .await
+                    .map_err(|_| py_err("TimeoutError", format!("{tool} took too long")))?
+                    .map_err(|e| py_err("RuntimeError", e.to_string()))?;
+                let text: Vec<String> = r
+                    .content
+                    .iter()
+                    .filter_map(|c| c.as_text().map(|t| t.text.clone()))
+                    .collect();
+                if r.is_error == Some(true) {
+                    return Err(py_err(
+                        "RuntimeError",
+                        format!("{tool} failed: {}", text.join(" ")),
+                    ));
+                }
+                if let Some(v) = r.structured_content {
+                    return Ok(v);
+                }
+                let text = text.join("\n");
+                Ok(serde_json::from_str(&text).unwrap_or(Value::String(text)))
+            }
+        }
     }
 }

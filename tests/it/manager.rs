@@ -88,17 +88,17 @@ async fn limits_names_and_stats() {
     let mut cfg = fast();
     cfg.max_watches = 2;
     let (m, mut rx) = manager(&srv.url, cfg, None);
-    m.watch_start("a", "memo://notes").await.unwrap();
-    let dup = m.watch_start("a", "memo://log").await.unwrap_err();
+    m.watch_start("a", "memo://notes", None).await.unwrap();
+    let dup = m.watch_start("a", "memo://log", None).await.unwrap_err();
     assert!(
         matches!(dup, WatchError::Invalid(ref s) if s.contains("already exists")),
         "{dup}"
     );
-    let info = m.watch_start("b", "memo://log").await.unwrap();
+    let info = m.watch_start("b", "memo://log", None).await.unwrap();
     assert_eq!(serde_json::to_value(info.shape).unwrap(), "event-log");
-    let over = m.watch_start("c", "memo://notes").await.unwrap_err();
+    let over = m.watch_start("c", "memo://notes", None).await.unwrap_err();
     assert!(over.to_string().contains("at most 2 watches"), "{over}");
-    let unknown = m.watch_start("c", "memo://nope").await;
+    let unknown = m.watch_start("c", "memo://nope", None).await;
     assert!(unknown.is_err());
 
     let conn = crate::support::Memo {
@@ -121,7 +121,7 @@ async fn limits_names_and_stats() {
     );
     assert!(m.watch_stop("a").await);
     assert!(!m.watch_stop("a").await);
-    m.watch_start("c", "memo://notes").await.unwrap();
+    m.watch_start("c", "memo://notes", None).await.unwrap();
     m.shutdown().await;
 }
 
@@ -130,8 +130,8 @@ async fn watch_state_round_trip() {
     let srv = memo_server().await;
     let store = Store::memory();
     let (m, _rx) = manager(&srv.url, fast(), Some(store.clone()));
-    m.watch_start("notes", "memo://notes").await.unwrap();
-    m.watch_start("log", "memo://log").await.unwrap();
+    m.watch_start("notes", "memo://notes", None).await.unwrap();
+    m.watch_start("log", "memo://log", None).await.unwrap();
     assert!(m.watch_stop("log").await);
     let saved: Vec<String> = store
         .scan(Table::Watches)

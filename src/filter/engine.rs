@@ -1,0 +1,387 @@
+//! One Python scope in Monty, driven to completion with a host for the names it provides.
+//!
+//! A [`Scope`] is a persistent REPL: variables survive from one run to the next. Each run gets
+//! a fresh time budget (Monty's is cumulative otherwise) and a cap on host calls. Host
+//! functions are resolved when the code first names them; OS access (files, environment) is
+//! refused with `PermissionError`. Host calls are answered synchronously, so `await f(...)` on
+//! a host function is the same call as `f(...)`: the `await` is dropped before running.
+
+use std::time::Duration;
+
+use monty::{MontyRepl, ReplProgress};
+use monty_types::{
+    CompileOptions, ExcType, ExtFunctionResult, MontyException, MontyObject, NameLookupResult,
+    PrintWriter, ResourceLimits, ResourceTracker,
+};
+use serde_json::{Map, Value};
+
+use crate::filter::convert::{to_json, to_py};
+
+/// Limits for one run.
+#[derive(Debug, Clone, Copy)]
+pub struct RunLimits {
+    pub time: Duration,
+    pub max_calls: usize,
+    pub max_print_bytes: usize,
+}
+
+impl Default for RunLimits {
+    fn default() -> Self {
+        RunLimits {
+            time: Duration::from_secs(2),
+            max_calls: 10,
+            max_print_bytes: 64 * 1024,
+        }
+    }
+}
+
+/// What a run produced: its last expression's value (`null` for `None`) and what it printed.
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct Outcome {
+    pub value: Value,
+    pub printed: String,
+}
+
+/// A Python exception that escaped a run.
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize, thiserror::Error)]
+#[error("{exc_type}: {message}")]
+pub struct PyError {
+    pub exc_type: String,
+    pub message: String,
+}
+
+impl From<&MontyException> for PyError {
+    fn from(e: &MontyException) -> Self {
+        PyError {
+            exc_type: format!("{:?}", e.exc_type()),
+            message: e.message().unwrap_or_default().to_owned(),
+        }
+    }
+}
+
+/// What a host function call failed with, raised in Python as `exc_type`.
+#[derive(Debug, Clone)]
+pub struct HostError {
+    pub exc_type: ExcType,
+    pub message: String,
+}
+
+/// The functions a scope can call.
+pub trait Host {
+    /// Whether `name` is one of the host's functions.
+    fn provides(&self, name: &str) -> bool;
+    /// Calls `name`.
+    fn call(
+        &mut self,
+        name: &str,
+        args: Vec<Value>,
+        kwargs: Map<String, Value>,
+    ) -> Result<Value, HostError>;
+}
+
+/// Drops `await` in front of calls to host functions (see the module docs).
+pub fn strip_host_awaits(code: &str, is_host: impl Fn(&str) -> bool) -> String {
+    let mut out = String::with_capacity(code.len());
+    let mut rest = code;
+    while let Some(i) = rest.find("await") {
+        let before_ok = rest[..i]
+            .chars()
+            .last()
+            .is_none_or(|c| !(c.is_alphanumeric() || c == '_'));
+        let after = &rest[i + 5..];
+        let trimmed = after.trim_start();
+        let ident: String = trimmed
+            .chars()
+            .take_while(|c| c.is_alphanumeric() || *c == '_')
+            .collect();
+        let called = trimmed[ident.len()..].trim_start().starts_with('(');
+        let spaced = after.len() > trimmed.len();
+        if before_ok && spaced && !ident.is_empty() && called && is_host(&ident) {
+            out.push_str(&rest[..i]);
+            rest = trimmed;
+        } else {
+            out.push_str(&rest[..i + 5]);
+            rest = after;
+        }
+    }
+    out.push_str(rest);
+    out
+}
+
+/// A persistent Python scope.
+pub struct Scope {
+    repl: Option<MontyRepl>,
+}
+
+impl Default for Scope {
+    fn default() -> Self {
+        Scope::new()
+    }
+}
+
+fn fresh_repl(time: Duration) -> MontyRepl {
+    let limits = ResourceLimits::default()
+        .max_duration(time)
+        .max_recursion_depth(200);
+    MontyRepl::new(
+        "on_event.py",
+        ResourceTracker::new(limits),
+        CompileOptions::default(),
+    )
+}
+
+impl Scope {
+    pub fn new() -> Scope {
+        Scope { repl: None }
+    }
+
+    /// Runs `code` with `inputs` bound as globals.
+    pub fn run(
+        &mut self,
+        code: &str,
+        inputs: Vec<(String, Value)>,
+        limits: RunLimits,
+        host: &mut dyn Host,
+    ) -> Result<Outcome, PyError> {
+        let mut repl = self.repl.take().unwrap_or_else(|| fresh_repl(limits.time));
+        // Monty's time budget accumulates over the REPL's life; give every run its own.
+        repl.tracker_mut().set_max_duration(limits.time);
+        let code = strip_host_awaits(code, |n| host.provides(n));
+        let inputs: Vec<(String, MontyObject)> =
+            inputs.into_iter().map(|(k, v)| (k, to_py(&v))).collect();
+        let mut printed = String::new();
+        let mut calls = 0usize;
+        let mut progress = repl.feed_start(
+            &code,
+            inputs,
+            PrintWriter::CollectString(&mut printed, Some(limits.max_print_bytes)),
+        );
+        loop {
+            let step = match progress {
+                Err(e) => {
+                    let err = PyError::from(&e.error);
+                    self.repl = Some(e.repl);
+                    return Err(err);
+                }
+                Ok(ReplProgress::Complete { repl, value }) => {
+                    self.repl = Some(repl);
+                    return Ok(Outcome {
+                        value: to_json(&value),
+                        printed,
+                    });
+                }
+                Ok(ReplProgress::NameLookup(l)) => {
+                    let found = if host.provides(&l.name) {
+                        NameLookupResult::Value(MontyObject::Function {
+                            name: l.name.clone(),
+                            docstring: None,
+                        })
+                    } else {
+                        NameLookupResult::Undefined
+                    };
+                    l.resume(
+                        found,
+                        PrintWriter::CollectString(&mut printed, Some(limits.max_print_bytes)),
+                    )
+                }
+                Ok(ReplProgress::FunctionCall(c)) => {
+                    calls += 1;
+                    let result = if calls > limits.max_calls {
+                        ExtFunctionResult::Error(MontyException::new(
+                            ExcType::RuntimeError,
+                            Some(format!(
+                                "more than {} tool calls in one run; do less per event",
+                                limits.max_calls
+                            )),
+                        ))
+                    } else {
+                        let args = c.args.iter().map(to_json).collect();
+                        let kwargs = c
+                            .kwargs
+                            .iter()
+                            .map(|(k, v)| {
+                                let key = match to_json(k) {
+                                    Value::String(s) => s,
+                                    other => other.to_string(),
+                                };
+                                (key, to_json(v))
+                            })
+                            .collect();
+                        match host.call(&c.function_name, args, kwargs) {
+                            Ok(v) => ExtFunctionResult::Return(to_py(&v)),
+                            Err(e) => ExtFunctionResult::Error(MontyException::new(
+                                e.exc_type,
+                                Some(e.message),
+                            )),
+                        }
+                    };
+                    c.resume(
+                        result,
+                        PrintWriter::CollectString(&mut printed, Some(limits.max_print_bytes)),
+                    )
+                }
+                Ok(ReplProgress::OsCall(o)) => o.abort(
+                    MontyException::new(
+                        ExcType::PermissionError,
+                        Some("the sandbox has no file, environment or process access".into()),
+                    ),
+                    PrintWriter::CollectString(&mut printed, Some(limits.max_print_bytes)),
+                ),
+                Ok(ReplProgress::ResolveFutures(f)) => {
+                    // Host calls resolve synchronously, so nothing can be pending here.
+                    let ids: Vec<(u32, ExtFunctionResult)> = f
+                        .pending_call_ids()
+                        .iter()
+                        .map(|id| {
+                            (
+                                *id,
+                                ExtFunctionResult::Error(MontyException::new(
+                                    ExcType::RuntimeError,
+                                    Some("nothing to await".into()),
+                                )),
+                            )
+                        })
+                        .collect();
+                    f.resume(
+                        ids,
+                        PrintWriter::CollectString(&mut printed, Some(limits.max_print_bytes)),
+                    )
+                }
+            };
+            progress = step;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    struct Catalog {
+        calls: Vec<String>,
+    }
+
+    impl Host for Catalog {
+        fn provides(&self, name: &str) -> bool {
+            matches!(name, "read_resource" | "memo_set")
+        }
+        fn call(
+            &mut self,
+            name: &str,
+            _args: Vec<Value>,
+            kwargs: Map<String, Value>,
+        ) -> Result<Value, HostError> {
+            self.calls.push(name.to_owned());
+            match name {
+                "read_resource" => Ok(json!({"uri": kwargs.get("uri"), "n": 1})),
+                _ => Err(HostError {
+                    exc_type: ExcType::PermissionError,
+                    message: format!("{name} is not available in filters: they are read-only"),
+                }),
+            }
+        }
+    }
+
+    fn run(scope: &mut Scope, code: &str, event: Value) -> Result<Outcome, PyError> {
+        scope.run(
+            code,
+            vec![("event".into(), event)],
+            RunLimits::default(),
+            &mut Catalog { calls: vec![] },
+        )
+    }
+
+    const REFERENCE: &str = r#"
+m = event["object"]["metadata"]
+f'{event["type"].lower()} {m["namespace"]}/{m["name"]}' if event["type"] in ("ADDED", "DELETED") else None
+"#;
+
+    #[test]
+    fn the_reference_filter_transforms_and_drops() {
+        let mut s = Scope::new();
+        let ev = |t: &str| json!({"type": t, "object": {"metadata": {"name": "cm1", "namespace": "default"}}});
+        assert_eq!(
+            run(&mut s, REFERENCE, ev("ADDED")).unwrap().value,
+            json!("added default/cm1")
+        );
+        assert_eq!(
+            run(&mut s, REFERENCE, ev("MODIFIED")).unwrap().value,
+            Value::Null
+        );
+        assert_eq!(
+            run(&mut s, "m['name']", json!(null)).unwrap().value,
+            json!("cm1"),
+            "variables persist"
+        );
+    }
+
+    #[test]
+    fn errors_print_host_calls_and_limits() {
+        let mut s = Scope::new();
+        let e = run(&mut s, "x = (", json!(null)).unwrap_err();
+        assert_eq!(e.exc_type, "SyntaxError");
+        let e = run(&mut s, "undefined_name + 1", json!(null)).unwrap_err();
+        assert_eq!(e.exc_type, "NameError");
+        let o = run(&mut s, "print('hi')\nNone", json!(null)).unwrap();
+        assert_eq!((o.value, o.printed.trim()), (Value::Null, "hi"));
+        let o = run(
+            &mut s,
+            "r = await read_resource(uri='memo://notes')\nr['uri']",
+            json!(null),
+        )
+        .unwrap();
+        assert_eq!(o.value, json!("memo://notes"));
+        let e = run(&mut s, "memo_set(key='a', value=1)", json!(null)).unwrap_err();
+        assert_eq!(e.exc_type, "PermissionError");
+        let e = run(
+            &mut s,
+            "for i in range(11):\n    read_resource(uri='x')\n",
+            json!(null),
+        )
+        .unwrap_err();
+        assert!(e.message.contains("more than 10 tool calls"), "{e}");
+        let e = run(&mut s, "open('/etc/passwd').read()", json!(null)).unwrap_err();
+        assert!(
+            e.exc_type == "PermissionError" || e.exc_type == "NameError",
+            "{e}"
+        );
+        let e = run(&mut s, "import os\nos.getenv('HOME')", json!(null)).unwrap_err();
+        assert!(!e.exc_type.is_empty(), "{e}");
+    }
+
+    #[test]
+    fn each_run_gets_its_own_time_budget() {
+        let mut s = Scope::new();
+        let limits = RunLimits {
+            time: Duration::from_millis(200),
+            ..RunLimits::default()
+        };
+        let mut host = Catalog { calls: vec![] };
+        let e = s
+            .run("while True:\n    pass\n", vec![], limits, &mut host)
+            .unwrap_err();
+        assert_eq!(e.exc_type, "TimeoutError");
+        let o = s.run("1 + 1", vec![], limits, &mut host).unwrap();
+        assert_eq!(
+            o.value,
+            json!(2),
+            "the next run is not starved by the last one"
+        );
+    }
+
+    #[test]
+    fn awaits_on_host_calls_only_are_dropped() {
+        let host = |n: &str| n == "read_resource";
+        assert_eq!(
+            strip_host_awaits("x = await read_resource(uri=u)", host),
+            "x = read_resource(uri=u)"
+        );
+        assert_eq!(strip_host_awaits("await other()", host), "await other()");
+        assert_eq!(strip_host_awaits("awaited = 1", host), "awaited = 1");
+        assert_eq!(
+            strip_host_awaits("s = 'await read_resource'", host),
+            "s = 'await read_resource'"
+        );
+    }
+}

@@ -1,0 +1,11 @@
+//! Python filters and code mode in Monty (pydantic's sandboxed Python).
+//!
+//! [`engine`] runs code in a persistent scope with a host for the catalog functions;
+//! [`worker`] is the child process that hosts scopes (`herald filter-worker`); [`pool`] is the
+//! parent side that drives workers and proxies their catalog calls; [`convert`] maps JSON to
+//! Python values and back.
+
+pub mod convert;
+pub mod engine;
+pub mod pool;
+pub mod worker;

@@ -1,0 +1,306 @@
+//! The parent side of the filter workers: a small pool of `herald filter-worker` processes.
+//!
+//! A scope (one per watch) lives in one worker, chosen by its name, so its variables persist.
+//! Each worker is driven by one task that takes jobs from a bounded queue: it sends the run,
+//! answers the worker's catalog calls through the [`Catalog`], and waits for the result with a
+//! wall-clock deadline (the in-sandbox time limit plus a grace period, restarted after each
+//! catalog call). A worker that dies or misses the deadline is killed and replaced; the job
+//! fails with a clear error and every scope it held is reset (the caller is told).
+
+use std::path::PathBuf;
+use std::process::Stdio;
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use serde_json::{Map, Value, json};
+use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader, Lines};
+use tokio::process::{Child, ChildStdin, ChildStdout};
+use tokio::sync::{mpsc, oneshot};
+
+use crate::filter::engine::{Outcome, PyError};
+
+/// Functions a scope may call, answered by the parent.
+#[async_trait]
+pub trait Catalog: Send + Sync {
+    /// The names callable from Python.
+    fn functions(&self) -> Vec<String>;
+    /// Calls one. The error is `(python exception type, message)`.
+    async fn call(
+        &self,
+        name: &str,
+        args: Vec<Value>,
+        kwargs: Map<String, Value>,
+    ) -> Result<Value, (String, String)>;
+}
+
+/// Why a run produced no outcome.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum FilterError {
+    /// The code raised.
+    #[error("{0}")]
+    Python(PyError),
+    /// The worker died or overran; the scope's variables are gone.
+    #[error("{0}")]
+    Worker(String),
+}
+
+/// Pool settings.
+#[derive(Debug, Clone)]
+pub struct PoolConfig {
+    /// The herald binary to run as `filter-worker`.
+    pub exe: PathBuf,
+    pub workers: usize,
+    pub memory_bytes: u64,
+    pub time: Duration,
+    pub max_calls: usize,
+}
+
+impl PoolConfig {
+    pub fn new(exe: PathBuf) -> PoolConfig {
+        PoolConfig {
+            exe,
+            workers: 2,
+            memory_bytes: 256 * 1024 * 1024,
+            time: Duration::from_secs(2),
+            max_calls: 10,
+        }
+    }
+}
+
+struct Job {
+    scope: String,
+    code: Option<String>,
+    event: Value,
+    catalog: Arc<dyn Catalog>,
+    reply: oneshot::Sender<Result<Outcome, FilterError>>,
+}
+
+/// A pool of filter workers. Cheap to clone.
+#[derive(Clone)]
+pub struct FilterPool {
+    queues: Arc<Vec<mpsc::Sender<Job>>>,
+}
+
+impl FilterPool {
+    pub fn new(cfg: PoolConfig) -> FilterPool {
+        let cfg = Arc::new(cfg);
+        let queues = (0..cfg.workers.max(1))
+            .map(|i| {
+                let (tx, rx) = mpsc::channel(64);
+                tokio::spawn(drive(cfg.clone(), i, rx));
+                tx
+            })
+            .collect();
+        FilterPool {
+            queues: Arc::new(queues),
+        }
+    }
+
+    fn queue(&self, scope: &str) -> &mpsc::Sender<Job> {
+        let h = scope
+            .bytes()
+            .fold(0u64, |h, b| h.wrapping_mul(31).wrapping_add(b as u64));
+        &self.queues[(h % self.queues.len() as u64) as usize]
+    }
+
+    /// Runs `code` in `scope` with `event` bound.
+    pub async fn run(
+        &self,
+        scope: &str,
+        code: &str,
+        event: Value,
+        catalog: Arc<dyn Catalog>,
+    ) -> Result<Outcome, FilterError> {
+        let (reply, rx) = oneshot::channel();
+        let job = Job {
+            scope: scope.to_owned(),
+            code: Some(code.to_owned()),
+            event,
+            catalog,
+            reply,
+        };
+        self.queue(scope)
+            .send(job)
+            .await
+            .map_err(|_| FilterError::Worker("the filter pool has stopped".into()))?;
+        rx.await
+            .map_err(|_| FilterError::Worker("the filter pool has stopped".into()))?
+    }
+
+    /// Forgets `scope`'s variables.
+    pub async fn drop_scope(&self, scope: &str) {
+        let (reply, _rx) = oneshot::channel();
+        let _ = self
+            .queue(scope)
+            .send(Job {
+                scope: scope.to_owned(),
+                code: None,
+                event: Value::Null,
+                catalog: Arc::new(NoCatalog),
+                reply,
+            })
+            .await;
+    }
+}
+
+struct NoCatalog;
+
+#[async_trait]
+impl Catalog for NoCatalog {
+    fn functions(&self) -> Vec<String> {
+        Vec::new()
+    }
+    async fn call(
+        &self,
+        name: &str,
+        _: Vec<Value>,
+        _: Map<String, Value>,
+    ) -> Result<Value, (String, String)> {
+        Err(("RuntimeError".into(), format!("{name} is not available")))
+    }
+}
+
+struct Proc {
+    child: Child,
+    stdin: ChildStdin,
+    lines: Lines<BufReader<ChildStdout>>,
+}
+
+fn spawn(cfg: &PoolConfig) -> std::io::Result<Proc> {
+    let mut child = tokio::process::Command::new(&cfg.exe)
+        .arg("filter-worker")
+        .arg("--memory-bytes")
+        .arg(cfg.memory_bytes.to_string())
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .kill_on_drop(true)
+        .spawn()?;
+    let stdin = child.stdin.take().expect("piped");
+    let lines = BufReader::new(child.stdout.take().expect("piped")).lines();
+    Ok(Proc {
+        child,
+        stdin,
+        lines,
+    })
+}
+
+async fn send(p: &mut Proc, v: &Value) -> std::io::Result<()> {
+    let mut line = v.to_string();
+    line.push('\n');
+    p.stdin.write_all(line.as_bytes()).await?;
+    p.stdin.flush().await
+}
+
+async fn drive(cfg: Arc<PoolConfig>, index: usize, mut rx: mpsc::Receiver<Job>) {
+    let mut proc: Option<Proc> = None;
+    let mut next_id = 0u64;
+    let grace = Duration::from_secs(3);
+    while let Some(job) = rx.recv().await {
+        if proc.is_none() {
+            match spawn(&cfg) {
+                Ok(p) => proc = Some(p),
+                Err(e) => {
+                    let _ = job.reply.send(Err(FilterError::Worker(format!(
+                        "cannot start a filter worker ({}): {e}",
+                        cfg.exe.display()
+                    ))));
+                    continue;
+                }
+            }
+        }
+        let p = proc.as_mut().expect("started above");
+        let Some(code) = job.code else {
+            let _ = send(p, &json!({"op": "drop", "scope": job.scope})).await;
+            continue;
+        };
+        next_id += 1;
+        let id = next_id;
+        let req = json!({"op": "run", "id": id, "scope": job.scope, "code": code, "event": job.event,
+                         "functions": job.catalog.functions(), "time_ms": cfg.time.as_millis() as u64,
+                         "max_calls": cfg.max_calls});
+        let result = match send(p, &req).await {
+            Err(_) => Err(None),
+            Ok(()) => exchange(p, id, &job.catalog, cfg.time + grace).await,
+        };
+        match result {
+            Ok(r) => {
+                let _ = job.reply.send(r);
+            }
+            Err(reason) => {
+                // Dead or wedged: replace it. Every scope it held is gone.
+                if let Some(mut dead) = proc.take() {
+                    let _ = dead.child.kill().await;
+                    let status = dead.child.wait().await.ok();
+                    tracing::warn!(worker = index, ?status, "filter worker replaced");
+                }
+                let why = reason.unwrap_or_else(|| {
+                    format!(
+                        "the filter worker died (over its {} MiB memory limit, or crashed)",
+                        cfg.memory_bytes / (1024 * 1024)
+                    )
+                });
+                let _ = job.reply.send(Err(FilterError::Worker(format!(
+                    "{why}; the event was not filtered and the filter's variables were reset"
+                ))));
+            }
+        }
+    }
+}
+
+/// Runs one request to completion. `Err(None)`: the worker died; `Err(Some(why))`: it overran.
+async fn exchange(
+    p: &mut Proc,
+    id: u64,
+    catalog: &Arc<dyn Catalog>,
+    deadline: Duration,
+) -> Result<Result<Outcome, FilterError>, Option<String>> {
+    loop {
+        let line = match tokio::time::timeout(deadline, p.lines.next_line()).await {
+            Err(_) => {
+                return Err(Some(format!(
+                    "the filter ran past its {} s limit inside one operation and was stopped",
+                    deadline.as_secs()
+                )));
+            }
+            Ok(Ok(Some(l))) => l,
+            Ok(_) => return Err(None),
+        };
+        let Ok(msg) = serde_json::from_str::<Value>(&line) else {
+            continue;
+        };
+        if msg["id"].as_u64() != Some(id) {
+            continue;
+        }
+        match msg["op"].as_str() {
+            Some("call") => {
+                let name = msg["name"].as_str().unwrap_or_default();
+                let args = msg["args"].as_array().cloned().unwrap_or_default();
+                let kwargs = msg["kwargs"].as_object().cloned().unwrap_or_default();
+                let reply = match catalog.call(name, args, kwargs).await {
+                    Ok(v) => json!({"op": "reply", "call": msg["call"], "ok": v}),
+                    Err((t, m)) => {
+                        json!({"op": "reply", "call": msg["call"], "err": {"type": t, "message": m}})
+                    }
+                };
+                if send(p, &reply).await.is_err() {
+                    return Err(None);
+                }
+            }
+            Some("done") => {
+                if let Some(ok) = msg.get("ok") {
+                    return Ok(serde_json::from_value::<Outcome>(ok.clone()).map_err(|e| {
+                        FilterError::Worker(format!("bad answer from the filter worker: {e}"))
+                    }));
+                }
+                let err: PyError = serde_json::from_value(msg["err"].clone()).unwrap_or(PyError {
+                    exc_type: "RuntimeError".into(),
+                    message: "unknown error".into(),
+                });
+                return Ok(Err(FilterError::Python(err)));
+            }
+            _ => {}
+        }
+    }
+}

@@ -1,0 +1,167 @@
+//! The filter worker: a child process of herald (`herald filter-worker`, hidden) that runs
+//! Python scopes for the parent, so that a filter that exhausts memory or wedges inside one huge
+//! builtin operation takes down only this process.
+//!
+//! Protocol: NDJSON on stdin/stdout, one request at a time.
+//! - parent → worker: `{"op":"run","id","scope","code","event","functions","time_ms","max_calls"}`,
+//!   `{"op":"drop","scope"}`, and `{"op":"reply","id","ok"|"err"}` answering a call;
+//! - worker → parent: `{"op":"call","id","name","args","kwargs"}` (a catalog function, proxied
+//!   to the parent) and `{"op":"done","id","ok":{value,printed}|"err":{exc_type,message}}`.
+//!
+//! The worker caps its own data segment (`RLIMIT_DATA`); an allocation past it aborts the
+//! process, and the parent reports the event's failure and starts a new worker.
+
+use std::collections::HashMap;
+use std::io::{BufRead, Write};
+use std::time::Duration;
+
+use monty_types::ExcType;
+use serde_json::{Map, Value, json};
+
+use crate::filter::engine::{Host, HostError, RunLimits, Scope};
+
+struct PipeHost<'a> {
+    functions: Vec<String>,
+    run_id: u64,
+    input: &'a mut dyn BufRead,
+    output: &'a mut dyn Write,
+    next_call: u64,
+}
+
+fn exc_type(name: &str) -> ExcType {
+    match name {
+        "PermissionError" => ExcType::PermissionError,
+        "ValueError" => ExcType::ValueError,
+        "KeyError" => ExcType::KeyError,
+        "TimeoutError" => ExcType::TimeoutError,
+        _ => ExcType::RuntimeError,
+    }
+}
+
+impl Host for PipeHost<'_> {
+    fn provides(&self, name: &str) -> bool {
+        self.functions.iter().any(|f| f == name)
+    }
+
+    fn call(
+        &mut self,
+        name: &str,
+        args: Vec<Value>,
+        kwargs: Map<String, Value>,
+    ) -> Result<Value, HostError> {
+        self.next_call += 1;
+        let msg = json!({"op": "call", "id": self.run_id, "call": self.next_call, "name": name, "args": args, "kwargs": kwargs});
+        let lost = || HostError {
+            exc_type: ExcType::RuntimeError,
+            message: "the filter lost its connection to herald".into(),
+        };
+        writeln!(self.output, "{msg}")
+            .and_then(|_| self.output.flush())
+            .map_err(|_| lost())?;
+        let mut line = String::new();
+        loop {
+            line.clear();
+            if self.input.read_line(&mut line).map_err(|_| lost())? == 0 {
+                return Err(lost());
+            }
+            let Ok(v) = serde_json::from_str::<Value>(&line) else {
+                continue;
+            };
+            if v["op"] == "reply" && v["call"] == self.next_call {
+                if let Some(ok) = v.get("ok") {
+                    return Ok(ok.clone());
+                }
+                return Err(HostError {
+                    exc_type: exc_type(v["err"]["type"].as_str().unwrap_or("")),
+                    message: v["err"]["message"]
+                        .as_str()
+                        .unwrap_or("the call failed")
+                        .to_owned(),
+                });
+            }
+        }
+    }
+}
+
+/// Caps this process's data segment at `bytes`.
+pub fn limit_memory(bytes: u64) {
+    #[cfg(unix)]
+    {
+        let lim = libc::rlimit {
+            rlim_cur: bytes as libc::rlim_t,
+            rlim_max: bytes as libc::rlim_t,
+        };
+        // SAFETY: setrlimit with a valid, initialised struct has no memory-safety preconditions.
+        unsafe {
+            libc::setrlimit(libc::RLIMIT_DATA, &lim);
+        }
+    }
+}
+
+/// Serves requests on stdin/stdout until stdin closes.
+pub fn serve(memory_bytes: u64) {
+    limit_memory(memory_bytes);
+    let stdin = std::io::stdin();
+    let stdout = std::io::stdout();
+    let mut input = stdin.lock();
+    let mut output = std::io::BufWriter::new(stdout.lock());
+    let mut scopes: HashMap<String, Scope> = HashMap::new();
+    let mut line = String::new();
+    loop {
+        line.clear();
+        match input.read_line(&mut line) {
+            Ok(0) | Err(_) => return,
+            Ok(_) => {}
+        }
+        let Ok(req) = serde_json::from_str::<Value>(&line) else {
+            continue;
+        };
+        match req["op"].as_str() {
+            Some("drop") => {
+                scopes.remove(req["scope"].as_str().unwrap_or_default());
+            }
+            Some("run") => {
+                let id = req["id"].as_u64().unwrap_or(0);
+                let scope_name = req["scope"].as_str().unwrap_or_default().to_owned();
+                let code = req["code"].as_str().unwrap_or_default().to_owned();
+                let functions: Vec<String> = req["functions"]
+                    .as_array()
+                    .map(|a| {
+                        a.iter()
+                            .filter_map(|f| f.as_str().map(str::to_owned))
+                            .collect()
+                    })
+                    .unwrap_or_default();
+                let limits = RunLimits {
+                    time: Duration::from_millis(req["time_ms"].as_u64().unwrap_or(2000)),
+                    max_calls: req["max_calls"].as_u64().unwrap_or(10) as usize,
+                    ..RunLimits::default()
+                };
+                let mut inputs = Vec::new();
+                if let Some(ev) = req.get("event").filter(|e| !e.is_null()) {
+                    inputs.push(("event".to_owned(), ev.clone()));
+                }
+                let scope = scopes.entry(scope_name).or_default();
+                let mut host = PipeHost {
+                    functions,
+                    run_id: id,
+                    input: &mut input,
+                    output: &mut output,
+                    next_call: 0,
+                };
+                let result = scope.run(&code, inputs, limits, &mut host);
+                let msg = match result {
+                    Ok(o) => json!({"op": "done", "id": id, "ok": o}),
+                    Err(e) => json!({"op": "done", "id": id, "err": e}),
+                };
+                if writeln!(output, "{msg}")
+                    .and_then(|_| output.flush())
+                    .is_err()
+                {
+                    return;
+                }
+            }
+            _ => {}
+        }
+    }
+}
