@@ -186,7 +186,14 @@ impl Scope {
                 }
                 Ok(ReplProgress::FunctionCall(c)) => {
                     calls += 1;
-                    let result = if calls > limits.max_calls {
+                    let result = if !host.provides(&c.function_name) {
+                        // Monty calls an unknown global straight through to the host; to
+                        // Python it is simply an undefined name.
+                        ExtFunctionResult::Error(MontyException::new(
+                            ExcType::NameError,
+                            Some(format!("name '{}' is not defined", c.function_name)),
+                        ))
+                    } else if calls > limits.max_calls {
                         ExtFunctionResult::Error(MontyException::new(
                             ExcType::RuntimeError,
                             Some(format!(
@@ -323,6 +330,11 @@ f'{event["type"].lower()} {m["namespace"]}/{m["name"]}' if event["type"] in ("AD
         assert_eq!(e.exc_type, "SyntaxError");
         let e = run(&mut s, "undefined_name + 1", json!(null)).unwrap_err();
         assert_eq!(e.exc_type, "NameError");
+        let e = run(&mut s, "undefined_helper(event)", json!(null)).unwrap_err();
+        assert_eq!(
+            e.exc_type, "NameError",
+            "calling an unknown name is a NameError too"
+        );
         let o = run(&mut s, "print('hi')\nNone", json!(null)).unwrap();
         assert_eq!((o.value, o.printed.trim()), (Value::Null, "hi"));
         let o = run(

@@ -11,14 +11,14 @@ use tokio::sync::mpsc;
 use crate::support::*;
 
 /// A running `herald watch`, its stdout notices and stderr lines as channels.
-struct Watch {
+pub struct Watch {
     child: Child,
     notices: mpsc::UnboundedReceiver<Value>,
     log: mpsc::UnboundedReceiver<String>,
 }
 
 impl Watch {
-    fn spawn(store: &str, args: &[&str]) -> Watch {
+    pub fn spawn(store: &str, args: &[&str]) -> Watch {
         init();
         let mut cmd = tokio::process::Command::new(bin());
         cmd.args(["-v", "--store", store, "watch"]);
@@ -54,7 +54,7 @@ impl Watch {
         }
     }
 
-    async fn notice(&mut self) -> Value {
+    pub async fn notice(&mut self) -> Value {
         tokio::time::timeout(WAIT, self.notices.recv())
             .await
             .expect("a notice in time")
@@ -62,7 +62,7 @@ impl Watch {
     }
 
     /// Waits for a stderr line satisfying `pred`; returns it.
-    async fn log_line(&mut self, pred: impl Fn(&str) -> bool) -> String {
+    pub async fn log_line(&mut self, pred: impl Fn(&str) -> bool) -> String {
         tokio::time::timeout(WAIT, async {
             while let Some(l) = self.log.recv().await {
                 if pred(&l) {
@@ -75,7 +75,7 @@ impl Watch {
         .expect("the log line in time")
     }
 
-    async fn event(&mut self, event: &str, watch: &str) -> Value {
+    pub async fn event(&mut self, event: &str, watch: &str) -> Value {
         let needle = format!("\"event\":\"{event}\"");
         let w = format!("\"watch\":\"{watch}\"");
         let l = self
@@ -84,7 +84,7 @@ impl Watch {
         serde_json::from_str(&l).unwrap()
     }
 
-    async fn terminate(mut self) {
+    pub async fn terminate(mut self) {
         let pid = self.child.id().unwrap().to_string();
         let _ = std::process::Command::new("kill")
             .args(["-TERM", &pid])
@@ -97,7 +97,7 @@ impl Watch {
     }
 }
 
-async fn memo_client(url: &str) -> herald::transport::client::Connection {
+pub async fn memo_client(url: &str) -> herald::transport::client::Connection {
     Memo {
         target: herald::transport::client::Target::Http(url.to_owned()),
         trust: Default::default(),

@@ -1,0 +1,242 @@
+//! `on_event` filters end to end: `herald watch --on-event` against `herald memo`, filters run
+//! in `herald filter-worker` processes.
+
+use std::process::Stdio;
+
+use serde_json::{Value, json};
+
+use crate::support::*;
+
+/// A memo server, a watch of `uri` filtered by `code`, and a client to change notes.
+struct Setup {
+    _memo: Server,
+    _dir: TempDir,
+    w: crate::watch::Watch,
+    c: herald::transport::client::Connection,
+}
+
+async fn setup(uri: &str, code: &str) -> Setup {
+    let memo = Server::spawn(&["--store", ":memory:", "memo", "--http", "127.0.0.1:0"]).await;
+    let dir = TempDir::new("filter");
+    let file = dir.path().join("f.py");
+    std::fs::write(&file, code).unwrap();
+    let watch = format!("f={uri}");
+    let mut w = crate::watch::Watch::spawn(
+        ":memory:",
+        &[
+            "--mcp-http",
+            &memo.http_url(),
+            "--watch",
+            &watch,
+            "--on-event",
+            file.to_str().unwrap(),
+        ],
+    );
+    w.event("watch.subscribed", "f").await;
+    let c = crate::watch::memo_client(&memo.http_url()).await;
+    Setup {
+        _memo: memo,
+        _dir: dir,
+        w,
+        c,
+    }
+}
+
+async fn set(s: &Setup, key: &str, value: Value) {
+    call(&s.c, "memo_set", json!({"key": key, "value": value})).await;
+}
+
+async fn lines(s: &mut Setup) -> Value {
+    s.w.notice().await["lines"].clone()
+}
+
+#[tokio::test]
+async fn a_filter_transforms_and_drops_and_keeps_its_variables() {
+    let code = r#"
+try:
+    seen += 1
+except NameError:
+    seen = 1
+f'{event["type"].lower()} {event["key"]} #{seen}' if event["type"] in ("ADDED", "DELETED") else None
+"#;
+    let mut s = setup("memo://log", code).await;
+    set(&s, "a", json!(1)).await;
+    assert_eq!(lines(&mut s).await, json!(["added a #1"]));
+    set(&s, "a", json!(2)).await; // MODIFIED: dropped by the filter
+    call(&s.c, "memo_delete", json!({"key": "a"})).await;
+    assert_eq!(
+        lines(&mut s).await,
+        json!(["deleted a #3"]),
+        "the dropped event still counted"
+    );
+    let dropped =
+        s.w.log_line(|l| l.contains("\"kept\":false") && l.contains("\"reason\":\"filter\""))
+            .await;
+    assert!(dropped.contains("MODIFIED"), "{dropped}");
+    s.w.terminate().await;
+}
+
+#[tokio::test]
+async fn the_catalog_is_read_only_and_bounded() {
+    let code = r#"
+k = event["key"]
+if k == "read":
+    r = await read_resource(uri="memo://notes")
+    out = f"notes has {len(r)} keys; resources: {len(list_resources())}"
+elif k == "write":
+    out = memo_set(key="x", value=1)
+elif k == "watch":
+    out = watch_start(name="w", uri="memo://notes")
+elif k == "many":
+    for i in range(11):
+        read_resource(uri="memo://notes")
+    out = "unreachable"
+else:
+    out = None
+out
+"#;
+    let mut s = setup("memo://log", code).await;
+    set(&s, "read", json!(1)).await;
+    assert_eq!(
+        lines(&mut s).await,
+        json!(["notes has 1 keys; resources: 2"])
+    );
+    set(&s, "write", json!(1)).await;
+    let l = lines(&mut s).await;
+    assert!(
+        l[0].as_str()
+            .unwrap()
+            .starts_with("on_event raised PermissionError: memo_set is a mutating tool"),
+        "{l}"
+    );
+    set(&s, "watch", json!(1)).await;
+    let l = lines(&mut s).await;
+    assert!(
+        l[0].as_str()
+            .unwrap()
+            .contains("cannot start or stop watches"),
+        "{l}"
+    );
+    set(&s, "many", json!(1)).await;
+    let l = lines(&mut s).await;
+    assert!(
+        l[0].as_str().unwrap().contains("more than 10 tool calls"),
+        "{l}"
+    );
+    s.w.terminate().await;
+}
+
+#[tokio::test]
+async fn the_sandbox_has_no_files_sockets_or_processes() {
+    let code = r#"
+k = event["key"]
+if k == "file":
+    open("/etc/hostname").read()
+elif k == "socket":
+    import socket
+    socket.socket()
+elif k == "process":
+    import subprocess
+    subprocess.run(["true"])
+elif k == "env":
+    import os
+    os.getenv("HOME")
+"#;
+    let mut s = setup("memo://log", code).await;
+    for k in ["file", "socket", "process", "env"] {
+        set(&s, k, json!(1)).await;
+        let l = lines(&mut s).await;
+        assert!(
+            l[0].as_str().unwrap().starts_with("on_event raised"),
+            "{k}: {l}"
+        );
+    }
+    s.w.terminate().await;
+}
+
+#[tokio::test]
+async fn runaway_filters_fail_only_their_event() {
+    let code = r#"
+k = event["key"]
+if k == "loop":
+    while True:
+        pass
+elif k == "memory":
+    x = "a" * (10 ** 10)
+elif k == "recursion":
+    def f(n):
+        return f(n + 1)
+    f(0)
+f"ok {k}"
+"#;
+    let mut s = setup("memo://log", code).await;
+    set(&s, "loop", json!(1)).await;
+    let l = lines(&mut s).await;
+    assert!(l[0].as_str().unwrap().contains("TimeoutError"), "{l}");
+    set(&s, "after-loop", json!(1)).await;
+    assert_eq!(lines(&mut s).await, json!(["ok after-loop"]));
+    set(&s, "memory", json!(1)).await;
+    let l = lines(&mut s).await;
+    let text = l[0].as_str().unwrap();
+    assert!(
+        text.contains("MemoryError") || text.contains("worker died"),
+        "{l}"
+    );
+    set(&s, "after-memory", json!(1)).await;
+    let l = lines(&mut s).await;
+    assert!(l[0].as_str().unwrap().starts_with("ok after-memory"), "{l}");
+    set(&s, "recursion", json!(1)).await;
+    let l = lines(&mut s).await;
+    assert!(l[0].as_str().unwrap().contains("RecursionError"), "{l}");
+    set(&s, "after-recursion", json!(1)).await;
+    assert_eq!(lines(&mut s).await, json!(["ok after-recursion"]));
+    s.w.terminate().await;
+}
+
+async fn start_fails(code: &str) -> String {
+    let memo = Server::spawn(&["--store", ":memory:", "memo", "--http", "127.0.0.1:0"]).await;
+    let dir = TempDir::new("filter-bad");
+    let file = dir.path().join("bad.py");
+    std::fs::write(&file, code).unwrap();
+    let out = tokio::time::timeout(
+        WAIT,
+        tokio::process::Command::new(bin())
+            .args([
+                "-v",
+                "--store",
+                ":memory:",
+                "watch",
+                "--mcp-http",
+                &memo.http_url(),
+                "--watch",
+                "x=memo://log",
+                "--on-event",
+                file.to_str().unwrap(),
+            ])
+            .stdin(Stdio::null())
+            .output(),
+    )
+    .await
+    .unwrap()
+    .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&out.stderr).to_string();
+    assert!(
+        !err.contains("\"event\":\"watch.subscribed\""),
+        "a failing start subscribes nothing: {err}"
+    );
+    err
+}
+
+#[tokio::test]
+async fn bad_filters_fail_the_start_with_no_subscription() {
+    let err = start_fails("x = (\n").await;
+    assert!(err.contains("SyntaxError"), "{err}");
+    let err = start_fails("undefined_helper(event)\n").await;
+    assert!(
+        err.contains("NameError") && err.contains("undefined_helper"),
+        "{err}"
+    );
+    let err = start_fails("<function fmt at 0x7f3a2c1d5e50>").await;
+    assert!(err.contains("not a function object"), "{err}");
+}
