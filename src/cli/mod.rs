@@ -1,6 +1,7 @@
 //! The command line: clap types, one file per subcommand. The only place that uses `anyhow`.
 
 mod client;
+mod code;
 mod memo;
 mod serve;
 mod up;
@@ -52,6 +53,9 @@ pub enum Command {
     Call(client::CallArgs),
     /// Watch resources and print notices (or run a command, or POST a webhook) when they change.
     Watch(watch::WatchArgs),
+    /// Code mode: run Python with the watch built-ins and the servers' tools (a file, stdin, or
+    /// an interactive prompt).
+    Code(code::CodeArgs),
     /// Internal: a sandboxed Python worker for on_event filters (started by herald itself).
     #[command(hide = true)]
     FilterWorker {
@@ -111,6 +115,7 @@ pub fn run(cli: Cli) -> Result<(), Exit> {
             Command::Read(a) => client::read(a).await,
             Command::Call(a) => client::call(a).await,
             Command::Watch(a) => watch::run(a, &globals, verbose).await,
+            Command::Code(a) => code::run(a, &globals, verbose).await,
             Command::FilterWorker { .. } => Ok(()),
         }
     });

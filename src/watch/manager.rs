@@ -394,6 +394,16 @@ impl WatchManager {
     fn filter_catalog(&self) -> Arc<dyn FilterHost> {
         Arc::new(FilterCatalog {
             servers: self.inner.servers.clone(),
+            code: None,
+        })
+    }
+
+    /// The catalog code mode sees: the filters' catalog plus mutating tools and the watch
+    /// built-ins (`watch_start`, `watch_stop`, `watch_list`).
+    pub fn code_catalog(&self) -> Arc<dyn FilterHost> {
+        Arc::new(FilterCatalog {
+            servers: self.inner.servers.clone(),
+            code: Some(self.clone()),
         })
     }
 
@@ -1139,6 +1149,8 @@ async fn sleep_until(due: Option<std::time::Instant>) {
 /// one raises a clear `PermissionError` instead of a `NameError`.
 struct FilterCatalog {
     servers: Vec<Arc<Server>>,
+    /// Set in code mode: mutating tools and the watch built-ins are allowed.
+    code: Option<WatchManager>,
 }
 
 const WATCH_BUILTINS: [&str; 3] = ["watch_start", "watch_stop", "watch_list"];
@@ -1167,6 +1179,47 @@ impl FilterHost for FilterCatalog {
         args: Vec<Value>,
         kwargs: Map<String, Value>,
     ) -> Result<Value, (String, String)> {
+        if let Some(mgr) = &self.code
+            && WATCH_BUILTINS.contains(&name)
+        {
+            let arg = |k: &str, i: usize| kwargs.get(k).or_else(|| args.get(i)).cloned();
+            return match name {
+                "watch_start" => {
+                    let (Some(Value::String(n)), Some(Value::String(u))) =
+                        (arg("name", 0), arg("uri", 1))
+                    else {
+                        return Err(py_err(
+                            "ValueError",
+                            "watch_start needs name=\"...\" and uri=\"...\"".into(),
+                        ));
+                    };
+                    let on_event = match arg("on_event", 2) {
+                        None | Some(Value::Null) => None,
+                        Some(Value::String(code)) => Some(code),
+                        Some(other) => {
+                            return Err(py_err(
+                                "TypeError",
+                                format!(
+                                    "on_event must be Python source text (a str), not {other}; pass the code as a string"
+                                ),
+                            ));
+                        }
+                    };
+                    let info = mgr
+                        .watch_start(&n, &u, on_event.as_deref())
+                        .await
+                        .map_err(|e| py_err("ValueError", e.to_string()))?;
+                    Ok(json!({"name": info.name, "uri": info.uri, "shape": info.shape}))
+                }
+                "watch_stop" => {
+                    let Some(Value::String(n)) = arg("name", 0) else {
+                        return Err(py_err("ValueError", "watch_stop needs name=\"...\"".into()));
+                    };
+                    Ok(Value::Bool(mgr.watch_stop(&n).await))
+                }
+                _ => Ok(serde_json::to_value(mgr.watch_list()).unwrap_or_default()),
+            };
+        }
         if WATCH_BUILTINS.contains(&name) {
             return Err(py_err(
                 "PermissionError",
@@ -1218,7 +1271,7 @@ impl FilterHost for FilterCatalog {
                         format!("no connected server has a tool named {tool}"),
                     ));
                 };
-                if !read_only {
+                if !read_only && self.code.is_none() {
                     return Err(py_err(
                         "PermissionError",
                         format!(

@@ -240,3 +240,124 @@ async fn bad_filters_fail_the_start_with_no_subscription() {
     let err = start_fails("<function fmt at 0x7f3a2c1d5e50>").await;
     assert!(err.contains("not a function object"), "{err}");
 }
+
+#[tokio::test]
+async fn code_mode_starts_a_filtered_watch() {
+    use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
+    let memo = Server::spawn(&["--store", ":memory:", "memo", "--http", "127.0.0.1:0"]).await;
+    let program = r#"
+tools = [r["uri"] for r in list_resources()]
+r = await watch_start(name="cm", uri="memo://log", on_event='''
+f'{event["type"].lower()} {event["key"]}' if event["type"] in ("ADDED", "DELETED") else None
+''')
+print(sorted(tools))
+r
+"#;
+    let mut child = tokio::process::Command::new(bin())
+        .args([
+            "--store",
+            ":memory:",
+            "code",
+            "--mcp-http",
+            &memo.http_url(),
+            "--debounce-ms",
+            "200",
+        ])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let mut stdin = child.stdin.take().unwrap();
+    stdin.write_all(program.as_bytes()).await.unwrap();
+    drop(stdin);
+    let mut out = BufReader::new(child.stdout.take().unwrap()).lines();
+    let mut next = async || {
+        tokio::time::timeout(WAIT, out.next_line())
+            .await
+            .expect("output in time")
+            .unwrap()
+            .expect("running")
+    };
+    assert_eq!(next().await, "['memo://log', 'memo://notes']");
+    let started: Value = serde_json::from_str(&next().await).unwrap();
+    assert_eq!(
+        started,
+        json!({"name": "cm", "uri": "memo://log", "shape": "event-log"})
+    );
+    let c = crate::watch::memo_client(&memo.http_url()).await;
+    call(&c, "memo_set", json!({"key": "k", "value": 1})).await;
+    call(&c, "memo_set", json!({"key": "k", "value": 2})).await;
+    let notice: Value = serde_json::from_str(&next().await).unwrap();
+    assert_eq!(notice["watch"], "cm");
+    assert_eq!(
+        notice["lines"],
+        json!(["added k"]),
+        "MODIFIED was filtered out"
+    );
+    let pid = child.id().unwrap().to_string();
+    let _ = std::process::Command::new("kill")
+        .args(["-TERM", &pid])
+        .status();
+    assert!(
+        tokio::time::timeout(WAIT, child.wait())
+            .await
+            .unwrap()
+            .unwrap()
+            .success()
+    );
+}
+
+#[tokio::test]
+async fn code_mode_reports_python_errors_and_may_call_mutating_tools() {
+    let memo = Server::spawn(&["--store", ":memory:", "memo", "--http", "127.0.0.1:0"]).await;
+    let dir = TempDir::new("code");
+    let ok = dir.path().join("ok.py");
+    std::fs::write(
+        &ok,
+        "memo_set(key='from-code', value=[1, 2])\nread_resource(uri='memo://notes')\n",
+    )
+    .unwrap();
+    let out = tokio::process::Command::new(bin())
+        .args([
+            "--store",
+            ":memory:",
+            "code",
+            "--mcp-http",
+            &memo.http_url(),
+            ok.to_str().unwrap(),
+        ])
+        .stdin(Stdio::null())
+        .output()
+        .await
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: Value = serde_json::from_str(String::from_utf8_lossy(&out.stdout).trim()).unwrap();
+    assert_eq!(v, json!({"from-code": [1, 2]}));
+    let bad = dir.path().join("bad.py");
+    std::fs::write(&bad, "watch_start(name='x', uri='memo://nope')\n").unwrap();
+    let out = tokio::process::Command::new(bin())
+        .args([
+            "--store",
+            ":memory:",
+            "code",
+            "--mcp-http",
+            &memo.http_url(),
+            bad.to_str().unwrap(),
+        ])
+        .stdin(Stdio::null())
+        .output()
+        .await
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("ValueError") && err.contains("unknown resource memo://nope"),
+        "{err}"
+    );
+}
