@@ -308,7 +308,11 @@ pub async fn run(args: WatchArgs, globals: &Globals, verbose: bool) -> Result<()
     let mut failure = None;
     for (name, uri, on_event) in &watches {
         if running.iter().any(|(n, u)| n == name && u == uri) {
-            continue; // restored from --watch-state already
+            if on_event.is_none() {
+                continue; // restored from --watch-state already
+            }
+            // Restored, but the command line brings its filter: run that one.
+            manager.watch_stop(name).await;
         }
         if let Err(e) = manager.watch_start(name, uri, on_event.as_deref()).await {
             failure = Some(anyhow!("watch {name} ({uri}) cannot start: {e}"));

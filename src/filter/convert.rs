@@ -27,6 +27,18 @@ pub fn to_py(v: &Value) -> MontyObject {
 /// A Python value as JSON: tuples and sets become lists, dict keys become strings, anything
 /// without a JSON form becomes its `repr`.
 pub fn to_json(o: &MontyObject) -> Value {
+    to_json_at(o, 0)
+}
+
+/// Deeper values become their repr: JSON parsers (herald's own included) refuse very deep
+/// nesting, and a filter's answer must always arrive.
+const MAX_DEPTH: usize = 64;
+
+fn to_json_at(o: &MontyObject, depth: usize) -> Value {
+    if depth > MAX_DEPTH {
+        return Value::String(o.to_string());
+    }
+    let to_json = |v: &MontyObject| to_json_at(v, depth + 1);
     match o {
         MontyObject::None => Value::Null,
         MontyObject::Bool(b) => Value::Bool(*b),

@@ -40,6 +40,9 @@ impl Default for RunLimits {
 pub struct Outcome {
     pub value: Value,
     pub printed: String,
+    /// The scope was new for this run (first run, or its earlier variables were lost).
+    #[serde(default)]
+    pub fresh_scope: bool,
 }
 
 /// A Python exception that escaped a run.
@@ -168,6 +171,7 @@ impl Scope {
                     return Ok(Outcome {
                         value: to_json(&value),
                         printed,
+                        fresh_scope: false,
                     });
                 }
                 Ok(ReplProgress::NameLookup(l)) => {
@@ -185,8 +189,11 @@ impl Scope {
                     )
                 }
                 Ok(ReplProgress::FunctionCall(c)) => {
-                    calls += 1;
-                    let result = if !host.provides(&c.function_name) {
+                    let known = host.provides(&c.function_name);
+                    if known {
+                        calls += 1;
+                    }
+                    let result = if !known {
                         // Monty calls an unknown global straight through to the host; to
                         // Python it is simply an undefined name.
                         ExtFunctionResult::Error(MontyException::new(

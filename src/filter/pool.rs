@@ -68,6 +68,9 @@ impl PoolConfig {
     }
 }
 
+/// Longest one catalog call from a filter may take.
+const CALL_TIMEOUT: Duration = Duration::from_secs(10);
+
 struct Job {
     scope: String,
     code: Option<String>,
@@ -259,16 +262,19 @@ async fn exchange(
     loop {
         let line = match tokio::time::timeout(deadline, p.lines.next_line()).await {
             Err(_) => {
-                return Err(Some(format!(
-                    "the filter ran past its {} s limit inside one operation and was stopped",
-                    deadline.as_secs()
-                )));
+                return Err(Some(
+                    "the filter ran past its time limit inside one operation and was stopped"
+                        .into(),
+                ));
             }
             Ok(Ok(Some(l))) => l,
             Ok(_) => return Err(None),
         };
         let Ok(msg) = serde_json::from_str::<Value>(&line) else {
-            continue;
+            // The worker's state is unknown after a line we cannot read: replace it.
+            return Err(Some(
+                "the filter worker sent an answer herald cannot read".into(),
+            ));
         };
         if msg["id"].as_u64() != Some(id) {
             continue;
@@ -278,7 +284,15 @@ async fn exchange(
                 let name = msg["name"].as_str().unwrap_or_default();
                 let args = msg["args"].as_array().cloned().unwrap_or_default();
                 let kwargs = msg["kwargs"].as_object().cloned().unwrap_or_default();
-                let reply = match catalog.call(name, args, kwargs).await {
+                let answer = tokio::time::timeout(CALL_TIMEOUT, catalog.call(name, args, kwargs))
+                    .await
+                    .unwrap_or_else(|_| {
+                        Err((
+                            "TimeoutError".into(),
+                            format!("{name} took over {} s", CALL_TIMEOUT.as_secs()),
+                        ))
+                    });
+                let reply = match answer {
                     Ok(v) => json!({"op": "reply", "call": msg["call"], "ok": v}),
                     Err((t, m)) => {
                         json!({"op": "reply", "call": msg["call"], "err": {"type": t, "message": m}})

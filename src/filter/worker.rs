@@ -105,7 +105,13 @@ pub fn serve(memory_bytes: u64) {
     let stdout = std::io::stdout();
     let mut input = stdin.lock();
     let mut output = std::io::BufWriter::new(stdout.lock());
-    let mut scopes: HashMap<String, Scope> = HashMap::new();
+    // herald handles Ctrl-C and shuts its workers down itself (they share its process group).
+    #[cfg(unix)]
+    // SAFETY: ignoring SIGINT has no memory-safety preconditions.
+    unsafe {
+        libc::signal(libc::SIGINT, libc::SIG_IGN);
+    }
+    let mut scopes: HashMap<String, (Scope, u64)> = HashMap::new();
     let mut line = String::new();
     loop {
         line.clear();
@@ -141,7 +147,18 @@ pub fn serve(memory_bytes: u64) {
                 if let Some(ev) = req.get("event").filter(|e| !e.is_null()) {
                     inputs.push(("event".to_owned(), ev.clone()));
                 }
-                let scope = scopes.entry(scope_name).or_default();
+                // A REPL keeps every snippet it was fed; start a scope afresh after this many
+                // runs so a long-lived watch cannot grow the worker without bound.
+                const MAX_RUNS_PER_SCOPE: u64 = 10_000;
+                let fresh = match scopes.get(&scope_name) {
+                    Some((_, runs)) => *runs >= MAX_RUNS_PER_SCOPE,
+                    None => true,
+                };
+                if fresh {
+                    scopes.insert(scope_name.clone(), (Scope::new(), 0));
+                }
+                let (scope, runs) = scopes.get_mut(&scope_name).expect("inserted above");
+                *runs += 1;
                 let mut host = PipeHost {
                     functions,
                     run_id: id,
@@ -151,7 +168,10 @@ pub fn serve(memory_bytes: u64) {
                 };
                 let result = scope.run(&code, inputs, limits, &mut host);
                 let msg = match result {
-                    Ok(o) => json!({"op": "done", "id": id, "ok": o}),
+                    Ok(mut o) => {
+                        o.fresh_scope = fresh;
+                        json!({"op": "done", "id": id, "ok": o})
+                    }
                     Err(e) => json!({"op": "done", "id": id, "err": e}),
                 };
                 if writeln!(output, "{msg}")

@@ -446,8 +446,8 @@ impl WatchManager {
                     "on_event failed its dry run on a sample event: {e}"
                 )))
             }
-            Err(FilterError::Worker(e)) => Err(WatchError::Invalid(format!(
-                "on_event failed its dry run: {e}"
+            Err(FilterError::Worker(e)) => Err(WatchError::Unavailable(format!(
+                "on_event could not be dry-run: {e}"
             ))),
             _ => Ok(()),
         }
@@ -591,6 +591,11 @@ impl WatchManager {
             debounce: Debounce::new(inner.cfg.debounce),
             dedupe: Dedupe::new(4096),
             scope_reset: false,
+            filter_runs: 0,
+            scope: format!(
+                "{name}#{}",
+                inner.validations.fetch_add(1, Ordering::Relaxed)
+            ),
         };
         inner.tracker.spawn(task.run(conn, sub, baseline));
         Ok(WatchInfo {
@@ -889,6 +894,10 @@ struct WatchTask {
     dedupe: Dedupe,
     /// The filter's scope was lost (its worker died); the next notice says so.
     scope_reset: bool,
+    /// Filter runs so far; a fresh scope after the first means variables were lost.
+    filter_runs: u64,
+    /// This watch's scope in the filter workers: unique per start, dropped when it ends.
+    scope: String,
 }
 
 fn now() -> std::time::Instant {
@@ -896,7 +905,18 @@ fn now() -> std::time::Instant {
 }
 
 impl WatchTask {
-    async fn run(mut self, mut conn: Arc<Connection>, mut sub: Subscription, mut base: Baseline) {
+    async fn run(self, conn: Arc<Connection>, sub: Subscription, base: Baseline) {
+        let mgr = self.mgr.clone();
+        let scope = self.scope.clone();
+        let filtered = self.spec.on_event.is_some();
+        self.watch(conn, sub, base).await;
+        // The watch is over: its filter's variables go with it.
+        if filtered && let Some(pool) = mgr.filters() {
+            pool.drop_scope(&scope).await;
+        }
+    }
+
+    async fn watch(mut self, mut conn: Arc<Connection>, mut sub: Subscription, mut base: Baseline) {
         loop {
             let due = self.debounce.due();
             tokio::select! {
@@ -1062,12 +1082,19 @@ impl WatchTask {
             ev.insert("uri".into(), self.spec.uri.clone().into());
             let line = match (&self.spec.on_event, &filters) {
                 (Some(code), Some(pool)) => {
-                    let scope = self.spec.name.clone();
+                    if self.cancel.is_cancelled() {
+                        break;
+                    }
+                    let scope = self.scope.clone();
+                    self.filter_runs += 1;
                     match pool
                         .run(&scope, code, Value::Object(ev.clone()), catalog.clone())
                         .await
                     {
                         Ok(o) => {
+                            if o.fresh_scope && self.filter_runs > 1 {
+                                self.scope_reset = true;
+                            }
                             let mut parts = Vec::new();
                             let printed = o.printed.trim_end();
                             if !printed.is_empty() {
