@@ -45,7 +45,11 @@ impl Catalog for NoCatalog {
 }
 
 fn event(i: usize) -> Value {
-    let kind = if i % 2 == 0 { "ADDED" } else { "MODIFIED" };
+    let kind = if i.is_multiple_of(2) {
+        "ADDED"
+    } else {
+        "MODIFIED"
+    };
     json!({"type": kind, "seq": i, "watch": "cm", "uri": "kcp-events://watch/root:app/configmaps?namespace=*",
            "object": {"metadata": {"name": format!("cm-{i}"), "namespace": "default", "uid": format!("u{i}")},
                       "data": {"a": "b"}}, "old": null})
@@ -97,7 +101,7 @@ async fn main() {
             .run("cm", FILTER, event(i), catalog.clone())
             .await
             .unwrap();
-        if i % 2 == 0 {
+        if i.is_multiple_of(2) {
             assert_eq!(o.value, json!(format!("added default/cm-{i}")));
         }
     }
