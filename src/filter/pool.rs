@@ -1,8 +1,9 @@
 //! The parent side of the filter workers: a small pool of `herald filter-worker` processes.
 //!
 //! A scope (one per watch) lives in one worker, chosen by its name, so its variables persist.
-//! Each worker is driven by one task that takes jobs from a bounded queue: it sends the run,
-//! answers the worker's catalog calls through the [`Catalog`], and waits for the result with a
+//! Each worker is driven by a thread of its own that takes jobs from a bounded queue (blocking
+//! pipe I/O: the answer wakes it directly); it sends the run, answers the worker's catalog
+//! calls through the [`Catalog`] on the runtime, and waits for the result with a
 //! wall-clock deadline (the in-sandbox time limit plus a grace period, restarted after each
 //! catalog call). A worker that dies or misses the deadline is killed and replaced; the job
 //! fails with a clear error and every scope it held is reset (the caller is told).
@@ -10,12 +11,10 @@
 use std::path::PathBuf;
 use std::process::Stdio;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 use serde_json::{Map, Value, json};
-use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader, Lines};
-use tokio::process::{Child, ChildStdin, ChildStdout};
 use tokio::sync::{mpsc, oneshot};
 
 use crate::filter::engine::{Outcome, PyError};
@@ -91,7 +90,11 @@ impl FilterPool {
         let queues = (0..cfg.workers.max(1))
             .map(|i| {
                 let (tx, rx) = mpsc::channel(64);
-                tokio::spawn(drive(cfg.clone(), i, rx));
+                let (cfg, rt) = (cfg.clone(), tokio::runtime::Handle::current());
+                std::thread::Builder::new()
+                    .name(format!("herald-filter-{i}"))
+                    .spawn(move || drive(cfg, i, rx, rt))
+                    .expect("a thread for the filter worker");
                 tx
             })
             .collect();
@@ -164,43 +167,85 @@ impl Catalog for NoCatalog {
     }
 }
 
+/// A running worker. Killed and reaped when dropped.
 struct Proc {
-    child: Child,
-    stdin: ChildStdin,
-    lines: Lines<BufReader<ChildStdout>>,
+    child: std::process::Child,
+    stdin: std::process::ChildStdin,
+    out: std::io::BufReader<std::process::ChildStdout>,
+}
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
 }
 
 fn spawn(cfg: &PoolConfig) -> std::io::Result<Proc> {
-    let mut child = tokio::process::Command::new(&cfg.exe)
+    let mut child = std::process::Command::new(&cfg.exe)
         .arg("filter-worker")
         .arg("--memory-bytes")
         .arg(cfg.memory_bytes.to_string())
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::null())
-        .kill_on_drop(true)
         .spawn()?;
     let stdin = child.stdin.take().expect("piped");
-    let lines = BufReader::new(child.stdout.take().expect("piped")).lines();
-    Ok(Proc {
-        child,
-        stdin,
-        lines,
-    })
+    let out = std::io::BufReader::new(child.stdout.take().expect("piped"));
+    Ok(Proc { child, stdin, out })
 }
 
-async fn send(p: &mut Proc, v: &Value) -> std::io::Result<()> {
+fn send(p: &mut Proc, v: &Value) -> std::io::Result<()> {
+    use std::io::Write;
     let mut line = v.to_string();
     line.push('\n');
-    p.stdin.write_all(line.as_bytes()).await?;
-    p.stdin.flush().await
+    p.stdin.write_all(line.as_bytes())?;
+    p.stdin.flush()
 }
 
-async fn drive(cfg: Arc<PoolConfig>, index: usize, mut rx: mpsc::Receiver<Job>) {
+enum ReadLine {
+    Line(String),
+    Eof,
+    Timeout,
+}
+
+/// Reads one line, waiting at most until `deadline` for it to start.
+fn read_line(p: &mut Proc, deadline: Instant) -> ReadLine {
+    use std::io::BufRead;
+    use std::os::fd::AsRawFd;
+    if !p.out.buffer().contains(&b'\n') {
+        let left = deadline.saturating_duration_since(Instant::now());
+        let mut fds = libc::pollfd {
+            fd: p.out.get_ref().as_raw_fd(),
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        let ms = left.as_millis().min(i32::MAX as u128) as i32;
+        // SAFETY: one valid pollfd for a descriptor we own, for the duration of the call.
+        let ready = unsafe { libc::poll(&mut fds, 1, ms) };
+        if ready == 0 {
+            return ReadLine::Timeout;
+        }
+    }
+    let mut line = String::new();
+    match p.out.read_line(&mut line) {
+        Ok(0) | Err(_) => ReadLine::Eof,
+        Ok(_) => ReadLine::Line(line),
+    }
+}
+
+/// Drives one worker from a thread of its own: blocking pipe I/O wakes on the data itself,
+/// without a trip through the async reactor, which is most of a filter run's cost.
+fn drive(
+    cfg: Arc<PoolConfig>,
+    index: usize,
+    mut rx: mpsc::Receiver<Job>,
+    rt: tokio::runtime::Handle,
+) {
     let mut proc: Option<Proc> = None;
     let mut next_id = 0u64;
     let grace = Duration::from_secs(3);
-    while let Some(job) = rx.recv().await {
+    while let Some(job) = rx.blocking_recv() {
         if proc.is_none() {
             match spawn(&cfg) {
                 Ok(p) => proc = Some(p),
@@ -215,7 +260,7 @@ async fn drive(cfg: Arc<PoolConfig>, index: usize, mut rx: mpsc::Receiver<Job>) 
         }
         let p = proc.as_mut().expect("started above");
         let Some(code) = job.code else {
-            let _ = send(p, &json!({"op": "drop", "scope": job.scope})).await;
+            let _ = send(p, &json!({"op": "drop", "scope": job.scope}));
             continue;
         };
         next_id += 1;
@@ -223,19 +268,20 @@ async fn drive(cfg: Arc<PoolConfig>, index: usize, mut rx: mpsc::Receiver<Job>) 
         let req = json!({"op": "run", "id": id, "scope": job.scope, "code": code, "event": job.event,
                          "functions": job.catalog.functions(), "time_ms": cfg.time.as_millis() as u64,
                          "max_calls": cfg.max_calls});
-        let result = match send(p, &req).await {
+        let result = match send(p, &req) {
             Err(_) => Err(None),
-            Ok(()) => exchange(p, id, &job.catalog, cfg.time + grace).await,
+            Ok(()) => exchange(p, id, &job.catalog, cfg.time + grace, &rt),
         };
         match result {
             Ok(r) => {
                 let _ = job.reply.send(r);
             }
             Err(reason) => {
-                // Dead or wedged: replace it. Every scope it held is gone.
+                // Dead or wedged: replace it (dropping it kills and reaps it). Every scope it
+                // held is gone; the next run of each reports a fresh scope.
                 if let Some(mut dead) = proc.take() {
-                    let _ = dead.child.kill().await;
-                    let status = dead.child.wait().await.ok();
+                    let _ = dead.child.kill();
+                    let status = dead.child.wait().ok();
                     tracing::warn!(worker = index, ?status, "filter worker replaced");
                 }
                 let why = reason.unwrap_or_else(|| {
@@ -252,23 +298,26 @@ async fn drive(cfg: Arc<PoolConfig>, index: usize, mut rx: mpsc::Receiver<Job>) 
     }
 }
 
-/// Runs one request to completion. `Err(None)`: the worker died; `Err(Some(why))`: it overran.
-async fn exchange(
+/// Runs one request to completion. `Err(None)`: the worker died; `Err(Some(why))`: it overran
+/// or answered garbage.
+fn exchange(
     p: &mut Proc,
     id: u64,
     catalog: &Arc<dyn Catalog>,
-    deadline: Duration,
+    budget: Duration,
+    rt: &tokio::runtime::Handle,
 ) -> Result<Result<Outcome, FilterError>, Option<String>> {
+    let mut deadline = Instant::now() + budget;
     loop {
-        let line = match tokio::time::timeout(deadline, p.lines.next_line()).await {
-            Err(_) => {
+        let line = match read_line(p, deadline) {
+            ReadLine::Timeout => {
                 return Err(Some(
                     "the filter ran past its time limit inside one operation and was stopped"
                         .into(),
                 ));
             }
-            Ok(Ok(Some(l))) => l,
-            Ok(_) => return Err(None),
+            ReadLine::Eof => return Err(None),
+            ReadLine::Line(l) => l,
         };
         let Ok(msg) = serde_json::from_str::<Value>(&line) else {
             // The worker's state is unknown after a line we cannot read: replace it.
@@ -281,26 +330,30 @@ async fn exchange(
         }
         match msg["op"].as_str() {
             Some("call") => {
-                let name = msg["name"].as_str().unwrap_or_default();
+                let name = msg["name"].as_str().unwrap_or_default().to_owned();
                 let args = msg["args"].as_array().cloned().unwrap_or_default();
                 let kwargs = msg["kwargs"].as_object().cloned().unwrap_or_default();
-                let answer = tokio::time::timeout(CALL_TIMEOUT, catalog.call(name, args, kwargs))
-                    .await
-                    .unwrap_or_else(|_| {
-                        Err((
-                            "TimeoutError".into(),
-                            format!("{name} took over {} s", CALL_TIMEOUT.as_secs()),
-                        ))
-                    });
+                let answer = rt.block_on(async {
+                    tokio::time::timeout(CALL_TIMEOUT, catalog.call(&name, args, kwargs))
+                        .await
+                        .unwrap_or_else(|_| {
+                            Err((
+                                "TimeoutError".into(),
+                                format!("{name} took over {} s", CALL_TIMEOUT.as_secs()),
+                            ))
+                        })
+                });
                 let reply = match answer {
                     Ok(v) => json!({"op": "reply", "call": msg["call"], "ok": v}),
                     Err((t, m)) => {
                         json!({"op": "reply", "call": msg["call"], "err": {"type": t, "message": m}})
                     }
                 };
-                if send(p, &reply).await.is_err() {
+                if send(p, &reply).is_err() {
                     return Err(None);
                 }
+                // The sandbox's clock stopped while the host worked; so does this one.
+                deadline = Instant::now() + budget;
             }
             Some("done") => {
                 if let Some(ok) = msg.get("ok") {
