@@ -73,7 +73,9 @@ const CALL_TIMEOUT: Duration = Duration::from_secs(10);
 struct Job {
     scope: String,
     code: Option<String>,
+    /// One event (`Value`), or a batch (`Value::Array` with `batch`).
     event: Value,
+    batch: bool,
     catalog: Arc<dyn Catalog>,
     reply: oneshot::Sender<Result<Outcome, FilterError>>,
 }
@@ -123,6 +125,7 @@ impl FilterPool {
             scope: scope.to_owned(),
             code: Some(code.to_owned()),
             event,
+            batch: false,
             catalog,
             reply,
         };
@@ -134,6 +137,43 @@ impl FilterPool {
             .map_err(|_| FilterError::Worker("the filter pool has stopped".into()))?
     }
 
+    /// Runs `code` once per event of `events`, in order, in one exchange with the worker (one
+    /// pipe round trip for the lot). Each event has its own limits and its own result.
+    pub async fn run_batch(
+        &self,
+        scope: &str,
+        code: &str,
+        events: Vec<Value>,
+        catalog: Arc<dyn Catalog>,
+    ) -> Result<Vec<Result<Outcome, FilterError>>, FilterError> {
+        let n = events.len();
+        let (reply, rx) = oneshot::channel();
+        let job = Job {
+            scope: scope.to_owned(),
+            code: Some(code.to_owned()),
+            event: Value::Array(events),
+            batch: true,
+            catalog,
+            reply,
+        };
+        self.queue(scope)
+            .send(job)
+            .await
+            .map_err(|_| FilterError::Worker("the filter pool has stopped".into()))?;
+        let packed = rx
+            .await
+            .map_err(|_| FilterError::Worker("the filter pool has stopped".into()))??;
+        // A batch comes back packed as one outcome whose value is the list of results.
+        let list = packed.value.as_array().cloned().unwrap_or_default();
+        let results: Vec<Result<Outcome, FilterError>> = list.into_iter().map(unpack).collect();
+        if results.len() != n {
+            return Err(FilterError::Worker(
+                "the filter worker answered a batch short".into(),
+            ));
+        }
+        Ok(results)
+    }
+
     /// Forgets `scope`'s variables.
     pub async fn drop_scope(&self, scope: &str) {
         let (reply, _rx) = oneshot::channel();
@@ -143,6 +183,7 @@ impl FilterPool {
                 scope: scope.to_owned(),
                 code: None,
                 event: Value::Null,
+                batch: false,
                 catalog: Arc::new(NoCatalog),
                 reply,
             })
@@ -265,9 +306,10 @@ fn drive(
         };
         next_id += 1;
         let id = next_id;
-        let req = json!({"op": "run", "id": id, "scope": job.scope, "code": code, "event": job.event,
+        let mut req = json!({"op": "run", "id": id, "scope": job.scope, "code": code,
                          "functions": job.catalog.functions(), "time_ms": cfg.time.as_millis() as u64,
                          "max_calls": cfg.max_calls});
+        req[if job.batch { "events" } else { "event" }] = job.event;
         let result = match send(p, &req) {
             Err(_) => Err(None),
             Ok(()) => exchange(p, id, &job.catalog, cfg.time + grace, &rt),
@@ -329,6 +371,14 @@ fn exchange(
             continue;
         }
         match msg["op"].as_str() {
+            Some("tick") => deadline = Instant::now() + budget,
+            Some("done") if msg.get("batch").is_some() => {
+                return Ok(Ok(Outcome {
+                    value: msg["batch"].clone(),
+                    printed: String::new(),
+                    fresh_scope: false,
+                }));
+            }
             Some("call") => {
                 let name = msg["name"].as_str().unwrap_or_default().to_owned();
                 let args = msg["args"].as_array().cloned().unwrap_or_default();
@@ -370,4 +420,17 @@ fn exchange(
             _ => {}
         }
     }
+}
+
+/// One `{"ok": outcome}` / `{"err": python error}` entry of a batch answer.
+fn unpack(v: Value) -> Result<Outcome, FilterError> {
+    if let Some(ok) = v.get("ok") {
+        return serde_json::from_value::<Outcome>(ok.clone())
+            .map_err(|e| FilterError::Worker(format!("bad answer from the filter worker: {e}")));
+    }
+    let err: PyError = serde_json::from_value(v["err"].clone()).unwrap_or(PyError {
+        exc_type: "RuntimeError".into(),
+        message: "unknown error".into(),
+    });
+    Err(FilterError::Python(err))
 }

@@ -143,22 +143,12 @@ pub fn serve(memory_bytes: u64) {
                     max_calls: req["max_calls"].as_u64().unwrap_or(10) as usize,
                     ..RunLimits::default()
                 };
-                let mut inputs = Vec::new();
-                if let Some(ev) = req.get("event").filter(|e| !e.is_null()) {
-                    inputs.push(("event".to_owned(), ev.clone()));
-                }
-                // A REPL keeps every snippet it was fed; start a scope afresh after this many
-                // runs so a long-lived watch cannot grow the worker without bound.
-                const MAX_RUNS_PER_SCOPE: u64 = 10_000;
-                let fresh = match scopes.get(&scope_name) {
-                    Some((_, runs)) => *runs >= MAX_RUNS_PER_SCOPE,
-                    None => true,
+                // One event, or a batch ("events"): each is its own run, with its own limits.
+                let events: Vec<Value> = match req.get("events").and_then(Value::as_array) {
+                    Some(list) => list.clone(),
+                    None => vec![req.get("event").cloned().unwrap_or(Value::Null)],
                 };
-                if fresh {
-                    scopes.insert(scope_name.clone(), (Scope::new(), 0));
-                }
-                let (scope, runs) = scopes.get_mut(&scope_name).expect("inserted above");
-                *runs += 1;
+                let batch = req.get("events").is_some();
                 let mut host = PipeHost {
                     functions,
                     run_id: id,
@@ -166,13 +156,50 @@ pub fn serve(memory_bytes: u64) {
                     output: &mut output,
                     next_call: 0,
                 };
-                let result = scope.run(&code, inputs, limits, &mut host);
-                let msg = match result {
-                    Ok(mut o) => {
-                        o.fresh_scope = fresh;
-                        json!({"op": "done", "id": id, "ok": o})
+                let mut results = Vec::with_capacity(events.len());
+                for (n, ev) in events.into_iter().enumerate() {
+                    let inputs = if ev.is_null() {
+                        Vec::new()
+                    } else {
+                        vec![("event".to_owned(), ev)]
+                    };
+                    // A REPL keeps every snippet it was fed; start a scope afresh after this
+                    // many runs so a long-lived watch cannot grow the worker without bound.
+                    const MAX_RUNS_PER_SCOPE: u64 = 10_000;
+                    let fresh = match scopes.get(&scope_name) {
+                        Some((_, runs)) => *runs >= MAX_RUNS_PER_SCOPE,
+                        None => true,
+                    };
+                    if fresh {
+                        scopes.insert(scope_name.clone(), (Scope::new(), 0));
                     }
-                    Err(e) => json!({"op": "done", "id": id, "err": e}),
+                    let (scope, runs) = scopes.get_mut(&scope_name).expect("inserted above");
+                    *runs += 1;
+                    results.push(match scope.run(&code, inputs, limits, &mut host) {
+                        Ok(mut o) => {
+                            o.fresh_scope = fresh;
+                            json!({"ok": o})
+                        }
+                        Err(e) => json!({"err": e}),
+                    });
+                    // Progress, so the parent's deadline covers one event, not the batch.
+                    if batch {
+                        let tick = json!({"op": "tick", "id": id, "done": n + 1});
+                        if writeln!(host.output, "{tick}")
+                            .and_then(|_| host.output.flush())
+                            .is_err()
+                        {
+                            return;
+                        }
+                    }
+                }
+                let msg = if batch {
+                    json!({"op": "done", "id": id, "batch": results})
+                } else {
+                    let mut one = results.pop().unwrap_or_default();
+                    one["op"] = "done".into();
+                    one["id"] = id.into();
+                    one
                 };
                 if writeln!(output, "{msg}")
                     .and_then(|_| output.flush())

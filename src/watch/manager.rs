@@ -21,6 +21,7 @@ use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
+use crate::filter::engine::Outcome as FilterOutcome;
 use crate::filter::pool::{Catalog as FilterHost, FilterError, FilterPool};
 use crate::mcp::ring::EVENT_LOG_MIME;
 use crate::store::{Store, Table};
@@ -1076,21 +1077,36 @@ impl WatchTask {
         let t = now();
         let filters = self.spec.on_event.as_ref().and_then(|_| self.mgr.filters());
         let catalog = self.mgr.filter_catalog();
-        for mut ev in events.into_iter().take(max) {
+        let mut evs: Vec<Event> = events.into_iter().take(max).collect();
+        for ev in &mut evs {
             self.stats.events.fetch_add(1, Ordering::Relaxed);
             ev.insert("watch".into(), self.spec.name.clone().into());
             ev.insert("uri".into(), self.spec.uri.clone().into());
-            let line = match (&self.spec.on_event, &filters) {
-                (Some(code), Some(pool)) => {
-                    if self.cancel.is_cancelled() {
-                        break;
-                    }
-                    let scope = self.scope.clone();
+        }
+        // With a filter, the whole update goes to the worker in one exchange (one pipe round
+        // trip for up to `max` events; each event still has its own limits).
+        let filtered: Option<Vec<Result<FilterOutcome, FilterError>>> =
+            match (&self.spec.on_event, &filters) {
+                (Some(code), Some(pool)) if !evs.is_empty() => {
+                    let batch: Vec<Value> = evs.iter().map(|e| Value::Object(e.clone())).collect();
+                    Some(
+                        match pool
+                            .run_batch(&self.scope, code, batch, catalog.clone())
+                            .await
+                        {
+                            Ok(results) => results,
+                            Err(e) => vec![Err(e); evs.len()],
+                        },
+                    )
+                }
+                _ => None,
+            };
+        let mut filtered = filtered.map(Vec::into_iter);
+        for ev in evs {
+            let line = match filtered.as_mut().and_then(Iterator::next) {
+                Some(result) => {
                     self.filter_runs += 1;
-                    match pool
-                        .run(&scope, code, Value::Object(ev.clone()), catalog.clone())
-                        .await
-                    {
+                    match result {
                         Ok(o) => {
                             if o.fresh_scope && self.filter_runs > 1 {
                                 self.scope_reset = true;
@@ -1114,7 +1130,7 @@ impl WatchTask {
                         }
                     }
                 }
-                _ => Some(default_line(&ev)),
+                None => Some(default_line(&ev)),
             };
             let Some(line) = line else {
                 log.emit(
