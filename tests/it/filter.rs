@@ -316,7 +316,12 @@ async fn code_mode_reports_python_errors_and_may_call_mutating_tools() {
     let ok = dir.path().join("ok.py");
     std::fs::write(
         &ok,
-        "memo_set(key='from-code', value=[1, 2])\nread_resource(uri='memo://notes')\n",
+        "memo_set(key='from-code', value=[1, 2])\n\
+         watch_start(name='w', uri='memo://notes')\n\
+         assert [w['name'] for w in watch_list()] == ['w']\n\
+         assert watch_stop(name='w') is True\n\
+         assert watch_stop(name='w') is False and watch_list() == []\n\
+         read_resource(uri='memo://notes')\n",
     )
     .unwrap();
     let out = tokio::process::Command::new(bin())
