@@ -101,9 +101,13 @@ pub fn limit_memory(bytes: u64) {
 /// Serves requests on stdin/stdout until stdin closes.
 pub fn serve(memory_bytes: u64) {
     limit_memory(memory_bytes);
-    let stdin = std::io::stdin();
     let stdout = std::io::stdout();
-    let mut input = stdin.lock();
+    // Read fd 0 directly (not through Stdin's own buffer), so that "is a line buffered?" and
+    // "is the pipe readable?" together tell whether a read would block.
+    // SAFETY: fd 0 is open for the life of the process and nothing else reads it.
+    let mut input = std::io::BufReader::new(unsafe {
+        <std::fs::File as std::os::fd::FromRawFd>::from_raw_fd(0)
+    });
     let mut output = std::io::BufWriter::new(stdout.lock());
     // herald handles Ctrl-C and shuts its workers down itself (they share its process group).
     #[cfg(unix)]
@@ -115,6 +119,12 @@ pub fn serve(memory_bytes: u64) {
     let mut line = String::new();
     loop {
         line.clear();
+        // The next request usually follows at once (the rest of a burst): spin briefly before
+        // sleeping on stdin, as the parent does for answers.
+        if !input.buffer().contains(&b'\n') {
+            let forever = std::time::Instant::now() + Duration::from_secs(365 * 24 * 3600);
+            crate::filter::pool::wait_readable(0, forever);
+        }
         match input.read_line(&mut line) {
             Ok(0) | Err(_) => return,
             Ok(_) => {}
