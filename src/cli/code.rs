@@ -16,10 +16,9 @@ use tokio::sync::mpsc;
 use crate::app;
 use crate::cli::{Exit, Globals, usage};
 use crate::filter::pool::{FilterError, FilterPool, PoolConfig};
-use crate::transport::client::Target;
 use crate::transport::tls::ClientTrust;
 use crate::watch::log::WatchLog;
-use crate::watch::manager::{Server, WatchConfig, WatchManager};
+use crate::watch::manager::{WatchConfig, WatchManager};
 use crate::watch::sink::{self, Sink};
 
 #[derive(Debug, Args)]
@@ -55,28 +54,13 @@ pub async fn run(args: CodeArgs, _globals: &Globals, verbose: bool) -> Result<()
     if let Some(ms) = args.debounce_ms {
         cfg.debounce.quiet = std::time::Duration::from_millis(ms);
     }
-    let mut servers = Vec::new();
-    for c in &args.mcp_stdio {
-        servers.push(Server::new(
-            Target::Stdio(c.clone()),
-            trust.clone(),
-            cfg.max_message_bytes,
-        ));
-    }
-    for u in &args.mcp_http {
-        servers.push(Server::new(
-            Target::Http(u.clone()),
-            trust.clone(),
-            cfg.max_message_bytes,
-        ));
-    }
-    for q in &args.mcp_quic {
-        servers.push(Server::new(
-            Target::Quic(q.clone()),
-            trust.clone(),
-            cfg.max_message_bytes,
-        ));
-    }
+    let servers = crate::cli::watch::servers_from_flags(
+        &args.mcp_stdio,
+        &args.mcp_http,
+        &args.mcp_quic,
+        &trust,
+        cfg.max_message_bytes,
+    );
     if servers.is_empty() {
         return Err(usage(anyhow!(
             "code mode needs a server: pass --mcp-stdio, --mcp-http or --mcp-quic"

@@ -152,6 +152,25 @@ impl WatchFile {
     }
 }
 
+/// The servers named by `--mcp-stdio`, `--mcp-http` and `--mcp-quic` (each repeatable), in
+/// that order. Shared by `herald watch` and `herald code`.
+pub(crate) fn servers_from_flags(
+    stdio: &[String],
+    http: &[String],
+    quic: &[String],
+    trust: &ClientTrust,
+    max_message_bytes: usize,
+) -> Vec<std::sync::Arc<Server>> {
+    let targets = stdio
+        .iter()
+        .map(|c| Target::Stdio(c.clone()))
+        .chain(http.iter().map(|u| Target::Http(u.clone())))
+        .chain(quic.iter().map(|q| Target::Quic(q.clone())));
+    targets
+        .map(|t| Server::new(t, trust.clone(), max_message_bytes))
+        .collect()
+}
+
 fn parse_watch(s: &str) -> anyhow::Result<(String, String)> {
     let (name, uri) = s
         .split_once('=')
@@ -213,27 +232,13 @@ pub async fn run(args: WatchArgs, globals: &Globals, verbose: bool) -> Result<()
         };
         servers.push(Server::new(target, trust, cfg.max_message_bytes));
     }
-    for c in &args.mcp_stdio {
-        servers.push(Server::new(
-            Target::Stdio(c.clone()),
-            cli_trust.clone(),
-            cfg.max_message_bytes,
-        ));
-    }
-    for u in &args.mcp_http {
-        servers.push(Server::new(
-            Target::Http(u.clone()),
-            cli_trust.clone(),
-            cfg.max_message_bytes,
-        ));
-    }
-    for q in &args.mcp_quic {
-        servers.push(Server::new(
-            Target::Quic(q.clone()),
-            cli_trust.clone(),
-            cfg.max_message_bytes,
-        ));
-    }
+    servers.extend(servers_from_flags(
+        &args.mcp_stdio,
+        &args.mcp_http,
+        &args.mcp_quic,
+        &cli_trust,
+        cfg.max_message_bytes,
+    ));
     if servers.is_empty() {
         return Err(usage(anyhow!(
             "no server to watch: pass --mcp-stdio, --mcp-http or --mcp-quic, or a --config with [[server]]"
