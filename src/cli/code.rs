@@ -14,9 +14,9 @@ use serde_json::Value;
 use tokio::sync::mpsc;
 
 use crate::app;
+use crate::cli::watch::ServerFlags;
 use crate::cli::{Exit, Globals, usage};
 use crate::filter::pool::{FilterError, FilterPool, PoolConfig};
-use crate::transport::tls::ClientTrust;
 use crate::watch::log::WatchLog;
 use crate::watch::manager::{WatchConfig, WatchManager};
 use crate::watch::sink::{self, Sink};
@@ -25,42 +25,19 @@ use crate::watch::sink::{self, Sink};
 pub struct CodeArgs {
     /// Python file to run (default: stdin).
     pub file: Option<PathBuf>,
-    /// A server to run and speak to over stdio (repeatable).
-    #[arg(long, value_name = "CMD")]
-    pub mcp_stdio: Vec<String>,
-    /// A Streamable HTTP server (repeatable).
-    #[arg(long, value_name = "URL")]
-    pub mcp_http: Vec<String>,
-    /// A QUIC server HOST:PORT (repeatable).
-    #[arg(long, value_name = "HOST:PORT")]
-    pub mcp_quic: Vec<String>,
-    /// CA file (PEM) trusted for QUIC servers.
-    #[arg(long, value_name = "FILE")]
-    pub tls_ca: Option<PathBuf>,
-    /// Certificate fingerprint pinned for QUIC servers.
-    #[arg(long, value_name = "SHA256")]
-    pub tls_pin: Option<String>,
+    #[command(flatten)]
+    pub servers: ServerFlags,
     /// Quiet time before a notice goes out.
     #[arg(long, value_name = "MS")]
     pub debounce_ms: Option<u64>,
 }
 
 pub async fn run(args: CodeArgs, _globals: &Globals, verbose: bool) -> Result<(), Exit> {
-    let trust = ClientTrust {
-        ca: args.tls_ca.clone(),
-        pin: args.tls_pin.clone(),
-    };
     let mut cfg = WatchConfig::default();
     if let Some(ms) = args.debounce_ms {
         cfg.debounce.quiet = std::time::Duration::from_millis(ms);
     }
-    let servers = crate::cli::watch::servers_from_flags(
-        &args.mcp_stdio,
-        &args.mcp_http,
-        &args.mcp_quic,
-        &trust,
-        cfg.max_message_bytes,
-    );
+    let servers = args.servers.servers(cfg.max_message_bytes);
     if servers.is_empty() {
         return Err(usage(anyhow!(
             "code mode needs a server: pass --mcp-stdio, --mcp-http or --mcp-quic"

@@ -5,7 +5,7 @@ mod code;
 mod memo;
 mod serve;
 mod up;
-mod watch;
+pub(crate) mod watch;
 
 use std::path::PathBuf;
 

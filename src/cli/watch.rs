@@ -20,21 +20,8 @@ use crate::watch::sink::{self, Sink};
 
 #[derive(Debug, Args)]
 pub struct WatchArgs {
-    /// A server to run and speak to over stdio (repeatable).
-    #[arg(long, value_name = "CMD")]
-    pub mcp_stdio: Vec<String>,
-    /// A Streamable HTTP server (repeatable).
-    #[arg(long, value_name = "URL")]
-    pub mcp_http: Vec<String>,
-    /// A QUIC server HOST:PORT (repeatable).
-    #[arg(long, value_name = "HOST:PORT")]
-    pub mcp_quic: Vec<String>,
-    /// CA file (PEM) trusted for QUIC servers given on the command line.
-    #[arg(long, value_name = "FILE")]
-    pub tls_ca: Option<PathBuf>,
-    /// Certificate fingerprint pinned for QUIC servers given on the command line.
-    #[arg(long, value_name = "SHA256")]
-    pub tls_pin: Option<String>,
+    #[command(flatten)]
+    pub servers: ServerFlags,
     /// TOML config with [[server]], [[watch]] and [limits]; flags add to it and override limits.
     #[arg(long, value_name = "FILE")]
     pub config: Option<PathBuf>,
@@ -152,23 +139,44 @@ impl WatchFile {
     }
 }
 
-/// The servers named by `--mcp-stdio`, `--mcp-http` and `--mcp-quic` (each repeatable), in
-/// that order. Shared by `herald watch` and `herald code`.
-pub(crate) fn servers_from_flags(
-    stdio: &[String],
-    http: &[String],
-    quic: &[String],
-    trust: &ClientTrust,
-    max_message_bytes: usize,
-) -> Vec<std::sync::Arc<Server>> {
-    let targets = stdio
-        .iter()
-        .map(|c| Target::Stdio(c.clone()))
-        .chain(http.iter().map(|u| Target::Http(u.clone())))
-        .chain(quic.iter().map(|q| Target::Quic(q.clone())));
-    targets
-        .map(|t| Server::new(t, trust.clone(), max_message_bytes))
-        .collect()
+/// Servers given on the command line, shared by `herald watch` and `herald code`: each of
+/// `--mcp-stdio`, `--mcp-http`, `--mcp-quic` repeatable, with one trust setting for QUIC.
+#[derive(Debug, Args)]
+pub struct ServerFlags {
+    /// A server to run and speak to over stdio (repeatable).
+    #[arg(long, value_name = "CMD")]
+    pub mcp_stdio: Vec<String>,
+    /// A Streamable HTTP server (repeatable).
+    #[arg(long, value_name = "URL")]
+    pub mcp_http: Vec<String>,
+    /// A QUIC server HOST:PORT (repeatable).
+    #[arg(long, value_name = "HOST:PORT")]
+    pub mcp_quic: Vec<String>,
+    /// CA file (PEM) trusted for QUIC servers given on the command line.
+    #[arg(long, value_name = "FILE")]
+    pub tls_ca: Option<PathBuf>,
+    /// Certificate fingerprint pinned for QUIC servers given on the command line.
+    #[arg(long, value_name = "SHA256")]
+    pub tls_pin: Option<String>,
+}
+
+impl ServerFlags {
+    /// The servers, in flag order: stdio, then HTTP, then QUIC.
+    pub fn servers(&self, max_message_bytes: usize) -> Vec<std::sync::Arc<Server>> {
+        let trust = ClientTrust {
+            ca: self.tls_ca.clone(),
+            pin: self.tls_pin.clone(),
+        };
+        let targets = self
+            .mcp_stdio
+            .iter()
+            .map(|c| Target::Stdio(c.clone()))
+            .chain(self.mcp_http.iter().map(|u| Target::Http(u.clone())))
+            .chain(self.mcp_quic.iter().map(|q| Target::Quic(q.clone())));
+        targets
+            .map(|t| Server::new(t, trust.clone(), max_message_bytes))
+            .collect()
+    }
 }
 
 fn parse_watch(s: &str) -> anyhow::Result<(String, String)> {
@@ -214,10 +222,6 @@ pub async fn run(args: WatchArgs, globals: &Globals, verbose: bool) -> Result<()
         None => WatchFile::default(),
     };
     let cfg = config(&args, &file.limits);
-    let cli_trust = ClientTrust {
-        ca: args.tls_ca.clone(),
-        pin: args.tls_pin.clone(),
-    };
     let mut servers = Vec::new();
     for s in &file.server {
         let target = match (&s.stdio, &s.http, &s.quic) {
@@ -232,13 +236,7 @@ pub async fn run(args: WatchArgs, globals: &Globals, verbose: bool) -> Result<()
         };
         servers.push(Server::new(target, trust, cfg.max_message_bytes));
     }
-    servers.extend(servers_from_flags(
-        &args.mcp_stdio,
-        &args.mcp_http,
-        &args.mcp_quic,
-        &cli_trust,
-        cfg.max_message_bytes,
-    ));
+    servers.extend(args.servers.servers(cfg.max_message_bytes));
     if servers.is_empty() {
         return Err(usage(anyhow!(
             "no server to watch: pass --mcp-stdio, --mcp-http or --mcp-quic, or a --config with [[server]]"
