@@ -198,27 +198,19 @@ async fn start_fails(code: &str) -> String {
     let dir = TempDir::new("filter-bad");
     let file = dir.path().join("bad.py");
     std::fs::write(&file, code).unwrap();
-    let out = tokio::time::timeout(
-        WAIT,
-        tokio::process::Command::new(bin())
-            .args([
-                "-v",
-                "--store",
-                ":memory:",
-                "watch",
-                "--mcp-http",
-                &memo.http_url(),
-                "--watch",
-                "x=memo://log",
-                "--on-event",
-                file.to_str().unwrap(),
-            ])
-            .stdin(Stdio::null())
-            .output(),
-    )
-    .await
-    .unwrap()
-    .unwrap();
+    let out = herald([
+        "-v",
+        "--store",
+        ":memory:",
+        "watch",
+        "--mcp-http",
+        &memo.http_url(),
+        "--watch",
+        "x=memo://log",
+        "--on-event",
+        file.to_str().unwrap(),
+    ])
+    .await;
     assert_eq!(out.status.code(), Some(1));
     let err = String::from_utf8_lossy(&out.stderr).to_string();
     assert!(
@@ -324,19 +316,15 @@ async fn code_mode_reports_python_errors_and_may_call_mutating_tools() {
          read_resource(uri='memo://notes')\n",
     )
     .unwrap();
-    let out = tokio::process::Command::new(bin())
-        .args([
-            "--store",
-            ":memory:",
-            "code",
-            "--mcp-http",
-            &memo.http_url(),
-            ok.to_str().unwrap(),
-        ])
-        .stdin(Stdio::null())
-        .output()
-        .await
-        .unwrap();
+    let out = herald([
+        "--store",
+        ":memory:",
+        "code",
+        "--mcp-http",
+        &memo.http_url(),
+        ok.to_str().unwrap(),
+    ])
+    .await;
     assert!(
         out.status.success(),
         "{}",
@@ -346,19 +334,15 @@ async fn code_mode_reports_python_errors_and_may_call_mutating_tools() {
     assert_eq!(v, json!({"from-code": [1, 2]}));
     let bad = dir.path().join("bad.py");
     std::fs::write(&bad, "watch_start(name='x', uri='memo://nope')\n").unwrap();
-    let out = tokio::process::Command::new(bin())
-        .args([
-            "--store",
-            ":memory:",
-            "code",
-            "--mcp-http",
-            &memo.http_url(),
-            bad.to_str().unwrap(),
-        ])
-        .stdin(Stdio::null())
-        .output()
-        .await
-        .unwrap();
+    let out = herald([
+        "--store",
+        ":memory:",
+        "code",
+        "--mcp-http",
+        &memo.http_url(),
+        bad.to_str().unwrap(),
+    ])
+    .await;
     assert_eq!(out.status.code(), Some(1));
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(

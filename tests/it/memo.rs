@@ -131,12 +131,7 @@ async fn notes_survive_a_restart_and_a_second_process_is_refused() {
     conn.close().await;
 
     // A second herald on the same store fails with an error naming the file.
-    let out = tokio::process::Command::new(bin())
-        .args(["--store", store, "memo", "--http", "127.0.0.1:0"])
-        .stdin(std::process::Stdio::null())
-        .output()
-        .await
-        .unwrap();
+    let out = herald(["--store", store, "memo", "--http", "127.0.0.1:0"]).await;
     assert_eq!(out.status.code(), Some(1));
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(

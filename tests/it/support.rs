@@ -217,6 +217,19 @@ impl Memo {
     }
 }
 
+/// Runs `herald ARGS` to completion (stdin closed, bounded by [`WAIT`]) and returns its output.
+pub async fn herald<S: AsRef<std::ffi::OsStr>>(
+    args: impl IntoIterator<Item = S>,
+) -> std::process::Output {
+    tokio::time::timeout(
+        WAIT,
+        Command::new(bin()).args(args).stdin(Stdio::null()).output(),
+    )
+    .await
+    .expect("herald finishes in time")
+    .expect("herald runs")
+}
+
 pub fn args(v: Value) -> Map<String, Value> {
     v.as_object().unwrap().clone()
 }

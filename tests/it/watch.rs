@@ -319,16 +319,7 @@ async fn the_sixth_watch_is_refused_with_a_clear_error() {
         args.push("--watch".into());
         args.push(format!("w{i}=memo://notes"));
     }
-    let out = tokio::time::timeout(
-        WAIT,
-        tokio::process::Command::new(bin())
-            .args(&args)
-            .stdin(Stdio::null())
-            .output(),
-    )
-    .await
-    .unwrap()
-    .unwrap();
+    let out = herald(&args).await;
     assert_eq!(out.status.code(), Some(1));
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(
@@ -340,24 +331,16 @@ async fn the_sixth_watch_is_refused_with_a_clear_error() {
 #[tokio::test]
 async fn an_unknown_uri_fails_the_start_with_the_servers_error() {
     let memo = Server::spawn(&["--store", ":memory:", "memo", "--http", "127.0.0.1:0"]).await;
-    let out = tokio::time::timeout(
-        WAIT,
-        tokio::process::Command::new(bin())
-            .args([
-                "--store",
-                ":memory:",
-                "watch",
-                "--mcp-http",
-                &memo.http_url(),
-                "--watch",
-                "x=memo://nope",
-            ])
-            .stdin(Stdio::null())
-            .output(),
-    )
-    .await
-    .unwrap()
-    .unwrap();
+    let out = herald([
+        "--store",
+        ":memory:",
+        "watch",
+        "--mcp-http",
+        &memo.http_url(),
+        "--watch",
+        "x=memo://nope",
+    ])
+    .await;
     assert_eq!(out.status.code(), Some(1));
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("unknown resource memo://nope"), "{err}");
@@ -510,40 +493,23 @@ async fn a_legacy_server_serves_tools_but_cannot_be_watched() {
         "/tests/fixtures/legacy_server.py"
     );
     let cmd = format!("python3 {fixture}");
-    let ls = tokio::time::timeout(
-        WAIT,
-        tokio::process::Command::new(bin())
-            .args(["ls", "--mcp-stdio", &cmd])
-            .stdin(Stdio::null())
-            .output(),
-    )
-    .await
-    .unwrap()
-    .unwrap();
+    let ls = herald(["ls", "--mcp-stdio", &cmd]).await;
     assert!(
         ls.status.success(),
         "{}",
         String::from_utf8_lossy(&ls.stderr)
     );
     assert!(String::from_utf8_lossy(&ls.stdout).contains("echo"));
-    let out = tokio::time::timeout(
-        WAIT,
-        tokio::process::Command::new(bin())
-            .args([
-                "--store",
-                ":memory:",
-                "watch",
-                "--mcp-stdio",
-                &cmd,
-                "--watch",
-                "t=legacy://thing",
-            ])
-            .stdin(Stdio::null())
-            .output(),
-    )
-    .await
-    .unwrap()
-    .unwrap();
+    let out = herald([
+        "--store",
+        ":memory:",
+        "watch",
+        "--mcp-stdio",
+        &cmd,
+        "--watch",
+        "t=legacy://thing",
+    ])
+    .await;
     assert_eq!(out.status.code(), Some(1));
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(
