@@ -214,7 +214,12 @@ impl Server {
             .map(|e| Value::from(e.trim()))
             .unwrap_or(Value::Null)
         };
-        if let Ok(list) = conn.list_all_tools().await {
+        if let Ok(list) = tokio::time::timeout(REQUEST_TIMEOUT, conn.list_all_tools())
+            .await
+            .unwrap_or(Err(rmcp::ServiceError::Timeout {
+                timeout: REQUEST_TIMEOUT,
+            }))
+        {
             catalog.tools = list
                 .iter()
                 .map(|t| {
@@ -225,7 +230,12 @@ impl Server {
                 })
                 .collect();
         }
-        if let Ok(list) = conn.list_all_resources().await {
+        if let Ok(list) = tokio::time::timeout(REQUEST_TIMEOUT, conn.list_all_resources())
+            .await
+            .unwrap_or(Err(rmcp::ServiceError::Timeout {
+                timeout: REQUEST_TIMEOUT,
+            }))
+        {
             for r in &list {
                 catalog.listing.push(json!({"uri": r.uri, "template": false, "name": r.name,
                     "description": r.description, "example": example(r.description.as_deref()),
@@ -233,7 +243,12 @@ impl Server {
             }
             catalog.resources = list.into_iter().map(|r| r.uri).collect();
         }
-        if let Ok(list) = conn.list_all_resource_templates().await {
+        if let Ok(list) = tokio::time::timeout(REQUEST_TIMEOUT, conn.list_all_resource_templates())
+            .await
+            .unwrap_or(Err(rmcp::ServiceError::Timeout {
+                timeout: REQUEST_TIMEOUT,
+            }))
+        {
             for t in &list {
                 catalog.listing.push(json!({"uri": t.uri_template, "template": true, "name": t.name,
                     "description": t.description, "example": example(t.description.as_deref()),
@@ -506,7 +521,8 @@ impl WatchManager {
                 .lock()
                 .unwrap_or_else(|e| e.into_inner())
                 .subscribe
-                || s.conn.lock().await.is_some();
+                // Held means a connect is under way elsewhere: do not queue behind it here.
+                || s.conn.try_lock().map(|c| c.is_some()).unwrap_or(true);
             if !known {
                 let _ = s.connection().await;
             }
