@@ -7,7 +7,7 @@
 //! When a subscription ends the task resubscribes with backoff (1, 2, 4, 8, 16 s by default);
 //! after the last failed attempt the watch fails and a notice says so.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -609,6 +609,8 @@ impl WatchManager {
             dedupe: Dedupe::new(4096),
             scope_reset: false,
             filter_runs: 0,
+            backlog: VecDeque::new(),
+            backlog_dropped: 0,
             scope: format!(
                 "{name}#{}",
                 inner.validations.fetch_add(1, Ordering::Relaxed)
@@ -915,7 +917,27 @@ struct WatchTask {
     filter_runs: u64,
     /// This watch's scope in the filter workers: unique per start, dropped when it ends.
     scope: String,
+    /// Events diffed but not yet filtered, with the time they arrived. Intake goes on while
+    /// the filter runs; past [`FILTER_BACKLOG`] events the oldest are dropped and counted.
+    backlog: VecDeque<(Event, std::time::Instant)>,
+    /// Events dropped from a full backlog since the last notice said so.
+    backlog_dropped: usize,
 }
+
+/// Events a watch holds for its filter while a run is in progress (ten full updates).
+const FILTER_BACKLOG: usize = 1000;
+
+/// One filter exchange in flight: its events and, when it ends, one result per event.
+type FilterRun = std::pin::Pin<
+    Box<
+        dyn std::future::Future<
+                Output = (
+                    Vec<(Event, std::time::Instant)>,
+                    Vec<Result<FilterOutcome, FilterError>>,
+                ),
+            > + Send,
+    >,
+>;
 
 fn now() -> std::time::Instant {
     tokio::time::Instant::now().into_std()
@@ -934,12 +956,22 @@ impl WatchTask {
     }
 
     async fn watch(mut self, mut conn: Arc<Connection>, mut sub: Subscription, mut base: Baseline) {
+        // The filter runs beside intake: notifications are read and diffed while a batch is
+        // in the worker, and queue in `backlog` for the next one.
+        let mut running: Option<FilterRun> = None;
         loop {
+            if running.is_none() {
+                running = self.next_filter_run();
+            }
             let due = self.debounce.due();
             tokio::select! {
                 _ = self.cancel.cancelled() => {
                     self.flush_all().await;
                     return;
+                }
+                (evs, results) = async { running.as_mut().expect("guarded").await }, if running.is_some() => {
+                    running = None;
+                    self.filtered(evs, results);
                 }
                 _ = sleep_until(due), if due.is_some() => {
                     if let Some(lines) = self.debounce.take_due(now()) {
@@ -958,7 +990,7 @@ impl WatchTask {
                             }
                         }
                         match read(&conn, &self.server, &self.spec.uri).await {
-                            Ok(r) => self.update(&mut base, r).await,
+                            Ok(r) => self.update(&mut base, r, running.is_some()),
                             Err(e) => {
                                 // Treat it as a lost subscription: the resubscribe path re-reads
                                 // and diffs, so the change is not lost.
@@ -973,7 +1005,7 @@ impl WatchTask {
                                 Some((c, s, r)) => {
                                     conn = c;
                                     sub = s;
-                                    self.update(&mut base, r).await;
+                                    self.update(&mut base, r, running.is_some());
                                 }
                                 None => return,
                             }
@@ -996,7 +1028,7 @@ impl WatchTask {
                                 sub = s;
                                 // The re-read is diffed against the last state (or cursor), so
                                 // changes made while unsubscribed are reported now.
-                                self.update(&mut base, r).await;
+                                self.update(&mut base, r, running.is_some());
                             }
                             None => return,
                         }
@@ -1065,7 +1097,8 @@ impl WatchTask {
         None
     }
 
-    async fn update(&mut self, base: &mut Baseline, r: Read) {
+    /// Diffs one read against the baseline; `filtering` says a filter run is in progress.
+    fn update(&mut self, base: &mut Baseline, r: Read, filtering: bool) {
         let events: Vec<Event> = match base {
             Baseline::State(old) => {
                 let new = StateBase::new(r.text);
@@ -1089,85 +1122,12 @@ impl WatchTask {
         };
         let max = self.mgr.inner.cfg.max_events_per_update;
         let total = events.len();
-        let log = self.mgr.inner.log.clone();
         let t = now();
-        let filters = self.spec.on_event.as_ref().and_then(|_| self.mgr.filters());
-        let catalog = self.mgr.filter_catalog();
         let mut evs: Vec<Event> = events.into_iter().take(max).collect();
         for ev in &mut evs {
             self.stats.events.fetch_add(1, Ordering::Relaxed);
             ev.insert("watch".into(), self.spec.name.clone().into());
             ev.insert("uri".into(), self.spec.uri.clone().into());
-        }
-        // With a filter, the whole update goes to the worker in one exchange (one pipe round
-        // trip for up to `max` events; each event still has its own limits).
-        let filtered: Option<Vec<Result<FilterOutcome, FilterError>>> =
-            match (&self.spec.on_event, &filters) {
-                (Some(code), Some(pool)) if !evs.is_empty() => {
-                    let batch: Vec<Value> = evs.iter().map(|e| Value::Object(e.clone())).collect();
-                    Some(
-                        match pool
-                            .run_batch(&self.scope, code, batch, catalog.clone())
-                            .await
-                        {
-                            Ok(results) => results,
-                            Err(e) => vec![Err(e); evs.len()],
-                        },
-                    )
-                }
-                _ => None,
-            };
-        let mut filtered = filtered.map(Vec::into_iter);
-        for ev in evs {
-            let line = match filtered.as_mut().and_then(Iterator::next) {
-                Some(result) => {
-                    self.filter_runs += 1;
-                    match result {
-                        Ok(o) => {
-                            if o.fresh_scope && self.filter_runs > 1 {
-                                self.scope_reset = true;
-                            }
-                            let mut parts = Vec::new();
-                            let printed = o.printed.trim_end();
-                            if !printed.is_empty() {
-                                parts.push(printed.to_owned());
-                            }
-                            match &o.value {
-                                Value::Null => {}
-                                Value::String(s) => parts.push(s.clone()),
-                                other => parts.push(other.to_string()),
-                            }
-                            (!parts.is_empty()).then(|| parts.join(" "))
-                        }
-                        Err(FilterError::Python(e)) => Some(format!("on_event raised {e}")),
-                        Err(FilterError::Worker(e)) => {
-                            self.scope_reset = true;
-                            Some(format!("on_event failed: {e}"))
-                        }
-                    }
-                }
-                None => Some(default_line(&ev)),
-            };
-            let Some(line) = line else {
-                log.emit(
-                    "watch.event",
-                    json!({"watch": self.spec.name, "type": ev.get("type"), "kept": false, "reason": "filter"}),
-                );
-                continue;
-            };
-            let mut line = sanitize_line(&line);
-            if !line.starts_with("on_event failed") && std::mem::take(&mut self.scope_reset) {
-                line = format!("{line} (the filter's variables were reset before this event)");
-            }
-            let fresh = self.dedupe.admit(&object_key(&ev), &line);
-            log.emit(
-                "watch.event",
-                json!({"watch": self.spec.name, "type": ev.get("type"), "kept": fresh,
-                       "reason": if fresh { Value::Null } else { "duplicate".into() }}),
-            );
-            if fresh {
-                self.debounce.push(line, t);
-            }
         }
         if total > max {
             self.debounce.push(
@@ -1177,6 +1137,125 @@ impl WatchTask {
                 ),
                 t,
             );
+        }
+        if self.spec.on_event.is_some() && self.mgr.filters().is_some() {
+            // Filtered events wait for the filter stage (see `watch`); intake goes on.
+            self.mgr.inner.log.emit(
+                "watch.update",
+                json!({"watch": self.spec.name, "events": evs.len(), "filtering": filtering,
+                       "queued": self.backlog.len() + evs.len()}),
+            );
+            for ev in evs {
+                if self.backlog.len() == FILTER_BACKLOG {
+                    self.backlog.pop_front();
+                    self.backlog_dropped += 1;
+                }
+                self.backlog.push_back((ev, t));
+            }
+            return;
+        }
+        for ev in evs {
+            let line = default_line(&ev);
+            self.admit(&ev, Some(line), t);
+        }
+    }
+
+    /// Starts the filter on the backlog, when there is one: the whole backlog (up to one
+    /// update's worth) goes to the worker in one exchange, and each event keeps its own limits.
+    fn next_filter_run(&mut self) -> Option<FilterRun> {
+        if self.backlog.is_empty() {
+            return None;
+        }
+        let (Some(code), Some(pool)) = (self.spec.on_event.clone(), self.mgr.filters()) else {
+            return None;
+        };
+        let n = self
+            .backlog
+            .len()
+            .min(self.mgr.inner.cfg.max_events_per_update.max(1));
+        let evs: Vec<(Event, std::time::Instant)> = self.backlog.drain(..n).collect();
+        let scope = self.scope.clone();
+        let catalog = self.mgr.filter_catalog();
+        Some(Box::pin(async move {
+            let batch: Vec<Value> = evs.iter().map(|(e, _)| Value::Object(e.clone())).collect();
+            let results = match pool.run_batch(&scope, &code, batch, catalog).await {
+                Ok(results) => results,
+                Err(e) => vec![Err(e); evs.len()],
+            };
+            (evs, results)
+        }))
+    }
+
+    /// Turns one filter exchange's results into notice lines.
+    fn filtered(
+        &mut self,
+        evs: Vec<(Event, std::time::Instant)>,
+        results: Vec<Result<FilterOutcome, FilterError>>,
+    ) {
+        let mut results = results.into_iter();
+        for (ev, t) in evs {
+            self.filter_runs += 1;
+            let line = match results.next() {
+                Some(Ok(o)) => {
+                    if o.fresh_scope && self.filter_runs > 1 {
+                        self.scope_reset = true;
+                    }
+                    let mut parts = Vec::new();
+                    let printed = o.printed.trim_end();
+                    if !printed.is_empty() {
+                        parts.push(printed.to_owned());
+                    }
+                    match &o.value {
+                        Value::Null => {}
+                        Value::String(s) => parts.push(s.clone()),
+                        other => parts.push(other.to_string()),
+                    }
+                    (!parts.is_empty()).then(|| parts.join(" "))
+                }
+                Some(Err(FilterError::Python(e))) => Some(format!("on_event raised {e}")),
+                Some(Err(FilterError::Worker(e))) => {
+                    self.scope_reset = true;
+                    Some(format!("on_event failed: {e}"))
+                }
+                None => {
+                    Some("on_event failed: the filter worker gave no result for this event".into())
+                }
+            };
+            self.admit(&ev, line, t);
+        }
+        if self.backlog_dropped > 0 {
+            let n = std::mem::take(&mut self.backlog_dropped);
+            self.debounce.push(
+                format!(
+                    "+{n} events were dropped while the filter was busy (at most {FILTER_BACKLOG} wait for it)"
+                ),
+                now(),
+            );
+        }
+    }
+
+    /// Dedupes and debounces one event's notice line; `None` means the filter dropped it.
+    fn admit(&mut self, ev: &Event, line: Option<String>, t: std::time::Instant) {
+        let log = &self.mgr.inner.log;
+        let Some(line) = line else {
+            log.emit(
+                "watch.event",
+                json!({"watch": self.spec.name, "type": ev.get("type"), "kept": false, "reason": "filter"}),
+            );
+            return;
+        };
+        let mut line = sanitize_line(&line);
+        if !line.starts_with("on_event failed") && std::mem::take(&mut self.scope_reset) {
+            line = format!("{line} (the filter's variables were reset before this event)");
+        }
+        let fresh = self.dedupe.admit(&object_key(ev), &line);
+        log.emit(
+            "watch.event",
+            json!({"watch": self.spec.name, "type": ev.get("type"), "kept": fresh,
+                   "reason": if fresh { Value::Null } else { "duplicate".into() }}),
+        );
+        if fresh {
+            self.debounce.push(line, t);
         }
     }
 

@@ -350,3 +350,33 @@ async fn code_mode_reports_python_errors_and_may_call_mutating_tools() {
         "{err}"
     );
 }
+
+#[tokio::test]
+async fn intake_goes_on_while_the_filter_runs() {
+    // The first event keeps the filter busy until its 2 s limit; the next change is read and
+    // diffed meanwhile (the watch log says a run was in progress) and filtered right after.
+    let code = r#"
+k = event["key"]
+if k == "busy":
+    while True:
+        pass
+f"ok {k}"
+"#;
+    let mut s = setup("memo://log", code).await;
+    set(&s, "busy", json!(1)).await;
+    let first = s.w.event("watch.update", "f").await;
+    assert_eq!(first["filtering"], json!(false), "{first}");
+    set(&s, "next", json!(1)).await;
+    let second = s.w.event("watch.update", "f").await;
+    assert_eq!(second["filtering"], json!(true), "{second}");
+    assert_eq!(second["queued"], json!(1), "{second}");
+    let l = lines(&mut s).await;
+    assert!(l[0].as_str().unwrap().contains("TimeoutError"), "{l}");
+    let l = if l.as_array().unwrap().len() == 1 {
+        lines(&mut s).await
+    } else {
+        json!([l[1].clone()])
+    };
+    assert_eq!(l, json!(["ok next"]));
+    s.w.terminate().await;
+}
