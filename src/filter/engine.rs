@@ -82,9 +82,61 @@ pub trait Host {
     ) -> Result<Value, HostError>;
 }
 
-/// Drops `await` in front of calls to host functions (see the module docs).
+/// Drops `await` in front of calls to host functions (see the module docs). String literals
+/// and comments are left exactly as written.
 pub fn strip_host_awaits(code: &str, is_host: impl Fn(&str) -> bool) -> String {
     let mut out = String::with_capacity(code.len());
+    for (is_code, part) in python_segments(code) {
+        if is_code {
+            strip_in_code(part, &is_host, &mut out);
+        } else {
+            out.push_str(part);
+        }
+    }
+    out
+}
+
+/// Splits Python source into code and non-code (string literals, comments) runs. Quotes,
+/// `#` and `\` are ASCII, so byte offsets are always on character boundaries.
+fn python_segments(code: &str) -> Vec<(bool, &str)> {
+    let b = code.as_bytes();
+    let mut out = Vec::new();
+    let (mut start, mut i) = (0, 0);
+    while i < b.len() {
+        let end = match b[i] {
+            b'#' => code[i..].find('\n').map_or(b.len(), |n| i + n),
+            q @ (b'\'' | b'"') => {
+                let triple = b[i..].starts_with(&[q, q, q]);
+                let open = if triple { 3 } else { 1 };
+                let mut j = i + open;
+                loop {
+                    match b.get(j) {
+                        None => break b.len(),
+                        Some(b'\\') => j += 2,
+                        Some(&c) if c == q && (!triple || b[j..].starts_with(&[q, q, q])) => {
+                            break (j + open).min(b.len());
+                        }
+                        // An unterminated one-line string ends at the line's end.
+                        Some(b'\n') if !triple => break j,
+                        Some(_) => j += 1,
+                    }
+                }
+            }
+            _ => {
+                i += 1;
+                continue;
+            }
+        };
+        let end = end.min(b.len());
+        out.push((true, &code[start..i]));
+        out.push((false, &code[i..end]));
+        (start, i) = (end, end);
+    }
+    out.push((true, &code[start..]));
+    out
+}
+
+fn strip_in_code(code: &str, is_host: &impl Fn(&str) -> bool, out: &mut String) {
     let mut rest = code;
     while let Some(i) = rest.find("await") {
         let before_ok = rest[..i]
@@ -108,7 +160,6 @@ pub fn strip_host_awaits(code: &str, is_host: impl Fn(&str) -> bool) -> String {
         }
     }
     out.push_str(rest);
-    out
 }
 
 /// A persistent Python scope.
@@ -398,9 +449,22 @@ f'{event["type"].lower()} {m["namespace"]}/{m["name"]}' if event["type"] in ("AD
         );
         assert_eq!(strip_host_awaits("await other()", host), "await other()");
         assert_eq!(strip_host_awaits("awaited = 1", host), "awaited = 1");
+        for literal in [
+            "s = 'await read_resource(x)'",
+            "s = \"it's await read_resource(x)\"",
+            "s = '''\nawait read_resource(x)\n'''",
+            "s = 'a\\' await read_resource(x)'",
+            "# await read_resource(x)\ny = 1",
+        ] {
+            assert_eq!(strip_host_awaits(literal, host), literal);
+        }
         assert_eq!(
-            strip_host_awaits("s = 'await read_resource'", host),
-            "s = 'await read_resource'"
+            strip_host_awaits("s = 'x' + await read_resource(uri='await')", host),
+            "s = 'x' + read_resource(uri='await')"
+        );
+        assert_eq!(
+            strip_host_awaits("bad = 'open\nx = await read_resource(u)", host),
+            "bad = 'open\nx = read_resource(u)"
         );
     }
 }

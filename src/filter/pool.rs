@@ -70,6 +70,10 @@ impl PoolConfig {
 /// Longest one catalog call from a filter may take.
 const CALL_TIMEOUT: Duration = Duration::from_secs(10);
 
+/// Longest line a worker may answer with. Printed output and values are capped inside the
+/// sandbox far below this; a longer line means the worker is not behaving, and it is replaced.
+const MAX_ANSWER_BYTES: u64 = 64 << 20;
+
 struct Job {
     scope: String,
     code: Option<String>,
@@ -265,6 +269,7 @@ enum ReadLine {
     Line(String),
     Eof,
     Timeout,
+    TooLong,
 }
 
 /// Reads one line, waiting at most until `deadline` for it to start.
@@ -278,8 +283,11 @@ fn read_line(p: &mut Proc, deadline: Instant) -> ReadLine {
         }
     }
     let mut line = String::new();
-    match p.out.read_line(&mut line) {
+    match std::io::Read::take(&mut p.out, MAX_ANSWER_BYTES).read_line(&mut line) {
         Ok(0) | Err(_) => ReadLine::Eof,
+        Ok(_) if !line.ends_with('\n') && line.len() as u64 >= MAX_ANSWER_BYTES => {
+            ReadLine::TooLong
+        }
         Ok(_) => ReadLine::Line(line),
     }
 }
@@ -321,7 +329,7 @@ fn drive(
         req[if job.batch { "events" } else { "event" }] = job.event;
         let result = match send(p, &req) {
             Err(_) => Err(None),
-            Ok(()) => exchange(p, id, &job.catalog, cfg.time + grace, &rt),
+            Ok(()) => exchange(p, id, &job.catalog, cfg.time + grace, cfg.max_calls, &rt),
         };
         match result {
             Ok(r) => {
@@ -356,9 +364,12 @@ fn exchange(
     id: u64,
     catalog: &Arc<dyn Catalog>,
     budget: Duration,
+    max_calls: usize,
     rt: &tokio::runtime::Handle,
 ) -> Result<Result<Outcome, FilterError>, Option<String>> {
     let mut deadline = Instant::now() + budget;
+    // The sandbox counts calls too; this count holds even if the sandbox is subverted.
+    let mut calls = 0usize;
     loop {
         let line = match read_line(p, deadline) {
             ReadLine::Timeout => {
@@ -368,6 +379,12 @@ fn exchange(
                 ));
             }
             ReadLine::Eof => return Err(None),
+            ReadLine::TooLong => {
+                return Err(Some(format!(
+                    "the filter worker answered with over {} MiB in one line",
+                    MAX_ANSWER_BYTES >> 20
+                )));
+            }
             ReadLine::Line(l) => l,
         };
         let Ok(msg) = serde_json::from_str::<Value>(&line) else {
@@ -380,7 +397,11 @@ fn exchange(
             continue;
         }
         match msg["op"].as_str() {
-            Some("tick") => deadline = Instant::now() + budget,
+            Some("tick") => {
+                // The next event of a batch starts: its own time and calls.
+                deadline = Instant::now() + budget;
+                calls = 0;
+            }
             Some("done") if msg.get("batch").is_some() => {
                 return Ok(Ok(Outcome {
                     value: msg["batch"].clone(),
@@ -392,16 +413,24 @@ fn exchange(
                 let name = msg["name"].as_str().unwrap_or_default().to_owned();
                 let args = msg["args"].as_array().cloned().unwrap_or_default();
                 let kwargs = msg["kwargs"].as_object().cloned().unwrap_or_default();
-                let answer = rt.block_on(async {
-                    tokio::time::timeout(CALL_TIMEOUT, catalog.call(&name, args, kwargs))
-                        .await
-                        .unwrap_or_else(|_| {
-                            Err((
-                                "TimeoutError".into(),
-                                format!("{name} took over {} s", CALL_TIMEOUT.as_secs()),
-                            ))
-                        })
-                });
+                calls += 1;
+                let answer = if calls > max_calls {
+                    Err((
+                        "RuntimeError".into(),
+                        format!("more than {max_calls} tool calls in one run; do less per event"),
+                    ))
+                } else {
+                    rt.block_on(async {
+                        tokio::time::timeout(CALL_TIMEOUT, catalog.call(&name, args, kwargs))
+                            .await
+                            .unwrap_or_else(|_| {
+                                Err((
+                                    "TimeoutError".into(),
+                                    format!("{name} took over {} s", CALL_TIMEOUT.as_secs()),
+                                ))
+                            })
+                    })
+                };
                 let reply = match answer {
                     Ok(v) => json!({"op": "reply", "call": msg["call"], "ok": v}),
                     Err((t, m)) => {
