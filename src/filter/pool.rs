@@ -137,7 +137,8 @@ impl FilterPool {
             .send(job)
             .await
             .map_err(|_| FilterError::Worker("the filter pool has stopped".into()))?;
-        rx.await
+        answer(rx)
+            .await
             .map_err(|_| FilterError::Worker("the filter pool has stopped".into()))?
     }
 
@@ -164,7 +165,7 @@ impl FilterPool {
             .send(job)
             .await
             .map_err(|_| FilterError::Worker("the filter pool has stopped".into()))?;
-        let packed = rx
+        let packed = answer(rx)
             .await
             .map_err(|_| FilterError::Worker("the filter pool has stopped".into()))??;
         // A batch comes back packed as one outcome whose value is the list of results.
@@ -471,6 +472,22 @@ fn unpack(v: Value) -> Result<Outcome, FilterError> {
         message: "unknown error".into(),
     });
     Err(FilterError::Python(err))
+}
+
+/// Awaits a driver's answer, yielding to other tasks for up to [`SPIN`] before sleeping on it:
+/// a filter usually answers within that, and a parked runtime thread's wake-up costs more.
+async fn answer<T>(mut rx: oneshot::Receiver<T>) -> Result<T, oneshot::error::RecvError> {
+    let spin_until = Instant::now() + SPIN;
+    loop {
+        match rx.try_recv() {
+            Ok(v) => return Ok(v),
+            Err(oneshot::error::TryRecvError::Closed) => return rx.await,
+            Err(oneshot::error::TryRecvError::Empty) if Instant::now() < spin_until => {
+                tokio::task::yield_now().await
+            }
+            Err(oneshot::error::TryRecvError::Empty) => return rx.await,
+        }
+    }
 }
 
 /// How long to spin for a worker's answer before sleeping on it. A filter usually answers in

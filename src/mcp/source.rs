@@ -140,3 +140,19 @@ pub trait Source: Send + Sync + 'static {
 }
 
 pub type DynSource = Arc<dyn Source>;
+
+/// A tool's input schema from a `json!` object.
+pub fn schema(v: Value) -> JsonObject {
+    v.as_object().cloned().unwrap_or_default()
+}
+
+/// Refuses arguments a tool does not take (never ignores them).
+pub fn check_args(args: &JsonObject, allowed: &[&str]) -> Result<(), SourceError> {
+    if let Some(k) = args.keys().find(|k| !allowed.contains(&k.as_str())) {
+        return Err(SourceError::InvalidParams(format!(
+            "unknown argument {k}; this tool takes {}",
+            allowed.join(", ")
+        )));
+    }
+    Ok(())
+}

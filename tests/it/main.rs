@@ -1,6 +1,8 @@
 //! One integration-test binary driving the real `herald` binary over its real transports.
 
 mod filter;
+mod k8s;
+mod kube_fake;
 mod manager;
 mod memo;
 mod support;

@@ -16,7 +16,7 @@ use serde_json::{Map, Value, json};
 
 use crate::mcp::hub::ChangeFeed;
 use crate::mcp::ring::{EVENT_LOG_MIME, EventRing};
-use crate::mcp::source::{Contents, Source, SourceError, SourceInfo};
+use crate::mcp::source::{Contents, Source, SourceError, SourceInfo, check_args, schema};
 use crate::store::{Store, StoreError, Table};
 
 pub const NOTES_URI: &str = "memo://notes";
@@ -142,10 +142,6 @@ impl Memo {
     }
 }
 
-fn schema(v: Value) -> JsonObject {
-    v.as_object().cloned().unwrap_or_default()
-}
-
 fn key_arg(args: &JsonObject) -> Result<String, SourceError> {
     match args.get("key") {
         Some(Value::String(s)) => Ok(s.clone()),
@@ -156,16 +152,6 @@ fn key_arg(args: &JsonObject) -> Result<String, SourceError> {
             "missing argument key; call with key=\"name\"".into(),
         )),
     }
-}
-
-fn check_args(args: &JsonObject, allowed: &[&str]) -> Result<(), SourceError> {
-    if let Some(k) = args.keys().find(|k| !allowed.contains(&k.as_str())) {
-        return Err(SourceError::InvalidParams(format!(
-            "unknown argument {k}; this tool takes {}",
-            allowed.join(", ")
-        )));
-    }
-    Ok(())
 }
 
 #[async_trait]

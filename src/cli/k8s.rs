@@ -1,0 +1,98 @@
+//! `herald k8s`: the Kubernetes / kcp source.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use clap::Args;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+use crate::app;
+use crate::cli::serve::{ServeArgs, announce};
+use crate::cli::{Exit, Globals};
+use crate::mcp::ring::DEFAULT_RING_CAPACITY;
+use crate::source::k8s::K8s;
+use crate::source::k8s::kubectl::KubectlConfig;
+
+#[derive(Debug, Args)]
+pub struct K8sArgs {
+    #[command(flatten)]
+    pub serve: ServeArgs,
+    /// A kubeconfig, as PATH or NAME=PATH (repeatable; `?kcp=NAME` in a URI picks one, the
+    /// first is the default). None: kubectl's own default.
+    #[arg(long, value_name = "[NAME=]PATH")]
+    pub kubeconfig: Vec<String>,
+    /// Offer only read-only tools (the default).
+    #[arg(long, conflicts_with = "read_write")]
+    pub read_only: bool,
+    /// Also offer kubectl_apply and kubectl_delete.
+    #[arg(long)]
+    pub read_write: bool,
+    /// The kubectl to run.
+    #[arg(long, default_value = "kubectl", value_name = "PATH")]
+    pub kubectl: PathBuf,
+    /// A shell command printing a bearer token; run before every connect, so credentials are
+    /// re-minted on each reconnect.
+    #[arg(long, value_name = "CMD")]
+    pub token_command: Option<String>,
+    /// Events kept per watched URI.
+    #[arg(long, default_value_t = DEFAULT_RING_CAPACITY)]
+    pub ring_capacity: usize,
+}
+
+fn kubeconfigs(specs: &[String]) -> Result<Vec<(String, PathBuf)>, Exit> {
+    let mut out: Vec<(String, PathBuf)> = Vec::new();
+    for (i, spec) in specs.iter().enumerate() {
+        let (name, path) = match spec.split_once('=') {
+            Some((n, p)) if !n.contains('/') => (n.to_owned(), PathBuf::from(p)),
+            _ => (
+                if i == 0 {
+                    "default".into()
+                } else {
+                    format!("kubeconfig{}", i + 1)
+                },
+                PathBuf::from(spec),
+            ),
+        };
+        if !path.is_file() {
+            return Err(crate::cli::usage(anyhow::anyhow!(
+                "--kubeconfig {}: no such file",
+                path.display()
+            )));
+        }
+        if out.iter().any(|(n, _)| *n == name) {
+            return Err(crate::cli::usage(anyhow::anyhow!(
+                "--kubeconfig name {name} is given twice"
+            )));
+        }
+        out.push((name, path));
+    }
+    Ok(out)
+}
+
+pub async fn run(args: K8sArgs, globals: &Globals) -> Result<(), Exit> {
+    let cfg = KubectlConfig {
+        program: args.kubectl.clone(),
+        kubeconfigs: kubeconfigs(&args.kubeconfig)?,
+        token_command: args.token_command.clone(),
+    };
+    let source = K8s::new(cfg, args.read_write, args.ring_capacity)
+        .map_err(|e| crate::cli::usage(e.into()))?;
+    let store = globals.open_store().await?;
+    let shutdown = CancellationToken::new();
+    app::cancel_on_signals(shutdown.clone());
+    let tracker = TaskTracker::new();
+    let bound = app::serve_source(
+        Arc::new(source),
+        &args.serve.options(),
+        &store,
+        &shutdown,
+        &tracker,
+    )
+    .await
+    .map_err(|e| crate::cli::usage(e.into()))?;
+    announce(&bound, globals.log_format);
+    shutdown.cancelled().await;
+    app::drain(tracker).await;
+    Ok(())
+}

@@ -1,0 +1,422 @@
+//! The Kubernetes / kcp source: event-log resources over the real `kubectl get -w`.
+//!
+//! - `kcp-events://watch/{workspace}/{resource}{?namespace,labelSelector,fieldSelector,kcp}`
+//!   and `k8s-events://watch/{resource}{?namespace,labelSelector,fieldSelector,context}`: one
+//!   [`watcher::Watcher`] per URI, shared by every listen stream watching it (refcounted by
+//!   the [`WatchGuard`]s) and stopped, with its kubectl, when the last one leaves.
+//! - `kcp-api://{workspace}/resources{?kcp}` and `k8s-api://resources{?context}`: the API
+//!   resources list, readable, not watchable; `get_api_resources` returns the same JSON.
+//! - Tools: `kubectl_get` and `get_api_resources` (read-only); with `--read-write` also
+//!   `kubectl_apply` and `kubectl_delete` (destructive).
+
+pub mod known;
+pub mod kubectl;
+pub mod stream;
+pub mod uri;
+pub mod watcher;
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, Weak};
+
+use async_trait::async_trait;
+use rmcp::model::{
+    CallToolResult, ContentBlock as Content, JsonObject, Resource, ResourceTemplate, Tool,
+    ToolAnnotations,
+};
+use serde_json::{Value, json};
+
+use crate::mcp::hub::ChangeFeed;
+use crate::mcp::ring::EVENT_LOG_MIME;
+use crate::mcp::source::{
+    Contents, Source, SourceError, SourceInfo, WatchGuard, check_args, schema,
+};
+use kubectl::{Kubectl, KubectlConfig};
+use uri::{Cluster, K8sUri, Selection};
+use watcher::Watcher;
+
+pub struct K8s {
+    kubectl: Arc<Kubectl>,
+    feed: ChangeFeed,
+    watchers: Mutex<HashMap<String, Weak<Watcher>>>,
+    read_write: bool,
+    ring_capacity: usize,
+}
+
+impl K8s {
+    pub fn new(cfg: KubectlConfig, read_write: bool, ring_capacity: usize) -> std::io::Result<K8s> {
+        Ok(K8s {
+            kubectl: Arc::new(Kubectl::new(cfg)?),
+            feed: ChangeFeed::new(),
+            watchers: Mutex::new(HashMap::new()),
+            read_write,
+            ring_capacity,
+        })
+    }
+
+    /// The running watcher of `uri`, if any listen stream holds one.
+    fn live(&self, uri: &str) -> Option<Arc<Watcher>> {
+        self.watchers
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(uri)
+            .and_then(Weak::upgrade)
+    }
+
+    /// How many watchers are running (tests and metrics).
+    pub fn running(&self) -> usize {
+        self.watchers
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .values()
+            .filter(|w| w.strong_count() > 0)
+            .count()
+    }
+}
+
+fn template(uri: &str, name: &str, mime: &str, description: &str) -> ResourceTemplate {
+    ResourceTemplate::new(uri, name)
+        .with_mime_type(mime)
+        .with_description(description)
+}
+
+const READ_ARGS: [&str; 8] = [
+    "resource",
+    "name",
+    "namespace",
+    "labelSelector",
+    "fieldSelector",
+    "workspace",
+    "kcp",
+    "context",
+];
+
+fn str_arg(args: &JsonObject, key: &str) -> Result<Option<String>, SourceError> {
+    match args.get(key) {
+        None | Some(Value::Null) => Ok(None),
+        Some(Value::String(s)) => Ok(Some(s.clone())),
+        Some(other) => Err(SourceError::InvalidParams(format!(
+            "{key} must be a string, got {other}"
+        ))),
+    }
+}
+
+fn required(args: &JsonObject, key: &str, example: &str) -> Result<String, SourceError> {
+    str_arg(args, key)?.ok_or_else(|| {
+        SourceError::InvalidParams(format!("missing argument {key}; call with {key}={example}"))
+    })
+}
+
+/// The cluster a tool call names: `workspace` (kcp) and `kcp`, or `context`.
+fn cluster_arg(args: &JsonObject) -> Result<Cluster, SourceError> {
+    let workspace = match str_arg(args, "workspace")? {
+        Some(ws) => Some(uri::workspace(&ws, "the workspace argument")?),
+        None => None,
+    };
+    Ok(Cluster {
+        kubeconfig: str_arg(args, "kcp")?,
+        workspace,
+        context: str_arg(args, "context")?,
+    })
+}
+
+fn cluster_props() -> Value {
+    json!({
+        "workspace": {"type": "string", "description": "kcp workspace, e.g. root:app (omit for a plain cluster)"},
+        "kcp": {"type": "string", "description": "which kubeconfig (--kubeconfig NAME=PATH); default the first"},
+        "context": {"type": "string", "description": "kubeconfig context"}
+    })
+}
+
+fn with_cluster_props(mut props: Value) -> Value {
+    if let (Some(p), Value::Object(c)) = (props.as_object_mut(), cluster_props()) {
+        p.extend(c);
+    }
+    props
+}
+
+fn json_result(v: Value) -> CallToolResult {
+    let mut r = CallToolResult::success(vec![Content::text(v.to_string())]);
+    r.structured_content = Some(v);
+    r
+}
+
+#[async_trait]
+impl Source for K8s {
+    fn info(&self) -> SourceInfo {
+        SourceInfo {
+            name: "k8s".into(),
+            instructions: Some(
+                "Kubernetes and kcp objects as event logs. Watch kcp-events://watch/{workspace}/{resource} or \
+                 k8s-events://watch/{resource} (namespace=* for all namespaces); read kcp-api://{workspace}/resources \
+                 or call get_api_resources to see which resource types exist."
+                    .into(),
+            ),
+        }
+    }
+
+    fn resources(&self) -> Vec<Resource> {
+        Vec::new()
+    }
+
+    fn templates(&self) -> Vec<ResourceTemplate> {
+        vec![
+            template(
+                uri::KCP_WATCH_TEMPLATE,
+                "kcp objects",
+                EVENT_LOG_MIME,
+                "Event log of one resource type in a kcp workspace: ADDED / MODIFIED (with old) / DELETED, each \
+                 with the object (managedFields stripped), numbered by seq; ERROR events report source failures. \
+                 namespace=* means all namespaces; labelSelector and fieldSelector narrow it.\n\
+                 Example: await watch_start(name=\"cm\", uri=\"kcp-events://watch/root:app/configmaps?namespace=*\")",
+            ),
+            template(
+                uri::K8S_WATCH_TEMPLATE,
+                "Kubernetes objects",
+                EVENT_LOG_MIME,
+                "Event log of one resource type in a Kubernetes cluster: ADDED / MODIFIED (with old) / DELETED, \
+                 each with the object, numbered by seq; ERROR events report source failures. namespace=* means \
+                 all namespaces; context picks a kubeconfig context.\n\
+                 Example: await watch_start(name=\"pods\", uri=\"k8s-events://watch/pods?namespace=*\")",
+            ),
+            template(
+                uri::KCP_API_TEMPLATE,
+                "kcp API resources",
+                "application/json",
+                "The resource types a kcp workspace serves (name, shortNames, apiVersion, namespaced, kind, \
+                 verbs); readable, not watchable.\n\
+                 Example: await read_resource(uri=\"kcp-api://root:app/resources\")",
+            ),
+            template(
+                uri::K8S_API_TEMPLATE,
+                "Kubernetes API resources",
+                "application/json",
+                "The resource types the cluster serves (name, shortNames, apiVersion, namespaced, kind, verbs); \
+                 readable, not watchable.\n\
+                 Example: await read_resource(uri=\"k8s-api://resources\")",
+            ),
+        ]
+    }
+
+    async fn read(&self, uri: &str) -> Result<Contents, SourceError> {
+        match uri::parse(uri)? {
+            K8sUri::Watch(sel) => match self.live(uri) {
+                Some(w) => w.read().await,
+                // Nobody watches it: check that it can be listed, and show the (empty) log a
+                // subscription would start from.
+                None => {
+                    self.kubectl.list(&sel).await?;
+                    Ok(Contents::text(EVENT_LOG_MIME, "{\"events\":[]}"))
+                }
+            },
+            K8sUri::ApiResources(c) => Ok(Contents::json(&self.kubectl.api_resources(&c).await?)),
+        }
+    }
+
+    fn watchable(&self, uri: &str) -> bool {
+        matches!(uri::parse(uri), Ok(K8sUri::Watch(_)))
+    }
+
+    async fn watch(&self, uri: &str) -> Result<WatchGuard, SourceError> {
+        let K8sUri::Watch(sel) = uri::parse(uri)? else {
+            return Err(SourceError::InvalidParams(format!(
+                "{uri} is readable, not watchable; watch a kcp-events:// or k8s-events:// URI"
+            )));
+        };
+        let mut watchers = self.watchers.lock().unwrap_or_else(|e| e.into_inner());
+        watchers.retain(|_, w| w.strong_count() > 0);
+        if let Some(w) = watchers.get(uri).and_then(Weak::upgrade) {
+            return Ok(WatchGuard::new(w));
+        }
+        let w = Arc::new(Watcher::start(
+            uri.to_owned(),
+            sel,
+            self.kubectl.clone(),
+            self.feed.clone(),
+            self.ring_capacity,
+        ));
+        watchers.insert(uri.to_owned(), Arc::downgrade(&w));
+        Ok(WatchGuard::new(w))
+    }
+
+    fn changes(&self) -> ChangeFeed {
+        self.feed.clone()
+    }
+
+    fn tools(&self) -> Vec<Tool> {
+        let read_only = |title: &str| {
+            ToolAnnotations::with_title(title)
+                .read_only(true)
+                .destructive(false)
+                .idempotent(true)
+                .open_world(true)
+        };
+        let mut tools = vec![
+            Tool::new(
+                "kubectl_get",
+                "kubectl get: one object (name) or a list of a resource type, as JSON with managedFields stripped.",
+                schema(json!({
+                    "type": "object",
+                    "properties": with_cluster_props(json!({
+                        "resource": {"type": "string", "description": "resource type, e.g. configmaps"},
+                        "name": {"type": "string"},
+                        "namespace": {"type": "string", "description": "a namespace, or * for all"},
+                        "labelSelector": {"type": "string"},
+                        "fieldSelector": {"type": "string"}
+                    })),
+                    "required": ["resource"],
+                    "additionalProperties": false
+                })),
+            )
+            .with_annotations(read_only("Get Kubernetes objects")),
+            Tool::new(
+                "get_api_resources",
+                "The resource types the cluster or workspace serves (name, shortNames, apiVersion, namespaced, kind, verbs).",
+                schema(json!({
+                    "type": "object",
+                    "properties": cluster_props(),
+                    "additionalProperties": false
+                })),
+            )
+            .with_annotations(read_only("List API resource types")),
+        ];
+        if self.read_write {
+            let destructive = |title: &str| {
+                ToolAnnotations::with_title(title)
+                    .read_only(false)
+                    .destructive(true)
+                    .idempotent(true)
+                    .open_world(true)
+            };
+            tools.push(
+                Tool::new(
+                    "kubectl_apply",
+                    "kubectl apply -f -: create or update objects from a manifest (YAML or JSON text, or a JSON object).",
+                    schema(json!({
+                        "type": "object",
+                        "properties": with_cluster_props(json!({
+                            "manifest": {"description": "the manifest: YAML/JSON text or a JSON object"},
+                            "namespace": {"type": "string"}
+                        })),
+                        "required": ["manifest"],
+                        "additionalProperties": false
+                    })),
+                )
+                .with_annotations(destructive("Apply a manifest")),
+            );
+            tools.push(
+                Tool::new(
+                    "kubectl_delete",
+                    "kubectl delete: delete one object by resource type and name.",
+                    schema(json!({
+                        "type": "object",
+                        "properties": with_cluster_props(json!({
+                            "resource": {"type": "string"},
+                            "name": {"type": "string"},
+                            "namespace": {"type": "string"}
+                        })),
+                        "required": ["resource", "name"],
+                        "additionalProperties": false
+                    })),
+                )
+                .with_annotations(destructive("Delete an object")),
+            );
+        }
+        tools
+    }
+
+    async fn call_tool(&self, name: &str, args: JsonObject) -> Result<CallToolResult, SourceError> {
+        match name {
+            "kubectl_get" => {
+                check_args(&args, &READ_ARGS)?;
+                let resource = uri::resource_name(
+                    &required(&args, "resource", "\"configmaps\"")?,
+                    "the resource argument",
+                )?;
+                let sel = Selection {
+                    cluster: cluster_arg(&args)?,
+                    resource,
+                    namespace: str_arg(&args, "namespace")?,
+                    label_selector: str_arg(&args, "labelSelector")?,
+                    field_selector: str_arg(&args, "fieldSelector")?,
+                };
+                let items = match str_arg(&args, "name")? {
+                    None => self.kubectl.list(&sel).await?,
+                    Some(n) => {
+                        let mut one = sel.clone();
+                        one.resource = format!("{}/{n}", sel.resource);
+                        self.kubectl.list(&one).await?
+                    }
+                };
+                let v = if args.contains_key("name") {
+                    items.into_iter().next().unwrap_or(Value::Null)
+                } else {
+                    json!({"items": items})
+                };
+                Ok(json_result(v))
+            }
+            "get_api_resources" => {
+                check_args(&args, &["workspace", "kcp", "context"])?;
+                let c = cluster_arg(&args)?;
+                Ok(json_result(self.kubectl.api_resources(&c).await?))
+            }
+            "kubectl_apply" if self.read_write => {
+                check_args(
+                    &args,
+                    &["manifest", "namespace", "workspace", "kcp", "context"],
+                )?;
+                let manifest = match args.get("manifest") {
+                    Some(Value::String(s)) => s.clone(),
+                    Some(v @ Value::Object(_)) | Some(v @ Value::Array(_)) => v.to_string(),
+                    _ => {
+                        return Err(SourceError::InvalidParams(
+                            "missing argument manifest; pass the manifest as YAML/JSON text or an object"
+                                .into(),
+                        ));
+                    }
+                };
+                let mut a = vec!["apply".to_owned(), "-f".into(), "-".into()];
+                if let Some(ns) = str_arg(&args, "namespace")? {
+                    a.push(format!("--namespace={ns}"));
+                }
+                a.extend(["-o".into(), "name".into()]);
+                let out = self
+                    .kubectl
+                    .run(&cluster_arg(&args)?, &a, Some(manifest.as_bytes()))
+                    .await
+                    .map_err(|e| SourceError::InvalidParams(e.to_string()))?;
+                let applied: Vec<&str> = out.lines().filter(|l| !l.is_empty()).collect();
+                Ok(json_result(json!({"applied": applied})))
+            }
+            "kubectl_delete" if self.read_write => {
+                check_args(
+                    &args,
+                    &[
+                        "resource",
+                        "name",
+                        "namespace",
+                        "workspace",
+                        "kcp",
+                        "context",
+                    ],
+                )?;
+                let resource = uri::resource_name(
+                    &required(&args, "resource", "\"configmaps\"")?,
+                    "the resource argument",
+                )?;
+                let name = required(&args, "name", "\"my-object\"")?;
+                let mut a = vec!["delete".to_owned(), resource, name, "--wait=false".into()];
+                if let Some(ns) = str_arg(&args, "namespace")? {
+                    a.push(format!("--namespace={ns}"));
+                }
+                a.extend(["-o".into(), "name".into()]);
+                let out = self
+                    .kubectl
+                    .run(&cluster_arg(&args)?, &a, None)
+                    .await
+                    .map_err(|e| SourceError::InvalidParams(e.to_string()))?;
+                Ok(json_result(json!({"deleted": out.trim()})))
+            }
+            other => Err(SourceError::UnknownTool(other.to_owned())),
+        }
+    }
+}

@@ -1,0 +1,279 @@
+//! One watcher per watched URI: seed, watch, ring, reconnect (reference 000, "kcp").
+//!
+//! The task lists the selection (the seed; the first read awaits it), then streams
+//! `kubectl get -w`, turning its output into ring events through [`Known`], and publishes the
+//! URI on the change feed for each batch of new events. When the stream ends (server timeout,
+//! expired token, network, 410 Gone) it waits with exponential backoff, re-lists, logs
+//! synthetic events for what changed in the gap, and watches again. Failures are `ERROR`
+//! events in the ring. The task ends when the last [`Watcher`] handle is dropped, and its
+//! kubectl with it.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use serde_json::{Map, Value};
+use tokio::io::AsyncReadExt;
+use tokio::sync::watch;
+use tokio_util::sync::CancellationToken;
+
+use crate::mcp::hub::ChangeFeed;
+use crate::mcp::ring::EventRing;
+use crate::mcp::source::{Contents, SourceError};
+use crate::source::k8s::known::{Change, Known};
+use crate::source::k8s::kubectl::Kubectl;
+use crate::source::k8s::stream::{Item, JsonStream};
+use crate::source::k8s::uri::Selection;
+
+/// How long the first read waits for the seed.
+pub const SEED_TIMEOUT: Duration = Duration::from_secs(30);
+/// First reconnect delay; it doubles after each short-lived watch, up to [`MAX_BACKOFF`].
+pub const BASE_BACKOFF: Duration = Duration::from_millis(200);
+pub const MAX_BACKOFF: Duration = Duration::from_secs(30);
+/// A watch that lasted this long resets the backoff.
+const HEALTHY: Duration = Duration::from_secs(10);
+
+#[derive(Debug, Clone, PartialEq)]
+enum Seed {
+    Pending,
+    Ready,
+    Failed(SourceError),
+}
+
+/// A handle on a running watcher; the last one dropped stops it.
+pub struct Watcher {
+    ring: Arc<EventRing>,
+    seed: watch::Receiver<Seed>,
+    stop: CancellationToken,
+}
+
+impl Drop for Watcher {
+    fn drop(&mut self) {
+        self.stop.cancel();
+    }
+}
+
+impl Watcher {
+    pub fn start(
+        uri: String,
+        sel: Selection,
+        kubectl: Arc<Kubectl>,
+        feed: ChangeFeed,
+        ring_capacity: usize,
+    ) -> Watcher {
+        let ring = Arc::new(EventRing::new(ring_capacity));
+        let (tx, seed) = watch::channel(Seed::Pending);
+        let stop = CancellationToken::new();
+        let task = Task {
+            uri,
+            sel,
+            kubectl,
+            feed,
+            ring: ring.clone(),
+            seed: tx,
+            stop: stop.clone(),
+            known: None,
+        };
+        tokio::spawn(task.run());
+        Watcher { ring, seed, stop }
+    }
+
+    /// The event log, once the seed is in (waiting for it up to [`SEED_TIMEOUT`]).
+    pub async fn read(&self) -> Result<Contents, SourceError> {
+        let mut seed = self.seed.clone();
+        let state = tokio::time::timeout(SEED_TIMEOUT, seed.wait_for(|s| *s != Seed::Pending))
+            .await
+            .map_err(|_| {
+                SourceError::Unavailable(format!(
+                    "the first list did not finish within {} s; the cluster may be unreachable",
+                    SEED_TIMEOUT.as_secs()
+                ))
+            })?
+            .map_err(|_| SourceError::Unavailable("the watcher stopped".into()))?
+            .clone();
+        match state {
+            Seed::Failed(e) => Err(e),
+            _ => Ok(Contents::event_log(&self.ring)),
+        }
+    }
+}
+
+struct Task {
+    uri: String,
+    sel: Selection,
+    kubectl: Arc<Kubectl>,
+    feed: ChangeFeed,
+    ring: Arc<EventRing>,
+    seed: watch::Sender<Seed>,
+    stop: CancellationToken,
+    known: Option<Known>,
+}
+
+fn backoff(short_runs: u32) -> Duration {
+    BASE_BACKOFF
+        .saturating_mul(2u32.saturating_pow(short_runs.min(16)))
+        .min(MAX_BACKOFF)
+}
+
+impl Task {
+    fn push(&self, c: Change) {
+        let mut f = Map::new();
+        f.insert("object".into(), c.object);
+        if let Some(old) = c.old {
+            f.insert("old".into(), old);
+        }
+        if c.synthetic {
+            f.insert("synthetic".into(), Value::Bool(true));
+        }
+        self.ring.push(c.kind, f);
+    }
+
+    fn error(&self, message: String) {
+        tracing::warn!(uri = %self.uri, %message, "k8s watcher");
+        self.ring.push_error(&message);
+        self.feed.publish(&self.uri);
+    }
+
+    async fn run(mut self) {
+        let mut short_runs = 0u32;
+        loop {
+            let listed = tokio::select! {
+                _ = self.stop.cancelled() => return,
+                r = self.kubectl.list(&self.sel) => r,
+            };
+            match listed {
+                Ok(items) => match &mut self.known {
+                    None => {
+                        self.known = Some(Known::seed(items));
+                        self.seed.send_replace(Seed::Ready);
+                    }
+                    Some(k) => {
+                        let changes = k.reconcile(items);
+                        if !changes.is_empty() {
+                            for c in changes {
+                                self.push(c);
+                            }
+                            self.feed.publish(&self.uri);
+                        }
+                    }
+                },
+                Err(e) => {
+                    if self.known.is_none() {
+                        self.seed.send_replace(Seed::Failed(e.clone()));
+                    }
+                    self.error(format!("listing failed: {e}; retrying"));
+                    short_runs += 1;
+                    if self.pause(backoff(short_runs)).await {
+                        return;
+                    }
+                    continue;
+                }
+            }
+            let started = Instant::now();
+            match self.stream().await {
+                None => return,
+                Some(Ok(())) => {
+                    tracing::debug!(uri = %self.uri, "the watch stream ended; reconnecting");
+                }
+                Some(Err(why)) => self.error(format!("{why}; reconnecting")),
+            }
+            short_runs = if started.elapsed() >= HEALTHY {
+                0
+            } else {
+                short_runs + 1
+            };
+            if self.pause(backoff(short_runs.saturating_sub(1))).await {
+                return;
+            }
+        }
+    }
+
+    /// Waits `d`; true if the watcher was stopped meanwhile.
+    async fn pause(&self, d: Duration) -> bool {
+        tokio::select! {
+            _ = self.stop.cancelled() => true,
+            _ = tokio::time::sleep(d) => false,
+        }
+    }
+
+    /// Runs one `kubectl get -w` to its end. `None`: stopped; `Ok`: the server ended the
+    /// stream; `Err`: why it failed.
+    async fn stream(&mut self) -> Option<Result<(), String>> {
+        let mut child = match self.kubectl.watch(&self.sel).await {
+            Ok(c) => c,
+            Err(e) => return Some(Err(e.to_string())),
+        };
+        let mut stdout = child.stdout.take().expect("piped");
+        let mut stderr = child.stderr.take().expect("piped");
+        let errors = tokio::spawn(async move {
+            // Keep the tail only: a chatty kubectl must not grow memory.
+            let mut tail = Vec::new();
+            let mut buf = [0u8; 4096];
+            while let Ok(n) = stderr.read(&mut buf).await {
+                if n == 0 {
+                    break;
+                }
+                tail.extend_from_slice(&buf[..n]);
+                if tail.len() > 8192 {
+                    tail.drain(..tail.len() - 4096);
+                }
+            }
+            tail
+        });
+        let mut parser = JsonStream::new();
+        let mut buf = vec![0u8; 64 * 1024];
+        let mut failure = None;
+        loop {
+            let n = tokio::select! {
+                _ = self.stop.cancelled() => return None,
+                n = stdout.read(&mut buf) => n,
+            };
+            let n = match n {
+                Ok(0) | Err(_) => break,
+                Ok(n) => n,
+            };
+            let mut fresh = false;
+            for item in parser.feed(&buf[..n]) {
+                match item {
+                    Item::Value(v) => {
+                        let kind = v["type"].as_str().unwrap_or_default().to_owned();
+                        let object = v.get("object").cloned().unwrap_or(Value::Null);
+                        if kind == "ERROR" {
+                            let msg = object["message"].as_str().unwrap_or("unknown error");
+                            let code = object["code"].as_u64().unwrap_or(0);
+                            failure = Some(format!("the watch stream reported {code}: {msg}"));
+                            continue;
+                        }
+                        let change = self.known.as_mut().and_then(|k| k.apply(&kind, object));
+                        if let Some(c) = change {
+                            self.push(c);
+                            fresh = true;
+                        }
+                    }
+                    Item::Garbage(g) => {
+                        tracing::warn!(uri = %self.uri, output = %g, "kubectl printed something that is not JSON");
+                    }
+                }
+            }
+            if fresh {
+                self.feed.publish(&self.uri);
+            }
+        }
+        let status = tokio::select! {
+            _ = self.stop.cancelled() => return None,
+            s = child.wait() => s,
+        };
+        let tail = errors.await.unwrap_or_default();
+        match status {
+            Ok(s) if s.success() && failure.is_none() => Some(Ok(())),
+            Ok(s) => {
+                let text = String::from_utf8_lossy(&tail).trim().to_owned();
+                Some(Err(match (failure, text.is_empty()) {
+                    (Some(f), _) => f,
+                    (None, true) => format!("kubectl get -w exited with {s}"),
+                    (None, false) => format!("kubectl get -w exited with {s}: {text}"),
+                }))
+            }
+            Err(e) => Some(Err(format!("kubectl get -w: {e}"))),
+        }
+    }
+}

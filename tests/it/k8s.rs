@@ -1,0 +1,381 @@
+//! `herald k8s` end to end: the real kubectl against the fake API server, through `herald
+//! watch` and MCP clients.
+
+use serde_json::{Value, json};
+
+use crate::kube_fake::FakeApi;
+use crate::support::*;
+use crate::watch::Watch;
+
+struct Setup {
+    api: FakeApi,
+    k8s: Server,
+    _dir: TempDir,
+}
+
+async fn setup(extra: &[&str]) -> Setup {
+    let api = FakeApi::start().await;
+    let dir = TempDir::new("k8s");
+    let kc = api.kubeconfig(dir.path());
+    let mut args = vec![
+        "--store",
+        ":memory:",
+        "k8s",
+        "--http",
+        "127.0.0.1:0",
+        "--kubeconfig",
+        kc.to_str().unwrap(),
+    ];
+    args.extend_from_slice(extra);
+    let k8s = Server::spawn(&args).await;
+    Setup {
+        api,
+        k8s,
+        _dir: dir,
+    }
+}
+
+fn watch(s: &Setup, uri: &str) -> Watch {
+    let spec = format!("cm={uri}");
+    Watch::spawn(
+        ":memory:",
+        &["--mcp-http", &s.k8s.http_url(), "--watch", &spec],
+    )
+}
+
+/// Notice lines until one contains `needle`; all the lines seen, in order.
+async fn lines_until(w: &mut Watch, needle: &str) -> Vec<String> {
+    let mut seen = Vec::new();
+    loop {
+        let n = w.notice().await;
+        for l in n["lines"].as_array().unwrap() {
+            seen.push(l.as_str().unwrap().to_owned());
+        }
+        if seen.iter().any(|l| l.contains(needle)) {
+            return seen;
+        }
+    }
+}
+
+/// The command lines of the kubectl processes running `get -w` whose parent is `pid`.
+fn kubectl_cmdlines(pid: u32) -> Vec<String> {
+    let mut out = Vec::new();
+    for e in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Ok(stat) = std::fs::read_to_string(e.path().join("stat")) else {
+            continue;
+        };
+        // pid (comm) state ppid ...
+        let Some(after) = stat.rsplit_once(") ").map(|x| x.1) else {
+            continue;
+        };
+        let mut f = after.split(' ');
+        let (state, ppid) = (f.next(), f.next());
+        if state == Some("Z") || ppid != Some(&pid.to_string()) {
+            continue;
+        }
+        let cmd = std::fs::read(e.path().join("cmdline")).unwrap_or_default();
+        let cmd = String::from_utf8_lossy(&cmd).replace('\0', " ");
+        if cmd.contains("--output-watch-events") {
+            out.push(cmd);
+        }
+    }
+    out
+}
+
+fn kubectl_watches(pid: u32) -> usize {
+    kubectl_cmdlines(pid).len()
+}
+
+#[tokio::test]
+async fn configmap_changes_become_notices() {
+    let s = setup(&[]).await;
+    s.api.put("root:app", "default", "old", json!({"a": "1"}));
+    let mut w = watch(&s, "kcp-events://watch/root:app/configmaps?namespace=*");
+    w.event("watch.subscribed", "cm").await;
+    s.api.wait("a watch", |a| a.watches() == 1).await;
+    s.api.put("root:app", "default", "cm1", json!({"a": "1"}));
+    let l = lines_until(&mut w, "cm1").await;
+    assert_eq!(
+        l,
+        ["ADDED default/cm1"],
+        "the seeded object is not re-announced"
+    );
+    s.api.put("root:app", "default", "cm1", json!({"a": "2"}));
+    let l = lines_until(&mut w, "cm1").await;
+    assert_eq!(l, ["MODIFIED default/cm1 (data.a: 1→2)"]);
+    s.api.delete("root:app", "default", "cm1");
+    assert_eq!(lines_until(&mut w, "cm1").await, ["DELETED default/cm1"]);
+    // The watch went to the workspace's own path, and another workspace is another space.
+    assert!(
+        s.api.requests().iter().any(
+            |r| r.starts_with("GET /clusters/root:app/api/v1/configmaps?")
+                && r.contains("watch=true")
+        ),
+        "{:?}",
+        s.api.requests()
+    );
+    s.api.put("root:other", "default", "elsewhere", json!({}));
+    s.api.put("root:app", "default", "barrier", json!({}));
+    assert_eq!(
+        lines_until(&mut w, "barrier").await,
+        ["ADDED default/barrier"]
+    );
+    w.terminate().await;
+}
+
+#[tokio::test]
+async fn a_dropped_stream_reconnects_and_reports_the_gap() {
+    let s = setup(&[]).await;
+    for name in ["keep", "change", "gone"] {
+        s.api.put("", "default", name, json!({"v": "1"}));
+    }
+    let mut w = watch(&s, "k8s-events://watch/configmaps?namespace=default");
+    w.event("watch.subscribed", "cm").await;
+    s.api.wait("a watch", |a| a.watches() == 1).await;
+    s.api.drop_watches_and(|gap| {
+        gap.put("", "default", "change", json!({"v": "2"}));
+        gap.delete("", "default", "gone");
+        gap.put("", "default", "new", json!({"v": "1"}));
+    });
+    s.api.wait("a new watch", |a| a.watches() == 1).await;
+    let l = lines_until(&mut w, "new").await;
+    let mut got = l.clone();
+    got.sort();
+    assert_eq!(
+        got,
+        [
+            "ADDED default/new",
+            "DELETED default/gone",
+            "MODIFIED default/change (data.v: 1→2)"
+        ],
+        "{l:?}"
+    );
+    // kubectl re-listed everything as ADDED when it restarted: all suppressed.
+    s.api.wait("a new watch", |a| a.watches() == 1).await;
+    s.api.put("", "default", "after", json!({}));
+    let l = lines_until(&mut w, "after").await;
+    assert_eq!(l, ["ADDED default/after"], "no duplicate ADDED");
+    w.terminate().await;
+}
+
+#[tokio::test]
+async fn gone_410_is_reported_in_band_and_recovered() {
+    let s = setup(&[]).await;
+    let mut w = watch(&s, "k8s-events://watch/configmaps?namespace=*");
+    w.event("watch.subscribed", "cm").await;
+    s.api.wait("a watch", |a| a.watches() == 1).await;
+    s.api.put("", "default", "before", json!({}));
+    assert_eq!(
+        lines_until(&mut w, "before").await,
+        ["ADDED default/before"]
+    );
+    s.api.expire_watches();
+    let l = lines_until(&mut w, "410").await;
+    assert!(l.iter().any(|x| x.contains("ERROR")), "{l:?}");
+    // It keeps reconnecting until a watch is accepted, then carries on.
+    s.api.wait("a new watch", |a| a.watches() == 1).await;
+    s.api.put("", "default", "after", json!({}));
+    lines_until(&mut w, "ADDED default/after").await;
+    w.terminate().await;
+}
+
+#[tokio::test]
+async fn a_typo_gets_did_you_mean() {
+    let s = setup(&[]).await;
+    let out = herald([
+        "--store",
+        ":memory:",
+        "watch",
+        "--mcp-http",
+        &s.k8s.http_url(),
+        "--watch",
+        "cm=kcp-events://watch/root:app/confgmaps?namespace=*",
+    ])
+    .await;
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("did you mean: configmaps"), "{err}");
+    assert!(err.contains("confgmaps"), "{err}");
+}
+
+#[tokio::test]
+async fn subscribers_share_one_kubectl_until_the_last_leaves() {
+    let s = setup(&[]).await;
+    let uri = "kcp-events://watch/root:app/configmaps?namespace=*";
+    let mut a = watch(&s, uri);
+    let mut b = watch(&s, uri);
+    a.event("watch.subscribed", "cm").await;
+    b.event("watch.subscribed", "cm").await;
+    s.api.wait("a watch", |a| a.watches() == 1).await;
+    assert_eq!(kubectl_watches(s.k8s.pid()), 1);
+    s.api.put("root:app", "default", "shared", json!({}));
+    assert_eq!(
+        lines_until(&mut a, "shared").await,
+        ["ADDED default/shared"]
+    );
+    assert_eq!(
+        lines_until(&mut b, "shared").await,
+        ["ADDED default/shared"]
+    );
+    assert_eq!(s.api.watches(), 1, "still one stream for two subscribers");
+    a.terminate().await;
+    s.api.put("root:app", "default", "still", json!({}));
+    lines_until(&mut b, "still").await;
+    assert_eq!(kubectl_watches(s.k8s.pid()), 1);
+    b.terminate().await;
+    s.api
+        .wait("the last watch closed", |a| a.watches() == 0)
+        .await;
+}
+
+#[tokio::test]
+async fn tools_and_api_resources() {
+    let s = setup(&["--read-write"]).await;
+    s.api.put_labeled(
+        "",
+        "default",
+        "web",
+        json!({"k": "v"}),
+        json!({"app": "web"}),
+    );
+    s.api.put("", "default", "db", json!({}));
+    let c = crate::watch::memo_client(&s.k8s.http_url()).await;
+    let tools = c.list_all_tools().await.unwrap();
+    let names: Vec<&str> = tools.iter().map(|t| t.name.as_ref()).collect();
+    assert_eq!(
+        names,
+        [
+            "kubectl_get",
+            "get_api_resources",
+            "kubectl_apply",
+            "kubectl_delete"
+        ]
+    );
+    let read_only = tools
+        .iter()
+        .map(|t| t.annotations.as_ref().and_then(|a| a.read_only_hint))
+        .collect::<Vec<_>>();
+    assert_eq!(
+        read_only,
+        [Some(true), Some(true), Some(false), Some(false)]
+    );
+    let got = call_json(
+        &c,
+        "kubectl_get",
+        json!({"resource": "configmaps", "namespace": "default", "labelSelector": "app=web"}),
+    )
+    .await;
+    let items = got["items"].as_array().unwrap();
+    assert_eq!(items.len(), 1, "{got}");
+    assert_eq!(items[0]["metadata"]["name"], "web");
+    assert!(items[0]["metadata"].get("managedFields").is_none());
+    let one = call_json(
+        &c,
+        "kubectl_get",
+        json!({"resource": "cm", "name": "db", "namespace": "default"}),
+    )
+    .await;
+    assert_eq!(one["metadata"]["name"], "db");
+    let api = call_json(&c, "get_api_resources", json!({})).await;
+    assert!(
+        api.as_array()
+            .unwrap()
+            .iter()
+            .any(|r| r["name"] == "configmaps" && r["shortNames"] == json!(["cm"])),
+        "{api}"
+    );
+    let (read, _) = read_json(&c, "k8s-api://resources").await;
+    assert_eq!(read, api);
+    call_json(
+        &c,
+        "kubectl_delete",
+        json!({"resource": "configmaps", "name": "db", "namespace": "default"}),
+    )
+    .await;
+    assert!(
+        s.api
+            .requests()
+            .iter()
+            .any(|r| r.starts_with("DELETE /api/v1/namespaces/default/configmaps/db")),
+        "{:?}",
+        s.api.requests()
+    );
+    let err = c
+        .call_tool(
+            rmcp::model::CallToolRequestParams::new("kubectl_get")
+                .with_arguments(args(json!({"resource": "cm", "bogus": 1}))),
+        )
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("unknown argument bogus"), "{err}");
+}
+
+#[tokio::test]
+async fn read_only_servers_have_no_mutating_tools() {
+    let s = setup(&["--read-only"]).await;
+    let c = crate::watch::memo_client(&s.k8s.http_url()).await;
+    let names: Vec<String> = c
+        .list_all_tools()
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|t| t.name.to_string())
+        .collect();
+    assert_eq!(names, ["kubectl_get", "get_api_resources"]);
+    let templates = c.list_all_resource_templates().await.unwrap();
+    for t in templates {
+        let d = t.description.clone().unwrap();
+        assert!(
+            d.lines().last().unwrap().starts_with("Example: await "),
+            "{d}"
+        );
+    }
+}
+
+async fn call_json(c: &herald::transport::client::Connection, tool: &str, a: Value) -> Value {
+    let r = c
+        .call_tool(rmcp::model::CallToolRequestParams::new(tool.to_owned()).with_arguments(args(a)))
+        .await
+        .unwrap();
+    assert_ne!(r.is_error, Some(true), "{r:?}");
+    r.structured_content.expect("structured content")
+}
+
+#[tokio::test]
+async fn the_token_command_mints_credentials_for_every_connect() {
+    let dir = TempDir::new("k8s-token");
+    let counter = dir.path().join("n");
+    // Each run prints a new token: minted-1, minted-2, ...
+    let cmd = format!(
+        "n=$(cat {c} 2>/dev/null || echo 0); n=$((n+1)); echo $n > {c}; echo minted-$n",
+        c = counter.display()
+    );
+    let s = setup(&["--token-command", &cmd]).await;
+    let minted = || -> u32 {
+        std::fs::read_to_string(&counter)
+            .unwrap()
+            .trim()
+            .parse()
+            .unwrap()
+    };
+    let mut w = watch(&s, "k8s-events://watch/configmaps?namespace=*");
+    w.event("watch.subscribed", "cm").await;
+    s.api.wait("a watch", |a| a.watches() == 1).await;
+    let first = minted();
+    assert!(first >= 1);
+    // The token travels in a private kubeconfig, never on a command line.
+    let cmdlines = kubectl_cmdlines(s.k8s.pid());
+    assert_eq!(cmdlines.len(), 1);
+    assert!(!cmdlines[0].contains("minted-"), "{cmdlines:?}");
+    s.api.drop_watches_and(|_| {});
+    s.api.wait("a new watch", |a| a.watches() == 1).await;
+    s.api.put("", "default", "x", json!({}));
+    lines_until(&mut w, "ADDED default/x").await;
+    assert!(minted() > first, "re-minted on reconnect");
+    assert!(
+        !s.k8s.stderr().contains("minted-"),
+        "a token reached the log"
+    );
+    w.terminate().await;
+}
