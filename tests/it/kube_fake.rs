@@ -3,6 +3,7 @@
 //! a replayable history, chunked watch streams, label selectors, `410 Gone` on demand, and kcp's
 //! `/clusters/{workspace}` prefix (each workspace its own object space). Tests change objects
 //! directly through [`FakeApi`] and await its state with [`FakeApi::wait`], never a sleep.
+//! `tests/bench/k8s.rs` includes this file too.
 
 use std::collections::BTreeMap;
 use std::convert::Infallible;
@@ -15,7 +16,8 @@ use axum::response::Response;
 use serde_json::{Value, json};
 use tokio::sync::{Notify, mpsc};
 
-use crate::support::WAIT;
+/// How long [`FakeApi::wait`] waits (the fake is shared with the k8s bench, so it has its own).
+const WAIT: std::time::Duration = std::time::Duration::from_secs(30);
 
 #[derive(Default)]
 struct Inner {

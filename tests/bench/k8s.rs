@@ -1,0 +1,257 @@
+//! The k8s source's throughput and memory, against the fake API server the tests use.
+//!
+//! 1. Events per second from the fake API server to a consumer: raw `kubectl get -w` piped to
+//!    a counter, then the same stream through `herald k8s` (its own kubectl, parse, dedupe,
+//!    ring, listen notification) to an in-process watch client (read, event-log diff), in the
+//!    same run. The ratio herald / kubectl is the figure; target at least 0.8.
+//! 2. Memory with 1,000 objects and 100 watched URIs (100 kubectl processes): herald's RSS,
+//!    and the kubectl processes' together.
+//!
+//! `cargo bench --bench k8s` (HERALD_BENCH_N overrides the 20,000 events).
+
+#[allow(dead_code)]
+#[path = "../it/kube_fake.rs"]
+mod kube_fake;
+
+use std::process::Stdio;
+use std::time::{Duration, Instant};
+
+use herald::transport::client::{Target, client_config, connect};
+use herald::watch::log::WatchLog;
+use herald::watch::manager::{Server, WatchConfig, WatchManager};
+use kube_fake::FakeApi;
+use rmcp::model::SubscriptionFilter;
+use serde_json::{Value, json};
+use tokio::io::{AsyncBufReadExt, AsyncReadExt, BufReader};
+
+const BIN: &str = env!("CARGO_BIN_EXE_herald");
+
+fn rss_kib(pid: u32) -> u64 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("VmRSS:"))
+                .and_then(|l| l.split_whitespace().nth(1))
+                .and_then(|v| v.parse().ok())
+        })
+        .unwrap_or(0)
+}
+
+fn children(pid: u32) -> Vec<u32> {
+    let mut out = Vec::new();
+    for e in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Ok(stat) = std::fs::read_to_string(e.path().join("stat")) else {
+            continue;
+        };
+        let Some(after) = stat.rsplit_once(") ").map(|x| x.1) else {
+            continue;
+        };
+        if after.split(' ').nth(1) == Some(&pid.to_string())
+            && let Some(p) = e.file_name().to_str().and_then(|s| s.parse().ok())
+        {
+            out.push(p);
+        }
+    }
+    out
+}
+
+/// `herald k8s` on HTTP; its URL and process.
+async fn herald_k8s(kubeconfig: &str, ring: usize) -> (String, tokio::process::Child) {
+    let mut child = tokio::process::Command::new(BIN)
+        .args([
+            "--log-format",
+            "json",
+            "--store",
+            ":memory:",
+            "k8s",
+            "--http",
+            "127.0.0.1:0",
+            "--kubeconfig",
+            kubeconfig,
+            "--ring-capacity",
+            &ring.to_string(),
+        ])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
+    loop {
+        let l = lines.next_line().await.unwrap().expect("a listening line");
+        if let Ok(v) = serde_json::from_str::<Value>(&l)
+            && v["event"] == "listening"
+        {
+            tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
+            return (v["http_url"].as_str().unwrap().to_owned(), child);
+        }
+    }
+}
+
+fn put_all(api: &FakeApi, n: usize, round: usize) {
+    for i in 0..n {
+        api.put(
+            "",
+            "default",
+            &format!("cm-{:04}", i % 1000),
+            json!({"round": round, "i": i}),
+        );
+    }
+}
+
+async fn raw_kubectl(api: &FakeApi, kubeconfig: &str, n: usize) -> f64 {
+    let mut child = tokio::process::Command::new("kubectl")
+        .args([
+            &format!("--kubeconfig={kubeconfig}"),
+            "get",
+            "configmaps",
+            "--all-namespaces",
+            "-w",
+            "--output-watch-events",
+            "-o",
+            "json",
+            "--request-timeout=0",
+        ])
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("kubectl on PATH");
+    let mut out = child.stdout.take().unwrap();
+    api.wait("kubectl's watch", |a| a.watches() == 1).await;
+    // The seeded objects are printed first, as ADDED; count from after them.
+    let seeded = 1000;
+    let (tx, rx) = tokio::sync::oneshot::channel();
+    tokio::spawn(async move {
+        let mut buf = vec![0u8; 1 << 16];
+        let mut lines = 0usize;
+        let mut tx = Some(tx);
+        loop {
+            let k = out.read(&mut buf).await.unwrap();
+            if k == 0 {
+                break;
+            }
+            lines += buf[..k].iter().filter(|&&b| b == b'\n').count();
+            if lines >= seeded + n
+                && let Some(tx) = tx.take()
+            {
+                let _ = tx.send(Instant::now());
+            }
+        }
+    });
+    let t0 = Instant::now();
+    put_all(api, n, 1);
+    let done = tokio::time::timeout(Duration::from_secs(600), rx)
+        .await
+        .expect("kubectl printed every event")
+        .unwrap();
+    let _ = child.kill().await;
+    api.wait("kubectl gone", |a| a.watches() == 0).await;
+    n as f64 / (done - t0).as_secs_f64()
+}
+
+async fn through_herald(api: &FakeApi, kubeconfig: &str, n: usize) -> (f64, u64) {
+    let (url, _child) = herald_k8s(kubeconfig, 4096).await;
+    let (tx, mut rx) = tokio::sync::mpsc::channel(1024);
+    let mut cfg = WatchConfig::default();
+    cfg.debounce.quiet = Duration::ZERO;
+    cfg.max_events_per_update = usize::MAX;
+    cfg.debounce.max_lines = usize::MAX;
+    let mgr = WatchManager::new(
+        cfg,
+        vec![Server::new(Target::Http(url), Default::default(), 64 << 20)],
+        tx,
+        WatchLog::silent(),
+        None,
+    );
+    mgr.watch_start("cm", "k8s-events://watch/configmaps?namespace=*", None)
+        .await
+        .unwrap();
+    api.wait("herald's watch", |a| a.watches() == 1).await;
+    let t0 = Instant::now();
+    put_all(api, n, 2);
+    api.put("", "default", "zz-final", json!({}));
+    let done = tokio::time::timeout(Duration::from_secs(600), async {
+        while let Some(notice) = rx.recv().await {
+            if notice.lines.iter().any(|l| l.contains("zz-final")) {
+                return Instant::now();
+            }
+        }
+        panic!("the watch ended");
+    })
+    .await
+    .expect("the last event arrived");
+    let events = mgr.watch_list()[0].events;
+    mgr.shutdown().await;
+    (events as f64 / (done - t0).as_secs_f64(), events)
+}
+
+async fn memory(api: &FakeApi, kubeconfig: &str) -> (u64, u64, f64) {
+    for i in 0..1000 {
+        api.put(
+            "",
+            &format!("ns-{:03}", i % 100),
+            &format!("obj-{i:04}"),
+            json!({"i": i}),
+        );
+    }
+    let (url, child) = herald_k8s(kubeconfig, 256).await;
+    let pid = child.id().unwrap();
+    let conn = connect(&Target::Http(url), &Default::default(), client_config(), 4 << 20)
+        .await
+        .unwrap();
+    let t0 = Instant::now();
+    let mut filter = SubscriptionFilter::builder();
+    for i in 0..100 {
+        filter = filter.resource_subscription(format!(
+            "k8s-events://watch/configmaps?namespace=ns-{i:03}"
+        ));
+    }
+    let _sub = conn.listen(filter.build()).await.unwrap();
+    api.wait("100 watches", |a| a.watches() == 100).await;
+    let took = t0.elapsed().as_secs_f64();
+    let kubectl: u64 = children(pid).into_iter().map(rss_kib).sum();
+    (rss_kib(pid), kubectl, took)
+}
+
+#[tokio::main]
+async fn main() {
+    rustls::crypto::ring::default_provider()
+        .install_default()
+        .ok();
+    let n: usize = std::env::var("HERALD_BENCH_N")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(20_000);
+    let dir = std::env::temp_dir().join(format!("herald-k8s-bench-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let api = FakeApi::start().await;
+    let kc = api.kubeconfig(&dir);
+    let kc = kc.to_str().unwrap();
+    // 1,000 objects exist before either consumer starts; every event is then a MODIFIED.
+    put_all(&api, 1000, 0);
+    let raw = raw_kubectl(&api, kc, n).await;
+    let (herald, events) = through_herald(&api, kc, n).await;
+    println!(
+        "k8s events, {n} MODIFIED over 1,000 configmaps: raw kubectl get -w {raw:.0} events/s; \
+         through herald k8s to the watch client {herald:.0} events/s ({events} of {} delivered); \
+         ratio {:.2}x (target >= 0.8x) -> {}",
+        n + 1,
+        herald / raw,
+        if herald / raw >= 0.8 { "met" } else { "MISSED" }
+    );
+    let api = FakeApi::start().await;
+    let kc = api.kubeconfig(&dir);
+    let (herald_rss, kubectl_rss, took) = memory(&api, kc.to_str().unwrap()).await;
+    println!(
+        "1,000 objects, 100 watched URIs: herald RSS {:.1} MiB; the 100 kubectl processes {:.1} MiB together \
+         ({:.1} MiB each); all 100 watches up in {took:.1} s",
+        herald_rss as f64 / 1024.0,
+        kubectl_rss as f64 / 1024.0,
+        kubectl_rss as f64 / 1024.0 / 100.0
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
