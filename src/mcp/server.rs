@@ -16,7 +16,9 @@ use std::time::Duration;
 use base64::Engine as _;
 use rmcp::handler::server::ServerHandler;
 use rmcp::model::{
-    CallToolRequestParams, CallToolResponse, ClientRequest, ErrorData as McpError, Implementation,
+    CallToolRequestParams, CallToolResponse, ClientRequest, CustomRequest, CustomResult,
+    DiscoverResult, ErrorCode, ErrorData as McpError, Implementation, InitializeRequestParams,
+    InitializeResult,
     ListPromptsResult, ListResourceTemplatesResult, ListResourcesResult, ListToolsResult,
     PaginatedRequestParams, ProtocolVersion, ReadResourceRequestParams, ReadResourceResponse,
     ReadResourceResult, ResourceContents, ServerCapabilities, ServerConfig, ServerResult,
@@ -31,7 +33,13 @@ use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
 use crate::mcp::hub::{ChangeFeed, Registration};
-use crate::mcp::source::{Body, DynSource, SourceError};
+use crate::mcp::source::{Body, Caller, DynSource, SourceError};
+
+/// The Events extension's capability key.
+pub const EVENTS_EXTENSION: &str = "io.modelcontextprotocol/events";
+
+/// Where a token travels on byte-stream transports: each request's `_meta`.
+pub const TOKEN_META_KEY: &str = "io.herald/token";
 
 /// Server-side limits. Every field has a default and a flag.
 #[derive(Debug, Clone)]
@@ -103,7 +111,6 @@ struct Shared {
     limits: Limits,
     shutdown: CancellationToken,
     config: ServerConfig,
-    tools: Vec<Tool>,
     streams_total: AtomicU64,
     /// Listen streams running now, and a wake-up for when that reaches zero.
     active_listens: AtomicUsize,
@@ -137,7 +144,6 @@ pub struct SourceServer {
 impl SourceServer {
     pub fn new(source: DynSource, limits: Limits, shutdown: CancellationToken) -> SourceServer {
         let info = source.info();
-        let tools = source.tools();
         let caps = ServerCapabilities::builder()
             .enable_resources()
             .enable_resources_subscribe()
@@ -158,7 +164,6 @@ impl SourceServer {
                 limits,
                 shutdown,
                 config,
-                tools,
                 streams_total: AtomicU64::new(0),
                 active_listens: AtomicUsize::new(0),
                 drained: tokio::sync::Notify::new(),
@@ -166,22 +171,30 @@ impl SourceServer {
         }
     }
 
-    /// This server for a new byte-stream connection (stdio, QUIC stream), with its own
-    /// listen-stream count.
+    /// This server for stdio, with its own listen-stream count. The peer is the process that
+    /// started this one, so it is a local caller (no token needed).
     pub fn for_connection(&self) -> ConnServer {
         ConnServer {
             server: self.clone(),
             conn: ConnStreams::default(),
+            local: true,
         }
     }
 
     /// This server for a byte-stream connection that shares its listen-stream budget with
-    /// others (the streams of one QUIC connection).
+    /// others (the streams of one QUIC connection). Its callers present a token in `_meta`.
     pub fn for_connection_sharing(&self, conn: ConnStreams) -> ConnServer {
         ConnServer {
             server: self.clone(),
             conn,
+            local: false,
         }
+    }
+
+    /// The HTTP handler: each request's caller comes from its `Authorization` header and the
+    /// endpoint's `?servers=`.
+    pub fn for_http(&self) -> HttpServer {
+        HttpServer(self.clone())
     }
 
     pub fn limits(&self) -> &Limits {
@@ -219,6 +232,8 @@ impl SourceServer {
 pub struct ListenAdmission {
     _slot: StreamSlot,
     registration: Arc<std::sync::Mutex<Option<Registration>>>,
+    /// The requested URIs this caller may watch (what the ack will name).
+    pub accepted: Vec<String>,
 }
 
 impl ListenAdmission {
@@ -248,10 +263,12 @@ impl SourceServer {
         conn: &ConnStreams,
     ) -> Result<ListenAdmission, McpError> {
         let slot = check_listen(&self.shared.limits, requested.len(), conn)?;
-        let registration = self.shared.feed.register(&self.accepted_uris(requested));
+        let accepted = self.accepted_uris(requested);
+        let registration = self.shared.feed.register(&accepted);
         Ok(ListenAdmission {
             _slot: slot,
             registration: Arc::new(std::sync::Mutex::new(Some(registration))),
+            accepted,
         })
     }
 }
@@ -291,6 +308,7 @@ pub fn check_listen(
 pub struct ConnServer {
     server: SourceServer,
     conn: ConnStreams,
+    local: bool,
 }
 
 impl Service<RoleServer> for ConnServer {
@@ -299,17 +317,32 @@ impl Service<RoleServer> for ConnServer {
         request: ClientRequest,
         mut context: RequestContext<RoleServer>,
     ) -> Result<ServerResult, McpError> {
-        if let ClientRequest::SubscriptionsListenRequest(r) = &request {
-            let requested = r
-                .params
-                .notifications
-                .resource_subscriptions
-                .as_deref()
-                .unwrap_or_default();
-            let admission = self.server.admit_listen(requested, &self.conn)?;
-            context.extensions.insert(admission);
-        }
-        self.server.handle_request(request, context).await
+        let caller = Caller {
+            token: context
+                .meta
+                .0
+                .0
+                .get(TOKEN_META_KEY)
+                .and_then(|v| v.as_str())
+                .map(str::to_owned),
+            servers: None,
+            local: self.local,
+        };
+        caller
+            .scope(async move {
+                if let ClientRequest::SubscriptionsListenRequest(r) = &request {
+                    let requested = r
+                        .params
+                        .notifications
+                        .resource_subscriptions
+                        .as_deref()
+                        .unwrap_or_default();
+                    let admission = self.server.admit_listen(requested, &self.conn)?;
+                    context.extensions.insert(admission);
+                }
+                self.server.handle_request(request, context).await
+            })
+            .await
     }
 
     async fn handle_notification(
@@ -329,6 +362,159 @@ impl Service<RoleServer> for ConnServer {
     }
 }
 
+/// [`SourceServer`] on HTTP (rmcp builds one per request): the caller comes from the request's
+/// `Authorization: Bearer` header and the endpoint URL's `?servers=a,b`.
+#[derive(Clone)]
+pub struct HttpServer(SourceServer);
+
+/// The caller an HTTP request presents.
+pub fn http_caller(headers: &http::HeaderMap, uri: &http::Uri) -> Caller {
+    let token = headers
+        .get(http::header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| {
+            v.strip_prefix("Bearer ")
+                .or_else(|| v.strip_prefix("bearer "))
+        })
+        .map(|t| t.trim().to_owned());
+    let servers = uri.query().and_then(|q| {
+        q.split('&').find_map(|p| {
+            p.strip_prefix("servers=").map(|v| {
+                v.split(',')
+                    .map(|s| s.trim().to_owned())
+                    .filter(|s| !s.is_empty())
+                    .collect()
+            })
+        })
+    });
+    Caller {
+        token,
+        servers,
+        local: false,
+    }
+}
+
+fn http_caller_of(ctx: &RequestContext<RoleServer>) -> Caller {
+    ctx.extensions
+        .get::<http::request::Parts>()
+        .map(|p| http_caller(&p.headers, &p.uri))
+        .unwrap_or_default()
+}
+
+/// rmcp's HTTP service takes a [`ServerHandler`]: delegate each method, inside the caller's
+/// scope.
+impl ServerHandler for HttpServer {
+    fn get_info(&self) -> ServerConfig {
+        self.0.shared.config.clone()
+    }
+
+    fn supported_protocol_versions(&self) -> Cow<'static, [ProtocolVersion]> {
+        Cow::Borrowed(ProtocolVersion::KNOWN_VERSIONS)
+    }
+
+    async fn discover(&self, ctx: RequestContext<RoleServer>) -> Result<DiscoverResult, McpError> {
+        http_caller_of(&ctx).scope(self.0.discover(ctx)).await
+    }
+
+    async fn initialize(
+        &self,
+        request: InitializeRequestParams,
+        ctx: RequestContext<RoleServer>,
+    ) -> Result<InitializeResult, McpError> {
+        http_caller_of(&ctx)
+            .scope(self.0.initialize(request, ctx))
+            .await
+    }
+
+    async fn list_resources(
+        &self,
+        request: Option<PaginatedRequestParams>,
+        ctx: RequestContext<RoleServer>,
+    ) -> Result<ListResourcesResult, McpError> {
+        http_caller_of(&ctx)
+            .scope(self.0.list_resources(request, ctx))
+            .await
+    }
+
+    async fn list_resource_templates(
+        &self,
+        request: Option<PaginatedRequestParams>,
+        ctx: RequestContext<RoleServer>,
+    ) -> Result<ListResourceTemplatesResult, McpError> {
+        http_caller_of(&ctx)
+            .scope(self.0.list_resource_templates(request, ctx))
+            .await
+    }
+
+    async fn list_prompts(
+        &self,
+        request: Option<PaginatedRequestParams>,
+        ctx: RequestContext<RoleServer>,
+    ) -> Result<ListPromptsResult, McpError> {
+        self.0.list_prompts(request, ctx).await
+    }
+
+    async fn read_resource(
+        &self,
+        request: ReadResourceRequestParams,
+        ctx: RequestContext<RoleServer>,
+    ) -> Result<ReadResourceResponse, McpError> {
+        http_caller_of(&ctx)
+            .scope(self.0.read_resource(request, ctx))
+            .await
+    }
+
+    fn accepted_subscription_filter(
+        &self,
+        requested: &SubscriptionFilter,
+    ) -> Option<SubscriptionFilter> {
+        // The HTTP listen gate admitted this listen in the caller's scope and rewrote the
+        // request to the URIs it accepted (this method has no request context to scope).
+        let mut accepted = SubscriptionFilter::default();
+        accepted.resource_subscriptions = requested.resource_subscriptions.clone();
+        Some(accepted)
+    }
+
+    async fn listen(&self, ctx: SubscriptionContext) -> Result<(), McpError> {
+        let caller = http_caller_of(ctx.request_context());
+        caller.scope(self.0.listen(ctx)).await
+    }
+
+    async fn list_tools(
+        &self,
+        request: Option<PaginatedRequestParams>,
+        ctx: RequestContext<RoleServer>,
+    ) -> Result<ListToolsResult, McpError> {
+        http_caller_of(&ctx)
+            .scope(self.0.list_tools(request, ctx))
+            .await
+    }
+
+    fn get_tool(&self, name: &str) -> Option<Tool> {
+        self.0.get_tool(name)
+    }
+
+    async fn call_tool(
+        &self,
+        request: CallToolRequestParams,
+        ctx: RequestContext<RoleServer>,
+    ) -> Result<CallToolResponse, McpError> {
+        http_caller_of(&ctx)
+            .scope(self.0.call_tool(request, ctx))
+            .await
+    }
+
+    async fn on_custom_request(
+        &self,
+        request: CustomRequest,
+        ctx: RequestContext<RoleServer>,
+    ) -> Result<CustomResult, McpError> {
+        http_caller_of(&ctx)
+            .scope(self.0.on_custom_request(request, ctx))
+            .await
+    }
+}
+
 /// Maps a source error to JSON-RPC. `uri` is attached as `data.uri` where it applies.
 pub fn to_mcp_error(e: SourceError) -> McpError {
     match &e {
@@ -339,12 +525,99 @@ pub fn to_mcp_error(e: SourceError) -> McpError {
             McpError::invalid_params(e.to_string(), None)
         }
         SourceError::Unavailable(_) => McpError::internal_error(e.to_string(), None),
+        SourceError::Forbidden => McpError::new(ErrorCode(-32024), e.to_string(), None),
+        SourceError::EventNotFound(_) => McpError::new(
+            ErrorCode(-32023),
+            e.to_string(),
+            Some(json!({"kind": "event"})),
+        ),
+        SourceError::Upstream {
+            code,
+            message,
+            data,
+        } => McpError::new(ErrorCode(*code), message.clone(), data.clone()),
+    }
+}
+
+impl SourceServer {
+    /// The handshake's capabilities: the Events extension when the source serves events to
+    /// this caller.
+    async fn config_for_caller(&self) -> ServerConfig {
+        let mut config = self.shared.config.clone();
+        if self.shared.source.events_advertised().await {
+            config
+                .capabilities
+                .extensions
+                .get_or_insert_with(Default::default)
+                .insert(EVENTS_EXTENSION.into(), Default::default());
+        }
+        config
     }
 }
 
 impl ServerHandler for SourceServer {
     fn get_info(&self) -> ServerConfig {
         self.shared.config.clone()
+    }
+
+    async fn discover(
+        &self,
+        _context: RequestContext<RoleServer>,
+    ) -> Result<DiscoverResult, McpError> {
+        Ok(DiscoverResult::from_server_info(
+            ServerHandler::supported_protocol_versions(self).into_owned(),
+            self.config_for_caller().await,
+        ))
+    }
+
+    async fn initialize(
+        &self,
+        request: InitializeRequestParams,
+        context: RequestContext<RoleServer>,
+    ) -> Result<InitializeResult, McpError> {
+        context.peer.set_peer_info(request.clone());
+        let mut info = self.negotiate_initialize(&request)?;
+        info.capabilities = self.config_for_caller().await.capabilities;
+        Ok(info)
+    }
+
+    async fn on_custom_request(
+        &self,
+        request: CustomRequest,
+        _context: RequestContext<RoleServer>,
+    ) -> Result<CustomResult, McpError> {
+        let params = match request.params {
+            None | Some(serde_json::Value::Null) => serde_json::Map::new(),
+            Some(serde_json::Value::Object(o)) => o,
+            Some(_) => return Err(McpError::invalid_params("params must be an object", None)),
+        };
+        let source = &self.shared.source;
+        match request.method.as_str() {
+            "events/list" => {
+                if let Some(k) = params.keys().find(|k| *k != "cursor" && *k != "_meta") {
+                    return Err(McpError::invalid_params(
+                        format!("unknown parameter {k}; events/list takes cursor"),
+                        None,
+                    ));
+                }
+                let events = source.events_list().await.map_err(to_mcp_error)?;
+                Ok(CustomResult::new(
+                    json!({"resultType": "complete", "events": events}),
+                ))
+            }
+            "events/poll" => {
+                let mut result = source.events_poll(params).await.map_err(to_mcp_error)?;
+                if let Some(o) = result.as_object_mut() {
+                    o.entry("resultType").or_insert_with(|| "complete".into());
+                }
+                Ok(CustomResult::new(result))
+            }
+            other => Err(McpError::new(
+                ErrorCode::METHOD_NOT_FOUND,
+                format!("unknown method {other}"),
+                None,
+            )),
+        }
     }
 
     async fn list_resources(
@@ -498,11 +771,15 @@ impl ServerHandler for SourceServer {
         _request: Option<PaginatedRequestParams>,
         _context: RequestContext<RoleServer>,
     ) -> Result<ListToolsResult, McpError> {
-        Ok(ListToolsResult::with_all_items(self.shared.tools.clone()))
+        Ok(ListToolsResult::with_all_items(self.shared.source.tools()))
     }
 
     fn get_tool(&self, name: &str) -> Option<Tool> {
-        self.shared.tools.iter().find(|t| t.name == name).cloned()
+        self.shared
+            .source
+            .tools()
+            .into_iter()
+            .find(|t| t.name == name)
     }
 
     async fn call_tool(

@@ -77,6 +77,62 @@ pub enum SourceError {
     /// The source cannot serve this right now (its upstream failed): `-32603` with the reason.
     #[error("{0}")]
     Unavailable(String),
+    /// The caller may not use this: `-32024`. The message is the same whatever was refused,
+    /// so a refusal never tells whether the thing exists.
+    #[error("forbidden: this token is not entitled to that server (or it was not selected with ?servers=)")]
+    Forbidden,
+    /// No such event type: `-32023` with `data.kind = "event"`.
+    #[error("{0}")]
+    EventNotFound(String),
+    /// An upstream's own JSON-RPC error, passed on unchanged.
+    #[error("{message}")]
+    Upstream {
+        code: i32,
+        message: String,
+        data: Option<Value>,
+    },
+}
+
+/// Who is asking, as far as the transport knows: the credentials the request carried. Sources
+/// that serve everyone ignore it; the gateway turns it into the set of servers the request
+/// may use. Set for the duration of each request (see [`caller`]).
+#[derive(Clone, Default)]
+pub struct Caller {
+    /// The bearer token: HTTP `Authorization: Bearer`, or `_meta["io.herald/token"]` of the
+    /// requests on a QUIC connection.
+    pub token: Option<String>,
+    /// `?servers=a,b` on the HTTP endpoint URL: narrows what the token may use.
+    pub servers: Option<Vec<String>>,
+    /// The request came over stdio from the process that started this one, which needs no
+    /// token.
+    pub local: bool,
+}
+
+impl std::fmt::Debug for Caller {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // Never the token itself.
+        f.debug_struct("Caller")
+            .field("token", &self.token.as_ref().map(|_| "<redacted>"))
+            .field("servers", &self.servers)
+            .field("local", &self.local)
+            .finish()
+    }
+}
+
+tokio::task_local! {
+    static CALLER: Caller;
+}
+
+impl Caller {
+    /// Runs `f` with `self` as the caller.
+    pub async fn scope<F: std::future::Future>(self, f: F) -> F::Output {
+        CALLER.scope(self, f).await
+    }
+}
+
+/// The caller of the request being served (the default, anonymous caller outside one).
+pub fn caller() -> Caller {
+    CALLER.try_with(Clone::clone).unwrap_or_default()
 }
 
 /// Held while a listen stream watches a URI; dropping it tells the source one watcher left.
@@ -136,6 +192,26 @@ pub trait Source: Send + Sync + 'static {
     async fn call_tool(&self, name: &str, args: JsonObject) -> Result<CallToolResult, SourceError> {
         let _ = args;
         Err(SourceError::UnknownTool(name.to_owned()))
+    }
+
+    /// Whether this source serves MCP Events (`io.modelcontextprotocol/events`) to the caller;
+    /// advertised in the handshake when true.
+    async fn events_advertised(&self) -> bool {
+        false
+    }
+
+    /// `events/list`: the event types, one page.
+    async fn events_list(&self) -> Result<Vec<Value>, SourceError> {
+        Ok(Vec::new())
+    }
+
+    /// `events/poll` with its params (`name`, `arguments`, `cursor`, `maxEvents`, `maxAgeMs`):
+    /// the whole result object.
+    async fn events_poll(&self, params: JsonObject) -> Result<Value, SourceError> {
+        let name = params.get("name").and_then(Value::as_str).unwrap_or("");
+        Err(SourceError::EventNotFound(format!(
+            "no event type {name:?}; events/list names the event types this server serves"
+        )))
     }
 }
 

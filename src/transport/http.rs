@@ -28,7 +28,7 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tracing::{Instrument, debug, info_span};
 
-use crate::mcp::server::{ConnStreams, SourceServer};
+use crate::mcp::server::{ConnStreams, SourceServer, http_caller};
 
 /// The path the MCP endpoint is served on.
 pub const MCP_PATH: &str = "/mcp";
@@ -75,7 +75,7 @@ pub fn router(
         .with_max_request_body_bytes(limits.max_message_bytes)
         .with_cancellation_token(sessions.child_token());
     let service = StreamableHttpService::new(
-        move || Ok(server.clone()),
+        move || Ok(server.for_http()),
         Arc::new(LocalSessionManager::default()),
         config,
     );
@@ -188,7 +188,7 @@ async fn listen_gate(State(server): State<SourceServer>, req: Request, next: Nex
         return next.run(req).await;
     }
     let (mut parts, body) = req.into_parts();
-    let bytes = match axum::body::to_bytes(body, limits.max_message_bytes).await {
+    let mut bytes = match axum::body::to_bytes(body, limits.max_message_bytes).await {
         Ok(b) => b,
         Err(_) => {
             return (
@@ -219,8 +219,22 @@ async fn listen_gate(State(server): State<SourceServer>, req: Request, next: Nex
             .get::<ConnStreams>()
             .cloned()
             .unwrap_or_default();
-        match server.admit_listen(&requested, &conn) {
+        // What this caller may watch decides what is registered before the ack.
+        let caller = http_caller(&parts.headers, &parts.uri);
+        let admitted = caller
+            .scope(async { server.admit_listen(&requested, &conn) })
+            .await;
+        match admitted {
             Ok(admission) => {
+                // rmcp acknowledges what the request names; narrow it to what was admitted.
+                if let Some(subs) = v.pointer("/params/notifications/resourceSubscriptions")
+                    && subs.as_array().map(Vec::len) != Some(admission.accepted.len())
+                {
+                    let mut v = v.clone();
+                    v["params"]["notifications"]["resourceSubscriptions"] =
+                        json!(admission.accepted);
+                    bytes = v.to_string().into_bytes().into();
+                }
                 parts.extensions.insert(admission);
             }
             Err(e) => {

@@ -121,8 +121,8 @@ async fn raw_kubectl(api: &FakeApi, kubeconfig: &str, n: usize) -> f64 {
         .spawn()
         .expect("kubectl on PATH");
     let mut out = child.stdout.take().unwrap();
-    api.wait("kubectl's watch", |a| a.watches() == 1).await;
-    // The seeded objects are printed first, as ADDED; count from after them.
+    // The seeded objects are printed first, as ADDED; count from after them. (The reader
+    // starts at once: kubectl blocks on a full pipe before it even opens its watch.)
     let seeded = 1000;
     let (tx, rx) = tokio::sync::oneshot::channel();
     tokio::spawn(async move {
@@ -142,6 +142,7 @@ async fn raw_kubectl(api: &FakeApi, kubeconfig: &str, n: usize) -> f64 {
             }
         }
     });
+    api.wait("kubectl's watch", |a| a.watches() == 1).await;
     let t0 = Instant::now();
     put_all(api, n, 1);
     let done = tokio::time::timeout(Duration::from_secs(600), rx)

@@ -379,3 +379,4 @@ async fn the_token_command_mints_credentials_for_every_connect() {
     );
     w.terminate().await;
 }
+
