@@ -11,8 +11,8 @@ use crate::app;
 use crate::cli::serve::{ServeArgs, announce};
 use crate::cli::{Exit, Globals};
 use crate::mcp::ring::DEFAULT_RING_CAPACITY;
-use crate::source::k8s::K8s;
 use crate::source::k8s::kubectl::KubectlConfig;
+use crate::source::k8s::{K8s, K8sOptions};
 
 #[derive(Debug, Args)]
 pub struct K8sArgs {
@@ -38,6 +38,13 @@ pub struct K8sArgs {
     /// Events kept per watched URI.
     #[arg(long, default_value_t = DEFAULT_RING_CAPACITY)]
     pub ring_capacity: usize,
+    /// How long a watcher (its kubectl, ring and seq) outlives its last subscriber, so a
+    /// client that resubscribes loses nothing.
+    #[arg(long, default_value_t = 10_000, value_name = "MS")]
+    pub linger_ms: u64,
+    /// Most URIs watched at once (each runs one kubectl get -w).
+    #[arg(long, default_value_t = 256)]
+    pub max_watchers: usize,
 }
 
 fn kubeconfigs(specs: &[String]) -> Result<Vec<(String, PathBuf)>, Exit> {
@@ -76,8 +83,13 @@ pub async fn run(args: K8sArgs, globals: &Globals) -> Result<(), Exit> {
         kubeconfigs: kubeconfigs(&args.kubeconfig)?,
         token_command: args.token_command.clone(),
     };
-    let source = K8s::new(cfg, args.read_write, args.ring_capacity)
-        .map_err(|e| crate::cli::usage(e.into()))?;
+    let opts = K8sOptions {
+        read_write: args.read_write,
+        ring_capacity: args.ring_capacity,
+        linger: std::time::Duration::from_millis(args.linger_ms),
+        max_watchers: args.max_watchers.max(1),
+    };
+    let source = K8s::new(cfg, opts).map_err(|e| crate::cli::usage(e.into()))?;
     let store = globals.open_store().await?;
     let shutdown = CancellationToken::new();
     app::cancel_on_signals(shutdown.clone());

@@ -39,6 +39,9 @@ pub struct WatchArgs {
     /// Memory cap of each filter process, in MiB.
     #[arg(long, default_value_t = 256)]
     pub filter_memory_mb: u64,
+    /// Time limit of one filter run (per event), in ms.
+    #[arg(long, default_value_t = 2000, value_name = "MS")]
+    pub filter_time_ms: u64,
     /// Run CMD (with `sh -c`) per notice, the notice text on its stdin and HERALD_WATCH /
     /// HERALD_URI in its environment; one run at a time per watch.
     #[arg(long, value_name = "CMD", conflicts_with = "webhook")]
@@ -297,6 +300,7 @@ pub async fn run(args: WatchArgs, globals: &Globals, verbose: bool) -> Result<()
     let mut pool = PoolConfig::new(exe);
     pool.workers = args.filter_workers.max(1);
     pool.memory_bytes = args.filter_memory_mb.max(16) * 1024 * 1024;
+    pool.time = std::time::Duration::from_millis(args.filter_time_ms.clamp(10, 600_000));
     manager.set_filters(FilterPool::new(pool));
     for (target, e) in manager.connect_all().await {
         tracing::warn!(server = %target, error = %e, "server not reachable yet; retried when a watch needs it");

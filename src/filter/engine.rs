@@ -96,44 +96,85 @@ pub fn strip_host_awaits(code: &str, is_host: impl Fn(&str) -> bool) -> String {
     out
 }
 
-/// Splits Python source into code and non-code (string literals, comments) runs. Quotes,
-/// `#` and `\` are ASCII, so byte offsets are always on character boundaries.
+/// Splits Python source into code and non-code (string literals, comments) runs. The
+/// replacement fields of f-strings (`{...}`) are code. Quotes, braces, `#` and `\\` are
+/// ASCII, so byte offsets are always on character boundaries.
 fn python_segments(code: &str) -> Vec<(bool, &str)> {
     let b = code.as_bytes();
     let mut out = Vec::new();
+    let mut push = |is_code: bool, from: usize, to: usize| {
+        if from < to {
+            out.push((is_code, &code[from..to]));
+        }
+    };
     let (mut start, mut i) = (0, 0);
     while i < b.len() {
-        let end = match b[i] {
-            b'#' => code[i..].find('\n').map_or(b.len(), |n| i + n),
+        match b[i] {
+            b'#' => {
+                let end = code[i..].find('\n').map_or(b.len(), |n| i + n);
+                push(true, start, i);
+                push(false, i, end);
+                (start, i) = (end, end);
+            }
             q @ (b'\'' | b'"') => {
+                let f = is_f_string(b, i);
+                push(true, start, i);
                 let triple = b[i..].starts_with(&[q, q, q]);
                 let open = if triple { 3 } else { 1 };
                 let mut j = i + open;
-                loop {
+                let mut seg = i;
+                let end = loop {
                     match b.get(j) {
                         None => break b.len(),
                         Some(b'\\') => j += 2,
+                        Some(b'{') if f && b.get(j + 1) == Some(&b'{') => j += 2,
+                        Some(b'{') if f => {
+                            // A replacement field: code up to its matching brace.
+                            push(false, seg, j + 1);
+                            let mut depth = 1;
+                            let mut k = j + 1;
+                            while k < b.len() {
+                                match b[k] {
+                                    b'{' => depth += 1,
+                                    b'}' => depth -= 1,
+                                    b'\n' if !triple => break,
+                                    _ => {}
+                                }
+                                if depth == 0 {
+                                    break;
+                                }
+                                k += 1;
+                            }
+                            push(true, j + 1, k);
+                            (seg, j) = (k, k.max(j + 1));
+                        }
                         Some(&c) if c == q && (!triple || b[j..].starts_with(&[q, q, q])) => {
-                            break (j + open).min(b.len());
+                            break j + open;
                         }
                         // An unterminated one-line string ends at the line's end.
                         Some(b'\n') if !triple => break j,
                         Some(_) => j += 1,
                     }
-                }
+                };
+                let end = end.min(b.len());
+                push(false, seg, end);
+                (start, i) = (end, end);
             }
-            _ => {
-                i += 1;
-                continue;
-            }
-        };
-        let end = end.min(b.len());
-        out.push((true, &code[start..i]));
-        out.push((false, &code[i..end]));
-        (start, i) = (end, end);
+            _ => i += 1,
+        }
     }
-    out.push((true, &code[start..]));
+    push(true, start, b.len());
     out
+}
+
+/// Whether the quote at `i` opens an f-string (a prefix like `f`, `rf`, `Fr`).
+fn is_f_string(b: &[u8], i: usize) -> bool {
+    let mut p = i;
+    while p > 0 && i - p < 2 && b"rRbBfFuU".contains(&b[p - 1]) {
+        p -= 1;
+    }
+    let standalone = p == 0 || !(b[p - 1].is_ascii_alphanumeric() || b[p - 1] == b'_');
+    standalone && b[p..i].iter().any(|c| *c == b'f' || *c == b'F')
 }
 
 fn strip_in_code(code: &str, is_host: &impl Fn(&str) -> bool, out: &mut String) {
@@ -465,6 +506,25 @@ f'{event["type"].lower()} {m["namespace"]}/{m["name"]}' if event["type"] in ("AD
         assert_eq!(
             strip_host_awaits("bad = 'open\nx = await read_resource(u)", host),
             "bad = 'open\nx = read_resource(u)"
+        );
+        // f-string fields are code; the text around them is not.
+        assert_eq!(
+            strip_host_awaits(
+                "s = f'{await read_resource(uri=u)} await read_resource(x)'",
+                host
+            ),
+            "s = f'{read_resource(uri=u)} await read_resource(x)'"
+        );
+        assert_eq!(
+            strip_host_awaits(
+                "s = rf\"{{await read_resource(x)}} {len(await list_resources())}\"",
+                |n: &str| n == "list_resources"
+            ),
+            "s = rf\"{{await read_resource(x)}} {len(list_resources())}\""
+        );
+        assert_eq!(
+            strip_host_awaits("elif'await read_resource(x)'", host),
+            "elif'await read_resource(x)'"
         );
     }
 }

@@ -217,7 +217,9 @@ impl Catalog for NoCatalog {
 struct Proc {
     child: std::process::Child,
     stdin: std::process::ChildStdin,
-    out: std::io::BufReader<std::process::ChildStdout>,
+    out: std::process::ChildStdout,
+    /// Bytes read from `out` past the last complete line.
+    pending: Vec<u8>,
 }
 
 impl Drop for Proc {
@@ -254,8 +256,13 @@ fn spawn(cfg: &PoolConfig) -> std::io::Result<Proc> {
         .stderr(Stdio::null())
         .spawn()?;
     let stdin = child.stdin.take().expect("piped");
-    let out = std::io::BufReader::new(child.stdout.take().expect("piped"));
-    Ok(Proc { child, stdin, out })
+    let out = child.stdout.take().expect("piped");
+    Ok(Proc {
+        child,
+        stdin,
+        out,
+        pending: Vec::new(),
+    })
 }
 
 fn send(p: &mut Proc, v: &Value) -> std::io::Result<()> {
@@ -273,23 +280,31 @@ enum ReadLine {
     TooLong,
 }
 
-/// Reads one line, waiting at most until `deadline` for it to start.
+/// Reads one line, waiting at most until `deadline` for all of it (a worker that writes half
+/// a line and stalls is caught too).
 fn read_line(p: &mut Proc, deadline: Instant) -> ReadLine {
-    use std::io::BufRead;
+    use std::io::Read;
     use std::os::fd::AsRawFd;
-    if !p.out.buffer().contains(&b'\n') {
-        let fd = p.out.get_ref().as_raw_fd();
-        if !wait_readable(fd, deadline) {
+    loop {
+        if let Some(i) = p.pending.iter().position(|&c| c == b'\n') {
+            let rest = p.pending.split_off(i + 1);
+            let line = std::mem::replace(&mut p.pending, rest);
+            return match String::from_utf8(line) {
+                Ok(l) => ReadLine::Line(l),
+                Err(_) => ReadLine::Line(String::new()),
+            };
+        }
+        if p.pending.len() as u64 >= MAX_ANSWER_BYTES {
+            return ReadLine::TooLong;
+        }
+        if !wait_readable(p.out.as_raw_fd(), deadline) {
             return ReadLine::Timeout;
         }
-    }
-    let mut line = String::new();
-    match std::io::Read::take(&mut p.out, MAX_ANSWER_BYTES).read_line(&mut line) {
-        Ok(0) | Err(_) => ReadLine::Eof,
-        Ok(_) if !line.ends_with('\n') && line.len() as u64 >= MAX_ANSWER_BYTES => {
-            ReadLine::TooLong
+        let mut buf = [0u8; 64 * 1024];
+        match p.out.read(&mut buf) {
+            Ok(0) | Err(_) => return ReadLine::Eof,
+            Ok(n) => p.pending.extend_from_slice(&buf[..n]),
         }
-        Ok(_) => ReadLine::Line(line),
     }
 }
 
@@ -324,13 +339,27 @@ fn drive(
         };
         next_id += 1;
         let id = next_id;
+        let batch_len = match &job.event {
+            Value::Array(a) if job.batch => a.len(),
+            _ => 1,
+        };
         let mut req = json!({"op": "run", "id": id, "scope": job.scope, "code": code,
                          "functions": job.catalog.functions(), "time_ms": cfg.time.as_millis() as u64,
                          "max_calls": cfg.max_calls});
         req[if job.batch { "events" } else { "event" }] = job.event;
         let result = match send(p, &req) {
             Err(_) => Err(None),
-            Ok(()) => exchange(p, id, &job.catalog, cfg.time + grace, cfg.max_calls, &rt),
+            Ok(()) => exchange(
+                p,
+                id,
+                &job.catalog,
+                Budget {
+                    per_event: cfg.time + grace,
+                    max_calls: cfg.max_calls,
+                    events: batch_len,
+                },
+                &rt,
+            ),
         };
         match result {
             Ok(r) => {
@@ -358,19 +387,34 @@ fn drive(
     }
 }
 
+/// What one exchange may spend.
+struct Budget {
+    /// Time per event (the sandbox's limit plus a grace period).
+    per_event: Duration,
+    max_calls: usize,
+    /// Events in the request.
+    events: usize,
+}
+
 /// Runs one request to completion. `Err(None)`: the worker died; `Err(Some(why))`: it overran
 /// or answered garbage.
 fn exchange(
     p: &mut Proc,
     id: u64,
     catalog: &Arc<dyn Catalog>,
-    budget: Duration,
-    max_calls: usize,
+    limits: Budget,
     rt: &tokio::runtime::Handle,
 ) -> Result<Result<Outcome, FilterError>, Option<String>> {
+    let Budget {
+        per_event: budget,
+        max_calls,
+        events,
+    } = limits;
     let mut deadline = Instant::now() + budget;
-    // The sandbox counts calls too; this count holds even if the sandbox is subverted.
+    // The sandbox counts calls too; these counts hold even if the sandbox is subverted: at
+    // most `max_calls` per event, and one fresh budget per event of the batch, no more.
     let mut calls = 0usize;
+    let mut ticks = 0usize;
     loop {
         let line = match read_line(p, deadline) {
             ReadLine::Timeout => {
@@ -400,6 +444,12 @@ fn exchange(
         match msg["op"].as_str() {
             Some("tick") => {
                 // The next event of a batch starts: its own time and calls.
+                ticks += 1;
+                if ticks > events {
+                    return Err(Some(
+                        "the filter worker reported more events than it was sent".into(),
+                    ));
+                }
                 deadline = Instant::now() + budget;
                 calls = 0;
             }

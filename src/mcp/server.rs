@@ -18,11 +18,10 @@ use rmcp::handler::server::ServerHandler;
 use rmcp::model::{
     CallToolRequestParams, CallToolResponse, ClientRequest, CustomRequest, CustomResult,
     DiscoverResult, ErrorCode, ErrorData as McpError, Implementation, InitializeRequestParams,
-    InitializeResult,
-    ListPromptsResult, ListResourceTemplatesResult, ListResourcesResult, ListToolsResult,
-    PaginatedRequestParams, ProtocolVersion, ReadResourceRequestParams, ReadResourceResponse,
-    ReadResourceResult, ResourceContents, ServerCapabilities, ServerConfig, ServerResult,
-    SubscriptionFilter, Tool,
+    InitializeResult, ListPromptsResult, ListResourceTemplatesResult, ListResourcesResult,
+    ListToolsResult, PaginatedRequestParams, ProtocolVersion, ReadResourceRequestParams,
+    ReadResourceResponse, ReadResourceResult, ResourceContents, ServerCapabilities, ServerConfig,
+    ServerResult, SubscriptionFilter, Tool,
 };
 use rmcp::service::{
     NotificationContext, RequestContext, RoleServer, Service, SubscriptionContext,

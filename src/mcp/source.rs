@@ -79,7 +79,9 @@ pub enum SourceError {
     Unavailable(String),
     /// The caller may not use this: `-32024`. The message is the same whatever was refused,
     /// so a refusal never tells whether the thing exists.
-    #[error("forbidden: this token is not entitled to that server (or it was not selected with ?servers=)")]
+    #[error(
+        "forbidden: this token is not entitled to that server (or it was not selected with ?servers=)"
+    )]
     Forbidden,
     /// No such event type: `-32023` with `data.kind = "event"`.
     #[error("{0}")]

@@ -201,15 +201,19 @@ async fn memory(api: &FakeApi, kubeconfig: &str) -> (u64, u64, f64) {
     }
     let (url, child) = herald_k8s(kubeconfig, 256).await;
     let pid = child.id().unwrap();
-    let conn = connect(&Target::Http(url), &Default::default(), client_config(), 4 << 20)
-        .await
-        .unwrap();
+    let conn = connect(
+        &Target::Http(url),
+        &Default::default(),
+        client_config(),
+        4 << 20,
+    )
+    .await
+    .unwrap();
     let t0 = Instant::now();
     let mut filter = SubscriptionFilter::builder();
     for i in 0..100 {
-        filter = filter.resource_subscription(format!(
-            "k8s-events://watch/configmaps?namespace=ns-{i:03}"
-        ));
+        filter = filter
+            .resource_subscription(format!("k8s-events://watch/configmaps?namespace=ns-{i:03}"));
     }
     let _sub = conn.listen(filter.build()).await.unwrap();
     api.wait("100 watches", |a| a.watches() == 100).await;

@@ -16,22 +16,26 @@ struct Setup {
 }
 
 async fn setup(uri: &str, code: &str) -> Setup {
+    setup_with(uri, code, &[]).await
+}
+
+async fn setup_with(uri: &str, code: &str, extra: &[&str]) -> Setup {
     let memo = Server::spawn(&["--store", ":memory:", "memo", "--http", "127.0.0.1:0"]).await;
     let dir = TempDir::new("filter");
     let file = dir.path().join("f.py");
     std::fs::write(&file, code).unwrap();
     let watch = format!("f={uri}");
-    let mut w = crate::watch::Watch::spawn(
-        ":memory:",
-        &[
-            "--mcp-http",
-            &memo.http_url(),
-            "--watch",
-            &watch,
-            "--on-event",
-            file.to_str().unwrap(),
-        ],
-    );
+    let url = memo.http_url();
+    let mut args = vec![
+        "--mcp-http",
+        &url,
+        "--watch",
+        &watch,
+        "--on-event",
+        file.to_str().unwrap(),
+    ];
+    args.extend_from_slice(extra);
+    let mut w = crate::watch::Watch::spawn(":memory:", &args);
     w.event("watch.subscribed", "f").await;
     let c = crate::watch::memo_client(&memo.http_url()).await;
     Setup {
@@ -353,8 +357,9 @@ async fn code_mode_reports_python_errors_and_may_call_mutating_tools() {
 
 #[tokio::test]
 async fn intake_goes_on_while_the_filter_runs() {
-    // The first event keeps the filter busy until its 2 s limit; the next change is read and
-    // diffed meanwhile (the watch log says a run was in progress) and filtered right after.
+    // The first event keeps the filter busy until its time limit (5 s here, a wide margin on a
+    // loaded machine); the next change is read and diffed meanwhile (the watch log says a run
+    // was in progress) and filtered right after.
     let code = r#"
 k = event["key"]
 if k == "busy":
@@ -362,7 +367,7 @@ if k == "busy":
         pass
 f"ok {k}"
 "#;
-    let mut s = setup("memo://log", code).await;
+    let mut s = setup_with("memo://log", code, &["--filter-time-ms", "5000"]).await;
     set(&s, "busy", json!(1)).await;
     let first = s.w.event("watch.update", "f").await;
     assert_eq!(first["filtering"], json!(false), "{first}");

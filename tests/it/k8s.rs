@@ -200,7 +200,7 @@ async fn a_typo_gets_did_you_mean() {
 
 #[tokio::test]
 async fn subscribers_share_one_kubectl_until_the_last_leaves() {
-    let s = setup(&[]).await;
+    let s = setup(&["--linger-ms", "0"]).await;
     let uri = "kcp-events://watch/root:app/configmaps?namespace=*";
     let mut a = watch(&s, uri);
     let mut b = watch(&s, uri);
@@ -351,7 +351,7 @@ async fn the_token_command_mints_credentials_for_every_connect() {
         "n=$(cat {c} 2>/dev/null || echo 0); n=$((n+1)); echo $n > {c}; echo minted-$n",
         c = counter.display()
     );
-    let s = setup(&["--token-command", &cmd]).await;
+    let s = setup(&["-v", "--token-command", &cmd]).await;
     let minted = || -> u32 {
         std::fs::read_to_string(&counter)
             .unwrap()
@@ -373,10 +373,114 @@ async fn the_token_command_mints_credentials_for_every_connect() {
     s.api.put("", "default", "x", json!({}));
     lines_until(&mut w, "ADDED default/x").await;
     assert!(minted() > first, "re-minted on reconnect");
+    // The minted kubeconfig is private: a 0700 directory of 0600 files, gone at exit.
+    let pid = s.k8s.pid();
+    let private: Vec<std::path::PathBuf> = std::fs::read_dir(std::env::temp_dir())
+        .unwrap()
+        .flatten()
+        .map(|e| e.path())
+        .filter(|p| {
+            p.file_name()
+                .and_then(|n| n.to_str())
+                .is_some_and(|n| n.starts_with(&format!("herald-k8s-{pid}-")))
+        })
+        .collect();
+    assert_eq!(private.len(), 1, "{private:?}");
+    use std::os::unix::fs::PermissionsExt;
+    let mode = |p: &std::path::Path| std::fs::metadata(p).unwrap().permissions().mode() & 0o777;
+    assert_eq!(mode(&private[0]), 0o700);
+    for f in std::fs::read_dir(&private[0]).unwrap().flatten() {
+        assert_eq!(mode(&f.path()), 0o600, "{:?}", f.path());
+        let text = std::fs::read_to_string(f.path()).unwrap();
+        assert!(
+            text.contains("minted-"),
+            "the token is in the private kubeconfig"
+        );
+    }
+    assert!(
+        s.k8s.stderr().contains("DEBUG"),
+        "verbose logging is on, so the next check means something"
+    );
     assert!(
         !s.k8s.stderr().contains("minted-"),
         "a token reached the log"
     );
     w.terminate().await;
+    let Setup { k8s, .. } = s;
+    k8s.terminate().await;
+    assert!(
+        !private[0].exists(),
+        "the private kubeconfig is removed at exit"
+    );
 }
 
+#[tokio::test]
+async fn a_client_that_resubscribes_finds_its_ring() {
+    // A client that listens again (as the watch client does after a failed read) keeps the
+    // same watcher, ring and seq: the next event is first + 1, no GAP, one kubectl. (That the
+    // watcher lingers with no subscriber at all is tested in the source's unit tests.)
+    use rmcp::model::SubscriptionFilter;
+    let s = setup(&[]).await;
+    let uri = "k8s-events://watch/configmaps?namespace=default";
+    let c = crate::watch::memo_client(&s.k8s.http_url()).await;
+    let filter = || {
+        SubscriptionFilter::builder()
+            .resource_subscription(uri)
+            .build()
+    };
+    let mut sub = c.listen(filter()).await.unwrap();
+    let (log, _) = read_json(&c, uri).await;
+    assert_eq!(log["events"], json!([]));
+    s.api.wait("a watch", |a| a.watches() == 1).await;
+    s.api.put("", "default", "one", json!({}));
+    sub.next().await.unwrap().expect("an update");
+    let (log, _) = read_json(&c, uri).await;
+    let first = log["events"][0]["seq"].as_u64().unwrap();
+    drop(sub);
+    // No subscriber now; the change still lands in the lingering watcher's ring. A listener
+    // of another URI on the same server would not see it, so listen again and wait for it.
+    let mut sub = c.listen(filter()).await.unwrap();
+    s.api.put("", "default", "two", json!({}));
+    let mut seen = Vec::new();
+    for _ in 0..3 {
+        let (log, _) = read_json(&c, uri).await;
+        seen = log["events"].as_array().unwrap().clone();
+        if seen.len() == 2 {
+            break;
+        }
+        tokio::time::timeout(WAIT, sub.next())
+            .await
+            .expect("an update in time")
+            .unwrap();
+    }
+    assert_eq!(seen.len(), 2, "{seen:?}");
+    assert_eq!(seen[1]["seq"].as_u64().unwrap(), first + 1);
+    assert_eq!(seen[1]["object"]["metadata"]["name"], "two");
+    assert_eq!(
+        kubectl_watches(s.k8s.pid()),
+        1,
+        "the same kubectl all along"
+    );
+}
+
+#[tokio::test]
+async fn object_names_are_never_flags() {
+    let s = setup(&["--read-write"]).await;
+    s.api.put("", "default", "keep", json!({}));
+    let c = crate::watch::memo_client(&s.k8s.http_url()).await;
+    let err = c
+        .call_tool(
+            rmcp::model::CallToolRequestParams::new("kubectl_delete").with_arguments(args(
+                json!({"resource": "configmaps", "name": "--all", "namespace": "default"}),
+            )),
+        )
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("bad object name"), "{err}");
+    assert!(
+        !s.api.requests().iter().any(|r| r.starts_with("DELETE")),
+        "{:?}",
+        s.api.requests()
+    );
+}

@@ -8,7 +8,7 @@ use std::process::Stdio;
 use std::time::Duration;
 
 use serde_json::{Value, json};
-use tokio::io::AsyncWriteExt;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::process::{Child, Command};
 
 use crate::mcp::source::SourceError;
@@ -21,6 +21,23 @@ pub const COMMAND_TIMEOUT: Duration = Duration::from_secs(30);
 const MAX_OUTPUT_BYTES: usize = 64 << 20;
 /// How much of kubectl's stderr an error quotes.
 const MAX_ERROR_BYTES: usize = 2048;
+/// One-shot kubectl commands running at once; more wait their turn.
+const MAX_CONCURRENT_COMMANDS: usize = 8;
+
+/// A kubectl child: killed if herald dies (even by SIGKILL), so no `get -w` outlives it.
+fn command(program: &Path) -> Command {
+    let mut cmd = Command::new(program);
+    cmd.kill_on_drop(true);
+    // SAFETY: prctl in the child between fork and exec: async-signal-safe, touches no memory
+    // of the parent.
+    unsafe {
+        cmd.pre_exec(|| {
+            libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
+            Ok(())
+        });
+    }
+    cmd
+}
 
 #[derive(Debug, Clone)]
 pub struct KubectlConfig {
@@ -38,6 +55,10 @@ pub struct Kubectl {
     private: Option<PathBuf>,
     /// Each kubeconfig's server URL, for kcp's `/clusters/{workspace}` paths.
     servers: tokio::sync::Mutex<HashMap<String, String>>,
+    /// Bounds the one-shot commands running at once.
+    commands: tokio::sync::Semaphore,
+    /// Names temporary files uniquely (concurrent writers of one kubeconfig never collide).
+    writes: std::sync::atomic::AtomicU64,
 }
 
 impl Drop for Kubectl {
@@ -88,6 +109,8 @@ impl Kubectl {
             cfg,
             private,
             servers: tokio::sync::Mutex::new(HashMap::new()),
+            commands: tokio::sync::Semaphore::new(MAX_CONCURRENT_COMMANDS),
+            writes: std::sync::atomic::AtomicU64::new(0),
         })
     }
 
@@ -126,7 +149,20 @@ impl Kubectl {
         if let Some(c) = context {
             args.push(format!("--context={c}"));
         }
-        args.extend(["config", "view", "--minify", "--raw", "-o", "json"].map(String::from));
+        // --flatten inlines certificate files, so relative paths in the kubeconfig still work
+        // from the private copy.
+        args.extend(
+            [
+                "config",
+                "view",
+                "--minify",
+                "--flatten",
+                "--raw",
+                "-o",
+                "json",
+            ]
+            .map(String::from),
+        );
         let out = self.exec(&args, None).await?;
         serde_json::from_str(&out)
             .map_err(|e| unavailable(format!("kubectl config view printed no JSON: {e}")))
@@ -193,7 +229,10 @@ impl Kubectl {
                     format!("{cluster:?}").as_bytes()
                 ))
             ));
-            write_private(&file, view.to_string().as_bytes())
+            let n = self
+                .writes
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            write_private(&file, n, view.to_string().as_bytes())
                 .await
                 .map_err(|e| unavailable(format!("cannot write a private kubeconfig: {e}")))?;
             args.push(format!("--kubeconfig={}", file.display()));
@@ -211,9 +250,15 @@ impl Kubectl {
         Ok(args)
     }
 
-    /// Runs kubectl with `args` to completion; its stdout, or its stderr as the error.
+    /// Runs kubectl with `args` to completion; its stdout, or its stderr as the error. Output
+    /// past [`MAX_OUTPUT_BYTES`] kills it.
     async fn exec(&self, args: &[String], stdin: Option<&[u8]>) -> Result<String, SourceError> {
-        let mut cmd = Command::new(&self.cfg.program);
+        let _turn = self
+            .commands
+            .acquire()
+            .await
+            .map_err(|_| unavailable("the k8s source is shutting down".into()))?;
+        let mut cmd = command(&self.cfg.program);
         cmd.args(args)
             .stdin(if stdin.is_some() {
                 Stdio::piped()
@@ -221,8 +266,7 @@ impl Kubectl {
                 Stdio::null()
             })
             .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .kill_on_drop(true);
+            .stderr(Stdio::piped());
         let mut child = cmd.spawn().map_err(|e| {
             unavailable(format!(
                 "cannot run {}: {e}; install kubectl or pass --kubectl PATH",
@@ -235,28 +279,46 @@ impl Kubectl {
                 let _ = pipe.write_all(&input).await;
             });
         }
-        let out = tokio::time::timeout(COMMAND_TIMEOUT, child.wait_with_output())
+        let (mut out, mut err) = (
+            child.stdout.take().expect("piped"),
+            child.stderr.take().expect("piped"),
+        );
+        let run = async {
+            let mut stdout = Vec::new();
+            let mut stderr = Vec::new();
+            let mut out = (&mut out).take(MAX_OUTPUT_BYTES as u64 + 1);
+            let mut err = (&mut err).take(1 << 20);
+            let (o, e) = tokio::join!(out.read_to_end(&mut stdout), err.read_to_end(&mut stderr));
+            o.and(e)?;
+            if stdout.len() > MAX_OUTPUT_BYTES {
+                return Ok((None, stdout, stderr));
+            }
+            let status = child.wait().await?;
+            Ok::<_, std::io::Error>((Some(status), stdout, stderr))
+        };
+        let what = args
+            .iter()
+            .find(|a| !a.starts_with("--"))
+            .map_or("", String::as_str);
+        let (status, stdout, stderr) = tokio::time::timeout(COMMAND_TIMEOUT, run)
             .await
             .map_err(|_| {
                 unavailable(format!(
-                    "kubectl {} took over {} s",
-                    args.iter()
-                        .find(|a| !a.starts_with("--"))
-                        .map_or("", String::as_str),
+                    "kubectl {what} took over {} s",
                     COMMAND_TIMEOUT.as_secs()
                 ))
             })?
             .map_err(|e| unavailable(format!("kubectl failed: {e}")))?;
-        if !out.status.success() {
-            return Err(unavailable(stderr_text(&out.stderr)));
-        }
-        if out.stdout.len() > MAX_OUTPUT_BYTES {
+        let Some(status) = status else {
             return Err(unavailable(format!(
                 "kubectl printed over {} MiB; narrow the request with a namespace or selector",
                 MAX_OUTPUT_BYTES >> 20
             )));
+        };
+        if !status.success() {
+            return Err(unavailable(stderr_text(&stderr)));
         }
-        Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+        Ok(String::from_utf8_lossy(&stdout).into_owned())
     }
 
     /// Runs `kubectl <cluster flags> ARGS`.
@@ -333,12 +395,11 @@ impl Kubectl {
             ]
             .map(String::from),
         );
-        Command::new(&self.cfg.program)
+        command(&self.cfg.program)
             .args(&args)
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
-            .kill_on_drop(true)
             .spawn()
             .map_err(|e| {
                 unavailable(format!(
@@ -363,31 +424,44 @@ impl Kubectl {
 }
 
 /// Runs the token command; its trimmed stdout is the token. Its output never reaches an error.
+/// It runs in a process group of its own, killed whole if it overruns.
 async fn mint(cmd: &str) -> Result<String, SourceError> {
-    let out = tokio::time::timeout(
-        COMMAND_TIMEOUT,
-        Command::new("/bin/sh")
-            .args(["-c", cmd])
-            .stdin(Stdio::null())
-            .stderr(Stdio::null())
-            .kill_on_drop(true)
-            .output(),
-    )
-    .await
-    .map_err(|_| {
-        unavailable(format!(
-            "the token command took over {} s",
-            COMMAND_TIMEOUT.as_secs()
-        ))
-    })?
-    .map_err(|e| unavailable(format!("cannot run the token command: {e}")))?;
-    if !out.status.success() {
+    let mut child = Command::new("/bin/sh")
+        .args(["-c", cmd])
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .process_group(0)
+        .kill_on_drop(true)
+        .spawn()
+        .map_err(|e| unavailable(format!("cannot run the token command: {e}")))?;
+    let pid = child.id();
+    let mut stdout = child.stdout.take().expect("piped");
+    let run = async {
+        let mut out = Vec::new();
+        (&mut stdout).take(64 * 1024).read_to_end(&mut out).await?;
+        let status = child.wait().await?;
+        Ok::<_, std::io::Error>((status, out))
+    };
+    let (status, out) = match tokio::time::timeout(COMMAND_TIMEOUT, run).await {
+        Ok(r) => r.map_err(|e| unavailable(format!("the token command failed: {e}")))?,
+        Err(_) => {
+            if let Some(pid) = pid {
+                // SAFETY: signals the process group the child leads.
+                unsafe { libc::kill(-(pid as i32), libc::SIGKILL) };
+            }
+            return Err(unavailable(format!(
+                "the token command took over {} s",
+                COMMAND_TIMEOUT.as_secs()
+            )));
+        }
+    };
+    if !status.success() {
         return Err(unavailable(format!(
-            "the token command failed ({}); fix --token-command",
-            out.status
+            "the token command failed ({status}); fix --token-command"
         )));
     }
-    let token = String::from_utf8_lossy(&out.stdout).trim().to_owned();
+    let token = String::from_utf8_lossy(&out).trim().to_owned();
     if token.is_empty() || token.contains(char::is_whitespace) {
         return Err(unavailable(
             "the token command printed no single token; it must print the bearer token on stdout"
@@ -397,13 +471,12 @@ async fn mint(cmd: &str) -> Result<String, SourceError> {
     Ok(token)
 }
 
-async fn write_private(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
+async fn write_private(path: &Path, n: u64, bytes: &[u8]) -> std::io::Result<()> {
     use tokio::fs::OpenOptions;
-    let tmp = path.with_extension("tmp");
+    let tmp = path.with_extension(format!("{n}.tmp"));
     let mut f = OpenOptions::new()
         .write(true)
-        .create(true)
-        .truncate(true)
+        .create_new(true)
         .mode(0o600)
         .open(&tmp)
         .await?;
@@ -411,6 +484,23 @@ async fn write_private(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
     f.flush().await?;
     drop(f);
     tokio::fs::rename(&tmp, path).await
+}
+
+/// An object name as Kubernetes allows it (a DNS-1123 subdomain): never a flag.
+pub fn object_name(name: &str) -> Result<&str, SourceError> {
+    let ok = !name.is_empty()
+        && name.len() <= 253
+        && name.bytes().all(|b| {
+            b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-' || b == b'.' || b == b':'
+        })
+        && name.as_bytes()[0].is_ascii_alphanumeric();
+    if ok {
+        Ok(name)
+    } else {
+        Err(SourceError::InvalidParams(format!(
+            "bad object name {name:?}; names are lowercase letters, digits, '-' and '.', starting with a letter or digit"
+        )))
+    }
 }
 
 /// `RESOURCE [-A | -n NS] [-l SEL] [--field-selector SEL]`.

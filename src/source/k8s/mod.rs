@@ -17,6 +17,7 @@ pub mod watcher;
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, Weak};
+use std::time::Duration;
 
 use async_trait::async_trait;
 use rmcp::model::{
@@ -40,26 +41,99 @@ pub struct K8s {
     watchers: Mutex<HashMap<String, Weak<Watcher>>>,
     read_write: bool,
     ring_capacity: usize,
+    /// How long a watcher outlives its last subscriber (and its last read), so a client that
+    /// resubscribes finds its ring and seq where it left them.
+    linger: Duration,
+    /// Most URIs watched at once (each is one `kubectl get -w`).
+    max_watchers: usize,
+}
+
+/// Settings of the k8s source beyond kubectl's.
+#[derive(Debug, Clone)]
+pub struct K8sOptions {
+    pub read_write: bool,
+    pub ring_capacity: usize,
+    pub linger: Duration,
+    pub max_watchers: usize,
+}
+
+impl Default for K8sOptions {
+    fn default() -> Self {
+        K8sOptions {
+            read_write: false,
+            ring_capacity: crate::mcp::ring::DEFAULT_RING_CAPACITY,
+            linger: Duration::from_secs(10),
+            max_watchers: 256,
+        }
+    }
+}
+
+/// One holder of a watcher: a listen stream or a read in progress. When dropped, the
+/// watcher is kept for the linger time before this hold really ends.
+struct Lease {
+    watcher: Option<Arc<Watcher>>,
+    linger: Duration,
+}
+
+impl Drop for Lease {
+    fn drop(&mut self) {
+        let Some(w) = self.watcher.take() else {
+            return;
+        };
+        if self.linger.is_zero() {
+            return;
+        }
+        let linger = self.linger;
+        if let Ok(rt) = tokio::runtime::Handle::try_current() {
+            rt.spawn(async move {
+                tokio::time::sleep(linger).await;
+                drop(w);
+            });
+        }
+    }
 }
 
 impl K8s {
-    pub fn new(cfg: KubectlConfig, read_write: bool, ring_capacity: usize) -> std::io::Result<K8s> {
+    pub fn new(cfg: KubectlConfig, opts: K8sOptions) -> std::io::Result<K8s> {
         Ok(K8s {
             kubectl: Arc::new(Kubectl::new(cfg)?),
             feed: ChangeFeed::new(),
             watchers: Mutex::new(HashMap::new()),
-            read_write,
-            ring_capacity,
+            read_write: opts.read_write,
+            ring_capacity: opts.ring_capacity,
+            linger: opts.linger,
+            max_watchers: opts.max_watchers,
         })
     }
 
-    /// The running watcher of `uri`, if any listen stream holds one.
-    fn live(&self, uri: &str) -> Option<Arc<Watcher>> {
-        self.watchers
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .get(uri)
-            .and_then(Weak::upgrade)
+    /// A hold on the watcher of `uri`, starting it if none runs.
+    fn lease(&self, uri: &str, sel: Selection) -> Result<Lease, SourceError> {
+        let mut watchers = self.watchers.lock().unwrap_or_else(|e| e.into_inner());
+        watchers.retain(|_, w| w.strong_count() > 0);
+        let w = match watchers.get(uri).and_then(Weak::upgrade) {
+            Some(w) => w,
+            None => {
+                if watchers.len() >= self.max_watchers {
+                    return Err(SourceError::Unavailable(format!(
+                        "this server already watches {} URIs, its limit (--max-watchers); stop a watch first",
+                        self.max_watchers
+                    )));
+                }
+                let w = Arc::new(Watcher::start(
+                    uri.to_owned(),
+                    sel,
+                    self.kubectl.clone(),
+                    self.feed.clone(),
+                    self.ring_capacity,
+                ));
+                watchers.insert(uri.to_owned(), Arc::downgrade(&w));
+                w
+            }
+        };
+        Ok(Lease {
+            watcher: Some(w),
+            linger: self.linger,
+        })
     }
 
     /// How many watchers are running (tests and metrics).
@@ -199,15 +273,13 @@ impl Source for K8s {
 
     async fn read(&self, uri: &str) -> Result<Contents, SourceError> {
         match uri::parse(uri)? {
-            K8sUri::Watch(sel) => match self.live(uri) {
-                Some(w) => w.read().await,
-                // Nobody watches it: check that it can be listed, and show the (empty) log a
-                // subscription would start from.
-                None => {
-                    self.kubectl.list(&sel).await?;
-                    Ok(Contents::text(EVENT_LOG_MIME, "{\"events\":[]}"))
-                }
-            },
+            // The read shares (or starts) the URI's watcher and awaits its seed: a listen's
+            // baseline read may even arrive before the listen's own hold.
+            K8sUri::Watch(sel) => {
+                let lease = self.lease(uri, sel)?;
+                let w = lease.watcher.as_ref().expect("held");
+                w.read().await
+            }
             K8sUri::ApiResources(c) => Ok(Contents::json(&self.kubectl.api_resources(&c).await?)),
         }
     }
@@ -222,20 +294,7 @@ impl Source for K8s {
                 "{uri} is readable, not watchable; watch a kcp-events:// or k8s-events:// URI"
             )));
         };
-        let mut watchers = self.watchers.lock().unwrap_or_else(|e| e.into_inner());
-        watchers.retain(|_, w| w.strong_count() > 0);
-        if let Some(w) = watchers.get(uri).and_then(Weak::upgrade) {
-            return Ok(WatchGuard::new(w));
-        }
-        let w = Arc::new(Watcher::start(
-            uri.to_owned(),
-            sel,
-            self.kubectl.clone(),
-            self.feed.clone(),
-            self.ring_capacity,
-        ));
-        watchers.insert(uri.to_owned(), Arc::downgrade(&w));
-        Ok(WatchGuard::new(w))
+        Ok(WatchGuard::new(self.lease(uri, sel)?))
     }
 
     fn changes(&self) -> ChangeFeed {
@@ -343,7 +402,7 @@ impl Source for K8s {
                     None => self.kubectl.list(&sel).await?,
                     Some(n) => {
                         let mut one = sel.clone();
-                        one.resource = format!("{}/{n}", sel.resource);
+                        one.resource = format!("{}/{}", sel.resource, kubectl::object_name(&n)?);
                         self.kubectl.list(&one).await?
                     }
                 };
@@ -404,7 +463,8 @@ impl Source for K8s {
                     "the resource argument",
                 )?;
                 let name = required(&args, "name", "\"my-object\"")?;
-                let mut a = vec!["delete".to_owned(), resource, name, "--wait=false".into()];
+                let target = format!("{resource}/{}", kubectl::object_name(&name)?);
+                let mut a = vec!["delete".to_owned(), target, "--wait=false".into()];
                 if let Some(ns) = str_arg(&args, "namespace")? {
                     a.push(format!("--namespace={ns}"));
                 }
@@ -418,5 +478,57 @@ impl Source for K8s {
             }
             other => Err(SourceError::UnknownTool(other.to_owned())),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn source(linger: Duration) -> K8s {
+        let cfg = KubectlConfig {
+            program: "/nonexistent/kubectl".into(),
+            kubeconfigs: Vec::new(),
+            token_command: None,
+        };
+        K8s::new(
+            cfg,
+            K8sOptions {
+                linger,
+                max_watchers: 2,
+                ..K8sOptions::default()
+            },
+        )
+        .unwrap()
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn watchers_are_shared_and_linger_after_the_last_hold() {
+        let k = source(Duration::from_secs(10));
+        let uri = "k8s-events://watch/configmaps";
+        let a = k.watch(uri).await.unwrap();
+        let b = k.watch(uri).await.unwrap();
+        assert_eq!(k.running(), 1, "one watcher for two holders");
+        drop((a, b));
+        tokio::time::sleep(Duration::from_secs(5)).await;
+        assert_eq!(k.running(), 1, "still there for a resubscribing client");
+        let c = k.watch(uri).await.unwrap();
+        drop(c);
+        tokio::time::sleep(Duration::from_secs(11)).await;
+        assert_eq!(k.running(), 0, "stopped once nobody came back");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_watcher_limit_is_a_clear_error() {
+        let k = source(Duration::ZERO);
+        let _a = k.watch("k8s-events://watch/a").await.unwrap();
+        let _b = k.watch("k8s-events://watch/b").await.unwrap();
+        let err = k.watch("k8s-events://watch/c").await.err().unwrap();
+        assert!(err.to_string().contains("--max-watchers"), "{err}");
+        // A read of a new URI is refused the same way; a read of a watched one is not.
+        let err = k.read("k8s-events://watch/c").await.unwrap_err();
+        assert!(err.to_string().contains("its limit"), "{err}");
+        let err = k.read("k8s-events://watch/a").await.unwrap_err();
+        assert!(err.to_string().contains("cannot run"), "{err}");
     }
 }

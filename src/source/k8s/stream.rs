@@ -16,8 +16,6 @@ pub struct JsonStream {
     depth: usize,
     in_string: bool,
     escaped: bool,
-    /// How far `buf` has been scanned.
-    scanned: usize,
 }
 
 #[derive(Debug, PartialEq)]
@@ -38,7 +36,7 @@ impl JsonStream {
         let mut out = Vec::new();
         let mut i = 0;
         while i < chunk.len() {
-            if self.depth == 0 && self.buf.is_empty() {
+            if self.buf.is_empty() {
                 // Between values: skip whitespace; only objects and arrays start a value.
                 let b = chunk[i];
                 if b.is_ascii_whitespace() {
@@ -58,13 +56,11 @@ impl JsonStream {
                     continue;
                 }
             }
-            // Copy up to the end of the chunk and scan what is new.
-            self.buf.extend_from_slice(&chunk[i..]);
-            i = chunk.len();
-            let mut j = self.scanned;
-            let mut complete = None;
-            while j < self.buf.len() {
-                let b = self.buf[j];
+            // Scan from `i` for the end of the value in progress, then copy only that much.
+            let mut end = None;
+            let mut j = i;
+            while j < chunk.len() {
+                let b = chunk[j];
                 if self.in_string {
                     if self.escaped {
                         self.escaped = false;
@@ -80,7 +76,7 @@ impl JsonStream {
                         b'}' | b']' => {
                             self.depth = self.depth.saturating_sub(1);
                             if self.depth == 0 {
-                                complete = Some(j + 1);
+                                end = Some(j + 1);
                                 break;
                             }
                         }
@@ -89,21 +85,16 @@ impl JsonStream {
                 }
                 j += 1;
             }
-            self.scanned = j;
-            if let Some(end) = complete {
-                let rest = self.buf.split_off(end);
+            let stop = end.unwrap_or(chunk.len());
+            self.buf.extend_from_slice(&chunk[i..stop]);
+            i = stop;
+            if end.is_some() {
                 let value = std::mem::take(&mut self.buf);
-                self.scanned = 0;
                 out.push(match serde_json::from_slice(&value) {
                     Ok(v) => Item::Value(v),
                     Err(e) => Item::Garbage(format!("unparsable JSON value: {e}")),
                 });
-                // Whatever followed goes round again from the top.
-                let mut more = self.feed(&rest);
-                out.append(&mut more);
-                return out;
-            }
-            if self.buf.len() > MAX_VALUE_BYTES {
+            } else if self.buf.len() > MAX_VALUE_BYTES {
                 *self = JsonStream::new();
                 out.push(Item::Garbage(format!(
                     "a value over {} MiB was dropped",

@@ -24,8 +24,9 @@ use crate::source::k8s::kubectl::Kubectl;
 use crate::source::k8s::stream::{Item, JsonStream};
 use crate::source::k8s::uri::Selection;
 
-/// How long the first read waits for the seed.
-pub const SEED_TIMEOUT: Duration = Duration::from_secs(30);
+/// How long the first read waits for the seed: well under a client's request timeout, so the
+/// client gets this source's answer, not its own timeout.
+pub const SEED_TIMEOUT: Duration = Duration::from_secs(20);
 /// First reconnect delay; it doubles after each short-lived watch, up to [`MAX_BACKOFF`].
 pub const BASE_BACKOFF: Duration = Duration::from_millis(200);
 pub const MAX_BACKOFF: Duration = Duration::from_secs(30);
@@ -198,7 +199,11 @@ impl Task {
     /// Runs one `kubectl get -w` to its end. `None`: stopped; `Ok`: the server ended the
     /// stream; `Err`: why it failed.
     async fn stream(&mut self) -> Option<Result<(), String>> {
-        let mut child = match self.kubectl.watch(&self.sel).await {
+        let started = tokio::select! {
+            _ = self.stop.cancelled() => return None,
+            c = self.kubectl.watch(&self.sel) => c,
+        };
+        let mut child = match started {
             Ok(c) => c,
             Err(e) => return Some(Err(e.to_string())),
         };
@@ -250,21 +255,36 @@ impl Task {
                         }
                     }
                     Item::Garbage(g) => {
+                        // An event may be lost in there: report it and re-list to converge.
                         tracing::warn!(uri = %self.uri, output = %g, "kubectl printed something that is not JSON");
+                        failure.get_or_insert_with(|| {
+                            format!("kubectl printed output that is not JSON ({g}); re-listing")
+                        });
                     }
                 }
             }
             if fresh {
                 self.feed.publish(&self.uri);
             }
+            if failure.is_some() {
+                // Re-list now rather than trust the rest of this stream.
+                let _ = child.start_kill();
+                break;
+            }
         }
         let status = tokio::select! {
             _ = self.stop.cancelled() => return None,
             s = child.wait() => s,
         };
-        let tail = errors.await.unwrap_or_default();
+        // The stderr reader ends with kubectl; a credential plugin that keeps stderr open must
+        // not hold the watcher past a stop.
+        let tail = tokio::select! {
+            _ = self.stop.cancelled() => return None,
+            t = errors => t.unwrap_or_default(),
+        };
         match status {
             Ok(s) if s.success() && failure.is_none() => Some(Ok(())),
+            Ok(_) if failure.is_some() => Some(Err(failure.unwrap_or_default())),
             Ok(s) => {
                 let text = String::from_utf8_lossy(&tail).trim().to_owned();
                 Some(Err(match (failure, text.is_empty()) {
