@@ -2,6 +2,7 @@
 
 mod client;
 mod code;
+mod file;
 mod memo;
 mod serve;
 mod up;
@@ -43,6 +44,9 @@ pub enum LogFormat {
 pub enum Command {
     /// Serve the memo source: memo://notes and memo://log, with memo_set / memo_delete.
     Memo(memo::MemoArgs),
+    /// Serve files and directories under --root DIRs: file:///PATH (content or listing) and
+    /// file-events://watch/PATH (event log), changes pushed from inotify.
+    File(file::FileArgs),
     /// Run the demo pipeline with no config: memo on HTTP 127.0.0.1:8750 and QUIC :8751.
     Up(up::UpArgs),
     /// List a server's tools, resources and templates.
@@ -110,6 +114,7 @@ pub fn run(cli: Cli) -> Result<(), Exit> {
     let result = runtime.block_on(async move {
         match cli.command {
             Command::Memo(a) => memo::run(a, &globals).await,
+            Command::File(a) => file::run(a, &globals).await,
             Command::Up(a) => up::run(a, &globals).await,
             Command::Ls(a) => client::ls(a).await,
             Command::Read(a) => client::read(a).await,

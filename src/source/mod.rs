@@ -1,4 +1,5 @@
 //! Change sources. Each implements [`crate::mcp::source::Source`] and nothing else; sources
 //! never import each other, the gateway or the watch client.
 
+pub mod file;
 pub mod memo;
