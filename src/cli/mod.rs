@@ -47,7 +47,8 @@ pub enum Command {
     /// Serve files and directories under --root DIRs: file:///PATH (content or listing) and
     /// file-events://watch/PATH (event log), changes pushed from inotify.
     File(file::FileArgs),
-    /// Run the demo pipeline with no config: memo on HTTP 127.0.0.1:8750 and QUIC :8751.
+    /// Run the demo pipeline with no config: memo on HTTP 127.0.0.1:8750 and QUIC :8751, the
+    /// files of ./herald-demo on HTTP :8752, and a watch client printing notices for both.
     Up(up::UpArgs),
     /// List a server's tools, resources and templates.
     Ls(client::LsArgs),

@@ -483,3 +483,72 @@ async fn herald_file_needs_a_root_and_says_so() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("unknown field `bogus`"), "{err}");
 }
+
+#[tokio::test]
+async fn herald_up_creates_the_demo_directory_and_watches_it() {
+    use tokio::io::{AsyncBufReadExt, BufReader};
+    init();
+    let tmp = TempDir::new("file-up");
+    let demo = tmp.path().join("herald-demo");
+    let mut child = tokio::process::Command::new(bin())
+        .args([
+            "--log-format",
+            "json",
+            "--store",
+            ":memory:",
+            "up",
+            "--http",
+            "127.0.0.1:0",
+            "--quic",
+            "127.0.0.1:0",
+            "--file-http",
+            "127.0.0.1:0",
+            "--demo-dir",
+            demo.to_str().unwrap(),
+        ])
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let mut err = BufReader::new(child.stderr.take().unwrap()).lines();
+    let file_url = tokio::time::timeout(WAIT, async {
+        loop {
+            let l = err.next_line().await.unwrap().expect("herald up runs");
+            if let Ok(v) = serde_json::from_str::<Value>(&l)
+                && v["event"] == "listening"
+                && v["role"] == "file"
+            {
+                return v["http_url"].as_str().unwrap().to_owned();
+            }
+        }
+    })
+    .await
+    .expect("the file source says where it listens");
+    tokio::spawn(async move { while let Ok(Some(_)) = err.next_line().await {} });
+    assert!(demo.is_dir(), "herald up created {}", demo.display());
+    let demo = std::fs::canonicalize(&demo).unwrap();
+    let out = herald(["ls", "--mcp-http", file_url.as_str()]).await;
+    let listed = String::from_utf8_lossy(&out.stdout);
+    assert!(listed.contains(&events_uri(&demo, true)), "{listed}");
+    // The demo's watches start right after the listening lines: write new files until the
+    // first notice shows the watch is live.
+    let mut out = BufReader::new(child.stdout.take().unwrap()).lines();
+    let mut i = 0;
+    let notice = loop {
+        std::fs::write(demo.join(format!("hello-{i}.txt")), "hi").unwrap();
+        i += 1;
+        if let Ok(Ok(Some(l))) = tokio::time::timeout(Duration::from_secs(5), out.next_line()).await
+        {
+            break serde_json::from_str::<Value>(&l).unwrap();
+        }
+        assert!(i < 10, "no notice from herald up's file watch");
+    };
+    assert_eq!(notice["watch"], "demo-files", "{notice}");
+    let line = notice["lines"][0].as_str().unwrap();
+    assert!(
+        line.starts_with(&format!("CREATED {}/hello-", demo.display())),
+        "{line}"
+    );
+}
