@@ -447,6 +447,7 @@ impl Machine {
             p.parent()
                 .is_some_and(|d| self.dirs.contains_key(d) || self.dirs.contains_key(p))
         });
+        self.moves.retain(|_, (p, _)| self.pending.contains_key(p));
     }
 
     fn drop_dir(&mut self, disk: &mut dyn Disk, p: &Path) {

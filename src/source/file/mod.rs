@@ -465,7 +465,7 @@ fn read_state(
         }
         let dir =
             paths::open_beneath(&c.root, &c.path, true).map_err(|e| open_error(requested, e))?;
-        return listing(&dir).map_err(|e| open_error(requested, e));
+        return listing(&dir, &c.path).map_err(|e| open_error(requested, e));
     }
     if ft.is_symlink() {
         // Canonicalisation resolved every symlink that leads somewhere; this one does not.
@@ -543,10 +543,13 @@ fn decode(requested: &str, bytes: Vec<u8>, read_as: As) -> Result<Contents, Sour
 
 /// A directory's listing: `[{"name","kind","size","mtime"}]` sorted by name. Names that are
 /// not UTF-8 are left out (they cannot be named in a URI here).
-fn listing(dir: &std::fs::File) -> std::io::Result<Contents> {
-    // Through the descriptor openat2 checked, not the name, which could be swapped.
+fn listing(dir: &std::fs::File, path: &std::path::Path) -> std::io::Result<Contents> {
+    // Through the descriptor openat2 checked, not the name, which could be swapped; by name
+    // only where /proc is not mounted.
+    let entries_of = std::fs::read_dir(format!("/proc/self/fd/{}", dir.as_raw_fd()))
+        .or_else(|_| std::fs::read_dir(path))?;
     let mut entries = Vec::new();
-    for e in std::fs::read_dir(format!("/proc/self/fd/{}", dir.as_raw_fd()))? {
+    for e in entries_of {
         let Ok(e) = e else { continue };
         let Ok(name) = e.file_name().into_string() else {
             continue;
