@@ -221,7 +221,8 @@ impl FileSource {
         let feed = ChangeFeed::new();
         let watcher = Watcher::start(
             Config {
-                debounce: cfg.debounce,
+                // An hour is already absurd; the cap keeps deadline arithmetic from overflowing.
+                debounce: cfg.debounce.min(Duration::from_secs(3600)),
                 max_watches: cfg.max_watches.max(1),
                 ring_capacity: cfg.ring_capacity,
             },
