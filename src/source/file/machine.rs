@@ -340,10 +340,6 @@ impl Machine {
         self.dirs.len()
     }
 
-    pub fn ring(&self, uri: &str) -> Option<Arc<EventRing>> {
-        self.subs.get(uri).and_then(|s| s.ring.clone())
-    }
-
     pub fn is_subscribed(&self, uri: &str) -> bool {
         self.subs.contains_key(uri)
     }

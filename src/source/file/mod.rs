@@ -286,7 +286,7 @@ pub fn state_uri(p: &std::path::Path) -> String {
     format!("file://{}", uri_path(p))
 }
 
-/// The recursive event-log URI of `p`.
+/// The event-log URI of `p` (`?recursive=true` when asked).
 pub fn events_uri(p: &std::path::Path, recursive: bool) -> String {
     let q = if recursive { "?recursive=true" } else { "" };
     format!("file-events://watch{}{q}", uri_path(p))

@@ -278,6 +278,12 @@ fn run(
             match rx.try_recv() {
                 Ok(Command::Subscribe { uri, spec, reply }) => {
                     let r = machine.subscribe(&mut disk, &uri, spec);
+                    tracing::debug!(
+                        %uri,
+                        ok = r.is_ok(),
+                        watched_dirs = machine.watched_dirs(),
+                        "file subscription"
+                    );
                     if let Ok(ring) = &r {
                         active
                             .lock()
@@ -289,6 +295,11 @@ fn run(
                 Ok(Command::Unsubscribe { uri }) => {
                     machine.unsubscribe(&mut disk, &uri);
                     if !machine.is_subscribed(&uri) {
+                        tracing::debug!(
+                            %uri,
+                            watched_dirs = machine.watched_dirs(),
+                            "file subscription ended"
+                        );
                         active
                             .lock()
                             .unwrap_or_else(|e| e.into_inner())
