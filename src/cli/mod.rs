@@ -2,6 +2,7 @@
 
 mod client;
 mod code;
+mod file;
 mod k8s;
 mod memo;
 mod serve;
@@ -46,7 +47,11 @@ pub enum Command {
     Memo(memo::MemoArgs),
     /// Serve Kubernetes / kcp objects as event logs over the real kubectl.
     K8s(k8s::K8sArgs),
-    /// Run the demo pipeline with no config: memo on HTTP 127.0.0.1:8750 and QUIC :8751.
+    /// Serve files and directories under --root DIRs: file:///PATH (content or listing) and
+    /// file-events://watch/PATH (event log), changes pushed from inotify.
+    File(file::FileArgs),
+    /// Run the demo pipeline with no config: memo on HTTP 127.0.0.1:8750 and QUIC :8751, the
+    /// files of ./herald-demo on HTTP :8752, and a watch client printing notices for both.
     Up(up::UpArgs),
     /// List a server's tools, resources and templates.
     Ls(client::LsArgs),
@@ -113,6 +118,7 @@ pub fn run(cli: Cli) -> Result<(), Exit> {
     let result = runtime.block_on(async move {
         match cli.command {
             Command::Memo(a) => memo::run(a, &globals).await,
+            Command::File(a) => file::run(a, &globals).await,
             Command::K8s(a) => k8s::run(a, &globals).await,
             Command::Up(a) => up::run(a, &globals).await,
             Command::Ls(a) => client::ls(a).await,

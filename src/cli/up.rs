@@ -1,5 +1,6 @@
 //! `herald up`: the whole demo pipeline from its embedded default, no config needed.
 
+use std::path::PathBuf;
 use std::sync::Arc;
 
 use clap::Args;
@@ -10,6 +11,7 @@ use crate::app::{self, ServeOptions};
 use crate::cli::serve::announce;
 use crate::cli::{Exit, Globals};
 use crate::mcp::ring::DEFAULT_RING_CAPACITY;
+use crate::source::file::{FileConfig, FileSource};
 use crate::source::memo::Memo;
 use crate::transport::client::Target;
 use crate::watch::log::WatchLog;
@@ -20,6 +22,10 @@ use crate::watch::sink::{self, Sink};
 pub const DEFAULT_HTTP: &str = "127.0.0.1:8750";
 /// Where the embedded default serves QUIC.
 pub const DEFAULT_QUIC: &str = "127.0.0.1:8751";
+/// Where the embedded default serves the file source over HTTP.
+pub const DEFAULT_FILE_HTTP: &str = "127.0.0.1:8752";
+/// The directory the demo's file source serves (created if missing).
+pub const DEFAULT_DEMO_DIR: &str = "herald-demo";
 
 #[derive(Debug, Args)]
 pub struct UpArgs {
@@ -29,6 +35,12 @@ pub struct UpArgs {
     /// QUIC address of the demo's endpoint.
     #[arg(long, default_value = DEFAULT_QUIC, value_name = "ADDR")]
     pub quic: String,
+    /// HTTP address of the demo's file source.
+    #[arg(long, default_value = DEFAULT_FILE_HTTP, value_name = "ADDR")]
+    pub file_http: String,
+    /// The directory the demo's file source serves and watches (created if missing).
+    #[arg(long, default_value = DEFAULT_DEMO_DIR, value_name = "DIR")]
+    pub demo_dir: PathBuf,
 }
 
 pub async fn run(args: UpArgs, globals: &Globals) -> Result<(), Exit> {
@@ -46,6 +58,29 @@ pub async fn run(args: UpArgs, globals: &Globals) -> Result<(), Exit> {
         .await
         .map_err(|e| crate::cli::usage(e.into()))?;
     announce(&bound, globals.log_format);
+    // The file source on ./herald-demo, on its own HTTP endpoint.
+    std::fs::create_dir_all(&args.demo_dir).map_err(|e| {
+        crate::cli::usage(anyhow::anyhow!(
+            "cannot create the demo directory {}: {e}; pass --demo-dir DIR",
+            args.demo_dir.display()
+        ))
+    })?;
+    let files = FileSource::new(FileConfig {
+        roots: vec![args.demo_dir.clone()],
+        ..FileConfig::default()
+    })
+    .map_err(|e| crate::cli::usage(e.into()))?;
+    let demo = files.roots()[0].clone();
+    let file_opts = ServeOptions {
+        http: Some(args.file_http.clone()),
+        ..ServeOptions::default()
+    };
+    let file_bound = app::serve_source(Arc::new(files), &file_opts, &store, &shutdown, &tracker)
+        .await
+        .map_err(|e| crate::cli::usage(e.into()))?;
+    announce(&file_bound, globals.log_format);
+    let demo_events = crate::source::file::events_uri(&demo, true);
+    let file_url = file_bound.http_url().unwrap_or_default();
     if let (Some(url), crate::cli::LogFormat::Text) = (bound.http_url(), globals.log_format) {
         let store = globals
             .store_path()
@@ -53,13 +88,18 @@ pub async fn run(args: UpArgs, globals: &Globals) -> Result<(), Exit> {
             .unwrap_or_else(|| ":memory:".into());
         let pin = bound.quic_fingerprint.clone().unwrap_or_default();
         let quic = bound.quic.map(|a| a.to_string()).unwrap_or_default();
+        let demo_dir = demo.display();
         eprintln!(
-            "\nherald up: the memo source is serving (store {store}). Try it:\n\
+            "\nherald up: the memo source is serving (store {store}), and the file source\
+             \nserves {demo_dir}. Try it:\n\
              \n  herald call memo_set key=todo value='\"buy milk\"' --mcp-http {url}\
              \n  herald read memo://notes --mcp-http {url}\
              \n  herald read memo://log --mcp-quic {quic} --tls-pin {pin}\
-             \n  herald ls --mcp-http {url}\n\
-             \nA watch client here prints notices for memo://notes and memo://log on stdout.\
+             \n  herald ls --mcp-http {url}\
+             \n  echo hello > {demo_dir}/hello.txt\
+             \n  herald read file://{demo_dir}/hello.txt --mcp-http {file_url}\n\
+             \nA watch client here prints notices for memo://notes, memo://log and\
+             \n{demo_events} on stdout.\
              \nStop with Ctrl-C.\n"
         );
     }
@@ -68,7 +108,10 @@ pub async fn run(args: UpArgs, globals: &Globals) -> Result<(), Exit> {
     let (tx, rx) = tokio::sync::mpsc::channel(64);
     let sink_task = tokio::spawn(sink::run(Sink::Stdout, rx));
     let url = bound.http_url().unwrap_or_default();
-    let servers = vec![Server::new(Target::Http(url), Default::default(), 4 << 20)];
+    let servers = vec![
+        Server::new(Target::Http(url), Default::default(), 4 << 20),
+        Server::new(Target::Http(file_url.clone()), Default::default(), 4 << 20),
+    ];
     let watcher = WatchManager::new(
         WatchConfig::default(),
         servers,
@@ -79,6 +122,7 @@ pub async fn run(args: UpArgs, globals: &Globals) -> Result<(), Exit> {
     for (name, uri) in [
         ("notes", crate::source::memo::NOTES_URI),
         ("memo-log", crate::source::memo::LOG_URI),
+        ("demo-files", demo_events.as_str()),
     ] {
         if let Err(e) = watcher.watch_start(name, uri, None).await {
             tracing::warn!(watch = name, error = %e, "demo watch did not start");

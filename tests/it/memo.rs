@@ -272,6 +272,7 @@ async fn listen_limits_are_refused_before_acknowledgment() {
 
 #[tokio::test]
 async fn herald_up_serves_the_demo_with_no_config() {
+    let demo = TempDir::new("up-demo");
     let up = Server::spawn(&[
         "--store",
         ":memory:",
@@ -280,6 +281,10 @@ async fn herald_up_serves_the_demo_with_no_config() {
         "127.0.0.1:0",
         "--quic",
         "127.0.0.1:0",
+        "--file-http",
+        "127.0.0.1:0",
+        "--demo-dir",
+        demo.path().join("herald-demo").to_str().unwrap(),
     ])
     .await;
     for (target, trust) in [

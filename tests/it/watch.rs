@@ -521,6 +521,7 @@ async fn a_legacy_server_serves_tools_but_cannot_be_watched() {
 #[tokio::test]
 async fn herald_up_prints_notices_for_its_memo_source() {
     init();
+    let demo = TempDir::new("up-watch-demo");
     let mut child = tokio::process::Command::new(bin())
         .args([
             "--log-format",
@@ -532,6 +533,10 @@ async fn herald_up_prints_notices_for_its_memo_source() {
             "127.0.0.1:0",
             "--quic",
             "127.0.0.1:0",
+            "--file-http",
+            "127.0.0.1:0",
+            "--demo-dir",
+            demo.path().to_str().unwrap(),
         ])
         .stdin(Stdio::null())
         .stdout(Stdio::piped())

@@ -1,0 +1,187 @@
+//! `herald file`: the file source, from flags and/or a small TOML file.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context;
+use clap::Args;
+use serde::Deserialize;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+use crate::app;
+use crate::cli::serve::{ServeArgs, announce};
+use crate::cli::{Exit, Globals, usage};
+use crate::mcp::ring::DEFAULT_RING_CAPACITY;
+use crate::source::file::{
+    DEFAULT_DEBOUNCE_MS, DEFAULT_MAX_FILE_BYTES, DEFAULT_MAX_WATCHES, FileConfig, FileSource,
+};
+use crate::store::Store;
+
+#[derive(Debug, Args)]
+pub struct FileArgs {
+    #[command(flatten)]
+    pub serve: ServeArgs,
+    /// A directory to serve (repeatable). Only paths under a root are served; added to the
+    /// config file's roots.
+    #[arg(long = "root", value_name = "DIR")]
+    pub roots: Vec<PathBuf>,
+    /// A TOML file: roots = ["/srv/data"], max_file_bytes, debounce_ms, max_watches,
+    /// ring_capacity. Flags override it.
+    #[arg(long, value_name = "FILE.toml")]
+    pub config: Option<PathBuf>,
+    /// Largest file served, in bytes [default: 4 MiB].
+    #[arg(long, value_name = "BYTES")]
+    pub max_file_bytes: Option<u64>,
+    /// Changes to one path within this window become one event [default: 50].
+    #[arg(long, value_name = "MS")]
+    pub debounce_ms: Option<u64>,
+    /// Most directories watched at once [default: 8192].
+    #[arg(long, value_name = "N")]
+    pub max_watches: Option<usize>,
+    /// Events kept per file-events URI [default: 256].
+    #[arg(long, value_name = "N")]
+    pub ring_capacity: Option<usize>,
+}
+
+/// The config file. Every field is optional; flags win.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FileToml {
+    /// Directories to serve; relative paths are relative to the config file.
+    #[serde(default)]
+    pub roots: Vec<PathBuf>,
+    pub max_file_bytes: Option<u64>,
+    pub debounce_ms: Option<u64>,
+    pub max_watches: Option<usize>,
+    pub ring_capacity: Option<usize>,
+}
+
+impl FileArgs {
+    /// Merges the config file and the flags.
+    pub fn config(&self) -> anyhow::Result<FileConfig> {
+        let toml = match &self.config {
+            Some(p) => load(p)?,
+            None => FileToml::default(),
+        };
+        let mut roots = toml.roots;
+        roots.extend(self.roots.iter().cloned());
+        if roots.is_empty() {
+            anyhow::bail!(
+                "no roots to serve; pass --root DIR (repeatable) or roots = [...] in --config"
+            );
+        }
+        Ok(FileConfig {
+            roots,
+            max_file_bytes: self
+                .max_file_bytes
+                .or(toml.max_file_bytes)
+                .unwrap_or(DEFAULT_MAX_FILE_BYTES),
+            debounce: Duration::from_millis(
+                self.debounce_ms
+                    .or(toml.debounce_ms)
+                    .unwrap_or(DEFAULT_DEBOUNCE_MS),
+            ),
+            max_watches: self
+                .max_watches
+                .or(toml.max_watches)
+                .unwrap_or(DEFAULT_MAX_WATCHES),
+            ring_capacity: self
+                .ring_capacity
+                .or(toml.ring_capacity)
+                .unwrap_or(DEFAULT_RING_CAPACITY),
+        })
+    }
+}
+
+fn load(path: &Path) -> anyhow::Result<FileToml> {
+    let text = std::fs::read_to_string(path)
+        .with_context(|| format!("cannot read config {}", path.display()))?;
+    let mut t: FileToml =
+        toml::from_str(&text).with_context(|| format!("bad config {}", path.display()))?;
+    let base = path.parent().unwrap_or(Path::new("."));
+    for r in &mut t.roots {
+        if r.is_relative() {
+            *r = base.join(&*r);
+        }
+    }
+    Ok(t)
+}
+
+pub async fn run(args: FileArgs, globals: &Globals) -> Result<(), Exit> {
+    let cfg = args.config().map_err(usage)?;
+    let source = FileSource::new(cfg).map_err(|e| usage(e.into()))?;
+    // The store only holds a QUIC identity here: open the file only when one is needed (or
+    // asked for), so `herald file` next to another role needs no --store of its own.
+    let store = if globals.store.is_some()
+        || (args.serve.quic.is_some() && args.serve.tls_cert.is_none())
+    {
+        globals.open_store().await?
+    } else {
+        Store::memory()
+    };
+    let shutdown = CancellationToken::new();
+    app::cancel_on_signals(shutdown.clone());
+    let tracker = TaskTracker::new();
+    let bound = app::serve_source(
+        Arc::new(source),
+        &args.serve.options(),
+        &store,
+        &shutdown,
+        &tracker,
+    )
+    .await
+    .map_err(|e| usage(e.into()))?;
+    announce(&bound, globals.log_format);
+    shutdown.cancelled().await;
+    app::drain(tracker).await;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn config_file_is_strict_and_flags_win() {
+        let dir = std::env::temp_dir().join(format!("herald-file-cfg-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let p = dir.join("file.toml");
+        std::fs::write(
+            &p,
+            "roots = [\"data\"]\ndebounce_ms = 10\nmax_watches = 5\n",
+        )
+        .unwrap();
+        let args = FileArgs {
+            serve: ServeArgs {
+                http: None,
+                quic: None,
+                stdio: false,
+                tls_cert: None,
+                tls_key: None,
+                allowed_hosts: vec![],
+                allowed_origins: vec![],
+                max_listen_streams: 1,
+                max_listen_uris: 1,
+                max_message_bytes: 1,
+                listen_stall_ms: 1,
+            },
+            roots: vec!["/extra".into()],
+            config: Some(p.clone()),
+            max_file_bytes: None,
+            debounce_ms: None,
+            max_watches: Some(7),
+            ring_capacity: None,
+        };
+        let c = args.config().unwrap();
+        assert_eq!(c.roots, [dir.join("data"), PathBuf::from("/extra")]);
+        assert_eq!(c.debounce, Duration::from_millis(10));
+        assert_eq!(c.max_watches, 7, "the flag wins");
+        assert_eq!(c.max_file_bytes, DEFAULT_MAX_FILE_BYTES);
+        std::fs::write(&p, "roots = []\nwatches = 5\n").unwrap();
+        let e = format!("{:#}", args.config().unwrap_err());
+        assert!(e.contains("unknown field `watches`"), "{e}");
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+}

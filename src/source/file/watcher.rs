@@ -1,0 +1,336 @@
+//! The one inotify instance of the file source and the thread that drives it.
+//!
+//! A dedicated thread (`herald-inotify`) owns the instance and the [`Machine`]. It sleeps in
+//! `poll(2)` on two descriptors, the inotify fd and an eventfd that wakes it for commands, with
+//! the machine's next debounce deadline as the timeout; so it runs only when the kernel has
+//! events, a subscriber came or went, or a debounce window closed. Blocking work (adding
+//! watches, scanning a 100,000-file tree, stat'ing a settled path) happens on this thread,
+//! never on a runtime worker. Subscribers talk to it through [`Watcher::subscribe`]; the
+//! returned [`Subscription`] is the refcount, and dropping it lets go.
+
+use std::collections::HashMap;
+use std::io;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::path::Path;
+use std::sync::mpsc;
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
+
+use inotify::{Inotify, WatchDescriptor, WatchMask, Watches};
+
+use super::machine::{Config, Disk, Machine, Meta, Record, Spec, SubError, Wd};
+use crate::mcp::hub::ChangeFeed;
+use crate::mcp::ring::EventRing;
+
+/// What every directory watch asks the kernel for. Never `ATTRIB` (chmod and `touch` are not
+/// content changes) nor `ACCESS`/`OPEN` (reads are not changes).
+fn mask() -> WatchMask {
+    WatchMask::CREATE
+        | WatchMask::MODIFY
+        | WatchMask::CLOSE_WRITE
+        | WatchMask::DELETE
+        | WatchMask::MOVED_FROM
+        | WatchMask::MOVED_TO
+        | WatchMask::DELETE_SELF
+        | WatchMask::ONLYDIR
+        | WatchMask::DONT_FOLLOW
+        | WatchMask::EXCL_UNLINK
+}
+
+/// Bytes read from the inotify fd at a time (several hundred events).
+const READ_BUFFER: usize = 64 * 1024;
+/// Reads per wake-up before commands and settling get a turn.
+const READS_PER_TURN: usize = 64;
+
+type Reply = tokio::sync::oneshot::Sender<Result<Option<Arc<EventRing>>, SubError>>;
+
+enum Command {
+    Subscribe {
+        uri: String,
+        spec: Spec,
+        reply: Reply,
+    },
+    Unsubscribe {
+        uri: String,
+    },
+    Stop,
+}
+
+/// Rings of the subscriptions that exist now, by URI (`None` for a state subscription): lets a
+/// read of an already-watched URI skip the round trip to the thread.
+type Active = Arc<Mutex<HashMap<String, Option<Arc<EventRing>>>>>;
+
+/// An eventfd: the way into the thread's `poll`.
+struct Wake(OwnedFd);
+
+impl Wake {
+    fn new() -> io::Result<Wake> {
+        // SAFETY: eventfd returns a new descriptor or -1.
+        let fd = unsafe { libc::eventfd(0, libc::EFD_NONBLOCK | libc::EFD_CLOEXEC) };
+        if fd < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        // SAFETY: fd is a fresh descriptor we own.
+        Ok(Wake(unsafe { OwnedFd::from_raw_fd(fd) }))
+    }
+
+    fn ring(&self) {
+        let one: u64 = 1;
+        // SAFETY: writes 8 bytes from a live u64 to our eventfd. A full counter (never in
+        // practice) only means the thread is already due to wake.
+        unsafe { libc::write(self.0.as_raw_fd(), &one as *const u64 as *const _, 8) };
+    }
+
+    fn drain(&self) {
+        let mut v: u64 = 0;
+        // SAFETY: reads 8 bytes into a live u64; non-blocking.
+        unsafe { libc::read(self.0.as_raw_fd(), &mut v as *mut u64 as *mut _, 8) };
+    }
+}
+
+/// The handle to the watcher thread. Dropping it stops the thread.
+pub struct Watcher {
+    // Unbounded, but bounded in practice: every Subscribe is a request awaiting its reply, and
+    // every Unsubscribe is a Subscription dropped, so the queue never holds more than the open
+    // requests plus the live subscriptions (capped by the listen limits).
+    tx: mpsc::Sender<Command>,
+    wake: Arc<Wake>,
+    active: Active,
+}
+
+/// One holder of a watched URI. Dropping it tells the watcher.
+pub struct Subscription {
+    uri: String,
+    ring: Option<Arc<EventRing>>,
+    tx: mpsc::Sender<Command>,
+    wake: Arc<Wake>,
+}
+
+impl Subscription {
+    pub fn ring(&self) -> Option<&Arc<EventRing>> {
+        self.ring.as_ref()
+    }
+}
+
+impl Drop for Subscription {
+    fn drop(&mut self) {
+        let _ = self.tx.send(Command::Unsubscribe {
+            uri: std::mem::take(&mut self.uri),
+        });
+        self.wake.ring();
+    }
+}
+
+impl Watcher {
+    /// Creates the inotify instance and starts its thread.
+    pub fn start(cfg: Config, feed: ChangeFeed) -> io::Result<Watcher> {
+        let ino = Inotify::init().map_err(|e| {
+            io::Error::new(
+                e.kind(),
+                format!(
+                    "cannot create an inotify instance ({e}); if the per-user limit is reached, raise fs.inotify.max_user_instances"
+                ),
+            )
+        })?;
+        let wake = Arc::new(Wake::new()?);
+        let (tx, rx) = mpsc::channel();
+        let active: Active = Arc::default();
+        let machine = Machine::new(cfg, feed);
+        {
+            let wake = wake.clone();
+            let active = active.clone();
+            std::thread::Builder::new()
+                .name("herald-inotify".into())
+                .spawn(move || run(ino, rx, wake, machine, active))?;
+        }
+        Ok(Watcher { tx, wake, active })
+    }
+
+    /// Starts (or joins) the watch behind `uri`.
+    pub async fn subscribe(&self, uri: &str, spec: Spec) -> Result<Subscription, SubError> {
+        let (reply, rx) = tokio::sync::oneshot::channel();
+        self.tx
+            .send(Command::Subscribe {
+                uri: uri.to_owned(),
+                spec,
+                reply,
+            })
+            .map_err(|_| SubError::Io("the inotify thread has stopped".into()))?;
+        self.wake.ring();
+        let ring = rx
+            .await
+            .map_err(|_| SubError::Io("the inotify thread has stopped".into()))??;
+        Ok(Subscription {
+            uri: uri.to_owned(),
+            ring,
+            tx: self.tx.clone(),
+            wake: self.wake.clone(),
+        })
+    }
+
+    /// `Some(ring)` if `uri` is being watched now (the ring is `None` for a state URI).
+    pub fn active(&self, uri: &str) -> Option<Option<Arc<EventRing>>> {
+        self.active
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(uri)
+            .cloned()
+    }
+}
+
+impl Drop for Watcher {
+    fn drop(&mut self) {
+        let _ = self.tx.send(Command::Stop);
+        self.wake.ring();
+    }
+}
+
+/// The real [`Disk`]: `std::fs` and the inotify watch table.
+struct RealDisk {
+    watches: Watches,
+    wds: HashMap<Wd, WatchDescriptor>,
+}
+
+impl Disk for RealDisk {
+    fn stat(&self, path: &Path) -> Option<Meta> {
+        std::fs::symlink_metadata(path)
+            .ok()
+            .map(|m| Meta::from_std(&m))
+    }
+
+    fn list(&self, dir: &Path) -> io::Result<Vec<(String, Meta)>> {
+        let mut out = Vec::new();
+        for e in std::fs::read_dir(dir)? {
+            let Ok(e) = e else { continue };
+            let Ok(name) = e.file_name().into_string() else {
+                continue;
+            };
+            // Gone between readdir and stat: its DELETE event follows.
+            if let Ok(m) = e.metadata() {
+                out.push((name, Meta::from_std(&m)));
+            }
+        }
+        Ok(out)
+    }
+
+    fn add_watch(&mut self, dir: &Path) -> io::Result<Wd> {
+        let wd = self.watches.add(dir, mask())?;
+        let id = wd.get_watch_descriptor_id();
+        self.wds.insert(id, wd);
+        Ok(id)
+    }
+
+    fn rm_watch(&mut self, wd: Wd) {
+        if let Some(w) = self.wds.remove(&wd) {
+            // EINVAL when the kernel already dropped it (directory deleted): nothing to do.
+            let _ = self.watches.remove(w);
+        }
+    }
+}
+
+fn run(
+    mut ino: Inotify,
+    rx: mpsc::Receiver<Command>,
+    wake: Arc<Wake>,
+    mut machine: Machine,
+    active: Active,
+) {
+    let mut disk = RealDisk {
+        watches: ino.watches(),
+        wds: HashMap::new(),
+    };
+    let mut buf = vec![0u8; READ_BUFFER];
+    loop {
+        let timeout = match machine.next_deadline() {
+            // Rounded up, so a deadline is never polled for early and spun on.
+            Some(d) => d
+                .saturating_duration_since(Instant::now())
+                .as_micros()
+                .div_ceil(1000)
+                .min(i32::MAX as u128) as i32,
+            None => -1,
+        };
+        let mut fds = [
+            libc::pollfd {
+                fd: ino.as_raw_fd(),
+                events: libc::POLLIN,
+                revents: 0,
+            },
+            libc::pollfd {
+                fd: wake.0.as_raw_fd(),
+                events: libc::POLLIN,
+                revents: 0,
+            },
+        ];
+        // SAFETY: two valid pollfd structs.
+        let r = unsafe { libc::poll(fds.as_mut_ptr(), 2, timeout) };
+        if r < 0 {
+            let e = io::Error::last_os_error();
+            if e.kind() != io::ErrorKind::Interrupted {
+                tracing::error!(error = %e, "poll on the inotify descriptor failed; the file source stops watching");
+                return;
+            }
+        }
+        if fds[1].revents != 0 {
+            wake.drain();
+        }
+        loop {
+            match rx.try_recv() {
+                Ok(Command::Subscribe { uri, spec, reply }) => {
+                    let r = machine.subscribe(&mut disk, &uri, spec);
+                    tracing::debug!(
+                        %uri,
+                        ok = r.is_ok(),
+                        watched_dirs = machine.watched_dirs(),
+                        "file subscription"
+                    );
+                    if let Ok(ring) = &r {
+                        active
+                            .lock()
+                            .unwrap_or_else(|e| e.into_inner())
+                            .insert(uri, ring.clone());
+                    }
+                    let _ = reply.send(r);
+                }
+                Ok(Command::Unsubscribe { uri }) => {
+                    machine.unsubscribe(&mut disk, &uri);
+                    if !machine.is_subscribed(&uri) {
+                        tracing::debug!(
+                            %uri,
+                            watched_dirs = machine.watched_dirs(),
+                            "file subscription ended"
+                        );
+                        active
+                            .lock()
+                            .unwrap_or_else(|e| e.into_inner())
+                            .remove(&uri);
+                    }
+                }
+                Ok(Command::Stop) | Err(mpsc::TryRecvError::Disconnected) => return,
+                Err(mpsc::TryRecvError::Empty) => break,
+            }
+        }
+        for _ in 0..READS_PER_TURN {
+            match ino.read_events(&mut buf) {
+                Ok(events) => {
+                    let now = Instant::now();
+                    for e in events {
+                        let rec = Record {
+                            wd: e.wd.get_watch_descriptor_id(),
+                            mask: e.mask,
+                            cookie: e.cookie,
+                            name: e.name.map(|n| n.to_owned()),
+                        };
+                        machine.feed(&mut disk, rec, now);
+                    }
+                }
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
+                Err(e) => {
+                    tracing::error!(error = %e, "reading inotify events failed");
+                    break;
+                }
+            }
+        }
+        machine.flush(&mut disk, Instant::now());
+    }
+}
