@@ -8,6 +8,7 @@
 pub mod app;
 pub mod cli;
 pub mod filter;
+pub mod gateway;
 pub mod mcp;
 pub mod source;
 pub mod store;

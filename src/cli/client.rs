@@ -57,6 +57,7 @@ impl ClientArgs {
         let trust = ClientTrust {
             ca: self.tls_ca.clone(),
             pin: self.tls_pin.clone(),
+            token: crate::transport::tls::Secret::from_env(),
         };
         Ok(connect(&self.target(), &trust, client_config(), 4 * 1024 * 1024).await?)
     }

@@ -3,6 +3,7 @@
 mod client;
 mod code;
 mod file;
+mod gateway;
 mod k8s;
 mod memo;
 mod serve;
@@ -53,6 +54,11 @@ pub enum Command {
     /// Run the demo pipeline with no config: memo on HTTP 127.0.0.1:8750 and QUIC :8751, the
     /// files of ./herald-demo on HTTP :8752, and a watch client printing notices for both.
     Up(up::UpArgs),
+    /// Serve many MCP servers behind one endpoint: tools server__tool, resources and listens
+    /// routed and shared, Events aggregated, per-token entitlements.
+    Gateway(gateway::GatewayArgs),
+    /// Validate a gateway config and exit (for ExecStartPre=).
+    Check(gateway::CheckArgs),
     /// List a server's tools, resources and templates.
     Ls(client::LsArgs),
     /// Read a resource.
@@ -121,6 +127,8 @@ pub fn run(cli: Cli) -> Result<(), Exit> {
             Command::File(a) => file::run(a, &globals).await,
             Command::K8s(a) => k8s::run(a, &globals).await,
             Command::Up(a) => up::run(a, &globals).await,
+            Command::Gateway(a) => gateway::run(a, &globals).await,
+            Command::Check(a) => gateway::check(a),
             Command::Ls(a) => client::ls(a).await,
             Command::Read(a) => client::read(a).await,
             Command::Call(a) => client::call(a).await,

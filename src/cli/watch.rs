@@ -169,6 +169,7 @@ impl ServerFlags {
         let trust = ClientTrust {
             ca: self.tls_ca.clone(),
             pin: self.tls_pin.clone(),
+            token: crate::transport::tls::Secret::from_env(),
         };
         let targets = self
             .mcp_stdio
@@ -236,6 +237,7 @@ pub async fn run(args: WatchArgs, globals: &Globals, verbose: bool) -> Result<()
         let trust = ClientTrust {
             ca: s.tls_ca.clone(),
             pin: s.tls_pin.clone(),
+            token: crate::transport::tls::Secret::from_env(),
         };
         servers.push(Server::new(target, trust, cfg.max_message_bytes));
     }

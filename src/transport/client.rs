@@ -12,6 +12,9 @@ use rmcp::ClientHandler;
 use rmcp::model::{ClientCapabilities, ClientConfig, Implementation, ProtocolVersion};
 use rmcp::service::{ClientLifecycleMode, ClientServiceExt, Peer, RoleClient, RunningService};
 use rmcp::transport::StreamableHttpClientTransport;
+use rmcp::transport::streamable_http_client::StreamableHttpClientTransportConfig;
+
+use crate::mcp::server::{EVENTS_EXTENSION, TOKEN_META_KEY};
 
 use crate::transport::lines::LineTransport;
 use crate::transport::quic;
@@ -50,8 +53,13 @@ pub enum ConnectError {
 
 /// The client identity herald presents, usable as an rmcp client handler.
 pub fn client_config() -> ClientConfig {
+    let mut caps = ClientCapabilities::default();
+    // herald's clients poll events (herald poll, the gateway's upstream side).
+    caps.extensions
+        .get_or_insert_with(Default::default)
+        .insert(EVENTS_EXTENSION.into(), Default::default());
     ClientConfig::new(
-        ClientCapabilities::default(),
+        caps,
         Implementation::new("herald", env!("CARGO_PKG_VERSION")),
     )
 }
@@ -93,6 +101,13 @@ impl<H: ClientHandler> Connection<H> {
     /// Closes the connection and waits for the transport to finish.
     pub async fn close(self) {
         let _ = self.service.cancel().await;
+    }
+
+    /// Takes the spawned child (stdio targets) out of the connection, for a caller that
+    /// supervises it: it is then no longer killed when the connection is dropped, but still
+    /// when the taken `Child` is.
+    pub fn take_child(&mut self) -> Option<tokio::process::Child> {
+        self._child.take()
     }
 
     /// Whether the connection has ended.
@@ -153,7 +168,11 @@ pub async fn connect<H: ClientHandler>(
             })
         }
         Target::Http(url) => {
-            let transport = StreamableHttpClientTransport::from_uri(url.as_str());
+            let mut config = StreamableHttpClientTransportConfig::with_uri(url.as_str());
+            if let Some(t) = &trust.token {
+                config = config.auth_header(t.0.clone());
+            }
+            let transport = StreamableHttpClientTransport::from_config(config);
             let service = handler
                 .serve_with_lifecycle(transport, lifecycle())
                 .await
@@ -173,8 +192,11 @@ pub async fn connect<H: ClientHandler>(
                         target: target.to_string(),
                         message,
                     })?;
-            let transport =
+            let mut transport =
                 LineTransport::<RoleClient, _>::new(recv, send, max_message_bytes, false);
+            if let Some(t) = &trust.token {
+                transport = transport.with_request_meta(TOKEN_META_KEY, t.0.clone());
+            }
             let service = handler
                 .serve_with_lifecycle(transport, lifecycle())
                 .await

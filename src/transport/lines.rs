@@ -32,6 +32,8 @@ pub struct LineTransport<Role, R> {
     tx: Option<mpsc::Sender<Vec<u8>>>,
     pending_error: Option<Vec<u8>>,
     writer_done: Option<tokio::task::JoinHandle<()>>,
+    /// Added to every outgoing request's `_meta` (a client's token on QUIC).
+    meta_token: Option<(String, String)>,
     _role: PhantomData<fn() -> Role>,
 }
 
@@ -57,8 +59,16 @@ where
             tx: Some(tx),
             pending_error: None,
             writer_done: Some(writer_done),
+            meta_token: None,
             _role: PhantomData,
         }
+    }
+
+    /// Adds `_meta[key] = value` to every request this side sends (how a client presents its
+    /// token on a byte-stream transport).
+    pub fn with_request_meta(mut self, key: &str, value: String) -> Self {
+        self.meta_token = Some((key.to_owned(), value));
+        self
     }
 
     /// Reads one line into `self.line`, never letting it grow past the limit.
@@ -153,8 +163,24 @@ where
         item: TxJsonRpcMessage<Role>,
     ) -> impl Future<Output = Result<(), Self::Error>> + Send + 'static {
         let tx = self.tx.clone();
+        let meta = self.meta_token.clone();
         async move {
-            let mut bytes = serde_json::to_vec(&item).map_err(std::io::Error::other)?;
+            let mut bytes = match meta {
+                None => serde_json::to_vec(&item).map_err(std::io::Error::other)?,
+                Some((key, value)) => {
+                    let mut v = serde_json::to_value(&item).map_err(std::io::Error::other)?;
+                    if v.get("method").is_some() && v.get("id").is_some() {
+                        if !v.get("params").is_some_and(|p| p.is_object()) {
+                            v["params"] = serde_json::json!({});
+                        }
+                        if !v["params"].get("_meta").is_some_and(|m| m.is_object()) {
+                            v["params"]["_meta"] = serde_json::json!({});
+                        }
+                        v["params"]["_meta"][key] = value.into();
+                    }
+                    serde_json::to_vec(&v).map_err(std::io::Error::other)?
+                }
+            };
             bytes.push(b'\n');
             match tx {
                 Some(tx) => tx.send(bytes).await.map_err(|_| {

@@ -160,13 +160,36 @@ pub fn server_config(identity: Identity) -> Result<rustls::ServerConfig, TlsErro
     Ok(cfg)
 }
 
-/// How a client trusts a server.
+/// How a client trusts a server, and proves itself to it.
 #[derive(Debug, Clone, Default)]
 pub struct ClientTrust {
     /// PEM file of CA certificates.
     pub ca: Option<PathBuf>,
     /// SHA-256 fingerprint of the server's certificate.
     pub pin: Option<String>,
+    /// A bearer token for the server (a gateway): the `Authorization` header on HTTP,
+    /// `_meta["io.herald/token"]` on every request over QUIC.
+    pub token: Option<Secret>,
+}
+
+/// A secret string: its `Debug` never shows it.
+#[derive(Clone, PartialEq, Eq)]
+pub struct Secret(pub String);
+
+impl std::fmt::Debug for Secret {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("<redacted>")
+    }
+}
+
+impl Secret {
+    /// `HERALD_TOKEN` from the environment, if set and not empty.
+    pub fn from_env() -> Option<Secret> {
+        std::env::var("HERALD_TOKEN")
+            .ok()
+            .filter(|t| !t.trim().is_empty())
+            .map(|t| Secret(t.trim().to_owned()))
+    }
 }
 
 /// Normalises a fingerprint: lowercase hex without separators.

@@ -155,6 +155,7 @@ async fn main() {
         ClientTrust {
             ca: None,
             pin: Some(pin),
+            token: None,
         },
         n,
     )

@@ -2,6 +2,7 @@
 
 mod file;
 mod filter;
+mod gateway;
 mod k8s;
 mod kube_fake;
 mod manager;

@@ -197,6 +197,7 @@ impl Memo {
                     trust: ClientTrust {
                         ca: None,
                         pin: Some(s.fingerprint()),
+                        token: None,
                     },
                     server: Some(s),
                 }

@@ -1,0 +1,69 @@
+//! `herald gateway`: many servers behind one endpoint; `herald check`: validate a config.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use clap::Args;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+use crate::app;
+use crate::cli::serve::{ServeArgs, announce};
+use crate::cli::{Exit, Globals};
+use crate::gateway::Gateway;
+use crate::gateway::config::GatewayConfig;
+
+#[derive(Debug, Args)]
+pub struct GatewayArgs {
+    /// The gateway's TOML config: [[slug]] upstreams and [[token]] entitlements.
+    #[arg(long, value_name = "FILE")]
+    pub config: PathBuf,
+    #[command(flatten)]
+    pub serve: ServeArgs,
+}
+
+#[derive(Debug, Args)]
+pub struct CheckArgs {
+    /// A gateway config to validate.
+    pub config: PathBuf,
+}
+
+pub async fn run(args: GatewayArgs, globals: &Globals) -> Result<(), Exit> {
+    let cfg = GatewayConfig::load(&args.config).map_err(crate::cli::usage)?;
+    let mut opts = args.serve.options();
+    if opts.http.is_none() {
+        opts.http = cfg.http.clone();
+    }
+    if opts.quic.is_none() {
+        opts.quic = cfg.quic.clone();
+    }
+    if cfg.tokens.is_empty() && (opts.http.is_some() || opts.quic.is_some()) {
+        tracing::warn!(
+            "no [[token]] in the config: HTTP and QUIC callers are refused every server; only stdio callers get them"
+        );
+    }
+    let store = globals.open_store().await?;
+    let shutdown = CancellationToken::new();
+    app::cancel_on_signals(shutdown.clone());
+    let gateway = Gateway::new(&cfg, opts.limits.max_message_bytes, shutdown.clone());
+    gateway.warm_up(std::time::Duration::from_secs(5)).await;
+    let tracker = TaskTracker::new();
+    let bound = app::serve_source(Arc::new(gateway), &opts, &store, &shutdown, &tracker)
+        .await
+        .map_err(|e| crate::cli::usage(e.into()))?;
+    announce(&bound, globals.log_format);
+    shutdown.cancelled().await;
+    app::drain(tracker).await;
+    Ok(())
+}
+
+pub fn check(args: CheckArgs) -> Result<(), Exit> {
+    let cfg = GatewayConfig::load(&args.config).map_err(crate::cli::usage)?;
+    println!(
+        "{}: ok ({} servers, {} tokens)",
+        args.config.display(),
+        cfg.slugs.len(),
+        cfg.tokens.len()
+    );
+    Ok(())
+}

@@ -1,0 +1,238 @@
+//! The gateway's TOML config: upstream servers ("slugs") and the tokens entitled to them.
+//!
+//! ```toml
+//! http = "127.0.0.1:8760"          # optional; flags override
+//! quic = "127.0.0.1:8761"
+//!
+//! [[slug]]
+//! name = "memo"
+//! stdio = "herald memo --store /var/lib/herald/memo.redb"
+//!
+//! [[slug]]
+//! name = "cluster"
+//! http = "http://10.0.0.5:8750/mcp"
+//! token_env = "CLUSTER_TOKEN"       # the bearer token this gateway presents upstream
+//!
+//! [[token]]
+//! name = "ops"                      # a label for logs; never the token
+//! sha256 = "9f86d081884c7d65..."    # printf %s TOKEN | sha256sum
+//! slugs = ["memo", "cluster"]       # or ["*"]
+//! ```
+
+use std::collections::BTreeSet;
+use std::path::{Path, PathBuf};
+
+use serde::Deserialize;
+
+use crate::transport::client::Target;
+use crate::transport::tls::{ClientTrust, Secret};
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct GatewayFile {
+    pub http: Option<String>,
+    pub quic: Option<String>,
+    #[serde(default, rename = "slug")]
+    pub slugs: Vec<SlugFile>,
+    #[serde(default, rename = "token")]
+    pub tokens: Vec<TokenFile>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SlugFile {
+    pub name: String,
+    pub stdio: Option<String>,
+    pub http: Option<String>,
+    pub quic: Option<String>,
+    pub tls_ca: Option<PathBuf>,
+    pub tls_pin: Option<String>,
+    /// Environment variable holding the token this gateway presents to the upstream.
+    pub token_env: Option<String>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TokenFile {
+    pub name: Option<String>,
+    pub sha256: String,
+    pub slugs: Vec<String>,
+}
+
+/// One upstream, validated.
+#[derive(Debug, Clone)]
+pub struct Slug {
+    pub name: String,
+    pub target: Target,
+    pub trust: ClientTrust,
+}
+
+/// One token, validated: its SHA-256 and what it may use.
+#[derive(Debug, Clone)]
+pub struct Token {
+    pub label: String,
+    pub sha256: [u8; 32],
+    pub slugs: BTreeSet<String>,
+}
+
+#[derive(Debug, Clone)]
+pub struct GatewayConfig {
+    pub http: Option<String>,
+    pub quic: Option<String>,
+    pub slugs: Vec<Slug>,
+    pub tokens: Vec<Token>,
+}
+
+/// Whether `name` is a valid slug: lowercase `[a-z0-9-]+` (so never `__` or `+`, which
+/// separate a slug from a tool name or a URI).
+pub fn valid_slug(name: &str) -> bool {
+    !name.is_empty()
+        && name.len() <= 64
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+}
+
+impl GatewayConfig {
+    pub fn load(path: &Path) -> anyhow::Result<GatewayConfig> {
+        let text = std::fs::read_to_string(path)
+            .map_err(|e| anyhow::anyhow!("cannot read {}: {e}", path.display()))?;
+        GatewayConfig::parse(&text).map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))
+    }
+
+    pub fn parse(text: &str) -> anyhow::Result<GatewayConfig> {
+        let file: GatewayFile = toml::from_str(text)?;
+        let mut slugs: Vec<Slug> = Vec::new();
+        for s in file.slugs {
+            if !valid_slug(&s.name) {
+                anyhow::bail!(
+                    "slug name {:?} is not valid: use lowercase letters, digits and '-' (no '__' or '+')",
+                    s.name
+                );
+            }
+            if slugs.iter().any(|o| o.name == s.name) {
+                anyhow::bail!("slug {} is defined twice", s.name);
+            }
+            let target = match (s.stdio, s.http, s.quic) {
+                (Some(c), None, None) => Target::Stdio(c),
+                (None, Some(u), None) => Target::Http(u),
+                (None, None, Some(a)) => Target::Quic(a),
+                _ => anyhow::bail!(
+                    "slug {} needs exactly one of stdio = \"CMD\", http = \"URL\" or quic = \"HOST:PORT\"",
+                    s.name
+                ),
+            };
+            let token = match &s.token_env {
+                None => None,
+                Some(var) => Some(Secret(std::env::var(var).map_err(|_| {
+                    anyhow::anyhow!(
+                        "slug {}: token_env names {var}, which is not set in the environment",
+                        s.name
+                    )
+                })?)),
+            };
+            if let Some(pin) = &s.tls_pin {
+                crate::transport::tls::parse_pin(pin)
+                    .map_err(|e| anyhow::anyhow!("slug {}: tls_pin: {e}", s.name))?;
+            }
+            slugs.push(Slug {
+                name: s.name,
+                target,
+                trust: ClientTrust {
+                    ca: s.tls_ca,
+                    pin: s.tls_pin,
+                    token,
+                },
+            });
+        }
+        let mut tokens = Vec::new();
+        for (i, t) in file.tokens.into_iter().enumerate() {
+            let label = t.name.unwrap_or_else(|| format!("token #{}", i + 1));
+            let bytes = hex::decode(t.sha256.trim()).ok().filter(|b| b.len() == 32);
+            let Some(bytes) = bytes else {
+                anyhow::bail!(
+                    "{label}: sha256 must be 64 hex digits, the SHA-256 of the token (printf %s TOKEN | sha256sum)"
+                );
+            };
+            let mut sha256 = [0u8; 32];
+            sha256.copy_from_slice(&bytes);
+            let mut set = BTreeSet::new();
+            for s in t.slugs {
+                if s == "*" {
+                    set.extend(slugs.iter().map(|x| x.name.clone()));
+                } else if slugs.iter().any(|x| x.name == s) {
+                    set.insert(s);
+                } else {
+                    anyhow::bail!("{label}: slugs names {s:?}, which is not a [[slug]]");
+                }
+            }
+            tokens.push(Token {
+                label,
+                sha256,
+                slugs: set,
+            });
+        }
+        Ok(GatewayConfig {
+            http: file.http,
+            quic: file.quic,
+            slugs,
+            tokens,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const HASH: &str = "9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08";
+
+    #[test]
+    fn a_valid_config() {
+        let c = GatewayConfig::parse(&format!(
+            "[[slug]]\nname = \"memo\"\nstdio = \"herald memo\"\n\
+             [[slug]]\nname = \"k-8\"\nhttp = \"http://x/mcp\"\n\
+             [[token]]\nsha256 = \"{HASH}\"\nslugs = [\"*\"]\n\
+             [[token]]\nname = \"ro\"\nsha256 = \"{HASH}\"\nslugs = [\"memo\"]\n"
+        ))
+        .unwrap();
+        assert_eq!(c.slugs.len(), 2);
+        assert_eq!(c.tokens[0].slugs.len(), 2);
+        assert_eq!(c.tokens[1].label, "ro");
+        assert!(matches!(c.slugs[1].target, Target::Http(_)));
+    }
+
+    #[test]
+    fn bad_configs_say_what_to_fix() {
+        for (text, needle) in [
+            ("[[slug]]\nname = \"a__b\"\nstdio = \"x\"\n", "not valid"),
+            ("[[slug]]\nname = \"a+b\"\nstdio = \"x\"\n", "not valid"),
+            ("[[slug]]\nname = \"Memo\"\nstdio = \"x\"\n", "not valid"),
+            ("[[slug]]\nname = \"a\"\n", "exactly one of"),
+            (
+                "[[slug]]\nname = \"a\"\nstdio = \"x\"\nhttp = \"y\"\n",
+                "exactly one of",
+            ),
+            (
+                "[[slug]]\nname = \"a\"\nstdio = \"x\"\n[[slug]]\nname = \"a\"\nstdio = \"y\"\n",
+                "defined twice",
+            ),
+            ("[[token]]\nsha256 = \"abc\"\nslugs = []\n", "64 hex digits"),
+            (
+                &format!("[[token]]\nsha256 = \"{HASH}\"\nslugs = [\"nope\"]\n"),
+                "not a [[slug]]",
+            ),
+            (
+                "[[slug]]\nname = \"a\"\nstdio = \"x\"\ncolor = 1\n",
+                "unknown field",
+            ),
+            (
+                "[[slug]]\nname = \"a\"\nhttp = \"x\"\ntoken_env = \"HERALD_SURELY_UNSET_VAR\"\n",
+                "not set",
+            ),
+        ] {
+            let e = GatewayConfig::parse(text).unwrap_err().to_string();
+            assert!(e.contains(needle), "{text}: {e}");
+        }
+    }
+}

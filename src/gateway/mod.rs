@@ -1,0 +1,23 @@
+//! The gateway: many upstream servers ("slugs") behind one endpoint (reference 002).
+//!
+//! The gateway is a [`Source`](crate::mcp::source::Source) like any other, so it is served by
+//! the same plumbing on stdio, HTTP and QUIC, with the same listen limits, stall handling and
+//! shutdown. What it adds:
+//!
+//! - **Who may call what**: each request's [`Caller`](crate::mcp::source::Caller) (the
+//!   bearer token, `?servers=`) becomes the set of slugs it may use; anything outside it is
+//!   Forbidden (-32024) with one message whether the slug exists or not.
+//! - **Tools** `slug__tool`, forwarded with the prefix stripped; results and errors unchanged.
+//! - **Resources**: the union; URIs are not rewritten unless two slugs list the same one, then
+//!   each is `slug+URI`. Routing is the watch client's: exact, then template, then first
+//!   subscribable.
+//! - **Listens**: one upstream subscription per watched URI, shared by every client watching
+//!   it (refcounted by the hub's watch guards), resubscribed with backoff while clients stay.
+//! - **Events**: advertised when a selected slug's handshake does (3 s bound per slug);
+//!   `events/list` and `events/poll` forwarded with `slug__` prefixes; no event state here.
+
+pub mod config;
+pub mod source;
+pub mod upstream;
+
+pub use source::Gateway;

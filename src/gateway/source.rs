@@ -1,0 +1,508 @@
+//! [`Gateway`]: the gateway as a [`Source`]. See the module docs of [`crate::gateway`].
+
+use std::collections::{BTreeSet, HashMap};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, Weak};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use rmcp::model::{
+    CallToolRequestParams, CallToolResult, JsonObject, ReadResourceRequestParams, Resource,
+    ResourceContents, ResourceTemplate, ServerNotification, SubscriptionFilter, Tool,
+};
+use serde_json::{Value, json};
+use sha2::Digest;
+use tokio_util::sync::CancellationToken;
+
+use crate::gateway::config::{GatewayConfig, Token, valid_slug};
+use crate::gateway::upstream::{REQUEST_TIMEOUT, Upstream, upstream_error};
+use crate::mcp::hub::ChangeFeed;
+use crate::mcp::source::{
+    Body, Caller, Contents, Source, SourceError, SourceInfo, WatchGuard, caller,
+};
+
+/// How long the handshake waits for one slug's answer on whether it serves Events.
+const EVENTS_PROBE: Duration = Duration::from_secs(3);
+const RESUBSCRIBE_BASE: Duration = Duration::from_millis(250);
+const RESUBSCRIBE_MAX: Duration = Duration::from_secs(30);
+
+/// `events/list` calls that failed after the slug's handshake advertised events (a fault).
+pub static EVENTS_LIST_FAILED: AtomicU64 = AtomicU64::new(0);
+
+pub struct Gateway {
+    upstreams: Vec<Arc<Upstream>>,
+    tokens: Vec<Token>,
+    /// With no tokens configured, who may use the gateway without one: only local (stdio)
+    /// callers.
+    feed: ChangeFeed,
+    shared: Arc<Mutex<HashMap<String, Weak<SharedListen>>>>,
+    shutdown: CancellationToken,
+}
+
+/// One upstream subscription, shared by every client watching its URI.
+struct SharedListen {
+    stop: CancellationToken,
+}
+
+impl Drop for SharedListen {
+    fn drop(&mut self) {
+        self.stop.cancel();
+    }
+}
+
+/// Compares in constant time.
+fn same(a: &[u8; 32], b: &[u8; 32]) -> bool {
+    a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
+impl Gateway {
+    pub fn new(
+        cfg: &GatewayConfig,
+        max_message_bytes: usize,
+        shutdown: CancellationToken,
+    ) -> Gateway {
+        Gateway {
+            upstreams: cfg
+                .slugs
+                .iter()
+                .map(|s| Arc::new(Upstream::new(s, max_message_bytes, shutdown.child_token())))
+                .collect(),
+            tokens: cfg.tokens.clone(),
+            feed: ChangeFeed::new(),
+            shared: Arc::new(Mutex::new(HashMap::new())),
+            shutdown,
+        }
+    }
+
+    /// Connects every upstream (in parallel, for at most `bound`), so catalogs are ready for
+    /// the first client. A slug that is not up by then connects on first use.
+    pub async fn warm_up(&self, bound: Duration) {
+        let all = self.upstreams.iter().map(|u| async move {
+            let _ = tokio::time::timeout(bound, u.live()).await;
+        });
+        futures::future::join_all(all).await;
+    }
+
+    /// The slugs `caller` may use: its token's entitlement narrowed by `?servers=`. A local
+    /// (stdio) caller without a token may use every slug.
+    fn allowed(&self, caller: &Caller) -> BTreeSet<String> {
+        let mut set: BTreeSet<String> = match &caller.token {
+            Some(t) => {
+                let digest: [u8; 32] = sha2::Sha256::digest(t.as_bytes()).into();
+                // Check every token, so the time taken does not say which one matched.
+                let mut found = None;
+                for tok in &self.tokens {
+                    if same(&tok.sha256, &digest) && found.is_none() {
+                        found = Some(tok);
+                    }
+                }
+                found.map(|t| t.slugs.clone()).unwrap_or_default()
+            }
+            None if caller.local => self.upstreams.iter().map(|u| u.slug.clone()).collect(),
+            None => BTreeSet::new(),
+        };
+        if let Some(only) = &caller.servers {
+            set.retain(|s| only.iter().any(|o| o == s));
+        }
+        set
+    }
+
+    fn selected(&self) -> Vec<Arc<Upstream>> {
+        let allowed = self.allowed(&caller());
+        self.upstreams
+            .iter()
+            .filter(|u| allowed.contains(&u.slug))
+            .cloned()
+            .collect()
+    }
+
+    /// The slug `name` if the caller may use it; Forbidden (one message) otherwise.
+    fn slug(&self, name: &str) -> Result<Arc<Upstream>, SourceError> {
+        self.selected()
+            .into_iter()
+            .find(|u| u.slug == name)
+            .ok_or(SourceError::Forbidden)
+    }
+
+    /// The upstream serving `uri` and the URI to send it: `slug+URI` names the slug; else
+    /// exact listing, then template, then the first subscribable.
+    fn route(&self, uri: &str) -> Result<(Arc<Upstream>, String), SourceError> {
+        if let Some((slug, rest)) = uri.split_once('+')
+            && valid_slug(slug)
+            && rest.contains("://")
+        {
+            return Ok((self.slug(slug)?, rest.to_owned()));
+        }
+        let selected = self.selected();
+        let live: Vec<_> = selected
+            .iter()
+            .filter_map(|u| u.cached().map(|l| (u, l)))
+            .collect();
+        let pick = live
+            .iter()
+            .find(|(_, l)| l.resources.iter().any(|r| r.uri == uri))
+            .or_else(|| {
+                live.iter()
+                    .find(|(_, l)| l.templates.iter().any(|(_, t)| t.matches(uri)))
+            })
+            .or_else(|| live.iter().find(|(_, l)| l.subscribe && l.modern));
+        match pick {
+            Some((u, _)) => Ok(((*u).clone(), uri.to_owned())),
+            None => Err(SourceError::NotFound { uri: uri.into() }),
+        }
+    }
+
+    /// Starts (or joins) the shared upstream subscription of `uri`.
+    fn share(&self, uri: &str) -> Result<Arc<SharedListen>, SourceError> {
+        let mut shared = self.shared.lock().unwrap_or_else(|e| e.into_inner());
+        shared.retain(|_, w| w.strong_count() > 0);
+        if let Some(s) = shared.get(uri).and_then(Weak::upgrade) {
+            return Ok(s);
+        }
+        let (up, upstream_uri) = self.route(uri)?;
+        let s = Arc::new(SharedListen {
+            stop: self.shutdown.child_token(),
+        });
+        tokio::spawn(relay(
+            up,
+            upstream_uri,
+            uri.to_owned(),
+            self.feed.clone(),
+            s.stop.clone(),
+        ));
+        shared.insert(uri.to_owned(), Arc::downgrade(&s));
+        Ok(s)
+    }
+
+    /// Upstream subscriptions running now (tests and metrics).
+    pub fn shared_listens(&self) -> usize {
+        self.shared
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .values()
+            .filter(|w| w.strong_count() > 0)
+            .count()
+    }
+
+    /// Slugs selected for this request whose handshake advertises Events (3 s per slug).
+    async fn event_slugs(&self) -> Vec<Arc<Upstream>> {
+        let probes = self.selected().into_iter().map(|u| async move {
+            match tokio::time::timeout(EVENTS_PROBE, u.live()).await {
+                Ok(Ok(l)) if l.events => Some(u),
+                _ => None,
+            }
+        });
+        futures::future::join_all(probes)
+            .await
+            .into_iter()
+            .flatten()
+            .collect()
+    }
+}
+
+/// Keeps one upstream subscription to `upstream_uri` and publishes `client_uri` on the feed
+/// for each of its notifications, resubscribing with backoff when it ends, until stopped.
+async fn relay(
+    up: Arc<Upstream>,
+    upstream_uri: String,
+    client_uri: String,
+    feed: ChangeFeed,
+    stop: CancellationToken,
+) {
+    let mut failures = 0u32;
+    let mut first = true;
+    loop {
+        let attempt = async {
+            let live = up.live().await.map_err(|e| e.to_string())?;
+            let filter = SubscriptionFilter::builder()
+                .resource_subscription(upstream_uri.clone())
+                .build();
+            let sub = tokio::time::timeout(REQUEST_TIMEOUT, live.conn.listen(filter))
+                .await
+                .map_err(|_| "no acknowledgment in time".to_owned())?;
+            match sub {
+                Ok(s) => Ok((live, s)),
+                Err(e) => {
+                    if upstream_error(e).is_none() {
+                        // The transport broke: reconnect next time.
+                    }
+                    Err("the upstream refused or failed the subscription".to_owned())
+                }
+            }
+        };
+        let got = tokio::select! {
+            _ = stop.cancelled() => return,
+            r = attempt => r,
+        };
+        match got {
+            Ok((live, mut sub)) => {
+                if !first {
+                    // Changes may have happened while unsubscribed: readers re-read and diff.
+                    feed.publish(&client_uri);
+                }
+                first = false;
+                failures = 0;
+                loop {
+                    let n = tokio::select! {
+                        _ = stop.cancelled() => return,
+                        n = sub.next() => n,
+                    };
+                    match n {
+                        Ok(Some(ServerNotification::ResourceUpdatedNotification(u)))
+                            if u.params.uri == upstream_uri =>
+                        {
+                            feed.publish(&client_uri);
+                        }
+                        Ok(Some(_)) => {}
+                        Ok(None) | Err(_) => break,
+                    }
+                }
+                if live.conn.is_closed() {
+                    up.reset(&live);
+                }
+                tracing::info!(slug = %up.slug, uri = %upstream_uri, "upstream subscription ended; resubscribing");
+            }
+            Err(e) => {
+                tracing::warn!(slug = %up.slug, uri = %upstream_uri, error = %e, "upstream subscription failed");
+            }
+        }
+        let delay = RESUBSCRIBE_BASE
+            .saturating_mul(2u32.saturating_pow(failures.min(16)))
+            .min(RESUBSCRIBE_MAX);
+        failures += 1;
+        tokio::select! {
+            _ = stop.cancelled() => return,
+            _ = tokio::time::sleep(delay) => {}
+        }
+    }
+}
+
+fn prefixed(slug: &str, name: &str) -> String {
+    format!("{slug}__{name}")
+}
+
+#[async_trait]
+impl Source for Gateway {
+    fn info(&self) -> SourceInfo {
+        SourceInfo {
+            name: "gateway".into(),
+            instructions: Some(
+                "Many MCP servers behind one endpoint. Tools are named server__tool; resources keep their \
+                 URIs (server+URI when two servers list the same one); events are server__event."
+                    .into(),
+            ),
+        }
+    }
+
+    fn resources(&self) -> Vec<Resource> {
+        let selected = self.selected();
+        let lists: Vec<(String, Vec<Resource>)> = selected
+            .iter()
+            .filter_map(|u| u.cached().map(|l| (u.slug.clone(), l.resources.clone())))
+            .collect();
+        let mut count: HashMap<String, usize> = HashMap::new();
+        for (_, rs) in &lists {
+            for r in rs {
+                *count.entry(r.uri.clone()).or_default() += 1;
+            }
+        }
+        let mut out = Vec::new();
+        for (slug, rs) in lists {
+            for mut r in rs {
+                if count[&r.uri] > 1 {
+                    r.uri = format!("{slug}+{}", r.uri);
+                }
+                out.push(r);
+            }
+        }
+        out
+    }
+
+    fn templates(&self) -> Vec<ResourceTemplate> {
+        let selected = self.selected();
+        let mut out = Vec::new();
+        for u in selected {
+            let Some(l) = u.cached() else { continue };
+            for (t, _) in &l.templates {
+                out.push(ResourceTemplate::new(
+                    t.clone(),
+                    format!("{} ({})", t, u.slug),
+                ));
+            }
+        }
+        out
+    }
+
+    async fn read(&self, uri: &str) -> Result<Contents, SourceError> {
+        let (up, upstream_uri) = self.route(uri)?;
+        let live = up.live().await?;
+        let r = tokio::time::timeout(
+            REQUEST_TIMEOUT,
+            live.conn
+                .read_resource(ReadResourceRequestParams::new(upstream_uri.clone())),
+        )
+        .await
+        .map_err(|_| {
+            SourceError::Unavailable(format!(
+                "server {} did not answer within {} s",
+                up.slug,
+                REQUEST_TIMEOUT.as_secs()
+            ))
+        })?;
+        let r = match r {
+            Ok(r) => r,
+            Err(e) => {
+                return Err(upstream_error(e).unwrap_or_else(|| {
+                    up.reset(&live);
+                    SourceError::Unavailable(format!(
+                        "server {} is unavailable right now; try again shortly",
+                        up.slug
+                    ))
+                }));
+            }
+        };
+        let first = r.contents.into_iter().next().ok_or_else(|| {
+            SourceError::Unavailable(format!("server {} returned no contents", up.slug))
+        })?;
+        Ok(match first {
+            ResourceContents::TextResourceContents {
+                text, mime_type, ..
+            } => Contents {
+                mime_type: mime_type.unwrap_or_else(|| "text/plain".into()),
+                body: Body::Text(text),
+            },
+            ResourceContents::BlobResourceContents {
+                blob, mime_type, ..
+            } => {
+                use base64::Engine as _;
+                Contents {
+                    mime_type: mime_type.unwrap_or_else(|| "application/octet-stream".into()),
+                    body: Body::Blob(
+                        base64::engine::general_purpose::STANDARD
+                            .decode(blob)
+                            .unwrap_or_default(),
+                    ),
+                }
+            }
+            _ => {
+                return Err(SourceError::Unavailable(format!(
+                    "server {} returned contents of a kind the gateway does not relay",
+                    up.slug
+                )));
+            }
+        })
+    }
+
+    fn watchable(&self, uri: &str) -> bool {
+        matches!(self.route(uri), Ok((up, _)) if up.cached().is_some_and(|l| l.modern))
+    }
+
+    async fn watch(&self, uri: &str) -> Result<WatchGuard, SourceError> {
+        Ok(WatchGuard::new(self.share(uri)?))
+    }
+
+    fn changes(&self) -> ChangeFeed {
+        self.feed.clone()
+    }
+
+    fn tools(&self) -> Vec<Tool> {
+        let mut out = Vec::new();
+        for u in self.selected() {
+            let Some(l) = u.cached() else { continue };
+            for t in &l.tools {
+                let mut t = t.clone();
+                t.name = prefixed(&u.slug, &t.name).into();
+                out.push(t);
+            }
+        }
+        out
+    }
+
+    async fn call_tool(&self, name: &str, args: JsonObject) -> Result<CallToolResult, SourceError> {
+        let Some((slug, tool)) = name.split_once("__") else {
+            return Err(SourceError::UnknownTool(format!(
+                "{name} (gateway tools are named server__tool)"
+            )));
+        };
+        let up = self.slug(slug)?;
+        let live = up.live().await?;
+        let params = CallToolRequestParams::new(tool.to_owned()).with_arguments(args);
+        let r = tokio::time::timeout(REQUEST_TIMEOUT, live.conn.call_tool(params))
+            .await
+            .map_err(|_| {
+                SourceError::Unavailable(format!(
+                    "server {slug} did not answer within {} s",
+                    REQUEST_TIMEOUT.as_secs()
+                ))
+            })?;
+        r.map_err(|e| {
+            upstream_error(e).unwrap_or_else(|| {
+                up.reset(&live);
+                SourceError::Unavailable(format!(
+                    "server {slug} is unavailable right now; try again shortly"
+                ))
+            })
+        })
+    }
+
+    async fn events_advertised(&self) -> bool {
+        !self.event_slugs().await.is_empty()
+    }
+
+    async fn events_list(&self) -> Result<Vec<Value>, SourceError> {
+        let slugs = self.event_slugs().await;
+        let lists = slugs
+            .iter()
+            .map(|u| async move { (u.clone(), u.custom("events/list", json!({})).await) });
+        let mut out = Vec::new();
+        for (u, r) in futures::future::join_all(lists).await {
+            match r {
+                Ok(v) => {
+                    for mut e in v["events"].as_array().cloned().unwrap_or_default() {
+                        if let Some(n) = e["name"].as_str() {
+                            e["name"] = prefixed(&u.slug, n).into();
+                        }
+                        out.push(e);
+                    }
+                }
+                Err(e) => {
+                    EVENTS_LIST_FAILED.fetch_add(1, Ordering::Relaxed);
+                    tracing::error!(slug = %u.slug, error = %e, "events/list failed after the handshake advertised events");
+                }
+            }
+        }
+        Ok(out)
+    }
+
+    async fn events_poll(&self, mut params: JsonObject) -> Result<Value, SourceError> {
+        let name = params
+            .get("name")
+            .and_then(Value::as_str)
+            .unwrap_or_default()
+            .to_owned();
+        let Some((slug, event)) = name
+            .split_once("__")
+            .filter(|(s, e)| valid_slug(s) && !e.is_empty())
+        else {
+            return Err(SourceError::InvalidParams(format!(
+                "event name {name:?} is not <server>__<event>; events/list names the events"
+            )));
+        };
+        let up = self.slug(slug)?;
+        if !self.event_slugs().await.iter().any(|u| u.slug == slug) {
+            return Err(SourceError::EventNotFound(format!(
+                "server {slug} serves no events; events/list names the events"
+            )));
+        }
+        params.insert("name".into(), event.into());
+        let mut v = up.custom("events/poll", Value::Object(params)).await?;
+        if let Some(evs) = v.get_mut("events").and_then(Value::as_array_mut) {
+            for e in evs {
+                if let Some(n) = e["name"].as_str() {
+                    e["name"] = prefixed(slug, n).into();
+                }
+            }
+        }
+        Ok(v)
+    }
+}

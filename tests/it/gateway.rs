@@ -1,0 +1,404 @@
+//! `herald gateway` end to end: memo servers over HTTP and stdio as upstreams, clients with
+//! tokens over HTTP and QUIC.
+
+use rmcp::model::{
+    CallToolRequestParams, ClientRequest, CustomRequest, ServerNotification, SubscriptionFilter,
+};
+use serde_json::{Value, json};
+use sha2::Digest;
+
+use crate::support::*;
+use herald::transport::client::{Connection, Target, client_config, connect};
+use herald::transport::tls::{ClientTrust, Secret};
+
+const ALL: &str = "token-all-7f3a";
+const ONLY_A: &str = "token-a-91bc";
+
+struct Setup {
+    a: Server,
+    _b: Server,
+    gw: Server,
+    _dir: TempDir,
+}
+
+fn sha(t: &str) -> String {
+    hex::encode(sha2::Sha256::digest(t.as_bytes()))
+}
+
+async fn setup() -> Setup {
+    let a = Server::spawn(&["-v", "--store", ":memory:", "memo", "--http", "127.0.0.1:0"]).await;
+    let b = Server::spawn(&["--store", ":memory:", "memo", "--http", "127.0.0.1:0"]).await;
+    let dir = TempDir::new("gateway");
+    let cfg = dir.path().join("gateway.toml");
+    std::fs::write(
+        &cfg,
+        format!(
+            "[[slug]]\nname = \"a\"\nhttp = \"{}\"\n\
+             [[slug]]\nname = \"b\"\nhttp = \"{}\"\n\
+             [[slug]]\nname = \"c\"\nstdio = \"{} --store :memory: memo\"\n\
+             [[token]]\nname = \"all\"\nsha256 = \"{}\"\nslugs = [\"*\"]\n\
+             [[token]]\nname = \"only-a\"\nsha256 = \"{}\"\nslugs = [\"a\"]\n",
+            a.http_url(),
+            b.http_url(),
+            bin(),
+            sha(ALL),
+            sha(ONLY_A)
+        ),
+    )
+    .unwrap();
+    let gw = Server::spawn(&[
+        "-v",
+        "--store",
+        ":memory:",
+        "gateway",
+        "--config",
+        cfg.to_str().unwrap(),
+        "--http",
+        "127.0.0.1:0",
+        "--quic",
+        "127.0.0.1:0",
+    ])
+    .await;
+    Setup {
+        a,
+        _b: b,
+        gw,
+        _dir: dir,
+    }
+}
+
+async fn client(s: &Setup, token: Option<&str>, servers: Option<&str>) -> Connection {
+    let mut url = s.gw.http_url();
+    if let Some(q) = servers {
+        url = format!("{url}?servers={q}");
+    }
+    let trust = ClientTrust {
+        token: token.map(|t| Secret(t.to_owned())),
+        ..ClientTrust::default()
+    };
+    connect(&Target::Http(url), &trust, client_config(), 4 << 20)
+        .await
+        .unwrap()
+}
+
+/// The tools `c` sees, sorted (the gateway connected its upstreams before it listened).
+async fn tools(c: &Connection, n: usize) -> Vec<String> {
+    let mut names: Vec<String> = c
+        .list_all_tools()
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|t| t.name.to_string())
+        .collect();
+    names.sort();
+    assert_eq!(names.len(), n, "{names:?}");
+    names
+}
+
+async fn call_err(c: &Connection, tool: &str, a: Value) -> rmcp::ErrorData {
+    match c
+        .call_tool(CallToolRequestParams::new(tool.to_owned()).with_arguments(args(a)))
+        .await
+    {
+        Err(rmcp::ServiceError::McpError(e)) => e,
+        other => panic!("expected an error from {tool}, got {other:?}"),
+    }
+}
+
+#[tokio::test]
+async fn tools_are_prefixed_forwarded_and_entitled() {
+    let s = setup().await;
+    let all = client(&s, Some(ALL), None).await;
+    assert_eq!(
+        tools(&all, 6).await,
+        [
+            "a__memo_delete",
+            "a__memo_set",
+            "b__memo_delete",
+            "b__memo_set",
+            "c__memo_delete",
+            "c__memo_set"
+        ]
+    );
+    let t = all.list_all_tools().await.unwrap();
+    let del = t.iter().find(|t| t.name == "a__memo_delete").unwrap();
+    assert_eq!(
+        del.annotations.as_ref().unwrap().destructive_hint,
+        Some(true),
+        "annotations kept"
+    );
+    // Forwarded with the prefix stripped: the note lands on server a.
+    call(&all, "a__memo_set", json!({"key": "k", "value": 1})).await;
+    let direct = crate::watch::memo_client(&s.a.http_url()).await;
+    let (notes, _) = read_json(&direct, "memo://notes").await;
+    assert_eq!(notes, json!({"k": 1}));
+    // The upstream's own error, unchanged.
+    let e = call_err(&all, "a__memo_set", json!({"key": "k"})).await;
+    assert_eq!(e.code.0, -32602);
+    assert!(e.message.contains("missing argument value"), "{e:?}");
+
+    // ?servers= narrows; a token sees only its slugs.
+    let only_b = client(&s, Some(ALL), Some("b")).await;
+    assert_eq!(tools(&only_b, 2).await, ["b__memo_delete", "b__memo_set"]);
+    let a_only = client(&s, Some(ONLY_A), None).await;
+    assert_eq!(tools(&a_only, 2).await, ["a__memo_delete", "a__memo_set"]);
+    // Outside the set: Forbidden, the same whether the slug exists or not.
+    let exists = call_err(&a_only, "b__memo_set", json!({"key": "x", "value": 1})).await;
+    let missing = call_err(&a_only, "zz__memo_set", json!({"key": "x", "value": 1})).await;
+    assert_eq!(exists.code.0, -32024);
+    assert_eq!(
+        (exists.code, &exists.message),
+        (missing.code, &missing.message)
+    );
+    // A wrong token gets nothing at all.
+    let wrong = client(&s, Some("not-a-token"), None).await;
+    assert!(wrong.list_all_tools().await.unwrap().is_empty());
+    assert_eq!(
+        call_err(&wrong, "a__memo_set", json!({})).await.code.0,
+        -32024
+    );
+    // No token value in the gateway's log.
+    for t in [ALL, ONLY_A, "not-a-token"] {
+        assert!(!s.gw.stderr().contains(t), "a token reached the log");
+    }
+}
+
+#[tokio::test]
+async fn resources_are_merged_and_same_uris_prefixed() {
+    let s = setup().await;
+    let all = client(&s, Some(ALL), None).await;
+    tools(&all, 6).await;
+    let mut uris: Vec<String> = all
+        .list_all_resources()
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|r| r.uri.clone())
+        .collect();
+    uris.sort();
+    assert_eq!(
+        uris,
+        [
+            "a+memo://log",
+            "a+memo://notes",
+            "b+memo://log",
+            "b+memo://notes",
+            "c+memo://log",
+            "c+memo://notes"
+        ]
+    );
+    call(&all, "b__memo_set", json!({"key": "on-b", "value": true})).await;
+    let (notes, mime) = read_json(&all, "b+memo://notes").await;
+    assert_eq!(notes, json!({"on-b": true}));
+    assert_eq!(mime, "application/json");
+    // A token limited to a sees a's resources under their own URIs (no collision for it).
+    let a_only = client(&s, Some(ONLY_A), None).await;
+    tools(&a_only, 2).await;
+    let mut uris: Vec<String> = a_only
+        .list_all_resources()
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|r| r.uri.clone())
+        .collect();
+    uris.sort();
+    assert_eq!(uris, ["memo://log", "memo://notes"]);
+    let err = a_only
+        .read_resource(rmcp::model::ReadResourceRequestParams::new(
+            "b+memo://notes".to_owned(),
+        ))
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("forbidden"), "{err}");
+}
+
+#[tokio::test]
+async fn listens_are_shared_upstream_and_survive_an_upstream_restart() {
+    let s = setup().await;
+    let one = client(&s, Some(ALL), None).await;
+    let two = client(&s, Some(ALL), None).await;
+    tools(&one, 6).await;
+    let filter = |u: &str| {
+        SubscriptionFilter::builder()
+            .resource_subscription(u)
+            .build()
+    };
+    let mut s1 = one.listen(filter("a+memo://notes")).await.unwrap();
+    let mut s2 = two.listen(filter("a+memo://notes")).await.unwrap();
+    assert_eq!(
+        s1.acknowledged().resource_subscriptions,
+        Some(vec!["a+memo://notes".to_owned()])
+    );
+    call(&one, "a__memo_set", json!({"key": "x", "value": 1})).await;
+    for sub in [&mut s1, &mut s2] {
+        let n = tokio::time::timeout(WAIT, sub.next())
+            .await
+            .unwrap()
+            .unwrap();
+        assert!(
+            matches!(&n, Some(ServerNotification::ResourceUpdatedNotification(u)) if u.params.uri == "a+memo://notes"),
+            "{n:?}"
+        );
+    }
+    assert_eq!(
+        s.a.stderr().matches("listen stream opened").count(),
+        1,
+        "two clients, one upstream subscription"
+    );
+    // A token may not watch what it may not see: the ack leaves it out.
+    let a_only = client(&s, Some(ONLY_A), None).await;
+    tools(&a_only, 2).await;
+    let denied = a_only.listen(filter("b+memo://notes")).await.unwrap();
+    assert!(
+        denied
+            .acknowledged()
+            .resource_subscriptions
+            .clone()
+            .unwrap_or_default()
+            .is_empty(),
+        "{:?}",
+        denied.acknowledged()
+    );
+
+    // The stdio upstream dies; the gateway restarts it and resubscribes while the client
+    // stays connected.
+    let mut s3 = one.listen(filter("c+memo://notes")).await.unwrap();
+    call(&one, "c__memo_set", json!({"key": "y", "value": 1})).await;
+    tokio::time::timeout(WAIT, s3.next())
+        .await
+        .unwrap()
+        .unwrap();
+    let gw_pid = s.gw.pid().to_string();
+    let killed = std::process::Command::new("pkill")
+        .args(["-KILL", "-P", &gw_pid, "-f", "memo"])
+        .status()
+        .unwrap();
+    assert!(killed.success());
+    // The resubscription announces a possible change (clients re-read)...
+    tokio::time::timeout(WAIT, s3.next())
+        .await
+        .unwrap()
+        .unwrap();
+    // ...by then the restarted upstream is connected, and its changes arrive on the same
+    // client stream.
+    call(&one, "c__memo_set", json!({"key": "z", "value": 2})).await;
+    let n = tokio::time::timeout(WAIT, s3.next())
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(n.is_some());
+    let (notes, _) = read_json(&one, "c+memo://notes").await;
+    assert_eq!(notes["z"], json!(2));
+}
+
+async fn poll(
+    c: &Connection,
+    params: Value,
+) -> Result<rmcp::model::ServerResult, rmcp::ServiceError> {
+    c.send_request(ClientRequest::CustomRequest(CustomRequest::new(
+        "events/poll",
+        Some(params),
+    )))
+    .await
+}
+
+#[tokio::test]
+async fn events_and_quic_tokens() {
+    let s = setup().await;
+    let all = client(&s, Some(ALL), None).await;
+    tools(&all, 6).await;
+    let code = |r: Result<_, rmcp::ServiceError>| match r {
+        Err(rmcp::ServiceError::McpError(e)) => e.code.0,
+        other => panic!("expected an error, got {other:?}"),
+    };
+    assert_eq!(
+        code(
+            poll(
+                &all,
+                json!({"name": "no-prefix", "arguments": {}, "cursor": null})
+            )
+            .await
+        ),
+        -32602
+    );
+    let a_only = client(&s, Some(ONLY_A), None).await;
+    assert_eq!(
+        code(
+            poll(
+                &a_only,
+                json!({"name": "b__x", "arguments": {}, "cursor": null})
+            )
+            .await
+        ),
+        -32024
+    );
+    assert_eq!(
+        code(
+            poll(
+                &a_only,
+                json!({"name": "zz__x", "arguments": {}, "cursor": null})
+            )
+            .await
+        ),
+        -32024
+    );
+
+    // Over QUIC, the token rides in each request's _meta.
+    let trust = ClientTrust {
+        pin: Some(s.gw.fingerprint()),
+        token: Some(Secret(ONLY_A.to_owned())),
+        ..ClientTrust::default()
+    };
+    let q = connect(
+        &Target::Quic(s.gw.quic_addr()),
+        &trust,
+        client_config(),
+        4 << 20,
+    )
+    .await
+    .unwrap();
+    assert_eq!(tools(&q, 2).await, ["a__memo_delete", "a__memo_set"]);
+    let anon = ClientTrust {
+        pin: Some(s.gw.fingerprint()),
+        ..ClientTrust::default()
+    };
+    let q = connect(
+        &Target::Quic(s.gw.quic_addr()),
+        &anon,
+        client_config(),
+        4 << 20,
+    )
+    .await
+    .unwrap();
+    assert!(q.list_all_tools().await.unwrap().is_empty());
+}
+
+#[tokio::test]
+async fn check_validates_configs() {
+    let dir = TempDir::new("gateway-check");
+    let good = dir.path().join("good.toml");
+    std::fs::write(
+        &good,
+        format!(
+            "[[slug]]\nname = \"memo\"\nstdio = \"herald memo\"\n[[token]]\nsha256 = \"{}\"\nslugs = [\"memo\"]\n",
+            sha(ALL)
+        ),
+    )
+    .unwrap();
+    let out = herald(["check", good.to_str().unwrap()]).await;
+    assert!(out.status.success(), "{out:?}");
+    assert!(String::from_utf8_lossy(&out.stdout).contains("ok (1 servers, 1 tokens)"));
+    let bad = dir.path().join("bad.toml");
+    std::fs::write(
+        &bad,
+        "[[slug]]\nname = \"Memo__x\"\nstdio = \"herald memo\"\n",
+    )
+    .unwrap();
+    let out = herald(["check", bad.to_str().unwrap()]).await;
+    assert_eq!(out.status.code(), Some(64));
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("not valid"),
+        "{out:?}"
+    );
+}
