@@ -605,7 +605,26 @@ impl ServerHandler for SourceServer {
                 ))
             }
             "events/poll" => {
-                let mut result = source.events_poll(params).await.map_err(to_mcp_error)?;
+                // A long poll (`timeoutMs`) ends early on shutdown: the poll is asked again
+                // without the wait, so the client gets what is there and a valid cursor,
+                // not a dropped request. (A poll consumes nothing, so asking twice is safe.)
+                let waits = params
+                    .get("timeoutMs")
+                    .and_then(serde_json::Value::as_u64)
+                    .is_some_and(|t| t > 0);
+                let result = if waits {
+                    tokio::select! {
+                        r = source.events_poll(params.clone()) => r,
+                        _ = self.shared.shutdown.cancelled() => {
+                            let mut params = params;
+                            params.remove("timeoutMs");
+                            source.events_poll(params).await
+                        }
+                    }
+                } else {
+                    source.events_poll(params).await
+                };
+                let mut result = result.map_err(to_mcp_error)?;
                 if let Some(o) = result.as_object_mut() {
                     o.entry("resultType").or_insert_with(|| "complete".into());
                 }
