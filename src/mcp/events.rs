@@ -31,6 +31,9 @@ pub const NEXT_POLL_MS: u64 = 1000;
 pub const MAX_TIMEOUT: Duration = Duration::from_secs(30);
 /// How long a polled URI stays watched after its last poll.
 pub const POLL_LEASE: Duration = Duration::from_secs(300);
+/// Most URIs one source keeps watched for pollers at once (each holds a ring, and distinct
+/// arguments are distinct URIs).
+pub const MAX_POLL_LEASES: usize = 1024;
 
 const POLL_PARAMS: [&str; 7] = [
     "name",
@@ -333,10 +336,11 @@ pub async fn poll(ring: &EventRing, feed: &ChangeFeed, uri: &str, req: &PollRequ
 
 /// Holds per-URI watches for pollers: each poll renews its URI's hold for [`POLL_LEASE`] (or
 /// the duration given), and a timer set by the hold (not a loop looking for work) lets it go
-/// once no poll came for that long.
+/// once no poll came for that long. At most `max` URIs are held at once.
 pub struct Leases<T> {
     held: Arc<Mutex<HashMap<String, Held<T>>>>,
     hold: Duration,
+    max: usize,
 }
 
 struct Held<T> {
@@ -345,11 +349,29 @@ struct Held<T> {
 }
 
 impl<T: Send + 'static> Leases<T> {
-    pub fn new(hold: Duration) -> Leases<T> {
+    pub fn new(hold: Duration, max: usize) -> Leases<T> {
         Leases {
             held: Arc::default(),
             hold,
+            max: max.max(1),
         }
+    }
+
+    fn full(&self) -> SourceError {
+        SourceError::Unavailable(format!(
+            "this server already keeps {} polled selections watched, its limit; poll one of those, \
+             or wait until one lapses ({} s after its last poll)",
+            self.max,
+            self.hold.as_secs()
+        ))
+    }
+
+    /// Refuses early (before the caller starts a watch) when no new URI can be held.
+    pub fn check_room(&self) -> Result<(), SourceError> {
+        if self.len() >= self.max {
+            return Err(self.full());
+        }
+        Ok(())
     }
 
     /// If `key` is held, renews it and returns `f` of the held value.
@@ -361,19 +383,23 @@ impl<T: Send + 'static> Leases<T> {
     }
 
     /// Holds `value` for `key` and returns `f` of what is held. When a concurrent poll got
-    /// there first, its value is kept (and renewed) and `value` is dropped.
-    pub fn hold<R>(&self, key: &str, value: T, f: impl FnOnce(&T) -> R) -> R {
+    /// there first, its value is kept (and renewed) and `value` is dropped; when `max` URIs
+    /// are held already, `value` is dropped and the poll refused.
+    pub fn hold<R>(&self, key: &str, value: T, f: impl FnOnce(&T) -> R) -> Result<R, SourceError> {
         let expires = tokio::time::Instant::now() + self.hold;
         let mut held = self.held.lock().unwrap_or_else(|e| e.into_inner());
         if let Some(h) = held.get_mut(key) {
             h.expires = expires;
-            return f(&h.value);
+            return Ok(f(&h.value));
+        }
+        if held.len() >= self.max {
+            return Err(self.full());
         }
         let r = f(&value);
         held.insert(key.to_owned(), Held { value, expires });
         drop(held);
         tokio::spawn(expire(Arc::downgrade(&self.held), key.to_owned(), expires));
-        r
+        Ok(r)
     }
 
     /// Lets go of `key` now (a watch that failed to start should not be kept).
@@ -668,11 +694,11 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn leases_expire_after_the_last_renewal() {
-        let leases: Leases<Arc<()>> = Leases::new(Duration::from_secs(300));
+        let leases: Leases<Arc<()>> = Leases::new(Duration::from_secs(300), 8);
         let token = Arc::new(());
-        assert_eq!(leases.hold("u", token.clone(), |_| 1), 1);
+        assert_eq!(leases.hold("u", token.clone(), |_| 1).unwrap(), 1);
         let other = Arc::new(());
-        leases.hold("u", other.clone(), |_| ());
+        leases.hold("u", other.clone(), |_| ()).unwrap();
         assert_eq!(
             Arc::strong_count(&other),
             1,
@@ -687,12 +713,31 @@ mod tests {
         assert!(leases.is_empty());
         assert_eq!(Arc::strong_count(&token), 1, "the held value was dropped");
         assert_eq!(leases.renew("u", |_| ()), None);
-        leases.hold("v", token.clone(), |_| ());
+        leases.hold("v", token.clone(), |_| ()).unwrap();
         leases.release("v");
         assert!(leases.is_empty());
         assert_eq!(Arc::strong_count(&token), 1);
         // The timer of the released hold finds nothing and ends quietly.
         tokio::time::sleep(Duration::from_secs(301)).await;
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn leases_are_bounded() {
+        let leases: Leases<Arc<()>> = Leases::new(Duration::from_secs(300), 2);
+        let token = Arc::new(());
+        leases.hold("a", token.clone(), |_| ()).unwrap();
+        leases.hold("b", token.clone(), |_| ()).unwrap();
+        assert!(leases.check_room().is_err());
+        let e = leases.hold("c", token.clone(), |_| ()).unwrap_err();
+        assert!(e.to_string().contains("its limit"), "{e}");
+        assert_eq!(
+            Arc::strong_count(&token),
+            3,
+            "the refused value was dropped"
+        );
+        leases.hold("a", token.clone(), |_| ()).unwrap();
+        tokio::time::sleep(Duration::from_secs(301)).await;
+        assert!(leases.check_room().is_ok(), "room again once holds lapse");
     }
 
     #[test]

@@ -242,7 +242,7 @@ impl FileSource {
             max_file_bytes: cfg.max_file_bytes,
             watcher,
             feed,
-            polls: Leases::new(events::POLL_LEASE),
+            polls: Leases::new(events::POLL_LEASE, events::MAX_POLL_LEASES),
         })
     }
 
@@ -284,10 +284,11 @@ impl FileSource {
         let ring = match self.polls.renew(uri, |s| s.ring().cloned()) {
             Some(ring) => ring,
             None => {
+                self.polls.check_room()?;
                 let target = parse(uri)?;
                 let confined = self.confine(&target).await?;
                 let sub = self.subscribe(uri, &target, &confined).await?;
-                self.polls.hold(uri, sub, |s| s.ring().cloned())
+                self.polls.hold(uri, sub, |s| s.ring().cloned())?
             }
         };
         ring.ok_or_else(|| SourceError::Unavailable(format!("no event ring for {uri}")))

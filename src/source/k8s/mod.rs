@@ -113,7 +113,7 @@ impl K8s {
             ring_capacity: opts.ring_capacity,
             linger: opts.linger,
             max_watchers: opts.max_watchers,
-            polls: Leases::new(events::POLL_LEASE),
+            polls: Leases::new(events::POLL_LEASE, events::MAX_POLL_LEASES),
         })
     }
 
@@ -155,8 +155,9 @@ impl K8s {
         let w = match self.polls.renew(uri, held) {
             Some(w) => w,
             None => {
+                self.polls.check_room()?;
                 let lease = self.lease(uri, sel)?;
-                self.polls.hold(uri, lease, held)
+                self.polls.hold(uri, lease, held)?
             }
         };
         if let Err(e) = w.ready().await {
