@@ -1,6 +1,8 @@
 //! MCP server plumbing shared by every source: the [`Source`](source::Source) trait, the listen
-//! hub and change feed, the event-log ring, and the rmcp handler that ties them together.
+//! hub and change feed, the event-log ring, the Events extension over those rings, and the rmcp
+//! handler that ties them together.
 
+pub mod events;
 pub mod hub;
 pub mod ring;
 pub mod server;

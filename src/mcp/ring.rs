@@ -26,20 +26,48 @@ pub struct EventRing {
 struct Inner {
     capacity: usize,
     next_seq: u64,
-    /// `(seq, serialized event)`; serialized once, when pushed.
-    events: VecDeque<(u64, String)>,
+    events: VecDeque<Entry>,
+}
+
+/// One held event: serialized once, when pushed. The push time is kept beside the event, not
+/// in it, so the event-log read shape (`{"events":[{"seq","type",...}]}`) is unchanged.
+#[derive(Debug)]
+struct Entry {
+    seq: u64,
+    /// Milliseconds since the epoch when the event was pushed.
+    ts_ms: u64,
+    text: String,
+}
+
+/// One event handed to `events/poll`.
+#[derive(Debug, PartialEq)]
+pub struct Logged {
+    pub seq: u64,
+    /// Milliseconds since the epoch when the ring took the event.
+    pub ts_ms: u64,
+    pub event: Value,
 }
 
 /// The events after a cursor, for `events/poll`.
 #[derive(Debug, PartialEq)]
 pub struct Since {
-    pub events: Vec<Value>,
-    /// The cursor to continue from: the seq of the last event returned, or the input cursor.
+    pub events: Vec<Logged>,
+    /// The cursor to continue from: the seq of the last event returned when more are waiting,
+    /// else the ring's head (everything up to it was looked at).
     pub cursor: u64,
-    /// Events past the cursor were dropped by the ring before this read.
+    /// Events past the cursor were skipped: dropped by the ring before this read, older than
+    /// the age floor, or the cursor does not belong to this ring's history.
     pub truncated: bool,
     /// More events are waiting beyond `max`.
     pub has_more: bool,
+}
+
+/// Milliseconds since the epoch, now.
+pub fn now_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0)
 }
 
 impl EventRing {
@@ -66,6 +94,11 @@ impl EventRing {
     /// Appends an event of `kind` with `fields`; returns its seq. `seq` and `type` are set here
     /// and override any of the same name in `fields`.
     pub fn push(&self, kind: &str, fields: Map<String, Value>) -> u64 {
+        self.push_at(kind, fields, now_ms())
+    }
+
+    /// [`push`](Self::push) with the push time given (milliseconds since the epoch).
+    pub(crate) fn push_at(&self, kind: &str, fields: Map<String, Value>, ts_ms: u64) -> u64 {
         let mut inner = self.inner.lock().unwrap_or_else(|e| e.into_inner());
         let seq = inner.next_seq;
         inner.next_seq += 1;
@@ -81,7 +114,7 @@ impl EventRing {
         if inner.events.len() == inner.capacity {
             inner.events.pop_front();
         }
-        inner.events.push_back((seq, text));
+        inner.events.push_back(Entry { seq, ts_ms, text });
         seq
     }
 
@@ -95,14 +128,15 @@ impl EventRing {
     /// The read body: `{"events":[...]}`, oldest first.
     pub fn read_json(&self) -> String {
         let inner = self.inner.lock().unwrap_or_else(|e| e.into_inner());
-        let mut out =
-            String::with_capacity(16 + inner.events.iter().map(|e| e.1.len() + 1).sum::<usize>());
+        let mut out = String::with_capacity(
+            16 + inner.events.iter().map(|e| e.text.len() + 1).sum::<usize>(),
+        );
         out.push_str("{\"events\":[");
-        for (i, (_, text)) in inner.events.iter().enumerate() {
+        for (i, e) in inner.events.iter().enumerate() {
             if i > 0 {
                 out.push(',');
             }
-            out.push_str(text);
+            out.push_str(&e.text);
         }
         out.push_str("]}");
         out
@@ -117,25 +151,50 @@ impl EventRing {
             - 1
     }
 
-    /// Events with seq greater than `cursor`, at most `max`.
-    pub fn since(&self, cursor: u64, max: usize) -> Since {
+    /// Events with seq greater than `cursor` and pushed at or after `not_before_ms`, at most
+    /// `max` (at least 1).
+    ///
+    /// A cursor past the head is not from this ring's history (seq starts at the wall clock, so
+    /// a ring that replaced an older one for the same URI always starts above the older one's
+    /// cursors): everything held is returned, marked truncated, rather than skipping what
+    /// comes until the ring catches up with a stranger's number.
+    pub fn since(&self, cursor: u64, max: usize, not_before_ms: u64) -> Since {
+        let max = max.max(1);
         let inner = self.inner.lock().unwrap_or_else(|e| e.into_inner());
-        let oldest = inner.events.front().map(|e| e.0).unwrap_or(inner.next_seq);
-        let truncated = oldest > cursor.saturating_add(1) && cursor < inner.next_seq - 1;
+        let head = inner.next_seq - 1;
+        let oldest = inner.events.front().map_or(inner.next_seq, |e| e.seq);
+        let (cursor, mut truncated) = if cursor > head {
+            (oldest - 1, true)
+        } else {
+            (cursor, false)
+        };
+        // Seqs between the cursor and the oldest held event were dropped (or, in a ring that
+        // started after the cursor was handed out, never seen here): either way, skipped.
+        truncated |= oldest > cursor.saturating_add(1);
         let mut events = Vec::new();
-        let mut last = cursor;
         let mut has_more = false;
-        for (seq, text) in inner.events.iter().filter(|(s, _)| *s > cursor) {
+        for e in inner.events.iter().filter(|e| e.seq > cursor) {
+            if e.ts_ms < not_before_ms {
+                truncated = true;
+                continue;
+            }
             if events.len() == max {
                 has_more = true;
                 break;
             }
-            events.push(serde_json::from_str(text).unwrap_or(Value::Null));
-            last = *seq;
+            events.push(Logged {
+                seq: e.seq,
+                ts_ms: e.ts_ms,
+                event: serde_json::from_str(&e.text).unwrap_or(Value::Null),
+            });
         }
+        let cursor = match (has_more, events.last()) {
+            (true, Some(last)) => last.seq,
+            _ => head,
+        };
         Since {
             events,
-            cursor: last,
+            cursor,
             truncated,
             has_more,
         }
@@ -206,15 +265,67 @@ mod tests {
             r.push("X", Map::new());
         }
         // held: 3, 4, 5
-        let s = r.since(1, 10);
+        let seqs = |s: &Since| s.events.iter().map(|e| e.seq).collect::<Vec<_>>();
+        let s = r.since(1, 10, 0);
         assert!(s.truncated);
         assert_eq!(s.cursor, 5);
-        assert_eq!(s.events.len(), 3);
-        let s = r.since(3, 1);
+        assert_eq!(seqs(&s), [3, 4, 5]);
+        assert_eq!(s.events[0].event["seq"], 3);
+        let s = r.since(3, 1, 0);
         assert!(!s.truncated && s.has_more);
         assert_eq!(s.cursor, 4);
-        let s = r.since(5, 10);
+        assert_eq!(seqs(&s), [4]);
+        let s = r.since(5, 10, 0);
         assert!(!s.truncated && !s.has_more && s.events.is_empty());
         assert_eq!(s.cursor, 5);
+    }
+
+    #[test]
+    fn a_cursor_from_before_a_fresh_ring_is_truncated_once() {
+        // The ring of a URI that was let go and watched again starts above old cursors.
+        let r = EventRing::with_start(4, 100);
+        let s = r.since(50, 10, 0);
+        assert!(s.truncated && s.events.is_empty());
+        assert_eq!(
+            s.cursor, 99,
+            "advanced to the head, so the gap is reported once"
+        );
+        let s = r.since(s.cursor, 10, 0);
+        assert!(!s.truncated);
+    }
+
+    #[test]
+    fn a_cursor_past_the_head_is_a_reset() {
+        let r = EventRing::with_start(4, 10);
+        r.push("X", Map::new());
+        let s = r.since(1_000, 10, 0);
+        assert!(s.truncated);
+        assert_eq!(
+            s.events.len(),
+            1,
+            "everything held, not silence until seq 1000"
+        );
+        assert_eq!(s.cursor, 10);
+    }
+
+    #[test]
+    fn events_older_than_the_floor_are_skipped_as_truncated() {
+        let r = EventRing::with_start(8, 1);
+        r.push_at("OLD", Map::new(), 1_000);
+        r.push_at("NEW", Map::new(), 5_000);
+        let s = r.since(0, 10, 4_000);
+        assert!(s.truncated);
+        assert_eq!(s.events.len(), 1);
+        assert_eq!(s.events[0].event["type"], "NEW");
+        assert_eq!(s.events[0].ts_ms, 5_000);
+        let s = r.since(0, 10, 0);
+        assert!(!s.truncated && s.events.len() == 2);
+    }
+
+    #[test]
+    fn the_read_shape_carries_no_push_time() {
+        let r = EventRing::with_start(2, 7);
+        r.push_at("X", Map::new(), 123);
+        assert_eq!(r.read_json(), r#"{"events":[{"seq":7,"type":"X"}]}"#);
     }
 }

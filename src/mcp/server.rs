@@ -538,6 +538,31 @@ pub fn to_mcp_error(e: SourceError) -> McpError {
     }
 }
 
+/// `events/poll` on `source`. A long poll (`timeoutMs`) ends early on shutdown: the poll is
+/// asked again without the wait, so the client gets what is there and a valid cursor, not a
+/// dropped request. (A poll consumes nothing, so asking twice is safe.)
+async fn poll_until_shutdown(
+    source: &DynSource,
+    params: serde_json::Map<String, serde_json::Value>,
+    shutdown: &CancellationToken,
+) -> Result<serde_json::Value, SourceError> {
+    let waits = params
+        .get("timeoutMs")
+        .and_then(serde_json::Value::as_u64)
+        .is_some_and(|t| t > 0);
+    if !waits {
+        return source.events_poll(params).await;
+    }
+    tokio::select! {
+        r = source.events_poll(params.clone()) => r,
+        _ = shutdown.cancelled() => {
+            let mut params = params;
+            params.remove("timeoutMs");
+            source.events_poll(params).await
+        }
+    }
+}
+
 impl SourceServer {
     /// The handshake's capabilities: the Events extension when the source serves events to
     /// this caller.
@@ -605,7 +630,8 @@ impl ServerHandler for SourceServer {
                 ))
             }
             "events/poll" => {
-                let mut result = source.events_poll(params).await.map_err(to_mcp_error)?;
+                let result = poll_until_shutdown(source, params, &self.shared.shutdown).await;
+                let mut result = result.map_err(to_mcp_error)?;
                 if let Some(o) = result.as_object_mut() {
                     o.entry("resultType").or_insert_with(|| "complete".into());
                 }
@@ -833,6 +859,31 @@ mod tests {
         drop((reg, admission));
         assert_eq!(conn.open(), 0, "the slot is released with the admission");
         assert_eq!(s.feed().listeners("memo://notes"), 0);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_long_poll_is_answered_at_shutdown() {
+        let memo: DynSource = Arc::new(Memo::open(Store::memory(), 16).await.unwrap());
+        let shutdown = CancellationToken::new();
+        let params = |v: serde_json::Value| v.as_object().unwrap().clone();
+        let start = memo
+            .events_poll(params(json!({"name": "memo.changed"})))
+            .await
+            .unwrap();
+        let long =
+            params(json!({"name": "memo.changed", "cursor": start["cursor"], "timeoutMs": 20_000}));
+        let waiting = {
+            let (memo, shutdown) = (memo.clone(), shutdown.clone());
+            tokio::spawn(async move { poll_until_shutdown(&memo, long, &shutdown).await })
+        };
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        assert!(!waiting.is_finished(), "the poll waits for an event");
+        let began = tokio::time::Instant::now();
+        shutdown.cancel();
+        let r = waiting.await.unwrap().unwrap();
+        assert_eq!(began.elapsed(), Duration::ZERO, "answered at once");
+        assert_eq!(r["events"], json!([]));
+        assert_eq!(r["cursor"], start["cursor"]);
     }
 
     #[tokio::test]

@@ -1,5 +1,6 @@
 //! One integration-test binary driving the real `herald` binary over its real transports.
 
+mod events;
 mod file;
 mod filter;
 mod gateway;

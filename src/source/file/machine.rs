@@ -115,28 +115,9 @@ impl Meta {
     }
 }
 
-/// RFC 3339 UTC with milliseconds, e.g. `2026-11-30T10:13:30.123Z`.
-pub fn rfc3339(ns: i64) -> String {
-    let secs = ns.div_euclid(1_000_000_000);
-    let ms = ns.rem_euclid(1_000_000_000) / 1_000_000;
-    let (days, sod) = (secs.div_euclid(86_400), secs.rem_euclid(86_400));
-    // Civil from days (Howard Hinnant's algorithm).
-    let z = days + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z.rem_euclid(146_097);
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let d = doy - (153 * mp + 2) / 5 + 1;
-    let m = if mp < 10 { mp + 3 } else { mp - 9 };
-    let y = yoe + era * 400 + i64::from(m <= 2);
-    format!(
-        "{y:04}-{m:02}-{d:02}T{:02}:{:02}:{:02}.{ms:03}Z",
-        sod / 3600,
-        sod % 3600 / 60,
-        sod % 60
-    )
-}
+/// RFC 3339 UTC with milliseconds, e.g. `2026-11-30T10:13:30.123Z` (shared with the event
+/// timestamps of `events/poll`).
+pub use crate::mcp::events::rfc3339;
 
 /// The machine's view of the file system and the kernel.
 pub trait Disk {

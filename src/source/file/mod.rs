@@ -11,6 +11,10 @@
 //!   `kind`, `size` and `mtime`; in-band `ERROR` when the watched path goes away and
 //!   `OVERFLOW` when the kernel dropped events (synthetic events from a rescan follow).
 //!
+//! The event logs are also offered through MCP Events as `file.changed` (arguments `path`,
+//! `recursive`, `glob`: the same selection as the URI). A poll holds its URI's watch for
+//! [`events::POLL_LEASE`] after the poll, so changes between polls land in the ring.
+//!
 //! `paths` keeps every path under a root, `machine` turns inotify records into those events,
 //! `watcher` runs the one inotify instance on its own thread. A read also starts (or joins)
 //! the watch and holds it for a few seconds, so a client that reads first and listens second
@@ -28,20 +32,23 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use rmcp::model::{Resource, ResourceTemplate};
-use serde_json::{Map, Value};
+use rmcp::model::{JsonObject, Resource, ResourceTemplate};
+use serde_json::{Map, Value, json};
 
 use self::glob::Glob;
 use self::machine::{Config, Meta, Mode, Spec, SubError, rfc3339};
 use self::paths::{Confined, Roots};
 use self::watcher::{Subscription, Watcher};
+use crate::mcp::events::{self, EventType, Leases, PollRequest};
 use crate::mcp::hub::ChangeFeed;
-use crate::mcp::ring::{DEFAULT_RING_CAPACITY, EVENT_LOG_MIME};
+use crate::mcp::ring::{DEFAULT_RING_CAPACITY, EVENT_LOG_MIME, EventRing};
 use crate::mcp::source::{Contents, Source, SourceError, SourceInfo, WatchGuard};
 
 pub const STATE_TEMPLATE: &str = "file:///{+path}{?as}";
 pub const EVENTS_TEMPLATE: &str = "file-events://watch/{+path}{?recursive,glob}";
 const EVENTS_PREFIX: &str = "file-events://watch/";
+/// The event type over `file-events://watch/...` rings (MCP Events).
+pub const CHANGED_EVENT: &str = "file.changed";
 
 /// Default largest file served, in bytes.
 pub const DEFAULT_MAX_FILE_BYTES: u64 = 4 * 1024 * 1024;
@@ -212,6 +219,8 @@ pub struct FileSource {
     max_file_bytes: u64,
     watcher: Watcher,
     feed: ChangeFeed,
+    /// The watches `events/poll` keeps between polls, by URI.
+    polls: Leases<Subscription>,
 }
 
 impl FileSource {
@@ -233,6 +242,7 @@ impl FileSource {
             max_file_bytes: cfg.max_file_bytes,
             watcher,
             feed,
+            polls: Leases::new(events::POLL_LEASE, events::MAX_POLL_LEASES),
         })
     }
 
@@ -264,6 +274,74 @@ impl FileSource {
             )
             .await
             .map_err(|e| watch_error(target.path(), e))
+    }
+}
+
+impl FileSource {
+    /// The ring behind a `file.changed` poll of `uri`: held by the poll lease (renewed), or
+    /// watched now and held from here on.
+    async fn poll_ring(&self, uri: &str) -> Result<Arc<EventRing>, SourceError> {
+        let ring = match self.polls.renew(uri, |s| s.ring().cloned()) {
+            Some(ring) => ring,
+            None => {
+                self.polls.check_room()?;
+                let target = parse(uri)?;
+                let confined = self.confine(&target).await?;
+                let sub = self.subscribe(uri, &target, &confined).await?;
+                self.polls.hold(uri, sub, |s| s.ring().cloned())?
+            }
+        };
+        ring.ok_or_else(|| SourceError::Unavailable(format!("no event ring for {uri}")))
+    }
+
+    /// URIs `events/poll` keeps watched now.
+    pub fn polled(&self) -> usize {
+        self.polls.len()
+    }
+}
+
+/// The event-log URI a `file.changed` poll's arguments select.
+fn poll_uri(args: &JsonObject) -> Result<String, SourceError> {
+    events::check_arguments(args, CHANGED_EVENT, &["path", "recursive", "glob"])?;
+    let path = events::required_argument(args, "path", CHANGED_EVENT)?;
+    if !path.starts_with('/') {
+        return Err(SourceError::InvalidParams(format!(
+            "path {path:?} is not absolute; give the full path of a directory or file under a served root"
+        )));
+    }
+    let recursive = events::bool_argument(args, "recursive")?;
+    let mut uri = events_uri(std::path::Path::new(&path), recursive);
+    if let Some(g) = events::str_argument(args, "glob")? {
+        uri.push(if recursive { '&' } else { '?' });
+        uri.push_str("glob=");
+        uri.push_str(&events::encode_query_value(&g));
+    }
+    // The same checks as a URI (a bad glob, a bad path), so a poll and a listen agree.
+    parse(&uri)?;
+    Ok(uri)
+}
+
+fn file_changed() -> EventType {
+    EventType {
+        name: CHANGED_EVENT,
+        description: "A file or directory under a served root changed: the event of \
+                      file-events://watch/PATH (CREATED, MODIFIED with old, DELETED, MOVED with \
+                      from and to; each with path, kind, size, mtime; ERROR and OVERFLOW in-band). \
+                      The first poll starts the watch; it is kept for 5 minutes after each poll."
+            .into(),
+        input_schema: json!({
+            "type": "object",
+            "properties": {
+                "path": {"type": "string", "description": "absolute path of a directory (or one file) under a served root"},
+                "recursive": {"type": "boolean", "description": "follow subdirectories (default false)"},
+                "glob": {"type": "string", "description": "only names matching this pattern, e.g. *.json"}
+            },
+            "required": ["path"],
+            "additionalProperties": false
+        }),
+        payload_schema: events::log_payload_schema(&[
+            "CREATED", "MODIFIED", "DELETED", "MOVED", "ERROR", "OVERFLOW",
+        ]),
     }
 }
 
@@ -419,6 +497,24 @@ impl Source for FileSource {
 
     fn changes(&self) -> ChangeFeed {
         self.feed.clone()
+    }
+
+    async fn events_advertised(&self) -> bool {
+        true
+    }
+
+    async fn events_list(&self) -> Result<Vec<Value>, SourceError> {
+        Ok(vec![file_changed().to_json()])
+    }
+
+    async fn events_poll(&self, params: JsonObject) -> Result<Value, SourceError> {
+        let req = PollRequest::parse(&params)?;
+        if req.name != CHANGED_EVENT {
+            return Err(events::unknown_event(&req.name));
+        }
+        let uri = poll_uri(&req.arguments)?;
+        let ring = self.poll_ring(&uri).await?;
+        Ok(events::poll(&ring, &self.feed, &uri, &req).await)
     }
 }
 
@@ -621,6 +717,36 @@ mod tests {
         let e = events_uri(p, true);
         assert_eq!(e, "file-events://watch/srv/my%20dir/100%25?recursive=true");
         assert_eq!(parse(&e).unwrap().path(), "/srv/my dir/100%");
+    }
+
+    #[test]
+    fn poll_arguments_select_the_event_log_uri() {
+        let a = |v: Value| v.as_object().unwrap().clone();
+        assert_eq!(
+            poll_uri(&a(json!({"path": "/srv/d"}))).unwrap(),
+            "file-events://watch/srv/d"
+        );
+        assert_eq!(
+            poll_uri(&a(
+                json!({"path": "/srv/my d", "recursive": true, "glob": "*.json"})
+            ))
+            .unwrap(),
+            "file-events://watch/srv/my%20d?recursive=true&glob=*.json"
+        );
+        assert_eq!(
+            poll_uri(&a(json!({"path": "/srv/d", "glob": "a&b?"}))).unwrap(),
+            "file-events://watch/srv/d?glob=a%26b%3F"
+        );
+        for (v, needle) in [
+            (json!({}), "missing argument path"),
+            (json!({"path": "srv"}), "not absolute"),
+            (json!({"path": "/a", "depth": 1}), "unknown argument depth"),
+            (json!({"path": "/a", "recursive": "yes"}), "true or false"),
+            (json!({"path": "/a", "glob": "[x"}), "without ']'"),
+        ] {
+            let e = poll_uri(&a(v.clone())).unwrap_err().to_string();
+            assert!(e.contains(needle), "{v}: {e}");
+        }
     }
 
     #[test]

@@ -80,6 +80,12 @@ impl Watcher {
 
     /// The event log, once the seed is in (waiting for it up to [`SEED_TIMEOUT`]).
     pub async fn read(&self) -> Result<Contents, SourceError> {
+        self.ready().await?;
+        Ok(Contents::event_log(&self.ring))
+    }
+
+    /// Waits for the seed (up to [`SEED_TIMEOUT`]); its failure if the first list failed.
+    pub async fn ready(&self) -> Result<(), SourceError> {
         let mut seed = self.seed.clone();
         let state = tokio::time::timeout(SEED_TIMEOUT, seed.wait_for(|s| *s != Seed::Pending))
             .await
@@ -93,8 +99,13 @@ impl Watcher {
             .clone();
         match state {
             Seed::Failed(e) => Err(e),
-            _ => Ok(Contents::event_log(&self.ring)),
+            _ => Ok(()),
         }
+    }
+
+    /// The event ring (`events/poll` reads it after [`ready`](Self::ready)).
+    pub fn ring(&self) -> &Arc<EventRing> {
+        &self.ring
     }
 }
 

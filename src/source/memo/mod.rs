@@ -14,6 +14,7 @@ use rmcp::model::{
 };
 use serde_json::{Map, Value, json};
 
+use crate::mcp::events::{self, EventType, PollRequest};
 use crate::mcp::hub::ChangeFeed;
 use crate::mcp::ring::{EVENT_LOG_MIME, EventRing};
 use crate::mcp::source::{Contents, Source, SourceError, SourceInfo, check_args, schema};
@@ -21,6 +22,8 @@ use crate::store::{Store, StoreError, Table};
 
 pub const NOTES_URI: &str = "memo://notes";
 pub const LOG_URI: &str = "memo://log";
+/// The event type over `memo://log` (MCP Events).
+pub const CHANGED_EVENT: &str = "memo.changed";
 
 /// Longest note key accepted.
 const MAX_KEY_BYTES: usize = 1024;
@@ -278,6 +281,35 @@ impl Source for Memo {
             other => Err(SourceError::UnknownTool(other.to_owned())),
         }
     }
+
+    async fn events_advertised(&self) -> bool {
+        true
+    }
+
+    async fn events_list(&self) -> Result<Vec<Value>, SourceError> {
+        Ok(vec![memo_changed().to_json()])
+    }
+
+    async fn events_poll(&self, params: JsonObject) -> Result<Value, SourceError> {
+        let req = PollRequest::parse(&params)?;
+        if req.name != CHANGED_EVENT {
+            return Err(events::unknown_event(&req.name));
+        }
+        events::check_arguments(&req.arguments, CHANGED_EVENT, &[])?;
+        Ok(events::poll(&self.log, &self.feed, LOG_URI, &req).await)
+    }
+}
+
+fn memo_changed() -> EventType {
+    EventType {
+        name: CHANGED_EVENT,
+        description:
+            "A note was added, modified or deleted: the memo://log event (ADDED, MODIFIED \
+                      with old, DELETED; each with key and object). Takes no arguments."
+                .into(),
+        input_schema: json!({"type": "object", "properties": {}, "additionalProperties": false}),
+        payload_schema: events::log_payload_schema(&["ADDED", "MODIFIED", "DELETED"]),
+    }
 }
 
 #[cfg(test)]
@@ -360,6 +392,41 @@ mod tests {
                 uri: "memo://nope".into()
             }
         );
+    }
+
+    #[tokio::test]
+    async fn memo_changes_are_polled_from_the_log() {
+        let m = memo().await;
+        assert!(m.events_advertised().await);
+        let list = m.events_list().await.unwrap();
+        assert_eq!(list[0]["name"], CHANGED_EVENT);
+        assert_eq!(list[0]["inputSchema"]["additionalProperties"], false);
+        let first = m
+            .events_poll(schema(json!({"name": CHANGED_EVENT, "cursor": null})))
+            .await
+            .unwrap();
+        assert_eq!(first["events"], json!([]));
+        m.set("a", json!(1)).await.unwrap();
+        let next = m
+            .events_poll(schema(
+                json!({"name": CHANGED_EVENT, "cursor": first["cursor"]}),
+            ))
+            .await
+            .unwrap();
+        assert_eq!(next["events"][0]["data"]["type"], "ADDED");
+        assert_eq!(next["events"][0]["data"]["key"], "a");
+        let err = m
+            .events_poll(schema(
+                json!({"name": CHANGED_EVENT, "arguments": {"key": "a"}}),
+            ))
+            .await
+            .unwrap_err();
+        assert!(err.to_string().contains("unknown argument key"), "{err}");
+        let err = m
+            .events_poll(schema(json!({"name": "memo.deleted"})))
+            .await
+            .unwrap_err();
+        assert!(matches!(err, SourceError::EventNotFound(_)), "{err}");
     }
 
     #[tokio::test]
