@@ -322,6 +322,77 @@ async fn events_and_quic_tokens() {
         ),
         -32602
     );
+    // Every memo upstream serves memo.changed: the gateway advertises Events and lists them
+    // with prefixes.
+    let caps = all.peer_info().unwrap().capabilities.clone();
+    assert!(
+        caps.extensions
+            .as_ref()
+            .is_some_and(|e| e.contains_key("io.modelcontextprotocol/events")),
+        "{caps:?}"
+    );
+    let result = |r: Result<rmcp::model::ServerResult, rmcp::ServiceError>| match r.unwrap() {
+        rmcp::model::ServerResult::CustomResult(r) => r.0,
+        other => panic!("{other:?}"),
+    };
+    let listed = result(
+        all.send_request(ClientRequest::CustomRequest(CustomRequest::new(
+            "events/list",
+            Some(json!({})),
+        )))
+        .await,
+    );
+    let mut names: Vec<&str> = listed["events"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e["name"].as_str().unwrap())
+        .collect();
+    names.sort();
+    assert_eq!(
+        names,
+        ["a__memo.changed", "b__memo.changed", "c__memo.changed"]
+    );
+    let start = result(
+        poll(
+            &all,
+            json!({"name": "a__memo.changed", "arguments": {}, "cursor": null}),
+        )
+        .await,
+    );
+    assert_eq!(start["events"], json!([]));
+    call(&all, "a__memo_set", json!({"key": "e", "value": 1})).await;
+    let got = result(
+        poll(
+            &all,
+            json!({"name": "a__memo.changed", "arguments": {}, "cursor": start["cursor"], "timeoutMs": 10000}),
+        )
+        .await,
+    );
+    let evs = got["events"].as_array().unwrap();
+    assert_eq!(evs.len(), 1, "{got}");
+    assert_eq!(evs[0]["name"], "a__memo.changed");
+    // The upstream's own refusals reach the caller with their codes.
+    assert_eq!(
+        code(
+            poll(
+                &all,
+                json!({"name": "a__memo.changed", "arguments": {"bogus": 1}, "cursor": null})
+            )
+            .await
+        ),
+        -32602
+    );
+    assert_eq!(
+        code(
+            poll(
+                &all,
+                json!({"name": "a__nope", "arguments": {}, "cursor": null})
+            )
+            .await
+        ),
+        -32023
+    );
     let a_only = client(&s, Some(ONLY_A), None).await;
     assert_eq!(
         code(
