@@ -7,8 +7,9 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use rmcp::model::{
-    CallToolRequestParams, CallToolResult, JsonObject, ReadResourceRequestParams, Resource,
-    ResourceContents, ResourceTemplate, ServerNotification, SubscriptionFilter, Tool,
+    CallToolRequestParams, CallToolResult, JsonObject, ReadResourceRequestParams,
+    RequestMetaObject, Resource, ResourceContents, ResourceTemplate, ServerNotification,
+    SubscriptionFilter, Tool,
 };
 use serde_json::{Value, json};
 use sha2::Digest;
@@ -18,13 +19,21 @@ use crate::gateway::config::{GatewayConfig, Token, valid_slug};
 use crate::gateway::upstream::{REQUEST_TIMEOUT, Upstream, upstream_error};
 use crate::mcp::hub::ChangeFeed;
 use crate::mcp::source::{
-    Body, Caller, Contents, Source, SourceError, SourceInfo, WatchGuard, caller,
+    Body, Caller, Contents, Progress, Source, SourceError, SourceInfo, WatchGuard, caller,
 };
 
 /// How long the handshake waits for one slug's answer on whether it serves Events.
 const EVENTS_PROBE: Duration = Duration::from_secs(3);
 const RESUBSCRIBE_BASE: Duration = Duration::from_millis(250);
 const RESUBSCRIBE_MAX: Duration = Duration::from_secs(30);
+/// A subscription that lived this long resets the resubscribe backoff.
+const HEALTHY: Duration = Duration::from_secs(10);
+/// Upstream subscriptions per slug (each is a listen stream on the slug's one connection, and
+/// a herald upstream allows 64 per connection).
+const MAX_SHARED_PER_SLUG: usize = 48;
+
+/// The longest long poll relayed (the upstream's own cap is 30 s).
+const MAX_LONG_POLL: Duration = Duration::from_secs(60);
 
 /// `events/list` calls that failed after the slug's handshake advertised events (a fault).
 pub static EVENTS_LIST_FAILED: AtomicU64 = AtomicU64::new(0);
@@ -134,9 +143,10 @@ impl Gateway {
             return Ok((self.slug(slug)?, rest.to_owned()));
         }
         let selected = self.selected();
+        // The last-known catalogs: a slug that is reconnecting keeps its URIs meanwhile.
         let live: Vec<_> = selected
             .iter()
-            .filter_map(|u| u.cached().map(|l| (u, l)))
+            .filter_map(|u| u.catalog().map(|l| (u, l)))
             .collect();
         let pick = live
             .iter()
@@ -152,25 +162,36 @@ impl Gateway {
         }
     }
 
-    /// Starts (or joins) the shared upstream subscription of `uri`.
+    /// Starts (or joins) the shared upstream subscription of `uri`, as routed for this caller.
+    /// Shares and feed keys are `slug+upstream URI`: the same URI can name different servers
+    /// for callers with different entitlements, and one's changes must never reach the other.
     fn share(&self, uri: &str) -> Result<Arc<SharedListen>, SourceError> {
+        let (up, upstream_uri) = self.route(uri)?;
+        let key = format!("{}+{upstream_uri}", up.slug);
         let mut shared = self.shared.lock().unwrap_or_else(|e| e.into_inner());
         shared.retain(|_, w| w.strong_count() > 0);
-        if let Some(s) = shared.get(uri).and_then(Weak::upgrade) {
+        if let Some(s) = shared.get(&key).and_then(Weak::upgrade) {
             return Ok(s);
         }
-        let (up, upstream_uri) = self.route(uri)?;
+        let prefix = format!("{}+", up.slug);
+        let per_slug = shared.keys().filter(|k| k.starts_with(&prefix)).count();
+        if per_slug >= MAX_SHARED_PER_SLUG {
+            return Err(SourceError::Unavailable(format!(
+                "server {} already has {MAX_SHARED_PER_SLUG} watched URIs through this gateway, its limit; stop a watch first",
+                up.slug
+            )));
+        }
         let s = Arc::new(SharedListen {
             stop: self.shutdown.child_token(),
         });
         tokio::spawn(relay(
             up,
             upstream_uri,
-            uri.to_owned(),
+            key.clone(),
             self.feed.clone(),
             s.stop.clone(),
         ));
-        shared.insert(uri.to_owned(), Arc::downgrade(&s));
+        shared.insert(key, Arc::downgrade(&s));
         Ok(s)
     }
 
@@ -205,12 +226,11 @@ impl Gateway {
 async fn relay(
     up: Arc<Upstream>,
     upstream_uri: String,
-    client_uri: String,
+    key: String,
     feed: ChangeFeed,
     stop: CancellationToken,
 ) {
     let mut failures = 0u32;
-    let mut first = true;
     loop {
         let attempt = async {
             let live = up.live().await.map_err(|e| e.to_string())?;
@@ -221,12 +241,20 @@ async fn relay(
                 .await
                 .map_err(|_| "no acknowledgment in time".to_owned())?;
             match sub {
-                Ok(s) => Ok((live, s)),
+                Ok(s)
+                    if s.acknowledged()
+                        .resource_subscriptions
+                        .as_ref()
+                        .is_some_and(|u| u.contains(&upstream_uri)) =>
+                {
+                    Ok((live, s))
+                }
+                Ok(_) => Err("the upstream did not accept the subscription".to_owned()),
                 Err(e) => {
                     if upstream_error(e).is_none() {
-                        // The transport broke: reconnect next time.
+                        up.reset(&live);
                     }
-                    Err("the upstream refused or failed the subscription".to_owned())
+                    Err("the upstream failed the subscription".to_owned())
                 }
             }
         };
@@ -236,12 +264,10 @@ async fn relay(
         };
         match got {
             Ok((live, mut sub)) => {
-                if !first {
-                    // Changes may have happened while unsubscribed: readers re-read and diff.
-                    feed.publish(&client_uri);
-                }
-                first = false;
-                failures = 0;
+                // The downstream ack went out before this upstream one: anything that changed
+                // in between (or while resubscribing) is caught by the re-read this prompts.
+                feed.publish(&key);
+                let since = std::time::Instant::now();
                 loop {
                     let n = tokio::select! {
                         _ = stop.cancelled() => return,
@@ -251,7 +277,7 @@ async fn relay(
                         Ok(Some(ServerNotification::ResourceUpdatedNotification(u)))
                             if u.params.uri == upstream_uri =>
                         {
-                            feed.publish(&client_uri);
+                            feed.publish(&key);
                         }
                         Ok(Some(_)) => {}
                         Ok(None) | Err(_) => break,
@@ -259,6 +285,9 @@ async fn relay(
                 }
                 if live.conn.is_closed() {
                     up.reset(&live);
+                }
+                if since.elapsed() >= HEALTHY {
+                    failures = 0;
                 }
                 tracing::info!(slug = %up.slug, uri = %upstream_uri, "upstream subscription ended; resubscribing");
             }
@@ -298,7 +327,7 @@ impl Source for Gateway {
         let selected = self.selected();
         let lists: Vec<(String, Vec<Resource>)> = selected
             .iter()
-            .filter_map(|u| u.cached().map(|l| (u.slug.clone(), l.resources.clone())))
+            .filter_map(|u| u.catalog().map(|l| (u.slug.clone(), l.resources.clone())))
             .collect();
         let mut count: HashMap<String, usize> = HashMap::new();
         for (_, rs) in &lists {
@@ -322,7 +351,7 @@ impl Source for Gateway {
         let selected = self.selected();
         let mut out = Vec::new();
         for u in selected {
-            let Some(l) = u.cached() else { continue };
+            let Some(l) = u.catalog() else { continue };
             for (t, _) in &l.templates {
                 out.push(ResourceTemplate::new(
                     t.clone(),
@@ -394,7 +423,14 @@ impl Source for Gateway {
     }
 
     fn watchable(&self, uri: &str) -> bool {
-        matches!(self.route(uri), Ok((up, _)) if up.cached().is_some_and(|l| l.modern))
+        matches!(self.route(uri), Ok((up, _)) if up.catalog().is_some_and(|l| l.modern))
+    }
+
+    fn feed_key(&self, uri: &str) -> String {
+        match self.route(uri) {
+            Ok((up, upstream_uri)) => format!("{}+{upstream_uri}", up.slug),
+            Err(_) => uri.to_owned(),
+        }
     }
 
     async fn watch(&self, uri: &str) -> Result<WatchGuard, SourceError> {
@@ -408,7 +444,7 @@ impl Source for Gateway {
     fn tools(&self) -> Vec<Tool> {
         let mut out = Vec::new();
         for u in self.selected() {
-            let Some(l) = u.cached() else { continue };
+            let Some(l) = u.catalog() else { continue };
             for t in &l.tools {
                 let mut t = t.clone();
                 t.name = prefixed(&u.slug, &t.name).into();
@@ -419,6 +455,15 @@ impl Source for Gateway {
     }
 
     async fn call_tool(&self, name: &str, args: JsonObject) -> Result<CallToolResult, SourceError> {
+        self.call_tool_with_progress(name, args, None).await
+    }
+
+    async fn call_tool_with_progress(
+        &self,
+        name: &str,
+        args: JsonObject,
+        progress: Option<Progress>,
+    ) -> Result<CallToolResult, SourceError> {
         let Some((slug, tool)) = name.split_once("__") else {
             return Err(SourceError::UnknownTool(format!(
                 "{name} (gateway tools are named server__tool)"
@@ -426,7 +471,12 @@ impl Source for Gateway {
         };
         let up = self.slug(slug)?;
         let live = up.live().await?;
-        let params = CallToolRequestParams::new(tool.to_owned()).with_arguments(args);
+        let mut params = CallToolRequestParams::new(tool.to_owned()).with_arguments(args);
+        // The upstream's progress goes to this caller, under the caller's own token.
+        let _relaying = progress.map(|p| up.relay.register(p));
+        if let Some(r) = &_relaying {
+            params.meta = Some(RequestMetaObject::with_progress_token(r.token.clone()));
+        }
         let r = tokio::time::timeout(REQUEST_TIMEOUT, live.conn.call_tool(params))
             .await
             .map_err(|_| {
@@ -489,13 +539,31 @@ impl Source for Gateway {
             )));
         };
         let up = self.slug(slug)?;
-        if !self.event_slugs().await.iter().any(|u| u.slug == slug) {
+        let live = match tokio::time::timeout(EVENTS_PROBE, up.live()).await {
+            Ok(r) => r?,
+            Err(_) => {
+                return Err(SourceError::Unavailable(format!(
+                    "server {slug} did not answer within {} s; try again shortly",
+                    EVENTS_PROBE.as_secs()
+                )));
+            }
+        };
+        if !live.events {
             return Err(SourceError::EventNotFound(format!(
                 "server {slug} serves no events; events/list names the events"
             )));
         }
+        // A long poll may legitimately take its whole timeoutMs.
+        let wait = params
+            .get("timeoutMs")
+            .and_then(Value::as_u64)
+            .map_or(Duration::ZERO, |ms| {
+                Duration::from_millis(ms.min(MAX_LONG_POLL.as_millis() as u64))
+            });
         params.insert("name".into(), event.into());
-        let mut v = up.custom("events/poll", Value::Object(params)).await?;
+        let mut v = up
+            .custom_within("events/poll", Value::Object(params), REQUEST_TIMEOUT + wait)
+            .await?;
         if let Some(evs) = v.get_mut("events").and_then(Value::as_array_mut) {
             for e in evs {
                 if let Some(n) = e["name"].as_str() {

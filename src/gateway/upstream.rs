@@ -6,13 +6,22 @@
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use rmcp::model::{ClientRequest, CustomRequest, ErrorData, Resource, ServerResult, Tool};
+use std::collections::HashMap;
+
+use futures::FutureExt;
+
+use rmcp::ClientHandler;
+use rmcp::model::{
+    ClientConfig, ClientRequest, CustomRequest, ErrorData, NumberOrString,
+    ProgressNotificationParam, ProgressToken, Resource, ServerResult, Tool,
+};
+use rmcp::service::{NotificationContext, RoleClient};
 use serde_json::Value;
 use tokio_util::sync::CancellationToken;
 
 use crate::gateway::config::Slug;
 use crate::mcp::server::EVENTS_EXTENSION;
-use crate::mcp::source::SourceError;
+use crate::mcp::source::{Progress, SourceError};
 use crate::transport::client::{Connection, Target, client_config, connect};
 
 use crate::watch::template::Template;
@@ -24,9 +33,81 @@ pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
 const BASE_BACKOFF: Duration = Duration::from_millis(250);
 const MAX_BACKOFF: Duration = Duration::from_secs(30);
 
+/// The gateway's client side of its upstreams: relays an upstream's progress notifications
+/// to the downstream caller waiting on that call.
+#[derive(Clone, Default)]
+pub struct Relay {
+    waiting: Arc<Mutex<HashMap<String, Progress>>>,
+    next: Arc<std::sync::atomic::AtomicU64>,
+}
+
+/// A registered progress relay; dropping it ends the relay.
+pub struct Relaying {
+    pub token: ProgressToken,
+    key: String,
+    waiting: Arc<Mutex<HashMap<String, Progress>>>,
+}
+
+impl Drop for Relaying {
+    fn drop(&mut self) {
+        self.waiting
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(&self.key);
+    }
+}
+
+fn token_key(t: &ProgressToken) -> String {
+    match &t.0 {
+        NumberOrString::Number(n) => format!("n:{n}"),
+        NumberOrString::String(s) => format!("s:{s}"),
+    }
+}
+
+impl Relay {
+    /// A fresh upstream progress token whose notifications go to `to`.
+    pub fn register(&self, to: Progress) -> Relaying {
+        let n = self.next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let token = ProgressToken(NumberOrString::String(format!("herald-gateway-{n}").into()));
+        let key = token_key(&token);
+        self.waiting
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(key.clone(), to);
+        Relaying {
+            token,
+            key,
+            waiting: self.waiting.clone(),
+        }
+    }
+}
+
+impl ClientHandler for Relay {
+    fn get_info(&self) -> ClientConfig {
+        client_config()
+    }
+
+    async fn on_progress(
+        &self,
+        mut params: ProgressNotificationParam,
+        _context: NotificationContext<RoleClient>,
+    ) {
+        let to = self
+            .waiting
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(&token_key(&params.progress_token))
+            .cloned();
+        if let Some(to) = to {
+            params.progress_token = to.token.clone();
+            let _ = to.peer.notify_progress(params).await;
+        }
+    }
+}
+
 /// A connected upstream and what it offered when it connected.
 pub struct Live {
-    pub conn: Connection,
+    pub conn: Connection<Relay>,
     pub tools: Vec<Tool>,
     pub resources: Vec<Resource>,
     pub templates: Vec<(String, Template)>,
@@ -41,7 +122,15 @@ struct Backoff {
     failures: u32,
     next: Option<Instant>,
     last_error: String,
+    /// When the current connection came up.
+    up_since: Option<Instant>,
 }
+
+/// A connect in progress, shared by everyone waiting for it.
+type Attempt = futures::future::Shared<futures::future::BoxFuture<'static, Result<Arc<Live>, ()>>>;
+
+/// A connection that lived this long resets the backoff.
+const HEALTHY: Duration = Duration::from_secs(10);
 
 pub struct Upstream {
     pub slug: String,
@@ -49,10 +138,13 @@ pub struct Upstream {
     trust: crate::transport::tls::ClientTrust,
     max_message_bytes: usize,
     live: Mutex<Option<Arc<Live>>>,
-    connecting: tokio::sync::Mutex<()>,
+    /// The last connection, kept for its catalog.
+    last: Mutex<Option<Arc<Live>>>,
+    attempt: Mutex<Option<Attempt>>,
     backoff: Mutex<Backoff>,
     shutdown: CancellationToken,
     generation: std::sync::atomic::AtomicU64,
+    pub relay: Relay,
 }
 
 fn unavailable(slug: &str) -> SourceError {
@@ -87,14 +179,17 @@ impl Upstream {
             trust: slug.trust.clone(),
             max_message_bytes,
             live: Mutex::new(None),
-            connecting: tokio::sync::Mutex::new(()),
+            last: Mutex::new(None),
+            attempt: Mutex::new(None),
             backoff: Mutex::new(Backoff {
                 failures: 0,
                 next: None,
                 last_error: String::new(),
+                up_since: None,
             }),
             shutdown,
             generation: std::sync::atomic::AtomicU64::new(0),
+            relay: Relay::default(),
         }
     }
 
@@ -139,37 +234,80 @@ impl Upstream {
             if let Some(l) = self.cached() {
                 return Ok(l);
             }
-            let _one = self.connecting.lock().await;
+            // One connect at a time, run in a task of its own: a caller that gives up (a 3 s
+            // events probe, a client that went away) never cancels it half-way.
+            let attempt = {
+                let mut g = self.attempt.lock().unwrap_or_else(|e| e.into_inner());
+                match g.as_ref() {
+                    Some(a) => a.clone(),
+                    None => {
+                        let me = self.clone();
+                        let a =
+                            async move { tokio::spawn(me.connect_once()).await.unwrap_or(Err(())) }
+                                .boxed()
+                                .shared();
+                        *g = Some(a.clone());
+                        a
+                    }
+                }
+            };
+            attempt.await.map_err(|()| unavailable(&self.slug))
+        })
+    }
+
+    async fn connect_once(self: Arc<Self>) -> Result<Arc<Live>, ()> {
+        let r = async {
             if let Some(l) = self.cached() {
                 return Ok(l);
             }
             if let Some(next) = self.backoff.lock().unwrap_or_else(|e| e.into_inner()).next
                 && Instant::now() < next
             {
-                return Err(unavailable(&self.slug));
+                return Err(());
             }
             match tokio::time::timeout(CONNECT_TIMEOUT, self.open()).await {
                 Ok(Ok(live)) => {
                     let live = Arc::new(live);
                     *self.live.lock().unwrap_or_else(|e| e.into_inner()) = Some(live.clone());
+                    *self.last.lock().unwrap_or_else(|e| e.into_inner()) = Some(live.clone());
                     let mut b = self.backoff.lock().unwrap_or_else(|e| e.into_inner());
-                    b.failures = 0;
                     b.next = None;
+                    b.up_since = Some(Instant::now());
                     tracing::info!(slug = %self.slug, tools = live.tools.len(), resources = live.resources.len(),
                                    templates = live.templates.len(), events = live.events, "upstream connected");
                     Ok(live)
                 }
-                Ok(Err(e)) => Err(self.failed(e)),
-                Err(_) => Err(self.failed(format!(
-                    "no handshake within {} s",
-                    CONNECT_TIMEOUT.as_secs()
-                ))),
+                Ok(Err(e)) => {
+                    self.failed(e);
+                    Err(())
+                }
+                Err(_) => {
+                    self.failed(format!(
+                        "no handshake within {} s",
+                        CONNECT_TIMEOUT.as_secs()
+                    ));
+                    Err(())
+                }
             }
-        })
+        }
+        .await;
+        *self.attempt.lock().unwrap_or_else(|e| e.into_inner()) = None;
+        r
+    }
+
+    /// The catalog of the last connection, even while reconnecting (routing and listings
+    /// keep a slug's URIs and tools through a restart).
+    pub fn catalog(&self) -> Option<Arc<Live>> {
+        self.last.lock().unwrap_or_else(|e| e.into_inner()).clone()
     }
 
     fn failed(&self, error: String) -> SourceError {
         let mut b = self.backoff.lock().unwrap_or_else(|e| e.into_inner());
+        // A connection that stayed up a while resets the backoff; one that failed soon after
+        // its handshake (a crash loop) keeps it growing.
+        if b.up_since.take().is_some_and(|t| t.elapsed() >= HEALTHY) {
+            b.failures = 0;
+        }
         let delay = BASE_BACKOFF
             .saturating_mul(2u32.saturating_pow(b.failures.min(16)))
             .min(MAX_BACKOFF);
@@ -194,7 +332,7 @@ impl Upstream {
         let mut conn = connect(
             &self.target,
             &self.trust,
-            client_config(),
+            self.relay.clone(),
             self.max_message_bytes,
         )
         .await
@@ -244,21 +382,22 @@ impl Upstream {
                     _ = shutdown.cancelled() => return,
                     status = child.wait() => {
                         if let Some(up) = weak.upgrade() {
-                            tracing::warn!(slug = %up.slug, ?status, "upstream process exited; restarting it");
                             up.forget(generation);
+                            up.failed(format!("the process exited ({status:?}); restarting it"));
                         }
                     }
                 }
                 loop {
                     let Some(up) = weak.upgrade() else { return };
-                    if up.live().await.is_ok() {
-                        return;
-                    }
                     let delay = up.retry_in();
                     drop(up);
                     tokio::select! {
                         _ = shutdown.cancelled() => return,
                         _ = tokio::time::sleep(delay) => {}
+                    }
+                    let Some(up) = weak.upgrade() else { return };
+                    if up.live().await.is_ok() {
+                        return;
                     }
                 }
             });
@@ -281,13 +420,23 @@ impl Upstream {
         method: &str,
         params: Value,
     ) -> Result<Value, SourceError> {
+        self.custom_within(method, params, REQUEST_TIMEOUT).await
+    }
+
+    /// [`Upstream::custom`] with its own time bound.
+    pub async fn custom_within(
+        self: &Arc<Self>,
+        method: &str,
+        params: Value,
+        bound: Duration,
+    ) -> Result<Value, SourceError> {
         let live = self.live().await?;
         let req = ClientRequest::CustomRequest(CustomRequest::new(method, Some(params)));
-        match tokio::time::timeout(REQUEST_TIMEOUT, live.conn.send_request(req)).await {
+        match tokio::time::timeout(bound, live.conn.send_request(req)).await {
             Err(_) => Err(SourceError::Unavailable(format!(
                 "server {} did not answer {method} within {} s",
                 self.slug,
-                REQUEST_TIMEOUT.as_secs()
+                bound.as_secs()
             ))),
             Ok(Ok(ServerResult::CustomResult(r))) => Ok(r.0),
             Ok(Ok(other)) => Ok(serde_json::to_value(other).unwrap_or(Value::Null)),

@@ -233,6 +233,8 @@ pub struct ListenAdmission {
     registration: Arc<std::sync::Mutex<Option<Registration>>>,
     /// The requested URIs this caller may watch (what the ack will name).
     pub accepted: Vec<String>,
+    /// `(feed key, URI as the caller wrote it)` for each accepted URI.
+    keys: Vec<(String, String)>,
 }
 
 impl ListenAdmission {
@@ -263,11 +265,17 @@ impl SourceServer {
     ) -> Result<ListenAdmission, McpError> {
         let slot = check_listen(&self.shared.limits, requested.len(), conn)?;
         let accepted = self.accepted_uris(requested);
-        let registration = self.shared.feed.register(&accepted);
+        let keys: Vec<(String, String)> = accepted
+            .iter()
+            .map(|u| (self.shared.source.feed_key(u), u.clone()))
+            .collect();
+        let feed_keys: Vec<String> = keys.iter().map(|(k, _)| k.clone()).collect();
+        let registration = self.shared.feed.register(&feed_keys);
         Ok(ListenAdmission {
             _slot: slot,
             registration: Arc::new(std::sync::Mutex::new(Some(registration))),
             accepted,
+            keys,
         })
     }
 }
@@ -372,10 +380,11 @@ pub fn http_caller(headers: &http::HeaderMap, uri: &http::Uri) -> Caller {
         .get(http::header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok())
         .and_then(|v| {
-            v.strip_prefix("Bearer ")
-                .or_else(|| v.strip_prefix("bearer "))
+            let (scheme, rest) = v.trim().split_once(' ')?;
+            scheme.eq_ignore_ascii_case("bearer").then_some(rest)
         })
-        .map(|t| t.trim().to_owned());
+        .map(|t| t.trim().to_owned())
+        .filter(|t| !t.is_empty());
     let servers = uri.query().and_then(|q| {
         q.split('&').find_map(|p| {
             p.strip_prefix("servers=").map(|v| {
@@ -715,17 +724,31 @@ impl ServerHandler for SourceServer {
         // Normally registered before the ack (see `admit_listen`); registering here is the
         // fallback for a path that skipped admission.
         let request = ctx.request_context();
-        let admitted = request
-            .extensions
-            .get::<ListenAdmission>()
-            .or_else(|| {
-                request
-                    .extensions
-                    .get::<http::request::Parts>()
-                    .and_then(|p| p.extensions.get::<ListenAdmission>())
-            })
-            .and_then(ListenAdmission::take);
-        let registration = admitted.unwrap_or_else(|| shared.feed.register(&uris));
+        let admission = request.extensions.get::<ListenAdmission>().or_else(|| {
+            request
+                .extensions
+                .get::<http::request::Parts>()
+                .and_then(|p| p.extensions.get::<ListenAdmission>())
+        });
+        // Every listen is admitted before its ack (limits, and what this caller may watch);
+        // one that was not is refused, never served unchecked.
+        let Some((registration, keys)) =
+            admission.and_then(|a| a.take().map(|r| (r, a.keys.clone())))
+        else {
+            warn!(
+                stream,
+                "a listen reached the handler without admission; refusing it"
+            );
+            return Err(McpError::internal_error(
+                "this listen was not admitted; send it again",
+                None,
+            ));
+        };
+        // A feed key back to the URIs this stream wrote for it.
+        let mut spelled: std::collections::HashMap<String, Vec<String>> = Default::default();
+        for (k, u) in keys {
+            spelled.entry(k).or_default().push(u);
+        }
         let mut guards = Vec::with_capacity(uris.len());
         for uri in &uris {
             match shared.source.watch(uri).await {
@@ -750,7 +773,7 @@ impl ServerHandler for SourceServer {
                     // One deadline for the whole batch: a reader that takes nothing for
                     // `stall` ends the stream.
                     let deadline = tokio::time::Instant::now() + stall;
-                    for uri in batch {
+                    for uri in batch.into_iter().flat_map(|k| spelled.get(&k).cloned().unwrap_or_default()) {
                         let sent = tokio::select! {
                             _ = shared.shutdown.cancelled() => return Ok(()),
                             r = tokio::time::timeout_at(deadline, sink.notify_resource_updated(uri)) => r,
@@ -810,12 +833,20 @@ impl ServerHandler for SourceServer {
     async fn call_tool(
         &self,
         request: CallToolRequestParams,
-        _context: RequestContext<RoleServer>,
+        context: RequestContext<RoleServer>,
     ) -> Result<CallToolResponse, McpError> {
         let args = request.arguments.unwrap_or_default();
+        let progress =
+            context
+                .meta
+                .get_progress_token()
+                .map(|token| crate::mcp::source::Progress {
+                    token,
+                    peer: context.peer.clone(),
+                });
         self.shared
             .source
-            .call_tool(&request.name, args)
+            .call_tool_with_progress(&request.name, args, progress)
             .await
             .map(Into::into)
             .map_err(to_mcp_error)

@@ -121,6 +121,13 @@ impl std::fmt::Debug for Caller {
     }
 }
 
+/// Where a tool call's progress goes: the caller's progress token, on its connection.
+#[derive(Clone)]
+pub struct Progress {
+    pub token: rmcp::model::ProgressToken,
+    pub peer: rmcp::Peer<rmcp::RoleServer>,
+}
+
 tokio::task_local! {
     static CALLER: Caller;
 }
@@ -178,6 +185,13 @@ pub trait Source: Send + Sync + 'static {
     /// Whether a listen stream may subscribe to `uri`.
     fn watchable(&self, uri: &str) -> bool;
 
+    /// The key `uri`'s changes are published under on the change feed, as this caller sees
+    /// it. Most sources publish the URI itself; the gateway publishes `slug+URI`, because the
+    /// same URI may name different servers for different callers.
+    fn feed_key(&self, uri: &str) -> String {
+        uri.to_owned()
+    }
+
     /// A listen stream starts watching `uri`; the guard is dropped when it stops.
     async fn watch(&self, uri: &str) -> Result<WatchGuard, SourceError> {
         let _ = uri;
@@ -194,6 +208,18 @@ pub trait Source: Send + Sync + 'static {
     async fn call_tool(&self, name: &str, args: JsonObject) -> Result<CallToolResult, SourceError> {
         let _ = args;
         Err(SourceError::UnknownTool(name.to_owned()))
+    }
+
+    /// [`Source::call_tool`] for a caller that asked for progress (`_meta.progressToken`):
+    /// a source that reports progress (the gateway relays its upstreams') sends it there.
+    async fn call_tool_with_progress(
+        &self,
+        name: &str,
+        args: JsonObject,
+        progress: Option<Progress>,
+    ) -> Result<CallToolResult, SourceError> {
+        let _ = progress;
+        self.call_tool(name, args).await
     }
 
     /// Whether this source serves MCP Events (`io.modelcontextprotocol/events`) to the caller;

@@ -179,14 +179,8 @@ async fn listen_gate(State(server): State<SourceServer>, req: Request, next: Nex
     if req.method() != Method::POST {
         return next.run(req).await;
     }
-    let header_method = req
-        .headers()
-        .get("mcp-method")
-        .and_then(|v| v.to_str().ok())
-        .map(str::trim);
-    if header_method.is_some_and(|m| m != "subscriptions/listen") {
-        return next.run(req).await;
-    }
+    // The body decides, never a header: a listen whose Mcp-Method says otherwise is still
+    // admitted here (the handler refuses any listen that was not).
     let (mut parts, body) = req.into_parts();
     let mut bytes = match axum::body::to_bytes(body, limits.max_message_bytes).await {
         Ok(b) => b,
