@@ -7,10 +7,11 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use rmcp::model::{
-    CallToolRequestParams, CallToolResult, JsonObject, ReadResourceRequestParams,
-    RequestMetaObject, Resource, ResourceContents, ResourceTemplate, ServerNotification,
+    CallToolRequestParams, CallToolResult, ClientRequest, JsonObject, ReadResourceRequestParams,
+    Resource, ResourceContents, ResourceTemplate, ServerNotification, ServerResult,
     SubscriptionFilter, Tool,
 };
+use rmcp::service::PeerRequestOptions;
 use serde_json::{Value, json};
 use sha2::Digest;
 use tokio_util::sync::CancellationToken;
@@ -471,28 +472,40 @@ impl Source for Gateway {
         };
         let up = self.slug(slug)?;
         let live = up.live().await?;
-        let mut params = CallToolRequestParams::new(tool.to_owned()).with_arguments(args);
-        // The upstream's progress goes to this caller, under the caller's own token.
-        let _relaying = progress.map(|p| up.relay.register(p));
-        if let Some(r) = &_relaying {
-            params.meta = Some(RequestMetaObject::with_progress_token(r.token.clone()));
-        }
-        let r = tokio::time::timeout(REQUEST_TIMEOUT, live.conn.call_tool(params))
-            .await
-            .map_err(|_| {
-                SourceError::Unavailable(format!(
-                    "server {slug} did not answer within {} s",
-                    REQUEST_TIMEOUT.as_secs()
-                ))
-            })?;
-        r.map_err(|e| {
+        let params = CallToolRequestParams::new(tool.to_owned()).with_arguments(args);
+        let broken = |e: rmcp::ServiceError| {
             upstream_error(e).unwrap_or_else(|| {
                 up.reset(&live);
                 SourceError::Unavailable(format!(
-                    "server {slug} is unavailable right now; try again shortly"
+                    "server {slug} is unavailable right now (or did not answer within {} s); try again shortly",
+                    REQUEST_TIMEOUT.as_secs()
                 ))
             })
-        })
+        };
+        // rmcp's own timeout: on expiry it also tells the upstream to cancel.
+        let handle = live
+            .conn
+            .send_cancellable_request(
+                ClientRequest::CallToolRequest(rmcp::model::Request::new(params)),
+                PeerRequestOptions::with_timeout(REQUEST_TIMEOUT),
+            )
+            .await
+            .map_err(broken)?;
+        // The upstream's progress (under the token rmcp gave this call) goes to this caller,
+        // under the caller's own token.
+        let _relaying = progress.map(|p| up.relay.register(handle.progress_token.clone(), p));
+        let answer = handle.await_response().await.map_err(broken)?;
+        // The upstream sent its progress before its answer, but rmcp handles notifications in
+        // tasks of their own: let those just started forward theirs before the answer leaves.
+        for _ in 0..4 {
+            tokio::task::yield_now().await;
+        }
+        match answer {
+            ServerResult::CallToolResult(r) => Ok(r),
+            _ => Err(SourceError::Unavailable(format!(
+                "server {slug} answered with an input request or a task, which the gateway does not relay yet"
+            ))),
+        }
     }
 
     async fn events_advertised(&self) -> bool {

@@ -38,12 +38,15 @@ const MAX_BACKOFF: Duration = Duration::from_secs(30);
 #[derive(Clone, Default)]
 pub struct Relay {
     waiting: Arc<Mutex<HashMap<String, Progress>>>,
-    next: Arc<std::sync::atomic::AtomicU64>,
+    /// Progress that arrived before its call was registered (the request is on the wire before
+    /// rmcp hands back its token); at most [`MAX_EARLY`], oldest dropped.
+    early: Arc<Mutex<std::collections::VecDeque<ProgressNotificationParam>>>,
 }
+
+const MAX_EARLY: usize = 64;
 
 /// A registered progress relay; dropping it ends the relay.
 pub struct Relaying {
-    pub token: ProgressToken,
     key: String,
     waiting: Arc<Mutex<HashMap<String, Progress>>>,
 }
@@ -65,17 +68,30 @@ fn token_key(t: &ProgressToken) -> String {
 }
 
 impl Relay {
-    /// A fresh upstream progress token whose notifications go to `to`.
-    pub fn register(&self, to: Progress) -> Relaying {
-        let n = self.next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        let token = ProgressToken(NumberOrString::String(format!("herald-gateway-{n}").into()));
+    /// Sends the upstream's progress for `token` to `to` until the returned guard drops.
+    pub fn register(&self, token: ProgressToken, to: Progress) -> Relaying {
         let key = token_key(&token);
         self.waiting
             .lock()
             .unwrap_or_else(|e| e.into_inner())
-            .insert(key.clone(), to);
+            .insert(key.clone(), to.clone());
+        let early: Vec<ProgressNotificationParam> = {
+            let mut q = self.early.lock().unwrap_or_else(|e| e.into_inner());
+            let (mine, rest): (Vec<_>, Vec<_>) = q
+                .drain(..)
+                .partition(|p| token_key(&p.progress_token) == key);
+            q.extend(rest);
+            mine
+        };
+        if !early.is_empty() {
+            tokio::spawn(async move {
+                for mut p in early {
+                    p.progress_token = to.token.clone();
+                    let _ = to.peer.notify_progress(p).await;
+                }
+            });
+        }
         Relaying {
-            token,
             key,
             waiting: self.waiting.clone(),
         }
@@ -98,9 +114,18 @@ impl ClientHandler for Relay {
             .unwrap_or_else(|e| e.into_inner())
             .get(&token_key(&params.progress_token))
             .cloned();
-        if let Some(to) = to {
-            params.progress_token = to.token.clone();
-            let _ = to.peer.notify_progress(params).await;
+        match to {
+            Some(to) => {
+                params.progress_token = to.token.clone();
+                let _ = to.peer.notify_progress(params).await;
+            }
+            None => {
+                let mut q = self.early.lock().unwrap_or_else(|e| e.into_inner());
+                if q.len() == MAX_EARLY {
+                    q.pop_front();
+                }
+                q.push_back(params);
+            }
         }
     }
 }

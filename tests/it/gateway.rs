@@ -484,3 +484,83 @@ async fn check_validates_configs() {
         "{out:?}"
     );
 }
+
+/// A client that keeps the progress notifications it receives.
+#[derive(Clone)]
+struct Catcher(tokio::sync::mpsc::UnboundedSender<rmcp::model::ProgressNotificationParam>);
+
+impl rmcp::ClientHandler for Catcher {
+    fn get_info(&self) -> rmcp::model::ClientConfig {
+        client_config()
+    }
+
+    async fn on_progress(
+        &self,
+        params: rmcp::model::ProgressNotificationParam,
+        _context: rmcp::service::NotificationContext<rmcp::RoleClient>,
+    ) {
+        let _ = self.0.send(params);
+    }
+}
+
+#[tokio::test]
+async fn progress_of_upstream_calls_is_relayed() {
+    let dir = TempDir::new("gateway-progress");
+    let cfg = dir.path().join("gateway.toml");
+    let fixture = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/tests/fixtures/legacy_server.py"
+    );
+    std::fs::write(
+        &cfg,
+        format!(
+            "[[slug]]\nname = \"old\"\nstdio = \"python3 {fixture}\"\n\
+             [[token]]\nsha256 = \"{}\"\nslugs = [\"*\"]\n",
+            sha(ALL)
+        ),
+    )
+    .unwrap();
+    let gw = Server::spawn(&[
+        "--store",
+        ":memory:",
+        "gateway",
+        "--config",
+        cfg.to_str().unwrap(),
+        "--quic",
+        "127.0.0.1:0",
+    ])
+    .await;
+    // Over QUIC: progress may trail the result by a moment, and a byte-stream connection
+    // still carries it then (a stateless HTTP response would have closed).
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+    let trust = ClientTrust {
+        pin: Some(gw.fingerprint()),
+        token: Some(Secret(ALL.to_owned())),
+        ..ClientTrust::default()
+    };
+    let c = connect(&Target::Quic(gw.quic_addr()), &trust, Catcher(tx), 4 << 20)
+        .await
+        .unwrap();
+    let token = rmcp::model::ProgressToken(rmcp::model::NumberOrString::String("mine-1".into()));
+    let mut params =
+        CallToolRequestParams::new("old__echo").with_arguments(args(json!({"say": "hi"})));
+    params.meta = Some(rmcp::model::RequestMetaObject::with_progress_token(
+        token.clone(),
+    ));
+    let r = c.call_tool(params).await.unwrap();
+    assert!(format!("{r:?}").contains("hi"), "{r:?}");
+    for step in [1.0, 2.0] {
+        let p = tokio::time::timeout(WAIT, rx.recv())
+            .await
+            .expect("progress in time")
+            .unwrap();
+        // Under the token this client's call carried (rmcp assigns its own), not the
+        // gateway's upstream one.
+        assert!(
+            !format!("{:?}", p.progress_token).contains("herald"),
+            "{p:?}"
+        );
+        assert_eq!(p.progress, step);
+        assert_eq!(p.message.as_deref(), Some(format!("step {step}").as_str()));
+    }
+}
