@@ -296,6 +296,41 @@ async fn paths_that_leave_the_root_are_refused_and_never_read() {
 }
 
 #[tokio::test]
+async fn a_watched_directory_swapped_for_a_symlink_reports_nothing_from_outside() {
+    // A wide window: the write, the swap and the marker all land before anything settles,
+    // so the pending a/x is stat'ed after `a` has become a symlink to a directory outside.
+    let f = Fixture::with("file-swap", |c| c.debounce = Duration::from_millis(1500));
+    let top = f.root.parent().unwrap().to_owned();
+    let outside = top.join("elsewhere");
+    std::fs::create_dir_all(&outside).unwrap();
+    std::fs::write(outside.join("x"), vec![b's'; 31337]).unwrap();
+    std::fs::create_dir_all(f.p("a")).unwrap();
+    let uri = events_uri(&f.root, true);
+    let (reg, _g) = f.watch(&uri).await;
+    let state = state_uri(&f.p("a/x"));
+    let (_sreg, _sg) = f.watch(&state).await;
+    std::fs::write(f.p("a/x"), "1").unwrap();
+    std::fs::rename(f.p("a"), top.join("away")).unwrap();
+    std::os::unix::fs::symlink(&outside, f.p("a")).unwrap();
+    std::fs::write(f.p("marker"), "").unwrap();
+    let marker = format!("CREATED {}", f.p("marker").display());
+    let ev = f.until(&reg, &uri, |e| has(e, &marker)).await;
+    for e in &ev {
+        assert_ne!(e["size"], 31337, "the outside file's size leaked: {ev:#?}");
+        assert_ne!(e["object"]["size"], 31337, "{ev:#?}");
+    }
+    assert!(
+        !has(&ev, &format!("CREATED {}", f.p("a/x").display())),
+        "nothing is reported through the symlink: {ev:#?}"
+    );
+    // Reads through it are refused without a word about what lies there.
+    let e = f.read(&state).await.unwrap_err();
+    assert!(!e.contains("31337") && !e.contains("elsewhere"), "{e}");
+    let e = f.read(&state_uri(&f.p("a"))).await.unwrap_err();
+    assert!(!e.contains("elsewhere"), "{e}");
+}
+
+#[tokio::test]
 async fn a_file_over_the_cap_is_refused_with_the_limit() {
     let f = Fixture::new("file-cap");
     let big = f.p("big.bin");

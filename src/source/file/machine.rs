@@ -101,7 +101,26 @@ impl Meta {
         Meta {
             kind,
             size: if kind == Kind::Dir { 0 } else { m.len() },
-            mtime_ns: m.mtime().saturating_mul(1_000_000_000) + m.mtime_nsec(),
+            mtime_ns: mtime_ns(m.mtime(), m.mtime_nsec()),
+        }
+    }
+
+    /// From a raw `stat` (an `fstatat` with `AT_SYMLINK_NOFOLLOW`).
+    pub fn from_stat(st: &libc::stat) -> Meta {
+        let kind = match st.st_mode & libc::S_IFMT {
+            libc::S_IFLNK => Kind::Symlink,
+            libc::S_IFDIR => Kind::Dir,
+            libc::S_IFREG => Kind::File,
+            _ => Kind::Other,
+        };
+        Meta {
+            kind,
+            size: if kind == Kind::Dir {
+                0
+            } else {
+                st.st_size.max(0) as u64
+            },
+            mtime_ns: mtime_ns(st.st_mtime, st.st_mtime_nsec),
         }
     }
 
@@ -113,6 +132,13 @@ impl Meta {
         o.insert("mtime".into(), rfc3339(self.mtime_ns).into());
         Value::Object(o)
     }
+}
+
+/// Seconds and nanoseconds as nanoseconds since the epoch, saturating at the ends of `i64`
+/// (a file system can hold mtimes far past 2262).
+pub fn mtime_ns(sec: i64, nsec: i64) -> i64 {
+    (i128::from(sec) * 1_000_000_000 + i128::from(nsec)).clamp(i64::MIN.into(), i64::MAX.into())
+        as i64
 }
 
 /// RFC 3339 UTC with milliseconds, e.g. `2026-11-30T10:13:30.123Z` (shared with the event
@@ -1485,6 +1511,15 @@ mod tests {
         assert_eq!(summary(&ring).len(), 1);
         t.flush(60);
         assert_eq!(summary(&ring).len(), 2);
+    }
+
+    #[test]
+    fn mtimes_far_from_now_saturate_instead_of_overflowing() {
+        assert_eq!(mtime_ns(1, 5), 1_000_000_005);
+        assert_eq!(mtime_ns(-1, 0), -1_000_000_000);
+        assert_eq!(mtime_ns(i64::MAX, 999_999_999), i64::MAX);
+        assert_eq!(mtime_ns(i64::MIN, 0), i64::MIN);
+        assert_eq!(mtime_ns(9_223_372_036, 999_999_999), i64::MAX);
     }
 
     #[test]

@@ -236,6 +236,7 @@ impl FileSource {
                 ring_capacity: cfg.ring_capacity,
             },
             feed.clone(),
+            roots.list().to_vec(),
         )?;
         Ok(FileSource {
             roots: Arc::new(roots),
@@ -544,15 +545,13 @@ fn read_state(
     read_as: As,
     max: u64,
 ) -> Result<Contents, SourceError> {
-    let meta = match std::fs::symlink_metadata(&c.path) {
-        Ok(m) => m,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Err(missing(requested)),
-        Err(e) => {
-            return Err(SourceError::Unavailable(format!(
-                "cannot stat {requested}: {e}"
-            )));
-        }
-    };
+    // Stat'ed through a descriptor opened beneath the root with no symlink followed in any
+    // component: a directory swapped for a symlink after the check tells nothing about what
+    // it points at.
+    let meta = paths::open_nofollow(&c.root, &c.path, libc::O_PATH)
+        .map(std::fs::File::from)
+        .and_then(|f| f.metadata())
+        .map_err(|e| open_error(requested, e))?;
     let ft = meta.file_type();
     if ft.is_dir() {
         if read_as != As::Auto {
