@@ -95,6 +95,46 @@ impl Fixture {
     }
 }
 
+impl Fixture {
+    /// Writes `content` to `rel` whole: to a file outside the root, renamed into place, so a
+    /// slow write on a loaded machine is never seen half done (or as two events).
+    fn put(&self, rel: &str, content: &str) {
+        put(self.root.parent().unwrap(), &self.p(rel), content);
+    }
+
+    /// Awaits notifications of `uri` until a read after one satisfies `done` (so it fails
+    /// if no notification comes, whatever the disk holds).
+    async fn until_read(
+        &self,
+        reg: &Registration,
+        uri: &str,
+        done: impl Fn(&Result<Value, String>) -> bool,
+    ) {
+        let mut last = Err(String::new());
+        let r = tokio::time::timeout(WAIT, async {
+            loop {
+                reg.queue().next_batch().await;
+                last = self.read(uri).await;
+                if done(&last) {
+                    return;
+                }
+            }
+        })
+        .await;
+        r.unwrap_or_else(|_| panic!("{uri} never read as expected; last read: {last:?}"))
+    }
+}
+
+/// Writes `content` to `target` through a temporary file in `staging` (outside any watched
+/// directory, same file system) and a rename.
+fn put(staging: &Path, target: &Path, content: &str) {
+    static N: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let n = N.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let tmp = staging.join(format!(".put-{n}"));
+    std::fs::write(&tmp, content).unwrap();
+    std::fs::rename(&tmp, target).unwrap();
+}
+
 fn summary(events: &[Value]) -> Vec<String> {
     events
         .iter()
@@ -328,6 +368,27 @@ async fn a_watched_directory_swapped_for_a_symlink_reports_nothing_from_outside(
     assert!(!e.contains("31337") && !e.contains("elsewhere"), "{e}");
     let e = f.read(&state_uri(&f.p("a"))).await.unwrap_err();
     assert!(!e.contains("elsewhere"), "{e}");
+}
+
+#[tokio::test]
+async fn a_watched_file_whose_directories_are_removed_and_made_again_is_followed() {
+    let f = Fixture::new("file-rearm");
+    std::fs::create_dir_all(f.p("d/e")).unwrap();
+    std::fs::write(f.p("d/e/f.json"), r#"{"v": 1}"#).unwrap();
+    let state = state_uri(&f.p("d/e/f.json"));
+    let (reg, _g) = f.watch(&state).await;
+    assert_eq!(f.read(&state).await.unwrap(), json!({"v": 1}));
+    std::fs::remove_dir_all(f.p("d")).unwrap();
+    f.until_read(&reg, &state, |r| r.is_err()).await;
+    // Made again, file and all, faster than a debounce window.
+    std::fs::create_dir_all(f.p("d/e")).unwrap();
+    f.put("d/e/f.json", r#"{"v": 2}"#);
+    f.until_read(&reg, &state, |r| r.as_ref().ok() == Some(&json!({"v": 2})))
+        .await;
+    // Watched again all the way down: a later write is seen too.
+    f.put("d/e/f.json", r#"{"v": 3}"#);
+    f.until_read(&reg, &state, |r| r.as_ref().ok() == Some(&json!({"v": 3})))
+        .await;
 }
 
 #[tokio::test]

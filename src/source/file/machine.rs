@@ -161,7 +161,43 @@ pub trait Disk {
 pub struct Spec {
     /// Canonical path of the file or directory.
     pub base: PathBuf,
+    /// The root it lies under (canonical).
+    pub root: PathBuf,
     pub mode: Mode,
+}
+
+impl Spec {
+    /// The directories watched for one name each, so the base is seen going and coming back
+    /// however much of its path goes: every directory from the root down to the base's
+    /// parent (top first); for a base that is the root, the root's parent.
+    pub fn chain(&self) -> Vec<PathBuf> {
+        let mut v: Vec<PathBuf> = self
+            .base
+            .ancestors()
+            .skip(1)
+            .filter(|a| a.starts_with(&self.root))
+            .map(Path::to_owned)
+            .collect();
+        if v.is_empty()
+            && let Some(p) = self.base.parent()
+        {
+            v.push(p.to_owned());
+        }
+        v.reverse();
+        v
+    }
+
+    /// The one name this subscription needs in directory `d` of its chain: the next
+    /// component of the base below `d`.
+    fn name_in(&self, d: &Path) -> Option<&str> {
+        if !(d.starts_with(&self.root) || self.base.parent() == Some(d)) {
+            return None;
+        }
+        match self.base.strip_prefix(d).ok()?.components().next()? {
+            std::path::Component::Normal(n) => n.to_str(),
+            _ => None,
+        }
+    }
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -367,7 +403,7 @@ impl Machine {
             Mode::Events { .. } => Some(Arc::new(EventRing::new(self.cfg.ring_capacity))),
             Mode::State => None,
         };
-        let base = spec.base.clone();
+        let spec2 = spec.clone();
         self.subs.insert(
             uri.to_owned(),
             Sub {
@@ -377,7 +413,7 @@ impl Machine {
                 ring: ring.clone(),
             },
         );
-        match self.start(disk, &base) {
+        match self.start(disk, &spec2) {
             Ok(()) => Ok(ring),
             Err(e) => {
                 self.subs.remove(uri);
@@ -387,9 +423,18 @@ impl Machine {
         }
     }
 
-    fn start(&mut self, disk: &mut dyn Disk, base: &Path) -> Result<(), SubError> {
-        if let Some(parent) = base.parent() {
-            self.watch_dir(disk, parent)?;
+    fn start(&mut self, disk: &mut dyn Disk, spec: &Spec) -> Result<(), SubError> {
+        let base = &spec.base;
+        for d in spec.chain() {
+            match self.watch_dir(disk, &d) {
+                Ok(_) => {}
+                // The root's parent (watched to see the root itself go and come back) lies
+                // outside the roots and may be unreadable: best effort.
+                Err(e) if !d.starts_with(&spec.root) => {
+                    tracing::debug!(dir = %d.display(), error = %e, "the root's parent is not watched");
+                }
+                Err(e) => return Err(e),
+            }
         }
         if disk.stat(base).is_some_and(|m| m.kind == Kind::Dir) {
             self.add_tree(disk, base, None)?;
@@ -416,15 +461,21 @@ impl Machine {
     }
 
     fn wants_name(&self, d: &Path, name: &str) -> bool {
-        self.subs.values().any(|s| {
-            s.spec.base.parent() == Some(d) && s.spec.base.file_name() == Some(name.as_ref())
-        })
+        self.subs.values().any(|s| s.spec.name_in(d) == Some(name))
+    }
+
+    /// The names some subscription needs in `d` (the next component of its base).
+    fn names_in(&self, d: &Path) -> HashSet<String> {
+        self.subs
+            .values()
+            .filter_map(|s| s.spec.name_in(d).map(str::to_owned))
+            .collect()
     }
 
     fn needed(&self, d: &Path) -> bool {
         self.subs
             .values()
-            .any(|s| s.wants_contents(d) || s.spec.base.parent() == Some(d))
+            .any(|s| s.wants_contents(d) || s.spec.name_in(d).is_some())
     }
 
     /// Drops the watches nobody needs, and the entries of directories only watched for a name.
@@ -434,12 +485,7 @@ impl Machine {
             if !self.needed(&p) {
                 self.drop_dir(disk, &p);
             } else if !self.needs_contents(&p) {
-                let keep: HashSet<String> = self
-                    .subs
-                    .values()
-                    .filter(|s| s.spec.base.parent() == Some(p.as_path()))
-                    .filter_map(|s| s.spec.base.file_name()?.to_str().map(str::to_owned))
-                    .collect();
+                let keep = self.names_in(&p);
                 if let Some(d) = self.dirs.get_mut(&p) {
                     d.full = false;
                     d.entries.retain(|k, _| keep.contains(k));
@@ -490,11 +536,9 @@ impl Machine {
                 d.full = true;
                 d.entries = disk.list(p).unwrap_or_default().into_iter().collect();
             } else if !full {
-                for s in self.subs.values() {
-                    if s.spec.base.parent() == Some(p)
-                        && let Some(n) = s.spec.base.file_name().and_then(|n| n.to_str())
-                        && !d.entries.contains_key(n)
-                        && let Some(m) = disk.stat(&s.spec.base)
+                for n in self.subs.values().filter_map(|s| s.spec.name_in(p)) {
+                    if !d.entries.contains_key(n)
+                        && let Some(m) = disk.stat(&p.join(n))
                     {
                         d.entries.insert(n.to_owned(), m);
                     }
@@ -516,12 +560,11 @@ impl Machine {
         let listed: Vec<(String, Meta)> = if full {
             disk.list(p).unwrap_or_default()
         } else {
-            self.subs
-                .values()
-                .filter(|s| s.spec.base.parent() == Some(p))
-                .filter_map(|s| {
-                    let n = s.spec.base.file_name()?.to_str()?.to_owned();
-                    Some((n, disk.stat(&s.spec.base)?))
+            self.names_in(p)
+                .into_iter()
+                .filter_map(|n| {
+                    let m = disk.stat(&p.join(&n))?;
+                    Some((n, m))
                 })
                 .collect()
         };
@@ -566,9 +609,12 @@ impl Machine {
             };
             for (n, m) in entries {
                 let child = d.join(&n);
+                // Wanted whole and not yet listed whole, or on a subscription's chain (the
+                // next directory down to its base, come back) and not watched yet.
                 if m.kind == Kind::Dir
-                    && self.needs_contents(&child)
-                    && !self.dirs.get(&child).is_some_and(|c| c.full)
+                    && ((self.needs_contents(&child)
+                        && !self.dirs.get(&child).is_some_and(|c| c.full))
+                        || (self.needed(&child) && !self.dirs.contains_key(&child)))
                 {
                     stack.push(child);
                 }
@@ -926,12 +972,11 @@ impl Machine {
                     }
                 }
             } else {
-                self.subs
-                    .values()
-                    .filter(|s| s.spec.base.parent() == Some(d.as_path()))
-                    .filter_map(|s| {
-                        let n = s.spec.base.file_name()?.to_str()?.to_owned();
-                        Some((n, disk.stat(&s.spec.base)?))
+                self.names_in(&d)
+                    .into_iter()
+                    .filter_map(|n| {
+                        let m = disk.stat(&d.join(&n))?;
+                        Some((n, m))
                     })
                     .collect()
             };
@@ -1106,6 +1151,7 @@ mod tests {
                     uri,
                     Spec {
                         base: base.into(),
+                        root: "/r".into(),
                         mode: Mode::Events {
                             recursive,
                             glob: None,
@@ -1198,6 +1244,7 @@ mod tests {
                 "s",
                 Spec {
                     base: "/r/d/a.txt".into(),
+                    root: "/r".into(),
                     mode: Mode::State,
                 },
             )
@@ -1361,6 +1408,69 @@ mod tests {
     }
 
     #[test]
+    fn a_deleted_parent_is_watched_for_again_and_each_level_re_arms_the_next() {
+        let mut t = T::new();
+        t.disk.put("/r/d/e", dir());
+        t.disk.put("/r/d/e/f.json", file(1, 1));
+        t.m.subscribe(
+            &mut t.disk,
+            "s",
+            Spec {
+                base: "/r/d/e/f.json".into(),
+                root: "/r".into(),
+                mode: Mode::State,
+            },
+        )
+        .unwrap();
+        // The whole chain from the root down, each for one name.
+        for d in ["/r", "/r/d", "/r/d/e"] {
+            assert!(t.disk.watches.contains_key(Path::new(d)), "{d}");
+        }
+        let reg = t.feed.register(&["s".into()]);
+        // rm -rf /r/d
+        let (wd_d, wd_e) = (t.disk.wd("/r/d"), t.disk.wd("/r/d/e"));
+        t.disk.rm("/r/d");
+        t.feed("/r/d/e", EventMask::DELETE, "f.json", 0, 0);
+        for wd in [wd_e, wd_d] {
+            for mask in [EventMask::DELETE_SELF, EventMask::IGNORED] {
+                let r = Record {
+                    wd,
+                    mask,
+                    cookie: 0,
+                    name: None,
+                };
+                t.m.feed(&mut t.disk, r, t.t0);
+            }
+        }
+        t.disk.watches.remove(Path::new("/r/d"));
+        t.disk.watches.remove(Path::new("/r/d/e"));
+        t.feed("/r", EventMask::DELETE | EventMask::ISDIR, "d", 0, 0);
+        t.flush(100);
+        assert_eq!(futures::executor::block_on(reg.queue().next_batch()), ["s"]);
+        assert!(
+            t.disk.watches.contains_key(Path::new("/r")),
+            "still watched for d"
+        );
+        assert!(!t.m.dirs.contains_key(Path::new("/r/d")));
+        // mkdir -p /r/d/e && cp f.json /r/d/e/: all of it before herald looks.
+        t.disk.put("/r/d", dir());
+        t.disk.put("/r/d/e", dir());
+        t.disk.put("/r/d/e/f.json", file(2, 2));
+        t.feed("/r", EventMask::CREATE | EventMask::ISDIR, "d", 0, 200);
+        t.flush(300);
+        assert_eq!(futures::executor::block_on(reg.queue().next_batch()), ["s"]);
+        assert!(t.disk.watches.contains_key(Path::new("/r/d/e")), "re-armed");
+        // Later writes are seen through the new watch.
+        t.disk.put("/r/d/e/f.json", file(3, 3));
+        t.feed("/r/d/e", EventMask::CLOSE_WRITE, "f.json", 0, 400);
+        t.flush(500);
+        assert_eq!(futures::executor::block_on(reg.queue().next_batch()), ["s"]);
+        // The last holder gone: nothing left.
+        t.m.unsubscribe(&mut t.disk, "s");
+        assert!(t.disk.watches.is_empty());
+    }
+
+    #[test]
     fn overflow_is_reported_in_band_and_a_rescan_converges() {
         let mut t = T::new();
         let ring = t.events("e", "/r", true);
@@ -1369,6 +1479,7 @@ mod tests {
             "s",
             Spec {
                 base: "/r/e".into(),
+                root: "/r".into(),
                 mode: Mode::State,
             },
         );
@@ -1417,6 +1528,7 @@ mod tests {
         t.m.cfg.max_watches = 2;
         let spec = Spec {
             base: "/r".into(),
+            root: "/r".into(),
             mode: Mode::Events {
                 recursive: true,
                 glob: None,
@@ -1430,6 +1542,7 @@ mod tests {
         t.disk.limit = Some(1);
         let spec = Spec {
             base: "/r/d".into(),
+            root: "/r".into(),
             mode: Mode::Events {
                 recursive: false,
                 glob: None,
@@ -1456,6 +1569,7 @@ mod tests {
                 "g",
                 Spec {
                     base: "/r/d".into(),
+                    root: "/r".into(),
                     mode: Mode::Events {
                         recursive: false,
                         glob: Some(Glob::new("*.json").unwrap()),
@@ -1469,6 +1583,7 @@ mod tests {
             "s",
             Spec {
                 base: "/r/e/x.json".into(),
+                root: "/r".into(),
                 mode: Mode::State,
             },
         )

@@ -270,6 +270,7 @@ impl FileSource {
                 uri,
                 Spec {
                     base: confined.path.clone(),
+                    root: confined.root.clone(),
                     mode: target.mode(),
                 },
             )
