@@ -748,6 +748,38 @@ impl Machine {
                 self.dirs.insert(new, d);
             }
         }
+        // What is pending inside moved with it: it settles under its new name (a file written
+        // just before its directory was renamed is created at the new path).
+        let under = |p: &Path| p.starts_with(from) && p != from;
+        let re = |p: &Path| to.join(p.strip_prefix(from).expect("under from"));
+        let keys: Vec<PathBuf> = self.pending.keys().filter(|p| under(p)).cloned().collect();
+        for k in keys {
+            let Some(mut p) = self.pending.remove(&k) else {
+                continue;
+            };
+            if let Some(t) = p.moved_to.as_mut()
+                && under(t)
+            {
+                *t = re(t);
+            }
+            let new = re(&k);
+            match self.pending.get_mut(&new) {
+                Some(q) => {
+                    q.first = q.first.min(p.first);
+                    q.deadline = q.deadline.min(p.deadline);
+                    q.created |= p.created;
+                    q.wrote |= p.wrote;
+                }
+                None => {
+                    self.pending.insert(new, p);
+                }
+            }
+        }
+        for (path, _) in self.moves.values_mut() {
+            if under(path) {
+                *path = re(path);
+            }
+        }
     }
 
     /// Settles every path whose window has closed by `now`, and emits what changed.
@@ -1367,6 +1399,37 @@ mod tests {
         );
         t.flush(900);
         assert_eq!(summary(&ring).last().unwrap(), "CREATED /r/d2/z");
+    }
+
+    #[test]
+    fn a_directory_renamed_within_the_window_takes_its_pending_entries_along() {
+        let mut t = T::new();
+        let ring = t.events("e", "/r", true);
+        // write d/x; mv d d2, all inside one window.
+        t.disk.put("/r/d/x", file(4, 4));
+        t.feed("/r/d", EventMask::CREATE, "x", 0, 0);
+        t.feed("/r/d", EventMask::CLOSE_WRITE, "x", 0, 1);
+        let d = t.disk.files.clone();
+        t.disk.rm("/r/d");
+        for (k, m) in d.range(PathBuf::from("/r/d")..) {
+            if let Ok(rel) = k.strip_prefix("/r/d") {
+                t.disk.files.insert(Path::new("/r/d2").join(rel), *m);
+            }
+        }
+        t.feed("/r", EventMask::MOVED_FROM | EventMask::ISDIR, "d", 5, 2);
+        t.feed("/r", EventMask::MOVED_TO | EventMask::ISDIR, "d2", 5, 2);
+        t.flush(100);
+        let got = summary(&ring);
+        assert!(got.contains(&"CREATED /r/d2/x".to_string()), "{got:?}");
+        assert!(got.contains(&"MOVED /r/d -> /r/d2".to_string()), "{got:?}");
+        assert!(t.m.pending.is_empty());
+        assert_eq!(
+            events(&ring)
+                .iter()
+                .find(|e| e["path"] == "/r/d2/x")
+                .unwrap()["size"],
+            4
+        );
     }
 
     #[test]
