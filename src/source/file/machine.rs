@@ -929,8 +929,9 @@ impl Machine {
     }
 
     /// Writes `changes` into the rings that cover them and publishes the URIs they touch.
-    /// With `all_states`, every state subscription is published as well (after an overflow).
-    fn emit(&self, changes: Vec<Change>, all_states: bool) {
+    /// With `all`, every subscription is published as well (after an overflow: every event
+    /// log got its `OVERFLOW`, every state may have changed).
+    fn emit(&self, changes: Vec<Change>, all: bool) {
         let mut publish: Vec<&str> = Vec::new();
         for c in &changes {
             let fields = c.fields();
@@ -955,9 +956,9 @@ impl Machine {
                 }
             }
         }
-        if all_states {
+        if all {
             for s in self.subs.values() {
-                if s.ring.is_none() && !publish.contains(&s.uri.as_str()) {
+                if !publish.contains(&s.uri.as_str()) {
                     publish.push(&s.uri);
                 }
             }
@@ -989,7 +990,50 @@ impl Machine {
         self.moves.clear();
         let mut dirs: Vec<PathBuf> = self.dirs.keys().cloned().collect();
         dirs.sort();
+        // The kernel's own notices (IGNORED) may be among what was lost, or a path may now be
+        // another directory: add every watch again. The same wd is the same directory; another
+        // one means the old watch is dead or on a directory elsewhere, so the new one replaces
+        // it (and the rescan below compares the directory against its last listing).
+        let mut live: HashSet<Wd> = HashSet::new();
+        let mut stale: Vec<Wd> = Vec::new();
+        let mut gone: HashSet<PathBuf> = HashSet::new();
+        for d in &dirs {
+            let Some(old) = self.dirs.get(d).map(|x| x.wd) else {
+                continue;
+            };
+            match disk.add_watch(d) {
+                Ok(wd) => {
+                    live.insert(wd);
+                    if wd != old {
+                        stale.push(old);
+                        if let Some(x) = self.dirs.get_mut(d) {
+                            x.wd = wd;
+                        }
+                    }
+                }
+                Err(_) => {
+                    gone.insert(d.clone());
+                }
+            }
+        }
+        for w in stale {
+            if w != DEAD && !live.contains(&w) {
+                disk.rm_watch(w);
+            }
+        }
+        self.by_wd = self
+            .dirs
+            .iter()
+            .filter(|(p, d)| d.wd != DEAD && !gone.contains(*p))
+            .map(|(p, d)| (d.wd, p.clone()))
+            .collect();
         for d in dirs {
+            if gone.contains(&d) {
+                // Gone (or no longer a directory beneath the root): its parent's rescan
+                // reports it.
+                self.drop_tree(disk, &d);
+                continue;
+            }
             let Some(dir) = self.dirs.get(&d) else {
                 continue;
             };
@@ -1583,6 +1627,40 @@ mod tests {
         // Converged: a second overflow with nothing changed adds only its notice.
         t.m.overflow(&mut t.disk, t.t0);
         assert_eq!(summary(&ring).len(), 6);
+    }
+
+    #[test]
+    fn overflow_re_adds_every_watch_and_replaces_a_dead_one() {
+        let mut t = T::new();
+        let ring = t.events("e", "/r", true);
+        let quiet = t.events("q", "/r/e", false);
+        let reg = t.feed.register(&["e".into(), "q".into()]);
+        let old = t.disk.wd("/r/d");
+        // Lost with the overflow: /r/d removed (its IGNORED too) and made again.
+        t.disk.watches.remove(Path::new("/r/d"));
+        t.disk.rm("/r/d");
+        t.disk.put("/r/d", dir());
+        t.disk.put("/r/d/n.txt", file(1, 1));
+        t.m.overflow(&mut t.disk, t.t0);
+        let new = t.disk.wd("/r/d");
+        assert_ne!(new, old);
+        assert_eq!(t.m.dirs[Path::new("/r/d")].wd, new);
+        assert_eq!(t.m.by_wd[&new], Path::new("/r/d"));
+        assert!(!t.m.by_wd.contains_key(&old), "the dead wd is forgotten");
+        assert_eq!(
+            summary(&ring),
+            ["OVERFLOW ", "DELETED /r/d/a.txt", "CREATED /r/d/n.txt"]
+        );
+        // Every event log is told, even one with nothing changed.
+        assert_eq!(summary(&quiet), ["OVERFLOW "]);
+        let mut got = futures::executor::block_on(reg.queue().next_batch());
+        got.sort();
+        assert_eq!(got, ["e", "q"]);
+        // Events on the new watch are seen.
+        t.disk.put("/r/d/z", file(1, 2));
+        t.feed("/r/d", EventMask::CREATE, "z", 0, 10);
+        t.flush(100);
+        assert_eq!(summary(&ring).last().unwrap(), "CREATED /r/d/z");
     }
 
     #[test]
