@@ -469,6 +469,24 @@ async fn the_watch_limit_is_a_clear_error() {
 }
 
 #[tokio::test]
+async fn a_read_is_served_even_when_its_watch_cannot_be_made() {
+    // At most one watched directory.
+    let f = Fixture::with("file-lease", |c| c.max_watches = 1);
+    std::fs::create_dir_all(f.p("a/b")).unwrap();
+    std::fs::write(f.p("a/b/c.json"), "[1]").unwrap();
+    // Its chain (root, a, a/b) needs three watches: past the limit, yet the read works.
+    assert_eq!(
+        f.read(&state_uri(&f.p("a/b/c.json"))).await.unwrap(),
+        json!([1])
+    );
+    let e = f.read(&events_uri(&f.p("a/b"), false)).await.unwrap_err();
+    assert!(
+        e.contains("--max-watches"),
+        "an event log needs its watch: {e}"
+    );
+}
+
+#[tokio::test]
 async fn the_templates_and_listed_resources_end_with_an_example() {
     let f = Fixture::new("file-list");
     let templates = f.src.templates();

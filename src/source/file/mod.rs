@@ -457,17 +457,26 @@ impl Source for FileSource {
         let confined = self.confine(&target).await?;
         // Watch from the read on, so that nothing between a baseline read and the listen that
         // follows it is missed; a URI already watched needs no round trip.
+        // For a state URI the lease is best effort: a read is served even when no watch can
+        // be made (the watch limit reached, a directory that is not there); an event log has
+        // nothing to read without its watch.
         let ring = match self.watcher.active(uri) {
             Some(ring) => ring,
-            None => {
-                let sub = self.subscribe(uri, &target, &confined).await?;
-                let ring = sub.ring().cloned();
-                tokio::spawn(async move {
-                    tokio::time::sleep(READ_LEASE).await;
-                    drop(sub);
-                });
-                ring
-            }
+            None => match self.subscribe(uri, &target, &confined).await {
+                Ok(sub) => {
+                    let ring = sub.ring().cloned();
+                    tokio::spawn(async move {
+                        tokio::time::sleep(READ_LEASE).await;
+                        drop(sub);
+                    });
+                    ring
+                }
+                Err(e) if matches!(target, Target::State { .. }) => {
+                    tracing::debug!(%uri, error = %e, "read served without a watch lease");
+                    None
+                }
+                Err(e) => return Err(e),
+            },
         };
         match target {
             Target::Events { .. } => match ring {

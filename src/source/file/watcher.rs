@@ -44,7 +44,10 @@ const READ_BUFFER: usize = 64 * 1024;
 /// Reads per wake-up before commands and settling get a turn.
 const READS_PER_TURN: usize = 64;
 
-type Reply = tokio::sync::oneshot::Sender<Result<Option<Arc<EventRing>>, SubError>>;
+/// The thread answers with the [`Subscription`] itself: if the caller gave up before the
+/// answer came (its future dropped), the undelivered guard is dropped on the thread and
+/// unsubscribes at once, so nothing leaks.
+type Reply = tokio::sync::oneshot::Sender<Result<Subscription, SubError>>;
 
 enum Command {
     Subscribe {
@@ -143,9 +146,10 @@ impl Watcher {
         {
             let wake = wake.clone();
             let active = active.clone();
+            let tx = tx.clone();
             std::thread::Builder::new()
                 .name("herald-inotify".into())
-                .spawn(move || run(ino, rx, wake, machine, active, roots))?;
+                .spawn(move || run(ino, (tx, rx), wake, machine, active, roots))?;
         }
         Ok(Watcher { tx, wake, active })
     }
@@ -161,15 +165,8 @@ impl Watcher {
             })
             .map_err(|_| SubError::Io("the inotify thread has stopped".into()))?;
         self.wake.ring();
-        let ring = rx
-            .await
-            .map_err(|_| SubError::Io("the inotify thread has stopped".into()))??;
-        Ok(Subscription {
-            uri: uri.to_owned(),
-            ring,
-            tx: self.tx.clone(),
-            wake: self.wake.clone(),
-        })
+        rx.await
+            .map_err(|_| SubError::Io("the inotify thread has stopped".into()))?
     }
 
     /// `Some(ring)` if `uri` is being watched now (the ring is `None` for a state URI).
@@ -313,7 +310,7 @@ impl Disk for RealDisk {
 
 fn run(
     mut ino: Inotify,
-    rx: mpsc::Receiver<Command>,
+    (tx, rx): (mpsc::Sender<Command>, mpsc::Receiver<Command>),
     wake: Arc<Wake>,
     mut machine: Machine,
     active: Active,
@@ -374,9 +371,17 @@ fn run(
                         active
                             .lock()
                             .unwrap_or_else(|e| e.into_inner())
-                            .insert(uri, ring.clone());
+                            .insert(uri.clone(), ring.clone());
                     }
-                    let _ = reply.send(r);
+                    let r = r.map(|ring| Subscription {
+                        uri,
+                        ring,
+                        tx: tx.clone(),
+                        wake: wake.clone(),
+                    });
+                    // Undelivered (the caller's future was dropped): the guard comes back and
+                    // is dropped here, which queues its Unsubscribe for this very loop.
+                    drop(reply.send(r));
                 }
                 Ok(Command::Unsubscribe { uri }) => {
                     machine.unsubscribe(&mut disk, &uri);
@@ -440,6 +445,43 @@ mod tests {
         fn drop(&mut self) {
             let _ = std::fs::remove_dir_all(&self.0);
         }
+    }
+
+    #[test]
+    fn a_subscribe_given_up_before_its_reply_leaves_no_subscription_behind() {
+        use crate::source::file::machine::{Config, Mode};
+        let t = Tmp::new("cancel");
+        let w = Watcher::start(
+            Config {
+                debounce: std::time::Duration::from_millis(50),
+                max_watches: 100,
+                ring_capacity: 16,
+            },
+            ChangeFeed::new(),
+            vec![t.0.clone()],
+        )
+        .unwrap();
+        let spec = |base: &Path| Spec {
+            base: base.to_owned(),
+            root: t.0.clone(),
+            mode: Mode::State,
+        };
+        std::fs::create_dir_all(t.0.join("a")).unwrap();
+        futures::executor::block_on(async {
+            // Polled once (the command is on its way), then dropped, as a cancelled request's
+            // future is.
+            let _ = futures::FutureExt::now_or_never(w.subscribe("gave-up", spec(&t.0)));
+            // Two round trips: the first is queued behind the abandoned subscribe, the second
+            // behind whatever the thread queued while handling it.
+            let b1 = w.subscribe("b1", spec(&t.0.join("a"))).await.unwrap();
+            let b2 = w.subscribe("b2", spec(&t.0.join("a"))).await.unwrap();
+            assert!(
+                w.active("gave-up").is_none(),
+                "the abandoned subscription leaked"
+            );
+            assert!(w.active("b1").is_some() && w.active("b2").is_some());
+            drop((b1, b2));
+        });
     }
 
     #[test]
