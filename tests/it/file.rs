@@ -163,13 +163,13 @@ async fn create_modify_delete_are_events_with_size_and_mtime() {
     let uri = events_uri(&f.root, false);
     let (reg, _g) = f.watch(&uri).await;
     let a = f.p("a.txt");
-    std::fs::write(&a, "one").unwrap();
+    f.put("a.txt", "one");
     let ev = f.until(&reg, &uri, |e| !e.is_empty()).await;
     assert_eq!(summary(&ev), [format!("CREATED {}", a.display())]);
     assert_eq!(ev[0]["size"], 3);
     assert_eq!(ev[0]["kind"], "file");
     assert!(ev[0]["mtime"].as_str().unwrap().ends_with('Z'));
-    std::fs::write(&a, "three").unwrap();
+    f.put("a.txt", "three");
     let ev = f.until(&reg, &uri, |e| e.len() >= 2).await;
     assert_eq!(ev[1]["type"], "MODIFIED");
     assert_eq!(ev[1]["old"]["size"], 3);
@@ -270,8 +270,8 @@ async fn a_recursive_watch_follows_new_subdirectories() {
     // A glob narrows by name.
     let json_only = format!("{}&glob=*.json", events_uri(&f.root, true));
     let (greg, _gg) = f.watch(&json_only).await;
-    std::fs::write(f.p("sub/deep/y.txt"), "").unwrap();
-    std::fs::write(f.p("sub/deep/z.json"), "[]").unwrap();
+    f.put("sub/deep/y.txt", "");
+    f.put("sub/deep/z.json", "[]");
     let want = format!("CREATED {}", f.p("sub/deep/z.json").display());
     let ev = f.until(&greg, &json_only, |e| has(e, &want)).await;
     assert_eq!(summary(&ev), [want]);
@@ -535,6 +535,9 @@ async fn herald_watch_prints_notices_for_file_and_file_events_uris() {
     let dir = TempDir::new("file-e2e");
     let root = std::fs::canonicalize(dir.path()).unwrap();
     std::fs::write(root.join("config.json"), r#"{"mode": "a"}"#).unwrap();
+    // Files are written whole (through a rename from here), so a slow write is never two
+    // notices.
+    let staging = TempDir::new("file-e2e-staging");
     let server = file_server(&root).await;
     let events = events_uri(&root, true);
     let listing = state_uri(&root);
@@ -555,7 +558,7 @@ async fn herald_watch_prints_notices_for_file_and_file_events_uris() {
     for name in ["events", "listing", "config"] {
         w.event("watch.subscribed", name).await;
     }
-    std::fs::write(root.join("notes.txt"), "hello").unwrap();
+    put(staging.path(), &root.join("notes.txt"), "hello");
     let mut got = Vec::new();
     while got.len() < 2 {
         let n = w.notice().await;
@@ -572,7 +575,11 @@ async fn herald_watch_prints_notices_for_file_and_file_events_uris() {
     );
     assert_eq!(got[1], ("listing".into(), json!(["ADDED notes.txt"])));
     // A JSON file is diffed by key.
-    std::fs::write(root.join("config.json"), r#"{"mode": "b"}"#).unwrap();
+    put(
+        staging.path(),
+        &root.join("config.json"),
+        r#"{"mode": "b"}"#,
+    );
     let mut lines = Vec::new();
     while !lines.iter().any(|(w, _): &(String, Value)| w == "config") {
         let n = w.notice().await;
