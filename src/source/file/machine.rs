@@ -8,8 +8,10 @@
 //!
 //! How raw inotify becomes events:
 //! - Only directories are watched, never files: a file watch stays on the old inode after a
-//!   rename-over, so a file is watched through its directory. Every subscription's base also
-//!   has its parent watched (for that one name), which is how a deleted base is seen coming back.
+//!   rename-over, so a file is watched through its directory. Every directory from the root
+//!   down to a subscription's base is watched for its one next name ([`Spec::chain`]), which is
+//!   how a deleted base, or a deleted directory above it, is seen coming back; each level that
+//!   reappears is watched and scanned, which re-arms the next.
 //! - Each path's events within the debounce window are collected, and when the window closes the
 //!   path is stat'ed and the *net* change since the last settled state is emitted: created and
 //!   removed within the window is nothing; removed and recreated is `MODIFIED`; a thousand
@@ -21,8 +23,9 @@
 //! - A new directory under a recursive watch is watched and scanned at once; what the scan finds
 //!   is reported as `CREATED` (files can land before the watch exists). A removed one is dropped.
 //! - `IN_Q_OVERFLOW` means the kernel dropped events: every event-log gets an in-band
-//!   `OVERFLOW`, pending paths settle, every watched directory is rescanned against the last
-//!   settled listing, and the differences are emitted as synthetic events.
+//!   `OVERFLOW`, pending paths settle, every watch is added again (a new wd replaces a dead
+//!   one), every watched directory is rescanned against the last settled listing, the
+//!   differences are emitted as synthetic events, and every subscription is published.
 
 use std::collections::{HashMap, HashSet};
 use std::ffi::OsString;
