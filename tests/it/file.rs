@@ -95,6 +95,46 @@ impl Fixture {
     }
 }
 
+impl Fixture {
+    /// Writes `content` to `rel` whole: to a file outside the root, renamed into place, so a
+    /// slow write on a loaded machine is never seen half done (or as two events).
+    fn put(&self, rel: &str, content: &str) {
+        put(self.root.parent().unwrap(), &self.p(rel), content);
+    }
+
+    /// Awaits notifications of `uri` until a read after one satisfies `done` (so it fails
+    /// if no notification comes, whatever the disk holds).
+    async fn until_read(
+        &self,
+        reg: &Registration,
+        uri: &str,
+        done: impl Fn(&Result<Value, String>) -> bool,
+    ) {
+        let mut last = Err(String::new());
+        let r = tokio::time::timeout(WAIT, async {
+            loop {
+                reg.queue().next_batch().await;
+                last = self.read(uri).await;
+                if done(&last) {
+                    return;
+                }
+            }
+        })
+        .await;
+        r.unwrap_or_else(|_| panic!("{uri} never read as expected; last read: {last:?}"))
+    }
+}
+
+/// Writes `content` to `target` through a temporary file in `staging` (outside any watched
+/// directory, same file system) and a rename.
+fn put(staging: &Path, target: &Path, content: &str) {
+    static N: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let n = N.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let tmp = staging.join(format!(".put-{n}"));
+    std::fs::write(&tmp, content).unwrap();
+    std::fs::rename(&tmp, target).unwrap();
+}
+
 fn summary(events: &[Value]) -> Vec<String> {
     events
         .iter()
@@ -123,13 +163,13 @@ async fn create_modify_delete_are_events_with_size_and_mtime() {
     let uri = events_uri(&f.root, false);
     let (reg, _g) = f.watch(&uri).await;
     let a = f.p("a.txt");
-    std::fs::write(&a, "one").unwrap();
+    f.put("a.txt", "one");
     let ev = f.until(&reg, &uri, |e| !e.is_empty()).await;
     assert_eq!(summary(&ev), [format!("CREATED {}", a.display())]);
     assert_eq!(ev[0]["size"], 3);
     assert_eq!(ev[0]["kind"], "file");
     assert!(ev[0]["mtime"].as_str().unwrap().ends_with('Z'));
-    std::fs::write(&a, "three").unwrap();
+    f.put("a.txt", "three");
     let ev = f.until(&reg, &uri, |e| e.len() >= 2).await;
     assert_eq!(ev[1]["type"], "MODIFIED");
     assert_eq!(ev[1]["old"]["size"], 3);
@@ -230,8 +270,8 @@ async fn a_recursive_watch_follows_new_subdirectories() {
     // A glob narrows by name.
     let json_only = format!("{}&glob=*.json", events_uri(&f.root, true));
     let (greg, _gg) = f.watch(&json_only).await;
-    std::fs::write(f.p("sub/deep/y.txt"), "").unwrap();
-    std::fs::write(f.p("sub/deep/z.json"), "[]").unwrap();
+    f.put("sub/deep/y.txt", "");
+    f.put("sub/deep/z.json", "[]");
     let want = format!("CREATED {}", f.p("sub/deep/z.json").display());
     let ev = f.until(&greg, &json_only, |e| has(e, &want)).await;
     assert_eq!(summary(&ev), [want]);
@@ -293,6 +333,62 @@ async fn paths_that_leave_the_root_are_refused_and_never_read() {
         }
         assert!(f.src.watch(&uri).await.is_err(), "{uri} is not watchable");
     }
+}
+
+#[tokio::test]
+async fn a_watched_directory_swapped_for_a_symlink_reports_nothing_from_outside() {
+    // A wide window: the write, the swap and the marker all land before anything settles,
+    // so the pending a/x is stat'ed after `a` has become a symlink to a directory outside.
+    let f = Fixture::with("file-swap", |c| c.debounce = Duration::from_millis(1500));
+    let top = f.root.parent().unwrap().to_owned();
+    let outside = top.join("elsewhere");
+    std::fs::create_dir_all(&outside).unwrap();
+    std::fs::write(outside.join("x"), vec![b's'; 31337]).unwrap();
+    std::fs::create_dir_all(f.p("a")).unwrap();
+    let uri = events_uri(&f.root, true);
+    let (reg, _g) = f.watch(&uri).await;
+    let state = state_uri(&f.p("a/x"));
+    let (_sreg, _sg) = f.watch(&state).await;
+    std::fs::write(f.p("a/x"), "1").unwrap();
+    std::fs::rename(f.p("a"), top.join("away")).unwrap();
+    std::os::unix::fs::symlink(&outside, f.p("a")).unwrap();
+    std::fs::write(f.p("marker"), "").unwrap();
+    let marker = format!("CREATED {}", f.p("marker").display());
+    let ev = f.until(&reg, &uri, |e| has(e, &marker)).await;
+    for e in &ev {
+        assert_ne!(e["size"], 31337, "the outside file's size leaked: {ev:#?}");
+        assert_ne!(e["object"]["size"], 31337, "{ev:#?}");
+    }
+    assert!(
+        !has(&ev, &format!("CREATED {}", f.p("a/x").display())),
+        "nothing is reported through the symlink: {ev:#?}"
+    );
+    // Reads through it are refused without a word about what lies there.
+    let e = f.read(&state).await.unwrap_err();
+    assert!(!e.contains("31337") && !e.contains("elsewhere"), "{e}");
+    let e = f.read(&state_uri(&f.p("a"))).await.unwrap_err();
+    assert!(!e.contains("elsewhere"), "{e}");
+}
+
+#[tokio::test]
+async fn a_watched_file_whose_directories_are_removed_and_made_again_is_followed() {
+    let f = Fixture::new("file-rearm");
+    std::fs::create_dir_all(f.p("d/e")).unwrap();
+    std::fs::write(f.p("d/e/f.json"), r#"{"v": 1}"#).unwrap();
+    let state = state_uri(&f.p("d/e/f.json"));
+    let (reg, _g) = f.watch(&state).await;
+    assert_eq!(f.read(&state).await.unwrap(), json!({"v": 1}));
+    std::fs::remove_dir_all(f.p("d")).unwrap();
+    f.until_read(&reg, &state, |r| r.is_err()).await;
+    // Made again, file and all, faster than a debounce window.
+    std::fs::create_dir_all(f.p("d/e")).unwrap();
+    f.put("d/e/f.json", r#"{"v": 2}"#);
+    f.until_read(&reg, &state, |r| r.as_ref().ok() == Some(&json!({"v": 2})))
+        .await;
+    // Watched again all the way down: a later write is seen too.
+    f.put("d/e/f.json", r#"{"v": 3}"#);
+    f.until_read(&reg, &state, |r| r.as_ref().ok() == Some(&json!({"v": 3})))
+        .await;
 }
 
 #[tokio::test]
@@ -373,6 +469,24 @@ async fn the_watch_limit_is_a_clear_error() {
 }
 
 #[tokio::test]
+async fn a_read_is_served_even_when_its_watch_cannot_be_made() {
+    // At most one watched directory.
+    let f = Fixture::with("file-lease", |c| c.max_watches = 1);
+    std::fs::create_dir_all(f.p("a/b")).unwrap();
+    std::fs::write(f.p("a/b/c.json"), "[1]").unwrap();
+    // Its chain (root, a, a/b) needs three watches: past the limit, yet the read works.
+    assert_eq!(
+        f.read(&state_uri(&f.p("a/b/c.json"))).await.unwrap(),
+        json!([1])
+    );
+    let e = f.read(&events_uri(&f.p("a/b"), false)).await.unwrap_err();
+    assert!(
+        e.contains("--max-watches"),
+        "an event log needs its watch: {e}"
+    );
+}
+
+#[tokio::test]
 async fn the_templates_and_listed_resources_end_with_an_example() {
     let f = Fixture::new("file-list");
     let templates = f.src.templates();
@@ -421,6 +535,9 @@ async fn herald_watch_prints_notices_for_file_and_file_events_uris() {
     let dir = TempDir::new("file-e2e");
     let root = std::fs::canonicalize(dir.path()).unwrap();
     std::fs::write(root.join("config.json"), r#"{"mode": "a"}"#).unwrap();
+    // Files are written whole (through a rename from here), so a slow write is never two
+    // notices.
+    let staging = TempDir::new("file-e2e-staging");
     let server = file_server(&root).await;
     let events = events_uri(&root, true);
     let listing = state_uri(&root);
@@ -441,7 +558,7 @@ async fn herald_watch_prints_notices_for_file_and_file_events_uris() {
     for name in ["events", "listing", "config"] {
         w.event("watch.subscribed", name).await;
     }
-    std::fs::write(root.join("notes.txt"), "hello").unwrap();
+    put(staging.path(), &root.join("notes.txt"), "hello");
     let mut got = Vec::new();
     while got.len() < 2 {
         let n = w.notice().await;
@@ -458,7 +575,11 @@ async fn herald_watch_prints_notices_for_file_and_file_events_uris() {
     );
     assert_eq!(got[1], ("listing".into(), json!(["ADDED notes.txt"])));
     // A JSON file is diffed by key.
-    std::fs::write(root.join("config.json"), r#"{"mode": "b"}"#).unwrap();
+    put(
+        staging.path(),
+        &root.join("config.json"),
+        r#"{"mode": "b"}"#,
+    );
     let mut lines = Vec::new();
     while !lines.iter().any(|(w, _): &(String, Value)| w == "config") {
         let n = w.notice().await;

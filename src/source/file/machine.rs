@@ -8,8 +8,10 @@
 //!
 //! How raw inotify becomes events:
 //! - Only directories are watched, never files: a file watch stays on the old inode after a
-//!   rename-over, so a file is watched through its directory. Every subscription's base also
-//!   has its parent watched (for that one name), which is how a deleted base is seen coming back.
+//!   rename-over, so a file is watched through its directory. Every directory from the root
+//!   down to a subscription's base is watched for its one next name ([`Spec::chain`]), which is
+//!   how a deleted base, or a deleted directory above it, is seen coming back; each level that
+//!   reappears is watched and scanned, which re-arms the next.
 //! - Each path's events within the debounce window are collected, and when the window closes the
 //!   path is stat'ed and the *net* change since the last settled state is emitted: created and
 //!   removed within the window is nothing; removed and recreated is `MODIFIED`; a thousand
@@ -21,8 +23,9 @@
 //! - A new directory under a recursive watch is watched and scanned at once; what the scan finds
 //!   is reported as `CREATED` (files can land before the watch exists). A removed one is dropped.
 //! - `IN_Q_OVERFLOW` means the kernel dropped events: every event-log gets an in-band
-//!   `OVERFLOW`, pending paths settle, every watched directory is rescanned against the last
-//!   settled listing, and the differences are emitted as synthetic events.
+//!   `OVERFLOW`, pending paths settle, every watch is added again (a new wd replaces a dead
+//!   one), every watched directory is rescanned against the last settled listing, the
+//!   differences are emitted as synthetic events, and every subscription is published.
 
 use std::collections::{HashMap, HashSet};
 use std::ffi::OsString;
@@ -101,7 +104,26 @@ impl Meta {
         Meta {
             kind,
             size: if kind == Kind::Dir { 0 } else { m.len() },
-            mtime_ns: m.mtime().saturating_mul(1_000_000_000) + m.mtime_nsec(),
+            mtime_ns: mtime_ns(m.mtime(), m.mtime_nsec()),
+        }
+    }
+
+    /// From a raw `stat` (an `fstatat` with `AT_SYMLINK_NOFOLLOW`).
+    pub fn from_stat(st: &libc::stat) -> Meta {
+        let kind = match st.st_mode & libc::S_IFMT {
+            libc::S_IFLNK => Kind::Symlink,
+            libc::S_IFDIR => Kind::Dir,
+            libc::S_IFREG => Kind::File,
+            _ => Kind::Other,
+        };
+        Meta {
+            kind,
+            size: if kind == Kind::Dir {
+                0
+            } else {
+                st.st_size.max(0) as u64
+            },
+            mtime_ns: mtime_ns(st.st_mtime, st.st_mtime_nsec),
         }
     }
 
@@ -113,6 +135,13 @@ impl Meta {
         o.insert("mtime".into(), rfc3339(self.mtime_ns).into());
         Value::Object(o)
     }
+}
+
+/// Seconds and nanoseconds as nanoseconds since the epoch, saturating at the ends of `i64`
+/// (a file system can hold mtimes far past 2262).
+pub fn mtime_ns(sec: i64, nsec: i64) -> i64 {
+    (i128::from(sec) * 1_000_000_000 + i128::from(nsec)).clamp(i64::MIN.into(), i64::MAX.into())
+        as i64
 }
 
 /// RFC 3339 UTC with milliseconds, e.g. `2026-11-30T10:13:30.123Z` (shared with the event
@@ -135,7 +164,43 @@ pub trait Disk {
 pub struct Spec {
     /// Canonical path of the file or directory.
     pub base: PathBuf,
+    /// The root it lies under (canonical).
+    pub root: PathBuf,
     pub mode: Mode,
+}
+
+impl Spec {
+    /// The directories watched for one name each, so the base is seen going and coming back
+    /// however much of its path goes: every directory from the root down to the base's
+    /// parent (top first); for a base that is the root, the root's parent.
+    pub fn chain(&self) -> Vec<PathBuf> {
+        let mut v: Vec<PathBuf> = self
+            .base
+            .ancestors()
+            .skip(1)
+            .filter(|a| a.starts_with(&self.root))
+            .map(Path::to_owned)
+            .collect();
+        if v.is_empty()
+            && let Some(p) = self.base.parent()
+        {
+            v.push(p.to_owned());
+        }
+        v.reverse();
+        v
+    }
+
+    /// The one name this subscription needs in directory `d` of its chain: the next
+    /// component of the base below `d`.
+    fn name_in(&self, d: &Path) -> Option<&str> {
+        if !(d.starts_with(&self.root) || self.base.parent() == Some(d)) {
+            return None;
+        }
+        match self.base.strip_prefix(d).ok()?.components().next()? {
+            std::path::Component::Normal(n) => n.to_str(),
+            _ => None,
+        }
+    }
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -341,7 +406,7 @@ impl Machine {
             Mode::Events { .. } => Some(Arc::new(EventRing::new(self.cfg.ring_capacity))),
             Mode::State => None,
         };
-        let base = spec.base.clone();
+        let spec2 = spec.clone();
         self.subs.insert(
             uri.to_owned(),
             Sub {
@@ -351,7 +416,7 @@ impl Machine {
                 ring: ring.clone(),
             },
         );
-        match self.start(disk, &base) {
+        match self.start(disk, &spec2) {
             Ok(()) => Ok(ring),
             Err(e) => {
                 self.subs.remove(uri);
@@ -361,9 +426,18 @@ impl Machine {
         }
     }
 
-    fn start(&mut self, disk: &mut dyn Disk, base: &Path) -> Result<(), SubError> {
-        if let Some(parent) = base.parent() {
-            self.watch_dir(disk, parent)?;
+    fn start(&mut self, disk: &mut dyn Disk, spec: &Spec) -> Result<(), SubError> {
+        let base = &spec.base;
+        for d in spec.chain() {
+            match self.watch_dir(disk, &d) {
+                Ok(_) => {}
+                // The root's parent (watched to see the root itself go and come back) lies
+                // outside the roots and may be unreadable: best effort.
+                Err(e) if !d.starts_with(&spec.root) => {
+                    tracing::debug!(dir = %d.display(), error = %e, "the root's parent is not watched");
+                }
+                Err(e) => return Err(e),
+            }
         }
         if disk.stat(base).is_some_and(|m| m.kind == Kind::Dir) {
             self.add_tree(disk, base, None)?;
@@ -390,15 +464,21 @@ impl Machine {
     }
 
     fn wants_name(&self, d: &Path, name: &str) -> bool {
-        self.subs.values().any(|s| {
-            s.spec.base.parent() == Some(d) && s.spec.base.file_name() == Some(name.as_ref())
-        })
+        self.subs.values().any(|s| s.spec.name_in(d) == Some(name))
+    }
+
+    /// The names some subscription needs in `d` (the next component of its base).
+    fn names_in(&self, d: &Path) -> HashSet<String> {
+        self.subs
+            .values()
+            .filter_map(|s| s.spec.name_in(d).map(str::to_owned))
+            .collect()
     }
 
     fn needed(&self, d: &Path) -> bool {
         self.subs
             .values()
-            .any(|s| s.wants_contents(d) || s.spec.base.parent() == Some(d))
+            .any(|s| s.wants_contents(d) || s.spec.name_in(d).is_some())
     }
 
     /// Drops the watches nobody needs, and the entries of directories only watched for a name.
@@ -408,12 +488,7 @@ impl Machine {
             if !self.needed(&p) {
                 self.drop_dir(disk, &p);
             } else if !self.needs_contents(&p) {
-                let keep: HashSet<String> = self
-                    .subs
-                    .values()
-                    .filter(|s| s.spec.base.parent() == Some(p.as_path()))
-                    .filter_map(|s| s.spec.base.file_name()?.to_str().map(str::to_owned))
-                    .collect();
+                let keep = self.names_in(&p);
                 if let Some(d) = self.dirs.get_mut(&p) {
                     d.full = false;
                     d.entries.retain(|k, _| keep.contains(k));
@@ -464,11 +539,9 @@ impl Machine {
                 d.full = true;
                 d.entries = disk.list(p).unwrap_or_default().into_iter().collect();
             } else if !full {
-                for s in self.subs.values() {
-                    if s.spec.base.parent() == Some(p)
-                        && let Some(n) = s.spec.base.file_name().and_then(|n| n.to_str())
-                        && !d.entries.contains_key(n)
-                        && let Some(m) = disk.stat(&s.spec.base)
+                for n in self.subs.values().filter_map(|s| s.spec.name_in(p)) {
+                    if !d.entries.contains_key(n)
+                        && let Some(m) = disk.stat(&p.join(n))
                     {
                         d.entries.insert(n.to_owned(), m);
                     }
@@ -490,12 +563,11 @@ impl Machine {
         let listed: Vec<(String, Meta)> = if full {
             disk.list(p).unwrap_or_default()
         } else {
-            self.subs
-                .values()
-                .filter(|s| s.spec.base.parent() == Some(p))
-                .filter_map(|s| {
-                    let n = s.spec.base.file_name()?.to_str()?.to_owned();
-                    Some((n, disk.stat(&s.spec.base)?))
+            self.names_in(p)
+                .into_iter()
+                .filter_map(|n| {
+                    let m = disk.stat(&p.join(&n))?;
+                    Some((n, m))
                 })
                 .collect()
         };
@@ -540,9 +612,12 @@ impl Machine {
             };
             for (n, m) in entries {
                 let child = d.join(&n);
+                // Wanted whole and not yet listed whole, or on a subscription's chain (the
+                // next directory down to its base, come back) and not watched yet.
                 if m.kind == Kind::Dir
-                    && self.needs_contents(&child)
-                    && !self.dirs.get(&child).is_some_and(|c| c.full)
+                    && ((self.needs_contents(&child)
+                        && !self.dirs.get(&child).is_some_and(|c| c.full))
+                        || (self.needed(&child) && !self.dirs.contains_key(&child)))
                 {
                     stack.push(child);
                 }
@@ -674,6 +749,38 @@ impl Machine {
             if let Some(d) = self.dirs.remove(&old) {
                 self.by_wd.insert(d.wd, new.clone());
                 self.dirs.insert(new, d);
+            }
+        }
+        // What is pending inside moved with it: it settles under its new name (a file written
+        // just before its directory was renamed is created at the new path).
+        let under = |p: &Path| p.starts_with(from) && p != from;
+        let re = |p: &Path| to.join(p.strip_prefix(from).expect("under from"));
+        let keys: Vec<PathBuf> = self.pending.keys().filter(|p| under(p)).cloned().collect();
+        for k in keys {
+            let Some(mut p) = self.pending.remove(&k) else {
+                continue;
+            };
+            if let Some(t) = p.moved_to.as_mut()
+                && under(t)
+            {
+                *t = re(t);
+            }
+            let new = re(&k);
+            match self.pending.get_mut(&new) {
+                Some(q) => {
+                    q.first = q.first.min(p.first);
+                    q.deadline = q.deadline.min(p.deadline);
+                    q.created |= p.created;
+                    q.wrote |= p.wrote;
+                }
+                None => {
+                    self.pending.insert(new, p);
+                }
+            }
+        }
+        for (path, _) in self.moves.values_mut() {
+            if under(path) {
+                *path = re(path);
             }
         }
     }
@@ -825,8 +932,9 @@ impl Machine {
     }
 
     /// Writes `changes` into the rings that cover them and publishes the URIs they touch.
-    /// With `all_states`, every state subscription is published as well (after an overflow).
-    fn emit(&self, changes: Vec<Change>, all_states: bool) {
+    /// With `all`, every subscription is published as well (after an overflow: every event
+    /// log got its `OVERFLOW`, every state may have changed).
+    fn emit(&self, changes: Vec<Change>, all: bool) {
         let mut publish: Vec<&str> = Vec::new();
         for c in &changes {
             let fields = c.fields();
@@ -851,9 +959,9 @@ impl Machine {
                 }
             }
         }
-        if all_states {
+        if all {
             for s in self.subs.values() {
-                if s.ring.is_none() && !publish.contains(&s.uri.as_str()) {
+                if !publish.contains(&s.uri.as_str()) {
                     publish.push(&s.uri);
                 }
             }
@@ -885,7 +993,50 @@ impl Machine {
         self.moves.clear();
         let mut dirs: Vec<PathBuf> = self.dirs.keys().cloned().collect();
         dirs.sort();
+        // The kernel's own notices (IGNORED) may be among what was lost, or a path may now be
+        // another directory: add every watch again. The same wd is the same directory; another
+        // one means the old watch is dead or on a directory elsewhere, so the new one replaces
+        // it (and the rescan below compares the directory against its last listing).
+        let mut live: HashSet<Wd> = HashSet::new();
+        let mut stale: Vec<Wd> = Vec::new();
+        let mut gone: HashSet<PathBuf> = HashSet::new();
+        for d in &dirs {
+            let Some(old) = self.dirs.get(d).map(|x| x.wd) else {
+                continue;
+            };
+            match disk.add_watch(d) {
+                Ok(wd) => {
+                    live.insert(wd);
+                    if wd != old {
+                        stale.push(old);
+                        if let Some(x) = self.dirs.get_mut(d) {
+                            x.wd = wd;
+                        }
+                    }
+                }
+                Err(_) => {
+                    gone.insert(d.clone());
+                }
+            }
+        }
+        for w in stale {
+            if w != DEAD && !live.contains(&w) {
+                disk.rm_watch(w);
+            }
+        }
+        self.by_wd = self
+            .dirs
+            .iter()
+            .filter(|(p, d)| d.wd != DEAD && !gone.contains(*p))
+            .map(|(p, d)| (d.wd, p.clone()))
+            .collect();
         for d in dirs {
+            if gone.contains(&d) {
+                // Gone (or no longer a directory beneath the root): its parent's rescan
+                // reports it.
+                self.drop_tree(disk, &d);
+                continue;
+            }
             let Some(dir) = self.dirs.get(&d) else {
                 continue;
             };
@@ -900,12 +1051,11 @@ impl Machine {
                     }
                 }
             } else {
-                self.subs
-                    .values()
-                    .filter(|s| s.spec.base.parent() == Some(d.as_path()))
-                    .filter_map(|s| {
-                        let n = s.spec.base.file_name()?.to_str()?.to_owned();
-                        Some((n, disk.stat(&s.spec.base)?))
+                self.names_in(&d)
+                    .into_iter()
+                    .filter_map(|n| {
+                        let m = disk.stat(&d.join(&n))?;
+                        Some((n, m))
                     })
                     .collect()
             };
@@ -1080,6 +1230,7 @@ mod tests {
                     uri,
                     Spec {
                         base: base.into(),
+                        root: "/r".into(),
                         mode: Mode::Events {
                             recursive,
                             glob: None,
@@ -1172,6 +1323,7 @@ mod tests {
                 "s",
                 Spec {
                     base: "/r/d/a.txt".into(),
+                    root: "/r".into(),
                     mode: Mode::State,
                 },
             )
@@ -1297,6 +1449,37 @@ mod tests {
     }
 
     #[test]
+    fn a_directory_renamed_within_the_window_takes_its_pending_entries_along() {
+        let mut t = T::new();
+        let ring = t.events("e", "/r", true);
+        // write d/x; mv d d2, all inside one window.
+        t.disk.put("/r/d/x", file(4, 4));
+        t.feed("/r/d", EventMask::CREATE, "x", 0, 0);
+        t.feed("/r/d", EventMask::CLOSE_WRITE, "x", 0, 1);
+        let d = t.disk.files.clone();
+        t.disk.rm("/r/d");
+        for (k, m) in d.range(PathBuf::from("/r/d")..) {
+            if let Ok(rel) = k.strip_prefix("/r/d") {
+                t.disk.files.insert(Path::new("/r/d2").join(rel), *m);
+            }
+        }
+        t.feed("/r", EventMask::MOVED_FROM | EventMask::ISDIR, "d", 5, 2);
+        t.feed("/r", EventMask::MOVED_TO | EventMask::ISDIR, "d2", 5, 2);
+        t.flush(100);
+        let got = summary(&ring);
+        assert!(got.contains(&"CREATED /r/d2/x".to_string()), "{got:?}");
+        assert!(got.contains(&"MOVED /r/d -> /r/d2".to_string()), "{got:?}");
+        assert!(t.m.pending.is_empty());
+        assert_eq!(
+            events(&ring)
+                .iter()
+                .find(|e| e["path"] == "/r/d2/x")
+                .unwrap()["size"],
+            4
+        );
+    }
+
+    #[test]
     fn the_base_deleted_is_an_in_band_error_and_its_return_is_seen() {
         let mut t = T::new();
         let ring = t.events("e", "/r/d", false);
@@ -1335,6 +1518,69 @@ mod tests {
     }
 
     #[test]
+    fn a_deleted_parent_is_watched_for_again_and_each_level_re_arms_the_next() {
+        let mut t = T::new();
+        t.disk.put("/r/d/e", dir());
+        t.disk.put("/r/d/e/f.json", file(1, 1));
+        t.m.subscribe(
+            &mut t.disk,
+            "s",
+            Spec {
+                base: "/r/d/e/f.json".into(),
+                root: "/r".into(),
+                mode: Mode::State,
+            },
+        )
+        .unwrap();
+        // The whole chain from the root down, each for one name.
+        for d in ["/r", "/r/d", "/r/d/e"] {
+            assert!(t.disk.watches.contains_key(Path::new(d)), "{d}");
+        }
+        let reg = t.feed.register(&["s".into()]);
+        // rm -rf /r/d
+        let (wd_d, wd_e) = (t.disk.wd("/r/d"), t.disk.wd("/r/d/e"));
+        t.disk.rm("/r/d");
+        t.feed("/r/d/e", EventMask::DELETE, "f.json", 0, 0);
+        for wd in [wd_e, wd_d] {
+            for mask in [EventMask::DELETE_SELF, EventMask::IGNORED] {
+                let r = Record {
+                    wd,
+                    mask,
+                    cookie: 0,
+                    name: None,
+                };
+                t.m.feed(&mut t.disk, r, t.t0);
+            }
+        }
+        t.disk.watches.remove(Path::new("/r/d"));
+        t.disk.watches.remove(Path::new("/r/d/e"));
+        t.feed("/r", EventMask::DELETE | EventMask::ISDIR, "d", 0, 0);
+        t.flush(100);
+        assert_eq!(futures::executor::block_on(reg.queue().next_batch()), ["s"]);
+        assert!(
+            t.disk.watches.contains_key(Path::new("/r")),
+            "still watched for d"
+        );
+        assert!(!t.m.dirs.contains_key(Path::new("/r/d")));
+        // mkdir -p /r/d/e && cp f.json /r/d/e/: all of it before herald looks.
+        t.disk.put("/r/d", dir());
+        t.disk.put("/r/d/e", dir());
+        t.disk.put("/r/d/e/f.json", file(2, 2));
+        t.feed("/r", EventMask::CREATE | EventMask::ISDIR, "d", 0, 200);
+        t.flush(300);
+        assert_eq!(futures::executor::block_on(reg.queue().next_batch()), ["s"]);
+        assert!(t.disk.watches.contains_key(Path::new("/r/d/e")), "re-armed");
+        // Later writes are seen through the new watch.
+        t.disk.put("/r/d/e/f.json", file(3, 3));
+        t.feed("/r/d/e", EventMask::CLOSE_WRITE, "f.json", 0, 400);
+        t.flush(500);
+        assert_eq!(futures::executor::block_on(reg.queue().next_batch()), ["s"]);
+        // The last holder gone: nothing left.
+        t.m.unsubscribe(&mut t.disk, "s");
+        assert!(t.disk.watches.is_empty());
+    }
+
+    #[test]
     fn overflow_is_reported_in_band_and_a_rescan_converges() {
         let mut t = T::new();
         let ring = t.events("e", "/r", true);
@@ -1343,6 +1589,7 @@ mod tests {
             "s",
             Spec {
                 base: "/r/e".into(),
+                root: "/r".into(),
                 mode: Mode::State,
             },
         );
@@ -1386,11 +1633,46 @@ mod tests {
     }
 
     #[test]
+    fn overflow_re_adds_every_watch_and_replaces_a_dead_one() {
+        let mut t = T::new();
+        let ring = t.events("e", "/r", true);
+        let quiet = t.events("q", "/r/e", false);
+        let reg = t.feed.register(&["e".into(), "q".into()]);
+        let old = t.disk.wd("/r/d");
+        // Lost with the overflow: /r/d removed (its IGNORED too) and made again.
+        t.disk.watches.remove(Path::new("/r/d"));
+        t.disk.rm("/r/d");
+        t.disk.put("/r/d", dir());
+        t.disk.put("/r/d/n.txt", file(1, 1));
+        t.m.overflow(&mut t.disk, t.t0);
+        let new = t.disk.wd("/r/d");
+        assert_ne!(new, old);
+        assert_eq!(t.m.dirs[Path::new("/r/d")].wd, new);
+        assert_eq!(t.m.by_wd[&new], Path::new("/r/d"));
+        assert!(!t.m.by_wd.contains_key(&old), "the dead wd is forgotten");
+        assert_eq!(
+            summary(&ring),
+            ["OVERFLOW ", "DELETED /r/d/a.txt", "CREATED /r/d/n.txt"]
+        );
+        // Every event log is told, even one with nothing changed.
+        assert_eq!(summary(&quiet), ["OVERFLOW "]);
+        let mut got = futures::executor::block_on(reg.queue().next_batch());
+        got.sort();
+        assert_eq!(got, ["e", "q"]);
+        // Events on the new watch are seen.
+        t.disk.put("/r/d/z", file(1, 2));
+        t.feed("/r/d", EventMask::CREATE, "z", 0, 10);
+        t.flush(100);
+        assert_eq!(summary(&ring).last().unwrap(), "CREATED /r/d/z");
+    }
+
+    #[test]
     fn limits_refuse_cleanly_and_last_unsubscribe_drops_watches() {
         let mut t = T::new();
         t.m.cfg.max_watches = 2;
         let spec = Spec {
             base: "/r".into(),
+            root: "/r".into(),
             mode: Mode::Events {
                 recursive: true,
                 glob: None,
@@ -1404,6 +1686,7 @@ mod tests {
         t.disk.limit = Some(1);
         let spec = Spec {
             base: "/r/d".into(),
+            root: "/r".into(),
             mode: Mode::Events {
                 recursive: false,
                 glob: None,
@@ -1430,6 +1713,7 @@ mod tests {
                 "g",
                 Spec {
                     base: "/r/d".into(),
+                    root: "/r".into(),
                     mode: Mode::Events {
                         recursive: false,
                         glob: Some(Glob::new("*.json").unwrap()),
@@ -1443,6 +1727,7 @@ mod tests {
             "s",
             Spec {
                 base: "/r/e/x.json".into(),
+                root: "/r".into(),
                 mode: Mode::State,
             },
         )
@@ -1485,6 +1770,15 @@ mod tests {
         assert_eq!(summary(&ring).len(), 1);
         t.flush(60);
         assert_eq!(summary(&ring).len(), 2);
+    }
+
+    #[test]
+    fn mtimes_far_from_now_saturate_instead_of_overflowing() {
+        assert_eq!(mtime_ns(1, 5), 1_000_000_005);
+        assert_eq!(mtime_ns(-1, 0), -1_000_000_000);
+        assert_eq!(mtime_ns(i64::MAX, 999_999_999), i64::MAX);
+        assert_eq!(mtime_ns(i64::MIN, 0), i64::MIN);
+        assert_eq!(mtime_ns(9_223_372_036, 999_999_999), i64::MAX);
     }
 
     #[test]

@@ -236,6 +236,7 @@ impl FileSource {
                 ring_capacity: cfg.ring_capacity,
             },
             feed.clone(),
+            roots.list().to_vec(),
         )?;
         Ok(FileSource {
             roots: Arc::new(roots),
@@ -269,6 +270,7 @@ impl FileSource {
                 uri,
                 Spec {
                     base: confined.path.clone(),
+                    root: confined.root.clone(),
                     mode: target.mode(),
                 },
             )
@@ -455,17 +457,26 @@ impl Source for FileSource {
         let confined = self.confine(&target).await?;
         // Watch from the read on, so that nothing between a baseline read and the listen that
         // follows it is missed; a URI already watched needs no round trip.
+        // For a state URI the lease is best effort: a read is served even when no watch can
+        // be made (the watch limit reached, a directory that is not there); an event log has
+        // nothing to read without its watch.
         let ring = match self.watcher.active(uri) {
             Some(ring) => ring,
-            None => {
-                let sub = self.subscribe(uri, &target, &confined).await?;
-                let ring = sub.ring().cloned();
-                tokio::spawn(async move {
-                    tokio::time::sleep(READ_LEASE).await;
-                    drop(sub);
-                });
-                ring
-            }
+            None => match self.subscribe(uri, &target, &confined).await {
+                Ok(sub) => {
+                    let ring = sub.ring().cloned();
+                    tokio::spawn(async move {
+                        tokio::time::sleep(READ_LEASE).await;
+                        drop(sub);
+                    });
+                    ring
+                }
+                Err(e) if matches!(target, Target::State { .. }) => {
+                    tracing::debug!(%uri, error = %e, "read served without a watch lease");
+                    None
+                }
+                Err(e) => return Err(e),
+            },
         };
         match target {
             Target::Events { .. } => match ring {
@@ -544,15 +555,13 @@ fn read_state(
     read_as: As,
     max: u64,
 ) -> Result<Contents, SourceError> {
-    let meta = match std::fs::symlink_metadata(&c.path) {
-        Ok(m) => m,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Err(missing(requested)),
-        Err(e) => {
-            return Err(SourceError::Unavailable(format!(
-                "cannot stat {requested}: {e}"
-            )));
-        }
-    };
+    // Stat'ed through a descriptor opened beneath the root with no symlink followed in any
+    // component: a directory swapped for a symlink after the check tells nothing about what
+    // it points at.
+    let meta = paths::open_nofollow(&c.root, &c.path, libc::O_PATH)
+        .map(std::fs::File::from)
+        .and_then(|f| f.metadata())
+        .map_err(|e| open_error(requested, e))?;
     let ft = meta.file_type();
     if ft.is_dir() {
         if read_as != As::Auto {

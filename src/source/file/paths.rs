@@ -4,14 +4,14 @@
 //! A requested path must be absolute, UTF-8 after percent-decoding, free of `..`, and resolve
 //! (symlinks followed) to somewhere under a configured root. Resolution canonicalises the
 //! longest prefix that exists, so a path that does not exist yet (a file about to be created)
-//! can still be watched. Reads then open the path with `openat2(RESOLVE_BENEATH)` relative to
-//! the root, so a symlink swapped in between the check and the open cannot lead outside it
-//! either. Errors name only what the caller sent (and the roots), never where a symlink points.
+//! can still be watched. Every later access (reads, stats, listings, watches) then opens the
+//! path relative to the root with `openat2(RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS)`, so a
+//! symlink swapped in anywhere on the path after the check cannot lead outside it. Errors name only what the caller sent (and the roots), never where a symlink points.
 
 use std::ffi::CString;
 use std::fs::File;
 use std::io;
-use std::os::fd::{AsRawFd, FromRawFd};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Component, Path, PathBuf};
 
@@ -203,62 +203,109 @@ pub fn percent_encode_path(p: &str) -> String {
     out
 }
 
-/// Opens `path` (under `root`) for reading without leaving `root`: `openat2` with
-/// `RESOLVE_BENEATH` relative to the root, so every symlink on the way must stay inside.
-/// `O_NONBLOCK` keeps a FIFO from hanging the open. On kernels without `openat2` (before
-/// 5.6) it falls back to `O_NOFOLLOW` on the last component after the caller's check.
+/// Opens `path` (under `root`) for reading without leaving `root` and without following a
+/// symlink in any component (see [`open_nofollow`]). `O_NONBLOCK` keeps a FIFO from hanging
+/// the open.
 pub fn open_beneath(root: &Path, path: &Path, directory: bool) -> io::Result<File> {
+    let mut flags = libc::O_RDONLY | libc::O_NOCTTY | libc::O_NONBLOCK;
+    if directory {
+        flags |= libc::O_DIRECTORY;
+    }
+    open_nofollow(root, path, flags).map(File::from)
+}
+
+/// Opens `path`, which lies under `root` (a canonical root), relative to the root without
+/// following a symlink in *any* component: `openat2(RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS)`,
+/// or, on kernels without `openat2` (before 5.6), a walk of `openat(O_NOFOLLOW)` one component
+/// at a time. A symlink on the way is `ELOOP` (or `ENOTDIR`); with `O_PATH` a symlink as the
+/// last component is opened itself (so `fstat` tells it is a symlink). `O_NOFOLLOW` and
+/// `O_CLOEXEC` are always added. The root itself is opened by its path (it is configuration,
+/// canonicalised at start), with `O_NOFOLLOW`.
+pub fn open_nofollow(root: &Path, path: &Path, flags: i32) -> io::Result<OwnedFd> {
     let rel = path.strip_prefix(root).map_err(|_| {
         io::Error::new(
             io::ErrorKind::PermissionDenied,
             "path is not under its root",
         )
     })?;
-    let rel = if rel.as_os_str().is_empty() {
-        Path::new(".")
-    } else {
-        rel
-    };
-    let mut flags = libc::O_RDONLY | libc::O_CLOEXEC | libc::O_NOCTTY | libc::O_NONBLOCK;
-    if directory {
-        flags |= libc::O_DIRECTORY;
-    }
+    let flags = flags | libc::O_NOFOLLOW | libc::O_CLOEXEC;
     let root_c = CString::new(root.as_os_str().as_bytes())?;
-    let rel_c = CString::new(rel.as_os_str().as_bytes())?;
-    // SAFETY: plain syscalls on NUL-terminated strings; every fd returned is owned by a File.
-    unsafe {
-        let rootfd = libc::open(
-            root_c.as_ptr(),
-            libc::O_PATH | libc::O_DIRECTORY | libc::O_CLOEXEC,
-        );
-        if rootfd < 0 {
+    if rel.as_os_str().is_empty() {
+        // SAFETY: open on a NUL-terminated string; the fd is owned at once.
+        let fd = unsafe { libc::open(root_c.as_ptr(), flags) };
+        if fd < 0 {
             return Err(io::Error::last_os_error());
         }
-        let root_file = File::from_raw_fd(rootfd);
+        // SAFETY: a fresh descriptor we own.
+        return Ok(unsafe { OwnedFd::from_raw_fd(fd) });
+    }
+    // SAFETY: as above.
+    let rootfd = unsafe {
+        let fd = libc::open(
+            root_c.as_ptr(),
+            libc::O_PATH | libc::O_DIRECTORY | libc::O_NOFOLLOW | libc::O_CLOEXEC,
+        );
+        if fd < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        OwnedFd::from_raw_fd(fd)
+    };
+    let rel_c = CString::new(rel.as_os_str().as_bytes())?;
+    // SAFETY: openat2 with a zeroed, filled open_how and a NUL-terminated path; the fd
+    // returned is owned at once.
+    unsafe {
         let mut how: libc::open_how = std::mem::zeroed();
         how.flags = flags as u64;
-        how.resolve = libc::RESOLVE_BENEATH | libc::RESOLVE_NO_MAGICLINKS;
+        how.resolve = libc::RESOLVE_BENEATH | libc::RESOLVE_NO_SYMLINKS;
         let fd = libc::syscall(
             libc::SYS_openat2,
-            root_file.as_raw_fd(),
+            rootfd.as_raw_fd(),
             rel_c.as_ptr(),
             &how as *const libc::open_how,
             std::mem::size_of::<libc::open_how>(),
         );
         if fd >= 0 {
-            return Ok(File::from_raw_fd(fd as i32));
+            return Ok(OwnedFd::from_raw_fd(fd as i32));
         }
-        let err = io::Error::last_os_error();
-        if err.raw_os_error() != Some(libc::ENOSYS) {
-            return Err(err);
-        }
-        let full = CString::new(path.as_os_str().as_bytes())?;
-        let fd = libc::open(full.as_ptr(), flags | libc::O_NOFOLLOW);
+    }
+    let err = io::Error::last_os_error();
+    if err.raw_os_error() != Some(libc::ENOSYS) {
+        return Err(err);
+    }
+    walk_nofollow(rootfd, rel, flags)
+}
+
+/// `openat(O_NOFOLLOW)` one component at a time: every directory on the way is opened
+/// `O_PATH | O_DIRECTORY | O_NOFOLLOW`, so a symlink anywhere fails the walk.
+fn walk_nofollow(mut dir: OwnedFd, rel: &Path, flags: i32) -> io::Result<OwnedFd> {
+    let parts: Vec<&std::ffi::OsStr> = rel
+        .components()
+        .filter_map(|c| match c {
+            Component::Normal(n) => Some(Ok(n)),
+            Component::CurDir => None,
+            _ => Some(Err(io::Error::new(
+                io::ErrorKind::PermissionDenied,
+                "path leaves its root",
+            ))),
+        })
+        .collect::<io::Result<_>>()?;
+    for (i, part) in parts.iter().enumerate() {
+        let last = i + 1 == parts.len();
+        let f = if last {
+            flags
+        } else {
+            libc::O_PATH | libc::O_DIRECTORY | libc::O_NOFOLLOW | libc::O_CLOEXEC
+        };
+        let c = CString::new(part.as_bytes())?;
+        // SAFETY: openat on a live directory fd and a NUL-terminated name.
+        let fd = unsafe { libc::openat(dir.as_raw_fd(), c.as_ptr(), f) };
         if fd < 0 {
             return Err(io::Error::last_os_error());
         }
-        Ok(File::from_raw_fd(fd))
+        // SAFETY: a fresh descriptor we own.
+        dir = unsafe { OwnedFd::from_raw_fd(fd) };
     }
+    Ok(dir)
 }
 
 /// Whether an open error means "this would leave the root".
@@ -356,6 +403,30 @@ mod tests {
         let e = open_beneath(&root, &root.join("a"), false).unwrap_err();
         assert!(is_escape(&e), "{e}");
         assert!(open_beneath(&root, &root, true).is_ok());
+        // A directory in the middle of the path swapped for a symlink (to somewhere outside,
+        // or even inside): refused by openat2 and by the component walk alike.
+        std::fs::create_dir_all(t.0.join("etc")).unwrap();
+        std::fs::write(t.0.join("etc/passwd"), "x").unwrap();
+        std::fs::create_dir_all(root.join("inner")).unwrap();
+        std::fs::write(root.join("inner/passwd"), "x").unwrap();
+        std::os::unix::fs::symlink(t.0.join("etc"), root.join("mid")).unwrap();
+        std::os::unix::fs::symlink(root.join("inner"), root.join("mid2")).unwrap();
+        for mid in ["mid", "mid2"] {
+            let p = root.join(mid).join("passwd");
+            let e = open_nofollow(&root, &p, libc::O_PATH).unwrap_err();
+            assert!(is_escape(&e), "{mid}: {e}");
+            let rootfd = open_nofollow(&root, &root, libc::O_PATH).unwrap();
+            let rel = Path::new(mid).join("passwd");
+            let e = walk_nofollow(rootfd, &rel, libc::O_PATH | libc::O_NOFOLLOW).unwrap_err();
+            assert!(
+                matches!(e.raw_os_error(), Some(libc::ENOTDIR) | Some(libc::ELOOP)),
+                "{mid}: {e}"
+            );
+        }
+        // The walk reaches what the path names when nothing on it is a symlink.
+        let rootfd = open_nofollow(&root, &root, libc::O_PATH).unwrap();
+        let f = walk_nofollow(rootfd, Path::new("inner/passwd"), libc::O_RDONLY).unwrap();
+        assert_eq!(File::from(f).metadata().unwrap().len(), 1);
     }
 
     #[test]

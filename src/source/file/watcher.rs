@@ -9,9 +9,11 @@
 //! returned [`Subscription`] is the refcount, and dropping it lets go.
 
 use std::collections::HashMap;
+use std::ffi::{CStr, CString};
 use std::io;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
-use std::path::Path;
+use std::os::fd::{AsRawFd, FromRawFd, IntoRawFd, OwnedFd};
+use std::os::unix::ffi::OsStrExt;
+use std::path::{Path, PathBuf};
 use std::sync::mpsc;
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
@@ -19,6 +21,7 @@ use std::time::Instant;
 use inotify::{Inotify, WatchDescriptor, WatchMask, Watches};
 
 use super::machine::{Config, Disk, Machine, Meta, Record, Spec, SubError, Wd};
+use super::paths;
 use crate::mcp::hub::ChangeFeed;
 use crate::mcp::ring::EventRing;
 
@@ -33,7 +36,6 @@ fn mask() -> WatchMask {
         | WatchMask::MOVED_TO
         | WatchMask::DELETE_SELF
         | WatchMask::ONLYDIR
-        | WatchMask::DONT_FOLLOW
         | WatchMask::EXCL_UNLINK
 }
 
@@ -42,7 +44,10 @@ const READ_BUFFER: usize = 64 * 1024;
 /// Reads per wake-up before commands and settling get a turn.
 const READS_PER_TURN: usize = 64;
 
-type Reply = tokio::sync::oneshot::Sender<Result<Option<Arc<EventRing>>, SubError>>;
+/// The thread answers with the [`Subscription`] itself: if the caller gave up before the
+/// answer came (its future dropped), the undelivered guard is dropped on the thread and
+/// unsubscribes at once, so nothing leaks.
+type Reply = tokio::sync::oneshot::Sender<Result<Subscription, SubError>>;
 
 enum Command {
     Subscribe {
@@ -123,7 +128,9 @@ impl Drop for Subscription {
 
 impl Watcher {
     /// Creates the inotify instance and starts its thread.
-    pub fn start(cfg: Config, feed: ChangeFeed) -> io::Result<Watcher> {
+    /// `roots` are the canonical roots: nothing outside them is stat'ed, listed or watched
+    /// (but a root's parent, for the root's name).
+    pub fn start(cfg: Config, feed: ChangeFeed, roots: Vec<PathBuf>) -> io::Result<Watcher> {
         let ino = Inotify::init().map_err(|e| {
             io::Error::new(
                 e.kind(),
@@ -139,9 +146,10 @@ impl Watcher {
         {
             let wake = wake.clone();
             let active = active.clone();
+            let tx = tx.clone();
             std::thread::Builder::new()
                 .name("herald-inotify".into())
-                .spawn(move || run(ino, rx, wake, machine, active))?;
+                .spawn(move || run(ino, (tx, rx), wake, machine, active, roots))?;
         }
         Ok(Watcher { tx, wake, active })
     }
@@ -157,15 +165,8 @@ impl Watcher {
             })
             .map_err(|_| SubError::Io("the inotify thread has stopped".into()))?;
         self.wake.ring();
-        let ring = rx
-            .await
-            .map_err(|_| SubError::Io("the inotify thread has stopped".into()))??;
-        Ok(Subscription {
-            uri: uri.to_owned(),
-            ring,
-            tx: self.tx.clone(),
-            wake: self.wake.clone(),
-        })
+        rx.await
+            .map_err(|_| SubError::Io("the inotify thread has stopped".into()))?
     }
 
     /// `Some(ring)` if `uri` is being watched now (the ring is `None` for a state URI).
@@ -185,36 +186,115 @@ impl Drop for Watcher {
     }
 }
 
-/// The real [`Disk`]: `std::fs` and the inotify watch table.
+/// The real [`Disk`]: the inotify watch table, and the file system reached only beneath the
+/// roots with no symlink followed in any component ([`paths::open_nofollow`]). A directory
+/// on a watched path swapped for a symlink (to `/etc`, say) is refused, never stat'ed,
+/// listed or watched through.
 struct RealDisk {
     watches: Watches,
     wds: HashMap<Wd, WatchDescriptor>,
+    /// Canonical roots.
+    roots: Vec<PathBuf>,
+    /// `/proc/self/fd` is there, so a watch can be added on an opened descriptor.
+    proc_fd: bool,
+}
+
+impl RealDisk {
+    /// Opens `path` beneath the deepest root that holds it; an ancestor of a root (a root's
+    /// parent, watched for the root's name only) by its path with `O_NOFOLLOW`. Anything
+    /// else is refused.
+    fn open(&self, path: &Path, flags: i32) -> io::Result<OwnedFd> {
+        if let Some(root) = self
+            .roots
+            .iter()
+            .filter(|r| path.starts_with(r))
+            .max_by_key(|r| r.as_os_str().len())
+        {
+            return paths::open_nofollow(root, path, flags).map_err(|e| {
+                if paths::is_escape(&e) {
+                    io::Error::new(
+                        io::ErrorKind::PermissionDenied,
+                        "a symlink is on the path; herald follows none below a root",
+                    )
+                } else {
+                    e
+                }
+            });
+        }
+        if self.roots.iter().any(|r| r.starts_with(path)) {
+            let c = CString::new(path.as_os_str().as_bytes())?;
+            // SAFETY: open on a NUL-terminated string; the fd is owned at once.
+            let fd = unsafe { libc::open(c.as_ptr(), flags | libc::O_NOFOLLOW | libc::O_CLOEXEC) };
+            if fd < 0 {
+                return Err(io::Error::last_os_error());
+            }
+            // SAFETY: a fresh descriptor we own.
+            return Ok(unsafe { OwnedFd::from_raw_fd(fd) });
+        }
+        Err(io::Error::new(
+            io::ErrorKind::PermissionDenied,
+            "outside the served roots",
+        ))
+    }
 }
 
 impl Disk for RealDisk {
     fn stat(&self, path: &Path) -> Option<Meta> {
-        std::fs::symlink_metadata(path)
-            .ok()
-            .map(|m| Meta::from_std(&m))
+        let f = std::fs::File::from(self.open(path, libc::O_PATH).ok()?);
+        f.metadata().ok().map(|m| Meta::from_std(&m))
     }
 
     fn list(&self, dir: &Path) -> io::Result<Vec<(String, Meta)>> {
-        let mut out = Vec::new();
-        for e in std::fs::read_dir(dir)? {
-            let Ok(e) = e else { continue };
-            let Ok(name) = e.file_name().into_string() else {
-                continue;
-            };
-            // Gone between readdir and stat: its DELETE event follows.
-            if let Ok(m) = e.metadata() {
-                out.push((name, Meta::from_std(&m)));
+        let fd = self.open(dir, libc::O_RDONLY | libc::O_DIRECTORY)?;
+        let raw = fd.into_raw_fd();
+        // SAFETY: fdopendir takes the descriptor (closed here if it fails); readdir's entries
+        // are read before the next call; fstatat on the stream's own descriptor with a name
+        // from it, never following a symlink; closedir closes the descriptor.
+        unsafe {
+            let d = libc::fdopendir(raw);
+            if d.is_null() {
+                let e = io::Error::last_os_error();
+                libc::close(raw);
+                return Err(e);
             }
+            let dfd = libc::dirfd(d);
+            let mut out = Vec::new();
+            loop {
+                let ent = libc::readdir(d);
+                if ent.is_null() {
+                    break;
+                }
+                let name = CStr::from_ptr((*ent).d_name.as_ptr());
+                let b = name.to_bytes();
+                if b == b"." || b == b".." {
+                    continue;
+                }
+                let Ok(n) = std::str::from_utf8(b) else {
+                    continue;
+                };
+                let mut st: libc::stat = std::mem::zeroed();
+                // Gone between readdir and stat: its DELETE event follows.
+                if libc::fstatat(dfd, name.as_ptr(), &mut st, libc::AT_SYMLINK_NOFOLLOW) == 0 {
+                    out.push((n.to_owned(), Meta::from_stat(&st)));
+                }
+            }
+            libc::closedir(d);
+            Ok(out)
         }
-        Ok(out)
     }
 
     fn add_watch(&mut self, dir: &Path) -> io::Result<Wd> {
-        let wd = self.watches.add(dir, mask())?;
+        let fd = self.open(dir, libc::O_PATH | libc::O_DIRECTORY)?;
+        // The watch goes on the directory that was opened beneath the root, through its
+        // descriptor (the magic link is the only thing followed). Without /proc, by path
+        // with IN_DONT_FOLLOW, which guards the last component only.
+        let wd = if self.proc_fd {
+            let p = format!("/proc/self/fd/{}", fd.as_raw_fd());
+            self.watches.add(p, mask())?
+        } else {
+            self.watches.add(dir, mask() | WatchMask::DONT_FOLLOW)?
+        };
+        drop(fd);
         let id = wd.get_watch_descriptor_id();
         self.wds.insert(id, wd);
         Ok(id)
@@ -230,14 +310,17 @@ impl Disk for RealDisk {
 
 fn run(
     mut ino: Inotify,
-    rx: mpsc::Receiver<Command>,
+    (tx, rx): (mpsc::Sender<Command>, mpsc::Receiver<Command>),
     wake: Arc<Wake>,
     mut machine: Machine,
     active: Active,
+    roots: Vec<PathBuf>,
 ) {
     let mut disk = RealDisk {
         watches: ino.watches(),
         wds: HashMap::new(),
+        roots,
+        proc_fd: Path::new("/proc/self/fd").is_dir(),
     };
     let mut buf = vec![0u8; READ_BUFFER];
     loop {
@@ -288,9 +371,17 @@ fn run(
                         active
                             .lock()
                             .unwrap_or_else(|e| e.into_inner())
-                            .insert(uri, ring.clone());
+                            .insert(uri.clone(), ring.clone());
                     }
-                    let _ = reply.send(r);
+                    let r = r.map(|ring| Subscription {
+                        uri,
+                        ring,
+                        tx: tx.clone(),
+                        wake: wake.clone(),
+                    });
+                    // Undelivered (the caller's future was dropped): the guard comes back and
+                    // is dropped here, which queues its Unsubscribe for this very loop.
+                    drop(reply.send(r));
                 }
                 Ok(Command::Unsubscribe { uri }) => {
                     machine.unsubscribe(&mut disk, &uri);
@@ -332,5 +423,110 @@ fn run(
             }
         }
         machine.flush(&mut disk, Instant::now());
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::source::file::machine::Kind;
+
+    struct Tmp(PathBuf);
+    impl Tmp {
+        fn new(tag: &str) -> Tmp {
+            let p =
+                std::env::temp_dir().join(format!("herald-watcher-{tag}-{}", std::process::id()));
+            let _ = std::fs::remove_dir_all(&p);
+            std::fs::create_dir_all(&p).unwrap();
+            Tmp(std::fs::canonicalize(p).unwrap())
+        }
+    }
+    impl Drop for Tmp {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_dir_all(&self.0);
+        }
+    }
+
+    #[test]
+    fn a_subscribe_given_up_before_its_reply_leaves_no_subscription_behind() {
+        use crate::source::file::machine::{Config, Mode};
+        let t = Tmp::new("cancel");
+        let w = Watcher::start(
+            Config {
+                debounce: std::time::Duration::from_millis(50),
+                max_watches: 100,
+                ring_capacity: 16,
+            },
+            ChangeFeed::new(),
+            vec![t.0.clone()],
+        )
+        .unwrap();
+        let spec = |base: &Path| Spec {
+            base: base.to_owned(),
+            root: t.0.clone(),
+            mode: Mode::State,
+        };
+        std::fs::create_dir_all(t.0.join("a")).unwrap();
+        futures::executor::block_on(async {
+            // Polled once (the command is on its way), then dropped, as a cancelled request's
+            // future is.
+            let _ = futures::FutureExt::now_or_never(w.subscribe("gave-up", spec(&t.0)));
+            // Two round trips: the first is queued behind the abandoned subscribe, the second
+            // behind whatever the thread queued while handling it.
+            let b1 = w.subscribe("b1", spec(&t.0.join("a"))).await.unwrap();
+            let b2 = w.subscribe("b2", spec(&t.0.join("a"))).await.unwrap();
+            assert!(
+                w.active("gave-up").is_none(),
+                "the abandoned subscription leaked"
+            );
+            assert!(w.active("b1").is_some() && w.active("b2").is_some());
+            drop((b1, b2));
+        });
+    }
+
+    #[test]
+    fn the_real_disk_follows_no_symlink_anywhere_below_a_root() {
+        let t = Tmp::new("disk");
+        let root = t.0.join("root");
+        let outside = t.0.join("etc");
+        std::fs::create_dir_all(root.join("d")).unwrap();
+        std::fs::create_dir_all(&outside).unwrap();
+        std::fs::write(outside.join("passwd"), "secret").unwrap();
+        std::fs::write(root.join("d/f"), "ok").unwrap();
+        // A dangling link that passed confinement, then retargeted outside; and a directory
+        // on the path replaced by a link.
+        std::os::unix::fs::symlink(&outside, root.join("a")).unwrap();
+        let ino = Inotify::init().unwrap();
+        let mut disk = RealDisk {
+            watches: ino.watches(),
+            wds: HashMap::new(),
+            roots: vec![root.clone()],
+            proc_fd: Path::new("/proc/self/fd").is_dir(),
+        };
+        assert_eq!(disk.stat(&root.join("d/f")).unwrap().size, 2);
+        assert_eq!(disk.stat(&root.join("a")).unwrap().kind, Kind::Symlink);
+        assert_eq!(disk.stat(&root.join("a/passwd")), None);
+        assert!(disk.list(&root.join("a")).is_err());
+        assert!(disk.add_watch(&root.join("a")).is_err());
+        assert!(
+            disk.stat(&outside.join("passwd")).is_none(),
+            "outside the roots"
+        );
+        assert!(disk.add_watch(&outside).is_err());
+        let names: Vec<String> = disk
+            .list(&root)
+            .unwrap()
+            .into_iter()
+            .map(|(n, _)| n)
+            .collect();
+        assert!(names.contains(&"d".to_owned()) && names.contains(&"a".to_owned()));
+        // The watches that are allowed: beneath the root, and the root's parent.
+        let w = disk.add_watch(&root.join("d")).unwrap();
+        assert_eq!(
+            disk.add_watch(&root.join("d")).unwrap(),
+            w,
+            "one inode, one watch"
+        );
+        disk.add_watch(&t.0).unwrap();
     }
 }
