@@ -52,7 +52,12 @@ pub struct Gateway {
 /// One upstream subscription, shared by every client watching its URI.
 struct SharedListen {
     stop: CancellationToken,
+    /// Whether the upstream acknowledged it (`None` until it answers).
+    acked: tokio::sync::watch::Receiver<Option<bool>>,
 }
+
+/// How long a listen's admission waits for the upstreams' acknowledgments.
+const ACK_WAIT: Duration = Duration::from_secs(5);
 
 impl Drop for SharedListen {
     fn drop(&mut self) {
@@ -182,8 +187,10 @@ impl Gateway {
                 up.slug
             )));
         }
+        let (ack, acked) = tokio::sync::watch::channel(None);
         let s = Arc::new(SharedListen {
             stop: self.shutdown.child_token(),
+            acked,
         });
         tokio::spawn(relay(
             up,
@@ -191,6 +198,7 @@ impl Gateway {
             key.clone(),
             self.feed.clone(),
             s.stop.clone(),
+            ack,
         ));
         shared.insert(key, Arc::downgrade(&s));
         Ok(s)
@@ -230,6 +238,7 @@ async fn relay(
     key: String,
     feed: ChangeFeed,
     stop: CancellationToken,
+    ack: tokio::sync::watch::Sender<Option<bool>>,
 ) {
     let mut failures = 0u32;
     loop {
@@ -265,7 +274,8 @@ async fn relay(
         };
         match got {
             Ok((live, mut sub)) => {
-                // The downstream ack went out before this upstream one: anything that changed
+                ack.send_replace(Some(true));
+                // A resubscription (or a client that joined early): anything that changed
                 // in between (or while resubscribing) is caught by the re-read this prompts.
                 feed.publish(&key);
                 let since = std::time::Instant::now();
@@ -293,6 +303,9 @@ async fn relay(
                 tracing::info!(slug = %up.slug, uri = %upstream_uri, "upstream subscription ended; resubscribing");
             }
             Err(e) => {
+                if ack.borrow().is_none() {
+                    ack.send_replace(Some(false));
+                }
                 tracing::warn!(slug = %up.slug, uri = %upstream_uri, error = %e, "upstream subscription failed");
             }
         }
@@ -303,6 +316,26 @@ async fn relay(
         tokio::select! {
             _ = stop.cancelled() => return,
             _ = tokio::time::sleep(delay) => {}
+        }
+    }
+}
+
+/// Sends `notifications/cancelled` for an upstream request when dropped while still armed.
+struct CancelUpstream(Option<(rmcp::Peer<rmcp::RoleClient>, rmcp::model::RequestId)>);
+
+impl Drop for CancelUpstream {
+    fn drop(&mut self) {
+        if let Some((peer, id)) = self.0.take()
+            && let Ok(rt) = tokio::runtime::Handle::try_current()
+        {
+            rt.spawn(async move {
+                let _ = peer
+                    .notify_cancelled(rmcp::model::CancelledNotificationParam::new(
+                        Some(id),
+                        Some("the caller cancelled the request".into()),
+                    ))
+                    .await;
+            });
         }
     }
 }
@@ -438,6 +471,32 @@ impl Source for Gateway {
         Ok(WatchGuard::new(self.share(uri)?))
     }
 
+    /// The ack names what the upstreams accepted (each asked in parallel, at most
+    /// [`ACK_WAIT`]), among the URIs this caller may watch.
+    async fn prepare_watch(&self, uris: &[String]) -> (Vec<String>, Vec<WatchGuard>) {
+        let waits = uris.iter().filter(|u| self.watchable(u)).filter_map(|u| {
+            let share = self.share(u).ok()?;
+            Some(async move {
+                let mut acked = share.acked.clone();
+                let ok = tokio::time::timeout(ACK_WAIT, acked.wait_for(Option::is_some))
+                    .await
+                    .ok()
+                    .and_then(Result::ok)
+                    .is_some_and(|a| *a == Some(true));
+                (u.clone(), ok, share)
+            })
+        });
+        let mut accepted = Vec::new();
+        let mut held = Vec::new();
+        for (u, ok, share) in futures::future::join_all(waits).await {
+            if ok {
+                accepted.push(u);
+                held.push(WatchGuard::new(share));
+            }
+        }
+        (accepted, held)
+    }
+
     fn changes(&self) -> ChangeFeed {
         self.feed.clone()
     }
@@ -494,7 +553,12 @@ impl Source for Gateway {
         // The upstream's progress (under the token rmcp gave this call) goes to this caller,
         // under the caller's own token.
         let _relaying = progress.map(|p| up.relay.register(handle.progress_token.clone(), p));
-        let answer = handle.await_response().await.map_err(broken)?;
+        // A caller that gives up (its request cancelled, its connection gone) drops this
+        // future: tell the upstream to stop too.
+        let mut cancel = CancelUpstream(Some((handle.peer.clone(), handle.id.clone())));
+        let answer = handle.await_response().await;
+        cancel.0 = None;
+        let answer = answer.map_err(broken)?;
         // The upstream sent its progress before its answer, but rmcp handles notifications in
         // tasks of their own: let those just started forward theirs before the answer leaves.
         for _ in 0..4 {

@@ -235,6 +235,8 @@ pub struct ListenAdmission {
     pub accepted: Vec<String>,
     /// `(feed key, URI as the caller wrote it)` for each accepted URI.
     keys: Vec<(String, String)>,
+    /// Watches the source started while admitting, held as long as the listen is.
+    _held: Arc<Vec<crate::mcp::source::WatchGuard>>,
 }
 
 impl ListenAdmission {
@@ -258,13 +260,13 @@ impl SourceServer {
 
     /// Admits a listen asking for `requested` URIs on `conn`: checks the limits, reserves a
     /// stream slot and registers the accepted URIs with the hub, all before the ack.
-    pub fn admit_listen(
+    pub async fn admit_listen(
         &self,
         requested: &[String],
         conn: &ConnStreams,
     ) -> Result<ListenAdmission, McpError> {
         let slot = check_listen(&self.shared.limits, requested.len(), conn)?;
-        let accepted = self.accepted_uris(requested);
+        let (accepted, held) = self.shared.source.prepare_watch(requested).await;
         let keys: Vec<(String, String)> = accepted
             .iter()
             .map(|u| (self.shared.source.feed_key(u), u.clone()))
@@ -276,6 +278,7 @@ impl SourceServer {
             registration: Arc::new(std::sync::Mutex::new(Some(registration))),
             accepted,
             keys,
+            _held: Arc::new(held),
         })
     }
 }
@@ -344,7 +347,7 @@ impl Service<RoleServer> for ConnServer {
                         .resource_subscriptions
                         .as_deref()
                         .unwrap_or_default();
-                    let admission = self.server.admit_listen(requested, &self.conn)?;
+                    let admission = self.server.admit_listen(requested, &self.conn).await?;
                     context.extensions.insert(admission);
                 }
                 self.server.handle_request(request, context).await
@@ -872,6 +875,7 @@ mod tests {
         let conn = ConnStreams::default();
         let admission = s
             .admit_listen(&["memo://notes".into(), "memo://unknown".into()], &conn)
+            .await
             .unwrap();
         assert_eq!(s.feed().listeners("memo://notes"), 1);
         assert_eq!(
@@ -927,10 +931,10 @@ mod tests {
         .await;
         let conn = ConnStreams::default();
         let three: Vec<String> = (0..3).map(|i| format!("memo://{i}")).collect();
-        let err = s.admit_listen(&three, &conn).err().unwrap();
+        let err = s.admit_listen(&three, &conn).await.err().unwrap();
         assert_eq!(err.code.0, -32602);
-        let _one = s.admit_listen(&three[..1], &conn).unwrap();
-        let err = s.admit_listen(&three[..1], &conn).err().unwrap();
+        let _one = s.admit_listen(&three[..1], &conn).await.unwrap();
+        let err = s.admit_listen(&three[..1], &conn).await.err().unwrap();
         assert!(
             err.message.contains("1 open listen streams"),
             "{}",

@@ -185,6 +185,16 @@ pub trait Source: Send + Sync + 'static {
     /// Whether a listen stream may subscribe to `uri`.
     fn watchable(&self, uri: &str) -> bool;
 
+    /// Before a listen is acknowledged: which of `uris` this caller's listen may name, and
+    /// holds that keep their watches up meanwhile. The default is [`Source::watchable`]; the
+    /// gateway subscribes upstream and answers with what the upstreams accepted.
+    async fn prepare_watch(&self, uris: &[String]) -> (Vec<String>, Vec<WatchGuard>) {
+        (
+            uris.iter().filter(|u| self.watchable(u)).cloned().collect(),
+            Vec::new(),
+        )
+    }
+
     /// The key `uri`'s changes are published under on the change feed, as this caller sees
     /// it. Most sources publish the URI itself; the gateway publishes `slug+URI`, because the
     /// same URI may name different servers for different callers.

@@ -146,6 +146,8 @@ pub async fn connect<H: ClientHandler>(
                 .stdin(Stdio::piped())
                 .stdout(Stdio::piped())
                 .stderr(Stdio::inherit())
+                // The client's own credential is not the server's business.
+                .env_remove("HERALD_TOKEN")
                 .kill_on_drop(true)
                 .spawn()
                 .map_err(|e| ConnectError::Spawn {

@@ -215,9 +215,7 @@ async fn listen_gate(State(server): State<SourceServer>, req: Request, next: Nex
             .unwrap_or_default();
         // What this caller may watch decides what is registered before the ack.
         let caller = http_caller(&parts.headers, &parts.uri);
-        let admitted = caller
-            .scope(async { server.admit_listen(&requested, &conn) })
-            .await;
+        let admitted = caller.scope(server.admit_listen(&requested, &conn)).await;
         match admitted {
             Ok(admission) => {
                 // rmcp acknowledges what the request names; narrow it to what was admitted.

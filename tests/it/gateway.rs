@@ -246,6 +246,21 @@ async fn listens_are_shared_upstream_and_survive_an_upstream_restart() {
         1,
         "two clients, one upstream subscription"
     );
+    // The ack names what the upstream accepted: memo serves no memo://nope.
+    let mixed = one
+        .listen(
+            SubscriptionFilter::builder()
+                .resource_subscription("a+memo://notes")
+                .resource_subscription("a+memo://nope")
+                .build(),
+        )
+        .await
+        .unwrap();
+    assert_eq!(
+        mixed.acknowledged().resource_subscriptions,
+        Some(vec!["a+memo://notes".to_owned()])
+    );
+    drop(mixed);
     // A token may not watch what it may not see: the ack leaves it out.
     let a_only = client(&s, Some(ONLY_A), None).await;
     tools(&a_only, 2).await;
