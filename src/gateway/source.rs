@@ -1,7 +1,7 @@
 //! [`Gateway`]: the gateway as a [`Source`]. See the module docs of [`crate::gateway`].
 
 use std::collections::{BTreeSet, HashMap};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
@@ -19,6 +19,7 @@ use tokio_util::sync::CancellationToken;
 use crate::gateway::config::{GatewayConfig, Token, valid_slug};
 use crate::gateway::upstream::{REQUEST_TIMEOUT, Upstream, upstream_error};
 use crate::mcp::hub::ChangeFeed;
+use crate::mcp::metrics::EVENTS_LIST_FAILED;
 use crate::mcp::source::{
     Body, Caller, Contents, Progress, Source, SourceError, SourceInfo, WatchGuard, caller,
 };
@@ -35,9 +36,6 @@ const MAX_SHARED_PER_SLUG: usize = 48;
 
 /// The longest long poll relayed (the upstream's own cap is 30 s).
 const MAX_LONG_POLL: Duration = Duration::from_secs(60);
-
-/// `events/list` calls that failed after the slug's handshake advertised events (a fault).
-pub static EVENTS_LIST_FAILED: AtomicU64 = AtomicU64::new(0);
 
 pub struct Gateway {
     upstreams: Vec<Arc<Upstream>>,

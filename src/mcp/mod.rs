@@ -4,6 +4,7 @@
 
 pub mod events;
 pub mod hub;
+pub mod metrics;
 pub mod ring;
 pub mod server;
 pub mod source;

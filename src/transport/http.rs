@@ -83,6 +83,15 @@ pub fn router(
         .nest_service(MCP_PATH, service)
         .layer(axum::middleware::from_fn_with_state(gate, listen_gate))
         .route("/live", axum::routing::get(|| async { "ok\n" }))
+        .route(
+            "/metrics",
+            axum::routing::get(|| async {
+                (
+                    [(header::CONTENT_TYPE, "text/plain; version=0.0.4")],
+                    crate::mcp::metrics::render(),
+                )
+            }),
+        )
 }
 
 /// Serves `router` on `listener` until `shutdown`, then drains open connections for up to

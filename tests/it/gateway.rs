@@ -441,6 +441,36 @@ async fn events_and_quic_tokens() {
         -32024
     );
 
+    // Mcp-Method and Mcp-Name headers are accepted on events/poll.
+    let body = json!({"jsonrpc": "2.0", "id": 9, "method": "events/poll",
+        "params": {"_meta": meta(), "name": "a__memo.changed", "arguments": {}, "cursor": null}});
+    let resp = reqwest::Client::new()
+        .post(s.gw.http_url())
+        .header("content-type", "application/json")
+        .header("accept", "application/json, text/event-stream")
+        .header("mcp-protocol-version", "2026-07-28")
+        .header("mcp-method", "events/poll")
+        .header("mcp-name", "a__memo.changed")
+        .header("authorization", format!("Bearer {ALL}"))
+        .body(body.to_string())
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 200);
+    let text = resp.text().await.unwrap();
+    assert!(text.contains("\"cursor\""), "{text}");
+    // The events/list fault counter is exported.
+    let metrics = reqwest::get(s.gw.http_url().replace("/mcp", "/metrics"))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(
+        metrics.contains("\nherald_events_list_failed_total 0\n"),
+        "{metrics}"
+    );
+
     // Over QUIC, the token rides in each request's _meta.
     let trust = ClientTrust {
         pin: Some(s.gw.fingerprint()),
@@ -581,4 +611,49 @@ async fn progress_of_upstream_calls_is_relayed() {
     }
     got.sort();
     assert_eq!(got, [(1, "step 1".to_owned()), (2, "step 2".to_owned())]);
+    // The fixture advertises Events but cannot list them: an empty union, and a fault
+    // counted in /metrics (served on the gateway's HTTP endpoint).
+    let gw_http = Server::spawn(&[
+        "--store",
+        ":memory:",
+        "gateway",
+        "--config",
+        cfg.to_str().unwrap(),
+        "--http",
+        "127.0.0.1:0",
+    ])
+    .await;
+    let trust = ClientTrust {
+        token: Some(Secret(ALL.to_owned())),
+        ..ClientTrust::default()
+    };
+    let h = connect(
+        &Target::Http(gw_http.http_url()),
+        &trust,
+        client_config(),
+        4 << 20,
+    )
+    .await
+    .unwrap();
+    let listed = h
+        .send_request(ClientRequest::CustomRequest(CustomRequest::new(
+            "events/list",
+            Some(json!({})),
+        )))
+        .await
+        .unwrap();
+    assert!(
+        format!("{listed:?}").contains("\"events\": Array []"),
+        "{listed:?}"
+    );
+    let metrics = reqwest::get(gw_http.http_url().replace("/mcp", "/metrics"))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(
+        metrics.contains("\nherald_events_list_failed_total 1\n"),
+        "{metrics}"
+    );
 }
