@@ -1,17 +1,14 @@
 //! `herald file`: the file source, from flags and/or a small TOML file.
 
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context;
 use clap::Args;
 use serde::Deserialize;
 use tokio_util::sync::CancellationToken;
-use tokio_util::task::TaskTracker;
 
-use crate::app;
-use crate::cli::serve::{ServeArgs, announce};
+use crate::cli::serve::{ServeArgs, serve_until_stopped};
 use crate::cli::{Exit, Globals, usage};
 use crate::mcp::ring::DEFAULT_RING_CAPACITY;
 use crate::source::file::{
@@ -121,22 +118,14 @@ pub async fn run(args: FileArgs, globals: &Globals) -> Result<(), Exit> {
     } else {
         Store::memory()
     };
-    let shutdown = CancellationToken::new();
-    app::cancel_on_signals(shutdown.clone());
-    let tracker = TaskTracker::new();
-    let bound = app::serve_source(
-        Arc::new(source),
+    serve_until_stopped(
+        source,
         &args.serve.options(),
         &store,
-        &shutdown,
-        &tracker,
+        CancellationToken::new(),
+        globals,
     )
     .await
-    .map_err(|e| usage(e.into()))?;
-    announce(&bound, globals.log_format);
-    shutdown.cancelled().await;
-    app::drain(tracker).await;
-    Ok(())
 }
 
 #[cfg(test)]

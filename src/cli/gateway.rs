@@ -1,14 +1,11 @@
 //! `herald gateway`: many servers behind one endpoint; `herald check`: validate a config.
 
 use std::path::PathBuf;
-use std::sync::Arc;
 
 use clap::Args;
 use tokio_util::sync::CancellationToken;
-use tokio_util::task::TaskTracker;
 
-use crate::app;
-use crate::cli::serve::{ServeArgs, announce};
+use crate::cli::serve::{ServeArgs, serve_until_stopped};
 use crate::cli::{Exit, Globals};
 use crate::gateway::Gateway;
 use crate::gateway::config::GatewayConfig;
@@ -44,17 +41,9 @@ pub async fn run(args: GatewayArgs, globals: &Globals) -> Result<(), Exit> {
     }
     let store = globals.open_store().await?;
     let shutdown = CancellationToken::new();
-    app::cancel_on_signals(shutdown.clone());
     let gateway = Gateway::new(&cfg, opts.limits.max_message_bytes, shutdown.clone());
     gateway.warm_up(std::time::Duration::from_secs(5)).await;
-    let tracker = TaskTracker::new();
-    let bound = app::serve_source(Arc::new(gateway), &opts, &store, &shutdown, &tracker)
-        .await
-        .map_err(|e| crate::cli::usage(e.into()))?;
-    announce(&bound, globals.log_format);
-    shutdown.cancelled().await;
-    app::drain(tracker).await;
-    Ok(())
+    serve_until_stopped(gateway, &opts, &store, shutdown, globals).await
 }
 
 pub fn check(args: CheckArgs) -> Result<(), Exit> {

@@ -1,14 +1,11 @@
 //! `herald k8s`: the Kubernetes / kcp source.
 
 use std::path::PathBuf;
-use std::sync::Arc;
 
 use clap::Args;
 use tokio_util::sync::CancellationToken;
-use tokio_util::task::TaskTracker;
 
-use crate::app;
-use crate::cli::serve::{ServeArgs, announce};
+use crate::cli::serve::{ServeArgs, serve_until_stopped};
 use crate::cli::{Exit, Globals};
 use crate::mcp::ring::DEFAULT_RING_CAPACITY;
 use crate::source::k8s::kubectl::KubectlConfig;
@@ -91,20 +88,12 @@ pub async fn run(args: K8sArgs, globals: &Globals) -> Result<(), Exit> {
     };
     let source = K8s::new(cfg, opts).map_err(|e| crate::cli::usage(e.into()))?;
     let store = globals.open_store().await?;
-    let shutdown = CancellationToken::new();
-    app::cancel_on_signals(shutdown.clone());
-    let tracker = TaskTracker::new();
-    let bound = app::serve_source(
-        Arc::new(source),
+    serve_until_stopped(
+        source,
         &args.serve.options(),
         &store,
-        &shutdown,
-        &tracker,
+        CancellationToken::new(),
+        globals,
     )
     .await
-    .map_err(|e| crate::cli::usage(e.into()))?;
-    announce(&bound, globals.log_format);
-    shutdown.cancelled().await;
-    app::drain(tracker).await;
-    Ok(())
 }

@@ -1,13 +1,9 @@
 //! `herald memo`: the memo source.
 
-use std::sync::Arc;
-
 use clap::Args;
 use tokio_util::sync::CancellationToken;
-use tokio_util::task::TaskTracker;
 
-use crate::app;
-use crate::cli::serve::{ServeArgs, announce};
+use crate::cli::serve::{ServeArgs, serve_until_stopped};
 use crate::cli::{Exit, Globals};
 use crate::mcp::ring::DEFAULT_RING_CAPACITY;
 use crate::source::memo::Memo;
@@ -24,20 +20,12 @@ pub struct MemoArgs {
 pub async fn run(args: MemoArgs, globals: &Globals) -> Result<(), Exit> {
     let store = globals.open_store().await?;
     let memo = Memo::open(store.clone(), args.ring_capacity).await?;
-    let shutdown = CancellationToken::new();
-    app::cancel_on_signals(shutdown.clone());
-    let tracker = TaskTracker::new();
-    let bound = app::serve_source(
-        Arc::new(memo),
+    serve_until_stopped(
+        memo,
         &args.serve.options(),
         &store,
-        &shutdown,
-        &tracker,
+        CancellationToken::new(),
+        globals,
     )
     .await
-    .map_err(|e| crate::cli::usage(e.into()))?;
-    announce(&bound, globals.log_format);
-    shutdown.cancelled().await;
-    app::drain(tracker).await;
-    Ok(())
 }

@@ -4,9 +4,16 @@ use std::path::PathBuf;
 
 use clap::Args;
 
-use crate::app::{Bound, ServeOptions};
-use crate::cli::LogFormat;
+use std::sync::Arc;
+
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+use crate::app::{self, Bound, ServeOptions};
+use crate::cli::{Exit, Globals, LogFormat};
 use crate::mcp::server::Limits;
+use crate::mcp::source::Source;
+use crate::store::Store;
 use crate::transport::http::HttpOptions;
 
 #[derive(Debug, Clone, Args)]
@@ -100,4 +107,24 @@ pub fn announce(bound: &Bound, format: LogFormat) {
             }
         }
     }
+}
+
+/// Serves `source` as `opts` says until SIGINT, SIGTERM or `shutdown`, then drains: the whole
+/// life of a server role after its source is built.
+pub async fn serve_until_stopped(
+    source: impl Source,
+    opts: &ServeOptions,
+    store: &Store,
+    shutdown: CancellationToken,
+    globals: &Globals,
+) -> Result<(), Exit> {
+    app::cancel_on_signals(shutdown.clone());
+    let tracker = TaskTracker::new();
+    let bound = app::serve_source(Arc::new(source), opts, store, &shutdown, &tracker)
+        .await
+        .map_err(|e| crate::cli::usage(e.into()))?;
+    announce(&bound, globals.log_format);
+    shutdown.cancelled().await;
+    app::drain(tracker).await;
+    Ok(())
 }

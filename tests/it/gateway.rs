@@ -95,6 +95,19 @@ async fn tools(c: &Connection, n: usize) -> Vec<String> {
     names
 }
 
+/// The resource URIs `c` sees, sorted.
+async fn resource_uris(c: &Connection) -> Vec<String> {
+    let mut uris: Vec<String> = c
+        .list_all_resources()
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|r| r.uri.clone())
+        .collect();
+    uris.sort();
+    uris
+}
+
 async fn call_err(c: &Connection, tool: &str, a: Value) -> rmcp::ErrorData {
     match c
         .call_tool(CallToolRequestParams::new(tool.to_owned()).with_arguments(args(a)))
@@ -168,14 +181,7 @@ async fn resources_are_merged_and_same_uris_prefixed() {
     let s = setup().await;
     let all = client(&s, Some(ALL), None).await;
     tools(&all, 6).await;
-    let mut uris: Vec<String> = all
-        .list_all_resources()
-        .await
-        .unwrap()
-        .into_iter()
-        .map(|r| r.uri.clone())
-        .collect();
-    uris.sort();
+    let uris = resource_uris(&all).await;
     assert_eq!(
         uris,
         [
@@ -194,14 +200,7 @@ async fn resources_are_merged_and_same_uris_prefixed() {
     // A token limited to a sees a's resources under their own URIs (no collision for it).
     let a_only = client(&s, Some(ONLY_A), None).await;
     tools(&a_only, 2).await;
-    let mut uris: Vec<String> = a_only
-        .list_all_resources()
-        .await
-        .unwrap()
-        .into_iter()
-        .map(|r| r.uri.clone())
-        .collect();
-    uris.sort();
+    let uris = resource_uris(&a_only).await;
     assert_eq!(uris, ["memo://log", "memo://notes"]);
     let err = a_only
         .read_resource(rmcp::model::ReadResourceRequestParams::new(
