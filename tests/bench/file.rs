@@ -20,28 +20,13 @@ use std::time::{Duration, Instant};
 use herald::transport::client::{Target, client_config, connect};
 use herald::transport::tls::ClientTrust;
 use rmcp::model::{ReadResourceRequestParams, ServerNotification, SubscriptionFilter};
-use serde_json::Value;
+
 use tokio::io::{AsyncBufReadExt, BufReader};
 
-const BIN: &str = env!("CARGO_BIN_EXE_herald");
+#[path = "common.rs"]
+mod common;
 
-fn pct(sorted: &[Duration], p: f64) -> Duration {
-    let i = ((sorted.len() as f64 - 1.0) * p).round() as usize;
-    sorted[i]
-}
-
-fn ms(d: Duration) -> String {
-    format!("{:.3} ms", d.as_secs_f64() * 1e3)
-}
-
-fn rss_kib(pid: u32) -> u64 {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
-    status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))
-        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
-        .unwrap_or(0)
-}
+use common::{BIN, ms, pct, rss_kib};
 
 struct Tmp(PathBuf);
 
@@ -192,35 +177,18 @@ async fn big_tree() {
     // herald: spawn -> listening -> first read of the recursive event log (the watch is set
     // up, every directory listed, inside that read).
     let started = Instant::now();
-    let mut child = tokio::process::Command::new(BIN)
-        .args([
-            "--log-format",
-            "json",
-            "--store",
-            ":memory:",
-            "file",
-            "--root",
-            &root,
-            "--http",
-            "127.0.0.1:0",
-        ])
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .kill_on_drop(true)
-        .spawn()
-        .unwrap();
-    let mut err = BufReader::new(child.stderr.take().unwrap()).lines();
-    let url = loop {
-        let l = err.next_line().await.unwrap().expect("listening line");
-        if let Ok(v) = serde_json::from_str::<Value>(&l)
-            && v["event"] == "listening"
-        {
-            break v["http_url"].as_str().unwrap().to_owned();
-        }
-    };
+    let (child, v) = common::serve(&[
+        "--store",
+        ":memory:",
+        "file",
+        "--root",
+        &root,
+        "--http",
+        "127.0.0.1:0",
+    ])
+    .await;
+    let url = v["http_url"].as_str().unwrap().to_owned();
     let listening = started.elapsed();
-    tokio::spawn(async move { while let Ok(Some(_)) = err.next_line().await {} });
     let pid = child.id().unwrap();
     let idle = rss_kib(pid);
     let conn = connect(

@@ -21,22 +21,13 @@ use herald::watch::log::WatchLog;
 use herald::watch::manager::{Server, WatchConfig, WatchManager};
 use kube_fake::FakeApi;
 use rmcp::model::SubscriptionFilter;
-use serde_json::{Value, json};
-use tokio::io::{AsyncBufReadExt, AsyncReadExt, BufReader};
+use serde_json::json;
+use tokio::io::AsyncReadExt;
 
-const BIN: &str = env!("CARGO_BIN_EXE_herald");
+#[path = "common.rs"]
+mod common;
 
-fn rss_kib(pid: u32) -> u64 {
-    std::fs::read_to_string(format!("/proc/{pid}/status"))
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find(|l| l.starts_with("VmRSS:"))
-                .and_then(|l| l.split_whitespace().nth(1))
-                .and_then(|v| v.parse().ok())
-        })
-        .unwrap_or(0)
-}
+use common::rss_kib;
 
 fn children(pid: u32) -> Vec<u32> {
     let mut out = Vec::new();
@@ -58,36 +49,20 @@ fn children(pid: u32) -> Vec<u32> {
 
 /// `herald k8s` on HTTP; its URL and process.
 async fn herald_k8s(kubeconfig: &str, ring: usize) -> (String, tokio::process::Child) {
-    let mut child = tokio::process::Command::new(BIN)
-        .args([
-            "--log-format",
-            "json",
-            "--store",
-            ":memory:",
-            "k8s",
-            "--http",
-            "127.0.0.1:0",
-            "--kubeconfig",
-            kubeconfig,
-            "--ring-capacity",
-            &ring.to_string(),
-        ])
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .kill_on_drop(true)
-        .spawn()
-        .unwrap();
-    let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
-    loop {
-        let l = lines.next_line().await.unwrap().expect("a listening line");
-        if let Ok(v) = serde_json::from_str::<Value>(&l)
-            && v["event"] == "listening"
-        {
-            tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
-            return (v["http_url"].as_str().unwrap().to_owned(), child);
-        }
-    }
+    let ring = ring.to_string();
+    let (child, v) = common::serve(&[
+        "--store",
+        ":memory:",
+        "k8s",
+        "--http",
+        "127.0.0.1:0",
+        "--kubeconfig",
+        kubeconfig,
+        "--ring-capacity",
+        &ring,
+    ])
+    .await;
+    (v["http_url"].as_str().unwrap().to_owned(), child)
 }
 
 fn put_all(api: &FakeApi, n: usize, round: usize) {

@@ -5,16 +5,17 @@
 //! `cargo bench --bench notify` (HERALD_BENCH_N overrides the 10,000 calls per transport).
 //! Targets on a 2-core machine: p99 < 2 ms on stdio and QUIC, < 5 ms on HTTP; idle RSS < 15 MB.
 
-use std::process::Stdio;
 use std::time::{Duration, Instant};
 
 use herald::transport::client::{Target, client_config, connect};
 use herald::transport::tls::ClientTrust;
 use rmcp::model::{CallToolRequestParams, ServerNotification, SubscriptionFilter};
 use serde_json::{Value, json};
-use tokio::io::{AsyncBufReadExt, BufReader};
 
-const BIN: &str = env!("CARGO_BIN_EXE_herald");
+#[path = "common.rs"]
+mod common;
+
+use common::{BIN, ms, pct, rss_kib};
 
 struct Spawned {
     child: tokio::process::Child,
@@ -22,40 +23,8 @@ struct Spawned {
 }
 
 async fn spawn(args: &[&str]) -> Spawned {
-    let mut child = tokio::process::Command::new(BIN)
-        .arg("--log-format")
-        .arg("json")
-        .args(args)
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .kill_on_drop(true)
-        .spawn()
-        .expect("spawn herald");
-    let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
-    let listening = loop {
-        let line = lines
-            .next_line()
-            .await
-            .unwrap()
-            .expect("herald printed its addresses");
-        if let Ok(v) = serde_json::from_str::<Value>(&line)
-            && v["event"] == "listening"
-        {
-            break v;
-        }
-    };
-    tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
+    let (child, listening) = common::serve(args).await;
     Spawned { child, listening }
-}
-
-fn pct(sorted: &[Duration], p: f64) -> Duration {
-    let i = ((sorted.len() as f64 - 1.0) * p).round() as usize;
-    sorted[i]
-}
-
-fn ms(d: Duration) -> String {
-    format!("{:.3} ms", d.as_secs_f64() * 1e3)
 }
 
 async fn run(name: &str, target: Target, trust: ClientTrust, n: usize) -> Vec<Duration> {
@@ -104,15 +73,6 @@ async fn call_and_wait(
         ServerNotification::ResourceUpdatedNotification(_) => responded.elapsed(),
         other => panic!("unexpected {other:?}"),
     }
-}
-
-fn rss_kib(pid: u32) -> u64 {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
-    status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))
-        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
-        .unwrap_or(0)
 }
 
 #[tokio::main]

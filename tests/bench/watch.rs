@@ -44,15 +44,10 @@ unsafe impl GlobalAlloc for Counting {
 #[global_allocator]
 static ALLOC: Counting = Counting;
 
-const BIN: &str = env!("CARGO_BIN_EXE_herald");
+#[path = "common.rs"]
+mod common;
 
-fn pct(sorted: &[Duration], p: f64) -> Duration {
-    sorted[((sorted.len() as f64 - 1.0) * p).round() as usize]
-}
-
-fn ms(d: Duration) -> String {
-    format!("{:.3} ms", d.as_secs_f64() * 1e3)
-}
+use common::{BIN, listening, ms, pct};
 
 fn diff_bench(kubernetes: bool) {
     // Kubernetes-like items carry metadata.uid + resourceVersion (compared by version);
@@ -131,24 +126,6 @@ fn diff_bench(kubernetes: bool) {
 struct Proc {
     _child: Child,
     out: Lines<BufReader<ChildStdout>>,
-}
-
-async fn listening(child: &mut Child) -> Value {
-    let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
-    let v = loop {
-        let l = lines
-            .next_line()
-            .await
-            .unwrap()
-            .expect("printed its addresses");
-        if let Ok(v) = serde_json::from_str::<Value>(&l)
-            && v["event"] == "listening"
-        {
-            break v;
-        }
-    };
-    tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
-    v
 }
 
 async fn watch_proc(server: &[&str]) -> (Proc, Child, Value) {
