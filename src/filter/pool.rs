@@ -137,8 +137,7 @@ impl FilterPool {
             .send(job)
             .await
             .map_err(|_| FilterError::Worker("the filter pool has stopped".into()))?;
-        answer(rx)
-            .await
+        rx.await
             .map_err(|_| FilterError::Worker("the filter pool has stopped".into()))?
     }
 
@@ -165,7 +164,7 @@ impl FilterPool {
             .send(job)
             .await
             .map_err(|_| FilterError::Worker("the filter pool has stopped".into()))?;
-        let packed = answer(rx)
+        let packed = rx
             .await
             .map_err(|_| FilterError::Worker("the filter pool has stopped".into()))??;
         // A batch comes back packed as one outcome whose value is the list of results.
@@ -522,12 +521,6 @@ fn unpack(v: Value) -> Result<Outcome, FilterError> {
         message: "unknown error".into(),
     });
     Err(FilterError::Python(err))
-}
-
-/// Awaits a driver's answer. (Spinning here as well was measured: on a 2-core machine a third
-/// busy context next to the driver and the worker made a single event 5x slower.)
-async fn answer<T>(rx: oneshot::Receiver<T>) -> Result<T, oneshot::error::RecvError> {
-    rx.await
 }
 
 /// How long to spin for a worker's answer before sleeping on it. A filter usually answers in

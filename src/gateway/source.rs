@@ -40,8 +40,6 @@ const MAX_LONG_POLL: Duration = Duration::from_secs(60);
 pub struct Gateway {
     upstreams: Vec<Arc<Upstream>>,
     tokens: Vec<Token>,
-    /// With no tokens configured, who may use the gateway without one: only local (stdio)
-    /// callers.
     feed: ChangeFeed,
     shared: Arc<Mutex<HashMap<String, Weak<SharedListen>>>>,
     shutdown: CancellationToken,

@@ -205,7 +205,14 @@ async fn listen_gate(State(server): State<SourceServer>, req: Request, next: Nex
                 .into_response();
         }
     };
-    if let Ok(v) = serde_json::from_slice::<Value>(&bytes)
+    // Only a body naming the method is parsed here (a cheap scan first: rmcp parses every body
+    // again anyway). A listen that hides its method name in JSON escapes skips admission and
+    // is then refused by the handler, which serves no unadmitted listen.
+    let names_listen = bytes
+        .windows(b"subscriptions/listen".len())
+        .any(|w| w == b"subscriptions/listen");
+    if names_listen
+        && let Ok(v) = serde_json::from_slice::<Value>(&bytes)
         && v.get("method").and_then(Value::as_str) == Some("subscriptions/listen")
     {
         let requested: Vec<String> = v
