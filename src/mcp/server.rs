@@ -249,15 +249,6 @@ impl ListenAdmission {
 }
 
 impl SourceServer {
-    /// The URIs of `requested` this server accepts for a listen.
-    fn accepted_uris(&self, requested: &[String]) -> Vec<String> {
-        requested
-            .iter()
-            .filter(|u| self.shared.source.watchable(u))
-            .cloned()
-            .collect()
-    }
-
     /// Admits a listen asking for `requested` URIs on `conn`: checks the limits, reserves a
     /// stream slot and registers the accepted URIs with the hub, all before the ack.
     pub async fn admit_listen(
@@ -338,16 +329,22 @@ impl Service<RoleServer> for ConnServer {
             servers: None,
             local: self.local,
         };
+        let mut request = request;
         caller
             .scope(async move {
-                if let ClientRequest::SubscriptionsListenRequest(r) = &request {
+                if let ClientRequest::SubscriptionsListenRequest(r) = &mut request {
                     let requested = r
                         .params
                         .notifications
                         .resource_subscriptions
-                        .as_deref()
+                        .clone()
                         .unwrap_or_default();
-                    let admission = self.server.admit_listen(requested, &self.conn).await?;
+                    let admission = self.server.admit_listen(&requested, &self.conn).await?;
+                    // rmcp acknowledges what the request names: narrow it to what was admitted.
+                    if r.params.notifications.resource_subscriptions.is_some() {
+                        r.params.notifications.resource_subscriptions =
+                            Some(admission.accepted.clone());
+                    }
                     context.extensions.insert(admission);
                 }
                 self.server.handle_request(request, context).await
@@ -479,11 +476,7 @@ impl ServerHandler for HttpServer {
         &self,
         requested: &SubscriptionFilter,
     ) -> Option<SubscriptionFilter> {
-        // The HTTP listen gate admitted this listen in the caller's scope and rewrote the
-        // request to the URIs it accepted (this method has no request context to scope).
-        let mut accepted = SubscriptionFilter::default();
-        accepted.resource_subscriptions = requested.resource_subscriptions.clone();
-        Some(accepted)
+        self.0.accepted_subscription_filter(requested)
     }
 
     async fn listen(&self, ctx: SubscriptionContext) -> Result<(), McpError> {
@@ -706,10 +699,12 @@ impl ServerHandler for SourceServer {
         &self,
         requested: &SubscriptionFilter,
     ) -> Option<SubscriptionFilter> {
+        // Admission (in the caller's scope, before this) decided, and narrowed the request to
+        // what it accepted: on byte streams in `ConnServer`, on HTTP in the listen gate. This
+        // method has no request context to decide with; a listen that skipped admission is
+        // refused in `listen`.
         let mut accepted = SubscriptionFilter::default();
-        if let Some(uris) = &requested.resource_subscriptions {
-            accepted.resource_subscriptions = Some(self.accepted_uris(uris));
-        }
+        accepted.resource_subscriptions = requested.resource_subscriptions.clone();
         Some(accepted)
     }
 

@@ -485,6 +485,22 @@ async fn events_and_quic_tokens() {
     .await
     .unwrap();
     assert_eq!(tools(&q, 2).await, ["a__memo_delete", "a__memo_set"]);
+    // The ack over QUIC names only what the upstream accepted, and what this token may see.
+    let sub = q
+        .listen(
+            SubscriptionFilter::builder()
+                .resource_subscription("a+memo://notes")
+                .resource_subscription("a+memo://nope")
+                .resource_subscription("b+memo://notes")
+                .build(),
+        )
+        .await
+        .unwrap();
+    assert_eq!(
+        sub.acknowledged().resource_subscriptions,
+        Some(vec!["a+memo://notes".to_owned()])
+    );
+    drop(sub);
     let anon = ClientTrust {
         pin: Some(s.gw.fingerprint()),
         ..ClientTrust::default()
