@@ -231,8 +231,6 @@ impl SourceServer {
 pub struct ListenAdmission {
     _slot: StreamSlot,
     registration: Arc<std::sync::Mutex<Option<Registration>>>,
-    /// The requested URIs this caller may watch (what the ack will name).
-    pub accepted: Vec<String>,
     /// `(feed key, URI as the caller wrote it)` for each accepted URI.
     keys: Vec<(String, String)>,
     /// Watches the source started while admitting, held as long as the listen is.
@@ -240,6 +238,11 @@ pub struct ListenAdmission {
 }
 
 impl ListenAdmission {
+    /// The requested URIs this caller may watch (what the ack will name).
+    pub fn accepted(&self) -> Vec<String> {
+        self.keys.iter().map(|(_, u)| u.clone()).collect()
+    }
+
     fn take(&self) -> Option<Registration> {
         self.registration
             .lock()
@@ -267,7 +270,6 @@ impl SourceServer {
         Ok(ListenAdmission {
             _slot: slot,
             registration: Arc::new(std::sync::Mutex::new(Some(registration))),
-            accepted,
             keys,
             _held: Arc::new(held),
         })
@@ -342,8 +344,7 @@ impl Service<RoleServer> for ConnServer {
                     let admission = self.server.admit_listen(&requested, &self.conn).await?;
                     // rmcp acknowledges what the request names: narrow it to what was admitted.
                     if r.params.notifications.resource_subscriptions.is_some() {
-                        r.params.notifications.resource_subscriptions =
-                            Some(admission.accepted.clone());
+                        r.params.notifications.resource_subscriptions = Some(admission.accepted());
                     }
                     context.extensions.insert(admission);
                 }

@@ -236,11 +236,11 @@ async fn listen_gate(State(server): State<SourceServer>, req: Request, next: Nex
             Ok(admission) => {
                 // rmcp acknowledges what the request names; narrow it to what was admitted.
                 if let Some(subs) = v.pointer("/params/notifications/resourceSubscriptions")
-                    && subs.as_array().map(Vec::len) != Some(admission.accepted.len())
+                    && subs.as_array().map(Vec::len) != Some(admission.accepted().len())
                 {
                     let mut v = v.clone();
                     v["params"]["notifications"]["resourceSubscriptions"] =
-                        json!(admission.accepted);
+                        json!(admission.accepted());
                     bytes = v.to_string().into_bytes().into();
                 }
                 parts.extensions.insert(admission);

@@ -42,13 +42,7 @@ pub struct K8s {
     kubectl: Arc<Kubectl>,
     feed: ChangeFeed,
     watchers: Mutex<HashMap<String, Weak<Watcher>>>,
-    read_write: bool,
-    ring_capacity: usize,
-    /// How long a watcher outlives its last subscriber (and its last read), so a client that
-    /// resubscribes finds its ring and seq where it left them.
-    linger: Duration,
-    /// Most URIs watched at once (each is one `kubectl get -w`).
-    max_watchers: usize,
+    opts: K8sOptions,
     /// The watchers `events/poll` keeps between polls, by URI.
     polls: Leases<Lease>,
 }
@@ -61,9 +55,14 @@ pub const KCP_CHANGED: &str = "kcp.changed";
 /// Settings of the k8s source beyond kubectl's.
 #[derive(Debug, Clone)]
 pub struct K8sOptions {
+    /// Offer kubectl_apply and kubectl_delete.
     pub read_write: bool,
+    /// Events kept per watched URI.
     pub ring_capacity: usize,
+    /// How long a watcher outlives its last subscriber (and its last read), so a client that
+    /// resubscribes finds its ring and seq where it left them.
     pub linger: Duration,
+    /// Most URIs watched at once (each is one `kubectl get -w`).
     pub max_watchers: usize,
 }
 
@@ -109,10 +108,7 @@ impl K8s {
             kubectl: Arc::new(Kubectl::new(cfg)?),
             feed: ChangeFeed::new(),
             watchers: Mutex::new(HashMap::new()),
-            read_write: opts.read_write,
-            ring_capacity: opts.ring_capacity,
-            linger: opts.linger,
-            max_watchers: opts.max_watchers,
+            opts,
             polls: Leases::new(events::POLL_LEASE, events::MAX_POLL_LEASES),
         })
     }
@@ -124,10 +120,10 @@ impl K8s {
         let w = match watchers.get(uri).and_then(Weak::upgrade) {
             Some(w) => w,
             None => {
-                if watchers.len() >= self.max_watchers {
+                if watchers.len() >= self.opts.max_watchers {
                     return Err(SourceError::Unavailable(format!(
                         "this server already watches {} URIs, its limit (--max-watchers); stop a watch first",
-                        self.max_watchers
+                        self.opts.max_watchers
                     )));
                 }
                 let w = Arc::new(Watcher::start(
@@ -135,7 +131,7 @@ impl K8s {
                     sel,
                     self.kubectl.clone(),
                     self.feed.clone(),
-                    self.ring_capacity,
+                    self.opts.ring_capacity,
                 ));
                 watchers.insert(uri.to_owned(), Arc::downgrade(&w));
                 w
@@ -143,7 +139,7 @@ impl K8s {
         };
         Ok(Lease {
             watcher: Some(w),
-            linger: self.linger,
+            linger: self.opts.linger,
         })
     }
 
@@ -503,7 +499,7 @@ impl Source for K8s {
             )
             .with_annotations(read_only("List API resource types")),
         ];
-        if self.read_write {
+        if self.opts.read_write {
             let destructive = |title: &str| {
                 ToolAnnotations::with_title(title)
                     .read_only(false)
@@ -583,7 +579,7 @@ impl Source for K8s {
                 let c = cluster_arg(&args)?;
                 Ok(json_result(self.kubectl.api_resources(&c).await?))
             }
-            "kubectl_apply" if self.read_write => {
+            "kubectl_apply" if self.opts.read_write => {
                 check_args(
                     &args,
                     &["manifest", "namespace", "workspace", "kcp", "context"],
@@ -611,7 +607,7 @@ impl Source for K8s {
                 let applied: Vec<&str> = out.lines().filter(|l| !l.is_empty()).collect();
                 Ok(json_result(json!({"applied": applied})))
             }
-            "kubectl_delete" if self.read_write => {
+            "kubectl_delete" if self.opts.read_write => {
                 check_args(
                     &args,
                     &[
