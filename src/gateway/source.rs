@@ -21,7 +21,8 @@ use crate::gateway::upstream::{REQUEST_TIMEOUT, Upstream, upstream_error};
 use crate::mcp::hub::ChangeFeed;
 use crate::mcp::metrics::EVENTS_LIST_FAILED;
 use crate::mcp::source::{
-    Body, Caller, Contents, Progress, Source, SourceError, SourceInfo, WatchGuard, caller,
+    Admission, Body, Caller, Contents, ListenFilter, Progress, Source, SourceError, SourceInfo,
+    WatchGuard,
 };
 
 /// How long the handshake waits for one slug's answer on whether it serves Events.
@@ -118,8 +119,9 @@ impl Gateway {
         set
     }
 
-    fn selected(&self) -> Vec<Arc<Upstream>> {
-        let allowed = self.allowed(&caller());
+    /// The upstreams `caller` may use.
+    fn selected(&self, caller: &Caller) -> Vec<Arc<Upstream>> {
+        let allowed = self.allowed(caller);
         self.upstreams
             .iter()
             .filter(|u| allowed.contains(&u.slug))
@@ -128,8 +130,8 @@ impl Gateway {
     }
 
     /// The slug `name` if the caller may use it; Forbidden (one message) otherwise.
-    fn slug(&self, name: &str) -> Result<Arc<Upstream>, SourceError> {
-        self.selected()
+    fn slug(&self, caller: &Caller, name: &str) -> Result<Arc<Upstream>, SourceError> {
+        self.selected(caller)
             .into_iter()
             .find(|u| u.slug == name)
             .ok_or(SourceError::Forbidden)
@@ -137,14 +139,14 @@ impl Gateway {
 
     /// The upstream serving `uri` and the URI to send it: `slug+URI` names the slug; else
     /// exact listing, then template, then the first subscribable.
-    fn route(&self, uri: &str) -> Result<(Arc<Upstream>, String), SourceError> {
+    fn route(&self, caller: &Caller, uri: &str) -> Result<(Arc<Upstream>, String), SourceError> {
         if let Some((slug, rest)) = uri.split_once('+')
             && valid_slug(slug)
             && rest.contains("://")
         {
-            return Ok((self.slug(slug)?, rest.to_owned()));
+            return Ok((self.slug(caller, slug)?, rest.to_owned()));
         }
-        let selected = self.selected();
+        let selected = self.selected(caller);
         // The last-known catalogs: a slug that is reconnecting keeps its URIs meanwhile.
         let live: Vec<_> = selected
             .iter()
@@ -167,13 +169,23 @@ impl Gateway {
     /// Starts (or joins) the shared upstream subscription of `uri`, as routed for this caller.
     /// Shares and feed keys are `slug+upstream URI`: the same URI can name different servers
     /// for callers with different entitlements, and one's changes must never reach the other.
-    fn share(&self, uri: &str) -> Result<Arc<SharedListen>, SourceError> {
-        let (up, upstream_uri) = self.route(uri)?;
+    fn share(
+        &self,
+        caller: &Caller,
+        uri: &str,
+    ) -> Result<(Arc<SharedListen>, String), SourceError> {
+        let (up, upstream_uri) = self.route(caller, uri)?;
+        if !up.catalog().is_some_and(|l| l.modern) {
+            return Err(SourceError::InvalidParams(format!(
+                "server {} does not speak MCP 2026-07-28, so its resources cannot be watched",
+                up.slug
+            )));
+        }
         let key = format!("{}+{upstream_uri}", up.slug);
         let mut shared = self.shared.lock().unwrap_or_else(|e| e.into_inner());
         shared.retain(|_, w| w.strong_count() > 0);
         if let Some(s) = shared.get(&key).and_then(Weak::upgrade) {
-            return Ok(s);
+            return Ok((s, key));
         }
         let prefix = format!("{}+", up.slug);
         let per_slug = shared.keys().filter(|k| k.starts_with(&prefix)).count();
@@ -196,8 +208,8 @@ impl Gateway {
             s.stop.clone(),
             ack,
         ));
-        shared.insert(key, Arc::downgrade(&s));
-        Ok(s)
+        shared.insert(key.clone(), Arc::downgrade(&s));
+        Ok((s, key))
     }
 
     /// Upstream subscriptions running now (tests and metrics).
@@ -211,8 +223,8 @@ impl Gateway {
     }
 
     /// Slugs selected for this request whose handshake advertises Events (3 s per slug).
-    async fn event_slugs(&self) -> Vec<Arc<Upstream>> {
-        let probes = self.selected().into_iter().map(|u| async move {
+    async fn event_slugs(&self, caller: &Caller) -> Vec<Arc<Upstream>> {
+        let probes = self.selected(caller).into_iter().map(|u| async move {
             match tokio::time::timeout(EVENTS_PROBE, u.live()).await {
                 Ok(Ok(l)) if l.events => Some(u),
                 _ => None,
@@ -353,8 +365,8 @@ impl Source for Gateway {
         }
     }
 
-    fn resources(&self) -> Vec<Resource> {
-        let selected = self.selected();
+    fn resources(&self, caller: &Caller) -> Vec<Resource> {
+        let selected = self.selected(caller);
         let lists: Vec<(String, Vec<Resource>)> = selected
             .iter()
             .filter_map(|u| u.catalog().map(|l| (u.slug.clone(), l.resources.clone())))
@@ -377,8 +389,8 @@ impl Source for Gateway {
         out
     }
 
-    fn templates(&self) -> Vec<ResourceTemplate> {
-        let selected = self.selected();
+    fn templates(&self, caller: &Caller) -> Vec<ResourceTemplate> {
+        let selected = self.selected(caller);
         let mut out = Vec::new();
         for u in selected {
             let Some(l) = u.catalog() else { continue };
@@ -392,8 +404,8 @@ impl Source for Gateway {
         out
     }
 
-    async fn read(&self, uri: &str) -> Result<Contents, SourceError> {
-        let (up, upstream_uri) = self.route(uri)?;
+    async fn read(&self, caller: &Caller, uri: &str) -> Result<Contents, SourceError> {
+        let (up, upstream_uri) = self.route(caller, uri)?;
         let live = up.live().await?;
         let r = tokio::time::timeout(
             REQUEST_TIMEOUT,
@@ -452,54 +464,46 @@ impl Source for Gateway {
         })
     }
 
-    fn watchable(&self, uri: &str) -> bool {
-        matches!(self.route(uri), Ok((up, _)) if up.catalog().is_some_and(|l| l.modern))
-    }
-
-    fn feed_key(&self, uri: &str) -> String {
-        match self.route(uri) {
-            Ok((up, upstream_uri)) => format!("{}+{upstream_uri}", up.slug),
-            Err(_) => uri.to_owned(),
-        }
-    }
-
-    async fn watch(&self, uri: &str) -> Result<WatchGuard, SourceError> {
-        Ok(WatchGuard::new(self.share(uri)?))
-    }
-
-    /// The ack names what the upstreams accepted (each asked in parallel, at most
-    /// [`ACK_WAIT`]), among the URIs this caller may watch.
-    async fn prepare_watch(&self, uris: &[String]) -> (Vec<String>, Vec<WatchGuard>) {
-        let waits = uris.iter().filter(|u| self.watchable(u)).filter_map(|u| {
-            let share = self.share(u).ok()?;
-            Some(async move {
-                let mut acked = share.acked.clone();
-                let ok = tokio::time::timeout(ACK_WAIT, acked.wait_for(Option::is_some))
-                    .await
-                    .ok()
-                    .and_then(Result::ok)
-                    .is_some_and(|a| *a == Some(true));
-                (u.clone(), ok, share)
-            })
-        });
-        let mut accepted = Vec::new();
-        let mut held = Vec::new();
-        for (u, ok, share) in futures::future::join_all(waits).await {
-            if ok {
-                accepted.push(u);
-                held.push(WatchGuard::new(share));
+    /// Each URI this caller may watch starts (or joins) its shared upstream subscription;
+    /// the ack names what the upstreams accepted (each asked in parallel, at most
+    /// [`ACK_WAIT`]). Feed keys are `slug+upstream URI` as routed for this caller.
+    async fn admit(&self, caller: &Caller, filter: &ListenFilter) -> Admission {
+        let mut admission = Admission::default();
+        let mut waits = Vec::new();
+        for uri in filter.uris() {
+            match self.share(caller, &uri) {
+                Ok((share, key)) => waits.push(async move {
+                    let mut acked = share.acked.clone();
+                    let ok = tokio::time::timeout(ACK_WAIT, acked.wait_for(Option::is_some))
+                        .await
+                        .ok()
+                        .and_then(Result::ok)
+                        .is_some_and(|a| *a == Some(true));
+                    (uri, key, ok, share)
+                }),
+                Err(e) => admission.refuse(&uri, e),
             }
         }
-        (accepted, held)
+        for (uri, key, ok, share) in futures::future::join_all(waits).await {
+            if ok {
+                admission.accept(&uri, key, WatchGuard::new(share));
+            } else {
+                admission.refuse(
+                    &uri,
+                    SourceError::Unavailable("the upstream did not accept the subscription".into()),
+                );
+            }
+        }
+        admission
     }
 
     fn changes(&self) -> ChangeFeed {
         self.feed.clone()
     }
 
-    fn tools(&self) -> Vec<Tool> {
+    fn tools(&self, caller: &Caller) -> Vec<Tool> {
         let mut out = Vec::new();
-        for u in self.selected() {
+        for u in self.selected(caller) {
             let Some(l) = u.catalog() else { continue };
             for t in &l.tools {
                 let mut t = t.clone();
@@ -510,12 +514,9 @@ impl Source for Gateway {
         out
     }
 
-    async fn call_tool(&self, name: &str, args: JsonObject) -> Result<CallToolResult, SourceError> {
-        self.call_tool_with_progress(name, args, None).await
-    }
-
-    async fn call_tool_with_progress(
+    async fn call_tool(
         &self,
+        caller: &Caller,
         name: &str,
         args: JsonObject,
         progress: Option<Progress>,
@@ -525,7 +526,7 @@ impl Source for Gateway {
                 "{name} (gateway tools are named server__tool)"
             )));
         };
-        let up = self.slug(slug)?;
+        let up = self.slug(caller, slug)?;
         let live = up.live().await?;
         let params = CallToolRequestParams::new(tool.to_owned()).with_arguments(args);
         let broken = |e: rmcp::ServiceError| {
@@ -568,12 +569,12 @@ impl Source for Gateway {
         }
     }
 
-    async fn events_advertised(&self) -> bool {
-        !self.event_slugs().await.is_empty()
+    async fn events_advertised(&self, caller: &Caller) -> bool {
+        !self.event_slugs(caller).await.is_empty()
     }
 
-    async fn events_list(&self) -> Result<Vec<Value>, SourceError> {
-        let slugs = self.event_slugs().await;
+    async fn events_list(&self, caller: &Caller) -> Result<Vec<Value>, SourceError> {
+        let slugs = self.event_slugs(caller).await;
         let lists = slugs
             .iter()
             .map(|u| async move { (u.clone(), u.custom("events/list", json!({})).await) });
@@ -597,7 +598,11 @@ impl Source for Gateway {
         Ok(out)
     }
 
-    async fn events_poll(&self, mut params: JsonObject) -> Result<Value, SourceError> {
+    async fn events_poll(
+        &self,
+        caller: &Caller,
+        mut params: JsonObject,
+    ) -> Result<Value, SourceError> {
         let name = params
             .get("name")
             .and_then(Value::as_str)
@@ -611,7 +616,7 @@ impl Source for Gateway {
                 "event name {name:?} is not <server>__<event>; events/list names the events"
             )));
         };
-        let up = self.slug(slug)?;
+        let up = self.slug(caller, slug)?;
         let live = match tokio::time::timeout(EVENTS_PROBE, up.live()).await {
             Ok(r) => r?,
             Err(_) => {

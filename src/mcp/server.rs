@@ -1,14 +1,14 @@
 //! MCP server plumbing shared by every source: discover, resources, tools, `subscriptions/listen`
 //! with its limits, and error mapping, on rmcp.
 //!
-//! [`SourceServer`] is the rmcp handler. On byte-stream transports each connection gets a
-//! [`ConnServer`] ([`SourceServer::for_connection`]) that counts its listen streams; on HTTP, where
-//! rmcp builds a handler per request, the HTTP layer counts per TCP connection ([`ConnStreams`])
-//! and runs the same [`check_listen`]. Either way the limits are enforced
-//! *before* rmcp acknowledges a listen, so a refused listen is a
-//! plain JSON-RPC error, never an acknowledgment followed by silence.
+//! [`SourceServer`] is the rmcp handler, served as it is on HTTP (rmcp builds one per request)
+//! and wrapped per connection on byte streams ([`ConnServer`](crate::mcp::conn::ConnServer)).
+//! Every handler method works out its [`Caller`] from the request context ([`Caller::of`]) and
+//! hands it to the source. A listen reaches [`ServerHandler::listen`] already admitted
+//! ([`SourceServer::admit`], see [`crate::mcp::admission`]): the handler takes the admitted
+//! listen out of the request's extensions and only delivers; it refuses a listen that was not
+//! admitted.
 
-use std::borrow::Cow;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::time::Duration;
@@ -16,29 +16,29 @@ use std::time::Duration;
 use base64::Engine as _;
 use rmcp::handler::server::ServerHandler;
 use rmcp::model::{
-    CallToolRequestParams, CallToolResponse, ClientRequest, CustomRequest, CustomResult,
-    DiscoverResult, ErrorCode, ErrorData as McpError, Implementation, InitializeRequestParams,
-    InitializeResult, ListPromptsResult, ListResourceTemplatesResult, ListResourcesResult,
-    ListToolsResult, PaginatedRequestParams, ProtocolVersion, ReadResourceRequestParams,
-    ReadResourceResponse, ReadResourceResult, ResourceContents, ServerCapabilities, ServerConfig,
-    ServerResult, SubscriptionFilter, Tool,
+    CallToolRequestParams, CallToolResponse, CustomRequest, CustomResult, DiscoverResult,
+    ErrorCode, ErrorData as McpError, Implementation, InitializeRequestParams, InitializeResult,
+    ListPromptsResult, ListResourceTemplatesResult, ListResourcesResult, ListToolsResult,
+    PaginatedRequestParams, ReadResourceRequestParams, ReadResourceResponse, ReadResourceResult,
+    ResourceContents, ServerCapabilities, ServerConfig, SubscriptionFilter, Tool,
 };
-use rmcp::service::{
-    NotificationContext, RequestContext, RoleServer, Service, SubscriptionContext,
-    SubscriptionSendError,
-};
+use rmcp::service::{RequestContext, RoleServer, SubscriptionContext, SubscriptionSendError};
 use serde_json::json;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
-use crate::mcp::hub::{ChangeFeed, Registration};
-use crate::mcp::source::{Body, Caller, DynSource, SourceError};
+use crate::mcp::admission::{
+    AdmittedListen, ConnStreams, ListenFilter, PendingListen, check_listen,
+};
+use crate::mcp::caller::Caller;
+use crate::mcp::conn::ConnServer;
+use crate::mcp::hub::ChangeFeed;
+use crate::mcp::source::{Body, DynSource, SourceError};
 
 /// The Events extension's capability key.
 pub const EVENTS_EXTENSION: &str = "io.modelcontextprotocol/events";
 
-/// Where a token travels on byte-stream transports: each request's `_meta`.
-pub const TOKEN_META_KEY: &str = "io.herald/token";
+pub use crate::mcp::caller::TOKEN_META_KEY;
 
 /// Server-side limits. Every field has a default and a flag.
 #[derive(Debug, Clone)]
@@ -62,45 +62,6 @@ impl Default for Limits {
             max_message_bytes: 4 * 1024 * 1024,
             stall_timeout: Duration::from_secs(10),
         }
-    }
-}
-
-/// Open listen streams on one connection.
-#[derive(Debug, Clone, Default)]
-pub struct ConnStreams(Arc<AtomicUsize>);
-
-impl ConnStreams {
-    pub fn try_acquire(&self, max: usize) -> Option<StreamSlot> {
-        let prev = self.0.fetch_add(1, Ordering::AcqRel);
-        if prev >= max {
-            self.0.fetch_sub(1, Ordering::AcqRel);
-            return None;
-        }
-        Some(StreamSlot(Arc::new(SlotInner(self.0.clone()))))
-    }
-
-    /// A counter shared with other holders of `shared`.
-    pub fn from_shared(shared: Arc<AtomicUsize>) -> ConnStreams {
-        ConnStreams(shared)
-    }
-
-    pub fn downgrade(&self) -> std::sync::Weak<AtomicUsize> {
-        Arc::downgrade(&self.0)
-    }
-
-    pub fn open(&self) -> usize {
-        self.0.load(Ordering::Acquire)
-    }
-}
-
-/// A reserved listen slot; it rides in the request's extensions, so it is released when rmcp
-/// drops the listen request's context.
-#[derive(Clone)]
-pub struct StreamSlot(#[allow(dead_code)] Arc<SlotInner>);
-struct SlotInner(Arc<AtomicUsize>);
-impl Drop for SlotInner {
-    fn drop(&mut self) {
-        self.0.fetch_sub(1, Ordering::AcqRel);
     }
 }
 
@@ -173,27 +134,18 @@ impl SourceServer {
     /// This server for stdio, with its own listen-stream count. The peer is the process that
     /// started this one, so it is a local caller (no token needed).
     pub fn for_connection(&self) -> ConnServer {
-        ConnServer {
-            server: self.clone(),
-            conn: ConnStreams::default(),
-            local: true,
-        }
+        ConnServer::new(self.clone(), ConnStreams::default(), true)
     }
 
     /// This server for a byte-stream connection that shares its listen-stream budget with
     /// others (the streams of one QUIC connection). Its callers present a token in `_meta`.
     pub fn for_connection_sharing(&self, conn: ConnStreams) -> ConnServer {
-        ConnServer {
-            server: self.clone(),
-            conn,
-            local: false,
-        }
+        ConnServer::new(self.clone(), conn, false)
     }
 
-    /// The HTTP handler: each request's caller comes from its `Authorization` header and the
-    /// endpoint's `?servers=`.
-    pub fn for_http(&self) -> HttpServer {
-        HttpServer(self.clone())
+    /// The handshake configuration every connection starts from.
+    pub(crate) fn config(&self) -> &ServerConfig {
+        &self.shared.config
     }
 
     pub fn limits(&self) -> &Limits {
@@ -224,300 +176,76 @@ impl SourceServer {
     }
 }
 
-/// An admitted listen: its reserved stream slot and its hub registration, made before rmcp
-/// acknowledges the listen so that no change published after the acknowledgment is lost.
-/// It rides in the request's extensions until [`SourceServer::listen`] takes the registration.
-#[derive(Clone)]
-pub struct ListenAdmission {
-    _slot: StreamSlot,
-    registration: Arc<std::sync::Mutex<Option<Registration>>>,
-    /// `(feed key, URI as the caller wrote it)` for each accepted URI.
-    keys: Vec<(String, String)>,
-    /// Watches the source started while admitting, held as long as the listen is.
-    _held: Arc<Vec<crate::mcp::source::WatchGuard>>,
-}
-
-impl ListenAdmission {
-    /// The requested URIs this caller may watch (what the ack will name).
-    pub fn accepted(&self) -> Vec<String> {
-        self.keys.iter().map(|(_, u)| u.clone()).collect()
-    }
-
-    fn take(&self) -> Option<Registration> {
-        self.registration
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .take()
-    }
-}
-
 impl SourceServer {
-    /// Admits a listen asking for `requested` URIs on `conn`: checks the limits, reserves a
-    /// stream slot and registers the accepted URIs with the hub, all before the ack.
-    pub async fn admit_listen(
+    /// Admits a listen from `caller` asking for `filter` on `conn`: checks the limits,
+    /// reserves a stream slot, asks the source what it accepts (which starts the watches) and
+    /// registers the accepted feed keys with the hub, all before the ack. The one admission
+    /// path: byte streams call it from `ConnServer`, HTTP from its listen gate.
+    pub async fn admit(
         &self,
-        requested: &[String],
+        caller: &Caller,
+        filter: &ListenFilter,
         conn: &ConnStreams,
-    ) -> Result<ListenAdmission, McpError> {
-        let slot = check_listen(&self.shared.limits, requested.len(), conn)?;
-        let (accepted, held) = self.shared.source.prepare_watch(requested).await;
-        let keys: Vec<(String, String)> = accepted
-            .iter()
-            .map(|u| (self.shared.source.feed_key(u), u.clone()))
-            .collect();
-        let feed_keys: Vec<String> = keys.iter().map(|(k, _)| k.clone()).collect();
-        let registration = self.shared.feed.register(&feed_keys);
-        Ok(ListenAdmission {
-            _slot: slot,
-            registration: Arc::new(std::sync::Mutex::new(Some(registration))),
-            keys,
-            _held: Arc::new(held),
-        })
+    ) -> Result<AdmittedListen, McpError> {
+        let slot = check_listen(&self.shared.limits, filter, conn)?;
+        let admission = self.shared.source.admit(caller, filter).await;
+        for (uri, why) in &admission.refused {
+            debug!(%uri, reason = %why, "listen: URI left out of the acknowledgment");
+        }
+        let keys: Vec<String> = admission.accepted.iter().map(|a| a.key.clone()).collect();
+        let registration = self.shared.feed.register(&keys);
+        Ok(AdmittedListen::new(slot, registration, admission))
     }
 }
 
-/// Checks a listen request against the limits and reserves a stream slot on `conn`.
-/// Called before rmcp acknowledges the listen, so a refusal is a plain JSON-RPC error.
-pub fn check_listen(
-    limits: &Limits,
-    requested_uris: usize,
-    conn: &ConnStreams,
-) -> Result<StreamSlot, McpError> {
-    if requested_uris > limits.max_uris_per_stream {
-        return Err(McpError::invalid_params(
-            format!(
-                "subscriptions/listen asks for {requested_uris} resources; one stream takes at most {}: split them across several listen requests",
-                limits.max_uris_per_stream
-            ),
-            Some(json!({"limit": limits.max_uris_per_stream, "requested": requested_uris})),
-        ));
+/// rmcp takes a standard method whose params it cannot parse for a custom request; answer it
+/// as what it is, a known method with bad params (`-32602`, naming what is wrong), never as
+/// an unknown method.
+fn misshapen_standard_request(request: &CustomRequest) -> Option<McpError> {
+    const STANDARD: &[&str] = &[
+        "initialize",
+        "server/discover",
+        "ping",
+        "completion/complete",
+        "logging/setLevel",
+        "prompts/get",
+        "prompts/list",
+        "resources/list",
+        "resources/templates/list",
+        "resources/read",
+        "resources/subscribe",
+        "resources/unsubscribe",
+        "subscriptions/listen",
+        "tools/call",
+        "tools/list",
+        "tasks/get",
+        "tasks/update",
+        "tasks/cancel",
+    ];
+    let method = request.method.as_str();
+    if !STANDARD.contains(&method) {
+        return None;
     }
-    conn.try_acquire(limits.max_streams_per_connection)
-        .ok_or_else(|| {
-            McpError::invalid_request(
-                format!(
-                    "this connection already has {} open listen streams, the most allowed; cancel one first or open another connection",
-                    limits.max_streams_per_connection
-                ),
-                Some(json!({"limit": limits.max_streams_per_connection})),
-            )
-        })
-}
-
-/// [`SourceServer`] on one byte-stream connection: enforces the listen limits before rmcp
-/// acknowledges a listen. (On HTTP the same check runs in the HTTP layer; see
-/// `transport::http`.)
-#[derive(Clone)]
-pub struct ConnServer {
-    server: SourceServer,
-    conn: ConnStreams,
-    local: bool,
-}
-
-impl Service<RoleServer> for ConnServer {
-    async fn handle_request(
-        &self,
-        request: ClientRequest,
-        mut context: RequestContext<RoleServer>,
-    ) -> Result<ServerResult, McpError> {
-        let caller = Caller {
-            token: context
-                .meta
-                .0
-                .0
-                .get(TOKEN_META_KEY)
-                .and_then(|v| v.as_str())
-                .map(str::to_owned),
-            servers: None,
-            local: self.local,
-        };
-        let mut request = request;
-        caller
-            .scope(async move {
-                if let ClientRequest::SubscriptionsListenRequest(r) = &mut request {
-                    let requested = r
-                        .params
-                        .notifications
-                        .resource_subscriptions
-                        .clone()
-                        .unwrap_or_default();
-                    let admission = self.server.admit_listen(&requested, &self.conn).await?;
-                    // rmcp acknowledges what the request names: narrow it to what was admitted.
-                    if r.params.notifications.resource_subscriptions.is_some() {
-                        r.params.notifications.resource_subscriptions = Some(admission.accepted());
-                    }
-                    context.extensions.insert(admission);
-                }
-                self.server.handle_request(request, context).await
-            })
-            .await
-    }
-
-    async fn handle_notification(
-        &self,
-        notification: rmcp::model::ClientNotification,
-        context: NotificationContext<RoleServer>,
-    ) -> Result<(), McpError> {
-        self.server.handle_notification(notification, context).await
-    }
-
-    fn get_info(&self) -> ServerConfig {
-        self.server.shared.config.clone()
-    }
-
-    fn supported_protocol_versions(&self) -> Cow<'static, [ProtocolVersion]> {
-        Cow::Borrowed(ProtocolVersion::KNOWN_VERSIONS)
-    }
-}
-
-/// [`SourceServer`] on HTTP (rmcp builds one per request): the caller comes from the request's
-/// `Authorization: Bearer` header and the endpoint URL's `?servers=a,b`.
-#[derive(Clone)]
-pub struct HttpServer(SourceServer);
-
-/// The caller an HTTP request presents.
-pub fn http_caller(headers: &http::HeaderMap, uri: &http::Uri) -> Caller {
-    let token = headers
-        .get(http::header::AUTHORIZATION)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| {
-            let (scheme, rest) = v.trim().split_once(' ')?;
-            scheme.eq_ignore_ascii_case("bearer").then_some(rest)
-        })
-        .map(|t| t.trim().to_owned())
-        .filter(|t| !t.is_empty());
-    let servers = uri.query().and_then(|q| {
-        q.split('&').find_map(|p| {
-            p.strip_prefix("servers=").map(|v| {
-                v.split(',')
-                    .map(|s| s.trim().to_owned())
-                    .filter(|s| !s.is_empty())
-                    .collect()
-            })
-        })
-    });
-    Caller {
-        token,
-        servers,
-        local: false,
-    }
-}
-
-fn http_caller_of(ctx: &RequestContext<RoleServer>) -> Caller {
-    ctx.extensions
-        .get::<http::request::Parts>()
-        .map(|p| http_caller(&p.headers, &p.uri))
-        .unwrap_or_default()
-}
-
-/// rmcp's HTTP service takes a [`ServerHandler`]: delegate each method, inside the caller's
-/// scope.
-impl ServerHandler for HttpServer {
-    fn get_info(&self) -> ServerConfig {
-        self.0.shared.config.clone()
-    }
-
-    fn supported_protocol_versions(&self) -> Cow<'static, [ProtocolVersion]> {
-        Cow::Borrowed(ProtocolVersion::KNOWN_VERSIONS)
-    }
-
-    async fn discover(&self, ctx: RequestContext<RoleServer>) -> Result<DiscoverResult, McpError> {
-        http_caller_of(&ctx).scope(self.0.discover(ctx)).await
-    }
-
-    async fn initialize(
-        &self,
-        request: InitializeRequestParams,
-        ctx: RequestContext<RoleServer>,
-    ) -> Result<InitializeResult, McpError> {
-        http_caller_of(&ctx)
-            .scope(self.0.initialize(request, ctx))
-            .await
-    }
-
-    async fn list_resources(
-        &self,
-        request: Option<PaginatedRequestParams>,
-        ctx: RequestContext<RoleServer>,
-    ) -> Result<ListResourcesResult, McpError> {
-        http_caller_of(&ctx)
-            .scope(self.0.list_resources(request, ctx))
-            .await
-    }
-
-    async fn list_resource_templates(
-        &self,
-        request: Option<PaginatedRequestParams>,
-        ctx: RequestContext<RoleServer>,
-    ) -> Result<ListResourceTemplatesResult, McpError> {
-        http_caller_of(&ctx)
-            .scope(self.0.list_resource_templates(request, ctx))
-            .await
-    }
-
-    async fn list_prompts(
-        &self,
-        request: Option<PaginatedRequestParams>,
-        ctx: RequestContext<RoleServer>,
-    ) -> Result<ListPromptsResult, McpError> {
-        self.0.list_prompts(request, ctx).await
-    }
-
-    async fn read_resource(
-        &self,
-        request: ReadResourceRequestParams,
-        ctx: RequestContext<RoleServer>,
-    ) -> Result<ReadResourceResponse, McpError> {
-        http_caller_of(&ctx)
-            .scope(self.0.read_resource(request, ctx))
-            .await
-    }
-
-    fn accepted_subscription_filter(
-        &self,
-        requested: &SubscriptionFilter,
-    ) -> Option<SubscriptionFilter> {
-        self.0.accepted_subscription_filter(requested)
-    }
-
-    async fn listen(&self, ctx: SubscriptionContext) -> Result<(), McpError> {
-        let caller = http_caller_of(ctx.request_context());
-        caller.scope(self.0.listen(ctx)).await
-    }
-
-    async fn list_tools(
-        &self,
-        request: Option<PaginatedRequestParams>,
-        ctx: RequestContext<RoleServer>,
-    ) -> Result<ListToolsResult, McpError> {
-        http_caller_of(&ctx)
-            .scope(self.0.list_tools(request, ctx))
-            .await
-    }
-
-    fn get_tool(&self, name: &str) -> Option<Tool> {
-        self.0.get_tool(name)
-    }
-
-    async fn call_tool(
-        &self,
-        request: CallToolRequestParams,
-        ctx: RequestContext<RoleServer>,
-    ) -> Result<CallToolResponse, McpError> {
-        http_caller_of(&ctx)
-            .scope(self.0.call_tool(request, ctx))
-            .await
-    }
-
-    async fn on_custom_request(
-        &self,
-        request: CustomRequest,
-        ctx: RequestContext<RoleServer>,
-    ) -> Result<CustomResult, McpError> {
-        http_caller_of(&ctx)
-            .scope(self.0.on_custom_request(request, ctx))
-            .await
-    }
+    let params = request.params.clone().unwrap_or(serde_json::Value::Null);
+    let why = match method {
+        "subscriptions/listen" => ListenFilter::from_params(Some(&params))
+            .err()
+            .map(|e| e.message.into_owned()),
+        "tools/call" => serde_json::from_value::<CallToolRequestParams>(params)
+            .err()
+            .map(|e| e.to_string()),
+        "resources/read" => serde_json::from_value::<ReadResourceRequestParams>(params)
+            .err()
+            .map(|e| e.to_string()),
+        _ => None,
+    };
+    let why = why.unwrap_or_else(|| "params of the wrong shape".into());
+    Some(McpError::invalid_params(
+        format!(
+            "invalid params for {method}: {why}; check the request against the method's schema"
+        ),
+        Some(json!({"method": method})),
+    ))
 }
 
 /// Maps a source error to JSON-RPC. `uri` is attached as `data.uri` where it applies.
@@ -549,6 +277,7 @@ pub fn to_mcp_error(e: SourceError) -> McpError {
 /// dropped request. (A poll consumes nothing, so asking twice is safe.)
 async fn poll_until_shutdown(
     source: &DynSource,
+    caller: &Caller,
     params: serde_json::Map<String, serde_json::Value>,
     shutdown: &CancellationToken,
 ) -> Result<serde_json::Value, SourceError> {
@@ -557,14 +286,14 @@ async fn poll_until_shutdown(
         .and_then(serde_json::Value::as_u64)
         .is_some_and(|t| t > 0);
     if !waits {
-        return source.events_poll(params).await;
+        return source.events_poll(caller, params).await;
     }
     tokio::select! {
-        r = source.events_poll(params.clone()) => r,
+        r = source.events_poll(caller, params.clone()) => r,
         _ = shutdown.cancelled() => {
             let mut params = params;
             params.remove("timeoutMs");
-            source.events_poll(params).await
+            source.events_poll(caller, params).await
         }
     }
 }
@@ -572,9 +301,9 @@ async fn poll_until_shutdown(
 impl SourceServer {
     /// The handshake's capabilities: the Events extension when the source serves events to
     /// this caller.
-    async fn config_for_caller(&self) -> ServerConfig {
+    async fn config_for_caller(&self, caller: &Caller) -> ServerConfig {
         let mut config = self.shared.config.clone();
-        if self.shared.source.events_advertised().await {
+        if self.shared.source.events_advertised(caller).await {
             config
                 .capabilities
                 .extensions
@@ -592,11 +321,11 @@ impl ServerHandler for SourceServer {
 
     async fn discover(
         &self,
-        _context: RequestContext<RoleServer>,
+        context: RequestContext<RoleServer>,
     ) -> Result<DiscoverResult, McpError> {
         Ok(DiscoverResult::from_server_info(
             ServerHandler::supported_protocol_versions(self).into_owned(),
-            self.config_for_caller().await,
+            self.config_for_caller(&Caller::of(&context)).await,
         ))
     }
 
@@ -607,15 +336,22 @@ impl ServerHandler for SourceServer {
     ) -> Result<InitializeResult, McpError> {
         context.peer.set_peer_info(request.clone());
         let mut info = self.negotiate_initialize(&request)?;
-        info.capabilities = self.config_for_caller().await.capabilities;
+        info.capabilities = self
+            .config_for_caller(&Caller::of(&context))
+            .await
+            .capabilities;
         Ok(info)
     }
 
     async fn on_custom_request(
         &self,
         request: CustomRequest,
-        _context: RequestContext<RoleServer>,
+        context: RequestContext<RoleServer>,
     ) -> Result<CustomResult, McpError> {
+        let caller = Caller::of(&context);
+        if let Some(e) = misshapen_standard_request(&request) {
+            return Err(e);
+        }
         let params = match request.params {
             None | Some(serde_json::Value::Null) => serde_json::Map::new(),
             Some(serde_json::Value::Object(o)) => o,
@@ -630,13 +366,14 @@ impl ServerHandler for SourceServer {
                         None,
                     ));
                 }
-                let events = source.events_list().await.map_err(to_mcp_error)?;
+                let events = source.events_list(&caller).await.map_err(to_mcp_error)?;
                 Ok(CustomResult::new(
                     json!({"resultType": "complete", "events": events}),
                 ))
             }
             "events/poll" => {
-                let result = poll_until_shutdown(source, params, &self.shared.shutdown).await;
+                let result =
+                    poll_until_shutdown(source, &caller, params, &self.shared.shutdown).await;
                 let mut result = result.map_err(to_mcp_error)?;
                 if let Some(o) = result.as_object_mut() {
                     o.entry("resultType").or_insert_with(|| "complete".into());
@@ -654,20 +391,20 @@ impl ServerHandler for SourceServer {
     async fn list_resources(
         &self,
         _request: Option<PaginatedRequestParams>,
-        _context: RequestContext<RoleServer>,
+        context: RequestContext<RoleServer>,
     ) -> Result<ListResourcesResult, McpError> {
         Ok(ListResourcesResult::with_all_items(
-            self.shared.source.resources(),
+            self.shared.source.resources(&Caller::of(&context)),
         ))
     }
 
     async fn list_resource_templates(
         &self,
         _request: Option<PaginatedRequestParams>,
-        _context: RequestContext<RoleServer>,
+        context: RequestContext<RoleServer>,
     ) -> Result<ListResourceTemplatesResult, McpError> {
         Ok(ListResourceTemplatesResult::with_all_items(
-            self.shared.source.templates(),
+            self.shared.source.templates(&Caller::of(&context)),
         ))
     }
 
@@ -682,10 +419,15 @@ impl ServerHandler for SourceServer {
     async fn read_resource(
         &self,
         request: ReadResourceRequestParams,
-        _context: RequestContext<RoleServer>,
+        context: RequestContext<RoleServer>,
     ) -> Result<ReadResourceResponse, McpError> {
         let uri = request.uri;
-        let contents = self.shared.source.read(&uri).await.map_err(to_mcp_error)?;
+        let contents = self
+            .shared
+            .source
+            .read(&Caller::of(&context), &uri)
+            .await
+            .map_err(to_mcp_error)?;
         let rc = match contents.body {
             Body::Text(t) => ResourceContents::text(t, uri),
             Body::Blob(b) => {
@@ -700,10 +442,10 @@ impl ServerHandler for SourceServer {
         &self,
         requested: &SubscriptionFilter,
     ) -> Option<SubscriptionFilter> {
-        // Admission (in the caller's scope, before this) decided, and narrowed the request to
-        // what it accepted: on byte streams in `ConnServer`, on HTTP in the listen gate. This
-        // method has no request context to decide with; a listen that skipped admission is
-        // refused in `listen`.
+        // Admission decided, and narrowed the request to what it accepted, before rmcp got
+        // here (see `crate::mcp::admission`); this hook has no request context to decide
+        // with, so it echoes the request. A listen that skipped admission is refused in
+        // `listen`.
         let mut accepted = SubscriptionFilter::default();
         accepted.resource_subscriptions = requested.resource_subscriptions.clone();
         Some(accepted)
@@ -712,28 +454,18 @@ impl ServerHandler for SourceServer {
     async fn listen(&self, ctx: SubscriptionContext) -> Result<(), McpError> {
         let shared = &self.shared;
         let _active = ActiveListen::new(shared);
-        let uris = ctx
-            .accepted()
-            .resource_subscriptions
-            .clone()
-            .unwrap_or_default();
         let stream = shared.streams_total.fetch_add(1, Ordering::Relaxed);
-        let id = ctx.sink().id().clone();
-        debug!(stream, ?id, uris = uris.len(), "listen stream opened");
-        // Normally registered before the ack (see `admit_listen`); registering here is the
-        // fallback for a path that skipped admission.
+        // Every listen is admitted before its ack (limits, and what this caller may watch);
+        // one that was not is refused, never served unchecked. On byte streams the admitted
+        // listen is in the request context; on HTTP in the request parts rmcp keeps there.
         let request = ctx.request_context();
-        let admission = request.extensions.get::<ListenAdmission>().or_else(|| {
+        let pending = request.extensions.get::<PendingListen>().or_else(|| {
             request
                 .extensions
                 .get::<http::request::Parts>()
-                .and_then(|p| p.extensions.get::<ListenAdmission>())
+                .and_then(|p| p.extensions.get::<PendingListen>())
         });
-        // Every listen is admitted before its ack (limits, and what this caller may watch);
-        // one that was not is refused, never served unchecked.
-        let Some((registration, keys)) =
-            admission.and_then(|a| a.take().map(|r| (r, a.keys.clone())))
-        else {
+        let Some(listen) = pending.and_then(PendingListen::take) else {
             warn!(
                 stream,
                 "a listen reached the handler without admission; refusing it"
@@ -743,18 +475,13 @@ impl ServerHandler for SourceServer {
                 None,
             ));
         };
-        // A feed key back to the URIs this stream wrote for it.
-        let mut spelled: std::collections::HashMap<String, Vec<String>> = Default::default();
-        for (k, u) in keys {
-            spelled.entry(k).or_default().push(u);
-        }
-        let mut guards = Vec::with_capacity(uris.len());
-        for uri in &uris {
-            match shared.source.watch(uri).await {
-                Ok(g) => guards.push(g),
-                Err(e) => warn!(%uri, error = %e, "source could not start watching"),
-            }
-        }
+        let id = ctx.sink().id().clone();
+        debug!(
+            stream,
+            ?id,
+            uris = listen.spelled.len(),
+            "listen stream opened"
+        );
         let sink = ctx.sink().clone();
         let stall = shared.limits.stall_timeout;
         loop {
@@ -768,11 +495,11 @@ impl ServerHandler for SourceServer {
                     debug!(stream, "listen stream closed for shutdown");
                     return Ok(());
                 }
-                batch = registration.queue().next_batch() => {
+                batch = listen.registration.queue().next_batch() => {
                     // One deadline for the whole batch: a reader that takes nothing for
                     // `stall` ends the stream.
                     let deadline = tokio::time::Instant::now() + stall;
-                    for uri in batch.into_iter().flat_map(|k| spelled.get(&k).cloned().unwrap_or_default()) {
+                    for uri in batch.into_iter().flat_map(|k| listen.spelled.get(&k).cloned().unwrap_or_default()) {
                         let sent = tokio::select! {
                             _ = shared.shutdown.cancelled() => return Ok(()),
                             r = tokio::time::timeout_at(deadline, sink.notify_resource_updated(uri)) => r,
@@ -816,15 +543,20 @@ impl ServerHandler for SourceServer {
     async fn list_tools(
         &self,
         _request: Option<PaginatedRequestParams>,
-        _context: RequestContext<RoleServer>,
+        context: RequestContext<RoleServer>,
     ) -> Result<ListToolsResult, McpError> {
-        Ok(ListToolsResult::with_all_items(self.shared.source.tools()))
+        Ok(ListToolsResult::with_all_items(
+            self.shared.source.tools(&Caller::of(&context)),
+        ))
     }
 
+    /// rmcp asks this, with no request context, only to check HTTP `Mcp-Param-*` headers
+    /// against a tool's schema: answered for an anonymous caller (so a gateway, which shows no
+    /// tool to an anonymous caller, has its headers checked by its upstreams instead).
     fn get_tool(&self, name: &str) -> Option<Tool> {
         self.shared
             .source
-            .tools()
+            .tools(&Caller::default())
             .into_iter()
             .find(|t| t.name == name)
     }
@@ -845,7 +577,7 @@ impl ServerHandler for SourceServer {
                 });
         self.shared
             .source
-            .call_tool_with_progress(&request.name, args, progress)
+            .call_tool(&Caller::of(&context), &request.name, args, progress)
             .await
             .map(Into::into)
             .map_err(to_mcp_error)
@@ -855,6 +587,7 @@ impl ServerHandler for SourceServer {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::mcp::source::WatchGuard;
     use crate::source::memo::Memo;
     use crate::store::Store;
 
@@ -863,16 +596,32 @@ mod tests {
         SourceServer::new(Arc::new(memo), limits, CancellationToken::new())
     }
 
+    fn filter(uris: &[&str]) -> ListenFilter {
+        ListenFilter {
+            resources: Some(uris.iter().map(|u| u.to_string()).collect()),
+            task_ids: None,
+        }
+    }
+
     /// Regression: the hub registration used to happen inside `listen`, after rmcp had sent
     /// the ack, so a change published between the ack and the registration was lost.
     #[tokio::test]
     async fn admission_registers_accepted_uris_before_the_ack() {
         let s = server(Limits::default()).await;
         let conn = ConnStreams::default();
-        let admission = s
-            .admit_listen(&["memo://notes".into(), "memo://unknown".into()], &conn)
+        let listen = s
+            .admit(
+                &Caller::default(),
+                &filter(&["memo://notes", "memo://unknown"]),
+                &conn,
+            )
             .await
             .unwrap();
+        assert_eq!(
+            listen.uris(),
+            vec!["memo://notes".to_string()],
+            "the accepted subset"
+        );
         assert_eq!(s.feed().listeners("memo://notes"), 1);
         assert_eq!(
             s.feed().listeners("memo://unknown"),
@@ -880,16 +629,183 @@ mod tests {
             "only accepted URIs"
         );
         s.feed().publish("memo://notes");
-        let reg = admission.take().unwrap();
         assert_eq!(
-            reg.queue().next_batch().await,
+            listen.registration.queue().next_batch().await,
             vec!["memo://notes".to_string()]
         );
-        assert!(admission.take().is_none(), "taken once");
+        let pending = PendingListen::new(listen);
+        let taken = pending.take().unwrap();
+        assert!(pending.take().is_none(), "taken once");
         assert_eq!(conn.open(), 1);
-        drop((reg, admission));
-        assert_eq!(conn.open(), 0, "the slot is released with the admission");
+        drop(taken);
+        assert_eq!(conn.open(), 0, "the slot is released with the listen");
         assert_eq!(s.feed().listeners("memo://notes"), 0);
+    }
+
+    /// A listen whose request fails before its handler runs drops its pending admission:
+    /// the slot and the registration go with it.
+    #[tokio::test]
+    async fn an_unclaimed_admission_releases_everything() {
+        let s = server(Limits::default()).await;
+        let conn = ConnStreams::default();
+        let pending = PendingListen::new(
+            s.admit(&Caller::default(), &filter(&["memo://log"]), &conn)
+                .await
+                .unwrap(),
+        );
+        let copy = pending.clone();
+        assert_eq!(s.feed().listeners("memo://log"), 1);
+        drop(pending);
+        assert_eq!(conn.open(), 1, "a clone still holds it");
+        drop(copy);
+        assert_eq!(conn.open(), 0);
+        assert_eq!(s.feed().listeners("memo://log"), 0);
+    }
+
+    /// A source that counts its live guards, and whose admission of `slow://` URIs waits
+    /// (holding a guard) until released.
+    struct Counting {
+        live: Arc<AtomicUsize>,
+        release: Arc<tokio::sync::Notify>,
+        feed: ChangeFeed,
+    }
+
+    struct Held(Arc<AtomicUsize>);
+    impl Drop for Held {
+        fn drop(&mut self) {
+            self.0.fetch_sub(1, Ordering::AcqRel);
+        }
+    }
+
+    #[async_trait::async_trait]
+    impl crate::mcp::source::Source for Counting {
+        fn info(&self) -> crate::mcp::source::SourceInfo {
+            crate::mcp::source::SourceInfo {
+                name: "counting".into(),
+                instructions: None,
+            }
+        }
+        fn resources(&self, _: &Caller) -> Vec<rmcp::model::Resource> {
+            Vec::new()
+        }
+        async fn read(
+            &self,
+            _: &Caller,
+            uri: &str,
+        ) -> Result<crate::mcp::source::Contents, SourceError> {
+            Err(SourceError::NotFound { uri: uri.into() })
+        }
+        async fn admit(
+            &self,
+            caller: &Caller,
+            filter: &ListenFilter,
+        ) -> crate::mcp::source::Admission {
+            let mut a = crate::mcp::source::Admission::default();
+            for uri in filter.uris() {
+                self.live.fetch_add(1, Ordering::AcqRel);
+                let held = Held(self.live.clone());
+                if uri.starts_with("slow://") {
+                    self.release.notified().await;
+                }
+                if caller.local {
+                    a.accept(&uri, format!("key:{uri}"), WatchGuard::new(held));
+                } else {
+                    a.refuse(&uri, SourceError::Forbidden);
+                }
+            }
+            a
+        }
+        fn changes(&self) -> ChangeFeed {
+            self.feed.clone()
+        }
+    }
+
+    fn counting() -> (SourceServer, Arc<AtomicUsize>, Arc<tokio::sync::Notify>) {
+        let live = Arc::new(AtomicUsize::new(0));
+        let release = Arc::new(tokio::sync::Notify::new());
+        let source = Counting {
+            live: live.clone(),
+            release: release.clone(),
+            feed: ChangeFeed::new(),
+        };
+        let s = SourceServer::new(
+            Arc::new(source),
+            Limits::default(),
+            CancellationToken::new(),
+        );
+        (s, live, release)
+    }
+
+    #[tokio::test]
+    async fn admission_is_per_caller_and_keyed_by_the_source() {
+        let (s, live, _) = counting();
+        let conn = ConnStreams::default();
+        let refused = s
+            .admit(&Caller::default(), &filter(&["a://1"]), &conn)
+            .await
+            .unwrap();
+        assert!(refused.uris().is_empty(), "this caller may watch nothing");
+        assert_eq!(
+            live.load(Ordering::Acquire),
+            0,
+            "a refused URI holds nothing"
+        );
+        let listen = s
+            .admit(&Caller::local(), &filter(&["a://1", "a://2"]), &conn)
+            .await
+            .unwrap();
+        assert_eq!(listen.uris(), vec!["a://1".to_string(), "a://2".into()]);
+        assert_eq!(live.load(Ordering::Acquire), 2);
+        assert_eq!(
+            s.feed().listeners("key:a://1"),
+            1,
+            "registered under the key"
+        );
+        assert_eq!(s.feed().listeners("a://1"), 0);
+        drop(listen);
+        assert_eq!(live.load(Ordering::Acquire), 0, "guards go with the listen");
+    }
+
+    /// A client that gives up while its listen is being admitted (the source still waiting,
+    /// say, on an upstream's ack) leaves nothing behind: guards, slot, registration.
+    #[tokio::test]
+    async fn a_cancelled_admission_drops_its_guards() {
+        let (s, live, release) = counting();
+        let conn = ConnStreams::default();
+        let (me, asked) = (Caller::local(), filter(&["a://1", "slow://2"]));
+        let mut admitting = Box::pin(s.admit(&me, &asked, &conn));
+        tokio::select! {
+            biased;
+            _ = admitting.as_mut() => panic!("admission waits for the slow URI"),
+            _ = tokio::task::yield_now() => {}
+        }
+        assert_eq!(
+            live.load(Ordering::Acquire),
+            2,
+            "both guards taken meanwhile"
+        );
+        assert_eq!(conn.open(), 1, "the slot is reserved first");
+        drop(admitting);
+        assert_eq!(live.load(Ordering::Acquire), 0);
+        assert_eq!(conn.open(), 0);
+        assert_eq!(s.feed().listeners("key:a://1"), 0);
+        release.notify_waiters();
+    }
+
+    #[test]
+    fn a_standard_method_with_bad_params_is_invalid_params_not_unknown() {
+        let req = |m: &str, p: serde_json::Value| CustomRequest::new(m.to_owned(), Some(p));
+        let e = misshapen_standard_request(&req(
+            "subscriptions/listen",
+            json!({"notifications": {"resourceSubscriptions": "memo://notes"}}),
+        ))
+        .unwrap();
+        assert_eq!(e.code.0, -32602);
+        assert!(e.message.contains("resourceSubscriptions"), "{}", e.message);
+        let e = misshapen_standard_request(&req("tools/call", json!({"arguments": "x"}))).unwrap();
+        assert_eq!(e.code.0, -32602);
+        assert!(e.message.contains("tools/call"), "{}", e.message);
+        assert!(misshapen_standard_request(&req("events/poll", json!({}))).is_none());
     }
 
     #[tokio::test(start_paused = true)]
@@ -898,14 +814,16 @@ mod tests {
         let shutdown = CancellationToken::new();
         let params = |v: serde_json::Value| v.as_object().unwrap().clone();
         let start = memo
-            .events_poll(params(json!({"name": "memo.changed"})))
+            .events_poll(&Caller::default(), params(json!({"name": "memo.changed"})))
             .await
             .unwrap();
         let long =
             params(json!({"name": "memo.changed", "cursor": start["cursor"], "timeoutMs": 20_000}));
         let waiting = {
             let (memo, shutdown) = (memo.clone(), shutdown.clone());
-            tokio::spawn(async move { poll_until_shutdown(&memo, long, &shutdown).await })
+            tokio::spawn(async move {
+                poll_until_shutdown(&memo, &Caller::default(), long, &shutdown).await
+            })
         };
         tokio::time::sleep(Duration::from_secs(1)).await;
         assert!(!waiting.is_finished(), "the poll waits for an event");
@@ -926,11 +844,13 @@ mod tests {
         })
         .await;
         let conn = ConnStreams::default();
-        let three: Vec<String> = (0..3).map(|i| format!("memo://{i}")).collect();
-        let err = s.admit_listen(&three, &conn).await.err().unwrap();
+        let anyone = Caller::default();
+        let three = filter(&["memo://0", "memo://1", "memo://2"]);
+        let err = s.admit(&anyone, &three, &conn).await.err().unwrap();
         assert_eq!(err.code.0, -32602);
-        let _one = s.admit_listen(&three[..1], &conn).await.unwrap();
-        let err = s.admit_listen(&three[..1], &conn).await.err().unwrap();
+        let one = filter(&["memo://notes"]);
+        let _one = s.admit(&anyone, &one, &conn).await.unwrap();
+        let err = s.admit(&anyone, &one, &conn).await.err().unwrap();
         assert!(
             err.message.contains("1 open listen streams"),
             "{}",

@@ -1,8 +1,9 @@
 //! The source trait: what a change source implements, and nothing more.
 //!
 //! A source lists its resources and templates, reads a URI in one of the two read shapes
-//! (state or event-log), says which URIs can be watched, optionally offers tools, and publishes
-//! changed URIs on its [`ChangeFeed`]. The plumbing in [`crate::mcp::server`] turns that into
+//! (state or event-log), admits listens (which URIs a caller may watch, and what keeps them
+//! watched), optionally offers tools, and publishes changed URIs on its [`ChangeFeed`]. Every
+//! method whose answer may depend on who asks takes the request's [`Caller`]. The plumbing in [`crate::mcp::server`] turns that into
 //! `server/discover`, `resources/*`, `tools/*`, `subscriptions/listen` and its notifications,
 //! limits and errors, the same way for every source.
 
@@ -12,6 +13,8 @@ use async_trait::async_trait;
 use rmcp::model::{CallToolResult, JsonObject, Resource, ResourceTemplate, Tool};
 use serde_json::Value;
 
+pub use crate::mcp::admission::{Admission, ListenFilter};
+pub use crate::mcp::caller::Caller;
 use crate::mcp::hub::ChangeFeed;
 use crate::mcp::ring::{EVENT_LOG_MIME, EventRing};
 
@@ -95,32 +98,6 @@ pub enum SourceError {
     },
 }
 
-/// Who is asking, as far as the transport knows: the credentials the request carried. Sources
-/// that serve everyone ignore it; the gateway turns it into the set of servers the request
-/// may use. Set for the duration of each request (see [`caller`]).
-#[derive(Clone, Default)]
-pub struct Caller {
-    /// The bearer token: HTTP `Authorization: Bearer`, or `_meta["io.herald/token"]` of the
-    /// requests on a QUIC connection.
-    pub token: Option<String>,
-    /// `?servers=a,b` on the HTTP endpoint URL: narrows what the token may use.
-    pub servers: Option<Vec<String>>,
-    /// The request came over stdio from the process that started this one, which needs no
-    /// token.
-    pub local: bool,
-}
-
-impl std::fmt::Debug for Caller {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        // Never the token itself.
-        f.debug_struct("Caller")
-            .field("token", &self.token.as_ref().map(|_| "<redacted>"))
-            .field("servers", &self.servers)
-            .field("local", &self.local)
-            .finish()
-    }
-}
-
 /// Where a tool call's progress goes: the caller's progress token, on its connection.
 #[derive(Clone)]
 pub struct Progress {
@@ -128,23 +105,8 @@ pub struct Progress {
     pub peer: rmcp::Peer<rmcp::RoleServer>,
 }
 
-tokio::task_local! {
-    static CALLER: Caller;
-}
-
-impl Caller {
-    /// Runs `f` with `self` as the caller.
-    pub async fn scope<F: std::future::Future>(self, f: F) -> F::Output {
-        CALLER.scope(self, f).await
-    }
-}
-
-/// The caller of the request being served (the default, anonymous caller outside one).
-pub fn caller() -> Caller {
-    CALLER.try_with(Clone::clone).unwrap_or_default()
-}
-
-/// Held while a listen stream watches a URI; dropping it tells the source one watcher left.
+/// Held while a listen stream (or a read, or a poll) watches a URI; dropping it tells the
+/// source one watcher left.
 /// Sources that start work per URI (a kubectl process, an inotify watch) refcount with it.
 pub struct WatchGuard(#[allow(dead_code)] Option<Box<dyn Send + Sync>>);
 
@@ -171,81 +133,65 @@ pub struct SourceInfo {
 pub trait Source: Send + Sync + 'static {
     fn info(&self) -> SourceInfo;
 
-    /// Fixed resources (`resources/list`).
-    fn resources(&self) -> Vec<Resource>;
+    /// Fixed resources (`resources/list`) this caller may see.
+    fn resources(&self, caller: &Caller) -> Vec<Resource>;
 
-    /// RFC 6570 templates (`resources/templates/list`).
-    fn templates(&self) -> Vec<ResourceTemplate> {
+    /// RFC 6570 templates (`resources/templates/list`) this caller may use.
+    fn templates(&self, caller: &Caller) -> Vec<ResourceTemplate> {
+        let _ = caller;
         Vec::new()
     }
 
     /// Reads `uri`. Unknown URIs are [`SourceError::NotFound`], never empty contents.
-    async fn read(&self, uri: &str) -> Result<Contents, SourceError>;
+    async fn read(&self, caller: &Caller, uri: &str) -> Result<Contents, SourceError>;
 
-    /// Whether a listen stream may subscribe to `uri`.
-    fn watchable(&self, uri: &str) -> bool;
+    /// Admits a listen: which of the URIs `filter` names this caller may watch (each with the
+    /// key its changes are published under), and the guards that keep them watched for as
+    /// long as the listen runs. Called once per listen, before its acknowledgment, which names
+    /// exactly what is accepted here; a URI left out is simply not in the ack (with its
+    /// reason in [`Admission::refuse`], for the log). See [`crate::mcp::admission`].
+    async fn admit(&self, caller: &Caller, filter: &ListenFilter) -> Admission;
 
-    /// Before a listen is acknowledged: which of `uris` this caller's listen may name, and
-    /// holds that keep their watches up meanwhile. The default is [`Source::watchable`]; the
-    /// gateway subscribes upstream and answers with what the upstreams accepted.
-    async fn prepare_watch(&self, uris: &[String]) -> (Vec<String>, Vec<WatchGuard>) {
-        (
-            uris.iter().filter(|u| self.watchable(u)).cloned().collect(),
-            Vec::new(),
-        )
-    }
-
-    /// The key `uri`'s changes are published under on the change feed, as this caller sees
-    /// it. Most sources publish the URI itself; the gateway publishes `slug+URI`, because the
-    /// same URI may name different servers for different callers.
-    fn feed_key(&self, uri: &str) -> String {
-        uri.to_owned()
-    }
-
-    /// A listen stream starts watching `uri`; the guard is dropped when it stops.
-    async fn watch(&self, uri: &str) -> Result<WatchGuard, SourceError> {
-        let _ = uri;
-        Ok(WatchGuard::none())
-    }
-
-    /// The feed this source publishes changed URIs on.
+    /// The feed this source publishes changed URIs (feed keys) on.
     fn changes(&self) -> ChangeFeed;
 
-    fn tools(&self) -> Vec<Tool> {
+    /// The tools this caller may see.
+    fn tools(&self, caller: &Caller) -> Vec<Tool> {
+        let _ = caller;
         Vec::new()
     }
 
-    async fn call_tool(&self, name: &str, args: JsonObject) -> Result<CallToolResult, SourceError> {
-        let _ = args;
-        Err(SourceError::UnknownTool(name.to_owned()))
-    }
-
-    /// [`Source::call_tool`] for a caller that asked for progress (`_meta.progressToken`):
-    /// a source that reports progress (the gateway relays its upstreams') sends it there.
-    async fn call_tool_with_progress(
+    /// Calls tool `name`. `progress` is set when the caller asked for progress
+    /// (`_meta.progressToken`): a source that reports progress (the gateway relays its
+    /// upstreams') sends it there.
+    async fn call_tool(
         &self,
+        caller: &Caller,
         name: &str,
         args: JsonObject,
         progress: Option<Progress>,
     ) -> Result<CallToolResult, SourceError> {
-        let _ = progress;
-        self.call_tool(name, args).await
+        let _ = (caller, args, progress);
+        Err(SourceError::UnknownTool(name.to_owned()))
     }
 
     /// Whether this source serves MCP Events (`io.modelcontextprotocol/events`) to the caller;
     /// advertised in the handshake when true.
-    async fn events_advertised(&self) -> bool {
+    async fn events_advertised(&self, caller: &Caller) -> bool {
+        let _ = caller;
         false
     }
 
     /// `events/list`: the event types, one page.
-    async fn events_list(&self) -> Result<Vec<Value>, SourceError> {
+    async fn events_list(&self, caller: &Caller) -> Result<Vec<Value>, SourceError> {
+        let _ = caller;
         Ok(Vec::new())
     }
 
     /// `events/poll` with its params (`name`, `arguments`, `cursor`, `maxEvents`, `maxAgeMs`):
     /// the whole result object.
-    async fn events_poll(&self, params: JsonObject) -> Result<Value, SourceError> {
+    async fn events_poll(&self, caller: &Caller, params: JsonObject) -> Result<Value, SourceError> {
+        let _ = caller;
         let name = params.get("name").and_then(Value::as_str).unwrap_or("");
         Err(SourceError::EventNotFound(format!(
             "no event type {name:?}; events/list names the event types this server serves"

@@ -28,7 +28,9 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tracing::{Instrument, debug, info_span};
 
-use crate::mcp::server::{ConnStreams, SourceServer, http_caller};
+use crate::mcp::admission::{ConnStreams, ListenFilter, PendingListen};
+use crate::mcp::caller::Caller;
+use crate::mcp::server::SourceServer;
 
 /// The path the MCP endpoint is served on.
 pub const MCP_PATH: &str = "/mcp";
@@ -75,7 +77,7 @@ pub fn router(
         .with_max_request_body_bytes(limits.max_message_bytes)
         .with_cancellation_token(sessions.child_token());
     let service = StreamableHttpService::new(
-        move || Ok(server.for_http()),
+        move || Ok(server.clone()),
         Arc::new(LocalSessionManager::default()),
         config,
     );
@@ -180,82 +182,76 @@ impl PeerStreams {
     }
 }
 
-/// Runs the listen limits before rmcp sees a `subscriptions/listen`, and reserves the stream's
-/// slot on the client's address (see [`PeerStreams`]; the slot rides in the request extensions, which rmcp keeps for
-/// as long as the listen runs).
+/// Admits a `subscriptions/listen` before rmcp sees it: the HTTP end of the one admission
+/// path ([`SourceServer::admit`], see `crate::mcp::admission`).
+///
+/// Why a middleware: rmcp's HTTP service takes only a `ServerHandler`, and builds a listen's
+/// acknowledgment from the parsed request with a hook that has no request context, so the
+/// caller's admission has to happen, and the request be narrowed to what was admitted, before
+/// rmcp parses the body. This is the one place that reads a body ahead of rmcp: only a body
+/// naming the method is parsed (a cheap scan first), the caller comes from the headers, the
+/// stream slot from the client's address ([`PeerStreams`]), and the admitted listen rides in
+/// the request extensions, which rmcp keeps for as long as the listen runs.
 async fn listen_gate(State(server): State<SourceServer>, req: Request, next: Next) -> Response {
-    let limits = server.limits().clone();
+    let max = server.limits().max_message_bytes;
     if req.method() != Method::POST {
         return next.run(req).await;
     }
-    // The body decides, never a header: a listen whose Mcp-Method says otherwise is still
-    // admitted here (the handler refuses any listen that was not).
     let (mut parts, body) = req.into_parts();
-    let mut bytes = match axum::body::to_bytes(body, limits.max_message_bytes).await {
+    let bytes = match axum::body::to_bytes(body, max).await {
         Ok(b) => b,
         Err(_) => {
-            return (
-                StatusCode::PAYLOAD_TOO_LARGE,
-                [(header::CONTENT_TYPE, "application/json")],
-                json!({"jsonrpc":"2.0","id":null,"error":{"code":-32600,"message":format!(
-                    "request body exceeds the {}-byte limit; send smaller messages",
-                    limits.max_message_bytes)}})
-                .to_string(),
-            )
-                .into_response();
+            let error = json!({"code": -32600, "message": format!(
+                "request body exceeds the {max}-byte limit; send smaller messages")});
+            return rpc_error(StatusCode::PAYLOAD_TOO_LARGE, Value::Null, error);
         }
     };
-    // Only a body naming the method is parsed here (a cheap scan first: rmcp parses every body
-    // again anyway). A listen that hides its method name in JSON escapes skips admission and
-    // is then refused by the handler, which serves no unadmitted listen.
+    // The body decides, never a header: a listen whose Mcp-Method says otherwise is still
+    // admitted here. A listen that hides its method name in JSON escapes skips this and is
+    // then refused by the handler, which serves no unadmitted listen.
     let names_listen = bytes
         .windows(b"subscriptions/listen".len())
         .any(|w| w == b"subscriptions/listen");
+    let mut body = Body::from(bytes.clone());
     if names_listen
-        && let Ok(v) = serde_json::from_slice::<Value>(&bytes)
+        && let Ok(mut v) = serde_json::from_slice::<Value>(&bytes)
         && v.get("method").and_then(Value::as_str) == Some("subscriptions/listen")
     {
-        let requested: Vec<String> = v
-            .pointer("/params/notifications/resourceSubscriptions")
-            .and_then(Value::as_array)
-            .map(|a| {
-                a.iter()
-                    .map(|u| u.as_str().unwrap_or_default().to_owned())
-                    .collect()
-            })
-            .unwrap_or_default();
+        let id = v.get("id").cloned().unwrap_or(Value::Null);
+        let filter = match ListenFilter::from_params(v.get("params")) {
+            Ok(f) => f,
+            Err(e) => return rpc_error(StatusCode::BAD_REQUEST, id, json!(e)),
+        };
         let conn = parts
             .extensions
             .get::<ConnStreams>()
             .cloned()
             .unwrap_or_default();
-        // What this caller may watch decides what is registered before the ack.
-        let caller = http_caller(&parts.headers, &parts.uri);
-        let admitted = caller.scope(server.admit_listen(&requested, &conn)).await;
-        match admitted {
-            Ok(admission) => {
-                // rmcp acknowledges what the request names; narrow it to what was admitted.
-                if let Some(subs) = v.pointer("/params/notifications/resourceSubscriptions")
-                    && subs.as_array().map(Vec::len) != Some(admission.accepted().len())
-                {
-                    let mut v = v.clone();
-                    v["params"]["notifications"]["resourceSubscriptions"] =
-                        json!(admission.accepted());
-                    bytes = v.to_string().into_bytes().into();
-                }
-                parts.extensions.insert(admission);
-            }
-            Err(e) => {
-                let id = v.get("id").cloned().unwrap_or(Value::Null);
-                return (
-                    StatusCode::OK,
-                    [(header::CONTENT_TYPE, "application/json")],
-                    json!({"jsonrpc":"2.0","id":id,"error":e}).to_string(),
-                )
-                    .into_response();
-            }
+        let caller = Caller::from_http(&parts.headers, &parts.uri);
+        let listen = match server.admit(&caller, &filter, &conn).await {
+            Ok(l) => l,
+            Err(e) => return rpc_error(StatusCode::OK, id, json!(e)),
+        };
+        // rmcp acknowledges what the request names: narrow it to what was admitted.
+        // (Unless it accepted all of it: then the body goes on untouched.)
+        let accepted = listen.uris();
+        if let Some(asked) = &filter.resources
+            && asked.len() != accepted.len()
+        {
+            v["params"]["notifications"]["resourceSubscriptions"] = json!(accepted);
+            body = Body::from(v.to_string());
         }
+        parts.extensions.insert(PendingListen::new(listen));
     }
-    next.run(Request::from_parts(parts, Body::from(bytes)))
-        .await
+    next.run(Request::from_parts(parts, body)).await
+}
+
+/// A JSON-RPC error response with `status`.
+fn rpc_error(status: StatusCode, id: Value, error: Value) -> Response {
+    (
+        status,
+        [(header::CONTENT_TYPE, "application/json")],
+        json!({"jsonrpc": "2.0", "id": id, "error": error}).to_string(),
+    )
+        .into_response()
 }

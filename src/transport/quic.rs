@@ -81,7 +81,7 @@ pub async fn serve(
                     }
                 };
                 // One listen-stream budget per QUIC connection, however many streams it opens.
-                let budget = crate::mcp::server::ConnStreams::default();
+                let budget = crate::mcp::admission::ConnStreams::default();
                 loop {
                     let (send, recv) = tokio::select! {
                         _ = shutdown.cancelled() => break,

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use herald::mcp::hub::Registration;
-use herald::mcp::source::{Body, Source, WatchGuard};
+use herald::mcp::source::{Body, Caller, Source, WatchGuard};
 use herald::source::file::{FileConfig, FileSource, events_uri, state_uri};
 use serde_json::{Value, json};
 
@@ -56,7 +56,7 @@ impl Fixture {
     }
 
     async fn read(&self, uri: &str) -> Result<Value, String> {
-        let c = tokio::time::timeout(WAIT, self.src.read(uri))
+        let c = tokio::time::timeout(WAIT, self.src.read(&Caller::local(), uri))
             .await
             .expect("read in time")
             .map_err(|e| e.to_string())?;
@@ -489,7 +489,7 @@ async fn a_read_is_served_even_when_its_watch_cannot_be_made() {
 #[tokio::test]
 async fn the_templates_and_listed_resources_end_with_an_example() {
     let f = Fixture::new("file-list");
-    let templates = f.src.templates();
+    let templates = f.src.templates(&Caller::local());
     let uris: Vec<&str> = templates.iter().map(|t| t.uri_template.as_str()).collect();
     assert_eq!(
         uris,
@@ -503,7 +503,7 @@ async fn the_templates_and_listed_resources_end_with_an_example() {
         .map(|t| t.description.clone().unwrap())
         .chain(
             f.src
-                .resources()
+                .resources(&Caller::local())
                 .into_iter()
                 .map(|r| r.description.unwrap()),
         );
@@ -511,7 +511,12 @@ async fn the_templates_and_listed_resources_end_with_an_example() {
         let last = d.lines().last().unwrap();
         assert!(last.starts_with("Example: await watch_start("), "{last}");
     }
-    let listed: Vec<String> = f.src.resources().iter().map(|r| r.uri.clone()).collect();
+    let listed: Vec<String> = f
+        .src
+        .resources(&Caller::local())
+        .iter()
+        .map(|r| r.uri.clone())
+        .collect();
     assert_eq!(listed, [state_uri(&f.root), events_uri(&f.root, true)]);
 }
 

@@ -21,10 +21,18 @@ impl Raw {
     }
 
     fn spawn_with_stderr(extra: &[&str], stderr: Stdio) -> Raw {
+        let args: Vec<&str> = ["--store", ":memory:", "memo"]
+            .into_iter()
+            .chain(extra.iter().copied())
+            .collect();
+        Raw::spawn_args(&args, stderr)
+    }
+
+    /// `herald ARGS` on stdio.
+    fn spawn_args(args: &[&str], stderr: Stdio) -> Raw {
         init();
         let mut child = tokio::process::Command::new(bin())
-            .args(["--store", ":memory:", "memo"])
-            .args(extra)
+            .args(args)
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(stderr)
@@ -72,7 +80,8 @@ impl Raw {
         }
     }
 
-    async fn listen(&mut self, id: &str, uris: &[&str]) {
+    /// Listens for `uris` and returns the acknowledgment.
+    async fn listen(&mut self, id: &str, uris: &[&str]) -> Value {
         self.send(
             json!({"jsonrpc":"2.0","id":id,"method":"subscriptions/listen",
             "params":{"_meta":meta(),"notifications":{"resourceSubscriptions":uris}}}),
@@ -84,6 +93,7 @@ impl Raw {
             ack["method"], "notifications/subscriptions/acknowledged",
             "{ack}"
         );
+        ack.clone()
     }
 
     async fn memo_set(&mut self, id: u64, key: &str, value: Value) {
@@ -291,4 +301,47 @@ async fn sigterm_stops_a_stdio_server_whose_stdin_stays_open() {
         .expect("herald exits after SIGTERM although stdin is still open")
         .unwrap();
     assert!(status.success(), "{status}");
+}
+
+/// Regression: a listen whose `resourceSubscriptions` was not a list was acknowledged with
+/// nothing on HTTP, and called an unknown method on stdio.
+#[tokio::test]
+async fn a_listen_filter_that_is_not_a_list_is_invalid_params() {
+    let bad = json!({"jsonrpc":"2.0","id":"L","method":"subscriptions/listen",
+        "params":{"_meta":meta(),"notifications":{"resourceSubscriptions":"memo://notes"}}});
+    let mut raw = Raw::spawn(&[]);
+    raw.send(bad.clone()).await;
+    let e = raw.recv().await;
+    assert_eq!((e["id"].clone(), e["error"]["code"].clone()), (json!("L"), json!(-32602)), "{e}");
+    assert!(
+        e["error"]["message"].as_str().unwrap().contains("resourceSubscriptions"),
+        "the error names the field: {e}"
+    );
+    let s = Server::spawn(&["--store", ":memory:", "memo", "--http", "127.0.0.1:0"]).await;
+    let (status, body) = post(&s.http_url(), None, bad).await;
+    assert_eq!(status, 400, "{body}");
+    let e: Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(e["error"]["code"], -32602, "{body}");
+    assert!(body.contains("resourceSubscriptions"), "{body}");
+}
+
+/// Regression: `herald file` acknowledged a listen on a URI outside its roots (only a log
+/// line said it was not watched); admission now leaves it out, as memo does.
+#[tokio::test]
+async fn a_file_listen_outside_the_roots_is_left_out_of_the_ack() {
+    let dir = TempDir::new("wire-file-ack");
+    let root = std::fs::canonicalize(dir.path()).unwrap();
+    let inside = herald::source::file::state_uri(&root);
+    let events = herald::source::file::events_uri(&root, false);
+    let outside = "file:///etc/hostname";
+    let mut raw = Raw::spawn_args(
+        &["--store", ":memory:", "file", "--root", root.to_str().unwrap()],
+        Stdio::null(),
+    );
+    let ack = raw.listen("L1", &[&inside, outside, &events]).await;
+    assert_eq!(
+        ack["params"]["notifications"]["resourceSubscriptions"],
+        json!([inside, events]),
+        "{ack}"
+    );
 }

@@ -42,7 +42,9 @@ use self::watcher::{Subscription, Watcher};
 use crate::mcp::events::{self, EventType, Leases, PollRequest};
 use crate::mcp::hub::ChangeFeed;
 use crate::mcp::ring::{DEFAULT_RING_CAPACITY, EVENT_LOG_MIME, EventRing};
-use crate::mcp::source::{Contents, Source, SourceError, SourceInfo, WatchGuard};
+use crate::mcp::source::{
+    Admission, Caller, Contents, ListenFilter, Source, SourceError, SourceInfo, WatchGuard,
+};
 
 pub const STATE_TEMPLATE: &str = "file:///{+path}{?as}";
 pub const EVENTS_TEMPLATE: &str = "file-events://watch/{+path}{?recursive,glob}";
@@ -280,6 +282,16 @@ impl FileSource {
 }
 
 impl FileSource {
+    /// Starts (or joins) the watch of `uri`: parsed, confined to a root, subscribed. The
+    /// guard keeps it up.
+    pub async fn watch(&self, uri: &str) -> Result<WatchGuard, SourceError> {
+        let target = parse(uri)?;
+        let confined = self.confine(&target).await?;
+        Ok(WatchGuard::new(
+            self.subscribe(uri, &target, &confined).await?,
+        ))
+    }
+
     /// The ring behind a `file.changed` poll of `uri`: held by the poll lease (renewed), or
     /// watched now and held from here on.
     async fn poll_ring(&self, uri: &str) -> Result<Arc<EventRing>, SourceError> {
@@ -392,7 +404,7 @@ impl Source for FileSource {
         }
     }
 
-    fn resources(&self) -> Vec<Resource> {
+    fn resources(&self, _caller: &Caller) -> Vec<Resource> {
         let mut out = Vec::new();
         for r in self.roots.list() {
             let name = r
@@ -425,7 +437,7 @@ impl Source for FileSource {
         out
     }
 
-    fn templates(&self) -> Vec<ResourceTemplate> {
+    fn templates(&self, _caller: &Caller) -> Vec<ResourceTemplate> {
         let example_root = self
             .roots
             .list()
@@ -452,7 +464,7 @@ impl Source for FileSource {
         ]
     }
 
-    async fn read(&self, uri: &str) -> Result<Contents, SourceError> {
+    async fn read(&self, _caller: &Caller, uri: &str) -> Result<Contents, SourceError> {
         let target = parse(uri)?;
         let confined = self.confine(&target).await?;
         // Watch from the read on, so that nothing between a baseline read and the listen that
@@ -494,31 +506,36 @@ impl Source for FileSource {
         }
     }
 
-    fn watchable(&self, uri: &str) -> bool {
-        parse(uri).is_ok()
-    }
-
-    async fn watch(&self, uri: &str) -> Result<WatchGuard, SourceError> {
-        let target = parse(uri)?;
-        let confined = self.confine(&target).await?;
-        Ok(WatchGuard::new(
-            self.subscribe(uri, &target, &confined).await?,
-        ))
+    /// A URI is accepted once its watch is up: parsed, confined to a root and subscribed.
+    /// One outside the roots (or past `--max-watches`) is left out of the acknowledgment.
+    async fn admit(&self, _caller: &Caller, filter: &ListenFilter) -> Admission {
+        let mut admission = Admission::default();
+        for uri in filter.uris() {
+            match self.watch(&uri).await {
+                Ok(guard) => admission.accept(&uri, uri.as_str(), guard),
+                Err(e) => admission.refuse(&uri, e),
+            }
+        }
+        admission
     }
 
     fn changes(&self) -> ChangeFeed {
         self.feed.clone()
     }
 
-    async fn events_advertised(&self) -> bool {
+    async fn events_advertised(&self, _caller: &Caller) -> bool {
         true
     }
 
-    async fn events_list(&self) -> Result<Vec<Value>, SourceError> {
+    async fn events_list(&self, _caller: &Caller) -> Result<Vec<Value>, SourceError> {
         Ok(vec![file_changed().to_json()])
     }
 
-    async fn events_poll(&self, params: JsonObject) -> Result<Value, SourceError> {
+    async fn events_poll(
+        &self,
+        _caller: &Caller,
+        params: JsonObject,
+    ) -> Result<Value, SourceError> {
         let req = PollRequest::parse(&params)?;
         if req.name != CHANGED_EVENT {
             return Err(events::unknown_event(&req.name));

@@ -32,7 +32,8 @@ use crate::mcp::events::{self, EventType, Leases, PollRequest};
 use crate::mcp::hub::ChangeFeed;
 use crate::mcp::ring::EVENT_LOG_MIME;
 use crate::mcp::source::{
-    Contents, Source, SourceError, SourceInfo, WatchGuard, check_args, schema,
+    Admission, Caller, Contents, ListenFilter, Progress, Source, SourceError, SourceInfo,
+    WatchGuard, check_args, schema,
 };
 use kubectl::{Kubectl, KubectlConfig};
 use uri::{Cluster, K8sUri, Selection};
@@ -103,6 +104,16 @@ impl Drop for Lease {
 }
 
 impl K8s {
+    /// Holds the watcher of a watch URI (starting or joining it); the guard keeps it up.
+    pub fn watch(&self, uri: &str) -> Result<WatchGuard, SourceError> {
+        let K8sUri::Watch(sel) = uri::parse(uri)? else {
+            return Err(SourceError::InvalidParams(format!(
+                "{uri} is readable, not watchable; watch a kcp-events:// or k8s-events:// URI"
+            )));
+        };
+        Ok(WatchGuard::new(self.lease(uri, sel)?))
+    }
+
     pub fn new(cfg: KubectlConfig, opts: K8sOptions) -> std::io::Result<K8s> {
         Ok(K8s {
             kubectl: Arc::new(Kubectl::new(cfg)?),
@@ -371,11 +382,11 @@ impl Source for K8s {
         }
     }
 
-    fn resources(&self) -> Vec<Resource> {
+    fn resources(&self, _caller: &Caller) -> Vec<Resource> {
         Vec::new()
     }
 
-    fn templates(&self) -> Vec<ResourceTemplate> {
+    fn templates(&self, _caller: &Caller) -> Vec<ResourceTemplate> {
         vec![
             template(
                 uri::KCP_WATCH_TEMPLATE,
@@ -414,7 +425,7 @@ impl Source for K8s {
         ]
     }
 
-    async fn read(&self, uri: &str) -> Result<Contents, SourceError> {
+    async fn read(&self, _caller: &Caller, uri: &str) -> Result<Contents, SourceError> {
         match uri::parse(uri)? {
             // The read shares (or starts) the URI's watcher and awaits its seed: a listen's
             // baseline read may even arrive before the listen's own hold.
@@ -427,32 +438,36 @@ impl Source for K8s {
         }
     }
 
-    fn watchable(&self, uri: &str) -> bool {
-        matches!(uri::parse(uri), Ok(K8sUri::Watch(_)))
-    }
-
-    async fn watch(&self, uri: &str) -> Result<WatchGuard, SourceError> {
-        let K8sUri::Watch(sel) = uri::parse(uri)? else {
-            return Err(SourceError::InvalidParams(format!(
-                "{uri} is readable, not watchable; watch a kcp-events:// or k8s-events:// URI"
-            )));
-        };
-        Ok(WatchGuard::new(self.lease(uri, sel)?))
+    /// A watch URI is accepted with a hold on its (shared, lingering) watcher; the API
+    /// resources list is readable, not watchable, and left out.
+    async fn admit(&self, _caller: &Caller, filter: &ListenFilter) -> Admission {
+        let mut admission = Admission::default();
+        for uri in filter.uris() {
+            match self.watch(&uri) {
+                Ok(guard) => admission.accept(&uri, uri.as_str(), guard),
+                Err(e) => admission.refuse(&uri, e),
+            }
+        }
+        admission
     }
 
     fn changes(&self) -> ChangeFeed {
         self.feed.clone()
     }
 
-    async fn events_advertised(&self) -> bool {
+    async fn events_advertised(&self, _caller: &Caller) -> bool {
         true
     }
 
-    async fn events_list(&self) -> Result<Vec<Value>, SourceError> {
+    async fn events_list(&self, _caller: &Caller) -> Result<Vec<Value>, SourceError> {
         Ok(event_types().iter().map(EventType::to_json).collect())
     }
 
-    async fn events_poll(&self, params: JsonObject) -> Result<Value, SourceError> {
+    async fn events_poll(
+        &self,
+        _caller: &Caller,
+        params: JsonObject,
+    ) -> Result<Value, SourceError> {
         let req = PollRequest::parse(&params)?;
         if req.name != K8S_CHANGED && req.name != KCP_CHANGED {
             return Err(events::unknown_event(&req.name));
@@ -462,7 +477,7 @@ impl Source for K8s {
         Ok(events::poll(w.ring(), &self.feed, &uri, &req).await)
     }
 
-    fn tools(&self) -> Vec<Tool> {
+    fn tools(&self, _caller: &Caller) -> Vec<Tool> {
         let read_only = |title: &str| {
             ToolAnnotations::with_title(title)
                 .read_only(true)
@@ -544,7 +559,13 @@ impl Source for K8s {
         tools
     }
 
-    async fn call_tool(&self, name: &str, args: JsonObject) -> Result<CallToolResult, SourceError> {
+    async fn call_tool(
+        &self,
+        _caller: &Caller,
+        name: &str,
+        args: JsonObject,
+        _progress: Option<Progress>,
+    ) -> Result<CallToolResult, SourceError> {
         match name {
             "kubectl_get" => {
                 check_args(&args, &READ_ARGS)?;
@@ -667,13 +688,13 @@ mod tests {
     async fn watchers_are_shared_and_linger_after_the_last_hold() {
         let k = source(Duration::from_secs(10));
         let uri = "k8s-events://watch/configmaps";
-        let a = k.watch(uri).await.unwrap();
-        let b = k.watch(uri).await.unwrap();
+        let a = k.watch(uri).unwrap();
+        let b = k.watch(uri).unwrap();
         assert_eq!(k.running(), 1, "one watcher for two holders");
         drop((a, b));
         tokio::time::sleep(Duration::from_secs(5)).await;
         assert_eq!(k.running(), 1, "still there for a resubscribing client");
-        let c = k.watch(uri).await.unwrap();
+        let c = k.watch(uri).unwrap();
         drop(c);
         tokio::time::sleep(Duration::from_secs(11)).await;
         assert_eq!(k.running(), 0, "stopped once nobody came back");
@@ -748,32 +769,39 @@ mod tests {
     async fn a_poll_whose_first_list_fails_keeps_no_watcher() {
         let k = source(Duration::ZERO);
         let err = k
-            .events_poll(schema(
-                json!({"name": K8S_CHANGED, "arguments": {"resource": "cm"}}),
-            ))
+            .events_poll(
+                &Caller::local(),
+                schema(json!({"name": K8S_CHANGED, "arguments": {"resource": "cm"}})),
+            )
             .await
             .unwrap_err();
         assert!(err.to_string().contains("cannot run"), "{err}");
         assert_eq!(k.running(), 0, "the failed watcher is let go");
         let err = k
-            .events_poll(schema(json!({"name": "pods.changed"})))
+            .events_poll(&Caller::local(), schema(json!({"name": "pods.changed"})))
             .await
             .unwrap_err();
         assert!(matches!(err, SourceError::EventNotFound(_)), "{err}");
-        assert_eq!(k.events_list().await.unwrap().len(), 2);
+        assert_eq!(k.events_list(&Caller::local()).await.unwrap().len(), 2);
     }
 
     #[tokio::test(start_paused = true)]
     async fn the_watcher_limit_is_a_clear_error() {
         let k = source(Duration::ZERO);
-        let _a = k.watch("k8s-events://watch/a").await.unwrap();
-        let _b = k.watch("k8s-events://watch/b").await.unwrap();
-        let err = k.watch("k8s-events://watch/c").await.err().unwrap();
+        let _a = k.watch("k8s-events://watch/a").unwrap();
+        let _b = k.watch("k8s-events://watch/b").unwrap();
+        let err = k.watch("k8s-events://watch/c").err().unwrap();
         assert!(err.to_string().contains("--max-watchers"), "{err}");
         // A read of a new URI is refused the same way; a read of a watched one is not.
-        let err = k.read("k8s-events://watch/c").await.unwrap_err();
+        let err = k
+            .read(&Caller::local(), "k8s-events://watch/c")
+            .await
+            .unwrap_err();
         assert!(err.to_string().contains("its limit"), "{err}");
-        let err = k.read("k8s-events://watch/a").await.unwrap_err();
+        let err = k
+            .read(&Caller::local(), "k8s-events://watch/a")
+            .await
+            .unwrap_err();
         assert!(err.to_string().contains("cannot run"), "{err}");
     }
 }

@@ -17,7 +17,10 @@ use serde_json::{Map, Value, json};
 use crate::mcp::events::{self, EventType, PollRequest};
 use crate::mcp::hub::ChangeFeed;
 use crate::mcp::ring::{EVENT_LOG_MIME, EventRing};
-use crate::mcp::source::{Contents, Source, SourceError, SourceInfo, check_args, schema};
+use crate::mcp::source::{
+    Admission, Caller, Contents, ListenFilter, Progress, Source, SourceError, SourceInfo,
+    WatchGuard, check_args, schema,
+};
 use crate::store::{Store, StoreError, Table};
 
 pub const NOTES_URI: &str = "memo://notes";
@@ -168,7 +171,7 @@ impl Source for Memo {
         }
     }
 
-    fn resources(&self) -> Vec<Resource> {
+    fn resources(&self, _caller: &Caller) -> Vec<Resource> {
         vec![
             Resource::new(NOTES_URI, "notes")
                 .with_mime_type("application/json")
@@ -187,7 +190,7 @@ impl Source for Memo {
         ]
     }
 
-    async fn read(&self, uri: &str) -> Result<Contents, SourceError> {
+    async fn read(&self, _caller: &Caller, uri: &str) -> Result<Contents, SourceError> {
         match uri {
             NOTES_URI => Ok(Contents::json(&self.snapshot())),
             LOG_URI => Ok(Contents::event_log(&self.log)),
@@ -195,15 +198,24 @@ impl Source for Memo {
         }
     }
 
-    fn watchable(&self, uri: &str) -> bool {
-        uri == NOTES_URI || uri == LOG_URI
+    /// Both resources are always watchable; memo keeps nothing per listener.
+    async fn admit(&self, _caller: &Caller, filter: &ListenFilter) -> Admission {
+        let mut admission = Admission::default();
+        for uri in filter.uris() {
+            if uri == NOTES_URI || uri == LOG_URI {
+                admission.accept(&uri, uri.as_str(), WatchGuard::none());
+            } else {
+                admission.refuse(&uri, SourceError::NotFound { uri: uri.clone() });
+            }
+        }
+        admission
     }
 
     fn changes(&self) -> ChangeFeed {
         self.feed.clone()
     }
 
-    fn tools(&self) -> Vec<Tool> {
+    fn tools(&self, _caller: &Caller) -> Vec<Tool> {
         vec![
             Tool::new(
                 "memo_set",
@@ -245,7 +257,13 @@ impl Source for Memo {
         ]
     }
 
-    async fn call_tool(&self, name: &str, args: JsonObject) -> Result<CallToolResult, SourceError> {
+    async fn call_tool(
+        &self,
+        _caller: &Caller,
+        name: &str,
+        args: JsonObject,
+        _progress: Option<Progress>,
+    ) -> Result<CallToolResult, SourceError> {
         match name {
             "memo_set" => {
                 check_args(&args, &["key", "value"])?;
@@ -282,15 +300,19 @@ impl Source for Memo {
         }
     }
 
-    async fn events_advertised(&self) -> bool {
+    async fn events_advertised(&self, _caller: &Caller) -> bool {
         true
     }
 
-    async fn events_list(&self) -> Result<Vec<Value>, SourceError> {
+    async fn events_list(&self, _caller: &Caller) -> Result<Vec<Value>, SourceError> {
         Ok(vec![memo_changed().to_json()])
     }
 
-    async fn events_poll(&self, params: JsonObject) -> Result<Value, SourceError> {
+    async fn events_poll(
+        &self,
+        _caller: &Caller,
+        params: JsonObject,
+    ) -> Result<Value, SourceError> {
         let req = PollRequest::parse(&params)?;
         if req.name != CHANGED_EVENT {
             return Err(events::unknown_event(&req.name));
@@ -339,14 +361,17 @@ mod tests {
         assert!(m.set("a", json!({"x": 2})).await.unwrap());
         assert!(m.delete("a").await.unwrap());
         assert!(!m.delete("a").await.unwrap());
-        let log = read_json(m.read(LOG_URI).await.unwrap());
+        let log = read_json(m.read(&Caller::local(), LOG_URI).await.unwrap());
         let ev = log["events"].as_array().unwrap();
         let types: Vec<&str> = ev.iter().map(|e| e["type"].as_str().unwrap()).collect();
         assert_eq!(types, ["ADDED", "MODIFIED", "DELETED"]);
         assert_eq!(ev[1]["old"], json!(1));
         assert_eq!(ev[1]["object"], json!({"x": 2}));
         assert!(ev[0]["seq"].as_u64() < ev[1]["seq"].as_u64());
-        assert_eq!(read_json(m.read(NOTES_URI).await.unwrap()), json!({}));
+        assert_eq!(
+            read_json(m.read(&Caller::local(), NOTES_URI).await.unwrap()),
+            json!({})
+        );
         let batch = r.queue().next_batch().await;
         assert_eq!(batch, vec![NOTES_URI.to_string(), LOG_URI.to_string()]);
     }
@@ -359,7 +384,7 @@ mod tests {
         drop(m);
         let m = Memo::open(store, 16).await.unwrap();
         assert_eq!(
-            read_json(m.read(NOTES_URI).await.unwrap()),
+            read_json(m.read(&Caller::local(), NOTES_URI).await.unwrap()),
             json!({"k": "v"})
         );
     }
@@ -368,24 +393,36 @@ mod tests {
     async fn bad_arguments_are_clear_errors() {
         let m = memo().await;
         let err = m
-            .call_tool("memo_set", schema(json!({"key": "a"})))
+            .call_tool(
+                &Caller::local(),
+                "memo_set",
+                schema(json!({"key": "a"})),
+                None,
+            )
             .await
             .unwrap_err();
         assert!(err.to_string().contains("missing argument value"), "{err}");
         let err = m
             .call_tool(
+                &Caller::local(),
                 "memo_set",
                 schema(json!({"key": "a", "value": 1, "extra": 2})),
+                None,
             )
             .await
             .unwrap_err();
         assert!(err.to_string().contains("unknown argument extra"), "{err}");
         let err = m
-            .call_tool("memo_set", schema(json!({"key": 5, "value": 1})))
+            .call_tool(
+                &Caller::local(),
+                "memo_set",
+                schema(json!({"key": 5, "value": 1})),
+                None,
+            )
             .await
             .unwrap_err();
         assert!(err.to_string().contains("key must be a string"), "{err}");
-        let err = m.read("memo://nope").await.unwrap_err();
+        let err = m.read(&Caller::local(), "memo://nope").await.unwrap_err();
         assert_eq!(
             err,
             SourceError::NotFound {
@@ -397,33 +434,38 @@ mod tests {
     #[tokio::test]
     async fn memo_changes_are_polled_from_the_log() {
         let m = memo().await;
-        assert!(m.events_advertised().await);
-        let list = m.events_list().await.unwrap();
+        assert!(m.events_advertised(&Caller::local()).await);
+        let list = m.events_list(&Caller::local()).await.unwrap();
         assert_eq!(list[0]["name"], CHANGED_EVENT);
         assert_eq!(list[0]["inputSchema"]["additionalProperties"], false);
         let first = m
-            .events_poll(schema(json!({"name": CHANGED_EVENT, "cursor": null})))
+            .events_poll(
+                &Caller::local(),
+                schema(json!({"name": CHANGED_EVENT, "cursor": null})),
+            )
             .await
             .unwrap();
         assert_eq!(first["events"], json!([]));
         m.set("a", json!(1)).await.unwrap();
         let next = m
-            .events_poll(schema(
-                json!({"name": CHANGED_EVENT, "cursor": first["cursor"]}),
-            ))
+            .events_poll(
+                &Caller::local(),
+                schema(json!({"name": CHANGED_EVENT, "cursor": first["cursor"]})),
+            )
             .await
             .unwrap();
         assert_eq!(next["events"][0]["data"]["type"], "ADDED");
         assert_eq!(next["events"][0]["data"]["key"], "a");
         let err = m
-            .events_poll(schema(
-                json!({"name": CHANGED_EVENT, "arguments": {"key": "a"}}),
-            ))
+            .events_poll(
+                &Caller::local(),
+                schema(json!({"name": CHANGED_EVENT, "arguments": {"key": "a"}})),
+            )
             .await
             .unwrap_err();
         assert!(err.to_string().contains("unknown argument key"), "{err}");
         let err = m
-            .events_poll(schema(json!({"name": "memo.deleted"})))
+            .events_poll(&Caller::local(), schema(json!({"name": "memo.deleted"})))
             .await
             .unwrap_err();
         assert!(matches!(err, SourceError::EventNotFound(_)), "{err}");
@@ -432,7 +474,7 @@ mod tests {
     #[tokio::test]
     async fn descriptions_end_with_a_code_mode_example() {
         let m = memo().await;
-        for r in m.resources() {
+        for r in m.resources(&Caller::local()) {
             let d = r.description.unwrap();
             let last = d.lines().last().unwrap();
             assert!(last.starts_with("Example: await watch_start("), "{last}");

@@ -1,0 +1,349 @@
+//! Admitting a `subscriptions/listen`: the one path every listen takes before its
+//! acknowledgment.
+//!
+//! A listen is admitted exactly once, by [`SourceServer::admit`](crate::mcp::server::SourceServer::admit):
+//! 1. the limits are checked and a stream slot is reserved on the caller's connection
+//!    ([`check_listen`]);
+//! 2. the source decides, for this caller, which of the requested URIs it accepts and starts
+//!    whatever keeps them watched ([`Source::admit`](crate::mcp::source::Source::admit), which
+//!    returns an [`Admission`]: accepted URIs with their feed keys, the guards, task ids);
+//! 3. the accepted feed keys are registered with the hub, so no change published after the
+//!    acknowledgment is lost.
+//!
+//! The result, an [`AdmittedListen`], rides in the request's extensions (as a
+//! [`PendingListen`]) until the listen handler takes it; the acknowledgment names exactly
+//! [`Admission::uris`]. Nothing watches a URI again after admission: the guards taken here are
+//! the ones the listen holds until it ends.
+//!
+//! Why the request is narrowed at all: rmcp 3.11 builds the acknowledgment from the request
+//! and a context-less hook (`accepted_subscription_filter`), so the request that reaches rmcp
+//! must already name only what was admitted. On byte streams the typed request is narrowed
+//! ([`narrow`]); on HTTP, where rmcp's service takes only a handler, the transport's listen gate
+//! narrows the body (see `transport::http`). Both call the same admission.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+
+use rmcp::model::{ErrorData as McpError, SubscriptionFilter};
+use serde_json::{Value, json};
+
+use crate::mcp::hub::Registration;
+use crate::mcp::server::Limits;
+use crate::mcp::source::{SourceError, WatchGuard};
+
+/// What a listen asks for: the `notifications` object of `subscriptions/listen`, parsed once.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct ListenFilter {
+    /// `resourceSubscriptions`; `None` when the listen names none (its ack then names none).
+    pub resources: Option<Vec<String>>,
+    /// `taskIds` (the tasks extension). Over byte streams rmcp 3.11 drops this field before
+    /// herald sees the request, so only HTTP fills it today.
+    pub task_ids: Option<Vec<String>>,
+}
+
+impl ListenFilter {
+    /// The filter of a raw `subscriptions/listen` request's `params`. A field of the wrong
+    /// shape is `-32602` naming it, never an empty acknowledgment.
+    pub fn from_params(params: Option<&Value>) -> Result<ListenFilter, McpError> {
+        let notifications = match params {
+            None | Some(Value::Null) => None,
+            Some(Value::Object(p)) => p.get("notifications"),
+            Some(_) => {
+                return Err(McpError::invalid_params(
+                    "subscriptions/listen params must be an object",
+                    None,
+                ));
+            }
+        };
+        let n = match notifications {
+            Some(Value::Object(n)) => n,
+            Some(_) => {
+                return Err(McpError::invalid_params(
+                    "subscriptions/listen params.notifications must be an object",
+                    None,
+                ));
+            }
+            None => {
+                return Err(McpError::invalid_params(
+                    "subscriptions/listen needs params.notifications (e.g. {\"resourceSubscriptions\":[\"memo://notes\"]})",
+                    None,
+                ));
+            }
+        };
+        Ok(ListenFilter {
+            resources: string_list(n.get("resourceSubscriptions"), "resourceSubscriptions")?,
+            task_ids: string_list(n.get("taskIds"), "taskIds")?,
+        })
+    }
+
+    /// The filter rmcp parsed (byte streams).
+    pub fn from_rmcp(f: &SubscriptionFilter) -> ListenFilter {
+        ListenFilter {
+            resources: f.resource_subscriptions.clone(),
+            task_ids: None,
+        }
+    }
+
+    /// The requested URIs, each once, in request order.
+    pub fn uris(&self) -> Vec<String> {
+        let mut seen = std::collections::HashSet::new();
+        self.resources
+            .iter()
+            .flatten()
+            .filter(|u| seen.insert(u.as_str()))
+            .cloned()
+            .collect()
+    }
+
+    fn requested(&self) -> usize {
+        self.resources.as_ref().map_or(0, Vec::len)
+    }
+}
+
+fn string_list(v: Option<&Value>, field: &str) -> Result<Option<Vec<String>>, McpError> {
+    let bad = || {
+        McpError::invalid_params(
+            format!("subscriptions/listen notifications.{field} must be a list of strings"),
+            Some(json!({"field": field})),
+        )
+    };
+    match v {
+        None | Some(Value::Null) => Ok(None),
+        Some(Value::Array(a)) => a
+            .iter()
+            .map(|x| x.as_str().map(str::to_owned).ok_or_else(bad))
+            .collect::<Result<Vec<_>, _>>()
+            .map(Some),
+        Some(_) => Err(bad()),
+    }
+}
+
+/// One accepted URI: as the caller wrote it, and the key its changes are published under on
+/// the source's change feed (most sources publish the URI itself; the gateway publishes
+/// `slug+URI`, since one URI may name different servers for different callers).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Accepted {
+    pub uri: String,
+    pub key: String,
+}
+
+/// A source's answer to a listen: what it accepts for this caller, and what keeps it watched.
+#[derive(Default)]
+pub struct Admission {
+    /// Accepted URIs, in request order.
+    pub accepted: Vec<Accepted>,
+    /// Requested URIs left out, with why (logged, never sent: the ack simply omits them).
+    pub refused: Vec<(String, SourceError)>,
+    /// Task ids accepted (the tasks extension); none until a source owns tasks.
+    pub task_ids: Vec<String>,
+    /// Held for as long as the listen runs; dropping them lets the source stop watching.
+    pub guards: Vec<WatchGuard>,
+}
+
+impl Admission {
+    /// Accepts `uri`, published under `key`, kept watched by `guard`.
+    pub fn accept(&mut self, uri: &str, key: impl Into<String>, guard: WatchGuard) {
+        self.accepted.push(Accepted {
+            uri: uri.to_owned(),
+            key: key.into(),
+        });
+        self.guards.push(guard);
+    }
+
+    /// Leaves `uri` out of the acknowledgment.
+    pub fn refuse(&mut self, uri: &str, why: SourceError) {
+        self.refused.push((uri.to_owned(), why));
+    }
+
+    /// The URIs the acknowledgment names.
+    pub fn uris(&self) -> Vec<String> {
+        self.accepted.iter().map(|a| a.uri.clone()).collect()
+    }
+}
+
+/// Open listen streams on one connection (a stdio process, a QUIC connection, an HTTP
+/// client address).
+#[derive(Debug, Clone, Default)]
+pub struct ConnStreams(Arc<AtomicUsize>);
+
+impl ConnStreams {
+    pub fn try_acquire(&self, max: usize) -> Option<StreamSlot> {
+        let prev = self.0.fetch_add(1, Ordering::AcqRel);
+        if prev >= max {
+            self.0.fetch_sub(1, Ordering::AcqRel);
+            return None;
+        }
+        Some(StreamSlot(Arc::new(SlotInner(self.0.clone()))))
+    }
+
+    /// A counter shared with other holders of `shared`.
+    pub fn from_shared(shared: Arc<AtomicUsize>) -> ConnStreams {
+        ConnStreams(shared)
+    }
+
+    pub fn downgrade(&self) -> std::sync::Weak<AtomicUsize> {
+        Arc::downgrade(&self.0)
+    }
+
+    pub fn open(&self) -> usize {
+        self.0.load(Ordering::Acquire)
+    }
+}
+
+/// A reserved listen slot, released when the admitted listen is dropped.
+#[derive(Clone)]
+pub struct StreamSlot(#[allow(dead_code)] Arc<SlotInner>);
+struct SlotInner(Arc<AtomicUsize>);
+impl Drop for SlotInner {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+/// Checks a listen against the limits and reserves a stream slot on `conn`. Runs before rmcp
+/// acknowledges the listen, so a refusal is a plain JSON-RPC error.
+pub fn check_listen(
+    limits: &Limits,
+    filter: &ListenFilter,
+    conn: &ConnStreams,
+) -> Result<StreamSlot, McpError> {
+    let requested = filter.requested();
+    if requested > limits.max_uris_per_stream {
+        return Err(McpError::invalid_params(
+            format!(
+                "subscriptions/listen asks for {requested} resources; one stream takes at most {}: split them across several listen requests",
+                limits.max_uris_per_stream
+            ),
+            Some(json!({"limit": limits.max_uris_per_stream, "requested": requested})),
+        ));
+    }
+    conn.try_acquire(limits.max_streams_per_connection)
+        .ok_or_else(|| {
+            McpError::invalid_request(
+                format!(
+                    "this connection already has {} open listen streams, the most allowed; cancel one first or open another connection",
+                    limits.max_streams_per_connection
+                ),
+                Some(json!({"limit": limits.max_streams_per_connection})),
+            )
+        })
+}
+
+/// A listen that passed admission: everything its stream needs, made before the ack.
+pub struct AdmittedListen {
+    _slot: StreamSlot,
+    pub(crate) registration: Registration,
+    /// Each feed key, back to the URIs this stream wrote for it.
+    pub(crate) spelled: HashMap<String, Vec<String>>,
+    admission: Admission,
+}
+
+impl AdmittedListen {
+    pub(crate) fn new(slot: StreamSlot, registration: Registration, admission: Admission) -> Self {
+        let mut spelled: HashMap<String, Vec<String>> = HashMap::new();
+        for a in &admission.accepted {
+            spelled
+                .entry(a.key.clone())
+                .or_default()
+                .push(a.uri.clone());
+        }
+        AdmittedListen {
+            _slot: slot,
+            registration,
+            spelled,
+            admission,
+        }
+    }
+
+    /// The URIs the acknowledgment names.
+    pub fn uris(&self) -> Vec<String> {
+        self.admission.uris()
+    }
+
+    /// What the source accepted.
+    pub fn admission(&self) -> &Admission {
+        &self.admission
+    }
+}
+
+/// An admitted listen on its way from admission to the listen handler, in the request's
+/// extensions (which must be `Clone`; the listen is taken out once). Dropped unclaimed (the
+/// request failed before its handler ran), it releases everything admission took.
+#[derive(Clone)]
+pub struct PendingListen(Arc<Mutex<Option<AdmittedListen>>>);
+
+impl PendingListen {
+    pub fn new(listen: AdmittedListen) -> PendingListen {
+        PendingListen(Arc::new(Mutex::new(Some(listen))))
+    }
+
+    /// Takes the admitted listen; `None` once taken.
+    pub fn take(&self) -> Option<AdmittedListen> {
+        self.0.lock().unwrap_or_else(|e| e.into_inner()).take()
+    }
+}
+
+/// Narrows a typed listen request to what was admitted: rmcp acknowledges what the request
+/// names.
+pub fn narrow(filter: &mut SubscriptionFilter, listen: &AdmittedListen) {
+    if filter.resource_subscriptions.is_some() {
+        filter.resource_subscriptions = Some(listen.uris());
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn filter(v: Value) -> Result<ListenFilter, McpError> {
+        ListenFilter::from_params(Some(&v))
+    }
+
+    #[test]
+    fn a_filter_of_the_wrong_shape_is_invalid_params() {
+        for bad in [
+            json!({"notifications": {"resourceSubscriptions": "memo://notes"}}),
+            json!({"notifications": {"resourceSubscriptions": [1]}}),
+            json!({"notifications": {"resourceSubscriptions": {}}}),
+            json!({"notifications": {"taskIds": "t1"}}),
+            json!({"notifications": 5}),
+            json!({}),
+            json!("x"),
+        ] {
+            let e = filter(bad.clone()).unwrap_err();
+            assert_eq!(e.code.0, -32602, "{bad}: {e:?}");
+        }
+        assert!(
+            filter(json!({"notifications": {"resourceSubscriptions": 7}}))
+                .unwrap_err()
+                .message
+                .contains("resourceSubscriptions"),
+            "the error names the field"
+        );
+    }
+
+    #[test]
+    fn a_filter_keeps_order_and_drops_repeats() {
+        let f = filter(json!({"notifications": {
+            "resourceSubscriptions": ["b://1", "a://2", "b://1"], "taskIds": ["t"]}}))
+        .unwrap();
+        assert_eq!(f.uris(), vec!["b://1".to_string(), "a://2".into()]);
+        assert_eq!(f.task_ids, Some(vec!["t".to_string()]));
+        assert_eq!(f.requested(), 3, "limits count what was asked");
+        let none = filter(json!({"notifications": {}})).unwrap();
+        assert_eq!(none, ListenFilter::default());
+    }
+
+    #[test]
+    fn slots_are_released_when_dropped() {
+        let conn = ConnStreams::default();
+        let a = conn.try_acquire(2).unwrap();
+        let b = conn.try_acquire(2).unwrap();
+        assert!(conn.try_acquire(2).is_none());
+        drop(a);
+        assert_eq!(conn.open(), 1);
+        drop(b);
+        assert_eq!(conn.open(), 0);
+    }
+}

@@ -1,0 +1,161 @@
+//! Who is asking: the [`Caller`] of one request, as the transport knows it.
+//!
+//! A caller is worked out once per request from what the request carried, and then passed
+//! explicitly (`&Caller`) to every [`Source`](crate::mcp::source::Source) method that may
+//! depend on it. There is no ambient caller: a function that decides something per caller
+//! says so in its signature.
+//!
+//! Where it comes from:
+//! - stdio: the process that started this one ([`Caller::local`]); no token needed;
+//! - QUIC (any byte stream but stdio): `_meta["io.herald/token"]` of each request;
+//! - HTTP: the `Authorization: Bearer` header and the endpoint's `?servers=a,b`, read from
+//!   the request parts rmcp keeps in the request context.
+//!
+//! The byte-stream server ([`ConnServer`](crate::mcp::server::ConnServer)) inserts the caller
+//! it worked out into the request context's extensions; [`Caller::of`] reads it back there,
+//! or from the HTTP parts.
+
+use rmcp::service::{RequestContext, RoleServer};
+
+/// Where a token travels on byte-stream transports: each request's `_meta`.
+pub const TOKEN_META_KEY: &str = "io.herald/token";
+
+/// The credentials one request presented. Sources that serve everyone ignore it; the gateway
+/// turns it into the set of servers the request may use.
+#[derive(Clone, Default, PartialEq, Eq)]
+pub struct Caller {
+    /// The bearer token: HTTP `Authorization: Bearer`, or `_meta["io.herald/token"]` of the
+    /// requests on a QUIC connection.
+    pub token: Option<String>,
+    /// `?servers=a,b` on the HTTP endpoint URL: narrows what the token may use.
+    pub servers: Option<Vec<String>>,
+    /// The request came over stdio from the process that started this one, which needs no
+    /// token.
+    pub local: bool,
+}
+
+impl std::fmt::Debug for Caller {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // Never the token itself.
+        f.debug_struct("Caller")
+            .field("token", &self.token.as_ref().map(|_| "<redacted>"))
+            .field("servers", &self.servers)
+            .field("local", &self.local)
+            .finish()
+    }
+}
+
+impl Caller {
+    /// The process that started this one (stdio): may use everything, needs no token.
+    pub fn local() -> Caller {
+        Caller {
+            local: true,
+            ..Caller::default()
+        }
+    }
+
+    /// A byte-stream caller whose token (if any) rides in each request's `_meta`.
+    pub fn from_meta(meta: &rmcp::model::RequestMetaObject, local: bool) -> Caller {
+        Caller {
+            token: meta
+                .0
+                .0
+                .get(TOKEN_META_KEY)
+                .and_then(|v| v.as_str())
+                .map(str::to_owned)
+                .filter(|t| !t.is_empty()),
+            servers: None,
+            local,
+        }
+    }
+
+    /// The caller an HTTP request presents.
+    pub fn from_http(headers: &http::HeaderMap, uri: &http::Uri) -> Caller {
+        let token = headers
+            .get(http::header::AUTHORIZATION)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| {
+                let (scheme, rest) = v.trim().split_once(' ')?;
+                scheme.eq_ignore_ascii_case("bearer").then_some(rest)
+            })
+            .map(|t| t.trim().to_owned())
+            .filter(|t| !t.is_empty());
+        let servers = uri.query().and_then(|q| {
+            q.split('&').find_map(|p| {
+                p.strip_prefix("servers=").map(|v| {
+                    v.split(',')
+                        .map(|s| s.trim().to_owned())
+                        .filter(|s| !s.is_empty())
+                        .collect()
+                })
+            })
+        });
+        Caller {
+            token,
+            servers,
+            local: false,
+        }
+    }
+
+    /// The caller of the request `ctx` belongs to: the one the byte-stream server inserted,
+    /// else the one the HTTP request parts present, else an anonymous caller (who may use
+    /// what needs no entitlement, and nothing else).
+    pub fn of(ctx: &RequestContext<RoleServer>) -> Caller {
+        if let Some(c) = ctx.extensions.get::<Caller>() {
+            return c.clone();
+        }
+        ctx.extensions
+            .get::<http::request::Parts>()
+            .map(|p| Caller::from_http(&p.headers, &p.uri))
+            .unwrap_or_default()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn http_bearer_is_case_insensitive_and_empty_tokens_are_none() {
+        let mut h = http::HeaderMap::new();
+        let uri: http::Uri = "/mcp?servers=a,%20b,,c".parse().unwrap();
+        h.insert(
+            http::header::AUTHORIZATION,
+            "bEaReR  s3cret ".parse().unwrap(),
+        );
+        let c = Caller::from_http(&h, &uri);
+        assert_eq!(c.token.as_deref(), Some("s3cret"));
+        assert_eq!(
+            c.servers,
+            Some(vec!["a".to_string(), "%20b".into(), "c".into()])
+        );
+        assert!(!c.local);
+        h.insert(http::header::AUTHORIZATION, "Bearer  ".parse().unwrap());
+        assert_eq!(Caller::from_http(&h, &uri).token, None);
+        h.insert(http::header::AUTHORIZATION, "Basic abc".parse().unwrap());
+        assert_eq!(Caller::from_http(&h, &uri).token, None);
+    }
+
+    #[test]
+    fn the_token_never_shows_in_debug() {
+        let c = Caller {
+            token: Some("hunter2".into()),
+            ..Caller::default()
+        };
+        let shown = format!("{c:?}");
+        assert!(!shown.contains("hunter2"), "{shown}");
+        assert!(shown.contains("redacted"), "{shown}");
+    }
+
+    #[test]
+    fn meta_token_is_read_and_empty_is_none() {
+        let mut meta = rmcp::model::RequestMetaObject::default();
+        meta.0.0.insert(TOKEN_META_KEY.into(), "t0k".into());
+        assert_eq!(
+            Caller::from_meta(&meta, false).token.as_deref(),
+            Some("t0k")
+        );
+        meta.0.0.insert(TOKEN_META_KEY.into(), "".into());
+        assert_eq!(Caller::from_meta(&meta, true), Caller::local());
+    }
+}

@@ -1,0 +1,73 @@
+//! [`ConnServer`]: a [`SourceServer`] on one byte-stream connection (stdio, a QUIC stream).
+//!
+//! rmcp hands a byte-stream server every request whole, so this wrapper does, before rmcp's
+//! own dispatch, what HTTP does in its transport layer: it works out the request's
+//! [`Caller`] (the stdio parent is local; QUIC callers present `_meta["io.herald/token"]`) and
+//! puts it in the request context, and it admits a `subscriptions/listen` through
+//! [`SourceServer::admit`] against this connection's stream count, narrowing the typed request
+//! to what was admitted (rmcp acknowledges what the request names) and leaving the admitted
+//! listen in the context for the handler.
+
+use std::borrow::Cow;
+
+use rmcp::model::{
+    ClientRequest, ErrorData as McpError, ProtocolVersion, ServerConfig, ServerResult,
+};
+use rmcp::service::{NotificationContext, RequestContext, RoleServer, Service};
+
+use crate::mcp::admission::{ConnStreams, ListenFilter, PendingListen, narrow};
+use crate::mcp::caller::Caller;
+use crate::mcp::server::SourceServer;
+
+/// [`SourceServer`] on one byte-stream connection; see the module docs.
+#[derive(Clone)]
+pub struct ConnServer {
+    server: SourceServer,
+    conn: ConnStreams,
+    local: bool,
+}
+
+impl ConnServer {
+    /// `server` on a connection counted by `conn`; `local` for the stdio parent.
+    pub fn new(server: SourceServer, conn: ConnStreams, local: bool) -> ConnServer {
+        ConnServer {
+            server,
+            conn,
+            local,
+        }
+    }
+}
+
+impl Service<RoleServer> for ConnServer {
+    async fn handle_request(
+        &self,
+        mut request: ClientRequest,
+        mut context: RequestContext<RoleServer>,
+    ) -> Result<ServerResult, McpError> {
+        let caller = Caller::from_meta(&context.meta, self.local);
+        if let ClientRequest::SubscriptionsListenRequest(r) = &mut request {
+            let filter = ListenFilter::from_rmcp(&r.params.notifications);
+            let listen = self.server.admit(&caller, &filter, &self.conn).await?;
+            narrow(&mut r.params.notifications, &listen);
+            context.extensions.insert(PendingListen::new(listen));
+        }
+        context.extensions.insert(caller);
+        self.server.handle_request(request, context).await
+    }
+
+    async fn handle_notification(
+        &self,
+        notification: rmcp::model::ClientNotification,
+        context: NotificationContext<RoleServer>,
+    ) -> Result<(), McpError> {
+        self.server.handle_notification(notification, context).await
+    }
+
+    fn get_info(&self) -> ServerConfig {
+        self.server.config().clone()
+    }
+
+    fn supported_protocol_versions(&self) -> Cow<'static, [ProtocolVersion]> {
+        Cow::Borrowed(ProtocolVersion::KNOWN_VERSIONS)
+    }
+}
