@@ -8,6 +8,7 @@ use rmcp::model::{CallToolRequestParams, ReadResourceRequestParams, ResourceCont
 use serde_json::{Map, Value};
 
 use crate::cli::{Exit, usage};
+use crate::mcp::server::DEFAULT_MAX_MESSAGE_BYTES;
 use crate::transport::client::{Connection, Target, client_config, connect};
 use crate::transport::tls::ClientTrust;
 
@@ -59,7 +60,13 @@ impl ClientArgs {
             pin: self.tls_pin.clone(),
             token: crate::transport::tls::Secret::from_env(),
         };
-        Ok(connect(&self.target(), &trust, client_config(), 4 * 1024 * 1024).await?)
+        Ok(connect(
+            &self.target(),
+            &trust,
+            client_config(),
+            DEFAULT_MAX_MESSAGE_BYTES,
+        )
+        .await?)
     }
 }
 

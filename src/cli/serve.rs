@@ -11,7 +11,10 @@ use tokio_util::task::TaskTracker;
 
 use crate::app::{self, Bound, ServeOptions};
 use crate::cli::{Exit, Globals, LogFormat};
-use crate::mcp::server::Limits;
+use crate::mcp::server::{
+    DEFAULT_LISTEN_STALL_MS, DEFAULT_MAX_LISTEN_STREAMS, DEFAULT_MAX_LISTEN_URIS,
+    DEFAULT_MAX_MESSAGE_BYTES, Limits,
+};
 use crate::mcp::source::Source;
 use crate::store::Store;
 use crate::transport::http::HttpOptions;
@@ -41,17 +44,17 @@ pub struct ServeArgs {
     #[arg(long = "allowed-origin", value_name = "ORIGIN")]
     pub allowed_origins: Vec<String>,
     /// Most open subscriptions/listen streams per connection.
-    #[arg(long, default_value_t = 64)]
+    #[arg(long, default_value_t = DEFAULT_MAX_LISTEN_STREAMS)]
     pub max_listen_streams: usize,
     /// Most resource URIs one listen stream may ask for.
-    #[arg(long, default_value_t = 256)]
+    #[arg(long, default_value_t = DEFAULT_MAX_LISTEN_URIS)]
     pub max_listen_uris: usize,
     /// Largest incoming message in bytes (stdio/QUIC line, HTTP body).
-    #[arg(long, default_value_t = 4 * 1024 * 1024)]
+    #[arg(long, default_value_t = DEFAULT_MAX_MESSAGE_BYTES)]
     pub max_message_bytes: usize,
     /// A listen stream whose reader takes no notification for this long is ended (and logged),
     /// so the client resubscribes instead of holding a stalled stream.
-    #[arg(long, default_value_t = 10_000, value_name = "MS")]
+    #[arg(long, default_value_t = DEFAULT_LISTEN_STALL_MS, value_name = "MS")]
     pub listen_stall_ms: u64,
 }
 

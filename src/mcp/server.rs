@@ -40,6 +40,15 @@ pub const EVENTS_EXTENSION: &str = "io.modelcontextprotocol/events";
 
 pub use crate::mcp::caller::TOKEN_META_KEY;
 
+/// Default for [`Limits::max_streams_per_connection`] (`--max-listen-streams`).
+pub const DEFAULT_MAX_LISTEN_STREAMS: usize = 64;
+/// Default for [`Limits::max_uris_per_stream`] (`--max-listen-uris`).
+pub const DEFAULT_MAX_LISTEN_URIS: usize = 256;
+/// Default for [`Limits::max_message_bytes`] (`--max-message-bytes`); clients use it too.
+pub const DEFAULT_MAX_MESSAGE_BYTES: usize = 4 << 20;
+/// Default for [`Limits::stall_timeout`] (`--listen-stall-ms`), in milliseconds.
+pub const DEFAULT_LISTEN_STALL_MS: u64 = 10_000;
+
 /// Server-side limits. Every field has a default and a flag.
 #[derive(Debug, Clone)]
 pub struct Limits {
@@ -57,10 +66,10 @@ pub struct Limits {
 impl Default for Limits {
     fn default() -> Self {
         Limits {
-            max_streams_per_connection: 64,
-            max_uris_per_stream: 256,
-            max_message_bytes: 4 * 1024 * 1024,
-            stall_timeout: Duration::from_secs(10),
+            max_streams_per_connection: DEFAULT_MAX_LISTEN_STREAMS,
+            max_uris_per_stream: DEFAULT_MAX_LISTEN_URIS,
+            max_message_bytes: DEFAULT_MAX_MESSAGE_BYTES,
+            stall_timeout: Duration::from_millis(DEFAULT_LISTEN_STALL_MS),
         }
     }
 }
