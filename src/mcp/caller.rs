@@ -11,7 +11,7 @@
 //! - HTTP: the `Authorization: Bearer` header and the endpoint's `?servers=a,b`, read from
 //!   the request parts rmcp keeps in the request context.
 //!
-//! The byte-stream server ([`ConnServer`](crate::mcp::server::ConnServer)) inserts the caller
+//! The byte-stream server ([`ConnServer`](crate::mcp::conn::ConnServer)) inserts the caller
 //! it worked out into the request context's extensions; [`Caller::of`] reads it back there,
 //! or from the HTTP parts.
 

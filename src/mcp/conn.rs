@@ -45,9 +45,23 @@ impl Service<RoleServer> for ConnServer {
         mut context: RequestContext<RoleServer>,
     ) -> Result<ServerResult, McpError> {
         let caller = Caller::from_meta(&context.meta, self.local);
-        if let ClientRequest::SubscriptionsListenRequest(r) = &mut request {
+        // A legacy session's listen is refused by rmcp (-32601): admit nothing for it.
+        let legacy = context
+            .protocol_version()
+            .is_some_and(|v| v.as_str() < ProtocolVersion::V_2026_07_28.as_str());
+        if let ClientRequest::SubscriptionsListenRequest(r) = &mut request
+            && !legacy
+        {
             let filter = ListenFilter::from_rmcp(&r.params.notifications);
-            let listen = self.server.admit(&caller, &filter, &self.conn).await?;
+            // rmcp runs each request in a task of its own and only cancels `ct` when the
+            // client cancels it or goes away: stop admitting then (the gateway may be waiting
+            // on upstream acks), which drops whatever admission had taken.
+            let listen = tokio::select! {
+                _ = context.ct.cancelled() => {
+                    return Err(McpError::invalid_request("the listen was cancelled before its acknowledgment", None));
+                }
+                admitted = self.server.admit(&caller, &filter, &self.conn) => admitted?,
+            };
             narrow(&mut r.params.notifications, &listen);
             context.extensions.insert(PendingListen::new(listen));
         }

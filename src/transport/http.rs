@@ -31,6 +31,7 @@ use tracing::{Instrument, debug, info_span};
 use crate::mcp::admission::{ConnStreams, ListenFilter, PendingListen};
 use crate::mcp::caller::Caller;
 use crate::mcp::server::SourceServer;
+use crate::transport::origin::Allowlist;
 
 /// The path the MCP endpoint is served on.
 pub const MCP_PATH: &str = "/mcp";
@@ -57,7 +58,6 @@ pub fn router(
     sessions: CancellationToken,
 ) -> Router {
     let limits = server.limits().clone();
-    let gate = server.clone();
     let mut hosts: Vec<String> = vec!["localhost".into(), "127.0.0.1".into(), "::1".into()];
     if !bound.ip().is_unspecified() {
         hosts.push(bound.ip().to_string());
@@ -69,6 +69,10 @@ pub fn router(
         "http://[::1]:*".into(),
     ];
     origins.extend(opts.allowed_origins.iter().cloned());
+    let gate = Gate {
+        server: server.clone(),
+        allow: Arc::new(Allowlist::new(&hosts, &origins)),
+    };
     let config = StreamableHttpServerConfig::default()
         .with_allowed_hosts(hosts)
         .with_allowed_origins(origins)
@@ -182,19 +186,43 @@ impl PeerStreams {
     }
 }
 
+/// What the listen gate needs: the server to admit with, and the endpoint's allowlists.
+#[derive(Clone)]
+struct Gate {
+    server: SourceServer,
+    allow: Arc<Allowlist>,
+}
+
+/// Just the `method` of a JSON-RPC message (escapes decoded, nothing else kept).
+#[derive(serde::Deserialize)]
+struct MethodProbe<'a> {
+    #[serde(borrow, default)]
+    method: Option<std::borrow::Cow<'a, str>>,
+}
+
 /// Admits a `subscriptions/listen` before rmcp sees it: the HTTP end of the one admission
 /// path ([`SourceServer::admit`], see `crate::mcp::admission`).
 ///
 /// Why a middleware: rmcp's HTTP service takes only a `ServerHandler`, and builds a listen's
 /// acknowledgment from the parsed request with a hook that has no request context, so the
 /// caller's admission has to happen, and the request be narrowed to what was admitted, before
-/// rmcp parses the body. This is the one place that reads a body ahead of rmcp: only a body
-/// naming the method is parsed (a cheap scan first), the caller comes from the headers, the
-/// stream slot from the client's address ([`PeerStreams`]), and the admitted listen rides in
-/// the request extensions, which rmcp keeps for as long as the listen runs.
-async fn listen_gate(State(server): State<SourceServer>, req: Request, next: Next) -> Response {
+/// rmcp parses the body. This is the one place that reads a body ahead of rmcp. Since
+/// admission starts real work (watches, upstream subscriptions), nothing is admitted for a
+/// request rmcp will refuse anyway: a Host or Origin outside the endpoint's lists (a
+/// cross-site page, DNS rebinding) or a body that is not `application/json` goes on untouched
+/// and rmcp refuses it. The method is read with serde (so an escaped name is still seen), the
+/// caller comes from the headers, the stream slot from the client's address
+/// ([`PeerStreams`]), and the admitted listen rides in the request extensions, which rmcp
+/// keeps for as long as the listen runs.
+async fn listen_gate(State(gate): State<Gate>, req: Request, next: Next) -> Response {
+    let server = &gate.server;
     let max = server.limits().max_message_bytes;
-    if req.method() != Method::POST {
+    let json_body = req
+        .headers()
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.trim_start().starts_with("application/json"));
+    if req.method() != Method::POST || !json_body || !gate.allow.admits(req.uri(), req.headers()) {
         return next.run(req).await;
     }
     let (mut parts, body) = req.into_parts();
@@ -206,21 +234,14 @@ async fn listen_gate(State(server): State<SourceServer>, req: Request, next: Nex
             return rpc_error(StatusCode::PAYLOAD_TOO_LARGE, Value::Null, error);
         }
     };
-    // The body decides, never a header: a listen whose Mcp-Method says otherwise is still
-    // admitted here. A listen that hides its method name in JSON escapes skips this and is
-    // then refused by the handler, which serves no unadmitted listen.
-    let names_listen = bytes
-        .windows(b"subscriptions/listen".len())
-        .any(|w| w == b"subscriptions/listen");
+    let is_listen = serde_json::from_slice::<MethodProbe>(&bytes)
+        .is_ok_and(|p| p.method.as_deref() == Some("subscriptions/listen"));
     let mut body = Body::from(bytes.clone());
-    if names_listen
-        && let Ok(mut v) = serde_json::from_slice::<Value>(&bytes)
-        && v.get("method").and_then(Value::as_str) == Some("subscriptions/listen")
-    {
+    if is_listen && let Ok(mut v) = serde_json::from_slice::<Value>(&bytes) {
         let id = v.get("id").cloned().unwrap_or(Value::Null);
         let filter = match ListenFilter::from_params(v.get("params")) {
             Ok(f) => f,
-            Err(e) => return rpc_error(StatusCode::BAD_REQUEST, id, json!(e)),
+            Err(e) => return rpc_error(StatusCode::OK, id, json!(e)),
         };
         let conn = parts
             .extensions
@@ -232,14 +253,17 @@ async fn listen_gate(State(server): State<SourceServer>, req: Request, next: Nex
             Ok(l) => l,
             Err(e) => return rpc_error(StatusCode::OK, id, json!(e)),
         };
-        // rmcp acknowledges what the request names: narrow it to what was admitted.
-        // (Unless it accepted all of it: then the body goes on untouched.)
+        // rmcp acknowledges what the request names: narrow it to what was admitted (unless
+        // that is exactly what it names: then the body goes on untouched).
         let accepted = listen.uris();
-        if let Some(asked) = &filter.resources
-            && asked.len() != accepted.len()
+        if filter
+            .resources
+            .as_ref()
+            .is_some_and(|asked| *asked != accepted)
         {
             v["params"]["notifications"]["resourceSubscriptions"] = json!(accepted);
             body = Body::from(v.to_string());
+            parts.headers.remove(header::CONTENT_LENGTH);
         }
         parts.extensions.insert(PendingListen::new(listen));
     }

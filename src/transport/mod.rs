@@ -4,6 +4,7 @@
 pub mod client;
 pub mod http;
 pub mod lines;
+pub mod origin;
 pub mod quic;
 pub mod tls;
 

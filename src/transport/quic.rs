@@ -2,7 +2,8 @@
 //! carrying the stdio framing ([`LineTransport`]).
 //!
 //! A QUIC connection may carry many MCP connections (one per stream); each gets its own
-//! [`ConnServer`](crate::mcp::server::ConnServer) and so its own listen-stream count. Keep-alives
+//! [`ConnServer`](crate::mcp::conn::ConnServer), and all of a connection's streams share one
+//! listen-stream budget (at most 16 streams per connection). Keep-alives
 //! run on both sides so that a quiet listen stream is not taken for an idle connection.
 
 use std::net::SocketAddr;

@@ -45,7 +45,8 @@ impl Fixture {
         self.root.join(rel)
     }
 
-    /// What a listen does: register with the feed, then start the source's watch.
+    /// Watches `uri` (as admission does, through the same `FileSource::watch`) and registers
+    /// with the feed.
     async fn watch(&self, uri: &str) -> (Registration, WatchGuard) {
         let reg = self.src.changes().register(&[uri.to_owned()]);
         let guard = tokio::time::timeout(WAIT, self.src.watch(uri))
