@@ -312,9 +312,16 @@ async fn a_listen_filter_that_is_not_a_list_is_invalid_params() {
     let mut raw = Raw::spawn(&[]);
     raw.send(bad.clone()).await;
     let e = raw.recv().await;
-    assert_eq!((e["id"].clone(), e["error"]["code"].clone()), (json!("L"), json!(-32602)), "{e}");
+    assert_eq!(
+        (e["id"].clone(), e["error"]["code"].clone()),
+        (json!("L"), json!(-32602)),
+        "{e}"
+    );
     assert!(
-        e["error"]["message"].as_str().unwrap().contains("resourceSubscriptions"),
+        e["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("resourceSubscriptions"),
         "the error names the field: {e}"
     );
     let s = Server::spawn(&["--store", ":memory:", "memo", "--http", "127.0.0.1:0"]).await;
@@ -335,7 +342,13 @@ async fn a_file_listen_outside_the_roots_is_left_out_of_the_ack() {
     let events = herald::source::file::events_uri(&root, false);
     let outside = "file:///etc/hostname";
     let mut raw = Raw::spawn_args(
-        &["--store", ":memory:", "file", "--root", root.to_str().unwrap()],
+        &[
+            "--store",
+            ":memory:",
+            "file",
+            "--root",
+            root.to_str().unwrap(),
+        ],
         Stdio::null(),
     );
     let ack = raw.listen("L1", &[&inside, outside, &events]).await;
