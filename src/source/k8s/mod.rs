@@ -51,14 +51,14 @@ pub struct K8s {
     kubectl: Arc<Kubectl>,
     feed: ChangeFeed,
     watchers: Mutex<HashMap<String, Weak<Watcher>>>,
-    opts: K8sOptions,
+    config: K8sConfig,
     /// The watchers `events/poll` keeps between polls, by URI.
     polls: Leases<Lease>,
 }
 
 /// Settings of the k8s source beyond kubectl's.
 #[derive(Debug, Clone)]
-pub struct K8sOptions {
+pub struct K8sConfig {
     /// Offer kubectl_apply and kubectl_delete.
     pub read_write: bool,
     /// Events kept per watched URI.
@@ -70,9 +70,9 @@ pub struct K8sOptions {
     pub max_watchers: usize,
 }
 
-impl Default for K8sOptions {
+impl Default for K8sConfig {
     fn default() -> Self {
-        K8sOptions {
+        K8sConfig {
             read_write: false,
             ring_capacity: crate::mcp::ring::DEFAULT_RING_CAPACITY,
             linger: Duration::from_secs(10),
@@ -117,12 +117,12 @@ impl K8s {
         Ok(WatchGuard::new(self.lease(uri, sel)?))
     }
 
-    pub fn new(cfg: KubectlConfig, opts: K8sOptions) -> std::io::Result<K8s> {
+    pub fn new(kubectl: KubectlConfig, config: K8sConfig) -> std::io::Result<K8s> {
         Ok(K8s {
-            kubectl: Arc::new(Kubectl::new(cfg)?),
+            kubectl: Arc::new(Kubectl::new(kubectl)?),
             feed: ChangeFeed::new(),
             watchers: Mutex::new(HashMap::new()),
-            opts,
+            config,
             polls: Leases::new(POLL_LEASE, MAX_POLL_LEASES),
         })
     }
@@ -134,10 +134,10 @@ impl K8s {
         let w = match watchers.get(uri).and_then(Weak::upgrade) {
             Some(w) => w,
             None => {
-                if watchers.len() >= self.opts.max_watchers {
+                if watchers.len() >= self.config.max_watchers {
                     return Err(SourceError::Unavailable(format!(
                         "this server already watches {} URIs, its limit (--max-watchers); stop a watch first",
-                        self.opts.max_watchers
+                        self.config.max_watchers
                     )));
                 }
                 let w = Arc::new(Watcher::start(
@@ -145,7 +145,7 @@ impl K8s {
                     sel,
                     self.kubectl.clone(),
                     self.feed.clone(),
-                    self.opts.ring_capacity,
+                    self.config.ring_capacity,
                 ));
                 watchers.insert(uri.to_owned(), Arc::downgrade(&w));
                 w
@@ -153,7 +153,7 @@ impl K8s {
         };
         Ok(Lease {
             watcher: Some(w),
-            linger: self.opts.linger,
+            linger: self.config.linger,
         })
     }
 
@@ -257,10 +257,10 @@ pub(super) mod tests {
         };
         K8s::new(
             cfg,
-            K8sOptions {
+            K8sConfig {
                 linger,
                 max_watchers: 2,
-                ..K8sOptions::default()
+                ..K8sConfig::default()
             },
         )
         .unwrap()

@@ -110,7 +110,7 @@ impl K8s {
             )
             .with_annotations(read_only("List API resource types")),
         ];
-        if self.opts.read_write {
+        if self.config.read_write {
             let destructive = |title: &str| {
                 ToolAnnotations::with_title(title)
                     .read_only(false)
@@ -196,7 +196,7 @@ impl K8s {
                 let c = cluster_arg(&args)?;
                 Ok(json_result(self.kubectl.api_resources(&c).await?))
             }
-            "kubectl_apply" if self.opts.read_write => {
+            "kubectl_apply" if self.config.read_write => {
                 check_args(
                     &args,
                     &["manifest", "namespace", "workspace", "kcp", "context"],
@@ -224,7 +224,7 @@ impl K8s {
                 let applied: Vec<&str> = out.lines().filter(|l| !l.is_empty()).collect();
                 Ok(json_result(json!({"applied": applied})))
             }
-            "kubectl_delete" if self.opts.read_write => {
+            "kubectl_delete" if self.config.read_write => {
                 check_args(
                     &args,
                     &[
