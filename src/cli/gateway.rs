@@ -26,7 +26,7 @@ pub struct CheckArgs {
 }
 
 pub async fn run(args: GatewayArgs, globals: &Globals) -> Result<(), Exit> {
-    let cfg = GatewayConfig::load(&args.config).map_err(crate::cli::usage)?;
+    let cfg = GatewayConfig::load(&args.config).map_err(|e| crate::cli::usage(e.into()))?;
     let mut opts = args.serve.options();
     if opts.http.is_none() {
         opts.http = cfg.http.clone();
@@ -47,7 +47,7 @@ pub async fn run(args: GatewayArgs, globals: &Globals) -> Result<(), Exit> {
 }
 
 pub fn check(args: CheckArgs) -> Result<(), Exit> {
-    let cfg = GatewayConfig::load(&args.config).map_err(crate::cli::usage)?;
+    let cfg = GatewayConfig::load(&args.config).map_err(|e| crate::cli::usage(e.into()))?;
     println!(
         "{}: ok ({} servers, {} tokens)",
         args.config.display(),

@@ -9,7 +9,7 @@ use crate::cli::serve::{ServeArgs, serve_until_stopped};
 use crate::cli::{Exit, Globals};
 use crate::mcp::ring::DEFAULT_RING_CAPACITY;
 use crate::source::k8s::kubectl::KubectlConfig;
-use crate::source::k8s::{K8s, K8sOptions};
+use crate::source::k8s::{K8s, K8sConfig};
 
 #[derive(Debug, Args)]
 pub struct K8sArgs {
@@ -80,13 +80,13 @@ pub async fn run(args: K8sArgs, globals: &Globals) -> Result<(), Exit> {
         kubeconfigs: kubeconfigs(&args.kubeconfig)?,
         token_command: args.token_command.clone(),
     };
-    let opts = K8sOptions {
+    let config = K8sConfig {
         read_write: args.read_write,
         ring_capacity: args.ring_capacity,
         linger: std::time::Duration::from_millis(args.linger_ms),
         max_watchers: args.max_watchers.max(1),
     };
-    let source = K8s::new(cfg, opts).map_err(|e| crate::cli::usage(e.into()))?;
+    let source = K8s::new(cfg, config).map_err(|e| crate::cli::usage(e.into()))?;
     let store = globals.open_store().await?;
     serve_until_stopped(
         source,

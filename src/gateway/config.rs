@@ -25,7 +25,45 @@ use std::path::{Path, PathBuf};
 use serde::Deserialize;
 
 use crate::transport::client::Target;
-use crate::transport::tls::{ClientTrust, Secret};
+use crate::transport::tls::{ClientTrust, Secret, TlsError};
+
+/// What is wrong with a gateway config. Each message names the slug or token at fault and
+/// what to write instead. Causes are part of the message, not error sources, so a chain
+/// printed with `{:#}` says each thing once.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("cannot read {path}: {error}")]
+    Read {
+        path: PathBuf,
+        error: std::io::Error,
+    },
+    /// Any of the others, found in the file at `path`.
+    #[error("{path}: {error}")]
+    InFile {
+        path: PathBuf,
+        error: Box<ConfigError>,
+    },
+    #[error("{0}")]
+    Toml(toml::de::Error),
+    #[error("slug name {0:?} is not valid: use lowercase letters, digits and '-' (no '__' or '+')")]
+    SlugName(String),
+    #[error("slug {0} is defined twice")]
+    SlugTwice(String),
+    #[error(
+        "slug {0} needs exactly one of stdio = \"CMD\", http = \"URL\" or quic = \"HOST:PORT\""
+    )]
+    SlugTarget(String),
+    #[error("slug {slug}: token_env names {var}, which is not set in the environment")]
+    TokenEnvUnset { slug: String, var: String },
+    #[error("slug {slug}: tls_pin: {error}")]
+    TlsPin { slug: String, error: TlsError },
+    #[error(
+        "{token}: sha256 must be 64 hex digits, the SHA-256 of the token (printf %s TOKEN | sha256sum)"
+    )]
+    TokenSha256 { token: String },
+    #[error("{token}: slugs names {slug:?}, which is not a [[slug]]")]
+    TokenSlug { token: String, slug: String },
+}
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -94,46 +132,47 @@ pub fn valid_slug(name: &str) -> bool {
 }
 
 impl GatewayConfig {
-    pub fn load(path: &Path) -> anyhow::Result<GatewayConfig> {
-        let text = std::fs::read_to_string(path)
-            .map_err(|e| anyhow::anyhow!("cannot read {}: {e}", path.display()))?;
-        GatewayConfig::parse(&text).map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))
+    pub fn load(path: &Path) -> Result<GatewayConfig, ConfigError> {
+        let text = std::fs::read_to_string(path).map_err(|error| ConfigError::Read {
+            path: path.to_owned(),
+            error,
+        })?;
+        GatewayConfig::parse(&text).map_err(|error| ConfigError::InFile {
+            path: path.to_owned(),
+            error: Box::new(error),
+        })
     }
 
-    pub fn parse(text: &str) -> anyhow::Result<GatewayConfig> {
-        let file: GatewayFile = toml::from_str(text)?;
+    pub fn parse(text: &str) -> Result<GatewayConfig, ConfigError> {
+        let file: GatewayFile = toml::from_str(text).map_err(ConfigError::Toml)?;
         let mut slugs: Vec<Slug> = Vec::new();
         for s in file.slugs {
             if !valid_slug(&s.name) {
-                anyhow::bail!(
-                    "slug name {:?} is not valid: use lowercase letters, digits and '-' (no '__' or '+')",
-                    s.name
-                );
+                return Err(ConfigError::SlugName(s.name));
             }
             if slugs.iter().any(|o| o.name == s.name) {
-                anyhow::bail!("slug {} is defined twice", s.name);
+                return Err(ConfigError::SlugTwice(s.name));
             }
             let target = match (s.stdio, s.http, s.quic) {
                 (Some(c), None, None) => Target::Stdio(c),
                 (None, Some(u), None) => Target::Http(u),
                 (None, None, Some(a)) => Target::Quic(a),
-                _ => anyhow::bail!(
-                    "slug {} needs exactly one of stdio = \"CMD\", http = \"URL\" or quic = \"HOST:PORT\"",
-                    s.name
-                ),
+                _ => return Err(ConfigError::SlugTarget(s.name)),
             };
             let token = match &s.token_env {
                 None => None,
                 Some(var) => Some(Secret(std::env::var(var).map_err(|_| {
-                    anyhow::anyhow!(
-                        "slug {}: token_env names {var}, which is not set in the environment",
-                        s.name
-                    )
+                    ConfigError::TokenEnvUnset {
+                        slug: s.name.clone(),
+                        var: var.clone(),
+                    }
                 })?)),
             };
             if let Some(pin) = &s.tls_pin {
-                crate::transport::tls::parse_pin(pin)
-                    .map_err(|e| anyhow::anyhow!("slug {}: tls_pin: {e}", s.name))?;
+                crate::transport::tls::parse_pin(pin).map_err(|error| ConfigError::TlsPin {
+                    slug: s.name.clone(),
+                    error,
+                })?;
             }
             slugs.push(Slug {
                 name: s.name,
@@ -150,9 +189,7 @@ impl GatewayConfig {
             let label = t.name.unwrap_or_else(|| format!("token #{}", i + 1));
             let bytes = hex::decode(t.sha256.trim()).ok().filter(|b| b.len() == 32);
             let Some(bytes) = bytes else {
-                anyhow::bail!(
-                    "{label}: sha256 must be 64 hex digits, the SHA-256 of the token (printf %s TOKEN | sha256sum)"
-                );
+                return Err(ConfigError::TokenSha256 { token: label });
             };
             let mut sha256 = [0u8; 32];
             sha256.copy_from_slice(&bytes);
@@ -163,7 +200,10 @@ impl GatewayConfig {
                 } else if slugs.iter().any(|x| x.name == s) {
                     set.insert(s);
                 } else {
-                    anyhow::bail!("{label}: slugs names {s:?}, which is not a [[slug]]");
+                    return Err(ConfigError::TokenSlug {
+                        token: label,
+                        slug: s,
+                    });
                 }
             }
             tokens.push(Token {
@@ -234,5 +274,29 @@ mod tests {
             let e = GatewayConfig::parse(text).unwrap_err().to_string();
             assert!(e.contains(needle), "{text}: {e}");
         }
+    }
+
+    #[test]
+    fn a_loaded_config_names_its_file() {
+        let path = std::env::temp_dir().join(format!("herald-gateway-{}.toml", std::process::id()));
+        let e = GatewayConfig::load(&path).unwrap_err().to_string();
+        assert!(
+            e.starts_with(&format!("cannot read {}: ", path.display())),
+            "{e}"
+        );
+        std::fs::write(&path, "[[slug]]\nname = \"a\"\n").unwrap();
+        let e = GatewayConfig::load(&path).unwrap_err();
+        std::fs::remove_file(&path).unwrap();
+        assert_eq!(
+            e.to_string(),
+            format!(
+                "{}: slug a needs exactly one of stdio = \"CMD\", http = \"URL\" or quic = \"HOST:PORT\"",
+                path.display()
+            )
+        );
+        assert!(
+            std::error::Error::source(&e).is_none(),
+            "the cause is in the message, so `{{:#}}` does not repeat it"
+        );
     }
 }

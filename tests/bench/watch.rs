@@ -26,8 +26,11 @@ struct Counting;
 static CURRENT: AtomicUsize = AtomicUsize::new(0);
 static PEAK: AtomicUsize = AtomicUsize::new(0);
 
+// SAFETY: every call is passed on unchanged to the system allocator, which upholds
+// GlobalAlloc's contract; the counters only observe sizes.
 unsafe impl GlobalAlloc for Counting {
     unsafe fn alloc(&self, l: Layout) -> *mut u8 {
+        // SAFETY: the caller's layout, as GlobalAlloc::alloc requires it.
         let p = unsafe { System.alloc(l) };
         if !p.is_null() {
             let now = CURRENT.fetch_add(l.size(), Ordering::Relaxed) + l.size();
@@ -36,6 +39,7 @@ unsafe impl GlobalAlloc for Counting {
         p
     }
     unsafe fn dealloc(&self, p: *mut u8, l: Layout) {
+        // SAFETY: p was allocated by System.alloc with this layout (alloc above).
         unsafe { System.dealloc(p, l) };
         CURRENT.fetch_sub(l.size(), Ordering::Relaxed);
     }
