@@ -62,11 +62,84 @@ impl From<&MontyException> for PyError {
     }
 }
 
-/// What a host function call failed with, raised in Python as `exc_type`.
-#[derive(Debug, Clone)]
+/// The Python exceptions a host function may raise: the few herald's catalogs use, so a
+/// host cannot raise what only the interpreter should (`SyntaxError`, `NameError`, ...).
+/// Serialized under its Python name.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub enum PyExc {
+    /// The function exists but this caller may not use it (a mutating tool in a filter).
+    PermissionError,
+    /// Bad or missing arguments, or nothing serves what was asked for.
+    ValueError,
+    /// An argument of the wrong type.
+    TypeError,
+    /// A name that was looked up is not there.
+    KeyError,
+    /// The call took too long.
+    TimeoutError,
+    /// Anything else: the server failed, the connection was lost, too many calls.
+    RuntimeError,
+}
+
+impl PyExc {
+    /// Every kind, for tests and documentation.
+    pub const ALL: [PyExc; 6] = [
+        PyExc::PermissionError,
+        PyExc::ValueError,
+        PyExc::TypeError,
+        PyExc::KeyError,
+        PyExc::TimeoutError,
+        PyExc::RuntimeError,
+    ];
+
+    /// The exception's Python name.
+    pub fn name(self) -> &'static str {
+        match self {
+            PyExc::PermissionError => "PermissionError",
+            PyExc::ValueError => "ValueError",
+            PyExc::TypeError => "TypeError",
+            PyExc::KeyError => "KeyError",
+            PyExc::TimeoutError => "TimeoutError",
+            PyExc::RuntimeError => "RuntimeError",
+        }
+    }
+}
+
+impl std::fmt::Display for PyExc {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl From<PyExc> for ExcType {
+    fn from(e: PyExc) -> ExcType {
+        match e {
+            PyExc::PermissionError => ExcType::PermissionError,
+            PyExc::ValueError => ExcType::ValueError,
+            PyExc::TypeError => ExcType::TypeError,
+            PyExc::KeyError => ExcType::KeyError,
+            PyExc::TimeoutError => ExcType::TimeoutError,
+            PyExc::RuntimeError => ExcType::RuntimeError,
+        }
+    }
+}
+
+/// What a host function call failed with, raised in Python as `kind`. The same type travels
+/// from a [`Catalog`](crate::filter::pool::Catalog) over the worker pipe into the engine.
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize, thiserror::Error)]
+#[error("{kind}: {message}")]
 pub struct HostError {
-    pub exc_type: ExcType,
+    pub kind: PyExc,
     pub message: String,
+}
+
+impl HostError {
+    pub fn new(kind: PyExc, message: impl Into<String>) -> HostError {
+        HostError {
+            kind,
+            message: message.into(),
+        }
+    }
 }
 
 /// The functions a scope can call.
@@ -316,7 +389,7 @@ impl Scope {
                         match host.call(&c.function_name, args, kwargs) {
                             Ok(v) => ExtFunctionResult::Return(to_py(&v)),
                             Err(e) => ExtFunctionResult::Error(MontyException::new(
-                                e.exc_type,
+                                e.kind.into(),
                                 Some(e.message),
                             )),
                         }
@@ -381,10 +454,10 @@ mod tests {
             self.calls.push(name.to_owned());
             match name {
                 "read_resource" => Ok(json!({"uri": kwargs.get("uri"), "n": 1})),
-                _ => Err(HostError {
-                    exc_type: ExcType::PermissionError,
-                    message: format!("{name} is not available in filters: they are read-only"),
-                }),
+                _ => Err(HostError::new(
+                    PyExc::PermissionError,
+                    format!("{name} is not available in filters: they are read-only"),
+                )),
             }
         }
     }
@@ -459,6 +532,43 @@ f'{event["type"].lower()} {m["namespace"]}/{m["name"]}' if event["type"] in ("AD
         );
         let e = run(&mut s, "import os\nos.getenv('HOME')", json!(null)).unwrap_err();
         assert!(!e.exc_type.is_empty(), "{e}");
+    }
+
+    /// A host whose one function `f` always fails with `0`.
+    struct Raising(PyExc);
+
+    impl Host for Raising {
+        fn provides(&self, name: &str) -> bool {
+            name == "f"
+        }
+        fn call(
+            &mut self,
+            _: &str,
+            _: Vec<Value>,
+            _: Map<String, Value>,
+        ) -> Result<Value, HostError> {
+            Err(HostError::new(self.0, "it failed"))
+        }
+    }
+
+    #[test]
+    fn host_errors_reach_python_as_their_exception_type() {
+        for kind in PyExc::ALL {
+            let mut s = Scope::new();
+            let mut host = Raising(kind);
+            let e = s
+                .run("f()", vec![], RunLimits::default(), &mut host)
+                .unwrap_err();
+            assert_eq!(
+                (e.exc_type.as_str(), e.message.as_str()),
+                (kind.name(), "it failed")
+            );
+            let caught = format!("try:\n    f()\nexcept {kind}:\n    r = 'caught'\nr");
+            let o = s
+                .run(&caught, vec![], RunLimits::default(), &mut host)
+                .unwrap();
+            assert_eq!(o.value, json!("caught"), "{kind} is catchable as itself");
+        }
     }
 
     #[test]

@@ -2,10 +2,11 @@
 //!
 //! [`engine`] runs code in a persistent scope with a host for the catalog functions;
 //! [`worker`] is the child process that hosts scopes (`herald filter-worker`); [`pool`] is the
-//! parent side that drives workers and proxies their catalog calls; [`convert`] maps JSON to
-//! Python values and back.
+//! parent side that drives workers and proxies their catalog calls; [`pipe`] types every
+//! message between the two; [`convert`] maps JSON to Python values and back.
 
 pub mod convert;
 pub mod engine;
+pub mod pipe;
 pub mod pool;
 pub mod worker;

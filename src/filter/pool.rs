@@ -5,8 +5,10 @@
 //! pipe I/O: the answer wakes it directly); it sends the run, answers the worker's catalog
 //! calls through the [`Catalog`] on the runtime, and waits for the result with a
 //! wall-clock deadline (the in-sandbox time limit plus a grace period, restarted after each
-//! catalog call). A worker that dies or misses the deadline is killed and replaced; the job
-//! fails with a clear error and every scope it held is reset (the caller is told).
+//! catalog call and each event of a batch). The messages are the [`pipe`](super::pipe)'s. A
+//! worker that dies, misses the deadline or sends a line that is not a pipe message is killed
+//! and replaced; the job fails with a clear error and every scope it held is reset (the caller
+//! is told).
 
 use std::path::PathBuf;
 use std::process::Stdio;
@@ -14,23 +16,24 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
-use serde_json::{Map, Value, json};
+use serde_json::{Map, Value};
 use tokio::sync::{mpsc, oneshot};
 
-use crate::filter::engine::{Outcome, PyError};
+use crate::filter::engine::{HostError, Outcome, PyError, PyExc};
+use crate::filter::pipe::{FromWorker, Message, ToWorker};
 
 /// Functions a scope may call, answered by the parent.
 #[async_trait]
 pub trait Catalog: Send + Sync {
     /// The names callable from Python.
     fn functions(&self) -> Vec<String>;
-    /// Calls one. The error is `(python exception type, message)`.
+    /// Calls one. The error is raised in the caller as its Python exception.
     async fn call(
         &self,
         name: &str,
         args: Vec<Value>,
         kwargs: Map<String, Value>,
-    ) -> Result<Value, (String, String)>;
+    ) -> Result<Value, HostError>;
 }
 
 /// Why a run produced no outcome.
@@ -74,14 +77,20 @@ const CALL_TIMEOUT: Duration = Duration::from_secs(10);
 /// sandbox far below this; a longer line means the worker is not behaving, and it is replaced.
 const MAX_ANSWER_BYTES: u64 = 64 << 20;
 
-struct Job {
-    scope: String,
-    code: Option<String>,
-    /// One event (`Value`), or a batch (`Value::Array` with `batch`).
-    event: Value,
-    batch: bool,
-    catalog: Arc<dyn Catalog>,
-    reply: oneshot::Sender<Result<Outcome, FilterError>>,
+/// What one run answers: one result per event, or why there are none.
+type RunReply = Result<Vec<Result<Outcome, PyError>>, FilterError>;
+
+enum Job {
+    /// Runs `code` once per event.
+    Run {
+        scope: String,
+        code: String,
+        events: Vec<Value>,
+        catalog: Arc<dyn Catalog>,
+        reply: oneshot::Sender<RunReply>,
+    },
+    /// Forgets a scope.
+    Drop { scope: String },
 }
 
 /// A pool of filter workers. Cheap to clone.
@@ -116,7 +125,7 @@ impl FilterPool {
         &self.queues[(h % self.queues.len() as u64) as usize]
     }
 
-    /// Runs `code` in `scope` with `event` bound.
+    /// Runs `code` in `scope` with `event` bound (`null`: nothing bound).
     pub async fn run(
         &self,
         scope: &str,
@@ -124,21 +133,12 @@ impl FilterPool {
         event: Value,
         catalog: Arc<dyn Catalog>,
     ) -> Result<Outcome, FilterError> {
-        let (reply, rx) = oneshot::channel();
-        let job = Job {
-            scope: scope.to_owned(),
-            code: Some(code.to_owned()),
-            event,
-            batch: false,
-            catalog,
-            reply,
-        };
-        self.queue(scope)
-            .send(job)
-            .await
-            .map_err(|_| FilterError::Worker("the filter pool has stopped".into()))?;
-        rx.await
-            .map_err(|_| FilterError::Worker("the filter pool has stopped".into()))?
+        let results = self.submit(scope, code, vec![event], catalog).await?;
+        // The driver checked that there is one result per event.
+        let one = results.into_iter().next().ok_or_else(|| {
+            FilterError::Worker("the filter worker answered a batch short".into())
+        })?;
+        one.map_err(FilterError::Python)
     }
 
     /// Runs `code` once per event of `events`, in order, in one exchange with the worker (one
@@ -150,65 +150,39 @@ impl FilterPool {
         events: Vec<Value>,
         catalog: Arc<dyn Catalog>,
     ) -> Result<Vec<Result<Outcome, FilterError>>, FilterError> {
-        let n = events.len();
+        let results = self.submit(scope, code, events, catalog).await?;
+        Ok(results
+            .into_iter()
+            .map(|r| r.map_err(FilterError::Python))
+            .collect())
+    }
+
+    async fn submit(
+        &self,
+        scope: &str,
+        code: &str,
+        events: Vec<Value>,
+        catalog: Arc<dyn Catalog>,
+    ) -> RunReply {
+        let stopped = || FilterError::Worker("the filter pool has stopped".into());
         let (reply, rx) = oneshot::channel();
-        let job = Job {
+        let job = Job::Run {
             scope: scope.to_owned(),
-            code: Some(code.to_owned()),
-            event: Value::Array(events),
-            batch: true,
+            code: code.to_owned(),
+            events,
             catalog,
             reply,
         };
-        self.queue(scope)
-            .send(job)
-            .await
-            .map_err(|_| FilterError::Worker("the filter pool has stopped".into()))?;
-        let packed = rx
-            .await
-            .map_err(|_| FilterError::Worker("the filter pool has stopped".into()))??;
-        // A batch comes back packed as one outcome whose value is the list of results.
-        let list = packed.value.as_array().cloned().unwrap_or_default();
-        let results: Vec<Result<Outcome, FilterError>> = list.into_iter().map(unpack).collect();
-        if results.len() != n {
-            return Err(FilterError::Worker(
-                "the filter worker answered a batch short".into(),
-            ));
-        }
-        Ok(results)
+        self.queue(scope).send(job).await.map_err(|_| stopped())?;
+        rx.await.map_err(|_| stopped())?
     }
 
     /// Forgets `scope`'s variables.
     pub async fn drop_scope(&self, scope: &str) {
-        let (reply, _rx) = oneshot::channel();
-        let _ = self
-            .queue(scope)
-            .send(Job {
-                scope: scope.to_owned(),
-                code: None,
-                event: Value::Null,
-                batch: false,
-                catalog: Arc::new(NoCatalog),
-                reply,
-            })
-            .await;
-    }
-}
-
-struct NoCatalog;
-
-#[async_trait]
-impl Catalog for NoCatalog {
-    fn functions(&self) -> Vec<String> {
-        Vec::new()
-    }
-    async fn call(
-        &self,
-        name: &str,
-        _: Vec<Value>,
-        _: Map<String, Value>,
-    ) -> Result<Value, (String, String)> {
-        Err(("RuntimeError".into(), format!("{name} is not available")))
+        let job = Job::Drop {
+            scope: scope.to_owned(),
+        };
+        let _ = self.queue(scope).send(job).await;
     }
 }
 
@@ -264,14 +238,6 @@ fn spawn(cfg: &PoolConfig) -> std::io::Result<Proc> {
     })
 }
 
-fn send(p: &mut Proc, v: &Value) -> std::io::Result<()> {
-    use std::io::Write;
-    let mut line = v.to_string();
-    line.push('\n');
-    p.stdin.write_all(line.as_bytes())?;
-    p.stdin.flush()
-}
-
 enum ReadLine {
     Line(String),
     Eof,
@@ -319,11 +285,27 @@ fn drive(
     let mut next_id = 0u64;
     let grace = Duration::from_secs(3);
     while let Some(job) = next_job(&mut rx) {
+        let (scope, code, events, catalog, reply) = match job {
+            Job::Drop { scope } => {
+                // A worker that is not running holds no scopes.
+                if let Some(p) = proc.as_mut() {
+                    let _ = ToWorker::Drop { scope }.write_to(&mut p.stdin);
+                }
+                continue;
+            }
+            Job::Run {
+                scope,
+                code,
+                events,
+                catalog,
+                reply,
+            } => (scope, code, events, catalog, reply),
+        };
         if proc.is_none() {
             match spawn(&cfg) {
                 Ok(p) => proc = Some(p),
                 Err(e) => {
-                    let _ = job.reply.send(Err(FilterError::Worker(format!(
+                    let _ = reply.send(Err(FilterError::Worker(format!(
                         "cannot start a filter worker ({}): {e}",
                         cfg.exe.display()
                     ))));
@@ -332,37 +314,29 @@ fn drive(
             }
         }
         let p = proc.as_mut().expect("started above");
-        let Some(code) = job.code else {
-            let _ = send(p, &json!({"op": "drop", "scope": job.scope}));
-            continue;
-        };
         next_id += 1;
         let id = next_id;
-        let batch_len = match &job.event {
-            Value::Array(a) if job.batch => a.len(),
-            _ => 1,
+        let budget = Budget {
+            per_event: cfg.time + grace,
+            max_calls: cfg.max_calls,
+            events: events.len(),
         };
-        let mut req = json!({"op": "run", "id": id, "scope": job.scope, "code": code,
-                         "functions": job.catalog.functions(), "time_ms": cfg.time.as_millis() as u64,
-                         "max_calls": cfg.max_calls});
-        req[if job.batch { "events" } else { "event" }] = job.event;
-        let result = match send(p, &req) {
+        let req = ToWorker::Run {
+            id,
+            scope,
+            code,
+            functions: catalog.functions(),
+            time_ms: cfg.time.as_millis() as u64,
+            max_calls: cfg.max_calls,
+            events,
+        };
+        let result = match req.write_to(&mut p.stdin) {
             Err(_) => Err(None),
-            Ok(()) => exchange(
-                p,
-                id,
-                &job.catalog,
-                Budget {
-                    per_event: cfg.time + grace,
-                    max_calls: cfg.max_calls,
-                    events: batch_len,
-                },
-                &rt,
-            ),
+            Ok(()) => exchange(p, id, &catalog, budget, &rt),
         };
         match result {
-            Ok(r) => {
-                let _ = job.reply.send(r);
+            Ok(results) => {
+                let _ = reply.send(Ok(results));
             }
             Err(reason) => {
                 // Dead or wedged: replace it (dropping it kills and reaps it). Every scope it
@@ -378,7 +352,7 @@ fn drive(
                         cfg.memory_bytes / (1024 * 1024)
                     )
                 });
-                let _ = job.reply.send(Err(FilterError::Worker(format!(
+                let _ = reply.send(Err(FilterError::Worker(format!(
                     "{why}; the event was not filtered and the filter's variables were reset"
                 ))));
             }
@@ -395,15 +369,15 @@ struct Budget {
     events: usize,
 }
 
-/// Runs one request to completion. `Err(None)`: the worker died; `Err(Some(why))`: it overran
-/// or answered garbage.
+/// Runs one request to completion: one result per event. `Err(None)`: the worker died;
+/// `Err(Some(why))`: it overran or answered garbage.
 fn exchange(
     p: &mut Proc,
     id: u64,
     catalog: &Arc<dyn Catalog>,
     limits: Budget,
     rt: &tokio::runtime::Handle,
-) -> Result<Result<Outcome, FilterError>, Option<String>> {
+) -> Result<Vec<Result<Outcome, PyError>>, Option<String>> {
     let Budget {
         per_event: budget,
         max_calls,
@@ -431,20 +405,20 @@ fn exchange(
             }
             ReadLine::Line(l) => l,
         };
-        let Ok(msg) = serde_json::from_str::<Value>(&line) else {
-            // The worker's state is unknown after a line we cannot read: replace it.
-            return Err(Some(
-                "the filter worker sent an answer herald cannot read".into(),
-            ));
-        };
-        if msg["id"].as_u64() != Some(id) {
+        // The worker's state is unknown after a line we cannot read: replace it.
+        let msg = FromWorker::from_line(&line).map_err(|e| {
+            Some(format!(
+                "the filter worker sent an answer herald cannot read ({e})"
+            ))
+        })?;
+        if msg.id() != id {
             continue;
         }
-        match msg["op"].as_str() {
-            Some("tick") => {
+        match msg {
+            FromWorker::Tick { next, .. } => {
                 // The next event of a batch starts: its own time and calls.
                 ticks += 1;
-                if ticks > events {
+                if ticks >= events || next != ticks {
                     return Err(Some(
                         "the filter worker reported more events than it was sent".into(),
                     ));
@@ -452,21 +426,17 @@ fn exchange(
                 deadline = Instant::now() + budget;
                 calls = 0;
             }
-            Some("done") if msg.get("batch").is_some() => {
-                return Ok(Ok(Outcome {
-                    value: msg["batch"].clone(),
-                    printed: String::new(),
-                    fresh_scope: false,
-                }));
-            }
-            Some("call") => {
-                let name = msg["name"].as_str().unwrap_or_default().to_owned();
-                let args = msg["args"].as_array().cloned().unwrap_or_default();
-                let kwargs = msg["kwargs"].as_object().cloned().unwrap_or_default();
+            FromWorker::Call {
+                call,
+                name,
+                args,
+                kwargs,
+                ..
+            } => {
                 calls += 1;
                 let answer = if calls > max_calls {
-                    Err((
-                        "RuntimeError".into(),
+                    Err(HostError::new(
+                        PyExc::RuntimeError,
                         format!("more than {max_calls} tool calls in one run; do less per event"),
                     ))
                 } else {
@@ -474,53 +444,33 @@ fn exchange(
                         tokio::time::timeout(CALL_TIMEOUT, catalog.call(&name, args, kwargs))
                             .await
                             .unwrap_or_else(|_| {
-                                Err((
-                                    "TimeoutError".into(),
+                                Err(HostError::new(
+                                    PyExc::TimeoutError,
                                     format!("{name} took over {} s", CALL_TIMEOUT.as_secs()),
                                 ))
                             })
                     })
                 };
-                let reply = match answer {
-                    Ok(v) => json!({"op": "reply", "call": msg["call"], "ok": v}),
-                    Err((t, m)) => {
-                        json!({"op": "reply", "call": msg["call"], "err": {"type": t, "message": m}})
-                    }
-                };
-                if send(p, &reply).is_err() {
+                if (ToWorker::Reply { id, call, answer })
+                    .write_to(&mut p.stdin)
+                    .is_err()
+                {
                     return Err(None);
                 }
                 // The sandbox's clock stopped while the host worked; so does this one.
                 deadline = Instant::now() + budget;
             }
-            Some("done") => {
-                if let Some(ok) = msg.get("ok") {
-                    return Ok(serde_json::from_value::<Outcome>(ok.clone()).map_err(|e| {
-                        FilterError::Worker(format!("bad answer from the filter worker: {e}"))
-                    }));
+            FromWorker::Done { results, .. } => {
+                if results.len() != events {
+                    return Err(Some(format!(
+                        "the filter worker answered {} results for {events} events",
+                        results.len()
+                    )));
                 }
-                let err: PyError = serde_json::from_value(msg["err"].clone()).unwrap_or(PyError {
-                    exc_type: "RuntimeError".into(),
-                    message: "unknown error".into(),
-                });
-                return Ok(Err(FilterError::Python(err)));
+                return Ok(results);
             }
-            _ => {}
         }
     }
-}
-
-/// One `{"ok": outcome}` / `{"err": python error}` entry of a batch answer.
-fn unpack(v: Value) -> Result<Outcome, FilterError> {
-    if let Some(ok) = v.get("ok") {
-        return serde_json::from_value::<Outcome>(ok.clone())
-            .map_err(|e| FilterError::Worker(format!("bad answer from the filter worker: {e}")));
-    }
-    let err: PyError = serde_json::from_value(v["err"].clone()).unwrap_or(PyError {
-        exc_type: "RuntimeError".into(),
-        message: "unknown error".into(),
-    });
-    Err(FilterError::Python(err))
 }
 
 /// How long to spin for a worker's answer before sleeping on it. A filter usually answers in
@@ -565,5 +515,106 @@ fn next_job(rx: &mut mpsc::Receiver<Job>) -> Option<Job> {
             }
             Err(mpsc::error::TryRecvError::Empty) => return rx.blocking_recv(),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    struct NoCatalog;
+
+    #[async_trait]
+    impl Catalog for NoCatalog {
+        fn functions(&self) -> Vec<String> {
+            Vec::new()
+        }
+        async fn call(
+            &self,
+            name: &str,
+            _: Vec<Value>,
+            _: Map<String, Value>,
+        ) -> Result<Value, HostError> {
+            Err(HostError::new(
+                PyExc::RuntimeError,
+                format!("{name} is not available"),
+            ))
+        }
+    }
+
+    /// A fake worker: answers each request with `line` (no single quotes), `@ID@` replaced by
+    /// the request's id.
+    fn fake_worker(dir: &std::path::Path, n: usize, line: &str) -> PathBuf {
+        use std::os::unix::fs::PermissionsExt;
+        let path = dir.join(format!("worker-{n}"));
+        let script = format!(
+            r#"#!/bin/sh
+out='{line}'
+while read -r request; do
+    id=${{request#*\"id\":}}
+    id=${{id%%,*}}
+    case "$out" in
+    *@ID@*) printf '%s%s%s\n' "${{out%%@ID@*}}" "$id" "${{out#*@ID@}}" ;;
+    *) printf '%s\n' "$out" ;;
+    esac
+done
+"#
+        );
+        std::fs::write(&path, script).unwrap();
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755)).unwrap();
+        path
+    }
+
+    #[tokio::test]
+    async fn a_worker_that_answers_garbage_is_refused_and_replaced() {
+        let cases = [
+            ("not json", "cannot read"),
+            (r#"{"op":"bogus","id":@ID@}"#, "unknown variant `bogus`"),
+            (
+                r#"{"op":"done","id":@ID@,"results":[{"Ok":{"value":1}}]}"#,
+                "missing field `printed`",
+            ),
+            (
+                r#"{"op":"done","id":@ID@,"results":[]}"#,
+                "answered 0 results for 1 events",
+            ),
+            (
+                r#"{"op":"tick","id":@ID@,"next":1}"#,
+                "more events than it was sent",
+            ),
+        ];
+        let dir = std::env::temp_dir().join(format!("herald-pool-test-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        // Every script is written before any runs, so none is still open for writing when one
+        // is executed.
+        let good = fake_worker(
+            &dir,
+            0,
+            r#"{"op":"done","id":@ID@,"results":[{"Ok":{"value":"hi","printed":""}}]}"#,
+        );
+        let fakes: Vec<PathBuf> = (1..)
+            .zip(&cases)
+            .map(|(n, (line, _))| fake_worker(&dir, n, line))
+            .collect();
+        let catalog: Arc<dyn Catalog> = Arc::new(NoCatalog);
+        let pool = FilterPool::new(PoolConfig::new(good));
+        for _ in 0..2 {
+            let o = pool.run("s", "x", json!(1), catalog.clone()).await.unwrap();
+            assert_eq!(o.value, json!("hi"), "the fake speaks the pipe");
+        }
+        for (exe, (line, why)) in fakes.into_iter().zip(cases) {
+            let pool = FilterPool::new(PoolConfig::new(exe));
+            for attempt in ["first", "after the replacement"] {
+                let Err(FilterError::Worker(e)) =
+                    pool.run("s", "x", json!(1), catalog.clone()).await
+                else {
+                    panic!("{line} was accepted");
+                };
+                assert!(e.contains(why), "{line}, {attempt}: {e}");
+                assert!(e.ends_with("the filter's variables were reset"), "{e}");
+            }
+        }
+        let _ = std::fs::remove_dir_all(&dir);
     }
 }

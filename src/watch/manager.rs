@@ -21,7 +21,7 @@ use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-use crate::filter::engine::Outcome as FilterOutcome;
+use crate::filter::engine::{HostError, Outcome as FilterOutcome, PyExc};
 use crate::filter::pool::{Catalog as FilterHost, FilterError, FilterPool};
 use crate::mcp::ring::EVENT_LOG_MIME;
 use crate::store::{Store, Table};
@@ -1293,8 +1293,8 @@ struct FilterCatalog {
 
 const WATCH_BUILTINS: [&str; 3] = ["watch_start", "watch_stop", "watch_list"];
 
-fn py_err(exc: &str, message: String) -> (String, String) {
-    (exc.to_owned(), message)
+fn py_err(kind: PyExc, message: String) -> HostError {
+    HostError::new(kind, message)
 }
 
 #[async_trait::async_trait]
@@ -1316,7 +1316,7 @@ impl FilterHost for FilterCatalog {
         name: &str,
         args: Vec<Value>,
         kwargs: Map<String, Value>,
-    ) -> Result<Value, (String, String)> {
+    ) -> Result<Value, HostError> {
         if let Some(mgr) = &self.code
             && WATCH_BUILTINS.contains(&name)
         {
@@ -1327,7 +1327,7 @@ impl FilterHost for FilterCatalog {
                         (arg("name", 0), arg("uri", 1))
                     else {
                         return Err(py_err(
-                            "ValueError",
+                            PyExc::ValueError,
                             "watch_start needs name=\"...\" and uri=\"...\"".into(),
                         ));
                     };
@@ -1336,7 +1336,7 @@ impl FilterHost for FilterCatalog {
                         Some(Value::String(code)) => Some(code),
                         Some(other) => {
                             return Err(py_err(
-                                "TypeError",
+                                PyExc::TypeError,
                                 format!(
                                     "on_event must be Python source text (a str), not {other}; pass the code as a string"
                                 ),
@@ -1346,12 +1346,15 @@ impl FilterHost for FilterCatalog {
                     let info = mgr
                         .watch_start(&n, &u, on_event.as_deref())
                         .await
-                        .map_err(|e| py_err("ValueError", e.to_string()))?;
+                        .map_err(|e| py_err(PyExc::ValueError, e.to_string()))?;
                     Ok(json!({"name": info.name, "uri": info.uri, "shape": info.shape}))
                 }
                 "watch_stop" => {
                     let Some(Value::String(n)) = arg("name", 0) else {
-                        return Err(py_err("ValueError", "watch_stop needs name=\"...\"".into()));
+                        return Err(py_err(
+                            PyExc::ValueError,
+                            "watch_stop needs name=\"...\"".into(),
+                        ));
                     };
                     Ok(Value::Bool(mgr.watch_stop(&n).await))
                 }
@@ -1360,7 +1363,7 @@ impl FilterHost for FilterCatalog {
         }
         if WATCH_BUILTINS.contains(&name) {
             return Err(py_err(
-                "PermissionError",
+                PyExc::PermissionError,
                 format!(
                     "{name} is not available in filters: a filter cannot start or stop watches"
                 ),
@@ -1373,18 +1376,21 @@ impl FilterHost for FilterCatalog {
                     .or_else(|| args.first())
                     .and_then(Value::as_str)
                     .ok_or_else(|| {
-                        py_err("ValueError", "read_resource needs uri=\"...\"".into())
+                        py_err(PyExc::ValueError, "read_resource needs uri=\"...\"".into())
                     })?;
                 let server = route(&self.servers, uri).cloned().ok_or_else(|| {
-                    py_err("ValueError", format!("no connected server serves {uri}"))
+                    py_err(
+                        PyExc::ValueError,
+                        format!("no connected server serves {uri}"),
+                    )
                 })?;
                 let conn = server
                     .connection()
                     .await
-                    .map_err(|e| py_err("RuntimeError", e.to_string()))?;
+                    .map_err(|e| py_err(PyExc::RuntimeError, e.to_string()))?;
                 let r = read(&conn, &server, uri)
                     .await
-                    .map_err(|e| py_err("RuntimeError", e.to_string()))?;
+                    .map_err(|e| py_err(PyExc::RuntimeError, e.to_string()))?;
                 Ok(serde_json::from_str(&r.text).unwrap_or(Value::String(r.text)))
             }
             "list_resources" => {
@@ -1405,13 +1411,13 @@ impl FilterHost for FilterCatalog {
                 });
                 let Some((server, read_only)) = owner else {
                     return Err(py_err(
-                        "ValueError",
+                        PyExc::ValueError,
                         format!("no connected server has a tool named {tool}"),
                     ));
                 };
                 if !read_only && self.code.is_none() {
                     return Err(py_err(
-                        "PermissionError",
+                        PyExc::PermissionError,
                         format!(
                             "{tool} is a mutating tool (not annotated readOnlyHint): filters are read-only"
                         ),
@@ -1419,20 +1425,20 @@ impl FilterHost for FilterCatalog {
                 }
                 if !args.is_empty() {
                     return Err(py_err(
-                        "ValueError",
+                        PyExc::ValueError,
                         format!("call {tool} with keyword arguments, e.g. {tool}(name=...)"),
                     ));
                 }
                 let conn = server
                     .connection()
                     .await
-                    .map_err(|e| py_err("RuntimeError", e.to_string()))?;
+                    .map_err(|e| py_err(PyExc::RuntimeError, e.to_string()))?;
                 let params =
                     rmcp::model::CallToolRequestParams::new(tool.to_owned()).with_arguments(kwargs);
                 let r = tokio::time::timeout(REQUEST_TIMEOUT, conn.call_tool(params))
                     .await
-                    .map_err(|_| py_err("TimeoutError", format!("{tool} took too long")))?
-                    .map_err(|e| py_err("RuntimeError", e.to_string()))?;
+                    .map_err(|_| py_err(PyExc::TimeoutError, format!("{tool} took too long")))?
+                    .map_err(|e| py_err(PyExc::RuntimeError, e.to_string()))?;
                 let text: Vec<String> = r
                     .content
                     .iter()
@@ -1440,7 +1446,7 @@ impl FilterHost for FilterCatalog {
                     .collect();
                 if r.is_error == Some(true) {
                     return Err(py_err(
-                        "RuntimeError",
+                        PyExc::RuntimeError,
                         format!("{tool} failed: {}", text.join(" ")),
                     ));
                 }

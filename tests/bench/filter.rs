@@ -11,7 +11,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use async_trait::async_trait;
-use herald::filter::engine::{Host, HostError, RunLimits, Scope};
+use herald::filter::engine::{Host, HostError, PyExc, RunLimits, Scope};
 use herald::filter::pool::{Catalog, FilterPool, PoolConfig};
 use serde_json::{Map, Value, json};
 
@@ -41,8 +41,8 @@ impl Catalog for NoCatalog {
         _: &str,
         _: Vec<Value>,
         _: Map<String, Value>,
-    ) -> Result<Value, (String, String)> {
-        Err(("RuntimeError".into(), "none".into()))
+    ) -> Result<Value, HostError> {
+        Err(HostError::new(PyExc::RuntimeError, "none"))
     }
 }
 
