@@ -1,10 +1,15 @@
-//! MCP server plumbing shared by every source: the [`Source`](source::Source) trait, the listen
-//! hub and change feed, the event-log ring, the Events extension over those rings, and the rmcp
-//! handler that ties them together.
+//! MCP plumbing shared by every role. Server side: the [`Source`](source::Source) trait, the
+//! listen hub and change feed, the event-log ring, the Events extension over those rings, and
+//! the rmcp handler that ties them together. Client side: [`upstream`] (one handle per upstream
+//! server: connection, catalog, the routing rule, the contents mapping), with [`template`]
+//! (RFC 6570 matching for routing) and [`backoff`] (the one retry pacing every role uses).
 
+pub mod backoff;
 pub mod events;
 pub mod hub;
 pub mod metrics;
 pub mod ring;
 pub mod server;
 pub mod source;
+pub mod template;
+pub mod upstream;
