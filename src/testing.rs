@@ -129,7 +129,11 @@ pub fn down_upstream(attempts: Arc<std::sync::atomic::AtomicUsize>) -> Arc<Upstr
         })
     });
     Arc::new(Upstream::dialing(
-        UpstreamConfig::new(Target::Http("http://down/mcp".into()), Default::default(), MAX),
+        UpstreamConfig::new(
+            Target::Http("http://down/mcp".into()),
+            Default::default(),
+            MAX,
+        ),
         dialer,
     ))
 }

@@ -4,9 +4,6 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
-use anyhow::{Context, anyhow};
-use clap::Args;
-use serde::Deserialize;
 use crate::app;
 use crate::cli::{Exit, Globals, usage};
 use crate::filter::pool::PoolConfig;
@@ -16,6 +13,9 @@ use crate::transport::tls::ClientTrust;
 use crate::watch::log::WatchLog;
 use crate::watch::sink::Sink;
 use crate::watch::{WatchConfig, WatchOptions, WatchSpec, upstream};
+use anyhow::{Context, anyhow};
+use clap::Args;
+use serde::Deserialize;
 
 #[derive(Debug, Args)]
 pub struct WatchArgs {

@@ -8,8 +8,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use rmcp::model::{
     CallToolRequestParams, CallToolResult, ClientRequest, JsonObject, ReadResourceRequestParams,
-    Resource, ResourceTemplate, ServerNotification, ServerResult,
-    SubscriptionFilter, Tool,
+    Resource, ResourceTemplate, ServerNotification, ServerResult, SubscriptionFilter, Tool,
 };
 use rmcp::service::PeerRequestOptions;
 use serde_json::{Value, json};
@@ -23,9 +22,7 @@ use crate::mcp::metrics::EVENTS_LIST_FAILED;
 use crate::mcp::source::{
     Caller, Contents, Progress, Source, SourceError, SourceInfo, WatchGuard, caller,
 };
-use crate::mcp::upstream::{
-    self, REQUEST_TIMEOUT, Upstream, UpstreamConfig, upstream_error,
-};
+use crate::mcp::upstream::{self, REQUEST_TIMEOUT, Upstream, UpstreamConfig, upstream_error};
 
 /// How long the handshake waits for one slug's answer on whether it serves Events.
 const EVENTS_PROBE: Duration = Duration::from_secs(3);
@@ -420,7 +417,9 @@ impl Source for Gateway {
         };
         upstream::contents(r).map_err(|e| {
             SourceError::Unavailable(match e {
-                upstream::ContentsError::Empty => format!("server {} returned no contents", up.name),
+                upstream::ContentsError::Empty => {
+                    format!("server {} returned no contents", up.name)
+                }
                 upstream::ContentsError::Unsupported => format!(
                     "server {} returned contents of a kind the gateway does not relay",
                     up.name

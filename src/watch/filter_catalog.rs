@@ -231,7 +231,11 @@ mod tests {
             assert!(names.iter().any(|x| x == n), "{n} in {names:?}");
         }
         let set = cat
-            .call("memo_set", Vec::new(), kwargs(json!({"key": "k", "value": 1})))
+            .call(
+                "memo_set",
+                Vec::new(),
+                kwargs(json!({"key": "k", "value": 1})),
+            )
             .await;
         assert_eq!(exc(set), "PermissionError");
         let notes = cat
@@ -274,9 +278,13 @@ mod tests {
     async fn code_mode_may_mutate_and_run_watches() {
         let memo = MemoServer::start().await;
         let (cat, mgr) = catalog(&memo, true).await;
-        cat.call("memo_set", Vec::new(), kwargs(json!({"key": "k", "value": 1})))
-            .await
-            .unwrap();
+        cat.call(
+            "memo_set",
+            Vec::new(),
+            kwargs(json!({"key": "k", "value": 1})),
+        )
+        .await
+        .unwrap();
         let notes = cat
             .call("read_resource", vec![json!("memo://notes")], Map::new())
             .await
@@ -294,7 +302,10 @@ mod tests {
             .await
             .unwrap();
         assert_eq!(started["shape"], "state");
-        let list = cat.call("watch_list", Vec::new(), Map::new()).await.unwrap();
+        let list = cat
+            .call("watch_list", Vec::new(), Map::new())
+            .await
+            .unwrap();
         assert_eq!(list[0]["name"], "n");
         let stopped = cat
             .call("watch_stop", vec![json!("n")], Map::new())

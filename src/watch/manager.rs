@@ -320,7 +320,14 @@ impl WatchManager {
             "{name}#{}",
             inner.validations.fetch_add(1, Ordering::Relaxed)
         );
-        let task = WatchTask::new(self.clone(), server, spec.clone(), stats.clone(), cancel, scope);
+        let task = WatchTask::new(
+            self.clone(),
+            server,
+            spec.clone(),
+            stats.clone(),
+            cancel,
+            scope,
+        );
         inner.tracker.spawn(task.run(conn, sub, baseline));
         Ok(WatchInfo {
             name: spec.name,
@@ -479,4 +486,3 @@ impl WatchManager {
         }
     }
 }
-

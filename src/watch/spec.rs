@@ -151,7 +151,10 @@ mod tests {
             message: "unknown resource".into(),
         };
         assert!(!rejected.is_transient());
-        assert_eq!(rejected.to_string(), "s refused memo://nope: unknown resource");
+        assert_eq!(
+            rejected.to_string(),
+            "s refused memo://nope: unknown resource"
+        );
     }
 
     #[test]
@@ -169,6 +172,10 @@ mod tests {
     #[test]
     fn a_notice_carries_its_block() {
         let n = Notice::new("w", "memo://notes", vec!["ADDED a".into()]);
-        assert!(n.text.contains("ADDED a") && n.text.contains("memo://notes"), "{}", n.text);
+        assert!(
+            n.text.contains("ADDED a") && n.text.contains("memo://notes"),
+            "{}",
+            n.text
+        );
     }
 }

@@ -40,7 +40,8 @@ impl AsRef<Catalog> for Catalog {
 /// Whether a tool says it only reads: `readOnlyHint` true and `destructiveHint` not true.
 pub fn is_read_only(tool: &Tool) -> bool {
     let a = tool.annotations.as_ref();
-    a.and_then(|a| a.read_only_hint) == Some(true) && a.and_then(|a| a.destructive_hint) != Some(true)
+    a.and_then(|a| a.read_only_hint) == Some(true)
+        && a.and_then(|a| a.destructive_hint) != Some(true)
 }
 
 /// The `Example:` line of a description (its last one), for `list_resources()`.
@@ -112,9 +113,11 @@ impl Catalog {
                 "mime_type": r.mime_type, "server": server, "subscribable": subscribe}));
         }
         for t in templates {
-            listing.push(json!({"uri": t.uri_template, "template": true, "name": t.name,
+            listing.push(
+                json!({"uri": t.uri_template, "template": true, "name": t.name,
                 "description": t.description, "example": example(t.description.as_deref()),
-                "mime_type": t.mime_type, "server": server, "subscribable": subscribe}));
+                "mime_type": t.mime_type, "server": server, "subscribable": subscribe}),
+            );
         }
         Catalog {
             tools,
@@ -146,10 +149,7 @@ impl Catalog {
 
     /// `Some(read-only)` when it has a tool named `name`.
     pub fn read_only(&self, name: &str) -> Option<bool> {
-        self.tools
-            .iter()
-            .find(|t| t.name == name)
-            .map(is_read_only)
+        self.tools.iter().find(|t| t.name == name).map(is_read_only)
     }
 }
 
@@ -297,7 +297,11 @@ mod tests {
         assert!(is_read_only(&tool(Some(true), Some(false))));
         assert!(!is_read_only(&tool(Some(true), Some(true))));
         assert!(!is_read_only(&tool(None, None)));
-        assert!(!is_read_only(&Tool::new("t", "no annotations", serde_json::Map::new())));
+        assert!(!is_read_only(&Tool::new(
+            "t",
+            "no annotations",
+            serde_json::Map::new()
+        )));
         let c = Catalog {
             tools: vec![tool(Some(true), None)],
             ..Catalog::default()

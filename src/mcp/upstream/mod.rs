@@ -469,19 +469,28 @@ mod tests {
     async fn a_connect_fetches_the_catalog_and_routing_uses_it() {
         let memo = MemoServer::start().await;
         let up = memo.upstream();
-        assert!(up.catalog().is_none(), "nothing known before the first connect");
+        assert!(
+            up.catalog().is_none(),
+            "nothing known before the first connect"
+        );
         assert!(pick(std::slice::from_ref(&up), "memo://notes").is_none());
         let live = up.live().await.unwrap();
         assert!(live.modern && live.subscribe && live.events);
         assert!(live.lists("memo://notes") && live.lists("memo://log"));
         assert_eq!(live.read_only("memo_set"), Some(false));
-        assert_eq!(live.listing.len(), live.resources.len() + live.templates.len());
+        assert_eq!(
+            live.listing.len(),
+            live.resources.len() + live.templates.len()
+        );
         let down = down_upstream(Arc::new(AtomicUsize::new(0)));
         let both = [down, up.clone()];
         assert!(Arc::ptr_eq(pick(&both, "memo://notes").unwrap(), &up));
         // The memo source is modern and subscribable: the fallback for an unlisted URI.
         assert!(Arc::ptr_eq(pick(&both, "other://x").unwrap(), &up));
-        assert!(Arc::ptr_eq(&up.live().await.unwrap(), &live), "one connection, shared");
+        assert!(
+            Arc::ptr_eq(&up.live().await.unwrap(), &live),
+            "one connection, shared"
+        );
     }
 
     #[tokio::test]
@@ -500,7 +509,10 @@ mod tests {
         let SourceError::Unavailable(m) = SourceError::from(e) else {
             panic!("unavailable")
         };
-        assert!(m.contains("http://down/mcp") && !m.contains("refused"), "{m}");
+        assert!(
+            m.contains("http://down/mcp") && !m.contains("refused"),
+            "{m}"
+        );
     }
 
     #[tokio::test]

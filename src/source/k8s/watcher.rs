@@ -190,7 +190,10 @@ impl Task {
             } else {
                 short_runs + 1
             };
-            if self.pause(RECONNECT.delay(short_runs.saturating_sub(1))).await {
+            if self
+                .pause(RECONNECT.delay(short_runs.saturating_sub(1)))
+                .await
+            {
                 return;
             }
         }
