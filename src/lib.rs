@@ -12,5 +12,7 @@ pub mod gateway;
 pub mod mcp;
 pub mod source;
 pub mod store;
+#[cfg(test)]
+mod testing;
 pub mod transport;
 pub mod watch;

@@ -18,8 +18,8 @@ use crate::cli::watch::ServerFlags;
 use crate::cli::{Exit, Globals, usage};
 use crate::filter::pool::{FilterError, FilterPool, PoolConfig};
 use crate::watch::log::WatchLog;
-use crate::watch::manager::{WatchConfig, WatchManager};
-use crate::watch::sink::{self, Sink};
+use crate::watch::sink::Sink;
+use crate::watch::{WatchConfig, WatchManager, WatchOptions};
 
 #[derive(Debug, Args)]
 pub struct CodeArgs {
@@ -43,19 +43,48 @@ pub async fn run(args: CodeArgs, _globals: &Globals, verbose: bool) -> Result<()
             "code mode needs a server: pass --mcp-stdio, --mcp-http or --mcp-quic"
         )));
     }
-    let (tx, rx) = mpsc::channel(64);
-    let sink_task = tokio::spawn(sink::run(Sink::Stdout, rx));
-    let manager = WatchManager::new(cfg, servers, tx, WatchLog::stderr(verbose), None);
     let exe = std::env::current_exe().context("finding the herald binary for Python workers")?;
     // Filters and code get separate pools: code calls watch_start, whose dry run of the
     // filter must not wait behind the very code that asked for it.
-    manager.set_filters(FilterPool::new(PoolConfig::new(exe.clone())));
-    let mut code_cfg = PoolConfig::new(exe);
+    let mut code_cfg = PoolConfig::new(exe.clone());
     code_cfg.workers = 1;
     let code_pool = FilterPool::new(code_cfg);
-    for (target, e) in manager.connect_all().await {
-        tracing::warn!(server = %target, error = %e, "server not reachable yet");
+    let opts = WatchOptions {
+        config: cfg,
+        servers,
+        sink: Sink::Stdout,
+        log: WatchLog::stderr(verbose),
+        store: None,
+        filters: Some(PoolConfig::new(exe)),
+        watches: Vec::new(),
+        require_watches: false,
+    };
+    let shutdown = tokio_util::sync::CancellationToken::new();
+    let mut outcome = Ok(true);
+    let code = async |manager: &WatchManager| {
+        outcome = session(args.file.as_deref(), manager, &code_pool).await;
+        // Watches started here keep the command alive until a signal.
+        let keep = matches!(outcome, Ok(true)) && manager.watch_list().iter().any(|w| !w.failed);
+        if keep {
+            app::cancel_on_signals(shutdown.clone());
+        }
+        keep
+    };
+    // No watches to start, so this never fails.
+    let _ = crate::watch::run(opts, shutdown.clone(), code).await;
+    match outcome? {
+        true => Ok(()),
+        false => Err(anyhow!("the code raised an exception (above)").into()),
     }
+}
+
+/// Runs the file, or stdin, in code mode's scope. `Ok(false)`: the code raised (its error
+/// is printed).
+async fn session(
+    file: Option<&std::path::Path>,
+    manager: &WatchManager,
+    code_pool: &FilterPool,
+) -> Result<bool, Exit> {
     let catalog = manager.code_catalog();
     let mut failed = false;
     let run_snippet = async |code: &str| -> bool {
@@ -87,7 +116,7 @@ pub async fn run(args: CodeArgs, _globals: &Globals, verbose: bool) -> Result<()
             }
         }
     };
-    if let Some(path) = &args.file {
+    if let Some(path) = file {
         let code = std::fs::read_to_string(path)
             .with_context(|| format!("reading {}", path.display()))
             .map_err(usage)?;
@@ -132,18 +161,5 @@ pub async fn run(args: CodeArgs, _globals: &Globals, verbose: bool) -> Result<()
         }
         failed = !run_snippet(&code).await;
     }
-    // Watches started here keep the command alive until a signal.
-    if !failed && manager.watch_list().iter().any(|w| !w.failed) {
-        let shutdown = tokio_util::sync::CancellationToken::new();
-        app::cancel_on_signals(shutdown.clone());
-        shutdown.cancelled().await;
-    }
-    manager.shutdown().await;
-    drop(catalog);
-    drop(manager);
-    let _ = sink_task.await;
-    if failed {
-        return Err(anyhow!("the code raised an exception (above)").into());
-    }
-    Ok(())
+    Ok(!failed)
 }

@@ -15,8 +15,8 @@ use crate::source::file::{FileConfig, FileSource};
 use crate::source::memo::Memo;
 use crate::transport::client::Target;
 use crate::watch::log::WatchLog;
-use crate::watch::manager::{Server, WatchConfig, WatchManager};
-use crate::watch::sink::{self, Sink};
+use crate::watch::sink::Sink;
+use crate::watch::{WatchConfig, WatchOptions, WatchSpec, upstream};
 
 /// Where the embedded default serves HTTP.
 pub const DEFAULT_HTTP: &str = "127.0.0.1:8750";
@@ -103,35 +103,37 @@ pub async fn run(args: UpArgs, globals: &Globals) -> Result<(), Exit> {
              \nStop with Ctrl-C.\n"
         );
     }
-    // The demo's watch client: notices for both memo resources on stdout, through the same
-    // HTTP endpoint any other client uses.
-    let (tx, rx) = tokio::sync::mpsc::channel(64);
-    let sink_task = tokio::spawn(sink::run(Sink::Stdout, rx));
+    // The demo's watch client: notices for both memo resources and the demo directory on
+    // stdout, through the same HTTP endpoints any other client uses.
     let url = bound.http_url().unwrap_or_default();
     let servers = vec![
-        Server::new(Target::Http(url), Default::default(), 4 << 20),
-        Server::new(Target::Http(file_url.clone()), Default::default(), 4 << 20),
+        upstream(Target::Http(url), Default::default(), 4 << 20),
+        upstream(Target::Http(file_url.clone()), Default::default(), 4 << 20),
     ];
-    let watcher = WatchManager::new(
-        WatchConfig::default(),
-        servers,
-        tx,
-        WatchLog::stderr(false),
-        None,
-    );
-    for (name, uri) in [
+    let watches = [
         ("notes", crate::source::memo::NOTES_URI),
         ("memo-log", crate::source::memo::LOG_URI),
         ("demo-files", demo_events.as_str()),
-    ] {
-        if let Err(e) = watcher.watch_start(name, uri, None).await {
-            tracing::warn!(watch = name, error = %e, "demo watch did not start");
-        }
-    }
-    shutdown.cancelled().await;
-    watcher.shutdown().await;
-    drop(watcher);
-    let _ = sink_task.await;
+    ]
+    .into_iter()
+    .map(|(name, uri)| WatchSpec {
+        name: name.into(),
+        uri: uri.into(),
+        on_event: None,
+    })
+    .collect();
+    let opts = WatchOptions {
+        config: WatchConfig::default(),
+        servers,
+        sink: Sink::Stdout,
+        log: WatchLog::stderr(false),
+        store: None,
+        filters: None,
+        watches,
+        require_watches: false,
+    };
+    // Not required, so this never fails: a demo watch that cannot start is logged.
+    let _ = crate::watch::run(opts, shutdown.clone(), async |_| true).await;
     app::drain(tracker).await;
     Ok(())
 }

@@ -4,19 +4,18 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
-use anyhow::{Context, anyhow};
-use clap::Args;
-use serde::Deserialize;
-use tokio::sync::mpsc;
-
 use crate::app;
 use crate::cli::{Exit, Globals, usage};
-use crate::filter::pool::{FilterPool, PoolConfig};
+use crate::filter::pool::PoolConfig;
+use crate::mcp::upstream::Upstream;
 use crate::transport::client::Target;
 use crate::transport::tls::ClientTrust;
 use crate::watch::log::WatchLog;
-use crate::watch::manager::{Server, WatchConfig, WatchManager};
-use crate::watch::sink::{self, Sink};
+use crate::watch::sink::Sink;
+use crate::watch::{WatchConfig, WatchOptions, WatchSpec, upstream};
+use anyhow::{Context, anyhow};
+use clap::Args;
+use serde::Deserialize;
 
 #[derive(Debug, Args)]
 pub struct WatchArgs {
@@ -165,7 +164,7 @@ pub struct ServerFlags {
 
 impl ServerFlags {
     /// The servers, in flag order: stdio, then HTTP, then QUIC.
-    pub fn servers(&self, max_message_bytes: usize) -> Vec<std::sync::Arc<Server>> {
+    pub fn servers(&self, max_message_bytes: usize) -> Vec<std::sync::Arc<Upstream>> {
         let trust = ClientTrust {
             ca: self.tls_ca.clone(),
             pin: self.tls_pin.clone(),
@@ -178,7 +177,7 @@ impl ServerFlags {
             .chain(self.mcp_http.iter().map(|u| Target::Http(u.clone())))
             .chain(self.mcp_quic.iter().map(|q| Target::Quic(q.clone())));
         targets
-            .map(|t| Server::new(t, trust.clone(), max_message_bytes))
+            .map(|t| upstream(t, trust.clone(), max_message_bytes))
             .collect()
     }
 }
@@ -239,7 +238,7 @@ pub async fn run(args: WatchArgs, globals: &Globals, verbose: bool) -> Result<()
             pin: s.tls_pin.clone(),
             token: crate::transport::tls::Secret::from_env(),
         };
-        servers.push(Server::new(target, trust, cfg.max_message_bytes));
+        servers.push(upstream(target, trust, cfg.max_message_bytes));
     }
     servers.extend(args.servers.servers(cfg.max_message_bytes));
     if servers.is_empty() {
@@ -295,51 +294,37 @@ pub async fn run(args: WatchArgs, globals: &Globals, verbose: bool) -> Result<()
         (_, Some(u)) => Sink::Webhook(u.clone()),
         _ => Sink::Stdout,
     };
-    let (tx, rx) = mpsc::channel(64);
-    let sink_task = tokio::spawn(sink::run(sink, rx));
-    let manager = WatchManager::new(cfg, servers, tx, WatchLog::stderr(verbose), store);
     let exe = std::env::current_exe().context("finding the herald binary for filter workers")?;
     let mut pool = PoolConfig::new(exe);
     pool.workers = args.filter_workers.max(1);
     pool.memory_bytes = args.filter_memory_mb.max(16) * 1024 * 1024;
     pool.time = std::time::Duration::from_millis(args.filter_time_ms.clamp(10, 600_000));
-    manager.set_filters(FilterPool::new(pool));
-    for (target, e) in manager.connect_all().await {
-        tracing::warn!(server = %target, error = %e, "server not reachable yet; retried when a watch needs it");
-    }
-    manager.restore().await;
-    let running: Vec<(String, String)> = manager
-        .watch_list()
-        .into_iter()
-        .filter(|w| !w.restore_failed && !w.failed)
-        .map(|w| (w.name, w.uri))
-        .collect();
-    let mut failure = None;
-    for (name, uri, on_event) in &watches {
-        if running.iter().any(|(n, u)| n == name && u == uri) {
-            if on_event.is_none() {
-                continue; // restored from --watch-state already
-            }
-            // Restored, but the command line brings its filter: run that one.
-            manager.watch_stop(name).await;
-        }
-        if let Err(e) = manager.watch_start(name, uri, on_event.as_deref()).await {
-            failure = Some(anyhow!("watch {name} ({uri}) cannot start: {e}"));
-            break;
-        }
-    }
-    if failure.is_none() {
-        let shutdown = tokio_util::sync::CancellationToken::new();
+    let opts = WatchOptions {
+        config: cfg,
+        servers,
+        sink,
+        log: WatchLog::stderr(verbose),
+        store,
+        filters: Some(pool),
+        watches: watches
+            .into_iter()
+            .map(|(name, uri, on_event)| WatchSpec {
+                name,
+                uri,
+                on_event,
+            })
+            .collect(),
+        require_watches: true,
+    };
+    let shutdown = tokio_util::sync::CancellationToken::new();
+    // Signals are taken over only once every watch runs: until then Ctrl-C ends herald at once.
+    let signals = async |_: &crate::watch::WatchManager| {
         app::cancel_on_signals(shutdown.clone());
-        shutdown.cancelled().await;
-    }
-    manager.shutdown().await;
-    drop(manager);
-    let _ = sink_task.await;
-    match failure {
-        Some(e) => Err(e.into()),
-        None => Ok(()),
-    }
+        true
+    };
+    crate::watch::run(opts, shutdown.clone(), signals)
+        .await
+        .map_err(|e| anyhow!(e).into())
 }
 
 #[cfg(test)]

@@ -9,8 +9,12 @@
 //!   Forbidden (-32024) with one message whether the slug exists or not.
 //! - **Tools** `slug__tool`, forwarded with the prefix stripped; results and errors unchanged.
 //! - **Resources**: the union; URIs are not rewritten unless two slugs list the same one, then
-//!   each is `slug+URI`. Routing is the watch client's: exact, then template, then first
-//!   subscribable.
+//!   each is `slug+URI`. Routing is the rule every client role shares
+//!   ([`crate::mcp::upstream::route`]): exact, then template, then first subscribable.
+//!
+//! Each slug is a shared [`Upstream`](crate::mcp::upstream::Upstream): its connection, kept
+//! and re-made with backoff (a stdio slug is a supervised child, started again when it exits),
+//! and its catalog, refreshed on every connect.
 //! - **Listens**: one upstream subscription per watched URI, shared by every client watching
 //!   it (refcounted by the hub's watch guards), resubscribed with backoff while clients stay.
 //! - **Events**: advertised when a selected slug's handshake does (3 s bound per slug);
@@ -18,6 +22,5 @@
 
 pub mod config;
 pub mod source;
-pub mod upstream;
 
 pub use source::Gateway;

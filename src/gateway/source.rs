@@ -8,29 +8,30 @@ use std::time::Duration;
 use async_trait::async_trait;
 use rmcp::model::{
     CallToolRequestParams, CallToolResult, ClientRequest, JsonObject, ReadResourceRequestParams,
-    Resource, ResourceContents, ResourceTemplate, ServerNotification, ServerResult,
-    SubscriptionFilter, Tool,
+    Resource, ResourceTemplate, ServerNotification, ServerResult, SubscriptionFilter, Tool,
 };
 use rmcp::service::PeerRequestOptions;
 use serde_json::{Value, json};
 use sha2::Digest;
 use tokio_util::sync::CancellationToken;
 
-use crate::gateway::config::{GatewayConfig, Token, valid_slug};
-use crate::gateway::upstream::{REQUEST_TIMEOUT, Upstream, upstream_error};
+use crate::gateway::config::{GatewayConfig, Slug, Token, valid_slug};
+use crate::mcp::backoff::Backoff;
 use crate::mcp::hub::ChangeFeed;
 use crate::mcp::metrics::EVENTS_LIST_FAILED;
 use crate::mcp::source::{
-    Admission, Body, Caller, Contents, ListenFilter, Progress, Source, SourceError, SourceInfo,
+    Admission, Caller, Contents, ListenFilter, Progress, Source, SourceError, SourceInfo,
     WatchGuard,
 };
+use crate::mcp::upstream::{self, REQUEST_TIMEOUT, Upstream, UpstreamConfig, upstream_error};
 
 /// How long the handshake waits for one slug's answer on whether it serves Events.
 const EVENTS_PROBE: Duration = Duration::from_secs(3);
-const RESUBSCRIBE_BASE: Duration = Duration::from_millis(250);
-const RESUBSCRIBE_MAX: Duration = Duration::from_secs(30);
-/// A subscription that lived this long resets the resubscribe backoff.
-const HEALTHY: Duration = Duration::from_secs(10);
+/// Resubscribe pacing of a shared upstream subscription: the connect's (250 ms doubling to
+/// 30 s, reset by a subscription that lived 10 s).
+const RESUBSCRIBE: Backoff = upstream::RECONNECT;
+/// Longest one connect to an upstream (handshake plus catalog) may take.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 /// Upstream subscriptions per slug (each is a listen stream on the slug's one connection, and
 /// a herald upstream allows 64 per connection).
 const MAX_SHARED_PER_SLUG: usize = 48;
@@ -62,6 +63,17 @@ impl Drop for SharedListen {
     }
 }
 
+/// The shared upstream handle of one slug: named by the slug, its stdio child supervised
+/// (restarted with backoff whenever it exits) until `shutdown`.
+fn upstream_of(slug: &Slug, max_message_bytes: usize, shutdown: CancellationToken) -> Upstream {
+    Upstream::new(UpstreamConfig {
+        name: slug.name.clone(),
+        connect_timeout: CONNECT_TIMEOUT,
+        supervise: Some(shutdown),
+        ..UpstreamConfig::new(slug.target.clone(), slug.trust.clone(), max_message_bytes)
+    })
+}
+
 /// Compares in constant time.
 fn same(a: &[u8; 32], b: &[u8; 32]) -> bool {
     a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
@@ -77,7 +89,7 @@ impl Gateway {
             upstreams: cfg
                 .slugs
                 .iter()
-                .map(|s| Arc::new(Upstream::new(s, max_message_bytes, shutdown.child_token())))
+                .map(|s| Arc::new(upstream_of(s, max_message_bytes, shutdown.child_token())))
                 .collect(),
             tokens: cfg.tokens.clone(),
             feed: ChangeFeed::new(),
@@ -110,7 +122,7 @@ impl Gateway {
                 }
                 found.map(|t| t.slugs.clone()).unwrap_or_default()
             }
-            None if caller.local => self.upstreams.iter().map(|u| u.slug.clone()).collect(),
+            None if caller.local => self.upstreams.iter().map(|u| u.name.clone()).collect(),
             None => BTreeSet::new(),
         };
         if let Some(only) = &caller.servers {
@@ -124,7 +136,7 @@ impl Gateway {
         let allowed = self.allowed(caller);
         self.upstreams
             .iter()
-            .filter(|u| allowed.contains(&u.slug))
+            .filter(|u| allowed.contains(&u.name))
             .cloned()
             .collect()
     }
@@ -133,7 +145,7 @@ impl Gateway {
     fn slug(&self, caller: &Caller, name: &str) -> Result<Arc<Upstream>, SourceError> {
         self.selected(caller)
             .into_iter()
-            .find(|u| u.slug == name)
+            .find(|u| u.name == name)
             .ok_or(SourceError::Forbidden)
     }
 
@@ -148,20 +160,8 @@ impl Gateway {
         }
         let selected = self.selected(caller);
         // The last-known catalogs: a slug that is reconnecting keeps its URIs meanwhile.
-        let live: Vec<_> = selected
-            .iter()
-            .filter_map(|u| u.catalog().map(|l| (u, l)))
-            .collect();
-        let pick = live
-            .iter()
-            .find(|(_, l)| l.resources.iter().any(|r| r.uri == uri))
-            .or_else(|| {
-                live.iter()
-                    .find(|(_, l)| l.templates.iter().any(|(_, t)| t.matches(uri)))
-            })
-            .or_else(|| live.iter().find(|(_, l)| l.subscribe && l.modern));
-        match pick {
-            Some((u, _)) => Ok(((*u).clone(), uri.to_owned())),
+        match upstream::pick(&selected, uri) {
+            Some(u) => Ok((u.clone(), uri.to_owned())),
             None => Err(SourceError::NotFound { uri: uri.into() }),
         }
     }
@@ -178,21 +178,21 @@ impl Gateway {
         if !up.catalog().is_some_and(|l| l.modern) {
             return Err(SourceError::InvalidParams(format!(
                 "server {} does not speak MCP 2026-07-28, so its resources cannot be watched",
-                up.slug
+                up.name
             )));
         }
-        let key = format!("{}+{upstream_uri}", up.slug);
+        let key = format!("{}+{upstream_uri}", up.name);
         let mut shared = self.shared.lock().unwrap_or_else(|e| e.into_inner());
         shared.retain(|_, w| w.strong_count() > 0);
         if let Some(s) = shared.get(&key).and_then(Weak::upgrade) {
             return Ok((s, key));
         }
-        let prefix = format!("{}+", up.slug);
+        let prefix = format!("{}+", up.name);
         let per_slug = shared.keys().filter(|k| k.starts_with(&prefix)).count();
         if per_slug >= MAX_SHARED_PER_SLUG {
             return Err(SourceError::Unavailable(format!(
                 "server {} already has {MAX_SHARED_PER_SLUG} watched URIs through this gateway, its limit; stop a watch first",
-                up.slug
+                up.name
             )));
         }
         let (ack, acked) = tokio::sync::watch::channel(None);
@@ -248,7 +248,7 @@ async fn relay(
     stop: CancellationToken,
     ack: tokio::sync::watch::Sender<Option<bool>>,
 ) {
-    let mut failures = 0u32;
+    let mut backoff = RESUBSCRIBE;
     loop {
         let attempt = async {
             let live = up.live().await.map_err(|e| e.to_string())?;
@@ -305,22 +305,17 @@ async fn relay(
                 if live.conn.is_closed() {
                     up.reset(&live);
                 }
-                if since.elapsed() >= HEALTHY {
-                    failures = 0;
-                }
-                tracing::info!(slug = %up.slug, uri = %upstream_uri, "upstream subscription ended; resubscribing");
+                backoff.ran_for(since.elapsed());
+                tracing::info!(slug = %up.name, uri = %upstream_uri, "upstream subscription ended; resubscribing");
             }
             Err(e) => {
                 if ack.borrow().is_none() {
                     ack.send_replace(Some(false));
                 }
-                tracing::warn!(slug = %up.slug, uri = %upstream_uri, error = %e, "upstream subscription failed");
+                tracing::warn!(slug = %up.name, uri = %upstream_uri, error = %e, "upstream subscription failed");
             }
         }
-        let delay = RESUBSCRIBE_BASE
-            .saturating_mul(2u32.saturating_pow(failures.min(16)))
-            .min(RESUBSCRIBE_MAX);
-        failures += 1;
+        let delay = backoff.next_delay();
         tokio::select! {
             _ = stop.cancelled() => return,
             _ = tokio::time::sleep(delay) => {}
@@ -369,7 +364,7 @@ impl Source for Gateway {
         let selected = self.selected(caller);
         let lists: Vec<(String, Vec<Resource>)> = selected
             .iter()
-            .filter_map(|u| u.catalog().map(|l| (u.slug.clone(), l.resources.clone())))
+            .filter_map(|u| u.catalog().map(|l| (u.name.clone(), l.resources.clone())))
             .collect();
         let mut count: HashMap<String, usize> = HashMap::new();
         for (_, rs) in &lists {
@@ -397,7 +392,7 @@ impl Source for Gateway {
             for (t, _) in &l.templates {
                 out.push(ResourceTemplate::new(
                     t.clone(),
-                    format!("{} ({})", t, u.slug),
+                    format!("{} ({})", t, u.name),
                 ));
             }
         }
@@ -416,7 +411,7 @@ impl Source for Gateway {
         .map_err(|_| {
             SourceError::Unavailable(format!(
                 "server {} did not answer within {} s",
-                up.slug,
+                up.name,
                 REQUEST_TIMEOUT.as_secs()
             ))
         })?;
@@ -427,40 +422,21 @@ impl Source for Gateway {
                     up.reset(&live);
                     SourceError::Unavailable(format!(
                         "server {} is unavailable right now; try again shortly",
-                        up.slug
+                        up.name
                     ))
                 }));
             }
         };
-        let first = r.contents.into_iter().next().ok_or_else(|| {
-            SourceError::Unavailable(format!("server {} returned no contents", up.slug))
-        })?;
-        Ok(match first {
-            ResourceContents::TextResourceContents {
-                text, mime_type, ..
-            } => Contents {
-                mime_type: mime_type.unwrap_or_else(|| "text/plain".into()),
-                body: Body::Text(text),
-            },
-            ResourceContents::BlobResourceContents {
-                blob, mime_type, ..
-            } => {
-                use base64::Engine as _;
-                Contents {
-                    mime_type: mime_type.unwrap_or_else(|| "application/octet-stream".into()),
-                    body: Body::Blob(
-                        base64::engine::general_purpose::STANDARD
-                            .decode(blob)
-                            .unwrap_or_default(),
-                    ),
+        upstream::contents(r).map_err(|e| {
+            SourceError::Unavailable(match e {
+                upstream::ContentsError::Empty => {
+                    format!("server {} returned no contents", up.name)
                 }
-            }
-            _ => {
-                return Err(SourceError::Unavailable(format!(
+                upstream::ContentsError::Unsupported => format!(
                     "server {} returned contents of a kind the gateway does not relay",
-                    up.slug
-                )));
-            }
+                    up.name
+                ),
+            })
         })
     }
 
@@ -507,7 +483,7 @@ impl Source for Gateway {
             let Some(l) = u.catalog() else { continue };
             for t in &l.tools {
                 let mut t = t.clone();
-                t.name = prefixed(&u.slug, &t.name).into();
+                t.name = prefixed(&u.name, &t.name).into();
                 out.push(t);
             }
         }
@@ -584,14 +560,14 @@ impl Source for Gateway {
                 Ok(v) => {
                     for mut e in v["events"].as_array().cloned().unwrap_or_default() {
                         if let Some(n) = e["name"].as_str() {
-                            e["name"] = prefixed(&u.slug, n).into();
+                            e["name"] = prefixed(&u.name, n).into();
                         }
                         out.push(e);
                     }
                 }
                 Err(e) => {
                     EVENTS_LIST_FAILED.fetch_add(1, Ordering::Relaxed);
-                    tracing::error!(slug = %u.slug, error = %e, "events/list failed after the handshake advertised events");
+                    tracing::error!(slug = %u.name, error = %e, "events/list failed after the handshake advertised events");
                 }
             }
         }

@@ -1,8 +1,12 @@
-//! MCP server plumbing shared by every source: the [`Source`](source::Source) trait, the
-//! request's [`Caller`](caller::Caller), listen [`admission`], the listen hub and change feed, the event-log ring, the Events extension over those rings, and the rmcp
-//! handler that ties them together.
+//! MCP plumbing shared by every role. Server side: the [`Source`](source::Source) trait, the
+//! request's [`Caller`](caller::Caller), listen [`admission`], the listen hub and change feed,
+//! the event-log ring, the Events extension over those rings, and the rmcp handler that ties
+//! them together. Client side: [`upstream`] (one handle per upstream server: connection,
+//! catalog, the routing rule, the contents mapping), with [`template`] (RFC 6570 matching for
+//! routing) and [`backoff`] (the one retry pacing every role uses).
 
 pub mod admission;
+pub mod backoff;
 pub mod caller;
 pub mod conn;
 pub mod events;
@@ -11,3 +15,5 @@ pub mod metrics;
 pub mod ring;
 pub mod server;
 pub mod source;
+pub mod template;
+pub mod upstream;

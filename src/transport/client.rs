@@ -156,18 +156,10 @@ pub async fn connect<H: ClientHandler>(
                 })?;
             let stdin = child.stdin.take().expect("piped");
             let stdout = child.stdout.take().expect("piped");
-            let transport =
-                LineTransport::<RoleClient, _>::new(stdout, stdin, max_message_bytes, false);
-            let service = handler
-                .serve_with_lifecycle(transport, lifecycle())
-                .await
-                .map_err(handshake)?;
-            Ok(Connection {
-                service,
-                target: target.clone(),
-                _child: Some(child),
-                _quic: None,
-            })
+            let mut conn =
+                connect_stream(target.clone(), stdout, stdin, handler, max_message_bytes).await?;
+            conn._child = Some(child);
+            Ok(conn)
         }
         Target::Http(url) => {
             let mut config = StreamableHttpClientTransportConfig::with_uri(url.as_str());
@@ -211,4 +203,35 @@ pub async fn connect<H: ClientHandler>(
             })
         }
     }
+}
+
+/// Connects over an already-open byte stream in the stdio framing (newline-delimited
+/// JSON-RPC): a child's pipes, or an in-memory pipe to an in-process server. `target` only
+/// names the connection.
+pub async fn connect_stream<H, R, W>(
+    target: Target,
+    read: R,
+    write: W,
+    handler: H,
+    max_message_bytes: usize,
+) -> Result<Connection<H>, ConnectError>
+where
+    H: ClientHandler,
+    R: tokio::io::AsyncRead + Send + Unpin + 'static,
+    W: tokio::io::AsyncWrite + Send + Unpin + 'static,
+{
+    let transport = LineTransport::<RoleClient, _>::new(read, write, max_message_bytes, false);
+    let service = handler
+        .serve_with_lifecycle(transport, lifecycle())
+        .await
+        .map_err(|e| ConnectError::Handshake {
+            target: target.to_string(),
+            message: e.to_string(),
+        })?;
+    Ok(Connection {
+        service,
+        target,
+        _child: None,
+        _quic: None,
+    })
 }

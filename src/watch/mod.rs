@@ -1,14 +1,162 @@
 //! The watch client: routing, subscribe, diff, dedupe, debounce, persistence.
 //!
-//! Bottom-up: [`template`] (RFC 6570 matching for routing), [`events`] (state diff and
-//! event-log delivery), [`notice`] (default lines, dedupe, debounce), [`log`] (the NDJSON
-//! event log), [`manager`] (live subscriptions, one task per watch), [`sink`] (where
-//! `herald watch` sends notices). Independent of any sink, so the agent can reuse it.
+//! Bottom-up: [`events`] (state diff and event-log delivery) over [`raw`] (byte ranges of JSON
+//! items), [`notice`] (default lines, dedupe, debounce), [`log`] (the NDJSON event log),
+//! [`spec`] (config, specs, errors, notices), [`task`] (one running watch),
+//! [`filter_catalog`] (what Python sees), [`manager`] (start, stop, list, restore), [`sink`]
+//! (where `herald watch` sends notices), and [`run`], which wires them for `herald watch`,
+//! `herald up` and `herald code`. Servers are reached through the shared
+//! [`Upstream`](crate::mcp::upstream::Upstream). Independent of any sink, so the agent can
+//! reuse it.
 
 pub mod events;
+pub mod filter_catalog;
 pub mod log;
 pub mod manager;
 pub mod notice;
 pub mod raw;
 pub mod sink;
-pub mod template;
+pub mod spec;
+pub mod task;
+
+use std::sync::Arc;
+
+use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
+
+pub use manager::WatchManager;
+pub use spec::{Notice, Shape, WatchConfig, WatchError, WatchInfo, WatchSpec};
+
+use crate::filter::pool::{FilterPool, PoolConfig};
+use crate::mcp::upstream::{UNPACED, Upstream, UpstreamConfig};
+use crate::store::Store;
+use crate::transport::client::Target;
+use crate::transport::tls::ClientTrust;
+use crate::watch::log::WatchLog;
+use crate::watch::sink::Sink;
+
+/// Notices waiting for the sink; when full, watch tasks wait (a slow sink slows the watches,
+/// it never grows a queue).
+const NOTICE_QUEUE: usize = 64;
+
+/// How the watch client reaches a server: named by its target, and connecting whenever asked
+/// (no connect backoff of its own), since each watch paces its own resubscribes
+/// ([`WatchConfig::resubscribe_backoff`]) and a start or a filter's read should find a server
+/// that is back at once.
+pub fn upstream_config(
+    target: Target,
+    trust: ClientTrust,
+    max_message_bytes: usize,
+) -> UpstreamConfig {
+    UpstreamConfig {
+        backoff: UNPACED,
+        ..UpstreamConfig::new(target, trust, max_message_bytes)
+    }
+}
+
+/// A server of the watch client, as [`upstream_config`] describes.
+pub fn upstream(target: Target, trust: ClientTrust, max_message_bytes: usize) -> Arc<Upstream> {
+    Arc::new(Upstream::new(upstream_config(
+        target,
+        trust,
+        max_message_bytes,
+    )))
+}
+
+/// What a watch client runs with.
+pub struct WatchOptions {
+    pub config: WatchConfig,
+    /// The servers, in routing order.
+    pub servers: Vec<Arc<Upstream>>,
+    pub sink: Sink,
+    pub log: WatchLog,
+    /// `--watch-state`: specs are saved here on every start and stop and restored at start.
+    pub store: Option<Store>,
+    /// Worker processes for `on_event` filters; `None` runs no Python.
+    pub filters: Option<PoolConfig>,
+    /// Watches to start (after the restore). One restored with the same name and URI is
+    /// kept, unless this one brings a filter, which replaces it.
+    pub watches: Vec<WatchSpec>,
+    /// Whether a watch in `watches` that cannot start ends the run with [`StartFailed`]
+    /// (`herald watch`); otherwise it is logged and the rest run (`herald up`'s demo).
+    pub require_watches: bool,
+}
+
+/// A watch of [`WatchOptions::watches`] could not start.
+#[derive(Debug, thiserror::Error)]
+#[error("watch {name} ({uri}) cannot start: {error}")]
+pub struct StartFailed {
+    pub name: String,
+    pub uri: String,
+    pub error: WatchError,
+}
+
+/// Runs a watch client: its sink, its manager (with the filter pool and the store), a first
+/// connect to every server, the restore, the watches to start; then `session` (code mode's
+/// snippets; `herald watch` installs its signal handlers there), and, if `session` says to
+/// keep going, waits for `shutdown`. Then it stops every watch (flushing what each holds) and
+/// lets the sink deliver the last notices before it returns.
+pub async fn run<S>(
+    opts: WatchOptions,
+    shutdown: CancellationToken,
+    session: S,
+) -> Result<(), StartFailed>
+where
+    S: AsyncFnOnce(&WatchManager) -> bool,
+{
+    let (tx, rx) = mpsc::channel(NOTICE_QUEUE);
+    let sink_task = tokio::spawn(sink::run(opts.sink, rx));
+    let manager = WatchManager::new(opts.config, opts.servers, tx, opts.log, opts.store);
+    if let Some(pool) = opts.filters {
+        manager.set_filters(FilterPool::new(pool));
+    }
+    for (target, e) in manager.connect_all().await {
+        tracing::warn!(server = %target, error = %e, "server not reachable yet; retried when a watch needs it");
+    }
+    manager.restore().await;
+    let failure = start_all(&manager, opts.watches, opts.require_watches).await;
+    if failure.is_none() && session(&manager).await {
+        shutdown.cancelled().await;
+    }
+    manager.shutdown().await;
+    drop(manager);
+    let _ = sink_task.await;
+    failure.map_or(Ok(()), Err)
+}
+
+/// Starts `watches` in order; the first failure ends it when `required`.
+async fn start_all(
+    manager: &WatchManager,
+    watches: Vec<WatchSpec>,
+    required: bool,
+) -> Option<StartFailed> {
+    let restored: Vec<(String, String)> = manager
+        .watch_list()
+        .into_iter()
+        .filter(|w| !w.restore_failed && !w.failed)
+        .map(|w| (w.name, w.uri))
+        .collect();
+    for w in watches {
+        if restored.iter().any(|(n, u)| *n == w.name && *u == w.uri) {
+            if w.on_event.is_none() {
+                continue; // restored from --watch-state already
+            }
+            // Restored, but this start brings its filter: run that one.
+            manager.watch_stop(&w.name).await;
+        }
+        if let Err(error) = manager
+            .watch_start(&w.name, &w.uri, w.on_event.as_deref())
+            .await
+        {
+            if required {
+                return Some(StartFailed {
+                    name: w.name,
+                    uri: w.uri,
+                    error,
+                });
+            }
+            tracing::warn!(watch = %w.name, %error, "watch did not start");
+        }
+    }
+    None
+}

@@ -11,12 +11,13 @@ use tokio::io::AsyncWriteExt;
 use tokio::sync::mpsc;
 use tokio_util::task::TaskTracker;
 
-use crate::watch::manager::Notice;
+use crate::mcp::backoff::Backoff;
+use crate::watch::spec::Notice;
 
 /// Delivery attempts for --exec and --webhook before a notice is given up (and logged).
 const ATTEMPTS: u32 = 4;
-/// First retry delay; doubles.
-const RETRY_BASE: Duration = Duration::from_millis(500);
+/// Retry delays: 500 ms, doubling.
+const RETRY: Backoff = Backoff::new(Duration::from_millis(500), Duration::MAX);
 /// Notices queued per watch for --exec before the watch waits.
 const PER_WATCH_QUEUE: usize = 16;
 /// Longest one --exec run may take before it is killed and counted as a failure.
@@ -83,14 +84,13 @@ where
     F: FnMut() -> Fut,
     Fut: Future<Output = Result<(), String>>,
 {
-    let mut delay = RETRY_BASE;
+    let mut backoff = RETRY;
     for attempt in 1..=ATTEMPTS {
         match once().await {
             Ok(()) => return,
             Err(e) if attempt < ATTEMPTS => {
                 tracing::warn!(watch = %n.watch, attempt, error = %e, "notice delivery failed; retrying");
-                tokio::time::sleep(delay).await;
-                delay *= 2;
+                tokio::time::sleep(backoff.next_delay()).await;
             }
             Err(e) => {
                 tracing::error!(watch = %n.watch, error = %e, notice = %n.text,

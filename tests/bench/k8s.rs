@@ -18,7 +18,7 @@ use std::time::{Duration, Instant};
 
 use herald::transport::client::{Target, client_config, connect};
 use herald::watch::log::WatchLog;
-use herald::watch::manager::{Server, WatchConfig, WatchManager};
+use herald::watch::{WatchConfig, WatchManager};
 use kube_fake::FakeApi;
 use rmcp::model::SubscriptionFilter;
 use serde_json::json;
@@ -138,7 +138,11 @@ async fn through_herald(api: &FakeApi, kubeconfig: &str, n: usize) -> (f64, u64)
     cfg.debounce.max_lines = usize::MAX;
     let mgr = WatchManager::new(
         cfg,
-        vec![Server::new(Target::Http(url), Default::default(), 64 << 20)],
+        vec![herald::watch::upstream(
+            Target::Http(url),
+            Default::default(),
+            64 << 20,
+        )],
         tx,
         WatchLog::silent(),
         None,

@@ -10,7 +10,7 @@ use herald::source::memo::Memo;
 use herald::store::{Store, Table};
 use herald::transport::client::Target;
 use herald::watch::log::WatchLog;
-use herald::watch::manager::{Notice, Server, WatchConfig, WatchError, WatchManager};
+use herald::watch::{Notice, WatchConfig, WatchError, WatchManager};
 use serde_json::json;
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
@@ -56,7 +56,7 @@ fn manager(
     store: Option<Store>,
 ) -> (WatchManager, mpsc::Receiver<Notice>) {
     let (tx, rx) = mpsc::channel(64);
-    let servers = vec![Server::new(
+    let servers = vec![herald::watch::upstream(
         Target::Http(url.to_owned()),
         Default::default(),
         4 << 20,

@@ -16,6 +16,7 @@ use tokio::io::AsyncReadExt;
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
+use crate::mcp::backoff::Backoff;
 use crate::mcp::hub::ChangeFeed;
 use crate::mcp::ring::EventRing;
 use crate::mcp::source::{Contents, SourceError};
@@ -30,6 +31,8 @@ pub const SEED_TIMEOUT: Duration = Duration::from_secs(20);
 /// First reconnect delay; it doubles after each short-lived watch, up to [`MAX_BACKOFF`].
 pub const BASE_BACKOFF: Duration = Duration::from_millis(200);
 pub const MAX_BACKOFF: Duration = Duration::from_secs(30);
+/// The reconnect delays, indexed by the short runs counted below.
+const RECONNECT: Backoff = Backoff::new(BASE_BACKOFF, MAX_BACKOFF);
 /// A watch that lasted this long resets the backoff.
 const HEALTHY: Duration = Duration::from_secs(10);
 
@@ -120,12 +123,6 @@ struct Task {
     known: Option<Known>,
 }
 
-fn backoff(short_runs: u32) -> Duration {
-    BASE_BACKOFF
-        .saturating_mul(2u32.saturating_pow(short_runs.min(16)))
-        .min(MAX_BACKOFF)
-}
-
 impl Task {
     fn push(&self, c: Change) {
         let mut f = Map::new();
@@ -174,7 +171,7 @@ impl Task {
                     }
                     self.error(format!("listing failed: {e}; retrying"));
                     short_runs += 1;
-                    if self.pause(backoff(short_runs)).await {
+                    if self.pause(RECONNECT.delay(short_runs)).await {
                         return;
                     }
                     continue;
@@ -193,7 +190,10 @@ impl Task {
             } else {
                 short_runs + 1
             };
-            if self.pause(backoff(short_runs.saturating_sub(1))).await {
+            if self
+                .pause(RECONNECT.delay(short_runs.saturating_sub(1)))
+                .await
+            {
                 return;
             }
         }

@@ -1,0 +1,562 @@
+//! The client side of upstream MCP servers, shared by every role that talks to servers: the
+//! watch client, the gateway, and later the agent. One [`Upstream`] per server keeps one
+//! connection (shared by everything that uses the server), re-made on demand after it breaks,
+//! at most one connect at a time and not before its [`Backoff`] allows; a stdio upstream can be
+//! a supervised child, started again when it exits. Each connect refreshes the server's
+//! [`Catalog`]; [`route`] is the one rule that picks the server for a URI, and [`contents`] the
+//! one mapping of a read's result into herald's [`Contents`](crate::mcp::source::Contents).
+//!
+//! What each role does with a failure stays the role's: this module returns [`Unavailable`]
+//! with the reason, and the role decides what its caller may learn.
+
+mod catalog;
+mod relay;
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use futures::FutureExt;
+use futures::future::{BoxFuture, Shared};
+use rmcp::model::{ClientRequest, CustomRequest, ErrorData, ServerResult};
+use serde_json::Value;
+use tokio_util::sync::CancellationToken;
+
+pub use catalog::{Catalog, ContentsError, contents, is_read_only, route};
+pub use relay::{Relay, Relaying};
+
+use crate::mcp::backoff::Backoff;
+use crate::mcp::source::SourceError;
+use crate::transport::client::{ConnectError, Connection, Target, connect};
+use crate::transport::tls::ClientTrust;
+
+/// Longest one request to an upstream may take (a read, a listen's acknowledgment, a tool
+/// call, a custom request), and the watch client's connect bound.
+pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// Reconnect pacing unless configured otherwise: 250 ms doubling to 30 s, reset by a
+/// connection that stayed up 10 s (one that fails soon after its handshake, a crash loop,
+/// keeps it growing).
+pub const RECONNECT: Backoff =
+    Backoff::new(Duration::from_millis(250), Duration::from_secs(30)).reset_after(HEALTHY);
+
+/// No pacing: connect whenever asked. For a caller that paces its own retries (each of the
+/// watch client's watches resubscribes with its own backoff).
+pub const UNPACED: Backoff = Backoff::new(Duration::ZERO, Duration::ZERO);
+
+/// A connection (or subscription) that lived this long counts as healthy.
+pub const HEALTHY: Duration = Duration::from_secs(10);
+
+/// How to reach one upstream and how to keep it.
+#[derive(Debug, Clone)]
+pub struct UpstreamConfig {
+    /// What logs and messages call it; its listing entries' `server`.
+    pub name: String,
+    pub target: Target,
+    pub trust: ClientTrust,
+    /// Largest message accepted from it.
+    pub max_message_bytes: usize,
+    /// Longest one connect (handshake plus catalog) may take.
+    pub connect_timeout: Duration,
+    /// Pacing of connects after a failed one.
+    pub backoff: Backoff,
+    /// For a stdio target: keep the child running, starting it again (paced by `backoff`)
+    /// whenever it exits, until this is cancelled. `None`: a child lives as long as its
+    /// connection.
+    pub supervise: Option<CancellationToken>,
+}
+
+impl UpstreamConfig {
+    /// Named after its target, connects bounded by [`REQUEST_TIMEOUT`], paced by
+    /// [`RECONNECT`], no supervision.
+    pub fn new(target: Target, trust: ClientTrust, max_message_bytes: usize) -> UpstreamConfig {
+        UpstreamConfig {
+            name: target.to_string(),
+            target,
+            trust,
+            max_message_bytes,
+            connect_timeout: REQUEST_TIMEOUT,
+            backoff: RECONNECT,
+            supervise: None,
+        }
+    }
+}
+
+/// No connection to an upstream now: a connect failed, or the next one is not due yet.
+/// `detail` is the last connect's failure; it may name command lines and hosts, so a role
+/// that serves untrusted callers logs it rather than passing it on.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{detail}")]
+pub struct Unavailable {
+    pub name: String,
+    pub detail: String,
+}
+
+impl From<Unavailable> for SourceError {
+    /// What a served caller (the gateway's) learns: that the server is down, not why.
+    fn from(e: Unavailable) -> SourceError {
+        SourceError::Unavailable(format!(
+            "server {} is unavailable right now; the gateway is reconnecting to it, try again shortly",
+            e.name
+        ))
+    }
+}
+
+/// An upstream's JSON-RPC error, passed on unchanged; a transport failure is `None`.
+pub fn upstream_error(e: rmcp::ServiceError) -> Option<SourceError> {
+    match e {
+        rmcp::ServiceError::McpError(ErrorData {
+            code,
+            message,
+            data,
+        }) => Some(SourceError::Upstream {
+            code: code.0,
+            message: message.into_owned(),
+            data,
+        }),
+        _ => None,
+    }
+}
+
+/// A connected upstream and what it offered when it connected. Derefs to its [`Catalog`].
+pub struct Live {
+    pub conn: Connection<Relay>,
+    pub catalog: Arc<Catalog>,
+    /// Which connect this is (a supervisor clears only its own).
+    generation: u64,
+}
+
+impl std::ops::Deref for Live {
+    type Target = Catalog;
+    fn deref(&self) -> &Catalog {
+        &self.catalog
+    }
+}
+
+/// Opens a connection some other way than [`connect`] (tests: an in-process server over an
+/// in-memory pipe).
+pub type Dialer = Arc<
+    dyn Fn(Relay) -> Pin<Box<dyn Future<Output = Result<Connection<Relay>, ConnectError>> + Send>>
+        + Send
+        + Sync,
+>;
+
+/// A connect in progress, shared by everyone waiting for it.
+type Attempt = Shared<BoxFuture<'static, Result<Arc<Live>, Unavailable>>>;
+
+struct Pacing {
+    backoff: Backoff,
+    /// No connect before this (set by a failure).
+    next: Option<Instant>,
+    last_error: String,
+    /// When the current connection came up.
+    up_since: Option<Instant>,
+}
+
+/// One upstream server: its connection, its last catalog, its reconnect pacing.
+pub struct Upstream {
+    pub name: String,
+    pub target: Target,
+    trust: ClientTrust,
+    max_message_bytes: usize,
+    connect_timeout: Duration,
+    supervise: Option<CancellationToken>,
+    dialer: Option<Dialer>,
+    live: Mutex<Option<Arc<Live>>>,
+    /// The last connection's catalog, kept while reconnecting.
+    catalog: Mutex<Option<Arc<Catalog>>>,
+    attempt: Mutex<Option<Attempt>>,
+    pacing: Mutex<Pacing>,
+    generation: AtomicU64,
+    /// The connections' client handler: register a call's progress relay here.
+    pub relay: Relay,
+}
+
+/// Picks among `upstreams` by [`route`], over their last-known catalogs (one that has never
+/// connected has none and is skipped).
+pub fn pick<'a>(upstreams: &'a [Arc<Upstream>], uri: &str) -> Option<&'a Arc<Upstream>> {
+    let known: Vec<(&Arc<Upstream>, Arc<Catalog>)> = upstreams
+        .iter()
+        .filter_map(|u| u.catalog().map(|c| (u, c)))
+        .collect();
+    let catalogs: Vec<&Catalog> = known.iter().map(|(_, c)| &**c).collect();
+    route(&catalogs, uri).map(|i| known[i].0)
+}
+
+impl Upstream {
+    pub fn new(cfg: UpstreamConfig) -> Upstream {
+        Upstream {
+            name: cfg.name,
+            target: cfg.target,
+            trust: cfg.trust,
+            max_message_bytes: cfg.max_message_bytes,
+            connect_timeout: cfg.connect_timeout,
+            supervise: cfg.supervise,
+            dialer: None,
+            live: Mutex::new(None),
+            catalog: Mutex::new(None),
+            attempt: Mutex::new(None),
+            pacing: Mutex::new(Pacing {
+                backoff: cfg.backoff,
+                next: None,
+                last_error: String::new(),
+                up_since: None,
+            }),
+            generation: AtomicU64::new(0),
+            relay: Relay::default(),
+        }
+    }
+
+    /// An upstream that connects through `dialer` instead of its target (which still names
+    /// it in messages).
+    pub fn dialing(cfg: UpstreamConfig, dialer: Dialer) -> Upstream {
+        Upstream {
+            dialer: Some(dialer),
+            ..Upstream::new(cfg)
+        }
+    }
+
+    /// The current connection, if any (never waits, never connects).
+    pub fn cached(&self) -> Option<Arc<Live>> {
+        self.live
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+            .filter(|l| !l.conn.is_closed())
+    }
+
+    /// The catalog of the last connection, even while reconnecting.
+    pub fn catalog(&self) -> Option<Arc<Catalog>> {
+        self.catalog
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
+
+    /// Whether a connect is under way.
+    pub fn connecting(&self) -> bool {
+        self.attempt
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .is_some()
+    }
+
+    /// A live connection: the current one, or a new one (at most one connect at a time, and
+    /// not before the backoff after a failure has passed).
+    ///
+    /// Boxed: a supervisor started by a connect calls this again, and the future's type must
+    /// not contain itself.
+    pub fn live(self: &Arc<Self>) -> BoxFuture<'_, Result<Arc<Live>, Unavailable>> {
+        Box::pin(async move {
+            if let Some(l) = self.cached() {
+                return Ok(l);
+            }
+            // One connect at a time, run in a task of its own: a caller that gives up (a 3 s
+            // events probe, a client that went away) never cancels it half-way.
+            let attempt = {
+                let mut g = self.attempt.lock().unwrap_or_else(|e| e.into_inner());
+                match g.as_ref() {
+                    Some(a) => a.clone(),
+                    None => {
+                        let me = self.clone();
+                        let name = self.name.clone();
+                        let a = async move {
+                            tokio::spawn(me.connect_once()).await.unwrap_or_else(|e| {
+                                Err(Unavailable {
+                                    name,
+                                    detail: format!("the connect task failed: {e}"),
+                                })
+                            })
+                        }
+                        .boxed()
+                        .shared();
+                        *g = Some(a.clone());
+                        a
+                    }
+                }
+            };
+            attempt.await
+        })
+    }
+
+    fn unavailable(&self, detail: String) -> Unavailable {
+        Unavailable {
+            name: self.name.clone(),
+            detail,
+        }
+    }
+
+    async fn connect_once(self: Arc<Self>) -> Result<Arc<Live>, Unavailable> {
+        let r = async {
+            if let Some(l) = self.cached() {
+                return Ok(l);
+            }
+            {
+                let p = self.pacing.lock().unwrap_or_else(|e| e.into_inner());
+                if p.next.is_some_and(|next| Instant::now() < next) {
+                    return Err(self.unavailable(p.last_error.clone()));
+                }
+            }
+            match tokio::time::timeout(self.connect_timeout, self.open()).await {
+                Ok(Ok(live)) => {
+                    let live = Arc::new(live);
+                    *self.live.lock().unwrap_or_else(|e| e.into_inner()) = Some(live.clone());
+                    *self.catalog.lock().unwrap_or_else(|e| e.into_inner()) =
+                        Some(live.catalog.clone());
+                    let mut p = self.pacing.lock().unwrap_or_else(|e| e.into_inner());
+                    p.next = None;
+                    p.up_since = Some(Instant::now());
+                    tracing::info!(upstream = %self.name, tools = live.tools.len(), resources = live.resources.len(),
+                                   templates = live.templates.len(), events = live.events, "upstream connected");
+                    Ok(live)
+                }
+                Ok(Err(e)) => Err(self.failed(e)),
+                Err(_) => Err(self.failed(format!(
+                    "{}: no answer to the handshake within {} s",
+                    self.target,
+                    self.connect_timeout.as_secs()
+                ))),
+            }
+        }
+        .await;
+        *self.attempt.lock().unwrap_or_else(|e| e.into_inner()) = None;
+        r
+    }
+
+    /// Records a failed connect (or an exited child): the next connect waits for the backoff.
+    fn failed(&self, error: String) -> Unavailable {
+        let mut p = self.pacing.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(t) = p.up_since.take() {
+            p.backoff.ran_for(t.elapsed());
+        }
+        let delay = p.backoff.next_delay();
+        p.next = Some(Instant::now() + delay);
+        if p.last_error != error || p.backoff.failures() == 1 {
+            tracing::warn!(upstream = %self.name, %error, retry_ms = delay.as_millis() as u64, "upstream unavailable");
+        }
+        p.last_error = error.clone();
+        self.unavailable(error)
+    }
+
+    /// When the next connect may be tried.
+    fn retry_in(&self) -> Duration {
+        let p = self.pacing.lock().unwrap_or_else(|e| e.into_inner());
+        p.next.map_or(p.backoff.delay(0), |n| {
+            n.saturating_duration_since(Instant::now())
+                .max(Duration::from_millis(10))
+        })
+    }
+
+    /// Forgets `failed` (a connection that broke) so the next use reconnects.
+    pub fn reset(&self, failed: &Arc<Live>) {
+        let mut live = self.live.lock().unwrap_or_else(|e| e.into_inner());
+        if live.as_ref().is_some_and(|l| Arc::ptr_eq(l, failed)) {
+            *live = None;
+        }
+    }
+
+    /// Forgets connection `generation` (its process exited).
+    fn forget(&self, generation: u64) {
+        let mut live = self.live.lock().unwrap_or_else(|e| e.into_inner());
+        if live.as_ref().is_some_and(|l| l.generation == generation) {
+            *live = None;
+        }
+    }
+
+    async fn open(self: &Arc<Self>) -> Result<Live, String> {
+        let relay = self.relay.clone();
+        let conn = match &self.dialer {
+            Some(dial) => dial(relay).await,
+            None => connect(&self.target, &self.trust, relay, self.max_message_bytes).await,
+        };
+        let mut conn = conn.map_err(|e| e.to_string())?;
+        let catalog = Arc::new(Catalog::fetch(&conn, &self.name).await);
+        let generation = self.generation.fetch_add(1, Ordering::Relaxed);
+        if let Some(shutdown) = &self.supervise
+            && let Some(child) = conn.take_child()
+        {
+            self.supervise(child, generation, shutdown.clone());
+        }
+        Ok(Live {
+            conn,
+            catalog,
+            generation,
+        })
+    }
+
+    /// A supervised child: when it exits, it is started again, with backoff, whether or not
+    /// anyone is using it (a new connect supervises the new child).
+    fn supervise(
+        self: &Arc<Self>,
+        mut child: tokio::process::Child,
+        generation: u64,
+        shutdown: CancellationToken,
+    ) {
+        let weak = Arc::downgrade(self);
+        tokio::spawn(async move {
+            tokio::select! {
+                _ = shutdown.cancelled() => return,
+                status = child.wait() => {
+                    if let Some(up) = weak.upgrade() {
+                        up.forget(generation);
+                        up.failed(format!("the process exited ({status:?}); restarting it"));
+                    }
+                }
+            }
+            loop {
+                let Some(up) = weak.upgrade() else { return };
+                let delay = up.retry_in();
+                drop(up);
+                tokio::select! {
+                    _ = shutdown.cancelled() => return,
+                    _ = tokio::time::sleep(delay) => {}
+                }
+                let Some(up) = weak.upgrade() else { return };
+                if up.live().await.is_ok() {
+                    return;
+                }
+            }
+        });
+    }
+
+    /// Sends a custom request (`events/list`, `events/poll`) and returns its result object.
+    pub async fn custom(
+        self: &Arc<Self>,
+        method: &str,
+        params: Value,
+    ) -> Result<Value, SourceError> {
+        self.custom_within(method, params, REQUEST_TIMEOUT).await
+    }
+
+    /// [`Upstream::custom`] with its own time bound.
+    pub async fn custom_within(
+        self: &Arc<Self>,
+        method: &str,
+        params: Value,
+        bound: Duration,
+    ) -> Result<Value, SourceError> {
+        let live = self.live().await?;
+        let req = ClientRequest::CustomRequest(CustomRequest::new(method, Some(params)));
+        match tokio::time::timeout(bound, live.conn.send_request(req)).await {
+            Err(_) => Err(SourceError::Unavailable(format!(
+                "server {} did not answer {method} within {} s",
+                self.name,
+                bound.as_secs()
+            ))),
+            Ok(Ok(ServerResult::CustomResult(r))) => Ok(r.0),
+            Ok(Ok(other)) => Ok(serde_json::to_value(other).unwrap_or(Value::Null)),
+            Ok(Err(e)) => match upstream_error(e) {
+                Some(e) => Err(e),
+                None => {
+                    self.reset(&live);
+                    Err(self.unavailable(String::new()).into())
+                }
+            },
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::AtomicUsize;
+
+    use crate::testing::{MemoServer, down_upstream};
+
+    #[tokio::test]
+    async fn a_connect_fetches_the_catalog_and_routing_uses_it() {
+        let memo = MemoServer::start().await;
+        let up = memo.upstream();
+        assert!(
+            up.catalog().is_none(),
+            "nothing known before the first connect"
+        );
+        assert!(pick(std::slice::from_ref(&up), "memo://notes").is_none());
+        let live = up.live().await.unwrap();
+        assert!(live.modern && live.subscribe && live.events);
+        assert!(live.lists("memo://notes") && live.lists("memo://log"));
+        assert_eq!(live.read_only("memo_set"), Some(false));
+        assert_eq!(
+            live.listing.len(),
+            live.resources.len() + live.templates.len()
+        );
+        let down = down_upstream(Arc::new(AtomicUsize::new(0)));
+        let both = [down, up.clone()];
+        assert!(Arc::ptr_eq(pick(&both, "memo://notes").unwrap(), &up));
+        // The memo source is modern and subscribable: the fallback for an unlisted URI.
+        assert!(Arc::ptr_eq(pick(&both, "other://x").unwrap(), &up));
+        assert!(
+            Arc::ptr_eq(&up.live().await.unwrap(), &live),
+            "one connection, shared"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_failed_connect_is_not_retried_before_its_backoff() {
+        let attempts = Arc::new(AtomicUsize::new(0));
+        let up = down_upstream(attempts.clone());
+        let e = up.live().await.err().unwrap();
+        assert!(e.detail.contains("connection refused"), "{e}");
+        assert_eq!(attempts.load(Ordering::SeqCst), 1);
+        // Within the backoff (250 ms) the next use is refused without dialing, with the reason.
+        let again = up.live().await.err().unwrap();
+        assert_eq!(again, e);
+        assert_eq!(attempts.load(Ordering::SeqCst), 1);
+        assert!(!up.connecting());
+        // What a served caller learns names the server, not the reason.
+        let SourceError::Unavailable(m) = SourceError::from(e) else {
+            panic!("unavailable")
+        };
+        assert!(
+            m.contains("http://down/mcp") && !m.contains("refused"),
+            "{m}"
+        );
+    }
+
+    #[tokio::test]
+    async fn callers_at_once_share_one_connect() {
+        let memo = MemoServer::start().await;
+        let dials = Arc::new(AtomicUsize::new(0));
+        let inner = memo.dialer();
+        let counted: Dialer = {
+            let dials = dials.clone();
+            Arc::new(move |relay| {
+                dials.fetch_add(1, Ordering::SeqCst);
+                inner(relay)
+            })
+        };
+        let up = Arc::new(Upstream::dialing(
+            UpstreamConfig::new(Target::Stdio("m".into()), Default::default(), 1 << 20),
+            counted,
+        ));
+        let (a, b, c) = tokio::join!(up.live(), up.live(), up.live());
+        let (a, b, c) = (a.unwrap(), b.unwrap(), c.unwrap());
+        assert!(Arc::ptr_eq(&a, &b) && Arc::ptr_eq(&b, &c));
+        assert_eq!(dials.load(Ordering::SeqCst), 1);
+    }
+
+    #[tokio::test]
+    async fn a_broken_connection_is_replaced_and_the_catalog_kept_meanwhile() {
+        let memo = MemoServer::start().await;
+        let up = memo.upstream();
+        let first = up.live().await.unwrap();
+        memo.drop_connections();
+        tokio::time::timeout(Duration::from_secs(5), async {
+            while !first.conn.is_closed() {
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+        })
+        .await
+        .expect("the connection ends");
+        assert!(up.cached().is_none());
+        assert!(up.catalog().is_some(), "routing keeps the server's URIs");
+        let second = up.live().await.unwrap();
+        assert!(!Arc::ptr_eq(&first, &second));
+        // `reset` forgets a connection a caller found broken; the next use connects again.
+        up.reset(&second);
+        let third = up.live().await.unwrap();
+        assert!(!Arc::ptr_eq(&second, &third));
+    }
+}

@@ -1,0 +1,332 @@
+//! [`FilterCatalog`]: what Python sees. `on_event` filters get `read_resource`,
+//! `list_resources` and the read-only tools of the watch client's servers; code mode gets the
+//! same catalog with mutating tools and the watch built-ins (`watch_start`, `watch_stop`,
+//! `watch_list`) allowed. Filters see those too, only so that calling one raises a clear
+//! `PermissionError` instead of a `NameError`.
+
+use std::sync::Arc;
+
+use serde_json::{Map, Value, json};
+
+use crate::filter::engine::{HostError, PyExc};
+use crate::filter::pool::Catalog as FilterHost;
+use crate::mcp::upstream::{REQUEST_TIMEOUT, Upstream, pick};
+use crate::watch::manager::WatchManager;
+use crate::watch::task::read;
+
+/// What filters may call: `read_resource`, `list_resources`, and the read-only tools of the
+/// connected servers. Mutating tools and the watch built-ins are named too, so that calling
+/// one raises a clear `PermissionError` instead of a `NameError`.
+pub(super) struct FilterCatalog {
+    pub(super) servers: Vec<Arc<Upstream>>,
+    /// Set in code mode: mutating tools and the watch built-ins are allowed.
+    pub(super) code: Option<WatchManager>,
+}
+
+const WATCH_BUILTINS: [&str; 3] = ["watch_start", "watch_stop", "watch_list"];
+
+fn py_err(kind: PyExc, message: String) -> HostError {
+    HostError::new(kind, message)
+}
+
+#[async_trait::async_trait]
+impl FilterHost for FilterCatalog {
+    fn functions(&self) -> Vec<String> {
+        let mut names: Vec<String> = vec!["read_resource".into(), "list_resources".into()];
+        names.extend(WATCH_BUILTINS.iter().map(|s| s.to_string()));
+        for c in self.servers.iter().filter_map(|s| s.catalog()) {
+            names.extend(c.tools.iter().map(|t| t.name.to_string()));
+        }
+        names.sort();
+        names.dedup();
+        names
+    }
+
+    async fn call(
+        &self,
+        name: &str,
+        args: Vec<Value>,
+        kwargs: Map<String, Value>,
+    ) -> Result<Value, HostError> {
+        if let Some(mgr) = &self.code
+            && WATCH_BUILTINS.contains(&name)
+        {
+            let arg = |k: &str, i: usize| kwargs.get(k).or_else(|| args.get(i)).cloned();
+            return match name {
+                "watch_start" => {
+                    let (Some(Value::String(n)), Some(Value::String(u))) =
+                        (arg("name", 0), arg("uri", 1))
+                    else {
+                        return Err(py_err(
+                            PyExc::ValueError,
+                            "watch_start needs name=\"...\" and uri=\"...\"".into(),
+                        ));
+                    };
+                    let on_event = match arg("on_event", 2) {
+                        None | Some(Value::Null) => None,
+                        Some(Value::String(code)) => Some(code),
+                        Some(other) => {
+                            return Err(py_err(
+                                PyExc::TypeError,
+                                format!(
+                                    "on_event must be Python source text (a str), not {other}; pass the code as a string"
+                                ),
+                            ));
+                        }
+                    };
+                    let info = mgr
+                        .watch_start(&n, &u, on_event.as_deref())
+                        .await
+                        .map_err(|e| py_err(PyExc::ValueError, e.to_string()))?;
+                    Ok(json!({"name": info.name, "uri": info.uri, "shape": info.shape}))
+                }
+                "watch_stop" => {
+                    let Some(Value::String(n)) = arg("name", 0) else {
+                        return Err(py_err(
+                            PyExc::ValueError,
+                            "watch_stop needs name=\"...\"".into(),
+                        ));
+                    };
+                    Ok(Value::Bool(mgr.watch_stop(&n).await))
+                }
+                _ => Ok(serde_json::to_value(mgr.watch_list()).unwrap_or_default()),
+            };
+        }
+        if WATCH_BUILTINS.contains(&name) {
+            return Err(py_err(
+                PyExc::PermissionError,
+                format!(
+                    "{name} is not available in filters: a filter cannot start or stop watches"
+                ),
+            ));
+        }
+        match name {
+            "read_resource" => {
+                let uri = kwargs
+                    .get("uri")
+                    .or_else(|| args.first())
+                    .and_then(Value::as_str)
+                    .ok_or_else(|| {
+                        py_err(PyExc::ValueError, "read_resource needs uri=\"...\"".into())
+                    })?;
+                let server = pick(&self.servers, uri).cloned().ok_or_else(|| {
+                    py_err(
+                        PyExc::ValueError,
+                        format!("no connected server serves {uri}"),
+                    )
+                })?;
+                let conn = server
+                    .live()
+                    .await
+                    .map_err(|e| py_err(PyExc::RuntimeError, e.to_string()))?;
+                let r = read(&conn, &server, uri)
+                    .await
+                    .map_err(|e| py_err(PyExc::RuntimeError, e.to_string()))?;
+                Ok(serde_json::from_str(&r.text).unwrap_or(Value::String(r.text)))
+            }
+            "list_resources" => {
+                let mut all = Vec::new();
+                for c in self.servers.iter().filter_map(|s| s.catalog()) {
+                    all.extend(c.listing.iter().cloned());
+                }
+                Ok(Value::Array(all))
+            }
+            tool => {
+                let owner = self.servers.iter().find_map(|s| {
+                    let ro = s.catalog()?.read_only(tool)?;
+                    Some((s.clone(), ro))
+                });
+                let Some((server, read_only)) = owner else {
+                    return Err(py_err(
+                        PyExc::ValueError,
+                        format!("no connected server has a tool named {tool}"),
+                    ));
+                };
+                if !read_only && self.code.is_none() {
+                    return Err(py_err(
+                        PyExc::PermissionError,
+                        format!(
+                            "{tool} is a mutating tool (not annotated readOnlyHint): filters are read-only"
+                        ),
+                    ));
+                }
+                if !args.is_empty() {
+                    return Err(py_err(
+                        PyExc::ValueError,
+                        format!("call {tool} with keyword arguments, e.g. {tool}(name=...)"),
+                    ));
+                }
+                let conn = server
+                    .live()
+                    .await
+                    .map_err(|e| py_err(PyExc::RuntimeError, e.to_string()))?;
+                let params =
+                    rmcp::model::CallToolRequestParams::new(tool.to_owned()).with_arguments(kwargs);
+                let r = tokio::time::timeout(REQUEST_TIMEOUT, conn.conn.call_tool(params))
+                    .await
+                    .map_err(|_| py_err(PyExc::TimeoutError, format!("{tool} took too long")))?
+                    .map_err(|e| py_err(PyExc::RuntimeError, e.to_string()))?;
+                let text: Vec<String> = r
+                    .content
+                    .iter()
+                    .filter_map(|c| c.as_text().map(|t| t.text.clone()))
+                    .collect();
+                if r.is_error == Some(true) {
+                    return Err(py_err(
+                        PyExc::RuntimeError,
+                        format!("{tool} failed: {}", text.join(" ")),
+                    ));
+                }
+                if let Some(v) = r.structured_content {
+                    return Ok(v);
+                }
+                let text = text.join("\n");
+                Ok(serde_json::from_str(&text).unwrap_or(Value::String(text)))
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    use tokio::sync::mpsc;
+
+    use crate::testing::MemoServer;
+    use crate::watch::log::WatchLog;
+    use crate::watch::spec::WatchConfig;
+
+    /// The catalog in filter mode (`code: false`) or code mode, over a connected memo source.
+    async fn catalog(memo: &MemoServer, code: bool) -> (FilterCatalog, WatchManager) {
+        let up = memo.upstream_with(crate::watch::upstream_config(
+            crate::transport::client::Target::Stdio("in-process memo".into()),
+            Default::default(),
+            1 << 20,
+        ));
+        up.live().await.unwrap();
+        let (tx, _rx) = mpsc::channel(16);
+        let mgr = WatchManager::new(
+            WatchConfig::default(),
+            vec![up.clone()],
+            tx,
+            WatchLog::silent(),
+            None,
+        );
+        let cat = FilterCatalog {
+            servers: vec![up],
+            code: code.then(|| mgr.clone()),
+        };
+        (cat, mgr)
+    }
+
+    fn kwargs(v: Value) -> Map<String, Value> {
+        v.as_object().cloned().unwrap_or_default()
+    }
+
+    /// The Python exception type of a refused call.
+    fn exc(r: Result<Value, HostError>) -> String {
+        r.expect_err("the call is refused").kind.to_string()
+    }
+
+    #[tokio::test]
+    async fn filters_see_every_name_but_may_not_mutate_or_start_watches() {
+        let memo = MemoServer::start().await;
+        let (cat, _mgr) = catalog(&memo, false).await;
+        let names = cat.functions();
+        for n in ["read_resource", "list_resources", "watch_start", "memo_set"] {
+            assert!(names.iter().any(|x| x == n), "{n} in {names:?}");
+        }
+        let set = cat
+            .call(
+                "memo_set",
+                Vec::new(),
+                kwargs(json!({"key": "k", "value": 1})),
+            )
+            .await;
+        assert_eq!(exc(set), "PermissionError");
+        let notes = cat
+            .call("read_resource", vec![json!("memo://notes")], Map::new())
+            .await
+            .unwrap();
+        assert_eq!(notes, json!({}), "nothing was written");
+        for builtin in ["watch_start", "watch_stop", "watch_list"] {
+            let r = cat.call(builtin, Vec::new(), Map::new()).await;
+            assert_eq!(exc(r), "PermissionError", "{builtin}");
+        }
+        let unknown = cat.call("no_such_tool", Vec::new(), Map::new()).await;
+        assert_eq!(exc(unknown), "ValueError");
+    }
+
+    #[tokio::test]
+    async fn filters_read_and_list_resources() {
+        let memo = MemoServer::start().await;
+        memo.set("k", json!(1)).await;
+        let (cat, _mgr) = catalog(&memo, false).await;
+        let notes = cat
+            .call("read_resource", vec![json!("memo://notes")], Map::new())
+            .await
+            .unwrap();
+        assert_eq!(notes, json!({"k": 1}));
+        let listed = cat
+            .call("list_resources", Vec::new(), Map::new())
+            .await
+            .unwrap();
+        let uris: Vec<&str> = listed
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter_map(|e| e["uri"].as_str())
+            .collect();
+        assert!(uris.contains(&"memo://notes"), "{uris:?}");
+    }
+
+    #[tokio::test]
+    async fn code_mode_may_mutate_and_run_watches() {
+        let memo = MemoServer::start().await;
+        let (cat, mgr) = catalog(&memo, true).await;
+        cat.call(
+            "memo_set",
+            Vec::new(),
+            kwargs(json!({"key": "k", "value": 1})),
+        )
+        .await
+        .unwrap();
+        let notes = cat
+            .call("read_resource", vec![json!("memo://notes")], Map::new())
+            .await
+            .unwrap();
+        assert_eq!(notes, json!({"k": 1}));
+        // Positional arguments to a tool are refused with a hint, even in code mode.
+        let positional = cat.call("memo_set", vec![json!("k")], Map::new()).await;
+        assert_eq!(exc(positional), "ValueError");
+        let started = cat
+            .call(
+                "watch_start",
+                Vec::new(),
+                kwargs(json!({"name": "n", "uri": "memo://notes"})),
+            )
+            .await
+            .unwrap();
+        assert_eq!(started["shape"], "state");
+        let list = cat
+            .call("watch_list", Vec::new(), Map::new())
+            .await
+            .unwrap();
+        assert_eq!(list[0]["name"], "n");
+        let stopped = cat
+            .call("watch_stop", vec![json!("n")], Map::new())
+            .await
+            .unwrap();
+        assert_eq!(stopped, json!(true));
+        let bad = cat
+            .call(
+                "watch_start",
+                Vec::new(),
+                kwargs(json!({"name": "x", "uri": "memo://notes", "on_event": 3})),
+            )
+            .await;
+        assert_eq!(exc(bad), "TypeError");
+        mgr.shutdown().await;
+    }
+}

@@ -1,0 +1,181 @@
+//! The watch client's vocabulary: its limits ([`WatchConfig`]), what a watch is
+//! ([`WatchSpec`], saved with `--watch-state`), what `watch_list` shows ([`WatchInfo`]), how a
+//! start fails ([`WatchError`]), and what leaves it ([`Notice`]). Plain data, no I/O.
+
+use std::time::Duration;
+
+use crate::mcp::backoff::Backoff;
+use crate::mcp::upstream::Unavailable;
+use crate::watch::notice::{DebounceConfig, notice_text};
+
+/// Watch client limits and timings. Every field has a default and a flag.
+#[derive(Debug, Clone)]
+pub struct WatchConfig {
+    pub debounce: DebounceConfig,
+    /// Watches at once.
+    pub max_watches: usize,
+    /// Events processed per update; the rest are counted in one line.
+    pub max_events_per_update: usize,
+    /// First resubscribe delay; doubles each attempt.
+    pub resubscribe_base: Duration,
+    /// Resubscribe attempts before the watch fails.
+    pub resubscribe_attempts: u32,
+    /// Largest message accepted from a server.
+    pub max_message_bytes: usize,
+}
+
+impl WatchConfig {
+    /// The resubscribe delays: `resubscribe_base` doubling per attempt (1, 2, 4, 8, 16 s by
+    /// default), uncapped: `resubscribe_attempts` bounds the sequence.
+    pub fn resubscribe_backoff(&self) -> Backoff {
+        Backoff::new(self.resubscribe_base, Duration::MAX)
+    }
+}
+
+impl Default for WatchConfig {
+    fn default() -> Self {
+        WatchConfig {
+            debounce: DebounceConfig::default(),
+            max_watches: 5,
+            max_events_per_update: 100,
+            resubscribe_base: Duration::from_secs(1),
+            resubscribe_attempts: 5,
+            max_message_bytes: 4 * 1024 * 1024,
+        }
+    }
+}
+
+/// A notice: the lines of one debounced batch for one watch.
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct Notice {
+    pub watch: String,
+    pub uri: String,
+    pub lines: Vec<String>,
+    /// The `<watch-event ...>` block.
+    pub text: String,
+}
+
+impl Notice {
+    pub(crate) fn new(watch: &str, uri: &str, lines: Vec<String>) -> Notice {
+        Notice {
+            text: notice_text(watch, uri, &lines),
+            watch: watch.to_owned(),
+            uri: uri.to_owned(),
+            lines,
+        }
+    }
+}
+
+/// What a watch reads.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Shape {
+    State,
+    EventLog,
+}
+
+/// A saved watch spec (`--watch-state`).
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct WatchSpec {
+    pub name: String,
+    pub uri: String,
+    /// Python source run once per event (`None`: default notice lines).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub on_event: Option<String>,
+}
+
+/// One row of `watch_list`.
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct WatchInfo {
+    pub name: String,
+    pub uri: String,
+    pub shape: Option<Shape>,
+    pub events: u64,
+    pub notices: u64,
+    pub restore_failed: bool,
+    pub failed: bool,
+}
+
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum WatchError {
+    /// Bad input that will never work: never retried, dropped from saved state.
+    #[error("{0}")]
+    Invalid(String),
+    /// The server refused the URI (its own error).
+    #[error("{server} refused {uri}: {message}")]
+    Rejected {
+        server: String,
+        uri: String,
+        message: String,
+    },
+    /// Could not reach a server now; may work later.
+    #[error("{0}")]
+    Unavailable(String),
+}
+
+impl From<Unavailable> for WatchError {
+    /// The watch client's user is the one who named the server: they get the reason.
+    fn from(e: Unavailable) -> WatchError {
+        WatchError::Unavailable(e.detail)
+    }
+}
+
+impl WatchError {
+    /// Whether a saved spec failing this way should be kept for a later start.
+    pub fn is_transient(&self) -> bool {
+        matches!(self, WatchError::Unavailable(_))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn default_resubscribe_delays_are_one_to_sixteen_seconds() {
+        let cfg = WatchConfig::default();
+        let mut b = cfg.resubscribe_backoff();
+        let delays: Vec<u64> = (0..cfg.resubscribe_attempts)
+            .map(|_| b.next_delay().as_secs())
+            .collect();
+        assert_eq!(delays, [1, 2, 4, 8, 16]);
+    }
+
+    #[test]
+    fn only_unavailable_is_transient() {
+        assert!(WatchError::Unavailable("down".into()).is_transient());
+        assert!(!WatchError::Invalid("bad".into()).is_transient());
+        let rejected = WatchError::Rejected {
+            server: "s".into(),
+            uri: "memo://nope".into(),
+            message: "unknown resource".into(),
+        };
+        assert!(!rejected.is_transient());
+        assert_eq!(
+            rejected.to_string(),
+            "s refused memo://nope: unknown resource"
+        );
+    }
+
+    #[test]
+    fn a_spec_round_trips_and_omits_a_missing_filter() {
+        let spec = WatchSpec {
+            name: "n".into(),
+            uri: "memo://notes".into(),
+            on_event: None,
+        };
+        let text = serde_json::to_string(&spec).unwrap();
+        assert_eq!(text, r#"{"name":"n","uri":"memo://notes"}"#);
+        assert_eq!(serde_json::from_str::<WatchSpec>(&text).unwrap(), spec);
+    }
+
+    #[test]
+    fn a_notice_carries_its_block() {
+        let n = Notice::new("w", "memo://notes", vec!["ADDED a".into()]);
+        assert!(
+            n.text.contains("ADDED a") && n.text.contains("memo://notes"),
+            "{}",
+            n.text
+        );
+    }
+}

@@ -1,0 +1,782 @@
+//! [`WatchTask`]: one running watch. It waits on its subscription, its debounce deadline, a
+//! filter run, or cancellation; an update means read, extract (at most 100 events), filter,
+//! dedupe, debounce, and a due batch becomes a [`Notice`]. When the subscription ends it
+//! resubscribes with backoff and diffs the re-read against its last state; after the last
+//! attempt the watch fails and a notice says so. Also here: the listen-then-read that starts
+//! (and restarts) a watch, and the read every watch request goes through.
+
+use std::collections::VecDeque;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::Duration;
+
+use base64::Engine as _;
+use rmcp::model::{ReadResourceRequestParams, ServerNotification, SubscriptionFilter};
+use rmcp::service::{Subscription, SubscriptionEnd};
+use serde_json::{Value, json};
+use tokio_util::sync::CancellationToken;
+
+use crate::filter::engine::Outcome as FilterOutcome;
+use crate::filter::pool::FilterError;
+use crate::mcp::source::Body;
+use crate::mcp::upstream::{Live, REQUEST_TIMEOUT, Upstream, contents};
+use crate::watch::events::{Event, LogCursor, StateBase, diff_reads, extract_log};
+use crate::watch::manager::WatchManager;
+use crate::watch::notice::{Debounce, Dedupe, default_line, object_key, sanitize_line};
+use crate::watch::spec::{Notice, WatchError, WatchSpec};
+
+/// A watch's counters, shared with its `watch_list` row.
+#[derive(Default)]
+pub(super) struct Stats {
+    pub(super) events: AtomicU64,
+    pub(super) notices: AtomicU64,
+    pub(super) failed: AtomicBool,
+}
+
+/// What a watch compares the next read against.
+pub(super) enum Baseline {
+    State(StateBase),
+    Log(LogCursor),
+}
+
+/// One read of a watched resource.
+pub(super) struct Read {
+    pub(super) mime: String,
+    pub(super) text: String,
+}
+
+/// Reads `uri`, bounded by [`REQUEST_TIMEOUT`]. A blob is kept as its base64 text (the watch
+/// diffs text).
+pub(super) async fn read(conn: &Live, server: &Upstream, uri: &str) -> Result<Read, WatchError> {
+    let result = tokio::time::timeout(
+        REQUEST_TIMEOUT,
+        conn.conn
+            .read_resource(ReadResourceRequestParams::new(uri.to_owned())),
+    )
+    .await
+    .map_err(|_| {
+        WatchError::Unavailable(format!(
+            "reading {uri} from {} took over {} s",
+            server.name,
+            REQUEST_TIMEOUT.as_secs()
+        ))
+    })?
+    .map_err(|e| match e {
+        // Bad params / not found are the server's verdict on the URI; anything else (an
+        // internal error, a source still starting) may pass.
+        rmcp::ServiceError::McpError(err) if matches!(err.code.0, -32602 | -32002 | -32601) => {
+            WatchError::Rejected {
+                server: server.name.clone(),
+                uri: uri.into(),
+                message: err.message.to_string(),
+            }
+        }
+        other => WatchError::Unavailable(format!("reading {uri} from {}: {other}", server.name)),
+    })?;
+    match contents(result) {
+        Ok(c) => Ok(Read {
+            mime: c.mime_type,
+            text: match c.body {
+                Body::Text(t) => t,
+                Body::Blob(b) => base64::engine::general_purpose::STANDARD.encode(b),
+            },
+        }),
+        Err(e) => Err(WatchError::Rejected {
+            server: server.name.clone(),
+            uri: uri.into(),
+            message: e.to_string(),
+        }),
+    }
+}
+
+/// Listens first, then reads: a change between the two is then announced, never missed.
+pub(super) async fn subscribe_and_read(
+    server: &Arc<Upstream>,
+    uri: &str,
+) -> Result<(Arc<Live>, Subscription, Read), WatchError> {
+    let conn = server.live().await?;
+    if !conn.conn.is_modern() {
+        server.reset(&conn);
+        return Err(WatchError::Invalid(format!(
+            "{} speaks MCP {}; watching needs protocol version 2026-07-28 (subscriptions/listen)",
+            server.name,
+            conn.conn
+                .protocol_version()
+                .unwrap_or_else(|| "of an unknown version".into())
+        )));
+    }
+    let listen = tokio::time::timeout(
+        REQUEST_TIMEOUT,
+        conn.conn.listen(
+            SubscriptionFilter::builder()
+                .resource_subscription(uri)
+                .build(),
+        ),
+    )
+    .await
+    .map_err(|_| {
+        WatchError::Unavailable(format!(
+            "{} did not acknowledge a subscription to {uri} within {} s",
+            server.name,
+            REQUEST_TIMEOUT.as_secs()
+        ))
+    })?;
+    let sub = match listen {
+        Ok(s) => s,
+        Err(rmcp::ServiceError::McpError(e)) => {
+            return Err(WatchError::Rejected {
+                server: server.name.clone(),
+                uri: uri.into(),
+                message: e.message.to_string(),
+            });
+        }
+        Err(e) => {
+            server.reset(&conn);
+            return Err(WatchError::Unavailable(format!(
+                "subscribing to {uri} on {}: {e}",
+                server.name
+            )));
+        }
+    };
+    let accepted = sub
+        .acknowledged()
+        .resource_subscriptions
+        .as_ref()
+        .is_some_and(|u| u.iter().any(|a| a == uri));
+    let r = read(&conn, server, uri).await;
+    if let Err(WatchError::Unavailable(_)) = &r {
+        server.reset(&conn);
+    }
+    let r = r?;
+    if !accepted {
+        return Err(WatchError::Rejected {
+            server: server.name.clone(),
+            uri: uri.into(),
+            message: "the server does not accept subscriptions to this URI".into(),
+        });
+    }
+    Ok((conn, sub, r))
+}
+
+pub(super) struct WatchTask {
+    mgr: WatchManager,
+    server: Arc<Upstream>,
+    spec: WatchSpec,
+    stats: Arc<Stats>,
+    cancel: CancellationToken,
+    debounce: Debounce,
+    dedupe: Dedupe,
+    /// The filter's scope was lost (its worker died); the next notice says so.
+    scope_reset: bool,
+    /// Filter runs so far; a fresh scope after the first means variables were lost.
+    filter_runs: u64,
+    /// This watch's scope in the filter workers: unique per start, dropped when it ends.
+    scope: String,
+    /// Events diffed but not yet filtered, with the time they arrived. Intake goes on while
+    /// the filter runs; past [`FILTER_BACKLOG`] events the oldest are dropped and counted.
+    backlog: VecDeque<(Event, std::time::Instant)>,
+    /// Events dropped from a full backlog since the last notice said so.
+    backlog_dropped: usize,
+}
+
+/// Events a watch holds for its filter while a run is in progress (ten full updates).
+const FILTER_BACKLOG: usize = 1000;
+
+/// One filter exchange in flight: its events and, when it ends, one result per event.
+type FilterRun = std::pin::Pin<
+    Box<
+        dyn std::future::Future<
+                Output = (
+                    Vec<(Event, std::time::Instant)>,
+                    Vec<Result<FilterOutcome, FilterError>>,
+                ),
+            > + Send,
+    >,
+>;
+
+fn now() -> std::time::Instant {
+    tokio::time::Instant::now().into_std()
+}
+
+impl WatchTask {
+    pub(super) fn new(
+        mgr: WatchManager,
+        server: Arc<Upstream>,
+        spec: WatchSpec,
+        stats: Arc<Stats>,
+        cancel: CancellationToken,
+        scope: String,
+    ) -> WatchTask {
+        let debounce = Debounce::new(mgr.inner.cfg.debounce);
+        WatchTask {
+            mgr,
+            server,
+            spec,
+            stats,
+            cancel,
+            debounce,
+            dedupe: Dedupe::new(4096),
+            scope_reset: false,
+            filter_runs: 0,
+            scope,
+            backlog: VecDeque::new(),
+            backlog_dropped: 0,
+        }
+    }
+
+    pub(super) async fn run(self, conn: Arc<Live>, sub: Subscription, base: Baseline) {
+        let mgr = self.mgr.clone();
+        let scope = self.scope.clone();
+        let filtered = self.spec.on_event.is_some();
+        self.watch(conn, sub, base).await;
+        // The watch is over: its filter's variables go with it.
+        if filtered && let Some(pool) = mgr.filters() {
+            pool.drop_scope(&scope).await;
+        }
+    }
+
+    async fn watch(mut self, mut conn: Arc<Live>, mut sub: Subscription, mut base: Baseline) {
+        // The filter runs beside intake: notifications are read and diffed while a batch is
+        // in the worker, and queue in `backlog` for the next one.
+        let mut running: Option<FilterRun> = None;
+        loop {
+            if running.is_none() {
+                running = self.next_filter_run();
+            }
+            let due = self.debounce.due();
+            tokio::select! {
+                _ = self.cancel.cancelled() => {
+                    self.flush_all().await;
+                    return;
+                }
+                (evs, results) = async { running.as_mut().expect("guarded").await }, if running.is_some() => {
+                    running = None;
+                    self.filtered(evs, results);
+                }
+                _ = sleep_until(due), if due.is_some() => {
+                    if let Some(lines) = self.debounce.take_due(now()) {
+                        self.emit(lines).await;
+                    }
+                }
+                n = sub.next() => match n {
+                    Ok(Some(ServerNotification::ResourceUpdatedNotification(u))) if u.params.uri == self.spec.uri => {
+                        // Notifications are idempotent: one read covers every one already
+                        // queued, so a slow moment never turns into a backlog of reads.
+                        let mut ended = false;
+                        while let Some(more) = futures::FutureExt::now_or_never(sub.next()) {
+                            if !matches!(more, Ok(Some(_))) {
+                                ended = true;
+                                break;
+                            }
+                        }
+                        match read(&conn, &self.server, &self.spec.uri).await {
+                            Ok(r) => self.update(&mut base, r, running.is_some()),
+                            Err(e) => {
+                                // Treat it as a lost subscription: the resubscribe path re-reads
+                                // and diffs, so the change is not lost.
+                                tracing::warn!(watch = %self.spec.name, error = %e, "read after an update failed; resubscribing");
+                                ended = true;
+                            }
+                        }
+                        if ended {
+                            drop(sub);
+                            self.flush_all().await;
+                            match self.resubscribe(&conn, "a read after an update failed or the stream ended").await {
+                                Some((c, s, r)) => {
+                                    conn = c;
+                                    sub = s;
+                                    self.update(&mut base, r, running.is_some());
+                                }
+                                None => return,
+                            }
+                        }
+                    }
+                    Ok(Some(_)) => {}
+                    Ok(None) | Err(_) => {
+                        let why = match (&n, sub.end()) {
+                            (Err(e), _) => format!("the subscription failed: {e}"),
+                            (_, Some(SubscriptionEnd::Graceful(_))) => "the server ended the subscription".to_owned(),
+                            (_, Some(SubscriptionEnd::Lagged { .. })) => "notifications were not read in time".to_owned(),
+                            (_, Some(SubscriptionEnd::Cancelled)) => "the subscription was cancelled".to_owned(),
+                            _ => "the connection to the server was lost".to_owned(),
+                        };
+                        drop(sub);
+                        self.flush_all().await;
+                        match self.resubscribe(&conn, &why).await {
+                            Some((c, s, r)) => {
+                                conn = c;
+                                sub = s;
+                                // The re-read is diffed against the last state (or cursor), so
+                                // changes made while unsubscribed are reported now.
+                                self.update(&mut base, r, running.is_some());
+                            }
+                            None => return,
+                        }
+                    }
+                },
+            }
+        }
+    }
+
+    async fn resubscribe(
+        &mut self,
+        failed: &Arc<Live>,
+        why: &str,
+    ) -> Option<(Arc<Live>, Subscription, Read)> {
+        let cfg = &self.mgr.inner.cfg;
+        let log = &self.mgr.inner.log;
+        // Other watches may share this connection: drop it only when it is really gone. A
+        // subscription that ended on a live connection (server-side end, lag) is re-listened
+        // at once on the same connection.
+        let live = !failed.conn.is_closed();
+        if !live {
+            self.server.reset(failed);
+        }
+        let mut last_error = String::from(why);
+        let mut backoff = cfg.resubscribe_backoff();
+        for attempt in 0..cfg.resubscribe_attempts {
+            let delay = backoff.next_delay();
+            let delay = if live && attempt == 0 {
+                Duration::ZERO
+            } else {
+                delay
+            };
+            log.emit(
+                "watch.resubscribing",
+                json!({"watch": self.spec.name, "uri": self.spec.uri, "attempt": attempt + 1,
+                       "delay_ms": delay.as_millis() as u64, "reason": last_error}),
+            );
+            tokio::select! {
+                _ = self.cancel.cancelled() => return None,
+                _ = tokio::time::sleep(delay) => {}
+            }
+            match subscribe_and_read(&self.server, &self.spec.uri).await {
+                Ok(ok) => {
+                    log.emit(
+                        "watch.subscribed",
+                        json!({"watch": self.spec.name, "uri": self.spec.uri,
+                               "server": self.server.name.clone(), "attempt": attempt + 1}),
+                    );
+                    return Some(ok);
+                }
+                Err(e) => last_error = e.to_string(),
+            }
+        }
+        self.stats.failed.store(true, Ordering::Relaxed);
+        log.emit(
+            "watch.failed",
+            json!({"watch": self.spec.name, "uri": self.spec.uri,
+                   "attempts": cfg.resubscribe_attempts, "error": last_error}),
+        );
+        let line = format!(
+            "watch failed: the subscription ended and {} resubscribe attempts failed (last error: {last_error}); start it again with watch_start",
+            cfg.resubscribe_attempts
+        );
+        self.stats.notices.fetch_add(1, Ordering::Relaxed);
+        self.mgr
+            .deliver(Notice::new(&self.spec.name, &self.spec.uri, vec![line]))
+            .await;
+        None
+    }
+
+    /// Diffs one read against the baseline; `filtering` says a filter run is in progress.
+    fn update(&mut self, base: &mut Baseline, r: Read, filtering: bool) {
+        let events: Vec<Event> = match base {
+            Baseline::State(old) => {
+                let new = StateBase::new(r.text);
+                let evs = diff_reads(old, &new);
+                *old = new;
+                evs
+            }
+            Baseline::Log(cursor) => match serde_json::from_str::<Value>(&r.text)
+                .map_err(|e| e.to_string())
+                .and_then(|body| extract_log(*cursor, &body))
+            {
+                Ok((evs, c)) => {
+                    *cursor = c;
+                    evs
+                }
+                Err(e) => {
+                    tracing::warn!(watch = %self.spec.name, error = %e, "unreadable event log");
+                    Vec::new()
+                }
+            },
+        };
+        let max = self.mgr.inner.cfg.max_events_per_update;
+        let total = events.len();
+        let t = now();
+        let mut evs: Vec<Event> = events.into_iter().take(max).collect();
+        for ev in &mut evs {
+            self.stats.events.fetch_add(1, Ordering::Relaxed);
+            ev.insert("watch".into(), self.spec.name.clone().into());
+            ev.insert("uri".into(), self.spec.uri.clone().into());
+        }
+        if total > max {
+            self.debounce.push(
+                format!(
+                    "+{} more events in this update were not processed (limit {max})",
+                    total - max
+                ),
+                t,
+            );
+        }
+        if self.spec.on_event.is_some() && self.mgr.filters().is_some() {
+            // Filtered events wait for the filter stage (see `watch`); intake goes on.
+            self.mgr.inner.log.emit(
+                "watch.update",
+                json!({"watch": self.spec.name, "events": evs.len(), "filtering": filtering,
+                       "queued": self.backlog.len() + evs.len()}),
+            );
+            for ev in evs {
+                if self.backlog.len() == FILTER_BACKLOG {
+                    self.backlog.pop_front();
+                    self.backlog_dropped += 1;
+                }
+                self.backlog.push_back((ev, t));
+            }
+            return;
+        }
+        for ev in evs {
+            let line = default_line(&ev);
+            self.admit(&ev, Some(line), t);
+        }
+    }
+
+    /// Starts the filter on the backlog, when there is one: the whole backlog (up to one
+    /// update's worth) goes to the worker in one exchange, and each event keeps its own limits.
+    fn next_filter_run(&mut self) -> Option<FilterRun> {
+        if self.backlog.is_empty() {
+            return None;
+        }
+        let (Some(code), Some(pool)) = (self.spec.on_event.clone(), self.mgr.filters()) else {
+            return None;
+        };
+        let n = self
+            .backlog
+            .len()
+            .min(self.mgr.inner.cfg.max_events_per_update.max(1));
+        let evs: Vec<(Event, std::time::Instant)> = self.backlog.drain(..n).collect();
+        let scope = self.scope.clone();
+        let catalog = self.mgr.filter_catalog();
+        Some(Box::pin(async move {
+            let batch: Vec<Value> = evs.iter().map(|(e, _)| Value::Object(e.clone())).collect();
+            let results = match pool.run_batch(&scope, &code, batch, catalog).await {
+                Ok(results) => results,
+                Err(e) => vec![Err(e); evs.len()],
+            };
+            (evs, results)
+        }))
+    }
+
+    /// Turns one filter exchange's results into notice lines.
+    fn filtered(
+        &mut self,
+        evs: Vec<(Event, std::time::Instant)>,
+        results: Vec<Result<FilterOutcome, FilterError>>,
+    ) {
+        let mut results = results.into_iter();
+        for (ev, t) in evs {
+            self.filter_runs += 1;
+            let line = match results.next() {
+                Some(Ok(o)) => {
+                    if o.fresh_scope && self.filter_runs > 1 {
+                        self.scope_reset = true;
+                    }
+                    let mut parts = Vec::new();
+                    let printed = o.printed.trim_end();
+                    if !printed.is_empty() {
+                        parts.push(printed.to_owned());
+                    }
+                    match &o.value {
+                        Value::Null => {}
+                        Value::String(s) => parts.push(s.clone()),
+                        other => parts.push(other.to_string()),
+                    }
+                    (!parts.is_empty()).then(|| parts.join(" "))
+                }
+                Some(Err(FilterError::Python(e))) => Some(format!("on_event raised {e}")),
+                Some(Err(FilterError::Worker(e))) => {
+                    self.scope_reset = true;
+                    Some(format!("on_event failed: {e}"))
+                }
+                None => {
+                    Some("on_event failed: the filter worker gave no result for this event".into())
+                }
+            };
+            self.admit(&ev, line, t);
+        }
+        if self.backlog_dropped > 0 {
+            let n = std::mem::take(&mut self.backlog_dropped);
+            self.debounce.push(
+                format!(
+                    "+{n} events were dropped while the filter was busy (at most {FILTER_BACKLOG} wait for it)"
+                ),
+                now(),
+            );
+        }
+    }
+
+    /// Dedupes and debounces one event's notice line; `None` means the filter dropped it.
+    fn admit(&mut self, ev: &Event, line: Option<String>, t: std::time::Instant) {
+        let log = &self.mgr.inner.log;
+        let Some(line) = line else {
+            log.emit(
+                "watch.event",
+                json!({"watch": self.spec.name, "type": ev.get("type"), "kept": false, "reason": "filter"}),
+            );
+            return;
+        };
+        let mut line = sanitize_line(&line);
+        if !line.starts_with("on_event failed") && std::mem::take(&mut self.scope_reset) {
+            line = format!("{line} (the filter's variables were reset before this event)");
+        }
+        let fresh = self.dedupe.admit(&object_key(ev), &line);
+        log.emit(
+            "watch.event",
+            json!({"watch": self.spec.name, "type": ev.get("type"), "kept": fresh,
+                   "reason": if fresh { Value::Null } else { "duplicate".into() }}),
+        );
+        if fresh {
+            self.debounce.push(line, t);
+        }
+    }
+
+    async fn emit(&mut self, lines: Vec<String>) {
+        if lines.is_empty() {
+            return;
+        }
+        self.stats.notices.fetch_add(1, Ordering::Relaxed);
+        self.mgr
+            .deliver(Notice::new(&self.spec.name, &self.spec.uri, lines))
+            .await;
+    }
+
+    async fn flush_all(&mut self) {
+        let lines = self.debounce.take();
+        self.emit(lines).await;
+    }
+}
+
+async fn sleep_until(due: Option<std::time::Instant>) {
+    match due {
+        Some(d) => tokio::time::sleep_until(tokio::time::Instant::from_std(d)).await,
+        None => std::future::pending().await,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::AtomicUsize;
+
+    use tokio::sync::mpsc;
+
+    use crate::testing::{MemoServer, down_upstream};
+    use crate::watch::log::WatchLog;
+    use crate::watch::spec::WatchConfig;
+
+    fn fast() -> WatchConfig {
+        let mut cfg = WatchConfig::default();
+        cfg.debounce.quiet = Duration::ZERO;
+        cfg.resubscribe_base = Duration::from_millis(10);
+        cfg.resubscribe_attempts = 2;
+        cfg
+    }
+
+    /// A task with no server behind it: enough for what happens between two reads.
+    fn task(cfg: WatchConfig) -> WatchTask {
+        let (tx, _rx) = mpsc::channel(1);
+        let mgr = WatchManager::new(cfg, Vec::new(), tx, WatchLog::silent(), None);
+        let spec = WatchSpec {
+            name: "w".into(),
+            uri: "memo://notes".into(),
+            on_event: None,
+        };
+        let down = down_upstream(Arc::new(AtomicUsize::new(0)));
+        let stats = Arc::new(Stats::default());
+        WatchTask::new(
+            mgr,
+            down,
+            spec,
+            stats,
+            CancellationToken::new(),
+            "w#0".into(),
+        )
+    }
+
+    fn json_read(text: &str) -> Read {
+        Read {
+            mime: "application/json".into(),
+            text: text.into(),
+        }
+    }
+
+    #[test]
+    fn a_state_update_becomes_one_line_per_change() {
+        let mut t = task(fast());
+        let mut base = Baseline::State(StateBase::new(r#"{"a":1,"c":3}"#.into()));
+        t.update(&mut base, json_read(r#"{"a":2,"b":2}"#), false);
+        let lines = t.debounce.take();
+        assert_eq!(lines.len(), 3, "{lines:?}");
+        assert!(lines.contains(&"ADDED b".to_owned()), "{lines:?}");
+        assert!(lines.contains(&"DELETED c".to_owned()), "{lines:?}");
+        assert!(
+            lines.iter().any(|l| l.starts_with("MODIFIED a")),
+            "{lines:?}"
+        );
+        assert_eq!(t.stats.events.load(Ordering::Relaxed), 3);
+        // The baseline moved: the same read again is no change.
+        t.update(&mut base, json_read(r#"{"a":2,"b":2}"#), false);
+        assert!(t.debounce.take().is_empty());
+    }
+
+    #[test]
+    fn a_repeated_line_for_the_same_object_is_dropped() {
+        let mut t = task(fast());
+        let (_, cursor) = extract_log(LogCursor::default(), &json!({"events": []})).unwrap();
+        let mut base = Baseline::Log(cursor);
+        let log = json!({"events": [
+            {"seq": 1, "type": "ADDED", "key": "k"},
+            {"seq": 2, "type": "ADDED", "key": "k"},
+            {"seq": 3, "type": "ADDED", "key": "j"},
+        ]});
+        t.update(&mut base, json_read(&log.to_string()), false);
+        assert_eq!(t.debounce.take(), ["ADDED k", "ADDED j"]);
+    }
+
+    #[test]
+    fn events_past_the_per_update_limit_are_counted_in_one_line() {
+        let mut cfg = fast();
+        cfg.max_events_per_update = 2;
+        let mut t = task(cfg);
+        let mut base = Baseline::State(StateBase::new("{}".into()));
+        t.update(&mut base, json_read(r#"{"a":1,"b":1,"c":1}"#), false);
+        let lines = t.debounce.take();
+        assert_eq!(
+            lines,
+            [
+                "+1 more events in this update were not processed (limit 2)",
+                "ADDED a",
+                "ADDED b",
+            ]
+        );
+    }
+
+    #[test]
+    fn filter_results_become_lines_and_a_lost_scope_is_said_once() {
+        let mut t = task(fast());
+        let ev = |k: &str| {
+            let mut e = Event::new();
+            e.insert("type".into(), "ADDED".into());
+            e.insert("key".into(), k.into());
+            (e, now())
+        };
+        let kept = FilterOutcome {
+            value: Value::String("kept a".into()),
+            printed: String::new(),
+            fresh_scope: true,
+        };
+        let dropped = FilterOutcome {
+            value: Value::Null,
+            printed: String::new(),
+            fresh_scope: false,
+        };
+        let after = FilterOutcome {
+            value: Value::String("kept d".into()),
+            printed: String::new(),
+            fresh_scope: false,
+        };
+        t.filtered(
+            vec![ev("a"), ev("b"), ev("c"), ev("d")],
+            vec![
+                Ok(kept),
+                Ok(dropped),
+                Err(FilterError::Worker("the worker died".into())),
+                Ok(after),
+            ],
+        );
+        assert_eq!(
+            t.debounce.take(),
+            [
+                "kept a",
+                "on_event failed: the worker died",
+                "kept d (the filter's variables were reset before this event)",
+            ]
+        );
+        // Fewer results than events: each missing one says so.
+        t.filtered(vec![ev("e")], Vec::new());
+        assert_eq!(
+            t.debounce.take(),
+            ["on_event failed: the filter worker gave no result for this event"]
+        );
+    }
+
+    /// The in-process memo server, reached the way the watch client reaches its servers.
+    fn memo_upstream(memo: &MemoServer) -> Arc<Upstream> {
+        memo.upstream_with(crate::watch::upstream_config(
+            crate::transport::client::Target::Stdio("in-process memo".into()),
+            Default::default(),
+            1 << 20,
+        ))
+    }
+
+    async fn next(rx: &mut mpsc::Receiver<Notice>) -> Notice {
+        tokio::time::timeout(Duration::from_secs(10), rx.recv())
+            .await
+            .expect("a notice in time")
+            .expect("the channel is open")
+    }
+
+    #[tokio::test]
+    async fn a_change_made_while_resubscribing_is_reported() {
+        let memo = MemoServer::start().await;
+        let (tx, mut rx) = mpsc::channel(16);
+        let mut cfg = fast();
+        cfg.resubscribe_base = Duration::from_millis(50);
+        cfg.resubscribe_attempts = 4;
+        let mgr = WatchManager::new(
+            cfg,
+            vec![memo_upstream(&memo)],
+            tx,
+            WatchLog::silent(),
+            None,
+        );
+        mgr.watch_start("n", "memo://notes", None).await.unwrap();
+        memo.set("a", json!(1)).await;
+        assert_eq!(next(&mut rx).await.lines, ["ADDED a"]);
+        // The server goes away, a change lands while it is away, and it comes back.
+        memo.set_down(true);
+        memo.set("b", json!(2)).await;
+        memo.set_down(false);
+        assert_eq!(next(&mut rx).await.lines, ["ADDED b"]);
+        memo.set("c", json!(3)).await;
+        assert_eq!(next(&mut rx).await.lines, ["ADDED c"]);
+        assert!(!mgr.watch_list()[0].failed);
+        mgr.shutdown().await;
+    }
+
+    #[tokio::test]
+    async fn a_server_that_stays_away_fails_the_watch_with_a_notice() {
+        let memo = MemoServer::start().await;
+        let (tx, mut rx) = mpsc::channel(16);
+        let mgr = WatchManager::new(
+            fast(),
+            vec![memo_upstream(&memo)],
+            tx,
+            WatchLog::silent(),
+            None,
+        );
+        mgr.watch_start("n", "memo://notes", None).await.unwrap();
+        memo.set_down(true);
+        let n = next(&mut rx).await;
+        assert_eq!(n.watch, "n");
+        assert!(n.lines[0].starts_with("watch failed"), "{n:?}");
+        assert!(n.lines[0].contains("2 resubscribe attempts"), "{n:?}");
+        let list = mgr.watch_list();
+        assert!(list[0].failed, "{list:?}");
+        // A failed watch frees its name: it can be started again once the server is back.
+        memo.set_down(false);
+        mgr.watch_start("n", "memo://notes", None).await.unwrap();
+        mgr.shutdown().await;
+    }
+}
