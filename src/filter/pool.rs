@@ -418,10 +418,15 @@ fn exchange(
             FromWorker::Tick { next, .. } => {
                 // The next event of a batch starts: its own time and calls.
                 ticks += 1;
-                if ticks >= events || next != ticks {
+                if ticks >= events {
                     return Err(Some(
                         "the filter worker reported more events than it was sent".into(),
                     ));
+                }
+                if next != ticks {
+                    return Err(Some(format!(
+                        "the filter worker reported event {next} where herald expected {ticks}"
+                    )));
                 }
                 deadline = Instant::now() + budget;
                 calls = 0;
@@ -568,20 +573,29 @@ done
 
     #[tokio::test]
     async fn a_worker_that_answers_garbage_is_refused_and_replaced() {
+        // What the fake answers, to how many events, and what herald says.
         let cases = [
-            ("not json", "cannot read"),
-            (r#"{"op":"bogus","id":@ID@}"#, "unknown variant `bogus`"),
+            ("not json", 1, "cannot read"),
+            (r#"{"op":"bogus","id":@ID@}"#, 1, "unknown variant `bogus`"),
             (
                 r#"{"op":"done","id":@ID@,"results":[{"Ok":{"value":1}}]}"#,
+                1,
                 "missing field `printed`",
             ),
             (
                 r#"{"op":"done","id":@ID@,"results":[]}"#,
-                "answered 0 results for 1 events",
+                3,
+                "answered 0 results for 3 events",
             ),
             (
                 r#"{"op":"tick","id":@ID@,"next":1}"#,
+                1,
                 "more events than it was sent",
+            ),
+            (
+                r#"{"op":"tick","id":@ID@,"next":2}"#,
+                3,
+                "reported event 2 where herald expected 1",
             ),
         ];
         let dir = std::env::temp_dir().join(format!("herald-pool-test-{}", std::process::id()));
@@ -595,7 +609,7 @@ done
         );
         let fakes: Vec<PathBuf> = (1..)
             .zip(&cases)
-            .map(|(n, (line, _))| fake_worker(&dir, n, line))
+            .map(|(n, (line, _, _))| fake_worker(&dir, n, line))
             .collect();
         let catalog: Arc<dyn Catalog> = Arc::new(NoCatalog);
         let pool = FilterPool::new(PoolConfig::new(good));
@@ -603,11 +617,12 @@ done
             let o = pool.run("s", "x", json!(1), catalog.clone()).await.unwrap();
             assert_eq!(o.value, json!("hi"), "the fake speaks the pipe");
         }
-        for (exe, (line, why)) in fakes.into_iter().zip(cases) {
+        for (exe, (line, events, why)) in fakes.into_iter().zip(cases) {
             let pool = FilterPool::new(PoolConfig::new(exe));
             for attempt in ["first", "after the replacement"] {
+                let batch = vec![json!(1); events];
                 let Err(FilterError::Worker(e)) =
-                    pool.run("s", "x", json!(1), catalog.clone()).await
+                    pool.run_batch("s", "x", batch, catalog.clone()).await
                 else {
                     panic!("{line} was accepted");
                 };

@@ -146,7 +146,7 @@ fn handle(
             scopes.remove(&scope);
             return Ok(());
         }
-        // A reply after its call gave up waiting: nobody asks for it any more.
+        // Replies are read while a call waits (in `PipeHost::call`); one here answers nothing.
         ToWorker::Reply { .. } => return Ok(()),
         ToWorker::Run {
             id,
