@@ -2,7 +2,7 @@
 //! most `max_watches` at once, names unique), routes each URI to a server by the shared rule
 //! ([`crate::mcp::upstream::route`]), dry-runs a watch's filter before subscribing, saves and
 //! restores specs (`--watch-state`), and hands every notice to one bounded channel. Each
-//! running watch is a [`WatchTask`](crate::watch::task::WatchTask).
+//! running watch is a `WatchTask` (`task.rs`).
 //!
 //! It knows nothing about where notices go: the channel's receiver (a sink, later the agent)
 //! decides.

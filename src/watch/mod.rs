@@ -2,22 +2,21 @@
 //!
 //! Bottom-up: [`events`] (state diff and event-log delivery) over [`raw`] (byte ranges of JSON
 //! items), [`notice`] (default lines, dedupe, debounce), [`log`] (the NDJSON event log),
-//! [`spec`] (config, specs, errors, notices), [`task`] (one running watch),
-//! [`filter_catalog`] (what Python sees), [`manager`] (start, stop, list, restore), [`sink`]
+//! [`spec`] (config, specs, errors, notices), `task` (one running watch), `filter_catalog`
+//! (what Python sees), [`manager`] (start, stop, list, restore), [`sink`]
 //! (where `herald watch` sends notices), and [`run`], which wires them for `herald watch`,
-//! `herald up` and `herald code`. Servers are reached through the shared
-//! [`Upstream`](crate::mcp::upstream::Upstream). Independent of any sink, so the agent can
-//! reuse it.
+//! `herald up` and `herald code`. Servers are reached through the shared [`Upstream`].
+//! Independent of any sink, so the agent can reuse it.
 
 pub mod events;
-pub mod filter_catalog;
+mod filter_catalog;
 pub mod log;
 pub mod manager;
 pub mod notice;
 pub mod raw;
 pub mod sink;
 pub mod spec;
-pub mod task;
+mod task;
 
 use std::sync::Arc;
 
