@@ -1,7 +1,8 @@
 //! herald: one binary carrying a push-driven MCP watch pipeline.
 //!
-//! Reading order: [`store`] (the one redb file), [`mcp`] (server plumbing every source shares:
-//! the source trait, listen hub, event-log ring, rmcp handler), [`transport`] (stdio, HTTP and
+//! Reading order: [`store`] (the one redb file), [`mcp`] (plumbing every role shares: the
+//! source trait, listen hub, event-log ring, rmcp handler; on the client side the shared
+//! upstream handle, the routing rule and the backoff), [`transport`] (stdio, HTTP and
 //! QUIC, server and client), [`source`] (the change sources), [`app`] (binding and running
 //! roles), [`cli`] (the command line). `docs/ARCHITECTURE.md` has the map and the invariants.
 

@@ -2,22 +2,21 @@
 //!
 //! Bottom-up: [`events`] (state diff and event-log delivery) over [`raw`] (byte ranges of JSON
 //! items), [`notice`] (default lines, dedupe, debounce), [`log`] (the NDJSON event log),
-//! [`spec`] (config, specs, errors, notices), [`task`] (one running watch),
-//! [`filter_catalog`] (what Python sees), [`manager`] (start, stop, list, restore), [`sink`]
+//! [`spec`] (config, specs, errors, notices), `task` (one running watch), `filter_catalog`
+//! (what Python sees), [`manager`] (start, stop, list, restore), [`sink`]
 //! (where `herald watch` sends notices), and [`run`], which wires them for `herald watch`,
-//! `herald up` and `herald code`. Servers are reached through the shared
-//! [`Upstream`](crate::mcp::upstream::Upstream). Independent of any sink, so the agent can
-//! reuse it.
+//! `herald up` and `herald code`. Servers are reached through the shared [`Upstream`].
+//! Independent of any sink, so the agent can reuse it.
 
 pub mod events;
-pub mod filter_catalog;
+mod filter_catalog;
 pub mod log;
 pub mod manager;
 pub mod notice;
 pub mod raw;
 pub mod sink;
 pub mod spec;
-pub mod task;
+mod task;
 
 use std::sync::Arc;
 
@@ -159,4 +158,82 @@ async fn start_all(
         }
     }
     None
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    use crate::testing::MemoServer;
+
+    fn spec(name: &str, uri: &str) -> WatchSpec {
+        WatchSpec {
+            name: name.into(),
+            uri: uri.into(),
+            on_event: None,
+        }
+    }
+
+    async fn manager(memo: &MemoServer) -> WatchManager {
+        let up = memo.upstream_with(upstream_config(
+            Target::Stdio("in-process memo".into()),
+            Default::default(),
+            1 << 20,
+        ));
+        let (tx, _rx) = mpsc::channel(16);
+        WatchManager::new(
+            WatchConfig::default(),
+            vec![up],
+            tx,
+            WatchLog::silent(),
+            None,
+        )
+    }
+
+    #[tokio::test]
+    async fn a_required_watch_that_cannot_start_ends_the_starts() {
+        let memo = MemoServer::start().await;
+        let m = manager(&memo).await;
+        let watches = vec![
+            spec("a", "memo://notes"),
+            spec("x", "memo://nope"),
+            spec("b", "memo://log"),
+        ];
+        let failed = start_all(&m, watches, true).await.expect("x fails");
+        let text = failed.to_string();
+        assert!(
+            text.starts_with("watch x (memo://nope) cannot start: "),
+            "{text}"
+        );
+        let names: Vec<String> = m.watch_list().into_iter().map(|w| w.name).collect();
+        assert_eq!(names, ["a"], "nothing after the failure starts");
+        m.shutdown().await;
+    }
+
+    #[tokio::test]
+    async fn an_optional_watch_that_cannot_start_is_skipped() {
+        let memo = MemoServer::start().await;
+        let m = manager(&memo).await;
+        let watches = vec![spec("x", "memo://nope"), spec("b", "memo://log")];
+        assert!(start_all(&m, watches, false).await.is_none());
+        let names: Vec<String> = m.watch_list().into_iter().map(|w| w.name).collect();
+        assert_eq!(names, ["b"]);
+        m.shutdown().await;
+    }
+
+    #[tokio::test]
+    async fn a_watch_already_running_is_kept_not_started_twice() {
+        let memo = MemoServer::start().await;
+        let m = manager(&memo).await;
+        m.watch_start("a", "memo://notes", None).await.unwrap();
+        // The same name and URI (as a restore leaves it): kept. The same name elsewhere: refused.
+        assert!(
+            start_all(&m, vec![spec("a", "memo://notes")], true)
+                .await
+                .is_none()
+        );
+        let moved = start_all(&m, vec![spec("a", "memo://log")], true).await;
+        assert!(moved.is_some_and(|f| f.error.to_string().contains("already exists")));
+        m.shutdown().await;
+    }
 }
