@@ -234,8 +234,13 @@ async fn listen_gate(State(gate): State<Gate>, req: Request, next: Next) -> Resp
             return rpc_error(StatusCode::PAYLOAD_TOO_LARGE, Value::Null, error);
         }
     };
-    let is_listen = serde_json::from_slice::<MethodProbe>(&bytes)
-        .is_ok_and(|p| p.method.as_deref() == Some("subscriptions/listen"));
+    // A byte scan first, so the many bodies that cannot name the method (a tool call, a
+    // read) are not parsed twice: a listen's method name contains `listen` unless its letters
+    // are written as `\u` escapes, and then the body contains `\u`.
+    let contains = |needle: &[u8]| bytes.windows(needle.len()).any(|w| w == needle);
+    let is_listen = (contains(b"listen") || contains(b"\\u"))
+        && serde_json::from_slice::<MethodProbe>(&bytes)
+            .is_ok_and(|p| p.method.as_deref() == Some("subscriptions/listen"));
     let mut body = Body::from(bytes.clone());
     if is_listen && let Ok(mut v) = serde_json::from_slice::<Value>(&bytes) {
         let id = v.get("id").cloned().unwrap_or(Value::Null);

@@ -361,3 +361,49 @@ async fn a_file_listen_outside_the_roots_is_left_out_of_the_ack() {
         "{ack}"
     );
 }
+
+/// Regression (review): a listen whose method name was written with JSON escapes skipped the
+/// HTTP admission gate; rmcp then acknowledged it unadmitted. The gate reads the method with
+/// serde, so the listen limits apply to it like to any other.
+#[tokio::test]
+async fn an_escaped_listen_method_is_still_admitted_on_http() {
+    let s = Server::spawn(&[
+        "--store",
+        ":memory:",
+        "memo",
+        "--http",
+        "127.0.0.1:0",
+        "--max-listen-uris",
+        "1",
+    ])
+    .await;
+    for method in [r"subscriptions\/listen", r"subscriptions/\u006cisten"] {
+        let body = format!(
+            r#"{{"jsonrpc":"2.0","id":9,"method":"{method}","params":{{"_meta":{},"notifications":{{"resourceSubscriptions":["memo://notes","memo://log"]}}}}}}"#,
+            meta()
+        );
+        let client = reqwest::Client::new();
+        let resp = tokio::time::timeout(
+            WAIT,
+            client
+                .post(s.http_url())
+                .header("content-type", "application/json")
+                .header("accept", "application/json, text/event-stream")
+                .header("mcp-protocol-version", "2026-07-28")
+                .header("mcp-method", "subscriptions/listen")
+                .body(body)
+                .send(),
+        )
+        .await
+        .unwrap()
+        .unwrap();
+        let text = tokio::time::timeout(WAIT, resp.text())
+            .await
+            .unwrap()
+            .unwrap();
+        assert!(
+            text.contains("one stream takes at most 1"),
+            "{method}: the gate's limit, not an unadmitted ack: {text}"
+        );
+    }
+}
