@@ -219,6 +219,10 @@ fn a_standard_method_with_bad_params_is_invalid_params_not_unknown() {
         misshapen_standard_request(&req("tasks/get", json!({"taskId": 5}))).is_none(),
         "a method herald does not serve is not described as one with bad params"
     );
+    assert!(
+        misshapen_standard_request(&req("initialize", json!({}))).is_none(),
+        "initialize is removed in 2026-07-28: an unparsable one stays an unknown method"
+    );
 }
 
 #[tokio::test(start_paused = true)]
