@@ -6,9 +6,9 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use tokio_util::sync::CancellationToken;
-use tokio_util::task::TaskTracker;
 use tracing::Instrument;
 
+use crate::mcp::context::RoleContext;
 use crate::mcp::server::{Limits, SourceServer};
 use crate::mcp::source::DynSource;
 use crate::store::Store;
@@ -65,15 +65,16 @@ pub enum AppError {
     Tls(#[from] tls::TlsError),
 }
 
-/// Binds the listeners `opts` asks for and spawns the serving tasks on `tracker`.
-/// Stdio, when served, cancels `shutdown` when stdin closes (the client went away).
+/// Binds the listeners `opts` asks for and spawns the serving tasks on `ctx`'s tracker (the
+/// one its source's helper tasks are on). Stdio, when served, shuts `ctx` down when stdin
+/// closes (the client went away).
 pub async fn serve_source(
     source: DynSource,
     opts: &ServeOptions,
     store: &Store,
-    shutdown: &CancellationToken,
-    tracker: &TaskTracker,
+    ctx: &RoleContext,
 ) -> Result<Bound, AppError> {
+    let (shutdown, tracker) = (ctx.shutdown(), ctx.tracker());
     let role = source.info().name;
     let server = SourceServer::new(source, opts.limits.clone(), shutdown.clone());
     // Sessions outlive `shutdown` a little: listens answer the shutdown with their final
@@ -178,13 +179,8 @@ pub fn cancel_on_signals(shutdown: CancellationToken) {
     });
 }
 
-/// Waits for `tracker`'s tasks after `shutdown`, at most [`GRACE`] plus a second.
-pub async fn drain(tracker: TaskTracker) {
-    tracker.close();
-    if tokio::time::timeout(GRACE + Duration::from_secs(1), tracker.wait())
-        .await
-        .is_err()
-    {
-        tracing::warn!("some tasks did not finish within the shutdown deadline");
-    }
+/// Shuts `ctx` down and waits for its tasks (listeners and every source's helpers), at most
+/// [`GRACE`] plus a second; what is still running then is logged by name.
+pub async fn drain(ctx: &RoleContext) {
+    let _ = ctx.drain(GRACE + Duration::from_secs(1)).await;
 }

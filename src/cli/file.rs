@@ -3,10 +3,10 @@
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+use crate::mcp::context::RoleContext;
 use anyhow::Context;
 use clap::Args;
 use serde::Deserialize;
-use tokio_util::sync::CancellationToken;
 
 use crate::cli::serve::{ServeArgs, serve_until_stopped};
 use crate::cli::{Exit, Globals, usage};
@@ -108,7 +108,8 @@ fn load(path: &Path) -> anyhow::Result<FileToml> {
 
 pub async fn run(args: FileArgs, globals: &Globals) -> Result<(), Exit> {
     let cfg = args.config().map_err(usage)?;
-    let source = FileSource::new(cfg).map_err(|e| usage(e.into()))?;
+    let ctx = RoleContext::new("file");
+    let source = FileSource::new(cfg, &ctx).map_err(|e| usage(e.into()))?;
     // The store only holds a QUIC identity here: open the file only when one is needed (or
     // asked for), so `herald file` next to another role needs no --store of its own.
     let store = if globals.store.is_some()
@@ -118,14 +119,7 @@ pub async fn run(args: FileArgs, globals: &Globals) -> Result<(), Exit> {
     } else {
         Store::memory()
     };
-    serve_until_stopped(
-        source,
-        &args.serve.options(),
-        &store,
-        CancellationToken::new(),
-        globals,
-    )
-    .await
+    serve_until_stopped(source, &args.serve.options(), &store, ctx, globals).await
 }
 
 #[cfg(test)]

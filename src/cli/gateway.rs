@@ -2,8 +2,8 @@
 
 use std::path::PathBuf;
 
+use crate::mcp::context::RoleContext;
 use clap::Args;
-use tokio_util::sync::CancellationToken;
 
 use crate::cli::serve::{ServeArgs, serve_until_stopped};
 use crate::cli::{Exit, Globals};
@@ -40,10 +40,10 @@ pub async fn run(args: GatewayArgs, globals: &Globals) -> Result<(), Exit> {
         );
     }
     let store = globals.open_store().await?;
-    let shutdown = CancellationToken::new();
-    let gateway = Gateway::new(&cfg, opts.limits.max_message_bytes, shutdown.clone());
+    let ctx = RoleContext::new("gateway");
+    let gateway = Gateway::new(&cfg, opts.limits.max_message_bytes, &ctx);
     gateway.warm_up(std::time::Duration::from_secs(5)).await;
-    serve_until_stopped(gateway, &opts, &store, shutdown, globals).await
+    serve_until_stopped(gateway, &opts, &store, ctx, globals).await
 }
 
 pub fn check(args: CheckArgs) -> Result<(), Exit> {

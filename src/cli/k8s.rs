@@ -2,8 +2,8 @@
 
 use std::path::PathBuf;
 
+use crate::mcp::context::RoleContext;
 use clap::Args;
-use tokio_util::sync::CancellationToken;
 
 use crate::cli::serve::{ServeArgs, serve_until_stopped};
 use crate::cli::{Exit, Globals};
@@ -86,14 +86,8 @@ pub async fn run(args: K8sArgs, globals: &Globals) -> Result<(), Exit> {
         linger: std::time::Duration::from_millis(args.linger_ms),
         max_watchers: args.max_watchers.max(1),
     };
-    let source = K8s::new(cfg, config).map_err(|e| crate::cli::usage(e.into()))?;
+    let ctx = RoleContext::new("k8s");
+    let source = K8s::new(cfg, config, &ctx).map_err(|e| crate::cli::usage(e.into()))?;
     let store = globals.open_store().await?;
-    serve_until_stopped(
-        source,
-        &args.serve.options(),
-        &store,
-        CancellationToken::new(),
-        globals,
-    )
-    .await
+    serve_until_stopped(source, &args.serve.options(), &store, ctx, globals).await
 }

@@ -1,7 +1,7 @@
 //! `herald memo`: the memo source.
 
+use crate::mcp::context::RoleContext;
 use clap::Args;
-use tokio_util::sync::CancellationToken;
 
 use crate::cli::serve::{ServeArgs, serve_until_stopped};
 use crate::cli::{Exit, Globals};
@@ -24,7 +24,7 @@ pub async fn run(args: MemoArgs, globals: &Globals) -> Result<(), Exit> {
         memo,
         &args.serve.options(),
         &store,
-        CancellationToken::new(),
+        RoleContext::new("memo"),
         globals,
     )
     .await

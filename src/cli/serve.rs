@@ -6,11 +6,9 @@ use clap::Args;
 
 use std::sync::Arc;
 
-use tokio_util::sync::CancellationToken;
-use tokio_util::task::TaskTracker;
-
 use crate::app::{self, Bound, ServeOptions};
 use crate::cli::{Exit, Globals, LogFormat};
+use crate::mcp::context::RoleContext;
 use crate::mcp::server::{
     DEFAULT_LISTEN_STALL_MS, DEFAULT_MAX_LISTEN_STREAMS, DEFAULT_MAX_LISTEN_URIS,
     DEFAULT_MAX_MESSAGE_BYTES, Limits,
@@ -112,22 +110,27 @@ pub fn announce(bound: &Bound, format: LogFormat) {
     }
 }
 
-/// Serves `source` as `opts` says until SIGINT, SIGTERM or `shutdown`, then drains: the whole
-/// life of a server role after its source is built.
+/// Serves `source` as `opts` says until SIGINT, SIGTERM or `ctx` shuts down, then drains
+/// `ctx` (the listeners and the source's helper tasks alike): the whole life of a server role
+/// after its source is built on `ctx`.
 pub async fn serve_until_stopped(
     source: impl Source,
     opts: &ServeOptions,
     store: &Store,
-    shutdown: CancellationToken,
+    ctx: RoleContext,
     globals: &Globals,
 ) -> Result<(), Exit> {
-    app::cancel_on_signals(shutdown.clone());
-    let tracker = TaskTracker::new();
-    let bound = app::serve_source(Arc::new(source), opts, store, &shutdown, &tracker)
-        .await
-        .map_err(|e| crate::cli::usage(e.into()))?;
+    app::cancel_on_signals(ctx.shutdown().clone());
+    let served = app::serve_source(Arc::new(source), opts, store, &ctx).await;
+    let bound = match served {
+        Ok(b) => b,
+        Err(e) => {
+            app::drain(&ctx).await;
+            return Err(crate::cli::usage(e.into()));
+        }
+    };
     announce(&bound, globals.log_format);
-    shutdown.cancelled().await;
-    app::drain(tracker).await;
+    ctx.shutdown().cancelled().await;
+    app::drain(&ctx).await;
     Ok(())
 }

@@ -4,12 +4,11 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use clap::Args;
-use tokio_util::sync::CancellationToken;
-use tokio_util::task::TaskTracker;
 
 use crate::app::{self, ServeOptions};
 use crate::cli::serve::announce;
 use crate::cli::{Exit, Globals};
+use crate::mcp::context::RoleContext;
 use crate::mcp::ring::DEFAULT_RING_CAPACITY;
 use crate::source::file::{FileConfig, FileSource};
 use crate::source::memo::Memo;
@@ -46,15 +45,15 @@ pub struct UpArgs {
 pub async fn run(args: UpArgs, globals: &Globals) -> Result<(), Exit> {
     let store = globals.open_store().await?;
     let memo = Memo::open(store.clone(), DEFAULT_RING_CAPACITY).await?;
-    let shutdown = CancellationToken::new();
+    let ctx = RoleContext::new("memo");
+    let shutdown = ctx.shutdown().clone();
     app::cancel_on_signals(shutdown.clone());
-    let tracker = TaskTracker::new();
     let opts = ServeOptions {
         http: Some(args.http.clone()),
         quic: Some(args.quic.clone()),
         ..ServeOptions::default()
     };
-    let bound = app::serve_source(Arc::new(memo), &opts, &store, &shutdown, &tracker)
+    let bound = app::serve_source(Arc::new(memo), &opts, &store, &ctx)
         .await
         .map_err(|e| crate::cli::usage(e.into()))?;
     announce(&bound, globals.log_format);
@@ -65,17 +64,21 @@ pub async fn run(args: UpArgs, globals: &Globals) -> Result<(), Exit> {
             args.demo_dir.display()
         ))
     })?;
-    let files = FileSource::new(FileConfig {
-        roots: vec![args.demo_dir.clone()],
-        ..FileConfig::default()
-    })
+    let file_ctx = ctx.for_role("file");
+    let files = FileSource::new(
+        FileConfig {
+            roots: vec![args.demo_dir.clone()],
+            ..FileConfig::default()
+        },
+        &file_ctx,
+    )
     .map_err(|e| crate::cli::usage(e.into()))?;
     let demo = files.roots()[0].clone();
     let file_opts = ServeOptions {
         http: Some(args.file_http.clone()),
         ..ServeOptions::default()
     };
-    let file_bound = app::serve_source(Arc::new(files), &file_opts, &store, &shutdown, &tracker)
+    let file_bound = app::serve_source(Arc::new(files), &file_opts, &store, &file_ctx)
         .await
         .map_err(|e| crate::cli::usage(e.into()))?;
     announce(&file_bound, globals.log_format);
@@ -134,6 +137,6 @@ pub async fn run(args: UpArgs, globals: &Globals) -> Result<(), Exit> {
     };
     // Not required, so this never fails: a demo watch that cannot start is logged.
     let _ = crate::watch::run(opts, shutdown.clone(), async |_| true).await;
-    app::drain(tracker).await;
+    app::drain(&ctx).await;
     Ok(())
 }

@@ -17,6 +17,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::gateway::config::{GatewayConfig, Slug, Token, valid_slug};
 use crate::mcp::backoff::Backoff;
+use crate::mcp::context::RoleContext;
 use crate::mcp::hub::ChangeFeed;
 use crate::mcp::metrics::EVENTS_LIST_FAILED;
 use crate::mcp::source::{
@@ -44,7 +45,8 @@ pub struct Gateway {
     tokens: Vec<Token>,
     feed: ChangeFeed,
     shared: Arc<Mutex<HashMap<String, Weak<SharedListen>>>>,
-    shutdown: CancellationToken,
+    /// Where relays, connects and cancels run; its shutdown ends them.
+    ctx: RoleContext,
 }
 
 /// One upstream subscription, shared by every client watching its URI.
@@ -64,12 +66,13 @@ impl Drop for SharedListen {
 }
 
 /// The shared upstream handle of one slug: named by the slug, its stdio child supervised
-/// (restarted with backoff whenever it exits) until `shutdown`.
-fn upstream_of(slug: &Slug, max_message_bytes: usize, shutdown: CancellationToken) -> Upstream {
+/// (restarted with backoff whenever it exits) until `ctx` shuts down.
+fn upstream_of(slug: &Slug, max_message_bytes: usize, ctx: &RoleContext) -> Upstream {
     Upstream::new(UpstreamConfig {
         name: slug.name.clone(),
         connect_timeout: CONNECT_TIMEOUT,
-        supervise: Some(shutdown),
+        context: Some(ctx.clone()),
+        supervise: true,
         ..UpstreamConfig::new(slug.target.clone(), slug.trust.clone(), max_message_bytes)
     })
 }
@@ -80,21 +83,18 @@ fn same(a: &[u8; 32], b: &[u8; 32]) -> bool {
 }
 
 impl Gateway {
-    pub fn new(
-        cfg: &GatewayConfig,
-        max_message_bytes: usize,
-        shutdown: CancellationToken,
-    ) -> Gateway {
+    /// The gateway over `cfg`'s slugs; its helper tasks run on `ctx`.
+    pub fn new(cfg: &GatewayConfig, max_message_bytes: usize, ctx: &RoleContext) -> Gateway {
         Gateway {
             upstreams: cfg
                 .slugs
                 .iter()
-                .map(|s| Arc::new(upstream_of(s, max_message_bytes, shutdown.child_token())))
+                .map(|s| Arc::new(upstream_of(s, max_message_bytes, ctx)))
                 .collect(),
             tokens: cfg.tokens.clone(),
             feed: ChangeFeed::new(),
             shared: Arc::new(Mutex::new(HashMap::new())),
-            shutdown,
+            ctx: ctx.clone(),
         }
     }
 
@@ -197,17 +197,20 @@ impl Gateway {
         }
         let (ack, acked) = tokio::sync::watch::channel(None);
         let s = Arc::new(SharedListen {
-            stop: self.shutdown.child_token(),
+            stop: self.ctx.shutdown().child_token(),
             acked,
         });
-        tokio::spawn(relay(
-            up,
-            upstream_uri,
-            key.clone(),
-            self.feed.clone(),
-            s.stop.clone(),
-            ack,
-        ));
+        self.ctx.spawn(
+            "gateway relay",
+            relay(
+                up,
+                upstream_uri,
+                key.clone(),
+                self.feed.clone(),
+                s.stop.clone(),
+                ack,
+            ),
+        );
         shared.insert(key.clone(), Arc::downgrade(&s));
         Ok((s, key))
     }
@@ -324,14 +327,15 @@ async fn relay(
 }
 
 /// Sends `notifications/cancelled` for an upstream request when dropped while still armed.
-struct CancelUpstream(Option<(rmcp::Peer<rmcp::RoleClient>, rmcp::model::RequestId)>);
+struct CancelUpstream {
+    armed: Option<(rmcp::Peer<rmcp::RoleClient>, rmcp::model::RequestId)>,
+    ctx: RoleContext,
+}
 
 impl Drop for CancelUpstream {
     fn drop(&mut self) {
-        if let Some((peer, id)) = self.0.take()
-            && let Ok(rt) = tokio::runtime::Handle::try_current()
-        {
-            rt.spawn(async move {
+        if let Some((peer, id)) = self.armed.take() {
+            self.ctx.spawn_in_drop("cancel upstream call", async move {
                 let _ = peer
                     .notify_cancelled(rmcp::model::CancelledNotificationParam::new(
                         Some(id),
@@ -528,9 +532,12 @@ impl Source for Gateway {
         let _relaying = progress.map(|p| up.relay.register(handle.progress_token.clone(), p));
         // A caller that gives up (its request cancelled, its connection gone) drops this
         // future: tell the upstream to stop too.
-        let mut cancel = CancelUpstream(Some((handle.peer.clone(), handle.id.clone())));
+        let mut cancel = CancelUpstream {
+            armed: Some((handle.peer.clone(), handle.id.clone())),
+            ctx: self.ctx.clone(),
+        };
         let answer = handle.await_response().await;
-        cancel.0 = None;
+        cancel.armed = None;
         let answer = answer.map_err(broken)?;
         // The upstream sent its progress before its answer, but rmcp handles notifications in
         // tasks of their own: let those just started forward theirs before the answer leaves.

@@ -17,6 +17,7 @@ use std::time::Duration;
 use rmcp::model::JsonObject;
 use serde_json::{Value, json};
 
+use crate::mcp::context::RoleContext;
 use crate::mcp::hub::ChangeFeed;
 use crate::mcp::ring::{EventRing, now_ms};
 use crate::mcp::source::SourceError;
@@ -341,6 +342,8 @@ pub struct Leases<T> {
     held: Arc<Mutex<HashMap<String, Held<T>>>>,
     hold: Duration,
     max: usize,
+    /// Where the expiry timers run (they end at shutdown).
+    ctx: RoleContext,
 }
 
 struct Held<T> {
@@ -349,11 +352,12 @@ struct Held<T> {
 }
 
 impl<T: Send + 'static> Leases<T> {
-    pub fn new(hold: Duration, max: usize) -> Leases<T> {
+    pub fn new(hold: Duration, max: usize, ctx: RoleContext) -> Leases<T> {
         Leases {
             held: Arc::default(),
             hold,
             max: max.max(1),
+            ctx,
         }
     }
 
@@ -398,7 +402,10 @@ impl<T: Send + 'static> Leases<T> {
         let r = f(&value);
         held.insert(key.to_owned(), Held { value, expires });
         drop(held);
-        tokio::spawn(expire(Arc::downgrade(&self.held), key.to_owned(), expires));
+        self.ctx.spawn_until_shutdown(
+            "poll lease",
+            expire(Arc::downgrade(&self.held), key.to_owned(), expires),
+        );
         Ok(r)
     }
 
@@ -694,7 +701,8 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn leases_expire_after_the_last_renewal() {
-        let leases: Leases<Arc<()>> = Leases::new(Duration::from_secs(300), 8);
+        let leases: Leases<Arc<()>> =
+            Leases::new(Duration::from_secs(300), 8, RoleContext::new("test"));
         let token = Arc::new(());
         assert_eq!(leases.hold("u", token.clone(), |_| 1).unwrap(), 1);
         let other = Arc::new(());
@@ -723,7 +731,8 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn leases_are_bounded() {
-        let leases: Leases<Arc<()>> = Leases::new(Duration::from_secs(300), 2);
+        let leases: Leases<Arc<()>> =
+            Leases::new(Duration::from_secs(300), 2, RoleContext::new("test"));
         let token = Arc::new(());
         leases.hold("a", token.clone(), |_| ()).unwrap();
         leases.hold("b", token.clone(), |_| ()).unwrap();
@@ -738,6 +747,20 @@ mod tests {
         leases.hold("a", token.clone(), |_| ()).unwrap();
         tokio::time::sleep(Duration::from_secs(301)).await;
         assert!(leases.check_room().is_ok(), "room again once holds lapse");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn lease_timers_are_named_and_end_at_shutdown() {
+        let ctx = RoleContext::new("test");
+        let leases: Leases<Arc<()>> = Leases::new(Duration::from_secs(300), 2, ctx.clone());
+        leases.hold("a", Arc::new(()), |_| ()).unwrap();
+        assert_eq!(ctx.running(), vec![("test/poll lease".to_owned(), 1)]);
+        let started = tokio::time::Instant::now();
+        assert_eq!(ctx.drain(Duration::from_secs(10)).await, Ok(()));
+        assert!(
+            started.elapsed() < Duration::from_secs(1),
+            "not the 300 s hold"
+        );
     }
 
     #[test]

@@ -9,6 +9,7 @@ pub mod admission;
 pub mod backoff;
 pub mod caller;
 pub mod conn;
+pub mod context;
 pub mod events;
 pub mod hub;
 pub mod metrics;

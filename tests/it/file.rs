@@ -6,6 +6,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
+use herald::mcp::context::RoleContext;
 use herald::mcp::hub::Registration;
 use herald::mcp::source::{Body, Caller, Source, WatchGuard};
 use herald::source::file::{FileConfig, FileSource, events_uri, state_uri};
@@ -37,7 +38,7 @@ impl Fixture {
         Fixture {
             _dir: dir,
             root,
-            src: Arc::new(FileSource::new(cfg).unwrap()),
+            src: Arc::new(FileSource::new(cfg, &RoleContext::new("file")).unwrap()),
         }
     }
 

@@ -6,6 +6,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use herald::app::{ServeOptions, serve_source};
+use herald::mcp::context::RoleContext;
 use herald::source::memo::Memo;
 use herald::store::{Store, Table};
 use herald::transport::client::Target;
@@ -13,20 +14,17 @@ use herald::watch::log::WatchLog;
 use herald::watch::{Notice, WatchConfig, WatchError, WatchManager};
 use serde_json::json;
 use tokio::sync::mpsc;
-use tokio_util::sync::CancellationToken;
-use tokio_util::task::TaskTracker;
 
 use crate::support::*;
 
 struct InProcess {
     url: String,
-    shutdown: CancellationToken,
-    _tracker: TaskTracker,
+    ctx: RoleContext,
 }
 
 impl Drop for InProcess {
     fn drop(&mut self) {
-        self.shutdown.cancel();
+        self.ctx.shutdown().cancel();
     }
 }
 
@@ -34,19 +32,17 @@ async fn memo_server() -> InProcess {
     init();
     let store = Store::memory();
     let memo = Memo::open(store.clone(), 64).await.unwrap();
-    let shutdown = CancellationToken::new();
-    let tracker = TaskTracker::new();
+    let ctx = RoleContext::new("memo");
     let opts = ServeOptions {
         http: Some("127.0.0.1:0".into()),
         ..ServeOptions::default()
     };
-    let bound = serve_source(Arc::new(memo), &opts, &store, &shutdown, &tracker)
+    let bound = serve_source(Arc::new(memo), &opts, &store, &ctx)
         .await
         .unwrap();
     InProcess {
         url: bound.http_url().unwrap(),
-        shutdown,
-        _tracker: tracker,
+        ctx,
     }
 }
 

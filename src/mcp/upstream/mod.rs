@@ -22,12 +22,12 @@ use futures::FutureExt;
 use futures::future::{BoxFuture, Shared};
 use rmcp::model::{ClientRequest, CustomRequest, ErrorData, ServerResult};
 use serde_json::Value;
-use tokio_util::sync::CancellationToken;
 
 pub use catalog::{Catalog, ContentsError, contents, is_read_only, route};
 pub use relay::{Relay, Relaying};
 
 use crate::mcp::backoff::Backoff;
+use crate::mcp::context::RoleContext;
 use crate::mcp::source::SourceError;
 use crate::transport::client::{ConnectError, Connection, Target, connect};
 use crate::transport::tls::ClientTrust;
@@ -62,10 +62,14 @@ pub struct UpstreamConfig {
     pub connect_timeout: Duration,
     /// Pacing of connects after a failed one.
     pub backoff: Backoff,
-    /// For a stdio target: keep the child running, starting it again (paced by `backoff`)
-    /// whenever it exits, until this is cancelled. `None`: a child lives as long as its
-    /// connection.
-    pub supervise: Option<CancellationToken>,
+    /// The role's task context: connects, the child's supervisor and progress flushes run
+    /// on it, and end at its shutdown. `None` (a client role, whose tasks end with its
+    /// runtime): plain tokio tasks.
+    pub context: Option<RoleContext>,
+    /// For a stdio target with a `context`: keep the child running, starting it again (paced
+    /// by `backoff`) whenever it exits, until the context shuts down. Otherwise a child lives
+    /// as long as its connection.
+    pub supervise: bool,
 }
 
 impl UpstreamConfig {
@@ -79,7 +83,8 @@ impl UpstreamConfig {
             max_message_bytes,
             connect_timeout: REQUEST_TIMEOUT,
             backoff: RECONNECT,
-            supervise: None,
+            context: None,
+            supervise: false,
         }
     }
 }
@@ -162,7 +167,8 @@ pub struct Upstream {
     trust: ClientTrust,
     max_message_bytes: usize,
     connect_timeout: Duration,
-    supervise: Option<CancellationToken>,
+    ctx: Option<RoleContext>,
+    supervise: bool,
     dialer: Option<Dialer>,
     live: Mutex<Option<Arc<Live>>>,
     /// The last connection's catalog, kept while reconnecting.
@@ -193,7 +199,9 @@ impl Upstream {
             trust: cfg.trust,
             max_message_bytes: cfg.max_message_bytes,
             connect_timeout: cfg.connect_timeout,
-            supervise: cfg.supervise,
+            supervise: cfg.supervise && cfg.context.is_some(),
+            relay: Relay::new(cfg.context.clone()),
+            ctx: cfg.context,
             dialer: None,
             live: Mutex::new(None),
             catalog: Mutex::new(None),
@@ -205,7 +213,6 @@ impl Upstream {
                 up_since: None,
             }),
             generation: AtomicU64::new(0),
-            relay: Relay::default(),
         }
     }
 
@@ -260,10 +267,10 @@ impl Upstream {
                 match g.as_ref() {
                     Some(a) => a.clone(),
                     None => {
-                        let me = self.clone();
+                        let task = self.spawn("upstream connect", self.clone().connect_once());
                         let name = self.name.clone();
                         let a = async move {
-                            tokio::spawn(me.connect_once()).await.unwrap_or_else(|e| {
+                            task.await.unwrap_or_else(|e| {
                                 Err(Unavailable {
                                     name,
                                     detail: format!("the connect task failed: {e}"),
@@ -374,10 +381,10 @@ impl Upstream {
         let mut conn = conn.map_err(|e| e.to_string())?;
         let catalog = Arc::new(Catalog::fetch(&conn, &self.name).await);
         let generation = self.generation.fetch_add(1, Ordering::Relaxed);
-        if let Some(shutdown) = &self.supervise
+        if let Some(ctx) = self.ctx.as_ref().filter(|_| self.supervise)
             && let Some(child) = conn.take_child()
         {
-            self.supervise(child, generation, shutdown.clone());
+            self.supervise(child, generation, ctx);
         }
         Ok(Live {
             conn,
@@ -392,10 +399,11 @@ impl Upstream {
         self: &Arc<Self>,
         mut child: tokio::process::Child,
         generation: u64,
-        shutdown: CancellationToken,
+        ctx: &RoleContext,
     ) {
         let weak = Arc::downgrade(self);
-        tokio::spawn(async move {
+        let shutdown = ctx.shutdown().clone();
+        ctx.spawn("upstream supervisor", async move {
             tokio::select! {
                 _ = shutdown.cancelled() => return,
                 status = child.wait() => {
@@ -419,6 +427,18 @@ impl Upstream {
                 }
             }
         });
+    }
+
+    /// Spawns a helper task on the role's context, or as a plain task without one.
+    fn spawn<F>(&self, name: &'static str, fut: F) -> tokio::task::JoinHandle<F::Output>
+    where
+        F: Future + Send + 'static,
+        F::Output: Send + 'static,
+    {
+        match &self.ctx {
+            Some(ctx) => ctx.spawn(name, fut),
+            None => tokio::spawn(fut),
+        }
     }
 
     /// Sends a custom request (`events/list`, `events/poll`) and returns its result object.

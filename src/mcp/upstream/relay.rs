@@ -10,6 +10,7 @@ use rmcp::ClientHandler;
 use rmcp::model::{ClientConfig, NumberOrString, ProgressNotificationParam, ProgressToken};
 use rmcp::service::{NotificationContext, RoleClient};
 
+use crate::mcp::context::RoleContext;
 use crate::mcp::source::Progress;
 use crate::transport::client::client_config;
 
@@ -20,6 +21,17 @@ pub struct Relay {
     /// Progress that arrived before its call was registered (the request is on the wire before
     /// rmcp hands back its token); at most [`MAX_EARLY`], oldest dropped.
     early: Arc<Mutex<VecDeque<ProgressNotificationParam>>>,
+    /// Where the flush of early progress runs; `None`: a plain task (a client role).
+    ctx: Option<RoleContext>,
+}
+
+impl Relay {
+    pub fn new(ctx: Option<RoleContext>) -> Relay {
+        Relay {
+            ctx,
+            ..Relay::default()
+        }
+    }
 }
 
 const MAX_EARLY: usize = 64;
@@ -63,12 +75,16 @@ impl Relay {
             mine
         };
         if !early.is_empty() {
-            tokio::spawn(async move {
+            let flush = async move {
                 for mut p in early {
                     p.progress_token = to.token.clone();
                     let _ = to.peer.notify_progress(p).await;
                 }
-            });
+            };
+            match &self.ctx {
+                Some(ctx) => drop(ctx.spawn_until_shutdown("early progress", flush)),
+                None => drop(tokio::spawn(flush)),
+            }
         }
         Relaying {
             key,

@@ -43,6 +43,7 @@ use self::machine::{Config, Spec, SubError};
 use self::paths::{Confined, Roots};
 use self::uri::{Target, parse, uri_path};
 use self::watcher::{Subscription, Watcher};
+use crate::mcp::context::RoleContext;
 use crate::mcp::events::{Leases, MAX_POLL_LEASES, POLL_LEASE};
 use crate::mcp::hub::ChangeFeed;
 use crate::mcp::ring::{DEFAULT_RING_CAPACITY, EVENT_LOG_MIME};
@@ -100,11 +101,13 @@ pub struct FileSource {
     feed: ChangeFeed,
     /// The watches `events/poll` keeps between polls, by URI.
     polls: Leases<Subscription>,
+    /// Where the read leases' timers run.
+    ctx: RoleContext,
 }
 
 impl FileSource {
-    /// Checks the roots and starts the inotify thread.
-    pub fn new(cfg: FileConfig) -> Result<FileSource, FileError> {
+    /// Checks the roots and starts the inotify thread; helper tasks go on `ctx`.
+    pub fn new(cfg: FileConfig, ctx: &RoleContext) -> Result<FileSource, FileError> {
         let roots = Roots::new(&cfg.roots).map_err(FileError::Roots)?;
         let feed = ChangeFeed::new();
         let watcher = Watcher::start(
@@ -122,7 +125,8 @@ impl FileSource {
             max_file_bytes: cfg.max_file_bytes,
             watcher,
             feed,
-            polls: Leases::new(POLL_LEASE, MAX_POLL_LEASES),
+            polls: Leases::new(POLL_LEASE, MAX_POLL_LEASES, ctx.clone()),
+            ctx: ctx.clone(),
         })
     }
 
@@ -271,7 +275,8 @@ impl Source for FileSource {
             None => match self.subscribe(uri, &target, &confined).await {
                 Ok(sub) => {
                     let ring = sub.ring().cloned();
-                    tokio::spawn(async move {
+                    // Dropped at shutdown, like the sleep.
+                    self.ctx.spawn_until_shutdown("read lease", async move {
                         tokio::time::sleep(READ_LEASE).await;
                         drop(sub);
                     });

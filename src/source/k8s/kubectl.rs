@@ -11,6 +11,7 @@ use serde_json::{Value, json};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::process::{Child, Command};
 
+use crate::mcp::context::RoleContext;
 use crate::mcp::source::SourceError;
 use crate::source::k8s::known::strip;
 use crate::source::k8s::uri::{Cluster, Selection};
@@ -59,6 +60,8 @@ pub struct Kubectl {
     commands: tokio::sync::Semaphore,
     /// Names temporary files uniquely (concurrent writers of one kubeconfig never collide).
     writes: std::sync::atomic::AtomicU64,
+    /// Where the helper tasks of kubectl runs and watchers go.
+    ctx: RoleContext,
 }
 
 impl Drop for Kubectl {
@@ -88,7 +91,7 @@ fn stderr_text(bytes: &[u8]) -> String {
 }
 
 impl Kubectl {
-    pub fn new(cfg: KubectlConfig) -> std::io::Result<Kubectl> {
+    pub fn new(cfg: KubectlConfig, ctx: &RoleContext) -> std::io::Result<Kubectl> {
         let private = match &cfg.token_command {
             None => None,
             Some(_) => {
@@ -111,7 +114,13 @@ impl Kubectl {
             servers: tokio::sync::Mutex::new(HashMap::new()),
             commands: tokio::sync::Semaphore::new(MAX_CONCURRENT_COMMANDS),
             writes: std::sync::atomic::AtomicU64::new(0),
+            ctx: ctx.clone(),
         })
+    }
+
+    /// The role's task context (the watchers spawn on it too).
+    pub fn ctx(&self) -> &RoleContext {
+        &self.ctx
     }
 
     pub fn program(&self) -> &Path {
@@ -275,7 +284,7 @@ impl Kubectl {
         })?;
         if let (Some(input), Some(mut pipe)) = (stdin, child.stdin.take()) {
             let input = input.to_vec();
-            tokio::spawn(async move {
+            self.ctx.spawn("kubectl stdin", async move {
                 let _ = pipe.write_all(&input).await;
             });
         }

@@ -34,6 +34,7 @@ use async_trait::async_trait;
 use rmcp::model::{CallToolResult, JsonObject, Resource, ResourceTemplate, Tool};
 use serde_json::Value;
 
+use crate::mcp::context::RoleContext;
 use crate::mcp::events::{EventType, Leases, MAX_POLL_LEASES, POLL_LEASE};
 use crate::mcp::hub::ChangeFeed;
 use crate::mcp::source::{
@@ -86,6 +87,7 @@ impl Default for K8sConfig {
 struct Lease {
     watcher: Option<Arc<Watcher>>,
     linger: Duration,
+    ctx: RoleContext,
 }
 
 impl Drop for Lease {
@@ -97,12 +99,11 @@ impl Drop for Lease {
             return;
         }
         let linger = self.linger;
-        if let Ok(rt) = tokio::runtime::Handle::try_current() {
-            rt.spawn(async move {
-                tokio::time::sleep(linger).await;
-                drop(w);
-            });
-        }
+        // Outside a runtime, or at shutdown, the watcher stops now.
+        self.ctx.spawn_in_drop("k8s linger", async move {
+            tokio::time::sleep(linger).await;
+            drop(w);
+        });
     }
 }
 
@@ -117,13 +118,18 @@ impl K8s {
         Ok(WatchGuard::new(self.lease(uri, sel)?))
     }
 
-    pub fn new(kubectl: KubectlConfig, config: K8sConfig) -> std::io::Result<K8s> {
+    /// The source; its watchers, lingers and kubectl helpers run on `ctx`.
+    pub fn new(
+        kubectl: KubectlConfig,
+        config: K8sConfig,
+        ctx: &RoleContext,
+    ) -> std::io::Result<K8s> {
         Ok(K8s {
-            kubectl: Arc::new(Kubectl::new(kubectl)?),
+            kubectl: Arc::new(Kubectl::new(kubectl, ctx)?),
             feed: ChangeFeed::new(),
             watchers: Mutex::new(HashMap::new()),
             config,
-            polls: Leases::new(POLL_LEASE, MAX_POLL_LEASES),
+            polls: Leases::new(POLL_LEASE, MAX_POLL_LEASES, ctx.clone()),
         })
     }
 
@@ -154,6 +160,7 @@ impl K8s {
         Ok(Lease {
             watcher: Some(w),
             linger: self.config.linger,
+            ctx: self.kubectl.ctx().clone(),
         })
     }
 
@@ -262,6 +269,7 @@ pub(super) mod tests {
                 max_watchers: 2,
                 ..K8sConfig::default()
             },
+            &RoleContext::new("k8s"),
         )
         .unwrap()
     }
@@ -280,6 +288,38 @@ pub(super) mod tests {
         drop(c);
         tokio::time::sleep(Duration::from_secs(11)).await;
         assert_eq!(k.running(), 0, "stopped once nobody came back");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn shutdown_drains_watchers_and_lingers_at_once() {
+        let ctx = RoleContext::new("k8s");
+        let k = K8s::new(
+            KubectlConfig {
+                program: "/nonexistent/kubectl".into(),
+                kubeconfigs: Vec::new(),
+                token_command: None,
+            },
+            K8sConfig {
+                linger: Duration::from_secs(600),
+                ..K8sConfig::default()
+            },
+            &ctx,
+        )
+        .unwrap();
+        let held = k.watch("k8s-events://watch/a").unwrap();
+        drop(k.watch("k8s-events://watch/b").unwrap());
+        tokio::task::yield_now().await;
+        let running: Vec<String> = ctx.running().into_iter().map(|(n, _)| n).collect();
+        assert!(running.contains(&"k8s/k8s watch".to_owned()), "{running:?}");
+        assert!(
+            running.contains(&"k8s/k8s linger".to_owned()),
+            "{running:?}"
+        );
+        // A held watcher and a ten-minute linger: the drain ends both, well before either.
+        let started = tokio::time::Instant::now();
+        assert_eq!(ctx.drain(Duration::from_secs(5)).await, Ok(()));
+        assert!(started.elapsed() < Duration::from_secs(5));
+        drop(held);
     }
 
     #[tokio::test(start_paused = true)]

@@ -66,7 +66,9 @@ impl Watcher {
     ) -> Watcher {
         let ring = Arc::new(EventRing::new(ring_capacity));
         let (tx, seed) = watch::channel(Seed::Pending);
-        let stop = CancellationToken::new();
+        // Stopped by the last handle, or at shutdown.
+        let stop = kubectl.ctx().shutdown().child_token();
+        let ctx = kubectl.ctx().clone();
         let task = Task {
             uri,
             sel,
@@ -77,7 +79,7 @@ impl Watcher {
             stop: stop.clone(),
             known: None,
         };
-        tokio::spawn(task.run());
+        ctx.spawn("k8s watch", task.run());
         Watcher { ring, seed, stop }
     }
 
@@ -220,7 +222,7 @@ impl Task {
         };
         let mut stdout = child.stdout.take().expect("piped");
         let mut stderr = child.stderr.take().expect("piped");
-        let errors = tokio::spawn(async move {
+        let errors = self.kubectl.ctx().spawn("kubectl stderr", async move {
             // Keep the tail only: a chatty kubectl must not grow memory.
             let mut tail = Vec::new();
             let mut buf = [0u8; 4096];

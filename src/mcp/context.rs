@@ -1,0 +1,262 @@
+//! What a role runner hands the parts it builds: one task tracker, one shutdown token and the
+//! role's name. Every helper task a source spawns (k8s watchers, file and poll leases, the
+//! gateway's relays and connects) goes through [`RoleContext::spawn`] or one of its siblings,
+//! so it is tracked (the runner's drain waits for it), named (a span `task{role, name}`, and a
+//! count of what is still running when the drain gives up) and ends at shutdown.
+
+use std::collections::BTreeMap;
+use std::future::Future;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+use tracing::Instrument;
+
+/// A role's task context. Cheap to clone; clones share the tracker, the token and the counts.
+#[derive(Clone)]
+pub struct RoleContext {
+    role: Arc<str>,
+    shared: Arc<Shared>,
+}
+
+struct Shared {
+    tracker: TaskTracker,
+    shutdown: CancellationToken,
+    /// Tasks running now, by (role, name).
+    running: Mutex<BTreeMap<(Arc<str>, &'static str), usize>>,
+}
+
+impl std::fmt::Debug for RoleContext {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RoleContext")
+            .field("role", &self.role)
+            .field("shutting_down", &self.shared.shutdown.is_cancelled())
+            .finish_non_exhaustive()
+    }
+}
+
+/// Counts one running task; uncounts it when the task ends or is dropped.
+struct Running {
+    shared: Arc<Shared>,
+    key: (Arc<str>, &'static str),
+}
+
+impl Running {
+    fn new(shared: Arc<Shared>, key: (Arc<str>, &'static str)) -> Running {
+        *shared
+            .running
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .entry(key.clone())
+            .or_default() += 1;
+        Running { shared, key }
+    }
+}
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        let mut running = self
+            .shared
+            .running
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        if let Some(n) = running.get_mut(&self.key) {
+            *n -= 1;
+            if *n == 0 {
+                running.remove(&self.key);
+            }
+        }
+    }
+}
+
+impl RoleContext {
+    /// A context with its own shutdown token.
+    pub fn new(role: &str) -> RoleContext {
+        RoleContext::with_shutdown(role, CancellationToken::new())
+    }
+
+    /// A context that shuts down with `shutdown`.
+    pub fn with_shutdown(role: &str, shutdown: CancellationToken) -> RoleContext {
+        RoleContext {
+            role: role.into(),
+            shared: Arc::new(Shared {
+                tracker: TaskTracker::new(),
+                shutdown,
+                running: Mutex::default(),
+            }),
+        }
+    }
+
+    /// The same tracker and token under another role's name (`herald up` runs several roles
+    /// in one process and drains them together).
+    pub fn for_role(&self, role: &str) -> RoleContext {
+        RoleContext {
+            role: role.into(),
+            shared: self.shared.clone(),
+        }
+    }
+
+    pub fn role(&self) -> &str {
+        &self.role
+    }
+
+    /// Cancelled when the role shuts down.
+    pub fn shutdown(&self) -> &CancellationToken {
+        &self.shared.shutdown
+    }
+
+    /// The tracker the runner's listeners are spawned on too.
+    pub fn tracker(&self) -> &TaskTracker {
+        &self.shared.tracker
+    }
+
+    fn wrap<F>(&self, name: &'static str, fut: F) -> impl Future<Output = F::Output> + use<F>
+    where
+        F: Future,
+    {
+        let running = Running::new(self.shared.clone(), (self.role.clone(), name));
+        let span = tracing::debug_span!("task", role = %self.role, name);
+        async move {
+            let out = fut.await;
+            drop(running);
+            out
+        }
+        .instrument(span)
+    }
+
+    /// Spawns a named helper task that ends on its own by shutdown (it watches a token that is
+    /// a child of [`shutdown`](Self::shutdown), or its work is short). The drain waits for it.
+    pub fn spawn<F>(&self, name: &'static str, fut: F) -> JoinHandle<F::Output>
+    where
+        F: Future + Send + 'static,
+        F::Output: Send + 'static,
+    {
+        self.shared.tracker.spawn(self.wrap(name, fut))
+    }
+
+    /// Spawns a named helper task that is dropped at shutdown: one that sleeps on a timer or
+    /// waits on a peer. `None` when shutdown came first.
+    pub fn spawn_until_shutdown<F>(
+        &self,
+        name: &'static str,
+        fut: F,
+    ) -> JoinHandle<Option<F::Output>>
+    where
+        F: Future + Send + 'static,
+        F::Output: Send + 'static,
+    {
+        let shutdown = self.shared.shutdown.clone();
+        self.spawn(name, async move {
+            tokio::select! {
+                biased;
+                _ = shutdown.cancelled() => None,
+                out = fut => Some(out),
+            }
+        })
+    }
+
+    /// [`spawn_until_shutdown`](Self::spawn_until_shutdown) from a `Drop` impl, which may
+    /// run outside a runtime: then nothing is spawned and `false` returned.
+    pub fn spawn_in_drop<F>(&self, name: &'static str, fut: F) -> bool
+    where
+        F: Future<Output = ()> + Send + 'static,
+    {
+        let Ok(rt) = tokio::runtime::Handle::try_current() else {
+            return false;
+        };
+        let shutdown = self.shared.shutdown.clone();
+        let fut = self.wrap(name, async move {
+            tokio::select! {
+                biased;
+                _ = shutdown.cancelled() => {}
+                () = fut => {}
+            }
+        });
+        self.shared.tracker.spawn_on(fut, &rt);
+        true
+    }
+
+    /// The tasks running now, as `role/name` with a count, sorted.
+    pub fn running(&self) -> Vec<(String, usize)> {
+        self.shared
+            .running
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .iter()
+            .map(|((role, name), n)| (format!("{role}/{name}"), *n))
+            .collect()
+    }
+
+    /// Shuts down (if that has not happened yet), stops taking new work into the count of
+    /// what the drain waits for, and waits at most `grace` for every tracked task. On time
+    /// out, names what is still running (and logs it).
+    pub async fn drain(&self, grace: Duration) -> Result<(), Vec<(String, usize)>> {
+        self.shared.shutdown.cancel();
+        self.shared.tracker.close();
+        if tokio::time::timeout(grace, self.shared.tracker.wait())
+            .await
+            .is_ok()
+        {
+            return Ok(());
+        }
+        let left = self.running();
+        tracing::warn!(
+            still_running = ?left,
+            "some tasks did not finish within the shutdown deadline"
+        );
+        Err(left)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test(start_paused = true)]
+    async fn tasks_are_counted_by_name_and_drained() {
+        let ctx = RoleContext::new("file");
+        let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+        let h = ctx.spawn("reader", async move {
+            let _ = rx.await;
+            7
+        });
+        let sleeper =
+            ctx.spawn_until_shutdown("lease", tokio::time::sleep(Duration::from_secs(300)));
+        tokio::task::yield_now().await;
+        assert_eq!(
+            ctx.running(),
+            vec![("file/lease".into(), 1), ("file/reader".into(), 1)]
+        );
+        tx.send(()).unwrap();
+        assert_eq!(h.await.unwrap(), 7);
+        // The lease sleeps five minutes; the drain ends it at once.
+        assert_eq!(ctx.drain(Duration::from_secs(1)).await, Ok(()));
+        assert_eq!(sleeper.await.unwrap(), None);
+        assert!(ctx.running().is_empty());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_task_that_ignores_shutdown_is_named_by_the_drain() {
+        let ctx = RoleContext::new("k8s");
+        let other = ctx.for_role("gateway");
+        other.spawn("stuck", std::future::pending::<()>());
+        tokio::task::yield_now().await;
+        let left = ctx.drain(Duration::from_secs(2)).await.unwrap_err();
+        assert_eq!(left, vec![("gateway/stuck".into(), 1)]);
+        assert!(other.shutdown().is_cancelled(), "for_role shares the token");
+    }
+
+    #[tokio::test]
+    async fn spawn_in_drop_needs_a_runtime_and_ends_at_shutdown() {
+        let ctx = RoleContext::new("k8s");
+        assert!(ctx.spawn_in_drop("linger", std::future::pending()));
+        let c2 = ctx.clone();
+        let outside = std::thread::spawn(move || c2.spawn_in_drop("linger", async {}))
+            .join()
+            .unwrap();
+        assert!(!outside, "no runtime on that thread: nothing spawned");
+        assert_eq!(ctx.drain(Duration::from_secs(5)).await, Ok(()));
+    }
+}
