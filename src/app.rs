@@ -74,7 +74,7 @@ pub async fn serve_source(
     store: &Store,
     ctx: &RoleContext,
 ) -> Result<Bound, AppError> {
-    let (shutdown, tracker) = (ctx.shutdown(), ctx.tracker());
+    let shutdown = ctx.shutdown();
     let role = source.info().name;
     let server = SourceServer::new(source, opts.limits.clone(), shutdown.clone());
     // Sessions outlive `shutdown` a little: listens answer the shutdown with their final
@@ -82,7 +82,7 @@ pub async fn serve_source(
     let sessions = CancellationToken::new();
     {
         let (server, shutdown, sessions) = (server.clone(), shutdown.clone(), sessions.clone());
-        tracker.spawn(async move {
+        ctx.spawn("sessions", async move {
             shutdown.cancelled().await;
             let _ = tokio::time::timeout(GRACE, server.listens_drained()).await;
             // The final results pass through rmcp's send loop and the writer task; give them
@@ -106,7 +106,8 @@ pub async fn serve_source(
         })?;
         bound.http = Some(local);
         let router = http::router(server.clone(), local, &opts.http_options, sessions.clone());
-        tracker.spawn(
+        ctx.spawn(
+            "http",
             http::serve(listener, router, shutdown.clone(), GRACE)
                 .instrument(tracing::info_span!("http", role = %role, addr = %local)),
         );
@@ -122,7 +123,8 @@ pub async fn serve_source(
             message: e.to_string(),
         })?;
         bound.quic = Some(local);
-        tracker.spawn(
+        ctx.spawn(
+            "quic",
             quic::serve(endpoint, server.clone(), shutdown.clone(), sessions.clone())
                 .instrument(tracing::info_span!("quic", role = %role, addr = %local)),
         );
@@ -131,7 +133,7 @@ pub async fn serve_source(
         bound.stdio = true;
         let shutdown = shutdown.clone();
         let sessions = sessions.clone();
-        tracker.spawn(async move {
+        ctx.spawn("stdio", async move {
             transport::serve_stdio(server, sessions).await;
             // The client closed stdin: nothing is left to serve on stdio.
             shutdown.cancel();

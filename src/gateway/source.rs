@@ -335,14 +335,20 @@ struct CancelUpstream {
 impl Drop for CancelUpstream {
     fn drop(&mut self) {
         if let Some((peer, id)) = self.armed.take() {
-            self.ctx.spawn_in_drop("cancel upstream call", async move {
-                let _ = peer
-                    .notify_cancelled(rmcp::model::CancelledNotificationParam::new(
-                        Some(id),
-                        Some("the caller cancelled the request".into()),
-                    ))
-                    .await;
-            });
+            // Bounded, not cut by shutdown: shutdown is what drops most callers, and the
+            // upstream must still hear that nobody waits for its answer.
+            self.ctx.spawn_in_drop_bounded(
+                "cancel upstream call",
+                Duration::from_secs(1),
+                async move {
+                    let _ = peer
+                        .notify_cancelled(rmcp::model::CancelledNotificationParam::new(
+                            Some(id),
+                            Some("the caller cancelled the request".into()),
+                        ))
+                        .await;
+                },
+            );
         }
     }
 }

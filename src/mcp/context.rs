@@ -117,7 +117,9 @@ impl RoleContext {
         F: Future,
     {
         let running = Running::new(self.shared.clone(), (self.role.clone(), name));
-        let span = tracing::debug_span!("task", role = %self.role, name);
+        // No parent: a task started from one request's span (a shared watcher, a relay) must
+        // not log under, and keep alive, that request's connection span.
+        let span = tracing::debug_span!(parent: None, "task", role = %self.role, name);
         async move {
             let out = fut.await;
             drop(running);
@@ -173,6 +175,23 @@ impl RoleContext {
                 _ = shutdown.cancelled() => {}
                 () = fut => {}
             }
+        });
+        self.shared.tracker.spawn_on(fut, &rt);
+        true
+    }
+
+    /// From a `Drop` impl: runs `fut` for at most `limit`, shutdown or not (a message that
+    /// must still go out, such as an upstream's cancel when shutdown dropped its caller).
+    /// Outside a runtime nothing is spawned and `false` returned.
+    pub fn spawn_in_drop_bounded<F>(&self, name: &'static str, limit: Duration, fut: F) -> bool
+    where
+        F: Future<Output = ()> + Send + 'static,
+    {
+        let Ok(rt) = tokio::runtime::Handle::try_current() else {
+            return false;
+        };
+        let fut = self.wrap(name, async move {
+            let _ = tokio::time::timeout(limit, fut).await;
         });
         self.shared.tracker.spawn_on(fut, &rt);
         true
@@ -248,9 +267,33 @@ mod tests {
         assert!(other.shutdown().is_cancelled(), "for_role shares the token");
     }
 
+    #[tokio::test(start_paused = true)]
+    async fn a_bounded_drop_task_runs_even_after_shutdown() {
+        let ctx = RoleContext::new("gateway");
+        ctx.shutdown().cancel();
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        assert!(
+            ctx.spawn_in_drop_bounded("cancel", Duration::from_secs(1), async move {
+                let _ = tx.send(());
+            })
+        );
+        assert!(ctx.spawn_in_drop_bounded("stuck", Duration::from_secs(1), std::future::pending()));
+        assert_eq!(
+            ctx.drain(Duration::from_secs(5)).await,
+            Ok(()),
+            "the bound ends the stuck one"
+        );
+        assert_eq!(rx.await, Ok(()), "the message went out after shutdown");
+    }
+
     #[tokio::test]
     async fn spawn_in_drop_needs_a_runtime_and_ends_at_shutdown() {
         let ctx = RoleContext::new("k8s");
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        assert!(ctx.spawn_in_drop("ran", async move {
+            let _ = tx.send(());
+        }));
+        assert_eq!(rx.await, Ok(()), "a drop task runs while not shutting down");
         assert!(ctx.spawn_in_drop("linger", std::future::pending()));
         let c2 = ctx.clone();
         let outside = std::thread::spawn(move || c2.spawn_in_drop("linger", async {}))

@@ -199,7 +199,13 @@ impl Upstream {
             trust: cfg.trust,
             max_message_bytes: cfg.max_message_bytes,
             connect_timeout: cfg.connect_timeout,
-            supervise: cfg.supervise && cfg.context.is_some(),
+            supervise: {
+                debug_assert!(
+                    !cfg.supervise || cfg.context.is_some(),
+                    "supervise needs a context to end with"
+                );
+                cfg.supervise && cfg.context.is_some()
+            },
             relay: Relay::new(cfg.context.clone()),
             ctx: cfg.context,
             dialer: None,
@@ -306,7 +312,19 @@ impl Upstream {
                     return Err(self.unavailable(p.last_error.clone()));
                 }
             }
-            match tokio::time::timeout(self.connect_timeout, self.open()).await {
+            let opening = tokio::time::timeout(self.connect_timeout, self.open());
+            // A role shutting down stops waiting at once: its drain must not wait out a
+            // connect to an upstream that does not answer.
+            let opened = match &self.ctx {
+                Some(ctx) => tokio::select! {
+                    _ = ctx.shutdown().cancelled() => {
+                        return Err(self.unavailable("the gateway is shutting down".into()));
+                    }
+                    r = opening => r,
+                },
+                None => opening.await,
+            };
+            match opened {
                 Ok(Ok(live)) => {
                     let live = Arc::new(live);
                     *self.live.lock().unwrap_or_else(|e| e.into_inner()) = Some(live.clone());
@@ -422,8 +440,11 @@ impl Upstream {
                     _ = tokio::time::sleep(delay) => {}
                 }
                 let Some(up) = weak.upgrade() else { return };
-                if up.live().await.is_ok() {
-                    return;
+                tokio::select! {
+                    _ = shutdown.cancelled() => return,
+                    r = up.live() => if r.is_ok() {
+                        return;
+                    },
                 }
             }
         });
@@ -484,6 +505,38 @@ mod tests {
     use std::sync::atomic::AtomicUsize;
 
     use crate::testing::{MemoServer, down_upstream};
+
+    #[tokio::test(start_paused = true)]
+    async fn a_connect_that_hangs_does_not_hold_the_drain() {
+        let ctx = RoleContext::new("gateway");
+        let dialer: Dialer = Arc::new(|_relay| Box::pin(std::future::pending()));
+        let up = Arc::new(Upstream::dialing(
+            UpstreamConfig {
+                name: "slow".into(),
+                connect_timeout: Duration::from_secs(10),
+                context: Some(ctx.clone()),
+                supervise: true,
+                ..UpstreamConfig::new(
+                    Target::Http("http://slow/mcp".into()),
+                    Default::default(),
+                    1 << 20,
+                )
+            },
+            dialer,
+        ));
+        // A caller (a relay, an events probe) gives up; the connect goes on, tracked.
+        let _ = tokio::time::timeout(Duration::from_millis(100), up.live()).await;
+        assert_eq!(
+            ctx.running(),
+            vec![("gateway/upstream connect".to_owned(), 1)]
+        );
+        let started = tokio::time::Instant::now();
+        assert_eq!(ctx.drain(Duration::from_secs(6)).await, Ok(()));
+        assert!(
+            started.elapsed() < Duration::from_secs(1),
+            "not the 10 s connect timeout"
+        );
+    }
 
     #[tokio::test]
     async fn a_connect_fetches_the_catalog_and_routing_uses_it() {

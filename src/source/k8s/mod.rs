@@ -290,6 +290,40 @@ pub(super) mod tests {
         assert_eq!(k.running(), 0, "stopped once nobody came back");
     }
 
+    /// A credential plugin that kubectl starts may keep kubectl's stderr open after kubectl
+    /// itself is gone: the drain still ends the watcher's stderr reader.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_plugin_holding_stderr_does_not_hold_the_drain() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = std::env::temp_dir().join(format!("herald-k8s-stderr-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let script = dir.join("kubectl");
+        std::fs::write(
+            &script,
+            "#!/bin/sh\ncase \" $* \" in\n  *\" -w \"*) sleep 30 >/dev/null </dev/null & exec sleep 30 ;;\n  *) echo '{\"items\":[]}' ;;\nesac\n",
+        )
+        .unwrap();
+        std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755)).unwrap();
+        let ctx = RoleContext::new("k8s");
+        let k = K8s::new(
+            KubectlConfig {
+                program: script.clone(),
+                kubeconfigs: Vec::new(),
+                token_command: None,
+            },
+            K8sConfig::default(),
+            &ctx,
+        )
+        .unwrap();
+        let held = k.watch("k8s-events://watch/configmaps").unwrap();
+        // The seed is in: the watch (and its stderr reader) runs.
+        k.read_uri("k8s-events://watch/configmaps").await.unwrap();
+        let r = ctx.drain(Duration::from_secs(5)).await;
+        drop(held);
+        let _ = std::fs::remove_dir_all(&dir);
+        assert_eq!(r, Ok(()));
+    }
+
     #[tokio::test(start_paused = true)]
     async fn shutdown_drains_watchers_and_lingers_at_once() {
         let ctx = RoleContext::new("k8s");

@@ -33,6 +33,9 @@ pub const BASE_BACKOFF: Duration = Duration::from_millis(200);
 pub const MAX_BACKOFF: Duration = Duration::from_secs(30);
 /// The reconnect delays, indexed by the short runs counted below.
 const RECONNECT: Backoff = Backoff::new(BASE_BACKOFF, MAX_BACKOFF);
+/// How long an exited kubectl's stderr may stay open (held by a plugin it started) before
+/// its tail is given up.
+const STDERR_TAIL_WAIT: Duration = Duration::from_secs(1);
 /// A watch that lasted this long resets the backoff.
 const HEALTHY: Duration = Duration::from_secs(10);
 
@@ -222,11 +225,19 @@ impl Task {
         };
         let mut stdout = child.stdout.take().expect("piped");
         let mut stderr = child.stderr.take().expect("piped");
+        let stop = self.stop.clone();
         let errors = self.kubectl.ctx().spawn("kubectl stderr", async move {
             // Keep the tail only: a chatty kubectl must not grow memory.
             let mut tail = Vec::new();
             let mut buf = [0u8; 4096];
-            while let Ok(n) = stderr.read(&mut buf).await {
+            loop {
+                // A credential plugin kubectl started may hold stderr open after kubectl is
+                // gone: a stop (or shutdown) ends the reader whatever the pipe does.
+                let n = tokio::select! {
+                    _ = stop.cancelled() => break,
+                    n = stderr.read(&mut buf) => n,
+                };
+                let Ok(n) = n else { break };
                 if n == 0 {
                     break;
                 }
@@ -290,10 +301,17 @@ impl Task {
             s = child.wait() => s,
         };
         // The stderr reader ends with kubectl; a credential plugin that keeps stderr open must
-        // not hold the watcher past a stop.
+        // not hold the watcher past a stop, nor its next attempt for more than a moment.
+        let abort = errors.abort_handle();
         let tail = tokio::select! {
             _ = self.stop.cancelled() => return None,
-            t = errors => t.unwrap_or_default(),
+            t = tokio::time::timeout(STDERR_TAIL_WAIT, errors) => match t {
+                Ok(t) => t.unwrap_or_default(),
+                Err(_) => {
+                    abort.abort();
+                    Vec::new()
+                }
+            },
         };
         match status {
             Ok(s) if s.success() && failure.is_none() => Some(Ok(())),
