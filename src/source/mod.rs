@@ -4,3 +4,4 @@
 pub mod file;
 pub mod k8s;
 pub mod memo;
+pub mod slack;

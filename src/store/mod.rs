@@ -28,6 +28,7 @@ const META: TableDefinition<&str, u64> = TableDefinition::new("meta");
 const NOTES: TableDefinition<&str, &[u8]> = TableDefinition::new("memo_notes");
 const IDENTITY: TableDefinition<&str, &[u8]> = TableDefinition::new("identity");
 const WATCHES: TableDefinition<&str, &[u8]> = TableDefinition::new("watch_specs");
+const SLACK_BUFFER: TableDefinition<&str, &[u8]> = TableDefinition::new("slack_buffer");
 
 /// The tables herald keeps. Each maps string keys to opaque bytes (JSON by convention).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -38,6 +39,9 @@ pub enum Table {
     Identity,
     /// Saved watch specs (`--watch-state`): name → JSON spec.
     Watches,
+    /// `herald slack`'s buffer: `m:<channel>:<ts>` → a sealed event, `state` → its sealed
+    /// cursor state. Nothing in it is readable without the role's key.
+    SlackBuffer,
 }
 
 impl Table {
@@ -46,6 +50,7 @@ impl Table {
             Table::Notes => NOTES,
             Table::Identity => IDENTITY,
             Table::Watches => WATCHES,
+            Table::SlackBuffer => SLACK_BUFFER,
         }
     }
 }
@@ -151,6 +156,12 @@ enum WriteOp {
         table: Table,
         key: String,
     },
+    /// Many puts and deletes in one table, in one transaction.
+    Batch {
+        table: Table,
+        puts: Vec<(String, Vec<u8>)>,
+        deletes: Vec<String>,
+    },
 }
 
 struct Job {
@@ -164,6 +175,8 @@ pub struct Store {
     db: Arc<Database>,
     writer: std_mpsc::SyncSender<Job>,
     location: Arc<Location>,
+    /// The writer thread, joined by [`Store::close`].
+    thread: Arc<std::sync::Mutex<Option<std::thread::JoinHandle<()>>>>,
 }
 
 impl std::fmt::Debug for Store {
@@ -218,7 +231,7 @@ impl Store {
         let db = Arc::new(db);
         let (writer, rx) = std_mpsc::sync_channel::<Job>(WRITE_QUEUE);
         let wdb = db.clone();
-        std::thread::Builder::new()
+        let thread = std::thread::Builder::new()
             .name("herald-store".into())
             .spawn(move || writer_loop(&wdb, rx))
             .map_err(io_err)?;
@@ -226,12 +239,33 @@ impl Store {
             db,
             writer,
             location: Arc::new(location.clone()),
+            thread: Arc::new(std::sync::Mutex::new(Some(thread))),
         })
     }
 
     /// An in-memory store, for tests and `--store :memory:`.
     pub fn memory() -> Store {
         Store::open(&Location::Memory).expect("an in-memory store always opens")
+    }
+
+    /// Drops this handle; when it is the last one, waits until the writer thread has let go
+    /// of the file, so it can be opened again at once (a restart within one process).
+    pub async fn close(self) {
+        // The writer thread holds the other reference to the database.
+        let last = Arc::strong_count(&self.db) <= 2;
+        let Store {
+            db, writer, thread, ..
+        } = self;
+        let thread = if last {
+            thread.lock().unwrap_or_else(|e| e.into_inner()).take()
+        } else {
+            None
+        };
+        drop(writer);
+        drop(db);
+        if let Some(t) = thread {
+            let _ = tokio::task::spawn_blocking(move || t.join()).await;
+        }
     }
 
     pub fn location(&self) -> &Location {
@@ -256,6 +290,26 @@ impl Store {
             key: key.to_owned(),
         })
         .await
+    }
+
+    /// Writes `puts` and removes `deletes` in `table`, all in one transaction, durably,
+    /// before returning.
+    pub async fn write_batch(
+        &self,
+        table: Table,
+        puts: Vec<(String, Vec<u8>)>,
+        deletes: Vec<String>,
+    ) -> Result<(), StoreError> {
+        if puts.is_empty() && deletes.is_empty() {
+            return Ok(());
+        }
+        self.submit(WriteOp::Batch {
+            table,
+            puts,
+            deletes,
+        })
+        .await
+        .map(|_| ())
     }
 
     async fn submit(&self, op: WriteOp) -> Result<bool, StoreError> {
@@ -385,6 +439,21 @@ fn apply(db: &Database, batch: &[Job]) -> Result<Vec<bool>, String> {
                 let existed = t.remove(key.as_str()).map_err(|e| e.to_string())?.is_some();
                 results.push(existed);
             }
+            WriteOp::Batch {
+                table,
+                puts,
+                deletes,
+            } => {
+                let mut t = tx.open_table(table.def()).map_err(|e| e.to_string())?;
+                for (key, value) in puts {
+                    t.insert(key.as_str(), value.as_slice())
+                        .map_err(|e| e.to_string())?;
+                }
+                for key in deletes {
+                    t.remove(key.as_str()).map_err(|e| e.to_string())?;
+                }
+                results.push(true);
+            }
         }
     }
     tx.commit().map_err(|e| e.to_string())?;
@@ -409,6 +478,21 @@ mod tests {
         );
         assert!(s.delete(Table::Notes, "a").await.unwrap());
         assert!(!s.delete(Table::Notes, "a").await.unwrap());
+    }
+
+    #[tokio::test]
+    async fn a_write_batch_puts_and_deletes_together() {
+        let s = Store::memory();
+        s.put(Table::SlackBuffer, "gone", vec![0]).await.unwrap();
+        s.write_batch(
+            Table::SlackBuffer,
+            vec![("a".into(), vec![1]), ("b".into(), vec![2])],
+            vec!["gone".into()],
+        )
+        .await
+        .unwrap();
+        let rows = s.scan(Table::SlackBuffer).await.unwrap();
+        assert_eq!(rows, vec![("a".into(), vec![1]), ("b".into(), vec![2])]);
     }
 
     #[tokio::test]

@@ -1,0 +1,614 @@
+//! The sealed buffer: every `message_posted` event the role has seen, kept for the retention
+//! time and at most [`MAX_EVENTS`], in memory for polls and in the store, sealed, for restarts.
+//!
+//! - **Sequence.** Each new event gets `seq = max(last + 1, now in µs)`, so seqs grow with the
+//!   clock: a cursor handed out before a restart, or before the buffer was lost, still works
+//!   (nothing older than it comes back, nothing newer is skipped). A backfilled event gets a
+//!   fresh seq above every cursor already handed out, however old the message.
+//! - **Dedupe** on `channel:ts`: a redelivery or a backfill of something held is dropped.
+//! - **Eviction** by posting time (retention) and by count (oldest seq first). The highest
+//!   evicted seq is kept, so a poll whose cursor is below it learns `truncated: true`.
+//! - **Writes** are batched: [`Buffer::insert`] only marks rows dirty, and [`Buffer::flush`]
+//!   (every ~2 s, and at shutdown) seals them and writes them in one store transaction. The
+//!   state row (`last_seq`, `evicted_through`, `live_through`) is sealed too.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+use super::filter::MessageFilter;
+use super::message::Posted;
+use super::seal::Sealer;
+use super::settings::Key;
+use crate::store::{Store, StoreError, Table};
+
+/// Most events kept.
+pub const MAX_EVENTS: usize = 20_000;
+const STATE_ROW: &str = "state";
+
+fn row_key(channel: &str, ts: &str) -> String {
+    format!("m:{channel}:{ts}")
+}
+
+fn now_ms() -> u64 {
+    crate::mcp::ring::now_ms()
+}
+
+fn now_us() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_micros() as u64)
+        .unwrap_or(0)
+}
+
+#[derive(Serialize, Deserialize)]
+struct Row {
+    seq: u64,
+    data: Posted,
+}
+
+#[derive(Serialize, Deserialize, Default, Clone, Copy)]
+struct State {
+    last_seq: u64,
+    evicted_through: u64,
+    #[serde(default)]
+    live_through_ms: Option<u64>,
+    /// The first moment any socket was live: no backfill reads before it.
+    #[serde(default)]
+    born_ms: Option<u64>,
+}
+
+/// One held event: the payload, and its JSON written once.
+#[derive(Debug, Clone)]
+pub struct Held {
+    pub seq: u64,
+    pub posted: Arc<Posted>,
+    pub json: Arc<str>,
+}
+
+/// A page of events after a cursor.
+#[derive(Debug, Clone)]
+pub struct Page {
+    pub events: Vec<Held>,
+    pub cursor: u64,
+    pub truncated: bool,
+    pub has_more: bool,
+}
+
+/// What the status tool shows of the buffer.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct BufferStats {
+    pub events: usize,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub oldest_posted_ms: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub newest_posted_ms: Option<u64>,
+    pub evicted_through: u64,
+    pub unwritten_rows: usize,
+}
+
+/// What a flush wrote.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Written {
+    pub rows: usize,
+    pub deleted: usize,
+}
+
+/// What opening found in the store.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Loaded {
+    pub events: usize,
+    /// Rows that did not open with this key (another key sealed them, or they were moved).
+    pub unopenable: usize,
+}
+
+struct Inner {
+    by_seq: BTreeMap<u64, Held>,
+    by_key: HashMap<String, u64>,
+    /// (posted ms, seq): the retention order.
+    by_age: BTreeSet<(u64, u64)>,
+    state: State,
+    /// Row key → the seq to write (`None`: delete the row).
+    dirty: HashMap<String, Option<u64>>,
+    state_dirty: bool,
+    /// Set by the final flush: nothing is taken after it (a later event is in Slack's history,
+    /// and the next start's backfill reads it, since `live_through` did not pass it).
+    closed: bool,
+}
+
+/// The buffer. See the module docs.
+pub struct Buffer {
+    inner: Mutex<Inner>,
+    sealer: Sealer,
+    store: Store,
+    retention: Duration,
+    cap: usize,
+}
+
+impl Buffer {
+    /// Opens the buffer kept in `store`, sealed under `key`.
+    pub async fn open(
+        store: Store,
+        key: &Key,
+        retention: Duration,
+        cap: usize,
+    ) -> Result<(Buffer, Loaded), StoreError> {
+        let sealer = Sealer::new(key);
+        let rows = store.scan(Table::SlackBuffer).await?;
+        let mut loaded = Loaded::default();
+        let mut inner = Inner {
+            by_seq: BTreeMap::new(),
+            by_key: HashMap::new(),
+            by_age: BTreeSet::new(),
+            state: State::default(),
+            dirty: HashMap::new(),
+            state_dirty: false,
+            closed: false,
+        };
+        for (k, sealed) in rows {
+            let Ok(plain) = sealer.open(&k, &sealed) else {
+                loaded.unopenable += 1;
+                continue;
+            };
+            if k == STATE_ROW {
+                if let Ok(s) = serde_json::from_slice::<State>(&plain) {
+                    inner.state = s;
+                }
+                continue;
+            }
+            let Ok(row) = serde_json::from_slice::<Row>(&plain) else {
+                loaded.unopenable += 1;
+                continue;
+            };
+            inner.state.last_seq = inner.state.last_seq.max(row.seq);
+            inner.add(row.seq, Arc::new(row.data));
+        }
+        if loaded.unopenable > 0 {
+            tracing::warn!(
+                rows = loaded.unopenable,
+                "buffer rows that do not open with this SLACK_EVENTS_ENCRYPTION_KEY are skipped (was the key changed?)"
+            );
+        }
+        loaded.events = inner.by_seq.len();
+        let buffer = Buffer {
+            inner: Mutex::new(inner),
+            sealer,
+            store,
+            retention,
+            cap: cap.max(1),
+        };
+        buffer.expire(now_ms());
+        Ok((buffer, loaded))
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Inner> {
+        self.inner.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Adds `p` unless its `channel:ts` is held or it is older than the retention; returns
+    /// its seq.
+    pub fn insert(&self, p: Posted) -> Option<u64> {
+        let posted = p.posted_ms();
+        if posted + (self.retention.as_millis() as u64) < now_ms() {
+            return None;
+        }
+        let mut inner = self.lock();
+        let key = format!("{}:{}", p.channel_id, p.ts);
+        if inner.closed || inner.by_key.contains_key(&key) {
+            return None;
+        }
+        let seq = (inner.state.last_seq + 1).max(now_us());
+        inner.state.last_seq = seq;
+        inner.state_dirty = true;
+        let row = row_key(&p.channel_id, &p.ts);
+        inner.add(seq, Arc::new(p));
+        inner.dirty.insert(row, Some(seq));
+        while inner.by_seq.len() > self.cap {
+            let Some((&oldest, _)) = inner.by_seq.first_key_value() else {
+                break;
+            };
+            inner.evict(oldest);
+        }
+        Some(seq)
+    }
+
+    /// Evicts what is past the retention at `now_ms`.
+    pub fn expire(&self, now_ms: u64) {
+        let horizon = now_ms.saturating_sub(self.retention.as_millis() as u64);
+        let mut inner = self.lock();
+        while let Some(&(posted, seq)) = inner.by_age.first() {
+            if posted >= horizon {
+                break;
+            }
+            inner.evict(seq);
+        }
+    }
+
+    /// How long a message is kept.
+    pub fn retention(&self) -> Duration {
+        self.retention
+    }
+
+    /// The event with `seq`, if held.
+    pub fn get(&self, seq: u64) -> Option<Held> {
+        self.lock().by_seq.get(&seq).cloned()
+    }
+
+    /// The newest seq handed out: the cursor meaning "from now".
+    pub fn head(&self) -> u64 {
+        self.lock().state.last_seq
+    }
+
+    /// Events after `cursor` that `filter` passes and that were posted at or after
+    /// `not_before_ms`, at most `max`.
+    pub fn since(
+        &self,
+        cursor: u64,
+        filter: &MessageFilter,
+        max: usize,
+        not_before_ms: u64,
+    ) -> Page {
+        let max = max.max(1);
+        let inner = self.lock();
+        let mut truncated = inner.state.evicted_through > cursor;
+        let mut events = Vec::new();
+        let mut has_more = false;
+        for held in inner
+            .by_seq
+            .range(cursor.saturating_add(1)..)
+            .map(|(_, h)| h)
+        {
+            if !filter.matches(&held.posted) {
+                continue;
+            }
+            if held.posted.posted_ms() < not_before_ms {
+                truncated = true;
+                continue;
+            }
+            if events.len() == max {
+                has_more = true;
+                break;
+            }
+            events.push(held.clone());
+        }
+        // A cursor above the head (from before the buffer was lost) stays where it is: the
+        // seqs still to come are above it.
+        let cursor = match (has_more, events.last()) {
+            (true, Some(last)) => last.seq,
+            _ => inner.state.last_seq.max(cursor),
+        };
+        Page {
+            events,
+            cursor,
+            truncated,
+            has_more,
+        }
+    }
+
+    /// The newest `max` events `filter` passes, oldest first (a resource read).
+    pub fn recent(&self, filter: &MessageFilter, max: usize) -> Vec<Held> {
+        let inner = self.lock();
+        let mut out: Vec<Held> = inner
+            .by_seq
+            .values()
+            .rev()
+            .filter(|h| filter.matches(&h.posted))
+            .take(max)
+            .cloned()
+            .collect();
+        out.reverse();
+        out
+    }
+
+    /// Thread roots in `channel` that the buffer knows: parents of held replies, and held
+    /// top-level messages posted at or after `since_ms` (a thread may start under one).
+    pub fn threads(&self, channel: &str, since_ms: u64) -> BTreeSet<String> {
+        let inner = self.lock();
+        let mut out = BTreeSet::new();
+        for h in inner.by_seq.values() {
+            let p = &h.posted;
+            if p.channel_id != channel {
+                continue;
+            }
+            match &p.thread_ts {
+                Some(t) => {
+                    out.insert(t.clone());
+                }
+                None if p.posted_ms() >= since_ms => {
+                    out.insert(p.ts.clone());
+                }
+                None => {}
+            }
+        }
+        out
+    }
+
+    /// The last moment the buffer is known to hold everything before (minus the backfill's
+    /// margin); `None` before the first live socket.
+    pub fn live_through(&self) -> Option<u64> {
+        self.lock().state.live_through_ms
+    }
+
+    /// The first moment any socket was live (a first-ever boot backfills nothing before it).
+    pub fn born(&self) -> Option<u64> {
+        self.lock().state.born_ms
+    }
+
+    /// Moves `live_through` forward (never back); the first call also sets [`born`](Self::born).
+    pub fn set_live_through(&self, ms: u64) {
+        let mut inner = self.lock();
+        if inner.state.born_ms.is_none() {
+            inner.state.born_ms = Some(ms);
+        }
+        if inner.state.live_through_ms.is_none_or(|t| t < ms) {
+            inner.state.live_through_ms = Some(ms);
+            inner.state_dirty = true;
+        }
+    }
+
+    pub fn stats(&self) -> BufferStats {
+        let inner = self.lock();
+        BufferStats {
+            events: inner.by_seq.len(),
+            oldest_posted_ms: inner.by_age.first().map(|(ms, _)| *ms),
+            newest_posted_ms: inner.by_age.last().map(|(ms, _)| *ms),
+            evicted_through: inner.state.evicted_through,
+            unwritten_rows: inner.dirty.len() + usize::from(inner.state_dirty),
+        }
+    }
+
+    /// Takes nothing more, then flushes: the last write at shutdown.
+    pub async fn close(&self) -> Result<Written, StoreError> {
+        self.lock().closed = true;
+        self.flush().await
+    }
+
+    /// Seals what changed since the last flush and writes it in one transaction. On failure
+    /// the rows stay marked, for the next flush.
+    pub async fn flush(&self) -> Result<Written, StoreError> {
+        let (puts, deletes, dirty, state_dirty) = {
+            let mut inner = self.lock();
+            if inner.dirty.is_empty() && !inner.state_dirty {
+                return Ok(Written::default());
+            }
+            let dirty = std::mem::take(&mut inner.dirty);
+            let state_dirty = std::mem::replace(&mut inner.state_dirty, false);
+            let mut puts = Vec::with_capacity(dirty.len() + 1);
+            let mut deletes = Vec::new();
+            for (row, seq) in &dirty {
+                match seq.and_then(|s| inner.by_seq.get(&s)) {
+                    Some(h) => {
+                        let plain = serde_json::to_vec(&Row {
+                            seq: h.seq,
+                            data: (*h.posted).clone(),
+                        })
+                        .expect("a row serializes");
+                        puts.push((row.clone(), self.sealer.seal(row, &plain)));
+                    }
+                    None => deletes.push(row.clone()),
+                }
+            }
+            if state_dirty {
+                let plain = serde_json::to_vec(&inner.state).expect("the state serializes");
+                puts.push((STATE_ROW.to_owned(), self.sealer.seal(STATE_ROW, &plain)));
+            }
+            (puts, deletes, dirty, state_dirty)
+        };
+        let written = Written {
+            rows: puts.len(),
+            deleted: deletes.len(),
+        };
+        match self
+            .store
+            .write_batch(Table::SlackBuffer, puts, deletes)
+            .await
+        {
+            Ok(()) => Ok(written),
+            Err(e) => {
+                let mut inner = self.lock();
+                for (row, seq) in dirty {
+                    inner.dirty.entry(row).or_insert(seq);
+                }
+                inner.state_dirty |= state_dirty;
+                Err(e)
+            }
+        }
+    }
+}
+
+impl Inner {
+    fn add(&mut self, seq: u64, posted: Arc<Posted>) {
+        let json: Arc<str> = serde_json::to_string(&*posted)
+            .expect("a payload serializes")
+            .into();
+        self.by_key
+            .insert(format!("{}:{}", posted.channel_id, posted.ts), seq);
+        self.by_age.insert((posted.posted_ms(), seq));
+        self.by_seq.insert(seq, Held { seq, posted, json });
+    }
+
+    fn evict(&mut self, seq: u64) {
+        let Some(h) = self.by_seq.remove(&seq) else {
+            return;
+        };
+        let p = &h.posted;
+        self.by_key.remove(&format!("{}:{}", p.channel_id, p.ts));
+        self.by_age.remove(&(p.posted_ms(), seq));
+        self.dirty.insert(row_key(&p.channel_id, &p.ts), None);
+        self.state.evicted_through = self.state.evicted_through.max(seq);
+        self.state_dirty = true;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const DAY: Duration = Duration::from_secs(86_400);
+
+    fn posted(channel: &str, ts_ms: u64, text: &str) -> Posted {
+        Posted {
+            channel_id: channel.into(),
+            channel_type: "channel".into(),
+            ts: super::super::message::ms_ts(ts_ms),
+            thread_ts: None,
+            user_id: Some("U1".into()),
+            bot_id: None,
+            username: None,
+            is_dm: false,
+            mentions_bot: false,
+            permalink: String::new(),
+            text: text.into(),
+        }
+    }
+
+    async fn open(store: &Store, cap: usize) -> Buffer {
+        Buffer::open(store.clone(), &Key([3; 32]), 7 * DAY, cap)
+            .await
+            .unwrap()
+            .0
+    }
+
+    #[tokio::test]
+    async fn seqs_grow_with_the_clock_and_duplicates_are_dropped() {
+        let store = Store::memory();
+        let b = open(&store, 100).await;
+        let before = now_us();
+        let now = now_ms();
+        let a = b.insert(posted("C1", now, "a")).unwrap();
+        assert!(a >= before, "a seq is at least the clock in µs");
+        assert_eq!(
+            b.insert(posted("C1", now, "a again")),
+            None,
+            "same channel:ts"
+        );
+        let c = b.insert(posted("C2", now, "c")).unwrap();
+        assert!(c > a);
+        assert_eq!(
+            b.insert(posted("C1", now - 8 * 86_400_000, "old")),
+            None,
+            "past retention"
+        );
+        let page = b.since(a, &MessageFilter::default(), 10, 0);
+        assert_eq!(page.events.len(), 1);
+        assert_eq!(page.cursor, c);
+        assert!(!page.truncated && !page.has_more);
+        // A cursor from a lost buffer (above the head) waits for what comes next.
+        let page = b.since(c + 1_000_000, &MessageFilter::default(), 10, 0);
+        assert!(page.events.is_empty());
+        assert_eq!(page.cursor, c + 1_000_000);
+    }
+
+    #[tokio::test]
+    async fn eviction_past_a_cursor_says_truncated() {
+        let store = Store::memory();
+        let b = open(&store, 3).await;
+        let now = now_ms();
+        let first = b.insert(posted("C1", now, "0")).unwrap();
+        for i in 1..5 {
+            b.insert(posted("C1", now + i, &i.to_string())).unwrap();
+        }
+        assert_eq!(b.stats().events, 3);
+        let page = b.since(first - 1, &MessageFilter::default(), 10, 0);
+        assert!(
+            page.truncated,
+            "events after the cursor were evicted by the cap"
+        );
+        assert_eq!(page.events.len(), 3);
+        let page = b.since(page.cursor, &MessageFilter::default(), 10, 0);
+        assert!(!page.truncated);
+        // Retention: everything posted more than 7 days before "now" goes.
+        b.expire(now + 8 * 86_400_000);
+        assert_eq!(b.stats().events, 0);
+        assert!(
+            b.since(page.cursor - 1, &MessageFilter::default(), 10, 0)
+                .truncated
+        );
+    }
+
+    #[tokio::test]
+    async fn pages_stop_at_max_and_filters_skip() {
+        let store = Store::memory();
+        let b = open(&store, 100).await;
+        let now = now_ms();
+        let start = b.head();
+        for i in 0..6 {
+            let ch = if i % 2 == 0 { "C1" } else { "C2" };
+            b.insert(posted(ch, now + i, "x")).unwrap();
+        }
+        let f = MessageFilter {
+            channel_ids: Some(["C1".to_owned()].into()),
+            ..MessageFilter::default()
+        };
+        let page = b.since(start, &f, 2, 0);
+        assert_eq!(page.events.len(), 2);
+        assert!(page.has_more);
+        let rest = b.since(page.cursor, &f, 2, 0);
+        assert_eq!(rest.events.len(), 1);
+        assert!(!rest.has_more);
+        assert_eq!(rest.cursor, b.head());
+        assert_eq!(b.recent(&f, 2).len(), 2);
+    }
+
+    #[tokio::test]
+    async fn a_flushed_buffer_reopens_sealed_and_keeps_its_cursors() {
+        let dir = std::env::temp_dir().join(format!("herald-slack-buf-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let path = dir.join("store.redb");
+        let now = now_ms();
+        let (cursor, live) = {
+            let store = Store::open(&crate::store::Location::File(path.clone())).unwrap();
+            let b = open(&store, 100).await;
+            b.insert(posted("C1", now, "secret words in a message"))
+                .unwrap();
+            let cursor = b.head();
+            b.insert(posted("C1", now + 1, "second")).unwrap();
+            b.set_live_through(now);
+            let w = b.flush().await.unwrap();
+            assert_eq!(w.rows, 3, "two messages and the state row");
+            assert_eq!(b.flush().await.unwrap(), Written::default(), "nothing new");
+            let head = b.head();
+            drop(b);
+            store.close().await;
+            (cursor, head)
+        };
+        let bytes = std::fs::read(&path).unwrap();
+        assert!(
+            !bytes.windows(12).any(|w| w == b"secret words"),
+            "the store file holds no message text"
+        );
+        let store = Store::open(&crate::store::Location::File(path.clone())).unwrap();
+        let (b, loaded) = Buffer::open(store.clone(), &Key([3; 32]), 7 * DAY, 100)
+            .await
+            .unwrap();
+        assert_eq!(
+            loaded,
+            Loaded {
+                events: 2,
+                unopenable: 0
+            }
+        );
+        assert_eq!(b.head(), live);
+        assert_eq!(b.live_through(), Some(now));
+        let page = b.since(cursor, &MessageFilter::default(), 10, 0);
+        assert_eq!(page.events.len(), 1);
+        assert_eq!(page.events[0].posted.text, "second");
+        let next = b.insert(posted("C2", now, "after restart")).unwrap();
+        assert!(next > live, "new seqs stay above old cursors");
+        drop(b);
+        // Another key opens nothing.
+        let (_, loaded) = Buffer::open(store, &Key([4; 32]), 7 * DAY, 100)
+            .await
+            .unwrap();
+        assert_eq!(
+            loaded,
+            Loaded {
+                events: 0,
+                unopenable: 3
+            }
+        );
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+}

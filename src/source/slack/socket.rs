@@ -1,0 +1,377 @@
+//! Socket Mode: one WebSocket to Slack, opened with `apps.connections.open`, that delivers
+//! every event as an envelope.
+//!
+//! - Each connection's reader is its own task: it acks an envelope the moment it arrives
+//!   (before processing it, well within Slack's 3 s), then hands a message event to
+//!   [`Core::ingest_event`]; redeliveries (`retry_attempt` > 0) are counted and deduped by
+//!   the buffer on `channel:ts`.
+//! - The supervisor holds the live connection and reacts to what readers report: `hello`
+//!   (connected; the backfill scheduler is woken), `disconnect` with `refresh_requested` or
+//!   `warning` (a new connection is opened and says hello *before* the old one is closed, so
+//!   nothing is missed between them), `link_disabled` (stop, and say so in status), and a
+//!   dropped socket (reconnect after a jittered backoff).
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use futures::{SinkExt, StreamExt};
+use serde_json::{Value, json};
+use tokio::sync::mpsc;
+use tokio_tungstenite::tungstenite::Message;
+use tokio_util::sync::CancellationToken;
+
+use super::api::Token;
+use super::core::{Core, SocketState, at};
+use crate::mcp::backoff::Backoff;
+use crate::mcp::ring::now_ms;
+
+/// Reconnect pacing: 1 s doubling to 60 s, reset by a connection that stayed up 30 s.
+const RECONNECT: Backoff = Backoff::new(Duration::from_secs(1), Duration::from_secs(60))
+    .reset_after(Duration::from_secs(30));
+/// Longest a new connection may take to say hello.
+const HELLO_TIMEOUT: Duration = Duration::from_secs(15);
+/// Largest Socket Mode frame accepted.
+const MAX_FRAME: usize = 4 << 20;
+
+/// What a connection's reader reports to the supervisor.
+#[derive(Debug)]
+enum Signal {
+    Hello(u64),
+    Disconnect(u64, String),
+    Closed(u64, Option<String>),
+}
+
+/// One open connection: its id and the token that closes it.
+struct Conn {
+    id: u64,
+    close: CancellationToken,
+}
+
+impl Drop for Conn {
+    fn drop(&mut self) {
+        self.close.cancel();
+    }
+}
+
+fn set_state(core: &Core, state: SocketState) {
+    core.status().state = state;
+}
+
+fn set_error(core: &Core, error: String) {
+    tracing::warn!(%error, "slack socket");
+    core.status().last_socket_error = Some(error);
+}
+
+/// `d` scaled by a random factor in [0.5, 1.0), so that many hosts do not reconnect in step.
+fn jitter(d: Duration) -> Duration {
+    use ring::rand::{SecureRandom, SystemRandom};
+    let mut b = [0u8; 2];
+    let r = SystemRandom::new()
+        .fill(&mut b)
+        .map(|_| u16::from_le_bytes(b))
+        .unwrap_or(u16::MAX / 2);
+    d.mul_f64(0.5 + f64::from(r) / f64::from(u16::MAX) / 2.0)
+}
+
+/// The TLS settings for `wss://`: herald's ring provider, the system's roots.
+fn tls() -> Arc<rustls::ClientConfig> {
+    let mut roots = rustls::RootCertStore::empty();
+    for cert in rustls_native_certs::load_native_certs().certs {
+        let _ = roots.add(cert);
+    }
+    let cfg = rustls::ClientConfig::builder_with_provider(crate::transport::tls::provider())
+        .with_safe_default_protocol_versions()
+        .map(|b| b.with_root_certificates(roots).with_no_client_auth())
+        .unwrap_or_else(|_| {
+            rustls::ClientConfig::builder()
+                .with_root_certificates(rustls::RootCertStore::empty())
+                .with_no_client_auth()
+        });
+    Arc::new(cfg)
+}
+
+/// Runs Socket Mode until shutdown or `link_disabled`.
+pub async fn run(core: Arc<Core>) {
+    let shutdown = core.ctx.shutdown().clone();
+    let (tx, mut rx) = mpsc::channel::<Signal>(64);
+    let mut backoff = RECONNECT;
+    let mut next_id = 0u64;
+    let mut live: Option<Conn> = None;
+    let mut up_since: Option<Instant> = None;
+    loop {
+        if live.is_none() {
+            let ever = core.status().sockets_opened > 0;
+            set_state(
+                &core,
+                if ever {
+                    SocketState::Reconnecting
+                } else {
+                    SocketState::Connecting
+                },
+            );
+            next_id += 1;
+            let opened = tokio::select! {
+                _ = shutdown.cancelled() => break,
+                r = open(&core, next_id, tx.clone()) => r,
+            };
+            match opened {
+                Ok(conn) => live = Some(conn),
+                Err(e) => {
+                    set_error(&core, e);
+                    let delay = jitter(backoff.next_delay());
+                    tokio::select! {
+                        _ = shutdown.cancelled() => break,
+                        _ = tokio::time::sleep(delay) => {}
+                    }
+                    continue;
+                }
+            }
+        }
+        let signal = tokio::select! {
+            _ = shutdown.cancelled() => break,
+            s = rx.recv() => s,
+        };
+        let Some(signal) = signal else { break };
+        let live_id = live.as_ref().map(|c| c.id);
+        match signal {
+            Signal::Hello(id) if Some(id) == live_id => {
+                connected(&core);
+                up_since = Some(Instant::now());
+            }
+            Signal::Disconnect(id, reason) if Some(id) == live_id => match reason.as_str() {
+                "link_disabled" => {
+                    set_error(
+                        &core,
+                        "Slack disabled this app's Socket Mode link (link_disabled); not reconnecting until herald is restarted".into(),
+                    );
+                    set_state(&core, SocketState::LinkDisabled);
+                    return;
+                }
+                "refresh_requested" | "warning" => {
+                    next_id += 1;
+                    let swap = tokio::select! {
+                        _ = shutdown.cancelled() => break,
+                        r = replace(&core, next_id, &tx, &mut rx) => r,
+                    };
+                    match swap {
+                        Ok(new) => {
+                            tracing::info!(%reason, "slack socket refreshed: the new one is live, the old one closed");
+                            live = Some(new);
+                            connected(&core);
+                        }
+                        // Its reports may have been consumed while waiting: start over with
+                        // a fresh connection (whose hello backfills whatever was missed).
+                        Err(e) => {
+                            set_error(&core, format!("refresh after {reason} failed: {e}"));
+                            live = None;
+                            pause(&core, &mut backoff, &mut up_since, &shutdown).await;
+                        }
+                    }
+                }
+                other => {
+                    set_error(&core, format!("Slack closed the socket ({other})"));
+                    live = None;
+                    pause(&core, &mut backoff, &mut up_since, &shutdown).await;
+                }
+            },
+            Signal::Closed(id, error) if Some(id) == live_id => {
+                set_error(
+                    &core,
+                    error.unwrap_or_else(|| "the socket closed".to_owned()),
+                );
+                live = None;
+                pause(&core, &mut backoff, &mut up_since, &shutdown).await;
+            }
+            // From a connection already replaced.
+            _ => {}
+        }
+    }
+    drop(live);
+    if core.status().state != SocketState::LinkDisabled {
+        set_state(&core, SocketState::Stopped);
+    }
+}
+
+fn connected(core: &Core) {
+    let mut s = core.status();
+    s.state = SocketState::Connected;
+    s.socket_opened_at = Some(at(now_ms()));
+    s.sockets_opened += 1;
+    drop(s);
+    core.hello.notify_one();
+}
+
+/// Waits the backoff after a dropped connection (a healthy one resets it).
+async fn pause(
+    core: &Core,
+    backoff: &mut Backoff,
+    up_since: &mut Option<Instant>,
+    shutdown: &CancellationToken,
+) {
+    set_state(core, SocketState::Reconnecting);
+    if let Some(t) = up_since.take() {
+        backoff.ran_for(t.elapsed());
+    }
+    let delay = jitter(backoff.next_delay());
+    tokio::select! {
+        _ = shutdown.cancelled() => {}
+        _ = tokio::time::sleep(delay) => {}
+    }
+}
+
+/// Opens connection `id` and waits for its hello; the caller closes the old one after.
+async fn replace(
+    core: &Arc<Core>,
+    id: u64,
+    tx: &mpsc::Sender<Signal>,
+    rx: &mut mpsc::Receiver<Signal>,
+) -> Result<Conn, String> {
+    let conn = open(core, id, tx.clone()).await?;
+    let deadline = tokio::time::Instant::now() + HELLO_TIMEOUT;
+    loop {
+        match tokio::time::timeout_at(deadline, rx.recv()).await {
+            Err(_) => return Err("the new socket said no hello".into()),
+            Ok(None) => return Err("stopped".into()),
+            Ok(Some(Signal::Hello(i))) if i == id => return Ok(conn),
+            Ok(Some(Signal::Closed(i, e))) if i == id => {
+                return Err(e.unwrap_or_else(|| "the new socket closed".into()));
+            }
+            // The old socket's own reports: it is being replaced anyway.
+            Ok(Some(_)) => {}
+        }
+    }
+}
+
+/// `apps.connections.open`, then the WebSocket; its reader runs on the role's context.
+async fn open(core: &Arc<Core>, id: u64, tx: mpsc::Sender<Signal>) -> Result<Conn, String> {
+    core.identify().await.map_err(|e| e.to_string())?;
+    let v = core
+        .api
+        .call("apps.connections.open", Token::App, &[])
+        .await
+        .map_err(|e| e.to_string())?;
+    let url = v
+        .get("url")
+        .and_then(Value::as_str)
+        .ok_or("apps.connections.open answered no url")?;
+    let config = tokio_tungstenite::tungstenite::protocol::WebSocketConfig::default()
+        .max_message_size(Some(MAX_FRAME))
+        .max_frame_size(Some(MAX_FRAME));
+    let connector = url
+        .starts_with("wss:")
+        .then(|| tokio_tungstenite::Connector::Rustls(tls()));
+    let (ws, _) = tokio::time::timeout(
+        HELLO_TIMEOUT,
+        tokio_tungstenite::connect_async_tls_with_config(url, Some(config), true, connector),
+    )
+    .await
+    .map_err(|_| "the Socket Mode WebSocket did not open in time".to_owned())?
+    // The URL carries a one-time ticket: name the host only.
+    .map_err(|e| format!("cannot open the Socket Mode WebSocket: {e}"))?;
+    let close = core.ctx.shutdown().child_token();
+    core.ctx.spawn(
+        "slack socket",
+        read(core.clone(), id, ws, tx, close.clone()),
+    );
+    Ok(Conn { id, close })
+}
+
+type Ws =
+    tokio_tungstenite::WebSocketStream<tokio_tungstenite::MaybeTlsStream<tokio::net::TcpStream>>;
+
+/// One connection's reader: acks, ingests, reports.
+async fn read(
+    core: Arc<Core>,
+    id: u64,
+    mut ws: Ws,
+    tx: mpsc::Sender<Signal>,
+    close: CancellationToken,
+) {
+    let error = loop {
+        let frame = tokio::select! {
+            _ = close.cancelled() => {
+                let _ = ws.close(None).await;
+                return;
+            }
+            f = ws.next() => f,
+        };
+        let text = match frame {
+            None => break None,
+            Some(Err(e)) => break Some(format!("the socket failed: {e}")),
+            Some(Ok(Message::Text(t))) => t,
+            Some(Ok(Message::Close(c))) => {
+                break c.map(|c| format!("Slack closed the socket ({} {})", c.code, c.reason));
+            }
+            // tungstenite queues the pong; flushing sends it.
+            Some(Ok(Message::Ping(_))) => {
+                if let Err(e) = ws.flush().await {
+                    break Some(format!("the socket failed: {e}"));
+                }
+                continue;
+            }
+            Some(Ok(_)) => continue,
+        };
+        let Ok(v) = serde_json::from_str::<Value>(text.as_str()) else {
+            tracing::debug!("slack sent a frame that is not JSON; ignored");
+            continue;
+        };
+        if let Some(envelope) = v.get("envelope_id").and_then(Value::as_str) {
+            // Ack first, then process: Slack redelivers what is not acked within 3 s.
+            let ack = json!({ "envelope_id": envelope }).to_string();
+            if let Err(e) = ws.send(Message::text(ack)).await {
+                break Some(format!("cannot ack an envelope: {e}"));
+            }
+            envelope_received(&core, &v);
+            continue;
+        }
+        let signal = match v.get("type").and_then(Value::as_str) {
+            Some("hello") => Signal::Hello(id),
+            Some("disconnect") => Signal::Disconnect(
+                id,
+                v.get("reason")
+                    .and_then(Value::as_str)
+                    .unwrap_or("unknown")
+                    .to_owned(),
+            ),
+            _ => continue,
+        };
+        if tx.send(signal).await.is_err() {
+            return;
+        }
+    };
+    let _ = tx.send(Signal::Closed(id, error)).await;
+}
+
+fn envelope_received(core: &Core, v: &Value) {
+    {
+        let mut s = core.status();
+        s.envelopes_received += 1;
+        if v.get("retry_attempt").and_then(Value::as_u64).unwrap_or(0) > 0 {
+            s.redeliveries += 1;
+        }
+    }
+    if v.get("type").and_then(Value::as_str) != Some("events_api") {
+        return;
+    }
+    if let Some(event) = v.pointer("/payload/event")
+        && event.get("type").and_then(Value::as_str) == Some("message")
+    {
+        core.ingest_event(event);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn jitter_stays_within_half_to_whole() {
+        for _ in 0..100 {
+            let d = jitter(Duration::from_secs(10));
+            assert!(
+                d >= Duration::from_secs(5) && d <= Duration::from_secs(10),
+                "{d:?}"
+            );
+        }
+    }
+}
