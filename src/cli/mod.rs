@@ -7,6 +7,7 @@ mod gateway;
 mod k8s;
 mod memo;
 mod serve;
+mod slack;
 mod up;
 pub(crate) mod watch;
 
@@ -51,6 +52,10 @@ pub enum Command {
     /// Serve files and directories under --root DIRs: file:///PATH (content or listing) and
     /// file-events://watch/PATH (event log), changes pushed from inotify.
     File(file::FileArgs),
+    /// Serve Slack messages the bot sees (Socket Mode, a sealed buffer, backfill) as the MCP
+    /// Events type message_posted and the event log slack-events://message_posted. Secrets
+    /// come from SLACK_* variables or --credentials DIR.
+    Slack(slack::SlackArgs),
     /// Run the demo pipeline with no config: memo on HTTP 127.0.0.1:8750 and QUIC :8751, the
     /// files of ./herald-demo on HTTP :8752, and a watch client printing notices for both.
     Up(up::UpArgs),
@@ -126,6 +131,7 @@ pub fn run(cli: Cli) -> Result<(), Exit> {
             Command::Memo(a) => memo::run(a, &globals).await,
             Command::File(a) => file::run(a, &globals).await,
             Command::K8s(a) => k8s::run(a, &globals).await,
+            Command::Slack(a) => slack::run(a, &globals).await,
             Command::Up(a) => up::run(a, &globals).await,
             Command::Gateway(a) => gateway::run(a, &globals).await,
             Command::Check(a) => gateway::check(a),

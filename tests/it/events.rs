@@ -12,7 +12,11 @@ use crate::support::*;
 const EVENTS_EXTENSION: &str = "io.modelcontextprotocol/events";
 
 /// Sends a custom request and returns its result, or the JSON-RPC error.
-async fn request(conn: &Connection, method: &str, params: Value) -> Result<Value, ErrorData> {
+pub(crate) async fn request(
+    conn: &Connection,
+    method: &str,
+    params: Value,
+) -> Result<Value, ErrorData> {
     let sent = tokio::time::timeout(
         WAIT,
         conn.send_request(ClientRequest::CustomRequest(CustomRequest::new(

@@ -8,6 +8,7 @@ mod k8s;
 mod kube_fake;
 mod manager;
 mod memo;
+mod slack;
 mod slack_fake;
 mod support;
 mod watch;

@@ -60,8 +60,25 @@ pub struct Server {
 impl Server {
     /// Spawns `herald --log-format json ARGS` and waits for its `listening` line.
     pub async fn spawn(args: &[&str]) -> Server {
+        Server::spawn_env(args, &[]).await
+    }
+
+    /// [`spawn`](Self::spawn) with `env` set, and none of the Slack role's variables (or
+    /// systemd's credentials directory) inherited from the test's own environment.
+    pub async fn spawn_env(args: &[&str], env: &[(&str, &str)]) -> Server {
         init();
-        let mut child = Command::new(bin())
+        let mut cmd = Command::new(bin());
+        for v in [
+            "SLACK_APP_TOKEN",
+            "SLACK_BOT_TOKEN",
+            "SLACK_EVENTS_ENCRYPTION_KEY",
+            "SLACK_EVENTS_RETENTION_DAYS",
+            "CREDENTIALS_DIRECTORY",
+        ] {
+            cmd.env_remove(v);
+        }
+        cmd.envs(env.iter().copied());
+        let mut child = cmd
             .arg("--log-format")
             .arg("json")
             .args(args)

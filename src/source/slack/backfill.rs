@@ -3,8 +3,10 @@
 //! On every `hello` (first connect and every reconnect) a pass re-reads each conversation the
 //! bot is in from two minutes before `live_through`: top-level messages from
 //! `conversations.history`, replies from `conversations.replies` for the parents whose latest
-//! reply falls inside the gap (and for the threads the buffer knows, whose parents may be older
-//! than the gap), every page. The buffer's dedupe on `channel:ts` drops what it holds.
+//! reply falls inside the gap, every page. A parent older than the gap is found two ways:
+//! history is read an hour further back for parents only (nothing older than the gap is
+//! added), and the threads the buffer has seen replies in are asked too. The buffer's dedupe
+//! on `channel:ts` drops what it holds.
 //!
 //! `live_through` moves only when a pass read every conversation: to the moment that pass
 //! started (so, while a backfill is owed, it stays put). A conversation that fails is counted
@@ -30,8 +32,9 @@ pub const MARGIN: Duration = Duration::from_secs(120);
 pub const FIRST_SETTLE: Duration = Duration::from_secs(75);
 /// Settle passes while connected.
 pub const SETTLE_EVERY: Duration = Duration::from_secs(300);
-/// Top-level messages this long before the gap may gain a thread during it.
-const RECENT_PARENTS: Duration = Duration::from_secs(3600);
+/// History is read this much further back than the gap, for parents whose threads grew
+/// during it.
+const PARENT_LOOKBACK: Duration = Duration::from_secs(3600);
 /// Conversations read at once.
 const CONCURRENCY: usize = 4;
 /// Page size asked of Slack.
@@ -208,6 +211,7 @@ async fn read_conversation(
     bot: &super::message::BotIdentity,
 ) -> Result<usize, ApiError> {
     let oldest = ms_ts(from_ms);
+    let parents_from = ms_ts(from_ms.saturating_sub(PARENT_LOOKBACK.as_millis() as u64));
     let mut added = 0;
     let mut parents = BTreeSet::new();
     let history = core
@@ -216,13 +220,15 @@ async fn read_conversation(
             "conversations.history",
             &[
                 ("channel", channel),
-                ("oldest", &oldest),
+                ("oldest", &parents_from),
                 ("inclusive", "true"),
                 ("limit", PAGE),
             ],
             |page| {
                 for m in messages(page) {
-                    if let Some(p) = posted(channel, kind, m, bot)
+                    let ts = m.get("ts").and_then(Value::as_str).map(ts_ms).unwrap_or(0);
+                    if ts >= from_ms
+                        && let Some(p) = posted(channel, kind, m, bot)
                         && core.ingest(p)
                     {
                         added += 1;
@@ -243,10 +249,7 @@ async fn read_conversation(
         Err(e) if gone(&e) => return Ok(0),
         Err(e) => return Err(e),
     }
-    parents.extend(core.buffer.threads(
-        channel,
-        from_ms.saturating_sub(RECENT_PARENTS.as_millis() as u64),
-    ));
+    parents.extend(core.buffer.threads(channel));
     for parent in parents {
         let r = core
             .api

@@ -302,27 +302,15 @@ impl Buffer {
         out
     }
 
-    /// Thread roots in `channel` that the buffer knows: parents of held replies, and held
-    /// top-level messages posted at or after `since_ms` (a thread may start under one).
-    pub fn threads(&self, channel: &str, since_ms: u64) -> BTreeSet<String> {
+    /// Thread roots in `channel` the buffer has seen replies under.
+    pub fn threads(&self, channel: &str) -> BTreeSet<String> {
         let inner = self.lock();
-        let mut out = BTreeSet::new();
-        for h in inner.by_seq.values() {
-            let p = &h.posted;
-            if p.channel_id != channel {
-                continue;
-            }
-            match &p.thread_ts {
-                Some(t) => {
-                    out.insert(t.clone());
-                }
-                None if p.posted_ms() >= since_ms => {
-                    out.insert(p.ts.clone());
-                }
-                None => {}
-            }
-        }
-        out
+        inner
+            .by_seq
+            .values()
+            .filter(|h| h.posted.channel_id == channel)
+            .filter_map(|h| h.posted.thread_ts.clone())
+            .collect()
     }
 
     /// The last moment the buffer is known to hold everything before (minus the backfill's

@@ -1,0 +1,143 @@
+//! `herald slack`: the Slack source. Secrets come from the environment or a credentials
+//! directory, never from flags or the config file.
+
+use std::path::{Path, PathBuf};
+
+use anyhow::Context;
+use clap::Args;
+use serde::Deserialize;
+
+use crate::cli::serve::{ServeArgs, serve_until_stopped};
+use crate::cli::{Exit, Globals, usage};
+use crate::mcp::context::RoleContext;
+use crate::source::slack::api::DEFAULT_API_URL;
+use crate::source::slack::buffer::MAX_EVENTS;
+use crate::source::slack::settings::Settings;
+use crate::source::slack::{Slack, SlackConfig};
+
+#[derive(Debug, Args)]
+pub struct SlackArgs {
+    #[command(flatten)]
+    pub serve: ServeArgs,
+    /// A directory holding one file per variable (SLACK_APP_TOKEN, SLACK_BOT_TOKEN,
+    /// SLACK_EVENTS_ENCRYPTION_KEY, SLACK_EVENTS_RETENTION_DAYS), read for each one the
+    /// environment does not set [default: $CREDENTIALS_DIRECTORY, set by systemd's
+    /// LoadCredential=].
+    #[arg(long, value_name = "DIR")]
+    pub credentials: Option<PathBuf>,
+    /// Slack's Web API base URL; apps.connections.open is asked here too (a stand-in for
+    /// tests, or an egress proxy) [default: https://slack.com/api/].
+    #[arg(long, value_name = "URL")]
+    pub slack_api_url: Option<String>,
+    /// Most messages the buffer keeps (oldest evicted first) [default: 20000].
+    #[arg(long, value_name = "N")]
+    pub max_events: Option<usize>,
+    /// A TOML file with a [slack] table: api_url, credentials, max_events. Flags override it.
+    #[arg(long, value_name = "FILE.toml")]
+    pub config: Option<PathBuf>,
+}
+
+/// The `[slack]` table.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SlackToml {
+    pub api_url: Option<String>,
+    /// Relative to the config file.
+    pub credentials: Option<PathBuf>,
+    pub max_events: Option<usize>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+struct ConfigFile {
+    #[serde(default)]
+    slack: SlackToml,
+}
+
+fn load(path: &Path) -> anyhow::Result<SlackToml> {
+    let text = std::fs::read_to_string(path)
+        .with_context(|| format!("cannot read config {}", path.display()))?;
+    // toml's own Display quotes the offending line: a secret put there by mistake must not
+    // reach the log, so only the message and the line number are kept.
+    let mut t: ConfigFile = toml::from_str(&text).map_err(|e| {
+        let line = e
+            .span()
+            .map(|s| text[..s.start.min(text.len())].matches('\n').count() + 1);
+        anyhow::anyhow!(
+            "bad config {}{}: {}",
+            path.display(),
+            line.map(|l| format!(" line {l}")).unwrap_or_default(),
+            e.message()
+        )
+    })?;
+    if let Some(c) = &mut t.slack.credentials
+        && c.is_relative()
+    {
+        *c = path.parent().unwrap_or(Path::new(".")).join(&*c);
+    }
+    Ok(t.slack)
+}
+
+impl SlackArgs {
+    /// Merges the config file, the flags and the environment.
+    pub fn config(&self) -> anyhow::Result<SlackConfig> {
+        let toml = match &self.config {
+            Some(p) => load(p)?,
+            None => SlackToml::default(),
+        };
+        let credentials = self
+            .credentials
+            .clone()
+            .or(toml.credentials)
+            .or_else(|| std::env::var_os("CREDENTIALS_DIRECTORY").map(PathBuf::from));
+        let settings = Settings::from_env(credentials.as_deref())?;
+        let api_url = self
+            .slack_api_url
+            .clone()
+            .or(toml.api_url)
+            .unwrap_or_else(|| DEFAULT_API_URL.to_owned());
+        if !(api_url.starts_with("https://") || api_url.starts_with("http://")) {
+            anyhow::bail!("--slack-api-url {api_url}: give an http:// or https:// URL");
+        }
+        let max_events = self.max_events.or(toml.max_events).unwrap_or(MAX_EVENTS);
+        if max_events == 0 {
+            anyhow::bail!("--max-events must be at least 1");
+        }
+        Ok(SlackConfig {
+            settings,
+            api_url,
+            max_events,
+        })
+    }
+}
+
+pub async fn run(args: SlackArgs, globals: &Globals) -> Result<(), Exit> {
+    let cfg = args.config().map_err(usage)?;
+    let store = globals.open_store().await?;
+    let ctx = RoleContext::new("slack");
+    let source = Slack::open(cfg, store.clone(), &ctx).await?;
+    serve_until_stopped(source, &args.serve.options(), &store, ctx, globals).await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_slack_table_is_strict_and_flags_win() {
+        let dir = std::env::temp_dir().join(format!("herald-slack-cfg-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let p = dir.join("herald.toml");
+        std::fs::write(&p, "[slack]\napi_url = \"http://127.0.0.1:1/api/\"\ncredentials = \"creds\"\nmax_events = 50\n").unwrap();
+        let t = load(&p).unwrap();
+        assert_eq!(t.credentials, Some(dir.join("creds")));
+        assert_eq!(t.max_events, Some(50));
+        std::fs::write(&p, "[slack]\ntoken = \"xoxb-no\"\n").unwrap();
+        let e = format!("{:#}", load(&p).unwrap_err());
+        assert!(e.contains("unknown field `token`"), "{e}");
+        assert!(
+            !e.contains("xoxb-no"),
+            "a secret put in the wrong place is not echoed: {e}"
+        );
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+}
