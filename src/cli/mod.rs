@@ -57,7 +57,8 @@ pub enum Command {
     /// come from SLACK_* variables or --credentials DIR.
     Slack(slack::SlackArgs),
     /// Run the demo pipeline with no config: memo on HTTP 127.0.0.1:8750 and QUIC :8751, the
-    /// files of ./herald-demo on HTTP :8752, and a watch client printing notices for both.
+    /// files of ./herald-demo on HTTP :8752, Slack on HTTP :8754 (inert until configured), and
+    /// a watch client printing notices for them.
     Up(up::UpArgs),
     /// Serve many MCP servers behind one endpoint: tools server__tool, resources and listens
     /// routed and shared, Events aggregated, per-token entitlements.

@@ -1,7 +1,7 @@
 //! The store: one redb file per process, and the only module that names redb.
 //!
-//! Every role that keeps state (memo notes, the QUIC identity, saved watch specs, later the
-//! Slack buffer and the task table) keeps it here, as byte values under string keys in one of a
+//! Every role that keeps state (memo notes, the QUIC identity, saved watch specs, the
+//! sealed Slack buffer, later the task table) keeps it here, as byte values under string keys in one of a
 //! fixed set of [`Table`]s. Writes go to a single writer thread through a bounded channel; the
 //! thread folds whatever is queued into one transaction, so a burst of writes costs one commit.
 //! Reads run on tokio's blocking pool. Nothing here blocks a runtime worker.

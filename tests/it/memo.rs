@@ -284,6 +284,8 @@ async fn herald_up_serves_the_demo_with_no_config() {
         "127.0.0.1:0",
         "--file-http",
         "127.0.0.1:0",
+        "--slack-http",
+        "127.0.0.1:0",
         "--demo-dir",
         demo.path().join("herald-demo").to_str().unwrap(),
     ])

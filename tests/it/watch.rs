@@ -535,6 +535,8 @@ async fn herald_up_prints_notices_for_its_memo_source() {
             "127.0.0.1:0",
             "--file-http",
             "127.0.0.1:0",
+            "--slack-http",
+            "127.0.0.1:0",
             "--demo-dir",
             demo.path().to_str().unwrap(),
         ])
