@@ -107,7 +107,7 @@ impl Slack {
             None => {
                 tracing::warn!(
                     missing = %missing.join(", "),
-                    "slack events are not configured: no socket is opened and message_posted is not served until these are set"
+                    "slack events are not configured (inert: no socket, no message_posted); set the missing variables in the environment or as files in --credentials DIR, and restart"
                 );
                 None
             }
