@@ -32,6 +32,10 @@ pub struct SlackArgs {
     /// Most messages the buffer keeps (oldest evicted first) [default: 20000].
     #[arg(long, value_name = "N")]
     pub max_events: Option<usize>,
+    /// A Socket Mode connection silent this long is pinged, and taken for dead (and replaced)
+    /// 10 s later (or this long later, if shorter).
+    #[arg(long, value_name = "MS", default_value_t = 30_000)]
+    pub socket_idle_ms: u64,
     /// A TOML file with a [slack] table: api_url, credentials, max_events. Flags override it.
     #[arg(long, value_name = "FILE.toml")]
     pub config: Option<PathBuf>,
@@ -106,6 +110,7 @@ impl SlackArgs {
             settings,
             api_url,
             max_events,
+            socket_idle: std::time::Duration::from_millis(self.socket_idle_ms.max(100)),
         })
     }
 }

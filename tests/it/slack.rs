@@ -220,7 +220,9 @@ async fn a_post_arrives_by_poll_and_by_push_with_every_field() {
         "a bot post has no user_id: {}",
         got[2]
     );
-    assert!(fake.acks().len() >= 4, "every envelope acked");
+    fake.wait_until("every envelope acked", |s| s.acks().len() == 4)
+        .await;
+    assert_eq!(fake.envelopes().len(), 4);
 }
 
 #[tokio::test]
@@ -377,11 +379,45 @@ async fn a_refresh_loses_nothing_posted_during_the_swap() {
         texts(&got),
         ["before", "during", "on the new socket", "after"]
     );
+    // "during" came over the old socket (acked there), not from a backfill.
+    let during = fake
+        .envelopes()
+        .into_iter()
+        .find(|e| e["payload"]["event"]["text"] == "during")
+        .expect("an envelope for it");
+    let id = during["envelope_id"].as_str().unwrap().to_owned();
+    assert!(fake.acks().contains(&id), "acked on the old socket");
     assert_eq!(
         poll_now(&conn, json!({}), &cursor).await["events"],
         json!([])
     );
     assert_eq!(fake.calls("apps.connections.open"), 2);
+}
+
+#[tokio::test]
+async fn a_silent_socket_is_pinged_then_replaced() {
+    let fake = fake().await;
+    let server = start(&fake, ":memory:", &["--socket-idle-ms", "300"]).await;
+    let conn = client(&server).await;
+    let cursor = now_cursor(&conn).await;
+    connected(&fake).await;
+    // A dead NAT entry: the TCP connection stays, nothing flows, no pong comes back.
+    fake.freeze_sockets();
+    fake.wait_until("a second socket", |s| s.sockets_opened() == 2)
+        .await;
+    fake.wait_until("it is live", |s| s.sockets_open() == 2)
+        .await;
+    fake.post("C1", "U1", "after the dead socket");
+    let (got, _) = collect(&conn, json!({}), &cursor, 1).await;
+    assert_eq!(texts(&got), ["after the dead socket"]);
+    let s = status(&conn).await;
+    assert!(
+        s["last_socket_error"]
+            .as_str()
+            .unwrap()
+            .contains("not even a pong"),
+        "{s}"
+    );
 }
 
 #[tokio::test]
@@ -456,9 +492,21 @@ async fn a_post_while_down_is_backfilled_on_reconnect_with_old_thread_replies() 
         ["a dm while down", "a reply to the old parent", "while down"].into()
     );
     assert!(fake.calls("conversations.replies") >= 1);
+    // The rate-limited call was made again for the same conversation, and not before its
+    // Retry-After (1 s) had passed.
+    let times = fake.call_times("conversations.history");
+    let params = fake.requests("conversations.history");
+    let limited = times
+        .iter()
+        .position(|(_, limited)| *limited)
+        .expect("a 429 was answered");
+    let channel = &params[limited]["channel"];
+    let retry = (limited + 1..params.len())
+        .find(|&i| &params[i]["channel"] == channel)
+        .expect("the conversation was asked again");
     assert!(
-        fake.calls("conversations.history") >= 2,
-        "the 429 was retried"
+        times[retry].0 - times[limited].0 >= std::time::Duration::from_secs(1),
+        "retried after Retry-After"
     );
     let s = status(&conn).await;
     assert_eq!(s["state"], "connected");
@@ -615,6 +663,7 @@ async fn unconfigured_it_is_inert_and_names_what_is_missing() {
     assert_ne!(r.is_error, Some(true), "{r:?}");
     assert_eq!(fake.calls("chat.postMessage"), 1);
     assert_eq!(fake.calls("apps.connections.open"), 0, "no socket");
+    assert_eq!(fake.calls("auth.test"), 0, "no Slack call for events");
     assert_eq!(fake.calls("conversations.history"), 0);
     assert!(!server.stderr().contains(BOT_TOKEN));
 }

@@ -134,6 +134,8 @@ pub struct SlackState {
     rate_limits: BTreeMap<String, (u64, usize)>,
     /// Method → every call's parameters, in order (rate-limited calls included).
     requests: BTreeMap<String, Vec<Params>>,
+    /// Method → when each call came and whether it got a 429, in order.
+    call_times: BTreeMap<String, Vec<(std::time::Instant, bool)>>,
     /// Tickets handed out by `apps.connections.open` and not yet used (each admits one socket).
     tickets: HashSet<String>,
     next_id: u64,
@@ -177,6 +179,9 @@ enum Out {
     Close(String),
     /// End the TCP connection with no close frame.
     Abort,
+    /// Go silent: read nothing (so no pong) and send nothing, with the TCP connection left
+    /// open, as a socket behind a dead NAT entry looks.
+    Freeze,
 }
 
 impl SlackState {
@@ -229,6 +234,7 @@ impl SlackState {
             latency: Duration::ZERO,
             rate_limits: BTreeMap::new(),
             requests: BTreeMap::new(),
+            call_times: BTreeMap::new(),
             tickets: HashSet::new(),
             next_id: 0,
             down: false,
@@ -493,6 +499,7 @@ impl SlackState {
             "apps.connections.open" => APP_TOKEN,
             "auth.test"
             | "conversations.list"
+            | "users.conversations"
             | "conversations.info"
             | "conversations.history"
             | "conversations.replies"
@@ -523,7 +530,9 @@ impl SlackState {
             "auth.test" => Ok(json!({"url": TEAM_URL, "team": TEAM_NAME, "user": BOT_NAME,
                 "team_id": TEAM_ID, "user_id": BOT_USER, "bot_id": BOT_ID,
                 "is_enterprise_install": false})),
-            "conversations.list" => self.list(p),
+            "conversations.list" => self.list(p, false),
+            // What the bot is a member of: conversations.list narrowed to member ones.
+            "users.conversations" => self.list(p, true),
             "conversations.info" => Ok(json!({"channel": self.readable(p, false)?.json()})),
             "conversations.history" => self.history(p),
             "conversations.replies" => self.replies(p),
@@ -592,7 +601,7 @@ impl SlackState {
         Ok(n.min(self.page_size))
     }
 
-    fn list(&self, p: &Params) -> Result<Value, &'static str> {
+    fn list(&self, p: &Params, members_only: bool) -> Result<Value, &'static str> {
         let types: Vec<&str> = p
             .get("types")
             .map_or("public_channel", String::as_str)
@@ -607,7 +616,10 @@ impl SlackState {
         let visible: Vec<&Channel> = self
             .channels
             .iter()
-            .filter(|c| types.contains(&c.kind.list_type()) && (c.member || c.kind == Kind::Public))
+            .filter(|c| {
+                types.contains(&c.kind.list_type())
+                    && (c.member || (c.kind == Kind::Public && !members_only))
+            })
             .collect();
         let start = match cursor(p, "team:")? {
             None => 0,
@@ -947,6 +959,10 @@ async fn handle(State(slack): State<FakeSlack>, req: Request) -> Response {
             }
             _ => None,
         };
+        s.call_times
+            .entry(method.clone())
+            .or_default()
+            .push((std::time::Instant::now(), limited.is_some()));
         (s.latency, limited)
     });
     if !latency.is_zero() {
@@ -1040,6 +1056,12 @@ async fn serve_socket(slack: FakeSlack, tcp: TcpStream) {
                     // Read on until the client answers the close.
                 }
                 Some(Out::Abort) | None => break,
+                Some(Out::Freeze) => {
+                    // Hold the connection open and answer nothing, until the runtime ends.
+                    let _hold = (sink, stream);
+                    std::future::pending::<()>().await;
+                    return;
+                }
             },
             frame = stream.next() => match frame {
                 Some(Ok(Message::Text(t))) => slack.with(|s| s.record_frame(t.as_str())),
@@ -1249,6 +1271,22 @@ impl FakeSlack {
     /// Ends every socket's TCP connection with no close frame.
     pub fn drop_sockets(&self) {
         self.with(SlackState::drop_sockets);
+    }
+
+    /// Every live socket goes silent: no frames either way, no pong, the TCP connection left
+    /// open (a dead NAT entry, a host that slept). New sockets work.
+    pub fn freeze_sockets(&self) {
+        self.with(|s| {
+            for k in &mut s.sockets {
+                k.live = false;
+                let _ = k.tx.send(Out::Freeze);
+            }
+        });
+    }
+
+    /// When each call of `method` came, and whether it was answered 429.
+    pub fn call_times(&self, method: &str) -> Vec<(std::time::Instant, bool)> {
+        self.with(|s| s.call_times.get(method).cloned().unwrap_or_default())
     }
 
     /// While down, `apps.connections.open` answers `service_unavailable`, tickets already

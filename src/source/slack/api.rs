@@ -75,6 +75,8 @@ impl ApiError {
 pub struct WebApi {
     http: reqwest::Client,
     base: String,
+    /// `base` as messages show it: without credentials a proxy URL may carry.
+    shown: String,
     app: Option<Secret>,
     bot: Option<Secret>,
     calls: AtomicU64,
@@ -102,6 +104,7 @@ impl WebApi {
         } else {
             format!("{base}/")
         };
+        let shown = without_userinfo(&base);
         WebApi {
             http: reqwest::Client::builder()
                 .timeout(CALL_TIMEOUT)
@@ -109,6 +112,7 @@ impl WebApi {
                 .build()
                 .unwrap_or_default(),
             base,
+            shown,
             app,
             bot,
             calls: AtomicU64::new(0),
@@ -143,6 +147,7 @@ impl WebApi {
             })?,
         };
         let url = format!("{}{method}", self.base);
+        let shown = format!("{}{method}", self.shown);
         let body = params
             .iter()
             .map(|(k, v)| format!("{}={}", form_encode(k), form_encode(v)))
@@ -165,7 +170,7 @@ impl WebApi {
                 .await
                 .map_err(|e| ApiError::Transport {
                     method: method.into(),
-                    url: url.clone(),
+                    url: shown.clone(),
                     message: transport_message(&e),
                 })?;
             let status = resp.status();
@@ -191,7 +196,7 @@ impl WebApi {
                 return Err(ApiError::Status {
                     method: method.into(),
                     status: status.as_u16(),
-                    url,
+                    url: shown,
                 });
             }
             let v: Value = resp.json().await.map_err(|_| ApiError::Decode {
@@ -244,6 +249,20 @@ impl WebApi {
     }
 }
 
+/// `url` without `user:password@`.
+fn without_userinfo(url: &str) -> String {
+    match url.split_once("://") {
+        Some((scheme, rest)) => {
+            let host_end = rest.find('/').unwrap_or(rest.len());
+            match rest[..host_end].rfind('@') {
+                Some(at) => format!("{scheme}://{}", &rest[at + 1..]),
+                None => url.to_owned(),
+            }
+        }
+        None => url.to_owned(),
+    }
+}
+
 /// reqwest's error without the URL (the caller names it) and with its cause.
 fn transport_message(e: &reqwest::Error) -> String {
     let mut msg = if e.is_timeout() {
@@ -264,6 +283,18 @@ fn transport_message(e: &reqwest::Error) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn urls_are_shown_without_credentials() {
+        assert_eq!(
+            without_userinfo("http://user:pw@proxy:3128/api/"),
+            "http://proxy:3128/api/"
+        );
+        assert_eq!(
+            without_userinfo("https://slack.com/api/"),
+            "https://slack.com/api/"
+        );
+    }
 
     #[test]
     fn forms_are_percent_encoded() {

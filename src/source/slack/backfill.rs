@@ -19,11 +19,11 @@ use std::collections::BTreeSet;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use serde_json::Value;
+use serde_json::{Value, json};
 
 use super::api::ApiError;
 use super::core::{Core, PassReport, SocketState, at};
-use super::message::{conversation_type, ms_ts, posted, ts_ms};
+use super::message::{Posted, conversation_type, ms_ts, posted, ts_ms};
 use crate::mcp::ring::now_ms;
 
 /// How far before `live_through` a pass reads.
@@ -35,6 +35,11 @@ pub const SETTLE_EVERY: Duration = Duration::from_secs(300);
 /// History is read this much further back than the gap, for parents whose threads grew
 /// during it.
 const PARENT_LOOKBACK: Duration = Duration::from_secs(3600);
+/// After a reconnect, threads the buffer saw a reply in within this window before the gap
+/// are asked too (their parents may be older than the history read)…
+const KNOWN_THREADS_WINDOW: Duration = Duration::from_secs(6 * 3600);
+/// …at most this many per conversation, the most recently active first.
+const MAX_KNOWN_THREADS: usize = 50;
 /// Conversations read at once.
 const CONCURRENCY: usize = 4;
 /// Page size asked of Slack.
@@ -75,6 +80,34 @@ pub async fn run(core: Arc<Core>) {
     }
 }
 
+/// How one conversation's read ended.
+enum Read {
+    /// Read to the end: this many events added.
+    Done(usize),
+    /// Slack says it cannot be read and retrying will not change that (the bot left, a scope
+    /// is missing, …): reported, and it does not hold the gap open.
+    Skipped(String),
+    /// Worth retrying: the gap stays owed.
+    Failed(ApiError),
+}
+
+/// Slack errors that retrying will not fix.
+fn permanent(e: &ApiError) -> bool {
+    matches!(
+        e.slack_error(),
+        Some(
+            "not_in_channel"
+                | "channel_not_found"
+                | "is_archived"
+                | "missing_scope"
+                | "access_denied"
+                | "ekm_access_denied"
+                | "team_access_not_granted"
+                | "method_not_supported_for_channel_type"
+        )
+    )
+}
+
 /// One pass over every conversation the bot is in.
 pub async fn pass(core: &Core, reason: &'static str) {
     let started_ms = now_ms();
@@ -95,12 +128,15 @@ pub async fn pass(core: &Core, reason: &'static str) {
         .saturating_sub(MARGIN.as_millis() as u64)
         .max(core.buffer.born().unwrap_or(0))
         .max(retention_floor);
+    // Threads the buffer saw grow recently are asked after a reconnect only (a settle pass
+    // covers minutes, and history's parents cover those).
+    let known_threads = reason == "hello";
     let calls_before = core.api.calls();
     let clock = Instant::now();
     let conversations = match list(core).await {
         Ok(c) => c,
         Err(e) => {
-            owe(core, vec![format!("(conversations.list: {e})")]);
+            owe(core, vec![format!("(users.conversations: {e})")]);
             return;
         }
     };
@@ -111,17 +147,22 @@ pub async fn pass(core: &Core, reason: &'static str) {
             let _turn = gate.acquire().await;
             (
                 id.clone(),
-                read_conversation(core, id, kind, from, bot).await,
+                read_conversation(core, id, kind, from, bot, known_threads).await,
             )
         }
     });
-    let results: Vec<(String, Result<usize, ApiError>)> = futures::future::join_all(reads).await;
+    let results: Vec<(String, Read)> = futures::future::join_all(reads).await;
     let mut recovered = 0;
     let mut failed = Vec::new();
+    let mut skipped = Vec::new();
     for (id, r) in results {
         match r {
-            Ok(n) => recovered += n,
-            Err(e) => {
+            Read::Done(n) => recovered += n,
+            Read::Skipped(why) => {
+                tracing::info!(conversation = %id, reason = %why, "backfill skips a conversation Slack will not let it read");
+                skipped.push(json!({"id": id, "reason": why}));
+            }
+            Read::Failed(e) => {
                 tracing::warn!(conversation = %id, error = %e, "backfill could not read a conversation; it is read again next pass");
                 failed.push(id);
             }
@@ -146,6 +187,7 @@ pub async fn pass(core: &Core, reason: &'static str) {
     let mut s = core.status();
     s.last_backfill = Some(report);
     s.failed_conversations = failed;
+    s.skipped_conversations = skipped;
     s.backfill_owed = owed;
 }
 
@@ -155,13 +197,14 @@ fn owe(core: &Core, failed: Vec<String>) {
     s.backfill_owed = true;
 }
 
-/// The conversations the bot is a member of (public and private channels, DMs), with their
-/// types; remembered for events that do not name their type.
-async fn list(core: &Core) -> Result<Vec<(String, &'static str)>, ApiError> {
+/// The conversations the bot is a member of (public and private channels, DMs; never group
+/// DMs), with their types, from `users.conversations`; remembered for events that do not name
+/// their type.
+pub async fn list(core: &Core) -> Result<Vec<(String, &'static str)>, ApiError> {
     let mut out = Vec::new();
     core.api
         .pages(
-            "conversations.list",
+            "users.conversations",
             &[
                 ("types", "public_channel,private_channel,im"),
                 ("exclude_archived", "true"),
@@ -178,9 +221,7 @@ async fn list(core: &Core) -> Result<Vec<(String, &'static str)>, ApiError> {
                         continue;
                     };
                     let kind = conversation_type(c);
-                    let member =
-                        kind == "im" || c.get("is_member").and_then(Value::as_bool) == Some(true);
-                    if member && kind != "mpim" {
+                    if kind != "mpim" {
                         out.push((id.to_owned(), kind));
                     }
                 }
@@ -194,25 +235,19 @@ async fn list(core: &Core) -> Result<Vec<(String, &'static str)>, ApiError> {
     Ok(out)
 }
 
-/// Slack errors that say the conversation is gone for the bot: not a failure to retry.
-fn gone(e: &ApiError) -> bool {
-    matches!(
-        e.slack_error(),
-        Some("not_in_channel" | "channel_not_found" | "is_archived" | "missing_scope")
-    )
-}
-
-/// Reads one conversation's gap; returns how many events it added.
+/// Reads one conversation's gap, and adds what it found oldest first (parents before their
+/// replies), so seqs follow posting order.
 async fn read_conversation(
     core: &Core,
     channel: &str,
     kind: &'static str,
     from_ms: u64,
     bot: &super::message::BotIdentity,
-) -> Result<usize, ApiError> {
+    known_threads: bool,
+) -> Read {
     let oldest = ms_ts(from_ms);
     let parents_from = ms_ts(from_ms.saturating_sub(PARENT_LOOKBACK.as_millis() as u64));
-    let mut added = 0;
+    let mut found: Vec<Posted> = Vec::new();
     let mut parents = BTreeSet::new();
     let history = core
         .api
@@ -229,9 +264,8 @@ async fn read_conversation(
                     let ts = m.get("ts").and_then(Value::as_str).map(ts_ms).unwrap_or(0);
                     if ts >= from_ms
                         && let Some(p) = posted(channel, kind, m, bot)
-                        && core.ingest(p)
                     {
-                        added += 1;
+                        found.push(p);
                     }
                     let latest = m.get("latest_reply").and_then(Value::as_str).map(ts_ms);
                     if m.get("reply_count").and_then(Value::as_u64).unwrap_or(0) > 0
@@ -246,10 +280,13 @@ async fn read_conversation(
         .await;
     match history {
         Ok(_) => {}
-        Err(e) if gone(&e) => return Ok(0),
-        Err(e) => return Err(e),
+        Err(e) if permanent(&e) => return Read::Skipped(e.to_string()),
+        Err(e) => return Read::Failed(e),
     }
-    parents.extend(core.buffer.threads(channel));
+    if known_threads {
+        let since = from_ms.saturating_sub(KNOWN_THREADS_WINDOW.as_millis() as u64);
+        parents.extend(core.buffer.threads(channel, since, MAX_KNOWN_THREADS));
+    }
     for parent in parents {
         let r = core
             .api
@@ -265,13 +302,10 @@ async fn read_conversation(
                 |page| {
                     for m in messages(page) {
                         let ts = m.get("ts").and_then(Value::as_str).map(ts_ms).unwrap_or(0);
-                        if ts < from_ms {
-                            continue;
-                        }
-                        if let Some(p) = posted(channel, kind, m, bot)
-                            && core.ingest(p)
+                        if ts >= from_ms
+                            && let Some(p) = posted(channel, kind, m, bot)
                         {
-                            added += 1;
+                            found.push(p);
                         }
                     }
                 },
@@ -280,11 +314,13 @@ async fn read_conversation(
         match r {
             Ok(_) => {}
             // A parent deleted since: nothing to read under it.
-            Err(e) if gone(&e) || e.slack_error() == Some("thread_not_found") => {}
-            Err(e) => return Err(e),
+            Err(e) if permanent(&e) || e.slack_error() == Some("thread_not_found") => {}
+            Err(e) => return Read::Failed(e),
         }
     }
-    Ok(added)
+    found.sort_by(|a, b| (a.posted_ms(), a.ts.as_str()).cmp(&(b.posted_ms(), b.ts.as_str())));
+    let added = found.into_iter().filter(|p| core.ingest(p.clone())).count();
+    Read::Done(added)
 }
 
 fn messages(page: &Value) -> impl Iterator<Item = &Value> {

@@ -58,7 +58,14 @@ struct State {
     /// The first moment any socket was live: no backfill reads before it.
     #[serde(default)]
     born_ms: Option<u64>,
+    /// The head when this buffer was made: a cursor below it comes from a buffer that was
+    /// lost (or from before this one began), and learns `truncated: true`.
+    #[serde(default)]
+    first_seq: u64,
 }
+
+/// A row to write: its seq and payload (`None` in its place: delete the row).
+type HeldRow = (u64, Arc<Posted>);
 
 /// One held event: the payload, and its JSON written once.
 #[derive(Debug, Clone)]
@@ -138,6 +145,8 @@ impl Buffer {
         let sealer = Sealer::new(key);
         let rows = store.scan(Table::SlackBuffer).await?;
         let mut loaded = Loaded::default();
+        let mut rows_max = 0;
+        let mut found_state = false;
         let mut inner = Inner {
             by_seq: BTreeMap::new(),
             by_key: HashMap::new(),
@@ -155,6 +164,7 @@ impl Buffer {
             if k == STATE_ROW {
                 if let Ok(s) = serde_json::from_slice::<State>(&plain) {
                     inner.state = s;
+                    found_state = true;
                 }
                 continue;
             }
@@ -162,8 +172,23 @@ impl Buffer {
                 loaded.unopenable += 1;
                 continue;
             };
-            inner.state.last_seq = inner.state.last_seq.max(row.seq);
+            rows_max = rows_max.max(row.seq);
             inner.add(row.seq, Arc::new(row.data));
+        }
+        inner.state.last_seq = inner.state.last_seq.max(rows_max);
+        if !found_state {
+            // A new buffer (or one whose state row is gone): it starts at the clock, so a
+            // cursor "from now" is this moment and any older one is from before it.
+            inner.state.last_seq = inner.state.last_seq.max(now_us());
+            inner.state.first_seq = inner.state.last_seq;
+            inner.state_dirty = true;
+        }
+        // A lower cap than the buffer was kept with applies at once.
+        while inner.by_seq.len() > cap.max(1) {
+            let Some((&oldest, _)) = inner.by_seq.first_key_value() else {
+                break;
+            };
+            inner.evict(oldest);
         }
         if loaded.unopenable > 0 {
             tracing::warn!(
@@ -252,7 +277,7 @@ impl Buffer {
     ) -> Page {
         let max = max.max(1);
         let inner = self.lock();
-        let mut truncated = inner.state.evicted_through > cursor;
+        let mut truncated = inner.state.evicted_through > cursor || cursor < inner.state.first_seq;
         let mut events = Vec::new();
         let mut has_more = false;
         for held in inner
@@ -302,14 +327,29 @@ impl Buffer {
         out
     }
 
-    /// Thread roots in `channel` the buffer has seen replies under.
-    pub fn threads(&self, channel: &str) -> BTreeSet<String> {
+    /// Thread roots in `channel` the buffer has seen a reply under posted at or after
+    /// `since_ms`, the most recently active first, at most `max`.
+    pub fn threads(&self, channel: &str, since_ms: u64, max: usize) -> Vec<String> {
         let inner = self.lock();
-        inner
-            .by_seq
-            .values()
-            .filter(|h| h.posted.channel_id == channel)
-            .filter_map(|h| h.posted.thread_ts.clone())
+        let mut latest: HashMap<&str, u64> = HashMap::new();
+        for h in inner.by_seq.values() {
+            let p = &h.posted;
+            if p.channel_id != channel {
+                continue;
+            }
+            if let Some(t) = &p.thread_ts
+                && p.posted_ms() >= since_ms
+            {
+                let e = latest.entry(t.as_str()).or_default();
+                *e = (*e).max(p.posted_ms());
+            }
+        }
+        let mut by_activity: Vec<(u64, &str)> = latest.into_iter().map(|(t, ms)| (ms, t)).collect();
+        by_activity.sort_unstable_by(|a, b| b.cmp(a));
+        by_activity
+            .into_iter()
+            .take(max)
+            .map(|(_, t)| t.to_owned())
             .collect()
     }
 
@@ -356,34 +396,46 @@ impl Buffer {
     /// Seals what changed since the last flush and writes it in one transaction. On failure
     /// the rows stay marked, for the next flush.
     pub async fn flush(&self) -> Result<Written, StoreError> {
-        let (puts, deletes, dirty, state_dirty) = {
+        // Under the lock only what to write; serializing and sealing happen after, so a
+        // large flush never holds up the socket reader or a poll.
+        let (rows, state, dirty, state_dirty) = {
             let mut inner = self.lock();
             if inner.dirty.is_empty() && !inner.state_dirty {
                 return Ok(Written::default());
             }
             let dirty = std::mem::take(&mut inner.dirty);
             let state_dirty = std::mem::replace(&mut inner.state_dirty, false);
-            let mut puts = Vec::with_capacity(dirty.len() + 1);
-            let mut deletes = Vec::new();
-            for (row, seq) in &dirty {
-                match seq.and_then(|s| inner.by_seq.get(&s)) {
-                    Some(h) => {
-                        let plain = serde_json::to_vec(&Row {
-                            seq: h.seq,
-                            data: (*h.posted).clone(),
-                        })
-                        .expect("a row serializes");
-                        puts.push((row.clone(), self.sealer.seal(row, &plain)));
-                    }
-                    None => deletes.push(row.clone()),
-                }
-            }
-            if state_dirty {
-                let plain = serde_json::to_vec(&inner.state).expect("the state serializes");
-                puts.push((STATE_ROW.to_owned(), self.sealer.seal(STATE_ROW, &plain)));
-            }
-            (puts, deletes, dirty, state_dirty)
+            let rows: Vec<(String, Option<HeldRow>)> = dirty
+                .iter()
+                .map(|(row, seq)| {
+                    let held = seq
+                        .and_then(|s| inner.by_seq.get(&s))
+                        .map(|h| (h.seq, h.posted.clone()));
+                    (row.clone(), held)
+                })
+                .collect();
+            (rows, state_dirty.then_some(inner.state), dirty, state_dirty)
         };
+        let mut puts = Vec::with_capacity(rows.len() + 1);
+        let mut deletes = Vec::new();
+        for (row, held) in rows {
+            match held {
+                Some((seq, posted)) => {
+                    let plain = serde_json::to_vec(&Row {
+                        seq,
+                        data: (*posted).clone(),
+                    })
+                    .expect("a row serializes");
+                    let sealed = self.sealer.seal(&row, &plain);
+                    puts.push((row, sealed));
+                }
+                None => deletes.push(row),
+            }
+        }
+        if let Some(state) = state {
+            let plain = serde_json::to_vec(&state).expect("the state serializes");
+            puts.push((STATE_ROW.to_owned(), self.sealer.seal(STATE_ROW, &plain)));
+        }
         let written = Written {
             rows: puts.len(),
             deleted: deletes.len(),
@@ -487,6 +539,22 @@ mod tests {
         let page = b.since(c + 1_000_000, &MessageFilter::default(), 10, 0);
         assert!(page.events.is_empty());
         assert_eq!(page.cursor, c + 1_000_000);
+    }
+
+    #[tokio::test]
+    async fn a_cursor_from_before_the_buffer_says_truncated() {
+        let store = Store::memory();
+        let b = open(&store, 10).await;
+        let start = b.head();
+        assert!(start > 0, "a new buffer starts at the clock");
+        let f = MessageFilter::default();
+        assert!(!b.since(start, &f, 10, 0).truncated, "from now is fine");
+        let lost = b.since(start - 1, &f, 10, 0);
+        assert!(
+            lost.truncated,
+            "a cursor of a lost buffer learns it missed something"
+        );
+        assert_eq!(lost.cursor, start);
     }
 
     #[tokio::test]

@@ -31,6 +31,9 @@ pub enum SocketState {
     Reconnecting,
     /// Slack disabled the app's Socket Mode link: no reconnect until restarted.
     LinkDisabled,
+    /// Slack refuses the tokens (revoked, wrong, inactive): retried slowly, but it needs a
+    /// person to fix the token.
+    AuthFailed,
     /// Shut down.
     Stopped,
 }
@@ -65,6 +68,9 @@ pub struct Status {
     pub last_backfill: Option<PassReport>,
     /// Conversations the last pass could not read; the gap is read again next pass.
     pub failed_conversations: Vec<String>,
+    /// Conversations Slack will not let the bot read (`{id, reason}`): not retried, and they
+    /// do not hold the gap open.
+    pub skipped_conversations: Vec<Value>,
     pub backfill_owed: bool,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub last_write_at: Option<String>,
@@ -84,6 +90,7 @@ impl Default for Status {
             redeliveries: 0,
             last_backfill: None,
             failed_conversations: Vec::new(),
+            skipped_conversations: Vec::new(),
             backfill_owed: false,
             last_write_at: None,
             last_write_rows: 0,
@@ -112,6 +119,8 @@ pub struct Core {
     pub status: Mutex<Status>,
     /// Wakes the backfill scheduler: a socket said hello.
     pub hello: Notify,
+    /// A socket silent this long is pinged; silent 10 s more, it is taken for dead.
+    pub socket_idle: std::time::Duration,
 }
 
 impl Core {
@@ -126,6 +135,7 @@ impl Core {
             listens: Mutex::new(HashMap::new()),
             status: Mutex::new(Status::default()),
             hello: Notify::new(),
+            socket_idle: std::time::Duration::from_secs(30),
         }
     }
 

@@ -64,6 +64,8 @@ pub struct SlackConfig {
     pub api_url: String,
     /// Most events buffered.
     pub max_events: usize,
+    /// A Socket Mode connection silent this long is pinged (and taken for dead 10 s later).
+    pub socket_idle: Duration,
 }
 
 impl SlackConfig {
@@ -72,6 +74,7 @@ impl SlackConfig {
             settings,
             api_url: api::DEFAULT_API_URL.into(),
             max_events: MAX_EVENTS,
+            socket_idle: socket::DEFAULT_IDLE,
         }
     }
 }
@@ -115,7 +118,9 @@ impl Slack {
                 let (buffer, loaded) =
                     Buffer::open(store, &c.key, c.retention, cfg.max_events).await?;
                 tracing::info!(events = loaded.events, "slack buffer opened");
-                let core = Arc::new(Core::new(api.clone(), buffer, ctx.clone()));
+                let mut core = Core::new(api.clone(), buffer, ctx.clone());
+                core.socket_idle = cfg.socket_idle;
+                let core = Arc::new(core);
                 ctx.spawn("slack socket mode", socket::run(core.clone()));
                 ctx.spawn("slack backfill", backfill::run(core.clone()));
                 ctx.spawn("slack flush", flush(core.clone()));
@@ -471,9 +476,9 @@ impl Source for Slack {
                 let mut out = Vec::new();
                 self.api
                     .pages(
-                        "conversations.list",
+                        "users.conversations",
                         &[
-                            ("types", "public_channel,private_channel,im"),
+                            ("types", "public_channel,private_channel,mpim,im"),
                             ("exclude_archived", "true"),
                             ("limit", "200"),
                         ],
@@ -484,16 +489,11 @@ impl Source for Slack {
                                 .into_iter()
                                 .flatten()
                             {
-                                let kind = message::conversation_type(c);
-                                let member = kind == "im"
-                                    || c.get("is_member").and_then(Value::as_bool) == Some(true);
-                                if member {
-                                    out.push(json!({
-                                        "id": c.get("id"),
-                                        "name": c.get("name").or(c.get("user")),
-                                        "type": kind,
-                                    }));
-                                }
+                                out.push(json!({
+                                    "id": c.get("id"),
+                                    "name": c.get("name").or(c.get("user")),
+                                    "type": message::conversation_type(c),
+                                }));
                             }
                         },
                     )

@@ -109,7 +109,14 @@ fn token(
 ) -> Result<Option<Secret>, SettingsError> {
     match v {
         None => Ok(None),
-        Some(v) if v.starts_with(prefix) => Ok(Some(Secret(v))),
+        // Rotating tokens carry `xoxe.` in front of the usual prefix.
+        Some(v)
+            if v.starts_with(prefix)
+                || v.strip_prefix("xoxe.")
+                    .is_some_and(|r| r.starts_with(prefix)) =>
+        {
+            Ok(Some(Secret(v)))
+        }
         Some(_) => Err(SettingsError::Prefix { name, prefix, what }),
     }
 }

@@ -30,6 +30,21 @@ const RECONNECT: Backoff = Backoff::new(Duration::from_secs(1), Duration::from_s
     .reset_after(Duration::from_secs(30));
 /// Longest a new connection may take to say hello.
 const HELLO_TIMEOUT: Duration = Duration::from_secs(15);
+/// A connection silent this long gets a ping (Slack's SDKs wait 30 s too)…
+pub const DEFAULT_IDLE: Duration = Duration::from_secs(30);
+/// …and one still silent this much later is taken for dead: no RST ever comes from a
+/// dropped NAT entry or a host that slept.
+const PONG_WAIT: Duration = Duration::from_secs(10);
+/// Longest a close handshake may take.
+const CLOSE_WAIT: Duration = Duration::from_secs(1);
+/// Slack's answers that no retry fixes: a person must change the token.
+const AUTH_ERRORS: [&str; 5] = [
+    "invalid_auth",
+    "not_authed",
+    "token_revoked",
+    "account_inactive",
+    "not_allowed_token_type",
+];
 /// Largest Socket Mode frame accepted.
 const MAX_FRAME: usize = 4 << 20;
 
@@ -62,6 +77,33 @@ fn set_error(core: &Core, error: String) {
     core.status().last_socket_error = Some(error);
 }
 
+/// Why a connect failed, and whether only a person can fix it.
+struct OpenError {
+    message: String,
+    auth: bool,
+}
+
+impl From<String> for OpenError {
+    fn from(message: String) -> OpenError {
+        OpenError {
+            message,
+            auth: false,
+        }
+    }
+}
+
+impl From<super::api::ApiError> for OpenError {
+    fn from(e: super::api::ApiError) -> OpenError {
+        let auth = e.slack_error().is_some_and(|c| AUTH_ERRORS.contains(&c));
+        let message = if auth {
+            format!("{e}: check SLACK_APP_TOKEN and SLACK_BOT_TOKEN (retrying every minute)")
+        } else {
+            e.to_string()
+        };
+        OpenError { message, auth }
+    }
+}
+
 /// `d` scaled by a random factor in [0.5, 1.0), so that many hosts do not reconnect in step.
 fn jitter(d: Duration) -> Duration {
     use ring::rand::{SecureRandom, SystemRandom};
@@ -79,10 +121,16 @@ fn tls() -> Arc<rustls::ClientConfig> {
     for cert in rustls_native_certs::load_native_certs().certs {
         let _ = roots.add(cert);
     }
+    if roots.is_empty() {
+        tracing::warn!(
+            "no CA certificates found in the system store: wss:// to Slack will fail; install ca-certificates"
+        );
+    }
     let cfg = rustls::ClientConfig::builder_with_provider(crate::transport::tls::provider())
         .with_safe_default_protocol_versions()
         .map(|b| b.with_root_certificates(roots).with_no_client_auth())
-        .unwrap_or_else(|_| {
+        .unwrap_or_else(|e| {
+            tracing::warn!(error = %e, "cannot set up TLS for Slack's WebSocket");
             rustls::ClientConfig::builder()
                 .with_root_certificates(rustls::RootCertStore::empty())
                 .with_no_client_auth()
@@ -98,6 +146,8 @@ pub async fn run(core: Arc<Core>) {
     let mut next_id = 0u64;
     let mut live: Option<Conn> = None;
     let mut up_since: Option<Instant> = None;
+    // Set while the live connection has not said hello yet.
+    let mut hello_by: Option<tokio::time::Instant> = None;
     loop {
         if live.is_none() {
             let ever = core.status().sockets_opened > 0;
@@ -115,9 +165,15 @@ pub async fn run(core: Arc<Core>) {
                 r = open(&core, next_id, tx.clone()) => r,
             };
             match opened {
-                Ok(conn) => live = Some(conn),
+                Ok(conn) => {
+                    live = Some(conn);
+                    hello_by = Some(tokio::time::Instant::now() + HELLO_TIMEOUT);
+                }
                 Err(e) => {
-                    set_error(&core, e);
+                    set_error(&core, e.message);
+                    if e.auth {
+                        set_state(&core, SocketState::AuthFailed);
+                    }
                     let delay = jitter(backoff.next_delay());
                     tokio::select! {
                         _ = shutdown.cancelled() => break,
@@ -127,14 +183,28 @@ pub async fn run(core: Arc<Core>) {
                 }
             }
         }
+        let no_hello = async {
+            match hello_by {
+                Some(t) => tokio::time::sleep_until(t).await,
+                None => std::future::pending().await,
+            }
+        };
         let signal = tokio::select! {
             _ = shutdown.cancelled() => break,
             s = rx.recv() => s,
+            _ = no_hello => {
+                set_error(&core, format!("Slack's socket said no hello within {} s", HELLO_TIMEOUT.as_secs()));
+                live = None;
+                hello_by = None;
+                pause(&core, &mut backoff, &mut up_since, &shutdown).await;
+                continue;
+            }
         };
         let Some(signal) = signal else { break };
         let live_id = live.as_ref().map(|c| c.id);
         match signal {
             Signal::Hello(id) if Some(id) == live_id => {
+                hello_by = None;
                 connected(&core);
                 up_since = Some(Instant::now());
             }
@@ -226,7 +296,7 @@ async fn replace(
     tx: &mpsc::Sender<Signal>,
     rx: &mut mpsc::Receiver<Signal>,
 ) -> Result<Conn, String> {
-    let conn = open(core, id, tx.clone()).await?;
+    let conn = open(core, id, tx.clone()).await.map_err(|e| e.message)?;
     let deadline = tokio::time::Instant::now() + HELLO_TIMEOUT;
     loop {
         match tokio::time::timeout_at(deadline, rx.recv()).await {
@@ -243,17 +313,16 @@ async fn replace(
 }
 
 /// `apps.connections.open`, then the WebSocket; its reader runs on the role's context.
-async fn open(core: &Arc<Core>, id: u64, tx: mpsc::Sender<Signal>) -> Result<Conn, String> {
-    core.identify().await.map_err(|e| e.to_string())?;
+async fn open(core: &Arc<Core>, id: u64, tx: mpsc::Sender<Signal>) -> Result<Conn, OpenError> {
+    core.identify().await?;
     let v = core
         .api
         .call("apps.connections.open", Token::App, &[])
-        .await
-        .map_err(|e| e.to_string())?;
+        .await?;
     let url = v
         .get("url")
         .and_then(Value::as_str)
-        .ok_or("apps.connections.open answered no url")?;
+        .ok_or_else(|| "apps.connections.open answered no url".to_owned())?;
     let config = tokio_tungstenite::tungstenite::protocol::WebSocketConfig::default()
         .max_message_size(Some(MAX_FRAME))
         .max_frame_size(Some(MAX_FRAME));
@@ -279,7 +348,8 @@ async fn open(core: &Arc<Core>, id: u64, tx: mpsc::Sender<Signal>) -> Result<Con
 type Ws =
     tokio_tungstenite::WebSocketStream<tokio_tungstenite::MaybeTlsStream<tokio::net::TcpStream>>;
 
-/// One connection's reader: acks, ingests, reports.
+/// One connection's reader: acks, ingests, reports; pings a connection that went quiet and
+/// gives up on one that stays quiet.
 async fn read(
     core: Arc<Core>,
     id: u64,
@@ -287,19 +357,41 @@ async fn read(
     tx: mpsc::Sender<Signal>,
     close: CancellationToken,
 ) {
+    let idle = core.socket_idle;
+    let pong_wait = PONG_WAIT.min(idle);
+    let mut heard = tokio::time::Instant::now();
+    let mut pinged = false;
     let error = loop {
+        let quiet_until = heard + if pinged { idle + pong_wait } else { idle };
         let frame = tokio::select! {
             _ = close.cancelled() => {
-                let _ = ws.close(None).await;
+                let _ = tokio::time::timeout(CLOSE_WAIT, ws.close(None)).await;
                 return;
+            }
+            _ = tokio::time::sleep_until(quiet_until) => {
+                if pinged {
+                    break Some(format!(
+                        "nothing from Slack for {:.1} s, not even a pong: the connection is dead",
+                        (idle + pong_wait).as_secs_f64()
+                    ));
+                }
+                pinged = true;
+                if let Err(e) = ws.send(Message::Ping(Default::default())).await {
+                    break Some(format!("the socket failed: {e}"));
+                }
+                continue;
             }
             f = ws.next() => f,
         };
+        heard = tokio::time::Instant::now();
+        pinged = false;
         let text = match frame {
             None => break None,
             Some(Err(e)) => break Some(format!("the socket failed: {e}")),
             Some(Ok(Message::Text(t))) => t,
             Some(Ok(Message::Close(c))) => {
+                // Sends tungstenite's queued close reply.
+                let _ = tokio::time::timeout(CLOSE_WAIT, ws.flush()).await;
                 break c.map(|c| format!("Slack closed the socket ({} {})", c.code, c.reason));
             }
             // tungstenite queues the pong; flushing sends it.
