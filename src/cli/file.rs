@@ -6,7 +6,7 @@ use std::time::Duration;
 use crate::mcp::context::RoleContext;
 use anyhow::Context;
 use clap::Args;
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 
 use crate::cli::serve::{ServeArgs, serve_until_stopped};
 use crate::cli::{Exit, Globals, usage};
@@ -43,7 +43,7 @@ pub struct FileArgs {
 }
 
 /// The config file. Every field is optional; flags win.
-#[derive(Debug, Default, Deserialize)]
+#[derive(Debug, Clone, Default, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct FileToml {
     /// Directories to serve; relative paths are relative to the config file.
@@ -56,38 +56,45 @@ pub struct FileToml {
 }
 
 impl FileArgs {
-    /// Merges the config file and the flags.
+    /// Merges the config file and the flags (flags win).
     pub fn config(&self) -> anyhow::Result<FileConfig> {
-        let toml = match &self.config {
+        let mut t = match &self.config {
             Some(p) => load(p)?,
             None => FileToml::default(),
         };
-        let mut roots = toml.roots;
-        roots.extend(self.roots.iter().cloned());
-        if roots.is_empty() {
+        t.roots.extend(self.roots.iter().cloned());
+        t.max_file_bytes = self.max_file_bytes.or(t.max_file_bytes);
+        t.debounce_ms = self.debounce_ms.or(t.debounce_ms);
+        t.max_watches = self.max_watches.or(t.max_watches);
+        t.ring_capacity = self.ring_capacity.or(t.ring_capacity);
+        t.to_config()
+    }
+}
+
+impl FileToml {
+    /// Every unset field at its default (what `herald up --print-config` shows).
+    pub fn with_defaults(mut self) -> FileToml {
+        self.max_file_bytes.get_or_insert(DEFAULT_MAX_FILE_BYTES);
+        self.debounce_ms.get_or_insert(DEFAULT_DEBOUNCE_MS);
+        self.max_watches.get_or_insert(DEFAULT_MAX_WATCHES);
+        self.ring_capacity.get_or_insert(DEFAULT_RING_CAPACITY);
+        self
+    }
+
+    /// The file source's configuration.
+    pub fn to_config(&self) -> anyhow::Result<FileConfig> {
+        if self.roots.is_empty() {
             anyhow::bail!(
-                "no roots to serve; pass --root DIR (repeatable) or roots = [...] in --config"
+                "no roots to serve; pass --root DIR (repeatable) or roots = [...] in the config"
             );
         }
+        let t = self.clone().with_defaults();
         Ok(FileConfig {
-            roots,
-            max_file_bytes: self
-                .max_file_bytes
-                .or(toml.max_file_bytes)
-                .unwrap_or(DEFAULT_MAX_FILE_BYTES),
-            debounce: Duration::from_millis(
-                self.debounce_ms
-                    .or(toml.debounce_ms)
-                    .unwrap_or(DEFAULT_DEBOUNCE_MS),
-            ),
-            max_watches: self
-                .max_watches
-                .or(toml.max_watches)
-                .unwrap_or(DEFAULT_MAX_WATCHES),
-            ring_capacity: self
-                .ring_capacity
-                .or(toml.ring_capacity)
-                .unwrap_or(DEFAULT_RING_CAPACITY),
+            roots: t.roots,
+            max_file_bytes: t.max_file_bytes.unwrap_or(DEFAULT_MAX_FILE_BYTES),
+            debounce: Duration::from_millis(t.debounce_ms.unwrap_or(DEFAULT_DEBOUNCE_MS)),
+            max_watches: t.max_watches.unwrap_or(DEFAULT_MAX_WATCHES),
+            ring_capacity: t.ring_capacity.unwrap_or(DEFAULT_RING_CAPACITY),
         })
     }
 }

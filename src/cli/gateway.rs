@@ -21,9 +21,13 @@ pub struct GatewayArgs {
 
 #[derive(Debug, Args)]
 pub struct CheckArgs {
-    /// A gateway config to validate.
+    /// A config to validate: `herald up`'s (any of [listen], [memo], [file], [k8s], [slack],
+    /// [[watch]], [notify]) or `herald gateway`'s.
     pub config: PathBuf,
 }
+
+/// Tables only `herald up`'s config has.
+const UP_TABLES: [&str; 7] = ["listen", "memo", "file", "k8s", "slack", "watch", "notify"];
 
 pub async fn run(args: GatewayArgs, globals: &Globals) -> Result<(), Exit> {
     let cfg = GatewayConfig::load(&args.config).map_err(|e| crate::cli::usage(e.into()))?;
@@ -47,6 +51,31 @@ pub async fn run(args: GatewayArgs, globals: &Globals) -> Result<(), Exit> {
 }
 
 pub fn check(args: CheckArgs) -> Result<(), Exit> {
+    let text = std::fs::read_to_string(&args.config).map_err(|e| {
+        crate::cli::usage(anyhow::anyhow!(
+            "cannot read {}: {e}",
+            args.config.display()
+        ))
+    })?;
+    let is_up = toml::from_str::<toml::Table>(&text)
+        .is_ok_and(|t| t.keys().any(|k| UP_TABLES.contains(&k.as_str())));
+    if is_up {
+        let cfg = crate::cli::up::config::UpToml::load(&args.config)
+            .and_then(|t| t.check())
+            .map_err(crate::cli::usage)?;
+        println!(
+            "{}: ok (herald up: roles {}; {} servers, {} tokens, {} watches)",
+            args.config.display(),
+            match cfg.file.roles() {
+                r if r.is_empty() => "none".to_owned(),
+                r => r.join(", "),
+            },
+            cfg.slugs.len(),
+            cfg.tokens.len(),
+            cfg.watches.len()
+        );
+        return Ok(());
+    }
     let cfg = GatewayConfig::load(&args.config).map_err(|e| crate::cli::usage(e.into()))?;
     println!(
         "{}: ok ({} servers, {} tokens)",

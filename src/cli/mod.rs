@@ -56,14 +56,14 @@ pub enum Command {
     /// Events type message_posted and the event log slack-events://message_posted. Secrets
     /// come from SLACK_* variables or --credentials DIR.
     Slack(slack::SlackArgs),
-    /// Run the demo pipeline with no config: memo on HTTP 127.0.0.1:8750 and QUIC :8751, the
-    /// files of ./herald-demo on HTTP :8752, Slack on HTTP :8754 (inert until configured), and
-    /// a watch client printing notices for them.
+    /// Run the appliance: the roles and servers a config names behind one gateway endpoint
+    /// (HTTP 127.0.0.1:8750, QUIC :8751) with a watch client; with no config, the demo (memo,
+    /// the files of ./herald-demo, Slack inert until configured).
     Up(up::UpArgs),
     /// Serve many MCP servers behind one endpoint: tools server__tool, resources and listens
     /// routed and shared, Events aggregated, per-token entitlements.
     Gateway(gateway::GatewayArgs),
-    /// Validate a gateway config and exit (for ExecStartPre=).
+    /// Validate a herald up or gateway config and exit (for ExecStartPre=).
     Check(gateway::CheckArgs),
     /// List a server's tools, resources and templates.
     Ls(client::LsArgs),

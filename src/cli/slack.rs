@@ -5,7 +5,7 @@ use std::path::{Path, PathBuf};
 
 use anyhow::Context;
 use clap::Args;
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 
 use crate::cli::serve::{ServeArgs, serve_until_stopped};
 use crate::cli::{Exit, Globals, usage};
@@ -13,6 +13,7 @@ use crate::mcp::context::RoleContext;
 use crate::source::slack::api::DEFAULT_API_URL;
 use crate::source::slack::buffer::MAX_EVENTS;
 use crate::source::slack::settings::Settings;
+use crate::source::slack::socket::DEFAULT_IDLE;
 use crate::source::slack::{Slack, SlackConfig};
 
 #[derive(Debug, Args)]
@@ -42,13 +43,14 @@ pub struct SlackArgs {
 }
 
 /// The `[slack]` table.
-#[derive(Debug, Default, Deserialize)]
+#[derive(Debug, Clone, Default, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct SlackToml {
     pub api_url: Option<String>,
     /// Relative to the config file.
     pub credentials: Option<PathBuf>,
     pub max_events: Option<usize>,
+    pub socket_idle_ms: Option<u64>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -82,35 +84,55 @@ fn load(path: &Path) -> anyhow::Result<SlackToml> {
 }
 
 impl SlackArgs {
-    /// Merges the config file, the flags and the environment.
+    /// Merges the config file, the flags (flags win) and the environment.
     pub fn config(&self) -> anyhow::Result<SlackConfig> {
-        let toml = match &self.config {
+        let mut t = match &self.config {
             Some(p) => load(p)?,
             None => SlackToml::default(),
         };
-        let credentials = self
+        t.credentials = self.credentials.clone().or(t.credentials);
+        t.api_url = self.slack_api_url.clone().or(t.api_url);
+        t.max_events = self.max_events.or(t.max_events);
+        t.socket_idle_ms = Some(self.socket_idle_ms);
+        t.to_config()
+    }
+}
+
+impl SlackToml {
+    /// Every unset field at its default (what `herald up --print-config` shows).
+    pub fn with_defaults(mut self) -> SlackToml {
+        self.api_url
+            .get_or_insert_with(|| DEFAULT_API_URL.to_owned());
+        self.max_events.get_or_insert(MAX_EVENTS);
+        self.socket_idle_ms
+            .get_or_insert(DEFAULT_IDLE.as_millis() as u64);
+        self
+    }
+
+    /// The Slack role's configuration, its secrets from the environment or the credentials
+    /// directory (this table's, else `$CREDENTIALS_DIRECTORY`).
+    pub fn to_config(&self) -> anyhow::Result<SlackConfig> {
+        let t = self.clone().with_defaults();
+        let credentials = t
             .credentials
             .clone()
-            .or(toml.credentials)
             .or_else(|| std::env::var_os("CREDENTIALS_DIRECTORY").map(PathBuf::from));
         let settings = Settings::from_env(credentials.as_deref())?;
-        let api_url = self
-            .slack_api_url
-            .clone()
-            .or(toml.api_url)
-            .unwrap_or_else(|| DEFAULT_API_URL.to_owned());
+        let api_url = t.api_url.unwrap_or_else(|| DEFAULT_API_URL.to_owned());
         if !(api_url.starts_with("https://") || api_url.starts_with("http://")) {
-            anyhow::bail!("--slack-api-url {api_url}: give an http:// or https:// URL");
+            anyhow::bail!("slack api_url {api_url}: give an http:// or https:// URL");
         }
-        let max_events = self.max_events.or(toml.max_events).unwrap_or(MAX_EVENTS);
+        let max_events = t.max_events.unwrap_or(MAX_EVENTS);
         if max_events == 0 {
-            anyhow::bail!("--max-events must be at least 1");
+            anyhow::bail!("slack max_events must be at least 1");
         }
         Ok(SlackConfig {
             settings,
             api_url,
             max_events,
-            socket_idle: std::time::Duration::from_millis(self.socket_idle_ms.max(100)),
+            socket_idle: std::time::Duration::from_millis(
+                t.socket_idle_ms.unwrap_or(30_000).max(100),
+            ),
         })
     }
 }

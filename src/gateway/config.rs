@@ -22,7 +22,7 @@
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 
 use crate::transport::client::Target;
 use crate::transport::tls::{ClientTrust, Secret, TlsError};
@@ -61,8 +61,10 @@ pub enum ConfigError {
         "{token}: sha256 must be 64 hex digits, the SHA-256 of the token (printf %s TOKEN | sha256sum)"
     )]
     TokenSha256 { token: String },
-    #[error("{token}: slugs names {slug:?}, which is not a [[slug]]")]
+    #[error("{token}: slugs names {slug:?}, which is not a [[slug]] (nor a role of this config)")]
     TokenSlug { token: String, slug: String },
+    #[error("slug {0} is the name of a role this config runs; name the [[slug]] something else")]
+    SlugIsRole(String),
 }
 
 #[derive(Debug, Deserialize)]
@@ -76,7 +78,7 @@ pub struct GatewayFile {
     pub tokens: Vec<TokenFile>,
 }
 
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct SlugFile {
     pub name: String,
@@ -89,7 +91,7 @@ pub struct SlugFile {
     pub token_env: Option<String>,
 }
 
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct TokenFile {
     pub name: Option<String>,
@@ -145,10 +147,31 @@ impl GatewayConfig {
 
     pub fn parse(text: &str) -> Result<GatewayConfig, ConfigError> {
         let file: GatewayFile = toml::from_str(text).map_err(ConfigError::Toml)?;
+        let (http, quic) = (file.http.clone(), file.quic.clone());
+        let (slugs, tokens) = GatewayConfig::validate(file.slugs, file.tokens, &[])?;
+        Ok(GatewayConfig {
+            http,
+            quic,
+            slugs,
+            tokens,
+        })
+    }
+
+    /// Checks `[[slug]]`s and `[[token]]`s. `roles` are slugs served in this process (named
+    /// after their roles): tokens may name them (and `*` covers them), `[[slug]]`s may not
+    /// take their names.
+    pub fn validate(
+        slug_files: Vec<SlugFile>,
+        token_files: Vec<TokenFile>,
+        roles: &[&str],
+    ) -> Result<(Vec<Slug>, Vec<Token>), ConfigError> {
         let mut slugs: Vec<Slug> = Vec::new();
-        for s in file.slugs {
+        for s in slug_files {
             if !valid_slug(&s.name) {
                 return Err(ConfigError::SlugName(s.name));
+            }
+            if roles.contains(&s.name.as_str()) {
+                return Err(ConfigError::SlugIsRole(s.name));
             }
             if slugs.iter().any(|o| o.name == s.name) {
                 return Err(ConfigError::SlugTwice(s.name));
@@ -185,7 +208,7 @@ impl GatewayConfig {
             });
         }
         let mut tokens = Vec::new();
-        for (i, t) in file.tokens.into_iter().enumerate() {
+        for (i, t) in token_files.into_iter().enumerate() {
             let label = t.name.unwrap_or_else(|| format!("token #{}", i + 1));
             let bytes = hex::decode(t.sha256.trim()).ok().filter(|b| b.len() == 32);
             let Some(bytes) = bytes else {
@@ -197,7 +220,8 @@ impl GatewayConfig {
             for s in t.slugs {
                 if s == "*" {
                     set.extend(slugs.iter().map(|x| x.name.clone()));
-                } else if slugs.iter().any(|x| x.name == s) {
+                    set.extend(roles.iter().map(|r| (*r).to_owned()));
+                } else if slugs.iter().any(|x| x.name == s) || roles.contains(&s.as_str()) {
                     set.insert(s);
                 } else {
                     return Err(ConfigError::TokenSlug {
@@ -212,12 +236,7 @@ impl GatewayConfig {
                 slugs: set,
             });
         }
-        Ok(GatewayConfig {
-            http: file.http,
-            quic: file.quic,
-            slugs,
-            tokens,
-        })
+        Ok((slugs, tokens))
     }
 }
 

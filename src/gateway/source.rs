@@ -43,6 +43,9 @@ const MAX_LONG_POLL: Duration = Duration::from_secs(60);
 pub struct Gateway {
     upstreams: Vec<Arc<Upstream>>,
     tokens: Vec<Token>,
+    /// Callers on a loopback address may use every slug without a token (set only for a
+    /// gateway bound to loopback alone with no tokens configured).
+    open_to_loopback: bool,
     feed: ChangeFeed,
     shared: Arc<Mutex<HashMap<String, Weak<SharedListen>>>>,
     /// Where relays, connects and cancels run; its shutdown ends them.
@@ -85,17 +88,46 @@ fn same(a: &[u8; 32], b: &[u8; 32]) -> bool {
 impl Gateway {
     /// The gateway over `cfg`'s slugs; its helper tasks run on `ctx`.
     pub fn new(cfg: &GatewayConfig, max_message_bytes: usize, ctx: &RoleContext) -> Gateway {
+        let upstreams = cfg
+            .slugs
+            .iter()
+            .map(|s| Arc::new(upstream_of(s, max_message_bytes, ctx)))
+            .collect();
+        Gateway::with_upstreams(upstreams, cfg.tokens.clone(), ctx)
+    }
+
+    /// The gateway over `upstreams` (each named by its slug: external servers, or roles in
+    /// this process reached over a pipe), entitled by `tokens`.
+    pub fn with_upstreams(
+        upstreams: Vec<Arc<Upstream>>,
+        tokens: Vec<Token>,
+        ctx: &RoleContext,
+    ) -> Gateway {
         Gateway {
-            upstreams: cfg
-                .slugs
-                .iter()
-                .map(|s| Arc::new(upstream_of(s, max_message_bytes, ctx)))
-                .collect(),
-            tokens: cfg.tokens.clone(),
+            upstreams,
+            tokens,
+            open_to_loopback: false,
             feed: ChangeFeed::new(),
             shared: Arc::new(Mutex::new(HashMap::new())),
             ctx: ctx.clone(),
         }
+    }
+
+    /// Lets callers on a loopback address in without a token. For a gateway that listens on
+    /// loopback only and has no tokens: there, whoever can connect is on this host.
+    pub fn open_to_loopback(mut self) -> Gateway {
+        self.open_to_loopback = true;
+        self
+    }
+
+    /// The upstream shared handles, by slug (status and readiness).
+    pub fn upstreams(&self) -> &[Arc<Upstream>] {
+        &self.upstreams
+    }
+
+    /// The shared upstream handle of a configured slug (an external server), supervised.
+    pub fn upstream_for(slug: &Slug, max_message_bytes: usize, ctx: &RoleContext) -> Arc<Upstream> {
+        Arc::new(upstream_of(slug, max_message_bytes, ctx))
     }
 
     /// Connects every upstream (in parallel, for at most `bound`), so catalogs are ready for
@@ -122,7 +154,9 @@ impl Gateway {
                 }
                 found.map(|t| t.slugs.clone()).unwrap_or_default()
             }
-            None if caller.local => self.upstreams.iter().map(|u| u.name.clone()).collect(),
+            None if caller.local || (self.open_to_loopback && caller.loopback) => {
+                self.upstreams.iter().map(|u| u.name.clone()).collect()
+            }
             None => BTreeSet::new(),
         };
         if let Some(only) = &caller.servers {

@@ -29,10 +29,17 @@ pub struct Caller {
     pub token: Option<String>,
     /// `?servers=a,b` on the HTTP endpoint URL: narrows what the token may use.
     pub servers: Option<Vec<String>>,
-    /// The request came over stdio from the process that started this one, which needs no
-    /// token.
+    /// The request came over stdio from the process that started this one (or from a client
+    /// in this process), which needs no token.
     pub local: bool,
+    /// The peer connected from a loopback address (HTTP, QUIC). A gateway bound only to
+    /// loopback with no tokens configured lets such callers in.
+    pub loopback: bool,
 }
+
+/// The peer address of an HTTP request, put in its extensions by the transport.
+#[derive(Debug, Clone, Copy)]
+pub struct PeerAddr(pub std::net::SocketAddr);
 
 impl std::fmt::Debug for Caller {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -41,6 +48,7 @@ impl std::fmt::Debug for Caller {
             .field("token", &self.token.as_ref().map(|_| "<redacted>"))
             .field("servers", &self.servers)
             .field("local", &self.local)
+            .field("loopback", &self.loopback)
             .finish()
     }
 }
@@ -50,12 +58,13 @@ impl Caller {
     pub fn local() -> Caller {
         Caller {
             local: true,
+            loopback: true,
             ..Caller::default()
         }
     }
 
     /// A byte-stream caller whose token (if any) rides in each request's `_meta`.
-    pub fn from_meta(meta: &rmcp::model::RequestMetaObject, local: bool) -> Caller {
+    pub fn from_meta(meta: &rmcp::model::RequestMetaObject, local: bool, loopback: bool) -> Caller {
         Caller {
             token: meta
                 .0
@@ -66,6 +75,7 @@ impl Caller {
                 .filter(|t| !t.is_empty()),
             servers: None,
             local,
+            loopback,
         }
     }
 
@@ -94,6 +104,18 @@ impl Caller {
             token,
             servers,
             local: false,
+            loopback: false,
+        }
+    }
+
+    /// The caller of an HTTP request, with its peer's address when the transport put it there.
+    pub fn from_parts(parts: &http::request::Parts) -> Caller {
+        Caller {
+            loopback: parts
+                .extensions
+                .get::<PeerAddr>()
+                .is_some_and(|p| p.0.ip().to_canonical().is_loopback()),
+            ..Caller::from_http(&parts.headers, &parts.uri)
         }
     }
 
@@ -106,7 +128,7 @@ impl Caller {
         }
         ctx.extensions
             .get::<http::request::Parts>()
-            .map(|p| Caller::from_http(&p.headers, &p.uri))
+            .map(Caller::from_parts)
             .unwrap_or_default()
     }
 }
@@ -152,10 +174,10 @@ mod tests {
         let mut meta = rmcp::model::RequestMetaObject::default();
         meta.0.0.insert(TOKEN_META_KEY.into(), "t0k".into());
         assert_eq!(
-            Caller::from_meta(&meta, false).token.as_deref(),
+            Caller::from_meta(&meta, false, false).token.as_deref(),
             Some("t0k")
         );
         meta.0.0.insert(TOKEN_META_KEY.into(), "".into());
-        assert_eq!(Caller::from_meta(&meta, true), Caller::local());
+        assert_eq!(Caller::from_meta(&meta, true, true), Caller::local());
     }
 }

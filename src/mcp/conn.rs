@@ -25,15 +25,18 @@ pub struct ConnServer {
     server: SourceServer,
     conn: ConnStreams,
     local: bool,
+    loopback: bool,
 }
 
 impl ConnServer {
-    /// `server` on a connection counted by `conn`; `local` for the stdio parent.
-    pub fn new(server: SourceServer, conn: ConnStreams, local: bool) -> ConnServer {
+    /// `server` on a connection counted by `conn`; `local` for the stdio parent (or an
+    /// in-process client), `loopback` for a peer on a loopback address.
+    pub fn new(server: SourceServer, conn: ConnStreams, local: bool, loopback: bool) -> ConnServer {
         ConnServer {
             server,
             conn,
             local,
+            loopback,
         }
     }
 }
@@ -44,7 +47,7 @@ impl Service<RoleServer> for ConnServer {
         mut request: ClientRequest,
         mut context: RequestContext<RoleServer>,
     ) -> Result<ServerResult, McpError> {
-        let caller = Caller::from_meta(&context.meta, self.local);
+        let caller = Caller::from_meta(&context.meta, self.local, self.loopback);
         // A legacy session's listen is refused by rmcp (-32601): admit nothing for it.
         let legacy = context
             .protocol_version()

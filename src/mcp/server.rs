@@ -143,13 +143,14 @@ impl SourceServer {
     /// This server for stdio, with its own listen-stream count. The peer is the process that
     /// started this one, so it is a local caller (no token needed).
     pub fn for_connection(&self) -> ConnServer {
-        ConnServer::new(self.clone(), ConnStreams::default(), true)
+        ConnServer::new(self.clone(), ConnStreams::default(), true, true)
     }
 
     /// This server for a byte-stream connection that shares its listen-stream budget with
-    /// others (the streams of one QUIC connection). Its callers present a token in `_meta`.
-    pub fn for_connection_sharing(&self, conn: ConnStreams) -> ConnServer {
-        ConnServer::new(self.clone(), conn, false)
+    /// others (the streams of one QUIC connection). Its callers present a token in `_meta`;
+    /// `loopback` says the peer is on a loopback address.
+    pub fn for_connection_sharing(&self, conn: ConnStreams, loopback: bool) -> ConnServer {
+        ConnServer::new(self.clone(), conn, false, loopback)
     }
 
     /// The handshake configuration every connection starts from.

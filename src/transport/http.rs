@@ -29,7 +29,7 @@ use tokio_util::task::TaskTracker;
 use tracing::{Instrument, debug, info_span};
 
 use crate::mcp::admission::{ConnStreams, ListenFilter, PendingListen};
-use crate::mcp::caller::Caller;
+use crate::mcp::caller::{Caller, PeerAddr};
 use crate::mcp::server::SourceServer;
 use crate::transport::origin::Allowlist;
 
@@ -130,6 +130,7 @@ pub async fn serve(
             router.clone(),
             move |mut req: Request<hyper::body::Incoming>| {
                 req.extensions_mut().insert(conn.clone());
+                req.extensions_mut().insert(PeerAddr(peer));
                 req
             },
         );
@@ -253,7 +254,7 @@ async fn listen_gate(State(gate): State<Gate>, req: Request, next: Next) -> Resp
             .get::<ConnStreams>()
             .cloned()
             .unwrap_or_default();
-        let caller = Caller::from_http(&parts.headers, &parts.uri);
+        let caller = Caller::from_parts(&parts);
         let listen = match server.admit(&caller, &filter, &conn).await {
             Ok(l) => l,
             Err(e) => return rpc_error(StatusCode::OK, id, json!(e)),

@@ -94,7 +94,8 @@ pub async fn serve(
                             }
                         },
                     };
-                    let service = server.for_connection_sharing(budget.clone());
+                    let loopback = remote.ip().to_canonical().is_loopback();
+                    let service = server.for_connection_sharing(budget.clone(), loopback);
                     let max = server.limits().max_message_bytes;
                     let ct = sessions.child_token();
                     streams.spawn(

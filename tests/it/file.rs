@@ -629,10 +629,6 @@ async fn herald_up_creates_the_demo_directory_and_watches_it() {
             "127.0.0.1:0",
             "--quic",
             "127.0.0.1:0",
-            "--file-http",
-            "127.0.0.1:0",
-            "--slack-http",
-            "127.0.0.1:0",
             "--demo-dir",
             demo.to_str().unwrap(),
         ])
@@ -648,14 +644,13 @@ async fn herald_up_creates_the_demo_directory_and_watches_it() {
             let l = err.next_line().await.unwrap().expect("herald up runs");
             if let Ok(v) = serde_json::from_str::<Value>(&l)
                 && v["event"] == "listening"
-                && v["role"] == "file"
             {
                 return v["http_url"].as_str().unwrap().to_owned();
             }
         }
     })
     .await
-    .expect("the file source says where it listens");
+    .expect("herald up says where its gateway listens");
     tokio::spawn(async move { while let Ok(Some(_)) = err.next_line().await {} });
     assert!(demo.is_dir(), "herald up created {}", demo.display());
     let demo = std::fs::canonicalize(&demo).unwrap();

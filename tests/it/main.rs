@@ -11,5 +11,6 @@ mod memo;
 mod slack;
 mod slack_fake;
 mod support;
+mod up;
 mod watch;
 mod wire;

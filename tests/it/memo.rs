@@ -282,10 +282,6 @@ async fn herald_up_serves_the_demo_with_no_config() {
         "127.0.0.1:0",
         "--quic",
         "127.0.0.1:0",
-        "--file-http",
-        "127.0.0.1:0",
-        "--slack-http",
-        "127.0.0.1:0",
         "--demo-dir",
         demo.path().join("herald-demo").to_str().unwrap(),
     ])
@@ -312,7 +308,7 @@ async fn herald_up_serves_the_demo_with_no_config() {
         let conn = memo.client().await;
         call(
             &conn,
-            "memo_set",
+            "memo__memo_set",
             json!({"key": "todo", "value": "buy milk"}),
         )
         .await;

@@ -533,10 +533,6 @@ async fn herald_up_prints_notices_for_its_memo_source() {
             "127.0.0.1:0",
             "--quic",
             "127.0.0.1:0",
-            "--file-http",
-            "127.0.0.1:0",
-            "--slack-http",
-            "127.0.0.1:0",
             "--demo-dir",
             demo.path().to_str().unwrap(),
         ])
@@ -571,7 +567,7 @@ async fn herald_up_prints_notices_for_its_memo_source() {
     let mut seen = Vec::new();
     let mut i = 0;
     while seen.len() < 2 {
-        call(&c, "memo_set", json!({"key": "demo", "value": i})).await;
+        call(&c, "memo__memo_set", json!({"key": "demo", "value": i})).await;
         i += 1;
         if let Ok(Ok(Some(l))) =
             tokio::time::timeout(std::time::Duration::from_secs(5), out.next_line()).await

@@ -10,6 +10,7 @@
 //! with the reason, and the role decides what its caller may learn.
 
 mod catalog;
+pub mod local;
 mod relay;
 
 use std::future::Future;

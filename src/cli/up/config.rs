@@ -1,0 +1,448 @@
+//! The appliance's config: one TOML file names the roles `herald up` runs in its one process
+//! (`[memo]`, `[file]`, `[k8s]`, `[slack]`), the external servers beside them (`[[slug]]`),
+//! who may use what (`[[token]]`), the watches (`[[watch]]`, notices to `[notify]`), and where
+//! the gateway in front of all of them listens (`[listen]`).
+//!
+//! ```toml
+//! [listen]
+//! http = "127.0.0.1:8750"
+//! quic = "127.0.0.1:8751"
+//!
+//! [memo]
+//!
+//! [file]
+//! roots = ["/srv/data"]
+//!
+//! [[slug]]
+//! name = "cluster"
+//! http = "http://10.0.0.5:8753/mcp"
+//!
+//! [[watch]]
+//! name = "notes"
+//! uri = "memo://notes"
+//! ```
+//!
+//! Every table is strict: an unknown key is an error that names its line.
+
+use std::collections::BTreeMap;
+use std::net::{IpAddr, SocketAddr};
+use std::path::{Path, PathBuf};
+
+use anyhow::{Context, anyhow, bail};
+use serde::{Deserialize, Serialize};
+
+use crate::cli::file::FileToml;
+use crate::cli::slack::SlackToml;
+use crate::gateway::config::{GatewayConfig, Slug, SlugFile, Token, TokenFile};
+use crate::mcp::ring::DEFAULT_RING_CAPACITY;
+
+/// Where the gateway serves HTTP by default.
+pub const DEFAULT_HTTP: &str = "127.0.0.1:8750";
+/// Where it serves QUIC by default.
+pub const DEFAULT_QUIC: &str = "127.0.0.1:8751";
+
+/// The roles `herald up` can run in its own process; each is a slug of that name.
+pub const ROLES: [&str; 4] = ["memo", "file", "k8s", "slack"];
+
+#[derive(Debug, Clone, Default, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct ListenToml {
+    /// `""` turns HTTP off.
+    pub http: Option<String>,
+    /// `""` turns QUIC off.
+    pub quic: Option<String>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub allowed_hosts: Vec<String>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub allowed_origins: Vec<String>,
+}
+
+#[derive(Debug, Clone, Default, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct MemoToml {
+    pub ring_capacity: Option<usize>,
+}
+
+#[derive(Debug, Clone, Default, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct K8sToml {
+    /// Named kubeconfigs (`?kcp=NAME` picks one; the first in name order is the default).
+    /// None: kubectl's own default.
+    #[serde(default)]
+    pub kubeconfigs: BTreeMap<String, PathBuf>,
+    pub kubectl: Option<PathBuf>,
+    pub token_command: Option<String>,
+    pub read_write: Option<bool>,
+    pub ring_capacity: Option<usize>,
+    pub linger_ms: Option<u64>,
+    pub max_watchers: Option<usize>,
+}
+
+impl K8sToml {
+    pub fn with_defaults(mut self) -> K8sToml {
+        self.kubectl.get_or_insert_with(|| "kubectl".into());
+        self.read_write.get_or_insert(false);
+        self.ring_capacity.get_or_insert(DEFAULT_RING_CAPACITY);
+        self.linger_ms.get_or_insert(10_000);
+        self.max_watchers.get_or_insert(256);
+        self
+    }
+}
+
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct WatchToml {
+    pub name: String,
+    pub uri: String,
+    /// Python run once per event (inline).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub on_event: Option<String>,
+    /// Python run once per event, from this file (relative to the config).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub on_event_file: Option<PathBuf>,
+}
+
+#[derive(Debug, Clone, Default, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct NotifyToml {
+    /// Run this (with `sh -c`) per notice, the notice on its stdin.
+    pub exec: Option<String>,
+    /// POST each notice to this URL.
+    pub webhook: Option<String>,
+}
+
+/// The whole file.
+#[derive(Debug, Clone, Default, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct UpToml {
+    #[serde(default)]
+    pub listen: ListenToml,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub memo: Option<MemoToml>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub file: Option<FileToml>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub k8s: Option<K8sToml>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub slack: Option<SlackToml>,
+    #[serde(default, rename = "slug", skip_serializing_if = "Vec::is_empty")]
+    pub slugs: Vec<SlugFile>,
+    #[serde(default, rename = "token", skip_serializing_if = "Vec::is_empty")]
+    pub tokens: Vec<TokenFile>,
+    #[serde(default, rename = "watch", skip_serializing_if = "Vec::is_empty")]
+    pub watches: Vec<WatchToml>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub notify: Option<NotifyToml>,
+}
+
+/// A checked config, ready to run.
+#[derive(Debug, Clone)]
+pub struct UpConfig {
+    /// As written, with every default filled in (`--print-config`).
+    pub file: UpToml,
+    pub slugs: Vec<Slug>,
+    pub tokens: Vec<Token>,
+    /// `(name, uri, python)` per watch.
+    pub watches: Vec<(String, String, Option<String>)>,
+}
+
+/// Whether `addr` (`HOST:PORT`) is a loopback address; a host name only when it is
+/// `localhost`.
+pub fn is_loopback(addr: &str) -> bool {
+    if let Ok(a) = addr.parse::<SocketAddr>() {
+        return a.ip().to_canonical().is_loopback();
+    }
+    let host = addr.rsplit_once(':').map_or(addr, |(h, _)| h);
+    let host = host.trim_start_matches('[').trim_end_matches(']');
+    host.eq_ignore_ascii_case("localhost")
+        || host
+            .parse::<IpAddr>()
+            .is_ok_and(|ip| ip.to_canonical().is_loopback())
+}
+
+/// `Some(addr)`, or `None` for `""` (turned off).
+fn enabled(v: &Option<String>) -> Option<&str> {
+    v.as_deref().filter(|a| !a.trim().is_empty())
+}
+
+impl UpToml {
+    /// The demo with no config: memo, the files of `demo_dir`, Slack (inert until its
+    /// variables are set), and watches on them.
+    pub fn demo(demo_dir: &Path) -> UpToml {
+        UpToml {
+            memo: Some(MemoToml::default()),
+            file: Some(FileToml {
+                roots: vec![demo_dir.to_owned()],
+                ..FileToml::default()
+            }),
+            slack: Some(SlackToml::default()),
+            watches: vec![
+                watch("notes", crate::source::memo::NOTES_URI),
+                watch("memo-log", crate::source::memo::LOG_URI),
+                watch(
+                    "demo-files",
+                    &crate::source::file::events_uri(demo_dir, true),
+                ),
+            ],
+            ..UpToml::default()
+        }
+    }
+
+    /// Parses a config file's text. `base` is where relative paths start (the file's
+    /// directory).
+    pub fn parse(text: &str, base: &Path) -> anyhow::Result<UpToml> {
+        let mut t: UpToml = toml::from_str(text).map_err(|e| anyhow!("{e}"))?;
+        if let Some(f) = &mut t.file {
+            for r in &mut f.roots {
+                if r.is_relative() {
+                    *r = base.join(&*r);
+                }
+            }
+        }
+        if let Some(s) = &mut t.slack
+            && let Some(c) = &mut s.credentials
+            && c.is_relative()
+        {
+            *c = base.join(&*c);
+        }
+        for w in &mut t.watches {
+            if let Some(p) = &mut w.on_event_file
+                && p.is_relative()
+            {
+                *p = base.join(&*p);
+            }
+        }
+        Ok(t)
+    }
+
+    /// Reads and parses `path`.
+    pub fn load(path: &Path) -> anyhow::Result<UpToml> {
+        let text = std::fs::read_to_string(path)
+            .with_context(|| format!("cannot read config {}", path.display()))?;
+        UpToml::parse(&text, path.parent().unwrap_or(Path::new(".")))
+            .with_context(|| format!("bad config {}", path.display()))
+    }
+
+    /// The roles this config runs in-process, in a fixed order.
+    pub fn roles(&self) -> Vec<&'static str> {
+        let on = [
+            self.memo.is_some(),
+            self.file.is_some(),
+            self.k8s.is_some(),
+            self.slack.is_some(),
+        ];
+        ROLES
+            .iter()
+            .zip(on)
+            .filter(|(_, on)| *on)
+            .map(|(r, _)| *r)
+            .collect()
+    }
+
+    /// Checks everything that can be checked without starting anything.
+    pub fn check(self) -> anyhow::Result<UpConfig> {
+        let roles = self.roles();
+        let (slugs, tokens) =
+            GatewayConfig::validate(self.slugs.clone(), self.tokens.clone(), &roles)
+                .map_err(|e| anyhow!("{e}"))?;
+        if roles.is_empty() && slugs.is_empty() {
+            bail!("nothing to serve: add a role ([memo], [file], [k8s], [slack]) or a [[slug]]");
+        }
+        if let Some(f) = &self.file {
+            f.to_config().context("[file]")?;
+        }
+        let mut t = self;
+        t.listen.http.get_or_insert_with(|| DEFAULT_HTTP.to_owned());
+        t.listen.quic.get_or_insert_with(|| DEFAULT_QUIC.to_owned());
+        if tokens.is_empty() {
+            for addr in [&t.listen.http, &t.listen.quic]
+                .into_iter()
+                .filter_map(enabled)
+            {
+                if !is_loopback(addr) {
+                    bail!(
+                        "[listen] {addr} is not a loopback address and there is no [[token]]: anyone who can reach it could use every role. \
+                         Add a [[token]] (sha256 = the output of `printf %s TOKEN | sha256sum`, slugs = [\"*\"]) or listen on 127.0.0.1"
+                    );
+                }
+            }
+        }
+        let mut names = std::collections::BTreeSet::new();
+        let mut watches = Vec::new();
+        for w in &t.watches {
+            if w.name.is_empty() || w.uri.is_empty() {
+                bail!("a [[watch]] needs a name and a uri");
+            }
+            if !names.insert(w.name.clone()) {
+                bail!("[[watch]] {} is defined twice", w.name);
+            }
+            let code = match (&w.on_event, &w.on_event_file) {
+                (Some(_), Some(_)) => bail!(
+                    "[[watch]] {}: give on_event (inline Python) or on_event_file, not both",
+                    w.name
+                ),
+                (Some(c), None) => Some(c.clone()),
+                (None, Some(p)) => Some(std::fs::read_to_string(p).with_context(|| {
+                    format!(
+                        "[[watch]] {}: cannot read on_event_file {}",
+                        w.name,
+                        p.display()
+                    )
+                })?),
+                (None, None) => None,
+            };
+            watches.push((w.name.clone(), w.uri.clone(), code));
+        }
+        if let Some(n) = &t.notify
+            && n.exec.is_some()
+            && n.webhook.is_some()
+        {
+            bail!("[notify]: give exec or webhook, not both");
+        }
+        t.memo = t.memo.map(|m| MemoToml {
+            ring_capacity: Some(m.ring_capacity.unwrap_or(DEFAULT_RING_CAPACITY)),
+        });
+        t.file = t.file.map(FileToml::with_defaults);
+        t.k8s = t.k8s.map(K8sToml::with_defaults);
+        t.slack = t.slack.map(SlackToml::with_defaults);
+        Ok(UpConfig {
+            file: t,
+            slugs,
+            tokens,
+            watches,
+        })
+    }
+}
+
+fn watch(name: &str, uri: &str) -> WatchToml {
+    WatchToml {
+        name: name.into(),
+        uri: uri.into(),
+        on_event: None,
+        on_event_file: None,
+    }
+}
+
+impl UpConfig {
+    /// Where the gateway serves HTTP, if it does.
+    pub fn http(&self) -> Option<&str> {
+        enabled(&self.file.listen.http)
+    }
+
+    /// Where the gateway serves QUIC, if it does.
+    pub fn quic(&self) -> Option<&str> {
+        enabled(&self.file.listen.quic)
+    }
+
+    /// The effective config as TOML.
+    pub fn to_toml(&self) -> String {
+        toml::to_string_pretty(&self.file).unwrap_or_default()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const HASH: &str = "9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08";
+
+    fn parse(text: &str) -> anyhow::Result<UpConfig> {
+        UpToml::parse(text, Path::new("/etc/herald"))?.check()
+    }
+
+    #[test]
+    fn a_full_config_checks_and_prints_its_defaults() {
+        let c = parse(&format!(
+            "[listen]\nhttp = \"127.0.0.1:0\"\nquic = \"\"\n\
+             [memo]\n[file]\nroots = [\"data\"]\n\
+             [[slug]]\nname = \"ext\"\nstdio = \"herald memo\"\n\
+             [[token]]\nsha256 = \"{HASH}\"\nslugs = [\"memo\", \"ext\"]\n\
+             [[watch]]\nname = \"n\"\nuri = \"memo://notes\"\non_event = \"emit(event)\"\n"
+        ))
+        .unwrap();
+        assert_eq!(c.http(), Some("127.0.0.1:0"));
+        assert_eq!(c.quic(), None, "\"\" turns QUIC off");
+        assert_eq!(c.file.roles(), ["memo", "file"]);
+        assert_eq!(c.slugs[0].name, "ext");
+        assert_eq!(
+            c.tokens[0].slugs.iter().collect::<Vec<_>>(),
+            ["ext", "memo"]
+        );
+        assert_eq!(c.watches[0].2.as_deref(), Some("emit(event)"));
+        let printed = c.to_toml();
+        assert!(printed.contains("debounce_ms = 50"), "{printed}");
+        assert!(
+            printed.contains("roots = [\"/etc/herald/data\"]"),
+            "{printed}"
+        );
+        // What --print-config prints is itself a valid config.
+        parse(&printed).unwrap();
+    }
+
+    #[test]
+    fn an_unknown_key_names_its_line() {
+        let e = format!(
+            "{:#}",
+            parse("[memo]\n\n[file]\nroots = [\"/x\"]\ncolour = 1\n").unwrap_err()
+        );
+        assert!(e.contains("line 5"), "{e}");
+        assert!(e.contains("unknown field `colour`"), "{e}");
+    }
+
+    #[test]
+    fn no_token_is_refused_off_loopback_only() {
+        parse("[listen]\nhttp = \"127.0.0.1:8750\"\nquic = \"[::1]:8751\"\n[memo]\n").unwrap();
+        parse("[listen]\nhttp = \"localhost:8750\"\n[memo]\n").unwrap();
+        let e = parse("[listen]\nhttp = \"0.0.0.0:8750\"\n[memo]\n")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("0.0.0.0:8750") && e.contains("[[token]]"), "{e}");
+        parse(&format!(
+            "[listen]\nhttp = \"0.0.0.0:8750\"\n[memo]\n[[token]]\nsha256 = \"{HASH}\"\nslugs = [\"*\"]\n"
+        ))
+        .unwrap();
+    }
+
+    #[test]
+    fn mistakes_say_what_to_fix() {
+        for (text, needle) in [
+            ("", "nothing to serve"),
+            (
+                "[memo]\n[[slug]]\nname = \"memo\"\nstdio = \"x\"\n",
+                "name of a role",
+            ),
+            (
+                &format!("[memo]\n[[token]]\nsha256 = \"{HASH}\"\nslugs = [\"file\"]\n"),
+                "not a [[slug]]",
+            ),
+            ("[file]\n", "no roots"),
+            (
+                "[memo]\n[[watch]]\nname = \"a\"\nuri = \"memo://notes\"\n[[watch]]\nname = \"a\"\nuri = \"memo://log\"\n",
+                "defined twice",
+            ),
+            (
+                "[memo]\n[[watch]]\nname = \"a\"\nuri = \"memo://notes\"\non_event_file = \"nope.py\"\n",
+                "cannot read on_event_file /etc/herald/nope.py",
+            ),
+            (
+                "[memo]\n[notify]\nexec = \"cat\"\nwebhook = \"http://x\"\n",
+                "not both",
+            ),
+        ] {
+            let e = format!("{:#}", parse(text).unwrap_err());
+            assert!(e.contains(needle), "{text}: {e}");
+        }
+    }
+
+    #[test]
+    fn the_demo_is_a_valid_config() {
+        let c = UpToml::demo(Path::new("/tmp/herald-demo")).check().unwrap();
+        assert_eq!(c.file.roles(), ["memo", "file", "slack"]);
+        assert_eq!(c.http(), Some(DEFAULT_HTTP));
+        assert_eq!(c.quic(), Some(DEFAULT_QUIC));
+        assert_eq!(
+            c.watches[2].1,
+            "file-events://watch/tmp/herald-demo?recursive=true"
+        );
+    }
+}

@@ -1,0 +1,333 @@
+//! `herald up`: the appliance. One process, one store, the roles a config names (memo, file,
+//! k8s, slack), external servers beside them, all behind one gateway endpoint, and a watch
+//! client reaching them through it. With no config: the demo (memo, the files of
+//! `./herald-demo`, Slack inert until configured).
+//!
+//! Each in-process role is a gateway slug named after it, reached over an in-memory pipe
+//! (`mcp::upstream::local`), never a socket; the watch client reaches the gateway the same way.
+
+pub mod config;
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use clap::Args;
+
+use self::config::UpToml;
+use crate::app::{self, Bound, ServeOptions};
+use crate::cli::serve::announce;
+use crate::cli::{Exit, Globals, LogFormat, usage};
+use crate::filter::pool::PoolConfig;
+use crate::gateway::Gateway;
+use crate::mcp::context::RoleContext;
+use crate::mcp::server::{Limits, SourceServer};
+use crate::mcp::source::DynSource;
+use crate::mcp::upstream::{Upstream, UpstreamConfig, local};
+use crate::source::file::FileSource;
+use crate::source::k8s::kubectl::KubectlConfig;
+use crate::source::k8s::{K8s, K8sConfig};
+use crate::source::memo::Memo;
+use crate::source::slack::Slack;
+use crate::transport::client::Target;
+use crate::transport::http::HttpOptions;
+use crate::watch::log::WatchLog;
+use crate::watch::sink::Sink;
+use crate::watch::{WatchConfig, WatchOptions, WatchSpec, upstream_config};
+
+/// The directory the demo's file source serves (created if missing).
+pub const DEFAULT_DEMO_DIR: &str = "herald-demo";
+
+#[derive(Debug, Args)]
+pub struct UpArgs {
+    /// The appliance's config (TOML): [listen], [memo], [file], [k8s], [slack], [[slug]],
+    /// [[token]], [[watch]], [notify]. Without it, the demo.
+    #[arg(long, value_name = "FILE")]
+    pub config: Option<PathBuf>,
+    /// The gateway's HTTP address, over [listen] http ("" turns HTTP off) [default:
+    /// 127.0.0.1:8750].
+    #[arg(long, value_name = "ADDR")]
+    pub http: Option<String>,
+    /// The gateway's QUIC address, over [listen] quic ("" turns QUIC off) [default:
+    /// 127.0.0.1:8751].
+    #[arg(long, value_name = "ADDR")]
+    pub quic: Option<String>,
+    /// Without --config: the directory the demo's file source serves and watches (created if
+    /// missing).
+    #[arg(long, default_value = DEFAULT_DEMO_DIR, value_name = "DIR")]
+    pub demo_dir: PathBuf,
+    /// Print the effective config (every default filled in) and exit.
+    #[arg(long)]
+    pub print_config: bool,
+}
+
+/// A role in this process as a gateway slug: its own server, dialled over a pipe.
+fn in_process(name: &str, source: DynSource, limits: &Limits, ctx: &RoleContext) -> Arc<Upstream> {
+    let server = SourceServer::new(source, limits.clone(), ctx.shutdown().clone());
+    let max = limits.max_message_bytes;
+    Arc::new(Upstream::dialing(
+        UpstreamConfig {
+            name: name.to_owned(),
+            context: Some(ctx.clone()),
+            ..UpstreamConfig::new(
+                Target::Stdio(format!("in-process {name}")),
+                Default::default(),
+                max,
+            )
+        },
+        local::dialer(server, name, ctx, max),
+    ))
+}
+
+fn kubeconfigs(k: &config::K8sToml) -> Result<Vec<(String, PathBuf)>, Exit> {
+    let mut out = Vec::new();
+    for (name, path) in &k.kubeconfigs {
+        if !path.is_file() {
+            return Err(usage(anyhow::anyhow!(
+                "[k8s] kubeconfigs.{name} = {}: no such file",
+                path.display()
+            )));
+        }
+        out.push((name.clone(), path.clone()));
+    }
+    Ok(out)
+}
+
+pub async fn run(args: UpArgs, globals: &Globals) -> Result<(), Exit> {
+    let (mut toml, demo_dir) = match &args.config {
+        Some(p) => (UpToml::load(p).map_err(usage)?, None),
+        None => {
+            std::fs::create_dir_all(&args.demo_dir).map_err(|e| {
+                usage(anyhow::anyhow!(
+                    "cannot create the demo directory {}: {e}; pass --demo-dir DIR",
+                    args.demo_dir.display()
+                ))
+            })?;
+            let dir = std::fs::canonicalize(&args.demo_dir).map_err(|e| usage(e.into()))?;
+            (UpToml::demo(&dir), Some(dir))
+        }
+    };
+    if let Some(h) = &args.http {
+        toml.listen.http = Some(h.clone());
+    }
+    if let Some(q) = &args.quic {
+        toml.listen.quic = Some(q.clone());
+    }
+    let cfg = toml.check().map_err(usage)?;
+    if args.print_config {
+        print!("{}", cfg.to_toml());
+        return Ok(());
+    }
+    let store = globals.open_store().await?;
+    let ctx = RoleContext::new("up");
+    app::cancel_on_signals(ctx.shutdown().clone());
+    let limits = Limits::default();
+    let max = limits.max_message_bytes;
+    let file = &cfg.file;
+
+    let mut upstreams = Vec::new();
+    let mut slack_live = None;
+    if let Some(m) = &file.memo {
+        let memo = Memo::open(store.clone(), m.ring_capacity.unwrap_or_default()).await?;
+        upstreams.push(in_process(
+            "memo",
+            Arc::new(memo),
+            &limits,
+            &ctx.for_role("memo"),
+        ));
+    }
+    if let Some(f) = &file.file {
+        let fctx = ctx.for_role("file");
+        let src = FileSource::new(f.to_config().map_err(usage)?, &fctx)
+            .map_err(|e| usage(anyhow::anyhow!("[file]: {e}")))?;
+        upstreams.push(in_process("file", Arc::new(src), &limits, &fctx));
+    }
+    if let Some(k) = &file.k8s {
+        let kctx = ctx.for_role("k8s");
+        let src = K8s::new(
+            KubectlConfig {
+                program: k.kubectl.clone().unwrap_or_else(|| "kubectl".into()),
+                kubeconfigs: kubeconfigs(k)?,
+                token_command: k.token_command.clone(),
+            },
+            K8sConfig {
+                read_write: k.read_write.unwrap_or(false),
+                ring_capacity: k.ring_capacity.unwrap_or_default().max(1),
+                linger: Duration::from_millis(k.linger_ms.unwrap_or_default()),
+                max_watchers: k.max_watchers.unwrap_or(1).max(1),
+            },
+            &kctx,
+        )
+        .map_err(|e| usage(anyhow::anyhow!("[k8s]: {e}")))?;
+        upstreams.push(in_process("k8s", Arc::new(src), &limits, &kctx));
+    }
+    if let Some(s) = &file.slack {
+        let sctx = ctx.for_role("slack");
+        let src = Slack::open(s.to_config().map_err(usage)?, store.clone(), &sctx).await?;
+        slack_live = Some(src.configured());
+        upstreams.push(in_process("slack", Arc::new(src), &limits, &sctx));
+    }
+    let gctx = ctx.for_role("gateway");
+    for slug in &cfg.slugs {
+        upstreams.push(Gateway::upstream_for(slug, max, &gctx));
+    }
+    let mut gateway = Gateway::with_upstreams(upstreams, cfg.tokens.clone(), &gctx);
+    let open = cfg.tokens.is_empty();
+    if open {
+        // `check` refused a non-loopback address without tokens.
+        gateway = gateway.open_to_loopback();
+    }
+    gateway.warm_up(Duration::from_secs(5)).await;
+    let gateway: DynSource = Arc::new(gateway);
+
+    let opts = ServeOptions {
+        http: cfg.http().map(str::to_owned),
+        quic: cfg.quic().map(str::to_owned),
+        stdio: false,
+        http_options: HttpOptions {
+            allowed_hosts: file.listen.allowed_hosts.clone(),
+            allowed_origins: file.listen.allowed_origins.clone(),
+        },
+        limits: limits.clone(),
+        ..ServeOptions::default()
+    };
+    let bound = match app::serve_source(gateway.clone(), &opts, &store, &ctx).await {
+        Ok(b) => b,
+        Err(e) => {
+            app::drain(&ctx).await;
+            return Err(usage(e.into()));
+        }
+    };
+    announce(&bound, globals.log_format);
+    if open {
+        tracing::info!(
+            "no [[token]] configured: callers on this host (loopback) may use every role without a token"
+        );
+    }
+    if globals.log_format == LogFormat::Text {
+        banner(&bound, &cfg, demo_dir.as_deref(), slack_live, globals);
+    }
+
+    // The watch client, through the gateway, over a pipe.
+    let gw_server = SourceServer::new(gateway, limits.clone(), ctx.shutdown().clone());
+    let servers = vec![Arc::new(Upstream::dialing(
+        UpstreamConfig {
+            name: "gateway".into(),
+            context: Some(ctx.for_role("watch")),
+            ..upstream_config(
+                Target::Stdio("in-process gateway".into()),
+                Default::default(),
+                max,
+            )
+        },
+        local::dialer(gw_server, "gateway", &ctx.for_role("watch"), max),
+    ))];
+    let mut watches: Vec<WatchSpec> = cfg
+        .watches
+        .iter()
+        .map(|(name, uri, on_event)| WatchSpec {
+            name: name.clone(),
+            uri: uri.clone(),
+            on_event: on_event.clone(),
+        })
+        .collect();
+    if slack_live == Some(true) && demo_dir.is_some() {
+        watches.push(WatchSpec {
+            name: "slack".into(),
+            uri: format!(
+                "{}?addressed_to_bot=true",
+                crate::source::slack::filter::EVENTS_URI
+            ),
+            on_event: None,
+        });
+    }
+    let filters = if watches.iter().any(|w| w.on_event.is_some()) {
+        let exe = std::env::current_exe().map_err(|e| {
+            usage(anyhow::anyhow!(
+                "cannot find the herald binary for filter workers: {e}"
+            ))
+        })?;
+        Some(PoolConfig::new(exe))
+    } else {
+        None
+    };
+    let sink = match &file.notify {
+        Some(n) if n.exec.is_some() => Sink::Exec(n.exec.clone().unwrap_or_default()),
+        Some(n) if n.webhook.is_some() => Sink::Webhook(n.webhook.clone().unwrap_or_default()),
+        _ => Sink::Stdout,
+    };
+    let opts = WatchOptions {
+        config: WatchConfig::default(),
+        servers,
+        sink,
+        log: WatchLog::stderr(false),
+        store: None,
+        filters,
+        watches,
+        // A watch that cannot start (a server not up yet) is logged; the rest run.
+        require_watches: false,
+    };
+    let _ = crate::watch::run(opts, ctx.shutdown().clone(), async |_| true).await;
+    app::drain(&ctx).await;
+    Ok(())
+}
+
+/// What a person sees at start: where the endpoint is, what runs behind it, how to try it.
+fn banner(
+    bound: &Bound,
+    cfg: &config::UpConfig,
+    demo_dir: Option<&std::path::Path>,
+    slack_live: Option<bool>,
+    globals: &Globals,
+) {
+    let url = bound.http_url().unwrap_or_default();
+    let store = globals
+        .store_path()
+        .map(|p| p.display().to_string())
+        .unwrap_or_else(|| ":memory:".into());
+    let mut roles: Vec<String> = cfg.file.roles().iter().map(|r| (*r).to_owned()).collect();
+    roles.extend(cfg.slugs.iter().map(|s| s.name.clone()));
+    let mut out = format!(
+        "\nherald up: {} behind one endpoint (store {store}).",
+        roles.join(", ")
+    );
+    if !url.is_empty() {
+        out.push_str(&format!(" Try it:\n\n  herald ls --mcp-http {url}\n"));
+        if cfg.file.memo.is_some() {
+            out.push_str(&format!(
+                "  herald call memo__memo_set key=todo value='\"buy milk\"' --mcp-http {url}\
+                 \n  herald read memo://notes --mcp-http {url}\n"
+            ));
+            if let (Some(q), Some(pin)) = (bound.quic, &bound.quic_fingerprint) {
+                out.push_str(&format!(
+                    "  herald read memo://log --mcp-quic {q} --tls-pin {pin}\n"
+                ));
+            }
+        }
+        if let Some(dir) = demo_dir {
+            let d = dir.display();
+            out.push_str(&format!(
+                "  echo hello > {d}/hello.txt\n  herald read file://{d}/hello.txt --mcp-http {url}\n"
+            ));
+        }
+    }
+    if !cfg.watches.is_empty() {
+        let names: Vec<&str> = cfg.watches.iter().map(|w| w.1.as_str()).collect();
+        out.push_str(&format!(
+            "\nThe watch client here prints notices for {} on stdout.",
+            names.join(", ")
+        ));
+    }
+    match slack_live {
+        Some(true) => out.push_str("\nSlack is live: messages addressed to the bot are watched too."),
+        Some(false) => out.push_str(
+            "\nSlack is inert (set SLACK_APP_TOKEN, SLACK_BOT_TOKEN and SLACK_EVENTS_ENCRYPTION_KEY to turn it on).",
+        ),
+        None => {}
+    }
+    if cfg.tokens.is_empty() {
+        out.push_str("\nNo [[token]]: callers on this host may use every role without one.");
+    }
+    out.push_str("\nStop with Ctrl-C.\n");
+    eprintln!("{out}");
+}

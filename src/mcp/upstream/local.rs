@@ -1,0 +1,48 @@
+//! A server in this process, reached like any upstream: each connect is a fresh in-memory
+//! pipe with the [`SourceServer`] on one end and an MCP client on the other. `herald up` puts
+//! its roles behind its gateway this way (no socket, no port), and its watch client reaches
+//! the gateway the same way. Connections opened here are local callers (as the stdio parent
+//! is): the gateway in front has already decided what its own caller may use.
+
+use std::sync::Arc;
+
+use rmcp::{RoleServer, ServiceExt};
+
+use super::Dialer;
+use crate::mcp::context::RoleContext;
+use crate::mcp::server::SourceServer;
+use crate::transport::client::{Target, connect_stream};
+use crate::transport::lines::LineTransport;
+
+/// Bytes buffered in each direction of a pipe.
+const PIPE: usize = 1 << 16;
+
+/// Connects to `server` over in-memory pipes; the served side runs on `ctx` and ends at its
+/// shutdown. `name` names it in messages.
+pub fn dialer(
+    server: SourceServer,
+    name: &str,
+    ctx: &RoleContext,
+    max_message_bytes: usize,
+) -> Dialer {
+    let name = name.to_owned();
+    let ctx = ctx.clone();
+    Arc::new(move |relay| {
+        let server = server.clone();
+        let ctx = ctx.clone();
+        let name = name.clone();
+        Box::pin(async move {
+            let (client, served) = tokio::io::duplex(PIPE);
+            let (sr, sw) = tokio::io::split(served);
+            let transport = LineTransport::<RoleServer, _>::new(sr, sw, max_message_bytes, true);
+            let ct = ctx.shutdown().child_token();
+            ctx.spawn("in-process connection", async move {
+                if let Ok(running) = server.for_connection().serve_with_ct(transport, ct).await {
+                    let _ = running.waiting().await;
+                }
+            });
+            let (cr, cw) = tokio::io::split(client);
+            connect_stream(Target::Stdio(name), cr, cw, relay, max_message_bytes).await
+        })
+    })
+}

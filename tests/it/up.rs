@@ -1,0 +1,189 @@
+//! `herald up --config`: roles in one process behind one gateway endpoint, an external
+//! server beside them, a watch client going through the gateway; the loopback rule;
+//! `herald check` and `--print-config` on the same file.
+
+use std::process::Stdio;
+use std::time::Duration;
+
+use rmcp::model::ListToolsResult;
+use serde_json::{Value, json};
+use tokio::io::{AsyncBufReadExt, BufReader};
+
+use crate::support::*;
+
+struct Up {
+    child: tokio::process::Child,
+    url: String,
+    notices: tokio::io::Lines<BufReader<tokio::process::ChildStdout>>,
+}
+
+/// Starts `herald up --config CFG EXTRA` and waits for its gateway's listening line.
+async fn up(cfg: &std::path::Path, extra: &[&str]) -> Up {
+    init();
+    let mut child = tokio::process::Command::new(bin())
+        .args([
+            "--log-format",
+            "json",
+            "--store",
+            ":memory:",
+            "up",
+            "--config",
+        ])
+        .arg(cfg)
+        .args(extra)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let mut err = BufReader::new(child.stderr.take().unwrap()).lines();
+    let url = tokio::time::timeout(WAIT, async {
+        loop {
+            let l = err.next_line().await.unwrap().expect("herald up runs");
+            if let Ok(v) = serde_json::from_str::<Value>(&l)
+                && v["event"] == "listening"
+            {
+                return v["http_url"].as_str().unwrap().to_owned();
+            }
+        }
+    })
+    .await
+    .expect("herald up says where it listens");
+    tokio::spawn(async move { while let Ok(Some(_)) = err.next_line().await {} });
+    let notices = BufReader::new(child.stdout.take().unwrap()).lines();
+    Up {
+        child,
+        url,
+        notices,
+    }
+}
+
+impl Up {
+    /// The next notice on stdout.
+    async fn notice(&mut self) -> Value {
+        let l = tokio::time::timeout(WAIT, self.notices.next_line())
+            .await
+            .expect("a notice in time")
+            .unwrap()
+            .expect("herald up still runs");
+        serde_json::from_str(&l).unwrap()
+    }
+}
+
+fn config(dir: &TempDir, data: &std::path::Path, listen: &str) -> std::path::PathBuf {
+    let cfg = dir.path().join("up.toml");
+    std::fs::write(
+        &cfg,
+        format!(
+            "[listen]\nhttp = \"{listen}\"\nquic = \"\"\n\n\
+             [memo]\n\n\
+             [file]\nroots = [\"data\"]\n\n\
+             [[slug]]\nname = \"ext\"\nstdio = \"{} --store :memory: memo\"\n\n\
+             [[watch]]\nname = \"notes\"\nuri = \"memo+memo://notes\"\n\n\
+             [[watch]]\nname = \"files\"\nuri = \"{}\"\n\n\
+             [[watch]]\nname = \"ext-notes\"\nuri = \"ext+memo://notes\"\n",
+            bin(),
+            herald::source::file::events_uri(data, true),
+        ),
+    )
+    .unwrap();
+    cfg
+}
+
+#[tokio::test]
+async fn roles_and_an_external_server_share_one_endpoint_and_the_watch_sees_each() {
+    let dir = TempDir::new("up-config");
+    let data = dir.path().join("data");
+    std::fs::create_dir_all(&data).unwrap();
+    let data = std::fs::canonicalize(&data).unwrap();
+    let cfg = config(&dir, &data, "127.0.0.1:0");
+    let mut up = up(&cfg, &[]).await;
+
+    // One endpoint: the in-process roles' tools and resources, and the external server's.
+    let conn = Memo {
+        target: herald::transport::client::Target::Http(up.url.clone()),
+        trust: Default::default(),
+        server: None,
+    }
+    .client()
+    .await;
+    let tools: ListToolsResult = conn.list_tools(None).await.unwrap();
+    let names: Vec<&str> = tools.tools.iter().map(|t| t.name.as_ref()).collect();
+    assert!(names.contains(&"memo__memo_set"), "{names:?}");
+    assert!(names.contains(&"ext__memo_set"), "{names:?}");
+    let resources = conn.list_resources(None).await.unwrap();
+    let uris: Vec<&str> = resources.resources.iter().map(|r| r.uri.as_str()).collect();
+    let files = herald::source::file::events_uri(&data, true);
+    assert!(uris.contains(&files.as_str()), "{uris:?}");
+    assert!(
+        uris.contains(&"memo+memo://notes") && uris.contains(&"ext+memo://notes"),
+        "{uris:?}"
+    );
+
+    // A change in each reaches the watch client (loopback, no token: it just works). The
+    // watches start after the listening line: keep changing until each has said so.
+    let mut seen = std::collections::BTreeSet::new();
+    let mut i = 0;
+    while seen.len() < 3 {
+        assert!(i < 50, "only {seen:?} reached the watch");
+        call(&conn, "memo__memo_set", json!({"key": "k", "value": i})).await;
+        call(&conn, "ext__memo_set", json!({"key": "k", "value": i})).await;
+        std::fs::write(data.join(format!("f{i}.txt")), "x").unwrap();
+        i += 1;
+        // Each round produces notices; read what came for up to the round's batch.
+        let n = tokio::time::timeout(Duration::from_secs(5), up.notice()).await;
+        if let Ok(n) = n {
+            seen.insert(n["watch"].as_str().unwrap().to_owned());
+        }
+    }
+    assert_eq!(
+        seen,
+        ["ext-notes", "files", "notes"].map(str::to_owned).into()
+    );
+    let _ = up.child.start_kill();
+}
+
+#[tokio::test]
+async fn no_token_off_loopback_refuses_to_start_and_check_names_the_line() {
+    let dir = TempDir::new("up-refuse");
+    let data = dir.path().join("data");
+    std::fs::create_dir_all(&data).unwrap();
+    let cfg = config(&dir, &data, "0.0.0.0:0");
+    let out = herald([
+        "--store",
+        ":memory:",
+        "up",
+        "--config",
+        cfg.to_str().unwrap(),
+    ])
+    .await;
+    assert_eq!(out.status.code(), Some(64), "{out:?}");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("0.0.0.0:0") && err.contains("[[token]]"),
+        "{err}"
+    );
+    let out = herald(["check", cfg.to_str().unwrap()]).await;
+    assert_eq!(out.status.code(), Some(64));
+
+    std::fs::write(
+        &cfg,
+        "[memo]\n\n[file]\nroots = [\"data\"]\ncolour = \"red\"\n",
+    )
+    .unwrap();
+    let out = herald(["check", cfg.to_str().unwrap()]).await;
+    assert_eq!(out.status.code(), Some(64));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("line 5") && err.contains("colour"), "{err}");
+
+    std::fs::write(&cfg, "[memo]\n").unwrap();
+    let out = herald(["check", cfg.to_str().unwrap()]).await;
+    assert!(out.status.success(), "{out:?}");
+    assert!(String::from_utf8_lossy(&out.stdout).contains("roles memo"));
+    let out = herald(["up", "--config", cfg.to_str().unwrap(), "--print-config"]).await;
+    assert!(out.status.success(), "{out:?}");
+    let printed = String::from_utf8_lossy(&out.stdout);
+    assert!(printed.contains("http = \"127.0.0.1:8750\""), "{printed}");
+    assert!(printed.contains("ring_capacity = 256"), "{printed}");
+}
