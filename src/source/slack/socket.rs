@@ -35,8 +35,10 @@ pub const DEFAULT_IDLE: Duration = Duration::from_secs(30);
 /// …and one still silent this much later is taken for dead: no RST ever comes from a
 /// dropped NAT entry or a host that slept.
 const PONG_WAIT: Duration = Duration::from_secs(10);
-/// Longest a close handshake may take.
+/// Longest a close handshake (and the drain before it) may take.
 const CLOSE_WAIT: Duration = Duration::from_secs(1);
+/// A replaced socket quiet this long has nothing more to deliver.
+const DRAIN_QUIET: Duration = Duration::from_millis(100);
 /// Slack's answers that no retry fixes: a person must change the token.
 const AUTH_ERRORS: [&str; 5] = [
     "invalid_auth",
@@ -364,7 +366,11 @@ async fn read(
     let error = loop {
         let quiet_until = heard + if pinged { idle + pong_wait } else { idle };
         let frame = tokio::select! {
+            // A frame already here is read before a close is noticed.
+            biased;
+            f = ws.next() => f,
             _ = close.cancelled() => {
+                drain(&core, &mut ws).await;
                 let _ = tokio::time::timeout(CLOSE_WAIT, ws.close(None)).await;
                 return;
             }
@@ -381,7 +387,6 @@ async fn read(
                 }
                 continue;
             }
-            f = ws.next() => f,
         };
         heard = tokio::time::Instant::now();
         pinged = false;
@@ -432,6 +437,30 @@ async fn read(
         }
     };
     let _ = tx.send(Signal::Closed(id, error)).await;
+}
+
+/// Before a replaced socket closes: acks and takes whatever Slack still sends on it, until it
+/// has been quiet for [`DRAIN_QUIET`] (at most [`CLOSE_WAIT`]), so an event Slack handed to
+/// the old socket during a refresh is neither lost nor left to a redelivery.
+async fn drain(core: &Core, ws: &mut Ws) {
+    let deadline = tokio::time::Instant::now() + CLOSE_WAIT;
+    loop {
+        let quiet = (tokio::time::Instant::now() + DRAIN_QUIET).min(deadline);
+        let Ok(Some(Ok(frame))) = tokio::time::timeout_at(quiet, ws.next()).await else {
+            return;
+        };
+        let Message::Text(t) = frame else { continue };
+        let Ok(v) = serde_json::from_str::<Value>(t.as_str()) else {
+            continue;
+        };
+        if let Some(envelope) = v.get("envelope_id").and_then(Value::as_str) {
+            let ack = json!({ "envelope_id": envelope }).to_string();
+            if ws.send(Message::text(ack)).await.is_err() {
+                return;
+            }
+            envelope_received(core, &v);
+        }
+    }
 }
 
 fn envelope_received(core: &Core, v: &Value) {
