@@ -126,7 +126,15 @@ pub async fn run(args: FileArgs, globals: &Globals) -> Result<(), Exit> {
     } else {
         Store::memory()
     };
-    serve_until_stopped(source, &args.serve.options(), &store, ctx, globals).await
+    serve_until_stopped(
+        source,
+        &args.serve.options(),
+        args.serve.admin.as_deref(),
+        &store,
+        ctx,
+        globals,
+    )
+    .await
 }
 
 #[cfg(test)]

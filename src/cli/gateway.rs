@@ -47,7 +47,15 @@ pub async fn run(args: GatewayArgs, globals: &Globals) -> Result<(), Exit> {
     let ctx = RoleContext::new("gateway");
     let gateway = Gateway::new(&cfg, opts.limits.max_message_bytes, &ctx);
     gateway.warm_up(std::time::Duration::from_secs(5)).await;
-    serve_until_stopped(gateway, &opts, &store, ctx, globals).await
+    serve_until_stopped(
+        gateway,
+        &opts,
+        args.serve.admin.as_deref(),
+        &store,
+        ctx,
+        globals,
+    )
+    .await
 }
 
 pub fn check(args: CheckArgs) -> Result<(), Exit> {

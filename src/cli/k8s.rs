@@ -89,5 +89,13 @@ pub async fn run(args: K8sArgs, globals: &Globals) -> Result<(), Exit> {
     let ctx = RoleContext::new("k8s");
     let source = K8s::new(cfg, config, &ctx).map_err(|e| crate::cli::usage(e.into()))?;
     let store = globals.open_store().await?;
-    serve_until_stopped(source, &args.serve.options(), &store, ctx, globals).await
+    serve_until_stopped(
+        source,
+        &args.serve.options(),
+        args.serve.admin.as_deref(),
+        &store,
+        ctx,
+        globals,
+    )
+    .await
 }

@@ -23,6 +23,7 @@ pub async fn run(args: MemoArgs, globals: &Globals) -> Result<(), Exit> {
     serve_until_stopped(
         memo,
         &args.serve.options(),
+        args.serve.admin.as_deref(),
         &store,
         RoleContext::new("memo"),
         globals,

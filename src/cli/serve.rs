@@ -1,4 +1,5 @@
-//! Flags shared by every server role: where to listen, TLS, and limits.
+//! Flags shared by every server role (where to listen, TLS, limits, the admin address) and the
+//! life of a single-role server under systemd or not: [`serve_until_stopped`].
 
 use std::path::PathBuf;
 
@@ -6,6 +7,7 @@ use clap::Args;
 
 use std::sync::Arc;
 
+use crate::app::systemd::Notify;
 use crate::app::{self, Bound, ServeOptions};
 use crate::cli::{Exit, Globals, LogFormat};
 use crate::mcp::context::RoleContext;
@@ -28,6 +30,10 @@ pub struct ServeArgs {
     /// Also serve stdin/stdout (the default when neither --http nor --quic is given).
     #[arg(long)]
     pub stdio: bool,
+    /// Serve /live, /ready, /metrics and /status on ADDR, apart from the MCP endpoints (e.g.
+    /// 127.0.0.1:8759; port 0 picks one). No authentication: keep it on loopback.
+    #[arg(long, value_name = "ADDR")]
+    pub admin: Option<String>,
     /// PEM certificate chain for QUIC. Without it a self-signed identity is made on first start,
     /// kept in the store, and its fingerprint printed.
     #[arg(long, value_name = "FILE", requires = "tls_key")]
@@ -60,6 +66,7 @@ impl ServeArgs {
     pub fn options(&self) -> ServeOptions {
         ServeOptions {
             http: self.http.clone(),
+            http_socket: None,
             quic: self.quic.clone(),
             stdio: self.stdio,
             http_options: HttpOptions {
@@ -102,6 +109,12 @@ pub fn announce(bound: &Bound, format: LogFormat) {
                     bound.role
                 );
             }
+            if let Some(a) = bound.admin {
+                eprintln!(
+                    "herald {}: admin on http://{a} (/live, /ready, /metrics, /status)",
+                    bound.role
+                );
+            }
             if bound.stdio && bound.http.is_none() && bound.quic.is_none() {
                 // stdout carries the protocol; say nothing there.
                 tracing::debug!(role = %bound.role, "serving stdio");
@@ -112,16 +125,35 @@ pub fn announce(bound: &Bound, format: LogFormat) {
 
 /// Serves `source` as `opts` says until SIGINT, SIGTERM or `ctx` shuts down, then drains
 /// `ctx` (the listeners and the source's helper tasks alike): the whole life of a server role
-/// after its source is built on `ctx`.
+/// after its source is built on `ctx`. With `admin` (or an `admin` socket from systemd) the
+/// admin address is served first; a listening socket systemd passed for `http` is served
+/// instead of binding `--http`. systemd hears `READY=1` once everything is bound, and
+/// `STOPPING=1` when the drain begins.
 pub async fn serve_until_stopped(
     source: impl Source,
     opts: &ServeOptions,
+    admin: Option<&str>,
     store: &Store,
     ctx: RoleContext,
     globals: &Globals,
 ) -> Result<(), Exit> {
+    let systemd = &globals.systemd;
     app::cancel_on_signals(ctx.shutdown().clone());
-    let served = app::serve_source(Arc::new(source), opts, store, &ctx).await;
+    let role = source.info().name;
+    systemd
+        .notify(&[Notify::Status(&format!("starting {role}"))])
+        .await;
+    let mut opts = opts.clone();
+    if opts.http_socket.is_none() {
+        opts.http_socket = systemd.socket("http");
+    }
+    let served = async {
+        let admin = app::admin::serve_admin(admin, systemd, &ctx).await?;
+        let mut bound = app::serve_source(Arc::new(source), &opts, store, &ctx).await?;
+        bound.admin = admin;
+        Ok::<_, app::AppError>(bound)
+    }
+    .await;
     let bound = match served {
         Ok(b) => b,
         Err(e) => {
@@ -130,7 +162,8 @@ pub async fn serve_until_stopped(
         }
     };
     announce(&bound, globals.log_format);
+    app::ready(&ctx, systemd, std::slice::from_ref(&bound)).await;
     ctx.shutdown().cancelled().await;
-    app::drain(&ctx).await;
+    app::stop(&ctx, systemd).await;
     Ok(())
 }

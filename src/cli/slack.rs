@@ -142,7 +142,15 @@ pub async fn run(args: SlackArgs, globals: &Globals) -> Result<(), Exit> {
     let store = globals.open_store().await?;
     let ctx = RoleContext::new("slack");
     let source = Slack::open(cfg, store.clone(), &ctx).await?;
-    serve_until_stopped(source, &args.serve.options(), &store, ctx, globals).await
+    serve_until_stopped(
+        source,
+        &args.serve.options(),
+        args.serve.admin.as_deref(),
+        &store,
+        ctx,
+        globals,
+    )
+    .await
 }
 
 #[cfg(test)]
