@@ -364,7 +364,7 @@ impl Inherited {
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .take()
-            .ok_or_else(|| format!("{self} is already in use"))?;
+            .ok_or_else(|| "it is already in use".to_owned())?;
         let fd = owned.as_raw_fd();
         let is = |level, opt, want: &[libc::c_int]| {
             sockopt(fd, level, opt).is_ok_and(|v| want.contains(&v))
@@ -376,9 +376,10 @@ impl Inherited {
         ) || !is(libc::SOL_SOCKET, libc::SO_TYPE, &[libc::SOCK_STREAM])
             || !is(libc::SOL_SOCKET, libc::SO_ACCEPTCONN, &[1])
         {
-            return Err(format!(
-                "{self} is not a listening TCP socket; give the socket unit ListenStream=ADDR:PORT"
-            ));
+            return Err(
+                "it is not a listening TCP socket; give the socket unit ListenStream=ADDR:PORT"
+                    .into(),
+            );
         }
         Ok(std::net::TcpListener::from(owned))
     }

@@ -1,6 +1,7 @@
 //! Flags shared by every server role (where to listen, TLS, limits, the admin address) and the
 //! life of a single-role server under systemd or not: [`serve_until_stopped`].
 
+use std::net::SocketAddr;
 use std::path::PathBuf;
 
 use clap::Args;
@@ -109,12 +110,6 @@ pub fn announce(bound: &Bound, format: LogFormat) {
                     bound.role
                 );
             }
-            if let Some(a) = bound.admin {
-                eprintln!(
-                    "herald {}: admin on http://{a} (/live, /ready, /metrics, /status)",
-                    bound.role
-                );
-            }
             if bound.stdio && bound.http.is_none() && bound.quic.is_none() {
                 // stdout carries the protocol; say nothing there.
                 tracing::debug!(role = %bound.role, "serving stdio");
@@ -123,46 +118,68 @@ pub fn announce(bound: &Bound, format: LogFormat) {
     }
 }
 
+/// The start of a server role's life, before its source is built: SIGINT and SIGTERM shut
+/// `ctx` down from here on, systemd hears `STATUS=starting ROLE`, and the admin address
+/// (`--admin`, or the `admin` socket systemd passed) is served and announced at once, so
+/// `/live` answers and `/ready` says what it waits for during the whole start (a gateway's
+/// warm-up included). Hand what it returns to [`serve_until_stopped`].
+pub async fn begin(
+    args: &ServeArgs,
+    ctx: &RoleContext,
+    globals: &Globals,
+) -> Result<Option<SocketAddr>, Exit> {
+    app::cancel_on_signals(ctx.shutdown().clone());
+    let systemd = &globals.systemd;
+    systemd
+        .notify(&[Notify::Status(&format!("starting {}", ctx.role()))])
+        .await;
+    let admin = app::admin::serve_admin(args.admin.as_deref(), systemd, ctx)
+        .await
+        .map_err(|e| crate::cli::usage(e.into()))?;
+    if let Some(a) = admin {
+        match globals.log_format {
+            LogFormat::Json => eprintln!(
+                "{}",
+                serde_json::json!({"event": "admin", "role": ctx.role(), "admin": a})
+            ),
+            LogFormat::Text => eprintln!(
+                "herald {}: admin on http://{a} (/live, /ready, /metrics, /status)",
+                ctx.role()
+            ),
+        }
+    }
+    Ok(admin)
+}
+
 /// Serves `source` as `opts` says until SIGINT, SIGTERM or `ctx` shuts down, then drains
-/// `ctx` (the listeners and the source's helper tasks alike): the whole life of a server role
-/// after its source is built on `ctx`. With `admin` (or an `admin` socket from systemd) the
-/// admin address is served first; a listening socket systemd passed for `http` is served
-/// instead of binding `--http`. systemd hears `READY=1` once everything is bound, and
-/// `STOPPING=1` when the drain begins.
+/// `ctx` (the listeners and the source's helper tasks alike): the rest of a server role's
+/// life after [`begin`] and its source built on `ctx`. A listening socket systemd passed for
+/// `http` is served instead of binding `--http`. systemd hears `READY=1` once everything is
+/// bound (before the bound addresses are printed, so a reader of that line finds `/ready`
+/// answering 200 unless an upstream is still missing), and `STOPPING=1` when the drain begins.
 pub async fn serve_until_stopped(
     source: impl Source,
     opts: &ServeOptions,
-    admin: Option<&str>,
+    admin: Option<SocketAddr>,
     store: &Store,
     ctx: RoleContext,
     globals: &Globals,
 ) -> Result<(), Exit> {
     let systemd = &globals.systemd;
-    app::cancel_on_signals(ctx.shutdown().clone());
-    let role = source.info().name;
-    systemd
-        .notify(&[Notify::Status(&format!("starting {role}"))])
-        .await;
     let mut opts = opts.clone();
     if opts.http_socket.is_none() {
         opts.http_socket = systemd.socket("http");
     }
-    let served = async {
-        let admin = app::admin::serve_admin(admin, systemd, &ctx).await?;
-        let mut bound = app::serve_source(Arc::new(source), &opts, store, &ctx).await?;
-        bound.admin = admin;
-        Ok::<_, app::AppError>(bound)
-    }
-    .await;
-    let bound = match served {
+    let mut bound = match app::serve_source(Arc::new(source), &opts, store, &ctx).await {
         Ok(b) => b,
         Err(e) => {
             app::drain(&ctx).await;
             return Err(crate::cli::usage(e.into()));
         }
     };
-    announce(&bound, globals.log_format);
+    bound.admin = admin;
     app::ready(&ctx, systemd, std::slice::from_ref(&bound)).await;
+    announce(&bound, globals.log_format);
     ctx.shutdown().cancelled().await;
     app::stop(&ctx, systemd).await;
     Ok(())
