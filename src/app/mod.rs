@@ -338,3 +338,77 @@ pub async fn stop(ctx: &RoleContext, systemd: &Systemd) {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    use tokio::net::UnixDatagram;
+
+    async fn recv(sock: &UnixDatagram) -> String {
+        let mut buf = vec![0u8; 4096];
+        let n = tokio::time::timeout(Duration::from_secs(10), sock.recv(&mut buf))
+            .await
+            .expect("a datagram in time")
+            .unwrap();
+        String::from_utf8(buf[..n].to_vec()).unwrap()
+    }
+
+    #[tokio::test]
+    async fn ready_starts_a_tracked_watchdog_that_stop_ends() {
+        let dir = std::env::temp_dir().join(format!("herald-app-notify-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("notify");
+        let sock = UnixDatagram::bind(&path).unwrap();
+        let systemd =
+            Systemd::notifying(Some(path.as_os_str())).with_watchdog(Duration::from_millis(100));
+        let ctx = RoleContext::new("memo");
+        let bound = Bound {
+            role: "memo".into(),
+            http: Some("127.0.0.1:8750".parse().unwrap()),
+            stdio: true,
+            admin: Some("127.0.0.1:8759".parse().unwrap()),
+            ..Bound::default()
+        };
+        ready(
+            &ctx,
+            &systemd,
+            &[
+                bound,
+                Bound {
+                    role: "watch".into(),
+                    ..Bound::default()
+                },
+            ],
+        )
+        .await;
+        assert_eq!(
+            recv(&sock).await,
+            "READY=1\nSTATUS=serving memo on http://127.0.0.1:8750/mcp, stdio; watch; \
+             admin on http://127.0.0.1:8759\n"
+        );
+        assert_eq!(recv(&sock).await, "WATCHDOG=1\n");
+        assert_eq!(recv(&sock).await, "WATCHDOG=1\n");
+        assert_eq!(ctx.running(), vec![("memo/watchdog".to_owned(), 1)]);
+        assert!(
+            ctx.status().readiness().ready,
+            "ready() marks the start done"
+        );
+
+        stop(&ctx, &systemd).await;
+        let mut last = recv(&sock).await;
+        while last == "WATCHDOG=1\n" {
+            last = recv(&sock).await; // a ping already on its way
+        }
+        assert_eq!(
+            last,
+            "STOPPING=1\nSTATUS=draining\nEXTEND_TIMEOUT_USEC=9000000\n"
+        );
+        assert!(
+            ctx.running().is_empty(),
+            "the watchdog ended with the drain"
+        );
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+}
