@@ -56,7 +56,7 @@ pub struct Server {
     /// The line [`Server::start`] waited for (for [`Server::spawn`], the `listening` line).
     pub listening: Value,
     pub stderr: Arc<Mutex<String>>,
-    /// Every later JSON line with an `event`, in order.
+    /// Every later JSON line (events and logs), in order.
     events: tokio::sync::mpsc::UnboundedReceiver<Value>,
 }
 
@@ -107,9 +107,7 @@ impl Server {
             while let Ok(Some(line)) = lines.next_line().await {
                 log2.lock().unwrap().push_str(&line);
                 log2.lock().unwrap().push('\n');
-                if let Ok(v) = serde_json::from_str::<Value>(&line)
-                    && v.get("event").is_some()
-                {
+                if let Ok(v) = serde_json::from_str::<Value>(&line) {
                     let _ = tx.send(v);
                 }
             }
@@ -131,9 +129,24 @@ impl Server {
 
     /// Waits for the next JSON line whose `event` is `name`.
     pub async fn event(&mut self, name: &str) -> Value {
-        match tokio::time::timeout(WAIT, next_event(&mut self.events, name)).await {
+        self.line_where(name, |v| v["event"] == name).await
+    }
+
+    /// Waits for the next JSON line (an event or a log line) that `matches`, skipping the
+    /// others; `what` names it in the panic when none comes.
+    pub async fn line_where(&mut self, what: &str, matches: impl Fn(&Value) -> bool) -> Value {
+        let found = tokio::time::timeout(WAIT, async {
+            while let Some(v) = self.events.recv().await {
+                if matches(&v) {
+                    return Some(v);
+                }
+            }
+            None
+        })
+        .await;
+        match found {
             Ok(Some(v)) => v,
-            _ => panic!("herald never said {name}; stderr:\n{}", self.stderr()),
+            _ => panic!("herald never said {what}; stderr:\n{}", self.stderr()),
         }
     }
 
