@@ -127,11 +127,6 @@ impl Server {
         }
     }
 
-    /// Waits for the next JSON line whose `event` is `name`.
-    pub async fn event(&mut self, name: &str) -> Value {
-        self.line_where(name, |v| v["event"] == name).await
-    }
-
     /// Waits for the next JSON line (an event or a log line) that `matches`, skipping the
     /// others; `what` names it in the panic when none comes.
     pub async fn line_where(&mut self, what: &str, matches: impl Fn(&Value) -> bool) -> Value {
