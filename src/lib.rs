@@ -4,7 +4,8 @@
 //! source trait, listen hub, event-log ring, rmcp handler; on the client side the shared
 //! upstream handle, the routing rule and the backoff), [`transport`] (stdio, HTTP and
 //! QUIC, server and client), [`source`] (the change sources), [`app`] (binding and running
-//! roles), [`cli`] (the command line). `docs/ARCHITECTURE.md` has the map and the invariants.
+//! roles, systemd's notify protocol and socket activation, the admin address), [`cli`] (the
+//! command line). `docs/ARCHITECTURE.md` has the map and the invariants.
 
 pub mod app;
 pub mod cli;

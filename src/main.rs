@@ -1,9 +1,12 @@
-//! The herald binary: parse, run, map errors to exit codes (0 ok, 64 bad usage or config,
-//! 1 failure).
+//! The herald binary: take what systemd passed out of the environment, parse, run, map errors
+//! to exit codes (0 ok, 64 bad usage or config, 1 failure).
 
 use clap::Parser;
 
 fn main() {
+    // SAFETY: first thing in main, before any thread exists (clap, rustls and the runtime come
+    // later): nothing else reads the environment or owns the descriptors systemd passed.
+    let systemd = unsafe { herald::app::systemd::Systemd::take_from_env() };
     // One crypto provider for the whole process: rustls on ring (reqwest and friends use the
     // process default; herald's own TLS passes ring explicitly).
     let _ = rustls::crypto::ring::default_provider().install_default();
@@ -18,7 +21,7 @@ fn main() {
             std::process::exit(code);
         }
     };
-    if let Err(exit) = herald::cli::run(cli) {
+    if let Err(exit) = herald::cli::run(cli, systemd) {
         eprintln!("herald: {:#}", exit.error);
         std::process::exit(exit.code);
     }

@@ -27,8 +27,10 @@ pub struct ServerArgs {
     pub mcp_quic: Option<String>,
 }
 
+/// Which server, and how to trust it (`herald poll` takes these; `ls`, `read`, `call` add
+/// `--json`). A token for a gateway comes from `HERALD_TOKEN`.
 #[derive(Debug, Clone, Args)]
-pub struct ClientArgs {
+pub struct ConnectArgs {
     #[command(flatten)]
     pub server: ServerArgs,
     /// Trust QUIC servers whose certificate chains to a CA in FILE (PEM).
@@ -37,12 +39,24 @@ pub struct ClientArgs {
     /// Trust the QUIC server whose certificate has this SHA-256 fingerprint (printed at its start).
     #[arg(long, value_name = "SHA256")]
     pub tls_pin: Option<String>,
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct ClientArgs {
+    #[command(flatten)]
+    pub conn: ConnectArgs,
     /// Print JSON instead of text.
     #[arg(long)]
     pub json: bool,
 }
 
 impl ClientArgs {
+    async fn connect(&self) -> Result<Connection, Exit> {
+        self.conn.connect().await
+    }
+}
+
+impl ConnectArgs {
     fn target(&self) -> Target {
         let s = &self.server;
         if let Some(c) = &s.mcp_stdio {
@@ -54,7 +68,7 @@ impl ClientArgs {
         }
     }
 
-    async fn connect(&self) -> Result<Connection, Exit> {
+    pub async fn connect(&self) -> Result<Connection, Exit> {
         let trust = ClientTrust {
             ca: self.tls_ca.clone(),
             pin: self.tls_pin.clone(),

@@ -8,7 +8,7 @@ use anyhow::Context;
 use clap::Args;
 use serde::{Deserialize, Serialize};
 
-use crate::cli::serve::{ServeArgs, serve_until_stopped};
+use crate::cli::serve::{ServeArgs, begin, serve_until_stopped};
 use crate::cli::{Exit, Globals, usage};
 use crate::mcp::ring::DEFAULT_RING_CAPACITY;
 use crate::source::file::{
@@ -116,6 +116,7 @@ fn load(path: &Path) -> anyhow::Result<FileToml> {
 pub async fn run(args: FileArgs, globals: &Globals) -> Result<(), Exit> {
     let cfg = args.config().map_err(usage)?;
     let ctx = RoleContext::new("file");
+    let admin = begin(&args.serve, &ctx, globals).await?;
     let source = FileSource::new(cfg, &ctx).map_err(|e| usage(e.into()))?;
     // The store only holds a QUIC identity here: open the file only when one is needed (or
     // asked for), so `herald file` next to another role needs no --store of its own.
@@ -126,7 +127,7 @@ pub async fn run(args: FileArgs, globals: &Globals) -> Result<(), Exit> {
     } else {
         Store::memory()
     };
-    serve_until_stopped(source, &args.serve.options(), &store, ctx, globals).await
+    serve_until_stopped(source, &args.serve.options(), admin, &store, ctx, globals).await
 }
 
 #[cfg(test)]
@@ -148,6 +149,7 @@ mod tests {
                 http: None,
                 quic: None,
                 stdio: false,
+                admin: None,
                 tls_cert: None,
                 tls_key: None,
                 allowed_hosts: vec![],

@@ -5,7 +5,7 @@ use std::path::PathBuf;
 use crate::mcp::context::RoleContext;
 use clap::Args;
 
-use crate::cli::serve::{ServeArgs, serve_until_stopped};
+use crate::cli::serve::{ServeArgs, begin, serve_until_stopped};
 use crate::cli::{Exit, Globals};
 use crate::gateway::Gateway;
 use crate::gateway::config::GatewayConfig;
@@ -45,9 +45,12 @@ pub async fn run(args: GatewayArgs, globals: &Globals) -> Result<(), Exit> {
     }
     let store = globals.open_store().await?;
     let ctx = RoleContext::new("gateway");
+    // The slugs are on the status board before the admin address answers: /ready names
+    // every one it waits for from its first answer. Nothing connects before the warm-up.
     let gateway = Gateway::new(&cfg, opts.limits.max_message_bytes, &ctx);
+    let admin = begin(&args.serve, &ctx, globals).await?;
     gateway.warm_up(std::time::Duration::from_secs(5)).await;
-    serve_until_stopped(gateway, &opts, &store, ctx, globals).await
+    serve_until_stopped(gateway, &opts, admin, &store, ctx, globals).await
 }
 
 pub fn check(args: CheckArgs) -> Result<(), Exit> {

@@ -5,7 +5,7 @@ use std::path::PathBuf;
 use crate::mcp::context::RoleContext;
 use clap::Args;
 
-use crate::cli::serve::{ServeArgs, serve_until_stopped};
+use crate::cli::serve::{ServeArgs, begin, serve_until_stopped};
 use crate::cli::{Exit, Globals};
 use crate::mcp::ring::DEFAULT_RING_CAPACITY;
 use crate::source::k8s::kubectl::KubectlConfig;
@@ -87,7 +87,8 @@ pub async fn run(args: K8sArgs, globals: &Globals) -> Result<(), Exit> {
         max_watchers: args.max_watchers.max(1),
     };
     let ctx = RoleContext::new("k8s");
+    let admin = begin(&args.serve, &ctx, globals).await?;
     let source = K8s::new(cfg, config, &ctx).map_err(|e| crate::cli::usage(e.into()))?;
     let store = globals.open_store().await?;
-    serve_until_stopped(source, &args.serve.options(), &store, ctx, globals).await
+    serve_until_stopped(source, &args.serve.options(), admin, &store, ctx, globals).await
 }

@@ -3,7 +3,7 @@
 use crate::mcp::context::RoleContext;
 use clap::Args;
 
-use crate::cli::serve::{ServeArgs, serve_until_stopped};
+use crate::cli::serve::{ServeArgs, begin, serve_until_stopped};
 use crate::cli::{Exit, Globals};
 use crate::mcp::ring::DEFAULT_RING_CAPACITY;
 use crate::source::memo::Memo;
@@ -18,14 +18,9 @@ pub struct MemoArgs {
 }
 
 pub async fn run(args: MemoArgs, globals: &Globals) -> Result<(), Exit> {
+    let ctx = RoleContext::new("memo");
+    let admin = begin(&args.serve, &ctx, globals).await?;
     let store = globals.open_store().await?;
     let memo = Memo::open(store.clone(), args.ring_capacity).await?;
-    serve_until_stopped(
-        memo,
-        &args.serve.options(),
-        &store,
-        RoleContext::new("memo"),
-        globals,
-    )
-    .await
+    serve_until_stopped(memo, &args.serve.options(), admin, &store, ctx, globals).await
 }

@@ -6,8 +6,10 @@ mod file;
 mod gateway;
 mod k8s;
 mod memo;
+mod poll;
 mod serve;
 mod slack;
+mod status;
 mod up;
 pub(crate) mod watch;
 
@@ -15,6 +17,7 @@ use std::path::PathBuf;
 
 use clap::{Parser, Subcommand, ValueEnum};
 
+use crate::app::systemd::Systemd;
 use crate::store::{Location, Store};
 
 /// herald: a push-driven MCP watch pipeline in one binary.
@@ -71,6 +74,12 @@ pub enum Command {
     Read(client::ReadArgs),
     /// Call a tool: `herald call memo_set key=todo value='"buy milk"'`.
     Call(client::CallArgs),
+    /// Poll an event type (the MCP Events extension) and print its events as NDJSON: one
+    /// poll, or long polls until Ctrl-C with --follow.
+    Poll(poll::PollArgs),
+    /// Ask a running herald's admin address for its roles, upstreams, listens, watches and
+    /// store, as a table or --json.
+    Status(status::StatusArgs),
     /// Watch resources and print notices (or run a command, or POST a webhook) when they change.
     Watch(watch::WatchArgs),
     /// Code mode: run Python with the watch built-ins and the servers' tools (a file, stdin, or
@@ -111,8 +120,9 @@ pub fn usage(error: anyhow::Error) -> Exit {
     }
 }
 
-/// Runs the parsed command line.
-pub fn run(cli: Cli) -> Result<(), Exit> {
+/// Runs the parsed command line; `systemd` is what systemd passed the process (taken from
+/// the environment first thing in `main`).
+pub fn run(cli: Cli, systemd: Systemd) -> Result<(), Exit> {
     if let Command::FilterWorker { memory_bytes } = cli.command {
         // No runtime, no logging: a small single-threaded process with a memory cap.
         crate::filter::worker::serve(memory_bytes);
@@ -126,6 +136,7 @@ pub fn run(cli: Cli) -> Result<(), Exit> {
     let globals = Globals {
         log_format: cli.log_format,
         store: cli.store,
+        systemd,
     };
     let result = runtime.block_on(async move {
         match cli.command {
@@ -139,6 +150,8 @@ pub fn run(cli: Cli) -> Result<(), Exit> {
             Command::Ls(a) => client::ls(a).await,
             Command::Read(a) => client::read(a).await,
             Command::Call(a) => client::call(a).await,
+            Command::Poll(a) => poll::run(a).await,
+            Command::Status(a) => status::run(a).await,
             Command::Watch(a) => watch::run(a, &globals, verbose).await,
             Command::Code(a) => code::run(a, &globals, verbose).await,
             Command::FilterWorker { .. } => Ok(()),
@@ -154,6 +167,8 @@ pub fn run(cli: Cli) -> Result<(), Exit> {
 pub struct Globals {
     pub log_format: LogFormat,
     pub store: Option<String>,
+    /// The notify socket, watchdog and sockets systemd passed (all empty outside systemd).
+    pub systemd: Systemd,
 }
 
 impl Globals {

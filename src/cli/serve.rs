@@ -1,11 +1,14 @@
-//! Flags shared by every server role: where to listen, TLS, and limits.
+//! Flags shared by every server role (where to listen, TLS, limits, the admin address) and the
+//! life of a single-role server under systemd or not: [`serve_until_stopped`].
 
+use std::net::SocketAddr;
 use std::path::PathBuf;
 
 use clap::Args;
 
 use std::sync::Arc;
 
+use crate::app::systemd::Notify;
 use crate::app::{self, Bound, ServeOptions};
 use crate::cli::{Exit, Globals, LogFormat};
 use crate::mcp::context::RoleContext;
@@ -28,6 +31,10 @@ pub struct ServeArgs {
     /// Also serve stdin/stdout (the default when neither --http nor --quic is given).
     #[arg(long)]
     pub stdio: bool,
+    /// Serve /live, /ready, /metrics and /status on ADDR, apart from the MCP endpoints (e.g.
+    /// 127.0.0.1:8759; port 0 picks one). No authentication: keep it on loopback.
+    #[arg(long, value_name = "ADDR")]
+    pub admin: Option<String>,
     /// PEM certificate chain for QUIC. Without it a self-signed identity is made on first start,
     /// kept in the store, and its fingerprint printed.
     #[arg(long, value_name = "FILE", requires = "tls_key")]
@@ -60,6 +67,7 @@ impl ServeArgs {
     pub fn options(&self) -> ServeOptions {
         ServeOptions {
             http: self.http.clone(),
+            http_socket: None,
             quic: self.quic.clone(),
             stdio: self.stdio,
             http_options: HttpOptions {
@@ -110,27 +118,69 @@ pub fn announce(bound: &Bound, format: LogFormat) {
     }
 }
 
+/// The start of a server role's life, before its source is built: SIGINT and SIGTERM shut
+/// `ctx` down from here on, systemd hears `STATUS=starting ROLE`, and the admin address
+/// (`--admin`, or the `admin` socket systemd passed) is served and announced at once, so
+/// `/live` answers and `/ready` says what it waits for during the whole start (a gateway's
+/// warm-up included). Hand what it returns to [`serve_until_stopped`].
+pub async fn begin(
+    args: &ServeArgs,
+    ctx: &RoleContext,
+    globals: &Globals,
+) -> Result<Option<SocketAddr>, Exit> {
+    app::cancel_on_signals(ctx.shutdown().clone());
+    let systemd = &globals.systemd;
+    systemd
+        .notify(&[Notify::Status(&format!("starting {}", ctx.role()))])
+        .await;
+    let admin = app::admin::serve_admin(args.admin.as_deref(), systemd, ctx)
+        .await
+        .map_err(|e| crate::cli::usage(e.into()))?;
+    if let Some(a) = admin {
+        match globals.log_format {
+            LogFormat::Json => eprintln!(
+                "{}",
+                serde_json::json!({"event": "admin", "role": ctx.role(), "admin": a})
+            ),
+            LogFormat::Text => eprintln!(
+                "herald {}: admin on http://{a} (/live, /ready, /metrics, /status)",
+                ctx.role()
+            ),
+        }
+    }
+    Ok(admin)
+}
+
 /// Serves `source` as `opts` says until SIGINT, SIGTERM or `ctx` shuts down, then drains
-/// `ctx` (the listeners and the source's helper tasks alike): the whole life of a server role
-/// after its source is built on `ctx`.
+/// `ctx` (the listeners and the source's helper tasks alike): the rest of a server role's
+/// life after [`begin`] and its source built on `ctx`. A listening socket systemd passed for
+/// `http` is served instead of binding `--http`. systemd hears `READY=1` once everything is
+/// bound (before the bound addresses are printed, so a reader of that line finds `/ready`
+/// answering 200 unless an upstream is still missing), and `STOPPING=1` when the drain begins.
 pub async fn serve_until_stopped(
     source: impl Source,
     opts: &ServeOptions,
+    admin: Option<SocketAddr>,
     store: &Store,
     ctx: RoleContext,
     globals: &Globals,
 ) -> Result<(), Exit> {
-    app::cancel_on_signals(ctx.shutdown().clone());
-    let served = app::serve_source(Arc::new(source), opts, store, &ctx).await;
-    let bound = match served {
+    let systemd = &globals.systemd;
+    let mut opts = opts.clone();
+    if opts.http_socket.is_none() {
+        opts.http_socket = systemd.socket("http");
+    }
+    let mut bound = match app::serve_source(Arc::new(source), &opts, store, &ctx).await {
         Ok(b) => b,
         Err(e) => {
             app::drain(&ctx).await;
             return Err(crate::cli::usage(e.into()));
         }
     };
+    bound.admin = admin;
+    app::ready(&ctx, systemd, std::slice::from_ref(&bound)).await;
     announce(&bound, globals.log_format);
     ctx.shutdown().cancelled().await;
-    app::drain(&ctx).await;
+    app::stop(&ctx, systemd).await;
     Ok(())
 }

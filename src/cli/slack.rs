@@ -7,7 +7,7 @@ use anyhow::Context;
 use clap::Args;
 use serde::{Deserialize, Serialize};
 
-use crate::cli::serve::{ServeArgs, serve_until_stopped};
+use crate::cli::serve::{ServeArgs, begin, serve_until_stopped};
 use crate::cli::{Exit, Globals, usage};
 use crate::mcp::context::RoleContext;
 use crate::source::slack::api::DEFAULT_API_URL;
@@ -141,8 +141,9 @@ pub async fn run(args: SlackArgs, globals: &Globals) -> Result<(), Exit> {
     let cfg = args.config().map_err(usage)?;
     let store = globals.open_store().await?;
     let ctx = RoleContext::new("slack");
+    let admin = begin(&args.serve, &ctx, globals).await?;
     let source = Slack::open(cfg, store.clone(), &ctx).await?;
-    serve_until_stopped(source, &args.serve.options(), &store, ctx, globals).await
+    serve_until_stopped(source, &args.serve.options(), admin, &store, ctx, globals).await
 }
 
 #[cfg(test)]

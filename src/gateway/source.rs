@@ -97,12 +97,16 @@ impl Gateway {
     }
 
     /// The gateway over `upstreams` (each named by its slug: external servers, or roles in
-    /// this process reached over a pipe), entitled by `tokens`.
+    /// this process reached over a pipe), entitled by `tokens`. Each upstream is entered on
+    /// `ctx`'s status board: the admin address's `/ready` waits for each to connect once.
     pub fn with_upstreams(
         upstreams: Vec<Arc<Upstream>>,
         tokens: Vec<Token>,
         ctx: &RoleContext,
     ) -> Gateway {
+        for up in &upstreams {
+            ctx.status().add_upstream(up);
+        }
         Gateway {
             upstreams,
             tokens,

@@ -2,7 +2,9 @@
 //! role's name. Every helper task a source spawns (k8s watchers, file and poll leases, the
 //! gateway's relays and connects) goes through [`RoleContext::spawn`] or one of its siblings,
 //! so it is tracked (the runner's drain waits for it), named (a span `task{role, name}`, and a
-//! count of what is still running when the drain gives up) and ends at shutdown.
+//! count of what is still running when the drain gives up) and ends at shutdown. The context
+//! also carries the process's [`StatusBoard`], where the parts it builds report themselves
+//! for the admin address.
 
 use std::collections::BTreeMap;
 use std::future::Future;
@@ -13,6 +15,8 @@ use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tracing::Instrument;
+
+use crate::mcp::status::StatusBoard;
 
 /// A role's task context. Cheap to clone; clones share the tracker, the token and the counts.
 #[derive(Clone)]
@@ -26,6 +30,7 @@ struct Shared {
     shutdown: CancellationToken,
     /// Tasks running now, by (role, name).
     running: Mutex<BTreeMap<(Arc<str>, &'static str), usize>>,
+    status: StatusBoard,
 }
 
 impl std::fmt::Debug for RoleContext {
@@ -83,6 +88,7 @@ impl RoleContext {
             role: role.into(),
             shared: Arc::new(Shared {
                 tracker: TaskTracker::new(),
+                status: StatusBoard::new(shutdown.clone()),
                 shutdown,
                 running: Mutex::default(),
             }),
@@ -105,6 +111,11 @@ impl RoleContext {
     /// Cancelled when the role shuts down.
     pub fn shutdown(&self) -> &CancellationToken {
         &self.shared.shutdown
+    }
+
+    /// The process's status board (shared by every role of the context, like the tracker).
+    pub fn status(&self) -> &StatusBoard {
+        &self.shared.status
     }
 
     /// The tracker the runner's listeners are spawned on too.

@@ -1,7 +1,10 @@
-//! Process-wide counters, served as Prometheus text at `/metrics` on every HTTP endpoint.
+//! Process-wide counters, served as Prometheus text at `/metrics` on every HTTP endpoint; the
+//! admin address's `/metrics` adds gauges from the status board ([`render_status`]).
 
 use std::fmt::Write as _;
 use std::sync::atomic::{AtomicU64, Ordering};
+
+use crate::mcp::status::StatusReport;
 
 /// `events/list` calls that failed after the upstream's handshake advertised events (a fault
 /// the gateway reports; reference 002's `mcp.events_list_failed`).
@@ -25,4 +28,83 @@ pub fn render() -> String {
         );
     }
     out
+}
+
+/// Gauges from a status report: readiness, listen streams by role, upstream connections,
+/// watches, the store's size.
+pub fn render_status(report: &StatusReport) -> String {
+    let mut out = String::new();
+    let mut gauge = |name: &str, help: &str, rows: Vec<(String, u64)>| {
+        let _ = write!(out, "# HELP {name} {help}\n# TYPE {name} gauge\n");
+        for (labels, value) in rows {
+            let _ = writeln!(out, "{name}{labels} {value}");
+        }
+    };
+    gauge(
+        "herald_ready",
+        "1 when every role started and every configured upstream connected once",
+        vec![(String::new(), report.ready.into())],
+    );
+    gauge(
+        "herald_listen_streams",
+        "open subscriptions/listen streams, by role",
+        report
+            .roles
+            .iter()
+            .map(|r| (label("role", &r.name), r.listens as u64))
+            .collect(),
+    );
+    gauge(
+        "herald_upstream_connected",
+        "1 while the upstream server is connected",
+        report
+            .upstreams
+            .iter()
+            .map(|u| (label("upstream", &u.name), u.connected.into()))
+            .collect(),
+    );
+    gauge(
+        "herald_watches",
+        "watches of the watch client, and how many of them failed",
+        vec![
+            (
+                label("state", "running"),
+                report.watches.iter().filter(|w| !w.failed).count() as u64,
+            ),
+            (
+                label("state", "failed"),
+                report.watches.iter().filter(|w| w.failed).count() as u64,
+            ),
+        ],
+    );
+    if let Some(bytes) = report.store.bytes {
+        gauge(
+            "herald_store_bytes",
+            "size of the store file",
+            vec![(String::new(), bytes)],
+        );
+    }
+    out
+}
+
+/// `{key="value"}` with the value escaped as the exposition format wants.
+fn label(key: &str, value: &str) -> String {
+    let v = value
+        .replace('\\', "\\\\")
+        .replace('"', "\\\"")
+        .replace('\n', "\\n");
+    format!("{{{key}=\"{v}\"}}")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn label_values_are_escaped() {
+        assert_eq!(
+            label("upstream", "a\"b\\c\nd"),
+            r#"{upstream="a\"b\\c\nd"}"#
+        );
+    }
 }

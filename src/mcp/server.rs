@@ -171,6 +171,16 @@ impl SourceServer {
         self.shared.active_listens.load(Ordering::Acquire)
     }
 
+    /// A count of this server's running listen streams for the status board, which does not
+    /// keep the server alive (0 once it is gone).
+    pub fn listen_count(&self) -> crate::mcp::status::ListenCount {
+        let weak = Arc::downgrade(&self.shared);
+        Arc::new(move || {
+            weak.upgrade()
+                .map_or(0, |s| s.active_listens.load(Ordering::Acquire))
+        })
+    }
+
     /// Resolves once no listen stream is running (after shutdown, once every listen has
     /// returned its final result to rmcp).
     pub async fn listens_drained(&self) {

@@ -50,6 +50,12 @@ pub async fn bind(addr: &str) -> std::io::Result<TcpListener> {
     TcpListener::bind(addr).await
 }
 
+/// A listener bound elsewhere (a socket systemd passed), in non-blocking mode.
+pub fn from_std(listener: std::net::TcpListener) -> std::io::Result<TcpListener> {
+    listener.set_nonblocking(true)?;
+    TcpListener::from_std(listener)
+}
+
 /// The router serving `server` at [`MCP_PATH`], plus `/live`.
 pub fn router(
     server: SourceServer,

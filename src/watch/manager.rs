@@ -19,6 +19,7 @@ use tokio_util::task::TaskTracker;
 
 use crate::filter::pool::{Catalog as FilterHost, FilterError, FilterPool};
 use crate::mcp::ring::EVENT_LOG_MIME;
+use crate::mcp::status::{StatusBoard, WatchReport};
 use crate::mcp::upstream::{Upstream, pick};
 use crate::store::{Store, Table};
 use crate::watch::events::{LogCursor, StateBase, extract_log};
@@ -383,6 +384,27 @@ impl WatchManager {
         out
     }
 
+    /// Reports this manager's watches on `board` (the admin address's `/status`) for as long
+    /// as the manager lives. `herald up` calls it from `watch::run`'s session.
+    pub fn report_to(&self, board: &StatusBoard) {
+        let weak = Arc::downgrade(&self.inner);
+        board.set_watches(Box::new(move || {
+            let inner = weak.upgrade()?;
+            let list = WatchManager { inner }.watch_list();
+            Some(
+                list.into_iter()
+                    .map(|w| WatchReport {
+                        name: w.name,
+                        uri: w.uri,
+                        events: w.events,
+                        notices: w.notices,
+                        failed: w.failed || w.restore_failed,
+                    })
+                    .collect(),
+            )
+        }));
+    }
+
     async fn save(&self, spec: &WatchSpec) {
         if let Some(store) = &self.inner.store {
             let bytes = serde_json::to_vec(spec).unwrap_or_default();
@@ -546,6 +568,28 @@ mod tests {
         let names: Vec<String> = m.watch_list().into_iter().map(|w| w.name).collect();
         assert_eq!(names, ["b", "c"]);
         m.shutdown().await;
+    }
+
+    #[tokio::test]
+    async fn watches_are_reported_on_the_status_board_while_the_manager_lives() {
+        let memo = MemoServer::start().await;
+        let (m, _rx) = manager(&memo, None);
+        let board = StatusBoard::new(CancellationToken::new());
+        m.report_to(&board);
+        m.watch_start("n", "memo://notes", None).await.unwrap();
+        let watches = board.report().await.watches;
+        assert_eq!(watches.len(), 1);
+        assert_eq!(
+            (watches[0].name.as_str(), watches[0].uri.as_str()),
+            ("n", "memo://notes")
+        );
+        assert!(!watches[0].failed);
+        m.shutdown().await;
+        drop(m);
+        assert!(
+            board.report().await.watches.is_empty(),
+            "the board keeps no manager alive"
+        );
     }
 
     #[tokio::test]

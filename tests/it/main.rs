@@ -1,5 +1,6 @@
 //! One integration-test binary driving the real `herald` binary over its real transports.
 
+mod admin;
 mod events;
 mod file;
 mod filter;
@@ -8,9 +9,11 @@ mod k8s;
 mod kube_fake;
 mod manager;
 mod memo;
+mod poll;
 mod slack;
 mod slack_fake;
 mod support;
+mod systemd;
 mod up;
 mod watch;
 mod wire;

@@ -53,8 +53,11 @@ impl Drop for TempDir {
 /// A running `herald` server process.
 pub struct Server {
     pub child: Child,
+    /// The line [`Server::start`] waited for (for [`Server::spawn`], the `listening` line).
     pub listening: Value,
     pub stderr: Arc<Mutex<String>>,
+    /// Every later JSON line (events and logs), in order.
+    events: tokio::sync::mpsc::UnboundedReceiver<Value>,
 }
 
 impl Server {
@@ -66,7 +69,6 @@ impl Server {
     /// [`spawn`](Self::spawn) with `env` set, and none of the Slack role's variables (or
     /// systemd's credentials directory) inherited from the test's own environment.
     pub async fn spawn_env(args: &[&str], env: &[(&str, &str)]) -> Server {
-        init();
         let mut cmd = Command::new(bin());
         for v in [
             "SLACK_APP_TOKEN",
@@ -77,11 +79,19 @@ impl Server {
         ] {
             cmd.env_remove(v);
         }
-        cmd.envs(env.iter().copied());
-        let mut child = cmd
+        cmd.envs(env.iter().copied())
             .arg("--log-format")
             .arg("json")
-            .args(args)
+            .args(args);
+        Server::start(cmd, "listening").await
+    }
+
+    /// Spawns `cmd` (a `herald --log-format json …`, perhaps behind a wrapper) with stderr
+    /// piped and waits for its first JSON line whose `event` is `until`.
+    pub async fn start(mut cmd: Command, until: &str) -> Server {
+        init();
+        let what = format!("{:?}", cmd.as_std());
+        let mut child = cmd
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::piped())
@@ -90,26 +100,22 @@ impl Server {
             .expect("spawn herald");
         let stderr = child.stderr.take().unwrap();
         let log = Arc::new(Mutex::new(String::new()));
-        let (tx, rx) = tokio::sync::oneshot::channel();
+        let (tx, mut events) = tokio::sync::mpsc::unbounded_channel();
         let log2 = log.clone();
         tokio::spawn(async move {
             let mut lines = BufReader::new(stderr).lines();
-            let mut tx = Some(tx);
             while let Ok(Some(line)) = lines.next_line().await {
                 log2.lock().unwrap().push_str(&line);
                 log2.lock().unwrap().push('\n');
-                if let Ok(v) = serde_json::from_str::<Value>(&line)
-                    && v["event"] == "listening"
-                    && let Some(tx) = tx.take()
-                {
+                if let Ok(v) = serde_json::from_str::<Value>(&line) {
                     let _ = tx.send(v);
                 }
             }
         });
-        let listening = match tokio::time::timeout(WAIT, rx).await {
-            Ok(Ok(v)) => v,
+        let listening = match tokio::time::timeout(WAIT, next_event(&mut events, until)).await {
+            Ok(Some(v)) => v,
             _ => panic!(
-                "herald {args:?} never said where it listens; stderr:\n{}",
+                "{what} never said {until}; stderr:\n{}",
                 log.lock().unwrap()
             ),
         };
@@ -117,7 +123,36 @@ impl Server {
             child,
             listening,
             stderr: log,
+            events,
         }
+    }
+
+    /// Waits for the next JSON line (an event or a log line) that `matches`, skipping the
+    /// others; `what` names it in the panic when none comes.
+    pub async fn line_where(&mut self, what: &str, matches: impl Fn(&Value) -> bool) -> Value {
+        let found = tokio::time::timeout(WAIT, async {
+            while let Some(v) = self.events.recv().await {
+                if matches(&v) {
+                    return Some(v);
+                }
+            }
+            None
+        })
+        .await;
+        match found {
+            Ok(Some(v)) => v,
+            _ => panic!("herald never said {what}; stderr:\n{}", self.stderr()),
+        }
+    }
+
+    /// The admin address's base URL (`http://ADDR`), from the line waited for.
+    pub fn admin_url(&self) -> String {
+        format!(
+            "http://{}",
+            self.listening["admin"]
+                .as_str()
+                .expect("serving an admin address")
+        )
     }
 
     pub fn http_url(&self) -> String {
@@ -161,6 +196,18 @@ impl Server {
             .expect("herald exits after SIGTERM")
             .unwrap()
     }
+}
+
+async fn next_event(
+    events: &mut tokio::sync::mpsc::UnboundedReceiver<Value>,
+    name: &str,
+) -> Option<Value> {
+    while let Some(v) = events.recv().await {
+        if v["event"] == name {
+            return Some(v);
+        }
+    }
+    None
 }
 
 /// The transports a test runs over.

@@ -30,6 +30,7 @@ pub use relay::{Relay, Relaying};
 use crate::mcp::backoff::Backoff;
 use crate::mcp::context::RoleContext;
 use crate::mcp::source::SourceError;
+use crate::mcp::status::UpstreamReport;
 use crate::transport::client::{ConnectError, Connection, Target, connect};
 use crate::transport::tls::ClientTrust;
 
@@ -247,6 +248,22 @@ impl Upstream {
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .clone()
+    }
+
+    /// How it is doing, for the admin address's `/status` and `/ready`: connected now, ever
+    /// connected (it has a catalog), and the last failed connect's reason.
+    pub fn report(&self) -> UpstreamReport {
+        let last_error = {
+            let p = self.pacing.lock().unwrap_or_else(|e| e.into_inner());
+            Some(p.last_error.clone()).filter(|e| !e.is_empty())
+        };
+        UpstreamReport {
+            name: self.name.clone(),
+            target: self.target.to_string(),
+            connected: self.cached().is_some(),
+            ever_connected: self.catalog().is_some(),
+            last_error,
+        }
     }
 
     /// Whether a connect is under way.

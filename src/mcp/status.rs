@@ -1,0 +1,395 @@
+//! What a process says about itself on its admin address: which roles have started, which
+//! upstreams have connected, how many listen streams are open, the watches, the store's size.
+//! One [`StatusBoard`] per process, on the [`RoleContext`](crate::mcp::context::RoleContext)
+//! every role of the process shares: `app::serve_source` enters each role it serves (and its
+//! listen count), the gateway its upstreams, a watch client its watches; `app::ready` marks the
+//! start as done. `app`'s admin server answers `/ready` and `/status` from it.
+//!
+//! [`StatusReport`] and [`Readiness`] are the one definition of those two JSON bodies: the
+//! admin server writes them and `herald status` reads them back.
+//!
+//! The board holds what it reports weakly (an upstream, a server's listen count, a watch
+//! manager): it lives as long as the context, which the reported parts themselves hold.
+
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex, Weak};
+use std::time::Instant;
+
+use serde::{Deserialize, Serialize};
+use tokio_util::sync::CancellationToken;
+
+use crate::mcp::upstream::Upstream;
+
+/// A role's open listen streams, asked when a report is made.
+pub type ListenCount = Arc<dyn Fn() -> usize + Send + Sync>;
+
+/// The watches, asked when a report is made (`None` once the watch client is gone).
+pub type WatchList = Box<dyn Fn() -> Option<Vec<WatchReport>> + Send + Sync>;
+
+/// Where a role is in its life.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum RoleState {
+    /// Entered, its listeners not bound yet.
+    Starting,
+    /// Its listeners are bound and its tasks run.
+    Serving,
+    /// The process is shutting down.
+    Draining,
+}
+
+/// One role in a [`StatusReport`].
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RoleReport {
+    pub name: String,
+    pub state: RoleState,
+    /// Where it serves (`http://…/mcp`, `quic://…`, `stdio`); empty for an in-process role.
+    #[serde(default)]
+    pub endpoints: Vec<String>,
+    /// Its open `subscriptions/listen` streams.
+    #[serde(default)]
+    pub listens: usize,
+}
+
+/// One upstream server in a [`StatusReport`].
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct UpstreamReport {
+    pub name: String,
+    /// Where it is (a URL, `quic://…`, `stdio:COMMAND`).
+    pub target: String,
+    /// Connected now.
+    pub connected: bool,
+    /// Connected at least once since the process started.
+    pub ever_connected: bool,
+    /// The last failed connect's reason (kept after a later success).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_error: Option<String>,
+}
+
+/// One watch of the process's watch client in a [`StatusReport`].
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct WatchReport {
+    pub name: String,
+    pub uri: String,
+    /// Events seen.
+    pub events: u64,
+    /// Notices delivered.
+    pub notices: u64,
+    /// It gave up (or could not be restored): a `watch_start` may try again.
+    pub failed: bool,
+}
+
+/// The store file in a [`StatusReport`].
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub struct StoreReport {
+    /// `None`: `--store :memory:`, or no store entered.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub path: Option<PathBuf>,
+    /// The file's size now.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub bytes: Option<u64>,
+}
+
+/// The body of the admin address's `/status`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StatusReport {
+    /// herald's version.
+    pub version: String,
+    pub pid: u32,
+    /// Seconds since the board was made (the process start, near enough).
+    pub uptime_secs: u64,
+    /// What `/ready` answers.
+    pub ready: bool,
+    pub draining: bool,
+    pub roles: Vec<RoleReport>,
+    pub upstreams: Vec<UpstreamReport>,
+    /// Open `subscriptions/listen` streams, all roles together.
+    pub listens: usize,
+    pub watches: Vec<WatchReport>,
+    pub store: StoreReport,
+}
+
+/// An upstream `/ready` waits for.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct UpstreamWaiting {
+    pub name: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_error: Option<String>,
+}
+
+/// The body of `/ready`: ready, or what it is waiting for.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Readiness {
+    pub ready: bool,
+    /// The runner has not said that every role started yet.
+    pub starting: bool,
+    /// The process is shutting down.
+    pub draining: bool,
+    /// Roles whose listeners are not bound yet.
+    pub roles_starting: Vec<String>,
+    /// Configured upstreams that have never connected.
+    pub upstreams_never_connected: Vec<UpstreamWaiting>,
+}
+
+struct Role {
+    name: String,
+    serving: bool,
+    endpoints: Vec<String>,
+    listens: Option<ListenCount>,
+}
+
+#[derive(Default)]
+struct Board {
+    started: bool,
+    roles: Vec<Role>,
+    upstreams: Vec<Weak<Upstream>>,
+    watches: Option<WatchList>,
+    store: Option<PathBuf>,
+}
+
+/// The process's status board. Cheap to clone; clones share it.
+#[derive(Clone)]
+pub struct StatusBoard {
+    shutdown: CancellationToken,
+    since: Instant,
+    board: Arc<Mutex<Board>>,
+}
+
+impl std::fmt::Debug for StatusBoard {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("StatusBoard").finish_non_exhaustive()
+    }
+}
+
+impl StatusBoard {
+    /// A board for a process that shuts down with `shutdown` (then it reports draining).
+    pub fn new(shutdown: CancellationToken) -> StatusBoard {
+        StatusBoard {
+            shutdown,
+            since: Instant::now(),
+            board: Arc::default(),
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Board> {
+        self.board.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Enters `role` as starting (again, if it was there).
+    pub fn role_starting(&self, role: &str) {
+        let mut b = self.lock();
+        b.roles.retain(|r| r.name != role);
+        b.roles.push(Role {
+            name: role.into(),
+            serving: false,
+            endpoints: Vec::new(),
+            listens: None,
+        });
+    }
+
+    /// Marks `role` as serving on `endpoints`, its open listens counted by `listens`.
+    pub fn role_serving(&self, role: &str, endpoints: Vec<String>, listens: Option<ListenCount>) {
+        let mut b = self.lock();
+        let entry = Role {
+            name: role.into(),
+            serving: true,
+            endpoints,
+            listens,
+        };
+        match b.roles.iter_mut().find(|r| r.name == role) {
+            Some(r) => *r = entry,
+            None => b.roles.push(entry),
+        }
+    }
+
+    /// Enters a configured upstream: `/ready` waits until it has connected once.
+    pub fn add_upstream(&self, upstream: &Arc<Upstream>) {
+        self.lock().upstreams.push(Arc::downgrade(upstream));
+    }
+
+    /// Where the watches come from (a watch client's manager).
+    pub fn set_watches(&self, watches: WatchList) {
+        self.lock().watches = Some(watches);
+    }
+
+    /// The store file (`None` for a store in memory).
+    pub fn set_store(&self, path: Option<PathBuf>) {
+        self.lock().store = path;
+    }
+
+    /// The runner has started every role: from now on `/ready` depends only on the roles and
+    /// upstreams.
+    pub fn set_started(&self) {
+        self.lock().started = true;
+    }
+
+    fn upstreams(&self) -> Vec<Arc<Upstream>> {
+        self.lock()
+            .upstreams
+            .iter()
+            .filter_map(Weak::upgrade)
+            .collect()
+    }
+
+    /// What `/ready` answers now.
+    pub fn readiness(&self) -> Readiness {
+        let (started, roles_starting) = {
+            let b = self.lock();
+            let starting = b
+                .roles
+                .iter()
+                .filter(|r| !r.serving)
+                .map(|r| r.name.clone())
+                .collect::<Vec<_>>();
+            (b.started, starting)
+        };
+        let upstreams_never_connected: Vec<UpstreamWaiting> = self
+            .upstreams()
+            .iter()
+            .map(|u| u.report())
+            .filter(|u| !u.ever_connected)
+            .map(|u| UpstreamWaiting {
+                name: u.name,
+                last_error: u.last_error,
+            })
+            .collect();
+        let draining = self.shutdown.is_cancelled();
+        Readiness {
+            ready: started
+                && !draining
+                && roles_starting.is_empty()
+                && upstreams_never_connected.is_empty(),
+            starting: !started,
+            draining,
+            roles_starting,
+            upstreams_never_connected,
+        }
+    }
+
+    /// What `/status` answers now. Reads the store file's size (off the runtime's workers).
+    pub async fn report(&self) -> StatusReport {
+        let ready = self.readiness().ready;
+        let draining = self.shutdown.is_cancelled();
+        let (roles, watches, store) = {
+            let b = self.lock();
+            let roles: Vec<RoleReport> = b
+                .roles
+                .iter()
+                .map(|r| RoleReport {
+                    name: r.name.clone(),
+                    state: match (draining, r.serving) {
+                        (true, _) => RoleState::Draining,
+                        (false, true) => RoleState::Serving,
+                        (false, false) => RoleState::Starting,
+                    },
+                    endpoints: r.endpoints.clone(),
+                    listens: r.listens.as_ref().map_or(0, |f| f()),
+                })
+                .collect();
+            let watches = b.watches.as_ref().and_then(|f| f()).unwrap_or_default();
+            (roles, watches, b.store.clone())
+        };
+        let bytes = match &store {
+            Some(p) => tokio::fs::metadata(p).await.ok().map(|m| m.len()),
+            None => None,
+        };
+        StatusReport {
+            version: env!("CARGO_PKG_VERSION").into(),
+            pid: std::process::id(),
+            uptime_secs: self.since.elapsed().as_secs(),
+            ready,
+            draining,
+            listens: roles.iter().map(|r| r.listens).sum(),
+            roles,
+            upstreams: self.upstreams().iter().map(|u| u.report()).collect(),
+            watches,
+            store: StoreReport { path: store, bytes },
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    use crate::mcp::upstream::UpstreamConfig;
+    use crate::testing::MemoServer;
+    use crate::transport::client::Target;
+
+    #[tokio::test]
+    async fn ready_once_started_with_every_role_serving_and_every_upstream_connected() {
+        let shutdown = CancellationToken::new();
+        let board = StatusBoard::new(shutdown.clone());
+        let r = board.readiness();
+        assert!(!r.ready && r.starting, "{r:?}");
+
+        board.role_starting("memo");
+        board.set_started();
+        let r = board.readiness();
+        assert!(!r.ready && !r.starting, "{r:?}");
+        assert_eq!(r.roles_starting, vec!["memo".to_owned()]);
+
+        let count: ListenCount = Arc::new(|| 3);
+        board.role_serving("memo", vec!["stdio".into()], Some(count));
+        assert!(board.readiness().ready);
+
+        let memo = MemoServer::start().await;
+        let up = memo.upstream_with(UpstreamConfig::new(
+            Target::Stdio("in-process memo".into()),
+            Default::default(),
+            1 << 20,
+        ));
+        board.add_upstream(&up);
+        let r = board.readiness();
+        assert!(!r.ready, "{r:?}");
+        assert_eq!(r.upstreams_never_connected[0].name, up.name);
+        up.live().await.expect("connects");
+        assert!(board.readiness().ready);
+
+        let report = board.report().await;
+        assert_eq!(report.listens, 3);
+        assert_eq!(report.roles[0].state, RoleState::Serving);
+        assert!(report.upstreams[0].connected && report.upstreams[0].ever_connected);
+        assert_eq!(report.store, StoreReport::default());
+
+        // An upstream that is gone is no longer waited for; shutdown is never ready.
+        drop(up);
+        shutdown.cancel();
+        let r = board.readiness();
+        assert!(!r.ready && r.draining, "{r:?}");
+        assert!(r.upstreams_never_connected.is_empty());
+        assert_eq!(board.report().await.roles[0].state, RoleState::Draining);
+    }
+
+    #[test]
+    fn reports_read_back_with_the_same_definition() {
+        let report = StatusReport {
+            version: "0.1.0".into(),
+            pid: 7,
+            uptime_secs: 3,
+            ready: true,
+            draining: false,
+            roles: vec![RoleReport {
+                name: "memo".into(),
+                state: RoleState::Serving,
+                endpoints: vec!["http://127.0.0.1:1/mcp".into()],
+                listens: 1,
+            }],
+            upstreams: vec![UpstreamReport {
+                name: "a".into(),
+                target: "stdio:x".into(),
+                connected: false,
+                ever_connected: false,
+                last_error: Some("refused".into()),
+            }],
+            listens: 1,
+            watches: vec![],
+            store: StoreReport {
+                path: Some("/tmp/x.redb".into()),
+                bytes: Some(4096),
+            },
+        };
+        let text = serde_json::to_string(&report).unwrap();
+        assert_eq!(serde_json::from_str::<StatusReport>(&text).unwrap(), report);
+    }
+}
