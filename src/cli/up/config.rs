@@ -51,6 +51,8 @@ pub struct ListenToml {
     pub http: Option<String>,
     /// `""` turns QUIC off.
     pub quic: Option<String>,
+    /// The admin address (`/live`, `/ready`, `/metrics`, `/status`); `""` turns it off.
+    pub admin: Option<String>,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub allowed_hosts: Vec<String>,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
@@ -254,6 +256,9 @@ impl UpToml {
         let mut t = self;
         t.listen.http.get_or_insert_with(|| DEFAULT_HTTP.to_owned());
         t.listen.quic.get_or_insert_with(|| DEFAULT_QUIC.to_owned());
+        t.listen
+            .admin
+            .get_or_insert_with(|| crate::app::admin::DEFAULT_ADMIN.to_owned());
         if tokens.is_empty() {
             for addr in [&t.listen.http, &t.listen.quic]
                 .into_iter()
@@ -332,6 +337,11 @@ impl UpConfig {
     /// Where the gateway serves QUIC, if it does.
     pub fn quic(&self) -> Option<&str> {
         enabled(&self.file.listen.quic)
+    }
+
+    /// Where the admin address is served, if it is.
+    pub fn admin(&self) -> Option<&str> {
+        enabled(&self.file.listen.admin)
     }
 
     /// The effective config as TOML.

@@ -121,6 +121,11 @@ pub async fn run(args: UpArgs, globals: &Globals) -> Result<(), Exit> {
     let store = globals.open_store().await?;
     let ctx = RoleContext::new("up");
     app::cancel_on_signals(ctx.shutdown().clone());
+    // The admin address first: /live answers and /ready says what it waits for during the
+    // start.
+    let admin = app::admin::serve_admin(cfg.admin(), &globals.systemd, &ctx)
+        .await
+        .map_err(|e| usage(e.into()))?;
     let limits = Limits::default();
     let max = limits.max_message_bytes;
     let file = &cfg.file;
@@ -189,15 +194,18 @@ pub async fn run(args: UpArgs, globals: &Globals) -> Result<(), Exit> {
             allowed_origins: file.listen.allowed_origins.clone(),
         },
         limits: limits.clone(),
+        http_socket: globals.systemd.socket("http"),
         ..ServeOptions::default()
     };
-    let bound = match app::serve_source(gateway.clone(), &opts, &store, &ctx).await {
+    let mut bound = match app::serve_source(gateway.clone(), &opts, &store, &ctx).await {
         Ok(b) => b,
         Err(e) => {
             app::drain(&ctx).await;
             return Err(usage(e.into()));
         }
     };
+    bound.admin = admin;
+    app::ready(&ctx, &globals.systemd, std::slice::from_ref(&bound)).await;
     announce(&bound, globals.log_format);
     if open {
         tracing::info!(
@@ -267,8 +275,13 @@ pub async fn run(args: UpArgs, globals: &Globals) -> Result<(), Exit> {
         // A watch that cannot start (a server not up yet) is logged; the rest run.
         require_watches: false,
     };
-    let _ = crate::watch::run(opts, ctx.shutdown().clone(), async |_| true).await;
-    app::drain(&ctx).await;
+    let board = ctx.status().clone();
+    let _ = crate::watch::run(opts, ctx.shutdown().clone(), async |m| {
+        m.report_to(&board);
+        true
+    })
+    .await;
+    app::stop(&ctx, &globals.systemd).await;
     Ok(())
 }
 
