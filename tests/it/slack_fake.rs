@@ -17,7 +17,7 @@
 use std::collections::{BTreeMap, HashSet};
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex, MutexGuard};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use axum::body::Body;
 use axum::extract::{Request, State};
@@ -59,6 +59,10 @@ const MAX_LIMIT: usize = 1000;
 /// A method's parameters as the fake received them (query string, form or JSON body; the
 /// token left out).
 pub type Params = BTreeMap<String, String>;
+
+/// An `events_api` envelope written to a socket: its event's ts and the moment the fake began
+/// writing its frame (see [`FakeSlack::on_written`]).
+pub type Written = (String, Instant);
 
 /// What a conversation is. An IM is the bot's DM with that user; an MPIM's members are listed.
 #[derive(Clone, Debug, PartialEq)]
@@ -151,6 +155,8 @@ pub struct SlackState {
     acks: Vec<String>,
     /// Frames from clients that were not acks.
     other_frames: Vec<String>,
+    /// Told of every envelope once written, when a bench asked ([`FakeSlack::on_written`]).
+    written: Option<mpsc::UnboundedSender<Written>>,
 }
 
 struct Channel {
@@ -175,6 +181,8 @@ struct Socket {
 /// What the fake tells one socket's task to do.
 enum Out {
     Text(String),
+    /// Send this envelope, then tell the hook its event's ts and when it was written.
+    Stamped(String, String, mpsc::UnboundedSender<Written>),
     /// Send this text, then a close frame, then wait for the client to finish the close.
     Close(String),
     /// End the TCP connection with no close frame.
@@ -245,6 +253,7 @@ impl SlackState {
             envelopes: Vec::new(),
             acks: Vec::new(),
             other_frames: Vec::new(),
+            written: None,
         }
     }
 
@@ -439,7 +448,12 @@ impl SlackState {
         let Some(socket) = self.sockets.iter().rev().find(|s| s.live) else {
             return false;
         };
-        let _ = socket.tx.send(Out::Text(envelope.to_string()));
+        let text = envelope.to_string();
+        let out = match (&self.written, envelope.pointer("/payload/event/ts")) {
+            (Some(hook), Some(Value::String(ts))) => Out::Stamped(text, ts.clone(), hook.clone()),
+            _ => Out::Text(text),
+        };
+        let _ = socket.tx.send(out);
         self.envelopes.push(envelope);
         true
     }
@@ -1049,6 +1063,15 @@ async fn serve_socket(slack: FakeSlack, tcp: TcpStream) {
                         break;
                     }
                 }
+                Some(Out::Stamped(t, ts, hook)) => {
+                    // Stamped as the write starts: time spent waiting on a full socket (a
+                    // client not reading) counts as the client's.
+                    let at = Instant::now();
+                    if sink.send(Message::text(t)).await.is_err() {
+                        break;
+                    }
+                    let _ = hook.send((ts, at));
+                }
                 Some(Out::Close(t)) => {
                     let _ = sink.send(Message::text(t)).await;
                     let close = CloseFrame { code: CloseCode::Normal, reason: "".into() };
@@ -1302,6 +1325,16 @@ impl FakeSlack {
         });
     }
 
+    /// From now on, every `events_api` envelope written to a socket is reported on the
+    /// returned channel, once written, with its event's ts and the moment the write began
+    /// (for the bench's post-to-event latency: the fake's own queueing before the socket is
+    /// left out). A second call replaces the first receiver.
+    pub fn on_written(&self) -> mpsc::UnboundedReceiver<Written> {
+        let (tx, rx) = mpsc::unbounded_channel();
+        self.with(|s| s.written = Some(tx));
+        rx
+    }
+
     /// Off: sockets stay up but hear no events; posts are only in history.
     pub fn set_socket_delivery(&self, on: bool) {
         self.with(|s| s.deliver = on);
@@ -1354,7 +1387,6 @@ mod tests {
     //! herald meets it.
 
     use super::*;
-    use std::time::Instant;
     use tokio_tungstenite::{MaybeTlsStream, WebSocketStream, connect_async};
 
     type Ws = WebSocketStream<MaybeTlsStream<TcpStream>>;
@@ -2055,6 +2087,29 @@ mod tests {
         .await;
         assert_eq!(texts(&h["messages"]), ["back", "while down"]);
         assert_eq!(h["messages"][1]["ts"], missed.as_str());
+    }
+
+    #[tokio::test]
+    async fn slack_fake_reports_each_envelope_once_written_to_the_socket() {
+        let slack = FakeSlack::start().await;
+        slack.add_channel("C1", "general", Kind::Public);
+        let mut ws = connect(&slack).await;
+        recv(&mut ws).await;
+        slack.post("C1", "U1", "before the hook");
+        recv(&mut ws).await;
+        let mut written = slack.on_written();
+        let posted = Instant::now();
+        let ts = slack.post("C1", "U1", "stamped");
+        let (got, at) = tokio::time::timeout(T, written.recv())
+            .await
+            .expect("reported")
+            .expect("the hook is open");
+        assert_eq!(got, ts);
+        assert!(at >= posted);
+        assert_eq!(recv(&mut ws).await["payload"]["event"]["ts"], ts.as_str());
+        slack.disconnect("warning");
+        recv(&mut ws).await;
+        assert!(written.try_recv().is_err(), "only envelopes are reported");
     }
 
     #[tokio::test]
