@@ -12,6 +12,7 @@
 //! name = "cluster"
 //! http = "http://10.0.0.5:8750/mcp"
 //! token_env = "CLUSTER_TOKEN"       # the bearer token this gateway presents upstream
+//! # token_credential = "cluster"     # or: $CREDENTIALS_DIRECTORY/cluster (LoadCredential=)
 //!
 //! [[token]]
 //! name = "ops"                      # a label for logs; never the token
@@ -55,6 +56,24 @@ pub enum ConfigError {
     SlugTarget(String),
     #[error("slug {slug}: token_env names {var}, which is not set in the environment")]
     TokenEnvUnset { slug: String, var: String },
+    #[error("slug {0}: give token_env or token_credential, not both")]
+    TokenTwice(String),
+    #[error(
+        "slug {slug}: token_credential = {name:?} needs $CREDENTIALS_DIRECTORY, which systemd sets for a unit with LoadCredential={name}:/path/to/file; outside systemd use token_env"
+    )]
+    NoCredentialsDirectory { slug: String, name: String },
+    #[error(
+        "slug {slug}: token_credential = {name:?} must be a file name in $CREDENTIALS_DIRECTORY, without /"
+    )]
+    CredentialName { slug: String, name: String },
+    #[error("slug {slug}: cannot read the credential {path}: {message}")]
+    CredentialRead {
+        slug: String,
+        path: PathBuf,
+        message: String,
+    },
+    #[error("slug {slug}: the credential {path} is empty")]
+    CredentialEmpty { slug: String, path: PathBuf },
     #[error("slug {slug}: tls_pin: {error}")]
     TlsPin { slug: String, error: TlsError },
     #[error(
@@ -89,6 +108,9 @@ pub struct SlugFile {
     pub tls_pin: Option<String>,
     /// Environment variable holding the token this gateway presents to the upstream.
     pub token_env: Option<String>,
+    /// A systemd credential (`LoadCredential=NAME:PATH`) holding that token: the file NAME in
+    /// `$CREDENTIALS_DIRECTORY`, so the secret is in neither the config nor the environment.
+    pub token_credential: Option<String>,
 }
 
 #[derive(Debug, Clone, Deserialize, Serialize)]
@@ -121,6 +143,37 @@ pub struct GatewayConfig {
     pub quic: Option<String>,
     pub slugs: Vec<Slug>,
     pub tokens: Vec<Token>,
+}
+
+/// The systemd credential `name` of slug `slug`: `$CREDENTIALS_DIRECTORY/name`, without its
+/// trailing newline.
+fn read_credential(dir: Option<&Path>, slug: &str, name: &str) -> Result<String, ConfigError> {
+    if name.is_empty() || name.contains('/') || name == "." || name == ".." {
+        return Err(ConfigError::CredentialName {
+            slug: slug.to_owned(),
+            name: name.to_owned(),
+        });
+    }
+    let dir = dir.filter(|d| !d.as_os_str().is_empty()).ok_or_else(|| {
+        ConfigError::NoCredentialsDirectory {
+            slug: slug.to_owned(),
+            name: name.to_owned(),
+        }
+    })?;
+    let path = dir.join(name);
+    let text = std::fs::read_to_string(&path).map_err(|e| ConfigError::CredentialRead {
+        slug: slug.to_owned(),
+        path: path.clone(),
+        message: e.to_string(),
+    })?;
+    let token = text.trim_end_matches(['\n', '\r']);
+    if token.is_empty() {
+        return Err(ConfigError::CredentialEmpty {
+            slug: slug.to_owned(),
+            path,
+        });
+    }
+    Ok(token.to_owned())
 }
 
 /// Whether `name` is a valid slug: lowercase `[a-z0-9-]+` (so never `__` or `+`, which
@@ -182,14 +235,19 @@ impl GatewayConfig {
                 (None, None, Some(a)) => Target::Quic(a),
                 _ => return Err(ConfigError::SlugTarget(s.name)),
             };
-            let token = match &s.token_env {
-                None => None,
-                Some(var) => Some(Secret(std::env::var(var).map_err(|_| {
+            let token = match (&s.token_env, &s.token_credential) {
+                (None, None) => None,
+                (Some(_), Some(_)) => return Err(ConfigError::TokenTwice(s.name)),
+                (Some(var), None) => Some(Secret(std::env::var(var).map_err(|_| {
                     ConfigError::TokenEnvUnset {
                         slug: s.name.clone(),
                         var: var.clone(),
                     }
                 })?)),
+                (None, Some(name)) => {
+                    let dir = std::env::var_os("CREDENTIALS_DIRECTORY").map(PathBuf::from);
+                    Some(Secret(read_credential(dir.as_deref(), &s.name, name)?))
+                }
             };
             if let Some(pin) = &s.tls_pin {
                 crate::transport::tls::parse_pin(pin).map_err(|error| ConfigError::TlsPin {
@@ -293,6 +351,35 @@ mod tests {
             let e = GatewayConfig::parse(text).unwrap_err().to_string();
             assert!(e.contains(needle), "{text}: {e}");
         }
+    }
+
+    #[test]
+    fn a_token_credential_is_read_from_the_credentials_directory() {
+        let dir = std::env::temp_dir().join(format!("herald-cred-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(dir.join("cluster"), "s3cret\n").unwrap();
+        std::fs::write(dir.join("empty"), "\n").unwrap();
+        assert_eq!(
+            read_credential(Some(&dir), "c", "cluster").unwrap(),
+            "s3cret"
+        );
+        for (d, name, needle) in [
+            (None, "cluster", "LoadCredential=cluster:"),
+            (Some(dir.as_path()), "../cluster", "without /"),
+            (Some(dir.as_path()), "missing", "cannot read the credential"),
+            (Some(dir.as_path()), "empty", "is empty"),
+        ] {
+            let e = read_credential(d, "c", name).unwrap_err().to_string();
+            assert!(e.contains(needle) && e.starts_with("slug c"), "{name}: {e}");
+            assert!(!e.contains("s3cret"), "{e}");
+        }
+        let e = GatewayConfig::parse(
+            "[[slug]]\nname = \"a\"\nhttp = \"x\"\ntoken_env = \"A\"\ntoken_credential = \"b\"\n",
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(e.contains("not both"), "{e}");
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     #[test]
