@@ -67,24 +67,33 @@ pub fn check(args: CheckArgs) -> Result<(), Exit> {
             .and_then(|t| t.check())
             .map_err(crate::cli::usage)?;
         println!(
-            "{}: ok (herald up: roles {}; {} servers, {} tokens, {} watches)",
+            "{}: ok (herald up: roles {}; {}, {}, {})",
             args.config.display(),
             match cfg.file.roles() {
                 r if r.is_empty() => "none".to_owned(),
                 r => r.join(", "),
             },
-            cfg.slugs.len(),
-            cfg.tokens.len(),
-            cfg.watches.len()
+            count(cfg.slugs.len(), "server"),
+            count(cfg.tokens.len(), "token"),
+            count(cfg.watches.len(), "watch")
         );
         return Ok(());
     }
     let cfg = GatewayConfig::load(&args.config).map_err(|e| crate::cli::usage(e.into()))?;
     println!(
-        "{}: ok ({} servers, {} tokens)",
+        "{}: ok ({}, {})",
         args.config.display(),
-        cfg.slugs.len(),
-        cfg.tokens.len()
+        count(cfg.slugs.len(), "server"),
+        count(cfg.tokens.len(), "token")
     );
     Ok(())
+}
+
+/// `1 token`, `2 tokens`, `1 watch`, `0 watches`.
+fn count(n: usize, noun: &str) -> String {
+    match (n, noun.ends_with("ch")) {
+        (1, _) => format!("1 {noun}"),
+        (_, true) => format!("{n} {noun}es"),
+        (_, false) => format!("{n} {noun}s"),
+    }
 }

@@ -530,7 +530,7 @@ async fn check_validates_configs() {
     .unwrap();
     let out = herald(["check", good.to_str().unwrap()]).await;
     assert!(out.status.success(), "{out:?}");
-    assert!(String::from_utf8_lossy(&out.stdout).contains("ok (1 servers, 1 tokens)"));
+    assert!(String::from_utf8_lossy(&out.stdout).contains("ok (1 server, 1 token)"));
     let bad = dir.path().join("bad.toml");
     std::fs::write(
         &bad,
