@@ -145,10 +145,13 @@ fn snapshot_rotated(
     keep: usize,
 ) -> Result<Snapshot, StoreError> {
     let dir = backups_dir(store);
-    create_private_dir(&dir).map_err(|e| StoreError::Backup {
-        path: dir.clone(),
-        message: format!("cannot create the backups directory: {e}"),
-    })?;
+    // Absolute, so the path answered means the same to a process in another directory.
+    let dir = create_private_dir(&dir)
+        .and_then(|()| std::fs::canonicalize(&dir))
+        .map_err(|e| StoreError::Backup {
+            path: dir.clone(),
+            message: format!("cannot create the backups directory: {e}"),
+        })?;
     let stem = stem(store);
     // After the newest backup of this second, so the names keep their order in time even when
     // rotation removed the first ones. The hard link that takes the name is what excludes a
@@ -582,7 +585,7 @@ mod tests {
     #[tokio::test]
     async fn backups_into_the_store_directory_rotate_to_the_newest_three() {
         let dir = Dir::new("rotated");
-        let path = dir.0.join("herald.redb");
+        let path = std::fs::canonicalize(&dir.0).unwrap().join("herald.redb");
         let s = Store::open(&Location::File(path.clone())).unwrap();
         s.put(Table::Notes, "k", b"v".to_vec()).await.unwrap();
         let mut made = Vec::new();
