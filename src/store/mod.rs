@@ -7,7 +7,9 @@
 //! Reads run on tokio's blocking pool. Nothing here blocks a runtime worker.
 //!
 //! redb holds an exclusive file lock, so a second process that opens the same file gets
-//! [`StoreError::Locked`], which names the file and says another herald holds it.
+//! [`StoreError::Locked`], which names the file and says another herald holds it. A backup
+//! is therefore made by whichever process holds the file ([`Store::backup_to`], from one read
+//! transaction; see `backup.rs`).
 
 mod backup;
 
