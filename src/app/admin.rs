@@ -10,8 +10,14 @@
 //! - `/metrics`: Prometheus text: the counters every MCP endpoint serves, plus gauges from the
 //!   status board.
 //! - `/status`: a [`StatusReport`] as JSON.
+//! - `POST /backup`: a consistent snapshot of the store, written by this process (which holds
+//!   the store's lock) into the store's own `backups/` directory, never a path the caller
+//!   names, keeping the newest [`KEEP_BACKUPS`]; answers a [`BackupReport`]. 409 for a store in
+//!   memory. `herald store backup` asks for it when the store is held, then moves the file.
 
 use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
 
 use axum::Router;
 use axum::extract::State;
@@ -24,24 +30,53 @@ use crate::app::{AppError, GRACE};
 use crate::mcp::context::RoleContext;
 use crate::mcp::metrics;
 use crate::mcp::status::{Readiness, StatusBoard, StatusReport};
+use crate::store::{KEEP_BACKUPS, Location, Snapshot, Store, StoreError};
 use crate::transport::http;
 
 /// Where `herald up` serves its admin address unless told otherwise, and where
 /// `herald status` looks.
 pub const DEFAULT_ADMIN: &str = "127.0.0.1:8759";
 
-/// The admin routes over `board`.
-pub fn router(board: StatusBoard) -> Router {
+/// What `POST /backup` answers: the snapshot written, and the store it copies.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct BackupReport {
+    /// The store file the snapshot is of.
+    pub store: PathBuf,
+    #[serde(flatten)]
+    pub snapshot: Snapshot,
+}
+
+/// The body of an admin answer that is not a success: what went wrong and what to do.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct AdminError {
+    pub error: String,
+}
+
+#[derive(Clone)]
+struct Admin {
+    board: StatusBoard,
+    store: Option<Store>,
+    /// One backup at a time: naming and rotation look at the directory as they leave it.
+    backups: Arc<tokio::sync::Mutex<()>>,
+}
+
+/// The admin routes over `board`, and `/backup` over `store` when the process has one.
+pub fn router(board: StatusBoard, store: Option<Store>) -> Router {
     Router::new()
         .route("/live", axum::routing::get(|| async { "ok\n" }))
         .route("/ready", axum::routing::get(ready))
         .route("/metrics", axum::routing::get(metrics))
         .route("/status", axum::routing::get(status))
-        .with_state(board)
+        .route("/backup", axum::routing::post(backup))
+        .with_state(Admin {
+            board,
+            store,
+            backups: Arc::default(),
+        })
 }
 
-async fn ready(State(board): State<StatusBoard>) -> impl IntoResponse {
-    let r: Readiness = board.readiness();
+async fn ready(State(admin): State<Admin>) -> impl IntoResponse {
+    let r: Readiness = admin.board.readiness();
     let code = if r.ready {
         StatusCode::OK
     } else {
@@ -50,17 +85,74 @@ async fn ready(State(board): State<StatusBoard>) -> impl IntoResponse {
     json(code, &r)
 }
 
-async fn metrics(State(board): State<StatusBoard>) -> impl IntoResponse {
-    let report = board.report().await;
+async fn metrics(State(admin): State<Admin>) -> impl IntoResponse {
+    let report = admin.board.report().await;
     (
         [(header::CONTENT_TYPE, "text/plain; version=0.0.4")],
         metrics::render() + &metrics::render_status(&report),
     )
 }
 
-async fn status(State(board): State<StatusBoard>) -> impl IntoResponse {
-    let r: StatusReport = board.report().await;
+async fn status(State(admin): State<Admin>) -> impl IntoResponse {
+    let r: StatusReport = admin.board.report().await;
     json(StatusCode::OK, &r)
+}
+
+async fn backup(State(admin): State<Admin>) -> axum::response::Response {
+    let refuse = |code, error: String| json(code, &AdminError { error });
+    let Some(store) = &admin.store else {
+        return refuse(
+            StatusCode::CONFLICT,
+            "this herald keeps no store: there is nothing to back up".into(),
+        );
+    };
+    let Location::File(path) = store.location() else {
+        return refuse(StatusCode::CONFLICT, StoreError::InMemory.to_string());
+    };
+    let _one = admin.backups.lock().await;
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap_or_default();
+    match store
+        .backup_rotated(&stamp(now.as_secs()), KEEP_BACKUPS)
+        .await
+    {
+        Ok(snapshot) => {
+            tracing::info!(
+                path = %snapshot.path.display(),
+                tables = snapshot.tables,
+                entries = snapshot.entries,
+                bytes = snapshot.bytes,
+                "store backup written"
+            );
+            json(
+                StatusCode::OK,
+                &BackupReport {
+                    store: tokio::fs::canonicalize(path)
+                        .await
+                        .unwrap_or_else(|_| path.clone()),
+                    snapshot,
+                },
+            )
+        }
+        Err(e) => {
+            tracing::error!(error = %e, "store backup failed");
+            refuse(StatusCode::INTERNAL_SERVER_ERROR, e.to_string())
+        }
+    }
+}
+
+/// `YYYYmmddTHHMMSSZ` for `secs` since the epoch, UTC.
+fn stamp(secs: u64) -> String {
+    let ns = i64::try_from(secs).unwrap_or(i64::MAX / 1_000_000_000) * 1_000_000_000;
+    // 2026-01-02T03:04:05.000Z
+    let t = crate::mcp::events::rfc3339(ns);
+    let mut s: String = t[..19]
+        .chars()
+        .filter(|c| !matches!(c, '-' | ':'))
+        .collect();
+    s.push('Z');
+    s
 }
 
 fn json(code: StatusCode, body: &impl serde::Serialize) -> axum::response::Response {
@@ -72,8 +164,9 @@ fn json(code: StatusCode, body: &impl serde::Serialize) -> axum::response::Respo
         .into_response()
 }
 
-/// Serves the admin address for `ctx`'s process: on the socket systemd passed as `admin`
-/// when there is one, else on `addr` when given; `None` when neither. Bind first: the
+/// Serves the admin address for `ctx`'s process (and `POST /backup` for its `store`, when it
+/// has one): on the socket systemd passed as `admin` when there is one, else on `addr` when
+/// given; `None` when neither. Bind first: the
 /// bound address is returned, and the server runs on `ctx`'s tracker until shutdown. Call it
 /// before starting the roles, so `/live` answers and `/ready` says what it waits for during
 /// the start.
@@ -81,6 +174,7 @@ pub async fn serve_admin(
     addr: Option<&str>,
     systemd: &Systemd,
     ctx: &RoleContext,
+    store: Option<&Store>,
 ) -> Result<Option<SocketAddr>, AppError> {
     let listener = match (systemd.socket("admin"), addr) {
         (Some(inherited), _) => {
@@ -113,11 +207,22 @@ pub async fn serve_admin(
         "admin",
         http::serve(
             listener,
-            router(ctx.status().clone()),
+            router(ctx.status().clone(), store.cloned()),
             ctx.shutdown().clone(),
             GRACE,
         )
         .instrument(tracing::info_span!("admin", addr = %local)),
     );
     Ok(Some(local))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_backup_stamp_is_utc_seconds() {
+        assert_eq!(stamp(0), "19700101T000000Z");
+        assert_eq!(stamp(1_767_323_045), "20260102T030405Z");
+    }
 }

@@ -4,7 +4,8 @@
 //! A runner's life, under systemd or not (`cli/serve.rs` for one role; `herald up` for many):
 //!
 //! ```text
-//! admin::serve_admin(addr, &systemd, &ctx)   // optional; /live answers, /ready says "starting"
+//! admin::serve_admin(addr, &systemd, &ctx, Some(&store))
+//!                                            // optional; /live answers, /ready says "starting"
 //! serve_source(source, &opts, &store, &ctx)  // per role: bind, report, serve (opts.http_socket:
 //!                                            //   systemd.socket("http") for socket activation)
 //! ready(&ctx, &systemd, &[bound, ...])       // READY=1, STATUS=serving ..., the watchdog, /ready

@@ -116,8 +116,6 @@ fn load(path: &Path) -> anyhow::Result<FileToml> {
 pub async fn run(args: FileArgs, globals: &Globals) -> Result<(), Exit> {
     let cfg = args.config().map_err(usage)?;
     let ctx = RoleContext::new("file");
-    let admin = begin(&args.serve, &ctx, globals).await?;
-    let source = FileSource::new(cfg, &ctx).map_err(|e| usage(e.into()))?;
     // The store only holds a QUIC identity here: open the file only when one is needed (or
     // asked for), so `herald file` next to another role needs no --store of its own.
     let store = if globals.store.is_some()
@@ -127,6 +125,8 @@ pub async fn run(args: FileArgs, globals: &Globals) -> Result<(), Exit> {
     } else {
         Store::memory()
     };
+    let admin = begin(&args.serve, &ctx, globals, &store).await?;
+    let source = FileSource::new(cfg, &ctx).map_err(|e| usage(e.into()))?;
     serve_until_stopped(source, &args.serve.options(), admin, &store, ctx, globals).await
 }
 

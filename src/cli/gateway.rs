@@ -48,7 +48,7 @@ pub async fn run(args: GatewayArgs, globals: &Globals) -> Result<(), Exit> {
     // The slugs are on the status board before the admin address answers: /ready names
     // every one it waits for from its first answer. Nothing connects before the warm-up.
     let gateway = Gateway::new(&cfg, opts.limits.max_message_bytes, &ctx);
-    let admin = begin(&args.serve, &ctx, globals).await?;
+    let admin = begin(&args.serve, &ctx, globals, &store).await?;
     gateway.warm_up(std::time::Duration::from_secs(5)).await;
     serve_until_stopped(gateway, &opts, admin, &store, ctx, globals).await
 }

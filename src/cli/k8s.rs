@@ -87,8 +87,8 @@ pub async fn run(args: K8sArgs, globals: &Globals) -> Result<(), Exit> {
         max_watchers: args.max_watchers.max(1),
     };
     let ctx = RoleContext::new("k8s");
-    let admin = begin(&args.serve, &ctx, globals).await?;
-    let source = K8s::new(cfg, config, &ctx).map_err(|e| crate::cli::usage(e.into()))?;
     let store = globals.open_store().await?;
+    let admin = begin(&args.serve, &ctx, globals, &store).await?;
+    let source = K8s::new(cfg, config, &ctx).map_err(|e| crate::cli::usage(e.into()))?;
     serve_until_stopped(source, &args.serve.options(), admin, &store, ctx, globals).await
 }

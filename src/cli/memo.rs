@@ -19,8 +19,8 @@ pub struct MemoArgs {
 
 pub async fn run(args: MemoArgs, globals: &Globals) -> Result<(), Exit> {
     let ctx = RoleContext::new("memo");
-    let admin = begin(&args.serve, &ctx, globals).await?;
     let store = globals.open_store().await?;
+    let admin = begin(&args.serve, &ctx, globals, &store).await?;
     let memo = Memo::open(store.clone(), args.ring_capacity).await?;
     serve_until_stopped(memo, &args.serve.options(), admin, &store, ctx, globals).await
 }

@@ -10,6 +10,7 @@ mod poll;
 mod serve;
 mod slack;
 mod status;
+mod store;
 mod up;
 pub(crate) mod watch;
 
@@ -80,6 +81,9 @@ pub enum Command {
     /// Ask a running herald's admin address for its roles, upstreams, listens, watches and
     /// store, as a table or --json.
     Status(status::StatusArgs),
+    /// Work on the store file: `herald store backup DEST` writes a consistent copy, also of a
+    /// store a running herald holds.
+    Store(store::StoreArgs),
     /// Watch resources and print notices (or run a command, or POST a webhook) when they change.
     Watch(watch::WatchArgs),
     /// Code mode: run Python with the watch built-ins and the servers' tools (a file, stdin, or
@@ -152,6 +156,7 @@ pub fn run(cli: Cli, systemd: Systemd) -> Result<(), Exit> {
             Command::Call(a) => client::call(a).await,
             Command::Poll(a) => poll::run(a).await,
             Command::Status(a) => status::run(a).await,
+            Command::Store(a) => store::run(a, &globals).await,
             Command::Watch(a) => watch::run(a, &globals, verbose).await,
             Command::Code(a) => code::run(a, &globals, verbose).await,
             Command::FilterWorker { .. } => Ok(()),

@@ -122,18 +122,20 @@ pub fn announce(bound: &Bound, format: LogFormat) {
 /// `ctx` down from here on, systemd hears `STATUS=starting ROLE`, and the admin address
 /// (`--admin`, or the `admin` socket systemd passed) is served and announced at once, so
 /// `/live` answers and `/ready` says what it waits for during the whole start (a gateway's
-/// warm-up included). Hand what it returns to [`serve_until_stopped`].
+/// warm-up included); its `POST /backup` copies `store`. Hand what it returns to
+/// [`serve_until_stopped`].
 pub async fn begin(
     args: &ServeArgs,
     ctx: &RoleContext,
     globals: &Globals,
+    store: &Store,
 ) -> Result<Option<SocketAddr>, Exit> {
     app::cancel_on_signals(ctx.shutdown().clone());
     let systemd = &globals.systemd;
     systemd
         .notify(&[Notify::Status(&format!("starting {}", ctx.role()))])
         .await;
-    let admin = app::admin::serve_admin(args.admin.as_deref(), systemd, ctx)
+    let admin = app::admin::serve_admin(args.admin.as_deref(), systemd, ctx, Some(store))
         .await
         .map_err(|e| crate::cli::usage(e.into()))?;
     if let Some(a) = admin {
@@ -143,7 +145,7 @@ pub async fn begin(
                 serde_json::json!({"event": "admin", "role": ctx.role(), "admin": a})
             ),
             LogFormat::Text => eprintln!(
-                "herald {}: admin on http://{a} (/live, /ready, /metrics, /status)",
+                "herald {}: admin on http://{a} (/live, /ready, /metrics, /status, POST /backup)",
                 ctx.role()
             ),
         }

@@ -141,7 +141,7 @@ pub async fn run(args: SlackArgs, globals: &Globals) -> Result<(), Exit> {
     let cfg = args.config().map_err(usage)?;
     let store = globals.open_store().await?;
     let ctx = RoleContext::new("slack");
-    let admin = begin(&args.serve, &ctx, globals).await?;
+    let admin = begin(&args.serve, &ctx, globals, &store).await?;
     let source = Slack::open(cfg, store.clone(), &ctx).await?;
     serve_until_stopped(source, &args.serve.options(), admin, &store, ctx, globals).await
 }

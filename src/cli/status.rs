@@ -24,7 +24,7 @@ pub struct StatusArgs {
 }
 
 /// `HOST:PORT` or a URL, as the base URL to ask.
-fn base_url(admin: &str) -> String {
+pub(crate) fn base_url(admin: &str) -> String {
     let admin = admin.trim_end_matches('/');
     if admin.contains("://") {
         admin.to_owned()
@@ -72,7 +72,7 @@ async fn ask(base: &str) -> anyhow::Result<StatusReport> {
 }
 
 /// The innermost error's message (reqwest's outer one is only "error sending request").
-fn root_cause(e: &(dyn std::error::Error + 'static)) -> String {
+pub(crate) fn root_cause(e: &(dyn std::error::Error + 'static)) -> String {
     let mut cur = e;
     while let Some(next) = cur.source() {
         cur = next;

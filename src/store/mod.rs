@@ -7,7 +7,11 @@
 //! Reads run on tokio's blocking pool. Nothing here blocks a runtime worker.
 //!
 //! redb holds an exclusive file lock, so a second process that opens the same file gets
-//! [`StoreError::Locked`], which names the file and says another herald holds it.
+//! [`StoreError::Locked`], which names the file and says another herald holds it. A backup
+//! is therefore made by whichever process holds the file ([`Store::backup_to`], from one read
+//! transaction; see `backup.rs`).
+
+mod backup;
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -15,6 +19,8 @@ use std::sync::mpsc as std_mpsc;
 
 use redb::{Database, ReadableDatabase, ReadableTable, TableDefinition};
 use tokio::sync::oneshot;
+
+pub use backup::{KEEP_BACKUPS, Snapshot, backups_dir, is_backup_of, move_file};
 
 /// The schema version this build writes. A file with a newer version is refused.
 pub const SCHEMA_VERSION: u64 = 1;
@@ -140,6 +146,12 @@ pub enum StoreError {
     Io(String),
     #[error("the store writer has stopped; herald is shutting down")]
     Closed,
+    #[error("{path} exists already")]
+    BackupExists { path: PathBuf },
+    #[error("cannot write the backup {path}: {message}")]
+    Backup { path: PathBuf, message: String },
+    #[error("the store is in memory (--store :memory:): there is no file to back up")]
+    InMemory,
 }
 
 fn io_err(e: impl std::fmt::Display) -> StoreError {

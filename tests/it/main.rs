@@ -12,6 +12,7 @@ mod memo;
 mod poll;
 mod slack;
 mod slack_fake;
+mod store;
 mod support;
 mod systemd;
 mod up;

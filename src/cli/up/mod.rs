@@ -131,7 +131,8 @@ pub async fn run(args: UpArgs, globals: &Globals) -> Result<(), Exit> {
     app::cancel_on_signals(ctx.shutdown().clone());
     // The admin address first: /live answers and /ready says what it waits for during the
     // start.
-    let admin = match app::admin::serve_admin(cfg.admin(), &globals.systemd, &ctx).await {
+    let served = app::admin::serve_admin(cfg.admin(), &globals.systemd, &ctx, Some(&store)).await;
+    let admin = match served {
         Ok(a) => a,
         // Only the default address is let go: an address someone chose must be served.
         Err(e) if cfg.admin_defaulted => {
