@@ -60,6 +60,28 @@ struct Admin {
     backups: Arc<tokio::sync::Mutex<()>>,
 }
 
+/// Why a request to a mutating admin route looks like it comes from a web page (a form post
+/// from any site, or a name rebound to this host), which the address, having no
+/// authentication, must refuse; `None` for `herald store backup`, curl and scripts.
+fn from_a_browser(headers: &axum::http::HeaderMap) -> Option<String> {
+    if headers.contains_key(header::ORIGIN) {
+        return Some("requests from a web page (with an Origin header) are refused".into());
+    }
+    let host = headers.get(header::HOST)?.to_str().unwrap_or_default();
+    let name = host
+        .rsplit_once(':')
+        .filter(|(_, port)| port.chars().all(|c| c.is_ascii_digit()))
+        .map_or(host, |(name, _)| name);
+    let name = name.trim_start_matches('[').trim_end_matches(']');
+    if name.eq_ignore_ascii_case("localhost") || name.parse::<std::net::IpAddr>().is_ok() {
+        None
+    } else {
+        Some(format!(
+            "Host {host:?} is not an address or localhost: ask the admin address by its IP"
+        ))
+    }
+}
+
 /// The admin routes over `board`, and `/backup` over `store` when the process has one.
 pub fn router(board: StatusBoard, store: Option<Store>) -> Router {
     Router::new()
@@ -98,8 +120,14 @@ async fn status(State(admin): State<Admin>) -> impl IntoResponse {
     json(StatusCode::OK, &r)
 }
 
-async fn backup(State(admin): State<Admin>) -> axum::response::Response {
+async fn backup(
+    State(admin): State<Admin>,
+    headers: axum::http::HeaderMap,
+) -> axum::response::Response {
     let refuse = |code, error: String| json(code, &AdminError { error });
+    if let Some(why) = from_a_browser(&headers) {
+        return refuse(StatusCode::FORBIDDEN, why);
+    }
     let Some(store) = &admin.store else {
         return refuse(
             StatusCode::CONFLICT,
@@ -219,6 +247,33 @@ pub async fn serve_admin(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_backup_request_from_a_web_page_is_refused() {
+        let with = |pairs: &[(&str, &str)]| {
+            let mut h = axum::http::HeaderMap::new();
+            for (k, v) in pairs {
+                h.insert(
+                    axum::http::HeaderName::from_bytes(k.as_bytes()).unwrap(),
+                    v.parse().unwrap(),
+                );
+            }
+            from_a_browser(&h)
+        };
+        assert_eq!(with(&[]), None);
+        assert_eq!(with(&[("host", "127.0.0.1:8759")]), None);
+        assert_eq!(with(&[("host", "[::1]:8759")]), None);
+        assert_eq!(with(&[("host", "localhost:8759")]), None);
+        assert!(with(&[("host", "evil.example:8759")]).is_some());
+        assert!(
+            with(&[
+                ("host", "127.0.0.1:8759"),
+                ("origin", "https://evil.example")
+            ])
+            .unwrap()
+            .contains("Origin")
+        );
+    }
 
     #[test]
     fn a_backup_stamp_is_utc_seconds() {
