@@ -109,3 +109,29 @@ async fn man_pages_generate_one_per_subcommand() {
     let watch = std::fs::read_to_string(out_dir.join("herald-watch.1")).unwrap();
     assert!(watch.contains("\\-\\-watch"), "{watch}");
 }
+
+/// A machine with no CA certificates (a distroless container, the minimal root in CI): an
+/// HTTP upstream still works. reqwest refuses to build a default client there, and rmcp's
+/// default client panicked on it.
+#[tokio::test]
+async fn an_http_upstream_works_without_a_ca_store() {
+    let memo = Server::spawn(&["--store", ":memory:", "memo", "--http", "127.0.0.1:0"]).await;
+    let dir = TempDir::new("no-ca");
+    let empty = dir.path().join("empty.pem");
+    std::fs::write(&empty, "").unwrap();
+    let out = tokio::process::Command::new(bin())
+        .args(["ls", "--mcp-http", &memo.http_url()])
+        // rustls-native-certs reads only these when they are set.
+        .env("SSL_CERT_FILE", &empty)
+        .env("SSL_CERT_DIR", dir.path())
+        .output()
+        .await
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(String::from_utf8_lossy(&out.stdout).contains("memo_set"));
+    memo.terminate().await;
+}
