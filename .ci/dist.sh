@@ -90,7 +90,7 @@ else
   ' sh "$root" "$chroot_bin" "$http_port" "$quic_port" "$pin" >"$scratch/chroot.out" 2>&1 ||
     fail "in the minimal root: $(cat "$scratch/chroot.out")"
   cat "$scratch/chroot.out"
-  [ "$(grep -c memo_set "$scratch/chroot.out")" = 2 ] ||
+  [ "$(grep -c '^  memo_set ' "$scratch/chroot.out")" = 2 ] ||
     fail "in the minimal root, ls did not list memo_set twice"
   ok "in a root with only the binary, /proc and /dev/null: --version, and ls over HTTP and QUIC to localhost"
   kill "$server"
@@ -138,18 +138,22 @@ else
   ok "installed completions and man pages"
 
   # Every unit, as installed (verify wants ExecStart's binary to exist). The template is
-  # checked as an instance.
+  # checked as an instance (FILE:INSTANCE).
+  unit_arg() {
+    case "$1" in
+      *@.service) echo "/usr/lib/systemd/system/$1:${1/@./@ci.}" ;;
+      *) echo "/usr/lib/systemd/system/$1" ;;
+    esac
+  }
   for unit in "${units[@]}"; do
-    name=${unit/@./@ci.}
-    systemd-analyze verify --man=no "/usr/lib/systemd/system/$unit:$name" 2>&1 |
+    systemd-analyze verify --man=no "$(unit_arg "$unit")" 2>&1 |
       tee "$scratch/verify.out"
     # verify exits non-zero only for errors; warnings are printed, and any warning fails CI.
     [ ! -s "$scratch/verify.out" ] || fail "systemd-analyze verify $unit: warnings above"
     ok "systemd-analyze verify $unit"
   done
   for unit in "${units[@]}"; do
-    name=${unit/@./@ci.}
-    systemd-analyze security --offline=yes --no-pager "/usr/lib/systemd/system/$unit:$name" \
+    systemd-analyze security --offline=yes --no-pager "$(unit_arg "$unit")" \
       >"$scratch/security.out" 2>&1 || true
     score=$(grep -o 'Overall exposure level for .*' "$scratch/security.out" || true)
     [ -n "$score" ] || fail "systemd-analyze security $unit: $(cat "$scratch/security.out")"

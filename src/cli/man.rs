@@ -21,9 +21,9 @@ pub struct ManArgs {
 pub fn run(args: ManArgs) -> Result<(), Exit> {
     match args.out {
         None => {
-            clap_mangen::Man::new(Cli::command())
-                .render(&mut std::io::stdout().lock())
-                .context("cannot write the manual page to stdout")?;
+            let mut page = Vec::new();
+            clap_mangen::Man::new(Cli::command()).render(&mut page)?;
+            to_stdout(&page).context("cannot write the manual page to stdout")?;
         }
         Some(dir) => {
             for page in write_all(&dir)? {
@@ -48,4 +48,14 @@ pub fn write_all(dir: &Path) -> anyhow::Result<Vec<PathBuf>> {
     }
     pages.sort();
     Ok(pages)
+}
+
+/// Writes `bytes` to stdout. A reader that went away (`herald man | head`) is not an error.
+pub(crate) fn to_stdout(bytes: &[u8]) -> std::io::Result<()> {
+    use std::io::Write;
+    let mut out = std::io::stdout().lock();
+    match out.write_all(bytes).and_then(|()| out.flush()) {
+        Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => Ok(()),
+        other => other,
+    }
 }
