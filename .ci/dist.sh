@@ -104,7 +104,7 @@ dpkg-deb --info "$deb"
 dpkg-deb --contents "$deb" | tee "$scratch/deb.list"
 for f in ./usr/bin/herald ./usr/lib/systemd/system/herald@.service \
   ./usr/lib/systemd/system/herald-up.service ./usr/lib/systemd/system/herald-memo.service \
-  ./usr/lib/sysusers.d/herald.conf ./etc/herald/gateway.toml \
+  ./usr/lib/sysusers.d/herald.conf ./etc/herald/up.toml ./etc/herald/gateway.toml \
   ./usr/share/bash-completion/completions/herald ./usr/share/zsh/vendor-completions/_herald \
   ./usr/share/fish/vendor_completions.d/herald.fish ./usr/share/man/man1/herald.1.gz \
   ./usr/share/man/man1/herald-watch.1.gz; do
@@ -128,7 +128,7 @@ else
   for f in /etc/herald/*.toml; do
     /usr/bin/herald check "$f"
   done
-  ok "installed herald check on every /etc/herald/*.toml"
+  ok "installed herald check on every /etc/herald/*.toml: $(ls /etc/herald/*.toml | xargs)"
   getent passwd herald >/dev/null || fail "no herald user after dpkg -i"
   ok "the herald system user exists: $(getent passwd herald)"
   grep -q watch /usr/share/bash-completion/completions/herald ||
@@ -165,7 +165,9 @@ else
   [ ! -e /usr/bin/herald ] || fail "dpkg -r left /usr/bin/herald"
   [ -e /etc/herald/gateway.toml ] || fail "dpkg -r removed the conffile (only --purge should)"
   dpkg --purge herald
-  [ ! -e /etc/herald/gateway.toml ] || fail "dpkg --purge left /etc/herald/gateway.toml"
+  for f in /etc/herald/up.toml /etc/herald/gateway.toml; do
+    [ ! -e "$f" ] || fail "dpkg --purge left $f"
+  done
   if dpkg-query -W herald >/dev/null 2>&1; then fail "dpkg still knows herald after --purge"; fi
   ok "dpkg -r and dpkg --purge removed the package cleanly"
 fi
@@ -178,7 +180,7 @@ else
   rpm -qlp "$rpmf" 2>/dev/null | tee "$scratch/rpm.list"
   for f in /usr/bin/herald /usr/lib/systemd/system/herald@.service \
     /usr/lib/systemd/system/herald-up.service /usr/lib/systemd/system/herald-memo.service \
-    /usr/lib/sysusers.d/herald.conf /etc/herald/gateway.toml \
+    /usr/lib/sysusers.d/herald.conf /etc/herald/up.toml /etc/herald/gateway.toml \
     /usr/share/bash-completion/completions/herald /usr/share/zsh/site-functions/_herald \
     /usr/share/fish/vendor_completions.d/herald.fish /usr/share/man/man1/herald.1.gz; do
     grep -qx "$f" "$scratch/rpm.list" || fail "the .rpm lacks $f"
