@@ -225,25 +225,34 @@ async fn resolve_bind(addr: &str) -> Result<SocketAddr, AppError> {
         })
 }
 
-/// Cancels `shutdown` on SIGINT or SIGTERM.
+/// Cancels `shutdown` on SIGINT or SIGTERM. The handlers are in place when this returns (a
+/// signal right after it is never the default action that kills the process).
 pub fn cancel_on_signals(shutdown: CancellationToken) {
-    tokio::spawn(async move {
-        #[cfg(unix)]
-        {
-            use tokio::signal::unix::{SignalKind, signal};
-            let mut term = match signal(SignalKind::terminate()) {
-                Ok(s) => s,
-                Err(_) => return,
-            };
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{SignalKind, signal};
+        let (Ok(mut term), Ok(mut int)) = (
+            signal(SignalKind::terminate()),
+            signal(SignalKind::interrupt()),
+        ) else {
+            tracing::warn!("cannot take SIGTERM and SIGINT: they end herald without a drain");
+            return;
+        };
+        tokio::spawn(async move {
             tokio::select! {
-                _ = tokio::signal::ctrl_c() => {}
+                _ = int.recv() => {}
                 _ = term.recv() => {}
                 _ = shutdown.cancelled() => return,
             }
-        }
-        #[cfg(not(unix))]
-        {
-            let _ = tokio::signal::ctrl_c().await;
+            tracing::info!("shutting down");
+            shutdown.cancel();
+        });
+    }
+    #[cfg(not(unix))]
+    tokio::spawn(async move {
+        tokio::select! {
+            _ = tokio::signal::ctrl_c() => {}
+            _ = shutdown.cancelled() => return,
         }
         tracing::info!("shutting down");
         shutdown.cancel();

@@ -317,12 +317,10 @@ pub async fn run(args: WatchArgs, globals: &Globals, verbose: bool) -> Result<()
         require_watches: true,
     };
     let shutdown = tokio_util::sync::CancellationToken::new();
-    // Signals are taken over only once every watch runs: until then Ctrl-C ends herald at once.
-    let signals = async |_: &crate::watch::WatchManager| {
-        app::cancel_on_signals(shutdown.clone());
-        true
-    };
-    crate::watch::run(opts, shutdown.clone(), signals)
+    // From the first line on, SIGTERM and Ctrl-C end herald through its drain (a start still
+    // connecting is cut short).
+    app::cancel_on_signals(shutdown.clone());
+    crate::watch::run(opts, shutdown.clone(), async |_| true)
         .await
         .map_err(|e| anyhow!(e).into())
 }

@@ -109,12 +109,19 @@ where
     if let Some(pool) = opts.filters {
         manager.set_filters(FilterPool::new(pool));
     }
-    for (target, e) in manager.connect_all().await {
-        tracing::warn!(server = %target, error = %e, "server not reachable yet; retried when a watch needs it");
-    }
-    manager.restore().await;
-    let failure = start_all(&manager, opts.watches, opts.require_watches).await;
-    if failure.is_none() && session(&manager).await {
+    // A shutdown during the start (a signal while a server is slow to answer) ends it there.
+    let start = async {
+        for (target, e) in manager.connect_all().await {
+            tracing::warn!(server = %target, error = %e, "server not reachable yet; retried when a watch needs it");
+        }
+        manager.restore().await;
+        start_all(&manager, opts.watches, opts.require_watches).await
+    };
+    let failure = tokio::select! {
+        f = start => f,
+        _ = shutdown.cancelled() => None,
+    };
+    if failure.is_none() && !shutdown.is_cancelled() && session(&manager).await {
         shutdown.cancelled().await;
     }
     manager.shutdown().await;

@@ -629,6 +629,8 @@ async fn herald_up_creates_the_demo_directory_and_watches_it() {
             "127.0.0.1:0",
             "--quic",
             "127.0.0.1:0",
+            "--admin",
+            "127.0.0.1:0",
             "--demo-dir",
             demo.to_str().unwrap(),
         ])

@@ -282,6 +282,8 @@ async fn herald_up_serves_the_demo_with_no_config() {
         "127.0.0.1:0",
         "--quic",
         "127.0.0.1:0",
+        "--admin",
+        "127.0.0.1:0",
         "--demo-dir",
         demo.path().join("herald-demo").to_str().unwrap(),
     ])

@@ -27,6 +27,8 @@ async fn up(cfg: &std::path::Path, extra: &[&str]) -> Up {
             "--store",
             ":memory:",
             "up",
+            "--admin",
+            "127.0.0.1:0",
             "--config",
         ])
         .arg(cfg)
@@ -186,4 +188,78 @@ async fn no_token_off_loopback_refuses_to_start_and_check_names_the_line() {
     let printed = String::from_utf8_lossy(&out.stdout);
     assert!(printed.contains("http = \"127.0.0.1:8750\""), "{printed}");
     assert!(printed.contains("ring_capacity = 256"), "{printed}");
+}
+
+/// Starts `herald up --config CFG ARGS` and reads its stderr until the gateway's listening
+/// line (`Ok(lines before it)`) or its exit (`Err(all of stderr)`).
+async fn up_until_listening(
+    cfg: &std::path::Path,
+    args: &[&str],
+) -> (tokio::process::Child, Result<Vec<String>, String>) {
+    let mut child = tokio::process::Command::new(bin())
+        .args([
+            "--log-format",
+            "json",
+            "--store",
+            ":memory:",
+            "up",
+            "--config",
+        ])
+        .arg(cfg)
+        .args(args)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let mut err = BufReader::new(child.stderr.take().unwrap()).lines();
+    let mut seen = Vec::new();
+    let outcome = tokio::time::timeout(WAIT, async {
+        while let Some(l) = err.next_line().await.unwrap() {
+            if serde_json::from_str::<Value>(&l).is_ok_and(|v| v["event"] == "listening") {
+                return Ok(std::mem::take(&mut seen));
+            }
+            seen.push(l);
+        }
+        Err(seen.join("\n"))
+    })
+    .await
+    .expect("herald up listens or exits in time");
+    (child, outcome)
+}
+
+#[tokio::test]
+async fn a_taken_admin_address_stops_the_start_only_when_it_was_chosen() {
+    let dir = TempDir::new("up-admin-taken");
+    let cfg = dir.path().join("up.toml");
+    std::fs::write(
+        &cfg,
+        "[listen]\nhttp = \"127.0.0.1:0\"\nquic = \"\"\n\n[memo]\n",
+    )
+    .unwrap();
+
+    // Chosen (--admin): a clear usage error naming the address.
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = taken.local_addr().unwrap().to_string();
+    let (mut child, outcome) = up_until_listening(&cfg, &["--admin", &addr]).await;
+    let err = outcome.expect_err("herald up refuses a taken --admin address");
+    assert!(
+        err.contains(&addr) && err.contains("cannot listen"),
+        "{err}"
+    );
+    assert_eq!(child.wait().await.unwrap().code(), Some(64));
+
+    // The default (127.0.0.1:8759), taken by this test or by another herald on the host: a
+    // warning, and the appliance serves anyway.
+    let _default = std::net::TcpListener::bind(herald::app::admin::DEFAULT_ADMIN);
+    let (mut child, outcome) = up_until_listening(&cfg, &[]).await;
+    let before = outcome.expect("herald up starts without its default admin address");
+    assert!(
+        before
+            .iter()
+            .any(|l| l.contains("running without the admin endpoints")),
+        "{before:?}"
+    );
+    let _ = child.start_kill();
 }

@@ -533,6 +533,8 @@ async fn herald_up_prints_notices_for_its_memo_source() {
             "127.0.0.1:0",
             "--quic",
             "127.0.0.1:0",
+            "--admin",
+            "127.0.0.1:0",
             "--demo-dir",
             demo.path().to_str().unwrap(),
         ])

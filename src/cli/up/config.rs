@@ -146,6 +146,9 @@ pub struct UpConfig {
     pub tokens: Vec<Token>,
     /// `(name, uri, python)` per watch.
     pub watches: Vec<(String, String, Option<String>)>,
+    /// The admin address is the default, not one the config or a flag chose: when it is
+    /// taken (another herald on this host), the appliance warns and runs without it.
+    pub admin_defaulted: bool,
 }
 
 /// Whether `addr` (`HOST:PORT`) is a loopback address; a host name only when it is
@@ -254,6 +257,7 @@ impl UpToml {
             f.to_config().context("[file]")?;
         }
         let mut t = self;
+        let admin_defaulted = t.listen.admin.is_none();
         t.listen.http.get_or_insert_with(|| DEFAULT_HTTP.to_owned());
         t.listen.quic.get_or_insert_with(|| DEFAULT_QUIC.to_owned());
         t.listen
@@ -315,6 +319,7 @@ impl UpToml {
             slugs,
             tokens,
             watches,
+            admin_defaulted,
         })
     }
 }

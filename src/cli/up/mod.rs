@@ -52,6 +52,11 @@ pub struct UpArgs {
     /// 127.0.0.1:8751].
     #[arg(long, value_name = "ADDR")]
     pub quic: Option<String>,
+    /// The admin address (/live, /ready, /metrics, /status), over [listen] admin ("" turns it
+    /// off) [default: 127.0.0.1:8759; when that default is taken, herald up warns and runs
+    /// without it].
+    #[arg(long, value_name = "ADDR")]
+    pub admin: Option<String>,
     /// Without --config: the directory the demo's file source serves and watches (created if
     /// missing).
     #[arg(long, default_value = DEFAULT_DEMO_DIR, value_name = "DIR")]
@@ -113,6 +118,9 @@ pub async fn run(args: UpArgs, globals: &Globals) -> Result<(), Exit> {
     if let Some(q) = &args.quic {
         toml.listen.quic = Some(q.clone());
     }
+    if let Some(a) = &args.admin {
+        toml.listen.admin = Some(a.clone());
+    }
     let cfg = toml.check().map_err(usage)?;
     if args.print_config {
         print!("{}", cfg.to_toml());
@@ -123,9 +131,18 @@ pub async fn run(args: UpArgs, globals: &Globals) -> Result<(), Exit> {
     app::cancel_on_signals(ctx.shutdown().clone());
     // The admin address first: /live answers and /ready says what it waits for during the
     // start.
-    let admin = app::admin::serve_admin(cfg.admin(), &globals.systemd, &ctx)
-        .await
-        .map_err(|e| usage(e.into()))?;
+    let admin = match app::admin::serve_admin(cfg.admin(), &globals.systemd, &ctx).await {
+        Ok(a) => a,
+        // Only the default address is let go: an address someone chose must be served.
+        Err(e) if cfg.admin_defaulted => {
+            tracing::warn!(
+                "{e}: running without the admin endpoints (/live, /ready, /metrics, /status); \
+                 set [listen] admin or --admin to another address, or \"\" to turn them off"
+            );
+            None
+        }
+        Err(e) => return Err(usage(e.into())),
+    };
     let limits = Limits::default();
     let max = limits.max_message_bytes;
     let file = &cfg.file;
