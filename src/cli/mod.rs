@@ -2,9 +2,11 @@
 
 mod client;
 mod code;
+mod completions;
 mod file;
 mod gateway;
 mod k8s;
+mod man;
 mod memo;
 mod poll;
 mod serve;
@@ -89,6 +91,10 @@ pub enum Command {
     /// Code mode: run Python with the watch built-ins and the servers' tools (a file, stdin, or
     /// an interactive prompt).
     Code(code::CodeArgs),
+    /// Print a shell completion script (bash, zsh, fish) on stdout.
+    Completions(completions::CompletionsArgs),
+    /// Print herald's manual page, or write one page per subcommand with --out DIR.
+    Man(man::ManArgs),
     /// Internal: a sandboxed Python worker for on_event filters (started by herald itself).
     #[command(hide = true)]
     FilterWorker {
@@ -159,6 +165,8 @@ pub fn run(cli: Cli, systemd: Systemd) -> Result<(), Exit> {
             Command::Store(a) => store::run(a, &globals).await,
             Command::Watch(a) => watch::run(a, &globals, verbose).await,
             Command::Code(a) => code::run(a, &globals, verbose).await,
+            Command::Completions(a) => completions::run(a),
+            Command::Man(a) => man::run(a),
             Command::FilterWorker { .. } => Ok(()),
         }
     });

@@ -45,7 +45,7 @@ pub async fn run(args: StatusArgs) -> Result<(), Exit> {
 }
 
 async fn ask(base: &str) -> anyhow::Result<StatusReport> {
-    let client = reqwest::Client::builder().timeout(ASK_TIMEOUT).build()?;
+    let client = crate::transport::client::http_client(|b| b.timeout(ASK_TIMEOUT))?;
     let url = format!("{base}/status");
     let response = client.get(&url).send().await.map_err(|e| {
         let why = if e.is_timeout() {

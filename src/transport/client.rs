@@ -166,7 +166,11 @@ pub async fn connect<H: ClientHandler>(
             if let Some(t) = &trust.token {
                 config = config.auth_header(t.0.clone());
             }
-            let transport = StreamableHttpClientTransport::from_config(config);
+            let client = mcp_http_client().map_err(|e| ConnectError::Transport {
+                target: target.to_string(),
+                message: e.to_string(),
+            })?;
+            let transport = StreamableHttpClientTransport::with_client(client, config);
             let service = handler
                 .serve_with_lifecycle(transport, lifecycle())
                 .await
@@ -234,4 +238,118 @@ where
         _child: None,
         _quic: None,
     })
+}
+
+/// A reqwest client for herald's outgoing HTTP (MCP upstreams, webhooks, Slack's Web API):
+/// `configure` applied to a fresh builder, built. Host names resolve in Rust (reqwest's
+/// `hickory-dns`, see [`dns`](super::dns)); HTTPS trusts the system's CA store.
+///
+/// With no CA certificate on the system (a distroless container, a chroot, an empty
+/// `SSL_CERT_FILE`), reqwest refuses to build a client at all, and `Client::new()` panics. So
+/// the client is then built trusting no CA: plain HTTP works and HTTPS fails per request with
+/// an unknown-issuer error, which names the problem where it matters.
+pub fn http_client(
+    configure: impl Fn(reqwest::ClientBuilder) -> reqwest::ClientBuilder,
+) -> Result<reqwest::Client, reqwest::Error> {
+    // reqwest takes the process-wide rustls provider: ring, also when herald is a library (a
+    // second install is a harmless no-op).
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    match configure(reqwest::Client::builder()).build() {
+        Ok(client) => Ok(client),
+        Err(e) => {
+            tracing::debug!(error = %e, "no usable CA store: HTTPS will trust no server");
+            configure(reqwest::Client::builder())
+                .tls_certs_only(std::iter::empty())
+                .build()
+        }
+    }
+}
+
+/// The client for a Streamable HTTP upstream: rmcp's defaults (no idle pooling, which would
+/// stall on delayed ACKs; only same-origin 307/308 redirects followed), built by
+/// [`http_client`] rather than by rmcp, whose default client panics without a CA store.
+fn mcp_http_client() -> Result<reqwest::Client, reqwest::Error> {
+    http_client(|b| {
+        b.pool_max_idle_per_host(0)
+            .redirect(same_origin_redirects())
+    })
+}
+
+/// Most redirects one request follows.
+const MAX_REDIRECTS: usize = 10;
+
+/// rmcp 3.11's redirect rule for its default client (private there, hence this copy): follow
+/// only 307 and 308, which keep the method and body, and only to the same origin, which keeps
+/// the session id and the bearer token from going to another host; stop after
+/// [`MAX_REDIRECTS`]. Any other redirect comes back to rmcp as the response.
+fn same_origin_redirects() -> reqwest::redirect::Policy {
+    reqwest::redirect::Policy::custom(|attempt| {
+        let keeps_body = matches!(
+            attempt.status(),
+            reqwest::StatusCode::TEMPORARY_REDIRECT | reqwest::StatusCode::PERMANENT_REDIRECT
+        );
+        let same_origin = attempt
+            .previous()
+            .first()
+            .is_some_and(|first| first.origin() == attempt.url().origin());
+        if !keeps_body || !same_origin {
+            attempt.stop()
+        } else if attempt.previous().len() > MAX_REDIRECTS {
+            attempt.error(format!("more than {MAX_REDIRECTS} redirects"))
+        } else {
+            attempt.follow()
+        }
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use axum::Router;
+    use axum::http::{StatusCode, header};
+    use axum::response::IntoResponse;
+    use axum::routing::post;
+
+    fn redirect(status: StatusCode, to: &'static str) -> impl IntoResponse {
+        (status, [(header::LOCATION, to)])
+    }
+
+    #[tokio::test]
+    async fn upstream_redirects_follow_only_307_and_308_within_the_origin() {
+        let app = Router::new()
+            .route("/mcp", post(|body: String| async move { body }))
+            .route(
+                "/temporary",
+                post(|| async { redirect(StatusCode::TEMPORARY_REDIRECT, "/mcp") }),
+            )
+            .route(
+                "/found",
+                post(|| async { redirect(StatusCode::FOUND, "/mcp") }),
+            )
+            .route(
+                "/elsewhere",
+                post(|| async {
+                    redirect(StatusCode::PERMANENT_REDIRECT, "http://127.0.0.2:9/mcp")
+                }),
+            )
+            .route(
+                "/loop",
+                post(|| async { redirect(StatusCode::TEMPORARY_REDIRECT, "/loop") }),
+            );
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let base = format!("http://{}", listener.local_addr().unwrap());
+        tokio::spawn(async move { axum::serve(listener, app).await });
+        let client = mcp_http_client().unwrap();
+        let post = |path: &str| client.post(format!("{base}{path}")).body("ping").send();
+
+        let r = post("/temporary").await.unwrap();
+        assert_eq!(r.status(), StatusCode::OK);
+        assert_eq!(r.text().await.unwrap(), "ping", "the body went along");
+        assert_eq!(post("/found").await.unwrap().status(), StatusCode::FOUND);
+        assert_eq!(
+            post("/elsewhere").await.unwrap().status(),
+            StatusCode::PERMANENT_REDIRECT
+        );
+        assert!(post("/loop").await.unwrap_err().is_redirect());
+    }
 }

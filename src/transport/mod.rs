@@ -2,6 +2,7 @@
 //! touches sockets, pipes and framing.
 
 pub mod client;
+pub mod dns;
 pub mod http;
 pub mod lines;
 pub mod origin;

@@ -17,6 +17,7 @@ use tokio_util::task::TaskTracker;
 use tracing::{Instrument, debug, info_span};
 
 use crate::mcp::server::SourceServer;
+use crate::transport::dns;
 use crate::transport::lines::LineTransport;
 use crate::transport::tls::{self, ClientTrust, Identity, TlsError};
 
@@ -163,19 +164,11 @@ pub async fn connect(
     Ok((endpoint, conn, send, recv))
 }
 
+/// The target's host (the TLS server name) and its first address, resolved in Rust
+/// ([`dns`]), never through glibc's NSS.
 async fn resolve(target: &str) -> Result<(String, SocketAddr), String> {
     let target = target.trim_start_matches("quic://");
-    let (host, _) = target
-        .rsplit_once(':')
-        .ok_or_else(|| format!("{target}: expected HOST:PORT"))?;
-    let host = host
-        .trim_start_matches('[')
-        .trim_end_matches(']')
-        .to_owned();
-    let addr = tokio::net::lookup_host(target)
-        .await
-        .map_err(|e| format!("cannot resolve {target}: {e}"))?
-        .next()
-        .ok_or_else(|| format!("{target} resolves to no address"))?;
-    Ok((host, addr))
+    let (host, addrs) = dns::lookup(target).await.map_err(|e| e.to_string())?;
+    // The one address quinn dials: IPv4 first, as the resolver orders them.
+    Ok((host, addrs[0]))
 }

@@ -68,10 +68,15 @@ pub async fn run(sink: Sink, mut rx: mpsc::Receiver<Notice>) {
             tracker.wait().await;
         }
         Sink::Webhook(url) => {
-            let client = reqwest::Client::builder()
-                .timeout(Duration::from_secs(10))
-                .build()
-                .unwrap_or_default();
+            let client = match crate::transport::client::http_client(|b| {
+                b.timeout(Duration::from_secs(10))
+            }) {
+                Ok(c) => c,
+                Err(e) => {
+                    tracing::error!(error = %e, "cannot make an HTTP client: webhook notices are dropped");
+                    return;
+                }
+            };
             while let Some(n) = rx.recv().await {
                 deliver_with_retry(&n, || post_once(&client, &url, &n)).await;
             }

@@ -1,6 +1,7 @@
 //! One integration-test binary driving the real `herald` binary over its real transports.
 
 mod admin;
+mod dist;
 mod events;
 mod file;
 mod filter;

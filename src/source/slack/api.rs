@@ -106,11 +106,12 @@ impl WebApi {
         };
         let shown = without_userinfo(&base);
         WebApi {
-            http: reqwest::Client::builder()
-                .timeout(CALL_TIMEOUT)
-                .tcp_nodelay(true)
-                .build()
-                .unwrap_or_default(),
+            // Without a system CA store this is a client trusting no CA, so the missing store
+            // shows as a failed call (and in slack_events_status), not a panic.
+            http: crate::transport::client::http_client(|b| {
+                b.timeout(CALL_TIMEOUT).tcp_nodelay(true)
+            })
+            .expect("a client with a timeout and TCP_NODELAY builds, with or without a CA store"),
             base,
             shown,
             app,

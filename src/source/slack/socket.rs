@@ -331,10 +331,23 @@ async fn open(core: &Arc<Core>, id: u64, tx: mpsc::Sender<Signal>) -> Result<Con
     let connector = url
         .starts_with("wss:")
         .then(|| tokio_tungstenite::Connector::Rustls(tls()));
-    let (ws, _) = tokio::time::timeout(
-        HELLO_TIMEOUT,
-        tokio_tungstenite::connect_async_tls_with_config(url, Some(config), true, connector),
-    )
+    let (ws, _) = tokio::time::timeout(HELLO_TIMEOUT, async {
+        use tokio_tungstenite::tungstenite::client::IntoClientRequest;
+        let request = url.into_client_request()?;
+        let uri = request.uri();
+        let host = uri.host().unwrap_or_default().to_owned();
+        let port = uri
+            .port_u16()
+            .unwrap_or(if uri.scheme_str() == Some("wss") {
+                443
+            } else {
+                80
+            });
+        // The host is resolved in Rust (transport::dns), not through glibc's NSS.
+        let stream = crate::transport::dns::connect_tcp(&host, port).await?;
+        tokio_tungstenite::client_async_tls_with_config(request, stream, Some(config), connector)
+            .await
+    })
     .await
     .map_err(|_| "the Socket Mode WebSocket did not open in time".to_owned())?
     // The URL carries a one-time ticket: name the host only.

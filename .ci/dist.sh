@@ -1,0 +1,194 @@
+#!/usr/bin/env bash
+# The distribution part of .ci/run (issue 13): build the static binary and the packages
+# (packaging/build), check that the binary is static and runs with nothing around it, install
+# the .deb and use it, list the .rpm's files, and verify and score every systemd unit. Ends
+# with `dist: N passed, 0 failed`. What needs root (the minimal root, dpkg -i) is skipped with
+# a message when not root. .ci/run installs the tools (file, systemd, rpm, cargo-deb,
+# cargo-generate-rpm).
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+
+triple=x86_64-unknown-linux-gnu
+bin=target/$triple/release/herald
+version=$(sed -n 's/^version = "\(.*\)"$/\1/p' Cargo.toml | head -n 1)
+passed=0
+ok() {
+  passed=$((passed + 1))
+  echo "dist: ok: $*"
+}
+skip() { echo "dist: skipped: $*"; }
+fail() {
+  echo "dist: FAILED: $*" >&2
+  exit 1
+}
+is_root() { [ "$(id -u)" = 0 ]; }
+
+scratch=$(mktemp -d)
+server=
+cleanup() {
+  if [ -n "$server" ]; then kill "$server" 2>/dev/null || true; fi
+  rm -rf "$scratch"
+}
+trap cleanup EXIT
+
+# --- build ----------------------------------------------------------------------------------
+start=$SECONDS
+packaging/build
+echo "dist: packaging/build took $((SECONDS - start)) s"
+ok "packaging/build: $bin ($(stat -c %s "$bin") bytes), the .deb and the .rpm"
+
+# --- the static binary ----------------------------------------------------------------------
+out=$(file -b "$bin")
+echo "file: $out"
+case "$out" in
+  *"static-pie linked"* | *"statically linked"*) ok "file says the binary is statically linked" ;;
+  *) fail "file says: $out" ;;
+esac
+out=$(ldd "$bin" 2>&1 || true)
+echo "ldd: $out"
+case "$out" in
+  *"not a dynamic executable"* | *"statically linked"*) ok "ldd finds no shared library" ;;
+  *) fail "ldd says: $out" ;;
+esac
+out=$(env -i "$bin" --version)
+[ "$out" = "herald $version" ] || fail "env -i herald --version said: $out"
+ok "env -i herald --version: $out"
+
+# A root holding only the binary, /proc and /dev/null: no /etc, so no /etc/hosts, no
+# resolv.conf, no nsswitch.conf, no libc. A memo server outside it (same network namespace)
+# is reached by name from inside, over HTTP (reqwest's resolver) and QUIC (herald's own):
+# `localhost` resolves without any file. glibc's getaddrinfo cannot do that here.
+if ! is_root; then
+  skip "the minimal root needs root (unshare --mount, mount, chroot); run .ci/run as root"
+elif ! unshare --mount true 2>/dev/null; then
+  skip "the minimal root: unshare --mount is not permitted on this machine"
+else
+  root=$scratch/root
+  mkdir -p "$root/proc" "$root/dev"
+  install -m 755 "$bin" "$root/herald"
+  : >"$root/dev/null"
+  "$bin" --store :memory: memo --http 127.0.0.1:0 --quic 127.0.0.1:0 2>"$scratch/memo.log" &
+  server=$!
+  for _ in $(seq 100); do
+    grep -q 'listening on quic' "$scratch/memo.log" && break
+    sleep 0.1
+  done
+  http_port=$(sed -n 's|.*listening on http://127.0.0.1:\([0-9]*\)/mcp.*|\1|p' "$scratch/memo.log")
+  quic_port=$(sed -n 's|.*listening on quic://127.0.0.1:\([0-9]*\) .*|\1|p' "$scratch/memo.log")
+  pin=$(sed -n 's|.*certificate sha256 \([0-9a-f]*\).*|\1|p' "$scratch/memo.log")
+  [ -n "$http_port" ] && [ -n "$quic_port" ] && [ -n "$pin" ] ||
+    fail "the memo server did not start: $(cat "$scratch/memo.log")"
+  chroot_bin=$(command -v chroot)
+  # shellcheck disable=SC2016 # expanded by the inner shell
+  unshare --mount --fork sh -c '
+    set -e
+    mount -t proc proc "$1/proc"
+    mount --bind /dev/null "$1/dev/null"
+    env -i "$2" "$1" /herald --version
+    env -i "$2" "$1" /herald ls --mcp-http "http://localhost:$3/mcp"
+    env -i "$2" "$1" /herald ls --mcp-quic "localhost:$4" --tls-pin "$5"
+  ' sh "$root" "$chroot_bin" "$http_port" "$quic_port" "$pin" >"$scratch/chroot.out" 2>&1 ||
+    fail "in the minimal root: $(cat "$scratch/chroot.out")"
+  cat "$scratch/chroot.out"
+  [ "$(grep -c '^  memo_set ' "$scratch/chroot.out")" = 2 ] ||
+    fail "in the minimal root, ls did not list memo_set twice"
+  ok "in a root with only the binary, /proc and /dev/null: --version, and ls over HTTP and QUIC to localhost"
+  kill "$server"
+  wait "$server" 2>/dev/null || true
+  server=
+fi
+
+# --- the .deb -------------------------------------------------------------------------------
+deb=target/$triple/debian/herald_${version}-1_amd64.deb
+dpkg-deb --info "$deb"
+dpkg-deb --contents "$deb" | tee "$scratch/deb.list"
+for f in ./usr/bin/herald ./usr/lib/systemd/system/herald@.service \
+  ./usr/lib/systemd/system/herald-up.service ./usr/lib/systemd/system/herald-memo.service \
+  ./usr/lib/sysusers.d/herald.conf ./etc/herald/up.toml ./etc/herald/gateway.toml \
+  ./usr/share/bash-completion/completions/herald ./usr/share/zsh/vendor-completions/_herald \
+  ./usr/share/fish/vendor_completions.d/herald.fish ./usr/share/man/man1/herald.1.gz \
+  ./usr/share/man/man1/herald-watch.1.gz; do
+  grep -q " $f\$" "$scratch/deb.list" || fail "the .deb lacks $f"
+done
+ok "the .deb holds the binary, the units, the sysusers file, /etc/herald, completions and man pages"
+if dpkg-deb --field "$deb" Depends | grep -q .; then
+  fail "the .deb depends on $(dpkg-deb --field "$deb" Depends); a static binary needs nothing"
+fi
+ok "the .deb has no Depends"
+
+units=(herald@.service herald-up.service herald-memo.service)
+if ! is_root; then
+  skip "dpkg -i needs root; run .ci/run as root"
+else
+  dpkg -i "$deb"
+  ok "dpkg -i $deb"
+  out=$(/usr/bin/herald --version)
+  [ "$out" = "herald $version" ] || fail "installed herald --version said: $out"
+  ok "installed /usr/bin/herald --version: $out"
+  for f in /etc/herald/*.toml; do
+    /usr/bin/herald check "$f"
+  done
+  ok "installed herald check on every /etc/herald/*.toml: $(ls /etc/herald/*.toml | xargs)"
+  getent passwd herald >/dev/null || fail "no herald user after dpkg -i"
+  ok "the herald system user exists: $(getent passwd herald)"
+  grep -q watch /usr/share/bash-completion/completions/herald ||
+    fail "the installed bash completion does not know watch"
+  zcat /usr/share/man/man1/herald.1.gz | grep -q '^\.TH herald 1' ||
+    fail "the installed herald.1.gz is not a man page"
+  ok "installed completions and man pages"
+
+  # Every unit, as installed (verify wants ExecStart's binary to exist). The template is
+  # checked as an instance (FILE:INSTANCE).
+  unit_arg() {
+    case "$1" in
+      *@.service) echo "/usr/lib/systemd/system/$1:${1/@./@ci.}" ;;
+      *) echo "/usr/lib/systemd/system/$1" ;;
+    esac
+  }
+  for unit in "${units[@]}"; do
+    systemd-analyze verify --man=no "$(unit_arg "$unit")" 2>&1 |
+      tee "$scratch/verify.out"
+    # verify exits non-zero only for errors; warnings are printed, and any warning fails CI.
+    [ ! -s "$scratch/verify.out" ] || fail "systemd-analyze verify $unit: warnings above"
+    ok "systemd-analyze verify $unit"
+  done
+  for unit in "${units[@]}"; do
+    systemd-analyze security --offline=yes --no-pager "$(unit_arg "$unit")" \
+      >"$scratch/security.out" 2>&1 || true
+    score=$(grep -o 'Overall exposure level for .*' "$scratch/security.out" || true)
+    [ -n "$score" ] || fail "systemd-analyze security $unit: $(cat "$scratch/security.out")"
+    echo "dist: $score"
+    ok "systemd-analyze security $unit"
+  done
+
+  dpkg -r herald
+  [ ! -e /usr/bin/herald ] || fail "dpkg -r left /usr/bin/herald"
+  [ -e /etc/herald/gateway.toml ] || fail "dpkg -r removed the conffile (only --purge should)"
+  dpkg --purge herald
+  for f in /etc/herald/up.toml /etc/herald/gateway.toml; do
+    [ ! -e "$f" ] || fail "dpkg --purge left $f"
+  done
+  if dpkg-query -W herald >/dev/null 2>&1; then fail "dpkg still knows herald after --purge"; fi
+  ok "dpkg -r and dpkg --purge removed the package cleanly"
+fi
+
+# --- the .rpm -------------------------------------------------------------------------------
+rpmf=target/$triple/generate-rpm/herald-${version}-1.x86_64.rpm
+if ! command -v rpm >/dev/null; then
+  skip "rpm is not installed (apt-get install rpm); the .rpm was built but not listed"
+else
+  rpm -qlp "$rpmf" 2>/dev/null | tee "$scratch/rpm.list"
+  for f in /usr/bin/herald /usr/lib/systemd/system/herald@.service \
+    /usr/lib/systemd/system/herald-up.service /usr/lib/systemd/system/herald-memo.service \
+    /usr/lib/sysusers.d/herald.conf /etc/herald/up.toml /etc/herald/gateway.toml \
+    /usr/share/bash-completion/completions/herald /usr/share/zsh/site-functions/_herald \
+    /usr/share/fish/vendor_completions.d/herald.fish /usr/share/man/man1/herald.1.gz; do
+    grep -qx "$f" "$scratch/rpm.list" || fail "the .rpm lacks $f"
+  done
+  rpm -qp --scripts "$rpmf" 2>/dev/null | grep -q systemd-sysusers ||
+    fail "the .rpm has no %post creating the herald user"
+  ok "rpm -qlp: the .rpm holds the binary, the units, /etc/herald, completions and man pages"
+fi
+
+echo "dist: the distribution checks took $((SECONDS - start)) s"
+echo "dist: $passed passed, 0 failed"
