@@ -56,8 +56,11 @@ pub struct AdminError {
 struct Admin {
     board: StatusBoard,
     store: Option<Store>,
-    /// One backup at a time: naming and rotation look at the directory as they leave it.
+    /// One backup at a time: naming and rotation look at the directory as they leave it. The
+    /// backup runs as a task of its own holding this, so a caller that hangs up neither stops
+    /// it nor lets another start beside it.
     backups: Arc<tokio::sync::Mutex<()>>,
+    ctx: RoleContext,
 }
 
 /// Why a request to a mutating admin route looks like it comes from a web page (a form post
@@ -82,18 +85,34 @@ fn from_a_browser(headers: &axum::http::HeaderMap) -> Option<String> {
     }
 }
 
+/// Every admin route refuses what looks like a web page's request ([`from_a_browser`]): with
+/// no authentication, a page that rebinds its name to 127.0.0.1 could otherwise read
+/// `/status` or trigger `/backup`.
+async fn refuse_browsers(
+    request: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> axum::response::Response {
+    match from_a_browser(request.headers()) {
+        Some(why) => json(StatusCode::FORBIDDEN, &AdminError { error: why }),
+        None => next.run(request).await,
+    }
+}
+
 /// The admin routes over `board`, and `/backup` over `store` when the process has one.
-pub fn router(board: StatusBoard, store: Option<Store>) -> Router {
+pub fn router(ctx: &RoleContext, store: Option<Store>) -> Router {
+    let board = ctx.status().clone();
     Router::new()
         .route("/live", axum::routing::get(|| async { "ok\n" }))
         .route("/ready", axum::routing::get(ready))
         .route("/metrics", axum::routing::get(metrics))
         .route("/status", axum::routing::get(status))
         .route("/backup", axum::routing::post(backup))
+        .layer(axum::middleware::from_fn(refuse_browsers))
         .with_state(Admin {
             board,
             store,
             backups: Arc::default(),
+            ctx: ctx.clone(),
         })
 }
 
@@ -137,14 +156,23 @@ async fn backup(
     let Location::File(path) = store.location() else {
         return refuse(StatusCode::CONFLICT, StoreError::InMemory.to_string());
     };
-    let _one = admin.backups.lock().await;
+    let one = admin.backups.clone().lock_owned().await;
     let now = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .unwrap_or_default();
-    match store
-        .backup_rotated(&stamp(now.as_secs()), KEEP_BACKUPS)
+    let backup = {
+        let store = store.clone();
+        admin.ctx.spawn("backup", async move {
+            let _one = one;
+            store
+                .backup_rotated(&stamp(now.as_secs()), KEEP_BACKUPS)
+                .await
+        })
+    };
+    let done = backup
         .await
-    {
+        .unwrap_or_else(|e| Err(StoreError::Io(format!("the backup task ended: {e}"))));
+    match done {
         Ok(snapshot) => {
             tracing::info!(
                 path = %snapshot.path.display(),
@@ -235,7 +263,7 @@ pub async fn serve_admin(
         "admin",
         http::serve(
             listener,
-            router(ctx.status().clone(), store.cloned()),
+            router(ctx, store.cloned()),
             ctx.shutdown().clone(),
             GRACE,
         )

@@ -16,6 +16,7 @@
 //! [`systemd`] is the notify socket and socket activation; [`admin`] the admin address.
 
 pub mod admin;
+pub mod secrets;
 pub mod systemd;
 
 use std::net::SocketAddr;
@@ -36,7 +37,7 @@ use crate::transport::{self, http, quic, tls};
 pub const GRACE: Duration = Duration::from_secs(5);
 
 /// The longest [`drain`] and [`stop`] wait for a role's tasks.
-const DRAIN: Duration = Duration::from_secs(6);
+pub const DRAIN: Duration = Duration::from_secs(6);
 
 /// Slack given to systemd beyond what the drain has left: the runtime's own shutdown
 /// (at most a second) and the exit.
@@ -58,6 +59,9 @@ pub struct ServeOptions {
     pub quic: Option<String>,
     /// Serve stdin/stdout too (the default when no listener is given).
     pub stdio: bool,
+    /// Never fall back to stdin/stdout when no listener is given (`herald up`, whose stdout
+    /// carries notices and whose stdin under systemd is `/dev/null`).
+    pub no_stdio_fallback: bool,
     pub http_options: http::HttpOptions,
     pub tls_cert: Option<PathBuf>,
     pub tls_key: Option<PathBuf>,
@@ -123,7 +127,10 @@ pub async fn serve_source(
         crate::store::Location::File(p) => Some(p.clone()),
         crate::store::Location::Memory => None,
     });
-    let server = SourceServer::new(source, opts.limits.clone(), shutdown.clone());
+    // The tasks extension on every role: its tasks are kept in the role's store under its name.
+    let tasks = crate::mcp::tasks::Tasks::open(ctx, Some(store.clone()), &role).await;
+    let server =
+        SourceServer::with_tasks(source, opts.limits.clone(), shutdown.clone(), Some(tasks));
     let listens = server.listen_count();
     // Sessions outlive `shutdown` a little: listens answer the shutdown with their final
     // result, and the sessions carrying them close only once those results are out.
@@ -198,7 +205,7 @@ pub async fn serve_source(
                 .instrument(tracing::info_span!("quic", role = %role, addr = %local)),
         );
     }
-    if opts.stdio || (bound.http.is_none() && opts.quic.is_none()) {
+    if opts.stdio || (bound.http.is_none() && opts.quic.is_none() && !opts.no_stdio_fallback) {
         bound.stdio = true;
         let shutdown = shutdown.clone();
         let sessions = sessions.clone();
@@ -240,13 +247,25 @@ pub fn cancel_on_signals(shutdown: CancellationToken) {
             return;
         };
         tokio::spawn(async move {
-            tokio::select! {
-                _ = int.recv() => {}
-                _ = term.recv() => {}
-                _ = shutdown.cancelled() => return,
+            let signalled = tokio::select! {
+                _ = int.recv() => true,
+                _ = term.recv() => true,
+                _ = shutdown.cancelled() => false,
+            };
+            if signalled {
+                tracing::info!("shutting down (a second Ctrl-C or SIGTERM ends herald at once)");
+                shutdown.cancel();
             }
-            tracing::info!("shutting down");
-            shutdown.cancel();
+            // Draining; the first signal asked for it (or, when the shutdown came from
+            // elsewhere, the next one does nothing more). One more signal: the person means it.
+            for _ in 0..(if signalled { 1 } else { 2 }) {
+                tokio::select! {
+                    _ = int.recv() => {}
+                    _ = term.recv() => {}
+                }
+            }
+            tracing::warn!("second signal: exiting without finishing the drain");
+            std::process::exit(130);
         });
     }
     #[cfg(not(unix))]

@@ -70,6 +70,7 @@ impl ServeArgs {
             http_socket: None,
             quic: self.quic.clone(),
             stdio: self.stdio,
+            no_stdio_fallback: false,
             http_options: HttpOptions {
                 allowed_hosts: self.allowed_hosts.clone(),
                 allowed_origins: self.allowed_origins.clone(),

@@ -65,14 +65,10 @@ fn load(path: &Path) -> anyhow::Result<SlackToml> {
     // toml's own Display quotes the offending line: a secret put there by mistake must not
     // reach the log, so only the message and the line number are kept.
     let mut t: ConfigFile = toml::from_str(&text).map_err(|e| {
-        let line = e
-            .span()
-            .map(|s| text[..s.start.min(text.len())].matches('\n').count() + 1);
         anyhow::anyhow!(
-            "bad config {}{}: {}",
+            "bad config {}: {}",
             path.display(),
-            line.map(|l| format!(" line {l}")).unwrap_or_default(),
-            e.message()
+            crate::gateway::config::toml_message(&text, &e)
         )
     })?;
     if let Some(c) = &mut t.slack.credentials

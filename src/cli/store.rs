@@ -160,7 +160,39 @@ async fn from_running(
     dest: &Path,
     force: bool,
 ) -> Result<Snapshot, Exit> {
-    let client = reqwest::Client::builder().timeout(BACKUP_TIMEOUT).build()?;
+    let client = crate::transport::client::http_client(|b| b.timeout(BACKUP_TIMEOUT))?;
+    let unreachable = |e: reqwest::Error| {
+        let why = if e.is_timeout() {
+            format!("no answer within {} s", BACKUP_TIMEOUT.as_secs())
+        } else {
+            root_cause(&e)
+        };
+        anyhow!(
+            "store {} is held by another process, and no herald answered at {base} ({why}); stop it or pass --admin",
+            store.display()
+        )
+    };
+    // First make sure the herald there holds this store, so another herald's admin address
+    // (the default one may be another's) is never made to write a backup of its own.
+    let status: crate::mcp::status::StatusReport = client
+        .get(format!("{base}/status"))
+        .send()
+        .await
+        .map_err(unreachable)?
+        .json()
+        .await
+        .map_err(|e| anyhow!("{base}/status did not answer as a herald ({e}); pass --admin URL"))?;
+    if let Some(held) = &status.store.path
+        && !same_file(held, store)
+    {
+        return Err(anyhow!(
+            "the herald at {base} holds the store {}, not {}; pass the --admin of the herald holding {}",
+            held.display(),
+            store.display(),
+            store.display()
+        )
+        .into());
+    }
     let url = format!("{base}/backup");
     let response = client.post(&url).send().await.map_err(|e| {
         let why = if e.is_timeout() {

@@ -45,7 +45,7 @@ pub enum ConfigError {
         error: Box<ConfigError>,
     },
     #[error("{0}")]
-    Toml(toml::de::Error),
+    Toml(String),
     #[error("slug name {0:?} is not valid: use lowercase letters, digits and '-' (no '__' or '+')")]
     SlugName(String),
     #[error("slug {0} is defined twice")]
@@ -145,6 +145,20 @@ pub struct GatewayConfig {
     pub tokens: Vec<Token>,
 }
 
+/// A TOML error as `line N: what is wrong`, without the line itself: toml's own Display
+/// quotes it, and a secret put there by mistake (a token under a key herald refuses) must not
+/// reach a terminal or the journal.
+pub fn toml_message(text: &str, e: &toml::de::Error) -> String {
+    match e.span() {
+        Some(s) => format!(
+            "line {}: {}",
+            text[..s.start.min(text.len())].matches('\n').count() + 1,
+            e.message()
+        ),
+        None => e.message().to_owned(),
+    }
+}
+
 /// The systemd credential `name` of slug `slug`: `$CREDENTIALS_DIRECTORY/name`, without its
 /// trailing newline.
 fn read_credential(dir: Option<&Path>, slug: &str, name: &str) -> Result<String, ConfigError> {
@@ -199,7 +213,8 @@ impl GatewayConfig {
     }
 
     pub fn parse(text: &str) -> Result<GatewayConfig, ConfigError> {
-        let file: GatewayFile = toml::from_str(text).map_err(ConfigError::Toml)?;
+        let file: GatewayFile =
+            toml::from_str(text).map_err(|e| ConfigError::Toml(toml_message(text, &e)))?;
         let (http, quic) = (file.http.clone(), file.quic.clone());
         let (slugs, tokens) = GatewayConfig::validate(file.slugs, file.tokens, &[])?;
         Ok(GatewayConfig {
@@ -238,12 +253,14 @@ impl GatewayConfig {
             let token = match (&s.token_env, &s.token_credential) {
                 (None, None) => None,
                 (Some(_), Some(_)) => return Err(ConfigError::TokenTwice(s.name)),
-                (Some(var), None) => Some(Secret(std::env::var(var).map_err(|_| {
-                    ConfigError::TokenEnvUnset {
-                        slug: s.name.clone(),
-                        var: var.clone(),
-                    }
-                })?)),
+                (Some(var), None) => Some(Secret(
+                    std::env::var(var)
+                        .inspect(|_| crate::app::secrets::register(var))
+                        .map_err(|_| ConfigError::TokenEnvUnset {
+                            slug: s.name.clone(),
+                            var: var.clone(),
+                        })?,
+                )),
                 (None, Some(name)) => {
                     let dir = std::env::var_os("CREDENTIALS_DIRECTORY").map(PathBuf::from);
                     Some(Secret(read_credential(dir.as_deref(), &s.name, name)?))
@@ -380,6 +397,17 @@ mod tests {
         .to_string();
         assert!(e.contains("not both"), "{e}");
         std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn a_parse_error_names_its_line_but_never_shows_it() {
+        let text = "[[slug]]\nname = \"a\"\nhttp = \"x\"\ntoken = \"xoxb-s3cret\"\n";
+        let e = GatewayConfig::parse(text).unwrap_err().to_string();
+        assert!(
+            e.contains("line 4") && e.contains("unknown field `token`"),
+            "{e}"
+        );
+        assert!(!e.contains("s3cret"), "{e}");
     }
 
     #[test]

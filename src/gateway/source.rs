@@ -21,8 +21,7 @@ use crate::mcp::context::RoleContext;
 use crate::mcp::hub::ChangeFeed;
 use crate::mcp::metrics::EVENTS_LIST_FAILED;
 use crate::mcp::source::{
-    Admission, Caller, Contents, ListenFilter, Progress, Source, SourceError, SourceInfo,
-    WatchGuard,
+    Admission, Call, Caller, Contents, ListenFilter, Source, SourceError, SourceInfo, WatchGuard,
 };
 use crate::mcp::upstream::{self, REQUEST_TIMEOUT, Upstream, UpstreamConfig, upstream_error};
 
@@ -543,8 +542,9 @@ impl Source for Gateway {
         caller: &Caller,
         name: &str,
         args: JsonObject,
-        progress: Option<Progress>,
+        call: Call,
     ) -> Result<CallToolResult, SourceError> {
+        let progress = call.progress;
         let Some((slug, tool)) = name.split_once("__") else {
             return Err(SourceError::UnknownTool(format!(
                 "{name} (gateway tools are named server__tool)"

@@ -37,9 +37,31 @@ use crate::mcp::source::{SourceError, WatchGuard};
 pub struct ListenFilter {
     /// `resourceSubscriptions`; `None` when the listen names none (its ack then names none).
     pub resources: Option<Vec<String>>,
-    /// `taskIds` (the tasks extension). Over byte streams rmcp 3.11 drops this field before
-    /// herald sees the request, so only HTTP fills it today.
+    /// `taskIds` (the tasks extension). rmcp 3.11 drops this field when it parses a listen,
+    /// so herald's transports take it out first: HTTP's listen gate reads the body, the line
+    /// transport moves it into the request's `_meta` under [`TASK_IDS_META_KEY`].
     pub task_ids: Option<Vec<String>>,
+}
+
+/// Where the line transport carries a listen's `taskIds` past rmcp's parser.
+pub const TASK_IDS_META_KEY: &str = "io.herald/taskIds";
+
+/// The `-32021` of a listen naming `taskIds` from a client that did not declare the tasks
+/// extension: decided on the field's presence alone, before anything else is checked.
+pub fn tasks_not_declared() -> McpError {
+    McpError::missing_required_client_capability(
+        rmcp::model::ClientCapabilities::builder()
+            .enable_tasks()
+            .build(),
+    )
+}
+
+/// Whether a request's `_meta` declares the tasks extension.
+pub fn declares_tasks(meta: Option<&Value>) -> bool {
+    meta.and_then(|m| m.get("io.modelcontextprotocol/clientCapabilities"))
+        .and_then(|c| c.get("extensions"))
+        .and_then(|e| e.get(crate::mcp::tasks::TASKS_EXTENSION))
+        .is_some()
 }
 
 impl ListenFilter {
@@ -56,6 +78,14 @@ impl ListenFilter {
                 ));
             }
         };
+        // The tasks gate first: `taskIds` from a client that did not declare the extension is
+        // -32021 whatever else the request holds.
+        if let Some(Value::Object(n)) = notifications
+            && n.contains_key("taskIds")
+            && !declares_tasks(params.and_then(|p| p.get("_meta")))
+        {
+            return Err(tasks_not_declared());
+        }
         let n = match notifications {
             Some(Value::Object(n)) => n,
             Some(_) => {
@@ -83,6 +113,24 @@ impl ListenFilter {
             resources: f.resource_subscriptions.clone(),
             task_ids: None,
         }
+    }
+
+    /// The filter of a listen on a byte stream: what rmcp parsed, and the `taskIds` the line
+    /// transport carried in `_meta` ([`TASK_IDS_META_KEY`]), gated on `declared` (the tasks
+    /// extension in the request's capabilities) before their shape is checked.
+    pub fn from_conn(
+        f: &SubscriptionFilter,
+        meta: &rmcp::model::RequestMetaObject,
+        declared: bool,
+    ) -> Result<ListenFilter, McpError> {
+        let mut filter = ListenFilter::from_rmcp(f);
+        if let Some(ids) = meta.0.0.get(TASK_IDS_META_KEY) {
+            if !declared {
+                return Err(tasks_not_declared());
+            }
+            filter.task_ids = string_list(Some(ids), "taskIds")?;
+        }
+        Ok(filter)
     }
 
     /// The requested URIs, each once, in request order.
@@ -208,6 +256,16 @@ pub fn check_listen(
     filter: &ListenFilter,
     conn: &ConnStreams,
 ) -> Result<StreamSlot, McpError> {
+    let tasks = filter.task_ids.as_ref().map_or(0, Vec::len);
+    if tasks > crate::mcp::tasks::MAX_LISTEN_TASK_IDS {
+        return Err(McpError::invalid_params(
+            format!(
+                "subscriptions/listen names {tasks} task ids; one stream takes at most {}: split them across several listen requests",
+                crate::mcp::tasks::MAX_LISTEN_TASK_IDS
+            ),
+            Some(json!({"limit": crate::mcp::tasks::MAX_LISTEN_TASK_IDS, "requested": tasks})),
+        ));
+    }
     let requested = filter.requested();
     if requested > limits.max_uris_per_stream {
         return Err(McpError::invalid_params(
@@ -237,6 +295,10 @@ pub struct AdmittedListen {
     /// Each feed key, back to the URIs this stream wrote for it.
     pub(crate) spelled: HashMap<String, Vec<String>>,
     admission: Admission,
+    /// The task pushes, when the listen named `taskIds` (and the server runs tasks).
+    pub(crate) tasks: Option<crate::mcp::tasks::TaskListen>,
+    /// The acknowledgment's `taskIds`: `None` when the listen named none.
+    pub(crate) task_echo: Option<Vec<String>>,
 }
 
 impl AdmittedListen {
@@ -253,7 +315,14 @@ impl AdmittedListen {
             registration,
             spelled,
             admission,
+            tasks: None,
+            task_echo: None,
         }
+    }
+
+    /// The task ids the acknowledgment names: `None` when the listen named no `taskIds`.
+    pub fn task_ids(&self) -> Option<Vec<String>> {
+        self.task_echo.clone()
     }
 
     /// The URIs the acknowledgment names.
@@ -284,6 +353,48 @@ impl PendingListen {
     }
 }
 
+/// The `taskIds` each admitted listen's acknowledgment must echo, by listen request id, for a
+/// byte-stream connection: rmcp's acknowledgment has no such field, so the line transport
+/// adds it as the acknowledgment goes out ([`ListenAcks::take`]).
+#[derive(Clone, Default)]
+pub struct ListenAcks(Arc<Mutex<HashMap<String, Vec<String>>>>);
+
+impl ListenAcks {
+    fn key(id: &rmcp::model::RequestId) -> String {
+        serde_json::to_string(id).unwrap_or_default()
+    }
+
+    pub fn insert(&self, id: &rmcp::model::RequestId, ids: Vec<String>) {
+        self.0
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(Self::key(id), ids);
+    }
+
+    /// The ids for the acknowledgment of the listen whose subscription id is `subscription`
+    /// (a JSON value, as the acknowledgment's `_meta` carries it); once.
+    pub fn take(&self, subscription: &Value) -> Option<Vec<String>> {
+        self.0
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(&subscription.to_string())
+    }
+
+    /// Whether any acknowledgment waits for its `taskIds` (the transport looks at outgoing
+    /// messages only then).
+    pub fn is_empty(&self) -> bool {
+        self.0.lock().unwrap_or_else(|e| e.into_inner()).is_empty()
+    }
+
+    /// Forgets a listen's entry (it ended, or failed before its acknowledgment).
+    pub fn forget(&self, id: &rmcp::model::RequestId) {
+        self.0
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(&Self::key(id));
+    }
+}
+
 /// Narrows a typed listen request to what was admitted: rmcp acknowledges what the request
 /// names.
 pub fn narrow(filter: &mut SubscriptionFilter, listen: &AdmittedListen) {
@@ -300,13 +411,25 @@ mod tests {
         ListenFilter::from_params(Some(&v))
     }
 
+    fn declared() -> Value {
+        json!({"io.modelcontextprotocol/clientCapabilities": {"extensions": {"io.modelcontextprotocol/tasks": {}}}})
+    }
+
+    #[test]
+    fn task_ids_without_the_extension_are_32021_whatever_their_shape() {
+        for ids in [json!([]), json!("x"), json!([1]), json!(vec!["t"; 300])] {
+            let e = filter(json!({"notifications": {"taskIds": ids}})).unwrap_err();
+            assert_eq!(e.code.0, -32021, "{ids}: {e:?}");
+        }
+    }
+
     #[test]
     fn a_filter_of_the_wrong_shape_is_invalid_params() {
         for bad in [
             json!({"notifications": {"resourceSubscriptions": "memo://notes"}}),
             json!({"notifications": {"resourceSubscriptions": [1]}}),
             json!({"notifications": {"resourceSubscriptions": {}}}),
-            json!({"notifications": {"taskIds": "t1"}}),
+            json!({"_meta": declared(), "notifications": {"taskIds": "t1"}}),
             json!({"notifications": 5}),
             json!({}),
             json!("x"),
@@ -325,7 +448,7 @@ mod tests {
 
     #[test]
     fn a_filter_keeps_order_and_drops_repeats() {
-        let f = filter(json!({"notifications": {
+        let f = filter(json!({"_meta": declared(), "notifications": {
             "resourceSubscriptions": ["b://1", "a://2", "b://1"], "taskIds": ["t"]}}))
         .unwrap();
         assert_eq!(f.uris(), vec!["b://1".to_string(), "a://2".into()]);

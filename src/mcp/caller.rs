@@ -54,6 +54,16 @@ impl std::fmt::Debug for Caller {
 }
 
 impl Caller {
+    /// Who owns what this caller makes (a task): the SHA-256 of its token, or `anonymous`.
+    /// Never the token itself.
+    pub fn principal(&self) -> String {
+        use sha2::Digest as _;
+        match &self.token {
+            Some(t) => format!("token:{}", hex::encode(sha2::Sha256::digest(t.as_bytes()))),
+            None => "anonymous".into(),
+        }
+    }
+
     /// The process that started this one (stdio): may use everything, needs no token.
     pub fn local() -> Caller {
         Caller {
@@ -110,11 +120,17 @@ impl Caller {
 
     /// The caller of an HTTP request, with its peer's address when the transport put it there.
     pub fn from_parts(parts: &http::request::Parts) -> Caller {
+        // A request a proxy forwarded came from wherever the proxy's client is, not from this
+        // host, whatever address the proxy connected from.
+        let forwarded = ["forwarded", "x-forwarded-for", "x-real-ip", "via"]
+            .iter()
+            .any(|h| parts.headers.contains_key(*h));
         Caller {
-            loopback: parts
-                .extensions
-                .get::<PeerAddr>()
-                .is_some_and(|p| p.0.ip().to_canonical().is_loopback()),
+            loopback: !forwarded
+                && parts
+                    .extensions
+                    .get::<PeerAddr>()
+                    .is_some_and(|p| p.0.ip().to_canonical().is_loopback()),
             ..Caller::from_http(&parts.headers, &parts.uri)
         }
     }
@@ -156,6 +172,27 @@ mod tests {
         assert_eq!(Caller::from_http(&h, &uri).token, None);
         h.insert(http::header::AUTHORIZATION, "Basic abc".parse().unwrap());
         assert_eq!(Caller::from_http(&h, &uri).token, None);
+    }
+
+    #[test]
+    fn a_forwarded_request_is_not_loopback_and_principals_hide_the_token() {
+        let mut parts = http::Request::new(()).into_parts().0;
+        parts
+            .extensions
+            .insert(PeerAddr("127.0.0.1:9".parse().unwrap()));
+        assert!(Caller::from_parts(&parts).loopback);
+        parts
+            .headers
+            .insert("x-forwarded-for", "203.0.113.7".parse().unwrap());
+        assert!(!Caller::from_parts(&parts).loopback);
+
+        let a = Caller {
+            token: Some("hunter2".into()),
+            ..Caller::default()
+        };
+        assert!(a.principal().starts_with("token:") && !a.principal().contains("hunter2"));
+        assert_ne!(a.principal(), Caller::default().principal());
+        assert_eq!(Caller::local().principal(), Caller::default().principal());
     }
 
     #[test]

@@ -15,7 +15,7 @@ use rmcp::model::{
 };
 use rmcp::service::{NotificationContext, RequestContext, RoleServer, Service};
 
-use crate::mcp::admission::{ConnStreams, ListenFilter, PendingListen, narrow};
+use crate::mcp::admission::{ConnStreams, ListenAcks, ListenFilter, PendingListen, narrow};
 use crate::mcp::caller::Caller;
 use crate::mcp::server::SourceServer;
 
@@ -26,6 +26,7 @@ pub struct ConnServer {
     conn: ConnStreams,
     local: bool,
     loopback: bool,
+    acks: ListenAcks,
 }
 
 impl ConnServer {
@@ -37,7 +38,14 @@ impl ConnServer {
             conn,
             local,
             loopback,
+            acks: ListenAcks::default(),
         }
+    }
+
+    /// What this connection's line transport needs to echo `taskIds` in acknowledgments
+    /// ([`LineTransport::with_listen_acks`](crate::transport::lines::LineTransport::with_listen_acks)).
+    pub fn acks(&self) -> ListenAcks {
+        self.acks.clone()
     }
 }
 
@@ -52,10 +60,14 @@ impl Service<RoleServer> for ConnServer {
         let legacy = context
             .protocol_version()
             .is_some_and(|v| v.as_str() < ProtocolVersion::V_2026_07_28.as_str());
+        let mut listen_id = None;
         if let ClientRequest::SubscriptionsListenRequest(r) = &mut request
             && !legacy
         {
-            let filter = ListenFilter::from_rmcp(&r.params.notifications);
+            let declared = context
+                .client_capabilities()
+                .is_some_and(|c| c.supports_tasks());
+            let filter = ListenFilter::from_conn(&r.params.notifications, &context.meta, declared)?;
             // rmcp runs each request in a task of its own and only cancels `ct` when the
             // client cancels it or goes away: stop admitting then (the gateway may be waiting
             // on upstream acks), which drops whatever admission had taken.
@@ -66,10 +78,18 @@ impl Service<RoleServer> for ConnServer {
                 admitted = self.server.admit(&caller, &filter, &self.conn) => admitted?,
             };
             narrow(&mut r.params.notifications, &listen);
+            if let Some(ids) = listen.task_ids() {
+                self.acks.insert(&context.id, ids);
+                listen_id = Some(context.id.clone());
+            }
             context.extensions.insert(PendingListen::new(listen));
         }
         context.extensions.insert(caller);
-        self.server.handle_request(request, context).await
+        let answer = self.server.handle_request(request, context).await;
+        if let Some(id) = listen_id {
+            self.acks.forget(&id);
+        }
+        answer
     }
 
     async fn handle_notification(

@@ -18,5 +18,6 @@ pub mod ring;
 pub mod server;
 pub mod source;
 pub mod status;
+pub mod tasks;
 pub mod template;
 pub mod upstream;

@@ -16,11 +16,13 @@ use std::time::Duration;
 use base64::Engine as _;
 use rmcp::handler::server::ServerHandler;
 use rmcp::model::{
-    CallToolRequestParams, CallToolResponse, CustomRequest, CustomResult, DiscoverResult,
-    ErrorCode, ErrorData as McpError, Implementation, InitializeRequestParams, InitializeResult,
-    ListPromptsResult, ListResourceTemplatesResult, ListResourcesResult, ListToolsResult,
-    PaginatedRequestParams, ReadResourceRequestParams, ReadResourceResponse, ReadResourceResult,
-    ResourceContents, ServerCapabilities, ServerConfig, SubscriptionFilter, Tool,
+    CallToolRequestParams, CallToolResponse, CancelTaskParams, ClientCapabilities,
+    CreateTaskResult, CustomRequest, CustomResult, DiscoverResult, ErrorCode,
+    ErrorData as McpError, GetTaskParams, GetTaskResult, Implementation, InitializeRequestParams,
+    InitializeResult, ListPromptsResult, ListResourceTemplatesResult, ListResourcesResult,
+    ListToolsResult, PaginatedRequestParams, ReadResourceRequestParams, ReadResourceResponse,
+    ReadResourceResult, ResourceContents, ServerCapabilities, ServerConfig, SubscriptionFilter,
+    Tool, UpdateTaskParams,
 };
 use rmcp::service::{RequestContext, RoleServer, SubscriptionContext, SubscriptionSendError};
 use serde_json::json;
@@ -33,7 +35,8 @@ use crate::mcp::admission::{
 use crate::mcp::caller::Caller;
 use crate::mcp::conn::ConnServer;
 use crate::mcp::hub::ChangeFeed;
-use crate::mcp::source::{Body, DynSource, SourceError};
+use crate::mcp::source::{Body, Call, DynSource, SourceError};
+use crate::mcp::tasks::{TaskSupport, Tasks};
 
 /// The Events extension's capability key.
 pub const EVENTS_EXTENSION: &str = "io.modelcontextprotocol/events";
@@ -81,6 +84,8 @@ struct Shared {
     shutdown: CancellationToken,
     config: ServerConfig,
     streams_total: AtomicU64,
+    /// The tasks extension, when this server runs tasks.
+    tasks: Option<Tasks>,
     /// Listen streams running now, and a wake-up for when that reaches zero.
     active_listens: AtomicUsize,
     drained: tokio::sync::Notify,
@@ -112,13 +117,28 @@ pub struct SourceServer {
 
 impl SourceServer {
     pub fn new(source: DynSource, limits: Limits, shutdown: CancellationToken) -> SourceServer {
+        SourceServer::with_tasks(source, limits, shutdown, None)
+    }
+
+    /// [`SourceServer::new`] with the tasks extension: tools whose listing allows it run as
+    /// tasks kept in `tasks`, and `tasks/*` and listen `taskIds` are served.
+    pub fn with_tasks(
+        source: DynSource,
+        limits: Limits,
+        shutdown: CancellationToken,
+        tasks: Option<Tasks>,
+    ) -> SourceServer {
         let info = source.info();
-        let caps = ServerCapabilities::builder()
+        let builder = ServerCapabilities::builder()
             .enable_resources()
             .enable_resources_subscribe()
             .enable_prompts()
-            .enable_tools()
-            .build();
+            .enable_tools();
+        let caps = if tasks.is_some() {
+            builder.enable_tasks().build()
+        } else {
+            builder.build()
+        };
         let mut config = ServerConfig::new(caps).with_server_info(Implementation::new(
             format!("herald-{}", info.name),
             env!("CARGO_PKG_VERSION"),
@@ -134,6 +154,7 @@ impl SourceServer {
                 shutdown,
                 config,
                 streams_total: AtomicU64::new(0),
+                tasks,
                 active_listens: AtomicUsize::new(0),
                 drained: tokio::sync::Notify::new(),
             }),
@@ -164,6 +185,11 @@ impl SourceServer {
 
     pub fn feed(&self) -> &ChangeFeed {
         &self.shared.feed
+    }
+
+    /// The tasks this server runs, if it serves the tasks extension.
+    pub fn tasks(&self) -> Option<&Tasks> {
+        self.shared.tasks.as_ref()
     }
 
     /// Listen streams running now.
@@ -214,7 +240,19 @@ impl SourceServer {
         }
         let keys: Vec<String> = admission.accepted.iter().map(|a| a.key.clone()).collect();
         let registration = self.shared.feed.register(&keys);
-        Ok(AdmittedListen::new(slot, registration, admission))
+        let mut listen = AdmittedListen::new(slot, registration, admission);
+        if let Some(ids) = &filter.task_ids {
+            // Only the ids this caller could tasks/get now; unknown and foreign ones are left
+            // out without a word, so a listen tells nothing a poll would not.
+            let tasks = self
+                .shared
+                .tasks
+                .as_ref()
+                .map(|t| t.listen(&caller.principal(), ids));
+            listen.task_echo = Some(tasks.as_ref().map(|t| t.ids.clone()).unwrap_or_default());
+            listen.tasks = tasks;
+        }
+        Ok(listen)
     }
 }
 
@@ -260,6 +298,43 @@ fn misshapen_standard_request(request: &CustomRequest) -> Option<McpError> {
         ),
         Some(json!({"method": method})),
     ))
+}
+
+/// Pushes a task's state on a listen stream (`notifications/tasks`, tagged with the stream's
+/// subscription id: rmcp's sink refuses this notification, so it goes to the peer directly). A
+/// reader that takes nothing for `stall` ends the stream, as for resource updates.
+async fn push_task(
+    ctx: &SubscriptionContext,
+    task: rmcp::model::DetailedTask,
+    stall: Duration,
+    stream: u64,
+) -> Result<(), McpError> {
+    use rmcp::model::GetMeta as _;
+    let mut n = rmcp::model::ServerNotification::TaskStatusNotification(
+        rmcp::model::TaskStatusNotification::new(task.into()),
+    );
+    n.get_meta_mut()
+        .set_subscription_id(ctx.sink().id().clone());
+    match tokio::time::timeout(stall, ctx.request_context().peer.send_notification(n)).await {
+        Ok(Ok(())) => Ok(()),
+        Ok(Err(e)) => {
+            info!(stream, error = %e, "listen stream could not deliver a task's state; ending it");
+            Err(McpError::internal_error(
+                format!("listen stream failed to deliver a notification ({e}); listen again"),
+                None,
+            ))
+        }
+        Err(_) => {
+            info!(stream, "listen stream stalled on a task's state; ending it");
+            Err(McpError::internal_error(
+                format!(
+                    "listen stream stalled: no notification could be delivered for {} ms; listen again and tasks/get",
+                    stall.as_millis()
+                ),
+                Some(json!({"reason": "stalled"})),
+            ))
+        }
+    }
 }
 
 /// Maps a source error to JSON-RPC. `uri` is attached as `data.uri` where it applies.
@@ -498,6 +573,12 @@ impl ServerHandler for SourceServer {
         );
         let sink = ctx.sink().clone();
         let stall = shared.limits.stall_timeout;
+        let mut listen = listen;
+        let mut tasks = listen.tasks.take();
+        // The tasks' states at registration come first, right after the acknowledgment.
+        for task in tasks.as_mut().map(|t| t.initial()).unwrap_or_default() {
+            push_task(&ctx, task, stall, stream).await?;
+        }
         loop {
             tokio::select! {
                 biased;
@@ -508,6 +589,14 @@ impl ServerHandler for SourceServer {
                 _ = shared.shutdown.cancelled() => {
                     debug!(stream, "listen stream closed for shutdown");
                     return Ok(());
+                }
+                Some(task) = async {
+                    match tasks.as_mut() {
+                        Some(t) => t.next().await,
+                        None => std::future::pending().await,
+                    }
+                } => {
+                    push_task(&ctx, task, stall, stream).await?;
                 }
                 batch = listen.registration.queue().next_batch() => {
                     // One deadline for the whole batch: a reader that takes nothing for
@@ -580,7 +669,43 @@ impl ServerHandler for SourceServer {
         request: CallToolRequestParams,
         context: RequestContext<RoleServer>,
     ) -> Result<CallToolResponse, McpError> {
+        let caller = Caller::of(&context);
+        let declared = context
+            .client_capabilities()
+            .is_some_and(|c| c.supports_tasks());
         let args = request.arguments.unwrap_or_default();
+        let name = request.name.to_string();
+        let source = &self.shared.source;
+        let support = match &self.shared.tasks {
+            Some(_) => source.task_support(&caller, &name),
+            None => TaskSupport::Forbidden,
+        };
+        match (support, &self.shared.tasks) {
+            (TaskSupport::Required, _) if !declared => {
+                return Err(McpError::missing_required_client_capability(
+                    ClientCapabilities::builder().enable_tasks().build(),
+                ));
+            }
+            (TaskSupport::Optional | TaskSupport::Required, Some(tasks)) if declared => {
+                let source = source.clone();
+                let owner = caller.principal();
+                let task = tasks
+                    .start(&owner, move |handle| async move {
+                        let call = Call {
+                            progress: None,
+                            task: Some(handle),
+                            tasks_declared: true,
+                        };
+                        source
+                            .call_tool(&caller, &name, args, call)
+                            .await
+                            .map_err(to_mcp_error)
+                    })
+                    .await?;
+                return Ok(CallToolResponse::Task(CreateTaskResult::new(task)));
+            }
+            _ => {}
+        }
         let progress =
             context
                 .meta
@@ -589,12 +714,63 @@ impl ServerHandler for SourceServer {
                     token,
                     peer: context.peer.clone(),
                 });
+        let call = Call {
+            progress,
+            task: None,
+            tasks_declared: declared,
+        };
         self.shared
             .source
-            .call_tool(&Caller::of(&context), &request.name, args, progress)
+            .call_tool(&caller, &name, args, call)
             .await
             .map(Into::into)
             .map_err(to_mcp_error)
+    }
+
+    async fn get_task(
+        &self,
+        request: GetTaskParams,
+        context: RequestContext<RoleServer>,
+    ) -> Result<GetTaskResult, McpError> {
+        let tasks = self.tasks_or_unknown()?;
+        let task = tasks.get(&Caller::of(&context).principal(), &request.task_id)?;
+        Ok(GetTaskResult::new(task))
+    }
+
+    async fn update_task(
+        &self,
+        request: UpdateTaskParams,
+        context: RequestContext<RoleServer>,
+    ) -> Result<(), McpError> {
+        let tasks = self.tasks_or_unknown()?;
+        tasks.update(
+            &Caller::of(&context).principal(),
+            &request.task_id,
+            request.input_responses,
+        )
+    }
+
+    async fn cancel_task(
+        &self,
+        request: CancelTaskParams,
+        context: RequestContext<RoleServer>,
+    ) -> Result<(), McpError> {
+        let tasks = self.tasks_or_unknown()?;
+        tasks.cancel(&Caller::of(&context).principal(), &request.task_id)
+    }
+}
+
+impl SourceServer {
+    /// rmcp answers `tasks/*` with `-32601` itself when the server does not advertise the
+    /// extension; this is only reached when it does.
+    fn tasks_or_unknown(&self) -> Result<&Tasks, McpError> {
+        self.shared.tasks.as_ref().ok_or_else(|| {
+            McpError::new(
+                ErrorCode::METHOD_NOT_FOUND,
+                "this server runs no tasks",
+                None,
+            )
+        })
     }
 }
 

@@ -105,6 +105,19 @@ pub struct Progress {
     pub peer: rmcp::Peer<rmcp::RoleServer>,
 }
 
+/// What a tool call carries besides its arguments.
+#[derive(Default)]
+pub struct Call {
+    /// Set when the caller asked for progress (`_meta.progressToken`) on a plain call.
+    pub progress: Option<Progress>,
+    /// Set when the call runs as a task (the tasks extension): the tool may set a status
+    /// message, ask the client for input, and see `tasks/cancel`.
+    pub task: Option<crate::mcp::tasks::TaskHandle>,
+    /// The tasks extension as the caller declared it: the gateway passes it on to the
+    /// upstream, so a `slug__tool` call can become the upstream's task.
+    pub tasks_declared: bool,
+}
+
 /// Held while a listen stream (or a read, or a poll) watches a URI; dropping it tells the
 /// source one watcher left.
 /// Sources that start work per URI (a kubectl process, an inotify watch) refcount with it.
@@ -161,18 +174,26 @@ pub trait Source: Send + Sync + 'static {
         Vec::new()
     }
 
-    /// Calls tool `name`. `progress` is set when the caller asked for progress
+    /// Calls tool `name`. `call.progress` is set when the caller asked for progress
     /// (`_meta.progressToken`): a source that reports progress (the gateway relays its
-    /// upstreams') sends it there.
+    /// upstreams') sends it there. `call.task` is set when the call runs as a task (only for
+    /// a tool whose listing says it may, see [`crate::mcp::tasks::optional`]).
     async fn call_tool(
         &self,
         caller: &Caller,
         name: &str,
         args: JsonObject,
-        progress: Option<Progress>,
+        call: Call,
     ) -> Result<CallToolResult, SourceError> {
-        let _ = (caller, args, progress);
+        let _ = (caller, args, call);
         Err(SourceError::UnknownTool(name.to_owned()))
+    }
+
+    /// Whether tool `name` may run as a task for this caller (as its listing says, with
+    /// [`crate::mcp::tasks::optional`] or [`crate::mcp::tasks::required`]).
+    fn task_support(&self, caller: &Caller, name: &str) -> crate::mcp::tasks::TaskSupport {
+        let _ = (caller, name);
+        crate::mcp::tasks::TaskSupport::Forbidden
     }
 
     /// Whether this source serves MCP Events (`io.modelcontextprotocol/events`) to the caller;

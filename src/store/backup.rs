@@ -153,6 +153,20 @@ fn snapshot_rotated(
             message: format!("cannot create the backups directory: {e}"),
         })?;
     let stem = stem(store);
+    // Backups run one at a time, so a temporary file of this store's backups found here was
+    // left by a process that died mid-copy: remove it, or each crash would keep one forever.
+    if let Ok(entries) = std::fs::read_dir(&dir) {
+        let prefix = format!("{stem}-");
+        for e in entries.flatten() {
+            let name = e.file_name().to_string_lossy().into_owned();
+            if name.starts_with(&prefix)
+                && name.contains(".redb.tmp-")
+                && e.file_type().is_ok_and(|t| t.is_file())
+            {
+                let _ = std::fs::remove_file(e.path());
+            }
+        }
+    }
     // After the newest backup of this second, so the names keep their order in time even when
     // rotation removed the first ones. The hard link that takes the name is what excludes a
     // taken one; another writer can only make us move on to the next number.

@@ -35,6 +35,7 @@ const NOTES: TableDefinition<&str, &[u8]> = TableDefinition::new("memo_notes");
 const IDENTITY: TableDefinition<&str, &[u8]> = TableDefinition::new("identity");
 const WATCHES: TableDefinition<&str, &[u8]> = TableDefinition::new("watch_specs");
 const SLACK_BUFFER: TableDefinition<&str, &[u8]> = TableDefinition::new("slack_buffer");
+const TASKS: TableDefinition<&str, &[u8]> = TableDefinition::new("tasks");
 
 /// The tables herald keeps. Each maps string keys to opaque bytes (JSON by convention).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -48,6 +49,9 @@ pub enum Table {
     /// `herald slack`'s buffer: `m:<channel>:<ts>` → a sealed event, `state` → its sealed
     /// cursor state. Nothing in it is readable without the role's key.
     SlackBuffer,
+    /// The tasks extension's tasks: `<role>/<task id>` → who made it, when, and its state
+    /// (kept when made and when it ends).
+    Tasks,
 }
 
 impl Table {
@@ -57,6 +61,7 @@ impl Table {
             Table::Identity => IDENTITY,
             Table::Watches => WATCHES,
             Table::SlackBuffer => SLACK_BUFFER,
+            Table::Tasks => TASKS,
         }
     }
 }

@@ -41,6 +41,39 @@ impl std::fmt::Display for Target {
     }
 }
 
+impl Target {
+    /// The target as an unauthenticated report may show it (the admin address's `/status`):
+    /// an HTTP URL without userinfo or query, a command without its arguments (either may
+    /// carry a key).
+    pub fn redacted(&self) -> String {
+        match self {
+            Target::Stdio(c) => {
+                let mut words = c.split_whitespace();
+                let program = words.next().unwrap_or_default();
+                if words.next().is_some() {
+                    format!("stdio:{program} …")
+                } else {
+                    format!("stdio:{program}")
+                }
+            }
+            Target::Http(u) => {
+                let u = u.split(['?', '#']).next().unwrap_or_default();
+                match u.split_once("://") {
+                    Some((scheme, rest)) => {
+                        let host_end = rest.find('/').unwrap_or(rest.len());
+                        match rest[..host_end].rfind('@') {
+                            Some(at) => format!("{scheme}://{}", &rest[at + 1..]),
+                            None => u.to_owned(),
+                        }
+                    }
+                    None => u.to_owned(),
+                }
+            }
+            Target::Quic(a) => format!("quic://{a}"),
+        }
+    }
+}
+
 #[derive(Debug, thiserror::Error)]
 pub enum ConnectError {
     #[error("cannot start `{command}`: {message}")]
@@ -140,20 +173,22 @@ pub async fn connect<H: ClientHandler>(
     };
     match target {
         Target::Stdio(command) => {
-            let mut child = tokio::process::Command::new("sh")
-                .arg("-c")
+            let mut cmd = tokio::process::Command::new("sh");
+            cmd.arg("-c")
                 .arg(format!("exec {command}"))
                 .stdin(Stdio::piped())
                 .stdout(Stdio::piped())
                 .stderr(Stdio::inherit())
-                // The client's own credential is not the server's business.
-                .env_remove("HERALD_TOKEN")
-                .kill_on_drop(true)
-                .spawn()
-                .map_err(|e| ConnectError::Spawn {
-                    command: command.clone(),
-                    message: e.to_string(),
-                })?;
+                .kill_on_drop(true);
+            // The client's own credential and this process's secrets are not the server's
+            // business.
+            let mut child =
+                crate::app::secrets::scrub(&mut cmd)
+                    .spawn()
+                    .map_err(|e| ConnectError::Spawn {
+                        command: command.clone(),
+                        message: e.to_string(),
+                    })?;
             let stdin = child.stdin.take().expect("piped");
             let stdout = child.stdout.take().expect("piped");
             let mut conn =
@@ -254,11 +289,15 @@ pub fn http_client(
     // reqwest takes the process-wide rustls provider: ring, also when herald is a library (a
     // second install is a harmless no-op).
     let _ = rustls::crypto::ring::default_provider().install_default();
-    match configure(reqwest::Client::builder()).build() {
+    let builder = || {
+        reqwest::Client::builder()
+            .dns_resolver(std::sync::Arc::new(crate::transport::dns::ReqwestResolver))
+    };
+    match configure(builder()).build() {
         Ok(client) => Ok(client),
         Err(e) => {
             tracing::debug!(error = %e, "no usable CA store: HTTPS will trust no server");
-            configure(reqwest::Client::builder())
+            configure(builder())
                 .tls_certs_only(std::iter::empty())
                 .build()
         }
@@ -309,6 +348,25 @@ mod tests {
     use axum::http::{StatusCode, header};
     use axum::response::IntoResponse;
     use axum::routing::post;
+
+    #[test]
+    fn a_redacted_target_keeps_no_key() {
+        for (t, want) in [
+            (
+                Target::Http("https://u:pw@h.example:8/mcp?key=s3cret#x".into()),
+                "https://h.example:8/mcp",
+            ),
+            (Target::Http("http://h/mcp".into()), "http://h/mcp"),
+            (
+                Target::Stdio("npx server --api-key s3cret".into()),
+                "stdio:npx …",
+            ),
+            (Target::Stdio("herald".into()), "stdio:herald"),
+            (Target::Quic("h:1".into()), "quic://h:1"),
+        ] {
+            assert_eq!(t.redacted(), want);
+        }
+    }
 
     fn redirect(status: StatusCode, to: &'static str) -> impl IntoResponse {
         (status, [(header::LOCATION, to)])

@@ -13,8 +13,11 @@
 //! Every outgoing connection to a user-given host name goes through here: QUIC upstreams
 //! ([`quic::connect`](super::quic::connect)) and Slack's Socket Mode WebSocket
 //! ([`connect_tcp`]). HTTP clients (rmcp's Streamable HTTP client, the webhook sink, Slack's
-//! Web API) are reqwest clients, and reqwest's `hickory-dns` feature gives each of them the
-//! same resolver on the same two files. Bind addresses are not resolved here.
+//! Web API, the admin client) are reqwest clients made by
+//! [`http_client`](super::client::http_client), which gives each [`ReqwestResolver`]: this
+//! resolver, files read per lookup (reqwest's own hickory resolver would fall back to public
+//! name servers when `/etc/resolv.conf` is missing, sending internal names, and then tokens,
+//! out). Bind addresses are not resolved here.
 //!
 //! The files are read when a [`Resolver`] is made, and [`lookup`] makes one per call: a
 //! connect is rare (a start, a reconnect after backoff), and an edited `/etc/hosts` or
@@ -131,6 +134,21 @@ impl Resolver {
             });
         }
         Ok(addrs)
+    }
+}
+
+/// herald's resolver for reqwest: [`Resolver::system`] per lookup, so the two files are read
+/// as they are now, and no name ever goes to a name server the host did not configure.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct ReqwestResolver;
+
+impl reqwest::dns::Resolve for ReqwestResolver {
+    fn resolve(&self, name: reqwest::dns::Name) -> reqwest::dns::Resolving {
+        let host = name.as_str().to_owned();
+        Box::pin(async move {
+            let addrs = Resolver::system()?.lookup(&host, 0).await?;
+            Ok(Box::new(addrs.into_iter()) as reqwest::dns::Addrs)
+        })
     }
 }
 

@@ -14,6 +14,8 @@
 use std::marker::PhantomData;
 
 use rmcp::service::{RxJsonRpcMessage, ServiceRole, TxJsonRpcMessage};
+
+use crate::mcp::admission::{ListenAcks, TASK_IDS_META_KEY};
 use rmcp::transport::Transport;
 use serde_json::Value;
 use tokio::io::{AsyncBufReadExt, AsyncRead, AsyncWrite, AsyncWriteExt, BufReader};
@@ -34,6 +36,9 @@ pub struct LineTransport<Role, R> {
     writer_done: Option<tokio::task::JoinHandle<()>>,
     /// Added to every outgoing request's `_meta` (a client's token on QUIC).
     meta_token: Option<(String, String)>,
+    /// Server side: a listen's `taskIds` are moved into its `_meta` on the way in (rmcp
+    /// drops the field), and echoed into its acknowledgment on the way out.
+    acks: Option<ListenAcks>,
     _role: PhantomData<fn() -> Role>,
 }
 
@@ -60,8 +65,15 @@ where
             pending_error: None,
             writer_done: Some(writer_done),
             meta_token: None,
+            acks: None,
             _role: PhantomData,
         }
+    }
+
+    /// Carries listens' `taskIds` past rmcp (server side): see the field.
+    pub fn with_listen_acks(mut self, acks: ListenAcks) -> Self {
+        self.acks = Some(acks);
+        self
     }
 
     /// Adds `_meta[key] = value` to every request this side sends (how a client presents its
@@ -126,6 +138,57 @@ where
     }
 }
 
+/// Whether a message may be a listen naming `taskIds` (a byte scan spares other messages a
+/// second parse; `\u` catches an escaped key).
+fn may_name_task_ids(text: &[u8]) -> bool {
+    let has = |needle: &[u8]| text.windows(needle.len()).any(|w| w == needle);
+    has(b"taskIds") || has(b"\\u")
+}
+
+/// Moves a listen's `params.notifications.taskIds` into `params._meta` (as is, whatever its
+/// shape: the server gates and checks it), where rmcp keeps it.
+fn carry_task_ids(v: &mut Value) {
+    if v.get("method").and_then(Value::as_str) != Some("subscriptions/listen") {
+        return;
+    }
+    let Some(params) = v.get_mut("params").and_then(Value::as_object_mut) else {
+        return;
+    };
+    let Some(ids) = params
+        .get_mut("notifications")
+        .and_then(Value::as_object_mut)
+        .and_then(|n| n.remove("taskIds"))
+    else {
+        return;
+    };
+    let meta = params
+        .entry("_meta")
+        .or_insert_with(|| Value::Object(Default::default()));
+    if let Some(m) = meta.as_object_mut() {
+        m.insert(TASK_IDS_META_KEY.into(), ids);
+    }
+}
+
+/// Adds `taskIds` to an outgoing listen acknowledgment that has them waiting in `acks`.
+fn echo_task_ids(v: &mut Value, acks: &ListenAcks) {
+    if v.get("method").and_then(Value::as_str) != Some("notifications/subscriptions/acknowledged") {
+        return;
+    }
+    let Some(sub) = v
+        .pointer("/params/_meta/io.modelcontextprotocol~1subscriptionId")
+        .cloned()
+    else {
+        return;
+    };
+    if let Some(ids) = acks.take(&sub)
+        && let Some(n) = v
+            .pointer_mut("/params/notifications")
+            .and_then(Value::as_object_mut)
+    {
+        n.insert("taskIds".into(), ids.into());
+    }
+}
+
 enum LineRead {
     Line,
     Oversized(usize),
@@ -164,8 +227,16 @@ where
     ) -> impl Future<Output = Result<(), Self::Error>> + Send + 'static {
         let tx = self.tx.clone();
         let meta = self.meta_token.clone();
+        let acks = self.acks.clone().filter(|a| !a.is_empty());
         async move {
             let mut bytes = match meta {
+                None if acks.is_some() => {
+                    let mut v = serde_json::to_value(&item).map_err(std::io::Error::other)?;
+                    if let Some(acks) = acks {
+                        echo_task_ids(&mut v, &acks);
+                    }
+                    serde_json::to_vec(&v).map_err(std::io::Error::other)?
+                }
                 None => serde_json::to_vec(&item).map_err(std::io::Error::other)?,
                 Some((key, value)) => {
                     let mut v = serde_json::to_value(&item).map_err(std::io::Error::other)?;
@@ -247,7 +318,16 @@ where
                 self.line.clear();
                 continue;
             }
-            let parsed = serde_json::from_slice::<RxJsonRpcMessage<Role>>(text);
+            let parsed = match &self.acks {
+                Some(_) if may_name_task_ids(text) => match serde_json::from_slice::<Value>(text) {
+                    Ok(mut v) => {
+                        carry_task_ids(&mut v);
+                        serde_json::from_value::<RxJsonRpcMessage<Role>>(v)
+                    }
+                    Err(e) => Err(e),
+                },
+                _ => serde_json::from_slice::<RxJsonRpcMessage<Role>>(text),
+            };
             match parsed {
                 Ok(msg) => {
                     self.line.clear();

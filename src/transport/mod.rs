@@ -19,17 +19,15 @@ use lines::LineTransport;
 /// Returns when the session ends.
 pub async fn serve_stdio(server: SourceServer, shutdown: CancellationToken) {
     let max = server.limits().max_message_bytes;
+    let service = server.for_connection();
     let transport = LineTransport::<rmcp::RoleServer, _>::new(
         tokio::io::stdin(),
         tokio::io::stdout(),
         max,
         true,
-    );
-    match server
-        .for_connection()
-        .serve_with_ct(transport, shutdown)
-        .await
-    {
+    )
+    .with_listen_acks(service.acks());
+    match service.serve_with_ct(transport, shutdown).await {
         Ok(running) => {
             let _ = running.waiting().await;
         }

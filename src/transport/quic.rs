@@ -102,7 +102,8 @@ pub async fn serve(
                     streams.spawn(
                         async move {
                             let transport =
-                                LineTransport::<rmcp::RoleServer, _>::new(recv, send, max, true);
+                                LineTransport::<rmcp::RoleServer, _>::new(recv, send, max, true)
+                                    .with_listen_acks(service.acks());
                             match service.serve_with_ct(transport, ct).await {
                                 Ok(running) => {
                                     let _ = running.waiting().await;

@@ -106,7 +106,7 @@ where
 }
 
 async fn exec_once(cmd: &str, n: &Notice) -> Result<(), String> {
-    let mut child = tokio::process::Command::new("sh")
+    let mut child = crate::app::secrets::scrub(&mut tokio::process::Command::new("sh"))
         .arg("-c")
         .arg(cmd)
         .env("HERALD_WATCH", &n.watch)

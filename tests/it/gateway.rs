@@ -82,6 +82,9 @@ async fn client(s: &Setup, token: Option<&str>, servers: Option<&str>) -> Connec
 }
 
 /// The tools `c` sees, sorted (the gateway connected its upstreams before it listened).
+/// memo's tools, sorted.
+const MEMO_TOOLS: [&str; 4] = ["memo_ask", "memo_delete", "memo_set", "memo_wait"];
+
 async fn tools(c: &Connection, n: usize) -> Vec<String> {
     let mut names: Vec<String> = c
         .list_all_tools()
@@ -123,15 +126,11 @@ async fn tools_are_prefixed_forwarded_and_entitled() {
     let s = setup().await;
     let all = client(&s, Some(ALL), None).await;
     assert_eq!(
-        tools(&all, 6).await,
-        [
-            "a__memo_delete",
-            "a__memo_set",
-            "b__memo_delete",
-            "b__memo_set",
-            "c__memo_delete",
-            "c__memo_set"
-        ]
+        tools(&all, 12).await,
+        ["a", "b", "c"]
+            .iter()
+            .flat_map(|s| MEMO_TOOLS.map(|t| format!("{s}__{t}")))
+            .collect::<Vec<_>>()
     );
     let t = all.list_all_tools().await.unwrap();
     let del = t.iter().find(|t| t.name == "a__memo_delete").unwrap();
@@ -152,9 +151,9 @@ async fn tools_are_prefixed_forwarded_and_entitled() {
 
     // ?servers= narrows; a token sees only its slugs.
     let only_b = client(&s, Some(ALL), Some("b")).await;
-    assert_eq!(tools(&only_b, 2).await, ["b__memo_delete", "b__memo_set"]);
+    assert_eq!(tools(&only_b, 4).await, MEMO_TOOLS.map(|t| format!("b__{t}")));
     let a_only = client(&s, Some(ONLY_A), None).await;
-    assert_eq!(tools(&a_only, 2).await, ["a__memo_delete", "a__memo_set"]);
+    assert_eq!(tools(&a_only, 4).await, MEMO_TOOLS.map(|t| format!("a__{t}")));
     // Outside the set: Forbidden, the same whether the slug exists or not.
     let exists = call_err(&a_only, "b__memo_set", json!({"key": "x", "value": 1})).await;
     let missing = call_err(&a_only, "zz__memo_set", json!({"key": "x", "value": 1})).await;
@@ -180,7 +179,7 @@ async fn tools_are_prefixed_forwarded_and_entitled() {
 async fn resources_are_merged_and_same_uris_prefixed() {
     let s = setup().await;
     let all = client(&s, Some(ALL), None).await;
-    tools(&all, 6).await;
+    tools(&all, 12).await;
     let uris = resource_uris(&all).await;
     assert_eq!(
         uris,
@@ -199,7 +198,7 @@ async fn resources_are_merged_and_same_uris_prefixed() {
     assert_eq!(mime, "application/json");
     // A token limited to a sees a's resources under their own URIs (no collision for it).
     let a_only = client(&s, Some(ONLY_A), None).await;
-    tools(&a_only, 2).await;
+    tools(&a_only, 4).await;
     let uris = resource_uris(&a_only).await;
     assert_eq!(uris, ["memo://log", "memo://notes"]);
     let err = a_only
@@ -217,7 +216,7 @@ async fn listens_are_shared_upstream_and_survive_an_upstream_restart() {
     let s = setup().await;
     let one = client(&s, Some(ALL), None).await;
     let two = client(&s, Some(ALL), None).await;
-    tools(&one, 6).await;
+    tools(&one, 12).await;
     let filter = |u: &str| {
         SubscriptionFilter::builder()
             .resource_subscription(u)
@@ -262,7 +261,7 @@ async fn listens_are_shared_upstream_and_survive_an_upstream_restart() {
     drop(mixed);
     // A token may not watch what it may not see: the ack leaves it out.
     let a_only = client(&s, Some(ONLY_A), None).await;
-    tools(&a_only, 2).await;
+    tools(&a_only, 4).await;
     let denied = a_only.listen(filter("b+memo://notes")).await.unwrap();
     assert!(
         denied
@@ -332,7 +331,7 @@ async fn poll(
 async fn events_and_quic_tokens() {
     let s = setup().await;
     let all = client(&s, Some(ALL), None).await;
-    tools(&all, 6).await;
+    tools(&all, 12).await;
     let code = |r: Result<_, rmcp::ServiceError>| match r {
         Err(rmcp::ServiceError::McpError(e)) => e.code.0,
         other => panic!("expected an error, got {other:?}"),
@@ -484,7 +483,7 @@ async fn events_and_quic_tokens() {
     )
     .await
     .unwrap();
-    assert_eq!(tools(&q, 2).await, ["a__memo_delete", "a__memo_set"]);
+    assert_eq!(tools(&q, 4).await, MEMO_TOOLS.map(|t| format!("a__{t}")));
     // The ack over QUIC names only what the upstream accepted, and what this token may see.
     let sub = q
         .listen(

@@ -16,6 +16,7 @@ mod slack_fake;
 mod store;
 mod support;
 mod systemd;
+mod tasks;
 mod up;
 mod watch;
 mod wire;

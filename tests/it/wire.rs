@@ -9,18 +9,20 @@ use tokio::process::{Child, ChildStdin, ChildStdout};
 
 use crate::support::*;
 
-struct Raw {
-    child: Child,
+pub(crate) struct Raw {
+    pub(crate) child: Child,
     stdin: ChildStdin,
     lines: Lines<BufReader<ChildStdout>>,
+    /// Lines read but put back, read again first.
+    pub(crate) stash: std::collections::VecDeque<Value>,
 }
 
 impl Raw {
-    fn spawn(extra: &[&str]) -> Raw {
+    pub(crate) fn spawn(extra: &[&str]) -> Raw {
         Raw::spawn_with_stderr(extra, Stdio::null())
     }
 
-    fn spawn_with_stderr(extra: &[&str], stderr: Stdio) -> Raw {
+    pub(crate) fn spawn_with_stderr(extra: &[&str], stderr: Stdio) -> Raw {
         let args: Vec<&str> = ["--store", ":memory:", "memo"]
             .into_iter()
             .chain(extra.iter().copied())
@@ -29,7 +31,7 @@ impl Raw {
     }
 
     /// `herald ARGS` on stdio.
-    fn spawn_args(args: &[&str], stderr: Stdio) -> Raw {
+    pub(crate) fn spawn_args(args: &[&str], stderr: Stdio) -> Raw {
         init();
         let mut child = tokio::process::Command::new(bin())
             .args(args)
@@ -45,20 +47,24 @@ impl Raw {
             child,
             stdin,
             lines,
+            stash: Default::default(),
         }
     }
 
-    async fn send_line(&mut self, line: &str) {
+    pub(crate) async fn send_line(&mut self, line: &str) {
         self.stdin.write_all(line.as_bytes()).await.unwrap();
         self.stdin.write_all(b"\n").await.unwrap();
         self.stdin.flush().await.unwrap();
     }
 
-    async fn send(&mut self, v: Value) {
+    pub(crate) async fn send(&mut self, v: Value) {
         self.send_line(&v.to_string()).await;
     }
 
-    async fn recv(&mut self) -> Value {
+    pub(crate) async fn recv(&mut self) -> Value {
+        if let Some(v) = self.stash.pop_front() {
+            return v;
+        }
         let line = tokio::time::timeout(WAIT, self.lines.next_line())
             .await
             .expect("a line in time")
@@ -68,7 +74,7 @@ impl Raw {
     }
 
     /// Reads until `pred` holds, returning everything read (including the match).
-    async fn recv_until(&mut self, pred: impl Fn(&Value) -> bool) -> Vec<Value> {
+    pub(crate) async fn recv_until(&mut self, pred: impl Fn(&Value) -> bool) -> Vec<Value> {
         let mut seen = Vec::new();
         loop {
             let v = self.recv().await;
@@ -81,7 +87,7 @@ impl Raw {
     }
 
     /// Listens for `uris` and returns the acknowledgment.
-    async fn listen(&mut self, id: &str, uris: &[&str]) -> Value {
+    pub(crate) async fn listen(&mut self, id: &str, uris: &[&str]) -> Value {
         self.send(
             json!({"jsonrpc":"2.0","id":id,"method":"subscriptions/listen",
             "params":{"_meta":meta(),"notifications":{"resourceSubscriptions":uris}}}),
@@ -96,14 +102,14 @@ impl Raw {
         ack.clone()
     }
 
-    async fn memo_set(&mut self, id: u64, key: &str, value: Value) {
+    pub(crate) async fn memo_set(&mut self, id: u64, key: &str, value: Value) {
         self.send(json!({"jsonrpc":"2.0","id":id,"method":"tools/call",
             "params":{"_meta":meta(),"name":"memo_set","arguments":{"key":key,"value":value}}}))
             .await;
     }
 }
 
-fn sub_id(v: &Value) -> Option<&str> {
+pub(crate) fn sub_id(v: &Value) -> Option<&str> {
     v.pointer("/params/_meta/io.modelcontextprotocol~1subscriptionId")
         .and_then(Value::as_str)
 }
@@ -174,7 +180,7 @@ async fn malformed_and_oversized_lines_are_refused_and_serving_continues() {
         .iter()
         .map(|t| t["name"].as_str().unwrap())
         .collect();
-    assert_eq!(names, ["memo_set", "memo_delete"]);
+    assert_eq!(names, ["memo_set", "memo_delete", "memo_wait", "memo_ask"]);
     // A request without _meta is refused with -32602, and serving continues.
     raw.send(json!({"jsonrpc":"2.0","id":3,"method":"tools/list","params":{}}))
         .await;

@@ -196,7 +196,8 @@ impl UpToml {
     /// Parses a config file's text. `base` is where relative paths start (the file's
     /// directory).
     pub fn parse(text: &str, base: &Path) -> anyhow::Result<UpToml> {
-        let mut t: UpToml = toml::from_str(text).map_err(|e| anyhow!("{e}"))?;
+        let mut t: UpToml = toml::from_str(text)
+            .map_err(|e| anyhow!("{}", crate::gateway::config::toml_message(text, &e)))?;
         if let Some(f) = &mut t.file {
             for r in &mut f.roots {
                 if r.is_relative() {
@@ -263,6 +264,14 @@ impl UpToml {
         t.listen
             .admin
             .get_or_insert_with(|| crate::app::admin::DEFAULT_ADMIN.to_owned());
+        if tokens.is_empty()
+            && (!t.listen.allowed_hosts.is_empty() || !t.listen.allowed_origins.is_empty())
+        {
+            bail!(
+                "[listen] allowed_hosts or allowed_origins with no [[token]]: they exist for callers through a proxy or another name, who would then use every role without a token. \
+                 Add a [[token]] (sha256 = the output of `printf %s TOKEN | sha256sum`, slugs = [\"*\"])"
+            );
+        }
         if tokens.is_empty() {
             for addr in [&t.listen.http, &t.listen.quic]
                 .into_iter()
@@ -402,6 +411,12 @@ mod tests {
         );
         assert!(e.contains("line 5"), "{e}");
         assert!(e.contains("unknown field `colour`"), "{e}");
+        // The line itself is never quoted: it may hold a secret.
+        let e = format!(
+            "{:#}",
+            parse("[slack]\nbot_token = \"xoxb-s3cret\"\n").unwrap_err()
+        );
+        assert!(e.contains("line 2") && !e.contains("s3cret"), "{e}");
     }
 
     #[test]
@@ -412,6 +427,13 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(e.contains("0.0.0.0:8750") && e.contains("[[token]]"), "{e}");
+        let e = parse("[listen]\nallowed_hosts = [\"mcp.example.com\"]\n[memo]\n")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("allowed_hosts") && e.contains("[[token]]"),
+            "{e}"
+        );
         parse(&format!(
             "[listen]\nhttp = \"0.0.0.0:8750\"\n[memo]\n[[token]]\nsha256 = \"{HASH}\"\nslugs = [\"*\"]\n"
         ))

@@ -207,6 +207,9 @@ pub async fn run(args: UpArgs, globals: &Globals) -> Result<(), Exit> {
         http: cfg.http().map(str::to_owned),
         quic: cfg.quic().map(str::to_owned),
         stdio: false,
+        // Both listeners off is allowed (the roles, the watch client and [notify] still run);
+        // it never turns the terminal into an endpoint.
+        no_stdio_fallback: true,
         http_options: HttpOptions {
             allowed_hosts: file.listen.allowed_hosts.clone(),
             allowed_origins: file.listen.allowed_origins.clone(),
@@ -294,12 +297,27 @@ pub async fn run(args: UpArgs, globals: &Globals) -> Result<(), Exit> {
         require_watches: false,
     };
     let board = ctx.status().clone();
-    let _ = crate::watch::run(opts, ctx.shutdown().clone(), async |m| {
+    let watch = crate::watch::run(opts, ctx.shutdown().clone(), async |m| {
         m.report_to(&board);
         true
-    })
-    .await;
-    app::stop(&ctx, &globals.systemd).await;
+    });
+    tokio::pin!(watch);
+    tokio::select! {
+        _ = &mut watch => {}
+        _ = ctx.shutdown().cancelled() => {}
+    }
+    // systemd hears STOPPING (and the timeout extensions) as soon as the shutdown begins, while
+    // the watch client delivers what it still holds, for at most the drain's time.
+    ctx.shutdown().cancel();
+    let deliver = async {
+        if tokio::time::timeout(app::DRAIN, &mut watch).await.is_err() {
+            tracing::warn!(
+                "the watch client could not deliver its last notices within {} s; they are dropped",
+                app::DRAIN.as_secs()
+            );
+        }
+    };
+    tokio::join!(app::stop(&ctx, &globals.systemd), deliver);
     Ok(())
 }
 

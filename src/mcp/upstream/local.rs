@@ -34,10 +34,12 @@ pub fn dialer(
         Box::pin(async move {
             let (client, served) = tokio::io::duplex(PIPE);
             let (sr, sw) = tokio::io::split(served);
-            let transport = LineTransport::<RoleServer, _>::new(sr, sw, max_message_bytes, true);
+            let service = server.for_connection();
+            let transport = LineTransport::<RoleServer, _>::new(sr, sw, max_message_bytes, true)
+                .with_listen_acks(service.acks());
             let ct = ctx.shutdown().child_token();
             ctx.spawn("in-process connection", async move {
-                if let Ok(running) = server.for_connection().serve_with_ct(transport, ct).await {
+                if let Ok(running) = service.serve_with_ct(transport, ct).await {
                     let _ = running.waiting().await;
                 }
             });

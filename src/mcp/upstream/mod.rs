@@ -259,7 +259,7 @@ impl Upstream {
         };
         UpstreamReport {
             name: self.name.clone(),
-            target: self.target.to_string(),
+            target: self.target.redacted(),
             connected: self.cached().is_some(),
             ever_connected: self.catalog().is_some(),
             last_error,

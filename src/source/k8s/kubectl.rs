@@ -29,6 +29,7 @@ const MAX_CONCURRENT_COMMANDS: usize = 8;
 fn command(program: &Path) -> Command {
     let mut cmd = Command::new(program);
     cmd.kill_on_drop(true);
+    crate::app::secrets::scrub(&mut cmd);
     // SAFETY: prctl in the child between fork and exec: async-signal-safe, touches no memory
     // of the parent.
     unsafe {
@@ -435,7 +436,7 @@ impl Kubectl {
 /// Runs the token command; its trimmed stdout is the token. Its output never reaches an error.
 /// It runs in a process group of its own, killed whole if it overruns.
 async fn mint(cmd: &str) -> Result<String, SourceError> {
-    let mut child = Command::new("/bin/sh")
+    let mut child = crate::app::secrets::scrub(&mut Command::new("/bin/sh"))
         .args(["-c", cmd])
         .stdin(Stdio::null())
         .stdout(Stdio::piped())

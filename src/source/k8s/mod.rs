@@ -38,8 +38,7 @@ use crate::mcp::context::RoleContext;
 use crate::mcp::events::{EventType, Leases, MAX_POLL_LEASES, POLL_LEASE};
 use crate::mcp::hub::ChangeFeed;
 use crate::mcp::source::{
-    Admission, Caller, Contents, ListenFilter, Progress, Source, SourceError, SourceInfo,
-    WatchGuard,
+    Admission, Call, Caller, Contents, ListenFilter, Source, SourceError, SourceInfo, WatchGuard,
 };
 use kubectl::{Kubectl, KubectlConfig};
 use uri::{K8sUri, Selection};
@@ -246,7 +245,7 @@ impl Source for K8s {
         _caller: &Caller,
         name: &str,
         args: JsonObject,
-        _progress: Option<Progress>,
+        _call: Call,
     ) -> Result<CallToolResult, SourceError> {
         self.run_tool(name, args).await
     }

@@ -18,9 +18,10 @@ use crate::mcp::events::{self, EventType, PollRequest};
 use crate::mcp::hub::ChangeFeed;
 use crate::mcp::ring::{EVENT_LOG_MIME, EventRing};
 use crate::mcp::source::{
-    Admission, Caller, Contents, ListenFilter, Progress, Source, SourceError, SourceInfo,
-    WatchGuard, check_args, schema,
+    Admission, Call, Caller, Contents, ListenFilter, Source, SourceError, SourceInfo, WatchGuard,
+    check_args, schema,
 };
+use crate::mcp::tasks;
 use crate::store::{Store, StoreError, Table};
 
 pub const NOTES_URI: &str = "memo://notes";
@@ -37,7 +38,13 @@ pub struct Memo {
     log: EventRing,
     feed: ChangeFeed,
     writes: tokio::sync::Mutex<()>,
+    /// Bumped after every change, for `memo_wait`.
+    version: tokio::sync::watch::Sender<u64>,
 }
+
+/// `memo_wait`'s default and longest wait.
+const WAIT_DEFAULT_MS: u64 = 60_000;
+const WAIT_MAX_MS: u64 = 3_600_000;
 
 impl Memo {
     /// Loads the notes from the store.
@@ -57,6 +64,7 @@ impl Memo {
             log: EventRing::new(ring_capacity),
             feed: ChangeFeed::new(),
             writes: tokio::sync::Mutex::new(()),
+            version: tokio::sync::watch::Sender::new(0),
         })
     }
 
@@ -114,6 +122,7 @@ impl Memo {
         self.log.push(kind, f);
         self.feed.publish(NOTES_URI);
         self.feed.publish(LOG_URI);
+        self.version.send_modify(|v| *v += 1);
         Ok(true)
     }
 
@@ -144,7 +153,137 @@ impl Memo {
         self.log.push("DELETED", f);
         self.feed.publish(NOTES_URI);
         self.feed.publish(LOG_URI);
+        self.version.send_modify(|v| *v += 1);
         Ok(true)
+    }
+
+    fn get(&self, key: &str) -> Option<Value> {
+        self.notes
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(key)
+            .cloned()
+    }
+
+    /// Waits until note `key` next changes (set to another value, or deleted), at most
+    /// `timeout`. Returns the new value (`Some(None)`: deleted), or `None` on timeout.
+    pub async fn wait(&self, key: &str, timeout: std::time::Duration) -> Option<Option<Value>> {
+        let mut rx = self.version.subscribe();
+        let before = self.get(key);
+        tokio::time::timeout(timeout, async {
+            loop {
+                if rx.changed().await.is_err() {
+                    // The memo is gone; nothing will change any more.
+                    std::future::pending::<()>().await;
+                }
+                let now = self.get(key);
+                if now != before {
+                    return now;
+                }
+            }
+        })
+        .await
+        .ok()
+    }
+
+    async fn memo_wait(&self, args: &JsonObject) -> Result<CallToolResult, SourceError> {
+        check_args(args, &["key", "timeout_ms"])?;
+        let key = key_arg(args)?;
+        Self::check_key(&key)?;
+        let ms = match args.get("timeout_ms") {
+            None => WAIT_DEFAULT_MS,
+            Some(v) => v
+                .as_u64()
+                .filter(|&m| m > 0 && m <= WAIT_MAX_MS)
+                .ok_or_else(|| {
+                    SourceError::InvalidParams(format!(
+                        "timeout_ms must be a whole number of milliseconds from 1 to {WAIT_MAX_MS}"
+                    ))
+                })?,
+        };
+        Ok(
+            match self.wait(&key, std::time::Duration::from_millis(ms)).await {
+                Some(value) => {
+                    let text = match &value {
+                        Some(v) => format!("{key} changed to {v}"),
+                        None => format!("{key} was deleted"),
+                    };
+                    let mut r = CallToolResult::success(vec![Content::text(text)]);
+                    r.structured_content =
+                        Some(json!({"key": key, "changed": true, "value": value}));
+                    r
+                }
+                None => {
+                    let mut r = CallToolResult::success(vec![Content::text(format!(
+                        "{key} did not change within {ms} ms"
+                    ))]);
+                    r.structured_content = Some(json!({"key": key, "changed": false}));
+                    r
+                }
+            },
+        )
+    }
+
+    /// `memo_ask`: asks the client for a value (an elicitation, through the task's
+    /// `input_required`), then sets the note to it.
+    async fn memo_ask(&self, args: &JsonObject, call: Call) -> Result<CallToolResult, SourceError> {
+        check_args(args, &["key", "message"])?;
+        let key = key_arg(args)?;
+        Self::check_key(&key)?;
+        let message = match args.get("message") {
+            None => format!("A value for note {key}"),
+            Some(Value::String(m)) => m.clone(),
+            Some(_) => {
+                return Err(SourceError::InvalidParams(
+                    "message must be a string".into(),
+                ));
+            }
+        };
+        let Some(task) = call.task else {
+            return Err(SourceError::InvalidParams(
+                "memo_ask asks the client for input, so it runs only as a task: call it with the tasks extension declared (io.modelcontextprotocol/tasks)".into(),
+            ));
+        };
+        let request: rmcp::model::InputRequest = serde_json::from_value(json!({
+            "method": "elicitation/create",
+            "params": {
+                "mode": "form",
+                "message": message,
+                "requestedSchema": {
+                    "type": "object",
+                    "properties": {"value": {"type": "string", "description": format!("the new value of {key}")}},
+                    "required": ["value"]
+                }
+            }
+        }))
+        .map_err(|e| SourceError::Unavailable(format!("cannot build the input request: {e}")))?;
+        let input_key = format!("value-of-{key}");
+        let answers = task
+            .ask([(input_key.clone(), request)].into_iter().collect())
+            .await?;
+        let answer = answers.get(&input_key).cloned().unwrap_or_default();
+        match answer.get("action").and_then(Value::as_str) {
+            Some("accept") => {}
+            other => {
+                let mut r = CallToolResult::success(vec![Content::text(format!(
+                    "{key} left as it was: the input was {}",
+                    other.unwrap_or("not given")
+                ))]);
+                r.structured_content = Some(json!({"key": key, "changed": false}));
+                return Ok(r);
+            }
+        }
+        let value = answer
+            .get("content")
+            .and_then(|c| c.get("value"))
+            .cloned()
+            .ok_or_else(|| {
+                SourceError::InvalidParams("the accepted input has no content.value".into())
+            })?;
+        let changed = self.set(&key, value.clone()).await?;
+        let mut r = CallToolResult::success(vec![Content::text(format!("set {key} to {value}"))]);
+        r.structured_content = Some(json!({"key": key, "changed": changed, "value": value}));
+        Ok(r)
     }
 }
 
@@ -254,7 +393,56 @@ impl Source for Memo {
                     .idempotent(true)
                     .open_world(false),
             ),
+            tasks::optional(
+                Tool::new(
+                    "memo_wait",
+                    "Wait until note `key` next changes (set to another value or deleted), at most `timeout_ms` (default 60000). May run as a task.",
+                    schema(json!({
+                        "type": "object",
+                        "properties": {
+                            "key": {"type": "string", "description": "note name"},
+                            "timeout_ms": {"type": "integer", "minimum": 1, "maximum": WAIT_MAX_MS, "description": "longest wait, ms"}
+                        },
+                        "required": ["key"],
+                        "additionalProperties": false
+                    })),
+                )
+                .with_annotations(
+                    ToolAnnotations::with_title("Wait for a note to change")
+                        .read_only(true)
+                        .open_world(false),
+                ),
+            ),
+            tasks::required(
+                Tool::new(
+                    "memo_ask",
+                    "Ask the client for a value of note `key` (an elicitation with `message`, answered with tasks/update), then set the note. Runs only as a task.",
+                    schema(json!({
+                        "type": "object",
+                        "properties": {
+                            "key": {"type": "string", "description": "note name"},
+                            "message": {"type": "string", "description": "what to ask"}
+                        },
+                        "required": ["key"],
+                        "additionalProperties": false
+                    })),
+                )
+                .with_annotations(
+                    ToolAnnotations::with_title("Ask for a note's value")
+                        .read_only(false)
+                        .destructive(false)
+                        .open_world(false),
+                ),
+            ),
         ]
+    }
+
+    fn task_support(&self, _caller: &Caller, name: &str) -> tasks::TaskSupport {
+        match name {
+            "memo_wait" => tasks::TaskSupport::Optional,
+            "memo_ask" => tasks::TaskSupport::Required,
+            _ => tasks::TaskSupport::Forbidden,
+        }
     }
 
     async fn call_tool(
@@ -262,7 +450,7 @@ impl Source for Memo {
         _caller: &Caller,
         name: &str,
         args: JsonObject,
-        _progress: Option<Progress>,
+        call: Call,
     ) -> Result<CallToolResult, SourceError> {
         match name {
             "memo_set" => {
@@ -296,6 +484,8 @@ impl Source for Memo {
                 r.structured_content = Some(json!({"key": key, "deleted": existed}));
                 Ok(r)
             }
+            "memo_wait" => self.memo_wait(&args).await,
+            "memo_ask" => self.memo_ask(&args, call).await,
             other => Err(SourceError::UnknownTool(other.to_owned())),
         }
     }
@@ -397,7 +587,7 @@ mod tests {
                 &Caller::local(),
                 "memo_set",
                 schema(json!({"key": "a"})),
-                None,
+                Call::default(),
             )
             .await
             .unwrap_err();
@@ -407,7 +597,7 @@ mod tests {
                 &Caller::local(),
                 "memo_set",
                 schema(json!({"key": "a", "value": 1, "extra": 2})),
-                None,
+                Call::default(),
             )
             .await
             .unwrap_err();
@@ -417,7 +607,7 @@ mod tests {
                 &Caller::local(),
                 "memo_set",
                 schema(json!({"key": 5, "value": 1})),
-                None,
+                Call::default(),
             )
             .await
             .unwrap_err();

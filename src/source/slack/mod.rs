@@ -46,8 +46,8 @@ use crate::mcp::events::{self, EventType, NEXT_POLL_MS, PollRequest, encode_curs
 use crate::mcp::hub::ChangeFeed;
 use crate::mcp::ring::{EVENT_LOG_MIME, now_ms};
 use crate::mcp::source::{
-    Admission, Caller, Contents, ListenFilter, Progress, Source, SourceError, SourceInfo,
-    WatchGuard, check_args, schema,
+    Admission, Call, Caller, Contents, ListenFilter, Source, SourceError, SourceInfo, WatchGuard,
+    check_args, schema,
 };
 use crate::store::{Store, StoreError};
 
@@ -98,6 +98,14 @@ impl Slack {
         store: Store,
         ctx: &RoleContext,
     ) -> Result<Slack, StoreError> {
+        // This process holds the Slack secrets from here on: its children never get them.
+        for var in [
+            settings::APP_TOKEN,
+            settings::BOT_TOKEN,
+            settings::ENCRYPTION_KEY,
+        ] {
+            crate::app::secrets::register(var);
+        }
         let s = &cfg.settings;
         let api = Arc::new(WebApi::new(
             &cfg.api_url,
@@ -433,7 +441,7 @@ impl Source for Slack {
         _caller: &Caller,
         name: &str,
         args: JsonObject,
-        _progress: Option<Progress>,
+        _call: Call,
     ) -> Result<CallToolResult, SourceError> {
         match name {
             "slack_events_status" => {

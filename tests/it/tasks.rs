@@ -1,0 +1,375 @@
+//! The tasks extension on the wire (stdio, raw JSON-RPC lines): a `tools/call` as a task only
+//! when the request declares the extension, `tasks/get|update|cancel` with their codes, and
+//! `subscriptions/listen` `taskIds`: the `-32021` gate before anything else, the
+//! acknowledgment's echo, and a complete state pushed on every change. Then a restart.
+
+use std::process::Stdio;
+
+use serde_json::{Value, json};
+
+use crate::support::*;
+use crate::wire::{Raw, sub_id};
+
+/// `_meta` declaring the tasks extension.
+fn tmeta() -> Value {
+    let mut m = meta();
+    m["io.modelcontextprotocol/clientCapabilities"] =
+        json!({"extensions": {"io.modelcontextprotocol/tasks": {}}});
+    m
+}
+
+impl Raw {
+    /// Sends request `id` and returns its answer; what came before it is read again later.
+    async fn ask(&mut self, id: Value, method: &str, params: Value) -> Value {
+        self.send(json!({"jsonrpc": "2.0", "id": id, "method": method, "params": params}))
+            .await;
+        let mut before = Vec::new();
+        loop {
+            let v = self.recv().await;
+            if v["id"] == id && v.get("method").is_none() {
+                for b in before.into_iter().rev() {
+                    self.stash.push_front(b);
+                }
+                return v;
+            }
+            before.push(v);
+        }
+    }
+
+    async fn call(&mut self, id: Value, meta: Value, tool: &str, args: Value) -> Value {
+        self.ask(
+            id,
+            "tools/call",
+            json!({"_meta": meta, "name": tool, "arguments": args}),
+        )
+        .await
+    }
+
+    /// The next `notifications/tasks` on listen `sub`.
+    async fn task_push(&mut self, sub: &str) -> Value {
+        let seen = self
+            .recv_until(|v| v["method"] == "notifications/tasks" && sub_id(v) == Some(sub))
+            .await;
+        seen.last().unwrap()["params"].clone()
+    }
+
+    /// Pushes on `sub` until one has `status`.
+    async fn task_push_until(&mut self, sub: &str, status: &str) -> Vec<Value> {
+        let mut seen = Vec::new();
+        loop {
+            let p = self.task_push(sub).await;
+            let done = p["status"] == status;
+            seen.push(p);
+            if done {
+                return seen;
+            }
+        }
+    }
+}
+
+fn code(v: &Value) -> i64 {
+    v["error"]["code"]
+        .as_i64()
+        .unwrap_or_else(|| panic!("an error: {v}"))
+}
+
+#[tokio::test]
+async fn a_tool_runs_as_a_task_only_when_the_request_declares_the_extension() {
+    let mut raw = Raw::spawn(&[]);
+    let d = raw
+        .ask(json!(1), "server/discover", json!({"_meta": meta()}))
+        .await;
+    assert!(
+        d.pointer("/result/capabilities/extensions/io.modelcontextprotocol~1tasks")
+            .is_some(),
+        "{d}"
+    );
+    let tools = raw
+        .ask(json!(2), "tools/list", json!({"_meta": meta()}))
+        .await;
+    let wait = tools["result"]["tools"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|t| t["name"] == "memo_wait")
+        .unwrap()
+        .clone();
+    assert_eq!(
+        wait["_meta"]["io.modelcontextprotocol/tasks"]["taskSupport"],
+        "optional"
+    );
+
+    // Without the extension: a plain answer, and memo_ask (tasks only) is -32021.
+    let plain = raw
+        .call(
+            json!(3),
+            meta(),
+            "memo_wait",
+            json!({"key": "k", "timeout_ms": 1}),
+        )
+        .await;
+    assert_eq!(
+        plain["result"]["structuredContent"]["changed"], false,
+        "{plain}"
+    );
+    let ask = raw
+        .call(json!(4), meta(), "memo_ask", json!({"key": "k"}))
+        .await;
+    assert_eq!(code(&ask), -32021, "{ask}");
+
+    // With it: a task, which tasks/get finds at once.
+    let t = raw
+        .call(json!(5), tmeta(), "memo_wait", json!({"key": "k"}))
+        .await;
+    let r = &t["result"];
+    assert_eq!(
+        (r["resultType"].clone(), r["status"].clone()),
+        (json!("task"), json!("working")),
+        "{t}"
+    );
+    assert_eq!(r["ttlMs"], 3_600_000);
+    assert!(r["pollIntervalMs"].as_u64().is_some() && r["createdAt"].is_string());
+    let id = r["taskId"].as_str().unwrap().to_owned();
+    let got = raw
+        .ask(
+            json!(6),
+            "tasks/get",
+            json!({"_meta": tmeta(), "taskId": id}),
+        )
+        .await;
+    assert_eq!(got["result"]["status"], "working", "{got}");
+    assert_eq!(got["result"]["resultType"], "complete");
+
+    // tasks/* from a client that did not declare the extension: -32021; unknown ids: -32602.
+    for method in ["tasks/get", "tasks/cancel"] {
+        let e = raw
+            .ask(
+                json!(method),
+                method,
+                json!({"_meta": meta(), "taskId": id}),
+            )
+            .await;
+        assert_eq!(code(&e), -32021, "{method}: {e}");
+        let e = raw
+            .ask(
+                json!(format!("{method}-x")),
+                method,
+                json!({"_meta": tmeta(), "taskId": "nope"}),
+            )
+            .await;
+        assert_eq!(code(&e), -32602, "{method}: {e}");
+    }
+    for method in ["tasks/list", "tasks/result"] {
+        let e = raw
+            .ask(
+                json!(method),
+                method,
+                json!({"_meta": tmeta(), "taskId": id}),
+            )
+            .await;
+        assert_eq!(code(&e), -32601, "{method}: {e}");
+    }
+
+    // The key changes: the task completes with memo_wait's answer.
+    let mut l = raw.ask_listen("W", json!({"taskIds": [id]}), tmeta()).await;
+    assert_eq!(l["params"]["notifications"]["taskIds"], json!([id]));
+    l = raw.task_push("W").await;
+    assert_eq!(l["status"], "working");
+    raw.memo_set(7, "k", json!("v")).await;
+    let done = raw.task_push_until("W", "completed").await.pop().unwrap();
+    assert_eq!(done["taskId"], id);
+    assert_eq!(done["result"]["structuredContent"]["value"], "v", "{done}");
+}
+
+impl Raw {
+    /// Sends a listen `id` with `notifications` and returns its acknowledgment.
+    async fn ask_listen(&mut self, id: &str, notifications: Value, meta: Value) -> Value {
+        self.send(
+            json!({"jsonrpc": "2.0", "id": id, "method": "subscriptions/listen",
+            "params": {"_meta": meta, "notifications": notifications}}),
+        )
+        .await;
+        let seen = self
+            .recv_until(|v| sub_id(v) == Some(id) || v["id"] == id)
+            .await;
+        let ack = seen.last().unwrap().clone();
+        assert_eq!(
+            ack["method"], "notifications/subscriptions/acknowledged",
+            "{ack}"
+        );
+        ack
+    }
+}
+
+#[tokio::test]
+async fn task_ids_are_gated_before_anything_else_and_the_ack_echoes_only_ones_own() {
+    let mut raw = Raw::spawn(&[]);
+    // Not declared: -32021 for any taskIds, even empty, malformed or oversized, and no stream.
+    let many: Vec<String> = (0..300).map(|i| format!("t{i}")).collect();
+    for (i, ids) in [json!([]), json!("x"), json!(many)].into_iter().enumerate() {
+        let e = raw
+            .ask(
+                json!(format!("L{i}")),
+                "subscriptions/listen",
+                json!({"_meta": meta(), "notifications": {"taskIds": ids}}),
+            )
+            .await;
+        assert_eq!(code(&e), -32021, "{e}");
+    }
+    // Declared: the shape and the cap are checked.
+    for (i, ids) in [json!("x"), json!([1]), json!(many)]
+        .into_iter()
+        .enumerate()
+    {
+        let e = raw
+            .ask(
+                json!(format!("M{i}")),
+                "subscriptions/listen",
+                json!({"_meta": tmeta(), "notifications": {"taskIds": ids}}),
+            )
+            .await;
+        assert_eq!(code(&e), -32602, "{e}");
+    }
+    // The ack names only the ids this caller can get.
+    let t = raw
+        .call(json!(1), tmeta(), "memo_wait", json!({"key": "k"}))
+        .await;
+    let id = t["result"]["taskId"].as_str().unwrap().to_owned();
+    let ack = raw
+        .ask_listen(
+            "L",
+            json!({"taskIds": ["nope", id, id], "resourceSubscriptions": ["memo://notes"]}),
+            tmeta(),
+        )
+        .await;
+    assert_eq!(
+        ack["params"]["notifications"],
+        json!({"taskIds": [id], "resourceSubscriptions": ["memo://notes"]})
+    );
+    // An unsubscribed task sends nothing on this stream: a second task ends, then the
+    // watched one does, and the first push after the initial state is the watched one's.
+    let other = raw
+        .call(json!(2), tmeta(), "memo_wait", json!({"key": "other"}))
+        .await;
+    let other = other["result"]["taskId"].as_str().unwrap().to_owned();
+    assert_eq!(raw.task_push("L").await["taskId"], id);
+    raw.memo_set(3, "other", json!(1)).await;
+    raw.memo_set(4, "k", json!(1)).await;
+    let p = raw.task_push("L").await;
+    assert_eq!(
+        (p["taskId"].clone(), p["status"].clone()),
+        (json!(id), json!("completed"))
+    );
+    assert_ne!(p["taskId"], other);
+}
+
+#[tokio::test]
+async fn input_required_update_completed_and_cancelled_are_pushed_whole() {
+    let mut raw = Raw::spawn(&[]);
+    let t = raw
+        .call(
+            json!(1),
+            tmeta(),
+            "memo_ask",
+            json!({"key": "owner", "message": "Who owns this?"}),
+        )
+        .await;
+    let id = t["result"]["taskId"].as_str().unwrap().to_owned();
+    raw.ask_listen("S", json!({"taskIds": [id]}), tmeta()).await;
+    let parked = raw
+        .task_push_until("S", "input_required")
+        .await
+        .pop()
+        .unwrap();
+    let req = &parked["inputRequests"]["value-of-owner"];
+    assert_eq!(req["method"], "elicitation/create", "{parked}");
+    assert_eq!(req["params"]["message"], "Who owns this?");
+    // The push is what tasks/get says at that moment.
+    let got = raw
+        .ask(
+            json!(2),
+            "tasks/get",
+            json!({"_meta": tmeta(), "taskId": id}),
+        )
+        .await;
+    let mut got = got["result"].clone();
+    got.as_object_mut().unwrap().remove("resultType");
+    let mut pushed = parked.clone();
+    pushed.as_object_mut().unwrap().remove("_meta");
+    assert_eq!(got, pushed);
+
+    let ack = raw
+        .ask(
+            json!(3),
+            "tasks/update",
+            json!({"_meta": tmeta(), "taskId": id, "inputResponses": {
+                "value-of-owner": {"action": "accept", "content": {"value": "ana"}}}}),
+        )
+        .await;
+    assert_eq!(ack["result"]["resultType"], "complete", "{ack}");
+    let rest = raw.task_push_until("S", "completed").await;
+    assert_eq!(rest[0]["status"], "working", "{rest:?}");
+    let done = rest.last().unwrap();
+    assert_eq!(
+        done["result"]["structuredContent"]["value"], "ana",
+        "{done}"
+    );
+    let notes = raw
+        .ask(
+            json!(4),
+            "resources/read",
+            json!({"_meta": meta(), "uri": "memo://notes"}),
+        )
+        .await;
+    assert!(notes.to_string().contains("ana"), "{notes}");
+
+    // Cancel: the work stops and the push says cancelled.
+    let t = raw
+        .call(json!(5), tmeta(), "memo_wait", json!({"key": "never"}))
+        .await;
+    let id = t["result"]["taskId"].as_str().unwrap().to_owned();
+    raw.ask_listen("C", json!({"taskIds": [id]}), tmeta()).await;
+    let ack = raw
+        .ask(
+            json!(6),
+            "tasks/cancel",
+            json!({"_meta": tmeta(), "taskId": id}),
+        )
+        .await;
+    assert_eq!(ack["result"]["resultType"], "complete", "{ack}");
+    let end = raw.task_push_until("C", "cancelled").await.pop().unwrap();
+    assert_eq!(end["taskId"], id);
+}
+
+#[tokio::test]
+async fn an_unfinished_task_reads_failed_after_a_restart() {
+    let dir = TempDir::new("tasks-restart");
+    let store = dir.path().join("memo.redb");
+    let store = store.to_str().unwrap();
+    let mut raw = Raw::spawn_args(&["--store", store, "memo"], Stdio::null());
+    let t = raw
+        .call(json!(1), tmeta(), "memo_wait", json!({"key": "k"}))
+        .await;
+    let id = t["result"]["taskId"].as_str().unwrap().to_owned();
+    let mut child = raw.child;
+    child.kill().await.unwrap();
+    child.wait().await.unwrap();
+
+    let mut raw = Raw::spawn_args(&["--store", store, "memo"], Stdio::null());
+    let got = raw
+        .ask(
+            json!(2),
+            "tasks/get",
+            json!({"_meta": tmeta(), "taskId": id}),
+        )
+        .await;
+    let r = &got["result"];
+    assert_eq!(r["status"], "failed", "{got}");
+    assert!(
+        r["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("restarted"),
+        "{got}"
+    );
+}
