@@ -277,9 +277,107 @@ async fn listen_gate(State(gate): State<Gate>, req: Request, next: Next) -> Resp
             body = Body::from(v.to_string());
             parts.headers.remove(header::CONTENT_LENGTH);
         }
+        let echo = listen.task_ids();
         parts.extensions.insert(PendingListen::new(listen));
+        let response = next.run(Request::from_parts(parts, body)).await;
+        // rmcp's acknowledgment has no `taskIds`: add the admitted ones as it goes out.
+        return match echo {
+            Some(ids) => {
+                let (parts, body) = response.into_parts();
+                Response::from_parts(parts, echo_task_ids(body, ids))
+            }
+            None => response,
+        };
     }
     next.run(Request::from_parts(parts, body)).await
+}
+
+/// The listen's SSE body with `taskIds` added to its acknowledgment (the first event that is
+/// one); every other byte passes through as it came.
+fn echo_task_ids(body: Body, ids: Vec<String>) -> Body {
+    use futures::StreamExt as _;
+    struct State {
+        inner: axum::body::BodyDataStream,
+        ids: Option<Vec<String>>,
+        buf: Vec<u8>,
+    }
+    let state = State {
+        inner: body.into_data_stream(),
+        ids: Some(ids),
+        buf: Vec::new(),
+    };
+    let stream = futures::stream::unfold(state, |mut st| async move {
+        loop {
+            if st.ids.is_none() && !st.buf.is_empty() {
+                let out = std::mem::take(&mut st.buf);
+                return Some((Ok(axum::body::Bytes::from(out)), st));
+            }
+            match st.inner.next().await {
+                None if st.buf.is_empty() => return None,
+                None => {
+                    st.ids = None;
+                }
+                Some(Err(e)) => return Some((Err(e), st)),
+                Some(Ok(chunk)) if st.ids.is_none() => return Some((Ok(chunk), st)),
+                Some(Ok(chunk)) => {
+                    st.buf.extend_from_slice(&chunk);
+                    // Whole events only: patch the first acknowledgment among them.
+                    let Some(end) = last_event_end(&st.buf) else {
+                        continue;
+                    };
+                    let rest = st.buf.split_off(end);
+                    let events = std::mem::replace(&mut st.buf, rest);
+                    let (patched, done) = patch_ack(&events, st.ids.as_ref().unwrap());
+                    if done {
+                        st.ids = None;
+                    }
+                    return Some((Ok(axum::body::Bytes::from(patched)), st));
+                }
+            }
+        }
+    });
+    Body::from_stream(stream)
+}
+
+/// Where the last complete SSE event in `buf` ends (after its blank line).
+fn last_event_end(buf: &[u8]) -> Option<usize> {
+    let text = std::str::from_utf8(buf).ok()?;
+    [
+        text.rfind("\n\n").map(|i| i + 2),
+        text.rfind("\r\n\r\n").map(|i| i + 4),
+    ]
+    .into_iter()
+    .flatten()
+    .max()
+}
+
+/// Adds `taskIds` to the acknowledgment among `events` (whole SSE events); whether it found it.
+fn patch_ack(events: &[u8], ids: &[String]) -> (Vec<u8>, bool) {
+    let Ok(text) = std::str::from_utf8(events) else {
+        return (events.to_vec(), false);
+    };
+    let mut out = String::with_capacity(text.len() + 64);
+    let mut done = false;
+    for line in text.split_inclusive('\n') {
+        if !done
+            && let Some(data) = line.strip_prefix("data:")
+            && let Ok(mut v) = serde_json::from_str::<Value>(data.trim())
+            && v.get("method").and_then(Value::as_str)
+                == Some("notifications/subscriptions/acknowledged")
+            && let Some(n) = v
+                .pointer_mut("/params/notifications")
+                .and_then(Value::as_object_mut)
+        {
+            n.insert("taskIds".into(), json!(ids));
+            out.push_str("data: ");
+            out.push_str(&v.to_string());
+            out.push_str(if line.ends_with("\r\n") { "\r\n" } else { "\n" });
+            done = true;
+            continue;
+        }
+        out.push_str(line);
+    }
+    (out.into_bytes(), done)
 }
 
 /// A JSON-RPC error response with `status`.

@@ -151,9 +151,15 @@ async fn tools_are_prefixed_forwarded_and_entitled() {
 
     // ?servers= narrows; a token sees only its slugs.
     let only_b = client(&s, Some(ALL), Some("b")).await;
-    assert_eq!(tools(&only_b, 4).await, MEMO_TOOLS.map(|t| format!("b__{t}")));
+    assert_eq!(
+        tools(&only_b, 4).await,
+        MEMO_TOOLS.map(|t| format!("b__{t}"))
+    );
     let a_only = client(&s, Some(ONLY_A), None).await;
-    assert_eq!(tools(&a_only, 4).await, MEMO_TOOLS.map(|t| format!("a__{t}")));
+    assert_eq!(
+        tools(&a_only, 4).await,
+        MEMO_TOOLS.map(|t| format!("a__{t}"))
+    );
     // Outside the set: Forbidden, the same whether the slug exists or not.
     let exists = call_err(&a_only, "b__memo_set", json!({"key": "x", "value": 1})).await;
     let missing = call_err(&a_only, "zz__memo_set", json!({"key": "x", "value": 1})).await;

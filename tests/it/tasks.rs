@@ -373,3 +373,232 @@ async fn an_unfinished_task_reads_failed_after_a_restart() {
         "{got}"
     );
 }
+
+/// One JSON-RPC request over HTTP; the response (SSE or JSON) as it streams.
+async fn post(url: &str, method: &str, body: Value) -> reqwest::Response {
+    let mut req = reqwest::Client::new()
+        .post(url)
+        .header("content-type", "application/json")
+        .header("accept", "application/json, text/event-stream")
+        .header("mcp-protocol-version", "2026-07-28")
+        .header("mcp-method", method);
+    if let Some(id) = body.pointer("/params/taskId").and_then(Value::as_str) {
+        req = req.header("mcp-name", id);
+    }
+    if let Some(name) = body.pointer("/params/name").and_then(Value::as_str) {
+        req = req.header("mcp-name", name);
+    }
+    tokio::time::timeout(WAIT, req.body(body.to_string()).send())
+        .await
+        .expect("an answer in time")
+        .unwrap()
+}
+
+/// The JSON-RPC messages of an SSE or JSON body, read until `until` holds for one.
+async fn messages_until(
+    resp: &mut reqwest::Response,
+    buf: &mut String,
+    until: impl Fn(&Value) -> bool,
+) -> Vec<Value> {
+    let mut seen = Vec::new();
+    loop {
+        while let Some(end) = buf.find('\n') {
+            let line: String = buf.drain(..=end).collect();
+            let data = line
+                .trim()
+                .strip_prefix("data:")
+                .unwrap_or(line.trim())
+                .trim();
+            if let Ok(v) = serde_json::from_str::<Value>(data) {
+                let done = until(&v);
+                seen.push(v);
+                if done {
+                    return seen;
+                }
+            }
+        }
+        let chunk = tokio::time::timeout(WAIT, resp.chunk())
+            .await
+            .expect("more of the body in time")
+            .unwrap();
+        match chunk {
+            Some(c) => buf.push_str(&String::from_utf8_lossy(&c)),
+            None => {
+                buf.push('\n');
+                if !buf.trim().is_empty() {
+                    continue;
+                }
+                panic!("the body ended: {seen:?}");
+            }
+        }
+    }
+}
+
+async fn answer(url: &str, method: &str, id: u64, params: Value) -> Value {
+    let mut resp = post(
+        url,
+        method,
+        json!({"jsonrpc": "2.0", "id": id, "method": method, "params": params}),
+    )
+    .await;
+    let mut buf = String::new();
+    messages_until(&mut resp, &mut buf, |v| v["id"] == id)
+        .await
+        .pop()
+        .unwrap()
+}
+
+#[tokio::test]
+async fn over_http_the_gate_the_echo_and_the_pushes_hold_too() {
+    let s = Server::spawn(&["--store", ":memory:", "memo", "--http", "127.0.0.1:0"]).await;
+    let url = s.http_url();
+    // Not declared: -32021 and no stream.
+    let e = answer(
+        &url,
+        "subscriptions/listen",
+        1,
+        json!({"_meta": meta(), "notifications": {"taskIds": []}}),
+    )
+    .await;
+    assert_eq!(code(&e), -32021, "{e}");
+    let t = answer(
+        &url,
+        "tools/call",
+        2,
+        json!({"_meta": tmeta(), "name": "memo_wait", "arguments": {"key": "k"}}),
+    )
+    .await;
+    assert_eq!(t["result"]["resultType"], "task", "{t}");
+    let id = t["result"]["taskId"].as_str().unwrap().to_owned();
+    let got = answer(
+        &url,
+        "tasks/get",
+        3,
+        json!({"_meta": tmeta(), "taskId": id}),
+    )
+    .await;
+    assert_eq!(got["result"]["status"], "working", "{got}");
+
+    let mut listen = post(
+        &url,
+        "subscriptions/listen",
+        json!({"jsonrpc": "2.0", "id": 4, "method": "subscriptions/listen",
+            "params": {"_meta": tmeta(), "notifications": {"taskIds": ["nope", id]}}}),
+    )
+    .await;
+    let mut buf = String::new();
+    let seen = messages_until(&mut listen, &mut buf, |v| {
+        v["method"] == "notifications/tasks"
+    })
+    .await;
+    let ack = seen
+        .iter()
+        .find(|v| v["method"] == "notifications/subscriptions/acknowledged")
+        .expect("an acknowledgment first");
+    assert_eq!(
+        ack["params"]["notifications"]["taskIds"],
+        json!([id]),
+        "{ack}"
+    );
+    let first = seen.last().unwrap();
+    assert_eq!(first["params"]["status"], "working");
+    assert_eq!(
+        first["params"]["_meta"]["io.modelcontextprotocol/subscriptionId"],
+        4
+    );
+
+    let set = answer(
+        &url,
+        "tools/call",
+        5,
+        json!({"_meta": meta(), "name": "memo_set", "arguments": {"key": "k", "value": 2}}),
+    )
+    .await;
+    assert!(set.get("result").is_some(), "{set}");
+    let pushes = messages_until(&mut listen, &mut buf, |v| {
+        v["params"]["status"] == "completed"
+    })
+    .await;
+    let done = pushes.last().unwrap();
+    assert_eq!(
+        done["params"]["result"]["structuredContent"]["value"], 2,
+        "{done}"
+    );
+}
+
+#[tokio::test]
+async fn over_quic_input_required_and_its_answer_are_pushed_with_the_echo() {
+    use tokio::io::{AsyncBufReadExt, BufReader};
+    let s = Server::spawn(&["--store", ":memory:", "memo", "--quic", "127.0.0.1:0"]).await;
+    let trust = herald::transport::tls::ClientTrust {
+        pin: Some(s.fingerprint()),
+        ..Default::default()
+    };
+    let (_endpoint, _conn, mut send, recv) =
+        herald::transport::quic::connect(&s.quic_addr(), &trust)
+            .await
+            .unwrap();
+    let mut lines = BufReader::new(recv).lines();
+    let mut stash: Vec<Value> = Vec::new();
+    let mut write = async |v: Value| {
+        send.write_all(format!("{v}\n").as_bytes()).await.unwrap();
+    };
+    // Reads until a message matching `until`, keeping the others in `stash` for later.
+    async fn read_until(
+        lines: &mut tokio::io::Lines<BufReader<quinn::RecvStream>>,
+        stash: &mut Vec<Value>,
+        until: impl Fn(&Value) -> bool,
+    ) -> Value {
+        if let Some(i) = stash.iter().position(&until) {
+            return stash.remove(i);
+        }
+        loop {
+            let l = tokio::time::timeout(WAIT, lines.next_line())
+                .await
+                .expect("a line in time")
+                .unwrap()
+                .expect("the stream is open");
+            let v: Value = serde_json::from_str(&l).unwrap();
+            if until(&v) {
+                return v;
+            }
+            stash.push(v);
+        }
+    }
+    write(json!({"jsonrpc": "2.0", "id": 1, "method": "tools/call",
+        "params": {"_meta": tmeta(), "name": "memo_ask", "arguments": {"key": "q"}}}))
+    .await;
+    let t = read_until(&mut lines, &mut stash, |v| v["id"] == 1).await;
+    let id = t["result"]["taskId"].as_str().unwrap().to_owned();
+    write(
+        json!({"jsonrpc": "2.0", "id": "L", "method": "subscriptions/listen",
+        "params": {"_meta": tmeta(), "notifications": {"taskIds": [id, "nope"]}}}),
+    )
+    .await;
+    let ack = read_until(&mut lines, &mut stash, |v| {
+        v["method"] == "notifications/subscriptions/acknowledged"
+    })
+    .await;
+    assert_eq!(
+        ack["params"]["notifications"]["taskIds"],
+        json!([id]),
+        "{ack}"
+    );
+    let parked = read_until(&mut lines, &mut stash, |v| {
+        v["method"] == "notifications/tasks" && v["params"]["status"] == "input_required"
+    })
+    .await;
+    assert_eq!(sub_id(&parked), Some("L"));
+    write(json!({"jsonrpc": "2.0", "id": 2, "method": "tasks/update",
+        "params": {"_meta": tmeta(), "taskId": id, "inputResponses": {
+            "value-of-q": {"action": "accept", "content": {"value": "quic"}}}}}))
+    .await;
+    let done = read_until(&mut lines, &mut stash, |v| {
+        v["method"] == "notifications/tasks" && v["params"]["status"] == "completed"
+    })
+    .await;
+    assert_eq!(
+        done["params"]["result"]["structuredContent"]["value"],
+        "quic"
+    );
+}
