@@ -271,6 +271,7 @@ async fn main() {
         ms(first.ready),
         ms(first.watching)
     );
+    let first_ready = first.ready;
     first.stop().await;
     let mut ready = Vec::new();
     let mut watching = Vec::new();
@@ -298,7 +299,7 @@ async fn main() {
     println!(
         "   target: ready under {} — {}",
         ms(TARGET_READY),
-        verdict(*ready.last().unwrap() < TARGET_READY && first.ready < TARGET_READY)
+        verdict(*ready.last().unwrap() < TARGET_READY && first_ready < TARGET_READY)
     );
 
     let idle = idle.unwrap();
