@@ -121,7 +121,7 @@ async fn start(cfg: &Path, store: &Path, watches: usize, scratch: &Path) -> Up {
     .await
     .expect("the listening line");
     tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
-    let client = reqwest::Client::new();
+    let client = herald::transport::client::http_client(|b| b).unwrap();
     let url = format!("http://{admin}/status");
     // Measuring when the last watch is up: ask every 2 ms (this is the bench's clock, not a
     // test's wait).
@@ -304,7 +304,11 @@ async fn main() {
 
     let idle = idle.unwrap();
     // Settle: one more /status round trip so every start-up allocation has happened.
-    let _ = reqwest::get(format!("http://{}/status", idle.admin)).await;
+    let _ = herald::transport::client::http_client(|b| b)
+        .unwrap()
+        .get(format!("http://{}/status", idle.admin))
+        .send()
+        .await;
     let idle_kib = rss_kib(idle.pid());
     let (kids, kids_kib) = children_rss(idle.pid());
     println!(
@@ -331,7 +335,11 @@ async fn main() {
     }
     let cfg100 = config(&scratch, &root, &kubeconfig, &hundred);
     let up = start(&cfg100, &store, hundred.len(), &scratch).await;
-    let _ = reqwest::get(format!("http://{}/status", up.admin)).await;
+    let _ = herald::transport::client::http_client(|b| b)
+        .unwrap()
+        .get(format!("http://{}/status", up.admin))
+        .send()
+        .await;
     let kib = rss_kib(up.pid());
     let (kids, kids_kib) = children_rss(up.pid());
     println!(

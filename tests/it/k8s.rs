@@ -247,6 +247,8 @@ async fn tools_and_api_resources() {
         [
             "kubectl_get",
             "get_api_resources",
+            "kubectl_wait",
+            "rollout_status",
             "kubectl_apply",
             "kubectl_delete"
         ]
@@ -322,7 +324,15 @@ async fn read_only_servers_have_no_mutating_tools() {
         .into_iter()
         .map(|t| t.name.to_string())
         .collect();
-    assert_eq!(names, ["kubectl_get", "get_api_resources"]);
+    assert_eq!(
+        names,
+        [
+            "kubectl_get",
+            "get_api_resources",
+            "kubectl_wait",
+            "rollout_status"
+        ]
+    );
     let templates = c.list_all_resource_templates().await.unwrap();
     for t in templates {
         let d = t.description.clone().unwrap();

@@ -602,3 +602,155 @@ async fn over_quic_input_required_and_its_answer_are_pushed_with_the_echo() {
         "quic"
     );
 }
+
+#[tokio::test]
+async fn file_checksum_answers_in_place_or_as_a_task_and_stays_under_its_root() {
+    use sha2::{Digest as _, Sha256};
+    let dir = TempDir::new("tasks-checksum");
+    let root = dir.path().join("root");
+    std::fs::create_dir_all(root.join("a")).unwrap();
+    std::fs::write(root.join("a.txt"), "one").unwrap();
+    std::fs::write(root.join("a/x"), "two").unwrap();
+    std::os::unix::fs::symlink("/etc/passwd", root.join("link")).unwrap();
+    let root = std::fs::canonicalize(&root).unwrap();
+    let hex = |b: &[u8]| hex::encode(Sha256::digest(b));
+    // What `(cd root && find . -type f -printf '%P\n' | LC_ALL=C sort | xargs sha256sum) |
+    // sha256sum` prints: "a.txt" sorts before "a/x".
+    let listing = format!("{}  a.txt\n{}  a/x\n", hex(b"one"), hex(b"two"));
+    let tree = hex(listing.as_bytes());
+
+    let mut raw = Raw::spawn_args(
+        &[
+            "--store",
+            ":memory:",
+            "file",
+            "--root",
+            root.to_str().unwrap(),
+        ],
+        Stdio::null(),
+    );
+    let plain = raw
+        .call(json!(1), meta(), "file_checksum", json!({"path": root}))
+        .await;
+    let r = &plain["result"]["structuredContent"];
+    assert_eq!(r["sha256"], tree, "{plain}");
+    assert_eq!(
+        (r["files"].clone(), r["skipped"].clone()),
+        (json!(2), json!(1))
+    );
+    let one = raw
+        .call(
+            json!(2),
+            meta(),
+            "file_checksum",
+            json!({"path": root.join("a.txt")}),
+        )
+        .await;
+    assert_eq!(one["result"]["structuredContent"]["sha256"], hex(b"one"));
+    let outside = raw
+        .call(json!(3), meta(), "file_checksum", json!({"path": "/etc"}))
+        .await;
+    assert_eq!(code(&outside), -32602, "{outside}");
+
+    let t = raw
+        .call(json!(4), tmeta(), "file_checksum", json!({"path": root}))
+        .await;
+    let id = t["result"]["taskId"].as_str().expect("a task").to_owned();
+    raw.ask_listen("F", json!({"taskIds": [id]}), tmeta()).await;
+    let done = raw.task_push_until("F", "completed").await.pop().unwrap();
+    assert_eq!(
+        done["result"]["structuredContent"]["sha256"], tree,
+        "{done}"
+    );
+}
+
+#[tokio::test]
+async fn kubectl_wait_as_a_task_ends_when_the_condition_holds_and_cancel_kills_kubectl() {
+    let api = crate::kube_fake::FakeApi::start().await;
+    let dir = TempDir::new("tasks-k8s");
+    let kc = api.kubeconfig(dir.path());
+    let s = Server::spawn(&[
+        "--store",
+        ":memory:",
+        "k8s",
+        "--http",
+        "127.0.0.1:0",
+        "--kubeconfig",
+        kc.to_str().unwrap(),
+    ])
+    .await;
+    let url = s.http_url();
+    api.put("", "w", "flag", json!({"ready": "no"}));
+    let wait = |name: &str, cond: &str| {
+        json!({"_meta": tmeta(), "name": "kubectl_wait", "arguments": {
+            "resource": "configmaps", "name": name, "namespace": "w", "for": cond, "timeout_s": 120}})
+    };
+    let t = answer(
+        &url,
+        "tools/call",
+        1,
+        wait("flag", "jsonpath={.data.ready}=yes"),
+    )
+    .await;
+    let id = t["result"]["taskId"].as_str().expect("a task").to_owned();
+    let mut listen = post(
+        &url,
+        "subscriptions/listen",
+        json!({"jsonrpc": "2.0", "id": 2, "method": "subscriptions/listen",
+            "params": {"_meta": tmeta(), "notifications": {"taskIds": [id]}}}),
+    )
+    .await;
+    let mut buf = String::new();
+    messages_until(&mut listen, &mut buf, |v| {
+        v["method"] == "notifications/tasks"
+    })
+    .await;
+    api.wait("kubectl wait's watch", |a| a.watches() >= 1).await;
+    api.put("", "w", "flag", json!({"ready": "yes"}));
+    let done = messages_until(&mut listen, &mut buf, |v| {
+        v["params"]["status"] == "completed"
+    })
+    .await
+    .pop()
+    .unwrap();
+    assert_eq!(
+        done["params"]["result"]["structuredContent"]["done"], true,
+        "{done}"
+    );
+    api.wait("kubectl wait gone", |a| a.watches() == 0).await;
+
+    // Cancelled: kubectl is killed (its watch goes away) and the task reads cancelled.
+    let t = answer(&url, "tools/call", 3, wait("flag", "delete")).await;
+    let id = t["result"]["taskId"].as_str().expect("a task").to_owned();
+    api.wait("the second kubectl wait's watch", |a| a.watches() >= 1)
+        .await;
+    let c = answer(
+        &url,
+        "tasks/cancel",
+        4,
+        json!({"_meta": tmeta(), "taskId": id}),
+    )
+    .await;
+    assert_eq!(c["result"]["resultType"], "complete", "{c}");
+    api.wait("kubectl killed", |a| a.watches() == 0).await;
+    let got = answer(
+        &url,
+        "tasks/get",
+        5,
+        json!({"_meta": tmeta(), "taskId": id}),
+    )
+    .await;
+    assert_eq!(got["result"]["status"], "cancelled", "{got}");
+
+    // rollout status of something that has no rollout: kubectl's own answer, as a tool error.
+    let r = answer(
+        &url,
+        "tools/call",
+        6,
+        json!({"_meta": meta(), "name": "rollout_status",
+        "arguments": {"resource": "configmaps", "name": "flag", "namespace": "w", "timeout_s": 5}}),
+    )
+    .await;
+    assert_eq!(r["result"]["isError"], true, "{r}");
+    assert_eq!(r["result"]["structuredContent"]["done"], false, "{r}");
+}

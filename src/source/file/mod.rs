@@ -23,6 +23,7 @@
 //! the watch and holds it for a few seconds, so a client that reads first and listens second
 //! (the watch client's baseline read) misses nothing in between.
 
+mod checksum;
 mod events;
 pub mod glob;
 pub mod machine;
@@ -322,6 +323,72 @@ impl Source for FileSource {
 
     fn changes(&self) -> ChangeFeed {
         self.feed.clone()
+    }
+
+    fn tools(&self, _caller: &Caller) -> Vec<rmcp::model::Tool> {
+        vec![crate::mcp::tasks::optional(
+            rmcp::model::Tool::new(
+                "file_checksum",
+                "SHA-256 of a file, or of a directory tree (the digest of its sha256sum listing, in byte order of the relative paths; symlinks are skipped), under the roots. May run as a task, with progress in its status message.",
+                crate::mcp::source::schema(serde_json::json!({
+                    "type": "object",
+                    "properties": {"path": {"type": "string", "description": "absolute path of a file or directory under a root (or its file:// URI)"}},
+                    "required": ["path"],
+                    "additionalProperties": false
+                })),
+            )
+            .with_annotations(
+                rmcp::model::ToolAnnotations::with_title("Checksum a file or tree")
+                    .read_only(true)
+                    .open_world(false),
+            ),
+        )]
+    }
+
+    fn task_support(&self, _caller: &Caller, name: &str) -> crate::mcp::tasks::TaskSupport {
+        match name {
+            "file_checksum" => crate::mcp::tasks::TaskSupport::Optional,
+            _ => crate::mcp::tasks::TaskSupport::Forbidden,
+        }
+    }
+
+    async fn call_tool(
+        &self,
+        _caller: &Caller,
+        name: &str,
+        args: JsonObject,
+        call: crate::mcp::source::Call,
+    ) -> Result<rmcp::model::CallToolResult, SourceError> {
+        if name != "file_checksum" {
+            return Err(SourceError::UnknownTool(name.to_owned()));
+        }
+        crate::mcp::source::check_args(&args, &["path"])?;
+        let path = match args.get("path") {
+            Some(Value::String(p)) => p.clone(),
+            _ => {
+                return Err(SourceError::InvalidParams(
+                    "missing argument path; call with path=\"/srv/data\"".into(),
+                ));
+            }
+        };
+        let target = match parse(&path) {
+            Ok(t) => t,
+            Err(_) => parse(&state_uri(std::path::Path::new(&path)))?,
+        };
+        let confined = self.confine(&target).await?;
+        let cancel = call
+            .task
+            .as_ref()
+            .map(|t| t.cancelled().clone())
+            .unwrap_or_default();
+        // Dropping this call (a cancelled request, or a cancelled task) stops the walk too.
+        let stop = cancel.clone().drop_guard();
+        let task = call.task;
+        let r = tokio::task::spawn_blocking(move || checksum::checksum(&confined, task, cancel))
+            .await
+            .map_err(|e| SourceError::Unavailable(format!("checksum failed: {e}")))?;
+        drop(stop);
+        r
     }
 
     async fn events_advertised(&self, _caller: &Caller) -> bool {

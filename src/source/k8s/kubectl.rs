@@ -24,6 +24,8 @@ const MAX_OUTPUT_BYTES: usize = 64 << 20;
 const MAX_ERROR_BYTES: usize = 2048;
 /// One-shot kubectl commands running at once; more wait their turn.
 const MAX_CONCURRENT_COMMANDS: usize = 8;
+/// Waiting kubectl commands (`wait`, `rollout status`) running at once.
+pub const MAX_WAITING_COMMANDS: usize = 32;
 
 /// A kubectl child: killed if herald dies (even by SIGKILL), so no `get -w` outlives it.
 fn command(program: &Path) -> Command {
@@ -59,6 +61,9 @@ pub struct Kubectl {
     servers: tokio::sync::Mutex<HashMap<String, String>>,
     /// Bounds the one-shot commands running at once.
     commands: tokio::sync::Semaphore,
+    /// Bounds the waiting commands (`kubectl wait`, `rollout status`) running at once, apart
+    /// from the one-shot ones, which a long wait must not hold up.
+    waits: tokio::sync::Semaphore,
     /// Names temporary files uniquely (concurrent writers of one kubeconfig never collide).
     writes: std::sync::atomic::AtomicU64,
     /// Where the helper tasks of kubectl runs and watchers go.
@@ -114,6 +119,7 @@ impl Kubectl {
             private,
             servers: tokio::sync::Mutex::new(HashMap::new()),
             commands: tokio::sync::Semaphore::new(MAX_CONCURRENT_COMMANDS),
+            waits: tokio::sync::Semaphore::new(MAX_WAITING_COMMANDS),
             writes: std::sync::atomic::AtomicU64::new(0),
             ctx: ctx.clone(),
         })
@@ -329,6 +335,59 @@ impl Kubectl {
             return Err(unavailable(stderr_text(&stderr)));
         }
         Ok(String::from_utf8_lossy(&stdout).into_owned())
+    }
+
+    /// Runs a kubectl command that waits for something (`wait`, `rollout status`) for at most
+    /// `limit` (kubectl's own `--timeout` should end it first): whether it succeeded, and its
+    /// stdout or stderr. Dropping the future kills kubectl.
+    pub async fn run_waiting(
+        &self,
+        cluster: &Cluster,
+        args: &[String],
+        limit: Duration,
+    ) -> Result<(bool, String), SourceError> {
+        let mut all = self.cluster_args(cluster).await?;
+        all.extend(args.iter().cloned());
+        let _turn = self.waits.try_acquire().map_err(|_| {
+            unavailable(format!(
+                "{MAX_WAITING_COMMANDS} waiting kubectl commands run already; try again when one has ended"
+            ))
+        })?;
+        let mut child = command(&self.cfg.program)
+            .args(&all)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .map_err(|e| {
+                unavailable(format!(
+                    "cannot run {}: {e}; install kubectl or pass --kubectl PATH",
+                    self.cfg.program.display()
+                ))
+            })?;
+        let (mut out, mut err) = (
+            child.stdout.take().expect("piped"),
+            child.stderr.take().expect("piped"),
+        );
+        let run = async {
+            let mut stdout = Vec::new();
+            let mut stderr = Vec::new();
+            let mut out = (&mut out).take(1 << 20);
+            let mut err = (&mut err).take(1 << 20);
+            let (o, e) = tokio::join!(out.read_to_end(&mut stdout), err.read_to_end(&mut stderr));
+            o.and(e)?;
+            let status = child.wait().await?;
+            Ok::<_, std::io::Error>((status, stdout, stderr))
+        };
+        let (status, stdout, stderr) = tokio::time::timeout(limit, run)
+            .await
+            .map_err(|_| unavailable(format!("kubectl took over {} s", limit.as_secs())))?
+            .map_err(|e| unavailable(format!("kubectl failed: {e}")))?;
+        if status.success() {
+            Ok((true, String::from_utf8_lossy(&stdout).into_owned()))
+        } else {
+            Ok((false, stderr_text(&stderr)))
+        }
     }
 
     /// Runs `kubectl <cluster flags> ARGS`.

@@ -110,6 +110,51 @@ impl K8s {
             )
             .with_annotations(read_only("List API resource types")),
         ];
+        let waiting = |title: &str| {
+            ToolAnnotations::with_title(title)
+                .read_only(true)
+                .destructive(false)
+                .idempotent(true)
+                .open_world(true)
+        };
+        tools.push(crate::mcp::tasks::optional(
+            Tool::new(
+                "kubectl_wait",
+                "kubectl wait: until objects meet a condition (for=condition=Ready, for=delete, for=jsonpath=..., for=create), at most timeout_s (default 300). May run as a task; tasks/cancel stops kubectl.",
+                schema(json!({
+                    "type": "object",
+                    "properties": with_cluster_props(json!({
+                        "resource": {"type": "string", "description": "resource type, e.g. pods"},
+                        "name": {"type": "string", "description": "one object; or labelSelector, or all of the type"},
+                        "namespace": {"type": "string"},
+                        "labelSelector": {"type": "string"},
+                        "for": {"type": "string", "description": "condition=NAME[=VALUE], delete, create or jsonpath={...}=VALUE"},
+                        "timeout_s": {"type": "integer", "minimum": 1, "maximum": MAX_WAIT_S}
+                    })),
+                    "required": ["resource", "for"],
+                    "additionalProperties": false
+                })),
+            )
+            .with_annotations(waiting("Wait for a condition")),
+        ));
+        tools.push(crate::mcp::tasks::optional(
+            Tool::new(
+                "rollout_status",
+                "kubectl rollout status: until a deployment, daemonset or statefulset has rolled out, at most timeout_s (default 300). May run as a task; tasks/cancel stops kubectl.",
+                schema(json!({
+                    "type": "object",
+                    "properties": with_cluster_props(json!({
+                        "resource": {"type": "string", "description": "deployment, daemonset or statefulset"},
+                        "name": {"type": "string"},
+                        "namespace": {"type": "string"},
+                        "timeout_s": {"type": "integer", "minimum": 1, "maximum": MAX_WAIT_S}
+                    })),
+                    "required": ["resource", "name"],
+                    "additionalProperties": false
+                })),
+            )
+            .with_annotations(waiting("Wait for a rollout")),
+        ));
         if self.config.read_write {
             let destructive = |title: &str| {
                 ToolAnnotations::with_title(title)
@@ -254,7 +299,125 @@ impl K8s {
                     .map_err(|e| SourceError::InvalidParams(e.to_string()))?;
                 Ok(json_result(json!({"deleted": out.trim()})))
             }
+            "kubectl_wait" => {
+                check_args(
+                    &args,
+                    &[
+                        "resource",
+                        "name",
+                        "namespace",
+                        "labelSelector",
+                        "for",
+                        "timeout_s",
+                        "workspace",
+                        "kcp",
+                        "context",
+                    ],
+                )?;
+                let resource = uri::resource_name(
+                    &required(&args, "resource", "\"pods\"")?,
+                    "the resource argument",
+                )?;
+                let condition = required(&args, "for", "\"condition=Ready\"")?;
+                let known = ["condition=", "jsonpath=", "delete", "create"];
+                if !known.iter().any(|k| condition.starts_with(k)) {
+                    return Err(SourceError::InvalidParams(format!(
+                        "for={condition:?} is not a kubectl wait condition; use condition=NAME, delete, create or jsonpath={{...}}=VALUE"
+                    )));
+                }
+                let timeout = timeout_arg(&args)?;
+                let mut a = vec!["wait".to_owned()];
+                match str_arg(&args, "name")? {
+                    Some(n) => a.push(format!("{resource}/{}", kubectl::object_name(&n)?)),
+                    None => a.push(resource),
+                }
+                match str_arg(&args, "labelSelector")? {
+                    Some(l) => a.push(format!("--selector={l}")),
+                    None if !args.contains_key("name") => a.push("--all".into()),
+                    None => {}
+                }
+                if let Some(ns) = str_arg(&args, "namespace")? {
+                    a.push(format!("--namespace={ns}"));
+                }
+                a.push(format!("--for={condition}"));
+                a.push(format!("--timeout={timeout}s"));
+                self.waited(&args, &a, timeout).await
+            }
+            "rollout_status" => {
+                check_args(
+                    &args,
+                    &[
+                        "resource",
+                        "name",
+                        "namespace",
+                        "timeout_s",
+                        "workspace",
+                        "kcp",
+                        "context",
+                    ],
+                )?;
+                let resource = uri::resource_name(
+                    &required(&args, "resource", "\"deployment\"")?,
+                    "the resource argument",
+                )?;
+                let name = required(&args, "name", "\"web\"")?;
+                let timeout = timeout_arg(&args)?;
+                let mut a = vec![
+                    "rollout".to_owned(),
+                    "status".into(),
+                    format!("{resource}/{}", kubectl::object_name(&name)?),
+                    "--watch=true".into(),
+                    format!("--timeout={timeout}s"),
+                ];
+                if let Some(ns) = str_arg(&args, "namespace")? {
+                    a.push(format!("--namespace={ns}"));
+                }
+                self.waited(&args, &a, timeout).await
+            }
             other => Err(SourceError::UnknownTool(other.to_owned())),
         }
+    }
+
+    /// Runs a waiting kubectl command: its output as the result, or its error as a tool
+    /// error (the condition not met in time is an answer, not a failure of the call).
+    async fn waited(
+        &self,
+        args: &JsonObject,
+        a: &[String],
+        timeout_s: u64,
+    ) -> Result<CallToolResult, SourceError> {
+        // kubectl's --timeout ends it; the limit here only bounds a kubectl that hangs.
+        let limit = std::time::Duration::from_secs(timeout_s + 30);
+        let (ok, text) = self
+            .kubectl
+            .run_waiting(&cluster_arg(args)?, a, limit)
+            .await?;
+        let lines: Vec<&str> = text.lines().filter(|l| !l.trim().is_empty()).collect();
+        if ok {
+            let mut r = CallToolResult::success(vec![Content::text(text.trim().to_owned())]);
+            r.structured_content = Some(json!({"done": true, "output": lines}));
+            Ok(r)
+        } else {
+            let mut r = CallToolResult::error(vec![Content::text(text.trim().to_owned())]);
+            r.structured_content = Some(json!({"done": false, "output": lines}));
+            Ok(r)
+        }
+    }
+}
+
+/// Longest `timeout_s` of a waiting tool.
+const MAX_WAIT_S: u64 = 3600;
+
+fn timeout_arg(args: &JsonObject) -> Result<u64, SourceError> {
+    match args.get("timeout_s") {
+        None | Some(Value::Null) => Ok(300),
+        Some(v) => v
+            .as_u64()
+            .filter(|&t| (1..=MAX_WAIT_S).contains(&t))
+            .ok_or_else(|| {
+                SourceError::InvalidParams(format!(
+                    "timeout_s must be a whole number of seconds from 1 to {MAX_WAIT_S}"
+                ))
+            }),
     }
 }
