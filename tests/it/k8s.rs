@@ -259,7 +259,14 @@ async fn tools_and_api_resources() {
         .collect::<Vec<_>>();
     assert_eq!(
         read_only,
-        [Some(true), Some(true), Some(false), Some(false)]
+        [
+            Some(true),
+            Some(true),
+            Some(true),
+            Some(true),
+            Some(false),
+            Some(false)
+        ]
     );
     let got = call_json(
         &c,
