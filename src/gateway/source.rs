@@ -531,6 +531,15 @@ impl Source for Gateway {
             for t in &l.tools {
                 let mut t = t.clone();
                 t.name = prefixed(&u.name, &t.name).into();
+                // The gateway does not relay tasks yet: a tool that can only run as a task is
+                // left out, one that may is offered as a plain call.
+                if let Some(m) = t.meta.as_mut()
+                    && let Some(task) = m.0.remove(crate::mcp::tasks::TASKS_EXTENSION)
+                    && task.get("taskSupport").and_then(serde_json::Value::as_str)
+                        == Some("required")
+                {
+                    continue;
+                }
                 out.push(t);
             }
         }
@@ -554,8 +563,13 @@ impl Source for Gateway {
         let live = up.live().await?;
         let params = CallToolRequestParams::new(tool.to_owned()).with_arguments(args);
         let broken = |e: rmcp::ServiceError| {
+            // One slow call (a long wait) is not a broken connection: rmcp has told the
+            // upstream to cancel it, and the connection serves the other calls on.
+            let timed_out = matches!(e, rmcp::ServiceError::Timeout { .. });
             upstream_error(e).unwrap_or_else(|| {
-                up.reset(&live);
+                if !timed_out {
+                    up.reset(&live);
+                }
                 SourceError::Unavailable(format!(
                     "server {slug} is unavailable right now (or did not answer within {} s); try again shortly",
                     REQUEST_TIMEOUT.as_secs()

@@ -49,6 +49,9 @@ pub const DEFAULT_MAX_LISTEN_STREAMS: usize = 64;
 pub const DEFAULT_MAX_LISTEN_URIS: usize = 256;
 /// Default for [`Limits::max_message_bytes`] (`--max-message-bytes`); clients use it too.
 pub const DEFAULT_MAX_MESSAGE_BYTES: usize = 4 << 20;
+/// How long a plain tool call may go on once the server is shutting down.
+const CALL_GRACE: Duration = Duration::from_secs(2);
+
 /// Default for [`Limits::stall_timeout`] (`--listen-stall-ms`), in milliseconds.
 pub const DEFAULT_LISTEN_STALL_MS: u64 = 10_000;
 
@@ -280,9 +283,11 @@ fn misshapen_standard_request(request: &CustomRequest) -> Option<McpError> {
     }
     let params = request.params.clone().unwrap_or(serde_json::Value::Null);
     let why = match method {
-        "subscriptions/listen" => ListenFilter::from_params(Some(&params))
-            .err()
-            .map(|e| e.message.into_owned()),
+        "subscriptions/listen" => match ListenFilter::from_params(Some(&params)) {
+            // The tasks gate's answer stands as it is: it comes before any other check.
+            Err(e) if e.code == ErrorCode::MISSING_REQUIRED_CLIENT_CAPABILITY => return Some(e),
+            r => r.err().map(|e| e.message.into_owned()),
+        },
         "tools/call" => serde_json::from_value::<CallToolRequestParams>(params)
             .err()
             .map(|e| e.to_string()),
@@ -302,21 +307,29 @@ fn misshapen_standard_request(request: &CustomRequest) -> Option<McpError> {
 
 /// Pushes a task's state on a listen stream (`notifications/tasks`, tagged with the stream's
 /// subscription id: rmcp's sink refuses this notification, so it goes to the peer directly). A
-/// reader that takes nothing for `stall` ends the stream, as for resource updates.
+/// reader that takes nothing until `deadline` ends the stream, as for resource updates.
+/// `Ok(false)`: the stream was cancelled or the server is shutting down (end it gracefully).
 async fn push_task(
     ctx: &SubscriptionContext,
+    shutdown: &CancellationToken,
     task: rmcp::model::DetailedTask,
+    deadline: tokio::time::Instant,
     stall: Duration,
     stream: u64,
-) -> Result<(), McpError> {
+) -> Result<bool, McpError> {
     use rmcp::model::GetMeta as _;
     let mut n = rmcp::model::ServerNotification::TaskStatusNotification(
         rmcp::model::TaskStatusNotification::new(task.into()),
     );
     n.get_meta_mut()
         .set_subscription_id(ctx.sink().id().clone());
-    match tokio::time::timeout(stall, ctx.request_context().peer.send_notification(n)).await {
-        Ok(Ok(())) => Ok(()),
+    let sent = tokio::select! {
+        _ = shutdown.cancelled() => return Ok(false),
+        _ = ctx.cancelled() => return Ok(false),
+        r = tokio::time::timeout_at(deadline, ctx.request_context().peer.send_notification(n)) => r,
+    };
+    match sent {
+        Ok(Ok(())) => Ok(true),
         Ok(Err(e)) => {
             info!(stream, error = %e, "listen stream could not deliver a task's state; ending it");
             Err(McpError::internal_error(
@@ -575,13 +588,24 @@ impl ServerHandler for SourceServer {
         let stall = shared.limits.stall_timeout;
         let mut listen = listen;
         let mut tasks = listen.tasks.take();
-        // The tasks' states at registration come first, right after the acknowledgment.
-        for task in tasks.as_mut().map(|t| t.initial()).unwrap_or_default() {
-            push_task(&ctx, task, stall, stream).await?;
+        // The tasks' states at registration come first, right after the acknowledgment, under
+        // one deadline.
+        let first = tasks.as_mut().map(|t| t.initial()).unwrap_or_default();
+        if !first.is_empty() {
+            let deadline = tokio::time::Instant::now() + stall;
+            for task in first {
+                if !push_task(&ctx, &shared.shutdown, task, deadline, stall, stream).await? {
+                    return Ok(());
+                }
+            }
         }
         loop {
+            if ctx.request_context().ct.is_cancelled() || shared.shutdown.is_cancelled() {
+                debug!(stream, "listen stream ended (cancelled, or shutdown)");
+                return Ok(());
+            }
+            // Not biased: neither resource updates nor task states can starve the other.
             tokio::select! {
-                biased;
                 _ = ctx.cancelled() => {
                     debug!(stream, "listen stream cancelled by the client");
                     return Ok(());
@@ -596,7 +620,10 @@ impl ServerHandler for SourceServer {
                         None => std::future::pending().await,
                     }
                 } => {
-                    push_task(&ctx, task, stall, stream).await?;
+                    let deadline = tokio::time::Instant::now() + stall;
+                    if !push_task(&ctx, &shared.shutdown, task, deadline, stall, stream).await? {
+                        return Ok(());
+                    }
                 }
                 batch = listen.registration.queue().next_batch() => {
                     // One deadline for the whole batch: a reader that takes nothing for
@@ -648,9 +675,19 @@ impl ServerHandler for SourceServer {
         _request: Option<PaginatedRequestParams>,
         context: RequestContext<RoleServer>,
     ) -> Result<ListToolsResult, McpError> {
-        Ok(ListToolsResult::with_all_items(
-            self.shared.source.tools(&Caller::of(&context)),
-        ))
+        let mut tools = self.shared.source.tools(&Caller::of(&context));
+        if self.shared.tasks.is_none() {
+            // A server without the extension runs every tool in place: no listing says a
+            // tool may run as a task, and one that can only run as a task is left out.
+            tools.retain_mut(|t| {
+                let task = t
+                    .meta
+                    .as_mut()
+                    .and_then(|m| m.0.remove(crate::mcp::tasks::TASKS_EXTENSION));
+                task.and_then(|v| v.get("taskSupport").cloned()) != Some("required".into())
+            });
+        }
+        Ok(ListToolsResult::with_all_items(tools))
     }
 
     /// rmcp asks this, with no request context, only to check HTTP `Mcp-Param-*` headers
@@ -719,12 +756,25 @@ impl ServerHandler for SourceServer {
             task: None,
             tasks_declared: declared,
         };
-        self.shared
-            .source
-            .call_tool(&caller, &name, args, call)
-            .await
-            .map(Into::into)
-            .map_err(to_mcp_error)
+        // A plain call ends when its caller cancels it, or 2 s into a shutdown (time for a
+        // short call to finish): the tool's future is dropped (a long wait, a kubectl child,
+        // an upstream call, with it).
+        let ct = context.ct.clone();
+        let shutdown = self.shared.shutdown.clone();
+        let cut = async move {
+            shutdown.cancelled().await;
+            tokio::time::sleep(CALL_GRACE).await;
+        };
+        tokio::select! {
+            r = self.shared.source.call_tool(&caller, &name, args, call) => {
+                r.map(Into::into).map_err(to_mcp_error)
+            }
+            _ = ct.cancelled() => Err(McpError::internal_error("the call was cancelled", None)),
+            _ = cut => Err(McpError::internal_error(
+                "the server is shutting down; call again once it is back",
+                None,
+            )),
+        }
     }
 
     async fn get_task(

@@ -300,11 +300,13 @@ fn echo_task_ids(body: Body, ids: Vec<String>) -> Body {
         inner: axum::body::BodyDataStream,
         ids: Option<Vec<String>>,
         buf: Vec<u8>,
+        ended: bool,
     }
     let state = State {
         inner: body.into_data_stream(),
         ids: Some(ids),
         buf: Vec::new(),
+        ended: false,
     };
     let stream = futures::stream::unfold(state, |mut st| async move {
         loop {
@@ -312,9 +314,12 @@ fn echo_task_ids(body: Body, ids: Vec<String>) -> Body {
                 let out = std::mem::take(&mut st.buf);
                 return Some((Ok(axum::body::Bytes::from(out)), st));
             }
+            if st.ended {
+                return None;
+            }
             match st.inner.next().await {
-                None if st.buf.is_empty() => return None,
                 None => {
+                    st.ended = true;
                     st.ids = None;
                 }
                 Some(Err(e)) => return Some((Err(e), st)),
@@ -341,14 +346,16 @@ fn echo_task_ids(body: Body, ids: Vec<String>) -> Body {
 
 /// Where the last complete SSE event in `buf` ends (after its blank line).
 fn last_event_end(buf: &[u8]) -> Option<usize> {
-    let text = std::str::from_utf8(buf).ok()?;
-    [
-        text.rfind("\n\n").map(|i| i + 2),
-        text.rfind("\r\n\r\n").map(|i| i + 4),
-    ]
-    .into_iter()
-    .flatten()
-    .max()
+    // On bytes: a chunk may end inside a UTF-8 character.
+    let rfind = |needle: &[u8]| {
+        buf.windows(needle.len())
+            .rposition(|w| w == needle)
+            .map(|i| i + needle.len())
+    };
+    [rfind(b"\n\n"), rfind(b"\r\n\r\n")]
+        .into_iter()
+        .flatten()
+        .max()
 }
 
 /// Adds `taskIds` to the acknowledgment among `events` (whole SSE events); whether it found it.

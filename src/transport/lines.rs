@@ -145,8 +145,10 @@ fn may_name_task_ids(text: &[u8]) -> bool {
     has(b"taskIds") || has(b"\\u")
 }
 
-/// Moves a listen's `params.notifications.taskIds` into `params._meta` (as is, whatever its
-/// shape: the server gates and checks it), where rmcp keeps it.
+/// Copies a listen's `params.notifications.taskIds` into `params._meta` (as is, whatever its
+/// shape: the server gates and checks it), where rmcp keeps it. The field stays where it was
+/// too (rmcp ignores it), so a listen rmcp cannot parse for another reason still shows it to
+/// the `-32021` gate of the misshapen-request path.
 fn carry_task_ids(v: &mut Value) {
     if v.get("method").and_then(Value::as_str) != Some("subscriptions/listen") {
         return;
@@ -155,9 +157,10 @@ fn carry_task_ids(v: &mut Value) {
         return;
     };
     let Some(ids) = params
-        .get_mut("notifications")
-        .and_then(Value::as_object_mut)
-        .and_then(|n| n.remove("taskIds"))
+        .get("notifications")
+        .and_then(Value::as_object)
+        .and_then(|n| n.get("taskIds"))
+        .cloned()
     else {
         return;
     };

@@ -216,6 +216,15 @@ async fn task_ids_are_gated_before_anything_else_and_the_ack_echoes_only_ones_ow
             .await;
         assert_eq!(code(&e), -32021, "{e}");
     }
+    // Also when rmcp cannot parse the rest of the listen: the gate comes first.
+    let e = raw
+        .ask(
+            json!("L-bad"),
+            "subscriptions/listen",
+            json!({"_meta": meta(), "notifications": {"taskIds": [], "resourceSubscriptions": "memo://notes"}}),
+        )
+        .await;
+    assert_eq!(code(&e), -32021, "{e}");
     // Declared: the shape and the cap are checked.
     for (i, ids) in [json!("x"), json!([1]), json!(many)]
         .into_iter()

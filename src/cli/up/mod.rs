@@ -302,15 +302,15 @@ pub async fn run(args: UpArgs, globals: &Globals) -> Result<(), Exit> {
         true
     });
     tokio::pin!(watch);
-    tokio::select! {
-        _ = &mut watch => {}
-        _ = ctx.shutdown().cancelled() => {}
-    }
+    let ended = tokio::select! {
+        _ = &mut watch => true,
+        _ = ctx.shutdown().cancelled() => false,
+    };
     // systemd hears STOPPING (and the timeout extensions) as soon as the shutdown begins, while
     // the watch client delivers what it still holds, for at most the drain's time.
     ctx.shutdown().cancel();
     let deliver = async {
-        if tokio::time::timeout(app::DRAIN, &mut watch).await.is_err() {
+        if !ended && tokio::time::timeout(app::DRAIN, &mut watch).await.is_err() {
             tracing::warn!(
                 "the watch client could not deliver its last notices within {} s; they are dropped",
                 app::DRAIN.as_secs()

@@ -57,8 +57,11 @@ pub const POLL_INTERVAL_MS: u64 = 1000;
 pub const TRANSITION_QUEUE: usize = 1024;
 /// Pushes waiting on one listen stream.
 pub const STREAM_QUEUE: usize = 256;
-/// Tasks one server keeps at once, running or ended within their ttl.
+/// Tasks one server keeps at once, running or ended within their ttl; past it the oldest ended
+/// one is forgotten early.
 pub const MAX_TASKS: usize = 10_000;
+/// Tasks one principal keeps on one server, the same way.
+pub const MAX_TASKS_PER_OWNER: usize = 1_000;
 
 /// The error of a task that was running when the server stopped.
 pub const RESTARTED: &str =
@@ -130,8 +133,13 @@ struct Inner {
     prefix: String,
     ttl: Duration,
     ctx: RoleContext,
-    /// Wakes the expiry loop when a task expires sooner than it was sleeping for.
-    expiry: Notify,
+    /// Wakes the expiry loop when a task expires sooner than it was sleeping for (its own
+    /// `Arc`, so the loop can wait on it without keeping the tasks alive).
+    expiry: Arc<Notify>,
+    /// Bumped, and every stream woken, when a transition was shed before the dispatcher saw
+    /// it: each stream then reads its tasks' states again (newer ones only).
+    shed_epoch: AtomicU64,
+    resync: Notify,
 }
 
 #[derive(Default)]
@@ -178,6 +186,9 @@ struct StreamEntry {
     principal: String,
     ids: Vec<String>,
     tx: mpsc::Sender<(u64, DetailedTask)>,
+    /// Set when a push to this stream was shed: it reads its tasks' states again once it has
+    /// taken what is queued.
+    behind: Arc<std::sync::atomic::AtomicBool>,
 }
 
 /// What the store keeps of a task.
@@ -244,7 +255,9 @@ impl Tasks {
                 prefix: format!("{prefix}/"),
                 ttl,
                 ctx: ctx.clone(),
-                expiry: Notify::new(),
+                expiry: Arc::new(Notify::new()),
+                shed_epoch: AtomicU64::new(0),
+                resync: Notify::new(),
             }),
         };
         tasks.restore().await;
@@ -353,15 +366,42 @@ impl Tasks {
         let detailed = DetailedTask::new(task.clone(), TaskPayload::Working);
         let cancel = CancellationToken::new();
         let expires = Instant::now() + self.inner.ttl;
+        let mut evicted = Vec::new();
         {
             let mut s = self.lock();
+            // Room for this one: past a cap, the oldest ended task (of this caller, then of
+            // anyone) makes way; when every kept task still runs, the call is refused.
+            let oldest_ended = |s: &State, owner: Option<&str>| {
+                s.tasks
+                    .iter()
+                    .filter(|(_, r)| r.task.status().is_terminal())
+                    .filter(|(_, r)| owner.is_none_or(|o| r.owner == o))
+                    .min_by_key(|(_, r)| r.created_ms)
+                    .map(|(id, _)| id.clone())
+            };
+            if s.tasks.values().filter(|r| r.owner == owner).count() >= MAX_TASKS_PER_OWNER {
+                let Some(old) = oldest_ended(&s, Some(owner)) else {
+                    return Err(McpError::internal_error(
+                        format!(
+                            "you have {MAX_TASKS_PER_OWNER} tasks running on this server; cancel some or wait for them to end"
+                        ),
+                        None,
+                    ));
+                };
+                s.tasks.remove(&old);
+                evicted.push(old);
+            }
             if s.tasks.len() >= MAX_TASKS {
-                return Err(McpError::internal_error(
-                    format!(
-                        "this server keeps {MAX_TASKS} tasks already; wait for some to end and expire, or call without the tasks extension"
-                    ),
-                    None,
-                ));
+                let Some(old) = oldest_ended(&s, None) else {
+                    return Err(McpError::internal_error(
+                        format!(
+                            "this server runs {MAX_TASKS} tasks already; try again when some have ended, or call without the tasks extension"
+                        ),
+                        None,
+                    ));
+                };
+                s.tasks.remove(&old);
+                evicted.push(old);
             }
             let seq = self.inner.seq.fetch_add(1, Ordering::AcqRel) + 1;
             s.tasks.insert(
@@ -379,6 +419,13 @@ impl Tasks {
             if s.next_wake.is_none_or(|w| expires < w) {
                 s.next_wake = Some(expires);
                 self.inner.expiry.notify_one();
+            }
+        }
+        if let Some(store) = &self.inner.store {
+            for old in &evicted {
+                let _ = store
+                    .delete(Table::Tasks, &format!("{}{old}", self.inner.prefix))
+                    .await;
             }
         }
         if let Err(e) = self.persist(&id, owner, now, &detailed).await {
@@ -453,7 +500,11 @@ impl Tasks {
         };
         let out = (r.task.clone(), r.owner.clone(), r.created_ms);
         if self.inner.queue.try_send(t).is_err() {
+            // Lost before any stream saw it: every stream looks again (a notify wakes its
+            // loop at once; it reads the state then, taking no lock here).
             self.inner.shed.fetch_add(1, Ordering::Relaxed);
+            self.inner.shed_epoch.fetch_add(1, Ordering::AcqRel);
+            self.inner.resync.notify_waiters();
         }
         Some(out)
     }
@@ -565,6 +616,7 @@ impl Tasks {
                 .collect()
         };
         let (tx, rx) = mpsc::channel(STREAM_QUEUE);
+        let behind = Arc::new(std::sync::atomic::AtomicBool::new(false));
         let key = {
             let mut st = self.streams();
             st.next += 1;
@@ -578,6 +630,7 @@ impl Tasks {
                     principal: principal.to_owned(),
                     ids: visible.clone(),
                     tx,
+                    behind: behind.clone(),
                 },
             );
             key
@@ -585,6 +638,9 @@ impl Tasks {
         TaskListen {
             ids: visible,
             rx,
+            behind,
+            epoch: self.inner.shed_epoch.load(Ordering::Acquire),
+            again: std::collections::VecDeque::new(),
             last: HashMap::new(),
             _registration: StreamRegistration {
                 tasks: Arc::downgrade(&self.inner),
@@ -688,6 +744,12 @@ pub struct TaskListen {
     /// The ids this stream watches (the acknowledgment's `taskIds`).
     pub ids: Vec<String>,
     rx: mpsc::Receiver<(u64, DetailedTask)>,
+    /// A push to this stream was shed (set by the dispatcher).
+    behind: Arc<std::sync::atomic::AtomicBool>,
+    /// The shed epoch this stream last looked again at.
+    epoch: u64,
+    /// States read again after a shed, still to deliver.
+    again: std::collections::VecDeque<DetailedTask>,
     /// The stamp of the last state delivered, per task.
     last: HashMap<String, u64>,
     /// Held for its drop, which unregisters the stream.
@@ -740,12 +802,34 @@ impl TaskListen {
     }
 
     /// The next state to push: newer than what this stream has for that task. `None` once
-    /// the server's tasks are gone.
+    /// the server's tasks are gone. After a shed push (this stream's, or a transition lost
+    /// before dispatch) the stream reads its tasks' current states again, so a final state is
+    /// never lost for good, and never delivered twice or out of order.
     pub async fn next(&mut self) -> Option<DetailedTask> {
         loop {
-            let (seq, task) = self.rx.recv().await?;
-            if self.newer(&task.task.task_id, seq) {
-                return Some(task);
+            if let Some(t) = self.again.pop_front() {
+                return Some(t);
+            }
+            // Interest first, then the epoch: a shed between the two still wakes this.
+            let inner = self.tasks.inner.clone();
+            let resync = inner.resync.notified();
+            tokio::pin!(resync);
+            resync.as_mut().enable();
+            let epoch = inner.shed_epoch.load(Ordering::Acquire);
+            let lagged = self.rx.is_empty() && self.behind.swap(false, Ordering::AcqRel);
+            if lagged || epoch != self.epoch {
+                self.epoch = epoch;
+                self.again = self.initial().into();
+                continue;
+            }
+            tokio::select! {
+                got = self.rx.recv() => {
+                    let (seq, task) = got?;
+                    if self.newer(&task.task.task_id, seq) {
+                        return Some(task);
+                    }
+                }
+                _ = resync => {}
             }
         }
     }
@@ -777,14 +861,15 @@ async fn dispatch(inner: Weak<Inner>, mut rx: mpsc::Receiver<Transition>) {
             }
             if e.tx.try_send((t.seq, t.task.clone())).is_err() && !e.tx.is_closed() {
                 inner.shed.fetch_add(1, Ordering::Relaxed);
+                e.behind.store(true, Ordering::Release);
             }
         }
     }
 }
 
 /// Ends tasks whose ttl has passed: a running one is cancelled and fails (pushed), then every
-/// expired task is forgotten (a `tasks/get` on it is `-32602`). It holds the tasks while it
-/// sleeps; it ends with the role (it runs until shutdown).
+/// expired task is forgotten (a `tasks/get` on it is `-32602`). It holds the tasks only while
+/// it works, and ends at shutdown or once they are gone.
 async fn expire_loop(inner: Weak<Inner>) {
     loop {
         let Some(i) = inner.upgrade() else {
@@ -810,8 +895,11 @@ async fn expire_loop(inner: Weak<Inner>) {
             next
         };
         // `notify_one` keeps a permit when nobody waits, so a sooner expiry set between the
-        // scan and here still wakes this.
-        let notified = tasks.inner.expiry.notified();
+        // scan and here still wakes this. Only the notify is held while waiting: the tasks
+        // may go away meanwhile (the loop then ends at its next turn).
+        let wake = tasks.inner.expiry.clone();
+        drop(tasks);
+        let notified = wake.notified();
         match next {
             Some(at) => {
                 tokio::select! {

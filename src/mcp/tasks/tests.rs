@@ -304,7 +304,24 @@ async fn a_stream_that_stops_reading_sheds_without_stalling_others() {
     .await
     .unwrap();
     assert!(tasks.shed() > 0, "the stuck stream's pushes were shed");
-    drop(stuck);
+    // The stuck stream, reading at last, still ends with the final state: it reads its tasks
+    // again once it has taken what was queued, and never goes back.
+    let mut stuck = stuck;
+    let mut last = None;
+    tokio::time::timeout(WAIT, async {
+        loop {
+            let t = next(&mut stuck).await;
+            if let Some(prev) = &last {
+                assert_ne!(prev, &TaskStatus::Completed, "nothing after the end");
+            }
+            last = Some(t.status());
+            if t.status() == TaskStatus::Completed {
+                return;
+            }
+        }
+    })
+    .await
+    .expect("the final state after a shed");
 }
 
 #[tokio::test]
@@ -358,4 +375,35 @@ fn tool_markers_round_trip() {
     assert!(!supports_tasks(&t));
     assert!(supports_tasks(&optional(t.clone())));
     assert!(supports_tasks(&required(t)));
+}
+
+#[tokio::test]
+async fn past_the_cap_the_oldest_ended_task_of_that_caller_makes_way() {
+    let tasks = Tasks::open(&ctx(), None, "t").await;
+    let mut ids = Vec::new();
+    for _ in 0..MAX_TASKS_PER_OWNER {
+        ids.push(
+            tasks
+                .start("o", |_| async { ok("x") })
+                .await
+                .unwrap()
+                .task_id,
+        );
+    }
+    tokio::time::timeout(WAIT, async {
+        while ids
+            .iter()
+            .any(|id| tasks.get("o", id).unwrap().status() != TaskStatus::Completed)
+        {
+            tokio::task::yield_now().await;
+        }
+    })
+    .await
+    .unwrap();
+    // Another caller is not held up, and this one's oldest ended task goes.
+    tasks.start("x", |_| async { ok("x") }).await.unwrap();
+    tasks.start("o", |_| async { ok("x") }).await.unwrap();
+    assert_eq!(tasks.len(), MAX_TASKS_PER_OWNER + 2 - 1);
+    let gone = ids.iter().filter(|id| tasks.get("o", id).is_err()).count();
+    assert_eq!(gone, 1);
 }
