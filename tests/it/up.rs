@@ -263,3 +263,31 @@ async fn a_taken_admin_address_stops_the_start_only_when_it_was_chosen() {
     );
     let _ = child.start_kill();
 }
+
+#[tokio::test]
+async fn every_configured_watch_runs_past_the_watch_clients_own_cap() {
+    let dir = TempDir::new("up-many-watches");
+    let cfg = dir.path().join("up.toml");
+    let mut text = "[listen]\nhttp = \"127.0.0.1:0\"\nquic = \"\"\n\n[memo]\n".to_owned();
+    // More than `herald watch`'s default --max-watches (5).
+    for i in 0..8 {
+        text.push_str(&format!(
+            "\n[[watch]]\nname = \"w{i}\"\nuri = \"memo://notes\"\n"
+        ));
+    }
+    std::fs::write(&cfg, text).unwrap();
+    let mut up = up(&cfg, &[]).await;
+    let c = crate::watch::memo_client(&up.url).await;
+    // Keep changing the note until every watch has said so (they start after the listening
+    // line).
+    let mut seen = std::collections::BTreeSet::new();
+    let mut i = 0;
+    while seen.len() < 8 {
+        call(&c, "memo__memo_set", json!({"key": "k", "value": i})).await;
+        i += 1;
+        assert!(i < 50, "watches that said nothing: {seen:?}");
+        let n = up.notice().await;
+        seen.insert(n["watch"].as_str().unwrap().to_owned());
+    }
+    let _ = up.child.start_kill();
+}

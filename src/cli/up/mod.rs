@@ -285,8 +285,12 @@ pub async fn run(args: UpArgs, globals: &Globals) -> Result<(), Exit> {
         Some(n) if n.webhook.is_some() => Sink::Webhook(n.webhook.clone().unwrap_or_default()),
         _ => Sink::Stdout,
     };
+    // The config's watches all run: the watch client's cap (meant for watches an agent
+    // starts) is raised to their number.
+    let mut config = WatchConfig::default();
+    config.max_watches = config.max_watches.max(watches.len());
     let opts = WatchOptions {
-        config: WatchConfig::default(),
+        config,
         servers,
         sink,
         log: WatchLog::stderr(false),
