@@ -69,18 +69,21 @@ impl ConnectArgs {
     }
 
     pub async fn connect(&self) -> Result<Connection, Exit> {
+        self.connect_with(client_config()).await
+    }
+
+    /// [`ConnectArgs::connect`] with another client handler (one that declares the tasks
+    /// extension and takes task pushes, for `herald call --task`).
+    pub async fn connect_with<H: rmcp::ClientHandler>(
+        &self,
+        handler: H,
+    ) -> Result<Connection<H>, Exit> {
         let trust = ClientTrust {
             ca: self.tls_ca.clone(),
             pin: self.tls_pin.clone(),
             token: crate::transport::tls::Secret::from_env(),
         };
-        Ok(connect(
-            &self.target(),
-            &trust,
-            client_config(),
-            DEFAULT_MAX_MESSAGE_BYTES,
-        )
-        .await?)
+        Ok(connect(&self.target(), &trust, handler, DEFAULT_MAX_MESSAGE_BYTES).await?)
     }
 }
 
@@ -105,6 +108,11 @@ pub struct CallArgs {
     /// Arguments as key=value; values are parsed as JSON when they parse, else taken as strings.
     #[arg(value_name = "KEY=VALUE")]
     pub args: Vec<String>,
+    /// Run the call as a task (the tasks extension) and follow it until it ends: one status
+    /// line on a terminal (NDJSON with --json), an elicitation it asks for answered at the
+    /// terminal, Ctrl-C cancels it. A tool that does not run as a task answers in place.
+    #[arg(long)]
+    pub task: bool,
     #[command(flatten)]
     pub client: ClientArgs,
 }
@@ -215,14 +223,27 @@ pub fn parse_kv(pairs: &[String]) -> anyhow::Result<Map<String, Value>> {
 
 pub async fn call(args: CallArgs) -> Result<(), Exit> {
     let arguments = parse_kv(&args.args).map_err(usage)?;
+    if args.task {
+        return super::task::call(&args.client, &args.tool, arguments).await;
+    }
     let conn = args.client.connect().await?;
     let result = conn
         .call_tool(CallToolRequestParams::new(args.tool.clone()).with_arguments(arguments))
         .await
         .map_err(|e| anyhow!("calling {}: {e}", args.tool))?;
-    let failed = result.is_error == Some(true);
-    if args.client.json {
-        println!("{}", serde_json::to_string_pretty(&result)?);
+    conn.close().await;
+    print_result(&args.tool, &result, args.client.json)
+}
+
+/// Prints a tool's result (its text content, or the whole result as JSON); an error result
+/// is the command's failure.
+pub(super) fn print_result(
+    tool: &str,
+    result: &rmcp::model::CallToolResult,
+    json: bool,
+) -> Result<(), Exit> {
+    if json {
+        println!("{}", serde_json::to_string_pretty(result)?);
     } else {
         for c in &result.content {
             match c.as_text() {
@@ -231,9 +252,8 @@ pub async fn call(args: CallArgs) -> Result<(), Exit> {
             }
         }
     }
-    conn.close().await;
-    if failed {
-        return Err(anyhow!("{} reported an error", args.tool).into());
+    if result.is_error == Some(true) {
+        return Err(anyhow!("{tool} reported an error").into());
     }
     Ok(())
 }

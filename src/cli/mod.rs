@@ -13,6 +13,7 @@ mod serve;
 mod slack;
 mod status;
 mod store;
+mod task;
 mod up;
 pub(crate) mod watch;
 
@@ -75,8 +76,11 @@ pub enum Command {
     Ls(client::LsArgs),
     /// Read a resource.
     Read(client::ReadArgs),
-    /// Call a tool: `herald call memo_set key=todo value='"buy milk"'`.
+    /// Call a tool: `herald call memo_set key=todo value='"buy milk"'`; with --task, as a task
+    /// followed until it ends.
     Call(client::CallArgs),
+    /// Ask about a task: `herald task get ID`, `herald task cancel ID`.
+    Task(task::TaskArgs),
     /// Poll an event type (the MCP Events extension) and print its events as NDJSON: one
     /// poll, or long polls until Ctrl-C with --follow.
     Poll(poll::PollArgs),
@@ -160,6 +164,7 @@ pub fn run(cli: Cli, systemd: Systemd) -> Result<(), Exit> {
             Command::Ls(a) => client::ls(a).await,
             Command::Read(a) => client::read(a).await,
             Command::Call(a) => client::call(a).await,
+            Command::Task(a) => task::run(a).await,
             Command::Poll(a) => poll::run(a).await,
             Command::Status(a) => status::run(a).await,
             Command::Store(a) => store::run(a, &globals).await,

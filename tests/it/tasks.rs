@@ -763,3 +763,87 @@ async fn kubectl_wait_as_a_task_ends_when_the_condition_holds_and_cancel_kills_k
     assert_eq!(r["result"]["isError"], true, "{r}");
     assert_eq!(r["result"]["structuredContent"]["done"], false, "{r}");
 }
+
+#[tokio::test]
+async fn herald_call_task_follows_a_task_and_herald_task_gets_and_cancels() {
+    use tokio::io::{AsyncBufReadExt, BufReader};
+    let s = Server::spawn(&["--store", ":memory:", "memo", "--http", "127.0.0.1:0"]).await;
+    let url = s.http_url();
+    let mut child = tokio::process::Command::new(bin())
+        .args([
+            "call",
+            "--task",
+            "--json",
+            "memo_wait",
+            "key=k",
+            "--mcp-http",
+            &url,
+        ])
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let mut out = BufReader::new(child.stdout.take().unwrap()).lines();
+    let line = tokio::time::timeout(WAIT, out.next_line())
+        .await
+        .unwrap()
+        .unwrap()
+        .expect("the task, first");
+    let created: Value = serde_json::from_str(&line).unwrap();
+    let id = created["taskId"].as_str().unwrap().to_owned();
+    // Its state at registration, then the end once the note changes.
+    let line = tokio::time::timeout(WAIT, out.next_line())
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap();
+    assert_eq!(
+        serde_json::from_str::<Value>(&line).unwrap()["status"],
+        "working"
+    );
+    let c = crate::watch::memo_client(&url).await;
+    call(&c, "memo_set", json!({"key": "k", "value": "v"})).await;
+    let mut last = Value::Null;
+    while let Ok(Some(l)) = tokio::time::timeout(WAIT, out.next_line()).await.unwrap() {
+        last = serde_json::from_str(&l).unwrap();
+    }
+    assert_eq!(last["status"], "completed", "{last}");
+    assert_eq!(last["result"]["structuredContent"]["value"], "v");
+    assert!(child.wait().await.unwrap().success());
+
+    let got = herald(["task", "get", &id, "--json", "--mcp-http", &url]).await;
+    assert!(got.status.success(), "{got:?}");
+    let got: Value = serde_json::from_slice(&got.stdout).unwrap();
+    assert_eq!(got["status"], "completed");
+
+    // Cancel another one from the command line.
+    let t = answer(
+        &url,
+        "tools/call",
+        1,
+        json!({"_meta": tmeta(), "name": "memo_wait", "arguments": {"key": "never"}}),
+    )
+    .await;
+    let other = t["result"]["taskId"].as_str().unwrap().to_owned();
+    let out = herald(["task", "cancel", &other, "--mcp-http", &url]).await;
+    assert!(out.status.success(), "{out:?}");
+    // Cancel is acknowledged first and takes effect right after: ask until it shows.
+    let mut got = Value::Null;
+    for _ in 0..20 {
+        let out = herald(["task", "get", &other, "--json", "--mcp-http", &url]).await;
+        got = serde_json::from_slice(&out.stdout).unwrap();
+        if got["status"] == "cancelled" {
+            break;
+        }
+    }
+    assert_eq!(got["status"], "cancelled", "{got}");
+    // An unknown id: a clear error, exit non-zero.
+    let out = herald(["task", "get", "nope", "--mcp-http", &url]).await;
+    assert!(!out.status.success());
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("unknown, expired or not yours"),
+        "{out:?}"
+    );
+}

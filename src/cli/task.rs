@@ -1,0 +1,298 @@
+//! Tasks from the command line: `herald call --task` starts a call as a task and follows it
+//! (its status pushed on a listen stream naming its id, shown as one line updated in place on
+//! a terminal, NDJSON with `--json`) until it ends, answering an elicitation it asks for on a
+//! terminal; `herald task get|cancel ID` ask about one.
+
+use std::io::{IsTerminal as _, Write as _};
+
+use anyhow::{Context as _, anyhow};
+use clap::{Args, Subcommand};
+use rmcp::model::{
+    CallToolRequestParams, CancelTaskParams, ClientCapabilities, ClientRequest, CustomRequest,
+    GetTaskParams, JsonObject, ServerResult, TaskStatusNotificationParams, UpdateTaskParams,
+};
+use rmcp::service::NotificationContext;
+use rmcp::{ClientHandler, RoleClient};
+use serde_json::{Value, json};
+use tokio::sync::mpsc;
+
+use super::Exit;
+use super::client::ClientArgs;
+use crate::transport::client::client_config;
+
+/// herald's client configuration with the tasks extension declared.
+fn tasks_config() -> rmcp::model::ClientConfig {
+    let mut c = client_config();
+    let tasks = ClientCapabilities::builder().enable_tasks().build();
+    c.capabilities
+        .extensions
+        .get_or_insert_with(Default::default)
+        .extend(tasks.extensions.unwrap_or_default());
+    c
+}
+
+/// A client handler that hands task pushes to a channel.
+#[derive(Clone)]
+struct Follower {
+    config: rmcp::model::ClientConfig,
+    tx: mpsc::UnboundedSender<Value>,
+}
+
+impl ClientHandler for Follower {
+    fn get_info(&self) -> rmcp::model::ClientConfig {
+        self.config.clone()
+    }
+
+    async fn on_task_status(
+        &self,
+        params: TaskStatusNotificationParams,
+        _context: NotificationContext<RoleClient>,
+    ) {
+        if let Ok(mut v) = serde_json::to_value(&params.task) {
+            if let Some(o) = v.as_object_mut() {
+                o.remove("_meta");
+            }
+            let _ = self.tx.send(v);
+        }
+    }
+}
+
+#[derive(Debug, Args)]
+pub struct TaskArgs {
+    #[command(subcommand)]
+    pub command: TaskCommand,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum TaskCommand {
+    /// Print a task's state (tasks/get): its status, and its result or error once it ended.
+    Get(TaskIdArgs),
+    /// Ask a task to stop (tasks/cancel); it then reads cancelled, unless it ended first.
+    Cancel(TaskIdArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct TaskIdArgs {
+    /// The task's id, as `herald call --task` printed it.
+    pub id: String,
+    #[command(flatten)]
+    pub client: ClientArgs,
+}
+
+pub async fn run(args: TaskArgs) -> Result<(), Exit> {
+    match args.command {
+        TaskCommand::Get(a) => {
+            let conn = a.client.conn.connect_with(tasks_config()).await?;
+            let got = conn
+                .get_task(GetTaskParams::new(a.id.clone()))
+                .await
+                .map_err(|e| anyhow!("tasks/get {}: {e}", a.id))?;
+            let mut v = serde_json::to_value(&got.task)?;
+            if a.client.json {
+                println!("{v}");
+            } else {
+                if let Some(o) = v.as_object_mut() {
+                    o.remove("_meta");
+                }
+                println!("{}", serde_json::to_string_pretty(&v)?);
+            }
+            conn.close().await;
+            Ok(())
+        }
+        TaskCommand::Cancel(a) => {
+            let conn = a.client.conn.connect_with(tasks_config()).await?;
+            conn.cancel_task(CancelTaskParams::new(a.id.clone()))
+                .await
+                .map_err(|e| anyhow!("tasks/cancel {}: {e}", a.id))?;
+            if !a.client.json {
+                println!("asked task {} to stop", a.id);
+            }
+            conn.close().await;
+            Ok(())
+        }
+    }
+}
+
+/// What a person sees of a state, on one line.
+fn summary(v: &Value) -> String {
+    let status = v["status"].as_str().unwrap_or("?");
+    match v["statusMessage"].as_str() {
+        Some(m) => format!("{status}: {m}"),
+        None => status.to_owned(),
+    }
+}
+
+/// Asks the person at the terminal for each elicitation's string fields; `None` when there
+/// is no terminal to ask at.
+fn answer_on_terminal(requests: &JsonObject) -> anyhow::Result<Option<JsonObject>> {
+    if !std::io::stdin().is_terminal() {
+        return Ok(None);
+    }
+    let mut answers = JsonObject::new();
+    for (key, req) in requests {
+        let params = &req["params"];
+        eprintln!("\n{}", params["message"].as_str().unwrap_or(key));
+        let mut content = JsonObject::new();
+        let props = params["requestedSchema"]["properties"]
+            .as_object()
+            .cloned()
+            .unwrap_or_default();
+        for (name, schema) in props {
+            let about = schema["description"].as_str().unwrap_or(&name).to_owned();
+            eprint!("  {about}: ");
+            std::io::stderr().flush()?;
+            let mut line = String::new();
+            std::io::stdin().read_line(&mut line)?;
+            let text = line.trim_end_matches(['\n', '\r']).to_owned();
+            let value = match schema["type"].as_str() {
+                Some("string") | None => Value::String(text),
+                _ => serde_json::from_str(&text).unwrap_or(Value::String(text)),
+            };
+            content.insert(name, value);
+        }
+        answers.insert(key.clone(), json!({"action": "accept", "content": content}));
+    }
+    Ok(Some(answers))
+}
+
+/// `herald call --task`: the call as a task, followed until it ends. Ctrl-C cancels it.
+pub async fn call(client: &ClientArgs, tool: &str, arguments: JsonObject) -> Result<(), Exit> {
+    let (tx, mut rx) = mpsc::unbounded_channel();
+    let follower = Follower {
+        config: tasks_config(),
+        tx,
+    };
+    let conn = client.conn.connect_with(follower).await?;
+    let answer = conn
+        .send_request(ClientRequest::CallToolRequest(rmcp::model::Request::new(
+            CallToolRequestParams::new(tool.to_owned()).with_arguments(arguments),
+        )))
+        .await
+        .map_err(|e| anyhow!("calling {tool}: {e}"))?;
+    let task = match answer {
+        ServerResult::CreateTaskResult(t) => t.task,
+        // The server answered in place (the tool does not run as a task there).
+        ServerResult::CallToolResult(r) => {
+            conn.close().await;
+            return super::client::print_result(tool, &r, client.json);
+        }
+        other => return Err(anyhow!("calling {tool}: unexpected answer {other:?}").into()),
+    };
+    let id = task.task_id.clone();
+    let json_out = client.json;
+    let live = !json_out && std::io::stderr().is_terminal();
+    if json_out {
+        println!("{}", serde_json::to_string(&task)?);
+    } else {
+        eprintln!("task {id} (herald task get|cancel {id})");
+    }
+    // The pushes: a listen naming the task; its state at registration comes first.
+    let listen = conn
+        .send_cancellable_request(
+            ClientRequest::CustomRequest(CustomRequest::new(
+                "subscriptions/listen",
+                Some(json!({"notifications": {"taskIds": [id]}})),
+            )),
+            Default::default(),
+        )
+        .await
+        .context("subscriptions/listen")?;
+    let mut listen = Some(listen);
+    let mut shown = String::new();
+    let ctrl_c = tokio::signal::ctrl_c();
+    tokio::pin!(ctrl_c);
+    let mut cancelling = false;
+    let end = loop {
+        let state = tokio::select! {
+            s = rx.recv() => s,
+            _ = &mut ctrl_c, if !cancelling => {
+                cancelling = true;
+                eprintln!("\ncancelling task {id}…");
+                conn.cancel_task(CancelTaskParams::new(id.clone()))
+                    .await
+                    .map_err(|e| anyhow!("tasks/cancel {id}: {e}"))?;
+                continue;
+            }
+        };
+        let Some(state) = state else {
+            break None;
+        };
+        if state["taskId"] != id.as_str() {
+            continue;
+        }
+        if json_out {
+            println!("{state}");
+        } else if live {
+            let line = summary(&state);
+            eprint!("\r\x1b[2K{line}");
+            shown = line;
+        } else {
+            let line = summary(&state);
+            if line != shown {
+                eprintln!("{line}");
+                shown = line;
+            }
+        }
+        match state["status"].as_str() {
+            Some("input_required") => {
+                let requests = state["inputRequests"]
+                    .as_object()
+                    .cloned()
+                    .unwrap_or_default();
+                match answer_on_terminal(&requests)? {
+                    Some(answers) => {
+                        conn.update_task(UpdateTaskParams::new(
+                            id.clone(),
+                            answers.into_iter().collect(),
+                        ))
+                        .await
+                        .map_err(|e| anyhow!("tasks/update {id}: {e}"))?;
+                    }
+                    None => {
+                        break Some(Err(anyhow!(
+                            "task {id} needs input ({}), and there is no terminal to ask at; run herald call --task from a terminal, or herald task cancel {id}",
+                            requests.keys().cloned().collect::<Vec<_>>().join(", ")
+                        )));
+                    }
+                }
+            }
+            Some("completed") | Some("failed") | Some("cancelled") => break Some(Ok(state)),
+            _ => {}
+        }
+    };
+    if live {
+        eprintln!();
+    }
+    if let Some(l) = listen.take() {
+        let _ = l.cancel(None).await;
+    }
+    conn.close().await;
+    let state = match end {
+        Some(Ok(s)) => s,
+        Some(Err(e)) => return Err(e.into()),
+        None => return Err(anyhow!("the connection closed before task {id} ended").into()),
+    };
+    match state["status"].as_str() {
+        Some("completed") => {
+            let result: rmcp::model::CallToolResult =
+                serde_json::from_value(state["result"].clone())
+                    .context("the task's result is not a tool result")?;
+            if json_out {
+                return if result.is_error == Some(true) {
+                    Err(anyhow!("{tool} reported an error").into())
+                } else {
+                    Ok(())
+                };
+            }
+            super::client::print_result(tool, &result, false)
+        }
+        Some("failed") => Err(anyhow!(
+            "task {id} failed: {}",
+            state["error"]["message"]
+                .as_str()
+                .unwrap_or("no reason given")
+        )
+        .into()),
+        _ => Err(anyhow!("task {id} was cancelled").into()),
+    }
+}
