@@ -283,12 +283,7 @@ impl Kubectl {
             })
             .stdout(Stdio::piped())
             .stderr(Stdio::piped());
-        let mut child = cmd.spawn().map_err(|e| {
-            unavailable(format!(
-                "cannot run {}: {e}; install kubectl or pass --kubectl PATH",
-                self.cfg.program.display()
-            ))
-        })?;
+        let mut child = cmd.spawn().map_err(|e| self.cannot_run(e))?;
         if let (Some(input), Some(mut pipe)) = (stdin, child.stdin.take()) {
             let input = input.to_vec();
             self.ctx.spawn("kubectl stdin", async move {
@@ -337,6 +332,14 @@ impl Kubectl {
         Ok(String::from_utf8_lossy(&stdout).into_owned())
     }
 
+    /// The error of a kubectl that could not be started.
+    fn cannot_run(&self, e: std::io::Error) -> SourceError {
+        unavailable(format!(
+            "cannot run {}: {e}; install kubectl or pass --kubectl PATH",
+            self.cfg.program.display()
+        ))
+    }
+
     /// Runs a kubectl command that waits for something (`wait`, `rollout status`) for at most
     /// `limit` (kubectl's own `--timeout` should end it first): whether it succeeded, and its
     /// stdout or stderr. Dropping the future kills kubectl.
@@ -359,12 +362,7 @@ impl Kubectl {
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
             .spawn()
-            .map_err(|e| {
-                unavailable(format!(
-                    "cannot run {}: {e}; install kubectl or pass --kubectl PATH",
-                    self.cfg.program.display()
-                ))
-            })?;
+            .map_err(|e| self.cannot_run(e))?;
         let (mut out, mut err) = (
             child.stdout.take().expect("piped"),
             child.stderr.take().expect("piped"),
@@ -470,12 +468,7 @@ impl Kubectl {
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
             .spawn()
-            .map_err(|e| {
-                unavailable(format!(
-                    "cannot run {}: {e}; install kubectl or pass --kubectl PATH",
-                    self.cfg.program.display()
-                ))
-            })
+            .map_err(|e| self.cannot_run(e))
     }
 
     /// The cluster's API resources as JSON: `[{name, shortNames, apiVersion, namespaced,
