@@ -35,6 +35,9 @@ use crate::watch::log::WatchLog;
 use crate::watch::sink::Sink;
 use crate::watch::{WatchConfig, WatchOptions, WatchSpec, upstream_config};
 
+/// Listen streams on one in-process pipe (see `run`).
+const LOCAL_MAX_STREAMS: usize = 1 << 16;
+
 /// The directory the demo's file source serves (created if missing).
 pub const DEFAULT_DEMO_DIR: &str = "herald-demo";
 
@@ -147,6 +150,14 @@ pub async fn run(args: UpArgs, globals: &Globals) -> Result<(), Exit> {
     let limits = Limits::default();
     let max = limits.max_message_bytes;
     let file = &cfg.file;
+    // The in-process pipes (gateway to each role, watch client to the gateway) each carry
+    // one listen stream per URI, however many callers and watches share it: the per-connection
+    // stream cap, meant for one outside client, would cap the whole appliance (64 URIs). The
+    // gateway's own callers keep the usual limits.
+    let local = Limits {
+        max_streams_per_connection: LOCAL_MAX_STREAMS,
+        ..limits.clone()
+    };
 
     let mut upstreams = Vec::new();
     let mut slack_live = None;
@@ -155,7 +166,7 @@ pub async fn run(args: UpArgs, globals: &Globals) -> Result<(), Exit> {
         upstreams.push(in_process(
             "memo",
             Arc::new(memo),
-            &limits,
+            &local,
             &ctx.for_role("memo"),
         ));
     }
@@ -163,7 +174,7 @@ pub async fn run(args: UpArgs, globals: &Globals) -> Result<(), Exit> {
         let fctx = ctx.for_role("file");
         let src = FileSource::new(f.to_config().map_err(usage)?, &fctx)
             .map_err(|e| usage(anyhow::anyhow!("[file]: {e}")))?;
-        upstreams.push(in_process("file", Arc::new(src), &limits, &fctx));
+        upstreams.push(in_process("file", Arc::new(src), &local, &fctx));
     }
     if let Some(k) = &file.k8s {
         let kctx = ctx.for_role("k8s");
@@ -182,13 +193,13 @@ pub async fn run(args: UpArgs, globals: &Globals) -> Result<(), Exit> {
             &kctx,
         )
         .map_err(|e| usage(anyhow::anyhow!("[k8s]: {e}")))?;
-        upstreams.push(in_process("k8s", Arc::new(src), &limits, &kctx));
+        upstreams.push(in_process("k8s", Arc::new(src), &local, &kctx));
     }
     if let Some(s) = &file.slack {
         let sctx = ctx.for_role("slack");
         let src = Slack::open(s.to_config().map_err(usage)?, store.clone(), &sctx).await?;
         slack_live = Some(src.configured());
-        upstreams.push(in_process("slack", Arc::new(src), &limits, &sctx));
+        upstreams.push(in_process("slack", Arc::new(src), &local, &sctx));
     }
     let gctx = ctx.for_role("gateway");
     for slug in &cfg.slugs {
@@ -238,7 +249,7 @@ pub async fn run(args: UpArgs, globals: &Globals) -> Result<(), Exit> {
     }
 
     // The watch client, through the gateway, over a pipe.
-    let gw_server = SourceServer::new(gateway, limits.clone(), ctx.shutdown().clone());
+    let gw_server = SourceServer::new(gateway, local.clone(), ctx.shutdown().clone());
     let servers = vec![Arc::new(Upstream::dialing(
         UpstreamConfig {
             name: "gateway".into(),
