@@ -32,9 +32,6 @@ const EVENTS_PROBE: Duration = Duration::from_secs(3);
 const RESUBSCRIBE: Backoff = upstream::RECONNECT;
 /// Longest one connect to an upstream (handshake plus catalog) may take.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
-/// Upstream subscriptions per slug (each is a listen stream on the slug's one connection, and
-/// a herald upstream allows 64 per connection).
-const MAX_SHARED_PER_SLUG: usize = 48;
 
 /// The longest long poll relayed (the upstream's own cap is 30 s).
 const MAX_LONG_POLL: Duration = Duration::from_secs(60);
@@ -226,10 +223,11 @@ impl Gateway {
         }
         let prefix = format!("{}+", up.name);
         let per_slug = shared.keys().filter(|k| k.starts_with(&prefix)).count();
-        if per_slug >= MAX_SHARED_PER_SLUG {
+        // Each is a listen stream on the slug's one connection.
+        if per_slug >= up.max_listens {
             return Err(SourceError::Unavailable(format!(
-                "server {} already has {MAX_SHARED_PER_SLUG} watched URIs through this gateway, its limit; stop a watch first",
-                up.name
+                "server {} already has {} watched URIs through this gateway, its limit; stop a watch first",
+                up.name, up.max_listens
             )));
         }
         let (ack, acked) = tokio::sync::watch::channel(None);

@@ -275,13 +275,23 @@ async fn every_configured_watch_runs_past_the_watch_clients_own_cap() {
     const WATCHES: usize = 70;
     let dir = TempDir::new("up-many-watches");
     let cfg = dir.path().join("up.toml");
-    let mut text = "[listen]\nhttp = \"127.0.0.1:0\"\nquic = \"\"\n\n[memo]\n".to_owned();
-    // More than `herald watch`'s default --max-watches (5), and more listen streams than one
-    // outside connection may hold (64): the in-process pipes carry them all.
+    let root = dir.path().join("root");
+    let mut text = format!(
+        "[listen]\nhttp = \"127.0.0.1:0\"\nquic = \"\"\n\n[memo]\n\n[file]\nroots = [{:?}]\n",
+        root.display().to_string()
+    );
+    // More than `herald watch`'s default --max-watches (5), more listen streams than one
+    // outside connection may hold (64), and more URIs of one slug than the gateway shares
+    // with an outside server (48): the in-process pipes carry them all.
     for i in 0..WATCHES {
-        text.push_str(&format!(
-            "\n[[watch]]\nname = \"w{i}\"\nuri = \"memo://notes\"\n"
-        ));
+        let uri = if i < 10 {
+            "memo://notes".to_owned()
+        } else {
+            let d = root.join(format!("d{i}"));
+            std::fs::create_dir_all(&d).unwrap();
+            herald::source::file::events_uri(&std::fs::canonicalize(&d).unwrap(), false)
+        };
+        text.push_str(&format!("\n[[watch]]\nname = \"w{i}\"\nuri = {uri:?}\n"));
     }
     std::fs::write(&cfg, text).unwrap();
     let mut up = up(&cfg, &[]).await;

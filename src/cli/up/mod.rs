@@ -77,6 +77,8 @@ fn in_process(name: &str, source: DynSource, limits: &Limits, ctx: &RoleContext)
         UpstreamConfig {
             name: name.to_owned(),
             context: Some(ctx.clone()),
+            // The server is in this process, with the pipe's own limit.
+            max_listens: LOCAL_MAX_STREAMS,
             ..UpstreamConfig::new(
                 Target::Stdio(format!("in-process {name}")),
                 Default::default(),

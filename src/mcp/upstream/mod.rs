@@ -72,7 +72,14 @@ pub struct UpstreamConfig {
     /// by `backoff`) whenever it exits, until the context shuts down. Otherwise a child lives
     /// as long as its connection.
     pub supervise: bool,
+    /// Listen streams a role may hold on this upstream's one connection (the gateway's shared
+    /// subscriptions): [`DEFAULT_MAX_LISTENS`], under the 64 a herald server allows per
+    /// connection; more for a server in this process, which allows more.
+    pub max_listens: usize,
 }
+
+/// Default for [`UpstreamConfig::max_listens`].
+pub const DEFAULT_MAX_LISTENS: usize = 48;
 
 impl UpstreamConfig {
     /// Named after its target, connects bounded by [`REQUEST_TIMEOUT`], paced by
@@ -87,6 +94,7 @@ impl UpstreamConfig {
             backoff: RECONNECT,
             context: None,
             supervise: false,
+            max_listens: DEFAULT_MAX_LISTENS,
         }
     }
 }
@@ -166,6 +174,8 @@ struct Pacing {
 pub struct Upstream {
     pub name: String,
     pub target: Target,
+    /// See [`UpstreamConfig::max_listens`].
+    pub max_listens: usize,
     trust: ClientTrust,
     max_message_bytes: usize,
     connect_timeout: Duration,
@@ -198,6 +208,7 @@ impl Upstream {
         Upstream {
             name: cfg.name,
             target: cfg.target,
+            max_listens: cfg.max_listens,
             trust: cfg.trust,
             max_message_bytes: cfg.max_message_bytes,
             connect_timeout: cfg.connect_timeout,
