@@ -20,6 +20,25 @@ pub fn ms(d: Duration) -> String {
     format!("{:.3} ms", d.as_secs_f64() * 1e3)
 }
 
+/// The processes whose parent is `pid`.
+pub fn children(pid: u32) -> Vec<u32> {
+    let mut out = Vec::new();
+    for e in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Ok(stat) = std::fs::read_to_string(e.path().join("stat")) else {
+            continue;
+        };
+        let Some(after) = stat.rsplit_once(") ").map(|x| x.1) else {
+            continue;
+        };
+        if after.split(' ').nth(1) == Some(&pid.to_string())
+            && let Some(p) = e.file_name().to_str().and_then(|s| s.parse().ok())
+        {
+            out.push(p);
+        }
+    }
+    out
+}
+
 /// Resident memory of `pid`, in KiB.
 pub fn rss_kib(pid: u32) -> u64 {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();

@@ -27,25 +27,7 @@ use tokio::io::AsyncReadExt;
 #[path = "common.rs"]
 mod common;
 
-use common::rss_kib;
-
-fn children(pid: u32) -> Vec<u32> {
-    let mut out = Vec::new();
-    for e in std::fs::read_dir("/proc").unwrap().flatten() {
-        let Ok(stat) = std::fs::read_to_string(e.path().join("stat")) else {
-            continue;
-        };
-        let Some(after) = stat.rsplit_once(") ").map(|x| x.1) else {
-            continue;
-        };
-        if after.split(' ').nth(1) == Some(&pid.to_string())
-            && let Some(p) = e.file_name().to_str().and_then(|s| s.parse().ok())
-        {
-            out.push(p);
-        }
-    }
-    out
-}
+use common::{children, rss_kib};
 
 /// `herald k8s` on HTTP; its URL and process.
 async fn herald_k8s(kubeconfig: &str, ring: usize) -> (String, tokio::process::Child) {

@@ -165,25 +165,10 @@ fn rand_suffix() -> String {
     )
 }
 
-/// The process's children's RSS, KiB (kubectl, filter workers).
+/// The process's children and their RSS together, KiB (kubectl, filter workers).
 fn children_rss(pid: u32) -> (usize, u64) {
-    let mut n = 0;
-    let mut kib = 0;
-    for e in std::fs::read_dir("/proc").unwrap().flatten() {
-        let Ok(stat) = std::fs::read_to_string(e.path().join("stat")) else {
-            continue;
-        };
-        let Some(after) = stat.rsplit_once(") ").map(|x| x.1) else {
-            continue;
-        };
-        if after.split(' ').nth(1) == Some(&pid.to_string())
-            && let Some(p) = e.file_name().to_str().and_then(|s| s.parse().ok())
-        {
-            n += 1;
-            kib += rss_kib(p);
-        }
-    }
-    (n, kib)
+    let kids = common::children(pid);
+    (kids.len(), kids.into_iter().map(rss_kib).sum())
 }
 
 fn mib(kib: u64) -> f64 {
