@@ -531,17 +531,18 @@ impl Source for Gateway {
                 t.name = prefixed(&u.name, &t.name).into();
                 // The gateway does not relay tasks yet: a tool that can only run as a task is
                 // left out, one that may is offered as a plain call.
-                if let Some(m) = t.meta.as_mut()
-                    && let Some(task) = m.0.remove(crate::mcp::tasks::TASKS_EXTENSION)
-                    && task.get("taskSupport").and_then(serde_json::Value::as_str)
-                        == Some("required")
-                {
+                if crate::mcp::tasks::unmark(&mut t) == crate::mcp::tasks::TaskSupport::Required {
                     continue;
                 }
                 out.push(t);
             }
         }
         out
+    }
+
+    /// No relayed tool runs as a task yet (and the listing is costly to build).
+    fn task_support(&self, _caller: &Caller, _name: &str) -> crate::mcp::tasks::TaskSupport {
+        crate::mcp::tasks::TaskSupport::Forbidden
     }
 
     async fn call_tool(

@@ -6,7 +6,8 @@
 //!    ([`check_listen`]);
 //! 2. the source decides, for this caller, which of the requested URIs it accepts and starts
 //!    whatever keeps them watched ([`Source::admit`](crate::mcp::source::Source::admit), which
-//!    returns an [`Admission`]: accepted URIs with their feed keys, the guards, task ids);
+//!    returns an [`Admission`]: accepted URIs with their feed keys, the guards); a listen's
+//!    `taskIds` are registered with the server's [`Tasks`](crate::mcp::tasks::Tasks);
 //! 3. the accepted feed keys are registered with the hub, so no change published after the
 //!    acknowledgment is lost.
 //!
@@ -183,8 +184,6 @@ pub struct Admission {
     pub accepted: Vec<Accepted>,
     /// Requested URIs left out, with why (logged, never sent: the ack simply omits them).
     pub refused: Vec<(String, SourceError)>,
-    /// Task ids accepted (the tasks extension); none until a source owns tasks.
-    pub task_ids: Vec<String>,
     /// Held for as long as the listen runs; dropping them lets the source stop watching.
     pub guards: Vec<WatchGuard>,
 }

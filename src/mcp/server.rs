@@ -679,13 +679,7 @@ impl ServerHandler for SourceServer {
         if self.shared.tasks.is_none() {
             // A server without the extension runs every tool in place: no listing says a
             // tool may run as a task, and one that can only run as a task is left out.
-            tools.retain_mut(|t| {
-                let task = t
-                    .meta
-                    .as_mut()
-                    .and_then(|m| m.0.remove(crate::mcp::tasks::TASKS_EXTENSION));
-                task.and_then(|v| v.get("taskSupport").cloned()) != Some("required".into())
-            });
+            tools.retain_mut(|t| crate::mcp::tasks::unmark(t) != TaskSupport::Required);
         }
         Ok(ListToolsResult::with_all_items(tools))
     }
@@ -731,7 +725,6 @@ impl ServerHandler for SourceServer {
                         let call = Call {
                             progress: None,
                             task: Some(handle),
-                            tasks_declared: true,
                         };
                         source
                             .call_tool(&caller, &name, args, call)
@@ -754,7 +747,6 @@ impl ServerHandler for SourceServer {
         let call = Call {
             progress,
             task: None,
-            tasks_declared: declared,
         };
         // A plain call ends when its caller cancels it, or 2 s into a shutdown (time for a
         // short call to finish): the tool's future is dropped (a long wait, a kubectl child,

@@ -113,9 +113,6 @@ pub struct Call {
     /// Set when the call runs as a task (the tasks extension): the tool may set a status
     /// message, ask the client for input, and see `tasks/cancel`.
     pub task: Option<crate::mcp::tasks::TaskHandle>,
-    /// The tasks extension as the caller declared it: the gateway passes it on to the
-    /// upstream, so a `slug__tool` call can become the upstream's task.
-    pub tasks_declared: bool,
 }
 
 /// Held while a listen stream (or a read, or a poll) watches a URI; dropping it tells the
@@ -189,11 +186,16 @@ pub trait Source: Send + Sync + 'static {
         Err(SourceError::UnknownTool(name.to_owned()))
     }
 
-    /// Whether tool `name` may run as a task for this caller (as its listing says, with
-    /// [`crate::mcp::tasks::optional`] or [`crate::mcp::tasks::required`]).
+    /// Whether tool `name` may run as a task for this caller: what its listing says (marked
+    /// with [`crate::mcp::tasks::optional`] or [`crate::mcp::tasks::required`]). A source
+    /// whose listing is costly to build answers it directly.
     fn task_support(&self, caller: &Caller, name: &str) -> crate::mcp::tasks::TaskSupport {
-        let _ = (caller, name);
-        crate::mcp::tasks::TaskSupport::Forbidden
+        self.tools(caller)
+            .iter()
+            .find(|t| t.name == name)
+            .map_or(crate::mcp::tasks::TaskSupport::Forbidden, |t| {
+                crate::mcp::tasks::task_support(t)
+            })
     }
 
     /// Whether this source serves MCP Events (`io.modelcontextprotocol/events`) to the caller;

@@ -96,14 +96,34 @@ pub fn required(mut tool: rmcp::model::Tool) -> rmcp::model::Tool {
     tool
 }
 
-/// Whether a tool's `_meta` says it may run as a task.
-pub fn supports_tasks(tool: &rmcp::model::Tool) -> bool {
-    tool.meta
+/// What a tool's `_meta` says of running it as a task ([`optional`], [`required`]).
+pub fn task_support(tool: &rmcp::model::Tool) -> TaskSupport {
+    let said = tool
+        .meta
         .as_ref()
         .and_then(|m| m.0.get(TASKS_EXTENSION))
         .and_then(|v| v.get("taskSupport"))
-        .and_then(Value::as_str)
-        .is_some_and(|s| s == "optional" || s == "required")
+        .and_then(Value::as_str);
+    match said {
+        Some("optional") => TaskSupport::Optional,
+        Some("required") => TaskSupport::Required,
+        _ => TaskSupport::Forbidden,
+    }
+}
+
+/// Whether a tool's `_meta` says it may run as a task.
+pub fn supports_tasks(tool: &rmcp::model::Tool) -> bool {
+    task_support(tool) != TaskSupport::Forbidden
+}
+
+/// Takes the tasks marker off a tool (a server that relays or runs it without tasks); what
+/// it said.
+pub fn unmark(tool: &mut rmcp::model::Tool) -> TaskSupport {
+    let support = task_support(tool);
+    if let Some(m) = tool.meta.as_mut() {
+        m.0.remove(TASKS_EXTENSION);
+    }
+    support
 }
 
 /// The `-32602` of an id this caller cannot see: unknown, expired or another's.

@@ -345,13 +345,6 @@ impl Source for FileSource {
         )]
     }
 
-    fn task_support(&self, _caller: &Caller, name: &str) -> crate::mcp::tasks::TaskSupport {
-        match name {
-            "file_checksum" => crate::mcp::tasks::TaskSupport::Optional,
-            _ => crate::mcp::tasks::TaskSupport::Forbidden,
-        }
-    }
-
     async fn call_tool(
         &self,
         _caller: &Caller,

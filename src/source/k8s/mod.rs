@@ -236,13 +236,6 @@ impl Source for K8s {
         self.poll(params).await
     }
 
-    fn task_support(&self, _caller: &Caller, name: &str) -> crate::mcp::tasks::TaskSupport {
-        match name {
-            "kubectl_wait" | "rollout_status" => crate::mcp::tasks::TaskSupport::Optional,
-            _ => crate::mcp::tasks::TaskSupport::Forbidden,
-        }
-    }
-
     fn tools(&self, _caller: &Caller) -> Vec<Tool> {
         self.tool_list()
     }

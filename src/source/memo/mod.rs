@@ -437,14 +437,6 @@ impl Source for Memo {
         ]
     }
 
-    fn task_support(&self, _caller: &Caller, name: &str) -> tasks::TaskSupport {
-        match name {
-            "memo_wait" => tasks::TaskSupport::Optional,
-            "memo_ask" => tasks::TaskSupport::Required,
-            _ => tasks::TaskSupport::Forbidden,
-        }
-    }
-
     async fn call_tool(
         &self,
         _caller: &Caller,
