@@ -35,7 +35,7 @@ fn tasks_config() -> rmcp::model::ClientConfig {
 #[derive(Clone)]
 struct Follower {
     config: rmcp::model::ClientConfig,
-    tx: mpsc::UnboundedSender<Value>,
+    tx: mpsc::Sender<Value>,
 }
 
 impl ClientHandler for Follower {
@@ -52,7 +52,8 @@ impl ClientHandler for Follower {
             if let Some(o) = v.as_object_mut() {
                 o.remove("_meta");
             }
-            let _ = self.tx.send(v);
+            // Bounded: a server pushing faster than this prints waits on the connection.
+            let _ = self.tx.send(v).await;
         }
     }
 }
@@ -157,7 +158,7 @@ fn answer_on_terminal(requests: &JsonObject) -> anyhow::Result<Option<JsonObject
 
 /// `herald call --task`: the call as a task, followed until it ends. Ctrl-C cancels it.
 pub async fn call(client: &ClientArgs, tool: &str, arguments: JsonObject) -> Result<(), Exit> {
-    let (tx, mut rx) = mpsc::unbounded_channel();
+    let (tx, mut rx) = mpsc::channel(64);
     let follower = Follower {
         config: tasks_config(),
         tx,
@@ -197,7 +198,6 @@ pub async fn call(client: &ClientArgs, tool: &str, arguments: JsonObject) -> Res
         )
         .await
         .context("subscriptions/listen")?;
-    let mut listen = Some(listen);
     let mut shown = String::new();
     let ctrl_c = tokio::signal::ctrl_c();
     tokio::pin!(ctrl_c);
@@ -263,9 +263,7 @@ pub async fn call(client: &ClientArgs, tool: &str, arguments: JsonObject) -> Res
     if live {
         eprintln!();
     }
-    if let Some(l) = listen.take() {
-        let _ = l.cancel(None).await;
-    }
+    let _ = listen.cancel(None).await;
     conn.close().await;
     let state = match end {
         Some(Ok(s)) => s,
