@@ -374,14 +374,7 @@ mod tests {
 
     use tokio::net::UnixDatagram;
 
-    async fn recv(sock: &UnixDatagram) -> String {
-        let mut buf = vec![0u8; 4096];
-        let n = tokio::time::timeout(Duration::from_secs(10), sock.recv(&mut buf))
-            .await
-            .expect("a datagram in time")
-            .unwrap();
-        String::from_utf8(buf[..n].to_vec()).unwrap()
-    }
+    use crate::app::systemd::tests::recv;
 
     #[tokio::test]
     async fn ready_starts_a_tracked_watchdog_that_stop_ends() {

@@ -407,7 +407,7 @@ fn sockopt(fd: RawFd, level: libc::c_int, opt: libc::c_int) -> std::io::Result<l
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
     fn os(s: &str) -> Option<&OsStr> {
@@ -468,7 +468,8 @@ mod tests {
         assert!(!Systemd::notifying(Some(OsStr::new("relative"))).is_notifying());
     }
 
-    async fn recv(sock: &tokio::net::UnixDatagram) -> String {
+    /// The next datagram on `sock`, as text (the app tests use it too).
+    pub(crate) async fn recv(sock: &tokio::net::UnixDatagram) -> String {
         let mut buf = vec![0u8; 4096];
         let n = tokio::time::timeout(Duration::from_secs(10), sock.recv(&mut buf))
             .await

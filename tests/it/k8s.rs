@@ -7,13 +7,14 @@ use crate::kube_fake::FakeApi;
 use crate::support::*;
 use crate::watch::Watch;
 
-struct Setup {
-    api: FakeApi,
-    k8s: Server,
+pub(crate) struct Setup {
+    pub(crate) api: FakeApi,
+    pub(crate) k8s: Server,
     _dir: TempDir,
 }
 
-async fn setup(extra: &[&str]) -> Setup {
+/// `herald k8s` on HTTP against a fresh fake API server, with `extra` flags.
+pub(crate) async fn setup(extra: &[&str]) -> Setup {
     let api = FakeApi::start().await;
     let dir = TempDir::new("k8s");
     let kc = api.kubeconfig(dir.path());

@@ -675,19 +675,8 @@ async fn file_checksum_answers_in_place_or_as_a_task_and_stays_under_its_root() 
 
 #[tokio::test]
 async fn kubectl_wait_as_a_task_ends_when_the_condition_holds_and_cancel_kills_kubectl() {
-    let api = crate::kube_fake::FakeApi::start().await;
-    let dir = TempDir::new("tasks-k8s");
-    let kc = api.kubeconfig(dir.path());
-    let s = Server::spawn(&[
-        "--store",
-        ":memory:",
-        "k8s",
-        "--http",
-        "127.0.0.1:0",
-        "--kubeconfig",
-        kc.to_str().unwrap(),
-    ])
-    .await;
+    let setup = crate::k8s::setup(&[]).await;
+    let (api, s) = (&setup.api, &setup.k8s);
     let url = s.http_url();
     api.put("", "w", "flag", json!({"ready": "no"}));
     let wait = |name: &str, cond: &str| {

@@ -19,50 +19,20 @@ struct Up {
     notices: tokio::io::Lines<BufReader<tokio::process::ChildStdout>>,
 }
 
-/// Starts `herald up --config CFG EXTRA` and waits for its gateway's listening line.
+/// Starts `herald up --config CFG EXTRA` (admin on a free port) and waits for its gateway's
+/// listening line.
 async fn up(cfg: &std::path::Path, extra: &[&str]) -> Up {
-    init();
-    let mut child = tokio::process::Command::new(bin())
-        .args([
-            "--log-format",
-            "json",
-            "--store",
-            ":memory:",
-            "up",
-            "--admin",
-            "127.0.0.1:0",
-            "--config",
-        ])
-        .arg(cfg)
-        .args(extra)
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .kill_on_drop(true)
-        .spawn()
-        .unwrap();
-    let mut err = BufReader::new(child.stderr.take().unwrap()).lines();
-    let (url, admin) = tokio::time::timeout(WAIT, async {
-        loop {
-            let l = err.next_line().await.unwrap().expect("herald up runs");
-            if let Ok(v) = serde_json::from_str::<Value>(&l)
-                && v["event"] == "listening"
-            {
-                return (
-                    v["http_url"].as_str().unwrap().to_owned(),
-                    v["admin"].as_str().unwrap_or_default().to_owned(),
-                );
-            }
-        }
-    })
-    .await
-    .expect("herald up says where it listens");
-    tokio::spawn(async move { while let Ok(Some(_)) = err.next_line().await {} });
+    let args: Vec<&str> = ["--admin", "127.0.0.1:0"]
+        .into_iter()
+        .chain(extra.iter().copied())
+        .collect();
+    let (mut child, outcome) = up_until_listening(cfg, &args).await;
+    let (listening, _) = outcome.expect("herald up says where it listens");
     let notices = BufReader::new(child.stdout.take().unwrap()).lines();
     Up {
         child,
-        url,
-        admin,
+        url: listening["http_url"].as_str().unwrap().to_owned(),
+        admin: listening["admin"].as_str().unwrap_or_default().to_owned(),
         notices,
     }
 }
@@ -196,12 +166,14 @@ async fn no_token_off_loopback_refuses_to_start_and_check_names_the_line() {
     assert!(printed.contains("ring_capacity = 256"), "{printed}");
 }
 
-/// Starts `herald up --config CFG ARGS` and reads its stderr until the gateway's listening
-/// line (`Ok(lines before it)`) or its exit (`Err(all of stderr)`).
+/// Starts `herald up --config CFG ARGS` (stdout piped: the notices) and reads its stderr
+/// until the gateway's listening line (`Ok((that line, the lines before it))`, stderr drained
+/// from then on) or its exit (`Err(all of stderr)`).
 async fn up_until_listening(
     cfg: &std::path::Path,
     args: &[&str],
-) -> (tokio::process::Child, Result<Vec<String>, String>) {
+) -> (tokio::process::Child, Result<(Value, Vec<String>), String>) {
+    init();
     let mut child = tokio::process::Command::new(bin())
         .args([
             "--log-format",
@@ -214,7 +186,7 @@ async fn up_until_listening(
         .arg(cfg)
         .args(args)
         .stdin(Stdio::null())
-        .stdout(Stdio::null())
+        .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .kill_on_drop(true)
         .spawn()
@@ -223,8 +195,10 @@ async fn up_until_listening(
     let mut seen = Vec::new();
     let outcome = tokio::time::timeout(WAIT, async {
         while let Some(l) = err.next_line().await.unwrap() {
-            if serde_json::from_str::<Value>(&l).is_ok_and(|v| v["event"] == "listening") {
-                return Ok(std::mem::take(&mut seen));
+            if let Ok(v) = serde_json::from_str::<Value>(&l)
+                && v["event"] == "listening"
+            {
+                return Ok((v, std::mem::take(&mut seen)));
             }
             seen.push(l);
         }
@@ -232,6 +206,7 @@ async fn up_until_listening(
     })
     .await
     .expect("herald up listens or exits in time");
+    tokio::spawn(async move { while let Ok(Some(_)) = err.next_line().await {} });
     (child, outcome)
 }
 
@@ -260,7 +235,7 @@ async fn a_taken_admin_address_stops_the_start_only_when_it_was_chosen() {
     // warning, and the appliance serves anyway.
     let _default = std::net::TcpListener::bind(herald::app::admin::DEFAULT_ADMIN);
     let (mut child, outcome) = up_until_listening(&cfg, &[]).await;
-    let before = outcome.expect("herald up starts without its default admin address");
+    let (_, before) = outcome.expect("herald up starts without its default admin address");
     assert!(
         before
             .iter()
