@@ -127,10 +127,13 @@ pub async fn serve_source(
         crate::store::Location::File(p) => Some(p.clone()),
         crate::store::Location::Memory => None,
     });
-    // The tasks extension on every role: its tasks are kept in the role's store under its name.
-    let tasks = crate::mcp::tasks::Tasks::open(ctx, Some(store.clone()), &role).await;
-    let server =
-        SourceServer::with_tasks(source, opts.limits.clone(), shutdown.clone(), Some(tasks));
+    // The tasks extension on every role: its tasks are kept in the role's store under its name
+    // (a gateway relays the tasks its upstreams run, and keeps none).
+    let tasks = match source.task_relay() {
+        Some(_) => None,
+        None => Some(crate::mcp::tasks::Tasks::open(ctx, Some(store.clone()), &role).await),
+    };
+    let server = SourceServer::with_tasks(source, opts.limits.clone(), shutdown.clone(), tasks);
     let listens = server.listen_count();
     // Sessions outlive `shutdown` a little: listens answer the shutdown with their final
     // result, and the sessions carrying them close only once those results are out.

@@ -8,8 +8,8 @@ use std::io::{IsTerminal as _, Write as _};
 use anyhow::{Context as _, anyhow};
 use clap::{Args, Subcommand};
 use rmcp::model::{
-    CallToolRequestParams, CancelTaskParams, ClientCapabilities, ClientRequest, CustomRequest,
-    GetTaskParams, JsonObject, ServerResult, TaskStatusNotificationParams, UpdateTaskParams,
+    CallToolRequestParams, CancelTaskParams, ClientRequest, CustomRequest, GetTaskParams,
+    JsonObject, ServerResult, TaskStatusNotificationParams, UpdateTaskParams,
 };
 use rmcp::service::NotificationContext;
 use rmcp::{ClientHandler, RoleClient};
@@ -18,18 +18,7 @@ use tokio::sync::mpsc;
 
 use super::Exit;
 use super::client::ClientArgs;
-use crate::transport::client::client_config;
-
-/// herald's client configuration with the tasks extension declared.
-fn tasks_config() -> rmcp::model::ClientConfig {
-    let mut c = client_config();
-    let tasks = ClientCapabilities::builder().enable_tasks().build();
-    c.capabilities
-        .extensions
-        .get_or_insert_with(Default::default)
-        .extend(tasks.extensions.unwrap_or_default());
-    c
-}
+use crate::transport::client::tasks_config;
 
 /// A client handler that hands task pushes to a channel.
 #[derive(Clone)]

@@ -19,8 +19,12 @@
 //!   it (refcounted by the hub's watch guards), resubscribed with backoff while clients stay.
 //! - **Events**: advertised when a selected slug's handshake does (3 s bound per slug);
 //!   `events/list` and `events/poll` forwarded with `slug__` prefixes; no event state here.
+//! - **Tasks** (`tasks.rs`): a task-augmented `slug__tool` call goes to the slug as one; its
+//!   task is shown as `slug__<id>`; `tasks/*` route by that id, for the caller that started
+//!   it; a listen's `taskIds` are relayed over one shared upstream listen per task.
 
 pub mod config;
 pub mod source;
+mod tasks;
 
 pub use source::Gateway;

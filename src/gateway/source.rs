@@ -1,7 +1,7 @@
 //! [`Gateway`]: the gateway as a [`Source`]. See the module docs of [`crate::gateway`].
 
 use std::collections::{BTreeSet, HashMap};
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
@@ -16,6 +16,7 @@ use sha2::Digest;
 use tokio_util::sync::CancellationToken;
 
 use crate::gateway::config::{GatewayConfig, Slug, Token, valid_slug};
+use crate::gateway::tasks::GatewayTasks;
 use crate::mcp::backoff::Backoff;
 use crate::mcp::context::RoleContext;
 use crate::mcp::hub::ChangeFeed;
@@ -37,15 +38,23 @@ const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 const MAX_LONG_POLL: Duration = Duration::from_secs(60);
 
 pub struct Gateway {
+    access: Arc<Access>,
     upstreams: Vec<Arc<Upstream>>,
-    tokens: Vec<Token>,
-    /// Callers on a loopback address may use every slug without a token (set only for a
-    /// gateway bound to loopback alone with no tokens configured).
-    open_to_loopback: bool,
     feed: ChangeFeed,
     shared: Arc<Mutex<HashMap<String, Weak<SharedListen>>>>,
     /// Where relays, connects and cancels run; its shutdown ends them.
     ctx: RoleContext,
+    /// The tasks it relays (`Source::task_relay`).
+    tasks: Arc<GatewayTasks>,
+}
+
+/// Who may use which slug: the upstreams, the tokens and their entitlements.
+pub(crate) struct Access {
+    upstreams: Vec<Arc<Upstream>>,
+    tokens: Vec<Token>,
+    /// Callers on a loopback address may use every slug without a token (set only for a
+    /// gateway bound to loopback alone with no tokens configured).
+    open_to_loopback: AtomicBool,
 }
 
 /// One upstream subscription, shared by every client watching its URI.
@@ -76,6 +85,54 @@ fn upstream_of(slug: &Slug, max_message_bytes: usize, ctx: &RoleContext) -> Upst
     })
 }
 
+impl Access {
+    /// The slugs `caller` may use: its token's entitlement narrowed by `?servers=`. A local
+    /// (stdio) caller without a token may use every slug.
+    fn allowed(&self, caller: &Caller) -> BTreeSet<String> {
+        let mut set: BTreeSet<String> = match &caller.token {
+            Some(t) => {
+                let digest: [u8; 32] = sha2::Sha256::digest(t.as_bytes()).into();
+                // Check every token, so the time taken does not say which one matched.
+                let mut found = None;
+                for tok in &self.tokens {
+                    if same(&tok.sha256, &digest) && found.is_none() {
+                        found = Some(tok);
+                    }
+                }
+                found.map(|t| t.slugs.clone()).unwrap_or_default()
+            }
+            None if caller.local
+                || (self.open_to_loopback.load(Ordering::Acquire) && caller.loopback) =>
+            {
+                self.upstreams.iter().map(|u| u.name.clone()).collect()
+            }
+            None => BTreeSet::new(),
+        };
+        if let Some(only) = &caller.servers {
+            set.retain(|s| only.iter().any(|o| o == s));
+        }
+        set
+    }
+
+    /// The upstreams `caller` may use.
+    fn selected(&self, caller: &Caller) -> Vec<Arc<Upstream>> {
+        let allowed = self.allowed(caller);
+        self.upstreams
+            .iter()
+            .filter(|u| allowed.contains(&u.name))
+            .cloned()
+            .collect()
+    }
+
+    /// The slug `name` if the caller may use it; Forbidden (one message) otherwise.
+    pub(crate) fn slug(&self, caller: &Caller, name: &str) -> Result<Arc<Upstream>, SourceError> {
+        self.selected(caller)
+            .into_iter()
+            .find(|u| u.name == name)
+            .ok_or(SourceError::Forbidden)
+    }
+}
+
 /// Compares in constant time.
 fn same(a: &[u8; 32], b: &[u8; 32]) -> bool {
     a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
@@ -103,10 +160,15 @@ impl Gateway {
         for up in &upstreams {
             ctx.status().add_upstream(up);
         }
-        Gateway {
-            upstreams,
+        let access = Arc::new(Access {
+            upstreams: upstreams.clone(),
             tokens,
-            open_to_loopback: false,
+            open_to_loopback: AtomicBool::new(false),
+        });
+        Gateway {
+            tasks: Arc::new(GatewayTasks::new(access.clone(), ctx)),
+            access,
+            upstreams,
             feed: ChangeFeed::new(),
             shared: Arc::new(Mutex::new(HashMap::new())),
             ctx: ctx.clone(),
@@ -115,8 +177,8 @@ impl Gateway {
 
     /// Lets callers on a loopback address in without a token. For a gateway that listens on
     /// loopback only and has no tokens: there, whoever can connect is on this host.
-    pub fn open_to_loopback(mut self) -> Gateway {
-        self.open_to_loopback = true;
+    pub fn open_to_loopback(self) -> Gateway {
+        self.access.open_to_loopback.store(true, Ordering::Release);
         self
     }
 
@@ -139,48 +201,12 @@ impl Gateway {
         futures::future::join_all(all).await;
     }
 
-    /// The slugs `caller` may use: its token's entitlement narrowed by `?servers=`. A local
-    /// (stdio) caller without a token may use every slug.
-    fn allowed(&self, caller: &Caller) -> BTreeSet<String> {
-        let mut set: BTreeSet<String> = match &caller.token {
-            Some(t) => {
-                let digest: [u8; 32] = sha2::Sha256::digest(t.as_bytes()).into();
-                // Check every token, so the time taken does not say which one matched.
-                let mut found = None;
-                for tok in &self.tokens {
-                    if same(&tok.sha256, &digest) && found.is_none() {
-                        found = Some(tok);
-                    }
-                }
-                found.map(|t| t.slugs.clone()).unwrap_or_default()
-            }
-            None if caller.local || (self.open_to_loopback && caller.loopback) => {
-                self.upstreams.iter().map(|u| u.name.clone()).collect()
-            }
-            None => BTreeSet::new(),
-        };
-        if let Some(only) = &caller.servers {
-            set.retain(|s| only.iter().any(|o| o == s));
-        }
-        set
-    }
-
-    /// The upstreams `caller` may use.
     fn selected(&self, caller: &Caller) -> Vec<Arc<Upstream>> {
-        let allowed = self.allowed(caller);
-        self.upstreams
-            .iter()
-            .filter(|u| allowed.contains(&u.name))
-            .cloned()
-            .collect()
+        self.access.selected(caller)
     }
 
-    /// The slug `name` if the caller may use it; Forbidden (one message) otherwise.
     fn slug(&self, caller: &Caller, name: &str) -> Result<Arc<Upstream>, SourceError> {
-        self.selected(caller)
-            .into_iter()
-            .find(|u| u.name == name)
-            .ok_or(SourceError::Forbidden)
+        self.access.slug(caller, name)
     }
 
     /// The upstream serving `uri` and the URI to send it: `slug+URI` names the slug; else
@@ -529,20 +555,33 @@ impl Source for Gateway {
             for t in &l.tools {
                 let mut t = t.clone();
                 t.name = prefixed(&u.name, &t.name).into();
-                // The gateway does not relay tasks yet: a tool that can only run as a task is
-                // left out, one that may is offered as a plain call.
-                if crate::mcp::tasks::unmark(&mut t) == crate::mcp::tasks::TaskSupport::Required {
-                    continue;
-                }
                 out.push(t);
             }
         }
         out
     }
 
-    /// No relayed tool runs as a task yet (and the listing is costly to build).
-    fn task_support(&self, _caller: &Caller, _name: &str) -> crate::mcp::tasks::TaskSupport {
-        crate::mcp::tasks::TaskSupport::Forbidden
+    /// What the slug's own listing says of the tool (the caller's entitlement is checked
+    /// when the call goes out).
+    fn task_support(&self, _caller: &Caller, name: &str) -> crate::mcp::tasks::TaskSupport {
+        let Some((slug, tool)) = name.split_once("__") else {
+            return crate::mcp::tasks::TaskSupport::Forbidden;
+        };
+        self.upstreams
+            .iter()
+            .find(|u| u.name == slug)
+            .and_then(|u| u.catalog())
+            .and_then(|c| {
+                c.tools
+                    .iter()
+                    .find(|t| t.name == tool)
+                    .map(crate::mcp::tasks::task_support)
+            })
+            .unwrap_or(crate::mcp::tasks::TaskSupport::Forbidden)
+    }
+
+    fn task_relay(&self) -> Option<Arc<dyn crate::mcp::tasks::relay::TaskRelay>> {
+        Some(self.tasks.clone())
     }
 
     async fn call_tool(

@@ -295,7 +295,7 @@ pub struct AdmittedListen {
     pub(crate) spelled: HashMap<String, Vec<String>>,
     admission: Admission,
     /// The task pushes, when the listen named `taskIds` (and the server runs tasks).
-    pub(crate) tasks: Option<crate::mcp::tasks::TaskListen>,
+    pub(crate) tasks: Option<crate::mcp::tasks::TaskFeed>,
     /// The acknowledgment's `taskIds`: `None` when the listen named none.
     pub(crate) task_echo: Option<Vec<String>>,
 }

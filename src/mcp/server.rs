@@ -36,7 +36,8 @@ use crate::mcp::caller::Caller;
 use crate::mcp::conn::ConnServer;
 use crate::mcp::hub::ChangeFeed;
 use crate::mcp::source::{Body, Call, DynSource, SourceError};
-use crate::mcp::tasks::{TaskSupport, Tasks};
+use crate::mcp::tasks::relay::{Started, TaskRelay};
+use crate::mcp::tasks::{TaskFeed, TaskSupport, Tasks};
 
 /// The Events extension's capability key.
 pub const EVENTS_EXTENSION: &str = "io.modelcontextprotocol/events";
@@ -87,11 +88,18 @@ struct Shared {
     shutdown: CancellationToken,
     config: ServerConfig,
     streams_total: AtomicU64,
-    /// The tasks extension, when this server runs tasks.
-    tasks: Option<Tasks>,
+    /// The tasks extension, when this server serves it.
+    tasks: Option<TaskBackend>,
     /// Listen streams running now, and a wake-up for when that reaches zero.
     active_listens: AtomicUsize,
     drained: tokio::sync::Notify,
+}
+
+/// Where a server's tasks are: run here, or relayed to the servers that run them.
+#[derive(Clone)]
+enum TaskBackend {
+    Local(Tasks),
+    Relayed(Arc<dyn TaskRelay>),
 }
 
 /// Counts a running listen; wakes [`SourceServer::listens_drained`] at zero.
@@ -124,7 +132,9 @@ impl SourceServer {
     }
 
     /// [`SourceServer::new`] with the tasks extension: tools whose listing allows it run as
-    /// tasks kept in `tasks`, and `tasks/*` and listen `taskIds` are served.
+    /// tasks kept in `tasks`, and `tasks/*` and listen `taskIds` are served. A source that
+    /// relays tasks ([`Source::task_relay`](crate::mcp::source::Source::task_relay), the
+    /// gateway) serves the extension through that relay instead, with or without `tasks`.
     pub fn with_tasks(
         source: DynSource,
         limits: Limits,
@@ -132,6 +142,10 @@ impl SourceServer {
         tasks: Option<Tasks>,
     ) -> SourceServer {
         let info = source.info();
+        let tasks = match source.task_relay() {
+            Some(relay) => Some(TaskBackend::Relayed(relay)),
+            None => tasks.map(TaskBackend::Local),
+        };
         let builder = ServerCapabilities::builder()
             .enable_resources()
             .enable_resources_subscribe()
@@ -190,9 +204,12 @@ impl SourceServer {
         &self.shared.feed
     }
 
-    /// The tasks this server runs, if it serves the tasks extension.
+    /// The tasks this server runs itself, if it does.
     pub fn tasks(&self) -> Option<&Tasks> {
-        self.shared.tasks.as_ref()
+        match self.shared.tasks.as_ref()? {
+            TaskBackend::Local(t) => Some(t),
+            TaskBackend::Relayed(_) => None,
+        }
     }
 
     /// Listen streams running now.
@@ -247,12 +264,11 @@ impl SourceServer {
         if let Some(ids) = &filter.task_ids {
             // Only the ids this caller could tasks/get now; unknown and foreign ones are left
             // out without a word, so a listen tells nothing a poll would not.
-            let tasks = self
-                .shared
-                .tasks
-                .as_ref()
-                .map(|t| t.listen(&caller.principal(), ids));
-            listen.task_echo = Some(tasks.as_ref().map(|t| t.ids.clone()).unwrap_or_default());
+            let tasks = self.shared.tasks.as_ref().map(|t| match t {
+                TaskBackend::Local(t) => TaskFeed::Local(t.listen(&caller.principal(), ids)),
+                TaskBackend::Relayed(r) => TaskFeed::Relayed(r.listen(caller, ids)),
+            });
+            listen.task_echo = Some(tasks.as_ref().map(|t| t.ids().to_vec()).unwrap_or_default());
             listen.tasks = tasks;
         }
         Ok(listen)
@@ -717,7 +733,25 @@ impl ServerHandler for SourceServer {
                     ClientCapabilities::builder().enable_tasks().build(),
                 ));
             }
-            (TaskSupport::Optional | TaskSupport::Required, Some(tasks)) if declared => {
+            (TaskSupport::Optional | TaskSupport::Required, Some(TaskBackend::Relayed(relay)))
+                if declared =>
+            {
+                let progress =
+                    context
+                        .meta
+                        .get_progress_token()
+                        .map(|token| crate::mcp::source::Progress {
+                            token,
+                            peer: context.peer.clone(),
+                        });
+                return match relay.call(&caller, &name, args, progress).await? {
+                    Started::Task(task) => Ok(CallToolResponse::Task(CreateTaskResult::new(task))),
+                    Started::Done(result) => Ok(result.into()),
+                };
+            }
+            (TaskSupport::Optional | TaskSupport::Required, Some(TaskBackend::Local(tasks)))
+                if declared =>
+            {
                 let source = source.clone();
                 let owner = caller.principal();
                 let task = tasks
@@ -774,8 +808,11 @@ impl ServerHandler for SourceServer {
         request: GetTaskParams,
         context: RequestContext<RoleServer>,
     ) -> Result<GetTaskResult, McpError> {
-        let tasks = self.tasks_or_unknown()?;
-        let task = tasks.get(&Caller::of(&context).principal(), &request.task_id)?;
+        let caller = Caller::of(&context);
+        let task = match self.tasks_or_unknown()? {
+            TaskBackend::Local(t) => t.get(&caller.principal(), &request.task_id)?,
+            TaskBackend::Relayed(r) => r.get(&caller, &request.task_id).await?,
+        };
         Ok(GetTaskResult::new(task))
     }
 
@@ -784,12 +821,18 @@ impl ServerHandler for SourceServer {
         request: UpdateTaskParams,
         context: RequestContext<RoleServer>,
     ) -> Result<(), McpError> {
-        let tasks = self.tasks_or_unknown()?;
-        tasks.update(
-            &Caller::of(&context).principal(),
-            &request.task_id,
-            request.input_responses,
-        )
+        let caller = Caller::of(&context);
+        match self.tasks_or_unknown()? {
+            TaskBackend::Local(t) => t.update(
+                &caller.principal(),
+                &request.task_id,
+                request.input_responses,
+            ),
+            TaskBackend::Relayed(r) => {
+                r.update(&caller, &request.task_id, request.input_responses)
+                    .await
+            }
+        }
     }
 
     async fn cancel_task(
@@ -797,15 +840,18 @@ impl ServerHandler for SourceServer {
         request: CancelTaskParams,
         context: RequestContext<RoleServer>,
     ) -> Result<(), McpError> {
-        let tasks = self.tasks_or_unknown()?;
-        tasks.cancel(&Caller::of(&context).principal(), &request.task_id)
+        let caller = Caller::of(&context);
+        match self.tasks_or_unknown()? {
+            TaskBackend::Local(t) => t.cancel(&caller.principal(), &request.task_id),
+            TaskBackend::Relayed(r) => r.cancel(&caller, &request.task_id).await,
+        }
     }
 }
 
 impl SourceServer {
     /// rmcp answers `tasks/*` with `-32601` itself when the server does not advertise the
     /// extension; this is only reached when it does.
-    fn tasks_or_unknown(&self) -> Result<&Tasks, McpError> {
+    fn tasks_or_unknown(&self) -> Result<&TaskBackend, McpError> {
         self.shared.tasks.as_ref().ok_or_else(|| {
             McpError::new(
                 ErrorCode::METHOD_NOT_FOUND,

@@ -198,6 +198,13 @@ pub trait Source: Send + Sync + 'static {
             })
     }
 
+    /// Tasks this source hands on to servers that run them (the gateway): when set, the
+    /// server answers task-augmented calls, `tasks/*` and listen `taskIds` through it instead
+    /// of running tasks itself.
+    fn task_relay(&self) -> Option<Arc<dyn crate::mcp::tasks::relay::TaskRelay>> {
+        None
+    }
+
     /// Whether this source serves MCP Events (`io.modelcontextprotocol/events`) to the caller;
     /// advertised in the handshake when true.
     async fn events_advertised(&self, caller: &Caller) -> bool {

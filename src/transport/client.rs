@@ -97,6 +97,25 @@ pub fn client_config() -> ClientConfig {
     )
 }
 
+/// [`client_config`] with the tasks extension declared.
+pub fn tasks_config() -> ClientConfig {
+    let mut c = client_config();
+    let tasks = ClientCapabilities::builder().enable_tasks().build();
+    c.capabilities
+        .extensions
+        .get_or_insert_with(Default::default)
+        .extend(tasks.extensions.unwrap_or_default());
+    c
+}
+
+/// A request's `_meta` declaring the tasks extension (over the connection's own
+/// declaration): for a task-augmented call, `tasks/*` and a listen naming `taskIds`.
+pub fn tasks_meta() -> rmcp::model::RequestMetaObject {
+    let mut m = rmcp::model::RequestMetaObject::new();
+    m.set_client_capabilities(tasks_config().capabilities);
+    m
+}
+
 /// An open client connection. Derefs to the rmcp [`Peer`]. Dropping it closes the connection
 /// (and stops a spawned child).
 pub struct Connection<H: ClientHandler = ClientConfig> {

@@ -82,9 +82,8 @@ async fn client(s: &Setup, token: Option<&str>, servers: Option<&str>) -> Connec
 }
 
 /// The tools `c` sees, sorted (the gateway connected its upstreams before it listened).
-/// memo's tools through the gateway, sorted (memo_ask runs only as a task, which the gateway
-/// does not relay yet).
-const MEMO_TOOLS: [&str; 3] = ["memo_delete", "memo_set", "memo_wait"];
+/// memo's tools through the gateway, sorted.
+const MEMO_TOOLS: [&str; 4] = ["memo_ask", "memo_delete", "memo_set", "memo_wait"];
 
 async fn tools(c: &Connection, n: usize) -> Vec<String> {
     let mut names: Vec<String> = c
@@ -127,16 +126,16 @@ async fn tools_are_prefixed_forwarded_and_entitled() {
     let s = setup().await;
     let all = client(&s, Some(ALL), None).await;
     assert_eq!(
-        tools(&all, 9).await,
+        tools(&all, 12).await,
         ["a", "b", "c"]
             .iter()
             .flat_map(|s| MEMO_TOOLS.map(|t| format!("{s}__{t}")))
             .collect::<Vec<_>>()
     );
     let t = all.list_all_tools().await.unwrap();
-    // Relayed as a plain call: the gateway does not run tasks yet.
+    // Its task support kept: the gateway relays tasks.
     let wait = t.iter().find(|t| t.name == "a__memo_wait").unwrap();
-    assert!(!herald::mcp::tasks::supports_tasks(wait), "{wait:?}");
+    assert!(herald::mcp::tasks::supports_tasks(wait), "{wait:?}");
     let del = t.iter().find(|t| t.name == "a__memo_delete").unwrap();
     assert_eq!(
         del.annotations.as_ref().unwrap().destructive_hint,
@@ -156,12 +155,12 @@ async fn tools_are_prefixed_forwarded_and_entitled() {
     // ?servers= narrows; a token sees only its slugs.
     let only_b = client(&s, Some(ALL), Some("b")).await;
     assert_eq!(
-        tools(&only_b, 3).await,
+        tools(&only_b, 4).await,
         MEMO_TOOLS.map(|t| format!("b__{t}"))
     );
     let a_only = client(&s, Some(ONLY_A), None).await;
     assert_eq!(
-        tools(&a_only, 3).await,
+        tools(&a_only, 4).await,
         MEMO_TOOLS.map(|t| format!("a__{t}"))
     );
     // Outside the set: Forbidden, the same whether the slug exists or not.
@@ -189,7 +188,7 @@ async fn tools_are_prefixed_forwarded_and_entitled() {
 async fn resources_are_merged_and_same_uris_prefixed() {
     let s = setup().await;
     let all = client(&s, Some(ALL), None).await;
-    tools(&all, 9).await;
+    tools(&all, 12).await;
     let uris = resource_uris(&all).await;
     assert_eq!(
         uris,
@@ -208,7 +207,7 @@ async fn resources_are_merged_and_same_uris_prefixed() {
     assert_eq!(mime, "application/json");
     // A token limited to a sees a's resources under their own URIs (no collision for it).
     let a_only = client(&s, Some(ONLY_A), None).await;
-    tools(&a_only, 3).await;
+    tools(&a_only, 4).await;
     let uris = resource_uris(&a_only).await;
     assert_eq!(uris, ["memo://log", "memo://notes"]);
     let err = a_only
@@ -226,7 +225,7 @@ async fn listens_are_shared_upstream_and_survive_an_upstream_restart() {
     let s = setup().await;
     let one = client(&s, Some(ALL), None).await;
     let two = client(&s, Some(ALL), None).await;
-    tools(&one, 9).await;
+    tools(&one, 12).await;
     let filter = |u: &str| {
         SubscriptionFilter::builder()
             .resource_subscription(u)
@@ -271,7 +270,7 @@ async fn listens_are_shared_upstream_and_survive_an_upstream_restart() {
     drop(mixed);
     // A token may not watch what it may not see: the ack leaves it out.
     let a_only = client(&s, Some(ONLY_A), None).await;
-    tools(&a_only, 3).await;
+    tools(&a_only, 4).await;
     let denied = a_only.listen(filter("b+memo://notes")).await.unwrap();
     assert!(
         denied
@@ -341,7 +340,7 @@ async fn poll(
 async fn events_and_quic_tokens() {
     let s = setup().await;
     let all = client(&s, Some(ALL), None).await;
-    tools(&all, 9).await;
+    tools(&all, 12).await;
     let code = |r: Result<_, rmcp::ServiceError>| match r {
         Err(rmcp::ServiceError::McpError(e)) => e.code.0,
         other => panic!("expected an error, got {other:?}"),
@@ -493,7 +492,7 @@ async fn events_and_quic_tokens() {
     )
     .await
     .unwrap();
-    assert_eq!(tools(&q, 3).await, MEMO_TOOLS.map(|t| format!("a__{t}")));
+    assert_eq!(tools(&q, 4).await, MEMO_TOOLS.map(|t| format!("a__{t}")));
     // The ack over QUIC names only what the upstream accepted, and what this token may see.
     let sub = q
         .listen(

@@ -385,8 +385,16 @@ async fn an_unfinished_task_reads_failed_after_a_restart() {
 
 /// One JSON-RPC request over HTTP; the response (SSE or JSON) as it streams.
 async fn post(url: &str, method: &str, body: Value) -> reqwest::Response {
-    let mut req = reqwest::Client::new()
-        .post(url)
+    post_as(url, None, method, body).await
+}
+
+/// [`post`] with a bearer token.
+async fn post_as(url: &str, token: Option<&str>, method: &str, body: Value) -> reqwest::Response {
+    let mut req = reqwest::Client::new().post(url);
+    if let Some(t) = token {
+        req = req.bearer_auth(t);
+    }
+    let mut req = req
         .header("content-type", "application/json")
         .header("accept", "application/json, text/event-stream")
         .header("mcp-protocol-version", "2026-07-28")
@@ -444,8 +452,13 @@ async fn messages_until(
 }
 
 async fn answer(url: &str, method: &str, id: u64, params: Value) -> Value {
-    let mut resp = post(
+    answer_as(url, None, method, id, params).await
+}
+
+async fn answer_as(url: &str, token: Option<&str>, method: &str, id: u64, params: Value) -> Value {
+    let mut resp = post_as(
         url,
+        token,
         method,
         json!({"jsonrpc": "2.0", "id": id, "method": method, "params": params}),
     )
@@ -835,4 +848,243 @@ async fn herald_call_task_follows_a_task_and_herald_task_gets_and_cancels() {
         String::from_utf8_lossy(&out.stderr).contains("unknown, expired or not yours"),
         "{out:?}"
     );
+}
+
+/// The gateway relays tasks: a task-augmented `slug__tool` call makes the task on that slug,
+/// shown as `slug__<id>`; tasks/get, tasks/update and tasks/cancel reach it for the caller
+/// that started it (another slug's caller gets -32024, another caller of the same slug
+/// -32602), and a listen's taskIds are relayed: the ack echoes only this caller's ids, and
+/// every push comes through under the gateway's id and the stream's subscription id.
+#[tokio::test]
+async fn the_gateway_relays_tasks_namespaced_per_slug_and_entitled() {
+    use sha2::Digest;
+    let sha = |t: &str| hex::encode(sha2::Sha256::digest(t.as_bytes()));
+    let (all, only_c, also_a) = ("tok-all-5b1e", "tok-c-77d0", "tok-a-e2c4");
+    let a = Server::spawn(&["--store", ":memory:", "memo", "--http", "127.0.0.1:0"]).await;
+    let dir = TempDir::new("gateway-tasks");
+    let cfg = dir.path().join("gateway.toml");
+    std::fs::write(
+        &cfg,
+        format!(
+            "[[slug]]\nname = \"a\"\nhttp = \"{}\"\n\
+             [[slug]]\nname = \"c\"\nstdio = \"{} --store :memory: memo\"\n\
+             [[token]]\nname = \"all\"\nsha256 = \"{}\"\nslugs = [\"*\"]\n\
+             [[token]]\nname = \"only-c\"\nsha256 = \"{}\"\nslugs = [\"c\"]\n\
+             [[token]]\nname = \"also-a\"\nsha256 = \"{}\"\nslugs = [\"a\"]\n",
+            a.http_url(),
+            bin(),
+            sha(all),
+            sha(only_c),
+            sha(also_a),
+        ),
+    )
+    .unwrap();
+    let gw = Server::spawn(&[
+        "--store",
+        ":memory:",
+        "gateway",
+        "--config",
+        cfg.to_str().unwrap(),
+        "--http",
+        "127.0.0.1:0",
+    ])
+    .await;
+    let url = gw.http_url();
+    let ask = |token: &'static str, method: &'static str, id: u64, params: Value| {
+        let url = url.clone();
+        async move { answer_as(&url, Some(token), method, id, params).await }
+    };
+
+    // The listing keeps each tool's task support.
+    let tools = ask(all, "tools/list", 1, json!({"_meta": tmeta()})).await;
+    let support = |name: &str| {
+        tools["result"]["tools"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|t| t["name"] == name)
+            .map(|t| t["_meta"]["io.modelcontextprotocol/tasks"]["taskSupport"].clone())
+    };
+    assert_eq!(support("a__memo_wait"), Some(json!("optional")), "{tools}");
+    assert_eq!(support("c__memo_ask"), Some(json!("required")), "{tools}");
+
+    // Without the extension: a plain call, answered in place.
+    let plain = ask(
+        all,
+        "tools/call",
+        2,
+        json!({"_meta": meta(), "name": "a__memo_wait", "arguments": {"key": "k", "timeout_ms": 1}}),
+    )
+    .await;
+    assert_eq!(
+        plain["result"]["structuredContent"]["changed"], false,
+        "{plain}"
+    );
+    // With it: a task on slug a, under the gateway's id.
+    let t = ask(
+        all,
+        "tools/call",
+        3,
+        json!({"_meta": tmeta(), "name": "a__memo_wait", "arguments": {"key": "k"}}),
+    )
+    .await;
+    assert_eq!(t["result"]["resultType"], "task", "{t}");
+    let id = t["result"]["taskId"].as_str().unwrap().to_owned();
+    assert!(id.starts_with("a__"), "{id}");
+    let got = ask(all, "tasks/get", 4, json!({"_meta": tmeta(), "taskId": id})).await;
+    assert_eq!(got["result"]["status"], "working", "{got}");
+    assert_eq!(got["result"]["taskId"], id.as_str());
+
+    // A caller not entitled to slug a: -32024, the same as for a slug that does not exist.
+    let foreign = ask(
+        only_c,
+        "tasks/get",
+        5,
+        json!({"_meta": tmeta(), "taskId": id}),
+    )
+    .await;
+    let nowhere = ask(
+        only_c,
+        "tasks/get",
+        6,
+        json!({"_meta": tmeta(), "taskId": "zz__0123"}),
+    )
+    .await;
+    assert_eq!(code(&foreign), -32024, "{foreign}");
+    assert_eq!(foreign["error"]["message"], nowhere["error"]["message"]);
+    // Another caller of slug a: as if the task did not exist.
+    let other = ask(
+        also_a,
+        "tasks/get",
+        7,
+        json!({"_meta": tmeta(), "taskId": id}),
+    )
+    .await;
+    assert_eq!(code(&other), -32602, "{other}");
+    let cancel = ask(
+        also_a,
+        "tasks/cancel",
+        8,
+        json!({"_meta": tmeta(), "taskId": id}),
+    )
+    .await;
+    assert_eq!(code(&cancel), -32602, "{cancel}");
+
+    // A listen: the ack echoes only this caller's ids; the state comes first, then the end.
+    let mut listen = post_as(
+        &url,
+        Some(all),
+        "subscriptions/listen",
+        json!({"jsonrpc": "2.0", "id": 9, "method": "subscriptions/listen",
+            "params": {"_meta": tmeta(), "notifications": {"taskIds": [id, "a__nope", "c__x"]}}}),
+    )
+    .await;
+    let mut buf = String::new();
+    let seen = messages_until(&mut listen, &mut buf, |v| {
+        v["method"] == "notifications/tasks"
+    })
+    .await;
+    let ack = seen
+        .iter()
+        .find(|v| v["method"] == "notifications/subscriptions/acknowledged")
+        .expect("an acknowledgment first");
+    assert_eq!(
+        ack["params"]["notifications"]["taskIds"],
+        json!([id]),
+        "{ack}"
+    );
+    let first = &seen.last().unwrap()["params"];
+    assert_eq!(first["status"], "working", "{first}");
+    assert_eq!(first["taskId"], id.as_str());
+    assert_eq!(first["_meta"]["io.modelcontextprotocol/subscriptionId"], 9);
+    let set = ask(
+        all,
+        "tools/call",
+        10,
+        json!({"_meta": meta(), "name": "a__memo_set", "arguments": {"key": "k", "value": 7}}),
+    )
+    .await;
+    assert!(set.get("result").is_some(), "{set}");
+    let pushes = messages_until(&mut listen, &mut buf, |v| {
+        v["params"]["status"] == "completed"
+    })
+    .await;
+    let done = &pushes.last().unwrap()["params"];
+    assert_eq!(done["taskId"], id.as_str(), "{done}");
+    assert_eq!(done["result"]["structuredContent"]["value"], 7, "{done}");
+    assert_eq!(done["_meta"]["io.modelcontextprotocol/subscriptionId"], 9);
+
+    // input_required on the stdio slug, answered through the gateway.
+    let t = ask(
+        all,
+        "tools/call",
+        11,
+        json!({"_meta": tmeta(), "name": "c__memo_ask", "arguments": {"key": "owner"}}),
+    )
+    .await;
+    let id = t["result"]["taskId"].as_str().unwrap().to_owned();
+    assert!(id.starts_with("c__"), "{t}");
+    let mut listen = post_as(
+        &url,
+        Some(all),
+        "subscriptions/listen",
+        json!({"jsonrpc": "2.0", "id": 12, "method": "subscriptions/listen",
+            "params": {"_meta": tmeta(), "notifications": {"taskIds": [id]}}}),
+    )
+    .await;
+    let mut buf = String::new();
+    let parked = messages_until(&mut listen, &mut buf, |v| {
+        v["params"]["status"] == "input_required"
+    })
+    .await;
+    let parked = &parked.last().unwrap()["params"];
+    assert!(
+        parked["inputRequests"]["value-of-owner"].is_object(),
+        "{parked}"
+    );
+    let upd = ask(
+        all,
+        "tasks/update",
+        13,
+        json!({"_meta": tmeta(), "taskId": id, "inputResponses": {
+            "value-of-owner": {"action": "accept", "content": {"value": "ana"}}}}),
+    )
+    .await;
+    assert!(upd.get("result").is_some(), "{upd}");
+    let pushes = messages_until(&mut listen, &mut buf, |v| {
+        v["params"]["status"] == "completed"
+    })
+    .await;
+    let done = &pushes.last().unwrap()["params"];
+    assert_eq!(
+        done["result"]["structuredContent"]["value"], "ana",
+        "{done}"
+    );
+
+    // Cancel through the gateway reaches the slug's work.
+    let t = ask(
+        all,
+        "tools/call",
+        14,
+        json!({"_meta": tmeta(), "name": "a__memo_wait", "arguments": {"key": "never"}}),
+    )
+    .await;
+    let id = t["result"]["taskId"].as_str().unwrap().to_owned();
+    let c = ask(
+        all,
+        "tasks/cancel",
+        15,
+        json!({"_meta": tmeta(), "taskId": id}),
+    )
+    .await;
+    assert!(c.get("result").is_some(), "{c}");
+    let end = ask(
+        all,
+        "tasks/get",
+        16,
+        json!({"_meta": tmeta(), "taskId": id}),
+    )
+    .await;
+    let status = end["result"]["status"].as_str().unwrap().to_owned();
+    assert!(status == "cancelled" || status == "working", "{end}");
 }

@@ -29,6 +29,7 @@ use crate::source::k8s::kubectl::KubectlConfig;
 use crate::source::k8s::{K8s, K8sConfig};
 use crate::source::memo::Memo;
 use crate::source::slack::Slack;
+use crate::store::Store;
 use crate::transport::client::Target;
 use crate::transport::http::HttpOptions;
 use crate::watch::log::WatchLog;
@@ -69,9 +70,18 @@ pub struct UpArgs {
     pub print_config: bool,
 }
 
-/// A role in this process as a gateway slug: its own server, dialled over a pipe.
-fn in_process(name: &str, source: DynSource, limits: &Limits, ctx: &RoleContext) -> Arc<Upstream> {
-    let server = SourceServer::new(source, limits.clone(), ctx.shutdown().clone());
+/// A role in this process as a gateway slug: its own server (its tasks kept in `store` under
+/// its name, as a role on its own keeps them), dialled over a pipe.
+async fn in_process(
+    name: &str,
+    source: DynSource,
+    limits: &Limits,
+    ctx: &RoleContext,
+    store: &Store,
+) -> Arc<Upstream> {
+    let tasks = crate::mcp::tasks::Tasks::open(ctx, Some(store.clone()), name).await;
+    let server =
+        SourceServer::with_tasks(source, limits.clone(), ctx.shutdown().clone(), Some(tasks));
     let max = limits.max_message_bytes;
     Arc::new(Upstream::dialing(
         UpstreamConfig {
@@ -165,18 +175,22 @@ pub async fn run(args: UpArgs, globals: &Globals) -> Result<(), Exit> {
     let mut slack_live = None;
     if let Some(m) = &file.memo {
         let memo = Memo::open(store.clone(), m.ring_capacity.unwrap_or_default()).await?;
-        upstreams.push(in_process(
-            "memo",
-            Arc::new(memo),
-            &local,
-            &ctx.for_role("memo"),
-        ));
+        upstreams.push(
+            in_process(
+                "memo",
+                Arc::new(memo),
+                &local,
+                &ctx.for_role("memo"),
+                &store,
+            )
+            .await,
+        );
     }
     if let Some(f) = &file.file {
         let fctx = ctx.for_role("file");
         let src = FileSource::new(f.to_config().map_err(usage)?, &fctx)
             .map_err(|e| usage(anyhow::anyhow!("[file]: {e}")))?;
-        upstreams.push(in_process("file", Arc::new(src), &local, &fctx));
+        upstreams.push(in_process("file", Arc::new(src), &local, &fctx, &store).await);
     }
     if let Some(k) = &file.k8s {
         let kctx = ctx.for_role("k8s");
@@ -195,13 +209,13 @@ pub async fn run(args: UpArgs, globals: &Globals) -> Result<(), Exit> {
             &kctx,
         )
         .map_err(|e| usage(anyhow::anyhow!("[k8s]: {e}")))?;
-        upstreams.push(in_process("k8s", Arc::new(src), &local, &kctx));
+        upstreams.push(in_process("k8s", Arc::new(src), &local, &kctx, &store).await);
     }
     if let Some(s) = &file.slack {
         let sctx = ctx.for_role("slack");
         let src = Slack::open(s.to_config().map_err(usage)?, store.clone(), &sctx).await?;
         slack_live = Some(src.configured());
-        upstreams.push(in_process("slack", Arc::new(src), &local, &sctx));
+        upstreams.push(in_process("slack", Arc::new(src), &local, &sctx, &store).await);
     }
     let gctx = ctx.for_role("gateway");
     for slug in &cfg.slugs {

@@ -42,6 +42,7 @@ use crate::mcp::context::RoleContext;
 use crate::mcp::source::SourceError;
 use crate::store::{Store, Table};
 
+pub mod relay;
 #[cfg(test)]
 mod tests;
 
@@ -755,6 +756,38 @@ impl TaskHandle {
         tokio::select! {
             r = rx => r.map_err(|_| SourceError::Unavailable("the task ended before its input came".into())),
             _ = self.cancel.cancelled() => Err(SourceError::Unavailable("the task was cancelled".into())),
+        }
+    }
+}
+
+/// A listen stream's tasks: this server's own, or relayed from the servers that run them.
+pub enum TaskFeed {
+    Local(TaskListen),
+    Relayed(relay::RelayedListen),
+}
+
+impl TaskFeed {
+    /// The ids the stream watches (the acknowledgment's `taskIds`).
+    pub fn ids(&self) -> &[String] {
+        match self {
+            TaskFeed::Local(l) => &l.ids,
+            TaskFeed::Relayed(r) => &r.ids,
+        }
+    }
+
+    /// The states to push right after the acknowledgment.
+    pub fn initial(&mut self) -> Vec<DetailedTask> {
+        match self {
+            TaskFeed::Local(l) => l.initial(),
+            TaskFeed::Relayed(r) => r.initial(),
+        }
+    }
+
+    /// The next state to push.
+    pub async fn next(&mut self) -> Option<DetailedTask> {
+        match self {
+            TaskFeed::Local(l) => l.next().await,
+            TaskFeed::Relayed(r) => r.next().await,
         }
     }
 }

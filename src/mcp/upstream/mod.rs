@@ -491,6 +491,39 @@ impl Upstream {
         }
     }
 
+    /// Sends `req` declaring the tasks extension (a task-augmented call, `tasks/*`), bounded
+    /// by `bound` (rmcp's timeout, which tells the upstream to cancel). An upstream's own
+    /// error comes back unchanged; a broken connection is forgotten.
+    pub async fn request_declaring_tasks(
+        self: &Arc<Self>,
+        req: ClientRequest,
+        bound: Duration,
+    ) -> Result<ServerResult, SourceError> {
+        let live = self.live().await?;
+        let mut options = rmcp::service::PeerRequestOptions::with_timeout(bound);
+        options.meta = Some(crate::transport::client::tasks_meta());
+        let failed = |e: rmcp::ServiceError| {
+            // One slow request is not a broken connection.
+            let timed_out = matches!(e, rmcp::ServiceError::Timeout { .. });
+            upstream_error(e).unwrap_or_else(|| {
+                if !timed_out {
+                    self.reset(&live);
+                }
+                SourceError::Unavailable(format!(
+                    "server {} is unavailable right now (or did not answer within {} s); try again shortly",
+                    self.name,
+                    bound.as_secs()
+                ))
+            })
+        };
+        let handle = live
+            .conn
+            .send_cancellable_request(req, options)
+            .await
+            .map_err(failed)?;
+        handle.await_response().await.map_err(failed)
+    }
+
     /// Sends a custom request (`events/list`, `events/poll`) and returns its result object.
     pub async fn custom(
         self: &Arc<Self>,

@@ -1,17 +1,22 @@
 //! [`Relay`]: the rmcp client handler of every upstream connection. It forwards an upstream's
 //! progress notifications to the downstream caller waiting on that call (the gateway's tool
-//! calls); a connection nobody registers on (the watch client's) only ever buffers a few
-//! strays.
+//! calls), and an upstream's task pushes to the [`Relayed`] state of that task (the gateway's
+//! relayed tasks, the watch client's task watches); a connection nobody registers on only
+//! ever buffers a few strays.
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex};
 
 use rmcp::ClientHandler;
-use rmcp::model::{ClientConfig, NumberOrString, ProgressNotificationParam, ProgressToken};
+use rmcp::model::{
+    ClientConfig, NumberOrString, ProgressNotificationParam, ProgressToken,
+    TaskStatusNotificationParams,
+};
 use rmcp::service::{NotificationContext, RoleClient};
 
 use crate::mcp::context::RoleContext;
 use crate::mcp::source::Progress;
+use crate::mcp::tasks::relay::Relayed;
 use crate::transport::client::client_config;
 
 /// Relays an upstream's progress notifications to the downstream caller waiting on that call.
@@ -23,6 +28,23 @@ pub struct Relay {
     early: Arc<Mutex<VecDeque<ProgressNotificationParam>>>,
     /// Where the flush of early progress runs; `None`: a plain task (a client role).
     ctx: Option<RoleContext>,
+    /// Task pushes, by the upstream's task id: the id to show them under, and where they go.
+    tasks: Arc<Mutex<HashMap<String, (String, std::sync::Weak<Relayed>)>>>,
+}
+
+/// A registered task route; dropping it ends the route.
+pub struct TaskRoute {
+    id: String,
+    tasks: Arc<Mutex<HashMap<String, (String, std::sync::Weak<Relayed>)>>>,
+}
+
+impl Drop for TaskRoute {
+    fn drop(&mut self) {
+        self.tasks
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(&self.id);
+    }
 }
 
 impl Relay {
@@ -93,9 +115,48 @@ impl Relay {
     }
 }
 
+impl Relay {
+    /// Sends the upstream's pushes of task `upstream_id` to `to`, shown under `shown_as`,
+    /// until the returned route drops.
+    pub fn route_task(&self, upstream_id: &str, shown_as: &str, to: &Arc<Relayed>) -> TaskRoute {
+        self.tasks.lock().unwrap_or_else(|e| e.into_inner()).insert(
+            upstream_id.to_owned(),
+            (shown_as.to_owned(), Arc::downgrade(to)),
+        );
+        TaskRoute {
+            id: upstream_id.to_owned(),
+            tasks: self.tasks.clone(),
+        }
+    }
+
+    /// Offers a task state read from the upstream (a `tasks/get`) to its route, as a push is.
+    pub fn offer_task(&self, mut task: rmcp::model::DetailedTask) {
+        let to = self
+            .tasks
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(&task.task.task_id)
+            .cloned();
+        if let Some((shown_as, to)) = to
+            && let Some(to) = to.upgrade()
+        {
+            task.task.task_id = shown_as;
+            to.offer(task);
+        }
+    }
+}
+
 impl ClientHandler for Relay {
     fn get_info(&self) -> ClientConfig {
         client_config()
+    }
+
+    async fn on_task_status(
+        &self,
+        params: TaskStatusNotificationParams,
+        _context: NotificationContext<RoleClient>,
+    ) {
+        self.offer_task(params.task);
     }
 
     async fn on_progress(

@@ -1,0 +1,281 @@
+//! Tasks another server runs, served as this server's own: the gateway's side of the tasks
+//! extension. A [`TaskRelay`] answers a task-augmented `tools/call` and `tasks/*` by asking the
+//! server that runs the task; the pushes of one relayed task land in one [`Relayed`] (its
+//! latest state, shared by every listen stream watching it) and reach each stream through a
+//! [`RelayedListen`].
+//!
+//! A [`Relayed`] keeps one state, never a queue: a stream that falls behind skips to the
+//! latest state (polling `tasks/get` stays authoritative), and a state is offered only when
+//! it is newer than the one kept (an ended task never goes back, and `lastUpdatedAt` never
+//! goes back), since an upstream's notifications may be handled out of order.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, Weak};
+
+use async_trait::async_trait;
+use rmcp::model::{CallToolResult, DetailedTask, ErrorData as McpError, InputResponses, Task};
+use tokio::sync::Notify;
+use tokio_util::sync::CancellationToken;
+
+use crate::mcp::source::{Caller, Progress};
+
+/// What a task-augmented call through a relay answered: a task, or (when the server that runs
+/// the tool answered in place) the tool's result.
+pub enum Started {
+    Task(Task),
+    Done(CallToolResult),
+}
+
+/// Serves `tasks/*`, task-augmented calls and listen `taskIds` for tasks run elsewhere.
+#[async_trait]
+pub trait TaskRelay: Send + Sync {
+    /// A task-augmented `tools/call` of `name`, declared by `caller`.
+    async fn call(
+        &self,
+        caller: &Caller,
+        name: &str,
+        args: rmcp::model::JsonObject,
+        progress: Option<Progress>,
+    ) -> Result<Started, McpError>;
+    async fn get(&self, caller: &Caller, id: &str) -> Result<DetailedTask, McpError>;
+    async fn update(
+        &self,
+        caller: &Caller,
+        id: &str,
+        responses: InputResponses,
+    ) -> Result<(), McpError>;
+    async fn cancel(&self, caller: &Caller, id: &str) -> Result<(), McpError>;
+    /// Registers a listen stream of `caller` for `ids` (the ones it may see now; the others
+    /// left out without a word) and starts relaying their pushes.
+    fn listen(&self, caller: &Caller, ids: &[String]) -> RelayedListen;
+}
+
+/// One relayed task's latest state, shared by the streams watching it.
+#[derive(Default)]
+pub struct Relayed {
+    state: Mutex<RelayedState>,
+    /// Cancelled once the task has ended: nothing newer can come.
+    ended: CancellationToken,
+}
+
+#[derive(Default)]
+struct RelayedState {
+    latest: Option<(u64, DetailedTask)>,
+    seq: u64,
+    /// The streams to wake on a new state.
+    waiters: Vec<Weak<Notify>>,
+}
+
+fn terminal(t: &DetailedTask) -> bool {
+    t.status().is_terminal()
+}
+
+impl Relayed {
+    pub fn new() -> Arc<Relayed> {
+        Arc::new(Relayed::default())
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, RelayedState> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Takes `task` as the latest state when it is newer than the one kept; wakes the streams
+    /// then. Returns whether it was taken.
+    pub fn offer(&self, task: DetailedTask) -> bool {
+        let waiters = {
+            let mut s = self.lock();
+            if let Some((_, cur)) = &s.latest {
+                let older = task.task.last_updated_at.len() == cur.task.last_updated_at.len()
+                    && task.task.last_updated_at < cur.task.last_updated_at;
+                if terminal(cur) || older || *cur == task {
+                    return false;
+                }
+            }
+            s.seq += 1;
+            let ended = terminal(&task);
+            s.latest = Some((s.seq, task));
+            if ended {
+                self.ended.cancel();
+            }
+            s.waiters.retain(|w| w.strong_count() > 0);
+            s.waiters.clone()
+        };
+        for w in waiters.iter().filter_map(Weak::upgrade) {
+            w.notify_one();
+        }
+        true
+    }
+
+    /// The latest state and its stamp.
+    pub fn latest(&self) -> Option<(u64, DetailedTask)> {
+        self.lock().latest.clone()
+    }
+
+    /// Cancelled once an ended state was taken.
+    pub fn ended(&self) -> &CancellationToken {
+        &self.ended
+    }
+
+    fn wake(&self, n: &Arc<Notify>) {
+        let mut s = self.lock();
+        s.waiters.retain(|w| w.strong_count() > 0);
+        s.waiters.push(Arc::downgrade(n));
+    }
+}
+
+/// One watched task of a [`RelayedListen`]: its id as the caller knows it, its shared state,
+/// and whatever keeps its relay running (dropped with the stream).
+pub struct Watched {
+    pub id: String,
+    pub relayed: Arc<Relayed>,
+    pub keep: Arc<dyn std::any::Any + Send + Sync>,
+}
+
+/// A listen stream's relayed tasks.
+pub struct RelayedListen {
+    /// The ids this stream watches (the acknowledgment's `taskIds`).
+    pub ids: Vec<String>,
+    watched: Vec<Watched>,
+    last: HashMap<String, u64>,
+    wake: Arc<Notify>,
+    /// Checked again at every delivery: may this stream's caller still see task `id`?
+    allowed: Arc<dyn Fn(&str) -> bool + Send + Sync>,
+}
+
+impl RelayedListen {
+    pub fn new(watched: Vec<Watched>, allowed: Arc<dyn Fn(&str) -> bool + Send + Sync>) -> Self {
+        let wake = Arc::new(Notify::new());
+        for w in &watched {
+            w.relayed.wake(&wake);
+        }
+        RelayedListen {
+            ids: watched.iter().map(|w| w.id.clone()).collect(),
+            watched,
+            last: HashMap::new(),
+            wake,
+            allowed,
+        }
+    }
+
+    /// States newer than what this stream delivered, marked delivered.
+    pub fn initial(&mut self) -> Vec<DetailedTask> {
+        std::iter::from_fn(|| self.take_one()).collect()
+    }
+
+    /// The first watched task whose state is newer than what this stream delivered (and that
+    /// its caller may still see), marked delivered.
+    fn take_one(&mut self) -> Option<DetailedTask> {
+        for w in &self.watched {
+            let Some((seq, task)) = w.relayed.latest() else {
+                continue;
+            };
+            if self.last.get(&w.id).is_some_and(|&l| l >= seq) || !(self.allowed)(&w.id) {
+                continue;
+            }
+            self.last.insert(w.id.clone(), seq);
+            return Some(task);
+        }
+        None
+    }
+
+    /// The next newer state of a watched task; waits for one.
+    pub async fn next(&mut self) -> Option<DetailedTask> {
+        if self.watched.is_empty() {
+            return None;
+        }
+        loop {
+            // Interest first, then the look: a state offered in between still wakes this.
+            let woken = self.wake.clone();
+            let notified = woken.notified();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
+            if let Some(t) = self.take_one() {
+                return Some(t);
+            }
+            notified.await;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rmcp::model::{TaskPayload, TaskStatus};
+
+    fn state(id: &str, status: TaskStatus, at: &str) -> DetailedTask {
+        let payload = match status {
+            TaskStatus::Working => TaskPayload::Working,
+            TaskStatus::Cancelled => TaskPayload::Cancelled,
+            _ => TaskPayload::Completed {
+                result: Default::default(),
+            },
+        };
+        DetailedTask::new(Task::new(id, status, at.to_owned(), at.to_owned()), payload)
+    }
+
+    #[test]
+    fn a_relayed_task_never_goes_back() {
+        let r = Relayed::new();
+        assert!(r.offer(state("a", TaskStatus::Working, "2026-12-01T00:00:00.002Z")));
+        assert!(
+            !r.offer(state("a", TaskStatus::Working, "2026-12-01T00:00:00.002Z")),
+            "the same state twice"
+        );
+        let mut older = state("a", TaskStatus::Working, "2026-12-01T00:00:00.001Z");
+        older.task.status_message = Some("older".into());
+        assert!(!r.offer(older), "an older stamp");
+        assert!(!r.ended().is_cancelled());
+        assert!(r.offer(state(
+            "a",
+            TaskStatus::Completed,
+            "2026-12-01T00:00:00.003Z"
+        )));
+        assert!(r.ended().is_cancelled());
+        assert!(
+            !r.offer(state("a", TaskStatus::Working, "2026-12-01T00:00:00.009Z")),
+            "nothing after the end"
+        );
+        assert_eq!(r.latest().unwrap().0, 2);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_stream_skips_to_the_latest_and_is_rechecked_at_each_delivery() {
+        let r = Relayed::new();
+        let allowed = Arc::new(std::sync::atomic::AtomicBool::new(true));
+        let a = allowed.clone();
+        let mut l = RelayedListen::new(
+            vec![Watched {
+                id: "s__a".into(),
+                relayed: r.clone(),
+                keep: Arc::new(()),
+            }],
+            Arc::new(move |_| a.load(std::sync::atomic::Ordering::SeqCst)),
+        );
+        assert!(l.initial().is_empty(), "nothing known yet");
+        r.offer(state(
+            "s__a",
+            TaskStatus::Working,
+            "2026-12-01T00:00:00.001Z",
+        ));
+        let mut w2 = state("s__a", TaskStatus::Working, "2026-12-01T00:00:00.002Z");
+        w2.task.status_message = Some("half".into());
+        r.offer(w2.clone());
+        let got = tokio::time::timeout(std::time::Duration::from_secs(5), l.next())
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(got, w2, "the latest, not a backlog");
+        allowed.store(false, std::sync::atomic::Ordering::SeqCst);
+        r.offer(state(
+            "s__a",
+            TaskStatus::Completed,
+            "2026-12-01T00:00:00.003Z",
+        ));
+        assert!(
+            tokio::time::timeout(std::time::Duration::from_millis(50), l.next())
+                .await
+                .is_err(),
+            "a caller that may no longer see the task gets nothing"
+        );
+    }
+}
