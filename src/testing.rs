@@ -41,8 +41,16 @@ impl Drop for MemoServer {
 impl MemoServer {
     pub async fn start() -> MemoServer {
         let memo = Arc::new(Memo::open(Store::memory(), 16).await.expect("memo opens"));
-        let shutdown = CancellationToken::new();
-        let server = SourceServer::new(memo.clone(), Limits::default(), shutdown.clone());
+        // Its tasks run on a context of their own, ended with this server.
+        let ctx = crate::mcp::context::RoleContext::new("memo");
+        let shutdown = ctx.shutdown().clone();
+        let tasks = crate::mcp::tasks::Tasks::open(&ctx, None, "memo").await;
+        let server = SourceServer::with_tasks(
+            memo.clone(),
+            Limits::default(),
+            shutdown.clone(),
+            Some(tasks),
+        );
         MemoServer {
             memo,
             server,
@@ -70,10 +78,11 @@ impl MemoServer {
                 }
                 let (client, served) = tokio::io::duplex(1 << 16);
                 let (sr, sw) = tokio::io::split(served);
-                let transport = LineTransport::<RoleServer, _>::new(sr, sw, MAX, true);
+                let service = server.for_connection();
+                let transport = LineTransport::<RoleServer, _>::new(sr, sw, MAX, true)
+                    .with_listen_acks(service.acks());
                 tokio::spawn(async move {
-                    if let Ok(running) = server.for_connection().serve_with_ct(transport, ct).await
-                    {
+                    if let Ok(running) = service.serve_with_ct(transport, ct).await {
                         let _ = running.waiting().await;
                     }
                 });

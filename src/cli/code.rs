@@ -58,6 +58,7 @@ pub async fn run(args: CodeArgs, _globals: &Globals, verbose: bool) -> Result<()
         filters: Some(PoolConfig::new(exe)),
         watches: Vec::new(),
         require_watches: false,
+        end_when_all_ended: false,
     };
     let shutdown = tokio_util::sync::CancellationToken::new();
     let mut outcome = Ok(true);

@@ -25,6 +25,8 @@ pub struct WatchArgs {
     #[arg(long, value_name = "FILE")]
     pub config: Option<PathBuf>,
     /// A watch to start (repeatable). A watch that cannot start makes herald exit non-zero.
+    /// `NAME=task:ID` (or `task://ID`) watches a task: a notice per status change, and the
+    /// watch ends with the task (herald exits once every watch has ended).
     #[arg(long = "watch", value_name = "NAME=URI")]
     pub watches: Vec<String>,
     /// Python source file run once per event (`FILE.py` when there is one watch, else
@@ -189,6 +191,12 @@ fn parse_watch(s: &str) -> anyhow::Result<(String, String)> {
     if name.is_empty() || uri.is_empty() {
         return Err(anyhow!("--watch {s:?} is not NAME=URI"));
     }
+    // `task:ID` is short for `task://ID`.
+    if let Some(id) = uri.strip_prefix("task:")
+        && !id.starts_with("//")
+    {
+        return Ok((name.to_owned(), format!("task://{id}")));
+    }
     Ok((name.to_owned(), uri.to_owned()))
 }
 
@@ -315,6 +323,7 @@ pub async fn run(args: WatchArgs, globals: &Globals, verbose: bool) -> Result<()
             })
             .collect(),
         require_watches: true,
+        end_when_all_ended: true,
     };
     let shutdown = tokio_util::sync::CancellationToken::new();
     // From the first line on, SIGTERM and Ctrl-C end herald through its drain (a start still

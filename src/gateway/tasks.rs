@@ -12,11 +12,9 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use rmcp::model::{
-    CallToolRequestParams, CancelTaskParams, ClientRequest, CustomRequest, DetailedTask,
-    ErrorData as McpError, GetTaskParams, InputResponses, JsonObject, ServerResult,
-    UpdateTaskParams,
+    CallToolRequestParams, CancelTaskParams, ClientRequest, DetailedTask, ErrorData as McpError,
+    GetTaskParams, InputResponses, JsonObject, ServerResult, UpdateTaskParams,
 };
-use serde_json::json;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
@@ -27,7 +25,7 @@ use crate::mcp::server::to_mcp_error;
 use crate::mcp::source::{Caller, Progress, SourceError};
 use crate::mcp::tasks::relay::{Relayed, RelayedListen, Started, TaskRelay, Watched};
 use crate::mcp::tasks::{DEFAULT_TTL, MAX_TASKS, MAX_TASKS_PER_OWNER, unknown_task};
-use crate::mcp::upstream::{RECONNECT, REQUEST_TIMEOUT, Upstream};
+use crate::mcp::upstream::{REQUEST_TIMEOUT, Upstream};
 
 /// The gateway's relayed tasks.
 pub(crate) struct GatewayTasks {
@@ -179,7 +177,7 @@ impl GatewayTasks {
         });
         self.ctx.spawn(
             "gateway task relay",
-            relay_task(
+            crate::mcp::upstream::follow_task(
                 up,
                 upstream_id.to_owned(),
                 id.to_owned(),
@@ -189,79 +187,6 @@ impl GatewayTasks {
         );
         relays.insert(id.to_owned(), Arc::downgrade(&r));
         Some(r)
-    }
-}
-
-/// Keeps one upstream listen naming task `upstream_id`, its pushes going to `relayed` under
-/// the gateway's `id`, until stopped or the task has ended; listens again with backoff when
-/// the listen ends early (each new listen pushes the task's state first).
-async fn relay_task(
-    up: Arc<Upstream>,
-    upstream_id: String,
-    id: String,
-    relayed: Arc<Relayed>,
-    stop: CancellationToken,
-) {
-    let _route = up.relay.route_task(&upstream_id, &id, &relayed);
-    let mut backoff = RECONNECT;
-    loop {
-        let since = std::time::Instant::now();
-        let attempt = async {
-            let live = up.live().await.map_err(|e| e.to_string())?;
-            let mut options = rmcp::service::PeerRequestOptions::no_options();
-            options.meta = Some(crate::transport::client::tasks_meta());
-            let handle = live
-                .conn
-                .send_cancellable_request(
-                    ClientRequest::CustomRequest(CustomRequest::new(
-                        "subscriptions/listen",
-                        Some(json!({"notifications": {"taskIds": [upstream_id]}})),
-                    )),
-                    options,
-                )
-                .await
-                .map_err(|e| e.to_string())?;
-            // The listen's answer comes when it ends; its pushes meanwhile go through the
-            // connection's handler to `relayed`.
-            let id = handle.id.clone();
-            let peer = handle.peer.clone();
-            let ended = tokio::select! {
-                r = handle.await_response() => Some(r),
-                _ = relayed.ended().cancelled() => None,
-            };
-            if ended.is_none() {
-                let _ = peer
-                    .notify_cancelled(rmcp::model::CancelledNotificationParam::new(
-                        Some(id),
-                        Some("the task has ended".into()),
-                    ))
-                    .await;
-            }
-            Ok::<_, String>(ended)
-        };
-        let got = tokio::select! {
-            _ = stop.cancelled() => return,
-            r = attempt => r,
-        };
-        match got {
-            Ok(None) => return,
-            Ok(Some(r)) => {
-                tracing::debug!(slug = %up.name, task = %id, answer = ?r.err(), "upstream task listen ended; listening again");
-            }
-            Err(e) => {
-                tracing::info!(slug = %up.name, task = %id, error = %e, "upstream task listen failed; listening again");
-            }
-        }
-        if relayed.ended().is_cancelled() {
-            return;
-        }
-        backoff.ran_for(since.elapsed());
-        let delay = backoff.next_delay();
-        tokio::select! {
-            _ = stop.cancelled() => return,
-            _ = relayed.ended().cancelled() => return,
-            _ = tokio::time::sleep(delay) => {}
-        }
     }
 }
 

@@ -23,10 +23,57 @@ pub(super) struct FilterCatalog {
     pub(super) code: Option<WatchManager>,
 }
 
-const WATCH_BUILTINS: [&str; 3] = ["watch_start", "watch_stop", "watch_list"];
+const WATCH_BUILTINS: [&str; 4] = [
+    "watch_start",
+    "watch_stop",
+    "watch_list",
+    "call_tool_as_task",
+];
 
 fn py_err(kind: PyExc, message: String) -> HostError {
     HostError::new(kind, message)
+}
+
+impl FilterCatalog {
+    /// Code mode's `call_tool_as_task(name, args)`: starts the tool as a task on the server
+    /// that has it and returns the task's id (watch it with `watch_start(name=...,
+    /// uri="task://" + id)`).
+    async fn call_as_task(&self, tool: &str, args: Map<String, Value>) -> Result<Value, HostError> {
+        let owner = self.servers.iter().find_map(|s| {
+            let c = s.catalog()?;
+            let t = c.tools.iter().find(|t| t.name == tool)?;
+            Some((s.clone(), crate::mcp::tasks::task_support(t)))
+        });
+        let Some((server, support)) = owner else {
+            return Err(py_err(
+                PyExc::ValueError,
+                format!("no connected server has a tool named {tool}"),
+            ));
+        };
+        if support == crate::mcp::tasks::TaskSupport::Forbidden {
+            return Err(py_err(
+                PyExc::ValueError,
+                format!("{tool} does not run as a task on its server; call {tool}(...) directly"),
+            ));
+        }
+        let params = rmcp::model::CallToolRequestParams::new(tool.to_owned()).with_arguments(args);
+        let answer = server
+            .request_declaring_tasks(
+                rmcp::model::ClientRequest::CallToolRequest(rmcp::model::Request::new(params)),
+                REQUEST_TIMEOUT,
+            )
+            .await
+            .map_err(|e| py_err(PyExc::RuntimeError, e.to_string()))?;
+        match answer {
+            rmcp::model::ServerResult::CreateTaskResult(t) => Ok(Value::String(t.task.task_id)),
+            _ => Err(py_err(
+                PyExc::RuntimeError,
+                format!(
+                    "{tool} answered in place instead of starting a task; call {tool}(...) directly"
+                ),
+            )),
+        }
+    }
 }
 
 #[async_trait::async_trait]
@@ -80,6 +127,25 @@ impl FilterHost for FilterCatalog {
                         .map_err(|e| py_err(PyExc::ValueError, e.to_string()))?;
                     Ok(json!({"name": info.name, "uri": info.uri, "shape": info.shape}))
                 }
+                "call_tool_as_task" => {
+                    let Some(Value::String(tool)) = arg("name", 0) else {
+                        return Err(py_err(
+                            PyExc::ValueError,
+                            "call_tool_as_task needs name=\"...\" (and args={...})".into(),
+                        ));
+                    };
+                    let args = match arg("args", 1) {
+                        None | Some(Value::Null) => Map::new(),
+                        Some(Value::Object(m)) => m,
+                        Some(other) => {
+                            return Err(py_err(
+                                PyExc::TypeError,
+                                format!("args must be a dict of the tool's arguments, not {other}"),
+                            ));
+                        }
+                    };
+                    self.call_as_task(&tool, args).await
+                }
                 "watch_stop" => {
                     let Some(Value::String(n)) = arg("name", 0) else {
                         return Err(py_err(
@@ -96,7 +162,7 @@ impl FilterHost for FilterCatalog {
             return Err(py_err(
                 PyExc::PermissionError,
                 format!(
-                    "{name} is not available in filters: a filter cannot start or stop watches"
+                    "{name} is not available in filters: a filter cannot start or stop watches or tasks"
                 ),
             ));
         }
@@ -250,7 +316,7 @@ mod tests {
             .await
             .unwrap();
         assert_eq!(notes, json!({}), "nothing was written");
-        for builtin in ["watch_start", "watch_stop", "watch_list"] {
+        for builtin in WATCH_BUILTINS {
             let r = cat.call(builtin, Vec::new(), Map::new()).await;
             assert_eq!(exc(r), "PermissionError", "{builtin}");
         }
@@ -327,6 +393,81 @@ mod tests {
             )
             .await;
         assert_eq!(exc(bad), "TypeError");
+        mgr.shutdown().await;
+    }
+
+    /// Code mode starts a tool as a task and watches it: a notice per status change, the
+    /// result in the last, and the watch leaves by itself.
+    #[tokio::test]
+    async fn code_mode_starts_a_task_and_a_task_watch_ends_with_it() {
+        let memo = MemoServer::start().await;
+        let up = memo.upstream_with(crate::watch::upstream_config(
+            crate::transport::client::Target::Stdio("in-process memo".into()),
+            Default::default(),
+            1 << 20,
+        ));
+        up.live().await.unwrap();
+        let (tx, mut rx) = mpsc::channel(16);
+        let mgr = WatchManager::new(
+            WatchConfig::default(),
+            vec![up.clone()],
+            tx,
+            WatchLog::silent(),
+            None,
+        );
+        let cat = FilterCatalog {
+            servers: vec![up],
+            code: Some(mgr.clone()),
+        };
+        let plain = cat
+            .call("call_tool_as_task", vec![json!("memo_set")], Map::new())
+            .await;
+        assert_eq!(exc(plain), "ValueError", "memo_set does not run as a task");
+        let id = cat
+            .call(
+                "call_tool_as_task",
+                vec![json!("memo_wait"), json!({"key": "k"})],
+                Map::new(),
+            )
+            .await
+            .unwrap();
+        let id = id.as_str().unwrap().to_owned();
+        let started = cat
+            .call(
+                "watch_start",
+                Vec::new(),
+                kwargs(json!({"name": "t", "uri": format!("task://{id}")})),
+            )
+            .await
+            .unwrap();
+        assert_eq!(started["shape"], "task");
+        let wait = std::time::Duration::from_secs(10);
+        // Its state at the start, then (or at once) the wait's own status message.
+        loop {
+            let n = tokio::time::timeout(wait, rx.recv())
+                .await
+                .unwrap()
+                .unwrap();
+            assert!(
+                n.lines[0].starts_with(&format!("task {id} working")),
+                "{n:?}"
+            );
+            if n.lines == [format!("task {id} working: waiting for k to change")] {
+                break;
+            }
+        }
+        memo.set("k", json!(2)).await;
+        let last = tokio::time::timeout(wait, rx.recv())
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(last.lines[0], format!("task {id} completed"), "{last:?}");
+        assert!(last.lines[1].contains("\"value\":2"), "{last:?}");
+        tokio::time::timeout(wait, mgr.all_ended()).await.unwrap();
+        assert!(mgr.watch_list().is_empty());
+        // An unknown task: refused at start, with why.
+        let e = mgr.watch_start("u", "task://nope", None).await.unwrap_err();
+        assert!(e.to_string().contains("no server knows task nope"), "{e}");
         mgr.shutdown().await;
     }
 }

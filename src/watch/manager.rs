@@ -12,6 +12,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use rmcp::model::{ClientRequest, DetailedTask, GetTaskParams, ServerResult};
 use serde_json::{Value, json};
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
@@ -19,11 +20,14 @@ use tokio_util::task::TaskTracker;
 
 use crate::filter::pool::{Catalog as FilterHost, FilterError, FilterPool};
 use crate::mcp::ring::EVENT_LOG_MIME;
+use crate::mcp::source::SourceError;
 use crate::mcp::status::{StatusBoard, WatchReport};
-use crate::mcp::upstream::{Upstream, pick};
+use crate::mcp::tasks::relay::Relayed;
+use crate::mcp::upstream::{REQUEST_TIMEOUT, Upstream, pick};
 use crate::store::{Store, Table};
 use crate::watch::events::{LogCursor, StateBase, extract_log};
 use crate::watch::filter_catalog::FilterCatalog;
+use crate::watch::follow::{self, task_id};
 use crate::watch::log::WatchLog;
 use crate::watch::spec::{Notice, Shape, WatchConfig, WatchError, WatchInfo, WatchSpec};
 use crate::watch::task::{Baseline, Stats, WatchTask, subscribe_and_read};
@@ -68,6 +72,8 @@ pub(super) struct Inner {
     shutdown: CancellationToken,
     filters: Mutex<Option<FilterPool>>,
     validations: AtomicU64,
+    /// Woken whenever a watch leaves (stopped, or a task watch whose task ended).
+    left: tokio::sync::Notify,
 }
 
 /// The watch manager. Cheap to clone.
@@ -98,6 +104,7 @@ impl WatchManager {
                 shutdown: CancellationToken::new(),
                 filters: Mutex::new(None),
                 validations: AtomicU64::new(0),
+                left: tokio::sync::Notify::new(),
             }),
         }
     }
@@ -213,27 +220,9 @@ impl WatchManager {
         save: bool,
     ) -> Result<WatchInfo, WatchError> {
         let inner = &self.inner;
-        if name.is_empty() || name.len() > 128 || name.chars().any(char::is_control) {
-            return Err(WatchError::Invalid(
-                "a watch name must be 1 to 128 printable characters".into(),
-            ));
-        }
-        if uri.is_empty() {
-            return Err(WatchError::Invalid("the URI must not be empty".into()));
-        }
-        {
-            let watches = inner.watches.lock().unwrap_or_else(|e| e.into_inner());
-            if let Some(e) = watches.get(name)
-                && e.is_running()
-            {
-                return Err(WatchError::Invalid(format!(
-                    "a watch named {name} already exists (on {}); stop it first or pick another name",
-                    e.spec.uri
-                )));
-            }
-            if running(&watches, name) >= inner.cfg.max_watches {
-                return Err(over_limit(inner.cfg.max_watches));
-            }
+        self.room_for(name, uri)?;
+        if let Some(id) = task_id(uri) {
+            return self.start_task(name, uri, id, on_event, save).await;
         }
         // Make sure every server has been asked what it lists before routing.
         for s in &inner.servers {
@@ -260,7 +249,7 @@ impl WatchManager {
             Shape::State
         };
         let baseline = match shape {
-            Shape::State => Baseline::State(StateBase::new(read.text)),
+            Shape::State | Shape::Task => Baseline::State(StateBase::new(read.text)),
             Shape::EventLog => {
                 let body: Value =
                     serde_json::from_str(&read.text).map_err(|e| WatchError::Rejected {
@@ -341,6 +330,176 @@ impl WatchManager {
         })
     }
 
+    /// Whether a watch `name` on `uri` may start: a valid name not in use, and room.
+    fn room_for(&self, name: &str, uri: &str) -> Result<(), WatchError> {
+        let inner = &self.inner;
+        if name.is_empty() || name.len() > 128 || name.chars().any(char::is_control) {
+            return Err(WatchError::Invalid(
+                "a watch name must be 1 to 128 printable characters".into(),
+            ));
+        }
+        if uri.is_empty() {
+            return Err(WatchError::Invalid("the URI must not be empty".into()));
+        }
+        let watches = inner.watches.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(e) = watches.get(name)
+            && e.is_running()
+        {
+            return Err(WatchError::Invalid(format!(
+                "a watch named {name} already exists (on {}); stop it first or pick another name",
+                e.spec.uri
+            )));
+        }
+        if running(&watches, name) >= inner.cfg.max_watches {
+            return Err(over_limit(inner.cfg.max_watches));
+        }
+        Ok(())
+    }
+
+    /// Starts watching task `id` (`uri` is `task://ID`) as `name`: finds the server that
+    /// knows it (a `tasks/get` on each, in order), then follows its pushes in the background.
+    async fn start_task(
+        &self,
+        name: &str,
+        uri: &str,
+        id: &str,
+        on_event: Option<&str>,
+        save: bool,
+    ) -> Result<WatchInfo, WatchError> {
+        let inner = &self.inner;
+        if id.is_empty() {
+            return Err(WatchError::Invalid(
+                "task://ID needs the task's id (herald call --task prints it)".into(),
+            ));
+        }
+        if on_event.is_some() {
+            return Err(WatchError::Invalid(
+                "a task watch takes no on_event filter: it notices each status change of the task"
+                    .into(),
+            ));
+        }
+        let (server, first) = self.find_task(id).await?;
+        let relayed = Relayed::new();
+        relayed.offer(first);
+        let spec = WatchSpec {
+            name: name.into(),
+            uri: uri.into(),
+            on_event: None,
+        };
+        let stats = Arc::new(Stats::default());
+        let cancel = inner.shutdown.child_token();
+        {
+            let mut watches = inner.watches.lock().unwrap_or_else(|e| e.into_inner());
+            if watches.get(name).is_some_and(Entry::is_running) {
+                return Err(WatchError::Invalid(format!(
+                    "a watch named {name} already exists; stop it first or pick another name"
+                )));
+            }
+            if running(&watches, name) >= inner.cfg.max_watches {
+                return Err(over_limit(inner.cfg.max_watches));
+            }
+            watches.insert(
+                name.into(),
+                Entry {
+                    spec: spec.clone(),
+                    shape: Some(Shape::Task),
+                    stats: stats.clone(),
+                    cancel: cancel.clone(),
+                    restore_failed: false,
+                },
+            );
+        }
+        if save {
+            self.save(&spec).await;
+        }
+        inner.log.emit(
+            "watch.started",
+            json!({"watch": name, "uri": uri, "shape": Shape::Task, "server": server.name}),
+        );
+        inner.tracker.spawn(follow::run(
+            self.clone(),
+            server,
+            spec.clone(),
+            id.to_owned(),
+            stats,
+            cancel,
+            relayed,
+        ));
+        Ok(WatchInfo {
+            name: spec.name,
+            uri: spec.uri,
+            shape: Some(Shape::Task),
+            events: 0,
+            notices: 0,
+            restore_failed: false,
+            failed: false,
+        })
+    }
+
+    /// The server that knows task `id`, and the task's state there.
+    async fn find_task(&self, id: &str) -> Result<(Arc<Upstream>, DetailedTask), WatchError> {
+        let mut down = None;
+        for s in &self.inner.servers {
+            let get = ClientRequest::GetTaskRequest(rmcp::model::GetTaskRequest::new(
+                GetTaskParams::new(id.to_owned()),
+            ));
+            match s.request_declaring_tasks(get, REQUEST_TIMEOUT).await {
+                Ok(ServerResult::GetTaskResult(r)) => return Ok((s.clone(), r.task)),
+                Ok(_) => {}
+                Err(SourceError::Unavailable(m)) => down = Some(m),
+                // Unknown there, or a server without tasks: ask the next.
+                Err(_) => {}
+            }
+        }
+        Err(match down {
+            Some(m) => WatchError::Unavailable(m),
+            None => WatchError::Invalid(format!(
+                "no server knows task {id}: it is unknown, expired, or not yours"
+            )),
+        })
+    }
+
+    /// A watch that ended by itself (its task ended): it leaves the list and the saved state.
+    pub(super) async fn ended(&self, name: &str, stats: &Arc<Stats>) {
+        let removed = {
+            let mut watches = self.inner.watches.lock().unwrap_or_else(|e| e.into_inner());
+            // Only this watch: another may have taken the name since.
+            match watches.get(name) {
+                Some(e) if Arc::ptr_eq(&e.stats, stats) => watches.remove(name),
+                _ => None,
+            }
+        };
+        let Some(entry) = removed else { return };
+        if let Some(store) = &self.inner.store
+            && let Err(e) = store.delete(Table::Watches, name).await
+        {
+            tracing::warn!(watch = name, error = %e, "could not remove the saved watch spec");
+        }
+        self.inner
+            .log
+            .emit("watch.ended", json!({"watch": name, "uri": entry.spec.uri}));
+        self.inner.left.notify_waiters();
+    }
+
+    /// Waits until no watch is left (each stopped, or ended by itself).
+    pub async fn all_ended(&self) {
+        loop {
+            let left = self.inner.left.notified();
+            tokio::pin!(left);
+            left.as_mut().enable();
+            if self
+                .inner
+                .watches
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .is_empty()
+            {
+                return;
+            }
+            left.await;
+        }
+    }
+
     /// Stops `name`. Returns whether it existed.
     pub async fn watch_stop(&self, name: &str) -> bool {
         let removed = self
@@ -362,6 +521,7 @@ impl WatchManager {
             "watch.stopped",
             json!({"watch": name, "uri": entry.spec.uri}),
         );
+        self.inner.left.notify_waiters();
         true
     }
 

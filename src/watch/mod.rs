@@ -10,6 +10,7 @@
 
 pub mod events;
 mod filter_catalog;
+mod follow;
 pub mod log;
 pub mod manager;
 pub mod notice;
@@ -79,6 +80,9 @@ pub struct WatchOptions {
     /// Whether a watch in `watches` that cannot start ends the run with [`StartFailed`]
     /// (`herald watch`); otherwise it is logged and the rest run (`herald up`'s demo).
     pub require_watches: bool,
+    /// Whether the run ends once no watch is left (`herald watch`: its task watches end by
+    /// themselves); otherwise it runs until `shutdown`.
+    pub end_when_all_ended: bool,
 }
 
 /// A watch of [`WatchOptions::watches`] could not start.
@@ -122,7 +126,14 @@ where
         _ = shutdown.cancelled() => None,
     };
     if failure.is_none() && !shutdown.is_cancelled() && session(&manager).await {
-        shutdown.cancelled().await;
+        if opts.end_when_all_ended {
+            tokio::select! {
+                _ = shutdown.cancelled() => {}
+                _ = manager.all_ended() => tracing::info!("every watch has ended"),
+            }
+        } else {
+            shutdown.cancelled().await;
+        }
     }
     manager.shutdown().await;
     drop(manager);

@@ -72,6 +72,8 @@ impl Notice {
 pub enum Shape {
     State,
     EventLog,
+    /// A task (`task://ID`): its status changes, until it ends.
+    Task,
 }
 
 /// A saved watch spec (`--watch-state`).

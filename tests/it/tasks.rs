@@ -1088,3 +1088,62 @@ async fn the_gateway_relays_tasks_namespaced_per_slug_and_entitled() {
     let status = end["result"]["status"].as_str().unwrap().to_owned();
     assert!(status == "cancelled" || status == "working", "{end}");
 }
+
+/// `herald watch --watch t=task:ID`: a notice per status change, the result in the last, and
+/// then herald exits by itself (its only watch has ended).
+#[tokio::test]
+async fn herald_watch_on_a_task_prints_each_status_and_ends() {
+    let s = Server::spawn(&["--store", ":memory:", "memo", "--http", "127.0.0.1:0"]).await;
+    let url = s.http_url();
+    let t = answer(
+        &url,
+        "tools/call",
+        1,
+        json!({"_meta": tmeta(), "name": "memo_wait", "arguments": {"key": "k"}}),
+    )
+    .await;
+    let id = t["result"]["taskId"].as_str().unwrap().to_owned();
+    let mut w = crate::watch::Watch::spawn(
+        ":memory:",
+        &["--mcp-http", &url, "--watch", &format!("t=task:{id}")],
+    );
+    // Its state at the start, then the wait's status once it waits.
+    loop {
+        let n = w.notice().await.to_string();
+        assert!(n.contains(&format!("task {id} working")), "{n}");
+        if n.contains("waiting for k to change") {
+            break;
+        }
+    }
+    let set = answer(
+        &url,
+        "tools/call",
+        2,
+        json!({"_meta": meta(), "name": "memo_set", "arguments": {"key": "k", "value": 5}}),
+    )
+    .await;
+    assert!(set.get("result").is_some(), "{set}");
+    let end = w.notice().await.to_string();
+    assert!(end.contains(&format!("task {id} completed")), "{end}");
+    assert!(end.contains(r#"\"value\":5"#), "{end}");
+    let status = w.exited().await;
+    assert!(status.success(), "{status}");
+
+    // A task no server knows: herald watch says so and exits 1.
+    let out = tokio::process::Command::new(bin())
+        .args([
+            "--store",
+            ":memory:",
+            "watch",
+            "--mcp-http",
+            &url,
+            "--watch",
+            "t=task:nope",
+        ])
+        .output()
+        .await
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("no server knows task nope"), "{err}");
+}

@@ -84,6 +84,14 @@ impl Watch {
         serde_json::from_str(&l).unwrap()
     }
 
+    /// Waits for herald watch to exit by itself; returns its status.
+    pub async fn exited(mut self) -> std::process::ExitStatus {
+        tokio::time::timeout(WAIT, self.child.wait())
+            .await
+            .expect("exits by itself")
+            .unwrap()
+    }
+
     pub async fn terminate(mut self) {
         let pid = self.child.id().unwrap().to_string();
         let _ = std::process::Command::new("kill")

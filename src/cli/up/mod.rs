@@ -326,6 +326,7 @@ pub async fn run(args: UpArgs, globals: &Globals) -> Result<(), Exit> {
         watches,
         // A watch that cannot start (a server not up yet) is logged; the rest run.
         require_watches: false,
+        end_when_all_ended: false,
     };
     let board = ctx.status().clone();
     let watch = crate::watch::run(opts, ctx.shutdown().clone(), async |m| {

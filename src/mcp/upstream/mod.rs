@@ -561,6 +561,79 @@ impl Upstream {
     }
 }
 
+/// Keeps one upstream listen naming task `upstream_id`, its pushes going to `relayed` under
+/// `id` (the gateway's id for it, or the id itself), until stopped or the task has ended; listens again with backoff when
+/// the listen ends early (each new listen pushes the task's state first).
+pub async fn follow_task(
+    up: Arc<Upstream>,
+    upstream_id: String,
+    id: String,
+    relayed: Arc<crate::mcp::tasks::relay::Relayed>,
+    stop: tokio_util::sync::CancellationToken,
+) {
+    let _route = up.relay.route_task(&upstream_id, &id, &relayed);
+    let mut backoff = RECONNECT;
+    loop {
+        let since = std::time::Instant::now();
+        let attempt = async {
+            let live = up.live().await.map_err(|e| e.to_string())?;
+            let mut options = rmcp::service::PeerRequestOptions::no_options();
+            options.meta = Some(crate::transport::client::tasks_meta());
+            let handle = live
+                .conn
+                .send_cancellable_request(
+                    ClientRequest::CustomRequest(CustomRequest::new(
+                        "subscriptions/listen",
+                        Some(serde_json::json!({"notifications": {"taskIds": [upstream_id]}})),
+                    )),
+                    options,
+                )
+                .await
+                .map_err(|e| e.to_string())?;
+            // The listen's answer comes when it ends; its pushes meanwhile go through the
+            // connection's handler to `relayed`.
+            let id = handle.id.clone();
+            let peer = handle.peer.clone();
+            let ended = tokio::select! {
+                r = handle.await_response() => Some(r),
+                _ = relayed.ended().cancelled() => None,
+            };
+            if ended.is_none() {
+                let _ = peer
+                    .notify_cancelled(rmcp::model::CancelledNotificationParam::new(
+                        Some(id),
+                        Some("the task has ended".into()),
+                    ))
+                    .await;
+            }
+            Ok::<_, String>(ended)
+        };
+        let got = tokio::select! {
+            _ = stop.cancelled() => return,
+            r = attempt => r,
+        };
+        match got {
+            Ok(None) => return,
+            Ok(Some(r)) => {
+                tracing::debug!(slug = %up.name, task = %id, answer = ?r.err(), "upstream task listen ended; listening again");
+            }
+            Err(e) => {
+                tracing::info!(slug = %up.name, task = %id, error = %e, "upstream task listen failed; listening again");
+            }
+        }
+        if relayed.ended().is_cancelled() {
+            return;
+        }
+        backoff.ran_for(since.elapsed());
+        let delay = backoff.next_delay();
+        tokio::select! {
+            _ = stop.cancelled() => return,
+            _ = relayed.ended().cancelled() => return,
+            _ = tokio::time::sleep(delay) => {}
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

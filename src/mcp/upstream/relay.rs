@@ -29,13 +29,17 @@ pub struct Relay {
     /// Where the flush of early progress runs; `None`: a plain task (a client role).
     ctx: Option<RoleContext>,
     /// Task pushes, by the upstream's task id: the id to show them under, and where they go.
-    tasks: Arc<Mutex<HashMap<String, (String, std::sync::Weak<Relayed>)>>>,
+    tasks: TaskRoutes,
 }
+
+/// Where each followed task's pushes go, by the upstream's task id: the id to show them
+/// under, and the state they update.
+type TaskRoutes = Arc<Mutex<HashMap<String, (String, std::sync::Weak<Relayed>)>>>;
 
 /// A registered task route; dropping it ends the route.
 pub struct TaskRoute {
     id: String,
-    tasks: Arc<Mutex<HashMap<String, (String, std::sync::Weak<Relayed>)>>>,
+    tasks: TaskRoutes,
 }
 
 impl Drop for TaskRoute {

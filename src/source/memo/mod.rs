@@ -168,8 +168,20 @@ impl Memo {
     /// Waits until note `key` next changes (set to another value, or deleted), at most
     /// `timeout`. Returns the new value (`Some(None)`: deleted), or `None` on timeout.
     pub async fn wait(&self, key: &str, timeout: std::time::Duration) -> Option<Option<Value>> {
+        self.wait_then(key, timeout, || {}).await
+    }
+
+    /// [`Memo::wait`], calling `waiting` once the value it compares against is taken: a
+    /// change after that is seen.
+    async fn wait_then(
+        &self,
+        key: &str,
+        timeout: std::time::Duration,
+        waiting: impl FnOnce(),
+    ) -> Option<Option<Value>> {
         let mut rx = self.version.subscribe();
         let before = self.get(key);
+        waiting();
         tokio::time::timeout(timeout, async {
             loop {
                 if rx.changed().await.is_err() {
@@ -186,7 +198,11 @@ impl Memo {
         .ok()
     }
 
-    async fn memo_wait(&self, args: &JsonObject) -> Result<CallToolResult, SourceError> {
+    async fn memo_wait(
+        &self,
+        args: &JsonObject,
+        task: Option<&crate::mcp::tasks::TaskHandle>,
+    ) -> Result<CallToolResult, SourceError> {
         check_args(args, &["key", "timeout_ms"])?;
         let key = key_arg(args)?;
         Self::check_key(&key)?;
@@ -201,8 +217,18 @@ impl Memo {
                     ))
                 })?,
         };
+        // As a task, its status says when a change will be seen (a caller that sets the note
+        // after this push knows the wait sees it).
+        let waiting = || {
+            if let Some(t) = task {
+                t.message(format!("waiting for {key} to change"));
+            }
+        };
         Ok(
-            match self.wait(&key, std::time::Duration::from_millis(ms)).await {
+            match self
+                .wait_then(&key, std::time::Duration::from_millis(ms), waiting)
+                .await
+            {
                 Some(value) => {
                     let text = match &value {
                         Some(v) => format!("{key} changed to {v}"),
@@ -476,7 +502,7 @@ impl Source for Memo {
                 r.structured_content = Some(json!({"key": key, "deleted": existed}));
                 Ok(r)
             }
-            "memo_wait" => self.memo_wait(&args).await,
+            "memo_wait" => self.memo_wait(&args, call.task.as_ref()).await,
             "memo_ask" => self.memo_ask(&args, call).await,
             other => Err(SourceError::UnknownTool(other.to_owned())),
         }
