@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # Run the official MCP conformance suite against `herald memo` over Streamable HTTP
-# on the 2026-07-28 (stateless) wire.
+# on the 2026-07-28 (stateless) wire, and, given the tasks fixture (the example
+# `conformance_fixture`: the suite's fixture tools on herald's own server plumbing), the
+# suite's tasks-extension scenarios against it.
 #
-#   .ci/conformance.sh path/to/herald
+#   .ci/conformance.sh path/to/herald [path/to/conformance_fixture]
 #
 # Environment:
 #   HERALD_CI_CACHE              cache root (default ~/.cache/herald-ci); the suite and
@@ -31,15 +33,33 @@ SCENARIOS=(
   server-sse-multiple-streams
   tools-list
 )
+# The tasks extension's scenarios (extension scenarios run with --force). Left out:
+# tasks-status-notifications, a stub in this suite version (always SKIPPED).
+TASK_SCENARIOS=(
+  tasks-lifecycle
+  tasks-capability-negotiation
+  tasks-wire-fields
+  tasks-request-state-removal
+  tasks-mrtr-input
+  tasks-request-headers
+  tasks-dispatch-and-envelope
+  tasks-required-task-error
+  tasks-mrtr-composition
+)
 LISTEN_TIMEOUT_S=20      # how long herald may take to print its listening line
 SCENARIO_TIMEOUT_S=300   # hard cap per scenario run (the suite's own default is 30 s)
 
 die() { echo "conformance: $*" >&2; exit 1; }
 
-[[ $# -ge 1 ]] || die "usage: $0 path/to/herald"
+[[ $# -ge 1 ]] || die "usage: $0 path/to/herald [path/to/conformance_fixture]"
 herald=$1
 [[ -x $herald ]] || die "herald binary '$herald' not found or not executable"
 herald=$(cd "$(dirname "$herald")" && pwd)/$(basename "$herald")
+fixture=${2:-}
+if [[ -n $fixture ]]; then
+  [[ -x $fixture ]] || die "tasks fixture '$fixture' not found or not executable"
+  fixture=$(cd "$(dirname "$fixture")" && pwd)/$(basename "$fixture")
+fi
 
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 baseline=${HERALD_CONFORMANCE_BASELINE:-$here/conformance-expected-failures.yml}
@@ -84,42 +104,61 @@ fi
 # ---------------------------------------------------------- start herald ----
 herald_err=$out/herald.stderr.log
 herald_pid=
-stop_herald() {
-  [[ -n $herald_pid ]] || return 0
-  if kill -0 "$herald_pid" 2>/dev/null; then
-    kill -TERM "$herald_pid" 2>/dev/null || true
-    for _ in $(seq 50); do kill -0 "$herald_pid" 2>/dev/null || break; sleep 0.1; done
-    kill -0 "$herald_pid" 2>/dev/null && kill -KILL "$herald_pid" 2>/dev/null || true
+fixture_pid=
+stop_pid() {
+  local pid=$1
+  [[ -n $pid ]] || return 0
+  if kill -0 "$pid" 2>/dev/null; then
+    kill -TERM "$pid" 2>/dev/null || true
+    for _ in $(seq 50); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
+    kill -0 "$pid" 2>/dev/null && kill -KILL "$pid" 2>/dev/null || true
   fi
-  wait "$herald_pid" 2>/dev/null || true
+  wait "$pid" 2>/dev/null || true
+}
+stop_herald() {
+  stop_pid "$herald_pid"
   herald_pid=
+  stop_pid "$fixture_pid"
+  fixture_pid=
 }
 trap stop_herald EXIT
 trap 'exit 130' INT
 trap 'exit 143' TERM
 
+# Waits for the {"event":"listening","http_url":...} line of process $1 in file $2; prints
+# the URL.
+listening_url() {
+  local pid=$1 err=$2 url= deadline=$((SECONDS + LISTEN_TIMEOUT_S))
+  while :; do
+    url=$(grep -E '"event" *: *"listening"' "$err" 2>/dev/null \
+          | grep -E '"http_url" *: *"' | head -n 1 \
+          | sed -E 's/.*"http_url" *: *"([^"]*)".*/\1/') || true
+    [[ -n $url ]] && break
+    if ! kill -0 "$pid" 2>/dev/null; then
+      cat "$err" >&2 || true
+      die "$3 exited before it printed its listening line"
+    fi
+    if ((SECONDS >= deadline)); then
+      cat "$err" >&2 || true
+      die "no {\"event\":\"listening\",\"http_url\":...} line on $3's stderr within ${LISTEN_TIMEOUT_S} s"
+    fi
+    sleep 0.1
+  done
+  echo "$url"
+}
+
 "$herald" --log-format json memo --http 127.0.0.1:0 --store :memory: \
   </dev/null >"$out/herald.stdout.log" 2>"$herald_err" &
 herald_pid=$!
-
-url=
-deadline=$((SECONDS + LISTEN_TIMEOUT_S))
-while :; do
-  url=$(grep -E '"event" *: *"listening"' "$herald_err" 2>/dev/null \
-        | grep -E '"http_url" *: *"' | head -n 1 \
-        | sed -E 's/.*"http_url" *: *"([^"]*)".*/\1/') || true
-  [[ -n $url ]] && break
-  if ! kill -0 "$herald_pid" 2>/dev/null; then
-    cat "$herald_err" >&2 || true
-    die "herald exited before it printed its listening line"
-  fi
-  if ((SECONDS >= deadline)); then
-    cat "$herald_err" >&2 || true
-    die "no {\"event\":\"listening\",\"http_url\":...} line on herald's stderr within ${LISTEN_TIMEOUT_S} s"
-  fi
-  sleep 0.1
-done
+url=$(listening_url "$herald_pid" "$herald_err" herald)
 echo "conformance: herald (pid $herald_pid) listening at $url; results in $out"
+fixture_url=
+if [[ -n $fixture ]]; then
+  "$fixture" 127.0.0.1:0 </dev/null >"$out/fixture.stdout.log" 2>"$out/fixture.stderr.log" &
+  fixture_pid=$!
+  fixture_url=$(listening_url "$fixture_pid" "$out/fixture.stderr.log" "the tasks fixture")
+  echo "conformance: tasks fixture (pid $fixture_pid) listening at $fixture_url"
+fi
 
 # ------------------------------------------------------------ scenarios ----
 # Summarise one scenario's checks.json. Prints "<passed> <failed> <warnings> <skipped>"
@@ -146,18 +185,26 @@ pass=0
 fail=0
 declare -a summary=()
 run_t0=$SECONDS
-for s in "${SCENARIOS[@]}"; do
+# Each run: the scenario, the server's URL and pid, and extra suite options.
+runs=()
+for s in "${SCENARIOS[@]}"; do runs+=("$s|$url|$herald_pid|"); done
+if [[ -n $fixture ]]; then
+  for s in "${TASK_SCENARIOS[@]}"; do runs+=("$s|$fixture_url|$fixture_pid|--force"); done
+fi
+for run in "${runs[@]}"; do
+  IFS='|' read -r s surl spid sextra <<<"$run"
   sdir=$out/$s
   mkdir -p "$sdir"
-  if ! kill -0 "$herald_pid" 2>/dev/null; then
-    summary+=("FAIL  $s: herald is no longer running (see $herald_err)")
+  if ! kill -0 "$spid" 2>/dev/null; then
+    summary+=("FAIL  $s: the server (pid $spid) is no longer running (see $out)")
     fail=$((fail + 1))
     continue
   fi
   st=$SECONDS
   rc=0
-  timeout "$SCENARIO_TIMEOUT_S" "$node22" "$suite" server --url "$url" --scenario "$s" \
-    --spec-version "$SPEC_VERSION" --expected-failures "$baseline" -o "$sdir" \
+  # shellcheck disable=SC2086 # $sextra is empty or one option
+  timeout "$SCENARIO_TIMEOUT_S" "$node22" "$suite" server --url "$surl" --scenario "$s" \
+    --spec-version "$SPEC_VERSION" --expected-failures "$baseline" -o "$sdir" $sextra \
     </dev/null >"$sdir/run.log" 2>&1 || rc=$?
   dt=$((SECONDS - st))
   strip_ansi <"$sdir/run.log" >"$sdir/run.txt"

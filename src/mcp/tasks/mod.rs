@@ -574,7 +574,7 @@ impl Tasks {
     /// `tasks/update`: answers to the task's outstanding input requests. Keys not
     /// outstanding are ignored; once every outstanding key has an answer the task goes on.
     pub fn update(&self, owner: &str, id: &str, responses: InputResponses) -> Result<(), McpError> {
-        let done = {
+        let (done, narrowed) = {
             let mut s = self.lock();
             let Some(r) = s.tasks.get_mut(id).filter(|r| r.owner == owner) else {
                 return Err(unknown_task(id));
@@ -582,13 +582,38 @@ impl Tasks {
             let Some(w) = r.waiting.as_mut() else {
                 return Ok(());
             };
+            let mut took = false;
             for (k, v) in responses {
                 if w.outstanding.remove(&k) {
                     w.got.insert(k, v);
+                    took = true;
                 }
             }
-            w.outstanding.is_empty()
+            (w.outstanding.is_empty(), took)
         };
+        if !done && narrowed {
+            // Some answered: the task still waits, and shows only what it still asks.
+            self.transition(id, |r| {
+                let Some(w) = r.waiting.as_ref() else {
+                    return false;
+                };
+                let TaskPayload::InputRequired { input_requests } = &r.task.payload else {
+                    return false;
+                };
+                let left: InputRequests = input_requests
+                    .iter()
+                    .filter(|(k, _)| w.outstanding.contains(k.as_str()))
+                    .map(|(k, v)| (k.clone(), v.clone()))
+                    .collect();
+                r.task = DetailedTask::new(
+                    r.task.task.clone(),
+                    TaskPayload::InputRequired {
+                        input_requests: left,
+                    },
+                );
+                true
+            });
+        }
         if done {
             let mut answers = None;
             self.transition(id, |r| {

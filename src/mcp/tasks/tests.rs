@@ -156,6 +156,57 @@ async fn input_required_then_update_then_working_then_completed() {
     assert_eq!(done["result"]["content"][0]["text"], "Luca");
 }
 
+/// Two questions at once, answered one by one: the first answer narrows what the task asks
+/// (pushed), the second resumes it.
+#[tokio::test]
+async fn a_partial_answer_narrows_the_input_requests() {
+    let tasks = Tasks::open(&ctx(), None, "t").await;
+    let task = tasks
+        .start("o", |h| async move {
+            let req = |m: &str| -> rmcp::model::InputRequest {
+                serde_json::from_value(json!({
+                    "method": "elicitation/create",
+                    "params": {"mode": "form", "message": m, "requestedSchema": {"type": "object", "properties": {}}}
+                }))
+                .unwrap()
+            };
+            let asks = [("a".to_owned(), req("a?")), ("b".to_owned(), req("b?"))];
+            h.ask(asks.into_iter().collect())
+                .await
+                .map_err(|e| McpError::internal_error(e.to_string(), None))?;
+            ok("both")
+        })
+        .await
+        .unwrap();
+    let id = task.task_id;
+    let mut l = tasks.listen("o", std::slice::from_ref(&id));
+    let mut t = l.initial().into_iter().next().unwrap();
+    while t.status() != TaskStatus::InputRequired {
+        t = next(&mut l).await;
+    }
+    let accept = || json!({"action": "accept", "content": {}});
+    tasks
+        .update("o", &id, [("a".to_owned(), accept())].into_iter().collect())
+        .unwrap();
+    let narrowed = serde_json::to_value(next(&mut l).await).unwrap();
+    assert_eq!(narrowed["status"], "input_required", "{narrowed}");
+    let keys: Vec<&String> = narrowed["inputRequests"]
+        .as_object()
+        .unwrap()
+        .keys()
+        .collect();
+    assert_eq!(keys, ["b"], "{narrowed}");
+    assert_eq!(
+        serde_json::to_value(tasks.get("o", &id).unwrap()).unwrap(),
+        narrowed
+    );
+    tasks
+        .update("o", &id, [("b".to_owned(), accept())].into_iter().collect())
+        .unwrap();
+    assert_eq!(next(&mut l).await.status(), TaskStatus::Working);
+    assert_eq!(next(&mut l).await.status(), TaskStatus::Completed);
+}
+
 #[tokio::test]
 async fn cancel_drops_the_work_and_reads_cancelled() {
     let tasks = Tasks::open(&ctx(), None, "t").await;
