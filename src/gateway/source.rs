@@ -165,12 +165,28 @@ impl Gateway {
             tokens,
             open_to_loopback: AtomicBool::new(false),
         });
+        let shared: Arc<Mutex<HashMap<String, Weak<SharedListen>>>> = Arc::default();
+        let uris = {
+            let shared = Arc::downgrade(&shared);
+            Arc::new(move |slug: &str| {
+                let Some(shared) = shared.upgrade() else {
+                    return 0;
+                };
+                let prefix = format!("{slug}+");
+                shared
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .iter()
+                    .filter(|(k, w)| k.starts_with(&prefix) && w.strong_count() > 0)
+                    .count()
+            })
+        };
         Gateway {
-            tasks: Arc::new(GatewayTasks::new(access.clone(), ctx)),
+            tasks: Arc::new(GatewayTasks::new(access.clone(), ctx, uris)),
             access,
             upstreams,
             feed: ChangeFeed::new(),
-            shared: Arc::new(Mutex::new(HashMap::new())),
+            shared,
             ctx: ctx.clone(),
         }
     }
@@ -248,7 +264,12 @@ impl Gateway {
             return Ok((s, key));
         }
         let prefix = format!("{}+", up.name);
-        let per_slug = shared.keys().filter(|k| k.starts_with(&prefix)).count();
+        // URIs and followed tasks alike: each is a listen stream on the slug's connection.
+        let per_slug = shared
+            .iter()
+            .filter(|(k, w)| k.starts_with(&prefix) && w.strong_count() > 0)
+            .count()
+            + self.tasks.following(&up.name);
         // Each is a listen stream on the slug's one connection.
         if per_slug >= up.max_listens {
             return Err(SourceError::Unavailable(format!(
@@ -563,13 +584,14 @@ impl Source for Gateway {
 
     /// What the slug's own listing says of the tool (the caller's entitlement is checked
     /// when the call goes out).
-    fn task_support(&self, _caller: &Caller, name: &str) -> crate::mcp::tasks::TaskSupport {
+    fn task_support(&self, caller: &Caller, name: &str) -> crate::mcp::tasks::TaskSupport {
         let Some((slug, tool)) = name.split_once("__") else {
             return crate::mcp::tasks::TaskSupport::Forbidden;
         };
-        self.upstreams
-            .iter()
-            .find(|u| u.name == slug)
+        // A slug this caller may not use says nothing of its tools: the call goes on to its
+        // one refusal (-32024), never to a -32021 that would tell a task-only tool exists.
+        self.slug(caller, slug)
+            .ok()
             .and_then(|u| u.catalog())
             .and_then(|c| {
                 c.tools

@@ -24,8 +24,13 @@ use crate::mcp::context::RoleContext;
 use crate::mcp::server::to_mcp_error;
 use crate::mcp::source::{Caller, Progress, SourceError};
 use crate::mcp::tasks::relay::{Relayed, RelayedListen, Started, TaskRelay, Watched};
-use crate::mcp::tasks::{DEFAULT_TTL, MAX_TASKS, MAX_TASKS_PER_OWNER, unknown_task};
+use crate::mcp::tasks::{MAX_TASKS, MAX_TASKS_PER_OWNER, unknown_task};
 use crate::mcp::upstream::{REQUEST_TIMEOUT, Upstream};
+
+/// How long past its ttl the gateway still knows who started a task.
+const OWNER_GRACE: Duration = Duration::from_secs(60);
+/// The longest the gateway keeps a task's owner (a task without a ttl included).
+const MAX_OWNED_FOR: Duration = Duration::from_secs(24 * 3600);
 
 /// The gateway's relayed tasks.
 pub(crate) struct GatewayTasks {
@@ -33,8 +38,13 @@ pub(crate) struct GatewayTasks {
     ctx: RoleContext,
     /// Who started each task handed out, by its gateway id, until its ttl.
     owners: Owners,
-    /// The running upstream listen of each watched task, by gateway id.
-    relays: Mutex<HashMap<String, Weak<Relaying>>>,
+    /// The latest known state of each watched task, by gateway id, shared by every stream
+    /// watching it (a new stream starts from it).
+    states: Mutex<HashMap<String, Weak<Relayed>>>,
+    /// Upstream task listens running now, per slug.
+    following: Arc<Mutex<HashMap<String, usize>>>,
+    /// The gateway's watched URIs on a slug: they share its listen budget with the tasks.
+    uris: Arc<dyn Fn(&str) -> usize + Send + Sync>,
 }
 
 type Owners = Arc<Mutex<HashMap<String, Owner>>>;
@@ -54,19 +64,29 @@ struct Owner {
     expires: Instant,
 }
 
-/// One watched task's upstream listen, shared by the streams watching it; the last one
-/// dropped stops it.
-struct Relaying {
-    relayed: Arc<Relayed>,
+/// One upstream listen following a stream's tasks on one slug; dropped with the stream,
+/// which stops it.
+struct Following {
     stop: CancellationToken,
     slug: String,
+    counts: Arc<Mutex<HashMap<String, usize>>>,
 }
 
-impl Drop for Relaying {
+impl Drop for Following {
     fn drop(&mut self) {
         self.stop.cancel();
+        let mut c = self.counts.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(n) = c.get_mut(&self.slug) {
+            *n = n.saturating_sub(1);
+            if *n == 0 {
+                c.remove(&self.slug);
+            }
+        }
     }
 }
+
+/// A task's gateway id and its slug's id for it.
+type IdPair = (String, String);
 
 /// `slug__id` → (`slug`, `id`).
 fn split(id: &str) -> Option<(&str, &str)> {
@@ -75,42 +95,82 @@ fn split(id: &str) -> Option<(&str, &str)> {
 }
 
 impl GatewayTasks {
-    pub(crate) fn new(access: Arc<Access>, ctx: &RoleContext) -> GatewayTasks {
+    pub(crate) fn new(
+        access: Arc<Access>,
+        ctx: &RoleContext,
+        uris: Arc<dyn Fn(&str) -> usize + Send + Sync>,
+    ) -> GatewayTasks {
         GatewayTasks {
             access,
             ctx: ctx.clone(),
             owners: Arc::new(Mutex::new(HashMap::new())),
-            relays: Mutex::new(HashMap::new()),
+            states: Mutex::new(HashMap::new()),
+            following: Arc::default(),
+            uris,
         }
+    }
+
+    /// Upstream task listens on `slug` now.
+    pub(crate) fn following(&self, slug: &str) -> usize {
+        self.following
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(slug)
+            .copied()
+            .unwrap_or(0)
+    }
+
+    /// The shared state of task `id`, made when nobody watches it yet.
+    fn state(&self, id: &str) -> Arc<Relayed> {
+        let mut states = self.states.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(r) = states.get(id).and_then(Weak::upgrade) {
+            return r;
+        }
+        states.retain(|_, w| w.strong_count() > 0);
+        let r = Relayed::new();
+        states.insert(id.to_owned(), Arc::downgrade(&r));
+        r
     }
 
     fn owners(&self) -> std::sync::MutexGuard<'_, HashMap<String, Owner>> {
         self.owners.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Keeps `id` as `principal`'s until its ttl. Past the caps, expired entries go first,
-    /// then the soonest to expire (the caller's own, then anyone's).
-    fn own(&self, principal: &str, id: &str, ttl: Duration) {
+    /// Whether `principal` may start one more task here: past the caps (counting only tasks
+    /// whose time has not passed) the call is refused before it reaches the slug.
+    fn room(&self, principal: &str) -> Result<(), McpError> {
         let now = Instant::now();
         let mut o = self.owners();
         o.retain(|_, v| v.expires > now);
-        let mine = o.values().filter(|v| v.principal == principal).count();
-        if mine >= MAX_TASKS_PER_OWNER || o.len() >= MAX_TASKS {
-            let only_mine = mine >= MAX_TASKS_PER_OWNER;
-            let soonest = o
-                .iter()
-                .filter(|(_, v)| !only_mine || v.principal == principal)
-                .min_by_key(|(_, v)| v.expires)
-                .map(|(k, _)| k.clone());
-            if let Some(k) = soonest {
-                o.remove(&k);
-            }
+        if o.values().filter(|v| v.principal == principal).count() >= MAX_TASKS_PER_OWNER {
+            return Err(McpError::internal_error(
+                format!(
+                    "you have {MAX_TASKS_PER_OWNER} tasks through this gateway; wait for some to expire, or call without the tasks extension"
+                ),
+                None,
+            ));
         }
+        if o.len() >= MAX_TASKS {
+            return Err(McpError::internal_error(
+                format!(
+                    "this gateway holds {MAX_TASKS} tasks already; try again later, or call without the tasks extension"
+                ),
+                None,
+            ));
+        }
+        Ok(())
+    }
+
+    /// Keeps `id` as `principal`'s until its ttl, and a grace after it (the slug's last push,
+    /// the failure at its ttl, still reaches the caller).
+    fn own(&self, principal: &str, id: &str, ttl: Duration) {
+        let now = Instant::now();
+        let mut o = self.owners();
         o.insert(
             id.to_owned(),
             Owner {
                 principal: principal.to_owned(),
-                expires: now + ttl,
+                expires: now + ttl + OWNER_GRACE,
             },
         );
     }
@@ -133,17 +193,23 @@ impl GatewayTasks {
         Ok((up, upstream_id))
     }
 
-    /// Asks the slug, mapping its "unknown task" to the gateway's id.
+    /// Asks the slug, mapping its "unknown task" (a `-32602` naming that task in
+    /// `data.taskId`) to the gateway's id.
     async fn ask(
         &self,
         up: &Arc<Upstream>,
         id: &str,
+        upstream_id: &str,
         req: ClientRequest,
     ) -> Result<ServerResult, McpError> {
         match up.request_declaring_tasks(req, REQUEST_TIMEOUT).await {
             Ok(r) => Ok(r),
-            Err(SourceError::Upstream { code, .. })
-                if code == rmcp::model::ErrorCode::INVALID_PARAMS.0 =>
+            Err(SourceError::Upstream { code, data, .. })
+                if code == rmcp::model::ErrorCode::INVALID_PARAMS.0
+                    && data
+                        .as_ref()
+                        .and_then(|d| d.get("taskId"))
+                        .is_some_and(|t| t == upstream_id) =>
             {
                 // The slug forgot it (its ttl passed there): so does the gateway.
                 self.owners().remove(id);
@@ -153,40 +219,39 @@ impl GatewayTasks {
         }
     }
 
-    /// Starts (or joins) the upstream listen of task `id` on `up`.
-    fn relay(&self, up: Arc<Upstream>, id: &str, upstream_id: &str) -> Option<Arc<Relaying>> {
-        let mut relays = self.relays.lock().unwrap_or_else(|e| e.into_inner());
-        relays.retain(|_, w| w.strong_count() > 0);
-        if let Some(r) = relays.get(id).and_then(Weak::upgrade) {
-            return Some(r);
+    /// Starts one upstream listen following `tasks` (gateway id, the slug's id) on `up`, for
+    /// one stream; `None` when the slug has no listen to spare.
+    fn follow(
+        &self,
+        up: Arc<Upstream>,
+        tasks: &[(String, String)],
+    ) -> Option<(Arc<Following>, Vec<Arc<Relayed>>)> {
+        {
+            let mut counts = self.following.lock().unwrap_or_else(|e| e.into_inner());
+            // Each is a listen stream on the slug's one connection, as a watched URI is.
+            let n = counts.get(&up.name).copied().unwrap_or(0);
+            if n + (self.uris)(&up.name) >= up.max_listens {
+                tracing::info!(slug = %up.name, tasks = tasks.len(), "no listen to spare on this server; leaving its tasks out of a listen");
+                return None;
+            }
+            counts.insert(up.name.clone(), n + 1);
         }
-        // Each is a listen stream on the slug's one connection, as a watched URI is.
-        let per_slug = relays
-            .values()
-            .filter_map(Weak::upgrade)
-            .filter(|r| r.slug == up.name)
-            .count();
-        if per_slug >= up.max_listens {
-            tracing::info!(slug = %up.name, task = %id, "too many watched tasks on this server; leaving one out of a listen");
-            return None;
-        }
-        let r = Arc::new(Relaying {
-            relayed: Relayed::new(),
+        let following = Arc::new(Following {
             stop: self.ctx.shutdown().child_token(),
             slug: up.name.clone(),
+            counts: self.following.clone(),
         });
+        let states: Vec<Arc<Relayed>> = tasks.iter().map(|(id, _)| self.state(id)).collect();
+        let followed = tasks
+            .iter()
+            .zip(&states)
+            .map(|((id, upstream_id), r)| (upstream_id.clone(), id.clone(), r.clone()))
+            .collect();
         self.ctx.spawn(
-            "gateway task relay",
-            crate::mcp::upstream::follow_task(
-                up,
-                upstream_id.to_owned(),
-                id.to_owned(),
-                r.relayed.clone(),
-                r.stop.clone(),
-            ),
+            "gateway task follow",
+            crate::mcp::upstream::follow_tasks(up, followed, following.stop.clone()),
         );
-        relays.insert(id.to_owned(), Arc::downgrade(&r));
-        Some(r)
+        Some((following, states))
     }
 }
 
@@ -211,6 +276,7 @@ impl TaskRelay for GatewayTasks {
             ))));
         };
         let up = self.access.slug(caller, slug).map_err(to_mcp_error)?;
+        self.room(&caller.principal())?;
         let params = CallToolRequestParams::new(tool.to_owned()).with_arguments(args);
         let answer = up
             .request_declaring_tasks(
@@ -223,10 +289,11 @@ impl TaskRelay for GatewayTasks {
             ServerResult::CreateTaskResult(t) => {
                 let mut task = t.task;
                 let id = format!("{slug}__{}", task.task_id);
+                // No ttl (kept as long as the slug likes): a day here, as the longest.
                 let ttl = task
                     .ttl_ms
-                    .map_or(DEFAULT_TTL, Duration::from_millis)
-                    .min(DEFAULT_TTL * 24);
+                    .map_or(MAX_OWNED_FOR, Duration::from_millis)
+                    .min(MAX_OWNED_FOR);
                 self.own(&caller.principal(), &id, ttl);
                 task.task_id = id;
                 Ok(Started::Task(task))
@@ -246,7 +313,7 @@ impl TaskRelay for GatewayTasks {
         let req = ClientRequest::GetTaskRequest(rmcp::model::GetTaskRequest::new(
             GetTaskParams::new(upstream_id.to_owned()),
         ));
-        match self.ask(&up, id, req).await? {
+        match self.ask(&up, id, upstream_id, req).await? {
             ServerResult::GetTaskResult(r) => Ok(shown(r.task, id)),
             _ => Err(McpError::internal_error(
                 format!("server {} answered tasks/get with something else", up.name),
@@ -265,7 +332,7 @@ impl TaskRelay for GatewayTasks {
         let req = ClientRequest::UpdateTaskRequest(rmcp::model::UpdateTaskRequest::new(
             UpdateTaskParams::new(upstream_id.to_owned(), responses),
         ));
-        self.ask(&up, id, req).await.map(|_| ())
+        self.ask(&up, id, upstream_id, req).await.map(|_| ())
     }
 
     async fn cancel(&self, caller: &Caller, id: &str) -> Result<(), McpError> {
@@ -273,29 +340,40 @@ impl TaskRelay for GatewayTasks {
         let req = ClientRequest::CancelTaskRequest(rmcp::model::CancelTaskRequest::new(
             CancelTaskParams::new(upstream_id.to_owned()),
         ));
-        self.ask(&up, id, req).await.map(|_| ())
+        self.ask(&up, id, upstream_id, req).await.map(|_| ())
     }
 
     fn listen(&self, caller: &Caller, ids: &[String]) -> RelayedListen {
         let principal = caller.principal();
         let mut seen = std::collections::BTreeSet::new();
-        let mut watched = Vec::new();
+        // Only what this caller could tasks/get now, by slug; the rest left out without a word.
+        let mut by_slug: Vec<(Arc<Upstream>, Vec<IdPair>)> = Vec::new();
         for id in ids {
             if !seen.insert(id.as_str()) {
                 continue;
             }
-            // Only what this caller could tasks/get now; the rest left out without a word.
             let Ok((up, upstream_id)) = self.resolve(caller, id) else {
                 continue;
             };
-            let Some(r) = self.relay(up, id, upstream_id) else {
+            let pair = (id.clone(), upstream_id.to_owned());
+            match by_slug.iter_mut().find(|(u, _)| Arc::ptr_eq(u, &up)) {
+                Some((_, v)) => v.push(pair),
+                None => by_slug.push((up, vec![pair])),
+            }
+        }
+        // One upstream listen per slug for this stream, however many of its tasks it names.
+        let mut watched = Vec::new();
+        for (up, tasks) in by_slug {
+            let Some((following, states)) = self.follow(up, &tasks) else {
                 continue;
             };
-            watched.push(Watched {
-                id: id.clone(),
-                relayed: r.relayed.clone(),
-                keep: r,
-            });
+            for ((id, _), relayed) in tasks.into_iter().zip(states) {
+                watched.push(Watched {
+                    id,
+                    relayed,
+                    keep: following.clone(),
+                });
+            }
         }
         // Checked again at every delivery: the caller still owns the task, and may still use
         // its slug.

@@ -744,7 +744,21 @@ impl ServerHandler for SourceServer {
                             token,
                             peer: context.peer.clone(),
                         });
-                return match relay.call(&caller, &name, args, progress).await? {
+                // A caller that gives up stops the call going out (a task made upstream meanwhile
+                // ends by its ttl).
+                let started = tokio::select! {
+                    r = relay.call(&caller, &name, args, progress) => r?,
+                    _ = context.ct.cancelled() => {
+                        return Err(McpError::internal_error("the call was cancelled", None));
+                    }
+                    _ = self.shared.shutdown.cancelled() => {
+                        return Err(McpError::internal_error(
+                            "the server is shutting down; call again once it is back",
+                            None,
+                        ));
+                    }
+                };
+                return match started {
                     Started::Task(task) => Ok(CallToolResponse::Task(CreateTaskResult::new(task))),
                     Started::Done(result) => Ok(result.into()),
                 };

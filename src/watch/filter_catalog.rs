@@ -66,11 +66,17 @@ impl FilterCatalog {
             .map_err(|e| py_err(PyExc::RuntimeError, e.to_string()))?;
         match answer {
             rmcp::model::ServerResult::CreateTaskResult(t) => Ok(Value::String(t.task.task_id)),
-            _ => Err(py_err(
+            // It ran already: say what it answered, so nobody runs it twice.
+            rmcp::model::ServerResult::CallToolResult(r) => Err(py_err(
                 PyExc::RuntimeError,
                 format!(
-                    "{tool} answered in place instead of starting a task; call {tool}(...) directly"
+                    "{tool} ran in place instead of as a task (its server made no task); it answered: {}",
+                    serde_json::to_string(&r).unwrap_or_default()
                 ),
+            )),
+            _ => Err(py_err(
+                PyExc::RuntimeError,
+                format!("{tool} answered with neither a task nor a result"),
             )),
         }
     }

@@ -1,7 +1,7 @@
 //! A watch on a task (`task://ID`): one notice per status change (its state when the watch
 //! starts first), the result or the error in the last one, and then the watch ends by
 //! itself. The task's pushes come over a listen naming it (`taskIds`), followed and resumed by
-//! [`follow_task`]; what reaches the notices is only ever newer than what came before.
+//! [`follow_tasks`]; what reaches the notices is only ever newer than what came before.
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
@@ -10,7 +10,7 @@ use rmcp::model::DetailedTask;
 use tokio_util::sync::CancellationToken;
 
 use crate::mcp::tasks::relay::{Relayed, RelayedListen, Watched};
-use crate::mcp::upstream::{Upstream, follow_task};
+use crate::mcp::upstream::{Upstream, follow_tasks};
 use crate::watch::manager::WatchManager;
 use crate::watch::spec::{Notice, WatchSpec};
 use crate::watch::task::Stats;
@@ -30,11 +30,9 @@ pub(super) async fn run(
     cancel: CancellationToken,
     relayed: Arc<Relayed>,
 ) {
-    let follow = follow_task(
+    let follow = follow_tasks(
         server,
-        id.clone(),
-        id.clone(),
-        relayed.clone(),
+        vec![(id.clone(), id.clone(), relayed.clone())],
         cancel.child_token(),
     );
     tokio::pin!(follow);
@@ -61,8 +59,11 @@ pub(super) async fn run(
         stats.events.fetch_add(1, Ordering::Relaxed);
         stats.notices.fetch_add(1, Ordering::Relaxed);
         let ended = state.status().is_terminal();
-        mgr.deliver(Notice::new(&spec.name, &spec.uri, lines(&state)))
-            .await;
+        // A watch stopped meanwhile says nothing more.
+        tokio::select! {
+            _ = cancel.cancelled() => return,
+            _ = mgr.deliver(Notice::new(&spec.name, &spec.uri, lines(&state))) => {}
+        }
         if ended {
             mgr.ended(&spec.name, &stats).await;
             return;

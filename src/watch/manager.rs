@@ -74,6 +74,8 @@ pub(super) struct Inner {
     validations: AtomicU64,
     /// Woken whenever a watch leaves (stopped, or a task watch whose task ended).
     left: tokio::sync::Notify,
+    /// Set once any watch has started: [`WatchManager::all_ended`] waits for that first.
+    started: std::sync::atomic::AtomicBool,
 }
 
 /// The watch manager. Cheap to clone.
@@ -105,6 +107,7 @@ impl WatchManager {
                 filters: Mutex::new(None),
                 validations: AtomicU64::new(0),
                 left: tokio::sync::Notify::new(),
+                started: std::sync::atomic::AtomicBool::new(false),
             }),
         }
     }
@@ -295,6 +298,7 @@ impl WatchManager {
                 },
             );
         }
+        inner.started.store(true, Ordering::Release);
         if save {
             self.save(&spec).await;
         }
@@ -409,6 +413,7 @@ impl WatchManager {
                 },
             );
         }
+        inner.started.store(true, Ordering::Release);
         if save {
             self.save(&spec).await;
         }
@@ -481,18 +486,19 @@ impl WatchManager {
         self.inner.left.notify_waiters();
     }
 
-    /// Waits until no watch is left (each stopped, or ended by itself).
+    /// Waits until a watch has run and none is left (each stopped, or ended by itself).
     pub async fn all_ended(&self) {
         loop {
             let left = self.inner.left.notified();
             tokio::pin!(left);
             left.as_mut().enable();
-            if self
-                .inner
-                .watches
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .is_empty()
+            if self.inner.started.load(Ordering::Acquire)
+                && self
+                    .inner
+                    .watches
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .is_empty()
             {
                 return;
             }

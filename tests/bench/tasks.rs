@@ -8,6 +8,9 @@
 //!    `memo_set` of its key; the time from sending the `memo_set` to reading the task's
 //!    `completed` push, beside the time from sending it to reading its own answer (the
 //!    floor: the call's round trip), for 10,000 tasks.
+//!    And on stdio through `herald gateway` in front of a stdio `herald memo` (the task
+//!    relayed: `m__memo_wait`, its pushes over the gateway's upstream listen), beside
+//!    the direct figure of the same run.
 //! 3. Fan-out, in process: 1,000 streams each watching 10 of 100 tasks, 100 transitions a
 //!    second for 5 s: delivery p99 across all streams, and the process's RSS.
 //!
@@ -168,7 +171,7 @@ impl Wire {
     }
 }
 
-async fn over_wire(label: &str, mut w: Wire, n: usize) {
+async fn over_wire(label: &str, mut w: Wire, n: usize, prefix: &str) {
     let mut next_id = 1u64;
     let mut to_push = Vec::new();
     let mut to_answer = Vec::new();
@@ -180,7 +183,7 @@ async fn over_wire(label: &str, mut w: Wire, n: usize) {
         for i in 0..batch {
             w.send(
                 json!({"jsonrpc": "2.0", "id": next_id, "method": "tools/call",
-                "params": {"_meta": meta(), "name": "memo_wait",
+                "params": {"_meta": meta(), "name": format!("{prefix}memo_wait"),
                     "arguments": {"key": format!("k{round}-{i}"), "timeout_ms": 600000}}}),
             )
             .await;
@@ -212,7 +215,7 @@ async fn over_wire(label: &str, mut w: Wire, n: usize) {
             next_id += 1;
             let t0 = Instant::now();
             w.send(json!({"jsonrpc": "2.0", "id": set, "method": "tools/call",
-                "params": {"_meta": meta(), "name": "memo_set",
+                "params": {"_meta": meta(), "name": format!("{prefix}memo_set"),
                     "arguments": {"key": format!("k{round}-{i}"), "value": 1}}}))
                 .await;
             w.until(|a, p| a.contains_key(&set) && p.contains_key(task.as_str()))
@@ -251,7 +254,30 @@ async fn stdio(n: usize) {
         .spawn()
         .unwrap();
     let w = Wire::new(child.stdout.take().unwrap(), child.stdin.take().unwrap());
-    over_wire("stdio", w, n).await;
+    over_wire("stdio", w, n, "").await;
+}
+
+async fn gateway_stdio(n: usize) {
+    let dir = std::env::temp_dir().join(format!("herald-bench-tasks-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let cfg = dir.join("gateway.toml");
+    std::fs::write(
+        &cfg,
+        format!("[[slug]]\nname = \"m\"\nstdio = \"{BIN} --store :memory: memo\"\n"),
+    )
+    .unwrap();
+    let mut child = tokio::process::Command::new(BIN)
+        .args(["--store", ":memory:", "gateway", "--config"])
+        .arg(&cfg)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let w = Wire::new(child.stdout.take().unwrap(), child.stdin.take().unwrap());
+    over_wire("stdio through herald gateway", w, n, "m__").await;
+    let _ = std::fs::remove_dir_all(&dir);
 }
 
 async fn quic(n: usize) {
@@ -266,7 +292,7 @@ async fn quic(n: usize) {
             .await
             .unwrap();
     let w = Wire::new(recv, send);
-    over_wire("QUIC", w, n).await;
+    over_wire("QUIC", w, n, "").await;
 }
 
 async fn fan_out() {
@@ -353,6 +379,7 @@ async fn main() {
     );
     in_process(n).await;
     stdio(n).await;
+    gateway_stdio(n).await;
     quic(n).await;
     fan_out().await;
 }

@@ -952,6 +952,16 @@ async fn the_gateway_relays_tasks_namespaced_per_slug_and_entitled() {
     .await;
     assert_eq!(code(&foreign), -32024, "{foreign}");
     assert_eq!(foreign["error"]["message"], nowhere["error"]["message"]);
+    // A task-only tool on a slug the caller may not use: the one refusal, not the -32021
+    // that would tell the tool exists.
+    let hidden = ask(
+        only_c,
+        "tools/call",
+        50,
+        json!({"_meta": meta(), "name": "a__memo_ask", "arguments": {"key": "x"}}),
+    )
+    .await;
+    assert_eq!(code(&hidden), -32024, "{hidden}");
     // Another caller of slug a: as if the task did not exist.
     let other = ask(
         also_a,
@@ -997,6 +1007,13 @@ async fn the_gateway_relays_tasks_namespaced_per_slug_and_entitled() {
     assert_eq!(first["status"], "working", "{first}");
     assert_eq!(first["taskId"], id.as_str());
     assert_eq!(first["_meta"]["io.modelcontextprotocol/subscriptionId"], 9);
+    // Set the note once the wait has taken its value (its status says so).
+    if first["statusMessage"] != "waiting for k to change" {
+        messages_until(&mut listen, &mut buf, |v| {
+            v["params"]["statusMessage"] == "waiting for k to change"
+        })
+        .await;
+    }
     let set = ask(
         all,
         "tools/call",
@@ -1070,23 +1087,96 @@ async fn the_gateway_relays_tasks_namespaced_per_slug_and_entitled() {
     )
     .await;
     let id = t["result"]["taskId"].as_str().unwrap().to_owned();
+    let mut listen = post_as(
+        &url,
+        Some(all),
+        "subscriptions/listen",
+        json!({"jsonrpc": "2.0", "id": 15, "method": "subscriptions/listen",
+            "params": {"_meta": tmeta(), "notifications": {"taskIds": [id]}}}),
+    )
+    .await;
+    let mut buf = String::new();
+    messages_until(&mut listen, &mut buf, |v| {
+        v["method"] == "notifications/tasks"
+    })
+    .await;
     let c = ask(
         all,
         "tasks/cancel",
-        15,
-        json!({"_meta": tmeta(), "taskId": id}),
-    )
-    .await;
-    assert!(c.get("result").is_some(), "{c}");
-    let end = ask(
-        all,
-        "tasks/get",
         16,
         json!({"_meta": tmeta(), "taskId": id}),
     )
     .await;
-    let status = end["result"]["status"].as_str().unwrap().to_owned();
-    assert!(status == "cancelled" || status == "working", "{end}");
+    assert!(c.get("result").is_some(), "{c}");
+    let end = messages_until(&mut listen, &mut buf, |v| {
+        v["params"]["status"] == "cancelled"
+    })
+    .await;
+    assert_eq!(end.last().unwrap()["params"]["taskId"], id.as_str());
+    let got = ask(
+        all,
+        "tasks/get",
+        17,
+        json!({"_meta": tmeta(), "taskId": id}),
+    )
+    .await;
+    assert_eq!(got["result"]["status"], "cancelled", "{got}");
+}
+
+/// A task followed through the gateway holds one upstream listen only while someone watches
+/// it: 80 listens opened and cancelled one after another on the same task (past the 64 an
+/// upstream connection allows) all get its state, and a URI listen still gets in after them.
+#[tokio::test]
+async fn a_followed_task_frees_its_upstream_listen_when_nobody_watches_it() {
+    // A stdio slug: one connection, which allows 64 listen streams.
+    let dir = TempDir::new("gateway-task-listens");
+    let cfg = dir.path().join("gateway.toml");
+    std::fs::write(
+        &cfg,
+        format!(
+            "[[slug]]\nname = \"a\"\nstdio = \"{} --store :memory: memo\"\n",
+            bin()
+        ),
+    )
+    .unwrap();
+    let mut raw = Raw::spawn_args(
+        &[
+            "--store",
+            ":memory:",
+            "gateway",
+            "--config",
+            cfg.to_str().unwrap(),
+        ],
+        Stdio::null(),
+    );
+    let t = raw
+        .call(json!(1), tmeta(), "a__memo_wait", json!({"key": "k"}))
+        .await;
+    let id = t["result"]["taskId"].as_str().unwrap().to_owned();
+    for round in 0..80 {
+        let sub = format!("L{round}");
+        let ack = raw
+            .ask_listen(&sub, json!({"taskIds": [id]}), tmeta())
+            .await;
+        assert_eq!(
+            ack["params"]["notifications"]["taskIds"],
+            json!([id]),
+            "{ack}"
+        );
+        let state = raw.task_push(&sub).await;
+        assert_eq!(state["status"], "working", "round {round}: {state}");
+        raw.send(
+            json!({"jsonrpc": "2.0", "method": "notifications/cancelled",
+            "params": {"requestId": sub}}),
+        )
+        .await;
+    }
+    let ack = raw.listen("U", &["memo://notes"]).await;
+    assert_eq!(
+        ack["params"]["notifications"]["resourceSubscriptions"],
+        json!(["memo://notes"]),
+        "{ack}"
+    );
 }
 
 /// `herald watch --watch t=task:ID`: a notice per status change, the result in the last, and

@@ -230,6 +230,15 @@ fn stamp(ms: u64) -> String {
     crate::mcp::events::rfc3339(ms as i64 * 1_000_000)
 }
 
+/// Now, but later than `prev` (by a millisecond when the clock has not moved on): each change
+/// of a task reads as later than the one before, so a follower that sees states out of order
+/// (the gateway's relay) can tell which is newer.
+fn later_stamp(prev: &str) -> String {
+    let now = now_ms();
+    let after = relay::stamp_nanos(prev).map_or(0, |n| (n / 1_000_000) as u64 + 1);
+    stamp(now.max(after))
+}
+
 fn new_id() -> String {
     use ring::rand::{SecureRandom, SystemRandom};
     let mut b = [0u8; 16];
@@ -510,7 +519,7 @@ impl Tasks {
         if r.task.status().is_terminal() || !change(r) {
             return None;
         }
-        r.task.task.last_updated_at = stamp(now_ms());
+        r.task.task.last_updated_at = later_stamp(&r.task.task.last_updated_at);
         let seq = self.inner.seq.fetch_add(1, Ordering::AcqRel) + 1;
         r.seq = seq;
         let t = Transition {
@@ -547,19 +556,29 @@ impl Tasks {
                 error: error_object(&e),
             },
         };
-        let ended = self.transition(id, |r| {
-            r.waiting = None;
-            r.task = DetailedTask::new(r.task.task.clone(), payload);
-            if r.task.status() != TaskStatus::Cancelled {
-                r.task.task.status_message = None;
+        // The end is kept before anyone is told of it: a push of `completed` followed by a
+        // crash must not read `failed` (restarted) afterwards.
+        let end = {
+            let s = self.lock();
+            let Some(r) = s.tasks.get(id).filter(|r| !r.task.status().is_terminal()) else {
+                return;
+            };
+            let mut end = DetailedTask::new(r.task.task.clone(), payload);
+            if end.status() != TaskStatus::Cancelled {
+                end.task.status_message = None;
             }
-            true
-        });
-        if let Some((task, owner, created)) = ended
-            && let Err(e) = self.persist(id, &owner, created, &task).await
-        {
+            end.task.last_updated_at = later_stamp(&end.task.last_updated_at);
+            (end, r.owner.clone(), r.created_ms)
+        };
+        let (task, owner, created) = end;
+        if let Err(e) = self.persist(id, &owner, created, &task).await {
             tracing::warn!(task = %id, error = %e, "cannot keep the task's end in the store");
         }
+        self.transition(id, |r| {
+            r.waiting = None;
+            r.task = task;
+            true
+        });
     }
 
     /// `tasks/get`: the task as `owner` may see it.

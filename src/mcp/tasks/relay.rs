@@ -70,6 +70,61 @@ fn terminal(t: &DetailedTask) -> bool {
     t.status().is_terminal()
 }
 
+/// An RFC 3339 time (`2026-12-01T02:03:04.567Z`, any fraction, `Z` or an offset) in
+/// nanoseconds since the epoch; `None` when it is not one.
+pub fn stamp_nanos(s: &str) -> Option<i128> {
+    let b = s.as_bytes();
+    let num = |r: std::ops::Range<usize>| -> Option<i64> {
+        let t = s.get(r)?;
+        t.bytes()
+            .all(|c| c.is_ascii_digit())
+            .then(|| t.parse().ok())
+            .flatten()
+    };
+    if b.len() < 20 || b[4] != b'-' || b[7] != b'-' || !matches!(b[10], b'T' | b't' | b' ') {
+        return None;
+    }
+    let (y, mo, d) = (num(0..4)?, num(5..7)?, num(8..10)?);
+    let (h, mi, sec) = (num(11..13)?, num(14..16)?, num(17..19)?);
+    let mut i = 19;
+    let mut frac: i128 = 0;
+    if b.get(i) == Some(&b'.') {
+        i += 1;
+        let start = i;
+        while i < b.len() && b[i].is_ascii_digit() {
+            i += 1;
+        }
+        let digits = s.get(start..i)?;
+        if digits.is_empty() {
+            return None;
+        }
+        let nine: String = digits
+            .chars()
+            .chain(std::iter::repeat('0'))
+            .take(9)
+            .collect();
+        frac = nine.parse().ok()?;
+    }
+    let offset_s: i64 = match s.get(i..)? {
+        "Z" | "z" => 0,
+        o if o.len() == 6 && matches!(&o[..1], "+" | "-") && &o[3..4] == ":" => {
+            let v = num(i + 1..i + 3)? * 3600 + num(i + 4..i + 6)? * 60;
+            if &o[..1] == "-" { -v } else { v }
+        }
+        _ => return None,
+    };
+    // Days from the civil date (Howard Hinnant's algorithm).
+    let y = if mo <= 2 { y - 1 } else { y };
+    let era = y.div_euclid(400);
+    let yoe = y - era * 400;
+    let mp = (mo + 9) % 12;
+    let doy = (153 * mp + 2) / 5 + d - 1;
+    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
+    let days = era * 146_097 + doe - 719_468;
+    let secs = days * 86_400 + h * 3600 + mi * 60 + sec - offset_s;
+    Some(secs as i128 * 1_000_000_000 + frac)
+}
+
 impl Relayed {
     pub fn new() -> Arc<Relayed> {
         Arc::new(Relayed::default())
@@ -85,9 +140,17 @@ impl Relayed {
         let waiters = {
             let mut s = self.lock();
             if let Some((_, cur)) = &s.latest {
-                let older = task.task.last_updated_at.len() == cur.task.last_updated_at.len()
-                    && task.task.last_updated_at < cur.task.last_updated_at;
-                if terminal(cur) || older || *cur == task {
+                // Herald stamps each change of a task later than the one before; an equal
+                // stamp with other content (another server's clock) keeps what is here, unless
+                // it is the end.
+                let newer = match (
+                    stamp_nanos(&task.task.last_updated_at),
+                    stamp_nanos(&cur.task.last_updated_at),
+                ) {
+                    (Some(new), Some(old)) => new > old || (new == old && terminal(&task)),
+                    _ => true,
+                };
+                if terminal(cur) || !newer || *cur == task {
                     return false;
                 }
             }
@@ -109,6 +172,15 @@ impl Relayed {
     /// The latest state and its stamp.
     pub fn latest(&self) -> Option<(u64, DetailedTask)> {
         self.lock().latest.clone()
+    }
+
+    /// The latest state when its stamp is past `seen` (cloned only then).
+    fn newer_than(&self, seen: Option<u64>) -> Option<(u64, DetailedTask)> {
+        let s = self.lock();
+        match &s.latest {
+            Some((seq, t)) if seen.is_none_or(|l| *seq > l) => Some((*seq, t.clone())),
+            _ => None,
+        }
     }
 
     /// Cancelled once an ended state was taken.
@@ -137,6 +209,8 @@ pub struct RelayedListen {
     pub ids: Vec<String>,
     watched: Vec<Watched>,
     last: HashMap<String, u64>,
+    /// Where the next look starts.
+    cursor: usize,
     wake: Arc<Notify>,
     /// Checked again at every delivery: may this stream's caller still see task `id`?
     allowed: Arc<dyn Fn(&str) -> bool + Send + Sync>,
@@ -152,6 +226,7 @@ impl RelayedListen {
             ids: watched.iter().map(|w| w.id.clone()).collect(),
             watched,
             last: HashMap::new(),
+            cursor: 0,
             wake,
             allowed,
         }
@@ -165,14 +240,20 @@ impl RelayedListen {
     /// The first watched task whose state is newer than what this stream delivered (and that
     /// its caller may still see), marked delivered.
     fn take_one(&mut self) -> Option<DetailedTask> {
-        for w in &self.watched {
-            let Some((seq, task)) = w.relayed.latest() else {
+        // Round robin from after the last one served: a task that changes often cannot keep
+        // the others' states (their ends among them) waiting.
+        let n = self.watched.len();
+        for k in 0..n {
+            let i = (self.cursor + k) % n;
+            let w = &self.watched[i];
+            let Some((seq, task)) = w.relayed.newer_than(self.last.get(&w.id).copied()) else {
                 continue;
             };
-            if self.last.get(&w.id).is_some_and(|&l| l >= seq) || !(self.allowed)(&w.id) {
+            if !(self.allowed)(&w.id) {
                 continue;
             }
             self.last.insert(w.id.clone(), seq);
+            self.cursor = i + 1;
             return Some(task);
         }
         None
@@ -211,6 +292,28 @@ mod tests {
             },
         };
         DetailedTask::new(Task::new(id, status, at.to_owned(), at.to_owned()), payload)
+    }
+
+    #[test]
+    fn stamps_compare_as_times_whatever_their_spelling() {
+        let z = stamp_nanos("2026-12-01T00:00:00Z").unwrap();
+        assert_eq!(stamp_nanos("2026-12-01T00:00:00.000Z"), Some(z));
+        assert_eq!(stamp_nanos("2026-12-01T01:00:00+01:00"), Some(z));
+        assert_eq!(
+            stamp_nanos("2026-12-01T00:00:00.5Z").unwrap() - z,
+            500_000_000
+        );
+        assert_eq!(stamp_nanos("1970-01-01T00:00:01Z"), Some(1_000_000_000));
+        assert!(stamp_nanos("2026-12-01T00:00:00.1Z") > stamp_nanos("2026-11-30T23:59:59.999Z"));
+        for bad in [
+            "",
+            "yesterday",
+            "2026-12-01",
+            "2026-12-01T00:00:00",
+            "2026-12-01T00:00:00.Z",
+        ] {
+            assert_eq!(stamp_nanos(bad), None, "{bad}");
+        }
     }
 
     #[test]

@@ -561,19 +561,37 @@ impl Upstream {
     }
 }
 
-/// Keeps one upstream listen naming task `upstream_id`, its pushes going to `relayed` under
-/// `id` (the gateway's id for it, or the id itself), until stopped or the task has ended; listens again with backoff when
-/// the listen ends early (each new listen pushes the task's state first).
-pub async fn follow_task(
+/// One task [`follow_tasks`] follows: the upstream's id for it, the id its states are shown
+/// under (the gateway's, or the same), and where they go.
+pub type Followed = (String, String, Arc<crate::mcp::tasks::relay::Relayed>);
+
+/// Keeps one upstream listen naming the tasks of `tasks` that have not ended (`taskIds`), their
+/// pushes going to each one's `Relayed`, until stopped or every one has ended; listens again
+/// with backoff when the listen ends early. After each listen is sent, a `tasks/get` of each
+/// seeds its state (a push that raced it is ordered by its stamp), so a state is known even
+/// when the upstream pushes none. A listen given up (stopped, every task ended, this future
+/// dropped) is cancelled upstream, so it frees its slot on the connection.
+pub async fn follow_tasks(
     up: Arc<Upstream>,
-    upstream_id: String,
-    id: String,
-    relayed: Arc<crate::mcp::tasks::relay::Relayed>,
+    tasks: Vec<Followed>,
     stop: tokio_util::sync::CancellationToken,
 ) {
-    let _route = up.relay.route_task(&upstream_id, &id, &relayed);
+    let _routes: Vec<_> = tasks
+        .iter()
+        .map(|(upstream_id, shown, relayed)| up.relay.route_task(upstream_id, shown, relayed))
+        .collect();
     let mut backoff = RECONNECT;
     loop {
+        let open: Vec<&Followed> = tasks
+            .iter()
+            .filter(|(_, _, r)| !r.ended().is_cancelled())
+            .collect();
+        if open.is_empty() {
+            return;
+        }
+        let ids: Vec<&str> = open.iter().map(|(u, _, _)| u.as_str()).collect();
+        let all_ended =
+            futures::future::join_all(open.iter().map(|(_, _, r)| r.ended().cancelled()));
         let since = std::time::Instant::now();
         let attempt = async {
             let live = up.live().await.map_err(|e| e.to_string())?;
@@ -584,27 +602,35 @@ pub async fn follow_task(
                 .send_cancellable_request(
                     ClientRequest::CustomRequest(CustomRequest::new(
                         "subscriptions/listen",
-                        Some(serde_json::json!({"notifications": {"taskIds": [upstream_id]}})),
+                        Some(serde_json::json!({"notifications": {"taskIds": ids}})),
                     )),
                     options,
                 )
                 .await
                 .map_err(|e| e.to_string())?;
+            let mut guard = CancelListen {
+                up: up.clone(),
+                armed: Some((handle.peer.clone(), handle.id.clone())),
+            };
+            let seeds = ids.iter().map(|id| {
+                let get = ClientRequest::GetTaskRequest(rmcp::model::GetTaskRequest::new(
+                    rmcp::model::GetTaskParams::new((*id).to_owned()),
+                ));
+                up.request_declaring_tasks(get, REQUEST_TIMEOUT)
+            });
+            for got in futures::future::join_all(seeds).await {
+                if let Ok(ServerResult::GetTaskResult(r)) = got {
+                    up.relay.offer_task(r.task);
+                }
+            }
             // The listen's answer comes when it ends; its pushes meanwhile go through the
-            // connection's handler to `relayed`.
-            let id = handle.id.clone();
-            let peer = handle.peer.clone();
+            // connection's handler to each task's state.
             let ended = tokio::select! {
                 r = handle.await_response() => Some(r),
-                _ = relayed.ended().cancelled() => None,
+                _ = all_ended => None,
             };
-            if ended.is_none() {
-                let _ = peer
-                    .notify_cancelled(rmcp::model::CancelledNotificationParam::new(
-                        Some(id),
-                        Some("the task has ended".into()),
-                    ))
-                    .await;
+            if ended.is_some() {
+                guard.armed = None;
             }
             Ok::<_, String>(ended)
         };
@@ -615,21 +641,52 @@ pub async fn follow_task(
         match got {
             Ok(None) => return,
             Ok(Some(r)) => {
-                tracing::debug!(slug = %up.name, task = %id, answer = ?r.err(), "upstream task listen ended; listening again");
+                tracing::debug!(server = %up.name, tasks = ids.len(), answer = ?r.err(), "upstream task listen ended; listening again");
             }
             Err(e) => {
-                tracing::info!(slug = %up.name, task = %id, error = %e, "upstream task listen failed; listening again");
+                tracing::info!(server = %up.name, tasks = ids.len(), error = %e, "upstream task listen failed; listening again");
             }
-        }
-        if relayed.ended().is_cancelled() {
-            return;
         }
         backoff.ran_for(since.elapsed());
         let delay = backoff.next_delay();
         tokio::select! {
             _ = stop.cancelled() => return,
-            _ = relayed.ended().cancelled() => return,
             _ = tokio::time::sleep(delay) => {}
+        }
+    }
+}
+
+/// Cancels an upstream listen when dropped while armed (its follower gave up on it).
+struct CancelListen {
+    up: Arc<Upstream>,
+    armed: Option<(rmcp::Peer<rmcp::RoleClient>, rmcp::model::RequestId)>,
+}
+
+impl Drop for CancelListen {
+    fn drop(&mut self) {
+        let Some((peer, id)) = self.armed.take() else {
+            return;
+        };
+        let cancel = async move {
+            let _ = peer
+                .notify_cancelled(rmcp::model::CancelledNotificationParam::new(
+                    Some(id),
+                    Some("nobody follows this task here any more".into()),
+                ))
+                .await;
+        };
+        // Bounded, not cut by shutdown: the upstream must still hear it.
+        match &self.up.ctx {
+            Some(ctx) => {
+                ctx.spawn_in_drop_bounded("cancel task listen", Duration::from_secs(1), cancel);
+            }
+            None => {
+                if let Ok(rt) = tokio::runtime::Handle::try_current() {
+                    rt.spawn(async move {
+                        let _ = tokio::time::timeout(Duration::from_secs(1), cancel).await;
+                    });
+                }
+            }
         }
     }
 }

@@ -32,22 +32,34 @@ pub struct Relay {
     tasks: TaskRoutes,
 }
 
-/// Where each followed task's pushes go, by the upstream's task id: the id to show them
-/// under, and the state they update.
-type TaskRoutes = Arc<Mutex<HashMap<String, (String, std::sync::Weak<Relayed>)>>>;
+/// Where each followed task's pushes go, by the upstream's task id: every route following it
+/// (a gateway relay, a watch; an old one still winding down beside its successor), each with
+/// its key, the id to show the pushes under, and the state they update.
+type TaskRoutes = Arc<Mutex<TaskRouteMap>>;
+
+#[derive(Default)]
+struct TaskRouteMap {
+    next: u64,
+    by_id: HashMap<String, Vec<(u64, String, std::sync::Weak<Relayed>)>>,
+}
 
 /// A registered task route; dropping it ends the route.
 pub struct TaskRoute {
     id: String,
+    key: u64,
     tasks: TaskRoutes,
 }
 
 impl Drop for TaskRoute {
     fn drop(&mut self) {
-        self.tasks
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .remove(&self.id);
+        let mut m = self.tasks.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(routes) = m.by_id.get_mut(&self.id) {
+            // Only this route: another may follow the same task.
+            routes.retain(|(k, _, _)| *k != self.key);
+            if routes.is_empty() {
+                m.by_id.remove(&self.id);
+            }
+        }
     }
 }
 
@@ -123,29 +135,36 @@ impl Relay {
     /// Sends the upstream's pushes of task `upstream_id` to `to`, shown under `shown_as`,
     /// until the returned route drops.
     pub fn route_task(&self, upstream_id: &str, shown_as: &str, to: &Arc<Relayed>) -> TaskRoute {
-        self.tasks.lock().unwrap_or_else(|e| e.into_inner()).insert(
-            upstream_id.to_owned(),
-            (shown_as.to_owned(), Arc::downgrade(to)),
-        );
+        let mut m = self.tasks.lock().unwrap_or_else(|e| e.into_inner());
+        m.next += 1;
+        let key = m.next;
+        m.by_id.entry(upstream_id.to_owned()).or_default().push((
+            key,
+            shown_as.to_owned(),
+            Arc::downgrade(to),
+        ));
         TaskRoute {
             id: upstream_id.to_owned(),
+            key,
             tasks: self.tasks.clone(),
         }
     }
 
-    /// Offers a task state read from the upstream (a `tasks/get`) to its route, as a push is.
-    pub fn offer_task(&self, mut task: rmcp::model::DetailedTask) {
-        let to = self
-            .tasks
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .get(&task.task.task_id)
-            .cloned();
-        if let Some((shown_as, to)) = to
-            && let Some(to) = to.upgrade()
-        {
-            task.task.task_id = shown_as;
-            to.offer(task);
+    /// Offers a task state (a push, or a `tasks/get`'s answer) to every route following it.
+    pub fn offer_task(&self, task: rmcp::model::DetailedTask) {
+        let to: Vec<(String, Arc<Relayed>)> = {
+            let m = self.tasks.lock().unwrap_or_else(|e| e.into_inner());
+            m.by_id
+                .get(&task.task.task_id)
+                .into_iter()
+                .flatten()
+                .filter_map(|(_, shown_as, w)| Some((shown_as.clone(), w.upgrade()?)))
+                .collect()
+        };
+        for (shown_as, relayed) in to {
+            let mut t = task.clone();
+            t.task.task_id = shown_as;
+            relayed.offer(t);
         }
     }
 }
