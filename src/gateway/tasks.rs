@@ -3,8 +3,9 @@
 //! `tasks/*` route by the id alone. The gateway keeps who started each task it handed out
 //! (its caller's principal, until the task's ttl): another caller cannot tell that task from
 //! an unknown id, and a caller not entitled to the slug is refused with `-32024` whether the
-//! task exists or not. A listen's `taskIds` are relayed like its URIs: one upstream listen per
-//! watched task, shared by every stream watching it, that ends once the task has.
+//! task exists or not. A listen's `taskIds` are relayed: one upstream listen per stream and
+//! slug (however many of its tasks the stream names), ended with the stream or once its tasks
+//! have; each task's latest state is shared by every stream watching it.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, Weak};

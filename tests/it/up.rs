@@ -119,6 +119,43 @@ async fn roles_and_an_external_server_share_one_endpoint_and_the_watch_sees_each
         seen,
         ["ext-notes", "files", "notes"].map(str::to_owned).into()
     );
+
+    // The in-process roles run tasks, relayed by the gateway under `memo__<id>`.
+    let declared = || {
+        let mut o = rmcp::service::PeerRequestOptions::no_options();
+        o.meta = Some(herald::transport::client::tasks_meta());
+        o
+    };
+    let call = rmcp::model::ClientRequest::CallToolRequest(rmcp::model::Request::new(
+        rmcp::model::CallToolRequestParams::new("memo__memo_wait")
+            .with_arguments(args(json!({"key": "t"}))),
+    ));
+    let created = conn
+        .send_cancellable_request(call, declared())
+        .await
+        .unwrap()
+        .await_response()
+        .await
+        .unwrap();
+    let rmcp::model::ServerResult::CreateTaskResult(created) = created else {
+        panic!("a task: {created:?}")
+    };
+    let id = created.task.task_id;
+    assert!(id.starts_with("memo__"), "{id}");
+    let get = rmcp::model::ClientRequest::GetTaskRequest(rmcp::model::GetTaskRequest::new(
+        rmcp::model::GetTaskParams::new(id.clone()),
+    ));
+    let got = conn
+        .send_cancellable_request(get, declared())
+        .await
+        .unwrap()
+        .await_response()
+        .await
+        .unwrap();
+    let rmcp::model::ServerResult::GetTaskResult(got) = got else {
+        panic!("the task: {got:?}")
+    };
+    assert_eq!(got.task.task.task_id, id);
     let _ = up.child.start_kill();
 }
 
