@@ -7,6 +7,7 @@
 //! roles, systemd's notify protocol and socket activation, the admin address), [`cli`] (the
 //! command line). `docs/ARCHITECTURE.md` has the map and the invariants.
 
+pub mod agent;
 pub mod app;
 pub mod cli;
 pub mod filter;
