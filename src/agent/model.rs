@@ -91,7 +91,11 @@ pub struct FunctionCall {
 }
 
 impl ToolCall {
-    pub fn new(id: impl Into<String>, name: impl Into<String>, arguments: impl Into<String>) -> Self {
+    pub fn new(
+        id: impl Into<String>,
+        name: impl Into<String>,
+        arguments: impl Into<String>,
+    ) -> Self {
         ToolCall {
             id: id.into(),
             kind: function(),
@@ -148,14 +152,20 @@ pub enum ModelError {
     Unreachable { url: String, reason: String },
     /// An HTTP error status, after the retries a 429 or 5xx gets.
     #[error("the model at {url} answered HTTP {status}: {body}")]
-    Status { url: String, status: u16, body: String },
+    Status {
+        url: String,
+        status: u16,
+        body: String,
+    },
     /// It answered, but not with chat completions.
     #[error(
         "the endpoint at {url} does not answer like an OpenAI-compatible chat completions API ({what}); --model-url takes the API's base URL, e.g. http://127.0.0.1:8080/v1"
     )]
     NotChat { url: String, what: String },
     /// No complete answer within the per-request timeout.
-    #[error("the model at {url} did not finish within {secs} s; raise --model-timeout or use a faster model")]
+    #[error(
+        "the model at {url} did not finish within {secs} s; raise --model-timeout or use a faster model"
+    )]
     Timeout { url: String, secs: u64 },
 }
 
@@ -179,7 +189,10 @@ mod tests {
 
     #[test]
     fn messages_have_the_chat_completions_shape() {
-        let m = Message::assistant("", vec![ToolCall::new("c1", "run_code", "{\"code\":\"1\"}")]);
+        let m = Message::assistant(
+            "",
+            vec![ToolCall::new("c1", "run_code", "{\"code\":\"1\"}")],
+        );
         assert_eq!(
             serde_json::to_value(&m).unwrap(),
             serde_json::json!({"role": "assistant", "content": null, "tool_calls": [

@@ -258,6 +258,8 @@ impl Gateway {
             )));
         }
         let key = format!("{}+{upstream_uri}", up.name);
+        // Read before taking `shared`: no lock is ever held while taking another.
+        let following = self.tasks.following(&up.name);
         let mut shared = self.shared.lock().unwrap_or_else(|e| e.into_inner());
         shared.retain(|_, w| w.strong_count() > 0);
         if let Some(s) = shared.get(&key).and_then(Weak::upgrade) {
@@ -269,11 +271,11 @@ impl Gateway {
             .iter()
             .filter(|(k, w)| k.starts_with(&prefix) && w.strong_count() > 0)
             .count()
-            + self.tasks.following(&up.name);
+            + following;
         // Each is a listen stream on the slug's one connection.
         if per_slug >= up.max_listens {
             return Err(SourceError::Unavailable(format!(
-                "server {} already has {} watched URIs through this gateway, its limit; stop a watch first",
+                "server {} already has {} watched URIs and followed tasks through this gateway, its limit; stop a watch first",
                 up.name, up.max_listens
             )));
         }

@@ -69,13 +69,23 @@ struct Owner {
 /// which stops it.
 struct Following {
     stop: CancellationToken,
-    slug: String,
-    counts: Arc<Mutex<HashMap<String, usize>>>,
 }
 
 impl Drop for Following {
     fn drop(&mut self) {
         self.stop.cancel();
+    }
+}
+
+/// A slug's listen counted for as long as its follow runs (not the stream's life: a follow
+/// whose tasks have ended gives its slot back).
+struct Slot {
+    slug: String,
+    counts: Arc<Mutex<HashMap<String, usize>>>,
+}
+
+impl Drop for Slot {
+    fn drop(&mut self) {
         let mut c = self.counts.lock().unwrap_or_else(|e| e.into_inner());
         if let Some(n) = c.get_mut(&self.slug) {
             *n = n.saturating_sub(1);
@@ -127,7 +137,9 @@ impl GatewayTasks {
         if let Some(r) = states.get(id).and_then(Weak::upgrade) {
             return r;
         }
-        states.retain(|_, w| w.strong_count() > 0);
+        if states.len() >= 1024 {
+            states.retain(|_, w| w.strong_count() > 0);
+        }
         let r = Relayed::new();
         states.insert(id.to_owned(), Arc::downgrade(&r));
         r
@@ -227,31 +239,40 @@ impl GatewayTasks {
         up: Arc<Upstream>,
         tasks: &[(String, String)],
     ) -> Option<(Arc<Following>, Vec<Arc<Relayed>>)> {
+        let states: Vec<Arc<Relayed>> = tasks.iter().map(|(id, _)| self.state(id)).collect();
+        let following = Arc::new(Following {
+            stop: self.ctx.shutdown().child_token(),
+        });
+        // Tasks that have all ended need no listen: their states are here already.
+        if states.iter().all(|r| r.ended().is_cancelled()) {
+            return Some((following, states));
+        }
+        // Each is a listen stream on the slug's one connection, as a watched URI is. The URI
+        // count is read first: no lock is ever held while taking another.
+        let uris = (self.uris)(&up.name);
         {
             let mut counts = self.following.lock().unwrap_or_else(|e| e.into_inner());
-            // Each is a listen stream on the slug's one connection, as a watched URI is.
             let n = counts.get(&up.name).copied().unwrap_or(0);
-            if n + (self.uris)(&up.name) >= up.max_listens {
+            if n + uris >= up.max_listens {
                 tracing::info!(slug = %up.name, tasks = tasks.len(), "no listen to spare on this server; leaving its tasks out of a listen");
                 return None;
             }
             counts.insert(up.name.clone(), n + 1);
         }
-        let following = Arc::new(Following {
-            stop: self.ctx.shutdown().child_token(),
+        let slot = Slot {
             slug: up.name.clone(),
             counts: self.following.clone(),
-        });
-        let states: Vec<Arc<Relayed>> = tasks.iter().map(|(id, _)| self.state(id)).collect();
+        };
         let followed = tasks
             .iter()
             .zip(&states)
             .map(|((id, upstream_id), r)| (upstream_id.clone(), id.clone(), r.clone()))
             .collect();
-        self.ctx.spawn(
-            "gateway task follow",
-            crate::mcp::upstream::follow_tasks(up, followed, following.stop.clone()),
-        );
+        let stop = following.stop.clone();
+        self.ctx.spawn("gateway task follow", async move {
+            let _slot = slot;
+            crate::mcp::upstream::follow_tasks(up, followed, stop).await;
+        });
         Some((following, states))
     }
 }

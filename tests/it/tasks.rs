@@ -1150,7 +1150,12 @@ async fn a_followed_task_frees_its_upstream_listen_when_nobody_watches_it() {
         Stdio::null(),
     );
     let t = raw
-        .call(json!(1), tmeta(), "a__memo_wait", json!({"key": "k"}))
+        .call(
+            json!(1),
+            tmeta(),
+            "a__memo_wait",
+            json!({"key": "k", "timeout_ms": 3_600_000}),
+        )
         .await;
     let id = t["result"]["taskId"].as_str().unwrap().to_owned();
     for round in 0..80 {

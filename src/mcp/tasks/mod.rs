@@ -349,7 +349,7 @@ impl Tasks {
             }
             if !stored.task.status().is_terminal() {
                 let mut t = stored.task.task.clone();
-                t.last_updated_at = stamp(now);
+                t.last_updated_at = later_stamp(&t.last_updated_at);
                 t.status_message = None;
                 stored.task = DetailedTask::new(
                     t,

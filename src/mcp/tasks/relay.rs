@@ -70,9 +70,33 @@ fn terminal(t: &DetailedTask) -> bool {
     t.status().is_terminal()
 }
 
+/// The end of a task its server no longer knows (expired there, or the server lost it in a
+/// restart without its store): it will never push it again.
+pub fn unknown_upstream(id: &str) -> DetailedTask {
+    let now = crate::mcp::events::rfc3339(
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos() as i64),
+    );
+    let mut error = rmcp::model::JsonObject::new();
+    error.insert("code".into(), (-32602).into());
+    error.insert(
+        "message".into(),
+        "the server that ran this task no longer knows it (it expired there, or the server restarted without its store)".into(),
+    );
+    DetailedTask::new(
+        Task::new(id, rmcp::model::TaskStatus::Failed, now.clone(), now),
+        rmcp::model::TaskPayload::Failed { error },
+    )
+}
+
 /// An RFC 3339 time (`2026-12-01T02:03:04.567Z`, any fraction, `Z` or an offset) in
 /// nanoseconds since the epoch; `None` when it is not one.
 pub fn stamp_nanos(s: &str) -> Option<i128> {
+    // Bytes from here on: anything else is not a stamp (and never a slice off a char).
+    if !s.is_ascii() {
+        return None;
+    }
     let b = s.as_bytes();
     let num = |r: std::ops::Range<usize>| -> Option<i64> {
         let t = s.get(r)?;
@@ -81,11 +105,22 @@ pub fn stamp_nanos(s: &str) -> Option<i128> {
             .then(|| t.parse().ok())
             .flatten()
     };
-    if b.len() < 20 || b[4] != b'-' || b[7] != b'-' || !matches!(b[10], b'T' | b't' | b' ') {
+    if b.len() < 20
+        || b[4] != b'-'
+        || b[7] != b'-'
+        || !matches!(b[10], b'T' | b't' | b' ')
+        || b[13] != b':'
+        || b[16] != b':'
+    {
         return None;
     }
     let (y, mo, d) = (num(0..4)?, num(5..7)?, num(8..10)?);
     let (h, mi, sec) = (num(11..13)?, num(14..16)?, num(17..19)?);
+    // A leap second (`:60`) reads as the last moment of its minute.
+    if !(1..=12).contains(&mo) || !(1..=31).contains(&d) || h > 23 || mi > 59 || sec > 60 {
+        return None;
+    }
+    let sec = sec.min(59);
     let mut i = 19;
     let mut frac: i128 = 0;
     if b.get(i) == Some(&b'.') {
@@ -140,16 +175,18 @@ impl Relayed {
         let waiters = {
             let mut s = self.lock();
             if let Some((_, cur)) = &s.latest {
-                // Herald stamps each change of a task later than the one before; an equal
-                // stamp with other content (another server's clock) keeps what is here, unless
-                // it is the end.
-                let newer = match (
-                    stamp_nanos(&task.task.last_updated_at),
-                    stamp_nanos(&cur.task.last_updated_at),
-                ) {
-                    (Some(new), Some(old)) => new > old || (new == old && terminal(&task)),
-                    _ => true,
-                };
+                // Herald stamps each change of a task later than the one before, so an older
+                // stamp is a state overtaken (the upstream's notifications are handled
+                // concurrently). An equal stamp (a coarser clock elsewhere) is taken; an end
+                // always is, whatever its stamp says: nothing follows an end.
+                let newer = terminal(&task)
+                    || match (
+                        stamp_nanos(&task.task.last_updated_at),
+                        stamp_nanos(&cur.task.last_updated_at),
+                    ) {
+                        (Some(new), Some(old)) => new >= old,
+                        _ => true,
+                    };
                 if terminal(cur) || !newer || *cur == task {
                     return false;
                 }
@@ -297,6 +334,11 @@ mod tests {
     #[test]
     fn stamps_compare_as_times_whatever_their_spelling() {
         let z = stamp_nanos("2026-12-01T00:00:00Z").unwrap();
+        assert_eq!(
+            stamp_nanos("2026-12-01T00:00:00.123456789123Z").unwrap() - z,
+            123_456_789
+        );
+        assert!(stamp_nanos("2026-12-01T00:00:00-01:00").unwrap() > z);
         assert_eq!(stamp_nanos("2026-12-01T00:00:00.000Z"), Some(z));
         assert_eq!(stamp_nanos("2026-12-01T01:00:00+01:00"), Some(z));
         assert_eq!(
@@ -311,6 +353,10 @@ mod tests {
             "2026-12-01",
             "2026-12-01T00:00:00",
             "2026-12-01T00:00:00.Z",
+            "2026-12-01T00:00:00é1234",
+            "2026-12-01T00:00:00+1é12",
+            "2026-12-01T00x00y00Z",
+            "2026-13-45T99:99:99Z",
         ] {
             assert_eq!(stamp_nanos(bad), None, "{bad}");
         }

@@ -612,15 +612,40 @@ pub async fn follow_tasks(
                 up: up.clone(),
                 armed: Some((handle.peer.clone(), handle.id.clone())),
             };
-            let seeds = ids.iter().map(|id| {
-                let get = ClientRequest::GetTaskRequest(rmcp::model::GetTaskRequest::new(
-                    rmcp::model::GetTaskParams::new((*id).to_owned()),
-                ));
-                up.request_declaring_tasks(get, REQUEST_TIMEOUT)
-            });
-            for got in futures::future::join_all(seeds).await {
-                if let Ok(ServerResult::GetTaskResult(r)) = got {
-                    up.relay.offer_task(r.task);
+            // At most 16 at a time: a reconnect must not send a storm of them.
+            use futures::StreamExt as _;
+            let gets: Vec<_> = ids
+                .iter()
+                .map(|id| {
+                    let (up, id) = (up.clone(), (*id).to_owned());
+                    async move {
+                        let get = ClientRequest::GetTaskRequest(rmcp::model::GetTaskRequest::new(
+                            rmcp::model::GetTaskParams::new(id.clone()),
+                        ));
+                        let got = up.request_declaring_tasks(get, REQUEST_TIMEOUT).await;
+                        (id, got)
+                    }
+                    .boxed()
+                })
+                .collect();
+            let seeds = futures::stream::iter(gets).buffer_unordered(16);
+            tokio::pin!(seeds);
+            while let Some((id, got)) = seeds.next().await {
+                match got {
+                    Ok(ServerResult::GetTaskResult(r)) => up.relay.offer_task(r.task),
+                    // The server does not know it (any more): it will never push it, so it
+                    // ends here, saying why.
+                    Err(SourceError::Upstream { code, data, .. })
+                        if code == ErrorData::invalid_params("", None).code.0
+                            && data
+                                .as_ref()
+                                .and_then(|d| d.get("taskId"))
+                                .is_some_and(|t| *t == *id) =>
+                    {
+                        up.relay
+                            .offer_task(crate::mcp::tasks::relay::unknown_upstream(&id));
+                    }
+                    _ => {}
                 }
             }
             // The listen's answer comes when it ends; its pushes meanwhile go through the
@@ -649,8 +674,11 @@ pub async fn follow_tasks(
         }
         backoff.ran_for(since.elapsed());
         let delay = backoff.next_delay();
+        let all_ended =
+            futures::future::join_all(open.iter().map(|(_, _, r)| r.ended().cancelled()));
         tokio::select! {
             _ = stop.cancelled() => return,
+            _ = all_ended => return,
             _ = tokio::time::sleep(delay) => {}
         }
     }
