@@ -1,5 +1,18 @@
-//! The agent (`herald agent`): watch notices and a person's (or a Slack channel's) messages as
-//! turns of an LLM, which acts through one tool, `run_code`, backed by herald's code mode.
-//! Reference 000, "Delivery to the agent".
+//! The agent (`herald agent`): watch notices and a person's messages as turns of an LLM,
+//! which acts through one tool, `run_code`, backed by herald's code mode. Reference 000,
+//! "Delivery to the agent".
+//!
+//! - `model.rs`: the chat messages, `ToolSpec`, `Reply`, `ModelError` and the `Model` trait.
+//! - `openai.rs`: `ChatClient`, a `Model` over any OpenAI-compatible chat completions API.
+//! - `runtime.rs`: the orchestrator (input and notice streams, coalesced runs, `NO_REPLY`,
+//!   reply routing) and the `Channel` / `CodeRunner` traits it drives.
+//! - `code.rs`: `run_code`'s backend (code mode) and the system prompt.
+//! - `session.rs`: the JSONL session log, read back by `--resume`.
+//! - `terminal.rs`: the interactive channel.
 
+pub mod code;
 pub mod model;
+pub mod openai;
+pub mod runtime;
+pub mod session;
+pub mod terminal;

@@ -176,7 +176,7 @@ pub trait Model: Send + Sync {
         &self,
         messages: &[Message],
         tools: &[ToolSpec],
-        on_text: &mut (dyn FnMut(&str) + Send),
+        on_text: &mut (dyn for<'s> FnMut(&'s str) + Send),
     ) -> Result<Reply, ModelError>;
 
     /// Where it is, for messages.

@@ -1,5 +1,6 @@
 //! The command line: clap types, one file per subcommand. The only place that uses `anyhow`.
 
+mod agent;
 mod client;
 mod code;
 mod completions;
@@ -95,6 +96,9 @@ pub enum Command {
     /// Code mode: run Python with the watch built-ins and the servers' tools (a file, stdin, or
     /// an interactive prompt).
     Code(code::CodeArgs),
+    /// An LLM agent (any OpenAI-compatible chat API) acting on the servers through code mode:
+    /// what you type and the notices of the watches it starts become its turns.
+    Agent(agent::AgentArgs),
     /// Print a shell completion script (bash, zsh, fish) on stdout.
     Completions(completions::CompletionsArgs),
     /// Print herald's manual page, or write one page per subcommand with --out DIR.
@@ -170,6 +174,7 @@ pub fn run(cli: Cli, systemd: Systemd) -> Result<(), Exit> {
             Command::Store(a) => store::run(a, &globals).await,
             Command::Watch(a) => watch::run(a, &globals, verbose).await,
             Command::Code(a) => code::run(a, &globals, verbose).await,
+            Command::Agent(a) => agent::run(a, &globals, verbose).await,
             Command::Completions(a) => completions::run(a),
             Command::Man(a) => man::run(a),
             Command::FilterWorker { .. } => Ok(()),

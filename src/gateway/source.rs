@@ -592,16 +592,18 @@ impl Source for Gateway {
         };
         // A slug this caller may not use says nothing of its tools: the call goes on to its
         // one refusal (-32024), never to a -32021 that would tell a task-only tool exists.
-        self.slug(caller, slug)
-            .ok()
-            .and_then(|u| u.catalog())
-            .and_then(|c| {
-                c.tools
-                    .iter()
-                    .find(|t| t.name == tool)
-                    .map(crate::mcp::tasks::task_support)
-            })
-            .unwrap_or(crate::mcp::tasks::TaskSupport::Forbidden)
+        let Ok(up) = self.slug(caller, slug) else {
+            return crate::mcp::tasks::TaskSupport::Forbidden;
+        };
+        match up.catalog() {
+            Some(c) => c.tools.iter().find(|t| t.name == tool).map_or(
+                crate::mcp::tasks::TaskSupport::Forbidden,
+                crate::mcp::tasks::task_support,
+            ),
+            // Not connected yet: a declaring caller's call goes out as a task, and the slug
+            // decides (it answers in place when the tool runs only that way).
+            None => crate::mcp::tasks::TaskSupport::Optional,
+        }
     }
 
     fn task_relay(&self) -> Option<Arc<dyn crate::mcp::tasks::relay::TaskRelay>> {

@@ -63,6 +63,17 @@ fn owns(owners: &Owners, principal: &str, id: &str) -> bool {
 struct Owner {
     principal: String,
     expires: Instant,
+    /// When it started (the oldest ended task makes way at a cap).
+    started: Instant,
+    /// Seen ended (a push, or a tasks/get answer).
+    ended: bool,
+}
+
+/// Marks task `id` ended in `owners`.
+fn mark_ended(owners: &Owners, id: &str) {
+    if let Some(o) = owners.lock().unwrap_or_else(|e| e.into_inner()).get_mut(id) {
+        o.ended = true;
+    }
 }
 
 /// One upstream listen following a stream's tasks on one slug; dropped with the stream,
@@ -141,6 +152,14 @@ impl GatewayTasks {
             states.retain(|_, w| w.strong_count() > 0);
         }
         let r = Relayed::new();
+        // Its end marks the task ended for the caps.
+        let owners = Arc::downgrade(&self.owners);
+        let key = id.to_owned();
+        r.on_end(Box::new(move || {
+            if let Some(o) = owners.upgrade() {
+                mark_ended(&o, &key);
+            }
+        }));
         states.insert(id.to_owned(), Arc::downgrade(&r));
         r
     }
@@ -155,6 +174,24 @@ impl GatewayTasks {
         let now = Instant::now();
         let mut o = self.owners();
         o.retain(|_, v| v.expires > now);
+        // Past a cap the oldest ended task (of this caller, then of anyone) makes way; when
+        // every one kept still runs, the call is refused.
+        let oldest_ended = |o: &HashMap<String, Owner>, only: Option<&str>| {
+            o.iter()
+                .filter(|(_, v)| v.ended && only.is_none_or(|p| v.principal == p))
+                .min_by_key(|(_, v)| v.started)
+                .map(|(k, _)| k.clone())
+        };
+        if o.values().filter(|v| v.principal == principal).count() >= MAX_TASKS_PER_OWNER
+            && let Some(k) = oldest_ended(&o, Some(principal))
+        {
+            o.remove(&k);
+        }
+        if o.len() >= MAX_TASKS
+            && let Some(k) = oldest_ended(&o, None)
+        {
+            o.remove(&k);
+        }
         if o.values().filter(|v| v.principal == principal).count() >= MAX_TASKS_PER_OWNER {
             return Err(McpError::internal_error(
                 format!(
@@ -184,6 +221,8 @@ impl GatewayTasks {
             Owner {
                 principal: principal.to_owned(),
                 expires: now + ttl + OWNER_GRACE,
+                started: now,
+                ended: false,
             },
         );
     }
@@ -336,7 +375,12 @@ impl TaskRelay for GatewayTasks {
             GetTaskParams::new(upstream_id.to_owned()),
         ));
         match self.ask(&up, id, upstream_id, req).await? {
-            ServerResult::GetTaskResult(r) => Ok(shown(r.task, id)),
+            ServerResult::GetTaskResult(r) => {
+                if r.task.status().is_terminal() {
+                    mark_ended(&self.owners, id);
+                }
+                Ok(shown(r.task, id))
+            }
             _ => Err(McpError::internal_error(
                 format!("server {} answered tasks/get with something else", up.name),
                 None,

@@ -28,11 +28,20 @@ pub enum Sink {
     Stdout,
     Exec(String),
     Webhook(String),
+    /// Handed on to a channel (the agent's notice stream).
+    Channel(mpsc::Sender<Notice>),
 }
 
 /// Drains `rx` into `sink` until the channel closes.
 pub async fn run(sink: Sink, mut rx: mpsc::Receiver<Notice>) {
     match sink {
+        Sink::Channel(tx) => {
+            while let Some(n) = rx.recv().await {
+                if tx.send(n).await.is_err() {
+                    return;
+                }
+            }
+        }
         Sink::Stdout => {
             let mut out = tokio::io::stdout();
             while let Some(n) = rx.recv().await {

@@ -1,8 +1,10 @@
 //! One integration-test binary driving the real `herald` binary over its real transports.
 
 mod admin;
+mod agent;
 mod dist;
 mod events;
+mod fake_model;
 mod file;
 mod filter;
 mod gateway;

@@ -56,6 +56,8 @@ pub struct Relayed {
     state: Mutex<RelayedState>,
     /// Cancelled once the task has ended: nothing newer can come.
     ended: CancellationToken,
+    /// Called once, when an end is taken.
+    on_end: Mutex<Option<Box<dyn FnOnce() + Send>>>,
 }
 
 #[derive(Default)]
@@ -198,12 +200,31 @@ impl Relayed {
                 self.ended.cancel();
             }
             s.waiters.retain(|w| w.strong_count() > 0);
-            s.waiters.clone()
+            (s.waiters.clone(), ended)
         };
+        let (waiters, ended) = waiters;
+        if ended && let Some(f) = self.on_end.lock().unwrap_or_else(|e| e.into_inner()).take() {
+            f();
+        }
         for w in waiters.iter().filter_map(Weak::upgrade) {
             w.notify_one();
         }
         true
+    }
+
+    /// Calls `f` once, when an end is taken (at once if it has been).
+    pub fn on_end(&self, f: Box<dyn FnOnce() + Send>) {
+        if self.ended.is_cancelled() {
+            f();
+            return;
+        }
+        *self.on_end.lock().unwrap_or_else(|e| e.into_inner()) = Some(f);
+        // An end taken between the look and the store calls it here.
+        if self.ended.is_cancelled()
+            && let Some(f) = self.on_end.lock().unwrap_or_else(|e| e.into_inner()).take()
+        {
+            f();
+        }
     }
 
     /// The latest state and its stamp.

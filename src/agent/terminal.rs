@@ -1,0 +1,149 @@
+//! The interactive channel: what a person types on stdin is input; replies print on stdout.
+//! On a terminal the transcript reads as a conversation: the model's text streams as it
+//! comes, a spinner runs on stderr while it thinks, and each tool call shows as one line
+//! (`· run_code: watch_start(…) → first line of its result`). Piped, stdout carries only the
+//! replies, one per line group, and nothing else.
+
+use std::io::{IsTerminal as _, Write as _};
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use async_trait::async_trait;
+use tokio::sync::mpsc;
+
+use crate::agent::runtime::{Channel, Event, ReplyTo};
+
+pub struct Terminal {
+    tty: bool,
+    /// Text of the current answer already streamed to stdout.
+    streamed: AtomicBool,
+    spinner: Mutex<Option<tokio::task::JoinHandle<()>>>,
+}
+
+impl Default for Terminal {
+    fn default() -> Self {
+        Terminal::new()
+    }
+}
+
+impl Terminal {
+    pub fn new() -> Terminal {
+        Terminal {
+            tty: std::io::stdout().is_terminal() && std::io::stderr().is_terminal(),
+            streamed: AtomicBool::new(false),
+            spinner: Mutex::new(None),
+        }
+    }
+
+    /// Reads stdin lines into `tx` as inputs (a thread: stdin blocks) until it closes.
+    pub fn read_stdin(tx: mpsc::Sender<Event>) {
+        let prompt = std::io::stdin().is_terminal() && std::io::stderr().is_terminal();
+        std::thread::spawn(move || {
+            use std::io::BufRead as _;
+            if prompt {
+                eprint!("> ");
+            }
+            for line in std::io::stdin().lock().lines().map_while(Result::ok) {
+                let text = line.trim().to_owned();
+                if !text.is_empty()
+                    && tx
+                        .blocking_send(Event::Input {
+                            text,
+                            reply_to: ReplyTo::Terminal,
+                        })
+                        .is_err()
+                {
+                    return;
+                }
+            }
+            let _ = tx.blocking_send(Event::InputClosed);
+        });
+    }
+
+    fn stop_spinner(&self) {
+        if let Some(h) = self
+            .spinner
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .take()
+        {
+            h.abort();
+            eprint!("\r\x1b[2K");
+        }
+    }
+}
+
+#[async_trait]
+impl Channel for Terminal {
+    async fn publish(&self, _to: &ReplyTo, text: &str) {
+        self.stop_spinner();
+        let mut out = std::io::stdout().lock();
+        if self.tty && self.streamed.swap(false, Ordering::AcqRel) {
+            // Its text is on the screen already.
+            let _ = writeln!(out);
+        } else {
+            let _ = writeln!(out, "{}", text.trim_end());
+        }
+        let _ = out.flush();
+        if self.tty {
+            eprint!("> ");
+        }
+    }
+
+    fn thinking(&self, on: bool) {
+        if !self.tty {
+            return;
+        }
+        let mut s = self.spinner.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(h) = s.take() {
+            h.abort();
+            eprint!("\r\x1b[2K");
+        }
+        if on && tokio::runtime::Handle::try_current().is_ok() {
+            *s = Some(tokio::spawn(async {
+                let frames = ['⠋', '⠙', '⠹', '⠸', '⠼', '⠴', '⠦', '⠧', '⠇', '⠏'];
+                let mut i = 0;
+                loop {
+                    eprint!("\r{} thinking…", frames[i % frames.len()]);
+                    i += 1;
+                    tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+                }
+            }));
+        }
+    }
+
+    fn streamed(&self, text: &str) {
+        if !self.tty || text.is_empty() {
+            return;
+        }
+        self.stop_spinner();
+        self.streamed.store(true, Ordering::Release);
+        let mut out = std::io::stdout().lock();
+        let _ = write!(out, "{text}");
+        let _ = out.flush();
+    }
+
+    fn tool_used(&self, call: &str, result: &str) {
+        if !self.tty {
+            return;
+        }
+        self.stop_spinner();
+        if self.streamed.swap(false, Ordering::AcqRel) {
+            println!();
+        }
+        let first = result.lines().next().unwrap_or("");
+        let first: String = first.chars().take(100).collect();
+        eprintln!("\x1b[2m· {call} → {first}\x1b[0m");
+    }
+
+    fn suppressed(&self) {
+        self.stop_spinner();
+        if self.tty {
+            if self.streamed.swap(false, Ordering::AcqRel) {
+                println!();
+            }
+            eprintln!("\x1b[2m(nothing to say: NO_REPLY)\x1b[0m");
+            eprint!("> ");
+        }
+    }
+}

@@ -1,0 +1,218 @@
+//! `herald agent`: an LLM agent over the watch client. What a person types on stdin and the
+//! notices of the watches it starts become turns of the model (any OpenAI-compatible chat
+//! completions API), which acts through `run_code` (code mode). See `src/agent/`.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::{Context as _, anyhow};
+use clap::Args;
+use serde_json::json;
+use tokio::sync::mpsc;
+
+use crate::agent::code::{CodeMode, system_prompt};
+use crate::agent::model::Message;
+use crate::agent::openai::{ChatClient, ChatConfig};
+use crate::agent::runtime::{Agent, Event, ReplyTo};
+use crate::agent::session::SessionLog;
+use crate::agent::terminal::Terminal;
+use crate::app;
+use crate::cli::watch::ServerFlags;
+use crate::cli::{Exit, Globals, usage};
+use crate::filter::pool::{FilterPool, PoolConfig};
+use crate::store::Table;
+use crate::transport::tls::Secret;
+use crate::watch::log::WatchLog;
+use crate::watch::sink::Sink;
+use crate::watch::spec::Notice;
+use crate::watch::{WatchConfig, WatchManager, WatchOptions};
+
+/// Where the model's key comes from: the environment, or a file of that name in
+/// `$CREDENTIALS_DIRECTORY` (systemd's `LoadCredential=`).
+const KEY_VAR: &str = "HERALD_MODEL_KEY";
+
+#[derive(Debug, Args)]
+pub struct AgentArgs {
+    #[command(flatten)]
+    pub servers: ServerFlags,
+    /// The model's OpenAI-compatible API: its base URL (llama.cpp, vLLM, Ollama:
+    /// http://127.0.0.1:8080/v1) or its …/chat/completions URL. The key, if it needs one,
+    /// comes from HERALD_MODEL_KEY or $CREDENTIALS_DIRECTORY/HERALD_MODEL_KEY.
+    #[arg(long, env = "HERALD_MODEL_URL", value_name = "URL")]
+    pub model_url: String,
+    /// The model name sent with each request.
+    #[arg(long, default_value = "default", value_name = "NAME")]
+    pub model: String,
+    /// The longest answer, in tokens (sent as max_tokens).
+    #[arg(long, default_value_t = ChatConfig::DEFAULT_MAX_TOKENS, value_name = "N")]
+    pub max_tokens: u32,
+    /// The longest one model request may take, in seconds.
+    #[arg(long, default_value_t = 600, value_name = "SECS")]
+    pub model_timeout: u64,
+    /// A file of the operator's instructions, added to the system prompt.
+    #[arg(long, value_name = "FILE")]
+    pub prompt: Option<PathBuf>,
+    /// The session log (JSONL) [default: agent-session.jsonl beside the store; none with
+    /// --store :memory:].
+    #[arg(long, value_name = "FILE")]
+    pub session: Option<PathBuf>,
+    /// Continue the session: its thread from the session log, and the watches it left running
+    /// (kept in the store). Without it a session starts with no watches.
+    #[arg(long)]
+    pub resume: bool,
+    /// Quiet time before a notice goes out, in ms [default: 3000].
+    #[arg(long, value_name = "MS")]
+    pub debounce_ms: Option<u64>,
+}
+
+fn model_key() -> Option<Secret> {
+    if let Ok(k) = std::env::var(KEY_VAR)
+        && !k.is_empty()
+    {
+        return Some(Secret(k));
+    }
+    let dir = std::env::var_os("CREDENTIALS_DIRECTORY")?;
+    let k = std::fs::read_to_string(std::path::Path::new(&dir).join(KEY_VAR)).ok()?;
+    let k = k.trim().to_owned();
+    (!k.is_empty()).then_some(Secret(k))
+}
+
+pub async fn run(args: AgentArgs, globals: &Globals, verbose: bool) -> Result<(), Exit> {
+    crate::app::secrets::register(KEY_VAR);
+    let mut cfg = WatchConfig::default();
+    if let Some(ms) = args.debounce_ms {
+        cfg.debounce.quiet = Duration::from_millis(ms);
+    }
+    let servers = args.servers.servers(cfg.max_message_bytes);
+    if servers.is_empty() {
+        return Err(usage(anyhow!(
+            "the agent needs a server to act on: pass --mcp-stdio, --mcp-http or --mcp-quic (herald up serves one at http://127.0.0.1:8750/mcp)"
+        )));
+    }
+    let model = ChatClient::new(ChatConfig {
+        url: args.model_url.clone(),
+        model: args.model.clone(),
+        key: model_key(),
+        max_tokens: args.max_tokens,
+        timeout: Duration::from_secs(args.model_timeout.max(1)),
+        retries: ChatConfig::DEFAULT_RETRIES,
+    })
+    .map_err(|e| usage(e.into()))?;
+    let operator = match &args.prompt {
+        Some(p) => Some(
+            std::fs::read_to_string(p)
+                .with_context(|| format!("reading --prompt {}", p.display()))
+                .map_err(usage)?,
+        ),
+        None => None,
+    };
+    // The store keeps the session's watches (for --resume); the session log sits beside it.
+    let store = globals.open_store().await?;
+    let session_path = args.session.clone().or_else(|| {
+        globals
+            .store_path()
+            .map(|p| p.with_file_name("agent-session.jsonl"))
+    });
+    let mut resumed = Vec::new();
+    if args.resume {
+        let Some(path) = &session_path else {
+            return Err(usage(anyhow!(
+                "--resume needs the session log: pass --session FILE (with --store :memory: there is no default)"
+            )));
+        };
+        if path.exists() {
+            let (thread, records) = SessionLog::thread(path)
+                .with_context(|| format!("reading the session log {}", path.display()))?;
+            tracing::info!(session = %path.display(), records, messages = thread.len(), "resuming the session");
+            resumed = thread;
+        }
+    } else {
+        // A new session starts with no watches.
+        for (key, _) in store.scan(Table::Watches).await? {
+            let _ = store.delete(Table::Watches, &key).await;
+        }
+        if let Some(path) = &session_path {
+            let _ = std::fs::remove_file(path);
+        }
+    }
+    let log = match &session_path {
+        Some(p) => SessionLog::open(p)
+            .with_context(|| format!("opening the session log {}", p.display()))?,
+        None => SessionLog::none(),
+    };
+    log.record(
+        "session.started",
+        json!({"model": args.model, "url": model.endpoint(), "resumed": args.resume}),
+    );
+
+    let exe = std::env::current_exe().context("finding the herald binary for Python workers")?;
+    let mut code_cfg = PoolConfig::new(exe.clone());
+    code_cfg.workers = 1;
+    let code_pool = FilterPool::new(code_cfg);
+    let (ntx, mut nrx) = mpsc::channel::<Notice>(64);
+    let opts = WatchOptions {
+        config: cfg,
+        servers,
+        sink: Sink::Channel(ntx),
+        log: WatchLog::stderr(verbose),
+        store: Some(store),
+        filters: Some(PoolConfig::new(exe)),
+        watches: Vec::new(),
+        require_watches: false,
+        end_when_all_ended: false,
+    };
+    let shutdown = tokio_util::sync::CancellationToken::new();
+    app::cancel_on_signals(shutdown.clone());
+    let model: Arc<dyn crate::agent::model::Model> = Arc::new(model);
+    let session = async |manager: &WatchManager| {
+        let (etx, erx) = mpsc::channel::<Event>(64);
+        // Notices enter the loop as events, the way input does.
+        let notices = {
+            let etx = etx.clone();
+            tokio::spawn(async move {
+                while let Some(n) = nrx.recv().await {
+                    let ev = Event::Notice {
+                        watch: n.watch,
+                        uri: n.uri,
+                        block: n.text,
+                    };
+                    if etx.send(ev).await.is_err() {
+                        return;
+                    }
+                }
+            })
+        };
+        Terminal::read_stdin(etx);
+        let mut thread = vec![Message::system(system_prompt(
+            manager.servers(),
+            operator.as_deref(),
+        ))];
+        thread.extend(resumed);
+        let watching = manager.clone();
+        let agent = Agent {
+            model: model.clone(),
+            code: Arc::new(CodeMode {
+                pool: code_pool.clone(),
+                catalog: manager.code_catalog(),
+            }),
+            channel: Arc::new(Terminal::new()),
+            log: log.clone(),
+            default_reply: ReplyTo::Terminal,
+            thread,
+            // Input over and nothing watched: nothing more will come.
+            done_when: Some(Arc::new(move || {
+                watching.watch_list().iter().all(|w| w.failed)
+            })),
+        };
+        tokio::select! {
+            _ = agent.run(erx) => {}
+            _ = shutdown.cancelled() => {}
+        }
+        notices.abort();
+        false
+    };
+    let _ = crate::watch::run(opts, shutdown.clone(), session).await;
+    log.record("session.ended", json!({}));
+    Ok(())
+}

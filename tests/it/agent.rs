@@ -1,0 +1,187 @@
+//! `herald agent` end to end against a scripted model (tests/it/fake_model.rs) and a real
+//! `herald memo`: a watch started by the model's code, a notice turn whose message is exactly
+//! the `<watch-event>` block and its instruction, `NO_REPLY` published nowhere; and the chat
+//! client's retries and errors.
+
+use std::process::Stdio;
+
+use serde_json::{Value, json};
+use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
+
+use crate::fake_model::{FakeModel, Step};
+use crate::support::*;
+use herald::agent::model::{Message, Model, ModelError};
+use herald::agent::openai::{ChatClient, ChatConfig};
+use herald::agent::runtime::NOTICE_INSTRUCTION;
+
+#[tokio::test]
+async fn a_watch_the_model_starts_turns_each_change_into_one_notice_turn() {
+    let memo = Server::spawn(&["--store", ":memory:", "memo", "--http", "127.0.0.1:0"]).await;
+    let model = FakeModel::start(vec![
+        Step::Code("watch_start(name=\"notes\", uri=\"memo://notes\")".into()),
+        Step::Text("Watching your notes.".into()),
+        Step::Text("NO_REPLY".into()),
+    ])
+    .await;
+    let dir = TempDir::new("agent");
+    let session = dir.path().join("session.jsonl");
+    let mut child = tokio::process::Command::new(bin())
+        .args([
+            "--store",
+            ":memory:",
+            "agent",
+            "--mcp-http",
+            &memo.http_url(),
+            "--model-url",
+            &model.url,
+            "--model",
+            "scripted",
+            "--debounce-ms",
+            "0",
+            "--session",
+            session.to_str().unwrap(),
+        ])
+        .env_remove("HERALD_MODEL_KEY")
+        .env("HERALD_MODEL_KEY", "sk-secret-7d1f")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let mut stdin = child.stdin.take().unwrap();
+    let mut out = BufReader::new(child.stdout.take().unwrap()).lines();
+    stdin
+        .write_all(b"watch my notes and tell me what changes\n")
+        .await
+        .unwrap();
+    stdin.flush().await.unwrap();
+    let reply = tokio::time::timeout(WAIT, out.next_line())
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap();
+    assert_eq!(reply, "Watching your notes.");
+    let bodies = model.bodies();
+    assert_eq!(bodies[0]["max_tokens"], 8192, "max_tokens is always sent");
+    assert_eq!(bodies[0]["stream"], true);
+    assert_eq!(bodies[0]["model"], "scripted");
+    assert_eq!(bodies[0]["tools"][0]["function"]["name"], "run_code");
+    assert_eq!(
+        model.headers(0)["authorization"].to_str().unwrap(),
+        "Bearer sk-secret-7d1f"
+    );
+    let system = bodies[0]["messages"][0]["content"].as_str().unwrap();
+    assert!(system.contains("memo://notes"), "{system}");
+    // The tool's answer went back to the model.
+    let tool = bodies[1]["messages"]
+        .as_array()
+        .unwrap()
+        .last()
+        .unwrap()
+        .clone();
+    assert_eq!(tool["role"], "tool", "{tool}");
+    assert_eq!(tool["tool_call_id"], "call_1");
+
+    // A change from outside: one notice turn, the block and the instruction as its message.
+    let c = crate::watch::memo_client(&memo.http_url()).await;
+    call(&c, "memo_set", json!({"key": "k", "value": 1})).await;
+    model.until_asked(3).await;
+    let third = &model.bodies()[2];
+    let last = third["messages"]
+        .as_array()
+        .unwrap()
+        .last()
+        .unwrap()
+        .clone();
+    assert_eq!(last["role"], "user");
+    assert_eq!(
+        last["content"],
+        format!(
+            "<watch-event name=\"notes\" uri=\"memo://notes\">\nADDED k\n</watch-event>\n{NOTICE_INSTRUCTION}"
+        )
+    );
+    // NO_REPLY: nothing on stdout; the log says so, and holds the notice as a monitor record.
+    drop(stdin);
+    let log = tokio::time::timeout(WAIT, async {
+        loop {
+            let text = std::fs::read_to_string(&session).unwrap_or_default();
+            if text.contains("reply.suppressed") {
+                return text;
+            }
+            tokio::task::yield_now().await;
+        }
+    })
+    .await
+    .expect("the suppressed reply is logged");
+    let records: Vec<Value> = log
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    let monitor = records.iter().find(|r| r["type"] == "monitor").unwrap();
+    assert_eq!(monitor["task_id"], "watch-notes");
+    assert_eq!(monitor["description"], "watch notes memo://notes");
+    assert_eq!(
+        records.iter().filter(|r| r["type"] == "user").count(),
+        1,
+        "only what was typed is a user record"
+    );
+    assert!(!log.contains("sk-secret"), "the key never reaches the log");
+    let _ = child.start_kill();
+    let rest = child.wait_with_output().await.unwrap();
+    assert!(String::from_utf8_lossy(&rest.stdout).trim().is_empty());
+    assert!(!String::from_utf8_lossy(&rest.stderr).contains("sk-secret"));
+}
+
+#[tokio::test]
+async fn the_chat_client_retries_a_5xx_and_names_the_url_when_nothing_answers() {
+    let model = FakeModel::start(vec![
+        Step::Status(500),
+        Step::Status(429),
+        Step::Text("hello".into()),
+    ])
+    .await;
+    let client = |url: &str, retries| {
+        ChatClient::new(ChatConfig {
+            url: url.to_owned(),
+            model: "m".into(),
+            key: None,
+            max_tokens: 64,
+            timeout: std::time::Duration::from_secs(20),
+            retries,
+        })
+        .unwrap()
+    };
+    let mut text = String::new();
+    let r = client(&model.url, 3)
+        .complete(&[Message::user("hi")], &[], &mut |t| text.push_str(t))
+        .await
+        .unwrap();
+    assert_eq!(r.content, "hello");
+    assert_eq!(text, "hello", "streamed as it came");
+    assert_eq!(model.bodies().len(), 3);
+    assert_eq!(model.bodies()[2]["max_tokens"], 64);
+
+    // Nothing listens there: a clear error naming the URL.
+    let gone = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        l.local_addr().unwrap()
+    };
+    let url = format!("http://{gone}/v1");
+    let e = client(&url, 0)
+        .complete(&[Message::user("hi")], &[], &mut |_| {})
+        .await
+        .unwrap_err();
+    assert!(matches!(e, ModelError::Unreachable { .. }), "{e:?}");
+    assert!(
+        e.to_string().contains(&format!("{url}/chat/completions")),
+        "{e}"
+    );
+    // A 500 that stays: the status and the URL.
+    let down = FakeModel::start(vec![Step::Status(503), Step::Status(503)]).await;
+    let e = client(&down.url, 1)
+        .complete(&[Message::user("hi")], &[], &mut |_| {})
+        .await
+        .unwrap_err();
+    assert!(e.to_string().contains("HTTP 503"), "{e}");
+}
