@@ -185,3 +185,104 @@ async fn the_chat_client_retries_a_5xx_and_names_the_url_when_nothing_answers() 
         .unwrap_err();
     assert!(e.to_string().contains("HTTP 503"), "{e}");
 }
+
+/// `herald agent` on `memo` with a store and a session log under `dir`.
+fn agent_cmd(
+    memo: &Server,
+    model: &FakeModel,
+    dir: &std::path::Path,
+    extra: &[&str],
+) -> tokio::process::Command {
+    let mut cmd = tokio::process::Command::new(bin());
+    cmd.args([
+        "--store",
+        dir.join("store.redb").to_str().unwrap(),
+        "agent",
+        "--mcp-http",
+        &memo.http_url(),
+        "--model-url",
+        &model.url,
+        "--debounce-ms",
+        "0",
+        "--session",
+        dir.join("session.jsonl").to_str().unwrap(),
+    ])
+    .args(extra)
+    .env_remove("HERALD_MODEL_KEY")
+    .stdin(Stdio::piped())
+    .stdout(Stdio::piped())
+    .stderr(Stdio::null())
+    .kill_on_drop(true);
+    cmd
+}
+
+/// `--resume` continues the thread from the session log and restores the watches the session
+/// left running; the restore notice is part of the first turn.
+#[tokio::test]
+async fn resume_restores_the_thread_and_the_watches() {
+    let memo = Server::spawn(&["--store", ":memory:", "memo", "--http", "127.0.0.1:0"]).await;
+    let dir = TempDir::new("agent-resume");
+    let first = FakeModel::start(vec![
+        Step::Code("watch_start(name=\"notes\", uri=\"memo://notes\")".into()),
+        Step::Text("Watching.".into()),
+    ])
+    .await;
+    let mut child = agent_cmd(&memo, &first, dir.path(), &[]).spawn().unwrap();
+    let mut stdin = child.stdin.take().unwrap();
+    let mut out = BufReader::new(child.stdout.take().unwrap()).lines();
+    stdin.write_all(b"watch my notes\n").await.unwrap();
+    stdin.flush().await.unwrap();
+    let reply = tokio::time::timeout(WAIT, out.next_line())
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap();
+    assert_eq!(reply, "Watching.");
+    let pid = child.id().unwrap().to_string();
+    let _ = std::process::Command::new("kill")
+        .args(["-TERM", &pid])
+        .status();
+    let st = tokio::time::timeout(WAIT, child.wait())
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(st.success(), "{st}");
+
+    let second = FakeModel::start(vec![
+        Step::Text("NO_REPLY".into()),
+        Step::Text("NO_REPLY".into()),
+    ])
+    .await;
+    let mut child = agent_cmd(&memo, &second, dir.path(), &["--resume"])
+        .spawn()
+        .unwrap();
+    let _stdin = child.stdin.take().unwrap();
+    // The first turn: the earlier thread, then the restore notice.
+    second.until_asked(1).await;
+    let messages = second.bodies()[0]["messages"].as_array().unwrap().clone();
+    let texts: Vec<String> = messages
+        .iter()
+        .map(|m| m["content"].as_str().unwrap_or("").to_owned())
+        .collect();
+    assert!(texts.iter().any(|t| t == "watch my notes"), "{texts:?}");
+    assert!(texts.iter().any(|t| t == "Watching."), "{texts:?}");
+    let restore = texts.last().unwrap();
+    assert!(
+        restore.contains("restored notes (memo://notes)") && restore.ends_with(NOTICE_INSTRUCTION),
+        "{restore}"
+    );
+    // The restored watch runs: a change is the next turn.
+    let c = crate::watch::memo_client(&memo.http_url()).await;
+    call(&c, "memo_set", json!({"key": "after", "value": 2})).await;
+    second.until_asked(2).await;
+    let last = second.bodies()[1]["messages"]
+        .as_array()
+        .unwrap()
+        .last()
+        .unwrap()
+        .clone();
+    assert!(
+        last["content"].as_str().unwrap().contains("ADDED after"),
+        "{last}"
+    );
+}
