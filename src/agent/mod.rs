@@ -9,10 +9,13 @@
 //! - `code.rs`: `run_code`'s backend (code mode) and the system prompt.
 //! - `session.rs`: the JSONL session log, read back by `--resume`.
 //! - `terminal.rs`: the interactive channel.
+//! - `slack.rs`: Slack through herald's Slack source: the inbox followed by push, replies with
+//!   its `slack_post_message`.
 
 pub mod code;
 pub mod model;
 pub mod openai;
 pub mod runtime;
 pub mod session;
+pub mod slack;
 pub mod terminal;

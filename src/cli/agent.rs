@@ -64,6 +64,16 @@ pub struct AgentArgs {
     /// Quiet time before a notice goes out, in ms [default: 3000].
     #[arg(long, value_name = "MS")]
     pub debounce_ms: Option<u64>,
+    /// Take input from Slack too: messages addressed to the bot (the Slack source's
+    /// slack-events://message_posted?addressed_to_bot=true, by push), answered in their thread
+    /// with slack_post_message. A server among --mcp-* must serve them (herald slack, or
+    /// herald up with [slack]).
+    #[arg(long)]
+    pub slack: bool,
+    /// With --slack: where notices go before anyone has addressed the bot (a conversation id;
+    /// repeatable, the first is used) [default: the terminal].
+    #[arg(long, value_name = "ID")]
+    pub channel: Vec<String>,
 }
 
 fn model_key() -> Option<Secret> {
@@ -183,7 +193,17 @@ pub async fn run(args: AgentArgs, globals: &Globals, verbose: bool) -> Result<()
                 }
             })
         };
-        Terminal::read_stdin(etx);
+        if args.slack {
+            tokio::spawn(crate::agent::slack::follow_inbox(
+                manager.servers().to_vec(),
+                etx.clone(),
+                shutdown.child_token(),
+            ));
+        }
+        // In Slack mode stdin is read only at a terminal (under systemd it is /dev/null).
+        if !args.slack || std::io::IsTerminal::is_terminal(&std::io::stdin()) {
+            Terminal::read_stdin(etx);
+        }
         let mut thread = vec![Message::system(system_prompt(
             manager.servers(),
             operator.as_deref(),
@@ -196,14 +216,27 @@ pub async fn run(args: AgentArgs, globals: &Globals, verbose: bool) -> Result<()
                 pool: code_pool.clone(),
                 catalog: manager.code_catalog(),
             }),
-            channel: Arc::new(Terminal::new()),
+            channel: if args.slack {
+                Arc::new(crate::agent::slack::SlackReplies {
+                    catalog: manager.code_catalog(),
+                    terminal: Terminal::new(),
+                })
+            } else {
+                Arc::new(Terminal::new())
+            },
             log: log.clone(),
-            default_reply: ReplyTo::Terminal,
+            default_reply: match args.channel.first() {
+                Some(c) if args.slack => ReplyTo::Slack {
+                    channel: c.clone(),
+                    thread_ts: None,
+                },
+                _ => ReplyTo::Terminal,
+            },
             thread,
-            // Input over and nothing watched: nothing more will come.
-            done_when: Some(Arc::new(move || {
-                watching.watch_list().iter().all(|w| w.failed)
-            })),
+            // Input over and nothing watched: nothing more will come (Slack always may).
+            done_when: (!args.slack).then(|| -> Arc<dyn Fn() -> bool + Send + Sync> {
+                Arc::new(move || watching.watch_list().iter().all(|w| w.failed))
+            }),
         };
         tokio::select! {
             _ = agent.run(erx) => {}

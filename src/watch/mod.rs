@@ -17,7 +17,7 @@ pub mod notice;
 pub mod raw;
 pub mod sink;
 pub mod spec;
-mod task;
+pub(crate) mod task;
 
 use std::sync::Arc;
 

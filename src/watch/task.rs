@@ -40,14 +40,14 @@ pub(super) enum Baseline {
 }
 
 /// One read of a watched resource.
-pub(super) struct Read {
-    pub(super) mime: String,
-    pub(super) text: String,
+pub(crate) struct Read {
+    pub(crate) mime: String,
+    pub(crate) text: String,
 }
 
 /// Reads `uri`, bounded by [`REQUEST_TIMEOUT`]. A blob is kept as its base64 text (the watch
 /// diffs text).
-pub(super) async fn read(conn: &Live, server: &Upstream, uri: &str) -> Result<Read, WatchError> {
+pub(crate) async fn read(conn: &Live, server: &Upstream, uri: &str) -> Result<Read, WatchError> {
     let result = tokio::time::timeout(
         REQUEST_TIMEOUT,
         conn.conn
@@ -90,7 +90,7 @@ pub(super) async fn read(conn: &Live, server: &Upstream, uri: &str) -> Result<Re
 }
 
 /// Listens first, then reads: a change between the two is then announced, never missed.
-pub(super) async fn subscribe_and_read(
+pub(crate) async fn subscribe_and_read(
     server: &Arc<Upstream>,
     uri: &str,
 ) -> Result<(Arc<Live>, Subscription, Read), WatchError> {

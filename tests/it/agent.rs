@@ -286,3 +286,90 @@ async fn resume_restores_the_thread_and_the_watches() {
         "{last}"
     );
 }
+
+/// `--slack`: a message addressed to the bot (through `herald slack` on the fake Slack) is an
+/// input, and the model's reply is posted in its thread with `slack_post_message`.
+#[tokio::test]
+async fn in_slack_a_message_to_the_bot_is_answered_in_its_thread() {
+    use crate::slack_fake::{APP_TOKEN, BOT_TOKEN, BOT_USER, FakeSlack, Kind};
+    let fake = FakeSlack::start().await;
+    fake.add_channel("C1", "general", Kind::Public);
+    let url = fake.api_url();
+    let slack = Server::spawn_env(
+        &[
+            "--store",
+            ":memory:",
+            "slack",
+            "--http",
+            "127.0.0.1:0",
+            "--slack-api-url",
+            &url,
+        ],
+        &[
+            ("SLACK_APP_TOKEN", APP_TOKEN),
+            ("SLACK_BOT_TOKEN", BOT_TOKEN),
+            (
+                "SLACK_EVENTS_ENCRYPTION_KEY",
+                "8f2c6e1d4b7a9035c1e2f3a4b5c6d7e8f9a0b1c2d3e4f5a6b7c8d9e0f1a2b3c4",
+            ),
+        ],
+    )
+    .await;
+    fake.wait_until("herald's socket open", |s| s.sockets_open() == 1)
+        .await;
+    let model = FakeModel::start(vec![Step::Text("Hello from herald.".into())]).await;
+    let mut child = tokio::process::Command::new(bin())
+        .args([
+            "--log-format",
+            "json",
+            "--store",
+            ":memory:",
+            "agent",
+            "--slack",
+            "--mcp-http",
+            &slack.http_url(),
+            "--model-url",
+            &model.url,
+        ])
+        .env_remove("HERALD_MODEL_KEY")
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let mut err = BufReader::new(child.stderr.take().unwrap()).lines();
+    tokio::time::timeout(WAIT, async {
+        while let Some(l) = err.next_line().await.unwrap() {
+            if l.contains("following the Slack inbox") {
+                return;
+            }
+        }
+        panic!("the agent ended before it followed the inbox");
+    })
+    .await
+    .expect("the agent follows the inbox in time");
+    tokio::spawn(async move { while let Ok(Some(_)) = err.next_line().await {} });
+    let ts = fake.post("C1", "U1", &format!("<@{BOT_USER}> hello"));
+    model.until_asked(1).await;
+    let input = model.bodies()[0]["messages"]
+        .as_array()
+        .unwrap()
+        .last()
+        .unwrap()
+        .clone();
+    assert_eq!(
+        input["content"],
+        format!("[Slack, <@U1> in C1] <@{BOT_USER}> hello"),
+        "{input}"
+    );
+    fake.wait_until("the reply posted", |s| s.calls("chat.postMessage") == 1)
+        .await;
+    let posted = fake.requests("chat.postMessage");
+    let p = format!("{:?}", posted[0]);
+    assert!(
+        p.contains("C1") && p.contains("Hello from herald.") && p.contains(&ts),
+        "{p}"
+    );
+    let _ = child.start_kill();
+}
