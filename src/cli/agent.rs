@@ -89,7 +89,6 @@ fn model_key() -> Option<Secret> {
 }
 
 pub async fn run(args: AgentArgs, globals: &Globals, verbose: bool) -> Result<(), Exit> {
-    crate::app::secrets::register(KEY_VAR);
     let mut cfg = WatchConfig::default();
     if let Some(ms) = args.debounce_ms {
         cfg.debounce.quiet = Duration::from_millis(ms);
@@ -100,15 +99,12 @@ pub async fn run(args: AgentArgs, globals: &Globals, verbose: bool) -> Result<()
             "the agent needs a server to act on: pass --mcp-stdio, --mcp-http or --mcp-quic (herald up serves one at http://127.0.0.1:8750/mcp)"
         )));
     }
-    let model = ChatClient::new(ChatConfig {
-        url: args.model_url.clone(),
-        model: args.model.clone(),
-        key: model_key(),
-        max_tokens: args.max_tokens,
-        timeout: Duration::from_secs(args.model_timeout.max(1)),
-        retries: ChatConfig::DEFAULT_RETRIES,
-    })
-    .map_err(|e| usage(e.into()))?;
+    let model = chat_client(
+        &args.model_url,
+        &args.model,
+        args.max_tokens,
+        args.model_timeout,
+    )?;
     let operator = match &args.prompt {
         Some(p) => Some(
             std::fs::read_to_string(p)
@@ -160,7 +156,7 @@ pub async fn run(args: AgentArgs, globals: &Globals, verbose: bool) -> Result<()
     let mut code_cfg = PoolConfig::new(exe.clone());
     code_cfg.workers = 1;
     let code_pool = FilterPool::new(code_cfg);
-    let (ntx, mut nrx) = mpsc::channel::<Notice>(64);
+    let (ntx, nrx) = mpsc::channel::<Notice>(64);
     let opts = WatchOptions {
         config: cfg,
         servers,
@@ -174,78 +170,132 @@ pub async fn run(args: AgentArgs, globals: &Globals, verbose: bool) -> Result<()
     };
     let shutdown = tokio_util::sync::CancellationToken::new();
     app::cancel_on_signals(shutdown.clone());
-    let model: Arc<dyn crate::agent::model::Model> = Arc::new(model);
+    let settings = Settings {
+        model: Arc::new(model),
+        operator,
+        log: log.clone(),
+        resumed,
+        slack: args.slack,
+        channel: args.channel.clone(),
+        code_pool,
+        // Input over and nothing watched: nothing more will come (Slack always may).
+        end_when_idle: !args.slack,
+    };
     let session = async |manager: &WatchManager| {
-        let (etx, erx) = mpsc::channel::<Event>(64);
-        // Notices enter the loop as events, the way input does.
-        let notices = {
-            let etx = etx.clone();
-            tokio::spawn(async move {
-                while let Some(n) = nrx.recv().await {
-                    let ev = Event::Notice {
-                        watch: n.watch,
-                        uri: n.uri,
-                        block: n.text,
-                    };
-                    if etx.send(ev).await.is_err() {
-                        return;
-                    }
-                }
-            })
-        };
-        if args.slack {
-            tokio::spawn(crate::agent::slack::follow_inbox(
-                manager.servers().to_vec(),
-                etx.clone(),
-                shutdown.child_token(),
-            ));
-        }
-        // In Slack mode stdin is read only at a terminal (under systemd it is /dev/null).
-        if !args.slack || std::io::IsTerminal::is_terminal(&std::io::stdin()) {
-            Terminal::read_stdin(etx);
-        }
-        let mut thread = vec![Message::system(system_prompt(
-            manager.servers(),
-            operator.as_deref(),
-        ))];
-        thread.extend(resumed);
-        let watching = manager.clone();
-        let agent = Agent {
-            model: model.clone(),
-            code: Arc::new(CodeMode {
-                pool: code_pool.clone(),
-                catalog: manager.code_catalog(),
-            }),
-            channel: if args.slack {
-                Arc::new(crate::agent::slack::SlackReplies {
-                    catalog: manager.code_catalog(),
-                    terminal: Terminal::new(),
-                })
-            } else {
-                Arc::new(Terminal::new())
-            },
-            log: log.clone(),
-            default_reply: match args.channel.first() {
-                Some(c) if args.slack => ReplyTo::Slack {
-                    channel: c.clone(),
-                    thread_ts: None,
-                },
-                _ => ReplyTo::Terminal,
-            },
-            thread,
-            // Input over and nothing watched: nothing more will come (Slack always may).
-            done_when: (!args.slack).then(|| -> Arc<dyn Fn() -> bool + Send + Sync> {
-                Arc::new(move || watching.watch_list().iter().all(|w| w.failed))
-            }),
-        };
-        tokio::select! {
-            _ = agent.run(erx) => {}
-            _ = shutdown.cancelled() => {}
-        }
-        notices.abort();
+        serve(manager, settings, nrx, shutdown.clone()).await;
         false
     };
     let _ = crate::watch::run(opts, shutdown.clone(), session).await;
     log.record("session.ended", json!({}));
     Ok(())
+}
+
+/// What the agent runs with, however it was started (`herald agent`, `herald up`).
+pub(crate) struct Settings {
+    pub model: Arc<dyn crate::agent::model::Model>,
+    pub operator: Option<String>,
+    pub log: SessionLog,
+    pub resumed: Vec<Message>,
+    pub slack: bool,
+    pub channel: Vec<String>,
+    pub code_pool: FilterPool,
+    /// End once stdin has ended and no watch runs.
+    pub end_when_idle: bool,
+}
+
+/// Runs the agent on `manager` (its servers, its watches) with the notices of `nrx` until
+/// `shutdown`, or until it is idle with nothing to wait for.
+pub(crate) async fn serve(
+    manager: &WatchManager,
+    s: Settings,
+    mut nrx: mpsc::Receiver<Notice>,
+    shutdown: tokio_util::sync::CancellationToken,
+) {
+    let (etx, erx) = mpsc::channel::<Event>(64);
+    // Notices enter the loop as events, the way input does.
+    let notices = {
+        let etx = etx.clone();
+        tokio::spawn(async move {
+            while let Some(n) = nrx.recv().await {
+                let ev = Event::Notice {
+                    watch: n.watch,
+                    uri: n.uri,
+                    block: n.text,
+                };
+                if etx.send(ev).await.is_err() {
+                    return;
+                }
+            }
+        })
+    };
+    if s.slack {
+        tokio::spawn(crate::agent::slack::follow_inbox(
+            manager.servers().to_vec(),
+            etx.clone(),
+            shutdown.child_token(),
+        ));
+    }
+    // With Slack, stdin is read only at a terminal (under systemd it is /dev/null).
+    if !s.slack || std::io::IsTerminal::is_terminal(&std::io::stdin()) {
+        Terminal::read_stdin(etx);
+    }
+    let mut thread = vec![Message::system(system_prompt(
+        manager.servers(),
+        s.operator.as_deref(),
+    ))];
+    thread.extend(s.resumed);
+    let watching = manager.clone();
+    let agent = Agent {
+        model: s.model,
+        code: Arc::new(CodeMode {
+            pool: s.code_pool,
+            catalog: manager.code_catalog(),
+        }),
+        channel: if s.slack {
+            Arc::new(crate::agent::slack::SlackReplies {
+                catalog: manager.code_catalog(),
+                terminal: Terminal::new(),
+            })
+        } else {
+            Arc::new(Terminal::new())
+        },
+        log: s.log,
+        default_reply: match s.channel.first() {
+            Some(c) if s.slack => ReplyTo::Slack {
+                channel: c.clone(),
+                thread_ts: None,
+            },
+            _ => ReplyTo::Terminal,
+        },
+        thread,
+        done_when: s
+            .end_when_idle
+            .then(|| -> Arc<dyn Fn() -> bool + Send + Sync> {
+                Arc::new(move || watching.watch_list().iter().all(|w| w.failed))
+            }),
+    };
+    tokio::select! {
+        _ = agent.run(erx) => {}
+        _ = shutdown.cancelled() => {}
+    }
+    notices.abort();
+}
+
+/// The chat client for `url` (the key from the environment or the credentials directory).
+pub(crate) fn chat_client(
+    url: &str,
+    model: &str,
+    max_tokens: u32,
+    timeout_secs: u64,
+) -> Result<ChatClient, Exit> {
+    crate::app::secrets::register(KEY_VAR);
+    ChatClient::new(ChatConfig {
+        url: url.to_owned(),
+        model: model.to_owned(),
+        key: model_key(),
+        max_tokens,
+        timeout: Duration::from_secs(timeout_secs.max(1)),
+        retries: ChatConfig::DEFAULT_RETRIES,
+    })
+    .map_err(|e| usage(e.into()))
 }

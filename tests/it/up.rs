@@ -336,3 +336,56 @@ async fn every_configured_watch_runs_past_the_watch_clients_own_cap() {
     assert!(n["watch"].as_str().unwrap().starts_with('w'), "{n}");
     let _ = up.child.start_kill();
 }
+
+/// `herald up --model-url`: the agent runs in the appliance, and the watch client's notices
+/// are its turns.
+#[tokio::test]
+async fn with_a_model_the_agent_takes_the_notices_as_turns() {
+    let dir = TempDir::new("up-agent");
+    let cfg = dir.path().join("up.toml");
+    std::fs::write(
+        &cfg,
+        "[listen]\nhttp = \"127.0.0.1:0\"\nquic = \"\"\n\n[memo]\n\n\
+         [[watch]]\nname = \"notes\"\nuri = \"memo+memo://notes\"\n",
+    )
+    .unwrap();
+    let model = crate::fake_model::FakeModel::start(vec![]).await;
+    let mut up = up(&cfg, &["--model-url", &model.url]).await;
+    let conn = Memo {
+        target: herald::transport::client::Target::Http(up.url.clone()),
+        trust: Default::default(),
+        server: None,
+    }
+    .client()
+    .await;
+    // The watch starts after the listening line: change until a notice reaches the model.
+    let mut i = 0;
+    loop {
+        call(&conn, "memo__memo_set", json!({"key": "k", "value": i})).await;
+        i += 1;
+        if tokio::time::timeout(Duration::from_secs(5), model.until_asked(1))
+            .await
+            .is_ok()
+        {
+            break;
+        }
+        assert!(i < 10, "no notice reached the model");
+    }
+    let body = &model.bodies()[0];
+    let last = body["messages"].as_array().unwrap().last().unwrap().clone();
+    assert!(
+        last["content"]
+            .as_str()
+            .unwrap()
+            .starts_with("<watch-event name=\"notes\" uri=\"memo+memo://notes\">"),
+        "{last}"
+    );
+    assert!(
+        body["messages"][0]["content"]
+            .as_str()
+            .unwrap()
+            .contains("memo__memo_set"),
+        "the system prompt names the gateway's tools"
+    );
+    let _ = up.child.start_kill();
+}

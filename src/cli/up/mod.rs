@@ -68,6 +68,18 @@ pub struct UpArgs {
     /// Print the effective config (every default filled in) and exit.
     #[arg(long)]
     pub print_config: bool,
+    /// Run the agent too (see herald agent), on this model's OpenAI-compatible API: the watch
+    /// client's notices become its turns instead of stdout lines, what is typed at the
+    /// terminal is its input, and with [slack] live so are messages addressed to the bot. The
+    /// key comes from HERALD_MODEL_KEY or $CREDENTIALS_DIRECTORY/HERALD_MODEL_KEY.
+    #[arg(long, env = "HERALD_MODEL_URL", value_name = "URL")]
+    pub model_url: Option<String>,
+    /// With --model-url: the model name sent with each request.
+    #[arg(long, default_value = "default", value_name = "NAME")]
+    pub model: String,
+    /// With --model-url: a file of the operator's instructions for the agent.
+    #[arg(long, value_name = "FILE")]
+    pub prompt: Option<PathBuf>,
 }
 
 /// A role in this process as a gateway slug: its own server (its tasks kept in `store` under
@@ -287,7 +299,8 @@ pub async fn run(args: UpArgs, globals: &Globals) -> Result<(), Exit> {
             on_event: on_event.clone(),
         })
         .collect();
-    if slack_live == Some(true) && demo_dir.is_some() {
+    // (With the agent, addressed messages are its input, not notices.)
+    if slack_live == Some(true) && demo_dir.is_some() && args.model_url.is_none() {
         watches.push(WatchSpec {
             name: "slack".into(),
             uri: format!(
@@ -307,10 +320,68 @@ pub async fn run(args: UpArgs, globals: &Globals) -> Result<(), Exit> {
     } else {
         None
     };
-    let sink = match &file.notify {
-        Some(n) if n.exec.is_some() => Sink::Exec(n.exec.clone().unwrap_or_default()),
-        Some(n) if n.webhook.is_some() => Sink::Webhook(n.webhook.clone().unwrap_or_default()),
-        _ => Sink::Stdout,
+    // With a model, the notices go to the agent.
+    let agent = match &args.model_url {
+        Some(url) => {
+            let model = super::agent::chat_client(url, &args.model, 8192, 600)?;
+            let operator = match &args.prompt {
+                Some(p) => Some(std::fs::read_to_string(p).map_err(|e| {
+                    usage(anyhow::anyhow!("reading --prompt {}: {e}", p.display()))
+                })?),
+                None => None,
+            };
+            let log = match globals
+                .store_path()
+                .map(|p| p.with_file_name("agent-session.jsonl"))
+            {
+                Some(p) => crate::agent::session::SessionLog::open(&p).map_err(|e| {
+                    usage(anyhow::anyhow!(
+                        "opening the agent's session log {}: {e}",
+                        p.display()
+                    ))
+                })?,
+                None => crate::agent::session::SessionLog::none(),
+            };
+            let exe = std::env::current_exe()
+                .map_err(|e| usage(anyhow::anyhow!("cannot find the herald binary: {e}")))?;
+            let mut code = PoolConfig::new(exe);
+            code.workers = 1;
+            let (ntx, nrx) = tokio::sync::mpsc::channel(64);
+            tracing::info!(model = %args.model, url = %model.endpoint(), "the agent runs on the watch client's notices");
+            Some((
+                ntx,
+                nrx,
+                super::agent::Settings {
+                    model: Arc::new(model),
+                    operator,
+                    log,
+                    resumed: Vec::new(),
+                    slack: slack_live == Some(true),
+                    channel: Vec::new(),
+                    code_pool: crate::filter::pool::FilterPool::new(code),
+                    end_when_idle: false,
+                },
+            ))
+        }
+        None => None,
+    };
+    let filters = match (&filters, &agent) {
+        // The agent's watches may bring filters.
+        (None, Some(_)) => std::env::current_exe().ok().map(PoolConfig::new),
+        _ => filters,
+    };
+    let (sink, agent) = match agent {
+        Some((ntx, nrx, settings)) => (Sink::Channel(ntx), Some((nrx, settings))),
+        None => (
+            match &file.notify {
+                Some(n) if n.exec.is_some() => Sink::Exec(n.exec.clone().unwrap_or_default()),
+                Some(n) if n.webhook.is_some() => {
+                    Sink::Webhook(n.webhook.clone().unwrap_or_default())
+                }
+                _ => Sink::Stdout,
+            },
+            None,
+        ),
     };
     // The config's watches all run: the watch client's cap (meant for watches an agent
     // starts) is raised to their number.
@@ -329,8 +400,12 @@ pub async fn run(args: UpArgs, globals: &Globals) -> Result<(), Exit> {
         end_when_all_ended: false,
     };
     let board = ctx.status().clone();
+    let agent_stop = ctx.shutdown().clone();
     let watch = crate::watch::run(opts, ctx.shutdown().clone(), async |m| {
         m.report_to(&board);
+        if let Some((nrx, settings)) = agent {
+            super::agent::serve(m, settings, nrx, agent_stop).await;
+        }
         true
     });
     tokio::pin!(watch);
