@@ -184,6 +184,23 @@ async fn the_chat_client_retries_a_5xx_and_names_the_url_when_nothing_answers() 
         .await
         .unwrap_err();
     assert!(e.to_string().contains("HTTP 503"), "{e}");
+    // A model that never answers: the timeout, named with the URL.
+    let hung = FakeModel::start(vec![Step::Hang]).await;
+    let c = ChatClient::new(ChatConfig {
+        url: hung.url.clone(),
+        model: "m".into(),
+        key: None,
+        max_tokens: 64,
+        timeout: std::time::Duration::from_millis(300),
+        retries: 0,
+    })
+    .unwrap();
+    let e = c
+        .complete(&[Message::user("hi")], &[], &mut |_| {})
+        .await
+        .unwrap_err();
+    assert!(matches!(e, ModelError::Timeout { .. }), "{e:?}");
+    assert!(e.to_string().contains(&hung.url), "{e}");
 }
 
 /// `herald agent` on `memo` with a store and a session log under `dir`.

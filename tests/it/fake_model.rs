@@ -22,6 +22,8 @@ pub enum Step {
     Code(String),
     /// Answer with this HTTP status.
     Status(u16),
+    /// Never answer.
+    Hang,
 }
 
 #[derive(Default)]
@@ -104,6 +106,7 @@ async fn answer(State(inner): State<Arc<Inner>>, headers: HeaderMap, body: Strin
     inner.asked.notify_waiters();
     let sse = match step {
         None => vec![chunk(json!({"content": "(script ended)"}), Some("stop"))],
+        Some(Step::Hang) => std::future::pending().await,
         Some(Step::Status(s)) => {
             return (StatusCode::from_u16(s).unwrap(), "scripted failure").into_response();
         }
