@@ -243,7 +243,27 @@ impl ChatClient {
                 }
             }
         }
-        // The stream ended without [DONE]: what came is the answer if it finished.
+        // The stream ended without [DONE]: a last line without its newline, then the answer
+        // only if it says it finished.
+        if let Ok(v) = serde_json::from_slice::<Value>(
+            String::from_utf8_lossy(&buf)
+                .trim()
+                .trim_start_matches("data:")
+                .trim()
+                .as_bytes(),
+        ) && let Some(t) = acc.take(&v)
+        {
+            on_text(&t);
+        }
+        if acc.finish.is_none() {
+            return Err((
+                ModelError::Unreachable {
+                    url: url.clone(),
+                    reason: "the stream ended before the answer did".into(),
+                },
+                Some(None),
+            ));
+        }
         acc.finish(url)
     }
 }
@@ -305,7 +325,16 @@ impl Assembly {
             .into_iter()
             .flatten()
         {
-            let i = c.get("index").and_then(Value::as_u64).unwrap_or(0) as usize;
+            // Without `index` (some servers), a new id starts a new call.
+            let i = match c.get("index").and_then(Value::as_u64) {
+                Some(i) => i as usize,
+                None => match (c.get("id").and_then(Value::as_str), self.calls.last()) {
+                    (Some(id), Some(last)) if !last.0.is_empty() && last.0 != id => {
+                        self.calls.len()
+                    }
+                    _ => self.calls.len().saturating_sub(1),
+                },
+            };
             if i >= 128 {
                 continue;
             }
@@ -317,7 +346,10 @@ impl Assembly {
                 slot.0 = id.to_owned();
             }
             if let Some(f) = c.get("function") {
-                if let Some(n) = f.get("name").and_then(Value::as_str) {
+                // Some servers repeat the name in every chunk: it is set once.
+                if let Some(n) = f.get("name").and_then(Value::as_str)
+                    && slot.1.is_empty()
+                {
                     slot.1.push_str(n);
                 }
                 if let Some(a) = f.get("arguments").and_then(Value::as_str) {
@@ -375,9 +407,17 @@ impl Model for ChatClient {
         let body = self.body(messages, tools);
         let mut backoff = RETRY;
         let mut tries = 0;
+        // Once text has been shown, a retry would show it twice: the error stands then.
+        let shown = std::sync::atomic::AtomicBool::new(false);
+        let mut watched = |t: &str| {
+            if !t.is_empty() {
+                shown.store(true, std::sync::atomic::Ordering::Relaxed);
+            }
+            on_text(t);
+        };
         loop {
             tries += 1;
-            let attempt = tokio::time::timeout(self.cfg.timeout, self.attempt(&body, on_text));
+            let attempt = tokio::time::timeout(self.cfg.timeout, self.attempt(&body, &mut watched));
             let err = match attempt.await {
                 Ok(Ok(r)) => return Ok(r),
                 Err(_) => {
@@ -389,7 +429,7 @@ impl Model for ChatClient {
                 Ok(Err((e, None))) => return Err(e),
                 Ok(Err((e, Some(after)))) => (e, after),
             };
-            if tries > self.cfg.retries {
+            if tries > self.cfg.retries || shown.load(std::sync::atomic::Ordering::Relaxed) {
                 return Err(err.0);
             }
             let delay = err.1.unwrap_or_else(|| backoff.next_delay());

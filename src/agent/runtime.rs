@@ -103,9 +103,15 @@ pub fn notice_message(block: &str) -> String {
     format!("{block}\n{NOTICE_INSTRUCTION}")
 }
 
-/// Whether a reply publishes nothing: empty, or a line that is only `NO_REPLY`.
+/// Whether a reply publishes nothing: empty, or a line that is only `NO_REPLY` (also in
+/// markdown emphasis or code, or with a full stop).
 pub fn is_no_reply(text: &str) -> bool {
-    text.trim().is_empty() || text.lines().any(|l| l.trim() == "NO_REPLY")
+    text.trim().is_empty()
+        || text.lines().any(|l| {
+            l.trim()
+                .trim_matches(|c: char| matches!(c, '*' | '_' | '`' | '.' | '"' | '\''))
+                == "NO_REPLY"
+        })
 }
 
 /// The agent's pieces.
@@ -142,32 +148,57 @@ impl Agent {
         } = self;
         let mut input_closed = false;
         let tools = vec![run_code_spec()];
-        // Arrived while a run was active: they join the thread when it ends.
-        let mut pending: Vec<Message> = Vec::new();
+        // Arrived while a run was active: they join the thread (and the session log) when
+        // it ends, so the thread and the log never put a message between a tool call and its
+        // result.
+        let mut pending: Vec<Arrived> = Vec::new();
         let mut unclaimed: Vec<ReplyTo> = Vec::new();
         let mut last_addressed: Option<ReplyTo> = None;
-        let mut active: Option<tokio::task::JoinHandle<RunDone>> = None;
+        let mut active: Option<(tokio::task::JoinHandle<RunDone>, ReplyTo)> = None;
         let mut open = true;
+        let system = thread.first().cloned();
         loop {
             if active.is_none() && !pending.is_empty() {
-                thread.append(&mut pending);
-                // The run claims every unclaimed input; it answers the most recent one.
-                let to = unclaimed
-                    .drain(..)
-                    .next_back()
-                    .or_else(|| last_addressed.clone())
-                    .unwrap_or_else(|| default_reply.clone());
+                // Whatever is already queued joins this run too (one run, not two).
+                while let Ok(ev) = events.try_recv() {
+                    take(
+                        ev,
+                        &mut pending,
+                        &mut unclaimed,
+                        &mut last_addressed,
+                        &mut input_closed,
+                    );
+                }
+                let claimed = !unclaimed.is_empty();
+                for a in coalesce(std::mem::take(&mut pending)) {
+                    log.record(a.kind, a.record);
+                    thread.push(a.message);
+                }
+                trim(&mut thread, MAX_THREAD_CHARS);
+                // The run claims every unclaimed input; it answers the most recent one. A run
+                // of notices alone answers where the bot was last addressed (not in that
+                // message's thread), else the default channel.
+                let to = match unclaimed.drain(..).next_back() {
+                    Some(to) => to,
+                    None => match last_addressed.clone() {
+                        Some(ReplyTo::Slack { channel, .. }) => ReplyTo::Slack {
+                            channel,
+                            thread_ts: None,
+                        },
+                        Some(other) => other,
+                        None => default_reply.clone(),
+                    },
+                };
                 log.record("run.started", json!({"messages": thread.len()}));
-                let run = one_run(
-                    model.clone(),
-                    code.clone(),
-                    channel.clone(),
-                    log.clone(),
-                    tools.clone(),
-                    std::mem::take(&mut thread),
-                    to,
-                );
-                active = Some(tokio::spawn(run));
+                let parts = RunParts {
+                    model: model.clone(),
+                    code: code.clone(),
+                    channel: channel.clone(),
+                    log: log.clone(),
+                    tools: tools.clone(),
+                };
+                let run = one_run(parts, std::mem::take(&mut thread), to.clone(), claimed);
+                active = Some((tokio::spawn(run), to));
             }
             if active.is_none()
                 && (!open || (input_closed && done_when.as_ref().is_some_and(|f| f())))
@@ -177,36 +208,18 @@ impl Agent {
             tokio::select! {
                 ev = events.recv(), if open => match ev {
                     None => open = false,
-                    Some(Event::InputClosed) => input_closed = true,
-                    Some(Event::Input { text, reply_to }) => {
-                        log.record("user", json!({"text": text}));
-                        pending.push(Message::user(text));
-                        last_addressed = Some(reply_to.clone());
-                        unclaimed.push(reply_to);
-                    }
-                    Some(Event::Notice { watch, uri, block }) => {
-                        // A monitor event, never a user record.
-                        log.record(
-                            "monitor",
-                            json!({
-                                "task_id": format!("watch-{watch}"),
-                                "description": format!("watch {watch} {uri}"),
-                                "text": block,
-                                "note": NOTICE_INSTRUCTION,
-                            }),
-                        );
-                        pending.push(Message::user(notice_message(&block)));
-                    }
+                    Some(ev) => take(ev, &mut pending, &mut unclaimed, &mut last_addressed, &mut input_closed),
                 },
-                done = async { active.as_mut().expect("guarded").await }, if active.is_some() => {
-                    active = None;
+                done = async { (&mut active.as_mut().expect("guarded").0).await }, if active.is_some() => {
+                    let (_, to) = active.take().expect("guarded");
                     match done {
                         Ok(d) => thread = d.thread,
                         Err(e) => {
-                            // A run that panicked: the thread as it was before it is lost
-                            // with it; start again from the system prompt.
+                            // A run that panicked: its thread is lost with it; the next
+                            // starts again from the system prompt.
                             tracing::error!(error = %e, "an agent run failed");
-                            channel.publish(&default_reply, "herald agent: a run failed; see the log").await;
+                            thread = system.iter().cloned().collect();
+                            channel.publish(&to, "herald agent: that run failed (see the log); ask again").await;
                         }
                     }
                     log.record("run.ended", json!({}));
@@ -216,16 +229,136 @@ impl Agent {
     }
 }
 
+/// The thread's budget, in characters: past it the oldest turns are dropped.
+pub const MAX_THREAD_CHARS: usize = 200_000;
+/// The most notices one run sees one by one; older ones of the same run are counted.
+pub const MAX_NOTICES_PER_RUN: usize = 50;
+
+/// Something that arrived, waiting for a run: its message and its session record.
+struct Arrived {
+    message: Message,
+    kind: &'static str,
+    record: Value,
+    notice: bool,
+}
+
+/// Takes one event in.
+fn take(
+    ev: Event,
+    pending: &mut Vec<Arrived>,
+    unclaimed: &mut Vec<ReplyTo>,
+    last_addressed: &mut Option<ReplyTo>,
+    input_closed: &mut bool,
+) {
+    match ev {
+        Event::InputClosed => *input_closed = true,
+        Event::Input { text, reply_to } => {
+            pending.push(Arrived {
+                record: json!({"text": text}),
+                message: Message::user(text),
+                kind: "user",
+                notice: false,
+            });
+            *last_addressed = Some(reply_to.clone());
+            unclaimed.push(reply_to);
+        }
+        Event::Notice { watch, uri, block } => pending.push(Arrived {
+            message: Message::user(notice_message(&block)),
+            // A monitor event, never a user record.
+            kind: "monitor",
+            record: json!({
+                "task_id": format!("watch-{watch}"),
+                "description": format!("watch {watch} {uri}"),
+                "text": block,
+                "note": NOTICE_INSTRUCTION,
+            }),
+            notice: true,
+        }),
+    }
+}
+
+/// At most [`MAX_NOTICES_PER_RUN`] notices, the newest; the older ones become one line saying
+/// how many there were.
+fn coalesce(mut arrived: Vec<Arrived>) -> Vec<Arrived> {
+    let notices = arrived.iter().filter(|a| a.notice).count();
+    if notices <= MAX_NOTICES_PER_RUN {
+        return arrived;
+    }
+    let mut drop = notices - MAX_NOTICES_PER_RUN;
+    let dropped = drop;
+    arrived.retain(|a| {
+        if a.notice && drop > 0 {
+            drop -= 1;
+            false
+        } else {
+            true
+        }
+    });
+    let text = format!(
+        "({dropped} earlier watch notices arrived while you were busy and are left out; read the resources again if they matter)"
+    );
+    arrived.insert(
+        0,
+        Arrived {
+            message: Message::user(text.clone()),
+            kind: "monitor",
+            record: json!({"task_id": "watch-notices", "description": "notices left out", "text": text}),
+            notice: true,
+        },
+    );
+    arrived
+}
+
+fn chars(m: &Message) -> usize {
+    m.content.as_deref().map_or(0, str::len)
+        + m.tool_calls
+            .iter()
+            .map(|c| c.function.arguments.len() + c.function.name.len())
+            .sum::<usize>()
+}
+
+/// Drops the oldest whole turns (a user message and everything up to the next one) until the
+/// thread fits `budget`, keeping the system prompt and the last turn; a tool call never loses
+/// its result.
+pub fn trim(thread: &mut Vec<Message>, budget: usize) {
+    let start = usize::from(thread.first().is_some_and(|m| m.role == Role::System));
+    loop {
+        let total: usize = thread.iter().map(chars).sum();
+        if total <= budget {
+            return;
+        }
+        // The end of the first turn: the next user message after `start`.
+        let Some(next) = thread
+            .iter()
+            .enumerate()
+            .skip(start + 1)
+            .find(|(_, m)| m.role == Role::User)
+            .map(|(i, _)| i)
+        else {
+            return;
+        };
+        thread.drain(start..next);
+    }
+}
+
 /// One run: model rounds and tool calls until a text answer, then its publication.
-async fn one_run(
+/// What a run works with.
+struct RunParts {
     model: Arc<dyn Model>,
     code: Arc<dyn CodeRunner>,
     channel: Arc<dyn Channel>,
     log: SessionLog,
     tools: Vec<ToolSpec>,
-    mut thread: Vec<Message>,
-    to: ReplyTo,
-) -> RunDone {
+}
+
+async fn one_run(parts: RunParts, mut thread: Vec<Message>, to: ReplyTo, claimed: bool) -> RunDone {
+    let RunParts {
+        model,
+        code,
+        channel,
+        log,
+        tools,
+    } = parts;
     for _ in 0..MAX_STEPS {
         channel.thinking(true);
         let mut stream = |t: &str| channel.streamed(t);
@@ -234,15 +367,38 @@ async fn one_run(
         let Reply {
             content,
             tool_calls,
+            finish_reason,
             ..
         } = match reply {
             Ok(r) => r,
             Err(e) => {
                 log.record("model.error", json!({"error": e.to_string()}));
-                channel.publish(&to, &format!("herald agent: {e}")).await;
+                // Someone asked: they hear why. A run of notices alone only logs it (a model
+                // that is down must not post every notice's failure to a channel).
+                if claimed {
+                    channel.publish(&to, &format!("herald agent: {e}")).await;
+                } else {
+                    tracing::warn!(error = %e, "the model failed on a notice; it stays in the thread for the next run");
+                }
                 return RunDone { thread };
             }
         };
+        if content.trim().is_empty()
+            && tool_calls.is_empty()
+            && finish_reason.as_deref() == Some("length")
+        {
+            // Not a NO_REPLY: the answer was cut before it began.
+            log.record("reply.cut", json!({"finish_reason": "length"}));
+            if claimed {
+                channel
+                    .publish(
+                        &to,
+                        "herald agent: the model's answer was cut at --max-tokens before it said anything; raise --max-tokens or ask for less",
+                    )
+                    .await;
+            }
+            return RunDone { thread };
+        }
         log.record(
             "assistant",
             json!({"text": content, "tool_calls": tool_calls}),

@@ -223,8 +223,10 @@ async fn notices_during_a_run_make_one_follow_up_run_that_sees_them_all() {
     for n in 0..3 {
         tx.send(notice(n)).await.unwrap();
     }
-    // Let the loop take them in before the run ends.
-    tokio::task::yield_now().await;
+    // Let the loop take them in before the run ends (the channel is empty again).
+    while tx.capacity() < 16 {
+        tokio::task::yield_now().await;
+    }
     let asked = model.asked.notified();
     tokio::pin!(asked);
     asked.as_mut().enable();
@@ -375,4 +377,69 @@ fn no_reply_rules() {
     assert!(is_no_reply("nothing to say\n NO_REPLY \n"));
     assert!(!is_no_reply("NO_REPLY is what I would say"));
     assert!(!is_no_reply("a configmap appeared"));
+}
+
+#[test]
+fn the_thread_keeps_to_its_budget_by_whole_turns() {
+    let call = ToolCall::new("c1", "run_code", "{}");
+    let mut thread = vec![
+        Message::system("sys"),
+        Message::user("a".repeat(100)),
+        Message::assistant("", vec![call]),
+        Message::tool("c1", "r".repeat(100)),
+        Message::assistant("done", vec![]),
+        Message::user("b".repeat(100)),
+        Message::assistant("ok", vec![]),
+    ];
+    trim(&mut thread, 150);
+    let roles: Vec<Role> = thread.iter().map(|m| m.role).collect();
+    assert_eq!(
+        roles,
+        [Role::System, Role::User, Role::Assistant],
+        "the first turn went whole"
+    );
+    // The last turn stays even over budget.
+    trim(&mut thread, 10);
+    assert_eq!(thread.len(), 3);
+}
+
+#[test]
+fn past_fifty_notices_the_older_are_counted_not_kept() {
+    let mut pending = Vec::new();
+    let (mut unclaimed, mut last, mut closed) = (Vec::new(), None, false);
+    for n in 0..60 {
+        take(
+            notice(n),
+            &mut pending,
+            &mut unclaimed,
+            &mut last,
+            &mut closed,
+        );
+    }
+    take(
+        input("hi", "C1"),
+        &mut pending,
+        &mut unclaimed,
+        &mut last,
+        &mut closed,
+    );
+    let kept = coalesce(pending);
+    assert_eq!(kept.len(), 1 + MAX_NOTICES_PER_RUN + 1);
+    assert!(
+        kept[0]
+            .message
+            .content
+            .as_deref()
+            .unwrap()
+            .starts_with("(10 earlier watch notices")
+    );
+    assert!(
+        kept[1]
+            .message
+            .content
+            .as_deref()
+            .unwrap()
+            .contains("MODIFIED k10")
+    );
+    assert_eq!(kept.last().unwrap().message.content.as_deref(), Some("hi"));
 }

@@ -26,10 +26,15 @@ impl SessionLog {
         if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
             std::fs::create_dir_all(dir)?;
         }
-        let file = std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(path)?;
+        // Conversations and tool output: for its owner only.
+        let file = {
+            use std::os::unix::fs::OpenOptionsExt as _;
+            std::fs::OpenOptions::new()
+                .create(true)
+                .append(true)
+                .mode(0o600)
+                .open(path)?
+        };
         Ok(SessionLog {
             file: Some(Arc::new(Mutex::new(file))),
         })
@@ -82,18 +87,92 @@ impl SessionLog {
                 _ => {}
             }
         }
-        // A log cut in the middle of a run may end with tool calls nobody answered: the
-        // chat API refuses such a thread, so those calls are answered as lost.
-        if let Some(last) = out.last().cloned()
-            && !last.tool_calls.is_empty()
-        {
-            for c in &last.tool_calls {
-                out.push(Message::tool(
-                    c.id.clone(),
-                    "error: the session ended before this call finished",
-                ));
+        Ok((repair(out), n))
+    }
+}
+
+/// A thread the chat API accepts: each assistant message's tool calls followed at once by
+/// their results (a call a crash left unanswered answered as lost; a message that came
+/// between them moved after), and no result without its call.
+pub fn repair(thread: Vec<Message>) -> Vec<Message> {
+    use crate::agent::model::Role;
+    let mut out: Vec<Message> = Vec::with_capacity(thread.len());
+    let mut i = 0;
+    while i < thread.len() {
+        let m = thread[i].clone();
+        i += 1;
+        if m.role == Role::Tool {
+            // A result whose call is not right before it: dropped.
+            continue;
+        }
+        if m.tool_calls.is_empty() {
+            out.push(m);
+            continue;
+        }
+        // The results up to the next assistant message, and what else came meanwhile.
+        let mut results = Vec::new();
+        let mut others = Vec::new();
+        while i < thread.len() && thread[i].role != Role::Assistant {
+            let n = thread[i].clone();
+            i += 1;
+            if n.role == Role::Tool {
+                results.push(n);
+            } else {
+                others.push(n);
             }
         }
-        Ok((out, n))
+        let calls = m.tool_calls.clone();
+        out.push(m);
+        for c in &calls {
+            match results
+                .iter()
+                .position(|r| r.tool_call_id.as_deref() == Some(c.id.as_str()))
+            {
+                Some(p) => out.push(results.remove(p)),
+                None => out.push(Message::tool(
+                    c.id.clone(),
+                    "error: the session ended before this call finished",
+                )),
+            }
+        }
+        out.extend(others);
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::agent::model::{Role, ToolCall};
+
+    #[test]
+    fn a_thread_cut_mid_run_is_repaired_for_the_chat_api() {
+        let call = |id: &str| ToolCall::new(id, "run_code", "{}");
+        let thread = vec![
+            Message::user("a"),
+            Message::assistant("", vec![call("c1"), call("c2")]),
+            Message::user("a notice that came meanwhile"),
+            Message::tool("c1", "one"),
+            Message::tool("zz", "an orphan"),
+            Message::assistant("", vec![call("c3")]),
+        ];
+        let r = repair(thread);
+        let shape: Vec<(Role, Option<&str>)> = r
+            .iter()
+            .map(|m| (m.role, m.tool_call_id.as_deref()))
+            .collect();
+        assert_eq!(
+            shape,
+            [
+                (Role::User, None),
+                (Role::Assistant, None),
+                (Role::Tool, Some("c1")),
+                (Role::Tool, Some("c2")),
+                (Role::User, None),
+                (Role::Assistant, None),
+                (Role::Tool, Some("c3")),
+            ]
+        );
+        assert!(r[3].content.as_deref().unwrap().contains("ended before"));
     }
 }

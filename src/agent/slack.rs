@@ -62,12 +62,16 @@ pub async fn follow_inbox(
 ) {
     let mut cursor: Option<LogCursor> = None;
     let mut backoff = AGAIN;
+    // Messages posted since the agent started are answered, also those the first read finds
+    // (posted while it was connecting).
+    let started = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0.0, |d| d.as_secs_f64())
+        - 5.0;
     loop {
         let attempt = async {
             // Through a gateway the URI is the slug's; `pick` routes it like any other.
-            for s in &servers {
-                let _ = s.live().await;
-            }
+            futures::future::join_all(servers.iter().map(|s| s.live())).await;
             let server = pick(&servers, INBOX)
                 .cloned()
                 .ok_or_else(|| format!("no server serves {INBOX}; is herald slack (or herald up with [slack]) among --mcp-*?"))?;
@@ -97,8 +101,30 @@ pub async fn follow_inbox(
                 }
             };
             tracing::info!(server = %server.name, uri = INBOX, "following the Slack inbox");
+            // The first read sets the cursor; of what it holds, what was posted since the
+            // start is answered.
             let mut cur = cursor;
-            for ev in take(&first.text, &mut cur) {
+            let fresh = if cur.is_none() {
+                let body: Value = serde_json::from_str(&first.text).unwrap_or_default();
+                let newer: Vec<Event> = body["events"]
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                    .filter(|e| e["type"] == "message_posted")
+                    .filter(|e| {
+                        e["ts"]
+                            .as_str()
+                            .and_then(|t| t.parse::<f64>().ok())
+                            .is_some_and(|t| t >= started)
+                    })
+                    .filter_map(|e| e.as_object().and_then(input_of))
+                    .collect();
+                let _ = take(&first.text, &mut cur);
+                newer
+            } else {
+                take(&first.text, &mut cur)
+            };
+            for ev in fresh {
                 if tx.send(ev).await.is_err() {
                     return Ok(());
                 }

@@ -15,8 +15,10 @@ use crate::agent::runtime::{Channel, Event, ReplyTo};
 
 pub struct Terminal {
     tty: bool,
-    /// Text of the current answer already streamed to stdout.
+    /// Whether text of the current answer is on the screen already.
     streamed: AtomicBool,
+    /// That text.
+    shown: Mutex<String>,
     spinner: Mutex<Option<tokio::task::JoinHandle<()>>>,
 }
 
@@ -31,6 +33,7 @@ impl Terminal {
         Terminal {
             tty: std::io::stdout().is_terminal() && std::io::stderr().is_terminal(),
             streamed: AtomicBool::new(false),
+            shown: Mutex::new(String::new()),
             spinner: Mutex::new(None),
         }
     }
@@ -77,10 +80,14 @@ impl Terminal {
 impl Channel for Terminal {
     async fn publish(&self, _to: &ReplyTo, text: &str) {
         self.stop_spinner();
+        let shown = std::mem::take(&mut *self.shown.lock().unwrap_or_else(|e| e.into_inner()));
         let mut out = std::io::stdout().lock();
         if self.tty && self.streamed.swap(false, Ordering::AcqRel) {
-            // Its text is on the screen already.
             let _ = writeln!(out);
+            // What was streamed is the reply unless something else (an error) is published.
+            if shown.trim_end() != text.trim_end() {
+                let _ = writeln!(out, "{}", text.trim_end());
+            }
         } else {
             let _ = writeln!(out, "{}", text.trim_end());
         }
@@ -118,6 +125,10 @@ impl Channel for Terminal {
         }
         self.stop_spinner();
         self.streamed.store(true, Ordering::Release);
+        self.shown
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push_str(text);
         let mut out = std::io::stdout().lock();
         let _ = write!(out, "{text}");
         let _ = out.flush();
@@ -131,6 +142,7 @@ impl Channel for Terminal {
         if self.streamed.swap(false, Ordering::AcqRel) {
             println!();
         }
+        self.shown.lock().unwrap_or_else(|e| e.into_inner()).clear();
         let first = result.lines().next().unwrap_or("");
         let first: String = first.chars().take(100).collect();
         eprintln!("\x1b[2m· {call} → {first}\x1b[0m");
@@ -142,6 +154,7 @@ impl Channel for Terminal {
             if self.streamed.swap(false, Ordering::AcqRel) {
                 println!();
             }
+            self.shown.lock().unwrap_or_else(|e| e.into_inner()).clear();
             eprintln!("\x1b[2m(nothing to say: NO_REPLY)\x1b[0m");
             eprint!("> ");
         }

@@ -24,6 +24,8 @@ pub fn register(var: &str) {
 /// Removes this process's secrets from `cmd`'s environment.
 pub fn scrub(cmd: &mut tokio::process::Command) -> &mut tokio::process::Command {
     cmd.env_remove("HERALD_TOKEN");
+    // The agent's model key, whether or not this process runs the agent.
+    cmd.env_remove("HERALD_MODEL_KEY");
     for var in SECRETS.lock().unwrap_or_else(|e| e.into_inner()).iter() {
         cmd.env_remove(var);
     }

@@ -78,9 +78,9 @@ pub struct AgentArgs {
 
 fn model_key() -> Option<Secret> {
     if let Ok(k) = std::env::var(KEY_VAR)
-        && !k.is_empty()
+        && !k.trim().is_empty()
     {
-        return Some(Secret(k));
+        return Some(Secret(k.trim().to_owned()));
     }
     let dir = std::env::var_os("CREDENTIALS_DIRECTORY")?;
     let k = std::fs::read_to_string(std::path::Path::new(&dir).join(KEY_VAR)).ok()?;
@@ -134,9 +134,11 @@ pub async fn run(args: AgentArgs, globals: &Globals, verbose: bool) -> Result<()
             resumed = thread;
         }
     } else {
-        // A new session starts with no watches.
+        // A new session starts with no watches (of its own; herald watch's stay).
         for (key, _) in store.scan(Table::Watches).await? {
-            let _ = store.delete(Table::Watches, &key).await;
+            if key.starts_with(crate::watch::manager::AGENT_STATE) {
+                let _ = store.delete(Table::Watches, &key).await;
+            }
         }
         if let Some(path) = &session_path {
             let _ = std::fs::remove_file(path);
@@ -167,6 +169,7 @@ pub async fn run(args: AgentArgs, globals: &Globals, verbose: bool) -> Result<()
         watches: Vec::new(),
         require_watches: false,
         end_when_all_ended: false,
+        state_prefix: crate::watch::manager::AGENT_STATE,
     };
     let shutdown = tokio_util::sync::CancellationToken::new();
     app::cancel_on_signals(shutdown.clone());

@@ -59,6 +59,7 @@ pub async fn run(args: CodeArgs, _globals: &Globals, verbose: bool) -> Result<()
         watches: Vec::new(),
         require_watches: false,
         end_when_all_ended: false,
+        state_prefix: "",
     };
     let shutdown = tokio_util::sync::CancellationToken::new();
     let mut outcome = Ok(true);

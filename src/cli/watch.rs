@@ -324,6 +324,7 @@ pub async fn run(args: WatchArgs, globals: &Globals, verbose: bool) -> Result<()
             .collect(),
         require_watches: true,
         end_when_all_ended: true,
+        state_prefix: "",
     };
     let shutdown = tokio_util::sync::CancellationToken::new();
     // From the first line on, SIGTERM and Ctrl-C end herald through its drain (a start still

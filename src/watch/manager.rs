@@ -76,7 +76,13 @@ pub(super) struct Inner {
     left: tokio::sync::Notify,
     /// Set once any watch has started: [`WatchManager::all_ended`] waits for that first.
     started: std::sync::atomic::AtomicBool,
+    /// Where this manager's specs sit in the store's watch table: `""` for `herald watch`,
+    /// [`AGENT_STATE`] for the agent's (so neither restores nor clears the other's).
+    prefix: String,
 }
+
+/// The store key prefix of the agent's saved watches (a control character no watch name has).
+pub const AGENT_STATE: &str = "agent\u{1f}";
 
 /// The watch manager. Cheap to clone.
 #[derive(Clone)]
@@ -94,6 +100,18 @@ impl WatchManager {
         log: WatchLog,
         store: Option<Store>,
     ) -> WatchManager {
+        WatchManager::with_prefix(cfg, servers, notices, log, store, "")
+    }
+
+    /// [`WatchManager::new`] keeping its specs under `prefix` in the store.
+    pub fn with_prefix(
+        cfg: WatchConfig,
+        servers: Vec<Arc<Upstream>>,
+        notices: mpsc::Sender<Notice>,
+        log: WatchLog,
+        store: Option<Store>,
+        prefix: &str,
+    ) -> WatchManager {
         WatchManager {
             inner: Arc::new(Inner {
                 cfg,
@@ -108,6 +126,7 @@ impl WatchManager {
                 validations: AtomicU64::new(0),
                 left: tokio::sync::Notify::new(),
                 started: std::sync::atomic::AtomicBool::new(false),
+                prefix: prefix.to_owned(),
             }),
         }
     }
@@ -476,7 +495,7 @@ impl WatchManager {
         };
         let Some(entry) = removed else { return };
         if let Some(store) = &self.inner.store
-            && let Err(e) = store.delete(Table::Watches, name).await
+            && let Err(e) = store.delete(Table::Watches, &self.key(name)).await
         {
             tracing::warn!(watch = name, error = %e, "could not remove the saved watch spec");
         }
@@ -519,7 +538,7 @@ impl WatchManager {
         };
         entry.cancel.cancel();
         if let Some(store) = &self.inner.store
-            && let Err(e) = store.delete(Table::Watches, name).await
+            && let Err(e) = store.delete(Table::Watches, &self.key(name)).await
         {
             tracing::warn!(watch = name, error = %e, "could not remove the saved watch spec");
         }
@@ -571,10 +590,18 @@ impl WatchManager {
         }));
     }
 
+    /// The store key of watch `name`.
+    fn key(&self, name: &str) -> String {
+        format!("{}{name}", self.inner.prefix)
+    }
+
     async fn save(&self, spec: &WatchSpec) {
         if let Some(store) = &self.inner.store {
             let bytes = serde_json::to_vec(spec).unwrap_or_default();
-            if let Err(e) = store.put(Table::Watches, &spec.name, bytes).await {
+            if let Err(e) = store
+                .put(Table::Watches, &self.key(&spec.name), bytes)
+                .await
+            {
                 tracing::warn!(watch = %spec.name, error = %e, "could not save the watch spec");
             }
         }
@@ -596,6 +623,13 @@ impl WatchManager {
         };
         let mut results = Vec::new();
         let mut lines = Vec::new();
+        // Only this manager's: the agent's under its prefix, herald watch's without one.
+        let saved = saved
+            .into_iter()
+            .filter(|(k, _)| match self.inner.prefix.as_str() {
+                "" => !k.contains('\u{1f}'),
+                p => k.starts_with(p),
+            });
         for (key, bytes) in saved {
             let spec: WatchSpec = match serde_json::from_slice(&bytes) {
                 Ok(s) => s,
@@ -630,7 +664,7 @@ impl WatchManager {
                         });
                 }
                 Err(e) => {
-                    let _ = store.delete(Table::Watches, &spec.name).await;
+                    let _ = store.delete(Table::Watches, &key).await;
                     lines.push(format!("dropped {} ({}): {e}", spec.name, spec.uri));
                 }
             }

@@ -83,6 +83,8 @@ pub struct WatchOptions {
     /// Whether the run ends once no watch is left (`herald watch`: its task watches end by
     /// themselves); otherwise it runs until `shutdown`.
     pub end_when_all_ended: bool,
+    /// The store key prefix of the saved watches (see [`manager::AGENT_STATE`]).
+    pub state_prefix: &'static str,
 }
 
 /// A watch of [`WatchOptions::watches`] could not start.
@@ -109,7 +111,14 @@ where
 {
     let (tx, rx) = mpsc::channel(NOTICE_QUEUE);
     let sink_task = tokio::spawn(sink::run(opts.sink, rx));
-    let manager = WatchManager::new(opts.config, opts.servers, tx, opts.log, opts.store);
+    let manager = WatchManager::with_prefix(
+        opts.config,
+        opts.servers,
+        tx,
+        opts.log,
+        opts.store,
+        opts.state_prefix,
+    );
     if let Some(pool) = opts.filters {
         manager.set_filters(FilterPool::new(pool));
     }

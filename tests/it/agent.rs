@@ -51,6 +51,14 @@ async fn a_watch_the_model_starts_turns_each_change_into_one_notice_turn() {
         .unwrap();
     let mut stdin = child.stdin.take().unwrap();
     let mut out = BufReader::new(child.stdout.take().unwrap()).lines();
+    // Its log lines, read as they come (an unread pipe would stall it).
+    let (ltx, mut lrx) = tokio::sync::mpsc::unbounded_channel::<String>();
+    let mut err = BufReader::new(child.stderr.take().unwrap()).lines();
+    tokio::spawn(async move {
+        while let Ok(Some(l)) = err.next_line().await {
+            let _ = ltx.send(l);
+        }
+    });
     stdin
         .write_all(b"watch my notes and tell me what changes\n")
         .await
@@ -103,17 +111,22 @@ async fn a_watch_the_model_starts_turns_each_change_into_one_notice_turn() {
     );
     // NO_REPLY: nothing on stdout; the log says so, and holds the notice as a monitor record.
     drop(stdin);
-    let log = tokio::time::timeout(WAIT, async {
-        loop {
-            let text = std::fs::read_to_string(&session).unwrap_or_default();
-            if text.contains("reply.suppressed") {
-                return text;
+    // The log line comes after the session record.
+    let mut stderr = String::new();
+    tokio::time::timeout(WAIT, async {
+        while let Some(l) = lrx.recv().await {
+            stderr.push_str(&l);
+            stderr.push('\n');
+            if l.contains("reply.suppressed") {
+                return;
             }
-            tokio::task::yield_now().await;
         }
+        panic!("the agent ended before it suppressed the reply");
     })
     .await
     .expect("the suppressed reply is logged");
+    let log = std::fs::read_to_string(&session).unwrap();
+    assert!(log.contains("reply.suppressed"), "{log}");
     let records: Vec<Value> = log
         .lines()
         .map(|l| serde_json::from_str(l).unwrap())
@@ -128,9 +141,19 @@ async fn a_watch_the_model_starts_turns_each_change_into_one_notice_turn() {
     );
     assert!(!log.contains("sk-secret"), "the key never reaches the log");
     let _ = child.start_kill();
-    let rest = child.wait_with_output().await.unwrap();
-    assert!(String::from_utf8_lossy(&rest.stdout).trim().is_empty());
-    assert!(!String::from_utf8_lossy(&rest.stderr).contains("sk-secret"));
+    let _ = child.wait().await;
+    while let Ok(l) = lrx.try_recv() {
+        stderr.push_str(&l);
+    }
+    assert!(!stderr.contains("sk-secret"), "{stderr}");
+    // Nothing was printed for the notice.
+    assert_eq!(
+        tokio::time::timeout(WAIT, out.next_line())
+            .await
+            .unwrap()
+            .unwrap(),
+        None
+    );
 }
 
 #[tokio::test]

@@ -386,7 +386,12 @@ pub async fn run(args: UpArgs, globals: &Globals) -> Result<(), Exit> {
     // The config's watches all run: the watch client's cap (meant for watches an agent
     // starts) is raised to their number.
     let mut config = WatchConfig::default();
-    config.max_watches = config.max_watches.max(watches.len());
+    // (With the agent, it may start its own on top of them.)
+    config.max_watches = if agent.is_some() {
+        config.max_watches + watches.len()
+    } else {
+        config.max_watches.max(watches.len())
+    };
     let opts = WatchOptions {
         config,
         servers,
@@ -398,6 +403,7 @@ pub async fn run(args: UpArgs, globals: &Globals) -> Result<(), Exit> {
         // A watch that cannot start (a server not up yet) is logged; the rest run.
         require_watches: false,
         end_when_all_ended: false,
+        state_prefix: "",
     };
     let board = ctx.status().clone();
     let agent_stop = ctx.shutdown().clone();
