@@ -80,6 +80,10 @@ pub struct UpArgs {
     /// With --model-url: a file of the operator's instructions for the agent.
     #[arg(long, value_name = "FILE")]
     pub prompt: Option<PathBuf>,
+    /// With --model-url and [slack] live: where the agent's notices go before anyone has
+    /// addressed the bot (a conversation id; repeatable, the first is used) [default: stdout].
+    #[arg(long, value_name = "ID")]
+    pub channel: Vec<String>,
 }
 
 /// A role in this process as a gateway slug: its own server (its tasks kept in `store` under
@@ -357,7 +361,7 @@ pub async fn run(args: UpArgs, globals: &Globals) -> Result<(), Exit> {
                     log,
                     resumed: Vec::new(),
                     slack: slack_live == Some(true),
-                    channel: Vec::new(),
+                    channel: args.channel.clone(),
                     code_pool: crate::filter::pool::FilterPool::new(code),
                     end_when_idle: false,
                 },
