@@ -178,9 +178,6 @@ pub trait Model: Send + Sync {
         tools: &[ToolSpec],
         on_text: &mut (dyn for<'s> FnMut(&'s str) + Send),
     ) -> Result<Reply, ModelError>;
-
-    /// Where it is, for messages.
-    fn describe(&self) -> String;
 }
 
 #[cfg(test)]

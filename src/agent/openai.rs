@@ -437,8 +437,4 @@ impl Model for ChatClient {
             tokio::time::sleep(delay).await;
         }
     }
-
-    fn describe(&self) -> String {
-        format!("{} at {}", self.cfg.model, self.endpoint)
-    }
 }

@@ -154,7 +154,8 @@ impl Agent {
         let mut pending: Vec<Arrived> = Vec::new();
         let mut unclaimed: Vec<ReplyTo> = Vec::new();
         let mut last_addressed: Option<ReplyTo> = None;
-        let mut active: Option<(tokio::task::JoinHandle<RunDone>, ReplyTo)> = None;
+        // The run in progress, aborted if the loop is dropped (a shutdown) before it ends.
+        let mut active: Option<(AbortOnDrop, ReplyTo)> = None;
         let mut open = true;
         let system = thread.first().cloned();
         loop {
@@ -198,7 +199,7 @@ impl Agent {
                     tools: tools.clone(),
                 };
                 let run = one_run(parts, std::mem::take(&mut thread), to.clone(), claimed);
-                active = Some((tokio::spawn(run), to));
+                active = Some((AbortOnDrop(tokio::spawn(run)), to));
             }
             if active.is_none()
                 && (!open || (input_closed && done_when.as_ref().is_some_and(|f| f())))
@@ -210,7 +211,7 @@ impl Agent {
                     None => open = false,
                     Some(ev) => take(ev, &mut pending, &mut unclaimed, &mut last_addressed, &mut input_closed),
                 },
-                done = async { (&mut active.as_mut().expect("guarded").0).await }, if active.is_some() => {
+                done = async { (&mut active.as_mut().expect("guarded").0.0).await }, if active.is_some() => {
                     let (_, to) = active.take().expect("guarded");
                     match done {
                         Ok(d) => thread = d.thread,
@@ -226,6 +227,15 @@ impl Agent {
                 }
             }
         }
+    }
+}
+
+/// A run's task, aborted when dropped (a finished one is unaffected).
+struct AbortOnDrop(tokio::task::JoinHandle<RunDone>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
     }
 }
 
@@ -493,14 +503,6 @@ fn summary(call: &ToolCall) -> String {
         ""
     };
     format!("{}: {first}{more}", call.function.name)
-}
-
-/// The thread's messages after the system prompt (what `--resume` restores).
-pub fn without_system(thread: &[Message]) -> &[Message] {
-    match thread.first() {
-        Some(m) if m.role == Role::System => &thread[1..],
-        _ => thread,
-    }
 }
 
 #[cfg(test)]

@@ -75,10 +75,6 @@ impl Model for Scripted {
         }
         a
     }
-
-    fn describe(&self) -> String {
-        "scripted".into()
-    }
 }
 
 /// Records what was published.

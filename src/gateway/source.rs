@@ -38,8 +38,8 @@ const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 const MAX_LONG_POLL: Duration = Duration::from_secs(60);
 
 pub struct Gateway {
+    /// The upstreams and who may use them.
     access: Arc<Access>,
-    upstreams: Vec<Arc<Upstream>>,
     feed: ChangeFeed,
     shared: Arc<Mutex<HashMap<String, Weak<SharedListen>>>>,
     /// Where relays, connects and cancels run; its shutdown ends them.
@@ -161,7 +161,7 @@ impl Gateway {
             ctx.status().add_upstream(up);
         }
         let access = Arc::new(Access {
-            upstreams: upstreams.clone(),
+            upstreams,
             tokens,
             open_to_loopback: AtomicBool::new(false),
         });
@@ -184,7 +184,6 @@ impl Gateway {
         Gateway {
             tasks: Arc::new(GatewayTasks::new(access.clone(), ctx, uris)),
             access,
-            upstreams,
             feed: ChangeFeed::new(),
             shared,
             ctx: ctx.clone(),
@@ -200,7 +199,7 @@ impl Gateway {
 
     /// The upstream shared handles, by slug (status and readiness).
     pub fn upstreams(&self) -> &[Arc<Upstream>] {
-        &self.upstreams
+        &self.access.upstreams
     }
 
     /// The shared upstream handle of a configured slug (an external server), supervised.
@@ -211,7 +210,7 @@ impl Gateway {
     /// Connects every upstream (in parallel, for at most `bound`), so catalogs are ready for
     /// the first client. A slug that is not up by then connects on first use.
     pub async fn warm_up(&self, bound: Duration) {
-        let all = self.upstreams.iter().map(|u| async move {
+        let all = self.upstreams().iter().map(|u| async move {
             let _ = tokio::time::timeout(bound, u.live()).await;
         });
         futures::future::join_all(all).await;
@@ -406,33 +405,6 @@ async fn relay(
         tokio::select! {
             _ = stop.cancelled() => return,
             _ = tokio::time::sleep(delay) => {}
-        }
-    }
-}
-
-/// Sends `notifications/cancelled` for an upstream request when dropped while still armed.
-struct CancelUpstream {
-    armed: Option<(rmcp::Peer<rmcp::RoleClient>, rmcp::model::RequestId)>,
-    ctx: RoleContext,
-}
-
-impl Drop for CancelUpstream {
-    fn drop(&mut self) {
-        if let Some((peer, id)) = self.armed.take() {
-            // Bounded, not cut by shutdown: shutdown is what drops most callers, and the
-            // upstream must still hear that nobody waits for its answer.
-            self.ctx.spawn_in_drop_bounded(
-                "cancel upstream call",
-                Duration::from_secs(1),
-                async move {
-                    let _ = peer
-                        .notify_cancelled(rmcp::model::CancelledNotificationParam::new(
-                            Some(id),
-                            Some("the caller cancelled the request".into()),
-                        ))
-                        .await;
-                },
-            );
         }
     }
 }
@@ -654,12 +626,14 @@ impl Source for Gateway {
         let _relaying = progress.map(|p| up.relay.register(handle.progress_token.clone(), p));
         // A caller that gives up (its request cancelled, its connection gone) drops this
         // future: tell the upstream to stop too.
-        let mut cancel = CancelUpstream {
-            armed: Some((handle.peer.clone(), handle.id.clone())),
-            ctx: self.ctx.clone(),
-        };
+        let mut cancel = upstream::CancelOnDrop::new(
+            &up,
+            handle.peer.clone(),
+            handle.id.clone(),
+            "the caller cancelled the request",
+        );
         let answer = handle.await_response().await;
-        cancel.armed = None;
+        cancel.disarm();
         let answer = answer.map_err(broken)?;
         // The upstream sent its progress before its answer, but rmcp handles notifications in
         // tasks of their own: let those just started forward theirs before the answer leaves.

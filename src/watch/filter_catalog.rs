@@ -271,13 +271,26 @@ mod tests {
 
     /// The catalog in filter mode (`code: false`) or code mode, over a connected memo source.
     async fn catalog(memo: &MemoServer, code: bool) -> (FilterCatalog, WatchManager) {
+        let (cat, mgr, _) = catalog_with_notices(memo, code).await;
+        (cat, mgr)
+    }
+
+    /// [`catalog`], and the notices of the watches its manager runs.
+    async fn catalog_with_notices(
+        memo: &MemoServer,
+        code: bool,
+    ) -> (
+        FilterCatalog,
+        WatchManager,
+        mpsc::Receiver<crate::watch::spec::Notice>,
+    ) {
         let up = memo.upstream_with(crate::watch::upstream_config(
             crate::transport::client::Target::Stdio("in-process memo".into()),
             Default::default(),
             1 << 20,
         ));
         up.live().await.unwrap();
-        let (tx, _rx) = mpsc::channel(16);
+        let (tx, rx) = mpsc::channel(16);
         let mgr = WatchManager::new(
             WatchConfig::default(),
             vec![up.clone()],
@@ -289,7 +302,7 @@ mod tests {
             servers: vec![up],
             code: code.then(|| mgr.clone()),
         };
-        (cat, mgr)
+        (cat, mgr, rx)
     }
 
     fn kwargs(v: Value) -> Map<String, Value> {
@@ -407,24 +420,7 @@ mod tests {
     #[tokio::test]
     async fn code_mode_starts_a_task_and_a_task_watch_ends_with_it() {
         let memo = MemoServer::start().await;
-        let up = memo.upstream_with(crate::watch::upstream_config(
-            crate::transport::client::Target::Stdio("in-process memo".into()),
-            Default::default(),
-            1 << 20,
-        ));
-        up.live().await.unwrap();
-        let (tx, mut rx) = mpsc::channel(16);
-        let mgr = WatchManager::new(
-            WatchConfig::default(),
-            vec![up.clone()],
-            tx,
-            WatchLog::silent(),
-            None,
-        );
-        let cat = FilterCatalog {
-            servers: vec![up],
-            code: Some(mgr.clone()),
-        };
+        let (cat, mgr, mut rx) = catalog_with_notices(&memo, true).await;
         let plain = cat
             .call("call_tool_as_task", vec![json!("memo_set")], Map::new())
             .await;

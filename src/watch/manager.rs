@@ -293,31 +293,7 @@ impl WatchManager {
             uri: uri.into(),
             on_event: on_event.map(str::to_owned),
         };
-        let stats = Arc::new(Stats::default());
-        let cancel = inner.shutdown.child_token();
-        {
-            let mut watches = inner.watches.lock().unwrap_or_else(|e| e.into_inner());
-            // Re-check under the lock: another start may have raced us while we subscribed.
-            if watches.get(name).is_some_and(Entry::is_running) {
-                return Err(WatchError::Invalid(format!(
-                    "a watch named {name} already exists; stop it first or pick another name"
-                )));
-            }
-            if running(&watches, name) >= inner.cfg.max_watches {
-                return Err(over_limit(inner.cfg.max_watches));
-            }
-            watches.insert(
-                name.into(),
-                Entry {
-                    spec: spec.clone(),
-                    shape: Some(shape),
-                    stats: stats.clone(),
-                    cancel: cancel.clone(),
-                    restore_failed: false,
-                },
-            );
-        }
-        inner.started.store(true, Ordering::Release);
+        let (stats, cancel) = self.enter(&spec, shape)?;
         if save {
             self.save(&spec).await;
         }
@@ -379,6 +355,43 @@ impl WatchManager {
         Ok(())
     }
 
+    /// Enters a started watch in the list, its counters and its cancel token: the name and the
+    /// limit are checked again under the lock (another start may have raced this one while it
+    /// subscribed).
+    fn enter(
+        &self,
+        spec: &WatchSpec,
+        shape: Shape,
+    ) -> Result<(Arc<Stats>, CancellationToken), WatchError> {
+        let inner = &self.inner;
+        let name = spec.name.as_str();
+        let stats = Arc::new(Stats::default());
+        let cancel = inner.shutdown.child_token();
+        {
+            let mut watches = inner.watches.lock().unwrap_or_else(|e| e.into_inner());
+            if watches.get(name).is_some_and(Entry::is_running) {
+                return Err(WatchError::Invalid(format!(
+                    "a watch named {name} already exists; stop it first or pick another name"
+                )));
+            }
+            if running(&watches, name) >= inner.cfg.max_watches {
+                return Err(over_limit(inner.cfg.max_watches));
+            }
+            watches.insert(
+                name.into(),
+                Entry {
+                    spec: spec.clone(),
+                    shape: Some(shape),
+                    stats: stats.clone(),
+                    cancel: cancel.clone(),
+                    restore_failed: false,
+                },
+            );
+        }
+        inner.started.store(true, Ordering::Release);
+        Ok((stats, cancel))
+    }
+
     /// Starts watching task `id` (`uri` is `task://ID`) as `name`: finds the server that
     /// knows it (a `tasks/get` on each, in order), then follows its pushes in the background.
     async fn start_task(
@@ -409,30 +422,7 @@ impl WatchManager {
             uri: uri.into(),
             on_event: None,
         };
-        let stats = Arc::new(Stats::default());
-        let cancel = inner.shutdown.child_token();
-        {
-            let mut watches = inner.watches.lock().unwrap_or_else(|e| e.into_inner());
-            if watches.get(name).is_some_and(Entry::is_running) {
-                return Err(WatchError::Invalid(format!(
-                    "a watch named {name} already exists; stop it first or pick another name"
-                )));
-            }
-            if running(&watches, name) >= inner.cfg.max_watches {
-                return Err(over_limit(inner.cfg.max_watches));
-            }
-            watches.insert(
-                name.into(),
-                Entry {
-                    spec: spec.clone(),
-                    shape: Some(Shape::Task),
-                    stats: stats.clone(),
-                    cancel: cancel.clone(),
-                    restore_failed: false,
-                },
-            );
-        }
-        inner.started.store(true, Ordering::Release);
+        let (stats, cancel) = self.enter(&spec, Shape::Task)?;
         if save {
             self.save(&spec).await;
         }

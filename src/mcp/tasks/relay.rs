@@ -75,11 +75,7 @@ fn terminal(t: &DetailedTask) -> bool {
 /// The end of a task its server no longer knows (expired there, or the server lost it in a
 /// restart without its store): it will never push it again.
 pub fn unknown_upstream(id: &str) -> DetailedTask {
-    let now = crate::mcp::events::rfc3339(
-        std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| d.as_nanos() as i64),
-    );
+    let now = super::stamp(super::now_ms());
     let mut error = rmcp::model::JsonObject::new();
     error.insert("code".into(), (-32602).into());
     error.insert(
@@ -225,11 +221,6 @@ impl Relayed {
         {
             f();
         }
-    }
-
-    /// The latest state and its stamp.
-    pub fn latest(&self) -> Option<(u64, DetailedTask)> {
-        self.lock().latest.clone()
     }
 
     /// The latest state when its stamp is past `seen` (cloned only then).
@@ -405,7 +396,7 @@ mod tests {
             !r.offer(state("a", TaskStatus::Working, "2026-12-01T00:00:00.009Z")),
             "nothing after the end"
         );
-        assert_eq!(r.latest().unwrap().0, 2);
+        assert_eq!(r.newer_than(None).unwrap().0, 2);
     }
 
     #[tokio::test(start_paused = true)]

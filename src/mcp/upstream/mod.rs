@@ -608,10 +608,12 @@ pub async fn follow_tasks(
                 )
                 .await
                 .map_err(|e| e.to_string())?;
-            let mut guard = CancelListen {
-                up: up.clone(),
-                armed: Some((handle.peer.clone(), handle.id.clone())),
-            };
+            let mut guard = CancelOnDrop::new(
+                &up,
+                handle.peer.clone(),
+                handle.id.clone(),
+                "nobody follows this task here any more",
+            );
             // At most 16 at a time: a reconnect must not send a storm of them.
             use futures::StreamExt as _;
             let gets: Vec<_> = ids
@@ -655,7 +657,7 @@ pub async fn follow_tasks(
                 _ = all_ended => None,
             };
             if ended.is_some() {
-                guard.armed = None;
+                guard.disarm();
             }
             Ok::<_, String>(ended)
         };
@@ -684,29 +686,58 @@ pub async fn follow_tasks(
     }
 }
 
-/// Cancels an upstream listen when dropped while armed (its follower gave up on it).
-struct CancelListen {
-    up: Arc<Upstream>,
+/// Sends the upstream `notifications/cancelled` for a request when dropped while armed: its
+/// caller gave up on it (a call whose caller went away, a task listen nobody follows).
+/// Bounded and not cut by shutdown, which is what drops most callers: the upstream must still
+/// hear that nobody waits for the answer.
+pub struct CancelOnDrop {
     armed: Option<(rmcp::Peer<rmcp::RoleClient>, rmcp::model::RequestId)>,
+    ctx: Option<RoleContext>,
+    reason: &'static str,
 }
 
-impl Drop for CancelListen {
+impl CancelOnDrop {
+    /// Armed for request `id` on `peer`, its cancel spawned on `up`'s context.
+    pub fn new(
+        up: &Upstream,
+        peer: rmcp::Peer<rmcp::RoleClient>,
+        id: rmcp::model::RequestId,
+        reason: &'static str,
+    ) -> CancelOnDrop {
+        CancelOnDrop {
+            armed: Some((peer, id)),
+            ctx: up.ctx.clone(),
+            reason,
+        }
+    }
+
+    /// The request was answered: nothing to cancel.
+    pub fn disarm(&mut self) {
+        self.armed = None;
+    }
+}
+
+impl Drop for CancelOnDrop {
     fn drop(&mut self) {
         let Some((peer, id)) = self.armed.take() else {
             return;
         };
+        let reason = self.reason;
         let cancel = async move {
             let _ = peer
                 .notify_cancelled(rmcp::model::CancelledNotificationParam::new(
                     Some(id),
-                    Some("nobody follows this task here any more".into()),
+                    Some(reason.into()),
                 ))
                 .await;
         };
-        // Bounded, not cut by shutdown: the upstream must still hear it.
-        match &self.up.ctx {
+        match &self.ctx {
             Some(ctx) => {
-                ctx.spawn_in_drop_bounded("cancel task listen", Duration::from_secs(1), cancel);
+                ctx.spawn_in_drop_bounded(
+                    "cancel upstream request",
+                    Duration::from_secs(1),
+                    cancel,
+                );
             }
             None => {
                 if let Ok(rt) = tokio::runtime::Handle::try_current() {
