@@ -10,12 +10,31 @@ use crate::mcp::status::StatusReport;
 /// the gateway reports; reference 002's `mcp.events_list_failed`).
 pub static EVENTS_LIST_FAILED: AtomicU64 = AtomicU64::new(0);
 
+/// TCP connections the HTTP endpoints of this process accepted (a client that pools its
+/// connections opens few; one per request is a client without keep-alive).
+pub static HTTP_CONNECTIONS_ACCEPTED: AtomicU64 = AtomicU64::new(0);
+
+/// QUIC connections the QUIC endpoints of this process accepted.
+pub static QUIC_CONNECTIONS_ACCEPTED: AtomicU64 = AtomicU64::new(0);
+
 /// The counters, name and help text.
-static COUNTERS: &[(&str, &str, &AtomicU64)] = &[(
-    "herald_events_list_failed_total",
-    "events/list calls that failed after the handshake advertised events",
-    &EVENTS_LIST_FAILED,
-)];
+static COUNTERS: &[(&str, &str, &AtomicU64)] = &[
+    (
+        "herald_events_list_failed_total",
+        "events/list calls that failed after the handshake advertised events",
+        &EVENTS_LIST_FAILED,
+    ),
+    (
+        "herald_http_connections_accepted_total",
+        "TCP connections accepted by this process's HTTP endpoints",
+        &HTTP_CONNECTIONS_ACCEPTED,
+    ),
+    (
+        "herald_quic_connections_accepted_total",
+        "QUIC connections accepted by this process's QUIC endpoints",
+        &QUIC_CONNECTIONS_ACCEPTED,
+    ),
+];
 
 /// The counters in the Prometheus text exposition format.
 pub fn render() -> String {

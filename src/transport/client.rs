@@ -7,6 +7,7 @@
 
 use std::ops::Deref;
 use std::process::Stdio;
+use std::time::Duration;
 
 use rmcp::ClientHandler;
 use rmcp::model::{ClientCapabilities, ClientConfig, Implementation, ProtocolVersion};
@@ -323,15 +324,27 @@ pub fn http_client(
     }
 }
 
-/// The client for a Streamable HTTP upstream: rmcp's defaults (no idle pooling, which would
-/// stall on delayed ACKs; only same-origin 307/308 redirects followed), built by
-/// [`http_client`] rather than by rmcp, whose default client panics without a CA store.
+/// The client for a Streamable HTTP upstream, built by [`http_client`] rather than by rmcp,
+/// whose default client panics without a CA store. Unlike rmcp's default it keeps connections:
+/// a pool of keep-alive connections per upstream (as many as the calls in flight, idle ones
+/// closed after [`POOL_IDLE`]), HTTP/2 where a TLS upstream offers it, `TCP_NODELAY` (a
+/// request is one small write that Nagle would hold back behind the previous one's delayed
+/// ACK; rmcp turns pooling off for exactly that stall). Only same-origin 307/308 redirects are
+/// followed, as rmcp does.
 fn mcp_http_client() -> Result<reqwest::Client, reqwest::Error> {
     http_client(|b| {
-        b.pool_max_idle_per_host(0)
+        b.tcp_nodelay(true)
+            .pool_idle_timeout(POOL_IDLE)
+            .pool_max_idle_per_host(POOL_MAX_IDLE)
             .redirect(same_origin_redirects())
     })
 }
+
+/// How long a pooled upstream connection may sit idle before it is closed.
+const POOL_IDLE: Duration = Duration::from_secs(60);
+
+/// Idle connections kept per upstream host (more may be open while calls are in flight).
+const POOL_MAX_IDLE: usize = 256;
 
 /// Most redirects one request follows.
 const MAX_REDIRECTS: usize = 10;

@@ -131,6 +131,8 @@ pub async fn serve(
             },
         };
         let _ = stream.set_nodelay(true);
+        crate::mcp::metrics::HTTP_CONNECTIONS_ACCEPTED
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let conn = peers.for_peer(peer.ip());
         let svc = tower::ServiceExt::map_request(
             router.clone(),

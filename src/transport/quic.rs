@@ -76,7 +76,11 @@ pub async fn serve(
         tracker.spawn(
             async move {
                 let conn = match incoming.await {
-                    Ok(c) => c,
+                    Ok(c) => {
+                        crate::mcp::metrics::QUIC_CONNECTIONS_ACCEPTED
+                            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                        c
+                    }
                     Err(e) => {
                         debug!(error = %e, "quic handshake failed");
                         return;

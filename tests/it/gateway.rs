@@ -680,3 +680,114 @@ async fn progress_of_upstream_calls_is_relayed() {
         "{metrics}"
     );
 }
+
+/// `herald_http_connections_accepted_total` from the `/metrics` of the server at `mcp_url`.
+async fn accepted_connections(mcp_url: &str) -> u64 {
+    let text = reqwest::get(mcp_url.replace("/mcp", "/metrics"))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    text.lines()
+        .find_map(|l| l.strip_prefix("herald_http_connections_accepted_total "))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or_else(|| panic!("no connection counter in {text}"))
+}
+
+#[tokio::test]
+async fn an_http_upstream_is_called_on_pooled_connections_that_survive_its_restart() {
+    let up = Server::spawn(&["--store", ":memory:", "memo", "--http", "127.0.0.1:0"]).await;
+    let url = up.http_url();
+    let dir = TempDir::new("gateway-pool");
+    let cfg = dir.path().join("gateway.toml");
+    std::fs::write(
+        &cfg,
+        format!(
+            "[[slug]]\nname = \"a\"\nhttp = \"{url}\"\n\
+             [[token]]\nname = \"all\"\nsha256 = \"{}\"\nslugs = [\"*\"]\n",
+            sha(ALL)
+        ),
+    )
+    .unwrap();
+    let gw = Server::spawn(&[
+        "--store",
+        ":memory:",
+        "gateway",
+        "--config",
+        cfg.to_str().unwrap(),
+        "--http",
+        "127.0.0.1:0",
+    ])
+    .await;
+    let trust = ClientTrust {
+        token: Some(Secret(ALL.to_owned())),
+        ..ClientTrust::default()
+    };
+    let c = connect(
+        &Target::Http(gw.http_url()),
+        &trust,
+        client_config(),
+        4 << 20,
+    )
+    .await
+    .unwrap();
+    let before = accepted_connections(&url).await;
+    // 100 calls one after another, then 8 callers at once with 25 calls each.
+    for i in 0..100 {
+        call(&c, "a__memo_set", json!({"key": "k", "value": i})).await;
+    }
+    let c = std::sync::Arc::new(c);
+    let mut callers = tokio::task::JoinSet::new();
+    for n in 0..8 {
+        let c = c.clone();
+        callers.spawn(async move {
+            for i in 0..25 {
+                call(
+                    &c,
+                    "a__memo_set",
+                    json!({"key": format!("k{n}"), "value": i}),
+                )
+                .await;
+            }
+        });
+    }
+    while let Some(r) = callers.join_next().await {
+        r.unwrap();
+    }
+    // The metrics request itself is one connection.
+    let opened = accepted_connections(&url).await - before - 1;
+    assert!(
+        opened <= 8,
+        "300 calls from at most 8 callers at once opened {opened} upstream connections"
+    );
+
+    // The upstream restarts on the same port: the pooled connections are dead, and the next
+    // call goes out on a new one.
+    let addr = url
+        .trim_start_matches("http://")
+        .trim_end_matches("/mcp")
+        .to_owned();
+    drop(up);
+    let up = Server::spawn(&["--store", ":memory:", "memo", "--http", &addr]).await;
+    assert_eq!(up.http_url(), url);
+    let mut failed = 0;
+    for i in 0..5 {
+        let r = c
+            .call_tool(
+                CallToolRequestParams::new("a__memo_set")
+                    .with_arguments(args(json!({"key": "after", "value": i}))),
+            )
+            .await;
+        match r {
+            Ok(r) if r.is_error != Some(true) => {}
+            other => {
+                failed += 1;
+                assert!(
+                    failed < 2,
+                    "a second call failed after the upstream restarted: {other:?}"
+                );
+            }
+        }
+    }
+}
