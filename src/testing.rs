@@ -60,6 +60,11 @@ impl MemoServer {
         }
     }
 
+    /// The server itself (for an in-process upstream of it).
+    pub fn server(&self) -> SourceServer {
+        self.server.clone()
+    }
+
     /// Opens connections to this server, each over its own in-memory pipe.
     pub fn dialer(&self) -> Dialer {
         let server = self.server.clone();

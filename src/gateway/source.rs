@@ -467,6 +467,9 @@ impl Source for Gateway {
 
     async fn read(&self, caller: &Caller, uri: &str) -> Result<Contents, SourceError> {
         let (up, upstream_uri) = self.route(caller, uri)?;
+        if let Some(local) = up.in_process() {
+            return local.read_in_process(&Caller::local(), &upstream_uri).await;
+        }
         let live = up.live().await?;
         let r = tokio::time::timeout(
             REQUEST_TIMEOUT,
@@ -596,6 +599,12 @@ impl Source for Gateway {
             )));
         };
         let up = self.slug(caller, slug)?;
+        if let Some(local) = up.in_process() {
+            // A role in this process: its handler, directly (the caller's progress too).
+            return local
+                .call_in_process(&Caller::local(), tool, args, progress)
+                .await;
+        }
         let live = up.live().await?;
         let params = CallToolRequestParams::new(tool.to_owned()).with_arguments(args);
         let broken = |e: rmcp::ServiceError| {
@@ -637,8 +646,10 @@ impl Source for Gateway {
         let answer = answer.map_err(broken)?;
         // The upstream sent its progress before its answer, but rmcp handles notifications in
         // tasks of their own: let those just started forward theirs before the answer leaves.
-        for _ in 0..4 {
-            tokio::task::yield_now().await;
+        if _relaying.is_some() {
+            for _ in 0..4 {
+                tokio::task::yield_now().await;
+            }
         }
         match answer {
             ServerResult::CallToolResult(r) => Ok(r),
@@ -729,5 +740,76 @@ impl Source for Gateway {
             }
         }
         Ok(v)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::mcp::source::{Body, Call};
+    use crate::mcp::upstream::local;
+    use crate::testing::MemoServer;
+    use crate::transport::client::Target;
+
+    fn set(key: &str, value: i64) -> JsonObject {
+        json!({"key": key, "value": value})
+            .as_object()
+            .unwrap()
+            .clone()
+    }
+
+    #[tokio::test]
+    async fn a_role_in_this_process_is_called_and_read_directly() {
+        let memo = MemoServer::start().await;
+        let ctx = RoleContext::new("gateway");
+        let up = Arc::new(local::upstream(
+            UpstreamConfig {
+                name: "m".into(),
+                context: Some(ctx.clone()),
+                ..UpstreamConfig::new(
+                    Target::Stdio("in-process m".into()),
+                    Default::default(),
+                    1 << 20,
+                )
+            },
+            memo.server(),
+            &ctx,
+        ));
+        let gw = Gateway::with_upstreams(vec![up.clone()], Vec::new(), &ctx);
+        let me = Caller::local();
+        // Calls need no connection: none is made.
+        for i in 0..3 {
+            let r = gw
+                .call_tool(&me, "m__memo_set", set("k", i), Call::default())
+                .await
+                .unwrap();
+            assert_ne!(r.is_error, Some(true), "{r:?}");
+        }
+        assert!(up.cached().is_none(), "a call opened a connection");
+        // An error reads as it would over a connection: the JSON-RPC error a client gets.
+        let e = gw
+            .call_tool(&me, "m__nope", JsonObject::new(), Call::default())
+            .await
+            .unwrap_err();
+        assert!(matches!(e, SourceError::Upstream { .. }), "{e:?}");
+        // Reads route by the catalog (one connect fetches it), then go to the server
+        // directly: with the connection forgotten, a read makes no new one.
+        let live = up.live().await.unwrap();
+        up.reset(&live);
+        let c = gw.read(&me, "memo://notes").await.unwrap();
+        let Body::Text(text) = c.body else {
+            panic!("memo://notes is text")
+        };
+        assert_eq!(
+            serde_json::from_str::<Value>(&text).unwrap(),
+            json!({"k": 2})
+        );
+        let e = gw.read(&me, "memo://nope").await.unwrap_err();
+        assert!(
+            matches!(e, SourceError::Upstream { code: -32002, .. }),
+            "{e:?}"
+        );
+        assert!(up.cached().is_none(), "a read opened a connection");
+        ctx.shutdown().cancel();
     }
 }

@@ -243,6 +243,58 @@ impl SourceServer {
 }
 
 impl SourceServer {
+    /// A plain (not task-augmented) tool call from a role in this process, with no JSON-RPC in
+    /// between: how the gateway of `herald up` calls its in-process roles. It answers exactly
+    /// what the call over a connection would (a source's error as the JSON-RPC error a client
+    /// would have received, in [`SourceError::Upstream`]); the caller's progress goes straight
+    /// to the caller's own peer. Dropping the future cancels the call; a shutdown cuts it
+    /// after the same grace a connection's call gets.
+    pub async fn call_in_process(
+        &self,
+        caller: &Caller,
+        name: &str,
+        args: rmcp::model::JsonObject,
+        progress: Option<crate::mcp::source::Progress>,
+    ) -> Result<rmcp::model::CallToolResult, SourceError> {
+        let source = &self.shared.source;
+        if self.shared.tasks.is_some() && source.task_support(caller, name) == TaskSupport::Required
+        {
+            return Err(as_answered(McpError::missing_required_client_capability(
+                ClientCapabilities::builder().enable_tasks().build(),
+            )));
+        }
+        let call = Call {
+            progress,
+            task: None,
+        };
+        let shutdown = self.shared.shutdown.clone();
+        let cut = async move {
+            shutdown.cancelled().await;
+            tokio::time::sleep(CALL_GRACE).await;
+        };
+        tokio::select! {
+            r = source.call_tool(caller, name, args, call) => r.map_err(|e| as_answered(to_mcp_error(e))),
+            _ = cut => Err(as_answered(McpError::internal_error(
+                "the server is shutting down; call again once it is back",
+                None,
+            ))),
+        }
+    }
+
+    /// A read from a role in this process, with no JSON-RPC in between (see
+    /// [`call_in_process`](Self::call_in_process)).
+    pub async fn read_in_process(
+        &self,
+        caller: &Caller,
+        uri: &str,
+    ) -> Result<crate::mcp::source::Contents, SourceError> {
+        self.shared
+            .source
+            .read(caller, uri)
+            .await
+            .map_err(|e| as_answered(to_mcp_error(e)))
+    }
+
     /// Admits a listen from `caller` asking for `filter` on `conn`: checks the limits,
     /// reserves a stream slot, asks the source what it accepts (which starts the watches) and
     /// registers the accepted feed keys with the hub, all before the ack. The one admission
@@ -363,6 +415,16 @@ async fn push_task(
                 Some(json!({"reason": "stalled"})),
             ))
         }
+    }
+}
+
+/// An error as a client of this server receives it: what a caller in this process gets
+/// from [`SourceServer::call_in_process`], the same as a gateway gets over a connection.
+fn as_answered(e: McpError) -> SourceError {
+    SourceError::Upstream {
+        code: e.code.0,
+        message: e.message.into_owned(),
+        data: e.data,
     }
 }
 

@@ -48,6 +48,38 @@ pub(crate) struct Read {
 /// Reads `uri`, bounded by [`REQUEST_TIMEOUT`]. A blob is kept as its base64 text (the watch
 /// diffs text).
 pub(crate) async fn read(conn: &Live, server: &Upstream, uri: &str) -> Result<Read, WatchError> {
+    if let Some(local) = server.in_process() {
+        // A server in this process (`herald up`'s gateway) is read directly.
+        let caller = crate::mcp::caller::Caller::local();
+        let read = local.read_in_process(&caller, uri);
+        return match tokio::time::timeout(REQUEST_TIMEOUT, read).await {
+            Ok(Ok(c)) => Ok(Read {
+                mime: c.mime_type,
+                text: match c.body {
+                    Body::Text(t) => t,
+                    Body::Blob(b) => base64::engine::general_purpose::STANDARD.encode(b),
+                },
+            }),
+            Ok(Err(crate::mcp::source::SourceError::Upstream { code, message, .. }))
+                if matches!(code, -32602 | -32002 | -32601) =>
+            {
+                Err(WatchError::Rejected {
+                    server: server.name.clone(),
+                    uri: uri.into(),
+                    message,
+                })
+            }
+            Ok(Err(e)) => Err(WatchError::Unavailable(format!(
+                "reading {uri} from {}: {e}",
+                server.name
+            ))),
+            Err(_) => Err(WatchError::Unavailable(format!(
+                "reading {uri} from {} took over {} s",
+                server.name,
+                REQUEST_TIMEOUT.as_secs()
+            ))),
+        };
+    }
     let result = tokio::time::timeout(
         REQUEST_TIMEOUT,
         conn.conn
@@ -242,6 +274,12 @@ impl WatchTask {
         loop {
             if running.is_none() {
                 running = self.next_filter_run();
+            }
+            // A notice already due (with `--debounce-ms 0`, every one) goes out now: a timer
+            // would add a tick of the timer wheel (a millisecond or more) to each.
+            if let Some(lines) = self.debounce.take_due(now()) {
+                self.emit(lines).await;
+                continue;
             }
             let due = self.debounce.due();
             tokio::select! {

@@ -99,7 +99,7 @@ async fn in_process(
     let server =
         SourceServer::with_tasks(source, limits.clone(), ctx.shutdown().clone(), Some(tasks));
     let max = limits.max_message_bytes;
-    Arc::new(Upstream::dialing(
+    Arc::new(local::upstream(
         UpstreamConfig {
             name: name.to_owned(),
             context: Some(ctx.clone()),
@@ -111,7 +111,8 @@ async fn in_process(
                 max,
             )
         },
-        local::dialer(server, name, ctx, max),
+        server,
+        ctx,
     ))
 }
 
@@ -282,7 +283,7 @@ pub async fn run(args: UpArgs, globals: &Globals) -> Result<(), Exit> {
 
     // The watch client, through the gateway, over a pipe.
     let gw_server = SourceServer::new(gateway, local.clone(), ctx.shutdown().clone());
-    let servers = vec![Arc::new(Upstream::dialing(
+    let servers = vec![Arc::new(local::upstream(
         UpstreamConfig {
             name: "gateway".into(),
             context: Some(ctx.for_role("watch")),
@@ -292,7 +293,8 @@ pub async fn run(args: UpArgs, globals: &Globals) -> Result<(), Exit> {
                 max,
             )
         },
-        local::dialer(gw_server, "gateway", &ctx.for_role("watch"), max),
+        gw_server,
+        &ctx.for_role("watch"),
     ))];
     let mut watches: Vec<WatchSpec> = cfg
         .watches

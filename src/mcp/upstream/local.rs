@@ -8,7 +8,7 @@ use std::sync::Arc;
 
 use rmcp::{RoleServer, ServiceExt};
 
-use super::Dialer;
+use super::{Dialer, Upstream, UpstreamConfig};
 use crate::mcp::context::RoleContext;
 use crate::mcp::server::SourceServer;
 use crate::transport::client::{Target, connect_stream};
@@ -47,4 +47,15 @@ pub fn dialer(
             connect_stream(Target::Stdio(name), cr, cw, relay, max_message_bytes).await
         })
     })
+}
+
+/// An upstream for `server`, in this process: its connections are [`dialer`]'s pipes, and
+/// its plain calls and reads go to the server directly ([`Upstream::in_process`]).
+pub fn upstream(cfg: UpstreamConfig, server: SourceServer, ctx: &RoleContext) -> Upstream {
+    let max = cfg.max_message_bytes;
+    let name = cfg.name.clone();
+    Upstream {
+        in_process: Some(server.clone()),
+        ..Upstream::dialing(cfg, dialer(server, &name, ctx, max))
+    }
 }

@@ -182,6 +182,9 @@ pub struct Upstream {
     ctx: Option<RoleContext>,
     supervise: bool,
     dialer: Option<Dialer>,
+    /// The server itself, when it runs in this process ([`local::upstream`]): plain calls and
+    /// reads go to it directly.
+    in_process: Option<crate::mcp::server::SourceServer>,
     live: Mutex<Option<Arc<Live>>>,
     /// The last connection's catalog, kept while reconnecting.
     catalog: Mutex<Option<Arc<Catalog>>>,
@@ -222,6 +225,7 @@ impl Upstream {
             relay: Relay::new(cfg.context.clone()),
             ctx: cfg.context,
             dialer: None,
+            in_process: None,
             live: Mutex::new(None),
             catalog: Mutex::new(None),
             attempt: Mutex::new(None),
@@ -242,6 +246,13 @@ impl Upstream {
             dialer: Some(dialer),
             ..Upstream::new(cfg)
         }
+    }
+
+    /// The server, when it runs in this process: a plain tool call or a read may go to it
+    /// directly ([`SourceServer::call_in_process`](crate::mcp::server::SourceServer::call_in_process)),
+    /// with no serialization; listens and tasks still go over the connection.
+    pub fn in_process(&self) -> Option<&crate::mcp::server::SourceServer> {
+        self.in_process.as_ref()
     }
 
     /// The current connection, if any (never waits, never connects).
