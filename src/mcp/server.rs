@@ -17,7 +17,7 @@ use base64::Engine as _;
 use rmcp::handler::server::ServerHandler;
 use rmcp::model::{
     CallToolRequestParams, CallToolResponse, CancelTaskParams, ClientCapabilities,
-    CreateTaskResult, CustomRequest, CustomResult, DiscoverResult, ErrorCode,
+    CreateTaskResult, CustomRequest, CustomResult, DetailedTask, DiscoverResult, ErrorCode,
     ErrorData as McpError, GetTaskParams, GetTaskResult, Implementation, InitializeRequestParams,
     InitializeResult, ListPromptsResult, ListResourceTemplatesResult, ListResourcesResult,
     ListToolsResult, PaginatedRequestParams, ReadResourceRequestParams, ReadResourceResponse,
@@ -27,7 +27,7 @@ use rmcp::model::{
 use rmcp::service::{RequestContext, RoleServer, SubscriptionContext, SubscriptionSendError};
 use serde_json::json;
 use tokio_util::sync::CancellationToken;
-use tracing::{debug, info, warn};
+use tracing::{debug, warn};
 
 use crate::mcp::admission::{
     AdmittedListen, ConnStreams, ListenFilter, PendingListen, check_listen,
@@ -35,6 +35,7 @@ use crate::mcp::admission::{
 use crate::mcp::caller::Caller;
 use crate::mcp::conn::ConnServer;
 use crate::mcp::hub::ChangeFeed;
+use crate::mcp::listen::{ListenOut, Undelivered};
 use crate::mcp::source::{Body, Call, DynSource, SourceError};
 use crate::mcp::tasks::relay::{Started, TaskRelay};
 use crate::mcp::tasks::{TaskFeed, TaskSupport, Tasks};
@@ -243,6 +244,27 @@ impl SourceServer {
 }
 
 impl SourceServer {
+    /// Delivers an admitted listen to `out` until it ends (see [`crate::mcp::listen::run`]),
+    /// counted among this server's running listens. `Ok`: the listen's graceful result goes
+    /// out next.
+    pub async fn deliver(
+        &self,
+        listen: AdmittedListen,
+        out: &mut impl ListenOut,
+    ) -> Result<(), McpError> {
+        let shared = &self.shared;
+        let _active = ActiveListen::new(shared);
+        let stream = shared.streams_total.fetch_add(1, Ordering::Relaxed);
+        crate::mcp::listen::run(
+            listen,
+            out,
+            &shared.shutdown,
+            shared.limits.stall_timeout,
+            stream,
+        )
+        .await
+    }
+
     /// A plain (not task-augmented) tool call from a role in this process, with no JSON-RPC in
     /// between: how the gateway of `herald up` calls its in-process roles. It answers exactly
     /// what the call over a connection would (a source's error as the JSON-RPC error a client
@@ -373,48 +395,52 @@ fn misshapen_standard_request(request: &CustomRequest) -> Option<McpError> {
     ))
 }
 
-/// Pushes a task's state on a listen stream (`notifications/tasks`, tagged with the stream's
-/// subscription id: rmcp's sink refuses this notification, so it goes to the peer directly). A
-/// reader that takes nothing until `deadline` ends the stream, as for resource updates.
-/// `Ok(false)`: the stream was cancelled or the server is shutting down (end it gracefully).
-async fn push_task(
-    ctx: &SubscriptionContext,
-    shutdown: &CancellationToken,
-    task: rmcp::model::DetailedTask,
-    deadline: tokio::time::Instant,
-    stall: Duration,
-    stream: u64,
-) -> Result<bool, McpError> {
-    use rmcp::model::GetMeta as _;
-    let mut n = rmcp::model::ServerNotification::TaskStatusNotification(
-        rmcp::model::TaskStatusNotification::new(task.into()),
-    );
-    n.get_meta_mut()
-        .set_subscription_id(ctx.sink().id().clone());
-    let sent = tokio::select! {
-        _ = shutdown.cancelled() => return Ok(false),
-        _ = ctx.cancelled() => return Ok(false),
-        r = tokio::time::timeout_at(deadline, ctx.request_context().peer.send_notification(n)) => r,
-    };
-    match sent {
-        Ok(Ok(())) => Ok(true),
-        Ok(Err(e)) => {
-            info!(stream, error = %e, "listen stream could not deliver a task's state; ending it");
-            Err(McpError::internal_error(
-                format!("listen stream failed to deliver a notification ({e}); listen again"),
-                None,
-            ))
+/// A listen carried by rmcp's subscription: byte streams (stdio, QUIC, in-process pipes), and
+/// HTTP requests off herald's own SSE path.
+struct RmcpOut<'a> {
+    ctx: &'a SubscriptionContext,
+}
+
+impl ListenOut for RmcpOut<'_> {
+    async fn updated(&mut self, uri: &str) -> Result<(), Undelivered> {
+        match self
+            .ctx
+            .sink()
+            .notify_resource_updated(uri.to_owned())
+            .await
+        {
+            Ok(()) => Ok(()),
+            Err(SubscriptionSendError::SubscriptionClosed) => Err(Undelivered::Closed),
+            Err(e @ SubscriptionSendError::NotificationNotAccepted(_)) => {
+                Err(Undelivered::NotAccepted(e.to_string()))
+            }
+            Err(e) => Err(Undelivered::Failed(e.to_string())),
         }
-        Err(_) => {
-            info!(stream, "listen stream stalled on a task's state; ending it");
-            Err(McpError::internal_error(
-                format!(
-                    "listen stream stalled: no notification could be delivered for {} ms; listen again and tasks/get",
-                    stall.as_millis()
-                ),
-                Some(json!({"reason": "stalled"})),
-            ))
-        }
+    }
+
+    /// `notifications/tasks`, tagged with the stream's subscription id: rmcp's sink refuses
+    /// this notification, so it goes to the peer directly.
+    async fn task(&mut self, task: DetailedTask) -> Result<(), Undelivered> {
+        use rmcp::model::GetMeta as _;
+        let mut n = rmcp::model::ServerNotification::TaskStatusNotification(
+            rmcp::model::TaskStatusNotification::new(task.into()),
+        );
+        n.get_meta_mut()
+            .set_subscription_id(self.ctx.sink().id().clone());
+        self.ctx
+            .request_context()
+            .peer
+            .send_notification(n)
+            .await
+            .map_err(|e| Undelivered::Failed(e.to_string()))
+    }
+
+    fn closed(&self) -> impl std::future::Future<Output = ()> + Send + 'static {
+        self.ctx.request_context().ct.clone().cancelled_owned()
+    }
+
+    fn is_closed(&self) -> bool {
+        self.ctx.request_context().ct.is_cancelled()
     }
 }
 
@@ -632,9 +658,6 @@ impl ServerHandler for SourceServer {
     }
 
     async fn listen(&self, ctx: SubscriptionContext) -> Result<(), McpError> {
-        let shared = &self.shared;
-        let _active = ActiveListen::new(shared);
-        let stream = shared.streams_total.fetch_add(1, Ordering::Relaxed);
         // Every listen is admitted before its ack (limits, and what this caller may watch);
         // one that was not is refused, never served unchecked. On byte streams the admitted
         // listen is in the request context; on HTTP in the request parts rmcp keeps there.
@@ -646,106 +669,13 @@ impl ServerHandler for SourceServer {
                 .and_then(|p| p.extensions.get::<PendingListen>())
         });
         let Some(listen) = pending.and_then(PendingListen::take) else {
-            warn!(
-                stream,
-                "a listen reached the handler without admission; refusing it"
-            );
+            warn!("a listen reached the handler without admission; refusing it");
             return Err(McpError::internal_error(
                 "this listen was not admitted; send it again",
                 None,
             ));
         };
-        let id = ctx.sink().id().clone();
-        debug!(
-            stream,
-            ?id,
-            uris = listen.spelled.len(),
-            "listen stream opened"
-        );
-        let sink = ctx.sink().clone();
-        let stall = shared.limits.stall_timeout;
-        let mut listen = listen;
-        let mut tasks = listen.tasks.take();
-        // The tasks' states at registration come first, right after the acknowledgment, under
-        // one deadline.
-        let first = tasks.as_mut().map(|t| t.initial()).unwrap_or_default();
-        if !first.is_empty() {
-            let deadline = tokio::time::Instant::now() + stall;
-            for task in first {
-                if !push_task(&ctx, &shared.shutdown, task, deadline, stall, stream).await? {
-                    return Ok(());
-                }
-            }
-        }
-        loop {
-            if ctx.request_context().ct.is_cancelled() || shared.shutdown.is_cancelled() {
-                debug!(stream, "listen stream ended (cancelled, or shutdown)");
-                return Ok(());
-            }
-            // Not biased: neither resource updates nor task states can starve the other.
-            tokio::select! {
-                _ = ctx.cancelled() => {
-                    debug!(stream, "listen stream cancelled by the client");
-                    return Ok(());
-                }
-                _ = shared.shutdown.cancelled() => {
-                    debug!(stream, "listen stream closed for shutdown");
-                    return Ok(());
-                }
-                Some(task) = async {
-                    match tasks.as_mut() {
-                        Some(t) => t.next().await,
-                        None => std::future::pending().await,
-                    }
-                } => {
-                    let deadline = tokio::time::Instant::now() + stall;
-                    if !push_task(&ctx, &shared.shutdown, task, deadline, stall, stream).await? {
-                        return Ok(());
-                    }
-                }
-                batch = listen.registration.queue().next_batch() => {
-                    // One deadline for the whole batch: a reader that takes nothing for
-                    // `stall` ends the stream.
-                    let deadline = tokio::time::Instant::now() + stall;
-                    for uri in batch.into_iter().flat_map(|k| listen.spelled.get(&k).cloned().unwrap_or_default()) {
-                        let sent = tokio::select! {
-                            _ = shared.shutdown.cancelled() => return Ok(()),
-                            r = tokio::time::timeout_at(deadline, sink.notify_resource_updated(uri)) => r,
-                        };
-                        match sent {
-                            Ok(Ok(())) => {}
-                            Ok(Err(SubscriptionSendError::SubscriptionClosed)) => return Ok(()),
-                            Ok(Err(e @ SubscriptionSendError::NotificationNotAccepted(_))) => {
-                                debug!(stream, error = %e, "notification not accepted");
-                            }
-                            Ok(Err(e)) => {
-                                info!(stream, error = %e, "listen stream could not deliver; ending it");
-                                return Err(McpError::internal_error(
-                                    format!("listen stream failed to deliver a notification ({e}); listen again"),
-                                    None,
-                                ));
-                            }
-                            Err(_) => {
-                                info!(
-                                    stream,
-                                    stall_ms = stall.as_millis() as u64,
-                                    "listen stream stalled: its reader took no notification; ending it so the client resubscribes"
-                                );
-                                // An error, not the graceful result: the client must listen
-                                // again and re-read, since notifications were dropped.
-                                return Err(McpError::internal_error(
-                                    format!(
-                                        "listen stream stalled: no notification could be delivered for {} ms; listen again and re-read",
-                                        stall.as_millis()
-                                    ),
-                                    Some(json!({"reason": "stalled"})),
-                                ));
-                            }
-                        }
-                    }
-                }
-            }
-        }
+        self.deliver(listen, &mut RmcpOut { ctx: &ctx }).await
     }
 
     async fn list_tools(

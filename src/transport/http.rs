@@ -280,6 +280,10 @@ async fn listen_gate(State(gate): State<Gate>, req: Request, next: Next) -> Resp
             parts.headers.remove(header::CONTENT_LENGTH);
         }
         let echo = listen.task_ids();
+        if let Some(id) = plain_listen(&parts.headers, &v, server) {
+            let uris = filter.resources.is_some().then_some(accepted);
+            return sse_listen(server.clone(), listen, id, uris, echo);
+        }
         parts.extensions.insert(PendingListen::new(listen));
         let response = next.run(Request::from_parts(parts, body)).await;
         // rmcp's acknowledgment has no `taskIds`: add the admitted ones as it goes out.
@@ -292,6 +296,224 @@ async fn listen_gate(State(gate): State<Gate>, req: Request, next: Next) -> Resp
         };
     }
     next.run(Request::from_parts(parts, body)).await
+}
+
+/// The request id of a listen herald answers with its own SSE stream: one in the shape every
+/// 2026-07-28 client sends, which rmcp would take as it is (`MCP-Protocol-Version` and
+/// `Mcp-Method` headers, each once and matching; both media types accepted; no session, name
+/// or parameter headers; a well-formed request whose `_meta` names the version and the
+/// client's capabilities; a server advertising resource subscriptions). Anything else goes on
+/// to rmcp, which answers it as it always has.
+fn plain_listen(
+    headers: &axum::http::HeaderMap,
+    v: &Value,
+    server: &SourceServer,
+) -> Option<rmcp::model::RequestId> {
+    use rmcp::ServerHandler as _;
+    use rmcp::model::{ClientJsonRpcMessage, ClientRequest, GetMeta as _, ProtocolVersion};
+    let only = |name: &str| {
+        let mut values = headers.get_all(name).iter();
+        let first = values.next()?.to_str().ok()?;
+        values.next().is_none().then_some(first)
+    };
+    let modern = ProtocolVersion::V_2026_07_28;
+    if only("mcp-protocol-version")? != modern.as_str()
+        || only("mcp-method")? != "subscriptions/listen"
+        || headers.keys().any(|k| {
+            let k = k.as_str();
+            k == "mcp-session-id" || k == "mcp-name" || k.starts_with("mcp-param-")
+        })
+    {
+        return None;
+    }
+    let (mut json, mut sse) = (false, false);
+    for value in headers.get_all(header::ACCEPT) {
+        for range in value.to_str().ok()?.split(',') {
+            let mut params = range.split(';');
+            let essence = params.next().unwrap_or_default().trim();
+            if params.any(|p| {
+                p.split_once('=').is_some_and(|(k, v)| {
+                    k.trim().eq_ignore_ascii_case("q") && v.trim().trim_end_matches('0') == "0."
+                        || k.trim().eq_ignore_ascii_case("q") && v.trim() == "0"
+                })
+            }) {
+                continue;
+            }
+            json |= essence.eq_ignore_ascii_case("application/json");
+            sse |= essence.eq_ignore_ascii_case("text/event-stream");
+        }
+    }
+    if !json || !sse {
+        return None;
+    }
+    let subscribes = server
+        .get_info()
+        .capabilities
+        .resources
+        .is_some_and(|r| r.subscribe == Some(true));
+    if !subscribes {
+        return None;
+    }
+    let ClientJsonRpcMessage::Request(request) =
+        serde_json::from_value::<ClientJsonRpcMessage>(v.clone()).ok()?
+    else {
+        return None;
+    };
+    if !matches!(
+        &request.request,
+        ClientRequest::SubscriptionsListenRequest(_)
+    ) {
+        return None;
+    }
+    let meta = request.request.get_meta();
+    (meta.protocol_version().as_ref() == Some(&modern)
+        && meta.missing_required_keys(&modern).is_empty())
+    .then_some(request.id)
+}
+
+/// Notifications queued for one SSE listen stream before its task waits (the transport's
+/// write is what bounds a stream: a reader that takes nothing stalls it).
+const SSE_QUEUE: usize = 4;
+
+/// A listen's notifications as SSE events on a channel to the response body.
+struct SseOut {
+    tx: tokio::sync::mpsc::Sender<axum::body::Bytes>,
+    /// The stream's subscription id, as JSON.
+    id: Value,
+    /// Each URI's `notifications/resources/updated` event, made once per stream.
+    events: Vec<(String, axum::body::Bytes)>,
+}
+
+/// One SSE event carrying `message`.
+fn sse_event(message: &impl serde::Serialize) -> axum::body::Bytes {
+    let mut out = b"data: ".to_vec();
+    serde_json::to_writer(&mut out, message).expect("JSON values serialize");
+    out.extend_from_slice(b"\n\n");
+    out.into()
+}
+
+/// The subscription-id key of a notification's `_meta`.
+const SUBSCRIPTION_ID: &str = "io.modelcontextprotocol/subscriptionId";
+
+impl crate::mcp::listen::ListenOut for SseOut {
+    async fn updated(&mut self, uri: &str) -> Result<(), crate::mcp::listen::Undelivered> {
+        let event = match self.events.iter().find(|(u, _)| u == uri) {
+            Some((_, e)) => e.clone(),
+            None => {
+                let e = sse_event(&json!({"jsonrpc": "2.0",
+                    "method": "notifications/resources/updated",
+                    "params": {"_meta": {SUBSCRIPTION_ID: self.id}, "uri": uri}}));
+                self.events.push((uri.to_owned(), e.clone()));
+                e
+            }
+        };
+        self.tx
+            .send(event)
+            .await
+            .map_err(|_| crate::mcp::listen::Undelivered::Closed)
+    }
+
+    async fn task(
+        &mut self,
+        task: rmcp::model::DetailedTask,
+    ) -> Result<(), crate::mcp::listen::Undelivered> {
+        let mut n = serde_json::to_value(rmcp::model::ServerJsonRpcMessage::notification(
+            rmcp::model::ServerNotification::TaskStatusNotification(
+                rmcp::model::TaskStatusNotification::new(task.into()),
+            ),
+        ))
+        .expect("a notification serializes");
+        if let Some(params) = n.get_mut("params").and_then(Value::as_object_mut) {
+            let meta = params.entry("_meta").or_insert_with(|| json!({}));
+            if let Some(meta) = meta.as_object_mut() {
+                meta.insert(SUBSCRIPTION_ID.into(), self.id.clone());
+            }
+        }
+        self.tx
+            .send(sse_event(&n))
+            .await
+            .map_err(|_| crate::mcp::listen::Undelivered::Closed)
+    }
+
+    fn closed(&self) -> impl std::future::Future<Output = ()> + Send + 'static {
+        let tx = self.tx.clone();
+        async move { tx.closed().await }
+    }
+
+    fn is_closed(&self) -> bool {
+        self.tx.is_closed()
+    }
+}
+
+/// How often an idle SSE listen stream gets a keep-alive comment (as rmcp's streams do).
+const SSE_KEEP_ALIVE: Duration = Duration::from_secs(15);
+
+/// herald's own SSE response to an admitted listen: the acknowledgment (`uris` as its
+/// `resourceSubscriptions` when the request named any, `task_ids` as its `taskIds`), then
+/// what [`SourceServer::deliver`] writes, then the listen's final result or error, with a
+/// keep-alive comment on a quiet stream. One small task and a short channel per stream, where
+/// rmcp's service would hold a whole per-request service with its channels. The body going
+/// away (the client closed the connection) ends the task.
+fn sse_listen(
+    server: SourceServer,
+    listen: crate::mcp::admission::AdmittedListen,
+    id: rmcp::model::RequestId,
+    uris: Option<Vec<String>>,
+    task_ids: Option<Vec<String>>,
+) -> Response {
+    let (tx, rx) = tokio::sync::mpsc::channel(SSE_QUEUE);
+    let id_json = serde_json::to_value(&id).expect("an id serializes");
+    let mut notifications = serde_json::Map::new();
+    if let Some(uris) = uris {
+        notifications.insert("resourceSubscriptions".into(), json!(uris));
+    }
+    if let Some(ids) = task_ids {
+        notifications.insert("taskIds".into(), json!(ids));
+    }
+    let ack = json!({"jsonrpc": "2.0", "method": "notifications/subscriptions/acknowledged",
+        "params": {"_meta": {SUBSCRIPTION_ID: id_json}, "notifications": notifications}});
+    tx.try_send(sse_event(&ack))
+        .expect("a new channel has room for the acknowledgment");
+    let stall = server.limits().stall_timeout;
+    tokio::spawn(async move {
+        let mut out = SseOut {
+            tx,
+            id: id_json,
+            events: Vec::new(),
+        };
+        let ended = server.deliver(listen, &mut out).await;
+        if out.tx.is_closed() {
+            return;
+        }
+        let last = match ended {
+            Ok(()) => {
+                use rmcp::ServerHandler as _;
+                let mut result = rmcp::model::SubscriptionsListenResult::complete(id.clone());
+                result.meta.set_server_info(server.get_info().server_info);
+                sse_event(&rmcp::model::ServerJsonRpcMessage::response(
+                    rmcp::model::ServerResult::SubscriptionsListenResult(result),
+                    id,
+                ))
+            }
+            Err(e) => sse_event(&rmcp::model::ServerJsonRpcMessage::error(e, Some(id))),
+        };
+        let _ = tokio::time::timeout(stall, out.tx.send(last)).await;
+    });
+    let body = futures::stream::unfold(rx, |mut rx| async move {
+        let next = match tokio::time::timeout(SSE_KEEP_ALIVE, rx.recv()).await {
+            Ok(Some(event)) => event,
+            Ok(None) => return None,
+            Err(_) => axum::body::Bytes::from_static(b":\n\n"),
+        };
+        Some((Ok::<_, std::convert::Infallible>(next), rx))
+    });
+    Response::builder()
+        .status(StatusCode::OK)
+        .header(header::CONTENT_TYPE, "text/event-stream")
+        .header(header::CACHE_CONTROL, "no-cache")
+        .header("x-accel-buffering", "no")
+        .body(Body::from_stream(body))
+        .expect("a valid response")
 }
 
 /// The listen's SSE body with `taskIds` added to its acknowledgment (the first event that is

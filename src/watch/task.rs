@@ -60,15 +60,15 @@ pub(crate) async fn read(conn: &Live, server: &Upstream, uri: &str) -> Result<Re
                     Body::Blob(b) => base64::engine::general_purpose::STANDARD.encode(b),
                 },
             }),
-            Ok(Err(crate::mcp::source::SourceError::Upstream { code, message, .. }))
-                if matches!(code, -32602 | -32002 | -32601) =>
-            {
-                Err(WatchError::Rejected {
-                    server: server.name.clone(),
-                    uri: uri.into(),
-                    message,
-                })
-            }
+            Ok(Err(crate::mcp::source::SourceError::Upstream {
+                code: -32602 | -32002 | -32601,
+                message,
+                ..
+            })) => Err(WatchError::Rejected {
+                server: server.name.clone(),
+                uri: uri.into(),
+                message,
+            }),
             Ok(Err(e)) => Err(WatchError::Unavailable(format!(
                 "reading {uri} from {}: {e}",
                 server.name

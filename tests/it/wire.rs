@@ -413,3 +413,83 @@ async fn an_escaped_listen_method_is_still_admitted_on_http() {
         );
     }
 }
+
+/// An HTTP listen whose reader takes nothing (a small receive window, never read) is ended by
+/// the stall limit as on stdio: what it holds is bounded by the socket's buffers, the
+/// response's short queue and its pending set, and the server goes on serving.
+#[tokio::test]
+async fn an_http_listen_whose_reader_stalls_is_ended() {
+    let mut s = Server::spawn(&[
+        "-v",
+        "--store",
+        ":memory:",
+        "memo",
+        "--listen-stall-ms",
+        "300",
+        "--http",
+        "127.0.0.1:0",
+    ])
+    .await;
+    let url = s.http_url();
+    let addr: std::net::SocketAddr = url
+        .trim_start_matches("http://")
+        .trim_end_matches("/mcp")
+        .parse()
+        .unwrap();
+    let socket = tokio::net::TcpSocket::new_v4().unwrap();
+    socket.set_recv_buffer_size(4096).unwrap();
+    let mut stalled = socket.connect(addr).await.unwrap();
+    // A long request id (each notification carries it as its subscription id) fills the
+    // socket's buffers in a few hundred notifications.
+    let id = "L".repeat(16 << 10);
+    let body = json!({"jsonrpc":"2.0","id":id,"method":"subscriptions/listen",
+        "params":{"_meta":meta(),"notifications":{"resourceSubscriptions":["memo://notes"]}}})
+    .to_string();
+    let request = format!(
+        "POST /mcp HTTP/1.1\r\nhost: {addr}\r\ncontent-type: application/json\r\n\
+         accept: application/json, text/event-stream\r\nmcp-protocol-version: 2026-07-28\r\n\
+         mcp-method: subscriptions/listen\r\ncontent-length: {}\r\n\r\n{body}",
+        body.len()
+    );
+    stalled.write_all(request.as_bytes()).await.unwrap();
+    // Read up to the acknowledgment, then never again.
+    let mut seen = Vec::new();
+    while !String::from_utf8_lossy(&seen).contains("acknowledged") {
+        let mut buf = [0u8; 1024];
+        let n = tokio::time::timeout(WAIT, tokio::io::AsyncReadExt::read(&mut stalled, &mut buf))
+            .await
+            .expect("the acknowledgment in time")
+            .unwrap();
+        assert!(n > 0, "closed before the acknowledgment");
+        seen.extend_from_slice(&buf[..n]);
+    }
+    // Changes, each a notification for the stalled stream, until it is ended.
+    let c = std::sync::Arc::new(
+        herald::transport::client::connect(
+            &herald::transport::client::Target::Http(url.clone()),
+            &herald::transport::tls::ClientTrust::default(),
+            herald::transport::client::client_config(),
+            4 << 20,
+        )
+        .await
+        .unwrap(),
+    );
+    let mut writers = tokio::task::JoinSet::new();
+    for w in 0..4 {
+        let c = c.clone();
+        writers.spawn(async move {
+            for i in 0..100_000 {
+                call(&c, "memo_set", json!({"key": format!("k{w}"), "value": i})).await;
+            }
+        });
+    }
+
+    s.line_where("the stall logged", |v| {
+        v.to_string().contains("listen stream stalled")
+    })
+    .await;
+    writers.abort_all();
+    // Everyone else is still served.
+    let (notes, _) = read_json(&c, "memo://notes").await;
+    assert!(notes.get("k0").is_some(), "{notes}");
+}

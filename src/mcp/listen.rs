@@ -1,0 +1,183 @@
+//! A listen stream's delivery loop, the same whatever carries the stream: rmcp's subscription
+//! (byte streams: stdio, QUIC, the in-process pipes) or herald's own SSE response on HTTP
+//! (`transport::http`), which costs a listen a small task and a channel instead of a whole
+//! rmcp service per request.
+//!
+//! The loop waits on the stream's pending set ([`StreamQueue`](crate::mcp::hub::StreamQueue)),
+//! its task pushes, the client going away and the server's shutdown; it writes each pending
+//! URI (and each newer task state) to a [`ListenOut`] under one stall deadline per batch. See
+//! the invariants in `docs/ARCHITECTURE.md` (stall, coalescing, tasks).
+
+use std::future::Future;
+use std::time::Duration;
+
+use rmcp::model::{DetailedTask, ErrorData as McpError};
+use serde_json::json;
+use tokio_util::sync::CancellationToken;
+use tracing::{debug, info};
+
+use crate::mcp::admission::AdmittedListen;
+
+/// Why a notification did not reach the stream.
+#[derive(Debug)]
+pub enum Undelivered {
+    /// The client is gone (or ended the subscription): end quietly.
+    Closed,
+    /// The notification is not one the stream accepts: skip it.
+    NotAccepted(String),
+    /// The transport failed: end the stream with an error.
+    Failed(String),
+}
+
+/// Where a listen's notifications go.
+pub trait ListenOut: Send {
+    /// Writes `notifications/resources/updated` for `uri`; resolves once the transport took it
+    /// (a reader that takes nothing keeps it pending: the stall deadline ends the stream).
+    fn updated(&mut self, uri: &str) -> impl Future<Output = Result<(), Undelivered>> + Send;
+    /// Writes `notifications/tasks` with `task`'s state.
+    fn task(&mut self, task: DetailedTask) -> impl Future<Output = Result<(), Undelivered>> + Send;
+    /// Resolves when the client has gone away or cancelled the listen (owned, so it can be
+    /// awaited beside a write).
+    fn closed(&self) -> impl Future<Output = ()> + Send + 'static;
+    /// Whether the client has already gone away.
+    fn is_closed(&self) -> bool;
+}
+
+/// Delivers `listen` to `out` until the client goes, the server shuts down (`Ok`: the
+/// listen's graceful result follows) or a notification cannot be written within `stall`
+/// (`Err` with `data.reason: "stalled"`: the client must listen again and re-read).
+pub async fn run(
+    mut listen: AdmittedListen,
+    out: &mut impl ListenOut,
+    shutdown: &CancellationToken,
+    stall: Duration,
+    stream: u64,
+) -> Result<(), McpError> {
+    debug!(stream, uris = listen.spelled.len(), "listen stream opened");
+    let mut tasks = listen.tasks.take();
+    let closed = out.closed();
+    tokio::pin!(closed);
+    // The tasks' states at registration come first, right after the acknowledgment, under
+    // one deadline.
+    let first = tasks.as_mut().map(|t| t.initial()).unwrap_or_default();
+    if !first.is_empty() {
+        let deadline = tokio::time::Instant::now() + stall;
+        for task in first {
+            if !push_task(out, &mut closed, shutdown, task, deadline, stall, stream).await? {
+                return Ok(());
+            }
+        }
+    }
+    loop {
+        if out.is_closed() || shutdown.is_cancelled() {
+            debug!(stream, "listen stream ended (cancelled, or shutdown)");
+            return Ok(());
+        }
+        // Not biased: neither resource updates nor task states can starve the other.
+        tokio::select! {
+            _ = &mut closed => {
+                debug!(stream, "listen stream cancelled by the client");
+                return Ok(());
+            }
+            _ = shutdown.cancelled() => {
+                debug!(stream, "listen stream closed for shutdown");
+                return Ok(());
+            }
+            Some(task) = async {
+                match tasks.as_mut() {
+                    Some(t) => t.next().await,
+                    None => std::future::pending().await,
+                }
+            } => {
+                let deadline = tokio::time::Instant::now() + stall;
+                if !push_task(out, &mut closed, shutdown, task, deadline, stall, stream).await? {
+                    return Ok(());
+                }
+            }
+            batch = listen.registration.queue().next_batch() => {
+                // One deadline for the whole batch: a reader that takes nothing for
+                // `stall` ends the stream.
+                let deadline = tokio::time::Instant::now() + stall;
+                for key in batch {
+                    let Some(uris) = listen.spelled.get(&key) else { continue };
+                    for uri in uris {
+                        let sent = tokio::select! {
+                            _ = shutdown.cancelled() => return Ok(()),
+                            r = tokio::time::timeout_at(deadline, out.updated(uri)) => r,
+                        };
+                        match sent {
+                            Ok(Ok(())) => {}
+                            Ok(Err(Undelivered::Closed)) => return Ok(()),
+                            Ok(Err(Undelivered::NotAccepted(e))) => {
+                                debug!(stream, error = %e, "notification not accepted");
+                            }
+                            Ok(Err(Undelivered::Failed(e))) => {
+                                info!(stream, error = %e, "listen stream could not deliver; ending it");
+                                return Err(McpError::internal_error(
+                                    format!("listen stream failed to deliver a notification ({e}); listen again"),
+                                    None,
+                                ));
+                            }
+                            Err(_) => {
+                                info!(
+                                    stream,
+                                    stall_ms = stall.as_millis() as u64,
+                                    "listen stream stalled: its reader took no notification; ending it so the client resubscribes"
+                                );
+                                // An error, not the graceful result: the client must listen
+                                // again and re-read, since notifications were dropped.
+                                return Err(McpError::internal_error(
+                                    format!(
+                                        "listen stream stalled: no notification could be delivered for {} ms; listen again and re-read",
+                                        stall.as_millis()
+                                    ),
+                                    Some(json!({"reason": "stalled"})),
+                                ));
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// Pushes a task's state on the stream. A reader that takes nothing until `deadline` ends the
+/// stream, as for resource updates. `Ok(false)`: the client went away or the server is
+/// shutting down (end it gracefully).
+async fn push_task(
+    out: &mut impl ListenOut,
+    closed: &mut (impl Future<Output = ()> + Unpin),
+    shutdown: &CancellationToken,
+    task: DetailedTask,
+    deadline: tokio::time::Instant,
+    stall: Duration,
+    stream: u64,
+) -> Result<bool, McpError> {
+    let sent = tokio::select! {
+        _ = shutdown.cancelled() => return Ok(false),
+        _ = closed => return Ok(false),
+        r = tokio::time::timeout_at(deadline, out.task(task)) => r,
+    };
+    match sent {
+        Ok(Ok(())) | Ok(Err(Undelivered::NotAccepted(_))) => Ok(true),
+        Ok(Err(Undelivered::Closed)) => Ok(false),
+        Ok(Err(Undelivered::Failed(e))) => {
+            info!(stream, error = %e, "listen stream could not deliver a task's state; ending it");
+            Err(McpError::internal_error(
+                format!("listen stream failed to deliver a notification ({e}); listen again"),
+                None,
+            ))
+        }
+        Err(_) => {
+            info!(stream, "listen stream stalled on a task's state; ending it");
+            Err(McpError::internal_error(
+                format!(
+                    "listen stream stalled: no notification could be delivered for {} ms; listen again and tasks/get",
+                    stall.as_millis()
+                ),
+                Some(json!({"reason": "stalled"})),
+            ))
+        }
+    }
+}
