@@ -84,3 +84,504 @@ pub async fn serve(args: &[&str]) -> (Child, Value) {
     let v = listening(&mut child).await;
     (child, v)
 }
+
+// === Raw MCP over HTTP/1.1 (the gateway and fan-out benches) ===
+//
+// A load generator must cost less than what it measures, so these benches speak Streamable
+// HTTP themselves: one keep-alive TCP connection per simulated client, requests written by
+// hand, responses framed by Content-Length or chunked encoding, bodies read as JSON or SSE.
+
+/// The per-request `_meta` of a 2026-07-28 request, as JSON text.
+pub const META: &str = r#"{"io.modelcontextprotocol/protocolVersion":"2026-07-28","io.modelcontextprotocol/clientCapabilities":{},"io.modelcontextprotocol/clientInfo":{"name":"herald-bench","version":"1"}}"#;
+
+/// A `tools/call` request body.
+pub fn tool_call(id: u64, name: &str, args: &Value) -> String {
+    format!(
+        r#"{{"jsonrpc":"2.0","id":{id},"method":"tools/call","params":{{"_meta":{META},"name":{},"arguments":{args}}}}}"#,
+        Value::from(name)
+    )
+}
+
+/// A `subscriptions/listen` request body for resource `uri`.
+pub fn listen_request(id: u64, uri: &str) -> String {
+    format!(
+        r#"{{"jsonrpc":"2.0","id":{id},"method":"subscriptions/listen","params":{{"_meta":{META},"notifications":{{"resourceSubscriptions":[{}]}}}}}}"#,
+        Value::from(uri)
+    )
+}
+
+/// `http://HOST:PORT/PATH` split up (IP literals only: the benches use what herald printed).
+pub fn split_url(url: &str) -> (std::net::SocketAddr, String) {
+    let rest = url.strip_prefix("http://").expect("an http:// URL");
+    let (authority, path) = rest.split_at(rest.find('/').unwrap_or(rest.len()));
+    let path = if path.is_empty() { "/" } else { path };
+    (authority.parse().expect("HOST:PORT"), path.to_owned())
+}
+
+/// How a response body is framed.
+#[derive(Debug)]
+pub enum Decoder {
+    Length(usize),
+    Chunked(Chunk),
+    /// Until the server closes the connection.
+    Close,
+    Done,
+}
+
+#[derive(Debug, Clone, Copy)]
+pub enum Chunk {
+    Size,
+    Data(usize),
+    DataEnd,
+    Trailer,
+}
+
+fn find(hay: &[u8], needle: &[u8]) -> Option<usize> {
+    hay.windows(needle.len()).position(|w| w == needle)
+}
+
+pub fn contains(hay: &[u8], needle: &[u8]) -> bool {
+    find(hay, needle).is_some()
+}
+
+impl Decoder {
+    /// Moves the body bytes of `input` (from `*pos`) to `out`, advancing `*pos` past what it
+    /// consumed. True once the body is complete.
+    pub fn feed(
+        &mut self,
+        input: &[u8],
+        pos: &mut usize,
+        out: &mut Vec<u8>,
+    ) -> std::io::Result<bool> {
+        let bad = |m: &str| std::io::Error::new(std::io::ErrorKind::InvalidData, m.to_owned());
+        loop {
+            let avail = &input[*pos..];
+            match self {
+                Decoder::Done => return Ok(true),
+                Decoder::Close => {
+                    out.extend_from_slice(avail);
+                    *pos = input.len();
+                    return Ok(false);
+                }
+                Decoder::Length(n) => {
+                    let take = (*n).min(avail.len());
+                    out.extend_from_slice(&avail[..take]);
+                    *pos += take;
+                    *n -= take;
+                    if *n == 0 {
+                        *self = Decoder::Done;
+                        continue;
+                    }
+                    return Ok(false);
+                }
+                Decoder::Chunked(state) => match *state {
+                    Chunk::Size | Chunk::Trailer => {
+                        let Some(eol) = find(avail, b"\r\n") else {
+                            return Ok(false);
+                        };
+                        let line = &avail[..eol];
+                        *pos += eol + 2;
+                        if let Chunk::Trailer = state {
+                            if line.is_empty() {
+                                *self = Decoder::Done;
+                            }
+                            continue;
+                        }
+                        let hex = std::str::from_utf8(line).map_err(|_| bad("chunk size"))?;
+                        let hex = hex.split(';').next().unwrap_or("").trim();
+                        let size = usize::from_str_radix(hex, 16).map_err(|_| bad("chunk size"))?;
+                        *state = if size == 0 {
+                            Chunk::Trailer
+                        } else {
+                            Chunk::Data(size)
+                        };
+                    }
+                    Chunk::Data(n) => {
+                        if avail.is_empty() {
+                            return Ok(false);
+                        }
+                        let take = n.min(avail.len());
+                        out.extend_from_slice(&avail[..take]);
+                        *pos += take;
+                        *state = if take == n {
+                            Chunk::DataEnd
+                        } else {
+                            Chunk::Data(n - take)
+                        };
+                    }
+                    Chunk::DataEnd => {
+                        if avail.len() < 2 {
+                            return Ok(false);
+                        }
+                        if &avail[..2] != b"\r\n" {
+                            return Err(bad("chunk not followed by CRLF"));
+                        }
+                        *pos += 2;
+                        *state = Chunk::Size;
+                    }
+                },
+            }
+        }
+    }
+}
+
+/// Server-sent events from body bytes: each complete event's `data` (lines joined by `\n`).
+#[derive(Default)]
+pub struct Sse {
+    line: Vec<u8>,
+    data: Vec<u8>,
+    has_data: bool,
+}
+
+impl Sse {
+    pub fn feed(&mut self, bytes: &[u8], mut on_event: impl FnMut(&[u8])) {
+        for &b in bytes {
+            if b != b'\n' {
+                self.line.push(b);
+                continue;
+            }
+            if self.line.last() == Some(&b'\r') {
+                self.line.pop();
+            }
+            if self.line.is_empty() {
+                if self.has_data {
+                    on_event(&self.data);
+                }
+                self.data.clear();
+                self.has_data = false;
+            } else if let Some(v) = self.line.strip_prefix(b"data:") {
+                if self.has_data {
+                    self.data.push(b'\n');
+                }
+                self.data
+                    .extend_from_slice(v.strip_prefix(b" ").unwrap_or(v));
+                self.has_data = true;
+            }
+            // Comments (`:` keep-alives), `event:`, `id:` and `retry:` lines are skipped.
+            self.line.clear();
+        }
+    }
+}
+
+/// A response's status line and headers.
+#[derive(Debug)]
+pub struct Head {
+    pub status: u16,
+    pub content_type: String,
+    pub decoder: Decoder,
+}
+
+/// One keep-alive HTTP/1.1 connection to an MCP endpoint (`TCP_NODELAY` on).
+pub struct RawHttp {
+    stream: tokio::net::TcpStream,
+    buf: Vec<u8>,
+    pos: usize,
+    host: String,
+    path: String,
+    auth: Option<String>,
+    req: Vec<u8>,
+}
+
+impl RawHttp {
+    /// Connects to the endpoint at `url`; `token` goes in `Authorization: Bearer`.
+    pub async fn connect(url: &str, token: Option<&str>) -> std::io::Result<RawHttp> {
+        let (addr, path) = split_url(url);
+        let stream = tokio::net::TcpStream::connect(addr).await?;
+        stream.set_nodelay(true)?;
+        Ok(RawHttp {
+            stream,
+            buf: Vec::with_capacity(2048),
+            pos: 0,
+            host: addr.to_string(),
+            path,
+            auth: token.map(str::to_owned),
+            req: Vec::with_capacity(1024),
+        })
+    }
+
+    /// Writes a POST of JSON-RPC `body` with the 2026-07-28 headers (`Mcp-Method`, and
+    /// `Mcp-Name` when given).
+    pub async fn send_rpc(
+        &mut self,
+        body: &str,
+        method: &str,
+        name: Option<&str>,
+    ) -> std::io::Result<()> {
+        use std::io::Write as _;
+        use tokio::io::AsyncWriteExt as _;
+        self.req.clear();
+        let r = &mut self.req;
+        write!(
+            r,
+            "POST {} HTTP/1.1\r\nHost: {}\r\nContent-Type: application/json\r\nAccept: application/json, text/event-stream\r\nMCP-Protocol-Version: 2026-07-28\r\nMcp-Method: {method}\r\nContent-Length: {}\r\n",
+            self.path,
+            self.host,
+            body.len()
+        )?;
+        if let Some(n) = name {
+            write!(r, "Mcp-Name: {n}\r\n")?;
+        }
+        if let Some(t) = &self.auth {
+            write!(r, "Authorization: Bearer {t}\r\n")?;
+        }
+        r.extend_from_slice(b"\r\n");
+        r.extend_from_slice(body.as_bytes());
+        self.stream.write_all(&self.req).await
+    }
+
+    /// Writes a GET of `path` on this connection's host.
+    pub async fn send_get(&mut self, path: &str) -> std::io::Result<()> {
+        use tokio::io::AsyncWriteExt as _;
+        let req = format!("GET {path} HTTP/1.1\r\nHost: {}\r\n\r\n", self.host);
+        self.stream.write_all(req.as_bytes()).await
+    }
+
+    /// Reads more bytes into the buffer; false at EOF.
+    pub async fn fill(&mut self) -> std::io::Result<bool> {
+        use tokio::io::AsyncReadExt as _;
+        if self.pos == self.buf.len() {
+            self.buf.clear();
+            self.pos = 0;
+        } else if self.pos > 4096 {
+            self.buf.drain(..self.pos);
+            self.pos = 0;
+        }
+        if self.buf.capacity() - self.buf.len() < 1024 {
+            self.buf.reserve(4096);
+        }
+        Ok(self.stream.read_buf(&mut self.buf).await? > 0)
+    }
+
+    /// Reads a response's status line and headers.
+    pub async fn read_head(&mut self) -> std::io::Result<Head> {
+        let eof = || std::io::Error::new(std::io::ErrorKind::UnexpectedEof, "connection closed");
+        let bad = |m: String| std::io::Error::new(std::io::ErrorKind::InvalidData, m);
+        let end = loop {
+            if let Some(i) = find(&self.buf[self.pos..], b"\r\n\r\n") {
+                break self.pos + i;
+            }
+            if !self.fill().await? {
+                return Err(eof());
+            }
+        };
+        let text = std::str::from_utf8(&self.buf[self.pos..end])
+            .map_err(|_| bad("non-UTF-8 head".into()))?;
+        let mut lines = text.split("\r\n");
+        let status_line = lines.next().unwrap_or("");
+        let status = status_line
+            .split(' ')
+            .nth(1)
+            .and_then(|s| s.parse().ok())
+            .ok_or_else(|| bad(format!("bad status line {status_line:?}")))?;
+        let mut content_type = String::new();
+        let mut decoder = Decoder::Close;
+        for l in lines {
+            let Some((k, v)) = l.split_once(':') else {
+                continue;
+            };
+            let v = v.trim();
+            if k.eq_ignore_ascii_case("content-type") {
+                content_type = v.to_owned();
+            } else if k.eq_ignore_ascii_case("content-length") {
+                let n = v
+                    .parse()
+                    .map_err(|_| bad(format!("content-length {v:?}")))?;
+                decoder = Decoder::Length(n);
+            } else if k.eq_ignore_ascii_case("transfer-encoding")
+                && v.to_ascii_lowercase().contains("chunked")
+            {
+                decoder = Decoder::Chunked(Chunk::Size);
+            }
+        }
+        if let Decoder::Length(0) = decoder {
+            decoder = Decoder::Done;
+        }
+        self.pos = end + 4;
+        Ok(Head {
+            status,
+            content_type,
+            decoder,
+        })
+    }
+
+    /// Decodes whatever body bytes are buffered into `out`, reading more only when nothing is
+    /// buffered. Returns (body complete, at EOF).
+    pub async fn read_body_some(
+        &mut self,
+        decoder: &mut Decoder,
+        out: &mut Vec<u8>,
+    ) -> std::io::Result<bool> {
+        loop {
+            let before = out.len();
+            if decoder.feed(&self.buf, &mut self.pos, out)? {
+                return Ok(true);
+            }
+            if out.len() > before {
+                return Ok(false);
+            }
+            if !self.fill().await? {
+                return match decoder {
+                    Decoder::Close => {
+                        *decoder = Decoder::Done;
+                        Ok(true)
+                    }
+                    _ => Err(std::io::Error::new(
+                        std::io::ErrorKind::UnexpectedEof,
+                        "connection closed mid-body",
+                    )),
+                };
+            }
+        }
+    }
+
+    /// Reads a whole response: status, content type, body.
+    pub async fn read_response(&mut self) -> std::io::Result<(u16, String, Vec<u8>)> {
+        let mut head = self.read_head().await?;
+        let mut body = Vec::new();
+        while !self.read_body_some(&mut head.decoder, &mut body).await? {}
+        Ok((head.status, head.content_type, body))
+    }
+
+    /// One JSON-RPC round trip: the response message with `id`, whether the server sent it as
+    /// JSON or as an SSE stream.
+    pub async fn rpc(
+        &mut self,
+        body: &str,
+        method: &str,
+        name: Option<&str>,
+    ) -> std::io::Result<(u16, Value)> {
+        self.send_rpc(body, method, name).await?;
+        let (status, ctype, bytes) = self.read_response().await?;
+        let bad = |m: String| std::io::Error::new(std::io::ErrorKind::InvalidData, m);
+        if ctype.starts_with("text/event-stream") {
+            let mut found = None;
+            Sse::default().feed(&bytes, |data| {
+                if found.is_none()
+                    && let Ok(v) = serde_json::from_slice::<Value>(data)
+                    && (v.get("result").is_some() || v.get("error").is_some())
+                {
+                    found = Some(v);
+                }
+            });
+            let v = found.ok_or_else(|| {
+                bad(format!(
+                    "HTTP {status}: no response in the SSE body {:?}",
+                    String::from_utf8_lossy(&bytes)
+                ))
+            })?;
+            Ok((status, v))
+        } else {
+            let v = serde_json::from_slice(&bytes).map_err(|_| {
+                bad(format!(
+                    "HTTP {status} {ctype}: {:?}",
+                    String::from_utf8_lossy(&bytes)
+                ))
+            })?;
+            Ok((status, v))
+        }
+    }
+
+    /// A `tools/call` of `name` that must succeed (no JSON-RPC error, not `isError`).
+    pub async fn call_tool(&mut self, id: u64, name: &str, args: &Value) -> Result<(), String> {
+        let (status, v) = self
+            .rpc(&tool_call(id, name, args), "tools/call", Some(name))
+            .await
+            .map_err(|e| format!("{name}: {e}"))?;
+        if status != 200 || v.get("error").is_some() || v["result"]["isError"] == true {
+            return Err(format!("{name}: HTTP {status}: {v}"));
+        }
+        Ok(())
+    }
+}
+
+/// `GET path` on a fresh connection to `url`'s host: (status, body as text).
+pub async fn http_get(url: &str, path: &str) -> std::io::Result<(u16, String)> {
+    let mut c = RawHttp::connect(url, None).await?;
+    c.send_get(path).await?;
+    let (status, _, body) = c.read_response().await?;
+    Ok((status, String::from_utf8_lossy(&body).into_owned()))
+}
+
+/// The value of Prometheus counter `name` at `url`'s `/metrics`, if it is there.
+pub async fn metric(url: &str, name: &str) -> Option<u64> {
+    let (status, text) = http_get(url, "/metrics").await.ok()?;
+    if status != 200 {
+        return None;
+    }
+    text.lines()
+        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.trim().parse().ok())
+}
+
+/// The TCP connections (by the peer's port) in /proc/net/tcp with `port` at one end, in any
+/// state but LISTEN. On loopback both ends are listed; each connection is named by its other
+/// port.
+pub fn tcp_peers(port: u16) -> std::collections::HashSet<u16> {
+    let mut out = std::collections::HashSet::new();
+    let text = std::fs::read_to_string("/proc/net/tcp").unwrap_or_default();
+    let port_of = |a: &str| {
+        a.rsplit_once(':')
+            .and_then(|(_, p)| u16::from_str_radix(p, 16).ok())
+    };
+    for l in text.lines().skip(1) {
+        let f: Vec<&str> = l.split_whitespace().collect();
+        if f.len() < 4 || f[3] == "0A" {
+            continue;
+        }
+        let (Some(local), Some(remote)) = (port_of(f[1]), port_of(f[2])) else {
+            continue;
+        };
+        if local == port {
+            out.insert(remote);
+        } else if remote == port {
+            out.insert(local);
+        }
+    }
+    out
+}
+
+/// Raises this process's open-file limit to its hard limit (children inherit it); the new
+/// soft limit.
+pub fn raise_nofile() -> u64 {
+    let mut lim = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit writes one rlimit into the struct we own.
+    if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) } != 0 {
+        return 0;
+    }
+    lim.rlim_cur = lim.rlim_max;
+    // SAFETY: setrlimit reads the struct we own; raising the soft limit to the hard one is
+    // always allowed.
+    if unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &lim) } != 0 {
+        return 0;
+    }
+    lim.rlim_cur
+}
+
+pub fn verdict(ok: bool) -> &'static str {
+    if ok { "met" } else { "MISSED" }
+}
+
+/// The machine's load average, for the header line.
+pub fn load() -> String {
+    let load = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
+    load.split(' ').take(3).collect::<Vec<_>>().join(" ")
+}
+
+/// CPU time (user + system) `pid` has used so far.
+pub fn cpu_time(pid: u32) -> Duration {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    let Some(after) = stat.rsplit_once(") ").map(|x| x.1) else {
+        return Duration::ZERO;
+    };
+    // After the command: state is field 3; utime and stime are fields 14 and 15.
+    let f: Vec<&str> = after.split(' ').collect();
+    let ticks: u64 = [11, 12]
+        .iter()
+        .filter_map(|&i| f.get(i).and_then(|v| v.parse::<u64>().ok()))
+        .sum();
+    // SAFETY: sysconf only reads a configuration value.
+    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as u64;
+    Duration::from_secs_f64(ticks as f64 / hz as f64)
+}
