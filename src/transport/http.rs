@@ -45,9 +45,32 @@ pub struct HttpOptions {
     pub allowed_origins: Vec<String>,
 }
 
-/// Binds `addr` (e.g. `127.0.0.1:0`).
+/// Connections the kernel queues for `accept` (capped by `net.core.somaxconn`): a burst of
+/// clients (a gateway's callers, a thousand listens opening at once) is queued, not dropped
+/// into a one-second SYN retry as with the standard library's 128.
+const LISTEN_BACKLOG: u32 = 1024;
+
+/// Binds `addr` (e.g. `127.0.0.1:0`): the first of its addresses that binds.
 pub async fn bind(addr: &str) -> std::io::Result<TcpListener> {
-    TcpListener::bind(addr).await
+    let mut last = None;
+    for a in tokio::net::lookup_host(addr).await? {
+        let socket = if a.is_ipv4() {
+            tokio::net::TcpSocket::new_v4()?
+        } else {
+            tokio::net::TcpSocket::new_v6()?
+        };
+        socket.set_reuseaddr(true)?;
+        match socket.bind(a).and_then(|()| socket.listen(LISTEN_BACKLOG)) {
+            Ok(l) => return Ok(l),
+            Err(e) => last = Some(e),
+        }
+    }
+    Err(last.unwrap_or_else(|| {
+        std::io::Error::new(
+            std::io::ErrorKind::InvalidInput,
+            format!("{addr} names no address to bind"),
+        )
+    }))
 }
 
 /// A listener bound elsewhere (a socket systemd passed), in non-blocking mode.
@@ -79,7 +102,10 @@ pub fn router(
         server: server.clone(),
         allow: Arc::new(Allowlist::new(&hosts, &origins)),
     };
+    // A call's answer as one JSON body (falling back to SSE only when the handler sends
+    // progress first): cheaper to write and to parse than a one-event SSE stream.
     let config = StreamableHttpServerConfig::default()
+        .with_json_response(true)
         .with_allowed_hosts(hosts)
         .with_allowed_origins(origins)
         .enforce_origin_validation()
