@@ -605,6 +605,29 @@ impl Source for Gateway {
                 .call_in_process(&Caller::local(), tool, args, progress)
                 .await;
         }
+        if let Some(direct) = up.http_calls(tool) {
+            // An HTTP upstream: posted on its pooled client, no rmcp hop in between.
+            let unavailable = || {
+                SourceError::Unavailable(format!(
+                    "server {slug} is unavailable right now (or did not answer within {} s); try again shortly",
+                    REQUEST_TIMEOUT.as_secs()
+                ))
+            };
+            return match tokio::time::timeout(
+                REQUEST_TIMEOUT,
+                direct.call(tool, &args, progress.as_ref()),
+            )
+            .await
+            {
+                Ok(Ok(r)) => Ok(r),
+                Ok(Err(upstream::http::CallError::Answered(e))) => Err(e),
+                Ok(Err(upstream::http::CallError::Transport(why))) => {
+                    tracing::warn!(%slug, error = %why, "a call to the upstream failed");
+                    Err(unavailable())
+                }
+                Err(_) => Err(unavailable()),
+            };
+        }
         let live = up.live().await?;
         let params = CallToolRequestParams::new(tool.to_owned()).with_arguments(args);
         let broken = |e: rmcp::ServiceError| {

@@ -331,13 +331,21 @@ pub fn http_client(
 /// request is one small write that Nagle would hold back behind the previous one's delayed
 /// ACK; rmcp turns pooling off for exactly that stall). Only same-origin 307/308 redirects are
 /// followed, as rmcp does.
-fn mcp_http_client() -> Result<reqwest::Client, reqwest::Error> {
-    http_client(|b| {
+///
+/// One client serves the whole process (it is a handle to one pool, kept per host), so the
+/// gateway's direct calls and rmcp's requests share connections, and the CA store is read once.
+pub(crate) fn mcp_http_client() -> Result<reqwest::Client, reqwest::Error> {
+    static CLIENT: std::sync::OnceLock<reqwest::Client> = std::sync::OnceLock::new();
+    if let Some(c) = CLIENT.get() {
+        return Ok(c.clone());
+    }
+    let c = http_client(|b| {
         b.tcp_nodelay(true)
             .pool_idle_timeout(POOL_IDLE)
             .pool_max_idle_per_host(POOL_MAX_IDLE)
             .redirect(same_origin_redirects())
-    })
+    })?;
+    Ok(CLIENT.get_or_init(|| c).clone())
 }
 
 /// How long a pooled upstream connection may sit idle before it is closed.

@@ -29,6 +29,9 @@ pub struct Catalog {
     pub modern: bool,
     /// Whether its handshake advertises the Events extension.
     pub events: bool,
+    /// Tools whose input schema promotes arguments to `Mcp-Param-*` HTTP headers
+    /// (`x-mcp-header`): rmcp's client sends those, a direct call does not.
+    pub header_tools: Vec<String>,
 }
 
 impl AsRef<Catalog> for Catalog {
@@ -119,7 +122,15 @@ impl Catalog {
                 "mime_type": t.mime_type, "server": server, "subscribable": subscribe}),
             );
         }
+        let header_tools = tools
+            .iter()
+            .filter(|t| {
+                serde_json::to_string(&*t.input_schema).is_ok_and(|s| s.contains("x-mcp-header"))
+            })
+            .map(|t| t.name.to_string())
+            .collect();
         Catalog {
+            header_tools,
             tools,
             resources,
             templates: templates
@@ -135,6 +146,13 @@ impl Catalog {
             modern,
             events,
         }
+    }
+
+    /// Whether a plain call of `tool` may go straight to the upstream's HTTP endpoint
+    /// ([`super::http::HttpCalls`]): it speaks 2026-07-28 and the tool promotes no argument
+    /// to a header.
+    pub fn direct_call(&self, tool: &str) -> bool {
+        self.modern && !self.header_tools.iter().any(|t| t == tool)
     }
 
     /// Whether it lists `uri` exactly.

@@ -10,6 +10,7 @@
 //! with the reason, and the role decides what its caller may learn.
 
 mod catalog;
+pub mod http;
 pub mod local;
 mod relay;
 
@@ -185,6 +186,8 @@ pub struct Upstream {
     /// The server itself, when it runs in this process ([`local::upstream`]): plain calls and
     /// reads go to it directly.
     in_process: Option<crate::mcp::server::SourceServer>,
+    /// For an HTTP target: plain tool calls posted directly ([`http::HttpCalls`]).
+    http_calls: Option<http::HttpCalls>,
     live: Mutex<Option<Arc<Live>>>,
     /// The last connection's catalog, kept while reconnecting.
     catalog: Mutex<Option<Arc<Catalog>>>,
@@ -208,6 +211,12 @@ pub fn pick<'a>(upstreams: &'a [Arc<Upstream>], uri: &str) -> Option<&'a Arc<Ups
 
 impl Upstream {
     pub fn new(cfg: UpstreamConfig) -> Upstream {
+        let http_calls = match &cfg.target {
+            Target::Http(url) => {
+                http::HttpCalls::new(url, cfg.trust.token.as_ref().map(|t| t.0.as_str()))
+            }
+            _ => None,
+        };
         Upstream {
             name: cfg.name,
             target: cfg.target,
@@ -226,6 +235,7 @@ impl Upstream {
             ctx: cfg.context,
             dialer: None,
             in_process: None,
+            http_calls,
             live: Mutex::new(None),
             catalog: Mutex::new(None),
             attempt: Mutex::new(None),
@@ -253,6 +263,18 @@ impl Upstream {
     /// with no serialization; listens and tasks still go over the connection.
     pub fn in_process(&self) -> Option<&crate::mcp::server::SourceServer> {
         self.in_process.as_ref()
+    }
+
+    /// Direct calls to this upstream's HTTP endpoint, when it is one (and not dialled
+    /// otherwise) and its last catalog allows them for `tool` ([`Catalog::direct_call`]).
+    pub fn http_calls(&self, tool: &str) -> Option<&http::HttpCalls> {
+        if self.dialer.is_some() {
+            return None;
+        }
+        let calls = self.http_calls.as_ref()?;
+        self.catalog()
+            .is_some_and(|c| c.direct_call(tool))
+            .then_some(calls)
     }
 
     /// The current connection, if any (never waits, never connects).

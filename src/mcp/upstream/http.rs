@@ -1,0 +1,330 @@
+//! A plain `tools/call` to a Streamable HTTP upstream that speaks 2026-07-28, posted directly
+//! on a pooled client: the gateway's hot path to an HTTP slug.
+//!
+//! rmcp's client would carry the same request through its service loop, its transport worker
+//! and a task per POST before reqwest sees it, and the answer back the same way. Here the
+//! request's headers and `_meta` are built once per upstream, the body is serialized once
+//! from borrowed parts, and the answer (one JSON body, or an SSE stream when the upstream sends
+//! progress first) is read in the caller's own task, its progress relayed to the caller under
+//! the caller's token as it arrives. Dropping the call closes its request, and the upstream
+//! cancels the handler (a stateless request ends with its connection). Anything else (listens,
+//! reads, tasks, an upstream that does not speak 2026-07-28, a tool whose schema promotes
+//! arguments to `Mcp-Param-*` headers) still goes through rmcp.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use futures::StreamExt as _;
+use reqwest::header::{ACCEPT, AUTHORIZATION, CONTENT_TYPE, HeaderMap, HeaderName, HeaderValue};
+use rmcp::model::{CallToolResult, JsonObject, ProgressNotificationParam};
+use serde::Serialize;
+use serde_json::{Map, Value};
+
+use crate::mcp::source::{Progress, SourceError};
+
+/// Why a direct call did not produce an answer.
+#[derive(Debug)]
+pub enum CallError {
+    /// The upstream answered: its JSON-RPC error (or an answer the gateway cannot relay).
+    Answered(SourceError),
+    /// No answer: the connection or the HTTP exchange failed.
+    Transport(String),
+}
+
+/// Direct `tools/call`s to one HTTP upstream.
+pub struct HttpCalls {
+    client: reqwest::Client,
+    url: reqwest::Url,
+    /// Every call's headers but `Mcp-Name`.
+    headers: HeaderMap,
+    /// Every call's `_meta`: protocol version, client info and capabilities.
+    meta: Map<String, Value>,
+    next_id: AtomicU64,
+}
+
+#[derive(Serialize)]
+struct Request<'a> {
+    jsonrpc: &'static str,
+    id: String,
+    method: &'static str,
+    params: Params<'a>,
+}
+
+#[derive(Serialize)]
+struct Params<'a> {
+    name: &'a str,
+    arguments: &'a JsonObject,
+    #[serde(rename = "_meta")]
+    meta: Meta<'a>,
+}
+
+#[derive(Serialize)]
+struct Meta<'a> {
+    #[serde(flatten)]
+    base: &'a Map<String, Value>,
+    #[serde(rename = "progressToken", skip_serializing_if = "Option::is_none")]
+    progress_token: Option<&'a Value>,
+}
+
+/// The MIME type of an SSE response.
+const EVENT_STREAM: &str = "text/event-stream";
+
+impl HttpCalls {
+    /// Direct calls to the endpoint at `url`, with `token` as the bearer token. `None` when
+    /// the URL or the token cannot be used as they are (rmcp's path is taken then).
+    pub fn new(url: &str, token: Option<&str>) -> Option<HttpCalls> {
+        let client = crate::transport::client::mcp_http_client().ok()?;
+        let url = reqwest::Url::parse(url).ok()?;
+        let mut headers = HeaderMap::new();
+        headers.insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
+        headers.insert(
+            ACCEPT,
+            HeaderValue::from_static("application/json, text/event-stream"),
+        );
+        headers.insert(
+            HeaderName::from_static("mcp-protocol-version"),
+            HeaderValue::from_static("2026-07-28"),
+        );
+        headers.insert(
+            HeaderName::from_static("mcp-method"),
+            HeaderValue::from_static("tools/call"),
+        );
+        if let Some(t) = token {
+            let mut v = HeaderValue::from_str(&format!("Bearer {t}")).ok()?;
+            v.set_sensitive(true);
+            headers.insert(AUTHORIZATION, v);
+        }
+        let config = crate::transport::client::client_config();
+        let mut meta = Map::new();
+        meta.insert(
+            "io.modelcontextprotocol/protocolVersion".into(),
+            "2026-07-28".into(),
+        );
+        meta.insert(
+            "io.modelcontextprotocol/clientInfo".into(),
+            serde_json::to_value(&config.client_info).ok()?,
+        );
+        meta.insert(
+            "io.modelcontextprotocol/clientCapabilities".into(),
+            serde_json::to_value(&config.capabilities).ok()?,
+        );
+        Some(HttpCalls {
+            client,
+            url,
+            headers,
+            meta,
+            next_id: AtomicU64::new(1),
+        })
+    }
+
+    /// Calls `tool` with `args`; the upstream's progress goes to `progress`.
+    pub async fn call(
+        &self,
+        tool: &str,
+        args: &JsonObject,
+        progress: Option<&Progress>,
+    ) -> Result<CallToolResult, CallError> {
+        let n = self.next_id.fetch_add(1, Ordering::Relaxed);
+        let id = format!("herald-{n}");
+        // The upstream's progress comes under a token of this call's own.
+        let token = progress.map(|_| Value::String(id.clone()));
+        let body = serde_json::to_vec(&Request {
+            jsonrpc: "2.0",
+            id: id.clone(),
+            method: "tools/call",
+            params: Params {
+                name: tool,
+                arguments: args,
+                meta: Meta {
+                    base: &self.meta,
+                    progress_token: token.as_ref(),
+                },
+            },
+        })
+        .map_err(|e| CallError::Transport(format!("cannot encode the call: {e}")))?;
+        let name = HeaderValue::from_str(tool).map_err(|_| {
+            CallError::Answered(SourceError::UnknownTool(format!(
+                "{tool} (not a name an HTTP header can carry)"
+            )))
+        })?;
+        let response = self
+            .client
+            .post(self.url.clone())
+            .headers(self.headers.clone())
+            .header(HeaderName::from_static("mcp-name"), name)
+            .body(body)
+            .send()
+            .await
+            .map_err(|e| CallError::Transport(e.without_url().to_string()))?;
+        let status = response.status();
+        let sse = response
+            .headers()
+            .get(CONTENT_TYPE)
+            .and_then(|v| v.to_str().ok())
+            .is_some_and(|v| v.trim_start().starts_with(EVENT_STREAM));
+        if !sse {
+            let bytes = response
+                .bytes()
+                .await
+                .map_err(|e| CallError::Transport(e.without_url().to_string()))?;
+            return match serde_json::from_slice::<Value>(&bytes) {
+                Ok(message) => match answer(&id, message) {
+                    Some(a) => a,
+                    None => Err(CallError::Transport(format!(
+                        "HTTP {status} with no answer to the call"
+                    ))),
+                },
+                Err(_) => Err(CallError::Transport(format!(
+                    "HTTP {status} with a body that is not JSON-RPC"
+                ))),
+            };
+        }
+        // An SSE stream: progress, perhaps, then the answer.
+        let mut stream = response.bytes_stream();
+        let mut buf: Vec<u8> = Vec::new();
+        while let Some(chunk) = stream.next().await {
+            let chunk = chunk.map_err(|e| CallError::Transport(e.without_url().to_string()))?;
+            buf.extend_from_slice(&chunk);
+            while let Some(end) = event_end(&buf) {
+                let event: Vec<u8> = buf.drain(..end).collect();
+                let Some(message) = event_data(&event) else {
+                    continue;
+                };
+                if let Some(p) = progress
+                    && message.get("method").and_then(Value::as_str)
+                        == Some("notifications/progress")
+                {
+                    relay_progress(p, message).await;
+                    continue;
+                }
+                if let Some(a) = answer(&id, message) {
+                    return a;
+                }
+            }
+        }
+        Err(CallError::Transport(
+            "the answer's event stream ended before the answer".into(),
+        ))
+    }
+}
+
+/// The call's result or error, when `message` answers request `id`.
+fn answer(id: &str, mut message: Value) -> Option<Result<CallToolResult, CallError>> {
+    if message.get("id").and_then(Value::as_str) != Some(id) {
+        return None;
+    }
+    if let Some(error) = message.get_mut("error") {
+        let code = error.get("code").and_then(Value::as_i64).unwrap_or(-32603) as i32;
+        let text = error
+            .get("message")
+            .and_then(Value::as_str)
+            .unwrap_or_default()
+            .to_owned();
+        let data = error.get_mut("data").map(Value::take);
+        return Some(Err(CallError::Answered(SourceError::Upstream {
+            code,
+            message: text,
+            data,
+        })));
+    }
+    let result = message.get_mut("result").map(Value::take)?;
+    let kind = result.get("resultType").and_then(Value::as_str);
+    if kind.is_some_and(|k| k != "complete") {
+        return Some(Err(CallError::Answered(SourceError::Unavailable(
+            "the server answered with an input request or a task, which the gateway does not relay yet"
+                .into(),
+        ))));
+    }
+    Some(
+        serde_json::from_value::<CallToolResult>(result).map_err(|e| {
+            CallError::Transport(format!("the server's result is not a tool result: {e}"))
+        }),
+    )
+}
+
+/// Sends an upstream progress notification to the caller, under the caller's token.
+async fn relay_progress(to: &Progress, message: Value) {
+    let Some(params) = message.get("params").cloned() else {
+        return;
+    };
+    if let Ok(mut p) = serde_json::from_value::<ProgressNotificationParam>(params) {
+        p.progress_token = to.token.clone();
+        let _ = to.peer.notify_progress(p).await;
+    }
+}
+
+/// Where the first complete SSE event in `buf` ends (after its blank line).
+fn event_end(buf: &[u8]) -> Option<usize> {
+    let find = |needle: &[u8]| {
+        buf.windows(needle.len())
+            .position(|w| w == needle)
+            .map(|i| i + needle.len())
+    };
+    [find(b"\n\n"), find(b"\r\n\r\n")]
+        .into_iter()
+        .flatten()
+        .min()
+}
+
+/// The JSON of one SSE event's `data:` lines.
+fn event_data(event: &[u8]) -> Option<Value> {
+    let text = std::str::from_utf8(event).ok()?;
+    let mut data = String::new();
+    for line in text.lines() {
+        if let Some(d) = line.strip_prefix("data:") {
+            if !data.is_empty() {
+                data.push('\n');
+            }
+            data.push_str(d.strip_prefix(' ').unwrap_or(d));
+        }
+    }
+    if data.is_empty() {
+        return None;
+    }
+    serde_json::from_str(&data).ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sse_events_split_and_decode() {
+        let buf = b"data: {\"a\":1}\n\n: keep-alive\n\ndata: {\"b\"\r\n\r\n";
+        let end = event_end(buf).unwrap();
+        assert_eq!(event_data(&buf[..end]), Some(serde_json::json!({"a": 1})));
+        let rest = &buf[end..];
+        let end2 = event_end(rest).unwrap();
+        assert_eq!(event_data(&rest[..end2]), None, "a comment has no data");
+        let last = &rest[end2..];
+        assert_eq!(
+            event_data(&last[..event_end(last).unwrap()]),
+            None,
+            "not JSON"
+        );
+    }
+
+    #[test]
+    fn an_answer_is_matched_by_id() {
+        let ok = serde_json::json!({"jsonrpc": "2.0", "id": "herald-1",
+            "result": {"resultType": "complete", "content": [{"type": "text", "text": "hi"}]}});
+        assert!(answer("herald-2", ok.clone()).is_none());
+        let r = answer("herald-1", ok).unwrap().unwrap();
+        assert_eq!(r.content.len(), 1);
+        let err = serde_json::json!({"jsonrpc": "2.0", "id": "herald-1",
+            "error": {"code": -32602, "message": "missing argument key", "data": {"x": 1}}});
+        match answer("herald-1", err) {
+            Some(Err(CallError::Answered(SourceError::Upstream {
+                code: -32602,
+                message,
+                data: Some(_),
+            }))) => assert_eq!(message, "missing argument key"),
+            other => panic!("{other:?}"),
+        }
+        let task = serde_json::json!({"jsonrpc": "2.0", "id": "herald-1",
+            "result": {"resultType": "task", "taskId": "t"}});
+        assert!(matches!(
+            answer("herald-1", task),
+            Some(Err(CallError::Answered(SourceError::Unavailable(_))))
+        ));
+    }
+}
