@@ -468,7 +468,17 @@ impl Source for Gateway {
     async fn read(&self, caller: &Caller, uri: &str) -> Result<Contents, SourceError> {
         let (up, upstream_uri) = self.route(caller, uri)?;
         if let Some(local) = up.in_process() {
-            return local.read_in_process(&Caller::local(), &upstream_uri).await;
+            let me = Caller::local();
+            let read = local.read_in_process(&me, &upstream_uri);
+            return tokio::time::timeout(REQUEST_TIMEOUT, read)
+                .await
+                .unwrap_or_else(|_| {
+                    Err(SourceError::Unavailable(format!(
+                        "server {} did not answer within {} s",
+                        up.name,
+                        REQUEST_TIMEOUT.as_secs()
+                    )))
+                });
         }
         let live = up.live().await?;
         let r = tokio::time::timeout(
@@ -600,13 +610,25 @@ impl Source for Gateway {
         };
         let up = self.slug(caller, slug)?;
         if let Some(local) = up.in_process() {
-            // A role in this process: its handler, directly (the caller's progress too).
-            return local
-                .call_in_process(&Caller::local(), tool, args, progress)
-                .await;
+            // A role in this process: its handler, directly (the caller's progress too),
+            // bounded as a call over a connection is.
+            let me = Caller::local();
+            let call = local.call_in_process(&me, tool, args, progress);
+            return tokio::time::timeout(REQUEST_TIMEOUT, call)
+                .await
+                .unwrap_or_else(|_| {
+                    Err(SourceError::Unavailable(format!(
+                        "server {slug} did not answer within {} s; try again shortly",
+                        REQUEST_TIMEOUT.as_secs()
+                    )))
+                });
         }
-        if let Some(direct) = up.http_calls(tool) {
-            // An HTTP upstream: posted on its pooled client, no rmcp hop in between.
+        if let Some(direct) = up.http_calls(tool)
+            && let Some(live) = up.cached()
+        {
+            // An HTTP upstream that is up: posted on the pooled client, no rmcp hop in
+            // between. A failure forgets the connection, so the next call reconnects through
+            // `live` (one connect at a time, paced by the backoff, the catalog fetched again).
             let unavailable = || {
                 SourceError::Unavailable(format!(
                     "server {slug} is unavailable right now (or did not answer within {} s); try again shortly",
@@ -623,6 +645,7 @@ impl Source for Gateway {
                 Ok(Err(upstream::http::CallError::Answered(e))) => Err(e),
                 Ok(Err(upstream::http::CallError::Transport(why))) => {
                     tracing::warn!(%slug, error = %why, "a call to the upstream failed");
+                    up.reset(&live);
                     Err(unavailable())
                 }
                 Err(_) => Err(unavailable()),

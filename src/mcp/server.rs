@@ -310,11 +310,18 @@ impl SourceServer {
         caller: &Caller,
         uri: &str,
     ) -> Result<crate::mcp::source::Contents, SourceError> {
-        self.shared
-            .source
-            .read(caller, uri)
-            .await
-            .map_err(|e| as_answered(to_mcp_error(e)))
+        let shutdown = self.shared.shutdown.clone();
+        let cut = async move {
+            shutdown.cancelled().await;
+            tokio::time::sleep(CALL_GRACE).await;
+        };
+        tokio::select! {
+            r = self.shared.source.read(caller, uri) => r.map_err(|e| as_answered(to_mcp_error(e))),
+            _ = cut => Err(as_answered(McpError::internal_error(
+                "the server is shutting down; read again once it is back",
+                None,
+            ))),
+        }
     }
 
     /// Admits a listen from `caller` asking for `filter` on `conn`: checks the limits,

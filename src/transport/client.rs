@@ -327,7 +327,9 @@ pub fn http_client(
 /// The client for a Streamable HTTP upstream, built by [`http_client`] rather than by rmcp,
 /// whose default client panics without a CA store. Unlike rmcp's default it keeps connections:
 /// a pool of keep-alive connections per upstream (as many as the calls in flight, idle ones
-/// closed after [`POOL_IDLE`]), HTTP/2 where a TLS upstream offers it, `TCP_NODELAY` (a
+/// closed after [`POOL_IDLE`]), HTTP/1.1 only (over HTTP/2 every listen, a long-lived POST,
+/// would share one connection with the calls, and past the peer's stream limit the calls
+/// would queue behind them), `TCP_NODELAY` (a
 /// request is one small write that Nagle would hold back behind the previous one's delayed
 /// ACK; rmcp turns pooling off for exactly that stall). Only same-origin 307/308 redirects are
 /// followed, as rmcp does.
@@ -340,7 +342,10 @@ pub(crate) fn mcp_http_client() -> Result<reqwest::Client, reqwest::Error> {
         return Ok(c.clone());
     }
     let c = http_client(|b| {
-        b.tcp_nodelay(true)
+        b.http1_only()
+            .tcp_nodelay(true)
+            .tcp_keepalive(TCP_KEEPALIVE)
+            .connect_timeout(CONNECT_TIMEOUT)
             .pool_idle_timeout(POOL_IDLE)
             .pool_max_idle_per_host(POOL_MAX_IDLE)
             .redirect(same_origin_redirects())
@@ -348,8 +353,17 @@ pub(crate) fn mcp_http_client() -> Result<reqwest::Client, reqwest::Error> {
     Ok(CLIENT.get_or_init(|| c).clone())
 }
 
-/// How long a pooled upstream connection may sit idle before it is closed.
-const POOL_IDLE: Duration = Duration::from_secs(60);
+/// How long a pooled upstream connection may sit idle before it is closed: under the idle
+/// limit of common servers (Node's 5 s), so a call never picks a connection the server is
+/// closing at that moment.
+const POOL_IDLE: Duration = Duration::from_secs(4);
+
+/// TCP keep-alive probes on upstream connections, so a peer that vanished (a host crash, a
+/// dropped NAT entry) is noticed instead of costing a call its whole timeout.
+const TCP_KEEPALIVE: Duration = Duration::from_secs(30);
+
+/// Longest a new upstream connection may take to open.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// Idle connections kept per upstream host (more may be open while calls are in flight).
 const POOL_MAX_IDLE: usize = 256;

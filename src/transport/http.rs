@@ -306,8 +306,10 @@ async fn listen_gate(State(gate): State<Gate>, req: Request, next: Next) -> Resp
             parts.headers.remove(header::CONTENT_LENGTH);
         }
         let echo = listen.task_ids();
-        if let Some(id) = plain_listen(&parts.headers, &v, server) {
-            let uris = filter.resources.is_some().then_some(accepted);
+        if let Some(id) = plain_listen(&parts.headers, &bytes, server) {
+            // As rmcp acknowledges: the accepted URIs, when the request named some and some
+            // were accepted.
+            let uris = (filter.resources.is_some() && !accepted.is_empty()).then_some(accepted);
             return sse_listen(server.clone(), listen, id, uris, echo);
         }
         parts.extensions.insert(PendingListen::new(listen));
@@ -332,7 +334,7 @@ async fn listen_gate(State(gate): State<Gate>, req: Request, next: Next) -> Resp
 /// to rmcp, which answers it as it always has.
 fn plain_listen(
     headers: &axum::http::HeaderMap,
-    v: &Value,
+    body: &[u8],
     server: &SourceServer,
 ) -> Option<rmcp::model::RequestId> {
     use rmcp::ServerHandler as _;
@@ -352,16 +354,32 @@ fn plain_listen(
     {
         return None;
     }
+    let essence = only("content-type")?
+        .split(';')
+        .next()
+        .unwrap_or_default()
+        .trim();
+    if !essence.eq_ignore_ascii_case("application/json") {
+        return None;
+    }
     let (mut json, mut sse) = (false, false);
     for value in headers.get_all(header::ACCEPT) {
-        for range in value.to_str().ok()?.split(',') {
+        let value = value.to_str().ok()?;
+        if value.contains('"') {
+            // Quoted parameters: rmcp's own parser decides.
+            return None;
+        }
+        for range in value.split(',') {
             let mut params = range.split(';');
             let essence = params.next().unwrap_or_default().trim();
+            // A range weighted zero is refused, as rmcp reads it.
+            let zero = |q: &str| {
+                let (whole, fraction) = q.split_once('.').unwrap_or((q, ""));
+                whole == "0" && fraction.bytes().all(|b| b == b'0')
+            };
             if params.any(|p| {
-                p.split_once('=').is_some_and(|(k, v)| {
-                    k.trim().eq_ignore_ascii_case("q") && v.trim().trim_end_matches('0') == "0."
-                        || k.trim().eq_ignore_ascii_case("q") && v.trim() == "0"
-                })
+                p.split_once('=')
+                    .is_some_and(|(k, v)| k.trim().eq_ignore_ascii_case("q") && zero(v.trim()))
             }) {
                 continue;
             }
@@ -381,7 +399,7 @@ fn plain_listen(
         return None;
     }
     let ClientJsonRpcMessage::Request(request) =
-        serde_json::from_value::<ClientJsonRpcMessage>(v.clone()).ok()?
+        serde_json::from_slice::<ClientJsonRpcMessage>(body).ok()?
     else {
         return None;
     };

@@ -39,6 +39,8 @@ pub struct HttpCalls {
     /// Every call's `_meta`: protocol version, client info and capabilities.
     meta: Map<String, Value>,
     next_id: AtomicU64,
+    /// Largest answer taken (the upstream's `max_message_bytes`).
+    max_bytes: usize,
 }
 
 #[derive(Serialize)]
@@ -71,7 +73,7 @@ const EVENT_STREAM: &str = "text/event-stream";
 impl HttpCalls {
     /// Direct calls to the endpoint at `url`, with `token` as the bearer token. `None` when
     /// the URL or the token cannot be used as they are (rmcp's path is taken then).
-    pub fn new(url: &str, token: Option<&str>) -> Option<HttpCalls> {
+    pub fn new(url: &str, token: Option<&str>, max_bytes: usize) -> Option<HttpCalls> {
         let client = crate::transport::client::mcp_http_client().ok()?;
         let url = reqwest::Url::parse(url).ok()?;
         let mut headers = HeaderMap::new();
@@ -113,6 +115,7 @@ impl HttpCalls {
             headers,
             meta,
             next_id: AtomicU64::new(1),
+            max_bytes,
         })
     }
 
@@ -154,38 +157,33 @@ impl HttpCalls {
             .body(body)
             .send()
             .await
-            .map_err(|e| CallError::Transport(e.without_url().to_string()))?;
+            .map_err(transport)?;
         let status = response.status();
         let sse = response
             .headers()
             .get(CONTENT_TYPE)
             .and_then(|v| v.to_str().ok())
             .is_some_and(|v| v.trim_start().starts_with(EVENT_STREAM));
-        if !sse {
-            let bytes = response
-                .bytes()
-                .await
-                .map_err(|e| CallError::Transport(e.without_url().to_string()))?;
-            return match serde_json::from_slice::<Value>(&bytes) {
-                Ok(message) => match answer(&id, message) {
-                    Some(a) => a,
-                    None => Err(CallError::Transport(format!(
-                        "HTTP {status} with no answer to the call"
-                    ))),
-                },
-                Err(_) => Err(CallError::Transport(format!(
-                    "HTTP {status} with a body that is not JSON-RPC"
-                ))),
-            };
-        }
-        // An SSE stream: progress, perhaps, then the answer.
         let mut stream = response.bytes_stream();
         let mut buf: Vec<u8> = Vec::new();
+        // Where the search for the next event's end goes on (what is before has none).
+        let mut scanned = 0;
         while let Some(chunk) = stream.next().await {
-            let chunk = chunk.map_err(|e| CallError::Transport(e.without_url().to_string()))?;
+            let chunk = chunk.map_err(transport)?;
             buf.extend_from_slice(&chunk);
-            while let Some(end) = event_end(&buf) {
+            if buf.len() > self.max_bytes {
+                return Err(CallError::Transport(format!(
+                    "the answer passed the {}-byte limit",
+                    self.max_bytes
+                )));
+            }
+            if !sse {
+                continue;
+            }
+            // An SSE stream: progress, perhaps, then the answer.
+            while let Some(end) = event_end(&buf, scanned) {
                 let event: Vec<u8> = buf.drain(..end).collect();
+                scanned = 0;
                 let Some(message) = event_data(&event) else {
                     continue;
                 };
@@ -197,14 +195,59 @@ impl HttpCalls {
                     continue;
                 }
                 if let Some(a) = answer(&id, message) {
+                    // The stream ends right after its answer: read that end, so the
+                    // connection goes back to the pool rather than being closed.
+                    let _ = tokio::time::timeout(std::time::Duration::from_millis(50), async {
+                        while let Some(Ok(_)) = stream.next().await {}
+                    })
+                    .await;
                     return a;
                 }
             }
+            // A partial event: its end, when it comes, is no earlier than 3 bytes back.
+            scanned = buf.len().saturating_sub(3);
         }
-        Err(CallError::Transport(
-            "the answer's event stream ended before the answer".into(),
-        ))
+        if sse {
+            return Err(CallError::Transport(
+                "the answer's event stream ended before the answer".into(),
+            ));
+        }
+        match serde_json::from_slice::<Value>(&buf) {
+            Ok(message) => answer(&id, message).unwrap_or_else(|| {
+                Err(CallError::Transport(format!(
+                    "HTTP {status} with no answer to the call"
+                )))
+            }),
+            Err(_) => Err(CallError::Transport(format!(
+                "HTTP {status} with a body that is not JSON-RPC"
+            ))),
+        }
     }
+}
+
+/// A transport failure with its causes (reqwest's own message names only the outermost), and
+/// never the URL (which may carry a key).
+fn transport(e: reqwest::Error) -> CallError {
+    let e = e.without_url();
+    let mut text = e.to_string();
+    let mut source = std::error::Error::source(&e);
+    while let Some(s) = source {
+        text.push_str(": ");
+        text.push_str(&s.to_string());
+        source = s.source();
+    }
+    CallError::Transport(text)
+}
+
+/// Whether `name` goes in an HTTP header as it is: visible ASCII with no surrounding space,
+/// not in the `=?base64?…?=` form. Any other name is encoded by rmcp's client, whose path
+/// such a call then takes.
+pub fn plain_header_value(name: &str) -> bool {
+    !name.is_empty()
+        && name.bytes().all(|b| b.is_ascii_graphic() || b == b' ')
+        && !name.starts_with(' ')
+        && !name.ends_with(' ')
+        && !name.starts_with("=?")
 }
 
 /// The call's result or error, when `message` answers request `id`.
@@ -252,12 +295,14 @@ async fn relay_progress(to: &Progress, message: Value) {
     }
 }
 
-/// Where the first complete SSE event in `buf` ends (after its blank line).
-fn event_end(buf: &[u8]) -> Option<usize> {
+/// Where the first complete SSE event in `buf` ends (after its blank line), searching from
+/// `from`.
+fn event_end(buf: &[u8], from: usize) -> Option<usize> {
+    let tail = buf.get(from..)?;
     let find = |needle: &[u8]| {
-        buf.windows(needle.len())
+        tail.windows(needle.len())
             .position(|w| w == needle)
-            .map(|i| i + needle.len())
+            .map(|i| from + i + needle.len())
     };
     [find(b"\n\n"), find(b"\r\n\r\n")]
         .into_iter()
@@ -290,17 +335,32 @@ mod tests {
     #[test]
     fn sse_events_split_and_decode() {
         let buf = b"data: {\"a\":1}\n\n: keep-alive\n\ndata: {\"b\"\r\n\r\n";
-        let end = event_end(buf).unwrap();
+        let end = event_end(buf, 0).unwrap();
         assert_eq!(event_data(&buf[..end]), Some(serde_json::json!({"a": 1})));
         let rest = &buf[end..];
-        let end2 = event_end(rest).unwrap();
+        let end2 = event_end(rest, 0).unwrap();
         assert_eq!(event_data(&rest[..end2]), None, "a comment has no data");
         let last = &rest[end2..];
         assert_eq!(
-            event_data(&last[..event_end(last).unwrap()]),
+            event_data(&last[..event_end(last, 0).unwrap()]),
             None,
             "not JSON"
         );
+        assert_eq!(
+            event_end(b"data: 1\n\n", 5),
+            Some(9),
+            "found from an offset"
+        );
+        assert_eq!(event_end(b"data: 1\n", 5), None);
+    }
+
+    #[test]
+    fn only_plain_names_go_in_a_header_as_they_are() {
+        assert!(plain_header_value("memo_set"));
+        assert!(plain_header_value("a tool"));
+        for bad in ["", " memo", "memo ", "=?base64?x?=", "café", "a\tb"] {
+            assert!(!plain_header_value(bad), "{bad:?}");
+        }
     }
 
     #[test]

@@ -212,9 +212,11 @@ pub fn pick<'a>(upstreams: &'a [Arc<Upstream>], uri: &str) -> Option<&'a Arc<Ups
 impl Upstream {
     pub fn new(cfg: UpstreamConfig) -> Upstream {
         let http_calls = match &cfg.target {
-            Target::Http(url) => {
-                http::HttpCalls::new(url, cfg.trust.token.as_ref().map(|t| t.0.as_str()))
-            }
+            Target::Http(url) => http::HttpCalls::new(
+                url,
+                cfg.trust.token.as_ref().map(|t| t.0.as_str()),
+                cfg.max_message_bytes,
+            ),
             _ => None,
         };
         Upstream {
@@ -272,8 +274,7 @@ impl Upstream {
             return None;
         }
         let calls = self.http_calls.as_ref()?;
-        self.catalog()
-            .is_some_and(|c| c.direct_call(tool))
+        (http::plain_header_value(tool) && self.catalog().is_some_and(|c| c.direct_call(tool)))
             .then_some(calls)
     }
 
