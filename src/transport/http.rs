@@ -249,6 +249,12 @@ struct MethodProbe<'a> {
 /// caller comes from the headers, the stream slot from the client's address
 /// ([`PeerStreams`]), and the admitted listen rides in the request extensions, which rmcp
 /// keeps for as long as the listen runs.
+///
+/// The same gate answers the two requests that carry a server's load itself, when they come
+/// in the plain shape every 2026-07-28 client sends: a listen ([`plain_listen`], herald's own
+/// SSE stream) and a `tools/call` ([`plain_call`], the handler then one JSON body). rmcp's
+/// stateless service builds a whole service per request; these answers are rmcp's, byte for
+/// byte in meaning (`tests/it/wire.rs` compares them), and anything else goes on to rmcp.
 async fn listen_gate(State(gate): State<Gate>, req: Request, next: Next) -> Response {
     let server = &gate.server;
     let max = server.limits().max_message_bytes;
@@ -273,6 +279,12 @@ async fn listen_gate(State(gate): State<Gate>, req: Request, next: Next) -> Resp
     // read) are not parsed twice: a listen's method name contains `listen` unless its letters
     // are written as `\u` escapes, and then the body contains `\u`.
     let contains = |needle: &[u8]| bytes.windows(needle.len()).any(|w| w == needle);
+    if contains(b"tools/call")
+        && let Some(call) = plain_call(&parts.headers, &bytes, server)
+    {
+        let caller = Caller::from_parts(&parts);
+        return call.answer(server, &caller).await;
+    }
     let is_listen = (contains(b"listen") || contains(b"\\u"))
         && serde_json::from_slice::<MethodProbe>(&bytes)
             .is_ok_and(|p| p.method.as_deref() == Some("subscriptions/listen"));
@@ -338,18 +350,47 @@ fn plain_listen(
     server: &SourceServer,
 ) -> Option<rmcp::model::RequestId> {
     use rmcp::ServerHandler as _;
-    use rmcp::model::{ClientJsonRpcMessage, ClientRequest, GetMeta as _, ProtocolVersion};
+    use rmcp::model::{ClientJsonRpcMessage, ClientRequest, GetMeta as _};
+    if plain_headers(headers, "subscriptions/listen")?.is_some() {
+        return None;
+    }
+    let subscribes = server
+        .get_info()
+        .capabilities
+        .resources
+        .is_some_and(|r| r.subscribe == Some(true));
+    if !subscribes {
+        return None;
+    }
+    let ClientJsonRpcMessage::Request(request) =
+        serde_json::from_slice::<ClientJsonRpcMessage>(body).ok()?
+    else {
+        return None;
+    };
+    (matches!(
+        &request.request,
+        ClientRequest::SubscriptionsListenRequest(_)
+    ) && modern_meta(request.request.get_meta()))
+    .then_some(request.id)
+}
+
+/// The headers, `Accept` and `_meta` every plain request must carry, as rmcp checks them:
+/// `MCP-Protocol-Version` 2026-07-28 and `Mcp-Method` `method` once each, an exact
+/// `application/json` body, both media types accepted (none weighted zero, no quoted
+/// parameters), no session or parameter headers, and a `_meta` naming the version and the
+/// client's capabilities. `Some(Mcp-Name)` when all hold (`Some(None)` when there is none).
+fn plain_headers<'h>(headers: &'h axum::http::HeaderMap, method: &str) -> Option<Option<&'h str>> {
+    use rmcp::model::ProtocolVersion;
     let only = |name: &str| {
         let mut values = headers.get_all(name).iter();
         let first = values.next()?.to_str().ok()?;
         values.next().is_none().then_some(first)
     };
-    let modern = ProtocolVersion::V_2026_07_28;
-    if only("mcp-protocol-version")? != modern.as_str()
-        || only("mcp-method")? != "subscriptions/listen"
+    if only("mcp-protocol-version")? != ProtocolVersion::V_2026_07_28.as_str()
+        || only("mcp-method")? != method
         || headers.keys().any(|k| {
             let k = k.as_str();
-            k == "mcp-session-id" || k == "mcp-name" || k.starts_with("mcp-param-")
+            k == "mcp-session-id" || k.starts_with("mcp-param-")
         })
     {
         return None;
@@ -390,12 +431,54 @@ fn plain_listen(
     if !json || !sse {
         return None;
     }
-    let subscribes = server
-        .get_info()
-        .capabilities
-        .resources
-        .is_some_and(|r| r.subscribe == Some(true));
-    if !subscribes {
+    Some(match headers.get_all("mcp-name").iter().count() {
+        0 => None,
+        1 => Some(headers.get("mcp-name")?.to_str().ok()?),
+        _ => return None,
+    })
+}
+
+/// Whether request `meta` names 2026-07-28 and the client's capabilities.
+fn modern_meta(meta: &rmcp::model::RequestMetaObject) -> bool {
+    let modern = rmcp::model::ProtocolVersion::V_2026_07_28;
+    meta.protocol_version().as_ref() == Some(&modern)
+        && meta.missing_required_keys(&modern).is_empty()
+}
+
+/// A `tools/call` herald answers itself, in place: see [`plain_call`].
+struct PlainCall {
+    id: rmcp::model::RequestId,
+    name: String,
+    args: rmcp::model::JsonObject,
+}
+
+/// Whether `key` appears anywhere in `object` as an object key.
+fn has_key(object: &rmcp::model::JsonObject, key: &str) -> bool {
+    fn within(v: &Value, key: &str) -> bool {
+        match v {
+            Value::Object(m) => has_key(m, key),
+            Value::Array(a) => a.iter().any(|v| within(v, key)),
+            _ => false,
+        }
+    }
+    object.iter().any(|(k, v)| k == key || within(v, key))
+}
+
+/// A `tools/call` in the shape every 2026-07-28 client sends for a plain call (the headers of
+/// [`plain_headers`], `Mcp-Name` exactly the tool's name, a well-formed request with no
+/// progress token and no tasks declared, of a tool that runs in place and promotes no
+/// argument to a header), which herald answers itself: the source's handler, then one JSON
+/// body. rmcp would build a whole service per request for it. Anything else goes on to rmcp.
+fn plain_call(
+    headers: &axum::http::HeaderMap,
+    body: &[u8],
+    server: &SourceServer,
+) -> Option<PlainCall> {
+    use rmcp::ServerHandler as _;
+    use rmcp::model::{ClientJsonRpcMessage, ClientRequest, GetMeta as _};
+    // rmcp answers a missing Mcp-Name with 400, and decodes a `=?base64?…?=` one first.
+    let name_header = plain_headers(headers, "tools/call")??;
+    if name_header.starts_with("=?") {
         return None;
     }
     let ClientJsonRpcMessage::Request(request) =
@@ -403,16 +486,75 @@ fn plain_listen(
     else {
         return None;
     };
-    if !matches!(
-        &request.request,
-        ClientRequest::SubscriptionsListenRequest(_)
-    ) {
+    let meta = request.request.get_meta();
+    if !modern_meta(meta)
+        || meta.get_progress_token().is_some()
+        || meta
+            .client_capabilities()
+            .is_some_and(|c| c.supports_tasks())
+    {
         return None;
     }
-    let meta = request.request.get_meta();
-    (meta.protocol_version().as_ref() == Some(&modern)
-        && meta.missing_required_keys(&modern).is_empty())
-    .then_some(request.id)
+    let ClientRequest::CallToolRequest(call) = request.request else {
+        return None;
+    };
+    let name = call.params.name.to_string();
+    if name_header != name {
+        return None;
+    }
+    // rmcp checks `Mcp-Param-*` headers against the schema its context-less hook returns.
+    if server
+        .get_tool(&name)
+        .is_some_and(|t| has_key(&t.input_schema, "x-mcp-header"))
+    {
+        return None;
+    }
+    Some(PlainCall {
+        id: request.id,
+        name,
+        args: call.params.arguments.unwrap_or_default(),
+    })
+}
+
+impl PlainCall {
+    /// Runs the call for `caller` and answers it as rmcp would: one JSON body, `400` for the
+    /// protocol's own request errors (a tool that only runs as a task: `-32021`), `404` for
+    /// an unknown method, else `200`, and an error answer logged as rmcp logs it. One
+    /// difference, on purpose: at shutdown the call gets the grace every plain call is
+    /// promised ([`SourceServer::call_in_process`]) where rmcp would cut it with a `500`.
+    async fn answer(self, server: &SourceServer, caller: &Caller) -> Response {
+        use rmcp::model::{CallToolResponse, ErrorCode, ServerJsonRpcMessage, ServerResult};
+        let result = server
+            .call_in_process(caller, &self.name, self.args, None)
+            .await;
+        let (message, status) = match result {
+            Ok(r) => (
+                ServerJsonRpcMessage::response(
+                    ServerResult::from(CallToolResponse::from(r)),
+                    self.id,
+                ),
+                StatusCode::OK,
+            ),
+            Err(e) => {
+                let e = crate::mcp::server::to_mcp_error(e);
+                tracing::warn!(tool = %self.name, code = e.code.0, "response error: {}", e.message);
+                let status = match e.code {
+                    ErrorCode::UNSUPPORTED_PROTOCOL_VERSION
+                    | ErrorCode::MISSING_REQUIRED_CLIENT_CAPABILITY
+                    | ErrorCode::HEADER_MISMATCH => StatusCode::BAD_REQUEST,
+                    ErrorCode::METHOD_NOT_FOUND => StatusCode::NOT_FOUND,
+                    _ => StatusCode::OK,
+                };
+                (ServerJsonRpcMessage::error(e, Some(self.id)), status)
+            }
+        };
+        match serde_json::to_vec(&message) {
+            Ok(body) => {
+                (status, [(header::CONTENT_TYPE, "application/json")], body).into_response()
+            }
+            Err(_) => StatusCode::INTERNAL_SERVER_ERROR.into_response(),
+        }
+    }
 }
 
 /// Notifications queued for one SSE listen stream before its task waits (the transport's
@@ -663,4 +805,62 @@ fn rpc_error(status: StatusCode, id: Value, error: Value) -> Response {
         json!({"jsonrpc": "2.0", "id": id, "error": error}).to_string(),
     )
         .into_response()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::testing::MemoServer;
+
+    fn headers(pairs: &[(&'static str, &'static str)]) -> axum::http::HeaderMap {
+        pairs
+            .iter()
+            .map(|(k, v)| (header::HeaderName::from_static(k), v.parse().unwrap()))
+            .collect()
+    }
+
+    fn call_body(name: &str, meta: Value) -> Vec<u8> {
+        serde_json::to_vec(&json!({"jsonrpc": "2.0", "id": 7, "method": "tools/call",
+            "params": {"_meta": meta, "name": name, "arguments": {"key": "k", "value": 1}}}))
+        .unwrap()
+    }
+
+    /// The plain call herald answers itself is the one every 2026-07-28 client sends; a
+    /// progress token, a second `Mcp-Name` or a name that differs from the body's goes to rmcp.
+    #[tokio::test]
+    async fn a_plain_call_is_recognised_and_anything_else_left_to_rmcp() {
+        let memo = MemoServer::start().await;
+        let server = memo.server();
+        let meta = json!({"io.modelcontextprotocol/protocolVersion": "2026-07-28",
+            "io.modelcontextprotocol/clientCapabilities": {},
+            "io.modelcontextprotocol/clientInfo": {"name": "t", "version": "1"}});
+        let plain = headers(&[
+            ("content-type", "application/json"),
+            ("accept", "application/json, text/event-stream"),
+            ("mcp-protocol-version", "2026-07-28"),
+            ("mcp-method", "tools/call"),
+            ("mcp-name", "memo_set"),
+        ]);
+        let call = plain_call(&plain, &call_body("memo_set", meta.clone()), &server)
+            .expect("a plain call is answered in place");
+        assert_eq!(call.name, "memo_set");
+        assert_eq!(call.args["key"], "k");
+
+        let mut with_progress = meta.clone();
+        with_progress["progressToken"] = json!("p");
+        assert!(plain_call(&plain, &call_body("memo_set", with_progress), &server).is_none());
+        assert!(plain_call(&plain, &call_body("memo_delete", meta.clone()), &server).is_none());
+        let mut no_name = plain.clone();
+        no_name.remove("mcp-name");
+        assert!(plain_call(&no_name, &call_body("memo_set", meta.clone()), &server).is_none());
+        let mut encoded = plain.clone();
+        encoded.insert("mcp-name", "=?base64?bWVtb19zZXQ=?=".parse().unwrap());
+        assert!(plain_call(&encoded, &call_body("memo_set", meta.clone()), &server).is_none());
+        let mut two_names = plain.clone();
+        two_names.append("mcp-name", "memo_set".parse().unwrap());
+        assert!(plain_call(&two_names, &call_body("memo_set", meta.clone()), &server).is_none());
+        let mut old = plain.clone();
+        old.insert("mcp-protocol-version", "2025-11-25".parse().unwrap());
+        assert!(plain_call(&old, &call_body("memo_set", meta), &server).is_none());
+    }
 }

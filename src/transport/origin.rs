@@ -87,7 +87,12 @@ impl Allowlist {
     /// Whether a request with this URI and these headers passes both lists.
     pub fn admits(&self, uri: &http::Uri, headers: &HeaderMap) -> bool {
         let host = match headers.get(http::header::HOST) {
-            Some(h) => h.to_str().ok().and_then(authority),
+            // A request's Host is an authority: a bare IPv6 address is refused, as rmcp does.
+            Some(h) => h
+                .to_str()
+                .ok()
+                .and_then(|h| http::uri::Authority::try_from(h.trim()).ok())
+                .map(|a| (normalize_host(a.host()), a.port_u16())),
             None => uri
                 .authority()
                 .map(|a| (normalize_host(a.host()), a.port_u16())),
@@ -159,6 +164,7 @@ mod tests {
     fn hosts_and_origins_match_like_rmcp() {
         assert!(req("127.0.0.1:8750", None));
         assert!(req("[::1]:1", Some("http://[::1]:3000")));
+        assert!(!req("::1", None), "a Host is an authority: IPv6 in brackets");
         assert!(req("localhost", Some("http://localhost:3000")));
         assert!(req("mcp.example:8443", Some("https://app.example.com")));
         assert!(!req("evil.example:8750", None), "DNS rebinding");

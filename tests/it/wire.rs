@@ -493,3 +493,55 @@ async fn an_http_listen_whose_reader_stalls_is_ended() {
     let (notes, _) = read_json(&c, "memo://notes").await;
     assert!(notes.get("k0").is_some(), "{notes}");
 }
+
+/// A plain `tools/call` is answered by herald itself, with no rmcp service per request; the
+/// answer must be exactly rmcp's. A quoted `Accept` parameter sends the same call to rmcp.
+#[tokio::test]
+async fn a_plain_http_call_is_answered_as_rmcp_answers_it() {
+    let s = Server::spawn(&["--store", ":memory:", "memo", "--http", "127.0.0.1:0"]).await;
+    let client = reqwest::Client::new();
+    let post = |accept: &'static str, name: &str, arguments: Value| {
+        let body = json!({"jsonrpc":"2.0","id":"c1","method":"tools/call",
+            "params":{"_meta":meta(),"name":name,"arguments":arguments}});
+        client
+            .post(s.http_url())
+            .header("content-type", "application/json")
+            .header("accept", accept)
+            .header("mcp-protocol-version", "2026-07-28")
+            .header("mcp-method", "tools/call")
+            .header("mcp-name", name)
+            .body(body.to_string())
+            .send()
+    };
+    // Set first, so both paths answer the same call with the same "unchanged".
+    let first = post(
+        "application/json, text/event-stream",
+        "memo_set",
+        json!({"key": "k", "value": 1}),
+    )
+    .await
+    .unwrap();
+    assert_eq!(first.status(), 200);
+    for (name, arguments) in [
+        ("memo_set", json!({"key": "k", "value": 1})),
+        ("memo_set", json!({})),
+        ("memo_delete", json!({"key": "nope"})),
+        ("no_such_tool", json!({})),
+    ] {
+        let mut answers = Vec::new();
+        for accept in [
+            "application/json, text/event-stream",
+            "application/json, text/event-stream;x=\"rmcp\"",
+        ] {
+            let r = tokio::time::timeout(WAIT, post(accept, name, arguments.clone()))
+                .await
+                .unwrap()
+                .unwrap();
+            let status = r.status().as_u16();
+            let kind = r.headers()["content-type"].to_str().unwrap().to_owned();
+            let body: Value = serde_json::from_str(&r.text().await.unwrap()).unwrap();
+            answers.push((status, kind, body));
+        }
+        assert_eq!(answers[0], answers[1], "{name} {arguments}");
+    }
+}
