@@ -13,7 +13,7 @@ use std::sync::atomic::AtomicUsize;
 use std::time::Duration;
 
 use axum::Router;
-use axum::body::Body;
+use axum::body::{Body, Bytes};
 use axum::extract::{Request, State};
 use axum::http::{Method, StatusCode, header};
 use axum::middleware::Next;
@@ -32,6 +32,8 @@ use crate::mcp::admission::{ConnStreams, ListenFilter, PendingListen};
 use crate::mcp::caller::{Caller, PeerAddr};
 use crate::mcp::server::SourceServer;
 use crate::transport::origin::Allowlist;
+
+mod first;
 
 /// The path the MCP endpoint is served on.
 pub const MCP_PATH: &str = "/mcp";
@@ -79,13 +81,26 @@ pub fn from_std(listener: std::net::TcpListener) -> std::io::Result<TcpListener>
     TcpListener::from_std(listener)
 }
 
-/// The router serving `server` at [`MCP_PATH`], plus `/live`.
+/// What [`serve`] serves: a router, and for an MCP endpoint the gate whose plain listens
+/// are answered ahead of hyper when they come first on a connection ([`first`]).
+pub struct Endpoint {
+    router: Router,
+    gate: Option<Gate>,
+}
+
+impl From<Router> for Endpoint {
+    fn from(router: Router) -> Endpoint {
+        Endpoint { router, gate: None }
+    }
+}
+
+/// The MCP endpoint serving `server` at [`MCP_PATH`], plus `/live` and `/metrics`.
 pub fn router(
     server: SourceServer,
     bound: SocketAddr,
     opts: &HttpOptions,
     sessions: CancellationToken,
-) -> Router {
+) -> Endpoint {
     let limits = server.limits().clone();
     let mut hosts: Vec<String> = vec!["localhost".into(), "127.0.0.1".into(), "::1".into()];
     if !bound.ip().is_unspecified() {
@@ -117,9 +132,12 @@ pub fn router(
         Arc::new(LocalSessionManager::default()),
         config,
     );
-    Router::new()
+    let router = Router::new()
         .nest_service(MCP_PATH, service)
-        .layer(axum::middleware::from_fn_with_state(gate, listen_gate))
+        .layer(axum::middleware::from_fn_with_state(
+            gate.clone(),
+            listen_gate,
+        ))
         .route("/live", axum::routing::get(|| async { "ok\n" }))
         .route(
             "/metrics",
@@ -129,17 +147,22 @@ pub fn router(
                     crate::mcp::metrics::render(),
                 )
             }),
-        )
+        );
+    Endpoint {
+        router,
+        gate: Some(gate),
+    }
 }
 
-/// Serves `router` on `listener` until `shutdown`, then drains open connections for up to
+/// Serves `endpoint` on `listener` until `shutdown`, then drains open connections for up to
 /// `grace`.
 pub async fn serve(
     listener: TcpListener,
-    router: Router,
+    endpoint: impl Into<Endpoint>,
     shutdown: CancellationToken,
     grace: Duration,
 ) {
+    let Endpoint { router, gate } = endpoint.into();
     let tracker = TaskTracker::new();
     let graceful = hyper_util::server::graceful::GracefulShutdown::new();
     let peers = PeerStreams::default();
@@ -160,28 +183,46 @@ pub async fn serve(
         crate::mcp::metrics::HTTP_CONNECTIONS_ACCEPTED
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let conn = peers.for_peer(peer.ip());
-        let svc = tower::ServiceExt::map_request(
-            router.clone(),
-            move |mut req: Request<hyper::body::Incoming>| {
-                req.extensions_mut().insert(conn.clone());
-                req.extensions_mut().insert(PeerAddr(peer));
-                req
-            },
-        );
-        let mut builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
-        // Without a timer hyper silently drops its header-read timeout; a client that never
-        // finishes its headers would hold the connection forever.
-        builder
-            .http1()
-            .timer(hyper_util::rt::TokioTimer::new())
-            .header_read_timeout(Duration::from_secs(30));
-        let connection = builder
-            .serve_connection_with_upgrades(TokioIo::new(stream), TowerToHyperService::new(svc))
-            .into_owned();
-        let watched = graceful.watch(connection);
+        let router = router.clone();
+        let gate = gate.clone();
+        let watcher = graceful.watcher();
+        let shutdown = shutdown.clone();
         tracker.spawn(
             async move {
-                if let Err(e) = watched.await {
+                let prefix = match &gate {
+                    None => Vec::new(),
+                    Some(gate) => {
+                        let first = first::serve_first(&stream, gate, peer, &conn, &shutdown);
+                        match first.await {
+                            first::First::Gone | first::First::Done => return,
+                            first::First::Hyper(bytes) | first::First::Answered(bytes) => bytes,
+                        }
+                    }
+                };
+                if shutdown.is_cancelled() {
+                    return;
+                }
+                let svc = tower::ServiceExt::map_request(
+                    router,
+                    move |mut req: Request<hyper::body::Incoming>| {
+                        req.extensions_mut().insert(conn.clone());
+                        req.extensions_mut().insert(PeerAddr(peer));
+                        req
+                    },
+                );
+                let mut builder =
+                    hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
+                // Without a timer hyper silently drops its header-read timeout; a client that
+                // never finishes its headers would hold the connection forever.
+                builder
+                    .http1()
+                    .timer(hyper_util::rt::TokioTimer::new())
+                    .header_read_timeout(first::HEAD_TIMEOUT);
+                let io = TokioIo::new(first::Prefixed::new(prefix, stream));
+                let connection = builder
+                    .serve_connection_with_upgrades(io, TowerToHyperService::new(svc))
+                    .into_owned();
+                if let Err(e) = watcher.watch(connection).await {
                     debug!(error = %e, "http connection ended with an error");
                 }
             }
@@ -190,10 +231,13 @@ pub async fn serve(
     }
     drop(listener);
     tracker.close();
-    if tokio::time::timeout(grace, graceful.shutdown())
-        .await
-        .is_err()
-    {
+    // hyper's connections close once their requests are answered; a listen answered ahead
+    // of hyper ends with the server's shutdown and writes its result.
+    let drained = async {
+        graceful.shutdown().await;
+        tracker.wait().await;
+    };
+    if tokio::time::timeout(grace, drained).await.is_err() {
         debug!("http drain deadline passed; closing remaining connections");
     }
 }
@@ -317,13 +361,11 @@ async fn listen_gate(State(gate): State<Gate>, req: Request, next: Next) -> Resp
             body = Body::from(v.to_string());
             parts.headers.remove(header::CONTENT_LENGTH);
         }
-        let echo = listen.task_ids();
         if let Some(id) = plain_listen(&parts.headers, &bytes, server) {
-            // As rmcp acknowledges: the accepted URIs, when the request named some and some
-            // were accepted.
-            let uris = (filter.resources.is_some() && !accepted.is_empty()).then_some(accepted);
-            return sse_listen(server.clone(), listen, id, uris, echo);
+            let (uris, task_ids) = ack_lists(&filter, &listen);
+            return sse_listen(server.clone(), listen, id, uris, task_ids);
         }
+        let echo = listen.task_ids();
         parts.extensions.insert(PendingListen::new(listen));
         let response = next.run(Request::from_parts(parts, body)).await;
         // rmcp's acknowledgment has no `taskIds`: add the admitted ones as it goes out.
@@ -571,7 +613,7 @@ struct SseOut {
 }
 
 /// One SSE event carrying `message`.
-fn sse_event(message: &impl serde::Serialize) -> axum::body::Bytes {
+fn sse_event(message: &impl serde::Serialize) -> Bytes {
     let mut out = b"data: ".to_vec();
     serde_json::to_writer(&mut out, message).expect("JSON values serialize");
     out.extend_from_slice(b"\n\n");
@@ -581,14 +623,83 @@ fn sse_event(message: &impl serde::Serialize) -> axum::body::Bytes {
 /// The subscription-id key of a notification's `_meta`.
 const SUBSCRIPTION_ID: &str = "io.modelcontextprotocol/subscriptionId";
 
+/// A listen's acknowledgment for subscription `id` (`uris` as its `resourceSubscriptions`,
+/// `task_ids` as its `taskIds`).
+fn ack_event(id: &Value, uris: Option<Vec<String>>, task_ids: Option<Vec<String>>) -> Bytes {
+    let mut notifications = serde_json::Map::new();
+    if let Some(uris) = uris {
+        notifications.insert("resourceSubscriptions".into(), json!(uris));
+    }
+    if let Some(ids) = task_ids {
+        notifications.insert("taskIds".into(), json!(ids));
+    }
+    sse_event(
+        &json!({"jsonrpc": "2.0", "method": "notifications/subscriptions/acknowledged",
+        "params": {"_meta": {SUBSCRIPTION_ID: id}, "notifications": notifications}}),
+    )
+}
+
+/// `notifications/resources/updated` for `uri` on subscription `id`.
+fn updated_event(id: &Value, uri: &str) -> Bytes {
+    sse_event(&json!({"jsonrpc": "2.0",
+        "method": "notifications/resources/updated",
+        "params": {"_meta": {SUBSCRIPTION_ID: id}, "uri": uri}}))
+}
+
+/// `notifications/tasks` with `task`'s state on subscription `id`.
+fn task_event(id: &Value, task: rmcp::model::DetailedTask) -> Bytes {
+    let mut n = serde_json::to_value(rmcp::model::ServerJsonRpcMessage::notification(
+        rmcp::model::ServerNotification::TaskStatusNotification(
+            rmcp::model::TaskStatusNotification::new(task.into()),
+        ),
+    ))
+    .expect("a notification serializes");
+    if let Some(params) = n.get_mut("params").and_then(Value::as_object_mut) {
+        let meta = params.entry("_meta").or_insert_with(|| json!({}));
+        if let Some(meta) = meta.as_object_mut() {
+            meta.insert(SUBSCRIPTION_ID.into(), id.clone());
+        }
+    }
+    sse_event(&n)
+}
+
+/// A listen's last event: its graceful result, or the error that ended it.
+fn final_event(
+    server: &SourceServer,
+    id: rmcp::model::RequestId,
+    ended: Result<(), rmcp::model::ErrorData>,
+) -> Bytes {
+    match ended {
+        Ok(()) => {
+            use rmcp::ServerHandler as _;
+            let mut result = rmcp::model::SubscriptionsListenResult::complete(id.clone());
+            result.meta.set_server_info(server.get_info().server_info);
+            sse_event(&rmcp::model::ServerJsonRpcMessage::response(
+                rmcp::model::ServerResult::SubscriptionsListenResult(result),
+                id,
+            ))
+        }
+        Err(e) => sse_event(&rmcp::model::ServerJsonRpcMessage::error(e, Some(id))),
+    }
+}
+
+/// What a plain listen's acknowledgment names, as rmcp would: the accepted URIs when the
+/// request named some and some were accepted, and the admitted task ids.
+fn ack_lists(
+    filter: &ListenFilter,
+    listen: &crate::mcp::admission::AdmittedListen,
+) -> (Option<Vec<String>>, Option<Vec<String>>) {
+    let accepted = listen.uris();
+    let uris = (filter.resources.is_some() && !accepted.is_empty()).then_some(accepted);
+    (uris, listen.task_ids())
+}
+
 impl crate::mcp::listen::ListenOut for SseOut {
     async fn updated(&mut self, uri: &str) -> Result<(), crate::mcp::listen::Undelivered> {
         let event = match self.events.iter().find(|(u, _)| u == uri) {
             Some((_, e)) => e.clone(),
             None => {
-                let e = sse_event(&json!({"jsonrpc": "2.0",
-                    "method": "notifications/resources/updated",
-                    "params": {"_meta": {SUBSCRIPTION_ID: self.id}, "uri": uri}}));
+                let e = updated_event(&self.id, uri);
                 self.events.push((uri.to_owned(), e.clone()));
                 e
             }
@@ -603,20 +714,8 @@ impl crate::mcp::listen::ListenOut for SseOut {
         &mut self,
         task: rmcp::model::DetailedTask,
     ) -> Result<(), crate::mcp::listen::Undelivered> {
-        let mut n = serde_json::to_value(rmcp::model::ServerJsonRpcMessage::notification(
-            rmcp::model::ServerNotification::TaskStatusNotification(
-                rmcp::model::TaskStatusNotification::new(task.into()),
-            ),
-        ))
-        .expect("a notification serializes");
-        if let Some(params) = n.get_mut("params").and_then(Value::as_object_mut) {
-            let meta = params.entry("_meta").or_insert_with(|| json!({}));
-            if let Some(meta) = meta.as_object_mut() {
-                meta.insert(SUBSCRIPTION_ID.into(), self.id.clone());
-            }
-        }
         self.tx
-            .send(sse_event(&n))
+            .send(task_event(&self.id, task))
             .await
             .map_err(|_| crate::mcp::listen::Undelivered::Closed)
     }
@@ -649,16 +748,7 @@ fn sse_listen(
 ) -> Response {
     let (tx, rx) = tokio::sync::mpsc::channel(SSE_QUEUE);
     let id_json = serde_json::to_value(&id).expect("an id serializes");
-    let mut notifications = serde_json::Map::new();
-    if let Some(uris) = uris {
-        notifications.insert("resourceSubscriptions".into(), json!(uris));
-    }
-    if let Some(ids) = task_ids {
-        notifications.insert("taskIds".into(), json!(ids));
-    }
-    let ack = json!({"jsonrpc": "2.0", "method": "notifications/subscriptions/acknowledged",
-        "params": {"_meta": {SUBSCRIPTION_ID: id_json}, "notifications": notifications}});
-    tx.try_send(sse_event(&ack))
+    tx.try_send(ack_event(&id_json, uris, task_ids))
         .expect("a new channel has room for the acknowledgment");
     let stall = server.limits().stall_timeout;
     tokio::spawn(async move {
@@ -671,18 +761,7 @@ fn sse_listen(
         if out.tx.is_closed() {
             return;
         }
-        let last = match ended {
-            Ok(()) => {
-                use rmcp::ServerHandler as _;
-                let mut result = rmcp::model::SubscriptionsListenResult::complete(id.clone());
-                result.meta.set_server_info(server.get_info().server_info);
-                sse_event(&rmcp::model::ServerJsonRpcMessage::response(
-                    rmcp::model::ServerResult::SubscriptionsListenResult(result),
-                    id,
-                ))
-            }
-            Err(e) => sse_event(&rmcp::model::ServerJsonRpcMessage::error(e, Some(id))),
-        };
+        let last = final_event(&server, id, ended);
         let _ = tokio::time::timeout(stall, out.tx.send(last)).await;
     });
     let body = futures::stream::unfold(rx, |mut rx| async move {

@@ -164,7 +164,10 @@ mod tests {
     fn hosts_and_origins_match_like_rmcp() {
         assert!(req("127.0.0.1:8750", None));
         assert!(req("[::1]:1", Some("http://[::1]:3000")));
-        assert!(!req("::1", None), "a Host is an authority: IPv6 in brackets");
+        assert!(
+            !req("::1", None),
+            "a Host is an authority: IPv6 in brackets"
+        );
         assert!(req("localhost", Some("http://localhost:3000")));
         assert!(req("mcp.example:8443", Some("https://app.example.com")));
         assert!(!req("evil.example:8750", None), "DNS rebinding");

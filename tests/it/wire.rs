@@ -545,3 +545,48 @@ async fn a_plain_http_call_is_answered_as_rmcp_answers_it() {
         assert_eq!(answers[0], answers[1], "{name} {arguments}");
     }
 }
+
+/// A listen that comes first on its connection (answered on the socket, ahead of hyper) ends
+/// at shutdown as every listen does: its graceful result, then the chunked body's end.
+#[tokio::test]
+async fn a_listen_first_on_its_connection_ends_with_its_result_at_shutdown() {
+    let s = Server::spawn(&["--store", ":memory:", "memo", "--http", "127.0.0.1:0"]).await;
+    let addr = s
+        .http_url()
+        .trim_start_matches("http://")
+        .trim_end_matches("/mcp")
+        .to_owned();
+    let mut socket = tokio::net::TcpStream::connect(&addr).await.unwrap();
+    let body = json!({"jsonrpc":"2.0","id":"L","method":"subscriptions/listen",
+        "params":{"_meta":meta(),"notifications":{"resourceSubscriptions":["memo://notes"]}}})
+    .to_string();
+    let request = format!(
+        "POST /mcp HTTP/1.1\r\nhost: {addr}\r\ncontent-type: application/json\r\n\
+         accept: application/json, text/event-stream\r\nmcp-protocol-version: 2026-07-28\r\n\
+         mcp-method: subscriptions/listen\r\ncontent-length: {}\r\n\r\n{body}",
+        body.len()
+    );
+    socket.write_all(request.as_bytes()).await.unwrap();
+    let mut seen = Vec::new();
+    let mut read_until = async |seen: &mut Vec<u8>, needle: &str| {
+        while !String::from_utf8_lossy(seen).contains(needle) {
+            let mut buf = [0u8; 4096];
+            let n =
+                tokio::time::timeout(WAIT, tokio::io::AsyncReadExt::read(&mut socket, &mut buf))
+                    .await
+                    .unwrap_or_else(|_| panic!("{needle} in time"))
+                    .unwrap();
+            assert!(
+                n > 0,
+                "closed before {needle}: {}",
+                String::from_utf8_lossy(seen)
+            );
+            seen.extend_from_slice(&buf[..n]);
+        }
+    };
+    read_until(&mut seen, "acknowledged").await;
+    assert!(s.terminate().await.success());
+    read_until(&mut seen, "\r\n0\r\n\r\n").await;
+    let text = String::from_utf8_lossy(&seen);
+    assert!(text.contains(r#""resultType":"complete""#), "{text}");
+}

@@ -1,0 +1,667 @@
+//! A connection's first request, read ahead of hyper: when it is a plain listen
+//! ([`plain_listen`](super::plain_listen)), herald answers it on the socket itself and only
+//! hands the connection to hyper once the stream is over.
+//!
+//! Why: an idle listen stream held by hyper costs its connection hyper's 8 KiB read buffer and
+//! 8 KiB write buffer, a response body task and a channel, about 25 KiB in all; 10,000 of them
+//! were 267 MB. Here a stream is one task holding the socket, the delivery loop and a small
+//! read buffer for noticing the client leave. Listens mostly come first on their own
+//! connection (an HTTP/1.1 response that never ends occupies the connection), so this is where
+//! nearly all of them land; a listen arriving later on a kept-alive connection, or in any shape
+//! other than the plain one, goes through hyper and [`listen_gate`](super::listen_gate) as
+//! before, to the same delivery loop.
+//!
+//! The bytes read here are never lost: anything that is not a plain listen (or a listen whose
+//! admission fails: the gate admits again and answers the error) goes to hyper with them in
+//! front of the socket ([`Prefixed`]).
+
+use std::io;
+use std::pin::Pin;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use axum::body::Bytes;
+use axum::http::{self, HeaderMap, HeaderName, HeaderValue};
+use serde_json::Value;
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::net::TcpStream;
+use tokio_util::sync::CancellationToken;
+use tracing::debug;
+
+use super::{Gate, MCP_PATH};
+use crate::mcp::admission::{ConnStreams, ListenFilter};
+use crate::mcp::caller::{Caller, PeerAddr};
+use crate::mcp::listen::Undelivered;
+
+/// How long a client has to send its first request's head (hyper's header-read timeout).
+pub(super) const HEAD_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// A first request head longer than this goes to hyper as it is (hyper has its own limit).
+const MAX_HEAD: usize = 16 * 1024;
+
+/// Bytes a client may send on a connection while its listen stream runs (HTTP/1.1
+/// pipelining); they are served by hyper once the stream ends. More ends the stream.
+const MAX_PIPELINED: usize = 64 * 1024;
+
+/// What reading the first request found.
+pub(super) enum First {
+    /// The client went away (or never sent a byte before the timeout).
+    Gone,
+    /// Not herald's to answer: serve the connection with hyper, these bytes first.
+    Hyper(Vec<u8>),
+    /// The stream was answered; the connection goes on to hyper with these bytes first.
+    Answered(Vec<u8>),
+    /// The stream was answered and the connection is done.
+    Done,
+}
+
+/// Reads the connection's first request and, when it is a plain listen that is admitted,
+/// answers it: see the module documentation.
+pub(super) async fn serve_first(
+    stream: &TcpStream,
+    gate: &Gate,
+    peer: std::net::SocketAddr,
+    conn: &ConnStreams,
+    shutdown: &CancellationToken,
+) -> First {
+    let max = gate.server.limits().max_message_bytes;
+    let read = tokio::select! {
+        _ = shutdown.cancelled() => return First::Gone,
+        read = tokio::time::timeout(HEAD_TIMEOUT, read_listen(stream, max)) => read,
+    };
+    let (buf, request) = match read {
+        Err(_) => return First::Gone,
+        Ok(Read::Gone) => return First::Gone,
+        Ok(Read::Other(buf)) => return First::Hyper(buf),
+        Ok(Read::Listen(buf, request)) => (buf, request),
+    };
+    match admit(gate, peer, conn, &buf, request).await {
+        Some(admitted) => answer(stream, gate, admitted, shutdown).await,
+        None => First::Hyper(buf),
+    }
+}
+
+/// The parsed head of a request that may be a plain listen.
+struct Head {
+    path: String,
+    headers: HeaderMap,
+    /// Where the body starts in the buffer, and its length.
+    body: std::ops::Range<usize>,
+}
+
+enum Read {
+    Gone,
+    Other(Vec<u8>),
+    Listen(Vec<u8>, Head),
+}
+
+/// Reads until the first request is known not to be a plain listen (its head says so), or is
+/// read whole.
+async fn read_listen(stream: &TcpStream, max_body: usize) -> Read {
+    let mut buf = Vec::with_capacity(1024);
+    let head = loop {
+        match read_some(stream, &mut buf).await {
+            Ok(0) | Err(_) if buf.is_empty() => return Read::Gone,
+            Ok(0) | Err(_) => return Read::Other(buf),
+            Ok(_) => {}
+        }
+        if !b"POST ".starts_with(&buf[..buf.len().min(5)]) {
+            return Read::Other(buf);
+        }
+        match parse_head(&buf, max_body) {
+            Parsed::Partial if buf.len() < MAX_HEAD => continue,
+            Parsed::Partial | Parsed::Other => return Read::Other(buf),
+            Parsed::Listen(head) => break head,
+        }
+    };
+    while buf.len() < head.body.end {
+        match read_some(stream, &mut buf).await {
+            Ok(0) | Err(_) => return Read::Other(buf),
+            Ok(_) => {}
+        }
+    }
+    Read::Listen(buf, head)
+}
+
+/// One read into `buf`'s spare room (grown when full).
+async fn read_some(stream: &TcpStream, buf: &mut Vec<u8>) -> io::Result<usize> {
+    if buf.capacity() - buf.len() < 512 {
+        buf.reserve(buf.capacity().max(1024));
+    }
+    loop {
+        stream.readable().await?;
+        match stream.try_read_buf(buf) {
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => continue,
+            r => return r,
+        }
+    }
+}
+
+enum Parsed {
+    Partial,
+    Other,
+    Listen(Head),
+}
+
+/// The head in `buf`, when it may be a plain listen: `POST /mcp` over HTTP/1.1, a
+/// `Content-Length` body of at most `max_body` bytes, `Mcp-Method: subscriptions/listen`, no
+/// `Transfer-Encoding`, `Expect`, `Upgrade` or `Connection` header (those stay hyper's).
+fn parse_head(buf: &[u8], max_body: usize) -> Parsed {
+    let mut slots = [httparse::EMPTY_HEADER; 48];
+    let mut req = httparse::Request::new(&mut slots);
+    let head_len = match req.parse(buf) {
+        Ok(httparse::Status::Complete(n)) => n,
+        Ok(httparse::Status::Partial) => return Parsed::Partial,
+        Err(_) => return Parsed::Other,
+    };
+    let path = req.path.unwrap_or_default();
+    let ours = req.method == Some("POST")
+        && req.version == Some(1)
+        && (path == MCP_PATH
+            || path
+                .strip_prefix(MCP_PATH)
+                .is_some_and(|q| q.starts_with('?')));
+    if !ours {
+        return Parsed::Other;
+    }
+    let mut headers = HeaderMap::with_capacity(req.headers.len());
+    let mut length = None;
+    let mut listen = false;
+    for h in req.headers.iter() {
+        let Ok(name) = HeaderName::from_bytes(h.name.as_bytes()) else {
+            return Parsed::Other;
+        };
+        let Ok(value) = HeaderValue::from_bytes(h.value) else {
+            return Parsed::Other;
+        };
+        match name.as_str() {
+            "transfer-encoding" | "expect" | "upgrade" | "connection" => return Parsed::Other,
+            "content-length" => {
+                let n = value
+                    .to_str()
+                    .ok()
+                    .and_then(|v| v.trim().parse::<usize>().ok());
+                if length.is_some() || n.is_none() {
+                    return Parsed::Other;
+                }
+                length = n;
+            }
+            "mcp-method" => listen = value.as_bytes() == b"subscriptions/listen",
+            _ => {}
+        }
+        headers.append(name, value);
+    }
+    match length {
+        Some(n) if listen && n <= max_body => Parsed::Listen(Head {
+            path: path.to_owned(),
+            headers,
+            body: head_len..head_len + n,
+        }),
+        _ => Parsed::Other,
+    }
+}
+
+/// An admitted plain listen, ready to answer.
+struct Admitted {
+    listen: crate::mcp::admission::AdmittedListen,
+    id: rmcp::model::RequestId,
+    uris: Option<Vec<String>>,
+    task_ids: Option<Vec<String>>,
+}
+
+/// The gate's checks and admission for a plain listen; `None` for anything the gate must see
+/// (refused Host or Origin, not a plain listen, a bad filter, a refused admission).
+async fn admit(
+    gate: &Gate,
+    peer: std::net::SocketAddr,
+    conn: &ConnStreams,
+    buf: &[u8],
+    head: Head,
+) -> Option<Admitted> {
+    let body = &buf[head.body.clone()];
+    let mut request = http::Request::builder()
+        .method(http::Method::POST)
+        .uri(head.path)
+        .body(())
+        .ok()?;
+    *request.headers_mut() = head.headers;
+    request.extensions_mut().insert(PeerAddr(peer));
+    let (parts, ()) = request.into_parts();
+    let json = parts
+        .headers
+        .get(http::header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.trim_start().starts_with("application/json"));
+    if !json || !gate.allow.admits(&parts.uri, &parts.headers) {
+        return None;
+    }
+    let id = super::plain_listen(&parts.headers, body, &gate.server)?;
+    let v: Value = serde_json::from_slice(body).ok()?;
+    let filter = ListenFilter::from_params(v.get("params")).ok()?;
+    let caller = Caller::from_parts(&parts);
+    let listen = gate.server.admit(&caller, &filter, conn).await.ok()?;
+    let (uris, task_ids) = super::ack_lists(&filter, &listen);
+    Some(Admitted {
+        listen,
+        id,
+        uris,
+        task_ids,
+    })
+}
+
+/// The response head of a listen's SSE stream, chunked.
+const SSE_HEAD: &[u8] = b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n\
+cache-control: no-cache\r\nx-accel-buffering: no\r\ntransfer-encoding: chunked\r\n\r\n";
+
+/// A keep-alive comment as a chunk.
+const KEEP_ALIVE_CHUNK: &[u8] = b"3\r\n:\n\n\r\n";
+
+/// `data` as one HTTP/1.1 chunk.
+fn chunk(data: &[u8]) -> Vec<u8> {
+    let mut out = format!("{:x}\r\n", data.len()).into_bytes();
+    out.reserve(data.len() + 2);
+    out.extend_from_slice(data);
+    out.extend_from_slice(b"\r\n");
+    out
+}
+
+/// Writes all of `buf` to `stream` through a shared reference (the stream's reads go on
+/// beside it).
+async fn write_all(stream: &TcpStream, mut buf: &[u8]) -> io::Result<()> {
+    while !buf.is_empty() {
+        stream.writable().await?;
+        match stream.try_write(buf) {
+            Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
+            Ok(n) => buf = &buf[n..],
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(())
+}
+
+/// A listen's notifications as chunks written straight to the socket. One write at a time
+/// (`writing`): the keep-alive comments share the socket.
+struct RawOut<'a> {
+    stream: &'a TcpStream,
+    writing: &'a tokio::sync::Mutex<()>,
+    gone: CancellationToken,
+    id: Value,
+    /// Each URI's notification, as a chunk, made once per stream.
+    events: Vec<(String, Bytes)>,
+}
+
+impl RawOut<'_> {
+    async fn send(&self, chunk: &[u8]) -> Result<(), Undelivered> {
+        let _one = self.writing.lock().await;
+        write_all(self.stream, chunk).await.map_err(|_| {
+            self.gone.cancel();
+            Undelivered::Closed
+        })
+    }
+}
+
+impl crate::mcp::listen::ListenOut for RawOut<'_> {
+    async fn updated(&mut self, uri: &str) -> Result<(), Undelivered> {
+        let event = match self.events.iter().find(|(u, _)| u == uri) {
+            Some((_, e)) => e.clone(),
+            None => {
+                let e = Bytes::from(chunk(&super::updated_event(&self.id, uri)));
+                self.events.push((uri.to_owned(), e.clone()));
+                e
+            }
+        };
+        self.send(&event).await
+    }
+
+    async fn task(&mut self, task: rmcp::model::DetailedTask) -> Result<(), Undelivered> {
+        self.send(&chunk(&super::task_event(&self.id, task))).await
+    }
+
+    fn closed(&self) -> impl std::future::Future<Output = ()> + Send + 'static {
+        self.gone.clone().cancelled_owned()
+    }
+
+    fn is_closed(&self) -> bool {
+        self.gone.is_cancelled()
+    }
+}
+
+/// Answers an admitted listen on `stream`: the head and acknowledgment, the delivery loop
+/// beside a reader that notices the client leave (and keeps what it pipelines) and a
+/// keep-alive comment every 15 s, then the final result or error and the last chunk.
+async fn answer(
+    stream: &TcpStream,
+    gate: &Gate,
+    admitted: Admitted,
+    shutdown: &CancellationToken,
+) -> First {
+    let Admitted {
+        listen,
+        id,
+        uris,
+        task_ids,
+    } = admitted;
+    let stall = gate.server.limits().stall_timeout;
+    let id_json = serde_json::to_value(&id).expect("an id serializes");
+    let mut start = SSE_HEAD.to_vec();
+    start.extend_from_slice(&chunk(&super::ack_event(&id_json, uris, task_ids)));
+    if !matches!(
+        tokio::time::timeout(stall, write_all(stream, &start)).await,
+        Ok(Ok(()))
+    ) {
+        return First::Done;
+    }
+    drop(start);
+    let writing = tokio::sync::Mutex::new(());
+    let gone = CancellationToken::new();
+    let mut out = RawOut {
+        stream,
+        writing: &writing,
+        gone: gone.clone(),
+        id: id_json,
+        events: Vec::new(),
+    };
+    let mut pipelined = Vec::new();
+    let watch = watch_client(stream, &writing, &mut pipelined, stall);
+    let ended = tokio::select! {
+        ended = gate.server.deliver(listen, &mut out) => ended,
+        () = watch => {
+            gone.cancel();
+            return First::Done;
+        }
+    };
+    if gone.is_cancelled() {
+        return First::Done;
+    }
+    drop(out);
+    let mut last = chunk(&super::final_event(&gate.server, id, ended));
+    last.extend_from_slice(b"0\r\n\r\n");
+    if !matches!(
+        tokio::time::timeout(stall, write_all(stream, &last)).await,
+        Ok(Ok(()))
+    ) || shutdown.is_cancelled()
+    {
+        return First::Done;
+    }
+    First::Answered(pipelined)
+}
+
+/// Resolves when the client has gone (end of stream, a read error, more than
+/// [`MAX_PIPELINED`] bytes sent meanwhile, or a keep-alive comment it took nothing of within
+/// `stall`); keeps what the client sent meanwhile in `pipelined` and writes the keep-alive
+/// comments.
+async fn watch_client(
+    stream: &TcpStream,
+    writing: &tokio::sync::Mutex<()>,
+    pipelined: &mut Vec<u8>,
+    stall: Duration,
+) {
+    let every = super::SSE_KEEP_ALIVE;
+    let mut keep_alive = tokio::time::interval_at(tokio::time::Instant::now() + every, every);
+    loop {
+        tokio::select! {
+            readable = stream.readable() => {
+                if readable.is_err() {
+                    return;
+                }
+                let mut scratch = [0u8; 256];
+                match stream.try_read(&mut scratch) {
+                    Ok(0) => return,
+                    Ok(n) => {
+                        pipelined.extend_from_slice(&scratch[..n]);
+                        if pipelined.len() > MAX_PIPELINED {
+                            debug!("client sent too much beside its listen stream; closing");
+                            return;
+                        }
+                    }
+                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
+                    Err(_) => return,
+                }
+            }
+            _ = keep_alive.tick() => {
+                let sent = tokio::time::timeout(stall, async {
+                    let _one = writing.lock().await;
+                    write_all(stream, KEEP_ALIVE_CHUNK).await
+                })
+                .await;
+                if !matches!(sent, Ok(Ok(()))) {
+                    return;
+                }
+            }
+        }
+    }
+}
+
+/// A socket with bytes already read from it in front: what hyper is handed after
+/// [`serve_first`] read ahead.
+pub(super) struct Prefixed {
+    prefix: Bytes,
+    stream: TcpStream,
+}
+
+impl Prefixed {
+    pub(super) fn new(prefix: Vec<u8>, stream: TcpStream) -> Prefixed {
+        Prefixed {
+            prefix: Bytes::from(prefix),
+            stream,
+        }
+    }
+}
+
+impl AsyncRead for Prefixed {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        if !self.prefix.is_empty() {
+            let n = self.prefix.len().min(buf.remaining());
+            let head = self.prefix.split_to(n);
+            buf.put_slice(&head);
+            return Poll::Ready(Ok(()));
+        }
+        Pin::new(&mut self.stream).poll_read(cx, buf)
+    }
+}
+
+impl AsyncWrite for Prefixed {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.stream).poll_write(cx, buf)
+    }
+
+    fn poll_write_vectored(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.stream).poll_write_vectored(cx, bufs)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.stream.is_write_vectored()
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.stream).poll_flush(cx)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.stream).poll_shutdown(cx)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::testing::MemoServer;
+    use crate::transport::origin::Allowlist;
+    use std::sync::Arc;
+    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+
+    const WAIT: Duration = Duration::from_secs(10);
+
+    /// A gate on a memo server, and a connected (client, server side, peer) triple.
+    async fn setup() -> (MemoServer, Gate, TcpStream, TcpStream, std::net::SocketAddr) {
+        let memo = MemoServer::start().await;
+        let gate = Gate {
+            server: memo.server(),
+            allow: Arc::new(Allowlist::new(&["127.0.0.1".into()], &[])),
+        };
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let client = TcpStream::connect(listener.local_addr().unwrap())
+            .await
+            .unwrap();
+        let (server_side, peer) = listener.accept().await.unwrap();
+        (memo, gate, client, server_side, peer)
+    }
+
+    fn request(method: &str, body: &Value) -> Vec<u8> {
+        let body = body.to_string();
+        format!(
+            "POST /mcp HTTP/1.1\r\nhost: 127.0.0.1\r\ncontent-type: application/json\r\n\
+             accept: application/json, text/event-stream\r\nmcp-protocol-version: 2026-07-28\r\n\
+             mcp-method: {method}\r\ncontent-length: {}\r\n\r\n{body}",
+            body.len()
+        )
+        .into_bytes()
+    }
+
+    fn meta() -> Value {
+        serde_json::json!({"io.modelcontextprotocol/protocolVersion": "2026-07-28",
+            "io.modelcontextprotocol/clientCapabilities": {},
+            "io.modelcontextprotocol/clientInfo": {"name": "t", "version": "1"}})
+    }
+
+    async fn read_until(client: &mut TcpStream, seen: &mut Vec<u8>, needle: &str) {
+        while !String::from_utf8_lossy(seen).contains(needle) {
+            let mut buf = [0u8; 4096];
+            let n = tokio::time::timeout(WAIT, client.read(&mut buf))
+                .await
+                .unwrap_or_else(|_| panic!("{needle} in time"))
+                .unwrap();
+            assert!(
+                n > 0,
+                "closed before {needle}: {}",
+                String::from_utf8_lossy(seen)
+            );
+            seen.extend_from_slice(&buf[..n]);
+        }
+    }
+
+    /// A plain listen arriving first is answered on the socket: a chunked SSE response, the
+    /// acknowledgment, a change's notification; the client leaving ends it.
+    #[tokio::test]
+    async fn a_plain_listen_first_on_a_connection_is_answered_on_the_socket() {
+        let (memo, gate, mut client, server_side, peer) = setup().await;
+        let shutdown = CancellationToken::new();
+        let served = tokio::spawn(async move {
+            let conn = ConnStreams::default();
+            let first = serve_first(&server_side, &gate, peer, &conn, &shutdown).await;
+            matches!(first, First::Done)
+        });
+        let listen = serde_json::json!({"jsonrpc": "2.0", "id": "L", "method": "subscriptions/listen",
+            "params": {"_meta": meta(), "notifications": {"resourceSubscriptions": ["memo://notes"]}}});
+        client
+            .write_all(&request("subscriptions/listen", &listen))
+            .await
+            .unwrap();
+        let mut seen = Vec::new();
+        read_until(&mut client, &mut seen, "acknowledged").await;
+        let text = String::from_utf8_lossy(&seen).into_owned();
+        assert!(text.starts_with("HTTP/1.1 200 OK\r\n"), "{text}");
+        assert!(text.contains("content-type: text/event-stream"), "{text}");
+        assert!(text.contains("transfer-encoding: chunked"), "{text}");
+        memo.set("k", serde_json::json!(1)).await;
+        read_until(&mut client, &mut seen, "notifications/resources/updated").await;
+        assert!(String::from_utf8_lossy(&seen).contains(r#""uri":"memo://notes""#));
+        drop(client);
+        let done = tokio::time::timeout(WAIT, served).await.unwrap().unwrap();
+        assert!(done, "the stream ends when its client leaves");
+    }
+
+    /// Any other first request goes to hyper with every byte read so far, and no more than
+    /// its head when the head already says it is not a listen.
+    #[tokio::test]
+    async fn any_other_first_request_goes_to_hyper_with_the_bytes_read() {
+        for (method, sent) in [
+            (
+                "tools/call",
+                request(
+                    "tools/call",
+                    &serde_json::json!({"jsonrpc": "2.0", "id": 1, "method": "tools/call",
+                        "params": {"_meta": meta(), "name": "memo_get", "arguments": {"key": "k"}}}),
+                ),
+            ),
+            (
+                "GET",
+                b"GET /live HTTP/1.1\r\nhost: 127.0.0.1\r\n\r\n".to_vec(),
+            ),
+            // A listen in a shape rmcp must see (no `_meta`): its admission is the gate's.
+            (
+                "subscriptions/listen",
+                request(
+                    "subscriptions/listen",
+                    &serde_json::json!({"jsonrpc": "2.0", "id": 1,
+                        "method": "subscriptions/listen", "params": {}}),
+                ),
+            ),
+        ] {
+            let (_memo, gate, mut client, server_side, peer) = setup().await;
+            client.write_all(&sent).await.unwrap();
+            let conn = ConnStreams::default();
+            let first = tokio::time::timeout(
+                WAIT,
+                serve_first(&server_side, &gate, peer, &conn, &CancellationToken::new()),
+            )
+            .await
+            .unwrap();
+            let First::Hyper(bytes) = first else {
+                panic!("{method}: not hyper's")
+            };
+            assert!(!bytes.is_empty() && sent.starts_with(&bytes), "{method}");
+            assert_eq!(
+                bytes.len(),
+                sent.len(),
+                "{method}: what one write sent was read"
+            );
+        }
+    }
+
+    fn parse(req: &str) -> Parsed {
+        parse_head(req.as_bytes(), 1000)
+    }
+
+    #[test]
+    fn only_a_complete_plain_listen_head_is_read_ahead() {
+        let listen = "POST /mcp HTTP/1.1\r\nhost: x\r\nmcp-method: subscriptions/listen\r\n\
+            content-length: 10\r\n\r\n";
+        let Parsed::Listen(head) = parse(listen) else {
+            panic!("a listen head")
+        };
+        assert_eq!(head.body, listen.len()..listen.len() + 10);
+        assert_eq!(head.headers["host"], "x");
+        assert!(matches!(parse(&listen[..30]), Parsed::Partial));
+        for other in [
+            listen.replace("subscriptions/listen", "tools/call"),
+            listen.replace("POST /mcp ", "POST /other "),
+            listen.replace("POST /mcp ", "POST /mcpx "),
+            listen.replace("HTTP/1.1", "HTTP/1.0"),
+            listen.replace("content-length: 10", "content-length: 10000"),
+            listen.replace("content-length: 10", "transfer-encoding: chunked"),
+            listen.replace("host: x", "connection: close"),
+            listen.replace("host: x", "expect: 100-continue"),
+            listen.replace("host: x", "content-length: 10"),
+        ] {
+            assert!(matches!(parse(&other), Parsed::Other), "{other}");
+        }
+        assert!(matches!(
+            parse(&listen.replace("POST /mcp ", "POST /mcp?servers=a ")),
+            Parsed::Listen(_)
+        ));
+    }
+}
