@@ -1,7 +1,8 @@
 //! A listen stream's delivery loop, the same whatever carries the stream: rmcp's subscription
-//! (byte streams: stdio, QUIC, the in-process pipes) or herald's own SSE response on HTTP
-//! (`transport::http`), which costs a listen a small task and a channel instead of a whole
-//! rmcp service per request.
+//! (byte streams: stdio, QUIC, the in-process pipes) or herald's own SSE response on HTTP:
+//! written straight to the socket when the listen came first on its connection
+//! (`transport::http::first`), else a hyper response body fed by a small task and a channel
+//! (`transport::http`), either way instead of a whole rmcp service per request.
 //!
 //! The loop waits on the stream's pending set ([`StreamQueue`](crate::mcp::hub::StreamQueue)),
 //! its task pushes, the client going away and the server's shutdown; it writes each pending

@@ -451,14 +451,32 @@ impl ListenOut for RmcpOut<'_> {
     }
 }
 
-/// An error as a client of this server receives it: what a caller in this process gets
-/// from [`SourceServer::call_in_process`], the same as a gateway gets over a connection.
+/// An error as a 2026-07-28 client of this server receives it: what a caller in this process
+/// gets from [`SourceServer::call_in_process`], the same as a gateway gets over a connection
+/// (rmcp answers an unknown resource with `-32602` on that revision, not `-32002`).
 fn as_answered(e: McpError) -> SourceError {
+    let code = if e.code == ErrorCode::RESOURCE_NOT_FOUND {
+        ErrorCode::INVALID_PARAMS
+    } else {
+        e.code
+    };
     SourceError::Upstream {
-        code: e.code.0,
+        code: code.0,
         message: e.message.into_owned(),
         data: e.data,
     }
+}
+
+/// A read's answer: `contents` of `uri` as one text or Base64 blob item with its MIME type.
+pub fn read_result(uri: String, contents: crate::mcp::source::Contents) -> ReadResourceResult {
+    let rc = match contents.body {
+        Body::Text(t) => ResourceContents::text(t, uri),
+        Body::Blob(b) => {
+            ResourceContents::blob(base64::engine::general_purpose::STANDARD.encode(b), uri)
+        }
+    }
+    .with_mime_type(contents.mime_type);
+    ReadResourceResult::new(vec![rc])
 }
 
 /// Maps a source error to JSON-RPC. `uri` is attached as `data.uri` where it applies.
@@ -641,14 +659,7 @@ impl ServerHandler for SourceServer {
             .read(&Caller::of(&context), &uri)
             .await
             .map_err(to_mcp_error)?;
-        let rc = match contents.body {
-            Body::Text(t) => ResourceContents::text(t, uri),
-            Body::Blob(b) => {
-                ResourceContents::blob(base64::engine::general_purpose::STANDARD.encode(b), uri)
-            }
-        }
-        .with_mime_type(contents.mime_type);
-        Ok(ReadResourceResult::new(vec![rc]).into())
+        Ok(read_result(uri, contents).into())
     }
 
     fn accepted_subscription_filter(

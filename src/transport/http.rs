@@ -199,9 +199,6 @@ pub async fn serve(
                         }
                     }
                 };
-                if shutdown.is_cancelled() {
-                    return;
-                }
                 let svc = tower::ServiceExt::map_request(
                     router,
                     move |mut req: Request<hyper::body::Incoming>| {
@@ -296,7 +293,7 @@ struct MethodProbe<'a> {
 ///
 /// The same gate answers the two requests that carry a server's load itself, when they come
 /// in the plain shape every 2026-07-28 client sends: a listen ([`plain_listen`], herald's own
-/// SSE stream) and a `tools/call` ([`plain_call`], the handler then one JSON body). rmcp's
+/// SSE stream) and a `tools/call` ([`plain_request`], the handler then one JSON body). rmcp's
 /// stateless service builds a whole service per request; these answers are rmcp's, byte for
 /// byte in meaning (`tests/it/wire.rs` compares them), and anything else goes on to rmcp.
 async fn listen_gate(State(gate): State<Gate>, req: Request, next: Next) -> Response {
@@ -323,11 +320,11 @@ async fn listen_gate(State(gate): State<Gate>, req: Request, next: Next) -> Resp
     // read) are not parsed twice: a listen's method name contains `listen` unless its letters
     // are written as `\u` escapes, and then the body contains `\u`.
     let contains = |needle: &[u8]| bytes.windows(needle.len()).any(|w| w == needle);
-    if contains(b"tools/call")
-        && let Some(call) = plain_call(&parts.headers, &bytes, server)
+    if (contains(b"tools/call") || contains(b"resources/read"))
+        && let Some(plain) = plain_request(&parts.headers, &bytes, server)
     {
         let caller = Caller::from_parts(&parts);
-        return call.answer(server, &caller).await;
+        return plain.answer(server, &caller).await;
     }
     let is_listen = (contains(b"listen") || contains(b"\\u"))
         && serde_json::from_slice::<MethodProbe>(&bytes)
@@ -487,11 +484,20 @@ fn modern_meta(meta: &rmcp::model::RequestMetaObject) -> bool {
         && meta.missing_required_keys(&modern).is_empty()
 }
 
-/// A `tools/call` herald answers itself, in place: see [`plain_call`].
-struct PlainCall {
+/// A request herald answers itself, in place: see [`plain_request`].
+struct Plain {
     id: rmcp::model::RequestId,
-    name: String,
-    args: rmcp::model::JsonObject,
+    what: PlainWhat,
+}
+
+enum PlainWhat {
+    Call {
+        name: String,
+        args: rmcp::model::JsonObject,
+    },
+    Read {
+        uri: String,
+    },
 }
 
 /// Whether `key` appears anywhere in `object` as an object key.
@@ -506,20 +512,25 @@ fn has_key(object: &rmcp::model::JsonObject, key: &str) -> bool {
     object.iter().any(|(k, v)| k == key || within(v, key))
 }
 
-/// A `tools/call` in the shape every 2026-07-28 client sends for a plain call (the headers of
-/// [`plain_headers`], `Mcp-Name` exactly the tool's name, a well-formed request with no
-/// progress token and no tasks declared, of a tool that runs in place and promotes no
-/// argument to a header), which herald answers itself: the source's handler, then one JSON
-/// body. rmcp would build a whole service per request for it. Anything else goes on to rmcp.
-fn plain_call(
+/// A `tools/call` or `resources/read` in the shape every 2026-07-28 client sends for a plain
+/// request (the headers of [`plain_headers`], `Mcp-Name` exactly the tool's name or the URI,
+/// a well-formed request with no progress token and no tasks declared; for a call, of a tool
+/// that promotes no argument to a header), which herald answers itself: the source's
+/// handler, then one JSON body. rmcp would build a whole service per request for it.
+/// Anything else goes on to rmcp.
+fn plain_request(
     headers: &axum::http::HeaderMap,
     body: &[u8],
     server: &SourceServer,
-) -> Option<PlainCall> {
+) -> Option<Plain> {
     use rmcp::ServerHandler as _;
     use rmcp::model::{ClientJsonRpcMessage, ClientRequest, GetMeta as _};
+    let method = headers.get("mcp-method")?.to_str().ok()?;
+    if method != "tools/call" && method != "resources/read" {
+        return None;
+    }
     // rmcp answers a missing Mcp-Name with 400, and decodes a `=?base64?…?=` one first.
-    let name_header = plain_headers(headers, "tools/call")??;
+    let name_header = plain_headers(headers, method)??;
     if name_header.starts_with("=?") {
         return None;
     }
@@ -537,49 +548,74 @@ fn plain_call(
     {
         return None;
     }
-    let ClientRequest::CallToolRequest(call) = request.request else {
-        return None;
+    let what = match request.request {
+        ClientRequest::CallToolRequest(call) if method == "tools/call" => {
+            let name = call.params.name.to_string();
+            // rmcp checks `Mcp-Param-*` headers against the schema its context-less hook
+            // returns.
+            if name_header != name
+                || server
+                    .get_tool(&name)
+                    .is_some_and(|t| has_key(&t.input_schema, "x-mcp-header"))
+            {
+                return None;
+            }
+            PlainWhat::Call {
+                name,
+                args: call.params.arguments.unwrap_or_default(),
+            }
+        }
+        ClientRequest::ReadResourceRequest(read) if method == "resources/read" => {
+            if name_header != read.params.uri {
+                return None;
+            }
+            PlainWhat::Read {
+                uri: read.params.uri,
+            }
+        }
+        _ => return None,
     };
-    let name = call.params.name.to_string();
-    if name_header != name {
-        return None;
-    }
-    // rmcp checks `Mcp-Param-*` headers against the schema its context-less hook returns.
-    if server
-        .get_tool(&name)
-        .is_some_and(|t| has_key(&t.input_schema, "x-mcp-header"))
-    {
-        return None;
-    }
-    Some(PlainCall {
+    Some(Plain {
         id: request.id,
-        name,
-        args: call.params.arguments.unwrap_or_default(),
+        what,
     })
 }
 
-impl PlainCall {
-    /// Runs the call for `caller` and answers it as rmcp would: one JSON body, `400` for the
-    /// protocol's own request errors (a tool that only runs as a task: `-32021`), `404` for
-    /// an unknown method, else `200`, and an error answer logged as rmcp logs it. One
-    /// difference, on purpose: at shutdown the call gets the grace every plain call is
+impl Plain {
+    /// Runs the request for `caller` and answers it as rmcp would: one JSON body, `400` for
+    /// the protocol's own request errors (a tool that only runs as a task: `-32021`), `404`
+    /// for an unknown method, else `200`, and an error answer logged as rmcp logs it. One
+    /// difference, on purpose: at shutdown the request gets the grace every plain call is
     /// promised ([`SourceServer::call_in_process`]) where rmcp would cut it with a `500`.
     async fn answer(self, server: &SourceServer, caller: &Caller) -> Response {
         use rmcp::model::{CallToolResponse, ErrorCode, ServerJsonRpcMessage, ServerResult};
-        let result = server
-            .call_in_process(caller, &self.name, self.args, None)
-            .await;
+        let (result, what) = match self.what {
+            PlainWhat::Call { name, args } => {
+                let r = server.call_in_process(caller, &name, args, None).await;
+                (
+                    r.map(|r| ServerResult::from(CallToolResponse::from(r))),
+                    name,
+                )
+            }
+            PlainWhat::Read { uri } => {
+                let r = server.read_in_process(caller, &uri).await;
+                let r = r.map(|c| {
+                    let result = crate::mcp::server::read_result(uri.clone(), c);
+                    ServerResult::from(rmcp::model::ReadResourceResponse::from(result))
+                });
+                (r, uri)
+            }
+        };
         let (message, status) = match result {
-            Ok(r) => (
-                ServerJsonRpcMessage::response(
-                    ServerResult::from(CallToolResponse::from(r)),
-                    self.id,
-                ),
-                StatusCode::OK,
-            ),
+            Ok(mut r) => {
+                // As rmcp's service does for a 2026-07-28 answer: a read is cacheable, private
+                // and for no time unless the source said otherwise.
+                r.fill_missing_cache_hints();
+                (ServerJsonRpcMessage::response(r, self.id), StatusCode::OK)
+            }
             Err(e) => {
                 let e = crate::mcp::server::to_mcp_error(e);
-                tracing::warn!(tool = %self.name, code = e.code.0, "response error: {}", e.message);
+                tracing::warn!(request = %what, code = e.code.0, "response error: {}", e.message);
                 let status = match e.code {
                     ErrorCode::UNSUPPORTED_PROTOCOL_VERSION
                     | ErrorCode::MISSING_REQUIRED_CLIENT_CAPABILITY
@@ -920,26 +956,42 @@ mod tests {
             ("mcp-method", "tools/call"),
             ("mcp-name", "memo_set"),
         ]);
-        let call = plain_call(&plain, &call_body("memo_set", meta.clone()), &server)
+        let call = plain_request(&plain, &call_body("memo_set", meta.clone()), &server)
             .expect("a plain call is answered in place");
-        assert_eq!(call.name, "memo_set");
-        assert_eq!(call.args["key"], "k");
+        let PlainWhat::Call { name, args } = call.what else {
+            panic!("a call")
+        };
+        assert_eq!(name, "memo_set");
+        assert_eq!(args["key"], "k");
+        let read = serde_json::to_vec(&json!({"jsonrpc": "2.0", "id": 8,
+            "method": "resources/read", "params": {"_meta": meta, "uri": "memo://notes"}}))
+        .unwrap();
+        let mut read_headers = plain.clone();
+        read_headers.insert("mcp-method", "resources/read".parse().unwrap());
+        read_headers.insert("mcp-name", "memo://notes".parse().unwrap());
+        let PlainWhat::Read { uri } = plain_request(&read_headers, &read, &server).unwrap().what
+        else {
+            panic!("a read")
+        };
+        assert_eq!(uri, "memo://notes");
+        read_headers.insert("mcp-name", "memo://log".parse().unwrap());
+        assert!(plain_request(&read_headers, &read, &server).is_none());
 
         let mut with_progress = meta.clone();
         with_progress["progressToken"] = json!("p");
-        assert!(plain_call(&plain, &call_body("memo_set", with_progress), &server).is_none());
-        assert!(plain_call(&plain, &call_body("memo_delete", meta.clone()), &server).is_none());
+        assert!(plain_request(&plain, &call_body("memo_set", with_progress), &server).is_none());
+        assert!(plain_request(&plain, &call_body("memo_delete", meta.clone()), &server).is_none());
         let mut no_name = plain.clone();
         no_name.remove("mcp-name");
-        assert!(plain_call(&no_name, &call_body("memo_set", meta.clone()), &server).is_none());
+        assert!(plain_request(&no_name, &call_body("memo_set", meta.clone()), &server).is_none());
         let mut encoded = plain.clone();
         encoded.insert("mcp-name", "=?base64?bWVtb19zZXQ=?=".parse().unwrap());
-        assert!(plain_call(&encoded, &call_body("memo_set", meta.clone()), &server).is_none());
+        assert!(plain_request(&encoded, &call_body("memo_set", meta.clone()), &server).is_none());
         let mut two_names = plain.clone();
         two_names.append("mcp-name", "memo_set".parse().unwrap());
-        assert!(plain_call(&two_names, &call_body("memo_set", meta.clone()), &server).is_none());
+        assert!(plain_request(&two_names, &call_body("memo_set", meta.clone()), &server).is_none());
         let mut old = plain.clone();
         old.insert("mcp-protocol-version", "2025-11-25".parse().unwrap());
-        assert!(plain_call(&old, &call_body("memo_set", meta), &server).is_none());
+        assert!(plain_request(&old, &call_body("memo_set", meta), &server).is_none());
     }
 }

@@ -768,7 +768,9 @@ async fn an_http_upstream_is_called_on_pooled_connections_that_survive_its_resta
         .trim_start_matches("http://")
         .trim_end_matches("/mcp")
         .to_owned();
-    drop(up);
+    // Gone for sure before the new one binds the port (a kill that has not landed yet would
+    // leave the port taken).
+    up.terminate().await;
     let up = Server::spawn(&["--store", ":memory:", "memo", "--http", &addr]).await;
     assert_eq!(up.http_url(), url);
     let mut failed = 0;

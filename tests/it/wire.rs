@@ -494,21 +494,33 @@ async fn an_http_listen_whose_reader_stalls_is_ended() {
     assert!(notes.get("k0").is_some(), "{notes}");
 }
 
-/// A plain `tools/call` is answered by herald itself, with no rmcp service per request; the
+/// A plain `tools/call` or `resources/read` is answered by herald itself, with no rmcp service per request; the
 /// answer must be exactly rmcp's. A quoted `Accept` parameter sends the same call to rmcp.
 #[tokio::test]
 async fn a_plain_http_call_is_answered_as_rmcp_answers_it() {
     let s = Server::spawn(&["--store", ":memory:", "memo", "--http", "127.0.0.1:0"]).await;
     let client = reqwest::Client::new();
     let post = |accept: &'static str, name: &str, arguments: Value| {
-        let body = json!({"jsonrpc":"2.0","id":"c1","method":"tools/call",
-            "params":{"_meta":meta(),"name":name,"arguments":arguments}});
+        // A read when `arguments` is null: `name` is its URI.
+        let (method, body) = if arguments.is_null() {
+            (
+                "resources/read",
+                json!({"jsonrpc":"2.0","id":"r1","method":"resources/read",
+                "params":{"_meta":meta(),"uri":name}}),
+            )
+        } else {
+            (
+                "tools/call",
+                json!({"jsonrpc":"2.0","id":"c1","method":"tools/call",
+                "params":{"_meta":meta(),"name":name,"arguments":arguments}}),
+            )
+        };
         client
             .post(s.http_url())
             .header("content-type", "application/json")
             .header("accept", accept)
             .header("mcp-protocol-version", "2026-07-28")
-            .header("mcp-method", "tools/call")
+            .header("mcp-method", method)
             .header("mcp-name", name)
             .body(body.to_string())
             .send()
@@ -527,6 +539,8 @@ async fn a_plain_http_call_is_answered_as_rmcp_answers_it() {
         ("memo_set", json!({})),
         ("memo_delete", json!({"key": "nope"})),
         ("no_such_tool", json!({})),
+        ("memo://notes", Value::Null),
+        ("memo://nope", Value::Null),
     ] {
         let mut answers = Vec::new();
         for accept in [

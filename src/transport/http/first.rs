@@ -40,8 +40,9 @@ pub(super) const HEAD_TIMEOUT: Duration = Duration::from_secs(30);
 const MAX_HEAD: usize = 16 * 1024;
 
 /// Bytes a client may send on a connection while its listen stream runs (HTTP/1.1
-/// pipelining); they are served by hyper once the stream ends. More ends the stream.
-const MAX_PIPELINED: usize = 64 * 1024;
+/// pipelining, which no client does beside a response that never ends); they are served by
+/// hyper once the stream ends. More ends the stream.
+const MAX_PIPELINED: usize = 4 * 1024;
 
 /// What reading the first request found.
 pub(super) enum First {
@@ -65,20 +66,28 @@ pub(super) async fn serve_first(
     shutdown: &CancellationToken,
 ) -> First {
     let max = gate.server.limits().max_message_bytes;
+    let mut buf = Vec::with_capacity(1024);
     let read = tokio::select! {
-        _ = shutdown.cancelled() => return First::Gone,
-        read = tokio::time::timeout(HEAD_TIMEOUT, read_listen(stream, max)) => read,
+        _ = shutdown.cancelled() => None,
+        read = tokio::time::timeout(HEAD_TIMEOUT, read_listen(stream, &mut buf, max)) => Some(read),
     };
-    let (buf, request) = match read {
-        Err(_) => return First::Gone,
-        Ok(Read::Gone) => return First::Gone,
-        Ok(Read::Other(buf)) => return First::Hyper(buf),
-        Ok(Read::Listen(buf, request)) => (buf, request),
+    let head = match read {
+        // A request begun before the shutdown is hyper's to finish (its drain answers it).
+        None if buf.is_empty() => return First::Gone,
+        None => return First::Hyper(buf),
+        Some(Err(_) | Ok(Read::Gone)) => return First::Gone,
+        Some(Ok(Read::Other)) => return First::Hyper(buf),
+        Some(Ok(Read::Listen(head))) => head,
     };
-    match admit(gate, peer, conn, &buf, request).await {
-        Some(admitted) => answer(stream, gate, admitted, shutdown).await,
-        None => First::Hyper(buf),
-    }
+    let end = head.body.end;
+    let Some(admitted) = admit(gate, peer, conn, &buf, head).await else {
+        return First::Hyper(buf);
+    };
+    // What the client sent after the listen (pipelined) is hyper's once the stream ends; the
+    // rest of the buffer goes now, before the stream's long wait.
+    let pipelined = buf[end..].to_vec();
+    drop(buf);
+    answer(stream, gate, admitted, pipelined, shutdown).await
 }
 
 /// The parsed head of a request that may be a plain listen.
@@ -91,36 +100,35 @@ struct Head {
 
 enum Read {
     Gone,
-    Other(Vec<u8>),
-    Listen(Vec<u8>, Head),
+    Other,
+    Listen(Head),
 }
 
-/// Reads until the first request is known not to be a plain listen (its head says so), or is
-/// read whole.
-async fn read_listen(stream: &TcpStream, max_body: usize) -> Read {
-    let mut buf = Vec::with_capacity(1024);
+/// Reads into `buf` until the first request is known not to be a plain listen (its head says
+/// so), or is read whole.
+async fn read_listen(stream: &TcpStream, buf: &mut Vec<u8>, max_body: usize) -> Read {
     let head = loop {
-        match read_some(stream, &mut buf).await {
+        match read_some(stream, buf).await {
             Ok(0) | Err(_) if buf.is_empty() => return Read::Gone,
-            Ok(0) | Err(_) => return Read::Other(buf),
+            Ok(0) | Err(_) => return Read::Other,
             Ok(_) => {}
         }
         if !b"POST ".starts_with(&buf[..buf.len().min(5)]) {
-            return Read::Other(buf);
+            return Read::Other;
         }
-        match parse_head(&buf, max_body) {
+        match parse_head(buf, max_body) {
             Parsed::Partial if buf.len() < MAX_HEAD => continue,
-            Parsed::Partial | Parsed::Other => return Read::Other(buf),
+            Parsed::Partial | Parsed::Other => return Read::Other,
             Parsed::Listen(head) => break head,
         }
     };
     while buf.len() < head.body.end {
-        match read_some(stream, &mut buf).await {
-            Ok(0) | Err(_) => return Read::Other(buf),
+        match read_some(stream, buf).await {
+            Ok(0) | Err(_) => return Read::Other,
             Ok(_) => {}
         }
     }
-    Read::Listen(buf, head)
+    Read::Listen(head)
 }
 
 /// One read into `buf`'s spare room (grown when full).
@@ -161,12 +169,16 @@ fn parse_head(buf: &[u8], max_body: usize) -> Parsed {
             || path
                 .strip_prefix(MCP_PATH)
                 .is_some_and(|q| q.starts_with('?')));
-    if !ours {
+    // The method first: every other request's head goes to hyper with no more work here.
+    let listen = req
+        .headers
+        .iter()
+        .any(|h| h.name.eq_ignore_ascii_case("mcp-method") && h.value == b"subscriptions/listen");
+    if !ours || !listen {
         return Parsed::Other;
     }
     let mut headers = HeaderMap::with_capacity(req.headers.len());
     let mut length = None;
-    let mut listen = false;
     for h in req.headers.iter() {
         let Ok(name) = HeaderName::from_bytes(h.name.as_bytes()) else {
             return Parsed::Other;
@@ -177,22 +189,23 @@ fn parse_head(buf: &[u8], max_body: usize) -> Parsed {
         match name.as_str() {
             "transfer-encoding" | "expect" | "upgrade" | "connection" => return Parsed::Other,
             "content-length" => {
-                let n = value
-                    .to_str()
-                    .ok()
-                    .and_then(|v| v.trim().parse::<usize>().ok());
+                // Digits only, as hyper reads it (no sign, no spaces).
+                let v = value.as_bytes();
+                let digits = !v.is_empty() && v.len() <= 19 && v.iter().all(u8::is_ascii_digit);
+                let n = digits
+                    .then(|| std::str::from_utf8(v).ok()?.parse::<usize>().ok())
+                    .flatten();
                 if length.is_some() || n.is_none() {
                     return Parsed::Other;
                 }
                 length = n;
             }
-            "mcp-method" => listen = value.as_bytes() == b"subscriptions/listen",
             _ => {}
         }
         headers.append(name, value);
     }
     match length {
-        Some(n) if listen && n <= max_body => Parsed::Listen(Head {
+        Some(n) if n <= max_body => Parsed::Listen(Head {
             path: path.to_owned(),
             headers,
             body: head_len..head_len + n,
@@ -249,9 +262,9 @@ async fn admit(
     })
 }
 
-/// The response head of a listen's SSE stream, chunked.
-const SSE_HEAD: &[u8] = b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n\
-cache-control: no-cache\r\nx-accel-buffering: no\r\ntransfer-encoding: chunked\r\n\r\n";
+/// The response head of a listen's SSE stream, chunked (the `date` header follows).
+const SSE_HEAD: &str = "HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n\
+cache-control: no-cache\r\nx-accel-buffering: no\r\ntransfer-encoding: chunked\r\n";
 
 /// A keep-alive comment as a chunk.
 const KEEP_ALIVE_CHUNK: &[u8] = b"3\r\n:\n\n\r\n";
@@ -265,43 +278,87 @@ fn chunk(data: &[u8]) -> Vec<u8> {
     out
 }
 
-/// Writes all of `buf` to `stream` through a shared reference (the stream's reads go on
-/// beside it).
-async fn write_all(stream: &TcpStream, mut buf: &[u8]) -> io::Result<()> {
-    while !buf.is_empty() {
-        stream.writable().await?;
-        match stream.try_write(buf) {
-            Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
-            Ok(n) => buf = &buf[n..],
-            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
-            Err(e) => return Err(e),
-        }
-    }
-    Ok(())
+/// The socket's write side, shared by the notifications and the keep-alive comments: one
+/// write at a time, and a write cut off midway (a stall deadline, a shutdown) finished by
+/// the next one before anything else, so chunks are never torn.
+struct Writer<'a> {
+    stream: &'a TcpStream,
+    state: tokio::sync::Mutex<Unwritten>,
 }
 
-/// A listen's notifications as chunks written straight to the socket. One write at a time
-/// (`writing`): the keep-alive comments share the socket.
-struct RawOut<'a> {
-    stream: &'a TcpStream,
-    writing: &'a tokio::sync::Mutex<()>,
+#[derive(Default)]
+struct Unwritten {
+    /// The chunk being written and how much of it is out.
+    rest: Option<(Bytes, usize)>,
+    /// When the last write finished (a keep-alive comment only follows 15 s of quiet).
+    last: Option<tokio::time::Instant>,
+}
+
+impl<'a> Writer<'a> {
+    fn new(stream: &'a TcpStream) -> Writer<'a> {
+        Writer {
+            stream,
+            state: tokio::sync::Mutex::new(Unwritten::default()),
+        }
+    }
+
+    /// Writes what an earlier write left, then `next`. Cancel-safe: dropped midway, what is
+    /// left is kept for the next call.
+    async fn write(&self, next: Option<Bytes>) -> io::Result<()> {
+        let mut state = self.state.lock().await;
+        let mut next = next;
+        loop {
+            let Some((bytes, done)) = state.rest.as_mut() else {
+                match next.take() {
+                    Some(b) => {
+                        state.rest = Some((b, 0));
+                        continue;
+                    }
+                    None => {
+                        state.last = Some(tokio::time::Instant::now());
+                        return Ok(());
+                    }
+                }
+            };
+            if *done == bytes.len() {
+                state.rest = None;
+                continue;
+            }
+            self.stream.writable().await?;
+            match self.stream.try_write(&bytes[*done..]) {
+                Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
+                Ok(n) => *done += n,
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
+                Err(e) => return Err(e),
+            }
+        }
+    }
+
+    /// When the last write finished.
+    async fn last_write(&self) -> Option<tokio::time::Instant> {
+        self.state.lock().await.last
+    }
+}
+
+/// A listen's notifications as chunks written straight to the socket.
+struct RawOut<'w, 'a> {
+    writer: &'w Writer<'a>,
     gone: CancellationToken,
     id: Value,
     /// Each URI's notification, as a chunk, made once per stream.
     events: Vec<(String, Bytes)>,
 }
 
-impl RawOut<'_> {
-    async fn send(&self, chunk: &[u8]) -> Result<(), Undelivered> {
-        let _one = self.writing.lock().await;
-        write_all(self.stream, chunk).await.map_err(|_| {
+impl RawOut<'_, '_> {
+    async fn send(&self, chunk: Bytes) -> Result<(), Undelivered> {
+        self.writer.write(Some(chunk)).await.map_err(|_| {
             self.gone.cancel();
             Undelivered::Closed
         })
     }
 }
 
-impl crate::mcp::listen::ListenOut for RawOut<'_> {
+impl crate::mcp::listen::ListenOut for RawOut<'_, '_> {
     async fn updated(&mut self, uri: &str) -> Result<(), Undelivered> {
         let event = match self.events.iter().find(|(u, _)| u == uri) {
             Some((_, e)) => e.clone(),
@@ -311,11 +368,12 @@ impl crate::mcp::listen::ListenOut for RawOut<'_> {
                 e
             }
         };
-        self.send(&event).await
+        self.send(event).await
     }
 
     async fn task(&mut self, task: rmcp::model::DetailedTask) -> Result<(), Undelivered> {
-        self.send(&chunk(&super::task_event(&self.id, task))).await
+        self.send(chunk(&super::task_event(&self.id, task)).into())
+            .await
     }
 
     fn closed(&self) -> impl std::future::Future<Output = ()> + Send + 'static {
@@ -328,12 +386,14 @@ impl crate::mcp::listen::ListenOut for RawOut<'_> {
 }
 
 /// Answers an admitted listen on `stream`: the head and acknowledgment, the delivery loop
-/// beside a reader that notices the client leave (and keeps what it pipelines) and a
-/// keep-alive comment every 15 s, then the final result or error and the last chunk.
+/// beside a reader that notices the client leave (and keeps what it pipelines, after
+/// `pipelined`) and a keep-alive comment after 15 s of quiet, then the final result or error
+/// and the last chunk.
 async fn answer(
     stream: &TcpStream,
     gate: &Gate,
     admitted: Admitted,
+    mut pipelined: Vec<u8>,
     shutdown: &CancellationToken,
 ) -> First {
     let Admitted {
@@ -344,26 +404,27 @@ async fn answer(
     } = admitted;
     let stall = gate.server.limits().stall_timeout;
     let id_json = serde_json::to_value(&id).expect("an id serializes");
-    let mut start = SSE_HEAD.to_vec();
+    let mut start = format!(
+        "{SSE_HEAD}date: {}\r\n\r\n",
+        httpdate::fmt_http_date(std::time::SystemTime::now())
+    )
+    .into_bytes();
     start.extend_from_slice(&chunk(&super::ack_event(&id_json, uris, task_ids)));
+    let writer = Writer::new(stream);
     if !matches!(
-        tokio::time::timeout(stall, write_all(stream, &start)).await,
+        tokio::time::timeout(stall, writer.write(Some(start.into()))).await,
         Ok(Ok(()))
     ) {
         return First::Done;
     }
-    drop(start);
-    let writing = tokio::sync::Mutex::new(());
     let gone = CancellationToken::new();
     let mut out = RawOut {
-        stream,
-        writing: &writing,
+        writer: &writer,
         gone: gone.clone(),
         id: id_json,
         events: Vec::new(),
     };
-    let mut pipelined = Vec::new();
-    let watch = watch_client(stream, &writing, &mut pipelined, stall);
+    let watch = watch_client(&writer, &mut pipelined, stall);
     let ended = tokio::select! {
         ended = gate.server.deliver(listen, &mut out) => ended,
         () = watch => {
@@ -375,10 +436,11 @@ async fn answer(
         return First::Done;
     }
     drop(out);
+    // What a cut-off write left goes first (the writer finishes it), then the end.
     let mut last = chunk(&super::final_event(&gate.server, id, ended));
     last.extend_from_slice(b"0\r\n\r\n");
     if !matches!(
-        tokio::time::timeout(stall, write_all(stream, &last)).await,
+        tokio::time::timeout(stall, writer.write(Some(last.into()))).await,
         Ok(Ok(()))
     ) || shutdown.is_cancelled()
     {
@@ -389,16 +451,12 @@ async fn answer(
 
 /// Resolves when the client has gone (end of stream, a read error, more than
 /// [`MAX_PIPELINED`] bytes sent meanwhile, or a keep-alive comment it took nothing of within
-/// `stall`); keeps what the client sent meanwhile in `pipelined` and writes the keep-alive
-/// comments.
-async fn watch_client(
-    stream: &TcpStream,
-    writing: &tokio::sync::Mutex<()>,
-    pipelined: &mut Vec<u8>,
-    stall: Duration,
-) {
+/// `stall`); keeps what the client sends meanwhile in `pipelined` and writes a keep-alive
+/// comment after 15 s with no write.
+async fn watch_client(writer: &Writer<'_>, pipelined: &mut Vec<u8>, stall: Duration) {
+    let stream = writer.stream;
     let every = super::SSE_KEEP_ALIVE;
-    let mut keep_alive = tokio::time::interval_at(tokio::time::Instant::now() + every, every);
+    let mut due = tokio::time::Instant::now() + every;
     loop {
         tokio::select! {
             readable = stream.readable() => {
@@ -419,15 +477,22 @@ async fn watch_client(
                     Err(_) => return,
                 }
             }
-            _ = keep_alive.tick() => {
-                let sent = tokio::time::timeout(stall, async {
-                    let _one = writing.lock().await;
-                    write_all(stream, KEEP_ALIVE_CHUNK).await
-                })
+            () = tokio::time::sleep_until(due) => {
+                if let Some(last) = writer.last_write().await
+                    && last + every > tokio::time::Instant::now()
+                {
+                    due = last + every;
+                    continue;
+                }
+                let sent = tokio::time::timeout(
+                    stall,
+                    writer.write(Some(Bytes::from_static(KEEP_ALIVE_CHUNK))),
+                )
                 .await;
                 if !matches!(sent, Ok(Ok(()))) {
                     return;
                 }
+                due = tokio::time::Instant::now() + every;
             }
         }
     }
@@ -582,6 +647,44 @@ mod tests {
         drop(client);
         let done = tokio::time::timeout(WAIT, served).await.unwrap().unwrap();
         assert!(done, "the stream ends when its client leaves");
+    }
+
+    /// A request the client pipelined behind its listen (sent in the same write) survives
+    /// the stream: when the listen ends (its server shutting down, this endpoint not), the
+    /// final result and the body's end go out and the request is handed on to hyper.
+    #[tokio::test]
+    async fn what_a_client_pipelines_behind_its_listen_goes_to_hyper_after_it() {
+        let (memo, _, mut client, server_side, peer) = setup().await;
+        let stops = CancellationToken::new();
+        let gate = Gate {
+            server: crate::mcp::server::SourceServer::with_tasks(
+                memo.memo.clone(),
+                crate::mcp::server::Limits::default(),
+                stops.clone(),
+                None,
+            ),
+            allow: Arc::new(Allowlist::new(&["127.0.0.1".into()], &[])),
+        };
+        let served = tokio::spawn(async move {
+            let conn = ConnStreams::default();
+            serve_first(&server_side, &gate, peer, &conn, &CancellationToken::new()).await
+        });
+        let listen = serde_json::json!({"jsonrpc": "2.0", "id": 1, "method": "subscriptions/listen",
+            "params": {"_meta": meta(), "notifications": {"resourceSubscriptions": ["memo://notes"]}}});
+        let next = b"GET /live HTTP/1.1\r\nhost: 127.0.0.1\r\n\r\n";
+        let mut sent = request("subscriptions/listen", &listen);
+        sent.extend_from_slice(next);
+        client.write_all(&sent).await.unwrap();
+        let mut seen = Vec::new();
+        read_until(&mut client, &mut seen, "acknowledged").await;
+        stops.cancel();
+        read_until(&mut client, &mut seen, "\r\n0\r\n\r\n").await;
+        assert!(String::from_utf8_lossy(&seen).contains(r#""resultType":"complete""#));
+        let First::Answered(rest) = tokio::time::timeout(WAIT, served).await.unwrap().unwrap()
+        else {
+            panic!("the connection goes on")
+        };
+        assert_eq!(rest, next);
     }
 
     /// Any other first request goes to hyper with every byte read so far, and no more than
