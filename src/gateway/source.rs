@@ -852,7 +852,7 @@ mod tests {
         );
         let e = gw.read(&me, "memo://nope").await.unwrap_err();
         assert!(
-            matches!(e, SourceError::Upstream { code: -32602, .. }),
+            matches!(e, SourceError::Upstream { code: -32002, .. }),
             "{e:?}"
         );
         assert!(up.cached().is_none(), "a read opened a connection");

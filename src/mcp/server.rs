@@ -451,17 +451,13 @@ impl ListenOut for RmcpOut<'_> {
     }
 }
 
-/// An error as a 2026-07-28 client of this server receives it: what a caller in this process
-/// gets from [`SourceServer::call_in_process`], the same as a gateway gets over a connection
-/// (rmcp answers an unknown resource with `-32602` on that revision, not `-32002`).
+/// An error as a client of this server receives it: what a caller in this process gets
+/// from [`SourceServer::call_in_process`], the same as a gateway gets over a connection.
+/// (rmcp answers an unknown resource's `-32002` as `-32602` to a 2026-07-28 peer only; a
+/// caller in process passes the error on to its own peer, whose revision decides.)
 fn as_answered(e: McpError) -> SourceError {
-    let code = if e.code == ErrorCode::RESOURCE_NOT_FOUND {
-        ErrorCode::INVALID_PARAMS
-    } else {
-        e.code
-    };
     SourceError::Upstream {
-        code: code.0,
+        code: e.code.0,
         message: e.message.into_owned(),
         data: e.data,
     }

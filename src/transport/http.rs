@@ -164,7 +164,6 @@ pub async fn serve(
 ) {
     let Endpoint { router, gate } = endpoint.into();
     let tracker = TaskTracker::new();
-    let graceful = hyper_util::server::graceful::GracefulShutdown::new();
     let peers = PeerStreams::default();
     loop {
         let (stream, peer) = tokio::select! {
@@ -185,7 +184,6 @@ pub async fn serve(
         let conn = peers.for_peer(peer.ip());
         let router = router.clone();
         let gate = gate.clone();
-        let watcher = graceful.watcher();
         let shutdown = shutdown.clone();
         tracker.spawn(
             async move {
@@ -219,7 +217,19 @@ pub async fn serve(
                 let connection = builder
                     .serve_connection_with_upgrades(io, TowerToHyperService::new(svc))
                     .into_owned();
-                if let Err(e) = watcher.watch(connection).await {
+                tokio::pin!(connection);
+                // The connection is polled before the shutdown is looked at, so a request
+                // whose bytes were read ahead is taken in and answered; then hyper closes
+                // the connection once its request is done.
+                let ended = tokio::select! {
+                    biased;
+                    r = connection.as_mut() => r,
+                    () = shutdown.cancelled() => {
+                        connection.as_mut().graceful_shutdown();
+                        connection.await
+                    }
+                };
+                if let Err(e) = ended {
                     debug!(error = %e, "http connection ended with an error");
                 }
             }
@@ -230,11 +240,7 @@ pub async fn serve(
     tracker.close();
     // hyper's connections close once their requests are answered; a listen answered ahead
     // of hyper ends with the server's shutdown and writes its result.
-    let drained = async {
-        graceful.shutdown().await;
-        tracker.wait().await;
-    };
-    if tokio::time::timeout(grace, drained).await.is_err() {
+    if tokio::time::timeout(grace, tracker.wait()).await.is_err() {
         debug!("http drain deadline passed; closing remaining connections");
     }
 }
@@ -614,7 +620,11 @@ impl Plain {
                 (ServerJsonRpcMessage::response(r, self.id), StatusCode::OK)
             }
             Err(e) => {
-                let e = crate::mcp::server::to_mcp_error(e);
+                let mut e = crate::mcp::server::to_mcp_error(e);
+                // As rmcp answers a 2026-07-28 peer (every plain request is one).
+                if e.code == ErrorCode::RESOURCE_NOT_FOUND {
+                    e.code = ErrorCode::INVALID_PARAMS;
+                }
                 tracing::warn!(request = %what, code = e.code.0, "response error: {}", e.message);
                 let status = match e.code {
                     ErrorCode::UNSUPPORTED_PROTOCOL_VERSION

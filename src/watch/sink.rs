@@ -43,15 +43,35 @@ pub async fn run(sink: Sink, mut rx: mpsc::Receiver<Notice>) {
             }
         }
         Sink::Stdout => {
-            let mut out = tokio::io::stdout();
-            while let Some(n) = rx.recv().await {
-                let mut line = json!({"event": "watch.notice", "watch": n.watch, "uri": n.uri,
-                                      "lines": n.lines, "text": n.text})
-                .to_string();
-                line.push('\n');
-                if out.write_all(line.as_bytes()).await.is_err() || out.flush().await.is_err() {
-                    tracing::error!("stdout is closed; notices can no longer be printed");
-                    return;
+            // One thread of its own writing stdout as notices come: tokio's stdout hands every
+            // write to the blocking pool and waits for it (two thread hops per notice); a
+            // writer parked on the channel is one wake-up. A plain thread, not the runtime's
+            // blocking pool, so a runtime shutting down never waits on it.
+            let (done, finished) = tokio::sync::oneshot::channel::<()>();
+            let spawned = std::thread::Builder::new()
+                .name("herald-stdout".into())
+                .spawn(move || {
+                    let _done = done;
+                    use std::io::Write as _;
+                    while let Some(n) = rx.blocking_recv() {
+                        // Locked per notice: anything else printing meanwhile is not shut out.
+                        let mut out = std::io::stdout().lock();
+                        let mut line = json!({"event": "watch.notice", "watch": n.watch,
+                        "uri": n.uri, "lines": n.lines, "text": n.text})
+                        .to_string();
+                        line.push('\n');
+                        if out.write_all(line.as_bytes()).is_err() || out.flush().is_err() {
+                            tracing::error!("stdout is closed; notices can no longer be printed");
+                            return;
+                        }
+                    }
+                });
+            match spawned {
+                Ok(_) => {
+                    let _ = finished.await;
+                }
+                Err(e) => {
+                    tracing::error!(error = %e, "no thread for stdout; notices cannot be printed")
                 }
             }
         }

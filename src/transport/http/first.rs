@@ -80,6 +80,10 @@ pub(super) async fn serve_first(
         Some(Ok(Read::Listen(head))) => head,
     };
     let end = head.body.end;
+    if buf.len() - end > MAX_PIPELINED {
+        // More sent behind the listen than a stream keeps: hyper's to serve, in order.
+        return First::Hyper(buf);
+    }
     let Some(admitted) = admit(gate, peer, conn, &buf, head).await else {
         return First::Hyper(buf);
     };
