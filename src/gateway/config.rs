@@ -46,7 +46,9 @@ pub enum ConfigError {
     },
     #[error("{0}")]
     Toml(String),
-    #[error("slug name {0:?} is not valid: use lowercase letters, digits and '-' (no '__' or '+')")]
+    #[error(
+        "slug name {0:?} is not valid: use lowercase letters, digits and '-', starting with a letter or digit (no '__' or '+')"
+    )]
     SlugName(String),
     #[error("slug {0} is defined twice")]
     SlugTwice(String),
@@ -190,10 +192,12 @@ fn read_credential(dir: Option<&Path>, slug: &str, name: &str) -> Result<String,
     Ok(token.to_owned())
 }
 
-/// Whether `name` is a valid slug: lowercase `[a-z0-9-]+` (so never `__` or `+`, which
-/// separate a slug from a tool name or a URI).
+/// Whether `name` is a valid slug: lowercase `[a-z0-9][a-z0-9-]*` (so never `__` or `+`,
+/// which separate a slug from a tool name or a URI, and never `-` alone or first).
 pub fn valid_slug(name: &str) -> bool {
-    !name.is_empty()
+    name.bytes()
+        .next()
+        .is_some_and(|b| b.is_ascii_lowercase() || b.is_ascii_digit())
         && name.len() <= 64
         && name
             .bytes()
@@ -342,6 +346,8 @@ mod tests {
             ("[[slug]]\nname = \"a__b\"\nstdio = \"x\"\n", "not valid"),
             ("[[slug]]\nname = \"a+b\"\nstdio = \"x\"\n", "not valid"),
             ("[[slug]]\nname = \"Memo\"\nstdio = \"x\"\n", "not valid"),
+            ("[[slug]]\nname = \"-\"\nstdio = \"x\"\n", "not valid"),
+            ("[[slug]]\nname = \"-a\"\nstdio = \"x\"\n", "not valid"),
             ("[[slug]]\nname = \"a\"\n", "exactly one of"),
             (
                 "[[slug]]\nname = \"a\"\nstdio = \"x\"\nhttp = \"y\"\n",

@@ -22,7 +22,8 @@ use crate::mcp::context::RoleContext;
 use crate::mcp::hub::ChangeFeed;
 use crate::mcp::metrics::EVENTS_LIST_FAILED;
 use crate::mcp::source::{
-    Admission, Call, Caller, Contents, ListenFilter, Source, SourceError, SourceInfo, WatchGuard,
+    Admission, Authentication, Call, Caller, Contents, ListenFilter, Source, SourceError,
+    SourceInfo, WatchGuard,
 };
 use crate::mcp::upstream::{self, REQUEST_TIMEOUT, Upstream, UpstreamConfig, upstream_error};
 
@@ -112,6 +113,31 @@ impl Access {
             set.retain(|s| only.iter().any(|o| o == s));
         }
         set
+    }
+
+    /// Whether `caller` presented a token this gateway knows, or needs none.
+    fn authenticates(&self, caller: &Caller) -> Authentication {
+        match &caller.token {
+            Some(t) => {
+                let digest: [u8; 32] = sha2::Sha256::digest(t.as_bytes()).into();
+                // Every token is checked, so the time taken does not say which one matched.
+                let known = self
+                    .tokens
+                    .iter()
+                    .fold(false, |known, tok| known | same(&tok.sha256, &digest));
+                if known {
+                    Authentication::Known
+                } else {
+                    Authentication::UnknownToken
+                }
+            }
+            None if caller.local
+                || (self.open_to_loopback.load(Ordering::Acquire) && caller.loopback) =>
+            {
+                Authentication::Known
+            }
+            None => Authentication::TokenRequired,
+        }
     }
 
     /// The upstreams `caller` may use.
@@ -415,6 +441,10 @@ fn prefixed(slug: &str, name: &str) -> String {
 
 #[async_trait]
 impl Source for Gateway {
+    fn authenticates(&self, caller: &Caller) -> Authentication {
+        self.access.authenticates(caller)
+    }
+
     fn info(&self) -> SourceInfo {
         SourceInfo {
             name: "gateway".into(),

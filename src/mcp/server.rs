@@ -201,6 +201,12 @@ impl SourceServer {
         &self.shared.limits
     }
 
+    /// What the source makes of `caller`'s credentials (see
+    /// [`Source::authenticates`](crate::mcp::source::Source::authenticates)).
+    pub fn authenticates(&self, caller: &Caller) -> crate::mcp::source::Authentication {
+        self.shared.source.authenticates(caller)
+    }
+
     pub fn feed(&self) -> &ChangeFeed {
         &self.shared.feed
     }

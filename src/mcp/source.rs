@@ -138,6 +138,17 @@ pub struct SourceInfo {
     pub instructions: Option<String>,
 }
 
+/// What a source makes of a caller's credentials ([`Source::authenticates`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Authentication {
+    /// A caller this source serves (what it may use is decided per request).
+    Known,
+    /// No token, where one is required.
+    TokenRequired,
+    /// A token that matches none this source knows.
+    UnknownToken,
+}
+
 /// A change source. See the module docs.
 #[async_trait]
 pub trait Source: Send + Sync + 'static {
@@ -150,6 +161,14 @@ pub trait Source: Send + Sync + 'static {
     fn templates(&self, caller: &Caller) -> Vec<ResourceTemplate> {
         let _ = caller;
         Vec::new()
+    }
+
+    /// Whether `caller`'s credentials are ones this source knows: `Refused` turns a request
+    /// away before it is read (HTTP `401`). Sources that serve everyone know every caller;
+    /// the gateway knows its configured tokens, and no token only where one is not needed.
+    fn authenticates(&self, caller: &Caller) -> Authentication {
+        let _ = caller;
+        Authentication::Known
     }
 
     /// Reads `uri`. Unknown URIs are [`SourceError::NotFound`], never empty contents.

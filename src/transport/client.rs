@@ -85,6 +85,18 @@ pub enum ConnectError {
     Handshake { target: String, message: String },
 }
 
+/// rmcp's handshake error as a person can act on it: a server's `401` (rmcp says "Auth
+/// required", after naming its own worker types) becomes what to do about the token.
+fn handshake_message(rmcp_error: &str) -> String {
+    if rmcp_error.contains("Auth required") {
+        "the server refused this client's token (HTTP 401): set HERALD_TOKEN to a token it knows \
+         (a gateway's tokens are the [[token]] entries of its config)"
+            .to_owned()
+    } else {
+        rmcp_error.to_owned()
+    }
+}
+
 /// The client identity herald presents, usable as an rmcp client handler.
 pub fn client_config() -> ClientConfig {
     let mut caps = ClientCapabilities::default();
@@ -189,7 +201,7 @@ pub async fn connect<H: ClientHandler>(
     let _ = rustls::crypto::ring::default_provider().install_default();
     let handshake = |e: rmcp::service::ClientInitializeError| ConnectError::Handshake {
         target: target.to_string(),
-        message: e.to_string(),
+        message: handshake_message(&e.to_string()),
     };
     match target {
         Target::Stdio(command) => {
@@ -285,7 +297,7 @@ where
         .await
         .map_err(|e| ConnectError::Handshake {
             target: target.to_string(),
-            message: e.to_string(),
+            message: handshake_message(&e.to_string()),
         })?;
     Ok(Connection {
         service,

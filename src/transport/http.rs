@@ -314,6 +314,9 @@ async fn listen_gate(State(gate): State<Gate>, req: Request, next: Next) -> Resp
         return next.run(req).await;
     }
     let (mut parts, body) = req.into_parts();
+    if let Some(refused) = unauthenticated(server, &Caller::from_parts(&parts)) {
+        return refused;
+    }
     let bytes = match axum::body::to_bytes(body, max).await {
         Ok(b) => b,
         Err(_) => {
@@ -371,6 +374,7 @@ async fn listen_gate(State(gate): State<Gate>, req: Request, next: Next) -> Resp
         let echo = listen.task_ids();
         parts.extensions.insert(PendingListen::new(listen));
         let response = next.run(Request::from_parts(parts, body)).await;
+        let response = unparsed(response, &bytes);
         // rmcp's acknowledgment has no `taskIds`: add the admitted ones as it goes out.
         return match echo {
             Some(ids) => {
@@ -380,7 +384,132 @@ async fn listen_gate(State(gate): State<Gate>, req: Request, next: Next) -> Resp
             None => response,
         };
     }
-    next.run(Request::from_parts(parts, body)).await
+    unparsed(next.run(Request::from_parts(parts, body)).await, &bytes)
+}
+
+/// `401` with `WWW-Authenticate: Bearer` for a caller whose credentials the source does not
+/// know (a gateway's missing or unknown token), before anything of the request is read: an
+/// unknown token is refused outright, never taken as a token with no entitlements.
+fn unauthenticated(server: &SourceServer, caller: &Caller) -> Option<Response> {
+    use crate::mcp::source::Authentication;
+    let (message, challenge) = match server.authenticates(caller) {
+        Authentication::Known => return None,
+        Authentication::TokenRequired => (
+            "this server requires a token: send it as `Authorization: Bearer TOKEN` (herald's clients send HERALD_TOKEN)",
+            r#"Bearer realm="herald""#,
+        ),
+        Authentication::UnknownToken => (
+            "the token is not one this server knows: check the token (HERALD_TOKEN for herald's clients) against the server's configuration",
+            r#"Bearer realm="herald", error="invalid_token""#,
+        ),
+    };
+    let mut response = rpc_error(
+        StatusCode::UNAUTHORIZED,
+        Value::Null,
+        json!({"code": -32024, "message": message}),
+    );
+    response.headers_mut().insert(
+        header::WWW_AUTHENTICATE,
+        header::HeaderValue::from_static(challenge),
+    );
+    Some(response)
+}
+
+/// rmcp's answer to a JSON body it could not take as a JSON-RPC message is `415` and a line of
+/// plain text; a client is owed a JSON-RPC error saying what is wrong (as stdio answers):
+/// `-32700` for a body that is not JSON, `-32600` for JSON that is not one JSON-RPC message,
+/// `-32602` for a `_meta` or `params` of the wrong type, all with `400`. Only that `415` is
+/// looked at again, so a body rmcp takes costs nothing here.
+fn unparsed(response: Response, body: &[u8]) -> Response {
+    if response.status() != StatusCode::UNSUPPORTED_MEDIA_TYPE {
+        return response;
+    }
+    match body_error(body) {
+        Some((id, error)) => rpc_error(StatusCode::BAD_REQUEST, id, error),
+        None => response,
+    }
+}
+
+/// What is wrong with a body that is not one JSON-RPC message, and the id to answer with
+/// (when it has a usable one); `None` when nothing is (the `415` was about something else).
+fn body_error(body: &[u8]) -> Option<(Value, Value)> {
+    let invalid = |message: &str| json!({"code": -32600, "message": message});
+    let v: Value = match serde_json::from_slice(body) {
+        Ok(v) => v,
+        Err(e) => {
+            let message = if body.iter().all(u8::is_ascii_whitespace) {
+                "the request body is empty; send one JSON-RPC message".to_owned()
+            } else {
+                format!("the request body is not JSON ({e}); send one JSON-RPC message")
+            };
+            return Some((Value::Null, json!({"code": -32700, "message": message})));
+        }
+    };
+    let Value::Object(m) = &v else {
+        let message = if v.is_array() {
+            "batches are not part of MCP; send one JSON-RPC message per request"
+        } else {
+            "the request body must be one JSON-RPC message, a JSON object"
+        };
+        return Some((Value::Null, invalid(message)));
+    };
+    let id = match m.get("id") {
+        Some(id @ (Value::String(_) | Value::Number(_))) => id.clone(),
+        Some(Value::Null) if m.contains_key("method") => {
+            return Some((
+                Value::Null,
+                invalid("a request's id must be a string or a number, never null"),
+            ));
+        }
+        None => Value::Null,
+        Some(_) => {
+            return Some((
+                Value::Null,
+                invalid("a message's id must be a string or a number"),
+            ));
+        }
+    };
+    if m.get("jsonrpc").and_then(Value::as_str) != Some("2.0") {
+        return Some((
+            id,
+            invalid(r#"a JSON-RPC message must carry "jsonrpc": "2.0""#),
+        ));
+    }
+    if let Some(method) = m.get("method") {
+        let Some(method) = method.as_str() else {
+            return Some((id, invalid("a message's method must be a string")));
+        };
+        match m.get("params") {
+            None | Some(Value::Null) => {}
+            Some(Value::Object(p)) => {
+                if p.get("_meta").is_some_and(|meta| !meta.is_object()) {
+                    return Some((
+                        id,
+                        json!({"code": -32602, "message": format!(
+                            "invalid params for {method}: _meta must be an object")}),
+                    ));
+                }
+            }
+            Some(_) => {
+                return Some((
+                    id,
+                    json!({"code": -32602, "message": format!(
+                        "invalid params for {method}: params must be an object")}),
+                ));
+            }
+        }
+    } else if !m.contains_key("result") && !m.contains_key("error") {
+        return Some((
+            id,
+            invalid(
+                "a JSON-RPC message must be a request (method), or a response (result or error)",
+            ),
+        ));
+    }
+    Some((
+        id,
+        invalid("the message is not one this server can take; check it against MCP's schema"),
+    ))
 }
 
 /// The request id of a listen herald answers with its own SSE stream: one in the shape every

@@ -171,13 +171,45 @@ async fn tools_are_prefixed_forwarded_and_entitled() {
         (exists.code, &exists.message),
         (missing.code, &missing.message)
     );
-    // A wrong token gets nothing at all.
-    let wrong = client(&s, Some("not-a-token"), None).await;
-    assert!(wrong.list_all_tools().await.unwrap().is_empty());
-    assert_eq!(
-        call_err(&wrong, "a__memo_set", json!({})).await.code.0,
-        -32024
-    );
+    // A wrong token, or none, is refused before anything is read: 401 with a Bearer
+    // challenge and a JSON-RPC error saying what to do, never a token with no entitlements.
+    let http = reqwest::Client::new();
+    for (token, invalid) in [(Some("not-a-token"), true), (None, false)] {
+        let mut post = http
+            .post(s.gw.http_url())
+            .header("content-type", "application/json")
+            .header("accept", "application/json, text/event-stream")
+            .header("mcp-protocol-version", "2026-07-28")
+            .header("mcp-method", "tools/list")
+            .body(r#"{"jsonrpc":"2.0","id":1,"method":"tools/list","params":{}}"#);
+        if let Some(t) = token {
+            post = post.header("authorization", format!("Bearer {t}"));
+        }
+        let r = post.send().await.unwrap();
+        assert_eq!(r.status(), 401, "{token:?}");
+        let challenge = r.headers()["www-authenticate"].to_str().unwrap().to_owned();
+        assert!(challenge.starts_with("Bearer"), "{challenge}");
+        assert_eq!(challenge.contains("invalid_token"), invalid, "{challenge}");
+        let v: Value = serde_json::from_str(&r.text().await.unwrap()).unwrap();
+        assert_eq!(v["error"]["code"], -32024, "{v}");
+        assert!(
+            v["error"]["message"].as_str().unwrap().contains("token"),
+            "{v}"
+        );
+    }
+    let trust = ClientTrust {
+        token: Some(Secret("not-a-token".into())),
+        ..ClientTrust::default()
+    };
+    let refused = connect(
+        &Target::Http(s.gw.http_url()),
+        &trust,
+        client_config(),
+        4 << 20,
+    )
+    .await;
+    let e = refused.err().expect("a client with a wrong token is refused");
+    assert!(e.to_string().contains("HERALD_TOKEN"), "{e}");
     // No token value in the gateway's log.
     for t in [ALL, ONLY_A, "not-a-token"] {
         assert!(!s.gw.stderr().contains(t), "a token reached the log");

@@ -498,8 +498,13 @@ async fn a_post_while_down_is_backfilled_on_reconnect_with_old_thread_replies() 
         ["a dm while down", "a reply to the old parent", "while down"].into()
     );
     assert!(fake.calls("conversations.replies") >= 1);
-    // The rate-limited call was made again for the same conversation, and not before its
-    // Retry-After (1 s) had passed.
+    // The rate-limited call is made again for the same conversation, and not before its
+    // Retry-After (1 s) has passed: on a loaded machine every message may have arrived
+    // another way by then, so the retry is awaited, not assumed.
+    fake.wait_until("the rate-limited conversation asked again", |s| {
+        s.retried_after_429("conversations.history")
+    })
+    .await;
     let times = fake.call_times("conversations.history");
     let params = fake.requests("conversations.history");
     let limited = times

@@ -232,6 +232,23 @@ impl SlackState {
         self.requests.get(method).map_or(&[], Vec::as_slice)
     }
 
+    /// Whether a call of `method` answered 429 was made again later for the same
+    /// `channel`.
+    pub fn retried_after_429(&self, method: &str) -> bool {
+        let times = self.call_times.get(method).map_or(&[][..], Vec::as_slice);
+        let params = self.requests(method);
+        times
+            .iter()
+            .position(|(_, limited)| *limited)
+            .is_some_and(|i| {
+                params.get(i).is_some_and(|p| {
+                    params[i + 1..]
+                        .iter()
+                        .any(|q| q.get("channel") == p.get("channel"))
+                })
+            })
+    }
+
     fn new(ws_addr: SocketAddr) -> SlackState {
         SlackState {
             ws_addr,

@@ -604,3 +604,99 @@ async fn a_listen_first_on_its_connection_ends_with_its_result_at_shutdown() {
     let text = String::from_utf8_lossy(&seen);
     assert!(text.contains(r#""resultType":"complete""#), "{text}");
 }
+
+/// A body that is not one JSON-RPC message gets a JSON-RPC error with `400` on HTTP (rmcp
+/// alone answers `415` and a line of text), and the server goes on serving.
+#[tokio::test]
+async fn malformed_http_bodies_get_json_rpc_errors() {
+    let s = Server::spawn(&["--store", ":memory:", "memo", "--http", "127.0.0.1:0"]).await;
+    let client = reqwest::Client::new();
+    let m = meta();
+    let text = |v: Value| v.to_string().into_bytes();
+    let cases: Vec<(&str, Vec<u8>, i64)> = vec![
+        (
+            "truncated",
+            br#"{"jsonrpc":"2.0","id":1,"method":"tools/list""#.to_vec(),
+            -32700,
+        ),
+        ("empty", Vec::new(), -32700),
+        (
+            "invalid UTF-8",
+            b"{\"jsonrpc\":\"2.0\",\"id\":1,\"method\":\"\xff\"}".to_vec(),
+            -32700,
+        ),
+        ("deeply nested", "[".repeat(10_000).into_bytes(), -32700),
+        ("not JSON", b"hello".to_vec(), -32700),
+        (
+            "a batch",
+            br#"[{"jsonrpc":"2.0","id":1,"method":"tools/list"}]"#.to_vec(),
+            -32600,
+        ),
+        ("a string", text(json!("tools/list")), -32600),
+        (
+            "a null id",
+            text(json!({"jsonrpc":"2.0","id":null,"method":"tools/list","params":{"_meta":m}})),
+            -32600,
+        ),
+        (
+            "a number as method",
+            text(json!({"jsonrpc":"2.0","id":1,"method":5})),
+            -32600,
+        ),
+        (
+            "a string as params",
+            text(json!({"jsonrpc":"2.0","id":1,"method":"tools/list","params":"x"})),
+            -32602,
+        ),
+        (
+            "a string as _meta",
+            text(json!({"jsonrpc":"2.0","id":1,"method":"tools/list","params":{"_meta":"x"}})),
+            -32602,
+        ),
+    ];
+    for (what, body, code) in cases {
+        let r = tokio::time::timeout(
+            WAIT,
+            client
+                .post(s.http_url())
+                .header("content-type", "application/json")
+                .header("accept", "application/json, text/event-stream")
+                .header("mcp-protocol-version", "2026-07-28")
+                .header("mcp-method", "tools/list")
+                .body(body)
+                .send(),
+        )
+        .await
+        .unwrap()
+        .unwrap();
+        assert_eq!(r.status(), 400, "{what}");
+        assert_eq!(r.headers()["content-type"], "application/json", "{what}");
+        let v: Value = serde_json::from_str(&r.text().await.unwrap()).unwrap();
+        assert_eq!(v["error"]["code"], code, "{what}: {v}");
+        assert!(
+            v["error"]["message"]
+                .as_str()
+                .is_some_and(|m| !m.is_empty()),
+            "{what}: {v}"
+        );
+    }
+    // Nothing was lost: the server answers a good call as before.
+    let c = herald::transport::client::connect(
+        &herald::transport::client::Target::Http(s.http_url()),
+        &herald::transport::tls::ClientTrust::default(),
+        herald::transport::client::client_config(),
+        4 << 20,
+    )
+    .await
+    .unwrap();
+    c.call_tool(
+        rmcp::model::CallToolRequestParams::new("memo_set").with_arguments(
+            json!({"key": "after", "value": 1})
+                .as_object()
+                .unwrap()
+                .clone(),
+        ),
+    )
+    .await
+    .unwrap();
+}

@@ -256,6 +256,9 @@ async fn admit(
     let v: Value = serde_json::from_slice(body).ok()?;
     let filter = ListenFilter::from_params(v.get("params")).ok()?;
     let caller = Caller::from_parts(&parts);
+    if gate.server.authenticates(&caller) != crate::mcp::source::Authentication::Known {
+        return None; // the gate answers it: 401
+    }
     let listen = gate.server.admit(&caller, &filter, conn).await.ok()?;
     let (uris, task_ids) = super::ack_lists(&filter, &listen);
     Some(Admitted {
