@@ -81,6 +81,33 @@ async fn client(s: &Setup, token: Option<&str>, servers: Option<&str>) -> Connec
         .unwrap()
 }
 
+/// `herald gateway --config CFG --http` on a free port, and a client of it with `token`.
+async fn http_gateway(cfg: &std::path::Path, token: &str) -> (Server, Connection) {
+    let gw = Server::spawn(&[
+        "--store",
+        ":memory:",
+        "gateway",
+        "--config",
+        cfg.to_str().unwrap(),
+        "--http",
+        "127.0.0.1:0",
+    ])
+    .await;
+    let trust = ClientTrust {
+        token: Some(Secret(token.to_owned())),
+        ..ClientTrust::default()
+    };
+    let c = connect(
+        &Target::Http(gw.http_url()),
+        &trust,
+        client_config(),
+        4 << 20,
+    )
+    .await
+    .unwrap();
+    (gw, c)
+}
+
 /// The tools `c` sees, sorted (the gateway connected its upstreams before it listened).
 /// memo's tools through the gateway, sorted.
 const MEMO_TOOLS: [&str; 4] = ["memo_ask", "memo_delete", "memo_set", "memo_wait"];
@@ -208,7 +235,9 @@ async fn tools_are_prefixed_forwarded_and_entitled() {
         4 << 20,
     )
     .await;
-    let e = refused.err().expect("a client with a wrong token is refused");
+    let e = refused
+        .err()
+        .expect("a client with a wrong token is refused");
     assert!(e.to_string().contains("HERALD_TOKEN"), "{e}");
     // No token value in the gateway's log.
     for t in [ALL, ONLY_A, "not-a-token"] {
@@ -668,28 +697,7 @@ async fn progress_of_upstream_calls_is_relayed() {
     assert_eq!(got, [(1, "step 1".to_owned()), (2, "step 2".to_owned())]);
     // The fixture advertises Events but cannot list them: an empty union, and a fault
     // counted in /metrics (served on the gateway's HTTP endpoint).
-    let gw_http = Server::spawn(&[
-        "--store",
-        ":memory:",
-        "gateway",
-        "--config",
-        cfg.to_str().unwrap(),
-        "--http",
-        "127.0.0.1:0",
-    ])
-    .await;
-    let trust = ClientTrust {
-        token: Some(Secret(ALL.to_owned())),
-        ..ClientTrust::default()
-    };
-    let h = connect(
-        &Target::Http(gw_http.http_url()),
-        &trust,
-        client_config(),
-        4 << 20,
-    )
-    .await
-    .unwrap();
+    let (gw_http, h) = http_gateway(&cfg, ALL).await;
     let listed = h
         .send_request(ClientRequest::CustomRequest(CustomRequest::new(
             "events/list",
@@ -742,28 +750,7 @@ async fn an_http_upstream_is_called_on_pooled_connections_that_survive_its_resta
         ),
     )
     .unwrap();
-    let gw = Server::spawn(&[
-        "--store",
-        ":memory:",
-        "gateway",
-        "--config",
-        cfg.to_str().unwrap(),
-        "--http",
-        "127.0.0.1:0",
-    ])
-    .await;
-    let trust = ClientTrust {
-        token: Some(Secret(ALL.to_owned())),
-        ..ClientTrust::default()
-    };
-    let c = connect(
-        &Target::Http(gw.http_url()),
-        &trust,
-        client_config(),
-        4 << 20,
-    )
-    .await
-    .unwrap();
+    let (_gw, c) = http_gateway(&cfg, ALL).await;
     let before = accepted_connections(&url).await;
     // 100 calls one after another, then 8 callers at once with 25 calls each.
     for i in 0..100 {

@@ -442,15 +442,7 @@ async fn an_http_listen_whose_reader_stalls_is_ended() {
     // A long request id (each notification carries it as its subscription id) fills the
     // socket's buffers in a few hundred notifications.
     let id = "L".repeat(16 << 10);
-    let body = json!({"jsonrpc":"2.0","id":id,"method":"subscriptions/listen",
-        "params":{"_meta":meta(),"notifications":{"resourceSubscriptions":["memo://notes"]}}})
-    .to_string();
-    let request = format!(
-        "POST /mcp HTTP/1.1\r\nhost: {addr}\r\ncontent-type: application/json\r\n\
-         accept: application/json, text/event-stream\r\nmcp-protocol-version: 2026-07-28\r\n\
-         mcp-method: subscriptions/listen\r\ncontent-length: {}\r\n\r\n{body}",
-        body.len()
-    );
+    let request = raw_listen(&addr.to_string(), json!(id));
     stalled.write_all(request.as_bytes()).await.unwrap();
     // Read up to the acknowledgment, then never again.
     let mut seen = Vec::new();
@@ -492,6 +484,20 @@ async fn an_http_listen_whose_reader_stalls_is_ended() {
     // Everyone else is still served.
     let (notes, _) = read_json(&c, "memo://notes").await;
     assert!(notes.get("k0").is_some(), "{notes}");
+}
+
+/// A plain HTTP/1.1 listen on `memo://notes` with request id `id`, as every 2026-07-28
+/// client sends it, addressed to `addr`.
+fn raw_listen(addr: &str, id: Value) -> String {
+    let body = json!({"jsonrpc":"2.0","id":id,"method":"subscriptions/listen",
+        "params":{"_meta":meta(),"notifications":{"resourceSubscriptions":["memo://notes"]}}})
+    .to_string();
+    format!(
+        "POST /mcp HTTP/1.1\r\nhost: {addr}\r\ncontent-type: application/json\r\n\
+         accept: application/json, text/event-stream\r\nmcp-protocol-version: 2026-07-28\r\n\
+         mcp-method: subscriptions/listen\r\ncontent-length: {}\r\n\r\n{body}",
+        body.len()
+    )
 }
 
 /// A plain `tools/call` or `resources/read` is answered by herald itself, with no rmcp service per request; the
@@ -571,15 +577,7 @@ async fn a_listen_first_on_its_connection_ends_with_its_result_at_shutdown() {
         .trim_end_matches("/mcp")
         .to_owned();
     let mut socket = tokio::net::TcpStream::connect(&addr).await.unwrap();
-    let body = json!({"jsonrpc":"2.0","id":"L","method":"subscriptions/listen",
-        "params":{"_meta":meta(),"notifications":{"resourceSubscriptions":["memo://notes"]}}})
-    .to_string();
-    let request = format!(
-        "POST /mcp HTTP/1.1\r\nhost: {addr}\r\ncontent-type: application/json\r\n\
-         accept: application/json, text/event-stream\r\nmcp-protocol-version: 2026-07-28\r\n\
-         mcp-method: subscriptions/listen\r\ncontent-length: {}\r\n\r\n{body}",
-        body.len()
-    );
+    let request = raw_listen(&addr, json!("L"));
     socket.write_all(request.as_bytes()).await.unwrap();
     let mut seen = Vec::new();
     let mut read_until = async |seen: &mut Vec<u8>, needle: &str| {
