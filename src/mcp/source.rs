@@ -145,6 +145,8 @@ pub enum Authentication {
     Known,
     /// No token, where one is required.
     TokenRequired,
+    /// No caller over the network can be let in: no tokens are configured.
+    NoTokens,
     /// A token that matches none this source knows.
     UnknownToken,
 }

@@ -89,8 +89,9 @@ pub enum ConnectError {
 /// required", after naming its own worker types) becomes what to do about the token.
 fn handshake_message(rmcp_error: &str) -> String {
     if rmcp_error.contains("Auth required") {
-        "the server refused this client's token (HTTP 401): set HERALD_TOKEN to a token it knows \
-         (a gateway's tokens are the [[token]] entries of its config)"
+        "the server refused this client's credentials (HTTP 401): give it a token the server \
+         knows (HERALD_TOKEN for herald's commands; a gateway slug's token_env or \
+         token_credential)"
             .to_owned()
     } else {
         rmcp_error.to_owned()

@@ -305,17 +305,15 @@ struct MethodProbe<'a> {
 async fn listen_gate(State(gate): State<Gate>, req: Request, next: Next) -> Response {
     let server = &gate.server;
     let max = server.limits().max_message_bytes;
-    let json_body = req
-        .headers()
-        .get(header::CONTENT_TYPE)
-        .and_then(|v| v.to_str().ok())
-        .is_some_and(|v| v.trim_start().starts_with("application/json"));
-    if req.method() != Method::POST || !json_body || !gate.allow.admits(req.uri(), req.headers()) {
-        return next.run(req).await;
-    }
     let (mut parts, body) = req.into_parts();
-    if let Some(refused) = unauthenticated(server, &Caller::from_parts(&parts)) {
+    // Every request to the endpoint, whatever its method or type (a page from another origin
+    // is refused by rmcp whoever it claims to be).
+    let allowed = gate.allow.admits(&parts.uri, &parts.headers);
+    if allowed && let Some(refused) = unauthenticated(server, &Caller::from_parts(&parts)) {
         return refused;
+    }
+    if parts.method != Method::POST || !json_content(&parts.headers) || !allowed {
+        return next.run(Request::from_parts(parts, body)).await;
     }
     let bytes = match axum::body::to_bytes(body, max).await {
         Ok(b) => b,
@@ -387,6 +385,16 @@ async fn listen_gate(State(gate): State<Gate>, req: Request, next: Next) -> Resp
     unparsed(next.run(Request::from_parts(parts, body)).await, &bytes)
 }
 
+/// Whether the request's `Content-Type` is JSON as rmcp tests it: the media type before any
+/// parameter, trimmed, `application/json` in any case.
+fn json_content(headers: &axum::http::HeaderMap) -> bool {
+    headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.split(';').next())
+        .is_some_and(|t| t.trim().eq_ignore_ascii_case("application/json"))
+}
+
 /// `401` with `WWW-Authenticate: Bearer` for a caller whose credentials the source does not
 /// know (a gateway's missing or unknown token), before anything of the request is read: an
 /// unknown token is refused outright, never taken as a token with no entitlements.
@@ -396,6 +404,10 @@ fn unauthenticated(server: &SourceServer, caller: &Caller) -> Option<Response> {
         Authentication::Known => return None,
         Authentication::TokenRequired => (
             "this server requires a token: send it as `Authorization: Bearer TOKEN` (herald's clients send HERALD_TOKEN)",
+            r#"Bearer realm="herald""#,
+        ),
+        Authentication::NoTokens => (
+            "this server has no tokens configured, so it serves no caller over the network: add [[token]] entries to its config (or reach it on loopback when it is bound to loopback alone)",
             r#"Bearer realm="herald""#,
         ),
         Authentication::UnknownToken => (
@@ -419,7 +431,8 @@ fn unauthenticated(server: &SourceServer, caller: &Caller) -> Option<Response> {
 /// plain text; a client is owed a JSON-RPC error saying what is wrong (as stdio answers):
 /// `-32700` for a body that is not JSON, `-32600` for JSON that is not one JSON-RPC message,
 /// `-32602` for a `_meta` or `params` of the wrong type, all with `400`. Only that `415` is
-/// looked at again, so a body rmcp takes costs nothing here.
+/// looked at again, so a body rmcp takes costs nothing here; a body that is well-formed
+/// JSON-RPC keeps rmcp's answer.
 fn unparsed(response: Response, body: &[u8]) -> Response {
     if response.status() != StatusCode::UNSUPPORTED_MEDIA_TYPE {
         return response;
@@ -453,15 +466,18 @@ fn body_error(body: &[u8]) -> Option<(Value, Value)> {
         };
         return Some((Value::Null, invalid(message)));
     };
+    // A response's id is the server's own request's: never echoed back.
+    let request = m.contains_key("method");
     let id = match m.get("id") {
-        Some(id @ (Value::String(_) | Value::Number(_))) => id.clone(),
-        Some(Value::Null) if m.contains_key("method") => {
+        Some(id @ (Value::String(_) | Value::Number(_))) if request => id.clone(),
+        Some(Value::String(_) | Value::Number(_)) | None => Value::Null,
+        Some(Value::Null) if !request => Value::Null,
+        Some(Value::Null) => {
             return Some((
                 Value::Null,
                 invalid("a request's id must be a string or a number, never null"),
             ));
         }
-        None => Value::Null,
         Some(_) => {
             return Some((
                 Value::Null,
@@ -506,10 +522,8 @@ fn body_error(body: &[u8]) -> Option<(Value, Value)> {
             ),
         ));
     }
-    Some((
-        id,
-        invalid("the message is not one this server can take; check it against MCP's schema"),
-    ))
+    // Well-formed as far as JSON-RPC goes: the `415` is rmcp's own to give.
+    None
 }
 
 /// The request id of a listen herald answers with its own SSE stream: one in the shape every

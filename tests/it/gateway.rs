@@ -201,10 +201,15 @@ async fn tools_are_prefixed_forwarded_and_entitled() {
     // A wrong token, or none, is refused before anything is read: 401 with a Bearer
     // challenge and a JSON-RPC error saying what to do, never a token with no entitlements.
     let http = reqwest::Client::new();
-    for (token, invalid) in [(Some("not-a-token"), true), (None, false)] {
+    for (token, invalid, kind) in [
+        (Some("not-a-token"), true, "application/json"),
+        (None, false, "application/json"),
+        // Any spelling rmcp would take is refused alike.
+        (Some("not-a-token"), true, "Application/JSON; charset=utf-8"),
+    ] {
         let mut post = http
             .post(s.gw.http_url())
-            .header("content-type", "application/json")
+            .header("content-type", kind)
             .header("accept", "application/json, text/event-stream")
             .header("mcp-protocol-version", "2026-07-28")
             .header("mcp-method", "tools/list")

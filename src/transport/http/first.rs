@@ -244,12 +244,7 @@ async fn admit(
     *request.headers_mut() = head.headers;
     request.extensions_mut().insert(PeerAddr(peer));
     let (parts, ()) = request.into_parts();
-    let json = parts
-        .headers
-        .get(http::header::CONTENT_TYPE)
-        .and_then(|v| v.to_str().ok())
-        .is_some_and(|v| v.trim_start().starts_with("application/json"));
-    if !json || !gate.allow.admits(&parts.uri, &parts.headers) {
+    if !super::json_content(&parts.headers) || !gate.allow.admits(&parts.uri, &parts.headers) {
         return None;
     }
     let id = super::plain_listen(&parts.headers, body, &gate.server)?;
