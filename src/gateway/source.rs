@@ -87,24 +87,32 @@ fn upstream_of(slug: &Slug, max_message_bytes: usize, ctx: &RoleContext) -> Upst
 }
 
 impl Access {
-    /// The slugs `caller` may use: its token's entitlement narrowed by `?servers=`. A local
-    /// (stdio) caller without a token may use every slug.
-    fn allowed(&self, caller: &Caller) -> BTreeSet<String> {
-        let mut set: BTreeSet<String> = match &caller.token {
-            Some(t) => {
-                let digest: [u8; 32] = sha2::Sha256::digest(t.as_bytes()).into();
-                // Check every token, so the time taken does not say which one matched.
-                let mut found = None;
-                for tok in &self.tokens {
-                    if same(&tok.sha256, &digest) && found.is_none() {
-                        found = Some(tok);
-                    }
-                }
-                found.map(|t| t.slugs.clone()).unwrap_or_default()
+    /// The configured token `t` is, if any. Every hash is compared, so the time taken does
+    /// not say which one matched.
+    fn token(&self, t: &str) -> Option<&Token> {
+        let digest: [u8; 32] = sha2::Sha256::digest(t.as_bytes()).into();
+        let mut found = None;
+        for tok in &self.tokens {
+            if same(&tok.sha256, &digest) && found.is_none() {
+                found = Some(tok);
             }
-            None if caller.local
-                || (self.open_to_loopback.load(Ordering::Acquire) && caller.loopback) =>
-            {
+        }
+        found
+    }
+
+    /// A caller let in without a token: local (stdio), or on loopback when the gateway is
+    /// open to loopback (whatever stale token it may carry).
+    fn needs_no_token(&self, caller: &Caller) -> bool {
+        caller.local || (self.open_to_loopback.load(Ordering::Acquire) && caller.loopback)
+    }
+
+    /// The slugs `caller` may use: its token's entitlement, or every slug for a caller that
+    /// needs no token, narrowed by `?servers=`.
+    fn allowed(&self, caller: &Caller) -> BTreeSet<String> {
+        let token = caller.token.as_deref().and_then(|t| self.token(t));
+        let mut set: BTreeSet<String> = match token {
+            Some(tok) => tok.slugs.clone(),
+            None if self.needs_no_token(caller) => {
                 self.upstreams.iter().map(|u| u.name.clone()).collect()
             }
             None => BTreeSet::new(),
@@ -117,28 +125,16 @@ impl Access {
 
     /// Whether `caller` presented a token this gateway knows, or needs none.
     fn authenticates(&self, caller: &Caller) -> Authentication {
-        // Open to loopback: whoever is on this host is let in, a stale token or not.
-        if caller.local || (self.open_to_loopback.load(Ordering::Acquire) && caller.loopback) {
-            return Authentication::Known;
-        }
-        if self.tokens.is_empty() {
-            return Authentication::NoTokens;
-        }
-        match &caller.token {
-            Some(t) => {
-                let digest: [u8; 32] = sha2::Sha256::digest(t.as_bytes()).into();
-                // Every token is checked, so the time taken does not say which one matched.
-                let known = self
-                    .tokens
-                    .iter()
-                    .fold(false, |known, tok| known | same(&tok.sha256, &digest));
-                if known {
-                    Authentication::Known
-                } else {
-                    Authentication::UnknownToken
-                }
+        if self.needs_no_token(caller) {
+            Authentication::Known
+        } else if self.tokens.is_empty() {
+            Authentication::NoTokens
+        } else {
+            match caller.token.as_deref().map(|t| self.token(t).is_some()) {
+                Some(true) => Authentication::Known,
+                Some(false) => Authentication::UnknownToken,
+                None => Authentication::TokenRequired,
             }
-            None => Authentication::TokenRequired,
         }
     }
 
@@ -834,6 +830,61 @@ mod tests {
             .as_object()
             .unwrap()
             .clone()
+    }
+
+    /// Who gets in and what they may use: a configured token its slugs, an unknown token
+    /// nothing and a refusal (never an empty entitlement), a loopback caller of a gateway
+    /// open to loopback every slug whatever stale token it carries.
+    #[test]
+    fn callers_are_known_by_their_tokens_or_by_needing_none() {
+        let up = crate::testing::down_upstream(Default::default());
+        let name = up.name.clone();
+        let token = |t: &str| Caller {
+            token: Some(t.into()),
+            ..Caller::default()
+        };
+        let access = Access {
+            upstreams: vec![up],
+            tokens: vec![Token {
+                label: "t".into(),
+                sha256: sha2::Sha256::digest(b"good").into(),
+                slugs: [name.clone()].into(),
+            }],
+            open_to_loopback: AtomicBool::new(false),
+        };
+        let all: BTreeSet<String> = [name].into();
+        assert_eq!(access.authenticates(&token("good")), Authentication::Known);
+        assert_eq!(access.allowed(&token("good")), all);
+        assert_eq!(
+            access.authenticates(&token("bad")),
+            Authentication::UnknownToken
+        );
+        assert!(access.allowed(&token("bad")).is_empty());
+        let anonymous = Caller {
+            loopback: true,
+            ..Caller::default()
+        };
+        assert_eq!(
+            access.authenticates(&anonymous),
+            Authentication::TokenRequired
+        );
+        assert_eq!(
+            access.authenticates(&Caller::local()),
+            Authentication::Known
+        );
+
+        let open = Access {
+            tokens: Vec::new(),
+            open_to_loopback: AtomicBool::new(true),
+            upstreams: access.upstreams.clone(),
+        };
+        let stale = Caller {
+            loopback: true,
+            ..token("stale")
+        };
+        assert_eq!(open.authenticates(&stale), Authentication::Known);
+        assert_eq!(open.allowed(&stale), all);
+        assert_eq!(open.authenticates(&token("x")), Authentication::NoTokens);
     }
 
     #[tokio::test]

@@ -795,10 +795,39 @@ const SSE_QUEUE: usize = 4;
 /// A listen's notifications as SSE events on a channel to the response body.
 struct SseOut {
     tx: tokio::sync::mpsc::Sender<axum::body::Bytes>,
+    events: StreamEvents,
+}
+
+/// A listen stream's events as it writes them: its subscription id, and each URI's
+/// `notifications/resources/updated` made once per stream and reused for every change.
+struct StreamEvents {
     /// The stream's subscription id, as JSON.
     id: Value,
-    /// Each URI's `notifications/resources/updated` event, made once per stream.
-    events: Vec<(String, axum::body::Bytes)>,
+    updated: Vec<(String, Bytes)>,
+}
+
+impl StreamEvents {
+    fn new(id: Value) -> StreamEvents {
+        StreamEvents {
+            id,
+            updated: Vec::new(),
+        }
+    }
+
+    /// `uri`'s notification, framed by `frame` (for the transport) the first time.
+    fn updated(&mut self, uri: &str, frame: impl FnOnce(Bytes) -> Bytes) -> Bytes {
+        if let Some((_, e)) = self.updated.iter().find(|(u, _)| u == uri) {
+            return e.clone();
+        }
+        let e = frame(updated_event(&self.id, uri));
+        self.updated.push((uri.to_owned(), e.clone()));
+        e
+    }
+
+    /// `task`'s state as an event.
+    fn task(&self, task: rmcp::model::DetailedTask) -> Bytes {
+        task_event(&self.id, task)
+    }
 }
 
 /// One SSE event carrying `message`.
@@ -885,14 +914,7 @@ fn ack_lists(
 
 impl crate::mcp::listen::ListenOut for SseOut {
     async fn updated(&mut self, uri: &str) -> Result<(), crate::mcp::listen::Undelivered> {
-        let event = match self.events.iter().find(|(u, _)| u == uri) {
-            Some((_, e)) => e.clone(),
-            None => {
-                let e = updated_event(&self.id, uri);
-                self.events.push((uri.to_owned(), e.clone()));
-                e
-            }
-        };
+        let event = self.events.updated(uri, |e| e);
         self.tx
             .send(event)
             .await
@@ -904,7 +926,7 @@ impl crate::mcp::listen::ListenOut for SseOut {
         task: rmcp::model::DetailedTask,
     ) -> Result<(), crate::mcp::listen::Undelivered> {
         self.tx
-            .send(task_event(&self.id, task))
+            .send(self.events.task(task))
             .await
             .map_err(|_| crate::mcp::listen::Undelivered::Closed)
     }
@@ -943,8 +965,7 @@ fn sse_listen(
     tokio::spawn(async move {
         let mut out = SseOut {
             tx,
-            id: id_json,
-            events: Vec::new(),
+            events: StreamEvents::new(id_json),
         };
         let ended = server.deliver(listen, &mut out).await;
         if out.tx.is_closed() {

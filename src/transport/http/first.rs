@@ -346,9 +346,8 @@ impl<'a> Writer<'a> {
 struct RawOut<'w, 'a> {
     writer: &'w Writer<'a>,
     gone: CancellationToken,
-    id: Value,
-    /// Each URI's notification, as a chunk, made once per stream.
-    events: Vec<(String, Bytes)>,
+    /// Its events, each URI's notification kept as a chunk.
+    events: super::StreamEvents,
 }
 
 impl RawOut<'_, '_> {
@@ -362,20 +361,12 @@ impl RawOut<'_, '_> {
 
 impl crate::mcp::listen::ListenOut for RawOut<'_, '_> {
     async fn updated(&mut self, uri: &str) -> Result<(), Undelivered> {
-        let event = match self.events.iter().find(|(u, _)| u == uri) {
-            Some((_, e)) => e.clone(),
-            None => {
-                let e = Bytes::from(chunk(&super::updated_event(&self.id, uri)));
-                self.events.push((uri.to_owned(), e.clone()));
-                e
-            }
-        };
+        let event = self.events.updated(uri, |e| chunk(&e).into());
         self.send(event).await
     }
 
     async fn task(&mut self, task: rmcp::model::DetailedTask) -> Result<(), Undelivered> {
-        self.send(chunk(&super::task_event(&self.id, task)).into())
-            .await
+        self.send(chunk(&self.events.task(task)).into()).await
     }
 
     fn closed(&self) -> impl std::future::Future<Output = ()> + Send + 'static {
@@ -423,8 +414,7 @@ async fn answer(
     let mut out = RawOut {
         writer: &writer,
         gone: gone.clone(),
-        id: id_json,
-        events: Vec::new(),
+        events: super::StreamEvents::new(id_json),
     };
     let watch = watch_client(&writer, &mut pipelined, stall);
     let ended = tokio::select! {
