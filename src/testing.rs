@@ -7,7 +7,6 @@
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
-use rmcp::RoleServer;
 use rmcp::ServiceExt;
 use serde_json::Value;
 use tokio_util::sync::CancellationToken;
@@ -17,7 +16,6 @@ use crate::mcp::upstream::{Dialer, Upstream, UpstreamConfig};
 use crate::source::memo::Memo;
 use crate::store::Store;
 use crate::transport::client::{ConnectError, Target, connect_stream};
-use crate::transport::lines::LineTransport;
 
 const MAX: usize = 4 << 20;
 
@@ -84,8 +82,7 @@ impl MemoServer {
                 let (client, served) = tokio::io::duplex(1 << 16);
                 let (sr, sw) = tokio::io::split(served);
                 let service = server.for_connection();
-                let transport = LineTransport::<RoleServer, _>::new(sr, sw, MAX, true)
-                    .with_listen_acks(service.acks());
+                let transport = service.line_transport(sr, sw);
                 tokio::spawn(async move {
                     if let Ok(running) = service.serve_with_ct(transport, ct).await {
                         let _ = running.waiting().await;

@@ -18,6 +18,8 @@ use rmcp::service::{NotificationContext, RequestContext, RoleServer, Service};
 use crate::mcp::admission::{ConnStreams, ListenAcks, ListenFilter, PendingListen, narrow};
 use crate::mcp::caller::Caller;
 use crate::mcp::server::SourceServer;
+use crate::transport::lines::LineTransport;
+use tokio::io::{AsyncRead, AsyncWrite};
 
 /// [`SourceServer`] on one byte-stream connection; see the module docs.
 #[derive(Clone)]
@@ -46,6 +48,22 @@ impl ConnServer {
     /// ([`LineTransport::with_listen_acks`](crate::transport::lines::LineTransport::with_listen_acks)).
     pub fn acks(&self) -> ListenAcks {
         self.acks.clone()
+    }
+
+    /// The server side of a line-framed connection for this server: its message limit, its
+    /// listens' `taskIds` echoed, and at most
+    /// [`max_in_flight`](crate::mcp::server::Limits::max_in_flight) of the peer's requests (and
+    /// [`max_in_flight_bytes`](crate::mcp::server::Limits::max_in_flight_bytes) of them) run
+    /// at once.
+    pub fn line_transport<R, W>(&self, read: R, write: W) -> LineTransport<RoleServer, R>
+    where
+        R: AsyncRead + Send + Unpin + 'static,
+        W: AsyncWrite + Send + Unpin + 'static,
+    {
+        let limits = self.server.limits();
+        LineTransport::new(read, write, limits.max_message_bytes, true)
+            .with_listen_acks(self.acks())
+            .with_in_flight_limit(limits.max_in_flight(), limits.max_in_flight_bytes())
     }
 }
 

@@ -71,6 +71,24 @@ pub struct Limits {
     pub stall_timeout: Duration,
 }
 
+/// Plain requests (calls, reads, polls) one connection may have running beside its listen
+/// streams; past that its transport stops reading until one is answered.
+pub const CALLS_IN_FLIGHT: usize = 128;
+
+impl Limits {
+    /// The requests one line-framed connection may have running at once: one per listen
+    /// stream it may open, plus [`CALLS_IN_FLIGHT`].
+    pub fn max_in_flight(&self) -> usize {
+        self.max_streams_per_connection.saturating_add(CALLS_IN_FLIGHT)
+    }
+
+    /// The bytes of requests one line-framed connection may have running at once: four
+    /// messages at the limit (a request over it is refused as it is read).
+    pub fn max_in_flight_bytes(&self) -> usize {
+        self.max_message_bytes.saturating_mul(4)
+    }
+}
+
 impl Default for Limits {
     fn default() -> Self {
         Limits {

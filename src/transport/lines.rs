@@ -10,9 +10,18 @@
 //! Writes go through one writer task fed by a bounded channel, so concurrent senders never
 //! interleave bytes, and a peer that stops reading makes senders wait (which the listen plumbing
 //! turns into a stall timeout) rather than growing a buffer.
+//!
+//! On the server side the transport also keeps the ids of the peer's requests not answered yet
+//! ([`with_in_flight_limit`](LineTransport::with_in_flight_limit)): a request reusing an id still
+//! in flight is refused with `-32600` naming the id (rmcp would run both and drop the first
+//! answer), at most the limit of requests run at once (past it, the transport stops reading
+//! until one is answered: back-pressure, nothing dropped), and a response too big for the
+//! message limit goes out as an error saying so instead.
 
 use std::marker::PhantomData;
+use std::sync::{Arc, Mutex};
 
+use rmcp::model::{JsonRpcMessage, RequestId};
 use rmcp::service::{RxJsonRpcMessage, ServiceRole, TxJsonRpcMessage};
 
 use crate::mcp::admission::{ListenAcks, TASK_IDS_META_KEY};
@@ -25,7 +34,7 @@ use tokio::sync::mpsc;
 const WRITE_QUEUE: usize = 256;
 
 /// JSON-RPC transport over a line-framed byte stream. See the module docs.
-pub struct LineTransport<Role, R> {
+pub struct LineTransport<Role: ServiceRole, R> {
     reader: BufReader<R>,
     line: Vec<u8>,
     discarding: bool,
@@ -39,7 +48,92 @@ pub struct LineTransport<Role, R> {
     /// Server side: a listen's `taskIds` are moved into its `_meta` on the way in (rmcp
     /// drops the field), and echoed into its acknowledgment on the way out.
     acks: Option<ListenAcks>,
+    /// Server side: the peer's requests not answered yet, and how many may run at once.
+    in_flight: Option<(Arc<InFlight>, InFlightLimit)>,
+    /// Server side: requests read past the limit, oldest first (see [`PARKED_MAX`]).
+    parked: std::collections::VecDeque<Parked<RxJsonRpcMessage<Role>>>,
+    parked_bytes: usize,
     _role: PhantomData<fn() -> Role>,
+}
+
+/// Requests read but not run yet, because the in-flight limit was reached: at most this many
+/// (and at most one message limit of bytes) before the transport stops reading. Reading on
+/// past the limit a little lets a `notifications/cancelled` through, which may be what frees
+/// a place (a `memo_wait` can run for an hour).
+const PARKED_MAX: usize = 32;
+
+/// The ids of a peer's requests that have not been answered yet, with their sizes (server
+/// side).
+#[derive(Default)]
+struct InFlight {
+    state: Mutex<Running>,
+    /// Woken when a request leaves.
+    answered: tokio::sync::Notify,
+}
+
+#[derive(Default)]
+struct Running {
+    ids: std::collections::HashMap<RequestId, usize>,
+    bytes: usize,
+}
+
+/// How much of the peer's requests one connection runs at once.
+#[derive(Clone, Copy)]
+struct InFlightLimit {
+    requests: usize,
+    bytes: usize,
+}
+
+impl InFlight {
+    fn running(&self) -> std::sync::MutexGuard<'_, Running> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn has_room(&self, limit: InFlightLimit) -> bool {
+        let r = self.running();
+        r.ids.len() < limit.requests && r.bytes < limit.bytes
+    }
+
+    fn contains(&self, id: &RequestId) -> bool {
+        self.running().ids.contains_key(id)
+    }
+
+    fn insert(&self, id: RequestId, size: usize) {
+        let mut r = self.running();
+        if let Some(old) = r.ids.insert(id, size) {
+            r.bytes -= old;
+        }
+        r.bytes += size;
+    }
+
+    fn remove(&self, id: &RequestId) {
+        let mut r = self.running();
+        if let Some(size) = r.ids.remove(id) {
+            r.bytes -= size;
+            drop(r);
+            self.answered.notify_waiters();
+        }
+    }
+
+    /// Resolves once there is room under `limit`.
+    async fn room(&self, limit: InFlightLimit) {
+        loop {
+            let answered = self.answered.notified();
+            tokio::pin!(answered);
+            answered.as_mut().enable();
+            if self.has_room(limit) {
+                return;
+            }
+            answered.await;
+        }
+    }
+}
+
+/// A request read while the connection was at its limit, waiting for a place.
+struct Parked<M> {
+    msg: M,
+    id: RequestId,
+    size: usize,
 }
 
 impl<Role, R> LineTransport<Role, R>
@@ -66,8 +160,29 @@ where
             writer_done: Some(writer_done),
             meta_token: None,
             acks: None,
+            in_flight: None,
+            parked: Default::default(),
+            parked_bytes: 0,
             _role: PhantomData,
         }
+    }
+
+    /// Server side: runs at most `requests` of the peer's requests, holding at most `bytes`
+    /// of them, at once (past that the transport stops reading until one is answered, after
+    /// [`PARKED_MAX`] more), refuses a request whose id is still in flight, and answers with
+    /// an error a response over the message limit. See the module docs.
+    pub fn with_in_flight_limit(mut self, requests: usize, bytes: usize) -> Self {
+        let limit = InFlightLimit {
+            requests: requests.max(1),
+            bytes: bytes.max(1),
+        };
+        self.in_flight = Some((Arc::default(), limit));
+        self
+    }
+
+    /// Whether requests read past the limit fill their allowance.
+    fn parked_full(&self) -> bool {
+        self.parked.len() >= PARKED_MAX || self.parked_bytes >= self.max_line
     }
 
     /// Carries listens' `taskIds` past rmcp (server side): see the field.
@@ -192,6 +307,36 @@ fn echo_task_ids(v: &mut Value, acks: &ListenAcks) {
     }
 }
 
+/// The request a `notifications/cancelled` names (a byte scan spares other notifications the
+/// parse).
+fn cancelled_request(text: &[u8]) -> Option<RequestId> {
+    let needle = b"notifications/cancelled";
+    if !text.windows(needle.len()).any(|w| w == needle) {
+        return None;
+    }
+    let v: Value = serde_json::from_slice(text).ok()?;
+    if v.get("method")?.as_str()? != "notifications/cancelled" {
+        return None;
+    }
+    serde_json::from_value(v.pointer("/params/requestId")?.clone()).ok()
+}
+
+/// The error frame sent in place of a response of `size` bytes over the `max`-byte limit.
+fn too_large(id: &RequestId, size: usize, max: usize) -> Vec<u8> {
+    serde_json::to_vec(&serde_json::json!({
+        "jsonrpc": "2.0",
+        "id": id,
+        "error": {
+            "code": -32603,
+            "message": format!(
+                "the result is {size} bytes, over this server's {max}-byte message limit (--max-message-bytes): ask for less at once, or raise the limit"
+            ),
+            "data": {"reason": "too_large", "bytes": size, "limit": max},
+        },
+    }))
+    .unwrap_or_default()
+}
+
 enum LineRead {
     Line,
     Oversized(usize),
@@ -231,6 +376,22 @@ where
         let tx = self.tx.clone();
         let meta = self.meta_token.clone();
         let acks = self.acks.clone().filter(|a| !a.is_empty());
+        // An answer frees its request's place (before it is written: the write queue is
+        // bounded on its own).
+        let answered = match (&self.in_flight, &item) {
+            (Some((flight, _)), JsonRpcMessage::Response(r)) => {
+                flight.remove(&r.id);
+                Some(r.id.clone())
+            }
+            (Some((flight, _)), JsonRpcMessage::Error(e)) => {
+                if let Some(id) = &e.id {
+                    flight.remove(id);
+                }
+                None
+            }
+            _ => None,
+        };
+        let max = self.max_line;
         async move {
             let mut bytes = match meta {
                 None if acks.is_some() => {
@@ -255,6 +416,16 @@ where
                     serde_json::to_vec(&v).map_err(std::io::Error::other)?
                 }
             };
+            if let Some(id) = answered
+                && bytes.len() > max
+            {
+                tracing::warn!(
+                    size = bytes.len(),
+                    limit = max,
+                    "refused to send a response over the message limit"
+                );
+                bytes = too_large(&id, bytes.len(), max);
+            }
             bytes.push(b'\n');
             match tx {
                 Some(tx) => tx.send(bytes).await.map_err(|_| {
@@ -289,7 +460,27 @@ where
                 let tx = tx.clone();
                 drop(tx.reserve().await.ok()?);
             }
-            match self.read_line().await {
+            let read = match self.in_flight.clone() {
+                Some((flight, limit)) if !self.parked.is_empty() => {
+                    if flight.has_room(limit) {
+                        let p = self.parked.pop_front()?;
+                        self.parked_bytes -= p.size;
+                        flight.insert(p.id, p.size);
+                        return Some(p.msg);
+                    }
+                    if self.parked_full() {
+                        flight.room(limit).await;
+                        continue;
+                    }
+                    // `read_line` is cancel-safe: a partial line stays for the next call.
+                    tokio::select! {
+                        _ = flight.room(limit) => continue,
+                        read = self.read_line() => read,
+                    }
+                }
+                _ => self.read_line().await,
+            };
+            match read {
                 Ok(LineRead::Line) => {}
                 Ok(LineRead::Oversized(size)) => {
                     tracing::warn!(size, limit = self.max_line, "refused an oversized message");
@@ -333,6 +524,44 @@ where
             };
             match parsed {
                 Ok(msg) => {
+                    if let Some((flight, limit)) = self.in_flight.clone() {
+                        match &msg {
+                            JsonRpcMessage::Request(r)
+                                if flight.contains(&r.id)
+                                    || self.parked.iter().any(|p| p.id == r.id) =>
+                            {
+                                let id = serde_json::to_value(&r.id).unwrap_or(Value::Null);
+                                self.line.clear();
+                                self.queue_error(
+                                    id,
+                                    -32600,
+                                    format!(
+                                        "request id {} is already in flight on this connection; give every request its own id",
+                                        r.id
+                                    ),
+                                );
+                                continue;
+                            }
+                            JsonRpcMessage::Request(r) => {
+                                let (id, size) = (r.id.clone(), self.line.len());
+                                self.line.clear();
+                                if self.parked.is_empty() && flight.has_room(limit) {
+                                    flight.insert(id, size);
+                                    return Some(msg);
+                                }
+                                self.parked_bytes += size;
+                                self.parked.push_back(Parked { msg, id, size });
+                                continue;
+                            }
+                            JsonRpcMessage::Notification(_) => {
+                                // A cancelled request gets no answer: its place is free.
+                                if let Some(id) = cancelled_request(text) {
+                                    flight.remove(&id);
+                                }
+                            }
+                            _ => {}
+                        }
+                    }
                     self.line.clear();
                     return Some(msg);
                 }
@@ -452,5 +681,149 @@ mod tests {
         let (methods, _) = run(input.as_bytes(), 1024).await;
         // The last line has no newline before EOF and is incomplete: dropped.
         assert_eq!(methods, ["tools/list"]);
+    }
+
+    fn request(id: u64, method: &str) -> String {
+        format!("{{\"jsonrpc\":\"2.0\",\"id\":{id},\"method\":\"{method}\",\"params\":{{}}}}\n")
+    }
+
+    fn answer(id: u64, result: Value) -> TxJsonRpcMessage<RoleServer> {
+        serde_json::from_value(serde_json::json!({"jsonrpc":"2.0","id":id,"result":result}))
+            .unwrap()
+    }
+
+    /// A server transport with an in-flight limit, and the client's ends.
+    fn server_with_limit(
+        max_line: usize,
+        in_flight: usize,
+    ) -> (
+        LineTransport<RoleServer, tokio::io::ReadHalf<tokio::io::DuplexStream>>,
+        tokio::io::ReadHalf<tokio::io::DuplexStream>,
+        tokio::io::WriteHalf<tokio::io::DuplexStream>,
+    ) {
+        let (client, server) = tokio::io::duplex(1 << 20);
+        let (sr, sw) = tokio::io::split(server);
+        let (cr, cw) = tokio::io::split(client);
+        let t = LineTransport::<RoleServer, _>::new(sr, sw, max_line, true)
+            .with_in_flight_limit(in_flight, 1 << 30);
+        (t, cr, cw)
+    }
+
+    async fn next_frame(r: &mut BufReader<tokio::io::ReadHalf<tokio::io::DuplexStream>>) -> Value {
+        let mut line = String::new();
+        tokio::time::timeout(std::time::Duration::from_secs(10), r.read_line(&mut line))
+            .await
+            .expect("a frame")
+            .unwrap();
+        serde_json::from_str(&line).unwrap()
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn requests_past_the_in_flight_limit_wait_until_one_is_answered() {
+        let (mut t, _cr, mut cw) = server_with_limit(1024, 2);
+        for id in 1..=3 {
+            cw.write_all(request(id, "tools/list").as_bytes()).await.unwrap();
+        }
+        for _ in 0..2 {
+            assert!(t.receive().await.is_some());
+        }
+        // Two in flight: the third is not read (the paused clock runs the timeout out at once).
+        let third = tokio::time::timeout(std::time::Duration::from_secs(60), t.receive()).await;
+        assert!(third.is_err(), "a third request was read past the limit");
+        t.send(answer(1, serde_json::json!({}))).await.unwrap();
+        let third = tokio::time::timeout(std::time::Duration::from_secs(60), t.receive())
+            .await
+            .expect("answering one frees a place")
+            .unwrap();
+        assert_eq!(serde_json::to_value(&third).unwrap()["id"], 3);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_cancel_read_past_the_limit_frees_a_place() {
+        let (mut t, _cr, mut cw) = server_with_limit(1024, 1);
+        cw.write_all(request(1, "memo_wait").as_bytes()).await.unwrap();
+        cw.write_all(request(2, "tools/list").as_bytes()).await.unwrap();
+        cw.write_all(b"{\"jsonrpc\":\"2.0\",\"method\":\"notifications/cancelled\",\"params\":{\"requestId\":1}}\n").await.unwrap();
+        let one = serde_json::to_value(t.receive().await.unwrap()).unwrap();
+        assert_eq!(one["id"], 1);
+        // Request 2 waits for a place; the cancel behind it is read and passed on, and frees
+        // request 1's place (rmcp sends no answer to a cancelled request).
+        let cancel = serde_json::to_value(t.receive().await.unwrap()).unwrap();
+        assert_eq!(cancel["method"], "notifications/cancelled");
+        let two = tokio::time::timeout(std::time::Duration::from_secs(60), t.receive())
+            .await
+            .expect("the cancel freed a place")
+            .unwrap();
+        assert_eq!(serde_json::to_value(&two).unwrap()["id"], 2);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn reading_stops_once_the_parked_requests_fill_their_allowance() {
+        let (mut t, _cr, mut cw) = server_with_limit(1 << 16, 1);
+        for id in 0..(PARKED_MAX as u64 + 10) {
+            cw.write_all(request(id, "tools/list").as_bytes()).await.unwrap();
+        }
+        assert!(t.receive().await.is_some());
+        let blocked = tokio::time::timeout(std::time::Duration::from_secs(60), t.receive()).await;
+        assert!(blocked.is_err());
+        assert_eq!(t.parked.len(), PARKED_MAX, "parked past the allowance");
+        // Answers let them through in order.
+        for id in 0..5u64 {
+            t.send(answer(id, serde_json::json!({}))).await.unwrap();
+            let next = serde_json::to_value(t.receive().await.unwrap()).unwrap();
+            assert_eq!(next["id"], id + 1);
+        }
+    }
+
+    #[tokio::test]
+    async fn a_request_reusing_an_id_in_flight_is_refused_by_id() {
+        let (mut t, cr, mut cw) = server_with_limit(1024, 8);
+        let mut cr = BufReader::new(cr);
+        cw.write_all(request(7, "events/poll").as_bytes()).await.unwrap();
+        cw.write_all(request(7, "tools/list").as_bytes()).await.unwrap();
+        cw.write_all(request(8, "tools/list").as_bytes()).await.unwrap();
+        let first = serde_json::to_value(t.receive().await.unwrap()).unwrap();
+        assert_eq!(first["method"], "events/poll");
+        // The duplicate is answered by the transport, and the next request comes through.
+        let next = serde_json::to_value(t.receive().await.unwrap()).unwrap();
+        assert_eq!(next["id"], 8);
+        let refused = next_frame(&mut cr).await;
+        assert_eq!(refused["id"], 7);
+        assert_eq!(refused["error"]["code"], -32600);
+        assert!(
+            refused["error"]["message"]
+                .as_str()
+                .unwrap()
+                .contains("request id 7 is already in flight"),
+            "{refused}"
+        );
+        // Once 7 is answered its id may be used again.
+        t.send(answer(7, serde_json::json!({"events": []}))).await.unwrap();
+        assert_eq!(next_frame(&mut cr).await["result"]["events"], serde_json::json!([]));
+        cw.write_all(request(7, "tools/list").as_bytes()).await.unwrap();
+        let again = serde_json::to_value(t.receive().await.unwrap()).unwrap();
+        assert_eq!((again["id"].clone(), again["method"].clone()), (7.into(), "tools/list".into()));
+    }
+
+    #[tokio::test]
+    async fn a_response_over_the_message_limit_goes_out_as_an_error() {
+        let (mut t, cr, mut cw) = server_with_limit(256, 8);
+        let mut cr = BufReader::new(cr);
+        cw.write_all(request(3, "resources/read").as_bytes()).await.unwrap();
+        assert!(t.receive().await.is_some());
+        t.send(answer(3, serde_json::json!({"text": "x".repeat(1000)})))
+            .await
+            .unwrap();
+        let frame = next_frame(&mut cr).await;
+        assert_eq!(frame["id"], 3);
+        assert_eq!(frame["error"]["code"], -32603);
+        assert_eq!(frame["error"]["data"]["reason"], "too_large");
+        assert_eq!(frame["error"]["data"]["limit"], 256);
+        assert!(frame["error"]["message"].as_str().unwrap().contains("--max-message-bytes"));
+        // A small answer goes out as it is.
+        cw.write_all(request(4, "tools/list").as_bytes()).await.unwrap();
+        assert!(t.receive().await.is_some());
+        t.send(answer(4, serde_json::json!({"tools": []}))).await.unwrap();
+        assert_eq!(next_frame(&mut cr).await["result"]["tools"], serde_json::json!([]));
     }
 }

@@ -13,20 +13,12 @@ use rmcp::ServiceExt;
 use tokio_util::sync::CancellationToken;
 
 use crate::mcp::server::SourceServer;
-use lines::LineTransport;
 
 /// Serves `server` on this process's stdin/stdout until stdin closes or `shutdown`.
 /// Returns when the session ends.
 pub async fn serve_stdio(server: SourceServer, shutdown: CancellationToken) {
-    let max = server.limits().max_message_bytes;
     let service = server.for_connection();
-    let transport = LineTransport::<rmcp::RoleServer, _>::new(
-        tokio::io::stdin(),
-        tokio::io::stdout(),
-        max,
-        true,
-    )
-    .with_listen_acks(service.acks());
+    let transport = service.line_transport(tokio::io::stdin(), tokio::io::stdout());
     match service.serve_with_ct(transport, shutdown).await {
         Ok(running) => {
             let _ = running.waiting().await;

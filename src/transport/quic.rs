@@ -18,7 +18,6 @@ use tracing::{Instrument, debug, info_span};
 
 use crate::mcp::server::SourceServer;
 use crate::transport::dns;
-use crate::transport::lines::LineTransport;
 use crate::transport::tls::{self, ClientTrust, Identity, TlsError};
 
 /// How often an idle QUIC connection sends a keep-alive.
@@ -101,13 +100,10 @@ pub async fn serve(
                     };
                     let loopback = remote.ip().to_canonical().is_loopback();
                     let service = server.for_connection_sharing(budget.clone(), loopback);
-                    let max = server.limits().max_message_bytes;
                     let ct = sessions.child_token();
                     streams.spawn(
                         async move {
-                            let transport =
-                                LineTransport::<rmcp::RoleServer, _>::new(recv, send, max, true)
-                                    .with_listen_acks(service.acks());
+                            let transport = service.line_transport(recv, send);
                             match service.serve_with_ct(transport, ct).await {
                                 Ok(running) => {
                                     let _ = running.waiting().await;

@@ -6,13 +6,12 @@
 
 use std::sync::Arc;
 
-use rmcp::{RoleServer, ServiceExt};
+use rmcp::ServiceExt;
 
 use super::{Dialer, Upstream, UpstreamConfig};
 use crate::mcp::context::RoleContext;
 use crate::mcp::server::SourceServer;
 use crate::transport::client::{Target, connect_stream};
-use crate::transport::lines::LineTransport;
 
 /// Bytes buffered in each direction of a pipe.
 const PIPE: usize = 1 << 16;
@@ -35,8 +34,7 @@ pub fn dialer(
             let (client, served) = tokio::io::duplex(PIPE);
             let (sr, sw) = tokio::io::split(served);
             let service = server.for_connection();
-            let transport = LineTransport::<RoleServer, _>::new(sr, sw, max_message_bytes, true)
-                .with_listen_acks(service.acks());
+            let transport = service.line_transport(sr, sw);
             let ct = ctx.shutdown().child_token();
             ctx.spawn("in-process connection", async move {
                 if let Ok(running) = service.serve_with_ct(transport, ct).await {
