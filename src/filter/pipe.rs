@@ -257,3 +257,7 @@ mod tests {
         assert!(e.to_string().contains("unknown variant `bogus`"), "{e}");
     }
 }
+
+#[cfg(test)]
+#[path = "pipe_fuzz.rs"]
+mod fuzz;

@@ -47,7 +47,7 @@ pub enum ConfigError {
     #[error("{0}")]
     Toml(String),
     #[error(
-        "slug name {0:?} is not valid: use lowercase letters, digits and '-', starting with a letter or digit (no '__' or '+')"
+        "slug name {0:?} is not valid: a slug name is [a-z0-9][a-z0-9-]*, at most 64 characters (lowercase letters, digits and '-', not starting with '-'; so never '_' or '+', which separate a slug from a tool or a URI)"
     )]
     SlugName(String),
     #[error("slug {0} is defined twice")]
@@ -440,3 +440,7 @@ mod tests {
         );
     }
 }
+
+#[cfg(test)]
+#[path = "config_fuzz.rs"]
+pub(crate) mod fuzz;

@@ -16,6 +16,14 @@ pub const EVENT_LOG_MIME: &str = "application/vnd.asyncai.events+json";
 /// Default number of events a ring keeps.
 pub const DEFAULT_RING_CAPACITY: usize = 256;
 
+/// The most bytes of events a ring keeps, whatever its capacity in events: a read of the ring
+/// fits a message at the default limit (4 MiB) even when every character needs escaping.
+pub const RING_BYTES: usize = 1 << 20;
+
+/// The largest event a ring keeps whole; a bigger one is kept with its biggest fields replaced
+/// by a marker (`{"truncated": true, "bytes": N}`) and `"truncated": true` on the event.
+pub const MAX_EVENT_BYTES: usize = RING_BYTES / 4;
+
 /// A bounded ring of events with monotonically increasing `seq`.
 #[derive(Debug)]
 pub struct EventRing {
@@ -27,6 +35,8 @@ struct Inner {
     capacity: usize,
     next_seq: u64,
     events: VecDeque<Entry>,
+    /// The bytes of `events`' texts, at most [`RING_BYTES`].
+    bytes: usize,
 }
 
 /// One held event: serialized once, when pushed. The push time is kept beside the event, not
@@ -87,6 +97,7 @@ impl EventRing {
                 capacity: capacity.max(1),
                 next_seq: first_seq.max(1),
                 events: VecDeque::new(),
+                bytes: 0,
             }),
         }
     }
@@ -110,12 +121,25 @@ impl EventRing {
                 event.insert(k, v);
             }
         }
-        let text = Value::Object(event).to_string();
-        if inner.events.len() == inner.capacity {
-            inner.events.pop_front();
+        let mut text = serde_json::to_string(&event).unwrap_or_default();
+        if text.len() > MAX_EVENT_BYTES {
+            text = truncated(event, text.len());
         }
+        while inner.events.len() >= inner.capacity
+            || (inner.bytes + text.len() > RING_BYTES && !inner.events.is_empty())
+        {
+            if let Some(old) = inner.events.pop_front() {
+                inner.bytes -= old.text.len();
+            }
+        }
+        inner.bytes += text.len();
         inner.events.push_back(Entry { seq, ts_ms, text });
         seq
+    }
+
+    /// The bytes of events held.
+    pub fn bytes(&self) -> usize {
+        self.inner.lock().unwrap_or_else(|e| e.into_inner()).bytes
     }
 
     /// An in-band `ERROR` event: source failures are reported in the log, not as read errors.
@@ -213,10 +237,86 @@ impl EventRing {
     }
 }
 
+/// `event` (serialized to `size` bytes, over [`MAX_EVENT_BYTES`]) with its biggest fields
+/// replaced by a marker saying how big each was, biggest first, until it fits; `seq` and
+/// `type` are kept, and `"truncated": true` says the event is not whole.
+fn truncated(mut event: Map<String, Value>, size: usize) -> String {
+    let mut sizes: Vec<(String, usize)> = event
+        .iter()
+        .filter(|(k, _)| *k != "seq" && *k != "type")
+        .map(|(k, v)| (k.clone(), v.to_string().len()))
+        .collect();
+    sizes.sort_by(|a, b| b.1.cmp(&a.1));
+    let mut size = size;
+    for (key, bytes) in sizes {
+        if size <= MAX_EVENT_BYTES {
+            break;
+        }
+        let marker = serde_json::json!({"truncated": true, "bytes": bytes});
+        size = size + marker.to_string().len() - bytes;
+        event.insert(key, marker);
+    }
+    event.insert("truncated".into(), Value::Bool(true));
+    let text = Value::Object(event).to_string();
+    if text.len() <= MAX_EVENT_BYTES {
+        return text;
+    }
+    // Too many fields even as markers: keep what names the event.
+    let mut kept = Map::new();
+    for k in ["seq", "type", "truncated"] {
+        if let Some(v) = serde_json::from_str::<Map<String, Value>>(&text)
+            .ok()
+            .and_then(|m| m.get(k).cloned())
+        {
+            kept.insert(k.into(), v);
+        }
+    }
+    Value::Object(kept).to_string()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use serde_json::json;
+
+    #[test]
+    fn the_ring_is_bounded_by_bytes_and_a_huge_event_is_kept_truncated() {
+        let r = EventRing::with_start(256, 1);
+        let big = "x".repeat(MAX_EVENT_BYTES / 2);
+        for i in 0..40 {
+            r.push(
+                "MODIFIED",
+                fields(json!({"key": i, "object": big, "old": big})),
+            );
+            assert!(r.bytes() <= RING_BYTES, "{} bytes held", r.bytes());
+        }
+        assert!(r.len() < 40 && r.len() >= RING_BYTES / (MAX_EVENT_BYTES + 1));
+        assert!(r.read_json().len() <= RING_BYTES + 64);
+        let body: Value = serde_json::from_str(&r.read_json()).unwrap();
+        let last = body["events"].as_array().unwrap().last().unwrap().clone();
+        assert_eq!(last["key"], 39, "the newest is kept");
+        assert_eq!(last["truncated"], true);
+        assert_eq!(last["type"], "MODIFIED");
+        // The biggest field goes first (ties in key order), and only as many as it takes.
+        assert_eq!(last["object"]["truncated"], true);
+        assert_eq!(last["object"]["bytes"], big.len() + 2);
+        assert_eq!(last["old"], big, "one marker was enough");
+        // An event that fits is kept whole, with no marker.
+        r.push("ADDED", fields(json!({"key": "small", "object": 1})));
+        let s = r.since(r.head() - 1, 10, 0);
+        assert_eq!(
+            s.events[0].event,
+            json!({"seq": r.head(), "type": "ADDED", "key": "small", "object": 1})
+        );
+        // One event bigger than the whole ring replaces everything before it, truncated.
+        r.push(
+            "ADDED",
+            fields(json!({"key": "huge", "object": "y".repeat(RING_BYTES * 2)})),
+        );
+        assert!(r.bytes() <= RING_BYTES);
+        let s = r.since(r.head() - 1, 10, 0);
+        assert_eq!(s.events[0].event["object"]["bytes"], RING_BYTES * 2 + 2);
+    }
 
     fn fields(v: Value) -> Map<String, Value> {
         v.as_object().unwrap().clone()

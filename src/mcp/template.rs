@@ -214,3 +214,7 @@ mod tests {
         }
     }
 }
+
+#[cfg(test)]
+#[path = "template_fuzz.rs"]
+mod fuzz;

@@ -722,7 +722,9 @@ mod tests {
     async fn requests_past_the_in_flight_limit_wait_until_one_is_answered() {
         let (mut t, _cr, mut cw) = server_with_limit(1024, 2);
         for id in 1..=3 {
-            cw.write_all(request(id, "tools/list").as_bytes()).await.unwrap();
+            cw.write_all(request(id, "tools/list").as_bytes())
+                .await
+                .unwrap();
         }
         for _ in 0..2 {
             assert!(t.receive().await.is_some());
@@ -741,8 +743,12 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn a_cancel_read_past_the_limit_frees_a_place() {
         let (mut t, _cr, mut cw) = server_with_limit(1024, 1);
-        cw.write_all(request(1, "memo_wait").as_bytes()).await.unwrap();
-        cw.write_all(request(2, "tools/list").as_bytes()).await.unwrap();
+        cw.write_all(request(1, "memo_wait").as_bytes())
+            .await
+            .unwrap();
+        cw.write_all(request(2, "tools/list").as_bytes())
+            .await
+            .unwrap();
         cw.write_all(b"{\"jsonrpc\":\"2.0\",\"method\":\"notifications/cancelled\",\"params\":{\"requestId\":1}}\n").await.unwrap();
         let one = serde_json::to_value(t.receive().await.unwrap()).unwrap();
         assert_eq!(one["id"], 1);
@@ -761,7 +767,9 @@ mod tests {
     async fn reading_stops_once_the_parked_requests_fill_their_allowance() {
         let (mut t, _cr, mut cw) = server_with_limit(1 << 16, 1);
         for id in 0..(PARKED_MAX as u64 + 10) {
-            cw.write_all(request(id, "tools/list").as_bytes()).await.unwrap();
+            cw.write_all(request(id, "tools/list").as_bytes())
+                .await
+                .unwrap();
         }
         assert!(t.receive().await.is_some());
         let blocked = tokio::time::timeout(std::time::Duration::from_secs(60), t.receive()).await;
@@ -779,9 +787,15 @@ mod tests {
     async fn a_request_reusing_an_id_in_flight_is_refused_by_id() {
         let (mut t, cr, mut cw) = server_with_limit(1024, 8);
         let mut cr = BufReader::new(cr);
-        cw.write_all(request(7, "events/poll").as_bytes()).await.unwrap();
-        cw.write_all(request(7, "tools/list").as_bytes()).await.unwrap();
-        cw.write_all(request(8, "tools/list").as_bytes()).await.unwrap();
+        cw.write_all(request(7, "events/poll").as_bytes())
+            .await
+            .unwrap();
+        cw.write_all(request(7, "tools/list").as_bytes())
+            .await
+            .unwrap();
+        cw.write_all(request(8, "tools/list").as_bytes())
+            .await
+            .unwrap();
         let first = serde_json::to_value(t.receive().await.unwrap()).unwrap();
         assert_eq!(first["method"], "events/poll");
         // The duplicate is answered by the transport, and the next request comes through.
@@ -798,18 +812,30 @@ mod tests {
             "{refused}"
         );
         // Once 7 is answered its id may be used again.
-        t.send(answer(7, serde_json::json!({"events": []}))).await.unwrap();
-        assert_eq!(next_frame(&mut cr).await["result"]["events"], serde_json::json!([]));
-        cw.write_all(request(7, "tools/list").as_bytes()).await.unwrap();
+        t.send(answer(7, serde_json::json!({"events": []})))
+            .await
+            .unwrap();
+        assert_eq!(
+            next_frame(&mut cr).await["result"]["events"],
+            serde_json::json!([])
+        );
+        cw.write_all(request(7, "tools/list").as_bytes())
+            .await
+            .unwrap();
         let again = serde_json::to_value(t.receive().await.unwrap()).unwrap();
-        assert_eq!((again["id"].clone(), again["method"].clone()), (7.into(), "tools/list".into()));
+        assert_eq!(
+            (again["id"].clone(), again["method"].clone()),
+            (7.into(), "tools/list".into())
+        );
     }
 
     #[tokio::test]
     async fn a_response_over_the_message_limit_goes_out_as_an_error() {
         let (mut t, cr, mut cw) = server_with_limit(256, 8);
         let mut cr = BufReader::new(cr);
-        cw.write_all(request(3, "resources/read").as_bytes()).await.unwrap();
+        cw.write_all(request(3, "resources/read").as_bytes())
+            .await
+            .unwrap();
         assert!(t.receive().await.is_some());
         t.send(answer(3, serde_json::json!({"text": "x".repeat(1000)})))
             .await
@@ -819,11 +845,27 @@ mod tests {
         assert_eq!(frame["error"]["code"], -32603);
         assert_eq!(frame["error"]["data"]["reason"], "too_large");
         assert_eq!(frame["error"]["data"]["limit"], 256);
-        assert!(frame["error"]["message"].as_str().unwrap().contains("--max-message-bytes"));
+        assert!(
+            frame["error"]["message"]
+                .as_str()
+                .unwrap()
+                .contains("--max-message-bytes")
+        );
         // A small answer goes out as it is.
-        cw.write_all(request(4, "tools/list").as_bytes()).await.unwrap();
+        cw.write_all(request(4, "tools/list").as_bytes())
+            .await
+            .unwrap();
         assert!(t.receive().await.is_some());
-        t.send(answer(4, serde_json::json!({"tools": []}))).await.unwrap();
-        assert_eq!(next_frame(&mut cr).await["result"]["tools"], serde_json::json!([]));
+        t.send(answer(4, serde_json::json!({"tools": []})))
+            .await
+            .unwrap();
+        assert_eq!(
+            next_frame(&mut cr).await["result"]["tools"],
+            serde_json::json!([])
+        );
     }
 }
+
+#[cfg(test)]
+#[path = "lines_fuzz.rs"]
+mod fuzz;

@@ -277,7 +277,11 @@ fn check<Role: ServiceRole>(run: Run<'_>) -> Result<(), TestCaseError> {
         prop_assert_eq!(&a["id"], &id, "{}", a);
         let message = a["error"]["message"].as_str().unwrap_or_default();
         if let Some(len) = oversized {
-            prop_assert!(message.contains(&format!("the {}-byte limit", run.max)), "{}", a);
+            prop_assert!(
+                message.contains(&format!("the {}-byte limit", run.max)),
+                "{}",
+                a
+            );
             // "at least N bytes": N is what had arrived when the limit broke.
             let n: usize = message
                 .strip_prefix("message of at least ")
@@ -320,9 +324,28 @@ const FIXED: &[&str] = &[
 
 /// Pieces that make JSON-like lines likelier to be near misses than noise.
 const TOKENS: &[&str] = &[
-    "{", "}", "[", "]", ":", ",", "\"jsonrpc\"", "\"2.0\"", "\"id\"", "1", "\"method\"",
-    "\"ping\"", "\"params\"", "\"result\"", "null", "\"taskIds\"", "\"\\u0041\"", " ", "\r",
-    "\u{FEFF}", "é", "\"",
+    "{",
+    "}",
+    "[",
+    "]",
+    ":",
+    ",",
+    "\"jsonrpc\"",
+    "\"2.0\"",
+    "\"id\"",
+    "1",
+    "\"method\"",
+    "\"ping\"",
+    "\"params\"",
+    "\"result\"",
+    "null",
+    "\"taskIds\"",
+    "\"\\u0041\"",
+    " ",
+    "\r",
+    "\u{FEFF}",
+    "é",
+    "\"",
 ];
 
 /// One line's bytes, without its newline.

@@ -2,7 +2,9 @@
 
 mod admin;
 mod agent;
+mod badinput;
 mod dist;
+mod durability;
 mod events;
 mod fake_model;
 mod file;

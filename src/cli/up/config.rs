@@ -35,6 +35,7 @@ use crate::cli::file::FileToml;
 use crate::cli::slack::SlackToml;
 use crate::gateway::config::{GatewayConfig, Slug, SlugFile, Token, TokenFile};
 use crate::mcp::ring::DEFAULT_RING_CAPACITY;
+use crate::source::memo::DEFAULT_MAX_NOTES_BYTES;
 
 /// Where the gateway serves HTTP by default.
 pub const DEFAULT_HTTP: &str = "127.0.0.1:8750";
@@ -63,6 +64,9 @@ pub struct ListenToml {
 #[serde(deny_unknown_fields)]
 pub struct MemoToml {
     pub ring_capacity: Option<usize>,
+    /// Most bytes the notes may take in all (keys and values as stored); a memo_set past it is
+    /// refused. Default: [`DEFAULT_MAX_NOTES_BYTES`] (2 MiB, half the message limit).
+    pub max_notes_bytes: Option<usize>,
 }
 
 #[derive(Debug, Clone, Default, Deserialize, Serialize)]
@@ -319,6 +323,7 @@ impl UpToml {
         }
         t.memo = t.memo.map(|m| MemoToml {
             ring_capacity: Some(m.ring_capacity.unwrap_or(DEFAULT_RING_CAPACITY)),
+            max_notes_bytes: Some(m.max_notes_bytes.unwrap_or(DEFAULT_MAX_NOTES_BYTES)),
         });
         t.file = t.file.map(FileToml::with_defaults);
         t.k8s = t.k8s.map(K8sToml::with_defaults);
@@ -483,3 +488,7 @@ mod tests {
         );
     }
 }
+
+#[cfg(test)]
+#[path = "config_fuzz.rs"]
+mod fuzz;

@@ -195,3 +195,7 @@ mod tests {
         assert_eq!(got.len(), 2);
     }
 }
+
+#[cfg(test)]
+#[path = "stream_fuzz.rs"]
+mod fuzz;
