@@ -6,6 +6,7 @@ use crate::mcp::context::RoleContext;
 use clap::Args;
 
 use crate::cli::serve::{ServeArgs, begin, serve_until_stopped};
+use crate::cli::up::config::is_loopback;
 use crate::cli::{Exit, Globals};
 use crate::gateway::Gateway;
 use crate::gateway::config::GatewayConfig;
@@ -80,6 +81,9 @@ pub fn check(args: CheckArgs) -> Result<(), Exit> {
         return Ok(());
     }
     let cfg = GatewayConfig::load(&args.config).map_err(|e| crate::cli::usage(e.into()))?;
+    if let Some(warning) = no_token_warning(&cfg) {
+        eprintln!("{}: {warning}", args.config.display());
+    }
     println!(
         "{}: ok ({}, {})",
         args.config.display(),
@@ -87,6 +91,39 @@ pub fn check(args: CheckArgs) -> Result<(), Exit> {
         count(cfg.tokens.len(), "token")
     );
     Ok(())
+}
+
+/// What `herald check` says about a gateway config with no `[[token]]` that listens on HTTP or
+/// QUIC: loudly, when an address is not loopback (the config is meant to be reached from other
+/// hosts, and every caller reaching it there would be refused every server). `herald up`'s
+/// config refuses that outright instead; a gateway's is valid, since its stdio callers need no
+/// token.
+fn no_token_warning(cfg: &GatewayConfig) -> Option<String> {
+    if !cfg.tokens.is_empty() {
+        return None;
+    }
+    let listens: Vec<(&str, &str)> = [("http", &cfg.http), ("quic", &cfg.quic)]
+        .into_iter()
+        .filter_map(|(k, a)| Some((k, a.as_deref().filter(|a| !a.trim().is_empty())?)))
+        .collect();
+    let remote: Vec<String> = listens
+        .iter()
+        .filter(|(_, a)| !is_loopback(a))
+        .map(|(k, a)| format!("{k} = {a:?}"))
+        .collect();
+    if !remote.is_empty() {
+        return Some(format!(
+            "WARNING: {} is not a loopback address, so this gateway is meant to be reached from \
+             other hosts, but it has no [[token]]: every HTTP and QUIC caller is refused every \
+             server. Add a [[token]] (sha256 = the output of `printf %s TOKEN | sha256sum`, \
+             slugs = [\"*\"]) for each caller, or listen on 127.0.0.1",
+            remote.join(" and ")
+        ));
+    }
+    (!listens.is_empty()).then(|| {
+        "note: no [[token]]: HTTP and QUIC callers are refused every server; only stdio callers get them"
+            .to_owned()
+    })
 }
 
 /// `1 token`, `2 tokens`, `1 watch`, `0 watches`.

@@ -6,7 +6,7 @@ use clap::Args;
 use crate::cli::serve::{ServeArgs, begin, serve_until_stopped};
 use crate::cli::{Exit, Globals};
 use crate::mcp::ring::DEFAULT_RING_CAPACITY;
-use crate::source::memo::Memo;
+use crate::source::memo::{Memo, default_max_notes_bytes};
 
 #[derive(Debug, Args)]
 pub struct MemoArgs {
@@ -15,12 +15,22 @@ pub struct MemoArgs {
     /// Events kept in memo://log.
     #[arg(long, default_value_t = DEFAULT_RING_CAPACITY)]
     pub ring_capacity: usize,
+    /// Most bytes the notes may take in all (keys and values as stored); a memo_set past it is
+    /// refused. Default: half of --max-message-bytes (2 MiB), so memo://notes, read whole as one
+    /// message, still fits.
+    #[arg(long, value_name = "BYTES")]
+    pub max_notes_bytes: Option<usize>,
 }
 
 pub async fn run(args: MemoArgs, globals: &Globals) -> Result<(), Exit> {
     let ctx = RoleContext::new("memo");
     let store = globals.open_store().await?;
     let admin = begin(&args.serve, &ctx, globals, &store).await?;
-    let memo = Memo::open(store.clone(), args.ring_capacity).await?;
+    let max_notes = args
+        .max_notes_bytes
+        .unwrap_or(default_max_notes_bytes(args.serve.max_message_bytes));
+    let memo = Memo::open(store.clone(), args.ring_capacity)
+        .await?
+        .with_max_notes_bytes(max_notes);
     serve_until_stopped(memo, &args.serve.options(), admin, &store, ctx, globals).await
 }

@@ -488,7 +488,7 @@ where
                         Value::Null,
                         -32600,
                         format!(
-                            "message of at least {size} bytes exceeds the {}-byte limit; send smaller messages",
+                            "message of at least {size} bytes exceeds the {}-byte limit (--max-message-bytes); send smaller messages",
                             self.max_line
                         ),
                     );

@@ -619,6 +619,80 @@ async fn check_validates_configs() {
     );
 }
 
+#[tokio::test]
+async fn check_refuses_bad_slug_names_and_warns_for_a_remote_gateway_without_tokens() {
+    let dir = TempDir::new("gateway-check-names");
+    let cfg = dir.path().join("gateway.toml");
+    let long = "a".repeat(65);
+    for name in [
+        "-", "-a", "", "Memo", "a_b", "a__b", "a+b", "a.b", "a b", "é", &long,
+    ] {
+        std::fs::write(
+            &cfg,
+            format!("[[slug]]\nname = {name:?}\nstdio = \"herald memo\"\n"),
+        )
+        .unwrap();
+        let out = herald(["check", cfg.to_str().unwrap()]).await;
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(64), "{name:?}: {out:?}");
+        assert!(
+            err.contains(&format!("slug name {name:?} is not valid"))
+                && err.contains("[a-z0-9][a-z0-9-]*"),
+            "{name:?}: {err}"
+        );
+    }
+    for name in ["a", "0", "a-", "k8s-prod-2", &"a".repeat(64)] {
+        std::fs::write(
+            &cfg,
+            format!("[[slug]]\nname = {name:?}\nstdio = \"herald memo\"\n"),
+        )
+        .unwrap();
+        let out = herald(["check", cfg.to_str().unwrap()]).await;
+        assert!(out.status.success(), "{name:?}: {out:?}");
+    }
+
+    // Listening beyond loopback with no [[token]]: valid (stdio callers need none), but said
+    // loudly, naming the address.
+    let slug = "[[slug]]\nname = \"memo\"\nstdio = \"herald memo\"\n";
+    for (listen, addr) in [
+        ("http = \"0.0.0.0:8760\"\n", "http = \"0.0.0.0:8760\""),
+        ("quic = \"[::]:8761\"\n", "quic = \"[::]:8761\""),
+        (
+            "http = \"127.0.0.1:8760\"\nquic = \"mcp.example.com:8761\"\n",
+            "quic = \"mcp.example.com:8761\"",
+        ),
+    ] {
+        std::fs::write(&cfg, format!("{listen}{slug}")).unwrap();
+        let out = herald(["check", cfg.to_str().unwrap()]).await;
+        assert!(out.status.success(), "{listen}: {out:?}");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            err.contains("WARNING") && err.contains(addr) && err.contains("no [[token]]"),
+            "{listen}: {err}"
+        );
+        assert!(
+            !err.contains("127.0.0.1:8760"),
+            "loopback is not named: {err}"
+        );
+    }
+    // On loopback, or with a token, there is nothing to warn about.
+    for text in [
+        format!("http = \"127.0.0.1:8760\"\nquic = \"[::1]:8761\"\n{slug}"),
+        format!("http = \"localhost:8760\"\n{slug}"),
+        slug.to_owned(),
+        format!(
+            "http = \"0.0.0.0:8760\"\n{slug}[[token]]\nsha256 = \"{}\"\nslugs = [\"*\"]\n",
+            sha(ALL)
+        ),
+    ] {
+        std::fs::write(&cfg, &text).unwrap();
+        let out = herald(["check", cfg.to_str().unwrap()]).await;
+        assert!(out.status.success(), "{text}: {out:?}");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!err.contains("WARNING"), "{text}: {err}");
+    }
+}
+
 /// A client that keeps the progress notifications it receives.
 #[derive(Clone)]
 struct Catcher(tokio::sync::mpsc::UnboundedSender<rmcp::model::ProgressNotificationParam>);

@@ -318,3 +318,82 @@ async fn herald_up_serves_the_demo_with_no_config() {
     }
     assert!(up.terminate().await.success());
 }
+
+/// `--max-notes-bytes` over stdio (raw lines) and HTTP (herald's client): a `memo_set` that
+/// would take the notes past it is refused with an error naming the limit, the notes' total
+/// and the flag, and nothing changes; one whose value does not fit in a message is refused by
+/// the transport, naming that limit; serving goes on.
+#[tokio::test]
+async fn a_set_past_max_notes_bytes_is_refused_and_loses_nothing() {
+    let mut raw =
+        crate::wire::Raw::spawn(&["--max-notes-bytes", "300", "--max-message-bytes", "2000"]);
+    // Key "a" and the value's 202 bytes of JSON: 203 of the 300.
+    raw.memo_set(1, "a", json!("x".repeat(200))).await;
+    let ok = raw.recv().await;
+    assert_eq!(ok["result"]["structuredContent"]["changed"], true, "{ok}");
+    raw.memo_set(2, "b", json!("y".repeat(100))).await;
+    let e = raw.recv().await;
+    assert_eq!(
+        (e["id"].clone(), e["error"]["code"].clone()),
+        (json!(2), json!(-32602)),
+        "{e}"
+    );
+    let message = e["error"]["message"].as_str().unwrap();
+    for needle in [
+        "would take 306 bytes",
+        "300-byte limit",
+        "--max-notes-bytes",
+        "they take 203 bytes now",
+    ] {
+        assert!(message.contains(needle), "{needle}: {message}");
+    }
+    raw.memo_set(3, "c", json!("z".repeat(3000))).await;
+    let e = raw.recv().await;
+    assert_eq!(e["error"]["code"], -32600, "{e}");
+    let message = e["error"]["message"].as_str().unwrap();
+    assert!(
+        message.contains("2000-byte limit") && message.contains("--max-message-bytes"),
+        "{message}"
+    );
+    raw.send(json!({"jsonrpc":"2.0","id":4,"method":"resources/read",
+        "params":{"_meta":meta(),"uri":"memo://notes"}}))
+        .await;
+    let read = raw.recv().await;
+    let text = read["result"]["contents"][0]["text"].as_str().unwrap();
+    assert_eq!(
+        serde_json::from_str::<serde_json::Value>(text).unwrap(),
+        json!({"a": "x".repeat(200)}),
+        "the refused sets left the notes as they were"
+    );
+    // Within the limit, a set is taken.
+    raw.memo_set(5, "b", json!("y".repeat(90))).await;
+    assert_eq!(
+        raw.recv().await["result"]["structuredContent"]["changed"],
+        true
+    );
+
+    let memo = Memo::start_with(Via::Http, &["--max-notes-bytes", "300"]).await;
+    let conn = memo.client().await;
+    call(
+        &conn,
+        "memo_set",
+        json!({"key": "a", "value": "x".repeat(200)}),
+    )
+    .await;
+    let err = conn
+        .call_tool(
+            rmcp::model::CallToolRequestParams::new("memo_set")
+                .with_arguments(args(json!({"key": "b", "value": "y".repeat(100)}))),
+        )
+        .await
+        .unwrap_err();
+    let rmcp::ServiceError::McpError(e) = err else {
+        panic!("expected a JSON-RPC error, got {err:?}")
+    };
+    assert_eq!(e.code.0, -32602);
+    assert!(e.message.contains("--max-notes-bytes"), "{}", e.message);
+    assert_eq!(
+        read_json(&conn, "memo://notes").await.0,
+        json!({"a": "x".repeat(200)})
+    );
+}

@@ -201,6 +201,7 @@ async fn no_token_off_loopback_refuses_to_start_and_check_names_the_line() {
     let printed = String::from_utf8_lossy(&out.stdout);
     assert!(printed.contains("http = \"127.0.0.1:8750\""), "{printed}");
     assert!(printed.contains("ring_capacity = 256"), "{printed}");
+    assert!(printed.contains("max_notes_bytes = 2097152"), "{printed}");
 }
 
 /// Starts `herald up --config CFG ARGS` (stdout piped: the notices) and reads its stderr

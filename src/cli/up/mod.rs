@@ -27,7 +27,7 @@ use crate::mcp::upstream::{Upstream, UpstreamConfig, local};
 use crate::source::file::FileSource;
 use crate::source::k8s::kubectl::KubectlConfig;
 use crate::source::k8s::{K8s, K8sConfig};
-use crate::source::memo::Memo;
+use crate::source::memo::{Memo, default_max_notes_bytes};
 use crate::source::slack::Slack;
 use crate::store::Store;
 use crate::transport::client::Target;
@@ -191,7 +191,12 @@ pub async fn run(args: UpArgs, globals: &Globals) -> Result<(), Exit> {
     let mut upstreams = Vec::new();
     let mut slack_live = None;
     if let Some(m) = &file.memo {
-        let memo = Memo::open(store.clone(), m.ring_capacity.unwrap_or_default()).await?;
+        let memo = Memo::open(store.clone(), m.ring_capacity.unwrap_or_default())
+            .await?
+            .with_max_notes_bytes(
+                m.max_notes_bytes
+                    .unwrap_or_else(|| default_max_notes_bytes(max)),
+            );
         upstreams.push(
             in_process(
                 "memo",

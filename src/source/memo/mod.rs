@@ -4,6 +4,10 @@
 //! It is the smallest real source: its change feed is its own write path. Writes are serialized
 //! (store commit, then memory, then the log, then the notification), so the log's order is the
 //! store's order and a reader that gets a notification always reads the change it announces.
+//!
+//! The notes are bounded in total size ([`DEFAULT_MAX_NOTES_BYTES`], `--max-notes-bytes`): the
+//! total of keys and values as stored is kept as each write changes it, and a `memo_set` that
+//! would take it past the limit is refused before anything is written.
 
 use std::collections::BTreeMap;
 use std::sync::RwLock;
@@ -17,6 +21,7 @@ use serde_json::{Map, Value, json};
 use crate::mcp::events::{self, EventType, PollRequest};
 use crate::mcp::hub::ChangeFeed;
 use crate::mcp::ring::{EVENT_LOG_MIME, EventRing};
+use crate::mcp::server::DEFAULT_MAX_MESSAGE_BYTES;
 use crate::mcp::source::{
     Admission, Call, Caller, Contents, ListenFilter, Source, SourceError, SourceInfo, WatchGuard,
     check_args, schema,
@@ -32,12 +37,29 @@ pub const CHANGED_EVENT: &str = "memo.changed";
 /// Longest note key accepted.
 const MAX_KEY_BYTES: usize = 1024;
 
+/// The notes' default limit in total (keys and values as stored) for a server whose messages
+/// are at most `max_message_bytes`: half of it. `memo://notes` is read whole, as one message,
+/// and quoting its JSON inside the read result takes room (typical notes grow by a quarter to a
+/// half), so notes this big still read within the limit; bigger ones would be kept but could no
+/// longer be read. It also bounds what one client can make herald hold: the notes are kept in
+/// memory as well as in the store.
+pub const fn default_max_notes_bytes(max_message_bytes: usize) -> usize {
+    max_message_bytes / 2
+}
+
+/// [`default_max_notes_bytes`] at the default message limit: 2 MiB.
+pub const DEFAULT_MAX_NOTES_BYTES: usize = default_max_notes_bytes(DEFAULT_MAX_MESSAGE_BYTES);
+
 pub struct Memo {
     notes: RwLock<BTreeMap<String, Value>>,
     store: Store,
     log: EventRing,
     feed: ChangeFeed,
-    writes: tokio::sync::Mutex<()>,
+    /// Held across a write (writes are serialized): the notes' total size in bytes, each
+    /// note's key plus its value as stored ([`stored_len`]), changed by each write.
+    writes: tokio::sync::Mutex<usize>,
+    /// The most `writes` may hold after a write that grows the notes.
+    max_notes_bytes: usize,
     /// Bumped after every change, for `memo_wait`.
     version: tokio::sync::watch::Sender<u64>,
 }
@@ -47,12 +69,15 @@ const WAIT_DEFAULT_MS: u64 = 60_000;
 const WAIT_MAX_MS: u64 = 3_600_000;
 
 impl Memo {
-    /// Loads the notes from the store.
+    /// Loads the notes from the store; at most [`DEFAULT_MAX_NOTES_BYTES`] of them until
+    /// [`with_max_notes_bytes`](Memo::with_max_notes_bytes) says otherwise.
     pub async fn open(store: Store, ring_capacity: usize) -> Result<Memo, StoreError> {
         let mut notes = BTreeMap::new();
+        let mut total = 0;
         for (k, v) in store.scan(Table::Notes).await? {
             match serde_json::from_slice(&v) {
                 Ok(v) => {
+                    total += k.len() + stored_len(&v);
                     notes.insert(k, v);
                 }
                 Err(e) => tracing::warn!(key = %k, error = %e, "skipping an unreadable note"),
@@ -63,9 +88,32 @@ impl Memo {
             store,
             log: EventRing::new(ring_capacity),
             feed: ChangeFeed::new(),
-            writes: tokio::sync::Mutex::new(()),
+            writes: tokio::sync::Mutex::new(total),
+            max_notes_bytes: DEFAULT_MAX_NOTES_BYTES,
             version: tokio::sync::watch::Sender::new(0),
         })
+    }
+
+    /// Bounds the notes' total size (keys and values as stored) at `max` bytes: a `memo_set`
+    /// that would take them past it is refused. Notes already past it (a smaller limit than
+    /// the last run's) are kept, and a write that does not grow them is still taken, so they
+    /// can be brought back under it.
+    pub fn with_max_notes_bytes(mut self, max: usize) -> Memo {
+        let total = *self.writes.get_mut();
+        if total > max {
+            tracing::warn!(
+                total,
+                limit = max,
+                "the notes take more than --max-notes-bytes; memo_set is refused for anything that grows them until notes are deleted"
+            );
+        }
+        self.max_notes_bytes = max;
+        self
+    }
+
+    /// The notes' total size in bytes (keys and values as stored).
+    pub async fn notes_bytes(&self) -> usize {
+        *self.writes.lock().await
     }
 
     fn snapshot(&self) -> Value {
@@ -91,7 +139,7 @@ impl Memo {
     /// Sets `key` to `value`. Returns whether anything changed.
     pub async fn set(&self, key: &str, value: Value) -> Result<bool, SourceError> {
         Self::check_key(key)?;
-        let _w = self.writes.lock().await;
+        let mut total = self.writes.lock().await;
         let old = self
             .notes
             .read()
@@ -101,10 +149,27 @@ impl Memo {
         if old.as_ref() == Some(&value) {
             return Ok(false);
         }
+        let bytes = value.to_string().into_bytes();
+        let old_size = old.as_ref().map_or(0, |o| key.len() + stored_len(o));
+        let new_size = key.len() + bytes.len();
+        let after = *total - old_size + new_size;
+        // A write that does not grow the notes is always taken, so notes already past the
+        // limit can be brought back under it.
+        if after > self.max_notes_bytes && new_size > old_size {
+            return Err(SourceError::InvalidParams(format!(
+                "memo_set of {key} refused: the notes would take {after} bytes, over their \
+                 {max}-byte limit (--max-notes-bytes; in herald up, max_notes_bytes in [memo]); \
+                 they take {total} bytes now (keys and values as stored) and are left as they \
+                 were. Delete notes with memo_delete, or raise the limit",
+                max = self.max_notes_bytes,
+                total = *total,
+            )));
+        }
         self.store
-            .put(Table::Notes, key, value.to_string().into_bytes())
+            .put(Table::Notes, key, bytes)
             .await
             .map_err(|e| SourceError::Unavailable(e.to_string()))?;
+        *total = after;
         self.notes
             .write()
             .unwrap_or_else(|e| e.into_inner())
@@ -129,7 +194,7 @@ impl Memo {
     /// Deletes `key`. Returns whether it existed.
     pub async fn delete(&self, key: &str) -> Result<bool, SourceError> {
         Self::check_key(key)?;
-        let _w = self.writes.lock().await;
+        let mut total = self.writes.lock().await;
         let Some(old) = self
             .notes
             .read()
@@ -143,6 +208,7 @@ impl Memo {
             .delete(Table::Notes, key)
             .await
             .map_err(|e| SourceError::Unavailable(e.to_string()))?;
+        *total -= key.len() + stored_len(&old);
         self.notes
             .write()
             .unwrap_or_else(|e| e.into_inner())
@@ -311,6 +377,26 @@ impl Memo {
         r.structured_content = Some(json!({"key": key, "changed": changed, "value": value}));
         Ok(r)
     }
+}
+
+/// The bytes `value` takes in the store (its JSON text, as [`Memo::set`] writes it), counted
+/// without building the text. The same function counts a note in and out, so the total never
+/// drifts.
+fn stored_len(value: &Value) -> usize {
+    struct Count(usize);
+    impl std::io::Write for Count {
+        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+            self.0 += buf.len();
+            Ok(buf.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+    let mut n = Count(0);
+    // Writing a `Value` to a sink that never fails cannot fail.
+    let _ = serde_json::to_writer(&mut n, value);
+    n.0
 }
 
 fn key_arg(args: &JsonObject) -> Result<String, SourceError> {
@@ -637,6 +723,108 @@ mod tests {
                 uri: "memo://nope".into()
             }
         );
+    }
+
+    /// The notes' total as a scan would count it: every key and value as stored.
+    async fn scanned_bytes(store: &Store) -> usize {
+        let rows = store.scan(Table::Notes).await.unwrap();
+        rows.iter().map(|(k, v)| k.len() + v.len()).sum()
+    }
+
+    #[tokio::test]
+    async fn the_notes_total_is_kept_as_writes_change_it() {
+        let store = Store::memory();
+        let m = Memo::open(store.clone(), 16).await.unwrap();
+        assert_eq!(m.notes_bytes().await, 0);
+        m.set("a", json!("xy")).await.unwrap();
+        assert_eq!(m.notes_bytes().await, 1 + 4, "key a, value \"xy\"");
+        m.set("b", json!({"k": [1, 2]})).await.unwrap();
+        m.set("a", json!("a longer value")).await.unwrap();
+        m.set("a", json!("a longer value")).await.unwrap();
+        m.delete("b").await.unwrap();
+        m.delete("nope").await.unwrap();
+        m.set("c", json!(1.5)).await.unwrap();
+        let total = m.notes_bytes().await;
+        assert_eq!(total, scanned_bytes(&store).await);
+        assert_eq!(total, 1 + 16 + 1 + 3);
+        drop(m);
+        let m = Memo::open(store, 16).await.unwrap();
+        assert_eq!(m.notes_bytes().await, total, "a reopen counts the same");
+    }
+
+    #[tokio::test]
+    async fn a_set_past_the_notes_limit_is_refused_and_changes_nothing() {
+        let store = Store::memory();
+        let m = Memo::open(store.clone(), 16)
+            .await
+            .unwrap()
+            .with_max_notes_bytes(100);
+        let r = m.changes().register(&[NOTES_URI.into()]);
+        m.set("a", json!("x".repeat(40))).await.unwrap();
+        m.set("b", json!("y".repeat(40))).await.unwrap();
+        assert_eq!(m.notes_bytes().await, 2 * 43);
+        let _ = r.queue().next_batch().await;
+        let before_log = read_json(m.read(&Caller::local(), LOG_URI).await.unwrap());
+        let err = m
+            .call_tool(
+                &Caller::local(),
+                "memo_set",
+                schema(json!({"key": "c", "value": "z".repeat(20)})),
+                Call::default(),
+            )
+            .await
+            .unwrap_err();
+        let text = err.to_string();
+        assert!(matches!(err, SourceError::InvalidParams(_)), "{err:?}");
+        for needle in [
+            "100-byte limit",
+            "--max-notes-bytes",
+            "they take 86 bytes now",
+            "would take 109 bytes",
+        ] {
+            assert!(text.contains(needle), "{needle}: {text}");
+        }
+        // Growing a note past the limit is refused the same way.
+        let err = m.set("a", json!("x".repeat(60))).await.unwrap_err();
+        assert!(err.to_string().contains("--max-notes-bytes"), "{err}");
+        // Nothing changed: the notes, the store, the log, the total, and no notification.
+        assert_eq!(
+            read_json(m.read(&Caller::local(), NOTES_URI).await.unwrap()),
+            json!({"a": "x".repeat(40), "b": "y".repeat(40)})
+        );
+        assert_eq!(
+            read_json(m.read(&Caller::local(), LOG_URI).await.unwrap()),
+            before_log
+        );
+        assert_eq!(m.notes_bytes().await, 86);
+        assert_eq!(scanned_bytes(&store).await, 86);
+        assert!(
+            futures::FutureExt::now_or_never(r.queue().next_batch()).is_none(),
+            "a refused set publishes nothing"
+        );
+        // A write that fits, exactly up to the limit, is taken.
+        m.set("c", json!("z".repeat(11))).await.unwrap();
+        assert_eq!(m.notes_bytes().await, 100);
+    }
+
+    #[tokio::test]
+    async fn notes_past_a_lowered_limit_can_still_shrink() {
+        let store = Store::memory();
+        let m = Memo::open(store.clone(), 16).await.unwrap();
+        m.set("a", json!("x".repeat(100))).await.unwrap();
+        drop(m);
+        let m = Memo::open(store, 16)
+            .await
+            .unwrap()
+            .with_max_notes_bytes(50);
+        assert_eq!(m.notes_bytes().await, 103);
+        assert!(m.set("b", json!(1)).await.is_err(), "growing is refused");
+        assert!(m.set("a", json!("x".repeat(101))).await.is_err());
+        m.set("a", json!("x".repeat(80))).await.unwrap();
+        assert_eq!(m.notes_bytes().await, 83);
+        m.delete("a").await.unwrap();
+        assert_eq!(m.notes_bytes().await, 0);
+        m.set("b", json!(1)).await.unwrap();
     }
 
     #[tokio::test]
