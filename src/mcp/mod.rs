@@ -13,6 +13,7 @@ pub mod conn;
 pub mod context;
 pub mod events;
 pub mod hub;
+pub mod legacy;
 pub mod listen;
 pub mod metrics;
 pub mod ring;

@@ -27,7 +27,7 @@ use rmcp::model::{
 use rmcp::service::{RequestContext, RoleServer, SubscriptionContext, SubscriptionSendError};
 use serde_json::json;
 use tokio_util::sync::CancellationToken;
-use tracing::{debug, warn};
+use tracing::{debug, info, warn};
 
 use crate::mcp::admission::{
     AdmittedListen, ConnStreams, ListenFilter, PendingListen, check_listen,
@@ -35,6 +35,7 @@ use crate::mcp::admission::{
 use crate::mcp::caller::Caller;
 use crate::mcp::conn::ConnServer;
 use crate::mcp::hub::ChangeFeed;
+use crate::mcp::legacy::{LegacyOut, LegacySubscriptions};
 use crate::mcp::listen::{ListenOut, Undelivered};
 use crate::mcp::source::{Body, Call, DynSource, SourceError};
 use crate::mcp::tasks::relay::{Started, TaskRelay};
@@ -57,6 +58,12 @@ const CALL_GRACE: Duration = Duration::from_secs(2);
 /// Default for [`Limits::stall_timeout`] (`--listen-stall-ms`), in milliseconds.
 pub const DEFAULT_LISTEN_STALL_MS: u64 = 10_000;
 
+/// Default for [`Limits::max_connections`] (`--max-connections`): far more than one host's
+/// clients open (a pooling client holds one connection per call in flight plus one per
+/// listen stream), and with a file descriptor each well under the 65,536 open files the
+/// packaged units allow.
+pub const DEFAULT_MAX_CONNECTIONS: usize = 4096;
+
 /// Server-side limits. Every field has a default and a flag.
 #[derive(Debug, Clone)]
 pub struct Limits {
@@ -69,6 +76,9 @@ pub struct Limits {
     /// A listen stream whose notification cannot be written within this is ended, so the
     /// client resubscribes instead of holding a stalled stream.
     pub stall_timeout: Duration,
+    /// Open connections per server (accepted TCP connections on HTTP, connections on QUIC);
+    /// at the cap the server stops accepting until one closes.
+    pub max_connections: usize,
 }
 
 /// Plain requests (calls, reads, polls) one connection may have running beside its listen
@@ -79,7 +89,8 @@ impl Limits {
     /// The requests one line-framed connection may have running at once: one per listen
     /// stream it may open, plus [`CALLS_IN_FLIGHT`].
     pub fn max_in_flight(&self) -> usize {
-        self.max_streams_per_connection.saturating_add(CALLS_IN_FLIGHT)
+        self.max_streams_per_connection
+            .saturating_add(CALLS_IN_FLIGHT)
     }
 
     /// The bytes of requests one line-framed connection may have running at once: four
@@ -96,6 +107,7 @@ impl Default for Limits {
             max_uris_per_stream: DEFAULT_MAX_LISTEN_URIS,
             max_message_bytes: DEFAULT_MAX_MESSAGE_BYTES,
             stall_timeout: Duration::from_millis(DEFAULT_LISTEN_STALL_MS),
+            max_connections: DEFAULT_MAX_CONNECTIONS,
         }
     }
 }
@@ -143,6 +155,9 @@ impl Drop for ActiveListen<'_> {
 #[derive(Clone)]
 pub struct SourceServer {
     shared: Arc<Shared>,
+    /// The `resources/subscribe` subscriptions of the session this handler serves (made per
+    /// session by [`SourceServer::for_session`]; see [`crate::mcp::legacy`]).
+    legacy: Arc<LegacySubscriptions>,
 }
 
 impl SourceServer {
@@ -194,20 +209,31 @@ impl SourceServer {
                 active_listens: AtomicUsize::new(0),
                 drained: tokio::sync::Notify::new(),
             }),
+            legacy: Arc::default(),
+        }
+    }
+
+    /// This server for one session (a byte-stream connection, an HTTP session or request):
+    /// the same server, with its own `resources/subscribe` subscriptions, which end when the
+    /// session's handler is dropped.
+    pub fn for_session(&self) -> SourceServer {
+        SourceServer {
+            shared: self.shared.clone(),
+            legacy: Arc::default(),
         }
     }
 
     /// This server for stdio, with its own listen-stream count. The peer is the process that
     /// started this one, so it is a local caller (no token needed).
     pub fn for_connection(&self) -> ConnServer {
-        ConnServer::new(self.clone(), ConnStreams::default(), true, true)
+        ConnServer::new(self.for_session(), ConnStreams::default(), true, true)
     }
 
     /// This server for a byte-stream connection that shares its listen-stream budget with
     /// others (the streams of one QUIC connection). Its callers present a token in `_meta`;
     /// `loopback` says the peer is on a loopback address.
     pub fn for_connection_sharing(&self, conn: ConnStreams, loopback: bool) -> ConnServer {
-        ConnServer::new(self.clone(), conn, false, loopback)
+        ConnServer::new(self.for_session(), conn, false, loopback)
     }
 
     /// The handshake configuration every connection starts from.
@@ -276,17 +302,7 @@ impl SourceServer {
         listen: AdmittedListen,
         out: &mut impl ListenOut,
     ) -> Result<(), McpError> {
-        let shared = &self.shared;
-        let _active = ActiveListen::new(shared);
-        let stream = shared.streams_total.fetch_add(1, Ordering::Relaxed);
-        crate::mcp::listen::run(
-            listen,
-            out,
-            &shared.shutdown,
-            shared.limits.stall_timeout,
-            stream,
-        )
-        .await
+        deliver_on(&self.shared, listen, out).await
     }
 
     /// A plain (not task-augmented) tool call from a role in this process, with no JSON-RPC in
@@ -358,7 +374,19 @@ impl SourceServer {
         filter: &ListenFilter,
         conn: &ConnStreams,
     ) -> Result<AdmittedListen, McpError> {
-        let slot = check_listen(&self.shared.limits, filter, conn)?;
+        self.admit_within(&self.shared.limits, caller, filter, conn)
+            .await
+    }
+
+    /// [`admit`](Self::admit) against `limits`.
+    async fn admit_within(
+        &self,
+        limits: &Limits,
+        caller: &Caller,
+        filter: &ListenFilter,
+        conn: &ConnStreams,
+    ) -> Result<AdmittedListen, McpError> {
+        let slot = check_listen(limits, filter, conn)?;
         let admission = self.shared.source.admit(caller, filter).await;
         for (uri, why) in &admission.refused {
             debug!(%uri, reason = %why, "listen: URI left out of the acknowledgment");
@@ -377,6 +405,80 @@ impl SourceServer {
             listen.tasks = tasks;
         }
         Ok(listen)
+    }
+}
+
+/// Delivers `listen` to `out` on `shared`'s server, counted among its running listens.
+async fn deliver_on(
+    shared: &Shared,
+    listen: AdmittedListen,
+    out: &mut impl ListenOut,
+) -> Result<(), McpError> {
+    let _active = ActiveListen::new(shared);
+    let stream = shared.streams_total.fetch_add(1, Ordering::Relaxed);
+    crate::mcp::listen::run(
+        listen,
+        out,
+        &shared.shutdown,
+        shared.limits.stall_timeout,
+        stream,
+    )
+    .await
+}
+
+impl SourceServer {
+    /// `resources/subscribe` from a legacy session (see [`crate::mcp::legacy`]): `uri` is
+    /// admitted as a one-URI listen against the session's subscription count, and its
+    /// changes go to the session's peer until it is unsubscribed, the session ends, the peer
+    /// stalls or the server shuts down. Subscribing again to a subscribed URI changes nothing.
+    async fn legacy_subscribe(
+        &self,
+        uri: String,
+        context: RequestContext<RoleServer>,
+    ) -> Result<(), McpError> {
+        if self.legacy.is_live(&uri) {
+            return Ok(());
+        }
+        let caller = Caller::of(&context);
+        let filter = ListenFilter {
+            resources: Some(vec![uri.clone()]),
+            task_ids: None,
+        };
+        let limit = self.shared.limits.max_uris_per_stream;
+        let limits = Limits {
+            max_streams_per_connection: limit,
+            ..self.shared.limits.clone()
+        };
+        let listen = self
+            .admit_within(&limits, &caller, &filter, &self.legacy.count)
+            .await
+            .map_err(|_| crate::mcp::legacy::too_many(limit))?;
+        if listen.uris().is_empty() {
+            // What a listen's ack would leave out: an unknown resource as the read of it
+            // would answer, anything else as bad params naming the URI and why.
+            return Err(match listen.admission().refused.first() {
+                None => to_mcp_error(SourceError::NotFound { uri }),
+                Some((_, why @ SourceError::NotFound { .. })) => to_mcp_error(why.clone()),
+                Some((_, why)) => McpError::invalid_params(
+                    format!("cannot subscribe to {uri}: {why}"),
+                    Some(json!({"uri": uri})),
+                ),
+            });
+        }
+        let cancel = CancellationToken::new();
+        self.legacy.insert(uri.clone(), cancel.clone());
+        let shared = self.shared.clone();
+        let mut out = LegacyOut {
+            peer: context.peer.clone(),
+            cancel: cancel.clone(),
+        };
+        tokio::spawn(async move {
+            if let Err(e) = deliver_on(&shared, listen, &mut out).await {
+                info!(%uri, error = %e.message, "resources/subscribe: subscription ended; the client must subscribe again");
+            }
+            cancel.cancel();
+        });
+        Ok(())
     }
 }
 
@@ -714,6 +816,25 @@ impl ServerHandler for SourceServer {
             ));
         };
         self.deliver(listen, &mut RmcpOut { ctx: &ctx }).await
+    }
+
+    #[allow(deprecated)]
+    async fn subscribe(
+        &self,
+        request: rmcp::model::SubscribeRequestParams,
+        context: RequestContext<RoleServer>,
+    ) -> Result<(), McpError> {
+        self.legacy_subscribe(request.uri, context).await
+    }
+
+    #[allow(deprecated)]
+    async fn unsubscribe(
+        &self,
+        request: rmcp::model::UnsubscribeRequestParams,
+        _context: RequestContext<RoleServer>,
+    ) -> Result<(), McpError> {
+        self.legacy.remove(&request.uri);
+        Ok(())
     }
 
     async fn list_tools(

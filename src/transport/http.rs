@@ -128,7 +128,7 @@ pub fn router(
         .with_max_request_body_bytes(limits.max_message_bytes)
         .with_cancellation_token(sessions.child_token());
     let service = StreamableHttpService::new(
-        move || Ok(server.clone()),
+        move || Ok(server.for_session()),
         Arc::new(LocalSessionManager::default()),
         config,
     );

@@ -11,6 +11,7 @@ mod file;
 mod filter;
 mod gateway;
 mod k8s;
+mod legacy;
 mod kube_fake;
 mod manager;
 mod memo;
