@@ -46,6 +46,9 @@ pub const EVENTS_EXTENSION: &str = "io.modelcontextprotocol/events";
 
 pub use crate::mcp::caller::TOKEN_META_KEY;
 
+/// Where a result names the server that answered it (2026-07-28: results SHOULD carry it).
+pub const SERVER_INFO_META_KEY: &str = "io.modelcontextprotocol/serverInfo";
+
 /// Default for [`Limits::max_streams_per_connection`] (`--max-listen-streams`).
 pub const DEFAULT_MAX_LISTEN_STREAMS: usize = 64;
 /// Default for [`Limits::max_uris_per_stream`] (`--max-listen-uris`).
@@ -114,6 +117,9 @@ impl Default for Limits {
 
 struct Shared {
     source: DynSource,
+    /// `_meta["io.modelcontextprotocol/serverInfo"]`, stamped on every result (the spec's
+    /// SHOULD; rmcp stamps only discover's and listen's).
+    server_info: serde_json::Value,
     feed: ChangeFeed,
     limits: Limits,
     shutdown: CancellationToken,
@@ -197,8 +203,10 @@ impl SourceServer {
         if let Some(i) = info.instructions {
             config = config.with_instructions(i);
         }
+        let server_info = serde_json::to_value(&config.server_info).unwrap_or_default();
         SourceServer {
             shared: Arc::new(Shared {
+                server_info,
                 feed: source.changes(),
                 source,
                 limits,
@@ -234,6 +242,37 @@ impl SourceServer {
     /// `loopback` says the peer is on a loopback address.
     pub fn for_connection_sharing(&self, conn: ConnStreams, loopback: bool) -> ConnServer {
         ConnServer::new(self.for_session(), conn, false, loopback)
+    }
+
+    /// Stamps this server's `_meta["io.modelcontextprotocol/serverInfo"]` on a result's
+    /// `_meta`.
+    pub fn stamp(&self, meta: &mut Option<rmcp::model::MetaObject>) {
+        meta.get_or_insert_with(Default::default)
+            .0
+            .insert(SERVER_INFO_META_KEY.into(), self.shared.server_info.clone());
+    }
+
+    /// [`stamp`](Self::stamp) on the result of a call or a read (herald's own HTTP answers;
+    /// the handler's methods stamp theirs).
+    pub fn stamp_result(&self, result: &mut rmcp::model::ServerResult) {
+        use rmcp::model::ServerResult as R;
+        match result {
+            R::CallToolResult(r) => self.stamp(&mut r.meta),
+            R::ReadResourceResult(r) => self.stamp(&mut r.meta),
+            _ => {}
+        }
+    }
+
+    /// [`stamp`](Self::stamp) on a custom result's JSON object.
+    fn stamp_json(&self, result: &mut serde_json::Value) {
+        if let Some(o) = result.as_object_mut() {
+            let meta = o
+                .entry("_meta")
+                .or_insert_with(|| serde_json::Value::Object(Default::default()));
+            if let Some(m) = meta.as_object_mut() {
+                m.insert(SERVER_INFO_META_KEY.into(), self.shared.server_info.clone());
+            }
+        }
     }
 
     /// The handshake configuration every connection starts from.
@@ -720,9 +759,9 @@ impl ServerHandler for SourceServer {
                     ));
                 }
                 let events = source.events_list(&caller).await.map_err(to_mcp_error)?;
-                Ok(CustomResult::new(
-                    json!({"resultType": "complete", "events": events}),
-                ))
+                let mut result = json!({"resultType": "complete", "events": events});
+                self.stamp_json(&mut result);
+                Ok(CustomResult::new(result))
             }
             "events/poll" => {
                 let result =
@@ -731,6 +770,7 @@ impl ServerHandler for SourceServer {
                 if let Some(o) = result.as_object_mut() {
                     o.entry("resultType").or_insert_with(|| "complete".into());
                 }
+                self.stamp_json(&mut result);
                 Ok(CustomResult::new(result))
             }
             other => Err(McpError::new(
@@ -746,9 +786,11 @@ impl ServerHandler for SourceServer {
         _request: Option<PaginatedRequestParams>,
         context: RequestContext<RoleServer>,
     ) -> Result<ListResourcesResult, McpError> {
-        Ok(ListResourcesResult::with_all_items(
+        let mut r = ListResourcesResult::with_all_items(
             self.shared.source.resources(&Caller::of(&context)),
-        ))
+        );
+        self.stamp(&mut r.meta);
+        Ok(r)
     }
 
     async fn list_resource_templates(
@@ -756,9 +798,11 @@ impl ServerHandler for SourceServer {
         _request: Option<PaginatedRequestParams>,
         context: RequestContext<RoleServer>,
     ) -> Result<ListResourceTemplatesResult, McpError> {
-        Ok(ListResourceTemplatesResult::with_all_items(
+        let mut r = ListResourceTemplatesResult::with_all_items(
             self.shared.source.templates(&Caller::of(&context)),
-        ))
+        );
+        self.stamp(&mut r.meta);
+        Ok(r)
     }
 
     async fn list_prompts(
@@ -766,7 +810,9 @@ impl ServerHandler for SourceServer {
         _request: Option<PaginatedRequestParams>,
         _context: RequestContext<RoleServer>,
     ) -> Result<ListPromptsResult, McpError> {
-        Ok(ListPromptsResult::with_all_items(Vec::new()))
+        let mut r = ListPromptsResult::with_all_items(Vec::new());
+        self.stamp(&mut r.meta);
+        Ok(r)
     }
 
     async fn read_resource(
@@ -781,7 +827,9 @@ impl ServerHandler for SourceServer {
             .read(&Caller::of(&context), &uri)
             .await
             .map_err(to_mcp_error)?;
-        Ok(read_result(uri, contents).into())
+        let mut r = read_result(uri, contents);
+        self.stamp(&mut r.meta);
+        Ok(r.into())
     }
 
     fn accepted_subscription_filter(
@@ -848,7 +896,9 @@ impl ServerHandler for SourceServer {
             // tool may run as a task, and one that can only run as a task is left out.
             tools.retain_mut(|t| crate::mcp::tasks::unmark(t) != TaskSupport::Required);
         }
-        Ok(ListToolsResult::with_all_items(tools))
+        let mut r = ListToolsResult::with_all_items(tools);
+        self.stamp(&mut r.meta);
+        Ok(r)
     }
 
     /// rmcp asks this, with no request context, only to check HTTP `Mcp-Param-*` headers
@@ -911,7 +961,10 @@ impl ServerHandler for SourceServer {
                 };
                 return match started {
                     Started::Task(task) => Ok(CallToolResponse::Task(CreateTaskResult::new(task))),
-                    Started::Done(result) => Ok(result.into()),
+                    Started::Done(mut result) => {
+                        self.stamp(&mut result.meta);
+                        Ok(result.into())
+                    }
                 };
             }
             (TaskSupport::Optional | TaskSupport::Required, Some(TaskBackend::Local(tasks)))
@@ -958,7 +1011,10 @@ impl ServerHandler for SourceServer {
         };
         tokio::select! {
             r = self.shared.source.call_tool(&caller, &name, args, call) => {
-                r.map(Into::into).map_err(to_mcp_error)
+                r.map(|mut r| {
+                    self.stamp(&mut r.meta);
+                    r.into()
+                }).map_err(to_mcp_error)
             }
             _ = ct.cancelled() => Err(McpError::internal_error("the call was cancelled", None)),
             _ = cut => Err(McpError::internal_error(

@@ -757,6 +757,7 @@ impl Plain {
         };
         let (message, status) = match result {
             Ok(mut r) => {
+                server.stamp_result(&mut r);
                 // As rmcp's service does for a 2026-07-28 answer: a read is cacheable, private
                 // and for no time unless the source said otherwise.
                 r.fill_missing_cache_hints();

@@ -563,7 +563,52 @@ async fn a_plain_http_call_is_answered_as_rmcp_answers_it() {
             answers.push((status, kind, body));
         }
         assert_eq!(answers[0], answers[1], "{name} {arguments}");
+        // Both paths name the server on a result, as 2026-07-28 says results SHOULD.
+        if let Some(result) = answers[0].2.get("result") {
+            assert_eq!(
+                result["_meta"]["io.modelcontextprotocol/serverInfo"]["name"], "herald-memo",
+                "{name}: {result}"
+            );
+        }
     }
+}
+
+/// Every result names the server that answered (`_meta["io.modelcontextprotocol/serverInfo"]`),
+/// on byte streams as on HTTP.
+#[tokio::test]
+async fn results_carry_the_server_info() {
+    for via in [Via::Stdio, Via::Quic] {
+        let memo = Memo::start(via).await;
+        let conn = memo.client().await;
+        let info = |meta: Option<rmcp::model::MetaObject>| {
+            meta.and_then(|m| m.0.get("io.modelcontextprotocol/serverInfo").cloned())
+                .unwrap_or_default()
+        };
+        let tools = conn.list_tools(None).await.unwrap();
+        assert_eq!(info(tools.meta)["name"], "herald-memo");
+        let call = conn
+            .call_tool(
+                rmcp::model::CallToolRequestParams::new("memo_set")
+                    .with_arguments(args(json!({"key": "k", "value": 1}))),
+            )
+            .await
+            .unwrap();
+        assert_eq!(info(call.meta)["name"], "herald-memo");
+        assert_eq!(
+            info(call_meta_version(&conn).await)["version"],
+            env!("CARGO_PKG_VERSION")
+        );
+    }
+}
+
+/// The `_meta` of a read of `memo://notes`.
+async fn call_meta_version(
+    conn: &herald::transport::client::Connection,
+) -> Option<rmcp::model::MetaObject> {
+    conn.read_resource(rmcp::model::ReadResourceRequestParams::new("memo://notes"))
+        .await
+        .unwrap()
+        .meta
 }
 
 /// A listen that comes first on its connection (answered on the socket, ahead of hyper) ends
