@@ -446,7 +446,6 @@ fn unparsed(response: Response, body: &[u8]) -> Response {
 /// What is wrong with a body that is not one JSON-RPC message, and the id to answer with
 /// (when it has a usable one); `None` when nothing is (the `415` was about something else).
 fn body_error(body: &[u8]) -> Option<(Value, Value)> {
-    let invalid = |message: &str| json!({"code": -32600, "message": message});
     let v: Value = match serde_json::from_slice(body) {
         Ok(v) => v,
         Err(e) => {
@@ -458,72 +457,11 @@ fn body_error(body: &[u8]) -> Option<(Value, Value)> {
             return Some((Value::Null, json!({"code": -32700, "message": message})));
         }
     };
-    let Value::Object(m) = &v else {
-        let message = if v.is_array() {
-            "batches are not part of MCP; send one JSON-RPC message per request"
-        } else {
-            "the request body must be one JSON-RPC message, a JSON object"
-        };
-        return Some((Value::Null, invalid(message)));
-    };
-    // A response's id is the server's own request's: never echoed back.
-    let request = m.contains_key("method");
-    let id = match m.get("id") {
-        Some(id @ (Value::String(_) | Value::Number(_))) if request => id.clone(),
-        Some(Value::String(_) | Value::Number(_)) | None => Value::Null,
-        Some(Value::Null) if !request => Value::Null,
-        Some(Value::Null) => {
-            return Some((
-                Value::Null,
-                invalid("a request's id must be a string or a number, never null"),
-            ));
-        }
-        Some(_) => {
-            return Some((
-                Value::Null,
-                invalid("a message's id must be a string or a number"),
-            ));
-        }
-    };
-    if m.get("jsonrpc").and_then(Value::as_str) != Some("2.0") {
-        return Some((
-            id,
-            invalid(r#"a JSON-RPC message must carry "jsonrpc": "2.0""#),
-        ));
-    }
-    if let Some(method) = m.get("method") {
-        let Some(method) = method.as_str() else {
-            return Some((id, invalid("a message's method must be a string")));
-        };
-        match m.get("params") {
-            None | Some(Value::Null) => {}
-            Some(Value::Object(p)) => {
-                if p.get("_meta").is_some_and(|meta| !meta.is_object()) {
-                    return Some((
-                        id,
-                        json!({"code": -32602, "message": format!(
-                            "invalid params for {method}: _meta must be an object")}),
-                    ));
-                }
-            }
-            Some(_) => {
-                return Some((
-                    id,
-                    json!({"code": -32602, "message": format!(
-                        "invalid params for {method}: params must be an object")}),
-                ));
-            }
-        }
-    } else if !m.contains_key("result") && !m.contains_key("error") {
-        return Some((
-            id,
-            invalid(
-                "a JSON-RPC message must be a request (method), or a response (result or error)",
-            ),
-        ));
-    }
-    // Well-formed as far as JSON-RPC goes: the `415` is rmcp's own to give.
-    None
+    let wrong = super::jsonrpc::misshapen(&v)?;
+    Some((
+        wrong.id,
+        json!({"code": wrong.code, "message": wrong.message}),
+    ))
 }
 
 /// The request id of a listen herald answers with its own SSE stream: one in the shape every

@@ -5,7 +5,9 @@
 //! contract is that bad input gets a clear error and loses nothing else, so this one answers a
 //! malformed line with a JSON-RPC parse error (`-32700`), a line over the size limit with
 //! `-32600` naming the limit, and a well-formed message of the wrong shape with `-32600` carrying
-//! its id, and then keeps serving. Only the server side answers; a client logs and skips.
+//! its id, and then keeps serving. Only the server side answers: a client logs and closes the
+//! connection (a response it skipped would leave its request waiting forever), skipping only
+//! notifications it does not know.
 //!
 //! Writes go through one writer task fed by a bounded channel, so concurrent senders never
 //! interleave bytes, and a peer that stops reading makes senders wait (which the listen plumbing
@@ -587,9 +589,21 @@ where
                                 tracing::debug!(error = %e, "ignoring an unknown notification");
                                 continue;
                             }
-                            let id = v.get("id").cloned().unwrap_or(Value::Null);
-                            self.queue_error(id, -32600, format!("invalid request: {e}"));
+                            match crate::transport::jsonrpc::misshapen(&v) {
+                                Some(wrong) => {
+                                    self.queue_error(wrong.id, wrong.code, wrong.message);
+                                }
+                                None => {
+                                    let id = v.get("id").cloned().unwrap_or(Value::Null);
+                                    self.queue_error(id, -32600, format!("invalid request: {e}"));
+                                }
+                            }
                         }
+                    }
+                    // A client closes on a bad frame (`queue_error` said so); a server has
+                    // queued its answer.
+                    if !self.reply_errors {
+                        return None;
                     }
                 }
             }

@@ -4,6 +4,7 @@
 pub mod client;
 pub mod dns;
 pub mod http;
+pub mod jsonrpc;
 pub mod lines;
 pub mod origin;
 pub mod quic;

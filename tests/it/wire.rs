@@ -152,7 +152,8 @@ async fn cancelled_listen_gets_nothing_and_unsubscribed_uris_send_nothing() {
 
 #[tokio::test]
 async fn malformed_and_oversized_lines_are_refused_and_serving_continues() {
-    let mut raw = Raw::spawn(&["--max-message-bytes", "2000"]);
+    // Over the longest answer here (tools/list, about 2 KB), under the padded line below.
+    let mut raw = Raw::spawn(&["--max-message-bytes", "3000"]);
     raw.send_line("{oops").await;
     let e = raw.recv().await;
     assert_eq!(e["error"]["code"], -32700, "{e}");
@@ -167,7 +168,7 @@ async fn malformed_and_oversized_lines_are_refused_and_serving_continues() {
         e["error"]["message"]
             .as_str()
             .unwrap()
-            .contains("2000-byte limit"),
+            .contains("3000-byte limit"),
         "{e}"
     );
     raw.send(json!({"jsonrpc":"2.0","id":2,"method":"tools/list","params":{"_meta":meta()}}))
@@ -689,7 +690,7 @@ async fn malformed_http_bodies_get_json_rpc_errors() {
         (
             "a string as params",
             text(json!({"jsonrpc":"2.0","id":1,"method":"tools/list","params":"x"})),
-            -32602,
+            -32600,
         ),
         (
             "a string as _meta",
