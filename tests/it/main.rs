@@ -9,6 +9,7 @@ mod events;
 mod fake_model;
 mod file;
 mod filter;
+mod flood;
 mod gateway;
 mod k8s;
 mod legacy;
