@@ -16,49 +16,58 @@
 use std::collections::HashMap;
 use std::sync::Mutex;
 
-use rmcp::model::{DetailedTask, ErrorData as McpError, ResourceUpdatedNotificationParam};
+use rmcp::model::{DetailedTask, ResourceUpdatedNotificationParam};
 use rmcp::service::{Peer, RoleServer};
-use serde_json::json;
 use tokio_util::sync::CancellationToken;
 
 use crate::mcp::admission::ConnStreams;
 use crate::mcp::listen::{ListenOut, Undelivered};
 
-/// One session's legacy subscriptions: URI → the cancel of its delivery task.
+/// One session's legacy subscriptions: URI → the cancel of its delivery (claimed before the
+/// URI is admitted, so a subscribe and an unsubscribe racing on one URI end as the last one
+/// said).
 #[derive(Default)]
 pub struct LegacySubscriptions {
-    subs: Mutex<HashMap<String, Subscription>>,
-    /// The session's subscriptions, counted against `--max-listen-uris` (one legacy session
-    /// may watch as many URIs as one listen stream).
-    pub(crate) count: ConnStreams,
-}
-
-struct Subscription {
-    cancel: CancellationToken,
+    subs: Mutex<HashMap<String, CancellationToken>>,
+    /// The listen-stream budget of the session's connection (byte streams), which its
+    /// subscriptions share with its listens.
+    pub(crate) conn: ConnStreams,
 }
 
 impl LegacySubscriptions {
-    /// Whether `uri` is subscribed and its delivery still running.
-    pub(crate) fn is_live(&self, uri: &str) -> bool {
-        let subs = self.subs.lock().unwrap_or_else(|e| e.into_inner());
-        subs.get(uri).is_some_and(|s| !s.cancel.is_cancelled())
-    }
-
-    /// Records `uri`'s subscription, ending one it replaces.
-    pub(crate) fn insert(&self, uri: String, cancel: CancellationToken) {
-        let mut subs = self.subs.lock().unwrap_or_else(|e| e.into_inner());
-        subs.retain(|_, s| !s.cancel.is_cancelled());
-        if let Some(old) = subs.insert(uri, Subscription { cancel }) {
-            old.cancel.cancel();
+    pub(crate) fn on(conn: ConnStreams) -> LegacySubscriptions {
+        LegacySubscriptions {
+            subs: Mutex::default(),
+            conn,
         }
     }
 
-    /// Ends `uri`'s subscription; whether there was one.
+    /// Claims `uri` for a new subscription: its cancel, or `None` when `uri` is subscribed
+    /// (or being subscribed) already.
+    pub(crate) fn claim(&self, uri: &str) -> Option<CancellationToken> {
+        let mut subs = self.subs.lock().unwrap_or_else(|e| e.into_inner());
+        subs.retain(|_, c| !c.is_cancelled());
+        if subs.contains_key(uri) {
+            return None;
+        }
+        let cancel = CancellationToken::new();
+        subs.insert(uri.to_owned(), cancel.clone());
+        Some(cancel)
+    }
+
+    /// Gives up a claim whose admission failed.
+    pub(crate) fn release(&self, cancel: &CancellationToken) {
+        cancel.cancel();
+        let mut subs = self.subs.lock().unwrap_or_else(|e| e.into_inner());
+        subs.retain(|_, c| !c.is_cancelled());
+    }
+
+    /// Ends `uri`'s subscription (or the one being made); whether there was one.
     pub(crate) fn remove(&self, uri: &str) -> bool {
         let mut subs = self.subs.lock().unwrap_or_else(|e| e.into_inner());
         match subs.remove(uri) {
-            Some(s) => {
-                s.cancel.cancel();
+            Some(c) => {
+                c.cancel();
                 true
             }
             None => false,
@@ -69,20 +78,10 @@ impl LegacySubscriptions {
 impl Drop for LegacySubscriptions {
     fn drop(&mut self) {
         let subs = self.subs.get_mut().unwrap_or_else(|e| e.into_inner());
-        for (_, s) in subs.drain() {
-            s.cancel.cancel();
+        for (_, c) in subs.drain() {
+            c.cancel();
         }
     }
-}
-
-/// The subscription limit's error, worded for `resources/subscribe`.
-pub(crate) fn too_many(limit: usize) -> McpError {
-    McpError::invalid_request(
-        format!(
-            "this session already has {limit} resource subscriptions, the most allowed (--max-listen-uris); unsubscribe one first"
-        ),
-        Some(json!({"limit": limit})),
-    )
 }
 
 /// A legacy subscription's delivery: `notifications/resources/updated` to the session's peer.

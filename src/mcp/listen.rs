@@ -102,6 +102,10 @@ pub async fn run(
                 for key in batch {
                     let Some(uris) = listen.spelled.get(&key) else { continue };
                     for uri in uris {
+                        // A cancel that came with the batch wins: nothing goes out after it.
+                        if out.is_closed() {
+                            return Ok(());
+                        }
                         let sent = tokio::select! {
                             _ = shutdown.cancelled() => return Ok(()),
                             r = tokio::time::timeout_at(deadline, out.updated(uri)) => r,

@@ -27,7 +27,7 @@ use rmcp::model::{
 use rmcp::service::{RequestContext, RoleServer, SubscriptionContext, SubscriptionSendError};
 use serde_json::json;
 use tokio_util::sync::CancellationToken;
-use tracing::{debug, info, warn};
+use tracing::{Instrument as _, debug, info, warn};
 
 use crate::mcp::admission::{
     AdmittedListen, ConnStreams, ListenFilter, PendingListen, check_listen,
@@ -225,23 +225,31 @@ impl SourceServer {
     /// the same server, with its own `resources/subscribe` subscriptions, which end when the
     /// session's handler is dropped.
     pub fn for_session(&self) -> SourceServer {
+        self.for_session_on(ConnStreams::default())
+    }
+
+    /// [`for_session`](Self::for_session) on a connection whose listen-stream budget `conn`
+    /// its subscriptions share (a byte stream's; on HTTP the request's client address's is
+    /// used instead).
+    pub fn for_session_on(&self, conn: ConnStreams) -> SourceServer {
         SourceServer {
             shared: self.shared.clone(),
-            legacy: Arc::default(),
+            legacy: Arc::new(LegacySubscriptions::on(conn)),
         }
     }
 
     /// This server for stdio, with its own listen-stream count. The peer is the process that
     /// started this one, so it is a local caller (no token needed).
     pub fn for_connection(&self) -> ConnServer {
-        ConnServer::new(self.for_session(), ConnStreams::default(), true, true)
+        let conn = ConnStreams::default();
+        ConnServer::new(self.for_session_on(conn.clone()), conn, true, true)
     }
 
     /// This server for a byte-stream connection that shares its listen-stream budget with
     /// others (the streams of one QUIC connection). Its callers present a token in `_meta`;
     /// `loopback` says the peer is on a loopback address.
     pub fn for_connection_sharing(&self, conn: ConnStreams, loopback: bool) -> ConnServer {
-        ConnServer::new(self.for_session(), conn, false, loopback)
+        ConnServer::new(self.for_session_on(conn.clone()), conn, false, loopback)
     }
 
     /// Stamps this server's `_meta["io.modelcontextprotocol/serverInfo"]` on a result's
@@ -341,7 +349,7 @@ impl SourceServer {
         listen: AdmittedListen,
         out: &mut impl ListenOut,
     ) -> Result<(), McpError> {
-        deliver_on(&self.shared, listen, out).await
+        deliver_on(&self.shared, listen, out, self.shared.limits.stall_timeout).await
     }
 
     /// A plain (not task-augmented) tool call from a role in this process, with no JSON-RPC in
@@ -413,19 +421,7 @@ impl SourceServer {
         filter: &ListenFilter,
         conn: &ConnStreams,
     ) -> Result<AdmittedListen, McpError> {
-        self.admit_within(&self.shared.limits, caller, filter, conn)
-            .await
-    }
-
-    /// [`admit`](Self::admit) against `limits`.
-    async fn admit_within(
-        &self,
-        limits: &Limits,
-        caller: &Caller,
-        filter: &ListenFilter,
-        conn: &ConnStreams,
-    ) -> Result<AdmittedListen, McpError> {
-        let slot = check_listen(limits, filter, conn)?;
+        let slot = check_listen(&self.shared.limits, filter, conn)?;
         let admission = self.shared.source.admit(caller, filter).await;
         for (uri, why) in &admission.refused {
             debug!(%uri, reason = %why, "listen: URI left out of the acknowledgment");
@@ -452,17 +448,11 @@ async fn deliver_on(
     shared: &Shared,
     listen: AdmittedListen,
     out: &mut impl ListenOut,
+    stall: Duration,
 ) -> Result<(), McpError> {
     let _active = ActiveListen::new(shared);
     let stream = shared.streams_total.fetch_add(1, Ordering::Relaxed);
-    crate::mcp::listen::run(
-        listen,
-        out,
-        &shared.shutdown,
-        shared.limits.stall_timeout,
-        stream,
-    )
-    .await
+    crate::mcp::listen::run(listen, out, &shared.shutdown, stall, stream).await
 }
 
 impl SourceServer {
@@ -475,51 +465,83 @@ impl SourceServer {
         uri: String,
         context: RequestContext<RoleServer>,
     ) -> Result<(), McpError> {
-        if self.legacy.is_live(&uri) {
+        // Claimed before admission, under the lock: a second subscribe to the URI answers at
+        // once, and an unsubscribe meanwhile cancels this one (checked after admission).
+        let Some(cancel) = self.legacy.claim(&uri) else {
             return Ok(());
-        }
+        };
         let caller = Caller::of(&context);
         let filter = ListenFilter {
             resources: Some(vec![uri.clone()]),
             task_ids: None,
         };
-        let limit = self.shared.limits.max_uris_per_stream;
-        let limits = Limits {
-            max_streams_per_connection: limit,
-            ..self.shared.limits.clone()
+        // A subscription costs what a listen stream costs, from the same budget: the
+        // connection's (stdio, QUIC), or on HTTP the client address's.
+        let conn = context
+            .extensions
+            .get::<http::request::Parts>()
+            .and_then(|p| p.extensions.get::<ConnStreams>())
+            .unwrap_or(&self.legacy.conn)
+            .clone();
+        let admitted = tokio::select! {
+            _ = context.ct.cancelled() => Err(McpError::invalid_request(
+                "the subscribe was cancelled before its answer",
+                None,
+            )),
+            _ = cancel.cancelled() => {
+                // Unsubscribed while admitting: what the client asked last stands.
+                return Ok(());
+            }
+            a = self.admit(&caller, &filter, &conn) => a,
         };
-        let listen = self
-            .admit_within(&limits, &caller, &filter, &self.legacy.count)
-            .await
-            .map_err(|_| crate::mcp::legacy::too_many(limit))?;
+        let listen = match admitted {
+            Ok(l) => l,
+            Err(e) => {
+                self.legacy.release(&cancel);
+                return Err(e);
+            }
+        };
         if listen.uris().is_empty() {
-            // What a listen's ack would leave out: an unknown resource as the read of it
-            // would answer, anything else as bad params naming the URI and why.
-            return Err(match listen.admission().refused.first() {
-                None => to_mcp_error(SourceError::NotFound { uri }),
-                Some((_, why @ SourceError::NotFound { .. })) => to_mcp_error(why.clone()),
-                Some((_, why)) => McpError::invalid_params(
-                    format!("cannot subscribe to {uri}: {why}"),
-                    Some(json!({"uri": uri})),
-                ),
-            });
+            self.legacy.release(&cancel);
+            // What a listen's ack would leave out, answered as the source's error for the
+            // URI (an unknown resource as a read of it would answer), naming the URI.
+            let why = listen
+                .admission()
+                .refused
+                .first()
+                .map(|(_, why)| why.clone())
+                .unwrap_or(SourceError::NotFound { uri: uri.clone() });
+            let mut e = to_mcp_error(why);
+            if e.data.is_none() {
+                e.data = Some(json!({"uri": uri}));
+            }
+            return Err(e);
         }
-        let cancel = CancellationToken::new();
-        self.legacy.insert(uri.clone(), cancel.clone());
         let shared = self.shared.clone();
         let mut out = LegacyOut {
             peer: context.peer.clone(),
             cancel: cancel.clone(),
         };
-        tokio::spawn(async move {
-            if let Err(e) = deliver_on(&shared, listen, &mut out).await {
-                info!(%uri, error = %e.message, "resources/subscribe: subscription ended; the client must subscribe again");
+        let span = tracing::info_span!("legacy_subscription", %uri);
+        tokio::spawn(
+            async move {
+                // No stall deadline: a legacy client cannot learn that a subscription ended
+                // (a listen's client gets an error and listens again), and one URI's pending
+                // change is all a slow reader can hold up.
+                if let Err(e) = deliver_on(&shared, listen, &mut out, LEGACY_STALL).await {
+                    info!(error = %e.message, "resources/subscribe: subscription ended; the client must subscribe again");
+                }
+                cancel.cancel();
             }
-            cancel.cancel();
-        });
+            .instrument(span),
+        );
         Ok(())
     }
 }
+
+/// A legacy subscription's stall deadline: in effect none (see
+/// [`SourceServer::legacy_subscribe`]).
+const LEGACY_STALL: Duration = Duration::from_secs(365 * 24 * 3600);
 
 /// rmcp takes a standard method whose params it cannot parse for a custom request; answer it
 /// as what it is, a known method with bad params (`-32602`, naming what is wrong), never as

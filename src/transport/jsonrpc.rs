@@ -35,7 +35,8 @@ pub fn misshapen(v: &Value) -> Option<Misshapen> {
     let request = m.contains_key("method");
     let id = match m.get("id") {
         Some(id @ Value::String(_)) if request => id.clone(),
-        Some(Value::Number(n)) if request && (n.is_i64() || n.is_u64()) => Value::Number(n.clone()),
+        // rmcp's numeric ids are i64: a bigger one could not be answered by id.
+        Some(Value::Number(n)) if request && n.is_i64() => Value::Number(n.clone()),
         Some(Value::Number(n)) if request => {
             return Some(invalid(
                 Value::Null,

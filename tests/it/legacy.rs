@@ -315,3 +315,58 @@ fn sse_or_json(body: &str, id: u64) -> Value {
         .find(|v| v["id"] == id)
         .unwrap_or_else(|| panic!("no answer to {id} in {body}"))
 }
+
+/// A subscription costs a listen stream from the connection's budget, shared with its
+/// listens: past `--max-listen-streams` the next is refused, naming the limit, and an
+/// unsubscribe makes room again.
+#[tokio::test]
+async fn legacy_subscriptions_share_the_connections_stream_budget() {
+    let mut s = Lines::spawn(&["--store", ":memory:", "memo", "--max-listen-streams", "1"]);
+    s.handshake().await;
+    let (one, _) = s
+        .call(request(
+            1,
+            "resources/subscribe",
+            json!({"uri": "memo://notes"}),
+        ))
+        .await;
+    assert_eq!(one["result"], json!({}), "{one}");
+    let (two, _) = s
+        .call(request(
+            2,
+            "resources/subscribe",
+            json!({"uri": "memo://log"}),
+        ))
+        .await;
+    assert_eq!(two["error"]["code"], -32600, "{two}");
+    assert_eq!(two["error"]["data"]["limit"], 1, "{two}");
+    let (_, _) = s
+        .call(request(
+            3,
+            "resources/unsubscribe",
+            json!({"uri": "memo://notes"}),
+        ))
+        .await;
+    // The slot comes back once the delivery has ended; the answer to the next subscribe
+    // says so, so ask until it is taken (bounded by the test's own timeout).
+    let mut id = 4;
+    loop {
+        let (r, _) = s
+            .call(request(
+                id,
+                "resources/subscribe",
+                json!({"uri": "memo://log"}),
+            ))
+            .await;
+        if r.get("result").is_some() {
+            break;
+        }
+        assert_eq!(r["error"]["code"], -32600, "{r}");
+        id += 1;
+        assert!(id < 10_000, "the slot never came back: {r}");
+    }
+    let (_, mut seen) = s.call(memo_set(id + 1, "memo_set", "k", "v")).await;
+    while !seen.iter().any(|m| is_updated(m, "memo://log")) {
+        seen.push(s.next().await);
+    }
+}
