@@ -124,8 +124,14 @@ impl WatchFile {
     pub fn load(path: &std::path::Path) -> anyhow::Result<WatchFile> {
         let text =
             std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
-        let file: WatchFile = toml::from_str(&text)
-            .with_context(|| format!("{} is not a valid watch config", path.display()))?;
+        // Not toml's own Display, which quotes the offending line (it may hold a token).
+        let file: WatchFile = toml::from_str(&text).map_err(|e| {
+            anyhow!(
+                "{} is not a valid watch config: {}",
+                path.display(),
+                crate::gateway::config::toml_message(&text, &e)
+            )
+        })?;
         for (i, s) in file.server.iter().enumerate() {
             let n = [&s.stdio, &s.http, &s.quic]
                 .iter()

@@ -56,8 +56,11 @@ pub enum ConfigError {
         "slug {0} needs exactly one of stdio = \"CMD\", http = \"URL\" or quic = \"HOST:PORT\""
     )]
     SlugTarget(String),
-    #[error("slug {slug}: token_env names {var}, which is not set in the environment")]
-    TokenEnvUnset { slug: String, var: String },
+    /// The variable is not named: a token put in `token_env` by mistake must not be shown.
+    #[error(
+        "slug {slug}: the variable token_env names is not set in the environment; set it to the token to present upstream (token_env holds the variable's name, not the token)"
+    )]
+    TokenEnvUnset { slug: String },
     #[error("slug {0}: give token_env or token_credential, not both")]
     TokenTwice(String),
     #[error(
@@ -147,17 +150,119 @@ pub struct GatewayConfig {
     pub tokens: Vec<Token>,
 }
 
-/// A TOML error as `line N: what is wrong`, without the line itself: toml's own Display
-/// quotes it, and a secret put there by mistake (a token under a key herald refuses) must not
-/// reach a terminal or the journal.
+/// A TOML error as `line N: KEY: what is wrong`, quoting nothing of the file but its keys.
+/// toml's own Display quotes the offending line, and serde's messages quote the value
+/// (`invalid type: string "…", expected …`): a secret put in the wrong place by mistake (a
+/// token under a key herald refuses, or where a table belongs) must not reach a terminal or
+/// the journal. So the value is described by its type only, the key before `=` on the line is
+/// named when it is one herald could have, and an unknown key is named only when it looks
+/// like one (lowercase letters and `_`, as all of herald's are).
 pub fn toml_message(text: &str, e: &toml::de::Error) -> String {
-    match e.span() {
-        Some(s) => format!(
-            "line {}: {}",
-            text[..s.start.min(text.len())].matches('\n').count() + 1,
-            e.message()
-        ),
-        None => e.message().to_owned(),
+    let message = without_values(e.message());
+    let Some(span) = e.span() else {
+        return message;
+    };
+    // Bytes, not a str slice: a span need not fall on a char boundary of mangled text.
+    let before = &text.as_bytes()[..span.start.min(text.len())];
+    let line = before.iter().filter(|b| **b == b'\n').count() + 1;
+    let line_start = before
+        .iter()
+        .rposition(|b| *b == b'\n')
+        .map_or(0, |i| i + 1);
+    // `key = ` before the span on its line: the value at fault is (in) that key's.
+    let key = before[line_start..]
+        .iter()
+        .position(|b| *b == b'=')
+        .and_then(|eq| std::str::from_utf8(&before[line_start..line_start + eq]).ok())
+        .map(str::trim)
+        .filter(|k| k.split('.').all(herald_like_key));
+    match key {
+        Some(key) => format!("line {line}: {key}: {message}"),
+        None => format!("line {line}: {message}"),
+    }
+}
+
+/// Whether `key` could be one of herald's config keys (all are lowercase letters and `_`),
+/// so that naming it in an error cannot show a secret.
+fn herald_like_key(key: &str) -> bool {
+    !key.is_empty() && key.len() <= 40 && key.bytes().all(|b| b.is_ascii_lowercase() || b == b'_')
+}
+
+const NOT_SHOWN: &str = "(the value is not shown, in case it is a secret)";
+
+/// serde's messages (the ones toml passes on) with the file's values taken out. The others
+/// (toml's syntax errors, `missing field`, `invalid length`, std's `invalid socket address
+/// syntax`) quote no value and are kept as they are.
+fn without_values(message: &str) -> String {
+    // `invalid type: string "…", expected a sequence`; `invalid value: integer `-1`, expected
+    // u64`. The expected part is herald's (a type's description), so it is split off from
+    // the right, whatever the value holds.
+    for (head, what) in [
+        ("invalid type: ", "expected"),
+        ("invalid value: ", "invalid value, expected"),
+    ] {
+        if let Some(rest) = message.strip_prefix(head) {
+            return match rest.rsplit_once(", expected ") {
+                Some((found, expected)) => format!(
+                    "{what} {}, found {} {NOT_SHOWN}",
+                    plain_expected(expected),
+                    value_kind(found)
+                ),
+                None => format!("{} {NOT_SHOWN}", head.trim_end_matches([' ', ':'])),
+            };
+        }
+    }
+    // `unknown variant `…`, expected `a` or `b``: the variant is the file's value.
+    if message.starts_with("unknown variant ") {
+        return match message.rsplit_once(", expected ") {
+            Some((_, expected)) => format!("unknown variant, expected {expected} {NOT_SHOWN}"),
+            None => format!("unknown variant {NOT_SHOWN}"),
+        };
+    }
+    // `unknown field `…`, expected one of `a`, `b``: a key, named when it looks like one.
+    if let Some(rest) = message.strip_prefix("unknown field `") {
+        let (field, tail) = rest
+            .rsplit_once("`, expected ")
+            .map(|(f, e)| (f, format!(", expected {e}")))
+            .or_else(|| {
+                rest.strip_suffix("`, there are no fields")
+                    .map(|f| (f, ": this table takes no keys".to_owned()))
+            })
+            .unwrap_or((rest, String::new()));
+        return if herald_like_key(field) {
+            format!("unknown field `{field}`{tail}")
+        } else {
+            format!("unknown field (its name is not shown, in case it is a secret){tail}")
+        };
+    }
+    message.to_owned()
+}
+
+/// What serde's `Unexpected` says was found, as a kind of TOML value and nothing of it.
+fn value_kind(found: &str) -> &'static str {
+    const KINDS: &[(&str, &str)] = &[
+        ("string", "a string"),
+        ("integer", "an integer"),
+        ("floating point", "a float"),
+        ("boolean", "a boolean"),
+        ("character", "a character"),
+        ("map", "a table"),
+        ("sequence", "an array"),
+    ];
+    KINDS
+        .iter()
+        .find(|(prefix, _)| found.starts_with(prefix))
+        .map_or("a value of another type", |(_, kind)| kind)
+}
+
+/// serde's description of what was expected, in TOML's words where they differ.
+fn plain_expected(expected: &str) -> &str {
+    if expected.starts_with("struct ") || expected == "a map" || expected == "map" {
+        "a table"
+    } else if expected == "a sequence" {
+        "an array"
+    } else {
+        expected
     }
 }
 
@@ -262,7 +367,6 @@ impl GatewayConfig {
                         .inspect(|_| crate::app::secrets::register(var))
                         .map_err(|_| ConfigError::TokenEnvUnset {
                             slug: s.name.clone(),
-                            var: var.clone(),
                         })?,
                 )),
                 (None, Some(name)) => {
@@ -413,6 +517,66 @@ mod tests {
             e.contains("line 4") && e.contains("unknown field `token`"),
             "{e}"
         );
+        assert!(!e.contains("s3cret"), "{e}");
+    }
+
+    /// Found by `fuzz_gateway_config_mutated_structure`: `token = "s3cret-…"` (a string where
+    /// the `[[token]]` tables belong) was refused with `invalid type: string "s3cret-…",
+    /// expected a sequence`, the value quoted.
+    #[test]
+    fn a_toml_error_never_quotes_a_value() {
+        for (text, needles) in [
+            (
+                "token = \"s3cret-a\"\n",
+                &[
+                    "line 1: token: expected an array, found a string",
+                    "not shown",
+                ][..],
+            ),
+            (
+                "[[token]]\nsha256 = \"x\"\nslugs = [\"*\"]\nname = [\"s3cret-b\"]\n",
+                &["line 4: name: expected a string, found an array"],
+            ),
+            (
+                "token = [\"s3cret-c\"]\n",
+                &["line 1: token: expected a table, found a string"],
+            ),
+            (
+                "[[slug]]\nname = \"a\"\nstdio = 7\n",
+                &["line 3: stdio: expected a string, found an integer"],
+            ),
+            (
+                "\"s3cret-d\" = 1\n",
+                &[
+                    "line 1: unknown field (its name is not shown",
+                    "expected one of `http`",
+                ],
+            ),
+            (
+                "[[slug]]\nname = \"a\"\nstdio = \"x\"\nstdio_cmd = \"s3cret-e\"\n",
+                &["line 4: unknown field `stdio_cmd`, expected one of `name`"],
+            ),
+            (
+                "http = s3cret-f\n",
+                &["line 1: http: string values must be quoted"],
+            ),
+        ] {
+            let e = GatewayConfig::parse(text).unwrap_err().to_string();
+            assert!(!e.contains("s3cret"), "{text}: {e}");
+            for needle in needles {
+                assert!(e.contains(needle), "{text}: {e}");
+            }
+        }
+    }
+
+    #[test]
+    fn an_unset_token_env_is_not_named() {
+        let e = GatewayConfig::parse(
+            "[[slug]]\nname = \"a\"\nhttp = \"x\"\ntoken_env = \"xoxb-s3cret\"\n",
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(e.starts_with("slug a: ") && e.contains("not set"), "{e}");
         assert!(!e.contains("s3cret"), "{e}");
     }
 

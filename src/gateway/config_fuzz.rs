@@ -20,6 +20,8 @@ pub(crate) fn config(cases: u32) -> ProptestConfig {
             .and_then(|c| c.parse().ok())
             .unwrap_or(cases),
         failure_persistence: None,
+        // A failure is shrunk for 10 s at most, so a failing run ends in bounded time too.
+        max_shrink_time: 10_000,
         ..ProptestConfig::default()
     }
 }

@@ -3,14 +3,24 @@
 //!
 //! Covers the levels the reference URIs need: simple `{var}` (any characters but `/`, `?`,
 //! `#`; lenient, so `root:app` matches as a kcp workspace), reserved `{+var}` (anything but `?`
-//! and `#`), form-style query `{?a,b}` and continuation `{&a,b}` (every key present must be
-//! one of the names; all optional). Variable modifiers (`:3`, `*`) are accepted and ignored.
+//! and `#`), fragment `{#var}` (nothing, or `#` and anything after it), form-style query
+//! `{?a,b}` and continuation `{&a,b}` (nothing, or `?` or `&` and then `&`-separated items,
+//! each `name`, `name=value` or empty, every name one of the expression's; all optional, so
+//! `/search{?q}{&page}` matches `/search?q=x&page=2`, `/search?page=2` and `/search`).
+//! Variable modifiers (`:3`, `*`) are accepted and ignored.
+//!
+//! Matching never backtracks: it walks the parts in order, keeping the set of byte offsets of
+//! the URI where the parts so far can end, and each part moves that set forward in one pass
+//! over the URI. A match costs O(parts × URI length × query names), whatever the template,
+//! so an upstream's template cannot make routing slow (adjacent variables made the old
+//! backtracking matcher exponential).
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 enum Part {
     Literal(String),
     Simple,
     Reserved,
+    Fragment,
     Query(Vec<String>),
 }
 
@@ -36,59 +46,71 @@ impl Template {
         let mut parts = Vec::new();
         let mut rest = template;
         while !rest.is_empty() {
-            match rest.find('{') {
-                Some(0) => {
-                    let end = rest.find('}').ok_or_else(|| err("unclosed {"))?;
-                    let expr = &rest[1..end];
-                    rest = &rest[end + 1..];
-                    let (op, vars) = match expr.chars().next() {
-                        Some(c @ ('+' | '?' | '&' | '#' | '.' | '/' | ';')) => {
-                            (Some(c), &expr[1..])
-                        }
-                        Some(_) => (None, expr),
-                        None => return Err(err("empty expression {}")),
-                    };
-                    let names: Vec<String> = vars
-                        .split(',')
-                        .map(|v| {
-                            v.trim_end_matches('*')
-                                .split(':')
-                                .next()
-                                .unwrap_or("")
-                                .to_owned()
-                        })
-                        .collect();
-                    if names.iter().any(|n| n.is_empty()) {
-                        return Err(err("empty variable name"));
-                    }
-                    parts.push(match op {
-                        None => Part::Simple,
-                        Some('+') | Some('#') => Part::Reserved,
-                        Some('?') | Some('&') => Part::Query(names),
-                        Some(other) => {
-                            return Err(err(&format!("operator {other} is not supported")));
-                        }
-                    });
+            let literal = match rest.find('{') {
+                Some(0) => None,
+                Some(i) => Some(&rest[..i]),
+                None => Some(rest),
+            };
+            if let Some(l) = literal {
+                if l.contains('}') {
+                    return Err(err("} without {"));
                 }
-                Some(i) => {
-                    parts.push(Part::Literal(rest[..i].to_owned()));
-                    rest = &rest[i..];
-                }
-                None => {
-                    if rest.contains('}') {
-                        return Err(err("} without {"));
-                    }
-                    parts.push(Part::Literal(rest.to_owned()));
-                    rest = "";
-                }
+                parts.push(Part::Literal(l.to_owned()));
+                rest = &rest[l.len()..];
+                continue;
             }
+            let end = rest.find('}').ok_or_else(|| err("unclosed {"))?;
+            let expr = &rest[1..end];
+            rest = &rest[end + 1..];
+            if expr.contains('{') {
+                return Err(err("{ inside an expression"));
+            }
+            let (op, vars) = match expr.chars().next() {
+                Some(c @ ('+' | '?' | '&' | '#' | '.' | '/' | ';')) => (Some(c), &expr[1..]),
+                Some(_) => (None, expr),
+                None => return Err(err("empty expression {}")),
+            };
+            let names: Vec<String> = vars
+                .split(',')
+                .map(|v| {
+                    v.trim_end_matches('*')
+                        .split(':')
+                        .next()
+                        .unwrap_or("")
+                        .to_owned()
+                })
+                .collect();
+            if names.iter().any(|n| n.is_empty()) {
+                return Err(err("empty variable name"));
+            }
+            parts.push(match op {
+                None => Part::Simple,
+                Some('+') => Part::Reserved,
+                Some('#') => Part::Fragment,
+                Some('?') | Some('&') => Part::Query(names),
+                Some(other) => {
+                    return Err(err(&format!("operator {other} is not supported")));
+                }
+            });
         }
         Ok(Template { parts })
     }
 
     /// Whether `uri` is an expansion of this template.
     pub fn matches(&self, uri: &str) -> bool {
-        match_from(&self.parts, uri, 0)
+        // ends[i]: the parts so far can match exactly `uri[..i]` (i is a char boundary).
+        let mut ends = vec![false; uri.len() + 1];
+        ends[0] = true;
+        let mut next = vec![false; uri.len() + 1];
+        for part in &self.parts {
+            next.fill(false);
+            advance(part, uri, &ends, &mut next);
+            std::mem::swap(&mut ends, &mut next);
+            if !ends.contains(&true) {
+                return false;
+            }
+        }
+        ends[uri.len()]
     }
 }
 
@@ -97,42 +119,81 @@ pub fn matches(template: &str, uri: &str) -> bool {
     Template::parse(template).is_ok_and(|t| t.matches(uri))
 }
 
-fn match_from(parts: &[Part], s: &str, depth: usize) -> bool {
-    // Templates are short; bound the backtracking anyway.
-    if depth > 64 {
-        return false;
-    }
-    let Some((part, rest)) = parts.split_first() else {
-        return s.is_empty();
+/// Sets `next[j]` for every `j` where `part` can end when it starts at an `i` with `ends[i]`.
+fn advance(part: &Part, uri: &str, ends: &[bool], next: &mut [bool]) {
+    let b = uri.as_bytes();
+    let n = uri.len();
+    // The char boundaries of `uri` with the char that starts there (`None` at the end).
+    let positions = || {
+        uri.char_indices()
+            .map(|(i, c)| (i, Some(c)))
+            .chain(std::iter::once((n, None)))
     };
     match part {
-        Part::Literal(l) => s
-            .strip_prefix(l.as_str())
-            .is_some_and(|tail| match_from(rest, tail, depth + 1)),
+        Part::Literal(l) => {
+            for (i, _) in positions() {
+                if ends[i] && b[i..].starts_with(l.as_bytes()) {
+                    next[i + l.len()] = true;
+                }
+            }
+        }
         Part::Simple | Part::Reserved => {
-            let stop = |c: char| match part {
+            let stops = |c: char| match part {
                 Part::Simple => matches!(c, '/' | '?' | '#'),
                 _ => matches!(c, '?' | '#'),
             };
-            let max = s.find(stop).unwrap_or(s.len());
-            (0..=max)
-                .rev()
-                .filter(|k| s.is_char_boundary(*k))
-                .any(|k| match_from(rest, &s[k..], depth + 1))
+            // Whether a run of the variable that started at or before here is still going.
+            let mut open = false;
+            for (i, c) in positions() {
+                open |= ends[i];
+                next[i] |= open;
+                if c.is_some_and(stops) {
+                    open = false;
+                }
+            }
+        }
+        Part::Fragment => {
+            // Past a `#` the fragment can take everything.
+            let mut past_hash = false;
+            for (i, c) in positions() {
+                next[i] |= ends[i] || past_hash;
+                past_hash |= ends[i] && c == Some('#');
+            }
         }
         Part::Query(names) => {
-            let lead = s.chars().next();
-            if lead != Some('?') && lead != Some('&') {
-                // All query variables are optional.
-                return match_from(rest, s, depth + 1);
+            // States within the query, by offset: just after a `?` or `&` (an item starts),
+            // inside an item's value, and after a whole item (the query may end or go on).
+            let mut item = vec![false; n + 1];
+            let mut value = vec![false; n + 1];
+            let mut after = vec![false; n + 1];
+            let delimits = |j: usize| matches!(b.get(j), None | Some(b'&' | b'#'));
+            for (i, c) in positions() {
+                if item[i] {
+                    // An empty item (`?`, `?&a=1`, `?a=1&`), written by hand now and then.
+                    after[i] |= delimits(i);
+                    for name in names {
+                        if b[i..].starts_with(name.as_bytes()) {
+                            let j = i + name.len();
+                            if delimits(j) {
+                                after[j] = true;
+                            } else if b[j] == b'=' {
+                                value[j + 1] = true;
+                            }
+                        }
+                    }
+                }
+                // A value can end anywhere: a literal or a variable may follow the query.
+                after[i] |= value[i];
+                if let Some(c) = c {
+                    if value[i] && c != '&' && c != '#' {
+                        value[i + c.len_utf8()] = true;
+                    }
+                    if (ends[i] && matches!(c, '?' | '&')) || (after[i] && c == '&') {
+                        item[i + 1] = true;
+                    }
+                }
+                next[i] |= ends[i] || after[i];
             }
-            let end = s[1..].find('#').map_or(s.len(), |i| i + 1);
-            let query = &s[1..end];
-            let ok = query.split('&').filter(|kv| !kv.is_empty()).all(|kv| {
-                let key = kv.split('=').next().unwrap_or("");
-                names.iter().any(|n| n == key)
-            });
-            ok && match_from(rest, &s[end..], depth + 1)
         }
     }
 }
@@ -191,6 +252,11 @@ mod tests {
         assert!(Template::parse("a}b").is_err());
         assert!(Template::parse("a{}").is_err());
         assert!(Template::parse("a{;x}").is_err());
+        assert!(
+            Template::parse("a}b{c}").is_err(),
+            "a }} before the first {{"
+        );
+        assert!(Template::parse("{a{b}").is_err());
         assert!(!matches("a{b", "ab"));
     }
 

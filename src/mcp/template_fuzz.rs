@@ -17,6 +17,8 @@ fn config(cases: u32) -> ProptestConfig {
             .and_then(|c| c.parse().ok())
             .unwrap_or(cases),
         failure_persistence: None,
+        // A failure is shrunk for 10 s at most, so a failing run ends in bounded time too.
+        max_shrink_time: 10_000,
         ..ProptestConfig::default()
     }
 }
@@ -336,4 +338,14 @@ fn fuzz_regression_query_then_continuation() {
 fn fuzz_regression_fragment() {
     assert!(matches("doc://x{#section}", "doc://x#intro"));
     assert!(matches("doc://x{#section}", "doc://x"));
+}
+
+/// Found by `fuzz_an_expansion_matches_its_template`: a query took everything up to `#`, so
+/// nothing written after it in the template (a literal, a variable) could match.
+#[test]
+fn fuzz_regression_a_query_is_followed_by_more() {
+    assert!(matches("x{?a}/y{b}", "x?a=1/yv"));
+    assert!(matches("x{?a}/y{b}", "x/yv"));
+    assert!(matches("x{?a}{b}{#c}", "x?a=1v#top"));
+    assert!(!matches("x{?a}/y{b}", "x?zz=1/yv"));
 }

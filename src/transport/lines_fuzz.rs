@@ -22,6 +22,7 @@ use tokio::io::{AsyncRead, AsyncReadExt, ReadBuf};
 
 use super::{LineTransport, carry_task_ids, may_name_task_ids};
 use crate::mcp::admission::ListenAcks;
+use crate::transport::jsonrpc::misshapen;
 
 /// `cases` unless `PROPTEST_CASES` asks for more (or fewer) in a longer run by hand.
 fn config(cases: u32) -> ProptestConfig {
@@ -31,6 +32,8 @@ fn config(cases: u32) -> ProptestConfig {
             .and_then(|c| c.parse().ok())
             .unwrap_or(cases),
         failure_persistence: None,
+        // A failure is shrunk for 10 s at most, so a failing run ends in bounded time too.
+        max_shrink_time: 10_000,
         ..ProptestConfig::default()
     }
 }
@@ -149,10 +152,24 @@ fn judge<Role: ServiceRole>(text: &[u8], acks: bool) -> Option<Want> {
         }),
         // An unknown notification is skipped.
         Ok(v) if v.get("id").is_none() && v.get("method").is_some() => None,
-        Ok(v) => Some(Want::Error {
-            code: -32600,
-            id: v.get("id").cloned().unwrap_or(Value::Null),
-            oversized: None,
+        // The code and id are what every transport answers such a message with (one
+        // definition, tested on its own); this model is about the framing around it.
+        Ok(v) => Some(match misshapen(&v) {
+            Some(wrong) => Want::Error {
+                code: wrong.code,
+                id: wrong.id,
+                oversized: None,
+            },
+            // rmcp refused what JSON-RPC allows: a request's id is echoed, a response's
+            // (ours) never, as `misshapen` says.
+            None => Want::Error {
+                code: -32600,
+                id: match v.get("method") {
+                    Some(_) => v.get("id").cloned().unwrap_or(Value::Null),
+                    None => Value::Null,
+                },
+                oversized: None,
+            },
         }),
     }
 }
@@ -221,11 +238,11 @@ fn check<Role: ServiceRole>(run: Run<'_>) -> Result<(), TestCaseError> {
         .enable_time()
         .build()
         .unwrap();
+    // The timeout is made inside the runtime: its timer needs the runtime's handle.
     let got = rt
-        .block_on(tokio::time::timeout(
-            Duration::from_secs(20),
-            drive::<Role>(&run),
-        ))
+        .block_on(async {
+            tokio::time::timeout(Duration::from_secs(20), drive::<Role>(&run)).await
+        })
         .map_err(|_| TestCaseError::fail("the transport hung"))?;
     let want = model::<Role>(run.input, run.max, run.acks);
     let answers: Vec<Value> = got
@@ -482,5 +499,44 @@ fn fuzz_regression_the_limit_is_exact() {
             check::<RoleClient>(run)
         };
         r.unwrap();
+    }
+}
+
+/// Found by `fuzz_client_lines_match_the_model`: a client skipped an unparsable or misshapen
+/// line from the server and read on (only an oversized line closed the connection), so a
+/// response it could not read left its request waiting. It closes now.
+#[test]
+fn fuzz_regression_a_client_closes_on_a_bad_frame() {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_time()
+        .build()
+        .unwrap();
+    let initialized = br#"{"jsonrpc":"2.0","method":"notifications/initialized"}"#;
+    for (first, delivered) in [
+        (&b"\x0e"[..], 0),
+        (b"{not json", 0),
+        (br#"{"id":8}"#, 0),
+        (br#"{"jsonrpc":"2.0","id":3,"result":5,"method":3}"#, 0),
+        // Not a bad frame: rmcp reads any notification (a custom one here), and both go on.
+        (br#"{"jsonrpc":"2.0","method":"notifications/bogus"}"#, 2),
+    ] {
+        let input = [first, b"\n", initialized, b"\n"].concat();
+        let run = Run {
+            input: &input,
+            cuts: &[(1 << 20, false)],
+            max: 400,
+            server: false,
+            acks: false,
+            cancel: false,
+        };
+        let got = rt.block_on(drive::<RoleClient>(&run));
+        assert_eq!(
+            got.messages.len(),
+            delivered,
+            "{}: {:?}",
+            String::from_utf8_lossy(first),
+            got.messages
+        );
+        assert!(got.written.is_empty(), "a client answered");
     }
 }

@@ -424,6 +424,33 @@ mod tests {
         assert!(e.contains("line 2") && !e.contains("s3cret"), "{e}");
     }
 
+    /// Found by `fuzz_up_config_mutated_structure`: a string where a table belongs was
+    /// refused with the string quoted (`invalid type: string "…", expected …`).
+    #[test]
+    fn a_value_in_the_wrong_place_is_not_quoted() {
+        for (text, needle) in [
+            (
+                "slug = \"s3cret-a\"\n[memo]\n",
+                "line 1: slug: expected an array, found a string",
+            ),
+            (
+                "[listen]\nhttp = [\"s3cret-b\"]\n[memo]\n",
+                "line 2: http: expected a string, found an array",
+            ),
+            (
+                "[memo]\n[[watch]]\nname = \"n\"\nuri = \"memo://notes\"\non_event = 5\n",
+                "line 5: on_event: expected a string, found an integer",
+            ),
+            (
+                "slack = \"s3cret-c\"\n",
+                "line 1: slack: expected a table, found a string",
+            ),
+        ] {
+            let e = format!("{:#}", parse(text).unwrap_err());
+            assert!(e.contains(needle) && !e.contains("s3cret"), "{text}: {e}");
+        }
+    }
+
     #[test]
     fn no_token_is_refused_off_loopback_only() {
         parse("[listen]\nhttp = \"127.0.0.1:8750\"\nquic = \"[::1]:8751\"\n[memo]\n").unwrap();
