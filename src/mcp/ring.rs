@@ -246,7 +246,7 @@ fn truncated(mut event: Map<String, Value>, size: usize) -> String {
         .filter(|(k, _)| *k != "seq" && *k != "type")
         .map(|(k, v)| (k.clone(), v.to_string().len()))
         .collect();
-    sizes.sort_by(|a, b| b.1.cmp(&a.1));
+    sizes.sort_by_key(|s| std::cmp::Reverse(s.1));
     let mut size = size;
     for (key, bytes) in sizes {
         if size <= MAX_EVENT_BYTES {
