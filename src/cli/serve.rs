@@ -3,6 +3,7 @@
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
+use std::time::Duration;
 
 use clap::Args;
 
@@ -13,12 +14,15 @@ use crate::app::{self, Bound, ServeOptions};
 use crate::cli::{Exit, Globals, LogFormat};
 use crate::mcp::context::RoleContext;
 use crate::mcp::server::{
-    DEFAULT_LISTEN_STALL_MS, DEFAULT_MAX_LISTEN_STREAMS, DEFAULT_MAX_LISTEN_URIS,
-    DEFAULT_MAX_MESSAGE_BYTES, Limits,
+    DEFAULT_LISTEN_STALL_MS, DEFAULT_MAX_CONNECTIONS, DEFAULT_MAX_LISTEN_STREAMS,
+    DEFAULT_MAX_LISTEN_URIS, DEFAULT_MAX_MESSAGE_BYTES, Limits,
 };
 use crate::mcp::source::Source;
 use crate::store::Store;
-use crate::transport::http::HttpOptions;
+use crate::transport::http::{
+    DEFAULT_BODY_TIMEOUT_MS, DEFAULT_HEADER_TIMEOUT_MS, DEFAULT_IDLE_TIMEOUT_MS, HttpOptions,
+    Timeouts,
+};
 
 #[derive(Debug, Clone, Args)]
 pub struct ServeArgs {
@@ -61,6 +65,27 @@ pub struct ServeArgs {
     /// so the client resubscribes instead of holding a stalled stream.
     #[arg(long, default_value_t = DEFAULT_LISTEN_STALL_MS, value_name = "MS")]
     pub listen_stall_ms: u64,
+    /// Most open connections per server: accepted TCP connections on HTTP, connections on
+    /// QUIC. At the cap new connections wait to be accepted until one closes (logged once); on
+    /// HTTP fewer when the open-file limit has no room for them.
+    #[arg(long, default_value_t = DEFAULT_MAX_CONNECTIONS, value_name = "N",
+        value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..))]
+    pub max_connections: usize,
+    /// An HTTP connection with no request in flight (before its first, or between
+    /// keep-alive requests) is closed after this long. A listen stream is a request in flight.
+    #[arg(long, default_value_t = DEFAULT_IDLE_TIMEOUT_MS, value_name = "MS",
+        value_parser = clap::value_parser!(u64).range(1..))]
+    pub http_idle_timeout_ms: u64,
+    /// An HTTP request's head must arrive whole within this from its first byte, or the
+    /// connection is closed.
+    #[arg(long, default_value_t = DEFAULT_HEADER_TIMEOUT_MS, value_name = "MS",
+        value_parser = clap::value_parser!(u64).range(1..))]
+    pub http_header_timeout_ms: u64,
+    /// An HTTP request's body must arrive whole within this from the end of its head, or it is
+    /// answered 408 and the connection closed.
+    #[arg(long, default_value_t = DEFAULT_BODY_TIMEOUT_MS, value_name = "MS",
+        value_parser = clap::value_parser!(u64).range(1..))]
+    pub http_body_timeout_ms: u64,
 }
 
 impl ServeArgs {
@@ -74,6 +99,11 @@ impl ServeArgs {
             http_options: HttpOptions {
                 allowed_hosts: self.allowed_hosts.clone(),
                 allowed_origins: self.allowed_origins.clone(),
+                timeouts: Timeouts {
+                    idle: Duration::from_millis(self.http_idle_timeout_ms),
+                    header: Duration::from_millis(self.http_header_timeout_ms),
+                    body: Duration::from_millis(self.http_body_timeout_ms),
+                },
             },
             tls_cert: self.tls_cert.clone(),
             tls_key: self.tls_key.clone(),
@@ -81,7 +111,8 @@ impl ServeArgs {
                 max_streams_per_connection: self.max_listen_streams,
                 max_uris_per_stream: self.max_listen_uris,
                 max_message_bytes: self.max_message_bytes,
-                stall_timeout: std::time::Duration::from_millis(self.listen_stall_ms),
+                stall_timeout: Duration::from_millis(self.listen_stall_ms),
+                max_connections: self.max_connections,
             },
         }
     }

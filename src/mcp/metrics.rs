@@ -1,5 +1,6 @@
-//! Process-wide counters, served as Prometheus text at `/metrics` on every HTTP endpoint; the
-//! admin address's `/metrics` adds gauges from the status board ([`render_status`]).
+//! Process-wide counters and gauges, served as Prometheus text at `/metrics` on every HTTP
+//! endpoint; the admin address's `/metrics` adds gauges from the status board
+//! ([`render_status`]).
 
 use std::fmt::Write as _;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -16,6 +17,19 @@ pub static HTTP_CONNECTIONS_ACCEPTED: AtomicU64 = AtomicU64::new(0);
 
 /// QUIC connections the QUIC endpoints of this process accepted.
 pub static QUIC_CONNECTIONS_ACCEPTED: AtomicU64 = AtomicU64::new(0);
+
+/// Times an HTTP endpoint of this process reached `--max-connections` and stopped accepting
+/// (once per episode, as the log says it).
+pub static HTTP_CONNECTION_LIMIT_REACHED: AtomicU64 = AtomicU64::new(0);
+
+/// Times a QUIC endpoint of this process reached `--max-connections` and stopped accepting.
+pub static QUIC_CONNECTION_LIMIT_REACHED: AtomicU64 = AtomicU64::new(0);
+
+/// TCP connections open on this process's HTTP endpoints.
+pub static HTTP_CONNECTIONS_OPEN: AtomicU64 = AtomicU64::new(0);
+
+/// QUIC connections open on this process's QUIC endpoints.
+pub static QUIC_CONNECTIONS_OPEN: AtomicU64 = AtomicU64::new(0);
 
 /// The counters, name and help text.
 static COUNTERS: &[(&str, &str, &AtomicU64)] = &[
@@ -34,17 +48,44 @@ static COUNTERS: &[(&str, &str, &AtomicU64)] = &[
         "QUIC connections accepted by this process's QUIC endpoints",
         &QUIC_CONNECTIONS_ACCEPTED,
     ),
+    (
+        "herald_http_connection_limit_reached_total",
+        "times an HTTP endpoint reached --max-connections and stopped accepting",
+        &HTTP_CONNECTION_LIMIT_REACHED,
+    ),
+    (
+        "herald_quic_connection_limit_reached_total",
+        "times a QUIC endpoint reached --max-connections and stopped accepting",
+        &QUIC_CONNECTION_LIMIT_REACHED,
+    ),
 ];
 
-/// The counters in the Prometheus text exposition format.
+/// The process-wide gauges, name and help text.
+static GAUGES: &[(&str, &str, &AtomicU64)] = &[
+    (
+        "herald_http_connections_open",
+        "TCP connections open on this process's HTTP endpoints",
+        &HTTP_CONNECTIONS_OPEN,
+    ),
+    (
+        "herald_quic_connections_open",
+        "QUIC connections open on this process's QUIC endpoints",
+        &QUIC_CONNECTIONS_OPEN,
+    ),
+];
+
+/// The counters and gauges in the Prometheus text exposition format.
 pub fn render() -> String {
     let mut out = String::new();
-    for (name, help, value) in COUNTERS {
-        let _ = write!(
-            out,
-            "# HELP {name} {help}\n# TYPE {name} counter\n{name} {}\n",
-            value.load(Ordering::Relaxed)
-        );
+    let kinds = [("counter", COUNTERS), ("gauge", GAUGES)];
+    for (kind, metrics) in kinds {
+        for (name, help, value) in metrics {
+            let _ = write!(
+                out,
+                "# HELP {name} {help}\n# TYPE {name} {kind}\n{name} {}\n",
+                value.load(Ordering::Relaxed)
+            );
+        }
     }
     out
 }

@@ -1,10 +1,12 @@
 //! Streamable HTTP: rmcp's service behind herald's own accept loop.
 //!
-//! The accept loop exists for three reasons rmcp's examples do not cover: `TCP_NODELAY` on every
+//! The accept loop exists for reasons rmcp's examples do not cover: `TCP_NODELAY` on every
 //! connection (notifications are small writes that Nagle would hold back), a per-client
 //! listen-stream count ([`ConnStreams`] in the request extensions, checked by [`listen_gate`]
-//! before rmcp acknowledges a listen), and a graceful drain on shutdown. Origin validation and the
-//! Host check are on; SSE keep-alive comments go out on listen streams.
+//! before rmcp acknowledges a listen), a cap on open connections (`--max-connections`,
+//! [`ConnCap`]), a connection's deadlines (idle, header, body: [`Timeouts`], see [`conn`]),
+//! and a graceful drain on shutdown. Origin validation and the Host check are on; SSE
+//! keep-alive comments go out on listen streams.
 
 use std::collections::HashMap;
 use std::net::{IpAddr, SocketAddr};
@@ -28,12 +30,20 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tracing::{Instrument, debug, info_span};
 
+use self::conn::Activity;
+use crate::transport::cap::ConnCap;
+
 use crate::mcp::admission::{ConnStreams, ListenFilter, PendingListen};
 use crate::mcp::caller::{Caller, PeerAddr};
 use crate::mcp::server::SourceServer;
 use crate::transport::origin::Allowlist;
 
+mod conn;
 mod first;
+
+pub use conn::{
+    DEFAULT_BODY_TIMEOUT_MS, DEFAULT_HEADER_TIMEOUT_MS, DEFAULT_IDLE_TIMEOUT_MS, Timeouts,
+};
 
 /// The path the MCP endpoint is served on.
 pub const MCP_PATH: &str = "/mcp";
@@ -45,6 +55,8 @@ pub struct HttpOptions {
     pub allowed_hosts: Vec<String>,
     /// Extra browser origins accepted besides loopback origins.
     pub allowed_origins: Vec<String>,
+    /// A connection's idle, header and body deadlines.
+    pub timeouts: Timeouts,
 }
 
 /// Connections the kernel queues for `accept` (capped by `net.core.somaxconn`): a burst of
@@ -86,11 +98,19 @@ pub fn from_std(listener: std::net::TcpListener) -> std::io::Result<TcpListener>
 pub struct Endpoint {
     router: Router,
     gate: Option<Gate>,
+    timeouts: Timeouts,
+    max_connections: usize,
 }
 
 impl From<Router> for Endpoint {
+    /// A plain router (the admin address's), with the default deadlines and cap.
     fn from(router: Router) -> Endpoint {
-        Endpoint { router, gate: None }
+        Endpoint {
+            router,
+            gate: None,
+            timeouts: Timeouts::default(),
+            max_connections: crate::mcp::server::DEFAULT_MAX_CONNECTIONS,
+        }
     }
 }
 
@@ -151,21 +171,39 @@ pub fn router(
     Endpoint {
         router,
         gate: Some(gate),
+        timeouts: opts.timeouts,
+        max_connections: limits.max_connections,
     }
 }
 
 /// Serves `endpoint` on `listener` until `shutdown`, then drains open connections for up to
-/// `grace`.
+/// `grace`. At most the endpoint's `max_connections` are open at once (fewer when the
+/// open-file limit has no room for them): at the cap the loop stops accepting, so new
+/// connections wait in the kernel's backlog until one closes.
 pub async fn serve(
     listener: TcpListener,
     endpoint: impl Into<Endpoint>,
     shutdown: CancellationToken,
     grace: Duration,
 ) {
-    let Endpoint { router, gate } = endpoint.into();
+    let Endpoint {
+        router,
+        gate,
+        timeouts,
+        max_connections,
+    } = endpoint.into();
     let tracker = TaskTracker::new();
     let peers = PeerStreams::default();
+    let cap = ConnCap::new(
+        within_open_files(max_connections),
+        "HTTP",
+        &crate::mcp::metrics::HTTP_CONNECTION_LIMIT_REACHED,
+        &crate::mcp::metrics::HTTP_CONNECTIONS_OPEN,
+    );
     loop {
+        let Some(place) = cap.admit(&shutdown).await else {
+            break;
+        };
         let (stream, peer) = tokio::select! {
             _ = shutdown.cancelled() => break,
             accepted = listener.accept() => match accepted {
@@ -187,33 +225,30 @@ pub async fn serve(
         let shutdown = shutdown.clone();
         tracker.spawn(
             async move {
+                // The connection's place under the cap, given back when it closes.
+                let _place = place.opened();
                 let prefix = match &gate {
                     None => Vec::new(),
                     Some(gate) => {
-                        let first = first::serve_first(&stream, gate, peer, &conn, &shutdown);
+                        let first =
+                            first::serve_first(&stream, gate, peer, &conn, timeouts, &shutdown);
                         match first.await {
                             first::First::Gone | first::First::Done => return,
                             first::First::Hyper(bytes) | first::First::Answered(bytes) => bytes,
                         }
                     }
                 };
-                let svc = tower::ServiceExt::map_request(
-                    router,
-                    move |mut req: Request<hyper::body::Incoming>| {
-                        req.extensions_mut().insert(conn.clone());
-                        req.extensions_mut().insert(PeerAddr(peer));
-                        req
-                    },
-                );
+                let activity = Activity::new(!prefix.is_empty());
+                let svc = service(router, activity.clone(), conn, peer, timeouts);
                 let mut builder =
                     hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
-                // Without a timer hyper silently drops its header-read timeout; a client that
-                // never finishes its headers would hold the connection forever.
+                // The idle and header deadlines are herald's own ([`conn`]): hyper's one
+                // header-read timer would be both, with one length.
                 builder
                     .http1()
                     .timer(hyper_util::rt::TokioTimer::new())
-                    .header_read_timeout(first::HEAD_TIMEOUT);
-                let io = TokioIo::new(first::Prefixed::new(prefix, stream));
+                    .header_read_timeout(None);
+                let io = TokioIo::new(first::Prefixed::new(prefix, stream, activity.clone()));
                 let connection = builder
                     .serve_connection_with_upgrades(io, TowerToHyperService::new(svc))
                     .into_owned();
@@ -227,6 +262,11 @@ pub async fn serve(
                     () = shutdown.cancelled() => {
                         connection.as_mut().graceful_shutdown();
                         connection.await
+                    }
+                    // Dropping the connection closes it: nothing is in flight on it.
+                    why = activity.expired(timeouts) => {
+                        debug!(%why, "closing the connection");
+                        return;
                     }
                 };
                 if let Err(e) = ended {
@@ -243,6 +283,78 @@ pub async fn serve(
     if tokio::time::timeout(grace, tracker.wait()).await.is_err() {
         debug!("http drain deadline passed; closing remaining connections");
     }
+}
+
+/// The service hyper runs for each request on one connection: the router, with the request's
+/// connection facts in its extensions, its body due whole within `timeouts.body` (else the
+/// answer is `408` and the connection closes), and the request counted as in flight on
+/// `activity` until its response body is done.
+fn service(
+    router: Router,
+    activity: std::sync::Arc<Activity>,
+    conn: ConnStreams,
+    peer: SocketAddr,
+    timeouts: Timeouts,
+) -> impl tower::Service<
+    Request<hyper::body::Incoming>,
+    Response = Response<conn::Guarded>,
+    Error = std::convert::Infallible,
+    Future = impl Send,
+> + Clone {
+    tower::service_fn(move |req: Request<hyper::body::Incoming>| {
+        let busy = activity.busy();
+        let (mut parts, body) = req.into_parts();
+        parts.extensions.insert(conn.clone());
+        parts.extensions.insert(PeerAddr(peer));
+        let (body, late) = conn::TimedBody::new(body, timeouts.body);
+        let req = Request::from_parts(parts, body);
+        let router = router.clone();
+        async move {
+            let Ok(response) = tower::ServiceExt::oneshot(router, req).await;
+            // Whatever the handler made of the failed read (rmcp's 400, the gate's 413), the
+            // client is owed the reason, and the connection must close: the rest of the body
+            // may still come.
+            let response = if late.load(std::sync::atomic::Ordering::Relaxed) {
+                debug!(
+                    timeout_ms = timeouts.body.as_millis(),
+                    "a request body came too late"
+                );
+                conn::body_timeout_response(timeouts.body)
+            } else {
+                response
+            };
+            Ok(response.map(|body| conn::Guarded::new(body, busy)))
+        }
+    })
+}
+
+/// `max`, or fewer when the open-file limit (`RLIMIT_NOFILE`) has no room for that many
+/// sockets beside what the rest of the process opens (a quarter of the limit, at most 256,
+/// kept for the store, upstreams, watches): past it `accept` fails with `EMFILE` and leaves
+/// the connection queued anyway, so the cap does the same with a log line that says why.
+fn within_open_files(max: usize) -> usize {
+    let mut limit = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit writes into the valid, initialised struct it is given.
+    if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) } != 0
+        || limit.rlim_cur == libc::RLIM_INFINITY
+    {
+        return max;
+    }
+    let soft = usize::try_from(limit.rlim_cur).unwrap_or(usize::MAX);
+    let room = soft.saturating_sub((soft / 4).min(256)).max(1);
+    if max <= room {
+        return max;
+    }
+    tracing::info!(
+        max_connections = max,
+        open_files = soft,
+        "HTTP connections capped at {room}: the open-file limit ({soft}) has no room for \
+         --max-connections {max}; raise it (LimitNOFILE=, ulimit -n) to allow more"
+    );
+    room
 }
 
 /// Listen-stream counts per client address. HTTP/1.1 gives every open SSE response its own
@@ -1106,5 +1218,24 @@ mod tests {
         let mut old = plain.clone();
         old.insert("mcp-protocol-version", "2025-11-25".parse().unwrap());
         assert!(plain_request(&old, &call_body("memo_set", meta), &server).is_none());
+    }
+
+    /// The cap leaves the process room under its open-file limit, and is never zero.
+    #[test]
+    fn the_connection_cap_fits_under_the_open_file_limit() {
+        let mut limit = libc::rlimit {
+            rlim_cur: 0,
+            rlim_max: 0,
+        };
+        // SAFETY: getrlimit writes into the valid, initialised struct it is given.
+        let got = unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) };
+        assert_eq!(got, 0);
+        let soft = usize::try_from(limit.rlim_cur).unwrap_or(usize::MAX);
+        let capped = within_open_files(usize::MAX);
+        assert!(capped >= 1);
+        if limit.rlim_cur != libc::RLIM_INFINITY {
+            assert_eq!(capped, soft - (soft / 4).min(256));
+        }
+        assert_eq!(within_open_files(1), 1);
     }
 }

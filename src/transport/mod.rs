@@ -1,6 +1,7 @@
 //! Transports: stdio, Streamable HTTP and QUIC, server and client side. The only module that
 //! touches sockets, pipes and framing.
 
+mod cap;
 pub mod client;
 pub mod dns;
 pub mod http;

@@ -5,6 +5,8 @@
 //! [`ConnServer`](crate::mcp::conn::ConnServer), and all of a connection's streams share one
 //! listen-stream budget (at most 16 streams per connection). Keep-alives
 //! run on both sides so that a quiet listen stream is not taken for an idle connection.
+//! At most `--max-connections` connections are open per endpoint ([`ConnCap`]): at the cap
+//! the endpoint stops accepting, and new connections wait in quinn's incoming queue.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -17,6 +19,7 @@ use tokio_util::task::TaskTracker;
 use tracing::{Instrument, debug, info_span};
 
 use crate::mcp::server::SourceServer;
+use crate::transport::cap::ConnCap;
 use crate::transport::dns;
 use crate::transport::tls::{self, ClientTrust, Identity, TlsError};
 
@@ -59,7 +62,18 @@ pub async fn serve(
     sessions: CancellationToken,
 ) {
     let tracker = TaskTracker::new();
+    let cap = ConnCap::new(
+        server.limits().max_connections,
+        "QUIC",
+        &crate::mcp::metrics::QUIC_CONNECTION_LIMIT_REACHED,
+        &crate::mcp::metrics::QUIC_CONNECTIONS_OPEN,
+    );
     loop {
+        // At the cap, wait here: quinn keeps new connections queued meanwhile (and refuses
+        // them past its own bound on the queue).
+        let Some(place) = cap.admit(&shutdown).await else {
+            break;
+        };
         let incoming = tokio::select! {
             _ = shutdown.cancelled() => break,
             i = endpoint.accept() => match i {
@@ -74,6 +88,8 @@ pub async fn serve(
         let streams = tracker.clone();
         tracker.spawn(
             async move {
+                // The connection's place under the cap, given back when it closes.
+                let _place = place.opened();
                 let conn = match incoming.await {
                     Ok(c) => {
                         crate::mcp::metrics::QUIC_CONNECTIONS_ACCEPTED

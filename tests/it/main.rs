@@ -23,6 +23,7 @@ mod store;
 mod support;
 mod systemd;
 mod tasks;
+mod timeouts;
 mod up;
 mod watch;
 mod wire;

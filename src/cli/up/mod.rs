@@ -259,9 +259,12 @@ pub async fn run(args: UpArgs, globals: &Globals) -> Result<(), Exit> {
         // Both listeners off is allowed (the roles, the watch client and [notify] still run);
         // it never turns the terminal into an endpoint.
         no_stdio_fallback: true,
+        // The connection deadlines and cap (`Limits::max_connections`) are the defaults of
+        // `herald memo`'s flags.
         http_options: HttpOptions {
             allowed_hosts: file.listen.allowed_hosts.clone(),
             allowed_origins: file.listen.allowed_origins.clone(),
+            ..HttpOptions::default()
         },
         limits: limits.clone(),
         http_socket: globals.systemd.socket("http"),

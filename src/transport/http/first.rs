@@ -14,6 +14,11 @@
 //! The bytes read here are never lost: anything that is not a plain listen (or a listen whose
 //! admission fails: the gate admits again and answers the error) goes to hyper with them in
 //! front of the socket ([`Prefixed`]).
+//!
+//! The connection's deadlines hold here as they do under hyper ([`Timeouts`]): the idle
+//! timeout until the first byte, the header timeout from it to the end of the head, the
+//! body timeout from there to the end of a listen's body (then `408` and the connection
+//! closes). A stream answered here has none: it is a response in flight.
 
 use std::io;
 use std::pin::Pin;
@@ -28,13 +33,11 @@ use tokio::net::TcpStream;
 use tokio_util::sync::CancellationToken;
 use tracing::debug;
 
+use super::conn::{Activity, Timeouts, body_timeout_bytes};
 use super::{Gate, MCP_PATH};
 use crate::mcp::admission::{ConnStreams, ListenFilter};
 use crate::mcp::caller::{Caller, PeerAddr};
 use crate::mcp::listen::Undelivered;
-
-/// How long a client has to send its first request's head (hyper's header-read timeout).
-pub(super) const HEAD_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// A first request head longer than this goes to hyper as it is (hyper has its own limit).
 const MAX_HEAD: usize = 16 * 1024;
@@ -63,21 +66,32 @@ pub(super) async fn serve_first(
     gate: &Gate,
     peer: std::net::SocketAddr,
     conn: &ConnStreams,
+    timeouts: Timeouts,
     shutdown: &CancellationToken,
 ) -> First {
-    let max = gate.server.limits().max_message_bytes;
+    let limits = gate.server.limits();
     let mut buf = Vec::with_capacity(1024);
     let read = tokio::select! {
         _ = shutdown.cancelled() => None,
-        read = tokio::time::timeout(HEAD_TIMEOUT, read_listen(stream, &mut buf, max)) => Some(read),
+        read = read_listen(stream, &mut buf, limits.max_message_bytes, timeouts) => Some(read),
     };
     let head = match read {
         // A request begun before the shutdown is hyper's to finish (its drain answers it).
         None if buf.is_empty() => return First::Gone,
         None => return First::Hyper(buf),
-        Some(Err(_) | Ok(Read::Gone)) => return First::Gone,
-        Some(Ok(Read::Other)) => return First::Hyper(buf),
-        Some(Ok(Read::Listen(head))) => head,
+        Some(Read::Gone) => return First::Gone,
+        Some(Read::Late) => {
+            debug!(
+                timeout_ms = timeouts.body.as_millis(),
+                "a request body came too late"
+            );
+            let writer = Writer::new(stream);
+            let answer = writer.write(Some(body_timeout_bytes(timeouts.body).into()));
+            let _ = tokio::time::timeout(limits.stall_timeout, answer).await;
+            return First::Done;
+        }
+        Some(Read::Other) => return First::Hyper(buf),
+        Some(Read::Listen(head)) => head,
     };
     let end = head.body.end;
     if buf.len() - end > MAX_PIPELINED {
@@ -103,19 +117,34 @@ struct Head {
 }
 
 enum Read {
+    /// The client left, sent nothing within the idle timeout, or did not finish its head
+    /// within the header timeout.
     Gone,
+    /// The head of a plain listen came, its body not within the body timeout.
+    Late,
     Other,
     Listen(Head),
 }
 
 /// Reads into `buf` until the first request is known not to be a plain listen (its head says
-/// so), or is read whole.
-async fn read_listen(stream: &TcpStream, buf: &mut Vec<u8>, max_body: usize) -> Read {
+/// so), or is read whole, each part by its deadline in `timeouts`.
+async fn read_listen(
+    stream: &TcpStream,
+    buf: &mut Vec<u8>,
+    max_body: usize,
+    timeouts: Timeouts,
+) -> Read {
+    let mut deadline = tokio::time::Instant::now() + timeouts.idle;
     let head = loop {
-        match read_some(stream, buf).await {
-            Ok(0) | Err(_) if buf.is_empty() => return Read::Gone,
-            Ok(0) | Err(_) => return Read::Other,
-            Ok(_) => {}
+        let begun = !buf.is_empty();
+        match tokio::time::timeout_at(deadline, read_some(stream, buf)).await {
+            Err(_) => return Read::Gone,
+            Ok(Ok(0) | Err(_)) if buf.is_empty() => return Read::Gone,
+            Ok(Ok(0) | Err(_)) => return Read::Other,
+            Ok(Ok(_)) => {}
+        }
+        if !begun {
+            deadline = tokio::time::Instant::now() + timeouts.header;
         }
         if !b"POST ".starts_with(&buf[..buf.len().min(5)]) {
             return Read::Other;
@@ -126,10 +155,12 @@ async fn read_listen(stream: &TcpStream, buf: &mut Vec<u8>, max_body: usize) -> 
             Parsed::Listen(head) => break head,
         }
     };
+    let deadline = tokio::time::Instant::now() + timeouts.body;
     while buf.len() < head.body.end {
-        match read_some(stream, buf).await {
-            Ok(0) | Err(_) => return Read::Other,
-            Ok(_) => {}
+        match tokio::time::timeout_at(deadline, read_some(stream, buf)).await {
+            Err(_) => return Read::Late,
+            Ok(Ok(0) | Err(_)) => return Read::Other,
+            Ok(Ok(_)) => {}
         }
     }
     Read::Listen(head)
@@ -491,17 +522,24 @@ async fn watch_client(writer: &Writer<'_>, pipelined: &mut Vec<u8>, stall: Durat
 }
 
 /// A socket with bytes already read from it in front: what hyper is handed after
-/// [`serve_first`] read ahead.
+/// [`serve_first`] read ahead. Every read that brings bytes is told to the connection's
+/// [`Activity`] (the next request has begun).
 pub(super) struct Prefixed {
     prefix: Bytes,
     stream: TcpStream,
+    activity: std::sync::Arc<Activity>,
 }
 
 impl Prefixed {
-    pub(super) fn new(prefix: Vec<u8>, stream: TcpStream) -> Prefixed {
+    pub(super) fn new(
+        prefix: Vec<u8>,
+        stream: TcpStream,
+        activity: std::sync::Arc<Activity>,
+    ) -> Prefixed {
         Prefixed {
             prefix: Bytes::from(prefix),
             stream,
+            activity,
         }
     }
 }
@@ -518,7 +556,12 @@ impl AsyncRead for Prefixed {
             buf.put_slice(&head);
             return Poll::Ready(Ok(()));
         }
-        Pin::new(&mut self.stream).poll_read(cx, buf)
+        let before = buf.filled().len();
+        let read = Pin::new(&mut self.stream).poll_read(cx, buf);
+        if buf.filled().len() > before {
+            self.activity.read();
+        }
+        read
     }
 }
 
@@ -561,6 +604,13 @@ mod tests {
     use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
 
     const WAIT: Duration = Duration::from_secs(10);
+
+    /// The default deadlines: no test here is near them.
+    const T: Timeouts = Timeouts {
+        idle: Duration::from_secs(60),
+        header: Duration::from_secs(30),
+        body: Duration::from_secs(30),
+    };
 
     /// A gate on a memo server, and a connected (client, server side, peer) triple.
     async fn setup() -> (MemoServer, Gate, TcpStream, TcpStream, std::net::SocketAddr) {
@@ -618,7 +668,7 @@ mod tests {
         let shutdown = CancellationToken::new();
         let served = tokio::spawn(async move {
             let conn = ConnStreams::default();
-            let first = serve_first(&server_side, &gate, peer, &conn, &shutdown).await;
+            let first = serve_first(&server_side, &gate, peer, &conn, T, &shutdown).await;
             matches!(first, First::Done)
         });
         let listen = serde_json::json!({"jsonrpc": "2.0", "id": "L", "method": "subscriptions/listen",
@@ -659,7 +709,15 @@ mod tests {
         };
         let served = tokio::spawn(async move {
             let conn = ConnStreams::default();
-            serve_first(&server_side, &gate, peer, &conn, &CancellationToken::new()).await
+            serve_first(
+                &server_side,
+                &gate,
+                peer,
+                &conn,
+                T,
+                &CancellationToken::new(),
+            )
+            .await
         });
         let listen = serde_json::json!({"jsonrpc": "2.0", "id": 1, "method": "subscriptions/listen",
             "params": {"_meta": meta(), "notifications": {"resourceSubscriptions": ["memo://notes"]}}});
@@ -711,7 +769,14 @@ mod tests {
             let conn = ConnStreams::default();
             let first = tokio::time::timeout(
                 WAIT,
-                serve_first(&server_side, &gate, peer, &conn, &CancellationToken::new()),
+                serve_first(
+                    &server_side,
+                    &gate,
+                    peer,
+                    &conn,
+                    T,
+                    &CancellationToken::new(),
+                ),
             )
             .await
             .unwrap();
@@ -724,6 +789,54 @@ mod tests {
                 sent.len(),
                 "{method}: what one write sent was read"
             );
+        }
+    }
+
+    /// The first request's deadlines hold ahead of hyper: nothing sent closes the connection
+    /// after the idle timeout, a head begun and not finished after the header timeout, and a
+    /// listen whose body stops short is answered `408` after the body timeout.
+    #[tokio::test]
+    async fn the_first_request_is_read_by_its_deadlines() {
+        let short = Timeouts {
+            idle: Duration::from_millis(200),
+            header: Duration::from_millis(200),
+            body: Duration::from_millis(200),
+        };
+        let listen = request(
+            "subscriptions/listen",
+            &serde_json::json!({"jsonrpc": "2.0", "id": 1, "method": "subscriptions/listen",
+                "params": {"_meta": meta(), "notifications": {"resourceSubscriptions": []}}}),
+        );
+        let cut = listen.len() - 5;
+        for (what, sent) in [
+            ("nothing", &listen[..0]),
+            ("half a head", &listen[..40]),
+            ("all but the body's end", &listen[..cut]),
+        ] {
+            let (_memo, gate, mut client, server_side, peer) = setup().await;
+            client.write_all(sent).await.unwrap();
+            let conn = ConnStreams::default();
+            let shutdown = CancellationToken::new();
+            let first = serve_first(&server_side, &gate, peer, &conn, short, &shutdown);
+            let first = tokio::time::timeout(WAIT, first).await.expect(what);
+            let late = what == "all but the body's end";
+            assert!(
+                matches!((&first, late), (First::Gone, false) | (First::Done, true)),
+                "{what}"
+            );
+            drop(server_side);
+            let mut answer = Vec::new();
+            tokio::time::timeout(WAIT, client.read_to_end(&mut answer))
+                .await
+                .expect(what)
+                .unwrap();
+            let answer = String::from_utf8_lossy(&answer);
+            if late {
+                assert!(answer.starts_with("HTTP/1.1 408 "), "{answer}");
+                assert!(answer.contains("--http-body-timeout-ms"), "{answer}");
+            } else {
+                assert_eq!(answer, "", "{what}: closed with no answer");
+            }
         }
     }
 
