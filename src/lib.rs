@@ -11,6 +11,8 @@ pub mod agent;
 pub mod app;
 pub mod cli;
 pub mod filter;
+#[cfg(test)]
+mod fuzzing;
 pub mod gateway;
 pub mod mcp;
 pub mod source;

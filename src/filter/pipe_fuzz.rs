@@ -5,24 +5,12 @@
 //! decode to `Err` or to a message, never a panic.
 
 use proptest::prelude::*;
+
+use crate::fuzzing::config;
 use serde_json::{Map, Value};
 
 use super::{FromWorker, Message, ToWorker};
 use crate::filter::engine::{HostError, Outcome, PyError, PyExc};
-
-/// `cases` unless `PROPTEST_CASES` asks for more (or fewer) in a longer run by hand.
-fn config(cases: u32) -> ProptestConfig {
-    ProptestConfig {
-        cases: std::env::var("PROPTEST_CASES")
-            .ok()
-            .and_then(|c| c.parse().ok())
-            .unwrap_or(cases),
-        failure_persistence: None,
-        // A failure is shrunk for 10 s at most, so a failing run ends in bounded time too.
-        max_shrink_time: 10_000,
-        ..ProptestConfig::default()
-    }
-}
 
 /// Strings with the characters JSON must escape.
 fn text() -> impl Strategy<Value = String> {
@@ -184,23 +172,7 @@ fn mangle(line: &[u8], edits: &[(prop::sample::Index, u8, u8)]) -> Vec<u8> {
         b"\xff",
         b"99999999999999999999",
     ];
-    let mut v = line.to_vec();
-    for (at, kind, b) in edits {
-        let i = at.index(v.len() + 1);
-        match kind % 4 {
-            0 if i < v.len() => v[i] = *b,
-            1 if i < v.len() => {
-                let end = (i + usize::from(*b % 8) + 1).min(v.len());
-                v.drain(i..end);
-            }
-            2 => {
-                let piece = PIECES[usize::from(*b) % PIECES.len()];
-                v.splice(i..i, piece.iter().copied());
-            }
-            _ => v.truncate(i),
-        }
-    }
-    v
+    crate::fuzzing::mangle(line, edits, PIECES)
 }
 
 proptest! {

@@ -10,21 +10,9 @@
 use proptest::prelude::*;
 use proptest::sample::Index;
 
-use super::{ConfigError, GatewayConfig, GatewayFile, toml_message, valid_slug};
+pub(crate) use crate::fuzzing::{config, mangles};
 
-/// `cases` unless `PROPTEST_CASES` asks for more (or fewer) in a longer run by hand.
-pub(crate) fn config(cases: u32) -> ProptestConfig {
-    ProptestConfig {
-        cases: std::env::var("PROPTEST_CASES")
-            .ok()
-            .and_then(|c| c.parse().ok())
-            .unwrap_or(cases),
-        failure_persistence: None,
-        // A failure is shrunk for 10 s at most, so a failing run ends in bounded time too.
-        max_shrink_time: 10_000,
-        ..ProptestConfig::default()
-    }
-}
+use super::{ConfigError, GatewayConfig, GatewayFile, toml_message, valid_slug};
 
 /// Marks the strings the mutations put in: no TOML error may quote one.
 pub(crate) const SECRET: &str = "s3cret-";
@@ -295,27 +283,8 @@ pub(crate) fn mangle(text: &str, edits: &[(Index, u8, u8)]) -> String {
         "name",
         "slug",
     ];
-    let mut v = text.as_bytes().to_vec();
-    for (at, kind, b) in edits {
-        let i = at.index(v.len() + 1);
-        match kind % 4 {
-            0 if i < v.len() => v[i] = *b,
-            1 if i < v.len() => {
-                let end = (i + usize::from(*b % 8) + 1).min(v.len());
-                v.drain(i..end);
-            }
-            2 => {
-                let piece = PIECES[usize::from(*b) % PIECES.len()];
-                v.splice(i..i, piece.bytes());
-            }
-            _ => v.truncate(i),
-        }
-    }
-    String::from_utf8_lossy(&v).into_owned()
-}
-
-pub(crate) fn mangles() -> impl Strategy<Value = Vec<(Index, u8, u8)>> {
-    prop::collection::vec((any::<Index>(), any::<u8>(), any::<u8>()), 1..6)
+    let pieces: Vec<&[u8]> = PIECES.iter().map(|p| p.as_bytes()).collect();
+    String::from_utf8_lossy(&crate::fuzzing::mangle(text.as_bytes(), edits, &pieces)).into_owned()
 }
 
 /// TOML-ish noise.

@@ -7,21 +7,9 @@ use std::time::{Duration, Instant};
 
 use proptest::prelude::*;
 
-use super::{Template, matches};
+use crate::fuzzing::config;
 
-/// `cases` unless `PROPTEST_CASES` asks for more (or fewer) in a longer run by hand.
-fn config(cases: u32) -> ProptestConfig {
-    ProptestConfig {
-        cases: std::env::var("PROPTEST_CASES")
-            .ok()
-            .and_then(|c| c.parse().ok())
-            .unwrap_or(cases),
-        failure_persistence: None,
-        // A failure is shrunk for 10 s at most, so a failing run ends in bounded time too.
-        max_shrink_time: 10_000,
-        ..ProptestConfig::default()
-    }
-}
+use super::{Template, matches};
 
 /// One expression of a template with the values it is expanded with.
 #[derive(Debug, Clone)]

@@ -14,6 +14,8 @@ use std::time::Duration;
 
 use futures::FutureExt;
 use proptest::prelude::*;
+
+use crate::fuzzing::config;
 use rmcp::service::{RxJsonRpcMessage, ServiceRole};
 use rmcp::transport::Transport;
 use rmcp::{RoleClient, RoleServer};
@@ -23,20 +25,6 @@ use tokio::io::{AsyncRead, AsyncReadExt, ReadBuf};
 use super::{LineTransport, carry_task_ids, may_name_task_ids};
 use crate::mcp::admission::ListenAcks;
 use crate::transport::jsonrpc::misshapen;
-
-/// `cases` unless `PROPTEST_CASES` asks for more (or fewer) in a longer run by hand.
-fn config(cases: u32) -> ProptestConfig {
-    ProptestConfig {
-        cases: std::env::var("PROPTEST_CASES")
-            .ok()
-            .and_then(|c| c.parse().ok())
-            .unwrap_or(cases),
-        failure_persistence: None,
-        // A failure is shrunk for 10 s at most, so a failing run ends in bounded time too.
-        max_shrink_time: 10_000,
-        ..ProptestConfig::default()
-    }
-}
 
 /// A reader that hands out its input in the given chunk sizes (cycled), pending (and waking
 /// itself at once) before the chunks marked so.

@@ -5,23 +5,11 @@
 //! they are cut.
 
 use proptest::prelude::*;
+
+use crate::fuzzing::config;
 use serde_json::{Map, Value};
 
 use super::{Item, JsonStream};
-
-/// `cases` unless `PROPTEST_CASES` asks for more (or fewer) in a longer run by hand.
-fn config(cases: u32) -> ProptestConfig {
-    ProptestConfig {
-        cases: std::env::var("PROPTEST_CASES")
-            .ok()
-            .and_then(|c| c.parse().ok())
-            .unwrap_or(cases),
-        failure_persistence: None,
-        // A failure is shrunk for 10 s at most, so a failing run ends in bounded time too.
-        max_shrink_time: 10_000,
-        ..ProptestConfig::default()
-    }
-}
 
 /// Any JSON value, strings full of the characters the splitter must see past.
 fn json() -> impl Strategy<Value = Value> {
