@@ -23,16 +23,35 @@ use tokio_util::sync::CancellationToken;
 use crate::mcp::admission::ConnStreams;
 use crate::mcp::listen::{ListenOut, Undelivered};
 
-/// One session's legacy subscriptions: URI → the cancel of its delivery (claimed before the
-/// URI is admitted, so a subscribe and an unsubscribe racing on one URI end as the last one
-/// said).
+/// One session's legacy subscriptions, by URI (claimed before the URI is admitted, so a
+/// subscribe and an unsubscribe racing on one URI end as the last one said).
 #[derive(Default)]
 pub struct LegacySubscriptions {
-    subs: Mutex<HashMap<String, CancellationToken>>,
+    subs: Mutex<HashMap<String, Claim>>,
     /// The listen-stream budget of the session's connection (byte streams), which its
     /// subscriptions share with its listens.
     pub(crate) conn: ConnStreams,
 }
+
+/// One URI's subscription, being made or delivering.
+struct Claim {
+    /// Ends it.
+    cancel: CancellationToken,
+    /// Cancelled once it has ended and given back its stream slot (its holder dropped the
+    /// [`Claimed::done`] guard).
+    done: CancellationToken,
+}
+
+/// What [`LegacySubscriptions::claim`] hands the subscribe: the cancel to watch, and the
+/// guard to drop once everything the subscription held is gone.
+pub(crate) struct Claimed {
+    pub(crate) cancel: CancellationToken,
+    pub(crate) done: tokio_util::sync::DropGuard,
+}
+
+/// How long an unsubscribe waits for its delivery to end (it ends at once unless a write to
+/// the session is stuck).
+const UNSUBSCRIBE_WAIT: std::time::Duration = std::time::Duration::from_secs(5);
 
 impl LegacySubscriptions {
     pub(crate) fn on(conn: ConnStreams) -> LegacySubscriptions {
@@ -42,35 +61,40 @@ impl LegacySubscriptions {
         }
     }
 
-    /// Claims `uri` for a new subscription: its cancel, or `None` when `uri` is subscribed
-    /// (or being subscribed) already.
-    pub(crate) fn claim(&self, uri: &str) -> Option<CancellationToken> {
+    /// Claims `uri` for a new subscription, or `None` when `uri` is subscribed (or being
+    /// subscribed) already.
+    pub(crate) fn claim(&self, uri: &str) -> Option<Claimed> {
         let mut subs = self.subs.lock().unwrap_or_else(|e| e.into_inner());
-        subs.retain(|_, c| !c.is_cancelled());
+        subs.retain(|_, c| !c.cancel.is_cancelled());
         if subs.contains_key(uri) {
             return None;
         }
-        let cancel = CancellationToken::new();
-        subs.insert(uri.to_owned(), cancel.clone());
-        Some(cancel)
+        let (cancel, done) = (CancellationToken::new(), CancellationToken::new());
+        subs.insert(
+            uri.to_owned(),
+            Claim {
+                cancel: cancel.clone(),
+                done: done.clone(),
+            },
+        );
+        Some(Claimed {
+            cancel,
+            done: done.drop_guard(),
+        })
     }
 
-    /// Gives up a claim whose admission failed.
-    pub(crate) fn release(&self, cancel: &CancellationToken) {
-        cancel.cancel();
-        let mut subs = self.subs.lock().unwrap_or_else(|e| e.into_inner());
-        subs.retain(|_, c| !c.is_cancelled());
-    }
-
-    /// Ends `uri`'s subscription (or the one being made); whether there was one.
-    pub(crate) fn remove(&self, uri: &str) -> bool {
-        let mut subs = self.subs.lock().unwrap_or_else(|e| e.into_inner());
-        match subs.remove(uri) {
-            Some(c) => {
-                c.cancel();
-                true
-            }
-            None => false,
+    /// Ends `uri`'s subscription (or the one being made) and waits until it has ended, so
+    /// nothing is delivered for it after the unsubscribe's answer and its stream slot is
+    /// free again.
+    pub(crate) async fn remove(&self, uri: &str) {
+        let claim = self
+            .subs
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(uri);
+        if let Some(claim) = claim {
+            claim.cancel.cancel();
+            let _ = tokio::time::timeout(UNSUBSCRIBE_WAIT, claim.done.cancelled()).await;
         }
     }
 }
@@ -79,7 +103,7 @@ impl Drop for LegacySubscriptions {
     fn drop(&mut self) {
         let subs = self.subs.get_mut().unwrap_or_else(|e| e.into_inner());
         for (_, c) in subs.drain() {
-            c.cancel();
+            c.cancel.cancel();
         }
     }
 }

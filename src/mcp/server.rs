@@ -35,7 +35,7 @@ use crate::mcp::admission::{
 use crate::mcp::caller::Caller;
 use crate::mcp::conn::ConnServer;
 use crate::mcp::hub::ChangeFeed;
-use crate::mcp::legacy::{LegacyOut, LegacySubscriptions};
+use crate::mcp::legacy::{Claimed, LegacyOut, LegacySubscriptions};
 use crate::mcp::listen::{ListenOut, Undelivered};
 use crate::mcp::source::{Body, Call, DynSource, SourceError};
 use crate::mcp::tasks::relay::{Started, TaskRelay};
@@ -467,7 +467,9 @@ impl SourceServer {
     ) -> Result<(), McpError> {
         // Claimed before admission, under the lock: a second subscribe to the URI answers at
         // once, and an unsubscribe meanwhile cancels this one (checked after admission).
-        let Some(cancel) = self.legacy.claim(&uri) else {
+        // `done` is declared first so it goes last: whatever the subscription held (its
+        // admission, its stream slot) is gone when an unsubscribe waiting on it returns.
+        let Some(Claimed { cancel, done }) = self.legacy.claim(&uri) else {
             return Ok(());
         };
         let caller = Caller::of(&context);
@@ -497,12 +499,12 @@ impl SourceServer {
         let listen = match admitted {
             Ok(l) => l,
             Err(e) => {
-                self.legacy.release(&cancel);
+                cancel.cancel();
                 return Err(e);
             }
         };
         if listen.uris().is_empty() {
-            self.legacy.release(&cancel);
+            cancel.cancel();
             // What a listen's ack would leave out, answered as the source's error for the
             // URI (an unknown resource as a read of it would answer), naming the URI.
             let why = listen
@@ -525,6 +527,7 @@ impl SourceServer {
         let span = tracing::info_span!("legacy_subscription", %uri);
         tokio::spawn(
             async move {
+                let _done = done;
                 // No stall deadline: a legacy client cannot learn that a subscription ended
                 // (a listen's client gets an error and listens again), and one URI's pending
                 // change is all a slow reader can hold up.
@@ -903,7 +906,7 @@ impl ServerHandler for SourceServer {
         request: rmcp::model::UnsubscribeRequestParams,
         _context: RequestContext<RoleServer>,
     ) -> Result<(), McpError> {
-        self.legacy.remove(&request.uri);
+        self.legacy.remove(&request.uri).await;
         Ok(())
     }
 

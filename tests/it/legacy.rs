@@ -87,6 +87,18 @@ impl Lines {
         }
     }
 
+    /// `resources/subscribe` (or `resources/unsubscribe`) for `uri`; returns the answer.
+    async fn subscription(&mut self, id: u64, method: &str, uri: &str) -> Value {
+        self.call(request(id, method, json!({"uri": uri}))).await.0
+    }
+
+    /// Reads on until `seen` holds an update for `uri`.
+    async fn until_updated(&mut self, seen: &mut Vec<Value>, uri: &str) {
+        while !seen.iter().any(|m| is_updated(m, uri)) {
+            seen.push(self.next().await);
+        }
+    }
+
     /// The initialize handshake; returns the result.
     async fn handshake(&mut self) -> Value {
         let (init, _) = self.call(initialize()).await;
@@ -110,30 +122,20 @@ async fn subscribe_over_lines(mut s: Lines, tool: &str) {
         "{init}"
     );
 
-    let (sub, _) = s
-        .call(request(
-            1,
-            "resources/subscribe",
-            json!({"uri": "memo://notes"}),
-        ))
+    let sub = s
+        .subscription(1, "resources/subscribe", "memo://notes")
         .await;
     assert_eq!(sub["result"], json!({}), "{sub}");
     // Subscribing twice changes nothing (one update per change, below).
-    let (again, _) = s
-        .call(request(
-            2,
-            "resources/subscribe",
-            json!({"uri": "memo://notes"}),
-        ))
+    let again = s
+        .subscription(2, "resources/subscribe", "memo://notes")
         .await;
     assert_eq!(again["result"], json!({}), "{again}");
 
     let (set, mut seen) = s.call(memo_set(3, tool, "k", "v1")).await;
     assert!(set.get("result").is_some(), "{set}");
     // The update may come before or after the call's answer.
-    while !seen.iter().any(|m| is_updated(m, "memo://notes")) {
-        seen.push(s.next().await);
-    }
+    s.until_updated(&mut seen, "memo://notes").await;
     assert_eq!(
         seen.iter()
             .filter(|m| is_updated(m, "memo://notes"))
@@ -143,21 +145,13 @@ async fn subscribe_over_lines(mut s: Lines, tool: &str) {
     );
 
     // An unknown resource is refused, naming it.
-    let (bad, _) = s
-        .call(request(
-            4,
-            "resources/subscribe",
-            json!({"uri": "memo://nope"}),
-        ))
+    let bad = s
+        .subscription(4, "resources/subscribe", "memo://nope")
         .await;
     assert_eq!(bad["error"]["data"]["uri"], "memo://nope", "{bad}");
 
-    let (unsub, _) = s
-        .call(request(
-            5,
-            "resources/unsubscribe",
-            json!({"uri": "memo://notes"}),
-        ))
+    let unsub = s
+        .subscription(5, "resources/unsubscribe", "memo://notes")
         .await;
     assert_eq!(unsub["result"], json!({}), "{unsub}");
     let (set, mut seen) = s.call(memo_set(6, tool, "k", "v2")).await;
@@ -172,18 +166,12 @@ async fn subscribe_over_lines(mut s: Lines, tool: &str) {
     );
 
     // Subscribing again after the unsubscribe works.
-    let (sub, _) = s
-        .call(request(
-            8,
-            "resources/subscribe",
-            json!({"uri": "memo://notes"}),
-        ))
+    let sub = s
+        .subscription(8, "resources/subscribe", "memo://notes")
         .await;
     assert_eq!(sub["result"], json!({}), "{sub}");
     let (_, mut seen) = s.call(memo_set(9, tool, "k", "v3")).await;
-    while !seen.iter().any(|m| is_updated(m, "memo://notes")) {
-        seen.push(s.next().await);
-    }
+    s.until_updated(&mut seen, "memo://notes").await;
 }
 
 #[tokio::test]
@@ -318,55 +306,25 @@ fn sse_or_json(body: &str, id: u64) -> Value {
 
 /// A subscription costs a listen stream from the connection's budget, shared with its
 /// listens: past `--max-listen-streams` the next is refused, naming the limit, and an
-/// unsubscribe makes room again.
+/// unsubscribe's answer means the room is there again.
 #[tokio::test]
 async fn legacy_subscriptions_share_the_connections_stream_budget() {
     let mut s = Lines::spawn(&["--store", ":memory:", "memo", "--max-listen-streams", "1"]);
     s.handshake().await;
-    let (one, _) = s
-        .call(request(
-            1,
-            "resources/subscribe",
-            json!({"uri": "memo://notes"}),
-        ))
+    let one = s
+        .subscription(1, "resources/subscribe", "memo://notes")
         .await;
     assert_eq!(one["result"], json!({}), "{one}");
-    let (two, _) = s
-        .call(request(
-            2,
-            "resources/subscribe",
-            json!({"uri": "memo://log"}),
-        ))
-        .await;
+    let two = s.subscription(2, "resources/subscribe", "memo://log").await;
     assert_eq!(two["error"]["code"], -32600, "{two}");
     assert_eq!(two["error"]["data"]["limit"], 1, "{two}");
-    let (_, _) = s
-        .call(request(
-            3,
-            "resources/unsubscribe",
-            json!({"uri": "memo://notes"}),
-        ))
+    // The unsubscribe answers once the subscription has ended: its slot is free at once.
+    let unsub = s
+        .subscription(3, "resources/unsubscribe", "memo://notes")
         .await;
-    // The slot comes back once the delivery has ended; the answer to the next subscribe
-    // says so, so ask until it is taken (bounded by the test's own timeout).
-    let mut id = 4;
-    loop {
-        let (r, _) = s
-            .call(request(
-                id,
-                "resources/subscribe",
-                json!({"uri": "memo://log"}),
-            ))
-            .await;
-        if r.get("result").is_some() {
-            break;
-        }
-        assert_eq!(r["error"]["code"], -32600, "{r}");
-        id += 1;
-        assert!(id < 10_000, "the slot never came back: {r}");
-    }
-    let (_, mut seen) = s.call(memo_set(id + 1, "memo_set", "k", "v")).await;
-    while !seen.iter().any(|m| is_updated(m, "memo://log")) {
-        seen.push(s.next().await);
-    }
+    assert_eq!(unsub["result"], json!({}), "{unsub}");
+    let log = s.subscription(4, "resources/subscribe", "memo://log").await;
+    assert_eq!(log["result"], json!({}), "{log}");
+    let (_, mut seen) = s.call(memo_set(5, "memo_set", "k", "v")).await;
+    s.until_updated(&mut seen, "memo://log").await;
 }
