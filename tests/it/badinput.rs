@@ -1087,16 +1087,7 @@ async fn run_gateway() -> usize {
         ),
     )
     .unwrap();
-    let gw = Server::spawn(&[
-        "--store",
-        ":memory:",
-        "gateway",
-        "--config",
-        cfg.to_str().unwrap(),
-        "--http",
-        "127.0.0.1:0",
-    ])
-    .await;
+    let gw = http_gateway_server(&cfg).await;
     let http = reqwest::Client::new();
     let cases = gateway_catalogue();
     for case in &cases {

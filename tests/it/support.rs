@@ -282,6 +282,20 @@ impl Memo {
     }
 }
 
+/// `herald gateway --config CFG --http` on a free port (an in-memory store).
+pub async fn http_gateway_server(cfg: &Path) -> Server {
+    Server::spawn(&[
+        "--store",
+        ":memory:",
+        "gateway",
+        "--config",
+        cfg.to_str().unwrap(),
+        "--http",
+        "127.0.0.1:0",
+    ])
+    .await
+}
+
 /// Runs `herald ARGS` to completion (stdin closed, bounded by [`WAIT`]) and returns its output.
 pub async fn herald<S: AsRef<std::ffi::OsStr>>(
     args: impl IntoIterator<Item = S>,

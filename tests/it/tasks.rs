@@ -879,16 +879,7 @@ async fn the_gateway_relays_tasks_namespaced_per_slug_and_entitled() {
         ),
     )
     .unwrap();
-    let gw = Server::spawn(&[
-        "--store",
-        ":memory:",
-        "gateway",
-        "--config",
-        cfg.to_str().unwrap(),
-        "--http",
-        "127.0.0.1:0",
-    ])
-    .await;
+    let gw = http_gateway_server(&cfg).await;
     let url = gw.http_url();
     let ask = |token: &'static str, method: &'static str, id: u64, params: Value| {
         let url = url.clone();
