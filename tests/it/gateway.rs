@@ -83,7 +83,7 @@ async fn client(s: &Setup, token: Option<&str>, servers: Option<&str>) -> Connec
 
 /// `herald gateway --config CFG --http` on a free port, and a client of it with `token`.
 async fn http_gateway(cfg: &std::path::Path, token: &str) -> (Server, Connection) {
-    let gw = http_gateway_server(&cfg).await;
+    let gw = http_gateway_server(cfg).await;
     let trust = ClientTrust {
         token: Some(Secret(token.to_owned())),
         ..ClientTrust::default()
