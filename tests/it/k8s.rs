@@ -294,6 +294,17 @@ async fn tools_and_api_resources() {
             .any(|r| r["name"] == "configmaps" && r["shortNames"] == json!(["cm"])),
         "{api}"
     );
+    // Verbs as the real kubectl prints them (comma-separated), one per element.
+    for r in api.as_array().unwrap() {
+        let verbs = r["verbs"].as_array().unwrap();
+        assert!(verbs.iter().any(|v| v == "watch"), "{r}");
+        assert!(
+            verbs
+                .iter()
+                .all(|v| !v.as_str().unwrap().contains([',', ' '])),
+            "{r}"
+        );
+    }
     let (read, _) = read_json(&c, "k8s-api://resources").await;
     assert_eq!(read, api);
     call_json(

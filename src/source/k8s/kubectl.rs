@@ -624,12 +624,14 @@ pub fn parse_api_resources(text: &str) -> Value {
                 let v = field(line, i);
                 let (key, value) = match *name {
                     "NAME" => ("name", json!(v)),
-                    "SHORTNAMES" => ("shortNames", list_field(&v, ',')),
+                    "SHORTNAMES" => ("shortNames", list_field(&v, [','])),
                     "APIVERSION" => ("apiVersion", json!(v)),
                     "NAMESPACED" => ("namespaced", json!(v == "true")),
                     "KIND" => ("kind", json!(v)),
-                    "VERBS" => ("verbs", list_field(v.trim_matches(['[', ']']), ' ')),
-                    _ => ("categories", list_field(&v, ',')),
+                    // kubectl prints `create,delete,get` (1.2x and later) or, in older
+                    // releases, `[create delete get]`: either way one verb per element.
+                    "VERBS" => ("verbs", list_field(v.trim_matches(['[', ']']), [',', ' '])),
+                    _ => ("categories", list_field(&v, [','])),
                 };
                 o.insert(key.into(), value);
             }
@@ -639,7 +641,7 @@ pub fn parse_api_resources(text: &str) -> Value {
     Value::Array(list)
 }
 
-fn list_field(v: &str, sep: char) -> Value {
+fn list_field<const N: usize>(v: &str, sep: [char; N]) -> Value {
     Value::Array(
         v.split(sep)
             .map(str::trim)
@@ -725,7 +727,7 @@ mod tests {
     const WIDE: &str = "\
 NAME          SHORTNAMES   APIVERSION   NAMESPACED   KIND        VERBS                                         CATEGORIES
 configmaps    cm           v1           true         ConfigMap   [create delete get list patch update watch]
-namespaces    ns           v1           false        Namespace   [get list watch]
+namespaces    ns           v1           false        Namespace   get,list,watch
 pods                       v1           true         Pod         [get list watch]                              all
 deployments   deploy       apps/v1      true         Deployment  [get list watch]                              all
 ";
@@ -743,6 +745,7 @@ deployments   deploy       apps/v1      true         Deployment  [get list watch
         assert_eq!(v[2]["shortNames"], json!([]));
         assert_eq!(v[2]["categories"], json!(["all"]));
         assert_eq!(v[1]["namespaced"], json!(false));
+        assert_eq!(v[1]["verbs"], json!(["get", "list", "watch"]));
     }
 
     #[test]
