@@ -235,3 +235,6 @@ fn init_logging(format: LogFormat, verbose: u8) {
         LogFormat::Text => builder.with_target(false).try_init(),
     };
 }
+
+#[cfg(test)]
+mod readme_tests;

@@ -1,0 +1,250 @@
+//! The README against the command line: every flag `--help` shows is in the README with its
+//! default, and every `herald …` command line in the README's `sh` blocks parses as written.
+
+use clap::{Arg, Command, CommandFactory, Parser};
+
+use super::Cli;
+
+const README: &str = include_str!("../../README.md");
+
+/// Every visible subcommand, with its path (`herald watch`), depth first.
+fn commands() -> Vec<(String, Command)> {
+    fn walk(path: String, cmd: &Command, out: &mut Vec<(String, Command)>) {
+        out.push((path.clone(), cmd.clone()));
+        for sub in cmd.get_subcommands().filter(|s| !s.is_hide_set()) {
+            walk(format!("{path} {}", sub.get_name()), sub, out);
+        }
+    }
+    let mut out = Vec::new();
+    let mut cli = Cli::command();
+    cli.build();
+    walk("herald".into(), &cli, &mut out);
+    out
+}
+
+/// The flags `--help` shows for `cmd`; the global ones only at the top (they propagate).
+fn visible_flags(cmd: &Command, top: bool) -> impl Iterator<Item = &Arg> {
+    cmd.get_arguments().filter(move |a| {
+        !a.is_hide_set()
+            && (top || !a.is_global_set())
+            && a.get_long().is_some_and(|l| l != "help" && l != "version")
+    })
+}
+
+/// `--name` occurs in `text` as a whole flag (not as the start of `--name-more`).
+fn mentions(text: &str, flag: &str) -> bool {
+    text.match_indices(flag).any(|(i, _)| {
+        !text[i + flag.len()..]
+            .chars()
+            .next()
+            .is_some_and(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_')
+    })
+}
+
+#[test]
+fn every_flag_is_in_the_readme_with_its_default() {
+    let mut missing = Vec::new();
+    for (path, cmd) in commands() {
+        for arg in visible_flags(&cmd, path == "herald") {
+            let flag = format!("--{}", arg.get_long().unwrap());
+            if !mentions(README, &flag) {
+                missing.push(format!("{path}: {flag} is not in the README"));
+                continue;
+            }
+            // A default clap shows is written on one of the README lines naming the flag.
+            let defaults: Vec<String> = arg
+                .get_default_values()
+                .iter()
+                .map(|d| d.to_string_lossy().into_owned())
+                .filter(|d| !d.is_empty() && d != "false")
+                .collect();
+            // A counted flag (`-v`) has no default worth writing.
+            if defaults.is_empty() || matches!(arg.get_action(), clap::ArgAction::Count) {
+                continue;
+            }
+            let documented = README
+                .lines()
+                .filter(|l| mentions(l, &flag))
+                .any(|l| defaults.iter().all(|d| l.contains(d.as_str())));
+            if !documented {
+                missing.push(format!(
+                    "{path}: {flag}'s default {} is on no README line naming it",
+                    defaults.join(",")
+                ));
+            }
+        }
+    }
+    assert!(missing.is_empty(), "README vs --help:\n{}", missing.join("\n"));
+}
+
+/// Splits a shell line into words and operators (`|`, `&`, `&&`, `;`, `>`, `<`, `2>`…), with
+/// '…' and "…" quoting and `\` escapes; a `#` starting a word begins a comment.
+fn shell_words(line: &str) -> Vec<String> {
+    let mut words = Vec::new();
+    let mut word = String::new();
+    let mut in_word = false;
+    let mut chars = line.chars().peekable();
+    while let Some(c) = chars.next() {
+        match c {
+            '\'' => {
+                in_word = true;
+                for c in chars.by_ref() {
+                    if c == '\'' {
+                        break;
+                    }
+                    word.push(c);
+                }
+            }
+            '"' => {
+                in_word = true;
+                while let Some(c) = chars.next() {
+                    match c {
+                        '"' => break,
+                        '\\' => word.extend(chars.next()),
+                        c => word.push(c),
+                    }
+                }
+            }
+            '\\' => {
+                in_word = true;
+                word.extend(chars.next());
+            }
+            '#' if !in_word => break,
+            c if c.is_whitespace() => {
+                if in_word {
+                    words.push(std::mem::take(&mut word));
+                    in_word = false;
+                }
+            }
+            '|' | '&' | ';' | '>' | '<' => {
+                // `2>` is one operator; a number right before `>` is not a word.
+                let fd = in_word && c == '>' && word.chars().all(|d| d.is_ascii_digit());
+                let mut op = if fd { std::mem::take(&mut word) } else { String::new() };
+                if in_word && !fd {
+                    words.push(std::mem::take(&mut word));
+                }
+                in_word = false;
+                op.push(c);
+                while chars.peek().is_some_and(|n| matches!(n, '|' | '&' | '>')) {
+                    op.extend(chars.next());
+                }
+                words.push(op);
+            }
+            c => {
+                in_word = true;
+                word.push(c);
+            }
+        }
+    }
+    if in_word {
+        words.push(word);
+    }
+    words
+}
+
+/// The command lines of the README's `sh` blocks, continuation lines joined.
+fn sh_lines() -> Vec<(usize, String)> {
+    let mut out = Vec::new();
+    let mut in_sh = false;
+    let mut pending: Option<(usize, String)> = None;
+    for (n, line) in README.lines().enumerate() {
+        if let Some(fence) = line.strip_prefix("```") {
+            in_sh = !in_sh && fence.trim() == "sh";
+            continue;
+        }
+        if !in_sh {
+            continue;
+        }
+        let (start, mut text) = pending.take().unwrap_or((n + 1, String::new()));
+        match line.strip_suffix('\\') {
+            Some(head) => {
+                text.push_str(head);
+                text.push(' ');
+                pending = Some((start, text));
+            }
+            None => {
+                text.push_str(line);
+                out.push((start, text));
+            }
+        }
+    }
+    out
+}
+
+/// The herald invocations of one shell line: each pipeline or list element whose command,
+/// after `VAR=value` assignments, is `herald` (or `cargo run … -- ARGS`).
+fn invocations(line: &str) -> Vec<Vec<String>> {
+    let words = shell_words(line);
+    let mut out = Vec::new();
+    let mut redirect = false;
+    let mut segment: Vec<String> = Vec::new();
+    let mut flush = |segment: &mut Vec<String>| {
+        let words: Vec<String> = std::mem::take(segment)
+            .into_iter()
+            .skip_while(|w| w.contains('=') && !w.starts_with('-'))
+            .collect();
+        match words.first().map(String::as_str) {
+            Some("herald") => out.push(words),
+            Some("cargo") if words.get(1).is_some_and(|w| w == "run") => {
+                if let Some(i) = words.iter().position(|w| w == "--") {
+                    let mut args = vec!["herald".to_owned()];
+                    args.extend(words[i + 1..].iter().cloned());
+                    out.push(args);
+                }
+            }
+            _ => {}
+        }
+    };
+    for w in words {
+        if redirect {
+            // The file name after `>`: not an argument.
+            redirect = false;
+            continue;
+        }
+        match w.as_str() {
+            "|" | "||" | "&" | "&&" | ";" => flush(&mut segment),
+            op if op.ends_with('>') || op == "<" || op.ends_with(">>") => redirect = true,
+            _ => segment.push(w),
+        }
+    }
+    flush(&mut segment);
+    out
+}
+
+#[test]
+fn the_shell_splitter_reads_the_readme_forms() {
+    assert_eq!(
+        shell_words(r#"A=1 herald call k v='"x y"' | jq . 2>/dev/null # note"#),
+        ["A=1", "herald", "call", "k", "v=\"x y\"", "|", "jq", ".", "2>", "/dev/null"]
+    );
+    assert_eq!(
+        invocations("HERALD_TOKEN=… herald ls --json > out.json &"),
+        [["herald", "ls", "--json"]]
+    );
+    assert_eq!(invocations("cargo run --release -- up"), [["herald", "up"]]);
+    assert!(invocations("echo hello > herald-demo/hello.txt").is_empty());
+}
+
+#[test]
+fn every_herald_command_line_in_the_readme_parses() {
+    let mut bad = Vec::new();
+    let mut seen = 0;
+    for (n, line) in sh_lines() {
+        for args in invocations(&line) {
+            seen += 1;
+            if let Err(e) = Cli::try_parse_from(&args) {
+                if matches!(
+                    e.kind(),
+                    clap::error::ErrorKind::DisplayHelp | clap::error::ErrorKind::DisplayVersion
+                ) {
+                    continue;
+                }
+                let first = e.to_string();
+                let first = first.lines().next().unwrap_or_default().to_owned();
+                bad.push(format!("README.md:{n}: {}\n    {first}", args.join(" ")));
+            }
+        }
+    }
+    assert!(seen >= 30, "only {seen} herald command lines found");
+    assert!(bad.is_empty(), "README command lines clap refuses:\n{}", bad.join("\n"));
+}
