@@ -31,6 +31,21 @@ pub(super) struct Stats {
     pub(super) events: AtomicU64,
     pub(super) notices: AtomicU64,
     pub(super) failed: AtomicBool,
+    /// Why the watch does not run (it failed, or its restore did).
+    pub(super) reason: std::sync::Mutex<Option<String>>,
+}
+
+impl Stats {
+    pub(super) fn set_reason(&self, reason: String) {
+        *self.reason.lock().unwrap_or_else(|e| e.into_inner()) = Some(reason);
+    }
+
+    pub(super) fn reason(&self) -> Option<String> {
+        self.reason
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
 }
 
 /// What a watch compares the next read against.
@@ -400,20 +415,24 @@ impl WatchTask {
                 Err(e) => last_error = e.to_string(),
             }
         }
+        let reason = format!(
+            "the subscription ended and {} resubscribe attempts failed (last error: {last_error})",
+            cfg.resubscribe_attempts
+        );
+        self.stats.set_reason(reason.clone());
         self.stats.failed.store(true, Ordering::Relaxed);
         log.emit(
             "watch.failed",
             json!({"watch": self.spec.name, "uri": self.spec.uri,
                    "attempts": cfg.resubscribe_attempts, "error": last_error}),
         );
-        let line = format!(
-            "watch failed: the subscription ended and {} resubscribe attempts failed (last error: {last_error}); start it again with watch_start",
-            cfg.resubscribe_attempts
-        );
+        let line = format!("watch failed: {reason}; {}", cfg.restart.advice(&self.spec));
         self.stats.notices.fetch_add(1, Ordering::Relaxed);
         self.mgr
             .deliver(Notice::new(&self.spec.name, &self.spec.uri, vec![line]))
             .await;
+        // After the notice: a run that ends once none runs says it first.
+        self.mgr.changed();
         None
     }
 
