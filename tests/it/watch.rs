@@ -660,3 +660,116 @@ async fn herald_up_prints_one_notice_per_change_in_the_demo() {
         "{stderr:?}"
     );
 }
+
+/// A pseudo-terminal: `(master, slave)`. What a child writes to the slave is read from the
+/// master (with `\r\n` for each newline).
+fn pty() -> (std::fs::File, std::fs::File) {
+    use std::os::fd::FromRawFd;
+    let (mut master, mut slave) = (0, 0);
+    // SAFETY: openpty writes two descriptors it opened into the two ints; each is then owned
+    // by one File.
+    let r = unsafe {
+        libc::openpty(
+            &mut master,
+            &mut slave,
+            std::ptr::null_mut(),
+            std::ptr::null(),
+            std::ptr::null(),
+        )
+    };
+    assert_eq!(r, 0, "openpty: {}", std::io::Error::last_os_error());
+    unsafe {
+        (
+            std::fs::File::from_raw_fd(master),
+            std::fs::File::from_raw_fd(slave),
+        )
+    }
+}
+
+/// On a terminal a notice prints as its `<watch-event>` block, for a person; `--json` keeps
+/// NDJSON there too (and piped stdout is NDJSON, as every other test here reads it).
+#[tokio::test]
+async fn on_a_terminal_notices_print_as_blocks_unless_json_is_asked() {
+    init();
+    let memo = Server::spawn(&["--store", ":memory:", "memo", "--http", "127.0.0.1:0"]).await;
+    let c = memo_client(&memo.http_url()).await;
+    for (i, json) in [false, true].into_iter().enumerate() {
+        let (master, slave) = pty();
+        let mut cmd = tokio::process::Command::new(bin());
+        cmd.args(["-v", "--store", ":memory:", "watch", "--debounce-ms", "0"])
+            .args([
+                "--mcp-http",
+                &memo.http_url(),
+                "--watch",
+                "notes=memo://notes",
+            ]);
+        if json {
+            cmd.arg("--json");
+        }
+        let mut child = cmd
+            .stdin(Stdio::null())
+            .stdout(Stdio::from(slave))
+            .stderr(Stdio::piped())
+            .kill_on_drop(true)
+            .spawn()
+            .unwrap();
+        // The terminal is read on a thread of its own (a blocking read), a line at a time.
+        let (tx, mut screen) = mpsc::unbounded_channel::<String>();
+        std::thread::spawn(move || {
+            use std::io::BufRead as _;
+            for l in std::io::BufReader::new(master).lines() {
+                let Ok(l) = l else { return };
+                if tx.send(l.trim_end_matches('\r').to_owned()).is_err() {
+                    return;
+                }
+            }
+        });
+        let mut err = BufReader::new(child.stderr.take().unwrap()).lines();
+        tokio::time::timeout(WAIT, async {
+            while let Some(l) = err.next_line().await.unwrap() {
+                if l.contains("\"event\":\"watch.subscribed\"") {
+                    return;
+                }
+            }
+            panic!("herald watch ended before subscribing");
+        })
+        .await
+        .expect("subscribed in time");
+        tokio::spawn(async move { while let Ok(Some(_)) = err.next_line().await {} });
+        let key = format!("k{i}");
+        call(&c, "memo_set", json!({"key": key, "value": 1})).await;
+        let mut seen = Vec::new();
+        let done = |seen: &[String]| {
+            seen.last().is_some_and(|l| {
+                if json {
+                    l.starts_with('{')
+                } else {
+                    l == "</watch-event>"
+                }
+            })
+        };
+        while !done(&seen) {
+            let l = tokio::time::timeout(WAIT, screen.recv())
+                .await
+                .expect("the notice on the terminal in time")
+                .expect("the terminal is open");
+            seen.push(l);
+        }
+        if json {
+            let v: Value = serde_json::from_str(seen.last().unwrap()).unwrap();
+            assert_eq!(v["lines"], json!([format!("ADDED {key} = 1")]), "{seen:?}");
+        } else {
+            assert_eq!(
+                seen[seen.len() - 3..],
+                [
+                    "<watch-event name=\"notes\" uri=\"memo://notes\">".to_owned(),
+                    format!("ADDED {key} = 1"),
+                    "</watch-event>".to_owned()
+                ],
+                "{seen:?}"
+            );
+        }
+        let _ = child.start_kill();
+        let _ = child.wait().await;
+    }
+}
