@@ -1,5 +1,6 @@
 //! `herald watch`: the headless watch client. Watches from flags or a TOML config; notices to
-//! stdout (NDJSON), a command, or a webhook.
+//! stdout (the `<watch-event>` block on a terminal, else or with `--json` NDJSON), a command,
+//! or a webhook. It exits once no watch runs: 0 when each ended, 1 when those left failed.
 
 use std::path::PathBuf;
 use std::time::Duration;
@@ -12,7 +13,7 @@ use crate::transport::client::Target;
 use crate::transport::tls::ClientTrust;
 use crate::watch::log::WatchLog;
 use crate::watch::sink::Sink;
-use crate::watch::{WatchConfig, WatchOptions, WatchSpec, upstream};
+use crate::watch::{Restart, WatchConfig, WatchOptions, WatchSpec, upstream};
 use anyhow::{Context, anyhow};
 use clap::Args;
 use serde::Deserialize;
@@ -50,6 +51,10 @@ pub struct WatchArgs {
     /// POST each notice as JSON to URL.
     #[arg(long, value_name = "URL")]
     pub webhook: Option<String>,
+    /// Print notices as NDJSON even on a terminal (they are NDJSON whenever stdout is not a
+    /// terminal; on one, each is its `<watch-event>` block).
+    #[arg(long)]
+    pub json: bool,
     /// Save watch specs in the store on every start and stop, and restart them at start.
     #[arg(long)]
     pub watch_state: bool,
@@ -207,7 +212,11 @@ fn parse_watch(s: &str) -> anyhow::Result<(String, String)> {
 }
 
 fn config(args: &WatchArgs, file: &LimitsEntry) -> WatchConfig {
-    let mut cfg = WatchConfig::default();
+    let mut cfg = WatchConfig {
+        // Nothing here starts a watch again: herald watch exits once none runs.
+        restart: Restart::HeraldWatch,
+        ..WatchConfig::default()
+    };
     let ms = Duration::from_millis;
     if let Some(v) = args.debounce_ms.or(file.debounce_ms) {
         cfg.debounce.quiet = ms(v);
@@ -306,7 +315,7 @@ pub async fn run(args: WatchArgs, globals: &Globals, verbose: bool) -> Result<()
     let sink = match (&args.exec, &args.webhook) {
         (Some(c), _) => Sink::Exec(c.clone()),
         (_, Some(u)) => Sink::Webhook(u.clone()),
-        _ => Sink::Stdout,
+        _ => Sink::stdout(args.json),
     };
     let exe = std::env::current_exe().context("finding the herald binary for filter workers")?;
     let mut pool = PoolConfig::new(exe);

@@ -1,6 +1,7 @@
 //! The watch client's NDJSON event log: `watch.started`, `watch.subscribed`, `watch.event`,
 //! `watch.notice`, `watch.resubscribing`, `watch.failed`, `watch.stopped`, `watch.restored`.
-//! `watch.notice` is always written; the rest only when verbose.
+//! Written only when verbose (`-v`): the notices themselves go to the sink, so a notice on
+//! stdout is not said again on stderr.
 
 use std::io::Write;
 use std::sync::{Arc, Mutex};
@@ -34,7 +35,7 @@ impl WatchLog {
 
     /// Writes `event` with `fields` (a JSON object) as one line.
     pub fn emit(&self, event: &str, fields: Value) {
-        if event != "watch.notice" && !self.verbose {
+        if !self.verbose {
             return;
         }
         let mut line = Map::new();
@@ -75,26 +76,25 @@ mod tests {
         }
     }
 
+    /// The demo used to print every notice twice: on stdout, and as `watch.notice` here.
     #[test]
-    fn notice_always_the_rest_when_verbose() {
+    fn nothing_without_verbose_every_event_with_it() {
         let buf = Buf::default();
         let quiet = WatchLog::to_writer(false, Box::new(buf.clone()));
         quiet.emit("watch.started", serde_json::json!({"watch": "a"}));
         quiet.emit("watch.notice", serde_json::json!({"watch": "a"}));
-        let text = String::from_utf8(buf.0.lock().unwrap().clone()).unwrap();
-        assert_eq!(text.lines().count(), 1);
-        let v: Value = serde_json::from_str(text.trim()).unwrap();
-        assert_eq!(v["event"], "watch.notice");
-        assert_eq!(v["watch"], "a");
+        assert!(buf.0.lock().unwrap().is_empty());
         let buf = Buf::default();
         let loud = WatchLog::to_writer(true, Box::new(buf.clone()));
         loud.emit("watch.started", serde_json::json!({}));
-        assert_eq!(
-            String::from_utf8(buf.0.lock().unwrap().clone())
-                .unwrap()
-                .lines()
-                .count(),
-            1
-        );
+        loud.emit("watch.notice", serde_json::json!({"watch": "a"}));
+        let text = String::from_utf8(buf.0.lock().unwrap().clone()).unwrap();
+        let lines: Vec<Value> = text
+            .lines()
+            .map(|l| serde_json::from_str(l).unwrap())
+            .collect();
+        assert_eq!(lines.len(), 2);
+        assert_eq!(lines[1]["event"], "watch.notice");
+        assert_eq!(lines[1]["watch"], "a");
     }
 }

@@ -35,6 +35,8 @@ use crate::watch::task::{Baseline, Stats, WatchTask, subscribe_and_read};
 struct Entry {
     spec: WatchSpec,
     shape: Option<Shape>,
+    /// The server it runs on (`""` for a restore that failed).
+    server: String,
     stats: Arc<Stats>,
     cancel: CancellationToken,
     restore_failed: bool,
@@ -79,6 +81,23 @@ pub(super) struct Inner {
     /// Where this manager's specs sit in the store's watch table: `""` for `herald watch`,
     /// [`AGENT_STATE`] for the agent's (so neither restores nor clears the other's).
     prefix: String,
+}
+
+/// How a watch client's watches came to run no more ([`WatchManager::none_running`]).
+#[derive(Debug, Clone, PartialEq)]
+pub enum Settled {
+    /// None is left: each was stopped, or ended with its task.
+    Ended,
+    /// Those left do not run.
+    Failed(Vec<Failed>),
+}
+
+/// A listed watch that does not run, and why.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Failed {
+    pub name: String,
+    pub uri: String,
+    pub reason: String,
 }
 
 /// The store key prefix of the agent's saved watches (a control character no watch name has).
@@ -293,7 +312,7 @@ impl WatchManager {
             uri: uri.into(),
             on_event: on_event.map(str::to_owned),
         };
-        let (stats, cancel) = self.enter(&spec, shape)?;
+        let (stats, cancel) = self.enter(&spec, shape, &server.name)?;
         if save {
             self.save(&spec).await;
         }
@@ -362,6 +381,7 @@ impl WatchManager {
         &self,
         spec: &WatchSpec,
         shape: Shape,
+        server: &str,
     ) -> Result<(Arc<Stats>, CancellationToken), WatchError> {
         let inner = &self.inner;
         let name = spec.name.as_str();
@@ -382,6 +402,7 @@ impl WatchManager {
                 Entry {
                     spec: spec.clone(),
                     shape: Some(shape),
+                    server: server.to_owned(),
                     stats: stats.clone(),
                     cancel: cancel.clone(),
                     restore_failed: false,
@@ -422,7 +443,7 @@ impl WatchManager {
             uri: uri.into(),
             on_event: None,
         };
-        let (stats, cancel) = self.enter(&spec, Shape::Task)?;
+        let (stats, cancel) = self.enter(&spec, Shape::Task, &server.name)?;
         if save {
             self.save(&spec).await;
         }
@@ -497,22 +518,70 @@ impl WatchManager {
 
     /// Waits until a watch has run and none is left (each stopped, or ended by itself).
     pub async fn all_ended(&self) {
+        self.wait_until(|watches, started| (started && watches.is_empty()).then_some(()))
+            .await
+    }
+
+    /// Waits until no watch runs, once one has been listed: [`Settled::Ended`] when none is
+    /// left (each stopped, or ended with its task), else [`Settled::Failed`] with why each one
+    /// left does not run (it failed for good, or its restore did).
+    pub async fn none_running(&self) -> Settled {
+        self.wait_until(|watches, started| {
+            if watches.values().any(Entry::is_running) {
+                return None;
+            }
+            if watches.is_empty() {
+                return started.then_some(Settled::Ended);
+            }
+            let mut failed: Vec<Failed> = watches
+                .values()
+                .map(|e| Failed {
+                    name: e.spec.name.clone(),
+                    uri: e.spec.uri.clone(),
+                    reason: e.stats.reason().unwrap_or_else(|| "it failed".into()),
+                })
+                .collect();
+            failed.sort_by(|a, b| a.name.cmp(&b.name));
+            Some(Settled::Failed(failed))
+        })
+        .await
+    }
+
+    /// Waits until `done` says the watch list (and whether a watch ever started) is done.
+    async fn wait_until<T>(&self, done: impl Fn(&HashMap<String, Entry>, bool) -> Option<T>) -> T {
         loop {
             let left = self.inner.left.notified();
             tokio::pin!(left);
             left.as_mut().enable();
-            if self.inner.started.load(Ordering::Acquire)
-                && self
-                    .inner
-                    .watches
-                    .lock()
-                    .unwrap_or_else(|e| e.into_inner())
-                    .is_empty()
-            {
-                return;
+            let now = {
+                let watches = self.inner.watches.lock().unwrap_or_else(|e| e.into_inner());
+                done(&watches, self.inner.started.load(Ordering::Acquire))
+            };
+            if let Some(t) = now {
+                return t;
             }
             left.await;
         }
+    }
+
+    /// Wakes whoever waits on the watch list: a watch failed.
+    pub(super) fn changed(&self) {
+        self.inner.left.notify_waiters();
+    }
+
+    /// How many watches run, and the servers they run on (each named once, sorted).
+    pub fn running_on(&self) -> (usize, Vec<String>) {
+        let watches = self.inner.watches.lock().unwrap_or_else(|e| e.into_inner());
+        let mut servers: Vec<String> = Vec::new();
+        let mut n = 0;
+        for e in watches.values().filter(|e| e.is_running()) {
+            n += 1;
+            if !servers.contains(&e.server) {
+                servers.push(e.server.clone());
+            }
+        }
+        servers.sort();
+        (n, servers)
     }
 
     /// Stops `name`. Returns whether it existed.
@@ -640,6 +709,8 @@ impl WatchManager {
                         "restore failed, kept: {} ({}): {e}",
                         spec.name, spec.uri
                     ));
+                    let stats = Stats::default();
+                    stats.set_reason(format!("its restore failed: {e}"));
                     self.inner
                         .watches
                         .lock()
@@ -648,7 +719,8 @@ impl WatchManager {
                         .or_insert_with(|| Entry {
                             spec: spec.clone(),
                             shape: None,
-                            stats: Arc::new(Stats::default()),
+                            server: String::new(),
+                            stats: Arc::new(stats),
                             cancel: CancellationToken::new(),
                             restore_failed: true,
                         });

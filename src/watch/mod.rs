@@ -25,7 +25,7 @@ use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
 pub use manager::WatchManager;
-pub use spec::{Notice, Shape, WatchConfig, WatchError, WatchInfo, WatchSpec};
+pub use spec::{Notice, Restart, Shape, WatchConfig, WatchError, WatchInfo, WatchSpec};
 
 use crate::filter::pool::{FilterPool, PoolConfig};
 use crate::mcp::upstream::{UNPACED, Upstream, UpstreamConfig};
@@ -33,6 +33,7 @@ use crate::store::Store;
 use crate::transport::client::Target;
 use crate::transport::tls::ClientTrust;
 use crate::watch::log::WatchLog;
+use crate::watch::manager::{Failed, Settled};
 use crate::watch::sink::Sink;
 
 /// Notices waiting for the sink; when full, watch tasks wait (a slow sink slows the watches,
@@ -80,8 +81,10 @@ pub struct WatchOptions {
     /// Whether a watch in `watches` that cannot start ends the run with [`StartFailed`]
     /// (`herald watch`); otherwise it is logged and the rest run (`herald up`'s demo).
     pub require_watches: bool,
-    /// Whether the run ends once no watch is left (`herald watch`: its task watches end by
-    /// themselves); otherwise it runs until `shutdown`.
+    /// Whether the run ends once no watch runs (`herald watch`, where nothing can start
+    /// another): with `Ok` when each has ended (task watches end by themselves), with
+    /// [`RunError::AllFailed`] when those left failed for good. Otherwise it runs until
+    /// `shutdown` (code mode and the agent can start a watch again).
     pub end_when_all_ended: bool,
     /// The store key prefix of the saved watches (see [`manager::AGENT_STATE`]).
     pub state_prefix: &'static str,
@@ -96,16 +99,40 @@ pub struct StartFailed {
     pub error: WatchError,
 }
 
+/// Why a watch client's run ended with an error.
+#[derive(Debug, thiserror::Error)]
+pub enum RunError {
+    #[error(transparent)]
+    Start(#[from] StartFailed),
+    /// With [`WatchOptions::end_when_all_ended`]: no watch runs, and those left failed.
+    #[error("{}", every_watch_failed(.0))]
+    AllFailed(Vec<Failed>),
+}
+
+fn every_watch_failed(failed: &[Failed]) -> String {
+    let each: Vec<String> = failed
+        .iter()
+        .map(|f| format!("{} ({}): {}", f.name, f.uri, f.reason))
+        .collect();
+    format!("no watch is left running: {}", each.join("; "))
+}
+
+/// `1 resource`, `2 resources`.
+fn count(n: usize, what: &str) -> String {
+    format!("{n} {what}{}", if n == 1 { "" } else { "s" })
+}
+
 /// Runs a watch client: its sink, its manager (with the filter pool and the store), a first
-/// connect to every server, the restore, the watches to start; then `session` (code mode's
-/// snippets; `herald watch` installs its signal handlers there), and, if `session` says to
-/// keep going, waits for `shutdown`. Then it stops every watch (flushing what each holds) and
-/// lets the sink deliver the last notices before it returns.
+/// connect to every server, the restore, the watches to start (then one line, `watching N
+/// resources on M servers`, in the log); then `session` (code mode's snippets; `herald watch`
+/// installs its signal handlers there), and, if `session` says to keep going, waits for
+/// `shutdown` (or, with `end_when_all_ended`, for no watch to run). Then it stops every watch
+/// (flushing what each holds) and lets the sink deliver the last notices before it returns.
 pub async fn run<S>(
     opts: WatchOptions,
     shutdown: CancellationToken,
     session: S,
-) -> Result<(), StartFailed>
+) -> Result<(), RunError>
 where
     S: AsyncFnOnce(&WatchManager) -> bool,
 {
@@ -130,15 +157,29 @@ where
         manager.restore().await;
         start_all(&manager, opts.watches, opts.require_watches).await
     };
-    let failure = tokio::select! {
-        f = start => f,
+    let mut failure = tokio::select! {
+        f = start => f.map(RunError::Start),
         _ = shutdown.cancelled() => None,
     };
+    if failure.is_none() {
+        let (n, servers) = manager.running_on();
+        if n > 0 {
+            tracing::info!(
+                "watching {} on {} ({})",
+                count(n, "resource"),
+                count(servers.len(), "server"),
+                servers.join(", ")
+            );
+        }
+    }
     if failure.is_none() && !shutdown.is_cancelled() && session(&manager).await {
         if opts.end_when_all_ended {
             tokio::select! {
                 _ = shutdown.cancelled() => {}
-                _ = manager.all_ended() => tracing::info!("every watch has ended"),
+                settled = manager.none_running() => match settled {
+                    Settled::Ended => tracing::info!("every watch has ended"),
+                    Settled::Failed(f) => failure = Some(RunError::AllFailed(f)),
+                },
             }
         } else {
             shutdown.cancelled().await;
@@ -246,6 +287,90 @@ mod tests {
         let names: Vec<String> = m.watch_list().into_iter().map(|w| w.name).collect();
         assert_eq!(names, ["b"]);
         m.shutdown().await;
+    }
+
+    /// What `herald watch` (`end_when_all_ended`) or code mode runs with, notices to `tx`.
+    fn options(memo: &MemoServer, tx: mpsc::Sender<Notice>, restart: Restart) -> WatchOptions {
+        let mut config = WatchConfig::default();
+        config.debounce.quiet = std::time::Duration::ZERO;
+        config.resubscribe_base = std::time::Duration::from_millis(10);
+        config.resubscribe_attempts = 2;
+        config.restart = restart;
+        let herald_watch = restart == Restart::HeraldWatch;
+        WatchOptions {
+            config,
+            servers: vec![memo.upstream_with(upstream_config(
+                Target::Stdio("in-process memo".into()),
+                Default::default(),
+                1 << 20,
+            ))],
+            sink: Sink::Channel(tx),
+            log: WatchLog::silent(),
+            store: None,
+            filters: None,
+            watches: if herald_watch {
+                vec![spec("notes", "memo://notes")]
+            } else {
+                Vec::new()
+            },
+            require_watches: herald_watch,
+            end_when_all_ended: herald_watch,
+            state_prefix: "",
+        }
+    }
+
+    /// `herald watch` used to keep running with no watch left, so systemd never restarted it.
+    #[tokio::test]
+    async fn herald_watch_ends_with_the_reason_once_its_last_watch_failed() {
+        let memo = MemoServer::start().await;
+        let (tx, mut rx) = mpsc::channel(16);
+        let opts = options(&memo, tx, Restart::HeraldWatch);
+        let run = run(opts, CancellationToken::new(), async |_| {
+            memo.set_down(true);
+            true
+        });
+        let ended = tokio::time::timeout(std::time::Duration::from_secs(20), run)
+            .await
+            .expect("the run ends by itself");
+        let Err(RunError::AllFailed(failed)) = ended else {
+            panic!("every watch failed, not {ended:?}")
+        };
+        let text = RunError::AllFailed(failed.clone()).to_string();
+        assert!(
+            text.starts_with("no watch is left running: notes (memo://notes): the subscription ended and 2 resubscribe attempts failed"),
+            "{text}"
+        );
+        let notice = rx.recv().await.expect("the failure was noticed first");
+        assert!(
+            notice.lines[0].ends_with("run herald watch again (it exits once no watch runs)"),
+            "{notice:?}"
+        );
+    }
+
+    #[tokio::test]
+    async fn code_mode_keeps_running_once_its_last_watch_failed() {
+        let memo = MemoServer::start().await;
+        let (tx, mut rx) = mpsc::channel(16);
+        let opts = options(&memo, tx, Restart::WatchStart);
+        let shutdown = CancellationToken::new();
+        let run = run(opts, shutdown.clone(), async |m| {
+            m.watch_start("n", "memo://notes", None).await.unwrap();
+            memo.set_down(true);
+            let notice = rx.recv().await.unwrap();
+            assert!(
+                notice.lines[0]
+                    .ends_with(r#"start it again with watch_start(name="n", uri="memo://notes")"#),
+                "{notice:?}"
+            );
+            assert!(matches!(m.none_running().await, Settled::Failed(_)));
+            // Nothing ended the run: the code can start it again.
+            memo.set_down(false);
+            m.watch_start("n", "memo://notes", None).await.unwrap();
+            shutdown.cancel();
+            true
+        });
+        let ended = tokio::time::timeout(std::time::Duration::from_secs(20), run).await;
+        assert!(matches!(ended, Ok(Ok(()))), "{ended:?}");
     }
 
     #[tokio::test]

@@ -1,6 +1,7 @@
-//! Where `herald watch` sends notices: stdout as NDJSON (default), a command (`--exec`), or a
-//! webhook (`--webhook`). Failures are logged and retried with backoff; a notice that still
-//! cannot be delivered is logged in full, never silently dropped.
+//! Where `herald watch` sends notices: stdout (NDJSON, or the `<watch-event>` block for a
+//! person at a terminal), a command (`--exec`), or a webhook (`--webhook`). Failures are logged
+//! and retried with backoff; a notice that still cannot be delivered is logged in full, never
+//! silently dropped.
 
 use std::collections::HashMap;
 use std::process::Stdio;
@@ -25,15 +26,45 @@ const EXEC_TIMEOUT: Duration = Duration::from_secs(60);
 
 #[derive(Debug, Clone)]
 pub enum Sink {
+    /// NDJSON, a notice per line: `{"event":"watch.notice","watch","uri","lines","text"}`.
     Stdout,
+    /// Each notice's `<watch-event>` block, for a person at a terminal.
+    StdoutText,
     Exec(String),
     Webhook(String),
     /// Handed on to a channel (the agent's notice stream).
     Channel(mpsc::Sender<Notice>),
 }
 
+impl Sink {
+    /// Stdout as `herald watch` and `herald up` print it: the blocks when stdout is a terminal,
+    /// NDJSON when it is not or when `json` (`--json`) asks.
+    pub fn stdout(json: bool) -> Sink {
+        use std::io::IsTerminal as _;
+        if json || !std::io::stdout().is_terminal() {
+            Sink::Stdout
+        } else {
+            Sink::StdoutText
+        }
+    }
+}
+
+/// A notice as stdout prints it: NDJSON, or (`text`) its block; one newline at the end.
+pub fn render(n: &Notice, text: bool) -> String {
+    let mut out = if text {
+        n.text.clone()
+    } else {
+        json!({"event": "watch.notice", "watch": n.watch, "uri": n.uri, "lines": n.lines,
+            "text": n.text})
+        .to_string()
+    };
+    out.push('\n');
+    out
+}
+
 /// Drains `rx` into `sink` until the channel closes.
 pub async fn run(sink: Sink, mut rx: mpsc::Receiver<Notice>) {
+    let text = matches!(sink, Sink::StdoutText);
     match sink {
         Sink::Channel(tx) => {
             while let Some(n) = rx.recv().await {
@@ -42,7 +73,7 @@ pub async fn run(sink: Sink, mut rx: mpsc::Receiver<Notice>) {
                 }
             }
         }
-        Sink::Stdout => {
+        Sink::Stdout | Sink::StdoutText => {
             // One thread of its own writing stdout as notices come: tokio's stdout hands every
             // write to the blocking pool and waits for it (two thread hops per notice); a
             // writer parked on the channel is one wake-up. A plain thread, not the runtime's
@@ -56,10 +87,7 @@ pub async fn run(sink: Sink, mut rx: mpsc::Receiver<Notice>) {
                     while let Some(n) = rx.blocking_recv() {
                         // Locked per notice: anything else printing meanwhile is not shut out.
                         let mut out = std::io::stdout().lock();
-                        let mut line = json!({"event": "watch.notice", "watch": n.watch,
-                        "uri": n.uri, "lines": n.lines, "text": n.text})
-                        .to_string();
-                        line.push('\n');
+                        let line = render(&n, text);
                         if out.write_all(line.as_bytes()).is_err() || out.flush().is_err() {
                             tracing::error!("stdout is closed; notices can no longer be printed");
                             return;
@@ -185,5 +213,31 @@ async fn post_once(client: &reqwest::Client, url: &str, n: &Notice) -> Result<()
         Ok(())
     } else {
         Err(format!("POST {url}: HTTP {}", resp.status()))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_notice_prints_as_its_block_for_a_person_and_as_one_json_line_otherwise() {
+        let n = Notice::new(
+            "notes",
+            "memo://notes",
+            vec![r#"ADDED todo = "buy milk""#.into()],
+        );
+        assert_eq!(
+            render(&n, true),
+            "<watch-event name=\"notes\" uri=\"memo://notes\">\nADDED todo = \"buy milk\"\n</watch-event>\n"
+        );
+        let line = render(&n, false);
+        assert_eq!(line.matches('\n').count(), 1, "one line: {line}");
+        let v: serde_json::Value = serde_json::from_str(&line).unwrap();
+        assert_eq!(v["event"], "watch.notice");
+        assert_eq!(v["watch"], "notes");
+        assert_eq!(v["uri"], "memo://notes");
+        assert_eq!(v["lines"], json!([r#"ADDED todo = "buy milk""#]));
+        assert_eq!(v["text"], n.text);
     }
 }

@@ -22,6 +22,47 @@ pub struct WatchConfig {
     pub resubscribe_attempts: u32,
     /// Largest message accepted from a server.
     pub max_message_bytes: usize,
+    /// What a watch that failed for good tells its reader to do.
+    pub restart: Restart,
+}
+
+/// Who can start a failed watch again, so its notice says what to do (`watch failed: …;` then
+/// [`Restart::advice`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Restart {
+    /// Code mode and the agent: `watch_start` can be called again.
+    #[default]
+    WatchStart,
+    /// `herald watch`: nothing in the process starts a watch; it exits once none runs.
+    HeraldWatch,
+    /// `herald up` without the agent: its watches come from its config.
+    HeraldUp,
+}
+
+impl Restart {
+    /// What to do about the failed watch `spec`.
+    pub fn advice(self, spec: &WatchSpec) -> String {
+        match self {
+            Restart::WatchStart => format!(
+                "start it again with watch_start(name={}, uri={}{})",
+                serde_json::Value::from(spec.name.as_str()),
+                serde_json::Value::from(spec.uri.as_str()),
+                if spec.on_event.is_some() {
+                    ", on_event=…"
+                } else {
+                    ""
+                }
+            ),
+            Restart::HeraldWatch => {
+                "fix what the last error says and run herald watch again (it exits once no watch runs)"
+                    .to_owned()
+            }
+            Restart::HeraldUp => {
+                "fix what the last error says and restart herald up to watch it again (everything else in it keeps running)"
+                    .to_owned()
+            }
+        }
+    }
 }
 
 impl WatchConfig {
@@ -41,6 +82,7 @@ impl Default for WatchConfig {
             resubscribe_base: Duration::from_secs(1),
             resubscribe_attempts: 5,
             max_message_bytes: 4 * 1024 * 1024,
+            restart: Restart::default(),
         }
     }
 }
@@ -169,6 +211,38 @@ mod tests {
         let text = serde_json::to_string(&spec).unwrap();
         assert_eq!(text, r#"{"name":"n","uri":"memo://notes"}"#);
         assert_eq!(serde_json::from_str::<WatchSpec>(&text).unwrap(), spec);
+    }
+
+    #[test]
+    fn a_failed_watch_says_what_to_do_where_it_runs() {
+        let spec = WatchSpec {
+            name: "n".into(),
+            uri: "memo://notes".into(),
+            on_event: None,
+        };
+        assert_eq!(
+            Restart::WatchStart.advice(&spec),
+            r#"start it again with watch_start(name="n", uri="memo://notes")"#
+        );
+        assert!(
+            Restart::HeraldWatch
+                .advice(&spec)
+                .contains("run herald watch again")
+        );
+        assert!(
+            Restart::HeraldUp
+                .advice(&spec)
+                .contains("restart herald up")
+        );
+        let filtered = WatchSpec {
+            on_event: Some("event".into()),
+            ..spec
+        };
+        assert!(
+            Restart::WatchStart
+                .advice(&filtered)
+                .ends_with(", on_event=…)")
+        );
     }
 
     #[test]

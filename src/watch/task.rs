@@ -22,7 +22,7 @@ use crate::mcp::source::Body;
 use crate::mcp::upstream::{Live, REQUEST_TIMEOUT, Upstream, contents};
 use crate::watch::events::{Event, LogCursor, StateBase, diff_reads, extract_log};
 use crate::watch::manager::WatchManager;
-use crate::watch::notice::{Debounce, Dedupe, default_line, object_key, sanitize_line};
+use crate::watch::notice::{Debounce, Dedupe, Line, default_line, object_key, sanitize_line};
 use crate::watch::spec::{Notice, WatchError, WatchSpec};
 
 /// A watch's counters, shared with its `watch_list` row.
@@ -31,6 +31,21 @@ pub(super) struct Stats {
     pub(super) events: AtomicU64,
     pub(super) notices: AtomicU64,
     pub(super) failed: AtomicBool,
+    /// Why the watch does not run (it failed, or its restore did).
+    pub(super) reason: std::sync::Mutex<Option<String>>,
+}
+
+impl Stats {
+    pub(super) fn set_reason(&self, reason: String) {
+        *self.reason.lock().unwrap_or_else(|e| e.into_inner()) = Some(reason);
+    }
+
+    pub(super) fn reason(&self) -> Option<String> {
+        self.reason
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
 }
 
 /// What a watch compares the next read against.
@@ -400,20 +415,24 @@ impl WatchTask {
                 Err(e) => last_error = e.to_string(),
             }
         }
+        let reason = format!(
+            "the subscription ended and {} resubscribe attempts failed (last error: {last_error})",
+            cfg.resubscribe_attempts
+        );
+        self.stats.set_reason(reason.clone());
         self.stats.failed.store(true, Ordering::Relaxed);
         log.emit(
             "watch.failed",
             json!({"watch": self.spec.name, "uri": self.spec.uri,
                    "attempts": cfg.resubscribe_attempts, "error": last_error}),
         );
-        let line = format!(
-            "watch failed: the subscription ended and {} resubscribe attempts failed (last error: {last_error}); start it again with watch_start",
-            cfg.resubscribe_attempts
-        );
+        let line = format!("watch failed: {reason}; {}", cfg.restart.advice(&self.spec));
         self.stats.notices.fetch_add(1, Ordering::Relaxed);
         self.mgr
             .deliver(Notice::new(&self.spec.name, &self.spec.uri, vec![line]))
             .await;
+        // After the notice: a run that ends once none runs says it first.
+        self.mgr.changed();
         None
     }
 
@@ -541,7 +560,7 @@ impl WatchTask {
                     Some("on_event failed: the filter worker gave no result for this event".into())
                 }
             };
-            self.admit(&ev, line, t);
+            self.admit(&ev, line.map(Line::Text), t);
         }
         if self.backlog_dropped > 0 {
             let n = std::mem::take(&mut self.backlog_dropped);
@@ -555,7 +574,7 @@ impl WatchTask {
     }
 
     /// Dedupes and debounces one event's notice line; `None` means the filter dropped it.
-    fn admit(&mut self, ev: &Event, line: Option<String>, t: std::time::Instant) {
+    fn admit(&mut self, ev: &Event, line: Option<Line>, t: std::time::Instant) {
         let log = &self.mgr.inner.log;
         let Some(line) = line else {
             log.emit(
@@ -564,18 +583,25 @@ impl WatchTask {
             );
             return;
         };
-        let mut line = sanitize_line(&line);
-        if !line.starts_with("on_event failed") && std::mem::take(&mut self.scope_reset) {
-            line = format!("{line} (the filter's variables were reset before this event)");
-        }
-        let fresh = self.dedupe.admit(&object_key(ev), &line);
+        let line = match line {
+            Line::Text(text) => {
+                let mut text = sanitize_line(&text);
+                if !text.starts_with("on_event failed") && std::mem::take(&mut self.scope_reset) {
+                    text = format!("{text} (the filter's variables were reset before this event)");
+                }
+                Line::Text(text)
+            }
+            modified => modified,
+        };
+        let object = object_key(ev);
+        let fresh = self.dedupe.admit(&object, &sanitize_line(&line.text()));
         log.emit(
             "watch.event",
             json!({"watch": self.spec.name, "type": ev.get("type"), "kept": fresh,
                    "reason": if fresh { Value::Null } else { "duplicate".into() }}),
         );
         if fresh {
-            self.debounce.push(line, t);
+            self.debounce.push_event(&object, line, ev, t);
         }
     }
 
@@ -656,8 +682,8 @@ mod tests {
         t.update(&mut base, json_read(r#"{"a":2,"b":2}"#), false);
         let lines = t.debounce.take();
         assert_eq!(lines.len(), 3, "{lines:?}");
-        assert!(lines.contains(&"ADDED b".to_owned()), "{lines:?}");
-        assert!(lines.contains(&"DELETED c".to_owned()), "{lines:?}");
+        assert!(lines.contains(&"ADDED b = 2".to_owned()), "{lines:?}");
+        assert!(lines.contains(&"DELETED c (was 3)".to_owned()), "{lines:?}");
         assert!(
             lines.iter().any(|l| l.starts_with("MODIFIED a")),
             "{lines:?}"
@@ -694,8 +720,8 @@ mod tests {
             lines,
             [
                 "+1 more events in this update were not processed (limit 2)",
-                "ADDED a",
-                "ADDED b",
+                "ADDED a = 1",
+                "ADDED b = 1",
             ]
         );
     }
@@ -781,14 +807,14 @@ mod tests {
         );
         mgr.watch_start("n", "memo://notes", None).await.unwrap();
         memo.set("a", json!(1)).await;
-        assert_eq!(next(&mut rx).await.lines, ["ADDED a"]);
+        assert_eq!(next(&mut rx).await.lines, ["ADDED a = 1"]);
         // The server goes away, a change lands while it is away, and it comes back.
         memo.set_down(true);
         memo.set("b", json!(2)).await;
         memo.set_down(false);
-        assert_eq!(next(&mut rx).await.lines, ["ADDED b"]);
+        assert_eq!(next(&mut rx).await.lines, ["ADDED b = 2"]);
         memo.set("c", json!(3)).await;
-        assert_eq!(next(&mut rx).await.lines, ["ADDED c"]);
+        assert_eq!(next(&mut rx).await.lines, ["ADDED c = 3"]);
         assert!(!mgr.watch_list()[0].failed);
         mgr.shutdown().await;
     }

@@ -106,7 +106,7 @@ async fn a_watch_the_model_starts_turns_each_change_into_one_notice_turn() {
     assert_eq!(
         last["content"],
         format!(
-            "<watch-event name=\"notes\" uri=\"memo://notes\">\nADDED k\n</watch-event>\n{NOTICE_INSTRUCTION}"
+            "<watch-event name=\"notes\" uri=\"memo://notes\">\nADDED k = 1\n</watch-event>\n{NOTICE_INSTRUCTION}"
         )
     );
     // NO_REPLY: nothing on stdout; the log says so, and holds the notice as a monitor record.

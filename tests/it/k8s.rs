@@ -103,7 +103,7 @@ async fn configmap_changes_become_notices() {
     );
     s.api.put("root:app", "default", "cm1", json!({"a": "2"}));
     let l = lines_until(&mut w, "cm1").await;
-    assert_eq!(l, ["MODIFIED default/cm1 (data.a: 1→2)"]);
+    assert_eq!(l, [r#"MODIFIED default/cm1 (data.a: "1" → "2")"#]);
     s.api.delete("root:app", "default", "cm1");
     assert_eq!(lines_until(&mut w, "cm1").await, ["DELETED default/cm1"]);
     // The watch went to the workspace's own path, and another workspace is another space.
@@ -147,7 +147,7 @@ async fn a_dropped_stream_reconnects_and_reports_the_gap() {
         [
             "ADDED default/new",
             "DELETED default/gone",
-            "MODIFIED default/change (data.v: 1→2)"
+            r#"MODIFIED default/change (data.v: "1" → "2")"#
         ],
         "{l:?}"
     );

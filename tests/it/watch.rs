@@ -141,8 +141,9 @@ async fn notices_over_http() {
     let mut got = [w.notice().await, w.notice().await];
     got.sort_by_key(|n| n["watch"].as_str().unwrap().to_owned());
     assert_eq!(got[0]["watch"], "log");
-    assert_eq!(got[0]["lines"], json!(["ADDED bid-1"]));
-    assert_eq!(got[1]["lines"], json!(["ADDED bid-1"]));
+    let added = r#"ADDED bid-1 = {"status":{"phase":"Deciding"}}"#;
+    assert_eq!(got[0]["lines"], json!([added]));
+    assert_eq!(got[1]["lines"], json!([added]));
     assert!(
         got[1]["text"]
             .as_str()
@@ -160,7 +161,7 @@ async fn notices_over_http() {
     for n in &got {
         assert_eq!(
             n["lines"],
-            json!(["MODIFIED bid-1 (status.phase: Deciding→Published)"]),
+            json!([r#"MODIFIED bid-1 (status.phase: "Deciding" → "Published")"#]),
             "{n}"
         );
     }
@@ -193,7 +194,7 @@ async fn notices_over_quic() {
     w.event("watch.subscribed", "notes").await;
     let c = memo_client(&memo.http_url()).await;
     call(&c, "memo_set", json!({"key": "owner", "value": "ana"})).await;
-    assert_eq!(w.notice().await["lines"], json!(["ADDED owner"]));
+    assert_eq!(w.notice().await["lines"], json!([r#"ADDED owner = "ana""#]));
     w.terminate().await;
 }
 
@@ -217,11 +218,11 @@ async fn notices_over_stdio() {
     w.event("watch.subscribed", "notes").await;
     let c = memo_client(&url).await;
     call(&c, "memo_set", json!({"key": "todo", "value": "milk"})).await;
-    assert_eq!(w.notice().await["lines"], json!(["ADDED todo"]));
+    assert_eq!(w.notice().await["lines"], json!([r#"ADDED todo = "milk""#]));
     call(&c, "memo_set", json!({"key": "todo", "value": "eggs"})).await;
     assert_eq!(
         w.notice().await["lines"],
-        json!(["MODIFIED todo (milk→eggs)"])
+        json!([r#"MODIFIED todo: "milk" → "eggs""#])
     );
     w.terminate().await;
 }
@@ -245,7 +246,11 @@ async fn two_writes_in_one_debounce_window_make_one_notice() {
     call(&c, "memo_set", json!({"key": "owner", "value": "ana"})).await;
     call(&c, "memo_set", json!({"key": "todo", "value": "milk"})).await;
     let n = w.notice().await;
-    assert_eq!(n["lines"], json!(["ADDED owner", "ADDED todo"]), "{n}");
+    assert_eq!(
+        n["lines"],
+        json!([r#"ADDED owner = "ana""#, r#"ADDED todo = "milk""#]),
+        "{n}"
+    );
     w.terminate().await;
 }
 
@@ -279,12 +284,14 @@ async fn a_restarted_server_is_resubscribed_and_notices_continue() {
     assert!(again["attempt"].as_u64().is_some(), "{again}");
     let c = memo_client(&url).await;
     call(&c, "memo_set", json!({"key": "after", "value": 1})).await;
-    assert_eq!(w.notice().await["lines"], json!(["ADDED after"]));
+    assert_eq!(w.notice().await["lines"], json!(["ADDED after = 1"]));
     w.terminate().await;
 }
 
+/// `herald watch` used to keep running with no watch left, so systemd's `Restart=on-failure`
+/// never fired: now the last watch failing for good ends it, with status 1 and the reason.
 #[tokio::test]
-async fn a_server_that_never_returns_fails_the_watch_with_a_notice() {
+async fn a_server_that_never_returns_fails_the_watch_and_herald_watch_exits_1() {
     let memo = Server::spawn(&["--store", ":memory:", "memo", "--http", "127.0.0.1:0"]).await;
     let mut w = Watch::spawn(
         ":memory:",
@@ -305,11 +312,18 @@ async fn a_server_that_never_returns_fails_the_watch_with_a_notice() {
     assert_eq!(failed["attempts"], 3);
     let n = w.notice().await;
     assert_eq!(n["watch"], "notes");
+    let line = n["lines"][0].as_str().unwrap();
+    assert!(line.starts_with("watch failed"), "{n}");
     assert!(
-        n["lines"][0].as_str().unwrap().starts_with("watch failed"),
+        line.ends_with("run herald watch again (it exits once no watch runs)"),
         "{n}"
     );
-    w.terminate().await;
+    let said = w.log_line(|l| l.starts_with("herald: ")).await;
+    assert!(
+        said.starts_with("herald: no watch is left running: notes (memo://notes): the subscription ended and 3 resubscribe attempts failed (last error: "),
+        "{said}"
+    );
+    assert_eq!(w.exited().await.code(), Some(1));
 }
 
 #[tokio::test]
@@ -393,7 +407,7 @@ async fn watch_state_restores_the_watches_after_a_restart() {
     let n = w.notice().await;
     assert_eq!(
         (n["watch"].clone(), n["lines"].clone()),
-        (json!("notes"), json!(["ADDED k"]))
+        (json!("notes"), json!(["ADDED k = 1"]))
     );
     w.terminate().await;
 }
@@ -426,7 +440,7 @@ async fn exec_runs_a_command_per_notice_and_retries_a_failure() {
         w.notice().await,
         json!("<watch-event name=\"notes\" uri=\"memo://notes\">")
     );
-    assert_eq!(w.notice().await, json!("ADDED owner"));
+    assert_eq!(w.notice().await, json!(r#"ADDED owner = "ana""#));
     w.log_line(|l| l.contains("notice delivery failed; retrying"))
         .await;
     w.terminate().await;
@@ -479,7 +493,7 @@ async fn webhook_posts_each_notice_and_retries_a_failure() {
         .expect("the webhook in time")
         .unwrap();
     assert_eq!(body["watch"], "log");
-    assert_eq!(body["lines"], json!(["ADDED k"]));
+    assert_eq!(body["lines"], json!(["ADDED k = 1"]));
     assert!(
         body["text"]
             .as_str()
@@ -526,8 +540,10 @@ async fn a_legacy_server_serves_tools_but_cannot_be_watched() {
     );
 }
 
+/// The demo used to print four lines per change: it watched both memo://notes and memo://log,
+/// and each notice was logged again as `watch.notice` on stderr.
 #[tokio::test]
-async fn herald_up_prints_notices_for_its_memo_source() {
+async fn herald_up_prints_one_notice_per_change_in_the_demo() {
     init();
     let demo = TempDir::new("up-watch-demo");
     let mut child = tokio::process::Command::new(bin())
@@ -569,32 +585,191 @@ async fn herald_up_prints_notices_for_its_memo_source() {
     })
     .await
     .expect("herald up says where it listens");
-    tokio::spawn(async move { while let Ok(Some(_)) = err.next_line().await {} });
+    let stderr = tokio::spawn(async move {
+        let mut rest = Vec::new();
+        while let Ok(Some(l)) = err.next_line().await {
+            rest.push(l);
+        }
+        rest
+    });
     let mut out = BufReader::new(child.stdout.take().unwrap()).lines();
+    // Piped, stdout is NDJSON: every line a notice.
+    let mut next = async || -> Value {
+        let l = tokio::time::timeout(WAIT, out.next_line())
+            .await
+            .expect("a notice in time")
+            .unwrap()
+            .expect("herald up still runs");
+        serde_json::from_str(&l).unwrap()
+    };
     let c = memo_client(&url).await;
     // The demo's watches start right after the listening line; keep writing until the first
     // notice shows they are live (each write is a distinct change).
-    let mut seen = Vec::new();
     let mut i = 0;
-    while seen.len() < 2 {
+    loop {
         call(&c, "memo__memo_set", json!({"key": "demo", "value": i})).await;
         i += 1;
-        if let Ok(Ok(Some(l))) =
-            tokio::time::timeout(std::time::Duration::from_secs(5), out.next_line()).await
+        if tokio::time::timeout(std::time::Duration::from_secs(5), next())
+            .await
+            .is_ok()
         {
-            seen.push(serde_json::from_str::<Value>(&l).unwrap());
+            break;
         }
         assert!(i < 20, "no notices from herald up");
     }
-    let mut watches: Vec<String> = seen
-        .iter()
-        .map(|n| n["watch"].as_str().unwrap().to_owned())
-        .collect();
-    watches.sort();
-    watches.dedup();
-    assert!(!watches.is_empty());
+    // One change, one notice: the notice after m1's is m2's, not m1's again from another
+    // watch. (A late notice of the warm-up may come first, or share m1's.)
+    call(&c, "memo__memo_set", json!({"key": "m1", "value": 1})).await;
+    let m1 = loop {
+        let n = next().await;
+        let lines = n["lines"].as_array().unwrap();
+        if lines.contains(&json!("ADDED m1 = 1")) {
+            break n;
+        }
+        assert!(
+            lines.iter().all(|l| l.as_str().unwrap().contains(" demo")),
+            "only the warm-up comes before m1: {n}"
+        );
+    };
+    assert_eq!(m1["watch"], "notes", "{m1}");
     assert!(
-        watches.iter().all(|w| w == "notes" || w == "memo-log"),
-        "{watches:?}"
+        m1["lines"]
+            .as_array()
+            .unwrap()
+            .contains(&json!("ADDED m1 = 1")),
+        "{m1}"
     );
+    call(&c, "memo__memo_set", json!({"key": "m2", "value": "two"})).await;
+    let m2 = next().await;
+    assert_eq!(
+        (m2["watch"].clone(), m2["lines"].clone()),
+        (json!("notes"), json!([r#"ADDED m2 = "two""#])),
+        "{m2}"
+    );
+    let _ = child.start_kill();
+    let _ = child.wait().await;
+    let stderr = stderr.await.unwrap();
+    assert!(
+        !stderr.iter().any(|l| l.contains("watch.notice")),
+        "notices are not logged again without -v: {stderr:?}"
+    );
+    assert!(
+        stderr
+            .iter()
+            .any(|l| l.contains("watching 2 resources on 1 server (gateway)")),
+        "{stderr:?}"
+    );
+}
+
+/// A pseudo-terminal: `(master, slave)`. What a child writes to the slave is read from the
+/// master (with `\r\n` for each newline).
+fn pty() -> (std::fs::File, std::fs::File) {
+    use std::os::fd::FromRawFd;
+    let (mut master, mut slave) = (0, 0);
+    // SAFETY: openpty writes two descriptors it opened into the two ints; each is then owned
+    // by one File.
+    let r = unsafe {
+        libc::openpty(
+            &mut master,
+            &mut slave,
+            std::ptr::null_mut(),
+            std::ptr::null(),
+            std::ptr::null(),
+        )
+    };
+    assert_eq!(r, 0, "openpty: {}", std::io::Error::last_os_error());
+    unsafe {
+        (
+            std::fs::File::from_raw_fd(master),
+            std::fs::File::from_raw_fd(slave),
+        )
+    }
+}
+
+/// On a terminal a notice prints as its `<watch-event>` block, for a person; `--json` keeps
+/// NDJSON there too (and piped stdout is NDJSON, as every other test here reads it).
+#[tokio::test]
+async fn on_a_terminal_notices_print_as_blocks_unless_json_is_asked() {
+    init();
+    let memo = Server::spawn(&["--store", ":memory:", "memo", "--http", "127.0.0.1:0"]).await;
+    let c = memo_client(&memo.http_url()).await;
+    for (i, json) in [false, true].into_iter().enumerate() {
+        let (master, slave) = pty();
+        let mut cmd = tokio::process::Command::new(bin());
+        cmd.args(["-v", "--store", ":memory:", "watch", "--debounce-ms", "0"])
+            .args([
+                "--mcp-http",
+                &memo.http_url(),
+                "--watch",
+                "notes=memo://notes",
+            ]);
+        if json {
+            cmd.arg("--json");
+        }
+        let mut child = cmd
+            .stdin(Stdio::null())
+            .stdout(Stdio::from(slave))
+            .stderr(Stdio::piped())
+            .kill_on_drop(true)
+            .spawn()
+            .unwrap();
+        // The terminal is read on a thread of its own (a blocking read), a line at a time.
+        let (tx, mut screen) = mpsc::unbounded_channel::<String>();
+        std::thread::spawn(move || {
+            use std::io::BufRead as _;
+            for l in std::io::BufReader::new(master).lines() {
+                let Ok(l) = l else { return };
+                if tx.send(l.trim_end_matches('\r').to_owned()).is_err() {
+                    return;
+                }
+            }
+        });
+        let mut err = BufReader::new(child.stderr.take().unwrap()).lines();
+        tokio::time::timeout(WAIT, async {
+            while let Some(l) = err.next_line().await.unwrap() {
+                if l.contains("\"event\":\"watch.subscribed\"") {
+                    return;
+                }
+            }
+            panic!("herald watch ended before subscribing");
+        })
+        .await
+        .expect("subscribed in time");
+        tokio::spawn(async move { while let Ok(Some(_)) = err.next_line().await {} });
+        let key = format!("k{i}");
+        call(&c, "memo_set", json!({"key": key, "value": 1})).await;
+        let mut seen = Vec::new();
+        let done = |seen: &[String]| {
+            seen.last().is_some_and(|l| {
+                if json {
+                    l.starts_with('{')
+                } else {
+                    l == "</watch-event>"
+                }
+            })
+        };
+        while !done(&seen) {
+            let l = tokio::time::timeout(WAIT, screen.recv())
+                .await
+                .expect("the notice on the terminal in time")
+                .expect("the terminal is open");
+            seen.push(l);
+        }
+        if json {
+            let v: Value = serde_json::from_str(seen.last().unwrap()).unwrap();
+            assert_eq!(v["lines"], json!([format!("ADDED {key} = 1")]), "{seen:?}");
+        } else {
+            assert_eq!(
+                seen[seen.len() - 3..],
+                [
+                    "<watch-event name=\"notes\" uri=\"memo://notes\">".to_owned(),
+                    format!("ADDED {key} = 1"),
+                    "</watch-event>".to_owned()
+                ],
+                "{seen:?}"
+            );
+        }
+        let _ = child.start_kill();
+        let _ = child.wait().await;
+    }
 }

@@ -33,8 +33,9 @@ use crate::store::Store;
 use crate::transport::client::Target;
 use crate::transport::http::HttpOptions;
 use crate::watch::log::WatchLog;
+use crate::watch::manager::Settled;
 use crate::watch::sink::Sink;
-use crate::watch::{WatchConfig, WatchOptions, WatchSpec, upstream_config};
+use crate::watch::{Restart, WatchConfig, WatchOptions, WatchSpec, upstream_config};
 
 /// Listen streams on one in-process pipe (see `run`).
 const LOCAL_MAX_STREAMS: usize = 1 << 16;
@@ -68,6 +69,10 @@ pub struct UpArgs {
     /// Print the effective config (every default filled in) and exit.
     #[arg(long)]
     pub print_config: bool,
+    /// Print the watch client's notices as NDJSON even on a terminal (they are NDJSON
+    /// whenever stdout is not a terminal; on one, each is its `<watch-event>` block).
+    #[arg(long)]
+    pub json: bool,
     /// Run the agent too (see herald agent), on this model's OpenAI-compatible API: the watch
     /// client's notices become its turns instead of stdout lines, what is typed at the
     /// terminal is its input, and with [slack] live so are messages addressed to the bot. The
@@ -392,14 +397,21 @@ pub async fn run(args: UpArgs, globals: &Globals) -> Result<(), Exit> {
                 Some(n) if n.webhook.is_some() => {
                     Sink::Webhook(n.webhook.clone().unwrap_or_default())
                 }
-                _ => Sink::Stdout,
+                _ => Sink::stdout(args.json),
             },
             None,
         ),
     };
     // The config's watches all run: the watch client's cap (meant for watches an agent
-    // starts) is raised to their number.
-    let mut config = WatchConfig::default();
+    // starts) is raised to their number. Only the agent starts a failed one again.
+    let mut config = WatchConfig {
+        restart: if agent.is_some() {
+            Restart::WatchStart
+        } else {
+            Restart::HeraldUp
+        },
+        ..WatchConfig::default()
+    };
     // (With the agent, it may start its own on top of them.)
     config.max_watches = if agent.is_some() {
         config.max_watches + watches.len()
@@ -410,7 +422,8 @@ pub async fn run(args: UpArgs, globals: &Globals) -> Result<(), Exit> {
         config,
         servers,
         sink,
-        log: WatchLog::stderr(false),
+        // Its event log (`watch.*` on stderr) with -v, as herald watch's.
+        log: WatchLog::stderr(tracing::enabled!(tracing::Level::DEBUG)),
         store: None,
         filters,
         watches,
@@ -425,6 +438,18 @@ pub async fn run(args: UpArgs, globals: &Globals) -> Result<(), Exit> {
         m.report_to(&board);
         if let Some((nrx, settings)) = agent {
             super::agent::serve(m, settings, nrx, agent_stop).await;
+        } else {
+            // Nothing here starts a failed watch again; the servers are worth keeping, so the
+            // appliance says so once, loudly, and goes on serving (/status lists them failed).
+            tokio::select! {
+                _ = agent_stop.cancelled() => {}
+                settled = m.none_running() => if let Settled::Failed(failed) = settled {
+                    tracing::error!(
+                        "{}; herald up goes on serving its endpoint without notices: fix the cause and restart it",
+                        crate::watch::RunError::AllFailed(failed)
+                    );
+                },
+            }
         }
         true
     });
