@@ -678,6 +678,7 @@ fn pty() -> (std::fs::File, std::fs::File) {
         )
     };
     assert_eq!(r, 0, "openpty: {}", std::io::Error::last_os_error());
+    // SAFETY: both descriptors are open and owned by nothing else.
     unsafe {
         (
             std::fs::File::from_raw_fd(master),
