@@ -7,6 +7,10 @@
 //! roles, systemd's notify protocol and socket activation, the admin address), [`cli`] (the
 //! command line). `docs/ARCHITECTURE.md` has the map and the invariants.
 
+// stdout is written through `app::console` only: `println!` panics on a closed pipe (`herald ls
+// | head`), where herald must end quietly with status 0.
+#![warn(clippy::print_stdout)]
+
 pub mod agent;
 pub mod app;
 pub mod cli;

@@ -21,8 +21,9 @@ fn main() {
             std::process::exit(code);
         }
     };
+    let log_format = cli.log_format;
     if let Err(exit) = herald::cli::run(cli, systemd) {
-        eprintln!("herald: {:#}", exit.error);
+        herald::cli::report(&exit, log_format);
         std::process::exit(exit.code);
     }
 }

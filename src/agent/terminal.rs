@@ -4,7 +4,7 @@
 //! (`· run_code: watch_start(…) → first line of its result`). Piped, stdout carries only the
 //! replies, one per line group, and nothing else.
 
-use std::io::{IsTerminal as _, Write as _};
+use std::io::IsTerminal as _;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, Ordering};
 
@@ -15,6 +15,8 @@ use crate::agent::runtime::{Channel, Event, ReplyTo};
 
 pub struct Terminal {
     tty: bool,
+    /// Whether stderr may be styled (a terminal, no `NO_COLOR`).
+    colour: bool,
     /// Whether text of the current answer is on the screen already.
     streamed: AtomicBool,
     /// That text.
@@ -32,6 +34,7 @@ impl Terminal {
     pub fn new() -> Terminal {
         Terminal {
             tty: std::io::stdout().is_terminal() && std::io::stderr().is_terminal(),
+            colour: crate::app::console::stderr_colour(),
             streamed: AtomicBool::new(false),
             shown: Mutex::new(String::new()),
             spinner: Mutex::new(None),
@@ -63,6 +66,15 @@ impl Terminal {
         });
     }
 
+    /// `text` dimmed, when stderr may be styled.
+    fn dim(&self, text: &str) -> String {
+        if self.colour {
+            format!("\x1b[2m{text}\x1b[0m")
+        } else {
+            text.to_owned()
+        }
+    }
+
     fn stop_spinner(&self) {
         if let Some(h) = self
             .spinner
@@ -81,17 +93,17 @@ impl Channel for Terminal {
     async fn publish(&self, _to: &ReplyTo, text: &str) {
         self.stop_spinner();
         let shown = std::mem::take(&mut *self.shown.lock().unwrap_or_else(|e| e.into_inner()));
-        let mut out = std::io::stdout().lock();
+        let mut out = String::new();
         if self.tty && self.streamed.swap(false, Ordering::AcqRel) {
-            let _ = writeln!(out);
+            out.push('\n');
             // What was streamed is the reply unless something else (an error) is published.
             if shown.trim_end() != text.trim_end() {
-                let _ = writeln!(out, "{}", text.trim_end());
+                out.push_str(&format!("{}\n", text.trim_end()));
             }
         } else {
-            let _ = writeln!(out, "{}", text.trim_end());
+            out.push_str(&format!("{}\n", text.trim_end()));
         }
-        let _ = out.flush();
+        print(&out);
         if self.tty {
             eprint!("> ");
         }
@@ -129,9 +141,7 @@ impl Channel for Terminal {
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .push_str(text);
-        let mut out = std::io::stdout().lock();
-        let _ = write!(out, "{text}");
-        let _ = out.flush();
+        print(text);
     }
 
     fn tool_used(&self, call: &str, result: &str) {
@@ -140,23 +150,31 @@ impl Channel for Terminal {
         }
         self.stop_spinner();
         if self.streamed.swap(false, Ordering::AcqRel) {
-            println!();
+            print("\n");
         }
         self.shown.lock().unwrap_or_else(|e| e.into_inner()).clear();
         let first = result.lines().next().unwrap_or("");
         let first: String = first.chars().take(100).collect();
-        eprintln!("\x1b[2m· {call} → {first}\x1b[0m");
+        eprintln!("{}", self.dim(&format!("· {call} → {first}")));
     }
 
     fn suppressed(&self) {
         self.stop_spinner();
         if self.tty {
             if self.streamed.swap(false, Ordering::AcqRel) {
-                println!();
+                print("\n");
             }
             self.shown.lock().unwrap_or_else(|e| e.into_inner()).clear();
-            eprintln!("\x1b[2m(nothing to say: NO_REPLY)\x1b[0m");
+            eprintln!("{}", self.dim("(nothing to say: NO_REPLY)"));
             eprint!("> ");
         }
+    }
+}
+
+/// Prints `text` on stdout; a failure other than a closed stdout (which ends herald quietly)
+/// is logged.
+fn print(text: &str) {
+    if let Err(e) = crate::app::console::print(text) {
+        tracing::warn!(error = %e, "a reply could not be printed");
     }
 }

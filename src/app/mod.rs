@@ -13,9 +13,11 @@
 //! stop(&ctx, &systemd)                       // STOPPING=1, STATUS=draining, EXTEND_TIMEOUT_USEC, drain
 //! ```
 //!
-//! [`systemd`] is the notify socket and socket activation; [`admin`] the admin address.
+//! [`systemd`] is the notify socket and socket activation; [`admin`] the admin address;
+//! [`console`] what the process prints outside the protocol (stdout, and colour on stderr).
 
 pub mod admin;
+pub mod console;
 pub mod secrets;
 pub mod systemd;
 

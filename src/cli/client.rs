@@ -2,11 +2,12 @@
 
 use std::path::PathBuf;
 
-use anyhow::{Context, anyhow};
+use anyhow::anyhow;
 use clap::Args;
 use rmcp::model::{CallToolRequestParams, ReadResourceRequestParams, ResourceContents};
 use serde_json::{Map, Value};
 
+use crate::app::console;
 use crate::cli::{Exit, usage};
 use crate::mcp::server::DEFAULT_MAX_MESSAGE_BYTES;
 use crate::transport::client::{Connection, Target, client_config, connect};
@@ -119,53 +120,82 @@ pub struct CallArgs {
 
 pub async fn ls(args: LsArgs) -> Result<(), Exit> {
     let conn = args.client.connect().await?;
-    let tools = conn.list_all_tools().await.context("tools/list failed")?;
+    let failed = |what: &str| {
+        let what = what.to_owned();
+        move |e: rmcp::ServiceError| anyhow!("{what} failed: {}", request_error(&e))
+    };
+    let tools = conn.list_all_tools().await.map_err(failed("tools/list"))?;
     let resources = conn
         .list_all_resources()
         .await
-        .context("resources/list failed")?;
+        .map_err(failed("resources/list"))?;
     let templates = conn
         .list_all_resource_templates()
         .await
-        .context("resources/templates/list failed")?;
+        .map_err(failed("resources/templates/list"))?;
     if args.client.json {
         let v = serde_json::json!({"tools": tools, "resources": resources, "templates": templates});
-        println!("{}", serde_json::to_string_pretty(&v)?);
+        console::println(&serde_json::to_string_pretty(&v)?)?;
     } else {
-        println!("tools:");
-        for t in &tools {
-            let ro = t
-                .annotations
-                .as_ref()
-                .and_then(|a| a.read_only_hint)
-                .unwrap_or(false);
-            let tag = if ro { "read-only" } else { "mutating" };
-            println!(
-                "  {} ({tag}): {}",
-                t.name,
-                first_line(t.description.as_deref())
-            );
-        }
-        println!("resources:");
-        for r in &resources {
-            println!(
-                "  {} [{}]: {}",
-                r.uri,
-                r.mime_type.as_deref().unwrap_or("?"),
-                first_line(r.description.as_deref())
-            );
-        }
-        println!("templates:");
-        for t in &templates {
-            println!(
-                "  {}: {}",
-                t.uri_template,
-                first_line(t.description.as_deref())
-            );
-        }
+        console::print(&listing(&tools, &resources, &templates))?;
     }
     conn.close().await;
     Ok(())
+}
+
+/// `herald ls` as text: a section per kind, each entry on its own line; a kind the server
+/// has none of says `(none)` on its header's line.
+fn listing(
+    tools: &[rmcp::model::Tool],
+    resources: &[rmcp::model::Resource],
+    templates: &[rmcp::model::ResourceTemplate],
+) -> String {
+    let tools = tools.iter().map(|t| {
+        let ro = t
+            .annotations
+            .as_ref()
+            .and_then(|a| a.read_only_hint)
+            .unwrap_or(false);
+        let tag = if ro { "read-only" } else { "mutating" };
+        format!(
+            "{} ({tag}): {}",
+            t.name,
+            first_line(t.description.as_deref())
+        )
+    });
+    let resources = resources.iter().map(|r| {
+        format!(
+            "{} [{}]: {}",
+            r.uri,
+            r.mime_type.as_deref().unwrap_or("?"),
+            first_line(r.description.as_deref())
+        )
+    });
+    let templates = templates.iter().map(|t| {
+        format!(
+            "{}: {}",
+            t.uri_template,
+            first_line(t.description.as_deref())
+        )
+    });
+    let mut out = String::new();
+    section(&mut out, "tools", tools);
+    section(&mut out, "resources", resources);
+    section(&mut out, "templates", templates);
+    out
+}
+
+/// Appends `name:` and its entries, indented, one a line; `name: (none)` when there are none.
+fn section(out: &mut String, name: &str, entries: impl Iterator<Item = String>) {
+    let entries: Vec<String> = entries.collect();
+    if entries.is_empty() {
+        out.push_str(&format!("{name}: (none)\n"));
+        return;
+    }
+    out.push_str(&format!("{name}:\n"));
+    for e in entries {
+        out.push_str(&format!("  {e}\n"));
+    }
 }
 
 fn first_line(s: Option<&str>) -> &str {
@@ -177,32 +207,46 @@ pub async fn read(args: ReadArgs) -> Result<(), Exit> {
     let result = conn
         .read_resource(ReadResourceRequestParams::new(args.uri.clone()))
         .await
-        .map_err(|e| anyhow!("reading {}: {e}", args.uri))?;
+        .map_err(|e| anyhow!("reading {}: {}", args.uri, request_error(&e)))?;
     if args.client.json {
-        println!("{}", serde_json::to_string_pretty(&result)?);
+        console::println(&serde_json::to_string_pretty(&result)?)?;
     } else {
         for c in &result.contents {
-            match c {
+            let shown = match c {
                 ResourceContents::TextResourceContents { text, .. } => {
                     match serde_json::from_str::<Value>(text) {
-                        Ok(v) => println!("{}", serde_json::to_string_pretty(&v)?),
-                        Err(_) => println!("{text}"),
+                        Ok(v) => serde_json::to_string_pretty(&v)?,
+                        Err(_) => text.clone(),
                     }
                 }
                 ResourceContents::BlobResourceContents {
                     blob, mime_type, ..
-                } => println!(
+                } => format!(
                     "<{} bytes of {} as base64; use --json to see it>",
                     blob.len(),
                     mime_type.as_deref().unwrap_or("binary")
                 ),
                 #[allow(unreachable_patterns)]
-                other => println!("{}", serde_json::to_string(other)?),
-            }
+                other => serde_json::to_string(other)?,
+            };
+            console::println(&shown)?;
         }
     }
     conn.close().await;
     Ok(())
+}
+
+/// What a failed request says to a person: a server's JSON-RPC error as its message, then its
+/// code and data, each set apart (rmcp's own text runs the data into the message:
+/// `…serves({"uri":…})`); any other failure as it describes itself.
+pub(super) fn request_error(e: &rmcp::ServiceError) -> String {
+    match e {
+        rmcp::ServiceError::McpError(d) => match &d.data {
+            Some(data) => format!("{} (code {}; data {data})", d.message, d.code.0),
+            None => format!("{} (code {})", d.message, d.code.0),
+        },
+        other => other.to_string(),
+    }
 }
 
 /// Parses `key=value` pairs; a value is JSON when it parses as JSON, else a string.
@@ -230,7 +274,7 @@ pub async fn call(args: CallArgs) -> Result<(), Exit> {
     let result = conn
         .call_tool(CallToolRequestParams::new(args.tool.clone()).with_arguments(arguments))
         .await
-        .map_err(|e| anyhow!("calling {}: {e}", args.tool))?;
+        .map_err(|e| anyhow!("calling {}: {}", args.tool, request_error(&e)))?;
     conn.close().await;
     print_result(&args.tool, &result, args.client.json)
 }
@@ -243,12 +287,12 @@ pub(super) fn print_result(
     json: bool,
 ) -> Result<(), Exit> {
     if json {
-        println!("{}", serde_json::to_string_pretty(result)?);
+        console::println(&serde_json::to_string_pretty(result)?)?;
     } else {
         for c in &result.content {
             match c.as_text() {
-                Some(t) => println!("{}", t.text),
-                None => println!("{}", serde_json::to_string(c)?),
+                Some(t) => console::println(&t.text)?,
+                None => console::println(&serde_json::to_string(c)?)?,
             }
         }
     }
@@ -261,6 +305,22 @@ pub(super) fn print_result(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_servers_error_reads_as_message_code_and_data() {
+        let e = rmcp::ServiceError::McpError(rmcp::model::ErrorData::invalid_params(
+            "unknown resource memo://x; resources/list names what this server serves",
+            Some(serde_json::json!({"uri": "memo://x"})),
+        ));
+        assert_eq!(
+            request_error(&e),
+            "unknown resource memo://x; resources/list names what this server serves \
+             (code -32602; data {\"uri\":\"memo://x\"})"
+        );
+        let plain =
+            rmcp::ServiceError::McpError(rmcp::model::ErrorData::internal_error("boom", None));
+        assert_eq!(request_error(&plain), "boom (code -32603)");
+    }
 
     #[test]
     fn kv_values_are_json_when_they_parse() {

@@ -5,7 +5,7 @@
 //! Each result is printed as JSON; notices of watches started here print as NDJSON, and the
 //! command keeps running while watches exist.
 
-use std::io::{BufRead, IsTerminal, Write};
+use std::io::{BufRead, IsTerminal};
 use std::path::PathBuf;
 
 use anyhow::{Context, anyhow};
@@ -27,7 +27,7 @@ pub struct CodeArgs {
     pub file: Option<PathBuf>,
     #[command(flatten)]
     pub servers: ServerFlags,
-    /// Quiet time before a notice goes out.
+    /// Quiet time before a notice goes out, in ms [default: 3000].
     #[arg(long, value_name = "MS")]
     pub debounce_ms: Option<u64>,
 }
@@ -95,17 +95,16 @@ async fn session(
             .await
         {
             Ok(o) => {
-                let mut out = std::io::stdout().lock();
-                if !o.printed.is_empty() {
-                    let _ = write!(out, "{}", o.printed);
-                    if !o.printed.ends_with('\n') {
-                        let _ = writeln!(out);
-                    }
+                let mut out = o.printed;
+                if !out.is_empty() && !out.ends_with('\n') {
+                    out.push('\n');
                 }
                 if !o.value.is_null() {
-                    let _ = writeln!(out, "{}", o.value);
+                    out.push_str(&format!("{}\n", o.value));
                 }
-                let _ = out.flush();
+                if let Err(e) = app::console::print(&out) {
+                    tracing::error!(error = %e, "the snippet's output is lost");
+                }
                 true
             }
             Err(FilterError::Python(e)) => {

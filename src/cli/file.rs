@@ -8,13 +8,12 @@ use anyhow::Context;
 use clap::Args;
 use serde::{Deserialize, Serialize};
 
-use crate::cli::serve::{ServeArgs, begin, serve_until_stopped};
+use crate::cli::serve::{ServeArgs, begin, role_store, serve_until_stopped};
 use crate::cli::{Exit, Globals, usage};
 use crate::mcp::ring::DEFAULT_RING_CAPACITY;
 use crate::source::file::{
     DEFAULT_DEBOUNCE_MS, DEFAULT_MAX_FILE_BYTES, DEFAULT_MAX_WATCHES, FileConfig, FileSource,
 };
-use crate::store::Store;
 
 #[derive(Debug, Args)]
 pub struct FileArgs {
@@ -28,7 +27,7 @@ pub struct FileArgs {
     /// ring_capacity. Flags override it.
     #[arg(long, value_name = "FILE.toml")]
     pub config: Option<PathBuf>,
-    /// Largest file served, in bytes [default: 4 MiB].
+    /// Largest file served, in bytes [default: 4194304 (4 MiB)].
     #[arg(long, value_name = "BYTES")]
     pub max_file_bytes: Option<u64>,
     /// Changes to one path within this window become one event [default: 50].
@@ -116,15 +115,7 @@ fn load(path: &Path) -> anyhow::Result<FileToml> {
 pub async fn run(args: FileArgs, globals: &Globals) -> Result<(), Exit> {
     let cfg = args.config().map_err(usage)?;
     let ctx = RoleContext::new("file");
-    // The store only holds a QUIC identity here: open the file only when one is needed (or
-    // asked for), so `herald file` next to another role needs no --store of its own.
-    let store = if globals.store.is_some()
-        || (args.serve.quic.is_some() && args.serve.tls_cert.is_none())
-    {
-        globals.open_store().await?
-    } else {
-        Store::memory()
-    };
+    let store = role_store(&args.serve.options(), globals).await?;
     let admin = begin(&args.serve, &ctx, globals, &store).await?;
     let source = FileSource::new(cfg, &ctx).map_err(|e| usage(e.into()))?;
     serve_until_stopped(source, &args.serve.options(), admin, &store, ctx, globals).await

@@ -5,7 +5,8 @@ use std::path::PathBuf;
 use crate::mcp::context::RoleContext;
 use clap::Args;
 
-use crate::cli::serve::{ServeArgs, begin, serve_until_stopped};
+use crate::app::console;
+use crate::cli::serve::{ServeArgs, begin, role_store, serve_until_stopped};
 use crate::cli::up::config::is_loopback;
 use crate::cli::{Exit, Globals};
 use crate::gateway::Gateway;
@@ -44,7 +45,7 @@ pub async fn run(args: GatewayArgs, globals: &Globals) -> Result<(), Exit> {
             "no [[token]] in the config: HTTP and QUIC callers are refused every server; only stdio callers get them"
         );
     }
-    let store = globals.open_store().await?;
+    let store = role_store(&opts, globals).await?;
     let ctx = RoleContext::new("gateway");
     // The slugs are on the status board before the admin address answers: /ready names
     // every one it waits for from its first answer. Nothing connects before the warm-up.
@@ -67,7 +68,7 @@ pub fn check(args: CheckArgs) -> Result<(), Exit> {
         let cfg = crate::cli::up::config::UpToml::load(&args.config)
             .and_then(|t| t.check())
             .map_err(crate::cli::usage)?;
-        println!(
+        console::println(&format!(
             "{}: ok (herald up: roles {}; {}, {}, {})",
             args.config.display(),
             match cfg.file.roles() {
@@ -77,19 +78,19 @@ pub fn check(args: CheckArgs) -> Result<(), Exit> {
             count(cfg.slugs.len(), "server"),
             count(cfg.tokens.len(), "token"),
             count(cfg.watches.len(), "watch")
-        );
+        ))?;
         return Ok(());
     }
     let cfg = GatewayConfig::load(&args.config).map_err(|e| crate::cli::usage(e.into()))?;
     if let Some(warning) = no_token_warning(&cfg) {
         eprintln!("{}: {warning}", args.config.display());
     }
-    println!(
+    console::println(&format!(
         "{}: ok ({}, {})",
         args.config.display(),
         count(cfg.slugs.len(), "server"),
         count(cfg.tokens.len(), "token")
-    );
+    ))?;
     Ok(())
 }
 

@@ -5,7 +5,7 @@ use std::path::PathBuf;
 use crate::mcp::context::RoleContext;
 use clap::Args;
 
-use crate::cli::serve::{ServeArgs, begin, serve_until_stopped};
+use crate::cli::serve::{ServeArgs, begin, role_store, serve_until_stopped};
 use crate::cli::{Exit, Globals};
 use crate::mcp::ring::DEFAULT_RING_CAPACITY;
 use crate::source::k8s::kubectl::KubectlConfig;
@@ -16,7 +16,7 @@ pub struct K8sArgs {
     #[command(flatten)]
     pub serve: ServeArgs,
     /// A kubeconfig, as PATH or NAME=PATH (repeatable; `?kcp=NAME` in a URI picks one, the
-    /// first is the default). None: kubectl's own default.
+    /// first is the default) [default: kubectl's own].
     #[arg(long, value_name = "[NAME=]PATH")]
     pub kubeconfig: Vec<String>,
     /// Offer only read-only tools (the default).
@@ -33,14 +33,14 @@ pub struct K8sArgs {
     #[arg(long, value_name = "CMD")]
     pub token_command: Option<String>,
     /// Events kept per watched URI.
-    #[arg(long, default_value_t = DEFAULT_RING_CAPACITY)]
+    #[arg(long, default_value_t = DEFAULT_RING_CAPACITY, value_name = "N")]
     pub ring_capacity: usize,
     /// How long a watcher (its kubectl, ring and seq) outlives its last subscriber, so a
     /// client that resubscribes loses nothing.
     #[arg(long, default_value_t = 10_000, value_name = "MS")]
     pub linger_ms: u64,
     /// Most URIs watched at once (each runs one kubectl get -w).
-    #[arg(long, default_value_t = 256)]
+    #[arg(long, default_value_t = 256, value_name = "N")]
     pub max_watchers: usize,
 }
 
@@ -87,7 +87,7 @@ pub async fn run(args: K8sArgs, globals: &Globals) -> Result<(), Exit> {
         max_watchers: args.max_watchers.max(1),
     };
     let ctx = RoleContext::new("k8s");
-    let store = globals.open_store().await?;
+    let store = role_store(&args.serve.options(), globals).await?;
     let admin = begin(&args.serve, &ctx, globals, &store).await?;
     let source = K8s::new(cfg, config, &ctx).map_err(|e| crate::cli::usage(e.into()))?;
     serve_until_stopped(source, &args.serve.options(), admin, &store, ctx, globals).await

@@ -7,6 +7,7 @@ use std::path::{Path, PathBuf};
 use anyhow::Context;
 use clap::{Args, CommandFactory};
 
+use crate::app::console;
 use crate::cli::{Cli, Exit};
 
 #[derive(Debug, Args)]
@@ -23,11 +24,11 @@ pub fn run(args: ManArgs) -> Result<(), Exit> {
         None => {
             let mut page = Vec::new();
             clap_mangen::Man::new(Cli::command()).render(&mut page)?;
-            to_stdout(&page).context("cannot write the manual page to stdout")?;
+            console::write(&page)?;
         }
         Some(dir) => {
             for page in write_all(&dir)? {
-                println!("{}", page.display());
+                console::println(&page.display().to_string())?;
             }
         }
     }
@@ -48,14 +49,4 @@ pub fn write_all(dir: &Path) -> anyhow::Result<Vec<PathBuf>> {
     }
     pages.sort();
     Ok(pages)
-}
-
-/// Writes `bytes` to stdout. A reader that went away (`herald man | head`) is not an error.
-pub(crate) fn to_stdout(bytes: &[u8]) -> std::io::Result<()> {
-    use std::io::Write;
-    let mut out = std::io::stdout().lock();
-    match out.write_all(bytes).and_then(|()| out.flush()) {
-        Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => Ok(()),
-        other => other,
-    }
 }

@@ -13,11 +13,11 @@ pub struct MemoArgs {
     #[command(flatten)]
     pub serve: ServeArgs,
     /// Events kept in memo://log.
-    #[arg(long, default_value_t = DEFAULT_RING_CAPACITY)]
+    #[arg(long, default_value_t = DEFAULT_RING_CAPACITY, value_name = "N")]
     pub ring_capacity: usize,
     /// Most bytes the notes may take in all (keys and values as stored); a memo_set past it is
-    /// refused. Default: half of --max-message-bytes (2 MiB), so memo://notes, read whole as one
-    /// message, still fits.
+    /// refused. Half of --max-message-bytes, so memo://notes, read whole as one message, still
+    /// fits [default: 2097152 (2 MiB), half the default message limit].
     #[arg(long, value_name = "BYTES")]
     pub max_notes_bytes: Option<usize>,
 }

@@ -31,19 +31,22 @@ use crate::store::{Location, Store};
 pub struct Cli {
     /// Log format on stderr. `json` writes one JSON object per line (and the bound-address
     /// line as JSON too).
-    #[arg(long, global = true, value_enum, default_value_t = LogFormat::Text)]
+    #[arg(long, global = true, value_enum, default_value_t = LogFormat::Text,
+        value_name = "FORMAT", help_heading = GLOBAL)]
     pub log_format: LogFormat,
     /// More logging (repeat for more). `RUST_LOG` overrides.
-    #[arg(short, long, global = true, action = clap::ArgAction::Count)]
+    #[arg(short, long, global = true, action = clap::ArgAction::Count, help_heading = GLOBAL)]
     pub verbose: u8,
-    /// The store file. Default: $STATE_DIRECTORY/herald.redb, else
-    /// $XDG_STATE_HOME/herald/herald.redb, else ~/.local/state/herald/herald.redb.
-    /// `:memory:` keeps nothing on disk.
-    #[arg(long, global = true, value_name = "PATH")]
+    /// The store file; `:memory:` keeps nothing on disk [default: $STATE_DIRECTORY/herald.redb,
+    /// else $XDG_STATE_HOME/herald/herald.redb, else ~/.local/state/herald/herald.redb].
+    #[arg(long, global = true, value_name = "PATH", help_heading = GLOBAL)]
     pub store: Option<String>,
     #[command(subcommand)]
     pub command: Command,
 }
+
+/// The help section of the flags every subcommand takes.
+const GLOBAL: &str = "Global options";
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum LogFormat {
@@ -73,12 +76,14 @@ pub enum Command {
     Gateway(gateway::GatewayArgs),
     /// Validate a herald up or gateway config and exit (for ExecStartPre=).
     Check(gateway::CheckArgs),
-    /// List a server's tools, resources and templates.
+    /// List a server's tools, resources and templates (the server: --mcp-http URL,
+    /// --mcp-quic HOST:PORT or --mcp-stdio CMD).
     Ls(client::LsArgs),
-    /// Read a resource.
+    /// Read a resource (from --mcp-http URL, --mcp-quic HOST:PORT or --mcp-stdio CMD).
     Read(client::ReadArgs),
-    /// Call a tool: `herald call memo_set key=todo value='"buy milk"'`; with --task, as a task
-    /// followed until it ends.
+    /// Call a tool on the server at --mcp-http URL, --mcp-quic HOST:PORT or --mcp-stdio CMD:
+    /// `herald call memo_set key=todo value='"buy milk"' --mcp-http URL`; with --task, as a
+    /// task followed until it ends.
     Call(client::CallArgs),
     /// Ask about a task: `herald task get ID`, `herald task cancel ID`.
     Task(task::TaskArgs),
@@ -107,7 +112,7 @@ pub enum Command {
     #[command(hide = true)]
     FilterWorker {
         /// Data segment cap for this worker, in bytes.
-        #[arg(long, default_value_t = 256 * 1024 * 1024)]
+        #[arg(long, default_value_t = 256 * 1024 * 1024, value_name = "BYTES")]
         memory_bytes: u64,
     },
 }
@@ -127,6 +132,20 @@ impl<E: Into<anyhow::Error>> From<E> for Exit {
         }
     }
 }
+
+/// Says on stderr why herald failed: `herald: …` in text, or one more log line (level
+/// `ERROR`, with the exit code) with `--log-format json`, so every line there parses.
+pub fn report(exit: &Exit, format: LogFormat) {
+    match format {
+        LogFormat::Text => eprintln!("herald: {:#}", exit.error),
+        LogFormat::Json => tracing::error!(target: ANNOUNCE, code = exit.code, "{:#}", exit.error),
+    }
+}
+
+/// The tracing target of what herald always writes on stderr, at info and above whatever
+/// `RUST_LOG` says: where it listens (`listening`, `admin`; scripts and tests read them) and
+/// why it failed.
+pub const ANNOUNCE: &str = "herald::announce";
 
 /// Exit code for bad usage or configuration.
 pub const EXIT_USAGE: i32 = 64;
@@ -226,9 +245,17 @@ fn init_logging(format: LogFormat, verbose: u8) {
         1 => "herald=debug,rmcp=off,info",
         _ => "debug",
     };
-    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(default));
+    let filter = EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| EnvFilter::new(default))
+        .add_directive(
+            format!("{ANNOUNCE}=info")
+                .parse()
+                .expect("a valid directive"),
+        );
+    // Colour (text format only) on a terminal, never into a file, a pipe or the journal.
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
+        .with_ansi(crate::app::console::stderr_colour())
         .with_writer(std::io::stderr);
     let _ = match format {
         LogFormat::Json => builder.json().flatten_event(true).try_init(),
@@ -238,3 +265,277 @@ fn init_logging(format: LogFormat, verbose: u8) {
 
 #[cfg(test)]
 mod readme_tests;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::CommandFactory;
+
+    /// Optional flags that take a value and truly have no default: leaving one out means "not
+    /// at all" or "none of these", which its help says in its own words.
+    const NO_DEFAULT: &[(&str, &str)] = &[
+        (
+            "http",
+            "where to listen: not given, not served (stdio is the fallback, see --stdio)",
+        ),
+        ("quic", "where to listen: not given, not served"),
+        (
+            "admin",
+            "the admin address of a server: not given, not served",
+        ),
+        (
+            "tls-cert",
+            "not given: a self-signed identity, as its help says",
+        ),
+        ("tls-key", "goes with --tls-cert"),
+        (
+            "allowed-host",
+            "repeatable: extra Host names, none unless given",
+        ),
+        (
+            "allowed-origin",
+            "repeatable: extra Origins, none unless given",
+        ),
+        (
+            "mcp-stdio",
+            "which server: one of the --mcp-* flags names it",
+        ),
+        (
+            "mcp-http",
+            "which server: one of the --mcp-* flags names it",
+        ),
+        (
+            "mcp-quic",
+            "which server: one of the --mcp-* flags names it",
+        ),
+        ("tls-ca", "extra trust for QUIC servers: none unless given"),
+        ("tls-pin", "extra trust for QUIC servers: none unless given"),
+        ("token-command", "no bearer token unless given"),
+        (
+            "root",
+            "repeatable: the directories to serve, none unless given",
+        ),
+        (
+            "config",
+            "an optional config file: without one the flags say everything",
+        ),
+        (
+            "watch",
+            "repeatable: the watches to start, none unless given",
+        ),
+        ("on-event", "repeatable: filters, none unless given"),
+        (
+            "exec",
+            "another sink: without it notices go to stdout (the command's help)",
+        ),
+        (
+            "webhook",
+            "another sink: without it notices go to stdout (the command's help)",
+        ),
+        (
+            "arg",
+            "repeatable: the event type's arguments, none unless given",
+        ),
+        ("prompt", "the operator's instructions: none unless given"),
+        ("model-url", "herald up: without it no agent runs"),
+        (
+            "out",
+            "herald man: without it one page on stdout, as its help says",
+        ),
+    ];
+
+    /// Every flag's help, with its command's path, for each `(path, arg)` in the tree.
+    fn walk(cmd: &clap::Command, path: &str, f: &mut impl FnMut(&str, &clap::Arg)) {
+        for arg in cmd.get_arguments() {
+            f(path, arg);
+        }
+        for sub in cmd.get_subcommands() {
+            walk(sub, &format!("{path} {}", sub.get_name()), f);
+        }
+    }
+
+    fn help(arg: &clap::Arg) -> String {
+        arg.get_long_help()
+            .or(arg.get_help())
+            .map(|h| h.to_string())
+            .unwrap_or_default()
+    }
+
+    #[test]
+    fn help_shows_every_default() {
+        let mut missing = Vec::new();
+        let mut unused: Vec<&str> = NO_DEFAULT.iter().map(|(l, _)| *l).collect();
+        walk(&Cli::command(), "herald", &mut |path, arg| {
+            let takes_value = arg.get_action().takes_values();
+            if arg.is_positional() || arg.is_required_set() || arg.is_hide_set() || !takes_value {
+                return;
+            }
+            let long = arg.get_long().unwrap_or_default();
+            let name = format!("{path} --{long}");
+            let text = help(arg);
+            let stated = text.contains("[default: ");
+            let defaults: Vec<String> = arg
+                .get_default_values()
+                .iter()
+                .map(|v| v.to_string_lossy().into_owned())
+                .collect();
+            let by_clap = !defaults.is_empty() && !arg.is_hide_default_value_set();
+            if by_clap && stated {
+                missing.push(format!("{name}: the default twice (clap's and the text's)"));
+            } else if arg.is_hide_default_value_set() {
+                // The text says it instead (to add `(4 MiB)`): it must say the real one.
+                let real = format!("[default: {}", defaults.join(","));
+                if !text.contains(&real) {
+                    missing.push(format!("{name}: the text does not say {real}]: {text}"));
+                }
+            } else if !by_clap && !stated {
+                match unused.iter().position(|l| *l == long) {
+                    Some(i) => {
+                        unused.remove(i);
+                    }
+                    None if NO_DEFAULT.iter().any(|(l, _)| *l == long) => {}
+                    None => missing.push(name),
+                }
+            }
+        });
+        assert!(
+            missing.is_empty(),
+            "flags whose --help shows no default (give one, or say `[default: …]` in the \
+             text, or add them to NO_DEFAULT with the reason):\n  {}",
+            missing.join("\n  ")
+        );
+        assert!(
+            unused.is_empty(),
+            "NO_DEFAULT names no such flag: {unused:?}"
+        );
+    }
+
+    /// The help of `--long` in the subcommand at `path`.
+    fn help_of(path: &[&str], long: &str) -> String {
+        let mut cmd = Cli::command();
+        for name in path {
+            cmd = cmd.find_subcommand(name).expect("a subcommand").clone();
+        }
+        let arg = cmd
+            .get_arguments()
+            .find(|a| a.get_long() == Some(long))
+            .unwrap_or_else(|| panic!("{path:?} has --{long}"));
+        help(arg)
+    }
+
+    /// What the text of `--long` says its default is: the number after `[default: `.
+    fn stated(path: &[&str], long: &str) -> u64 {
+        let text = help_of(path, long);
+        let rest = text
+            .split_once("[default: ")
+            .unwrap_or_else(|| panic!("{path:?} --{long} states no default: {text}"))
+            .1;
+        let digits: String = rest.chars().take_while(char::is_ascii_digit).collect();
+        digits
+            .parse()
+            .unwrap_or_else(|_| panic!("{path:?} --{long}: {text}"))
+    }
+
+    /// Defaults written in help texts (flags that must stay unset when left out, so a config
+    /// file's value can apply) are the ones the code uses.
+    #[test]
+    fn stated_defaults_are_the_real_ones() {
+        use crate::source::file;
+        let w = crate::watch::WatchConfig::default();
+        let ms = |d: std::time::Duration| d.as_millis() as u64;
+        for (long, real) in [
+            ("debounce-ms", ms(w.debounce.quiet)),
+            ("max-wait-ms", ms(w.debounce.max_wait)),
+            ("max-lines", w.debounce.max_lines as u64),
+            ("max-events", w.max_events_per_update as u64),
+            ("max-watches", w.max_watches as u64),
+            ("resubscribe-base-ms", ms(w.resubscribe_base)),
+            ("resubscribe-attempts", u64::from(w.resubscribe_attempts)),
+        ] {
+            assert_eq!(stated(&["watch"], long), real, "herald watch --{long}");
+        }
+        assert_eq!(stated(&["code"], "debounce-ms"), ms(w.debounce.quiet));
+        assert_eq!(stated(&["agent"], "debounce-ms"), ms(w.debounce.quiet));
+        let pool = crate::filter::pool::PoolConfig::new("herald".into());
+        assert_eq!(stated(&["watch"], "filter-memory-bytes"), pool.memory_bytes);
+        for (long, real) in [
+            ("max-file-bytes", file::DEFAULT_MAX_FILE_BYTES),
+            ("debounce-ms", file::DEFAULT_DEBOUNCE_MS),
+            ("max-watches", file::DEFAULT_MAX_WATCHES as u64),
+            (
+                "ring-capacity",
+                crate::mcp::ring::DEFAULT_RING_CAPACITY as u64,
+            ),
+        ] {
+            assert_eq!(stated(&["file"], long), real, "herald file --{long}");
+        }
+        assert_eq!(
+            stated(&["memo"], "max-notes-bytes"),
+            crate::source::memo::DEFAULT_MAX_NOTES_BYTES as u64
+        );
+        assert_eq!(
+            stated(&["slack"], "max-events"),
+            crate::source::slack::buffer::MAX_EVENTS as u64
+        );
+        let api = help_of(&["slack"], "slack-api-url");
+        let real = crate::source::slack::api::DEFAULT_API_URL;
+        assert!(api.contains(&format!("[default: {real}]")), "{api}");
+    }
+
+    /// Byte sizes are given one way: plain bytes, in a flag named `…-bytes`, its value `BYTES`.
+    #[test]
+    fn byte_sizes_are_plain_bytes() {
+        walk(&Cli::command(), "herald", &mut |path, arg| {
+            let long = arg.get_long().unwrap_or_default();
+            let text = help(arg).to_lowercase();
+            let names: Vec<&str> = arg
+                .get_value_names()
+                .unwrap_or_default()
+                .iter()
+                .map(|n| n.as_str())
+                .collect();
+            let sized = names == ["BYTES"]
+                || ["bytes", "-mb", "-kb", "-mib", "-kib", "-gb"]
+                    .iter()
+                    .any(|u| long.contains(u))
+                || [" in bytes", " in mib", " in kib", " in mb", " in kb"]
+                    .iter()
+                    .any(|u| text.contains(u));
+            if !arg.get_action().takes_values() || arg.is_hide_set() || !sized {
+                return;
+            }
+            assert!(long.ends_with("-bytes"), "{path} --{long}: {text}");
+            assert_eq!(names, ["BYTES"], "{path} --{long}");
+        });
+    }
+
+    #[test]
+    fn global_flags_have_their_own_section() {
+        let cmd = Cli::command();
+        for long in ["log-format", "verbose", "store"] {
+            let arg = cmd
+                .get_arguments()
+                .find(|a| a.get_long() == Some(long))
+                .expect("a global flag");
+            assert!(arg.is_global_set(), "--{long}");
+            assert_eq!(arg.get_help_heading(), Some(GLOBAL), "--{long}");
+        }
+        let mut built = Cli::command();
+        built.build();
+        let mut watch = built.find_subcommand("watch").unwrap().clone();
+        let help = watch.render_long_help().to_string();
+        let section = help.split_once("Global options:").expect("a section").1;
+        assert!(section.contains("--store"), "{help}");
+        assert!(!section.contains("--watch "), "{help}");
+    }
+
+    #[test]
+    fn call_says_which_flags_name_the_server() {
+        let cmd = Cli::command();
+        let call = cmd.find_subcommand("call").unwrap();
+        let about = call.get_about().unwrap().to_string();
+        for flag in ["--mcp-http", "--mcp-quic", "--mcp-stdio"] {
+            assert!(about.contains(flag), "{about}");
+        }
+    }
+}

@@ -38,18 +38,18 @@ pub struct PollArgs {
     /// they parse, else taken as strings.
     #[arg(long = "arg", value_name = "KEY=VALUE")]
     pub args: Vec<String>,
-    /// Poll after this cursor (from an earlier poll's cursor line). Without it, from now: the
-    /// first poll answers no events and the cursor to poll from.
+    /// Poll after this cursor (from an earlier poll's cursor line) [default: from now: the
+    /// first poll answers no events and the cursor to poll from].
     #[arg(long, value_name = "CURSOR")]
     pub cursor: Option<String>,
-    /// Most events per poll (1 to 1000; the server's default is 100).
+    /// Most events per poll, 1 to 1000 [default: the server's, 100].
     #[arg(long, value_name = "N")]
     pub max_events: Option<u32>,
     /// Keep polling (long polls) until Ctrl-C, each poll resuming from the last cursor.
     #[arg(long)]
     pub follow: bool,
-    /// How long each poll waits for an event when none is there (timeoutMs; at most 30000).
-    /// Default: 0 (answer at once) for one poll, 30000 with --follow.
+    /// How long each poll waits for an event when none is there (timeoutMs; at most 30000)
+    /// [default: 0 (answer at once) for one poll, 30000 with --follow].
     #[arg(long, value_name = "MS")]
     pub timeout_ms: Option<u64>,
     #[command(flatten)]

@@ -11,7 +11,7 @@ use std::sync::Arc;
 
 use crate::app::systemd::Notify;
 use crate::app::{self, Bound, ServeOptions};
-use crate::cli::{Exit, Globals, LogFormat};
+use crate::cli::{ANNOUNCE, Exit, Globals, LogFormat};
 use crate::mcp::context::RoleContext;
 use crate::mcp::server::{
     DEFAULT_LISTEN_STALL_MS, DEFAULT_MAX_CONNECTIONS, DEFAULT_MAX_LISTEN_STREAMS,
@@ -53,13 +53,15 @@ pub struct ServeArgs {
     #[arg(long = "allowed-origin", value_name = "ORIGIN")]
     pub allowed_origins: Vec<String>,
     /// Most open subscriptions/listen streams per connection.
-    #[arg(long, default_value_t = DEFAULT_MAX_LISTEN_STREAMS)]
+    #[arg(long, default_value_t = DEFAULT_MAX_LISTEN_STREAMS, value_name = "N")]
     pub max_listen_streams: usize,
     /// Most resource URIs one listen stream may ask for.
-    #[arg(long, default_value_t = DEFAULT_MAX_LISTEN_URIS)]
+    #[arg(long, default_value_t = DEFAULT_MAX_LISTEN_URIS, value_name = "N")]
     pub max_listen_uris: usize,
-    /// Largest incoming message in bytes (stdio/QUIC line, HTTP body).
-    #[arg(long, default_value_t = DEFAULT_MAX_MESSAGE_BYTES)]
+    /// Largest incoming message, in bytes (stdio/QUIC line, HTTP body) [default: 4194304 (4
+    /// MiB)].
+    #[arg(long, default_value_t = DEFAULT_MAX_MESSAGE_BYTES, hide_default_value = true,
+        value_name = "BYTES")]
     pub max_message_bytes: usize,
     /// A listen stream whose reader takes no notification for this long is ended (and logged),
     /// so the client resubscribes instead of holding a stalled stream.
@@ -118,20 +120,39 @@ impl ServeArgs {
     }
 }
 
-/// Prints what a role bound, on stderr: one JSON line with `--log-format json`, else one
-/// human line per listener. Scripts and tests read this instead of guessing ports.
+/// The store of a role that keeps nothing of its own there but a self-signed QUIC identity
+/// (`herald file`, `k8s`, `gateway`): the file when `--store` names one or serving QUIC
+/// without `--tls-cert` needs that identity kept; else one in memory (its tasks last as long
+/// as the process), so the role runs beside another herald that holds the default store
+/// (`herald up`).
+pub async fn role_store(opts: &ServeOptions, globals: &Globals) -> Result<Store, Exit> {
+    if globals.store.is_some() || (opts.quic.is_some() && opts.tls_cert.is_none()) {
+        globals.open_store().await
+    } else {
+        Ok(Store::memory())
+    }
+}
+
+/// Prints what a role bound, on stderr: with `--log-format json` one log line (a tracing JSON
+/// object like every other: `timestamp`, `level`, `"event":"listening"`, `role`, `http`,
+/// `http_url`, `quic`, `quic_fingerprint`, `stdio`, `admin`), else one human line per
+/// listener. Scripts and tests read this instead of guessing ports.
 pub fn announce(bound: &Bound, format: LogFormat) {
+    // (Not `display`: tracing's macros bring their own into scope.)
+    let addr = tracing::field::display::<SocketAddr>;
     match format {
-        LogFormat::Json => {
-            let mut v = serde_json::to_value(bound).unwrap_or_default();
-            if let Some(o) = v.as_object_mut() {
-                o.insert("event".into(), "listening".into());
-                if let Some(url) = bound.http_url() {
-                    o.insert("http_url".into(), url.into());
-                }
-            }
-            eprintln!("{v}");
-        }
+        LogFormat::Json => tracing::info!(
+            target: ANNOUNCE,
+            event = "listening",
+            role = %bound.role,
+            http = bound.http.map(addr),
+            http_url = bound.http_url(),
+            quic = bound.quic.map(addr),
+            quic_fingerprint = bound.quic_fingerprint.as_deref(),
+            stdio = bound.stdio,
+            admin = bound.admin.map(addr),
+            "listening"
+        ),
         LogFormat::Text => {
             if let Some(url) = bound.http_url() {
                 eprintln!("herald {}: listening on {url}", bound.role);
@@ -172,9 +193,12 @@ pub async fn begin(
         .map_err(|e| crate::cli::usage(e.into()))?;
     if let Some(a) = admin {
         match globals.log_format {
-            LogFormat::Json => eprintln!(
-                "{}",
-                serde_json::json!({"event": "admin", "role": ctx.role(), "admin": a})
+            LogFormat::Json => tracing::info!(
+                target: ANNOUNCE,
+                event = "admin",
+                role = ctx.role(),
+                admin = %a,
+                "admin address"
             ),
             LogFormat::Text => eprintln!(
                 "herald {}: admin on http://{a} (/live, /ready, /metrics, /status, POST /backup)",

@@ -7,6 +7,7 @@ use anyhow::anyhow;
 use clap::Args;
 
 use crate::app::admin::DEFAULT_ADMIN;
+use crate::app::console;
 use crate::cli::Exit;
 use crate::mcp::status::{RoleState, StatusReport};
 
@@ -37,9 +38,9 @@ pub async fn run(args: StatusArgs) -> Result<(), Exit> {
     let base = base_url(&args.admin);
     let report = ask(&base).await?;
     if args.json {
-        println!("{}", serde_json::to_string_pretty(&report)?);
+        console::println(&serde_json::to_string_pretty(&report)?)?;
     } else {
-        print!("{}", table(&report));
+        console::print(&table(&report))?;
     }
     Ok(())
 }

@@ -12,6 +12,7 @@ use anyhow::anyhow;
 use clap::{Args, Subcommand};
 
 use crate::app::admin::{AdminError, BackupReport, DEFAULT_ADMIN};
+use crate::app::console;
 use crate::cli::status::{base_url, root_cause};
 use crate::cli::{Exit, Globals, usage};
 use crate::store::{Location, Snapshot, Store, StoreError, backups_dir, is_backup_of, move_file};
@@ -122,19 +123,19 @@ async fn backup(args: BackupArgs, globals: &Globals) -> Result<(), Exit> {
             snapshot: &snapshot,
             admin: admin.as_deref(),
         };
-        println!("{}", serde_json::to_string(&summary)?);
+        console::println(&serde_json::to_string(&summary)?)?;
     } else {
         let by = admin.map_or(String::new(), |a| {
             format!(" (snapshot by the running herald at {a})")
         });
-        println!(
+        console::println(&format!(
             "backed up {} to {}: {} tables, {} entries, {} bytes{by}",
             store.display(),
             snapshot.path.display(),
             snapshot.tables,
             snapshot.entries,
             snapshot.bytes
-        );
+        ))?;
     }
     Ok(())
 }

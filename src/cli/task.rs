@@ -17,7 +17,8 @@ use serde_json::{Value, json};
 use tokio::sync::mpsc;
 
 use super::Exit;
-use super::client::ClientArgs;
+use super::client::{ClientArgs, request_error};
+use crate::app::console;
 use crate::transport::client::tasks_config;
 
 /// A client handler that hands task pushes to a channel.
@@ -76,15 +77,15 @@ pub async fn run(args: TaskArgs) -> Result<(), Exit> {
             let got = conn
                 .get_task(GetTaskParams::new(a.id.clone()))
                 .await
-                .map_err(|e| anyhow!("tasks/get {}: {e}", a.id))?;
+                .map_err(|e| anyhow!("tasks/get {}: {}", a.id, request_error(&e)))?;
             let mut v = serde_json::to_value(&got.task)?;
             if a.client.json {
-                println!("{v}");
+                console::println(&v.to_string())?;
             } else {
                 if let Some(o) = v.as_object_mut() {
                     o.remove("_meta");
                 }
-                println!("{}", serde_json::to_string_pretty(&v)?);
+                console::println(&serde_json::to_string_pretty(&v)?)?;
             }
             conn.close().await;
             Ok(())
@@ -93,9 +94,9 @@ pub async fn run(args: TaskArgs) -> Result<(), Exit> {
             let conn = a.client.conn.connect_with(tasks_config()).await?;
             conn.cancel_task(CancelTaskParams::new(a.id.clone()))
                 .await
-                .map_err(|e| anyhow!("tasks/cancel {}: {e}", a.id))?;
+                .map_err(|e| anyhow!("tasks/cancel {}: {}", a.id, request_error(&e)))?;
             if !a.client.json {
-                println!("asked task {} to stop", a.id);
+                console::println(&format!("asked task {} to stop", a.id))?;
             }
             conn.close().await;
             Ok(())
@@ -158,7 +159,7 @@ pub async fn call(client: &ClientArgs, tool: &str, arguments: JsonObject) -> Res
             CallToolRequestParams::new(tool.to_owned()).with_arguments(arguments),
         )))
         .await
-        .map_err(|e| anyhow!("calling {tool}: {e}"))?;
+        .map_err(|e| anyhow!("calling {tool}: {}", request_error(&e)))?;
     let task = match answer {
         ServerResult::CreateTaskResult(t) => t.task,
         // The server answered in place (the tool does not run as a task there).
@@ -172,7 +173,7 @@ pub async fn call(client: &ClientArgs, tool: &str, arguments: JsonObject) -> Res
     let json_out = client.json;
     let live = !json_out && std::io::stderr().is_terminal();
     if json_out {
-        println!("{}", serde_json::to_string(&task)?);
+        console::println(&serde_json::to_string(&task)?)?;
     } else {
         eprintln!("task {id} (herald task get|cancel {id})");
     }
@@ -186,7 +187,7 @@ pub async fn call(client: &ClientArgs, tool: &str, arguments: JsonObject) -> Res
             Default::default(),
         )
         .await
-        .context("subscriptions/listen")?;
+        .map_err(|e| anyhow!("subscriptions/listen: {}", request_error(&e)))?;
     let mut shown = String::new();
     let ctrl_c = tokio::signal::ctrl_c();
     tokio::pin!(ctrl_c);
@@ -199,7 +200,7 @@ pub async fn call(client: &ClientArgs, tool: &str, arguments: JsonObject) -> Res
                 eprintln!("\ncancelling task {id}…");
                 conn.cancel_task(CancelTaskParams::new(id.clone()))
                     .await
-                    .map_err(|e| anyhow!("tasks/cancel {id}: {e}"))?;
+                    .map_err(|e| anyhow!("tasks/cancel {id}: {}", request_error(&e)))?;
                 continue;
             }
         };
@@ -210,7 +211,7 @@ pub async fn call(client: &ClientArgs, tool: &str, arguments: JsonObject) -> Res
             continue;
         }
         if json_out {
-            println!("{state}");
+            console::println(&state.to_string())?;
         } else if live {
             let line = summary(&state);
             eprint!("\r\x1b[2K{line}");
@@ -235,7 +236,7 @@ pub async fn call(client: &ClientArgs, tool: &str, arguments: JsonObject) -> Res
                             answers.into_iter().collect(),
                         ))
                         .await
-                        .map_err(|e| anyhow!("tasks/update {id}: {e}"))?;
+                        .map_err(|e| anyhow!("tasks/update {id}: {}", request_error(&e)))?;
                     }
                     None => {
                         break Some(Err(anyhow!(

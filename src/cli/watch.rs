@@ -36,11 +36,12 @@ pub struct WatchArgs {
     #[arg(long = "on-event", value_name = "[NAME=]FILE.py")]
     pub on_event: Vec<String>,
     /// Processes that run the filters.
-    #[arg(long, default_value_t = 2)]
+    #[arg(long, default_value_t = 2, value_name = "N")]
     pub filter_workers: usize,
-    /// Memory cap of each filter process, in MiB.
-    #[arg(long, default_value_t = 256)]
-    pub filter_memory_mb: u64,
+    /// Memory cap of each filter process, in bytes (at least 16 MiB) [default: 268435456
+    /// (256 MiB)].
+    #[arg(long, default_value_t = 256 * 1024 * 1024, hide_default_value = true, value_name = "BYTES")]
+    pub filter_memory_bytes: u64,
     /// Time limit of one filter run (per event), in ms.
     #[arg(long, default_value_t = 2000, value_name = "MS")]
     pub filter_time_ms: u64,
@@ -58,26 +59,28 @@ pub struct WatchArgs {
     /// Save watch specs in the store on every start and stop, and restart them at start.
     #[arg(long)]
     pub watch_state: bool,
-    /// Quiet time before a notice goes out (trailing debounce).
+    // The limits below override the config's [limits], so a flag left out must stay unset:
+    // each states its default (WatchConfig's, checked by a test) instead of clap's.
+    /// Quiet time before a notice goes out (trailing debounce) [default: 3000].
     #[arg(long, value_name = "MS")]
     pub debounce_ms: Option<u64>,
-    /// Longest a burst is held after its first line.
+    /// Longest a burst is held after its first line [default: 15000].
     #[arg(long, value_name = "MS")]
     pub max_wait_ms: Option<u64>,
-    /// Most lines per notice; the rest become `+N more`.
-    #[arg(long)]
+    /// Most lines per notice; the rest become `+N more` [default: 20].
+    #[arg(long, value_name = "N")]
     pub max_lines: Option<usize>,
-    /// Most events processed per update.
-    #[arg(long)]
+    /// Most events processed per update [default: 100].
+    #[arg(long, value_name = "N")]
     pub max_events: Option<usize>,
-    /// Most watches at once.
-    #[arg(long)]
+    /// Most watches at once [default: 5].
+    #[arg(long, value_name = "N")]
     pub max_watches: Option<usize>,
-    /// First resubscribe delay; doubles per attempt.
+    /// First resubscribe delay; doubles per attempt [default: 1000].
     #[arg(long, value_name = "MS")]
     pub resubscribe_base_ms: Option<u64>,
-    /// Resubscribe attempts before a watch fails.
-    #[arg(long)]
+    /// Resubscribe attempts before a watch fails [default: 5].
+    #[arg(long, value_name = "N")]
     pub resubscribe_attempts: Option<u32>,
 }
 
@@ -320,7 +323,7 @@ pub async fn run(args: WatchArgs, globals: &Globals, verbose: bool) -> Result<()
     let exe = std::env::current_exe().context("finding the herald binary for filter workers")?;
     let mut pool = PoolConfig::new(exe);
     pool.workers = args.filter_workers.max(1);
-    pool.memory_bytes = args.filter_memory_mb.max(16) * 1024 * 1024;
+    pool.memory_bytes = args.filter_memory_bytes.max(16 * 1024 * 1024);
     pool.time = std::time::Duration::from_millis(args.filter_time_ms.clamp(10, 600_000));
     let opts = WatchOptions {
         config: cfg,

@@ -7,7 +7,8 @@
 //! Reads run on tokio's blocking pool. Nothing here blocks a runtime worker.
 //!
 //! redb holds an exclusive file lock, so a second process that opens the same file gets
-//! [`StoreError::Locked`], which names the file and says another herald holds it. A backup
+//! [`StoreError::Locked`], which names the file, the holder's pid (from the [`pid_file`] the
+//! holder writes beside it) and the flags that give a process a store of its own. A backup
 //! is therefore made by whichever process holds the file ([`Store::backup_to`], from one read
 //! transaction; see `backup.rs`).
 
@@ -125,9 +126,14 @@ fn default_path_from(
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
     #[error(
-        "store {path} is held by another herald process; stop that process or pass --store with another path"
+        "store {path} is held by {}; stop it, or give this herald a store of its own with --store PATH (or --store :memory: to keep nothing on disk)",
+        holder.map_or("another herald process".to_owned(), |pid| format!("herald process {pid}"))
     )]
-    Locked { path: PathBuf },
+    Locked {
+        path: PathBuf,
+        /// The holder's pid, from its [`pid_file`] (when it wrote one and still runs).
+        holder: Option<u32>,
+    },
     #[error(
         "store {path} has schema version {found}, newer than this herald understands ({supported}); upgrade herald or use another --store"
     )]
@@ -157,6 +163,59 @@ pub enum StoreError {
     Backup { path: PathBuf, message: String },
     #[error("the store is in memory (--store :memory:): there is no file to back up")]
     InMemory,
+}
+
+/// `<store>.pid`, beside the store file: the pid of the process holding it, written once the
+/// lock is taken, so a process refused the file can say who holds it (redb's lock names no
+/// one, and what `/proc/locks` shows of it depends on redb's locking scheme). Only read when
+/// the lock is held by someone, so a file left by a process that was killed misleads no one.
+pub fn pid_file(store: &Path) -> PathBuf {
+    let mut p = store.as_os_str().to_owned();
+    p.push(".pid");
+    PathBuf::from(p)
+}
+
+/// The pid [`pid_file`] names, when that process still runs.
+fn holder(store: &Path) -> Option<u32> {
+    let text = std::fs::read_to_string(pid_file(store)).ok()?;
+    let pid: u32 = text.trim().parse().ok()?;
+    Path::new("/proc")
+        .join(pid.to_string())
+        .exists()
+        .then_some(pid)
+}
+
+/// This process's claim in [`pid_file`], from the open until the last handle is gone.
+struct Held {
+    pid_file: PathBuf,
+}
+
+impl Held {
+    /// Writes the pid file (whole, by a rename). Failing to is only logged: the store works
+    /// without it, and a second process then says "another herald process".
+    fn take(store: &Path) -> Held {
+        let pid_file = pid_file(store);
+        let mut tmp = pid_file.as_os_str().to_owned();
+        tmp.push(format!(".tmp-{}", std::process::id()));
+        let written = std::fs::write(&tmp, format!("{}\n", std::process::id()))
+            .and_then(|()| std::fs::rename(&tmp, &pid_file));
+        if let Err(e) = written {
+            let _ = std::fs::remove_file(&tmp);
+            tracing::debug!(file = %pid_file.display(), error = %e, "cannot write the store's pid file");
+        }
+        Held { pid_file }
+    }
+}
+
+impl Drop for Held {
+    fn drop(&mut self) {
+        // Only our own: a later holder's file stays.
+        let ours = std::fs::read_to_string(&self.pid_file)
+            .is_ok_and(|t| t.trim() == std::process::id().to_string());
+        if ours {
+            let _ = std::fs::remove_file(&self.pid_file);
+        }
+    }
 }
 
 fn io_err(e: impl std::fmt::Display) -> StoreError {
@@ -223,9 +282,10 @@ impl Store {
                     })?;
                 }
                 let db = Database::create(path).map_err(|e| match e {
-                    redb::DatabaseError::DatabaseAlreadyOpen => {
-                        StoreError::Locked { path: path.clone() }
-                    }
+                    redb::DatabaseError::DatabaseAlreadyOpen => StoreError::Locked {
+                        path: path.clone(),
+                        holder: holder(path),
+                    },
                     other => StoreError::Open {
                         path: path.clone(),
                         message: other.to_string(),
@@ -245,12 +305,20 @@ impl Store {
             Location::Memory => PathBuf::from(":memory:"),
         };
         check_schema(&db, &display)?;
+        let held = match location {
+            Location::File(p) => Some(Held::take(p)),
+            Location::Memory => None,
+        };
         let db = Arc::new(db);
         let (writer, rx) = std_mpsc::sync_channel::<Job>(WRITE_QUEUE);
         let wdb = db.clone();
         let thread = std::thread::Builder::new()
             .name("herald-store".into())
-            .spawn(move || writer_loop(&wdb, rx))
+            .spawn(move || {
+                writer_loop(&wdb, rx);
+                // Every handle is gone: the file is let go of (with the last `wdb`) next.
+                drop(held);
+            })
             .map_err(io_err)?;
         Ok(Store {
             db,
@@ -536,7 +604,19 @@ mod tests {
         let err = Store::open(&Location::File(path.clone())).unwrap_err();
         let msg = err.to_string();
         assert!(matches!(err, StoreError::Locked { .. }), "{msg}");
-        assert!(msg.contains(&path.display().to_string()) && msg.contains("another herald"));
+        assert!(msg.contains(&path.display().to_string()), "{msg}");
+        let me = format!("herald process {}", std::process::id());
+        assert!(msg.contains(&me), "the holder's pid: {msg}");
+        assert!(
+            msg.contains("--store PATH") && msg.contains("--store :memory:"),
+            "{msg}"
+        );
+        // Without a pid file (a holder that could not write one), still the flags.
+        std::fs::remove_file(pid_file(&path)).unwrap();
+        let msg = Store::open(&Location::File(path.clone()))
+            .unwrap_err()
+            .to_string();
+        assert!(msg.contains("another herald process"), "{msg}");
         drop(_first);
         let _ = std::fs::remove_dir_all(dir);
     }

@@ -83,12 +83,10 @@ pub async fn run(sink: Sink, mut rx: mpsc::Receiver<Notice>) {
                 .name("herald-stdout".into())
                 .spawn(move || {
                     let _done = done;
-                    use std::io::Write as _;
                     while let Some(n) = rx.blocking_recv() {
-                        // Locked per notice: anything else printing meanwhile is not shut out.
-                        let mut out = std::io::stdout().lock();
                         let line = render(&n, text);
-                        if out.write_all(line.as_bytes()).is_err() || out.flush().is_err() {
+                        // One whole notice per write; a closed stdout ends herald quietly.
+                        if crate::app::console::print(&line).is_err() {
                             tracing::error!("stdout is closed; notices can no longer be printed");
                             return;
                         }

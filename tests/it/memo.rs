@@ -130,14 +130,12 @@ async fn notes_survive_a_restart_and_a_second_process_is_refused() {
     call(&conn, "memo_set", json!({"key": "owner", "value": "ana"})).await;
     conn.close().await;
 
-    // A second herald on the same store fails with an error naming the file.
+    // A second herald on the same store fails with an error naming the file and its holder.
     let out = herald(["--store", store, "memo", "--http", "127.0.0.1:0"]).await;
     assert_eq!(out.status.code(), Some(1));
     let err = String::from_utf8_lossy(&out.stderr);
-    assert!(
-        err.contains(store) && err.contains("held by another herald"),
-        "{err}"
-    );
+    let holder = format!("held by herald process {}", first.pid());
+    assert!(err.contains(store) && err.contains(&holder), "{err}");
 
     assert!(first.stderr().contains("\"event\":\"listening\""));
     assert!(first.terminate().await.success());

@@ -15,7 +15,7 @@ use std::time::Duration;
 use clap::Args;
 
 use self::config::UpToml;
-use crate::app::{self, Bound, ServeOptions};
+use crate::app::{self, Bound, ServeOptions, console};
 use crate::cli::serve::announce;
 use crate::cli::{Exit, Globals, LogFormat, usage};
 use crate::filter::pool::PoolConfig;
@@ -160,7 +160,7 @@ pub async fn run(args: UpArgs, globals: &Globals) -> Result<(), Exit> {
     }
     let cfg = toml.check().map_err(usage)?;
     if args.print_config {
-        print!("{}", cfg.to_toml());
+        console::print(&cfg.to_toml())?;
         return Ok(());
     }
     let store = globals.open_store().await?;

@@ -1,0 +1,99 @@
+//! What herald prints for a person or a pipe, outside the protocol: the one way to write
+//! stdout (client output, notices, code mode's values, generated scripts and pages), and
+//! whether stderr may carry colour.
+//!
+//! A reader of stdout that went away (`herald ls … | head`, `| true`) is how a pipeline says
+//! "enough", not a failure: herald ends at once, quietly, with status 0, as ripgrep does,
+//! wherever the write happened (a client's last line, the notice thread, a code-mode value).
+//! Nothing it would still print could be read, and a process that keeps running after its
+//! stdout is gone only hides that from the pipeline. The store needs no goodbye: it is
+//! crash-safe (redb), and every write a caller was told is durable already is.
+
+use std::io::{self, IsTerminal as _};
+
+/// Writes `text` to stdout and flushes it. A closed stdout ends the process with status 0
+/// (see the module doc); any other failure (a full disk under `> file`) is returned.
+pub fn print(text: &str) -> Result<(), StdoutError> {
+    write(text.as_bytes())
+}
+
+/// [`print`] for bytes (a generated manual page or completion script).
+pub fn write(bytes: &[u8]) -> Result<(), StdoutError> {
+    write_to(&mut io::stdout().lock(), bytes).map_err(StdoutError)
+}
+
+/// [`print`] with a newline after `line`.
+pub fn println(line: &str) -> Result<(), StdoutError> {
+    let mut text = String::with_capacity(line.len() + 1);
+    text.push_str(line);
+    text.push('\n');
+    print(&text)
+}
+
+/// Writes `bytes` whole to `out` and flushes it; a broken pipe ends the process quietly.
+fn write_to(out: &mut impl io::Write, bytes: &[u8]) -> io::Result<()> {
+    match out.write_all(bytes).and_then(|()| out.flush()) {
+        Err(e) if reader_gone(&e) => std::process::exit(0),
+        other => other,
+    }
+}
+
+/// Whether a write failed because nobody reads the other end any more.
+fn reader_gone(e: &io::Error) -> bool {
+    e.kind() == io::ErrorKind::BrokenPipe
+}
+
+/// stdout could not be written (for a reason other than its reader having gone).
+#[derive(Debug, thiserror::Error)]
+#[error("cannot write to stdout: {0}")]
+pub struct StdoutError(#[source] io::Error);
+
+/// Whether what herald writes on stderr may carry colour and other terminal styling: only
+/// when stderr is a terminal and `NO_COLOR` is unset or empty (<https://no-color.org>), so
+/// logs in files, pipes and the journal stay plain text.
+pub fn stderr_colour() -> bool {
+    colour(
+        io::stderr().is_terminal(),
+        std::env::var_os("NO_COLOR").as_deref(),
+    )
+}
+
+/// The rule of [`stderr_colour`], for a stream that is or is not a terminal.
+fn colour(terminal: bool, no_colour: Option<&std::ffi::OsStr>) -> bool {
+    terminal && no_colour.is_none_or(|v| v.is_empty())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn colour_only_on_a_terminal_without_no_color() {
+        use std::ffi::OsStr;
+        assert!(colour(true, None));
+        assert!(
+            colour(true, Some(OsStr::new(""))),
+            "an empty NO_COLOR is unset"
+        );
+        assert!(!colour(true, Some(OsStr::new("1"))));
+        assert!(!colour(false, None));
+    }
+
+    #[test]
+    fn a_failed_write_other_than_a_closed_pipe_is_returned() {
+        struct Full;
+        impl io::Write for Full {
+            fn write(&mut self, _: &[u8]) -> io::Result<usize> {
+                Err(io::Error::from_raw_os_error(libc::ENOSPC))
+            }
+            fn flush(&mut self) -> io::Result<()> {
+                Ok(())
+            }
+        }
+        let e = write_to(&mut Full, b"x").unwrap_err();
+        assert!(!reader_gone(&e));
+        let mut v = Vec::new();
+        write_to(&mut v, b"all of it").unwrap();
+        assert_eq!(v, b"all of it");
+    }
+}
