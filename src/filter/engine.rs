@@ -679,6 +679,28 @@ f'{event["type"].lower()} {m["namespace"]}/{m["name"]}' if event["type"] in ("AD
         assert!(!e.exc_type.is_empty(), "{e}");
     }
 
+    /// Why `filter::shape::never_notices` may refuse code that ends in a statement: Monty
+    /// gives it no value, whatever its branches hold.
+    #[test]
+    fn code_that_ends_in_a_statement_has_no_value() {
+        let mut s = Scope::new();
+        for code in [
+            "if True:\n    'added'\nelse:\n    None\n",
+            "msg = 'added'\n",
+            "for x in [1]:\n    'added'\n",
+        ] {
+            assert_eq!(
+                run(&mut s, code, json!(null)).unwrap().value,
+                Value::Null,
+                "{code}"
+            );
+        }
+        assert_eq!(
+            run(&mut s, "msg", json!(null)).unwrap().value,
+            json!("added")
+        );
+    }
+
     /// Where `code` raised, as herald says it.
     fn raised_at(s: &mut Scope, code: &str) -> String {
         let e = run(s, code, json!(null)).unwrap_err();

@@ -145,6 +145,7 @@ elif k == "process":
 elif k == "env":
     import os
     os.getenv("HOME")
+None
 "#;
     let mut s = setup("memo://log", code).await;
     for k in ["file", "socket", "process", "env"] {
@@ -226,8 +227,11 @@ async fn start_fails(code: &str) -> String {
 
 #[tokio::test]
 async fn bad_filters_fail_the_start_with_no_subscription() {
-    let err = start_fails("x = (\n").await;
-    assert!(err.contains("SyntaxError"), "{err}");
+    let err = start_fails("x = 1\nx +\n").await;
+    assert!(
+        err.contains("SyntaxError: Expected an expression (line 2, column 4: x +)"),
+        "{err}"
+    );
     let err = start_fails("undefined_helper(event)\n").await;
     assert!(
         err.contains("NameError") && err.contains("undefined_helper"),
@@ -235,6 +239,33 @@ async fn bad_filters_fail_the_start_with_no_subscription() {
     );
     let err = start_fails("<function fmt at 0x7f3a2c1d5e50>").await;
     assert!(err.contains("not a function object"), "{err}");
+    // Written as a statement, it would pass the dry run and then drop every event.
+    let err = start_fails(
+        "if event[\"type\"] == \"ADDED\":\n    f\"added {event['key']}\"\nelse:\n    None\n",
+    )
+    .await;
+    assert!(
+        err.contains("on_event gives no notice for any event: the filter's value is its last expression, and it ends with an `if` statement (line 1), which has no value; write the choice as one expression, `x if cond else None`"),
+        "{err}"
+    );
+}
+
+#[tokio::test]
+async fn a_filter_error_names_its_line() {
+    let code = r#"
+k = event["key"]
+seen = {}
+seen[k] if k == "missing" else f"ok {k}"
+"#;
+    let mut s = setup("memo://log", code).await;
+    set(&s, "missing", json!(1)).await;
+    assert_eq!(
+        lines(&mut s).await,
+        json!([
+            "on_event raised KeyError: missing (line 4, column 1: seen[k] if k == \"missing\" else f\"ok {k}\")"
+        ])
+    );
+    s.w.terminate().await;
 }
 
 #[tokio::test]
