@@ -183,17 +183,20 @@ pub enum PyExc {
     TimeoutError,
     /// Anything else: the server failed, the connection was lost, too many calls.
     RuntimeError,
+    /// The person pressed Ctrl-C (code mode): like Python's, `except Exception` lets it by.
+    KeyboardInterrupt,
 }
 
 impl PyExc {
     /// Every kind, for tests and documentation.
-    pub const ALL: [PyExc; 6] = [
+    pub const ALL: [PyExc; 7] = [
         PyExc::PermissionError,
         PyExc::ValueError,
         PyExc::TypeError,
         PyExc::KeyError,
         PyExc::TimeoutError,
         PyExc::RuntimeError,
+        PyExc::KeyboardInterrupt,
     ];
 
     /// The exception's Python name.
@@ -205,6 +208,7 @@ impl PyExc {
             PyExc::KeyError => "KeyError",
             PyExc::TimeoutError => "TimeoutError",
             PyExc::RuntimeError => "RuntimeError",
+            PyExc::KeyboardInterrupt => "KeyboardInterrupt",
         }
     }
 }
@@ -224,6 +228,7 @@ impl From<PyExc> for ExcType {
             PyExc::KeyError => ExcType::KeyError,
             PyExc::TimeoutError => ExcType::TimeoutError,
             PyExc::RuntimeError => ExcType::RuntimeError,
+            PyExc::KeyboardInterrupt => ExcType::KeyboardInterrupt,
         }
     }
 }

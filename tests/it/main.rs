@@ -3,6 +3,7 @@
 mod admin;
 mod agent;
 mod badinput;
+mod code;
 mod dist;
 mod durability;
 mod events;
