@@ -74,7 +74,11 @@ fn every_flag_is_in_the_readme_with_its_default() {
             }
         }
     }
-    assert!(missing.is_empty(), "README vs --help:\n{}", missing.join("\n"));
+    assert!(
+        missing.is_empty(),
+        "README vs --help:\n{}",
+        missing.join("\n")
+    );
 }
 
 /// Splits a shell line into words and operators (`|`, `&`, `&&`, `;`, `>`, `<`, `2>`…), with
@@ -119,7 +123,11 @@ fn shell_words(line: &str) -> Vec<String> {
             '|' | '&' | ';' | '>' | '<' => {
                 // `2>` is one operator; a number right before `>` is not a word.
                 let fd = in_word && c == '>' && word.chars().all(|d| d.is_ascii_digit());
-                let mut op = if fd { std::mem::take(&mut word) } else { String::new() };
+                let mut op = if fd {
+                    std::mem::take(&mut word)
+                } else {
+                    String::new()
+                };
                 if in_word && !fd {
                     words.push(std::mem::take(&mut word));
                 }
@@ -215,7 +223,18 @@ fn invocations(line: &str) -> Vec<Vec<String>> {
 fn the_shell_splitter_reads_the_readme_forms() {
     assert_eq!(
         shell_words(r#"A=1 herald call k v='"x y"' | jq . 2>/dev/null # note"#),
-        ["A=1", "herald", "call", "k", "v=\"x y\"", "|", "jq", ".", "2>", "/dev/null"]
+        [
+            "A=1",
+            "herald",
+            "call",
+            "k",
+            "v=\"x y\"",
+            "|",
+            "jq",
+            ".",
+            "2>",
+            "/dev/null"
+        ]
     );
     assert_eq!(
         invocations("HERALD_TOKEN=… herald ls --json > out.json &"),
@@ -246,5 +265,9 @@ fn every_herald_command_line_in_the_readme_parses() {
         }
     }
     assert!(seen >= 30, "only {seen} herald command lines found");
-    assert!(bad.is_empty(), "README command lines clap refuses:\n{}", bad.join("\n"));
+    assert!(
+        bad.is_empty(),
+        "README command lines clap refuses:\n{}",
+        bad.join("\n")
+    );
 }

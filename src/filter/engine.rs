@@ -47,19 +47,123 @@ pub struct Outcome {
 
 /// A Python exception that escaped a run.
 #[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize, thiserror::Error)]
-#[error("{exc_type}: {message}")]
 pub struct PyError {
     pub exc_type: String,
     pub message: String,
+    /// Where it was raised, when Monty says (it does for every exception but a time limit
+    /// hit between two bytecodes).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub at: Option<Location>,
 }
 
-impl From<&MontyException> for PyError {
-    fn from(e: &MontyException) -> Self {
+/// Where in the code an exception was raised: Monty's innermost frame.
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct Location {
+    /// 1-based, in the code of the run (or, when `earlier`, of the run that defined it).
+    pub line: u32,
+    /// 1-based, in characters, as written (an `await` herald dropped is counted).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub column: Option<u32>,
+    /// The function it was raised in; `None` at the top level.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub function: Option<String>,
+    /// That line, trimmed and cut at [`SOURCE_CHARS`].
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub source: Option<String>,
+    /// In code an earlier run defined (a function of an earlier snippet), not this run's.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub earlier: bool,
+}
+
+/// The most of a line an error quotes.
+pub const SOURCE_CHARS: usize = 80;
+
+impl std::fmt::Display for PyError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.exc_type)?;
+        if !self.message.is_empty() {
+            write!(f, ": {}", self.message)?;
+        }
+        match &self.at {
+            Some(at) => write!(f, " ({at})")?,
+            // Monty checks the clock between bytecodes and gives that check no frame.
+            None if self.exc_type == "TimeoutError" => f.write_str(
+                " (Monty does not say which line was running; look for a loop that runs too long)",
+            )?,
+            None => {}
+        }
+        Ok(())
+    }
+}
+
+impl std::fmt::Display for Location {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "line {}", self.line)?;
+        if self.earlier {
+            f.write_str(" of code run earlier")?;
+        } else if let Some(c) = self.column {
+            write!(f, ", column {c}")?;
+        }
+        if let Some(func) = &self.function {
+            write!(f, ", in {func}")?;
+        }
+        if let Some(src) = &self.source {
+            write!(f, ": {src}")?;
+        }
+        Ok(())
+    }
+}
+
+impl PyError {
+    /// `e` as raised by running `ran` (the code as written, before [`strip_host_awaits`]).
+    fn new(e: &MontyException, ran: &Stripped, written: &str) -> PyError {
         PyError {
             exc_type: format!("{:?}", e.exc_type()),
             message: e.message().unwrap_or_default().to_owned(),
+            at: locate(e, ran, written),
         }
     }
+}
+
+/// The innermost frame of `e`'s traceback, in the code as the person wrote it.
+fn locate(e: &MontyException, ran: &Stripped, written: &str) -> Option<Location> {
+    let tb = e.traceback();
+    // The outermost frame is always the run's own code; a frame of another "file" is a
+    // function an earlier run defined.
+    let (outer, inner) = (tb.first()?, tb.last()?);
+    let earlier = inner.filename != outer.filename;
+    let line = inner.start.line;
+    let (column, source) = if earlier {
+        let first = inner.preview_line.as_deref().and_then(|p| p.lines().next());
+        (None, first.map(str::to_owned))
+    } else {
+        let text = written.lines().nth(line.saturating_sub(1) as usize);
+        (
+            Some(ran.written_column(line, inner.start.column)),
+            text.map(str::to_owned),
+        )
+    };
+    Some(Location {
+        line,
+        column,
+        function: inner.frame_name.clone().filter(|n| n != "<module>"),
+        source: source.as_deref().and_then(quote),
+        earlier,
+    })
+}
+
+/// `line` trimmed and cut to [`SOURCE_CHARS`]; `None` when blank.
+fn quote(line: &str) -> Option<String> {
+    let t = line.trim();
+    if t.is_empty() {
+        return None;
+    }
+    if t.chars().count() <= SOURCE_CHARS {
+        return Some(t.to_owned());
+    }
+    let mut s: String = t.chars().take(SOURCE_CHARS - 1).collect();
+    s.push('…');
+    Some(s)
 }
 
 /// The Python exceptions a host function may raise: the few herald's catalogs use, so a
@@ -79,17 +183,20 @@ pub enum PyExc {
     TimeoutError,
     /// Anything else: the server failed, the connection was lost, too many calls.
     RuntimeError,
+    /// The person pressed Ctrl-C (code mode): like Python's, `except Exception` lets it by.
+    KeyboardInterrupt,
 }
 
 impl PyExc {
     /// Every kind, for tests and documentation.
-    pub const ALL: [PyExc; 6] = [
+    pub const ALL: [PyExc; 7] = [
         PyExc::PermissionError,
         PyExc::ValueError,
         PyExc::TypeError,
         PyExc::KeyError,
         PyExc::TimeoutError,
         PyExc::RuntimeError,
+        PyExc::KeyboardInterrupt,
     ];
 
     /// The exception's Python name.
@@ -101,6 +208,7 @@ impl PyExc {
             PyExc::KeyError => "KeyError",
             PyExc::TimeoutError => "TimeoutError",
             PyExc::RuntimeError => "RuntimeError",
+            PyExc::KeyboardInterrupt => "KeyboardInterrupt",
         }
     }
 }
@@ -120,6 +228,7 @@ impl From<PyExc> for ExcType {
             PyExc::KeyError => ExcType::KeyError,
             PyExc::TimeoutError => ExcType::TimeoutError,
             PyExc::RuntimeError => ExcType::RuntimeError,
+            PyExc::KeyboardInterrupt => ExcType::KeyboardInterrupt,
         }
     }
 }
@@ -155,15 +264,41 @@ pub trait Host {
     ) -> Result<Value, HostError>;
 }
 
+/// Code with the `await`s in front of host calls dropped, and where they were, so that a
+/// column Monty reports in it can be turned back into one in the code as written.
+#[derive(Debug, Default)]
+pub struct Stripped {
+    pub code: String,
+    /// Each cut: its line and column in `code` (1-based) and the characters dropped there.
+    cuts: Vec<(u32, u32, u32)>,
+}
+
+impl Stripped {
+    /// The column in the code as written of `column` on `line` of [`Stripped::code`].
+    pub fn written_column(&self, line: u32, column: u32) -> u32 {
+        let dropped: u32 = self
+            .cuts
+            .iter()
+            .filter(|(l, c, _)| *l == line && *c <= column)
+            .map(|(_, _, n)| n)
+            .sum();
+        column + dropped
+    }
+}
+
 /// Drops `await` in front of calls to host functions (see the module docs). String literals
-/// and comments are left exactly as written.
-pub fn strip_host_awaits(code: &str, is_host: impl Fn(&str) -> bool) -> String {
-    let mut out = String::with_capacity(code.len());
+/// and comments are left exactly as written, and so are line breaks: every line keeps its
+/// number.
+pub fn strip_host_awaits(code: &str, is_host: impl Fn(&str) -> bool) -> Stripped {
+    let mut out = Stripped {
+        code: String::with_capacity(code.len()),
+        cuts: Vec::new(),
+    };
     for (is_code, part) in python_segments(code) {
         if is_code {
             strip_in_code(part, &is_host, &mut out);
         } else {
-            out.push_str(part);
+            out.code.push_str(part);
         }
     }
     out
@@ -250,7 +385,7 @@ fn is_f_string(b: &[u8], i: usize) -> bool {
     standalone && b[p..i].iter().any(|c| *c == b'f' || *c == b'F')
 }
 
-fn strip_in_code(code: &str, is_host: &impl Fn(&str) -> bool, out: &mut String) {
+fn strip_in_code(code: &str, is_host: &impl Fn(&str) -> bool, out: &mut Stripped) {
     let mut rest = code;
     while let Some(i) = rest.find("await") {
         let before_ok = rest[..i]
@@ -266,14 +401,28 @@ fn strip_in_code(code: &str, is_host: &impl Fn(&str) -> bool, out: &mut String) 
         let called = trimmed[ident.len()..].trim_start().starts_with('(');
         let spaced = after.len() > trimmed.len();
         if before_ok && spaced && !ident.is_empty() && called && is_host(&ident) {
-            out.push_str(&rest[..i]);
-            rest = trimmed;
+            out.code.push_str(&rest[..i]);
+            // Only the `await` and the blanks after it on its own line go: a line break
+            // (inside brackets) stays, so every line keeps its number.
+            let blanks = after.len() - after.trim_start_matches([' ', '\t']).len();
+            let kept = if after[blanks..].starts_with(['\n', '\r']) {
+                &after[blanks..]
+            } else {
+                trimmed
+            };
+            let line_start = out.code.rfind('\n').map_or(0, |n| n + 1);
+            let line = out.code.matches('\n').count() as u32 + 1;
+            let column = out.code[line_start..].chars().count() as u32 + 1;
+            let dropped = rest[i..].len() - kept.len();
+            out.cuts
+                .push((line, column, rest[i..i + dropped].chars().count() as u32));
+            rest = kept;
         } else {
-            out.push_str(&rest[..i + 5]);
+            out.code.push_str(&rest[..i + 5]);
             rest = after;
         }
     }
-    out.push_str(rest);
+    out.code.push_str(rest);
 }
 
 /// A persistent Python scope.
@@ -314,20 +463,21 @@ impl Scope {
         let mut repl = self.repl.take().unwrap_or_else(|| fresh_repl(limits.time));
         // Monty's time budget accumulates over the REPL's life; give every run its own.
         repl.tracker_mut().set_max_duration(limits.time);
-        let code = strip_host_awaits(code, |n| host.provides(n));
+        let written = code;
+        let ran = strip_host_awaits(code, |n| host.provides(n));
         let inputs: Vec<(String, MontyObject)> =
             inputs.into_iter().map(|(k, v)| (k, to_py(&v))).collect();
         let mut printed = String::new();
         let mut calls = 0usize;
         let mut progress = repl.feed_start(
-            &code,
+            &ran.code,
             inputs,
             PrintWriter::CollectString(&mut printed, Some(limits.max_print_bytes)),
         );
         loop {
             let step = match progress {
                 Err(e) => {
-                    let err = PyError::from(&e.error);
+                    let err = PyError::new(&e.error, &ran, written);
                     self.repl = Some(e.repl);
                     return Err(err);
                 }
@@ -534,6 +684,103 @@ f'{event["type"].lower()} {m["namespace"]}/{m["name"]}' if event["type"] in ("AD
         assert!(!e.exc_type.is_empty(), "{e}");
     }
 
+    /// Why `filter::shape::never_notices` may refuse code that ends in a statement: Monty
+    /// gives it no value, whatever its branches hold.
+    #[test]
+    fn code_that_ends_in_a_statement_has_no_value() {
+        let mut s = Scope::new();
+        for code in [
+            "if True:\n    'added'\nelse:\n    None\n",
+            "msg = 'added'\n",
+            "for x in [1]:\n    'added'\n",
+        ] {
+            assert_eq!(
+                run(&mut s, code, json!(null)).unwrap().value,
+                Value::Null,
+                "{code}"
+            );
+        }
+        assert_eq!(
+            run(&mut s, "msg", json!(null)).unwrap().value,
+            json!("added")
+        );
+    }
+
+    /// Where `code` raised, as herald says it.
+    fn raised_at(s: &mut Scope, code: &str) -> String {
+        let e = run(s, code, json!(null)).unwrap_err();
+        format!("{e}")
+    }
+
+    #[test]
+    fn every_error_names_its_line_and_column_in_the_code_as_written() {
+        let mut s = Scope::new();
+        assert_eq!(
+            raised_at(&mut s, "x = 1\nx +\n"),
+            "SyntaxError: Expected an expression (line 2, column 4: x +)"
+        );
+        assert_eq!(
+            raised_at(&mut s, "a = 1\nb = {}\nb['k']\n"),
+            "KeyError: k (line 3, column 1: b['k'])"
+        );
+        assert_eq!(
+            raised_at(&mut s, "x = 1\n\nundefined_name + 1"),
+            "NameError: name 'undefined_name' is not defined (line 3, column 1: undefined_name + 1)"
+        );
+        assert_eq!(
+            raised_at(&mut s, "def f(d):\n    return d['k']\nf({})"),
+            "KeyError: k (line 2, column 12, in f: return d['k'])"
+        );
+        // A column after a dropped `await` counts it, as the person wrote it.
+        assert_eq!(
+            raised_at(
+                &mut s,
+                "r = {'a': await read_resource(uri='u'), 'b': {}['k']}"
+            ),
+            "KeyError: k (line 1, column 46: r = {'a': await read_resource(uri='u'), 'b': {}['k']})"
+        );
+        // Limits: the call cap and recursion name the line too.
+        assert_eq!(
+            raised_at(&mut s, "for i in range(11):\n    read_resource(uri='x')\n"),
+            "RuntimeError: more than 10 tool calls in one run; do less per event (line 2, column 5: read_resource(uri='x'))"
+        );
+        let e = raised_at(&mut s, "def f(n):\n    return f(n + 1)\nf(0)");
+        assert!(
+            e.starts_with(
+                "RecursionError: maximum recursion depth exceeded (line 2, column 12, in f:"
+            ),
+            "{e}"
+        );
+        // A function an earlier run defined: its line there, not a column of this run.
+        run(&mut s, "def g(d):\n    return d['k']\n", json!(null)).unwrap();
+        assert_eq!(
+            raised_at(&mut s, "\n\ng({})"),
+            "KeyError: k (line 2 of code run earlier, in g: return d['k'])"
+        );
+        let long = format!("x = {{}}['{}']", "k".repeat(200));
+        let e = raised_at(&mut s, &long);
+        assert!(e.ends_with("…)") && e.len() < 400, "{e}");
+    }
+
+    #[test]
+    fn dropping_an_await_keeps_every_line_break() {
+        let host = |n: &str| n == "read_resource";
+        let code = "x = [await\n  read_resource(uri='u')]\ny = 1";
+        let s = strip_host_awaits(code, host);
+        assert_eq!(s.code, "x = [\n  read_resource(uri='u')]\ny = 1");
+        assert_eq!(s.code.lines().count(), code.lines().count());
+        let s = strip_host_awaits(
+            "a = await read_resource(uri='u') + await read_resource(uri='v')",
+            host,
+        );
+        assert_eq!(
+            s.code,
+            "a = read_resource(uri='u') + read_resource(uri='v')"
+        );
+        assert_eq!((s.written_column(1, 1), s.written_column(1, 5)), (1, 11));
+        assert_eq!(s.written_column(1, 30), 42, "after both cuts");
+    }
+
     /// A host whose one function `f` always fails with `0`.
     struct Raising(PyExc);
 
@@ -583,6 +830,7 @@ f'{event["type"].lower()} {m["namespace"]}/{m["name"]}' if event["type"] in ("AD
             .run("while True:\n    pass\n", vec![], limits, &mut host)
             .unwrap_err();
         assert_eq!(e.exc_type, "TimeoutError");
+        assert!(e.to_string().contains("look for a loop"), "{e}");
         let o = s.run("1 + 1", vec![], limits, &mut host).unwrap();
         assert_eq!(
             o.value,
@@ -591,15 +839,19 @@ f'{event["type"].lower()} {m["namespace"]}/{m["name"]}' if event["type"] in ("AD
         );
     }
 
+    fn stripped(code: &str, is_host: impl Fn(&str) -> bool) -> String {
+        strip_host_awaits(code, is_host).code
+    }
+
     #[test]
     fn awaits_on_host_calls_only_are_dropped() {
         let host = |n: &str| n == "read_resource";
         assert_eq!(
-            strip_host_awaits("x = await read_resource(uri=u)", host),
+            stripped("x = await read_resource(uri=u)", host),
             "x = read_resource(uri=u)"
         );
-        assert_eq!(strip_host_awaits("await other()", host), "await other()");
-        assert_eq!(strip_host_awaits("awaited = 1", host), "awaited = 1");
+        assert_eq!(stripped("await other()", host), "await other()");
+        assert_eq!(stripped("awaited = 1", host), "awaited = 1");
         for literal in [
             "s = 'await read_resource(x)'",
             "s = \"it's await read_resource(x)\"",
@@ -607,33 +859,33 @@ f'{event["type"].lower()} {m["namespace"]}/{m["name"]}' if event["type"] in ("AD
             "s = 'a\\' await read_resource(x)'",
             "# await read_resource(x)\ny = 1",
         ] {
-            assert_eq!(strip_host_awaits(literal, host), literal);
+            assert_eq!(stripped(literal, host), literal);
         }
         assert_eq!(
-            strip_host_awaits("s = 'x' + await read_resource(uri='await')", host),
+            stripped("s = 'x' + await read_resource(uri='await')", host),
             "s = 'x' + read_resource(uri='await')"
         );
         assert_eq!(
-            strip_host_awaits("bad = 'open\nx = await read_resource(u)", host),
+            stripped("bad = 'open\nx = await read_resource(u)", host),
             "bad = 'open\nx = read_resource(u)"
         );
         // f-string fields are code; the text around them is not.
         assert_eq!(
-            strip_host_awaits(
+            stripped(
                 "s = f'{await read_resource(uri=u)} await read_resource(x)'",
                 host
             ),
             "s = f'{read_resource(uri=u)} await read_resource(x)'"
         );
         assert_eq!(
-            strip_host_awaits(
+            stripped(
                 "s = rf\"{{await read_resource(x)}} {len(await list_resources())}\"",
                 |n: &str| n == "list_resources"
             ),
             "s = rf\"{{await read_resource(x)}} {len(list_resources())}\""
         );
         assert_eq!(
-            strip_host_awaits("elif'await read_resource(x)'", host),
+            stripped("elif'await read_resource(x)'", host),
             "elif'await read_resource(x)'"
         );
     }

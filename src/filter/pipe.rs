@@ -204,6 +204,13 @@ mod tests {
                 Err(PyError {
                     exc_type: "NameError".into(),
                     message: "name 'x' is not defined".into(),
+                    at: Some(crate::filter::engine::Location {
+                        line: 2,
+                        column: Some(5),
+                        function: Some("f".into()),
+                        source: Some("return x".into()),
+                        earlier: false,
+                    }),
                 }),
             ],
         });

@@ -10,7 +10,7 @@ use crate::fuzzing::config;
 use serde_json::{Map, Value};
 
 use super::{FromWorker, Message, ToWorker};
-use crate::filter::engine::{HostError, Outcome, PyError, PyExc};
+use crate::filter::engine::{HostError, Location, Outcome, PyError, PyExc};
 
 /// Strings with the characters JSON must escape.
 fn text() -> impl Strategy<Value = String> {
@@ -89,6 +89,23 @@ fn to_worker() -> impl Strategy<Value = ToWorker> {
     ]
 }
 
+fn location() -> impl Strategy<Value = Location> {
+    (
+        any::<u32>(),
+        prop::option::of(any::<u32>()),
+        prop::option::of(text()),
+        prop::option::of(text()),
+        any::<bool>(),
+    )
+        .prop_map(|(line, column, function, source, earlier)| Location {
+            line,
+            column,
+            function,
+            source,
+            earlier,
+        })
+}
+
 fn from_worker() -> impl Strategy<Value = FromWorker> {
     let result = prop_oneof![
         (value(), text(), any::<bool>()).prop_map(|(value, printed, fresh_scope)| Ok(Outcome {
@@ -96,7 +113,13 @@ fn from_worker() -> impl Strategy<Value = FromWorker> {
             printed,
             fresh_scope,
         })),
-        (text(), text()).prop_map(|(exc_type, message)| Err(PyError { exc_type, message })),
+        (text(), text(), prop::option::of(location())).prop_map(|(exc_type, message, at)| {
+            Err(PyError {
+                exc_type,
+                message,
+                at,
+            })
+        }),
     ];
     prop_oneof![
         (

@@ -36,6 +36,43 @@ pub trait Catalog: Send + Sync {
     ) -> Result<Value, HostError>;
 }
 
+/// A catalog whose calls can be interrupted: once `cancel` fires, the call under way and
+/// every later one raise `KeyboardInterrupt` in Python. It is how code mode's Ctrl-C stops a
+/// running statement without losing the scope (the sandbox itself cannot be interrupted, but
+/// its own code is bounded by the time limit; what runs long is a tool call).
+pub struct Interruptible {
+    pub catalog: Arc<dyn Catalog>,
+    pub cancel: tokio_util::sync::CancellationToken,
+}
+
+#[async_trait]
+impl Catalog for Interruptible {
+    fn functions(&self) -> Vec<String> {
+        self.catalog.functions()
+    }
+
+    async fn call(
+        &self,
+        name: &str,
+        args: Vec<Value>,
+        kwargs: Map<String, Value>,
+    ) -> Result<Value, HostError> {
+        let interrupted = || {
+            Err(HostError::new(
+                PyExc::KeyboardInterrupt,
+                format!("{name} was interrupted (Ctrl-C)"),
+            ))
+        };
+        if self.cancel.is_cancelled() {
+            return interrupted();
+        }
+        tokio::select! {
+            r = self.catalog.call(name, args, kwargs) => r,
+            _ = self.cancel.cancelled() => interrupted(),
+        }
+    }
+}
+
 /// Why a run produced no outcome.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
 pub enum FilterError {
@@ -569,6 +606,54 @@ done
         std::fs::write(&path, script).unwrap();
         std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755)).unwrap();
         path
+    }
+
+    /// A catalog whose one function, `wait`, never answers.
+    struct Forever;
+
+    #[async_trait]
+    impl Catalog for Forever {
+        fn functions(&self) -> Vec<String> {
+            vec!["wait".into()]
+        }
+        async fn call(
+            &self,
+            _: &str,
+            _: Vec<Value>,
+            _: Map<String, Value>,
+        ) -> Result<Value, HostError> {
+            std::future::pending().await
+        }
+    }
+
+    #[tokio::test]
+    async fn an_interrupted_catalog_raises_keyboard_interrupt_in_the_call_and_after() {
+        let cancel = tokio_util::sync::CancellationToken::new();
+        let cat = Arc::new(Interruptible {
+            catalog: Arc::new(Forever),
+            cancel: cancel.clone(),
+        });
+        let call = tokio::spawn({
+            let cat = cat.clone();
+            async move { cat.call("wait", vec![], Map::new()).await }
+        });
+        cancel.cancel();
+        let e = tokio::time::timeout(Duration::from_secs(10), call)
+            .await
+            .expect("the waiting call ends")
+            .unwrap()
+            .unwrap_err();
+        assert_eq!(
+            (e.kind, e.message.as_str()),
+            (PyExc::KeyboardInterrupt, "wait was interrupted (Ctrl-C)")
+        );
+        let later = cat.call("wait", vec![], Map::new()).await.unwrap_err();
+        assert_eq!(
+            later.kind,
+            PyExc::KeyboardInterrupt,
+            "a later call does not wait"
+        );
+        assert_eq!(cat.functions(), ["wait"]);
     }
 
     #[tokio::test]

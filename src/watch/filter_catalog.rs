@@ -30,11 +30,125 @@ const WATCH_BUILTINS: [&str; 4] = [
     "call_tool_as_task",
 ];
 
+/// A function Python gets beside the servers' tools, as `help()` shows it.
+#[derive(Debug, Clone, Copy)]
+pub struct Builtin {
+    pub name: &'static str,
+    /// How to call it.
+    pub call: &'static str,
+    /// What it does, in one line.
+    pub doc: &'static str,
+    /// Offered only in code mode (a filter calling it gets a `PermissionError`, or for
+    /// `help`, nothing).
+    pub code_only: bool,
+}
+
+/// Every built-in. [`FilterCatalog::functions`] offers these (but `help`, which
+/// [`CODE_PRELUDE`] defines in Python) and `help()` lists them: a new one needs its line here.
+pub const BUILTINS: [Builtin; 7] = [
+    Builtin {
+        name: "list_resources",
+        call: "list_resources()",
+        doc: "every resource and template the servers list (dicts with uri or uriTemplate)",
+        code_only: false,
+    },
+    Builtin {
+        name: "read_resource",
+        call: "read_resource(uri=...)",
+        doc: "reads a resource: JSON as dicts and lists, other text as a str",
+        code_only: false,
+    },
+    Builtin {
+        name: "watch_start",
+        call: "watch_start(name=..., uri=..., on_event=None)",
+        doc: "watches uri (or task://ID); its notices print here; on_event: Python run per event, whose last expression is the notice",
+        code_only: true,
+    },
+    Builtin {
+        name: "watch_stop",
+        call: "watch_stop(name=...)",
+        doc: "stops a watch; True if it was running",
+        code_only: true,
+    },
+    Builtin {
+        name: "watch_list",
+        call: "watch_list()",
+        doc: "the watches, with their URIs, events and notices so far",
+        code_only: true,
+    },
+    Builtin {
+        name: "call_tool_as_task",
+        call: "call_tool_as_task(name, args)",
+        doc: "starts a tool as a task and returns its id; watch it with uri=\"task://\" + id",
+        code_only: true,
+    },
+    Builtin {
+        name: "help",
+        call: "help(name=None)",
+        doc: "this list; help(\"name\") for one built-in or tool in full",
+        code_only: true,
+    },
+];
+
+/// The host function behind code mode's `help`, which [`CODE_PRELUDE`] wraps: it returns
+/// the text, `help` prints it.
+const HELP_TEXT: &str = "_herald_help";
+
+/// Python code mode runs in its scope before anything else (and again when the scope is
+/// new): `help`, printing what [`BUILTINS`] and the servers' tools say.
+pub const CODE_PRELUDE: &str = "def help(name=None):\n    print(_herald_help(name))\n";
+
 fn py_err(kind: PyExc, message: String) -> HostError {
     HostError::new(kind, message)
 }
 
 impl FilterCatalog {
+    /// `help()`'s text: every built-in of code mode and every tool of the connected servers,
+    /// one line each; with `name`, that one in full.
+    fn help(&self, name: Option<&str>) -> String {
+        let catalogs: Vec<_> = self
+            .servers
+            .iter()
+            .map(|s| (s.name.as_str(), s.catalog()))
+            .collect();
+        if let Some(name) = name {
+            if let Some(b) = BUILTINS.iter().find(|b| b.name == name) {
+                return format!("{}\n    {}", b.call, b.doc);
+            }
+            for (server, c) in &catalogs {
+                if let Some(t) = c
+                    .iter()
+                    .flat_map(|c| c.tools.iter())
+                    .find(|t| t.name == name)
+                {
+                    return tool_help(server, t);
+                }
+            }
+            return format!("no built-in or tool named {name}; help() lists them");
+        }
+        let mut out =
+            String::from("Built-ins (call with keyword arguments; `await` is optional):\n");
+        for b in &BUILTINS {
+            out.push_str(&format!("  {:<46} {}\n", b.call, b.doc));
+        }
+        for (server, c) in &catalogs {
+            match c {
+                None => out.push_str(&format!("Tools of {server}: not connected yet\n")),
+                Some(c) if c.tools.is_empty() => {}
+                Some(c) => {
+                    out.push_str(&format!("Tools of {server}:\n"));
+                    for t in &c.tools {
+                        let doc = t.description.as_deref().unwrap_or("");
+                        let first = doc.lines().find(|l| !l.trim().is_empty()).unwrap_or("");
+                        out.push_str(&format!("  {:<46} {}\n", tool_call(t), first.trim()));
+                    }
+                }
+            }
+        }
+        out.push_str("help(\"name\") shows one in full.");
+        out
+    }
+
     /// Code mode's `call_tool_as_task(name, args)`: starts the tool as a task on the server
     /// that has it and returns the task's id (watch it with `watch_start(name=...,
     /// uri="task://" + id)`).
@@ -82,11 +196,60 @@ impl FilterCatalog {
     }
 }
 
+/// How to call `t`: its arguments by name, the optional ones `=...`.
+fn tool_call(t: &rmcp::model::Tool) -> String {
+    let required: Vec<&str> = t
+        .input_schema
+        .get("required")
+        .and_then(Value::as_array)
+        .map(|r| r.iter().filter_map(Value::as_str).collect())
+        .unwrap_or_default();
+    let args: Vec<String> = t
+        .input_schema
+        .get("properties")
+        .and_then(Value::as_object)
+        .map(|p| {
+            p.keys()
+                .map(|k| match required.contains(&k.as_str()) {
+                    true => format!("{k}=..."),
+                    false => format!("{k}=None"),
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+    format!("{}({})", t.name, args.join(", "))
+}
+
+/// One tool in full: how to call it, its description, and each argument's own.
+fn tool_help(server: &str, t: &rmcp::model::Tool) -> String {
+    let mut out = format!("{} (a tool of {server})", tool_call(t));
+    if let Some(d) = t.description.as_deref() {
+        for l in d.trim().lines() {
+            out.push_str(&format!("\n    {}", l.trim_end()));
+        }
+    }
+    if let Some(props) = t.input_schema.get("properties").and_then(Value::as_object) {
+        for (k, v) in props {
+            let doc = v.get("description").and_then(Value::as_str).unwrap_or("");
+            out.push_str(&format!("\n  {k}: {doc}"));
+        }
+    }
+    out
+}
+
 #[async_trait::async_trait]
 impl FilterHost for FilterCatalog {
     fn functions(&self) -> Vec<String> {
-        let mut names: Vec<String> = vec!["read_resource".into(), "list_resources".into()];
-        names.extend(WATCH_BUILTINS.iter().map(|s| s.to_string()));
+        let mut names: Vec<String> = BUILTINS
+            .iter()
+            // help is Python (CODE_PRELUDE); the watch built-ins are named in filters too,
+            // to refuse them clearly.
+            .filter(|b| b.name != "help")
+            .map(|b| b.name.to_owned())
+            .collect();
+        if self.code.is_some() {
+            names.push(HELP_TEXT.to_owned());
+        }
         for c in self.servers.iter().filter_map(|s| s.catalog()) {
             names.extend(c.tools.iter().map(|t| t.name.to_string()));
         }
@@ -101,6 +264,17 @@ impl FilterHost for FilterCatalog {
         args: Vec<Value>,
         kwargs: Map<String, Value>,
     ) -> Result<Value, HostError> {
+        if self.code.is_some() && name == HELP_TEXT {
+            let name = kwargs.get("name").or_else(|| args.first());
+            return match name {
+                None | Some(Value::Null) => Ok(Value::String(self.help(None))),
+                Some(Value::String(n)) => Ok(Value::String(self.help(Some(n)))),
+                Some(other) => Err(py_err(
+                    PyExc::TypeError,
+                    format!("help takes the name of a built-in or tool as a str, not {other}"),
+                )),
+            };
+        }
         if let Some(mgr) = &self.code
             && WATCH_BUILTINS.contains(&name)
         {
@@ -341,6 +515,69 @@ mod tests {
         }
         let unknown = cat.call("no_such_tool", Vec::new(), Map::new()).await;
         assert_eq!(exc(unknown), "ValueError");
+    }
+
+    #[tokio::test]
+    async fn help_lists_every_builtin_and_every_tool_with_its_line() {
+        let memo = MemoServer::start().await;
+        let (cat, mgr) = catalog(&memo, true).await;
+        let help = |name: Option<&str>| {
+            let args = name.map(|n| vec![json!(n)]).unwrap_or_default();
+            let cat = &cat;
+            async move { cat.call(HELP_TEXT, args, Map::new()).await.unwrap() }
+        };
+        let all = help(None).await;
+        let all = all.as_str().unwrap();
+        for b in &BUILTINS {
+            assert!(!b.doc.is_empty() && b.call.starts_with(b.name), "{b:?}");
+            let line = all
+                .lines()
+                .find(|l| l.trim_start().starts_with(b.call))
+                .unwrap_or_else(|| panic!("{} is not in help():\n{all}", b.name));
+            assert!(line.ends_with(b.doc), "{line}");
+        }
+        // Every function Python gets is a tool or has its line above; the watch built-ins
+        // (refused in filters) are among them.
+        let tools: Vec<String> = cat.servers[0]
+            .catalog()
+            .map(|c| c.tools.iter().map(|t| t.name.to_string()).collect())
+            .unwrap_or_default();
+        for f in cat.functions() {
+            assert!(
+                f == HELP_TEXT || tools.contains(&f) || BUILTINS.iter().any(|b| b.name == f),
+                "{f} has no line in BUILTINS"
+            );
+        }
+        for w in WATCH_BUILTINS {
+            assert!(BUILTINS.iter().any(|b| b.name == w && b.code_only), "{w}");
+        }
+        assert!(
+            all.contains("memo_set(key=..., value=...)"),
+            "the tools, with their arguments:\n{all}"
+        );
+        let one = help(Some("memo_wait")).await;
+        let one = one.as_str().unwrap();
+        assert!(
+            one.starts_with("memo_wait(key=..., timeout_ms=None) (a tool of "),
+            "{one}"
+        );
+        assert!(one.contains("\n  timeout_ms: "), "{one}");
+        let b = help(Some("watch_start")).await;
+        assert!(
+            b.as_str()
+                .unwrap()
+                .starts_with("watch_start(name=..., uri=..., on_event=None)\n    "),
+            "{b}"
+        );
+        let none = help(Some("nope")).await;
+        assert_eq!(
+            none,
+            json!("no built-in or tool named nope; help() lists them")
+        );
+        // Filters get no help.
+        let (filters, _) = catalog(&memo, false).await;
+        assert!(!filters.functions().iter().any(|f| f == HELP_TEXT));
+        mgr.shutdown().await;
     }
 
     #[tokio::test]

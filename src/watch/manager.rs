@@ -19,6 +19,7 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use crate::filter::pool::{Catalog as FilterHost, FilterError, FilterPool};
+use crate::filter::shape;
 use crate::mcp::ring::EVENT_LOG_MIME;
 use crate::mcp::source::SourceError;
 use crate::mcp::status::{StatusBoard, WatchReport};
@@ -193,8 +194,10 @@ impl WatchManager {
     }
 
     /// Checks `on_event` before any subscription is made: it must be source text, it must
-    /// compile, and a dry run on a sample event must not hit a NameError (missing keys in the
-    /// sample are fine).
+    /// compile, a dry run on a sample event must not hit a NameError (missing keys in the
+    /// sample are fine), and when the sample gives nothing, the code must be able to give
+    /// something: code that ends in a statement (`if`, `for`, an assignment) has no value,
+    /// and unless it prints, it would drop every event.
     async fn validate_filter(&self, name: &str, uri: &str, code: &str) -> Result<(), WatchError> {
         let trimmed = code.trim();
         if trimmed.is_empty() {
@@ -234,7 +237,13 @@ impl WatchManager {
             Err(FilterError::Worker(e)) => Err(WatchError::Unavailable(format!(
                 "on_event could not be dry-run: {e}"
             ))),
-            _ => Ok(()),
+            Ok(o) if !o.value.is_null() || !o.printed.trim().is_empty() => Ok(()),
+            // The sample gave nothing (or raised on a key it lacks): fine, unless nothing
+            // ever can.
+            _ => match shape::never_notices(code) {
+                Some(why) => Err(WatchError::Invalid(why)),
+                None => Ok(()),
+            },
         }
     }
 

@@ -24,6 +24,7 @@ use std::sync::Arc;
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
+pub use filter_catalog::{BUILTINS, Builtin, CODE_PRELUDE};
 pub use manager::WatchManager;
 pub use spec::{Notice, Restart, Shape, WatchConfig, WatchError, WatchInfo, WatchSpec};
 

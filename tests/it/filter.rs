@@ -145,6 +145,7 @@ elif k == "process":
 elif k == "env":
     import os
     os.getenv("HOME")
+None
 "#;
     let mut s = setup("memo://log", code).await;
     for k in ["file", "socket", "process", "env"] {
@@ -226,8 +227,11 @@ async fn start_fails(code: &str) -> String {
 
 #[tokio::test]
 async fn bad_filters_fail_the_start_with_no_subscription() {
-    let err = start_fails("x = (\n").await;
-    assert!(err.contains("SyntaxError"), "{err}");
+    let err = start_fails("x = 1\nx +\n").await;
+    assert!(
+        err.contains("SyntaxError: Expected an expression (line 2, column 4: x +)"),
+        "{err}"
+    );
     let err = start_fails("undefined_helper(event)\n").await;
     assert!(
         err.contains("NameError") && err.contains("undefined_helper"),
@@ -235,6 +239,33 @@ async fn bad_filters_fail_the_start_with_no_subscription() {
     );
     let err = start_fails("<function fmt at 0x7f3a2c1d5e50>").await;
     assert!(err.contains("not a function object"), "{err}");
+    // Written as a statement, it would pass the dry run and then drop every event.
+    let err = start_fails(
+        "if event[\"type\"] == \"ADDED\":\n    f\"added {event['key']}\"\nelse:\n    None\n",
+    )
+    .await;
+    assert!(
+        err.contains("on_event gives no notice for any event: the filter's value is its last expression, and it ends with an `if` statement (line 1), which has no value; write the choice as one expression, `x if cond else None`"),
+        "{err}"
+    );
+}
+
+#[tokio::test]
+async fn a_filter_error_names_its_line() {
+    let code = r#"
+k = event["key"]
+seen = {}
+seen[k] if k == "missing" else f"ok {k}"
+"#;
+    let mut s = setup("memo://log", code).await;
+    set(&s, "missing", json!(1)).await;
+    assert_eq!(
+        lines(&mut s).await,
+        json!([
+            "on_event raised KeyError: missing (line 4, column 1: seen[k] if k == \"missing\" else f\"ok {k}\")"
+        ])
+    );
+    s.w.terminate().await;
 }
 
 #[tokio::test]
@@ -384,4 +415,94 @@ f"ok {k}"
     };
     assert_eq!(l, json!(["ok next"]));
     s.w.terminate().await;
+}
+
+// === the README's examples, run as written ===
+
+/// The README's filter for a file source, and its memo one: these files are the README's
+/// code blocks.
+fn readme_filter(name: &str) -> String {
+    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/filters/");
+    std::fs::read_to_string(format!("{path}{name}")).unwrap()
+}
+
+#[tokio::test]
+async fn the_readme_memo_filter_says_what_happened_to_each_todo() {
+    let mut s = setup("memo://notes", &readme_filter("todo.py")).await;
+    set(&s, "todo-milk", json!("buy milk")).await;
+    assert_eq!(lines(&mut s).await, json!(["new todo-milk: buy milk"]));
+    // Not a todo: dropped, so the next notice is only the todo's change.
+    set(&s, "shopping", json!("Saturday")).await;
+    set(&s, "todo-milk", json!("buy oat milk")).await;
+    assert_eq!(
+        lines(&mut s).await,
+        json!(["changed todo-milk: buy oat milk"])
+    );
+    call(&s.c, "memo_delete", json!({"key": "todo-milk"})).await;
+    assert_eq!(lines(&mut s).await, json!(["done todo-milk: buy oat milk"]));
+    s.w.terminate().await;
+}
+
+#[tokio::test]
+async fn the_readme_file_filter_says_how_much_each_log_grew() {
+    let dir = TempDir::new("filter-logs");
+    let base = std::fs::canonicalize(dir.path()).unwrap();
+    let root = base.join("logs");
+    std::fs::create_dir(&root).unwrap();
+    let server = Server::spawn(&[
+        "--store",
+        ":memory:",
+        "file",
+        "--root",
+        base.to_str().unwrap(),
+        "--http",
+        "127.0.0.1:0",
+    ])
+    .await;
+    let filter = base.join("logs.py");
+    std::fs::write(&filter, readme_filter("logs.py")).unwrap();
+    let watch = format!(
+        "f={}?glob=*.log",
+        herald::source::file::events_uri(&root, false)
+    );
+    let mut w = crate::watch::Watch::spawn(
+        ":memory:",
+        &[
+            "--mcp-http",
+            &server.http_url(),
+            "--watch",
+            &watch,
+            "--on-event",
+            filter.to_str().unwrap(),
+        ],
+    );
+    w.event("watch.subscribed", "f").await;
+    let mut next = async || w.notice().await["lines"].clone();
+    // Whole writes: written beside the watched directory, renamed into it.
+    let put = |name: &str, content: &str| {
+        let tmp = base.join(format!(".{name}.tmp"));
+        std::fs::write(&tmp, content).unwrap();
+        std::fs::rename(&tmp, root.join(name)).unwrap();
+    };
+    put("app.log", "started\n");
+    assert_eq!(next().await, json!(["created app.log"]));
+    put("app.log", "started\nready\n");
+    assert_eq!(next().await, json!(["app.log +6 bytes"]));
+    std::fs::rename(root.join("app.log"), root.join("app.1.log")).unwrap();
+    assert_eq!(next().await, json!(["moved app.1.log"]));
+    std::fs::remove_file(root.join("app.1.log")).unwrap();
+    assert_eq!(next().await, json!(["deleted app.1.log"]));
+    // The watched directory goes: its own DELETED, then an ERROR, which is not about one
+    // file and is said as it comes.
+    std::fs::remove_dir(&root).unwrap();
+    let gone = format!(
+        "ERROR: {} is gone (deleted or moved away); reads of it fail until it exists again, and events resume then",
+        root.display()
+    );
+    let mut got = Vec::new();
+    while got.len() < 2 {
+        got.extend(next().await.as_array().unwrap().iter().cloned());
+    }
+    assert_eq!(got, [json!("deleted logs"), json!(gone)]);
+    w.terminate().await;
 }

@@ -4,6 +4,7 @@ mod admin;
 mod agent;
 mod badinput;
 mod cli;
+mod code;
 mod dist;
 mod durability;
 mod events;
