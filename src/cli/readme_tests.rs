@@ -271,3 +271,24 @@ fn every_herald_command_line_in_the_readme_parses() {
         bad.join("\n")
     );
 }
+
+/// The README's filter examples are the files the filter tests run (`tests/it/filter.rs`), so
+/// what a reader copies is what was tested.
+#[test]
+fn the_readme_shows_the_tested_filters_as_they_are() {
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/filters");
+    let mut seen = 0;
+    for entry in std::fs::read_dir(&dir).unwrap() {
+        let path = entry.unwrap().path();
+        if path.extension().is_some_and(|e| e == "py") {
+            let text = std::fs::read_to_string(&path).unwrap();
+            assert!(
+                README.contains(&format!("```python\n{text}```")),
+                "the README does not show {} as it is",
+                path.display()
+            );
+            seen += 1;
+        }
+    }
+    assert!(seen >= 2, "no filter fixtures in {}", dir.display());
+}
