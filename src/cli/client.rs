@@ -2,14 +2,17 @@
 
 use std::path::PathBuf;
 
-use anyhow::{Context, anyhow};
+use anyhow::anyhow;
 use clap::Args;
 use rmcp::model::{CallToolRequestParams, ReadResourceRequestParams, ResourceContents};
 use serde_json::{Map, Value};
 
 use crate::cli::{Exit, usage};
 use crate::mcp::server::DEFAULT_MAX_MESSAGE_BYTES;
-use crate::transport::client::{Connection, Target, client_config, connect};
+use crate::transport::client::{
+    Connection, DEFAULT_CONNECT_TIMEOUT, Target, client_config, connect_within,
+};
+use crate::transport::explain;
 use crate::transport::tls::ClientTrust;
 
 /// Which server to talk to (exactly one).
@@ -39,6 +42,25 @@ pub struct ConnectArgs {
     /// Trust the QUIC server whose certificate has this SHA-256 fingerprint (printed at its start).
     #[arg(long, value_name = "SHA256")]
     pub tls_pin: Option<String>,
+    #[command(flatten)]
+    pub timeout: ConnectTimeout,
+}
+
+/// How long a server has to answer a connect (every command that connects takes it).
+#[derive(Debug, Clone, Copy, Args)]
+pub struct ConnectTimeout {
+    /// How long an HTTP or QUIC server has to answer a connect, up to the end of the MCP
+    /// handshake (a QUIC server that is down answers nothing at all); reconnects wait as long.
+    /// A stdio server's start is not bounded by it.
+    #[arg(long = "connect-timeout-ms", value_name = "MS", default_value_t = DEFAULT_CONNECT_TIMEOUT.as_millis() as u64,
+          value_parser = clap::value_parser!(u64).range(1..))]
+    pub ms: u64,
+}
+
+impl ConnectTimeout {
+    pub fn duration(self) -> std::time::Duration {
+        std::time::Duration::from_millis(self.ms)
+    }
 }
 
 #[derive(Debug, Clone, Args)]
@@ -83,7 +105,12 @@ impl ConnectArgs {
             pin: self.tls_pin.clone(),
             token: crate::transport::tls::Secret::from_env(),
         };
-        Ok(connect(&self.target(), &trust, handler, DEFAULT_MAX_MESSAGE_BYTES).await?)
+        let target = self.target();
+        if let Target::Http(url) = &target {
+            explain::check_http_url(url).map_err(|e| usage(anyhow!("--mcp-http {e}")))?;
+        }
+        let within = self.timeout.duration();
+        Ok(connect_within(&target, &trust, handler, DEFAULT_MAX_MESSAGE_BYTES, within).await?)
     }
 }
 
@@ -119,15 +146,18 @@ pub struct CallArgs {
 
 pub async fn ls(args: LsArgs) -> Result<(), Exit> {
     let conn = args.client.connect().await?;
-    let tools = conn.list_all_tools().await.context("tools/list failed")?;
+    let tools = conn
+        .list_all_tools()
+        .await
+        .map_err(failed(&conn, "tools/list"))?;
     let resources = conn
         .list_all_resources()
         .await
-        .context("resources/list failed")?;
+        .map_err(failed(&conn, "resources/list"))?;
     let templates = conn
         .list_all_resource_templates()
         .await
-        .context("resources/templates/list failed")?;
+        .map_err(failed(&conn, "resources/templates/list"))?;
     if args.client.json {
         let v = serde_json::json!({"tools": tools, "resources": resources, "templates": templates});
         println!("{}", serde_json::to_string_pretty(&v)?);
@@ -168,6 +198,16 @@ pub async fn ls(args: LsArgs) -> Result<(), Exit> {
     Ok(())
 }
 
+/// A failed request as the command's error: what was asked, and what went wrong in words.
+fn failed<H: rmcp::ClientHandler>(
+    conn: &Connection<H>,
+    what: &str,
+) -> impl FnOnce(rmcp::ServiceError) -> anyhow::Error {
+    let target = conn.target().clone();
+    let what = what.to_owned();
+    move |e| anyhow!("{what} failed: {}", explain::request(&target, &e))
+}
+
 fn first_line(s: Option<&str>) -> &str {
     s.and_then(|s| s.lines().next()).unwrap_or("")
 }
@@ -177,7 +217,7 @@ pub async fn read(args: ReadArgs) -> Result<(), Exit> {
     let result = conn
         .read_resource(ReadResourceRequestParams::new(args.uri.clone()))
         .await
-        .map_err(|e| anyhow!("reading {}: {e}", args.uri))?;
+        .map_err(failed(&conn, &format!("reading {}", args.uri)))?;
     if args.client.json {
         println!("{}", serde_json::to_string_pretty(&result)?);
     } else {
@@ -230,7 +270,7 @@ pub async fn call(args: CallArgs) -> Result<(), Exit> {
     let result = conn
         .call_tool(CallToolRequestParams::new(args.tool.clone()).with_arguments(arguments))
         .await
-        .map_err(|e| anyhow!("calling {}: {e}", args.tool))?;
+        .map_err(failed(&conn, &format!("calling {}", args.tool)))?;
     conn.close().await;
     print_result(&args.tool, &result, args.client.json)
 }
