@@ -3,6 +3,7 @@
 mod admin;
 mod agent;
 mod badinput;
+mod connect;
 mod dist;
 mod durability;
 mod events;
