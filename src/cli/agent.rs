@@ -93,7 +93,7 @@ pub async fn run(args: AgentArgs, globals: &Globals, verbose: bool) -> Result<()
     if let Some(ms) = args.debounce_ms {
         cfg.debounce.quiet = Duration::from_millis(ms);
     }
-    let servers = args.servers.servers(cfg.max_message_bytes);
+    let servers = args.servers.servers(cfg.max_message_bytes)?;
     if servers.is_empty() {
         return Err(usage(anyhow!(
             "the agent needs a server to act on: pass --mcp-stdio, --mcp-http or --mcp-quic (herald up serves one at http://127.0.0.1:8750/mcp)"

@@ -10,7 +10,10 @@ use serde_json::{Map, Value};
 use crate::app::console;
 use crate::cli::{Exit, usage};
 use crate::mcp::server::DEFAULT_MAX_MESSAGE_BYTES;
-use crate::transport::client::{Connection, Target, client_config, connect};
+use crate::transport::client::{
+    Connection, DEFAULT_CONNECT_TIMEOUT, Target, client_config, connect_within,
+};
+use crate::transport::explain;
 use crate::transport::tls::ClientTrust;
 
 /// Which server to talk to (exactly one).
@@ -40,6 +43,25 @@ pub struct ConnectArgs {
     /// Trust the QUIC server whose certificate has this SHA-256 fingerprint (printed at its start).
     #[arg(long, value_name = "SHA256")]
     pub tls_pin: Option<String>,
+    #[command(flatten)]
+    pub timeout: ConnectTimeout,
+}
+
+/// How long a server has to answer a connect (every command that connects takes it).
+#[derive(Debug, Clone, Copy, Args)]
+pub struct ConnectTimeout {
+    /// How long an HTTP or QUIC server has to answer a connect, up to the end of the MCP
+    /// handshake (a QUIC server that is down answers nothing at all); reconnects wait as long.
+    /// A stdio server's start is not bounded by it.
+    #[arg(long = "connect-timeout-ms", value_name = "MS", default_value_t = DEFAULT_CONNECT_TIMEOUT.as_millis() as u64,
+          value_parser = clap::value_parser!(u64).range(1..))]
+    pub ms: u64,
+}
+
+impl ConnectTimeout {
+    pub fn duration(self) -> std::time::Duration {
+        std::time::Duration::from_millis(self.ms)
+    }
 }
 
 #[derive(Debug, Clone, Args)]
@@ -84,7 +106,12 @@ impl ConnectArgs {
             pin: self.tls_pin.clone(),
             token: crate::transport::tls::Secret::from_env(),
         };
-        Ok(connect(&self.target(), &trust, handler, DEFAULT_MAX_MESSAGE_BYTES).await?)
+        let target = self.target();
+        if let Target::Http(url) = &target {
+            explain::check_http_url(url).map_err(|e| usage(anyhow!("--mcp-http {e}")))?;
+        }
+        let within = self.timeout.duration();
+        Ok(connect_within(&target, &trust, handler, DEFAULT_MAX_MESSAGE_BYTES, within).await?)
     }
 }
 
@@ -120,19 +147,18 @@ pub struct CallArgs {
 
 pub async fn ls(args: LsArgs) -> Result<(), Exit> {
     let conn = args.client.connect().await?;
-    let failed = |what: &str| {
-        let what = what.to_owned();
-        move |e: rmcp::ServiceError| anyhow!("{what} failed: {}", request_error(&e))
-    };
-    let tools = conn.list_all_tools().await.map_err(failed("tools/list"))?;
+    let tools = conn
+        .list_all_tools()
+        .await
+        .map_err(failed(&conn, "tools/list"))?;
     let resources = conn
         .list_all_resources()
         .await
-        .map_err(failed("resources/list"))?;
+        .map_err(failed(&conn, "resources/list"))?;
     let templates = conn
         .list_all_resource_templates()
         .await
-        .map_err(failed("resources/templates/list"))?;
+        .map_err(failed(&conn, "resources/templates/list"))?;
     if args.client.json {
         let v = serde_json::json!({"tools": tools, "resources": resources, "templates": templates});
         console::println(&serde_json::to_string_pretty(&v)?)?;
@@ -198,6 +224,16 @@ fn section(out: &mut String, name: &str, entries: impl Iterator<Item = String>) 
     }
 }
 
+/// A failed request as the command's error: what was asked, and what went wrong in words.
+fn failed<H: rmcp::ClientHandler>(
+    conn: &Connection<H>,
+    what: &str,
+) -> impl FnOnce(rmcp::ServiceError) -> anyhow::Error {
+    let target = conn.target().clone();
+    let what = what.to_owned();
+    move |e| anyhow!("{what} failed: {}", request_error(&target, &e))
+}
+
 fn first_line(s: Option<&str>) -> &str {
     s.and_then(|s| s.lines().next()).unwrap_or("")
 }
@@ -207,7 +243,7 @@ pub async fn read(args: ReadArgs) -> Result<(), Exit> {
     let result = conn
         .read_resource(ReadResourceRequestParams::new(args.uri.clone()))
         .await
-        .map_err(|e| anyhow!("reading {}: {}", args.uri, request_error(&e)))?;
+        .map_err(failed(&conn, &format!("reading {}", args.uri)))?;
     if args.client.json {
         console::println(&serde_json::to_string_pretty(&result)?)?;
     } else {
@@ -236,17 +272,11 @@ pub async fn read(args: ReadArgs) -> Result<(), Exit> {
     Ok(())
 }
 
-/// What a failed request says to a person: a server's JSON-RPC error as its message, then its
-/// code and data, each set apart (rmcp's own text runs the data into the message:
-/// `…serves({"uri":…})`); any other failure as it describes itself.
-pub(super) fn request_error(e: &rmcp::ServiceError) -> String {
-    match e {
-        rmcp::ServiceError::McpError(d) => match &d.data {
-            Some(data) => format!("{} (code {}; data {data})", d.message, d.code.0),
-            None => format!("{} (code {})", d.message, d.code.0),
-        },
-        other => other.to_string(),
-    }
+/// What a failed request to `target` says to a person (`transport::explain::request`): a
+/// server's JSON-RPC error as its message, then its code and data, each set apart (rmcp's own
+/// text runs the data into the message: `…serves({"uri":…})`); a transport failure in words.
+pub(super) fn request_error(target: &Target, e: &rmcp::ServiceError) -> String {
+    explain::request(target, e)
 }
 
 /// Parses `key=value` pairs; a value is JSON when it parses as JSON, else a string.
@@ -274,7 +304,7 @@ pub async fn call(args: CallArgs) -> Result<(), Exit> {
     let result = conn
         .call_tool(CallToolRequestParams::new(args.tool.clone()).with_arguments(arguments))
         .await
-        .map_err(|e| anyhow!("calling {}: {}", args.tool, request_error(&e)))?;
+        .map_err(failed(&conn, &format!("calling {}", args.tool)))?;
     conn.close().await;
     print_result(&args.tool, &result, args.client.json)
 }
@@ -312,14 +342,18 @@ mod tests {
             "unknown resource memo://x; resources/list names what this server serves",
             Some(serde_json::json!({"uri": "memo://x"})),
         ));
+        let target = Target::Http("http://127.0.0.1:8750/mcp".into());
         assert_eq!(
-            request_error(&e),
-            "unknown resource memo://x; resources/list names what this server serves \
-             (code -32602; data {\"uri\":\"memo://x\"})"
+            request_error(&target, &e),
+            "http://127.0.0.1:8750/mcp answered: unknown resource memo://x; resources/list \
+             names what this server serves (code -32602; data {\"uri\":\"memo://x\"})"
         );
         let plain =
             rmcp::ServiceError::McpError(rmcp::model::ErrorData::internal_error("boom", None));
-        assert_eq!(request_error(&plain), "boom (code -32603)");
+        assert_eq!(
+            request_error(&target, &plain),
+            "http://127.0.0.1:8750/mcp answered: boom (code -32603)"
+        );
     }
 
     #[test]

@@ -46,7 +46,7 @@ pub async fn run(args: CodeArgs, _globals: &Globals, verbose: bool) -> Result<()
     if let Some(ms) = args.debounce_ms {
         cfg.debounce.quiet = std::time::Duration::from_millis(ms);
     }
-    let servers = args.servers.servers(cfg.max_message_bytes);
+    let servers = args.servers.servers(cfg.max_message_bytes)?;
     if servers.is_empty() {
         return Err(usage(anyhow!(
             "code mode needs a server: pass --mcp-stdio, --mcp-http or --mcp-quic"

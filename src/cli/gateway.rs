@@ -6,6 +6,7 @@ use crate::mcp::context::RoleContext;
 use clap::Args;
 
 use crate::app::console;
+use crate::cli::client::ConnectTimeout;
 use crate::cli::serve::{ServeArgs, begin, role_store, serve_until_stopped};
 use crate::cli::up::config::is_loopback;
 use crate::cli::{Exit, Globals};
@@ -19,6 +20,9 @@ pub struct GatewayArgs {
     pub config: PathBuf,
     #[command(flatten)]
     pub serve: ServeArgs,
+    // --connect-timeout-ms: each [[slug]]'s.
+    #[command(flatten)]
+    pub timeout: ConnectTimeout,
 }
 
 #[derive(Debug, Args)]
@@ -32,7 +36,10 @@ pub struct CheckArgs {
 const UP_TABLES: [&str; 7] = ["listen", "memo", "file", "k8s", "slack", "watch", "notify"];
 
 pub async fn run(args: GatewayArgs, globals: &Globals) -> Result<(), Exit> {
-    let cfg = GatewayConfig::load(&args.config).map_err(|e| crate::cli::usage(e.into()))?;
+    let mut cfg = GatewayConfig::load(&args.config).map_err(|e| crate::cli::usage(e.into()))?;
+    for slug in &mut cfg.slugs {
+        slug.handshake_timeout = args.timeout.duration();
+    }
     let mut opts = args.serve.options();
     if opts.http.is_none() {
         opts.http = cfg.http.clone();

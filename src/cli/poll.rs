@@ -257,7 +257,10 @@ async fn poll(conn: &Connection, params: Value, bound: Duration) -> Result<Batch
         Ok(Err(rmcp::ServiceError::McpError(e))) => {
             Err(Failed::Refused(format!("{} ({})", e.message, e.code.0)))
         }
-        Ok(Err(e)) => Err(Failed::Lost(e.to_string())),
+        Ok(Err(e)) => Err(Failed::Lost(crate::transport::explain::request(
+            conn.target(),
+            &e,
+        ))),
     }
 }
 

@@ -77,7 +77,7 @@ pub async fn run(args: TaskArgs) -> Result<(), Exit> {
             let got = conn
                 .get_task(GetTaskParams::new(a.id.clone()))
                 .await
-                .map_err(|e| anyhow!("tasks/get {}: {}", a.id, request_error(&e)))?;
+                .map_err(|e| anyhow!("tasks/get {}: {}", a.id, request_error(conn.target(), &e)))?;
             let mut v = serde_json::to_value(&got.task)?;
             if a.client.json {
                 console::println(&v.to_string())?;
@@ -94,7 +94,13 @@ pub async fn run(args: TaskArgs) -> Result<(), Exit> {
             let conn = a.client.conn.connect_with(tasks_config()).await?;
             conn.cancel_task(CancelTaskParams::new(a.id.clone()))
                 .await
-                .map_err(|e| anyhow!("tasks/cancel {}: {}", a.id, request_error(&e)))?;
+                .map_err(|e| {
+                    anyhow!(
+                        "tasks/cancel {}: {}",
+                        a.id,
+                        request_error(conn.target(), &e)
+                    )
+                })?;
             if !a.client.json {
                 console::println(&format!("asked task {} to stop", a.id))?;
             }
@@ -159,7 +165,7 @@ pub async fn call(client: &ClientArgs, tool: &str, arguments: JsonObject) -> Res
             CallToolRequestParams::new(tool.to_owned()).with_arguments(arguments),
         )))
         .await
-        .map_err(|e| anyhow!("calling {tool}: {}", request_error(&e)))?;
+        .map_err(|e| anyhow!("calling {tool}: {}", request_error(conn.target(), &e)))?;
     let task = match answer {
         ServerResult::CreateTaskResult(t) => t.task,
         // The server answered in place (the tool does not run as a task there).
@@ -187,7 +193,7 @@ pub async fn call(client: &ClientArgs, tool: &str, arguments: JsonObject) -> Res
             Default::default(),
         )
         .await
-        .map_err(|e| anyhow!("subscriptions/listen: {}", request_error(&e)))?;
+        .map_err(|e| anyhow!("subscriptions/listen: {}", request_error(conn.target(), &e)))?;
     let mut shown = String::new();
     let ctrl_c = tokio::signal::ctrl_c();
     tokio::pin!(ctrl_c);
@@ -200,7 +206,7 @@ pub async fn call(client: &ClientArgs, tool: &str, arguments: JsonObject) -> Res
                 eprintln!("\ncancelling task {id}…");
                 conn.cancel_task(CancelTaskParams::new(id.clone()))
                     .await
-                    .map_err(|e| anyhow!("tasks/cancel {id}: {}", request_error(&e)))?;
+                    .map_err(|e| anyhow!("tasks/cancel {id}: {}", request_error(conn.target(), &e)))?;
                 continue;
             }
         };
@@ -236,7 +242,9 @@ pub async fn call(client: &ClientArgs, tool: &str, arguments: JsonObject) -> Res
                             answers.into_iter().collect(),
                         ))
                         .await
-                        .map_err(|e| anyhow!("tasks/update {id}: {}", request_error(&e)))?;
+                        .map_err(|e| {
+                            anyhow!("tasks/update {id}: {}", request_error(conn.target(), &e))
+                        })?;
                     }
                     None => {
                         break Some(Err(anyhow!(

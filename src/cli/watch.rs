@@ -3,17 +3,20 @@
 //! or a webhook. It exits once no watch runs: 0 when each ended, 1 when those left failed.
 
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::Duration;
 
 use crate::app;
+use crate::cli::client::ConnectTimeout;
 use crate::cli::{Exit, Globals, usage};
 use crate::filter::pool::PoolConfig;
-use crate::mcp::upstream::Upstream;
+use crate::mcp::upstream::{Upstream, UpstreamConfig};
 use crate::transport::client::Target;
+use crate::transport::explain;
 use crate::transport::tls::ClientTrust;
 use crate::watch::log::WatchLog;
 use crate::watch::sink::Sink;
-use crate::watch::{Restart, WatchConfig, WatchOptions, WatchSpec, upstream};
+use crate::watch::{Restart, WatchConfig, WatchOptions, WatchSpec, upstream_config};
 use anyhow::{Context, anyhow};
 use clap::Args;
 use serde::Deserialize;
@@ -176,11 +179,14 @@ pub struct ServerFlags {
     /// Certificate fingerprint pinned for QUIC servers given on the command line.
     #[arg(long, value_name = "SHA256")]
     pub tls_pin: Option<String>,
+    #[command(flatten)]
+    pub timeout: ConnectTimeout,
 }
 
 impl ServerFlags {
-    /// The servers, in flag order: stdio, then HTTP, then QUIC.
-    pub fn servers(&self, max_message_bytes: usize) -> Vec<std::sync::Arc<Upstream>> {
+    /// The servers, in flag order: stdio, then HTTP, then QUIC. An HTTP URL without its
+    /// scheme is bad usage.
+    pub fn servers(&self, max_message_bytes: usize) -> Result<Vec<Arc<Upstream>>, Exit> {
         let trust = ClientTrust {
             ca: self.tls_ca.clone(),
             pin: self.tls_pin.clone(),
@@ -193,8 +199,24 @@ impl ServerFlags {
             .chain(self.mcp_http.iter().map(|u| Target::Http(u.clone())))
             .chain(self.mcp_quic.iter().map(|q| Target::Quic(q.clone())));
         targets
-            .map(|t| upstream(t, trust.clone(), max_message_bytes))
+            .map(|t| self.upstream(t, trust.clone(), max_message_bytes))
             .collect()
+    }
+
+    /// The watch client's upstream for `target`, with this command's connect timeout.
+    fn upstream(
+        &self,
+        target: Target,
+        trust: ClientTrust,
+        max_message_bytes: usize,
+    ) -> Result<Arc<Upstream>, Exit> {
+        if let Target::Http(url) = &target {
+            explain::check_http_url(url).map_err(|e| usage(anyhow!("{e}")))?;
+        }
+        Ok(Arc::new(Upstream::new(UpstreamConfig {
+            handshake_timeout: self.timeout.duration(),
+            ..upstream_config(target, trust, max_message_bytes)
+        })))
     }
 }
 
@@ -264,9 +286,12 @@ pub async fn run(args: WatchArgs, globals: &Globals, verbose: bool) -> Result<()
             pin: s.tls_pin.clone(),
             token: crate::transport::tls::Secret::from_env(),
         };
-        servers.push(upstream(target, trust, cfg.max_message_bytes));
+        servers.push(
+            args.servers
+                .upstream(target, trust, cfg.max_message_bytes)?,
+        );
     }
-    servers.extend(args.servers.servers(cfg.max_message_bytes));
+    servers.extend(args.servers.servers(cfg.max_message_bytes)?);
     if servers.is_empty() {
         return Err(usage(anyhow!(
             "no server to watch: pass --mcp-stdio, --mcp-http or --mcp-quic, or a --config with [[server]]"

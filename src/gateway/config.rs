@@ -25,7 +25,7 @@ use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
-use crate::transport::client::Target;
+use crate::transport::client::{DEFAULT_CONNECT_TIMEOUT, Target};
 use crate::transport::tls::{ClientTrust, Secret, TlsError};
 
 /// What is wrong with a gateway config. Each message names the slug or token at fault and
@@ -56,6 +56,8 @@ pub enum ConfigError {
         "slug {0} needs exactly one of stdio = \"CMD\", http = \"URL\" or quic = \"HOST:PORT\""
     )]
     SlugTarget(String),
+    #[error("slug {slug}: http = {message}")]
+    SlugUrl { slug: String, message: String },
     /// The variable is not named: a token put in `token_env` by mistake must not be shown.
     #[error(
         "slug {slug}: the variable token_env names is not set in the environment; set it to the token to present upstream (token_env holds the variable's name, not the token)"
@@ -132,6 +134,9 @@ pub struct Slug {
     pub name: String,
     pub target: Target,
     pub trust: ClientTrust,
+    /// How long it has to answer a connect when it is an HTTP or QUIC server
+    /// ([`DEFAULT_CONNECT_TIMEOUT`]; `herald gateway --connect-timeout-ms` sets it for all).
+    pub handshake_timeout: std::time::Duration,
 }
 
 /// One token, validated: its SHA-256 and what it may use.
@@ -380,6 +385,14 @@ impl GatewayConfig {
                     error,
                 })?;
             }
+            if let Target::Http(url) = &target {
+                crate::transport::explain::check_http_url(url).map_err(|message| {
+                    ConfigError::SlugUrl {
+                        slug: s.name.clone(),
+                        message,
+                    }
+                })?;
+            }
             slugs.push(Slug {
                 name: s.name,
                 target,
@@ -388,6 +401,7 @@ impl GatewayConfig {
                     pin: s.tls_pin,
                     token,
                 },
+                handshake_timeout: DEFAULT_CONNECT_TIMEOUT,
             });
         }
         let mut tokens = Vec::new();
@@ -469,6 +483,10 @@ mod tests {
             (
                 "[[slug]]\nname = \"a\"\nstdio = \"x\"\ncolor = 1\n",
                 "unknown field",
+            ),
+            (
+                "[[slug]]\nname = \"a\"\nhttp = \"127.0.0.1:8753/mcp\"\n",
+                "slug a: http = 127.0.0.1:8753/mcp is not a URL: it needs http://",
             ),
             (
                 "[[slug]]\nname = \"a\"\nhttp = \"x\"\ntoken_env = \"HERALD_SURELY_UNSET_VAR\"\n",

@@ -80,6 +80,7 @@ fn upstream_of(slug: &Slug, max_message_bytes: usize, ctx: &RoleContext) -> Upst
     Upstream::new(UpstreamConfig {
         name: slug.name.clone(),
         connect_timeout: CONNECT_TIMEOUT,
+        handshake_timeout: slug.handshake_timeout,
         context: Some(ctx.clone()),
         supervise: true,
         ..UpstreamConfig::new(slug.target.clone(), slug.trust.clone(), max_message_bytes)
@@ -379,10 +380,11 @@ async fn relay(
                 }
                 Ok(_) => Err("the upstream did not accept the subscription".to_owned()),
                 Err(e) => {
+                    let why = crate::transport::explain::request(&up.target, &e);
                     if upstream_error(e).is_none() {
                         up.reset(&live);
                     }
-                    Err("the upstream failed the subscription".to_owned())
+                    Err(format!("the upstream failed the subscription: {why}"))
                 }
             }
         };

@@ -17,6 +17,7 @@ use rmcp::transport::streamable_http_client::StreamableHttpClientTransportConfig
 
 use crate::mcp::server::{EVENTS_EXTENSION, TOKEN_META_KEY};
 
+use crate::transport::explain;
 use crate::transport::lines::LineTransport;
 use crate::transport::quic;
 use crate::transport::tls::ClientTrust;
@@ -79,24 +80,23 @@ impl Target {
 pub enum ConnectError {
     #[error("cannot start `{command}`: {message}")]
     Spawn { command: String, message: String },
-    #[error("{target}: {message}")]
+    /// The target cannot be connected to as written (an HTTP URL without its scheme).
+    #[error("{0}")]
+    Target(String),
+    /// The server could not be reached. `message` is the whole sentence
+    /// ([`explain`](super::explain)): what happened, naming the target, and what to try.
+    #[error("{message}")]
     Transport { target: String, message: String },
-    #[error("{target}: MCP handshake failed: {message}")]
+    /// The server was reached but the MCP handshake failed; `message` as for `Transport`.
+    #[error("{message}")]
     Handshake { target: String, message: String },
 }
 
-/// rmcp's handshake error as a person can act on it: a server's `401` (rmcp says "Auth
-/// required", after naming its own worker types) becomes what to do about the token.
-fn handshake_message(rmcp_error: &str) -> String {
-    if rmcp_error.contains("Auth required") {
-        "the server refused this client's credentials (HTTP 401): give it a token the server \
-         knows (HERALD_TOKEN for herald's commands; a gateway slug's token_env or \
-         token_credential)"
-            .to_owned()
-    } else {
-        rmcp_error.to_owned()
-    }
-}
+/// How long a connect to an HTTP or QUIC server waits for it by default: the QUIC handshake,
+/// then the MCP handshake (`server/discover`, or `initialize`), all within this
+/// (`--connect-timeout-ms`). A server that is down answers a QUIC client nothing at all, so
+/// without it a connect would wait for QUIC's 60 s idle timeout.
+pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// The client identity herald presents, usable as an rmcp client handler.
 pub fn client_config() -> ClientConfig {
@@ -190,19 +190,44 @@ fn lifecycle() -> ClientLifecycleMode {
     }
 }
 
-/// Connects to `target`.
+/// Connects to `target`, waiting at most [`DEFAULT_CONNECT_TIMEOUT`] for a network server.
 pub async fn connect<H: ClientHandler>(
     target: &Target,
     trust: &ClientTrust,
     handler: H,
     max_message_bytes: usize,
 ) -> Result<Connection<H>, ConnectError> {
+    connect_within(
+        target,
+        trust,
+        handler,
+        max_message_bytes,
+        DEFAULT_CONNECT_TIMEOUT,
+    )
+    .await
+}
+
+/// Connects to `target`. An HTTP or QUIC server has `within` to answer, from the first packet
+/// to the end of the MCP handshake. A command (stdio) is not bounded here: a child may take its
+/// time to start (`npx` fetching its package), and the caller bounds it as it sees fit.
+/// Failures are sentences ([`explain`]): what happened and what to try.
+pub async fn connect_within<H: ClientHandler>(
+    target: &Target,
+    trust: &ClientTrust,
+    handler: H,
+    max_message_bytes: usize,
+    within: Duration,
+) -> Result<Connection<H>, ConnectError> {
     // reqwest (rmcp's HTTP client) uses the process-wide rustls provider; make sure it is ring
     // even when herald is used as a library. A second install is a harmless no-op.
     let _ = rustls::crypto::ring::default_provider().install_default();
     let handshake = |e: rmcp::service::ClientInitializeError| ConnectError::Handshake {
         target: target.to_string(),
-        message: handshake_message(&e.to_string()),
+        message: explain::handshake(target, trust.token.is_some(), &e),
+    };
+    let unreachable = |message: String| ConnectError::Transport {
+        target: target.to_string(),
+        message,
     };
     match target {
         Target::Stdio(command) => {
@@ -230,19 +255,18 @@ pub async fn connect<H: ClientHandler>(
             Ok(conn)
         }
         Target::Http(url) => {
+            explain::check_http_url(url).map_err(ConnectError::Target)?;
             let mut config = StreamableHttpClientTransportConfig::with_uri(url.as_str());
             if let Some(t) = &trust.token {
                 config = config.auth_header(t.0.clone());
             }
-            let client = mcp_http_client().map_err(|e| ConnectError::Transport {
-                target: target.to_string(),
-                message: e.to_string(),
-            })?;
+            let client = mcp_http_client().map_err(|e| unreachable(e.to_string()))?;
             let transport = StreamableHttpClientTransport::with_client(client, config);
-            let service = handler
-                .serve_with_lifecycle(transport, lifecycle())
-                .await
-                .map_err(handshake)?;
+            let service =
+                tokio::time::timeout(within, handler.serve_with_lifecycle(transport, lifecycle()))
+                    .await
+                    .map_err(|_| unreachable(explain::timed_out(target, within)))?
+                    .map_err(handshake)?;
             Ok(Connection {
                 service,
                 target: target.clone(),
@@ -251,22 +275,25 @@ pub async fn connect<H: ClientHandler>(
             })
         }
         Target::Quic(addr) => {
-            let (endpoint, conn, send, recv) =
-                quic::connect(addr, trust)
-                    .await
-                    .map_err(|message| ConnectError::Transport {
-                        target: target.to_string(),
-                        message,
-                    })?;
+            let deadline = tokio::time::Instant::now() + within;
+            let (endpoint, conn, send, recv) = quic::connect(addr, trust, within)
+                .await
+                .map_err(unreachable)?;
             let mut transport =
                 LineTransport::<RoleClient, _>::new(recv, send, max_message_bytes, false);
             if let Some(t) = &trust.token {
                 transport = transport.with_request_meta(TOKEN_META_KEY, t.0.clone());
             }
-            let service = handler
-                .serve_with_lifecycle(transport, lifecycle())
-                .await
-                .map_err(handshake)?;
+            let service = tokio::time::timeout_at(
+                deadline,
+                handler.serve_with_lifecycle(transport, lifecycle()),
+            )
+            .await
+            .map_err(|_| ConnectError::Handshake {
+                target: target.to_string(),
+                message: explain::no_handshake(target, within),
+            })?
+            .map_err(handshake)?;
             Ok(Connection {
                 service,
                 target: target.clone(),
@@ -297,8 +324,8 @@ where
         .serve_with_lifecycle(transport, lifecycle())
         .await
         .map_err(|e| ConnectError::Handshake {
+            message: explain::handshake(&target, false, &e),
             target: target.to_string(),
-            message: handshake_message(&e.to_string()),
         })?;
     Ok(Connection {
         service,

@@ -120,6 +120,14 @@ impl Resolver {
         let found = self.inner.lookup_ip(host).await.map_err(|e| {
             let message = match &self.no_servers {
                 Some(why) => format!("not in /etc/hosts, and no name server to ask ({why})"),
+                // hickory's own words for these quote its query structs.
+                None if e.is_nx_domain() => "no such host".to_owned(),
+                None if e.is_no_records_found() => {
+                    "it has no address (no A or AAAA record)".to_owned()
+                }
+                None if matches!(e, hickory_resolver::net::NetError::Timeout) => {
+                    format!("the name servers of {RESOLV_CONF} did not answer")
+                }
                 None => e.to_string(),
             };
             DnsError::Lookup {

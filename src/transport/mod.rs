@@ -4,6 +4,7 @@
 mod cap;
 pub mod client;
 pub mod dns;
+pub mod explain;
 pub mod http;
 pub mod jsonrpc;
 pub mod lines;

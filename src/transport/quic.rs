@@ -20,7 +20,9 @@ use tracing::{Instrument, debug, info_span};
 
 use crate::mcp::server::SourceServer;
 use crate::transport::cap::ConnCap;
+use crate::transport::client::Target;
 use crate::transport::dns;
+use crate::transport::explain;
 use crate::transport::tls::{self, ClientTrust, Identity, TlsError};
 
 /// How often an idle QUIC connection sends a keep-alive.
@@ -143,10 +145,14 @@ pub async fn serve(
     let _ = tokio::time::timeout(Duration::from_secs(1), endpoint.wait_idle()).await;
 }
 
-/// Opens an MCP connection (one bidirectional stream) to `host:port`.
+/// Opens an MCP connection (one bidirectional stream) to `host:port`, waiting at most
+/// `within` for the server's answer to the QUIC handshake (a server that is down answers
+/// nothing, and quinn alone would wait for its 60 s idle timeout). Failures are sentences
+/// ([`explain`]).
 pub async fn connect(
     target: &str,
     trust: &ClientTrust,
+    within: Duration,
 ) -> Result<
     (
         quinn::Endpoint,
@@ -156,6 +162,7 @@ pub async fn connect(
     ),
     String,
 > {
+    let named = Target::Quic(target.trim_start_matches("quic://").to_owned());
     let (host, addr) = resolve(target).await?;
     let tls = tls::client_config(trust).map_err(|e| e.to_string())?;
     let crypto = QuicClientConfig::try_from(tls).map_err(|e| e.to_string())?;
@@ -169,15 +176,21 @@ pub async fn connect(
     let mut endpoint =
         quinn::Endpoint::client(bind).map_err(|e| format!("cannot open a UDP socket: {e}"))?;
     endpoint.set_default_client_config(cfg);
-    let conn = endpoint
+    let connecting = endpoint
         .connect(addr, &host)
-        .map_err(|e| format!("cannot connect to {target}: {e}"))?
-        .await
-        .map_err(|e| format!("QUIC handshake with {target} failed: {e}"))?;
+        .map_err(|e| format!("cannot connect to {target}: {e}"))?;
+    let conn = match tokio::time::timeout(within, connecting).await {
+        Err(_) => return Err(explain::timed_out(&named, within)),
+        Ok(Err(quinn::ConnectionError::TimedOut)) => {
+            return Err(explain::timed_out(&named, IDLE_TIMEOUT.min(within)));
+        }
+        Ok(Err(e)) => return Err(explain::quic(&named, &e)),
+        Ok(Ok(c)) => c,
+    };
     let (send, recv) = conn
         .open_bi()
         .await
-        .map_err(|e| format!("cannot open a stream to {target}: {e}"))?;
+        .map_err(|e| explain::quic(&named, &e))?;
     Ok((endpoint, conn, send, recv))
 }
 

@@ -284,11 +284,9 @@ impl WatchManager {
                 let _ = s.live().await;
             }
         }
-        let server = pick(&inner.servers, uri).cloned().ok_or_else(|| {
-            WatchError::Unavailable(format!(
-                "no connected server lists {uri}, has a matching template, or supports subscriptions"
-            ))
-        })?;
+        let server = pick(&inner.servers, uri)
+            .cloned()
+            .ok_or_else(|| no_server_for(&inner.servers, uri))?;
         if let Some(code) = on_event {
             self.validate_filter(name, uri, code).await?;
         }
@@ -780,6 +778,30 @@ impl WatchManager {
     }
 }
 
+/// Why no server takes `uri`: none could be reached (each one's last connect failure, which
+/// names the server), or some could and none of them lists it.
+fn no_server_for(servers: &[Arc<Upstream>], uri: &str) -> WatchError {
+    let down: Vec<String> = servers
+        .iter()
+        .filter(|s| s.catalog().is_none())
+        .map(|s| {
+            s.report()
+                .last_error
+                .unwrap_or_else(|| format!("{} has not answered yet", s.name))
+        })
+        .collect();
+    if down.len() == servers.len() {
+        return WatchError::Unavailable(format!("no server is connected: {}", down.join("; ")));
+    }
+    let mut why = format!(
+        "no connected server lists {uri}, has a matching template, or supports subscriptions"
+    );
+    if !down.is_empty() {
+        why.push_str(&format!(" (not connected: {})", down.join("; ")));
+    }
+    WatchError::Unavailable(why)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -812,6 +834,19 @@ mod tests {
             .await
             .expect("a notice in time")
             .expect("the channel is open")
+    }
+
+    #[tokio::test]
+    async fn a_start_with_no_server_reachable_says_so_not_that_nobody_lists_the_uri() {
+        let down = crate::testing::down_upstream(Default::default());
+        let (tx, _rx) = mpsc::channel(16);
+        let m = WatchManager::new(fast(), vec![down], tx, WatchLog::silent(), None);
+        let e = m.watch_start("n", "memo://notes", None).await.unwrap_err();
+        assert_eq!(
+            e,
+            WatchError::Unavailable("no server is connected: connection refused".into())
+        );
+        m.shutdown().await;
     }
 
     #[tokio::test]

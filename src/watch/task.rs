@@ -118,7 +118,10 @@ pub(crate) async fn read(conn: &Live, server: &Upstream, uri: &str) -> Result<Re
                 message: err.message.to_string(),
             }
         }
-        other => WatchError::Unavailable(format!("reading {uri} from {}: {other}", server.name)),
+        other => WatchError::Unavailable(format!(
+            "reading {uri}: {}",
+            crate::transport::explain::request(&server.target, &other)
+        )),
     })?;
     match contents(result) {
         Ok(c) => Ok(Read {
@@ -180,8 +183,8 @@ pub(crate) async fn subscribe_and_read(
         Err(e) => {
             server.reset(&conn);
             return Err(WatchError::Unavailable(format!(
-                "subscribing to {uri} on {}: {e}",
-                server.name
+                "subscribing to {uri}: {}",
+                crate::transport::explain::request(&server.target, &e)
             )));
         }
     };

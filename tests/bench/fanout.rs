@@ -155,9 +155,13 @@ async fn open_quic(
         pin: Some(pin.to_owned()),
         ..Default::default()
     };
-    let (endpoint, conn, mut send, mut recv) = herald::transport::quic::connect(addr, &trust)
-        .await
-        .expect("QUIC connect");
+    let (endpoint, conn, mut send, mut recv) = herald::transport::quic::connect(
+        addr,
+        &trust,
+        herald::transport::client::DEFAULT_CONNECT_TIMEOUT,
+    )
+    .await
+    .expect("QUIC connect");
     let tx = tx.clone();
     let reader = tokio::spawn(async move {
         let mut buf: Vec<u8> = Vec::with_capacity(1 << 16);

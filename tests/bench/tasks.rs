@@ -287,10 +287,13 @@ async fn quic(n: usize) {
         pin: Some(v["quic_fingerprint"].as_str().unwrap().to_owned()),
         ..Default::default()
     };
-    let (_e, _c, send, recv) =
-        herald::transport::quic::connect(v["quic"].as_str().unwrap(), &trust)
-            .await
-            .unwrap();
+    let (_e, _c, send, recv) = herald::transport::quic::connect(
+        v["quic"].as_str().unwrap(),
+        &trust,
+        herald::transport::client::DEFAULT_CONNECT_TIMEOUT,
+    )
+    .await
+    .unwrap();
     let w = Wire::new(recv, send);
     over_wire("QUIC", w, n, "").await;
 }

@@ -920,7 +920,11 @@ async fn quic_conn(server: &Server) -> LineConn {
     };
     let (endpoint, conn, send, recv) = tokio::time::timeout(
         WAIT,
-        herald::transport::quic::connect(&server.quic_addr(), &trust),
+        herald::transport::quic::connect(
+            &server.quic_addr(),
+            &trust,
+            herald::transport::client::DEFAULT_CONNECT_TIMEOUT,
+        ),
     )
     .await
     .expect("a QUIC connection in time")

@@ -5,6 +5,7 @@ mod agent;
 mod badinput;
 mod cli;
 mod code;
+mod connect;
 mod dist;
 mod durability;
 mod events;

@@ -556,10 +556,13 @@ async fn over_quic_input_required_and_its_answer_are_pushed_with_the_echo() {
         pin: Some(s.fingerprint()),
         ..Default::default()
     };
-    let (_endpoint, _conn, mut send, recv) =
-        herald::transport::quic::connect(&s.quic_addr(), &trust)
-            .await
-            .unwrap();
+    let (_endpoint, _conn, mut send, recv) = herald::transport::quic::connect(
+        &s.quic_addr(),
+        &trust,
+        herald::transport::client::DEFAULT_CONNECT_TIMEOUT,
+    )
+    .await
+    .unwrap();
     let mut lines = BufReader::new(recv).lines();
     let mut stash: Vec<Value> = Vec::new();
     let mut write = async |v: Value| {

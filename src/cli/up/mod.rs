@@ -20,6 +20,7 @@ use crate::cli::serve::announce;
 use crate::cli::{Exit, Globals, LogFormat, usage};
 use crate::filter::pool::PoolConfig;
 use crate::gateway::Gateway;
+use crate::gateway::config::Slug;
 use crate::mcp::context::RoleContext;
 use crate::mcp::server::{Limits, SourceServer};
 use crate::mcp::source::DynSource;
@@ -89,6 +90,9 @@ pub struct UpArgs {
     /// addressed the bot (a conversation id; repeatable, the first is used) [default: stdout].
     #[arg(long, value_name = "ID")]
     pub channel: Vec<String>,
+    // --connect-timeout-ms: the config's [[slug]] servers'.
+    #[command(flatten)]
+    pub timeout: crate::cli::client::ConnectTimeout,
 }
 
 /// A role in this process as a gateway slug: its own server (its tasks kept in `store` under
@@ -246,7 +250,11 @@ pub async fn run(args: UpArgs, globals: &Globals) -> Result<(), Exit> {
     }
     let gctx = ctx.for_role("gateway");
     for slug in &cfg.slugs {
-        upstreams.push(Gateway::upstream_for(slug, max, &gctx));
+        let slug = Slug {
+            handshake_timeout: args.timeout.duration(),
+            ..slug.clone()
+        };
+        upstreams.push(Gateway::upstream_for(&slug, max, &gctx));
     }
     let mut gateway = Gateway::with_upstreams(upstreams, cfg.tokens.clone(), &gctx);
     let open = cfg.tokens.is_empty();

@@ -157,7 +157,7 @@ impl HttpCalls {
             .body(body)
             .send()
             .await
-            .map_err(transport)?;
+            .map_err(|e| transport(&self.url, e))?;
         let status = response.status();
         let sse = response
             .headers()
@@ -169,7 +169,7 @@ impl HttpCalls {
         // Where the search for the next event's end goes on (what is before has none).
         let mut scanned = 0;
         while let Some(chunk) = stream.next().await {
-            let chunk = chunk.map_err(transport)?;
+            let chunk = chunk.map_err(|e| transport(&self.url, e))?;
             buf.extend_from_slice(&chunk);
             if buf.len() > self.max_bytes {
                 return Err(CallError::Transport(format!(
@@ -225,18 +225,11 @@ impl HttpCalls {
     }
 }
 
-/// A transport failure with its causes (reqwest's own message names only the outermost), and
-/// never the URL (which may carry a key).
-fn transport(e: reqwest::Error) -> CallError {
-    let e = e.without_url();
-    let mut text = e.to_string();
-    let mut source = std::error::Error::source(&e);
-    while let Some(s) = source {
-        text.push_str(": ");
-        text.push_str(&s.to_string());
-        source = s.source();
-    }
-    CallError::Transport(text)
+/// A transport failure as a sentence ([`explain`](crate::transport::explain)), naming the
+/// endpoint without its userinfo or query (which may carry a key).
+fn transport(url: &reqwest::Url, e: reqwest::Error) -> CallError {
+    let target = crate::transport::client::Target::Http(url.to_string());
+    CallError::Transport(crate::transport::explain::failure(&target, false, &e))
 }
 
 /// Whether `name` goes in an HTTP header as it is: visible ASCII with no surrounding space,

@@ -32,7 +32,10 @@ use crate::mcp::backoff::Backoff;
 use crate::mcp::context::RoleContext;
 use crate::mcp::source::SourceError;
 use crate::mcp::status::UpstreamReport;
-use crate::transport::client::{ConnectError, Connection, Target, connect};
+use crate::transport::client::{
+    ConnectError, Connection, DEFAULT_CONNECT_TIMEOUT, Target, connect_within,
+};
+use crate::transport::explain;
 use crate::transport::tls::ClientTrust;
 
 /// Longest one request to an upstream may take (a read, a listen's acknowledgment, a tool
@@ -63,6 +66,9 @@ pub struct UpstreamConfig {
     pub max_message_bytes: usize,
     /// Longest one connect (handshake plus catalog) may take.
     pub connect_timeout: Duration,
+    /// How long an HTTP or QUIC server has to answer a connect, through the MCP handshake
+    /// (`--connect-timeout-ms`; [`DEFAULT_CONNECT_TIMEOUT`] unless configured otherwise).
+    pub handshake_timeout: Duration,
     /// Pacing of connects after a failed one.
     pub backoff: Backoff,
     /// The role's task context: connects, the child's supervisor and progress flushes run
@@ -92,6 +98,7 @@ impl UpstreamConfig {
             trust,
             max_message_bytes,
             connect_timeout: REQUEST_TIMEOUT,
+            handshake_timeout: DEFAULT_CONNECT_TIMEOUT,
             backoff: RECONNECT,
             context: None,
             supervise: false,
@@ -151,8 +158,8 @@ impl std::ops::Deref for Live {
     }
 }
 
-/// Opens a connection some other way than [`connect`] (tests: an in-process server over an
-/// in-memory pipe).
+/// Opens a connection some other way than [`connect_within`] (tests: an in-process server
+/// over an in-memory pipe).
 pub type Dialer = Arc<
     dyn Fn(Relay) -> Pin<Box<dyn Future<Output = Result<Connection<Relay>, ConnectError>> + Send>>
         + Send
@@ -180,6 +187,7 @@ pub struct Upstream {
     trust: ClientTrust,
     max_message_bytes: usize,
     connect_timeout: Duration,
+    handshake_timeout: Duration,
     ctx: Option<RoleContext>,
     supervise: bool,
     dialer: Option<Dialer>,
@@ -226,6 +234,7 @@ impl Upstream {
             trust: cfg.trust,
             max_message_bytes: cfg.max_message_bytes,
             connect_timeout: cfg.connect_timeout,
+            handshake_timeout: cfg.handshake_timeout,
             supervise: {
                 debug_assert!(
                     !cfg.supervise || cfg.context.is_some(),
@@ -375,7 +384,9 @@ impl Upstream {
                     return Err(self.unavailable(p.last_error.clone()));
                 }
             }
-            let opening = tokio::time::timeout(self.connect_timeout, self.open());
+            // Never shorter than the handshake's own bound, which says better what is wrong.
+            let bound = self.connect_timeout.max(self.handshake_timeout);
+            let opening = tokio::time::timeout(bound, self.open());
             // A role shutting down stops waiting at once: its drain must not wait out a
             // connect to an upstream that does not answer.
             let opened = match &self.ctx {
@@ -401,11 +412,7 @@ impl Upstream {
                     Ok(live)
                 }
                 Ok(Err(e)) => Err(self.failed(e)),
-                Err(_) => Err(self.failed(format!(
-                    "{}: no answer to the handshake within {} s",
-                    self.target,
-                    self.connect_timeout.as_secs()
-                ))),
+                Err(_) => Err(self.failed(explain::timed_out(&self.target, bound))),
             }
         }
         .await;
@@ -457,7 +464,16 @@ impl Upstream {
         let relay = self.relay.clone();
         let conn = match &self.dialer {
             Some(dial) => dial(relay).await,
-            None => connect(&self.target, &self.trust, relay, self.max_message_bytes).await,
+            None => {
+                connect_within(
+                    &self.target,
+                    &self.trust,
+                    relay,
+                    self.max_message_bytes,
+                    self.handshake_timeout,
+                )
+                .await
+            }
         };
         let mut conn = conn.map_err(|e| e.to_string())?;
         let catalog = Arc::new(Catalog::fetch(&conn, &self.name).await);
