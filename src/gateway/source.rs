@@ -485,12 +485,9 @@ impl Source for Gateway {
         let mut out = Vec::new();
         for u in selected {
             let Some(l) = u.catalog() else { continue };
-            for (t, _) in &l.templates {
-                out.push(ResourceTemplate::new(
-                    t.clone(),
-                    format!("{} ({})", t, u.name),
-                ));
-            }
+            // Relisted whole: the description (with its `watch_start` example) and the MIME
+            // type are what a client, or an agent's prompt, learns the template from.
+            out.extend(l.template_entries.iter().cloned());
         }
         out
     }

@@ -337,6 +337,8 @@ impl Default for DebounceConfig {
 struct Pending {
     line: Line,
     count: usize,
+    /// The object the line is about (its first occurrence's), if any.
+    object: Option<String>,
 }
 
 /// A trailing debounce: each line moves the flush to `quiet` later, capped at `max_wait`
@@ -399,9 +401,15 @@ impl Debounce {
 
     fn push_text(&mut self, text: String, object: Option<String>) {
         if let Some(&j) = self.by_text.get(&text) {
-            // Not past a later line about the same object (ADDED, DELETED, ADDED stays so).
-            let latest = object.as_ref().and_then(|o| self.latest.get(o)).copied();
-            if latest.is_none_or(|l| l <= j) {
+            // Not past a later line about the same object (ADDED, DELETED, ADDED stays so), nor
+            // into a line whose own object has a later line: a pod deleted and made again
+            // under its name has a new uid, and its ADDED must not fold into the first one's,
+            // ahead of that one's DELETED.
+            let latest_of =
+                |o: &Option<String>| o.as_ref().and_then(|o| self.latest.get(o)).copied();
+            let new_ok = latest_of(&object).is_none_or(|l| l <= j);
+            let old_ok = latest_of(&self.pending[j].object).is_none_or(|l| l <= j);
+            if new_ok && old_ok {
                 self.pending[j].count += 1;
                 if let Some(o) = object {
                     self.latest.insert(o, j);
@@ -415,7 +423,11 @@ impl Debounce {
 
     fn insert(&mut self, line: Line, object: Option<String>) -> usize {
         let i = self.pending.len();
-        self.pending.push(Pending { line, count: 1 });
+        self.pending.push(Pending {
+            line,
+            count: 1,
+            object: object.clone(),
+        });
         if let Some(o) = object {
             self.latest.insert(o, i);
         }
@@ -758,6 +770,12 @@ mod tests {
         d.push("+1 more".into(), t);
         d.push("+1 more".into(), t);
         assert_eq!(d.take(), ["changed ×2", "+1 more ×2"]);
+        // A pod deleted and made again under its name (a new uid) within one notice: its
+        // second ADDED reads as the first but must not fold into it, ahead of the DELETED.
+        d.push_event("uid-1", Line::Text("ADDED ns/x".into()), &Event::new(), t);
+        d.push_event("uid-1", Line::Text("DELETED ns/x".into()), &Event::new(), t);
+        d.push_event("uid-2", Line::Text("ADDED ns/x".into()), &Event::new(), t);
+        assert_eq!(d.take(), ["ADDED ns/x", "DELETED ns/x", "ADDED ns/x"]);
     }
 
     #[test]

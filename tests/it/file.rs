@@ -657,6 +657,12 @@ async fn herald_up_creates_the_demo_directory_and_watches_it() {
     let out = herald(["ls", "--mcp-http", file_url.as_str()]).await;
     let listed = String::from_utf8_lossy(&out.stdout);
     assert!(listed.contains(&events_uri(&demo, true)), "{listed}");
+    // The gateway relists the file source's templates whole: a client learns a template (and
+    // its watch_start example) from its description.
+    assert!(
+        listed.contains("file-events://watch/{+path}{?recursive,glob}: Event log of a directory"),
+        "{listed}"
+    );
     // The demo's watches start right after the listening lines: write new files until the
     // first notice shows the watch is live.
     let mut out = BufReader::new(child.stdout.take().unwrap()).lines();

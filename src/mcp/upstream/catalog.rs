@@ -21,6 +21,9 @@ pub struct Catalog {
     /// Each template as the upstream wrote it, and parsed; one that does not parse is left
     /// out (it could never route anything).
     pub templates: Vec<(String, Template)>,
+    /// The entries of [`Catalog::templates`] whole (name, description, MIME type), for the
+    /// gateway to relist: a template's description carries its `watch_start` example.
+    pub template_entries: Vec<ResourceTemplate>,
     /// The resource and template entries as Python's `list_resources()` returns them.
     pub listing: Vec<Value>,
     /// Whether it advertises `resources.subscribe`.
@@ -129,17 +132,18 @@ impl Catalog {
             })
             .map(|t| t.name.to_string())
             .collect();
+        let parsed: Vec<(&ResourceTemplate, Template)> = templates
+            .iter()
+            .filter_map(|t| Template::parse(&t.uri_template).ok().map(|p| (t, p)))
+            .collect();
         Catalog {
             header_tools,
             tools,
             resources,
-            templates: templates
-                .iter()
-                .filter_map(|t| {
-                    Template::parse(&t.uri_template)
-                        .ok()
-                        .map(|p| (t.uri_template.clone(), p))
-                })
+            template_entries: parsed.iter().map(|(t, _)| (*t).clone()).collect(),
+            templates: parsed
+                .into_iter()
+                .map(|(t, p)| (t.uri_template.clone(), p))
                 .collect(),
             listing,
             subscribe,
