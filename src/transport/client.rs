@@ -237,7 +237,12 @@ pub async fn connect_within<H: ClientHandler>(
                 .stdin(Stdio::piped())
                 .stdout(Stdio::piped())
                 .stderr(Stdio::inherit())
-                .kill_on_drop(true);
+                .kill_on_drop(true)
+                // A group of its own: a terminal's Ctrl-C (sent to the whole foreground group)
+                // is herald's to handle (code mode cancels a line with it), not a signal that
+                // stops the server under it. It still ends with herald: dropped, it is killed,
+                // and its stdin closes if herald dies.
+                .process_group(0);
             // The client's own credential and this process's secrets are not the server's
             // business.
             let mut child =

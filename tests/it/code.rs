@@ -272,3 +272,48 @@ async fn at_a_terminal_ctrl_c_cancels_the_line_or_the_running_statement_and_ctrl
         .unwrap();
     assert!(st.success(), "{st}");
 }
+
+#[tokio::test]
+async fn a_ctrl_c_at_the_terminal_leaves_a_stdio_server_running() {
+    init();
+    let (mut term, tty) = pty();
+    // The terminal's Ctrl-C reaches its whole foreground process group: herald code and,
+    // unless it has a group of its own, the stdio server herald code started.
+    let server = format!("{} --store :memory: memo", bin());
+    let mut child = tokio::process::Command::new(bin())
+        .args(["--store", ":memory:", "code", "--mcp-stdio", &server])
+        .stdin(Stdio::from(tty))
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .process_group(0)
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let group = child.id().unwrap();
+    let err = Collected::follow(child.stderr.take().unwrap());
+    let out = Collected::follow(child.stdout.take().unwrap());
+    let mut typed = |line: &str| term.write_all(line.as_bytes()).unwrap();
+    err.until("a prompt", |t| t.ends_with(">>> ")).await;
+    typed("memo_set(key='a', value=1)\n");
+    out.until("the first call", |t| t.contains("\"key\":\"a\""))
+        .await;
+    // SAFETY: a signal to the process group of a child of ours that has not been reaped.
+    assert_eq!(unsafe { libc::kill(-(group as i32), libc::SIGINT) }, 0);
+    err.until("the interrupt", |t| {
+        t.ends_with("\nKeyboardInterrupt\n>>> ")
+    })
+    .await;
+    let before = out.text().len();
+    typed("memo_set(key='b', value=2)\n");
+    out.until("a call to the same server after Ctrl-C", |t| {
+        t[before..].contains("\"key\":\"b\"")
+    })
+    .await;
+    // The server (its stderr is herald code's) never heard the Ctrl-C: it would have logged
+    // its shutdown.
+    let e = err.text();
+    assert!(
+        !e.contains("shutting down") && !e.contains("closed its output"),
+        "the server got the Ctrl-C: {e}"
+    );
+}

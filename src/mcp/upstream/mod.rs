@@ -89,11 +89,12 @@ pub struct UpstreamConfig {
 pub const DEFAULT_MAX_LISTENS: usize = 48;
 
 impl UpstreamConfig {
-    /// Named after its target, connects bounded by [`REQUEST_TIMEOUT`], paced by
-    /// [`RECONNECT`], no supervision.
+    /// Named after its target as logs may show it (`Target::redacted`: no userinfo, query or
+    /// command arguments, where secrets go), connects bounded by [`REQUEST_TIMEOUT`], paced
+    /// by [`RECONNECT`], no supervision.
     pub fn new(target: Target, trust: ClientTrust, max_message_bytes: usize) -> UpstreamConfig {
         UpstreamConfig {
-            name: target.to_string(),
+            name: target.redacted(),
             target,
             trust,
             max_message_bytes,
