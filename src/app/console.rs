@@ -10,6 +10,17 @@
 //! crash-safe (redb), and every write a caller was told is durable already is.
 
 use std::io::{self, IsTerminal as _};
+use std::sync::atomic::{AtomicBool, Ordering};
+
+/// Whether a closed stdout ends the process (every command but the serving appliance).
+static EXIT_WHEN_STDOUT_CLOSES: AtomicBool = AtomicBool::new(true);
+
+/// For a process whose main job is not its stdout (`herald up` serves its endpoint; its
+/// stdout only carries notices): a closed stdout is then returned as an error like any other
+/// failed write, so the caller stops printing and the process keeps serving.
+pub fn keep_running_when_stdout_closes() {
+    EXIT_WHEN_STDOUT_CLOSES.store(false, Ordering::Relaxed);
+}
 
 /// Writes `text` to stdout and flushes it. A closed stdout ends the process with status 0
 /// (see the module doc); any other failure (a full disk under `> file`) is returned.
@@ -33,7 +44,9 @@ pub fn println(line: &str) -> Result<(), StdoutError> {
 /// Writes `bytes` whole to `out` and flushes it; a broken pipe ends the process quietly.
 fn write_to(out: &mut impl io::Write, bytes: &[u8]) -> io::Result<()> {
     match out.write_all(bytes).and_then(|()| out.flush()) {
-        Err(e) if reader_gone(&e) => std::process::exit(0),
+        Err(e) if reader_gone(&e) && EXIT_WHEN_STDOUT_CLOSES.load(Ordering::Relaxed) => {
+            std::process::exit(0)
+        }
         other => other,
     }
 }

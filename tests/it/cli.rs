@@ -353,3 +353,72 @@ async fn help_shows_defaults_and_global_options() {
         .unwrap();
     assert!(call.contains("--mcp-http"), "{call}");
 }
+
+#[tokio::test]
+async fn herald_up_keeps_serving_when_its_stdout_closes() {
+    init();
+    let tmp = TempDir::new("up-closed-stdout");
+    let (reader, writer) = std::io::pipe().unwrap();
+    drop(reader);
+    let demo = tmp.path().join("demo");
+    let mut up = Command::new(bin())
+        .args(["--log-format", "json", "--store", ":memory:", "up"])
+        .args([
+            "--http",
+            "127.0.0.1:0",
+            "--quic",
+            "127.0.0.1:0",
+            "--admin",
+            "",
+        ])
+        .args(["--demo-dir", demo.to_str().unwrap()])
+        .stdin(Stdio::null())
+        .stdout(writer)
+        .stderr(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let mut lines = BufReader::new(up.stderr.take().unwrap()).lines();
+    let url = tokio::time::timeout(WAIT, async {
+        loop {
+            let l = lines.next_line().await.unwrap().expect("herald up runs");
+            if let Ok(v) = serde_json::from_str::<Value>(&l)
+                && v["event"] == "listening"
+            {
+                return v["http_url"].as_str().unwrap().to_owned();
+            }
+        }
+    })
+    .await
+    .expect("herald up says where it listens");
+    // A change makes a notice (after the demo's 3 s debounce); printing it finds stdout
+    // closed.
+    let set = herald([
+        "call",
+        "memo__memo_set",
+        "key=k",
+        "value=1",
+        "--mcp-http",
+        &url,
+    ])
+    .await;
+    assert!(set.status.success(), "{set:?}");
+    let mut said = String::new();
+    let closed = tokio::time::timeout(WAIT, async {
+        while let Ok(Some(l)) = lines.next_line().await {
+            said.push_str(&l);
+            said.push('\n');
+            if l.contains("stdout is closed") {
+                return true;
+            }
+        }
+        false
+    })
+    .await;
+    assert_eq!(closed, Ok(true), "never found stdout closed:\n{said}");
+    // It still serves.
+    let ls = herald(["ls", "--mcp-http", &url]).await;
+    assert!(ls.status.success(), "{ls:?}");
+    assert!(String::from_utf8_lossy(&ls.stdout).contains("memo__memo_set"));
+    assert!(up.try_wait().unwrap().is_none(), "herald up ended");
+}

@@ -167,6 +167,9 @@ pub async fn run(args: UpArgs, globals: &Globals) -> Result<(), Exit> {
         console::print(&cfg.to_toml())?;
         return Ok(());
     }
+    // The appliance serves its endpoint: a closed stdout only ends its notices there (said
+    // once in the log), never the roles every client depends on.
+    console::keep_running_when_stdout_closes();
     let store = globals.open_store().await?;
     let ctx = RoleContext::new("up");
     app::cancel_on_signals(ctx.shutdown().clone());
