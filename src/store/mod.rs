@@ -175,14 +175,14 @@ pub fn pid_file(store: &Path) -> PathBuf {
     PathBuf::from(p)
 }
 
-/// The pid [`pid_file`] names, when that process still runs.
+/// The pid [`pid_file`] names, when that process still runs and is a herald (a file left
+/// by a killed holder may name a pid since reused by something else).
 fn holder(store: &Path) -> Option<u32> {
     let text = std::fs::read_to_string(pid_file(store)).ok()?;
     let pid: u32 = text.trim().parse().ok()?;
-    Path::new("/proc")
-        .join(pid.to_string())
-        .exists()
-        .then_some(pid)
+    let comm =
+        std::fs::read_to_string(Path::new("/proc").join(pid.to_string()).join("comm")).ok()?;
+    comm.trim().starts_with("herald").then_some(pid)
 }
 
 /// This process's claim in [`pid_file`], from the open until the last handle is gone.
@@ -197,8 +197,21 @@ impl Held {
         let pid_file = pid_file(store);
         let mut tmp = pid_file.as_os_str().to_owned();
         tmp.push(format!(".tmp-{}", std::process::id()));
-        let written = std::fs::write(&tmp, format!("{}\n", std::process::id()))
-            .and_then(|()| std::fs::rename(&tmp, &pid_file));
+        // Created afresh, never through a link someone planted under the (predictable) name:
+        // a store in a shared directory must not let another user aim this write elsewhere.
+        let _ = std::fs::remove_file(&tmp);
+        let written = {
+            use std::io::Write as _;
+            use std::os::unix::fs::OpenOptionsExt as _;
+            std::fs::OpenOptions::new()
+                .write(true)
+                .create_new(true)
+                .mode(0o600)
+                .custom_flags(libc::O_NOFOLLOW)
+                .open(&tmp)
+                .and_then(|mut f| writeln!(f, "{}", std::process::id()))
+                .and_then(|()| std::fs::rename(&tmp, &pid_file))
+        };
         if let Err(e) = written {
             let _ = std::fs::remove_file(&tmp);
             tracing::debug!(file = %pid_file.display(), error = %e, "cannot write the store's pid file");
