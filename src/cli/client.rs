@@ -64,6 +64,28 @@ impl ConnectTimeout {
     }
 }
 
+/// [`ConnectTimeout`] for a gateway's upstreams (`herald gateway`, `herald up`): a remote
+/// upstream over TLS, or an older server that needs `server/discover` and then `initialize`,
+/// may take longer than a person at a prompt should wait, and a slug that keeps missing the
+/// bound never connects.
+#[derive(Debug, Clone, Copy, Args)]
+pub struct UpstreamConnectTimeout {
+    /// How long each HTTP or QUIC upstream has to answer a connect, up to the end of the MCP
+    /// handshake; reconnects wait as long. A stdio upstream's start is not bounded by it.
+    #[arg(long = "connect-timeout-ms", value_name = "MS", default_value_t = UPSTREAM_CONNECT_TIMEOUT_MS,
+          value_parser = clap::value_parser!(u64).range(1..))]
+    pub ms: u64,
+}
+
+/// Default of [`UpstreamConnectTimeout`].
+pub const UPSTREAM_CONNECT_TIMEOUT_MS: u64 = 10_000;
+
+impl UpstreamConnectTimeout {
+    pub fn duration(self) -> std::time::Duration {
+        std::time::Duration::from_millis(self.ms)
+    }
+}
+
 #[derive(Debug, Clone, Args)]
 pub struct ClientArgs {
     #[command(flatten)]

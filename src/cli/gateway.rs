@@ -6,7 +6,7 @@ use crate::mcp::context::RoleContext;
 use clap::Args;
 
 use crate::app::console;
-use crate::cli::client::ConnectTimeout;
+use crate::cli::client::UpstreamConnectTimeout;
 use crate::cli::serve::{ServeArgs, begin, role_store, serve_until_stopped};
 use crate::cli::up::config::is_loopback;
 use crate::cli::{Exit, Globals};
@@ -22,7 +22,7 @@ pub struct GatewayArgs {
     pub serve: ServeArgs,
     // --connect-timeout-ms: each [[slug]]'s.
     #[command(flatten)]
-    pub timeout: ConnectTimeout,
+    pub timeout: UpstreamConnectTimeout,
 }
 
 #[derive(Debug, Args)]

@@ -92,7 +92,7 @@ pub struct UpArgs {
     pub channel: Vec<String>,
     // --connect-timeout-ms: the config's [[slug]] servers'.
     #[command(flatten)]
-    pub timeout: crate::cli::client::ConnectTimeout,
+    pub timeout: crate::cli::client::UpstreamConnectTimeout,
 }
 
 /// A role in this process as a gateway slug: its own server (its tasks kept in `store` under
