@@ -91,6 +91,24 @@ pub fn failure(target: &Target, token: bool, e: &(dyn Error + 'static)) -> Strin
     sentence(target, token, cause(e))
 }
 
+/// What a whole connect (the handshake, then the tool, resource and template lists) not done
+/// within `within` means for `target`: past the handshake's own bound, it answered, then was
+/// slow (or, over stdio, slow to start).
+pub fn connect_timed_out(target: &Target, within: Duration) -> String {
+    match target {
+        Target::Stdio(_) => format!(
+            "{} did not finish starting within {} (its handshake and its tool and resource lists) — is it slow to start, or waiting for something?",
+            place(target),
+            secs(within)
+        ),
+        _ => format!(
+            "{} did not send its tool and resource lists within {} of connecting — is it overloaded?",
+            place(target),
+            secs(within)
+        ),
+    }
+}
+
 /// What no answer within `within` means for `target`.
 pub fn timed_out(target: &Target, within: Duration) -> String {
     match target {
@@ -545,6 +563,21 @@ fn tls(e: &rustls::Error) -> Cause {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn a_slow_whole_connect_does_not_blame_the_handshake_flag() {
+        use super::*;
+        let http = Target::Http("http://h:8750/mcp?token=x".into());
+        let m = connect_timed_out(&http, Duration::from_secs(30));
+        assert_eq!(
+            m,
+            "http://h:8750/mcp did not send its tool and resource lists within 30 s of connecting — is it overloaded?"
+        );
+        let stdio = Target::Stdio("npx server --key secret".into());
+        let m = connect_timed_out(&stdio, Duration::from_secs(30));
+        assert!(m.starts_with("`npx …` did not finish starting within 30 s"), "{m}");
+        assert!(!m.contains("secret") && !m.contains("--connect-timeout-ms"), "{m}");
+    }
+
     use super::*;
 
     use crate::transport::client::{client_config, connect};

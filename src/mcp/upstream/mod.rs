@@ -413,7 +413,9 @@ impl Upstream {
                     Ok(live)
                 }
                 Ok(Err(e)) => Err(self.failed(e)),
-                Err(_) => Err(self.failed(explain::timed_out(&self.target, bound))),
+                // The handshake has a bound of its own (HTTP, QUIC) and says so when it fires:
+                // this one is the lists after it, or a stdio server's start.
+                Err(_) => Err(self.failed(explain::connect_timed_out(&self.target, bound))),
             }
         }
         .await;
