@@ -574,8 +574,14 @@ mod tests {
         );
         let stdio = Target::Stdio("npx server --key secret".into());
         let m = connect_timed_out(&stdio, Duration::from_secs(30));
-        assert!(m.starts_with("`npx …` did not finish starting within 30 s"), "{m}");
-        assert!(!m.contains("secret") && !m.contains("--connect-timeout-ms"), "{m}");
+        assert!(
+            m.starts_with("`npx …` did not finish starting within 30 s"),
+            "{m}"
+        );
+        assert!(
+            !m.contains("secret") && !m.contains("--connect-timeout-ms"),
+            "{m}"
+        );
     }
 
     use super::*;

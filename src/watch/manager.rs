@@ -709,9 +709,16 @@ impl WatchManager {
                 .start(&spec.name, &spec.uri, spec.on_event.as_deref(), false)
                 .await
                 .map(|_| ());
+            // A filter saved before the start check refused what can never give a notice
+            // (it worked then, as `on_event failed` lines) is kept, not deleted on upgrade:
+            // the person fixes it and starts it again.
+            let refused_shape = spec
+                .on_event
+                .as_deref()
+                .is_some_and(|c| shape::never_notices(c).is_some());
             match &r {
                 Ok(()) => lines.push(format!("restored {} ({})", spec.name, spec.uri)),
-                Err(e) if e.is_transient() => {
+                Err(e) if e.is_transient() || refused_shape => {
                     lines.push(format!(
                         "restore failed, kept: {} ({}): {e}",
                         spec.name, spec.uri
@@ -958,6 +965,33 @@ mod tests {
         assert_eq!(n.watch, "herald");
         assert_eq!(n.lines[0], "restored a (memo://notes)");
         assert_eq!(m.watch_list()[0].name, "a");
+        m.shutdown().await;
+    }
+
+    #[tokio::test]
+    async fn a_saved_filter_the_start_check_now_refuses_is_kept_not_deleted() {
+        let memo = MemoServer::start().await;
+        let store = Store::memory();
+        let (m, _rx) = manager(&memo, Some(store.clone()));
+        // Saved by a herald from before the check: it only ever raised, as `on_event failed`.
+        let code = "if event['type'] == 'X':\n    raise ValueError('x')\n";
+        m.save(&WatchSpec {
+            name: "old".into(),
+            uri: "memo://notes".into(),
+            on_event: Some(code.into()),
+        })
+        .await;
+        m.shutdown().await;
+        let (m, mut rx) = manager(&memo, Some(store.clone()));
+        let restored = m.restore().await;
+        assert!(restored[0].1.is_err());
+        let n = next(&mut rx).await;
+        assert!(
+            n.lines[0].starts_with("restore failed, kept: old"),
+            "{:?}",
+            n.lines
+        );
+        assert_eq!(store.scan(Table::Watches).await.unwrap().len(), 1);
         m.shutdown().await;
     }
 }
