@@ -188,11 +188,14 @@ pub fn check_http_url(url: &str) -> Result<(), String> {
             shown(url)
         )),
         // `localhost:8753/mcp` parses, with `localhost` as its scheme.
-        _ if !url.contains("://") => Err(format!(
-            "{} is not a URL: it needs http:// (or https://) in front: {}",
-            shown(url),
-            shown(&format!("http://{url}"))
-        )),
+        // Shown as the URL it would be, so userinfo (`tok@host`) is left out there too.
+        _ if !url.contains("://") => {
+            let fixed = shown(&format!("http://{url}"));
+            Err(format!(
+                "{} is not a URL: it needs http:// (or https://) in front: {fixed}",
+                fixed.trim_start_matches("http://")
+            ))
+        }
         Ok(u) => Err(format!(
             "{} is not an HTTP URL: the scheme must be http:// or https://, not {}:// (a QUIC \
              server is given as HOST:PORT to --mcp-quic)",
@@ -563,6 +566,13 @@ fn tls(e: &rustls::Error) -> Cause {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn a_url_without_a_scheme_never_shows_its_userinfo() {
+        let e = super::check_http_url("tok3n@127.0.0.1:8750/mcp?key=s3cret").unwrap_err();
+        assert!(!e.contains("tok3n") && !e.contains("s3cret"), "{e}");
+        assert!(e.ends_with("in front: http://127.0.0.1:8750/mcp"), "{e}");
+    }
+
     #[test]
     fn a_slow_whole_connect_does_not_blame_the_handshake_flag() {
         use super::*;
