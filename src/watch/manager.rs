@@ -529,6 +529,18 @@ impl WatchManager {
             .await
     }
 
+    /// Whether any watch was ever listed (started, or kept from a failed restore): before
+    /// that, [`WatchManager::none_running`] waits.
+    pub fn ever_listed(&self) -> bool {
+        self.inner.started.load(Ordering::Acquire)
+            || !self
+                .inner
+                .watches
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .is_empty()
+    }
+
     /// Waits until no watch runs, once one has been listed: [`Settled::Ended`] when none is
     /// left (each stopped, or ended with its task), else [`Settled::Failed`] with why each one
     /// left does not run (it failed for good, or its restore did).

@@ -108,6 +108,12 @@ pub enum RunError {
     /// With [`WatchOptions::end_when_all_ended`]: no watch runs, and those left failed.
     #[error("{}", every_watch_failed(.0))]
     AllFailed(Vec<Failed>),
+    /// With [`WatchOptions::end_when_all_ended`]: the start left nothing to watch (only
+    /// `--watch-state`, and the store held no saved watch), and nothing can start one later.
+    #[error(
+        "nothing to watch: the store holds no saved watch (--watch-state); pass --watch NAME=URI or a --config with [[watch]]"
+    )]
+    NothingToWatch,
 }
 
 fn every_watch_failed(failed: &[Failed]) -> String {
@@ -162,6 +168,13 @@ where
         f = start => f.map(RunError::Start),
         _ = shutdown.cancelled() => None,
     };
+    if failure.is_none()
+        && opts.end_when_all_ended
+        && !shutdown.is_cancelled()
+        && !manager.ever_listed()
+    {
+        failure = Some(RunError::NothingToWatch);
+    }
     if failure.is_none() {
         let (n, servers) = manager.running_on();
         if n > 0 {

@@ -422,3 +422,26 @@ async fn herald_up_keeps_serving_when_its_stdout_closes() {
     assert!(String::from_utf8_lossy(&ls.stdout).contains("memo__memo_set"));
     assert!(up.try_wait().unwrap().is_none(), "herald up ended");
 }
+
+#[tokio::test]
+async fn watch_state_with_nothing_saved_says_there_is_nothing_to_watch() {
+    let memo = Memo::start(Via::Http).await;
+    let url = memo.server.as_ref().unwrap().http_url();
+    let tmp = TempDir::new("watch-state-empty");
+    let store = tmp.path().join("w.redb");
+    let out = herald([
+        "--store",
+        store.to_str().unwrap(),
+        "watch",
+        "--mcp-http",
+        &url,
+        "--watch-state",
+    ])
+    .await;
+    assert_eq!(out.status.code(), Some(1), "{out:?}");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("nothing to watch: the store holds no saved watch (--watch-state)"),
+        "{err}"
+    );
+}
