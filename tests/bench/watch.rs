@@ -8,6 +8,8 @@
 //!    list's JSON size. Targets: under 50 ms and under 2x the JSON size.
 //!
 //! `cargo bench --bench watch` (HERALD_BENCH_N overrides the 10,000 changes per transport).
+//! With `HERALD_BENCH_BASELINE=/path/to/an/older/herald`, each transport runs with that binary
+//! first and then this build's, in the same run, and the ratios are printed.
 
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::process::Stdio;
@@ -132,13 +134,13 @@ struct Proc {
     out: Lines<BufReader<ChildStdout>>,
 }
 
-async fn watch_proc(server: &[&str]) -> (Proc, Child, Value) {
+async fn watch_proc(bin: &str, server: &[&str]) -> (Proc, Child, Value) {
     // For stdio the watch's child is the memo server and its listening line comes through
     // the watch's stderr; otherwise a separate memo server.
     let (memo, info, args): (Option<Child>, Option<Value>, Vec<String>) = if server.is_empty() {
         (None, None, vec![])
     } else {
-        let mut memo = tokio::process::Command::new(BIN)
+        let mut memo = tokio::process::Command::new(bin)
             .args([
                 "--log-format",
                 "json",
@@ -171,7 +173,7 @@ async fn watch_proc(server: &[&str]) -> (Proc, Child, Value) {
         };
         (Some(memo), Some(info), args)
     };
-    let mut cmd = tokio::process::Command::new(BIN);
+    let mut cmd = tokio::process::Command::new(bin);
     cmd.args([
         "--log-format",
         "json",
@@ -186,7 +188,7 @@ async fn watch_proc(server: &[&str]) -> (Proc, Child, Value) {
     if args.is_empty() {
         cmd.args([
             "--mcp-stdio",
-            &format!("{BIN} --log-format json --store :memory: memo --stdio --http 127.0.0.1:0"),
+            &format!("{bin} --log-format json --store :memory: memo --stdio --http 127.0.0.1:0"),
         ]);
     } else {
         cmd.args(&args);
@@ -214,8 +216,8 @@ async fn watch_proc(server: &[&str]) -> (Proc, Child, Value) {
     )
 }
 
-async fn latency(name: &str, server: &[&str], n: usize) -> Vec<Duration> {
-    let (mut w, _memo, info) = watch_proc(server).await;
+async fn latency(bin: &str, name: &str, server: &[&str], n: usize) -> Vec<Duration> {
+    let (mut w, _memo, info) = watch_proc(bin, server).await;
     let url = info["http_url"].as_str().unwrap().to_owned();
     let conn = connect(
         &Target::Http(url),
@@ -265,7 +267,19 @@ async fn main() {
         .ok()
         .and_then(|v| v.parse().ok())
         .unwrap_or(10_000);
-    latency("stdio", &[], n).await;
-    latency("http", &["http"], n).await;
-    latency("quic", &["quic"], n).await;
+    let baseline = std::env::var("HERALD_BENCH_BASELINE").ok();
+    for (name, server) in [("stdio", &[][..]), ("http", &["http"][..]), ("quic", &["quic"][..])] {
+        let Some(base) = &baseline else {
+            latency(BIN, name, server, n).await;
+            continue;
+        };
+        let before = latency(base, &format!("{name} (baseline)"), server, n).await;
+        let after = latency(BIN, name, server, n).await;
+        let ratio = |q: f64| pct(&after, q).as_secs_f64() / pct(&before, q).as_secs_f64();
+        println!(
+            "{name:>6}: this build / baseline: p50 {:.2}x, p99 {:.2}x",
+            ratio(0.5),
+            ratio(0.99)
+        );
+    }
 }
