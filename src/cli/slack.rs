@@ -129,6 +129,7 @@ impl SlackToml {
             socket_idle: std::time::Duration::from_millis(
                 t.socket_idle_ms.unwrap_or(30_000).max(100),
             ),
+            inert_expected: false,
         })
     }
 }

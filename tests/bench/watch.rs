@@ -268,7 +268,11 @@ async fn main() {
         .and_then(|v| v.parse().ok())
         .unwrap_or(10_000);
     let baseline = std::env::var("HERALD_BENCH_BASELINE").ok();
-    for (name, server) in [("stdio", &[][..]), ("http", &["http"][..]), ("quic", &["quic"][..])] {
+    for (name, server) in [
+        ("stdio", &[][..]),
+        ("http", &["http"][..]),
+        ("quic", &["quic"][..]),
+    ] {
         let Some(base) = &baseline else {
             latency(BIN, name, server, n).await;
             continue;

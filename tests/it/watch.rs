@@ -569,6 +569,7 @@ async fn herald_up_prints_one_notice_per_change_in_the_demo() {
         .spawn()
         .unwrap();
     let mut err = BufReader::new(child.stderr.take().unwrap()).lines();
+    let mut early = Vec::new();
     let url = tokio::time::timeout(WAIT, async {
         loop {
             let l = err
@@ -581,10 +582,20 @@ async fn herald_up_prints_one_notice_per_change_in_the_demo() {
             {
                 return v["http_url"].as_str().unwrap().to_owned();
             }
+            early.push(l);
         }
     })
     .await
     .expect("herald up says where it listens");
+    // Slack inert is what the demo is: said, not warned about.
+    let slack: Vec<&String> = early
+        .iter()
+        .filter(|l| l.contains("slack events are not configured"))
+        .collect();
+    assert!(
+        slack.len() == 1 && slack[0].contains("\"level\":\"INFO\""),
+        "{early:?}"
+    );
     let stderr = tokio::spawn(async move {
         let mut rest = Vec::new();
         while let Ok(Some(l)) = err.next_line().await {

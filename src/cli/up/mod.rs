@@ -247,7 +247,10 @@ pub async fn run(args: UpArgs, globals: &Globals) -> Result<(), Exit> {
     }
     if let Some(s) = &file.slack {
         let sctx = ctx.for_role("slack");
-        let src = Slack::open(s.to_config().map_err(usage)?, store.clone(), &sctx).await?;
+        let mut scfg = s.to_config().map_err(usage)?;
+        // The demo runs Slack inert until configured, and its banner says so.
+        scfg.inert_expected = demo_dir.is_some();
+        let src = Slack::open(scfg, store.clone(), &sctx).await?;
         slack_live = Some(src.configured());
         upstreams.push(in_process("slack", Arc::new(src), &local, &sctx, &store).await);
     }
