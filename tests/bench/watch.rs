@@ -9,7 +9,11 @@
 //!
 //! `cargo bench --bench watch` (HERALD_BENCH_N overrides the 10,000 changes per transport).
 //! With `HERALD_BENCH_BASELINE=/path/to/an/older/herald`, each transport runs with that binary
-//! first and then this build's, in the same run, and the ratios are printed.
+//! and this build's in turn (A-B-B-A), in the same run, and the ratios are printed. Both must
+//! be built with one profile: `cargo bench` builds this one with the bench profile (thin LTO,
+//! 16 codegen units), which measured 15-20 % slower here than the release profile's fat LTO,
+//! so a release-built baseline would measure the profiles, not the change. (Or put a release
+//! build of this tree at `target/release/herald` and run the bench binary directly.)
 
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::process::Stdio;
@@ -277,8 +281,15 @@ async fn main() {
             latency(BIN, name, server, n).await;
             continue;
         };
-        let before = latency(base, &format!("{name} (baseline)"), server, n).await;
-        let after = latency(BIN, name, server, n).await;
+        // A-B-B-A, half the changes each: a run after another is a little slower on a small
+        // machine (measured: 1-8 % with the same binary twice), and the order cancels that.
+        let label = format!("{name} (baseline)");
+        let mut before = latency(base, &label, server, n / 2).await;
+        let mut after = latency(BIN, name, server, n / 2).await;
+        after.extend(latency(BIN, name, server, n / 2).await);
+        before.extend(latency(base, &label, server, n / 2).await);
+        before.sort();
+        after.sort();
         let ratio = |q: f64| pct(&after, q).as_secs_f64() / pct(&before, q).as_secs_f64();
         println!(
             "{name:>6}: this build / baseline: p50 {:.2}x, p99 {:.2}x",
