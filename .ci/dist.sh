@@ -107,10 +107,10 @@ for f in ./usr/bin/herald ./usr/lib/systemd/system/herald@.service \
   ./usr/lib/sysusers.d/herald.conf ./etc/herald/up.toml ./etc/herald/gateway.toml \
   ./usr/share/bash-completion/completions/herald ./usr/share/zsh/vendor-completions/_herald \
   ./usr/share/fish/vendor_completions.d/herald.fish ./usr/share/man/man1/herald.1.gz \
-  ./usr/share/man/man1/herald-watch.1.gz; do
+  ./usr/share/man/man1/herald-watch.1.gz ./usr/share/doc/herald/LICENSE; do
   grep -q " $f\$" "$scratch/deb.list" || fail "the .deb lacks $f"
 done
-ok "the .deb holds the binary, the units, the sysusers file, /etc/herald, completions and man pages"
+ok "the .deb holds the binary, the units, the sysusers file, /etc/herald, completions, man pages and the licence"
 if dpkg-deb --field "$deb" Depends | grep -q .; then
   fail "the .deb depends on $(dpkg-deb --field "$deb" Depends); a static binary needs nothing"
 fi
@@ -182,7 +182,8 @@ else
     /usr/lib/systemd/system/herald-up.service /usr/lib/systemd/system/herald-memo.service \
     /usr/lib/sysusers.d/herald.conf /etc/herald/up.toml /etc/herald/gateway.toml \
     /usr/share/bash-completion/completions/herald /usr/share/zsh/site-functions/_herald \
-    /usr/share/fish/vendor_completions.d/herald.fish /usr/share/man/man1/herald.1.gz; do
+    /usr/share/fish/vendor_completions.d/herald.fish /usr/share/man/man1/herald.1.gz \
+    /usr/share/licenses/herald/LICENSE; do
     grep -qx "$f" "$scratch/rpm.list" || fail "the .rpm lacks $f"
   done
   rpm -qp --scripts "$rpmf" 2>/dev/null | grep -q systemd-sysusers ||
