@@ -1,5 +1,6 @@
-//! `herald k8s` end to end: the real kubectl against the fake API server, through `herald
-//! watch` and MCP clients.
+//! `herald k8s` end to end against the fake API server, through `herald watch` and MCP
+//! clients: watches over the API (herald's own client, no kubectl process), the same with
+//! `--watch-via kubectl`, and the tools, which run the real kubectl.
 
 use serde_json::{Value, json};
 
@@ -18,6 +19,11 @@ pub(crate) async fn setup(extra: &[&str]) -> Setup {
     let api = FakeApi::start().await;
     let dir = TempDir::new("k8s");
     let kc = api.kubeconfig(dir.path());
+    setup_on(api, dir, &kc, extra).await
+}
+
+/// `herald k8s` on HTTP against `api` with the kubeconfig `kc`.
+async fn setup_on(api: FakeApi, dir: TempDir, kc: &std::path::Path, extra: &[&str]) -> Setup {
     let mut args = vec![
         "--store",
         ":memory:",
@@ -199,8 +205,16 @@ async fn a_typo_gets_did_you_mean() {
     assert!(err.contains("confgmaps"), "{err}");
 }
 
+/// Watch requests the fake API server has seen.
+fn watch_requests(api: &FakeApi) -> usize {
+    api.requests()
+        .iter()
+        .filter(|r| r.contains("watch=true"))
+        .count()
+}
+
 #[tokio::test]
-async fn subscribers_share_one_kubectl_until_the_last_leaves() {
+async fn subscribers_share_one_watch_until_the_last_leaves() {
     let s = setup(&["--linger-ms", "0"]).await;
     let uri = "kcp-events://watch/root:app/configmaps?namespace=*";
     let mut a = watch(&s, uri);
@@ -208,7 +222,12 @@ async fn subscribers_share_one_kubectl_until_the_last_leaves() {
     a.event("watch.subscribed", "cm").await;
     b.event("watch.subscribed", "cm").await;
     s.api.wait("a watch", |a| a.watches() == 1).await;
-    assert_eq!(kubectl_watches(s.k8s.pid()), 1);
+    assert_eq!(watch_requests(&s.api), 1, "one watch for two subscribers");
+    assert_eq!(
+        kubectl_watches(s.k8s.pid()),
+        0,
+        "no kubectl process watches"
+    );
     s.api.put("root:app", "default", "shared", json!({}));
     assert_eq!(
         lines_until(&mut a, "shared").await,
@@ -222,7 +241,7 @@ async fn subscribers_share_one_kubectl_until_the_last_leaves() {
     a.terminate().await;
     s.api.put("root:app", "default", "still", json!({}));
     lines_until(&mut b, "still").await;
-    assert_eq!(kubectl_watches(s.k8s.pid()), 1);
+    assert_eq!(watch_requests(&s.api), 1);
     b.terminate().await;
     s.api
         .wait("the last watch closed", |a| a.watches() == 0)
@@ -372,7 +391,42 @@ async fn call_json(c: &herald::transport::client::Connection, tool: &str, a: Val
 }
 
 #[tokio::test]
-async fn the_token_command_mints_credentials_for_every_connect() {
+async fn the_token_command_mints_credentials_for_every_request() {
+    let dir = TempDir::new("k8s-token-api");
+    let counter = dir.path().join("n");
+    let cmd = format!(
+        "n=$(cat {c} 2>/dev/null || echo 0); n=$((n+1)); echo $n > {c}; echo minted-$n",
+        c = counter.display()
+    );
+    let s = setup(&["-v", "--token-command", &cmd]).await;
+    let mut w = watch(&s, "k8s-events://watch/configmaps?namespace=*");
+    w.event("watch.subscribed", "cm").await;
+    s.api.wait("a watch", |a| a.watches() == 1).await;
+    let before = s.api.tokens();
+    assert!(
+        !before.is_empty() && before.iter().all(|t| t.starts_with("minted-")),
+        "{before:?}"
+    );
+    s.api.drop_watches_and(|_| {});
+    s.api.wait("a new watch", |a| a.watches() == 1).await;
+    s.api.put("", "default", "x", json!({}));
+    lines_until(&mut w, "ADDED default/x").await;
+    let after = s.api.tokens();
+    assert!(after.len() > before.len());
+    assert!(
+        !before.contains(after.last().unwrap()),
+        "re-minted for the new watch: {after:?}"
+    );
+    assert!(s.k8s.stderr().contains("DEBUG"));
+    assert!(
+        !s.k8s.stderr().contains("minted-"),
+        "a token reached the log"
+    );
+    w.terminate().await;
+}
+
+#[tokio::test]
+async fn the_token_command_mints_credentials_for_every_kubectl_connect() {
     let dir = TempDir::new("k8s-token");
     let counter = dir.path().join("n");
     // Each run prints a new token: minted-1, minted-2, ...
@@ -380,7 +434,7 @@ async fn the_token_command_mints_credentials_for_every_connect() {
         "n=$(cat {c} 2>/dev/null || echo 0); n=$((n+1)); echo $n > {c}; echo minted-$n",
         c = counter.display()
     );
-    let s = setup(&["-v", "--token-command", &cmd]).await;
+    let s = setup(&["-v", "--watch-via", "kubectl", "--token-command", &cmd]).await;
     let minted = || -> u32 {
         std::fs::read_to_string(&counter)
             .unwrap()
@@ -485,11 +539,7 @@ async fn a_client_that_resubscribes_finds_its_ring() {
     assert_eq!(seen.len(), 2, "{seen:?}");
     assert_eq!(seen[1]["seq"].as_u64().unwrap(), first + 1);
     assert_eq!(seen[1]["object"]["metadata"]["name"], "two");
-    assert_eq!(
-        kubectl_watches(s.k8s.pid()),
-        1,
-        "the same kubectl all along"
-    );
+    assert_eq!(watch_requests(&s.api), 1, "the same watch all along");
 }
 
 #[tokio::test]
@@ -512,4 +562,234 @@ async fn object_names_are_never_flags() {
         "{:?}",
         s.api.requests()
     );
+}
+
+/// A watch URI's event log, read through an MCP client.
+async fn event_log(s: &Setup, uri: &str) -> Vec<Value> {
+    let c = crate::watch::memo_client(&s.k8s.http_url()).await;
+    let (log, _) = read_json(&c, uri).await;
+    log["events"].as_array().unwrap().clone()
+}
+
+#[tokio::test]
+async fn gone_410_relists_and_logs_the_gap_as_synthetic_events() {
+    let s = setup(&[]).await;
+    for name in ["keep", "change", "gone"] {
+        s.api.put("", "default", name, json!({"v": "1"}));
+    }
+    let uri = "k8s-events://watch/configmaps?namespace=default";
+    let mut w = watch(&s, uri);
+    w.event("watch.subscribed", "cm").await;
+    s.api.wait("a watch", |a| a.watches() == 1).await;
+    let lists = |a: &FakeApi| {
+        a.requests()
+            .iter()
+            .filter(|r| {
+                r.starts_with("GET /api/v1/namespaces/default/configmaps?")
+                    && !r.contains("watch=true")
+            })
+            .count()
+    };
+    assert_eq!(lists(&s.api), 1);
+    // The history is gone (410) and things changed meanwhile: only a new list can tell.
+    s.api.expire_watches_and(|gap| {
+        gap.put("", "default", "change", json!({"v": "2"}));
+        gap.delete("", "default", "gone");
+        gap.put("", "default", "new", json!({"v": "1"}));
+    });
+    let l = lines_until(&mut w, "new").await;
+    assert!(l.iter().any(|x| x.contains("410")), "{l:?}");
+    assert_eq!(lists(&s.api), 2, "listed again after the 410");
+    let events = event_log(&s, uri).await;
+    let gap: Vec<(String, String, bool)> = events
+        .iter()
+        .filter(|e| e["type"] != "ERROR")
+        .map(|e| {
+            (
+                e["type"].as_str().unwrap().to_owned(),
+                e["object"]["metadata"]["name"].as_str().unwrap().to_owned(),
+                e["synthetic"] == true,
+            )
+        })
+        .collect();
+    assert_eq!(
+        gap,
+        [
+            ("MODIFIED".to_owned(), "change".to_owned(), true),
+            ("DELETED".to_owned(), "gone".to_owned(), true),
+            ("ADDED".to_owned(), "new".to_owned(), true),
+        ],
+        "{events:?}"
+    );
+    w.terminate().await;
+}
+
+#[tokio::test]
+async fn a_stream_the_server_ends_is_watched_again_from_where_it_was() {
+    // No re-list after a plain end of the stream: the next watch starts at the last
+    // resourceVersion seen, and what happened in between is replayed as real events.
+    let s = setup(&[]).await;
+    let uri = "k8s-events://watch/configmaps?namespace=default";
+    let mut w = watch(&s, uri);
+    w.event("watch.subscribed", "cm").await;
+    s.api.wait("a watch", |a| a.watches() == 1).await;
+    s.api.put("", "default", "a", json!({}));
+    lines_until(&mut w, "ADDED default/a").await;
+    s.api
+        .drop_watches_and(|gap| gap.put("", "default", "b", json!({})));
+    lines_until(&mut w, "ADDED default/b").await;
+    let events = event_log(&s, uri).await;
+    assert!(
+        events.iter().all(|e| e.get("synthetic").is_none()),
+        "{events:?}"
+    );
+    let lists = s
+        .api
+        .requests()
+        .iter()
+        .filter(|r| !r.contains("watch=true") && r.contains("/configmaps?"))
+        .count();
+    assert_eq!(lists, 1, "{:?}", s.api.requests());
+    w.terminate().await;
+}
+
+#[tokio::test]
+async fn a_bookmark_advances_the_resource_version() {
+    let s = setup(&[]).await;
+    let mut w = watch(&s, "k8s-events://watch/configmaps?namespace=default");
+    w.event("watch.subscribed", "cm").await;
+    s.api.wait("a watch", |a| a.watches() == 1).await;
+    // Changes this watch does not select move the server's resourceVersion on; a BOOKMARK
+    // tells the watcher so.
+    for i in 0..3 {
+        s.api.put("", "elsewhere", &format!("x{i}"), json!({}));
+    }
+    let rv = s.api.bookmark();
+    s.api.drop_watches_and(|_| {});
+    s.api.wait("a new watch", |a| a.watches() == 1).await;
+    let last = s
+        .api
+        .requests()
+        .into_iter()
+        .filter(|r| r.contains("watch=true"))
+        .next_back()
+        .unwrap();
+    assert!(last.contains("allowWatchBookmarks=true"), "{last}");
+    assert!(last.contains(&format!("resourceVersion={rv}")), "{last}");
+    s.api.put("", "default", "after", json!({}));
+    assert_eq!(lines_until(&mut w, "after").await, ["ADDED default/after"]);
+    w.terminate().await;
+}
+
+#[tokio::test]
+async fn a_delete_during_the_seed_arrives_without_a_reconnect() {
+    let s = setup(&[]).await;
+    s.api.put("", "default", "doomed", json!({}));
+    // Deleted after the list was answered, before the watch starts: the watch from the
+    // list's resourceVersion carries it.
+    s.api
+        .after_next_list(|gap| gap.delete("", "default", "doomed"));
+    let mut w = watch(&s, "k8s-events://watch/configmaps?namespace=default");
+    w.event("watch.subscribed", "cm").await;
+    assert_eq!(
+        lines_until(&mut w, "doomed").await,
+        ["DELETED default/doomed"]
+    );
+    assert_eq!(watch_requests(&s.api), 1, "no reconnect was needed");
+    w.terminate().await;
+}
+
+#[tokio::test]
+async fn an_exec_credential_plugin_mints_the_token() {
+    let api = FakeApi::start().await;
+    api.require_token("from-the-plugin");
+    let dir = TempDir::new("k8s-exec");
+    let plugin = dir.path().join("plugin.sh");
+    let runs = dir.path().join("runs");
+    std::fs::write(
+        &plugin,
+        format!(
+            "#!/bin/sh\necho run >> {}\ncat <<EOF\n{{\"apiVersion\": \"client.authentication.k8s.io/v1\", \"kind\": \"ExecCredential\", \"status\": {{\"token\": \"from-the-plugin\"}}}}\nEOF\n",
+            runs.display()
+        ),
+    )
+    .unwrap();
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(&plugin, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let kc = api.kubeconfig_with(
+        dir.path(),
+        json!({"exec": {"apiVersion": "client.authentication.k8s.io/v1",
+                        "command": plugin.to_str().unwrap(), "interactiveMode": "Never"}}),
+    );
+    let s = setup_on(api, dir, &kc, &[]).await;
+    let mut w = watch(&s, "k8s-events://watch/configmaps?namespace=default");
+    w.event("watch.subscribed", "cm").await;
+    s.api.put("", "default", "seen", json!({}));
+    assert_eq!(lines_until(&mut w, "seen").await, ["ADDED default/seen"]);
+    assert!(
+        s.api.tokens().iter().all(|t| t == "from-the-plugin"),
+        "{:?}",
+        s.api.tokens()
+    );
+    w.terminate().await;
+}
+
+#[tokio::test]
+async fn a_client_certificate_over_tls_and_h2_shares_one_connection() {
+    let (api, pki) = FakeApi::start_tls().await;
+    let dir = TempDir::new("k8s-tls");
+    let kc = api.kubeconfig_tls(dir.path(), &pki);
+    let s = setup_on(api, dir, &kc, &[]).await;
+    let mut a = watch(&s, "k8s-events://watch/configmaps?namespace=default");
+    let mut b = watch(&s, "k8s-events://watch/configmaps?namespace=*");
+    a.event("watch.subscribed", "cm").await;
+    b.event("watch.subscribed", "cm").await;
+    s.api.wait("two watches", |a| a.watches() == 2).await;
+    s.api.put("", "default", "secure", json!({}));
+    assert_eq!(
+        lines_until(&mut a, "secure").await,
+        ["ADDED default/secure"]
+    );
+    assert_eq!(
+        lines_until(&mut b, "secure").await,
+        ["ADDED default/secure"]
+    );
+    assert_eq!(
+        s.api.connections(),
+        1,
+        "discovery, both lists and both watches on one h2 connection"
+    );
+    a.terminate().await;
+    b.terminate().await;
+}
+
+#[tokio::test]
+async fn a_kubeconfig_the_client_cannot_use_is_refused_at_start() {
+    let dir = TempDir::new("k8s-bad-kc");
+    let kc = dir.path().join("kubeconfig");
+    std::fs::write(
+        &kc,
+        json!({"apiVersion": "v1", "kind": "Config",
+            "clusters": [{"name": "c", "cluster": {"server": "https://127.0.0.1:1",
+                          "proxy-url": "http://127.0.0.1:3128"}}],
+            "users": [{"name": "u", "user": {}}],
+            "contexts": [{"name": "x", "context": {"cluster": "c", "user": "u"}}],
+            "current-context": "x"})
+        .to_string(),
+    )
+    .unwrap();
+    let out = herald([
+        "--store",
+        ":memory:",
+        "k8s",
+        "--http",
+        "127.0.0.1:0",
+        "--kubeconfig",
+        kc.to_str().unwrap(),
+    ])
+    .await;
+    assert_eq!(out.status.code(), Some(64), "{out:?}");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("proxy-url"), "{err}");
+    assert!(err.contains("--watch-via kubectl"), "{err}");
 }

@@ -1,9 +1,18 @@
-//! A fake Kubernetes API server that the real `kubectl` talks to: legacy discovery (`/version`,
-//! `/api`, `/apis`, `/api/v1`), configmaps list / get / watch / delete with resourceVersion and
-//! a replayable history, chunked watch streams, label selectors, `410 Gone` on demand, and kcp's
-//! `/clusters/{workspace}` prefix (each workspace its own object space). Tests change objects
-//! directly through [`FakeApi`] and await its state with [`FakeApi::wait`], never a sleep.
-//! `tests/bench/k8s.rs` includes this file too.
+//! A fake Kubernetes API server that the real `kubectl` and herald's own client (kube, hyper)
+//! both talk to: legacy discovery (`/version`, `/api`, `/apis`, `/api/v1`), configmaps list /
+//! get / watch / delete with resourceVersion and a replayable history, chunked watch streams
+//! (`watch=true`, `resourceVersion`, `allowWatchBookmarks`, `timeoutSeconds` accepted),
+//! BOOKMARK events on demand, label selectors, `410 Gone` on demand, and kcp's
+//! `/clusters/{workspace}` prefix (each workspace its own object space).
+//!
+//! [`FakeApi::start`] serves plain HTTP (HTTP/1.1, and h2c with prior knowledge);
+//! [`FakeApi::start_tls`] serves HTTPS with a CA it makes, offers h2 and HTTP/1.1 by ALPN and
+//! requires a client certificate signed by that CA ([`FakeApi::kubeconfig`] then carries the
+//! CA and a client certificate). [`FakeApi::require_token`] makes it answer 401 to any other
+//! bearer token. It counts the TCP connections it accepted.
+//!
+//! Tests change objects directly through [`FakeApi`] and await its state with
+//! [`FakeApi::wait`], never a sleep. `tests/bench/k8s.rs` includes this file too.
 
 use std::collections::BTreeMap;
 use std::convert::Infallible;
@@ -32,6 +41,14 @@ struct Inner {
     gone_next: bool,
     /// Every request's method and path (with query), in order.
     requests: Vec<String>,
+    /// Changes made right after the next list is answered (before any watch can start).
+    after_list: Option<Box<dyn FnOnce(&mut Gap) + Send>>,
+    /// The bearer token every request must carry (None: any or none).
+    token: Option<String>,
+    /// Bearer tokens seen, in order (for tests of minted credentials).
+    tokens: Vec<String>,
+    /// TCP connections accepted.
+    connections: u64,
 }
 
 struct Watch {
@@ -59,6 +76,13 @@ fn matches(w: &Watch, ws: &str, obj: &Value) -> bool {
 }
 
 impl Inner {
+    fn bookmark(&mut self) {
+        let ev = json!({"type": "BOOKMARK", "object": {"kind": "ConfigMap", "apiVersion": "v1",
+            "metadata": {"resourceVersion": self.rv.to_string()}}});
+        let line = format!("{ev}\n").into_bytes();
+        self.watches.retain(|w| w.tx.send(Ok(line.clone())).is_ok());
+    }
+
     fn emit(&mut self, ws: &str, kind: &str, obj: &Value) {
         let ev = json!({"type": kind, "object": obj});
         self.history.push((ws.to_owned(), self.rv, ev.clone()));
@@ -99,7 +123,8 @@ impl Inner {
     }
 }
 
-/// Silent changes made while every watch stream is down (see [`FakeApi::drop_watches_and`]).
+/// Changes made where no open watch stream sees them (see [`FakeApi::drop_watches_and`] and
+/// [`FakeApi::after_next_list`]).
 pub struct Gap<'a>(&'a mut Inner);
 
 impl Gap<'_> {
@@ -143,9 +168,25 @@ async fn handle(State(api): State<FakeApi>, req: Request) -> Response {
     let method = req.method().clone();
     let path = req.uri().path().to_owned();
     let query = req.uri().query().unwrap_or("").to_owned();
+    let bearer = req
+        .headers()
+        .get("authorization")
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "))
+        .map(str::to_owned);
     {
         let mut inner = api.inner.lock().unwrap();
         inner.requests.push(format!("{method} {path}?{query}"));
+        if let Some(t) = &bearer {
+            inner.tokens.push(t.clone());
+        }
+        if let Some(want) = &inner.token
+            && bearer.as_ref() != Some(want)
+        {
+            drop(inner);
+            api.changed.notify_waiters();
+            return status(401, "Unauthorized", "Unauthorized");
+        }
     }
     api.changed.notify_waiters();
     let (ws, rest) = match path.strip_prefix("/clusters/") {
@@ -270,12 +311,26 @@ fn collection(api: &FakeApi, m: Method, ws: &str, ns: Option<String>, query: &st
                     .as_ref()
                     .is_none_or(|(k, v)| o["metadata"]["labels"][k] == v.as_str())
         })
-        .map(|(_, o)| o.clone())
+        .map(|(_, o)| {
+            // A list's items carry no kind or apiVersion, as a real API server's.
+            let mut o = o.clone();
+            if let Some(m) = o.as_object_mut() {
+                m.remove("kind");
+                m.remove("apiVersion");
+            }
+            o
+        })
         .collect();
+    let rv = inner.rv.to_string();
+    if let Some(after) = inner.after_list.take() {
+        after(&mut Gap(&mut inner));
+        drop(inner);
+        api.changed.notify_waiters();
+    }
     json_response(
         StatusCode::OK,
         json!({"kind": "ConfigMapList", "apiVersion": "v1",
-               "metadata": {"resourceVersion": inner.rv.to_string()}, "items": items}),
+               "metadata": {"resourceVersion": rv}, "items": items}),
     )
 }
 
@@ -287,10 +342,80 @@ impl Drop for Closed {
     }
 }
 
+/// What [`FakeApi::start_tls`] made: its CA, and a client certificate the CA signed.
+#[derive(Clone)]
+pub struct Pki {
+    pub ca_pem: String,
+    pub client_cert_pem: String,
+    pub client_key_pem: String,
+}
+
+fn make_pki() -> (Pki, rustls::ServerConfig) {
+    use rcgen::{BasicConstraints, CertificateParams, IsCa, Issuer, KeyPair};
+    let ca_key = KeyPair::generate().unwrap();
+    let mut ca = CertificateParams::new(Vec::<String>::new()).unwrap();
+    ca.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+    ca.distinguished_name
+        .push(rcgen::DnType::CommonName, "fake-kube-ca");
+    let ca_cert = ca.self_signed(&ca_key).unwrap();
+    let issuer = Issuer::new(ca, ca_key);
+    let server_key = KeyPair::generate().unwrap();
+    let server = CertificateParams::new(vec!["127.0.0.1".to_owned(), "localhost".to_owned()])
+        .unwrap()
+        .signed_by(&server_key, &issuer)
+        .unwrap();
+    let client_key = KeyPair::generate().unwrap();
+    let mut cp = CertificateParams::new(Vec::<String>::new()).unwrap();
+    cp.distinguished_name
+        .push(rcgen::DnType::CommonName, "herald-test");
+    let client = cp.signed_by(&client_key, &issuer).unwrap();
+    let mut roots = rustls::RootCertStore::empty();
+    roots.add(ca_cert.der().clone()).unwrap();
+    let verifier = rustls::server::WebPkiClientVerifier::builder_with_provider(
+        Arc::new(roots),
+        Arc::new(rustls::crypto::ring::default_provider()),
+    )
+    .build()
+    .unwrap();
+    let mut cfg = rustls::ServerConfig::builder_with_provider(Arc::new(
+        rustls::crypto::ring::default_provider(),
+    ))
+    .with_safe_default_protocol_versions()
+    .unwrap()
+    .with_client_cert_verifier(verifier)
+    .with_single_cert(
+        vec![server.der().clone()],
+        rustls::pki_types::PrivateKeyDer::Pkcs8(server_key.serialize_der().into()),
+    )
+    .unwrap();
+    cfg.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
+    (
+        Pki {
+            ca_pem: ca_cert.pem(),
+            client_cert_pem: client.pem(),
+            client_key_pem: client_key.serialize_pem(),
+        },
+        cfg,
+    )
+}
+
 impl FakeApi {
+    /// The fake on plain HTTP.
     pub async fn start() -> FakeApi {
+        Self::serve(None).await
+    }
+
+    /// The fake on HTTPS (h2 and HTTP/1.1 by ALPN), requiring a client certificate.
+    pub async fn start_tls() -> (FakeApi, Pki) {
+        let (pki, cfg) = make_pki();
+        let api = Self::serve(Some(Arc::new(cfg))).await;
+        (api, pki)
+    }
+
+    async fn serve(tls: Option<Arc<rustls::ServerConfig>>) -> FakeApi {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let url = format!("http://{}", listener.local_addr().unwrap());
+        let scheme = if tls.is_some() { "https" } else { "http" };
+        let url = format!("{scheme}://{}", listener.local_addr().unwrap());
         let api = FakeApi {
             inner: Arc::new(Mutex::new(Inner {
                 rv: 100,
@@ -300,22 +425,105 @@ impl FakeApi {
             url,
         };
         let app = axum::Router::new().fallback(handle).with_state(api.clone());
+        let counter = api.clone();
         tokio::spawn(async move {
-            let _ = axum::serve(listener, app).await;
+            let acceptor = tls.map(tokio_rustls::TlsAcceptor::from);
+            loop {
+                let Ok((tcp, _)) = listener.accept().await else {
+                    return;
+                };
+                let _ = tcp.set_nodelay(true);
+                counter.inner.lock().unwrap().connections += 1;
+                counter.changed.notify_waiters();
+                let app = app.clone();
+                let acceptor = acceptor.clone();
+                tokio::spawn(async move {
+                    let svc = hyper_util::service::TowerToHyperService::new(app);
+                    let builder = hyper_util::server::conn::auto::Builder::new(
+                        hyper_util::rt::TokioExecutor::new(),
+                    );
+                    match acceptor {
+                        None => {
+                            let _ = builder
+                                .serve_connection(hyper_util::rt::TokioIo::new(tcp), svc)
+                                .await;
+                        }
+                        Some(a) => {
+                            let Ok(stream) = a.accept(tcp).await else {
+                                return;
+                            };
+                            let _ = builder
+                                .serve_connection(hyper_util::rt::TokioIo::new(stream), svc)
+                                .await;
+                        }
+                    }
+                });
+            }
         });
         api
     }
 
     /// A kubeconfig (JSON, which kubectl reads as YAML) for this server, written to `dir`.
+    /// On HTTPS it carries the CA and the client certificate ([`FakeApi::kubeconfig_tls`]).
     pub fn kubeconfig(&self, dir: &std::path::Path) -> std::path::PathBuf {
+        self.kubeconfig_with(dir, json!({}))
+    }
+
+    /// A kubeconfig whose user is `user` (a kubeconfig `user` object: token, exec, ...).
+    pub fn kubeconfig_with(&self, dir: &std::path::Path, user: Value) -> std::path::PathBuf {
         let path = dir.join("kubeconfig");
         let v = json!({"apiVersion": "v1", "kind": "Config",
             "clusters": [{"name": "fake", "cluster": {"server": self.url}}],
-            "users": [{"name": "fake", "user": {}}],
+            "users": [{"name": "fake", "user": user}],
             "contexts": [{"name": "fake", "context": {"cluster": "fake", "user": "fake", "namespace": "default"}}],
             "current-context": "fake"});
         std::fs::write(&path, v.to_string()).unwrap();
         path
+    }
+
+    /// A kubeconfig for [`FakeApi::start_tls`]: the CA, and the client certificate as the user.
+    pub fn kubeconfig_tls(&self, dir: &std::path::Path, pki: &Pki) -> std::path::PathBuf {
+        use base64::Engine;
+        let b64 = |s: &str| base64::engine::general_purpose::STANDARD.encode(s);
+        let path = dir.join("kubeconfig");
+        let v = json!({"apiVersion": "v1", "kind": "Config",
+            "clusters": [{"name": "fake", "cluster": {"server": self.url,
+                "certificate-authority-data": b64(&pki.ca_pem)}}],
+            "users": [{"name": "fake", "user": {
+                "client-certificate-data": b64(&pki.client_cert_pem),
+                "client-key-data": b64(&pki.client_key_pem)}}],
+            "contexts": [{"name": "fake", "context": {"cluster": "fake", "user": "fake", "namespace": "default"}}],
+            "current-context": "fake"});
+        std::fs::write(&path, v.to_string()).unwrap();
+        path
+    }
+
+    /// Answers 401 to every request that does not carry `Bearer <token>`.
+    pub fn require_token(&self, token: &str) {
+        self.inner.lock().unwrap().token = Some(token.to_owned());
+    }
+
+    /// The bearer tokens requests carried, in order.
+    pub fn tokens(&self) -> Vec<String> {
+        self.inner.lock().unwrap().tokens.clone()
+    }
+
+    /// TCP connections accepted so far.
+    pub fn connections(&self) -> u64 {
+        self.inner.lock().unwrap().connections
+    }
+
+    /// Makes `gap`'s changes right after the next list is answered: after the list's
+    /// resourceVersion was taken and before any watch from it can start.
+    pub fn after_next_list(&self, gap: impl FnOnce(&mut Gap) + Send + 'static) {
+        self.inner.lock().unwrap().after_list = Some(Box::new(gap));
+    }
+
+    /// Sends a BOOKMARK at the current resourceVersion on every open watch stream.
+    pub fn bookmark(&self) -> u64 {
+        let mut inner = self.inner.lock().unwrap();
+        inner.bookmark();
+        inner.rv
     }
 
     pub fn put(&self, ws: &str, ns: &str, name: &str, data: Value) -> Value {
@@ -355,6 +563,18 @@ impl FakeApi {
         inner.gone_next = true;
         drop(inner);
         self.changed.notify_waiters();
+    }
+
+    /// Makes `gap`'s changes where no watch stream sees them, then ends every stream with a
+    /// `410 Gone` ERROR event (and answers the next watch request with 410): only a new list
+    /// can tell of them.
+    pub fn expire_watches_and(&self, gap: impl FnOnce(&mut Gap)) {
+        let mut inner = self.inner.lock().unwrap();
+        let open = std::mem::take(&mut inner.watches);
+        gap(&mut Gap(&mut inner));
+        inner.watches = open;
+        drop(inner);
+        self.expire_watches();
     }
 
     /// Open watch streams (a closed client is noticed when the next event is sent, so this

@@ -239,6 +239,7 @@ pub async fn run(args: UpArgs, globals: &Globals) -> Result<(), Exit> {
                 ring_capacity: k.ring_capacity.unwrap_or_default().max(1),
                 linger: Duration::from_millis(k.linger_ms.unwrap_or_default()),
                 max_watchers: k.max_watchers.unwrap_or(1).max(1),
+                watch_via: k.via().map_err(usage)?,
             },
             &kctx,
         )

@@ -487,7 +487,7 @@ impl Kubectl {
 
 /// Runs the token command; its trimmed stdout is the token. Its output never reaches an error.
 /// It runs in a process group of its own, killed whole if it overruns.
-async fn mint(cmd: &str) -> Result<String, SourceError> {
+pub(crate) async fn mint(cmd: &str) -> Result<String, SourceError> {
     let mut child = crate::app::secrets::scrub(&mut Command::new("/bin/sh"))
         .args(["-c", cmd])
         .stdin(Stdio::null())

@@ -1,9 +1,11 @@
-//! The Kubernetes / kcp source: event-log resources over the real `kubectl get -w`.
+//! The Kubernetes / kcp source: event-log resources over watches of the Kubernetes API
+//! (`api`: kube's configuration and credentials, HTTP/2 when the server offers it), or over
+//! `kubectl get -w` with `--watch-via kubectl`.
 //!
 //! - `kcp-events://watch/{workspace}/{resource}{?namespace,labelSelector,fieldSelector,kcp}`
 //!   and `k8s-events://watch/{resource}{?namespace,labelSelector,fieldSelector,context}`: one
 //!   [`watcher::Watcher`] per URI, shared by every listen stream watching it (refcounted by
-//!   the [`WatchGuard`]s) and stopped, with its kubectl, when the last one leaves.
+//!   the [`WatchGuard`]s) and stopped, with its watch stream, when the last one leaves.
 //! - `kcp-api://{workspace}/resources{?kcp}` and `k8s-api://resources{?context}`: the API
 //!   resources list, readable, not watchable; `get_api_resources` returns the same JSON.
 //! - MCP Events: `k8s.changed` and `kcp.changed` take the watch URIs' parts as arguments and
@@ -14,9 +16,12 @@
 //! This file holds the source itself: [`K8s`], its configuration, the shared, lingering
 //! watchers every holder leases, and the [`Source`] implementation, which hands each request
 //! to the file that owns it: `read` (templates and reads), `tools` (the tool list and its
-//! dispatch), `events` (MCP Events and polls). `uri` parses URIs, `kubectl` runs kubectl,
-//! `watcher` is one watcher task, `stream` and `known` are its pure parts.
+//! dispatch), `events` (MCP Events and polls). `uri` parses URIs, `api` speaks to API servers
+//! (watches, lists, discovery), `kubectl` runs kubectl (the one-shot tools, and watches with
+//! `--watch-via kubectl`), `watcher` is one watcher task, `stream` and `known` are its pure
+//! parts.
 
+pub mod api;
 mod events;
 pub mod known;
 pub mod kubectl;
@@ -42,13 +47,15 @@ use crate::mcp::source::{
 };
 use kubectl::{Kubectl, KubectlConfig};
 use uri::{K8sUri, Selection};
-use watcher::Watcher;
+use watcher::{Via, Watcher};
 
 pub use events::{K8S_CHANGED, KCP_CHANGED};
 
 /// The k8s source. See the module docs.
 pub struct K8s {
     kubectl: Arc<Kubectl>,
+    /// How watchers (and the API resources list) reach clusters.
+    via: Via,
     feed: ChangeFeed,
     watchers: Mutex<HashMap<String, Weak<Watcher>>>,
     config: K8sConfig,
@@ -66,8 +73,20 @@ pub struct K8sConfig {
     /// How long a watcher outlives its last subscriber (and its last read), so a client that
     /// resubscribes finds its ring and seq where it left them.
     pub linger: Duration,
-    /// Most URIs watched at once (each is one `kubectl get -w`).
+    /// Most URIs watched at once.
     pub max_watchers: usize,
+    /// Watch through the API (the default) or through `kubectl get -w`.
+    pub watch_via: WatchVia,
+}
+
+/// `--watch-via`: how watches reach the cluster.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
+pub enum WatchVia {
+    /// The Kubernetes API directly (kube's kubeconfig handling and credentials).
+    #[default]
+    Api,
+    /// One `kubectl get -w` per watched URI (for kubeconfigs only kubectl handles).
+    Kubectl,
 }
 
 impl Default for K8sConfig {
@@ -77,6 +96,7 @@ impl Default for K8sConfig {
             ring_capacity: crate::mcp::ring::DEFAULT_RING_CAPACITY,
             linger: Duration::from_secs(10),
             max_watchers: 256,
+            watch_via: WatchVia::Api,
         }
     }
 }
@@ -123,8 +143,16 @@ impl K8s {
         config: K8sConfig,
         ctx: &RoleContext,
     ) -> std::io::Result<K8s> {
+        let via = match config.watch_via {
+            WatchVia::Api => Via::Api(Arc::new(api::Api::new(
+                kubectl.kubeconfigs.clone(),
+                kubectl.token_command.clone(),
+            ))),
+            WatchVia::Kubectl => Via::Kubectl,
+        };
         Ok(K8s {
             kubectl: Arc::new(Kubectl::new(kubectl, ctx)?),
+            via,
             feed: ChangeFeed::new(),
             watchers: Mutex::new(HashMap::new()),
             config,
@@ -149,6 +177,7 @@ impl K8s {
                     uri.to_owned(),
                     sel,
                     self.kubectl.clone(),
+                    self.via.clone(),
                     self.feed.clone(),
                     self.config.ring_capacity,
                 ));
@@ -161,6 +190,37 @@ impl K8s {
             linger: self.config.linger,
             ctx: self.kubectl.ctx().clone(),
         })
+    }
+
+    /// The API resource types of `cluster`, as `get_api_resources` returns them.
+    pub(crate) async fn api_resources(&self, cluster: &uri::Cluster) -> Result<Value, SourceError> {
+        match &self.via {
+            Via::Api(api) => api.api_resources(cluster).await,
+            Via::Kubectl => self.kubectl.api_resources(cluster).await,
+        }
+    }
+
+    /// Builds the client of each configured kubeconfig's current context now, so a
+    /// kubeconfig the native client cannot handle is refused at start; the default
+    /// kubeconfig only warns (it may appear later). Nothing with `--watch-via kubectl`.
+    pub async fn check_kubeconfigs(&self, names: &[String]) -> Result<(), SourceError> {
+        let Via::Api(api) = &self.via else {
+            return Ok(());
+        };
+        if names.is_empty() {
+            if let Err(e) = api.client(&uri::Cluster::default()).await {
+                tracing::warn!(error = %e, "no usable default kubeconfig yet; watches fail until there is one");
+            }
+            return Ok(());
+        }
+        for n in names {
+            let cluster = uri::Cluster {
+                kubeconfig: Some(n.clone()),
+                ..Default::default()
+            };
+            api.client(&cluster).await?;
+        }
+        Ok(())
     }
 
     /// How many watchers are running (tests and metrics).
@@ -266,6 +326,7 @@ pub(super) mod tests {
             K8sConfig {
                 linger,
                 max_watchers: 2,
+                watch_via: WatchVia::Kubectl,
                 ..K8sConfig::default()
             },
             &RoleContext::new("k8s"),
@@ -310,7 +371,10 @@ pub(super) mod tests {
                 kubeconfigs: Vec::new(),
                 token_command: None,
             },
-            K8sConfig::default(),
+            K8sConfig {
+                watch_via: WatchVia::Kubectl,
+                ..K8sConfig::default()
+            },
             &ctx,
         )
         .unwrap();

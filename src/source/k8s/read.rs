@@ -66,7 +66,7 @@ impl K8s {
                 let w = lease.watcher.as_ref().expect("held");
                 w.read().await
             }
-            K8sUri::ApiResources(c) => Ok(Contents::json(&self.kubectl.api_resources(&c).await?)),
+            K8sUri::ApiResources(c) => Ok(Contents::json(&self.api_resources(&c).await?)),
         }
     }
 }

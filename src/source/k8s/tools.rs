@@ -239,7 +239,7 @@ impl K8s {
             "get_api_resources" => {
                 check_args(&args, &["workspace", "kcp", "context"])?;
                 let c = cluster_arg(&args)?;
-                Ok(json_result(self.kubectl.api_resources(&c).await?))
+                Ok(json_result(self.api_resources(&c).await?))
             }
             "kubectl_apply" if self.config.read_write => {
                 check_args(

@@ -11,7 +11,7 @@
 use crate::mcp::source::SourceError;
 
 /// Where a kubectl command goes.
-#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Default)]
 pub struct Cluster {
     /// The kubeconfig's name (`?kcp=`); `None` is the default one.
     pub kubeconfig: Option<String>,

@@ -1,12 +1,21 @@
 //! One watcher per watched URI: seed, watch, ring, reconnect (reference 000, "kcp").
 //!
-//! The task lists the selection (the seed; the first read awaits it), then streams
-//! `kubectl get -w`, turning its output into ring events through [`Known`], and publishes the
-//! URI on the change feed for each batch of new events. When the stream ends (server timeout,
-//! expired token, network, 410 Gone) it waits with exponential backoff, re-lists, logs
-//! synthetic events for what changed in the gap, and watches again. Failures are `ERROR`
-//! events in the ring. The task ends when the last [`Watcher`] handle is dropped, and its
-//! kubectl with it.
+//! The task lists the selection (the seed; the first read awaits it), then watches it,
+//! turning each event into ring events through [`Known`], and publishes the URI on the change
+//! feed for each batch of new events. Failures are `ERROR` events in the ring. The task ends
+//! when the last [`Watcher`] handle is dropped.
+//!
+//! Two ways to watch ([`Via`]):
+//! - **The API** (the default): the list's own resourceVersion starts the watch, so nothing
+//!   between the two is missed (a delete during the seed arrives as an event); BOOKMARKs and
+//!   every event keep that resourceVersion fresh; when the server ends the stream (its
+//!   timeout, a network cut) the watcher watches again from the last resourceVersion it saw,
+//!   without listing. Only `410 Gone` (an HTTP status or an in-band `ERROR`) or a stream it
+//!   could not parse makes it list again and log synthetic events for what changed in the gap.
+//! - **kubectl** (`--watch-via kubectl`): one `kubectl get -w` per URI; when it exits the
+//!   watcher re-lists (kubectl lists again anyway) and reconciles the same way.
+//!
+//! Between attempts that fail or end at once it waits with exponential backoff.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -20,6 +29,7 @@ use crate::mcp::backoff::Backoff;
 use crate::mcp::hub::ChangeFeed;
 use crate::mcp::ring::EventRing;
 use crate::mcp::source::{Contents, SourceError};
+use crate::source::k8s::api::{Api, ApiError};
 use crate::source::k8s::known::{Change, Known};
 use crate::source::k8s::kubectl::Kubectl;
 use crate::source::k8s::stream::{Item, JsonStream};
@@ -46,6 +56,26 @@ enum Seed {
     Failed(SourceError),
 }
 
+/// How a watcher reaches the cluster.
+#[derive(Clone)]
+pub enum Via {
+    /// The Kubernetes API, directly.
+    Api(Arc<Api>),
+    /// `kubectl get -w`.
+    Kubectl,
+}
+
+/// How one watch stream ended.
+enum End {
+    /// The watcher was stopped.
+    Stopped,
+    /// The server ended the stream: watch again from where it was.
+    Ended,
+    /// It failed; `relist`: what the watcher knows may be out of date (410 Gone, output it
+    /// could not parse), so list again before watching.
+    Failed { why: String, relist: bool },
+}
+
 /// A handle on a running watcher; the last one dropped stops it.
 pub struct Watcher {
     ring: Arc<EventRing>,
@@ -64,6 +94,7 @@ impl Watcher {
         uri: String,
         sel: Selection,
         kubectl: Arc<Kubectl>,
+        via: Via,
         feed: ChangeFeed,
         ring_capacity: usize,
     ) -> Watcher {
@@ -82,7 +113,10 @@ impl Watcher {
             stop: stop.clone(),
             known: None,
         };
-        ctx.spawn("k8s watch", task.run());
+        match via {
+            Via::Api(api) => ctx.spawn("k8s watch", task.run_api(api)),
+            Via::Kubectl => ctx.spawn("k8s watch", task.run()),
+        };
         Watcher { ring, seed, stop }
     }
 
@@ -155,21 +189,7 @@ impl Task {
                 r = self.kubectl.list(&self.sel) => r,
             };
             match listed {
-                Ok(items) => match &mut self.known {
-                    None => {
-                        self.known = Some(Known::seed(items));
-                        self.seed.send_replace(Seed::Ready);
-                    }
-                    Some(k) => {
-                        let changes = k.reconcile(items);
-                        if !changes.is_empty() {
-                            for c in changes {
-                                self.push(c);
-                            }
-                            self.feed.publish(&self.uri);
-                        }
-                    }
-                },
+                Ok(items) => self.listed(items),
                 Err(e) => {
                     if self.known.is_none() {
                         self.seed.send_replace(Seed::Failed(e.clone()));
@@ -200,6 +220,167 @@ impl Task {
                 .await
             {
                 return;
+            }
+        }
+    }
+
+    /// Takes a list: the seed the first time, else the synthetic events for the gap.
+    fn listed(&mut self, items: Vec<Value>) {
+        match &mut self.known {
+            None => {
+                self.known = Some(Known::seed(items));
+                self.seed.send_replace(Seed::Ready);
+            }
+            Some(k) => {
+                let changes = k.reconcile(items);
+                if !changes.is_empty() {
+                    for c in changes {
+                        self.push(c);
+                    }
+                    self.feed.publish(&self.uri);
+                }
+            }
+        }
+    }
+
+    /// The watcher over the API: list once, then watch from the last resourceVersion seen,
+    /// listing again only after a 410 or a stream it could not trust.
+    async fn run_api(mut self, api: Arc<Api>) {
+        let mut short_runs = 0u32;
+        // None: list (again) before watching.
+        let mut rv: Option<String> = None;
+        loop {
+            if rv.is_none() {
+                let listed = tokio::select! {
+                    _ = self.stop.cancelled() => return,
+                    r = api.list(&self.sel) => r,
+                };
+                match listed {
+                    Ok((items, list_rv)) => {
+                        self.listed(items);
+                        rv = Some(list_rv);
+                    }
+                    Err(e) => {
+                        let e = match e {
+                            ApiError::Gone(m) => SourceError::Unavailable(m),
+                            ApiError::Other(e) => e,
+                        };
+                        if self.known.is_none() {
+                            self.seed.send_replace(Seed::Failed(e.clone()));
+                        }
+                        self.error(format!("listing failed: {e}; retrying"));
+                        short_runs += 1;
+                        if self.pause(RECONNECT.delay(short_runs)).await {
+                            return;
+                        }
+                        continue;
+                    }
+                }
+            }
+            let started = Instant::now();
+            let from = rv.clone().unwrap_or_default();
+            let mut at = from.clone();
+            let end = self.stream_api(&api, &mut at).await;
+            rv = Some(at);
+            let healthy = started.elapsed() >= HEALTHY;
+            match end {
+                End::Stopped => return,
+                End::Ended => {
+                    tracing::debug!(uri = %self.uri, "the watch stream ended; watching again");
+                }
+                End::Failed { why, relist } => {
+                    if relist {
+                        rv = None;
+                        self.error(format!("{why}; re-listing"));
+                    } else {
+                        self.error(format!("{why}; reconnecting"));
+                    }
+                }
+            }
+            short_runs = if healthy { 0 } else { short_runs + 1 };
+            if short_runs > 0
+                && self
+                    .pause(RECONNECT.delay(short_runs.saturating_sub(1)))
+                    .await
+            {
+                return;
+            }
+        }
+    }
+
+    /// One watch over the API from `rv` to its end; `rv` follows every event and BOOKMARK.
+    async fn stream_api(&mut self, api: &Api, rv: &mut String) -> End {
+        let opened = tokio::select! {
+            _ = self.stop.cancelled() => return End::Stopped,
+            w = api.watch(&self.sel, rv) => w,
+        };
+        let mut body = match opened {
+            Ok(b) => b,
+            Err(ApiError::Gone(m)) => {
+                return End::Failed {
+                    why: format!("the watch was refused with 410 Gone ({m})"),
+                    relist: true,
+                };
+            }
+            Err(ApiError::Other(e)) => {
+                return End::Failed {
+                    why: e.to_string(),
+                    relist: false,
+                };
+            }
+        };
+        let mut parser = JsonStream::new();
+        loop {
+            let chunk = tokio::select! {
+                _ = self.stop.cancelled() => return End::Stopped,
+                c = body.chunk() => c,
+            };
+            let chunk = match chunk {
+                None => return End::Ended,
+                Some(Err(why)) => return End::Failed { why, relist: false },
+                Some(Ok(c)) => c,
+            };
+            let mut fresh = false;
+            let mut failure = None;
+            for item in parser.feed(&chunk) {
+                match item {
+                    Item::Value(mut v) => {
+                        let object = v.get_mut("object").map(Value::take).unwrap_or(Value::Null);
+                        let kind = v["type"].as_str().unwrap_or_default();
+                        if kind == "ERROR" {
+                            let msg = object["message"].as_str().unwrap_or("unknown error");
+                            let code = object["code"].as_u64().unwrap_or(0);
+                            failure = Some(End::Failed {
+                                why: format!("the watch stream reported {code}: {msg}"),
+                                relist: code == 410,
+                            });
+                            continue;
+                        }
+                        if let Some(r) = object["metadata"]["resourceVersion"].as_str()
+                            && !r.is_empty()
+                        {
+                            r.clone_into(rv);
+                        }
+                        let change = self.known.as_mut().and_then(|k| k.apply(kind, object));
+                        if let Some(c) = change {
+                            self.push(c);
+                            fresh = true;
+                        }
+                    }
+                    Item::Garbage(g) => {
+                        tracing::warn!(uri = %self.uri, output = %g, "the watch stream sent something that is not JSON");
+                        failure.get_or_insert(End::Failed {
+                            why: format!("the watch stream sent output that is not JSON ({g})"),
+                            relist: true,
+                        });
+                    }
+                }
+            }
+            if fresh {
+                self.feed.publish(&self.uri);
+            }
+            if let Some(f) = failure {
+                return f;
             }
         }
     }

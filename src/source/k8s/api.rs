@@ -1,0 +1,851 @@
+//! The Kubernetes API spoken directly, with `kube`'s configuration and authentication: one
+//! client per cluster (kubeconfig, context, kcp workspace), its discovery, and the list and
+//! watch requests the watchers make.
+//!
+//! - **Configuration and credentials** come from kube 5 exactly as kubectl reads them: the
+//!   kubeconfig (`--kubeconfig`, else `$KUBECONFIG` or `~/.kube/config`, else in-cluster), a
+//!   context, client certificates, bearer tokens, token files (re-read), exec credential
+//!   plugins (cached until they expire) and OIDC refresh. `--token-command` replaces the
+//!   kubeconfig's user: its token is minted before every list and watch and sent as Bearer.
+//!   What kube cannot serve (a proxy URL, an unknown auth provider) is refused when the
+//!   cluster's client is first built, naming the field and `--watch-via kubectl`.
+//! - **Connections.** The client is hyper's pooled client with HTTP/2 offered by ALPN beside
+//!   HTTP/1.1: against a real API server (TLS, h2) every list and watch of a cluster shares
+//!   one connection; a plain-HTTP server gets HTTP/1.1, one connection per open watch.
+//! - **Discovery** lists the preferred version of every API group once per cluster (again,
+//!   at most every [`REDISCOVER`], when a resource is not found, so a CRD installed later is
+//!   seen). A resource is named as kubectl names it: plural, singular, short name or kind,
+//!   optionally with `.group` or `.version.group`.
+//! - **Watch bodies** are read as bytes and parsed by the watcher with the same streaming
+//!   JSON parser kubectl's output went through: one decode per event, no typed round trip.
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::task::{Context, Poll};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use futures::future::BoxFuture;
+use http_body_util::BodyExt;
+use hyper_util::client::legacy::connect::HttpConnector;
+use kube::client::ConfigExt;
+use serde_json::{Value, json};
+use tower::ServiceBuilder;
+
+use crate::mcp::source::SourceError;
+use crate::source::k8s::known::strip;
+use crate::source::k8s::kubectl::{did_you_mean, mint};
+use crate::source::k8s::uri::{Cluster, Selection};
+
+/// Longest a list (all its pages) or the start of a watch may take.
+pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
+/// What a watch asks the server for: it ends the stream after this, and the watcher
+/// re-watches from the last resourceVersion it saw (what kubectl and client-go ask).
+pub const WATCH_TIMEOUT_SECS: u32 = 290;
+/// The page size of a list.
+const PAGE: u32 = 500;
+/// Discovery is run again for an unknown resource at most this often.
+const REDISCOVER: Duration = Duration::from_secs(30);
+/// The most of an error body quoted.
+const MAX_ERROR_BYTES: usize = 64 * 1024;
+
+fn unavailable(msg: String) -> SourceError {
+    SourceError::Unavailable(msg)
+}
+
+/// One resource type as discovery describes it.
+#[derive(Debug, Clone)]
+pub struct ApiType {
+    pub group: String,
+    pub version: String,
+    pub plural: String,
+    pub singular: String,
+    pub kind: String,
+    pub short_names: Vec<String>,
+    pub namespaced: bool,
+    pub verbs: Vec<String>,
+    pub categories: Vec<String>,
+}
+
+impl ApiType {
+    fn api_version(&self) -> String {
+        if self.group.is_empty() {
+            self.version.clone()
+        } else {
+            format!("{}/{}", self.group, self.version)
+        }
+    }
+
+    /// The collection's path for `namespace` (`None`: all namespaces, or cluster-scoped).
+    fn path(&self, namespace: Option<&str>) -> String {
+        let base = if self.group.is_empty() {
+            format!("/api/{}", self.version)
+        } else {
+            format!("/apis/{}/{}", self.group, self.version)
+        };
+        match namespace {
+            Some(ns) if self.namespaced => format!("{base}/namespaces/{ns}/{}", self.plural),
+            _ => format!("{base}/{}", self.plural),
+        }
+    }
+
+    /// Whether kubectl would take `name` (plural, singular, short name or kind) with the
+    /// optional `.group` / `.version.group` qualifier `qual` for this type.
+    fn answers_to(&self, name: &str, qual: Option<&str>) -> bool {
+        let named = self.plural == name
+            || self.singular == name
+            || self.short_names.iter().any(|s| s == name)
+            || self.kind.eq_ignore_ascii_case(name);
+        named
+            && match qual {
+                None => true,
+                Some(q) => {
+                    q == self.group
+                        || q.split_once('.')
+                            .is_some_and(|(v, g)| v == self.version && g == self.group)
+                        || (self.group.is_empty() && q == self.version)
+                }
+            }
+    }
+
+    fn to_json(&self) -> Value {
+        json!({"name": self.plural, "shortNames": self.short_names, "apiVersion": self.api_version(),
+               "namespaced": self.namespaced, "kind": self.kind, "verbs": self.verbs,
+               "categories": self.categories})
+    }
+}
+
+/// Finds the type kubectl would pick for `resource` among `types` (discovery order: the
+/// core group first).
+pub fn resolve<'a>(types: &'a [ApiType], resource: &str) -> Option<&'a ApiType> {
+    let lower = resource.to_ascii_lowercase();
+    let (name, qual) = match lower.split_once('.') {
+        Some((n, q)) => (n, Some(q)),
+        None => (lower.as_str(), None),
+    };
+    // Exact plural names win over singular, short and kind matches (as kubectl's RESTMapper).
+    types
+        .iter()
+        .find(|t| t.plural == name && t.answers_to(name, qual))
+        .or_else(|| types.iter().find(|t| t.answers_to(name, qual)))
+}
+
+/// Counts the TCP connections the client opens (for the status report and the bench).
+#[derive(Clone)]
+struct Counted {
+    inner: HttpConnector,
+    opened: Arc<AtomicU64>,
+}
+
+impl tower::Service<http::Uri> for Counted {
+    type Response = <HttpConnector as tower::Service<http::Uri>>::Response;
+    type Error = <HttpConnector as tower::Service<http::Uri>>::Error;
+    type Future = BoxFuture<'static, Result<Self::Response, Self::Error>>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, uri: http::Uri) -> Self::Future {
+        let connect = self.inner.call(uri);
+        let opened = self.opened.clone();
+        Box::pin(async move {
+            let c = connect.await?;
+            opened.fetch_add(1, Ordering::Relaxed);
+            Ok(c)
+        })
+    }
+}
+
+/// The client of one cluster.
+pub struct ClusterClient {
+    client: kube::Client,
+    /// The context's namespace (`default` when it names none).
+    namespace: String,
+    /// Where the cluster is, for messages (no userinfo, no query).
+    server: String,
+    /// `--token-command`, run before each request.
+    token_command: Option<String>,
+    discovery: tokio::sync::Mutex<Option<(Instant, Arc<Vec<ApiType>>)>>,
+}
+
+/// A watch that could not start, or a list that failed.
+#[derive(Debug, Clone)]
+pub enum ApiError {
+    /// `410 Gone`: the resourceVersion is too old; list again.
+    Gone(String),
+    Other(SourceError),
+}
+
+impl From<SourceError> for ApiError {
+    fn from(e: SourceError) -> ApiError {
+        ApiError::Other(e)
+    }
+}
+
+/// An open watch: the response body, read chunk by chunk.
+pub struct WatchBody {
+    body: kube::client::Body,
+}
+
+impl WatchBody {
+    /// The next chunk of the stream; `None` when the server ended it.
+    pub async fn chunk(&mut self) -> Option<Result<Bytes, String>> {
+        loop {
+            match self.body.frame().await? {
+                Ok(frame) => {
+                    if let Ok(data) = frame.into_data()
+                        && !data.is_empty()
+                    {
+                        return Some(Ok(data));
+                    }
+                }
+                Err(e) => {
+                    let text = e.to_string();
+                    // A stream cut in the middle of a chunk is how a watch often ends after
+                    // minutes (a proxy or the server closing it): an end, not a failure.
+                    if text.contains("unexpected EOF") || text.contains("connection closed") {
+                        return None;
+                    }
+                    return Some(Err(format!("the watch stream broke: {text}")));
+                }
+            }
+        }
+    }
+}
+
+impl ClusterClient {
+    /// Sends `req` (its token minted first, with `--token-command`) within the request
+    /// timeout; a non-2xx answer is its Status as an error.
+    async fn send(
+        &self,
+        req: http::Request<Vec<u8>>,
+    ) -> Result<http::Response<kube::client::Body>, ApiError> {
+        let (mut parts, body) = req.into_parts();
+        if let Some(cmd) = &self.token_command {
+            let token = mint(cmd).await?;
+            let mut value =
+                http::HeaderValue::from_str(&format!("Bearer {token}")).map_err(|_| {
+                    unavailable(
+                        "the token command printed a token that is not a valid header value".into(),
+                    )
+                })?;
+            value.set_sensitive(true);
+            parts.headers.insert(http::header::AUTHORIZATION, value);
+        }
+        parts.headers.insert(
+            http::header::ACCEPT,
+            http::HeaderValue::from_static("application/json"),
+        );
+        let path = parts.uri.path().to_owned();
+        let req = http::Request::from_parts(parts, kube::client::Body::from(body));
+        let res = tokio::time::timeout(REQUEST_TIMEOUT, self.client.send(req))
+            .await
+            .map_err(|_| {
+                unavailable(format!(
+                    "the API server at {} did not answer within {} s",
+                    self.server,
+                    REQUEST_TIMEOUT.as_secs()
+                ))
+            })?
+            .map_err(|e| unavailable(self.explain(e)))?;
+        let status = res.status();
+        if status.is_success() {
+            return Ok(res);
+        }
+        let body = tokio::time::timeout(REQUEST_TIMEOUT, read_bounded(res.into_body()))
+            .await
+            .unwrap_or_default();
+        let v: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
+        let message = v["message"].as_str().map(str::to_owned).unwrap_or_else(|| {
+            String::from_utf8_lossy(&body)
+                .trim()
+                .chars()
+                .take(300)
+                .collect()
+        });
+        let code = status.as_u16();
+        Err(match code {
+            410 => ApiError::Gone(message),
+            401 => ApiError::Other(unavailable(format!(
+                "the API server at {} refused the credentials (401 Unauthorized: {message}); check the kubeconfig's user or --token-command",
+                self.server
+            ))),
+            403 => ApiError::Other(unavailable(format!(
+                "the API server at {} forbids this (403: {message}); the kubeconfig's user needs list and watch on it",
+                self.server
+            ))),
+            _ => ApiError::Other(unavailable(format!(
+                "the API server at {} answered {code} to {path}: {message}",
+                self.server
+            ))),
+        })
+    }
+
+    /// A transport failure in words (never kube's type names).
+    fn explain(&self, e: kube::Error) -> String {
+        let mut text = e.to_string();
+        let mut source = std::error::Error::source(&e);
+        while let Some(s) = source {
+            let t = s.to_string();
+            if !text.contains(&t) {
+                text = t;
+            }
+            source = s.source();
+        }
+        if text.contains("Connection refused") {
+            format!(
+                "connection refused at {}: is the API server running there?",
+                self.server
+            )
+        } else {
+            format!("cannot reach the API server at {}: {text}", self.server)
+        }
+    }
+
+    /// Every page of a list: its items (managedFields stripped) and the list's
+    /// resourceVersion, the point to watch from.
+    async fn list(&self, t: &ApiType, sel: &Selection) -> Result<(Vec<Value>, String), ApiError> {
+        let request = kube::core::Request::new(t.path(self.namespace_of(sel)));
+        let mut items = Vec::new();
+        let mut cont: Option<String> = None;
+        loop {
+            let params = kube::core::params::ListParams {
+                label_selector: sel.label_selector.clone(),
+                field_selector: sel.field_selector.clone(),
+                limit: Some(PAGE),
+                continue_token: cont.take(),
+                ..Default::default()
+            };
+            let req = request
+                .list(&params)
+                .map_err(|e| SourceError::InvalidParams(format!("bad selection: {e}")))?;
+            let res = self.send(req).await?;
+            let body = tokio::time::timeout(REQUEST_TIMEOUT, res.into_body().collect())
+                .await
+                .map_err(|_| {
+                    unavailable(format!(
+                        "the list from {} did not finish within {} s",
+                        self.server,
+                        REQUEST_TIMEOUT.as_secs()
+                    ))
+                })?
+                .map_err(|e| unavailable(format!("the list from {} broke: {e}", self.server)))?
+                .to_bytes();
+            let mut page: Value = serde_json::from_slice(&body).map_err(|e| {
+                unavailable(format!(
+                    "the API server at {} sent a list that is not JSON: {e}",
+                    self.server
+                ))
+            })?;
+            if let Some(Value::Array(list)) = page.get_mut("items").map(Value::take) {
+                for mut o in list {
+                    strip(&mut o);
+                    // A list's items carry no kind (the list has it): add it as the watch's do.
+                    if let Some(m) = o.as_object_mut() {
+                        m.entry("apiVersion")
+                            .or_insert_with(|| t.api_version().into());
+                        m.entry("kind").or_insert_with(|| t.kind.clone().into());
+                    }
+                    items.push(o);
+                }
+            }
+            let meta = &page["metadata"];
+            match meta["continue"].as_str() {
+                Some(c) if !c.is_empty() => cont = Some(c.to_owned()),
+                _ => {
+                    let rv = meta["resourceVersion"].as_str().unwrap_or("").to_owned();
+                    return Ok((items, rv));
+                }
+            }
+        }
+    }
+
+    /// Opens a watch of the selection from `rv`.
+    async fn watch(&self, t: &ApiType, sel: &Selection, rv: &str) -> Result<WatchBody, ApiError> {
+        let params = kube::core::params::WatchParams {
+            label_selector: sel.label_selector.clone(),
+            field_selector: sel.field_selector.clone(),
+            timeout: Some(WATCH_TIMEOUT_SECS),
+            bookmarks: true,
+            send_initial_events: false,
+        };
+        let mut req = kube::core::Request::new(t.path(self.namespace_of(sel)))
+            .watch(&params, rv)
+            .map_err(|e| SourceError::InvalidParams(format!("bad selection: {e}")))?;
+        req.headers_mut().insert(
+            http::header::ACCEPT_ENCODING,
+            http::HeaderValue::from_static("identity"),
+        );
+        let res = self.send(req).await?;
+        Ok(WatchBody {
+            body: res.into_body(),
+        })
+    }
+
+    fn namespace_of<'a>(&'a self, sel: &'a Selection) -> Option<&'a str> {
+        match sel.namespace.as_deref() {
+            Some("*") => None,
+            Some(ns) => Some(ns),
+            None => Some(&self.namespace),
+        }
+    }
+
+    /// The cluster's resource types (discovered once, again when `fresh` and the last
+    /// discovery is older than [`REDISCOVER`]).
+    async fn types(&self, fresh: bool) -> Result<Arc<Vec<ApiType>>, SourceError> {
+        let mut d = self.discovery.lock().await;
+        if let Some((at, types)) = &*d
+            && (!fresh || at.elapsed() < REDISCOVER)
+        {
+            return Ok(types.clone());
+        }
+        let types = Arc::new(self.discover().await?);
+        *d = Some((Instant::now(), types.clone()));
+        Ok(types)
+    }
+
+    async fn get_json(&self, path: &str) -> Result<Value, SourceError> {
+        let req = http::Request::get(path)
+            .body(Vec::new())
+            .map_err(|e| unavailable(format!("bad discovery path {path}: {e}")))?;
+        let res = self.send(req).await.map_err(|e| match e {
+            ApiError::Gone(m) => unavailable(m),
+            ApiError::Other(e) => e,
+        })?;
+        let body = tokio::time::timeout(REQUEST_TIMEOUT, res.into_body().collect())
+            .await
+            .map_err(|_| {
+                unavailable(format!(
+                    "discovery at {} did not finish in time",
+                    self.server
+                ))
+            })?
+            .map_err(|e| unavailable(format!("discovery at {} broke: {e}", self.server)))?
+            .to_bytes();
+        serde_json::from_slice(&body).map_err(|e| {
+            unavailable(format!(
+                "the API server at {} answered {path} with no JSON: {e}",
+                self.server
+            ))
+        })
+    }
+
+    /// Legacy discovery: `/api` and its versions, `/apis` and each group's preferred
+    /// version (these fetched concurrently).
+    async fn discover(&self) -> Result<Vec<ApiType>, SourceError> {
+        // One request first, alone: until a connection exists the pool cannot know that it
+        // will be h2, and concurrent first requests would each open one.
+        let core = self.get_json("/api").await?;
+        let groups = self.get_json("/apis").await?;
+        let mut versions: Vec<(String, String)> = Vec::new();
+        if let Some(v) = core["versions"]
+            .as_array()
+            .and_then(|v| v.first())
+            .and_then(Value::as_str)
+        {
+            versions.push((String::new(), v.to_owned()));
+        }
+        for g in groups["groups"].as_array().into_iter().flatten() {
+            let name = g["name"].as_str().unwrap_or_default();
+            let pref = g["preferredVersion"]["version"]
+                .as_str()
+                .or_else(|| g["versions"][0]["version"].as_str());
+            if let Some(v) = pref
+                && !name.is_empty()
+            {
+                versions.push((name.to_owned(), v.to_owned()));
+            }
+        }
+        use futures::StreamExt;
+        let lists: Vec<(String, String, Result<Value, SourceError>)> =
+            futures::stream::iter(versions)
+                .map(|(group, version)| async move {
+                    let path = if group.is_empty() {
+                        format!("/api/{version}")
+                    } else {
+                        format!("/apis/{group}/{version}")
+                    };
+                    let r = self.get_json(&path).await;
+                    (group, version, r)
+                })
+                .buffered(8)
+                .collect()
+                .await;
+        let mut out = Vec::new();
+        for (group, version, list) in lists {
+            // A group whose discovery fails (an aggregated API that is down) is left out, as
+            // kubectl does, unless it is the core group.
+            let list = match list {
+                Ok(l) => l,
+                Err(e) if group.is_empty() => return Err(e),
+                Err(e) => {
+                    tracing::debug!(%group, error = %e, "discovery of an API group failed");
+                    continue;
+                }
+            };
+            for r in list["resources"].as_array().into_iter().flatten() {
+                let plural = r["name"].as_str().unwrap_or_default();
+                if plural.is_empty() || plural.contains('/') {
+                    continue;
+                }
+                let strings = |k: &str| -> Vec<String> {
+                    r[k].as_array()
+                        .into_iter()
+                        .flatten()
+                        .filter_map(|s| s.as_str().map(str::to_owned))
+                        .collect()
+                };
+                let kind = r["kind"].as_str().unwrap_or_default().to_owned();
+                out.push(ApiType {
+                    group: group.clone(),
+                    version: version.clone(),
+                    plural: plural.to_owned(),
+                    singular: r["singularName"]
+                        .as_str()
+                        .filter(|s| !s.is_empty())
+                        .map(str::to_owned)
+                        .unwrap_or_else(|| kind.to_ascii_lowercase()),
+                    kind,
+                    short_names: strings("shortNames"),
+                    namespaced: r["namespaced"].as_bool().unwrap_or(false),
+                    verbs: strings("verbs"),
+                    categories: strings("categories"),
+                });
+            }
+        }
+        Ok(out)
+    }
+
+    /// The type `sel.resource` names, or an error with `did you mean` that reads as kubectl's.
+    async fn resolve(&self, resource: &str) -> Result<ApiType, SourceError> {
+        let types = self.types(false).await?;
+        if let Some(t) = resolve(&types, resource) {
+            return Ok(t.clone());
+        }
+        // Perhaps installed since (a CRD): look again, at most every REDISCOVER.
+        let types = self.types(true).await?;
+        if let Some(t) = resolve(&types, resource) {
+            return Ok(t.clone());
+        }
+        let list = Value::Array(types.iter().map(ApiType::to_json).collect());
+        let names = did_you_mean(resource, &list);
+        let hint = if names.is_empty() {
+            "; get_api_resources lists the resource types this cluster serves".to_owned()
+        } else {
+            format!("; did you mean: {}?", names.join(", "))
+        };
+        Err(SourceError::InvalidParams(format!(
+            "the server doesn't have a resource type \"{resource}\"{hint}"
+        )))
+    }
+}
+
+/// Reads at most [`MAX_ERROR_BYTES`] of a body.
+async fn read_bounded(mut body: kube::client::Body) -> Vec<u8> {
+    let mut out = Vec::new();
+    while let Some(Ok(frame)) = body.frame().await {
+        if let Ok(d) = frame.into_data() {
+            out.extend_from_slice(&d);
+            if out.len() > MAX_ERROR_BYTES {
+                out.truncate(MAX_ERROR_BYTES);
+                break;
+            }
+        }
+    }
+    out
+}
+
+/// Every cluster's client, built on first use and kept.
+pub struct Api {
+    kubeconfigs: Vec<(String, PathBuf)>,
+    token_command: Option<String>,
+    clients: std::sync::Mutex<HashMap<Cluster, Arc<tokio::sync::OnceCell<Arc<ClusterClient>>>>>,
+    opened: Arc<AtomicU64>,
+}
+
+impl Api {
+    pub fn new(kubeconfigs: Vec<(String, PathBuf)>, token_command: Option<String>) -> Api {
+        Api {
+            kubeconfigs,
+            token_command,
+            clients: std::sync::Mutex::new(HashMap::new()),
+            opened: Arc::new(AtomicU64::new(0)),
+        }
+    }
+
+    /// TCP connections opened to API servers so far.
+    pub fn connections_opened(&self) -> u64 {
+        self.opened.load(Ordering::Relaxed)
+    }
+
+    /// The client of `cluster`, built on first use (concurrent first uses share one build; a
+    /// failed build is tried again next time).
+    pub async fn client(&self, cluster: &Cluster) -> Result<Arc<ClusterClient>, SourceError> {
+        // The default kubeconfig is the first named one: one client under either key.
+        let mut key = cluster.clone();
+        if key.kubeconfig.is_none() {
+            key.kubeconfig = self.kubeconfigs.first().map(|(n, _)| n.clone());
+        }
+        let cluster = &key;
+        let cell = self
+            .clients
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .entry(cluster.clone())
+            .or_default()
+            .clone();
+        cell.get_or_try_init(|| self.build(cluster)).await.cloned()
+    }
+
+    async fn build(&self, cluster: &Cluster) -> Result<Arc<ClusterClient>, SourceError> {
+        let (name, path) = match cluster.kubeconfig.as_deref() {
+            None => match self.kubeconfigs.first() {
+                Some((n, p)) => (Some(n.clone()), Some(p.clone())),
+                None => (None, None),
+            },
+            Some(n) => match self.kubeconfigs.iter().find(|(k, _)| k == n) {
+                Some((n, p)) => (Some(n.clone()), Some(p.clone())),
+                None => {
+                    return Err(SourceError::InvalidParams(format!(
+                        "no kubeconfig named {n}; this server has {}",
+                        if self.kubeconfigs.is_empty() {
+                            "only the default kubeconfig".to_owned()
+                        } else {
+                            self.kubeconfigs
+                                .iter()
+                                .map(|(k, _)| k.as_str())
+                                .collect::<Vec<_>>()
+                                .join(", ")
+                        }
+                    )));
+                }
+            },
+        };
+        if cluster.workspace.is_some() && path.is_none() {
+            return Err(SourceError::InvalidParams(
+                "kcp workspaces need a kubeconfig; start the server with --kubeconfig PATH".into(),
+            ));
+        }
+        let options = kube::config::KubeConfigOptions {
+            context: cluster.context.clone(),
+            ..Default::default()
+        };
+        let what = path
+            .as_ref()
+            .map_or("the default kubeconfig".to_owned(), |p| {
+                format!("kubeconfig {}", p.display())
+            });
+        let mut config = match &path {
+            Some(p) => {
+                let kc = kube::config::Kubeconfig::read_from(p)
+                    .map_err(|e| unavailable(format!("cannot read {what}: {e}")))?;
+                kube::Config::from_custom_kubeconfig(kc, &options)
+                    .await
+                    .map_err(|e| unavailable(format!("{what}: {e}")))?
+            }
+            None if cluster.context.is_some() => kube::Config::from_kubeconfig(&options)
+                .await
+                .map_err(|e| unavailable(format!("{what}: {e}")))?,
+            None => kube::Config::infer().await.map_err(|e| {
+                unavailable(format!(
+                    "no kubeconfig found and not running in a cluster ({e}); pass --kubeconfig PATH"
+                ))
+            })?,
+        };
+        let _ = name;
+        if config.proxy_url.is_some() {
+            return Err(unavailable(format!(
+                "{what} sets proxy-url, which the native client does not support; start herald k8s with --watch-via kubectl"
+            )));
+        }
+        if let Some(ws) = &cluster.workspace {
+            let url = config.cluster_url.to_string();
+            let base = match url.find("/clusters/") {
+                Some(i) => &url[..i],
+                None => url.trim_end_matches('/'),
+            };
+            config.cluster_url = format!("{base}/clusters/{ws}").parse().map_err(|e| {
+                unavailable(format!("{what}: bad server URL for workspace {ws}: {e}"))
+            })?;
+        }
+        if self.token_command.is_some() {
+            // The minted token is the user; nothing of the kubeconfig's is sent.
+            config.auth_info = Default::default();
+        }
+        let server = redacted(&config.cluster_url);
+        let namespace = config.default_namespace.clone();
+        let opened = self.opened.clone();
+        // Building runs exec credential plugins (blocking std::process calls): off the
+        // runtime's workers.
+        let client = tokio::task::spawn_blocking(move || build_client(config, opened))
+            .await
+            .map_err(|e| unavailable(format!("building the client failed: {e}")))?
+            .map_err(|e| {
+                unavailable(format!(
+                    "{what}: {e}; if kubectl itself handles this kubeconfig, start herald k8s with --watch-via kubectl"
+                ))
+            })?;
+        Ok(Arc::new(ClusterClient {
+            client,
+            namespace,
+            server,
+            token_command: self.token_command.clone(),
+            discovery: tokio::sync::Mutex::new(None),
+        }))
+    }
+
+    /// The list of a selection: (items, resourceVersion).
+    pub async fn list(&self, sel: &Selection) -> Result<(Vec<Value>, String), ApiError> {
+        let c = self.client(&sel.cluster).await?;
+        let t = c.resolve(&sel.resource).await?;
+        c.list(&t, sel).await
+    }
+
+    /// A watch of a selection from `rv`.
+    pub async fn watch(&self, sel: &Selection, rv: &str) -> Result<WatchBody, ApiError> {
+        let c = self.client(&sel.cluster).await?;
+        let t = c.resolve(&sel.resource).await?;
+        c.watch(&t, sel, rv).await
+    }
+
+    /// The cluster's resource types as `get_api_resources` returns them: `[{name,
+    /// shortNames, apiVersion, namespaced, kind, verbs, categories}]`, sorted as kubectl
+    /// prints them (by group, then name).
+    pub async fn api_resources(&self, cluster: &Cluster) -> Result<Value, SourceError> {
+        let c = self.client(cluster).await?;
+        let types = c.types(true).await?;
+        let mut list: Vec<&ApiType> = types.iter().collect();
+        list.sort_by(|a, b| (&a.group, &a.plural).cmp(&(&b.group, &b.plural)));
+        Ok(Value::Array(
+            list.into_iter().map(ApiType::to_json).collect(),
+        ))
+    }
+}
+
+/// A server URL without userinfo, path or query, for messages.
+fn redacted(uri: &http::Uri) -> String {
+    let scheme = uri.scheme_str().unwrap_or("https");
+    let host = uri.host().unwrap_or("?");
+    match uri.port_u16() {
+        Some(p) => format!("{scheme}://{host}:{p}"),
+        None => format!("{scheme}://{host}"),
+    }
+}
+
+/// kube's client, with HTTP/2 offered: hyper's pooled client over rustls (ALPN h2 then
+/// http/1.1), kube's base-URI, auth and header layers on top.
+fn build_client(config: kube::Config, opened: Arc<AtomicU64>) -> Result<kube::Client, String> {
+    let mut http = HttpConnector::new();
+    http.enforce_http(false);
+    http.set_nodelay(true);
+    http.set_connect_timeout(config.connect_timeout.or(Some(Duration::from_secs(30))));
+    http.set_keepalive(Some(Duration::from_secs(60)));
+    let tls = config.rustls_client_config().map_err(|e| e.to_string())?;
+    let mut builder = hyper_rustls::HttpsConnectorBuilder::new()
+        .with_tls_config(tls)
+        .https_or_http();
+    if let Some(name) = &config.tls_server_name {
+        let name = rustls::pki_types::ServerName::try_from(name.clone())
+            .map_err(|e| format!("bad tls-server-name {name}: {e}"))?;
+        builder =
+            builder.with_server_name_resolver(hyper_rustls::FixedServerNameResolver::new(name));
+    }
+    let https = builder.enable_all_versions().wrap_connector(Counted {
+        inner: http,
+        opened,
+    });
+    let hyper = hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
+        .timer(hyper_util::rt::TokioTimer::new())
+        .pool_timer(hyper_util::rt::TokioTimer::new())
+        .pool_idle_timeout(Duration::from_secs(90))
+        // A dead h2 connection is noticed within a minute even while only watches are open.
+        .http2_keep_alive_interval(Duration::from_secs(30))
+        .http2_keep_alive_timeout(Duration::from_secs(20))
+        .http2_keep_alive_while_idle(true)
+        .build(https);
+    let auth = config.auth_layer().map_err(|e| e.to_string())?;
+    let headers = config.extra_headers_layer().map_err(|e| e.to_string())?;
+    let service = ServiceBuilder::new()
+        .layer(config.base_uri_layer())
+        .option_layer(auth)
+        .layer(headers)
+        .map_err(tower::BoxError::from)
+        .service(hyper);
+    Ok(kube::Client::new(service, config.default_namespace))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn t(group: &str, version: &str, plural: &str, kind: &str, short: &[&str]) -> ApiType {
+        ApiType {
+            group: group.into(),
+            version: version.into(),
+            plural: plural.into(),
+            singular: kind.to_ascii_lowercase(),
+            kind: kind.into(),
+            short_names: short.iter().map(|s| s.to_string()).collect(),
+            namespaced: true,
+            verbs: vec!["list".into(), "watch".into()],
+            categories: Vec::new(),
+        }
+    }
+
+    #[test]
+    fn resources_resolve_as_kubectl_names_them() {
+        let types = vec![
+            t("", "v1", "pods", "Pod", &["po"]),
+            t("", "v1", "events", "Event", &["ev"]),
+            t("apps", "v1", "deployments", "Deployment", &["deploy"]),
+            t("events.k8s.io", "v1", "events", "Event", &["ev"]),
+        ];
+        let g = |r: &str| resolve(&types, r).map(|t| format!("{}/{}", t.group, t.plural));
+        assert_eq!(g("pods").as_deref(), Some("/pods"));
+        assert_eq!(g("pod").as_deref(), Some("/pods"));
+        assert_eq!(g("po").as_deref(), Some("/pods"));
+        assert_eq!(g("Pod").as_deref(), Some("/pods"));
+        assert_eq!(g("deploy").as_deref(), Some("apps/deployments"));
+        assert_eq!(g("deployments.apps").as_deref(), Some("apps/deployments"));
+        assert_eq!(
+            g("deployments.v1.apps").as_deref(),
+            Some("apps/deployments")
+        );
+        assert_eq!(g("deployments.extensions"), None);
+        // The core group first, as kubectl picks it; the group qualifier picks the other.
+        assert_eq!(g("events").as_deref(), Some("/events"));
+        assert_eq!(
+            g("events.events.k8s.io").as_deref(),
+            Some("events.k8s.io/events")
+        );
+        assert_eq!(g("nothing"), None);
+    }
+
+    #[test]
+    fn paths_follow_group_and_scope() {
+        let pods = t("", "v1", "pods", "Pod", &[]);
+        assert_eq!(pods.path(Some("ns1")), "/api/v1/namespaces/ns1/pods");
+        assert_eq!(pods.path(None), "/api/v1/pods");
+        let mut nodes = t("", "v1", "nodes", "Node", &[]);
+        nodes.namespaced = false;
+        assert_eq!(
+            nodes.path(Some("ns1")),
+            "/api/v1/nodes",
+            "cluster-scoped ignores -n"
+        );
+        let d = t("apps", "v1", "deployments", "Deployment", &[]);
+        assert_eq!(d.path(Some("a")), "/apis/apps/v1/namespaces/a/deployments");
+        assert_eq!(d.to_json()["apiVersion"], "apps/v1");
+    }
+
+    #[test]
+    fn server_urls_are_quoted_without_secrets() {
+        let u: http::Uri = "https://user:pw@10.0.0.1:6443/clusters/x?token=y"
+            .parse()
+            .unwrap();
+        assert_eq!(redacted(&u), "https://10.0.0.1:6443");
+    }
+}
