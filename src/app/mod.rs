@@ -112,6 +112,21 @@ pub enum AppError {
     Tls(#[from] tls::TlsError),
 }
 
+/// Why a bind failed, with what to do about a busy port.
+fn bind_message(e: &std::io::Error, flag: &str) -> String {
+    match e.kind() {
+        std::io::ErrorKind::AddrInUse => format!(
+            "the port is in use (another herald, or another program); pick another with {flag} ADDR"
+        ),
+        std::io::ErrorKind::PermissionDenied => {
+            format!(
+                "permission denied (ports below 1024 need privileges); pick another with {flag} ADDR"
+            )
+        }
+        _ => format!("{e} ({flag})"),
+    }
+}
+
 /// Binds the listeners `opts` asks for and spawns the serving tasks on `ctx`'s tracker (the
 /// one its source's helper tasks are on). Stdio, when served, shuts `ctx` down when stdin
 /// closes (the client went away).
@@ -174,7 +189,7 @@ pub async fn serve_source(
         (None, Some(addr)) => {
             let listener = http::bind(addr).await.map_err(|e| AppError::Bind {
                 addr: addr.clone(),
-                message: e.to_string(),
+                message: bind_message(&e, "--http"),
             })?;
             Some((addr.clone(), listener))
         }
@@ -198,7 +213,11 @@ pub async fn serve_source(
         let identity =
             tls::load_identity(store, opts.tls_cert.as_deref(), opts.tls_key.as_deref()).await?;
         bound.quic_fingerprint = Some(identity.fingerprint());
-        let endpoint = quic::bind(sock, identity)?;
+        let endpoint =
+            quic::bind(sock, quic::server_config(identity)?).map_err(|e| AppError::Bind {
+                addr: addr.clone(),
+                message: bind_message(&e, "--quic"),
+            })?;
         let local = endpoint.local_addr().map_err(|e| AppError::Bind {
             addr: addr.clone(),
             message: e.to_string(),

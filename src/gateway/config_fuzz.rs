@@ -54,6 +54,7 @@ pub(crate) const KEYS: &[&str] = &[
     "read_write",
     "linger_ms",
     "max_watchers",
+    "watch_via",
     "api_url",
     "credentials",
     "max_events",

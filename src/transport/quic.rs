@@ -44,14 +44,18 @@ fn transport_config() -> Arc<quinn::TransportConfig> {
     Arc::new(t)
 }
 
-/// Binds a QUIC server endpoint on `addr` with `identity`.
-pub fn bind(addr: SocketAddr, identity: Identity) -> Result<quinn::Endpoint, TlsError> {
+/// A QUIC server configuration with `identity`.
+pub fn server_config(identity: Identity) -> Result<quinn::ServerConfig, TlsError> {
     let tls = tls::server_config(identity)?;
     let crypto = QuicServerConfig::try_from(tls).map_err(|e| TlsError::Config(e.to_string()))?;
     let mut cfg = quinn::ServerConfig::with_crypto(Arc::new(crypto));
     cfg.transport_config(transport_config());
+    Ok(cfg)
+}
+
+/// Binds a QUIC server endpoint on `addr` with `cfg` (a busy port is an I/O error).
+pub fn bind(addr: SocketAddr, cfg: quinn::ServerConfig) -> std::io::Result<quinn::Endpoint> {
     quinn::Endpoint::server(cfg, addr)
-        .map_err(|e| TlsError::Config(format!("cannot bind {addr}: {e}")))
 }
 
 /// Serves MCP on every bidirectional stream of every connection until `shutdown`.

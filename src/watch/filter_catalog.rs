@@ -411,7 +411,12 @@ impl FilterHost for FilterCatalog {
                 let r = tokio::time::timeout(REQUEST_TIMEOUT, conn.conn.call_tool(params))
                     .await
                     .map_err(|_| py_err(PyExc::TimeoutError, format!("{tool} took too long")))?
-                    .map_err(|e| py_err(PyExc::RuntimeError, e.to_string()))?;
+                    .map_err(|e| {
+                        py_err(
+                            PyExc::RuntimeError,
+                            crate::transport::explain::request(&server.target, &e),
+                        )
+                    })?;
                 let text: Vec<String> = r
                     .content
                     .iter()

@@ -277,6 +277,9 @@ impl UpToml {
         if let Some(f) = &self.file {
             f.to_config().context("[file]")?;
         }
+        if let Some(k) = &self.k8s {
+            k.via()?;
+        }
         let mut t = self;
         let admin_defaulted = t.listen.admin.is_none();
         t.listen.http.get_or_insert_with(|| DEFAULT_HTTP.to_owned());
@@ -422,6 +425,19 @@ mod tests {
         );
         // What --print-config prints is itself a valid config.
         parse(&printed).unwrap();
+    }
+
+    #[test]
+    fn k8s_watch_via_is_checked_and_defaulted() {
+        let c = parse("[k8s]\n").unwrap();
+        assert!(
+            c.to_toml().contains("watch_via = \"api\""),
+            "{}",
+            c.to_toml()
+        );
+        parse("[k8s]\nwatch_via = \"kubectl\"\n").unwrap();
+        let e = format!("{:#}", parse("[k8s]\nwatch_via = \"ssh\"\n").unwrap_err());
+        assert!(e.contains("watch_via") && e.contains("\"kubectl\""), "{e}");
     }
 
     #[test]

@@ -39,8 +39,30 @@ use crate::source::k8s::known::strip;
 use crate::source::k8s::kubectl::{did_you_mean, mint};
 use crate::source::k8s::uri::{Cluster, Selection};
 
-/// Longest a list (all its pages) or the start of a watch may take.
+/// Longest one request (a page of a list, a discovery document, the start of a watch) may
+/// take.
 pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
+/// A watch stream silent this long is taken as dead (a half-open connection): the server
+/// ends every watch after [`WATCH_TIMEOUT_SECS`] anyway, and sends BOOKMARKs before that.
+pub const WATCH_SILENCE: Duration = Duration::from_secs(WATCH_TIMEOUT_SECS as u64 + 30);
+/// Most watch streams one connection carries: under every API server's and proxy's h2
+/// stream limit (Go's default is 250, nginx's 128), with room left for lists. More watches of
+/// a cluster open another connection.
+pub const STREAMS_PER_CONNECTION: usize = 100;
+/// Lists of one cluster running at once (after an API server restart every watcher re-lists).
+const LISTS_AT_ONCE: usize = 8;
+/// The most bytes one list page (or discovery document) may have.
+const MAX_PAGE_BYTES: usize = 64 << 20;
+/// Most clusters (kubeconfig, context, kcp workspace) with a client at once: URIs choose
+/// them, so they are bounded.
+pub const MAX_CLUSTERS: usize = 64;
+/// A failed discovery is answered from memory this long, not run again by every waiter.
+const DISCOVERY_FAILURE_MEMORY: Duration = Duration::from_secs(5);
+/// A client whose credentials were refused (401) is built again (its exec plugin run
+/// again) at most this often.
+const REBUILD_AFTER_401: Duration = Duration::from_secs(10);
+/// How long building a client (exec credential plugins included) may take.
+const BUILD_TIMEOUT: Duration = Duration::from_secs(30);
 /// What a watch asks the server for: it ends the stream after this, and the watcher
 /// re-watches from the last resourceVersion it saw (what kubectl and client-go ask).
 pub const WATCH_TIMEOUT_SECS: u32 = 290;
@@ -159,16 +181,38 @@ impl tower::Service<http::Uri> for Counted {
     }
 }
 
+/// One connection's worth of a cluster's client: its own pool, and a bound on the watch
+/// streams it carries.
+struct Lane {
+    client: kube::Client,
+    watches: Arc<tokio::sync::Semaphore>,
+}
+
+/// What discovery last gave.
+enum Discovered {
+    Types(Instant, Arc<Vec<ApiType>>),
+    Failed(Instant, SourceError),
+}
+
 /// The client of one cluster.
 pub struct ClusterClient {
-    client: kube::Client,
+    /// Lane 0 carries lists and discovery too; another lane (connection) is opened for
+    /// watches past [`STREAMS_PER_CONNECTION`] each.
+    lanes: std::sync::Mutex<Vec<Arc<Lane>>>,
+    /// What another lane is built from.
+    config: kube::Config,
+    opened: Arc<AtomicU64>,
     /// The context's namespace (`default` when it names none).
     namespace: String,
     /// Where the cluster is, for messages (no userinfo, no query).
     server: String,
-    /// `--token-command`, run before each request.
+    /// `--token-command`, run before each request (once for a whole discovery).
     token_command: Option<String>,
-    discovery: tokio::sync::Mutex<Option<(Instant, Arc<Vec<ApiType>>)>>,
+    discovery: tokio::sync::Mutex<Option<Discovered>>,
+    lists: tokio::sync::Semaphore,
+    built: Instant,
+    /// The server refused the credentials: build the client again (fresh credentials).
+    refused: std::sync::atomic::AtomicBool,
 }
 
 /// A watch that could not start, or a list that failed.
@@ -176,7 +220,18 @@ pub struct ClusterClient {
 pub enum ApiError {
     /// `410 Gone`: the resourceVersion is too old; list again.
     Gone(String),
+    /// `404`: the type is not (or no longer) served where discovery said.
+    Missing(SourceError),
     Other(SourceError),
+}
+
+impl ApiError {
+    pub fn into_source(self) -> SourceError {
+        match self {
+            ApiError::Gone(m) => SourceError::Unavailable(m),
+            ApiError::Missing(e) | ApiError::Other(e) => e,
+        }
+    }
 }
 
 impl From<SourceError> for ApiError {
@@ -185,16 +240,28 @@ impl From<SourceError> for ApiError {
     }
 }
 
-/// An open watch: the response body, read chunk by chunk.
+/// An open watch: the response body, read chunk by chunk, holding its place on its
+/// connection.
 pub struct WatchBody {
     body: kube::client::Body,
+    _stream: tokio::sync::OwnedSemaphorePermit,
 }
 
 impl WatchBody {
-    /// The next chunk of the stream; `None` when the server ended it.
+    /// The next chunk of the stream; `None` when it ended: the server ended it, the
+    /// connection was cut (mid-chunk, an h2 GOAWAY or reset: how watches often end behind
+    /// proxies), or it was silent past [`WATCH_SILENCE`] (a half-open connection). Either way
+    /// the watcher watches again from where it was.
     pub async fn chunk(&mut self) -> Option<Result<Bytes, String>> {
         loop {
-            match self.body.frame().await? {
+            let frame = match tokio::time::timeout(WATCH_SILENCE, self.body.frame()).await {
+                Err(_) => {
+                    tracing::debug!("a watch stream was silent past its timeout; watching again");
+                    return None;
+                }
+                Ok(f) => f?,
+            };
+            match frame {
                 Ok(frame) => {
                     if let Ok(data) = frame.into_data()
                         && !data.is_empty()
@@ -203,29 +270,149 @@ impl WatchBody {
                     }
                 }
                 Err(e) => {
-                    let text = e.to_string();
-                    // A stream cut in the middle of a chunk is how a watch often ends after
-                    // minutes (a proxy or the server closing it): an end, not a failure.
-                    if text.contains("unexpected EOF") || text.contains("connection closed") {
+                    let (cut, why) = body_error(&e);
+                    if cut {
+                        tracing::debug!(%why, "a watch stream was cut; watching again");
                         return None;
                     }
-                    return Some(Err(format!("the watch stream broke: {text}")));
+                    return Some(Err(format!("the watch stream broke: {why}")));
                 }
             }
         }
     }
 }
 
+/// Whether a body error is a cut connection (an end to watch again after), and its
+/// innermost cause in words.
+fn body_error(e: &(dyn std::error::Error + 'static)) -> (bool, String) {
+    let mut cut = false;
+    let mut why = e.to_string();
+    let mut cur: Option<&(dyn std::error::Error + 'static)> = Some(e);
+    while let Some(err) = cur {
+        if let Some(h) = err.downcast_ref::<hyper::Error>()
+            && (h.is_incomplete_message() || h.is_closed() || h.is_canceled())
+        {
+            cut = true;
+        }
+        if let Some(io) = err.downcast_ref::<std::io::Error>()
+            && matches!(
+                io.kind(),
+                std::io::ErrorKind::UnexpectedEof
+                    | std::io::ErrorKind::ConnectionReset
+                    | std::io::ErrorKind::ConnectionAborted
+                    | std::io::ErrorKind::BrokenPipe
+            )
+        {
+            cut = true;
+        }
+        let text = err.to_string();
+        // h2's GOAWAY or RST_STREAM with NO_ERROR: the server closing politely.
+        if text.contains("NO_ERROR") || text.contains("go away") {
+            cut = true;
+        }
+        why = text;
+        cur = err.source();
+    }
+    (cut, why)
+}
+
+/// What went wrong with credentials, in words that never carry a secret: kube's own text
+/// for an exec plugin's failure quotes its command, environment and everything it printed.
+fn auth_words(e: &kube::client::AuthError) -> String {
+    use kube::client::AuthError as A;
+    match e {
+        A::AuthExecStart(io) => format!(
+            "the exec credential plugin could not be started ({})",
+            io.kind()
+        ),
+        A::AuthExecRun { out, .. } => format!(
+            "the exec credential plugin failed ({}); run it by hand to see why",
+            out.status
+        ),
+        A::ExecPluginFailed | A::AuthExecParse(_) | A::AuthExec(_) => {
+            "the exec credential plugin printed no usable ExecCredential; run it by hand to see why"
+                .to_owned()
+        }
+        A::MalformedTokenExpirationDate(_) => {
+            "the exec credential plugin printed a bad expirationTimestamp".to_owned()
+        }
+        A::ReadTokenFile(io, _) => {
+            format!("cannot read the kubeconfig's tokenFile ({})", io.kind())
+        }
+        A::MissingCommand => "the kubeconfig's exec section names no command".to_owned(),
+        A::Oidc(_) => "the OIDC token could not be refreshed; log in again".to_owned(),
+        A::InvalidBasicAuth(_) | A::InvalidBearerToken(_) => {
+            "the kubeconfig's credentials are not valid header values".to_owned()
+        }
+        _ => "the kubeconfig's credentials could not be used".to_owned(),
+    }
+}
+
+/// An error from kube in words: credentials never quoted, library type names never shown
+/// (the innermost cause).
+fn kube_words(e: &(dyn std::error::Error + 'static)) -> String {
+    let mut cur: Option<&(dyn std::error::Error + 'static)> = Some(e);
+    let mut innermost = e.to_string();
+    while let Some(err) = cur {
+        if let Some(a) = err.downcast_ref::<kube::client::AuthError>() {
+            return auth_words(a);
+        }
+        if let Some(kube::Error::Auth(a)) = err.downcast_ref::<kube::Error>() {
+            return auth_words(a);
+        }
+        innermost = err.to_string();
+        cur = err.source();
+    }
+    innermost
+}
+
 impl ClusterClient {
-    /// Sends `req` (its token minted first, with `--token-command`) within the request
-    /// timeout; a non-2xx answer is its Status as an error.
+    /// Lane `i` (lane 0 always exists).
+    fn lane(&self, i: usize) -> Arc<Lane> {
+        self.lanes.lock().unwrap_or_else(|e| e.into_inner())[i].clone()
+    }
+
+    /// A lane with room for one more watch stream, opening another (another connection)
+    /// when every lane is full.
+    fn watch_lane(&self) -> Result<(Arc<Lane>, tokio::sync::OwnedSemaphorePermit), SourceError> {
+        let mut lanes = self.lanes.lock().unwrap_or_else(|e| e.into_inner());
+        for lane in lanes.iter() {
+            if let Ok(p) = lane.watches.clone().try_acquire_owned() {
+                return Ok((lane.clone(), p));
+            }
+        }
+        let lane = Arc::new(Lane {
+            client: build_client(self.config.clone(), self.opened.clone())
+                .map_err(|e| unavailable(format!("another connection to {}: {e}", self.server)))?,
+            watches: Arc::new(tokio::sync::Semaphore::new(STREAMS_PER_CONNECTION)),
+        });
+        lanes.push(lane.clone());
+        let p = lane
+            .watches
+            .clone()
+            .try_acquire_owned()
+            .map_err(|_| unavailable("a new connection had no room".into()))?;
+        Ok((lane, p))
+    }
+
+    /// A token from `--token-command`, minted now.
+    async fn token(&self) -> Result<Option<String>, SourceError> {
+        match &self.token_command {
+            None => Ok(None),
+            Some(cmd) => Ok(Some(mint(cmd).await?)),
+        }
+    }
+
+    /// Sends `req` on `lane` (with `token` as its Bearer, from `--token-command`) within the
+    /// request timeout; a non-2xx answer is its Status as an error.
     async fn send(
         &self,
+        lane: &Lane,
         req: http::Request<Vec<u8>>,
+        token: Option<&str>,
     ) -> Result<http::Response<kube::client::Body>, ApiError> {
         let (mut parts, body) = req.into_parts();
-        if let Some(cmd) = &self.token_command {
-            let token = mint(cmd).await?;
+        if let Some(token) = token {
             let mut value =
                 http::HeaderValue::from_str(&format!("Bearer {token}")).map_err(|_| {
                     unavailable(
@@ -241,7 +428,7 @@ impl ClusterClient {
         );
         let path = parts.uri.path().to_owned();
         let req = http::Request::from_parts(parts, kube::client::Body::from(body));
-        let res = tokio::time::timeout(REQUEST_TIMEOUT, self.client.send(req))
+        let res = tokio::time::timeout(REQUEST_TIMEOUT, lane.client.send(req))
             .await
             .map_err(|_| {
                 unavailable(format!(
@@ -250,14 +437,20 @@ impl ClusterClient {
                     REQUEST_TIMEOUT.as_secs()
                 ))
             })?
-            .map_err(|e| unavailable(self.explain(e)))?;
+            .map_err(|e| unavailable(self.explain(&e)))?;
         let status = res.status();
         if status.is_success() {
             return Ok(res);
         }
-        let body = tokio::time::timeout(REQUEST_TIMEOUT, read_bounded(res.into_body()))
-            .await
-            .unwrap_or_default();
+        let body = match tokio::time::timeout(
+            REQUEST_TIMEOUT,
+            read_bounded(res.into_body(), MAX_ERROR_BYTES),
+        )
+        .await
+        {
+            Ok(Ok(Ok(b))) => b,
+            _ => Bytes::new(),
+        };
         let v: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
         let message = v["message"].as_str().map(str::to_owned).unwrap_or_else(|| {
             String::from_utf8_lossy(&body)
@@ -269,10 +462,17 @@ impl ClusterClient {
         let code = status.as_u16();
         Err(match code {
             410 => ApiError::Gone(message),
-            401 => ApiError::Other(unavailable(format!(
-                "the API server at {} refused the credentials (401 Unauthorized: {message}); check the kubeconfig's user or --token-command",
+            404 => ApiError::Missing(unavailable(format!(
+                "the API server at {} has nothing at {path} (404: {message})",
                 self.server
             ))),
+            401 => {
+                self.refused.store(true, Ordering::Relaxed);
+                ApiError::Other(unavailable(format!(
+                    "the API server at {} refused the credentials (401 Unauthorized: {message}); check the kubeconfig's user or --token-command",
+                    self.server
+                )))
+            }
             403 => ApiError::Other(unavailable(format!(
                 "the API server at {} forbids this (403: {message}); the kubeconfig's user needs list and watch on it",
                 self.server
@@ -284,17 +484,9 @@ impl ClusterClient {
         })
     }
 
-    /// A transport failure in words (never kube's type names).
-    fn explain(&self, e: kube::Error) -> String {
-        let mut text = e.to_string();
-        let mut source = std::error::Error::source(&e);
-        while let Some(s) = source {
-            let t = s.to_string();
-            if !text.contains(&t) {
-                text = t;
-            }
-            source = s.source();
-        }
+    /// A transport failure in words.
+    fn explain(&self, e: &kube::Error) -> String {
+        let text = kube_words(e);
         if text.contains("Connection refused") {
             format!(
                 "connection refused at {}: is the API server running there?",
@@ -305,9 +497,46 @@ impl ClusterClient {
         }
     }
 
+    /// A whole response body of at most [`MAX_PAGE_BYTES`].
+    async fn body(
+        &self,
+        res: http::Response<kube::client::Body>,
+        what: &str,
+    ) -> Result<Bytes, SourceError> {
+        match tokio::time::timeout(
+            REQUEST_TIMEOUT,
+            read_bounded(res.into_body(), MAX_PAGE_BYTES),
+        )
+        .await
+        {
+            Err(_) => Err(unavailable(format!(
+                "{what} from {} did not finish within {} s",
+                self.server,
+                REQUEST_TIMEOUT.as_secs()
+            ))),
+            Ok(Err(Overflow)) => Err(unavailable(format!(
+                "{what} from {} is over {} MiB; narrow the watch with a namespace or selector",
+                self.server,
+                MAX_PAGE_BYTES >> 20
+            ))),
+            Ok(Ok(Err(e))) => Err(unavailable(format!(
+                "{what} from {} broke: {}",
+                self.server,
+                body_error(&*e).1
+            ))),
+            Ok(Ok(Ok(b))) => Ok(b),
+        }
+    }
+
     /// Every page of a list: its items (managedFields stripped) and the list's
     /// resourceVersion, the point to watch from.
     async fn list(&self, t: &ApiType, sel: &Selection) -> Result<(Vec<Value>, String), ApiError> {
+        let _turn = self
+            .lists
+            .acquire()
+            .await
+            .map_err(|_| unavailable("the k8s source is shutting down".into()))?;
+        let lane = self.lane(0);
         let request = kube::core::Request::new(t.path(self.namespace_of(sel)));
         let mut items = Vec::new();
         let mut cont: Option<String> = None;
@@ -322,18 +551,9 @@ impl ClusterClient {
             let req = request
                 .list(&params)
                 .map_err(|e| SourceError::InvalidParams(format!("bad selection: {e}")))?;
-            let res = self.send(req).await?;
-            let body = tokio::time::timeout(REQUEST_TIMEOUT, res.into_body().collect())
-                .await
-                .map_err(|_| {
-                    unavailable(format!(
-                        "the list from {} did not finish within {} s",
-                        self.server,
-                        REQUEST_TIMEOUT.as_secs()
-                    ))
-                })?
-                .map_err(|e| unavailable(format!("the list from {} broke: {e}", self.server)))?
-                .to_bytes();
+            let token = self.token().await?;
+            let res = self.send(&lane, req, token.as_deref()).await?;
+            let body = self.body(res, "the list").await?;
             let mut page: Value = serde_json::from_slice(&body).map_err(|e| {
                 unavailable(format!(
                     "the API server at {} sent a list that is not JSON: {e}",
@@ -343,7 +563,7 @@ impl ClusterClient {
             if let Some(Value::Array(list)) = page.get_mut("items").map(Value::take) {
                 for mut o in list {
                     strip(&mut o);
-                    // A list's items carry no kind (the list has it): add it as the watch's do.
+                    // A list's items carry no kind (the list has it): add it as a watch's have.
                     if let Some(m) = o.as_object_mut() {
                         m.entry("apiVersion")
                             .or_insert_with(|| t.api_version().into());
@@ -379,9 +599,12 @@ impl ClusterClient {
             http::header::ACCEPT_ENCODING,
             http::HeaderValue::from_static("identity"),
         );
-        let res = self.send(req).await?;
+        let (lane, permit) = self.watch_lane()?;
+        let token = self.token().await?;
+        let res = self.send(&lane, req, token.as_deref()).await?;
         Ok(WatchBody {
             body: res.into_body(),
+            _stream: permit,
         })
     }
 
@@ -393,38 +616,47 @@ impl ClusterClient {
         }
     }
 
-    /// The cluster's resource types (discovered once, again when `fresh` and the last
-    /// discovery is older than [`REDISCOVER`]).
+    /// The cluster's resource types: discovered once, again when `fresh` and the last
+    /// discovery is older than [`REDISCOVER`]. A failure is remembered for
+    /// [`DISCOVERY_FAILURE_MEMORY`]; a failed rediscovery keeps the last good one.
     async fn types(&self, fresh: bool) -> Result<Arc<Vec<ApiType>>, SourceError> {
         let mut d = self.discovery.lock().await;
-        if let Some((at, types)) = &*d
-            && (!fresh || at.elapsed() < REDISCOVER)
-        {
-            return Ok(types.clone());
+        match &*d {
+            Some(Discovered::Types(at, types)) if !fresh || at.elapsed() < REDISCOVER => {
+                return Ok(types.clone());
+            }
+            Some(Discovered::Failed(at, e)) if at.elapsed() < DISCOVERY_FAILURE_MEMORY => {
+                return Err(e.clone());
+            }
+            _ => {}
         }
-        let types = Arc::new(self.discover().await?);
-        *d = Some((Instant::now(), types.clone()));
-        Ok(types)
+        match self.discover().await {
+            Ok(types) => {
+                let types = Arc::new(types);
+                *d = Some(Discovered::Types(Instant::now(), types.clone()));
+                Ok(types)
+            }
+            Err(e) => {
+                if let Some(Discovered::Types(_, types)) = &*d {
+                    tracing::debug!(error = %e, "discovery failed; keeping the last one");
+                    return Ok(types.clone());
+                }
+                *d = Some(Discovered::Failed(Instant::now(), e.clone()));
+                Err(e)
+            }
+        }
     }
 
-    async fn get_json(&self, path: &str) -> Result<Value, SourceError> {
+    async fn get_json(&self, path: &str, token: Option<&str>) -> Result<Value, SourceError> {
         let req = http::Request::get(path)
             .body(Vec::new())
             .map_err(|e| unavailable(format!("bad discovery path {path}: {e}")))?;
-        let res = self.send(req).await.map_err(|e| match e {
-            ApiError::Gone(m) => unavailable(m),
-            ApiError::Other(e) => e,
-        })?;
-        let body = tokio::time::timeout(REQUEST_TIMEOUT, res.into_body().collect())
+        let lane = self.lane(0);
+        let res = self
+            .send(&lane, req, token)
             .await
-            .map_err(|_| {
-                unavailable(format!(
-                    "discovery at {} did not finish in time",
-                    self.server
-                ))
-            })?
-            .map_err(|e| unavailable(format!("discovery at {} broke: {e}", self.server)))?
-            .to_bytes();
+            .map_err(ApiError::into_source)?;
+        let body = self.body(res, "discovery").await?;
         serde_json::from_slice(&body).map_err(|e| {
             unavailable(format!(
                 "the API server at {} answered {path} with no JSON: {e}",
@@ -436,10 +668,13 @@ impl ClusterClient {
     /// Legacy discovery: `/api` and its versions, `/apis` and each group's preferred
     /// version (these fetched concurrently).
     async fn discover(&self) -> Result<Vec<ApiType>, SourceError> {
+        // One token for the whole discovery (--token-command runs once, not once a group).
+        let token = self.token().await?;
+        let token = token.as_deref();
         // One request first, alone: until a connection exists the pool cannot know that it
         // will be h2, and concurrent first requests would each open one.
-        let core = self.get_json("/api").await?;
-        let groups = self.get_json("/apis").await?;
+        let core = self.get_json("/api", token).await?;
+        let groups = self.get_json("/apis", token).await?;
         let mut versions: Vec<(String, String)> = Vec::new();
         if let Some(v) = core["versions"]
             .as_array()
@@ -468,7 +703,7 @@ impl ClusterClient {
                     } else {
                         format!("/apis/{group}/{version}")
                     };
-                    let r = self.get_json(&path).await;
+                    let r = self.get_json(&path, token).await;
                     (group, version, r)
                 })
                 .buffered(8)
@@ -519,13 +754,17 @@ impl ClusterClient {
         Ok(out)
     }
 
-    /// The type `sel.resource` names, or an error with `did you mean` that reads as kubectl's.
-    async fn resolve(&self, resource: &str) -> Result<ApiType, SourceError> {
-        let types = self.types(false).await?;
-        if let Some(t) = resolve(&types, resource) {
-            return Ok(t.clone());
+    /// The type `resource` names (with `fresh`, after discovering again if the last one is
+    /// old enough: a 404 said it moved), or an error with `did you mean` that reads as
+    /// kubectl's.
+    async fn resolve(&self, resource: &str, fresh: bool) -> Result<ApiType, SourceError> {
+        if !fresh {
+            let types = self.types(false).await?;
+            if let Some(t) = resolve(&types, resource) {
+                return Ok(t.clone());
+            }
         }
-        // Perhaps installed since (a CRD): look again, at most every REDISCOVER.
+        // Perhaps installed (or moved) since: look again, at most every REDISCOVER.
         let types = self.types(true).await?;
         if let Some(t) = resolve(&types, resource) {
             return Ok(t.clone());
@@ -543,26 +782,59 @@ impl ClusterClient {
     }
 }
 
-/// Reads at most [`MAX_ERROR_BYTES`] of a body.
-async fn read_bounded(mut body: kube::client::Body) -> Vec<u8> {
-    let mut out = Vec::new();
-    while let Some(Ok(frame)) = body.frame().await {
-        if let Ok(d) = frame.into_data() {
-            out.extend_from_slice(&d);
-            if out.len() > MAX_ERROR_BYTES {
-                out.truncate(MAX_ERROR_BYTES);
-                break;
+/// A body over its bound.
+struct Overflow;
+
+type BodyError = Box<dyn std::error::Error + Send + Sync>;
+
+/// Reads a body of at most `max` bytes: `Err(Overflow)` past it, `Ok(Err)` if it broke.
+async fn read_bounded(
+    mut body: kube::client::Body,
+    max: usize,
+) -> Result<Result<Bytes, BodyError>, Overflow> {
+    let mut out = bytes::BytesMut::new();
+    while let Some(frame) = body.frame().await {
+        match frame {
+            Ok(frame) => {
+                if let Ok(d) = frame.into_data() {
+                    if out.len() + d.len() > max {
+                        return Err(Overflow);
+                    }
+                    out.extend_from_slice(&d);
+                }
             }
+            Err(e) => return Ok(Err(Box::new(e))),
         }
     }
-    out
+    Ok(Ok(out.freeze()))
 }
 
-/// Every cluster's client, built on first use and kept.
+/// Why a client could not be built.
+#[derive(Debug, Clone)]
+pub enum BuildError {
+    /// The configuration itself (a missing or bad kubeconfig, an unknown context, a
+    /// proxy-url): fix it and start again.
+    Config(SourceError),
+    /// Obtaining credentials failed (an exec plugin, a token file): may pass later.
+    Credentials(SourceError),
+}
+
+impl BuildError {
+    pub fn into_source(self) -> SourceError {
+        match self {
+            BuildError::Config(e) | BuildError::Credentials(e) => e,
+        }
+    }
+}
+
+type Cell = Arc<tokio::sync::OnceCell<Arc<ClusterClient>>>;
+
+/// Every cluster's client, built on first use and kept (built again after its credentials
+/// were refused).
 pub struct Api {
     kubeconfigs: Vec<(String, PathBuf)>,
     token_command: Option<String>,
-    clients: std::sync::Mutex<HashMap<Cluster, Arc<tokio::sync::OnceCell<Arc<ClusterClient>>>>>,
+    clients: std::sync::Mutex<HashMap<Cluster, Cell>>,
     opened: Arc<AtomicU64>,
 }
 
@@ -581,35 +853,92 @@ impl Api {
         self.opened.load(Ordering::Relaxed)
     }
 
-    /// The client of `cluster`, built on first use (concurrent first uses share one build; a
-    /// failed build is tried again next time).
+    /// The client of `cluster`, built on first use: concurrent first uses share one build,
+    /// a failed build is forgotten (tried again by the next use), a client whose credentials
+    /// a server refused is built again (at most every [`REBUILD_AFTER_401`]).
     pub async fn client(&self, cluster: &Cluster) -> Result<Arc<ClusterClient>, SourceError> {
+        self.client_or_why(cluster)
+            .await
+            .map_err(BuildError::into_source)
+    }
+
+    pub async fn client_or_why(&self, cluster: &Cluster) -> Result<Arc<ClusterClient>, BuildError> {
         // The default kubeconfig is the first named one: one client under either key.
         let mut key = cluster.clone();
         if key.kubeconfig.is_none() {
             key.kubeconfig = self.kubeconfigs.first().map(|(n, _)| n.clone());
         }
-        let cluster = &key;
-        let cell = self
-            .clients
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .entry(cluster.clone())
-            .or_default()
-            .clone();
-        cell.get_or_try_init(|| self.build(cluster)).await.cloned()
+        let cell = {
+            let mut clients = self.clients.lock().unwrap_or_else(|e| e.into_inner());
+            // A client refused its credentials long enough ago: replace it.
+            let stale = clients.get(&key).and_then(|c| c.get()).is_some_and(|c| {
+                c.refused.load(Ordering::Relaxed) && c.built.elapsed() >= REBUILD_AFTER_401
+            });
+            if stale {
+                clients.remove(&key);
+            }
+            if !clients.contains_key(&key) && clients.len() >= MAX_CLUSTERS {
+                // Forget the clusters whose builds failed or are idle first.
+                clients.retain(|_, c| c.get().is_some_and(|c| Arc::strong_count(c) > 1));
+                if clients.len() >= MAX_CLUSTERS {
+                    return Err(BuildError::Config(unavailable(format!(
+                        "this server already has clients for {MAX_CLUSTERS} clusters (kubeconfig, context and workspace); stop watches of others first"
+                    ))));
+                }
+            }
+            clients.entry(key.clone()).or_default().clone()
+        };
+        let built = cell
+            .get_or_try_init(|| async {
+                tokio::time::timeout(BUILD_TIMEOUT, self.build(&key))
+                    .await
+                    .unwrap_or_else(|_| {
+                        Err(BuildError::Credentials(unavailable(format!(
+                            "building the client for {} took over {} s (an exec credential plugin that hangs?)",
+                            self.label(&key),
+                            BUILD_TIMEOUT.as_secs()
+                        ))))
+                    })
+            })
+            .await
+            .cloned();
+        if built.is_err() {
+            // Not kept: the next use tries again, and a bad name leaves nothing behind.
+            let mut clients = self.clients.lock().unwrap_or_else(|e| e.into_inner());
+            if clients
+                .get(&key)
+                .is_some_and(|c| Arc::ptr_eq(c, &cell) && !c.initialized())
+            {
+                clients.remove(&key);
+            }
+        }
+        built
     }
 
-    async fn build(&self, cluster: &Cluster) -> Result<Arc<ClusterClient>, SourceError> {
-        let (name, path) = match cluster.kubeconfig.as_deref() {
-            None => match self.kubeconfigs.first() {
-                Some((n, p)) => (Some(n.clone()), Some(p.clone())),
-                None => (None, None),
-            },
+    /// How a cluster is named in messages: the kubeconfig's name (never its path: messages
+    /// reach clients), the context and the workspace.
+    fn label(&self, c: &Cluster) -> String {
+        let mut s = format!(
+            "kubeconfig {}",
+            c.kubeconfig.as_deref().unwrap_or("(default)")
+        );
+        if let Some(ctx) = &c.context {
+            s.push_str(&format!(", context {ctx}"));
+        }
+        if let Some(ws) = &c.workspace {
+            s.push_str(&format!(", workspace {ws}"));
+        }
+        s
+    }
+
+    async fn build(&self, cluster: &Cluster) -> Result<Arc<ClusterClient>, BuildError> {
+        let config_err = |m: String| BuildError::Config(unavailable(m));
+        let path = match cluster.kubeconfig.as_deref() {
+            None => None,
             Some(n) => match self.kubeconfigs.iter().find(|(k, _)| k == n) {
-                Some((n, p)) => (Some(n.clone()), Some(p.clone())),
+                Some((_, p)) => Some(p.clone()),
                 None => {
-                    return Err(SourceError::InvalidParams(format!(
+                    return Err(BuildError::Config(SourceError::InvalidParams(format!(
                         "no kubeconfig named {n}; this server has {}",
                         if self.kubeconfigs.is_empty() {
                             "only the default kubeconfig".to_owned()
@@ -620,45 +949,58 @@ impl Api {
                                 .collect::<Vec<_>>()
                                 .join(", ")
                         }
-                    )));
+                    ))));
                 }
             },
         };
         if cluster.workspace.is_some() && path.is_none() {
-            return Err(SourceError::InvalidParams(
+            return Err(BuildError::Config(SourceError::InvalidParams(
                 "kcp workspaces need a kubeconfig; start the server with --kubeconfig PATH".into(),
-            ));
+            )));
         }
+        let what = self.label(cluster);
         let options = kube::config::KubeConfigOptions {
             context: cluster.context.clone(),
             ..Default::default()
         };
-        let what = path
-            .as_ref()
-            .map_or("the default kubeconfig".to_owned(), |p| {
-                format!("kubeconfig {}", p.display())
-            });
         let mut config = match &path {
             Some(p) => {
                 let kc = kube::config::Kubeconfig::read_from(p)
-                    .map_err(|e| unavailable(format!("cannot read {what}: {e}")))?;
+                    .map_err(|e| config_err(format!("cannot read {what}: {}", kube_words(&e))))?;
+                if let Some(ctx) = &cluster.context
+                    && !kc.contexts.iter().any(|c| &c.name == ctx)
+                {
+                    return Err(BuildError::Config(SourceError::InvalidParams(format!(
+                        "{what} has no context {ctx}"
+                    ))));
+                }
                 kube::Config::from_custom_kubeconfig(kc, &options)
                     .await
-                    .map_err(|e| unavailable(format!("{what}: {e}")))?
+                    .map_err(|e| config_err(format!("{what}: {}", kube_words(&e))))?
             }
             None if cluster.context.is_some() => kube::Config::from_kubeconfig(&options)
                 .await
-                .map_err(|e| unavailable(format!("{what}: {e}")))?,
+                .map_err(|e| config_err(format!("{what}: {}", kube_words(&e))))?,
             None => kube::Config::infer().await.map_err(|e| {
-                unavailable(format!(
-                    "no kubeconfig found and not running in a cluster ({e}); pass --kubeconfig PATH"
+                config_err(format!(
+                    "no kubeconfig found and not running in a cluster ({}); pass --kubeconfig PATH",
+                    kube_words(&e)
                 ))
             })?,
         };
-        let _ = name;
         if config.proxy_url.is_some() {
-            return Err(unavailable(format!(
-                "{what} sets proxy-url, which the native client does not support; start herald k8s with --watch-via kubectl"
+            return Err(config_err(format!(
+                "{what} sets proxy-url, which herald's client does not support; start herald k8s with --watch-via kubectl"
+            )));
+        }
+        if config
+            .auth_info
+            .auth_provider
+            .as_ref()
+            .is_some_and(|p| p.name != "oidc")
+        {
+            return Err(config_err(format!(
+                "{what}: its user's auth-provider is not oidc, the only one herald's client supports; use an exec credential plugin, or start herald k8s with --watch-via kubectl"
             )));
         }
         if let Some(ws) = &cluster.workspace {
@@ -668,55 +1010,91 @@ impl Api {
                 None => url.trim_end_matches('/'),
             };
             config.cluster_url = format!("{base}/clusters/{ws}").parse().map_err(|e| {
-                unavailable(format!("{what}: bad server URL for workspace {ws}: {e}"))
+                config_err(format!("{what}: no server URL for workspace {ws}: {e}"))
             })?;
         }
         if self.token_command.is_some() {
-            // The minted token is the user; nothing of the kubeconfig's is sent.
-            config.auth_info = Default::default();
+            // The minted token is the user's credential; a client certificate stays (as
+            // kubectl --token keeps it).
+            let a = &mut config.auth_info;
+            a.token = None;
+            a.token_file = None;
+            a.exec = None;
+            a.auth_provider = None;
+            a.username = None;
+            a.password = None;
+        }
+        if let Some(exec) = &mut config.auth_info.exec {
+            // Never handed herald's stdin (an MCP stream under --stdio), never prompting.
+            exec.interactive_mode = Some(kube::config::ExecInteractiveMode::Never);
         }
         let server = redacted(&config.cluster_url);
         let namespace = config.default_namespace.clone();
         let opened = self.opened.clone();
         // Building runs exec credential plugins (blocking std::process calls): off the
         // runtime's workers.
-        let client = tokio::task::spawn_blocking(move || build_client(config, opened))
+        let c = config.clone();
+        let client = tokio::task::spawn_blocking(move || build_client(c, opened))
             .await
-            .map_err(|e| unavailable(format!("building the client failed: {e}")))?
+            .map_err(|e| BuildError::Credentials(unavailable(format!("building the client failed: {e}"))))?
             .map_err(|e| {
-                unavailable(format!(
+                BuildError::Credentials(unavailable(format!(
                     "{what}: {e}; if kubectl itself handles this kubeconfig, start herald k8s with --watch-via kubectl"
-                ))
+                )))
             })?;
         Ok(Arc::new(ClusterClient {
-            client,
+            lanes: std::sync::Mutex::new(vec![Arc::new(Lane {
+                client,
+                watches: Arc::new(tokio::sync::Semaphore::new(STREAMS_PER_CONNECTION)),
+            })]),
+            config,
+            opened: self.opened.clone(),
             namespace,
             server,
             token_command: self.token_command.clone(),
             discovery: tokio::sync::Mutex::new(None),
+            lists: tokio::sync::Semaphore::new(LISTS_AT_ONCE),
+            built: Instant::now(),
+            refused: std::sync::atomic::AtomicBool::new(false),
         }))
     }
 
-    /// The list of a selection: (items, resourceVersion).
-    pub async fn list(&self, sel: &Selection) -> Result<(Vec<Value>, String), ApiError> {
-        let c = self.client(&sel.cluster).await?;
-        let t = c.resolve(&sel.resource).await?;
-        c.list(&t, sel).await
+    /// The type a selection names (resolve once, then keep it: a watcher lists and watches
+    /// with it).
+    pub async fn resolve(&self, sel: &Selection, fresh: bool) -> Result<ApiType, SourceError> {
+        self.client(&sel.cluster)
+            .await?
+            .resolve(&sel.resource, fresh)
+            .await
     }
 
-    /// A watch of a selection from `rv`.
-    pub async fn watch(&self, sel: &Selection, rv: &str) -> Result<WatchBody, ApiError> {
+    /// The list of a selection as type `t`: (items, resourceVersion).
+    pub async fn list(
+        &self,
+        t: &ApiType,
+        sel: &Selection,
+    ) -> Result<(Vec<Value>, String), ApiError> {
         let c = self.client(&sel.cluster).await?;
-        let t = c.resolve(&sel.resource).await?;
-        c.watch(&t, sel, rv).await
+        c.list(t, sel).await
+    }
+
+    /// A watch of a selection as type `t` from `rv`.
+    pub async fn watch(
+        &self,
+        t: &ApiType,
+        sel: &Selection,
+        rv: &str,
+    ) -> Result<WatchBody, ApiError> {
+        let c = self.client(&sel.cluster).await?;
+        c.watch(t, sel, rv).await
     }
 
     /// The cluster's resource types as `get_api_resources` returns them: `[{name,
-    /// shortNames, apiVersion, namespaced, kind, verbs, categories}]`, sorted as kubectl
-    /// prints them (by group, then name).
+    /// shortNames, apiVersion, namespaced, kind, verbs, categories}]`, sorted by group, then
+    /// name.
     pub async fn api_resources(&self, cluster: &Cluster) -> Result<Value, SourceError> {
         let c = self.client(cluster).await?;
-        let types = c.types(true).await?;
+        let types = c.types(false).await?;
         let mut list: Vec<&ApiType> = types.iter().collect();
         list.sort_by(|a, b| (&a.group, &a.plural).cmp(&(&b.group, &b.plural)));
         Ok(Value::Array(
@@ -725,13 +1103,19 @@ impl Api {
     }
 }
 
-/// A server URL without userinfo, path or query, for messages.
+/// A server URL without userinfo or query, for messages (a kcp workspace's path kept).
 fn redacted(uri: &http::Uri) -> String {
     let scheme = uri.scheme_str().unwrap_or("https");
     let host = uri.host().unwrap_or("?");
+    let path = uri.path().trim_end_matches('/');
+    let path = if path.starts_with("/clusters/") {
+        path
+    } else {
+        ""
+    };
     match uri.port_u16() {
-        Some(p) => format!("{scheme}://{host}:{p}"),
-        None => format!("{scheme}://{host}"),
+        Some(p) => format!("{scheme}://{host}:{p}{path}"),
+        None => format!("{scheme}://{host}{path}"),
     }
 }
 
@@ -742,8 +1126,11 @@ fn build_client(config: kube::Config, opened: Arc<AtomicU64>) -> Result<kube::Cl
     http.enforce_http(false);
     http.set_nodelay(true);
     http.set_connect_timeout(config.connect_timeout.or(Some(Duration::from_secs(30))));
+    // A dead peer is noticed within about two minutes even on an idle HTTP/1.1 watch.
     http.set_keepalive(Some(Duration::from_secs(60)));
-    let tls = config.rustls_client_config().map_err(|e| e.to_string())?;
+    http.set_keepalive_interval(Some(Duration::from_secs(15)));
+    http.set_keepalive_retries(Some(4));
+    let tls = config.rustls_client_config().map_err(|e| kube_words(&e))?;
     let mut builder = hyper_rustls::HttpsConnectorBuilder::new()
         .with_tls_config(tls)
         .https_or_http();
@@ -766,8 +1153,8 @@ fn build_client(config: kube::Config, opened: Arc<AtomicU64>) -> Result<kube::Cl
         .http2_keep_alive_timeout(Duration::from_secs(20))
         .http2_keep_alive_while_idle(true)
         .build(https);
-    let auth = config.auth_layer().map_err(|e| e.to_string())?;
-    let headers = config.extra_headers_layer().map_err(|e| e.to_string())?;
+    let auth = config.auth_layer().map_err(|e| kube_words(&e))?;
+    let headers = config.extra_headers_layer().map_err(|e| kube_words(&e))?;
     let service = ServiceBuilder::new()
         .layer(config.base_uri_layer())
         .option_layer(auth)
@@ -846,6 +1233,24 @@ mod tests {
         let u: http::Uri = "https://user:pw@10.0.0.1:6443/clusters/x?token=y"
             .parse()
             .unwrap();
-        assert_eq!(redacted(&u), "https://10.0.0.1:6443");
+        assert_eq!(redacted(&u), "https://10.0.0.1:6443/clusters/x");
+        let u: http::Uri = "https://10.0.0.1/k8s/".parse().unwrap();
+        assert_eq!(redacted(&u), "https://10.0.0.1");
+    }
+
+    #[test]
+    fn exec_failures_never_quote_the_plugin() {
+        use std::os::unix::process::ExitStatusExt;
+        let e = kube::client::AuthError::AuthExecRun {
+            cmd: "kubelogin --client-secret=s3cret".into(),
+            out: Box::new(std::process::Output {
+                status: std::process::ExitStatus::from_raw(256),
+                stdout: b"token: s3cret".to_vec(),
+                stderr: b"VAULT_TOKEN=s3cret".to_vec(),
+            }),
+        };
+        let words = kube_words(&kube::Error::Auth(e));
+        assert!(!words.contains("s3cret"), "{words}");
+        assert!(words.contains("exec credential plugin failed"), "{words}");
     }
 }

@@ -201,8 +201,9 @@ impl K8s {
     }
 
     /// Builds the client of each configured kubeconfig's current context now, so a
-    /// kubeconfig the native client cannot handle is refused at start; the default
-    /// kubeconfig only warns (it may appear later). Nothing with `--watch-via kubectl`.
+    /// kubeconfig herald's client cannot handle is refused at start (credentials that fail
+    /// only warn: they may work later); the default kubeconfig only warns (it may appear
+    /// later). Nothing with `--watch-via kubectl`.
     pub async fn check_kubeconfigs(&self, names: &[String]) -> Result<(), SourceError> {
         let Via::Api(api) = &self.via else {
             return Ok(());
@@ -218,7 +219,14 @@ impl K8s {
                 kubeconfig: Some(n.clone()),
                 ..Default::default()
             };
-            api.client(&cluster).await?;
+            match api.client_or_why(&cluster).await {
+                Ok(_) => {}
+                Err(api::BuildError::Config(e)) => return Err(e),
+                // Credentials may come later (a plugin logged in, a token file written).
+                Err(api::BuildError::Credentials(e)) => {
+                    tracing::warn!(kubeconfig = %n, error = %e, "no credentials yet; watches fail until there are")
+                }
+            }
         }
         Ok(())
     }

@@ -29,7 +29,7 @@ use crate::mcp::backoff::Backoff;
 use crate::mcp::hub::ChangeFeed;
 use crate::mcp::ring::EventRing;
 use crate::mcp::source::{Contents, SourceError};
-use crate::source::k8s::api::{Api, ApiError};
+use crate::source::k8s::api::{Api, ApiError, ApiType};
 use crate::source::k8s::known::{Change, Known};
 use crate::source::k8s::kubectl::Kubectl;
 use crate::source::k8s::stream::{Item, JsonStream};
@@ -74,6 +74,18 @@ enum End {
     /// It failed; `relist`: what the watcher knows may be out of date (410 Gone, output it
     /// could not parse), so list again before watching.
     Failed { why: String, relist: bool },
+    /// 404: the type is not where discovery said; look it up again and list.
+    Missing(String),
+}
+
+/// A delay in `[0, max)` that differs between URIs and over time (no RNG needed for that).
+fn jitter(uri: &str, max: Duration) -> Duration {
+    use std::hash::{Hash, Hasher};
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    uri.hash(&mut h);
+    std::time::SystemTime::now().hash(&mut h);
+    let ms = max.as_millis().max(1) as u64;
+    Duration::from_millis(h.finish() % ms)
 }
 
 /// A handle on a running watcher; the last one dropped stops it.
@@ -249,22 +261,27 @@ impl Task {
         let mut short_runs = 0u32;
         // None: list (again) before watching.
         let mut rv: Option<String> = None;
+        // The resource type, resolved once (again after a 404: it moved).
+        let mut ty: Option<ApiType> = None;
+        let mut moved = false;
         loop {
             if rv.is_none() {
                 let listed = tokio::select! {
                     _ = self.stop.cancelled() => return,
-                    r = api.list(&self.sel) => r,
+                    r = self.list_api(&api, &mut ty, moved) => r,
                 };
+                moved = false;
                 match listed {
                     Ok((items, list_rv)) => {
                         self.listed(items);
                         rv = Some(list_rv);
                     }
                     Err(e) => {
-                        let e = match e {
-                            ApiError::Gone(m) => SourceError::Unavailable(m),
-                            ApiError::Other(e) => e,
-                        };
+                        if matches!(e, ApiError::Missing(_)) {
+                            ty = None;
+                            moved = true;
+                        }
+                        let e = e.into_source();
                         if self.known.is_none() {
                             self.seed.send_replace(Seed::Failed(e.clone()));
                         }
@@ -277,18 +294,30 @@ impl Task {
                     }
                 }
             }
+            let Some(t) = ty.clone() else {
+                rv = None;
+                continue;
+            };
             let started = Instant::now();
-            let from = rv.clone().unwrap_or_default();
-            let mut at = from.clone();
-            let end = self.stream_api(&api, &mut at).await;
+            let mut at = rv.clone().unwrap_or_default();
+            let end = self.stream_api(&api, &t, &mut at).await;
             rv = Some(at);
             let healthy = started.elapsed() >= HEALTHY;
+            let mut failed = false;
             match end {
                 End::Stopped => return,
                 End::Ended => {
                     tracing::debug!(uri = %self.uri, "the watch stream ended; watching again");
                 }
+                End::Missing(why) => {
+                    failed = true;
+                    rv = None;
+                    ty = None;
+                    moved = true;
+                    self.error(format!("{why}; looking the resource type up again"));
+                }
                 End::Failed { why, relist } => {
+                    failed = true;
                     if relist {
                         rv = None;
                         self.error(format!("{why}; re-listing"));
@@ -298,21 +327,52 @@ impl Task {
                 }
             }
             short_runs = if healthy { 0 } else { short_runs + 1 };
-            if short_runs > 0
-                && self
-                    .pause(RECONNECT.delay(short_runs.saturating_sub(1)))
-                    .await
-            {
+            let pause = if short_runs > 0 {
+                RECONNECT.delay(short_runs.saturating_sub(1))
+            } else if failed {
+                // A long-lived stream that broke (its connection died, as every other watch
+                // on it did): spread the reconnects of a cluster's watchers over a moment.
+                jitter(&self.uri, Duration::from_millis(500))
+            } else {
+                Duration::ZERO
+            };
+            if !pause.is_zero() && self.pause(pause).await {
                 return;
             }
         }
     }
 
+    /// Lists the selection, resolving its type first when it is not known (`fresh`: after a
+    /// 404, discovering again); a list that 404s is tried once more after a fresh look-up.
+    async fn list_api(
+        &self,
+        api: &Api,
+        ty: &mut Option<ApiType>,
+        fresh: bool,
+    ) -> Result<(Vec<Value>, String), ApiError> {
+        let t = match ty {
+            Some(t) => t.clone(),
+            None => {
+                let t = api.resolve(&self.sel, fresh).await?;
+                *ty = Some(t.clone());
+                t
+            }
+        };
+        match api.list(&t, &self.sel).await {
+            Err(ApiError::Missing(_)) if !fresh => {
+                let t = api.resolve(&self.sel, true).await?;
+                *ty = Some(t.clone());
+                api.list(&t, &self.sel).await
+            }
+            r => r,
+        }
+    }
+
     /// One watch over the API from `rv` to its end; `rv` follows every event and BOOKMARK.
-    async fn stream_api(&mut self, api: &Api, rv: &mut String) -> End {
+    async fn stream_api(&mut self, api: &Api, t: &ApiType, rv: &mut String) -> End {
         let opened = tokio::select! {
             _ = self.stop.cancelled() => return End::Stopped,
-            w = api.watch(&self.sel, rv) => w,
+            w = api.watch(t, &self.sel, rv) => w,
         };
         let mut body = match opened {
             Ok(b) => b,
@@ -322,6 +382,7 @@ impl Task {
                     relist: true,
                 };
             }
+            Err(ApiError::Missing(e)) => return End::Missing(e.to_string()),
             Err(ApiError::Other(e)) => {
                 return End::Failed {
                     why: e.to_string(),
