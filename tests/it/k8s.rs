@@ -793,3 +793,68 @@ async fn a_kubeconfig_the_client_cannot_use_is_refused_at_start() {
     assert!(err.contains("proxy-url"), "{err}");
     assert!(err.contains("--watch-via kubectl"), "{err}");
 }
+
+#[tokio::test]
+async fn a_stream_cut_mid_chunk_is_watched_again_without_an_error() {
+    let s = setup(&[]).await;
+    let uri = "k8s-events://watch/configmaps?namespace=default";
+    let mut w = watch(&s, uri);
+    w.event("watch.subscribed", "cm").await;
+    s.api.wait("a watch", |a| a.watches() == 1).await;
+    s.api
+        .cut_watches_and(|gap| gap.put("", "default", "meanwhile", json!({})));
+    assert_eq!(
+        lines_until(&mut w, "meanwhile").await,
+        ["ADDED default/meanwhile"]
+    );
+    let events = event_log(&s, uri).await;
+    assert!(
+        events.iter().all(|e| e["type"] != "ERROR"),
+        "a cut connection is an end, not an error: {events:?}"
+    );
+    assert_eq!(watch_requests(&s.api), 2);
+    w.terminate().await;
+}
+
+#[tokio::test]
+async fn refused_credentials_are_minted_again_by_the_exec_plugin() {
+    // The plugin prints whatever token the file holds; the server starts refusing the first
+    // one. The client is built again (the plugin run again) and the watch carries on.
+    let api = FakeApi::start().await;
+    api.require_token("t1");
+    let dir = TempDir::new("k8s-exec-401");
+    let plugin = dir.path().join("plugin.sh");
+    let tok = dir.path().join("tok");
+    std::fs::write(&tok, "t1").unwrap();
+    std::fs::write(
+        &plugin,
+        format!(
+            "#!/bin/sh\nprintf '{{\"apiVersion\": \"client.authentication.k8s.io/v1\", \"kind\": \"ExecCredential\", \"status\": {{\"token\": \"%s\"}}}}' \"$(cat {})\"\n",
+            tok.display()
+        ),
+    )
+    .unwrap();
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(&plugin, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let kc = api.kubeconfig_with(
+        dir.path(),
+        json!({"exec": {"apiVersion": "client.authentication.k8s.io/v1",
+                        "command": plugin.to_str().unwrap()}}),
+    );
+    let s = setup_on(api, dir, &kc, &[]).await;
+    let uri = "k8s-events://watch/configmaps?namespace=default";
+    let mut w = watch(&s, uri);
+    w.event("watch.subscribed", "cm").await;
+    s.api.wait("a watch", |a| a.watches() == 1).await;
+    std::fs::write(&tok, "t2").unwrap();
+    s.api.require_token("t2");
+    s.api.drop_watches_and(|gap| gap.put("", "default", "later", json!({})));
+    let lines = lines_until(&mut w, "later").await;
+    assert_eq!(lines.last().map(String::as_str), Some("ADDED default/later"));
+    assert!(
+        lines[..lines.len() - 1].iter().all(|l| l.contains("401")),
+        "only the refusals came before it: {lines:?}"
+    );
+    assert_eq!(s.api.tokens().last().map(String::as_str), Some("t2"));
+    w.terminate().await;
+}

@@ -15,7 +15,6 @@
 //! [`FakeApi::wait`], never a sleep. `tests/bench/k8s.rs` includes this file too.
 
 use std::collections::BTreeMap;
-use std::convert::Infallible;
 use std::sync::{Arc, Mutex};
 
 use axum::body::Body;
@@ -55,7 +54,7 @@ struct Watch {
     ws: String,
     ns: Option<String>,
     labels: Option<(String, String)>,
-    tx: mpsc::UnboundedSender<Result<Vec<u8>, Infallible>>,
+    tx: mpsc::UnboundedSender<Result<Vec<u8>, std::io::Error>>,
 }
 
 #[derive(Clone)]
@@ -575,6 +574,19 @@ impl FakeApi {
         inner.watches = open;
         drop(inner);
         self.expire_watches();
+    }
+
+    /// Cuts every watch stream's connection in the middle of a chunk (no terminating chunk:
+    /// what a proxy or a dying server does), then makes `gap`'s changes.
+    pub fn cut_watches_and(&self, gap: impl FnOnce(&mut Gap)) {
+        let mut inner = self.inner.lock().unwrap();
+        for w in inner.watches.drain(..) {
+            let _ = w.tx.send(Ok(b"{\"type\":\"MODIF".to_vec()));
+            let _ = w.tx.send(Err(std::io::Error::other("cut")));
+        }
+        gap(&mut Gap(&mut inner));
+        drop(inner);
+        self.changed.notify_waiters();
     }
 
     /// Open watch streams (a closed client is noticed when the next event is sent, so this
