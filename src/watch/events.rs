@@ -342,6 +342,51 @@ pub struct LogCursor {
     pub last: Option<u64>,
 }
 
+/// [`extract_log`] on a read's text, building in full only the events it can return: the
+/// others (those at or below the cursor, most of a busy ring) are only scanned for their
+/// `seq`. Same result as parsing the whole body and calling [`extract_log`].
+pub fn extract_log_text(cursor: LogCursor, text: &str) -> Result<(Vec<Event>, LogCursor), String> {
+    use serde_json::value::RawValue;
+    #[derive(serde::Deserialize)]
+    struct Log<'a> {
+        #[serde(borrow)]
+        events: Vec<&'a RawValue>,
+    }
+    #[derive(serde::Deserialize)]
+    struct Seq {
+        seq: Option<Value>,
+    }
+    const SHAPE: &str = "an event-log read must be {\"events\":[...]}";
+    let log: Log = serde_json::from_str(text).map_err(|_| SHAPE.to_owned())?;
+    let held: Vec<(u64, &RawValue)> = log
+        .events
+        .iter()
+        .filter_map(|r| {
+            let s = serde_json::from_str::<Seq>(r.get()).ok()?.seq?;
+            Some((s.as_u64()?, *r))
+        })
+        .collect();
+    let newest = held.iter().map(|(s, _)| *s).max();
+    let oldest = held.iter().map(|(s, _)| *s).min();
+    // What extract_log looks at: the oldest and newest seqs, and every event past the
+    // cursor (all of them when the log restarted below it).
+    let keep = |s: u64| match cursor.last {
+        None => Some(s) == newest,
+        Some(last) => {
+            newest.is_some_and(|n| n < last) || s > last || Some(s) == oldest || Some(s) == newest
+        }
+    };
+    let mut events = Vec::new();
+    for (s, r) in held {
+        if keep(s) {
+            events.push(serde_json::from_str::<Value>(r.get()).map_err(|e| e.to_string())?);
+        }
+    }
+    let mut body = Map::new();
+    body.insert("events".into(), Value::Array(events));
+    extract_log(cursor, &Value::Object(body))
+}
+
 /// Reads an event-log body (`{"events":[...]}`) against `cursor`: returns the events with seq
 /// greater than the last seen (a `GAP` first when the oldest held seq is beyond last + 1; a
 /// `GAP` with `reset` when the log restarted below the cursor) and the new cursor. The first
@@ -619,6 +664,42 @@ mod tests {
             at_path(&a, "spec.template"),
             Some(&json!({"spec": {"containers": [1]}}))
         );
+    }
+
+    /// The text path gives what the whole-body path gives, for cursors before, inside,
+    /// after and beyond the log, and for a log that restarted.
+    #[test]
+    fn the_text_path_agrees_with_the_whole_body() {
+        let logs = [
+            json!({"events": []}),
+            json!({"events": [{"seq": 5, "type": "ADDED", "object": {"a": 1}}]}),
+            json!({"events": [
+                {"seq": 7, "type": "ADDED", "object": {"k": "x"}},
+                {"type": "ERROR", "message": "no seq"},
+                {"seq": 8, "type": "MODIFIED", "object": {"k": "y"}, "old": {"k": "x"}},
+                {"seq": 9, "type": "MODIFIED", "object": {"k": "y", "resourceVersion": "2"}, "old": {"k": "y", "resourceVersion": "1"}},
+                {"seq": 11, "type": "DELETED", "object": {"k": "y"}}
+            ]}),
+        ];
+        for log in &logs {
+            for last in [
+                None,
+                Some(0),
+                Some(1),
+                Some(6),
+                Some(7),
+                Some(8),
+                Some(10),
+                Some(11),
+                Some(50),
+            ] {
+                let cursor = LogCursor { last };
+                let whole = extract_log(cursor, log).unwrap();
+                let text = extract_log_text(cursor, &log.to_string()).unwrap();
+                assert_eq!(whole, text, "cursor {last:?} on {log}");
+            }
+        }
+        assert!(extract_log_text(LogCursor::default(), "[1]").is_err());
     }
 
     fn log(seqs: &[u64]) -> Value {

@@ -20,7 +20,9 @@ use crate::filter::engine::Outcome as FilterOutcome;
 use crate::filter::pool::FilterError;
 use crate::mcp::source::Body;
 use crate::mcp::upstream::{Live, REQUEST_TIMEOUT, Upstream, contents};
-use crate::watch::events::{Event, LogCursor, StateBase, diff_reads, extract_log};
+use crate::watch::events::{
+    Event, LogCursor, StateBase, diff_reads, extract_log, extract_log_text,
+};
 use crate::watch::manager::WatchManager;
 use crate::watch::notice::{Debounce, Dedupe, Line, default_line, object_key, sanitize_line};
 use crate::watch::spec::{Notice, WatchError, WatchSpec};
@@ -448,10 +450,7 @@ impl WatchTask {
                 *old = new;
                 evs
             }
-            Baseline::Log(cursor) => match serde_json::from_str::<Value>(&r.text)
-                .map_err(|e| e.to_string())
-                .and_then(|body| extract_log(*cursor, &body))
-            {
+            Baseline::Log(cursor) => match extract_log_text(*cursor, &r.text) {
                 Ok((evs, c)) => {
                     *cursor = c;
                     evs

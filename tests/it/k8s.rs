@@ -848,9 +848,13 @@ async fn refused_credentials_are_minted_again_by_the_exec_plugin() {
     s.api.wait("a watch", |a| a.watches() == 1).await;
     std::fs::write(&tok, "t2").unwrap();
     s.api.require_token("t2");
-    s.api.drop_watches_and(|gap| gap.put("", "default", "later", json!({})));
+    s.api
+        .drop_watches_and(|gap| gap.put("", "default", "later", json!({})));
     let lines = lines_until(&mut w, "later").await;
-    assert_eq!(lines.last().map(String::as_str), Some("ADDED default/later"));
+    assert_eq!(
+        lines.last().map(String::as_str),
+        Some("ADDED default/later")
+    );
     assert!(
         lines[..lines.len() - 1].iter().all(|l| l.contains("401")),
         "only the refusals came before it: {lines:?}"
