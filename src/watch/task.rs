@@ -20,9 +20,7 @@ use crate::filter::engine::Outcome as FilterOutcome;
 use crate::filter::pool::FilterError;
 use crate::mcp::source::Body;
 use crate::mcp::upstream::{Live, REQUEST_TIMEOUT, Upstream, contents};
-use crate::watch::events::{
-    Event, LogCursor, StateBase, diff_reads, extract_log, extract_log_text,
-};
+use crate::watch::events::{Event, LogCursor, StateBase, diff_reads, extract_log_text};
 use crate::watch::manager::WatchManager;
 use crate::watch::notice::{Debounce, Dedupe, Line, default_line, object_key, sanitize_line};
 use crate::watch::spec::{Notice, WatchError, WatchSpec};
@@ -699,7 +697,9 @@ mod tests {
     #[test]
     fn a_repeated_line_for_the_same_object_is_dropped() {
         let mut t = task(fast());
-        let (_, cursor) = extract_log(LogCursor::default(), &json!({"events": []})).unwrap();
+        let (_, cursor) =
+            crate::watch::events::extract_log(LogCursor::default(), &json!({"events": []}))
+                .unwrap();
         let mut base = Baseline::Log(cursor);
         let log = json!({"events": [
             {"seq": 1, "type": "ADDED", "key": "k"},
