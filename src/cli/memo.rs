@@ -3,7 +3,7 @@
 use crate::mcp::context::RoleContext;
 use clap::Args;
 
-use crate::cli::serve::{ServeArgs, begin, serve_until_stopped};
+use crate::cli::serve::{ServeArgs, begin, role_store, serve_until_stopped};
 use crate::cli::{Exit, Globals};
 use crate::mcp::ring::DEFAULT_RING_CAPACITY;
 use crate::source::memo::{Memo, default_max_notes_bytes};
@@ -20,17 +20,71 @@ pub struct MemoArgs {
     /// fits [default: 2097152 (2 MiB), half the default message limit].
     #[arg(long, value_name = "BYTES")]
     pub max_notes_bytes: Option<usize>,
+    #[command(flatten)]
+    pub nats: NatsArgs,
+}
+
+/// Where a role keeps its state: the embedded store (the default) or NATS JetStream.
+#[derive(Debug, Args)]
+#[command(next_help_heading = "Backend")]
+pub struct NatsArgs {
+    /// Keep the notes in a NATS JetStream key-value bucket shared with other hosts, instead of
+    /// the store: nats://HOST:PORT (comma-separated for a cluster; tls://… for TLS)
+    /// [default: the embedded store].
+    #[arg(long, value_name = "URL")]
+    pub backend: Option<String>,
+    /// The key-value bucket (with --backend).
+    #[arg(long, default_value = crate::source::memo::nats::DEFAULT_BUCKET, value_name = "NAME")]
+    pub nats_bucket: String,
+    /// A NATS credentials file (.creds: JWT and nkey seed) [default: none].
+    #[arg(long, value_name = "FILE")]
+    pub nats_creds: Option<std::path::PathBuf>,
+    /// A file holding an nkey seed [default: none].
+    #[arg(long, value_name = "FILE")]
+    pub nats_nkey: Option<std::path::PathBuf>,
+    /// A CA certificate (PEM) to verify the NATS servers with; TLS is then required
+    /// [default: none].
+    #[arg(long, value_name = "FILE")]
+    pub nats_tls_ca: Option<std::path::PathBuf>,
+}
+
+impl NatsArgs {
+    /// The NATS settings, when --backend names NATS.
+    pub fn config(&self) -> Option<crate::source::memo::nats::NatsConfig> {
+        let urls = self.backend.clone()?;
+        Some(crate::source::memo::nats::NatsConfig {
+            urls,
+            creds: self.nats_creds.clone(),
+            nkey: self.nats_nkey.clone(),
+            tls_ca: self.nats_tls_ca.clone(),
+            bucket: self.nats_bucket.clone(),
+        })
+    }
 }
 
 pub async fn run(args: MemoArgs, globals: &Globals) -> Result<(), Exit> {
     let ctx = RoleContext::new("memo");
-    let store = globals.open_store().await?;
+    let nats = args.nats.config();
+    if let Some(n) = &nats {
+        n.check()
+            .map_err(|e| crate::cli::usage(anyhow::anyhow!("{e}")))?;
+    }
+    // With NATS the notes are not kept here: a store only for what else needs one (a QUIC
+    // identity, tasks), as the roles without state do.
+    let store = match &nats {
+        None => globals.open_store().await?,
+        Some(_) => role_store(&args.serve.options(), globals).await?,
+    };
     let admin = begin(&args.serve, &ctx, globals, &store).await?;
     let max_notes = args
         .max_notes_bytes
         .unwrap_or(default_max_notes_bytes(args.serve.max_message_bytes));
-    let memo = Memo::open(store.clone(), args.ring_capacity)
-        .await?
-        .with_max_notes_bytes(max_notes);
+    let memo = match &nats {
+        None => Memo::open(store.clone(), args.ring_capacity).await?,
+        Some(n) => Memo::open_nats(n, args.ring_capacity, &ctx)
+            .await
+            .map_err(|e| anyhow::anyhow!("{e}"))?,
+    }
+    .with_max_notes_bytes(max_notes);
     serve_until_stopped(memo, &args.serve.options(), admin, &store, ctx, globals).await
 }

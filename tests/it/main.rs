@@ -19,6 +19,7 @@ mod kube_fake;
 mod legacy;
 mod manager;
 mod memo;
+mod nats;
 mod poll;
 mod slack;
 mod slack_fake;

@@ -5,6 +5,11 @@
 //! (store commit, then memory, then the log, then the notification), so the log's order is the
 //! store's order and a reader that gets a notification always reads the change it announces.
 //!
+//! With `--backend nats://…` ([`nats`]) the notes live in a NATS JetStream key-value bucket
+//! instead of the store: a write is a KV put, and every change, this host's or another's,
+//! reaches memory, the log and the notification through the bucket's watch, in the bucket's
+//! order; a write returns once the watch has applied it, so a read after it sees it.
+//!
 //! The notes are bounded in total size ([`DEFAULT_MAX_NOTES_BYTES`], `--max-notes-bytes`): the
 //! total of keys and values as stored is kept as each write changes it, and a `memo_set` that
 //! would take it past the limit is refused before anything is written.
@@ -29,6 +34,8 @@ use crate::mcp::source::{
 use crate::mcp::tasks;
 use crate::store::{Store, StoreError, Table};
 
+pub mod nats;
+
 pub const NOTES_URI: &str = "memo://notes";
 pub const LOG_URI: &str = "memo://log";
 /// The event type over `memo://log` (MCP Events).
@@ -51,17 +58,79 @@ pub const fn default_max_notes_bytes(max_message_bytes: usize) -> usize {
 pub const DEFAULT_MAX_NOTES_BYTES: usize = default_max_notes_bytes(DEFAULT_MAX_MESSAGE_BYTES);
 
 pub struct Memo {
+    state: std::sync::Arc<State>,
+    backend: Backend,
+    /// The most `writes` may hold after a write that grows the notes.
+    max_notes_bytes: usize,
+}
+
+/// Where the notes are kept.
+enum Backend {
+    Store(Store),
+    Nats(nats::Notes),
+}
+
+/// What the memo holds in memory, shared with the NATS watch that applies changes.
+pub struct State {
     notes: RwLock<BTreeMap<String, Value>>,
-    store: Store,
     log: EventRing,
     feed: ChangeFeed,
     /// Held across a write (writes are serialized): the notes' total size in bytes, each
     /// note's key plus its value as stored ([`stored_len`]), changed by each write.
     writes: tokio::sync::Mutex<usize>,
-    /// The most `writes` may hold after a write that grows the notes.
-    max_notes_bytes: usize,
     /// Bumped after every change, for `memo_wait`.
     version: tokio::sync::watch::Sender<u64>,
+}
+
+impl std::ops::Deref for Memo {
+    type Target = State;
+    fn deref(&self) -> &State {
+        &self.state
+    }
+}
+
+impl State {
+    fn new(notes: BTreeMap<String, Value>, total: usize, ring_capacity: usize) -> State {
+        State {
+            notes: RwLock::new(notes),
+            log: EventRing::new(ring_capacity),
+            feed: ChangeFeed::new(),
+            writes: tokio::sync::Mutex::new(total),
+            version: tokio::sync::watch::Sender::new(0),
+        }
+    }
+
+    /// Takes a change into memory (its total size already in `total`), logs and announces it.
+    fn applied(&self, key: &str, value: Option<Value>, old: Option<Value>) {
+        let mut f = Map::new();
+        f.insert("key".into(), Value::from(key));
+        let kind = {
+            let mut notes = self.notes.write().unwrap_or_else(|e| e.into_inner());
+            match (value, old) {
+                (Some(v), old) => {
+                    notes.insert(key.to_owned(), v.clone());
+                    f.insert("object".into(), v);
+                    match old {
+                        Some(old) => {
+                            f.insert("old".into(), old);
+                            "MODIFIED"
+                        }
+                        None => "ADDED",
+                    }
+                }
+                (None, Some(old)) => {
+                    notes.remove(key);
+                    f.insert("object".into(), old);
+                    "DELETED"
+                }
+                (None, None) => return,
+            }
+        };
+        self.log.push(kind, f);
+        self.feed.publish(NOTES_URI);
+        self.feed.publish(LOG_URI);
+        self.version.send_modify(|v| *v += 1);
+    }
 }
 
 /// `memo_wait`'s default and longest wait.
@@ -84,13 +153,26 @@ impl Memo {
             }
         }
         Ok(Memo {
-            notes: RwLock::new(notes),
-            store,
-            log: EventRing::new(ring_capacity),
-            feed: ChangeFeed::new(),
-            writes: tokio::sync::Mutex::new(total),
+            state: std::sync::Arc::new(State::new(notes, total, ring_capacity)),
+            backend: Backend::Store(store),
             max_notes_bytes: DEFAULT_MAX_NOTES_BYTES,
-            version: tokio::sync::watch::Sender::new(0),
+        })
+    }
+
+    /// The notes in the NATS key-value bucket `cfg` names (nothing kept in the store):
+    /// connects, loads the bucket and follows its changes from every host, until `ctx` shuts
+    /// down.
+    pub async fn open_nats(
+        cfg: &nats::NatsConfig,
+        ring_capacity: usize,
+        ctx: &crate::mcp::context::RoleContext,
+    ) -> Result<Memo, String> {
+        let state = std::sync::Arc::new(State::new(BTreeMap::new(), 0, ring_capacity));
+        let notes = nats::Notes::open(cfg, state.clone(), ctx).await?;
+        Ok(Memo {
+            state,
+            backend: Backend::Nats(notes),
+            max_notes_bytes: DEFAULT_MAX_NOTES_BYTES,
         })
     }
 
@@ -99,7 +181,7 @@ impl Memo {
     /// the last run's) are kept, and a write that does not grow them is still taken, so they
     /// can be brought back under it.
     pub fn with_max_notes_bytes(mut self, max: usize) -> Memo {
-        let total = *self.writes.get_mut();
+        let total = self.writes.try_lock().map_or(0, |t| *t);
         if total > max {
             tracing::warn!(
                 total,
@@ -165,29 +247,22 @@ impl Memo {
                 total = *total,
             )));
         }
-        self.store
-            .put(Table::Notes, key, bytes)
-            .await
-            .map_err(|e| SourceError::Unavailable(e.to_string()))?;
-        *total = after;
-        self.notes
-            .write()
-            .unwrap_or_else(|e| e.into_inner())
-            .insert(key.to_owned(), value.clone());
-        let mut f = Map::new();
-        f.insert("key".into(), Value::from(key));
-        f.insert("object".into(), value);
-        let kind = match old {
-            Some(old) => {
-                f.insert("old".into(), old);
-                "MODIFIED"
+        match &self.backend {
+            Backend::Store(store) => {
+                store
+                    .put(Table::Notes, key, bytes)
+                    .await
+                    .map_err(|e| SourceError::Unavailable(e.to_string()))?;
+                *total = after;
+                self.state.applied(key, Some(value), old);
             }
-            None => "ADDED",
-        };
-        self.log.push(kind, f);
-        self.feed.publish(NOTES_URI);
-        self.feed.publish(LOG_URI);
-        self.version.send_modify(|v| *v += 1);
+            Backend::Nats(n) => {
+                // The bucket's watch applies it (and the total) in the bucket's order.
+                let revision = n.put(key, bytes).await?;
+                drop(total);
+                n.applied(revision).await?;
+            }
+        }
         Ok(true)
     }
 
@@ -204,22 +279,21 @@ impl Memo {
         else {
             return Ok(false);
         };
-        self.store
-            .delete(Table::Notes, key)
-            .await
-            .map_err(|e| SourceError::Unavailable(e.to_string()))?;
-        *total -= key.len() + stored_len(&old);
-        self.notes
-            .write()
-            .unwrap_or_else(|e| e.into_inner())
-            .remove(key);
-        let mut f = Map::new();
-        f.insert("key".into(), Value::from(key));
-        f.insert("object".into(), old);
-        self.log.push("DELETED", f);
-        self.feed.publish(NOTES_URI);
-        self.feed.publish(LOG_URI);
-        self.version.send_modify(|v| *v += 1);
+        match &self.backend {
+            Backend::Store(store) => {
+                store
+                    .delete(Table::Notes, key)
+                    .await
+                    .map_err(|e| SourceError::Unavailable(e.to_string()))?;
+                *total -= key.len() + stored_len(&old);
+                self.state.applied(key, None, Some(old));
+            }
+            Backend::Nats(n) => {
+                let revision = n.delete(key).await?;
+                drop(total);
+                n.applied(revision).await?;
+            }
+        }
         Ok(true)
     }
 

@@ -1,0 +1,355 @@
+//! Memo notes in a NATS JetStream key-value bucket (`--backend nats://HOST:PORT[,…]`), so
+//! several hosts read and write one set of notes and each host's listeners hear every host's
+//! changes.
+//!
+//! - **One path for every change.** A write is a KV put or delete; the bucket's watch (from
+//!   every host) is what applies it to memory, the size total, `memo://log` and the
+//!   notification, in the bucket's order. A write returns once this host's watch has applied
+//!   its revision, so a read after `memo_set` sees it, as with the store.
+//! - **Start.** The watch's first pass delivers the latest value of every key; those are the
+//!   baseline (no log events). [`Notes::open`] returns when it is through: the entry at the
+//!   bucket's last revision (taken before the watch) has come, or the pending count is zero.
+//! - **Connection.** async-nats reconnects by itself; the watch is an ordered consumer that
+//!   resumes where it was. A watch that ends is opened again from the last revision applied.
+//!   Nothing of the notes is kept locally.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_nats::jetstream::kv;
+use futures::StreamExt;
+use serde_json::Value;
+
+use crate::mcp::context::RoleContext;
+use crate::mcp::source::SourceError;
+use crate::source::memo::{State, stored_len};
+
+/// The bucket when none is named.
+pub const DEFAULT_BUCKET: &str = "herald_memo";
+/// How long a write waits for the bucket's answer, and then for the watch to apply it.
+const WRITE_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long the first connect and the baseline may take.
+const START_TIMEOUT: Duration = Duration::from_secs(20);
+/// Revisions kept per key (KV history).
+const HISTORY: i64 = 16;
+
+/// How to reach NATS.
+#[derive(Debug, Clone, Default)]
+pub struct NatsConfig {
+    /// `nats://host:port[,nats://host:port…]` (or `tls://…`).
+    pub urls: String,
+    /// A `.creds` file (JWT and nkey seed).
+    pub creds: Option<PathBuf>,
+    /// A file holding an nkey seed.
+    pub nkey: Option<PathBuf>,
+    /// A CA certificate (PEM) to trust for TLS, which it then requires.
+    pub tls_ca: Option<PathBuf>,
+    /// The key-value bucket.
+    pub bucket: String,
+}
+
+impl NatsConfig {
+    /// The server list as given, without userinfo (for messages).
+    pub fn redacted(&self) -> String {
+        self.urls
+            .split(',')
+            .map(|u| match (u.find("://"), u.rfind('@')) {
+                (Some(s), Some(at)) if at > s => format!("{}{}", &u[..s + 3], &u[at + 1..]),
+                _ => u.to_owned(),
+            })
+            .collect::<Vec<_>>()
+            .join(",")
+    }
+
+    /// Checks what can be checked without connecting.
+    pub fn check(&self) -> Result<(), String> {
+        for u in self.urls.split(',') {
+            let scheme_ok = ["nats://", "tls://"].iter().any(|s| u.starts_with(s));
+            if !scheme_ok || u.len() <= "nats://".len() {
+                return Err(format!(
+                    "--backend {u:?} is not a NATS server; give nats://HOST:PORT (comma-separated for a cluster)"
+                ));
+            }
+        }
+        for (flag, path) in [
+            ("--nats-creds", &self.creds),
+            ("--nats-nkey", &self.nkey),
+            ("--nats-tls-ca", &self.tls_ca),
+        ] {
+            if let Some(p) = path
+                && !p.is_file()
+            {
+                return Err(format!("{flag} {}: no such file", p.display()));
+            }
+        }
+        if self.bucket.is_empty()
+            || !self
+                .bucket
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
+        {
+            return Err(format!(
+                "bucket name {:?}: use letters, digits, '_' and '-'",
+                self.bucket
+            ));
+        }
+        Ok(())
+    }
+
+    /// Connects (the reconnects after are async-nats's own).
+    pub async fn connect(&self) -> Result<async_nats::Client, String> {
+        self.check()?;
+        let mut opts = async_nats::ConnectOptions::new()
+            .name("herald")
+            .connection_timeout(Duration::from_secs(5))
+            .event_callback(|ev| async move {
+                match ev {
+                    async_nats::Event::Disconnected => {
+                        tracing::warn!("NATS connection lost; reconnecting")
+                    }
+                    async_nats::Event::Connected => tracing::info!("NATS connected"),
+                    other => tracing::debug!(event = %other, "NATS"),
+                }
+            });
+        if let Some(c) = &self.creds {
+            opts = opts
+                .credentials_file(c)
+                .await
+                .map_err(|e| format!("--nats-creds {}: {e}", c.display()))?;
+        }
+        if let Some(n) = &self.nkey {
+            let seed = std::fs::read_to_string(n)
+                .map_err(|e| format!("--nats-nkey {}: {e}", n.display()))?;
+            opts = opts.nkey(seed.trim().to_owned());
+        }
+        if let Some(ca) = &self.tls_ca {
+            opts = opts.add_root_certificates(ca.clone()).require_tls(true);
+        }
+        let urls: Vec<async_nats::ServerAddr> = self
+            .urls
+            .split(',')
+            .map(|u| u.parse())
+            .collect::<Result<_, _>>()
+            .map_err(|e| format!("--backend {}: {e}", self.redacted()))?;
+        opts.connect(urls).await.map_err(|e| {
+            format!(
+                "no NATS server answered at {} ({e}); is nats-server running there with -js?",
+                self.redacted()
+            )
+        })
+    }
+}
+
+/// The bucket, and how far this host's watch has applied it.
+pub struct Notes {
+    kv: kv::Store,
+    applied: tokio::sync::watch::Receiver<u64>,
+    servers: String,
+}
+
+impl Notes {
+    /// Connects, opens (or makes) the bucket, loads it and follows it on `ctx`.
+    pub async fn open(
+        cfg: &NatsConfig,
+        state: Arc<State>,
+        ctx: &RoleContext,
+    ) -> Result<Notes, String> {
+        let servers = cfg.redacted();
+        let client = tokio::time::timeout(START_TIMEOUT, cfg.connect())
+            .await
+            .map_err(|_| {
+                format!(
+                    "no NATS server answered at {servers} within {} s",
+                    START_TIMEOUT.as_secs()
+                )
+            })??;
+        let js = async_nats::jetstream::new(client);
+        let kv = match js.get_key_value(&cfg.bucket).await {
+            Ok(kv) => kv,
+            Err(_) => js
+                .create_key_value(kv::Config {
+                    bucket: cfg.bucket.clone(),
+                    description: "herald memo notes".into(),
+                    history: HISTORY,
+                    ..Default::default()
+                })
+                .await
+                .map_err(|e| {
+                    format!(
+                        "cannot open or make the key-value bucket {} at {servers} ({e}); JetStream must be on (nats-server -js)",
+                        cfg.bucket
+                    )
+                })?,
+        };
+        // The first pass ends with the entry at the bucket's last revision now (each key's
+        // last entry comes, and the newest is some key's last).
+        let last = kv
+            .status()
+            .await
+            .map_err(|e| format!("cannot read the bucket {} at {servers}: {e}", cfg.bucket))?
+            .info
+            .state
+            .last_sequence;
+        let empty = last == 0;
+        tracing::debug!(bucket = %cfg.bucket, last, "NATS bucket opened");
+        // With history: the last entry of every key first (watch_all would start at new ones).
+        let watch = kv
+            .watch_with_history(">")
+            .await
+            .map_err(|e| format!("cannot watch the bucket {} at {servers}: {e}", cfg.bucket))?;
+        let (applied_tx, applied) = tokio::sync::watch::channel(0u64);
+        let (ready_tx, ready_rx) = tokio::sync::oneshot::channel();
+        let follower = Follower {
+            kv: kv.clone(),
+            state,
+            applied: applied_tx,
+            ready: Some(ready_tx),
+            baseline: !empty,
+            baseline_until: last,
+        };
+        ctx.spawn_until_shutdown("memo nats watch", follower.run(watch));
+        if !empty {
+            tokio::time::timeout(START_TIMEOUT, ready_rx)
+                .await
+                .map_err(|_| {
+                    format!(
+                        "the bucket {} at {servers} did not load within {} s",
+                        cfg.bucket,
+                        START_TIMEOUT.as_secs()
+                    )
+                })?
+                .map_err(|_| {
+                    format!("the watch of the bucket {} ended while loading", cfg.bucket)
+                })?;
+        }
+        Ok(Notes {
+            kv,
+            applied,
+            servers,
+        })
+    }
+
+    fn failed(&self, what: &str, e: impl std::fmt::Display) -> SourceError {
+        SourceError::Unavailable(format!(
+            "the NATS bucket at {} did not take the {what} ({e}); nothing was changed, try again",
+            self.servers
+        ))
+    }
+
+    /// Puts `key`; its revision.
+    pub async fn put(&self, key: &str, bytes: Vec<u8>) -> Result<u64, SourceError> {
+        tokio::time::timeout(WRITE_TIMEOUT, self.kv.put(key, bytes.into()))
+            .await
+            .map_err(|_| self.failed("write", "no answer in time"))?
+            .map_err(|e| self.failed("write", e))
+    }
+
+    /// Deletes `key`; a revision at or past its delete marker.
+    pub async fn delete(&self, key: &str) -> Result<u64, SourceError> {
+        tokio::time::timeout(WRITE_TIMEOUT, self.kv.delete(key))
+            .await
+            .map_err(|_| self.failed("delete", "no answer in time"))?
+            .map_err(|e| self.failed("delete", e))?;
+        // The delete marker is at or below the bucket's last revision now.
+        let status = self
+            .kv
+            .status()
+            .await
+            .map_err(|e| self.failed("delete", e))?;
+        Ok(status.info.state.last_sequence)
+    }
+
+    /// Waits until the watch has applied `revision` (so a read sees the write).
+    pub async fn applied(&self, revision: u64) -> Result<(), SourceError> {
+        let mut rx = self.applied.clone();
+        tokio::time::timeout(WRITE_TIMEOUT, rx.wait_for(|&r| r >= revision))
+            .await
+            .map_err(|_| {
+                SourceError::Unavailable(format!(
+                    "the write reached NATS at {} (revision {revision}) but its change did not come back within {} s; it will be applied when it does",
+                    self.servers,
+                    WRITE_TIMEOUT.as_secs()
+                ))
+            })?
+            .map_err(|_| SourceError::Unavailable("the NATS watch stopped".into()))?;
+        Ok(())
+    }
+}
+
+/// The task applying the bucket's changes.
+struct Follower {
+    kv: kv::Store,
+    state: Arc<State>,
+    applied: tokio::sync::watch::Sender<u64>,
+    ready: Option<tokio::sync::oneshot::Sender<()>>,
+    /// Still in the first pass (values as they are, not changes).
+    baseline: bool,
+    /// The revision that ends the first pass.
+    baseline_until: u64,
+}
+
+impl Follower {
+    async fn run(mut self, mut watch: kv::Watch) {
+        loop {
+            match watch.next().await {
+                Some(Ok(entry)) => self.apply(entry).await,
+                Some(Err(e)) => tracing::warn!(error = %e, "NATS bucket watch"),
+                None => {
+                    // Open it again from the next revision.
+                    let from = *self.applied.borrow() + 1;
+                    match self.kv.watch_all_from_revision(from).await {
+                        Ok(w) => watch = w,
+                        Err(e) => {
+                            tracing::warn!(error = %e, "cannot watch the NATS bucket again; retrying");
+                            tokio::time::sleep(Duration::from_secs(1)).await;
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    async fn apply(&mut self, entry: kv::Entry) {
+        let key = entry.key.clone();
+        let value: Option<Value> = match entry.operation {
+            kv::Operation::Put => match serde_json::from_slice(&entry.value) {
+                Ok(v) => Some(v),
+                Err(e) => {
+                    tracing::warn!(%key, error = %e, "skipping a note that is not JSON");
+                    None
+                }
+            },
+            kv::Operation::Delete | kv::Operation::Purge => None,
+        };
+        {
+            let mut total = self.state.writes.lock().await;
+            let old = self
+                .state
+                .notes
+                .read()
+                .unwrap_or_else(|e| e.into_inner())
+                .get(&key)
+                .cloned();
+            let old_size = old.as_ref().map_or(0, |o| key.len() + stored_len(o));
+            let new_size = value.as_ref().map_or(0, |v| key.len() + stored_len(v));
+            *total = *total - old_size + new_size;
+            if self.baseline {
+                let mut notes = self.state.notes.write().unwrap_or_else(|e| e.into_inner());
+                match value {
+                    Some(v) => notes.insert(key, v),
+                    None => notes.remove(&key),
+                };
+            } else if old != value {
+                self.state.applied(&key, value, old);
+            }
+        }
+        self.applied.send_modify(|r| *r = (*r).max(entry.revision));
+        if self.baseline && (entry.delta == 0 || entry.revision >= self.baseline_until) {
+            self.baseline = false;
+            if let Some(r) = self.ready.take() {
+                let _ = r.send(());
+            }
+        }
+    }
+}

