@@ -510,8 +510,7 @@ impl Source for Gateway {
         let live = up.live().await?;
         let r = tokio::time::timeout(
             REQUEST_TIMEOUT,
-            live.conn
-                .read_resource(ReadResourceRequestParams::new(upstream_uri.clone())),
+            live.conn.read_resource(read_params(&upstream_uri)),
         )
         .await
         .map_err(|_| {
@@ -940,4 +939,17 @@ mod tests {
         assert!(up.cached().is_none(), "a read opened a connection");
         ctx.shutdown().cancel();
     }
+}
+
+/// A read of `uri` upstream, passing on the reader's `io.herald/after` hint.
+fn read_params(uri: &str) -> ReadResourceRequestParams {
+    let mut p = ReadResourceRequestParams::new(uri.to_owned());
+    if let Some(n) = crate::mcp::source::read_after() {
+        let mut meta = rmcp::model::RequestMetaObject::new();
+        meta.0
+            .0
+            .insert(crate::mcp::source::READ_AFTER_META.into(), n.into());
+        p.meta = Some(meta);
+    }
+    p
 }

@@ -166,6 +166,40 @@ impl EventRing {
         out
     }
 
+    /// The read body for a reader that has everything up to `after`: the events after it, led
+    /// by the newest one at or before it (an anchor, so a reader whose log is sparse sees no
+    /// gap that is not there, and one the ring moved past sees the gap). A ring that
+    /// restarted below `after` is read whole, so the reader sees the reset.
+    pub fn read_json_after(&self, after: u64) -> String {
+        let inner = self.inner.lock().unwrap_or_else(|e| e.into_inner());
+        let newest = inner.events.back().map_or(0, |e| e.seq);
+        let start = if newest < after {
+            0
+        } else {
+            // The last event at or before `after`, else the first.
+            inner
+                .events
+                .partition_point(|e| e.seq <= after)
+                .saturating_sub(1)
+        };
+        let mut out = String::with_capacity(
+            16 + inner
+                .events
+                .range(start..)
+                .map(|e| e.text.len() + 1)
+                .sum::<usize>(),
+        );
+        out.push_str("{\"events\":[");
+        for (i, e) in inner.events.range(start..).enumerate() {
+            if i > 0 {
+                out.push(',');
+            }
+            out.push_str(&e.text);
+        }
+        out.push_str("]}");
+        out
+    }
+
     /// The seq the next event will get; a cursor meaning "from now".
     pub fn head(&self) -> u64 {
         self.inner
@@ -278,6 +312,44 @@ fn truncated(mut event: Map<String, Value>, size: usize) -> String {
 mod tests {
     use super::*;
     use serde_json::json;
+
+    fn seqs(text: &str) -> Vec<u64> {
+        let v: serde_json::Value = serde_json::from_str(text).unwrap();
+        v["events"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|e| e["seq"].as_u64().unwrap())
+            .collect()
+    }
+
+    #[test]
+    fn a_read_after_a_seq_has_the_anchor_and_what_is_newer() {
+        let r = EventRing::with_start(4, 10);
+        for i in 0..6 {
+            r.push(
+                "ADDED",
+                serde_json::Map::from_iter([("i".into(), json!(i))]),
+            );
+        }
+        // Held: 12..=15 (the ring keeps 4).
+        assert_eq!(seqs(&r.read_json()), [12, 13, 14, 15]);
+        assert_eq!(seqs(&r.read_json_after(13)), [13, 14, 15], "13 anchors");
+        assert_eq!(
+            seqs(&r.read_json_after(15)),
+            [15],
+            "nothing newer: the anchor alone"
+        );
+        // Moved past the reader: no anchor, the first held shows the gap.
+        assert_eq!(seqs(&r.read_json_after(5)), [12, 13, 14, 15]);
+        assert_eq!(seqs(&r.read_json_after(11)), [12, 13, 14, 15]);
+        // Restarted below the reader: whole, so it sees the reset.
+        assert_eq!(seqs(&r.read_json_after(99)), [12, 13, 14, 15]);
+        assert_eq!(
+            seqs(&EventRing::new(4).read_json_after(3)),
+            Vec::<u64>::new()
+        );
+    }
 
     #[test]
     fn the_ring_is_bounded_by_bytes_and_a_huge_event_is_kept_truncated() {

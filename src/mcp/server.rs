@@ -846,12 +846,15 @@ impl ServerHandler for SourceServer {
         context: RequestContext<RoleServer>,
     ) -> Result<ReadResourceResponse, McpError> {
         let uri = request.uri;
-        let contents = self
-            .shared
-            .source
-            .read(&Caller::of(&context), &uri)
-            .await
-            .map_err(to_mcp_error)?;
+        // rmcp moves a request's `_meta` into its context.
+        let after = crate::mcp::source::read_after_of(Some(&context.meta))
+            .or_else(|| crate::mcp::source::read_after_of(request.meta.as_ref()));
+        let contents = crate::mcp::source::with_read_after(
+            after,
+            self.shared.source.read(&Caller::of(&context), &uri),
+        )
+        .await
+        .map_err(to_mcp_error)?;
         let mut r = read_result(uri, contents);
         self.stamp(&mut r.meta);
         Ok(r.into())

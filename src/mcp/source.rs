@@ -13,6 +13,31 @@ use async_trait::async_trait;
 use rmcp::model::{CallToolResult, JsonObject, Resource, ResourceTemplate, Tool};
 use serde_json::Value;
 
+/// The `resources/read` `_meta` key by which a reader of an event log says the highest `seq`
+/// it has: herald's watch client sends it, and every event-log read on herald's servers then
+/// returns only the events after it (with the one before as an anchor), not the whole ring.
+/// Other servers ignore it and answer the whole log, which reads the same.
+pub const READ_AFTER_META: &str = "io.herald/after";
+
+tokio::task_local! {
+    static READ_AFTER: Option<u64>;
+}
+
+/// Runs `f` (a read) with the reader's hint, so [`Contents::event_log`] inside it sees it.
+pub async fn with_read_after<F: std::future::Future>(after: Option<u64>, f: F) -> F::Output {
+    READ_AFTER.scope(after, f).await
+}
+
+/// The hint of the read this task is serving, if any.
+pub fn read_after() -> Option<u64> {
+    READ_AFTER.try_with(|a| *a).ok().flatten()
+}
+
+/// The hint in a request's `_meta`.
+pub fn read_after_of(meta: Option<&rmcp::model::RequestMetaObject>) -> Option<u64> {
+    meta?.0.0.get(READ_AFTER_META)?.as_u64()
+}
+
 pub use crate::mcp::admission::{Admission, ListenFilter};
 pub use crate::mcp::caller::Caller;
 use crate::mcp::hub::ChangeFeed;
@@ -40,11 +65,15 @@ impl Contents {
         }
     }
 
-    /// An event-log read of `ring`.
+    /// An event-log read of `ring`: the whole ring, or with the reader's [`read_after`]
+    /// hint only what it lacks ([`EventRing::read_json_after`]).
     pub fn event_log(ring: &EventRing) -> Contents {
         Contents {
             mime_type: EVENT_LOG_MIME.into(),
-            body: Body::Text(ring.read_json()),
+            body: Body::Text(match read_after() {
+                Some(n) => ring.read_json_after(n),
+                None => ring.read_json(),
+            }),
         }
     }
 

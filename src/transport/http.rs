@@ -696,6 +696,8 @@ enum PlainWhat {
     },
     Read {
         uri: String,
+        /// The reader's `io.herald/after` hint.
+        after: Option<u64>,
     },
 }
 
@@ -769,6 +771,11 @@ fn plain_request(
                 return None;
             }
             PlainWhat::Read {
+                after: crate::mcp::source::read_after_of(
+                    read.extensions
+                        .get::<rmcp::model::RequestMetaObject>()
+                        .or(read.params.meta.as_ref()),
+                ),
                 uri: read.params.uri,
             }
         }
@@ -796,8 +803,12 @@ impl Plain {
                     name,
                 )
             }
-            PlainWhat::Read { uri } => {
-                let r = server.read_in_process(caller, &uri).await;
+            PlainWhat::Read { uri, after } => {
+                let r = crate::mcp::source::with_read_after(
+                    after,
+                    server.read_in_process(caller, &uri),
+                )
+                .await;
                 let r = r.map(|c| {
                     let result = crate::mcp::server::read_result(uri.clone(), c);
                     ServerResult::from(rmcp::model::ReadResourceResponse::from(result))
@@ -1194,7 +1205,8 @@ mod tests {
         let mut read_headers = plain.clone();
         read_headers.insert("mcp-method", "resources/read".parse().unwrap());
         read_headers.insert("mcp-name", "memo://notes".parse().unwrap());
-        let PlainWhat::Read { uri } = plain_request(&read_headers, &read, &server).unwrap().what
+        let PlainWhat::Read { uri, .. } =
+            plain_request(&read_headers, &read, &server).unwrap().what
         else {
             panic!("a read")
         };

@@ -63,10 +63,21 @@ pub(crate) struct Read {
 /// Reads `uri`, bounded by [`REQUEST_TIMEOUT`]. A blob is kept as its base64 text (the watch
 /// diffs text).
 pub(crate) async fn read(conn: &Live, server: &Upstream, uri: &str) -> Result<Read, WatchError> {
+    read_after(conn, server, uri, None).await
+}
+
+/// [`read`], saying the highest `seq` of the event log the watch has (`after`), so a herald
+/// server answers only what is newer ([`crate::mcp::source::READ_AFTER_META`]).
+pub(crate) async fn read_after(
+    conn: &Live,
+    server: &Upstream,
+    uri: &str,
+    after: Option<u64>,
+) -> Result<Read, WatchError> {
     if let Some(local) = server.in_process() {
         // A server in this process (`herald up`'s gateway) is read directly.
         let caller = crate::mcp::caller::Caller::local();
-        let read = local.read_in_process(&caller, uri);
+        let read = crate::mcp::source::with_read_after(after, local.read_in_process(&caller, uri));
         return match tokio::time::timeout(REQUEST_TIMEOUT, read).await {
             Ok(Ok(c)) => Ok(Read {
                 mime: c.mime_type,
@@ -95,34 +106,38 @@ pub(crate) async fn read(conn: &Live, server: &Upstream, uri: &str) -> Result<Re
             ))),
         };
     }
-    let result = tokio::time::timeout(
-        REQUEST_TIMEOUT,
-        conn.conn
-            .read_resource(ReadResourceRequestParams::new(uri.to_owned())),
-    )
-    .await
-    .map_err(|_| {
-        WatchError::Unavailable(format!(
-            "reading {uri} from {} took over {} s",
-            server.name,
-            REQUEST_TIMEOUT.as_secs()
-        ))
-    })?
-    .map_err(|e| match e {
-        // Bad params / not found are the server's verdict on the URI; anything else (an
-        // internal error, a source still starting) may pass.
-        rmcp::ServiceError::McpError(err) if matches!(err.code.0, -32602 | -32002 | -32601) => {
-            WatchError::Rejected {
-                server: server.name.clone(),
-                uri: uri.into(),
-                message: err.message.to_string(),
+    let mut params = ReadResourceRequestParams::new(uri.to_owned());
+    if let Some(n) = after {
+        let mut meta = rmcp::model::RequestMetaObject::new();
+        meta.0
+            .0
+            .insert(crate::mcp::source::READ_AFTER_META.into(), n.into());
+        params.meta = Some(meta);
+    }
+    let result = tokio::time::timeout(REQUEST_TIMEOUT, conn.conn.read_resource(params))
+        .await
+        .map_err(|_| {
+            WatchError::Unavailable(format!(
+                "reading {uri} from {} took over {} s",
+                server.name,
+                REQUEST_TIMEOUT.as_secs()
+            ))
+        })?
+        .map_err(|e| match e {
+            // Bad params / not found are the server's verdict on the URI; anything else (an
+            // internal error, a source still starting) may pass.
+            rmcp::ServiceError::McpError(err) if matches!(err.code.0, -32602 | -32002 | -32601) => {
+                WatchError::Rejected {
+                    server: server.name.clone(),
+                    uri: uri.into(),
+                    message: err.message.to_string(),
+                }
             }
-        }
-        other => WatchError::Unavailable(format!(
-            "reading {uri}: {}",
-            crate::transport::explain::request(&server.target, &other)
-        )),
-    })?;
+            other => WatchError::Unavailable(format!(
+                "reading {uri}: {}",
+                crate::transport::explain::request(&server.target, &other)
+            )),
+        })?;
     match contents(result) {
         Ok(c) => Ok(Read {
             mime: c.mime_type,
@@ -325,7 +340,11 @@ impl WatchTask {
                                 break;
                             }
                         }
-                        match read(&conn, &self.server, &self.spec.uri).await {
+                        let after = match &base {
+                            Baseline::Log(c) => c.last,
+                            Baseline::State(_) => None,
+                        };
+                        match read_after(&conn, &self.server, &self.spec.uri, after).await {
                             Ok(r) => self.update(&mut base, r, running.is_some()),
                             Err(e) => {
                                 // Treat it as a lost subscription: the resubscribe path re-reads

@@ -882,3 +882,53 @@ async fn an_http_upstream_is_called_on_pooled_connections_that_survive_its_resta
         }
     }
 }
+
+/// A read of an event log with `io.herald/after` gets what is newer (and its anchor), from a
+/// server directly and through the gateway; the watch client's reads stay correct with it.
+#[tokio::test]
+async fn an_event_log_read_after_a_seq_has_only_what_is_newer() {
+    use rmcp::model::{ReadResourceRequestParams, RequestMetaObject};
+    let s = setup().await;
+    let direct = crate::watch::memo_client(&s.a.http_url()).await;
+    for i in 0..5 {
+        call(
+            &direct,
+            "memo_set",
+            json!({"key": format!("k{i}"), "value": i}),
+        )
+        .await;
+    }
+    let (log, _) = read_json(&direct, "memo://log").await;
+    let all: Vec<u64> = log["events"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e["seq"].as_u64().unwrap())
+        .collect();
+    assert_eq!(all.len(), 5);
+    let after = |uri: &str| {
+        let mut p = ReadResourceRequestParams::new(uri.to_owned());
+        let mut meta = RequestMetaObject::new();
+        meta.0.0.insert("io.herald/after".into(), all[2].into());
+        p.meta = Some(meta);
+        p
+    };
+    let seqs = |r: rmcp::model::ReadResourceResult| -> Vec<u64> {
+        let c = herald::mcp::upstream::contents(r).unwrap();
+        let herald::mcp::source::Body::Text(t) = c.body else {
+            panic!("text")
+        };
+        let v: Value = serde_json::from_str(&t).unwrap();
+        v["events"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|e| e["seq"].as_u64().unwrap())
+            .collect()
+    };
+    let r = direct.read_resource(after("memo://log")).await.unwrap();
+    assert_eq!(seqs(r), all[2..]);
+    let gw = client(&s, Some(ALL), None).await;
+    let r = gw.read_resource(after("a+memo://log")).await.unwrap();
+    assert_eq!(seqs(r), all[2..], "the hint reaches the upstream");
+}
