@@ -815,6 +815,19 @@ impl Source for Gateway {
     }
 }
 
+/// A read of `uri` upstream, passing on the reader's `io.herald/after` hint.
+fn read_params(uri: &str) -> ReadResourceRequestParams {
+    let mut p = ReadResourceRequestParams::new(uri.to_owned());
+    if let Some(n) = crate::mcp::source::read_after() {
+        let mut meta = rmcp::model::RequestMetaObject::new();
+        meta.0
+            .0
+            .insert(crate::mcp::source::READ_AFTER_META.into(), n.into());
+        p.meta = Some(meta);
+    }
+    p
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -939,17 +952,4 @@ mod tests {
         assert!(up.cached().is_none(), "a read opened a connection");
         ctx.shutdown().cancel();
     }
-}
-
-/// A read of `uri` upstream, passing on the reader's `io.herald/after` hint.
-fn read_params(uri: &str) -> ReadResourceRequestParams {
-    let mut p = ReadResourceRequestParams::new(uri.to_owned());
-    if let Some(n) = crate::mcp::source::read_after() {
-        let mut meta = rmcp::model::RequestMetaObject::new();
-        meta.0
-            .0
-            .insert(crate::mcp::source::READ_AFTER_META.into(), n.into());
-        p.meta = Some(meta);
-    }
-    p
 }

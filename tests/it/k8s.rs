@@ -671,8 +671,7 @@ async fn a_bookmark_advances_the_resource_version() {
         .api
         .requests()
         .into_iter()
-        .filter(|r| r.contains("watch=true"))
-        .next_back()
+        .rfind(|r| r.contains("watch=true"))
         .unwrap();
     assert!(last.contains("allowWatchBookmarks=true"), "{last}");
     assert!(last.contains(&format!("resourceVersion={rv}")), "{last}");

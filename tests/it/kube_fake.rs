@@ -27,6 +27,9 @@ use tokio::sync::{Notify, mpsc};
 /// How long [`FakeApi::wait`] waits (the fake is shared with the k8s bench, so it has its own).
 const WAIT: std::time::Duration = std::time::Duration::from_secs(30);
 
+/// Changes to make right after a list is answered.
+type AfterList = Box<dyn FnOnce(&mut Gap) + Send>;
+
 #[derive(Default)]
 struct Inner {
     rv: u64,
@@ -41,7 +44,7 @@ struct Inner {
     /// Every request's method and path (with query), in order.
     requests: Vec<String>,
     /// Changes made right after the next list is answered (before any watch can start).
-    after_list: Option<Box<dyn FnOnce(&mut Gap) + Send>>,
+    after_list: Option<AfterList>,
     /// The bearer token every request must carry (None: any or none).
     token: Option<String>,
     /// Bearer tokens seen, in order (for tests of minted credentials).

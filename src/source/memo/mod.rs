@@ -67,7 +67,7 @@ pub struct Memo {
 /// Where the notes are kept.
 enum Backend {
     Store(Store),
-    Nats(nats::Notes),
+    Nats(Box<nats::Notes>),
 }
 
 /// What the memo holds in memory, shared with the NATS watch that applies changes.
@@ -171,7 +171,7 @@ impl Memo {
         let notes = nats::Notes::open(cfg, state.clone(), ctx).await?;
         Ok(Memo {
             state,
-            backend: Backend::Nats(notes),
+            backend: Backend::Nats(Box::new(notes)),
             max_notes_bytes: DEFAULT_MAX_NOTES_BYTES,
         })
     }
