@@ -698,28 +698,32 @@ async fn a_delete_during_the_seed_arrives_without_a_reconnect() {
     w.terminate().await;
 }
 
-#[tokio::test]
-async fn an_exec_credential_plugin_mints_the_token() {
-    let api = FakeApi::start().await;
-    api.require_token("from-the-plugin");
-    let dir = TempDir::new("k8s-exec");
+/// A kubeconfig whose user is an exec credential plugin (a script in `dir`) printing an
+/// ExecCredential whose token is what `token_cmd` (shell) prints.
+fn exec_kubeconfig(api: &FakeApi, dir: &TempDir, token_cmd: &str) -> std::path::PathBuf {
     let plugin = dir.path().join("plugin.sh");
-    let runs = dir.path().join("runs");
     std::fs::write(
         &plugin,
         format!(
-            "#!/bin/sh\necho run >> {}\ncat <<EOF\n{{\"apiVersion\": \"client.authentication.k8s.io/v1\", \"kind\": \"ExecCredential\", \"status\": {{\"token\": \"from-the-plugin\"}}}}\nEOF\n",
-            runs.display()
+            "#!/bin/sh\nprintf '{{\"apiVersion\": \"client.authentication.k8s.io/v1\", \"kind\": \"ExecCredential\", \"status\": {{\"token\": \"%s\"}}}}' \"$({token_cmd})\"\n"
         ),
     )
     .unwrap();
     use std::os::unix::fs::PermissionsExt;
     std::fs::set_permissions(&plugin, std::fs::Permissions::from_mode(0o755)).unwrap();
-    let kc = api.kubeconfig_with(
+    api.kubeconfig_with(
         dir.path(),
         json!({"exec": {"apiVersion": "client.authentication.k8s.io/v1",
-                        "command": plugin.to_str().unwrap(), "interactiveMode": "Never"}}),
-    );
+                        "command": plugin.to_str().unwrap()}}),
+    )
+}
+
+#[tokio::test]
+async fn an_exec_credential_plugin_mints_the_token() {
+    let api = FakeApi::start().await;
+    api.require_token("from-the-plugin");
+    let dir = TempDir::new("k8s-exec");
+    let kc = exec_kubeconfig(&api, &dir, "printf '%s' from-the-plugin");
     let s = setup_on(api, dir, &kc, &[]).await;
     let mut w = watch(&s, "k8s-events://watch/configmaps?namespace=default");
     w.event("watch.subscribed", "cm").await;
@@ -822,24 +826,9 @@ async fn refused_credentials_are_minted_again_by_the_exec_plugin() {
     let api = FakeApi::start().await;
     api.require_token("t1");
     let dir = TempDir::new("k8s-exec-401");
-    let plugin = dir.path().join("plugin.sh");
     let tok = dir.path().join("tok");
     std::fs::write(&tok, "t1").unwrap();
-    std::fs::write(
-        &plugin,
-        format!(
-            "#!/bin/sh\nprintf '{{\"apiVersion\": \"client.authentication.k8s.io/v1\", \"kind\": \"ExecCredential\", \"status\": {{\"token\": \"%s\"}}}}' \"$(cat {})\"\n",
-            tok.display()
-        ),
-    )
-    .unwrap();
-    use std::os::unix::fs::PermissionsExt;
-    std::fs::set_permissions(&plugin, std::fs::Permissions::from_mode(0o755)).unwrap();
-    let kc = api.kubeconfig_with(
-        dir.path(),
-        json!({"exec": {"apiVersion": "client.authentication.k8s.io/v1",
-                        "command": plugin.to_str().unwrap()}}),
-    );
+    let kc = exec_kubeconfig(&api, &dir, &format!("cat {}", tok.display()));
     let s = setup_on(api, dir, &kc, &[]).await;
     let uri = "k8s-events://watch/configmaps?namespace=default";
     let mut w = watch(&s, uri);

