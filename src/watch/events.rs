@@ -702,6 +702,30 @@ mod tests {
         assert!(extract_log_text(LogCursor::default(), "[1]").is_err());
     }
 
+    /// A read after the cursor (what a herald server answers to `io.herald/after`) gives
+    /// the client what the whole ring gives, for every small ring, fill and cursor.
+    #[test]
+    fn a_read_after_the_cursor_reads_as_the_whole_ring() {
+        use crate::mcp::ring::EventRing;
+        let base = 1000;
+        for cap in 1..6 {
+            for pushed in 0..12u64 {
+                let ring = EventRing::with_start(cap, base);
+                for i in 0..pushed {
+                    ring.push("ADDED", Map::from_iter([("i".into(), json!(i))]));
+                }
+                for last in (base - 2..base + 16).chain([1, 5_000]) {
+                    let cursor = LogCursor { last: Some(last) };
+                    assert_eq!(
+                        extract_log_text(cursor, &ring.read_json_after(last)),
+                        extract_log_text(cursor, &ring.read_json()),
+                        "capacity {cap}, {pushed} pushed, cursor {last}"
+                    );
+                }
+            }
+        }
+    }
+
     fn log(seqs: &[u64]) -> Value {
         json!({"events": seqs.iter().map(|s| json!({"seq": s, "type": "ADDED", "key": format!("k{s}")})).collect::<Vec<_>>()})
     }

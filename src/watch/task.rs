@@ -340,8 +340,9 @@ impl WatchTask {
                                 break;
                             }
                         }
+                        // 0: the baseline found an empty log; a hint would change nothing.
                         let after = match &base {
-                            Baseline::Log(c) => c.last,
+                            Baseline::Log(c) => c.last.filter(|&n| n > 0),
                             Baseline::State(_) => None,
                         };
                         match read_after(&conn, &self.server, &self.spec.uri, after).await {

@@ -134,10 +134,30 @@ async fn two_hosts_share_notes_and_hear_each_others_writes() {
         .collect();
     assert_eq!(kinds, ["ADDED", "MODIFIED"], "{log}");
     assert_eq!(log["events"][1]["old"], "buy milk");
-    // A read right after one's own write sees it.
+    // A read right after one's own write sees it, deletes included, and any key will do
+    // (NATS keys take only a few characters; herald encodes them).
     call(&ca, "memo_delete", json!({"key": "todo"})).await;
     let (notes, _) = read_json(&ca, "memo://notes").await;
     assert_eq!(notes, json!({}));
+    let odd = "shopping list: ü/ä.*>";
+    call(&ca, "memo_set", json!({"key": odd, "value": "eggs"})).await;
+    let (notes, _) = read_json(&cb, "memo://notes").await;
+    let deadline = tokio::time::Instant::now() + WAIT;
+    let mut notes = notes;
+    while notes.get(odd).is_none() && tokio::time::Instant::now() < deadline {
+        next_updated(&mut sub_b).await;
+        notes = read_json(&cb, "memo://notes").await.0;
+    }
+    assert_eq!(notes, json!({odd: "eggs"}));
+    call(&ca, "memo_delete", json!({"key": odd})).await;
+    call(&ca, "memo_set", json!({"key": odd, "value": "eggs"})).await;
+    let (notes, _) = read_json(&ca, "memo://notes").await;
+    assert_eq!(
+        notes,
+        json!({odd: "eggs"}),
+        "a delete then the same value is a write"
+    );
+    call(&ca, "memo_delete", json!({"key": odd})).await;
     // A third host starting now loads what is there.
     call(&cb, "memo_set", json!({"key": "kept", "value": [1, 2]})).await;
     let c = memo_on(&nats, "two_hosts").await;

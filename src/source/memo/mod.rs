@@ -221,6 +221,11 @@ impl Memo {
     /// Sets `key` to `value`. Returns whether anything changed.
     pub async fn set(&self, key: &str, value: Value) -> Result<bool, SourceError> {
         Self::check_key(key)?;
+        // With NATS, this host's writes go one at a time through put and apply.
+        let _serial = match &self.backend {
+            Backend::Nats(n) => Some(n.serial.lock().await),
+            Backend::Store(_) => None,
+        };
         let mut total = self.writes.lock().await;
         let old = self
             .notes
@@ -269,6 +274,10 @@ impl Memo {
     /// Deletes `key`. Returns whether it existed.
     pub async fn delete(&self, key: &str) -> Result<bool, SourceError> {
         Self::check_key(key)?;
+        let _serial = match &self.backend {
+            Backend::Nats(n) => Some(n.serial.lock().await),
+            Backend::Store(_) => None,
+        };
         let mut total = self.writes.lock().await;
         let Some(old) = self
             .notes

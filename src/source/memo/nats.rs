@@ -25,6 +25,22 @@ use crate::mcp::context::RoleContext;
 use crate::mcp::source::SourceError;
 use crate::source::memo::{State, stored_len};
 
+/// A note's key in the bucket: base64url of the key, since NATS keys take only
+/// `[-/_=.a-zA-Z0-9]` and memo keys are any string.
+fn encode(key: &str) -> String {
+    use base64::Engine;
+    base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(key)
+}
+
+/// A note's key from the bucket's; `None` for one herald did not write.
+fn decode(key: &str) -> Option<String> {
+    use base64::Engine;
+    let bytes = base64::engine::general_purpose::URL_SAFE_NO_PAD
+        .decode(key)
+        .ok()?;
+    String::from_utf8(bytes).ok()
+}
+
 /// The bucket when none is named.
 pub const DEFAULT_BUCKET: &str = "herald_memo";
 /// How long a write waits for the bucket's answer, and then for the watch to apply it.
@@ -67,8 +83,13 @@ impl NatsConfig {
         for u in self.urls.split(',') {
             let scheme_ok = ["nats://", "tls://"].iter().any(|s| u.starts_with(s));
             if !scheme_ok || u.len() <= "nats://".len() {
+                let shown = NatsConfig {
+                    urls: u.to_owned(),
+                    ..Default::default()
+                }
+                .redacted();
                 return Err(format!(
-                    "--backend {u:?} is not a NATS server; give nats://HOST:PORT (comma-separated for a cluster)"
+                    "--backend {shown:?} is not a NATS server; give nats://HOST:PORT (comma-separated for a cluster)"
                 ));
             }
         }
@@ -144,8 +165,14 @@ impl NatsConfig {
 /// The bucket, and how far this host's watch has applied it.
 pub struct Notes {
     kv: kv::Store,
+    js: async_nats::jetstream::Context,
+    /// The bucket's stream (`KV_<bucket>`).
+    stream: String,
     applied: tokio::sync::watch::Receiver<u64>,
     servers: String,
+    /// This host's writes, one at a time through put and apply: the size check of the next
+    /// sees the total with the last one in it.
+    pub(super) serial: tokio::sync::Mutex<()>,
 }
 
 impl Notes {
@@ -165,6 +192,7 @@ impl Notes {
                 )
             })??;
         let js = async_nats::jetstream::new(client);
+        let stream = format!("KV_{}", cfg.bucket);
         let kv = match js.get_key_value(&cfg.bucket).await {
             Ok(kv) => kv,
             Err(_) => js
@@ -183,15 +211,17 @@ impl Notes {
                 })?,
         };
         // The first pass ends with the entry at the bucket's last revision now (each key's
-        // last entry comes, and the newest is some key's last).
-        let last = kv
-            .status()
+        // last entry comes, and the newest is some key's last); a bucket with no messages
+        // (new, or compacted) has none to wait for.
+        let info = js
+            .get_stream(&stream)
             .await
             .map_err(|e| format!("cannot read the bucket {} at {servers}: {e}", cfg.bucket))?
-            .info
+            .cached_info()
             .state
-            .last_sequence;
-        let empty = last == 0;
+            .clone();
+        let last = info.last_sequence;
+        let empty = info.messages == 0;
         tracing::debug!(bucket = %cfg.bucket, last, "NATS bucket opened");
         // With history: the last entry of every key first (watch_all would start at new ones).
         let watch = kv
@@ -225,21 +255,24 @@ impl Notes {
         }
         Ok(Notes {
             kv,
+            js,
+            stream,
             applied,
             servers,
+            serial: tokio::sync::Mutex::new(()),
         })
     }
 
     fn failed(&self, what: &str, e: impl std::fmt::Display) -> SourceError {
         SourceError::Unavailable(format!(
-            "the NATS bucket at {} did not take the {what} ({e}); nothing was changed, try again",
+            "the NATS bucket at {} did not confirm the {what} ({e}); it may or may not have been written: read the notes, then try again",
             self.servers
         ))
     }
 
     /// Puts `key`; its revision.
     pub async fn put(&self, key: &str, bytes: Vec<u8>) -> Result<u64, SourceError> {
-        tokio::time::timeout(WRITE_TIMEOUT, self.kv.put(key, bytes.into()))
+        tokio::time::timeout(WRITE_TIMEOUT, self.kv.put(encode(key), bytes.into()))
             .await
             .map_err(|_| self.failed("write", "no answer in time"))?
             .map_err(|e| self.failed("write", e))
@@ -247,17 +280,18 @@ impl Notes {
 
     /// Deletes `key`; a revision at or past its delete marker.
     pub async fn delete(&self, key: &str) -> Result<u64, SourceError> {
-        tokio::time::timeout(WRITE_TIMEOUT, self.kv.delete(key))
+        tokio::time::timeout(WRITE_TIMEOUT, self.kv.delete(encode(key)))
             .await
             .map_err(|_| self.failed("delete", "no answer in time"))?
             .map_err(|e| self.failed("delete", e))?;
-        // The delete marker is at or below the bucket's last revision now.
-        let status = self
-            .kv
-            .status()
+        // The delete marker is at or below the stream's last sequence now (asked of the
+        // server: the kv handle's own status is what it was at open).
+        let stream = self
+            .js
+            .get_stream(&self.stream)
             .await
             .map_err(|e| self.failed("delete", e))?;
-        Ok(status.info.state.last_sequence)
+        Ok(stream.cached_info().state.last_sequence)
     }
 
     /// Waits until the watch has applied `revision` (so a read sees the write).
@@ -311,16 +345,22 @@ impl Follower {
     }
 
     async fn apply(&mut self, entry: kv::Entry) {
-        let key = entry.key.clone();
+        let skip = |why: &str| tracing::warn!(key = %entry.key, "{why}; skipping it");
         let value: Option<Value> = match entry.operation {
             kv::Operation::Put => match serde_json::from_slice(&entry.value) {
                 Ok(v) => Some(v),
-                Err(e) => {
-                    tracing::warn!(%key, error = %e, "skipping a note that is not JSON");
-                    None
+                Err(_) => {
+                    skip("a note in the bucket is not JSON");
+                    self.done(&entry);
+                    return;
                 }
             },
             kv::Operation::Delete | kv::Operation::Purge => None,
+        };
+        let Some(key) = decode(&entry.key) else {
+            skip("a key in the bucket is not one herald wrote");
+            self.done(&entry);
+            return;
         };
         {
             let mut total = self.state.writes.lock().await;
@@ -344,6 +384,11 @@ impl Follower {
                 self.state.applied(&key, value, old);
             }
         }
+        self.done(&entry);
+    }
+
+    /// Marks `entry` applied (and the baseline done when it ends the first pass).
+    fn done(&mut self, entry: &kv::Entry) {
         self.applied.send_modify(|r| *r = (*r).max(entry.revision));
         if self.baseline && (entry.delta == 0 || entry.revision >= self.baseline_until) {
             self.baseline = false;
