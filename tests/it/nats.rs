@@ -231,3 +231,28 @@ async fn a_bad_backend_is_refused_with_what_to_do() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("no NATS server answered"), "{err}");
 }
+
+/// `herald up` with `[memo] backend = "nats://…"` hears, as a notice of its own watch, a note
+/// another host wrote.
+#[tokio::test]
+async fn herald_up_with_memo_on_nats_hears_another_hosts_write() {
+    let nats = NatsServer::start().await;
+    let dir = TempDir::new("nats-up");
+    let cfg = dir.path().join("up.toml");
+    std::fs::write(
+        &cfg,
+        format!(
+            "[listen]\nhttp = \"127.0.0.1:0\"\nquic = \"\"\n\n\
+             [memo]\nbackend = \"{}\"\nnats_bucket = \"up\"\n\n\
+             [[watch]]\nname = \"notes\"\nuri = \"memo+memo://notes\"\n",
+            nats.url()
+        ),
+    )
+    .unwrap();
+    let mut up = crate::up::up(&cfg, &["--store", ":memory:"]).await;
+    let other = memo_on(&nats, "up").await;
+    let c = crate::watch::memo_client(&other.http_url()).await;
+    call(&c, "memo_set", json!({"key": "from", "value": "elsewhere"})).await;
+    let n = up.notice().await;
+    assert_eq!(n["lines"], json!([r#"ADDED from = "elsewhere""#]), "{n}");
+}

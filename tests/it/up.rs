@@ -11,7 +11,7 @@ use tokio::io::{AsyncBufReadExt, BufReader};
 
 use crate::support::*;
 
-struct Up {
+pub(crate) struct Up {
     child: tokio::process::Child,
     url: String,
     /// The admin address, `HOST:PORT`.
@@ -21,7 +21,7 @@ struct Up {
 
 /// Starts `herald up --config CFG EXTRA` (admin on a free port) and waits for its gateway's
 /// listening line.
-async fn up(cfg: &std::path::Path, extra: &[&str]) -> Up {
+pub(crate) async fn up(cfg: &std::path::Path, extra: &[&str]) -> Up {
     let args: Vec<&str> = ["--admin", "127.0.0.1:0"]
         .into_iter()
         .chain(extra.iter().copied())
@@ -39,7 +39,7 @@ async fn up(cfg: &std::path::Path, extra: &[&str]) -> Up {
 
 impl Up {
     /// The next notice on stdout.
-    async fn notice(&mut self) -> Value {
+    pub(crate) async fn notice(&mut self) -> Value {
         let l = tokio::time::timeout(WAIT, self.notices.next_line())
             .await
             .expect("a notice in time")

@@ -67,6 +67,34 @@ pub struct MemoToml {
     /// Most bytes the notes may take in all (keys and values as stored); a memo_set past it is
     /// refused. Default: [`DEFAULT_MAX_NOTES_BYTES`] (2 MiB, half the message limit).
     pub max_notes_bytes: Option<usize>,
+    /// `nats://HOST:PORT[,…]`: the notes in a NATS JetStream key-value bucket, as
+    /// `herald memo --backend` (none: the store).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub backend: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub nats_bucket: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub nats_creds: Option<PathBuf>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub nats_nkey: Option<PathBuf>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub nats_tls_ca: Option<PathBuf>,
+}
+
+impl MemoToml {
+    /// The NATS settings, when `backend` names NATS.
+    pub fn nats(&self) -> Option<crate::source::memo::nats::NatsConfig> {
+        Some(crate::source::memo::nats::NatsConfig {
+            urls: self.backend.clone()?,
+            creds: self.nats_creds.clone(),
+            nkey: self.nats_nkey.clone(),
+            tls_ca: self.nats_tls_ca.clone(),
+            bucket: self
+                .nats_bucket
+                .clone()
+                .unwrap_or_else(|| crate::source::memo::nats::DEFAULT_BUCKET.to_owned()),
+        })
+    }
 }
 
 #[derive(Debug, Clone, Default, Deserialize, Serialize)]
@@ -231,6 +259,16 @@ impl UpToml {
         {
             *c = base.join(&*c);
         }
+        if let Some(m) = &mut t.memo {
+            for p in [&mut m.nats_creds, &mut m.nats_nkey, &mut m.nats_tls_ca]
+                .into_iter()
+                .flatten()
+            {
+                if p.is_relative() {
+                    *p = base.join(&*p);
+                }
+            }
+        }
         for w in &mut t.watches {
             if let Some(p) = &mut w.on_event_file
                 && p.is_relative()
@@ -279,6 +317,15 @@ impl UpToml {
         }
         if let Some(k) = &self.k8s {
             k.via()?;
+        }
+        if let Some(n) = self.memo.as_ref().and_then(MemoToml::nats) {
+            n.check().map_err(|e| {
+                anyhow!(
+                    "[memo]: {}",
+                    e.replace("--backend", "backend")
+                        .replace("--nats-", "nats_")
+                )
+            })?;
         }
         let mut t = self;
         let admin_defaulted = t.listen.admin.is_none();
@@ -343,6 +390,7 @@ impl UpToml {
         t.memo = t.memo.map(|m| MemoToml {
             ring_capacity: Some(m.ring_capacity.unwrap_or(DEFAULT_RING_CAPACITY)),
             max_notes_bytes: Some(m.max_notes_bytes.unwrap_or(DEFAULT_MAX_NOTES_BYTES)),
+            ..m
         });
         t.file = t.file.map(FileToml::with_defaults);
         t.k8s = t.k8s.map(K8sToml::with_defaults);
@@ -425,6 +473,27 @@ mod tests {
         );
         // What --print-config prints is itself a valid config.
         parse(&printed).unwrap();
+    }
+
+    #[test]
+    fn memo_on_nats_is_checked() {
+        let c = parse("[memo]\nbackend = \"nats://127.0.0.1:4222\"\n").unwrap();
+        let n = c.file.memo.as_ref().unwrap().nats().unwrap();
+        assert_eq!(n.bucket, "herald_memo");
+        assert!(c.to_toml().contains("backend = \"nats://127.0.0.1:4222\""));
+        let e = format!(
+            "{:#}",
+            parse("[memo]\nbackend = \"redis://x\"\n").unwrap_err()
+        );
+        assert!(
+            e.contains("[memo]") && e.contains("nats://HOST:PORT"),
+            "{e}"
+        );
+        let e = format!(
+            "{:#}",
+            parse("[memo]\nbackend = \"nats://a:1\"\nnats_creds = \"nope.creds\"\n").unwrap_err()
+        );
+        assert!(e.contains("nats_creds /etc/herald/nope.creds"), "{e}");
     }
 
     #[test]

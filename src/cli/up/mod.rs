@@ -203,22 +203,18 @@ pub async fn run(args: UpArgs, globals: &Globals) -> Result<(), Exit> {
     let mut upstreams = Vec::new();
     let mut slack_live = None;
     if let Some(m) = &file.memo {
-        let memo = Memo::open(store.clone(), m.ring_capacity.unwrap_or_default())
-            .await?
-            .with_max_notes_bytes(
-                m.max_notes_bytes
-                    .unwrap_or_else(|| default_max_notes_bytes(max)),
-            );
-        upstreams.push(
-            in_process(
-                "memo",
-                Arc::new(memo),
-                &local,
-                &ctx.for_role("memo"),
-                &store,
-            )
-            .await,
+        let mctx = ctx.for_role("memo");
+        let memo = match m.nats() {
+            None => Memo::open(store.clone(), m.ring_capacity.unwrap_or_default()).await?,
+            Some(n) => Memo::open_nats(&n, m.ring_capacity.unwrap_or_default(), &mctx)
+                .await
+                .map_err(|e| anyhow::anyhow!("[memo]: {e}"))?,
+        }
+        .with_max_notes_bytes(
+            m.max_notes_bytes
+                .unwrap_or_else(|| default_max_notes_bytes(max)),
         );
+        upstreams.push(in_process("memo", Arc::new(memo), &local, &mctx, &store).await);
     }
     if let Some(f) = &file.file {
         let fctx = ctx.for_role("file");
