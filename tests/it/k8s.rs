@@ -850,3 +850,48 @@ async fn refused_credentials_are_minted_again_by_the_exec_plugin() {
     assert_eq!(s.api.tokens().last().map(String::as_str), Some("t2"));
     w.terminate().await;
 }
+
+#[tokio::test]
+async fn a_context_in_the_uri_picks_its_namespace() {
+    let api = FakeApi::start().await;
+    let dir = TempDir::new("k8s-context");
+    let kc = dir.path().join("kubeconfig");
+    std::fs::write(
+        &kc,
+        json!({"apiVersion": "v1", "kind": "Config",
+            "clusters": [{"name": "fake", "cluster": {"server": api.url}}],
+            "users": [{"name": "fake", "user": {}}],
+            "contexts": [
+                {"name": "fake", "context": {"cluster": "fake", "user": "fake", "namespace": "default"}},
+                {"name": "team", "context": {"cluster": "fake", "user": "fake", "namespace": "team-a"}}],
+            "current-context": "fake"})
+        .to_string(),
+    )
+    .unwrap();
+    let s = setup_on(api, dir, &kc, &[]).await;
+    let mut w = watch(&s, "k8s-events://watch/configmaps?context=team");
+    w.event("watch.subscribed", "cm").await;
+    s.api.wait("a watch", |a| a.watches() == 1).await;
+    assert!(
+        s.api.requests().iter().any(
+            |r| r.starts_with("GET /api/v1/namespaces/team-a/configmaps?")
+                && r.contains("watch=true")
+        ),
+        "the context's namespace: {:?}",
+        s.api.requests()
+    );
+    s.api.put("", "default", "not-mine", json!({}));
+    s.api.put("", "team-a", "mine", json!({}));
+    assert_eq!(lines_until(&mut w, "mine").await, ["ADDED team-a/mine"]);
+    // A context the kubeconfig lacks is refused, naming it.
+    let c = crate::watch::memo_client(&s.k8s.http_url()).await;
+    let err = c
+        .read_resource(rmcp::model::ReadResourceRequestParams::new(
+            "k8s-events://watch/configmaps?context=nope",
+        ))
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("no context nope"), "{err}");
+    w.terminate().await;
+}
