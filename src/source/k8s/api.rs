@@ -22,12 +22,10 @@
 use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::task::{Context, Poll};
+use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use futures::future::BoxFuture;
 use http_body_util::BodyExt;
 use hyper_util::client::legacy::connect::HttpConnector;
 use kube::client::ConfigExt;
@@ -154,33 +152,6 @@ pub fn resolve<'a>(types: &'a [ApiType], resource: &str) -> Option<&'a ApiType> 
         .or_else(|| types.iter().find(|t| t.answers_to(name, qual)))
 }
 
-/// Counts the TCP connections the client opens (for the status report and the bench).
-#[derive(Clone)]
-struct Counted {
-    inner: HttpConnector,
-    opened: Arc<AtomicU64>,
-}
-
-impl tower::Service<http::Uri> for Counted {
-    type Response = <HttpConnector as tower::Service<http::Uri>>::Response;
-    type Error = <HttpConnector as tower::Service<http::Uri>>::Error;
-    type Future = BoxFuture<'static, Result<Self::Response, Self::Error>>;
-
-    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
-        self.inner.poll_ready(cx)
-    }
-
-    fn call(&mut self, uri: http::Uri) -> Self::Future {
-        let connect = self.inner.call(uri);
-        let opened = self.opened.clone();
-        Box::pin(async move {
-            let c = connect.await?;
-            opened.fetch_add(1, Ordering::Relaxed);
-            Ok(c)
-        })
-    }
-}
-
 /// One connection's worth of a cluster's client: its own pool, and a bound on the watch
 /// streams it carries.
 struct Lane {
@@ -201,7 +172,6 @@ pub struct ClusterClient {
     lanes: std::sync::Mutex<Vec<Arc<Lane>>>,
     /// What another lane is built from.
     config: kube::Config,
-    opened: Arc<AtomicU64>,
     /// The context's namespace (`default` when it names none).
     namespace: String,
     /// Where the cluster is, for messages (no userinfo, no query).
@@ -373,25 +343,38 @@ impl ClusterClient {
     }
 
     /// A lane with room for one more watch stream, opening another (another connection)
-    /// when every lane is full.
-    fn watch_lane(&self) -> Result<(Arc<Lane>, tokio::sync::OwnedSemaphorePermit), SourceError> {
-        let mut lanes = self.lanes.lock().unwrap_or_else(|e| e.into_inner());
-        for lane in lanes.iter() {
-            if let Ok(p) = lane.watches.clone().try_acquire_owned() {
-                return Ok((lane.clone(), p));
-            }
+    /// when every lane is full. The new lane's client is built off the runtime's workers and
+    /// outside the lock (building may run an exec credential plugin).
+    async fn watch_lane(
+        &self,
+    ) -> Result<(Arc<Lane>, tokio::sync::OwnedSemaphorePermit), SourceError> {
+        let free = |lanes: &[Arc<Lane>]| {
+            lanes.iter().find_map(|lane| {
+                let p = lane.watches.clone().try_acquire_owned().ok()?;
+                Some((lane.clone(), p))
+            })
+        };
+        if let Some(got) = free(&self.lanes.lock().unwrap_or_else(|e| e.into_inner())) {
+            return Ok(got);
         }
+        let config = self.config.clone();
+        let client = tokio::task::spawn_blocking(move || build_client(config))
+            .await
+            .map_err(|e| unavailable(format!("building another connection failed: {e}")))?
+            .map_err(|e| unavailable(format!("another connection to {}: {e}", self.server)))?;
         let lane = Arc::new(Lane {
-            client: build_client(self.config.clone(), self.opened.clone())
-                .map_err(|e| unavailable(format!("another connection to {}: {e}", self.server)))?,
+            client,
             watches: Arc::new(tokio::sync::Semaphore::new(STREAMS_PER_CONNECTION)),
         });
-        lanes.push(lane.clone());
         let p = lane
             .watches
             .clone()
             .try_acquire_owned()
             .map_err(|_| unavailable("a new connection had no room".into()))?;
+        self.lanes
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push(lane.clone());
         Ok((lane, p))
     }
 
@@ -599,7 +582,7 @@ impl ClusterClient {
             http::header::ACCEPT_ENCODING,
             http::HeaderValue::from_static("identity"),
         );
-        let (lane, permit) = self.watch_lane()?;
+        let (lane, permit) = self.watch_lane().await?;
         let token = self.token().await?;
         let res = self.send(&lane, req, token.as_deref()).await?;
         Ok(WatchBody {
@@ -835,7 +818,6 @@ pub struct Api {
     kubeconfigs: Vec<(String, PathBuf)>,
     token_command: Option<String>,
     clients: std::sync::Mutex<HashMap<Cluster, Cell>>,
-    opened: Arc<AtomicU64>,
 }
 
 impl Api {
@@ -844,13 +826,7 @@ impl Api {
             kubeconfigs,
             token_command,
             clients: std::sync::Mutex::new(HashMap::new()),
-            opened: Arc::new(AtomicU64::new(0)),
         }
-    }
-
-    /// TCP connections opened to API servers so far.
-    pub fn connections_opened(&self) -> u64 {
-        self.opened.load(Ordering::Relaxed)
     }
 
     /// The client of `cluster`, built on first use: concurrent first uses share one build,
@@ -1030,11 +1006,10 @@ impl Api {
         }
         let server = redacted(&config.cluster_url);
         let namespace = config.default_namespace.clone();
-        let opened = self.opened.clone();
         // Building runs exec credential plugins (blocking std::process calls): off the
         // runtime's workers.
         let c = config.clone();
-        let client = tokio::task::spawn_blocking(move || build_client(c, opened))
+        let client = tokio::task::spawn_blocking(move || build_client(c))
             .await
             .map_err(|e| BuildError::Credentials(unavailable(format!("building the client failed: {e}"))))?
             .map_err(|e| {
@@ -1048,7 +1023,6 @@ impl Api {
                 watches: Arc::new(tokio::sync::Semaphore::new(STREAMS_PER_CONNECTION)),
             })]),
             config,
-            opened: self.opened.clone(),
             namespace,
             server,
             token_command: self.token_command.clone(),
@@ -1121,7 +1095,7 @@ fn redacted(uri: &http::Uri) -> String {
 
 /// kube's client, with HTTP/2 offered: hyper's pooled client over rustls (ALPN h2 then
 /// http/1.1), kube's base-URI, auth and header layers on top.
-fn build_client(config: kube::Config, opened: Arc<AtomicU64>) -> Result<kube::Client, String> {
+fn build_client(config: kube::Config) -> Result<kube::Client, String> {
     let mut http = HttpConnector::new();
     http.enforce_http(false);
     http.set_nodelay(true);
@@ -1140,10 +1114,7 @@ fn build_client(config: kube::Config, opened: Arc<AtomicU64>) -> Result<kube::Cl
         builder =
             builder.with_server_name_resolver(hyper_rustls::FixedServerNameResolver::new(name));
     }
-    let https = builder.enable_all_versions().wrap_connector(Counted {
-        inner: http,
-        opened,
-    });
+    let https = builder.enable_all_versions().wrap_connector(http);
     let hyper = hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
         .timer(hyper_util::rt::TokioTimer::new())
         .pool_timer(hyper_util::rt::TokioTimer::new())
