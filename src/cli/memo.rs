@@ -28,14 +28,15 @@ pub struct MemoArgs {
 #[derive(Debug, Args)]
 #[command(next_help_heading = "Backend")]
 pub struct NatsArgs {
-    /// Keep the notes in a NATS JetStream key-value bucket shared with other hosts, instead of
-    /// the store: nats://HOST:PORT (comma-separated for a cluster; tls://… for TLS)
+    /// Keep this role's state on NATS JetStream, shared with other hosts, instead of the
+    /// store: nats://HOST:PORT (comma-separated for a cluster; tls://… for TLS)
     /// [default: the embedded store].
     #[arg(long, value_name = "URL")]
     pub backend: Option<String>,
-    /// The key-value bucket (with --backend).
-    #[arg(long, default_value = crate::source::memo::nats::DEFAULT_BUCKET, value_name = "NAME")]
-    pub nats_bucket: String,
+    /// The key-value bucket (with --backend) [default: herald_memo for memo, herald_slack for
+    /// slack].
+    #[arg(long, value_name = "NAME")]
+    pub nats_bucket: Option<String>,
     /// A NATS credentials file (.creds: JWT and nkey seed) [default: none].
     #[arg(long, value_name = "FILE")]
     pub nats_creds: Option<std::path::PathBuf>,
@@ -57,7 +58,10 @@ impl NatsArgs {
             creds: self.nats_creds.clone(),
             nkey: self.nats_nkey.clone(),
             tls_ca: self.nats_tls_ca.clone(),
-            bucket: self.nats_bucket.clone(),
+            bucket: self
+                .nats_bucket
+                .clone()
+                .unwrap_or_else(|| crate::source::memo::nats::DEFAULT_BUCKET.to_owned()),
         })
     }
 }

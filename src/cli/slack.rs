@@ -7,10 +7,15 @@ use anyhow::Context;
 use clap::Args;
 use serde::{Deserialize, Serialize};
 
-use crate::cli::serve::{ServeArgs, begin, serve_until_stopped};
+use crate::cli::memo::NatsArgs;
+use crate::cli::serve::{ServeArgs, begin, role_store, serve_until_stopped};
 use crate::cli::{Exit, Globals, usage};
 use crate::mcp::context::RoleContext;
+use std::time::Duration;
+
 use crate::source::slack::api::DEFAULT_API_URL;
+use crate::source::slack::shared::{self, SharedConfig};
+use crate::store::nats::NatsConfig;
 use crate::source::slack::buffer::MAX_EVENTS;
 use crate::source::slack::settings::Settings;
 use crate::source::slack::socket::DEFAULT_IDLE;
@@ -37,9 +42,20 @@ pub struct SlackArgs {
     /// 10 s later (or this long later, if shorter).
     #[arg(long, value_name = "MS", default_value_t = 30_000)]
     pub socket_idle_ms: u64,
-    /// A TOML file with a [slack] table: api_url, credentials, max_events. Flags override it.
+    /// A TOML file with a [slack] table: api_url, credentials, max_events, socket_idle_ms,
+    /// backend, nats_bucket, nats_creds, nats_nkey, nats_tls_ca, lease_heartbeat_ms,
+    /// lease_stale_ms. Flags override it.
     #[arg(long, value_name = "FILE.toml")]
     pub config: Option<PathBuf>,
+    #[command(flatten)]
+    pub nats: NatsArgs,
+    /// With --backend: how often the socket lease's holder renews it.
+    #[arg(long, value_name = "MS", default_value_t = 30_000, help_heading = "Backend")]
+    pub lease_heartbeat_ms: u64,
+    /// With --backend: a lease not renewed for this long is taken over by another process
+    /// (which then opens the socket and backfills the gap).
+    #[arg(long, value_name = "MS", default_value_t = 90_000, help_heading = "Backend")]
+    pub lease_stale_ms: u64,
 }
 
 /// The `[slack]` table.
@@ -51,6 +67,21 @@ pub struct SlackToml {
     pub credentials: Option<PathBuf>,
     pub max_events: Option<usize>,
     pub socket_idle_ms: Option<u64>,
+    /// `nats://HOST:PORT[,…]`: the feed shared on NATS JetStream, as `--backend`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub backend: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub nats_bucket: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub nats_creds: Option<PathBuf>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub nats_nkey: Option<PathBuf>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub nats_tls_ca: Option<PathBuf>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub lease_heartbeat_ms: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub lease_stale_ms: Option<u64>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -71,11 +102,7 @@ fn load(path: &Path) -> anyhow::Result<SlackToml> {
             crate::gateway::config::toml_message(&text, &e)
         )
     })?;
-    if let Some(c) = &mut t.slack.credentials
-        && c.is_relative()
-    {
-        *c = path.parent().unwrap_or(Path::new(".")).join(&*c);
-    }
+    t.slack.resolve(path.parent().unwrap_or(Path::new(".")));
     Ok(t.slack)
 }
 
@@ -90,11 +117,68 @@ impl SlackArgs {
         t.api_url = self.slack_api_url.clone().or(t.api_url);
         t.max_events = self.max_events.or(t.max_events);
         t.socket_idle_ms = Some(self.socket_idle_ms);
+        let n = &self.nats;
+        t.backend = n.backend.clone().or(t.backend);
+        t.nats_bucket = n.nats_bucket.clone().or(t.nats_bucket);
+        t.nats_creds = n.nats_creds.clone().or(t.nats_creds);
+        t.nats_nkey = n.nats_nkey.clone().or(t.nats_nkey);
+        t.nats_tls_ca = n.nats_tls_ca.clone().or(t.nats_tls_ca);
+        t.lease_heartbeat_ms = Some(self.lease_heartbeat_ms);
+        t.lease_stale_ms = Some(self.lease_stale_ms);
         t.to_config()
     }
 }
 
 impl SlackToml {
+    /// Paths relative to the config file's directory `base`.
+    pub fn resolve(&mut self, base: &Path) {
+        for p in [
+            &mut self.credentials,
+            &mut self.nats_creds,
+            &mut self.nats_nkey,
+            &mut self.nats_tls_ca,
+        ]
+        .into_iter()
+        .flatten()
+        {
+            if p.is_relative() {
+                *p = base.join(&*p);
+            }
+        }
+    }
+
+    /// The NATS settings, when `backend` names NATS (checked: what can be without connecting).
+    pub fn shared(&self) -> anyhow::Result<Option<SharedConfig>> {
+        let Some(urls) = self.backend.clone() else {
+            return Ok(None);
+        };
+        let nats = NatsConfig {
+            urls,
+            creds: self.nats_creds.clone(),
+            nkey: self.nats_nkey.clone(),
+            tls_ca: self.nats_tls_ca.clone(),
+            bucket: self
+                .nats_bucket
+                .clone()
+                .unwrap_or_else(|| shared::DEFAULT_BUCKET.to_owned()),
+        };
+        nats.check().map_err(|e| anyhow::anyhow!("{e}"))?;
+        let heartbeat = Duration::from_millis(self.lease_heartbeat_ms.unwrap_or(30_000).max(10));
+        let stale = Duration::from_millis(self.lease_stale_ms.unwrap_or(90_000));
+        if stale < heartbeat * 2 {
+            anyhow::bail!(
+                "lease_stale_ms ({} ms) must be at least twice lease_heartbeat_ms ({} ms), or a holder that is merely slow loses its lease",
+                stale.as_millis(),
+                heartbeat.as_millis()
+            );
+        }
+        Ok(Some(SharedConfig {
+            nats,
+            heartbeat,
+            stale,
+        }))
+    }
+
     /// Every unset field at its default (what `herald up --print-config` shows).
     pub fn with_defaults(mut self) -> SlackToml {
         self.api_url
@@ -130,13 +214,19 @@ impl SlackToml {
                 t.socket_idle_ms.unwrap_or(30_000).max(100),
             ),
             inert_expected: false,
+            shared: self.shared()?,
         })
     }
 }
 
 pub async fn run(args: SlackArgs, globals: &Globals) -> Result<(), Exit> {
     let cfg = args.config().map_err(usage)?;
-    let store = globals.open_store().await?;
+    // On NATS the feed is not kept here: a store only for what else needs one (a QUIC
+    // identity, tasks), as the roles without state do.
+    let store = match &cfg.shared {
+        None => globals.open_store().await?,
+        Some(_) => role_store(&args.serve.options(), globals).await?,
+    };
     let ctx = RoleContext::new("slack");
     let admin = begin(&args.serve, &ctx, globals, &store).await?;
     let source = Slack::open(cfg, store.clone(), &ctx).await?;

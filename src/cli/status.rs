@@ -157,6 +157,22 @@ pub fn table(r: &StatusReport) -> String {
         );
     }
 
+    if !r.backends.is_empty() {
+        out.push('\n');
+        let rows: Vec<Vec<String>> = r
+            .backends
+            .iter()
+            .map(|b| {
+                vec![
+                    b.name.clone(),
+                    if b.connected { "yes" } else { "no" }.into(),
+                    b.target.clone(),
+                ]
+            })
+            .collect();
+        columns(&mut out, &["BACKEND", "CONNECTED", "SERVERS"], &rows);
+    }
+
     out.push('\n');
     if r.watches.is_empty() {
         out.push_str("no watches\n");
@@ -242,7 +258,9 @@ fn human_bytes(b: u64) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::mcp::status::{RoleReport, StoreReport, UpstreamReport, WatchReport};
+    use crate::mcp::status::{
+        BackendReport, RoleReport, StoreReport, UpstreamReport, WatchReport,
+    };
 
     #[test]
     fn the_admin_address_may_be_a_url_or_host_port() {
@@ -274,6 +292,11 @@ mod tests {
                 ever_connected: false,
                 last_error: Some("connection refused\nsecond line".into()),
             }],
+            backends: vec![BackendReport {
+                name: "memo nats".into(),
+                target: "nats://10.0.0.2:4222".into(),
+                connected: true,
+            }],
             listens: 2,
             watches: vec![WatchReport {
                 name: "notes".into(),
@@ -298,6 +321,9 @@ memo  serving  2        http://127.0.0.1:8750/mcp quic://127.0.0.1:8751
 
 UPSTREAM  CONNECTED  TARGET               LAST ERROR
 prod      never      http://10.0.0.1/mcp  connection refused second line
+
+BACKEND    CONNECTED  SERVERS
+memo nats  yes        nats://10.0.0.2:4222
 
 WATCH  STATE    EVENTS  NOTICES  URI
 notes  running  3       1        memo://notes

@@ -31,6 +31,31 @@ pub static HTTP_CONNECTIONS_OPEN: AtomicU64 = AtomicU64::new(0);
 /// QUIC connections open on this process's QUIC endpoints.
 pub static QUIC_CONNECTIONS_OPEN: AtomicU64 = AtomicU64::new(0);
 
+/// Connections (first and every reconnect) to a NATS backend this process made.
+pub static NATS_CONNECTS: AtomicU64 = AtomicU64::new(0);
+
+/// Times a NATS backend connection of this process was lost.
+pub static NATS_DISCONNECTS: AtomicU64 = AtomicU64::new(0);
+
+/// Messages published to a NATS JetStream stream and acknowledged (the Slack feed).
+pub static NATS_PUBLISHES: AtomicU64 = AtomicU64::new(0);
+
+/// Their publish-to-acknowledgement time in all, in microseconds (with [`NATS_PUBLISHES`],
+/// the mean: a Prometheus summary's `_sum` and `_count`).
+pub static NATS_PUBLISH_MICROS: AtomicU64 = AtomicU64::new(0);
+
+/// Publishes to a NATS JetStream stream that failed (retried, or the lease was lost).
+pub static NATS_PUBLISH_FAILURES: AtomicU64 = AtomicU64::new(0);
+
+/// 1 while this process holds the Slack socket lease (`herald slack --backend nats://…`).
+pub static SLACK_LEASE_HELD: AtomicU64 = AtomicU64::new(0);
+
+/// Times this process took the Slack socket lease.
+pub static SLACK_LEASE_ACQUIRED: AtomicU64 = AtomicU64::new(0);
+
+/// Times this process lost the lease (taken over, a write refused, NATS out of reach too long).
+pub static SLACK_LEASE_LOST: AtomicU64 = AtomicU64::new(0);
+
 /// The counters, name and help text.
 static COUNTERS: &[(&str, &str, &AtomicU64)] = &[
     (
@@ -58,6 +83,31 @@ static COUNTERS: &[(&str, &str, &AtomicU64)] = &[
         "times a QUIC endpoint reached --max-connections and stopped accepting",
         &QUIC_CONNECTION_LIMIT_REACHED,
     ),
+    (
+        "herald_nats_connects_total",
+        "connections to a NATS backend made (the first and every reconnect)",
+        &NATS_CONNECTS,
+    ),
+    (
+        "herald_nats_disconnects_total",
+        "times a NATS backend connection was lost",
+        &NATS_DISCONNECTS,
+    ),
+    (
+        "herald_nats_publish_failures_total",
+        "JetStream publishes that failed (retried, or the lease was lost)",
+        &NATS_PUBLISH_FAILURES,
+    ),
+    (
+        "herald_slack_lease_acquired_total",
+        "times this process took the Slack socket lease",
+        &SLACK_LEASE_ACQUIRED,
+    ),
+    (
+        "herald_slack_lease_lost_total",
+        "times this process lost the Slack socket lease",
+        &SLACK_LEASE_LOST,
+    ),
 ];
 
 /// The process-wide gauges, name and help text.
@@ -71,6 +121,11 @@ static GAUGES: &[(&str, &str, &AtomicU64)] = &[
         "herald_quic_connections_open",
         "QUIC connections open on this process's QUIC endpoints",
         &QUIC_CONNECTIONS_OPEN,
+    ),
+    (
+        "herald_slack_lease_held",
+        "1 while this process holds the Slack socket lease (herald slack --backend nats://…)",
+        &SLACK_LEASE_HELD,
     ),
 ];
 
@@ -87,6 +142,13 @@ pub fn render() -> String {
             );
         }
     }
+    let name = "herald_nats_publish_seconds";
+    let _ = write!(
+        out,
+        "# HELP {name} time from a JetStream publish to its acknowledgement\n# TYPE {name} summary\n{name}_sum {:.6}\n{name}_count {}\n",
+        NATS_PUBLISH_MICROS.load(Ordering::Relaxed) as f64 / 1e6,
+        NATS_PUBLISHES.load(Ordering::Relaxed)
+    );
     out
 }
 
@@ -121,6 +183,15 @@ pub fn render_status(report: &StatusReport) -> String {
             .upstreams
             .iter()
             .map(|u| (label("upstream", &u.name), u.connected.into()))
+            .collect(),
+    );
+    gauge(
+        "herald_backend_connected",
+        "1 while the role's NATS backend connection is up",
+        report
+            .backends
+            .iter()
+            .map(|b| (label("backend", &b.name), b.connected.into()))
             .collect(),
     );
     gauge(

@@ -79,6 +79,19 @@ pub struct WatchReport {
     pub failed: bool,
 }
 
+/// A role's NATS backend in a [`StatusReport`].
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct BackendReport {
+    /// `memo nats`, `slack nats`.
+    pub name: String,
+    /// The servers, without credentials.
+    pub target: String,
+    pub connected: bool,
+}
+
+/// Whether a backend is connected now.
+pub type Connected = Arc<dyn Fn() -> bool + Send + Sync>;
+
 /// The store file in a [`StatusReport`].
 #[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
 pub struct StoreReport {
@@ -103,6 +116,9 @@ pub struct StatusReport {
     pub draining: bool,
     pub roles: Vec<RoleReport>,
     pub upstreams: Vec<UpstreamReport>,
+    /// The roles' NATS backends.
+    #[serde(default)]
+    pub backends: Vec<BackendReport>,
     /// Open `subscriptions/listen` streams, all roles together.
     pub listens: usize,
     pub watches: Vec<WatchReport>,
@@ -129,6 +145,9 @@ pub struct Readiness {
     pub roles_starting: Vec<String>,
     /// Configured upstreams that have never connected.
     pub upstreams_never_connected: Vec<UpstreamWaiting>,
+    /// NATS backends not connected now (a role on NATS serves nothing new without it).
+    #[serde(default)]
+    pub backends_disconnected: Vec<String>,
 }
 
 struct Role {
@@ -143,6 +162,7 @@ struct Board {
     started: bool,
     roles: Vec<Role>,
     upstreams: Vec<Weak<Upstream>>,
+    backends: Vec<(String, String, Connected)>,
     watches: Option<WatchList>,
     store: Option<PathBuf>,
 }
@@ -207,6 +227,22 @@ impl StatusBoard {
         self.lock().upstreams.push(Arc::downgrade(upstream));
     }
 
+    /// Enters a role's NATS backend: `/ready` waits while it is not connected.
+    pub fn add_backend(&self, name: String, target: String, connected: Connected) {
+        self.lock().backends.push((name, target, connected));
+    }
+
+    fn backends(&self) -> Vec<BackendReport> {
+        let rows: Vec<(String, String, Connected)> = self.lock().backends.clone();
+        rows.into_iter()
+            .map(|(name, target, f)| BackendReport {
+                name,
+                target,
+                connected: f(),
+            })
+            .collect()
+    }
+
     /// Where the watches come from (a watch client's manager).
     pub fn set_watches(&self, watches: WatchList) {
         self.lock().watches = Some(watches);
@@ -253,16 +289,24 @@ impl StatusBoard {
                 last_error: u.last_error,
             })
             .collect();
+        let backends_disconnected: Vec<String> = self
+            .backends()
+            .into_iter()
+            .filter(|b| !b.connected)
+            .map(|b| b.name)
+            .collect();
         let draining = self.shutdown.is_cancelled();
         Readiness {
             ready: started
                 && !draining
                 && roles_starting.is_empty()
-                && upstreams_never_connected.is_empty(),
+                && upstreams_never_connected.is_empty()
+                && backends_disconnected.is_empty(),
             starting: !started,
             draining,
             roles_starting,
             upstreams_never_connected,
+            backends_disconnected,
         }
     }
 
@@ -302,6 +346,7 @@ impl StatusBoard {
             listens: roles.iter().map(|r| r.listens).sum(),
             roles,
             upstreams: self.upstreams().iter().map(|u| u.report()).collect(),
+            backends: self.backends(),
             watches,
             store: StoreReport { path: store, bytes },
         }
@@ -346,7 +391,23 @@ mod tests {
         up.live().await.expect("connects");
         assert!(board.readiness().ready);
 
+        // A NATS backend: not ready while it is disconnected, whatever else is.
+        let nats_up = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let flag = nats_up.clone();
+        board.add_backend(
+            "memo nats".into(),
+            "nats://h:4222".into(),
+            Arc::new(move || flag.load(std::sync::atomic::Ordering::Relaxed)),
+        );
+        let r = board.readiness();
+        assert!(!r.ready, "{r:?}");
+        assert_eq!(r.backends_disconnected, vec!["memo nats".to_owned()]);
+        nats_up.store(true, std::sync::atomic::Ordering::Relaxed);
+        assert!(board.readiness().ready);
+
         let report = board.report().await;
+        assert_eq!(report.backends.len(), 1);
+        assert!(report.backends[0].connected);
         assert_eq!(report.listens, 3);
         assert_eq!(report.roles[0].state, RoleState::Serving);
         assert!(report.upstreams[0].connected && report.upstreams[0].ever_connected);
@@ -374,6 +435,11 @@ mod tests {
                 state: RoleState::Serving,
                 endpoints: vec!["http://127.0.0.1:1/mcp".into()],
                 listens: 1,
+            }],
+            backends: vec![BackendReport {
+                name: "slack nats".into(),
+                target: "nats://a:4222".into(),
+                connected: false,
             }],
             upstreams: vec![UpstreamReport {
                 name: "a".into(),

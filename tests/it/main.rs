@@ -23,6 +23,7 @@ mod nats;
 mod poll;
 mod slack;
 mod slack_fake;
+mod slack_nats;
 mod store;
 mod support;
 mod systemd;

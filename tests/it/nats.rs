@@ -61,6 +61,11 @@ impl NatsServer {
         child
     }
 
+    /// Where it keeps its JetStream files.
+    pub(crate) fn dir(&self) -> &std::path::Path {
+        self.dir.path()
+    }
+
     pub(crate) fn url(&self) -> String {
         format!("nats://127.0.0.1:{}", self.port)
     }

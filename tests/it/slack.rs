@@ -16,7 +16,7 @@ use crate::support::*;
 const KEY: &str = "8f2c6e1d4b7a9035c1e2f3a4b5c6d7e8f9a0b1c2d3e4f5a6b7c8d9e0f1a2b3c4";
 const EVENTS: &str = "slack-events://message_posted";
 
-fn env() -> Vec<(&'static str, &'static str)> {
+pub(crate) fn env() -> Vec<(&'static str, &'static str)> {
     vec![
         ("SLACK_APP_TOKEN", APP_TOKEN),
         ("SLACK_BOT_TOKEN", BOT_TOKEN),
@@ -24,7 +24,7 @@ fn env() -> Vec<(&'static str, &'static str)> {
     ]
 }
 
-async fn fake() -> FakeSlack {
+pub(crate) async fn fake() -> FakeSlack {
     let fake = FakeSlack::start().await;
     fake.add_channel("C1", "general", Kind::Public);
     fake.add_channel("C2", "ops", Kind::Public);
@@ -35,7 +35,7 @@ async fn fake() -> FakeSlack {
 }
 
 /// `herald slack` on HTTP against `fake`, with `store` and `extra` flags, configured.
-async fn start(fake: &FakeSlack, store: &str, extra: &[&str]) -> Server {
+pub(crate) async fn start(fake: &FakeSlack, store: &str, extra: &[&str]) -> Server {
     let url = fake.api_url();
     let mut args = vec!["--store", store, "slack", "--http", "127.0.0.1:0"];
     args.extend(["--slack-api-url", url.as_str()]);
@@ -43,7 +43,7 @@ async fn start(fake: &FakeSlack, store: &str, extra: &[&str]) -> Server {
     Server::spawn_env(&args, &env()).await
 }
 
-async fn client(server: &Server) -> Connection {
+pub(crate) async fn client(server: &Server) -> Connection {
     tokio::time::timeout(
         WAIT,
         connect(
@@ -58,26 +58,26 @@ async fn client(server: &Server) -> Connection {
     .expect("connect")
 }
 
-async fn connected(fake: &FakeSlack) {
+pub(crate) async fn connected(fake: &FakeSlack) {
     fake.wait_until("herald's socket open", |s| s.sockets_open() == 1)
         .await;
 }
 
-async fn poll(conn: &Connection, params: Value) -> Value {
+pub(crate) async fn poll(conn: &Connection, params: Value) -> Value {
     request(conn, "events/poll", params.clone())
         .await
         .unwrap_or_else(|e| panic!("events/poll {params}: {e:?}"))
 }
 
 /// The cursor meaning "from now".
-async fn now_cursor(conn: &Connection) -> String {
+pub(crate) async fn now_cursor(conn: &Connection) -> String {
     let r = poll(conn, json!({"name": "message_posted", "cursor": null})).await;
     r["cursor"].as_str().unwrap().to_owned()
 }
 
 /// Long-polls from `cursor` with `arguments` until `n` events are in; returns them (their
 /// `data`) and the cursor after them.
-async fn collect(
+pub(crate) async fn collect(
     conn: &Connection,
     arguments: Value,
     cursor: &str,
@@ -114,7 +114,7 @@ async fn collect(
 }
 
 /// What a poll from `cursor` returns at once (no waiting).
-async fn poll_now(conn: &Connection, arguments: Value, cursor: &str) -> Value {
+pub(crate) async fn poll_now(conn: &Connection, arguments: Value, cursor: &str) -> Value {
     poll(
         conn,
         json!({"name": "message_posted", "arguments": arguments, "cursor": cursor}),
@@ -122,7 +122,7 @@ async fn poll_now(conn: &Connection, arguments: Value, cursor: &str) -> Value {
     .await
 }
 
-async fn status(conn: &Connection) -> Value {
+pub(crate) async fn status(conn: &Connection) -> Value {
     let r = tokio::time::timeout(
         WAIT,
         conn.call_tool(CallToolRequestParams::new("slack_events_status".to_owned())),
@@ -145,7 +145,7 @@ async fn next_updated(sub: &mut rmcp::service::Subscription) -> String {
     }
 }
 
-fn texts(events: &[Value]) -> Vec<&str> {
+pub(crate) fn texts(events: &[Value]) -> Vec<&str> {
     events.iter().map(|e| e["text"].as_str().unwrap()).collect()
 }
 

@@ -148,6 +148,8 @@ pub struct SlackState {
     /// Sockets whose connection task is still running, oldest first.
     sockets: Vec<Socket>,
     sockets_opened: usize,
+    /// The most sockets ever open at once (a closing one counts until it is gone).
+    most_sockets_open: usize,
     refused: usize,
     /// Every envelope sent over a socket, redeliveries included, in order.
     envelopes: Vec<Value>,
@@ -200,6 +202,11 @@ impl SlackState {
     /// Sockets whose connection has not ended yet (a closing one counts until it is gone).
     pub fn sockets_open(&self) -> usize {
         self.sockets.len()
+    }
+
+    /// The most sockets that were ever open at once.
+    pub fn most_sockets_open(&self) -> usize {
+        self.most_sockets_open
     }
 
     /// WebSocket upgrades refused (unknown or reused ticket, or Slack down).
@@ -266,6 +273,7 @@ impl SlackState {
             deliver: true,
             sockets: Vec::new(),
             sockets_opened: 0,
+            most_sockets_open: 0,
             refused: 0,
             envelopes: Vec::new(),
             acks: Vec::new(),
@@ -1063,6 +1071,7 @@ async fn serve_socket(slack: FakeSlack, tcp: TcpStream) {
             tx: tx.clone(),
             live: true,
         });
+        s.most_sockets_open = s.most_sockets_open.max(s.sockets.len());
         // Queued under the lock, so nothing can be sent ahead of it.
         let hello = json!({"type": "hello", "num_connections": s.sockets.len(),
             "debug_info": {"host": format!("applink-fake-{id}"), "approximate_connection_time": 18060},
@@ -1370,6 +1379,10 @@ impl FakeSlack {
 
     pub fn sockets_open(&self) -> usize {
         self.lock().sockets_open()
+    }
+
+    pub fn most_sockets_open(&self) -> usize {
+        self.lock().most_sockets_open()
     }
 
     pub fn acks(&self) -> Vec<String> {

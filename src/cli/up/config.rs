@@ -253,11 +253,8 @@ impl UpToml {
                 }
             }
         }
-        if let Some(s) = &mut t.slack
-            && let Some(c) = &mut s.credentials
-            && c.is_relative()
-        {
-            *c = base.join(&*c);
+        if let Some(s) = &mut t.slack {
+            s.resolve(base);
         }
         if let Some(m) = &mut t.memo {
             for p in [&mut m.nats_creds, &mut m.nats_nkey, &mut m.nats_tls_ca]
@@ -323,6 +320,16 @@ impl UpToml {
                 anyhow!(
                     "[memo]: {}",
                     e.replace("--backend", "backend")
+                        .replace("--nats-", "nats_")
+                )
+            })?;
+        }
+        if let Some(s) = &self.slack {
+            s.shared().map_err(|e| {
+                anyhow!(
+                    "[slack]: {}",
+                    e.to_string()
+                        .replace("--backend", "backend")
                         .replace("--nats-", "nats_")
                 )
             })?;

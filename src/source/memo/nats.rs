@@ -13,7 +13,6 @@
 //!   resumes where it was. A watch that ends is opened again from the last revision applied.
 //!   Nothing of the notes is kept locally.
 
-use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -50,117 +49,7 @@ const START_TIMEOUT: Duration = Duration::from_secs(20);
 /// Revisions kept per key (KV history).
 const HISTORY: i64 = 16;
 
-/// How to reach NATS.
-#[derive(Debug, Clone, Default)]
-pub struct NatsConfig {
-    /// `nats://host:port[,nats://host:port…]` (or `tls://…`).
-    pub urls: String,
-    /// A `.creds` file (JWT and nkey seed).
-    pub creds: Option<PathBuf>,
-    /// A file holding an nkey seed.
-    pub nkey: Option<PathBuf>,
-    /// A CA certificate (PEM) to trust for TLS, which it then requires.
-    pub tls_ca: Option<PathBuf>,
-    /// The key-value bucket.
-    pub bucket: String,
-}
-
-impl NatsConfig {
-    /// The server list as given, without userinfo (for messages).
-    pub fn redacted(&self) -> String {
-        self.urls
-            .split(',')
-            .map(|u| match (u.find("://"), u.rfind('@')) {
-                (Some(s), Some(at)) if at > s => format!("{}{}", &u[..s + 3], &u[at + 1..]),
-                _ => u.to_owned(),
-            })
-            .collect::<Vec<_>>()
-            .join(",")
-    }
-
-    /// Checks what can be checked without connecting.
-    pub fn check(&self) -> Result<(), String> {
-        for u in self.urls.split(',') {
-            let scheme_ok = ["nats://", "tls://"].iter().any(|s| u.starts_with(s));
-            if !scheme_ok || u.len() <= "nats://".len() {
-                let shown = NatsConfig {
-                    urls: u.to_owned(),
-                    ..Default::default()
-                }
-                .redacted();
-                return Err(format!(
-                    "--backend {shown:?} is not a NATS server; give nats://HOST:PORT (comma-separated for a cluster)"
-                ));
-            }
-        }
-        for (flag, path) in [
-            ("--nats-creds", &self.creds),
-            ("--nats-nkey", &self.nkey),
-            ("--nats-tls-ca", &self.tls_ca),
-        ] {
-            if let Some(p) = path
-                && !p.is_file()
-            {
-                return Err(format!("{flag} {}: no such file", p.display()));
-            }
-        }
-        if self.bucket.is_empty()
-            || !self
-                .bucket
-                .bytes()
-                .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
-        {
-            return Err(format!(
-                "bucket name {:?}: use letters, digits, '_' and '-'",
-                self.bucket
-            ));
-        }
-        Ok(())
-    }
-
-    /// Connects (the reconnects after are async-nats's own).
-    pub async fn connect(&self) -> Result<async_nats::Client, String> {
-        self.check()?;
-        let mut opts = async_nats::ConnectOptions::new()
-            .name("herald")
-            .connection_timeout(Duration::from_secs(5))
-            .event_callback(|ev| async move {
-                match ev {
-                    async_nats::Event::Disconnected => {
-                        tracing::warn!("NATS connection lost; reconnecting")
-                    }
-                    async_nats::Event::Connected => tracing::info!("NATS connected"),
-                    other => tracing::debug!(event = %other, "NATS"),
-                }
-            });
-        if let Some(c) = &self.creds {
-            opts = opts
-                .credentials_file(c)
-                .await
-                .map_err(|e| format!("--nats-creds {}: {e}", c.display()))?;
-        }
-        if let Some(n) = &self.nkey {
-            let seed = std::fs::read_to_string(n)
-                .map_err(|e| format!("--nats-nkey {}: {e}", n.display()))?;
-            opts = opts.nkey(seed.trim().to_owned());
-        }
-        if let Some(ca) = &self.tls_ca {
-            opts = opts.add_root_certificates(ca.clone()).require_tls(true);
-        }
-        let urls: Vec<async_nats::ServerAddr> = self
-            .urls
-            .split(',')
-            .map(|u| u.parse())
-            .collect::<Result<_, _>>()
-            .map_err(|e| format!("--backend {}: {e}", self.redacted()))?;
-        opts.connect(urls).await.map_err(|e| {
-            format!(
-                "no NATS server answered at {} ({e}); is nats-server running there with -js?",
-                self.redacted()
-            )
-        })
-    }
-}
+pub use crate::store::nats::NatsConfig;
 
 /// The bucket, and how far this host's watch has applied it.
 pub struct Notes {
@@ -191,6 +80,7 @@ impl Notes {
                     START_TIMEOUT.as_secs()
                 )
             })??;
+        crate::store::nats::enter(ctx, "memo", cfg, client.clone());
         let js = async_nats::jetstream::new(client);
         let stream = format!("KV_{}", cfg.bucket);
         let kv = match js.get_key_value(&cfg.bucket).await {

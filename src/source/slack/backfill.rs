@@ -46,8 +46,8 @@ const CONCURRENCY: usize = 4;
 const PAGE: &str = "200";
 
 /// Runs passes: after each hello, ~75 s later, then every 5 minutes while connected.
-pub async fn run(core: Arc<Core>) {
-    let shutdown = core.ctx.shutdown().clone();
+pub async fn run(core: Arc<Core>, stop: tokio_util::sync::CancellationToken) {
+    let shutdown = stop;
     let mut next_settle: Option<tokio::time::Instant> = None;
     loop {
         let settle = async {

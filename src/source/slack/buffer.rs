@@ -11,6 +11,10 @@
 //! - **Writes** are batched: [`Buffer::insert`] only marks rows dirty, and [`Buffer::flush`]
 //!   (every ~2 s, and at shutdown) seals them and writes them in one store transaction. The
 //!   state row (`last_seq`, `evicted_through`, `live_through`) is sealed too.
+//! - **On NATS** ([`Buffer::memory`], `herald slack --backend nats://…`) the buffer is only
+//!   memory and the store is not touched: what is inserted here is taken by
+//!   [`Buffer::take_unwritten`] and published to the workspace's stream (`shared`), and what the
+//!   stream delivers is applied with its own seq by [`Buffer::insert_at`].
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::{Arc, Mutex};
@@ -47,6 +51,18 @@ fn now_us() -> u64 {
 struct Row {
     seq: u64,
     data: Posted,
+}
+
+/// What processes sharing a feed on NATS share of the state row (in the lease bucket): the
+/// backfill's floor and where the feed began. Never message text.
+#[derive(Debug, Serialize, Deserialize, Default, Clone, Copy, PartialEq, Eq)]
+pub struct SharedState {
+    #[serde(default)]
+    pub first_seq: u64,
+    #[serde(default)]
+    pub born_ms: Option<u64>,
+    #[serde(default)]
+    pub live_through_ms: Option<u64>,
 }
 
 #[derive(Serialize, Deserialize, Default, Clone, Copy)]
@@ -129,7 +145,8 @@ struct Inner {
 pub struct Buffer {
     inner: Mutex<Inner>,
     sealer: Sealer,
-    store: Store,
+    /// `None` on NATS: nothing is kept locally.
+    store: Option<Store>,
     retention: Duration,
     cap: usize,
 }
@@ -200,12 +217,150 @@ impl Buffer {
         let buffer = Buffer {
             inner: Mutex::new(inner),
             sealer,
-            store,
+            store: Some(store),
             retention,
             cap: cap.max(1),
         };
         buffer.expire(now_ms());
         Ok((buffer, loaded))
+    }
+
+    /// A buffer kept only in memory, for a feed shared on NATS: it starts empty, at the clock,
+    /// and learns the rest from the stream and the shared state.
+    pub fn memory(key: &Key, retention: Duration, cap: usize) -> Buffer {
+        let last = now_us();
+        Buffer {
+            inner: Mutex::new(Inner {
+                by_seq: BTreeMap::new(),
+                by_key: HashMap::new(),
+                by_age: BTreeSet::new(),
+                state: State {
+                    last_seq: last,
+                    first_seq: last,
+                    ..State::default()
+                },
+                dirty: HashMap::new(),
+                state_dirty: false,
+                closed: false,
+            }),
+            sealer: Sealer::new(key),
+            store: None,
+            retention,
+            cap: cap.max(1),
+        }
+    }
+
+    /// What seals rows (and, on NATS, the stream's payloads).
+    pub fn sealer(&self) -> &Sealer {
+        &self.sealer
+    }
+
+    /// Adds `p` under `seq` as the shared stream delivered it (a process's own inserts come
+    /// back this way too, and are held already); never marked for writing. `false` if it was
+    /// held or is past the retention.
+    pub fn insert_at(&self, seq: u64, p: Posted) -> bool {
+        if p.posted_ms() + (self.retention.as_millis() as u64) < now_ms() {
+            return false;
+        }
+        let mut inner = self.lock();
+        let key = format!("{}:{}", p.channel_id, p.ts);
+        if inner.by_key.contains_key(&key) || inner.by_seq.contains_key(&seq) {
+            return false;
+        }
+        inner.state.last_seq = inner.state.last_seq.max(seq);
+        inner.add(seq, Arc::new(p));
+        while inner.by_seq.len() > self.cap {
+            let Some((&oldest, _)) = inner.by_seq.first_key_value() else {
+                break;
+            };
+            inner.evict(oldest);
+        }
+        // Evictions mark rows to delete: nothing is deleted on NATS (the stream evicts alone).
+        inner.dirty.retain(|_, seq| seq.is_some());
+        true
+    }
+
+    /// Takes the rows inserted here and not written yet, oldest seq first (NATS: to publish).
+    pub fn take_unwritten(&self) -> Vec<Held> {
+        let mut inner = self.lock();
+        let dirty = std::mem::take(&mut inner.dirty);
+        let mut rows: Vec<Held> = dirty
+            .values()
+            .flatten()
+            .filter_map(|s| inner.by_seq.get(s).cloned())
+            .collect();
+        rows.sort_unstable_by_key(|h| h.seq);
+        rows
+    }
+
+    /// Marks `rows` unwritten again (a publish failed; the next try takes them).
+    pub fn restore_unwritten(&self, rows: &[Held]) {
+        let mut inner = self.lock();
+        for h in rows {
+            if inner.by_seq.contains_key(&h.seq) {
+                inner
+                    .dirty
+                    .insert(row_key(&h.posted.channel_id, &h.posted.ts), Some(h.seq));
+            }
+        }
+    }
+
+    /// Drops `rows` from memory as if never seen: a process that lost its lease forgets what it
+    /// could not publish (the new holder's backfill reads it from Slack's history).
+    pub fn forget(&self, rows: &[Held]) {
+        let mut inner = self.lock();
+        for h in rows {
+            if inner.by_seq.remove(&h.seq).is_some() {
+                let p = &h.posted;
+                inner.by_key.remove(&format!("{}:{}", p.channel_id, p.ts));
+                inner.by_age.remove(&(p.posted_ms(), h.seq));
+                inner.dirty.remove(&row_key(&p.channel_id, &p.ts));
+            }
+        }
+    }
+
+    /// Whether anything waits to be written (rows or, with `state`, the state too).
+    pub fn unwritten(&self) -> bool {
+        !self.lock().dirty.is_empty()
+    }
+
+    /// Nothing before `seq` is held any more (the shared stream dropped it): a cursor below
+    /// learns `truncated: true`.
+    pub fn evicted_through(&self, seq: u64) {
+        let mut inner = self.lock();
+        inner.state.evicted_through = inner.state.evicted_through.max(seq);
+    }
+
+    /// The state processes share on NATS, and whether it changed since the last call.
+    pub fn take_shared(&self) -> (SharedState, bool) {
+        let mut inner = self.lock();
+        let changed = std::mem::replace(&mut inner.state_dirty, false);
+        (
+            SharedState {
+                first_seq: inner.state.first_seq,
+                born_ms: inner.state.born_ms,
+                live_through_ms: inner.state.live_through_ms,
+            },
+            changed,
+        )
+    }
+
+    /// Takes in what another process wrote of the shared state: its start is the feed's
+    /// (cursors from before it are truncated), and `live_through` only moves forward.
+    pub fn merge_shared(&self, s: SharedState) {
+        let mut inner = self.lock();
+        if s.first_seq > 0 {
+            inner.state.first_seq = s.first_seq;
+            inner.state.last_seq = inner.state.last_seq.max(s.first_seq);
+        }
+        if inner.state.born_ms.is_none() {
+            inner.state.born_ms = s.born_ms;
+        }
+        if let Some(l) = s.live_through_ms
+            && inner.state.live_through_ms.is_none_or(|t| t < l)
+        {
+            inner.state.live_through_ms = Some(l);
+        }
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Inner> {
@@ -254,6 +409,11 @@ impl Buffer {
     /// How long a message is kept.
     pub fn retention(&self) -> Duration {
         self.retention
+    }
+
+    /// Most events kept.
+    pub fn cap(&self) -> usize {
+        self.cap
     }
 
     /// The event with `seq`, if held.
@@ -398,6 +558,10 @@ impl Buffer {
     pub async fn flush(&self) -> Result<Written, StoreError> {
         // Under the lock only what to write; serializing and sealing happen after, so a
         // large flush never holds up the socket reader or a poll.
+        if self.store.is_none() {
+            // On NATS the rows are published by `shared`, and the state goes to the bucket.
+            return Ok(Written::default());
+        }
         let (rows, state, dirty, state_dirty) = {
             let mut inner = self.lock();
             if inner.dirty.is_empty() && !inner.state_dirty {
@@ -440,11 +604,10 @@ impl Buffer {
             rows: puts.len(),
             deleted: deletes.len(),
         };
-        match self
-            .store
-            .write_batch(Table::SlackBuffer, puts, deletes)
-            .await
-        {
+        let Some(store) = &self.store else {
+            return Ok(Written::default());
+        };
+        match store.write_batch(Table::SlackBuffer, puts, deletes).await {
             Ok(()) => Ok(written),
             Err(e) => {
                 let mut inner = self.lock();

@@ -36,6 +36,28 @@ pub enum SocketState {
     AuthFailed,
     /// Shut down.
     Stopped,
+    /// On NATS, another process holds the socket lease: this one serves the shared feed and
+    /// takes the socket over if the holder goes quiet.
+    Standby,
+}
+
+/// The socket lease, on NATS (`herald slack --backend nats://…`).
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct LeaseReport {
+    /// This process holds the socket.
+    pub held: bool,
+    /// Who holds it, as far as this process knows (`host:pid:id`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub holder: Option<String>,
+    /// When this process took it last.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub acquired_at: Option<String>,
+    pub takeovers: u64,
+    pub lost: u64,
+    /// The workspace's stream and how far this process has applied it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub stream: Option<String>,
+    pub applied_sequence: u64,
 }
 
 /// What the last backfill (or settle) pass did.
@@ -77,6 +99,9 @@ pub struct Status {
     pub last_write_rows: usize,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub last_write_error: Option<String>,
+    /// The lease, when the feed is shared on NATS.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub lease: Option<LeaseReport>,
 }
 
 impl Default for Status {
@@ -95,6 +120,7 @@ impl Default for Status {
             last_write_at: None,
             last_write_rows: 0,
             last_write_error: None,
+            lease: None,
         }
     }
 }
@@ -121,6 +147,8 @@ pub struct Core {
     pub hello: Notify,
     /// A socket silent this long is pinged; silent 10 s more, it is taken for dead.
     pub socket_idle: std::time::Duration,
+    /// Woken by every insert: on NATS, the publisher takes it to the stream at once.
+    pub unwritten: Notify,
 }
 
 impl Core {
@@ -136,6 +164,7 @@ impl Core {
             status: Mutex::new(Status::default()),
             hello: Notify::new(),
             socket_idle: std::time::Duration::from_secs(30),
+            unwritten: Notify::new(),
         }
     }
 
@@ -156,6 +185,7 @@ impl Core {
         let field = |k: &str| v.get(k).and_then(Value::as_str).unwrap_or("").to_owned();
         let bot = BotIdentity {
             user_id: field("user_id"),
+            team_id: field("team_id"),
             bot_id: Some(field("bot_id")).filter(|b| !b.is_empty()),
             workspace_url: field("url"),
         };
@@ -194,8 +224,25 @@ impl Core {
         let Some(seq) = self.buffer.insert(p) else {
             return false;
         };
+        self.unwritten.notify_one();
+        self.wake(seq);
+        true
+    }
+
+    /// Adds `p` under `seq` as the shared stream delivered it, and wakes whoever waits for
+    /// it; `false` if it was held already (this process's own, published).
+    pub fn apply(&self, seq: u64, p: Posted) -> bool {
+        if !self.buffer.insert_at(seq, p) {
+            return false;
+        }
+        self.wake(seq);
+        true
+    }
+
+    /// Wakes the long polls and the listens `seq` passes.
+    fn wake(&self, seq: u64) {
         let Some(held) = self.buffer.get(seq) else {
-            return true;
+            return;
         };
         let matching: Vec<String> = {
             let listens = self.listens.lock().unwrap_or_else(|e| e.into_inner());
@@ -211,7 +258,6 @@ impl Core {
                 self.feed.publish(&uri);
             }
         }
-        true
     }
 
     /// The buffer's figures with readable times.

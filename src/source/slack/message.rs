@@ -22,6 +22,8 @@ const POSTED_SUBTYPES: [&str; 4] = [
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct BotIdentity {
     pub user_id: String,
+    /// The workspace (`T…`): on NATS it names the shared stream.
+    pub team_id: String,
     pub bot_id: Option<String>,
     /// `https://team.slack.com/`: permalinks are built from it, with no API call.
     pub workspace_url: String,
@@ -192,6 +194,7 @@ mod tests {
     fn bot() -> BotIdentity {
         BotIdentity {
             user_id: "UBOT".into(),
+            team_id: "T1".into(),
             bot_id: Some("BBOT".into()),
             workspace_url: "https://team.slack.com/".into(),
         }

@@ -24,6 +24,7 @@ pub mod filter;
 pub mod message;
 pub mod seal;
 pub mod settings;
+pub mod shared;
 pub mod socket;
 
 use std::sync::Arc;
@@ -49,7 +50,7 @@ use crate::mcp::source::{
     Admission, Call, Caller, Contents, ListenFilter, Source, SourceError, SourceInfo, WatchGuard,
     check_args, schema,
 };
-use crate::store::{Store, StoreError};
+use crate::store::Store;
 
 /// How often the buffer is written (and expired).
 pub const FLUSH_EVERY: Duration = Duration::from_secs(2);
@@ -69,6 +70,9 @@ pub struct SlackConfig {
     /// Inert is what was asked for (`herald up`'s demo, which says so in its banner): said at
     /// info, not as a warning.
     pub inert_expected: bool,
+    /// The feed shared on NATS with other processes (`--backend nats://…`); `None`: the
+    /// store.
+    pub shared: Option<shared::SharedConfig>,
 }
 
 impl SlackConfig {
@@ -79,6 +83,7 @@ impl SlackConfig {
             max_events: MAX_EVENTS,
             socket_idle: socket::DEFAULT_IDLE,
             inert_expected: false,
+            shared: None,
         }
     }
 }
@@ -96,12 +101,10 @@ pub struct Slack {
 
 impl Slack {
     /// Opens the buffer and starts the socket, the backfill and the flusher on `ctx`, when
-    /// configured; otherwise an inert source that makes no Slack call.
-    pub async fn open(
-        cfg: SlackConfig,
-        store: Store,
-        ctx: &RoleContext,
-    ) -> Result<Slack, StoreError> {
+    /// configured; otherwise an inert source that makes no Slack call. On NATS the buffer is
+    /// the shared stream's, and the socket and backfill run only while this process holds
+    /// the lease ([`shared`]); the connection is made here, so a bad address fails the start.
+    pub async fn open(cfg: SlackConfig, store: Store, ctx: &RoleContext) -> anyhow::Result<Slack> {
         // This process holds the Slack secrets from here on: its children never get them.
         for var in [
             settings::APP_TOKEN,
@@ -129,18 +132,34 @@ impl Slack {
                 }
                 None
             }
-            Some(c) => {
-                let (buffer, loaded) =
-                    Buffer::open(store, &c.key, c.retention, cfg.max_events).await?;
-                tracing::info!(events = loaded.events, "slack buffer opened");
-                let mut core = Core::new(api.clone(), buffer, ctx.clone());
-                core.socket_idle = cfg.socket_idle;
-                let core = Arc::new(core);
-                ctx.spawn("slack socket mode", socket::run(core.clone()));
-                ctx.spawn("slack backfill", backfill::run(core.clone()));
-                ctx.spawn("slack flush", flush(core.clone()));
-                Some(core)
-            }
+            Some(c) => match &cfg.shared {
+                None => {
+                    let (buffer, loaded) =
+                        Buffer::open(store, &c.key, c.retention, cfg.max_events).await?;
+                    tracing::info!(events = loaded.events, "slack buffer opened");
+                    let mut core = Core::new(api.clone(), buffer, ctx.clone());
+                    core.socket_idle = cfg.socket_idle;
+                    let core = Arc::new(core);
+                    let stop = ctx.shutdown().clone();
+                    ctx.spawn("slack socket mode", socket::run(core.clone(), stop.clone()));
+                    ctx.spawn("slack backfill", backfill::run(core.clone(), stop));
+                    ctx.spawn("slack flush", flush(core.clone()));
+                    Some(core)
+                }
+                Some(sc) => {
+                    let link = shared::Shared::connect(sc.clone())
+                        .await
+                        .map_err(|e| anyhow::anyhow!("{e}"))?;
+                    crate::store::nats::enter(ctx, "slack", &sc.nats, link.client().clone());
+                    let buffer = Buffer::memory(&c.key, c.retention, cfg.max_events);
+                    let mut core = Core::new(api.clone(), buffer, ctx.clone());
+                    core.socket_idle = cfg.socket_idle;
+                    let core = Arc::new(core);
+                    ctx.spawn("slack nats", shared::run(core.clone(), link));
+                    ctx.spawn("slack flush", flush(core.clone()));
+                    Some(core)
+                }
+            },
         };
         Ok(Slack {
             core,

@@ -58,10 +58,22 @@ enum Signal {
     Closed(u64, Option<String>),
 }
 
-/// One open connection: its id and the token that closes it.
+/// One open connection: its id, the token that closes it, and its reader.
 struct Conn {
     id: u64,
     close: CancellationToken,
+    reader: Option<tokio::task::JoinHandle<()>>,
+}
+
+impl Conn {
+    /// Closes it and waits for its reader to finish the close (bounded): on NATS the next
+    /// lease holder opens its socket only after this one is gone.
+    async fn close(mut self) {
+        self.close.cancel();
+        if let Some(r) = self.reader.take() {
+            let _ = tokio::time::timeout(CLOSE_WAIT * 3, r).await;
+        }
+    }
 }
 
 impl Drop for Conn {
@@ -140,9 +152,10 @@ fn tls() -> Arc<rustls::ClientConfig> {
     Arc::new(cfg)
 }
 
-/// Runs Socket Mode until shutdown or `link_disabled`.
-pub async fn run(core: Arc<Core>) {
-    let shutdown = core.ctx.shutdown().clone();
+/// Runs Socket Mode until `stop` (shutdown, or on NATS the lease lost) or `link_disabled`;
+/// returns once the socket is closed.
+pub async fn run(core: Arc<Core>, stop: CancellationToken) {
+    let shutdown = stop;
     let (tx, mut rx) = mpsc::channel::<Signal>(64);
     let mut backoff = RECONNECT;
     let mut next_id = 0u64;
@@ -164,7 +177,7 @@ pub async fn run(core: Arc<Core>) {
             next_id += 1;
             let opened = tokio::select! {
                 _ = shutdown.cancelled() => break,
-                r = open(&core, next_id, tx.clone()) => r,
+                r = open(&core, next_id, tx.clone(), &shutdown) => r,
             };
             match opened {
                 Ok(conn) => {
@@ -217,13 +230,16 @@ pub async fn run(core: Arc<Core>) {
                         "Slack disabled this app's Socket Mode link (link_disabled); not reconnecting until herald is restarted".into(),
                     );
                     set_state(&core, SocketState::LinkDisabled);
+                    if let Some(c) = live.take() {
+                        c.close().await;
+                    }
                     return;
                 }
                 "refresh_requested" | "warning" => {
                     next_id += 1;
                     let swap = tokio::select! {
                         _ = shutdown.cancelled() => break,
-                        r = replace(&core, next_id, &tx, &mut rx) => r,
+                        r = replace(&core, next_id, &tx, &mut rx, &shutdown) => r,
                     };
                     match swap {
                         Ok(new) => {
@@ -258,7 +274,9 @@ pub async fn run(core: Arc<Core>) {
             _ => {}
         }
     }
-    drop(live);
+    if let Some(c) = live.take() {
+        c.close().await;
+    }
     if core.status().state != SocketState::LinkDisabled {
         set_state(&core, SocketState::Stopped);
     }
@@ -297,8 +315,11 @@ async fn replace(
     id: u64,
     tx: &mpsc::Sender<Signal>,
     rx: &mut mpsc::Receiver<Signal>,
+    stop: &CancellationToken,
 ) -> Result<Conn, String> {
-    let conn = open(core, id, tx.clone()).await.map_err(|e| e.message)?;
+    let conn = open(core, id, tx.clone(), stop)
+        .await
+        .map_err(|e| e.message)?;
     let deadline = tokio::time::Instant::now() + HELLO_TIMEOUT;
     loop {
         match tokio::time::timeout_at(deadline, rx.recv()).await {
@@ -315,7 +336,12 @@ async fn replace(
 }
 
 /// `apps.connections.open`, then the WebSocket; its reader runs on the role's context.
-async fn open(core: &Arc<Core>, id: u64, tx: mpsc::Sender<Signal>) -> Result<Conn, OpenError> {
+async fn open(
+    core: &Arc<Core>,
+    id: u64,
+    tx: mpsc::Sender<Signal>,
+    stop: &CancellationToken,
+) -> Result<Conn, OpenError> {
     core.identify().await?;
     let v = core
         .api
@@ -352,12 +378,16 @@ async fn open(core: &Arc<Core>, id: u64, tx: mpsc::Sender<Signal>) -> Result<Con
     .map_err(|_| "the Socket Mode WebSocket did not open in time".to_owned())?
     // The URL carries a one-time ticket: name the host only.
     .map_err(|e| format!("cannot open the Socket Mode WebSocket: {e}"))?;
-    let close = core.ctx.shutdown().child_token();
-    core.ctx.spawn(
+    let close = stop.child_token();
+    let reader = core.ctx.spawn(
         "slack socket",
         read(core.clone(), id, ws, tx, close.clone()),
     );
-    Ok(Conn { id, close })
+    Ok(Conn {
+        id,
+        close,
+        reader: Some(reader),
+    })
 }
 
 type Ws =
