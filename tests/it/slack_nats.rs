@@ -26,6 +26,12 @@ fn holds(v: &Value) -> bool {
         .is_some_and(|m| m.contains("holds the slack socket lease"))
 }
 
+fn stands_by(v: &Value) -> bool {
+    v["message"]
+        .as_str()
+        .is_some_and(|m| m.contains("standing by"))
+}
+
 fn sorted(events: &[Value]) -> Vec<String> {
     let mut t: Vec<String> = texts(events).into_iter().map(str::to_owned).collect();
     t.sort();
@@ -61,6 +67,7 @@ async fn one_socket_between_two_processes_and_a_kill_9_of_the_holder_loses_nothi
     a.line_where("A holds the lease", holds).await;
     connected(&fake).await;
     let mut b = slack_on(&fake, &nats, ":memory:").await;
+    b.line_where("B stands by", stands_by).await;
     let (ca, cb) = (client(&a).await, client(&b).await);
     let sb = status(&cb).await;
     assert_eq!(sb["state"], "standby", "{sb}");
@@ -119,6 +126,7 @@ async fn a_deploy_overlap_loses_nothing_and_no_store_holds_message_text() {
 
     // The new process starts while the old one holds the lease: it waits.
     let mut b = slack_on(&fake, &nats, store_b.to_str().unwrap()).await;
+    b.line_where("B stands by", stands_by).await;
     let cb = client(&b).await;
     assert_eq!(status(&cb).await["state"], "standby");
     assert_eq!(fake.sockets_opened(), 1, "B opened no socket");

@@ -592,9 +592,17 @@ async fn acquire(
             .filter(|_| !free)
             .and_then(|e| serde_json::from_slice::<LeaseValue>(&e.value).ok())
             .map(|v| v.holder);
+        let changed_hands = core
+            .status()
+            .lease
+            .as_ref()
+            .is_none_or(|l| l.holder != holder);
         lease_status(core, |l| l.holder = holder.clone());
-        if holder.is_some() {
+        if let Some(h) = &holder {
             previous_seen_ms = Some(now_ms());
+            if changed_hands && h != &feed.me {
+                tracing::info!(holder = %h, "another process holds the slack socket lease: standing by");
+            }
         }
         let revision = current.as_ref().map_or(0, |e| e.revision);
         let mine = holder.as_deref() == Some(feed.me.as_str());
