@@ -14,12 +14,12 @@ use crate::mcp::context::RoleContext;
 use std::time::Duration;
 
 use crate::source::slack::api::DEFAULT_API_URL;
-use crate::source::slack::shared::{self, SharedConfig};
-use crate::store::nats::NatsConfig;
 use crate::source::slack::buffer::MAX_EVENTS;
 use crate::source::slack::settings::Settings;
+use crate::source::slack::shared::{self, SharedConfig};
 use crate::source::slack::socket::DEFAULT_IDLE;
 use crate::source::slack::{Slack, SlackConfig};
+use crate::store::nats::NatsConfig;
 
 #[derive(Debug, Args)]
 pub struct SlackArgs {
@@ -50,11 +50,21 @@ pub struct SlackArgs {
     #[command(flatten)]
     pub nats: NatsArgs,
     /// With --backend: how often the socket lease's holder renews it.
-    #[arg(long, value_name = "MS", default_value_t = 30_000, help_heading = "Backend")]
+    #[arg(
+        long,
+        value_name = "MS",
+        default_value_t = 30_000,
+        help_heading = "Backend"
+    )]
     pub lease_heartbeat_ms: u64,
     /// With --backend: a lease not renewed for this long is taken over by another process
     /// (which then opens the socket and backfills the gap).
-    #[arg(long, value_name = "MS", default_value_t = 90_000, help_heading = "Backend")]
+    #[arg(
+        long,
+        value_name = "MS",
+        default_value_t = 90_000,
+        help_heading = "Backend"
+    )]
     pub lease_stale_ms: u64,
 }
 

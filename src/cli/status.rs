@@ -258,9 +258,7 @@ fn human_bytes(b: u64) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::mcp::status::{
-        BackendReport, RoleReport, StoreReport, UpstreamReport, WatchReport,
-    };
+    use crate::mcp::status::{BackendReport, RoleReport, StoreReport, UpstreamReport, WatchReport};
 
     #[test]
     fn the_admin_address_may_be_a_url_or_host_port() {

@@ -125,7 +125,6 @@ impl NatsConfig {
     }
 }
 
-
 /// Whether `client` is connected now (what `/ready` asks of a role on NATS).
 pub fn connected(client: &async_nats::Client) -> bool {
     client.connection_state() == async_nats::connection::State::Connected
@@ -133,7 +132,12 @@ pub fn connected(client: &async_nats::Client) -> bool {
 
 /// Enters `client` on the process's status board: `/ready` waits while it is not connected,
 /// and `/status` and `/metrics` show it.
-pub fn enter(ctx: &crate::mcp::context::RoleContext, role: &str, cfg: &NatsConfig, client: async_nats::Client) {
+pub fn enter(
+    ctx: &crate::mcp::context::RoleContext,
+    role: &str,
+    cfg: &NatsConfig,
+    client: async_nats::Client,
+) {
     ctx.status().add_backend(
         format!("{role} nats"),
         cfg.redacted(),

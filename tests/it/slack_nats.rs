@@ -74,7 +74,10 @@ async fn one_socket_between_two_processes_and_a_kill_9_of_the_holder_loses_nothi
     assert_eq!(sb["lease"]["held"], false, "{sb}");
     let sa = status(&ca).await;
     assert_eq!(sa["lease"]["held"], true, "{sa}");
-    assert_eq!(sb["lease"]["holder"], sa["lease"]["holder"], "B knows who holds it");
+    assert_eq!(
+        sb["lease"]["holder"], sa["lease"]["holder"],
+        "B knows who holds it"
+    );
 
     // A's socket hears it; B serves it too, from A's cursor: cursors are the feed's.
     let from_a = now_cursor(&ca).await;
@@ -100,11 +103,7 @@ async fn one_socket_between_two_processes_and_a_kill_9_of_the_holder_loses_nothi
     fake.post("C1", "U1", "after");
     let (got, _) = collect(&cb, json!({}), &cursor, 2).await;
     assert_eq!(sorted(&got), ["after", "while nobody listened"]);
-    assert_eq!(
-        fake.most_sockets_open(),
-        1,
-        "never two sockets at once"
-    );
+    assert_eq!(fake.most_sockets_open(), 1, "never two sockets at once");
     let sb = status(&cb).await;
     assert_eq!(sb["state"], "connected", "{sb}");
     assert_eq!(sb["lease"]["held"], true, "{sb}");
@@ -139,8 +138,10 @@ async fn a_deploy_overlap_loses_nothing_and_no_store_holds_message_text() {
     assert!(status_a.success(), "{status_a}");
     fake.post("C2", "U2", "secret in the swap");
     b.line_where("B takes the lease", holds).await;
-    fake.wait_until("B's socket open", |s| s.sockets_opened() == 2 && s.sockets_open() == 1)
-        .await;
+    fake.wait_until("B's socket open", |s| {
+        s.sockets_opened() == 2 && s.sockets_open() == 1
+    })
+    .await;
     fake.post("C2", "U2", "secret after");
     let (got, _) = collect(&cb, json!({}), &from, 4).await;
     assert_eq!(
@@ -195,6 +196,7 @@ async fn a_nats_restart_loses_nothing_acknowledged() {
     // A process that starts now learns both from the stream alone.
     let b = slack_on(&fake, &nats, ":memory:").await;
     let cb = client(&b).await;
+    // (Its first poll waits until it has applied the stream: a cursor never skips ahead.)
     let (got, _) = collect(&cb, json!({}), &from, 2).await;
     assert_eq!(texts(&got), ["before the restart", "after the restart"]);
     let m = reqwest_metrics(&a).await;

@@ -225,20 +225,18 @@ impl Buffer {
         Ok((buffer, loaded))
     }
 
-    /// A buffer kept only in memory, for a feed shared on NATS: it starts empty, at the clock,
-    /// and learns the rest from the stream and the shared state.
+    /// A buffer kept only in memory, for a feed shared on NATS: it starts empty, and learns
+    /// the rest from the stream and the shared state.
     pub fn memory(key: &Key, retention: Duration, cap: usize) -> Buffer {
-        let last = now_us();
         Buffer {
             inner: Mutex::new(Inner {
                 by_seq: BTreeMap::new(),
                 by_key: HashMap::new(),
                 by_age: BTreeSet::new(),
-                state: State {
-                    last_seq: last,
-                    first_seq: last,
-                    ..State::default()
-                },
+                // Nothing is known until the stream is applied: the head is the newest seq
+                // applied (never this host's clock, which may run ahead of the holder's and
+                // would let a cursor skip what is still to be applied).
+                state: State::default(),
                 dirty: HashMap::new(),
                 state_dirty: false,
                 closed: false,
@@ -702,6 +700,59 @@ mod tests {
         let page = b.since(c + 1_000_000, &MessageFilter::default(), 10, 0);
         assert!(page.events.is_empty());
         assert_eq!(page.cursor, c + 1_000_000);
+    }
+
+    #[test]
+    fn a_shared_buffer_applies_seqs_as_given_and_hands_out_what_to_publish() {
+        let b = Buffer::memory(&Key([3; 32]), 7 * DAY, 3);
+        assert_eq!(b.head(), 0, "nothing known before the stream is applied");
+        let now = now_ms();
+        assert!(b.insert_at(500, posted("C1", now, "from the stream")));
+        assert!(
+            !b.insert_at(501, posted("C1", now, "again")),
+            "same channel:ts"
+        );
+        assert_eq!(
+            b.head(),
+            500,
+            "the head is what was applied, not this host's clock"
+        );
+        assert!(
+            b.take_unwritten().is_empty(),
+            "applied rows are never published again"
+        );
+        // An insert of this process's own goes above, and is handed out once to publish.
+        let own = b.insert(posted("C2", now, "heard here")).unwrap();
+        assert!(own > 500);
+        let rows = b.take_unwritten();
+        assert_eq!(rows.iter().map(|h| h.seq).collect::<Vec<_>>(), [own]);
+        assert!(b.take_unwritten().is_empty());
+        b.restore_unwritten(&rows);
+        assert!(b.unwritten());
+        // A lost lease forgets what was not published: the next holder backfills it.
+        b.forget(&b.take_unwritten());
+        assert!(b.get(own).is_none());
+        assert!(
+            b.insert_at(own + 7, posted("C2", now, "heard here")),
+            "it may come back from the stream under the new holder's seq"
+        );
+        // Shared state: live_through only moves forward; the feed's start is the holder's.
+        b.merge_shared(SharedState {
+            first_seq: 400,
+            born_ms: Some(1),
+            live_through_ms: Some(10),
+        });
+        b.merge_shared(SharedState {
+            first_seq: 400,
+            born_ms: Some(2),
+            live_through_ms: Some(5),
+        });
+        assert_eq!((b.live_through(), b.born()), (Some(10), Some(1)));
+        assert!(b.since(399, &MessageFilter::default(), 10, 0).truncated);
+        // The cap applies as in the store's buffer.
+        assert!(b.insert_at(own + 8, posted("C3", now, "x")));
+        assert!(b.insert_at(own + 9, posted("C4", now, "y")));
+        assert_eq!(b.stats().events, 3);
     }
 
     #[tokio::test]

@@ -149,6 +149,9 @@ pub struct Core {
     pub socket_idle: std::time::Duration,
     /// Woken by every insert: on NATS, the publisher takes it to the stream at once.
     pub unwritten: Notify,
+    /// The buffer holds what it should: at once from the store; on NATS once the stream is
+    /// applied through where it was when the process started. Polls and reads wait for it.
+    loaded: tokio::sync::watch::Sender<bool>,
 }
 
 impl Core {
@@ -165,7 +168,29 @@ impl Core {
             hello: Notify::new(),
             socket_idle: std::time::Duration::from_secs(30),
             unwritten: Notify::new(),
+            loaded: tokio::sync::watch::channel(true).0,
         }
+    }
+
+    /// Polls and reads wait until [`set_loaded`](Self::set_loaded) (a buffer on NATS).
+    pub fn loading(self) -> Core {
+        self.loaded.send_replace(false);
+        self
+    }
+
+    /// The buffer has caught up with the shared stream.
+    pub fn set_loaded(&self) {
+        self.loaded.send_replace(true);
+    }
+
+    /// Waits (at most `limit`) until the buffer holds what it should; `false` if it does not
+    /// yet.
+    pub async fn wait_loaded(&self, limit: std::time::Duration) -> bool {
+        let mut rx = self.loaded.subscribe();
+        matches!(
+            tokio::time::timeout(limit, rx.wait_for(|l| *l)).await,
+            Ok(Ok(_))
+        )
     }
 
     pub fn status(&self) -> std::sync::MutexGuard<'_, Status> {

@@ -56,6 +56,8 @@ use crate::store::Store;
 pub const FLUSH_EVERY: Duration = Duration::from_secs(2);
 /// Events a resource read returns (the newest that pass its filter).
 const READ_EVENTS: usize = 256;
+/// Longest a poll or read waits for a buffer on NATS to load.
+const LOAD_WAIT: Duration = Duration::from_secs(10);
 
 /// How the role is set up.
 #[derive(Debug, Clone)]
@@ -152,7 +154,7 @@ impl Slack {
                         .map_err(|e| anyhow::anyhow!("{e}"))?;
                     crate::store::nats::enter(ctx, "slack", &sc.nats, link.client().clone());
                     let buffer = Buffer::memory(&c.key, c.retention, cfg.max_events);
-                    let mut core = Core::new(api.clone(), buffer, ctx.clone());
+                    let mut core = Core::new(api.clone(), buffer, ctx.clone()).loading();
                     core.socket_idle = cfg.socket_idle;
                     let core = Arc::new(core);
                     ctx.spawn("slack nats", shared::run(core.clone(), link));
@@ -186,6 +188,21 @@ impl Slack {
         self.core
             .as_ref()
             .ok_or_else(|| SourceError::Unavailable(self.not_configured()))
+    }
+
+    /// The core once its buffer holds what it should (on NATS: the stream applied).
+    async fn loaded_core(&self) -> Result<&Arc<Core>, SourceError> {
+        let core = self.core()?;
+        if !core.wait_loaded(LOAD_WAIT).await {
+            return Err(SourceError::Unavailable(format!(
+                "the Slack feed is still loading from NATS ({}); try again in a moment, and see slack_events_status",
+                core.status()
+                    .last_socket_error
+                    .clone()
+                    .unwrap_or_else(|| "waiting for Slack's auth.test and the stream".into())
+            )));
+        }
+        Ok(core)
     }
 
     /// What `slack_events_status` reports. Never a secret: only names of variables.
@@ -398,7 +415,7 @@ impl Source for Slack {
 
     async fn read(&self, _caller: &Caller, uri: &str) -> Result<Contents, SourceError> {
         let filter = MessageFilter::from_uri(uri)?;
-        let core = self.core()?;
+        let core = self.loaded_core().await?;
         let events = core.buffer.recent(&filter, READ_EVENTS);
         Ok(Contents::text(EVENT_LOG_MIME, event_log(&events)))
     }
@@ -563,10 +580,11 @@ impl Source for Slack {
         if req.name != MESSAGE_POSTED {
             return Err(events::unknown_event(&req.name));
         }
-        let Some(core) = &self.core else {
+        if self.core.is_none() {
             return Err(SourceError::EventNotFound(self.not_configured()));
-        };
+        }
         let filter = MessageFilter::from_arguments(&req.arguments)?;
+        let core = self.loaded_core().await?;
         Ok(poll(core, &filter, &req).await)
     }
 }

@@ -192,8 +192,10 @@ pub async fn run(core: Arc<Core>, shared: Shared) {
             }
         }
     };
-    core.ctx.spawn_until_shutdown("slack nats state", follow_state(core.clone(), feed.clone()));
-    core.ctx.spawn_until_shutdown("slack nats publish", publisher(core.clone(), feed.clone()));
+    core.ctx
+        .spawn_until_shutdown("slack nats state", follow_state(core.clone(), feed.clone()));
+    core.ctx
+        .spawn_until_shutdown("slack nats publish", publisher(core.clone(), feed.clone()));
     lease(core, feed, shared.cfg).await;
 }
 
@@ -257,7 +259,9 @@ async fn open(core: &Arc<Core>, shared: &Shared) -> Result<Feed, String> {
                 ..Default::default()
             })
             .await
-            .map_err(|e| format!("cannot open or make the key-value bucket {bucket} at {servers} ({e})"))?,
+            .map_err(|e| {
+                format!("cannot open or make the key-value bucket {bucket} at {servers} ({e})")
+            })?,
     };
     let state_key = format!("{team}.state");
     if let Ok(Some(v)) = kv.get(&state_key).await
@@ -304,9 +308,15 @@ async fn open(core: &Arc<Core>, shared: &Shared) -> Result<Feed, String> {
     if info.messages > 0 {
         tokio::time::timeout(CATCH_UP_TIMEOUT, rx.wait_for(|&a| a >= until))
             .await
-            .map_err(|_| format!("the stream {name} did not load within {} s", CATCH_UP_TIMEOUT.as_secs()))?
+            .map_err(|_| {
+                format!(
+                    "the stream {name} did not load within {} s",
+                    CATCH_UP_TIMEOUT.as_secs()
+                )
+            })?
             .map_err(|_| "the stream's follower stopped".to_owned())?;
     }
+    core.set_loaded();
     tracing::info!(stream = %name, events = info.messages, "slack feed shared on NATS");
     lease_status(core, |l| l.stream = Some(name.clone()));
     Ok(Feed {
@@ -484,9 +494,7 @@ async fn publish_pending(core: &Core, feed: &Feed) -> Result<(), Refused> {
                 expected = expected.max(ack.sequence);
                 *writer = Some(expected);
             }
-            Ok(Err(e))
-                if e.kind() == jetstream::context::PublishErrorKind::WrongLastSequence =>
-            {
+            Ok(Err(e)) if e.kind() == jetstream::context::PublishErrorKind::WrongLastSequence => {
                 metrics::NATS_PUBLISH_FAILURES.fetch_add(1, Ordering::Relaxed);
                 tracing::warn!(stream = %feed.stream, "another process wrote to the slack stream: this one is no longer its writer");
                 core.buffer.restore_unwritten(&rows[i..]);
@@ -609,12 +617,11 @@ async fn acquire(
         let taken = if free {
             match current {
                 None => feed.kv.create(&feed.lease_key, value(0).into()).await,
-                Some(_) => {
-                    feed.kv
-                        .update(&feed.lease_key, value(0).into(), revision)
-                        .await
-                        .map_err(Into::into)
-                }
+                Some(_) => feed
+                    .kv
+                    .update(&feed.lease_key, value(0).into(), revision)
+                    .await
+                    .map_err(Into::into),
             }
         } else if mine || holder.as_deref().is_some_and(dead_here) {
             tracing::info!(holder = ?holder, "the slack lease's holder was a process of this host that is gone: taking it");
@@ -691,10 +698,21 @@ async fn hold(
     let ended = 'held: {
         // Everything published before this moment is applied first: new seqs stay above it.
         let last = match tokio::time::timeout(CATCH_UP_TIMEOUT, async {
-            let mut s = feed.js.get_stream(&feed.stream).await.map_err(|e| e.to_string())?;
-            let last = s.info().await.map_err(|e| e.to_string())?.state.last_sequence;
+            let mut s = feed
+                .js
+                .get_stream(&feed.stream)
+                .await
+                .map_err(|e| e.to_string())?;
+            let last = s
+                .info()
+                .await
+                .map_err(|e| e.to_string())?
+                .state
+                .last_sequence;
             let mut rx = feed.applied.clone();
-            rx.wait_for(|&a| a >= last).await.map_err(|e| e.to_string())?;
+            rx.wait_for(|&a| a >= last)
+                .await
+                .map_err(|e| e.to_string())?;
             Ok::<u64, String>(last)
         })
         .await
@@ -706,7 +724,9 @@ async fn hold(
         *feed.writer.lock().await = Some(last);
         let mut shared = core.buffer.take_shared().0;
         if shared.first_seq == 0 {
-            shared.first_seq = core.buffer.head();
+            // A new feed begins now: a cursor from before it learns `truncated`.
+            shared.first_seq = core.buffer.head().max(now_us());
+            core.buffer.merge_shared(shared);
         }
         write_state(feed, shared).await;
         running.push(core.ctx.spawn(
@@ -788,12 +808,15 @@ async fn hold(
             write_state(feed, shared).await;
             match tokio::time::timeout(
                 Duration::from_secs(5),
-                feed.kv.delete_expect_revision(&feed.lease_key, Some(revision)),
+                feed.kv
+                    .delete_expect_revision(&feed.lease_key, Some(revision)),
             )
             .await
             {
                 Ok(Ok(())) => tracing::info!("slack socket lease released"),
-                _ => tracing::warn!("could not release the slack socket lease; another process takes it once it is stale"),
+                _ => tracing::warn!(
+                    "could not release the slack socket lease; another process takes it once it is stale"
+                ),
             }
             lease_status(core, |l| l.held = false);
             Ended::Shutdown
@@ -804,7 +827,8 @@ async fn hold(
             // anyone may take it at once. Refused when another process has it already.
             let _ = tokio::time::timeout(
                 Duration::from_secs(5),
-                feed.kv.delete_expect_revision(&feed.lease_key, Some(revision)),
+                feed.kv
+                    .delete_expect_revision(&feed.lease_key, Some(revision)),
             )
             .await;
             tracing::warn!(reason = %why, "lost the slack socket lease: socket closed; what was not published is left to the next holder's backfill");
@@ -819,6 +843,13 @@ async fn hold(
             Ended::Lost(why)
         }
     }
+}
+
+fn now_us() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_micros() as u64)
+        .unwrap_or(0)
 }
 
 /// Writes the shared state (the holder's), best effort: a lost write only widens the next
@@ -840,7 +871,10 @@ mod tests {
         assert!(!dead_here(&me), "this process is alive");
         let host = hostname();
         assert!(dead_here(&format!("{host}:4294967295:abc")), "no such pid");
-        assert!(!dead_here("elsewhere.example:4294967295:abc"), "another host's is never judged");
+        assert!(
+            !dead_here("elsewhere.example:4294967295:abc"),
+            "another host's is never judged"
+        );
         assert!(!dead_here("garbage"));
         assert!(!dead_here(&format!("{host}:1:abc")), "pid 1 is alive");
     }
