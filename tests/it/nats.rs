@@ -70,6 +70,16 @@ impl NatsServer {
         format!("nats://127.0.0.1:{}", self.port)
     }
 
+    /// Stops it, as a crash would.
+    pub(crate) async fn kill(&mut self) {
+        self.child.kill().await.unwrap();
+    }
+
+    /// Starts it again (after [`kill`](Self::kill)) on the same port and storage.
+    pub(crate) async fn start_again(&mut self) {
+        self.child = Self::spawn(self.port, &self.dir).await;
+    }
+
     /// Stops it (as a crash would) and starts it again on the same port and storage.
     pub(crate) async fn restart(&mut self) {
         self.child.kill().await.unwrap();
@@ -260,4 +270,59 @@ async fn herald_up_with_memo_on_nats_hears_another_hosts_write() {
     call(&c, "memo_set", json!({"key": "from", "value": "elsewhere"})).await;
     let n = up.notice().await;
     assert_eq!(n["lines"], json!([r#"ADDED from = "elsewhere""#]), "{n}");
+}
+
+#[tokio::test]
+async fn ready_and_status_follow_the_nats_connection() {
+    let mut nats = NatsServer::start().await;
+    let url = nats.url();
+    let mut m = Server::spawn(&[
+        "memo",
+        "--http",
+        "127.0.0.1:0",
+        "--admin",
+        "127.0.0.1:0",
+        "--backend",
+        &url,
+        "--nats-bucket",
+        "ready",
+    ])
+    .await;
+    let admin = m.admin_url();
+    let get = |path: &str| {
+        let u = format!("{admin}{path}");
+        async move {
+            let r = reqwest::get(u).await.unwrap();
+            (r.status().as_u16(), r.text().await.unwrap())
+        }
+    };
+    let (code, body) = get("/ready").await;
+    assert_eq!(code, 200, "{body}");
+    let (_, status) = get("/status").await;
+    let status: serde_json::Value = serde_json::from_str(&status).unwrap();
+    assert_eq!(status["backends"][0]["name"], "memo nats");
+    assert_eq!(status["backends"][0]["connected"], true);
+    nats.kill().await;
+    m.line_where("the connection lost", |v| {
+        v["message"]
+            .as_str()
+            .is_some_and(|s| s.contains("NATS connection lost"))
+    })
+    .await;
+    let (code, body) = get("/ready").await;
+    assert_eq!(code, 503, "{body}");
+    assert!(
+        body.contains("\"backends_disconnected\":[\"memo nats\"]"),
+        "{body}"
+    );
+    let (_, metrics) = get("/metrics").await;
+    assert!(
+        metrics.contains("herald_backend_connected{backend=\"memo nats\"} 0"),
+        "{metrics}"
+    );
+    nats.start_again().await;
+    m.line_where("connected again", |v| v["message"] == "NATS connected")
+        .await;
+    let (code, body) = get("/ready").await;
+    assert_eq!(code, 200, "{body}");
 }

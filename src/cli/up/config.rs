@@ -504,6 +504,32 @@ mod tests {
     }
 
     #[test]
+    fn slack_on_nats_is_checked() {
+        let c = parse("[slack]\nbackend = \"nats://127.0.0.1:4222\"\nlease_stale_ms = 9000\nlease_heartbeat_ms = 3000\n").unwrap();
+        let s = c.file.slack.as_ref().unwrap().shared().unwrap().unwrap();
+        assert_eq!(s.nats.bucket, "herald_slack");
+        assert_eq!(s.stale, std::time::Duration::from_secs(9));
+        for (bad, says) in [
+            ("backend = \"redis://x\"", "nats://HOST:PORT"),
+            (
+                "backend = \"nats://a:1\"\nnats_nkey = \"seed.nk\"",
+                "nats_nkey /etc/herald/seed.nk",
+            ),
+            (
+                "backend = \"nats://a:1\"\nnats_bucket = \"no spaces\"",
+                "bucket name",
+            ),
+            (
+                "backend = \"nats://a:1\"\nlease_stale_ms = 1000",
+                "at least twice lease_heartbeat_ms",
+            ),
+        ] {
+            let e = format!("{:#}", parse(&format!("[slack]\n{bad}\n")).unwrap_err());
+            assert!(e.contains("[slack]") && e.contains(says), "{bad}: {e}");
+        }
+    }
+
+    #[test]
     fn k8s_watch_via_is_checked_and_defaulted() {
         let c = parse("[k8s]\n").unwrap();
         assert!(
