@@ -175,9 +175,9 @@ impl SlackToml {
         nats.check().map_err(|e| anyhow::anyhow!("{e}"))?;
         let heartbeat = Duration::from_millis(self.lease_heartbeat_ms.unwrap_or(30_000).max(10));
         let stale = Duration::from_millis(self.lease_stale_ms.unwrap_or(90_000));
-        if stale < heartbeat * 2 {
+        if stale < heartbeat * 3 {
             anyhow::bail!(
-                "lease_stale_ms ({} ms) must be at least twice lease_heartbeat_ms ({} ms), or a holder that is merely slow loses its lease",
+                "lease_stale_ms ({} ms) must be at least three times lease_heartbeat_ms ({} ms): a holder renews every heartbeat and gives the socket up after two thirds of the stale time without a renewal",
                 stale.as_millis(),
                 heartbeat.as_millis()
             );

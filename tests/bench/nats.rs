@@ -346,13 +346,15 @@ async fn main() {
     fake.wait_until("a socket", |s| s.sockets_open() == 1).await;
     let store = post_to_event(&fake, &[&conn], n).await.remove(0);
     drop((conn, embedded));
-    fake.wait_until("no socket", |s| s.sockets_open() == 0).await;
+    fake.wait_until("no socket", |s| s.sockets_open() == 0)
+        .await;
     let mut a = slack(&fake, Some(&nats)).await;
     a.said("holds the slack socket lease").await;
     let mut b = slack(&fake, Some(&nats)).await;
     b.said("standing by").await;
     let (ca, cb) = (a.client().await, b.client().await);
-    fake.wait_until("A's socket", |s| s.sockets_open() == 1).await;
+    fake.wait_until("A's socket", |s| s.sockets_open() == 1)
+        .await;
     let on = post_to_event(&fake, &[&ca, &cb], n).await;
     println!("{}", line("store (one process)", &store));
     println!("{}", line("NATS, polled on the holder", &on[0]));
@@ -369,6 +371,7 @@ async fn main() {
         let opened = fake.sockets_opened();
         let pid = a.child.id().unwrap();
         let killed = Instant::now();
+        // SAFETY: kill(2) with a pid the bench spawned and still owns.
         unsafe { libc::kill(pid as libc::pid_t, libc::SIGKILL) };
         let _ = a.child.wait().await;
         fake.wait_until("the standby's socket", |s| {
@@ -378,7 +381,8 @@ async fn main() {
         let took = killed.elapsed();
         takeovers.push(took);
         println!(
-            "  round {round}: {} from kill -9 to the new socket; {} beyond the stale time",
+            "  round {round}: {} from kill -9 to the new socket (the stale time counts from the \
+             last renewal the standby saw, up to a heartbeat before the kill); {} past the stale time",
             ms(took),
             ms(took.saturating_sub(Duration::from_millis(STALE_MS)))
         );
@@ -400,7 +404,10 @@ async fn main() {
     let across = write_to_notice(&w, &l, n).await;
     println!("{}", line("store, same process", &local));
     println!("{}", line("NATS, heard on another process", &across));
-    println!("  ratio NATS other process / store: {}", ratio(&across, &local));
+    println!(
+        "  ratio NATS other process / store: {}",
+        ratio(&across, &local)
+    );
     println!(
         "nats bench took {:.1} s; load average {}",
         started.elapsed().as_secs_f64(),

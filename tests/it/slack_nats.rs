@@ -88,6 +88,7 @@ async fn one_socket_between_two_processes_and_a_kill_9_of_the_holder_loses_nothi
     assert_eq!(got_a, got, "the same event");
     assert_eq!(cursor_a, cursor, "the same cursor after it");
 
+    // SAFETY: kill(2) with a pid this test spawned and still owns; no memory is involved.
     let r = unsafe { libc::kill(a.pid() as libc::pid_t, libc::SIGKILL) };
     assert_eq!(r, 0);
     let _ = a.child.wait().await;
@@ -207,4 +208,47 @@ async fn a_nats_restart_loses_nothing_acknowledged() {
 async fn reqwest_metrics(s: &Server) -> String {
     let url = s.http_url().replace("/mcp", "/metrics");
     reqwest::get(url).await.unwrap().text().await.unwrap()
+}
+
+#[tokio::test]
+async fn a_holder_frozen_past_the_stale_time_steps_down_when_it_wakes() {
+    let nats = NatsServer::start().await;
+    let fake = fake().await;
+    let mut a = slack_on(&fake, &nats, ":memory:").await;
+    a.line_where("A holds the lease", holds).await;
+    connected(&fake).await;
+    let mut b = slack_on(&fake, &nats, ":memory:").await;
+    b.line_where("B stands by", stands_by).await;
+    let cb = client(&b).await;
+    let from = now_cursor(&cb).await;
+    // A stops renewing (as a host that hangs, or a long GC pause would): B takes over. A's
+    // socket is still open in the kernel, but Slack sends to the newest one.
+    let pid = a.pid() as libc::pid_t;
+    // SAFETY: kill(2) with a pid this test spawned and still owns; no memory is involved.
+    assert_eq!(unsafe { libc::kill(pid, libc::SIGSTOP) }, 0);
+    b.line_where("B takes the lease over", holds).await;
+    fake.wait_until("B's socket open", |s| s.sockets_opened() == 2)
+        .await;
+    fake.post("C1", "U1", "while A slept");
+    // SAFETY: as above.
+    assert_eq!(unsafe { libc::kill(pid, libc::SIGCONT) }, 0);
+    // A wakes past its renewal deadline: it closes its socket and publishes nothing more.
+    a.line_where("A steps down", |v| {
+        v["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("lost the slack socket lease"))
+    })
+    .await;
+    fake.wait_until("only B's socket left", |s| s.sockets_open() == 1)
+        .await;
+    fake.post("C1", "U1", "after A woke");
+    let (got, _) = collect(&cb, json!({}), &from, 2).await;
+    assert_eq!(texts(&got), ["while A slept", "after A woke"]);
+    let sb = status(&cb).await;
+    assert_eq!(sb["lease"]["held"], true, "{sb}");
+    // A serves the same feed from the stream, as a standby now.
+    let ca = client(&a).await;
+    let (got_a, _) = collect(&ca, json!({}), &from, 2).await;
+    assert_eq!(got_a, got);
+    assert_eq!(status(&ca).await["state"], "standby");
 }

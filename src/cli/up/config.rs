@@ -520,8 +520,8 @@ mod tests {
                 "bucket name",
             ),
             (
-                "backend = \"nats://a:1\"\nlease_stale_ms = 1000",
-                "at least twice lease_heartbeat_ms",
+                "backend = \"nats://a:1\"\nlease_stale_ms = 89999",
+                "three times lease_heartbeat_ms",
             ),
         ] {
             let e = format!("{:#}", parse(&format!("[slack]\n{bad}\n")).unwrap_err());

@@ -139,6 +139,13 @@ struct Inner {
     /// Set by the final flush: nothing is taken after it (a later event is in Slack's history,
     /// and the next start's backfill reads it, since `live_through` did not pass it).
     closed: bool,
+    /// On NATS: this process's own inserts, not published yet (seq → payload), and their
+    /// `channel:ts` keys (until published and applied, or forgotten). Invisible to polls and
+    /// reads: an event is visible once the stream delivers it, so no cursor passes the stream.
+    pending: BTreeMap<u64, Arc<Posted>>,
+    pending_keys: HashMap<String, u64>,
+    /// Highest seq handed to a pending row.
+    pending_last: u64,
 }
 
 /// The buffer. See the module docs.
@@ -172,6 +179,9 @@ impl Buffer {
             dirty: HashMap::new(),
             state_dirty: false,
             closed: false,
+            pending: BTreeMap::new(),
+            pending_keys: HashMap::new(),
+            pending_last: 0,
         };
         for (k, sealed) in rows {
             let Ok(plain) = sealer.open(&k, &sealed) else {
@@ -240,12 +250,20 @@ impl Buffer {
                 dirty: HashMap::new(),
                 state_dirty: false,
                 closed: false,
+                pending: BTreeMap::new(),
+                pending_keys: HashMap::new(),
+                pending_last: 0,
             }),
             sealer: Sealer::new(key),
             store: None,
             retention,
             cap: cap.max(1),
         }
+    }
+
+    /// On NATS (kept in memory, published to a stream).
+    pub fn is_shared(&self) -> bool {
+        self.store.is_none()
     }
 
     /// What seals rows (and, on NATS, the stream's payloads).
@@ -265,6 +283,10 @@ impl Buffer {
         if inner.by_key.contains_key(&key) || inner.by_seq.contains_key(&seq) {
             return false;
         }
+        // This process's own, published: it is visible from now on.
+        if let Some(s) = inner.pending_keys.remove(&key) {
+            inner.pending.remove(&s);
+        }
         inner.state.last_seq = inner.state.last_seq.max(seq);
         inner.add(seq, Arc::new(p));
         while inner.by_seq.len() > self.cap {
@@ -278,48 +300,52 @@ impl Buffer {
         true
     }
 
-    /// Takes the rows inserted here and not written yet, oldest seq first (NATS: to publish).
+    /// Takes the rows inserted here and not published yet, oldest seq first (NATS). They stay
+    /// known (a backfill of them is still a duplicate) until applied from the stream,
+    /// [`restore_unwritten`](Self::restore_unwritten) or [`forget`](Self::forget).
     pub fn take_unwritten(&self) -> Vec<Held> {
         let mut inner = self.lock();
-        let dirty = std::mem::take(&mut inner.dirty);
-        let mut rows: Vec<Held> = dirty
-            .values()
-            .flatten()
-            .filter_map(|s| inner.by_seq.get(s).cloned())
-            .collect();
-        rows.sort_unstable_by_key(|h| h.seq);
-        rows
+        let pending = std::mem::take(&mut inner.pending);
+        pending
+            .into_iter()
+            .map(|(seq, posted)| {
+                let json: Arc<str> = serde_json::to_string(&*posted)
+                    .expect("a payload serializes")
+                    .into();
+                Held { seq, posted, json }
+            })
+            .collect()
     }
 
-    /// Marks `rows` unwritten again (a publish failed; the next try takes them).
+    /// Puts `rows` back to publish (a publish failed; the next try takes them), unless the
+    /// stream delivered them meanwhile.
     pub fn restore_unwritten(&self, rows: &[Held]) {
         let mut inner = self.lock();
         for h in rows {
-            if inner.by_seq.contains_key(&h.seq) {
-                inner
-                    .dirty
-                    .insert(row_key(&h.posted.channel_id, &h.posted.ts), Some(h.seq));
+            let key = format!("{}:{}", h.posted.channel_id, h.posted.ts);
+            if inner.pending_keys.get(&key) == Some(&h.seq) {
+                inner.pending.insert(h.seq, h.posted.clone());
             }
         }
     }
 
-    /// Drops `rows` from memory as if never seen: a process that lost its lease forgets what it
-    /// could not publish (the new holder's backfill reads it from Slack's history).
+    /// Forgets `rows` as if never seen: a process that lost its lease drops what it could not
+    /// publish (the new holder's backfill reads it from Slack's history).
     pub fn forget(&self, rows: &[Held]) {
         let mut inner = self.lock();
         for h in rows {
-            if inner.by_seq.remove(&h.seq).is_some() {
-                let p = &h.posted;
-                inner.by_key.remove(&format!("{}:{}", p.channel_id, p.ts));
-                inner.by_age.remove(&(p.posted_ms(), h.seq));
-                inner.dirty.remove(&row_key(&p.channel_id, &p.ts));
+            let key = format!("{}:{}", h.posted.channel_id, h.posted.ts);
+            if inner.pending_keys.get(&key) == Some(&h.seq) {
+                inner.pending_keys.remove(&key);
             }
+            inner.pending.remove(&h.seq);
         }
     }
 
-    /// Whether anything waits to be written (rows or, with `state`, the state too).
+    /// Whether anything waits to be written (stored, or on NATS published).
     pub fn unwritten(&self) -> bool {
-        !self.lock().dirty.is_empty()
+        let inner = self.lock();
+        !inner.dirty.is_empty() || !inner.pending.is_empty()
     }
 
     /// Nothing before `seq` is held any more (the shared stream dropped it): a cursor below
@@ -330,16 +356,23 @@ impl Buffer {
     }
 
     /// The state processes share on NATS, and whether it changed since the last call.
+    /// `live_through` is never said past an event not yet in the stream: if that event is
+    /// never published, the next holder's backfill still reads it.
     pub fn take_shared(&self) -> (SharedState, bool) {
         let mut inner = self.lock();
         let changed = std::mem::replace(&mut inner.state_dirty, false);
+        let oldest_pending = inner.pending.values().map(|p| p.posted_ms()).min();
+        let live_through_ms = match (inner.state.live_through_ms, oldest_pending) {
+            (Some(l), Some(p)) => Some(l.min(p)),
+            (l, _) => l,
+        };
         (
             SharedState {
                 first_seq: inner.state.first_seq,
                 born_ms: inner.state.born_ms,
-                live_through_ms: inner.state.live_through_ms,
+                live_through_ms,
             },
-            changed,
+            changed || oldest_pending.is_some(),
         )
     }
 
@@ -374,8 +407,19 @@ impl Buffer {
         }
         let mut inner = self.lock();
         let key = format!("{}:{}", p.channel_id, p.ts);
-        if inner.closed || inner.by_key.contains_key(&key) {
+        if inner.closed || inner.by_key.contains_key(&key) || inner.pending_keys.contains_key(&key)
+        {
             return None;
+        }
+        if self.store.is_none() {
+            // On NATS: pending until the stream delivers it (see `pending`).
+            let seq = (inner.state.last_seq + 1)
+                .max(inner.pending_last + 1)
+                .max(now_us());
+            inner.pending_last = seq;
+            inner.pending_keys.insert(key, seq);
+            inner.pending.insert(seq, Arc::new(p));
+            return Some(seq);
         }
         let seq = (inner.state.last_seq + 1).max(now_us());
         inner.state.last_seq = seq;
@@ -721,21 +765,40 @@ mod tests {
             b.take_unwritten().is_empty(),
             "applied rows are never published again"
         );
-        // An insert of this process's own goes above, and is handed out once to publish.
+        // An insert of this process's own goes above, invisible until the stream delivers
+        // it, and is handed out once to publish.
         let own = b.insert(posted("C2", now, "heard here")).unwrap();
         assert!(own > 500);
+        assert!(b.get(own).is_none(), "not visible before it is published");
+        assert_eq!(b.head(), 500, "no cursor passes what the stream holds");
+        assert_eq!(
+            b.insert(posted("C2", now, "heard here")),
+            None,
+            "pending dedupes"
+        );
         let rows = b.take_unwritten();
         assert_eq!(rows.iter().map(|h| h.seq).collect::<Vec<_>>(), [own]);
         assert!(b.take_unwritten().is_empty());
         b.restore_unwritten(&rows);
         assert!(b.unwritten());
-        // A lost lease forgets what was not published: the next holder backfills it.
-        b.forget(&b.take_unwritten());
-        assert!(b.get(own).is_none());
         assert!(
-            b.insert_at(own + 7, posted("C2", now, "heard here")),
-            "it may come back from the stream under the new holder's seq"
+            b.insert_at(own, posted("C2", now, "heard here")),
+            "delivered by the stream"
         );
+        assert!(
+            !b.unwritten(),
+            "published and applied: nothing left to publish"
+        );
+        assert_eq!(b.head(), own);
+        // A lost lease forgets what was not published: the next holder backfills it.
+        let lost = b.insert(posted("C5", now, "unpublished")).unwrap();
+        b.forget(&b.take_unwritten());
+        assert!(b.get(lost).is_none());
+        assert!(
+            b.insert(posted("C5", now, "unpublished")).is_some(),
+            "a backfill may bring it again"
+        );
+        b.forget(&b.take_unwritten());
         // Shared state: live_through only moves forward; the feed's start is the holder's.
         b.merge_shared(SharedState {
             first_seq: 400,
@@ -753,6 +816,10 @@ mod tests {
         assert!(b.insert_at(own + 8, posted("C3", now, "x")));
         assert!(b.insert_at(own + 9, posted("C4", now, "y")));
         assert_eq!(b.stats().events, 3);
+        // live_through is never said past an event not yet published.
+        b.set_live_through(now + 60_000);
+        b.insert(posted("C6", now, "pending")).unwrap();
+        assert_eq!(b.take_shared().0.live_through_ms, Some(now));
     }
 
     #[tokio::test]

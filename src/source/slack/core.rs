@@ -178,6 +178,11 @@ impl Core {
         self
     }
 
+    /// Whether the buffer holds what it should now.
+    pub fn is_loaded(&self) -> bool {
+        *self.loaded.borrow()
+    }
+
     /// The buffer has caught up with the shared stream.
     pub fn set_loaded(&self) {
         self.loaded.send_replace(true);

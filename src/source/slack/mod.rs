@@ -152,11 +152,21 @@ impl Slack {
                     let link = shared::Shared::connect(sc.clone())
                         .await
                         .map_err(|e| anyhow::anyhow!("{e}"))?;
-                    crate::store::nats::enter(ctx, "slack", &sc.nats, link.client().clone());
                     let buffer = Buffer::memory(&c.key, c.retention, cfg.max_events);
                     let mut core = Core::new(api.clone(), buffer, ctx.clone()).loading();
                     core.socket_idle = cfg.socket_idle;
                     let core = Arc::new(core);
+                    // Ready while connected and once the stream is applied (before that, a
+                    // poll here waits).
+                    let (client, weak) = (link.client().clone(), Arc::downgrade(&core));
+                    ctx.status().add_backend(
+                        "slack nats".into(),
+                        sc.nats.redacted(),
+                        Arc::new(move || {
+                            crate::store::nats::connected(&client)
+                                && weak.upgrade().is_some_and(|c| c.is_loaded())
+                        }),
+                    );
                     ctx.spawn("slack nats", shared::run(core.clone(), link));
                     ctx.spawn("slack flush", flush(core.clone()));
                     Some(core)
@@ -239,7 +249,9 @@ async fn flush(core: Arc<Core>) {
             _ = tick.tick() => false,
         };
         core.buffer.expire(now_ms());
-        let r = if last {
+        // On NATS the buffer is not closed: the socket is still draining (the lease's holding
+        // spell publishes what it brings before it lets the lease go).
+        let r = if last && !core.buffer.is_shared() {
             core.buffer.close().await
         } else {
             core.buffer.flush().await

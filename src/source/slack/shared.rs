@@ -9,23 +9,31 @@
 //!   `Nats-Msg-Id` is `slack:<channel>:<ts>`, so the server drops a redelivery or a backfill of
 //!   something it has (within its 2-minute window; past it, every process's buffer dedupes on
 //!   the same key).
-//! - **The cursor** stays the buffer's clock sequence (`max(last + 1, now in µs)`), carried in
-//!   the `Herald-Seq` header: every process applies an event under the seq its publisher gave
-//!   it, so a cursor from one process is good on every other, and across takeovers it keeps
-//!   growing (a new holder applies the whole stream before it publishes anything).
-//! - **One writer.** Only the lease holder publishes, and each publish says which stream
-//!   sequence it expects last (`Nats-Expected-Last-Sequence`): a process that lost the lease
-//!   without knowing it yet has its next publish refused, and steps down.
+//! - **The cursor** stays the buffer's clock sequence (`max(last + 1, now in µs)`), sealed
+//!   with the event (so nobody who can merely publish to NATS can move it): every process
+//!   applies an event under the seq its publisher gave it, so a cursor from one process is good
+//!   on every other. An event this process ingests is invisible here too until the stream
+//!   delivers it back, so no process hands out a cursor past what the stream holds, and a new
+//!   holder, which applies the whole stream before it publishes, numbers above every cursor.
+//! - **One writer.** Only the lease holder publishes, and each publish names the stream
+//!   sequence it expects last (`Nats-Expected-Last-Sequence`). A new holder first publishes a
+//!   fence (a marker message, skipped by followers) expecting the last sequence it applied:
+//!   from then on a publish of a previous holder that does not know it lost the lease is
+//!   refused, and that process steps down (as it does on a duplicate acknowledged past its
+//!   own last publish).
 //! - **The lease** is the key `<team_id>.lease` of a key-value bucket (`--nats-bucket`,
-//!   `herald_slack`), changed only by compare-and-set: the holder rewrites it every heartbeat
-//!   (30 s). A standby watches it; when it has not changed for the stale time (90 s) by the
-//!   standby's own clock, the standby takes it with a compare-and-set on the revision it saw
-//!   (clocks of different hosts are never compared). A process that finds its own host's
-//!   previous holder dead (same host name, pid gone) takes it at once. A holder that cannot
-//!   heartbeat for two thirds of the stale time, or whose write is refused, closes its socket
-//!   and forgets what it could not publish; whoever holds next reads it back from Slack's
-//!   history. A holder that stops cleanly closes its socket, publishes what is left, and
-//!   deletes the key, so the next takes over at once.
+//!   `herald_slack`), changed only by compare-and-set: the holder renews it every heartbeat
+//!   (30 s), and once right after catching up. A standby watches it; when it has not changed
+//!   for the stale time (90 s) by the standby's own clock, the standby takes it with a
+//!   compare-and-set on the revision it saw (clocks of different hosts are never compared). A
+//!   process that finds its own host's previous holder dead (same host name, boot and pid
+//!   namespace; pid gone) takes it at once. A holder whose last renewal is two thirds of the
+//!   stale time old (each renewal's wait is cut at that deadline), whose publishes have failed
+//!   that long, or whose write is refused, closes its socket and forgets what it could not
+//!   publish; whoever holds next reads it back from Slack's history (`live_through` is never
+//!   written past an unpublished event). A holder that stops cleanly closes its socket,
+//!   publishes what is left, and deletes the key, so the next takes over at once. The stale
+//!   time is at least three heartbeats.
 //! - **Backfill.** The state row's shared part (where the feed began, `live_through`) is the
 //!   key `<team_id>.state`, written by the holder; a new holder's first pass reads Slack's
 //!   history from `live_through` minus two minutes, and its settle pass ~75 s after hello
@@ -58,8 +66,8 @@ pub const STREAM_PREFIX: &str = "herald_slack";
 pub const HEARTBEAT: Duration = Duration::from_secs(30);
 /// A lease unchanged this long is taken over.
 pub const STALE: Duration = Duration::from_secs(90);
-/// The header carrying an event's cursor seq.
-const SEQ_HEADER: &str = "Herald-Seq";
+/// The header marking a holder's fence message (no event: skipped by followers).
+const MARKER_HEADER: &str = "Herald-Lease";
 /// How long a publish may wait for its acknowledgement.
 const PUBLISH_TIMEOUT: Duration = Duration::from_secs(10);
 /// How long catching up with the stream may take when starting or taking the lease.
@@ -84,17 +92,46 @@ struct LeaseValue {
     beat: u64,
 }
 
-/// Who this process is: `host:pid:random`.
+/// What a sealed stream message holds: the event and its cursor seq, both under the AEAD
+/// (a seq in a header could be forged by anyone who may publish to the stream).
+#[derive(Serialize, Deserialize)]
+struct Sealed {
+    seq: u64,
+    data: Posted,
+}
+
+/// Who this process is: `host:boot:pidns:pid:random`. The boot id and pid namespace say
+/// whether `pid` can be looked up here (containers may share a host name).
 fn identity() -> String {
     use ring::rand::{SecureRandom, SystemRandom};
     let mut b = [0u8; 4];
     let _ = SystemRandom::new().fill(&mut b);
     format!(
-        "{}:{}:{:08x}",
+        "{}:{}:{}:{}:{:08x}",
         hostname(),
+        boot_id(),
+        pid_ns(),
         std::process::id(),
         u32::from_le_bytes(b)
     )
+}
+
+fn boot_id() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/random/boot_id")
+        .map(|b| b.trim().get(..8).unwrap_or("").to_owned())
+        .unwrap_or_default()
+}
+
+fn pid_ns() -> String {
+    std::fs::read_link("/proc/self/ns/pid")
+        .ok()
+        .and_then(|l| {
+            let l = l.to_string_lossy().into_owned();
+            l.strip_prefix("pid:[")?
+                .strip_suffix(']')
+                .map(str::to_owned)
+        })
+        .unwrap_or_default()
 }
 
 fn hostname() -> String {
@@ -105,15 +142,21 @@ fn hostname() -> String {
         .unwrap_or_else(|| "localhost".into())
 }
 
-/// Whether `holder` names a process of this host that is gone (its lease can be taken at
-/// once: it can no longer hold a socket).
+/// Whether `holder` names a process of this host, this boot and this pid namespace that is
+/// gone (its lease can be taken at once: it can no longer hold a socket).
 fn dead_here(holder: &str) -> bool {
-    let mut parts = holder.rsplitn(3, ':');
-    let (_, pid, host) = (parts.next(), parts.next(), parts.next());
-    let Some(pid) = pid.and_then(|p| p.parse::<u32>().ok()) else {
+    let parts: Vec<&str> = holder.split(':').collect();
+    let [host, boot, ns, pid, _] = parts[..] else {
         return false;
     };
-    host == Some(hostname().as_str())
+    let Ok(pid) = pid.parse::<u32>() else {
+        return false;
+    };
+    !boot.is_empty()
+        && !ns.is_empty()
+        && host == hostname()
+        && boot == boot_id()
+        && ns == pid_ns()
         && pid != std::process::id()
         && !std::path::Path::new(&format!("/proc/{pid}")).exists()
 }
@@ -159,6 +202,9 @@ struct Feed {
     writer: tokio::sync::Mutex<Option<u64>>,
     /// Counts publishes refused because another process wrote (the holder steps down).
     superseded: tokio::sync::watch::Sender<u64>,
+    /// Since when publishing has failed (NATS up enough to renew the lease, not to take
+    /// events): the holder steps down after two thirds of the stale time of it.
+    failing_since: std::sync::Mutex<Option<Instant>>,
     servers: String,
 }
 
@@ -194,8 +240,10 @@ pub async fn run(core: Arc<Core>, shared: Shared) {
     };
     core.ctx
         .spawn_until_shutdown("slack nats state", follow_state(core.clone(), feed.clone()));
+    // Not dropped mid-publish at shutdown: it stops between publishes (the holding spell
+    // publishes what is left).
     core.ctx
-        .spawn_until_shutdown("slack nats publish", publisher(core.clone(), feed.clone()));
+        .spawn("slack nats publish", publisher(core.clone(), feed.clone()));
     lease(core, feed, shared.cfg).await;
 }
 
@@ -275,7 +323,13 @@ async fn open(core: &Arc<Core>, shared: &Shared) -> Result<Feed, String> {
         .map_err(|e| format!("cannot read the stream {name} at {servers}: {e}"))?
         .state
         .clone();
-    let (applied_tx, applied) = tokio::sync::watch::channel(0u64);
+    // A stream with no messages now has nothing to apply: it is applied through its end.
+    let start = if info.messages == 0 {
+        info.last_sequence
+    } else {
+        0
+    };
+    let (applied_tx, applied) = tokio::sync::watch::channel(start);
     if info.messages == 0 && info.last_sequence > 0 {
         // Everything it ever held has aged out: nothing from before now can be served.
         core.buffer.evicted_through(core.buffer.head());
@@ -301,20 +355,29 @@ async fn open(core: &Arc<Core>, shared: &Shared) -> Result<Feed, String> {
         applied: applied_tx,
         first: true,
     };
-    core.ctx
+    let following = core
+        .ctx
         .spawn_until_shutdown("slack nats follow", follower.run(messages));
     let mut rx = applied.clone();
     let until = info.last_sequence;
     if info.messages > 0 {
-        tokio::time::timeout(CATCH_UP_TIMEOUT, rx.wait_for(|&a| a >= until))
+        let loaded = tokio::time::timeout(CATCH_UP_TIMEOUT, rx.wait_for(|&a| a >= until))
             .await
             .map_err(|_| {
                 format!(
                     "the stream {name} did not load within {} s",
                     CATCH_UP_TIMEOUT.as_secs()
                 )
-            })?
-            .map_err(|_| "the stream's follower stopped".to_owned())?;
+            })
+            .and_then(|r| {
+                r.map(|_| ())
+                    .map_err(|_| "the stream's follower stopped".to_owned())
+            });
+        if let Err(e) = loaded {
+            // The next try starts its own follower.
+            following.abort();
+            return Err(e);
+        }
     }
     core.set_loaded();
     tracing::info!(stream = %name, events = info.messages, "slack feed shared on NATS");
@@ -330,6 +393,7 @@ async fn open(core: &Arc<Core>, shared: &Shared) -> Result<Feed, String> {
         applied,
         writer: tokio::sync::Mutex::new(None),
         superseded: tokio::sync::watch::channel(0).0,
+        failing_since: std::sync::Mutex::new(None),
         servers,
     })
 }
@@ -386,6 +450,10 @@ impl Follower {
         let Ok(info) = m.info() else { return };
         let sequence = info.stream_sequence;
         let first = std::mem::replace(&mut self.first, false);
+        if is_marker(&m) {
+            self.applied.send_modify(|a| *a = (*a).max(sequence));
+            return;
+        }
         match decode(&self.core, &m) {
             Some((seq, posted)) => {
                 if first && sequence > 1 {
@@ -408,17 +476,23 @@ impl Follower {
 fn decode(core: &Core, m: &async_nats::Message) -> Option<(u64, Posted)> {
     let headers = m.headers.as_ref()?;
     let id = headers.get(async_nats::header::NATS_MESSAGE_ID)?.as_str();
-    let seq: u64 = headers.get(SEQ_HEADER)?.as_str().parse().ok()?;
     let plain = core.buffer.sealer().open(id, &m.payload).ok()?;
-    let posted: Posted = serde_json::from_slice(&plain).ok()?;
-    Some((seq, posted))
+    let sealed: Sealed = serde_json::from_slice(&plain).ok()?;
+    Some((sealed.seq, sealed.data))
+}
+
+/// A holder's fence message (see [`hold`]).
+fn is_marker(m: &async_nats::Message) -> bool {
+    m.headers
+        .as_ref()
+        .is_some_and(|h| h.get(MARKER_HEADER).is_some())
 }
 
 /// Takes in the shared state the holder writes (a standby's status, and its backfill floor
 /// when it takes over).
 async fn follow_state(core: Arc<Core>, feed: Arc<Feed>) {
     loop {
-        match feed.kv.watch(&feed.state_key).await {
+        match feed.kv.watch_with_history(&feed.state_key).await {
             Ok(mut w) => {
                 while let Some(e) = w.next().await {
                     if let Ok(e) = e
@@ -436,9 +510,13 @@ async fn follow_state(core: Arc<Core>, feed: Arc<Feed>) {
 
 /// Publishes what this process ingests, at once, while it may write.
 async fn publisher(core: Arc<Core>, feed: Arc<Feed>) {
+    let shutdown = core.ctx.shutdown().clone();
     let mut backoff = RETRY;
     loop {
-        core.unwritten.notified().await;
+        tokio::select! {
+            _ = shutdown.cancelled() => return,
+            _ = core.unwritten.notified() => {}
+        }
         loop {
             match publish_pending(&core, &feed).await {
                 Ok(()) => {
@@ -449,9 +527,23 @@ async fn publisher(core: Arc<Core>, feed: Arc<Feed>) {
                     feed.superseded.send_modify(|n| *n += 1);
                     break;
                 }
-                Err(Refused::Failed) => tokio::time::sleep(backoff.next_delay()).await,
+                Err(Refused::Failed) => {
+                    tokio::select! {
+                        _ = shutdown.cancelled() => return,
+                        _ = tokio::time::sleep(backoff.next_delay()) => {}
+                    }
+                }
             }
         }
+    }
+}
+
+fn failing(feed: &Feed, now_failing: bool) {
+    let mut f = feed.failing_since.lock().unwrap_or_else(|e| e.into_inner());
+    match (now_failing, f.is_some()) {
+        (true, false) => *f = Some(Instant::now()),
+        (false, true) => *f = None,
+        _ => {}
     }
 }
 
@@ -474,12 +566,15 @@ async fn publish_pending(core: &Core, feed: &Feed) -> Result<(), Refused> {
     let rows = core.buffer.take_unwritten();
     for (i, h) in rows.iter().enumerate() {
         let id = h.posted.event_id();
-        let plain = serde_json::to_vec(&*h.posted).expect("a payload serializes");
+        let plain = serde_json::to_vec(&Sealed {
+            seq: h.seq,
+            data: (*h.posted).clone(),
+        })
+        .expect("a payload serializes");
         let sealed = core.buffer.sealer().seal(&id, &plain);
         let msg = jetstream::message::PublishMessage::build()
             .payload(sealed.into())
             .message_id(&id)
-            .header(SEQ_HEADER, h.seq.to_string().as_str())
             .expected_last_sequence(expected);
         let clock = Instant::now();
         let r = tokio::time::timeout(PUBLISH_TIMEOUT, async {
@@ -487,12 +582,23 @@ async fn publish_pending(core: &Core, feed: &Feed) -> Result<(), Refused> {
         })
         .await;
         match r {
+            Ok(Ok(ack)) if ack.duplicate && ack.sequence > expected => {
+                // The stream took this event from another writer after this one's last
+                // publish: this process is not the only writer any more.
+                tracing::warn!(stream = %feed.stream, "another process wrote to the slack stream: this one is no longer its writer");
+                core.buffer.restore_unwritten(&rows[i + 1..]);
+                *writer = None;
+                return Err(Refused::Superseded);
+            }
             Ok(Ok(ack)) => {
                 metrics::NATS_PUBLISHES.fetch_add(1, Ordering::Relaxed);
                 metrics::NATS_PUBLISH_MICROS
                     .fetch_add(clock.elapsed().as_micros() as u64, Ordering::Relaxed);
-                expected = expected.max(ack.sequence);
-                *writer = Some(expected);
+                failing(feed, false);
+                if !ack.duplicate {
+                    expected = ack.sequence;
+                    *writer = Some(expected);
+                }
             }
             Ok(Err(e)) if e.kind() == jetstream::context::PublishErrorKind::WrongLastSequence => {
                 metrics::NATS_PUBLISH_FAILURES.fetch_add(1, Ordering::Relaxed);
@@ -503,12 +609,14 @@ async fn publish_pending(core: &Core, feed: &Feed) -> Result<(), Refused> {
             }
             Ok(Err(e)) => {
                 metrics::NATS_PUBLISH_FAILURES.fetch_add(1, Ordering::Relaxed);
+                failing(feed, true);
                 tracing::warn!(error = %e, "cannot publish to the slack stream; retrying");
                 core.buffer.restore_unwritten(&rows[i..]);
                 return Err(Refused::Failed);
             }
             Err(_) => {
                 metrics::NATS_PUBLISH_FAILURES.fetch_add(1, Ordering::Relaxed);
+                failing(feed, true);
                 tracing::warn!(servers = %feed.servers, "no acknowledgement from NATS in time; retrying");
                 core.buffer.restore_unwritten(&rows[i..]);
                 return Err(Refused::Failed);
@@ -528,6 +636,7 @@ enum Ended {
 /// shutdown.
 async fn lease(core: Arc<Core>, feed: Arc<Feed>, cfg: SharedConfig) {
     let shutdown = core.ctx.shutdown().clone();
+    let mut backoff = RETRY;
     loop {
         core.status().state = SocketState::Standby;
         let Some(taken) = acquire(&core, &feed, &cfg, &shutdown).await else {
@@ -545,9 +654,20 @@ async fn lease(core: Arc<Core>, feed: Arc<Feed>, cfg: SharedConfig) {
                 live_through_ms: Some(seen),
             });
         }
+        let began = Instant::now();
         let ended = hold(&core, &feed, &cfg, taken.revision, &shutdown).await;
         if let Ended::Shutdown = ended {
             return;
+        }
+        core.status().state = SocketState::Standby;
+        // A spell that ended at once (the stream gone, no permission) is not tried again in
+        // a tight loop.
+        if began.elapsed() > cfg.stale {
+            backoff = RETRY;
+        }
+        tokio::select! {
+            _ = shutdown.cancelled() => return,
+            _ = tokio::time::sleep(backoff.next_delay()) => {}
         }
     }
 }
@@ -662,19 +782,23 @@ async fn acquire(
                 });
             }
             Err::<u64, kv::CreateError>(e) => {
-                // Someone else was quicker (or NATS is away): look again.
+                // Someone else was quicker (or NATS is away, or refuses): look again, paced.
                 tracing::debug!(error = %e, "the slack lease was not taken");
                 tokio::select! {
                     _ = shutdown.cancelled() => return None,
-                    _ = tokio::time::sleep(Duration::from_millis(50)) => {}
+                    _ = tokio::time::sleep(backoff.next_delay()) => {}
                 }
             }
         }
     }
 }
 
-/// Holds the lease from `revision`: catches up with the stream, runs the socket and the
-/// backfill, heartbeats; ends at shutdown (releasing it) or when it is lost.
+/// Holds the lease from `revision`: catches up with the stream, fences it, runs the socket
+/// and the backfill, renews; ends at shutdown (releasing it) or when it is lost.
+///
+/// The socket runs only while the last renewal is younger than two thirds of the stale time
+/// (each renewal's wait is cut at that deadline), so a standby that takes over after the
+/// stale time never overlaps it.
 async fn hold(
     core: &Arc<Core>,
     feed: &Feed,
@@ -694,41 +818,96 @@ async fn hold(
     let stop = shutdown.child_token();
     let mut running: Vec<tokio::task::JoinHandle<()>> = Vec::new();
     let mut beat = 0u64;
-    let mut last_ok = Instant::now();
+    let lease_value = |beat| {
+        serde_json::to_vec(&LeaseValue {
+            holder: feed.me.clone(),
+            since_ms: now_ms(),
+            beat,
+        })
+        .expect("a lease serializes")
+    };
+    let keep_for = cfg.stale * 2 / 3;
+    // Anything ingested outside a spell (a reader that outlived its socket's close) is not
+    // published under stale seqs: the backfill reads it again.
+    let stranded = core.buffer.take_unwritten();
+    core.buffer.forget(&stranded);
+    let mut superseded = feed.superseded.subscribe();
     let ended = 'held: {
         // Everything published before this moment is applied first: new seqs stay above it.
-        let last = match tokio::time::timeout(CATCH_UP_TIMEOUT, async {
+        let caught_up = tokio::time::timeout(CATCH_UP_TIMEOUT, async {
             let mut s = feed
                 .js
                 .get_stream(&feed.stream)
                 .await
                 .map_err(|e| e.to_string())?;
-            let last = s
-                .info()
-                .await
-                .map_err(|e| e.to_string())?
-                .state
-                .last_sequence;
-            let mut rx = feed.applied.clone();
-            rx.wait_for(|&a| a >= last)
-                .await
-                .map_err(|e| e.to_string())?;
-            Ok::<u64, String>(last)
+            let st = s.info().await.map_err(|e| e.to_string())?.state.clone();
+            if st.messages > 0 {
+                let mut rx = feed.applied.clone();
+                let last = st.last_sequence;
+                rx.wait_for(|&a| a >= last)
+                    .await
+                    .map_err(|e| e.to_string())?;
+            }
+            Ok::<u64, String>(st.last_sequence)
         })
-        .await
-        {
+        .await;
+        let last = match caught_up {
             Ok(Ok(last)) => last,
             Ok(Err(e)) => break 'held Ended::Lost(format!("cannot catch up with the stream: {e}")),
             Err(_) => break 'held Ended::Lost("cannot catch up with the stream in time".into()),
         };
-        *feed.writer.lock().await = Some(last);
-        let mut shared = core.buffer.take_shared().0;
-        if shared.first_seq == 0 {
-            // A new feed begins now: a cursor from before it learns `truncated`.
-            shared.first_seq = core.buffer.head().max(now_us());
-            core.buffer.merge_shared(shared);
+        // The fence: a message that says the stream's last sequence is `last`. It fails if
+        // another process wrote since; once it is in, a publish of a previous holder (which
+        // expects an older sequence) is refused.
+        let marker = jetstream::message::PublishMessage::build()
+            .header(MARKER_HEADER, feed.me.as_str())
+            .expected_last_sequence(last);
+        let fenced = tokio::time::timeout(PUBLISH_TIMEOUT, async {
+            feed.js
+                .send_publish(feed.subject.clone(), marker)
+                .await?
+                .await
+        })
+        .await;
+        let expected = match fenced {
+            Ok(Ok(ack)) => ack.sequence,
+            Ok(Err(e)) => break 'held Ended::Lost(format!("cannot fence the stream: {e}")),
+            Err(_) => break 'held Ended::Lost("cannot fence the stream in time".into()),
+        };
+        // Renewed now: the catch-up may have taken a while of the stale time.
+        match tokio::time::timeout(
+            keep_for,
+            feed.kv
+                .update(&feed.lease_key, lease_value(0).into(), revision),
+        )
+        .await
+        {
+            Ok(Ok(r)) => revision = r,
+            _ => {
+                break 'held Ended::Lost("the lease could not be renewed after catching up".into());
+            }
         }
-        write_state(feed, shared).await;
+        let mut last_ok = Instant::now();
+        *feed.writer.lock().await = Some(expected);
+        failing(feed, false);
+        let (mut shared, _) = core.buffer.take_shared();
+        match feed.kv.get(&feed.state_key).await {
+            Ok(Some(v)) => {
+                if let Ok(s) = serde_json::from_slice::<SharedState>(&v) {
+                    core.buffer.merge_shared(s);
+                }
+                shared = core.buffer.take_shared().0;
+                write_state(feed, shared).await;
+            }
+            _ => {
+                // A new feed begins now: a cursor from before it learns `truncated`. Made
+                // only if absent, so a feed's start never moves.
+                shared.first_seq = core.buffer.head().max(now_us());
+                core.buffer.merge_shared(shared);
+                let bytes = serde_json::to_vec(&shared).expect("the state serializes");
+                let _ = feed.kv.create(&feed.state_key, bytes.into()).await;
+            }
+        }
         running.push(core.ctx.spawn(
             "slack socket mode",
             super::socket::run(core.clone(), stop.clone()),
@@ -740,14 +919,16 @@ async fn hold(
         let mut tick = tokio::time::interval(cfg.heartbeat);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         tick.tick().await;
-        let mut superseded = feed.superseded.subscribe();
-        superseded.mark_unchanged();
         let mut state_tick = tokio::time::interval(super::FLUSH_EVERY.min(cfg.heartbeat));
         state_tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
+            let deadline = tokio::time::Instant::from_std(last_ok + keep_for);
             tokio::select! {
                 _ = shutdown.cancelled() => break 'held Ended::Shutdown,
                 _ = superseded.changed() => break 'held Ended::Lost("another process wrote to the stream".into()),
+                _ = tokio::time::sleep_until(deadline) => {
+                    break 'held Ended::Lost("the lease could not be renewed for 2/3 of the stale time".into());
+                }
                 _ = state_tick.tick() => {
                     // Where the backfill may start from, for whoever holds next.
                     let (shared, changed) = core.buffer.take_shared();
@@ -758,16 +939,22 @@ async fn hold(
                 }
                 _ = tick.tick() => {}
             }
+            let stuck = feed
+                .failing_since
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .is_some_and(|t| t.elapsed() >= keep_for);
+            if stuck {
+                break 'held Ended::Lost(
+                    "publishing to the stream failed for 2/3 of the stale time".into(),
+                );
+            }
             beat += 1;
-            let value = serde_json::to_vec(&LeaseValue {
-                holder: feed.me.clone(),
-                since_ms: now_ms(),
-                beat,
-            })
-            .expect("a lease serializes");
+            let remaining = deadline.saturating_duration_since(tokio::time::Instant::now());
             match tokio::time::timeout(
-                cfg.heartbeat,
-                feed.kv.update(&feed.lease_key, value.into(), revision),
+                remaining.min(cfg.heartbeat),
+                feed.kv
+                    .update(&feed.lease_key, lease_value(beat).into(), revision),
             )
             .await
             {
@@ -778,18 +965,8 @@ async fn hold(
                 Ok(Err(e)) if e.kind() == kv::UpdateErrorKind::WrongLastRevision => {
                     break 'held Ended::Lost("another process took the lease".into());
                 }
-                other => {
-                    let why = match other {
-                        Ok(Err(e)) => e.to_string(),
-                        _ => "no answer in time".into(),
-                    };
-                    tracing::warn!(error = %why, "cannot renew the slack lease");
-                    if last_ok.elapsed() >= cfg.stale * 2 / 3 {
-                        break 'held Ended::Lost(
-                            "the lease could not be renewed for 2/3 of the stale time".into(),
-                        );
-                    }
-                }
+                Ok(Err(e)) => tracing::warn!(error = %e, "cannot renew the slack lease"),
+                Err(_) => tracing::warn!("cannot renew the slack lease: no answer in time"),
             }
         }
     };
@@ -823,6 +1000,10 @@ async fn hold(
         }
         Ended::Lost(why) => {
             metrics::SLACK_LEASE_LOST.fetch_add(1, Ordering::Relaxed);
+            // Writing stops before the lease is given up.
+            *feed.writer.lock().await = None;
+            let unpublished = core.buffer.take_unwritten();
+            core.buffer.forget(&unpublished);
             // Given back if it is still this process's (a catch-up that failed, NATS back):
             // anyone may take it at once. Refused when another process has it already.
             let _ = tokio::time::timeout(
@@ -832,9 +1013,6 @@ async fn hold(
             )
             .await;
             tracing::warn!(reason = %why, "lost the slack socket lease: socket closed; what was not published is left to the next holder's backfill");
-            *feed.writer.lock().await = None;
-            let unpublished = core.buffer.take_unwritten();
-            core.buffer.forget(&unpublished);
             lease_status(core, |l| {
                 l.held = false;
                 l.lost += 1;
@@ -869,13 +1047,25 @@ mod tests {
     fn a_holder_of_this_host_whose_pid_is_gone_is_dead() {
         let me = identity();
         assert!(!dead_here(&me), "this process is alive");
-        let host = hostname();
-        assert!(dead_here(&format!("{host}:4294967295:abc")), "no such pid");
+        let (host, boot, ns) = (hostname(), boot_id(), pid_ns());
+        assert!(!boot.is_empty() && !ns.is_empty(), "{me}");
         assert!(
-            !dead_here("elsewhere.example:4294967295:abc"),
-            "another host's is never judged"
+            dead_here(&format!("{host}:{boot}:{ns}:4294967295:abc")),
+            "no such pid"
         );
+        assert!(
+            !dead_here(&format!("{host}:{boot}:4026000000:4294967295:abc")),
+            "another pid namespace (a container with the same host name) is never judged"
+        );
+        assert!(
+            !dead_here(&format!("{host}:00000000:{ns}:4294967295:abc")),
+            "another boot, or another machine with the same name, is never judged"
+        );
+        assert!(!dead_here("elsewhere.example:1:2:4294967295:abc"));
         assert!(!dead_here("garbage"));
-        assert!(!dead_here(&format!("{host}:1:abc")), "pid 1 is alive");
+        assert!(
+            !dead_here(&format!("{host}:{boot}:{ns}:1:abc")),
+            "pid 1 is alive"
+        );
     }
 }

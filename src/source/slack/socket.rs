@@ -70,8 +70,11 @@ impl Conn {
     /// lease holder opens its socket only after this one is gone.
     async fn close(mut self) {
         self.close.cancel();
-        if let Some(r) = self.reader.take() {
-            let _ = tokio::time::timeout(CLOSE_WAIT * 3, r).await;
+        if let Some(mut r) = self.reader.take()
+            && tokio::time::timeout(CLOSE_WAIT * 3, &mut r).await.is_err()
+        {
+            // A reader that will not finish its close takes nothing more in.
+            r.abort();
         }
     }
 }
