@@ -19,6 +19,7 @@ pub mod filter;
 mod fuzzing;
 pub mod gateway;
 pub mod mcp;
+pub mod nats;
 pub mod source;
 pub mod store;
 #[cfg(test)]

@@ -19,6 +19,8 @@ use crate::source::file::{
 pub struct FileArgs {
     #[command(flatten)]
     pub serve: ServeArgs,
+    #[command(flatten)]
+    pub publish: crate::cli::serve::PublishArgs,
     /// A directory to serve (repeatable). Only paths under a root are served; added to the
     /// config file's roots.
     #[arg(long = "root", value_name = "DIR")]
@@ -117,7 +119,11 @@ pub async fn run(args: FileArgs, globals: &Globals) -> Result<(), Exit> {
     let ctx = RoleContext::new("file");
     let store = role_store(&args.serve.options(), globals).await?;
     let admin = begin(&args.serve, &ctx, globals, &store).await?;
+    let published = args.publish.start("file", &ctx).await?;
     let source = FileSource::new(cfg, &ctx).map_err(|e| usage(e.into()))?;
+    if let Some(p) = &published {
+        p.catalog(&source).await;
+    }
     serve_until_stopped(source, &args.serve.options(), admin, &store, ctx, globals).await
 }
 
@@ -160,6 +166,7 @@ mod tests {
             debounce_ms: None,
             max_watches: Some(7),
             ring_capacity: None,
+            publish: Default::default(),
         };
         let c = args.config().unwrap();
         assert_eq!(c.roots, [dir.join("data"), PathBuf::from("/extra")]);

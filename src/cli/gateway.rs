@@ -56,10 +56,56 @@ pub async fn run(args: GatewayArgs, globals: &Globals) -> Result<(), Exit> {
     let ctx = RoleContext::new("gateway");
     // The slugs are on the status board before the admin address answers: /ready names
     // every one it waits for from its first answer. Nothing connects before the warm-up.
-    let gateway = Gateway::new(&cfg, opts.limits.max_message_bytes, &ctx);
+    let gateway = Gateway::with_upstreams(
+        upstreams(&cfg.slugs, &opts.limits, &ctx),
+        cfg.tokens.clone(),
+        &ctx,
+    );
     let admin = begin(&args.serve, &ctx, globals, &store).await?;
     gateway.warm_up(std::time::Duration::from_secs(5)).await;
     serve_until_stopped(gateway, &opts, admin, &store, ctx, globals).await
+}
+
+/// The upstream of each `[[slug]]`: its server, or for a `nats` slug the event logs its source
+/// publishes, served in this process (the role's poll mapping handed in: the gateway imports
+/// no role).
+pub fn upstreams(
+    slugs: &[crate::gateway::config::Slug],
+    limits: &crate::mcp::server::Limits,
+    ctx: &RoleContext,
+) -> Vec<std::sync::Arc<crate::mcp::upstream::Upstream>> {
+    slugs
+        .iter()
+        .map(|s| match &s.nats {
+            None => Gateway::upstream_for(s, limits.max_message_bytes, ctx),
+            Some(n) => {
+                let mirror = crate::nats::events::Mirror::start(
+                    n.config.clone(),
+                    &n.source,
+                    crate::source::poll_uri,
+                    ctx,
+                );
+                let server = crate::mcp::server::SourceServer::new(
+                    mirror,
+                    limits.clone(),
+                    ctx.shutdown().clone(),
+                );
+                std::sync::Arc::new(crate::mcp::upstream::local::upstream(
+                    crate::mcp::upstream::UpstreamConfig {
+                        name: s.name.clone(),
+                        context: Some(ctx.clone()),
+                        ..crate::mcp::upstream::UpstreamConfig::new(
+                            s.target.clone(),
+                            Default::default(),
+                            limits.max_message_bytes,
+                        )
+                    },
+                    server,
+                    ctx,
+                ))
+            }
+        })
+        .collect()
 }
 
 pub fn check(args: CheckArgs) -> Result<(), Exit> {

@@ -15,6 +15,8 @@ use crate::source::k8s::{K8s, K8sConfig, WatchVia};
 pub struct K8sArgs {
     #[command(flatten)]
     pub serve: ServeArgs,
+    #[command(flatten)]
+    pub publish: crate::cli::serve::PublishArgs,
     /// A kubeconfig, as PATH or NAME=PATH (repeatable; `?kcp=NAME` in a URI picks one, the
     /// first is the default) [default: kubectl's own].
     #[arg(long, value_name = "[NAME=]PATH")]
@@ -99,7 +101,11 @@ pub async fn run(args: K8sArgs, globals: &Globals) -> Result<(), Exit> {
     let store = role_store(&args.serve.options(), globals).await?;
     let admin = begin(&args.serve, &ctx, globals, &store).await?;
     let names: Vec<String> = cfg.kubeconfigs.iter().map(|(n, _)| n.clone()).collect();
+    let published = args.publish.start("k8s", &ctx).await?;
     let source = K8s::new(cfg, config, &ctx).map_err(|e| crate::cli::usage(e.into()))?;
+    if let Some(p) = &published {
+        p.catalog(&source).await;
+    }
     // A kubeconfig the API client cannot use is refused now, not at the first watch.
     source
         .check_kubeconfigs(&names)

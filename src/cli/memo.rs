@@ -22,6 +22,8 @@ pub struct MemoArgs {
     pub max_notes_bytes: Option<usize>,
     #[command(flatten)]
     pub nats: NatsArgs,
+    #[command(flatten)]
+    pub publish: crate::cli::serve::PublishArgs,
 }
 
 /// Where a role keeps its state: the embedded store (the default) or NATS JetStream.
@@ -80,6 +82,7 @@ pub async fn run(args: MemoArgs, globals: &Globals) -> Result<(), Exit> {
         Some(_) => role_store(&args.serve.options(), globals).await?,
     };
     let admin = begin(&args.serve, &ctx, globals, &store).await?;
+    let published = args.publish.start("memo", &ctx).await?;
     let max_notes = args
         .max_notes_bytes
         .unwrap_or(default_max_notes_bytes(args.serve.max_message_bytes));
@@ -90,5 +93,8 @@ pub async fn run(args: MemoArgs, globals: &Globals) -> Result<(), Exit> {
             .map_err(|e| anyhow::anyhow!("{e}"))?,
     }
     .with_max_notes_bytes(max_notes);
+    if let Some(p) = &published {
+        p.catalog(&memo).await;
+    }
     serve_until_stopped(memo, &args.serve.options(), admin, &store, ctx, globals).await
 }

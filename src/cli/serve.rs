@@ -24,6 +24,63 @@ use crate::transport::http::{
     Timeouts,
 };
 
+/// Publishing a role's event logs to NATS for gateways on other hosts.
+#[derive(Debug, Clone, Default, Args)]
+#[command(next_help_heading = "Publishing event logs")]
+pub struct PublishArgs {
+    /// Publish every event log this role keeps (memo://log, each watch's events) to NATS
+    /// JetStream, so a gateway on another host serves them for a [[slug]] with nats = URL,
+    /// with no connection to this process: nats://HOST:PORT (comma-separated for a cluster)
+    /// [default: off].
+    #[arg(long, value_name = "URL")]
+    pub publish_events: Option<String>,
+    /// The name they are published under (the gateway's [[slug]] nats_source)
+    /// [default: the role's name].
+    #[arg(long, value_name = "NAME")]
+    pub publish_as: Option<String>,
+    /// A NATS credentials file (.creds) for --publish-events [default: none].
+    #[arg(long, value_name = "FILE")]
+    pub publish_creds: Option<std::path::PathBuf>,
+    /// A CA certificate (PEM) to verify the NATS servers of --publish-events with; TLS is
+    /// then required [default: none].
+    #[arg(long, value_name = "FILE")]
+    pub publish_tls_ca: Option<std::path::PathBuf>,
+}
+
+impl PublishArgs {
+    /// Starts publishing (before the role makes its rings), when asked.
+    pub async fn start(
+        &self,
+        role: &str,
+        ctx: &RoleContext,
+    ) -> Result<Option<crate::nats::events::PublisherHandle>, Exit> {
+        let Some(urls) = self.publish_events.clone() else {
+            return Ok(None);
+        };
+        let cfg = crate::nats::NatsConfig {
+            urls,
+            creds: self.publish_creds.clone(),
+            nkey: None,
+            tls_ca: self.publish_tls_ca.clone(),
+            bucket: crate::nats::events::BUCKET.into(),
+        };
+        let bad = |e: String| {
+            crate::cli::usage(anyhow::anyhow!(
+                "{}",
+                e.replace("--backend", "--publish-events")
+                    .replace("--nats-creds", "--publish-creds")
+                    .replace("--nats-tls-ca", "--publish-tls-ca")
+            ))
+        };
+        cfg.check().map_err(bad)?;
+        let name = self.publish_as.clone().unwrap_or_else(|| role.to_owned());
+        crate::nats::events::Publisher::start(&cfg, &name, ctx)
+            .await
+            .map(Some)
+            .map_err(bad)
+    }
+}
+
 #[derive(Debug, Clone, Args)]
 pub struct ServeArgs {
     /// Serve Streamable HTTP on ADDR (e.g. 127.0.0.1:8750; port 0 picks one). The endpoint is /mcp.

@@ -13,13 +13,13 @@ use crate::cli::{Exit, Globals, usage};
 use crate::mcp::context::RoleContext;
 use std::time::Duration;
 
+use crate::nats::NatsConfig;
 use crate::source::slack::api::DEFAULT_API_URL;
 use crate::source::slack::buffer::MAX_EVENTS;
 use crate::source::slack::settings::Settings;
 use crate::source::slack::shared::{self, SharedConfig};
 use crate::source::slack::socket::DEFAULT_IDLE;
 use crate::source::slack::{Slack, SlackConfig};
-use crate::store::nats::NatsConfig;
 
 #[derive(Debug, Args)]
 pub struct SlackArgs {

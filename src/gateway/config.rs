@@ -53,9 +53,11 @@ pub enum ConfigError {
     #[error("slug {0} is defined twice")]
     SlugTwice(String),
     #[error(
-        "slug {0} needs exactly one of stdio = \"CMD\", http = \"URL\" or quic = \"HOST:PORT\""
+        "slug {0} needs exactly one of stdio = \"CMD\", http = \"URL\", quic = \"HOST:PORT\" or nats = \"nats://HOST:PORT\""
     )]
     SlugTarget(String),
+    #[error("slug {slug}: {message}")]
+    SlugNats { slug: String, message: String },
     #[error("slug {slug}: http = {message}")]
     SlugUrl { slug: String, message: String },
     /// The variable is not named: a token put in `token_env` by mistake must not be shown.
@@ -118,6 +120,27 @@ pub struct SlugFile {
     /// A systemd credential (`LoadCredential=NAME:PATH`) holding that token: the file NAME in
     /// `$CREDENTIALS_DIRECTORY`, so the secret is in neither the config nor the environment.
     pub token_credential: Option<String>,
+    /// `nats://HOST:PORT[,…]`: serve the event logs a role publishes there
+    /// (`--publish-events`) instead of connecting to a server.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub nats: Option<String>,
+    /// The name they are published under (`--publish-as`); default: this slug's name.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub nats_source: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub nats_creds: Option<PathBuf>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub nats_nkey: Option<PathBuf>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub nats_tls_ca: Option<PathBuf>,
+}
+
+/// A slug served from event logs published on NATS.
+#[derive(Debug, Clone)]
+pub struct NatsSlug {
+    pub config: crate::nats::NatsConfig,
+    /// The publisher's name.
+    pub source: String,
 }
 
 #[derive(Debug, Clone, Deserialize, Serialize)]
@@ -137,6 +160,8 @@ pub struct Slug {
     /// How long it has to answer a connect when it is an HTTP or QUIC server
     /// ([`DEFAULT_CONNECT_TIMEOUT`]; `herald gateway --connect-timeout-ms` sets it for all).
     pub handshake_timeout: std::time::Duration,
+    /// Served from the event logs published on NATS (no server to connect to).
+    pub nats: Option<NatsSlug>,
 }
 
 /// One token, validated: its SHA-256 and what it may use.
@@ -358,10 +383,37 @@ impl GatewayConfig {
             if slugs.iter().any(|o| o.name == s.name) {
                 return Err(ConfigError::SlugTwice(s.name));
             }
-            let target = match (s.stdio, s.http, s.quic) {
-                (Some(c), None, None) => Target::Stdio(c),
-                (None, Some(u), None) => Target::Http(u),
-                (None, None, Some(a)) => Target::Quic(a),
+            let nats = match &s.nats {
+                None => None,
+                Some(urls) => {
+                    let config = crate::nats::NatsConfig {
+                        urls: urls.clone(),
+                        creds: s.nats_creds.clone(),
+                        nkey: s.nats_nkey.clone(),
+                        tls_ca: s.nats_tls_ca.clone(),
+                        bucket: crate::nats::events::BUCKET.into(),
+                    };
+                    config.check().map_err(|e| ConfigError::SlugNats {
+                        slug: s.name.clone(),
+                        message: e.replace("--backend", "nats").replace("--nats-", "nats_"),
+                    })?;
+                    let source = s.nats_source.clone().unwrap_or_else(|| s.name.clone());
+                    if !crate::nats::events::valid_name(&source) {
+                        return Err(ConfigError::SlugNats {
+                            slug: s.name.clone(),
+                            message: format!(
+                                "nats_source {source:?}: use letters, digits, '_' and '-'"
+                            ),
+                        });
+                    }
+                    Some(NatsSlug { config, source })
+                }
+            };
+            let target = match (s.stdio, s.http, s.quic, &nats) {
+                (Some(c), None, None, None) => Target::Stdio(c),
+                (None, Some(u), None, None) => Target::Http(u),
+                (None, None, Some(a), None) => Target::Quic(a),
+                (None, None, None, Some(n)) => Target::Stdio(format!("nats:{}", n.source)),
                 _ => return Err(ConfigError::SlugTarget(s.name)),
             };
             let token = match (&s.token_env, &s.token_credential) {
@@ -402,6 +454,7 @@ impl GatewayConfig {
                     token,
                 },
                 handshake_timeout: DEFAULT_CONNECT_TIMEOUT,
+                nats,
             });
         }
         let mut tokens = Vec::new();

@@ -6,7 +6,8 @@
 //! a client that watched the previous process sees a GAP instead of silently skipping events.
 
 use std::collections::VecDeque;
-use std::sync::Mutex;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
 
 use serde_json::{Map, Value};
 
@@ -28,6 +29,31 @@ pub const MAX_EVENT_BYTES: usize = RING_BYTES / 4;
 #[derive(Debug)]
 pub struct EventRing {
     inner: Mutex<Inner>,
+    /// Its URI, when the process publishes its event logs ([`install_tap`]).
+    uri: Option<Arc<str>>,
+}
+
+/// One event of a published ring, as it was pushed (`--publish-events`).
+#[derive(Debug, Clone)]
+pub struct Tapped {
+    pub uri: Arc<str>,
+    pub seq: u64,
+    pub ts_ms: u64,
+    /// The event as the ring holds it (`{"seq":…,"type":…,…}`).
+    pub text: String,
+}
+
+/// Where the process's tapped rings send their events, once installed.
+static TAP: OnceLock<tokio::sync::mpsc::Sender<Tapped>> = OnceLock::new();
+
+/// Events of tapped rings not published because the publisher's queue was full.
+pub static TAP_DROPPED: AtomicU64 = AtomicU64::new(0);
+
+/// Makes every ring made from now on with [`EventRing::tapped`] send its events to `tx`
+/// (in push order, never blocking a push: a full queue drops and counts). Once per process;
+/// `false` if a tap was installed already.
+pub fn install_tap(tx: tokio::sync::mpsc::Sender<Tapped>) -> bool {
+    TAP.set(tx).is_ok()
 }
 
 #[derive(Debug)]
@@ -99,7 +125,37 @@ impl EventRing {
                 events: VecDeque::new(),
                 bytes: 0,
             }),
+            uri: None,
         }
+    }
+
+    /// This ring is the event log `uri`: when the process publishes its event logs, its
+    /// events are sent to the publisher too.
+    pub fn tapped(mut self, uri: &str) -> EventRing {
+        if TAP.get().is_some() {
+            self.uri = Some(uri.into());
+        }
+        self
+    }
+
+    /// Appends an event that another ring numbered (a mirror of a published ring): kept
+    /// under its own `seq` if that is past the head; `false` (and nothing kept) otherwise.
+    pub fn mirror(&self, seq: u64, ts_ms: u64, text: String) -> bool {
+        let mut inner = self.inner.lock().unwrap_or_else(|e| e.into_inner());
+        if seq < inner.next_seq {
+            return false;
+        }
+        inner.next_seq = seq + 1;
+        while inner.events.len() >= inner.capacity
+            || (inner.bytes + text.len() > RING_BYTES && !inner.events.is_empty())
+        {
+            if let Some(old) = inner.events.pop_front() {
+                inner.bytes -= old.text.len();
+            }
+        }
+        inner.bytes += text.len();
+        inner.events.push_back(Entry { seq, ts_ms, text });
+        true
     }
 
     /// Appends an event of `kind` with `fields`; returns its seq. `seq` and `type` are set here
@@ -133,6 +189,19 @@ impl EventRing {
             }
         }
         inner.bytes += text.len();
+        // Sent under the lock, so the publisher sees this ring's events in seq order.
+        if let (Some(uri), Some(tx)) = (&self.uri, TAP.get())
+            && tx
+                .try_send(Tapped {
+                    uri: uri.clone(),
+                    seq,
+                    ts_ms,
+                    text: text.clone(),
+                })
+                .is_err()
+        {
+            TAP_DROPPED.fetch_add(1, Ordering::Relaxed);
+        }
         inner.events.push_back(Entry { seq, ts_ms, text });
         seq
     }

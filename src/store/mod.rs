@@ -13,7 +13,6 @@
 //! transaction; see `backup.rs`).
 
 mod backup;
-pub mod nats;
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;

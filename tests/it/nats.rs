@@ -326,3 +326,140 @@ async fn ready_and_status_follow_the_nats_connection() {
     let (code, body) = get("/ready").await;
     assert_eq!(code, 200, "{body}");
 }
+
+/// A gateway with one `[[slug]]` named `slug` served from what `source` publishes at `url`,
+/// and a client of it (token `t`).
+async fn gateway_on_nats(
+    dir: &std::path::Path,
+    url: &str,
+    slug: &str,
+    source: &str,
+) -> (Server, herald::transport::client::Connection) {
+    use sha2::Digest;
+    let cfg = dir.join("gateway.toml");
+    std::fs::write(
+        &cfg,
+        format!(
+            "[[slug]]\nname = \"{slug}\"\nnats = \"{url}\"\nnats_source = \"{source}\"\n\
+             [[token]]\nsha256 = \"{}\"\nslugs = [\"*\"]\n",
+            hex::encode(sha2::Sha256::digest(b"t"))
+        ),
+    )
+    .unwrap();
+    let gw = http_gateway_server(&cfg).await;
+    let trust = herald::transport::tls::ClientTrust {
+        token: Some(herald::transport::tls::Secret("t".into())),
+        ..Default::default()
+    };
+    let c = herald::transport::client::connect(
+        &herald::transport::client::Target::Http(gw.http_url()),
+        &trust,
+        herald::transport::client::client_config(),
+        4 << 20,
+    )
+    .await
+    .unwrap();
+    (gw, c)
+}
+
+fn kinds(log: &serde_json::Value) -> Vec<String> {
+    log["events"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| {
+            format!(
+                "{} {}",
+                e["type"].as_str().unwrap(),
+                e["key"].as_str().unwrap_or("")
+            )
+        })
+        .collect()
+}
+
+#[tokio::test]
+async fn a_gateway_serves_event_logs_published_on_nats_with_no_connection_to_their_role() {
+    let nats = NatsServer::start().await;
+    let url = nats.url();
+    let dir = TempDir::new("published");
+    let memo = Server::spawn(&[
+        "--store",
+        ":memory:",
+        "memo",
+        "--http",
+        "127.0.0.1:0",
+        "--publish-events",
+        &url,
+        "--publish-as",
+        "edge1",
+    ])
+    .await;
+    let cm = crate::watch::memo_client(&memo.http_url()).await;
+    // Written before the gateway exists: the stream keeps it.
+    call(&cm, "memo_set", json!({"key": "a", "value": 1})).await;
+    let (_gw, c) = gateway_on_nats(dir.path(), &url, "edge", "edge1").await;
+
+    let list = crate::events::request(&c, "events/list", json!({}))
+        .await
+        .unwrap();
+    let names: Vec<&str> = list["events"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(names, ["edge__memo.changed"], "{list}");
+    // A listen through the gateway, on the slug's log.
+    let mut sub = c
+        .listen(
+            SubscriptionFilter::builder()
+                .resource_subscription("edge+memo://log")
+                .build(),
+        )
+        .await
+        .expect("a listen on a published log is admitted");
+    let cursor = crate::events::request(
+        &c,
+        "events/poll",
+        json!({"name": "edge__memo.changed", "cursor": null}),
+    )
+    .await
+    .unwrap()["cursor"]
+        .clone();
+    call(&cm, "memo_set", json!({"key": "b", "value": 2})).await;
+    assert_eq!(next_updated(&mut sub).await, "edge+memo://log");
+    let (log, mime) = read_json(&c, "edge+memo://log").await;
+    assert_eq!(mime, "application/vnd.asyncai.events+json");
+    assert_eq!(kinds(&log), ["ADDED a", "ADDED b"], "{log}");
+    // A poll from the cursor handed out before the write: exactly that one, with the role's
+    // own seq as at the role.
+    let r = crate::events::request(
+        &c,
+        "events/poll",
+        json!({"name": "edge__memo.changed", "cursor": cursor, "timeoutMs": 10_000}),
+    )
+    .await
+    .unwrap();
+    let events = r["events"].as_array().unwrap();
+    assert_eq!(events.len(), 1, "{r}");
+    assert_eq!(events[0]["data"]["key"], "b");
+    let (at_role, _) = read_json(&cm, "memo://log").await;
+    assert_eq!(
+        at_role["events"], log["events"],
+        "the same events, the same seqs"
+    );
+    // The role goes away: the gateway still serves what it published.
+    drop(cm);
+    assert!(memo.terminate().await.success());
+    let (log, _) = read_json(&c, "edge+memo://log").await;
+    assert_eq!(kinds(&log), ["ADDED a", "ADDED b"]);
+    // Arguments a role would refuse are refused here too, and other URIs are not served.
+    let bad = crate::events::request(
+        &c,
+        "events/poll",
+        json!({"name": "edge__memo.changed", "arguments": {"nope": 1}}),
+    )
+    .await
+    .unwrap_err();
+    assert!(format!("{bad:?}").contains("nope"), "{bad:?}");
+}

@@ -252,13 +252,19 @@ pub async fn run(args: UpArgs, globals: &Globals) -> Result<(), Exit> {
         upstreams.push(in_process("slack", Arc::new(src), &local, &sctx, &store).await);
     }
     let gctx = ctx.for_role("gateway");
-    for slug in &cfg.slugs {
-        let slug = Slug {
+    let slugs: Vec<Slug> = cfg
+        .slugs
+        .iter()
+        .map(|slug| Slug {
             handshake_timeout: args.timeout.duration(),
             ..slug.clone()
-        };
-        upstreams.push(Gateway::upstream_for(&slug, max, &gctx));
-    }
+        })
+        .collect();
+    let slug_limits = Limits {
+        max_message_bytes: max,
+        ..limits.clone()
+    };
+    upstreams.extend(crate::cli::gateway::upstreams(&slugs, &slug_limits, &gctx));
     let mut gateway = Gateway::with_upstreams(upstreams, cfg.tokens.clone(), &gctx);
     let open = cfg.tokens.is_empty();
     if open {

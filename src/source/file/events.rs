@@ -51,7 +51,7 @@ impl FileSource {
 }
 
 /// The event-log URI a `file.changed` poll's arguments select.
-fn poll_uri(args: &JsonObject) -> Result<String, SourceError> {
+pub(crate) fn poll_uri(args: &JsonObject) -> Result<String, SourceError> {
     events::check_arguments(args, CHANGED_EVENT, &["path", "recursive", "glob"])?;
     let path = events::required_argument(args, "path", CHANGED_EVENT)?;
     if !path.starts_with('/') {

@@ -25,6 +25,7 @@
 
 mod checksum;
 mod events;
+pub(crate) use events::poll_uri;
 pub mod glob;
 pub mod machine;
 pub mod paths;

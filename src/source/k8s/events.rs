@@ -64,7 +64,7 @@ fn push_query(uri: &mut String, key: &str, value: Option<String>) {
 /// The watch URI (and its selection) a `k8s.changed` or `kcp.changed` poll's arguments select.
 /// The path parts are checked before they go into the URI, so an argument cannot smuggle in
 /// a query of its own.
-fn poll_uri(event: &str, args: &JsonObject) -> Result<(String, Selection), SourceError> {
+pub(crate) fn poll_uri(event: &str, args: &JsonObject) -> Result<(String, Selection), SourceError> {
     let selectors = ["namespace", "labelSelector", "fieldSelector"];
     let mut uri = if event == KCP_CHANGED {
         events::check_arguments(

@@ -23,6 +23,7 @@
 
 pub mod api;
 mod events;
+pub(crate) use events::poll_uri;
 pub mod known;
 pub mod kubectl;
 mod read;

@@ -93,7 +93,7 @@ impl State {
     fn new(notes: BTreeMap<String, Value>, total: usize, ring_capacity: usize) -> State {
         State {
             notes: RwLock::new(notes),
-            log: EventRing::new(ring_capacity),
+            log: EventRing::new(ring_capacity).tapped(LOG_URI),
             feed: ChangeFeed::new(),
             writes: tokio::sync::Mutex::new(total),
             version: tokio::sync::watch::Sender::new(0),

@@ -49,7 +49,7 @@ const START_TIMEOUT: Duration = Duration::from_secs(20);
 /// Revisions kept per key (KV history).
 const HISTORY: i64 = 16;
 
-pub use crate::store::nats::NatsConfig;
+pub use crate::nats::NatsConfig;
 
 /// The bucket, and how far this host's watch has applied it.
 pub struct Notes {
@@ -80,7 +80,7 @@ impl Notes {
                     START_TIMEOUT.as_secs()
                 )
             })??;
-        crate::store::nats::enter(ctx, "memo", cfg, client.clone());
+        crate::nats::enter(ctx, "memo", cfg, client.clone());
         let js = async_nats::jetstream::new(client);
         let stream = format!("KV_{}", cfg.bucket);
         let kv = match js.get_key_value(&cfg.bucket).await {

@@ -163,7 +163,7 @@ impl Slack {
                         "slack nats".into(),
                         sc.nats.redacted(),
                         Arc::new(move || {
-                            crate::store::nats::connected(&client)
+                            crate::nats::connected(&client)
                                 && weak.upgrade().is_some_and(|c| c.is_loaded())
                         }),
                     );

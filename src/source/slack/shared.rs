@@ -56,7 +56,7 @@ use super::message::Posted;
 use crate::mcp::backoff::Backoff;
 use crate::mcp::metrics;
 use crate::mcp::ring::now_ms;
-use crate::store::nats::NatsConfig;
+use crate::nats::NatsConfig;
 
 /// The key-value bucket holding the leases and shared state when none is named.
 pub const DEFAULT_BUCKET: &str = "herald_slack";

@@ -9,6 +9,8 @@ use std::time::Duration;
 
 use crate::mcp::metrics;
 
+pub mod events;
+
 /// How to reach NATS.
 #[derive(Debug, Clone, Default)]
 pub struct NatsConfig {

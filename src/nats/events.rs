@@ -1,0 +1,513 @@
+//! Event logs across hosts on NATS JetStream: a role publishes every event-log ring it keeps
+//! (`--publish-events nats://…`), and a gateway on another host serves them for a `[[slug]]`
+//! with `nats = "…"`, with no connection to the role itself.
+//!
+//! - **Publishing.** [`Publisher::start`] installs the process's ring tap
+//!   ([`crate::mcp::ring::install_tap`]): every ring made with `tapped(uri)` (memo's log, each
+//!   file and k8s watch) sends each event, in push order, to one task that publishes it on
+//!   `herald.events.<name>.<h>` (`h`: 16 hex digits of SHA-256 of the URI) of the stream
+//!   `herald_events`, with the URI, seq and push time in headers and the event's JSON as the
+//!   body. The stream keeps the last [`PER_URI`] events of each URI for [`MAX_AGE`]. The
+//!   source's `events/list` goes to the key `<name>.catalog` of the bucket `herald_events`, so
+//!   the other side can list the event types. A full queue drops (counted), never blocks a
+//!   push; an event NATS refuses is retried in order.
+//! - **Serving** ([`Mirror`], a [`Source`]): follows `herald.events.<name>.>` from the start
+//!   and keeps a ring per URI under the publisher's own seqs ([`EventRing::mirror`]), so
+//!   cursors, reads, `read_json_after` anchors and long polls behave as at the source. A listen
+//!   to an event-log URI is admitted whether or not it has events yet (they come when the
+//!   source publishes them); `events/poll` maps its arguments to the URI as the source would
+//!   (the mapping is handed in: roles never import each other). The source's tools are not
+//!   served: this is a read-only view of its event logs.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Mutex, RwLock};
+use std::time::Duration;
+
+use async_nats::jetstream::{self, consumer, kv, stream};
+use async_trait::async_trait;
+use futures::StreamExt;
+use rmcp::model::{JsonObject, Resource};
+use serde_json::{Value, json};
+use sha2::Digest;
+
+use crate::mcp::backoff::Backoff;
+use crate::mcp::context::RoleContext;
+use crate::mcp::events::{self, PollRequest};
+use crate::mcp::hub::ChangeFeed;
+use crate::mcp::ring::{DEFAULT_RING_CAPACITY, EVENT_LOG_MIME, EventRing, Tapped};
+use crate::mcp::source::{
+    Admission, Caller, Contents, ListenFilter, Source, SourceError, SourceInfo, WatchGuard,
+};
+use crate::nats::NatsConfig;
+
+/// The stream every published event log goes to.
+pub const STREAM: &str = "herald_events";
+/// The bucket of the publishers' catalogs.
+pub const BUCKET: &str = "herald_events";
+/// Events kept per URI in the stream.
+pub const PER_URI: i64 = DEFAULT_RING_CAPACITY as i64;
+/// How long the stream keeps an event.
+pub const MAX_AGE: Duration = Duration::from_secs(24 * 3600);
+/// Events waiting to be published before the tap drops.
+const QUEUE: usize = 8192;
+const PUBLISH_TIMEOUT: Duration = Duration::from_secs(10);
+/// Longest a request waits for a starting mirror to catch up.
+const READY_WAIT: Duration = Duration::from_secs(5);
+const RETRY: Backoff = Backoff::new(Duration::from_millis(200), Duration::from_secs(10));
+const URI_HEADER: &str = "Herald-Uri";
+const SEQ_HEADER: &str = "Herald-Seq";
+const TS_HEADER: &str = "Herald-Ts";
+
+/// The subject of `uri`'s events published as `name`.
+pub fn subject(name: &str, uri: &str) -> String {
+    let h = sha2::Sha256::digest(uri.as_bytes());
+    format!("herald.events.{name}.{}", hex::encode(&h[..8]))
+}
+
+/// Whether `name` can name a publisher (a subject token).
+pub fn valid_name(name: &str) -> bool {
+    !name.is_empty()
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
+}
+
+/// Makes (or opens) the stream and the bucket.
+async fn open(
+    js: &jetstream::Context,
+    servers: &str,
+) -> Result<(stream::Stream, kv::Store), String> {
+    let stream = js
+        .get_or_create_stream(stream::Config {
+            name: STREAM.into(),
+            description: Some("herald event logs, published by role processes".into()),
+            subjects: vec!["herald.events.>".into()],
+            max_messages_per_subject: PER_URI,
+            max_age: MAX_AGE,
+            discard: stream::DiscardPolicy::Old,
+            storage: stream::StorageType::File,
+            ..Default::default()
+        })
+        .await
+        .map_err(|e| {
+            format!("cannot open or make the stream {STREAM} at {servers} ({e}); JetStream must be on (nats-server -js)")
+        })?;
+    let kv = match js.get_key_value(BUCKET).await {
+        Ok(kv) => kv,
+        Err(_) => js
+            .create_key_value(kv::Config {
+                bucket: BUCKET.into(),
+                description: "herald event-log publishers' catalogs".into(),
+                history: 1,
+                ..Default::default()
+            })
+            .await
+            .map_err(|e| format!("cannot open or make the bucket {BUCKET} at {servers} ({e})"))?,
+    };
+    Ok((stream, kv))
+}
+
+/// Publishes this process's event logs.
+pub struct Publisher;
+
+impl Publisher {
+    /// Connects, installs the ring tap, writes `source`'s catalog as `name`, and publishes
+    /// from then on. Call it before the source makes its rings.
+    pub async fn start(
+        cfg: &NatsConfig,
+        name: &str,
+        ctx: &RoleContext,
+    ) -> Result<PublisherHandle, String> {
+        if !valid_name(name) {
+            return Err(format!(
+                "--publish-as {name:?}: use letters, digits, '_' and '-'"
+            ));
+        }
+        let servers = cfg.redacted();
+        let client = tokio::time::timeout(Duration::from_secs(20), cfg.connect())
+            .await
+            .map_err(|_| format!("no NATS server answered at {servers} within 20 s"))??;
+        crate::nats::enter(ctx, "events", cfg, client.clone());
+        let js = jetstream::new(client);
+        let (_, kv) = open(&js, &servers).await?;
+        let (tx, rx) = tokio::sync::mpsc::channel(QUEUE);
+        if !crate::mcp::ring::install_tap(tx) {
+            return Err("event logs are published once per process".into());
+        }
+        ctx.spawn_until_shutdown("events nats publish", publish(js, name.to_owned(), rx));
+        Ok(PublisherHandle {
+            kv,
+            name: name.to_owned(),
+        })
+    }
+}
+
+/// Writes the catalog once the source exists.
+pub struct PublisherHandle {
+    kv: kv::Store,
+    name: String,
+}
+
+impl PublisherHandle {
+    /// Puts `source`'s event types (and instructions) where the mirrors read them.
+    pub async fn catalog(&self, source: &dyn Source) {
+        let caller = Caller::local();
+        let events = source.events_list(&caller).await.unwrap_or_default();
+        let info = source.info();
+        let v = json!({"events": events, "name": info.name, "instructions": info.instructions});
+        let key = format!("{}.catalog", self.name);
+        if let Err(e) = self.kv.put(&key, v.to_string().into()).await {
+            tracing::warn!(error = %e, "cannot write the event-log catalog to NATS");
+        }
+    }
+}
+
+async fn publish(
+    js: jetstream::Context,
+    name: String,
+    mut rx: tokio::sync::mpsc::Receiver<Tapped>,
+) {
+    let mut backoff = RETRY;
+    while let Some(t) = rx.recv().await {
+        let subject = subject(&name, &t.uri);
+        loop {
+            let msg = jetstream::message::PublishMessage::build()
+                .payload(t.text.clone().into())
+                .header(URI_HEADER, &*t.uri)
+                .header(SEQ_HEADER, t.seq.to_string().as_str())
+                .header(TS_HEADER, t.ts_ms.to_string().as_str());
+            let clock = std::time::Instant::now();
+            let r = tokio::time::timeout(PUBLISH_TIMEOUT, async {
+                js.send_publish(subject.clone(), msg).await?.await
+            })
+            .await;
+            match r {
+                Ok(Ok(_)) => {
+                    crate::mcp::metrics::NATS_PUBLISHES.fetch_add(1, Ordering::Relaxed);
+                    crate::mcp::metrics::NATS_PUBLISH_MICROS
+                        .fetch_add(clock.elapsed().as_micros() as u64, Ordering::Relaxed);
+                    backoff = RETRY;
+                    break;
+                }
+                other => {
+                    crate::mcp::metrics::NATS_PUBLISH_FAILURES.fetch_add(1, Ordering::Relaxed);
+                    let why = match other {
+                        Ok(Err(e)) => e.to_string(),
+                        _ => "no acknowledgement in time".into(),
+                    };
+                    tracing::warn!(error = %why, "cannot publish an event log's event to NATS; retrying");
+                    tokio::time::sleep(backoff.next_delay()).await;
+                }
+            }
+        }
+    }
+}
+
+/// Maps an `events/poll`'s event type and arguments to the event-log URI the source would
+/// poll (the roles' own mappings, handed in by whoever puts the mirror together).
+pub type PollUri = fn(&str, &JsonObject) -> Result<String, SourceError>;
+
+/// A gateway's view of the event logs a role publishes as `name`.
+pub struct Mirror {
+    name: String,
+    servers: String,
+    rings: Mutex<BTreeMap<String, Arc<EventRing>>>,
+    feed: ChangeFeed,
+    catalog: RwLock<Value>,
+    poll_uri: PollUri,
+    /// Set once the catalog is read and the stream applied through where it was at the start:
+    /// requests wait for it (a while), so a gateway that just started answers as it will.
+    ready: tokio::sync::watch::Sender<bool>,
+}
+
+impl Mirror {
+    /// The mirror of `name`'s event logs at `cfg`'s servers; it connects and follows on `ctx`
+    /// (retrying until it can), so a gateway starts whether or not NATS is up.
+    pub fn start(cfg: NatsConfig, name: &str, poll_uri: PollUri, ctx: &RoleContext) -> Arc<Mirror> {
+        let mirror = Arc::new(Mirror {
+            name: name.to_owned(),
+            servers: cfg.redacted(),
+            rings: Mutex::new(BTreeMap::new()),
+            feed: ChangeFeed::new(),
+            catalog: RwLock::new(json!({})),
+            poll_uri,
+            ready: tokio::sync::watch::channel(false).0,
+        });
+        ctx.spawn_until_shutdown(
+            "events nats mirror",
+            follow(mirror.clone(), cfg, ctx.clone()),
+        );
+        mirror
+    }
+
+    /// Waits (a few seconds at most) until the mirror has caught up after its start.
+    async fn caught_up(&self) {
+        let mut rx = self.ready.subscribe();
+        let _ = tokio::time::timeout(READY_WAIT, rx.wait_for(|r| *r)).await;
+    }
+
+    fn ring(&self, uri: &str) -> Arc<EventRing> {
+        self.rings
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .entry(uri.to_owned())
+            .or_insert_with(|| Arc::new(EventRing::with_start(PER_URI as usize, 1)))
+            .clone()
+    }
+
+    fn held(&self, uri: &str) -> Option<Arc<EventRing>> {
+        self.rings
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(uri)
+            .cloned()
+    }
+
+    /// An event-log URI: `memo://log` or a `*-events://` one.
+    fn is_event_log(uri: &str) -> bool {
+        uri == "memo://log"
+            || uri
+                .split_once("://")
+                .is_some_and(|(scheme, _)| scheme.ends_with("-events"))
+    }
+
+    fn apply(&self, m: &async_nats::Message) {
+        let Some(h) = m.headers.as_ref() else { return };
+        let (Some(uri), Some(seq)) = (
+            h.get(URI_HEADER).map(|v| v.as_str().to_owned()),
+            h.get(SEQ_HEADER)
+                .and_then(|v| v.as_str().parse::<u64>().ok()),
+        ) else {
+            return;
+        };
+        let ts = h
+            .get(TS_HEADER)
+            .and_then(|v| v.as_str().parse::<u64>().ok())
+            .unwrap_or_else(crate::mcp::ring::now_ms);
+        let Ok(text) = std::str::from_utf8(&m.payload) else {
+            return;
+        };
+        if self.ring(&uri).mirror(seq, ts, text.to_owned()) {
+            self.feed.publish(&uri);
+        }
+    }
+}
+
+/// Connects (retrying), then follows the stream and the catalog until shutdown.
+async fn follow(mirror: Arc<Mirror>, cfg: NatsConfig, ctx: RoleContext) {
+    let mut backoff = RETRY;
+    let (stream, kv, client) = loop {
+        let r = async {
+            let client = cfg.connect().await?;
+            let js = jetstream::new(client.clone());
+            let (stream, kv) = open(&js, &mirror.servers).await?;
+            Ok::<_, String>((stream, kv, client))
+        }
+        .await;
+        match r {
+            Ok(x) => break x,
+            Err(e) => {
+                tracing::warn!(source = %mirror.name, error = %e, "cannot follow published event logs yet; retrying");
+                tokio::time::sleep(backoff.next_delay()).await;
+            }
+        }
+    };
+    crate::nats::enter(
+        &ctx,
+        &format!("{} events", mirror.name),
+        &cfg,
+        client.clone(),
+    );
+    let catalog_key = format!("{}.catalog", mirror.name);
+    if let Ok(Some(v)) = kv.get(&catalog_key).await
+        && let Ok(v) = serde_json::from_slice::<Value>(&v)
+    {
+        *mirror.catalog.write().unwrap_or_else(|e| e.into_inner()) = v;
+    }
+    let m2 = mirror.clone();
+    ctx.spawn_until_shutdown("events nats catalog", async move {
+        loop {
+            if let Ok(mut w) = kv.watch_with_history(&catalog_key).await {
+                while let Some(Ok(e)) = w.next().await {
+                    if let Ok(v) = serde_json::from_slice::<Value>(&e.value) {
+                        *m2.catalog.write().unwrap_or_else(|e| e.into_inner()) = v;
+                    }
+                }
+            }
+            tokio::time::sleep(Duration::from_secs(1)).await;
+        }
+    });
+    let filter = format!("herald.events.{}.>", mirror.name);
+    // Nothing published yet: caught up at once; else when the replay has no more pending.
+    let held = async {
+        let s = stream.clone();
+        let info = s.info_with_subjects(filter.clone()).await.ok()?;
+        let mut n = 0u64;
+        let mut subjects = info;
+        while let Some(Ok((_, count))) = subjects.next().await {
+            n += count as u64;
+        }
+        Some(n)
+    }
+    .await;
+    if held == Some(0) {
+        mirror.ready.send_replace(true);
+    }
+    loop {
+        let messages = async {
+            stream
+                .create_consumer(consumer::push::OrderedConfig {
+                    deliver_subject: client.new_inbox(),
+                    filter_subject: filter.clone(),
+                    deliver_policy: consumer::DeliverPolicy::All,
+                    ..Default::default()
+                })
+                .await
+                .map_err(|e| e.to_string())?
+                .messages()
+                .await
+                .map_err(|e| e.to_string())
+        }
+        .await;
+        match messages {
+            Ok(mut messages) => {
+                tracing::info!(source = %mirror.name, "following published event logs");
+                while let Some(m) = messages.next().await {
+                    match m {
+                        Ok(m) => {
+                            mirror.apply(&m);
+                            if m.info().is_ok_and(|i| i.pending == 0) {
+                                mirror.ready.send_replace(true);
+                            }
+                        }
+                        Err(e) => tracing::debug!(error = %e, "following published event logs"),
+                    }
+                }
+            }
+            Err(e) => tracing::warn!(error = %e, "cannot follow published event logs; retrying"),
+        }
+        // Each event is kept once (a mirror keeps only seqs past its head), so following
+        // again from the start loses and repeats nothing.
+        tokio::time::sleep(backoff.next_delay()).await;
+    }
+}
+
+#[async_trait]
+impl Source for Mirror {
+    fn info(&self) -> SourceInfo {
+        SourceInfo {
+            name: self.name.clone(),
+            instructions: Some(format!(
+                "The event logs {} publishes to NATS at {}, served here without a connection to it \
+                 (read-only: its tools are not here). {}",
+                self.name,
+                self.servers,
+                self.catalog
+                    .read()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .get("instructions")
+                    .and_then(Value::as_str)
+                    .unwrap_or("")
+            )),
+        }
+    }
+
+    fn resources(&self, _caller: &Caller) -> Vec<Resource> {
+        self.rings
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .keys()
+            .map(|uri| {
+                Resource::new(uri.clone(), uri.clone())
+                    .with_mime_type(EVENT_LOG_MIME)
+                    .with_description(format!("published by {} over NATS", self.name))
+            })
+            .collect()
+    }
+
+    async fn read(&self, _caller: &Caller, uri: &str) -> Result<Contents, SourceError> {
+        self.caught_up().await;
+        match self.held(uri) {
+            Some(ring) => Ok(match crate::mcp::source::read_after() {
+                Some(after) => Contents::text(EVENT_LOG_MIME, ring.read_json_after(after)),
+                None => Contents::event_log(&ring),
+            }),
+            None if Mirror::is_event_log(uri) => {
+                Ok(Contents::text(EVENT_LOG_MIME, "{\"events\":[]}"))
+            }
+            None => Err(SourceError::NotFound { uri: uri.into() }),
+        }
+    }
+
+    async fn admit(&self, _caller: &Caller, filter: &ListenFilter) -> Admission {
+        let mut admission = Admission::default();
+        for uri in filter.uris() {
+            if Mirror::is_event_log(&uri) {
+                admission.accept(&uri, uri.as_str(), WatchGuard::none());
+            } else {
+                admission.refuse(&uri, SourceError::NotFound { uri: uri.clone() });
+            }
+        }
+        admission
+    }
+
+    fn changes(&self) -> ChangeFeed {
+        self.feed.clone()
+    }
+
+    async fn events_advertised(&self, _caller: &Caller) -> bool {
+        true
+    }
+
+    async fn events_list(&self, _caller: &Caller) -> Result<Vec<Value>, SourceError> {
+        self.caught_up().await;
+        Ok(self
+            .catalog
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .get("events")
+            .and_then(Value::as_array)
+            .cloned()
+            .unwrap_or_default())
+    }
+
+    async fn events_poll(
+        &self,
+        _caller: &Caller,
+        params: JsonObject,
+    ) -> Result<Value, SourceError> {
+        self.caught_up().await;
+        let req = PollRequest::parse(&params)?;
+        let known: HashMap<String, ()> = self
+            .events_list(&Caller::local())
+            .await?
+            .iter()
+            .filter_map(|e| e.get("name").and_then(Value::as_str))
+            .map(|n| (n.to_owned(), ()))
+            .collect();
+        if !known.contains_key(&req.name) {
+            return Err(events::unknown_event(&req.name));
+        }
+        let uri = (self.poll_uri)(&req.name, &req.arguments)?;
+        let ring = self.ring(&uri);
+        Ok(events::poll(&ring, &self.feed, &uri, &req).await)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn subjects_are_per_uri_and_names_are_tokens() {
+        let a = subject("edge1", "memo://log");
+        assert!(a.starts_with("herald.events.edge1."), "{a}");
+        assert_eq!(a.len(), "herald.events.edge1.".len() + 16);
+        assert_ne!(a, subject("edge1", "file-events://watch/srv"));
+        assert!(valid_name("edge-1_a") && !valid_name("a.b") && !valid_name(""));
+        assert!(Mirror::is_event_log("k8s-events://watch/pods"));
+        assert!(Mirror::is_event_log("memo://log"));
+        assert!(!Mirror::is_event_log("memo://notes"));
+    }
+}
