@@ -55,6 +55,14 @@ impl PublishArgs {
         ctx: &RoleContext,
     ) -> Result<Option<crate::nats::events::PublisherHandle>, Exit> {
         let Some(urls) = self.publish_events.clone() else {
+            if self.publish_as.is_some()
+                || self.publish_creds.is_some()
+                || self.publish_tls_ca.is_some()
+            {
+                return Err(crate::cli::usage(anyhow::anyhow!(
+                    "--publish-as, --publish-creds and --publish-tls-ca go with --publish-events nats://HOST:PORT"
+                )));
+            }
             return Ok(None);
         };
         let cfg = crate::nats::NatsConfig {

@@ -384,8 +384,30 @@ impl GatewayConfig {
                 return Err(ConfigError::SlugTwice(s.name));
             }
             let nats = match &s.nats {
-                None => None,
+                None => {
+                    if s.nats_source.is_some()
+                        || s.nats_creds.is_some()
+                        || s.nats_nkey.is_some()
+                        || s.nats_tls_ca.is_some()
+                    {
+                        return Err(ConfigError::SlugNats {
+                            slug: s.name.clone(),
+                            message: "nats_source, nats_creds, nats_nkey and nats_tls_ca go with nats = \"nats://HOST:PORT\"".into(),
+                        });
+                    }
+                    None
+                }
                 Some(urls) => {
+                    if s.tls_ca.is_some()
+                        || s.tls_pin.is_some()
+                        || s.token_env.is_some()
+                        || s.token_credential.is_some()
+                    {
+                        return Err(ConfigError::SlugNats {
+                            slug: s.name.clone(),
+                            message: "tls_ca, tls_pin, token_env and token_credential are for a server; with nats use nats_tls_ca, nats_creds or nats_nkey".into(),
+                        });
+                    }
                     let config = crate::nats::NatsConfig {
                         urls: urls.clone(),
                         creds: s.nats_creds.clone(),
@@ -509,6 +531,45 @@ mod tests {
         assert_eq!(c.tokens[0].slugs.len(), 2);
         assert_eq!(c.tokens[1].label, "ro");
         assert!(matches!(c.slugs[1].target, Target::Http(_)));
+    }
+
+    #[test]
+    fn a_nats_slug_is_checked() {
+        let c = GatewayConfig::parse(
+            "[[slug]]\nname = \"edge\"\nnats = \"nats://n1:4222,nats://n2:4222\"\nnats_source = \"edge1-files\"\n",
+        )
+        .unwrap();
+        let n = c.slugs[0].nats.as_ref().unwrap();
+        assert_eq!(n.source, "edge1-files");
+        assert_eq!(n.config.urls, "nats://n1:4222,nats://n2:4222");
+        let c =
+            GatewayConfig::parse("[[slug]]\nname = \"edge\"\nnats = \"nats://n1:4222\"\n").unwrap();
+        assert_eq!(
+            c.slugs[0].nats.as_ref().unwrap().source,
+            "edge",
+            "the slug's name"
+        );
+        for (text, needle) in [
+            ("nats = \"http://x\"", "nats://HOST:PORT"),
+            (
+                "nats = \"nats://x:1\"\nhttp = \"http://x/mcp\"",
+                "exactly one of",
+            ),
+            ("nats = \"nats://x:1\"\ntls_ca = \"ca.pem\"", "nats_tls_ca"),
+            (
+                "nats = \"nats://x:1\"\nnats_source = \"a.b\"",
+                "nats_source",
+            ),
+            (
+                "http = \"http://x/mcp\"\nnats_creds = \"c.creds\"",
+                "go with nats",
+            ),
+        ] {
+            let e = GatewayConfig::parse(&format!("[[slug]]\nname = \"edge\"\n{text}\n"))
+                .unwrap_err()
+                .to_string();
+            assert!(e.contains("slug edge") && e.contains(needle), "{text}: {e}");
+        }
     }
 
     #[test]

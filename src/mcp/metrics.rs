@@ -99,6 +99,11 @@ static COUNTERS: &[(&str, &str, &AtomicU64)] = &[
         &NATS_PUBLISH_FAILURES,
     ),
     (
+        "herald_events_publish_dropped_total",
+        "event-log events not published to NATS (--publish-events): the queue was full, or NATS refused them",
+        &crate::mcp::ring::TAP_DROPPED,
+    ),
+    (
         "herald_slack_lease_acquired_total",
         "times this process took the Slack socket lease",
         &SLACK_LEASE_ACQUIRED,

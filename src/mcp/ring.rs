@@ -63,6 +63,10 @@ struct Inner {
     events: VecDeque<Entry>,
     /// The bytes of `events`' texts, at most [`RING_BYTES`].
     bytes: usize,
+    /// A mirror of a ring kept elsewhere ([`EventRing::mirror_of`]).
+    mirrored: bool,
+    /// In a mirror: seqs that arrived after a hole (events the mirror never got).
+    gaps: VecDeque<u64>,
 }
 
 /// One held event: serialized once, when pushed. The push time is kept beside the event, not
@@ -124,9 +128,33 @@ impl EventRing {
                 next_seq: first_seq.max(1),
                 events: VecDeque::new(),
                 bytes: 0,
+                mirrored: false,
+                gaps: VecDeque::new(),
             }),
             uri: None,
         }
+    }
+
+    /// A mirror of a ring kept by another process ([`mirror`](Self::mirror) fills it): a
+    /// cursor past its head is one it has not caught up with (answered with nothing, the
+    /// cursor kept), and a hole in the seqs it receives is reported as `truncated`.
+    pub fn mirror_of(capacity: usize) -> EventRing {
+        let ring = EventRing::with_start(capacity, 1);
+        ring.inner
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .mirrored = true;
+        ring
+    }
+
+    /// When the newest event held was pushed (milliseconds since the epoch).
+    pub fn newest_ts_ms(&self) -> Option<u64> {
+        self.inner
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .events
+            .back()
+            .map(|e| e.ts_ms)
     }
 
     /// This ring is the event log `uri`: when the process publishes its event logs, its
@@ -145,6 +173,10 @@ impl EventRing {
         if seq < inner.next_seq {
             return false;
         }
+        // The first event a mirror gets starts it; after that, a seq past the next is a hole.
+        if inner.next_seq > 1 && seq != inner.next_seq {
+            inner.gaps.push_back(seq);
+        }
         inner.next_seq = seq + 1;
         while inner.events.len() >= inner.capacity
             || (inner.bytes + text.len() > RING_BYTES && !inner.events.is_empty())
@@ -152,6 +184,10 @@ impl EventRing {
             if let Some(old) = inner.events.pop_front() {
                 inner.bytes -= old.text.len();
             }
+        }
+        let oldest = inner.events.front().map_or(seq, |e| e.seq);
+        while inner.gaps.front().is_some_and(|&g| g <= oldest) {
+            inner.gaps.pop_front();
         }
         inner.bytes += text.len();
         inner.events.push_back(Entry { seq, ts_ms, text });
@@ -290,14 +326,25 @@ impl EventRing {
         let inner = self.inner.lock().unwrap_or_else(|e| e.into_inner());
         let head = inner.next_seq - 1;
         let oldest = inner.events.front().map_or(inner.next_seq, |e| e.seq);
+        if inner.mirrored && cursor > head {
+            // Not caught up with this cursor yet: nothing now, the cursor kept.
+            return Since {
+                events: Vec::new(),
+                cursor,
+                truncated: false,
+                has_more: false,
+            };
+        }
         let (cursor, mut truncated) = if cursor > head {
             (oldest - 1, true)
         } else {
             (cursor, false)
         };
         // Seqs between the cursor and the oldest held event were dropped (or, in a ring that
-        // started after the cursor was handed out, never seen here): either way, skipped.
-        truncated |= oldest > cursor.saturating_add(1);
+        // started after the cursor was handed out, never seen here): either way, skipped. A
+        // mirror's cursor 0 is "from its start", which skips nothing.
+        truncated |= oldest > cursor.saturating_add(1) && !(inner.mirrored && cursor == 0);
+        truncated |= inner.gaps.iter().any(|&g| g > cursor.saturating_add(1));
         let mut events = Vec::new();
         let mut has_more = false;
         for e in inner.events.iter().filter(|e| e.seq > cursor) {
@@ -381,6 +428,34 @@ fn truncated(mut event: Map<String, Value>, size: usize) -> String {
 mod tests {
     use super::*;
     use serde_json::json;
+
+    fn ev(seq: u64) -> String {
+        format!("{{\"seq\":{seq},\"type\":\"ADDED\"}}")
+    }
+
+    #[test]
+    fn a_mirror_keeps_the_publishers_seqs_and_says_where_it_has_holes() {
+        let m = EventRing::mirror_of(8);
+        let empty = m.since(0, 10, 0);
+        assert_eq!((empty.cursor, empty.truncated), (0, false));
+        assert!(m.mirror(1000, 1, ev(1000)));
+        assert!(m.mirror(1001, 1, ev(1001)));
+        assert!(!m.mirror(1001, 1, ev(1001)), "a repeat is not kept");
+        assert!(!m.mirror(999, 1, ev(999)), "nor an older one");
+        let all = m.since(0, 10, 0);
+        assert_eq!(all.events.len(), 2);
+        assert!(!all.truncated, "a mirror's cursor 0 is its start");
+        assert_eq!(all.cursor, 1001);
+        // A cursor it has not caught up with yet: nothing, the cursor kept.
+        let ahead = m.since(1005, 10, 0);
+        assert!(ahead.events.is_empty() && !ahead.truncated);
+        assert_eq!(ahead.cursor, 1005);
+        // A hole (1002..1004 never came): a reader from before it learns it.
+        assert!(m.mirror(1005, 1, ev(1005)));
+        assert!(m.since(1001, 10, 0).truncated);
+        assert!(!m.since(1005, 10, 0).truncated);
+        assert_eq!(m.newest_ts_ms(), Some(1));
+    }
 
     fn seqs(text: &str) -> Vec<u64> {
         let v: serde_json::Value = serde_json::from_str(text).unwrap();

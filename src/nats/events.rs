@@ -19,7 +19,7 @@
 //!   (the mapping is handed in: roles never import each other). The source's tools are not
 //!   served: this is a read-only view of its event logs.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
@@ -52,6 +52,12 @@ pub const MAX_AGE: Duration = Duration::from_secs(24 * 3600);
 /// Events waiting to be published before the tap drops.
 const QUEUE: usize = 8192;
 const PUBLISH_TIMEOUT: Duration = Duration::from_secs(10);
+/// Most URIs a mirror keeps rings for; past it, the one whose newest event is oldest goes.
+const MAX_RINGS: usize = 4096;
+/// Tries of one event before it is given up (a refusal that retrying will not fix).
+const PUBLISH_TRIES: u32 = 5;
+/// The most bytes the stream keeps in all.
+const MAX_BYTES: i64 = 1 << 30;
 /// Longest a request waits for a starting mirror to catch up.
 const READY_WAIT: Duration = Duration::from_secs(5);
 const RETRY: Backoff = Backoff::new(Duration::from_millis(200), Duration::from_secs(10));
@@ -85,6 +91,7 @@ async fn open(
             subjects: vec!["herald.events.>".into()],
             max_messages_per_subject: PER_URI,
             max_age: MAX_AGE,
+            max_bytes: MAX_BYTES,
             discard: stream::DiscardPolicy::Old,
             storage: stream::StorageType::File,
             ..Default::default()
@@ -171,9 +178,14 @@ async fn publish(
     let mut backoff = RETRY;
     while let Some(t) = rx.recv().await {
         let subject = subject(&name, &t.uri);
+        // A retry after a lost acknowledgement is dropped by the stream, not stored twice.
+        let id = format!("{subject}:{}", t.seq);
+        let mut tries = 0;
         loop {
+            tries += 1;
             let msg = jetstream::message::PublishMessage::build()
                 .payload(t.text.clone().into())
+                .message_id(&id)
                 .header(URI_HEADER, &*t.uri)
                 .header(SEQ_HEADER, t.seq.to_string().as_str())
                 .header(TS_HEADER, t.ts_ms.to_string().as_str());
@@ -196,6 +208,11 @@ async fn publish(
                         Ok(Err(e)) => e.to_string(),
                         _ => "no acknowledgement in time".into(),
                     };
+                    if tries >= PUBLISH_TRIES {
+                        crate::mcp::ring::TAP_DROPPED.fetch_add(1, Ordering::Relaxed);
+                        tracing::warn!(error = %why, uri = %t.uri, seq = t.seq, "cannot publish an event log's event to NATS; giving it up (mirrors report the hole as truncated)");
+                        break;
+                    }
                     tracing::warn!(error = %why, "cannot publish an event log's event to NATS; retrying");
                     tokio::time::sleep(backoff.next_delay()).await;
                 }
@@ -234,26 +251,52 @@ impl Mirror {
             poll_uri,
             ready: tokio::sync::watch::channel(false).0,
         });
+        // On the board from the start: /ready waits while NATS is not reached.
+        let client: Arc<std::sync::OnceLock<async_nats::Client>> = Arc::default();
+        let seen = client.clone();
+        ctx.status().add_backend(
+            format!("{name} events nats"),
+            cfg.redacted(),
+            Arc::new(move || seen.get().is_some_and(crate::nats::connected)),
+        );
         ctx.spawn_until_shutdown(
             "events nats mirror",
-            follow(mirror.clone(), cfg, ctx.clone()),
+            follow(mirror.clone(), cfg, client, ctx.clone()),
         );
         mirror
     }
 
-    /// Waits (a few seconds at most) until the mirror has caught up after its start.
-    async fn caught_up(&self) {
+    /// Waits (a few seconds at most) until the mirror has caught up after its start; an
+    /// error saying so if it has not.
+    async fn caught_up(&self) -> Result<(), SourceError> {
         let mut rx = self.ready.subscribe();
-        let _ = tokio::time::timeout(READY_WAIT, rx.wait_for(|r| *r)).await;
+        match tokio::time::timeout(READY_WAIT, rx.wait_for(|r| *r)).await {
+            Ok(Ok(_)) => Ok(()),
+            _ => Err(SourceError::Unavailable(format!(
+                "the event logs {} publishes are not loaded from NATS at {} yet (is NATS reachable from here?); try again in a moment",
+                self.name, self.servers
+            ))),
+        }
     }
 
+    /// The ring of `uri`, made for an event that arrived (never for a request: what a
+    /// caller asks for makes nothing here).
     fn ring(&self, uri: &str) -> Arc<EventRing> {
-        self.rings
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .entry(uri.to_owned())
-            .or_insert_with(|| Arc::new(EventRing::with_start(PER_URI as usize, 1)))
-            .clone()
+        let mut rings = self.rings.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(r) = rings.get(uri) {
+            return r.clone();
+        }
+        if rings.len() >= MAX_RINGS
+            && let Some(stalest) = rings
+                .iter()
+                .min_by_key(|(_, r)| r.newest_ts_ms().unwrap_or(0))
+                .map(|(k, _)| k.clone())
+        {
+            rings.remove(&stalest);
+        }
+        let r = Arc::new(EventRing::mirror_of(PER_URI as usize));
+        rings.insert(uri.to_owned(), r.clone());
+        r
     }
 
     fn held(&self, uri: &str) -> Option<Arc<EventRing>> {
@@ -295,7 +338,12 @@ impl Mirror {
 }
 
 /// Connects (retrying), then follows the stream and the catalog until shutdown.
-async fn follow(mirror: Arc<Mirror>, cfg: NatsConfig, ctx: RoleContext) {
+async fn follow(
+    mirror: Arc<Mirror>,
+    cfg: NatsConfig,
+    on_board: Arc<std::sync::OnceLock<async_nats::Client>>,
+    ctx: RoleContext,
+) {
     let mut backoff = RETRY;
     let (stream, kv, client) = loop {
         let r = async {
@@ -313,12 +361,7 @@ async fn follow(mirror: Arc<Mirror>, cfg: NatsConfig, ctx: RoleContext) {
             }
         }
     };
-    crate::nats::enter(
-        &ctx,
-        &format!("{} events", mirror.name),
-        &cfg,
-        client.clone(),
-    );
+    let _ = on_board.set(client.clone());
     let catalog_key = format!("{}.catalog", mirror.name);
     if let Ok(Some(v)) = kv.get(&catalog_key).await
         && let Ok(v) = serde_json::from_slice::<Value>(&v)
@@ -427,7 +470,7 @@ impl Source for Mirror {
     }
 
     async fn read(&self, _caller: &Caller, uri: &str) -> Result<Contents, SourceError> {
-        self.caught_up().await;
+        self.caught_up().await?;
         match self.held(uri) {
             Some(ring) => Ok(match crate::mcp::source::read_after() {
                 Some(after) => Contents::text(EVENT_LOG_MIME, ring.read_json_after(after)),
@@ -461,15 +504,26 @@ impl Source for Mirror {
     }
 
     async fn events_list(&self, _caller: &Caller) -> Result<Vec<Value>, SourceError> {
-        self.caught_up().await;
-        Ok(self
+        let _ = self.caught_up().await;
+        let mut list = self
             .catalog
             .read()
             .unwrap_or_else(|e| e.into_inner())
             .get("events")
             .and_then(Value::as_array)
             .cloned()
-            .unwrap_or_default())
+            .unwrap_or_default();
+        for e in &mut list {
+            if let Some(d) = e.get("description").and_then(Value::as_str) {
+                e["description"] = format!(
+                    "{d} Served here from NATS: only the logs {} keeps (watched or polled there) \
+                     are published, and a poll here starts no watch there.",
+                    self.name
+                )
+                .into();
+            }
+        }
+        Ok(list)
     }
 
     async fn events_poll(
@@ -477,20 +531,23 @@ impl Source for Mirror {
         _caller: &Caller,
         params: JsonObject,
     ) -> Result<Value, SourceError> {
-        self.caught_up().await;
+        self.caught_up().await?;
         let req = PollRequest::parse(&params)?;
-        let known: HashMap<String, ()> = self
-            .events_list(&Caller::local())
-            .await?
-            .iter()
-            .filter_map(|e| e.get("name").and_then(Value::as_str))
-            .map(|n| (n.to_owned(), ()))
-            .collect();
-        if !known.contains_key(&req.name) {
+        let known = self
+            .catalog
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .get("events")
+            .and_then(Value::as_array)
+            .is_some_and(|l| l.iter().any(|e| e["name"] == req.name.as_str()));
+        if !known {
             return Err(events::unknown_event(&req.name));
         }
         let uri = (self.poll_uri)(&req.name, &req.arguments)?;
-        let ring = self.ring(&uri);
+        // A log nothing was published to yet: an empty one, kept nowhere.
+        let ring = self
+            .held(&uri)
+            .unwrap_or_else(|| Arc::new(EventRing::mirror_of(1)));
         Ok(events::poll(&ring, &self.feed, &uri, &req).await)
     }
 }

@@ -8,6 +8,9 @@
 //! 2. Memo write → notification: a `memo_set` on one process heard on a `subscriptions/listen`
 //!    stream of another (both on one NATS bucket), against the same on one process with the
 //!    store.
+//! 4. A memo's log through a gateway: `memo_set` on the role to the notification on a gateway
+//!    listen of `memo://log`, the gateway's slug reaching the role over HTTP against a slug
+//!    served from what the role publishes on NATS (`--publish-events`).
 //! 3. Takeover after `kill -9` of the Slack lease holder: from the kill to the standby's
 //!    socket open at the fake, with the lease's stale time set to 3 s; what it adds beyond the
 //!    stale time is herald's part.
@@ -290,11 +293,20 @@ fn ratio(a: &[Duration], b: &[Duration]) -> String {
 // === 2. memo write -> notification ===
 
 async fn write_to_notice(writer: &Connection, listener: &Connection, n: usize) -> Vec<Duration> {
+    write_to_notice_on(writer, listener, "memo://notes", n).await
+}
+
+async fn write_to_notice_on(
+    writer: &Connection,
+    listener: &Connection,
+    uri: &str,
+    n: usize,
+) -> Vec<Duration> {
     let mut sub = within(
         "listen",
         listener.listen(
             SubscriptionFilter::builder()
-                .resource_subscription("memo://notes")
+                .resource_subscription(uri)
                 .build(),
         ),
     )
@@ -408,6 +420,77 @@ async fn main() {
         "  ratio NATS other process / store: {}",
         ratio(&across, &local)
     );
+    println!("4. memo write -> notification of memo://log through a gateway, {n} writes each");
+    let dir = std::env::temp_dir().join(format!("herald-bench-gw-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let role = Herald::start(
+        &[
+            "--store",
+            ":memory:",
+            "memo",
+            "--http",
+            "127.0.0.1:0",
+            "--publish-events",
+            &nats.url,
+            "--publish-as",
+            "edge",
+        ],
+        false,
+    )
+    .await;
+    let cfg = dir.join("gateway.toml");
+    std::fs::write(
+        &cfg,
+        format!(
+            "[[slug]]\nname = \"direct\"\nhttp = \"{}\"\n[[slug]]\nname = \"edge\"\nnats = \"{}\"\n",
+            role.url, nats.url
+        ),
+    )
+    .unwrap();
+    // The gateway lets HTTP callers in by token: one, for every slug.
+    let token = "bench-token";
+    let sha = {
+        use sha2::Digest;
+        hex::encode(sha2::Sha256::digest(token.as_bytes()))
+    };
+    let mut text = std::fs::read_to_string(&cfg).unwrap();
+    text.push_str(&format!("[[token]]\nsha256 = \"{sha}\"\nslugs = [\"*\"]\n"));
+    std::fs::write(&cfg, text).unwrap();
+    let gw = Herald::start(
+        &[
+            "--store",
+            ":memory:",
+            "gateway",
+            "--config",
+            cfg.to_str().unwrap(),
+            "--http",
+            "127.0.0.1:0",
+        ],
+        false,
+    )
+    .await;
+    let trust = ClientTrust {
+        token: Some(herald::transport::tls::Secret(token.into())),
+        ..ClientTrust::default()
+    };
+    let gconn = within(
+        "connect to the gateway",
+        connect(
+            &Target::Http(gw.url.clone()),
+            &trust,
+            client_config(),
+            16 << 20,
+        ),
+    )
+    .await
+    .expect("connect");
+    let w = role.client().await;
+    let direct = write_to_notice_on(&w, &gconn, "direct+memo://log", n).await;
+    let published = write_to_notice_on(&w, &gconn, "edge+memo://log", n).await;
+    println!("{}", line("gateway slug over HTTP to the role", &direct));
+    println!("{}", line("gateway slug from NATS (published)", &published));
+    println!("  ratio published / direct: {}", ratio(&published, &direct));
+    let _ = std::fs::remove_dir_all(&dir);
     println!(
         "nats bench took {:.1} s; load average {}",
         started.elapsed().as_secs_f64(),

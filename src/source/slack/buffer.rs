@@ -143,6 +143,9 @@ struct Inner {
     /// `channel:ts` keys (until published and applied, or forgotten). Invisible to polls and
     /// reads: an event is visible once the stream delivers it, so no cursor passes the stream.
     pending: BTreeMap<u64, Arc<Posted>>,
+    /// Taken to publish and not yet applied, restored or forgotten (seq → posted ms): counted
+    /// by [`Buffer::take_shared`] as pending.
+    inflight: BTreeMap<u64, u64>,
     pending_keys: HashMap<String, u64>,
     /// Highest seq handed to a pending row.
     pending_last: u64,
@@ -180,6 +183,7 @@ impl Buffer {
             state_dirty: false,
             closed: false,
             pending: BTreeMap::new(),
+            inflight: BTreeMap::new(),
             pending_keys: HashMap::new(),
             pending_last: 0,
         };
@@ -251,6 +255,7 @@ impl Buffer {
                 state_dirty: false,
                 closed: false,
                 pending: BTreeMap::new(),
+                inflight: BTreeMap::new(),
                 pending_keys: HashMap::new(),
                 pending_last: 0,
             }),
@@ -275,17 +280,18 @@ impl Buffer {
     /// back this way too, and are held already); never marked for writing. `false` if it was
     /// held or is past the retention.
     pub fn insert_at(&self, seq: u64, p: Posted) -> bool {
+        let mut inner = self.lock();
+        let key = format!("{}:{}", p.channel_id, p.ts);
+        // This process's own, published: no longer pending, whatever happens below.
+        if let Some(s) = inner.pending_keys.remove(&key) {
+            inner.pending.remove(&s);
+            inner.inflight.remove(&s);
+        }
         if p.posted_ms() + (self.retention.as_millis() as u64) < now_ms() {
             return false;
         }
-        let mut inner = self.lock();
-        let key = format!("{}:{}", p.channel_id, p.ts);
         if inner.by_key.contains_key(&key) || inner.by_seq.contains_key(&seq) {
             return false;
-        }
-        // This process's own, published: it is visible from now on.
-        if let Some(s) = inner.pending_keys.remove(&key) {
-            inner.pending.remove(&s);
         }
         inner.state.last_seq = inner.state.last_seq.max(seq);
         inner.add(seq, Arc::new(p));
@@ -306,6 +312,9 @@ impl Buffer {
     pub fn take_unwritten(&self) -> Vec<Held> {
         let mut inner = self.lock();
         let pending = std::mem::take(&mut inner.pending);
+        for (seq, posted) in &pending {
+            inner.inflight.insert(*seq, posted.posted_ms());
+        }
         pending
             .into_iter()
             .map(|(seq, posted)| {
@@ -326,6 +335,7 @@ impl Buffer {
             if inner.pending_keys.get(&key) == Some(&h.seq) {
                 inner.pending.insert(h.seq, h.posted.clone());
             }
+            inner.inflight.remove(&h.seq);
         }
     }
 
@@ -339,13 +349,14 @@ impl Buffer {
                 inner.pending_keys.remove(&key);
             }
             inner.pending.remove(&h.seq);
+            inner.inflight.remove(&h.seq);
         }
     }
 
     /// Whether anything waits to be written (stored, or on NATS published).
     pub fn unwritten(&self) -> bool {
         let inner = self.lock();
-        !inner.dirty.is_empty() || !inner.pending.is_empty()
+        !inner.dirty.is_empty() || !inner.pending.is_empty() || !inner.inflight.is_empty()
     }
 
     /// Nothing before `seq` is held any more (the shared stream dropped it): a cursor below
@@ -361,7 +372,12 @@ impl Buffer {
     pub fn take_shared(&self) -> (SharedState, bool) {
         let mut inner = self.lock();
         let changed = std::mem::replace(&mut inner.state_dirty, false);
-        let oldest_pending = inner.pending.values().map(|p| p.posted_ms()).min();
+        let oldest_pending = inner
+            .pending
+            .values()
+            .map(|p| p.posted_ms())
+            .chain(inner.inflight.values().copied())
+            .min();
         let live_through_ms = match (inner.state.live_through_ms, oldest_pending) {
             (Some(l), Some(p)) => Some(l.min(p)),
             (l, _) => l,
@@ -820,6 +836,14 @@ mod tests {
         b.set_live_through(now + 60_000);
         b.insert(posted("C6", now, "pending")).unwrap();
         assert_eq!(b.take_shared().0.live_through_ms, Some(now));
+        let taken = b.take_unwritten();
+        assert_eq!(
+            b.take_shared().0.live_through_ms,
+            Some(now),
+            "nor past one being published"
+        );
+        b.forget(&taken);
+        assert_eq!(b.take_shared().0.live_through_ms, Some(now + 60_000));
     }
 
     #[tokio::test]

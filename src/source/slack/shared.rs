@@ -70,6 +70,8 @@ pub const STALE: Duration = Duration::from_secs(90);
 const MARKER_HEADER: &str = "Herald-Lease";
 /// How long a publish may wait for its acknowledgement.
 const PUBLISH_TIMEOUT: Duration = Duration::from_secs(10);
+/// Each step of a clean release (publish: twice this), so it fits the process's drain time.
+const RELEASE_STEP: Duration = Duration::from_millis(1000);
 /// How long catching up with the stream may take when starting or taking the lease.
 const CATCH_UP_TIMEOUT: Duration = Duration::from_secs(60);
 /// Retry pacing for Slack's `auth.test` and NATS calls that failed.
@@ -202,6 +204,9 @@ struct Feed {
     writer: tokio::sync::Mutex<Option<u64>>,
     /// Counts publishes refused because another process wrote (the holder steps down).
     superseded: tokio::sync::watch::Sender<u64>,
+    /// Ids this process sent without an acknowledgement (a timeout, a lost connection): a
+    /// duplicate of one of them is its own earlier publish landing, not another writer.
+    unacked: std::sync::Mutex<std::collections::HashSet<String>>,
     /// Since when publishing has failed (NATS up enough to renew the lease, not to take
     /// events): the holder steps down after two thirds of the stale time of it.
     failing_since: std::sync::Mutex<Option<Instant>>,
@@ -394,6 +399,7 @@ async fn open(core: &Arc<Core>, shared: &Shared) -> Result<Feed, String> {
         writer: tokio::sync::Mutex::new(None),
         superseded: tokio::sync::watch::channel(0).0,
         failing_since: std::sync::Mutex::new(None),
+        unacked: std::sync::Mutex::new(std::collections::HashSet::new()),
         servers,
     })
 }
@@ -449,13 +455,13 @@ impl Follower {
     fn apply(&mut self, m: jetstream::Message) {
         let Ok(info) = m.info() else { return };
         let sequence = info.stream_sequence;
-        let first = std::mem::replace(&mut self.first, false);
         if is_marker(&m) {
             self.applied.send_modify(|a| *a = (*a).max(sequence));
             return;
         }
         match decode(&self.core, &m) {
             Some((seq, posted)) => {
+                let first = std::mem::replace(&mut self.first, false);
                 if first && sequence > 1 {
                     // What came before it was dropped by the stream's limits.
                     self.core.buffer.evicted_through(seq.saturating_sub(1));
@@ -582,6 +588,19 @@ async fn publish_pending(core: &Core, feed: &Feed) -> Result<(), Refused> {
         })
         .await;
         match r {
+            Ok(Ok(ack))
+                if ack.duplicate
+                    && ack.sequence > expected
+                    && feed
+                        .unacked
+                        .lock()
+                        .unwrap_or_else(|e| e.into_inner())
+                        .remove(&id) =>
+            {
+                // This process's own earlier publish of it, landed after all.
+                expected = ack.sequence;
+                *writer = Some(expected);
+            }
             Ok(Ok(ack)) if ack.duplicate && ack.sequence > expected => {
                 // The stream took this event from another writer after this one's last
                 // publish: this process is not the only writer any more.
@@ -595,6 +614,10 @@ async fn publish_pending(core: &Core, feed: &Feed) -> Result<(), Refused> {
                 metrics::NATS_PUBLISH_MICROS
                     .fetch_add(clock.elapsed().as_micros() as u64, Ordering::Relaxed);
                 failing(feed, false);
+                feed.unacked
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .remove(&id);
                 if !ack.duplicate {
                     expected = ack.sequence;
                     *writer = Some(expected);
@@ -610,6 +633,10 @@ async fn publish_pending(core: &Core, feed: &Feed) -> Result<(), Refused> {
             Ok(Err(e)) => {
                 metrics::NATS_PUBLISH_FAILURES.fetch_add(1, Ordering::Relaxed);
                 failing(feed, true);
+                feed.unacked
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .insert(id.clone());
                 tracing::warn!(error = %e, "cannot publish to the slack stream; retrying");
                 core.buffer.restore_unwritten(&rows[i..]);
                 return Err(Refused::Failed);
@@ -617,6 +644,10 @@ async fn publish_pending(core: &Core, feed: &Feed) -> Result<(), Refused> {
             Err(_) => {
                 metrics::NATS_PUBLISH_FAILURES.fetch_add(1, Ordering::Relaxed);
                 failing(feed, true);
+                feed.unacked
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .insert(id.clone());
                 tracing::warn!(servers = %feed.servers, "no acknowledgement from NATS in time; retrying");
                 core.buffer.restore_unwritten(&rows[i..]);
                 return Err(Refused::Failed);
@@ -899,13 +930,24 @@ async fn hold(
                 shared = core.buffer.take_shared().0;
                 write_state(feed, shared).await;
             }
-            _ => {
+            Ok(None) => {
                 // A new feed begins now: a cursor from before it learns `truncated`. Made
-                // only if absent, so a feed's start never moves.
+                // only if absent (and taken in only once made), so a feed's start never moves.
                 shared.first_seq = core.buffer.head().max(now_us());
-                core.buffer.merge_shared(shared);
                 let bytes = serde_json::to_vec(&shared).expect("the state serializes");
-                let _ = feed.kv.create(&feed.state_key, bytes.into()).await;
+                match feed.kv.create(&feed.state_key, bytes.into()).await {
+                    Ok(_) => core.buffer.merge_shared(shared),
+                    Err(_) => {
+                        if let Ok(Some(v)) = feed.kv.get(&feed.state_key).await
+                            && let Ok(s) = serde_json::from_slice::<SharedState>(&v)
+                        {
+                            core.buffer.merge_shared(s);
+                        }
+                    }
+                }
+            }
+            Err(e) => {
+                break 'held Ended::Lost(format!("cannot read the feed's shared state: {e}"));
             }
         }
         running.push(core.ctx.spawn(
@@ -978,13 +1020,17 @@ async fn hold(
     metrics::SLACK_LEASE_HELD.store(0, Ordering::Relaxed);
     match ended {
         Ended::Shutdown => {
-            // What the socket brought in last is published, then the lease is given back.
-            let _ = tokio::time::timeout(PUBLISH_TIMEOUT, publish_pending(core, feed)).await;
-            *feed.writer.lock().await = None;
+            // What the socket brought in last is published, then the lease is given back,
+            // all within the process's drain time (a row cut off mid-publish stays counted
+            // as in flight, so the state written does not pass it).
+            let _ = tokio::time::timeout(RELEASE_STEP * 2, publish_pending(core, feed)).await;
+            if let Ok(mut w) = tokio::time::timeout(RELEASE_STEP, feed.writer.lock()).await {
+                *w = None;
+            }
             let shared = core.buffer.take_shared().0;
-            write_state(feed, shared).await;
+            let _ = tokio::time::timeout(RELEASE_STEP, write_state(feed, shared)).await;
             match tokio::time::timeout(
-                Duration::from_secs(5),
+                RELEASE_STEP,
                 feed.kv
                     .delete_expect_revision(&feed.lease_key, Some(revision)),
             )
