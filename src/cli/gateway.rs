@@ -33,7 +33,9 @@ pub struct CheckArgs {
 }
 
 /// Tables only `herald up`'s config has.
-const UP_TABLES: [&str; 7] = ["listen", "memo", "file", "k8s", "slack", "watch", "notify"];
+const UP_TABLES: [&str; 8] = [
+    "listen", "memo", "file", "k8s", "slack", "watch", "notify", "publish",
+];
 
 pub async fn run(args: GatewayArgs, globals: &Globals) -> Result<(), Exit> {
     let mut cfg = GatewayConfig::load(&args.config).map_err(|e| crate::cli::usage(e.into()))?;

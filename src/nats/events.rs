@@ -159,10 +159,22 @@ pub struct PublisherHandle {
 impl PublisherHandle {
     /// Puts `source`'s event types (and instructions) where the mirrors read them.
     pub async fn catalog(&self, source: &dyn Source) {
+        self.catalog_of(&[source]).await
+    }
+
+    /// The same for several roles publishing under one name (`herald up`'s `[publish]`).
+    pub async fn catalog_of(&self, sources: &[&dyn Source]) {
         let caller = Caller::local();
-        let events = source.events_list(&caller).await.unwrap_or_default();
-        let info = source.info();
-        let v = json!({"events": events, "name": info.name, "instructions": info.instructions});
+        let mut events = Vec::new();
+        let mut instructions = Vec::new();
+        for source in sources {
+            events.extend(source.events_list(&caller).await.unwrap_or_default());
+            if let Some(i) = source.info().instructions {
+                instructions.push(i);
+            }
+        }
+        let v =
+            json!({"events": events, "name": self.name, "instructions": instructions.join(" ")});
         let key = format!("{}.catalog", self.name);
         if let Err(e) = self.kv.put(&key, v.to_string().into()).await {
             tracing::warn!(error = %e, "cannot write the event-log catalog to NATS");

@@ -463,3 +463,73 @@ async fn a_gateway_serves_event_logs_published_on_nats_with_no_connection_to_the
     .unwrap_err();
     assert!(format!("{bad:?}").contains("nope"), "{bad:?}");
 }
+
+#[tokio::test]
+async fn herald_up_publishes_its_file_watch_for_a_gateway_elsewhere() {
+    let nats = NatsServer::start().await;
+    let url = nats.url();
+    let dir = TempDir::new("publish-up");
+    let data = dir.path().join("data");
+    std::fs::create_dir_all(&data).unwrap();
+    let data = std::fs::canonicalize(&data).unwrap();
+    let files = herald::source::file::events_uri(&data, true);
+    let cfg = dir.path().join("up.toml");
+    std::fs::write(
+        &cfg,
+        format!(
+            "[listen]\nhttp = \"127.0.0.1:0\"\nquic = \"\"\n\n\
+             [file]\nroots = [\"data\"]\n\n\
+             [publish]\nnats = \"{url}\"\nname = \"site-a\"\n\n\
+             [[watch]]\nname = \"files\"\nuri = \"{files}\"\n"
+        ),
+    )
+    .unwrap();
+    let mut up = crate::up::up(&cfg, &["--store", ":memory:"]).await;
+    // The watch starts after the listening line: write until it has seen a change.
+    let mut i = 0;
+    loop {
+        assert!(i < 50, "the watch never saw a change");
+        std::fs::write(data.join(format!("f{i}.txt")), "x").unwrap();
+        i += 1;
+        if tokio::time::timeout(std::time::Duration::from_secs(5), up.notice())
+            .await
+            .is_ok()
+        {
+            break;
+        }
+    }
+    let gdir = TempDir::new("publish-gw");
+    let (_gw, c) = gateway_on_nats(gdir.path(), &url, "site", "site-a").await;
+    let list = crate::events::request(&c, "events/list", json!({}))
+        .await
+        .unwrap();
+    assert!(
+        list["events"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|e| e["name"] == "site__file.changed"),
+        "{list}"
+    );
+    let uri = format!("site+{files}");
+    let mut log = json!(null);
+    // What the up host's watch saw, served here from NATS (wait for the last one written).
+    let last = format!("f{}.txt", i - 1);
+    for _ in 0..50 {
+        log = read_json(&c, &uri).await.0;
+        if log.to_string().contains(&last) {
+            break;
+        }
+        let mut sub = c
+            .listen(
+                SubscriptionFilter::builder()
+                    .resource_subscription(uri.as_str())
+                    .build(),
+            )
+            .await
+            .unwrap();
+        let _ = tokio::time::timeout(std::time::Duration::from_secs(2), sub.next()).await;
+    }
+    assert!(log.to_string().contains(&last), "{log}");
+    assert_eq!(log["events"][0]["type"], "CREATED", "{log}");
+}

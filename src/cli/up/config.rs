@@ -182,6 +182,54 @@ pub struct UpToml {
     pub watches: Vec<WatchToml>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub notify: Option<NotifyToml>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub publish: Option<PublishToml>,
+}
+
+/// `[publish]`: every event log of the roles here, published to NATS for gateways elsewhere
+/// (as a role's `--publish-events`).
+#[derive(Debug, Clone, Default, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct PublishToml {
+    /// `nats://HOST:PORT[,…]`.
+    pub nats: String,
+    /// The name they are published under (a gateway slug's `nats_source`); default: this
+    /// host's name.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub nats_creds: Option<PathBuf>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub nats_tls_ca: Option<PathBuf>,
+}
+
+impl PublishToml {
+    /// As `--publish-events`, `--publish-as`, `--publish-creds`, `--publish-tls-ca`.
+    pub fn args(&self) -> crate::cli::serve::PublishArgs {
+        crate::cli::serve::PublishArgs {
+            publish_events: Some(self.nats.clone()),
+            publish_as: Some(self.name.clone().unwrap_or_else(host_name)),
+            publish_creds: self.nats_creds.clone(),
+            publish_tls_ca: self.nats_tls_ca.clone(),
+        }
+    }
+}
+
+/// This host's name as a publisher name: letters, digits, `_` and `-` (others become `-`).
+fn host_name() -> String {
+    let h = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap_or_default();
+    let h: String = h
+        .trim()
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || c == '_' || c == '-' {
+                c
+            } else {
+                '-'
+            }
+        })
+        .collect();
+    if h.is_empty() { "herald".into() } else { h }
 }
 
 /// A checked config, ready to run.
@@ -256,6 +304,16 @@ impl UpToml {
         if let Some(s) = &mut t.slack {
             s.resolve(base);
         }
+        if let Some(p) = &mut t.publish {
+            for f in [&mut p.nats_creds, &mut p.nats_tls_ca]
+                .into_iter()
+                .flatten()
+            {
+                if f.is_relative() {
+                    *f = base.join(&*f);
+                }
+            }
+        }
         if let Some(m) = &mut t.memo {
             for p in [&mut m.nats_creds, &mut m.nats_nkey, &mut m.nats_tls_ca]
                 .into_iter()
@@ -323,6 +381,26 @@ impl UpToml {
                         .replace("--nats-", "nats_")
                 )
             })?;
+        }
+        if let Some(p) = &self.publish {
+            let args = p.args();
+            let cfg = crate::nats::NatsConfig {
+                urls: p.nats.clone(),
+                creds: p.nats_creds.clone(),
+                nkey: None,
+                tls_ca: p.nats_tls_ca.clone(),
+                bucket: crate::nats::events::BUCKET.into(),
+            };
+            cfg.check().map_err(|e| {
+                anyhow!(
+                    "[publish]: {}",
+                    e.replace("--backend", "nats").replace("--nats-", "nats_")
+                )
+            })?;
+            let name = args.publish_as.unwrap_or_default();
+            if !crate::nats::events::valid_name(&name) {
+                bail!("[publish]: name {name:?}: use letters, digits, '_' and '-'");
+            }
         }
         if let Some(s) = &self.slack {
             s.shared().map_err(|e| {
@@ -501,6 +579,37 @@ mod tests {
             parse("[memo]\nbackend = \"nats://a:1\"\nnats_creds = \"nope.creds\"\n").unwrap_err()
         );
         assert!(e.contains("nats_creds /etc/herald/nope.creds"), "{e}");
+    }
+
+    #[test]
+    fn publish_is_checked() {
+        let c = parse(
+            "[memo]\n[publish]\nnats = \"nats://127.0.0.1:4222\"\nname = \"site-a\"\nnats_creds = \"p.creds\"\n",
+        );
+        let e = format!("{:#}", c.unwrap_err());
+        assert!(
+            e.contains("[publish]") && e.contains("nats_creds /etc/herald/p.creds"),
+            "{e}"
+        );
+        let c = parse("[memo]\n[publish]\nnats = \"nats://127.0.0.1:4222\"\n").unwrap();
+        let args = c.file.publish.as_ref().unwrap().args();
+        assert!(
+            args.publish_as
+                .is_some_and(|n| crate::nats::events::valid_name(&n))
+        );
+        let e = format!(
+            "{:#}",
+            parse("[memo]\n[publish]\nnats = \"x\"\n").unwrap_err()
+        );
+        assert!(
+            e.contains("[publish]") && e.contains("nats://HOST:PORT"),
+            "{e}"
+        );
+        let e = format!(
+            "{:#}",
+            parse("[memo]\n[publish]\nnats = \"nats://a:1\"\nname = \"a.b\"\n").unwrap_err()
+        );
+        assert!(e.contains("[publish]: name"), "{e}");
     }
 
     #[test]

@@ -202,6 +202,12 @@ pub async fn run(args: UpArgs, globals: &Globals) -> Result<(), Exit> {
 
     let mut upstreams = Vec::new();
     let mut slack_live = None;
+    // [publish]: the tap goes in before the roles make their rings.
+    let published = match &file.publish {
+        Some(p) => p.args().start("up", &ctx).await?,
+        None => None,
+    };
+    let mut publishing: Vec<DynSource> = Vec::new();
     if let Some(m) = &file.memo {
         let mctx = ctx.for_role("memo");
         let memo = match m.nats() {
@@ -214,13 +220,17 @@ pub async fn run(args: UpArgs, globals: &Globals) -> Result<(), Exit> {
             m.max_notes_bytes
                 .unwrap_or_else(|| default_max_notes_bytes(max)),
         );
-        upstreams.push(in_process("memo", Arc::new(memo), &local, &mctx, &store).await);
+        let memo: DynSource = Arc::new(memo);
+        publishing.push(memo.clone());
+        upstreams.push(in_process("memo", memo, &local, &mctx, &store).await);
     }
     if let Some(f) = &file.file {
         let fctx = ctx.for_role("file");
         let src = FileSource::new(f.to_config().map_err(usage)?, &fctx)
             .map_err(|e| usage(anyhow::anyhow!("[file]: {e}")))?;
-        upstreams.push(in_process("file", Arc::new(src), &local, &fctx, &store).await);
+        let src: DynSource = Arc::new(src);
+        publishing.push(src.clone());
+        upstreams.push(in_process("file", src, &local, &fctx, &store).await);
     }
     if let Some(k) = &file.k8s {
         let kctx = ctx.for_role("k8s");
@@ -240,7 +250,9 @@ pub async fn run(args: UpArgs, globals: &Globals) -> Result<(), Exit> {
             &kctx,
         )
         .map_err(|e| usage(anyhow::anyhow!("[k8s]: {e}")))?;
-        upstreams.push(in_process("k8s", Arc::new(src), &local, &kctx, &store).await);
+        let src: DynSource = Arc::new(src);
+        publishing.push(src.clone());
+        upstreams.push(in_process("k8s", src, &local, &kctx, &store).await);
     }
     if let Some(s) = &file.slack {
         let sctx = ctx.for_role("slack");
@@ -250,6 +262,11 @@ pub async fn run(args: UpArgs, globals: &Globals) -> Result<(), Exit> {
         let src = Slack::open(scfg, store.clone(), &sctx).await?;
         slack_live = Some(src.configured());
         upstreams.push(in_process("slack", Arc::new(src), &local, &sctx, &store).await);
+    }
+    if let Some(p) = &published {
+        let all: Vec<&dyn crate::mcp::source::Source> =
+            publishing.iter().map(|s| s.as_ref()).collect();
+        p.catalog_of(&all).await;
     }
     let gctx = ctx.for_role("gateway");
     let slugs: Vec<Slug> = cfg
