@@ -726,7 +726,7 @@ mod tests {
         assert_eq!(
             e.to_string(),
             format!(
-                "{}: slug a needs exactly one of stdio = \"CMD\", http = \"URL\" or quic = \"HOST:PORT\"",
+                "{}: slug a needs exactly one of stdio = \"CMD\", http = \"URL\", quic = \"HOST:PORT\" or nats = \"nats://HOST:PORT\"",
                 path.display()
             )
         );

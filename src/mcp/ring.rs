@@ -67,6 +67,8 @@ struct Inner {
     mirrored: bool,
     /// In a mirror: seqs that arrived after a hole (events the mirror never got).
     gaps: VecDeque<u64>,
+    /// In a mirror: the first seq it got (a cursor 0 skips nothing while it is still held).
+    first_mirrored: u64,
 }
 
 /// One held event: serialized once, when pushed. The push time is kept beside the event, not
@@ -130,6 +132,7 @@ impl EventRing {
                 bytes: 0,
                 mirrored: false,
                 gaps: VecDeque::new(),
+                first_mirrored: 0,
             }),
             uri: None,
         }
@@ -176,6 +179,9 @@ impl EventRing {
         // The first event a mirror gets starts it; after that, a seq past the next is a hole.
         if inner.next_seq > 1 && seq != inner.next_seq {
             inner.gaps.push_back(seq);
+        }
+        if inner.first_mirrored == 0 {
+            inner.first_mirrored = seq;
         }
         inner.next_seq = seq + 1;
         while inner.events.len() >= inner.capacity
@@ -278,7 +284,19 @@ impl EventRing {
     pub fn read_json_after(&self, after: u64) -> String {
         let inner = self.inner.lock().unwrap_or_else(|e| e.into_inner());
         let newest = inner.events.back().map_or(0, |e| e.seq);
-        let start = if newest < after {
+        let hole = inner
+            .gaps
+            .iter()
+            .find(|&&g| g > after.saturating_add(1))
+            .copied();
+        let start = if inner.mirrored && newest < after {
+            // A mirror behind the reader: nothing new yet (never a replay).
+            inner.events.len()
+        } else if let Some(g) = hole.filter(|_| inner.mirrored) {
+            // A hole after the reader's seq: from past it, with no anchor, so the reader sees
+            // the gap.
+            inner.events.partition_point(|e| e.seq < g)
+        } else if newest < after {
             0
         } else {
             // The last event at or before `after`, else the first.
@@ -343,7 +361,8 @@ impl EventRing {
         // Seqs between the cursor and the oldest held event were dropped (or, in a ring that
         // started after the cursor was handed out, never seen here): either way, skipped. A
         // mirror's cursor 0 is "from its start", which skips nothing.
-        truncated |= oldest > cursor.saturating_add(1) && !(inner.mirrored && cursor == 0);
+        truncated |= oldest > cursor.saturating_add(1)
+            && !(inner.mirrored && cursor == 0 && oldest == inner.first_mirrored);
         truncated |= inner.gaps.iter().any(|&g| g > cursor.saturating_add(1));
         let mut events = Vec::new();
         let mut has_more = false;
@@ -455,6 +474,19 @@ mod tests {
         assert!(m.since(1001, 10, 0).truncated);
         assert!(!m.since(1005, 10, 0).truncated);
         assert_eq!(m.newest_ts_ms(), Some(1));
+        // Read-based readers: behind them, nothing (no replay); a hole after their seq, from
+        // past it with no anchor (the reader sees the gap).
+        assert_eq!(m.read_json_after(2000), "{\"events\":[]}");
+        assert_eq!(
+            m.read_json_after(1001),
+            format!("{{\"events\":[{}]}}", ev(1005))
+        );
+        // Once the mirror's first event is evicted, a cursor 0 learns what it missed.
+        let small = EventRing::mirror_of(2);
+        for seq in [10, 11, 12] {
+            assert!(small.mirror(seq, 1, ev(seq)));
+        }
+        assert!(small.since(0, 10, 0).truncated);
     }
 
     fn seqs(text: &str) -> Vec<u64> {

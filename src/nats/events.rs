@@ -54,10 +54,9 @@ const QUEUE: usize = 8192;
 const PUBLISH_TIMEOUT: Duration = Duration::from_secs(10);
 /// Most URIs a mirror keeps rings for; past it, the one whose newest event is oldest goes.
 const MAX_RINGS: usize = 4096;
-/// Tries of one event before it is given up (a refusal that retrying will not fix).
+/// Refusals of one event by JetStream before it is given up (retrying will not fix them;
+/// timeouts and a lost connection are retried for as long as they last).
 const PUBLISH_TRIES: u32 = 5;
-/// The most bytes the stream keeps in all.
-const MAX_BYTES: i64 = 1 << 30;
 /// Longest a request waits for a starting mirror to catch up.
 const READY_WAIT: Duration = Duration::from_secs(5);
 const RETRY: Backoff = Backoff::new(Duration::from_millis(200), Duration::from_secs(10));
@@ -91,7 +90,6 @@ async fn open(
             subjects: vec!["herald.events.>".into()],
             max_messages_per_subject: PER_URI,
             max_age: MAX_AGE,
-            max_bytes: MAX_BYTES,
             discard: stream::DiscardPolicy::Old,
             storage: stream::StorageType::File,
             ..Default::default()
@@ -206,6 +204,19 @@ async fn publish(
                 js.send_publish(subject.clone(), msg).await?.await
             })
             .await;
+            let transient = match &r {
+                Err(_) => true,
+                Ok(Err(e)) => matches!(
+                    e.kind(),
+                    jetstream::context::PublishErrorKind::TimedOut
+                        | jetstream::context::PublishErrorKind::BrokenPipe
+                        | jetstream::context::PublishErrorKind::MaxAckPending
+                ),
+                Ok(Ok(_)) => false,
+            };
+            if transient {
+                tries -= 1;
+            }
             match r {
                 Ok(Ok(_)) => {
                     crate::mcp::metrics::NATS_PUBLISHES.fetch_add(1, Ordering::Relaxed);
@@ -291,8 +302,7 @@ impl Mirror {
         }
     }
 
-    /// The ring of `uri`, made for an event that arrived (never for a request: what a
-    /// caller asks for makes nothing here).
+    /// The ring of `uri` (made for an event that arrived, or a poll; at most [`MAX_RINGS`]).
     fn ring(&self, uri: &str) -> Arc<EventRing> {
         let mut rings = self.rings.lock().unwrap_or_else(|e| e.into_inner());
         if let Some(r) = rings.get(uri) {
@@ -472,8 +482,9 @@ impl Source for Mirror {
         self.rings
             .lock()
             .unwrap_or_else(|e| e.into_inner())
-            .keys()
-            .map(|uri| {
+            .iter()
+            .filter(|(_, r)| !r.is_empty())
+            .map(|(uri, _)| {
                 Resource::new(uri.clone(), uri.clone())
                     .with_mime_type(EVENT_LOG_MIME)
                     .with_description(format!("published by {} over NATS", self.name))
@@ -556,10 +567,9 @@ impl Source for Mirror {
             return Err(events::unknown_event(&req.name));
         }
         let uri = (self.poll_uri)(&req.name, &req.arguments)?;
-        // A log nothing was published to yet: an empty one, kept nowhere.
-        let ring = self
-            .held(&uri)
-            .unwrap_or_else(|| Arc::new(EventRing::mirror_of(1)));
+        // Made if nothing was published to it yet (within the cap), so a long poll wakes
+        // when the first event comes.
+        let ring = self.ring(&uri);
         Ok(events::poll(&ring, &self.feed, &uri, &req).await)
     }
 }

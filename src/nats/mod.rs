@@ -54,9 +54,6 @@ impl NatsConfig {
                 ));
             }
         }
-        if self.creds.is_some() && self.nkey.is_some() {
-            return Err("--nats-creds and --nats-nkey are two ways to sign in: give one".into());
-        }
         for (flag, path) in [
             ("--nats-creds", &self.creds),
             ("--nats-nkey", &self.nkey),

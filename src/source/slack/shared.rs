@@ -359,6 +359,7 @@ async fn open(core: &Arc<Core>, shared: &Shared) -> Result<Feed, String> {
         subject: subject.clone(),
         applied: applied_tx,
         first: true,
+        started_late: None,
     };
     let following = core
         .ctx
@@ -411,8 +412,11 @@ struct Follower {
     stream: stream::Stream,
     subject: String,
     applied: tokio::sync::watch::Sender<u64>,
-    /// The next message is the first this process sees.
+    /// The next event is the first this process sees.
     first: bool,
+    /// Whether the very first message (of any kind) was past sequence 1: the stream dropped
+    /// what came before.
+    started_late: Option<bool>,
 }
 
 impl Follower {
@@ -455,6 +459,7 @@ impl Follower {
     fn apply(&mut self, m: jetstream::Message) {
         let Ok(info) = m.info() else { return };
         let sequence = info.stream_sequence;
+        let late = *self.started_late.get_or_insert(sequence > 1);
         if is_marker(&m) {
             self.applied.send_modify(|a| *a = (*a).max(sequence));
             return;
@@ -462,7 +467,7 @@ impl Follower {
         match decode(&self.core, &m) {
             Some((seq, posted)) => {
                 let first = std::mem::replace(&mut self.first, false);
-                if first && sequence > 1 {
+                if first && late {
                     // What came before it was dropped by the stream's limits.
                     self.core.buffer.evicted_through(seq.saturating_sub(1));
                 }
@@ -553,6 +558,37 @@ fn failing(feed: &Feed, now_failing: bool) {
     }
 }
 
+/// The stream's last sequence, when its last message is one this process sent without an
+/// acknowledgement.
+async fn own_last(feed: &Feed) -> Option<u64> {
+    if feed
+        .unacked
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .is_empty()
+    {
+        return None;
+    }
+    let stream = feed.js.get_stream(&feed.stream).await.ok()?;
+    let last = tokio::time::timeout(
+        PUBLISH_TIMEOUT,
+        stream.get_last_raw_message_by_subject(&feed.subject),
+    )
+    .await
+    .ok()?
+    .ok()?;
+    let id = last
+        .headers
+        .get(async_nats::header::NATS_MESSAGE_ID)?
+        .as_str()
+        .to_owned();
+    feed.unacked
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .remove(&id)
+        .then_some(last.sequence)
+}
+
 /// Why a publish did not go through.
 enum Refused {
     /// Another process wrote to the stream: this one is no longer the only writer.
@@ -625,6 +661,14 @@ async fn publish_pending(core: &Core, feed: &Feed) -> Result<(), Refused> {
             }
             Ok(Err(e)) if e.kind() == jetstream::context::PublishErrorKind::WrongLastSequence => {
                 metrics::NATS_PUBLISH_FAILURES.fetch_add(1, Ordering::Relaxed);
+                // The last message may be this process's own, sent earlier without an
+                // acknowledgement (and applied meanwhile): then take its place and go on.
+                if let Some(own) = own_last(feed).await {
+                    expected = own;
+                    *writer = Some(expected);
+                    core.buffer.restore_unwritten(&rows[i..]);
+                    return Err(Refused::Failed);
+                }
                 tracing::warn!(stream = %feed.stream, "another process wrote to the slack stream: this one is no longer its writer");
                 core.buffer.restore_unwritten(&rows[i..]);
                 *writer = None;
@@ -1014,33 +1058,48 @@ async fn hold(
     };
     // The socket closes (and its reader ends) before anything else happens.
     stop.cancel();
-    for r in running {
-        let _ = r.await;
+    let stopped = tokio::time::timeout(RELEASE_STEP * 3, async {
+        for r in &mut running {
+            let _ = r.await;
+        }
+    })
+    .await
+    .is_ok();
+    if !stopped {
+        for r in &running {
+            r.abort();
+        }
     }
     metrics::SLACK_LEASE_HELD.store(0, Ordering::Relaxed);
     match ended {
         Ended::Shutdown => {
-            // What the socket brought in last is published, then the lease is given back,
-            // all within the process's drain time (a row cut off mid-publish stays counted
-            // as in flight, so the state written does not pass it).
-            let _ = tokio::time::timeout(RELEASE_STEP * 2, publish_pending(core, feed)).await;
-            if let Ok(mut w) = tokio::time::timeout(RELEASE_STEP, feed.writer.lock()).await {
+            // What the socket brought in last is published, then the lease is given back
+            // (only once the socket is known closed), then the state written: all within the
+            // process's drain time. A row cut off mid-publish stays counted as in flight, so
+            // the state written does not pass it.
+            let _ = tokio::time::timeout(RELEASE_STEP, publish_pending(core, feed)).await;
+            if let Ok(mut w) = tokio::time::timeout(RELEASE_STEP / 2, feed.writer.lock()).await {
                 *w = None;
             }
-            let shared = core.buffer.take_shared().0;
-            let _ = tokio::time::timeout(RELEASE_STEP, write_state(feed, shared)).await;
-            match tokio::time::timeout(
-                RELEASE_STEP,
-                feed.kv
-                    .delete_expect_revision(&feed.lease_key, Some(revision)),
-            )
-            .await
-            {
-                Ok(Ok(())) => tracing::info!("slack socket lease released"),
-                _ => tracing::warn!(
+            let released = stopped
+                && matches!(
+                    tokio::time::timeout(
+                        RELEASE_STEP,
+                        feed.kv
+                            .delete_expect_revision(&feed.lease_key, Some(revision)),
+                    )
+                    .await,
+                    Ok(Ok(()))
+                );
+            if released {
+                tracing::info!("slack socket lease released");
+            } else {
+                tracing::warn!(
                     "could not release the slack socket lease; another process takes it once it is stale"
-                ),
+                );
             }
+            let shared = core.buffer.take_shared().0;
+            let _ = tokio::time::timeout(RELEASE_STEP / 2, write_state(feed, shared)).await;
             lease_status(core, |l| l.held = false);
             Ended::Shutdown
         }
@@ -1050,14 +1109,17 @@ async fn hold(
             *feed.writer.lock().await = None;
             let unpublished = core.buffer.take_unwritten();
             core.buffer.forget(&unpublished);
-            // Given back if it is still this process's (a catch-up that failed, NATS back):
-            // anyone may take it at once. Refused when another process has it already.
-            let _ = tokio::time::timeout(
-                Duration::from_secs(5),
-                feed.kv
-                    .delete_expect_revision(&feed.lease_key, Some(revision)),
-            )
-            .await;
+            // Given back if it is still this process's (a catch-up that failed, NATS back)
+            // and its socket is known closed: anyone may take it at once. Refused when
+            // another process has it already.
+            if stopped {
+                let _ = tokio::time::timeout(
+                    Duration::from_secs(5),
+                    feed.kv
+                        .delete_expect_revision(&feed.lease_key, Some(revision)),
+                )
+                .await;
+            }
             tracing::warn!(reason = %why, "lost the slack socket lease: socket closed; what was not published is left to the next holder's backfill");
             lease_status(core, |l| {
                 l.held = false;
