@@ -177,7 +177,7 @@ impl SlackToml {
         let stale = Duration::from_millis(self.lease_stale_ms.unwrap_or(90_000));
         if stale < heartbeat * 3 {
             anyhow::bail!(
-                "lease_stale_ms ({} ms) must be at least three times lease_heartbeat_ms ({} ms): a holder renews every heartbeat and gives the socket up after two thirds of the stale time without a renewal",
+                "--lease-stale-ms (lease_stale_ms: {} ms) must be at least three times --lease-heartbeat-ms (lease_heartbeat_ms: {} ms): a holder renews every heartbeat and gives the socket up after two thirds of the stale time without a renewal",
                 stale.as_millis(),
                 heartbeat.as_millis()
             );

@@ -630,7 +630,7 @@ mod tests {
             ),
             (
                 "backend = \"nats://a:1\"\nlease_stale_ms = 89999",
-                "three times lease_heartbeat_ms",
+                "must be at least three times --lease-heartbeat-ms",
             ),
         ] {
             let e = format!("{:#}", parse(&format!("[slack]\n{bad}\n")).unwrap_err());
