@@ -69,6 +69,10 @@ struct Inner {
     gaps: VecDeque<u64>,
     /// In a mirror: the first seq it got (a cursor 0 skips nothing while it is still held).
     first_mirrored: u64,
+    /// In a mirror that was reset to lower seqs (its publisher restarted with its clock
+    /// behind): the head before the reset. A cursor up to it is from the old numbering and
+    /// reads everything, truncated, as a replaced ring's would.
+    reset_from: u64,
 }
 
 /// One held event: serialized once, when pushed. The push time is kept beside the event, not
@@ -133,6 +137,7 @@ impl EventRing {
                 mirrored: false,
                 gaps: VecDeque::new(),
                 first_mirrored: 0,
+                reset_from: 0,
             }),
             uri: None,
         }
@@ -148,6 +153,19 @@ impl EventRing {
             .unwrap_or_else(|e| e.into_inner())
             .mirrored = true;
         ring
+    }
+
+    /// Starts a mirror over at `seq`, below its head (its publisher restarted, numbering from a
+    /// clock that is behind): what it held is dropped, and readers learn of the reset.
+    pub fn reset_mirror(&self, seq: u64, ts_ms: u64, text: String) {
+        let mut inner = self.inner.lock().unwrap_or_else(|e| e.into_inner());
+        inner.reset_from = inner.reset_from.max(inner.next_seq - 1);
+        inner.events.clear();
+        inner.gaps.clear();
+        inner.bytes = text.len();
+        inner.next_seq = seq + 1;
+        inner.gaps.push_back(seq);
+        inner.events.push_back(Entry { seq, ts_ms, text });
     }
 
     /// When the newest event held was pushed (milliseconds since the epoch).
@@ -289,7 +307,7 @@ impl EventRing {
             .iter()
             .find(|&&g| g > after.saturating_add(1))
             .copied();
-        let start = if inner.mirrored && newest < after {
+        let start = if inner.mirrored && newest < after && after > inner.reset_from {
             // A mirror behind the reader: nothing new yet (never a replay).
             inner.events.len()
         } else if let Some(g) = hole.filter(|_| inner.mirrored) {
@@ -344,7 +362,7 @@ impl EventRing {
         let inner = self.inner.lock().unwrap_or_else(|e| e.into_inner());
         let head = inner.next_seq - 1;
         let oldest = inner.events.front().map_or(inner.next_seq, |e| e.seq);
-        if inner.mirrored && cursor > head {
+        if inner.mirrored && cursor > head && cursor > inner.reset_from {
             // Not caught up with this cursor yet: nothing now, the cursor kept.
             return Since {
                 events: Vec::new(),
@@ -487,6 +505,19 @@ mod tests {
             assert!(small.mirror(seq, 1, ev(seq)));
         }
         assert!(small.since(0, 10, 0).truncated);
+        // Its publisher restarted with its clock behind: the log starts over, and a reader of
+        // the old numbering reads it whole, truncated (a cursor past both still waits).
+        small.reset_mirror(5, 1, ev(5));
+        let after = small.since(12, 10, 0);
+        assert!(after.truncated, "{:?}", after.cursor);
+        assert_eq!(after.events.len(), 1);
+        assert_eq!(after.cursor, 5);
+        assert!(small.since(20, 10, 0).events.is_empty());
+        assert_eq!(
+            small.read_json_after(12),
+            format!("{{\"events\":[{}]}}", ev(5))
+        );
+        assert!(small.mirror(6, 1, ev(6)), "and goes on from there");
     }
 
     fn seqs(text: &str) -> Vec<u64> {

@@ -63,6 +63,22 @@ const RETRY: Backoff = Backoff::new(Duration::from_millis(200), Duration::from_s
 const URI_HEADER: &str = "Herald-Uri";
 const SEQ_HEADER: &str = "Herald-Seq";
 const TS_HEADER: &str = "Herald-Ts";
+/// Which process published an event (`host:pid:random`).
+const PUBLISHER_HEADER: &str = "Herald-Publisher";
+
+/// This process, as a publisher.
+fn publisher_id() -> String {
+    use ring::rand::{SecureRandom, SystemRandom};
+    let mut b = [0u8; 4];
+    let _ = SystemRandom::new().fill(&mut b);
+    let host = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap_or_default();
+    format!(
+        "{}:{}:{:08x}",
+        host.trim(),
+        std::process::id(),
+        u32::from_le_bytes(b)
+    )
+}
 
 /// The subject of `uri`'s events published as `name`.
 pub fn subject(name: &str, uri: &str) -> String {
@@ -185,6 +201,7 @@ async fn publish(
     name: String,
     mut rx: tokio::sync::mpsc::Receiver<Tapped>,
 ) {
+    let me = publisher_id();
     let mut backoff = RETRY;
     while let Some(t) = rx.recv().await {
         let subject = subject(&name, &t.uri);
@@ -196,6 +213,7 @@ async fn publish(
             let msg = jetstream::message::PublishMessage::build()
                 .payload(t.text.clone().into())
                 .message_id(&id)
+                .header(PUBLISHER_HEADER, me.as_str())
                 .header(URI_HEADER, &*t.uri)
                 .header(SEQ_HEADER, t.seq.to_string().as_str())
                 .header(TS_HEADER, t.ts_ms.to_string().as_str());
@@ -253,6 +271,9 @@ pub struct Mirror {
     name: String,
     servers: String,
     rings: Mutex<BTreeMap<String, Arc<EventRing>>>,
+    /// Each URI's last publisher (a change with lower seqs is a restart, or a second process
+    /// publishing under the same name).
+    publishers: Mutex<std::collections::HashMap<String, String>>,
     feed: ChangeFeed,
     catalog: RwLock<Value>,
     poll_uri: PollUri,
@@ -269,6 +290,7 @@ impl Mirror {
             name: name.to_owned(),
             servers: cfg.redacted(),
             rings: Mutex::new(BTreeMap::new()),
+            publishers: Mutex::new(std::collections::HashMap::new()),
             feed: ChangeFeed::new(),
             catalog: RwLock::new(json!({})),
             poll_uri,
@@ -353,7 +375,31 @@ impl Mirror {
         let Ok(text) = std::str::from_utf8(&m.payload) else {
             return;
         };
-        if self.ring(&uri).mirror(seq, ts, text.to_owned()) {
+        let publisher = h
+            .get(PUBLISHER_HEADER)
+            .map(|v| v.as_str().to_owned())
+            .unwrap_or_default();
+        let previous = self
+            .publishers
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(uri.clone(), publisher.clone());
+        let ring = self.ring(&uri);
+        if ring.mirror(seq, ts, text.to_owned()) {
+            self.feed.publish(&uri);
+        } else if previous.is_some_and(|p| p != publisher) {
+            // Another process, numbering below this ring's head: a restart whose clock is
+            // behind, or a second process publishing under this name. Start over with it,
+            // and say so (readers learn of the reset).
+            tracing::warn!(
+                source = %self.name,
+                %uri,
+                %publisher,
+                "events of this log now come from another process with lower seqs: the log starts over \
+                 (if two processes publish as {}, give each its own --publish-as)",
+                self.name
+            );
+            ring.reset_mirror(seq, ts, text.to_owned());
             self.feed.publish(&uri);
         }
     }
