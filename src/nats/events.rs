@@ -71,10 +71,9 @@ fn publisher_id() -> String {
     use ring::rand::{SecureRandom, SystemRandom};
     let mut b = [0u8; 4];
     let _ = SystemRandom::new().fill(&mut b);
-    let host = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap_or_default();
     format!(
         "{}:{}:{:08x}",
-        host.trim(),
+        crate::nats::hostname(),
         std::process::id(),
         u32::from_le_bytes(b)
     )
@@ -114,18 +113,14 @@ async fn open(
         .map_err(|e| {
             format!("cannot open or make the stream {STREAM} at {servers} ({e}); JetStream must be on (nats-server -js)")
         })?;
-    let kv = match js.get_key_value(BUCKET).await {
-        Ok(kv) => kv,
-        Err(_) => js
-            .create_key_value(kv::Config {
-                bucket: BUCKET.into(),
-                description: "herald event-log publishers' catalogs".into(),
-                history: 1,
-                ..Default::default()
-            })
-            .await
-            .map_err(|e| format!("cannot open or make the bucket {BUCKET} at {servers} ({e})"))?,
-    };
+    let kv = crate::nats::bucket(
+        js,
+        BUCKET,
+        "herald event-log publishers' catalogs",
+        1,
+        servers,
+    )
+    .await?;
     Ok((stream, kv))
 }
 
@@ -337,6 +332,11 @@ impl Mirror {
                 .map(|(k, _)| k.clone())
         {
             rings.remove(&stalest);
+            // (Never held while the rings are locked elsewhere: no lock order to keep.)
+            self.publishers
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .remove(&stalest);
         }
         let r = Arc::new(EventRing::mirror_of(PER_URI as usize));
         rings.insert(uri.to_owned(), r.clone());

@@ -127,6 +127,41 @@ impl NatsConfig {
     }
 }
 
+/// Opens the key-value bucket `name`, or makes it (keeping `history` revisions a key).
+pub async fn bucket(
+    js: &async_nats::jetstream::Context,
+    name: &str,
+    description: &str,
+    history: i64,
+    servers: &str,
+) -> Result<async_nats::jetstream::kv::Store, String> {
+    if let Ok(kv) = js.get_key_value(name).await {
+        return Ok(kv);
+    }
+    js.create_key_value(async_nats::jetstream::kv::Config {
+        bucket: name.to_owned(),
+        description: description.to_owned(),
+        history,
+        ..Default::default()
+    })
+    .await
+    .map_err(|e| {
+        format!(
+            "cannot open or make the key-value bucket {name} at {servers} ({e}); JetStream must be on (nats-server -js)"
+        )
+    })
+}
+
+/// This host's name (`localhost` when it cannot be read): what identifies a process of it
+/// to the others (a Slack lease holder, an event-log publisher).
+pub fn hostname() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|h| h.trim().to_owned())
+        .ok()
+        .filter(|h| !h.is_empty())
+        .unwrap_or_else(|| "localhost".into())
+}
+
 /// Whether `client` is connected now (what `/ready` asks of a role on NATS).
 pub fn connected(client: &async_nats::Client) -> bool {
     client.connection_state() == async_nats::connection::State::Connected

@@ -217,9 +217,7 @@ impl PublishToml {
 
 /// This host's name as a publisher name: letters, digits, `_` and `-` (others become `-`).
 fn host_name() -> String {
-    let h = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap_or_default();
-    let h: String = h
-        .trim()
+    let h: String = crate::nats::hostname()
         .chars()
         .map(|c| {
             if c.is_ascii_alphanumeric() || c == '_' || c == '-' {

@@ -83,23 +83,8 @@ impl Notes {
         crate::nats::enter(ctx, "memo", cfg, client.clone());
         let js = async_nats::jetstream::new(client);
         let stream = format!("KV_{}", cfg.bucket);
-        let kv = match js.get_key_value(&cfg.bucket).await {
-            Ok(kv) => kv,
-            Err(_) => js
-                .create_key_value(kv::Config {
-                    bucket: cfg.bucket.clone(),
-                    description: "herald memo notes".into(),
-                    history: HISTORY,
-                    ..Default::default()
-                })
-                .await
-                .map_err(|e| {
-                    format!(
-                        "cannot open or make the key-value bucket {} at {servers} ({e}); JetStream must be on (nats-server -js)",
-                        cfg.bucket
-                    )
-                })?,
-        };
+        let kv =
+            crate::nats::bucket(&js, &cfg.bucket, "herald memo notes", HISTORY, &servers).await?;
         // The first pass ends with the entry at the bucket's last revision now (each key's
         // last entry comes, and the newest is some key's last); a bucket with no messages
         // (new, or compacted) has none to wait for.

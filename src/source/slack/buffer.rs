@@ -40,7 +40,7 @@ fn now_ms() -> u64 {
     crate::mcp::ring::now_ms()
 }
 
-fn now_us() -> u64 {
+pub(crate) fn now_us() -> u64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map(|d| d.as_micros() as u64)
@@ -127,6 +127,7 @@ pub struct Loaded {
     pub unopenable: usize,
 }
 
+#[derive(Default)]
 struct Inner {
     by_seq: BTreeMap<u64, Held>,
     by_key: HashMap<String, u64>,
@@ -174,19 +175,7 @@ impl Buffer {
         let mut loaded = Loaded::default();
         let mut rows_max = 0;
         let mut found_state = false;
-        let mut inner = Inner {
-            by_seq: BTreeMap::new(),
-            by_key: HashMap::new(),
-            by_age: BTreeSet::new(),
-            state: State::default(),
-            dirty: HashMap::new(),
-            state_dirty: false,
-            closed: false,
-            pending: BTreeMap::new(),
-            inflight: BTreeMap::new(),
-            pending_keys: HashMap::new(),
-            pending_last: 0,
-        };
+        let mut inner = Inner::default();
         for (k, sealed) in rows {
             let Ok(plain) = sealer.open(&k, &sealed) else {
                 loaded.unopenable += 1;
@@ -243,22 +232,10 @@ impl Buffer {
     /// the rest from the stream and the shared state.
     pub fn memory(key: &Key, retention: Duration, cap: usize) -> Buffer {
         Buffer {
-            inner: Mutex::new(Inner {
-                by_seq: BTreeMap::new(),
-                by_key: HashMap::new(),
-                by_age: BTreeSet::new(),
-                // Nothing is known until the stream is applied: the head is the newest seq
-                // applied (never this host's clock, which may run ahead of the holder's and
-                // would let a cursor skip what is still to be applied).
-                state: State::default(),
-                dirty: HashMap::new(),
-                state_dirty: false,
-                closed: false,
-                pending: BTreeMap::new(),
-                inflight: BTreeMap::new(),
-                pending_keys: HashMap::new(),
-                pending_last: 0,
-            }),
+            // Nothing is known until the stream is applied: the head is the newest seq applied
+            // (never this host's clock, which may run ahead of the holder's and would let a
+            // cursor skip what is still to be applied).
+            inner: Mutex::new(Inner::default()),
             sealer: Sealer::new(key),
             store: None,
             retention,

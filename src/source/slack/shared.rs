@@ -50,13 +50,14 @@ use futures::StreamExt;
 use serde::{Deserialize, Serialize};
 use tokio_util::sync::CancellationToken;
 
-use super::buffer::SharedState;
+use super::buffer::{SharedState, now_us};
 use super::core::{Core, LeaseReport, SocketState, at};
 use super::message::Posted;
 use crate::mcp::backoff::Backoff;
 use crate::mcp::metrics;
 use crate::mcp::ring::now_ms;
 use crate::nats::NatsConfig;
+use crate::nats::hostname;
 
 /// The key-value bucket holding the leases and shared state when none is named.
 pub const DEFAULT_BUCKET: &str = "herald_slack";
@@ -136,14 +137,6 @@ fn pid_ns() -> String {
         .unwrap_or_default()
 }
 
-fn hostname() -> String {
-    std::fs::read_to_string("/proc/sys/kernel/hostname")
-        .map(|h| h.trim().to_owned())
-        .ok()
-        .filter(|h| !h.is_empty())
-        .unwrap_or_else(|| "localhost".into())
-}
-
 /// Whether `holder` names a process of this host, this boot and this pid namespace that is
 /// gone (its lease can be taken at once: it can no longer hold a socket).
 fn dead_here(holder: &str) -> bool {
@@ -182,10 +175,6 @@ impl Shared {
     pub fn client(&self) -> &async_nats::Client {
         &self.client
     }
-
-    pub fn config(&self) -> &SharedConfig {
-        &self.cfg
-    }
 }
 
 /// The workspace's stream and keys, once known.
@@ -211,6 +200,18 @@ struct Feed {
     /// events): the holder steps down after two thirds of the stale time of it.
     failing_since: std::sync::Mutex<Option<Instant>>,
     servers: String,
+}
+
+impl Feed {
+    /// The lease key's value for this process at heartbeat `beat`.
+    fn lease_value(&self, beat: u64) -> Vec<u8> {
+        serde_json::to_vec(&LeaseValue {
+            holder: self.me.clone(),
+            since_ms: now_ms(),
+            beat,
+        })
+        .expect("a lease serializes")
+    }
 }
 
 fn lease_status(core: &Core, f: impl FnOnce(&mut LeaseReport)) {
@@ -302,20 +303,14 @@ async fn open(core: &Arc<Core>, shared: &Shared) -> Result<Feed, String> {
         }
     }
     let bucket = &shared.cfg.nats.bucket;
-    let kv = match js.get_key_value(bucket).await {
-        Ok(kv) => kv,
-        Err(_) => js
-            .create_key_value(kv::Config {
-                bucket: bucket.clone(),
-                description: "herald slack socket leases and shared state".into(),
-                history: 1,
-                ..Default::default()
-            })
-            .await
-            .map_err(|e| {
-                format!("cannot open or make the key-value bucket {bucket} at {servers} ({e})")
-            })?,
-    };
+    let kv = crate::nats::bucket(
+        &js,
+        bucket,
+        "herald slack socket leases and shared state",
+        1,
+        &servers,
+    )
+    .await?;
     let state_key = format!("{team}.state");
     if let Ok(Some(v)) = kv.get(&state_key).await
         && let Ok(s) = serde_json::from_slice::<SharedState>(&v)
@@ -761,14 +756,7 @@ async fn acquire(
     cfg: &SharedConfig,
     shutdown: &CancellationToken,
 ) -> Option<Taken> {
-    let value = |beat| {
-        serde_json::to_vec(&LeaseValue {
-            holder: feed.me.clone(),
-            since_ms: now_ms(),
-            beat,
-        })
-        .expect("a lease serializes")
-    };
+    let value = |beat| feed.lease_value(beat);
     let mut backoff = RETRY;
     let mut previous_seen_ms = None;
     'fresh: loop {
@@ -893,14 +881,12 @@ async fn hold(
     let stop = shutdown.child_token();
     let mut running: Vec<tokio::task::JoinHandle<()>> = Vec::new();
     let mut beat = 0u64;
-    let lease_value = |beat| {
-        serde_json::to_vec(&LeaseValue {
-            holder: feed.me.clone(),
-            since_ms: now_ms(),
-            beat,
-        })
-        .expect("a lease serializes")
-    };
+    let lease_value = |beat| feed.lease_value(beat);
+    // Ids left unacknowledged by an earlier spell mean nothing in this one.
+    feed.unacked
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .clear();
     let keep_for = cfg.stale * 2 / 3;
     // Anything ingested outside a spell (a reader that outlived its socket's close) is not
     // published under stale seqs: the backfill reads it again.
@@ -1129,13 +1115,6 @@ async fn hold(
             Ended::Lost(why)
         }
     }
-}
-
-fn now_us() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_micros() as u64)
-        .unwrap_or(0)
 }
 
 /// Writes the shared state (the holder's), best effort: a lost write only widens the next
