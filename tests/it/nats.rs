@@ -533,3 +533,24 @@ async fn herald_up_publishes_its_file_watch_for_a_gateway_elsewhere() {
     assert!(log.to_string().contains(&last), "{log}");
     assert_eq!(log["events"][0]["type"], "CREATED", "{log}");
 }
+
+#[tokio::test]
+async fn a_memo_started_later_has_the_buckets_history_in_its_log() {
+    let nats = NatsServer::start().await;
+    let a = memo_on(&nats, "history").await;
+    let ca = crate::watch::memo_client(&a.http_url()).await;
+    call(&ca, "memo_set", json!({"key": "a", "value": 1})).await;
+    call(&ca, "memo_set", json!({"key": "b", "value": 2})).await;
+    call(&ca, "memo_set", json!({"key": "a", "value": 3})).await;
+    call(&ca, "memo_delete", json!({"key": "b"})).await;
+    let b = memo_on(&nats, "history").await;
+    let cb = crate::watch::memo_client(&b.http_url()).await;
+    let (log, _) = read_json(&cb, "memo://log").await;
+    assert_eq!(
+        kinds(&log),
+        ["ADDED a", "ADDED b", "MODIFIED a", "DELETED b"],
+        "{log}"
+    );
+    let (notes, _) = read_json(&cb, "memo://notes").await;
+    assert_eq!(notes, json!({"a": 3}));
+}

@@ -6,9 +6,12 @@
 //!   every host) is what applies it to memory, the size total, `memo://log` and the
 //!   notification, in the bucket's order. A write returns once this host's watch has applied
 //!   its revision, so a read after `memo_set` sees it, as with the store.
-//! - **Start.** The watch's first pass delivers the latest value of every key; those are the
-//!   baseline (no log events). [`Notes::open`] returns when it is through: the entry at the
-//!   bucket's last revision (taken before the watch) has come, or the pending count is zero.
+//! - **Start.** The watch begins at the bucket's oldest revision it still keeps (16 per key),
+//!   so the notes are rebuilt by applying the history in order, and `memo://log` holds that
+//!   history (the newest `--ring-capacity` changes; a key whose older revisions the bucket
+//!   dropped first shows as ADDED). [`Notes::open`] returns when it is through: the entry at
+//!   the bucket's last revision (taken before the watch) has come, or the pending count is
+//!   zero.
 //! - **Connection.** async-nats reconnects by itself; the watch is an ordered consumer that
 //!   resumes where it was. A watch that ends is opened again from the last revision applied.
 //!   Nothing of the notes is kept locally.
@@ -98,9 +101,9 @@ impl Notes {
         let last = info.last_sequence;
         let empty = info.messages == 0;
         tracing::debug!(bucket = %cfg.bucket, last, "NATS bucket opened");
-        // With history: the last entry of every key first (watch_all would start at new ones).
+        // Every revision kept, oldest first: the notes and memo://log from the history.
         let watch = kv
-            .watch_with_history(">")
+            .watch_all_from_revision(1)
             .await
             .map_err(|e| format!("cannot watch the bucket {} at {servers}: {e}", cfg.bucket))?;
         let (applied_tx, applied) = tokio::sync::watch::channel(0u64);
@@ -192,7 +195,7 @@ struct Follower {
     state: Arc<State>,
     applied: tokio::sync::watch::Sender<u64>,
     ready: Option<tokio::sync::oneshot::Sender<()>>,
-    /// Still in the first pass (values as they are, not changes).
+    /// Still replaying the history kept at the start.
     baseline: bool,
     /// The revision that ends the first pass.
     baseline_until: u64,
@@ -249,13 +252,7 @@ impl Follower {
             let old_size = old.as_ref().map_or(0, |o| key.len() + stored_len(o));
             let new_size = value.as_ref().map_or(0, |v| key.len() + stored_len(v));
             *total = *total - old_size + new_size;
-            if self.baseline {
-                let mut notes = self.state.notes.write().unwrap_or_else(|e| e.into_inner());
-                match value {
-                    Some(v) => notes.insert(key, v),
-                    None => notes.remove(&key),
-                };
-            } else if old != value {
+            if old != value {
                 self.state.applied(&key, value, old);
             }
         }
