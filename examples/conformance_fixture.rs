@@ -69,6 +69,7 @@ impl Source for Fixture {
         SourceInfo {
             name: "conformance-fixture".into(),
             instructions: Some("The conformance suite's tasks fixture.".into()),
+            ..SourceInfo::default()
         }
     }
 

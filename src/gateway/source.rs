@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use rmcp::model::{
-    CallToolRequestParams, CallToolResult, ClientRequest, JsonObject, ReadResourceRequestParams,
+    CallToolRequestParams, CallToolResponse, ClientRequest, JsonObject, ReadResourceRequestParams,
     Resource, ResourceTemplate, ServerNotification, ServerResult, SubscriptionFilter, Tool,
 };
 use rmcp::service::PeerRequestOptions;
@@ -453,6 +453,7 @@ impl Source for Gateway {
                  URIs (server+URI when two servers list the same one); events are server__event."
                     .into(),
             ),
+            ..SourceInfo::default()
         }
     }
 
@@ -627,8 +628,7 @@ impl Source for Gateway {
         name: &str,
         args: JsonObject,
         call: Call,
-    ) -> Result<CallToolResult, SourceError> {
-        let progress = call.progress;
+    ) -> Result<CallToolResponse, SourceError> {
         let Some((slug, tool)) = name.split_once("__") else {
             return Err(SourceError::UnknownTool(format!(
                 "{name} (gateway tools are named server__tool)"
@@ -639,7 +639,7 @@ impl Source for Gateway {
             // A role in this process: its handler, directly (the caller's progress too),
             // bounded as a call over a connection is.
             let me = Caller::local();
-            let call = local.call_in_process(&me, tool, args, progress);
+            let call = local.call_in_process(&me, tool, args, call);
             return tokio::time::timeout(REQUEST_TIMEOUT, call)
                 .await
                 .unwrap_or_else(|_| {
@@ -649,6 +649,7 @@ impl Source for Gateway {
                     )))
                 });
         }
+        let progress = call.progress;
         if let Some(direct) = up.http_calls(tool)
             && let Some(live) = up.cached()
         {
@@ -667,7 +668,7 @@ impl Source for Gateway {
             )
             .await
             {
-                Ok(Ok(r)) => Ok(r),
+                Ok(Ok(r)) => Ok(r.into()),
                 Ok(Err(upstream::http::CallError::Answered(e))) => Err(e),
                 Ok(Err(upstream::http::CallError::Transport(why))) => {
                     tracing::warn!(%slug, error = %why, "a call to the upstream failed");
@@ -724,7 +725,7 @@ impl Source for Gateway {
             }
         }
         match answer {
-            ServerResult::CallToolResult(r) => Ok(r),
+            ServerResult::CallToolResult(r) => Ok(r.into()),
             _ => Err(SourceError::Unavailable(format!(
                 "server {slug} answered with an input request or a task, which the gateway does not relay yet"
             ))),

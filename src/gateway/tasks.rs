@@ -23,7 +23,7 @@ use crate::gateway::config::valid_slug;
 use crate::gateway::source::Access;
 use crate::mcp::context::RoleContext;
 use crate::mcp::server::to_mcp_error;
-use crate::mcp::source::{Caller, Progress, SourceError};
+use crate::mcp::source::{Call, Caller, SourceError};
 use crate::mcp::tasks::relay::{Relayed, RelayedListen, Started, TaskRelay, Watched};
 use crate::mcp::tasks::{MAX_TASKS, MAX_TASKS_PER_OWNER, unknown_task};
 use crate::mcp::upstream::{REQUEST_TIMEOUT, Upstream};
@@ -330,7 +330,7 @@ impl TaskRelay for GatewayTasks {
         caller: &Caller,
         name: &str,
         args: JsonObject,
-        _progress: Option<Progress>,
+        _call: Call,
     ) -> Result<Started, McpError> {
         let Some((slug, tool)) = name.split_once("__") else {
             return Err(to_mcp_error(SourceError::UnknownTool(format!(

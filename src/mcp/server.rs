@@ -16,8 +16,8 @@ use std::time::Duration;
 use base64::Engine as _;
 use rmcp::handler::server::ServerHandler;
 use rmcp::model::{
-    CallToolRequestParams, CallToolResponse, CancelTaskParams, ClientCapabilities,
-    CreateTaskResult, CustomRequest, CustomResult, DetailedTask, DiscoverResult, ErrorCode,
+    CallToolRequestParams, CallToolResponse, CancelTaskParams, CompleteRequestParams,
+    CompleteResult, CustomRequest, GetPromptRequestParams, GetPromptResponse, CustomResult, DetailedTask, DiscoverResult, ErrorCode,
     ErrorData as McpError, GetTaskParams, GetTaskResult, Implementation, InitializeRequestParams,
     InitializeResult, ListPromptsResult, ListResourceTemplatesResult, ListResourcesResult,
     ListToolsResult, PaginatedRequestParams, ReadResourceRequestParams, ReadResourceResponse,
@@ -37,8 +37,8 @@ use crate::mcp::conn::ConnServer;
 use crate::mcp::hub::ChangeFeed;
 use crate::mcp::legacy::{Claimed, LegacyOut, LegacySubscriptions};
 use crate::mcp::listen::{ListenOut, Undelivered};
-use crate::mcp::source::{Body, Call, DynSource, SourceError};
-use crate::mcp::tasks::relay::{Started, TaskRelay};
+use crate::mcp::source::{Body, DynSource, SourceError};
+use crate::mcp::tasks::relay::TaskRelay;
 use crate::mcp::tasks::{TaskFeed, TaskSupport, Tasks};
 
 /// The Events extension's capability key.
@@ -191,11 +191,22 @@ impl SourceServer {
             .enable_resources_subscribe()
             .enable_prompts()
             .enable_tools();
-        let caps = if tasks.is_some() {
+        let mut caps = if tasks.is_some() {
             builder.enable_tasks().build()
         } else {
             builder.build()
         };
+        if info.completions {
+            caps.completions = Some(Default::default());
+        }
+        if info.list_changed {
+            if let Some(t) = caps.tools.as_mut() {
+                t.list_changed = Some(true);
+            }
+            if let Some(p) = caps.prompts.as_mut() {
+                p.list_changed = Some(true);
+            }
+        }
         let mut config = ServerConfig::new(caps).with_server_info(Implementation::new(
             format!("herald-{}", info.name),
             env!("CARGO_PKG_VERSION"),
@@ -350,44 +361,6 @@ impl SourceServer {
         out: &mut impl ListenOut,
     ) -> Result<(), McpError> {
         deliver_on(&self.shared, listen, out, self.shared.limits.stall_timeout).await
-    }
-
-    /// A plain (not task-augmented) tool call from a role in this process, with no JSON-RPC in
-    /// between: how the gateway of `herald up` calls its in-process roles. It answers exactly
-    /// what the call over a connection would (a source's error as the JSON-RPC error a client
-    /// would have received, in [`SourceError::Upstream`]); the caller's progress goes straight
-    /// to the caller's own peer. Dropping the future cancels the call; a shutdown cuts it
-    /// after the same grace a connection's call gets.
-    pub async fn call_in_process(
-        &self,
-        caller: &Caller,
-        name: &str,
-        args: rmcp::model::JsonObject,
-        progress: Option<crate::mcp::source::Progress>,
-    ) -> Result<rmcp::model::CallToolResult, SourceError> {
-        let source = &self.shared.source;
-        if self.shared.tasks.is_some() && source.task_support(caller, name) == TaskSupport::Required
-        {
-            return Err(as_answered(McpError::missing_required_client_capability(
-                ClientCapabilities::builder().enable_tasks().build(),
-            )));
-        }
-        let call = Call {
-            progress,
-            task: None,
-        };
-        let shutdown = self.shared.shutdown.clone();
-        let cut = async move {
-            shutdown.cancelled().await;
-            tokio::time::sleep(CALL_GRACE).await;
-        };
-        tokio::select! {
-            r = source.call_tool(caller, name, args, call) => r.map_err(|e| as_answered(to_mcp_error(e))),
-            _ = cut => Err(as_answered(McpError::internal_error(
-                "the server is shutting down; call again once it is back",
-                None,
-            ))),
-        }
     }
 
     /// A read from a role in this process, with no JSON-RPC in between (see
@@ -671,9 +644,14 @@ pub fn to_mcp_error(e: SourceError) -> McpError {
         SourceError::NotFound { uri } => {
             McpError::resource_not_found(e.to_string(), Some(json!({ "uri": uri })))
         }
-        SourceError::InvalidParams(_) | SourceError::UnknownTool(_) => {
-            McpError::invalid_params(e.to_string(), None)
-        }
+        SourceError::InvalidParams(_)
+        | SourceError::UnknownTool(_)
+        | SourceError::UnknownPrompt(_) => McpError::invalid_params(e.to_string(), None),
+        SourceError::MissingCapability(required) => McpError::new(
+            ErrorCode::MISSING_REQUIRED_CLIENT_CAPABILITY,
+            e.to_string(),
+            Some(json!({ "requiredCapabilities": required })),
+        ),
         SourceError::Unavailable(_) => McpError::internal_error(e.to_string(), None),
         SourceError::Forbidden => McpError::new(ErrorCode(-32024), e.to_string(), None),
         SourceError::EventNotFound(_) => McpError::new(
@@ -833,9 +811,10 @@ impl ServerHandler for SourceServer {
     async fn list_prompts(
         &self,
         _request: Option<PaginatedRequestParams>,
-        _context: RequestContext<RoleServer>,
+        context: RequestContext<RoleServer>,
     ) -> Result<ListPromptsResult, McpError> {
-        let mut r = ListPromptsResult::with_all_items(Vec::new());
+        let mut r =
+            ListPromptsResult::with_all_items(self.shared.source.prompts(&Caller::of(&context)));
         self.stamp(&mut r.meta);
         Ok(r)
     }
@@ -945,111 +924,25 @@ impl ServerHandler for SourceServer {
         request: CallToolRequestParams,
         context: RequestContext<RoleServer>,
     ) -> Result<CallToolResponse, McpError> {
-        let caller = Caller::of(&context);
-        let declared = context
-            .client_capabilities()
-            .is_some_and(|c| c.supports_tasks());
-        let args = request.arguments.unwrap_or_default();
-        let name = request.name.to_string();
-        let source = &self.shared.source;
-        let support = match &self.shared.tasks {
-            Some(_) => source.task_support(&caller, &name),
-            None => TaskSupport::Forbidden,
-        };
-        match (support, &self.shared.tasks) {
-            (TaskSupport::Required, _) if !declared => {
-                return Err(McpError::missing_required_client_capability(
-                    ClientCapabilities::builder().enable_tasks().build(),
-                ));
-            }
-            (TaskSupport::Optional | TaskSupport::Required, Some(TaskBackend::Relayed(relay)))
-                if declared =>
-            {
-                let progress =
-                    context
-                        .meta
-                        .get_progress_token()
-                        .map(|token| crate::mcp::source::Progress {
-                            token,
-                            peer: context.peer.clone(),
-                        });
-                // A caller that gives up stops the call going out (a task made upstream meanwhile
-                // ends by its ttl).
-                let started = tokio::select! {
-                    r = relay.call(&caller, &name, args, progress) => r?,
-                    _ = context.ct.cancelled() => {
-                        return Err(McpError::internal_error("the call was cancelled", None));
-                    }
-                    _ = self.shared.shutdown.cancelled() => {
-                        return Err(McpError::internal_error(
-                            "the server is shutting down; call again once it is back",
-                            None,
-                        ));
-                    }
-                };
-                return match started {
-                    Started::Task(task) => Ok(CallToolResponse::Task(CreateTaskResult::new(task))),
-                    Started::Done(mut result) => {
-                        self.stamp(&mut result.meta);
-                        Ok(result.into())
-                    }
-                };
-            }
-            (TaskSupport::Optional | TaskSupport::Required, Some(TaskBackend::Local(tasks)))
-                if declared =>
-            {
-                let source = source.clone();
-                let owner = caller.principal();
-                let task = tasks
-                    .start(&owner, move |handle| async move {
-                        let call = Call {
-                            progress: None,
-                            task: Some(handle),
-                        };
-                        source
-                            .call_tool(&caller, &name, args, call)
-                            .await
-                            .map_err(to_mcp_error)
-                    })
-                    .await?;
-                return Ok(CallToolResponse::Task(CreateTaskResult::new(task)));
-            }
-            _ => {}
-        }
-        let progress =
-            context
-                .meta
-                .get_progress_token()
-                .map(|token| crate::mcp::source::Progress {
-                    token,
-                    peer: context.peer.clone(),
-                });
-        let call = Call {
-            progress,
-            task: None,
-        };
-        // A plain call ends when its caller cancels it, or 2 s into a shutdown (time for a
-        // short call to finish): the tool's future is dropped (a long wait, a kubectl child,
-        // an upstream call, with it).
-        let ct = context.ct.clone();
-        let shutdown = self.shared.shutdown.clone();
-        let cut = async move {
-            shutdown.cancelled().await;
-            tokio::time::sleep(CALL_GRACE).await;
-        };
-        tokio::select! {
-            r = self.shared.source.call_tool(&caller, &name, args, call) => {
-                r.map(|mut r| {
-                    self.stamp(&mut r.meta);
-                    r.into()
-                }).map_err(to_mcp_error)
-            }
-            _ = ct.cancelled() => Err(McpError::internal_error("the call was cancelled", None)),
-            _ = cut => Err(McpError::internal_error(
-                "the server is shutting down; call again once it is back",
-                None,
-            )),
-        }
+        self.call(request, context).await
+    }
+
+    async fn get_prompt(
+        &self,
+        request: GetPromptRequestParams,
+        context: RequestContext<RoleServer>,
+    ) -> Result<GetPromptResponse, McpError> {
+        self.prompt(request, context).await
+    }
+
+    async fn complete(
+        &self,
+        request: CompleteRequestParams,
+        context: RequestContext<RoleServer>,
+    ) -> Result<CompleteResult, McpError> {
+        self.complete_in_process(&Caller::of(&context), request)
+            .await
+            .map_err(to_mcp_error)
     }
 
     async fn get_task(
@@ -1110,6 +1003,9 @@ impl SourceServer {
         })
     }
 }
+
+mod calls;
+pub use calls::plain_call;
 
 #[cfg(test)]
 #[path = "server_tests.rs"]

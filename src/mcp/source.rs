@@ -10,7 +10,11 @@
 use std::sync::Arc;
 
 use async_trait::async_trait;
-use rmcp::model::{CallToolResult, JsonObject, Resource, ResourceTemplate, Tool};
+use rmcp::model::{
+    CallToolResponse, ClientCapabilities, CompleteRequestParams, CompleteResult,
+    GetPromptResponse, InputRequiredResult, InputResponses, JsonObject, Prompt,
+    Resource, ResourceTemplate, Tool,
+};
 use serde_json::Value;
 
 /// The `resources/read` `_meta` key by which a reader of an event log says the highest `seq`
@@ -106,6 +110,13 @@ pub enum SourceError {
     /// No such tool: `-32602`.
     #[error("unknown tool {0}; tools/list names the tools this server offers")]
     UnknownTool(String),
+    /// No such prompt: `-32602`.
+    #[error("unknown prompt {0}; prompts/list names the prompts this server offers")]
+    UnknownPrompt(String),
+    /// The request needs a client capability the client did not declare (the JSON of the
+    /// capabilities it needs): `-32021` with `data.requiredCapabilities`, HTTP `400`.
+    #[error("this request needs the client capabilities {0}; declare them in _meta")]
+    MissingCapability(Value),
     /// The source cannot serve this right now (its upstream failed): `-32603` with the reason.
     #[error("{0}")]
     Unavailable(String),
@@ -134,7 +145,64 @@ pub struct Progress {
     pub peer: rmcp::Peer<rmcp::RoleServer>,
 }
 
-/// What a tool call carries besides its arguments.
+#[allow(deprecated)] // logging is deprecated by SEP-2577, still in 2026-07-28
+mod log_types {
+    pub use rmcp::model::{LoggingLevel, LoggingMessageNotificationParam};
+}
+#[allow(deprecated)]
+use log_types::{LoggingLevel, LoggingMessageNotificationParam};
+
+/// Where a request's log messages go: the caller's peer, from the level the caller asked for
+/// (`_meta["io.modelcontextprotocol/logLevel"]`) up. A request without that key gets none.
+#[derive(Clone)]
+#[allow(deprecated)]
+pub struct Log {
+    pub level: LoggingLevel,
+    pub peer: rmcp::Peer<rmcp::RoleServer>,
+}
+
+#[allow(deprecated)]
+impl Log {
+    /// Sends `data` at `level` when the caller asked for that level or a lower one; a peer
+    /// that is gone loses it (a log line is never worth failing a request for).
+    pub async fn send(&self, level: LoggingLevel, logger: &str, data: Value) {
+        if rank(level) < rank(self.level) {
+            return;
+        }
+        let param = LoggingMessageNotificationParam::new(level, data)
+            .with_logger(logger.to_owned());
+        #[allow(deprecated)]
+        let _ = self.peer.notify_logging_message(param).await;
+    }
+}
+
+/// Severity order of a log level (rmcp's type has none): `debug` lowest.
+#[allow(deprecated)]
+fn rank(level: LoggingLevel) -> u8 {
+    level as u8
+}
+
+/// A multi-round-trip request's answers (SEP-2322): what the client sends back with a
+/// request after an `InputRequiredResult`. Both are untrusted client input: a source that lets
+/// `request_state` decide anything seals it ([`rmcp::model::RequestStateCodec`]).
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Input {
+    pub responses: Option<InputResponses>,
+    pub request_state: Option<String>,
+}
+
+impl Input {
+    /// The answer the client gave under `key`, if any.
+    pub fn response(&self, key: &str) -> Option<&Value> {
+        self.responses.as_ref()?.get(key)
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.responses.is_none() && self.request_state.is_none()
+    }
+}
+
+/// What a request (a tool call, a prompt) carries besides its name and arguments.
 #[derive(Default)]
 pub struct Call {
     /// Set when the caller asked for progress (`_meta.progressToken`) on a plain call.
@@ -142,6 +210,14 @@ pub struct Call {
     /// Set when the call runs as a task (the tasks extension): the tool may set a status
     /// message, ask the client for input, and see `tasks/cancel`.
     pub task: Option<crate::mcp::tasks::TaskHandle>,
+    /// The answers to an earlier `InputRequiredResult` of this request (SEP-2322).
+    pub input: Input,
+    /// What the client declared it can do (`_meta["io.modelcontextprotocol/clientCapabilities"]`;
+    /// the handshake's on a byte stream). A source asks for input (elicitation, sampling,
+    /// roots) only of a client that declared it.
+    pub capabilities: Option<ClientCapabilities>,
+    /// Set when the caller asked for log messages (`_meta` `logLevel`).
+    pub log: Option<Log>,
 }
 
 /// Held while a listen stream (or a read, or a poll) watches a URI; dropping it tells the
@@ -160,12 +236,23 @@ impl WatchGuard {
 }
 
 /// Identity of a source as the server announces it.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, Default)]
 pub struct SourceInfo {
     /// Short role name, e.g. `memo`; the server calls itself `herald-<name>`.
     pub name: String,
     pub instructions: Option<String>,
+    /// Whether it answers `completion/complete` (the `completions` capability).
+    pub completions: bool,
+    /// Whether its tool and prompt lists change while it runs (`listChanged` on `tools` and
+    /// `prompts`; it then publishes [`TOOLS_CHANGED`] / [`PROMPTS_CHANGED`] on its feed).
+    pub list_changed: bool,
 }
+
+/// The feed key a source publishes when its tool list changed: listens that asked for
+/// `toolsListChanged` get `notifications/tools/list_changed`.
+pub const TOOLS_CHANGED: &str = "herald:list/tools";
+/// The feed key for a changed prompt list (`promptsListChanged`).
+pub const PROMPTS_CHANGED: &str = "herald:list/prompts";
 
 /// What a source makes of a caller's credentials ([`Source::authenticates`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -225,15 +312,62 @@ pub trait Source: Send + Sync + 'static {
     /// (`_meta.progressToken`): a source that reports progress (the gateway relays its
     /// upstreams') sends it there. `call.task` is set when the call runs as a task (only for
     /// a tool whose listing says it may, see [`crate::mcp::tasks::optional`]).
+    ///
+    /// It may answer `InputRequired` (SEP-2322) to ask the client for input first: the client
+    /// sends the call again with its answers in `call.input`.
     async fn call_tool(
         &self,
         caller: &Caller,
         name: &str,
         args: JsonObject,
         call: Call,
-    ) -> Result<CallToolResult, SourceError> {
+    ) -> Result<CallToolResponse, SourceError> {
         let _ = (caller, args, call);
         Err(SourceError::UnknownTool(name.to_owned()))
+    }
+
+    /// Before a call of tool `name` runs as a task: input the source needs from the client
+    /// first (SEP-2322 rounds before the task is made), or `None` to make the task. The
+    /// task's call then sees the answers in `call.input`.
+    async fn before_task(
+        &self,
+        caller: &Caller,
+        name: &str,
+        args: &JsonObject,
+        call: &Call,
+    ) -> Result<Option<InputRequiredResult>, SourceError> {
+        let _ = (caller, name, args, call);
+        Ok(None)
+    }
+
+    /// The prompts this caller may see.
+    fn prompts(&self, caller: &Caller) -> Vec<Prompt> {
+        let _ = caller;
+        Vec::new()
+    }
+
+    /// `prompts/get`: prompt `name` with `args`; may answer `InputRequired` as a tool call
+    /// may.
+    async fn get_prompt(
+        &self,
+        caller: &Caller,
+        name: &str,
+        args: JsonObject,
+        call: Call,
+    ) -> Result<GetPromptResponse, SourceError> {
+        let _ = (caller, args, call);
+        Err(SourceError::UnknownPrompt(name.to_owned()))
+    }
+
+    /// `completion/complete` (asked only when [`SourceInfo::completions`] is set): values
+    /// for one argument of a prompt or a resource template.
+    async fn complete(
+        &self,
+        caller: &Caller,
+        request: CompleteRequestParams,
+    ) -> Result<CompleteResult, SourceError> {
+        let _ = (caller, request);
+        Ok(CompleteResult::default())
     }
 
     /// Whether tool `name` may run as a task for this caller: what its listing says (marked

@@ -521,6 +521,7 @@ impl Source for Mirror {
                     .and_then(Value::as_str)
                     .unwrap_or("")
             )),
+            ..SourceInfo::default()
         }
     }
 

@@ -693,6 +693,7 @@ enum PlainWhat {
     Call {
         name: String,
         args: rmcp::model::JsonObject,
+        call: crate::mcp::source::Call,
     },
     Read {
         uri: String,
@@ -743,12 +744,14 @@ fn plain_request(
     let meta = request.request.get_meta();
     if !modern_meta(meta)
         || meta.get_progress_token().is_some()
+        || meta.log_level().is_some()
         || meta
             .client_capabilities()
             .is_some_and(|c| c.supports_tasks())
     {
         return None;
     }
+    let capabilities = meta.client_capabilities();
     let what = match request.request {
         ClientRequest::CallToolRequest(call) if method == "tools/call" => {
             let name = call.params.name.to_string();
@@ -761,9 +764,14 @@ fn plain_request(
             {
                 return None;
             }
+            let input = crate::mcp::source::Input {
+                responses: call.params.input_responses,
+                request_state: call.params.request_state,
+            };
             PlainWhat::Call {
                 name,
                 args: call.params.arguments.unwrap_or_default(),
+                call: crate::mcp::server::plain_call(capabilities, input),
             }
         }
         ClientRequest::ReadResourceRequest(read) if method == "resources/read" => {
@@ -794,14 +802,11 @@ impl Plain {
     /// difference, on purpose: at shutdown the request gets the grace every plain call is
     /// promised ([`SourceServer::call_in_process`]) where rmcp would cut it with a `500`.
     async fn answer(self, server: &SourceServer, caller: &Caller) -> Response {
-        use rmcp::model::{CallToolResponse, ErrorCode, ServerJsonRpcMessage, ServerResult};
+        use rmcp::model::{ErrorCode, ServerJsonRpcMessage, ServerResult};
         let (result, what) = match self.what {
-            PlainWhat::Call { name, args } => {
-                let r = server.call_in_process(caller, &name, args, None).await;
-                (
-                    r.map(|r| ServerResult::from(CallToolResponse::from(r))),
-                    name,
-                )
+            PlainWhat::Call { name, args, call } => {
+                let r = server.call_in_process(caller, &name, args, call).await;
+                (r.map(ServerResult::from), name)
             }
             PlainWhat::Read { uri, after } => {
                 let r = crate::mcp::source::with_read_after(

@@ -13,17 +13,21 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex, Weak};
 
 use async_trait::async_trait;
-use rmcp::model::{CallToolResult, DetailedTask, ErrorData as McpError, InputResponses, Task};
+use rmcp::model::{
+    CallToolResult, DetailedTask, ErrorData as McpError, InputRequiredResult, InputResponses, Task,
+};
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
-use crate::mcp::source::{Caller, Progress};
+use crate::mcp::source::{Call, Caller};
 
 /// What a task-augmented call through a relay answered: a task, or (when the server that runs
 /// the tool answered in place) the tool's result.
 pub enum Started {
     Task(Task),
     Done(CallToolResult),
+    /// The server asked for input before it makes the task (SEP-2322 rounds first).
+    InputRequired(InputRequiredResult),
 }
 
 /// Serves `tasks/*`, task-augmented calls and listen `taskIds` for tasks run elsewhere.
@@ -35,7 +39,7 @@ pub trait TaskRelay: Send + Sync {
         caller: &Caller,
         name: &str,
         args: rmcp::model::JsonObject,
-        progress: Option<Progress>,
+        call: Call,
     ) -> Result<Started, McpError>;
     async fn get(&self, caller: &Caller, id: &str) -> Result<DetailedTask, McpError>;
     async fn update(

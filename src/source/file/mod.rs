@@ -184,6 +184,47 @@ fn watch_error(requested: &str, e: SubError) -> SourceError {
     }
 }
 
+impl FileSource {
+    async fn run_call(
+        &self,
+        _caller: &Caller,
+        name: &str,
+        args: JsonObject,
+        call: crate::mcp::source::Call,
+    ) -> Result<rmcp::model::CallToolResult, SourceError> {
+        if name != "file_checksum" {
+            return Err(SourceError::UnknownTool(name.to_owned()));
+        }
+        crate::mcp::source::check_args(&args, &["path"])?;
+        let path = match args.get("path") {
+            Some(Value::String(p)) => p.clone(),
+            _ => {
+                return Err(SourceError::InvalidParams(
+                    "missing argument path; call with path=\"/srv/data\"".into(),
+                ));
+            }
+        };
+        let target = match parse(&path) {
+            Ok(t) => t,
+            Err(_) => parse(&state_uri(std::path::Path::new(&path)))?,
+        };
+        let confined = self.confine(&target).await?;
+        let cancel = call
+            .task
+            .as_ref()
+            .map(|t| t.cancelled().clone())
+            .unwrap_or_default();
+        // Dropping this call (a cancelled request, or a cancelled task) stops the walk too.
+        let stop = cancel.clone().drop_guard();
+        let task = call.task;
+        let r = tokio::task::spawn_blocking(move || checksum::checksum(&confined, task, cancel))
+            .await
+            .map_err(|e| SourceError::Unavailable(format!("checksum failed: {e}")))?;
+        drop(stop);
+        r
+    }
+}
+
 #[async_trait]
 impl Source for FileSource {
     fn info(&self) -> SourceInfo {
@@ -201,6 +242,7 @@ impl Source for FileSource {
                  file-events://watch/PATH?recursive=true&glob=*.json (event log).",
                 roots.join(", ")
             )),
+            ..SourceInfo::default()
         }
     }
 
@@ -348,41 +390,12 @@ impl Source for FileSource {
 
     async fn call_tool(
         &self,
-        _caller: &Caller,
+        caller: &Caller,
         name: &str,
         args: JsonObject,
         call: crate::mcp::source::Call,
-    ) -> Result<rmcp::model::CallToolResult, SourceError> {
-        if name != "file_checksum" {
-            return Err(SourceError::UnknownTool(name.to_owned()));
-        }
-        crate::mcp::source::check_args(&args, &["path"])?;
-        let path = match args.get("path") {
-            Some(Value::String(p)) => p.clone(),
-            _ => {
-                return Err(SourceError::InvalidParams(
-                    "missing argument path; call with path=\"/srv/data\"".into(),
-                ));
-            }
-        };
-        let target = match parse(&path) {
-            Ok(t) => t,
-            Err(_) => parse(&state_uri(std::path::Path::new(&path)))?,
-        };
-        let confined = self.confine(&target).await?;
-        let cancel = call
-            .task
-            .as_ref()
-            .map(|t| t.cancelled().clone())
-            .unwrap_or_default();
-        // Dropping this call (a cancelled request, or a cancelled task) stops the walk too.
-        let stop = cancel.clone().drop_guard();
-        let task = call.task;
-        let r = tokio::task::spawn_blocking(move || checksum::checksum(&confined, task, cancel))
-            .await
-            .map_err(|e| SourceError::Unavailable(format!("checksum failed: {e}")))?;
-        drop(stop);
-        r
+    ) -> Result<rmcp::model::CallToolResponse, SourceError> {
+        self.run_call(caller, name, args, call).await.map(Into::into)
     }
 
     async fn events_advertised(&self, _caller: &Caller) -> bool {

@@ -37,7 +37,7 @@ use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
 use async_trait::async_trait;
-use rmcp::model::{CallToolResult, JsonObject, Resource, ResourceTemplate, Tool};
+use rmcp::model::{JsonObject, Resource, ResourceTemplate, Tool};
 use serde_json::Value;
 
 use crate::mcp::context::RoleContext;
@@ -254,6 +254,7 @@ impl Source for K8s {
                  or call get_api_resources to see which resource types exist."
                     .into(),
             ),
+            ..SourceInfo::default()
         }
     }
 
@@ -315,8 +316,8 @@ impl Source for K8s {
         name: &str,
         args: JsonObject,
         _call: Call,
-    ) -> Result<CallToolResult, SourceError> {
-        self.run_tool(name, args).await
+    ) -> Result<rmcp::model::CallToolResponse, SourceError> {
+        self.run_tool(name, args).await.map(Into::into)
     }
 }
 

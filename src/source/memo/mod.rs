@@ -494,6 +494,53 @@ fn key_arg(args: &JsonObject) -> Result<String, SourceError> {
     }
 }
 
+impl Memo {
+    async fn run_call(
+        &self,
+        _caller: &Caller,
+        name: &str,
+        args: JsonObject,
+        call: Call,
+    ) -> Result<rmcp::model::CallToolResult, SourceError> {
+        match name {
+            "memo_set" => {
+                check_args(&args, &["key", "value"])?;
+                let key = key_arg(&args)?;
+                let value = args.get("value").cloned().ok_or_else(|| {
+                    SourceError::InvalidParams(
+                        "missing argument value; call with value=<any JSON>".into(),
+                    )
+                })?;
+                let changed = self.set(&key, value).await?;
+                let text = if changed {
+                    format!("set {key}")
+                } else {
+                    format!("{key} unchanged")
+                };
+                let mut r = CallToolResult::success(vec![Content::text(text)]);
+                r.structured_content = Some(json!({"key": key, "changed": changed}));
+                Ok(r)
+            }
+            "memo_delete" => {
+                check_args(&args, &["key"])?;
+                let key = key_arg(&args)?;
+                let existed = self.delete(&key).await?;
+                let text = if existed {
+                    format!("deleted {key}")
+                } else {
+                    format!("{key} did not exist")
+                };
+                let mut r = CallToolResult::success(vec![Content::text(text)]);
+                r.structured_content = Some(json!({"key": key, "deleted": existed}));
+                Ok(r)
+            }
+            "memo_wait" => self.memo_wait(&args, call.task.as_ref()).await,
+            "memo_ask" => self.memo_ask(&args, call).await,
+            other => Err(SourceError::UnknownTool(other.to_owned())),
+        }
+    }
+}
+
 #[async_trait]
 impl Source for Memo {
     fn info(&self) -> SourceInfo {
@@ -502,6 +549,7 @@ impl Source for Memo {
             instructions: Some(
                 "Notes as a JSON object. Watch memo://notes (state) or memo://log (event log); change them with memo_set and memo_delete.".into(),
             ),
+            ..SourceInfo::default()
         }
     }
 
@@ -634,47 +682,12 @@ impl Source for Memo {
 
     async fn call_tool(
         &self,
-        _caller: &Caller,
+        caller: &Caller,
         name: &str,
         args: JsonObject,
         call: Call,
-    ) -> Result<CallToolResult, SourceError> {
-        match name {
-            "memo_set" => {
-                check_args(&args, &["key", "value"])?;
-                let key = key_arg(&args)?;
-                let value = args.get("value").cloned().ok_or_else(|| {
-                    SourceError::InvalidParams(
-                        "missing argument value; call with value=<any JSON>".into(),
-                    )
-                })?;
-                let changed = self.set(&key, value).await?;
-                let text = if changed {
-                    format!("set {key}")
-                } else {
-                    format!("{key} unchanged")
-                };
-                let mut r = CallToolResult::success(vec![Content::text(text)]);
-                r.structured_content = Some(json!({"key": key, "changed": changed}));
-                Ok(r)
-            }
-            "memo_delete" => {
-                check_args(&args, &["key"])?;
-                let key = key_arg(&args)?;
-                let existed = self.delete(&key).await?;
-                let text = if existed {
-                    format!("deleted {key}")
-                } else {
-                    format!("{key} did not exist")
-                };
-                let mut r = CallToolResult::success(vec![Content::text(text)]);
-                r.structured_content = Some(json!({"key": key, "deleted": existed}));
-                Ok(r)
-            }
-            "memo_wait" => self.memo_wait(&args, call.task.as_ref()).await,
-            "memo_ask" => self.memo_ask(&args, call).await,
-            other => Err(SourceError::UnknownTool(other.to_owned())),
-        }
+    ) -> Result<rmcp::model::CallToolResponse, SourceError> {
+        self.run_call(caller, name, args, call).await.map(Into::into)
     }
 
     async fn events_advertised(&self, _caller: &Caller) -> bool {

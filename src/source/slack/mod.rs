@@ -376,6 +376,88 @@ fn api_error(e: api::ApiError) -> SourceError {
     }
 }
 
+impl Slack {
+    async fn run_call(
+        &self,
+        _caller: &Caller,
+        name: &str,
+        args: JsonObject,
+        _call: Call,
+    ) -> Result<rmcp::model::CallToolResult, SourceError> {
+        match name {
+            "slack_events_status" => {
+                check_args(&args, &[])?;
+                let status = self.status();
+                let mut r = CallToolResult::success(vec![Content::text(
+                    serde_json::to_string_pretty(&status).unwrap_or_default(),
+                )]);
+                r.structured_content = Some(status);
+                Ok(r)
+            }
+            "slack_post_message" => {
+                check_args(&args, &["channel", "text", "thread_ts"])?;
+                let channel = str_arg(&args, "channel")?.ok_or_else(|| {
+                    SourceError::InvalidParams(
+                        "missing argument channel (a conversation id)".into(),
+                    )
+                })?;
+                let text = str_arg(&args, "text")?
+                    .ok_or_else(|| SourceError::InvalidParams("missing argument text".into()))?;
+                let thread = str_arg(&args, "thread_ts")?;
+                let mut params = vec![("channel", channel.as_str()), ("text", text.as_str())];
+                if let Some(t) = &thread {
+                    params.push(("thread_ts", t));
+                }
+                let v = self
+                    .api
+                    .call("chat.postMessage", Token::Bot, &params)
+                    .await
+                    .map_err(api_error)?;
+                let ts = v.get("ts").and_then(Value::as_str).unwrap_or("").to_owned();
+                let mut r = CallToolResult::success(vec![Content::text(format!(
+                    "posted to {channel} at {ts}"
+                ))]);
+                r.structured_content = Some(json!({"channel": channel, "ts": ts}));
+                Ok(r)
+            }
+            "slack_conversations" => {
+                check_args(&args, &[])?;
+                let mut out = Vec::new();
+                self.api
+                    .pages(
+                        "users.conversations",
+                        &[
+                            ("types", "public_channel,private_channel,mpim,im"),
+                            ("exclude_archived", "true"),
+                            ("limit", "200"),
+                        ],
+                        |page| {
+                            for c in page
+                                .get("channels")
+                                .and_then(Value::as_array)
+                                .into_iter()
+                                .flatten()
+                            {
+                                out.push(json!({
+                                    "id": c.get("id"),
+                                    "name": c.get("name").or(c.get("user")),
+                                    "type": message::conversation_type(c),
+                                }));
+                            }
+                        },
+                    )
+                    .await
+                    .map_err(api_error)?;
+                let v = json!({ "conversations": out });
+                let mut r = CallToolResult::success(vec![Content::text(v.to_string())]);
+                r.structured_content = Some(v);
+                Ok(r)
+            }
+            other => Err(SourceError::UnknownTool(other.to_owned())),
+        }
+    }
+}
+
 #[async_trait]
 impl Source for Slack {
     fn info(&self) -> SourceInfo {
@@ -392,6 +474,7 @@ impl Source for Slack {
                     self.missing.join(", ")
                 )
             }),
+            ..SourceInfo::default()
         }
     }
 
@@ -493,82 +576,12 @@ impl Source for Slack {
 
     async fn call_tool(
         &self,
-        _caller: &Caller,
+        caller: &Caller,
         name: &str,
         args: JsonObject,
-        _call: Call,
-    ) -> Result<CallToolResult, SourceError> {
-        match name {
-            "slack_events_status" => {
-                check_args(&args, &[])?;
-                let status = self.status();
-                let mut r = CallToolResult::success(vec![Content::text(
-                    serde_json::to_string_pretty(&status).unwrap_or_default(),
-                )]);
-                r.structured_content = Some(status);
-                Ok(r)
-            }
-            "slack_post_message" => {
-                check_args(&args, &["channel", "text", "thread_ts"])?;
-                let channel = str_arg(&args, "channel")?.ok_or_else(|| {
-                    SourceError::InvalidParams(
-                        "missing argument channel (a conversation id)".into(),
-                    )
-                })?;
-                let text = str_arg(&args, "text")?
-                    .ok_or_else(|| SourceError::InvalidParams("missing argument text".into()))?;
-                let thread = str_arg(&args, "thread_ts")?;
-                let mut params = vec![("channel", channel.as_str()), ("text", text.as_str())];
-                if let Some(t) = &thread {
-                    params.push(("thread_ts", t));
-                }
-                let v = self
-                    .api
-                    .call("chat.postMessage", Token::Bot, &params)
-                    .await
-                    .map_err(api_error)?;
-                let ts = v.get("ts").and_then(Value::as_str).unwrap_or("").to_owned();
-                let mut r = CallToolResult::success(vec![Content::text(format!(
-                    "posted to {channel} at {ts}"
-                ))]);
-                r.structured_content = Some(json!({"channel": channel, "ts": ts}));
-                Ok(r)
-            }
-            "slack_conversations" => {
-                check_args(&args, &[])?;
-                let mut out = Vec::new();
-                self.api
-                    .pages(
-                        "users.conversations",
-                        &[
-                            ("types", "public_channel,private_channel,mpim,im"),
-                            ("exclude_archived", "true"),
-                            ("limit", "200"),
-                        ],
-                        |page| {
-                            for c in page
-                                .get("channels")
-                                .and_then(Value::as_array)
-                                .into_iter()
-                                .flatten()
-                            {
-                                out.push(json!({
-                                    "id": c.get("id"),
-                                    "name": c.get("name").or(c.get("user")),
-                                    "type": message::conversation_type(c),
-                                }));
-                            }
-                        },
-                    )
-                    .await
-                    .map_err(api_error)?;
-                let v = json!({ "conversations": out });
-                let mut r = CallToolResult::success(vec![Content::text(v.to_string())]);
-                r.structured_content = Some(v);
-                Ok(r)
-            }
-            other => Err(SourceError::UnknownTool(other.to_owned())),
-        }
+        call: Call,
+    ) -> Result<rmcp::model::CallToolResponse, SourceError> {
+        self.run_call(caller, name, args, call).await.map(Into::into)
     }
 
     async fn events_advertised(&self, _caller: &Caller) -> bool {
