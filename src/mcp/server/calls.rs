@@ -7,7 +7,7 @@
 use rmcp::model::{
     CallToolRequestParams, CallToolResponse, ClientCapabilities, CompleteRequestParams,
     CompleteResult, CreateTaskResult, ErrorData as McpError, GetPromptRequestParams,
-    GetPromptResponse, JsonObject,
+    GetPromptResponse, JsonObject, ResultType,
 };
 use rmcp::service::{RequestContext, RoleServer};
 
@@ -103,6 +103,7 @@ impl SourceServer {
                 return Ok(match started {
                     Started::Task(task) => CallToolResponse::Task(CreateTaskResult::new(task)),
                     Started::Done(mut result) => {
+                        result.result_type.get_or_insert(ResultType::COMPLETE);
                         self.stamp(&mut result.meta);
                         result.into()
                     }
@@ -179,7 +180,12 @@ impl SourceServer {
             r = self.shared.source.call_tool(caller, name, args, call) => {
                 let mut r = r.map_err(to_mcp_error)?;
                 match &mut r {
-                    CallToolResponse::Complete(r) => self.stamp(&mut r.meta),
+                    CallToolResponse::Complete(r) => {
+                        // A result a source built from JSON (a fixture's, an upstream's) may
+                        // lack it; 2026-07-28 requires it, and rmcp drops it for older peers.
+                        r.result_type.get_or_insert(ResultType::COMPLETE);
+                        self.stamp(&mut r.meta);
+                    }
                     CallToolResponse::InputRequired(r) => self.stamp(&mut r.meta),
                     _ => {}
                 }
@@ -248,7 +254,10 @@ impl SourceServer {
             .get_prompt(caller, name, args, call)
             .await?;
         match &mut r {
-            GetPromptResponse::Complete(r) => self.stamp(&mut r.meta),
+            GetPromptResponse::Complete(r) => {
+                r.result_type.get_or_insert(ResultType::COMPLETE);
+                self.stamp(&mut r.meta);
+            }
             GetPromptResponse::InputRequired(r) => self.stamp(&mut r.meta),
             _ => {}
         }

@@ -1,17 +1,24 @@
-//! The official MCP conformance suite's tasks fixture, served by herald's own plumbing.
+//! The official MCP conformance suite's fixtures, served by herald's own plumbing.
 //!
-//! The suite's `tasks-*` scenarios call tools they expect a server to have (`greet`,
-//! `slow_compute`, `failing_job`, `protocol_error_job`, `confirm_delete`, `multi_input`). No
-//! herald role has them, so this example is a source with exactly those tools, served over
-//! Streamable HTTP by the same `SourceServer`, tasks registry and transport every role uses.
-//! `.ci/conformance.sh` runs the tasks scenarios against it:
+//! The suite's scenarios call tools, prompts and resources they expect a server to have
+//! (`test_simple_text`, `test_prompt_with_arguments`, `test://static-text`, the SEP-2322
+//! `test_input_required_result_*` tools, the tasks extension's `greet`, `slow_compute`, …). No
+//! herald role has them, so this example is a source with exactly those, served over
+//! Streamable HTTP by the same `SourceServer`, tasks registry and transport every role uses
+//! (`suite.rs`: the 2026-07-28 scenarios' fixtures; `mrtr.rs`: the SEP-2322 ones; this file:
+//! the tasks extension's). `.ci/conformance.sh` runs the whole suite against it, directly and
+//! through herald's gateway (the gateway starts it on stdio with `--stdio`):
 //!
 //! ```text
 //! cargo run --example conformance_fixture -- 127.0.0.1:0
+//! cargo run --example conformance_fixture -- --stdio
 //! ```
 //!
-//! It prints `{"event":"listening","http_url":"http://…/mcp"}` on stderr once it listens and
-//! runs until SIGTERM or Ctrl-C.
+//! On HTTP it prints `{"event":"listening","http_url":"http://…/mcp"}` on stderr once it
+//! listens; it runs until SIGTERM or Ctrl-C (on stdio, until its input ends).
+
+mod mrtr;
+mod suite;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -21,18 +28,21 @@ use herald::app::{self, ServeOptions};
 use herald::mcp::context::RoleContext;
 use herald::mcp::hub::ChangeFeed;
 use herald::mcp::source::{
-    Admission, Call, Caller, Contents, ListenFilter, Source, SourceError, SourceInfo, check_args,
-    schema,
+    Admission, Call, Caller, Contents, ListenFilter, PROMPTS_CHANGED, Source, SourceError,
+    SourceInfo, TOOLS_CHANGED, check_args, schema,
 };
 use herald::mcp::tasks;
 use herald::store::Store;
 use rmcp::model::{
-    CallToolResult, ContentBlock as Content, InputRequest, JsonObject, Resource, Tool,
+    CallToolResponse, CallToolResult, CompleteRequestParams, CompleteResult,
+    ContentBlock as Content, GetPromptResponse, InputRequest, InputRequiredResult, JsonObject,
+    Prompt, Resource, ResourceTemplate, Tool,
 };
 use serde_json::{Value, json};
 
 struct Fixture {
     feed: ChangeFeed,
+    states: mrtr::States,
 }
 
 fn tool(name: &str, description: &str, props: Value) -> Tool {
@@ -43,7 +53,7 @@ fn tool(name: &str, description: &str, props: Value) -> Tool {
     )
 }
 
-fn text(s: impl Into<String>) -> CallToolResult {
+pub(crate) fn text(s: impl Into<String>) -> CallToolResult {
     CallToolResult::success(vec![Content::text(s.into())])
 }
 
@@ -68,17 +78,62 @@ impl Source for Fixture {
     fn info(&self) -> SourceInfo {
         SourceInfo {
             name: "conformance-fixture".into(),
-            instructions: Some("The conformance suite's tasks fixture.".into()),
-            ..SourceInfo::default()
+            instructions: Some("The conformance suite's fixtures.".into()),
+            completions: true,
+            list_changed: true,
         }
     }
 
     fn resources(&self, _caller: &Caller) -> Vec<Resource> {
-        Vec::new()
+        suite::resources()
+    }
+
+    fn templates(&self, _caller: &Caller) -> Vec<ResourceTemplate> {
+        suite::templates()
     }
 
     async fn read(&self, _caller: &Caller, uri: &str) -> Result<Contents, SourceError> {
-        Err(SourceError::NotFound { uri: uri.into() })
+        suite::read(uri)
+    }
+
+    fn prompts(&self, _caller: &Caller) -> Vec<Prompt> {
+        suite::prompts()
+    }
+
+    async fn get_prompt(
+        &self,
+        _caller: &Caller,
+        name: &str,
+        args: JsonObject,
+        call: Call,
+    ) -> Result<GetPromptResponse, SourceError> {
+        suite::prompt(name, &args, &call)
+    }
+
+    /// Any argument of any prompt or template: no values (the suite asks only that it
+    /// answers).
+    async fn complete(
+        &self,
+        _caller: &Caller,
+        _request: CompleteRequestParams,
+    ) -> Result<CompleteResult, SourceError> {
+        Ok(CompleteResult::default())
+    }
+
+    async fn before_task(
+        &self,
+        _caller: &Caller,
+        name: &str,
+        _args: &JsonObject,
+        call: &Call,
+    ) -> Result<Option<InputRequiredResult>, SourceError> {
+        if name != "test_tool_with_task" || mrtr::elicited(&call.input, "user_name", "name").is_some() {
+            return Ok(None);
+        }
+        mrtr::input_required(json!({"inputRequests": {
+            "user_name": mrtr::elicit("What is your name?", "name", "string")
+        }}))
+        .map(Some)
     }
 
     async fn admit(&self, _caller: &Caller, filter: &ListenFilter) -> Admission {
@@ -94,7 +149,8 @@ impl Source for Fixture {
     }
 
     fn tools(&self, _caller: &Caller) -> Vec<Tool> {
-        vec![
+        let mut out = suite::tools();
+        out.extend([
             tool(
                 "greet",
                 "Says hello (never a task).",
@@ -125,12 +181,54 @@ impl Source for Fixture {
                 "Asks two questions at once.",
                 json!({}),
             )),
-        ]
+            tasks::required(tool(
+                "test_tool_with_task",
+                "Asks for `user_name` first (SEP-2322), then greets as a task.",
+                json!({}),
+            )),
+        ]);
+        out
     }
 
     async fn call_tool(
         &self,
         _caller: &Caller,
+        name: &str,
+        args: JsonObject,
+        call: Call,
+    ) -> Result<CallToolResponse, SourceError> {
+        if mrtr::TOOLS.contains(&name) {
+            return self.states.call(name, &call);
+        }
+        match name {
+            "test_trigger_tool_change" | "test_trigger_prompt_change" => {
+                let key = if name == "test_trigger_tool_change" {
+                    TOOLS_CHANGED
+                } else {
+                    PROMPTS_CHANGED
+                };
+                self.feed.publish(key);
+                return Ok(text("Mutation triggered").into());
+            }
+            "test_tool_with_task" => {
+                let who = mrtr::elicited(&call.input, "user_name", "name")
+                    .and_then(Value::as_str)
+                    .unwrap_or("stranger");
+                return Ok(text(format!("Hello, {who}, from a task!")).into());
+            }
+            _ => {}
+        }
+        if let Some(r) = suite::call(name, &args, &call).await {
+            return r;
+        }
+        self.tasks_tool(name, args, call).await.map(Into::into)
+    }
+}
+
+impl Fixture {
+    /// The tasks extension's tools.
+    async fn tasks_tool(
+        &self,
         name: &str,
         args: JsonObject,
         call: Call,
@@ -195,25 +293,29 @@ impl Source for Fixture {
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
-    let addr = std::env::args()
+    let arg = std::env::args()
         .nth(1)
         .unwrap_or_else(|| "127.0.0.1:0".into());
+    let stdio = arg == "--stdio";
     let ctx = RoleContext::new("conformance-fixture");
     app::cancel_on_signals(ctx.shutdown().clone());
     let source = Arc::new(Fixture {
         feed: ChangeFeed::new(),
+        states: mrtr::States::new(),
     });
     let opts = ServeOptions {
-        http: Some(addr),
-        no_stdio_fallback: true,
+        http: (!stdio).then_some(arg),
+        stdio,
+        no_stdio_fallback: !stdio,
         ..ServeOptions::default()
     };
     let bound = app::serve_source(source, &opts, &Store::memory(), &ctx).await?;
-    let http = bound.http.expect("an HTTP address");
-    eprintln!(
-        "{}",
-        json!({"event": "listening", "http_url": format!("http://{http}/mcp")})
-    );
+    if let Some(http) = bound.http {
+        eprintln!(
+            "{}",
+            json!({"event": "listening", "http_url": format!("http://{http}/mcp")})
+        );
+    }
     ctx.shutdown().cancelled().await;
     app::drain(&ctx).await;
     Ok(())
