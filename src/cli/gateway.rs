@@ -49,7 +49,7 @@ pub async fn run(args: GatewayArgs, globals: &Globals) -> Result<(), Exit> {
     if opts.quic.is_none() {
         opts.quic = cfg.quic.clone();
     }
-    if cfg.tokens.is_empty() && (opts.http.is_some() || opts.quic.is_some()) {
+    if cfg.tokens.is_empty() && !cfg.open_to_loopback && (opts.http.is_some() || opts.quic.is_some()) {
         tracing::warn!(
             "no [[token]] in the config: HTTP and QUIC callers are refused every server; only stdio callers get them"
         );
@@ -58,14 +58,23 @@ pub async fn run(args: GatewayArgs, globals: &Globals) -> Result<(), Exit> {
     let ctx = RoleContext::new("gateway");
     // The slugs are on the status board before the admin address answers: /ready names
     // every one it waits for from its first answer. Nothing connects before the warm-up.
-    let gateway = Gateway::with_upstreams(
+    let mut gateway = Gateway::with_upstreams(
         upstreams(&cfg.slugs, &opts.limits, &ctx),
         cfg.tokens.clone(),
         &ctx,
-    );
+    )
+    .bare(bare_slug(&cfg.slugs));
+    if cfg.open_to_loopback {
+        gateway = gateway.open_to_loopback();
+    }
     let admin = begin(&args.serve, &ctx, globals, &store).await?;
     gateway.warm_up(std::time::Duration::from_secs(5)).await;
     serve_until_stopped(gateway, &opts, admin, &store, ctx, globals).await
+}
+
+/// The `[[slug]]` with `prefix = false`, if any (the config allows one).
+pub fn bare_slug(slugs: &[crate::gateway::config::Slug]) -> Option<&str> {
+    slugs.iter().find(|s| !s.prefix).map(|s| s.name.as_str())
 }
 
 /// The upstream of each `[[slug]]`: its server, or for a `nats` slug the event logs its source

@@ -93,6 +93,10 @@ pub enum ConfigError {
     TokenSlug { token: String, slug: String },
     #[error("slug {0} is the name of a role this config runs; name the [[slug]] something else")]
     SlugIsRole(String),
+    #[error(
+        "slugs {0} and {1} both have prefix = false: their names could collide, so at most one slug may show its names without the slug__ prefix"
+    )]
+    BareTwice(String, String),
 }
 
 #[derive(Debug, Deserialize)]
@@ -100,6 +104,9 @@ pub enum ConfigError {
 pub struct GatewayFile {
     pub http: Option<String>,
     pub quic: Option<String>,
+    /// Callers on a loopback address need no token (default false).
+    #[serde(default)]
+    pub open_to_loopback: bool,
     #[serde(default, rename = "slug")]
     pub slugs: Vec<SlugFile>,
     #[serde(default, rename = "token")]
@@ -120,6 +127,9 @@ pub struct SlugFile {
     /// A systemd credential (`LoadCredential=NAME:PATH`) holding that token: the file NAME in
     /// `$CREDENTIALS_DIRECTORY`, so the secret is in neither the config nor the environment.
     pub token_credential: Option<String>,
+    /// `false`: its tools and prompts keep the names the upstream gives them (no `slug__`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub prefix: Option<bool>,
     /// `nats://HOST:PORT[,…]`: serve the event logs a role publishes there
     /// (`--publish-events`) instead of connecting to a server.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -162,6 +172,9 @@ pub struct Slug {
     pub handshake_timeout: std::time::Duration,
     /// Served from the event logs published on NATS (no server to connect to).
     pub nats: Option<NatsSlug>,
+    /// Whether its tools and prompts are named `slug__name` (else as the upstream names
+    /// them; at most one slug).
+    pub prefix: bool,
 }
 
 /// One token, validated: its SHA-256 and what it may use.
@@ -176,6 +189,8 @@ pub struct Token {
 pub struct GatewayConfig {
     pub http: Option<String>,
     pub quic: Option<String>,
+    /// Callers on a loopback address need no token.
+    pub open_to_loopback: bool,
     pub slugs: Vec<Slug>,
     pub tokens: Vec<Token>,
 }
@@ -359,6 +374,7 @@ impl GatewayConfig {
         Ok(GatewayConfig {
             http,
             quic,
+            open_to_loopback: file.open_to_loopback,
             slugs,
             tokens,
         })
@@ -382,6 +398,11 @@ impl GatewayConfig {
             }
             if slugs.iter().any(|o| o.name == s.name) {
                 return Err(ConfigError::SlugTwice(s.name));
+            }
+            if s.prefix == Some(false)
+                && let Some(other) = slugs.iter().find(|o| !o.prefix)
+            {
+                return Err(ConfigError::BareTwice(other.name.clone(), s.name));
             }
             let nats = match &s.nats {
                 None => {
@@ -477,6 +498,7 @@ impl GatewayConfig {
                 },
                 handshake_timeout: DEFAULT_CONNECT_TIMEOUT,
                 nats,
+                prefix: s.prefix != Some(false),
             });
         }
         let mut tokens = Vec::new();

@@ -8,6 +8,12 @@
 //!   bearer token, `?servers=`) becomes the set of slugs it may use; anything outside it is
 //!   Forbidden (-32024) with one message whether the slug exists or not.
 //! - **Tools** `slug__tool`, forwarded with the prefix stripped; results and errors unchanged.
+//!   A `[[slug]]` with `prefix = false` (at most one) keeps its names bare: a name it lists
+//!   routes to it first (`Access::route_name`).
+//! - **Prompts and completions** (`prompts.rs`): prompts named as tools are; a completion
+//!   routed by its prompt's name or its template's URI. Every relayed request carries its
+//!   caller's declared capabilities, log level and SEP-2322 answers upstream, and an
+//!   upstream's `InputRequiredResult` comes back to the caller as it is.
 //! - **Resources**: the union; URIs are not rewritten unless two slugs list the same one, then
 //!   each is `slug+URI`. Routing is the rule every client role shares
 //!   ([`crate::mcp::upstream::route`]): exact, then template, then first subscribable.
@@ -24,6 +30,7 @@
 //!   it; a listen's `taskIds` are relayed over one shared upstream listen per task.
 
 pub mod config;
+mod prompts;
 pub mod source;
 mod tasks;
 

@@ -10,7 +10,6 @@ use rmcp::model::{
     CallToolRequestParams, CallToolResponse, ClientRequest, JsonObject, ReadResourceRequestParams,
     Resource, ResourceTemplate, ServerNotification, ServerResult, SubscriptionFilter, Tool,
 };
-use rmcp::service::PeerRequestOptions;
 use serde_json::{Value, json};
 use sha2::Digest;
 use tokio_util::sync::CancellationToken;
@@ -56,6 +55,15 @@ pub(crate) struct Access {
     /// Callers on a loopback address may use every slug without a token (set only for a
     /// gateway bound to loopback alone with no tokens configured).
     open_to_loopback: AtomicBool,
+    /// The one slug whose tools and prompts keep their upstream names (`prefix = false`).
+    bare: std::sync::OnceLock<String>,
+}
+
+/// Which of a slug's names a route looks up: its tools or its prompts.
+#[derive(Clone, Copy)]
+pub(crate) enum Names {
+    Tools,
+    Prompts,
 }
 
 /// One upstream subscription, shared by every client watching its URI.
@@ -156,6 +164,39 @@ impl Access {
             .find(|u| u.name == name)
             .ok_or(SourceError::Forbidden)
     }
+
+    /// A tool's or prompt's name as the gateway shows it: `slug__name`, or `name` for the
+    /// slug configured with `prefix = false`.
+    pub(crate) fn shown(&self, slug: &str, name: &str) -> String {
+        if self.bare.get().is_some_and(|b| b == slug) {
+            name.to_owned()
+        } else {
+            format!("{slug}__{name}")
+        }
+    }
+
+    /// The slug and upstream name behind a shown tool or prompt name: the bare slug's own
+    /// name when it lists one (and this caller may use it), else `slug__name`. `None` when
+    /// the name has neither shape (the caller learns it is unknown, never whether a slug
+    /// exists: a slug it may not use is `Forbidden`).
+    pub(crate) fn route_name(
+        &self,
+        caller: &Caller,
+        name: &str,
+        names: Names,
+    ) -> Option<Result<(Arc<Upstream>, String), SourceError>> {
+        if let Some(bare) = self.bare.get()
+            && let Ok(up) = self.slug(caller, bare)
+            && up.catalog().is_some_and(|c| match names {
+                Names::Tools => c.tools.iter().any(|t| t.name == name),
+                Names::Prompts => c.prompts.iter().any(|p| p.name == name),
+            })
+        {
+            return Some(Ok((up, name.to_owned())));
+        }
+        let (slug, rest) = name.split_once("__")?;
+        Some(self.slug(caller, slug).map(|up| (up, rest.to_owned())))
+    }
 }
 
 /// Compares in constant time.
@@ -189,6 +230,7 @@ impl Gateway {
             upstreams,
             tokens,
             open_to_loopback: AtomicBool::new(false),
+            bare: std::sync::OnceLock::new(),
         });
         let shared: Arc<Mutex<HashMap<String, Weak<SharedListen>>>> = Arc::default();
         let uris = {
@@ -222,6 +264,15 @@ impl Gateway {
         self
     }
 
+    /// Shows slug `name`'s tools and prompts under the names its server gives them (a
+    /// `[[slug]]` with `prefix = false`; the config allows one).
+    pub fn bare(self, name: Option<&str>) -> Gateway {
+        if let Some(n) = name {
+            let _ = self.access.bare.set(n.to_owned());
+        }
+        self
+    }
+
     /// The upstream shared handles, by slug (status and readiness).
     pub fn upstreams(&self) -> &[Arc<Upstream>] {
         &self.access.upstreams
@@ -241,7 +292,7 @@ impl Gateway {
         futures::future::join_all(all).await;
     }
 
-    fn selected(&self, caller: &Caller) -> Vec<Arc<Upstream>> {
+    pub(super) fn selected(&self, caller: &Caller) -> Vec<Arc<Upstream>> {
         self.access.selected(caller)
     }
 
@@ -251,7 +302,15 @@ impl Gateway {
 
     /// The upstream serving `uri` and the URI to send it: `slug+URI` names the slug; else
     /// exact listing, then template, then the first subscribable.
-    fn route(&self, caller: &Caller, uri: &str) -> Result<(Arc<Upstream>, String), SourceError> {
+    pub(super) fn access(&self) -> &Access {
+        &self.access
+    }
+
+    pub(super) fn route(
+        &self,
+        caller: &Caller,
+        uri: &str,
+    ) -> Result<(Arc<Upstream>, String), SourceError> {
         if let Some((slug, rest)) = uri.split_once('+')
             && valid_slug(slug)
             && rest.contains("://")
@@ -453,8 +512,31 @@ impl Source for Gateway {
                  URIs (server+URI when two servers list the same one); events are server__event."
                     .into(),
             ),
-            ..SourceInfo::default()
+            completions: true,
+            list_changed: false,
         }
+    }
+
+    fn prompts(&self, caller: &Caller) -> Vec<rmcp::model::Prompt> {
+        self.prompt_list(caller)
+    }
+
+    async fn get_prompt(
+        &self,
+        caller: &Caller,
+        name: &str,
+        args: JsonObject,
+        call: Call,
+    ) -> Result<rmcp::model::GetPromptResponse, SourceError> {
+        self.prompt_get(caller, name, args, call).await
+    }
+
+    async fn complete(
+        &self,
+        caller: &Caller,
+        request: rmcp::model::CompleteRequestParams,
+    ) -> Result<rmcp::model::CompleteResult, SourceError> {
+        self.completion(caller, request).await
     }
 
     fn resources(&self, caller: &Caller) -> Vec<Resource> {
@@ -589,7 +671,7 @@ impl Source for Gateway {
             let Some(l) = u.catalog() else { continue };
             for t in &l.tools {
                 let mut t = t.clone();
-                t.name = prefixed(&u.name, &t.name).into();
+                t.name = self.access.shown(&u.name, &t.name).into();
                 out.push(t);
             }
         }
@@ -599,14 +681,12 @@ impl Source for Gateway {
     /// What the slug's own listing says of the tool (the caller's entitlement is checked
     /// when the call goes out).
     fn task_support(&self, caller: &Caller, name: &str) -> crate::mcp::tasks::TaskSupport {
-        let Some((slug, tool)) = name.split_once("__") else {
-            return crate::mcp::tasks::TaskSupport::Forbidden;
-        };
         // A slug this caller may not use says nothing of its tools: the call goes on to its
         // one refusal (-32024), never to a -32021 that would tell a task-only tool exists.
-        let Ok(up) = self.slug(caller, slug) else {
+        let Some(Ok((up, tool))) = self.access.route_name(caller, name, Names::Tools) else {
             return crate::mcp::tasks::TaskSupport::Forbidden;
         };
+        let tool = tool.as_str();
         match up.catalog() {
             Some(c) => c.tools.iter().find(|t| t.name == tool).map_or(
                 crate::mcp::tasks::TaskSupport::Forbidden,
@@ -629,12 +709,13 @@ impl Source for Gateway {
         args: JsonObject,
         call: Call,
     ) -> Result<CallToolResponse, SourceError> {
-        let Some((slug, tool)) = name.split_once("__") else {
+        let Some(route) = self.access.route_name(caller, name, Names::Tools) else {
             return Err(SourceError::UnknownTool(format!(
                 "{name} (gateway tools are named server__tool)"
             )));
         };
-        let up = self.slug(caller, slug)?;
+        let (up, tool) = route?;
+        let (slug, tool) = (up.name.as_str(), tool.as_str());
         if let Some(local) = up.in_process() {
             // A role in this process: its handler, directly (the caller's progress too),
             // bounded as a call over a connection is.
@@ -649,7 +730,6 @@ impl Source for Gateway {
                     )))
                 });
         }
-        let progress = call.progress;
         if let Some(direct) = up.http_calls(tool)
             && let Some(live) = up.cached()
         {
@@ -664,11 +744,11 @@ impl Source for Gateway {
             };
             return match tokio::time::timeout(
                 REQUEST_TIMEOUT,
-                direct.call(tool, &args, progress.as_ref()),
+                direct.call(tool, &args, &call),
             )
             .await
             {
-                Ok(Ok(r)) => Ok(r.into()),
+                Ok(Ok(r)) => Ok(r),
                 Ok(Err(upstream::http::CallError::Answered(e))) => Err(e),
                 Ok(Err(upstream::http::CallError::Transport(why))) => {
                     tracing::warn!(%slug, error = %why, "a call to the upstream failed");
@@ -679,7 +759,9 @@ impl Source for Gateway {
             };
         }
         let live = up.live().await?;
-        let params = CallToolRequestParams::new(tool.to_owned()).with_arguments(args);
+        let mut params = CallToolRequestParams::new(tool.to_owned()).with_arguments(args);
+        params.input_responses = call.input.responses.clone();
+        params.request_state = call.input.request_state.clone();
         let broken = |e: rmcp::ServiceError| {
             // One slow call (a long wait) is not a broken connection: rmcp has told the
             // upstream to cancel it, and the connection serves the other calls on.
@@ -699,10 +781,11 @@ impl Source for Gateway {
             .conn
             .send_cancellable_request(
                 ClientRequest::CallToolRequest(rmcp::model::Request::new(params)),
-                PeerRequestOptions::with_timeout(REQUEST_TIMEOUT),
+                crate::gateway::prompts::options(&call),
             )
             .await
             .map_err(broken)?;
+        let progress = call.progress;
         // The upstream's progress (under the token rmcp gave this call) goes to this caller,
         // under the caller's own token.
         let _relaying = progress.map(|p| up.relay.register(handle.progress_token.clone(), p));
@@ -726,6 +809,7 @@ impl Source for Gateway {
         }
         match answer {
             ServerResult::CallToolResult(r) => Ok(r.into()),
+            ServerResult::InputRequiredResult(r) => Ok(CallToolResponse::InputRequired(r)),
             _ => Err(SourceError::Unavailable(format!(
                 "server {slug} answered with an input request or a task, which the gateway does not relay yet"
             ))),

@@ -330,16 +330,20 @@ impl TaskRelay for GatewayTasks {
         caller: &Caller,
         name: &str,
         args: JsonObject,
-        _call: Call,
+        call: Call,
     ) -> Result<Started, McpError> {
-        let Some((slug, tool)) = name.split_once("__") else {
+        let Some(route) = self.access.route_name(caller, name, super::source::Names::Tools) else {
             return Err(to_mcp_error(SourceError::UnknownTool(format!(
                 "{name} (gateway tools are named server__tool)"
             ))));
         };
-        let up = self.access.slug(caller, slug).map_err(to_mcp_error)?;
+        let (up, tool) = route.map_err(to_mcp_error)?;
+        let slug = up.name.as_str();
         self.room(&caller.principal())?;
-        let params = CallToolRequestParams::new(tool.to_owned()).with_arguments(args);
+        let mut params = CallToolRequestParams::new(tool.to_owned()).with_arguments(args);
+        // The caller's SEP-2322 answers, when the slug asked for input before its task.
+        params.input_responses = call.input.responses;
+        params.request_state = call.input.request_state;
         let answer = up
             .request_declaring_tasks(
                 ClientRequest::CallToolRequest(rmcp::model::Request::new(params)),
@@ -361,6 +365,7 @@ impl TaskRelay for GatewayTasks {
                 Ok(Started::Task(task))
             }
             ServerResult::CallToolResult(r) => Ok(Started::Done(r)),
+            ServerResult::InputRequiredResult(r) => Ok(Started::InputRequired(r)),
             _ => Err(McpError::internal_error(
                 format!(
                     "server {slug} answered the call with something other than a result or a task"

@@ -220,6 +220,26 @@ pub struct Call {
     pub log: Option<Log>,
 }
 
+impl Call {
+    /// The `_meta` a request relayed for this caller carries upstream (the gateway): the
+    /// caller's declared capabilities (an upstream asks only for input the caller can give)
+    /// and its log level, set over what the relaying connection would send. `None` when the
+    /// caller declared neither.
+    pub fn upstream_meta(&self) -> Option<rmcp::model::RequestMetaObject> {
+        if self.capabilities.is_none() && self.log.is_none() {
+            return None;
+        }
+        let mut meta = rmcp::model::RequestMetaObject::default();
+        if let Some(c) = &self.capabilities {
+            meta.set_client_capabilities(c.clone());
+        }
+        if let Some(log) = &self.log {
+            meta.set_log_level(log.level);
+        }
+        Some(meta)
+    }
+}
+
 /// Held while a listen stream (or a read, or a poll) watches a URI; dropping it tells the
 /// source one watcher left.
 /// Sources that start work per URI (a kubectl process, an inotify watch) refcount with it.

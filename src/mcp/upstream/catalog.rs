@@ -35,6 +35,10 @@ pub struct Catalog {
     /// Tools whose input schema promotes arguments to `Mcp-Param-*` HTTP headers
     /// (`x-mcp-header`): rmcp's client sends those, a direct call does not.
     pub header_tools: Vec<String>,
+    /// Its prompts, when it advertises prompts.
+    pub prompts: Vec<rmcp::model::Prompt>,
+    /// Whether it advertises `completions`.
+    pub completions: bool,
 }
 
 impl AsRef<Catalog> for Catalog {
@@ -91,7 +95,7 @@ impl Catalog {
                 .as_ref()
                 .is_some_and(|e| e.contains_key(EVENTS_EXTENSION))
         });
-        Catalog::new(
+        let mut catalog = Catalog::new(
             server,
             tools,
             resources,
@@ -99,7 +103,12 @@ impl Catalog {
             subscribe,
             conn.is_modern(),
             events,
-        )
+        );
+        if caps.as_ref().is_some_and(|c| c.prompts.is_some()) {
+            catalog.prompts = conn.list_all_prompts().await.unwrap_or_default();
+        }
+        catalog.completions = caps.as_ref().is_some_and(|c| c.completions.is_some());
+        catalog
     }
 
     /// A catalog from its lists (what [`Catalog::fetch`] got, or a test's).
@@ -149,6 +158,8 @@ impl Catalog {
             subscribe,
             modern,
             events,
+            prompts: Vec::new(),
+            completions: false,
         }
     }
 

@@ -15,11 +15,11 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use futures::StreamExt as _;
 use reqwest::header::{ACCEPT, AUTHORIZATION, CONTENT_TYPE, HeaderMap, HeaderName, HeaderValue};
-use rmcp::model::{CallToolResult, JsonObject, ProgressNotificationParam};
+use rmcp::model::{CallToolResponse, CallToolResult, JsonObject, ProgressNotificationParam};
 use serde::Serialize;
 use serde_json::{Map, Value};
 
-use crate::mcp::source::{Progress, SourceError};
+use crate::mcp::source::{Call, Progress, SourceError};
 
 /// Why a direct call did not produce an answer.
 #[derive(Debug)]
@@ -55,6 +55,10 @@ struct Request<'a> {
 struct Params<'a> {
     name: &'a str,
     arguments: &'a JsonObject,
+    #[serde(rename = "inputResponses", skip_serializing_if = "Option::is_none")]
+    input_responses: Option<&'a rmcp::model::InputResponses>,
+    #[serde(rename = "requestState", skip_serializing_if = "Option::is_none")]
+    request_state: Option<&'a str>,
     #[serde(rename = "_meta")]
     meta: Meta<'a>,
 }
@@ -119,17 +123,26 @@ impl HttpCalls {
         })
     }
 
-    /// Calls `tool` with `args`; the upstream's progress goes to `progress`.
+    /// Calls `tool` with `args` for a caller's `call`: its SEP-2322 answers, declared
+    /// capabilities and log level go upstream; the upstream's progress and log messages go
+    /// to the caller; an `InputRequiredResult` comes back as it is.
     pub async fn call(
         &self,
         tool: &str,
         args: &JsonObject,
-        progress: Option<&Progress>,
-    ) -> Result<CallToolResult, CallError> {
+        call: &Call,
+    ) -> Result<CallToolResponse, CallError> {
+        let progress = call.progress.as_ref();
         let n = self.next_id.fetch_add(1, Ordering::Relaxed);
         let id = format!("herald-{n}");
         // The upstream's progress comes under a token of this call's own.
         let token = progress.map(|_| Value::String(id.clone()));
+        // The caller's capabilities and log level over this gateway's own (a copy only then).
+        let forwarded = call.upstream_meta().map(|m| {
+            let mut base = self.meta.clone();
+            base.extend(m.0.0);
+            base
+        });
         let body = serde_json::to_vec(&Request {
             jsonrpc: "2.0",
             id: id.clone(),
@@ -137,8 +150,10 @@ impl HttpCalls {
             params: Params {
                 name: tool,
                 arguments: args,
+                input_responses: call.input.responses.as_ref(),
+                request_state: call.input.request_state.as_deref(),
                 meta: Meta {
-                    base: &self.meta,
+                    base: forwarded.as_ref().unwrap_or(&self.meta),
                     progress_token: token.as_ref(),
                 },
             },
@@ -194,6 +209,13 @@ impl HttpCalls {
                     relay_progress(p, message).await;
                     continue;
                 }
+                if message.get("method").and_then(Value::as_str) == Some("notifications/message")
+                {
+                    if let Some(log) = &call.log {
+                        relay_log(log, message).await;
+                    }
+                    continue;
+                }
                 if let Some(a) = answer(&id, message) {
                     // The stream ends right after its answer: read that end, so the
                     // connection goes back to the pool rather than being closed.
@@ -244,7 +266,7 @@ pub fn plain_header_value(name: &str) -> bool {
 }
 
 /// The call's result or error, when `message` answers request `id`.
-fn answer(id: &str, mut message: Value) -> Option<Result<CallToolResult, CallError>> {
+fn answer(id: &str, mut message: Value) -> Option<Result<CallToolResponse, CallError>> {
     if message.get("id").and_then(Value::as_str) != Some(id) {
         return None;
     }
@@ -263,18 +285,40 @@ fn answer(id: &str, mut message: Value) -> Option<Result<CallToolResult, CallErr
         })));
     }
     let result = message.get_mut("result").map(Value::take)?;
-    let kind = result.get("resultType").and_then(Value::as_str);
-    if kind.is_some_and(|k| k != "complete") {
-        return Some(Err(CallError::Answered(SourceError::Unavailable(
-            "the server answered with an input request or a task, which the gateway does not relay yet"
-                .into(),
-        ))));
+    match result.get("resultType").and_then(Value::as_str) {
+        None | Some("complete") => Some(
+            serde_json::from_value::<CallToolResult>(result)
+                .map(CallToolResponse::Complete)
+                .map_err(|e| {
+                    CallError::Transport(format!("the server's result is not a tool result: {e}"))
+                }),
+        ),
+        Some("input_required") => Some(
+            serde_json::from_value::<rmcp::model::InputRequiredResult>(result)
+                .map(CallToolResponse::InputRequired)
+                .map_err(|e| {
+                    CallError::Transport(format!("the server's input request is malformed: {e}"))
+                }),
+        ),
+        Some(_) => Some(Err(CallError::Answered(SourceError::Unavailable(
+            "the server answered a plain call with a task, which it may not".into(),
+        )))),
     }
-    Some(
-        serde_json::from_value::<CallToolResult>(result).map_err(|e| {
-            CallError::Transport(format!("the server's result is not a tool result: {e}"))
-        }),
-    )
+}
+
+/// Sends an upstream log message to the caller (its level filter applies).
+async fn relay_log(to: &crate::mcp::source::Log, message: Value) {
+    let Some(params) = message.get("params") else {
+        return;
+    };
+    #[allow(deprecated)]
+    let level = params
+        .get("level")
+        .and_then(|l| serde_json::from_value::<rmcp::model::LoggingLevel>(l.clone()).ok());
+    let Some(level) = level else { return };
+    let logger = params.get("logger").and_then(Value::as_str).unwrap_or("");
+    let data = params.get("data").cloned().unwrap_or(Value::Null);
+    to.send(level, logger, data).await;
 }
 
 /// Sends an upstream progress notification to the caller, under the caller's token.
