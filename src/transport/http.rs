@@ -409,6 +409,10 @@ struct MethodProbe<'a> {
 /// ([`PeerStreams`]), and the admitted listen rides in the request extensions, which rmcp
 /// keeps for as long as the listen runs.
 ///
+/// A listen refused before its acknowledgment (its filter, its admission) is answered here
+/// with the status rmcp gives the error ([`listen_refused`]); a listen whose `_meta` rmcp
+/// refuses goes on to rmcp unadmitted ([`refused_by_rmcp`]), so its answer is rmcp's.
+///
 /// The same gate answers the two requests that carry a server's load itself, when they come
 /// in the plain shape every 2026-07-28 client sends: a listen ([`plain_listen`], herald's own
 /// SSE stream) and a `tools/call` ([`plain_request`], the handler then one JSON body). rmcp's
@@ -449,11 +453,14 @@ async fn listen_gate(State(gate): State<Gate>, req: Request, next: Next) -> Resp
         && serde_json::from_slice::<MethodProbe>(&bytes)
             .is_ok_and(|p| p.method.as_deref() == Some("subscriptions/listen"));
     let mut body = Body::from(bytes.clone());
-    if is_listen && let Ok(mut v) = serde_json::from_slice::<Value>(&bytes) {
+    if is_listen
+        && let Ok(mut v) = serde_json::from_slice::<Value>(&bytes)
+        && !refused_by_rmcp(server, &v)
+    {
         let id = v.get("id").cloned().unwrap_or(Value::Null);
         let filter = match ListenFilter::from_params(v.get("params")) {
             Ok(f) => f,
-            Err(e) => return rpc_error(StatusCode::OK, id, json!(e)),
+            Err(e) => return listen_refused(id, e),
         };
         let conn = parts
             .extensions
@@ -463,7 +470,7 @@ async fn listen_gate(State(gate): State<Gate>, req: Request, next: Next) -> Resp
         let caller = Caller::from_parts(&parts);
         let listen = match server.admit(&caller, &filter, &conn).await {
             Ok(l) => l,
-            Err(e) => return rpc_error(StatusCode::OK, id, json!(e)),
+            Err(e) => return listen_refused(id, e),
         };
         // rmcp acknowledges what the request names: narrow it to what was admitted (unless
         // that is exactly what it names: then the body goes on untouched).
@@ -495,6 +502,62 @@ async fn listen_gate(State(gate): State<Gate>, req: Request, next: Next) -> Resp
         };
     }
     unparsed(next.run(Request::from_parts(parts, body)).await, &bytes)
+}
+
+/// Whether rmcp refuses the listen `request` (a JSON-RPC message) before it would acknowledge
+/// it, whatever herald says of its filter: its `_meta` names no protocol version (rmcp answers
+/// `-32602` with `400` when the `MCP-Protocol-Version` header is 2026-07-28 or later; a
+/// request of the `initialize` era outside a session gets its `400` asking for a session, and
+/// inside one `-32601`), names one the server does not support
+/// (`-32022`), or names 2026-07-28 without the keys it requires (`-32602`, `400`). Such a
+/// listen goes on to rmcp unadmitted, so its error and status are rmcp's, and nothing is
+/// admitted for it. A `_meta` that is not an object is rmcp's too (its parser refuses it).
+fn refused_by_rmcp(server: &SourceServer, request: &Value) -> bool {
+    use rmcp::ServerHandler as _;
+    use rmcp::model::{ProtocolVersion, RequestMetaObject};
+    let meta = match request.pointer("/params/_meta") {
+        None | Some(Value::Null) => RequestMetaObject::default(),
+        Some(meta) => match serde_json::from_value::<RequestMetaObject>(meta.clone()) {
+            Ok(meta) => meta,
+            Err(_) => return true,
+        },
+    };
+    let Some(version) = meta.protocol_version() else {
+        return true;
+    };
+    !server.supported_protocol_versions().contains(&version)
+        || (version.as_str() >= ProtocolVersion::V_2026_07_28.as_str()
+            && !meta
+                .missing_required_keys(&ProtocolVersion::V_2026_07_28)
+                .is_empty())
+}
+
+/// The gate's answer to a listen it refused before its acknowledgment (its filter, its
+/// admission), with the status rmcp gives that error ([`error_status`]). Only a listen whose
+/// `_meta` is whole gets here ([`refused_by_rmcp`]), so a `-32602` is about the filter, not
+/// the request's shape: `200`.
+fn listen_refused(id: Value, error: rmcp::model::ErrorData) -> Response {
+    rpc_error(error_status(error.code, false), id, json!(error))
+}
+
+/// The HTTP status of a JSON-RPC error answering a 2026-07-28 request, as rmcp's service maps
+/// it (`jsonrpc_http_status` in its `streamable_http_server/tower.rs`), so that every answer
+/// herald writes itself ([`Plain::answer`], the listen gate, the first listen read ahead of
+/// hyper, which hands a refused listen to the gate) has the status rmcp would give: `400` for
+/// the protocol's request errors (`-32020` header mismatch, `-32021` missing client
+/// capability, `-32022` unsupported version, and `-32602` when `meta_malformed`: the
+/// request's `_meta` lacks a key 2026-07-28 requires), `404` for `-32601`, else `200` with
+/// the error in the body.
+fn error_status(code: rmcp::model::ErrorCode, meta_malformed: bool) -> StatusCode {
+    use rmcp::model::ErrorCode;
+    match code {
+        ErrorCode::UNSUPPORTED_PROTOCOL_VERSION
+        | ErrorCode::MISSING_REQUIRED_CLIENT_CAPABILITY
+        | ErrorCode::HEADER_MISMATCH => StatusCode::BAD_REQUEST,
+        ErrorCode::INVALID_PARAMS if meta_malformed => StatusCode::BAD_REQUEST,
+        ErrorCode::METHOD_NOT_FOUND => StatusCode::NOT_FOUND,
+        _ => StatusCode::OK,
+    }
 }
 
 /// Whether the request's `Content-Type` is JSON as rmcp tests it: the media type before any
@@ -796,9 +859,9 @@ fn plain_request(
 }
 
 impl Plain {
-    /// Runs the request for `caller` and answers it as rmcp would: one JSON body, `400` for
-    /// the protocol's own request errors (a tool that only runs as a task: `-32021`), `404`
-    /// for an unknown method, else `200`, and an error answer logged as rmcp logs it. One
+    /// Runs the request for `caller` and answers it as rmcp would: one JSON body, an error
+    /// with rmcp's status for it ([`error_status`]: `400` for a tool that only runs as a
+    /// task, `-32021`), and an error answer logged as rmcp logs it. One
     /// difference, on purpose: at shutdown the request gets the grace every plain call is
     /// promised ([`SourceServer::call_in_process`]) where rmcp would cut it with a `500`.
     async fn answer(self, server: &SourceServer, caller: &Caller) -> Response {
@@ -836,13 +899,8 @@ impl Plain {
                     e.code = ErrorCode::INVALID_PARAMS;
                 }
                 tracing::warn!(request = %what, code = e.code.0, "response error: {}", e.message);
-                let status = match e.code {
-                    ErrorCode::UNSUPPORTED_PROTOCOL_VERSION
-                    | ErrorCode::MISSING_REQUIRED_CLIENT_CAPABILITY
-                    | ErrorCode::HEADER_MISMATCH => StatusCode::BAD_REQUEST,
-                    ErrorCode::METHOD_NOT_FOUND => StatusCode::NOT_FOUND,
-                    _ => StatusCode::OK,
-                };
+                // A plain request's `_meta` is whole ([`plain_request`]).
+                let status = error_status(e.code, false);
                 (ServerJsonRpcMessage::error(e, Some(self.id)), status)
             }
         };
@@ -1235,6 +1293,29 @@ mod tests {
         let mut old = plain.clone();
         old.insert("mcp-protocol-version", "2025-11-25".parse().unwrap());
         assert!(plain_request(&old, &call_body("memo_set", meta), &server).is_none());
+    }
+
+    /// rmcp's table (`jsonrpc_http_status` and its tests in rmcp 3.11's
+    /// `streamable_http_server/tower.rs`), code by code: the protocol's request errors are
+    /// `400`, an unknown method `404`, `-32602` `400` only for a malformed `_meta`, and every
+    /// other error `200` with the error in the body.
+    #[test]
+    fn an_error_gets_the_status_rmcp_gives_it() {
+        use rmcp::model::ErrorCode;
+        for (code, malformed, status) in [
+            (ErrorCode::HEADER_MISMATCH, false, 400),
+            (ErrorCode::MISSING_REQUIRED_CLIENT_CAPABILITY, false, 400),
+            (ErrorCode::UNSUPPORTED_PROTOCOL_VERSION, false, 400),
+            (ErrorCode::INVALID_PARAMS, true, 400),
+            (ErrorCode::INVALID_PARAMS, false, 200),
+            (ErrorCode::METHOD_NOT_FOUND, false, 404),
+            (ErrorCode::INTERNAL_ERROR, false, 200),
+            (ErrorCode::INVALID_REQUEST, false, 200),
+            (ErrorCode(-32023), false, 200),
+            (ErrorCode(-32024), false, 200),
+        ] {
+            assert_eq!(error_status(code, malformed).as_u16(), status, "{code:?}");
+        }
     }
 
     /// The cap leaves the process room under its open-file limit, and is never zero.

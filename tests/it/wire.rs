@@ -546,6 +546,8 @@ async fn a_plain_http_call_is_answered_as_rmcp_answers_it() {
         ("memo_set", json!({})),
         ("memo_delete", json!({"key": "nope"})),
         ("no_such_tool", json!({})),
+        // Only as a task, and the call declares no tasks: -32021, which rmcp answers with 400.
+        ("memo_ask", json!({"key": "k"})),
         ("memo://notes", Value::Null),
         ("memo://nope", Value::Null),
     ] {
@@ -564,6 +566,10 @@ async fn a_plain_http_call_is_answered_as_rmcp_answers_it() {
             answers.push((status, kind, body));
         }
         assert_eq!(answers[0], answers[1], "{name} {arguments}");
+        if name == "memo_ask" {
+            assert_eq!(answers[0].0, 400, "{:?}", answers[0]);
+            assert_eq!(answers[0].2["error"]["code"], -32021, "{:?}", answers[0]);
+        }
         // Both paths name the server on a result, as 2026-07-28 says results SHOULD.
         if let Some(result) = answers[0].2.get("result") {
             assert_eq!(
@@ -743,4 +749,207 @@ async fn malformed_http_bodies_get_json_rpc_errors() {
     )
     .await
     .unwrap();
+}
+
+/// A POST of the JSON-RPC `body` to `/mcp` at `addr` as a 2026-07-28 client sends it, with
+/// `accept` and `version` (the `MCP-Protocol-Version` header) as given.
+fn raw_post(addr: &str, accept: &str, version: &str, body: &Value) -> Vec<u8> {
+    let method = body["method"].as_str().unwrap_or_default();
+    let body = body.to_string();
+    format!(
+        "POST /mcp HTTP/1.1\r\nhost: {addr}\r\ncontent-type: application/json\r\n\
+         accept: {accept}\r\nmcp-protocol-version: {version}\r\nmcp-method: {method}\r\n\
+         content-length: {}\r\n\r\n{body}",
+        body.len()
+    )
+    .into_bytes()
+}
+
+/// The next response on `socket` (what was read past it stays in `buf`): its status and its
+/// body as JSON (a body that is not JSON as a string). Only a whole answer is taken: a
+/// response streamed without a `content-length` (a listen's SSE stream, its acknowledgment)
+/// fails the test.
+async fn read_answer(socket: &mut tokio::net::TcpStream, buf: &mut Vec<u8>) -> (u16, Value) {
+    let more = async |socket: &mut tokio::net::TcpStream, buf: &mut Vec<u8>| {
+        let mut chunk = [0u8; 4096];
+        let n = tokio::time::timeout(WAIT, tokio::io::AsyncReadExt::read(socket, &mut chunk))
+            .await
+            .expect("an answer in time")
+            .unwrap();
+        assert!(n > 0, "closed: {}", String::from_utf8_lossy(buf));
+        buf.extend_from_slice(&chunk[..n]);
+    };
+    let head_end = loop {
+        if let Some(i) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
+            break i + 4;
+        }
+        more(socket, buf).await;
+    };
+    let head = String::from_utf8_lossy(&buf[..head_end]).to_ascii_lowercase();
+    let status: u16 = head
+        .split(' ')
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| panic!("a status line: {head}"));
+    let length: usize = head
+        .lines()
+        .find_map(|l| l.strip_prefix("content-length:"))
+        .unwrap_or_else(|| {
+            panic!(
+                "a whole answer, not a stream: {}",
+                String::from_utf8_lossy(buf)
+            )
+        })
+        .trim()
+        .parse()
+        .unwrap();
+    while buf.len() < head_end + length {
+        more(socket, buf).await;
+    }
+    let body: Vec<u8> = buf.drain(..head_end + length).skip(head_end).collect();
+    let body = serde_json::from_slice(&body)
+        .unwrap_or_else(|_| Value::String(String::from_utf8_lossy(&body).into_owned()));
+    (status, body)
+}
+
+/// Regression (issue 28): a listen naming `taskIds` from a client that did not declare the
+/// tasks extension was answered `-32021` with HTTP 200 where rmcp answers `-32021` with 400.
+/// A listen refused before its acknowledgment gets rmcp's status for its error on every path
+/// herald answers it by: first on its connection (read ahead of hyper, then handed to the
+/// gate), later on the same connection (hyper, the gate), and in a shape the gate hands on to
+/// rmcp once admitted (a quoted `Accept` parameter), first and later. A listen whose `_meta`
+/// rmcp refuses is rmcp's to answer, with its error and status, before herald looks at its
+/// filter.
+#[tokio::test]
+async fn a_listen_refused_before_its_ack_gets_rmcps_status_on_every_http_path() {
+    let s = Server::spawn(&[
+        "--store",
+        ":memory:",
+        "memo",
+        "--http",
+        "127.0.0.1:0",
+        "--max-listen-uris",
+        "1",
+    ])
+    .await;
+    let addr = s
+        .http_url()
+        .trim_start_matches("http://")
+        .trim_end_matches("/mcp")
+        .to_owned();
+    let listen = |meta: Value, notifications: Value| {
+        let mut params = json!({"notifications": notifications});
+        if !meta.is_null() {
+            params["_meta"] = meta;
+        }
+        json!({"jsonrpc": "2.0", "id": "L", "method": "subscriptions/listen", "params": params})
+    };
+    let tasks = json!({"taskIds": ["t1"]});
+    let mut no_caps = meta();
+    no_caps
+        .as_object_mut()
+        .unwrap()
+        .remove("io.modelcontextprotocol/clientCapabilities");
+    let mut old = meta();
+    old["io.modelcontextprotocol/protocolVersion"] = json!("1900-01-01");
+    let cases = [
+        (
+            "taskIds, tasks not declared",
+            "2026-07-28",
+            listen(meta(), tasks.clone()),
+            -32021,
+            400,
+        ),
+        (
+            "resourceSubscriptions not a list",
+            "2026-07-28",
+            listen(meta(), json!({"resourceSubscriptions": "memo://notes"})),
+            -32602,
+            200,
+        ),
+        (
+            "more URIs than --max-listen-uris (refused by admission)",
+            "2026-07-28",
+            listen(
+                meta(),
+                json!({"resourceSubscriptions": ["memo://notes", "memo://log"]}),
+            ),
+            -32602,
+            200,
+        ),
+        // rmcp refuses these for their `_meta` before any listen is looked at.
+        (
+            "taskIds, and a _meta without clientCapabilities",
+            "2026-07-28",
+            listen(no_caps, tasks.clone()),
+            -32602,
+            400,
+        ),
+        (
+            "taskIds, and no _meta",
+            "2026-07-28",
+            listen(Value::Null, tasks.clone()),
+            -32602,
+            400,
+        ),
+        (
+            "taskIds, and an unsupported version",
+            "1900-01-01",
+            listen(old, tasks.clone()),
+            -32022,
+            400,
+        ),
+        // A request of the `initialize` era outside a session: rmcp's plain-text 400 (code 0
+        // here: no JSON-RPC error), never an acknowledgment of a listen nobody admitted.
+        (
+            "taskIds, no _meta, and a 2025-11-25 header",
+            "2025-11-25",
+            listen(Value::Null, tasks.clone()),
+            0,
+            400,
+        ),
+    ];
+    for accept in [
+        "application/json, text/event-stream",
+        "application/json, text/event-stream;x=\"rmcp\"",
+    ] {
+        for (what, version, body, code, status) in &cases {
+            let request = raw_post(&addr, accept, version, body);
+            let mut socket = tokio::net::TcpStream::connect(&addr).await.unwrap();
+            let mut buf = Vec::new();
+            for turn in ["first on its connection", "later on the same connection"] {
+                socket.write_all(&request).await.unwrap();
+                let (got, answer) = read_answer(&mut socket, &mut buf).await;
+                let say = format!("{what}, {turn}, accept {accept}: {answer}");
+                assert_eq!(got, *status, "{say}");
+                if *code == 0 {
+                    assert!(answer.is_string(), "{say}");
+                    continue;
+                }
+                assert_eq!(answer["error"]["code"], *code, "{say}");
+                assert_eq!(answer["id"], "L", "{say}");
+            }
+        }
+    }
+    // Nothing refused was held: a listen is acknowledged on a fresh connection.
+    let mut socket = tokio::net::TcpStream::connect(&addr).await.unwrap();
+    socket
+        .write_all(raw_listen(&addr, json!("ok")).as_bytes())
+        .await
+        .unwrap();
+    let mut seen = Vec::new();
+    while !String::from_utf8_lossy(&seen).contains("acknowledged") {
+        let mut chunk = [0u8; 4096];
+        let n = tokio::time::timeout(WAIT, tokio::io::AsyncReadExt::read(&mut socket, &mut chunk))
+            .await
+            .expect("the acknowledgment in time")
+            .unwrap();
+        assert!(n > 0, "closed: {}", String::from_utf8_lossy(&seen));
+        seen.extend_from_slice(&chunk[..n]);
+    }
+    assert!(
+        String::from_utf8_lossy(&seen).starts_with("HTTP/1.1 200 "),
+        "{}",
+        String::from_utf8_lossy(&seen)
+    );
 }

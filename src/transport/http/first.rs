@@ -12,8 +12,9 @@
 //! before, to the same delivery loop.
 //!
 //! The bytes read here are never lost: anything that is not a plain listen (or a listen whose
-//! admission fails: the gate admits again and answers the error) goes to hyper with them in
-//! front of the socket ([`Prefixed`]).
+//! filter or admission fails: the gate admits again and answers the error, with the status
+//! rmcp gives it) goes to hyper with them in front of the socket ([`Prefixed`]). So this path
+//! writes no error of its own but the `408` of a body that came too late.
 //!
 //! The connection's deadlines hold here as they do under hyper ([`Timeouts`]): the idle
 //! timeout until the first byte, the header timeout from it to the end of the head, the
