@@ -164,6 +164,21 @@ impl<H: ClientHandler> Connection<H> {
         &self.target
     }
 
+    /// A `tools/call` that follows the server's `input_required` rounds (SEP-2322) to the
+    /// final result: each round's input requests go to this connection's client handler
+    /// (rmcp's default declines an elicitation, as a client with no one to ask does), and
+    /// the call is sent again as a new request (a new id) with the answers and the round's
+    /// `requestState` exactly as the server sent it, or none when it sent none; a result
+    /// without `resultType` is complete. The round state lives in this call only, so calls
+    /// beside it never carry it. (The [`Peer`]'s own `call_tool`, which this hides, fails on
+    /// an input request.)
+    pub async fn call_tool(
+        &self,
+        params: rmcp::model::CallToolRequestParams,
+    ) -> Result<rmcp::model::CallToolResult, rmcp::ServiceError> {
+        self.service.call_tool(params).await
+    }
+
     /// Closes the connection and waits for the transport to finish.
     pub async fn close(self) {
         let _ = self.service.cancel().await;
@@ -464,6 +479,79 @@ mod tests {
             (Target::Quic("h:1".into()), "quic://h:1"),
         ] {
             assert_eq!(t.redacted(), want);
+        }
+    }
+
+    /// A server on the stdio framing that answers `tools/call` with an input request (with
+    /// `requestState` when `state` is set) until the call comes back with answers; it returns
+    /// the calls it received.
+    async fn input_round_server(
+        io: tokio::io::DuplexStream,
+        state: Option<&'static str>,
+    ) -> Vec<serde_json::Value> {
+        use serde_json::json;
+        use tokio::io::{AsyncBufReadExt as _, AsyncWriteExt as _};
+        let (r, mut w) = tokio::io::split(io);
+        let mut lines = tokio::io::BufReader::new(r).lines();
+        let mut calls = Vec::new();
+        while let Ok(Some(line)) = lines.next_line().await {
+            let m: serde_json::Value = serde_json::from_str(&line).unwrap();
+            let result = match m["method"].as_str() {
+                Some("server/discover") => json!({"resultType": "complete",
+                    "supportedVersions": ["2026-07-28"], "capabilities": {"tools": {}},
+                    "ttlMs": 0, "cacheScope": "private",
+                    "_meta": {"io.modelcontextprotocol/serverInfo": {"name": "t", "version": "1"}}}),
+                Some("tools/call") if m["params"]["inputResponses"].is_null() => {
+                    calls.push(m.clone());
+                    let mut r = json!({"resultType": "input_required", "inputRequests": {
+                        "confirm": {"method": "elicitation/create", "params": {
+                            "message": "sure?", "requestedSchema": {"type": "object",
+                            "properties": {"ok": {"type": "boolean"}}}}}}});
+                    if let Some(s) = state {
+                        r["requestState"] = s.into();
+                    }
+                    r
+                }
+                Some("tools/call") => {
+                    calls.push(m.clone());
+                    // No resultType: complete.
+                    json!({"content": [{"type": "text", "text": "done"}]})
+                }
+                _ => continue,
+            };
+            let answer = json!({"jsonrpc": "2.0", "id": m["id"], "result": result});
+            w.write_all(format!("{answer}\n").as_bytes()).await.unwrap();
+        }
+        calls
+    }
+
+    #[tokio::test]
+    async fn a_call_follows_input_rounds_echoing_the_request_state_exactly() {
+        // Bytes a re-serialization would change (spacing, key order, escapes).
+        let state = r#"{"b":1, "a":"\u00e9"}"#;
+        for sent in [Some(state), None] {
+            let (client, server) = tokio::io::duplex(1 << 16);
+            let served = tokio::spawn(input_round_server(server, sent));
+            let (r, w) = tokio::io::split(client);
+            let target = Target::Stdio("input rounds".into());
+            let conn = connect_stream(target, r, w, client_config(), 1 << 20)
+                .await
+                .unwrap();
+            let result = conn
+                .call_tool(rmcp::model::CallToolRequestParams::new("t"))
+                .await
+                .unwrap();
+            assert_eq!(result.content[0].as_text().unwrap().text, "done");
+            conn.close().await;
+            let calls = served.await.unwrap();
+            assert_eq!(calls.len(), 2, "{calls:?}");
+            assert_ne!(calls[0]["id"], calls[1]["id"], "the retry is a new request");
+            let retry = &calls[1]["params"];
+            assert_eq!(retry["inputResponses"]["confirm"]["action"], "decline");
+            match sent {
+                Some(s) => assert_eq!(retry["requestState"], s),
+                None => assert!(retry.get("requestState").is_none(), "{retry}"),
+            }
         }
     }
 
