@@ -116,10 +116,14 @@ async fn call(
     let result = match up.http_calls(name).filter(|_| direct) {
         Some(calls) => {
             how = "directly";
-            calls
-                .call(name, &args, None)
+            match calls
+                .call(name, &args, &herald::mcp::source::Call::default())
                 .await
                 .map_err(|e| format!("{e:?}"))?
+            {
+                rmcp::model::CallToolResponse::Complete(r) => r,
+                _ => return Err(format!("{name}: the server asked for input or made a task")),
+            }
         }
         None => {
             how = "over the connection";

@@ -30,6 +30,7 @@
 //!   it; a listen's `taskIds` are relayed over one shared upstream listen per task.
 
 pub mod config;
+mod names;
 mod prompts;
 pub mod source;
 mod tasks;

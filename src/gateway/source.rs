@@ -15,6 +15,7 @@ use sha2::Digest;
 use tokio_util::sync::CancellationToken;
 
 use crate::gateway::config::{GatewayConfig, Slug, Token, valid_slug};
+pub(crate) use crate::gateway::names::Names;
 use crate::gateway::tasks::GatewayTasks;
 use crate::mcp::backoff::Backoff;
 use crate::mcp::context::RoleContext;
@@ -56,15 +57,9 @@ pub(crate) struct Access {
     /// gateway bound to loopback alone with no tokens configured).
     open_to_loopback: AtomicBool,
     /// The one slug whose tools and prompts keep their upstream names (`prefix = false`).
-    bare: std::sync::OnceLock<String>,
+    pub(super) bare: std::sync::OnceLock<String>,
 }
 
-/// Which of a slug's names a route looks up: its tools or its prompts.
-#[derive(Clone, Copy)]
-pub(crate) enum Names {
-    Tools,
-    Prompts,
-}
 
 /// One upstream subscription, shared by every client watching its URI.
 struct SharedListen {
@@ -163,39 +158,6 @@ impl Access {
             .into_iter()
             .find(|u| u.name == name)
             .ok_or(SourceError::Forbidden)
-    }
-
-    /// A tool's or prompt's name as the gateway shows it: `slug__name`, or `name` for the
-    /// slug configured with `prefix = false`.
-    pub(crate) fn shown(&self, slug: &str, name: &str) -> String {
-        if self.bare.get().is_some_and(|b| b == slug) {
-            name.to_owned()
-        } else {
-            format!("{slug}__{name}")
-        }
-    }
-
-    /// The slug and upstream name behind a shown tool or prompt name: the bare slug's own
-    /// name when it lists one (and this caller may use it), else `slug__name`. `None` when
-    /// the name has neither shape (the caller learns it is unknown, never whether a slug
-    /// exists: a slug it may not use is `Forbidden`).
-    pub(crate) fn route_name(
-        &self,
-        caller: &Caller,
-        name: &str,
-        names: Names,
-    ) -> Option<Result<(Arc<Upstream>, String), SourceError>> {
-        if let Some(bare) = self.bare.get()
-            && let Ok(up) = self.slug(caller, bare)
-            && up.catalog().is_some_and(|c| match names {
-                Names::Tools => c.tools.iter().any(|t| t.name == name),
-                Names::Prompts => c.prompts.iter().any(|p| p.name == name),
-            })
-        {
-            return Some(Ok((up, name.to_owned())));
-        }
-        let (slug, rest) = name.split_once("__")?;
-        Some(self.slug(caller, slug).map(|up| (up, rest.to_owned())))
     }
 }
 
@@ -914,127 +876,5 @@ fn read_params(uri: &str) -> ReadResourceRequestParams {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::mcp::source::{Body, Call};
-    use crate::mcp::upstream::local;
-    use crate::testing::MemoServer;
-    use crate::transport::client::Target;
-
-    fn set(key: &str, value: i64) -> JsonObject {
-        json!({"key": key, "value": value})
-            .as_object()
-            .unwrap()
-            .clone()
-    }
-
-    /// Who gets in and what they may use: a configured token its slugs, an unknown token
-    /// nothing and a refusal (never an empty entitlement), a loopback caller of a gateway
-    /// open to loopback every slug whatever stale token it carries.
-    #[test]
-    fn callers_are_known_by_their_tokens_or_by_needing_none() {
-        let up = crate::testing::down_upstream(Default::default());
-        let name = up.name.clone();
-        let token = |t: &str| Caller {
-            token: Some(t.into()),
-            ..Caller::default()
-        };
-        let access = Access {
-            upstreams: vec![up],
-            tokens: vec![Token {
-                label: "t".into(),
-                sha256: sha2::Sha256::digest(b"good").into(),
-                slugs: [name.clone()].into(),
-            }],
-            open_to_loopback: AtomicBool::new(false),
-        };
-        let all: BTreeSet<String> = [name].into();
-        assert_eq!(access.authenticates(&token("good")), Authentication::Known);
-        assert_eq!(access.allowed(&token("good")), all);
-        assert_eq!(
-            access.authenticates(&token("bad")),
-            Authentication::UnknownToken
-        );
-        assert!(access.allowed(&token("bad")).is_empty());
-        let anonymous = Caller {
-            loopback: true,
-            ..Caller::default()
-        };
-        assert_eq!(
-            access.authenticates(&anonymous),
-            Authentication::TokenRequired
-        );
-        assert_eq!(
-            access.authenticates(&Caller::local()),
-            Authentication::Known
-        );
-
-        let open = Access {
-            tokens: Vec::new(),
-            open_to_loopback: AtomicBool::new(true),
-            upstreams: access.upstreams.clone(),
-        };
-        let stale = Caller {
-            loopback: true,
-            ..token("stale")
-        };
-        assert_eq!(open.authenticates(&stale), Authentication::Known);
-        assert_eq!(open.allowed(&stale), all);
-        assert_eq!(open.authenticates(&token("x")), Authentication::NoTokens);
-    }
-
-    #[tokio::test]
-    async fn a_role_in_this_process_is_called_and_read_directly() {
-        let memo = MemoServer::start().await;
-        let ctx = RoleContext::new("gateway");
-        let up = Arc::new(local::upstream(
-            UpstreamConfig {
-                name: "m".into(),
-                context: Some(ctx.clone()),
-                ..UpstreamConfig::new(
-                    Target::Stdio("in-process m".into()),
-                    Default::default(),
-                    1 << 20,
-                )
-            },
-            memo.server(),
-            &ctx,
-        ));
-        let gw = Gateway::with_upstreams(vec![up.clone()], Vec::new(), &ctx);
-        let me = Caller::local();
-        // Calls need no connection: none is made.
-        for i in 0..3 {
-            let r = gw
-                .call_tool(&me, "m__memo_set", set("k", i), Call::default())
-                .await
-                .unwrap();
-            assert_ne!(r.is_error, Some(true), "{r:?}");
-        }
-        assert!(up.cached().is_none(), "a call opened a connection");
-        // An error reads as it would over a connection: the JSON-RPC error a client gets.
-        let e = gw
-            .call_tool(&me, "m__nope", JsonObject::new(), Call::default())
-            .await
-            .unwrap_err();
-        assert!(matches!(e, SourceError::Upstream { .. }), "{e:?}");
-        // Reads route by the catalog (one connect fetches it), then go to the server
-        // directly: with the connection forgotten, a read makes no new one.
-        let live = up.live().await.unwrap();
-        up.reset(&live);
-        let c = gw.read(&me, "memo://notes").await.unwrap();
-        let Body::Text(text) = c.body else {
-            panic!("memo://notes is text")
-        };
-        assert_eq!(
-            serde_json::from_str::<Value>(&text).unwrap(),
-            json!({"k": 2})
-        );
-        let e = gw.read(&me, "memo://nope").await.unwrap_err();
-        assert!(
-            matches!(e, SourceError::Upstream { code: -32002, .. }),
-            "{e:?}"
-        );
-        assert!(up.cached().is_none(), "a read opened a connection");
-        ctx.shutdown().cancel();
-    }
-}
+#[path = "source_tests.rs"]
+mod tests;

@@ -405,7 +405,9 @@ mod tests {
         let ok = serde_json::json!({"jsonrpc": "2.0", "id": "herald-1",
             "result": {"resultType": "complete", "content": [{"type": "text", "text": "hi"}]}});
         assert!(answer("herald-2", ok.clone()).is_none());
-        let r = answer("herald-1", ok).unwrap().unwrap();
+        let Ok(CallToolResponse::Complete(r)) = answer("herald-1", ok).unwrap() else {
+            panic!("a complete result")
+        };
         assert_eq!(r.content.len(), 1);
         let err = serde_json::json!({"jsonrpc": "2.0", "id": "herald-1",
             "error": {"code": -32602, "message": "missing argument key", "data": {"x": 1}}});

@@ -1,0 +1,51 @@
+//! How the gateway names its slugs' tools and prompts: `slug__name`, or the upstream's own
+//! name for the one `[[slug]]` with `prefix = false`, and the way back from a shown name to
+//! its slug.
+
+use std::sync::Arc;
+
+use super::source::Access;
+use crate::mcp::source::{Caller, SourceError};
+use crate::mcp::upstream::Upstream;
+
+/// Which of a slug's names a route looks up: its tools or its prompts.
+#[derive(Clone, Copy)]
+pub(crate) enum Names {
+    Tools,
+    Prompts,
+}
+
+impl Access {
+    /// A tool's or prompt's name as the gateway shows it: `slug__name`, or `name` for the
+    /// slug configured with `prefix = false`.
+    pub(crate) fn shown(&self, slug: &str, name: &str) -> String {
+        if self.bare.get().is_some_and(|b| b == slug) {
+            name.to_owned()
+        } else {
+            format!("{slug}__{name}")
+        }
+    }
+
+    /// The slug and upstream name behind a shown tool or prompt name: the bare slug's own
+    /// name when it lists one (and this caller may use it), else `slug__name`. `None` when
+    /// the name has neither shape (the caller learns it is unknown, never whether a slug
+    /// exists: a slug it may not use is `Forbidden`).
+    pub(crate) fn route_name(
+        &self,
+        caller: &Caller,
+        name: &str,
+        names: Names,
+    ) -> Option<Result<(Arc<Upstream>, String), SourceError>> {
+        if let Some(bare) = self.bare.get()
+            && let Ok(up) = self.slug(caller, bare)
+            && up.catalog().is_some_and(|c| match names {
+                Names::Tools => c.tools.iter().any(|t| t.name == name),
+                Names::Prompts => c.prompts.iter().any(|p| p.name == name),
+            })
+        {
+            return Some(Ok((up, name.to_owned())));
+        }
+        let (slug, rest) = name.split_once("__")?;
+        Some(self.slug(caller, slug).map(|up| (up, rest.to_owned())))
+    }
+}
