@@ -127,7 +127,9 @@ impl Source for Fixture {
         _args: &JsonObject,
         call: &Call,
     ) -> Result<Option<InputRequiredResult>, SourceError> {
-        if name != "test_tool_with_task" || mrtr::elicited(&call.input, "user_name", "name").is_some() {
+        if name != "test_tool_with_task"
+            || mrtr::elicited(&call.input, "user_name", "name").is_some()
+        {
             return Ok(None);
         }
         mrtr::input_required(json!({"inputRequests": {

@@ -3,9 +3,9 @@
 //! (HMAC-SHA256 with a key made at start, bound to the tool's name), so a tampered state is
 //! refused.
 
-use herald::mcp::source::{Call, Input, SourceError};
 use base64::Engine as _;
 use base64::engine::general_purpose::URL_SAFE_NO_PAD as B64;
+use herald::mcp::source::{Call, Input, SourceError};
 use ring::hmac;
 use rmcp::model::{CallToolResponse, InputRequiredResult};
 use serde_json::{Value, json};
@@ -155,13 +155,14 @@ impl States {
     /// Answers one of [`TOOLS`].
     pub fn call(&self, name: &str, call: &Call) -> Result<CallToolResponse, SourceError> {
         let input = &call.input;
-        let asked = |requests: Value, state: Option<Value>| -> Result<CallToolResponse, SourceError> {
-            let mut v = json!({"inputRequests": requests});
-            if let Some(s) = state {
-                v["requestState"] = self.seal(name, s).into();
-            }
-            Ok(CallToolResponse::InputRequired(input_required(v)?))
-        };
+        let asked =
+            |requests: Value, state: Option<Value>| -> Result<CallToolResponse, SourceError> {
+                let mut v = json!({"inputRequests": requests});
+                if let Some(s) = state {
+                    v["requestState"] = self.seal(name, s).into();
+                }
+                Ok(CallToolResponse::InputRequired(input_required(v)?))
+            };
         let done = |s: String| Ok(CallToolResponse::Complete(text(s)));
         match name {
             "test_input_required_result_elicitation" => {

@@ -43,7 +43,10 @@ pub fn tools() -> Vec<Tool> {
         no_args("test_simple_text", "Answers one text."),
         no_args("test_image_content", "Answers one PNG image."),
         no_args("test_audio_content", "Answers one WAV clip."),
-        no_args("test_embedded_resource", "Answers an embedded text resource."),
+        no_args(
+            "test_embedded_resource",
+            "Answers an embedded text resource.",
+        ),
         no_args(
             "test_multiple_content_types",
             "Answers text, an image and an embedded resource.",
@@ -52,7 +55,10 @@ pub fn tools() -> Vec<Tool> {
             "test_tool_with_progress",
             "Reports progress 0, 50 and 100 of 100 when asked for progress.",
         ),
-        no_args("test_tool_with_logging", "Logs three messages while it runs."),
+        no_args(
+            "test_tool_with_logging",
+            "Logs three messages while it runs.",
+        ),
         no_args("test_error_handling", "Answers a tool error."),
         no_args(
             "test_missing_capability",
@@ -110,7 +116,11 @@ pub fn tools() -> Vec<Tool> {
             }),
         ),
     ];
-    out.extend(mrtr::TOOLS.iter().map(|n| no_args(n, "A SEP-2322 fixture.")));
+    out.extend(
+        mrtr::TOOLS
+            .iter()
+            .map(|n| no_args(n, "A SEP-2322 fixture.")),
+    );
     out
 }
 
@@ -192,9 +202,9 @@ pub async fn call(
                 "Tool with logging executed successfully"
             }))
         }
-        "test_error_handling" => Ok(CallToolResult::error(vec![rmcp::model::ContentBlock::text(
-            "This tool intentionally returns an error for testing",
-        )])),
+        "test_error_handling" => Ok(CallToolResult::error(vec![
+            rmcp::model::ContentBlock::text("This tool intentionally returns an error for testing"),
+        ])),
         "test_missing_capability" => {
             if call
                 .capabilities
@@ -326,7 +336,11 @@ fn arg<'a>(args: &'a JsonObject, name: &str) -> Result<&'a str, SourceError> {
     })
 }
 
-pub fn prompt(name: &str, args: &JsonObject, call: &Call) -> Result<GetPromptResponse, SourceError> {
+pub fn prompt(
+    name: &str,
+    args: &JsonObject,
+    call: &Call,
+) -> Result<GetPromptResponse, SourceError> {
     match name {
         "test_simple_prompt" => messages(json!([user(
             json!({"type": "text", "text": "This is a simple prompt for testing."})
@@ -345,7 +359,9 @@ pub fn prompt(name: &str, args: &JsonObject, call: &Call) -> Result<GetPromptRes
                     "uri": uri, "mimeType": "text/plain",
                     "text": "Embedded resource content for testing."
                 }})),
-                user(json!({"type": "text", "text": "Please process the embedded resource above."}))
+                user(
+                    json!({"type": "text", "text": "Please process the embedded resource above."})
+                )
             ]))
         }
         "test_prompt_with_image" => messages(json!([

@@ -49,7 +49,10 @@ pub async fn run(args: GatewayArgs, globals: &Globals) -> Result<(), Exit> {
     if opts.quic.is_none() {
         opts.quic = cfg.quic.clone();
     }
-    if cfg.tokens.is_empty() && !cfg.open_to_loopback && (opts.http.is_some() || opts.quic.is_some()) {
+    if cfg.tokens.is_empty()
+        && !cfg.open_to_loopback
+        && (opts.http.is_some() || opts.quic.is_some())
+    {
         tracing::warn!(
             "no [[token]] in the config: HTTP and QUIC callers are refused every server; only stdio callers get them"
         );

@@ -541,6 +541,29 @@ mod tests {
     const HASH: &str = "9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08";
 
     #[test]
+    fn one_slug_may_keep_its_names_bare_and_open_to_loopback_is_read() {
+        let c = GatewayConfig::parse(
+            "open_to_loopback = true\n[[slug]]\nname = \"a\"\nstdio = \"x\"\nprefix = false\n\
+             [[slug]]\nname = \"b\"\nstdio = \"y\"\n",
+        )
+        .unwrap();
+        assert!(c.open_to_loopback);
+        assert!(!c.slugs[0].prefix && c.slugs[1].prefix);
+        assert!(
+            !GatewayConfig::parse("[[slug]]\nname = \"a\"\nstdio = \"x\"\n")
+                .unwrap()
+                .open_to_loopback
+        );
+        let e = GatewayConfig::parse(
+            "[[slug]]\nname = \"a\"\nstdio = \"x\"\nprefix = false\n\
+             [[slug]]\nname = \"b\"\nstdio = \"y\"\nprefix = false\n",
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(e.contains("slugs a and b both have prefix = false"), "{e}");
+    }
+
+    #[test]
     fn a_valid_config() {
         let c = GatewayConfig::parse(&format!(
             "[[slug]]\nname = \"memo\"\nstdio = \"herald memo\"\n\

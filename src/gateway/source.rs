@@ -60,7 +60,6 @@ pub(crate) struct Access {
     pub(super) bare: std::sync::OnceLock<String>,
 }
 
-
 /// One upstream subscription, shared by every client watching its URI.
 struct SharedListen {
     stop: CancellationToken,
@@ -704,11 +703,8 @@ impl Source for Gateway {
                     REQUEST_TIMEOUT.as_secs()
                 ))
             };
-            return match tokio::time::timeout(
-                REQUEST_TIMEOUT,
-                direct.call(tool, &args, &call),
-            )
-            .await
+            return match tokio::time::timeout(REQUEST_TIMEOUT, direct.call(tool, &args, &call))
+                .await
             {
                 Ok(Ok(r)) => Ok(r),
                 Ok(Err(upstream::http::CallError::Answered(e))) => Err(e),

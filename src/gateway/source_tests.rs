@@ -125,3 +125,46 @@ async fn a_role_in_this_process_is_called_and_read_directly() {
     assert!(up.cached().is_none(), "a read opened a connection");
     ctx.shutdown().cancel();
 }
+
+#[tokio::test]
+async fn a_bare_slug_keeps_its_tool_names_and_the_prefixed_ones_still_route() {
+    let memo = MemoServer::start().await;
+    let ctx = RoleContext::new("gateway");
+    let up = Arc::new(local::upstream(
+        UpstreamConfig {
+            name: "m".into(),
+            context: Some(ctx.clone()),
+            ..UpstreamConfig::new(
+                Target::Stdio("in-process m".into()),
+                Default::default(),
+                1 << 20,
+            )
+        },
+        memo.server(),
+        &ctx,
+    ));
+    let gw = Gateway::with_upstreams(vec![up.clone()], Vec::new(), &ctx).bare(Some("m"));
+    let me = Caller::local();
+    // Bare names are known once the catalog is: one connect fetches it.
+    up.live().await.unwrap();
+    let names: Vec<String> = gw.tools(&me).iter().map(|t| t.name.to_string()).collect();
+    assert!(names.contains(&"memo_set".to_owned()), "{names:?}");
+    assert!(!names.iter().any(|n| n.starts_with("m__")), "{names:?}");
+    for name in ["memo_set", "m__memo_set"] {
+        let r = gw
+            .call_tool(&me, name, set("k", 1), Call::default())
+            .await
+            .unwrap();
+        assert!(
+            matches!(r, rmcp::model::CallToolResponse::Complete(ref r) if r.is_error != Some(true)),
+            "{name}: {r:?}"
+        );
+    }
+    // A name the bare slug does not list is not a tool of it.
+    let e = gw
+        .call_tool(&me, "nope", JsonObject::new(), Call::default())
+        .await
+        .unwrap_err();
+    assert!(matches!(e, SourceError::UnknownTool(_)), "{e:?}");
+    ctx.shutdown().cancel();
+}

@@ -332,7 +332,10 @@ impl TaskRelay for GatewayTasks {
         args: JsonObject,
         call: Call,
     ) -> Result<Started, McpError> {
-        let Some(route) = self.access.route_name(caller, name, super::source::Names::Tools) else {
+        let Some(route) = self
+            .access
+            .route_name(caller, name, super::source::Names::Tools)
+        else {
             return Err(to_mcp_error(SourceError::UnknownTool(format!(
                 "{name} (gateway tools are named server__tool)"
             ))));

@@ -17,12 +17,12 @@ use base64::Engine as _;
 use rmcp::handler::server::ServerHandler;
 use rmcp::model::{
     CallToolRequestParams, CallToolResponse, CancelTaskParams, CompleteRequestParams,
-    CompleteResult, CustomRequest, GetPromptRequestParams, GetPromptResponse, CustomResult, DetailedTask, DiscoverResult, ErrorCode,
-    ErrorData as McpError, GetTaskParams, GetTaskResult, Implementation, InitializeRequestParams,
-    InitializeResult, ListPromptsResult, ListResourceTemplatesResult, ListResourcesResult,
-    ListToolsResult, PaginatedRequestParams, ReadResourceRequestParams, ReadResourceResponse,
-    ReadResourceResult, ResourceContents, ServerCapabilities, ServerConfig, SubscriptionFilter,
-    Tool, UpdateTaskParams,
+    CompleteResult, CustomRequest, CustomResult, DetailedTask, DiscoverResult, ErrorCode,
+    ErrorData as McpError, GetPromptRequestParams, GetPromptResponse, GetTaskParams, GetTaskResult,
+    Implementation, InitializeRequestParams, InitializeResult, ListPromptsResult,
+    ListResourceTemplatesResult, ListResourcesResult, ListToolsResult, PaginatedRequestParams,
+    ReadResourceRequestParams, ReadResourceResponse, ReadResourceResult, ResourceContents,
+    ServerCapabilities, ServerConfig, SubscriptionFilter, Tool, UpdateTaskParams,
 };
 use rmcp::service::{RequestContext, RoleServer, SubscriptionContext, SubscriptionSendError};
 use serde_json::json;

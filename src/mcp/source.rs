@@ -11,9 +11,8 @@ use std::sync::Arc;
 
 use async_trait::async_trait;
 use rmcp::model::{
-    CallToolResponse, ClientCapabilities, CompleteRequestParams, CompleteResult,
-    GetPromptResponse, InputRequiredResult, InputResponses, JsonObject, Prompt,
-    Resource, ResourceTemplate, Tool,
+    CallToolResponse, ClientCapabilities, CompleteRequestParams, CompleteResult, GetPromptResponse,
+    InputRequiredResult, InputResponses, JsonObject, Prompt, Resource, ResourceTemplate, Tool,
 };
 use serde_json::Value;
 
@@ -169,8 +168,8 @@ impl Log {
         if rank(level) < rank(self.level) {
             return;
         }
-        let param = LoggingMessageNotificationParam::new(level, data)
-            .with_logger(logger.to_owned());
+        let param =
+            LoggingMessageNotificationParam::new(level, data).with_logger(logger.to_owned());
         #[allow(deprecated)]
         let _ = self.peer.notify_logging_message(param).await;
     }

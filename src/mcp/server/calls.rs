@@ -21,13 +21,10 @@ use crate::mcp::tasks::relay::Started;
 /// context (progress token, log level, declared capabilities) and its SEP-2322 answers.
 pub(super) fn call_of(context: &RequestContext<RoleServer>, input: Input) -> Call {
     Call {
-        progress: context
-            .meta
-            .get_progress_token()
-            .map(|token| Progress {
-                token,
-                peer: context.peer.clone(),
-            }),
+        progress: context.meta.get_progress_token().map(|token| Progress {
+            token,
+            peer: context.peer.clone(),
+        }),
         task: None,
         input,
         capabilities: context.client_capabilities(),
@@ -234,9 +231,14 @@ impl SourceServer {
             request_state: request.request_state,
         };
         let call = call_of(&context, input);
-        self.prompt_in_process(&caller, &request.name, request.arguments.unwrap_or_default(), call)
-            .await
-            .map_err(to_mcp_error)
+        self.prompt_in_process(
+            &caller,
+            &request.name,
+            request.arguments.unwrap_or_default(),
+            call,
+        )
+        .await
+        .map_err(to_mcp_error)
     }
 
     /// `prompts/get` with no connection in between (see

@@ -209,8 +209,7 @@ impl HttpCalls {
                     relay_progress(p, message).await;
                     continue;
                 }
-                if message.get("method").and_then(Value::as_str) == Some("notifications/message")
-                {
+                if message.get("method").and_then(Value::as_str) == Some("notifications/message") {
                     if let Some(log) = &call.log {
                         relay_log(log, message).await;
                     }

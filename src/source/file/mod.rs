@@ -395,7 +395,9 @@ impl Source for FileSource {
         args: JsonObject,
         call: crate::mcp::source::Call,
     ) -> Result<rmcp::model::CallToolResponse, SourceError> {
-        self.run_call(caller, name, args, call).await.map(Into::into)
+        self.run_call(caller, name, args, call)
+            .await
+            .map(Into::into)
     }
 
     async fn events_advertised(&self, _caller: &Caller) -> bool {

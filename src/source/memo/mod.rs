@@ -687,7 +687,9 @@ impl Source for Memo {
         args: JsonObject,
         call: Call,
     ) -> Result<rmcp::model::CallToolResponse, SourceError> {
-        self.run_call(caller, name, args, call).await.map(Into::into)
+        self.run_call(caller, name, args, call)
+            .await
+            .map(Into::into)
     }
 
     async fn events_advertised(&self, _caller: &Caller) -> bool {

@@ -581,7 +581,9 @@ impl Source for Slack {
         args: JsonObject,
         call: Call,
     ) -> Result<rmcp::model::CallToolResponse, SourceError> {
-        self.run_call(caller, name, args, call).await.map(Into::into)
+        self.run_call(caller, name, args, call)
+            .await
+            .map(Into::into)
     }
 
     async fn events_advertised(&self, _caller: &Caller) -> bool {
