@@ -36,6 +36,12 @@ impl Access {
         name: &str,
         names: Names,
     ) -> Option<Result<(Arc<Upstream>, String), SourceError>> {
+        // A name whose prefix is a slug goes to that slug, whatever the bare slug lists.
+        if let Some((slug, rest)) = name.split_once("__")
+            && self.upstreams.iter().any(|u| u.name == slug)
+        {
+            return Some(self.slug(caller, slug).map(|up| (up, rest.to_owned())));
+        }
         if let Some(bare) = self.bare.get()
             && let Ok(up) = self.slug(caller, bare)
             && up.catalog().is_some_and(|c| match names {

@@ -51,7 +51,7 @@ pub struct Gateway {
 
 /// Who may use which slug: the upstreams, the tokens and their entitlements.
 pub(crate) struct Access {
-    upstreams: Vec<Arc<Upstream>>,
+    pub(super) upstreams: Vec<Arc<Upstream>>,
     tokens: Vec<Token>,
     /// Callers on a loopback address may use every slug without a token (set only for a
     /// gateway bound to loopback alone with no tokens configured).
@@ -173,7 +173,16 @@ impl Gateway {
             .iter()
             .map(|s| Arc::new(upstream_of(s, max_message_bytes, ctx)))
             .collect();
-        Gateway::with_upstreams(upstreams, cfg.tokens.clone(), ctx)
+        let gateway = Gateway::with_upstreams(upstreams, cfg.tokens.clone(), ctx).bare(
+            cfg.slugs
+                .iter()
+                .find(|s| !s.prefix)
+                .map(|s| s.name.as_str()),
+        );
+        if cfg.open_to_loopback {
+            return gateway.open_to_loopback();
+        }
+        gateway
     }
 
     /// The gateway over `upstreams` (each named by its slug: external servers, or roles in

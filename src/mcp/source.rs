@@ -230,7 +230,13 @@ impl Call {
         }
         let mut meta = rmcp::model::RequestMetaObject::default();
         if let Some(c) = &self.capabilities {
-            meta.set_client_capabilities(c.clone());
+            // Not the tasks extension: a relayed plain request must not be answered with a
+            // task the relay would have to refuse (task calls declare it themselves).
+            let mut c = c.clone();
+            if let Some(e) = c.extensions.as_mut() {
+                e.remove(crate::mcp::tasks::TASKS_EXTENSION);
+            }
+            meta.set_client_capabilities(c);
         }
         if let Some(log) = &self.log {
             meta.set_log_level(log.level);

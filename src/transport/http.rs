@@ -756,7 +756,7 @@ enum PlainWhat {
     Call {
         name: String,
         args: rmcp::model::JsonObject,
-        call: crate::mcp::source::Call,
+        call: Box<crate::mcp::source::Call>,
     },
     Read {
         uri: String,
@@ -834,7 +834,7 @@ fn plain_request(
             PlainWhat::Call {
                 name,
                 args: call.params.arguments.unwrap_or_default(),
-                call: crate::mcp::server::plain_call(capabilities, input),
+                call: Box::new(crate::mcp::server::plain_call(capabilities, input)),
             }
         }
         ClientRequest::ReadResourceRequest(read) if method == "resources/read" => {
@@ -868,7 +868,7 @@ impl Plain {
         use rmcp::model::{ErrorCode, ServerJsonRpcMessage, ServerResult};
         let (result, what) = match self.what {
             PlainWhat::Call { name, args, call } => {
-                let r = server.call_in_process(caller, &name, args, call).await;
+                let r = server.call_in_process(caller, &name, args, *call).await;
                 (r.map(ServerResult::from), name)
             }
             PlainWhat::Read { uri, after } => {

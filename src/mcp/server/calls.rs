@@ -281,6 +281,7 @@ impl SourceServer {
             });
         }
         let mut r = self.shared.source.complete(caller, request).await?;
+        r.result_type.get_or_insert(ResultType::COMPLETE);
         self.stamp(&mut r.meta);
         Ok(r)
     }
