@@ -96,7 +96,7 @@ impl crate::mcp::source::Source for Counting {
         crate::mcp::source::SourceInfo {
             name: "counting".into(),
             instructions: None,
-            ..SourceInfo::default()
+            ..crate::mcp::source::SourceInfo::default()
         }
     }
     fn resources(&self, _: &Caller) -> Vec<rmcp::model::Resource> {

@@ -1199,7 +1199,7 @@ mod tests {
         ]);
         let call = plain_request(&plain, &call_body("memo_set", meta.clone()), &server)
             .expect("a plain call is answered in place");
-        let PlainWhat::Call { name, args } = call.what else {
+        let PlainWhat::Call { name, args, .. } = call.what else {
             panic!("a call")
         };
         assert_eq!(name, "memo_set");
