@@ -8,8 +8,9 @@
 //!    whatever keeps them watched ([`Source::admit`](crate::mcp::source::Source::admit), which
 //!    returns an [`Admission`]: accepted URIs with their feed keys, the guards); a listen's
 //!    `taskIds` are registered with the server's [`Tasks`](crate::mcp::tasks::Tasks);
-//! 3. the accepted feed keys are registered with the hub, so no change published after the
-//!    acknowledgment is lost.
+//! 3. the accepted feed keys (and those of the lists the listen asked for that the server
+//!    announces, see [`crate::mcp::lists`]) are registered with the hub, so no change
+//!    published after the acknowledgment is lost.
 //!
 //! The result, an [`AdmittedListen`], rides in the request's extensions (as a
 //! [`PendingListen`]) until the listen handler takes it; the acknowledgment names exactly
@@ -30,6 +31,7 @@ use rmcp::model::{ErrorData as McpError, SubscriptionFilter};
 use serde_json::{Value, json};
 
 use crate::mcp::hub::Registration;
+use crate::mcp::lists::Lists;
 use crate::mcp::server::Limits;
 use crate::mcp::source::{SourceError, WatchGuard};
 
@@ -42,6 +44,8 @@ pub struct ListenFilter {
     /// so herald's transports take it out first: HTTP's listen gate reads the body, the line
     /// transport moves it into the request's `_meta` under [`TASK_IDS_META_KEY`].
     pub task_ids: Option<Vec<String>>,
+    /// `toolsListChanged` / `promptsListChanged` (see [`crate::mcp::lists`]).
+    pub lists: Lists,
 }
 
 /// Where the line transport carries a listen's `taskIds` past rmcp's parser.
@@ -105,6 +109,7 @@ impl ListenFilter {
         Ok(ListenFilter {
             resources: string_list(n.get("resourceSubscriptions"), "resourceSubscriptions")?,
             task_ids: string_list(n.get("taskIds"), "taskIds")?,
+            lists: Lists::from_notifications(n)?,
         })
     }
 
@@ -113,6 +118,7 @@ impl ListenFilter {
         ListenFilter {
             resources: f.resource_subscriptions.clone(),
             task_ids: None,
+            lists: Lists::from_rmcp(f),
         }
     }
 
@@ -298,6 +304,8 @@ pub struct AdmittedListen {
     pub(crate) tasks: Option<crate::mcp::tasks::TaskFeed>,
     /// The acknowledgment's `taskIds`: `None` when the listen named none.
     pub(crate) task_echo: Option<Vec<String>>,
+    /// The lists whose changes this stream accepted (registered under their feed keys).
+    pub(crate) lists: Lists,
 }
 
 impl AdmittedListen {
@@ -316,6 +324,7 @@ impl AdmittedListen {
             admission,
             tasks: None,
             task_echo: None,
+            lists: Lists::default(),
         }
     }
 
@@ -327,6 +336,11 @@ impl AdmittedListen {
     /// The URIs the acknowledgment names.
     pub fn uris(&self) -> Vec<String> {
         self.admission.uris()
+    }
+
+    /// The lists (`toolsListChanged`, `promptsListChanged`) the acknowledgment names.
+    pub fn lists(&self) -> Lists {
+        self.lists
     }
 
     /// What the source accepted.
@@ -400,6 +414,7 @@ pub fn narrow(filter: &mut SubscriptionFilter, listen: &AdmittedListen) {
     if filter.resource_subscriptions.is_some() {
         filter.resource_subscriptions = Some(listen.uris());
     }
+    listen.lists.narrow(filter);
 }
 
 #[cfg(test)]

@@ -128,6 +128,11 @@ impl ListenOut for LegacyOut {
             })
     }
 
+    /// A legacy subscription is one URI's: it accepts no list.
+    async fn list_changed(&mut self, list: crate::mcp::lists::List) -> Result<(), Undelivered> {
+        Err(Undelivered::NotAccepted(list.method().into()))
+    }
+
     /// A legacy subscription names no tasks; nothing to write.
     async fn task(&mut self, _task: DetailedTask) -> Result<(), Undelivered> {
         Ok(())

@@ -6,7 +6,9 @@
 //!
 //! The loop waits on the stream's pending set ([`StreamQueue`](crate::mcp::hub::StreamQueue)),
 //! its task pushes, the client going away and the server's shutdown; it writes each pending
-//! URI (and each newer task state) to a [`ListenOut`] under one stall deadline per batch. See
+//! URI, each accepted list's change (`notifications/tools/list_changed`, see
+//! [`crate::mcp::lists`]) and each newer task state to a [`ListenOut`] under one stall
+//! deadline per batch. See
 //! the invariants in `docs/ARCHITECTURE.md` (stall, coalescing, tasks).
 
 use std::future::Future;
@@ -18,6 +20,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::{debug, info};
 
 use crate::mcp::admission::AdmittedListen;
+use crate::mcp::lists::List;
 
 /// Why a notification did not reach the stream.
 #[derive(Debug)]
@@ -35,6 +38,9 @@ pub trait ListenOut: Send {
     /// Writes `notifications/resources/updated` for `uri`; resolves once the transport took it
     /// (a reader that takes nothing keeps it pending: the stall deadline ends the stream).
     fn updated(&mut self, uri: &str) -> impl Future<Output = Result<(), Undelivered>> + Send;
+    /// Writes `notifications/tools/list_changed` or `notifications/prompts/list_changed`
+    /// (only for a list the stream accepted), the same way.
+    fn list_changed(&mut self, list: List) -> impl Future<Output = Result<(), Undelivered>> + Send;
     /// Writes `notifications/tasks` with `task`'s state.
     fn task(&mut self, task: DetailedTask) -> impl Future<Output = Result<(), Undelivered>> + Send;
     /// Resolves when the client has gone away or cancelled the listen (owned, so it can be
@@ -100,15 +106,21 @@ pub async fn run(
                 // `stall` ends the stream.
                 let deadline = tokio::time::Instant::now() + stall;
                 for key in batch {
-                    let Some(uris) = listen.spelled.get(&key) else { continue };
-                    for uri in uris {
+                    // A list's key, when this stream accepted that list; then the URIs this
+                    // stream wrote for the key.
+                    let list = List::ALL
+                        .into_iter()
+                        .find(|l| l.key() == key && listen.lists.has(*l));
+                    let uris = listen.spelled.get(&key).into_iter().flatten();
+                    let notes = list.map(Note::List).into_iter().chain(uris.map(|u| Note::Updated(u)));
+                    for note in notes {
                         // A cancel that came with the batch wins: nothing goes out after it.
                         if out.is_closed() {
                             return Ok(());
                         }
                         let sent = tokio::select! {
                             _ = shutdown.cancelled() => return Ok(()),
-                            r = tokio::time::timeout_at(deadline, out.updated(uri)) => r,
+                            r = tokio::time::timeout_at(deadline, note.write(out)) => r,
                         };
                         match sent {
                             Ok(Ok(())) => {}
@@ -143,6 +155,21 @@ pub async fn run(
                     }
                 }
             }
+        }
+    }
+}
+
+/// One notification of a batch.
+enum Note<'a> {
+    Updated(&'a str),
+    List(List),
+}
+
+impl Note<'_> {
+    async fn write(self, out: &mut impl ListenOut) -> Result<(), Undelivered> {
+        match self {
+            Note::Updated(uri) => out.updated(uri).await,
+            Note::List(list) => out.list_changed(list).await,
         }
     }
 }

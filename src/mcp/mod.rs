@@ -15,6 +15,7 @@ pub mod events;
 pub mod hub;
 pub mod legacy;
 pub mod listen;
+pub mod lists;
 pub mod metrics;
 pub mod ring;
 pub mod server;

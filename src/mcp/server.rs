@@ -17,14 +17,14 @@ use base64::Engine as _;
 use rmcp::handler::server::ServerHandler;
 use rmcp::model::{
     CallToolRequestParams, CallToolResponse, CancelTaskParams, CompleteRequestParams,
-    CompleteResult, CustomRequest, CustomResult, DetailedTask, DiscoverResult, ErrorCode,
-    ErrorData as McpError, GetPromptRequestParams, GetPromptResponse, GetTaskParams, GetTaskResult,
-    Implementation, InitializeRequestParams, InitializeResult, ListPromptsResult,
-    ListResourceTemplatesResult, ListResourcesResult, ListToolsResult, PaginatedRequestParams,
-    ReadResourceRequestParams, ReadResourceResponse, ReadResourceResult, ResourceContents,
-    ServerCapabilities, ServerConfig, SubscriptionFilter, Tool, UpdateTaskParams,
+    CompleteResult, CustomRequest, CustomResult, DiscoverResult, ErrorCode, ErrorData as McpError,
+    GetPromptRequestParams, GetPromptResponse, GetTaskParams, GetTaskResult, Implementation,
+    InitializeRequestParams, InitializeResult, ListPromptsResult, ListResourceTemplatesResult,
+    ListResourcesResult, ListToolsResult, PaginatedRequestParams, ReadResourceRequestParams,
+    ReadResourceResponse, ReadResourceResult, ResourceContents, ServerCapabilities, ServerConfig,
+    SubscriptionFilter, Tool, UpdateTaskParams,
 };
-use rmcp::service::{RequestContext, RoleServer, SubscriptionContext, SubscriptionSendError};
+use rmcp::service::{RequestContext, RoleServer, SubscriptionContext};
 use serde_json::json;
 use tokio_util::sync::CancellationToken;
 use tracing::{Instrument as _, debug, info, warn};
@@ -36,7 +36,7 @@ use crate::mcp::caller::Caller;
 use crate::mcp::conn::ConnServer;
 use crate::mcp::hub::ChangeFeed;
 use crate::mcp::legacy::{Claimed, LegacyOut, LegacySubscriptions};
-use crate::mcp::listen::{ListenOut, Undelivered};
+use crate::mcp::listen::ListenOut;
 use crate::mcp::source::{Body, DynSource, SourceError};
 use crate::mcp::tasks::relay::TaskRelay;
 use crate::mcp::tasks::{TaskFeed, TaskSupport, Tasks};
@@ -399,9 +399,14 @@ impl SourceServer {
         for (uri, why) in &admission.refused {
             debug!(%uri, reason = %why, "listen: URI left out of the acknowledgment");
         }
-        let keys: Vec<String> = admission.accepted.iter().map(|a| a.key.clone()).collect();
+        // The lists it asked for that this server announces ride the same feed and queue.
+        let lists = filter.lists.accepted(&self.shared.config.capabilities);
+        let keys: Vec<String> = (admission.accepted.iter().map(|a| a.key.clone()))
+            .chain(lists.keys().map(str::to_owned))
+            .collect();
         let registration = self.shared.feed.register(&keys);
         let mut listen = AdmittedListen::new(slot, registration, admission);
+        listen.lists = lists;
         if let Some(ids) = &filter.task_ids {
             // Only the ids this caller could tasks/get now; unknown and foreign ones are left
             // out without a word, so a listen tells nothing a poll would not.
@@ -448,7 +453,7 @@ impl SourceServer {
         let caller = Caller::of(&context);
         let filter = ListenFilter {
             resources: Some(vec![uri.clone()]),
-            task_ids: None,
+            ..ListenFilter::default()
         };
         // A subscription costs what a listen stream costs, from the same budget: the
         // connection's (stdio, QUIC), or on HTTP the client address's.
@@ -563,55 +568,6 @@ fn misshapen_standard_request(request: &CustomRequest) -> Option<McpError> {
         ),
         Some(json!({"method": method})),
     ))
-}
-
-/// A listen carried by rmcp's subscription: byte streams (stdio, QUIC, in-process pipes), and
-/// HTTP requests off herald's own SSE path.
-struct RmcpOut<'a> {
-    ctx: &'a SubscriptionContext,
-}
-
-impl ListenOut for RmcpOut<'_> {
-    async fn updated(&mut self, uri: &str) -> Result<(), Undelivered> {
-        match self
-            .ctx
-            .sink()
-            .notify_resource_updated(uri.to_owned())
-            .await
-        {
-            Ok(()) => Ok(()),
-            Err(SubscriptionSendError::SubscriptionClosed) => Err(Undelivered::Closed),
-            Err(e @ SubscriptionSendError::NotificationNotAccepted(_)) => {
-                Err(Undelivered::NotAccepted(e.to_string()))
-            }
-            Err(e) => Err(Undelivered::Failed(e.to_string())),
-        }
-    }
-
-    /// `notifications/tasks`, tagged with the stream's subscription id: rmcp's sink refuses
-    /// this notification, so it goes to the peer directly.
-    async fn task(&mut self, task: DetailedTask) -> Result<(), Undelivered> {
-        use rmcp::model::GetMeta as _;
-        let mut n = rmcp::model::ServerNotification::TaskStatusNotification(
-            rmcp::model::TaskStatusNotification::new(task.into()),
-        );
-        n.get_meta_mut()
-            .set_subscription_id(self.ctx.sink().id().clone());
-        self.ctx
-            .request_context()
-            .peer
-            .send_notification(n)
-            .await
-            .map_err(|e| Undelivered::Failed(e.to_string()))
-    }
-
-    fn closed(&self) -> impl std::future::Future<Output = ()> + Send + 'static {
-        self.ctx.request_context().ct.clone().cancelled_owned()
-    }
-
-    fn is_closed(&self) -> bool {
-        self.ctx.request_context().ct.is_cancelled()
-    }
 }
 
 /// An error as a client of this server receives it: what a caller in this process gets
@@ -849,6 +805,7 @@ impl ServerHandler for SourceServer {
         // `listen`.
         let mut accepted = SubscriptionFilter::default();
         accepted.resource_subscriptions = requested.resource_subscriptions.clone();
+        crate::mcp::lists::Lists::from_rmcp(requested).narrow(&mut accepted);
         Some(accepted)
     }
 
@@ -1005,7 +962,9 @@ impl SourceServer {
 }
 
 mod calls;
+mod out;
 pub use calls::plain_call;
+use out::RmcpOut;
 
 #[cfg(test)]
 #[path = "server_tests.rs"]

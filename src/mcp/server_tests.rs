@@ -12,7 +12,7 @@ async fn server(limits: Limits) -> SourceServer {
 fn filter(uris: &[&str]) -> ListenFilter {
     ListenFilter {
         resources: Some(uris.iter().map(|u| u.to_string()).collect()),
-        task_ids: None,
+        ..ListenFilter::default()
     }
 }
 

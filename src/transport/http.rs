@@ -15,7 +15,7 @@ use std::sync::atomic::AtomicUsize;
 use std::time::Duration;
 
 use axum::Router;
-use axum::body::{Body, Bytes};
+use axum::body::Body;
 use axum::extract::{Request, State};
 use axum::http::{Method, StatusCode, header};
 use axum::middleware::Next;
@@ -39,7 +39,9 @@ use crate::mcp::server::SourceServer;
 use crate::transport::origin::Allowlist;
 
 mod conn;
+mod events;
 mod first;
+use events::{Ack, StreamEvents, ack_event, ack_lists, final_event};
 
 pub use conn::{
     DEFAULT_BODY_TIMEOUT_MS, DEFAULT_HEADER_TIMEOUT_MS, DEFAULT_IDLE_TIMEOUT_MS, Timeouts,
@@ -484,9 +486,15 @@ async fn listen_gate(State(gate): State<Gate>, req: Request, next: Next) -> Resp
             body = Body::from(v.to_string());
             parts.headers.remove(header::CONTENT_LENGTH);
         }
+        if let Some(notifications) = v["params"]["notifications"].as_object_mut()
+            && listen.lists().narrow_json(notifications)
+        {
+            body = Body::from(v.to_string());
+            parts.headers.remove(header::CONTENT_LENGTH);
+        }
         if let Some(id) = plain_listen(&parts.headers, &bytes, server) {
-            let (uris, task_ids) = ack_lists(&filter, &listen);
-            return sse_listen(server.clone(), listen, id, uris, task_ids);
+            let ack = ack_lists(&filter, &listen);
+            return sse_listen(server.clone(), listen, id, ack);
         }
         let echo = listen.task_ids();
         parts.extensions.insert(PendingListen::new(listen));
@@ -923,125 +931,21 @@ struct SseOut {
     events: StreamEvents,
 }
 
-/// A listen stream's events as it writes them: its subscription id, and each URI's
-/// `notifications/resources/updated` made once per stream and reused for every change.
-struct StreamEvents {
-    /// The stream's subscription id, as JSON.
-    id: Value,
-    updated: Vec<(String, Bytes)>,
-}
-
-impl StreamEvents {
-    fn new(id: Value) -> StreamEvents {
-        StreamEvents {
-            id,
-            updated: Vec::new(),
-        }
-    }
-
-    /// `uri`'s notification, framed by `frame` (for the transport) the first time.
-    fn updated(&mut self, uri: &str, frame: impl FnOnce(Bytes) -> Bytes) -> Bytes {
-        if let Some((_, e)) = self.updated.iter().find(|(u, _)| u == uri) {
-            return e.clone();
-        }
-        let e = frame(updated_event(&self.id, uri));
-        self.updated.push((uri.to_owned(), e.clone()));
-        e
-    }
-
-    /// `task`'s state as an event.
-    fn task(&self, task: rmcp::model::DetailedTask) -> Bytes {
-        task_event(&self.id, task)
-    }
-}
-
-/// One SSE event carrying `message`.
-fn sse_event(message: &impl serde::Serialize) -> Bytes {
-    let mut out = b"data: ".to_vec();
-    serde_json::to_writer(&mut out, message).expect("JSON values serialize");
-    out.extend_from_slice(b"\n\n");
-    out.into()
-}
-
-/// The subscription-id key of a notification's `_meta`.
-const SUBSCRIPTION_ID: &str = "io.modelcontextprotocol/subscriptionId";
-
-/// A listen's acknowledgment for subscription `id` (`uris` as its `resourceSubscriptions`,
-/// `task_ids` as its `taskIds`).
-fn ack_event(id: &Value, uris: Option<Vec<String>>, task_ids: Option<Vec<String>>) -> Bytes {
-    let mut notifications = serde_json::Map::new();
-    if let Some(uris) = uris {
-        notifications.insert("resourceSubscriptions".into(), json!(uris));
-    }
-    if let Some(ids) = task_ids {
-        notifications.insert("taskIds".into(), json!(ids));
-    }
-    sse_event(
-        &json!({"jsonrpc": "2.0", "method": "notifications/subscriptions/acknowledged",
-        "params": {"_meta": {SUBSCRIPTION_ID: id}, "notifications": notifications}}),
-    )
-}
-
-/// `notifications/resources/updated` for `uri` on subscription `id`.
-fn updated_event(id: &Value, uri: &str) -> Bytes {
-    sse_event(&json!({"jsonrpc": "2.0",
-        "method": "notifications/resources/updated",
-        "params": {"_meta": {SUBSCRIPTION_ID: id}, "uri": uri}}))
-}
-
-/// `notifications/tasks` with `task`'s state on subscription `id`.
-fn task_event(id: &Value, task: rmcp::model::DetailedTask) -> Bytes {
-    let mut n = serde_json::to_value(rmcp::model::ServerJsonRpcMessage::notification(
-        rmcp::model::ServerNotification::TaskStatusNotification(
-            rmcp::model::TaskStatusNotification::new(task.into()),
-        ),
-    ))
-    .expect("a notification serializes");
-    if let Some(params) = n.get_mut("params").and_then(Value::as_object_mut) {
-        let meta = params.entry("_meta").or_insert_with(|| json!({}));
-        if let Some(meta) = meta.as_object_mut() {
-            meta.insert(SUBSCRIPTION_ID.into(), id.clone());
-        }
-    }
-    sse_event(&n)
-}
-
-/// A listen's last event: its graceful result, or the error that ended it.
-fn final_event(
-    server: &SourceServer,
-    id: rmcp::model::RequestId,
-    ended: Result<(), rmcp::model::ErrorData>,
-) -> Bytes {
-    match ended {
-        Ok(()) => {
-            use rmcp::ServerHandler as _;
-            let mut result = rmcp::model::SubscriptionsListenResult::complete(id.clone());
-            result.meta.set_server_info(server.get_info().server_info);
-            sse_event(&rmcp::model::ServerJsonRpcMessage::response(
-                rmcp::model::ServerResult::SubscriptionsListenResult(result),
-                id,
-            ))
-        }
-        Err(e) => sse_event(&rmcp::model::ServerJsonRpcMessage::error(e, Some(id))),
-    }
-}
-
-/// What a plain listen's acknowledgment names, as rmcp would: the accepted URIs when the
-/// request named some and some were accepted, and the admitted task ids.
-fn ack_lists(
-    filter: &ListenFilter,
-    listen: &crate::mcp::admission::AdmittedListen,
-) -> (Option<Vec<String>>, Option<Vec<String>>) {
-    let accepted = listen.uris();
-    let uris = (filter.resources.is_some() && !accepted.is_empty()).then_some(accepted);
-    (uris, listen.task_ids())
-}
-
 impl crate::mcp::listen::ListenOut for SseOut {
     async fn updated(&mut self, uri: &str) -> Result<(), crate::mcp::listen::Undelivered> {
         let event = self.events.updated(uri, |e| e);
         self.tx
             .send(event)
+            .await
+            .map_err(|_| crate::mcp::listen::Undelivered::Closed)
+    }
+
+    async fn list_changed(
+        &mut self,
+        list: crate::mcp::lists::List,
+    ) -> Result<(), crate::mcp::listen::Undelivered> {
+        self.tx
+            .send(self.events.list_changed(list))
             .await
             .map_err(|_| crate::mcp::listen::Undelivered::Closed)
     }
@@ -1069,8 +973,7 @@ impl crate::mcp::listen::ListenOut for SseOut {
 /// How often an idle SSE listen stream gets a keep-alive comment (as rmcp's streams do).
 const SSE_KEEP_ALIVE: Duration = Duration::from_secs(15);
 
-/// herald's own SSE response to an admitted listen: the acknowledgment (`uris` as its
-/// `resourceSubscriptions` when the request named any, `task_ids` as its `taskIds`), then
+/// herald's own SSE response to an admitted listen: the acknowledgment (`ack`), then
 /// what [`SourceServer::deliver`] writes, then the listen's final result or error, with a
 /// keep-alive comment on a quiet stream. One small task and a short channel per stream, where
 /// rmcp's service would hold a whole per-request service with its channels. The body going
@@ -1079,12 +982,11 @@ fn sse_listen(
     server: SourceServer,
     listen: crate::mcp::admission::AdmittedListen,
     id: rmcp::model::RequestId,
-    uris: Option<Vec<String>>,
-    task_ids: Option<Vec<String>>,
+    ack: Ack,
 ) -> Response {
     let (tx, rx) = tokio::sync::mpsc::channel(SSE_QUEUE);
     let id_json = serde_json::to_value(&id).expect("an id serializes");
-    tx.try_send(ack_event(&id_json, uris, task_ids))
+    tx.try_send(ack_event(&id_json, ack))
         .expect("a new channel has room for the acknowledgment");
     let stall = server.limits().stall_timeout;
     tokio::spawn(async move {

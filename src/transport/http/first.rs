@@ -254,8 +254,7 @@ fn parse_head(buf: &[u8], max_body: usize) -> Parsed {
 struct Admitted {
     listen: crate::mcp::admission::AdmittedListen,
     id: rmcp::model::RequestId,
-    uris: Option<Vec<String>>,
-    task_ids: Option<Vec<String>>,
+    ack: super::Ack,
 }
 
 /// The gate's checks and admission for a plain listen; `None` for anything the gate must see
@@ -287,13 +286,8 @@ async fn admit(
         return None; // the gate answers it: 401
     }
     let listen = gate.server.admit(&caller, &filter, conn).await.ok()?;
-    let (uris, task_ids) = super::ack_lists(&filter, &listen);
-    Some(Admitted {
-        listen,
-        id,
-        uris,
-        task_ids,
-    })
+    let ack = super::ack_lists(&filter, &listen);
+    Some(Admitted { listen, id, ack })
 }
 
 /// The response head of a listen's SSE stream, chunked (the `date` header follows).
@@ -397,6 +391,11 @@ impl crate::mcp::listen::ListenOut for RawOut<'_, '_> {
         self.send(event).await
     }
 
+    async fn list_changed(&mut self, list: crate::mcp::lists::List) -> Result<(), Undelivered> {
+        self.send(chunk(&self.events.list_changed(list)).into())
+            .await
+    }
+
     async fn task(&mut self, task: rmcp::model::DetailedTask) -> Result<(), Undelivered> {
         self.send(chunk(&self.events.task(task)).into()).await
     }
@@ -421,12 +420,7 @@ async fn answer(
     mut pipelined: Vec<u8>,
     shutdown: &CancellationToken,
 ) -> First {
-    let Admitted {
-        listen,
-        id,
-        uris,
-        task_ids,
-    } = admitted;
+    let Admitted { listen, id, ack } = admitted;
     let stall = gate.server.limits().stall_timeout;
     let id_json = serde_json::to_value(&id).expect("an id serializes");
     let mut start = format!(
@@ -434,7 +428,7 @@ async fn answer(
         httpdate::fmt_http_date(std::time::SystemTime::now())
     )
     .into_bytes();
-    start.extend_from_slice(&chunk(&super::ack_event(&id_json, uris, task_ids)));
+    start.extend_from_slice(&chunk(&super::ack_event(&id_json, ack)));
     let writer = Writer::new(stream);
     if !matches!(
         tokio::time::timeout(stall, writer.write(Some(start.into()))).await,
