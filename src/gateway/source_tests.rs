@@ -68,11 +68,9 @@ fn callers_are_known_by_their_tokens_or_by_needing_none() {
     assert_eq!(open.authenticates(&token("x")), Authentication::NoTokens);
 }
 
-#[tokio::test]
-async fn a_role_in_this_process_is_called_and_read_directly() {
-    let memo = MemoServer::start().await;
-    let ctx = RoleContext::new("gateway");
-    let up = Arc::new(local::upstream(
+/// `memo` as slug `m`, in this process.
+fn in_process_memo(memo: &MemoServer, ctx: &RoleContext) -> Arc<Upstream> {
+    Arc::new(local::upstream(
         UpstreamConfig {
             name: "m".into(),
             context: Some(ctx.clone()),
@@ -83,8 +81,15 @@ async fn a_role_in_this_process_is_called_and_read_directly() {
             )
         },
         memo.server(),
-        &ctx,
-    ));
+        ctx,
+    ))
+}
+
+#[tokio::test]
+async fn a_role_in_this_process_is_called_and_read_directly() {
+    let memo = MemoServer::start().await;
+    let ctx = RoleContext::new("gateway");
+    let up = in_process_memo(&memo, &ctx);
     let gw = Gateway::with_upstreams(vec![up.clone()], Vec::new(), &ctx);
     let me = Caller::local();
     // Calls need no connection: none is made.
@@ -130,19 +135,7 @@ async fn a_role_in_this_process_is_called_and_read_directly() {
 async fn a_bare_slug_keeps_its_tool_names_and_the_prefixed_ones_still_route() {
     let memo = MemoServer::start().await;
     let ctx = RoleContext::new("gateway");
-    let up = Arc::new(local::upstream(
-        UpstreamConfig {
-            name: "m".into(),
-            context: Some(ctx.clone()),
-            ..UpstreamConfig::new(
-                Target::Stdio("in-process m".into()),
-                Default::default(),
-                1 << 20,
-            )
-        },
-        memo.server(),
-        &ctx,
-    ));
+    let up = in_process_memo(&memo, &ctx);
     let gw = Gateway::with_upstreams(vec![up.clone()], Vec::new(), &ctx).bare(Some("m"));
     let me = Caller::local();
     // Bare names are known once the catalog is: one connect fetches it.
