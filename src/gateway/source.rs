@@ -648,6 +648,14 @@ impl Source for Gateway {
         out
     }
 
+    /// From the slug's catalog alone (never the whole listing).
+    fn tool(&self, caller: &Caller, name: &str) -> Option<Tool> {
+        let (up, tool) = self.access.route_name(caller, name, Names::Tools)?.ok()?;
+        let mut t = up.catalog()?.tools.iter().find(|t| t.name == tool)?.clone();
+        t.name = name.to_owned().into();
+        Some(t)
+    }
+
     /// What the slug's own listing says of the tool (the caller's entitlement is checked
     /// when the call goes out).
     fn task_support(&self, caller: &Caller, name: &str) -> crate::mcp::tasks::TaskSupport {

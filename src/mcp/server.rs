@@ -303,6 +303,11 @@ impl SourceServer {
         &self.shared.limits
     }
 
+    /// Tool `name` as `caller` sees it.
+    pub fn tool(&self, caller: &Caller, name: &str) -> Option<Tool> {
+        self.shared.source.tool(caller, name)
+    }
+
     /// What the source makes of `caller`'s credentials (see
     /// [`Source::authenticates`](crate::mcp::source::Source::authenticates)).
     pub fn authenticates(&self, caller: &Caller) -> crate::mcp::source::Authentication {
@@ -866,14 +871,10 @@ impl ServerHandler for SourceServer {
     }
 
     /// rmcp asks this, with no request context, only to check HTTP `Mcp-Param-*` headers
-    /// against a tool's schema: answered for an anonymous caller (so a gateway, which shows no
-    /// tool to an anonymous caller, has its headers checked by its upstreams instead).
-    fn get_tool(&self, name: &str) -> Option<Tool> {
-        self.shared
-            .source
-            .tools(&Caller::default())
-            .into_iter()
-            .find(|t| t.name == name)
+    /// against a tool's schema. herald's HTTP gate checks them first, against the tool as the
+    /// caller sees it (`transport::http::params`), so rmcp is told of none.
+    fn get_tool(&self, _name: &str) -> Option<Tool> {
+        None
     }
 
     async fn call_tool(

@@ -333,6 +333,12 @@ pub trait Source: Send + Sync + 'static {
         Vec::new()
     }
 
+    /// Tool `name` as this caller sees it (its `Mcp-Param-*` headers are checked against
+    /// it). A source whose listing is costly to build answers it directly.
+    fn tool(&self, caller: &Caller, name: &str) -> Option<Tool> {
+        self.tools(caller).into_iter().find(|t| t.name == name)
+    }
+
     /// Calls tool `name`. `call.progress` is set when the caller asked for progress
     /// (`_meta.progressToken`): a source that reports progress (the gateway relays its
     /// upstreams') sends it there. `call.task` is set when the call runs as a task (only for

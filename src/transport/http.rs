@@ -41,6 +41,7 @@ use crate::transport::origin::Allowlist;
 mod conn;
 mod events;
 mod first;
+mod params;
 use events::{Ack, StreamEvents, ack_event, ack_lists, final_event};
 
 pub use conn::{
@@ -445,8 +446,13 @@ async fn listen_gate(State(gate): State<Gate>, req: Request, next: Next) -> Resp
     // read) are not parsed twice: a listen's method name contains `listen` unless its letters
     // are written as `\u` escapes, and then the body contains `\u`.
     let contains = |needle: &[u8]| bytes.windows(needle.len()).any(|w| w == needle);
+    if contains(b"tools/call")
+        && let Some(refused) = param_headers_refused(&parts, &bytes, server)
+    {
+        return refused;
+    }
     if (contains(b"tools/call") || contains(b"resources/read"))
-        && let Some(plain) = plain_request(&parts.headers, &bytes, server)
+        && let Some(plain) = plain_request(&parts.headers, &bytes)
     {
         let caller = Caller::from_parts(&parts);
         return plain.answer(server, &caller).await;
@@ -510,6 +516,31 @@ async fn listen_gate(State(gate): State<Gate>, req: Request, next: Next) -> Resp
         };
     }
     unparsed(next.run(Request::from_parts(parts, body)).await, &bytes)
+}
+
+/// A `tools/call` whose `Mcp-Param-*` headers disagree with its arguments, for the tool as
+/// this caller sees it (see [`params`]): `-32020` with `400`, as rmcp answers. `None` for
+/// everything else, which goes on (the tool is read from the `Mcp-Name` header, so the body is
+/// parsed only for a tool that promotes an argument).
+fn param_headers_refused(
+    parts: &axum::http::request::Parts,
+    body: &[u8],
+    server: &SourceServer,
+) -> Option<Response> {
+    let name = params::name(&parts.headers)?;
+    let tool = server.tool(&Caller::from_parts(parts), &name)?;
+    if !params::promotes(&tool.input_schema) {
+        return None;
+    }
+    let request: Value = serde_json::from_slice(body).ok()?;
+    if request.get("method").and_then(Value::as_str) != Some("tools/call") {
+        return None;
+    }
+    let arguments = request.get("params").and_then(|p| p.get("arguments"));
+    let why = params::check(&parts.headers, arguments, &tool.input_schema).err()?;
+    let id = request.get("id").cloned().unwrap_or(Value::Null);
+    let error = json!({"code": rmcp::model::ErrorCode::HEADER_MISMATCH.0, "message": why});
+    Some(rpc_error(StatusCode::BAD_REQUEST, id, error))
 }
 
 /// Whether rmcp refuses the listen `request` (a JSON-RPC message) before it would acknowledge
@@ -697,10 +728,7 @@ fn plain_headers<'h>(headers: &'h axum::http::HeaderMap, method: &str) -> Option
     };
     if only("mcp-protocol-version")? != ProtocolVersion::V_2026_07_28.as_str()
         || only("mcp-method")? != method
-        || headers.keys().any(|k| {
-            let k = k.as_str();
-            k == "mcp-session-id" || k.starts_with("mcp-param-")
-        })
+        || headers.contains_key("mcp-session-id")
     {
         return None;
     }
@@ -773,30 +801,13 @@ enum PlainWhat {
     },
 }
 
-/// Whether `key` appears anywhere in `object` as an object key.
-fn has_key(object: &rmcp::model::JsonObject, key: &str) -> bool {
-    fn within(v: &Value, key: &str) -> bool {
-        match v {
-            Value::Object(m) => has_key(m, key),
-            Value::Array(a) => a.iter().any(|v| within(v, key)),
-            _ => false,
-        }
-    }
-    object.iter().any(|(k, v)| k == key || within(v, key))
-}
-
 /// A `tools/call` or `resources/read` in the shape every 2026-07-28 client sends for a plain
 /// request (the headers of [`plain_headers`], `Mcp-Name` exactly the tool's name or the URI,
-/// a well-formed request with no progress token and no tasks declared; for a call, of a tool
-/// that promotes no argument to a header), which herald answers itself: the source's
+/// a well-formed request with no progress token, no log level and no tasks declared; its
+/// `Mcp-Param-*` headers were checked before), which herald answers itself: the source's
 /// handler, then one JSON body. rmcp would build a whole service per request for it.
 /// Anything else goes on to rmcp.
-fn plain_request(
-    headers: &axum::http::HeaderMap,
-    body: &[u8],
-    server: &SourceServer,
-) -> Option<Plain> {
-    use rmcp::ServerHandler as _;
+fn plain_request(headers: &axum::http::HeaderMap, body: &[u8]) -> Option<Plain> {
     use rmcp::model::{ClientJsonRpcMessage, ClientRequest, GetMeta as _};
     let method = headers.get("mcp-method")?.to_str().ok()?;
     if method != "tools/call" && method != "resources/read" {
@@ -826,13 +837,8 @@ fn plain_request(
     let what = match request.request {
         ClientRequest::CallToolRequest(call) if method == "tools/call" => {
             let name = call.params.name.to_string();
-            // rmcp checks `Mcp-Param-*` headers against the schema its context-less hook
-            // returns.
-            if name_header != name
-                || server
-                    .get_tool(&name)
-                    .is_some_and(|t| has_key(&t.input_schema, "x-mcp-header"))
-            {
+            // (`Mcp-Param-*` headers were checked before: `param_headers_refused`.)
+            if name_header != name {
                 return None;
             }
             let input = crate::mcp::source::Input {
@@ -1126,7 +1132,6 @@ fn rpc_error(status: StatusCode, id: Value, error: Value) -> Response {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::testing::MemoServer;
 
     fn headers(pairs: &[(&'static str, &'static str)]) -> axum::http::HeaderMap {
         pairs
@@ -1143,10 +1148,8 @@ mod tests {
 
     /// The plain call herald answers itself is the one every 2026-07-28 client sends; a
     /// progress token, a second `Mcp-Name` or a name that differs from the body's goes to rmcp.
-    #[tokio::test]
-    async fn a_plain_call_is_recognised_and_anything_else_left_to_rmcp() {
-        let memo = MemoServer::start().await;
-        let server = memo.server();
+    #[test]
+    fn a_plain_call_is_recognised_and_anything_else_left_to_rmcp() {
         let meta = json!({"io.modelcontextprotocol/protocolVersion": "2026-07-28",
             "io.modelcontextprotocol/clientCapabilities": {},
             "io.modelcontextprotocol/clientInfo": {"name": "t", "version": "1"}});
@@ -1157,7 +1160,7 @@ mod tests {
             ("mcp-method", "tools/call"),
             ("mcp-name", "memo_set"),
         ]);
-        let call = plain_request(&plain, &call_body("memo_set", meta.clone()), &server)
+        let call = plain_request(&plain, &call_body("memo_set", meta.clone()))
             .expect("a plain call is answered in place");
         let PlainWhat::Call { name, args, .. } = call.what else {
             panic!("a call")
@@ -1170,31 +1173,29 @@ mod tests {
         let mut read_headers = plain.clone();
         read_headers.insert("mcp-method", "resources/read".parse().unwrap());
         read_headers.insert("mcp-name", "memo://notes".parse().unwrap());
-        let PlainWhat::Read { uri, .. } =
-            plain_request(&read_headers, &read, &server).unwrap().what
-        else {
+        let PlainWhat::Read { uri, .. } = plain_request(&read_headers, &read).unwrap().what else {
             panic!("a read")
         };
         assert_eq!(uri, "memo://notes");
         read_headers.insert("mcp-name", "memo://log".parse().unwrap());
-        assert!(plain_request(&read_headers, &read, &server).is_none());
+        assert!(plain_request(&read_headers, &read).is_none());
 
         let mut with_progress = meta.clone();
         with_progress["progressToken"] = json!("p");
-        assert!(plain_request(&plain, &call_body("memo_set", with_progress), &server).is_none());
-        assert!(plain_request(&plain, &call_body("memo_delete", meta.clone()), &server).is_none());
+        assert!(plain_request(&plain, &call_body("memo_set", with_progress)).is_none());
+        assert!(plain_request(&plain, &call_body("memo_delete", meta.clone())).is_none());
         let mut no_name = plain.clone();
         no_name.remove("mcp-name");
-        assert!(plain_request(&no_name, &call_body("memo_set", meta.clone()), &server).is_none());
+        assert!(plain_request(&no_name, &call_body("memo_set", meta.clone())).is_none());
         let mut encoded = plain.clone();
         encoded.insert("mcp-name", "=?base64?bWVtb19zZXQ=?=".parse().unwrap());
-        assert!(plain_request(&encoded, &call_body("memo_set", meta.clone()), &server).is_none());
+        assert!(plain_request(&encoded, &call_body("memo_set", meta.clone())).is_none());
         let mut two_names = plain.clone();
         two_names.append("mcp-name", "memo_set".parse().unwrap());
-        assert!(plain_request(&two_names, &call_body("memo_set", meta.clone()), &server).is_none());
+        assert!(plain_request(&two_names, &call_body("memo_set", meta.clone())).is_none());
         let mut old = plain.clone();
         old.insert("mcp-protocol-version", "2025-11-25".parse().unwrap());
-        assert!(plain_request(&old, &call_body("memo_set", meta), &server).is_none());
+        assert!(plain_request(&old, &call_body("memo_set", meta)).is_none());
     }
 
     /// rmcp's table (`jsonrpc_http_status` and its tests in rmcp 3.11's
