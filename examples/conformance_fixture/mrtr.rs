@@ -1,12 +1,9 @@
 //! The suite's SEP-2322 fixtures: tools (and one prompt) that answer `InputRequiredResult`
 //! until the client sends what they asked for. Request state that decides anything is sealed
-//! (HMAC-SHA256 with a key made at start, bound to the tool's name), so a tampered state is
-//! refused.
+//! (herald's `Sealer`, bound to the tool's name), so a tampered state is refused.
 
-use base64::Engine as _;
-use base64::engine::general_purpose::URL_SAFE_NO_PAD as B64;
+use herald::mcp::sealed::Sealer;
 use herald::mcp::source::{Call, Input, SourceError};
-use ring::hmac;
 use rmcp::model::{CallToolResponse, InputRequiredResult};
 use serde_json::{Value, json};
 
@@ -90,41 +87,18 @@ fn root_count(input: &Input, key: &str) -> Option<usize> {
 
 /// The sealing of request state: a key made at start, each state bound to its tool.
 pub struct States {
-    key: hmac::Key,
+    sealer: Sealer,
 }
 
 impl States {
     pub fn new() -> States {
-        let rng = ring::rand::SystemRandom::new();
         States {
-            key: hmac::Key::generate(hmac::HMAC_SHA256, &rng).expect("the system's random source"),
+            sealer: Sealer::new(),
         }
     }
 
-    fn tag(&self, tool: &str, payload: &[u8]) -> hmac::Tag {
-        let mut ctx = hmac::Context::with_key(&self.key);
-        ctx.update(tool.as_bytes());
-        ctx.update(&[0]);
-        ctx.update(payload);
-        ctx.sign()
-    }
-
-    /// `payload.tag`, both base64url.
     fn seal(&self, tool: &str, state: Value) -> String {
-        let payload = state.to_string();
-        let tag = self.tag(tool, payload.as_bytes());
-        format!("{}.{}", B64.encode(&payload), B64.encode(tag.as_ref()))
-    }
-
-    fn verify(&self, tool: &str, sealed: &str) -> Option<Vec<u8>> {
-        let (payload, tag) = sealed.split_once('.')?;
-        let payload = B64.decode(payload).ok()?;
-        let tag = B64.decode(tag).ok()?;
-        let mut msg = tool.as_bytes().to_vec();
-        msg.push(0);
-        msg.extend_from_slice(&payload);
-        hmac::verify(&self.key, &msg, &tag).ok()?;
-        Some(payload)
+        self.sealer.seal(&[tool], &state.to_string())
     }
 
     /// The state sent back with a call of `tool`: `None` when there is none, an error when
@@ -133,14 +107,14 @@ impl States {
         let Some(sealed) = &input.request_state else {
             return Ok(None);
         };
-        let bytes = self.verify(tool, sealed).ok_or_else(|| {
+        let opened = self.sealer.open(&[tool], sealed).ok_or_else(|| {
             SourceError::InvalidParams(
                 "requestState integrity check failed: send back the requestState exactly as \
                  received"
                     .into(),
             )
         })?;
-        serde_json::from_slice(&bytes)
+        serde_json::from_str(&opened)
             .map(Some)
             .map_err(|_| SourceError::InvalidParams("requestState is not this server's".into()))
     }
@@ -149,7 +123,7 @@ impl States {
         let mut n = [0u8; 8];
         ring::rand::SecureRandom::fill(&ring::rand::SystemRandom::new(), &mut n)
             .expect("the system's random source");
-        B64.encode(n)
+        n.iter().map(|b| format!("{b:02x}")).collect()
     }
 
     /// Answers one of [`TOOLS`].

@@ -57,27 +57,24 @@ pub async fn run(args: GatewayArgs, globals: &Globals) -> Result<(), Exit> {
             "no [[token]] in the config: HTTP and QUIC callers are refused every server; only stdio callers get them"
         );
     }
+    if cfg.open_to_loopback {
+        // The config's own addresses were checked when it was read; the flags' are here.
+        crate::gateway::config::open_on_loopback_only(
+            [&opts.http, &opts.quic]
+                .into_iter()
+                .flatten()
+                .map(String::as_str),
+        )
+        .map_err(|e| crate::cli::usage(e.into()))?;
+    }
     let store = role_store(&opts, globals).await?;
     let ctx = RoleContext::new("gateway");
     // The slugs are on the status board before the admin address answers: /ready names
     // every one it waits for from its first answer. Nothing connects before the warm-up.
-    let mut gateway = Gateway::with_upstreams(
-        upstreams(&cfg.slugs, &opts.limits, &ctx),
-        cfg.tokens.clone(),
-        &ctx,
-    )
-    .bare(bare_slug(&cfg.slugs));
-    if cfg.open_to_loopback {
-        gateway = gateway.open_to_loopback();
-    }
+    let gateway = Gateway::configured(upstreams(&cfg.slugs, &opts.limits, &ctx), &cfg, &ctx);
     let admin = begin(&args.serve, &ctx, globals, &store).await?;
     gateway.warm_up(std::time::Duration::from_secs(5)).await;
     serve_until_stopped(gateway, &opts, admin, &store, ctx, globals).await
-}
-
-/// The `[[slug]]` with `prefix = false`, if any (the config allows one).
-pub fn bare_slug(slugs: &[crate::gateway::config::Slug]) -> Option<&str> {
-    slugs.iter().find(|s| !s.prefix).map(|s| s.name.as_str())
 }
 
 /// The upstream of each `[[slug]]`: its server, or for a `nats` slug the event logs its source

@@ -94,6 +94,10 @@ pub enum ConfigError {
     #[error("slug {0} is the name of a role this config runs; name the [[slug]] something else")]
     SlugIsRole(String),
     #[error(
+        "open_to_loopback = true lets any process on this host in without a token, so the gateway must listen on loopback only, and {0} is not loopback: listen on 127.0.0.1 (or [::1]), or drop open_to_loopback and give callers tokens"
+    )]
+    OpenNotLoopback(String),
+    #[error(
         "slugs {0} and {1} both have prefix = false: their names could collide, so at most one slug may show its names without the slug__ prefix"
     )]
     BareTwice(String, String),
@@ -354,6 +358,24 @@ pub fn valid_slug(name: &str) -> bool {
             .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
 }
 
+/// The `[[slug]]` with `prefix = false`, if any (the config allows one).
+pub fn bare_slug(slugs: &[Slug]) -> Option<&str> {
+    slugs.iter().find(|s| !s.prefix).map(|s| s.name.as_str())
+}
+
+/// With `open_to_loopback`, every address the gateway listens on must be loopback.
+pub fn open_on_loopback_only<'a>(
+    addrs: impl IntoIterator<Item = &'a str>,
+) -> Result<(), ConfigError> {
+    match addrs
+        .into_iter()
+        .find(|a| !crate::transport::is_loopback(a))
+    {
+        Some(a) => Err(ConfigError::OpenNotLoopback(a.to_owned())),
+        None => Ok(()),
+    }
+}
+
 impl GatewayConfig {
     pub fn load(path: &Path) -> Result<GatewayConfig, ConfigError> {
         let text = std::fs::read_to_string(path).map_err(|error| ConfigError::Read {
@@ -371,6 +393,9 @@ impl GatewayConfig {
             toml::from_str(text).map_err(|e| ConfigError::Toml(toml_message(text, &e)))?;
         let (http, quic) = (file.http.clone(), file.quic.clone());
         let (slugs, tokens) = GatewayConfig::validate(file.slugs, file.tokens, &[])?;
+        if file.open_to_loopback {
+            open_on_loopback_only([&http, &quic].into_iter().flatten().map(String::as_str))?;
+        }
         Ok(GatewayConfig {
             http,
             quic,
@@ -561,6 +586,21 @@ mod tests {
         .unwrap_err()
         .to_string();
         assert!(e.contains("slugs a and b both have prefix = false"), "{e}");
+    }
+
+    #[test]
+    fn open_to_loopback_needs_loopback_addresses() {
+        let e = GatewayConfig::parse("open_to_loopback = true\nhttp = \"0.0.0.0:8770\"\n")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("0.0.0.0:8770 is not loopback"), "{e}");
+        assert!(
+            GatewayConfig::parse(
+                "open_to_loopback = true\nhttp = \"127.0.0.1:8770\"\nquic = \"[::1]:8771\"\n"
+            )
+            .is_ok()
+        );
+        assert!(open_on_loopback_only(["localhost:1", "10.0.0.1:2"]).is_err());
     }
 
     #[test]

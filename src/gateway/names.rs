@@ -44,12 +44,20 @@ impl Access {
         }
         if let Some(bare) = self.bare.get()
             && let Ok(up) = self.slug(caller, bare)
-            && up.catalog().is_some_and(|c| match names {
+        {
+            // Until it has connected once, its names are not known: not "unknown" yet.
+            let Some(c) = up.catalog() else {
+                return Some(Err(SourceError::Unavailable(format!(
+                    "server {bare} has not connected yet, so its names are not known; try again shortly"
+                ))));
+            };
+            let listed = match names {
                 Names::Tools => c.tools.iter().any(|t| t.name == name),
                 Names::Prompts => c.prompts.iter().any(|p| p.name == name),
-            })
-        {
-            return Some(Ok((up, name.to_owned())));
+            };
+            if listed {
+                return Some(Ok((up, name.to_owned())));
+            }
         }
         let (slug, rest) = name.split_once("__")?;
         Some(self.slug(caller, slug).map(|up| (up, rest.to_owned())))

@@ -8,14 +8,14 @@
 use std::sync::Arc;
 
 use rmcp::model::{
-    ClientRequest, CompleteRequestParams, CompleteResult, GetPromptRequestParams,
-    GetPromptResponse, JsonObject, Prompt, Reference, ServerResult,
+    CallToolResponse, ClientRequest, CompleteRequestParams, CompleteResult, GetPromptRequestParams,
+    GetPromptResponse, InputRequiredResult, JsonObject, Prompt, Reference, ServerResult,
 };
 use rmcp::service::PeerRequestOptions;
 
-use super::source::{Gateway, Names};
-use crate::mcp::source::{Call, Caller, SourceError};
-use crate::mcp::upstream::{REQUEST_TIMEOUT, Upstream, upstream_error};
+use super::source::{Access, Gateway, Names};
+use crate::mcp::source::{Call, Caller, Input, SourceError};
+use crate::mcp::upstream::{self, REQUEST_TIMEOUT, Upstream, upstream_error};
 
 /// The request options of a relayed request: the gateway's timeout and the caller's `_meta`
 /// ([`Call::upstream_meta`]).
@@ -41,12 +41,21 @@ async fn send(
     call: &Call,
 ) -> Result<ServerResult, SourceError> {
     let live = up.live().await?;
-    let answer = live
+    let handle = live
         .conn
         .send_request_with_option(request, options(call))
         .await
         .map_err(|e| upstream_error(e).unwrap_or_else(|| unavailable(&up.name)))?;
-    answer.await_response().await.map_err(|e| {
+    // A caller that gives up drops this future: the upstream is told to stop too.
+    let mut cancel = upstream::CancelOnDrop::new(
+        up,
+        handle.peer.clone(),
+        handle.id.clone(),
+        "the caller cancelled the request",
+    );
+    let answer = handle.await_response().await;
+    cancel.disarm();
+    answer.map_err(|e| {
         let timed_out = matches!(e, rmcp::ServiceError::Timeout { .. });
         upstream_error(e).unwrap_or_else(|| {
             if !timed_out {
@@ -55,6 +64,65 @@ async fn send(
             unavailable(&up.name)
         })
     })
+}
+
+/// The `requestState` an upstream hands a caller goes out sealed to that caller and that slug
+/// (the upstream serves the gateway, one client for all its callers, so it cannot tell them
+/// apart): a state sent back by another caller, for another slug, or changed does not open,
+/// and the caller is told to start over. A gateway that restarted has a new key: the same.
+impl Access {
+    /// Opens the state in `input` (if any) back into the upstream's own.
+    pub(crate) fn open_state(
+        &self,
+        caller: &Caller,
+        slug: &str,
+        input: &mut Input,
+    ) -> Result<(), SourceError> {
+        let Some(sealed) = input.request_state.take() else {
+            return Ok(());
+        };
+        let principal = caller.principal();
+        match self.states.open(&[&principal, slug], &sealed) {
+            Some(state) => {
+                input.request_state = Some(state);
+                Ok(())
+            }
+            None => Err(SourceError::InvalidParams(
+                "requestState was not issued to this caller for this request (or this gateway \
+                 restarted since): send the request again without inputResponses and requestState"
+                    .into(),
+            )),
+        }
+    }
+
+    /// `result` with its `requestState`, if any, sealed to `caller` and `slug`.
+    pub(crate) fn seal_state(
+        &self,
+        caller: &Caller,
+        slug: &str,
+        mut result: InputRequiredResult,
+    ) -> InputRequiredResult {
+        if let Some(state) = result.request_state.take() {
+            let principal = caller.principal();
+            result.request_state = Some(self.states.seal(&[&principal, slug], &state));
+        }
+        result
+    }
+
+    /// A relayed call's answer with its state sealed.
+    pub(crate) fn sealed_call(
+        &self,
+        caller: &Caller,
+        slug: &str,
+        r: CallToolResponse,
+    ) -> CallToolResponse {
+        match r {
+            CallToolResponse::InputRequired(r) => {
+                CallToolResponse::InputRequired(self.seal_state(caller, slug, r))
+            }
+            r => r,
+        }
+    }
 }
 
 impl Gateway {
@@ -78,7 +146,7 @@ impl Gateway {
         caller: &Caller,
         name: &str,
         args: JsonObject,
-        call: Call,
+        mut call: Call,
     ) -> Result<GetPromptResponse, SourceError> {
         let Some(route) = self.access().route_name(caller, name, Names::Prompts) else {
             return Err(SourceError::UnknownPrompt(format!(
@@ -86,6 +154,24 @@ impl Gateway {
             )));
         };
         let (up, prompt) = route?;
+        self.access()
+            .open_state(caller, &up.name, &mut call.input)?;
+        Ok(match self.relay_prompt(&up, prompt, args, call).await? {
+            GetPromptResponse::InputRequired(r) => {
+                GetPromptResponse::InputRequired(self.access().seal_state(caller, &up.name, r))
+            }
+            r => r,
+        })
+    }
+
+    /// Relays `prompts/get` of `prompt` (its upstream name) to `up`.
+    async fn relay_prompt(
+        &self,
+        up: &Arc<Upstream>,
+        prompt: String,
+        args: JsonObject,
+        call: Call,
+    ) -> Result<GetPromptResponse, SourceError> {
         if let Some(local) = up.in_process() {
             let me = Caller::local();
             let get = local.prompt_in_process(&me, &prompt, args, call);
@@ -108,6 +194,31 @@ impl Gateway {
         }
     }
 
+    /// The slug whose template (or resource) `uri` is, written as listed: `slug+…` names it,
+    /// else the first of this caller's slugs that lists it exactly. A template is a pattern,
+    /// never routed by what it would match.
+    fn template_slug(
+        &self,
+        caller: &Caller,
+        uri: &str,
+    ) -> Result<(Arc<Upstream>, String), SourceError> {
+        if let Some((slug, rest)) = uri.split_once('+')
+            && crate::gateway::config::valid_slug(slug)
+            && rest.contains("://")
+        {
+            return Ok((self.access().slug(caller, slug)?, rest.to_owned()));
+        }
+        self.selected(caller)
+            .into_iter()
+            .find(|u| {
+                u.catalog().is_some_and(|c| {
+                    c.lists(uri) || c.template_entries.iter().any(|t| t.uri_template == uri)
+                })
+            })
+            .map(|u| (u, uri.to_owned()))
+            .ok_or_else(|| SourceError::NotFound { uri: uri.into() })
+    }
+
     /// `completion/complete`, relayed to the slug of the prompt or template it is about
     /// (with the name or URI that slug knows it by). A slug without completions answers no
     /// values.
@@ -126,7 +237,7 @@ impl Gateway {
                 up
             }
             Reference::Resource(r) => {
-                let (up, uri) = self.route(caller, &r.uri)?;
+                let (up, uri) = self.template_slug(caller, &r.uri)?;
                 r.uri = uri;
                 up
             }

@@ -7,8 +7,8 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use rmcp::model::{
-    CallToolRequestParams, CallToolResponse, ClientRequest, JsonObject, ReadResourceRequestParams,
-    Resource, ResourceTemplate, ServerNotification, ServerResult, SubscriptionFilter, Tool,
+    CallToolResponse, JsonObject, ReadResourceRequestParams, Resource, ResourceTemplate,
+    ServerNotification, SubscriptionFilter, Tool,
 };
 use serde_json::{Value, json};
 use sha2::Digest;
@@ -58,6 +58,8 @@ pub(crate) struct Access {
     open_to_loopback: AtomicBool,
     /// The one slug whose tools and prompts keep their upstream names (`prefix = false`).
     pub(super) bare: std::sync::OnceLock<String>,
+    /// Seals the `requestState` an upstream hands a caller to this caller and slug.
+    pub(super) states: crate::mcp::sealed::Sealer,
 }
 
 /// One upstream subscription, shared by every client watching its URI.
@@ -173,12 +175,18 @@ impl Gateway {
             .iter()
             .map(|s| Arc::new(upstream_of(s, max_message_bytes, ctx)))
             .collect();
-        let gateway = Gateway::with_upstreams(upstreams, cfg.tokens.clone(), ctx).bare(
-            cfg.slugs
-                .iter()
-                .find(|s| !s.prefix)
-                .map(|s| s.name.as_str()),
-        );
+        Gateway::configured(upstreams, cfg, ctx)
+    }
+
+    /// The gateway over `upstreams` (one per `cfg`'s slug) as `cfg` says: its tokens, its
+    /// bare slug (`prefix = false`) and `open_to_loopback`.
+    pub fn configured(
+        upstreams: Vec<Arc<Upstream>>,
+        cfg: &GatewayConfig,
+        ctx: &RoleContext,
+    ) -> Gateway {
+        let gateway = Gateway::with_upstreams(upstreams, cfg.tokens.clone(), ctx)
+            .bare(crate::gateway::config::bare_slug(&cfg.slugs));
         if cfg.open_to_loopback {
             return gateway.open_to_loopback();
         }
@@ -201,6 +209,7 @@ impl Gateway {
             tokens,
             open_to_loopback: AtomicBool::new(false),
             bare: std::sync::OnceLock::new(),
+            states: crate::mcp::sealed::Sealer::new(),
         });
         let shared: Arc<Mutex<HashMap<String, Weak<SharedListen>>>> = Arc::default();
         let uris = {
@@ -276,11 +285,7 @@ impl Gateway {
         &self.access
     }
 
-    pub(super) fn route(
-        &self,
-        caller: &Caller,
-        uri: &str,
-    ) -> Result<(Arc<Upstream>, String), SourceError> {
+    fn route(&self, caller: &Caller, uri: &str) -> Result<(Arc<Upstream>, String), SourceError> {
         if let Some((slug, rest)) = uri.split_once('+')
             && valid_slug(slug)
             && rest.contains("://")
@@ -685,7 +690,7 @@ impl Source for Gateway {
         caller: &Caller,
         name: &str,
         args: JsonObject,
-        call: Call,
+        mut call: Call,
     ) -> Result<CallToolResponse, SourceError> {
         let Some(route) = self.access.route_name(caller, name, Names::Tools) else {
             return Err(SourceError::UnknownTool(format!(
@@ -693,102 +698,9 @@ impl Source for Gateway {
             )));
         };
         let (up, tool) = route?;
-        let (slug, tool) = (up.name.as_str(), tool.as_str());
-        if let Some(local) = up.in_process() {
-            // A role in this process: its handler, directly (the caller's progress too),
-            // bounded as a call over a connection is.
-            let me = Caller::local();
-            let call = local.call_in_process(&me, tool, args, call);
-            return tokio::time::timeout(REQUEST_TIMEOUT, call)
-                .await
-                .unwrap_or_else(|_| {
-                    Err(SourceError::Unavailable(format!(
-                        "server {slug} did not answer within {} s; try again shortly",
-                        REQUEST_TIMEOUT.as_secs()
-                    )))
-                });
-        }
-        if let Some(direct) = up.http_calls(tool)
-            && let Some(live) = up.cached()
-        {
-            // An HTTP upstream that is up: posted on the pooled client, no rmcp hop in
-            // between. A failure forgets the connection, so the next call reconnects through
-            // `live` (one connect at a time, paced by the backoff, the catalog fetched again).
-            let unavailable = || {
-                SourceError::Unavailable(format!(
-                    "server {slug} is unavailable right now (or did not answer within {} s); try again shortly",
-                    REQUEST_TIMEOUT.as_secs()
-                ))
-            };
-            return match tokio::time::timeout(REQUEST_TIMEOUT, direct.call(tool, &args, &call))
-                .await
-            {
-                Ok(Ok(r)) => Ok(r),
-                Ok(Err(upstream::http::CallError::Answered(e))) => Err(e),
-                Ok(Err(upstream::http::CallError::Transport(why))) => {
-                    tracing::warn!(%slug, error = %why, "a call to the upstream failed");
-                    up.reset(&live);
-                    Err(unavailable())
-                }
-                Err(_) => Err(unavailable()),
-            };
-        }
-        let live = up.live().await?;
-        let mut params = CallToolRequestParams::new(tool.to_owned()).with_arguments(args);
-        params.input_responses = call.input.responses.clone();
-        params.request_state = call.input.request_state.clone();
-        let broken = |e: rmcp::ServiceError| {
-            // One slow call (a long wait) is not a broken connection: rmcp has told the
-            // upstream to cancel it, and the connection serves the other calls on.
-            let timed_out = matches!(e, rmcp::ServiceError::Timeout { .. });
-            upstream_error(e).unwrap_or_else(|| {
-                if !timed_out {
-                    up.reset(&live);
-                }
-                SourceError::Unavailable(format!(
-                    "server {slug} is unavailable right now (or did not answer within {} s); try again shortly",
-                    REQUEST_TIMEOUT.as_secs()
-                ))
-            })
-        };
-        // rmcp's own timeout: on expiry it also tells the upstream to cancel.
-        let handle = live
-            .conn
-            .send_cancellable_request(
-                ClientRequest::CallToolRequest(rmcp::model::Request::new(params)),
-                crate::gateway::prompts::options(&call),
-            )
-            .await
-            .map_err(broken)?;
-        let progress = call.progress;
-        // The upstream's progress (under the token rmcp gave this call) goes to this caller,
-        // under the caller's own token.
-        let _relaying = progress.map(|p| up.relay.register(handle.progress_token.clone(), p));
-        // A caller that gives up (its request cancelled, its connection gone) drops this
-        // future: tell the upstream to stop too.
-        let mut cancel = upstream::CancelOnDrop::new(
-            &up,
-            handle.peer.clone(),
-            handle.id.clone(),
-            "the caller cancelled the request",
-        );
-        let answer = handle.await_response().await;
-        cancel.disarm();
-        let answer = answer.map_err(broken)?;
-        // The upstream sent its progress before its answer, but rmcp handles notifications in
-        // tasks of their own: let those just started forward theirs before the answer leaves.
-        if _relaying.is_some() {
-            for _ in 0..4 {
-                tokio::task::yield_now().await;
-            }
-        }
-        match answer {
-            ServerResult::CallToolResult(r) => Ok(r.into()),
-            ServerResult::InputRequiredResult(r) => Ok(CallToolResponse::InputRequired(r)),
-            _ => Err(SourceError::Unavailable(format!(
-                "server {slug} answered with an input request or a task, which the gateway does not relay yet"
-            ))),
-        }
+        self.access.open_state(caller, &up.name, &mut call.input)?;
+        let r = self.relay_call(&up, &tool, args, call).await?;
+        Ok(self.access.sealed_call(caller, &up.name, r))
     }
 
     async fn events_advertised(&self, caller: &Caller) -> bool {

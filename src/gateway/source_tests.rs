@@ -31,6 +31,7 @@ fn callers_are_known_by_their_tokens_or_by_needing_none() {
         }],
         open_to_loopback: AtomicBool::new(false),
         bare: std::sync::OnceLock::new(),
+        states: crate::mcp::sealed::Sealer::new(),
     };
     let all: BTreeSet<String> = [name].into();
     assert_eq!(access.authenticates(&token("good")), Authentication::Known);
@@ -58,6 +59,7 @@ fn callers_are_known_by_their_tokens_or_by_needing_none() {
         open_to_loopback: AtomicBool::new(true),
         upstreams: access.upstreams.clone(),
         bare: std::sync::OnceLock::new(),
+        states: crate::mcp::sealed::Sealer::new(),
     };
     let stale = Caller {
         loopback: true,
@@ -160,4 +162,64 @@ async fn a_bare_slug_keeps_its_tool_names_and_the_prefixed_ones_still_route() {
         .unwrap_err();
     assert!(matches!(e, SourceError::UnknownTool(_)), "{e:?}");
     ctx.shutdown().cancel();
+}
+
+/// An upstream's requestState reaches its caller sealed: back from that caller for that slug
+/// it opens to the upstream's own; from another caller, for another slug, or changed, it is
+/// refused with what to do.
+#[test]
+fn a_request_state_goes_back_only_from_its_caller_for_its_slug() {
+    let ctx = RoleContext::new("gateway");
+    let gw = Gateway::with_upstreams(Vec::new(), Vec::new(), &ctx);
+    let alice = Caller {
+        token: Some("alice".into()),
+        ..Caller::default()
+    };
+    let bob = Caller {
+        token: Some("bob".into()),
+        ..Caller::default()
+    };
+    let asked: rmcp::model::InputRequiredResult =
+        serde_json::from_value(json!({"resultType": "input_required", "requestState": "round=1"}))
+            .unwrap();
+    let sealed = gw.access.seal_state(&alice, "fx", asked);
+    let state = sealed.request_state.clone().unwrap();
+    assert_ne!(state, "round=1", "sent out as the upstream wrote it");
+    let input = |s: &str| crate::mcp::source::Input {
+        responses: None,
+        request_state: Some(s.to_owned()),
+    };
+    let mut back = input(&state);
+    gw.access.open_state(&alice, "fx", &mut back).unwrap();
+    assert_eq!(back.request_state.as_deref(), Some("round=1"));
+    for (who, slug, s) in [
+        (&bob, "fx", state.as_str()),
+        (&alice, "other", &state),
+        (&alice, "fx", "round=1"),
+    ] {
+        let e = gw.access.open_state(who, slug, &mut input(s)).unwrap_err();
+        assert!(e.to_string().contains("send the request again"), "{e}");
+    }
+    // No state, nothing to open.
+    let mut none = crate::mcp::source::Input::default();
+    gw.access.open_state(&bob, "fx", &mut none).unwrap();
+    assert_eq!(none, crate::mcp::source::Input::default());
+}
+
+/// Before the bare slug has connected, its names are not "unknown" but not known yet.
+#[test]
+fn a_bare_name_before_the_first_connect_is_unavailable_not_unknown() {
+    let up = crate::testing::down_upstream(Default::default());
+    let name = up.name.clone();
+    let ctx = RoleContext::new("gateway");
+    let gw = Gateway::with_upstreams(vec![up], Vec::new(), &ctx).bare(Some(&name));
+    let r = gw
+        .access
+        .route_name(&Caller::local(), "memo_set", Names::Tools)
+        .unwrap();
+    assert!(
+        matches!(r, Err(SourceError::Unavailable(ref m)) if m.contains("has not connected yet")),
+        "{:?}",
+        r.err()
+    );
 }

@@ -255,7 +255,7 @@ impl GatewayTasks {
         upstream_id: &str,
         req: ClientRequest,
     ) -> Result<ServerResult, McpError> {
-        match up.request_declaring_tasks(req, REQUEST_TIMEOUT).await {
+        match up.request_declaring_tasks(req, REQUEST_TIMEOUT, None).await {
             Ok(r) => Ok(r),
             Err(SourceError::Upstream { code, data, .. })
                 if code == rmcp::model::ErrorCode::INVALID_PARAMS.0
@@ -330,7 +330,7 @@ impl TaskRelay for GatewayTasks {
         caller: &Caller,
         name: &str,
         args: JsonObject,
-        call: Call,
+        mut call: Call,
     ) -> Result<Started, McpError> {
         let Some(route) = self
             .access
@@ -342,15 +342,21 @@ impl TaskRelay for GatewayTasks {
         };
         let (up, tool) = route.map_err(to_mcp_error)?;
         let slug = up.name.as_str();
+        self.access
+            .open_state(caller, slug, &mut call.input)
+            .map_err(to_mcp_error)?;
         self.room(&caller.principal())?;
         let mut params = CallToolRequestParams::new(tool.to_owned()).with_arguments(args);
         // The caller's SEP-2322 answers, when the slug asked for input before its task.
         params.input_responses = call.input.responses;
         params.request_state = call.input.request_state;
+        // The caller's own capabilities (an upstream's input rounds before its task ask only
+        // for what the caller can give), with the extension.
         let answer = up
             .request_declaring_tasks(
                 ClientRequest::CallToolRequest(rmcp::model::Request::new(params)),
                 REQUEST_TIMEOUT,
+                call.capabilities.as_ref(),
             )
             .await
             .map_err(to_mcp_error)?;
@@ -368,7 +374,9 @@ impl TaskRelay for GatewayTasks {
                 Ok(Started::Task(task))
             }
             ServerResult::CallToolResult(r) => Ok(Started::Done(r)),
-            ServerResult::InputRequiredResult(r) => Ok(Started::InputRequired(r)),
+            ServerResult::InputRequiredResult(r) => Ok(Started::InputRequired(
+                self.access.seal_state(caller, slug, r),
+            )),
             _ => Err(McpError::internal_error(
                 format!(
                     "server {slug} answered the call with something other than a result or a task"

@@ -18,6 +18,7 @@ pub mod listen;
 pub mod lists;
 pub mod metrics;
 pub mod ring;
+pub mod sealed;
 pub mod server;
 pub mod source;
 pub mod status;

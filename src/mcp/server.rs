@@ -898,9 +898,7 @@ impl ServerHandler for SourceServer {
         request: CompleteRequestParams,
         context: RequestContext<RoleServer>,
     ) -> Result<CompleteResult, McpError> {
-        self.complete_in_process(&Caller::of(&context), request)
-            .await
-            .map_err(to_mcp_error)
+        self.complete(request, context).await
     }
 
     async fn get_task(

@@ -123,10 +123,22 @@ pub fn tasks_config() -> ClientConfig {
 }
 
 /// A request's `_meta` declaring the tasks extension (over the connection's own
-/// declaration): for a task-augmented call, `tasks/*` and a listen naming `taskIds`.
-pub fn tasks_meta() -> rmcp::model::RequestMetaObject {
+/// declaration): for a task-augmented call, `tasks/*` and a listen naming `taskIds`. With a
+/// relayed caller's `capabilities`, those with the extension added.
+pub fn tasks_meta(capabilities: Option<&ClientCapabilities>) -> rmcp::model::RequestMetaObject {
+    let mut caps = match capabilities {
+        Some(c) => c.clone(),
+        None => client_config().capabilities,
+    };
+    caps.extensions.get_or_insert_with(Default::default).extend(
+        ClientCapabilities::builder()
+            .enable_tasks()
+            .build()
+            .extensions
+            .unwrap_or_default(),
+    );
     let mut m = rmcp::model::RequestMetaObject::new();
-    m.set_client_capabilities(tasks_config().capabilities);
+    m.set_client_capabilities(caps);
     m
 }
 

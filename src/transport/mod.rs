@@ -29,3 +29,17 @@ pub async fn serve_stdio(server: SourceServer, shutdown: CancellationToken) {
         Err(e) => tracing::warn!(error = %e, "stdio session did not start"),
     }
 }
+
+/// Whether `addr` (`HOST:PORT`) is a loopback address; a host name only when it is
+/// `localhost`.
+pub fn is_loopback(addr: &str) -> bool {
+    if let Ok(a) = addr.parse::<std::net::SocketAddr>() {
+        return a.ip().to_canonical().is_loopback();
+    }
+    let host = addr.rsplit_once(':').map_or(addr, |(h, _)| h);
+    let host = host.trim_start_matches('[').trim_end_matches(']');
+    host.eq_ignore_ascii_case("localhost")
+        || host
+            .parse::<std::net::IpAddr>()
+            .is_ok_and(|ip| ip.to_canonical().is_loopback())
+}

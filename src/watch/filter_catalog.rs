@@ -175,6 +175,7 @@ impl FilterCatalog {
             .request_declaring_tasks(
                 rmcp::model::ClientRequest::CallToolRequest(rmcp::model::Request::new(params)),
                 REQUEST_TIMEOUT,
+                None,
             )
             .await
             .map_err(|e| py_err(PyExc::RuntimeError, e.to_string()))?;

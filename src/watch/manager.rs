@@ -485,7 +485,7 @@ impl WatchManager {
             let get = ClientRequest::GetTaskRequest(rmcp::model::GetTaskRequest::new(
                 GetTaskParams::new(id.to_owned()),
             ));
-            match s.request_declaring_tasks(get, REQUEST_TIMEOUT).await {
+            match s.request_declaring_tasks(get, REQUEST_TIMEOUT, None).await {
                 Ok(ServerResult::GetTaskResult(r)) => return Ok((s.clone(), r.task)),
                 Ok(_) => {}
                 Err(SourceError::Unavailable(m)) => down = Some(m),

@@ -25,7 +25,6 @@
 //! Every table is strict: an unknown key is an error that names its line.
 
 use std::collections::BTreeMap;
-use std::net::{IpAddr, SocketAddr};
 use std::path::{Path, PathBuf};
 
 use anyhow::{Context, anyhow, bail};
@@ -244,19 +243,7 @@ pub struct UpConfig {
     pub admin_defaulted: bool,
 }
 
-/// Whether `addr` (`HOST:PORT`) is a loopback address; a host name only when it is
-/// `localhost`.
-pub fn is_loopback(addr: &str) -> bool {
-    if let Ok(a) = addr.parse::<SocketAddr>() {
-        return a.ip().to_canonical().is_loopback();
-    }
-    let host = addr.rsplit_once(':').map_or(addr, |(h, _)| h);
-    let host = host.trim_start_matches('[').trim_end_matches(']');
-    host.eq_ignore_ascii_case("localhost")
-        || host
-            .parse::<IpAddr>()
-            .is_ok_and(|ip| ip.to_canonical().is_loopback())
-}
+pub use crate::transport::is_loopback;
 
 /// `Some(addr)`, or `None` for `""` (turned off).
 fn enabled(v: &Option<String>) -> Option<&str> {

@@ -283,7 +283,7 @@ pub async fn run(args: UpArgs, globals: &Globals) -> Result<(), Exit> {
     };
     upstreams.extend(crate::cli::gateway::upstreams(&slugs, &slug_limits, &gctx));
     let mut gateway = Gateway::with_upstreams(upstreams, cfg.tokens.clone(), &gctx)
-        .bare(crate::cli::gateway::bare_slug(&cfg.slugs));
+        .bare(crate::gateway::config::bare_slug(&cfg.slugs));
     let open = cfg.tokens.is_empty();
     if open {
         // `check` refused a non-loopback address without tokens.

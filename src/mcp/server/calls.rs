@@ -231,14 +231,45 @@ impl SourceServer {
             request_state: request.request_state,
         };
         let call = call_of(&context, input);
-        self.prompt_in_process(
-            &caller,
-            &request.name,
-            request.arguments.unwrap_or_default(),
-            call,
+        let args = request.arguments.unwrap_or_default();
+        self.until_cut(
+            &context,
+            self.prompt_in_process(&caller, &request.name, args, call),
         )
         .await
-        .map_err(to_mcp_error)
+    }
+
+    /// `completion/complete` from a connection.
+    pub(super) async fn complete(
+        &self,
+        request: CompleteRequestParams,
+        context: RequestContext<RoleServer>,
+    ) -> Result<CompleteResult, McpError> {
+        let caller = Caller::of(&context);
+        self.until_cut(&context, self.complete_in_process(&caller, request))
+            .await
+    }
+
+    /// A request's work, ended (its future dropped, and an upstream request with it) when its
+    /// caller cancels it, or 2 s into a shutdown, as a call in place is.
+    async fn until_cut<T>(
+        &self,
+        context: &RequestContext<RoleServer>,
+        work: impl std::future::Future<Output = Result<T, SourceError>>,
+    ) -> Result<T, McpError> {
+        let shutdown = self.shared.shutdown.clone();
+        let cut = async move {
+            shutdown.cancelled().await;
+            tokio::time::sleep(CALL_GRACE).await;
+        };
+        tokio::select! {
+            r = work => r.map_err(to_mcp_error),
+            _ = context.ct.cancelled() => Err(McpError::internal_error("the request was cancelled", None)),
+            _ = cut => Err(McpError::internal_error(
+                "the server is shutting down; ask again once it is back",
+                None,
+            )),
+        }
     }
 
     /// `prompts/get` with no connection in between (see

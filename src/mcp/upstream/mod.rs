@@ -545,16 +545,18 @@ impl Upstream {
     }
 
     /// Sends `req` declaring the tasks extension (a task-augmented call, `tasks/*`), bounded
-    /// by `bound` (rmcp's timeout, which tells the upstream to cancel). An upstream's own
-    /// error comes back unchanged; a broken connection is forgotten.
+    /// by `bound` (rmcp's timeout, which tells the upstream to cancel), for a caller whose
+    /// declared `capabilities` it carries (a relayed call; else this client's own). An
+    /// upstream's own error comes back unchanged; a broken connection is forgotten.
     pub async fn request_declaring_tasks(
         self: &Arc<Self>,
         req: ClientRequest,
         bound: Duration,
+        capabilities: Option<&rmcp::model::ClientCapabilities>,
     ) -> Result<ServerResult, SourceError> {
         let live = self.live().await?;
         let mut options = rmcp::service::PeerRequestOptions::with_timeout(bound);
-        options.meta = Some(crate::transport::client::tasks_meta());
+        options.meta = Some(crate::transport::client::tasks_meta(capabilities));
         let failed = |e: rmcp::ServiceError| {
             // One slow request is not a broken connection.
             let timed_out = matches!(e, rmcp::ServiceError::Timeout { .. });
@@ -649,7 +651,7 @@ pub async fn follow_tasks(
         let attempt = async {
             let live = up.live().await.map_err(|e| e.to_string())?;
             let mut options = rmcp::service::PeerRequestOptions::no_options();
-            options.meta = Some(crate::transport::client::tasks_meta());
+            options.meta = Some(crate::transport::client::tasks_meta(None));
             let handle = live
                 .conn
                 .send_cancellable_request(
@@ -677,7 +679,7 @@ pub async fn follow_tasks(
                         let get = ClientRequest::GetTaskRequest(rmcp::model::GetTaskRequest::new(
                             rmcp::model::GetTaskParams::new(id.clone()),
                         ));
-                        let got = up.request_declaring_tasks(get, REQUEST_TIMEOUT).await;
+                        let got = up.request_declaring_tasks(get, REQUEST_TIMEOUT, None).await;
                         (id, got)
                     }
                     .boxed()

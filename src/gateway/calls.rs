@@ -1,0 +1,122 @@
+//! A `tools/call` relayed to the slug that has the tool, by the shortest path it has: a role
+//! in this process directly, an HTTP upstream that is up by a direct post, anything else over
+//! its rmcp connection. Each carries the caller's progress, capabilities, log level and
+//! SEP-2322 answers, and relays back what the upstream sends for the call.
+
+use std::sync::Arc;
+
+use rmcp::model::{
+    CallToolRequestParams, CallToolResponse, ClientRequest, JsonObject, ServerResult,
+};
+
+use super::source::Gateway;
+use crate::mcp::source::{Call, Caller, SourceError};
+use crate::mcp::upstream::{self, REQUEST_TIMEOUT, Upstream, upstream_error};
+
+impl Gateway {
+    /// Relays the call of `tool` (its upstream name) to `up`.
+    pub(super) async fn relay_call(
+        &self,
+        up: &Arc<Upstream>,
+        tool: &str,
+        args: JsonObject,
+        call: Call,
+    ) -> Result<CallToolResponse, SourceError> {
+        let slug = up.name.as_str();
+        if let Some(local) = up.in_process() {
+            // A role in this process: its handler, directly (the caller's progress too),
+            // bounded as a call over a connection is.
+            let me = Caller::local();
+            let call = local.call_in_process(&me, tool, args, call);
+            return tokio::time::timeout(REQUEST_TIMEOUT, call)
+                .await
+                .unwrap_or_else(|_| {
+                    Err(SourceError::Unavailable(format!(
+                        "server {slug} did not answer within {} s; try again shortly",
+                        REQUEST_TIMEOUT.as_secs()
+                    )))
+                });
+        }
+        if let Some(direct) = up.http_calls(tool)
+            && let Some(live) = up.cached()
+        {
+            // An HTTP upstream that is up: posted on the pooled client, no rmcp hop in
+            // between. A failure forgets the connection, so the next call reconnects through
+            // `live` (one connect at a time, paced by the backoff, the catalog fetched again).
+            let unavailable = || {
+                SourceError::Unavailable(format!(
+                    "server {slug} is unavailable right now (or did not answer within {} s); try again shortly",
+                    REQUEST_TIMEOUT.as_secs()
+                ))
+            };
+            return match tokio::time::timeout(REQUEST_TIMEOUT, direct.call(tool, &args, &call))
+                .await
+            {
+                Ok(Ok(r)) => Ok(r),
+                Ok(Err(upstream::http::CallError::Answered(e))) => Err(e),
+                Ok(Err(upstream::http::CallError::Transport(why))) => {
+                    tracing::warn!(%slug, error = %why, "a call to the upstream failed");
+                    up.reset(&live);
+                    Err(unavailable())
+                }
+                Err(_) => Err(unavailable()),
+            };
+        }
+        let live = up.live().await?;
+        let mut params = CallToolRequestParams::new(tool.to_owned()).with_arguments(args);
+        params.input_responses = call.input.responses.clone();
+        params.request_state = call.input.request_state.clone();
+        let broken = |e: rmcp::ServiceError| {
+            // One slow call (a long wait) is not a broken connection: rmcp has told the
+            // upstream to cancel it, and the connection serves the other calls on.
+            let timed_out = matches!(e, rmcp::ServiceError::Timeout { .. });
+            upstream_error(e).unwrap_or_else(|| {
+                if !timed_out {
+                    up.reset(&live);
+                }
+                SourceError::Unavailable(format!(
+                    "server {slug} is unavailable right now (or did not answer within {} s); try again shortly",
+                    REQUEST_TIMEOUT.as_secs()
+                ))
+            })
+        };
+        // rmcp's own timeout: on expiry it also tells the upstream to cancel.
+        let handle = live
+            .conn
+            .send_cancellable_request(
+                ClientRequest::CallToolRequest(rmcp::model::Request::new(params)),
+                crate::gateway::prompts::options(&call),
+            )
+            .await
+            .map_err(broken)?;
+        let progress = call.progress;
+        // The upstream's progress (under the token rmcp gave this call) goes to this caller,
+        // under the caller's own token.
+        let _relaying = progress.map(|p| up.relay.register(handle.progress_token.clone(), p));
+        // A caller that gives up (its request cancelled, its connection gone) drops this
+        // future: tell the upstream to stop too.
+        let mut cancel = upstream::CancelOnDrop::new(
+            up,
+            handle.peer.clone(),
+            handle.id.clone(),
+            "the caller cancelled the request",
+        );
+        let answer = handle.await_response().await;
+        cancel.disarm();
+        let answer = answer.map_err(broken)?;
+        // The upstream sent its progress before its answer, but rmcp handles notifications in
+        // tasks of their own: let those just started forward theirs before the answer leaves.
+        if _relaying.is_some() {
+            for _ in 0..4 {
+                tokio::task::yield_now().await;
+            }
+        }
+        match answer {
+            ServerResult::CallToolResult(r) => Ok(r.into()),
+            ServerResult::InputRequiredResult(r) => Ok(CallToolResponse::InputRequired(r)),
+            _ => Err(SourceError::Unavailable(format!(
+                "server {slug} answered a plain call with a task, which it may not"
+            ))),
+        }
+    }
+}
