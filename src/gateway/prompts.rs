@@ -184,7 +184,7 @@ impl Gateway {
         params.input_responses = call.input.responses.clone();
         params.request_state = call.input.request_state.clone();
         let request = ClientRequest::GetPromptRequest(rmcp::model::Request::new(params));
-        match send(&up, request, &call).await? {
+        match send(up, request, &call).await? {
             ServerResult::GetPromptResult(r) => Ok(GetPromptResponse::Complete(r)),
             ServerResult::InputRequiredResult(r) => Ok(GetPromptResponse::InputRequired(r)),
             _ => Err(SourceError::Unavailable(format!(
