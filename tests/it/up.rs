@@ -123,7 +123,7 @@ async fn roles_and_an_external_server_share_one_endpoint_and_the_watch_sees_each
     // The in-process roles run tasks, relayed by the gateway under `memo__<id>`.
     let declared = || {
         let mut o = rmcp::service::PeerRequestOptions::no_options();
-        o.meta = Some(herald::transport::client::tasks_meta());
+        o.meta = Some(herald::transport::client::tasks_meta(None));
         o
     };
     let call = rmcp::model::ClientRequest::CallToolRequest(rmcp::model::Request::new(
