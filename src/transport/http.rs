@@ -446,16 +446,14 @@ async fn listen_gate(State(gate): State<Gate>, req: Request, next: Next) -> Resp
     // read) are not parsed twice: a listen's method name contains `listen` unless its letters
     // are written as `\u` escapes, and then the body contains `\u`.
     let contains = |needle: &[u8]| bytes.windows(needle.len()).any(|w| w == needle);
-    if contains(b"tools/call")
-        && let Some(refused) = param_headers_refused(&parts, &bytes, server)
-    {
-        return refused;
-    }
-    if (contains(b"tools/call") || contains(b"resources/read"))
-        && let Some(plain) = plain_request(&parts.headers, &bytes)
-    {
+    if contains(b"tools/call") || contains(b"resources/read") {
         let caller = Caller::from_parts(&parts);
-        return plain.answer(server, &caller).await;
+        if let Some(refused) = param_headers_refused(&parts.headers, &bytes, server, &caller) {
+            return refused;
+        }
+        if let Some(plain) = plain_request(&parts.headers, &bytes) {
+            return plain.answer(server, &caller).await;
+        }
     }
     let is_listen = (contains(b"listen") || contains(b"\\u"))
         && serde_json::from_slice::<MethodProbe>(&bytes)
@@ -523,12 +521,16 @@ async fn listen_gate(State(gate): State<Gate>, req: Request, next: Next) -> Resp
 /// everything else, which goes on (the tool is read from the `Mcp-Name` header, so the body is
 /// parsed only for a tool that promotes an argument).
 fn param_headers_refused(
-    parts: &axum::http::request::Parts,
+    headers: &axum::http::HeaderMap,
     body: &[u8],
     server: &SourceServer,
+    caller: &Caller,
 ) -> Option<Response> {
-    let name = params::name(&parts.headers)?;
-    let tool = server.tool(&Caller::from_parts(parts), &name)?;
+    if headers.get("mcp-method").is_none_or(|m| m != "tools/call") {
+        return None;
+    }
+    let name = params::name(headers)?;
+    let tool = server.tool(caller, &name)?;
     if !params::promotes(&tool.input_schema) {
         return None;
     }
@@ -537,7 +539,7 @@ fn param_headers_refused(
         return None;
     }
     let arguments = request.get("params").and_then(|p| p.get("arguments"));
-    let why = params::check(&parts.headers, arguments, &tool.input_schema).err()?;
+    let why = params::check(headers, arguments, &tool.input_schema).err()?;
     let id = request.get("id").cloned().unwrap_or(Value::Null);
     let error = json!({"code": rmcp::model::ErrorCode::HEADER_MISMATCH.0, "message": why});
     Some(rpc_error(StatusCode::BAD_REQUEST, id, error))
