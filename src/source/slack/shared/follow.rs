@@ -1,0 +1,129 @@
+//! Applying the shared stream: the [`Follower`] (an ordered push consumer, opened again after
+//! what was applied when it ends) applies each event into this process's buffer under the
+//! seq sealed with it and skips holders' fence markers; [`follow_state`] takes in the shared
+//! state row the holder writes.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_nats::jetstream::{self, consumer, stream};
+use futures::StreamExt;
+
+use super::{Feed, MARKER_HEADER, Sealed, lease_status};
+use crate::source::slack::buffer::SharedState;
+use crate::source::slack::core::Core;
+use crate::source::slack::message::Posted;
+
+/// Applies the stream to this process's buffer, in order.
+pub(super) struct Follower {
+    pub(super) core: Arc<Core>,
+    pub(super) client: async_nats::Client,
+    pub(super) stream: stream::Stream,
+    pub(super) subject: String,
+    pub(super) applied: tokio::sync::watch::Sender<u64>,
+    /// The next event is the first this process sees.
+    pub(super) first: bool,
+    /// Whether the very first message (of any kind) was past sequence 1: the stream dropped
+    /// what came before.
+    pub(super) started_late: Option<bool>,
+}
+
+impl Follower {
+    pub(super) async fn run(mut self, mut messages: consumer::push::Ordered) {
+        loop {
+            match messages.next().await {
+                Some(Ok(m)) => self.apply(m),
+                Some(Err(e)) => tracing::warn!(error = %e, "following the slack stream"),
+                None => {
+                    // Open it again after what was applied.
+                    let from = *self.applied.borrow() + 1;
+                    let again = async {
+                        self.stream
+                            .create_consumer(consumer::push::OrderedConfig {
+                                deliver_subject: self.client.new_inbox(),
+                                filter_subject: self.subject.clone(),
+                                deliver_policy: consumer::DeliverPolicy::ByStartSequence {
+                                    start_sequence: from,
+                                },
+                                ..Default::default()
+                            })
+                            .await
+                            .map_err(|e| e.to_string())?
+                            .messages()
+                            .await
+                            .map_err(|e| e.to_string())
+                    };
+                    match again.await {
+                        Ok(m) => messages = m,
+                        Err(e) => {
+                            tracing::warn!(error = %e, "cannot follow the slack stream again; retrying");
+                            tokio::time::sleep(Duration::from_secs(1)).await;
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    fn apply(&mut self, m: jetstream::Message) {
+        let Ok(info) = m.info() else { return };
+        let sequence = info.stream_sequence;
+        let late = *self.started_late.get_or_insert(sequence > 1);
+        if is_marker(&m) {
+            self.applied.send_modify(|a| *a = (*a).max(sequence));
+            return;
+        }
+        match decode(&self.core, &m) {
+            Some((seq, posted)) => {
+                let first = std::mem::replace(&mut self.first, false);
+                if first && late {
+                    // What came before it was dropped by the stream's limits.
+                    self.core.buffer.evicted_through(seq.saturating_sub(1));
+                }
+                self.core.apply(seq, posted);
+            }
+            None => tracing::warn!(
+                sequence,
+                "a message in the slack stream does not open with this SLACK_EVENTS_ENCRYPTION_KEY (was the key changed?); skipping it"
+            ),
+        }
+        self.applied.send_modify(|a| *a = (*a).max(sequence));
+        lease_status(&self.core, |l| l.applied_sequence = sequence);
+    }
+}
+
+/// An event from a stream message: its seq and payload.
+fn decode(core: &Core, m: &async_nats::Message) -> Option<(u64, Posted)> {
+    let headers = m.headers.as_ref()?;
+    let id = headers.get(async_nats::header::NATS_MESSAGE_ID)?.as_str();
+    let plain = core.buffer.sealer().open(id, &m.payload).ok()?;
+    let sealed: Sealed = serde_json::from_slice(&plain).ok()?;
+    Some((sealed.seq, sealed.data))
+}
+
+/// A holder's fence message (see [`hold`]).
+fn is_marker(m: &async_nats::Message) -> bool {
+    m.headers
+        .as_ref()
+        .is_some_and(|h| h.get(MARKER_HEADER).is_some())
+}
+
+/// Takes in the shared state the holder writes (a standby's status, and its backfill floor
+/// when it takes over).
+pub(super) async fn follow_state(core: Arc<Core>, feed: Arc<Feed>) {
+    loop {
+        match feed.kv.watch_with_history(&feed.state_key).await {
+            Ok(mut w) => {
+                while let Some(e) = w.next().await {
+                    if let Ok(e) = e
+                        && let Ok(s) = serde_json::from_slice::<SharedState>(&e.value)
+                    {
+                        core.buffer.merge_shared(s);
+                    }
+                }
+            }
+            Err(e) => tracing::debug!(error = %e, "cannot watch the slack state key; retrying"),
+        }
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    }
+}
