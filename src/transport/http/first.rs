@@ -254,7 +254,7 @@ fn parse_head(buf: &[u8], max_body: usize) -> Parsed {
 struct Admitted {
     listen: crate::mcp::admission::AdmittedListen,
     id: rmcp::model::RequestId,
-    ack: super::Ack,
+    ack: super::events::Ack,
 }
 
 /// The gate's checks and admission for a plain listen; `None` for anything the gate must see
@@ -373,7 +373,7 @@ struct RawOut<'w, 'a> {
     writer: &'w Writer<'a>,
     gone: CancellationToken,
     /// Its events, each URI's notification kept as a chunk.
-    events: super::StreamEvents,
+    events: super::events::StreamEvents,
 }
 
 impl RawOut<'_, '_> {
@@ -428,7 +428,7 @@ async fn answer(
         httpdate::fmt_http_date(std::time::SystemTime::now())
     )
     .into_bytes();
-    start.extend_from_slice(&chunk(&super::ack_event(&id_json, ack)));
+    start.extend_from_slice(&chunk(&super::events::ack_event(&id_json, ack)));
     let writer = Writer::new(stream);
     if !matches!(
         tokio::time::timeout(stall, writer.write(Some(start.into()))).await,
@@ -440,7 +440,7 @@ async fn answer(
     let mut out = RawOut {
         writer: &writer,
         gone: gone.clone(),
-        events: super::StreamEvents::new(id_json),
+        events: super::events::StreamEvents::new(id_json),
     };
     let watch = watch_client(&writer, &mut pipelined, stall);
     let ended = tokio::select! {
@@ -455,7 +455,7 @@ async fn answer(
     }
     drop(out);
     // What a cut-off write left goes first (the writer finishes it), then the end.
-    let mut last = chunk(&super::final_event(&gate.server, id, ended));
+    let mut last = chunk(&super::events::final_event(&gate.server, id, ended));
     last.extend_from_slice(b"0\r\n\r\n");
     if !matches!(
         tokio::time::timeout(stall, writer.write(Some(last.into()))).await,
@@ -473,7 +473,7 @@ async fn answer(
 /// comment after 15 s with no write.
 async fn watch_client(writer: &Writer<'_>, pipelined: &mut Vec<u8>, stall: Duration) {
     let stream = writer.stream;
-    let every = super::SSE_KEEP_ALIVE;
+    let every = super::sse::SSE_KEEP_ALIVE;
     let mut due = tokio::time::Instant::now() + every;
     loop {
         tokio::select! {

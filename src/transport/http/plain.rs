@@ -1,0 +1,257 @@
+//! The requests herald's HTTP gate answers itself, ahead of rmcp: a `tools/call` or
+//! `resources/read` in the plain shape every 2026-07-28 client sends ([`plain_request`],
+//! answered by the source's handler and one JSON body, as rmcp would answer it), and the
+//! `Mcp-Param-*` header check every `tools/call` gets first ([`param_headers_refused`]).
+
+use axum::http::{StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use serde_json::{Value, json};
+
+use super::{error_status, params, rpc_error};
+use crate::mcp::caller::Caller;
+use crate::mcp::server::SourceServer;
+
+/// A `tools/call` whose `Mcp-Param-*` headers disagree with its arguments, for the tool as
+/// this caller sees it (see [`params`]): `-32020` with `400`, as rmcp answers. `None` for
+/// everything else, which goes on (the tool is read from the `Mcp-Name` header, so the body is
+/// parsed only for a tool that promotes an argument).
+pub(super) fn param_headers_refused(
+    headers: &axum::http::HeaderMap,
+    body: &[u8],
+    server: &SourceServer,
+    caller: &Caller,
+) -> Option<Response> {
+    if headers.get("mcp-method").is_none_or(|m| m != "tools/call") {
+        return None;
+    }
+    let name = params::name(headers)?;
+    let tool = server.tool(caller, &name)?;
+    if !params::promotes(&tool.input_schema) {
+        return None;
+    }
+    let request: Value = serde_json::from_slice(body).ok()?;
+    if request.get("method").and_then(Value::as_str) != Some("tools/call") {
+        return None;
+    }
+    let arguments = request.get("params").and_then(|p| p.get("arguments"));
+    let why = params::check(headers, arguments, &tool.input_schema).err()?;
+    let id = request.get("id").cloned().unwrap_or(Value::Null);
+    let error = json!({"code": rmcp::model::ErrorCode::HEADER_MISMATCH.0, "message": why});
+    Some(rpc_error(StatusCode::BAD_REQUEST, id, error))
+}
+
+/// The headers, `Accept` and `_meta` every plain request must carry, as rmcp checks them:
+/// `MCP-Protocol-Version` 2026-07-28 and `Mcp-Method` `method` once each, an exact
+/// `application/json` body, both media types accepted (none weighted zero, no quoted
+/// parameters), no session or parameter headers, and a `_meta` naming the version and the
+/// client's capabilities. `Some(Mcp-Name)` when all hold (`Some(None)` when there is none).
+pub(super) fn plain_headers<'h>(
+    headers: &'h axum::http::HeaderMap,
+    method: &str,
+) -> Option<Option<&'h str>> {
+    use rmcp::model::ProtocolVersion;
+    let only = |name: &str| {
+        let mut values = headers.get_all(name).iter();
+        let first = values.next()?.to_str().ok()?;
+        values.next().is_none().then_some(first)
+    };
+    if only("mcp-protocol-version")? != ProtocolVersion::V_2026_07_28.as_str()
+        || only("mcp-method")? != method
+        || headers.contains_key("mcp-session-id")
+    {
+        return None;
+    }
+    let essence = only("content-type")?
+        .split(';')
+        .next()
+        .unwrap_or_default()
+        .trim();
+    if !essence.eq_ignore_ascii_case("application/json") {
+        return None;
+    }
+    let (mut json, mut sse) = (false, false);
+    for value in headers.get_all(header::ACCEPT) {
+        let value = value.to_str().ok()?;
+        if value.contains('"') {
+            // Quoted parameters: rmcp's own parser decides.
+            return None;
+        }
+        for range in value.split(',') {
+            let mut params = range.split(';');
+            let essence = params.next().unwrap_or_default().trim();
+            // A range weighted zero is refused, as rmcp reads it.
+            let zero = |q: &str| {
+                let (whole, fraction) = q.split_once('.').unwrap_or((q, ""));
+                whole == "0" && fraction.bytes().all(|b| b == b'0')
+            };
+            if params.any(|p| {
+                p.split_once('=')
+                    .is_some_and(|(k, v)| k.trim().eq_ignore_ascii_case("q") && zero(v.trim()))
+            }) {
+                continue;
+            }
+            json |= essence.eq_ignore_ascii_case("application/json");
+            sse |= essence.eq_ignore_ascii_case("text/event-stream");
+        }
+    }
+    if !json || !sse {
+        return None;
+    }
+    Some(match headers.get_all("mcp-name").iter().count() {
+        0 => None,
+        1 => Some(headers.get("mcp-name")?.to_str().ok()?),
+        _ => return None,
+    })
+}
+
+/// Whether request `meta` names 2026-07-28 and the client's capabilities.
+pub(super) fn modern_meta(meta: &rmcp::model::RequestMetaObject) -> bool {
+    let modern = rmcp::model::ProtocolVersion::V_2026_07_28;
+    meta.protocol_version().as_ref() == Some(&modern)
+        && meta.missing_required_keys(&modern).is_empty()
+}
+
+/// A request herald answers itself, in place: see [`plain_request`].
+pub(super) struct Plain {
+    id: rmcp::model::RequestId,
+    pub(super) what: PlainWhat,
+}
+
+pub(super) enum PlainWhat {
+    Call {
+        name: String,
+        args: rmcp::model::JsonObject,
+        call: Box<crate::mcp::source::Call>,
+    },
+    Read {
+        uri: String,
+        /// The reader's `io.herald/after` hint.
+        after: Option<u64>,
+    },
+}
+
+/// A `tools/call` or `resources/read` in the shape every 2026-07-28 client sends for a plain
+/// request (the headers of [`plain_headers`], `Mcp-Name` exactly the tool's name or the URI,
+/// a well-formed request with no progress token, no log level and no tasks declared; its
+/// `Mcp-Param-*` headers were checked before), which herald answers itself: the source's
+/// handler, then one JSON body. rmcp would build a whole service per request for it.
+/// Anything else goes on to rmcp.
+pub(super) fn plain_request(headers: &axum::http::HeaderMap, body: &[u8]) -> Option<Plain> {
+    use rmcp::model::{ClientJsonRpcMessage, ClientRequest, GetMeta as _};
+    let method = headers.get("mcp-method")?.to_str().ok()?;
+    if method != "tools/call" && method != "resources/read" {
+        return None;
+    }
+    // rmcp answers a missing Mcp-Name with 400, and decodes a `=?base64?…?=` one first.
+    let name_header = plain_headers(headers, method)??;
+    if name_header.starts_with("=?") {
+        return None;
+    }
+    let ClientJsonRpcMessage::Request(request) =
+        serde_json::from_slice::<ClientJsonRpcMessage>(body).ok()?
+    else {
+        return None;
+    };
+    let meta = request.request.get_meta();
+    if !modern_meta(meta)
+        || meta.get_progress_token().is_some()
+        || meta.log_level().is_some()
+        || meta
+            .client_capabilities()
+            .is_some_and(|c| c.supports_tasks())
+    {
+        return None;
+    }
+    let capabilities = meta.client_capabilities();
+    let what = match request.request {
+        ClientRequest::CallToolRequest(call) if method == "tools/call" => {
+            let name = call.params.name.to_string();
+            // (`Mcp-Param-*` headers were checked before: `param_headers_refused`.)
+            if name_header != name {
+                return None;
+            }
+            let input = crate::mcp::source::Input {
+                responses: call.params.input_responses,
+                request_state: call.params.request_state,
+            };
+            PlainWhat::Call {
+                name,
+                args: call.params.arguments.unwrap_or_default(),
+                call: Box::new(crate::mcp::server::plain_call(capabilities, input)),
+            }
+        }
+        ClientRequest::ReadResourceRequest(read) if method == "resources/read" => {
+            if name_header != read.params.uri {
+                return None;
+            }
+            PlainWhat::Read {
+                after: crate::mcp::source::read_after_of(
+                    read.extensions
+                        .get::<rmcp::model::RequestMetaObject>()
+                        .or(read.params.meta.as_ref()),
+                ),
+                uri: read.params.uri,
+            }
+        }
+        _ => return None,
+    };
+    Some(Plain {
+        id: request.id,
+        what,
+    })
+}
+
+impl Plain {
+    /// Runs the request for `caller` and answers it as rmcp would: one JSON body, an error
+    /// with rmcp's status for it ([`error_status`]: `400` for a tool that only runs as a
+    /// task, `-32021`), and an error answer logged as rmcp logs it. One
+    /// difference, on purpose: at shutdown the request gets the grace every plain call is
+    /// promised ([`SourceServer::call_in_process`]) where rmcp would cut it with a `500`.
+    pub(super) async fn answer(self, server: &SourceServer, caller: &Caller) -> Response {
+        use rmcp::model::{ErrorCode, ServerJsonRpcMessage, ServerResult};
+        let (result, what) = match self.what {
+            PlainWhat::Call { name, args, call } => {
+                let r = server.call_in_process(caller, &name, args, *call).await;
+                (r.map(ServerResult::from), name)
+            }
+            PlainWhat::Read { uri, after } => {
+                let r = crate::mcp::source::with_read_after(
+                    after,
+                    server.read_in_process(caller, &uri),
+                )
+                .await;
+                let r = r.map(|c| {
+                    let result = crate::mcp::server::read_result(uri.clone(), c);
+                    ServerResult::from(rmcp::model::ReadResourceResponse::from(result))
+                });
+                (r, uri)
+            }
+        };
+        let (message, status) = match result {
+            Ok(mut r) => {
+                server.stamp_result(&mut r);
+                // As rmcp's service does for a 2026-07-28 answer: a read is cacheable, private
+                // and for no time unless the source said otherwise.
+                r.fill_missing_cache_hints();
+                (ServerJsonRpcMessage::response(r, self.id), StatusCode::OK)
+            }
+            Err(e) => {
+                let mut e = crate::mcp::server::to_mcp_error(e);
+                // As rmcp answers a 2026-07-28 peer (every plain request is one).
+                if e.code == ErrorCode::RESOURCE_NOT_FOUND {
+                    e.code = ErrorCode::INVALID_PARAMS;
+                }
+                tracing::warn!(request = %what, code = e.code.0, "response error: {}", e.message);
+                // A plain request's `_meta` is whole ([`plain_request`]).
+                let status = error_status(e.code, false);
+                (ServerJsonRpcMessage::error(e, Some(self.id)), status)
+            }
+        };
+        match serde_json::to_vec(&message) {
+            Ok(body) => {
+                (status, [(header::CONTENT_TYPE, "application/json")], body).into_response()
+            }
+            Err(_) => StatusCode::INTERNAL_SERVER_ERROR.into_response(),
+        }
+    }
+}
