@@ -22,10 +22,13 @@
 //!
 //! Restart: the store keeps each task (made, and its end). At open, a task that had not ended
 //! reads as `failed` with an error saying the server restarted.
+//!
+//! The pushes' side (the streams, the dispatcher, [`TaskListen`], [`TaskFeed`]) is `listen.rs`;
+//! the ttl's expiry loop is `expiry.rs`; tasks another server runs are `relay.rs`.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, Weak};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use rmcp::model::{
@@ -42,9 +45,15 @@ use crate::mcp::context::RoleContext;
 use crate::mcp::source::SourceError;
 use crate::store::{Store, Table};
 
+mod expiry;
+mod listen;
 pub mod relay;
 #[cfg(test)]
 mod tests;
+
+use expiry::expire_loop;
+use listen::{Streams, dispatch};
+pub use listen::{TaskFeed, TaskListen};
 
 /// The extension's id, in capabilities and in a tool's `_meta`.
 pub const TASKS_EXTENSION: &str = "io.modelcontextprotocol/tasks";
@@ -196,22 +205,6 @@ struct Transition {
     task: DetailedTask,
 }
 
-#[derive(Default)]
-struct Streams {
-    next: u64,
-    by_task: HashMap<String, BTreeSet<u64>>,
-    streams: HashMap<u64, StreamEntry>,
-}
-
-struct StreamEntry {
-    principal: String,
-    ids: Vec<String>,
-    tx: mpsc::Sender<(u64, DetailedTask)>,
-    /// Set when a push to this stream was shed: it reads its tasks' states again once it has
-    /// taken what is queued.
-    behind: Arc<std::sync::atomic::AtomicBool>,
-}
-
 /// What the store keeps of a task.
 #[derive(Serialize, Deserialize)]
 struct Stored {
@@ -299,10 +292,6 @@ impl Tasks {
 
     fn lock(&self) -> std::sync::MutexGuard<'_, State> {
         self.inner.state.lock().unwrap_or_else(|e| e.into_inner())
-    }
-
-    fn streams(&self) -> std::sync::MutexGuard<'_, Streams> {
-        self.inner.streams.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     /// Pushes dropped because a queue was full.
@@ -662,78 +651,6 @@ impl Tasks {
             _ => Err(unknown_task(id)),
         }
     }
-
-    /// Registers a listen stream of `principal` for `ids`: returns the ids it may see now
-    /// (the acknowledgment's `taskIds`, each once, unknown and foreign ones left out) and the
-    /// stream's end of the pushes.
-    pub fn listen(&self, principal: &str, ids: &[String]) -> TaskListen {
-        let visible: Vec<String> = {
-            let s = self.lock();
-            let mut seen = BTreeSet::new();
-            ids.iter()
-                .filter(|id| seen.insert(id.as_str()))
-                .filter(|id| {
-                    s.tasks
-                        .get(id.as_str())
-                        .is_some_and(|r| r.owner == principal)
-                })
-                .cloned()
-                .collect()
-        };
-        let (tx, rx) = mpsc::channel(STREAM_QUEUE);
-        let behind = Arc::new(std::sync::atomic::AtomicBool::new(false));
-        let key = {
-            let mut st = self.streams();
-            st.next += 1;
-            let key = st.next;
-            for id in &visible {
-                st.by_task.entry(id.clone()).or_default().insert(key);
-            }
-            st.streams.insert(
-                key,
-                StreamEntry {
-                    principal: principal.to_owned(),
-                    ids: visible.clone(),
-                    tx,
-                    behind: behind.clone(),
-                },
-            );
-            key
-        };
-        TaskListen {
-            ids: visible,
-            rx,
-            behind,
-            epoch: self.inner.shed_epoch.load(Ordering::Acquire),
-            again: std::collections::VecDeque::new(),
-            last: HashMap::new(),
-            _registration: StreamRegistration {
-                tasks: Arc::downgrade(&self.inner),
-                key,
-            },
-            principal: principal.to_owned(),
-            tasks: self.clone(),
-        }
-    }
-
-    fn unregister(inner: &Inner, key: u64) {
-        let mut st = inner.streams.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some(e) = st.streams.remove(&key) {
-            for id in e.ids {
-                if let Some(set) = st.by_task.get_mut(&id) {
-                    set.remove(&key);
-                    if set.is_empty() {
-                        st.by_task.remove(&id);
-                    }
-                }
-            }
-        }
-    }
-
-    /// Listen streams registered now (for tests and the status board).
-    pub fn streams_open(&self) -> usize {
-        self.streams().streams.len()
-    }
 }
 
 /// The running work's side of a task.
@@ -800,240 +717,6 @@ impl TaskHandle {
         tokio::select! {
             r = rx => r.map_err(|_| SourceError::Unavailable("the task ended before its input came".into())),
             _ = self.cancel.cancelled() => Err(SourceError::Unavailable("the task was cancelled".into())),
-        }
-    }
-}
-
-/// A listen stream's tasks: this server's own, or relayed from the servers that run them.
-pub enum TaskFeed {
-    Local(TaskListen),
-    Relayed(relay::RelayedListen),
-}
-
-impl TaskFeed {
-    /// The ids the stream watches (the acknowledgment's `taskIds`).
-    pub fn ids(&self) -> &[String] {
-        match self {
-            TaskFeed::Local(l) => &l.ids,
-            TaskFeed::Relayed(r) => &r.ids,
-        }
-    }
-
-    /// The states to push right after the acknowledgment.
-    pub fn initial(&mut self) -> Vec<DetailedTask> {
-        match self {
-            TaskFeed::Local(l) => l.initial(),
-            TaskFeed::Relayed(r) => r.initial(),
-        }
-    }
-
-    /// The next state to push.
-    pub async fn next(&mut self) -> Option<DetailedTask> {
-        match self {
-            TaskFeed::Local(l) => l.next().await,
-            TaskFeed::Relayed(r) => r.next().await,
-        }
-    }
-}
-
-/// A listen stream's registration for task pushes. Dropping it unregisters the stream.
-pub struct TaskListen {
-    /// The ids this stream watches (the acknowledgment's `taskIds`).
-    pub ids: Vec<String>,
-    rx: mpsc::Receiver<(u64, DetailedTask)>,
-    /// A push to this stream was shed (set by the dispatcher).
-    behind: Arc<std::sync::atomic::AtomicBool>,
-    /// The shed epoch this stream last looked again at.
-    epoch: u64,
-    /// States read again after a shed, still to deliver.
-    again: std::collections::VecDeque<DetailedTask>,
-    /// The stamp of the last state delivered, per task.
-    last: HashMap<String, u64>,
-    /// Held for its drop, which unregisters the stream.
-    _registration: StreamRegistration,
-    principal: String,
-    tasks: Tasks,
-}
-
-struct StreamRegistration {
-    tasks: Weak<Inner>,
-    key: u64,
-}
-
-impl Drop for StreamRegistration {
-    fn drop(&mut self) {
-        if let Some(inner) = self.tasks.upgrade() {
-            Tasks::unregister(&inner, self.key);
-        }
-    }
-}
-
-impl TaskListen {
-    /// The current state of every watched task, as a stream's first pushes (after its
-    /// acknowledgment). Marks them delivered.
-    pub fn initial(&mut self) -> Vec<DetailedTask> {
-        let snapshot: Vec<(String, u64, DetailedTask)> = {
-            let s = self.tasks.lock();
-            self.ids
-                .iter()
-                .filter_map(|id| {
-                    let r = s.tasks.get(id)?;
-                    (r.owner == self.principal).then(|| (id.clone(), r.seq, r.task.clone()))
-                })
-                .collect()
-        };
-        snapshot
-            .into_iter()
-            .filter_map(|(id, seq, task)| self.newer(&id, seq).then_some(task))
-            .collect()
-    }
-
-    fn newer(&mut self, id: &str, seq: u64) -> bool {
-        match self.last.get(id) {
-            Some(&last) if last >= seq => false,
-            _ => {
-                self.last.insert(id.to_owned(), seq);
-                true
-            }
-        }
-    }
-
-    /// The next state to push: newer than what this stream has for that task. `None` once
-    /// the server's tasks are gone. After a shed push (this stream's, or a transition lost
-    /// before dispatch) the stream reads its tasks' current states again, so a final state is
-    /// never lost for good, and never delivered twice or out of order.
-    pub async fn next(&mut self) -> Option<DetailedTask> {
-        loop {
-            if let Some(t) = self.again.pop_front() {
-                return Some(t);
-            }
-            // Interest first, then the epoch: a shed between the two still wakes this.
-            let inner = self.tasks.inner.clone();
-            let resync = inner.resync.notified();
-            tokio::pin!(resync);
-            resync.as_mut().enable();
-            let epoch = inner.shed_epoch.load(Ordering::Acquire);
-            let lagged = self.rx.is_empty() && self.behind.swap(false, Ordering::AcqRel);
-            if lagged || epoch != self.epoch {
-                self.epoch = epoch;
-                self.again = self.initial().into();
-                continue;
-            }
-            tokio::select! {
-                got = self.rx.recv() => {
-                    let (seq, task) = got?;
-                    if self.newer(&task.task.task_id, seq) {
-                        return Some(task);
-                    }
-                }
-                _ = resync => {}
-            }
-        }
-    }
-
-    /// Whether this stream watches any task.
-    pub fn is_empty(&self) -> bool {
-        self.ids.is_empty()
-    }
-}
-
-/// The dispatcher: takes transitions off the queue in order and offers each to the streams
-/// watching its task whose principal owns it, never waiting on one.
-async fn dispatch(inner: Weak<Inner>, mut rx: mpsc::Receiver<Transition>) {
-    while let Some(t) = rx.recv().await {
-        let Some(inner) = inner.upgrade() else {
-            return;
-        };
-        let st = inner.streams.lock().unwrap_or_else(|e| e.into_inner());
-        let Some(keys) = st.by_task.get(&t.id) else {
-            continue;
-        };
-        for key in keys {
-            let Some(e) = st.streams.get(key) else {
-                continue;
-            };
-            // Checked again at every delivery: only the owner's streams get a task's state.
-            if e.principal != t.owner {
-                continue;
-            }
-            if e.tx.try_send((t.seq, t.task.clone())).is_err() && !e.tx.is_closed() {
-                inner.shed.fetch_add(1, Ordering::Relaxed);
-                e.behind.store(true, Ordering::Release);
-            }
-        }
-    }
-}
-
-/// Ends tasks whose ttl has passed: a running one is cancelled and fails (pushed), then every
-/// expired task is forgotten (a `tasks/get` on it is `-32602`). It holds the tasks only while
-/// it works, and ends at shutdown or once they are gone.
-async fn expire_loop(inner: Weak<Inner>) {
-    loop {
-        let Some(i) = inner.upgrade() else {
-            return;
-        };
-        let tasks = Tasks { inner: i };
-        let now = Instant::now();
-        let due: Vec<String> = {
-            let s = tasks.lock();
-            s.tasks
-                .iter()
-                .filter(|(_, r)| r.expires <= now)
-                .map(|(id, _)| id.clone())
-                .collect()
-        };
-        for id in due {
-            tasks.expire(&id).await;
-        }
-        let next = {
-            let mut s = tasks.lock();
-            let next = s.tasks.values().map(|r| r.expires).min();
-            s.next_wake = next;
-            next
-        };
-        // `notify_one` keeps a permit when nobody waits, so a sooner expiry set between the
-        // scan and here still wakes this. Only the notify is held while waiting: the tasks
-        // may go away meanwhile (the loop then ends at its next turn).
-        let wake = tasks.inner.expiry.clone();
-        drop(tasks);
-        let notified = wake.notified();
-        match next {
-            Some(at) => {
-                tokio::select! {
-                    _ = tokio::time::sleep_until(at) => {}
-                    _ = notified => {}
-                }
-            }
-            None => notified.await,
-        }
-    }
-}
-
-impl Tasks {
-    async fn expire(&self, id: &str) {
-        let ttl_ms = self.inner.ttl.as_millis();
-        let failed = self.transition(id, |r| {
-            r.cancel.cancel();
-            r.waiting = None;
-            r.task = DetailedTask::new(
-                r.task.task.clone(),
-                TaskPayload::Failed {
-                    error: error_object(&McpError::internal_error(
-                        format!("the task did not finish within its ttl of {ttl_ms} ms"),
-                        None,
-                    )),
-                },
-            );
-            true
-        });
-        if failed.is_some() {
-            tracing::info!(task = %id, "task expired before it finished");
-        }
-        self.lock().tasks.remove(id);
-        if let Some(store) = &self.inner.store {
-            let _ = store
-                .delete(Table::Tasks, &format!("{}{id}", self.inner.prefix))
-                .await;
         }
     }
 }

@@ -13,14 +13,14 @@
 //! The notes are bounded in total size ([`DEFAULT_MAX_NOTES_BYTES`], `--max-notes-bytes`): the
 //! total of keys and values as stored is kept as each write changes it, and a `memo_set` that
 //! would take it past the limit is refused before anything is written.
+//!
+//! The tools (their listing and calls) are `tools.rs`; the tests are `tests.rs`.
 
 use std::collections::BTreeMap;
 use std::sync::RwLock;
 
 use async_trait::async_trait;
-use rmcp::model::{
-    CallToolResult, ContentBlock as Content, JsonObject, Resource, Tool, ToolAnnotations,
-};
+use rmcp::model::{JsonObject, Resource, Tool};
 use serde_json::{Map, Value, json};
 
 use crate::mcp::events::{self, EventType, PollRequest};
@@ -29,12 +29,11 @@ use crate::mcp::ring::{EVENT_LOG_MIME, EventRing};
 use crate::mcp::server::DEFAULT_MAX_MESSAGE_BYTES;
 use crate::mcp::source::{
     Admission, Call, Caller, Contents, ListenFilter, Source, SourceError, SourceInfo, WatchGuard,
-    check_args, schema,
 };
-use crate::mcp::tasks;
 use crate::store::{Store, StoreError, Table};
 
 pub mod nats;
+mod tools;
 
 pub const NOTES_URI: &str = "memo://notes";
 pub const LOG_URI: &str = "memo://log";
@@ -132,10 +131,6 @@ impl State {
         self.version.send_modify(|v| *v += 1);
     }
 }
-
-/// `memo_wait`'s default and longest wait.
-const WAIT_DEFAULT_MS: u64 = 60_000;
-const WAIT_MAX_MS: u64 = 3_600_000;
 
 impl Memo {
     /// Loads the notes from the store; at most [`DEFAULT_MAX_NOTES_BYTES`] of them until
@@ -346,120 +341,6 @@ impl Memo {
         .await
         .ok()
     }
-
-    async fn memo_wait(
-        &self,
-        args: &JsonObject,
-        task: Option<&crate::mcp::tasks::TaskHandle>,
-    ) -> Result<CallToolResult, SourceError> {
-        check_args(args, &["key", "timeout_ms"])?;
-        let key = key_arg(args)?;
-        Self::check_key(&key)?;
-        let ms = match args.get("timeout_ms") {
-            None => WAIT_DEFAULT_MS,
-            Some(v) => v
-                .as_u64()
-                .filter(|&m| m > 0 && m <= WAIT_MAX_MS)
-                .ok_or_else(|| {
-                    SourceError::InvalidParams(format!(
-                        "timeout_ms must be a whole number of milliseconds from 1 to {WAIT_MAX_MS}"
-                    ))
-                })?,
-        };
-        // As a task, its status says when a change will be seen (a caller that sets the note
-        // after this push knows the wait sees it).
-        let waiting = || {
-            if let Some(t) = task {
-                t.message(format!("waiting for {key} to change"));
-            }
-        };
-        Ok(
-            match self
-                .wait_then(&key, std::time::Duration::from_millis(ms), waiting)
-                .await
-            {
-                Some(value) => {
-                    let text = match &value {
-                        Some(v) => format!("{key} changed to {v}"),
-                        None => format!("{key} was deleted"),
-                    };
-                    let mut r = CallToolResult::success(vec![Content::text(text)]);
-                    r.structured_content =
-                        Some(json!({"key": key, "changed": true, "value": value}));
-                    r
-                }
-                None => {
-                    let mut r = CallToolResult::success(vec![Content::text(format!(
-                        "{key} did not change within {ms} ms"
-                    ))]);
-                    r.structured_content = Some(json!({"key": key, "changed": false}));
-                    r
-                }
-            },
-        )
-    }
-
-    /// `memo_ask`: asks the client for a value (an elicitation, through the task's
-    /// `input_required`), then sets the note to it.
-    async fn memo_ask(&self, args: &JsonObject, call: Call) -> Result<CallToolResult, SourceError> {
-        check_args(args, &["key", "message"])?;
-        let key = key_arg(args)?;
-        Self::check_key(&key)?;
-        let message = match args.get("message") {
-            None => format!("A value for note {key}"),
-            Some(Value::String(m)) => m.clone(),
-            Some(_) => {
-                return Err(SourceError::InvalidParams(
-                    "message must be a string".into(),
-                ));
-            }
-        };
-        let Some(task) = call.task else {
-            return Err(SourceError::InvalidParams(
-                "memo_ask asks the client for input, so it runs only as a task: call it with the tasks extension declared (io.modelcontextprotocol/tasks)".into(),
-            ));
-        };
-        let request: rmcp::model::InputRequest = serde_json::from_value(json!({
-            "method": "elicitation/create",
-            "params": {
-                "mode": "form",
-                "message": message,
-                "requestedSchema": {
-                    "type": "object",
-                    "properties": {"value": {"type": "string", "description": format!("the new value of {key}")}},
-                    "required": ["value"]
-                }
-            }
-        }))
-        .map_err(|e| SourceError::Unavailable(format!("cannot build the input request: {e}")))?;
-        let input_key = format!("value-of-{key}");
-        let answers = task
-            .ask([(input_key.clone(), request)].into_iter().collect())
-            .await?;
-        let answer = answers.get(&input_key).cloned().unwrap_or_default();
-        match answer.get("action").and_then(Value::as_str) {
-            Some("accept") => {}
-            other => {
-                let mut r = CallToolResult::success(vec![Content::text(format!(
-                    "{key} left as it was: the input was {}",
-                    other.unwrap_or("not given")
-                ))]);
-                r.structured_content = Some(json!({"key": key, "changed": false}));
-                return Ok(r);
-            }
-        }
-        let value = answer
-            .get("content")
-            .and_then(|c| c.get("value"))
-            .cloned()
-            .ok_or_else(|| {
-                SourceError::InvalidParams("the accepted input has no content.value".into())
-            })?;
-        let changed = self.set(&key, value.clone()).await?;
-        let mut r = CallToolResult::success(vec![Content::text(format!("set {key} to {value}"))]);
-        r.structured_content = Some(json!({"key": key, "changed": changed, "value": value}));
-        Ok(r)
-    }
 }
 
 /// The bytes `value` takes in the store (its JSON text, as [`Memo::set`] writes it), counted
@@ -480,65 +361,6 @@ fn stored_len(value: &Value) -> usize {
     // Writing a `Value` to a sink that never fails cannot fail.
     let _ = serde_json::to_writer(&mut n, value);
     n.0
-}
-
-fn key_arg(args: &JsonObject) -> Result<String, SourceError> {
-    match args.get("key") {
-        Some(Value::String(s)) => Ok(s.clone()),
-        Some(other) => Err(SourceError::InvalidParams(format!(
-            "key must be a string, got {other}"
-        ))),
-        None => Err(SourceError::InvalidParams(
-            "missing argument key; call with key=\"name\"".into(),
-        )),
-    }
-}
-
-impl Memo {
-    async fn run_call(
-        &self,
-        _caller: &Caller,
-        name: &str,
-        args: JsonObject,
-        call: Call,
-    ) -> Result<rmcp::model::CallToolResult, SourceError> {
-        match name {
-            "memo_set" => {
-                check_args(&args, &["key", "value"])?;
-                let key = key_arg(&args)?;
-                let value = args.get("value").cloned().ok_or_else(|| {
-                    SourceError::InvalidParams(
-                        "missing argument value; call with value=<any JSON>".into(),
-                    )
-                })?;
-                let changed = self.set(&key, value).await?;
-                let text = if changed {
-                    format!("set {key}")
-                } else {
-                    format!("{key} unchanged")
-                };
-                let mut r = CallToolResult::success(vec![Content::text(text)]);
-                r.structured_content = Some(json!({"key": key, "changed": changed}));
-                Ok(r)
-            }
-            "memo_delete" => {
-                check_args(&args, &["key"])?;
-                let key = key_arg(&args)?;
-                let existed = self.delete(&key).await?;
-                let text = if existed {
-                    format!("deleted {key}")
-                } else {
-                    format!("{key} did not exist")
-                };
-                let mut r = CallToolResult::success(vec![Content::text(text)]);
-                r.structured_content = Some(json!({"key": key, "deleted": existed}));
-                Ok(r)
-            }
-            "memo_wait" => self.memo_wait(&args, call.task.as_ref()).await,
-            "memo_ask" => self.memo_ask(&args, call).await,
-            other => Err(SourceError::UnknownTool(other.to_owned())),
-        }
-    }
 }
 
 #[async_trait]
@@ -598,86 +420,7 @@ impl Source for Memo {
     }
 
     fn tools(&self, _caller: &Caller) -> Vec<Tool> {
-        vec![
-            Tool::new(
-                "memo_set",
-                "Set note `key` to `value` (any JSON value). Watchers of memo://notes and memo://log are notified.",
-                schema(json!({
-                    "type": "object",
-                    "properties": {
-                        "key": {"type": "string", "description": "note name"},
-                        "value": {"description": "any JSON value"}
-                    },
-                    "required": ["key", "value"],
-                    "additionalProperties": false
-                })),
-            )
-            .with_annotations(
-                ToolAnnotations::with_title("Set a note")
-                    .read_only(false)
-                    .destructive(false)
-                    .idempotent(true)
-                    .open_world(false),
-            ),
-            Tool::new(
-                "memo_delete",
-                "Delete note `key`. Watchers of memo://notes and memo://log are notified.",
-                schema(json!({
-                    "type": "object",
-                    "properties": {"key": {"type": "string", "description": "note name"}},
-                    "required": ["key"],
-                    "additionalProperties": false
-                })),
-            )
-            .with_annotations(
-                ToolAnnotations::with_title("Delete a note")
-                    .read_only(false)
-                    .destructive(true)
-                    .idempotent(true)
-                    .open_world(false),
-            ),
-            tasks::optional(
-                Tool::new(
-                    "memo_wait",
-                    "Wait until note `key` next changes (set to another value or deleted), at most `timeout_ms` (default 60000). May run as a task.",
-                    schema(json!({
-                        "type": "object",
-                        "properties": {
-                            "key": {"type": "string", "description": "note name"},
-                            "timeout_ms": {"type": "integer", "minimum": 1, "maximum": WAIT_MAX_MS, "description": "longest wait, ms"}
-                        },
-                        "required": ["key"],
-                        "additionalProperties": false
-                    })),
-                )
-                .with_annotations(
-                    ToolAnnotations::with_title("Wait for a note to change")
-                        .read_only(true)
-                        .open_world(false),
-                ),
-            ),
-            tasks::required(
-                Tool::new(
-                    "memo_ask",
-                    "Ask the client for a value of note `key` (an elicitation with `message`, answered with tasks/update), then set the note. Runs only as a task.",
-                    schema(json!({
-                        "type": "object",
-                        "properties": {
-                            "key": {"type": "string", "description": "note name"},
-                            "message": {"type": "string", "description": "what to ask"}
-                        },
-                        "required": ["key"],
-                        "additionalProperties": false
-                    })),
-                )
-                .with_annotations(
-                    ToolAnnotations::with_title("Ask for a note's value")
-                        .read_only(false)
-                        .destructive(false)
-                        .open_world(false),
-                ),
-            ),
-        ]
+        tools::list()
     }
 
     async fn call_tool(
@@ -727,252 +470,4 @@ fn memo_changed() -> EventType {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    async fn memo() -> Memo {
-        Memo::open(Store::memory(), 16).await.unwrap()
-    }
-
-    fn read_json(c: Contents) -> Value {
-        match c.body {
-            crate::mcp::source::Body::Text(t) => serde_json::from_str(&t).unwrap(),
-            _ => panic!("expected text"),
-        }
-    }
-
-    #[tokio::test]
-    async fn set_modify_delete_are_logged_with_old() {
-        let m = memo().await;
-        let r = m.changes().register(&[NOTES_URI.into(), LOG_URI.into()]);
-        assert!(m.set("a", json!(1)).await.unwrap());
-        assert!(
-            !m.set("a", json!(1)).await.unwrap(),
-            "same value is not a change"
-        );
-        assert!(m.set("a", json!({"x": 2})).await.unwrap());
-        assert!(m.delete("a").await.unwrap());
-        assert!(!m.delete("a").await.unwrap());
-        let log = read_json(m.read(&Caller::local(), LOG_URI).await.unwrap());
-        let ev = log["events"].as_array().unwrap();
-        let types: Vec<&str> = ev.iter().map(|e| e["type"].as_str().unwrap()).collect();
-        assert_eq!(types, ["ADDED", "MODIFIED", "DELETED"]);
-        assert_eq!(ev[1]["old"], json!(1));
-        assert_eq!(ev[1]["object"], json!({"x": 2}));
-        assert!(ev[0]["seq"].as_u64() < ev[1]["seq"].as_u64());
-        assert_eq!(
-            read_json(m.read(&Caller::local(), NOTES_URI).await.unwrap()),
-            json!({})
-        );
-        let batch = r.queue().next_batch().await;
-        assert_eq!(batch, vec![NOTES_URI.to_string(), LOG_URI.to_string()]);
-    }
-
-    #[tokio::test]
-    async fn notes_survive_reopen_on_the_same_store() {
-        let store = Store::memory();
-        let m = Memo::open(store.clone(), 16).await.unwrap();
-        m.set("k", json!("v")).await.unwrap();
-        drop(m);
-        let m = Memo::open(store, 16).await.unwrap();
-        assert_eq!(
-            read_json(m.read(&Caller::local(), NOTES_URI).await.unwrap()),
-            json!({"k": "v"})
-        );
-    }
-
-    #[tokio::test]
-    async fn bad_arguments_are_clear_errors() {
-        let m = memo().await;
-        let err = m
-            .call_tool(
-                &Caller::local(),
-                "memo_set",
-                schema(json!({"key": "a"})),
-                Call::default(),
-            )
-            .await
-            .unwrap_err();
-        assert!(err.to_string().contains("missing argument value"), "{err}");
-        let err = m
-            .call_tool(
-                &Caller::local(),
-                "memo_set",
-                schema(json!({"key": "a", "value": 1, "extra": 2})),
-                Call::default(),
-            )
-            .await
-            .unwrap_err();
-        assert!(err.to_string().contains("unknown argument extra"), "{err}");
-        let err = m
-            .call_tool(
-                &Caller::local(),
-                "memo_set",
-                schema(json!({"key": 5, "value": 1})),
-                Call::default(),
-            )
-            .await
-            .unwrap_err();
-        assert!(err.to_string().contains("key must be a string"), "{err}");
-        let err = m.read(&Caller::local(), "memo://nope").await.unwrap_err();
-        assert_eq!(
-            err,
-            SourceError::NotFound {
-                uri: "memo://nope".into()
-            }
-        );
-    }
-
-    /// The notes' total as a scan would count it: every key and value as stored.
-    async fn scanned_bytes(store: &Store) -> usize {
-        let rows = store.scan(Table::Notes).await.unwrap();
-        rows.iter().map(|(k, v)| k.len() + v.len()).sum()
-    }
-
-    #[tokio::test]
-    async fn the_notes_total_is_kept_as_writes_change_it() {
-        let store = Store::memory();
-        let m = Memo::open(store.clone(), 16).await.unwrap();
-        assert_eq!(m.notes_bytes().await, 0);
-        m.set("a", json!("xy")).await.unwrap();
-        assert_eq!(m.notes_bytes().await, 1 + 4, "key a, value \"xy\"");
-        m.set("b", json!({"k": [1, 2]})).await.unwrap();
-        m.set("a", json!("a longer value")).await.unwrap();
-        m.set("a", json!("a longer value")).await.unwrap();
-        m.delete("b").await.unwrap();
-        m.delete("nope").await.unwrap();
-        m.set("c", json!(1.5)).await.unwrap();
-        let total = m.notes_bytes().await;
-        assert_eq!(total, scanned_bytes(&store).await);
-        assert_eq!(total, 1 + 16 + 1 + 3);
-        drop(m);
-        let m = Memo::open(store, 16).await.unwrap();
-        assert_eq!(m.notes_bytes().await, total, "a reopen counts the same");
-    }
-
-    #[tokio::test]
-    async fn a_set_past_the_notes_limit_is_refused_and_changes_nothing() {
-        let store = Store::memory();
-        let m = Memo::open(store.clone(), 16)
-            .await
-            .unwrap()
-            .with_max_notes_bytes(100);
-        let r = m.changes().register(&[NOTES_URI.into()]);
-        m.set("a", json!("x".repeat(40))).await.unwrap();
-        m.set("b", json!("y".repeat(40))).await.unwrap();
-        assert_eq!(m.notes_bytes().await, 2 * 43);
-        let _ = r.queue().next_batch().await;
-        let before_log = read_json(m.read(&Caller::local(), LOG_URI).await.unwrap());
-        let err = m
-            .call_tool(
-                &Caller::local(),
-                "memo_set",
-                schema(json!({"key": "c", "value": "z".repeat(20)})),
-                Call::default(),
-            )
-            .await
-            .unwrap_err();
-        let text = err.to_string();
-        assert!(matches!(err, SourceError::InvalidParams(_)), "{err:?}");
-        for needle in [
-            "100-byte limit",
-            "--max-notes-bytes",
-            "they take 86 bytes now",
-            "would take 109 bytes",
-        ] {
-            assert!(text.contains(needle), "{needle}: {text}");
-        }
-        // Growing a note past the limit is refused the same way.
-        let err = m.set("a", json!("x".repeat(60))).await.unwrap_err();
-        assert!(err.to_string().contains("--max-notes-bytes"), "{err}");
-        // Nothing changed: the notes, the store, the log, the total, and no notification.
-        assert_eq!(
-            read_json(m.read(&Caller::local(), NOTES_URI).await.unwrap()),
-            json!({"a": "x".repeat(40), "b": "y".repeat(40)})
-        );
-        assert_eq!(
-            read_json(m.read(&Caller::local(), LOG_URI).await.unwrap()),
-            before_log
-        );
-        assert_eq!(m.notes_bytes().await, 86);
-        assert_eq!(scanned_bytes(&store).await, 86);
-        assert!(
-            futures::FutureExt::now_or_never(r.queue().next_batch()).is_none(),
-            "a refused set publishes nothing"
-        );
-        // A write that fits, exactly up to the limit, is taken.
-        m.set("c", json!("z".repeat(11))).await.unwrap();
-        assert_eq!(m.notes_bytes().await, 100);
-    }
-
-    #[tokio::test]
-    async fn notes_past_a_lowered_limit_can_still_shrink() {
-        let store = Store::memory();
-        let m = Memo::open(store.clone(), 16).await.unwrap();
-        m.set("a", json!("x".repeat(100))).await.unwrap();
-        drop(m);
-        let m = Memo::open(store, 16)
-            .await
-            .unwrap()
-            .with_max_notes_bytes(50);
-        assert_eq!(m.notes_bytes().await, 103);
-        assert!(m.set("b", json!(1)).await.is_err(), "growing is refused");
-        assert!(m.set("a", json!("x".repeat(101))).await.is_err());
-        m.set("a", json!("x".repeat(80))).await.unwrap();
-        assert_eq!(m.notes_bytes().await, 83);
-        m.delete("a").await.unwrap();
-        assert_eq!(m.notes_bytes().await, 0);
-        m.set("b", json!(1)).await.unwrap();
-    }
-
-    #[tokio::test]
-    async fn memo_changes_are_polled_from_the_log() {
-        let m = memo().await;
-        assert!(m.events_advertised(&Caller::local()).await);
-        let list = m.events_list(&Caller::local()).await.unwrap();
-        assert_eq!(list[0]["name"], CHANGED_EVENT);
-        assert_eq!(list[0]["inputSchema"]["additionalProperties"], false);
-        let first = m
-            .events_poll(
-                &Caller::local(),
-                schema(json!({"name": CHANGED_EVENT, "cursor": null})),
-            )
-            .await
-            .unwrap();
-        assert_eq!(first["events"], json!([]));
-        m.set("a", json!(1)).await.unwrap();
-        let next = m
-            .events_poll(
-                &Caller::local(),
-                schema(json!({"name": CHANGED_EVENT, "cursor": first["cursor"]})),
-            )
-            .await
-            .unwrap();
-        assert_eq!(next["events"][0]["data"]["type"], "ADDED");
-        assert_eq!(next["events"][0]["data"]["key"], "a");
-        let err = m
-            .events_poll(
-                &Caller::local(),
-                schema(json!({"name": CHANGED_EVENT, "arguments": {"key": "a"}})),
-            )
-            .await
-            .unwrap_err();
-        assert!(err.to_string().contains("unknown argument key"), "{err}");
-        let err = m
-            .events_poll(&Caller::local(), schema(json!({"name": "memo.deleted"})))
-            .await
-            .unwrap_err();
-        assert!(matches!(err, SourceError::EventNotFound(_)), "{err}");
-    }
-
-    #[tokio::test]
-    async fn descriptions_end_with_a_code_mode_example() {
-        let m = memo().await;
-        for r in m.resources(&Caller::local()) {
-            let d = r.description.unwrap();
-            let last = d.lines().last().unwrap();
-            assert!(last.starts_with("Example: await watch_start("), "{last}");
-            assert!(last.contains(&format!("uri=\"{}\"", r.uri)));
-        }
-    }
-}
+mod tests;

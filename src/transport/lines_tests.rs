@@ -1,0 +1,298 @@
+//! Tests of [`LineTransport`] (`lines.rs`): bad lines answered and serving going on, lines
+//! split across reads, the in-flight limit (waiting, parking, a cancel freeing a place, the
+//! burst's end giving memory back), ids reused while in flight, and responses over the
+//! message limit.
+
+use super::in_flight::BURSTS_ENDED;
+use super::*;
+use rmcp::RoleServer;
+use tokio::io::AsyncReadExt;
+
+async fn run(input: &[u8], max: usize) -> (Vec<String>, String) {
+    let (client, server) = tokio::io::duplex(1 << 20);
+    let (sr, sw) = tokio::io::split(server);
+    let (mut cr, mut cw) = tokio::io::split(client);
+    let mut t = LineTransport::<RoleServer, _>::new(sr, sw, max, true);
+    cw.write_all(input).await.unwrap();
+    cw.shutdown().await.unwrap();
+    let mut methods = Vec::new();
+    while let Some(m) = t.receive().await {
+        let v = serde_json::to_value(&m).unwrap();
+        methods.push(v["method"].as_str().unwrap_or("?").to_owned());
+    }
+    t.close().await.unwrap();
+    let mut out = String::new();
+    cr.read_to_string(&mut out).await.unwrap();
+    (methods, out)
+}
+
+const PING: &str = r#"{"jsonrpc":"2.0","id":1,"method":"tools/list","params":{}}"#;
+
+#[tokio::test]
+async fn malformed_line_gets_parse_error_and_serving_continues() {
+    let input = format!("{{not json\n{PING}\n");
+    let (methods, out) = run(input.as_bytes(), 1024).await;
+    assert_eq!(methods, ["tools/list"]);
+    let err: Value = serde_json::from_str(out.lines().next().unwrap()).unwrap();
+    assert_eq!(err["error"]["code"], -32700);
+    assert_eq!(err["id"], Value::Null);
+}
+
+#[tokio::test]
+async fn oversized_line_is_refused_and_the_next_one_served() {
+    let big = format!(
+        "{{\"jsonrpc\":\"2.0\",\"id\":9,\"method\":\"x\",\"params\":{{\"p\":\"{}\"}}}}\n",
+        "a".repeat(5000)
+    );
+    let input = format!("{big}{PING}\n");
+    let (methods, out) = run(input.as_bytes(), 1024).await;
+    assert_eq!(methods, ["tools/list"]);
+    let err: Value = serde_json::from_str(out.lines().next().unwrap()).unwrap();
+    assert_eq!(err["error"]["code"], -32600);
+    assert!(
+        err["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("1024-byte limit")
+    );
+}
+
+#[tokio::test]
+async fn wrong_shape_gets_invalid_request_with_its_id() {
+    let input =
+        format!("{{\"jsonrpc\":\"2.0\",\"id\":7,\"result\":5,\"method\":3}}\n[1,2]\n{PING}\n");
+    let (methods, out) = run(input.as_bytes(), 1024).await;
+    assert_eq!(methods, ["tools/list"]);
+    let lines: Vec<Value> = out
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(lines.len(), 2, "{out}");
+    assert_eq!(lines[0]["id"], 7);
+    assert_eq!(lines[0]["error"]["code"], -32600);
+}
+
+#[tokio::test]
+async fn line_split_across_reads_and_crlf() {
+    let input = format!("\r\n{PING}\r\n\n{PING}");
+    let (methods, _) = run(input.as_bytes(), 1024).await;
+    // The last line has no newline before EOF and is incomplete: dropped.
+    assert_eq!(methods, ["tools/list"]);
+}
+
+fn request(id: u64, method: &str) -> String {
+    format!("{{\"jsonrpc\":\"2.0\",\"id\":{id},\"method\":\"{method}\",\"params\":{{}}}}\n")
+}
+
+fn answer(id: u64, result: Value) -> TxJsonRpcMessage<RoleServer> {
+    serde_json::from_value(serde_json::json!({"jsonrpc":"2.0","id":id,"result":result})).unwrap()
+}
+
+/// A server transport with an in-flight limit, and the client's ends.
+fn server_with_limit(
+    max_line: usize,
+    in_flight: usize,
+) -> (
+    LineTransport<RoleServer, tokio::io::ReadHalf<tokio::io::DuplexStream>>,
+    tokio::io::ReadHalf<tokio::io::DuplexStream>,
+    tokio::io::WriteHalf<tokio::io::DuplexStream>,
+) {
+    let (client, server) = tokio::io::duplex(1 << 20);
+    let (sr, sw) = tokio::io::split(server);
+    let (cr, cw) = tokio::io::split(client);
+    let t = LineTransport::<RoleServer, _>::new(sr, sw, max_line, true)
+        .with_in_flight_limit(in_flight, 1 << 30);
+    (t, cr, cw)
+}
+
+async fn next_frame(r: &mut BufReader<tokio::io::ReadHalf<tokio::io::DuplexStream>>) -> Value {
+    let mut line = String::new();
+    tokio::time::timeout(std::time::Duration::from_secs(10), r.read_line(&mut line))
+        .await
+        .expect("a frame")
+        .unwrap();
+    serde_json::from_str(&line).unwrap()
+}
+
+#[tokio::test(start_paused = true)]
+async fn requests_past_the_in_flight_limit_wait_until_one_is_answered() {
+    let (mut t, _cr, mut cw) = server_with_limit(1024, 2);
+    for id in 1..=3 {
+        cw.write_all(request(id, "tools/list").as_bytes())
+            .await
+            .unwrap();
+    }
+    for _ in 0..2 {
+        assert!(t.receive().await.is_some());
+    }
+    // Two in flight: the third is not read (the paused clock runs the timeout out at once).
+    let third = tokio::time::timeout(std::time::Duration::from_secs(60), t.receive()).await;
+    assert!(third.is_err(), "a third request was read past the limit");
+    t.send(answer(1, serde_json::json!({}))).await.unwrap();
+    let third = tokio::time::timeout(std::time::Duration::from_secs(60), t.receive())
+        .await
+        .expect("answering one frees a place")
+        .unwrap();
+    assert_eq!(serde_json::to_value(&third).unwrap()["id"], 3);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_cancel_read_past_the_limit_frees_a_place() {
+    let (mut t, _cr, mut cw) = server_with_limit(1024, 1);
+    cw.write_all(request(1, "memo_wait").as_bytes())
+        .await
+        .unwrap();
+    cw.write_all(request(2, "tools/list").as_bytes())
+        .await
+        .unwrap();
+    cw.write_all(b"{\"jsonrpc\":\"2.0\",\"method\":\"notifications/cancelled\",\"params\":{\"requestId\":1}}\n").await.unwrap();
+    let one = serde_json::to_value(t.receive().await.unwrap()).unwrap();
+    assert_eq!(one["id"], 1);
+    // Request 2 waits for a place; the cancel behind it is read and passed on, and frees
+    // request 1's place (rmcp sends no answer to a cancelled request).
+    let cancel = serde_json::to_value(t.receive().await.unwrap()).unwrap();
+    assert_eq!(cancel["method"], "notifications/cancelled");
+    let two = tokio::time::timeout(std::time::Duration::from_secs(60), t.receive())
+        .await
+        .expect("the cancel freed a place")
+        .unwrap();
+    assert_eq!(serde_json::to_value(&two).unwrap()["id"], 2);
+}
+
+#[tokio::test(start_paused = true)]
+async fn reading_stops_once_the_parked_requests_fill_their_allowance() {
+    let (mut t, _cr, mut cw) = server_with_limit(1 << 16, 1);
+    for id in 0..(PARKED_MAX as u64 + 10) {
+        cw.write_all(request(id, "tools/list").as_bytes())
+            .await
+            .unwrap();
+    }
+    assert!(t.receive().await.is_some());
+    let blocked = tokio::time::timeout(std::time::Duration::from_secs(60), t.receive()).await;
+    assert!(blocked.is_err());
+    assert_eq!(t.parked.len(), PARKED_MAX, "parked past the allowance");
+    // Answers let them through in order.
+    for id in 0..5u64 {
+        t.send(answer(id, serde_json::json!({}))).await.unwrap();
+        let next = serde_json::to_value(t.receive().await.unwrap()).unwrap();
+        assert_eq!(next["id"], id + 1);
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn memory_is_given_back_when_a_burst_ends() {
+    use std::sync::atomic::Ordering;
+    let (mut t, _cr, mut cw) = server_with_limit(1024, 2);
+    let burst = |t: &LineTransport<RoleServer, _>| t.in_flight.as_ref().unwrap().0.running().burst;
+    for id in 1..=2 {
+        cw.write_all(request(id, "tools/list").as_bytes())
+            .await
+            .unwrap();
+        assert!(t.receive().await.is_some());
+    }
+    t.send(answer(1, serde_json::json!({}))).await.unwrap();
+    t.send(answer(2, serde_json::json!({}))).await.unwrap();
+    assert!(!burst(&t), "within the limit is no burst");
+    for id in 3..=5 {
+        cw.write_all(request(id, "tools/list").as_bytes())
+            .await
+            .unwrap();
+    }
+    assert!(t.receive().await.is_some());
+    assert!(t.receive().await.is_some());
+    // The fifth finds no room: parked, and the connection is in a burst (the paused clock
+    // runs the timeout out at once).
+    let fifth = tokio::time::timeout(std::time::Duration::from_secs(60), t.receive()).await;
+    assert!(fifth.is_err());
+    assert!(burst(&t));
+    let before = BURSTS_ENDED.load(Ordering::Relaxed);
+    t.send(answer(3, serde_json::json!({}))).await.unwrap();
+    assert!(t.receive().await.is_some(), "the fifth gets the place");
+    t.send(answer(4, serde_json::json!({}))).await.unwrap();
+    assert!(burst(&t), "one still in flight: the burst goes on");
+    t.send(answer(5, serde_json::json!({}))).await.unwrap();
+    assert!(!burst(&t), "nothing in flight: the burst is over");
+    assert!(BURSTS_ENDED.load(Ordering::Relaxed) > before);
+}
+
+#[tokio::test]
+async fn a_request_reusing_an_id_in_flight_is_refused_by_id() {
+    let (mut t, cr, mut cw) = server_with_limit(1024, 8);
+    let mut cr = BufReader::new(cr);
+    cw.write_all(request(7, "events/poll").as_bytes())
+        .await
+        .unwrap();
+    cw.write_all(request(7, "tools/list").as_bytes())
+        .await
+        .unwrap();
+    cw.write_all(request(8, "tools/list").as_bytes())
+        .await
+        .unwrap();
+    let first = serde_json::to_value(t.receive().await.unwrap()).unwrap();
+    assert_eq!(first["method"], "events/poll");
+    // The duplicate is answered by the transport, and the next request comes through.
+    let next = serde_json::to_value(t.receive().await.unwrap()).unwrap();
+    assert_eq!(next["id"], 8);
+    let refused = next_frame(&mut cr).await;
+    assert_eq!(refused["id"], 7);
+    assert_eq!(refused["error"]["code"], -32600);
+    assert!(
+        refused["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("request id 7 is already in flight"),
+        "{refused}"
+    );
+    // Once 7 is answered its id may be used again.
+    t.send(answer(7, serde_json::json!({"events": []})))
+        .await
+        .unwrap();
+    assert_eq!(
+        next_frame(&mut cr).await["result"]["events"],
+        serde_json::json!([])
+    );
+    cw.write_all(request(7, "tools/list").as_bytes())
+        .await
+        .unwrap();
+    let again = serde_json::to_value(t.receive().await.unwrap()).unwrap();
+    assert_eq!(
+        (again["id"].clone(), again["method"].clone()),
+        (7.into(), "tools/list".into())
+    );
+}
+
+#[tokio::test]
+async fn a_response_over_the_message_limit_goes_out_as_an_error() {
+    let (mut t, cr, mut cw) = server_with_limit(256, 8);
+    let mut cr = BufReader::new(cr);
+    cw.write_all(request(3, "resources/read").as_bytes())
+        .await
+        .unwrap();
+    assert!(t.receive().await.is_some());
+    t.send(answer(3, serde_json::json!({"text": "x".repeat(1000)})))
+        .await
+        .unwrap();
+    let frame = next_frame(&mut cr).await;
+    assert_eq!(frame["id"], 3);
+    assert_eq!(frame["error"]["code"], -32603);
+    assert_eq!(frame["error"]["data"]["reason"], "too_large");
+    assert_eq!(frame["error"]["data"]["limit"], 256);
+    assert!(
+        frame["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("--max-message-bytes")
+    );
+    // A small answer goes out as it is.
+    cw.write_all(request(4, "tools/list").as_bytes())
+        .await
+        .unwrap();
+    assert!(t.receive().await.is_some());
+    t.send(answer(4, serde_json::json!({"tools": []})))
+        .await
+        .unwrap();
+    assert_eq!(
+        next_frame(&mut cr).await["result"]["tools"],
+        serde_json::json!([])
+    );
+}

@@ -1,0 +1,187 @@
+//! Tests of [`WatchManager`] (`manager.rs`) against an in-process memo server: names and
+//! the limit, the start checks (no server, a refused URI, a filter that can never notice), the
+//! status board, and saving and restoring specs.
+
+use super::*;
+
+use crate::testing::MemoServer;
+use crate::transport::client::Target;
+
+fn fast() -> WatchConfig {
+    let mut cfg = WatchConfig::default();
+    cfg.debounce.quiet = Duration::ZERO;
+    cfg.max_watches = 2;
+    cfg
+}
+
+fn manager(memo: &MemoServer, store: Option<Store>) -> (WatchManager, mpsc::Receiver<Notice>) {
+    let up = memo.upstream_with(crate::watch::upstream_config(
+        Target::Stdio("in-process memo".into()),
+        Default::default(),
+        1 << 20,
+    ));
+    let (tx, rx) = mpsc::channel(16);
+    (
+        WatchManager::new(fast(), vec![up], tx, WatchLog::silent(), store),
+        rx,
+    )
+}
+
+async fn next(rx: &mut mpsc::Receiver<Notice>) -> Notice {
+    tokio::time::timeout(Duration::from_secs(10), rx.recv())
+        .await
+        .expect("a notice in time")
+        .expect("the channel is open")
+}
+
+#[tokio::test]
+async fn a_start_with_no_server_reachable_says_so_not_that_nobody_lists_the_uri() {
+    let down = crate::testing::down_upstream(Default::default());
+    let (tx, _rx) = mpsc::channel(16);
+    let m = WatchManager::new(fast(), vec![down], tx, WatchLog::silent(), None);
+    let e = m.watch_start("n", "memo://notes", None).await.unwrap_err();
+    assert_eq!(
+        e,
+        WatchError::Unavailable("no server is connected: connection refused".into())
+    );
+    m.shutdown().await;
+}
+
+#[tokio::test]
+async fn names_and_the_limit_are_checked_before_anything_starts() {
+    let memo = MemoServer::start().await;
+    let (m, _rx) = manager(&memo, None);
+    for bad in ["", "a\nb"] {
+        let e = m.watch_start(bad, "memo://notes", None).await.unwrap_err();
+        assert!(matches!(e, WatchError::Invalid(_)), "{e}");
+    }
+    let long = "x".repeat(129);
+    assert!(m.watch_start(&long, "memo://notes", None).await.is_err());
+    assert!(m.watch_start("a", "", None).await.is_err());
+    let info = m.watch_start("a", "memo://notes", None).await.unwrap();
+    assert_eq!(info.shape, Some(Shape::State));
+    let dup = m.watch_start("a", "memo://log", None).await.unwrap_err();
+    assert!(dup.to_string().contains("already exists"), "{dup}");
+    let log = m.watch_start("b", "memo://log", None).await.unwrap();
+    assert_eq!(log.shape, Some(Shape::EventLog));
+    let over = m.watch_start("c", "memo://notes", None).await.unwrap_err();
+    assert!(over.to_string().contains("at most 2 watches"), "{over}");
+    assert!(m.watch_stop("a").await);
+    assert!(!m.watch_stop("a").await, "stopping twice finds nothing");
+    m.watch_start("c", "memo://notes", None).await.unwrap();
+    let names: Vec<String> = m.watch_list().into_iter().map(|w| w.name).collect();
+    assert_eq!(names, ["b", "c"]);
+    m.shutdown().await;
+}
+
+#[tokio::test]
+async fn watches_are_reported_on_the_status_board_while_the_manager_lives() {
+    let memo = MemoServer::start().await;
+    let (m, _rx) = manager(&memo, None);
+    let board = StatusBoard::new(CancellationToken::new());
+    m.report_to(&board);
+    m.watch_start("n", "memo://notes", None).await.unwrap();
+    let watches = board.report().await.watches;
+    assert_eq!(watches.len(), 1);
+    assert_eq!(
+        (watches[0].name.as_str(), watches[0].uri.as_str()),
+        ("n", "memo://notes")
+    );
+    assert!(!watches[0].failed);
+    m.shutdown().await;
+    drop(m);
+    assert!(
+        board.report().await.watches.is_empty(),
+        "the board keeps no manager alive"
+    );
+}
+
+#[tokio::test]
+async fn a_uri_the_server_refuses_fails_the_start_with_its_reason() {
+    let memo = MemoServer::start().await;
+    let (m, _rx) = manager(&memo, None);
+    let e = m.watch_start("x", "memo://nope", None).await.unwrap_err();
+    let WatchError::Rejected { message, .. } = &e else {
+        panic!("rejected, not {e:?}")
+    };
+    assert!(message.contains("unknown resource memo://nope"), "{e}");
+    assert!(!e.is_transient());
+    assert!(m.watch_list().is_empty());
+}
+
+#[tokio::test]
+async fn a_filter_is_checked_before_subscribing() {
+    let memo = MemoServer::start().await;
+    let (m, _rx) = manager(&memo, None);
+    for (code, says) in [
+        ("  ", "empty"),
+        ("<function f at 0x7f>", "not a function object"),
+        ("event", "runs no Python filters"),
+    ] {
+        let e = m
+            .watch_start("f", "memo://notes", Some(code))
+            .await
+            .unwrap_err();
+        assert!(
+            matches!(&e, WatchError::Invalid(m) if m.contains(says)),
+            "{code:?}: {e}"
+        );
+    }
+    assert!(m.watch_list().is_empty());
+}
+
+#[tokio::test]
+async fn specs_are_saved_on_start_removed_on_stop_and_restored() {
+    let memo = MemoServer::start().await;
+    let store = Store::memory();
+    let (m, _rx) = manager(&memo, Some(store.clone()));
+    m.watch_start("a", "memo://notes", None).await.unwrap();
+    m.watch_start("b", "memo://log", None).await.unwrap();
+    m.watch_stop("b").await;
+    let saved: Vec<String> = store
+        .scan(Table::Watches)
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|(k, _)| k)
+        .collect();
+    assert_eq!(saved, ["a"]);
+    m.shutdown().await;
+
+    let (m, mut rx) = manager(&memo, Some(store.clone()));
+    let restored = m.restore().await;
+    assert_eq!(restored.len(), 1);
+    assert!(restored[0].1.is_ok());
+    let n = next(&mut rx).await;
+    assert_eq!(n.watch, "herald");
+    assert_eq!(n.lines[0], "restored a (memo://notes)");
+    assert_eq!(m.watch_list()[0].name, "a");
+    m.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_saved_filter_the_start_check_now_refuses_is_kept_not_deleted() {
+    let memo = MemoServer::start().await;
+    let store = Store::memory();
+    let (m, _rx) = manager(&memo, Some(store.clone()));
+    // Saved by a herald from before the check: it only ever raised, as `on_event failed`.
+    let code = "if event['type'] == 'X':\n    raise ValueError('x')\n";
+    m.save(&WatchSpec {
+        name: "old".into(),
+        uri: "memo://notes".into(),
+        on_event: Some(code.into()),
+    })
+    .await;
+    m.shutdown().await;
+    let (m, mut rx) = manager(&memo, Some(store.clone()));
+    let restored = m.restore().await;
+    assert!(restored[0].1.is_err());
+    let n = next(&mut rx).await;
+    assert!(
+        n.lines[0].starts_with("restore failed, kept: old"),
+        "{:?}",
+        n.lines
+    );
+    assert_eq!(store.scan(Table::Watches).await.unwrap().len(), 1);
+    m.shutdown().await;
+}
