@@ -23,6 +23,10 @@
 //! and its catalog, refreshed on every connect.
 //! - **Listens**: one upstream subscription per watched URI, shared by every client watching
 //!   it (refcounted by the hub's watch guards), resubscribed with backoff while clients stay.
+//! - **Tool and prompt lists** (`lists.rs`): a slug whose server says its lists change is
+//!   listened to for those changes (an older server tells the connection's handler); each
+//!   change refreshes the slug's catalog and reaches the gateway's own listens that asked, as
+//!   does a reconnect whose fresh catalog lists other tools or prompts.
 //! - **Events**: advertised when a selected slug's handshake does (3 s bound per slug);
 //!   `events/list` and `events/poll` forwarded with `slug__` prefixes; no event state here.
 //! - **Tasks** (`tasks.rs`): a task-augmented `slug__tool` call goes to the slug as one; its
@@ -31,6 +35,7 @@
 
 mod calls;
 pub mod config;
+mod lists;
 mod names;
 mod prompts;
 pub mod source;

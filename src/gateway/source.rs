@@ -25,13 +25,15 @@ use crate::mcp::source::{
     Admission, Authentication, Call, Caller, Contents, ListenFilter, Source, SourceError,
     SourceInfo, WatchGuard,
 };
-use crate::mcp::upstream::{self, REQUEST_TIMEOUT, Upstream, UpstreamConfig, upstream_error};
+use crate::mcp::upstream::{
+    self, Heard, KeptListen, REQUEST_TIMEOUT, Upstream, UpstreamConfig, upstream_error,
+};
 
 /// How long the handshake waits for one slug's answer on whether it serves Events.
 const EVENTS_PROBE: Duration = Duration::from_secs(3);
 /// Resubscribe pacing of a shared upstream subscription: the connect's (250 ms doubling to
 /// 30 s, reset by a subscription that lived 10 s).
-const RESUBSCRIBE: Backoff = upstream::RECONNECT;
+pub(super) const RESUBSCRIBE: Backoff = upstream::RECONNECT;
 /// Longest one connect to an upstream (handshake plus catalog) may take.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 
@@ -47,6 +49,8 @@ pub struct Gateway {
     ctx: RoleContext,
     /// The tasks it relays (`Source::task_relay`).
     tasks: Arc<GatewayTasks>,
+    /// Stops each slug's list follower (`lists.rs`) when the gateway goes.
+    _lists: tokio_util::sync::DropGuard,
 }
 
 /// Who may use which slug: the upstreams, the tokens and their entitlements.
@@ -227,12 +231,19 @@ impl Gateway {
                     .count()
             })
         };
+        let feed = ChangeFeed::new();
+        let lists = ctx.shutdown().child_token();
+        for up in &access.upstreams {
+            let follow = crate::gateway::lists::follow(up.clone(), feed.clone(), lists.clone());
+            ctx.spawn("gateway lists", follow);
+        }
         Gateway {
             tasks: Arc::new(GatewayTasks::new(access.clone(), ctx, uris)),
             access,
-            feed: ChangeFeed::new(),
+            feed,
             shared,
             ctx: ctx.clone(),
+            _lists: lists.drop_guard(),
         }
     }
 
@@ -383,8 +394,8 @@ impl Gateway {
     }
 }
 
-/// Keeps one upstream subscription to `upstream_uri` and publishes `client_uri` on the feed
-/// for each of its notifications, resubscribing with backoff when it ends, until stopped.
+/// Keeps one upstream subscription to `upstream_uri` ([`KeptListen`]) and publishes `key` on
+/// the feed for each of its notifications, and once for each (re)subscription, until stopped.
 async fn relay(
     up: Arc<Upstream>,
     upstream_uri: String,
@@ -393,78 +404,35 @@ async fn relay(
     stop: CancellationToken,
     ack: tokio::sync::watch::Sender<Option<bool>>,
 ) {
-    let mut backoff = RESUBSCRIBE;
-    loop {
-        let attempt = async {
-            let live = up.live().await.map_err(|e| e.to_string())?;
-            let filter = SubscriptionFilter::builder()
-                .resource_subscription(upstream_uri.clone())
-                .build();
-            let sub = tokio::time::timeout(REQUEST_TIMEOUT, live.conn.listen(filter))
-                .await
-                .map_err(|_| "no acknowledgment in time".to_owned())?;
-            match sub {
-                Ok(s)
-                    if s.acknowledged()
-                        .resource_subscriptions
-                        .as_ref()
-                        .is_some_and(|u| u.contains(&upstream_uri)) =>
-                {
-                    Ok((live, s))
-                }
-                Ok(_) => Err("the upstream did not accept the subscription".to_owned()),
-                Err(e) => {
-                    let why = crate::transport::explain::request(&up.target, &e);
-                    if upstream_error(e).is_none() {
-                        up.reset(&live);
-                    }
-                    Err(format!("the upstream failed the subscription: {why}"))
-                }
-            }
-        };
-        let got = tokio::select! {
-            _ = stop.cancelled() => return,
-            r = attempt => r,
-        };
-        match got {
-            Ok((live, mut sub)) => {
+    let uri = upstream_uri.clone();
+    let filter: upstream::FilterFor = Box::new(move |_| {
+        Some(
+            SubscriptionFilter::builder()
+                .resource_subscription(uri.clone())
+                .build(),
+        )
+    });
+    let mut kept = KeptListen::new(up.clone(), filter, RESUBSCRIBE, stop, &upstream_uri);
+    while let Some(heard) = kept.next().await {
+        match heard {
+            Heard::Acknowledged { .. } => {
                 ack.send_replace(Some(true));
                 // A resubscription (or a client that joined early): anything that changed
                 // in between (or while resubscribing) is caught by the re-read this prompts.
                 feed.publish(&key);
-                let since = std::time::Instant::now();
-                loop {
-                    let n = tokio::select! {
-                        _ = stop.cancelled() => return,
-                        n = sub.next() => n,
-                    };
-                    match n {
-                        Ok(Some(ServerNotification::ResourceUpdatedNotification(u)))
-                            if u.params.uri == upstream_uri =>
-                        {
-                            feed.publish(&key);
-                        }
-                        Ok(Some(_)) => {}
-                        Ok(None) | Err(_) => break,
-                    }
-                }
-                if live.conn.is_closed() {
-                    up.reset(&live);
-                }
-                backoff.ran_for(since.elapsed());
-                tracing::info!(slug = %up.name, uri = %upstream_uri, "upstream subscription ended; resubscribing");
             }
-            Err(e) => {
+            Heard::Notification(_, ServerNotification::ResourceUpdatedNotification(u))
+                if u.params.uri == upstream_uri =>
+            {
+                feed.publish(&key);
+            }
+            Heard::Notification(..) | Heard::Nothing(_) => {}
+            Heard::Failed(e) => {
                 if ack.borrow().is_none() {
                     ack.send_replace(Some(false));
                 }
                 tracing::warn!(slug = %up.name, uri = %upstream_uri, error = %e, "upstream subscription failed");
             }
-        }
-        let delay = backoff.next_delay();
-        tokio::select! {
-            _ = stop.cancelled() => return,
-            _ = tokio::time::sleep(delay) => {}
         }
     }
 }
@@ -488,7 +456,8 @@ impl Source for Gateway {
                     .into(),
             ),
             completions: true,
-            list_changed: false,
+            // Each slug's changes are relayed (`lists.rs`).
+            list_changed: true,
         }
     }
 

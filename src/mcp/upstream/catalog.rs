@@ -39,12 +39,28 @@ pub struct Catalog {
     pub prompts: Vec<rmcp::model::Prompt>,
     /// Whether it advertises `completions`.
     pub completions: bool,
+    /// Whether it advertises `tools.listChanged` / `prompts.listChanged`: its lists may
+    /// change while connected, and it says so (on a listen that asks, or to an older
+    /// client's handler).
+    pub tools_list_changed: bool,
+    pub prompts_list_changed: bool,
 }
 
 impl AsRef<Catalog> for Catalog {
     fn as_ref(&self) -> &Catalog {
         self
     }
+}
+
+/// The tools whose input schema promotes arguments to headers (`x-mcp-header`).
+fn header_tools(tools: &[Tool]) -> Vec<String> {
+    tools
+        .iter()
+        .filter(|t| {
+            serde_json::to_string(&*t.input_schema).is_ok_and(|s| s.contains("x-mcp-header"))
+        })
+        .map(|t| t.name.to_string())
+        .collect()
 }
 
 /// Whether a tool says it only reads: `readOnlyHint` true and `destructiveHint` not true.
@@ -108,6 +124,14 @@ impl Catalog {
             catalog.prompts = conn.list_all_prompts().await.unwrap_or_default();
         }
         catalog.completions = caps.as_ref().is_some_and(|c| c.completions.is_some());
+        catalog.tools_list_changed = caps
+            .as_ref()
+            .and_then(|c| c.tools.as_ref())
+            .is_some_and(|t| t.list_changed == Some(true));
+        catalog.prompts_list_changed = caps
+            .as_ref()
+            .and_then(|c| c.prompts.as_ref())
+            .is_some_and(|p| p.list_changed == Some(true));
         catalog
     }
 
@@ -134,13 +158,7 @@ impl Catalog {
                 "mime_type": t.mime_type, "server": server, "subscribable": subscribe}),
             );
         }
-        let header_tools = tools
-            .iter()
-            .filter(|t| {
-                serde_json::to_string(&*t.input_schema).is_ok_and(|s| s.contains("x-mcp-header"))
-            })
-            .map(|t| t.name.to_string())
-            .collect();
+        let header_tools = header_tools(&tools);
         let parsed: Vec<(&ResourceTemplate, Template)> = templates
             .iter()
             .filter_map(|t| Template::parse(&t.uri_template).ok().map(|p| (t, p)))
@@ -160,6 +178,25 @@ impl Catalog {
             events,
             prompts: Vec::new(),
             completions: false,
+            tools_list_changed: false,
+            prompts_list_changed: false,
+        }
+    }
+
+    /// This catalog with `tools` fetched again (the server said its list changed).
+    pub fn with_tools(&self, tools: Vec<Tool>) -> Catalog {
+        Catalog {
+            header_tools: header_tools(&tools),
+            tools,
+            ..self.clone()
+        }
+    }
+
+    /// This catalog with `prompts` fetched again.
+    pub fn with_prompts(&self, prompts: Vec<rmcp::model::Prompt>) -> Catalog {
+        Catalog {
+            prompts,
+            ..self.clone()
         }
     }
 

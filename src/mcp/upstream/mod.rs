@@ -11,6 +11,8 @@
 
 mod catalog;
 pub mod http;
+mod listen;
+pub mod lists;
 pub mod local;
 mod relay;
 
@@ -26,6 +28,8 @@ use rmcp::model::{ClientRequest, CustomRequest, ErrorData, ServerResult};
 use serde_json::Value;
 
 pub use catalog::{Catalog, ContentsError, contents, is_read_only, route};
+pub use listen::{FilterFor, Heard, KeptListen};
+pub use lists::{ListEvents, ListSignal};
 pub use relay::{Relay, Relaying};
 
 use crate::mcp::backoff::Backoff;
@@ -405,6 +409,7 @@ impl Upstream {
                     *self.live.lock().unwrap_or_else(|e| e.into_inner()) = Some(live.clone());
                     *self.catalog.lock().unwrap_or_else(|e| e.into_inner()) =
                         Some(live.catalog.clone());
+                    self.relay.lists.count(|e| e.connects += 1);
                     let mut p = self.pacing.lock().unwrap_or_else(|e| e.into_inner());
                     p.next = None;
                     p.up_since = Some(Instant::now());

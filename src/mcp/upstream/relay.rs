@@ -1,7 +1,8 @@
 //! [`Relay`]: the rmcp client handler of every upstream connection. It forwards an upstream's
 //! progress notifications to the downstream caller waiting on that call (the gateway's tool
 //! calls), and an upstream's task pushes to the [`Relayed`] state of that task (the gateway's
-//! relayed tasks, the watch client's task watches); a connection nobody registers on only
+//! relayed tasks, the watch client's task watches), and counts an older server's list changes
+//! on the upstream's [`ListSignal`](super::ListSignal); a connection nobody registers on only
 //! ever buffers a few strays.
 
 use std::collections::{HashMap, VecDeque};
@@ -30,6 +31,8 @@ pub struct Relay {
     ctx: Option<RoleContext>,
     /// Task pushes, by the upstream's task id: the id to show them under, and where they go.
     tasks: TaskRoutes,
+    /// An older server's list changes, and each connect (see [`super::lists`]).
+    pub(super) lists: super::ListSignal,
 }
 
 /// Where each followed task's pushes go, by the upstream's task id: every route following it
@@ -180,6 +183,14 @@ impl ClientHandler for Relay {
         _context: NotificationContext<RoleClient>,
     ) {
         self.offer_task(params.task);
+    }
+
+    async fn on_tool_list_changed(&self, _context: NotificationContext<RoleClient>) {
+        self.lists.count(|e| e.tools += 1);
+    }
+
+    async fn on_prompt_list_changed(&self, _context: NotificationContext<RoleClient>) {
+        self.lists.count(|e| e.prompts += 1);
     }
 
     async fn on_progress(

@@ -1,0 +1,174 @@
+//! [`KeptListen`]: one `subscriptions/listen` kept open on an upstream's connection, listened
+//! again with backoff whenever it ends or fails, until stopped. The one machinery behind the
+//! gateway's shared listens: a watched URI's (`resourceSubscriptions`) and a slug's tool and
+//! prompt lists (`toolsListChanged`, `promptsListChanged`). Its user asks [`KeptListen::next`]
+//! for what it heard and decides what each thing means.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use rmcp::model::{ServerNotification, SubscriptionFilter};
+use rmcp::service::Subscription;
+use tokio_util::sync::CancellationToken;
+
+use super::{Live, REQUEST_TIMEOUT, Upstream, upstream_error};
+use crate::mcp::backoff::Backoff;
+
+/// What a listen asks of a connection; `None`: nothing on this one (an older server, or one
+/// that offers none of it).
+pub type FilterFor = Box<dyn Fn(&Live) -> Option<SubscriptionFilter> + Send + Sync>;
+
+/// What [`KeptListen::next`] heard.
+pub enum Heard {
+    /// A listen was acknowledged (the first, or one after the last ended), naming something
+    /// the filter asked for. Whatever changed while none was open is for the caller to catch.
+    Acknowledged {
+        live: Arc<Live>,
+        accepted: SubscriptionFilter,
+    },
+    /// A notification on the open listen, on connection `live`.
+    Notification(Arc<Live>, ServerNotification),
+    /// Connection `live` offers nothing to listen for. Asked again, `next` looks again at
+    /// once: the caller waits for something to change first.
+    Nothing(Arc<Live>),
+    /// No connection, or the listen failed or was refused; the next listen waits for the
+    /// backoff (unless [`KeptListen::now`]).
+    Failed(String),
+}
+
+struct Open {
+    live: Arc<Live>,
+    sub: Subscription,
+    since: Instant,
+}
+
+/// One listen on `up`, kept: see the module docs.
+pub struct KeptListen {
+    up: Arc<Upstream>,
+    filter: FilterFor,
+    backoff: Backoff,
+    stop: CancellationToken,
+    /// What logs call it (a URI, "lists").
+    what: String,
+    open: Option<Open>,
+    /// Wait for the backoff before the next listen.
+    pause: bool,
+}
+
+impl KeptListen {
+    pub fn new(
+        up: Arc<Upstream>,
+        filter: FilterFor,
+        backoff: Backoff,
+        stop: CancellationToken,
+        what: impl Into<String>,
+    ) -> KeptListen {
+        KeptListen {
+            up,
+            filter,
+            backoff,
+            stop,
+            what: what.into(),
+            open: None,
+            pause: false,
+        }
+    }
+
+    /// Listen again without waiting out the backoff (the caller waited for a new connection).
+    pub fn now(&mut self) {
+        self.pause = false;
+    }
+
+    /// What it heard next, listening (again) as needed; `None` once stopped. Not cancel-safe
+    /// while listening again: call it to completion, and stop it with its token.
+    pub async fn next(&mut self) -> Option<Heard> {
+        loop {
+            if let Some(open) = self.open.as_mut() {
+                let n = tokio::select! {
+                    _ = self.stop.cancelled() => return None,
+                    n = open.sub.next() => n,
+                };
+                match n {
+                    Ok(Some(n)) => return Some(Heard::Notification(open.live.clone(), n)),
+                    Ok(None) | Err(_) => {
+                        let open = self.open.take()?;
+                        if open.live.conn.is_closed() {
+                            self.up.reset(&open.live);
+                        }
+                        self.backoff.ran_for(open.since.elapsed());
+                        self.pause = true;
+                        tracing::info!(slug = %self.up.name, what = %self.what, "upstream subscription ended; resubscribing");
+                        continue;
+                    }
+                }
+            }
+            if std::mem::take(&mut self.pause) {
+                let delay = self.backoff.next_delay();
+                tokio::select! {
+                    _ = self.stop.cancelled() => return None,
+                    _ = tokio::time::sleep(delay) => {}
+                }
+            }
+            let attempt = tokio::select! {
+                _ = self.stop.cancelled() => return None,
+                r = self.attempt() => r,
+            };
+            return Some(match attempt {
+                Ok(Ok(open)) => {
+                    let heard = Heard::Acknowledged {
+                        live: open.live.clone(),
+                        accepted: open.sub.acknowledged().clone(),
+                    };
+                    self.open = Some(open);
+                    heard
+                }
+                Ok(Err(live)) => Heard::Nothing(live),
+                Err(e) => {
+                    self.pause = true;
+                    Heard::Failed(e)
+                }
+            });
+        }
+    }
+
+    /// One listen on the current connection (made if need be), or that connection when there
+    /// is nothing to ask of it.
+    async fn attempt(&self) -> Result<Result<Open, Arc<Live>>, String> {
+        let up = &self.up;
+        let live = up.live().await.map_err(|e| e.to_string())?;
+        let Some(filter) = (self.filter)(&live) else {
+            return Ok(Err(live));
+        };
+        let sub = tokio::time::timeout(REQUEST_TIMEOUT, live.conn.listen(filter))
+            .await
+            .map_err(|_| "no acknowledgment in time".to_owned())?;
+        match sub {
+            Ok(sub) if names_something(sub.acknowledged()) => Ok(Ok(Open {
+                live,
+                sub,
+                since: Instant::now(),
+            })),
+            Ok(_) => Err("the upstream did not accept the subscription".to_owned()),
+            Err(e) => {
+                let why = crate::transport::explain::request(&up.target, &e);
+                if upstream_error(e).is_none() {
+                    up.reset(&live);
+                }
+                Err(format!("the upstream failed the subscription: {why}"))
+            }
+        }
+    }
+}
+
+/// Whether an acknowledgment accepted anything (it names only what was asked: rmcp checks).
+fn names_something(f: &SubscriptionFilter) -> bool {
+    [
+        f.tools_list_changed,
+        f.prompts_list_changed,
+        f.resources_list_changed,
+    ]
+    .contains(&Some(true))
+        || f.resource_subscriptions
+            .as_ref()
+            .is_some_and(|u| !u.is_empty())
+}
