@@ -27,7 +27,7 @@ use rmcp::model::{
 use rmcp::service::{RequestContext, RoleServer, SubscriptionContext};
 use serde_json::json;
 use tokio_util::sync::CancellationToken;
-use tracing::{Instrument as _, debug, info, warn};
+use tracing::{debug, warn};
 
 use crate::mcp::admission::{
     AdmittedListen, ConnStreams, ListenFilter, PendingListen, check_listen,
@@ -35,7 +35,7 @@ use crate::mcp::admission::{
 use crate::mcp::caller::Caller;
 use crate::mcp::conn::ConnServer;
 use crate::mcp::hub::ChangeFeed;
-use crate::mcp::legacy::{Claimed, LegacyOut, LegacySubscriptions};
+use crate::mcp::legacy::LegacySubscriptions;
 use crate::mcp::listen::ListenOut;
 use crate::mcp::source::{Body, DynSource, SourceError};
 use crate::mcp::tasks::relay::TaskRelay;
@@ -437,97 +437,6 @@ async fn deliver_on(
     let stream = shared.streams_total.fetch_add(1, Ordering::Relaxed);
     crate::mcp::listen::run(listen, out, &shared.shutdown, stall, stream).await
 }
-
-impl SourceServer {
-    /// `resources/subscribe` from a legacy session (see [`crate::mcp::legacy`]): `uri` is
-    /// admitted as a one-URI listen against the session's subscription count, and its
-    /// changes go to the session's peer until it is unsubscribed, the session ends, the peer
-    /// stalls or the server shuts down. Subscribing again to a subscribed URI changes nothing.
-    async fn legacy_subscribe(
-        &self,
-        uri: String,
-        context: RequestContext<RoleServer>,
-    ) -> Result<(), McpError> {
-        // Claimed before admission, under the lock: a second subscribe to the URI answers at
-        // once, and an unsubscribe meanwhile cancels this one (checked after admission).
-        // `done` is declared first so it goes last: whatever the subscription held (its
-        // admission, its stream slot) is gone when an unsubscribe waiting on it returns.
-        let Some(Claimed { cancel, done }) = self.legacy.claim(&uri) else {
-            return Ok(());
-        };
-        let caller = Caller::of(&context);
-        let filter = ListenFilter {
-            resources: Some(vec![uri.clone()]),
-            ..ListenFilter::default()
-        };
-        // A subscription costs what a listen stream costs, from the same budget: the
-        // connection's (stdio, QUIC), or on HTTP the client address's.
-        let conn = context
-            .extensions
-            .get::<http::request::Parts>()
-            .and_then(|p| p.extensions.get::<ConnStreams>())
-            .unwrap_or(&self.legacy.conn)
-            .clone();
-        let admitted = tokio::select! {
-            _ = context.ct.cancelled() => Err(McpError::invalid_request(
-                "the subscribe was cancelled before its answer",
-                None,
-            )),
-            _ = cancel.cancelled() => {
-                // Unsubscribed while admitting: what the client asked last stands.
-                return Ok(());
-            }
-            a = self.admit(&caller, &filter, &conn) => a,
-        };
-        let listen = match admitted {
-            Ok(l) => l,
-            Err(e) => {
-                cancel.cancel();
-                return Err(e);
-            }
-        };
-        if listen.uris().is_empty() {
-            cancel.cancel();
-            // What a listen's ack would leave out, answered as the source's error for the
-            // URI (an unknown resource as a read of it would answer), naming the URI.
-            let why = listen
-                .admission()
-                .refused
-                .first()
-                .map(|(_, why)| why.clone())
-                .unwrap_or(SourceError::NotFound { uri: uri.clone() });
-            let mut e = to_mcp_error(why);
-            if e.data.is_none() {
-                e.data = Some(json!({"uri": uri}));
-            }
-            return Err(e);
-        }
-        let shared = self.shared.clone();
-        let mut out = LegacyOut {
-            peer: context.peer.clone(),
-            cancel: cancel.clone(),
-        };
-        let span = tracing::info_span!("legacy_subscription", %uri);
-        tokio::spawn(
-            async move {
-                let _done = done;
-                // No stall deadline: a legacy client cannot learn that a subscription ended
-                // (a listen's client gets an error and listens again), and one URI's pending
-                // change is all a slow reader can hold up.
-                if let Err(e) = deliver_on(&shared, listen, &mut out, LEGACY_STALL).await {
-                    info!(error = %e.message, "resources/subscribe: subscription ended; the client must subscribe again");
-                }
-                cancel.cancel();
-            }
-            .instrument(span),
-        );
-        Ok(())
-    }
-}
-
-/// A legacy subscription's stall deadline: in effect none (see
-/// [`SourceServer::legacy_subscribe`]).
-const LEGACY_STALL: Duration = Duration::from_secs(365 * 24 * 3600);
 
 /// rmcp takes a standard method whose params it cannot parse for a custom request; answer it
 /// as what it is, a known method with bad params (`-32602`, naming what is wrong), never as
@@ -961,6 +870,7 @@ impl SourceServer {
 }
 
 mod calls;
+mod legacy;
 mod out;
 pub use calls::plain_call;
 use out::RmcpOut;

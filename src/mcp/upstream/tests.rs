@@ -1,0 +1,131 @@
+use super::*;
+use std::sync::atomic::AtomicUsize;
+
+use crate::testing::{MemoServer, down_upstream};
+
+#[tokio::test(start_paused = true)]
+async fn a_connect_that_hangs_does_not_hold_the_drain() {
+    let ctx = RoleContext::new("gateway");
+    let dialer: Dialer = Arc::new(|_relay| Box::pin(std::future::pending()));
+    let up = Arc::new(Upstream::dialing(
+        UpstreamConfig {
+            name: "slow".into(),
+            connect_timeout: Duration::from_secs(10),
+            context: Some(ctx.clone()),
+            supervise: true,
+            ..UpstreamConfig::new(
+                Target::Http("http://slow/mcp".into()),
+                Default::default(),
+                1 << 20,
+            )
+        },
+        dialer,
+    ));
+    // A caller (a relay, an events probe) gives up; the connect goes on, tracked.
+    let _ = tokio::time::timeout(Duration::from_millis(100), up.live()).await;
+    assert_eq!(
+        ctx.running(),
+        vec![("gateway/upstream connect".to_owned(), 1)]
+    );
+    let started = tokio::time::Instant::now();
+    assert_eq!(ctx.drain(Duration::from_secs(6)).await, Ok(()));
+    assert!(
+        started.elapsed() < Duration::from_secs(1),
+        "not the 10 s connect timeout"
+    );
+}
+
+#[tokio::test]
+async fn a_connect_fetches_the_catalog_and_routing_uses_it() {
+    let memo = MemoServer::start().await;
+    let up = memo.upstream();
+    assert!(
+        up.catalog().is_none(),
+        "nothing known before the first connect"
+    );
+    assert!(pick(std::slice::from_ref(&up), "memo://notes").is_none());
+    let live = up.live().await.unwrap();
+    assert!(live.modern && live.subscribe && live.events);
+    assert!(live.lists("memo://notes") && live.lists("memo://log"));
+    assert_eq!(live.read_only("memo_set"), Some(false));
+    assert_eq!(
+        live.listing.len(),
+        live.resources.len() + live.templates.len()
+    );
+    let down = down_upstream(Arc::new(AtomicUsize::new(0)));
+    let both = [down, up.clone()];
+    assert!(Arc::ptr_eq(pick(&both, "memo://notes").unwrap(), &up));
+    // The memo source is modern and subscribable: the fallback for an unlisted URI.
+    assert!(Arc::ptr_eq(pick(&both, "other://x").unwrap(), &up));
+    assert!(
+        Arc::ptr_eq(&up.live().await.unwrap(), &live),
+        "one connection, shared"
+    );
+}
+
+#[tokio::test]
+async fn a_failed_connect_is_not_retried_before_its_backoff() {
+    let attempts = Arc::new(AtomicUsize::new(0));
+    let up = down_upstream(attempts.clone());
+    let e = up.live().await.err().unwrap();
+    assert!(e.detail.contains("connection refused"), "{e}");
+    assert_eq!(attempts.load(Ordering::SeqCst), 1);
+    // Within the backoff (250 ms) the next use is refused without dialing, with the reason.
+    let again = up.live().await.err().unwrap();
+    assert_eq!(again, e);
+    assert_eq!(attempts.load(Ordering::SeqCst), 1);
+    assert!(!up.connecting());
+    // What a served caller learns names the server, not the reason.
+    let SourceError::Unavailable(m) = SourceError::from(e) else {
+        panic!("unavailable")
+    };
+    assert!(
+        m.contains("http://down/mcp") && !m.contains("refused"),
+        "{m}"
+    );
+}
+
+#[tokio::test]
+async fn callers_at_once_share_one_connect() {
+    let memo = MemoServer::start().await;
+    let dials = Arc::new(AtomicUsize::new(0));
+    let inner = memo.dialer();
+    let counted: Dialer = {
+        let dials = dials.clone();
+        Arc::new(move |relay| {
+            dials.fetch_add(1, Ordering::SeqCst);
+            inner(relay)
+        })
+    };
+    let up = Arc::new(Upstream::dialing(
+        UpstreamConfig::new(Target::Stdio("m".into()), Default::default(), 1 << 20),
+        counted,
+    ));
+    let (a, b, c) = tokio::join!(up.live(), up.live(), up.live());
+    let (a, b, c) = (a.unwrap(), b.unwrap(), c.unwrap());
+    assert!(Arc::ptr_eq(&a, &b) && Arc::ptr_eq(&b, &c));
+    assert_eq!(dials.load(Ordering::SeqCst), 1);
+}
+
+#[tokio::test]
+async fn a_broken_connection_is_replaced_and_the_catalog_kept_meanwhile() {
+    let memo = MemoServer::start().await;
+    let up = memo.upstream();
+    let first = up.live().await.unwrap();
+    memo.drop_connections();
+    tokio::time::timeout(Duration::from_secs(5), async {
+        while !first.conn.is_closed() {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    })
+    .await
+    .expect("the connection ends");
+    assert!(up.cached().is_none());
+    assert!(up.catalog().is_some(), "routing keeps the server's URIs");
+    let second = up.live().await.unwrap();
+    assert!(!Arc::ptr_eq(&first, &second));
+    // `reset` forgets a connection a caller found broken; the next use connects again.
+    up.reset(&second);
+    let third = up.live().await.unwrap();
+    assert!(!Arc::ptr_eq(&second, &third));
+}
