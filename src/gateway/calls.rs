@@ -9,6 +9,8 @@ use rmcp::model::{
     CallToolRequestParams, CallToolResponse, ClientRequest, JsonObject, ServerResult,
 };
 
+use rmcp::service::PeerRequestOptions;
+
 use super::source::Gateway;
 use crate::mcp::source::{Call, Caller, SourceError};
 use crate::mcp::upstream::{self, REQUEST_TIMEOUT, Upstream, upstream_error};
@@ -62,55 +64,11 @@ impl Gateway {
                 Err(_) => Err(unavailable()),
             };
         }
-        let live = up.live().await?;
         let mut params = CallToolRequestParams::new(tool.to_owned()).with_arguments(args);
         params.input_responses = call.input.responses.clone();
         params.request_state = call.input.request_state.clone();
-        let broken = |e: rmcp::ServiceError| {
-            // One slow call (a long wait) is not a broken connection: rmcp has told the
-            // upstream to cancel it, and the connection serves the other calls on.
-            let timed_out = matches!(e, rmcp::ServiceError::Timeout { .. });
-            upstream_error(e).unwrap_or_else(|| {
-                if !timed_out {
-                    up.reset(&live);
-                }
-                SourceError::Unavailable(format!(
-                    "server {slug} is unavailable right now (or did not answer within {} s); try again shortly",
-                    REQUEST_TIMEOUT.as_secs()
-                ))
-            })
-        };
-        // rmcp's own timeout: on expiry it also tells the upstream to cancel.
-        let handle = live
-            .conn
-            .send_cancellable_request(
-                ClientRequest::CallToolRequest(rmcp::model::Request::new(params)),
-                crate::gateway::prompts::options(&call),
-            )
-            .await
-            .map_err(broken)?;
-        let progress = call.progress;
-        // The upstream's progress (under the token rmcp gave this call) goes to this caller,
-        // under the caller's own token.
-        let _relaying = progress.map(|p| up.relay.register(handle.progress_token.clone(), p));
-        // A caller that gives up (its request cancelled, its connection gone) drops this
-        // future: tell the upstream to stop too.
-        let mut cancel = upstream::CancelOnDrop::new(
-            up,
-            handle.peer.clone(),
-            handle.id.clone(),
-            "the caller cancelled the request",
-        );
-        let answer = handle.await_response().await;
-        cancel.disarm();
-        let answer = answer.map_err(broken)?;
-        // The upstream sent its progress before its answer, but rmcp handles notifications in
-        // tasks of their own: let those just started forward theirs before the answer leaves.
-        if _relaying.is_some() {
-            for _ in 0..4 {
-                tokio::task::yield_now().await;
-            }
-        }
+        let request = ClientRequest::CallToolRequest(rmcp::model::Request::new(params));
+        let answer = relay(up, request, &call).await?;
         match answer {
             ServerResult::CallToolResult(r) => Ok(r.into()),
             ServerResult::InputRequiredResult(r) => Ok(CallToolResponse::InputRequired(r)),
@@ -119,4 +77,61 @@ impl Gateway {
             ))),
         }
     }
+}
+
+/// A request relayed for a caller over `up`'s rmcp connection (connecting first if need be),
+/// with the caller's `_meta` ([`Call::upstream_meta`]) and rmcp's timeout, which also tells the
+/// upstream to cancel. The upstream's progress goes to the caller under its own token; a
+/// caller that gives up drops this future and the upstream is told to stop; an error the
+/// upstream answered comes back as it is, and a broken connection (not one slow request) is
+/// forgotten.
+pub(super) async fn relay(
+    up: &Arc<Upstream>,
+    request: ClientRequest,
+    call: &Call,
+) -> Result<ServerResult, SourceError> {
+    let live = up.live().await?;
+    let broken = |e: rmcp::ServiceError| {
+        let timed_out = matches!(e, rmcp::ServiceError::Timeout { .. });
+        upstream_error(e).unwrap_or_else(|| {
+            if !timed_out {
+                up.reset(&live);
+            }
+            SourceError::Unavailable(format!(
+                "server {} is unavailable right now (or did not answer within {} s); try again shortly",
+                up.name,
+                REQUEST_TIMEOUT.as_secs()
+            ))
+        })
+    };
+    let mut options = PeerRequestOptions::with_timeout(REQUEST_TIMEOUT);
+    options.meta = call.upstream_meta();
+    let handle = live
+        .conn
+        .send_cancellable_request(request, options)
+        .await
+        .map_err(broken)?;
+    // The upstream's progress (under the token rmcp gave this request) goes to this caller,
+    // under the caller's own token.
+    let relaying = call
+        .progress
+        .clone()
+        .map(|p| up.relay.register(handle.progress_token.clone(), p));
+    let mut cancel = upstream::CancelOnDrop::new(
+        up,
+        handle.peer.clone(),
+        handle.id.clone(),
+        "the caller cancelled the request",
+    );
+    let answer = handle.await_response().await;
+    cancel.disarm();
+    let answer = answer.map_err(broken)?;
+    // The upstream sent its progress before its answer, but rmcp handles notifications in
+    // tasks of their own: let those just started forward theirs before the answer leaves.
+    if relaying.is_some() {
+        for _ in 0..4 {
+            tokio::task::yield_now().await;
+        }
+    }
+    Ok(answer)
 }

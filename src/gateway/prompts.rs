@@ -11,60 +11,10 @@ use rmcp::model::{
     CallToolResponse, ClientRequest, CompleteRequestParams, CompleteResult, GetPromptRequestParams,
     GetPromptResponse, InputRequiredResult, JsonObject, Prompt, Reference, ServerResult,
 };
-use rmcp::service::PeerRequestOptions;
 
 use super::source::{Access, Gateway, Names};
 use crate::mcp::source::{Call, Caller, Input, SourceError};
-use crate::mcp::upstream::{self, REQUEST_TIMEOUT, Upstream, upstream_error};
-
-/// The request options of a relayed request: the gateway's timeout and the caller's `_meta`
-/// ([`Call::upstream_meta`]).
-pub(crate) fn options(call: &Call) -> PeerRequestOptions {
-    let mut options = PeerRequestOptions::with_timeout(REQUEST_TIMEOUT);
-    options.meta = call.upstream_meta();
-    options
-}
-
-fn unavailable(slug: &str) -> SourceError {
-    SourceError::Unavailable(format!(
-        "server {slug} is unavailable right now (or did not answer within {} s); try again shortly",
-        REQUEST_TIMEOUT.as_secs()
-    ))
-}
-
-/// Sends `request` on `up`'s connection (connecting first if need be) with `call`'s
-/// options; an error the upstream answered comes back as it is, a broken connection resets
-/// it.
-async fn send(
-    up: &Arc<Upstream>,
-    request: ClientRequest,
-    call: &Call,
-) -> Result<ServerResult, SourceError> {
-    let live = up.live().await?;
-    let handle = live
-        .conn
-        .send_request_with_option(request, options(call))
-        .await
-        .map_err(|e| upstream_error(e).unwrap_or_else(|| unavailable(&up.name)))?;
-    // A caller that gives up drops this future: the upstream is told to stop too.
-    let mut cancel = upstream::CancelOnDrop::new(
-        up,
-        handle.peer.clone(),
-        handle.id.clone(),
-        "the caller cancelled the request",
-    );
-    let answer = handle.await_response().await;
-    cancel.disarm();
-    answer.map_err(|e| {
-        let timed_out = matches!(e, rmcp::ServiceError::Timeout { .. });
-        upstream_error(e).unwrap_or_else(|| {
-            if !timed_out {
-                up.reset(&live);
-            }
-            unavailable(&up.name)
-        })
-    })
-}
+use crate::mcp::upstream::{REQUEST_TIMEOUT, Upstream};
 
 /// The `requestState` an upstream hands a caller goes out sealed to that caller and that slug
 /// (the upstream serves the gateway, one client for all its callers, so it cannot tell them
@@ -177,14 +127,20 @@ impl Gateway {
             let get = local.prompt_in_process(&me, &prompt, args, call);
             return tokio::time::timeout(REQUEST_TIMEOUT, get)
                 .await
-                .unwrap_or_else(|_| Err(unavailable(&up.name)));
+                .unwrap_or_else(|_| {
+                    Err(SourceError::Unavailable(format!(
+                        "server {} did not answer within {} s; try again shortly",
+                        up.name,
+                        REQUEST_TIMEOUT.as_secs()
+                    )))
+                });
         }
         let mut params = GetPromptRequestParams::new(prompt);
         params.arguments = Some(args);
         params.input_responses = call.input.responses.clone();
         params.request_state = call.input.request_state.clone();
         let request = ClientRequest::GetPromptRequest(rmcp::model::Request::new(params));
-        match send(up, request, &call).await? {
+        match super::calls::relay(up, request, &call).await? {
             ServerResult::GetPromptResult(r) => Ok(GetPromptResponse::Complete(r)),
             ServerResult::InputRequiredResult(r) => Ok(GetPromptResponse::InputRequired(r)),
             _ => Err(SourceError::Unavailable(format!(
@@ -264,7 +220,7 @@ impl Gateway {
             return Ok(CompleteResult::default());
         }
         let request = ClientRequest::CompleteRequest(rmcp::model::Request::new(request));
-        match send(&up, request, &Call::default()).await? {
+        match super::calls::relay(&up, request, &Call::default()).await? {
             ServerResult::CompleteResult(r) => Ok(r),
             _ => Err(SourceError::Unavailable(format!(
                 "server {} answered completion/complete with something other than completions",

@@ -207,8 +207,8 @@ fn a_request_state_goes_back_only_from_its_caller_for_its_slug() {
 }
 
 /// Before the bare slug has connected, its names are not "unknown" but not known yet.
-#[test]
-fn a_bare_name_before_the_first_connect_is_unavailable_not_unknown() {
+#[tokio::test]
+async fn a_bare_name_before_the_first_connect_is_unavailable_not_unknown() {
     let up = crate::testing::down_upstream(Default::default());
     let name = up.name.clone();
     let ctx = RoleContext::new("gateway");
