@@ -117,6 +117,7 @@ pub(super) async fn relay(
         .progress
         .clone()
         .map(|p| up.relay.register(handle.progress_token.clone(), p));
+    let logging = call.log.clone().map(|l| up.relay.route_log(l));
     let mut cancel = upstream::CancelOnDrop::new(
         up,
         handle.peer.clone(),
@@ -126,9 +127,10 @@ pub(super) async fn relay(
     let answer = handle.await_response().await;
     cancel.disarm();
     let answer = answer.map_err(broken)?;
-    // The upstream sent its progress before its answer, but rmcp handles notifications in
-    // tasks of their own: let those just started forward theirs before the answer leaves.
-    if relaying.is_some() {
+    // The upstream sent its progress and log messages before its answer, but rmcp handles
+    // notifications in tasks of their own: let those just started forward theirs before the
+    // answer leaves.
+    if relaying.is_some() || logging.is_some() {
         for _ in 0..4 {
             tokio::task::yield_now().await;
         }

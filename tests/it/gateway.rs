@@ -684,9 +684,12 @@ async fn check_refuses_bad_slug_names_and_warns_for_a_remote_gateway_without_tok
     }
 }
 
-/// A client that keeps the progress notifications it receives.
+/// A client that keeps the progress notifications and log messages it receives.
 #[derive(Clone)]
-struct Catcher(tokio::sync::mpsc::UnboundedSender<rmcp::model::ProgressNotificationParam>);
+struct Catcher(
+    tokio::sync::mpsc::UnboundedSender<rmcp::model::ProgressNotificationParam>,
+    tokio::sync::mpsc::UnboundedSender<Value>,
+);
 
 impl rmcp::ClientHandler for Catcher {
     fn get_info(&self) -> rmcp::model::ClientConfig {
@@ -699,6 +702,15 @@ impl rmcp::ClientHandler for Catcher {
         _context: rmcp::service::NotificationContext<rmcp::RoleClient>,
     ) {
         let _ = self.0.send(params);
+    }
+
+    #[allow(deprecated)]
+    async fn on_logging_message(
+        &self,
+        params: rmcp::model::LoggingMessageNotificationParam,
+        _context: rmcp::service::NotificationContext<rmcp::RoleClient>,
+    ) {
+        let _ = self.1.send(serde_json::to_value(params).unwrap());
     }
 }
 
@@ -732,14 +744,20 @@ async fn progress_of_upstream_calls_is_relayed() {
     // Over QUIC: progress may trail the result by a moment, and a byte-stream connection
     // still carries it then (a stateless HTTP response would have closed).
     let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+    let (log_tx, mut logs) = tokio::sync::mpsc::unbounded_channel();
     let trust = ClientTrust {
         pin: Some(gw.fingerprint()),
         token: Some(Secret(ALL.to_owned())),
         ..ClientTrust::default()
     };
-    let c = connect(&Target::Quic(gw.quic_addr()), &trust, Catcher(tx), 4 << 20)
-        .await
-        .unwrap();
+    let c = connect(
+        &Target::Quic(gw.quic_addr()),
+        &trust,
+        Catcher(tx, log_tx),
+        4 << 20,
+    )
+    .await
+    .unwrap();
     let token = rmcp::model::ProgressToken(rmcp::model::NumberOrString::String("mine-1".into()));
     let mut params =
         CallToolRequestParams::new("old__echo").with_arguments(args(json!({"say": "hi"})));
@@ -765,6 +783,21 @@ async fn progress_of_upstream_calls_is_relayed() {
     }
     got.sort();
     assert_eq!(got, [(1, "step 1".to_owned()), (2, "step 2".to_owned())]);
+    // A call that asks for log messages gets the upstream's, over the shared stdio
+    // connection (a call that did not ask, above, got none: the first to come is this one's).
+    let mut params =
+        CallToolRequestParams::new("old__echo").with_arguments(args(json!({"say": "logged"})));
+    let mut meta = rmcp::model::RequestMetaObject::default();
+    #[allow(deprecated)]
+    meta.set_log_level(rmcp::model::LoggingLevel::Info);
+    params.meta = Some(meta);
+    c.call_tool(params).await.unwrap();
+    let log = tokio::time::timeout(WAIT, logs.recv())
+        .await
+        .expect("a log message in time")
+        .unwrap();
+    assert_eq!(log["logger"], "echo", "{log}");
+    assert_eq!(log["data"]["echoing"]["say"], "logged", "{log}");
     // The fixture advertises Events but cannot list them: an empty union, and a fault
     // counted in /metrics (served on the gateway's HTTP endpoint).
     let (gw_http, h) = http_gateway(&cfg, ALL).await;

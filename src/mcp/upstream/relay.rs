@@ -4,11 +4,19 @@
 //! relayed tasks, the watch client's task watches), and counts an older server's list changes
 //! on the upstream's [`ListSignal`](super::ListSignal); a connection nobody registers on only
 //! ever buffers a few strays.
+//!
+//! Log messages (`notifications/message`) carry nothing that names their request, and one
+//! byte-stream connection (stdio, QUIC) carries every call the gateway relays to it. A server
+//! sends them only for a request that asked (`_meta` `logLevel`), so while exactly one such
+//! call is in flight on the connection they are that call's; with two or more in flight at
+//! once they could be either's, and go to neither (one caller never sees another's log).
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex};
 
 use rmcp::ClientHandler;
+#[allow(deprecated)]
+use rmcp::model::LoggingMessageNotificationParam;
 use rmcp::model::{
     ClientConfig, NumberOrString, ProgressNotificationParam, ProgressToken,
     TaskStatusNotificationParams,
@@ -16,7 +24,7 @@ use rmcp::model::{
 use rmcp::service::{NotificationContext, RoleClient};
 
 use crate::mcp::context::RoleContext;
-use crate::mcp::source::Progress;
+use crate::mcp::source::{Log, Progress};
 use crate::mcp::tasks::relay::Relayed;
 use crate::transport::client::client_config;
 
@@ -33,6 +41,27 @@ pub struct Relay {
     tasks: TaskRoutes,
     /// An older server's list changes, and each connect (see [`super::lists`]).
     pub(super) lists: super::ListSignal,
+    /// The calls in flight that asked for log messages, by key.
+    logs: Arc<Mutex<LogRoutes>>,
+}
+
+#[derive(Default)]
+struct LogRoutes {
+    next: u64,
+    live: Vec<(u64, Log)>,
+}
+
+/// A registered log route; dropping it ends the route.
+pub struct LogRoute {
+    key: u64,
+    logs: Arc<Mutex<LogRoutes>>,
+}
+
+impl Drop for LogRoute {
+    fn drop(&mut self) {
+        let mut m = self.logs.lock().unwrap_or_else(|e| e.into_inner());
+        m.live.retain(|(k, _)| *k != self.key);
+    }
 }
 
 /// Where each followed task's pushes go, by the upstream's task id: every route following it
@@ -172,6 +201,21 @@ impl Relay {
     }
 }
 
+impl Relay {
+    /// Sends the upstream's log messages to `to` while the returned route is the only one
+    /// (see the module's doc), until it drops.
+    pub fn route_log(&self, to: Log) -> LogRoute {
+        let mut m = self.logs.lock().unwrap_or_else(|e| e.into_inner());
+        m.next += 1;
+        let key = m.next;
+        m.live.push((key, to));
+        LogRoute {
+            key,
+            logs: self.logs.clone(),
+        }
+    }
+}
+
 impl ClientHandler for Relay {
     fn get_info(&self) -> ClientConfig {
         client_config()
@@ -191,6 +235,28 @@ impl ClientHandler for Relay {
 
     async fn on_prompt_list_changed(&self, _context: NotificationContext<RoleClient>) {
         self.lists.count(|e| e.prompts += 1);
+    }
+
+    #[allow(deprecated)] // logging is deprecated by SEP-2577, still in 2026-07-28
+    async fn on_logging_message(
+        &self,
+        params: LoggingMessageNotificationParam,
+        _context: NotificationContext<RoleClient>,
+    ) {
+        let to = {
+            let m = self.logs.lock().unwrap_or_else(|e| e.into_inner());
+            match m.live.as_slice() {
+                [(_, only)] => Some(only.clone()),
+                _ => None,
+            }
+        };
+        match to {
+            Some(to) => {
+                let logger = params.logger.as_deref().unwrap_or("");
+                to.send(params.level, logger, params.data).await;
+            }
+            None => tracing::debug!("an upstream log message with no one call to go to"),
+        }
     }
 
     async fn on_progress(
