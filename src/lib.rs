@@ -22,6 +22,7 @@ pub mod mcp;
 pub mod nats;
 pub mod source;
 pub mod store;
+pub mod sync;
 #[cfg(test)]
 mod testing;
 pub mod transport;

@@ -5,6 +5,7 @@
 //! `model.error`, `run.*`. [`SessionLog::thread`] reads a log back into the thread a resumed
 //! session continues.
 
+use crate::sync::Recover;
 use std::io::Write as _;
 use std::path::Path;
 use std::sync::{Arc, Mutex};
@@ -57,7 +58,7 @@ impl SessionLog {
         }
         let mut line = rec.to_string();
         line.push('\n');
-        let mut f = file.lock().unwrap_or_else(|e| e.into_inner());
+        let mut f = file.locked();
         if let Err(e) = f.write_all(line.as_bytes()) {
             tracing::warn!(error = %e, "cannot write the session log");
         }

@@ -4,6 +4,7 @@
 //! (`· run_code: watch_start(…) → first line of its result`). Piped, stdout carries only the
 //! replies, one per line group, and nothing else.
 
+use crate::sync::Recover;
 use std::io::IsTerminal as _;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -76,12 +77,7 @@ impl Terminal {
     }
 
     fn stop_spinner(&self) {
-        if let Some(h) = self
-            .spinner
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .take()
-        {
+        if let Some(h) = self.spinner.locked().take() {
             h.abort();
             eprint!("\r\x1b[2K");
         }
@@ -92,7 +88,7 @@ impl Terminal {
 impl Channel for Terminal {
     async fn publish(&self, _to: &ReplyTo, text: &str) {
         self.stop_spinner();
-        let shown = std::mem::take(&mut *self.shown.lock().unwrap_or_else(|e| e.into_inner()));
+        let shown = std::mem::take(&mut *self.shown.locked());
         let mut out = String::new();
         if self.tty && self.streamed.swap(false, Ordering::AcqRel) {
             out.push('\n');
@@ -113,7 +109,7 @@ impl Channel for Terminal {
         if !self.tty {
             return;
         }
-        let mut s = self.spinner.lock().unwrap_or_else(|e| e.into_inner());
+        let mut s = self.spinner.locked();
         if let Some(h) = s.take() {
             h.abort();
             eprint!("\r\x1b[2K");
@@ -137,10 +133,7 @@ impl Channel for Terminal {
         }
         self.stop_spinner();
         self.streamed.store(true, Ordering::Release);
-        self.shown
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .push_str(text);
+        self.shown.locked().push_str(text);
         print(text);
     }
 
@@ -152,7 +145,7 @@ impl Channel for Terminal {
         if self.streamed.swap(false, Ordering::AcqRel) {
             print("\n");
         }
-        self.shown.lock().unwrap_or_else(|e| e.into_inner()).clear();
+        self.shown.locked().clear();
         let first = result.lines().next().unwrap_or("");
         let first: String = first.chars().take(100).collect();
         eprintln!("{}", self.dim(&format!("· {call} → {first}")));
@@ -164,7 +157,7 @@ impl Channel for Terminal {
             if self.streamed.swap(false, Ordering::AcqRel) {
                 print("\n");
             }
-            self.shown.lock().unwrap_or_else(|e| e.into_inner()).clear();
+            self.shown.locked().clear();
             eprintln!("{}", self.dim("(nothing to say: NO_REPLY)"));
             eprint!("> ");
         }

@@ -8,6 +8,7 @@
 //! slug's `token_env` when its config is read. A child started to *be* a role (a `[[slug]]
 //! stdio = "herald slack"` of a gateway that runs no Slack itself) still gets what it needs.
 
+use crate::sync::Recover;
 use std::collections::BTreeSet;
 use std::sync::Mutex;
 
@@ -15,10 +16,7 @@ static SECRETS: Mutex<BTreeSet<String>> = Mutex::new(BTreeSet::new());
 
 /// Marks `var` as one of this process's secrets.
 pub fn register(var: &str) {
-    SECRETS
-        .lock()
-        .unwrap_or_else(|e| e.into_inner())
-        .insert(var.to_owned());
+    SECRETS.locked().insert(var.to_owned());
 }
 
 /// Removes this process's secrets from `cmd`'s environment.
@@ -26,7 +24,7 @@ pub fn scrub(cmd: &mut tokio::process::Command) -> &mut tokio::process::Command 
     cmd.env_remove("HERALD_TOKEN");
     // The agent's model key, whether or not this process runs the agent.
     cmd.env_remove("HERALD_MODEL_KEY");
-    for var in SECRETS.lock().unwrap_or_else(|e| e.into_inner()).iter() {
+    for var in SECRETS.locked().iter() {
         cmd.env_remove(var);
     }
     cmd

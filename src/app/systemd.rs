@@ -13,6 +13,7 @@
 //! the runtime, bounded by a second, so a stuck service manager never blocks a worker.
 //! Outside systemd (no `NOTIFY_SOCKET`) every call is a no-op.
 
+use crate::sync::Recover;
 use std::ffi::{OsStr, OsString};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::os::linux::net::SocketAddrExt;
@@ -361,8 +362,7 @@ impl Inherited {
     pub fn take_tcp(&self) -> Result<std::net::TcpListener, String> {
         let owned = self
             .slot
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
+            .locked()
             .take()
             .ok_or_else(|| "it is already in use".to_owned())?;
         let fd = owned.as_raw_fd();

@@ -1,5 +1,6 @@
 //! [`Gateway`]: the gateway as a [`Source`]. See the module docs of [`crate::gateway`].
 
+use crate::sync::Recover;
 use std::collections::{BTreeSet, HashMap};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, Weak};
@@ -224,8 +225,7 @@ impl Gateway {
                 };
                 let prefix = format!("{slug}+");
                 shared
-                    .lock()
-                    .unwrap_or_else(|e| e.into_inner())
+                    .locked()
                     .iter()
                     .filter(|(k, w)| k.starts_with(&prefix) && w.strong_count() > 0)
                     .count()
@@ -329,7 +329,7 @@ impl Gateway {
         let key = format!("{}+{upstream_uri}", up.name);
         // Read before taking `shared`: no lock is ever held while taking another.
         let following = self.tasks.following(&up.name);
-        let mut shared = self.shared.lock().unwrap_or_else(|e| e.into_inner());
+        let mut shared = self.shared.locked();
         shared.retain(|_, w| w.strong_count() > 0);
         if let Some(s) = shared.get(&key).and_then(Weak::upgrade) {
             return Ok((s, key));
@@ -371,8 +371,7 @@ impl Gateway {
     /// Upstream subscriptions running now (tests and metrics).
     pub fn shared_listens(&self) -> usize {
         self.shared
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
+            .locked()
             .values()
             .filter(|w| w.strong_count() > 0)
             .count()

@@ -7,6 +7,7 @@
 //! slug (however many of its tasks the stream names), ended with the stream or once its tasks
 //! have; each task's latest state is shared by every stream watching it.
 
+use crate::sync::Recover;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
@@ -54,8 +55,7 @@ type Owners = Arc<Mutex<HashMap<String, Owner>>>;
 fn owns(owners: &Owners, principal: &str, id: &str) -> bool {
     let now = Instant::now();
     owners
-        .lock()
-        .unwrap_or_else(|e| e.into_inner())
+        .locked()
         .get(id)
         .is_some_and(|o| o.principal == principal && o.expires > now)
 }
@@ -71,7 +71,7 @@ struct Owner {
 
 /// Marks task `id` ended in `owners`.
 fn mark_ended(owners: &Owners, id: &str) {
-    if let Some(o) = owners.lock().unwrap_or_else(|e| e.into_inner()).get_mut(id) {
+    if let Some(o) = owners.locked().get_mut(id) {
         o.ended = true;
     }
 }
@@ -97,7 +97,7 @@ struct Slot {
 
 impl Drop for Slot {
     fn drop(&mut self) {
-        let mut c = self.counts.lock().unwrap_or_else(|e| e.into_inner());
+        let mut c = self.counts.locked();
         if let Some(n) = c.get_mut(&self.slug) {
             *n = n.saturating_sub(1);
             if *n == 0 {
@@ -134,17 +134,12 @@ impl GatewayTasks {
 
     /// Upstream task listens on `slug` now.
     pub(crate) fn following(&self, slug: &str) -> usize {
-        self.following
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .get(slug)
-            .copied()
-            .unwrap_or(0)
+        self.following.locked().get(slug).copied().unwrap_or(0)
     }
 
     /// The shared state of task `id`, made when nobody watches it yet.
     fn state(&self, id: &str) -> Arc<Relayed> {
-        let mut states = self.states.lock().unwrap_or_else(|e| e.into_inner());
+        let mut states = self.states.locked();
         if let Some(r) = states.get(id).and_then(Weak::upgrade) {
             return r;
         }
@@ -165,7 +160,7 @@ impl GatewayTasks {
     }
 
     fn owners(&self) -> std::sync::MutexGuard<'_, HashMap<String, Owner>> {
-        self.owners.lock().unwrap_or_else(|e| e.into_inner())
+        self.owners.locked()
     }
 
     /// Whether `principal` may start one more task here: past the caps (counting only tasks
@@ -291,7 +286,7 @@ impl GatewayTasks {
         // count is read first: no lock is ever held while taking another.
         let uris = (self.uris)(&up.name);
         {
-            let mut counts = self.following.lock().unwrap_or_else(|e| e.into_inner());
+            let mut counts = self.following.locked();
             let n = counts.get(&up.name).copied().unwrap_or(0);
             if n + uris >= up.max_listens {
                 tracing::info!(slug = %up.name, tasks = tasks.len(), "no listen to spare on this server; leaving its tasks out of a listen");

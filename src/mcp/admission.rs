@@ -23,6 +23,7 @@
 //! ([`narrow`]); on HTTP, where rmcp's service takes only a handler, the transport's listen gate
 //! narrows the body (see `transport::http`). Both call the same admission.
 
+use crate::sync::Recover;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
@@ -362,7 +363,7 @@ impl PendingListen {
 
     /// Takes the admitted listen; `None` once taken.
     pub fn take(&self) -> Option<AdmittedListen> {
-        self.0.lock().unwrap_or_else(|e| e.into_inner()).take()
+        self.0.locked().take()
     }
 }
 
@@ -378,33 +379,24 @@ impl ListenAcks {
     }
 
     pub fn insert(&self, id: &rmcp::model::RequestId, ids: Vec<String>) {
-        self.0
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .insert(Self::key(id), ids);
+        self.0.locked().insert(Self::key(id), ids);
     }
 
     /// The ids for the acknowledgment of the listen whose subscription id is `subscription`
     /// (a JSON value, as the acknowledgment's `_meta` carries it); once.
     pub fn take(&self, subscription: &Value) -> Option<Vec<String>> {
-        self.0
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .remove(&subscription.to_string())
+        self.0.locked().remove(&subscription.to_string())
     }
 
     /// Whether any acknowledgment waits for its `taskIds` (the transport looks at outgoing
     /// messages only then).
     pub fn is_empty(&self) -> bool {
-        self.0.lock().unwrap_or_else(|e| e.into_inner()).is_empty()
+        self.0.locked().is_empty()
     }
 
     /// Forgets a listen's entry (it ended, or failed before its acknowledgment).
     pub fn forget(&self, id: &rmcp::model::RequestId) {
-        self.0
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .remove(&Self::key(id));
+        self.0.locked().remove(&Self::key(id));
     }
 }
 

@@ -6,6 +6,7 @@
 //! also carries the process's [`StatusBoard`], where the parts it builds report themselves
 //! for the admin address.
 
+use crate::sync::Recover;
 use std::collections::BTreeMap;
 use std::future::Future;
 use std::sync::{Arc, Mutex};
@@ -50,23 +51,14 @@ struct Running {
 
 impl Running {
     fn new(shared: Arc<Shared>, key: (Arc<str>, &'static str)) -> Running {
-        *shared
-            .running
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .entry(key.clone())
-            .or_default() += 1;
+        *shared.running.locked().entry(key.clone()).or_default() += 1;
         Running { shared, key }
     }
 }
 
 impl Drop for Running {
     fn drop(&mut self) {
-        let mut running = self
-            .shared
-            .running
-            .lock()
-            .unwrap_or_else(|e| e.into_inner());
+        let mut running = self.shared.running.locked();
         if let Some(n) = running.get_mut(&self.key) {
             *n -= 1;
             if *n == 0 {
@@ -212,8 +204,7 @@ impl RoleContext {
     pub fn running(&self) -> Vec<(String, usize)> {
         self.shared
             .running
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
+            .locked()
             .iter()
             .map(|((role, name), n)| (format!("{role}/{name}"), *n))
             .collect()

@@ -10,6 +10,7 @@
 //! ring's URI (no timer looks for work) and answers as soon as an event is there, or when the
 //! timeout (at most [`MAX_TIMEOUT`]) runs out.
 
+use crate::sync::Recover;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
@@ -380,7 +381,7 @@ impl<T: Send + 'static> Leases<T> {
 
     /// If `key` is held, renews it and returns `f` of the held value.
     pub fn renew<R>(&self, key: &str, f: impl FnOnce(&T) -> R) -> Option<R> {
-        let mut held = self.held.lock().unwrap_or_else(|e| e.into_inner());
+        let mut held = self.held.locked();
         let h = held.get_mut(key)?;
         h.expires = tokio::time::Instant::now() + self.hold;
         Some(f(&h.value))
@@ -391,7 +392,7 @@ impl<T: Send + 'static> Leases<T> {
     /// are held already, `value` is dropped and the poll refused.
     pub fn hold<R>(&self, key: &str, value: T, f: impl FnOnce(&T) -> R) -> Result<R, SourceError> {
         let expires = tokio::time::Instant::now() + self.hold;
-        let mut held = self.held.lock().unwrap_or_else(|e| e.into_inner());
+        let mut held = self.held.locked();
         if let Some(h) = held.get_mut(key) {
             h.expires = expires;
             return Ok(f(&h.value));
@@ -411,17 +412,13 @@ impl<T: Send + 'static> Leases<T> {
 
     /// Lets go of `key` now (a watch that failed to start should not be kept).
     pub fn release(&self, key: &str) {
-        let gone = self
-            .held
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .remove(key);
+        let gone = self.held.locked().remove(key);
         drop(gone);
     }
 
     /// URIs held now.
     pub fn len(&self) -> usize {
-        self.held.lock().unwrap_or_else(|e| e.into_inner()).len()
+        self.held.locked().len()
     }
 
     pub fn is_empty(&self) -> bool {
@@ -439,7 +436,7 @@ async fn expire<T>(
     loop {
         tokio::time::sleep_until(at).await;
         let Some(held) = held.upgrade() else { return };
-        let mut map = held.lock().unwrap_or_else(|e| e.into_inner());
+        let mut map = held.locked();
         match map.get(&key) {
             Some(h) if h.expires > at => at = h.expires,
             Some(_) => {

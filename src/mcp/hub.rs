@@ -9,6 +9,7 @@
 //! the number of URIs the stream accepted. A stream whose writer cannot deliver within the stall
 //! timeout is ended by its listen task, so a slow reader never holds anything else up.
 
+use crate::sync::{Recover, RecoverRw};
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
@@ -43,7 +44,7 @@ struct Pending {
 
 impl StreamQueue {
     fn push(&self, uri: &str) {
-        let mut p = self.pending.lock().unwrap_or_else(|e| e.into_inner());
+        let mut p = self.pending.locked();
         if !p.set.contains(uri) {
             p.set.insert(uri.to_owned());
             p.order.push_back(uri.to_owned());
@@ -56,7 +57,7 @@ impl StreamQueue {
     pub async fn next_batch(&self) -> Vec<String> {
         loop {
             {
-                let mut p = self.pending.lock().unwrap_or_else(|e| e.into_inner());
+                let mut p = self.pending.locked();
                 if !p.order.is_empty() {
                     p.set.clear();
                     return p.order.drain(..).collect();
@@ -88,7 +89,7 @@ impl Registration {
 
 impl Drop for Registration {
     fn drop(&mut self) {
-        let mut map = self.hub.by_uri.write().unwrap_or_else(|e| e.into_inner());
+        let mut map = self.hub.by_uri.write_locked();
         for uri in &self.uris {
             if let Some(list) = map.get_mut(uri) {
                 list.retain(|q| q.id != self.queue.id);
@@ -108,7 +109,7 @@ impl ChangeFeed {
     /// Announces that `uri` changed. Never blocks.
     pub fn publish(&self, uri: &str) {
         self.hub.published.fetch_add(1, Ordering::Relaxed);
-        let map = self.hub.by_uri.read().unwrap_or_else(|e| e.into_inner());
+        let map = self.hub.by_uri.read_locked();
         if let Some(list) = map.get(uri) {
             for q in list {
                 q.push(uri);
@@ -130,7 +131,7 @@ impl ChangeFeed {
                 uniq.push(u.clone());
             }
         }
-        let mut map = self.hub.by_uri.write().unwrap_or_else(|e| e.into_inner());
+        let mut map = self.hub.by_uri.write_locked();
         for uri in &uniq {
             map.entry(uri.clone()).or_default().push(queue.clone());
         }
@@ -144,12 +145,7 @@ impl ChangeFeed {
 
     /// Streams currently registered for `uri`.
     pub fn listeners(&self, uri: &str) -> usize {
-        self.hub
-            .by_uri
-            .read()
-            .unwrap_or_else(|e| e.into_inner())
-            .get(uri)
-            .map_or(0, Vec::len)
+        self.hub.by_uri.read_locked().get(uri).map_or(0, Vec::len)
     }
 }
 

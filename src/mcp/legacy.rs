@@ -13,6 +13,7 @@
 //!
 //! [`SourceServer::for_session`]: crate::mcp::server::SourceServer::for_session
 
+use crate::sync::Recover;
 use std::collections::HashMap;
 use std::sync::Mutex;
 
@@ -64,7 +65,7 @@ impl LegacySubscriptions {
     /// Claims `uri` for a new subscription, or `None` when `uri` is subscribed (or being
     /// subscribed) already.
     pub(crate) fn claim(&self, uri: &str) -> Option<Claimed> {
-        let mut subs = self.subs.lock().unwrap_or_else(|e| e.into_inner());
+        let mut subs = self.subs.locked();
         subs.retain(|_, c| !c.cancel.is_cancelled());
         if subs.contains_key(uri) {
             return None;
@@ -87,11 +88,7 @@ impl LegacySubscriptions {
     /// nothing is delivered for it after the unsubscribe's answer and its stream slot is
     /// free again.
     pub(crate) async fn remove(&self, uri: &str) {
-        let claim = self
-            .subs
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .remove(uri);
+        let claim = self.subs.locked().remove(uri);
         if let Some(claim) = claim {
             claim.cancel.cancel();
             let _ = tokio::time::timeout(UNSUBSCRIBE_WAIT, claim.done.cancelled()).await;
@@ -101,7 +98,7 @@ impl LegacySubscriptions {
 
 impl Drop for LegacySubscriptions {
     fn drop(&mut self) {
-        let subs = self.subs.get_mut().unwrap_or_else(|e| e.into_inner());
+        let subs = self.subs.locked_mut();
         for (_, c) in subs.drain() {
             c.cancel.cancel();
         }

@@ -5,6 +5,7 @@
 //! time in microseconds since the epoch, so it keeps increasing across restarts of the source, and
 //! a client that watched the previous process sees a GAP instead of silently skipping events.
 
+use crate::sync::Recover;
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
@@ -148,17 +149,14 @@ impl EventRing {
     /// cursor kept), and a hole in the seqs it receives is reported as `truncated`.
     pub fn mirror_of(capacity: usize) -> EventRing {
         let ring = EventRing::with_start(capacity, 1);
-        ring.inner
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .mirrored = true;
+        ring.inner.locked().mirrored = true;
         ring
     }
 
     /// Starts a mirror over at `seq`, below its head (its publisher restarted, numbering from a
     /// clock that is behind): what it held is dropped, and readers learn of the reset.
     pub fn reset_mirror(&self, seq: u64, ts_ms: u64, text: String) {
-        let mut inner = self.inner.lock().unwrap_or_else(|e| e.into_inner());
+        let mut inner = self.inner.locked();
         inner.reset_from = inner.reset_from.max(inner.next_seq - 1);
         inner.events.clear();
         inner.gaps.clear();
@@ -170,12 +168,7 @@ impl EventRing {
 
     /// When the newest event held was pushed (milliseconds since the epoch).
     pub fn newest_ts_ms(&self) -> Option<u64> {
-        self.inner
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .events
-            .back()
-            .map(|e| e.ts_ms)
+        self.inner.locked().events.back().map(|e| e.ts_ms)
     }
 
     /// This ring is the event log `uri`: when the process publishes its event logs, its
@@ -190,7 +183,7 @@ impl EventRing {
     /// Appends an event that another ring numbered (a mirror of a published ring): kept
     /// under its own `seq` if that is past the head; `false` (and nothing kept) otherwise.
     pub fn mirror(&self, seq: u64, ts_ms: u64, text: String) -> bool {
-        let mut inner = self.inner.lock().unwrap_or_else(|e| e.into_inner());
+        let mut inner = self.inner.locked();
         if seq < inner.next_seq {
             return false;
         }
@@ -226,7 +219,7 @@ impl EventRing {
 
     /// [`push`](Self::push) with the push time given (milliseconds since the epoch).
     pub(crate) fn push_at(&self, kind: &str, fields: Map<String, Value>, ts_ms: u64) -> u64 {
-        let mut inner = self.inner.lock().unwrap_or_else(|e| e.into_inner());
+        let mut inner = self.inner.locked();
         let seq = inner.next_seq;
         inner.next_seq += 1;
         let mut event = Map::with_capacity(fields.len() + 2);
@@ -268,7 +261,7 @@ impl EventRing {
 
     /// The bytes of events held.
     pub fn bytes(&self) -> usize {
-        self.inner.lock().unwrap_or_else(|e| e.into_inner()).bytes
+        self.inner.locked().bytes
     }
 
     /// An in-band `ERROR` event: source failures are reported in the log, not as read errors.
@@ -280,7 +273,7 @@ impl EventRing {
 
     /// The read body: `{"events":[...]}`, oldest first.
     pub fn read_json(&self) -> String {
-        let inner = self.inner.lock().unwrap_or_else(|e| e.into_inner());
+        let inner = self.inner.locked();
         let mut out = String::with_capacity(
             16 + inner.events.iter().map(|e| e.text.len() + 1).sum::<usize>(),
         );
@@ -300,7 +293,7 @@ impl EventRing {
     /// gap that is not there, and one the ring moved past sees the gap). A ring that
     /// restarted below `after` is read whole, so the reader sees the reset.
     pub fn read_json_after(&self, after: u64) -> String {
-        let inner = self.inner.lock().unwrap_or_else(|e| e.into_inner());
+        let inner = self.inner.locked();
         let newest = inner.events.back().map_or(0, |e| e.seq);
         let hole = inner
             .gaps
@@ -343,11 +336,7 @@ impl EventRing {
 
     /// The seq the next event will get; a cursor meaning "from now".
     pub fn head(&self) -> u64 {
-        self.inner
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .next_seq
-            - 1
+        self.inner.locked().next_seq - 1
     }
 
     /// Events with seq greater than `cursor` and pushed at or after `not_before_ms`, at most
@@ -359,7 +348,7 @@ impl EventRing {
     /// comes until the ring catches up with a stranger's number.
     pub fn since(&self, cursor: u64, max: usize, not_before_ms: u64) -> Since {
         let max = max.max(1);
-        let inner = self.inner.lock().unwrap_or_else(|e| e.into_inner());
+        let inner = self.inner.locked();
         let head = inner.next_seq - 1;
         let oldest = inner.events.front().map_or(inner.next_seq, |e| e.seq);
         if inner.mirrored && cursor > head && cursor > inner.reset_from {
@@ -412,11 +401,7 @@ impl EventRing {
     }
 
     pub fn len(&self) -> usize {
-        self.inner
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .events
-            .len()
+        self.inner.locked().events.len()
     }
 
     pub fn is_empty(&self) -> bool {

@@ -11,6 +11,7 @@
 //! The board holds what it reports weakly (an upstream, a server's listen count, a watch
 //! manager): it lives as long as the context, which the reported parts themselves hold.
 
+use crate::sync::Recover;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Instant;
@@ -192,7 +193,7 @@ impl StatusBoard {
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Board> {
-        self.board.lock().unwrap_or_else(|e| e.into_inner())
+        self.board.locked()
     }
 
     /// Enters `role` as starting (again, if it was there).

@@ -19,6 +19,7 @@
 //!   (the mapping is handed in: roles never import each other). The source's tools are not
 //!   served: this is a read-only view of its event logs.
 
+use crate::sync::{Recover, RecoverRw};
 use std::collections::BTreeMap;
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex, RwLock};
@@ -321,7 +322,7 @@ impl Mirror {
 
     /// The ring of `uri` (made for an event that arrived, or a poll; at most [`MAX_RINGS`]).
     fn ring(&self, uri: &str) -> Arc<EventRing> {
-        let mut rings = self.rings.lock().unwrap_or_else(|e| e.into_inner());
+        let mut rings = self.rings.locked();
         if let Some(r) = rings.get(uri) {
             return r.clone();
         }
@@ -333,10 +334,7 @@ impl Mirror {
         {
             rings.remove(&stalest);
             // (Never held while the rings are locked elsewhere: no lock order to keep.)
-            self.publishers
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .remove(&stalest);
+            self.publishers.locked().remove(&stalest);
         }
         let r = Arc::new(EventRing::mirror_of(PER_URI as usize));
         rings.insert(uri.to_owned(), r.clone());
@@ -344,11 +342,7 @@ impl Mirror {
     }
 
     fn held(&self, uri: &str) -> Option<Arc<EventRing>> {
-        self.rings
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .get(uri)
-            .cloned()
+        self.rings.locked().get(uri).cloned()
     }
 
     /// An event-log URI: `memo://log` or a `*-events://` one.
@@ -381,8 +375,7 @@ impl Mirror {
             .unwrap_or_default();
         let previous = self
             .publishers
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
+            .locked()
             .insert(uri.clone(), publisher.clone());
         let ring = self.ring(&uri);
         if ring.mirror(seq, ts, text.to_owned()) {
@@ -434,7 +427,7 @@ async fn follow(
     if let Ok(Some(v)) = kv.get(&catalog_key).await
         && let Ok(v) = serde_json::from_slice::<Value>(&v)
     {
-        *mirror.catalog.write().unwrap_or_else(|e| e.into_inner()) = v;
+        *mirror.catalog.write_locked() = v;
     }
     let m2 = mirror.clone();
     ctx.spawn_until_shutdown("events nats catalog", async move {
@@ -442,7 +435,7 @@ async fn follow(
             if let Ok(mut w) = kv.watch_with_history(&catalog_key).await {
                 while let Some(Ok(e)) = w.next().await {
                     if let Ok(v) = serde_json::from_slice::<Value>(&e.value) {
-                        *m2.catalog.write().unwrap_or_else(|e| e.into_inner()) = v;
+                        *m2.catalog.write_locked() = v;
                     }
                 }
             }
@@ -515,8 +508,7 @@ impl Source for Mirror {
                 self.name,
                 self.servers,
                 self.catalog
-                    .read()
-                    .unwrap_or_else(|e| e.into_inner())
+                    .read_locked()
                     .get("instructions")
                     .and_then(Value::as_str)
                     .unwrap_or("")
@@ -527,8 +519,7 @@ impl Source for Mirror {
 
     fn resources(&self, _caller: &Caller) -> Vec<Resource> {
         self.rings
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
+            .locked()
             .iter()
             .filter(|(_, r)| !r.is_empty())
             .map(|(uri, _)| {
@@ -577,8 +568,7 @@ impl Source for Mirror {
         let _ = self.caught_up().await;
         let mut list = self
             .catalog
-            .read()
-            .unwrap_or_else(|e| e.into_inner())
+            .read_locked()
             .get("events")
             .and_then(Value::as_array)
             .cloned()
@@ -605,8 +595,7 @@ impl Source for Mirror {
         let req = PollRequest::parse(&params)?;
         let known = self
             .catalog
-            .read()
-            .unwrap_or_else(|e| e.into_inner())
+            .read_locked()
             .get("events")
             .and_then(Value::as_array)
             .is_some_and(|l| l.iter().any(|e| e["name"] == req.name.as_str()));

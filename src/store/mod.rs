@@ -14,6 +14,7 @@
 
 mod backup;
 
+use crate::sync::Recover;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::mpsc as std_mpsc;
@@ -354,11 +355,7 @@ impl Store {
         let Store {
             db, writer, thread, ..
         } = self;
-        let thread = if last {
-            thread.lock().unwrap_or_else(|e| e.into_inner()).take()
-        } else {
-            None
-        };
+        let thread = if last { thread.locked().take() } else { None };
         drop(writer);
         drop(db);
         if let Some(t) = thread {

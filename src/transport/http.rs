@@ -8,6 +8,7 @@
 //! and a graceful drain on shutdown. Origin validation and the Host check are on; SSE
 //! keep-alive comments go out on listen streams.
 
+use crate::sync::Recover;
 use std::collections::HashMap;
 use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
@@ -374,7 +375,7 @@ struct PeerStreams {
 
 impl PeerStreams {
     fn for_peer(&self, ip: IpAddr) -> ConnStreams {
-        let mut map = self.map.lock().unwrap_or_else(|e| e.into_inner());
+        let mut map = self.map.locked();
         if let Some(live) = map.get(&ip).and_then(std::sync::Weak::upgrade) {
             return ConnStreams::from_shared(live);
         }

@@ -3,6 +3,7 @@
 //! Written only when verbose (`-v`): the notices themselves go to the sink, so a notice on
 //! stdout is not said again on stderr.
 
+use crate::sync::Recover;
 use std::io::Write;
 use std::sync::{Arc, Mutex};
 
@@ -54,7 +55,7 @@ impl WatchLog {
         }
         let mut text = Value::Object(line).to_string();
         text.push('\n');
-        let mut out = self.out.lock().unwrap_or_else(|e| e.into_inner());
+        let mut out = self.out.locked();
         let _ = out.write_all(text.as_bytes());
         let _ = out.flush();
     }

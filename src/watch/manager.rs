@@ -8,6 +8,7 @@
 //! It knows nothing about where notices go: the channel's receiver (a sink, later the agent)
 //! decides.
 
+use crate::sync::Recover;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -168,15 +169,11 @@ impl WatchManager {
 
     /// Lets watches run `on_event` filters in this pool's workers.
     pub fn set_filters(&self, pool: FilterPool) {
-        *self.inner.filters.lock().unwrap_or_else(|e| e.into_inner()) = Some(pool);
+        *self.inner.filters.locked() = Some(pool);
     }
 
     pub(super) fn filters(&self) -> Option<FilterPool> {
-        self.inner
-            .filters
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .clone()
+        self.inner.filters.locked().clone()
     }
 
     /// The read-only catalog filters see.
@@ -369,7 +366,7 @@ impl WatchManager {
         if uri.is_empty() {
             return Err(WatchError::Invalid("the URI must not be empty".into()));
         }
-        let watches = inner.watches.lock().unwrap_or_else(|e| e.into_inner());
+        let watches = inner.watches.locked();
         if let Some(e) = watches.get(name)
             && e.is_running()
         {
@@ -398,7 +395,7 @@ impl WatchManager {
         let stats = Arc::new(Stats::default());
         let cancel = inner.shutdown.child_token();
         {
-            let mut watches = inner.watches.lock().unwrap_or_else(|e| e.into_inner());
+            let mut watches = inner.watches.locked();
             if watches.get(name).is_some_and(Entry::is_running) {
                 return Err(WatchError::Invalid(format!(
                     "a watch named {name} already exists; stop it first or pick another name"
@@ -507,7 +504,7 @@ impl WatchManager {
     /// A watch that ended by itself (its task ended): it leaves the list and the saved state.
     pub(super) async fn ended(&self, name: &str, stats: &Arc<Stats>) {
         let removed = {
-            let mut watches = self.inner.watches.lock().unwrap_or_else(|e| e.into_inner());
+            let mut watches = self.inner.watches.locked();
             // Only this watch: another may have taken the name since.
             match watches.get(name) {
                 Some(e) if Arc::ptr_eq(&e.stats, stats) => watches.remove(name),
@@ -535,13 +532,7 @@ impl WatchManager {
     /// Whether any watch was ever listed (started, or kept from a failed restore): before
     /// that, [`WatchManager::none_running`] waits.
     pub fn ever_listed(&self) -> bool {
-        self.inner.started.load(Ordering::Acquire)
-            || !self
-                .inner
-                .watches
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .is_empty()
+        self.inner.started.load(Ordering::Acquire) || !self.inner.watches.locked().is_empty()
     }
 
     /// Waits until no watch runs, once one has been listed: [`Settled::Ended`] when none is
@@ -576,7 +567,7 @@ impl WatchManager {
             tokio::pin!(left);
             left.as_mut().enable();
             let now = {
-                let watches = self.inner.watches.lock().unwrap_or_else(|e| e.into_inner());
+                let watches = self.inner.watches.locked();
                 done(&watches, self.inner.started.load(Ordering::Acquire))
             };
             if let Some(t) = now {
@@ -593,7 +584,7 @@ impl WatchManager {
 
     /// How many watches run, and the servers they run on (each named once, sorted).
     pub fn running_on(&self) -> (usize, Vec<String>) {
-        let watches = self.inner.watches.lock().unwrap_or_else(|e| e.into_inner());
+        let watches = self.inner.watches.locked();
         let mut servers: Vec<String> = Vec::new();
         let mut n = 0;
         for e in watches.values().filter(|e| e.is_running()) {
@@ -608,12 +599,7 @@ impl WatchManager {
 
     /// Stops `name`. Returns whether it existed.
     pub async fn watch_stop(&self, name: &str) -> bool {
-        let removed = self
-            .inner
-            .watches
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .remove(name);
+        let removed = self.inner.watches.locked().remove(name);
         let Some(entry) = removed else {
             return false;
         };
@@ -633,7 +619,7 @@ impl WatchManager {
 
     /// Every watch, by name.
     pub fn watch_list(&self) -> Vec<WatchInfo> {
-        let watches = self.inner.watches.lock().unwrap_or_else(|e| e.into_inner());
+        let watches = self.inner.watches.locked();
         let mut out: Vec<WatchInfo> = watches
             .values()
             .map(|e| WatchInfo {

@@ -5,6 +5,7 @@
 //! attempt the watch fails and a notice says so. Also here: the listen-then-read that starts
 //! (and restarts) a watch, and the read every watch request goes through.
 
+use crate::sync::Recover;
 use std::collections::VecDeque;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -37,14 +38,11 @@ pub(super) struct Stats {
 
 impl Stats {
     pub(super) fn set_reason(&self, reason: String) {
-        *self.reason.lock().unwrap_or_else(|e| e.into_inner()) = Some(reason);
+        *self.reason.locked() = Some(reason);
     }
 
     pub(super) fn reason(&self) -> Option<String> {
-        self.reason
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .clone()
+        self.reason.locked().clone()
     }
 }
 

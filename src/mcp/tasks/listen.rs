@@ -5,6 +5,7 @@
 //! once, reading its tasks' states again after a shed push). [`TaskFeed`] is a stream's tasks,
 //! this server's own or relayed.
 
+use crate::sync::Recover;
 use std::collections::{BTreeSet, HashMap};
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Weak};
@@ -32,7 +33,7 @@ struct StreamEntry {
 
 impl Tasks {
     fn streams(&self) -> std::sync::MutexGuard<'_, Streams> {
-        self.inner.streams.lock().unwrap_or_else(|e| e.into_inner())
+        self.inner.streams.locked()
     }
 
     /// Registers a listen stream of `principal` for `ids`: returns the ids it may see now
@@ -89,7 +90,7 @@ impl Tasks {
     }
 
     fn unregister(inner: &Inner, key: u64) {
-        let mut st = inner.streams.lock().unwrap_or_else(|e| e.into_inner());
+        let mut st = inner.streams.locked();
         if let Some(e) = st.streams.remove(&key) {
             for id in e.ids {
                 if let Some(set) = st.by_task.get_mut(&id) {
@@ -248,7 +249,7 @@ pub(super) async fn dispatch(inner: Weak<Inner>, mut rx: mpsc::Receiver<Transiti
         let Some(inner) = inner.upgrade() else {
             return;
         };
-        let st = inner.streams.lock().unwrap_or_else(|e| e.into_inner());
+        let st = inner.streams.locked();
         let Some(keys) = st.by_task.get(&t.id) else {
             continue;
         };

@@ -26,6 +26,7 @@
 //! The pushes' side (the streams, the dispatcher, [`TaskListen`], [`TaskFeed`]) is `listen.rs`;
 //! the ttl's expiry loop is `expiry.rs`; tasks another server runs are `relay.rs`.
 
+use crate::sync::Recover;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -291,7 +292,7 @@ impl Tasks {
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, State> {
-        self.inner.state.lock().unwrap_or_else(|e| e.into_inner())
+        self.inner.state.locked()
     }
 
     /// Pushes dropped because a queue was full.

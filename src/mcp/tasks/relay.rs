@@ -9,6 +9,7 @@
 //! it is newer than the one kept (an ended task never goes back, and `lastUpdatedAt` never
 //! goes back), since an upstream's notifications may be handled out of order.
 
+use crate::sync::Recover;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, Weak};
 
@@ -168,7 +169,7 @@ impl Relayed {
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, RelayedState> {
-        self.state.lock().unwrap_or_else(|e| e.into_inner())
+        self.state.locked()
     }
 
     /// Takes `task` as the latest state when it is newer than the one kept; wakes the streams
@@ -203,7 +204,7 @@ impl Relayed {
             (s.waiters.clone(), ended)
         };
         let (waiters, ended) = waiters;
-        if ended && let Some(f) = self.on_end.lock().unwrap_or_else(|e| e.into_inner()).take() {
+        if ended && let Some(f) = self.on_end.locked().take() {
             f();
         }
         for w in waiters.iter().filter_map(Weak::upgrade) {
@@ -218,10 +219,10 @@ impl Relayed {
             f();
             return;
         }
-        *self.on_end.lock().unwrap_or_else(|e| e.into_inner()) = Some(f);
+        *self.on_end.locked() = Some(f);
         // An end taken between the look and the store calls it here.
         if self.ended.is_cancelled()
-            && let Some(f) = self.on_end.lock().unwrap_or_else(|e| e.into_inner()).take()
+            && let Some(f) = self.on_end.locked().take()
         {
             f();
         }

@@ -8,6 +8,7 @@
 //! server may offer other tools). Either way the user then fetches the list again with
 //! [`Upstream::refresh_list`].
 
+use crate::sync::Recover;
 use std::sync::Arc;
 
 use rmcp::model::SubscriptionFilter;
@@ -103,7 +104,7 @@ impl Upstream {
         if !self.cached().is_some_and(|l| Arc::ptr_eq(&l, live)) {
             return Ok(());
         }
-        let mut catalog = self.catalog.lock().unwrap_or_else(|e| e.into_inner());
+        let mut catalog = self.catalog.locked();
         let base = catalog.clone().unwrap_or_else(|| live.catalog.clone());
         *catalog = Some(Arc::new(match fetched {
             Fetched::Tools(t) => base.with_tools(t),

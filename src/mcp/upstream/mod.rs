@@ -16,6 +16,7 @@ pub mod lists;
 pub mod local;
 mod relay;
 
+use crate::sync::Recover;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -294,26 +295,19 @@ impl Upstream {
 
     /// The current connection, if any (never waits, never connects).
     pub fn cached(&self) -> Option<Arc<Live>> {
-        self.live
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .clone()
-            .filter(|l| !l.conn.is_closed())
+        self.live.locked().clone().filter(|l| !l.conn.is_closed())
     }
 
     /// The catalog of the last connection, even while reconnecting.
     pub fn catalog(&self) -> Option<Arc<Catalog>> {
-        self.catalog
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .clone()
+        self.catalog.locked().clone()
     }
 
     /// How it is doing, for the admin address's `/status` and `/ready`: connected now, ever
     /// connected (it has a catalog), and the last failed connect's reason.
     pub fn report(&self) -> UpstreamReport {
         let last_error = {
-            let p = self.pacing.lock().unwrap_or_else(|e| e.into_inner());
+            let p = self.pacing.locked();
             Some(p.last_error.clone()).filter(|e| !e.is_empty())
         };
         UpstreamReport {
@@ -327,10 +321,7 @@ impl Upstream {
 
     /// Whether a connect is under way.
     pub fn connecting(&self) -> bool {
-        self.attempt
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .is_some()
+        self.attempt.locked().is_some()
     }
 
     /// A live connection: the current one, or a new one (at most one connect at a time, and
@@ -346,7 +337,7 @@ impl Upstream {
             // One connect at a time, run in a task of its own: a caller that gives up (a 3 s
             // events probe, a client that went away) never cancels it half-way.
             let attempt = {
-                let mut g = self.attempt.lock().unwrap_or_else(|e| e.into_inner());
+                let mut g = self.attempt.locked();
                 match g.as_ref() {
                     Some(a) => a.clone(),
                     None => {
@@ -384,7 +375,7 @@ impl Upstream {
                 return Ok(l);
             }
             {
-                let p = self.pacing.lock().unwrap_or_else(|e| e.into_inner());
+                let p = self.pacing.locked();
                 if p.next.is_some_and(|next| Instant::now() < next) {
                     return Err(self.unavailable(p.last_error.clone()));
                 }
@@ -406,11 +397,11 @@ impl Upstream {
             match opened {
                 Ok(Ok(live)) => {
                     let live = Arc::new(live);
-                    *self.live.lock().unwrap_or_else(|e| e.into_inner()) = Some(live.clone());
-                    *self.catalog.lock().unwrap_or_else(|e| e.into_inner()) =
+                    *self.live.locked() = Some(live.clone());
+                    *self.catalog.locked() =
                         Some(live.catalog.clone());
                     self.relay.lists.count(|e| e.connects += 1);
-                    let mut p = self.pacing.lock().unwrap_or_else(|e| e.into_inner());
+                    let mut p = self.pacing.locked();
                     p.next = None;
                     p.up_since = Some(Instant::now());
                     tracing::info!(upstream = %self.name, tools = live.tools.len(), resources = live.resources.len(),
@@ -424,13 +415,13 @@ impl Upstream {
             }
         }
         .await;
-        *self.attempt.lock().unwrap_or_else(|e| e.into_inner()) = None;
+        *self.attempt.locked() = None;
         r
     }
 
     /// Records a failed connect (or an exited child): the next connect waits for the backoff.
     fn failed(&self, error: String) -> Unavailable {
-        let mut p = self.pacing.lock().unwrap_or_else(|e| e.into_inner());
+        let mut p = self.pacing.locked();
         if let Some(t) = p.up_since.take() {
             p.backoff.ran_for(t.elapsed());
         }
@@ -445,7 +436,7 @@ impl Upstream {
 
     /// When the next connect may be tried.
     fn retry_in(&self) -> Duration {
-        let p = self.pacing.lock().unwrap_or_else(|e| e.into_inner());
+        let p = self.pacing.locked();
         p.next.map_or(p.backoff.delay(0), |n| {
             n.saturating_duration_since(Instant::now())
                 .max(Duration::from_millis(10))
@@ -454,7 +445,7 @@ impl Upstream {
 
     /// Forgets `failed` (a connection that broke) so the next use reconnects.
     pub fn reset(&self, failed: &Arc<Live>) {
-        let mut live = self.live.lock().unwrap_or_else(|e| e.into_inner());
+        let mut live = self.live.locked();
         if live.as_ref().is_some_and(|l| Arc::ptr_eq(l, failed)) {
             *live = None;
         }
@@ -462,7 +453,7 @@ impl Upstream {
 
     /// Forgets connection `generation` (its process exited).
     fn forget(&self, generation: u64) {
-        let mut live = self.live.lock().unwrap_or_else(|e| e.into_inner());
+        let mut live = self.live.locked();
         if live.as_ref().is_some_and(|l| l.generation == generation) {
             *live = None;
         }

@@ -11,6 +11,7 @@
 //! call is in flight on the connection they are that call's; with two or more in flight at
 //! once they could be either's, and go to neither (one caller never sees another's log).
 
+use crate::sync::Recover;
 use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex};
 
@@ -59,7 +60,7 @@ pub struct LogRoute {
 
 impl Drop for LogRoute {
     fn drop(&mut self) {
-        let mut m = self.logs.lock().unwrap_or_else(|e| e.into_inner());
+        let mut m = self.logs.locked();
         m.live.retain(|(k, _)| *k != self.key);
     }
 }
@@ -84,7 +85,7 @@ pub struct TaskRoute {
 
 impl Drop for TaskRoute {
     fn drop(&mut self) {
-        let mut m = self.tasks.lock().unwrap_or_else(|e| e.into_inner());
+        let mut m = self.tasks.locked();
         if let Some(routes) = m.by_id.get_mut(&self.id) {
             // Only this route: another may follow the same task.
             routes.retain(|(k, _, _)| *k != self.key);
@@ -114,10 +115,7 @@ pub struct Relaying {
 
 impl Drop for Relaying {
     fn drop(&mut self) {
-        self.waiting
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .remove(&self.key);
+        self.waiting.locked().remove(&self.key);
     }
 }
 
@@ -132,12 +130,9 @@ impl Relay {
     /// Sends the upstream's progress for `token` to `to` until the returned guard drops.
     pub fn register(&self, token: ProgressToken, to: Progress) -> Relaying {
         let key = token_key(&token);
-        self.waiting
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .insert(key.clone(), to.clone());
+        self.waiting.locked().insert(key.clone(), to.clone());
         let early: Vec<ProgressNotificationParam> = {
-            let mut q = self.early.lock().unwrap_or_else(|e| e.into_inner());
+            let mut q = self.early.locked();
             let (mine, rest): (Vec<_>, Vec<_>) = q
                 .drain(..)
                 .partition(|p| token_key(&p.progress_token) == key);
@@ -167,7 +162,7 @@ impl Relay {
     /// Sends the upstream's pushes of task `upstream_id` to `to`, shown under `shown_as`,
     /// until the returned route drops.
     pub fn route_task(&self, upstream_id: &str, shown_as: &str, to: &Arc<Relayed>) -> TaskRoute {
-        let mut m = self.tasks.lock().unwrap_or_else(|e| e.into_inner());
+        let mut m = self.tasks.locked();
         m.next += 1;
         let key = m.next;
         m.by_id.entry(upstream_id.to_owned()).or_default().push((
@@ -185,7 +180,7 @@ impl Relay {
     /// Offers a task state (a push, or a `tasks/get`'s answer) to every route following it.
     pub fn offer_task(&self, task: rmcp::model::DetailedTask) {
         let to: Vec<(String, Arc<Relayed>)> = {
-            let m = self.tasks.lock().unwrap_or_else(|e| e.into_inner());
+            let m = self.tasks.locked();
             m.by_id
                 .get(&task.task.task_id)
                 .into_iter()
@@ -205,7 +200,7 @@ impl Relay {
     /// Sends the upstream's log messages to `to` while the returned route is the only one
     /// (see the module's doc), until it drops.
     pub fn route_log(&self, to: Log) -> LogRoute {
-        let mut m = self.logs.lock().unwrap_or_else(|e| e.into_inner());
+        let mut m = self.logs.locked();
         m.next += 1;
         let key = m.next;
         m.live.push((key, to));
@@ -244,7 +239,7 @@ impl ClientHandler for Relay {
         _context: NotificationContext<RoleClient>,
     ) {
         let to = {
-            let m = self.logs.lock().unwrap_or_else(|e| e.into_inner());
+            let m = self.logs.locked();
             match m.live.as_slice() {
                 [(_, only)] => Some(only.clone()),
                 _ => None,
@@ -266,8 +261,7 @@ impl ClientHandler for Relay {
     ) {
         let to = self
             .waiting
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
+            .locked()
             .get(&token_key(&params.progress_token))
             .cloned();
         match to {
@@ -276,7 +270,7 @@ impl ClientHandler for Relay {
                 let _ = to.peer.notify_progress(params).await;
             }
             None => {
-                let mut q = self.early.lock().unwrap_or_else(|e| e.into_inner());
+                let mut q = self.early.locked();
                 if q.len() == MAX_EARLY {
                     q.pop_front();
                 }

@@ -8,6 +8,7 @@
 //! never on a runtime worker. Subscribers talk to it through [`Watcher::subscribe`]; the
 //! returned [`Subscription`] is the refcount, and dropping it lets go.
 
+use crate::sync::Recover;
 use std::collections::HashMap;
 use std::ffi::{CStr, CString};
 use std::io;
@@ -171,11 +172,7 @@ impl Watcher {
 
     /// `Some(ring)` if `uri` is being watched now (the ring is `None` for a state URI).
     pub fn active(&self, uri: &str) -> Option<Option<Arc<EventRing>>> {
-        self.active
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .get(uri)
-            .cloned()
+        self.active.locked().get(uri).cloned()
     }
 }
 
@@ -368,10 +365,7 @@ fn run(
                         "file subscription"
                     );
                     if let Ok(ring) = &r {
-                        active
-                            .lock()
-                            .unwrap_or_else(|e| e.into_inner())
-                            .insert(uri.clone(), ring.clone());
+                        active.locked().insert(uri.clone(), ring.clone());
                     }
                     let r = r.map(|ring| Subscription {
                         uri,
@@ -391,10 +385,7 @@ fn run(
                             watched_dirs = machine.watched_dirs(),
                             "file subscription ended"
                         );
-                        active
-                            .lock()
-                            .unwrap_or_else(|e| e.into_inner())
-                            .remove(&uri);
+                        active.locked().remove(&uri);
                     }
                 }
                 Ok(Command::Stop) | Err(mpsc::TryRecvError::Disconnected) => return,

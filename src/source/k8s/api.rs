@@ -24,6 +24,7 @@
 //! client from a kubeconfig, `api/discovery.rs` discovers and resolves resource types,
 //! `api/body.rs` reads response bodies.
 
+use crate::sync::Recover;
 use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -141,7 +142,7 @@ impl From<SourceError> for ApiError {
 impl ClusterClient {
     /// Lane `i` (lane 0 always exists).
     fn lane(&self, i: usize) -> Arc<Lane> {
-        self.lanes.lock().unwrap_or_else(|e| e.into_inner())[i].clone()
+        self.lanes.locked()[i].clone()
     }
 
     /// A lane with room for one more watch stream, opening another (another connection)
@@ -156,7 +157,7 @@ impl ClusterClient {
                 Some((lane.clone(), p))
             })
         };
-        if let Some(got) = free(&self.lanes.lock().unwrap_or_else(|e| e.into_inner())) {
+        if let Some(got) = free(&self.lanes.locked()) {
             return Ok(got);
         }
         let config = self.config.clone();
@@ -173,10 +174,7 @@ impl ClusterClient {
             .clone()
             .try_acquire_owned()
             .map_err(|_| unavailable("a new connection had no room".into()))?;
-        self.lanes
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .push(lane.clone());
+        self.lanes.locked().push(lane.clone());
         Ok((lane, p))
     }
 
@@ -455,7 +453,7 @@ impl Api {
             key.kubeconfig = self.kubeconfigs.first().map(|(n, _)| n.clone());
         }
         let cell = {
-            let mut clients = self.clients.lock().unwrap_or_else(|e| e.into_inner());
+            let mut clients = self.clients.locked();
             // A client refused its credentials long enough ago: replace it.
             let stale = clients.get(&key).and_then(|c| c.get()).is_some_and(|c| {
                 c.refused.load(Ordering::Relaxed) && c.built.elapsed() >= REBUILD_AFTER_401
@@ -490,7 +488,7 @@ impl Api {
             .cloned();
         if built.is_err() {
             // Not kept: the next use tries again, and a bad name leaves nothing behind.
-            let mut clients = self.clients.lock().unwrap_or_else(|e| e.into_inner());
+            let mut clients = self.clients.locked();
             if clients
                 .get(&key)
                 .is_some_and(|c| Arc::ptr_eq(c, &cell) && !c.initialized())

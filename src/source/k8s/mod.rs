@@ -32,6 +32,7 @@ mod tools;
 pub mod uri;
 pub mod watcher;
 
+use crate::sync::Recover;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
@@ -163,7 +164,7 @@ impl K8s {
 
     /// A hold on the watcher of `uri`, starting it if none runs.
     fn lease(&self, uri: &str, sel: Selection) -> Result<Lease, SourceError> {
-        let mut watchers = self.watchers.lock().unwrap_or_else(|e| e.into_inner());
+        let mut watchers = self.watchers.locked();
         watchers.retain(|_, w| w.strong_count() > 0);
         let w = match watchers.get(uri).and_then(Weak::upgrade) {
             Some(w) => w,
@@ -235,8 +236,7 @@ impl K8s {
     /// How many watchers are running (tests and metrics).
     pub fn running(&self) -> usize {
         self.watchers
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
+            .locked()
             .values()
             .filter(|w| w.strong_count() > 0)
             .count()

@@ -16,6 +16,7 @@
 //!
 //! The tools (their listing and calls) are `tools.rs`; the tests are `tests.rs`.
 
+use crate::sync::RecoverRw;
 use std::collections::BTreeMap;
 use std::sync::RwLock;
 
@@ -104,7 +105,7 @@ impl State {
         let mut f = Map::new();
         f.insert("key".into(), Value::from(key));
         let kind = {
-            let mut notes = self.notes.write().unwrap_or_else(|e| e.into_inner());
+            let mut notes = self.notes.write_locked();
             match (value, old) {
                 (Some(v), old) => {
                     notes.insert(key.to_owned(), v.clone());
@@ -194,7 +195,7 @@ impl Memo {
     }
 
     fn snapshot(&self) -> Value {
-        let notes = self.notes.read().unwrap_or_else(|e| e.into_inner());
+        let notes = self.notes.read_locked();
         Value::Object(notes.iter().map(|(k, v)| (k.clone(), v.clone())).collect())
     }
 
@@ -222,12 +223,7 @@ impl Memo {
             Backend::Store(_) => None,
         };
         let mut total = self.writes.lock().await;
-        let old = self
-            .notes
-            .read()
-            .unwrap_or_else(|e| e.into_inner())
-            .get(key)
-            .cloned();
+        let old = self.notes.read_locked().get(key).cloned();
         if old.as_ref() == Some(&value) {
             return Ok(false);
         }
@@ -274,13 +270,7 @@ impl Memo {
             Backend::Store(_) => None,
         };
         let mut total = self.writes.lock().await;
-        let Some(old) = self
-            .notes
-            .read()
-            .unwrap_or_else(|e| e.into_inner())
-            .get(key)
-            .cloned()
-        else {
+        let Some(old) = self.notes.read_locked().get(key).cloned() else {
             return Ok(false);
         };
         match &self.backend {
@@ -302,11 +292,7 @@ impl Memo {
     }
 
     fn get(&self, key: &str) -> Option<Value> {
-        self.notes
-            .read()
-            .unwrap_or_else(|e| e.into_inner())
-            .get(key)
-            .cloned()
+        self.notes.read_locked().get(key).cloned()
     }
 
     /// Waits until note `key` next changes (set to another value, or deleted), at most

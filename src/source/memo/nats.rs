@@ -16,6 +16,7 @@
 //!   resumes where it was. A watch that ends is opened again from the last revision applied.
 //!   Nothing of the notes is kept locally.
 
+use crate::sync::RecoverRw;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -242,13 +243,7 @@ impl Follower {
         };
         {
             let mut total = self.state.writes.lock().await;
-            let old = self
-                .state
-                .notes
-                .read()
-                .unwrap_or_else(|e| e.into_inner())
-                .get(&key)
-                .cloned();
+            let old = self.state.notes.read_locked().get(&key).cloned();
             let old_size = old.as_ref().map_or(0, |o| key.len() + stored_len(o));
             let new_size = value.as_ref().map_or(0, |v| key.len() + stored_len(v));
             *total = *total - old_size + new_size;

@@ -15,6 +15,7 @@
 //! while connected, and on the next hello. A first-ever boot backfills nothing: "from now" is
 //! the only honest start for a buffer that has never been live.
 
+use crate::sync::Recover;
 use std::collections::BTreeSet;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -228,7 +229,7 @@ pub async fn list(core: &Core) -> Result<Vec<(String, &'static str)>, ApiError> 
             },
         )
         .await?;
-    let mut known = core.conversations.lock().unwrap_or_else(|e| e.into_inner());
+    let mut known = core.conversations.locked();
     for (id, kind) in &out {
         known.insert(id.clone(), kind);
     }

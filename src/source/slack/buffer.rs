@@ -16,6 +16,7 @@
 //!   [`Buffer::take_unwritten`] and published to the workspace's stream (`shared`), and what the
 //!   stream delivers is applied with its own seq by [`Buffer::insert_at`].
 
+use crate::sync::Recover;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -388,7 +389,7 @@ impl Buffer {
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Inner> {
-        self.inner.lock().unwrap_or_else(|e| e.into_inner())
+        self.inner.locked()
     }
 
     /// Adds `p` unless its `channel:ts` is held or it is older than the retention; returns

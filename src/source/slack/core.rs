@@ -2,6 +2,7 @@
 //! conversations it is in, the listens to wake, and the status the tool reports. Every event
 //! enters through [`Core::ingest`], whether from the socket or from a backfill.
 
+use crate::sync::{Recover, RecoverRw};
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, RwLock};
 
@@ -199,11 +200,11 @@ impl Core {
     }
 
     pub fn status(&self) -> std::sync::MutexGuard<'_, Status> {
-        self.status.lock().unwrap_or_else(|e| e.into_inner())
+        self.status.locked()
     }
 
     pub fn bot(&self) -> Option<BotIdentity> {
-        self.bot.read().unwrap_or_else(|e| e.into_inner()).clone()
+        self.bot.read_locked().clone()
     }
 
     /// Asks `auth.test` who the bot is, unless that is known.
@@ -220,7 +221,7 @@ impl Core {
             workspace_url: field("url"),
         };
         tracing::info!(user_id = %bot.user_id, workspace = %bot.workspace_url, "slack bot identified");
-        *self.bot.write().unwrap_or_else(|e| e.into_inner()) = Some(bot.clone());
+        *self.bot.write_locked() = Some(bot.clone());
         Ok(bot)
     }
 
@@ -234,8 +235,7 @@ impl Core {
             Some(t) => t.to_owned(),
             None => self
                 .conversations
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
+                .locked()
                 .get(channel)
                 .map(|t| (*t).to_owned())
                 .unwrap_or_else(|| "channel".to_owned()),
@@ -275,7 +275,7 @@ impl Core {
             return;
         };
         let matching: Vec<String> = {
-            let listens = self.listens.lock().unwrap_or_else(|e| e.into_inner());
+            let listens = self.listens.locked();
             listens
                 .iter()
                 .filter(|(_, (f, _))| f.matches(&held.posted))
@@ -327,8 +327,7 @@ pub struct ListenHold {
 impl ListenHold {
     pub fn new(core: Arc<Core>, uri: String, filter: MessageFilter) -> ListenHold {
         core.listens
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
+            .locked()
             .entry(uri.clone())
             .or_insert((filter, 0))
             .1 += 1;
@@ -338,7 +337,7 @@ impl ListenHold {
 
 impl Drop for ListenHold {
     fn drop(&mut self) {
-        let mut listens = self.core.listens.lock().unwrap_or_else(|e| e.into_inner());
+        let mut listens = self.core.listens.locked();
         if let Some((_, n)) = listens.get_mut(&self.uri) {
             *n -= 1;
             if *n == 0 {

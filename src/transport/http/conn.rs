@@ -11,6 +11,7 @@
 //! a request is in flight, from its head until its response body is done, so a listen
 //! stream is never cut, however quiet; its body has its own deadline instead.
 
+use crate::sync::Recover;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
@@ -123,7 +124,7 @@ impl Activity {
     }
 
     fn state(&self) -> std::sync::MutexGuard<'_, State> {
-        self.state.lock().unwrap_or_else(|e| e.into_inner())
+        self.state.locked()
     }
 
     /// Bytes arrived on the socket. With no request in flight they begin the next one's head,

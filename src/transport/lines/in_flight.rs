@@ -4,6 +4,7 @@
 //! connection that reached its limit and has nothing in flight again, or closes), which gives
 //! the allocator's free memory back to the system ([`give_back_memory`]).
 
+use crate::sync::Recover;
 use std::sync::Mutex;
 
 use rmcp::model::RequestId;
@@ -35,7 +36,7 @@ pub(super) struct InFlightLimit {
 
 impl InFlight {
     pub(super) fn running(&self) -> std::sync::MutexGuard<'_, Running> {
-        self.state.lock().unwrap_or_else(|e| e.into_inner())
+        self.state.locked()
     }
 
     pub(super) fn has_room(&self, limit: InFlightLimit) -> bool {
@@ -93,7 +94,7 @@ impl InFlight {
 /// A connection that goes away in a burst ends it too.
 impl Drop for InFlight {
     fn drop(&mut self) {
-        let r = self.state.get_mut().unwrap_or_else(|e| e.into_inner());
+        let r = self.state.locked_mut();
         if r.burst {
             give_back_memory();
         }

@@ -5,6 +5,7 @@
 //! failure (or a saved filter the start check now refuses) is kept and listed with
 //! `restore_failed`.
 
+use crate::sync::Recover;
 use std::sync::Arc;
 
 use serde_json::json;
@@ -88,8 +89,7 @@ impl WatchManager {
                     stats.set_reason(format!("its restore failed: {e}"));
                     self.inner
                         .watches
-                        .lock()
-                        .unwrap_or_else(|e| e.into_inner())
+                        .locked()
                         .entry(spec.name.clone())
                         .or_insert_with(|| Entry {
                             spec: spec.clone(),

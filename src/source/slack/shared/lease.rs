@@ -6,6 +6,7 @@
 //! the socket, publish what is left and release the key. The holder writes the shared state
 //! row ([`write_state`]).
 
+use crate::sync::Recover;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
@@ -213,10 +214,7 @@ async fn hold(
     let mut beat = 0u64;
     let lease_value = |beat| feed.lease_value(beat);
     // Ids left unacknowledged by an earlier spell mean nothing in this one.
-    feed.unacked
-        .lock()
-        .unwrap_or_else(|e| e.into_inner())
-        .clear();
+    feed.unacked.locked().clear();
     let keep_for = cfg.stale * 2 / 3;
     // Anything ingested outside a spell (a reader that outlived its socket's close) is not
     // published under stale seqs: the backfill reads it again.
@@ -343,8 +341,7 @@ async fn hold(
             }
             let stuck = feed
                 .failing_since
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
+                .locked()
                 .is_some_and(|t| t.elapsed() >= keep_for);
             if stuck {
                 break 'held Ended::Lost(

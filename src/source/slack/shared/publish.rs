@@ -4,6 +4,7 @@
 //! awaits); a duplicate or a wrong last sequence that is not this process's own earlier
 //! publish means another process wrote, and this one is no longer the writer.
 
+use crate::sync::Recover;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Instant;
@@ -45,7 +46,7 @@ pub(super) async fn publisher(core: Arc<Core>, feed: Arc<Feed>) {
 }
 
 pub(super) fn failing(feed: &Feed, now_failing: bool) {
-    let mut f = feed.failing_since.lock().unwrap_or_else(|e| e.into_inner());
+    let mut f = feed.failing_since.locked();
     match (now_failing, f.is_some()) {
         (true, false) => *f = Some(Instant::now()),
         (false, true) => *f = None,
@@ -56,12 +57,7 @@ pub(super) fn failing(feed: &Feed, now_failing: bool) {
 /// The stream's last sequence, when its last message is one this process sent without an
 /// acknowledgement.
 async fn own_last(feed: &Feed) -> Option<u64> {
-    if feed
-        .unacked
-        .lock()
-        .unwrap_or_else(|e| e.into_inner())
-        .is_empty()
-    {
+    if feed.unacked.locked().is_empty() {
         return None;
     }
     let stream = feed.js.get_stream(&feed.stream).await.ok()?;
@@ -77,11 +73,7 @@ async fn own_last(feed: &Feed) -> Option<u64> {
         .get(async_nats::header::NATS_MESSAGE_ID)?
         .as_str()
         .to_owned();
-    feed.unacked
-        .lock()
-        .unwrap_or_else(|e| e.into_inner())
-        .remove(&id)
-        .then_some(last.sequence)
+    feed.unacked.locked().remove(&id).then_some(last.sequence)
 }
 
 /// Why a publish did not go through.
@@ -122,11 +114,7 @@ pub(super) async fn publish_pending(core: &Core, feed: &Feed) -> Result<(), Refu
             Ok(Ok(ack))
                 if ack.duplicate
                     && ack.sequence > expected
-                    && feed
-                        .unacked
-                        .lock()
-                        .unwrap_or_else(|e| e.into_inner())
-                        .remove(&id) =>
+                    && feed.unacked.locked().remove(&id) =>
             {
                 // This process's own earlier publish of it, landed after all.
                 expected = ack.sequence;
@@ -145,10 +133,7 @@ pub(super) async fn publish_pending(core: &Core, feed: &Feed) -> Result<(), Refu
                 metrics::NATS_PUBLISH_MICROS
                     .fetch_add(clock.elapsed().as_micros() as u64, Ordering::Relaxed);
                 failing(feed, false);
-                feed.unacked
-                    .lock()
-                    .unwrap_or_else(|e| e.into_inner())
-                    .remove(&id);
+                feed.unacked.locked().remove(&id);
                 if !ack.duplicate {
                     expected = ack.sequence;
                     *writer = Some(expected);
@@ -172,10 +157,7 @@ pub(super) async fn publish_pending(core: &Core, feed: &Feed) -> Result<(), Refu
             Ok(Err(e)) => {
                 metrics::NATS_PUBLISH_FAILURES.fetch_add(1, Ordering::Relaxed);
                 failing(feed, true);
-                feed.unacked
-                    .lock()
-                    .unwrap_or_else(|e| e.into_inner())
-                    .insert(id.clone());
+                feed.unacked.locked().insert(id.clone());
                 tracing::warn!(error = %e, "cannot publish to the slack stream; retrying");
                 core.buffer.restore_unwritten(&rows[i..]);
                 return Err(Refused::Failed);
@@ -183,10 +165,7 @@ pub(super) async fn publish_pending(core: &Core, feed: &Feed) -> Result<(), Refu
             Err(_) => {
                 metrics::NATS_PUBLISH_FAILURES.fetch_add(1, Ordering::Relaxed);
                 failing(feed, true);
-                feed.unacked
-                    .lock()
-                    .unwrap_or_else(|e| e.into_inner())
-                    .insert(id.clone());
+                feed.unacked.locked().insert(id.clone());
                 tracing::warn!(servers = %feed.servers, "no acknowledgement from NATS in time; retrying");
                 core.buffer.restore_unwritten(&rows[i..]);
                 return Err(Refused::Failed);
