@@ -14,6 +14,7 @@ mod file;
 mod filter;
 mod flood;
 mod gateway;
+mod house;
 mod k8s;
 mod kube_fake;
 mod legacy;
