@@ -7,7 +7,9 @@
 //! wherever the write happened (a client's last line, the notice thread, a code-mode value).
 //! Nothing it would still print could be read, and a process that keeps running after its
 //! stdout is gone only hides that from the pipeline. The store needs no goodbye: it is
-//! crash-safe (redb), and every write a caller was told is durable already is.
+//! crash-safe (redb), and every write a caller was told is durable already is. The one
+//! exception is `herald up` ([`keep_running_when_stdout_closes`]): its stdout only carries
+//! notices, so a closed stdout is a failed write its sink logs once, and the endpoint serves on.
 
 use std::io::{self, IsTerminal as _};
 use std::sync::atomic::{AtomicBool, Ordering};

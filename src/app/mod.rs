@@ -13,6 +13,14 @@
 //! stop(&ctx, &systemd)                       // STOPPING=1, STATUS=draining, EXTEND_TIMEOUT_USEC, drain
 //! ```
 //!
+//! Shutdown keeps two tokens apart. `shutdown` (SIGINT, SIGTERM, or stdin closing when stdio is
+//! served: the client that started the process has gone) stops the accept loops and ends every
+//! listen, which answers with its final result. `sessions` is cancelled later, once no listen runs
+//! (at most [`GRACE`]) and `FLUSH` (250 ms) more has let those results reach the wire; it ends the
+//! MCP sessions themselves (stdio, HTTP connections, QUIC streams). [`drain`] then waits for the
+//! role's tracker at most [`DRAIN`] and names whatever still runs; [`stop`] is the same, told to
+//! systemd (`STOPPING=1`, then each second a `STATUS=` and `EXTEND_TIMEOUT_USEC`).
+//!
 //! [`systemd`] is the notify socket and socket activation; [`admin`] the admin address;
 //! [`console`] what the process prints outside the protocol (stdout, and colour on stderr).
 

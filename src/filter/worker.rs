@@ -5,7 +5,9 @@
 //! It speaks the [`pipe`](super::pipe) protocol on stdin/stdout, one request at a time.
 //!
 //! The worker caps its own data segment (`RLIMIT_DATA`); an allocation past it aborts the
-//! process, and the parent reports the event's failure and starts a new worker.
+//! process, and the parent reports the event's failure and starts a new worker. The parent
+//! starts it with an empty environment in `/`, with `no_new_privs`, and it dies with herald
+//! (`PR_SET_PDEATHSIG`).
 
 use std::collections::HashMap;
 use std::io::{BufRead, Write};

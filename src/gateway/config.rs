@@ -19,6 +19,14 @@
 //! sha256 = "9f86d081884c7d65..."    # printf %s TOKEN | sha256sum
 //! slugs = ["memo", "cluster"]       # or ["*"]
 //! ```
+//!
+//! Validation makes a [`GatewayConfig`] or an error naming the slug or token at fault: a slug
+//! name is `[a-z0-9][a-z0-9-]*` (so `__` and `+` always separate a slug from a name or a URI),
+//! each slug has one target, a token is a SHA-256 hex entitled to slugs or `*`; with
+//! `open_to_loopback` every listen address must be loopback ([`open_on_loopback_only`]).
+//! `herald check FILE` loads a config the same way (exit 64 on an error) and warns loudly for
+//! one with no tokens that listens beyond loopback: valid for stdio callers, but every caller
+//! from another host would be refused.
 
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};

@@ -6,7 +6,10 @@
 //!
 //! - **Who may call what**: each request's [`Caller`](crate::mcp::source::Caller) (the
 //!   bearer token, `?servers=`) becomes the set of slugs it may use; anything outside it is
-//!   Forbidden (-32024) with one message whether the slug exists or not.
+//!   Forbidden (-32024) with one message whether the slug exists or not. A caller is known when
+//!   it is local (stdio, `herald up`'s pipes), let in by `open_to_loopback`, or presents a
+//!   configured token (its SHA-256 checked against every hash in constant time); over HTTP any
+//!   other caller gets `401` before its request is read.
 //! - **Tools** `slug__tool`, forwarded with the prefix stripped; results and errors unchanged.
 //!   A `[[slug]]` with `prefix = false` (at most one) keeps its names bare: a name it lists
 //!   routes to it first (`Access::route_name`).
@@ -23,6 +26,11 @@
 //! and its catalog, refreshed on every connect.
 //! - **Listens**: one upstream subscription per watched URI, shared by every client watching
 //!   it (refcounted by the hub's watch guards), resubscribed with backoff while clients stay.
+//!   Admission starts or joins each URI's subscription as routed for this caller and waits (at
+//!   most 5 s, in parallel) for the upstream's acknowledgment, so the gateway's ack names only
+//!   what the upstreams accepted. A slug holds at most its `max_listens` of them on its one
+//!   connection (48 for an outside server, which allows 64; 65,536 in `herald up`); past that
+//!   a URI is left out of the ack, with the reason logged.
 //! - **Tool and prompt lists** (`lists.rs`): a slug whose server says its lists change is
 //!   listened to for those changes (an older server tells the connection's handler); each
 //!   change refreshes the slug's catalog and reaches the gateway's own listens that asked, as

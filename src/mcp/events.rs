@@ -8,7 +8,14 @@
 //!
 //! A poll with a `timeoutMs` is a long poll: it waits on the source's [`ChangeFeed`] for the
 //! ring's URI (no timer looks for work) and answers as soon as an event is there, or when the
-//! timeout (at most [`MAX_TIMEOUT`]) runs out.
+//! timeout (at most [`MAX_TIMEOUT`]) runs out. It registers on the feed before it first looks,
+//! so an event pushed in between is not missed; at shutdown the server asks a waiting poll
+//! again without the wait (`server.rs`), so it answers at once.
+//!
+//! A result's `eventId` is `<uri>#<seq>` and its cursor the last `seq` returned; a null cursor
+//! answers no events and the ring's head. A cursor the ring has dropped events past reads
+//! `truncated: true`. A source leases at most [`MAX_POLL_LEASES`] URIs at once, each for
+//! [`POLL_LEASE`] after its last poll, by one timer per lease.
 
 use crate::sync::Recover;
 use std::collections::HashMap;

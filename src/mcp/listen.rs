@@ -8,8 +8,14 @@
 //! its task pushes, the client going away and the server's shutdown; it writes each pending
 //! URI, each accepted list's change (`notifications/tools/list_changed`, see
 //! [`crate::mcp::lists`]) and each newer task state to a [`ListenOut`] under one stall
-//! deadline per batch. See
-//! the invariants in `docs/ARCHITECTURE.md` (stall, coalescing, tasks).
+//! deadline per batch (`--listen-stall-ms`).
+//!
+//! A stream whose batch cannot be written within the stall deadline ends with a JSON-RPC error
+//! (`data.reason: "stalled"`), not the graceful result: notifications were lost, so the client
+//! must listen again and read again. One slow reader never holds up a source or another
+//! connection. At shutdown the loop returns `Ok` and the listen's final result follows. An
+//! out's write may be cut off by the stall deadline or by shutdown, so every [`ListenOut`]
+//! leaves its transport's framing whole when a write is dropped.
 
 use std::future::Future;
 use std::time::Duration;

@@ -4,6 +4,13 @@
 //! share one ring; each reader keeps its own last-seen `seq`. `seq` starts at the ring's creation
 //! time in microseconds since the epoch, so it keeps increasing across restarts of the source, and
 //! a client that watched the previous process sees a GAP instead of silently skipping events.
+//!
+//! Each event is serialized once, when pushed, and a read is the concatenation of those texts.
+//! A ring is bounded in events (`--ring-capacity`) and in bytes ([`RING_BYTES`]): when full, the
+//! oldest event goes, and a reader past it sees a GAP. Each event's push time is kept beside it
+//! (not in the read shape) for `events/poll`. [`EventRing::read_json_after`] serves a reader that
+//! has everything up to a `seq`: the events after it, led by the newest one at or before it as
+//! an anchor, so the reader's GAP rule reads it as it reads the whole ring.
 
 use crate::sync::Recover;
 use std::collections::VecDeque;

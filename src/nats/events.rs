@@ -18,6 +18,13 @@
 //!   source publishes them); `events/poll` maps its arguments to the URI as the source would
 //!   (the mapping is handed in: roles never import each other). The source's tools are not
 //!   served: this is a read-only view of its event logs.
+//!
+//! A mirror keeps what it received as it was numbered: a hole in the seqs (events it never
+//! received) stays a hole that readers see as a GAP or `truncated`, and a reader whose cursor
+//! is past the mirror's head waits rather than being sent events again. Each event names its
+//! publisher; events of another publisher below a ring's head (a restart whose clock is
+//! behind, or two processes publishing under one name) start that ring over, which readers of
+//! the old numbering see. A mirror keeps at most 4,096 rings; past that, the stalest goes.
 
 use crate::sync::{Recover, RecoverRw};
 use std::collections::BTreeMap;

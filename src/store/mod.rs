@@ -1,10 +1,14 @@
 //! The store: one redb file per process, and the only module that names redb.
 //!
 //! Every role that keeps state (memo notes, the QUIC identity, saved watch specs, the
-//! sealed Slack buffer, later the task table) keeps it here, as byte values under string keys in one of a
+//! sealed Slack buffer, the tasks) keeps it here, as byte values under string keys in one of a
 //! fixed set of [`Table`]s. Writes go to a single writer thread through a bounded channel; the
 //! thread folds whatever is queued into one transaction, so a burst of writes costs one commit.
 //! Reads run on tokio's blocking pool. Nothing here blocks a runtime worker.
+//!
+//! A write's future resolves once the write is durable. When the writer is behind and the
+//! channel is full, the caller waits for room on the blocking pool, never on a runtime worker.
+//! Opening checks the schema version and refuses a file a newer herald wrote.
 //!
 //! redb holds an exclusive file lock, so a second process that opens the same file gets
 //! [`StoreError::Locked`], which names the file, the holder's pid (from the [`pid_file`] the

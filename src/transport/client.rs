@@ -4,6 +4,15 @@
 //! Connections open with `server/discover` (2026-07-28) and fall back to `initialize` for older
 //! servers, which then still serve tools and reads; [`Connection::is_modern`] tells a caller
 //! whether `subscriptions/listen` is available.
+//!
+//! A network server has a bounded time from the first packet to the end of the handshake
+//! ([`connect_within`], [`DEFAULT_CONNECT_TIMEOUT`]); a command is not bounded here. A stdio
+//! server runs in a process group of its own (a terminal's Ctrl-C is herald's), without
+//! herald's secrets in its environment, and is killed when its connection is dropped.
+//! [`Connection::call_tool`] follows a server's `input_required` rounds to the final result.
+//! [`http_client`] builds every reqwest client herald uses (resolving in Rust, and trusting no
+//! CA rather than failing where the system has none); MCP upstreams share one pooled HTTP/1.1
+//! client per process.
 
 use std::ops::Deref;
 use std::process::Stdio;

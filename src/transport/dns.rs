@@ -10,7 +10,7 @@
 //! chroot with no `/etc` at all included (`localhost` is answered without any file, as RFC 6761
 //! asks).
 //!
-//! Every outgoing connection to a user-given host name goes through here: QUIC upstreams
+//! Outgoing connections to a user-given host name go through here: QUIC upstreams
 //! ([`quic::connect`](super::quic::connect)) and Slack's Socket Mode WebSocket
 //! ([`connect_tcp`]). HTTP clients (rmcp's Streamable HTTP client, the webhook sink, Slack's
 //! Web API, the admin client) are reqwest clients made by
@@ -18,6 +18,10 @@
 //! resolver, files read per lookup (reqwest's own hickory resolver would fall back to public
 //! name servers when `/etc/resolv.conf` is missing, sending internal names, and then tokens,
 //! out). Bind addresses are not resolved here.
+//!
+//! Two clients do not come here yet, and so resolve through glibc: NATS (async-nats looks a
+//! server's name up with `tokio::net::lookup_host`) and the Kubernetes API client
+//! (`source::k8s::api`, hyper-util's `HttpConnector`, `getaddrinfo`).
 //!
 //! The files are read when a [`Resolver`] is made, and [`lookup`] makes one per call: a
 //! connect is rare (a start, a reconnect after backoff), and an edited `/etc/hosts` or

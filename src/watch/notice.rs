@@ -8,6 +8,11 @@
 //! first and after the last), and identical lines into `line ×N`; a line never merges across
 //! another line about the same object, so `ADDED`, `DELETED` and `MODIFIED` keep their order.
 //!
+//! Server data cannot break out of a notice: a line loses its control characters (no value
+//! starts a new line) and is cut at [`MAX_LINE_CHARS`], and the `<watch-event>` block escapes
+//! `&`, `<` and `"` in its attributes and `&` and `<` in its lines. Merged lines are made safe
+//! when rendered, like the rest. The block is what an agent reads.
+//!
 //! Time is a parameter (`now`), so the debounce is tested without a clock.
 
 use std::collections::HashMap;

@@ -5,6 +5,15 @@
 //!
 //! Each in-process role is a gateway slug named after it, reached over an in-memory pipe
 //! (`mcp::upstream::local`), never a socket; the watch client reaches the gateway the same way.
+//! A pipe carries one listen stream per URI for every caller and watch sharing it, so the
+//! pipes take up to 65,536 streams each (the 64 meant for one outside client would cap the
+//! appliance); the gateway's own callers keep the usual limits.
+//!
+//! The order is a runner's (`app`): the admin address first, each role on its own
+//! `RoleContext::for_role`, the gateway's `serve_source` (never falling back to stdio, whose
+//! stdout carries notices), `READY=1`, the `listening` line, then the watch client. Ready
+//! means the endpoint answers and every role started, not that every watch has subscribed
+//! (`/status` lists the watches once they have).
 
 pub mod config;
 

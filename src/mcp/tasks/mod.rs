@@ -23,6 +23,10 @@
 //! Restart: the store keeps each task (made, and its end). At open, a task that had not ended
 //! reads as `failed` with an error saying the server restarted.
 //!
+//! Bounds: a server keeps at most [`MAX_TASKS`] tasks and a principal [`MAX_TASKS_PER_OWNER`];
+//! past either, the oldest ended task is forgotten early, and when all of them still run the
+//! call is refused.
+//!
 //! The pushes' side (the streams, the dispatcher, [`TaskListen`], [`TaskFeed`]) is `listen.rs`;
 //! the ttl's expiry loop is `expiry.rs`; tasks another server runs are `relay.rs`.
 

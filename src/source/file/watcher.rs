@@ -7,6 +7,11 @@
 //! watches, scanning a 100,000-file tree, stat'ing a settled path) happens on this thread,
 //! never on a runtime worker. Subscribers talk to it through [`Watcher::subscribe`]; the
 //! returned [`Subscription`] is the refcount, and dropping it lets go.
+//!
+//! The commands travel on a `std` channel with no capacity of its own, bounded by construction:
+//! every subscribe awaits its reply (one command per request in flight), and every unsubscribe
+//! is a dropped [`Subscription`] (one per live subscription). A subscription that would pass
+//! `--max-watches` (watched directories) fails whole and leaves no watch behind.
 
 use crate::sync::Recover;
 use std::collections::HashMap;

@@ -10,8 +10,10 @@
 //!   What kube cannot serve (a proxy URL, an unknown auth provider) is refused when the
 //!   cluster's client is first built, naming the field and `--watch-via kubectl`.
 //! - **Connections.** The client is hyper's pooled client with HTTP/2 offered by ALPN beside
-//!   HTTP/1.1: against a real API server (TLS, h2) every list and watch of a cluster shares
-//!   one connection; a plain-HTTP server gets HTTP/1.1, one connection per open watch.
+//!   HTTP/1.1: against a real API server (TLS, h2) a cluster's lists and watches share one
+//!   connection, another one (a lane) opened for each [`STREAMS_PER_CONNECTION`] watches, so
+//!   no watch queues behind the server's stream limit; a plain-HTTP server gets HTTP/1.1, one
+//!   connection per open watch.
 //! - **Discovery** lists the preferred version of every API group once per cluster (again,
 //!   at most every [`REDISCOVER`], when a resource is not found, so a CRD installed later is
 //!   seen). A resource is named as kubectl names it: plural, singular, short name or kind,

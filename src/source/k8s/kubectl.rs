@@ -1,6 +1,13 @@
 //! Running the real `kubectl`: the arguments for a cluster and a selection, one-shot commands
 //! with their errors made useful (`did you mean: ...`), the long-running `get -w`, the API
 //! resources list, and credentials re-minted by `--token-command` before each connect.
+//!
+//! Every kubectl herald starts dies with it (`PR_SET_PDEATHSIG`). At most 8 one-shot commands
+//! run at once (later ones wait their turn), each bounded in time and in output (64 MiB; past it
+//! the command is killed with an error); at most 32 waiting commands (`kubectl_wait`,
+//! `rollout_status`) run at once, and one more is refused. `--token-command` credentials go
+//! into kubeconfigs of mode 0600 in a private 0700 directory, never on a command line or in a
+//! log.
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};

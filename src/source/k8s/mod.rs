@@ -4,14 +4,19 @@
 //!
 //! - `kcp-events://watch/{workspace}/{resource}{?namespace,labelSelector,fieldSelector,kcp}`
 //!   and `k8s-events://watch/{resource}{?namespace,labelSelector,fieldSelector,context}`: one
-//!   [`watcher::Watcher`] per URI, shared by every listen stream watching it (refcounted by
-//!   the [`WatchGuard`]s) and stopped, with its watch stream, when the last one leaves.
+//!   [`watcher::Watcher`] per URI, shared by every holder (each listen stream's
+//!   [`WatchGuard`], each read, each poll lease) and stopped, with its watch stream, when the
+//!   last one leaves and the linger time (`--linger-ms`, 10 s) has passed, so a client that
+//!   listens again finds its ring and seqs where it left them. A read starts or joins the
+//!   watcher and awaits its seed (at most 20 s), so the first read returns the log or the API's
+//!   error. At most `--max-watchers` (256) URIs are watched; one more is refused naming the flag.
 //! - `kcp-api://{workspace}/resources{?kcp}` and `k8s-api://resources{?context}`: the API
 //!   resources list, readable, not watchable; `get_api_resources` returns the same JSON.
 //! - MCP Events: `k8s.changed` and `kcp.changed` take the watch URIs' parts as arguments and
 //!   poll the same rings; a poll holds its watcher for [`POLL_LEASE`] after the poll.
-//! - Tools: `kubectl_get` and `get_api_resources` (read-only); with `--read-write` also
-//!   `kubectl_apply` and `kubectl_delete` (destructive).
+//! - Tools: `kubectl_get` and `get_api_resources` (read-only), `kubectl_wait` and
+//!   `rollout_status` (read-only, may run as tasks); with `--read-write` also `kubectl_apply` and
+//!   `kubectl_delete` (destructive).
 //!
 //! This file holds the source itself: [`K8s`], its configuration, the shared, lingering
 //! watchers every holder leases, and the [`Source`] implementation, which hands each request

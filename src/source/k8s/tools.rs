@@ -1,5 +1,6 @@
-//! The k8s source's tools: `kubectl_get` and `get_api_resources` (read-only), and with
-//! `--read-write` `kubectl_apply` and `kubectl_delete` (destructive). Their schemas, the
+//! The k8s source's tools: `kubectl_get` and `get_api_resources` (read-only), `kubectl_wait`
+//! and `rollout_status` (read-only; they may run as tasks, and `tasks/cancel` stops kubectl),
+//! and with `--read-write` `kubectl_apply` and `kubectl_delete` (destructive). Their schemas, the
 //! checks of their arguments (a name never becomes a flag) and their dispatch.
 
 use rmcp::model::{CallToolResult, ContentBlock as Content, JsonObject, Tool, ToolAnnotations};
