@@ -71,7 +71,12 @@ pub async fn listening(child: &mut Child) -> Value {
 /// Runs `herald --log-format json ARGS` (a server role) and returns it with its `listening`
 /// line.
 pub async fn serve(args: &[&str]) -> (Child, Value) {
-    let mut child = tokio::process::Command::new(BIN)
+    serve_with(BIN, args).await
+}
+
+/// [`serve`] with the herald binary at `bin` (this build's or a baseline's).
+pub async fn serve_with(bin: &str, args: &[&str]) -> (Child, Value) {
+    let mut child = tokio::process::Command::new(bin)
         .arg("--log-format")
         .arg("json")
         .args(args)
@@ -83,6 +88,150 @@ pub async fn serve(args: &[&str]) -> (Child, Value) {
         .expect("spawn herald");
     let v = listening(&mut child).await;
     (child, v)
+}
+
+// === Before and after: A-B-B-A against a baseline binary ===
+//
+// With `HERALD_BENCH_BASELINE=/path/to/an/older/herald`, a bench runs each measured case with
+// that binary and with this build in turn, in the same run, and prints this build's figures
+// over the baseline's. Every process a case spawns must come from the side's binary
+// ([`Build::bin`]). Both binaries must be built with one profile (`cargo bench` builds this one
+// with the bench profile, which measured 15-20 % slower than the release profile's fat LTO).
+
+/// The herald binary one run of a case uses, and the share of the case's work it does.
+#[derive(Clone, Copy, Debug)]
+pub struct Build {
+    pub bin: &'static str,
+    /// The baseline's binary, not this build's.
+    pub baseline: bool,
+    /// How many runs of this side the case makes (1 alone, 2 in A-B-B-A).
+    runs: usize,
+}
+
+impl Build {
+    /// This build, alone: the whole of the work in one run.
+    pub const THIS: Build = Build {
+        bin: BIN,
+        baseline: false,
+        runs: 1,
+    };
+
+    /// `name`, or `name (baseline)`.
+    pub fn label(&self, name: &str) -> String {
+        if self.baseline {
+            format!("{name} (baseline)")
+        } else {
+            name.to_owned()
+        }
+    }
+
+    /// This run's share of `n` units of work (calls, rounds): all of it alone, half in
+    /// A-B-B-A (at least 1).
+    pub fn part(&self, n: usize) -> usize {
+        (n / self.runs).max(1)
+    }
+}
+
+/// The baseline binary of `HERALD_BENCH_BASELINE`, if it is set (and not empty), as an
+/// absolute path (a gateway's stdio slug runs it too).
+pub fn baseline() -> Option<&'static str> {
+    let path = std::env::var("HERALD_BENCH_BASELINE").ok()?;
+    if path.is_empty() {
+        return None;
+    }
+    let full = std::fs::canonicalize(&path)
+        .unwrap_or_else(|e| panic!("HERALD_BENCH_BASELINE={path}: {e}"));
+    assert!(full.is_file(), "HERALD_BENCH_BASELINE={path}: not a file");
+    let full = full
+        .into_os_string()
+        .into_string()
+        .expect("HERALD_BENCH_BASELINE: a UTF-8 path");
+    Some(Box::leak(full.into_boxed_str()))
+}
+
+/// What each side of a case measured, one entry per run in the order they ran (`baseline` is
+/// empty without a baseline).
+pub struct Sides<T> {
+    pub baseline: Vec<T>,
+    pub this: Vec<T>,
+}
+
+/// Runs one measured case. Without a baseline: `run(Build::THIS)` once. With one: A-B-B-A
+/// (baseline, this build, this build, baseline), each run doing half the work
+/// ([`Build::part`]): a run after another is a little slower on a small machine (measured:
+/// 1-8 % with the same binary twice), and the order cancels that.
+pub async fn compare<T>(
+    baseline: Option<&'static str>,
+    mut run: impl AsyncFnMut(Build) -> T,
+) -> Sides<T> {
+    let Some(bin) = baseline else {
+        return Sides {
+            baseline: Vec::new(),
+            this: vec![run(Build::THIS).await],
+        };
+    };
+    let base = Build {
+        bin,
+        baseline: true,
+        runs: 2,
+    };
+    let this = Build {
+        runs: 2,
+        ..Build::THIS
+    };
+    let a1 = run(base).await;
+    let b1 = run(this).await;
+    let b2 = run(this).await;
+    let a2 = run(base).await;
+    Sides {
+        baseline: vec![a1, a2],
+        this: vec![b1, b2],
+    }
+}
+
+/// Runs' durations together, sorted.
+pub fn merged<'a>(runs: impl IntoIterator<Item = &'a [Duration]>) -> Vec<Duration> {
+    let mut all: Vec<Duration> = runs.into_iter().flatten().copied().collect();
+    all.sort();
+    all
+}
+
+impl Sides<Vec<Duration>> {
+    /// Each side's runs merged and sorted: (baseline, this build).
+    pub fn latencies(&self) -> (Vec<Duration>, Vec<Duration>) {
+        (
+            merged(self.baseline.iter().map(Vec::as_slice)),
+            merged(self.this.iter().map(Vec::as_slice)),
+        )
+    }
+}
+
+/// Prints `NAME: this build / baseline: p50 X.XXx, p99 Y.YYx` from each side's latencies
+/// (sorted).
+pub fn print_ratio(name: &str, baseline: &[Duration], this: &[Duration]) {
+    let ratio = |q: f64| pct(this, q).as_secs_f64() / pct(baseline, q).as_secs_f64();
+    println!(
+        "{name}: this build / baseline: p50 {:.2}x, p99 {:.2}x",
+        ratio(0.5),
+        ratio(0.99)
+    );
+}
+
+/// Prints `NAME: this build / baseline: calls/s X.XXx` (a throughput: above 1 is faster).
+pub fn print_rate_ratio(name: &str, baseline: f64, this: f64) {
+    println!(
+        "{name}: this build / baseline: calls/s {:.2}x",
+        this / baseline
+    );
+}
+
+/// A header line naming the baseline, when there is one.
+pub fn print_baseline(baseline: Option<&str>) {
+    if let Some(b) = baseline {
+        println!(
+            "baseline (HERALD_BENCH_BASELINE): {b}; each case runs A-B-B-A, half the work per run"
+        );
+    }
 }
 
 // === Raw MCP over HTTP/1.1 (the gateway and fan-out benches) ===

@@ -17,6 +17,12 @@
 //! all of them within 200 ms (p99 of the 10 rounds); 1,000 streams within 20 ms.
 //!
 //! `cargo bench --bench fanout` (HERALD_FANOUT_SIZES overrides the sizes, e.g. "1000,10000").
+//! With `HERALD_BENCH_BASELINE=/path/to/an/older/herald`, each path at each size runs with that
+//! binary (the memo server, and the gateway) and this build's in turn (A-B-B-A, 5 of the 10
+//! rounds each, the streams opened anew for each run), in the same run, and prints
+//! `N streams, PATH, time to last stream: this build / baseline: p50 X.XXx, p99 Y.YYx`; the
+//! targets are checked on this build's runs together (RSS: the larger of its two). Build the
+//! baseline with the bench profile, as `cargo bench` builds this one (README, "Benchmarks").
 
 #[path = "common.rs"]
 mod common;
@@ -31,7 +37,9 @@ use tokio::process::Child;
 use tokio::sync::{Semaphore, mpsc};
 use tokio::task::JoinHandle;
 
-use common::{BIN, RawHttp, ms, pct, rss_kib, verdict};
+use common::{
+    BIN, Build, RawHttp, compare, ms, pct, print_baseline, print_ratio, rss_kib, verdict,
+};
 
 const URI: &str = "memo://notes";
 const ROUNDS: usize = 10;
@@ -315,9 +323,10 @@ enum Streams {
     },
 }
 
-/// Opens `n` streams, runs the rounds, closes the streams.
+/// Opens `n` streams, runs the rounds (this run's part of [`ROUNDS`]), closes the streams.
 async fn run(
     label: &'static str,
+    b: Build,
     n: usize,
     streams: Streams,
     memo_url: &str,
@@ -353,7 +362,7 @@ async fn run(
     let mut cpu = vec![Duration::ZERO; procs.len() + 1];
     if live > 0 {
         // Round 0 warms up.
-        for r in 0..=ROUNDS {
+        for r in 0..=b.part(ROUNDS) {
             if r == 1 {
                 cpu[0] = common::cpu_time(me);
                 for (c, (_, pid)) in cpu[1..].iter_mut().zip(procs) {
@@ -399,6 +408,7 @@ async fn run(
         .zip(before.iter().zip(&with))
         .map(|((name, _), (b, w))| (*name, *b, *w))
         .collect();
+    let shown = b.label(label);
     let rss_text: Vec<String> = rss
         .iter()
         .map(|(name, b, w)| {
@@ -411,17 +421,17 @@ async fn run(
         })
         .collect();
     if let Some(e) = &failed {
-        println!("  {label:<13} n={n}: FAILED {e}");
+        println!("  {shown:<13} n={n}: FAILED {e}");
     }
     if last.is_empty() {
         println!(
-            "  {label:<13} n={n}: no figures; RSS {}",
+            "  {shown:<13} n={n}: no figures; RSS {}",
             rss_text.join(", ")
         );
         return None;
     }
     println!(
-        "  {label:<13} n={n}: {live} streams open in {:.2} s | time to last stream p50 {} p99 {} | to the median stream p50 {}\n  {:<13} RSS {} | CPU per round (1 change, 10 ms ticks): {}",
+        "  {shown:<13} n={n}: {live} streams open in {:.2} s | time to last stream p50 {} p99 {} | to the median stream p50 {}\n  {:<13} RSS {} | CPU per round (1 change, 10 ms ticks): {}",
         took.as_secs_f64(),
         ms(pct(&last, 0.5)),
         ms(*last.last().unwrap()),
@@ -439,19 +449,65 @@ async fn run(
     })
 }
 
-async fn memo() -> (Child, Value) {
-    common::serve(&[
-        "--store",
-        ":memory:",
-        "memo",
-        "--http",
-        "127.0.0.1:0",
-        "--quic",
-        "127.0.0.1:0",
-        "--max-listen-streams",
-        MAX_STREAMS,
-    ])
+async fn memo(bin: &str) -> (Child, Value) {
+    common::serve_with(
+        bin,
+        &[
+            "--store",
+            ":memory:",
+            "memo",
+            "--http",
+            "127.0.0.1:0",
+            "--quic",
+            "127.0.0.1:0",
+            "--max-listen-streams",
+            MAX_STREAMS,
+        ],
+    )
     .await
+}
+
+impl Outcome {
+    /// One side's runs together: the rounds' figures merged; the RSS of the run whose first
+    /// process was largest with the streams open. None if a run had no figures.
+    fn merge(runs: Vec<Option<Outcome>>) -> Option<Outcome> {
+        let mut runs: Vec<Outcome> = runs.into_iter().collect::<Option<_>>()?;
+        if runs.len() == 1 {
+            return runs.pop();
+        }
+        let last = common::merged(runs.iter().map(|o| o.last.as_slice()));
+        let median = common::merged(runs.iter().map(|o| o.median.as_slice()));
+        let big = runs
+            .iter()
+            .max_by_key(|o| o.rss.first().map_or(0, |r| r.2))?;
+        Some(Outcome {
+            label: big.label,
+            n: big.n,
+            last,
+            median,
+            rss: big.rss.clone(),
+        })
+    }
+}
+
+/// One measured case at one size: without a baseline, one run; with one, A-B-B-A (half the
+/// rounds each) and the ratio line of the time to the last stream. This build's outcome.
+async fn case(
+    label: &str,
+    n: usize,
+    baseline: Option<&'static str>,
+    run: impl AsyncFnMut(Build) -> Option<Outcome>,
+) -> Option<Outcome> {
+    let sides = compare(baseline, run).await;
+    let this = Outcome::merge(sides.this);
+    if baseline.is_some() {
+        let name = format!("{n} streams, {label}, time to last stream");
+        match (Outcome::merge(sides.baseline), &this) {
+            (Some(before), Some(after)) => print_ratio(&name, &before.last, &after.last),
+            _ => println!("{name}: no ratio (a run had no figures)"),
+        }
+    }
+    this
 }
 
 async fn stop(mut child: Child) {
@@ -467,10 +523,12 @@ async fn main() {
         .ok()
         .map(|v| v.split(',').filter_map(|s| s.trim().parse().ok()).collect())
         .unwrap_or_else(|| vec![1_000, 10_000]);
+    let baseline = common::baseline();
     println!(
         "fan-out bench: subscriptions/listen on {URI}, one memo_set, {ROUNDS} rounds per size; open files {nofile}; load {} ({BIN})",
         common::load()
     );
+    print_baseline(baseline);
     let scratch = std::env::temp_dir().join(format!("herald-bench-fanout-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&scratch);
     std::fs::create_dir_all(&scratch).unwrap();
@@ -478,12 +536,13 @@ async fn main() {
     for &n in &sizes {
         println!("\n{n} streams:");
         // Straight to herald memo over HTTP.
-        let (m, v) = memo().await;
-        let url = v["http_url"].as_str().unwrap().to_owned();
-        let pid = m.id().unwrap();
-        outcomes.extend(
-            run(
+        let direct = case("direct HTTP", n, baseline, async |b: Build| {
+            let (m, v) = memo(b.bin).await;
+            let url = v["http_url"].as_str().unwrap().to_owned();
+            let pid = m.id().unwrap();
+            let o = run(
                 "direct HTTP",
+                b,
                 n,
                 Streams::Http {
                     url: url.clone(),
@@ -492,38 +551,45 @@ async fn main() {
                 &url,
                 &[("memo", pid)],
             )
-            .await,
-        );
-        stop(m).await;
+            .await;
+            stop(m).await;
+            o
+        })
+        .await;
+        outcomes.extend(direct);
 
         // Through herald gateway, whose slug is a memo server over HTTP.
-        let (m, v) = memo().await;
-        let memo_url = v["http_url"].as_str().unwrap().to_owned();
-        let memo_pid = m.id().unwrap();
-        let cfg = scratch.join("gateway.toml");
-        std::fs::write(
-            &cfg,
-            format!(
-                "[[slug]]\nname = \"m\"\nhttp = \"{memo_url}\"\n\n[[token]]\nname = \"bench\"\nsha256 = \"{}\"\nslugs = [\"*\"]\n",
-                hex::encode(sha2::Sha256::digest(TOKEN.as_bytes()))
-            ),
-        )
-        .unwrap();
-        let (gw, gv) = common::serve(&[
-            "--store",
-            ":memory:",
-            "gateway",
-            "--config",
-            cfg.to_str().unwrap(),
-            "--http",
-            "127.0.0.1:0",
-            "--max-listen-streams",
-            MAX_STREAMS,
-        ])
-        .await;
-        outcomes.extend(
-            run(
+        let gateway = case("gateway HTTP", n, baseline, async |b: Build| {
+            let (m, v) = memo(b.bin).await;
+            let memo_url = v["http_url"].as_str().unwrap().to_owned();
+            let memo_pid = m.id().unwrap();
+            let cfg = scratch.join("gateway.toml");
+            std::fs::write(
+                &cfg,
+                format!(
+                    "[[slug]]\nname = \"m\"\nhttp = \"{memo_url}\"\n\n[[token]]\nname = \"bench\"\nsha256 = \"{}\"\nslugs = [\"*\"]\n",
+                    hex::encode(sha2::Sha256::digest(TOKEN.as_bytes()))
+                ),
+            )
+            .unwrap();
+            let (gw, gv) = common::serve_with(
+                b.bin,
+                &[
+                    "--store",
+                    ":memory:",
+                    "gateway",
+                    "--config",
+                    cfg.to_str().unwrap(),
+                    "--http",
+                    "127.0.0.1:0",
+                    "--max-listen-streams",
+                    MAX_STREAMS,
+                ],
+            )
+            .await;
+            let o = run(
                 "gateway HTTP",
+                b,
                 n,
                 Streams::Http {
                     url: gv["http_url"].as_str().unwrap().to_owned(),
@@ -532,18 +598,22 @@ async fn main() {
                 &memo_url,
                 &[("gateway", gw.id().unwrap()), ("memo", memo_pid)],
             )
-            .await,
-        );
-        stop(gw).await;
-        stop(m).await;
+            .await;
+            stop(gw).await;
+            stop(m).await;
+            o
+        })
+        .await;
+        outcomes.extend(gateway);
 
         // Straight to herald memo over QUIC.
-        let (m, v) = memo().await;
-        let url = v["http_url"].as_str().unwrap().to_owned();
-        let pid = m.id().unwrap();
-        outcomes.extend(
-            run(
+        let quic = case("direct QUIC", n, baseline, async |b: Build| {
+            let (m, v) = memo(b.bin).await;
+            let url = v["http_url"].as_str().unwrap().to_owned();
+            let pid = m.id().unwrap();
+            let o = run(
                 "direct QUIC",
+                b,
                 n,
                 Streams::Quic {
                     addr: v["quic"].as_str().unwrap().to_owned(),
@@ -552,9 +622,12 @@ async fn main() {
                 &url,
                 &[("memo", pid)],
             )
-            .await,
-        );
-        stop(m).await;
+            .await;
+            stop(m).await;
+            o
+        })
+        .await;
+        outcomes.extend(quic);
     }
 
     println!();

@@ -18,6 +18,13 @@
 //! the gateway.
 //!
 //! `cargo bench --bench gateway` (HERALD_BENCH_N overrides the 2,000 sequential calls).
+//! With `HERALD_BENCH_BASELINE=/path/to/an/older/herald`, each case (direct, each slug kind,
+//! `herald up`) runs with that binary (the memo server, the gateway and its stdio child, or
+//! `herald up`) and this build's in turn (A-B-B-A, half the calls of both loads each), in the
+//! same run, and prints `NAME, 1 client: this build / baseline: p50 X.XXx, p99 Y.YYx` and
+//! `NAME, 64 clients: this build / baseline: calls/s Z.ZZx`; the ratios to direct and the
+//! targets are this build's runs together. Build the baseline with the bench profile, as
+//! `cargo bench` builds this one (README, "Benchmarks").
 
 #[path = "common.rs"]
 mod common;
@@ -30,7 +37,10 @@ use serde_json::json;
 use sha2::Digest as _;
 use tokio::process::Child;
 
-use common::{BIN, RawHttp, ms, pct, rss_kib, verdict};
+use common::{
+    BIN, Build, RawHttp, compare, ms, pct, print_baseline, print_rate_ratio, print_ratio, rss_kib,
+    verdict,
+};
 
 const WAIT: Duration = Duration::from_secs(60);
 /// The bearer token the bench's gateway config entitles to every slug.
@@ -63,9 +73,31 @@ struct Figures {
     seq: Vec<Duration>,
     /// 64 clients, sorted.
     conc: Vec<Duration>,
+    /// How long the 64-client calls took.
+    elapsed: Duration,
     rate: f64,
     errors: usize,
     first_error: Option<String>,
+}
+
+impl Figures {
+    /// One side's runs together: latencies merged, calls/s over all their calls and time.
+    fn merge(mut runs: Vec<Figures>) -> Figures {
+        if runs.len() == 1 {
+            return runs.pop().unwrap();
+        }
+        let seq = common::merged(runs.iter().map(|f| f.seq.as_slice()));
+        let conc = common::merged(runs.iter().map(|f| f.conc.as_slice()));
+        let elapsed = runs.iter().map(|f| f.elapsed).sum::<Duration>();
+        Figures {
+            rate: conc.len() as f64 / elapsed.as_secs_f64(),
+            seq,
+            conc,
+            elapsed,
+            errors: runs.iter().map(|f| f.errors).sum(),
+            first_error: runs.into_iter().find_map(|f| f.first_error),
+        }
+    }
 }
 
 /// Waits until a call succeeds (a gateway may still be connecting its upstream).
@@ -202,12 +234,13 @@ async fn probe(upstream_url: &str) -> Probe {
     }
 }
 
-/// Runs both loads against `ep`; with `upstream`, counts the connections that server accepted
-/// during the 64-client run.
+/// Runs both loads against `ep` (`n` sequential calls, `total` at 64 clients); with
+/// `upstream`, counts the connections that server accepted during the 64-client run.
 async fn measure(
     label: &str,
     ep: &Endpoint,
     n: usize,
+    total: usize,
     upstream: Option<&str>,
     procs: &[(&str, u32)],
 ) -> Figures {
@@ -221,7 +254,7 @@ async fn measure(
     let me = std::process::id();
     let cpu0: Vec<Duration> = procs.iter().map(|p| common::cpu_time(p.1)).collect();
     let own0 = common::cpu_time(me);
-    let (conc, elapsed, errors, first_error) = concurrent(ep, conns, TOTAL).await;
+    let (conc, elapsed, errors, first_error) = concurrent(ep, conns, total).await;
     let own = common::cpu_time(me) - own0;
     let cores = |d: Duration| d.as_secs_f64() / elapsed.as_secs_f64();
     let mut cpu = vec![format!("bench client {:.2}", cores(own))];
@@ -260,7 +293,7 @@ async fn measure(
             _ => (0, "the metric came and went: no figure".to_owned()),
         };
         println!(
-            "{:<22} upstream connections opened: {opened} for {TOTAL} calls at concurrency {CLIENTS} -> {} (<= {CLIENTS}) [{how}; after a warm-up of {CLIENTS}x5 calls]",
+            "{:<22} upstream connections opened: {opened} for {total} calls at concurrency {CLIENTS} -> {} (<= {CLIENTS}) [{how}; after a warm-up of {CLIENTS}x5 calls]",
             "",
             verdict(opened <= CLIENTS as u64)
         );
@@ -268,6 +301,7 @@ async fn measure(
     Figures {
         seq,
         conc,
+        elapsed,
         rate,
         errors,
         first_error,
@@ -313,6 +347,60 @@ async fn pipe_round_trip(n: usize) -> Duration {
     pct(&times, 0.5)
 }
 
+/// A `herald memo` serving HTTP and QUIC: the direct endpoint and every networked slug's
+/// upstream.
+struct Memo {
+    child: Child,
+    url: String,
+    quic: String,
+    pin: String,
+}
+
+async fn memo_server(bin: &str) -> Memo {
+    let (child, v) = common::serve_with(
+        bin,
+        &[
+            "--store",
+            ":memory:",
+            "memo",
+            "--http",
+            "127.0.0.1:0",
+            "--quic",
+            "127.0.0.1:0",
+        ],
+    )
+    .await;
+    Memo {
+        child,
+        url: v["http_url"].as_str().unwrap().to_owned(),
+        quic: v["quic"].as_str().unwrap().to_owned(),
+        pin: v["quic_fingerprint"].as_str().unwrap().to_owned(),
+    }
+}
+
+/// One measured case: `run` gives a run's figures and its gateway's RSS after it. Without a
+/// baseline, one run; with one, A-B-B-A and two ratio lines (1 client p50/p99, 64 clients
+/// calls/s). This build's figures, merged, and the RSS after its last run.
+async fn case(
+    label: &str,
+    baseline: Option<&'static str>,
+    run: impl AsyncFnMut(Build) -> (Figures, u64),
+) -> (Figures, u64) {
+    let sides = compare(baseline, run).await;
+    let rss = sides.this.last().map_or(0, |r| r.1);
+    let this = Figures::merge(sides.this.into_iter().map(|r| r.0).collect());
+    if baseline.is_some() {
+        let before = Figures::merge(sides.baseline.into_iter().map(|r| r.0).collect());
+        print_ratio(&format!("{label}, 1 client"), &before.seq, &this.seq);
+        print_rate_ratio(
+            &format!("{label}, {CLIENTS} clients"),
+            before.rate,
+            this.rate,
+        );
+    }
+    (this, rss)
+}
+
 #[tokio::main]
 async fn main() {
     common::raise_nofile();
@@ -320,90 +408,107 @@ async fn main() {
         .ok()
         .and_then(|v| v.parse().ok())
         .unwrap_or(2_000);
+    let baseline = common::baseline();
     println!(
         "gateway bench: tools/call memo_set over Streamable HTTP (raw HTTP/1.1 keep-alive client), {n} sequential calls, {TOTAL} calls at {CLIENTS} clients; load {} ({BIN})",
         common::load()
     );
+    print_baseline(baseline);
     let scratch = std::env::temp_dir().join(format!("herald-bench-gateway-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&scratch);
     std::fs::create_dir_all(&scratch).unwrap();
 
-    let (memo, v) = common::serve(&[
-        "--store",
-        ":memory:",
-        "memo",
-        "--http",
-        "127.0.0.1:0",
-        "--quic",
-        "127.0.0.1:0",
-    ])
-    .await;
-    let memo_url = v["http_url"].as_str().unwrap().to_owned();
-    let quic = v["quic"].as_str().unwrap().to_owned();
-    let pin = v["quic_fingerprint"].as_str().unwrap().to_owned();
+    // This build's memo server, then the baseline's: each side's runs use its own.
+    let mut memos = vec![memo_server(BIN).await];
+    if let Some(b) = baseline {
+        memos.push(memo_server(b).await);
+    }
+    let memo_of = |b: Build| &memos[usize::from(b.baseline)];
 
-    let direct = measure(
-        "direct",
-        &Endpoint {
-            url: memo_url.clone(),
+    let (direct, _) = case("direct", baseline, async |b: Build| {
+        let m = memo_of(b);
+        let ep = Endpoint {
+            url: m.url.clone(),
             token: None,
             tool: "memo_set",
-        },
-        n,
-        None,
-        &[("memo", memo.id().unwrap())],
-    )
+        };
+        let procs = [("memo", m.child.id().unwrap())];
+        let f = measure(
+            &b.label("direct"),
+            &ep,
+            b.part(n),
+            b.part(TOTAL),
+            None,
+            &procs,
+        )
+        .await;
+        (f, 0)
+    })
     .await;
 
     let slugs = [
-        (
-            "gateway, stdio slug",
-            "stdio",
-            format!("stdio = \"{BIN} --store :memory: memo\""),
-        ),
-        (
-            "gateway, HTTP slug",
-            "http",
-            format!("http = \"{memo_url}\""),
-        ),
-        (
-            "gateway, QUIC slug",
-            "quic",
-            format!("quic = \"{quic}\"\ntls_pin = \"{pin}\""),
-        ),
+        ("gateway, stdio slug", "stdio"),
+        ("gateway, HTTP slug", "http"),
+        ("gateway, QUIC slug", "quic"),
     ];
     let mut results: Vec<(&str, Figures, u64)> = Vec::new();
-    for (label, name, slug) in &slugs {
-        let cfg = gateway_config(&scratch, name, slug);
-        let (gw, v) = common::serve(&[
-            "--store",
-            ":memory:",
-            "gateway",
-            "--config",
-            cfg.to_str().unwrap(),
-            "--http",
-            "127.0.0.1:0",
-        ])
+    for (label, name) in slugs {
+        let (f, rss) = case(label, baseline, async |b: Build| {
+            let m = memo_of(b);
+            let slug = match name {
+                "stdio" => format!("stdio = \"{} --store :memory: memo\"", b.bin),
+                "http" => format!("http = \"{}\"", m.url),
+                _ => format!("quic = \"{}\"\ntls_pin = \"{}\"", m.quic, m.pin),
+            };
+            let file = if b.baseline {
+                format!("{name}-baseline")
+            } else {
+                name.to_owned()
+            };
+            let cfg = gateway_config(&scratch, &file, &slug);
+            let (gw, v) = common::serve_with(
+                b.bin,
+                &[
+                    "--store",
+                    ":memory:",
+                    "gateway",
+                    "--config",
+                    cfg.to_str().unwrap(),
+                    "--http",
+                    "127.0.0.1:0",
+                ],
+            )
+            .await;
+            let ep = Endpoint {
+                url: v["http_url"].as_str().unwrap().to_owned(),
+                token: Some(TOKEN),
+                tool: "m__memo_set",
+            };
+            let upstream = (name == "http").then_some(m.url.as_str());
+            let mut procs = vec![("gateway", gw.id().unwrap())];
+            procs.extend(
+                common::children(gw.id().unwrap())
+                    .into_iter()
+                    .map(|p| ("its memo child", p)),
+            );
+            if name != "stdio" {
+                procs.push(("memo", m.child.id().unwrap()));
+            }
+            let f = measure(
+                &b.label(label),
+                &ep,
+                b.part(n),
+                b.part(TOTAL),
+                upstream,
+                &procs,
+            )
+            .await;
+            let rss = rss_kib(gw.id().unwrap());
+            stop(gw).await;
+            (f, rss)
+        })
         .await;
-        let ep = Endpoint {
-            url: v["http_url"].as_str().unwrap().to_owned(),
-            token: Some(TOKEN),
-            tool: "m__memo_set",
-        };
-        let upstream = (*name == "http").then_some(memo_url.as_str());
-        let mut procs = vec![("gateway", gw.id().unwrap())];
-        procs.extend(
-            common::children(gw.id().unwrap())
-                .into_iter()
-                .map(|p| ("its memo child", p)),
-        );
-        if *name != "stdio" {
-            procs.push(("memo", memo.id().unwrap()));
-        }
-        let f = measure(label, &ep, n, upstream, &procs).await;
-        let rss = rss_kib(gw.id().unwrap());
         results.push((label, f, rss));
-        stop(gw).await;
     }
 
     // herald up: the memo role in the gateway's own process (slug `memo`).
@@ -413,32 +518,36 @@ async fn main() {
         "[listen]\nhttp = \"127.0.0.1:0\"\nquic = \"\"\nadmin = \"\"\n\n[memo]\n",
     )
     .unwrap();
-    let (up, v) = common::serve(&[
-        "--store",
-        ":memory:",
-        "up",
-        "--config",
-        up_cfg.to_str().unwrap(),
-    ])
+    let label = "herald up, in-process";
+    let (f, rss) = case(label, baseline, async |b: Build| {
+        let (up, v) = common::serve_with(
+            b.bin,
+            &[
+                "--store",
+                ":memory:",
+                "up",
+                "--config",
+                up_cfg.to_str().unwrap(),
+            ],
+        )
+        .await;
+        let ep = Endpoint {
+            url: v["http_url"].as_str().unwrap().to_owned(),
+            token: None,
+            tool: "memo__memo_set",
+        };
+        let procs = [("herald up", up.id().unwrap())];
+        let f = measure(&b.label(label), &ep, b.part(n), b.part(TOTAL), None, &procs).await;
+        let rss = rss_kib(up.id().unwrap());
+        stop(up).await;
+        (f, rss)
+    })
     .await;
-    let ep = Endpoint {
-        url: v["http_url"].as_str().unwrap().to_owned(),
-        token: None,
-        tool: "memo__memo_set",
-    };
-    let f = measure(
-        "herald up, in-process",
-        &ep,
-        n,
-        None,
-        &[("herald up", up.id().unwrap())],
-    )
-    .await;
-    let rss = rss_kib(up.id().unwrap());
-    results.push(("herald up, in-process", f, rss));
-    stop(up).await;
-    let memo_rss = rss_kib(memo.id().unwrap());
-    stop(memo).await;
+    results.push((label, f, rss));
+    let memo_rss = rss_kib(memos[0].child.id().unwrap());
+    for m in memos {
+        stop(m.child).await;
+    }
 
     println!(
         "\nagainst direct (1 client p50 {}, {CLIENTS} clients {:.0} calls/s):",

@@ -3,6 +3,11 @@
 //! binary; plus the idle RSS of `herald memo`.
 //!
 //! `cargo bench --bench notify` (HERALD_BENCH_N overrides the 10,000 calls per transport).
+//! With `HERALD_BENCH_BASELINE=/path/to/an/older/herald`, each transport runs with that binary
+//! (the memo server) and this build's in turn (A-B-B-A, half the calls each), in the same run,
+//! and prints `NAME: this build / baseline: p50 X.XXx, p99 Y.YYx`; the targets are checked on
+//! this build's runs, the idle RSS on this build alone. Build the baseline with the bench
+//! profile, as `cargo bench` builds this one (README, "Benchmarks").
 //! Targets on a 2-core machine: p99 < 2 ms on stdio and QUIC, < 5 ms on HTTP; idle RSS < 15 MB.
 
 use std::time::{Duration, Instant};
@@ -15,16 +20,11 @@ use serde_json::{Value, json};
 #[path = "common.rs"]
 mod common;
 
-use common::{BIN, ms, pct, rss_kib};
+use common::{BIN, Build, compare, ms, pct, print_baseline, print_ratio, rss_kib};
 
 struct Spawned {
     child: tokio::process::Child,
     listening: Value,
-}
-
-async fn spawn(args: &[&str]) -> Spawned {
-    let (child, listening) = common::serve(args).await;
-    Spawned { child, listening }
 }
 
 async fn run(name: &str, target: Target, trust: ClientTrust, n: usize) -> Vec<Duration> {
@@ -75,6 +75,63 @@ async fn call_and_wait(
     }
 }
 
+/// A `herald memo` serving HTTP and QUIC, from the herald at `bin`.
+async fn memo_server(bin: &str) -> Spawned {
+    let (child, listening) = common::serve_with(
+        bin,
+        &[
+            "--store",
+            ":memory:",
+            "memo",
+            "--http",
+            "127.0.0.1:0",
+            "--quic",
+            "127.0.0.1:0",
+        ],
+    )
+    .await;
+    Spawned { child, listening }
+}
+
+/// One transport's latencies (this build's); with a baseline, A-B-B-A and the ratio line.
+/// `servers` holds this build's memo server, then the baseline's, which the HTTP and QUIC runs
+/// share (as one server served both before there was a baseline).
+async fn transport(
+    name: &str,
+    n: usize,
+    baseline: Option<&'static str>,
+    servers: &[Spawned],
+) -> Vec<Duration> {
+    let server = |b: Build| &servers[usize::from(b.baseline)].listening;
+    let sides = compare(baseline, async |b: Build| {
+        let (target, trust) = match name {
+            "stdio" => (
+                Target::Stdio(format!("{} --store :memory: memo", b.bin)),
+                ClientTrust::default(),
+            ),
+            "http" => (
+                Target::Http(server(b)["http_url"].as_str().unwrap().to_owned()),
+                ClientTrust::default(),
+            ),
+            _ => (
+                Target::Quic(server(b)["quic"].as_str().unwrap().to_owned()),
+                ClientTrust {
+                    ca: None,
+                    pin: Some(server(b)["quic_fingerprint"].as_str().unwrap().to_owned()),
+                    token: None,
+                },
+            ),
+        };
+        run(&b.label(name), target, trust, b.part(n)).await
+    })
+    .await;
+    let (before, after) = sides.latencies();
+    if baseline.is_some() {
+        print_ratio(&format!("{name:>6}"), &before, &after);
+    }
+    after
+}
+
 #[tokio::main]
 async fn main() {
     let _ = rustls::crypto::ring::default_provider().install_default();
@@ -82,57 +139,22 @@ async fn main() {
         .ok()
         .and_then(|v| v.parse().ok())
         .unwrap_or(10_000);
+    let baseline = common::baseline();
     println!("notify latency: memo_set response -> notifications/resources/updated ({BIN})");
+    print_baseline(baseline);
 
-    let stdio = run(
-        "stdio",
-        Target::Stdio(format!("{BIN} --store :memory: memo")),
-        ClientTrust::default(),
-        n,
-    )
-    .await;
+    let stdio = transport("stdio", n, baseline, &[]).await;
 
-    let server = spawn(&[
-        "--store",
-        ":memory:",
-        "memo",
-        "--http",
-        "127.0.0.1:0",
-        "--quic",
-        "127.0.0.1:0",
-    ])
-    .await;
-    let url = server.listening["http_url"].as_str().unwrap().to_owned();
-    let quic = server.listening["quic"].as_str().unwrap().to_owned();
-    let pin = server.listening["quic_fingerprint"]
-        .as_str()
-        .unwrap()
-        .to_owned();
-    let http = run("http", Target::Http(url), ClientTrust::default(), n).await;
-    let quic = run(
-        "quic",
-        Target::Quic(quic),
-        ClientTrust {
-            ca: None,
-            pin: Some(pin),
-            token: None,
-        },
-        n,
-    )
-    .await;
-    drop(server);
+    let mut servers = vec![memo_server(BIN).await];
+    if let Some(b) = baseline {
+        servers.push(memo_server(b).await);
+    }
+    let http = transport("http", n, baseline, &servers).await;
+    let quic = transport("quic", n, baseline, &servers).await;
+    drop(servers);
 
     // Idle RSS: a fresh `herald memo` serving HTTP and QUIC, after one client came and went.
-    let idle = spawn(&[
-        "--store",
-        ":memory:",
-        "memo",
-        "--http",
-        "127.0.0.1:0",
-        "--quic",
-        "127.0.0.1:0",
-    ])
-    .await;
+    let idle = memo_server(BIN).await;
     let url = idle.listening["http_url"].as_str().unwrap().to_owned();
     let conn = connect(
         &Target::Http(url),

@@ -9,7 +9,8 @@
 //!
 //! `cargo bench --bench watch` (HERALD_BENCH_N overrides the 10,000 changes per transport).
 //! With `HERALD_BENCH_BASELINE=/path/to/an/older/herald`, each transport runs with that binary
-//! and this build's in turn (A-B-B-A), in the same run, and the ratios are printed. Both must
+//! (the watch and its memo server) and this build's in turn (A-B-B-A, half the changes each),
+//! in the same run, and prints `NAME: this build / baseline: p50 X.XXx, p99 Y.YYx`. Both must
 //! be built with one profile: `cargo bench` builds this one with the bench profile (thin LTO,
 //! 16 codegen units), which measured 15-20 % slower here than the release profile's fat LTO,
 //! so a release-built baseline would measure the profiles, not the change. (Or put a release
@@ -57,7 +58,7 @@ static ALLOC: Counting = Counting;
 #[path = "common.rs"]
 mod common;
 
-use common::{BIN, listening, ms, pct};
+use common::{Build, compare, listening, ms, pct, print_baseline, print_ratio};
 
 fn diff_bench(kubernetes: bool) {
     // Kubernetes-like items carry metadata.uid + resourceVersion (compared by version);
@@ -271,30 +272,20 @@ async fn main() {
         .ok()
         .and_then(|v| v.parse().ok())
         .unwrap_or(10_000);
-    let baseline = std::env::var("HERALD_BENCH_BASELINE").ok();
+    let baseline = common::baseline();
+    print_baseline(baseline);
     for (name, server) in [
         ("stdio", &[][..]),
         ("http", &["http"][..]),
         ("quic", &["quic"][..]),
     ] {
-        let Some(base) = &baseline else {
-            latency(BIN, name, server, n).await;
-            continue;
-        };
-        // A-B-B-A, half the changes each: a run after another is a little slower on a small
-        // machine (measured: 1-8 % with the same binary twice), and the order cancels that.
-        let label = format!("{name} (baseline)");
-        let mut before = latency(base, &label, server, n / 2).await;
-        let mut after = latency(BIN, name, server, n / 2).await;
-        after.extend(latency(BIN, name, server, n / 2).await);
-        before.extend(latency(base, &label, server, n / 2).await);
-        before.sort();
-        after.sort();
-        let ratio = |q: f64| pct(&after, q).as_secs_f64() / pct(&before, q).as_secs_f64();
-        println!(
-            "{name:>6}: this build / baseline: p50 {:.2}x, p99 {:.2}x",
-            ratio(0.5),
-            ratio(0.99)
-        );
+        let sides = compare(baseline, async |b: Build| {
+            latency(b.bin, &b.label(name), server, b.part(n)).await
+        })
+        .await;
+        if baseline.is_some() {
+            let (before, after) = sides.latencies();
+            print_ratio(&format!("{name:>6}"), &before, &after);
+        }
     }
 }
