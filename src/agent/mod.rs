@@ -2,7 +2,8 @@
 //! which acts through one tool, `run_code`, backed by herald's code mode. Reference 000,
 //! "Delivery to the agent".
 //!
-//! - `model.rs`: the chat messages, `ToolSpec`, `Reply`, `ModelError` and the `Model` trait.
+//! - `model.rs`: the chat messages (a notice's among them), `ToolSpec`, `Reply`, `ModelError`
+//!   and the `Model` trait.
 //! - `openai.rs`: `ChatClient`, a `Model` over any OpenAI-compatible chat completions API.
 //! - `runtime.rs`: the orchestrator (input and notice streams, coalesced runs, `NO_REPLY`,
 //!   reply routing) and the `Channel` / `CodeRunner` traits it drives.

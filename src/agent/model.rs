@@ -1,5 +1,6 @@
 //! What the agent says to a model and hears back: the chat messages of an OpenAI-compatible
-//! chat completions API, the one tool the agent offers, and the [`Model`] trait the
+//! chat completions API, a watch notice as the model reads it ([`notice_message`]: its block,
+//! then [`NOTICE_INSTRUCTION`]), the one tool the agent offers, and the [`Model`] trait the
 //! orchestrator drives (the HTTP client in `openai.rs`; scripted models in tests).
 
 use async_trait::async_trait;
@@ -67,6 +68,15 @@ impl Message {
             tool_call_id: None,
         }
     }
+}
+
+/// The line a notice's message ends with.
+pub const NOTICE_INSTRUCTION: &str = "This is a watch notification, not a user message. Tell the channel only if the change matters to what was asked; otherwise reply exactly NO_REPLY.";
+
+/// A notice as the model reads it: its block, then the instruction.
+pub fn notice_message(block: &str) -> String {
+    let block = block.trim_end_matches('\n');
+    format!("{block}\n{NOTICE_INSTRUCTION}")
 }
 
 /// A tool call as the chat completions API carries it: `arguments` is the JSON text the model

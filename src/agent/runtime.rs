@@ -25,14 +25,13 @@ use async_trait::async_trait;
 use serde_json::{Value, json};
 use tokio::sync::mpsc;
 
-use crate::agent::model::{Message, Model, Reply, Role, ToolCall, ToolSpec};
+use crate::agent::model::{
+    Message, Model, NOTICE_INSTRUCTION, Reply, Role, ToolCall, ToolSpec, notice_message,
+};
 use crate::agent::session::SessionLog;
 
 /// The longest run: model rounds (each may call tools) before the run gives up.
 pub const MAX_STEPS: usize = 16;
-
-/// The line a notice's message ends with.
-pub const NOTICE_INSTRUCTION: &str = "This is a watch notification, not a user message. Tell the channel only if the change matters to what was asked; otherwise reply exactly NO_REPLY.";
 
 /// Where a reply goes.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -95,12 +94,6 @@ pub fn run_code_spec() -> ToolSpec {
             "required": ["code"]
         }),
     }
-}
-
-/// A notice as the model reads it: its block, then the instruction.
-pub fn notice_message(block: &str) -> String {
-    let block = block.trim_end_matches('\n');
-    format!("{block}\n{NOTICE_INSTRUCTION}")
 }
 
 /// Whether a reply publishes nothing: empty, or a line that is only `NO_REPLY` (also in

@@ -12,8 +12,7 @@ use std::sync::{Arc, Mutex};
 
 use serde_json::{Value, json};
 
-use crate::agent::model::{Message, ToolCall};
-use crate::agent::runtime::notice_message;
+use crate::agent::model::{Message, ToolCall, notice_message};
 
 /// Appends records to a session file; cheap to clone. A log without a file records nothing.
 #[derive(Clone, Default)]

@@ -317,11 +317,9 @@ pub fn parse_kv(pairs: &[String]) -> anyhow::Result<Map<String, Value>> {
     Ok(out)
 }
 
+/// `herald call` answered in place (`herald call --task` is `task::call`).
 pub async fn call(args: CallArgs) -> Result<(), Exit> {
     let arguments = parse_kv(&args.args).map_err(usage)?;
-    if args.task {
-        return super::task::call(&args.client, &args.tool, arguments).await;
-    }
     let conn = args.client.connect().await?;
     let result = conn
         .call_tool(CallToolRequestParams::new(args.tool.clone()).with_arguments(arguments))

@@ -186,6 +186,7 @@ pub fn run(cli: Cli, systemd: Systemd) -> Result<(), Exit> {
             Command::Check(a) => gateway::check(a),
             Command::Ls(a) => client::ls(a).await,
             Command::Read(a) => client::read(a).await,
+            Command::Call(a) if a.task => task::call(a).await,
             Command::Call(a) => client::call(a).await,
             Command::Task(a) => task::run(a).await,
             Command::Poll(a) => poll::run(a).await,

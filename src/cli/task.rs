@@ -16,8 +16,8 @@ use rmcp::{ClientHandler, RoleClient};
 use serde_json::{Value, json};
 use tokio::sync::mpsc;
 
-use super::Exit;
-use super::client::{ClientArgs, request_error};
+use super::client::{CallArgs, ClientArgs, parse_kv, print_result, request_error};
+use super::{Exit, usage};
 use crate::app::console;
 use crate::transport::client::tasks_config;
 
@@ -153,7 +153,9 @@ fn answer_on_terminal(requests: &JsonObject) -> anyhow::Result<Option<JsonObject
 }
 
 /// `herald call --task`: the call as a task, followed until it ends. Ctrl-C cancels it.
-pub async fn call(client: &ClientArgs, tool: &str, arguments: JsonObject) -> Result<(), Exit> {
+pub async fn call(args: CallArgs) -> Result<(), Exit> {
+    let arguments = parse_kv(&args.args).map_err(usage)?;
+    let (client, tool) = (&args.client, args.tool.as_str());
     let (tx, mut rx) = mpsc::channel(64);
     let follower = Follower {
         config: tasks_config(),
@@ -171,7 +173,7 @@ pub async fn call(client: &ClientArgs, tool: &str, arguments: JsonObject) -> Res
         // The server answered in place (the tool does not run as a task there).
         ServerResult::CallToolResult(r) => {
             conn.close().await;
-            return super::client::print_result(tool, &r, client.json);
+            return print_result(tool, &r, client.json);
         }
         other => return Err(anyhow!("calling {tool}: unexpected answer {other:?}").into()),
     };
@@ -280,7 +282,7 @@ pub async fn call(client: &ClientArgs, tool: &str, arguments: JsonObject) -> Res
                     Ok(())
                 };
             }
-            super::client::print_result(tool, &result, false)
+            print_result(tool, &result, false)
         }
         Some("failed") => Err(anyhow!(
             "task {id} failed: {}",

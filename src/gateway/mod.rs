@@ -4,12 +4,13 @@
 //! the same plumbing on stdio, HTTP and QUIC, with the same listen limits, stall handling and
 //! shutdown. What it adds:
 //!
-//! - **Who may call what**: each request's [`Caller`](crate::mcp::source::Caller) (the
-//!   bearer token, `?servers=`) becomes the set of slugs it may use; anything outside it is
-//!   Forbidden (-32024) with one message whether the slug exists or not. A caller is known when
-//!   it is local (stdio, `herald up`'s pipes), let in by `open_to_loopback`, or presents a
-//!   configured token (its SHA-256 checked against every hash in constant time); over HTTP any
-//!   other caller gets `401` before its request is read.
+//! - **Who may call what** (`access.rs`): each request's
+//!   [`Caller`](crate::mcp::source::Caller) (the bearer token, `?servers=`) becomes the set of
+//!   slugs it may use; anything outside it is Forbidden (-32024) with one message whether the
+//!   slug exists or not. A caller is known when it is local (stdio, `herald up`'s pipes), let
+//!   in by `open_to_loopback`, or presents a configured token (its SHA-256 checked against
+//!   every hash in constant time); over HTTP any other caller gets `401` before its request is
+//!   read.
 //! - **Tools** `slug__tool`, forwarded with the prefix stripped; results and errors unchanged.
 //!   A `[[slug]]` with `prefix = false` (at most one) keeps its names bare: a name it lists
 //!   routes to it first (`Access::route_name`).
@@ -41,6 +42,7 @@
 //!   task is shown as `slug__<id>`; `tasks/*` route by that id, for the caller that started
 //!   it; a listen's `taskIds` are relayed over one shared upstream listen per task.
 
+mod access;
 mod calls;
 pub mod config;
 mod lists;

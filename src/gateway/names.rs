@@ -4,7 +4,7 @@
 
 use std::sync::Arc;
 
-use super::source::Access;
+use super::access::Access;
 use crate::mcp::source::{Caller, SourceError};
 use crate::mcp::upstream::Upstream;
 

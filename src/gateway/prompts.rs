@@ -12,7 +12,9 @@ use rmcp::model::{
     GetPromptResponse, InputRequiredResult, JsonObject, Prompt, Reference, ServerResult,
 };
 
-use super::source::{Access, Gateway, Names};
+use super::access::Access;
+use super::names::Names;
+use super::source::Gateway;
 use crate::mcp::source::{Call, Caller, Input, SourceError};
 use crate::mcp::upstream::{REQUEST_TIMEOUT, Upstream};
 

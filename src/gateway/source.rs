@@ -1,8 +1,8 @@
 //! [`Gateway`]: the gateway as a [`Source`]. See the module docs of [`crate::gateway`].
 
 use crate::sync::Recover;
-use std::collections::{BTreeSet, HashMap};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::collections::HashMap;
+use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
@@ -12,13 +12,13 @@ use rmcp::model::{
     ServerNotification, SubscriptionFilter, Tool,
 };
 use serde_json::{Value, json};
-use sha2::Digest;
 use tokio_util::sync::CancellationToken;
 
+use crate::gateway::access::Access;
 use crate::gateway::config::{GatewayConfig, Slug, Token, valid_slug};
-pub(crate) use crate::gateway::names::Names;
+use crate::gateway::lists::RESUBSCRIBE;
+use crate::gateway::names::Names;
 use crate::gateway::tasks::GatewayTasks;
-use crate::mcp::backoff::Backoff;
 use crate::mcp::context::RoleContext;
 use crate::mcp::hub::ChangeFeed;
 use crate::mcp::metrics::EVENTS_LIST_FAILED;
@@ -32,9 +32,6 @@ use crate::mcp::upstream::{
 
 /// How long the handshake waits for one slug's answer on whether it serves Events.
 const EVENTS_PROBE: Duration = Duration::from_secs(3);
-/// Resubscribe pacing of a shared upstream subscription: the connect's (250 ms doubling to
-/// 30 s, reset by a subscription that lived 10 s).
-pub(super) const RESUBSCRIBE: Backoff = upstream::RECONNECT;
 /// Longest one connect to an upstream (handshake plus catalog) may take.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 
@@ -52,19 +49,6 @@ pub struct Gateway {
     tasks: Arc<GatewayTasks>,
     /// Stops each slug's list follower (`lists.rs`) when the gateway goes.
     _lists: tokio_util::sync::DropGuard,
-}
-
-/// Who may use which slug: the upstreams, the tokens and their entitlements.
-pub(crate) struct Access {
-    pub(super) upstreams: Vec<Arc<Upstream>>,
-    tokens: Vec<Token>,
-    /// Callers on a loopback address may use every slug without a token (set only for a
-    /// gateway bound to loopback alone with no tokens configured).
-    open_to_loopback: AtomicBool,
-    /// The one slug whose tools and prompts keep their upstream names (`prefix = false`).
-    pub(super) bare: std::sync::OnceLock<String>,
-    /// Seals the `requestState` an upstream hands a caller to this caller and slug.
-    pub(super) states: crate::mcp::sealed::Sealer,
 }
 
 /// One upstream subscription, shared by every client watching its URI.
@@ -94,82 +78,6 @@ fn upstream_of(slug: &Slug, max_message_bytes: usize, ctx: &RoleContext) -> Upst
         supervise: true,
         ..UpstreamConfig::new(slug.target.clone(), slug.trust.clone(), max_message_bytes)
     })
-}
-
-impl Access {
-    /// The configured token `t` is, if any. Every hash is compared, so the time taken does
-    /// not say which one matched.
-    fn token(&self, t: &str) -> Option<&Token> {
-        let digest: [u8; 32] = sha2::Sha256::digest(t.as_bytes()).into();
-        let mut found = None;
-        for tok in &self.tokens {
-            if same(&tok.sha256, &digest) && found.is_none() {
-                found = Some(tok);
-            }
-        }
-        found
-    }
-
-    /// A caller let in without a token: local (stdio), or on loopback when the gateway is
-    /// open to loopback (whatever stale token it may carry).
-    fn needs_no_token(&self, caller: &Caller) -> bool {
-        caller.local || (self.open_to_loopback.load(Ordering::Acquire) && caller.loopback)
-    }
-
-    /// The slugs `caller` may use: its token's entitlement, or every slug for a caller that
-    /// needs no token, narrowed by `?servers=`.
-    fn allowed(&self, caller: &Caller) -> BTreeSet<String> {
-        let token = caller.token.as_deref().and_then(|t| self.token(t));
-        let mut set: BTreeSet<String> = match token {
-            Some(tok) => tok.slugs.clone(),
-            None if self.needs_no_token(caller) => {
-                self.upstreams.iter().map(|u| u.name.clone()).collect()
-            }
-            None => BTreeSet::new(),
-        };
-        if let Some(only) = &caller.servers {
-            set.retain(|s| only.iter().any(|o| o == s));
-        }
-        set
-    }
-
-    /// Whether `caller` presented a token this gateway knows, or needs none.
-    fn authenticates(&self, caller: &Caller) -> Authentication {
-        if self.needs_no_token(caller) {
-            Authentication::Known
-        } else if self.tokens.is_empty() {
-            Authentication::NoTokens
-        } else {
-            match caller.token.as_deref().map(|t| self.token(t).is_some()) {
-                Some(true) => Authentication::Known,
-                Some(false) => Authentication::UnknownToken,
-                None => Authentication::TokenRequired,
-            }
-        }
-    }
-
-    /// The upstreams `caller` may use.
-    fn selected(&self, caller: &Caller) -> Vec<Arc<Upstream>> {
-        let allowed = self.allowed(caller);
-        self.upstreams
-            .iter()
-            .filter(|u| allowed.contains(&u.name))
-            .cloned()
-            .collect()
-    }
-
-    /// The slug `name` if the caller may use it; Forbidden (one message) otherwise.
-    pub(crate) fn slug(&self, caller: &Caller, name: &str) -> Result<Arc<Upstream>, SourceError> {
-        self.selected(caller)
-            .into_iter()
-            .find(|u| u.name == name)
-            .ok_or(SourceError::Forbidden)
-    }
-}
-
-/// Compares in constant time.
-fn same(a: &[u8; 32], b: &[u8; 32]) -> bool {
-    a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
 }
 
 impl Gateway {
@@ -209,13 +117,7 @@ impl Gateway {
         for up in &upstreams {
             ctx.status().add_upstream(up);
         }
-        let access = Arc::new(Access {
-            upstreams,
-            tokens,
-            open_to_loopback: AtomicBool::new(false),
-            bare: std::sync::OnceLock::new(),
-            states: crate::mcp::sealed::Sealer::new(),
-        });
+        let access = Arc::new(Access::new(upstreams, tokens));
         let shared: Arc<Mutex<HashMap<String, Weak<SharedListen>>>> = Arc::default();
         let uris = {
             let shared = Arc::downgrade(&shared);
@@ -250,7 +152,7 @@ impl Gateway {
     /// Lets callers on a loopback address in without a token. For a gateway that listens on
     /// loopback only and has no tokens: there, whoever can connect is on this host.
     pub fn open_to_loopback(self) -> Gateway {
-        self.access.open_to_loopback.store(true, Ordering::Release);
+        self.access.open_to_loopback();
         self
     }
 

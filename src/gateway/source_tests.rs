@@ -11,65 +11,6 @@ fn set(key: &str, value: i64) -> JsonObject {
         .clone()
 }
 
-/// Who gets in and what they may use: a configured token its slugs, an unknown token
-/// nothing and a refusal (never an empty entitlement), a loopback caller of a gateway
-/// open to loopback every slug whatever stale token it carries.
-#[test]
-fn callers_are_known_by_their_tokens_or_by_needing_none() {
-    let up = crate::testing::down_upstream(Default::default());
-    let name = up.name.clone();
-    let token = |t: &str| Caller {
-        token: Some(t.into()),
-        ..Caller::default()
-    };
-    let access = Access {
-        upstreams: vec![up],
-        tokens: vec![Token {
-            label: "t".into(),
-            sha256: sha2::Sha256::digest(b"good").into(),
-            slugs: [name.clone()].into(),
-        }],
-        open_to_loopback: AtomicBool::new(false),
-        bare: std::sync::OnceLock::new(),
-        states: crate::mcp::sealed::Sealer::new(),
-    };
-    let all: BTreeSet<String> = [name].into();
-    assert_eq!(access.authenticates(&token("good")), Authentication::Known);
-    assert_eq!(access.allowed(&token("good")), all);
-    assert_eq!(
-        access.authenticates(&token("bad")),
-        Authentication::UnknownToken
-    );
-    assert!(access.allowed(&token("bad")).is_empty());
-    let anonymous = Caller {
-        loopback: true,
-        ..Caller::default()
-    };
-    assert_eq!(
-        access.authenticates(&anonymous),
-        Authentication::TokenRequired
-    );
-    assert_eq!(
-        access.authenticates(&Caller::local()),
-        Authentication::Known
-    );
-
-    let open = Access {
-        tokens: Vec::new(),
-        open_to_loopback: AtomicBool::new(true),
-        upstreams: access.upstreams.clone(),
-        bare: std::sync::OnceLock::new(),
-        states: crate::mcp::sealed::Sealer::new(),
-    };
-    let stale = Caller {
-        loopback: true,
-        ..token("stale")
-    };
-    assert_eq!(open.authenticates(&stale), Authentication::Known);
-    assert_eq!(open.allowed(&stale), all);
-    assert_eq!(open.authenticates(&token("x")), Authentication::NoTokens);
-}
-
 /// `memo` as slug `m`, in this process.
 fn in_process_memo(memo: &MemoServer, ctx: &RoleContext) -> Arc<Upstream> {
     Arc::new(local::upstream(

@@ -20,8 +20,9 @@ use rmcp::model::{
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
+use crate::gateway::access::Access;
 use crate::gateway::config::valid_slug;
-use crate::gateway::source::Access;
+use crate::gateway::names::Names;
 use crate::mcp::context::RoleContext;
 use crate::mcp::server::to_mcp_error;
 use crate::mcp::source::{Call, Caller, SourceError};
@@ -327,10 +328,7 @@ impl TaskRelay for GatewayTasks {
         args: JsonObject,
         mut call: Call,
     ) -> Result<Started, McpError> {
-        let Some(route) = self
-            .access
-            .route_name(caller, name, super::source::Names::Tools)
-        else {
+        let Some(route) = self.access.route_name(caller, name, Names::Tools) else {
             return Err(to_mcp_error(SourceError::UnknownTool(format!(
                 "{name} (gateway tools are named server__tool)"
             ))));

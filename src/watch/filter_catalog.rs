@@ -1,17 +1,19 @@
 //! [`FilterCatalog`]: what Python sees. `on_event` filters get `read_resource`,
 //! `list_resources` and the read-only tools of the watch client's servers; code mode gets the
 //! same catalog with mutating tools and the watch built-ins (`watch_start`, `watch_stop`,
-//! `watch_list`) allowed. Filters see those too, only so that calling one raises a clear
+//! `watch_list`) allowed, which it calls through [`Watches`] (the manager, which this file
+//! does not know). Filters see those too, only so that calling one raises a clear
 //! `PermissionError` instead of a `NameError`.
 
 use std::sync::Arc;
 
+use async_trait::async_trait;
 use serde_json::{Map, Value, json};
 
 use crate::filter::engine::{HostError, PyExc};
 use crate::filter::pool::Catalog as FilterHost;
 use crate::mcp::upstream::{REQUEST_TIMEOUT, Upstream, pick};
-use crate::watch::manager::WatchManager;
+use crate::watch::spec::{WatchError, WatchInfo};
 use crate::watch::task::read;
 
 /// What filters may call: `read_resource`, `list_resources`, and the read-only tools of the
@@ -20,7 +22,20 @@ use crate::watch::task::read;
 pub(super) struct FilterCatalog {
     pub(super) servers: Vec<Arc<Upstream>>,
     /// Set in code mode: mutating tools and the watch built-ins are allowed.
-    pub(super) code: Option<WatchManager>,
+    pub(super) code: Option<Arc<dyn Watches>>,
+}
+
+/// The watches code mode's built-ins start, stop and list: the watch manager's front door.
+#[async_trait]
+pub(super) trait Watches: Send + Sync {
+    async fn watch_start(
+        &self,
+        name: &str,
+        uri: &str,
+        on_event: Option<&str>,
+    ) -> Result<WatchInfo, WatchError>;
+    async fn watch_stop(&self, name: &str) -> bool;
+    fn watch_list(&self) -> Vec<WatchInfo>;
 }
 
 const WATCH_BUILTINS: [&str; 4] = [
@@ -276,7 +291,7 @@ impl FilterHost for FilterCatalog {
                 )),
             };
         }
-        if let Some(mgr) = &self.code
+        if let Some(watches) = &self.code
             && WATCH_BUILTINS.contains(&name)
         {
             let arg = |k: &str, i: usize| kwargs.get(k).or_else(|| args.get(i)).cloned();
@@ -302,7 +317,7 @@ impl FilterHost for FilterCatalog {
                             ));
                         }
                     };
-                    let info = mgr
+                    let info = watches
                         .watch_start(&n, &u, on_event.as_deref())
                         .await
                         .map_err(|e| py_err(PyExc::ValueError, e.to_string()))?;
@@ -334,9 +349,9 @@ impl FilterHost for FilterCatalog {
                             "watch_stop needs name=\"...\"".into(),
                         ));
                     };
-                    Ok(Value::Bool(mgr.watch_stop(&n).await))
+                    Ok(Value::Bool(watches.watch_stop(&n).await))
                 }
-                _ => Ok(serde_json::to_value(mgr.watch_list()).unwrap_or_default()),
+                _ => Ok(serde_json::to_value(watches.watch_list()).unwrap_or_default()),
             };
         }
         if WATCH_BUILTINS.contains(&name) {
@@ -446,6 +461,7 @@ mod tests {
     use tokio::sync::mpsc;
 
     use crate::testing::MemoServer;
+    use crate::watch::WatchManager;
     use crate::watch::log::WatchLog;
     use crate::watch::spec::WatchConfig;
 
@@ -480,7 +496,7 @@ mod tests {
         );
         let cat = FilterCatalog {
             servers: vec![up],
-            code: code.then(|| mgr.clone()),
+            code: code.then(|| Arc::new(mgr.clone()) as Arc<dyn Watches>),
         };
         (cat, mgr, rx)
     }

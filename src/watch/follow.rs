@@ -11,25 +11,25 @@ use tokio_util::sync::CancellationToken;
 
 use crate::mcp::tasks::relay::{Relayed, RelayedListen, Watched};
 use crate::mcp::upstream::{Upstream, follow_tasks};
-use crate::watch::manager::WatchManager;
+use crate::watch::handle::{Stats, WatchHandle};
 use crate::watch::spec::{Notice, WatchSpec};
-use crate::watch::task::Stats;
 
 /// Longest line of a task's result in a notice, and how many lines it may take.
 const RESULT_LINE: usize = 500;
 const RESULT_LINES: usize = 10;
 
-/// Runs a task watch until the task ends (the watch then leaves the manager) or the watch is
-/// stopped.
+/// Runs a task watch until the task ends or the watch is stopped. True when the task ended
+/// (its last state delivered): the watch then leaves the manager's list, which the manager
+/// sees to.
 pub(super) async fn run(
-    mgr: WatchManager,
+    handle: Arc<WatchHandle>,
     server: Arc<Upstream>,
     spec: WatchSpec,
     id: String,
     stats: Arc<Stats>,
     cancel: CancellationToken,
     relayed: Arc<Relayed>,
-) {
+) -> bool {
     let follow = follow_tasks(
         server,
         vec![(id.clone(), id.clone(), relayed.clone())],
@@ -47,7 +47,7 @@ pub(super) async fn run(
     );
     loop {
         let state = tokio::select! {
-            _ = cancel.cancelled() => return,
+            _ = cancel.cancelled() => return false,
             // It returns once the task has ended; its last state is still to be noticed.
             _ = &mut follow, if !followed => {
                 followed = true;
@@ -55,18 +55,17 @@ pub(super) async fn run(
             }
             s = states.next() => s,
         };
-        let Some(state) = state else { return };
+        let Some(state) = state else { return false };
         stats.events.fetch_add(1, Ordering::Relaxed);
         stats.notices.fetch_add(1, Ordering::Relaxed);
         let ended = state.status().is_terminal();
         // A watch stopped meanwhile says nothing more.
         tokio::select! {
-            _ = cancel.cancelled() => return,
-            _ = mgr.deliver(Notice::new(&spec.name, &spec.uri, lines(&state))) => {}
+            _ = cancel.cancelled() => return false,
+            _ = handle.deliver(Notice::new(&spec.name, &spec.uri, lines(&state))) => {}
         }
         if ended {
-            mgr.ended(&spec.name, &stats).await;
-            return;
+            return true;
         }
     }
 }

@@ -2,8 +2,10 @@
 //! most `max_watches` at once, names unique), routes each URI to a server by the shared rule
 //! ([`crate::mcp::upstream::route`]), dry-runs a watch's filter before subscribing, saves and
 //! restores specs (`--watch-state`), and hands every notice to one bounded channel. Each
-//! running watch is a `WatchTask` (`task.rs`). Saving and restoring specs is `manager/saved.rs`;
-//! the tests are `manager_tests.rs`.
+//! running watch is a `WatchTask` (`task.rs`), or for a task a follower (`follow.rs`), given
+//! only a `WatchHandle` (`handle.rs`): none of them knows the manager. Code mode's watch
+//! built-ins reach it as the catalog's `Watches`. Saving and restoring specs is
+//! `manager/saved.rs`; the tests are `manager_tests.rs`.
 //!
 //! It knows nothing about where notices go: the channel's receiver (a sink, later the agent)
 //! decides.
@@ -14,6 +16,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use async_trait::async_trait;
 use rmcp::model::{ClientRequest, DetailedTask, GetTaskParams, ServerResult};
 use serde_json::{Value, json};
 use tokio::sync::mpsc;
@@ -29,11 +32,12 @@ use crate::mcp::tasks::relay::Relayed;
 use crate::mcp::upstream::{REQUEST_TIMEOUT, Upstream, pick};
 use crate::store::{Store, Table};
 use crate::watch::events::{LogCursor, StateBase, extract_log};
-use crate::watch::filter_catalog::FilterCatalog;
+use crate::watch::filter_catalog::{FilterCatalog, Watches};
 use crate::watch::follow::{self, task_id};
+use crate::watch::handle::{Stats, WatchHandle};
 use crate::watch::log::WatchLog;
 use crate::watch::spec::{Notice, Shape, WatchConfig, WatchError, WatchInfo, WatchSpec};
-use crate::watch::task::{Baseline, Stats, WatchTask, subscribe_and_read};
+use crate::watch::task::{Baseline, WatchTask, subscribe_and_read};
 
 mod saved;
 
@@ -69,18 +73,15 @@ fn over_limit(max: usize) -> WatchError {
 }
 
 pub(super) struct Inner {
-    pub(super) cfg: WatchConfig,
+    /// What the running watches share with the manager: config, log, notice channel, filter
+    /// pool and catalog, and the wake-up of whoever waits on the watch list.
+    pub(super) handle: Arc<WatchHandle>,
     servers: Vec<Arc<Upstream>>,
     watches: Mutex<HashMap<String, Entry>>,
-    notices: mpsc::Sender<Notice>,
-    pub(super) log: WatchLog,
     store: Option<Store>,
     tracker: TaskTracker,
     shutdown: CancellationToken,
-    filters: Mutex<Option<FilterPool>>,
     validations: AtomicU64,
-    /// Woken whenever a watch leaves (stopped, or a task watch whose task ended).
-    left: tokio::sync::Notify,
     /// Set once any watch has started: [`WatchManager::all_ended`] waits for that first.
     started: std::sync::atomic::AtomicBool,
     /// Where this manager's specs sit in the store's watch table: `""` for `herald watch`,
@@ -136,19 +137,19 @@ impl WatchManager {
         store: Option<Store>,
         prefix: &str,
     ) -> WatchManager {
+        let catalog = Arc::new(FilterCatalog {
+            servers: servers.clone(),
+            code: None,
+        });
         WatchManager {
             inner: Arc::new(Inner {
-                cfg,
+                handle: Arc::new(WatchHandle::new(cfg, log, notices, catalog)),
                 servers,
                 watches: Mutex::new(HashMap::new()),
-                notices,
-                log,
                 store,
                 tracker: TaskTracker::new(),
                 shutdown: CancellationToken::new(),
-                filters: Mutex::new(None),
                 validations: AtomicU64::new(0),
-                left: tokio::sync::Notify::new(),
                 started: std::sync::atomic::AtomicBool::new(false),
                 prefix: prefix.to_owned(),
             }),
@@ -169,19 +170,7 @@ impl WatchManager {
 
     /// Lets watches run `on_event` filters in this pool's workers.
     pub fn set_filters(&self, pool: FilterPool) {
-        *self.inner.filters.locked() = Some(pool);
-    }
-
-    pub(super) fn filters(&self) -> Option<FilterPool> {
-        self.inner.filters.locked().clone()
-    }
-
-    /// The read-only catalog filters see.
-    pub(super) fn filter_catalog(&self) -> Arc<dyn FilterHost> {
-        Arc::new(FilterCatalog {
-            servers: self.inner.servers.clone(),
-            code: None,
-        })
+        self.inner.handle.set_filters(pool);
     }
 
     /// The catalog code mode sees: the filters' catalog plus mutating tools and the watch
@@ -189,7 +178,7 @@ impl WatchManager {
     pub fn code_catalog(&self) -> Arc<dyn FilterHost> {
         Arc::new(FilterCatalog {
             servers: self.inner.servers.clone(),
-            code: Some(self.clone()),
+            code: Some(Arc::new(self.clone())),
         })
     }
 
@@ -214,7 +203,7 @@ impl WatchManager {
                 trimmed.lines().next().unwrap_or_default()
             )));
         }
-        let Some(pool) = self.filters() else {
+        let Some(pool) = self.inner.handle.filters() else {
             return Err(WatchError::Invalid(
                 "this watch client runs no Python filters".into(),
             ));
@@ -224,7 +213,9 @@ impl WatchManager {
         let sample = json!({"watch": name, "uri": uri, "type": "ADDED", "seq": 1, "key": "sample",
             "object": {"metadata": {"name": "sample", "namespace": "default", "uid": "sample"}},
             "new": {}, "item": {}, "old": null, "changed": []});
-        let r = pool.run(&scope, code, sample, self.filter_catalog()).await;
+        let r = pool
+            .run(&scope, code, sample, self.inner.handle.filter_catalog())
+            .await;
         pool.drop_scope(&scope).await;
         match r {
             Err(FilterError::Python(e))
@@ -323,11 +314,11 @@ impl WatchManager {
         if save {
             self.save(&spec).await;
         }
-        inner.log.emit(
+        inner.handle.log.emit(
             "watch.started",
             json!({"watch": name, "uri": uri, "shape": shape}),
         );
-        inner.log.emit(
+        inner.handle.log.emit(
             "watch.subscribed",
             json!({"watch": name, "uri": uri, "server": server.name}),
         );
@@ -336,7 +327,7 @@ impl WatchManager {
             inner.validations.fetch_add(1, Ordering::Relaxed)
         );
         let task = WatchTask::new(
-            self.clone(),
+            inner.handle.clone(),
             server,
             spec.clone(),
             stats.clone(),
@@ -375,8 +366,8 @@ impl WatchManager {
                 e.spec.uri
             )));
         }
-        if running(&watches, name) >= inner.cfg.max_watches {
-            return Err(over_limit(inner.cfg.max_watches));
+        if running(&watches, name) >= inner.handle.cfg.max_watches {
+            return Err(over_limit(inner.handle.cfg.max_watches));
         }
         Ok(())
     }
@@ -401,8 +392,8 @@ impl WatchManager {
                     "a watch named {name} already exists; stop it first or pick another name"
                 )));
             }
-            if running(&watches, name) >= inner.cfg.max_watches {
-                return Err(over_limit(inner.cfg.max_watches));
+            if running(&watches, name) >= inner.handle.cfg.max_watches {
+                return Err(over_limit(inner.handle.cfg.max_watches));
             }
             watches.insert(
                 name.into(),
@@ -454,19 +445,26 @@ impl WatchManager {
         if save {
             self.save(&spec).await;
         }
-        inner.log.emit(
+        inner.handle.log.emit(
             "watch.started",
             json!({"watch": name, "uri": uri, "shape": Shape::Task, "server": server.name}),
         );
-        inner.tracker.spawn(follow::run(
-            self.clone(),
+        let follower = follow::run(
+            inner.handle.clone(),
             server,
             spec.clone(),
             id.to_owned(),
-            stats,
+            stats.clone(),
             cancel,
             relayed,
-        ));
+        );
+        let manager = self.clone();
+        let name = spec.name.clone();
+        inner.tracker.spawn(async move {
+            if follower.await {
+                manager.ended(&name, &stats).await;
+            }
+        });
         Ok(WatchInfo {
             name: spec.name,
             uri: spec.uri,
@@ -502,7 +500,7 @@ impl WatchManager {
     }
 
     /// A watch that ended by itself (its task ended): it leaves the list and the saved state.
-    pub(super) async fn ended(&self, name: &str, stats: &Arc<Stats>) {
+    async fn ended(&self, name: &str, stats: &Arc<Stats>) {
         let removed = {
             let mut watches = self.inner.watches.locked();
             // Only this watch: another may have taken the name since.
@@ -518,9 +516,10 @@ impl WatchManager {
             tracing::warn!(watch = name, error = %e, "could not remove the saved watch spec");
         }
         self.inner
+            .handle
             .log
             .emit("watch.ended", json!({"watch": name, "uri": entry.spec.uri}));
-        self.inner.left.notify_waiters();
+        self.inner.handle.changed();
     }
 
     /// Waits until a watch has run and none is left (each stopped, or ended by itself).
@@ -563,7 +562,7 @@ impl WatchManager {
     /// Waits until `done` says the watch list (and whether a watch ever started) is done.
     async fn wait_until<T>(&self, done: impl Fn(&HashMap<String, Entry>, bool) -> Option<T>) -> T {
         loop {
-            let left = self.inner.left.notified();
+            let left = self.inner.handle.left.notified();
             tokio::pin!(left);
             left.as_mut().enable();
             let now = {
@@ -575,11 +574,6 @@ impl WatchManager {
             }
             left.await;
         }
-    }
-
-    /// Wakes whoever waits on the watch list: a watch failed.
-    pub(super) fn changed(&self) {
-        self.inner.left.notify_waiters();
     }
 
     /// How many watches run, and the servers they run on (each named once, sorted).
@@ -609,11 +603,11 @@ impl WatchManager {
         {
             tracing::warn!(watch = name, error = %e, "could not remove the saved watch spec");
         }
-        self.inner.log.emit(
+        self.inner.handle.log.emit(
             "watch.stopped",
             json!({"watch": name, "uri": entry.spec.uri}),
         );
-        self.inner.left.notify_waiters();
+        self.inner.handle.changed();
         true
     }
 
@@ -657,15 +651,6 @@ impl WatchManager {
         }));
     }
 
-    pub(super) async fn deliver(&self, notice: Notice) {
-        self.inner.log.emit(
-            "watch.notice",
-            json!({"watch": notice.watch, "uri": notice.uri, "lines": notice.lines}),
-        );
-        // Bounded: a slow sink makes watch tasks wait here, never grows a queue.
-        let _ = self.inner.notices.send(notice).await;
-    }
-
     /// Stops every watch, flushing what each has pending, and waits for their tasks.
     pub async fn shutdown(&self) {
         self.inner.shutdown.cancel();
@@ -676,6 +661,27 @@ impl WatchManager {
         {
             tracing::warn!("some watches did not stop within 5 s");
         }
+    }
+}
+
+/// Code mode's watch built-ins (`filter_catalog.rs`) are the manager's own front door.
+#[async_trait]
+impl Watches for WatchManager {
+    async fn watch_start(
+        &self,
+        name: &str,
+        uri: &str,
+        on_event: Option<&str>,
+    ) -> Result<WatchInfo, WatchError> {
+        WatchManager::watch_start(self, name, uri, on_event).await
+    }
+
+    async fn watch_stop(&self, name: &str) -> bool {
+        WatchManager::watch_stop(self, name).await
+    }
+
+    fn watch_list(&self) -> Vec<WatchInfo> {
+        WatchManager::watch_list(self)
     }
 }
 

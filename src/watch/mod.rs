@@ -2,7 +2,8 @@
 //!
 //! Bottom-up: [`events`] (state diff and event-log delivery) over [`raw`] (byte ranges of JSON
 //! items), [`notice`] (default lines, dedupe, debounce), [`log`] (the NDJSON event log),
-//! [`spec`] (config, specs, errors, notices), `task` (one running watch), `filter_catalog`
+//! [`spec`] (config, specs, errors, notices), `handle` (what a running watch shares with the
+//! manager), `task` (one running watch) and `follow` (a watch on a task), `filter_catalog`
 //! (what Python sees), [`manager`] (start, stop, list, restore), [`sink`]
 //! (where `herald watch` sends notices), and [`run`], which wires them for `herald watch`,
 //! `herald up` and `herald code`. Servers are reached through the shared [`Upstream`].
@@ -11,6 +12,7 @@
 pub mod events;
 mod filter_catalog;
 mod follow;
+mod handle;
 pub mod log;
 pub mod manager;
 pub mod notice;

@@ -5,10 +5,9 @@
 //! attempt the watch fails and a notice says so. Also here: the listen-then-read that starts
 //! (and restarts) a watch, and the read every watch request goes through.
 
-use crate::sync::Recover;
 use std::collections::VecDeque;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use base64::Engine as _;
@@ -22,29 +21,9 @@ use crate::filter::pool::FilterError;
 use crate::mcp::source::Body;
 use crate::mcp::upstream::{Live, REQUEST_TIMEOUT, Upstream, contents};
 use crate::watch::events::{Event, LogCursor, StateBase, diff_reads, extract_log_text};
-use crate::watch::manager::WatchManager;
+use crate::watch::handle::{Stats, WatchHandle};
 use crate::watch::notice::{Debounce, Dedupe, Line, default_line, object_key, sanitize_line};
 use crate::watch::spec::{Notice, WatchError, WatchSpec};
-
-/// A watch's counters, shared with its `watch_list` row.
-#[derive(Default)]
-pub(super) struct Stats {
-    pub(super) events: AtomicU64,
-    pub(super) notices: AtomicU64,
-    pub(super) failed: AtomicBool,
-    /// Why the watch does not run (it failed, or its restore did).
-    pub(super) reason: std::sync::Mutex<Option<String>>,
-}
-
-impl Stats {
-    pub(super) fn set_reason(&self, reason: String) {
-        *self.reason.locked() = Some(reason);
-    }
-
-    pub(super) fn reason(&self) -> Option<String> {
-        self.reason.locked().clone()
-    }
-}
 
 /// What a watch compares the next read against.
 pub(super) enum Baseline {
@@ -222,7 +201,8 @@ pub(crate) async fn subscribe_and_read(
 }
 
 pub(super) struct WatchTask {
-    mgr: WatchManager,
+    /// What it shares with the manager that started it.
+    handle: Arc<WatchHandle>,
     server: Arc<Upstream>,
     spec: WatchSpec,
     stats: Arc<Stats>,
@@ -263,16 +243,16 @@ fn now() -> std::time::Instant {
 
 impl WatchTask {
     pub(super) fn new(
-        mgr: WatchManager,
+        handle: Arc<WatchHandle>,
         server: Arc<Upstream>,
         spec: WatchSpec,
         stats: Arc<Stats>,
         cancel: CancellationToken,
         scope: String,
     ) -> WatchTask {
-        let debounce = Debounce::new(mgr.inner.cfg.debounce);
+        let debounce = Debounce::new(handle.cfg.debounce);
         WatchTask {
-            mgr,
+            handle,
             server,
             spec,
             stats,
@@ -288,12 +268,12 @@ impl WatchTask {
     }
 
     pub(super) async fn run(self, conn: Arc<Live>, sub: Subscription, base: Baseline) {
-        let mgr = self.mgr.clone();
+        let handle = self.handle.clone();
         let scope = self.scope.clone();
         let filtered = self.spec.on_event.is_some();
         self.watch(conn, sub, base).await;
         // The watch is over: its filter's variables go with it.
-        if filtered && let Some(pool) = mgr.filters() {
+        if filtered && let Some(pool) = handle.filters() {
             pool.drop_scope(&scope).await;
         }
     }
@@ -397,8 +377,8 @@ impl WatchTask {
         failed: &Arc<Live>,
         why: &str,
     ) -> Option<(Arc<Live>, Subscription, Read)> {
-        let cfg = &self.mgr.inner.cfg;
-        let log = &self.mgr.inner.log;
+        let cfg = &self.handle.cfg;
+        let log = &self.handle.log;
         // Other watches may share this connection: drop it only when it is really gone. A
         // subscription that ended on a live connection (server-side end, lag) is re-listened
         // at once on the same connection.
@@ -449,11 +429,11 @@ impl WatchTask {
         );
         let line = format!("watch failed: {reason}; {}", cfg.restart.advice(&self.spec));
         self.stats.notices.fetch_add(1, Ordering::Relaxed);
-        self.mgr
+        self.handle
             .deliver(Notice::new(&self.spec.name, &self.spec.uri, vec![line]))
             .await;
         // After the notice: a run that ends once none runs says it first.
-        self.mgr.changed();
+        self.handle.changed();
         None
     }
 
@@ -477,7 +457,7 @@ impl WatchTask {
                 }
             },
         };
-        let max = self.mgr.inner.cfg.max_events_per_update;
+        let max = self.handle.cfg.max_events_per_update;
         let total = events.len();
         let t = now();
         let mut evs: Vec<Event> = events.into_iter().take(max).collect();
@@ -495,9 +475,9 @@ impl WatchTask {
                 t,
             );
         }
-        if self.spec.on_event.is_some() && self.mgr.filters().is_some() {
+        if self.spec.on_event.is_some() && self.handle.filters().is_some() {
             // Filtered events wait for the filter stage (see `watch`); intake goes on.
-            self.mgr.inner.log.emit(
+            self.handle.log.emit(
                 "watch.update",
                 json!({"watch": self.spec.name, "events": evs.len(), "filtering": filtering,
                        "queued": self.backlog.len() + evs.len()}),
@@ -523,16 +503,16 @@ impl WatchTask {
         if self.backlog.is_empty() {
             return None;
         }
-        let (Some(code), Some(pool)) = (self.spec.on_event.clone(), self.mgr.filters()) else {
+        let (Some(code), Some(pool)) = (self.spec.on_event.clone(), self.handle.filters()) else {
             return None;
         };
         let n = self
             .backlog
             .len()
-            .min(self.mgr.inner.cfg.max_events_per_update.max(1));
+            .min(self.handle.cfg.max_events_per_update.max(1));
         let evs: Vec<(Event, std::time::Instant)> = self.backlog.drain(..n).collect();
         let scope = self.scope.clone();
-        let catalog = self.mgr.filter_catalog();
+        let catalog = self.handle.filter_catalog();
         Some(Box::pin(async move {
             let batch: Vec<Value> = evs.iter().map(|(e, _)| Value::Object(e.clone())).collect();
             let results = match pool.run_batch(&scope, &code, batch, catalog).await {
@@ -593,7 +573,7 @@ impl WatchTask {
 
     /// Dedupes and debounces one event's notice line; `None` means the filter dropped it.
     fn admit(&mut self, ev: &Event, line: Option<Line>, t: std::time::Instant) {
-        let log = &self.mgr.inner.log;
+        let log = &self.handle.log;
         let Some(line) = line else {
             log.emit(
                 "watch.event",
@@ -628,7 +608,7 @@ impl WatchTask {
             return;
         }
         self.stats.notices.fetch_add(1, Ordering::Relaxed);
-        self.mgr
+        self.handle
             .deliver(Notice::new(&self.spec.name, &self.spec.uri, lines))
             .await;
     }
@@ -654,6 +634,8 @@ mod tests {
     use tokio::sync::mpsc;
 
     use crate::testing::{MemoServer, down_upstream};
+    use crate::watch::WatchManager;
+    use crate::watch::filter_catalog::FilterCatalog;
     use crate::watch::log::WatchLog;
     use crate::watch::spec::WatchConfig;
 
@@ -668,7 +650,11 @@ mod tests {
     /// A task with no server behind it: enough for what happens between two reads.
     fn task(cfg: WatchConfig) -> WatchTask {
         let (tx, _rx) = mpsc::channel(1);
-        let mgr = WatchManager::new(cfg, Vec::new(), tx, WatchLog::silent(), None);
+        let catalog = Arc::new(FilterCatalog {
+            servers: Vec::new(),
+            code: None,
+        });
+        let handle = Arc::new(WatchHandle::new(cfg, WatchLog::silent(), tx, catalog));
         let spec = WatchSpec {
             name: "w".into(),
             uri: "memo://notes".into(),
@@ -677,7 +663,7 @@ mod tests {
         let down = down_upstream(Arc::new(AtomicUsize::new(0)));
         let stats = Arc::new(Stats::default());
         WatchTask::new(
-            mgr,
+            handle,
             down,
             spec,
             stats,

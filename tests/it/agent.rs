@@ -10,9 +10,9 @@ use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 
 use crate::fake_model::{FakeModel, Step};
 use crate::support::*;
+use herald::agent::model::NOTICE_INSTRUCTION;
 use herald::agent::model::{Message, Model, ModelError};
 use herald::agent::openai::{ChatClient, ChatConfig};
-use herald::agent::runtime::NOTICE_INSTRUCTION;
 
 #[tokio::test]
 async fn a_watch_the_model_starts_turns_each_change_into_one_notice_turn() {

@@ -14,8 +14,8 @@ use tokio_util::sync::CancellationToken;
 use super::{Entry, WatchManager};
 use crate::filter::shape;
 use crate::store::Table;
+use crate::watch::handle::Stats;
 use crate::watch::spec::{Notice, WatchError, WatchSpec};
-use crate::watch::task::Stats;
 
 impl WatchManager {
     /// The store key of watch `name`.
@@ -108,7 +108,7 @@ impl WatchManager {
             results.push((spec, r));
         }
         if !lines.is_empty() {
-            self.inner.log.emit(
+            self.inner.handle.log.emit(
                 "watch.restored",
                 json!({
                     "restored": results.iter().filter(|(_, r)| r.is_ok()).count(),
@@ -118,7 +118,9 @@ impl WatchManager {
             lines.push(
                 "changes made while herald was down may be missing: baselines are fresh".into(),
             );
-            self.deliver(Notice::new("herald", "watch-state", lines))
+            self.inner
+                .handle
+                .deliver(Notice::new("herald", "watch-state", lines))
                 .await;
         }
         results
