@@ -43,8 +43,14 @@ impl Source for Changing {
     fn resources(&self, _: &Caller) -> Vec<rmcp::model::Resource> {
         Vec::new()
     }
-    async fn read(&self, _: &Caller, uri: &str) -> Result<Contents, SourceError> {
-        Err(SourceError::NotFound { uri: uri.into() })
+    async fn read(
+        &self,
+        _: &Caller,
+        read: crate::mcp::source::Read<'_>,
+    ) -> Result<Contents, SourceError> {
+        Err(SourceError::NotFound {
+            uri: read.uri.into(),
+        })
     }
     async fn admit(&self, _: &Caller, _: &ListenFilter) -> Admission {
         Admission::default()

@@ -23,7 +23,7 @@ use crate::mcp::context::RoleContext;
 use crate::mcp::hub::ChangeFeed;
 use crate::mcp::metrics::EVENTS_LIST_FAILED;
 use crate::mcp::source::{
-    Admission, Authentication, Call, Caller, Contents, ListenFilter, Source, SourceError,
+    Admission, Authentication, Call, Caller, Contents, ListenFilter, Read, Source, SourceError,
     SourceInfo, WatchGuard,
 };
 use crate::mcp::upstream::{
@@ -518,11 +518,11 @@ impl Source for Gateway {
         out
     }
 
-    async fn read(&self, caller: &Caller, uri: &str) -> Result<Contents, SourceError> {
-        let (up, upstream_uri) = self.route(caller, uri)?;
+    async fn read(&self, caller: &Caller, read: Read<'_>) -> Result<Contents, SourceError> {
+        let (up, upstream_uri) = self.route(caller, read.uri)?;
         if let Some(local) = up.in_process() {
             let me = Caller::local();
-            let read = local.read_in_process(&me, &upstream_uri);
+            let read = local.read_in_process(&me, Read::after(&upstream_uri, read.after));
             return tokio::time::timeout(REQUEST_TIMEOUT, read)
                 .await
                 .unwrap_or_else(|_| {
@@ -536,7 +536,8 @@ impl Source for Gateway {
         let live = up.live().await?;
         let r = tokio::time::timeout(
             REQUEST_TIMEOUT,
-            live.conn.read_resource(read_params(&upstream_uri)),
+            live.conn
+                .read_resource(read_params(&upstream_uri, read.after)),
         )
         .await
         .map_err(|_| {
@@ -756,9 +757,9 @@ impl Source for Gateway {
 }
 
 /// A read of `uri` upstream, passing on the reader's `io.herald/after` hint.
-fn read_params(uri: &str) -> ReadResourceRequestParams {
+fn read_params(uri: &str, after: Option<u64>) -> ReadResourceRequestParams {
     let mut p = ReadResourceRequestParams::new(uri.to_owned());
-    if let Some(n) = crate::mcp::source::read_after() {
+    if let Some(n) = after {
         let mut meta = rmcp::model::RequestMetaObject::new();
         meta.0
             .0

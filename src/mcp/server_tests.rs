@@ -105,9 +105,11 @@ impl crate::mcp::source::Source for Counting {
     async fn read(
         &self,
         _: &Caller,
-        uri: &str,
+        read: crate::mcp::source::Read<'_>,
     ) -> Result<crate::mcp::source::Contents, SourceError> {
-        Err(SourceError::NotFound { uri: uri.into() })
+        Err(SourceError::NotFound {
+            uri: read.uri.into(),
+        })
     }
     async fn admit(&self, caller: &Caller, filter: &ListenFilter) -> crate::mcp::source::Admission {
         let mut a = crate::mcp::source::Admission::default();

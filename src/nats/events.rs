@@ -38,7 +38,7 @@ use crate::mcp::events::{self, PollRequest};
 use crate::mcp::hub::ChangeFeed;
 use crate::mcp::ring::{DEFAULT_RING_CAPACITY, EVENT_LOG_MIME, EventRing, Tapped};
 use crate::mcp::source::{
-    Admission, Caller, Contents, ListenFilter, Source, SourceError, SourceInfo, WatchGuard,
+    Admission, Caller, Contents, ListenFilter, Read, Source, SourceError, SourceInfo, WatchGuard,
 };
 use crate::nats::NatsConfig;
 
@@ -530,13 +530,11 @@ impl Source for Mirror {
             .collect()
     }
 
-    async fn read(&self, _caller: &Caller, uri: &str) -> Result<Contents, SourceError> {
+    async fn read(&self, _caller: &Caller, read: Read<'_>) -> Result<Contents, SourceError> {
+        let uri = read.uri;
         self.caught_up().await?;
         match self.held(uri) {
-            Some(ring) => Ok(match crate::mcp::source::read_after() {
-                Some(after) => Contents::text(EVENT_LOG_MIME, ring.read_json_after(after)),
-                None => Contents::event_log(&ring),
-            }),
+            Some(ring) => Ok(Contents::event_log(&ring, read.after)),
             None if Mirror::is_event_log(uri) => {
                 Ok(Contents::text(EVENT_LOG_MIME, "{\"events\":[]}"))
             }

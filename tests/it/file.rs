@@ -58,10 +58,14 @@ impl Fixture {
     }
 
     async fn read(&self, uri: &str) -> Result<Value, String> {
-        let c = tokio::time::timeout(WAIT, self.src.read(&Caller::local(), uri))
-            .await
-            .expect("read in time")
-            .map_err(|e| e.to_string())?;
+        let c = tokio::time::timeout(
+            WAIT,
+            self.src
+                .read(&Caller::local(), herald::mcp::source::Read::new(uri)),
+        )
+        .await
+        .expect("read in time")
+        .map_err(|e| e.to_string())?;
         match c.body {
             Body::Text(t) => Ok(serde_json::from_str(&t).unwrap_or(Value::String(t))),
             Body::Blob(b) => Ok(json!({"blob": b.len()})),

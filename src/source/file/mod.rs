@@ -50,7 +50,7 @@ use crate::mcp::events::{Leases, MAX_POLL_LEASES, POLL_LEASE};
 use crate::mcp::hub::ChangeFeed;
 use crate::mcp::ring::{DEFAULT_RING_CAPACITY, EVENT_LOG_MIME};
 use crate::mcp::source::{
-    Admission, Caller, Contents, ListenFilter, Source, SourceError, SourceInfo, WatchGuard,
+    Admission, Caller, Contents, ListenFilter, Read, Source, SourceError, SourceInfo, WatchGuard,
 };
 
 pub use self::events::CHANGED_EVENT;
@@ -306,7 +306,8 @@ impl Source for FileSource {
         ]
     }
 
-    async fn read(&self, _caller: &Caller, uri: &str) -> Result<Contents, SourceError> {
+    async fn read(&self, _caller: &Caller, read: Read<'_>) -> Result<Contents, SourceError> {
+        let uri = read.uri;
         let target = parse(uri)?;
         let confined = self.confine(&target).await?;
         // Watch from the read on, so that nothing between a baseline read and the listen that
@@ -335,7 +336,7 @@ impl Source for FileSource {
         };
         match target {
             Target::Events { .. } => match ring {
-                Some(r) => Ok(Contents::event_log(&r)),
+                Some(r) => Ok(Contents::event_log(&r, read.after)),
                 None => Err(SourceError::Unavailable(
                     "no event ring for this URI".into(),
                 )),

@@ -132,10 +132,11 @@ impl Watcher {
         Watcher { ring, seed, stop }
     }
 
-    /// The event log, once the seed is in (waiting for it up to [`SEED_TIMEOUT`]).
-    pub async fn read(&self) -> Result<Contents, SourceError> {
+    /// The event log (from `after`, the reader's hint), once the seed is in (waiting for it
+    /// up to [`SEED_TIMEOUT`]).
+    pub async fn read(&self, after: Option<u64>) -> Result<Contents, SourceError> {
         self.ready().await?;
-        Ok(Contents::event_log(&self.ring))
+        Ok(Contents::event_log(&self.ring, after))
     }
 
     /// Waits for the seed (up to [`SEED_TIMEOUT`]); its failure if the first list failed.

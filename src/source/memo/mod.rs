@@ -29,7 +29,8 @@ use crate::mcp::hub::ChangeFeed;
 use crate::mcp::ring::{EVENT_LOG_MIME, EventRing};
 use crate::mcp::server::DEFAULT_MAX_MESSAGE_BYTES;
 use crate::mcp::source::{
-    Admission, Call, Caller, Contents, ListenFilter, Source, SourceError, SourceInfo, WatchGuard,
+    Admission, Call, Caller, Contents, ListenFilter, Read, Source, SourceError, SourceInfo,
+    WatchGuard,
 };
 use crate::store::{Store, StoreError, Table};
 
@@ -380,11 +381,11 @@ impl Source for Memo {
         ]
     }
 
-    async fn read(&self, _caller: &Caller, uri: &str) -> Result<Contents, SourceError> {
-        match uri {
+    async fn read(&self, _caller: &Caller, read: Read<'_>) -> Result<Contents, SourceError> {
+        match read.uri {
             NOTES_URI => Ok(Contents::json(&self.snapshot())),
-            LOG_URI => Ok(Contents::event_log(&self.log)),
-            _ => Err(SourceError::NotFound { uri: uri.into() }),
+            LOG_URI => Ok(Contents::event_log(&self.log, read.after)),
+            uri => Err(SourceError::NotFound { uri: uri.into() }),
         }
     }
 

@@ -28,7 +28,7 @@ async fn set_modify_delete_are_logged_with_old() {
     assert!(m.set("a", json!({"x": 2})).await.unwrap());
     assert!(m.delete("a").await.unwrap());
     assert!(!m.delete("a").await.unwrap());
-    let log = read_json(m.read(&Caller::local(), LOG_URI).await.unwrap());
+    let log = read_json(m.read(&Caller::local(), Read::new(LOG_URI)).await.unwrap());
     let ev = log["events"].as_array().unwrap();
     let types: Vec<&str> = ev.iter().map(|e| e["type"].as_str().unwrap()).collect();
     assert_eq!(types, ["ADDED", "MODIFIED", "DELETED"]);
@@ -36,7 +36,11 @@ async fn set_modify_delete_are_logged_with_old() {
     assert_eq!(ev[1]["object"], json!({"x": 2}));
     assert!(ev[0]["seq"].as_u64() < ev[1]["seq"].as_u64());
     assert_eq!(
-        read_json(m.read(&Caller::local(), NOTES_URI).await.unwrap()),
+        read_json(
+            m.read(&Caller::local(), Read::new(NOTES_URI))
+                .await
+                .unwrap()
+        ),
         json!({})
     );
     let batch = r.queue().next_batch().await;
@@ -51,7 +55,11 @@ async fn notes_survive_reopen_on_the_same_store() {
     drop(m);
     let m = Memo::open(store, 16).await.unwrap();
     assert_eq!(
-        read_json(m.read(&Caller::local(), NOTES_URI).await.unwrap()),
+        read_json(
+            m.read(&Caller::local(), Read::new(NOTES_URI))
+                .await
+                .unwrap()
+        ),
         json!({"k": "v"})
     );
 }
@@ -89,7 +97,10 @@ async fn bad_arguments_are_clear_errors() {
         .await
         .unwrap_err();
     assert!(err.to_string().contains("key must be a string"), "{err}");
-    let err = m.read(&Caller::local(), "memo://nope").await.unwrap_err();
+    let err = m
+        .read(&Caller::local(), Read::new("memo://nope"))
+        .await
+        .unwrap_err();
     assert_eq!(
         err,
         SourceError::NotFound {
@@ -137,7 +148,7 @@ async fn a_set_past_the_notes_limit_is_refused_and_changes_nothing() {
     m.set("b", json!("y".repeat(40))).await.unwrap();
     assert_eq!(m.notes_bytes().await, 2 * 43);
     let _ = r.queue().next_batch().await;
-    let before_log = read_json(m.read(&Caller::local(), LOG_URI).await.unwrap());
+    let before_log = read_json(m.read(&Caller::local(), Read::new(LOG_URI)).await.unwrap());
     let err = m
         .call_tool(
             &Caller::local(),
@@ -162,11 +173,15 @@ async fn a_set_past_the_notes_limit_is_refused_and_changes_nothing() {
     assert!(err.to_string().contains("--max-notes-bytes"), "{err}");
     // Nothing changed: the notes, the store, the log, the total, and no notification.
     assert_eq!(
-        read_json(m.read(&Caller::local(), NOTES_URI).await.unwrap()),
+        read_json(
+            m.read(&Caller::local(), Read::new(NOTES_URI))
+                .await
+                .unwrap()
+        ),
         json!({"a": "x".repeat(40), "b": "y".repeat(40)})
     );
     assert_eq!(
-        read_json(m.read(&Caller::local(), LOG_URI).await.unwrap()),
+        read_json(m.read(&Caller::local(), Read::new(LOG_URI)).await.unwrap()),
         before_log
     );
     assert_eq!(m.notes_bytes().await, 86);

@@ -47,8 +47,8 @@ use crate::mcp::events::{self, EventType, NEXT_POLL_MS, PollRequest, encode_curs
 use crate::mcp::hub::ChangeFeed;
 use crate::mcp::ring::{EVENT_LOG_MIME, now_ms};
 use crate::mcp::source::{
-    Admission, Call, Caller, Contents, ListenFilter, Source, SourceError, SourceInfo, WatchGuard,
-    check_args, schema,
+    Admission, Call, Caller, Contents, ListenFilter, Read, Source, SourceError, SourceInfo,
+    WatchGuard, check_args, schema,
 };
 use crate::store::Store;
 
@@ -508,8 +508,9 @@ impl Source for Slack {
         ]
     }
 
-    async fn read(&self, _caller: &Caller, uri: &str) -> Result<Contents, SourceError> {
-        let filter = MessageFilter::from_uri(uri)?;
+    /// Slack's log is its recent buffer, not a ring: the reader's hint is not needed.
+    async fn read(&self, _caller: &Caller, read: Read<'_>) -> Result<Contents, SourceError> {
+        let filter = MessageFilter::from_uri(read.uri)?;
         let core = self.loaded_core().await?;
         let events = core.buffer.recent(&filter, READ_EVENTS);
         Ok(Contents::text(EVENT_LOG_MIME, event_log(&events)))
