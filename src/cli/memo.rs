@@ -87,7 +87,7 @@ pub async fn run(args: MemoArgs, globals: &Globals) -> Result<(), Exit> {
         .max_notes_bytes
         .unwrap_or(default_max_notes_bytes(args.serve.max_message_bytes));
     let memo = match &nats {
-        None => Memo::open(store.clone(), args.ring_capacity).await?,
+        None => Memo::open(store.clone(), args.ring_capacity, ctx.tap()).await?,
         Some(n) => Memo::open_nats(n, args.ring_capacity, &ctx)
             .await
             .map_err(|e| anyhow::anyhow!("{e}"))?,

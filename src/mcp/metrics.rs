@@ -47,6 +47,9 @@ pub static NATS_PUBLISH_MICROS: AtomicU64 = AtomicU64::new(0);
 /// Publishes to a NATS JetStream stream that failed (retried, or the lease was lost).
 pub static NATS_PUBLISH_FAILURES: AtomicU64 = AtomicU64::new(0);
 
+/// Event-log events not published to NATS (the tap's queue was full, or NATS refused them).
+pub static EVENTS_PUBLISH_DROPPED: AtomicU64 = AtomicU64::new(0);
+
 /// 1 while this process holds the Slack socket lease (`herald slack --backend nats://…`).
 pub static SLACK_LEASE_HELD: AtomicU64 = AtomicU64::new(0);
 
@@ -101,7 +104,7 @@ static COUNTERS: &[(&str, &str, &AtomicU64)] = &[
     (
         "herald_events_publish_dropped_total",
         "event-log events not published to NATS (--publish-events): the queue was full, or NATS refused them",
-        &crate::mcp::ring::TAP_DROPPED,
+        &EVENTS_PUBLISH_DROPPED,
     ),
     (
         "herald_slack_lease_acquired_total",

@@ -22,6 +22,7 @@ pub mod sealed;
 pub mod server;
 pub mod source;
 pub mod status;
+pub mod tap;
 pub mod tasks;
 pub mod template;
 pub mod upstream;

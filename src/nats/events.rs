@@ -2,8 +2,8 @@
 //! (`--publish-events nats://…`), and a gateway on another host serves them for a `[[slug]]`
 //! with `nats = "…"`, with no connection to the role itself.
 //!
-//! - **Publishing.** [`Publisher::start`] installs the process's ring tap
-//!   ([`crate::mcp::ring::install_tap`]): every ring made with `tapped(uri)` (memo's log, each
+//! - **Publishing.** [`Publisher::start`] installs the role context's ring tap
+//!   ([`RoleContext::install_tap`]): every ring made with `tapped(uri, ctx.tap())` (memo's log, each
 //!   file and k8s watch) sends each event, in push order, to one task that publishes it on
 //!   `herald.events.<name>.<h>` (`h`: 16 hex digits of SHA-256 of the URI) of the stream
 //!   `herald_events`, with the URI, seq and push time in headers and the event's JSON as the
@@ -36,7 +36,7 @@ use crate::mcp::backoff::Backoff;
 use crate::mcp::context::RoleContext;
 use crate::mcp::events::{self, PollRequest};
 use crate::mcp::hub::ChangeFeed;
-use crate::mcp::ring::{DEFAULT_RING_CAPACITY, EVENT_LOG_MIME, EventRing, Tapped};
+use crate::mcp::ring::{DEFAULT_RING_CAPACITY, EVENT_LOG_MIME, EventRing, Tap, Tapped};
 use crate::mcp::source::{
     Admission, Caller, Contents, ListenFilter, Read, Source, SourceError, SourceInfo, WatchGuard,
 };
@@ -149,10 +149,11 @@ impl Publisher {
         let js = jetstream::new(client);
         let (_, kv) = open(&js, &servers).await?;
         let (tx, rx) = tokio::sync::mpsc::channel(QUEUE);
-        if !crate::mcp::ring::install_tap(tx) {
+        let tap = Tap::new(tx, &crate::mcp::metrics::EVENTS_PUBLISH_DROPPED);
+        if !ctx.install_tap(tap.clone()) {
             return Err("event logs are published once per process".into());
         }
-        ctx.spawn_until_shutdown("events nats publish", publish(js, name.to_owned(), rx));
+        ctx.spawn_until_shutdown("events nats publish", publish(js, name.to_owned(), rx, tap));
         Ok(PublisherHandle {
             kv,
             name: name.to_owned(),
@@ -196,6 +197,7 @@ async fn publish(
     js: jetstream::Context,
     name: String,
     mut rx: tokio::sync::mpsc::Receiver<Tapped>,
+    tap: Tap,
 ) {
     let me = publisher_id();
     let mut backoff = RETRY;
@@ -246,7 +248,7 @@ async fn publish(
                         _ => "no acknowledgement in time".into(),
                     };
                     if tries >= PUBLISH_TRIES {
-                        crate::mcp::ring::TAP_DROPPED.fetch_add(1, Ordering::Relaxed);
+                        tap.dropped();
                         tracing::warn!(error = %why, uri = %t.uri, seq = t.seq, "cannot publish an event log's event to NATS; giving it up (mirrors report the hole as truncated)");
                         break;
                     }

@@ -31,7 +31,7 @@ impl Drop for InProcess {
 async fn memo_server() -> InProcess {
     init();
     let store = Store::memory();
-    let memo = Memo::open(store.clone(), 64).await.unwrap();
+    let memo = Memo::open(store.clone(), 64, None).await.unwrap();
     let ctx = RoleContext::new("memo");
     let opts = ServeOptions {
         http: Some("127.0.0.1:0".into()),

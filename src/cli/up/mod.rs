@@ -211,7 +211,14 @@ pub async fn run(args: UpArgs, globals: &Globals) -> Result<(), Exit> {
     if let Some(m) = &file.memo {
         let mctx = ctx.for_role("memo");
         let memo = match m.nats() {
-            None => Memo::open(store.clone(), m.ring_capacity.unwrap_or_default()).await?,
+            None => {
+                Memo::open(
+                    store.clone(),
+                    m.ring_capacity.unwrap_or_default(),
+                    mctx.tap(),
+                )
+                .await?
+            }
             Some(n) => Memo::open_nats(&n, m.ring_capacity.unwrap_or_default(), &mctx)
                 .await
                 .map_err(|e| anyhow::anyhow!("[memo]: {e}"))?,

@@ -118,6 +118,7 @@ impl FileSource {
                 debounce: cfg.debounce.min(Duration::from_secs(3600)),
                 max_watches: cfg.max_watches.max(1),
                 ring_capacity: cfg.ring_capacity,
+                tap: ctx.tap().cloned(),
             },
             feed.clone(),
             roots.list().to_vec(),

@@ -110,7 +110,7 @@ impl Watcher {
         feed: ChangeFeed,
         ring_capacity: usize,
     ) -> Watcher {
-        let ring = Arc::new(EventRing::new(ring_capacity).tapped(&uri));
+        let ring = Arc::new(EventRing::new(ring_capacity).tapped(&uri, kubectl.ctx().tap()));
         let (tx, seed) = watch::channel(Seed::Pending);
         // Stopped by the last handle, or at shutdown.
         let stop = kubectl.ctx().shutdown().child_token();

@@ -6,7 +6,7 @@ use super::*;
 use crate::mcp::source::schema;
 
 async fn memo() -> Memo {
-    Memo::open(Store::memory(), 16).await.unwrap()
+    Memo::open(Store::memory(), 16, None).await.unwrap()
 }
 
 fn read_json(c: Contents) -> Value {
@@ -50,10 +50,10 @@ async fn set_modify_delete_are_logged_with_old() {
 #[tokio::test]
 async fn notes_survive_reopen_on_the_same_store() {
     let store = Store::memory();
-    let m = Memo::open(store.clone(), 16).await.unwrap();
+    let m = Memo::open(store.clone(), 16, None).await.unwrap();
     m.set("k", json!("v")).await.unwrap();
     drop(m);
-    let m = Memo::open(store, 16).await.unwrap();
+    let m = Memo::open(store, 16, None).await.unwrap();
     assert_eq!(
         read_json(
             m.read(&Caller::local(), Read::new(NOTES_URI))
@@ -118,7 +118,7 @@ async fn scanned_bytes(store: &Store) -> usize {
 #[tokio::test]
 async fn the_notes_total_is_kept_as_writes_change_it() {
     let store = Store::memory();
-    let m = Memo::open(store.clone(), 16).await.unwrap();
+    let m = Memo::open(store.clone(), 16, None).await.unwrap();
     assert_eq!(m.notes_bytes().await, 0);
     m.set("a", json!("xy")).await.unwrap();
     assert_eq!(m.notes_bytes().await, 1 + 4, "key a, value \"xy\"");
@@ -132,14 +132,14 @@ async fn the_notes_total_is_kept_as_writes_change_it() {
     assert_eq!(total, scanned_bytes(&store).await);
     assert_eq!(total, 1 + 16 + 1 + 3);
     drop(m);
-    let m = Memo::open(store, 16).await.unwrap();
+    let m = Memo::open(store, 16, None).await.unwrap();
     assert_eq!(m.notes_bytes().await, total, "a reopen counts the same");
 }
 
 #[tokio::test]
 async fn a_set_past_the_notes_limit_is_refused_and_changes_nothing() {
     let store = Store::memory();
-    let m = Memo::open(store.clone(), 16)
+    let m = Memo::open(store.clone(), 16, None)
         .await
         .unwrap()
         .with_max_notes_bytes(100);
@@ -198,10 +198,10 @@ async fn a_set_past_the_notes_limit_is_refused_and_changes_nothing() {
 #[tokio::test]
 async fn notes_past_a_lowered_limit_can_still_shrink() {
     let store = Store::memory();
-    let m = Memo::open(store.clone(), 16).await.unwrap();
+    let m = Memo::open(store.clone(), 16, None).await.unwrap();
     m.set("a", json!("x".repeat(100))).await.unwrap();
     drop(m);
-    let m = Memo::open(store, 16)
+    let m = Memo::open(store, 16, None)
         .await
         .unwrap()
         .with_max_notes_bytes(50);
