@@ -44,7 +44,7 @@ impl MemoServer {
                 .expect("memo opens"),
         );
         // Its tasks run on a context of their own, ended with this server.
-        let ctx = crate::mcp::context::RoleContext::new("memo");
+        let ctx = crate::runtime::context::RoleContext::new("memo");
         let shutdown = ctx.shutdown().clone();
         let tasks = crate::mcp::tasks::Tasks::open(&ctx, None, "memo").await;
         let server = SourceServer::with_tasks(

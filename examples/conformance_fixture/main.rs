@@ -25,13 +25,13 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use herald::app::{self, ServeOptions};
-use herald::mcp::context::RoleContext;
 use herald::mcp::hub::ChangeFeed;
 use herald::mcp::source::{
     Admission, Call, Caller, Contents, ListenFilter, PROMPTS_CHANGED, Read, Source, SourceError,
     SourceInfo, TOOLS_CHANGED, check_args, schema,
 };
 use herald::mcp::tasks;
+use herald::runtime::context::RoleContext;
 use herald::store::Store;
 use rmcp::model::{
     CallToolResponse, CallToolResult, CompleteRequestParams, CompleteResult,

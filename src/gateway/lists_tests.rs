@@ -8,12 +8,12 @@ use rmcp::model::{ServerNotification, SubscriptionFilter, Tool};
 
 use super::*;
 use crate::gateway::Gateway;
-use crate::mcp::context::RoleContext;
 use crate::mcp::server::{Limits, SourceServer};
 use crate::mcp::source::{
     Admission, Caller, Contents, ListenFilter, Source, SourceError, SourceInfo,
 };
 use crate::mcp::upstream::{UpstreamConfig, local};
+use crate::runtime::context::RoleContext;
 use crate::transport::client::Target;
 
 const WAIT: Duration = Duration::from_secs(10);

@@ -18,10 +18,7 @@ use tokio_util::sync::CancellationToken;
 use crate::gateway::config::{GatewayConfig, Slug, Token, valid_slug};
 pub(crate) use crate::gateway::names::Names;
 use crate::gateway::tasks::GatewayTasks;
-use crate::mcp::backoff::Backoff;
-use crate::mcp::context::RoleContext;
 use crate::mcp::hub::ChangeFeed;
-use crate::mcp::metrics::EVENTS_LIST_FAILED;
 use crate::mcp::source::{
     Admission, Authentication, Call, Caller, Contents, ListenFilter, Read, Source, SourceError,
     SourceInfo, WatchGuard,
@@ -29,6 +26,9 @@ use crate::mcp::source::{
 use crate::mcp::upstream::{
     self, Heard, KeptListen, REQUEST_TIMEOUT, Upstream, UpstreamConfig, upstream_error,
 };
+use crate::runtime::backoff::Backoff;
+use crate::runtime::context::RoleContext;
+use crate::runtime::metrics::{Counter, Metrics};
 
 /// How long the handshake waits for one slug's answer on whether it serves Events.
 const EVENTS_PROBE: Duration = Duration::from_secs(3);
@@ -693,7 +693,7 @@ impl Source for Gateway {
                     }
                 }
                 Err(e) => {
-                    EVENTS_LIST_FAILED.fetch_add(1, Ordering::Relaxed);
+                    events_list_failed(self.ctx.metrics()).inc();
                     tracing::error!(slug = %u.name, error = %e, "events/list failed after the handshake advertised events");
                 }
             }
@@ -754,6 +754,16 @@ impl Source for Gateway {
         }
         Ok(v)
     }
+}
+
+/// The gateway's counter of `events/list` calls that failed after the upstream's handshake
+/// advertised events (a fault it reports; reference 002's `mcp.events_list_failed`),
+/// registered (or found) in `metrics`.
+pub fn events_list_failed(metrics: &Metrics) -> Counter {
+    metrics.counter(
+        "herald_events_list_failed_total",
+        "events/list calls that failed after the handshake advertised events",
+    )
 }
 
 /// A read of `uri` upstream, passing on the reader's `io.herald/after` hint.

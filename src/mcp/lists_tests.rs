@@ -274,6 +274,7 @@ async fn http(server: SourceServer, shutdown: &CancellationToken) -> std::net::S
         addr,
         &http::HttpOptions::default(),
         shutdown.clone(),
+        &crate::runtime::metrics::Metrics::default(),
     );
     tokio::spawn(http::serve(
         listener,

@@ -34,7 +34,7 @@ pub struct EventRing {
     tap: Option<(Arc<str>, Tap)>,
 }
 
-pub use crate::mcp::tap::{Tap, Tapped};
+pub use crate::runtime::tap::{Tap, Tapped};
 
 #[derive(Debug)]
 struct Inner {
@@ -151,7 +151,7 @@ impl EventRing {
     }
 
     /// This ring is the event log `uri`: when its role publishes its event logs (`tap`, the
-    /// context's [`RoleContext::tap`](crate::mcp::context::RoleContext::tap)), its events
+    /// context's [`RoleContext::tap`](crate::runtime::context::RoleContext::tap)), its events
     /// are sent to the publisher too (in push order, never blocking a push: a full queue
     /// drops and counts).
     pub fn tapped(mut self, uri: &str, tap: Option<&Tap>) -> EventRing {

@@ -333,7 +333,7 @@ impl SourceServer {
 
     /// A count of this server's running listen streams for the status board, which does not
     /// keep the server alive (0 once it is gone).
-    pub fn listen_count(&self) -> crate::mcp::status::ListenCount {
+    pub fn listen_count(&self) -> crate::runtime::status::ListenCount {
         let weak = Arc::downgrade(&self.shared);
         Arc::new(move || {
             weak.upgrade()

@@ -21,7 +21,6 @@
 
 use crate::sync::{Recover, RecoverRw};
 use std::collections::BTreeMap;
-use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
 
@@ -32,8 +31,6 @@ use rmcp::model::{JsonObject, Resource};
 use serde_json::{Value, json};
 use sha2::Digest;
 
-use crate::mcp::backoff::Backoff;
-use crate::mcp::context::RoleContext;
 use crate::mcp::events::{self, PollRequest};
 use crate::mcp::hub::ChangeFeed;
 use crate::mcp::ring::{DEFAULT_RING_CAPACITY, EVENT_LOG_MIME, EventRing, Tap, Tapped};
@@ -41,6 +38,8 @@ use crate::mcp::source::{
     Admission, Caller, Contents, ListenFilter, Read, Source, SourceError, SourceInfo, WatchGuard,
 };
 use crate::nats::NatsConfig;
+use crate::runtime::backoff::Backoff;
+use crate::runtime::context::RoleContext;
 
 /// The stream every published event log goes to.
 pub const STREAM: &str = "herald_events";
@@ -142,18 +141,22 @@ impl Publisher {
             ));
         }
         let servers = cfg.redacted();
-        let client = tokio::time::timeout(Duration::from_secs(20), cfg.connect())
+        let client = tokio::time::timeout(Duration::from_secs(20), cfg.connect(ctx.metrics()))
             .await
             .map_err(|_| format!("no NATS server answered at {servers} within 20 s"))??;
         crate::nats::enter(ctx, "events", cfg, client.clone());
         let js = jetstream::new(client);
         let (_, kv) = open(&js, &servers).await?;
         let (tx, rx) = tokio::sync::mpsc::channel(QUEUE);
-        let tap = Tap::new(tx, &crate::mcp::metrics::EVENTS_PUBLISH_DROPPED);
+        let counts = crate::nats::NatsMetrics::register(ctx.metrics());
+        let tap = Tap::new(tx, counts.events_publish_dropped.clone());
         if !ctx.install_tap(tap.clone()) {
             return Err("event logs are published once per process".into());
         }
-        ctx.spawn_until_shutdown("events nats publish", publish(js, name.to_owned(), rx, tap));
+        ctx.spawn_until_shutdown(
+            "events nats publish",
+            publish(js, name.to_owned(), rx, tap, counts),
+        );
         Ok(PublisherHandle {
             kv,
             name: name.to_owned(),
@@ -198,6 +201,7 @@ async fn publish(
     name: String,
     mut rx: tokio::sync::mpsc::Receiver<Tapped>,
     tap: Tap,
+    counts: crate::nats::NatsMetrics,
 ) {
     let me = publisher_id();
     let mut backoff = RETRY;
@@ -235,14 +239,12 @@ async fn publish(
             }
             match r {
                 Ok(Ok(_)) => {
-                    crate::mcp::metrics::NATS_PUBLISHES.fetch_add(1, Ordering::Relaxed);
-                    crate::mcp::metrics::NATS_PUBLISH_MICROS
-                        .fetch_add(clock.elapsed().as_micros() as u64, Ordering::Relaxed);
+                    counts.publish_seconds.observe(clock.elapsed());
                     backoff = RETRY;
                     break;
                 }
                 other => {
-                    crate::mcp::metrics::NATS_PUBLISH_FAILURES.fetch_add(1, Ordering::Relaxed);
+                    counts.publish_failures.inc();
                     let why = match other {
                         Ok(Err(e)) => e.to_string(),
                         _ => "no acknowledgement in time".into(),
@@ -410,7 +412,7 @@ async fn follow(
     let mut backoff = RETRY;
     let (stream, kv, client) = loop {
         let r = async {
-            let client = cfg.connect().await?;
+            let client = cfg.connect(ctx.metrics()).await?;
             let js = jetstream::new(client.clone());
             let (stream, kv) = open(&js, &mirror.servers).await?;
             Ok::<_, String>((stream, kv, client))

@@ -6,9 +6,9 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
-use herald::mcp::context::RoleContext;
 use herald::mcp::hub::Registration;
 use herald::mcp::source::{Body, Caller, Source, WatchGuard};
+use herald::runtime::context::RoleContext;
 use herald::source::file::{FileConfig, FileSource, events_uri, state_uri};
 use serde_json::{Value, json};
 

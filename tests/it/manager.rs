@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use herald::app::{ServeOptions, serve_source};
-use herald::mcp::context::RoleContext;
+use herald::runtime::context::RoleContext;
 use herald::source::memo::Memo;
 use herald::store::{Store, Table};
 use herald::transport::client::Target;

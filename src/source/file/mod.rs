@@ -45,13 +45,13 @@ use self::machine::{Config, Spec, SubError};
 use self::paths::{Confined, Roots};
 use self::uri::{Target, parse, uri_path};
 use self::watcher::{Subscription, Watcher};
-use crate::mcp::context::RoleContext;
 use crate::mcp::events::{Leases, MAX_POLL_LEASES, POLL_LEASE};
 use crate::mcp::hub::ChangeFeed;
 use crate::mcp::ring::{DEFAULT_RING_CAPACITY, EVENT_LOG_MIME};
 use crate::mcp::source::{
     Admission, Caller, Contents, ListenFilter, Read, Source, SourceError, SourceInfo, WatchGuard,
 };
+use crate::runtime::context::RoleContext;
 
 pub use self::events::CHANGED_EVENT;
 pub use self::uri::{EVENTS_TEMPLATE, STATE_TEMPLATE, events_uri, state_uri};

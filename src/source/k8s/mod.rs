@@ -41,13 +41,13 @@ use async_trait::async_trait;
 use rmcp::model::{JsonObject, Resource, ResourceTemplate, Tool};
 use serde_json::Value;
 
-use crate::mcp::context::RoleContext;
 use crate::mcp::events::{EventType, Leases, MAX_POLL_LEASES, POLL_LEASE};
 use crate::mcp::hub::ChangeFeed;
 use crate::mcp::source::{
     Admission, Call, Caller, Contents, ListenFilter, Read, Source, SourceError, SourceInfo,
     WatchGuard,
 };
+use crate::runtime::context::RoleContext;
 use kubectl::{Kubectl, KubectlConfig};
 use uri::{K8sUri, Selection};
 use watcher::{Via, Watcher};

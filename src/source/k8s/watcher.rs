@@ -25,10 +25,10 @@ use tokio::io::AsyncReadExt;
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
-use crate::mcp::backoff::Backoff;
 use crate::mcp::hub::ChangeFeed;
 use crate::mcp::ring::EventRing;
 use crate::mcp::source::{Contents, SourceError};
+use crate::runtime::backoff::Backoff;
 use crate::source::k8s::api::{Api, ApiError, ApiType};
 use crate::source::k8s::known::{Change, Known};
 use crate::source::k8s::kubectl::Kubectl;

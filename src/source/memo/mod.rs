@@ -172,7 +172,7 @@ impl Memo {
     pub async fn open_nats(
         cfg: &nats::NatsConfig,
         ring_capacity: usize,
-        ctx: &crate::mcp::context::RoleContext,
+        ctx: &crate::runtime::context::RoleContext,
     ) -> Result<Memo, String> {
         let state = std::sync::Arc::new(State::new(BTreeMap::new(), 0, ring_capacity, ctx.tap()));
         let notes = nats::Notes::open(cfg, state.clone(), ctx).await?;

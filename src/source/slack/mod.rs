@@ -42,7 +42,6 @@ use self::buffer::{Buffer, Held, MAX_EVENTS};
 use self::core::{ANY_EVENT_KEY, Core, ListenHold, SocketState, at};
 use self::filter::{EVENTS_TEMPLATE, EVENTS_URI, MESSAGE_POSTED, MessageFilter};
 use self::settings::Settings;
-use crate::mcp::context::RoleContext;
 use crate::mcp::events::{self, EventType, NEXT_POLL_MS, PollRequest, encode_cursor, rfc3339};
 use crate::mcp::hub::ChangeFeed;
 use crate::mcp::ring::{EVENT_LOG_MIME, now_ms};
@@ -50,6 +49,7 @@ use crate::mcp::source::{
     Admission, Call, Caller, Contents, ListenFilter, Read, Source, SourceError, SourceInfo,
     WatchGuard, check_args, schema,
 };
+use crate::runtime::context::RoleContext;
 use crate::store::Store;
 
 /// How often the buffer is written (and expired).
@@ -113,7 +113,7 @@ impl Slack {
             settings::BOT_TOKEN,
             settings::ENCRYPTION_KEY,
         ] {
-            crate::app::secrets::register(var);
+            crate::runtime::secrets::register(var);
         }
         let s = &cfg.settings;
         let api = Arc::new(WebApi::new(
@@ -149,7 +149,7 @@ impl Slack {
                     Some(core)
                 }
                 Some(sc) => {
-                    let link = shared::Shared::connect(sc.clone())
+                    let link = shared::Shared::connect(sc.clone(), ctx.metrics())
                         .await
                         .map_err(|e| anyhow::anyhow!("{e}"))?;
                     let buffer = Buffer::memory(&c.key, c.retention, cfg.max_events);

@@ -92,7 +92,7 @@ pub struct Config {
     pub max_watches: usize,
     pub ring_capacity: usize,
     /// Where event-log rings send their events when the role publishes them.
-    pub tap: Option<crate::mcp::tap::Tap>,
+    pub tap: Option<crate::runtime::tap::Tap>,
 }
 
 /// The state machine. See the module docs.

@@ -4,8 +4,8 @@
 //! so it is tracked (the runner's drain waits for it), named (a span `task{role, name}`, and a
 //! count of what is still running when the drain gives up) and ends at shutdown. The context
 //! also carries the process's [`StatusBoard`], where the parts it builds report themselves
-//! for the admin address, and the ring tap when the roles publish their event logs
-//! ([`crate::mcp::tap`]).
+//! for the admin address, the [`Metrics`] registry each part registers its counters in, and
+//! the ring tap when the roles publish their event logs ([`crate::runtime::tap`]).
 
 use crate::sync::Recover;
 use std::collections::BTreeMap;
@@ -18,8 +18,9 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tracing::Instrument;
 
-use crate::mcp::status::StatusBoard;
-use crate::mcp::tap::Tap;
+use crate::runtime::metrics::Metrics;
+use crate::runtime::status::StatusBoard;
+use crate::runtime::tap::Tap;
 
 /// A role's task context. Cheap to clone; clones share the tracker, the token and the counts.
 #[derive(Clone)]
@@ -34,6 +35,8 @@ struct Shared {
     /// Tasks running now, by (role, name).
     running: Mutex<BTreeMap<(Arc<str>, &'static str), usize>>,
     status: StatusBoard,
+    /// The metrics registry its roles register their counters in.
+    metrics: Metrics,
     /// Where the rings its roles make send their events, when they publish them.
     tap: OnceLock<Tap>,
 }
@@ -87,6 +90,7 @@ impl RoleContext {
                 status: StatusBoard::new(shutdown.clone()),
                 shutdown,
                 running: Mutex::default(),
+                metrics: Metrics::default(),
                 tap: OnceLock::new(),
             }),
         }
@@ -113,6 +117,12 @@ impl RoleContext {
     /// The process's status board (shared by every role of the context, like the tracker).
     pub fn status(&self) -> &StatusBoard {
         &self.shared.status
+    }
+
+    /// The metrics registry (shared by every role of the context, like the tracker): each
+    /// part registers its own counters here, and `/metrics` renders them.
+    pub fn metrics(&self) -> &Metrics {
+        &self.shared.metrics
     }
 
     /// Makes every event-log ring its roles make from now on send its events to `tap` (the
