@@ -1,11 +1,13 @@
 //! herald: one binary carrying a push-driven MCP watch pipeline.
 //!
-//! Reading order: [`store`] (the one redb file), [`mcp`] (plumbing every role shares: the
-//! source trait, listen hub, event-log ring, rmcp handler; on the client side the shared
-//! upstream handle, the routing rule and the backoff), [`transport`] (stdio, HTTP and
-//! QUIC, server and client), [`source`] (the change sources), [`app`] (binding and running
-//! roles, systemd's notify protocol and socket activation, the admin address), [`cli`] (the
-//! command line). `docs/ARCHITECTURE.md` has the map and the invariants.
+//! Reading order: [`store`] (the one redb file), [`runtime`] (what every role shares at run
+//! time: its context, the status board, the metrics registry, backoff, secrets), [`mcp`]
+//! (plumbing every role shares: the source trait, listen hub, event-log ring, rmcp handler;
+//! on the client side the shared upstream handle and the routing rule), [`transport`]
+//! (stdio, HTTP and QUIC, server and client), [`source`] (the change sources), [`app`]
+//! (binding and running roles, systemd's notify protocol and socket activation, the admin
+//! address), [`cli`] (the command line). `docs/ARCHITECTURE.md` has the map and the
+//! invariants.
 
 // stdout is written through `app::console` only: `println!` panics on a closed pipe (`herald ls
 // | head`), where herald must end quietly with status 0.
@@ -20,6 +22,7 @@ mod fuzzing;
 pub mod gateway;
 pub mod mcp;
 pub mod nats;
+pub mod runtime;
 pub mod source;
 pub mod store;
 pub mod sync;

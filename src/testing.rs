@@ -38,9 +38,13 @@ impl Drop for MemoServer {
 
 impl MemoServer {
     pub async fn start() -> MemoServer {
-        let memo = Arc::new(Memo::open(Store::memory(), 16).await.expect("memo opens"));
+        let memo = Arc::new(
+            Memo::open(Store::memory(), 16, None)
+                .await
+                .expect("memo opens"),
+        );
         // Its tasks run on a context of their own, ended with this server.
-        let ctx = crate::mcp::context::RoleContext::new("memo");
+        let ctx = crate::runtime::context::RoleContext::new("memo");
         let shutdown = ctx.shutdown().clone();
         let tasks = crate::mcp::tasks::Tasks::open(&ctx, None, "memo").await;
         let server = SourceServer::with_tasks(

@@ -25,13 +25,13 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use herald::app::{self, ServeOptions};
-use herald::mcp::context::RoleContext;
 use herald::mcp::hub::ChangeFeed;
 use herald::mcp::source::{
-    Admission, Call, Caller, Contents, ListenFilter, PROMPTS_CHANGED, Source, SourceError,
+    Admission, Call, Caller, Contents, ListenFilter, PROMPTS_CHANGED, Read, Source, SourceError,
     SourceInfo, TOOLS_CHANGED, check_args, schema,
 };
 use herald::mcp::tasks;
+use herald::runtime::context::RoleContext;
 use herald::store::Store;
 use rmcp::model::{
     CallToolResponse, CallToolResult, CompleteRequestParams, CompleteResult,
@@ -81,8 +81,8 @@ impl Source for Fixture {
         suite::templates()
     }
 
-    async fn read(&self, _caller: &Caller, uri: &str) -> Result<Contents, SourceError> {
-        suite::read(uri)
+    async fn read(&self, _caller: &Caller, read: Read<'_>) -> Result<Contents, SourceError> {
+        suite::read(read.uri)
     }
 
     fn prompts(&self, _caller: &Caller) -> Vec<Prompt> {

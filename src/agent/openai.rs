@@ -11,7 +11,7 @@ use async_trait::async_trait;
 use serde_json::{Value, json};
 
 use crate::agent::model::{Message, Model, ModelError, Reply, ToolCall, ToolSpec};
-use crate::mcp::backoff::Backoff;
+use crate::runtime::backoff::Backoff;
 use crate::transport::tls::Secret;
 
 /// How to reach the model.

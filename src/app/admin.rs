@@ -27,9 +27,9 @@ use tracing::Instrument;
 
 use crate::app::systemd::Systemd;
 use crate::app::{AppError, GRACE};
-use crate::mcp::context::RoleContext;
-use crate::mcp::metrics;
-use crate::mcp::status::{Readiness, StatusBoard, StatusReport};
+use crate::runtime::context::RoleContext;
+use crate::runtime::metrics;
+use crate::runtime::status::{Readiness, StatusBoard, StatusReport};
 use crate::store::{KEEP_BACKUPS, Location, Snapshot, Store, StoreError};
 use crate::transport::http;
 
@@ -130,7 +130,7 @@ async fn metrics(State(admin): State<Admin>) -> impl IntoResponse {
     let report = admin.board.report().await;
     (
         [(header::CONTENT_TYPE, "text/plain; version=0.0.4")],
-        metrics::render() + &metrics::render_status(&report),
+        admin.ctx.metrics().render() + &metrics::render_status(&report),
     )
 }
 
@@ -263,7 +263,7 @@ pub async fn serve_admin(
         "admin",
         http::serve(
             listener,
-            router(ctx, store.cloned()),
+            http::Endpoint::plain(router(ctx, store.cloned()), ctx.metrics()),
             ctx.shutdown().clone(),
             GRACE,
         )

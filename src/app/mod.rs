@@ -26,7 +26,6 @@
 
 pub mod admin;
 pub mod console;
-pub mod secrets;
 pub mod systemd;
 
 use std::net::SocketAddr;
@@ -37,9 +36,9 @@ use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
 use crate::app::systemd::{Inherited, Notify, Systemd};
-use crate::mcp::context::RoleContext;
 use crate::mcp::server::{Limits, SourceServer};
 use crate::mcp::source::DynSource;
+use crate::runtime::context::RoleContext;
 use crate::store::Store;
 use crate::transport::{self, http, quic, tls};
 
@@ -209,7 +208,13 @@ pub async fn serve_source(
             message: e.to_string(),
         })?;
         bound.http = Some(local);
-        let router = http::router(server.clone(), local, &opts.http_options, sessions.clone());
+        let router = http::router(
+            server.clone(),
+            local,
+            &opts.http_options,
+            sessions.clone(),
+            ctx.metrics(),
+        );
         ctx.spawn(
             "http",
             http::serve(listener, router, shutdown.clone(), GRACE)
@@ -233,8 +238,14 @@ pub async fn serve_source(
         bound.quic = Some(local);
         ctx.spawn(
             "quic",
-            quic::serve(endpoint, server.clone(), shutdown.clone(), sessions.clone())
-                .instrument(tracing::info_span!("quic", role = %role, addr = %local)),
+            quic::serve(
+                endpoint,
+                server.clone(),
+                shutdown.clone(),
+                sessions.clone(),
+                ctx.metrics().clone(),
+            )
+            .instrument(tracing::info_span!("quic", role = %role, addr = %local)),
         );
     }
     if opts.stdio || (bound.http.is_none() && opts.quic.is_none() && !opts.no_stdio_fallback) {

@@ -291,7 +291,7 @@ pub(crate) fn chat_client(
     max_tokens: u32,
     timeout_secs: u64,
 ) -> Result<ChatClient, Exit> {
-    crate::app::secrets::register(KEY_VAR);
+    crate::runtime::secrets::register(KEY_VAR);
     ChatClient::new(ChatConfig {
         url: url.to_owned(),
         model: model.to_owned(),

@@ -3,7 +3,6 @@
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use crate::mcp::context::RoleContext;
 use anyhow::Context;
 use clap::Args;
 use serde::{Deserialize, Serialize};
@@ -116,7 +115,7 @@ fn load(path: &Path) -> anyhow::Result<FileToml> {
 
 pub async fn run(args: FileArgs, globals: &Globals) -> Result<(), Exit> {
     let cfg = args.config().map_err(usage)?;
-    let ctx = RoleContext::new("file");
+    let ctx = crate::cli::serve::role_context("file");
     let store = role_store(&args.serve.options(), globals).await?;
     let admin = begin(&args.serve, &ctx, globals, &store).await?;
     let published = args.publish.start("file", &ctx).await?;

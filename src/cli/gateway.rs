@@ -2,7 +2,7 @@
 
 use std::path::PathBuf;
 
-use crate::mcp::context::RoleContext;
+use crate::runtime::context::RoleContext;
 use clap::Args;
 
 use crate::app::console;
@@ -68,7 +68,7 @@ pub async fn run(args: GatewayArgs, globals: &Globals) -> Result<(), Exit> {
         .map_err(|e| crate::cli::usage(e.into()))?;
     }
     let store = role_store(&opts, globals).await?;
-    let ctx = RoleContext::new("gateway");
+    let ctx = crate::cli::serve::role_context("gateway");
     // The slugs are on the status board before the admin address answers: /ready names
     // every one it waits for from its first answer. Nothing connects before the warm-up.
     let gateway = Gateway::configured(upstreams(&cfg.slugs, &opts.limits, &ctx), &cfg, &ctx);

@@ -2,7 +2,6 @@
 
 use std::path::PathBuf;
 
-use crate::mcp::context::RoleContext;
 use clap::Args;
 
 use crate::cli::serve::{ServeArgs, begin, role_store, serve_until_stopped};
@@ -97,7 +96,7 @@ pub async fn run(args: K8sArgs, globals: &Globals) -> Result<(), Exit> {
         max_watchers: args.max_watchers.max(1),
         watch_via: args.watch_via,
     };
-    let ctx = RoleContext::new("k8s");
+    let ctx = crate::cli::serve::role_context("k8s");
     let store = role_store(&args.serve.options(), globals).await?;
     let admin = begin(&args.serve, &ctx, globals, &store).await?;
     let names: Vec<String> = cfg.kubeconfigs.iter().map(|(n, _)| n.clone()).collect();

@@ -1,6 +1,5 @@
 //! `herald memo`: the memo source.
 
-use crate::mcp::context::RoleContext;
 use clap::Args;
 
 use crate::cli::serve::{ServeArgs, begin, role_store, serve_until_stopped};
@@ -69,7 +68,7 @@ impl NatsArgs {
 }
 
 pub async fn run(args: MemoArgs, globals: &Globals) -> Result<(), Exit> {
-    let ctx = RoleContext::new("memo");
+    let ctx = crate::cli::serve::role_context("memo");
     let nats = args.nats.config();
     if let Some(n) = &nats {
         n.check()
@@ -87,7 +86,7 @@ pub async fn run(args: MemoArgs, globals: &Globals) -> Result<(), Exit> {
         .max_notes_bytes
         .unwrap_or(default_max_notes_bytes(args.serve.max_message_bytes));
     let memo = match &nats {
-        None => Memo::open(store.clone(), args.ring_capacity).await?,
+        None => Memo::open(store.clone(), args.ring_capacity, ctx.tap()).await?,
         Some(n) => Memo::open_nats(n, args.ring_capacity, &ctx)
             .await
             .map_err(|e| anyhow::anyhow!("{e}"))?,

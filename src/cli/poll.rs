@@ -20,8 +20,8 @@ use serde_json::{Map, Value, json};
 
 use crate::cli::client::{ConnectArgs, parse_kv};
 use crate::cli::{Exit, usage};
-use crate::mcp::backoff::Backoff;
 use crate::mcp::events::{MAX_TIMEOUT, NEXT_POLL_MS};
+use crate::runtime::backoff::Backoff;
 use crate::transport::client::Connection;
 
 /// Reconnect pacing in `--follow` after a lost connection.

@@ -12,12 +12,12 @@ use std::sync::Arc;
 use crate::app::systemd::Notify;
 use crate::app::{self, Bound, ServeOptions};
 use crate::cli::{ANNOUNCE, Exit, Globals, LogFormat};
-use crate::mcp::context::RoleContext;
 use crate::mcp::server::{
     DEFAULT_LISTEN_STALL_MS, DEFAULT_MAX_CONNECTIONS, DEFAULT_MAX_LISTEN_STREAMS,
     DEFAULT_MAX_LISTEN_URIS, DEFAULT_MAX_MESSAGE_BYTES, Limits,
 };
 use crate::mcp::source::Source;
+use crate::runtime::context::RoleContext;
 use crate::store::Store;
 use crate::transport::http::{
     DEFAULT_BODY_TIMEOUT_MS, DEFAULT_HEADER_TIMEOUT_MS, DEFAULT_IDLE_TIMEOUT_MS, HttpOptions,
@@ -87,6 +87,20 @@ impl PublishArgs {
             .map(Some)
             .map_err(bad)
     }
+}
+
+/// A role runner's context, with every part's metrics registered up front (the gateway's,
+/// the transport's, NATS's, the Slack lease's, in the order `/metrics` has always named
+/// them), so every process renders the same series whichever roles it runs. Each part
+/// registers its own names; registering again later finds the same counters.
+pub fn role_context(role: &str) -> RoleContext {
+    let ctx = RoleContext::new(role);
+    let metrics = ctx.metrics();
+    crate::gateway::source::events_list_failed(metrics);
+    crate::transport::ConnMetrics::register(metrics);
+    crate::nats::NatsMetrics::register(metrics);
+    crate::source::slack::shared::LeaseMetrics::register(metrics);
+    ctx
 }
 
 #[derive(Debug, Clone, Args)]
@@ -306,4 +320,20 @@ pub async fn serve_until_stopped(
     ctx.shutdown().cancelled().await;
     app::stop(&ctx, systemd).await;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    /// Every role runner's `/metrics` names the same series in the same order, with the same
+    /// help texts, as before each part registered its own (the fixture is that output, idle).
+    #[test]
+    fn a_role_context_renders_every_parts_metrics_in_the_old_order() {
+        for role in ["memo", "gateway", "up"] {
+            assert_eq!(
+                super::role_context(role).metrics().render(),
+                include_str!("../../tests/fixtures/metrics/idle.txt"),
+                "{role}"
+            );
+        }
+    }
 }

@@ -10,7 +10,6 @@ use serde::{Deserialize, Serialize};
 use crate::cli::memo::NatsArgs;
 use crate::cli::serve::{ServeArgs, begin, role_store, serve_until_stopped};
 use crate::cli::{Exit, Globals, usage};
-use crate::mcp::context::RoleContext;
 use std::time::Duration;
 
 use crate::nats::NatsConfig;
@@ -237,7 +236,7 @@ pub async fn run(args: SlackArgs, globals: &Globals) -> Result<(), Exit> {
         None => globals.open_store().await?,
         Some(_) => role_store(&args.serve.options(), globals).await?,
     };
-    let ctx = RoleContext::new("slack");
+    let ctx = crate::cli::serve::role_context("slack");
     let admin = begin(&args.serve, &ctx, globals, &store).await?;
     let source = Slack::open(cfg, store.clone(), &ctx).await?;
     serve_until_stopped(source, &args.serve.options(), admin, &store, ctx, globals).await

@@ -9,7 +9,7 @@ use clap::Args;
 use crate::app::admin::DEFAULT_ADMIN;
 use crate::app::console;
 use crate::cli::Exit;
-use crate::mcp::status::{RoleState, StatusReport};
+use crate::runtime::status::{RoleState, StatusReport};
 
 /// How long the admin address has to answer.
 const ASK_TIMEOUT: Duration = Duration::from_secs(5);
@@ -258,7 +258,9 @@ fn human_bytes(b: u64) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::mcp::status::{BackendReport, RoleReport, StoreReport, UpstreamReport, WatchReport};
+    use crate::runtime::status::{
+        BackendReport, RoleReport, StoreReport, UpstreamReport, WatchReport,
+    };
 
     #[test]
     fn the_admin_address_may_be_a_url_or_host_port() {

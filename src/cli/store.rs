@@ -175,7 +175,7 @@ async fn from_running(
     };
     // First make sure the herald there holds this store, so another herald's admin address
     // (the default one may be another's) is never made to write a backup of its own.
-    let status: crate::mcp::status::StatusReport = client
+    let status: crate::runtime::status::StatusReport = client
         .get(format!("{base}/status"))
         .send()
         .await

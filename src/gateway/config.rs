@@ -497,7 +497,7 @@ impl GatewayConfig {
                 (Some(_), Some(_)) => return Err(ConfigError::TokenTwice(s.name)),
                 (Some(var), None) => Some(Secret(
                     std::env::var(var)
-                        .inspect(|_| crate::app::secrets::register(var))
+                        .inspect(|_| crate::runtime::secrets::register(var))
                         .map_err(|_| ConfigError::TokenEnvUnset {
                             slug: s.name.clone(),
                         })?,

@@ -20,7 +20,7 @@ use rmcp::model::ServerNotification;
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
-use crate::mcp::backoff::Backoff;
+use crate::runtime::backoff::Backoff;
 use crate::mcp::hub::ChangeFeed;
 use crate::mcp::lists::{List, Lists};
 use crate::mcp::source::{PROMPTS_CHANGED, TOOLS_CHANGED};

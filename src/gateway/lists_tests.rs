@@ -8,12 +8,12 @@ use rmcp::model::{ServerNotification, SubscriptionFilter, Tool};
 
 use super::*;
 use crate::gateway::Gateway;
-use crate::mcp::context::RoleContext;
 use crate::mcp::server::{Limits, SourceServer};
 use crate::mcp::source::{
     Admission, Caller, Contents, ListenFilter, Source, SourceError, SourceInfo,
 };
 use crate::mcp::upstream::{UpstreamConfig, local};
+use crate::runtime::context::RoleContext;
 use crate::transport::client::Target;
 
 const WAIT: Duration = Duration::from_secs(10);
@@ -43,8 +43,14 @@ impl Source for Changing {
     fn resources(&self, _: &Caller) -> Vec<rmcp::model::Resource> {
         Vec::new()
     }
-    async fn read(&self, _: &Caller, uri: &str) -> Result<Contents, SourceError> {
-        Err(SourceError::NotFound { uri: uri.into() })
+    async fn read(
+        &self,
+        _: &Caller,
+        read: crate::mcp::source::Read<'_>,
+    ) -> Result<Contents, SourceError> {
+        Err(SourceError::NotFound {
+            uri: read.uri.into(),
+        })
     }
     async fn admit(&self, _: &Caller, _: &ListenFilter) -> Admission {
         Admission::default()

@@ -57,7 +57,10 @@ async fn a_role_in_this_process_is_called_and_read_directly() {
     // directly: with the connection forgotten, a read makes no new one.
     let live = up.live().await.unwrap();
     up.reset(&live);
-    let c = gw.read(&me, "memo://notes").await.unwrap();
+    let c = gw
+        .read(&me, crate::mcp::source::Read::new("memo://notes"))
+        .await
+        .unwrap();
     let Body::Text(text) = c.body else {
         panic!("memo://notes is text")
     };
@@ -65,7 +68,10 @@ async fn a_role_in_this_process_is_called_and_read_directly() {
         serde_json::from_str::<Value>(&text).unwrap(),
         json!({"k": 2})
     );
-    let e = gw.read(&me, "memo://nope").await.unwrap_err();
+    let e = gw
+        .read(&me, crate::mcp::source::Read::new("memo://nope"))
+        .await
+        .unwrap_err();
     assert!(
         matches!(e, SourceError::Upstream { code: -32002, .. }),
         "{e:?}"

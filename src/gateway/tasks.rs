@@ -23,12 +23,12 @@ use tokio_util::sync::CancellationToken;
 use crate::gateway::access::Access;
 use crate::gateway::config::valid_slug;
 use crate::gateway::names::Names;
-use crate::mcp::context::RoleContext;
 use crate::mcp::server::to_mcp_error;
 use crate::mcp::source::{Call, Caller, SourceError};
 use crate::mcp::tasks::relay::{Relayed, RelayedListen, Started, TaskRelay, Watched};
 use crate::mcp::tasks::{MAX_TASKS, MAX_TASKS_PER_OWNER, unknown_task};
 use crate::mcp::upstream::{REQUEST_TIMEOUT, Upstream};
+use crate::runtime::context::RoleContext;
 
 /// How long past its ttl the gateway still knows who started a task.
 const OWNER_GRACE: Duration = Duration::from_secs(60);

@@ -25,10 +25,10 @@ use std::time::Duration;
 use rmcp::model::JsonObject;
 use serde_json::{Value, json};
 
-use crate::mcp::context::RoleContext;
 use crate::mcp::hub::ChangeFeed;
 use crate::mcp::ring::{EventRing, now_ms};
 use crate::mcp::source::SourceError;
+use crate::runtime::context::RoleContext;
 
 /// `maxEvents` when the poll does not say.
 pub const DEFAULT_MAX_EVENTS: usize = 100;

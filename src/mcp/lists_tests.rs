@@ -42,8 +42,14 @@ impl Source for Lister {
     fn resources(&self, _: &Caller) -> Vec<rmcp::model::Resource> {
         Vec::new()
     }
-    async fn read(&self, _: &Caller, uri: &str) -> Result<Contents, SourceError> {
-        Err(SourceError::NotFound { uri: uri.into() })
+    async fn read(
+        &self,
+        _: &Caller,
+        read: crate::mcp::source::Read<'_>,
+    ) -> Result<Contents, SourceError> {
+        Err(SourceError::NotFound {
+            uri: read.uri.into(),
+        })
     }
     async fn admit(&self, _: &Caller, filter: &ListenFilter) -> Admission {
         let mut a = Admission::default();
@@ -268,6 +274,7 @@ async fn http(server: SourceServer, shutdown: &CancellationToken) -> std::net::S
         addr,
         &http::HttpOptions::default(),
         shutdown.clone(),
+        &crate::runtime::metrics::Metrics::default(),
     );
     tokio::spawn(http::serve(
         listener,

@@ -14,8 +14,7 @@
 
 use crate::sync::Recover;
 use std::collections::VecDeque;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, Mutex};
 
 use serde_json::{Map, Value};
 
@@ -37,32 +36,12 @@ pub const MAX_EVENT_BYTES: usize = RING_BYTES / 4;
 #[derive(Debug)]
 pub struct EventRing {
     inner: Mutex<Inner>,
-    /// Its URI, when the process publishes its event logs ([`install_tap`]).
-    uri: Option<Arc<str>>,
+    /// Its URI and where its events go, when its role publishes its event logs
+    /// ([`EventRing::tapped`]).
+    tap: Option<(Arc<str>, Tap)>,
 }
 
-/// One event of a published ring, as it was pushed (`--publish-events`).
-#[derive(Debug, Clone)]
-pub struct Tapped {
-    pub uri: Arc<str>,
-    pub seq: u64,
-    pub ts_ms: u64,
-    /// The event as the ring holds it (`{"seq":…,"type":…,…}`).
-    pub text: String,
-}
-
-/// Where the process's tapped rings send their events, once installed.
-static TAP: OnceLock<tokio::sync::mpsc::Sender<Tapped>> = OnceLock::new();
-
-/// Events of tapped rings not published because the publisher's queue was full.
-pub static TAP_DROPPED: AtomicU64 = AtomicU64::new(0);
-
-/// Makes every ring made from now on with [`EventRing::tapped`] send its events to `tx`
-/// (in push order, never blocking a push: a full queue drops and counts). Once per process;
-/// `false` if a tap was installed already.
-pub fn install_tap(tx: tokio::sync::mpsc::Sender<Tapped>) -> bool {
-    TAP.set(tx).is_ok()
-}
+pub use crate::runtime::tap::{Tap, Tapped};
 
 #[derive(Debug)]
 struct Inner {
@@ -147,7 +126,7 @@ impl EventRing {
                 first_mirrored: 0,
                 reset_from: 0,
             }),
-            uri: None,
+            tap: None,
         }
     }
 
@@ -178,12 +157,12 @@ impl EventRing {
         self.inner.locked().events.back().map(|e| e.ts_ms)
     }
 
-    /// This ring is the event log `uri`: when the process publishes its event logs, its
-    /// events are sent to the publisher too.
-    pub fn tapped(mut self, uri: &str) -> EventRing {
-        if TAP.get().is_some() {
-            self.uri = Some(uri.into());
-        }
+    /// This ring is the event log `uri`: when its role publishes its event logs (`tap`, the
+    /// context's [`RoleContext::tap`](crate::runtime::context::RoleContext::tap)), its events
+    /// are sent to the publisher too (in push order, never blocking a push: a full queue
+    /// drops and counts).
+    pub fn tapped(mut self, uri: &str, tap: Option<&Tap>) -> EventRing {
+        self.tap = tap.map(|t| (uri.into(), t.clone()));
         self
     }
 
@@ -250,17 +229,13 @@ impl EventRing {
         }
         inner.bytes += text.len();
         // Sent under the lock, so the publisher sees this ring's events in seq order.
-        if let (Some(uri), Some(tx)) = (&self.uri, TAP.get())
-            && tx
-                .try_send(Tapped {
-                    uri: uri.clone(),
-                    seq,
-                    ts_ms,
-                    text: text.clone(),
-                })
-                .is_err()
-        {
-            TAP_DROPPED.fetch_add(1, Ordering::Relaxed);
+        if let Some((uri, tap)) = &self.tap {
+            tap.send(Tapped {
+                uri: uri.clone(),
+                seq,
+                ts_ms,
+                text: text.clone(),
+            });
         }
         inner.events.push_back(Entry { seq, ts_ms, text });
         seq

@@ -333,7 +333,7 @@ impl SourceServer {
 
     /// A count of this server's running listen streams for the status board, which does not
     /// keep the server alive (0 once it is gone).
-    pub fn listen_count(&self) -> crate::mcp::status::ListenCount {
+    pub fn listen_count(&self) -> crate::runtime::status::ListenCount {
         let weak = Arc::downgrade(&self.shared);
         Arc::new(move || {
             weak.upgrade()
@@ -373,7 +373,7 @@ impl SourceServer {
     pub async fn read_in_process(
         &self,
         caller: &Caller,
-        uri: &str,
+        read: crate::mcp::source::Read<'_>,
     ) -> Result<crate::mcp::source::Contents, SourceError> {
         let shutdown = self.shared.shutdown.clone();
         let cut = async move {
@@ -381,7 +381,7 @@ impl SourceServer {
             tokio::time::sleep(CALL_GRACE).await;
         };
         tokio::select! {
-            r = self.shared.source.read(caller, uri) => r.map_err(|e| as_answered(to_mcp_error(e))),
+            r = self.shared.source.read(caller, read) => r.map_err(|e| as_answered(to_mcp_error(e))),
             _ = cut => Err(as_answered(McpError::internal_error(
                 "the server is shutting down; read again once it is back",
                 None,
@@ -698,12 +698,15 @@ impl ServerHandler for SourceServer {
         // rmcp moves a request's `_meta` into its context.
         let after = crate::mcp::source::read_after_of(Some(&context.meta))
             .or_else(|| crate::mcp::source::read_after_of(request.meta.as_ref()));
-        let contents = crate::mcp::source::with_read_after(
-            after,
-            self.shared.source.read(&Caller::of(&context), &uri),
-        )
-        .await
-        .map_err(to_mcp_error)?;
+        let contents = self
+            .shared
+            .source
+            .read(
+                &Caller::of(&context),
+                crate::mcp::source::Read::after(&uri, after),
+            )
+            .await
+            .map_err(to_mcp_error)?;
         let mut r = read_result(uri, contents);
         self.stamp(&mut r.meta);
         Ok(r.into())

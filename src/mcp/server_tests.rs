@@ -5,7 +5,7 @@ use crate::source::memo::Memo;
 use crate::store::Store;
 
 async fn server(limits: Limits) -> SourceServer {
-    let memo = Memo::open(Store::memory(), 16).await.unwrap();
+    let memo = Memo::open(Store::memory(), 16, None).await.unwrap();
     SourceServer::new(Arc::new(memo), limits, CancellationToken::new())
 }
 
@@ -105,9 +105,11 @@ impl crate::mcp::source::Source for Counting {
     async fn read(
         &self,
         _: &Caller,
-        uri: &str,
+        read: crate::mcp::source::Read<'_>,
     ) -> Result<crate::mcp::source::Contents, SourceError> {
-        Err(SourceError::NotFound { uri: uri.into() })
+        Err(SourceError::NotFound {
+            uri: read.uri.into(),
+        })
     }
     async fn admit(&self, caller: &Caller, filter: &ListenFilter) -> crate::mcp::source::Admission {
         let mut a = crate::mcp::source::Admission::default();
@@ -228,7 +230,7 @@ fn a_standard_method_with_bad_params_is_invalid_params_not_unknown() {
 
 #[tokio::test(start_paused = true)]
 async fn a_long_poll_is_answered_at_shutdown() {
-    let memo: DynSource = Arc::new(Memo::open(Store::memory(), 16).await.unwrap());
+    let memo: DynSource = Arc::new(Memo::open(Store::memory(), 16, None).await.unwrap());
     let shutdown = CancellationToken::new();
     let params = |v: serde_json::Value| v.as_object().unwrap().clone();
     let start = memo

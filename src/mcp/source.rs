@@ -22,20 +22,6 @@ use serde_json::Value;
 /// Other servers ignore it and answer the whole log, which reads the same.
 pub const READ_AFTER_META: &str = "io.herald/after";
 
-tokio::task_local! {
-    static READ_AFTER: Option<u64>;
-}
-
-/// Runs `f` (a read) with the reader's hint, so [`Contents::event_log`] inside it sees it.
-pub async fn with_read_after<F: std::future::Future>(after: Option<u64>, f: F) -> F::Output {
-    READ_AFTER.scope(after, f).await
-}
-
-/// The hint of the read this task is serving, if any.
-pub fn read_after() -> Option<u64> {
-    READ_AFTER.try_with(|a| *a).ok().flatten()
-}
-
 /// The hint in a request's `_meta`.
 pub fn read_after_of(meta: Option<&rmcp::model::RequestMetaObject>) -> Option<u64> {
     meta?.0.0.get(READ_AFTER_META)?.as_u64()
@@ -45,6 +31,27 @@ pub use crate::mcp::admission::{Admission, ListenFilter};
 pub use crate::mcp::caller::Caller;
 use crate::mcp::hub::ChangeFeed;
 use crate::mcp::ring::{EVENT_LOG_MIME, EventRing};
+
+/// One `resources/read` as a source gets it: the URI, and the reader's hint (`after`, from
+/// [`READ_AFTER_META`]) that it has an event log's events up to that `seq`. The hint travels
+/// with the request, from the handler to [`Source::read`] and on to [`Contents::event_log`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Read<'a> {
+    pub uri: &'a str,
+    pub after: Option<u64>,
+}
+
+impl<'a> Read<'a> {
+    /// A read of `uri` with no hint: an event log answers whole.
+    pub fn new(uri: &'a str) -> Read<'a> {
+        Read { uri, after: None }
+    }
+
+    /// A read of `uri` by a reader that has the events up to `after`.
+    pub fn after(uri: &'a str, after: Option<u64>) -> Read<'a> {
+        Read { uri, after }
+    }
+}
 
 /// One read of a resource.
 #[derive(Debug, Clone, PartialEq)]
@@ -68,12 +75,12 @@ impl Contents {
         }
     }
 
-    /// An event-log read of `ring`: the whole ring, or with the reader's [`read_after`]
-    /// hint only what it lacks ([`EventRing::read_json_after`]).
-    pub fn event_log(ring: &EventRing) -> Contents {
+    /// An event-log read of `ring`: the whole ring, or with the reader's hint `after`
+    /// ([`Read::after`]) only what it lacks ([`EventRing::read_json_after`]).
+    pub fn event_log(ring: &EventRing, after: Option<u64>) -> Contents {
         Contents {
             mime_type: EVENT_LOG_MIME.into(),
-            body: Body::Text(match read_after() {
+            body: Body::Text(match after {
                 Some(n) => ring.read_json_after(n),
                 None => ring.read_json(),
             }),
@@ -314,8 +321,9 @@ pub trait Source: Send + Sync + 'static {
         Authentication::Known
     }
 
-    /// Reads `uri`. Unknown URIs are [`SourceError::NotFound`], never empty contents.
-    async fn read(&self, caller: &Caller, uri: &str) -> Result<Contents, SourceError>;
+    /// Reads `read.uri` (an event log with the reader's hint, `read.after`). Unknown URIs are
+    /// [`SourceError::NotFound`], never empty contents.
+    async fn read(&self, caller: &Caller, read: Read<'_>) -> Result<Contents, SourceError>;
 
     /// Admits a listen: which of the URIs `filter` names this caller may watch (each with the
     /// key its changes are published under), and the guards that keep them watched for as

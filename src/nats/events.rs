@@ -2,8 +2,8 @@
 //! (`--publish-events nats://…`), and a gateway on another host serves them for a `[[slug]]`
 //! with `nats = "…"`, with no connection to the role itself.
 //!
-//! - **Publishing.** [`Publisher::start`] installs the process's ring tap
-//!   ([`crate::mcp::ring::install_tap`]): every ring made with `tapped(uri)` (memo's log, each
+//! - **Publishing.** [`Publisher::start`] installs the role context's ring tap
+//!   ([`RoleContext::install_tap`]): every ring made with `tapped(uri, ctx.tap())` (memo's log, each
 //!   file and k8s watch) sends each event, in push order, to one task that publishes it on
 //!   `herald.events.<name>.<h>` (`h`: 16 hex digits of SHA-256 of the URI) of the stream
 //!   `herald_events`, with the URI, seq and push time in headers and the event's JSON as the
@@ -28,7 +28,6 @@
 
 use crate::sync::{Recover, RecoverRw};
 use std::collections::BTreeMap;
-use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
 
@@ -39,15 +38,15 @@ use rmcp::model::{JsonObject, Resource};
 use serde_json::{Value, json};
 use sha2::Digest;
 
-use crate::mcp::backoff::Backoff;
-use crate::mcp::context::RoleContext;
 use crate::mcp::events::{self, PollRequest};
 use crate::mcp::hub::ChangeFeed;
-use crate::mcp::ring::{DEFAULT_RING_CAPACITY, EVENT_LOG_MIME, EventRing, Tapped};
+use crate::mcp::ring::{DEFAULT_RING_CAPACITY, EVENT_LOG_MIME, EventRing, Tap, Tapped};
 use crate::mcp::source::{
-    Admission, Caller, Contents, ListenFilter, Source, SourceError, SourceInfo, WatchGuard,
+    Admission, Caller, Contents, ListenFilter, Read, Source, SourceError, SourceInfo, WatchGuard,
 };
 use crate::nats::NatsConfig;
+use crate::runtime::backoff::Backoff;
+use crate::runtime::context::RoleContext;
 
 /// The stream every published event log goes to.
 pub const STREAM: &str = "herald_events";
@@ -149,17 +148,22 @@ impl Publisher {
             ));
         }
         let servers = cfg.redacted();
-        let client = tokio::time::timeout(Duration::from_secs(20), cfg.connect())
+        let client = tokio::time::timeout(Duration::from_secs(20), cfg.connect(ctx.metrics()))
             .await
             .map_err(|_| format!("no NATS server answered at {servers} within 20 s"))??;
         crate::nats::enter(ctx, "events", cfg, client.clone());
         let js = jetstream::new(client);
         let (_, kv) = open(&js, &servers).await?;
         let (tx, rx) = tokio::sync::mpsc::channel(QUEUE);
-        if !crate::mcp::ring::install_tap(tx) {
+        let counts = crate::nats::NatsMetrics::register(ctx.metrics());
+        let tap = Tap::new(tx, counts.events_publish_dropped.clone());
+        if !ctx.install_tap(tap.clone()) {
             return Err("event logs are published once per process".into());
         }
-        ctx.spawn_until_shutdown("events nats publish", publish(js, name.to_owned(), rx));
+        ctx.spawn_until_shutdown(
+            "events nats publish",
+            publish(js, name.to_owned(), rx, tap, counts),
+        );
         Ok(PublisherHandle {
             kv,
             name: name.to_owned(),
@@ -203,6 +207,8 @@ async fn publish(
     js: jetstream::Context,
     name: String,
     mut rx: tokio::sync::mpsc::Receiver<Tapped>,
+    tap: Tap,
+    counts: crate::nats::NatsMetrics,
 ) {
     let me = publisher_id();
     let mut backoff = RETRY;
@@ -240,20 +246,18 @@ async fn publish(
             }
             match r {
                 Ok(Ok(_)) => {
-                    crate::mcp::metrics::NATS_PUBLISHES.fetch_add(1, Ordering::Relaxed);
-                    crate::mcp::metrics::NATS_PUBLISH_MICROS
-                        .fetch_add(clock.elapsed().as_micros() as u64, Ordering::Relaxed);
+                    counts.publish_seconds.observe(clock.elapsed());
                     backoff = RETRY;
                     break;
                 }
                 other => {
-                    crate::mcp::metrics::NATS_PUBLISH_FAILURES.fetch_add(1, Ordering::Relaxed);
+                    counts.publish_failures.inc();
                     let why = match other {
                         Ok(Err(e)) => e.to_string(),
                         _ => "no acknowledgement in time".into(),
                     };
                     if tries >= PUBLISH_TRIES {
-                        crate::mcp::ring::TAP_DROPPED.fetch_add(1, Ordering::Relaxed);
+                        tap.dropped();
                         tracing::warn!(error = %why, uri = %t.uri, seq = t.seq, "cannot publish an event log's event to NATS; giving it up (mirrors report the hole as truncated)");
                         break;
                     }
@@ -415,7 +419,7 @@ async fn follow(
     let mut backoff = RETRY;
     let (stream, kv, client) = loop {
         let r = async {
-            let client = cfg.connect().await?;
+            let client = cfg.connect(ctx.metrics()).await?;
             let js = jetstream::new(client.clone());
             let (stream, kv) = open(&js, &mirror.servers).await?;
             Ok::<_, String>((stream, kv, client))
@@ -537,13 +541,11 @@ impl Source for Mirror {
             .collect()
     }
 
-    async fn read(&self, _caller: &Caller, uri: &str) -> Result<Contents, SourceError> {
+    async fn read(&self, _caller: &Caller, read: Read<'_>) -> Result<Contents, SourceError> {
+        let uri = read.uri;
         self.caught_up().await?;
         match self.held(uri) {
-            Some(ring) => Ok(match crate::mcp::source::read_after() {
-                Some(after) => Contents::text(EVENT_LOG_MIME, ring.read_json_after(after)),
-                None => Contents::event_log(&ring),
-            }),
+            Some(ring) => Ok(Contents::event_log(&ring, read.after)),
             None if Mirror::is_event_log(uri) => {
                 Ok(Contents::text(EVENT_LOG_MIME, "{\"events\":[]}"))
             }

@@ -4,10 +4,9 @@
 //! `source::memo::nats`; slack: a stream and a lease, `source::slack::shared`).
 
 use std::path::PathBuf;
-use std::sync::atomic::Ordering;
 use std::time::Duration;
 
-use crate::mcp::metrics;
+use crate::runtime::metrics::{Counter, Metrics, Summary};
 
 pub mod events;
 
@@ -79,23 +78,28 @@ impl NatsConfig {
         Ok(())
     }
 
-    /// Connects (the reconnects after are async-nats's own).
-    pub async fn connect(&self) -> Result<async_nats::Client, String> {
+    /// Connects (the reconnects after are async-nats's own), counting connects and
+    /// disconnects in `metrics`.
+    pub async fn connect(&self, metrics: &Metrics) -> Result<async_nats::Client, String> {
         self.check()?;
+        let counts = NatsMetrics::register(metrics);
         let mut opts = async_nats::ConnectOptions::new()
             .name("herald")
             .connection_timeout(Duration::from_secs(5))
-            .event_callback(|ev| async move {
-                match ev {
-                    async_nats::Event::Disconnected => {
-                        metrics::NATS_DISCONNECTS.fetch_add(1, Ordering::Relaxed);
-                        tracing::warn!("NATS connection lost; reconnecting")
+            .event_callback(move |ev| {
+                let counts = counts.clone();
+                async move {
+                    match ev {
+                        async_nats::Event::Disconnected => {
+                            counts.disconnects.inc();
+                            tracing::warn!("NATS connection lost; reconnecting")
+                        }
+                        async_nats::Event::Connected => {
+                            counts.connects.inc();
+                            tracing::info!("NATS connected")
+                        }
+                        other => tracing::debug!(event = %other, "NATS"),
                     }
-                    async_nats::Event::Connected => {
-                        metrics::NATS_CONNECTS.fetch_add(1, Ordering::Relaxed);
-                        tracing::info!("NATS connected")
-                    }
-                    other => tracing::debug!(event = %other, "NATS"),
                 }
             });
         if let Some(c) = &self.creds {
@@ -170,7 +174,7 @@ pub fn connected(client: &async_nats::Client) -> bool {
 /// Enters `client` on the process's status board: `/ready` waits while it is not connected,
 /// and `/status` and `/metrics` show it.
 pub fn enter(
-    ctx: &crate::mcp::context::RoleContext,
+    ctx: &crate::runtime::context::RoleContext,
     role: &str,
     cfg: &NatsConfig,
     client: async_nats::Client,
@@ -180,4 +184,48 @@ pub fn enter(
         cfg.redacted(),
         std::sync::Arc::new(move || connected(&client)),
     );
+}
+
+/// What this process counts of its NATS backends, registered by this module in the
+/// context's [`Metrics`] (the role runner registers it up front, so the series are there
+/// whether or not a role uses NATS).
+#[derive(Debug, Clone)]
+pub struct NatsMetrics {
+    pub connects: Counter,
+    pub disconnects: Counter,
+    /// JetStream publishes that failed (event logs and the Slack feed).
+    pub publish_failures: Counter,
+    /// Event-log events not published (`--publish-events`): the queue was full, or NATS
+    /// refused them.
+    pub events_publish_dropped: Counter,
+    /// Publish-to-acknowledgement times of the JetStream publishes that succeeded.
+    pub publish_seconds: Summary,
+}
+
+impl NatsMetrics {
+    /// Registers (or finds) NATS's counters in `metrics`.
+    pub fn register(metrics: &Metrics) -> NatsMetrics {
+        NatsMetrics {
+            connects: metrics.counter(
+                "herald_nats_connects_total",
+                "connections to a NATS backend made (the first and every reconnect)",
+            ),
+            disconnects: metrics.counter(
+                "herald_nats_disconnects_total",
+                "times a NATS backend connection was lost",
+            ),
+            publish_failures: metrics.counter(
+                "herald_nats_publish_failures_total",
+                "JetStream publishes that failed (retried, or the lease was lost)",
+            ),
+            events_publish_dropped: metrics.counter(
+                "herald_events_publish_dropped_total",
+                "event-log events not published to NATS (--publish-events): the queue was full, or NATS refused them",
+            ),
+            publish_seconds: metrics.summary(
+                "herald_nats_publish_seconds",
+                "time from a JetStream publish to its acknowledgement",
+            ),
+        }
+    }
 }

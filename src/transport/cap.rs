@@ -9,10 +9,75 @@
 //! hovers at the cap logs one pair, not one line per connection).
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio_util::sync::CancellationToken;
+
+use crate::runtime::metrics::{Counter, Gauge, Metrics};
+
+/// The connection counters of a process's endpoints, registered by the transport in the
+/// context's metrics (summed over the process's servers of each kind).
+#[derive(Debug, Clone)]
+pub struct ConnMetrics {
+    pub http: Conns,
+    pub quic: Conns,
+}
+
+/// One kind of endpoint's connection counters.
+#[derive(Debug, Clone)]
+pub struct Conns {
+    /// Connections accepted (a client that pools its connections opens few; one per request
+    /// is a client without keep-alive).
+    pub accepted: Counter,
+    /// Times an endpoint reached `--max-connections` and stopped accepting (once per
+    /// episode, as the log says it).
+    pub limit_reached: Counter,
+    /// Connections open.
+    pub open: Gauge,
+}
+
+impl ConnMetrics {
+    /// Registers (or finds) the transport's counters in `metrics`.
+    pub fn register(metrics: &Metrics) -> ConnMetrics {
+        let http_accepted = metrics.counter(
+            "herald_http_connections_accepted_total",
+            "TCP connections accepted by this process's HTTP endpoints",
+        );
+        let quic_accepted = metrics.counter(
+            "herald_quic_connections_accepted_total",
+            "QUIC connections accepted by this process's QUIC endpoints",
+        );
+        let http_limit = metrics.counter(
+            "herald_http_connection_limit_reached_total",
+            "times an HTTP endpoint reached --max-connections and stopped accepting",
+        );
+        let quic_limit = metrics.counter(
+            "herald_quic_connection_limit_reached_total",
+            "times a QUIC endpoint reached --max-connections and stopped accepting",
+        );
+        let http_open = metrics.gauge(
+            "herald_http_connections_open",
+            "TCP connections open on this process's HTTP endpoints",
+        );
+        let quic_open = metrics.gauge(
+            "herald_quic_connections_open",
+            "QUIC connections open on this process's QUIC endpoints",
+        );
+        ConnMetrics {
+            http: Conns {
+                accepted: http_accepted,
+                limit_reached: http_limit,
+                open: http_open,
+            },
+            quic: Conns {
+                accepted: quic_accepted,
+                limit_reached: quic_limit,
+                open: quic_open,
+            },
+        }
+    }
+}
 
 /// One server's connection cap.
 pub(crate) struct ConnCap {
@@ -24,9 +89,9 @@ pub(crate) struct ConnCap {
     /// What is counted, for the log lines ("HTTP", "QUIC").
     what: &'static str,
     /// How often the cap was reached (`/metrics`).
-    reached: &'static AtomicU64,
+    reached: Counter,
     /// Open connections (`/metrics`, summed over the process's servers).
-    open: &'static AtomicU64,
+    open: Gauge,
 }
 
 /// A connection's place under the cap, given back when dropped: taken before `accept` (so
@@ -44,8 +109,8 @@ impl ConnCap {
     pub(crate) fn new(
         limit: usize,
         what: &'static str,
-        reached: &'static AtomicU64,
-        open: &'static AtomicU64,
+        reached: Counter,
+        open: Gauge,
     ) -> Arc<ConnCap> {
         let limit = limit.clamp(1, Semaphore::MAX_PERMITS);
         Arc::new(ConnCap {
@@ -68,7 +133,7 @@ impl ConnCap {
             Ok(p) => p,
             Err(_) => {
                 if !self.at_limit.swap(true, Ordering::Relaxed) {
-                    self.reached.fetch_add(1, Ordering::Relaxed);
+                    self.reached.inc();
                     tracing::warn!(
                         limit = self.limit,
                         "{} connections reached the limit of {} (--max-connections): new \
@@ -125,7 +190,7 @@ impl ConnCap {
 impl ConnPermit {
     /// The place is a connection's now (for `/metrics`).
     pub(crate) fn opened(mut self) -> ConnPermit {
-        self.cap.open.fetch_add(1, Ordering::Relaxed);
+        self.cap.open.add(1);
         self.counted = true;
         self
     }
@@ -134,7 +199,7 @@ impl ConnPermit {
 impl Drop for ConnPermit {
     fn drop(&mut self) {
         if self.counted {
-            self.cap.open.fetch_sub(1, Ordering::Relaxed);
+            self.cap.open.sub(1);
         }
         // This place is still taken until the permit drops, after this body.
         self.cap.recovered(self.cap.open_now().saturating_sub(1));
@@ -146,18 +211,16 @@ mod tests {
     use super::*;
     use std::time::Duration;
 
-    static REACHED: AtomicU64 = AtomicU64::new(0);
-    static OPEN: AtomicU64 = AtomicU64::new(0);
-
     /// At the cap the next connection waits (no place, no error) until one closes; the
     /// episode is counted once however many wait, and ends when the count falls back.
     #[tokio::test(start_paused = true)]
     async fn at_the_cap_the_next_connection_waits_for_one_to_close() {
-        let cap = ConnCap::new(2, "test", &REACHED, &OPEN);
+        let (reached, open) = (Counter::default(), Gauge::default());
+        let cap = ConnCap::new(2, "test", reached.clone(), open.clone());
         let shutdown = CancellationToken::new();
         let a = cap.admit(&shutdown).await.expect("a place").opened();
         let b = cap.admit(&shutdown).await.expect("a place").opened();
-        assert_eq!(OPEN.load(Ordering::Relaxed), 2);
+        assert_eq!(open.get(), 2);
         assert!(!cap.at_limit.load(Ordering::Relaxed));
         let waiting = {
             let cap = cap.clone();
@@ -168,28 +231,22 @@ mod tests {
         tokio::time::sleep(Duration::from_secs(3600)).await;
         assert!(!waiting.is_finished(), "a third connection is not admitted");
         assert!(cap.at_limit.load(Ordering::Relaxed), "the episode began");
-        assert_eq!(REACHED.load(Ordering::Relaxed), 1);
+        assert_eq!(reached.get(), 1);
         drop(a);
         assert!(waiting.await.unwrap().is_some(), "admitted once one closed");
         // Its place was given back when the task ended: one open (b), under the low water.
         assert!(!cap.at_limit.load(Ordering::Relaxed), "the episode ended");
         assert_eq!(cap.open_now(), 1);
-        assert_eq!(
-            OPEN.load(Ordering::Relaxed),
-            1,
-            "the waiter's place was never opened"
-        );
+        assert_eq!(open.get(), 1, "the waiter's place was never opened");
         drop(b);
         assert_eq!(cap.open_now(), 0);
-        assert_eq!(OPEN.load(Ordering::Relaxed), 0);
+        assert_eq!(open.get(), 0);
     }
 
     /// A wait at the cap ends with the shutdown, with no place.
     #[tokio::test(start_paused = true)]
     async fn a_wait_at_the_cap_ends_with_the_shutdown() {
-        static REACHED: AtomicU64 = AtomicU64::new(0);
-        static OPEN: AtomicU64 = AtomicU64::new(0);
-        let cap = ConnCap::new(1, "test", &REACHED, &OPEN);
+        let cap = ConnCap::new(1, "test", Counter::default(), Gauge::default());
         let shutdown = CancellationToken::new();
         let _a = cap.admit(&shutdown).await.expect("a place");
         let stop = shutdown.clone();
@@ -202,9 +259,7 @@ mod tests {
 
     #[test]
     fn the_episode_ends_under_ninety_percent_and_at_least_one_under() {
-        static REACHED: AtomicU64 = AtomicU64::new(0);
-        static OPEN: AtomicU64 = AtomicU64::new(0);
-        let low = |n| ConnCap::new(n, "test", &REACHED, &OPEN).low_water();
+        let low = |n| ConnCap::new(n, "test", Counter::default(), Gauge::default()).low_water();
         assert_eq!(low(1), 0);
         assert_eq!(low(2), 1);
         assert_eq!(low(100), 90);

@@ -281,13 +281,12 @@ pub async fn connect_within<H: ClientHandler>(
                 .process_group(0);
             // The client's own credential and this process's secrets are not the server's
             // business.
-            let mut child =
-                crate::app::secrets::scrub(&mut cmd)
-                    .spawn()
-                    .map_err(|e| ConnectError::Spawn {
-                        command: command.clone(),
-                        message: e.to_string(),
-                    })?;
+            let mut child = crate::runtime::secrets::scrub(&mut cmd)
+                .spawn()
+                .map_err(|e| ConnectError::Spawn {
+                    command: command.clone(),
+                    message: e.to_string(),
+                })?;
             let stdin = child.stdin.take().expect("piped");
             let stdout = child.stdout.take().expect("piped");
             let mut conn =

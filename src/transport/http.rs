@@ -32,7 +32,8 @@ use tokio_util::task::TaskTracker;
 use tracing::{Instrument, debug, info_span};
 
 use self::conn::Activity;
-use crate::transport::cap::ConnCap;
+use crate::runtime::metrics::Metrics;
+use crate::transport::cap::{ConnCap, ConnMetrics};
 
 use crate::mcp::admission::{ConnStreams, ListenFilter, PendingListen};
 use crate::mcp::caller::{Caller, PeerAddr};
@@ -108,26 +109,32 @@ pub struct Endpoint {
     gate: Option<Gate>,
     timeouts: Timeouts,
     max_connections: usize,
+    /// The connection counters, in the process's metrics.
+    conns: ConnMetrics,
 }
 
-impl From<Router> for Endpoint {
-    /// A plain router (the admin address's), with the default deadlines and cap.
-    fn from(router: Router) -> Endpoint {
+impl Endpoint {
+    /// A plain router (the admin address's), with the default deadlines and cap; its
+    /// connections are counted in `metrics`.
+    pub fn plain(router: Router, metrics: &Metrics) -> Endpoint {
         Endpoint {
             router,
             gate: None,
             timeouts: Timeouts::default(),
             max_connections: crate::mcp::server::DEFAULT_MAX_CONNECTIONS,
+            conns: ConnMetrics::register(metrics),
         }
     }
 }
 
-/// The MCP endpoint serving `server` at [`MCP_PATH`], plus `/live` and `/metrics`.
+/// The MCP endpoint serving `server` at [`MCP_PATH`], plus `/live` and `/metrics` (what
+/// `metrics` holds, where its connections are counted too).
 pub fn router(
     server: SourceServer,
     bound: SocketAddr,
     opts: &HttpOptions,
     sessions: CancellationToken,
+    metrics: &Metrics,
 ) -> Endpoint {
     let limits = server.limits().clone();
     let mut hosts: Vec<String> = vec!["localhost".into(), "127.0.0.1".into(), "::1".into()];
@@ -167,20 +174,21 @@ pub fn router(
             listen_gate,
         ))
         .route("/live", axum::routing::get(|| async { "ok\n" }))
-        .route(
-            "/metrics",
-            axum::routing::get(|| async {
+        .route("/metrics", {
+            let metrics = metrics.clone();
+            axum::routing::get(move || async move {
                 (
                     [(header::CONTENT_TYPE, "text/plain; version=0.0.4")],
-                    crate::mcp::metrics::render(),
+                    metrics.render(),
                 )
-            }),
-        );
+            })
+        });
     Endpoint {
         router,
         gate: Some(gate),
         timeouts: opts.timeouts,
         max_connections: limits.max_connections,
+        conns: ConnMetrics::register(metrics),
     }
 }
 
@@ -190,7 +198,7 @@ pub fn router(
 /// connections wait in the kernel's backlog until one closes.
 pub async fn serve(
     listener: TcpListener,
-    endpoint: impl Into<Endpoint>,
+    endpoint: Endpoint,
     shutdown: CancellationToken,
     grace: Duration,
 ) {
@@ -199,14 +207,15 @@ pub async fn serve(
         gate,
         timeouts,
         max_connections,
-    } = endpoint.into();
+        conns,
+    } = endpoint;
     let tracker = TaskTracker::new();
     let peers = PeerStreams::default();
     let cap = ConnCap::new(
         within_open_files(max_connections),
         "HTTP",
-        &crate::mcp::metrics::HTTP_CONNECTION_LIMIT_REACHED,
-        &crate::mcp::metrics::HTTP_CONNECTIONS_OPEN,
+        conns.http.limit_reached.clone(),
+        conns.http.open.clone(),
     );
     loop {
         let Some(place) = cap.admit(&shutdown).await else {
@@ -225,8 +234,7 @@ pub async fn serve(
             },
         };
         let _ = stream.set_nodelay(true);
-        crate::mcp::metrics::HTTP_CONNECTIONS_ACCEPTED
-            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        conns.http.accepted.inc();
         let conn = peers.for_peer(peer.ip());
         let router = router.clone();
         let gate = gate.clone();

@@ -2,6 +2,7 @@
 //! touches sockets, pipes and framing.
 
 mod cap;
+pub use cap::{ConnMetrics, Conns};
 pub mod client;
 pub mod dns;
 pub mod explain;

@@ -19,7 +19,8 @@ use tokio_util::task::TaskTracker;
 use tracing::{Instrument, debug, info_span};
 
 use crate::mcp::server::SourceServer;
-use crate::transport::cap::ConnCap;
+use crate::runtime::metrics::Metrics;
+use crate::transport::cap::{ConnCap, ConnMetrics};
 use crate::transport::client::Target;
 use crate::transport::dns;
 use crate::transport::explain;
@@ -60,19 +61,21 @@ pub fn bind(addr: SocketAddr, cfg: quinn::ServerConfig) -> std::io::Result<quinn
 
 /// Serves MCP on every bidirectional stream of every connection until `shutdown`.
 /// `shutdown` stops accepting; `sessions` ends the MCP sessions (later, once listens have
-/// sent their final results).
+/// sent their final results). Connections are counted in `metrics`.
 pub async fn serve(
     endpoint: quinn::Endpoint,
     server: SourceServer,
     shutdown: CancellationToken,
     sessions: CancellationToken,
+    metrics: Metrics,
 ) {
+    let conns = ConnMetrics::register(&metrics).quic;
     let tracker = TaskTracker::new();
     let cap = ConnCap::new(
         server.limits().max_connections,
         "QUIC",
-        &crate::mcp::metrics::QUIC_CONNECTION_LIMIT_REACHED,
-        &crate::mcp::metrics::QUIC_CONNECTIONS_OPEN,
+        conns.limit_reached.clone(),
+        conns.open.clone(),
     );
     loop {
         // At the cap, wait here: quinn keeps new connections queued meanwhile (and refuses
@@ -91,6 +94,7 @@ pub async fn serve(
         let shutdown = shutdown.clone();
         let sessions = sessions.clone();
         let remote = incoming.remote_address();
+        let accepted = conns.accepted.clone();
         let streams = tracker.clone();
         tracker.spawn(
             async move {
@@ -98,8 +102,7 @@ pub async fn serve(
                 let _place = place.opened();
                 let conn = match incoming.await {
                     Ok(c) => {
-                        crate::mcp::metrics::QUIC_CONNECTIONS_ACCEPTED
-                            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                        accepted.inc();
                         c
                     }
                     Err(e) => {

@@ -12,7 +12,7 @@ use tokio::io::AsyncWriteExt;
 use tokio::sync::mpsc;
 use tokio_util::task::TaskTracker;
 
-use crate::mcp::backoff::Backoff;
+use crate::runtime::backoff::Backoff;
 use crate::watch::spec::Notice;
 
 /// Delivery attempts for --exec and --webhook before a notice is given up (and logged).
@@ -161,7 +161,7 @@ where
 }
 
 async fn exec_once(cmd: &str, n: &Notice) -> Result<(), String> {
-    let mut child = crate::app::secrets::scrub(&mut tokio::process::Command::new("sh"))
+    let mut child = crate::runtime::secrets::scrub(&mut tokio::process::Command::new("sh"))
         .arg("-c")
         .arg(cmd)
         .env("HERALD_WATCH", &n.watch)

@@ -54,7 +54,7 @@ pub(crate) async fn read_after(
     if let Some(local) = server.in_process() {
         // A server in this process (`herald up`'s gateway) is read directly.
         let caller = crate::mcp::caller::Caller::local();
-        let read = crate::mcp::source::with_read_after(after, local.read_in_process(&caller, uri));
+        let read = local.read_in_process(&caller, crate::mcp::source::Read::after(uri, after));
         return match tokio::time::timeout(REQUEST_TIMEOUT, read).await {
             Ok(Ok(c)) => Ok(Read {
                 mime: c.mime_type,

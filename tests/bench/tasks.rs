@@ -24,8 +24,8 @@ use std::process::Stdio;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use herald::mcp::context::RoleContext;
 use herald::mcp::tasks::{TaskListen, Tasks};
+use herald::runtime::context::RoleContext;
 use rmcp::model::{CallToolResult, ContentBlock, ErrorData as McpError};
 use serde_json::{Value, json};
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};

@@ -1,7 +1,7 @@
 //! The admin address (`--admin`): `/live`, `/ready` and its transitions, `/metrics`, `/status`,
 //! and `herald status` reading it as a table and as JSON.
 
-use herald::mcp::status::{Readiness, RoleState, StatusReport};
+use herald::runtime::status::{Readiness, RoleState, StatusReport};
 use rmcp::model::SubscriptionFilter;
 use serde_json::{Value, json};
 

@@ -6,9 +6,9 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
-use herald::mcp::context::RoleContext;
 use herald::mcp::hub::Registration;
 use herald::mcp::source::{Body, Caller, Source, WatchGuard};
+use herald::runtime::context::RoleContext;
 use herald::source::file::{FileConfig, FileSource, events_uri, state_uri};
 use serde_json::{Value, json};
 
@@ -58,10 +58,14 @@ impl Fixture {
     }
 
     async fn read(&self, uri: &str) -> Result<Value, String> {
-        let c = tokio::time::timeout(WAIT, self.src.read(&Caller::local(), uri))
-            .await
-            .expect("read in time")
-            .map_err(|e| e.to_string())?;
+        let c = tokio::time::timeout(
+            WAIT,
+            self.src
+                .read(&Caller::local(), herald::mcp::source::Read::new(uri)),
+        )
+        .await
+        .expect("read in time")
+        .map_err(|e| e.to_string())?;
         match c.body {
             Body::Text(t) => Ok(serde_json::from_str(&t).unwrap_or(Value::String(t))),
             Body::Blob(b) => Ok(json!({"blob": b.len()})),

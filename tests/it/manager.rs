@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use herald::app::{ServeOptions, serve_source};
-use herald::mcp::context::RoleContext;
+use herald::runtime::context::RoleContext;
 use herald::source::memo::Memo;
 use herald::store::{Store, Table};
 use herald::transport::client::Target;
@@ -31,7 +31,7 @@ impl Drop for InProcess {
 async fn memo_server() -> InProcess {
     init();
     let store = Store::memory();
-    let memo = Memo::open(store.clone(), 64).await.unwrap();
+    let memo = Memo::open(store.clone(), 64, None).await.unwrap();
     let ctx = RoleContext::new("memo");
     let opts = ServeOptions {
         http: Some("127.0.0.1:0".into()),

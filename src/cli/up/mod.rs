@@ -30,10 +30,10 @@ use crate::cli::{Exit, Globals, LogFormat, usage};
 use crate::filter::pool::PoolConfig;
 use crate::gateway::Gateway;
 use crate::gateway::config::Slug;
-use crate::mcp::context::RoleContext;
 use crate::mcp::server::{Limits, SourceServer};
 use crate::mcp::source::DynSource;
 use crate::mcp::upstream::{Upstream, UpstreamConfig, local};
+use crate::runtime::context::RoleContext;
 use crate::source::file::FileSource;
 use crate::source::k8s::kubectl::KubectlConfig;
 use crate::source::k8s::{K8s, K8sConfig};
@@ -180,7 +180,7 @@ pub async fn run(args: UpArgs, globals: &Globals) -> Result<(), Exit> {
     // once in the log), never the roles every client depends on.
     console::keep_running_when_stdout_closes();
     let store = globals.open_store().await?;
-    let ctx = RoleContext::new("up");
+    let ctx = crate::cli::serve::role_context("up");
     app::cancel_on_signals(ctx.shutdown().clone());
     // The admin address first: /live answers and /ready says what it waits for during the
     // start.
@@ -220,7 +220,14 @@ pub async fn run(args: UpArgs, globals: &Globals) -> Result<(), Exit> {
     if let Some(m) = &file.memo {
         let mctx = ctx.for_role("memo");
         let memo = match m.nats() {
-            None => Memo::open(store.clone(), m.ring_capacity.unwrap_or_default()).await?,
+            None => {
+                Memo::open(
+                    store.clone(),
+                    m.ring_capacity.unwrap_or_default(),
+                    mctx.tap(),
+                )
+                .await?
+            }
             Some(n) => Memo::open_nats(&n, m.ring_capacity.unwrap_or_default(), &mctx)
                 .await
                 .map_err(|e| anyhow::anyhow!("[memo]: {e}"))?,

@@ -46,8 +46,8 @@ use tokio::sync::{Notify, mpsc, oneshot};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use crate::mcp::context::RoleContext;
 use crate::mcp::source::SourceError;
+use crate::runtime::context::RoleContext;
 use crate::store::{Store, Table};
 
 mod expiry;

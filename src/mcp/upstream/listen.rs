@@ -12,7 +12,7 @@ use rmcp::service::Subscription;
 use tokio_util::sync::CancellationToken;
 
 use super::{Live, REQUEST_TIMEOUT, Upstream, upstream_error};
-use crate::mcp::backoff::Backoff;
+use crate::runtime::backoff::Backoff;
 
 /// What a listen asks of a connection; `None`: nothing on this one (an older server, or one
 /// that offers none of it).

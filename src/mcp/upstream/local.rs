@@ -9,8 +9,8 @@ use std::sync::Arc;
 use rmcp::ServiceExt;
 
 use super::{Dialer, Upstream, UpstreamConfig};
-use crate::mcp::context::RoleContext;
 use crate::mcp::server::SourceServer;
+use crate::runtime::context::RoleContext;
 use crate::transport::client::{Target, connect_stream};
 
 /// Bytes buffered in each direction of a pipe.

@@ -33,10 +33,10 @@ pub use listen::{FilterFor, Heard, KeptListen};
 pub use lists::{ListEvents, ListSignal};
 pub use relay::{Relay, Relaying};
 
-use crate::mcp::backoff::Backoff;
-use crate::mcp::context::RoleContext;
 use crate::mcp::source::SourceError;
-use crate::mcp::status::UpstreamReport;
+use crate::runtime::backoff::Backoff;
+use crate::runtime::context::RoleContext;
+use crate::runtime::status::UpstreamReport;
 use crate::transport::client::{
     ConnectError, Connection, DEFAULT_CONNECT_TIMEOUT, Target, connect_within,
 };
@@ -798,6 +798,12 @@ impl Drop for CancelOnDrop {
                 }
             }
         }
+    }
+}
+
+impl crate::runtime::status::UpstreamStatus for Upstream {
+    fn report(&self) -> UpstreamReport {
+        Upstream::report(self)
     }
 }
 

@@ -24,9 +24,9 @@ use rmcp::model::{
 };
 use rmcp::service::{NotificationContext, RoleClient};
 
-use crate::mcp::context::RoleContext;
 use crate::mcp::source::{Log, Progress};
 use crate::mcp::tasks::relay::Relayed;
+use crate::runtime::context::RoleContext;
 use crate::transport::client::client_config;
 
 /// Relays an upstream's progress notifications to the downstream caller waiting on that call.

@@ -45,13 +45,13 @@ use self::machine::{Config, Spec, SubError};
 use self::paths::{Confined, Roots};
 use self::uri::{Target, parse, uri_path};
 use self::watcher::{Subscription, Watcher};
-use crate::mcp::context::RoleContext;
 use crate::mcp::events::{Leases, MAX_POLL_LEASES, POLL_LEASE};
 use crate::mcp::hub::ChangeFeed;
 use crate::mcp::ring::{DEFAULT_RING_CAPACITY, EVENT_LOG_MIME};
 use crate::mcp::source::{
-    Admission, Caller, Contents, ListenFilter, Source, SourceError, SourceInfo, WatchGuard,
+    Admission, Caller, Contents, ListenFilter, Read, Source, SourceError, SourceInfo, WatchGuard,
 };
+use crate::runtime::context::RoleContext;
 
 pub use self::events::CHANGED_EVENT;
 pub use self::uri::{EVENTS_TEMPLATE, STATE_TEMPLATE, events_uri, state_uri};
@@ -118,6 +118,7 @@ impl FileSource {
                 debounce: cfg.debounce.min(Duration::from_secs(3600)),
                 max_watches: cfg.max_watches.max(1),
                 ring_capacity: cfg.ring_capacity,
+                tap: ctx.tap().cloned(),
             },
             feed.clone(),
             roots.list().to_vec(),
@@ -306,7 +307,8 @@ impl Source for FileSource {
         ]
     }
 
-    async fn read(&self, _caller: &Caller, uri: &str) -> Result<Contents, SourceError> {
+    async fn read(&self, _caller: &Caller, read: Read<'_>) -> Result<Contents, SourceError> {
+        let uri = read.uri;
         let target = parse(uri)?;
         let confined = self.confine(&target).await?;
         // Watch from the read on, so that nothing between a baseline read and the listen that
@@ -335,7 +337,7 @@ impl Source for FileSource {
         };
         match target {
             Target::Events { .. } => match ring {
-                Some(r) => Ok(Contents::event_log(&r)),
+                Some(r) => Ok(Contents::event_log(&r, read.after)),
                 None => Err(SourceError::Unavailable(
                     "no event ring for this URI".into(),
                 )),

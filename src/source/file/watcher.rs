@@ -452,6 +452,7 @@ mod tests {
                 debounce: std::time::Duration::from_millis(50),
                 max_watches: 100,
                 ring_capacity: 16,
+                tap: None,
             },
             ChangeFeed::new(),
             vec![t.0.clone()],

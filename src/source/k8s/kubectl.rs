@@ -18,8 +18,8 @@ use serde_json::{Value, json};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::process::{Child, Command};
 
-use crate::mcp::context::RoleContext;
 use crate::mcp::source::SourceError;
+use crate::runtime::context::RoleContext;
 use crate::source::k8s::known::strip;
 use crate::source::k8s::uri::{Cluster, Selection};
 
@@ -38,7 +38,7 @@ pub const MAX_WAITING_COMMANDS: usize = 32;
 fn command(program: &Path) -> Command {
     let mut cmd = Command::new(program);
     cmd.kill_on_drop(true);
-    crate::app::secrets::scrub(&mut cmd);
+    crate::runtime::secrets::scrub(&mut cmd);
     // SAFETY: prctl in the child between fork and exec: async-signal-safe, touches no memory
     // of the parent.
     unsafe {
@@ -495,7 +495,7 @@ impl Kubectl {
 /// Runs the token command; its trimmed stdout is the token. Its output never reaches an error.
 /// It runs in a process group of its own, killed whole if it overruns.
 pub(crate) async fn mint(cmd: &str) -> Result<String, SourceError> {
-    let mut child = crate::app::secrets::scrub(&mut Command::new("/bin/sh"))
+    let mut child = crate::runtime::secrets::scrub(&mut Command::new("/bin/sh"))
         .args(["-c", cmd])
         .stdin(Stdio::null())
         .stdout(Stdio::piped())

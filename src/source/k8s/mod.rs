@@ -46,12 +46,13 @@ use async_trait::async_trait;
 use rmcp::model::{JsonObject, Resource, ResourceTemplate, Tool};
 use serde_json::Value;
 
-use crate::mcp::context::RoleContext;
 use crate::mcp::events::{EventType, Leases, MAX_POLL_LEASES, POLL_LEASE};
 use crate::mcp::hub::ChangeFeed;
 use crate::mcp::source::{
-    Admission, Call, Caller, Contents, ListenFilter, Source, SourceError, SourceInfo, WatchGuard,
+    Admission, Call, Caller, Contents, ListenFilter, Read, Source, SourceError, SourceInfo,
+    WatchGuard,
 };
+use crate::runtime::context::RoleContext;
 use kubectl::{Kubectl, KubectlConfig};
 use uri::{K8sUri, Selection};
 use watcher::{Via, Watcher};
@@ -271,8 +272,8 @@ impl Source for K8s {
         read::templates()
     }
 
-    async fn read(&self, _caller: &Caller, uri: &str) -> Result<Contents, SourceError> {
-        self.read_uri(uri).await
+    async fn read(&self, _caller: &Caller, read: Read<'_>) -> Result<Contents, SourceError> {
+        self.read_uri(read.uri, read.after).await
     }
 
     /// A watch URI is accepted with a hold on its (shared, lingering) watcher; the API
@@ -395,7 +396,9 @@ pub(super) mod tests {
         .unwrap();
         let held = k.watch("k8s-events://watch/configmaps").unwrap();
         // The seed is in: the watch (and its stderr reader) runs.
-        k.read_uri("k8s-events://watch/configmaps").await.unwrap();
+        k.read_uri("k8s-events://watch/configmaps", None)
+            .await
+            .unwrap();
         let r = ctx.drain(Duration::from_secs(5)).await;
         drop(held);
         let _ = std::fs::remove_dir_all(&dir);
@@ -443,12 +446,12 @@ pub(super) mod tests {
         assert!(err.to_string().contains("--max-watchers"), "{err}");
         // A read of a new URI is refused the same way; a read of a watched one is not.
         let err = k
-            .read(&Caller::local(), "k8s-events://watch/c")
+            .read(&Caller::local(), Read::new("k8s-events://watch/c"))
             .await
             .unwrap_err();
         assert!(err.to_string().contains("its limit"), "{err}");
         let err = k
-            .read(&Caller::local(), "k8s-events://watch/a")
+            .read(&Caller::local(), Read::new("k8s-events://watch/a"))
             .await
             .unwrap_err();
         assert!(err.to_string().contains("cannot run"), "{err}");

@@ -56,15 +56,20 @@ pub(super) fn templates() -> Vec<ResourceTemplate> {
 }
 
 impl K8s {
-    /// Reads `uri`: a watch URI's event log or an API resources list.
-    pub(super) async fn read_uri(&self, uri: &str) -> Result<Contents, SourceError> {
+    /// Reads `uri`: a watch URI's event log (from `after`, the reader's hint) or an API
+    /// resources list.
+    pub(super) async fn read_uri(
+        &self,
+        uri: &str,
+        after: Option<u64>,
+    ) -> Result<Contents, SourceError> {
         match uri::parse(uri)? {
             // The read shares (or starts) the URI's watcher and awaits its seed: a listen's
             // baseline read may even arrive before the listen's own hold.
             K8sUri::Watch(sel) => {
                 let lease = self.lease(uri, sel)?;
                 let w = lease.watcher.as_ref().expect("held");
-                w.read().await
+                w.read(after).await
             }
             K8sUri::ApiResources(c) => Ok(Contents::json(&self.api_resources(&c).await?)),
         }

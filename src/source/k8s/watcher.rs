@@ -25,10 +25,10 @@ use tokio::io::AsyncReadExt;
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
-use crate::mcp::backoff::Backoff;
 use crate::mcp::hub::ChangeFeed;
 use crate::mcp::ring::EventRing;
 use crate::mcp::source::{Contents, SourceError};
+use crate::runtime::backoff::Backoff;
 use crate::source::k8s::api::{Api, ApiError, ApiType};
 use crate::source::k8s::known::{Change, Known};
 use crate::source::k8s::kubectl::Kubectl;
@@ -110,7 +110,7 @@ impl Watcher {
         feed: ChangeFeed,
         ring_capacity: usize,
     ) -> Watcher {
-        let ring = Arc::new(EventRing::new(ring_capacity).tapped(&uri));
+        let ring = Arc::new(EventRing::new(ring_capacity).tapped(&uri, kubectl.ctx().tap()));
         let (tx, seed) = watch::channel(Seed::Pending);
         // Stopped by the last handle, or at shutdown.
         let stop = kubectl.ctx().shutdown().child_token();
@@ -132,10 +132,11 @@ impl Watcher {
         Watcher { ring, seed, stop }
     }
 
-    /// The event log, once the seed is in (waiting for it up to [`SEED_TIMEOUT`]).
-    pub async fn read(&self) -> Result<Contents, SourceError> {
+    /// The event log (from `after`, the reader's hint), once the seed is in (waiting for it
+    /// up to [`SEED_TIMEOUT`]).
+    pub async fn read(&self, after: Option<u64>) -> Result<Contents, SourceError> {
         self.ready().await?;
-        Ok(Contents::event_log(&self.ring))
+        Ok(Contents::event_log(&self.ring, after))
     }
 
     /// Waits for the seed (up to [`SEED_TIMEOUT`]); its failure if the first list failed.

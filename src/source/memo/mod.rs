@@ -26,10 +26,11 @@ use serde_json::{Map, Value, json};
 
 use crate::mcp::events::{self, EventType, PollRequest};
 use crate::mcp::hub::ChangeFeed;
-use crate::mcp::ring::{EVENT_LOG_MIME, EventRing};
+use crate::mcp::ring::{EVENT_LOG_MIME, EventRing, Tap};
 use crate::mcp::server::DEFAULT_MAX_MESSAGE_BYTES;
 use crate::mcp::source::{
-    Admission, Call, Caller, Contents, ListenFilter, Source, SourceError, SourceInfo, WatchGuard,
+    Admission, Call, Caller, Contents, ListenFilter, Read, Source, SourceError, SourceInfo,
+    WatchGuard,
 };
 use crate::store::{Store, StoreError, Table};
 
@@ -90,10 +91,15 @@ impl std::ops::Deref for Memo {
 }
 
 impl State {
-    fn new(notes: BTreeMap<String, Value>, total: usize, ring_capacity: usize) -> State {
+    fn new(
+        notes: BTreeMap<String, Value>,
+        total: usize,
+        ring_capacity: usize,
+        tap: Option<&Tap>,
+    ) -> State {
         State {
             notes: RwLock::new(notes),
-            log: EventRing::new(ring_capacity).tapped(LOG_URI),
+            log: EventRing::new(ring_capacity).tapped(LOG_URI, tap),
             feed: ChangeFeed::new(),
             writes: tokio::sync::Mutex::new(total),
             version: tokio::sync::watch::Sender::new(0),
@@ -135,8 +141,13 @@ impl State {
 
 impl Memo {
     /// Loads the notes from the store; at most [`DEFAULT_MAX_NOTES_BYTES`] of them until
-    /// [`with_max_notes_bytes`](Memo::with_max_notes_bytes) says otherwise.
-    pub async fn open(store: Store, ring_capacity: usize) -> Result<Memo, StoreError> {
+    /// [`with_max_notes_bytes`](Memo::with_max_notes_bytes) says otherwise. Its log is
+    /// published through `tap` when the role publishes its event logs.
+    pub async fn open(
+        store: Store,
+        ring_capacity: usize,
+        tap: Option<&Tap>,
+    ) -> Result<Memo, StoreError> {
         let mut notes = BTreeMap::new();
         let mut total = 0;
         for (k, v) in store.scan(Table::Notes).await? {
@@ -149,7 +160,7 @@ impl Memo {
             }
         }
         Ok(Memo {
-            state: std::sync::Arc::new(State::new(notes, total, ring_capacity)),
+            state: std::sync::Arc::new(State::new(notes, total, ring_capacity, tap)),
             backend: Backend::Store(store),
             max_notes_bytes: DEFAULT_MAX_NOTES_BYTES,
         })
@@ -161,9 +172,9 @@ impl Memo {
     pub async fn open_nats(
         cfg: &nats::NatsConfig,
         ring_capacity: usize,
-        ctx: &crate::mcp::context::RoleContext,
+        ctx: &crate::runtime::context::RoleContext,
     ) -> Result<Memo, String> {
-        let state = std::sync::Arc::new(State::new(BTreeMap::new(), 0, ring_capacity));
+        let state = std::sync::Arc::new(State::new(BTreeMap::new(), 0, ring_capacity, ctx.tap()));
         let notes = nats::Notes::open(cfg, state.clone(), ctx).await?;
         Ok(Memo {
             state,
@@ -380,11 +391,11 @@ impl Source for Memo {
         ]
     }
 
-    async fn read(&self, _caller: &Caller, uri: &str) -> Result<Contents, SourceError> {
-        match uri {
+    async fn read(&self, _caller: &Caller, read: Read<'_>) -> Result<Contents, SourceError> {
+        match read.uri {
             NOTES_URI => Ok(Contents::json(&self.snapshot())),
-            LOG_URI => Ok(Contents::event_log(&self.log)),
-            _ => Err(SourceError::NotFound { uri: uri.into() }),
+            LOG_URI => Ok(Contents::event_log(&self.log, read.after)),
+            uri => Err(SourceError::NotFound { uri: uri.into() }),
         }
     }
 

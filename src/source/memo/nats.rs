@@ -24,8 +24,8 @@ use async_nats::jetstream::kv;
 use futures::StreamExt;
 use serde_json::Value;
 
-use crate::mcp::context::RoleContext;
 use crate::mcp::source::SourceError;
+use crate::runtime::context::RoleContext;
 use crate::source::memo::{State, stored_len};
 
 /// A note's key in the bucket: base64url of the key, since NATS keys take only
@@ -76,7 +76,7 @@ impl Notes {
         ctx: &RoleContext,
     ) -> Result<Notes, String> {
         let servers = cfg.redacted();
-        let client = tokio::time::timeout(START_TIMEOUT, cfg.connect())
+        let client = tokio::time::timeout(START_TIMEOUT, cfg.connect(ctx.metrics()))
             .await
             .map_err(|_| {
                 format!(

@@ -6,7 +6,7 @@ use super::*;
 use crate::mcp::source::schema;
 
 async fn memo() -> Memo {
-    Memo::open(Store::memory(), 16).await.unwrap()
+    Memo::open(Store::memory(), 16, None).await.unwrap()
 }
 
 fn read_json(c: Contents) -> Value {
@@ -28,7 +28,7 @@ async fn set_modify_delete_are_logged_with_old() {
     assert!(m.set("a", json!({"x": 2})).await.unwrap());
     assert!(m.delete("a").await.unwrap());
     assert!(!m.delete("a").await.unwrap());
-    let log = read_json(m.read(&Caller::local(), LOG_URI).await.unwrap());
+    let log = read_json(m.read(&Caller::local(), Read::new(LOG_URI)).await.unwrap());
     let ev = log["events"].as_array().unwrap();
     let types: Vec<&str> = ev.iter().map(|e| e["type"].as_str().unwrap()).collect();
     assert_eq!(types, ["ADDED", "MODIFIED", "DELETED"]);
@@ -36,7 +36,11 @@ async fn set_modify_delete_are_logged_with_old() {
     assert_eq!(ev[1]["object"], json!({"x": 2}));
     assert!(ev[0]["seq"].as_u64() < ev[1]["seq"].as_u64());
     assert_eq!(
-        read_json(m.read(&Caller::local(), NOTES_URI).await.unwrap()),
+        read_json(
+            m.read(&Caller::local(), Read::new(NOTES_URI))
+                .await
+                .unwrap()
+        ),
         json!({})
     );
     let batch = r.queue().next_batch().await;
@@ -46,12 +50,16 @@ async fn set_modify_delete_are_logged_with_old() {
 #[tokio::test]
 async fn notes_survive_reopen_on_the_same_store() {
     let store = Store::memory();
-    let m = Memo::open(store.clone(), 16).await.unwrap();
+    let m = Memo::open(store.clone(), 16, None).await.unwrap();
     m.set("k", json!("v")).await.unwrap();
     drop(m);
-    let m = Memo::open(store, 16).await.unwrap();
+    let m = Memo::open(store, 16, None).await.unwrap();
     assert_eq!(
-        read_json(m.read(&Caller::local(), NOTES_URI).await.unwrap()),
+        read_json(
+            m.read(&Caller::local(), Read::new(NOTES_URI))
+                .await
+                .unwrap()
+        ),
         json!({"k": "v"})
     );
 }
@@ -89,7 +97,10 @@ async fn bad_arguments_are_clear_errors() {
         .await
         .unwrap_err();
     assert!(err.to_string().contains("key must be a string"), "{err}");
-    let err = m.read(&Caller::local(), "memo://nope").await.unwrap_err();
+    let err = m
+        .read(&Caller::local(), Read::new("memo://nope"))
+        .await
+        .unwrap_err();
     assert_eq!(
         err,
         SourceError::NotFound {
@@ -107,7 +118,7 @@ async fn scanned_bytes(store: &Store) -> usize {
 #[tokio::test]
 async fn the_notes_total_is_kept_as_writes_change_it() {
     let store = Store::memory();
-    let m = Memo::open(store.clone(), 16).await.unwrap();
+    let m = Memo::open(store.clone(), 16, None).await.unwrap();
     assert_eq!(m.notes_bytes().await, 0);
     m.set("a", json!("xy")).await.unwrap();
     assert_eq!(m.notes_bytes().await, 1 + 4, "key a, value \"xy\"");
@@ -121,14 +132,14 @@ async fn the_notes_total_is_kept_as_writes_change_it() {
     assert_eq!(total, scanned_bytes(&store).await);
     assert_eq!(total, 1 + 16 + 1 + 3);
     drop(m);
-    let m = Memo::open(store, 16).await.unwrap();
+    let m = Memo::open(store, 16, None).await.unwrap();
     assert_eq!(m.notes_bytes().await, total, "a reopen counts the same");
 }
 
 #[tokio::test]
 async fn a_set_past_the_notes_limit_is_refused_and_changes_nothing() {
     let store = Store::memory();
-    let m = Memo::open(store.clone(), 16)
+    let m = Memo::open(store.clone(), 16, None)
         .await
         .unwrap()
         .with_max_notes_bytes(100);
@@ -137,7 +148,7 @@ async fn a_set_past_the_notes_limit_is_refused_and_changes_nothing() {
     m.set("b", json!("y".repeat(40))).await.unwrap();
     assert_eq!(m.notes_bytes().await, 2 * 43);
     let _ = r.queue().next_batch().await;
-    let before_log = read_json(m.read(&Caller::local(), LOG_URI).await.unwrap());
+    let before_log = read_json(m.read(&Caller::local(), Read::new(LOG_URI)).await.unwrap());
     let err = m
         .call_tool(
             &Caller::local(),
@@ -162,11 +173,15 @@ async fn a_set_past_the_notes_limit_is_refused_and_changes_nothing() {
     assert!(err.to_string().contains("--max-notes-bytes"), "{err}");
     // Nothing changed: the notes, the store, the log, the total, and no notification.
     assert_eq!(
-        read_json(m.read(&Caller::local(), NOTES_URI).await.unwrap()),
+        read_json(
+            m.read(&Caller::local(), Read::new(NOTES_URI))
+                .await
+                .unwrap()
+        ),
         json!({"a": "x".repeat(40), "b": "y".repeat(40)})
     );
     assert_eq!(
-        read_json(m.read(&Caller::local(), LOG_URI).await.unwrap()),
+        read_json(m.read(&Caller::local(), Read::new(LOG_URI)).await.unwrap()),
         before_log
     );
     assert_eq!(m.notes_bytes().await, 86);
@@ -183,10 +198,10 @@ async fn a_set_past_the_notes_limit_is_refused_and_changes_nothing() {
 #[tokio::test]
 async fn notes_past_a_lowered_limit_can_still_shrink() {
     let store = Store::memory();
-    let m = Memo::open(store.clone(), 16).await.unwrap();
+    let m = Memo::open(store.clone(), 16, None).await.unwrap();
     m.set("a", json!("x".repeat(100))).await.unwrap();
     drop(m);
-    let m = Memo::open(store, 16)
+    let m = Memo::open(store, 16, None)
         .await
         .unwrap()
         .with_max_notes_bytes(50);

@@ -14,10 +14,10 @@ use super::api::{ApiError, Token, WebApi};
 use super::buffer::{Buffer, BufferStats};
 use super::filter::{EVENTS_URI, MessageFilter};
 use super::message::{BotIdentity, Posted, posted};
-use crate::mcp::context::RoleContext;
 use crate::mcp::events::rfc3339;
 use crate::mcp::hub::ChangeFeed;
 use crate::mcp::ring::now_ms;
+use crate::runtime::context::RoleContext;
 
 /// The feed key every insert publishes: long polls wait on it, whatever their arguments.
 pub const ANY_EVENT_KEY: &str = EVENTS_URI;

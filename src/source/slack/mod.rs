@@ -42,14 +42,14 @@ use self::buffer::{Buffer, Held, MAX_EVENTS};
 use self::core::{ANY_EVENT_KEY, Core, ListenHold, SocketState, at};
 use self::filter::{EVENTS_TEMPLATE, EVENTS_URI, MESSAGE_POSTED, MessageFilter};
 use self::settings::Settings;
-use crate::mcp::context::RoleContext;
 use crate::mcp::events::{self, EventType, NEXT_POLL_MS, PollRequest, encode_cursor, rfc3339};
 use crate::mcp::hub::ChangeFeed;
 use crate::mcp::ring::{EVENT_LOG_MIME, now_ms};
 use crate::mcp::source::{
-    Admission, Call, Caller, Contents, ListenFilter, Source, SourceError, SourceInfo, WatchGuard,
-    check_args, schema,
+    Admission, Call, Caller, Contents, ListenFilter, Read, Source, SourceError, SourceInfo,
+    WatchGuard, check_args, schema,
 };
+use crate::runtime::context::RoleContext;
 use crate::store::Store;
 
 /// How often the buffer is written (and expired).
@@ -113,7 +113,7 @@ impl Slack {
             settings::BOT_TOKEN,
             settings::ENCRYPTION_KEY,
         ] {
-            crate::app::secrets::register(var);
+            crate::runtime::secrets::register(var);
         }
         let s = &cfg.settings;
         let api = Arc::new(WebApi::new(
@@ -149,7 +149,7 @@ impl Slack {
                     Some(core)
                 }
                 Some(sc) => {
-                    let link = shared::Shared::connect(sc.clone())
+                    let link = shared::Shared::connect(sc.clone(), ctx.metrics())
                         .await
                         .map_err(|e| anyhow::anyhow!("{e}"))?;
                     let buffer = Buffer::memory(&c.key, c.retention, cfg.max_events);
@@ -508,8 +508,9 @@ impl Source for Slack {
         ]
     }
 
-    async fn read(&self, _caller: &Caller, uri: &str) -> Result<Contents, SourceError> {
-        let filter = MessageFilter::from_uri(uri)?;
+    /// Slack's log is its recent buffer, not a ring: the reader's hint is not needed.
+    async fn read(&self, _caller: &Caller, read: Read<'_>) -> Result<Contents, SourceError> {
+        let filter = MessageFilter::from_uri(read.uri)?;
         let core = self.loaded_core().await?;
         let events = core.buffer.recent(&filter, READ_EVENTS);
         Ok(Contents::text(EVENT_LOG_MIME, event_log(&events)))

@@ -55,9 +55,42 @@ use serde::{Deserialize, Serialize};
 use super::buffer::SharedState;
 use super::core::{Core, LeaseReport, SocketState};
 use super::message::Posted;
-use crate::mcp::backoff::Backoff;
 use crate::mcp::ring::now_ms;
 use crate::nats::NatsConfig;
+use crate::runtime::backoff::Backoff;
+use crate::runtime::metrics::{Counter, Gauge, Metrics};
+
+/// The Slack socket lease's counters, registered by the Slack role in its context's
+/// metrics (the role runner registers them up front, so every process names them).
+#[derive(Debug, Clone)]
+pub struct LeaseMetrics {
+    /// Times this process took the lease.
+    pub acquired: Counter,
+    /// Times this process lost it (taken over, a write refused, NATS out of reach too long).
+    pub lost: Counter,
+    /// 1 while this process holds it.
+    pub held: Gauge,
+}
+
+impl LeaseMetrics {
+    /// Registers (or finds) the lease's counters in `metrics`.
+    pub fn register(metrics: &Metrics) -> LeaseMetrics {
+        LeaseMetrics {
+            acquired: metrics.counter(
+                "herald_slack_lease_acquired_total",
+                "times this process took the Slack socket lease",
+            ),
+            lost: metrics.counter(
+                "herald_slack_lease_lost_total",
+                "times this process lost the Slack socket lease",
+            ),
+            held: metrics.gauge(
+                "herald_slack_lease_held",
+                "1 while this process holds the Slack socket lease (herald slack --backend nats://…)",
+            ),
+        }
+    }
+}
 
 mod follow;
 mod holder;
@@ -120,10 +153,11 @@ pub struct Shared {
 }
 
 impl Shared {
-    /// Connects; the rest ([`run`]) happens once the workspace is known.
-    pub async fn connect(cfg: SharedConfig) -> Result<Shared, String> {
+    /// Connects (counted in `metrics`); the rest ([`run`]) happens once the workspace is
+    /// known.
+    pub async fn connect(cfg: SharedConfig, metrics: &Metrics) -> Result<Shared, String> {
         let servers = cfg.nats.redacted();
-        let client = tokio::time::timeout(Duration::from_secs(20), cfg.nats.connect())
+        let client = tokio::time::timeout(Duration::from_secs(20), cfg.nats.connect(metrics))
             .await
             .map_err(|_| format!("no NATS server answered at {servers} within 20 s"))??;
         Ok(Shared { cfg, client })

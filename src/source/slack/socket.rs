@@ -22,8 +22,8 @@ use tokio_util::sync::CancellationToken;
 
 use super::api::Token;
 use super::core::{Core, SocketState, at};
-use crate::mcp::backoff::Backoff;
 use crate::mcp::ring::now_ms;
+use crate::runtime::backoff::Backoff;
 
 /// Reconnect pacing: 1 s doubling to 60 s, reset by a connection that stayed up 30 s.
 const RECONNECT: Backoff = Backoff::new(Duration::from_secs(1), Duration::from_secs(60))

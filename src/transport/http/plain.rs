@@ -215,11 +215,9 @@ impl Plain {
                 (r.map(ServerResult::from), name)
             }
             PlainWhat::Read { uri, after } => {
-                let r = crate::mcp::source::with_read_after(
-                    after,
-                    server.read_in_process(caller, &uri),
-                )
-                .await;
+                let r = server
+                    .read_in_process(caller, crate::mcp::source::Read::after(&uri, after))
+                    .await;
                 let r = r.map(|c| {
                     let result = crate::mcp::server::read_result(uri.clone(), c);
                     ServerResult::from(rmcp::model::ReadResourceResponse::from(result))

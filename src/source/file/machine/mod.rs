@@ -91,6 +91,8 @@ pub struct Config {
     pub debounce: Duration,
     pub max_watches: usize,
     pub ring_capacity: usize,
+    /// Where event-log rings send their events when the role publishes them.
+    pub tap: Option<crate::runtime::tap::Tap>,
 }
 
 /// The state machine. See the module docs.

@@ -42,9 +42,9 @@ impl Machine {
             return Ok(s.ring.clone());
         }
         let ring = match spec.mode {
-            Mode::Events { .. } => {
-                Some(Arc::new(EventRing::new(self.cfg.ring_capacity).tapped(uri)))
-            }
+            Mode::Events { .. } => Some(Arc::new(
+                EventRing::new(self.cfg.ring_capacity).tapped(uri, self.cfg.tap.as_ref()),
+            )),
             Mode::State => None,
         };
         let spec2 = spec.clone();

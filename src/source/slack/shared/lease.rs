@@ -8,20 +8,19 @@
 
 use crate::sync::Recover;
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use async_nats::jetstream::{self, kv};
 use futures::StreamExt;
 use tokio_util::sync::CancellationToken;
 
+use super::LeaseMetrics;
 use super::holder::dead_here;
 use super::publish::{failing, publish_pending};
 use super::{
     CATCH_UP_TIMEOUT, Feed, LeaseValue, MARKER_HEADER, PUBLISH_TIMEOUT, RELEASE_STEP, RETRY,
     SharedConfig, lease_status,
 };
-use crate::mcp::metrics;
 use crate::mcp::ring::now_ms;
 use crate::source::slack::buffer::{SharedState, now_us};
 use crate::source::slack::core::{Core, SocketState, at};
@@ -201,8 +200,9 @@ async fn hold(
     shutdown: &CancellationToken,
 ) -> Ended {
     tracing::info!(holder = %feed.me, "this process holds the slack socket lease");
-    metrics::SLACK_LEASE_HELD.store(1, Ordering::Relaxed);
-    metrics::SLACK_LEASE_ACQUIRED.fetch_add(1, Ordering::Relaxed);
+    let counts = LeaseMetrics::register(core.ctx.metrics());
+    counts.held.set(1);
+    counts.acquired.inc();
     lease_status(core, |l| {
         l.held = true;
         l.holder = Some(feed.me.clone());
@@ -383,7 +383,7 @@ async fn hold(
             r.abort();
         }
     }
-    metrics::SLACK_LEASE_HELD.store(0, Ordering::Relaxed);
+    counts.held.set(0);
     match ended {
         Ended::Shutdown => {
             // What the socket brought in last is published, then the lease is given back
@@ -417,7 +417,7 @@ async fn hold(
             Ended::Shutdown
         }
         Ended::Lost(why) => {
-            metrics::SLACK_LEASE_LOST.fetch_add(1, Ordering::Relaxed);
+            counts.lost.inc();
             // Writing stops before the lease is given up.
             *feed.writer.lock().await = None;
             let unpublished = core.buffer.take_unwritten();

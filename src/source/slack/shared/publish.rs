@@ -6,13 +6,12 @@
 
 use crate::sync::Recover;
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
 use std::time::Instant;
 
 use async_nats::jetstream;
 
 use super::{Feed, PUBLISH_TIMEOUT, RETRY, Sealed};
-use crate::mcp::metrics;
+use crate::nats::NatsMetrics;
 use crate::source::slack::core::Core;
 
 /// Publishes what this process ingests, at once, while it may write.
@@ -92,6 +91,7 @@ pub(super) async fn publish_pending(core: &Core, feed: &Feed) -> Result<(), Refu
         // forgotten when it is lost.
         return Ok(());
     };
+    let counts = NatsMetrics::register(core.ctx.metrics());
     let rows = core.buffer.take_unwritten();
     for (i, h) in rows.iter().enumerate() {
         let id = h.posted.event_id();
@@ -129,9 +129,7 @@ pub(super) async fn publish_pending(core: &Core, feed: &Feed) -> Result<(), Refu
                 return Err(Refused::Superseded);
             }
             Ok(Ok(ack)) => {
-                metrics::NATS_PUBLISHES.fetch_add(1, Ordering::Relaxed);
-                metrics::NATS_PUBLISH_MICROS
-                    .fetch_add(clock.elapsed().as_micros() as u64, Ordering::Relaxed);
+                counts.publish_seconds.observe(clock.elapsed());
                 failing(feed, false);
                 feed.unacked.locked().remove(&id);
                 if !ack.duplicate {
@@ -140,7 +138,7 @@ pub(super) async fn publish_pending(core: &Core, feed: &Feed) -> Result<(), Refu
                 }
             }
             Ok(Err(e)) if e.kind() == jetstream::context::PublishErrorKind::WrongLastSequence => {
-                metrics::NATS_PUBLISH_FAILURES.fetch_add(1, Ordering::Relaxed);
+                counts.publish_failures.inc();
                 // The last message may be this process's own, sent earlier without an
                 // acknowledgement (and applied meanwhile): then take its place and go on.
                 if let Some(own) = own_last(feed).await {
@@ -155,7 +153,7 @@ pub(super) async fn publish_pending(core: &Core, feed: &Feed) -> Result<(), Refu
                 return Err(Refused::Superseded);
             }
             Ok(Err(e)) => {
-                metrics::NATS_PUBLISH_FAILURES.fetch_add(1, Ordering::Relaxed);
+                counts.publish_failures.inc();
                 failing(feed, true);
                 feed.unacked.locked().insert(id.clone());
                 tracing::warn!(error = %e, "cannot publish to the slack stream; retrying");
@@ -163,7 +161,7 @@ pub(super) async fn publish_pending(core: &Core, feed: &Feed) -> Result<(), Refu
                 return Err(Refused::Failed);
             }
             Err(_) => {
-                metrics::NATS_PUBLISH_FAILURES.fetch_add(1, Ordering::Relaxed);
+                counts.publish_failures.inc();
                 failing(feed, true);
                 feed.unacked.locked().insert(id.clone());
                 tracing::warn!(servers = %feed.servers, "no acknowledgement from NATS in time; retrying");

@@ -121,6 +121,7 @@ impl T {
                     debounce: Duration::from_millis(50),
                     max_watches: 100,
                     ring_capacity: 64,
+                    tap: None,
                 },
                 feed.clone(),
             ),

@@ -4,12 +4,13 @@
 //! so it is tracked (the runner's drain waits for it), named (a span `task{role, name}`, and a
 //! count of what is still running when the drain gives up) and ends at shutdown. The context
 //! also carries the process's [`StatusBoard`], where the parts it builds report themselves
-//! for the admin address.
+//! for the admin address, the [`Metrics`] registry each part registers its counters in, and
+//! the ring tap when the roles publish their event logs ([`crate::runtime::tap`]).
 
 use crate::sync::Recover;
 use std::collections::BTreeMap;
 use std::future::Future;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
 use tokio::task::JoinHandle;
@@ -17,7 +18,9 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tracing::Instrument;
 
-use crate::mcp::status::StatusBoard;
+use crate::runtime::metrics::Metrics;
+use crate::runtime::status::StatusBoard;
+use crate::runtime::tap::Tap;
 
 /// A role's task context. Cheap to clone; clones share the tracker, the token and the counts.
 #[derive(Clone)]
@@ -32,6 +35,10 @@ struct Shared {
     /// Tasks running now, by (role, name).
     running: Mutex<BTreeMap<(Arc<str>, &'static str), usize>>,
     status: StatusBoard,
+    /// The metrics registry its roles register their counters in.
+    metrics: Metrics,
+    /// Where the rings its roles make send their events, when they publish them.
+    tap: OnceLock<Tap>,
 }
 
 impl std::fmt::Debug for RoleContext {
@@ -83,6 +90,8 @@ impl RoleContext {
                 status: StatusBoard::new(shutdown.clone()),
                 shutdown,
                 running: Mutex::default(),
+                metrics: Metrics::default(),
+                tap: OnceLock::new(),
             }),
         }
     }
@@ -108,6 +117,25 @@ impl RoleContext {
     /// The process's status board (shared by every role of the context, like the tracker).
     pub fn status(&self) -> &StatusBoard {
         &self.shared.status
+    }
+
+    /// The metrics registry (shared by every role of the context, like the tracker): each
+    /// part registers its own counters here, and `/metrics` renders them.
+    pub fn metrics(&self) -> &Metrics {
+        &self.shared.metrics
+    }
+
+    /// Makes every event-log ring its roles make from now on send its events to `tap` (the
+    /// publisher's queue, `--publish-events`). Once per context, shared by every role of
+    /// it; `false` if a tap was installed already.
+    pub fn install_tap(&self, tap: Tap) -> bool {
+        self.shared.tap.set(tap).is_ok()
+    }
+
+    /// The tap a source hands [`EventRing::tapped`](crate::mcp::ring::EventRing::tapped)
+    /// when it makes a ring, if its role publishes its event logs.
+    pub fn tap(&self) -> Option<&Tap> {
+        self.shared.tap.get()
     }
 
     /// The tracker the runner's listeners are spawned on too.

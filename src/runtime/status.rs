@@ -1,6 +1,6 @@
 //! What a process says about itself on its admin address: which roles have started, which
 //! upstreams have connected, how many listen streams are open, the watches, the store's size.
-//! One [`StatusBoard`] per process, on the [`RoleContext`](crate::mcp::context::RoleContext)
+//! One [`StatusBoard`] per process, on the [`RoleContext`](crate::runtime::context::RoleContext)
 //! every role of the process shares: `app::serve_source` enters each role it serves (and its
 //! listen count), the gateway its upstreams, a watch client its watches; `app::ready` marks the
 //! start as done. `app`'s admin server answers `/ready` and `/status` from it.
@@ -19,7 +19,11 @@ use std::time::Instant;
 use serde::{Deserialize, Serialize};
 use tokio_util::sync::CancellationToken;
 
-use crate::mcp::upstream::Upstream;
+/// An upstream as the board sees it: something that says how its connection is doing.
+/// `mcp`'s upstream handle implements it, so the board (below `mcp`) names no client type.
+pub trait UpstreamStatus: Send + Sync {
+    fn report(&self) -> UpstreamReport;
+}
 
 /// A role's open listen streams, asked when a report is made.
 pub type ListenCount = Arc<dyn Fn() -> usize + Send + Sync>;
@@ -162,7 +166,7 @@ struct Role {
 struct Board {
     started: bool,
     roles: Vec<Role>,
-    upstreams: Vec<Weak<Upstream>>,
+    upstreams: Vec<Weak<dyn UpstreamStatus>>,
     backends: Vec<(String, String, Connected)>,
     watches: Option<WatchList>,
     store: Option<PathBuf>,
@@ -224,8 +228,9 @@ impl StatusBoard {
     }
 
     /// Enters a configured upstream: `/ready` waits until it has connected once.
-    pub fn add_upstream(&self, upstream: &Arc<Upstream>) {
-        self.lock().upstreams.push(Arc::downgrade(upstream));
+    pub fn add_upstream<U: UpstreamStatus + 'static>(&self, upstream: &Arc<U>) {
+        let weak: Weak<dyn UpstreamStatus> = Arc::downgrade(upstream) as Weak<U>;
+        self.lock().upstreams.push(weak);
     }
 
     /// Enters a role's NATS backend: `/ready` waits while it is not connected.
@@ -260,7 +265,7 @@ impl StatusBoard {
         self.lock().started = true;
     }
 
-    fn upstreams(&self) -> Vec<Arc<Upstream>> {
+    fn upstreams(&self) -> Vec<Arc<dyn UpstreamStatus>> {
         self.lock()
             .upstreams
             .iter()

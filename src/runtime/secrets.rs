@@ -1,12 +1,16 @@
 //! The environment variables that hold this process's own secrets, kept from every child it
-//! starts (stdio upstreams, kubectl and its token command, `--exec` and `[notify] exec`): a
-//! third-party MCP server started as a `[[slug]]` must not receive the Slack bot token or
-//! another slug's upstream token.
+//! starts (stdio upstreams, helper commands, `--exec` and `[notify] exec`): a third-party MCP
+//! server started as an upstream must not receive another role's token.
 //!
-//! `HERALD_TOKEN` (a client's own credential) is always kept back. The others are entered
-//! when this process uses them: the Slack variables when it runs the Slack role itself, a
-//! slug's `token_env` when its config is read. A child started to *be* a role (a `[[slug]]
-//! stdio = "herald slack"` of a gateway that runs no Slack itself) still gets what it needs.
+//! `HERALD_TOKEN` (a client's own credential) is always kept back. The others are entered by
+//! the role that uses them, when it uses them (a role's API token variables when it runs, an
+//! upstream's `token_env` when its config is read). A child started to *be* a role, by a
+//! process that does not run that role itself, still gets what it needs.
+//!
+//! Why a process-wide set and not a value in the context: what it guards is the process's
+//! environment, which is process-wide itself. Every child inherits it from wherever it is
+//! started (a client role with no context, a helper several layers down), so every spawn
+//! must scrub the same set; the set holds variable names, never request data or values.
 
 use crate::sync::Recover;
 use std::collections::BTreeSet;

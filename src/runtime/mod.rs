@@ -1,0 +1,21 @@
+//! The runtime floor: what every role shares at run time, below the roles and below `mcp` and
+//! `transport` (which import it; it imports neither).
+//!
+//! - [`context`]: [`RoleContext`](context::RoleContext), what a role runner hands the parts it
+//!   builds (tracker, shutdown token, the role's name, the status board, the metrics registry,
+//!   the ring tap).
+//! - [`status`]: the status board the admin address reports.
+//! - [`metrics`]: the registry in which each part registers its own counters and gauges, and
+//!   `/metrics` renders them.
+//! - [`backoff`]: the one retry pacing every role uses.
+//! - [`tap`]: where event-log rings send their events when a role publishes them.
+//! - [`secrets`]: the environment variables kept from every child process.
+//!
+//! Nothing here names a role: each role registers what it counts.
+
+pub mod backoff;
+pub mod context;
+pub mod metrics;
+pub mod secrets;
+pub mod status;
+pub mod tap;
