@@ -43,9 +43,9 @@
 //!
 //! This file holds the limits, the configuration, the message and lease formats, the
 //! workspace's [`Feed`] and [`run`], which opens it; `shared/follow.rs` applies the stream
-//! (read with [`crate::nats::ordered::Follow`]),
-//! `shared/publish.rs` publishes to it, `shared/lease.rs` takes, holds and releases the
-//! lease, and `shared/holder.rs` says who a holder is.
+//! (read with [`crate::nats::ordered::Follow`]), `shared/publish.rs` publishes to it,
+//! `shared/lease.rs` takes, holds and releases the lease, and `shared/holder.rs` says who a
+//! holder is.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};

@@ -1,7 +1,7 @@
 //! Applying the shared stream: the [`Follower`] (reading it with [`Follow`], which makes its
-//! consumer again after what was applied when it fails or ends) applies each event into this process's buffer under the
-//! seq sealed with it and skips holders' fence markers; [`follow_state`] takes in the shared
-//! state row the holder writes.
+//! consumer again after what was applied when it fails or ends) applies each event into this
+//! process's buffer under the seq sealed with it and skips holders' fence markers;
+//! [`follow_state`] takes in the shared state row the holder writes.
 
 use std::sync::Arc;
 use std::time::Duration;
