@@ -116,11 +116,12 @@ mod tests {
     use crate::store::Store;
     use std::sync::atomic::{AtomicUsize, Ordering};
 
-    fn posted(text: &str) -> Posted {
+    /// A message posted `ago_ms` ago (its `channel:ts` is its identity).
+    fn posted(text: &str, ago_ms: u64) -> Posted {
         Posted {
             channel_id: "C1".into(),
             channel_type: "channel".into(),
-            ts: super::super::message::ms_ts(now_ms()),
+            ts: super::super::message::ms_ts(now_ms() - ago_ms),
             thread_ts: None,
             user_id: Some("U1".into()),
             bot_id: None,
@@ -194,10 +195,10 @@ mod tests {
         let (b, flushes, mut rx, stop) = flushing().await;
         tokio::time::pause();
         settle().await;
-        b.insert(posted("one")).unwrap();
+        b.insert(posted("one", 2)).unwrap();
         settle().await;
         tokio::time::advance(FLUSH_WINDOW / 2).await;
-        b.insert(posted("two")).unwrap();
+        b.insert(posted("two", 1)).unwrap();
         tokio::time::advance(FLUSH_WINDOW / 2 - Duration::from_millis(10)).await;
         settle().await;
         assert_eq!(flushes.load(Ordering::SeqCst), 0, "not before the window");
