@@ -72,10 +72,10 @@ pub(super) async fn flusher(
             });
             tokio::select! {
                 _ = shutdown.cancelled() => true,
-                // (The buffer holds the sender: this never ends while `buffer` lives.)
-                Ok(()) = changes.changed() => {
-                    // On NATS nothing is stored: the holder publishes and shares.
-                    due = !buffer.is_shared();
+                // (The buffer holds the sender: this never ends while `buffer` lives.) On NATS
+                // nothing is stored: the holder publishes and shares, and this only expires.
+                Ok(()) = changes.changed(), if !buffer.is_shared() => {
+                    due = true;
                     continue;
                 }
                 _ = sleep_until_some(expiry) => false,
