@@ -12,6 +12,7 @@
 //!   the other side can list the event types. A full queue drops (counted), never blocks a
 //!   push; an event NATS refuses is retried in order.
 //! - **Serving** ([`Mirror`], a [`Source`]): follows `herald.events.<name>.>` from the start
+//!   ([`Follow`], resuming after the last message applied when its consumer is made again)
 //!   and keeps a ring per URI under the publisher's own seqs ([`EventRing::mirror`]), so
 //!   cursors, reads, `read_json_after` anchors and long polls behave as at the source. A listen
 //!   to an event-log URI is admitted whether or not it has events yet (they come when the
@@ -31,7 +32,7 @@ use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
 
-use async_nats::jetstream::{self, consumer, kv, stream};
+use async_nats::jetstream::{self, kv, stream};
 use async_trait::async_trait;
 use futures::StreamExt;
 use rmcp::model::{JsonObject, Resource};
@@ -45,6 +46,7 @@ use crate::mcp::source::{
     Admission, Caller, Contents, ListenFilter, Read, Source, SourceError, SourceInfo, WatchGuard,
 };
 use crate::nats::NatsConfig;
+use crate::nats::ordered::Follow;
 use crate::runtime::backoff::Backoff;
 use crate::runtime::context::RoleContext;
 
@@ -469,42 +471,15 @@ async fn follow(
     if held == Some(0) {
         mirror.ready.send_replace(true);
     }
-    loop {
-        let messages = async {
-            stream
-                .create_consumer(consumer::push::OrderedConfig {
-                    deliver_subject: client.new_inbox(),
-                    filter_subject: filter.clone(),
-                    deliver_policy: consumer::DeliverPolicy::All,
-                    ..Default::default()
-                })
-                .await
-                .map_err(|e| e.to_string())?
-                .messages()
-                .await
-                .map_err(|e| e.to_string())
+    // Each event is kept once (a mirror keeps only seqs past its head), and a consumer made
+    // again resumes after the last message applied: nothing is lost or repeated.
+    let mut follow = Follow::new(client, stream, filter, 0, ctx.shutdown().clone());
+    tracing::info!(source = %mirror.name, "following published event logs");
+    while let Some(d) = follow.next().await {
+        mirror.apply(&d.message);
+        if d.pending == 0 {
+            mirror.ready.send_replace(true);
         }
-        .await;
-        match messages {
-            Ok(mut messages) => {
-                tracing::info!(source = %mirror.name, "following published event logs");
-                while let Some(m) = messages.next().await {
-                    match m {
-                        Ok(m) => {
-                            mirror.apply(&m);
-                            if m.info().is_ok_and(|i| i.pending == 0) {
-                                mirror.ready.send_replace(true);
-                            }
-                        }
-                        Err(e) => tracing::debug!(error = %e, "following published event logs"),
-                    }
-                }
-            }
-            Err(e) => tracing::warn!(error = %e, "cannot follow published event logs; retrying"),
-        }
-        // Each event is kept once (a mirror keeps only seqs past its head), so following
-        // again from the start loses and repeats nothing.
-        tokio::time::sleep(backoff.next_delay()).await;
     }
 }
 

@@ -1,7 +1,8 @@
 //! NATS as a role's backend (`--backend nats://HOST:PORT[,…]`): how to reach it, what
 //! `herald check` can say of the settings without connecting, and the connection's health for
 //! `/ready` and `/metrics`. The roles keep their own state in it (memo: a key-value bucket,
-//! `source::memo::nats`; slack: a stream and a lease, `source::slack::shared`).
+//! `source::memo::nats`; slack: a stream and a lease, `source::slack::shared`). Whoever
+//! follows a stream in order does it with [`ordered::Follow`].
 
 use std::path::PathBuf;
 use std::time::Duration;
@@ -9,6 +10,7 @@ use std::time::Duration;
 use crate::runtime::metrics::{Counter, Metrics, Summary};
 
 pub mod events;
+pub mod ordered;
 
 /// How to reach NATS.
 #[derive(Debug, Clone, Default)]

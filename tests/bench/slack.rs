@@ -49,7 +49,7 @@ use tokio::process::Child;
 use tokio::sync::{mpsc, watch};
 
 use common::{BIN, ms, pct, rss_kib};
-use herald::source::slack::FLUSH_EVERY;
+use herald::source::slack::flush::FLUSH_WINDOW as FLUSH_EVERY;
 
 const KEY: &str = "8f2c6e1d4b7a9035c1e2f3a4b5c6d7e8f9a0b1c2d3e4f5a6b7c8d9e0f1a2b3c4";
 const EVENTS: &str = "slack-events://message_posted";

@@ -554,3 +554,78 @@ async fn a_memo_started_later_has_the_buckets_history_in_its_log() {
     let (notes, _) = read_json(&cb, "memo://notes").await;
     assert_eq!(notes, json!({"a": 3}));
 }
+
+/// The next message of `f`: its stream sequence, body and what was pending after it.
+async fn next_of(f: &mut herald::nats::ordered::Follow) -> (u64, String, u64) {
+    let d = tokio::time::timeout(WAIT, f.next())
+        .await
+        .expect("a message in time")
+        .expect("the follow is not stopped");
+    let body = String::from_utf8(d.message.payload.to_vec()).unwrap();
+    (d.sequence, body, d.pending)
+}
+
+/// Publishes `body` on `subject`, retrying while the client reconnects; its stream sequence.
+async fn publish_seq(js: &async_nats::jetstream::Context, subject: &str, body: &str) -> u64 {
+    for _ in 0..50 {
+        let sent = async {
+            js.publish(subject.to_owned(), body.to_owned().into())
+                .await?
+                .await
+                .map_err(async_nats::Error::from)
+        };
+        if let Ok(Ok(ack)) = tokio::time::timeout(WAIT, sent).await {
+            return ack.sequence;
+        }
+    }
+    panic!("cannot publish {body} to {subject}");
+}
+
+#[tokio::test]
+async fn the_ordered_follow_resumes_from_a_sequence_and_across_a_nats_restart() {
+    use async_nats::jetstream;
+    use herald::nats::ordered::Follow;
+    let mut nats = NatsServer::start().await;
+    let client = async_nats::connect(nats.url()).await.unwrap();
+    let js = jetstream::new(client.clone());
+    let stream = js
+        .create_stream(jetstream::stream::Config {
+            name: "follow_it".into(),
+            subjects: vec!["follow.>".into()],
+            storage: jetstream::stream::StorageType::File,
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    for i in 1..=3 {
+        publish_seq(&js, "follow.a", &format!("a{i}")).await;
+        publish_seq(&js, "follow.b", &format!("b{i}")).await;
+    }
+    let stop = tokio_util::sync::CancellationToken::new();
+    // From the start, only its subject, in order, with stream sequences.
+    let mut f = Follow::new(client.clone(), stream.clone(), "follow.a", 0, stop.clone());
+    assert_eq!(next_of(&mut f).await, (1, "a1".into(), 2));
+    assert_eq!(next_of(&mut f).await, (3, "a2".into(), 1));
+    assert_eq!(next_of(&mut f).await, (5, "a3".into(), 0));
+    assert_eq!(f.resume_at(), 6);
+    // A second consumer started from a sequence (as after a restart of its process) gets
+    // what comes from there on, and then what is published.
+    let mut g = Follow::start(client.clone(), stream.clone(), "follow.a", 4, stop.clone())
+        .await
+        .unwrap();
+    assert_eq!(next_of(&mut g).await, (5, "a3".into(), 0));
+    let s = publish_seq(&js, "follow.a", "a4").await;
+    assert_eq!(next_of(&mut g).await, (s, "a4".into(), 0));
+    assert_eq!(next_of(&mut f).await, (s, "a4".into(), 0));
+    // NATS restarts (its ephemeral consumers are gone): each follow goes on after its last
+    // message, losing and repeating nothing.
+    nats.restart().await;
+    let s5 = publish_seq(&js, "follow.a", "a5").await;
+    assert_eq!(next_of(&mut f).await, (s5, "a5".into(), 0));
+    assert_eq!(next_of(&mut g).await, (s5, "a5".into(), 0));
+    // Stopped by its token, waiting or not.
+    let waiting = tokio::spawn(async move { f.next().await.is_none() });
+    stop.cancel();
+    assert!(tokio::time::timeout(WAIT, waiting).await.unwrap().unwrap());
+    assert!(g.next().await.is_none());
+}

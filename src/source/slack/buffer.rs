@@ -8,9 +8,12 @@
 //! - **Dedupe** on `channel:ts`: a redelivery or a backfill of something held is dropped.
 //! - **Eviction** by posting time (retention) and by count (oldest seq first). The highest
 //!   evicted seq is kept, so a poll whose cursor is below it learns `truncated: true`.
-//! - **Writes** are batched: [`Buffer::insert`] only marks rows dirty, and [`Buffer::flush`]
-//!   (every ~2 s, and at shutdown) seals them and writes them in one store transaction. The
-//!   state row (`last_seq`, `evicted_through`, `live_through`) is sealed too.
+//! - **Writes** are batched: [`Buffer::insert`] only marks rows dirty (and says so on
+//!   [`Buffer::changes`]), and [`Buffer::flush`] (by the flusher, `flush.rs`, ~2 s after the
+//!   first change it has not written, and at shutdown) seals them and writes them in one store
+//!   transaction. The state row (`last_seq`, `evicted_through`, `live_through`) is sealed too.
+//!   [`Buffer::next_expiry_ms`] says when the oldest event passes the retention, so expiry
+//!   is a deadline, not a sweep.
 //! - **On NATS** ([`Buffer::memory`], `herald slack --backend nats://…`) the buffer is only
 //!   memory and the store is not touched: what is inserted here is taken by
 //!   [`Buffer::take_unwritten`] and published to the workspace's stream (`shared`), and what the
@@ -161,6 +164,10 @@ pub struct Buffer {
     store: Option<Store>,
     retention: Duration,
     cap: usize,
+    /// Marked whenever something is left to write (rows, the state row) or, on NATS, to
+    /// publish or share (pending rows, the shared state): the flusher and the lease holder's
+    /// state writer wait on it instead of looking on a tick.
+    changes: tokio::sync::watch::Sender<()>,
 }
 
 impl Buffer {
@@ -224,6 +231,7 @@ impl Buffer {
             store: Some(store),
             retention,
             cap: cap.max(1),
+            changes: tokio::sync::watch::channel(()).0,
         };
         buffer.expire(now_ms());
         Ok((buffer, loaded))
@@ -241,6 +249,7 @@ impl Buffer {
             store: None,
             retention,
             cap: cap.max(1),
+            changes: tokio::sync::watch::channel(()).0,
         }
     }
 
@@ -273,15 +282,43 @@ impl Buffer {
         }
         inner.state.last_seq = inner.state.last_seq.max(seq);
         inner.add(seq, Arc::new(p));
+        let mut evicted = false;
         while inner.by_seq.len() > self.cap {
             let Some((&oldest, _)) = inner.by_seq.first_key_value() else {
                 break;
             };
             inner.evict(oldest);
+            evicted = true;
         }
         // Evictions mark rows to delete: nothing is deleted on NATS (the stream evicts alone).
         inner.dirty.retain(|_, seq| seq.is_some());
+        drop(inner);
+        if evicted {
+            self.changed();
+        }
         true
+    }
+
+    /// Says on [`changes`](Self::changes) that something is left to write or share.
+    fn changed(&self) {
+        self.changes.send_replace(());
+    }
+
+    /// Marked each time something is left to write (stored rows, the state row) or, on NATS,
+    /// to publish or share: wait on it with `changed()`, and `borrow_and_update()` just before
+    /// taking what is to write.
+    pub fn changes(&self) -> tokio::sync::watch::Receiver<()> {
+        self.changes.subscribe()
+    }
+
+    /// When (ms since the epoch) the oldest event held passes the retention, if any is held:
+    /// [`expire`](Self::expire) has something to do from then on.
+    pub fn next_expiry_ms(&self) -> Option<u64> {
+        let retention = self.retention.as_millis() as u64;
+        self.lock()
+            .by_age
+            .first()
+            .map(|&(posted, _)| posted.saturating_add(retention).saturating_add(1))
     }
 
     /// Takes the rows inserted here and not published yet, oldest seq first (NATS). They stay
@@ -335,6 +372,13 @@ impl Buffer {
     pub fn unwritten(&self) -> bool {
         let inner = self.lock();
         !inner.dirty.is_empty() || !inner.pending.is_empty() || !inner.inflight.is_empty()
+    }
+
+    /// Whether a [`flush`](Self::flush) has something to write to the store now (never on
+    /// NATS).
+    pub fn dirty(&self) -> bool {
+        let inner = self.lock();
+        self.store.is_some() && (!inner.dirty.is_empty() || inner.state_dirty)
     }
 
     /// Nothing before `seq` is held any more (the shared stream dropped it): a cursor below
@@ -413,6 +457,8 @@ impl Buffer {
             inner.pending_last = seq;
             inner.pending_keys.insert(key, seq);
             inner.pending.insert(seq, Arc::new(p));
+            drop(inner);
+            self.changed();
             return Some(seq);
         }
         let seq = (inner.state.last_seq + 1).max(now_us());
@@ -427,6 +473,8 @@ impl Buffer {
             };
             inner.evict(oldest);
         }
+        drop(inner);
+        self.changed();
         Some(seq)
     }
 
@@ -434,11 +482,17 @@ impl Buffer {
     pub fn expire(&self, now_ms: u64) {
         let horizon = now_ms.saturating_sub(self.retention.as_millis() as u64);
         let mut inner = self.lock();
+        let mut evicted = false;
         while let Some(&(posted, seq)) = inner.by_age.first() {
             if posted >= horizon {
                 break;
             }
             inner.evict(seq);
+            evicted = true;
+        }
+        drop(inner);
+        if evicted {
+            self.changed();
         }
     }
 
@@ -569,6 +623,8 @@ impl Buffer {
         if inner.state.live_through_ms.is_none_or(|t| t < ms) {
             inner.state.live_through_ms = Some(ms);
             inner.state_dirty = true;
+            drop(inner);
+            self.changed();
         }
     }
 

@@ -13,7 +13,8 @@
 //! (`slack_events_status`, and `slack_post_message` / `slack_conversations` with a bot token)
 //! work either way.
 //!
-//! [`core`] is what the tasks share; [`message`] turns a Slack message into the payload (and
+//! [`flush`] writes the buffer when it changed (never on a tick). [`core`] is what the tasks
+//! share; [`message`] turns a Slack message into the payload (and
 //! decides what is never an event); [`api`] is the Web API client.
 
 pub mod api;
@@ -21,6 +22,7 @@ pub mod backfill;
 pub mod buffer;
 pub mod core;
 pub mod filter;
+pub mod flush;
 pub mod message;
 pub mod seal;
 pub mod settings;
@@ -39,7 +41,7 @@ use serde_json::{Value, json};
 
 use self::api::{Token, WebApi};
 use self::buffer::{Buffer, Held, MAX_EVENTS};
-use self::core::{ANY_EVENT_KEY, Core, ListenHold, SocketState, at};
+use self::core::{ANY_EVENT_KEY, Core, ListenHold, SocketState};
 use self::filter::{EVENTS_TEMPLATE, EVENTS_URI, MESSAGE_POSTED, MessageFilter};
 use self::settings::Settings;
 use crate::mcp::events::{self, EventType, NEXT_POLL_MS, PollRequest, encode_cursor, rfc3339};
@@ -52,8 +54,6 @@ use crate::mcp::source::{
 use crate::runtime::context::RoleContext;
 use crate::store::Store;
 
-/// How often the buffer is written (and expired).
-pub const FLUSH_EVERY: Duration = Duration::from_secs(2);
 /// Events a resource read returns (the newest that pass its filter).
 const READ_EVENTS: usize = 256;
 /// Longest a poll or read waits for a buffer on NATS to load.
@@ -145,7 +145,7 @@ impl Slack {
                     let stop = ctx.shutdown().clone();
                     ctx.spawn("slack socket mode", socket::run(core.clone(), stop.clone()));
                     ctx.spawn("slack backfill", backfill::run(core.clone(), stop));
-                    ctx.spawn("slack flush", flush(core.clone()));
+                    ctx.spawn("slack flush", flush::run(core.clone()));
                     Some(core)
                 }
                 Some(sc) => {
@@ -168,7 +168,7 @@ impl Slack {
                         }),
                     );
                     ctx.spawn("slack nats", shared::run(core.clone(), link));
-                    ctx.spawn("slack flush", flush(core.clone()));
+                    ctx.spawn("slack flush", flush::run(core.clone()));
                     Some(core)
                 }
             },
@@ -235,44 +235,6 @@ impl Slack {
             v["workspace_url"] = bot.workspace_url.into();
         }
         v
-    }
-}
-
-/// Writes the buffer every [`FLUSH_EVERY`], and once more, closed, at shutdown.
-async fn flush(core: Arc<Core>) {
-    let shutdown = core.ctx.shutdown().clone();
-    let mut tick = tokio::time::interval(FLUSH_EVERY);
-    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    loop {
-        let last = tokio::select! {
-            _ = shutdown.cancelled() => true,
-            _ = tick.tick() => false,
-        };
-        core.buffer.expire(now_ms());
-        // On NATS the buffer is not closed: the socket is still draining (the lease's holding
-        // spell publishes what it brings before it lets the lease go).
-        let r = if last && !core.buffer.is_shared() {
-            core.buffer.close().await
-        } else {
-            core.buffer.flush().await
-        };
-        let mut s = core.status();
-        match r {
-            Ok(w) if w.rows + w.deleted > 0 => {
-                s.last_write_at = Some(at(now_ms()));
-                s.last_write_rows = w.rows;
-                s.last_write_error = None;
-            }
-            Ok(_) => {}
-            Err(e) => {
-                tracing::error!(error = %e, "cannot write the slack buffer; it is retried");
-                s.last_write_error = Some(e.to_string());
-            }
-        }
-        drop(s);
-        if last {
-            return;
-        }
     }
 }
 

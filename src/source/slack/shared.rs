@@ -42,14 +42,15 @@
 //!   listens are served from it, as with the store) and holds no message text on disk.
 //!
 //! This file holds the limits, the configuration, the message and lease formats, the
-//! workspace's [`Feed`] and [`run`], which opens it; `shared/follow.rs` applies the stream,
-//! `shared/publish.rs` publishes to it, `shared/lease.rs` takes, holds and releases the
-//! lease, and `shared/holder.rs` says who a holder is.
+//! workspace's [`Feed`] and [`run`], which opens it; `shared/follow.rs` applies the stream
+//! (read with [`crate::nats::ordered::Follow`]), `shared/publish.rs` publishes to it,
+//! `shared/lease.rs` takes, holds and releases the lease, and `shared/holder.rs` says who a
+//! holder is.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use async_nats::jetstream::{self, consumer, kv, stream};
+use async_nats::jetstream::{self, kv, stream};
 use serde::{Deserialize, Serialize};
 
 use super::buffer::SharedState;
@@ -91,6 +92,7 @@ impl LeaseMetrics {
         }
     }
 }
+use crate::nats::ordered::Follow;
 
 mod follow;
 mod holder;
@@ -325,31 +327,24 @@ async fn open(core: &Arc<Core>, shared: &Shared) -> Result<Feed, String> {
         // Everything it ever held has aged out: nothing from before now can be served.
         core.buffer.evicted_through(core.buffer.head());
     }
-    let consumer = stream
-        .create_consumer(consumer::push::OrderedConfig {
-            deliver_subject: shared.client.new_inbox(),
-            filter_subject: subject.clone(),
-            deliver_policy: consumer::DeliverPolicy::All,
-            ..Default::default()
-        })
-        .await
-        .map_err(|e| format!("cannot follow the stream {name} at {servers}: {e}"))?;
-    let messages = consumer
-        .messages()
-        .await
-        .map_err(|e| format!("cannot follow the stream {name} at {servers}: {e}"))?;
+    let follow = Follow::start(
+        shared.client.clone(),
+        stream.clone(),
+        subject.clone(),
+        0,
+        core.ctx.shutdown().clone(),
+    )
+    .await
+    .map_err(|e| format!("cannot follow the stream {name} at {servers}: {e}"))?;
     let follower = Follower {
         core: core.clone(),
-        client: shared.client.clone(),
-        stream: stream.clone(),
-        subject: subject.clone(),
         applied: applied_tx,
         first: true,
         started_late: None,
     };
     let following = core
         .ctx
-        .spawn_until_shutdown("slack nats follow", follower.run(messages));
+        .spawn_until_shutdown("slack nats follow", follower.run(follow));
     let mut rx = applied.clone();
     let until = info.last_sequence;
     if info.messages > 0 {

@@ -1,15 +1,16 @@
-//! Applying the shared stream: the [`Follower`] (an ordered push consumer, opened again after
-//! what was applied when it ends) applies each event into this process's buffer under the
-//! seq sealed with it and skips holders' fence markers; [`follow_state`] takes in the shared
-//! state row the holder writes.
+//! Applying the shared stream: the [`Follower`] (reading it with [`Follow`], which makes its
+//! consumer again after what was applied when it fails or ends) applies each event into this
+//! process's buffer under the seq sealed with it and skips holders' fence markers;
+//! [`follow_state`] takes in the shared state row the holder writes.
 
 use std::sync::Arc;
 use std::time::Duration;
 
-use async_nats::jetstream::{self, consumer, stream};
+use async_nats::jetstream;
 use futures::StreamExt;
 
 use super::{Feed, MARKER_HEADER, Sealed, lease_status};
+use crate::nats::ordered::Follow;
 use crate::source::slack::buffer::SharedState;
 use crate::source::slack::core::Core;
 use crate::source::slack::message::Posted;
@@ -17,9 +18,6 @@ use crate::source::slack::message::Posted;
 /// Applies the stream to this process's buffer, in order.
 pub(super) struct Follower {
     pub(super) core: Arc<Core>,
-    pub(super) client: async_nats::Client,
-    pub(super) stream: stream::Stream,
-    pub(super) subject: String,
     pub(super) applied: tokio::sync::watch::Sender<u64>,
     /// The next event is the first this process sees.
     pub(super) first: bool,
@@ -29,45 +27,14 @@ pub(super) struct Follower {
 }
 
 impl Follower {
-    pub(super) async fn run(mut self, mut messages: consumer::push::Ordered) {
-        loop {
-            match messages.next().await {
-                Some(Ok(m)) => self.apply(m),
-                Some(Err(e)) => tracing::warn!(error = %e, "following the slack stream"),
-                None => {
-                    // Open it again after what was applied.
-                    let from = *self.applied.borrow() + 1;
-                    let again = async {
-                        self.stream
-                            .create_consumer(consumer::push::OrderedConfig {
-                                deliver_subject: self.client.new_inbox(),
-                                filter_subject: self.subject.clone(),
-                                deliver_policy: consumer::DeliverPolicy::ByStartSequence {
-                                    start_sequence: from,
-                                },
-                                ..Default::default()
-                            })
-                            .await
-                            .map_err(|e| e.to_string())?
-                            .messages()
-                            .await
-                            .map_err(|e| e.to_string())
-                    };
-                    match again.await {
-                        Ok(m) => messages = m,
-                        Err(e) => {
-                            tracing::warn!(error = %e, "cannot follow the slack stream again; retrying");
-                            tokio::time::sleep(Duration::from_secs(1)).await;
-                        }
-                    }
-                }
-            }
+    /// Applies what `follow` delivers until shutdown.
+    pub(super) async fn run(mut self, mut follow: Follow) {
+        while let Some(d) = follow.next().await {
+            self.apply(d.message, d.sequence);
         }
     }
 
-    fn apply(&mut self, m: jetstream::Message) {
-        let Ok(info) = m.info() else { return };
-        let sequence = info.stream_sequence;
+    fn apply(&mut self, m: jetstream::Message, sequence: u64) {
         let late = *self.started_late.get_or_insert(sequence > 1);
         if is_marker(&m) {
             self.applied.send_modify(|a| *a = (*a).max(sequence));

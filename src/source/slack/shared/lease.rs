@@ -4,7 +4,13 @@
 //! the backfill, renew every heartbeat, step down when a renewal is two thirds of the stale
 //! time old, publishing has failed that long or a write was refused, and at shutdown close
 //! the socket, publish what is left and release the key. The holder writes the shared state
-//! row ([`write_state`]).
+//! row ([`write_state`]) a short window after the buffer says it changed.
+//!
+//! The timers here are deadlines, not polling: a lease held is renewed before it goes stale,
+//! so the holder sleeps until its next renewal is due (a heartbeat after the last attempt) or
+//! until its last successful renewal is two thirds of the stale time old (it steps down); a
+//! standby sleeps until the lease it watches would be stale (any change to it wakes it
+//! earlier). Nothing wakes to look for work: the state row waits for the buffer's changes.
 
 use crate::sync::Recover;
 use std::sync::Arc;
@@ -24,7 +30,8 @@ use super::{
 use crate::mcp::ring::now_ms;
 use crate::source::slack::buffer::{SharedState, now_us};
 use crate::source::slack::core::{Core, SocketState, at};
-use crate::source::slack::{FLUSH_EVERY, backfill, socket};
+use crate::source::slack::flush::FLUSH_WINDOW;
+use crate::source::slack::{backfill, socket};
 
 /// How a holding spell ended.
 enum Ended {
@@ -316,11 +323,14 @@ async fn hold(
             core.ctx
                 .spawn("slack backfill", backfill::run(core.clone(), stop.clone())),
         );
-        let mut tick = tokio::time::interval(cfg.heartbeat);
-        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        tick.tick().await;
-        let mut state_tick = tokio::time::interval(FLUSH_EVERY.min(cfg.heartbeat));
-        state_tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        // The next renewal is due a heartbeat after the last attempt.
+        let mut renew_at = tokio::time::Instant::now() + cfg.heartbeat;
+        // The shared state is written a window after the buffer says it changed (the
+        // window gathers a backfill's inserts and its new `live_through` into one write).
+        let mut changes = core.buffer.changes();
+        let state_window = FLUSH_WINDOW.min(cfg.heartbeat);
+        // Due at once: what changed before this spell's first write is not left out.
+        let mut state_at = Some(tokio::time::Instant::now());
         loop {
             let deadline = tokio::time::Instant::from_std(last_ok + keep_for);
             tokio::select! {
@@ -329,7 +339,13 @@ async fn hold(
                 _ = tokio::time::sleep_until(deadline) => {
                     break 'held Ended::Lost("the lease could not be renewed for 2/3 of the stale time".into());
                 }
-                _ = state_tick.tick() => {
+                Ok(()) = changes.changed(), if state_at.is_none() => {
+                    state_at = Some(tokio::time::Instant::now() + state_window);
+                    continue;
+                }
+                _ = tokio::time::sleep_until(state_at.unwrap_or(deadline)), if state_at.is_some() => {
+                    state_at = None;
+                    changes.borrow_and_update();
                     // Where the backfill may start from, for whoever holds next.
                     let (shared, changed) = core.buffer.take_shared();
                     if changed {
@@ -337,7 +353,7 @@ async fn hold(
                     }
                     continue;
                 }
-                _ = tick.tick() => {}
+                _ = tokio::time::sleep_until(renew_at) => {}
             }
             let stuck = feed
                 .failing_since
@@ -349,6 +365,7 @@ async fn hold(
                 );
             }
             beat += 1;
+            renew_at = tokio::time::Instant::now() + cfg.heartbeat;
             let remaining = deadline.saturating_duration_since(tokio::time::Instant::now());
             match tokio::time::timeout(
                 remaining.min(cfg.heartbeat),

@@ -1,0 +1,203 @@
+//! [`Follow`]: the one way herald follows a JetStream stream in order (a gateway's mirror of
+//! published event logs, `nats::events`; every Slack process applying its workspace's stream,
+//! `source::slack::shared`).
+//!
+//! It is an ordered push consumer (ephemeral, no acks, flow control and idle heartbeats, which
+//! async-nats keeps in order and re-creates across reconnects) that this type re-creates
+//! itself whenever it fails or ends: after the pause of a [`Backoff`], from the stream
+//! sequence after the last message it yielded, so a follower loses and repeats nothing (what
+//! the stream's limits dropped meanwhile is simply not delivered; the follower sees the jump in
+//! sequences). A message's stream sequence comes with it, and so does what the server said
+//! was still pending after it (0: caught up, as of its sending).
+//!
+//! It adds no queue: a message is read from the consumer's subscription (async-nats's bounded
+//! channel) only when [`Follow::next`] is called, so a slow follower slows the consumer's
+//! flow control, never grows memory. It stops when its cancellation token is cancelled.
+
+use std::time::Duration;
+
+use async_nats::jetstream::{self, consumer, stream};
+use futures::StreamExt;
+use tokio_util::sync::CancellationToken;
+
+use crate::runtime::backoff::Backoff;
+
+/// The pause before re-creating a consumer that failed: 200 ms doubling to 10 s, started over
+/// by the next message delivered.
+pub const RETRY: Backoff = Backoff::new(Duration::from_millis(200), Duration::from_secs(10));
+
+/// One message of the stream, in order.
+#[derive(Debug)]
+pub struct Delivered {
+    pub message: jetstream::Message,
+    /// Its stream sequence.
+    pub sequence: u64,
+    /// Messages matching the filter still to come after it, as the server counted when it sent
+    /// it (0: this was the last one then).
+    pub pending: u64,
+}
+
+/// Follows one stream (or one subject of it) from a sequence, in order. See the module docs.
+pub struct Follow {
+    client: async_nats::Client,
+    stream: stream::Stream,
+    /// The filter subject (empty: the whole stream).
+    subject: String,
+    /// The next stream sequence wanted (0 or 1: from the start).
+    next: u64,
+    messages: Option<consumer::push::Ordered>,
+    backoff: Backoff,
+    shutdown: CancellationToken,
+}
+
+impl Follow {
+    /// Follows `subject` of `stream` (empty: all of it) from stream sequence `from` (0 or 1:
+    /// from the start) until `shutdown`; the consumer is made at the first
+    /// [`next`](Self::next).
+    pub fn new(
+        client: async_nats::Client,
+        stream: stream::Stream,
+        subject: impl Into<String>,
+        from: u64,
+        shutdown: CancellationToken,
+    ) -> Follow {
+        Follow {
+            client,
+            stream,
+            subject: subject.into(),
+            next: from,
+            messages: None,
+            backoff: RETRY,
+            shutdown,
+        }
+    }
+
+    /// The same, with the consumer made now: an error (the stream missing, no permission,
+    /// NATS away) is the caller's to report.
+    pub async fn start(
+        client: async_nats::Client,
+        stream: stream::Stream,
+        subject: impl Into<String>,
+        from: u64,
+        shutdown: CancellationToken,
+    ) -> Result<Follow, String> {
+        let mut f = Follow::new(client, stream, subject, from, shutdown);
+        f.messages = Some(consumer(&f.client, &f.stream, &f.subject, f.next).await?);
+        Ok(f)
+    }
+
+    /// Paces re-creation with `backoff` instead of [`RETRY`].
+    pub fn with_backoff(mut self, backoff: Backoff) -> Follow {
+        self.backoff = backoff;
+        self
+    }
+
+    /// The stream sequence the next message will have at least (where a new consumer starts).
+    pub fn resume_at(&self) -> u64 {
+        self.next.max(1)
+    }
+
+    /// The next message in stream order, waiting for it (and re-creating the consumer as often
+    /// as it takes); `None` once the shutdown token is cancelled.
+    pub async fn next(&mut self) -> Option<Delivered> {
+        loop {
+            if self.shutdown.is_cancelled() {
+                return None;
+            }
+            let Some(messages) = self.messages.as_mut() else {
+                let made = tokio::select! {
+                    _ = self.shutdown.cancelled() => return None,
+                    m = consumer(&self.client, &self.stream, &self.subject, self.next) => m,
+                };
+                match made {
+                    Ok(m) => self.messages = Some(m),
+                    Err(e) => {
+                        tracing::warn!(stream = %self.name(), error = %e, "cannot follow the stream; retrying");
+                        if !self.pause().await {
+                            return None;
+                        }
+                    }
+                }
+                continue;
+            };
+            let got = tokio::select! {
+                _ = self.shutdown.cancelled() => return None,
+                m = messages.next() => m,
+            };
+            match got {
+                Some(Ok(message)) => {
+                    let Ok(info) = message.info() else {
+                        // Not a stream message (async-nats passes only those on): skipped.
+                        continue;
+                    };
+                    let (sequence, pending) = (info.stream_sequence, info.pending);
+                    if sequence < self.next {
+                        // Delivered already (a consumer re-created by async-nats itself).
+                        continue;
+                    }
+                    self.next = sequence + 1;
+                    self.backoff.reset();
+                    return Some(Delivered {
+                        message,
+                        sequence,
+                        pending,
+                    });
+                }
+                Some(Err(e)) => {
+                    tracing::debug!(stream = %self.name(), error = %e, from = self.resume_at(), "the stream's consumer failed; following it again");
+                    self.messages = None;
+                    if !self.pause().await {
+                        return None;
+                    }
+                }
+                None => {
+                    tracing::debug!(stream = %self.name(), from = self.resume_at(), "the stream's consumer ended; following it again");
+                    self.messages = None;
+                    if !self.pause().await {
+                        return None;
+                    }
+                }
+            }
+        }
+    }
+
+    fn name(&self) -> &str {
+        &self.stream.cached_info().config.name
+    }
+
+    /// Waits out the backoff; `false` if shut down meanwhile.
+    async fn pause(&mut self) -> bool {
+        let delay = self.backoff.next_delay();
+        tokio::select! {
+            _ = self.shutdown.cancelled() => false,
+            _ = tokio::time::sleep(delay) => true,
+        }
+    }
+}
+
+/// A new ordered consumer of `subject` (empty: all) in `stream`, from stream sequence `next`
+/// (0 or 1: from the start). (Not a method: [`Follow`] holds async-nats's consumer, which is
+/// not `Sync`, so no borrow of it may live across this await.)
+async fn consumer(
+    client: &async_nats::Client,
+    stream: &stream::Stream,
+    subject: &str,
+    next: u64,
+) -> Result<consumer::push::Ordered, String> {
+    let deliver_policy = match next {
+        0 | 1 => consumer::DeliverPolicy::All,
+        n => consumer::DeliverPolicy::ByStartSequence { start_sequence: n },
+    };
+    stream
+        .create_consumer(consumer::push::OrderedConfig {
+            deliver_subject: client.new_inbox(),
+            filter_subject: subject.to_owned(),
+            deliver_policy,
+            ..Default::default()
+        })
+        .await
+        .map_err(|e| e.to_string())?
+        .messages()
+        .await
+        .map_err(|e| e.to_string())
+}
