@@ -95,9 +95,10 @@ async fn admission_accepts_a_list_only_where_the_lists_change() {
     .unwrap();
     let (changing, feed) = server(true, &shutdown);
     let l = changing
-        .admit(&Caller::default(), &asked, &ConnStreams::default())
+        .open(&Caller::default(), &asked, &ConnStreams::default())
         .await
-        .unwrap();
+        .unwrap()
+        .1;
     assert_eq!(
         l.lists(),
         Lists {
@@ -122,9 +123,10 @@ async fn admission_accepts_a_list_only_where_the_lists_change() {
 
     let (still, feed) = server(false, &shutdown);
     let l = still
-        .admit(&Caller::default(), &asked, &ConnStreams::default())
+        .open(&Caller::default(), &asked, &ConnStreams::default())
         .await
-        .unwrap();
+        .unwrap()
+        .1;
     assert_eq!(
         l.lists(),
         Lists::default(),

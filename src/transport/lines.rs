@@ -29,7 +29,7 @@ use std::sync::Arc;
 use rmcp::model::{JsonRpcMessage, RequestId};
 use rmcp::service::{RxJsonRpcMessage, ServiceRole, TxJsonRpcMessage};
 
-use crate::mcp::admission::{ListenAcks, TASK_IDS_META_KEY};
+use crate::mcp::admission::TASK_IDS_META_KEY;
 use rmcp::transport::Transport;
 use serde_json::Value;
 use tokio::io::{AsyncBufReadExt, AsyncRead, AsyncWrite, AsyncWriteExt, BufReader};
@@ -54,9 +54,9 @@ pub struct LineTransport<Role: ServiceRole, R> {
     writer_done: Option<tokio::task::JoinHandle<()>>,
     /// Added to every outgoing request's `_meta` (a client's token on QUIC).
     meta_token: Option<(String, String)>,
-    /// Server side: a listen's `taskIds` are moved into its `_meta` on the way in (rmcp
-    /// drops the field), and echoed into its acknowledgment on the way out.
-    acks: Option<ListenAcks>,
+    /// Server side: a listen's `taskIds` are copied into its `_meta` on the way in (rmcp
+    /// drops the field; the server's acknowledgment echoes them).
+    carry_task_ids: bool,
     /// Server side: the peer's requests not answered yet, and how many may run at once.
     in_flight: Option<(Arc<InFlight>, InFlightLimit)>,
     /// Server side: requests read past the limit, oldest first (see [`PARKED_MAX`]).
@@ -101,7 +101,7 @@ where
             pending_error: None,
             writer_done: Some(writer_done),
             meta_token: None,
-            acks: None,
+            carry_task_ids: false,
             in_flight: None,
             parked: Default::default(),
             parked_bytes: 0,
@@ -127,9 +127,9 @@ where
         self.parked.len() >= PARKED_MAX || self.parked_bytes >= self.max_line
     }
 
-    /// Carries listens' `taskIds` past rmcp (server side): see the field.
-    pub fn with_listen_acks(mut self, acks: ListenAcks) -> Self {
-        self.acks = Some(acks);
+    /// Carries listens' `taskIds` past rmcp's parser (server side): see the field.
+    pub fn with_task_ids_carried(mut self) -> Self {
+        self.carry_task_ids = true;
         self
     }
 
@@ -229,26 +229,6 @@ fn carry_task_ids(v: &mut Value) {
     }
 }
 
-/// Adds `taskIds` to an outgoing listen acknowledgment that has them waiting in `acks`.
-fn echo_task_ids(v: &mut Value, acks: &ListenAcks) {
-    if v.get("method").and_then(Value::as_str) != Some("notifications/subscriptions/acknowledged") {
-        return;
-    }
-    let Some(sub) = v
-        .pointer("/params/_meta/io.modelcontextprotocol~1subscriptionId")
-        .cloned()
-    else {
-        return;
-    };
-    if let Some(ids) = acks.take(&sub)
-        && let Some(n) = v
-            .pointer_mut("/params/notifications")
-            .and_then(Value::as_object_mut)
-    {
-        n.insert("taskIds".into(), ids.into());
-    }
-}
-
 /// The request a `notifications/cancelled` names (a byte scan spares other notifications the
 /// parse).
 fn cancelled_request(text: &[u8]) -> Option<RequestId> {
@@ -317,7 +297,6 @@ where
     ) -> impl Future<Output = Result<(), Self::Error>> + Send + 'static {
         let tx = self.tx.clone();
         let meta = self.meta_token.clone();
-        let acks = self.acks.clone().filter(|a| !a.is_empty());
         // An answer frees its request's place (before it is written: the write queue is
         // bounded on its own).
         let answered = match (&self.in_flight, &item) {
@@ -336,13 +315,6 @@ where
         let max = self.max_line;
         async move {
             let mut bytes = match meta {
-                None if acks.is_some() => {
-                    let mut v = serde_json::to_value(&item).map_err(std::io::Error::other)?;
-                    if let Some(acks) = acks {
-                        echo_task_ids(&mut v, &acks);
-                    }
-                    serde_json::to_vec(&v).map_err(std::io::Error::other)?
-                }
                 None => serde_json::to_vec(&item).map_err(std::io::Error::other)?,
                 Some((key, value)) => {
                     let mut v = serde_json::to_value(&item).map_err(std::io::Error::other)?;
@@ -454,8 +426,8 @@ where
                 self.line.clear();
                 continue;
             }
-            let parsed = match &self.acks {
-                Some(_) if may_name_task_ids(text) => match serde_json::from_slice::<Value>(text) {
+            let parsed = match self.carry_task_ids {
+                true if may_name_task_ids(text) => match serde_json::from_slice::<Value>(text) {
                     Ok(mut v) => {
                         carry_task_ids(&mut v);
                         serde_json::from_value::<RxJsonRpcMessage<Role>>(v)
