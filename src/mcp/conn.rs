@@ -1,4 +1,5 @@
-//! [`ConnServer`]: a [`SourceServer`] on one byte-stream connection (stdio, a QUIC stream).
+//! [`ConnServer`]: a [`SourceServer`] on one byte-stream connection (stdio, a QUIC stream, an
+//! in-process pipe), served by `transport::lines::serve`.
 //!
 //! rmcp hands a byte-stream server every request whole, so this wrapper does, before rmcp's
 //! own dispatch, what HTTP does in its transport layer: it works out the request's
@@ -18,8 +19,6 @@ use rmcp::service::{NotificationContext, RequestContext, RoleServer, Service};
 use crate::mcp::admission::{ConnStreams, ListenFilter};
 use crate::mcp::caller::Caller;
 use crate::mcp::server::SourceServer;
-use crate::transport::lines::LineTransport;
-use tokio::io::{AsyncRead, AsyncWrite};
 
 /// [`SourceServer`] on one byte-stream connection; see the module docs.
 #[derive(Clone)]
@@ -42,20 +41,10 @@ impl ConnServer {
         }
     }
 
-    /// The server side of a line-framed connection for this server: its message limit, its
-    /// listens' `taskIds` carried past rmcp's parser, and at most
-    /// [`max_in_flight`](crate::mcp::server::Limits::max_in_flight) of the peer's requests (and
-    /// [`max_in_flight_bytes`](crate::mcp::server::Limits::max_in_flight_bytes) of them) run
-    /// at once.
-    pub fn line_transport<R, W>(&self, read: R, write: W) -> LineTransport<RoleServer, R>
-    where
-        R: AsyncRead + Send + Unpin + 'static,
-        W: AsyncWrite + Send + Unpin + 'static,
-    {
-        let limits = self.server.limits();
-        LineTransport::new(read, write, limits.max_message_bytes, true)
-            .with_task_ids_carried()
-            .with_in_flight_limit(limits.max_in_flight(), limits.max_in_flight_bytes())
+    /// This connection's server's limits (its transport takes its message and in-flight
+    /// limits from them).
+    pub fn limits(&self) -> &crate::mcp::server::Limits {
+        self.server.limits()
     }
 }
 

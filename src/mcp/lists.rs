@@ -201,7 +201,3 @@ mod tests {
         );
     }
 }
-
-#[cfg(test)]
-#[path = "lists_tests.rs"]
-mod delivery_tests;

@@ -20,6 +20,9 @@
 //! until one is answered: back-pressure, nothing dropped), and a response too big for the
 //! message limit goes out as an error saying so instead.
 //!
+//! [`serve`] runs one connection's server ([`ConnServer`]) on such a stream
+//! ([`LineTransport::server`]): stdio, each QUIC stream, the in-process pipes.
+//!
 //! The in-flight bookkeeping (and giving memory back when a burst ends) is `lines/in_flight.rs`;
 //! the tests are `lines_tests.rs`, the properties `lines_fuzz.rs`.
 
@@ -30,6 +33,9 @@ use rmcp::model::{JsonRpcMessage, RequestId};
 use rmcp::service::{RxJsonRpcMessage, ServiceRole, TxJsonRpcMessage};
 
 use crate::mcp::admission::TASK_IDS_META_KEY;
+use crate::mcp::conn::ConnServer;
+use crate::mcp::server::Limits;
+use rmcp::service::RoleServer;
 use rmcp::transport::Transport;
 use serde_json::Value;
 use tokio::io::{AsyncBufReadExt, AsyncRead, AsyncWrite, AsyncWriteExt, BufReader};
@@ -193,6 +199,42 @@ where
         self.pending_error = Some(bytes);
         true
     }
+}
+
+impl<R> LineTransport<RoleServer, R>
+where
+    R: AsyncRead + Send + Unpin + 'static,
+{
+    /// The server side of a line-framed connection for a server with `limits`: its message
+    /// limit, its listens' `taskIds` carried past rmcp's parser, and at most
+    /// [`max_in_flight`](Limits::max_in_flight) of the peer's requests (and
+    /// [`max_in_flight_bytes`](Limits::max_in_flight_bytes) of them) run at once.
+    pub fn server<W>(read: R, write: W, limits: &Limits) -> Self
+    where
+        W: AsyncWrite + Send + Unpin + 'static,
+    {
+        LineTransport::new(read, write, limits.max_message_bytes, true)
+            .with_task_ids_carried()
+            .with_in_flight_limit(limits.max_in_flight(), limits.max_in_flight_bytes())
+    }
+}
+
+/// Serves one connection's server (`service`: stdio's, a QUIC stream's, an in-process pipe's)
+/// on a line-framed byte stream until the session ends or `ct` is cancelled.
+pub async fn serve<R, W>(
+    service: ConnServer,
+    read: R,
+    write: W,
+    ct: tokio_util::sync::CancellationToken,
+) -> Result<(), rmcp::service::ServerInitializeError>
+where
+    R: AsyncRead + Send + Unpin + 'static,
+    W: AsyncWrite + Send + Unpin + 'static,
+{
+    let transport = LineTransport::server(read, write, service.limits());
+    let running = rmcp::ServiceExt::serve_with_ct(service, transport, ct).await?;
+    let _ = running.waiting().await;
+    Ok(())
 }
 
 /// Whether a message may be a listen naming `taskIds` (a byte scan spares other messages a

@@ -1,5 +1,5 @@
 //! Delivery of `notifications/tools/list_changed` and `notifications/prompts/list_changed`
-//! on every listen path: admission, a byte stream (rmcp's subscription), and HTTP both ways
+//! on every listen path: admission, a byte stream (the session's peer), and HTTP both ways
 //! herald answers a listen itself (first on its connection, straight to the socket; later,
 //! through hyper). No sleeps: every wait is for a message, under a timeout.
 
@@ -19,7 +19,7 @@ use crate::mcp::source::{
     TOOLS_CHANGED, WatchGuard,
 };
 
-use super::Lists;
+use crate::mcp::lists::Lists;
 
 const WAIT: Duration = Duration::from_secs(10);
 
@@ -144,17 +144,10 @@ struct Lines {
 
 impl Lines {
     fn open(server: &SourceServer, shutdown: &CancellationToken) -> Lines {
-        use rmcp::ServiceExt as _;
         let (client, served) = tokio::io::duplex(1 << 16);
         let (sr, sw) = tokio::io::split(served);
         let service = server.for_connection();
-        let transport = service.line_transport(sr, sw);
-        let ct = shutdown.child_token();
-        tokio::spawn(async move {
-            if let Ok(running) = service.serve_with_ct(transport, ct).await {
-                let _ = running.waiting().await;
-            }
-        });
+        tokio::spawn(super::lines::serve(service, sr, sw, shutdown.child_token()));
         let (read, write) = tokio::io::split(client);
         Lines {
             write,
@@ -262,7 +255,7 @@ async fn a_byte_stream_ack_leaves_lists_out_where_they_never_change() {
 
 /// `server` on HTTP at a port-0 address.
 async fn http(server: SourceServer, shutdown: &CancellationToken) -> std::net::SocketAddr {
-    use crate::transport::http;
+    use super::http;
     let listener = http::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     let endpoint = http::router(
