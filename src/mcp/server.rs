@@ -876,6 +876,7 @@ impl SourceServer {
 }
 
 mod calls;
+pub mod dispatch;
 mod legacy;
 mod out;
 pub use calls::plain_call;

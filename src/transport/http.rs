@@ -554,7 +554,7 @@ fn listen_refusal(id: Value, error: rmcp::model::ErrorData) -> (StatusCode, Stri
 
 /// The HTTP status of a JSON-RPC error answering a 2026-07-28 request, as rmcp's service maps
 /// it (`jsonrpc_http_status` in its `streamable_http_server/tower.rs`), so that every answer
-/// herald writes itself ([`Plain::answer`], the listen gate, the first listen read ahead of
+/// herald writes itself ([`plain::PlainRequest::answer`], the listen gate, the first listen read ahead of
 /// hyper, which hands a refused listen to the gate) has the status rmcp would give: `400` for
 /// the protocol's request errors (`-32020` header mismatch, `-32021` missing client
 /// capability, `-32022` unsupported version, and `-32602` when `meta_malformed`: the

@@ -6,7 +6,6 @@
 
 use std::sync::Arc;
 
-
 use super::{Dialer, Upstream, UpstreamConfig};
 use crate::mcp::context::RoleContext;
 use crate::mcp::server::SourceServer;
