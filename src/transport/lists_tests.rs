@@ -421,6 +421,35 @@ async fn an_http_listen_rmcp_answers_gets_list_changes_too() {
     shutdown.cancel();
 }
 
+/// A listen in a shape rmcp checks (a quoted `Accept` parameter) gets the acknowledgment
+/// admission built, as a plain one does: the lists the server never changes left out and the
+/// `taskIds` echoed (none of this caller's), where rmcp's own acknowledgment would name the
+/// request as sent and could not carry `taskIds`.
+#[tokio::test]
+async fn an_http_listen_rmcp_checks_gets_the_acknowledgment_admission_built() {
+    let shutdown = CancellationToken::new();
+    let (s, _feed) = server(false, &shutdown);
+    let addr = http(s, &shutdown).await;
+    let mut client = TcpStream::connect(addr).await.unwrap();
+    let mut body = listen("K", json!({"toolsListChanged": true, "taskIds": ["t1"]}));
+    body["params"]["_meta"]["io.modelcontextprotocol/clientCapabilities"] =
+        json!({"extensions": {"io.modelcontextprotocol/tasks": {}}});
+    client
+        .write_all(&post_as(
+            &body,
+            "application/json, text/event-stream;x=\"1\"",
+        ))
+        .await
+        .unwrap();
+    let mut seen = Vec::new();
+    let ack = event(&mut client, &mut seen, |v| {
+        is(v, "notifications/subscriptions/acknowledged", "K")
+    })
+    .await;
+    assert_eq!(ack["params"]["notifications"], json!({"taskIds": []}));
+    shutdown.cancel();
+}
+
 #[tokio::test]
 async fn an_http_ack_leaves_lists_out_where_they_never_change() {
     let shutdown = CancellationToken::new();
