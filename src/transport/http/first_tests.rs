@@ -273,3 +273,58 @@ fn only_a_complete_plain_listen_head_is_read_ahead() {
         Parsed::Listen(_)
     ));
 }
+
+/// A plain listen refused at admission (more URIs than a stream takes) is opened once and
+/// answered here with the gate's error (`-32602`, `200`), and what the client sent after it
+/// goes on to hyper: the gate never admits it a second time.
+#[tokio::test]
+async fn a_refused_first_listen_is_answered_here_and_the_connection_goes_on() {
+    let (_memo, gate, mut client, server_side, peer) = setup().await;
+    let max = gate.server.limits().max_uris_per_stream;
+    let uris: Vec<String> = (0..=max).map(|i| format!("memo://n{i}")).collect();
+    let listen = serde_json::json!({"jsonrpc": "2.0", "id": "X", "method": "subscriptions/listen",
+        "params": {"_meta": meta(), "notifications": {"resourceSubscriptions": uris}}});
+    let mut sent = request("subscriptions/listen", &listen);
+    sent.extend_from_slice(b"GET /live HTTP/1.1\r\nhost: 127.0.0.1\r\n\r\n");
+    client.write_all(&sent).await.unwrap();
+    let shutdown = CancellationToken::new();
+    let conn = ConnStreams::default();
+    let first = serve_first(&server_side, &gate, peer, &conn, T, &shutdown).await;
+    let First::Answered(rest) = first else {
+        panic!("the refusal is answered here");
+    };
+    assert!(rest.starts_with(b"GET /live"), "the rest is hyper's");
+    assert_eq!(conn.open(), 0, "nothing held for a refused listen");
+    let mut seen = Vec::new();
+    read_until(&mut client, &mut seen, "\r\n\r\n").await;
+    let head = String::from_utf8_lossy(&seen)
+        .split("\r\n\r\n")
+        .next()
+        .unwrap()
+        .to_owned();
+    let length: usize = head
+        .lines()
+        .find_map(|l| l.strip_prefix("content-length: "))
+        .unwrap()
+        .parse()
+        .unwrap();
+    while seen.len() < head.len() + 4 + length {
+        let mut buf = [0u8; 4096];
+        let n = tokio::time::timeout(WAIT, client.read(&mut buf))
+            .await
+            .unwrap()
+            .unwrap();
+        assert!(n > 0, "closed before the whole body");
+        seen.extend_from_slice(&buf[..n]);
+    }
+    let text = String::from_utf8_lossy(&seen);
+    assert!(text.starts_with("HTTP/1.1 200 OK\r\n"), "{text}");
+    assert!(
+        text.contains("content-type: application/json\r\n"),
+        "{text}"
+    );
+    let body = text.split("\r\n\r\n").nth(1).unwrap();
+    let v: Value = serde_json::from_str(body).unwrap();
+    assert_eq!(v["id"], "X");
+    assert_eq!(v["error"]["code"], -32602);
+}
