@@ -7,7 +7,6 @@
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
-use rmcp::ServiceExt;
 use serde_json::Value;
 use tokio_util::sync::CancellationToken;
 
@@ -86,12 +85,7 @@ impl MemoServer {
                 let (client, served) = tokio::io::duplex(1 << 16);
                 let (sr, sw) = tokio::io::split(served);
                 let service = server.for_connection();
-                let transport = service.line_transport(sr, sw);
-                tokio::spawn(async move {
-                    if let Ok(running) = service.serve_with_ct(transport, ct).await {
-                        let _ = running.waiting().await;
-                    }
-                });
+                tokio::spawn(crate::transport::lines::serve(service, sr, sw, ct));
                 let (cr, cw) = tokio::io::split(client);
                 connect_stream(Target::Stdio("in-process memo".into()), cr, cw, relay, MAX).await
             })

@@ -1,7 +1,8 @@
 //! Admitting a `subscriptions/listen`: the one path every listen takes before its
 //! acknowledgment.
 //!
-//! A listen is admitted exactly once, by [`SourceServer::admit`](crate::mcp::server::SourceServer::admit):
+//! A listen is admitted exactly once, when [`SourceServer::open`](crate::mcp::server::SourceServer::open)
+//! opens it:
 //! 1. the limits are checked and a stream slot is reserved on the caller's connection
 //!    ([`check_listen`]);
 //! 2. the source decides, for this caller, which of the requested URIs it accepts and starts
@@ -12,16 +13,17 @@
 //!    announces, see [`crate::mcp::lists`]) are registered with the hub, so no change
 //!    published after the acknowledgment is lost.
 //!
-//! The result, an [`AdmittedListen`], rides in the request's extensions (as a
-//! [`PendingListen`]) until the listen handler takes it; the acknowledgment names exactly
-//! [`Admission::uris`]. Nothing watches a URI again after admission: the guards taken here are
-//! the ones the listen holds until it ends.
+//! The result, an [`AdmittedListen`], comes back with its acknowledgment
+//! ([`Ack`](crate::mcp::listen::Ack), made once from it: exactly [`Admission::uris`], the
+//! accepted lists, the admitted `taskIds`), which the transport writes before anything else of
+//! the stream. Nothing watches a URI again after admission: the guards taken here are the ones
+//! the listen holds until it ends.
 //!
-//! Why the request is narrowed at all: rmcp 3.11 builds the acknowledgment from the request
-//! and a context-less hook (`accepted_subscription_filter`), so the request that reaches rmcp
-//! must already name only what was admitted. On byte streams the typed request is narrowed
-//! ([`narrow`]); on HTTP, where rmcp's service takes only a handler, the transport's listen gate
-//! narrows the body (see `transport::http`). Both call the same admission.
+//! rmcp 3.11 builds an acknowledgment of its own from the request and a context-less hook
+//! (`accepted_subscription_filter`), with no `taskIds`: herald never lets it reach a client.
+//! Byte streams answer a listen in [`ConnServer`](crate::mcp::conn::ConnServer) ahead of rmcp's
+//! dispatch; on HTTP, a listen the gate leaves to rmcp is claimed by the handler
+//! ([`ListenClaim`]) and answered by the gate's own stream.
 
 use crate::sync::Recover;
 use std::collections::HashMap;
@@ -43,7 +45,7 @@ pub struct ListenFilter {
     pub resources: Option<Vec<String>>,
     /// `taskIds` (the tasks extension). rmcp 3.11 drops this field when it parses a listen,
     /// so herald's transports take it out first: HTTP's listen gate reads the body, the line
-    /// transport moves it into the request's `_meta` under [`TASK_IDS_META_KEY`].
+    /// transport copies it into the request's `_meta` under [`TASK_IDS_META_KEY`].
     pub task_ids: Option<Vec<String>>,
     /// `toolsListChanged` / `promptsListChanged` (see [`crate::mcp::lists`]).
     pub lists: Lists,
@@ -350,63 +352,26 @@ impl AdmittedListen {
     }
 }
 
-/// An admitted listen on its way from admission to the listen handler, in the request's
-/// extensions (which must be `Clone`; the listen is taken out once). Dropped unclaimed (the
-/// request failed before its handler ran), it releases everything admission took.
+/// rmcp's word that it took an HTTP listen the gate left to it (a shape other than the plain
+/// one herald answers at once): the gate admitted the listen and holds it, rmcp checks the
+/// request as it checks any, and its `listen` handler claims the listen, telling the gate to
+/// answer with herald's own stream (see `transport::http`). rmcp keeps this in the request's
+/// extensions (which must be `Clone`); dropped unclaimed (rmcp refused the request), the
+/// gate's receiver hears so.
 #[derive(Clone)]
-pub struct PendingListen(Arc<Mutex<Option<AdmittedListen>>>);
+pub struct ListenClaim(Arc<Mutex<Option<tokio::sync::oneshot::Sender<()>>>>);
 
-impl PendingListen {
-    pub fn new(listen: AdmittedListen) -> PendingListen {
-        PendingListen(Arc::new(Mutex::new(Some(listen))))
+impl ListenClaim {
+    /// A claim, and what hears it.
+    pub fn new() -> (ListenClaim, tokio::sync::oneshot::Receiver<()>) {
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        (ListenClaim(Arc::new(Mutex::new(Some(tx)))), rx)
     }
 
-    /// Takes the admitted listen; `None` once taken.
-    pub fn take(&self) -> Option<AdmittedListen> {
-        self.0.locked().take()
+    /// Claims the listen; `false` when it was claimed before or its holder is gone.
+    pub fn claim(&self) -> bool {
+        self.0.locked().take().is_some_and(|tx| tx.send(()).is_ok())
     }
-}
-
-/// The `taskIds` each admitted listen's acknowledgment must echo, by listen request id, for a
-/// byte-stream connection: rmcp's acknowledgment has no such field, so the line transport
-/// adds it as the acknowledgment goes out ([`ListenAcks::take`]).
-#[derive(Clone, Default)]
-pub struct ListenAcks(Arc<Mutex<HashMap<String, Vec<String>>>>);
-
-impl ListenAcks {
-    fn key(id: &rmcp::model::RequestId) -> String {
-        serde_json::to_string(id).unwrap_or_default()
-    }
-
-    pub fn insert(&self, id: &rmcp::model::RequestId, ids: Vec<String>) {
-        self.0.locked().insert(Self::key(id), ids);
-    }
-
-    /// The ids for the acknowledgment of the listen whose subscription id is `subscription`
-    /// (a JSON value, as the acknowledgment's `_meta` carries it); once.
-    pub fn take(&self, subscription: &Value) -> Option<Vec<String>> {
-        self.0.locked().remove(&subscription.to_string())
-    }
-
-    /// Whether any acknowledgment waits for its `taskIds` (the transport looks at outgoing
-    /// messages only then).
-    pub fn is_empty(&self) -> bool {
-        self.0.locked().is_empty()
-    }
-
-    /// Forgets a listen's entry (it ended, or failed before its acknowledgment).
-    pub fn forget(&self, id: &rmcp::model::RequestId) {
-        self.0.locked().remove(&Self::key(id));
-    }
-}
-
-/// Narrows a typed listen request to what was admitted: rmcp acknowledges what the request
-/// names.
-pub fn narrow(filter: &mut SubscriptionFilter, listen: &AdmittedListen) {
-    if filter.resource_subscriptions.is_some() {
-        filter.resource_subscriptions = Some(listen.uris());
-    }
-    listen.lists.narrow(filter);
 }
 
 #[cfg(test)]

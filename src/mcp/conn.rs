@@ -1,12 +1,13 @@
-//! [`ConnServer`]: a [`SourceServer`] on one byte-stream connection (stdio, a QUIC stream).
+//! [`ConnServer`]: a [`SourceServer`] on one byte-stream connection (stdio, a QUIC stream, an
+//! in-process pipe), served by `transport::lines::serve`.
 //!
 //! rmcp hands a byte-stream server every request whole, so this wrapper does, before rmcp's
 //! own dispatch, what HTTP does in its transport layer: it works out the request's
 //! [`Caller`] (the stdio parent is local; QUIC callers present `_meta["io.herald/token"]`) and
-//! puts it in the request context, and it admits a `subscriptions/listen` through
-//! [`SourceServer::admit`] against this connection's stream count, narrowing the typed request
-//! to what was admitted (rmcp acknowledges what the request names) and leaving the admitted
-//! listen in the context for the handler.
+//! puts it in the request context, and it answers a `subscriptions/listen` itself: opened by
+//! [`SourceServer::open`] against this connection's stream count, its acknowledgment (with
+//! `taskIds`, which rmcp's has no room for) and notifications written to the peer
+//! ([`SourceServer::listen_on_peer`]). rmcp's handler never sees a listen on a byte stream.
 
 use std::borrow::Cow;
 
@@ -15,11 +16,9 @@ use rmcp::model::{
 };
 use rmcp::service::{NotificationContext, RequestContext, RoleServer, Service};
 
-use crate::mcp::admission::{ConnStreams, ListenAcks, ListenFilter, PendingListen, narrow};
+use crate::mcp::admission::{ConnStreams, ListenFilter};
 use crate::mcp::caller::Caller;
 use crate::mcp::server::SourceServer;
-use crate::transport::lines::LineTransport;
-use tokio::io::{AsyncRead, AsyncWrite};
 
 /// [`SourceServer`] on one byte-stream connection; see the module docs.
 #[derive(Clone)]
@@ -28,7 +27,6 @@ pub struct ConnServer {
     conn: ConnStreams,
     local: bool,
     loopback: bool,
-    acks: ListenAcks,
 }
 
 impl ConnServer {
@@ -40,37 +38,20 @@ impl ConnServer {
             conn,
             local,
             loopback,
-            acks: ListenAcks::default(),
         }
     }
 
-    /// What this connection's line transport needs to echo `taskIds` in acknowledgments
-    /// ([`LineTransport::with_listen_acks`](crate::transport::lines::LineTransport::with_listen_acks)).
-    pub fn acks(&self) -> ListenAcks {
-        self.acks.clone()
-    }
-
-    /// The server side of a line-framed connection for this server: its message limit, its
-    /// listens' `taskIds` echoed, and at most
-    /// [`max_in_flight`](crate::mcp::server::Limits::max_in_flight) of the peer's requests (and
-    /// [`max_in_flight_bytes`](crate::mcp::server::Limits::max_in_flight_bytes) of them) run
-    /// at once.
-    pub fn line_transport<R, W>(&self, read: R, write: W) -> LineTransport<RoleServer, R>
-    where
-        R: AsyncRead + Send + Unpin + 'static,
-        W: AsyncWrite + Send + Unpin + 'static,
-    {
-        let limits = self.server.limits();
-        LineTransport::new(read, write, limits.max_message_bytes, true)
-            .with_listen_acks(self.acks())
-            .with_in_flight_limit(limits.max_in_flight(), limits.max_in_flight_bytes())
+    /// This connection's server's limits (its transport takes its message and in-flight
+    /// limits from them).
+    pub fn limits(&self) -> &crate::mcp::server::Limits {
+        self.server.limits()
     }
 }
 
 impl Service<RoleServer> for ConnServer {
     async fn handle_request(
         &self,
-        mut request: ClientRequest,
+        request: ClientRequest,
         mut context: RequestContext<RoleServer>,
     ) -> Result<ServerResult, McpError> {
         let caller = Caller::from_meta(&context.meta, self.local, self.loopback);
@@ -78,8 +59,7 @@ impl Service<RoleServer> for ConnServer {
         let legacy = context
             .protocol_version()
             .is_some_and(|v| v.as_str() < ProtocolVersion::V_2026_07_28.as_str());
-        let mut listen_id = None;
-        if let ClientRequest::SubscriptionsListenRequest(r) = &mut request
+        if let ClientRequest::SubscriptionsListenRequest(r) = &request
             && !legacy
         {
             let declared = context
@@ -89,25 +69,16 @@ impl Service<RoleServer> for ConnServer {
             // rmcp runs each request in a task of its own and only cancels `ct` when the
             // client cancels it or goes away: stop admitting then (the gateway may be waiting
             // on upstream acks), which drops whatever admission had taken.
-            let listen = tokio::select! {
+            let (ack, listen) = tokio::select! {
                 _ = context.ct.cancelled() => {
                     return Err(McpError::invalid_request("the listen was cancelled before its acknowledgment", None));
                 }
-                admitted = self.server.admit(&caller, &filter, &self.conn) => admitted?,
+                opened = self.server.open(&caller, &filter, &self.conn) => opened?,
             };
-            narrow(&mut r.params.notifications, &listen);
-            if let Some(ids) = listen.task_ids() {
-                self.acks.insert(&context.id, ids);
-                listen_id = Some(context.id.clone());
-            }
-            context.extensions.insert(PendingListen::new(listen));
+            return self.server.listen_on_peer(ack, listen, &context).await;
         }
         context.extensions.insert(caller);
-        let answer = self.server.handle_request(request, context).await;
-        if let Some(id) = listen_id {
-            self.acks.forget(&id);
-        }
-        answer
+        self.server.handle_request(request, context).await
     }
 
     async fn handle_notification(

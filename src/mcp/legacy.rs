@@ -3,7 +3,7 @@
 //!
 //! Such a client trusts the `resources.subscribe` capability the handshake advertises, so it
 //! is served: each subscribed URI is admitted exactly as a one-URI listen would be
-//! ([`SourceServer::admit`](crate::mcp::server::SourceServer::admit): what the caller may
+//! (the admission [`SourceServer::open`](crate::mcp::server::SourceServer::open) runs: what the caller may
 //! watch, the source's watch started or joined, the hub registration made before the answer)
 //! and delivered by the same loop ([`crate::mcp::listen::run`]) as
 //! `notifications/resources/updated` on the session, with no `subscriptionId` (stdio: the

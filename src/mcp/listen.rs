@@ -1,5 +1,5 @@
-//! A listen stream's delivery loop, the same whatever carries the stream: rmcp's subscription
-//! (byte streams: stdio, QUIC, the in-process pipes) or herald's own SSE response on HTTP:
+//! A listen stream's delivery loop, the same whatever carries the stream: the rmcp session's
+//! peer (byte streams: stdio, QUIC, the in-process pipes) or herald's own SSE response on HTTP:
 //! written straight to the socket when the listen came first on its connection
 //! (`transport::http::first`), else a hyper response body fed by a small task and a channel
 //! (`transport::http`), either way instead of a whole rmcp service per request.
@@ -16,6 +16,11 @@
 //! connection. At shutdown the loop returns `Ok` and the listen's final result follows. An
 //! out's write may be cut off by the stall deadline or by shutdown, so every [`ListenOut`]
 //! leaves its transport's framing whole when a write is dropped.
+//!
+//! A listen's acknowledgment is built here too, once, at admission ([`Ack`], from
+//! [`SourceServer::open`](crate::mcp::server::SourceServer::open)): every transport writes
+//! the message [`Ack::message`] returns (an SSE event on HTTP, a line on byte streams), so
+//! `taskIds` and the narrowed filter are named the same way everywhere.
 
 use std::future::Future;
 use std::time::Duration;
@@ -25,8 +30,67 @@ use serde_json::json;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info};
 
-use crate::mcp::admission::AdmittedListen;
-use crate::mcp::lists::List;
+use crate::mcp::admission::{AdmittedListen, ListenFilter};
+use crate::mcp::lists::{List, Lists};
+
+/// The subscription-id key of a listen stream's notifications' `_meta`.
+pub const SUBSCRIPTION_ID: &str = "io.modelcontextprotocol/subscriptionId";
+
+/// The method of a listen's acknowledgment.
+pub const ACKNOWLEDGED: &str = "notifications/subscriptions/acknowledged";
+
+/// What a listen's acknowledgment names, decided once at admission: the accepted URIs when
+/// the request named some and some were accepted, the accepted lists, and the admitted task
+/// ids (`None` when the listen named no `taskIds`).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Ack {
+    /// `resourceSubscriptions`.
+    pub uris: Option<Vec<String>>,
+    /// `taskIds`.
+    pub task_ids: Option<Vec<String>>,
+    /// `toolsListChanged`, `promptsListChanged`.
+    pub lists: Lists,
+}
+
+impl Ack {
+    /// The acknowledgment of `listen`, admitted for `filter`.
+    pub fn of(filter: &ListenFilter, listen: &AdmittedListen) -> Ack {
+        let accepted = listen.uris();
+        let uris = (filter.resources.is_some() && !accepted.is_empty()).then_some(accepted);
+        Ack {
+            uris,
+            task_ids: listen.task_ids(),
+            lists: listen.lists(),
+        }
+    }
+
+    /// The acknowledgment's `params`, for subscription `id` (the listen request's id).
+    pub fn params(&self, id: &rmcp::model::RequestId) -> serde_json::Value {
+        let mut notifications = serde_json::Map::new();
+        self.lists.echo(&mut notifications);
+        if let Some(uris) = &self.uris {
+            notifications.insert("resourceSubscriptions".into(), json!(uris));
+        }
+        if let Some(ids) = &self.task_ids {
+            notifications.insert("taskIds".into(), json!(ids));
+        }
+        json!({"_meta": {SUBSCRIPTION_ID: id}, "notifications": notifications})
+    }
+
+    /// The acknowledgment as the notification a transport writes (rmcp's typed one has no
+    /// `taskIds`, so it is a custom notification with the standard method).
+    pub fn notification(&self, id: &rmcp::model::RequestId) -> rmcp::model::ServerNotification {
+        rmcp::model::ServerNotification::CustomNotification(rmcp::model::CustomNotification::new(
+            ACKNOWLEDGED,
+            Some(self.params(id)),
+        ))
+    }
+
+    /// The acknowledgment as a whole JSON-RPC message.
+    pub fn message(&self, id: &rmcp::model::RequestId) -> rmcp::model::ServerJsonRpcMessage {
+        rmcp::model::ServerJsonRpcMessage::notification(self.notification(id))
+    }
+}
 
 /// Why a notification did not reach the stream.
 #[derive(Debug)]

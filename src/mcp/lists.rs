@@ -143,19 +143,6 @@ impl Lists {
             notifications.insert(list.field().into(), Value::Bool(true));
         }
     }
-
-    /// Sets a raw listen request's `notifications` fields to these; whether anything changed.
-    pub fn narrow_json(self, notifications: &mut Map<String, Value>) -> bool {
-        let mut changed = false;
-        for list in List::ALL {
-            let asked = notifications.get(list.field()) == Some(&Value::Bool(true));
-            if asked && !self.has(list) {
-                notifications.insert(list.field().into(), Value::Bool(false));
-                changed = true;
-            }
-        }
-        changed
-    }
 }
 
 #[cfg(test)]
@@ -206,19 +193,6 @@ mod tests {
             both.accepted(&changing).keys().collect::<Vec<_>>(),
             vec![TOOLS_CHANGED, PROMPTS_CHANGED]
         );
-        let mut raw = json!({"toolsListChanged": true, "promptsListChanged": true});
-        let raw = raw.as_object_mut().unwrap();
-        assert!(
-            Lists {
-                tools: true,
-                prompts: false
-            }
-            .narrow_json(raw)
-        );
-        assert_eq!(
-            Value::Object(raw.clone()),
-            json!({"toolsListChanged": true, "promptsListChanged": false})
-        );
         let mut echoed = Map::new();
         both.accepted(&changing).echo(&mut echoed);
         assert_eq!(
@@ -227,7 +201,3 @@ mod tests {
         );
     }
 }
-
-#[cfg(test)]
-#[path = "lists_tests.rs"]
-mod delivery_tests;

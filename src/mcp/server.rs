@@ -4,10 +4,10 @@
 //! [`SourceServer`] is the rmcp handler, served as it is on HTTP (rmcp builds one per request)
 //! and wrapped per connection on byte streams ([`ConnServer`](crate::mcp::conn::ConnServer)).
 //! Every handler method works out its [`Caller`] from the request context ([`Caller::of`]) and
-//! hands it to the source. A listen reaches [`ServerHandler::listen`] already admitted
-//! ([`SourceServer::admit`], see [`crate::mcp::admission`]): the handler takes the admitted
-//! listen out of the request's extensions and only delivers; it refuses a listen that was not
-//! admitted.
+//! hands it to the source. Every listen is opened by [`SourceServer::open`] (admission, see
+//! [`crate::mcp::admission`], and its acknowledgment, built once), whatever carries it: rmcp's
+//! [`ServerHandler::listen`] only claims, for the HTTP gate, a listen the gate opened (see
+//! [`ListenClaim`]), and refuses one that was not.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
@@ -29,14 +29,12 @@ use serde_json::json;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, warn};
 
-use crate::mcp::admission::{
-    AdmittedListen, ConnStreams, ListenFilter, PendingListen, check_listen,
-};
+use crate::mcp::admission::{AdmittedListen, ConnStreams, ListenClaim, ListenFilter, check_listen};
 use crate::mcp::caller::Caller;
 use crate::mcp::conn::ConnServer;
 use crate::mcp::hub::ChangeFeed;
 use crate::mcp::legacy::LegacySubscriptions;
-use crate::mcp::listen::ListenOut;
+use crate::mcp::listen::{Ack, ListenOut};
 use crate::mcp::source::{Body, DynSource, SourceError};
 use crate::mcp::tasks::relay::TaskRelay;
 use crate::mcp::tasks::{TaskFeed, TaskSupport, Tasks};
@@ -389,11 +387,25 @@ impl SourceServer {
         }
     }
 
+    /// Opens a listen from `caller` asking for `filter` on the connection whose stream budget
+    /// is `budget`: admits it ([`admit`](Self::admit)) and builds its acknowledgment, once.
+    /// The one way a listen starts: every transport calls it and writes the [`Ack`] before
+    /// anything else of the stream, then hands the listen to [`deliver`](Self::deliver).
+    pub async fn open(
+        &self,
+        caller: &Caller,
+        filter: &ListenFilter,
+        budget: &ConnStreams,
+    ) -> Result<(Ack, AdmittedListen), McpError> {
+        let listen = self.admit(caller, filter, budget).await?;
+        Ok((Ack::of(filter, &listen), listen))
+    }
+
     /// Admits a listen from `caller` asking for `filter` on `conn`: checks the limits,
     /// reserves a stream slot, asks the source what it accepts (which starts the watches) and
-    /// registers the accepted feed keys with the hub, all before the ack. The one admission
-    /// path: byte streams call it from `ConnServer`, HTTP from its listen gate.
-    pub async fn admit(
+    /// registers the accepted feed keys with the hub, all before the ack. Called by
+    /// [`open`](Self::open) for a listen, and by a legacy `resources/subscribe`.
+    async fn admit(
         &self,
         caller: &Caller,
         filter: &ListenFilter,
@@ -716,35 +728,29 @@ impl ServerHandler for SourceServer {
         &self,
         requested: &SubscriptionFilter,
     ) -> Option<SubscriptionFilter> {
-        // Admission decided, and narrowed the request to what it accepted, before rmcp got
-        // here (see `crate::mcp::admission`); this hook has no request context to decide
-        // with, so it echoes the request. A listen that skipped admission is refused in
-        // `listen`.
-        let mut accepted = SubscriptionFilter::default();
-        accepted.resource_subscriptions = requested.resource_subscriptions.clone();
-        crate::mcp::lists::Lists::from_rmcp(requested).narrow(&mut accepted);
-        Some(accepted)
+        // This hook has no request context to decide with, and the acknowledgment rmcp builds
+        // from it never reaches a client (see `listen`): it echoes the request.
+        Some(requested.clone())
     }
 
     async fn listen(&self, ctx: SubscriptionContext) -> Result<(), McpError> {
-        // Every listen is admitted before its ack (limits, and what this caller may watch);
-        // one that was not is refused, never served unchecked. On byte streams the admitted
-        // listen is in the request context; on HTTP in the request parts rmcp keeps there.
-        let request = ctx.request_context();
-        let pending = request.extensions.get::<PendingListen>().or_else(|| {
-            request
-                .extensions
-                .get::<http::request::Parts>()
-                .and_then(|p| p.extensions.get::<PendingListen>())
-        });
-        let Some(listen) = pending.and_then(PendingListen::take) else {
-            warn!("a listen reached the handler without admission; refusing it");
-            return Err(McpError::internal_error(
-                "this listen was not admitted; send it again",
-                None,
-            ));
-        };
-        self.deliver(listen, &mut RmcpOut { ctx: &ctx }).await
+        // Only an HTTP listen the gate opened and left to rmcp gets here (byte streams answer
+        // every listen ahead of rmcp's dispatch): claim it, and the gate answers it with its
+        // own stream in place of rmcp's. One that was not opened is refused, never served
+        // unchecked.
+        let claim = ctx
+            .request_context()
+            .extensions
+            .get::<http::request::Parts>()
+            .and_then(|p| p.extensions.get::<ListenClaim>());
+        if claim.is_some_and(ListenClaim::claim) {
+            return Ok(());
+        }
+        warn!("a listen reached the handler without admission; refusing it");
+        Err(McpError::internal_error(
+            "this listen was not admitted; send it again",
+            None,
+        ))
     }
 
     #[allow(deprecated)]
@@ -873,10 +879,10 @@ impl SourceServer {
 }
 
 mod calls;
+pub mod dispatch;
 mod legacy;
 mod out;
 pub use calls::plain_call;
-use out::RmcpOut;
 
 #[cfg(test)]
 #[path = "server_tests.rs"]

@@ -46,33 +46,57 @@ async fn admission_registers_accepted_uris_before_the_ack() {
         listen.registration.queue().next_batch().await,
         vec!["memo://notes".to_string()]
     );
-    let pending = PendingListen::new(listen);
-    let taken = pending.take().unwrap();
-    assert!(pending.take().is_none(), "taken once");
     assert_eq!(conn.open(), 1);
-    drop(taken);
+    drop(listen);
     assert_eq!(conn.open(), 0, "the slot is released with the listen");
     assert_eq!(s.feed().listeners("memo://notes"), 0);
 }
 
-/// A listen whose request fails before its handler runs drops its pending admission:
-/// the slot and the registration go with it.
+/// An HTTP listen left to rmcp is claimed once, by its handler; a request rmcp refused drops
+/// its claims unclaimed, which the gate hears (and drops the listen it opened).
 #[tokio::test]
-async fn an_unclaimed_admission_releases_everything() {
+async fn a_listen_claim_is_heard_once_or_dropped() {
+    let (claim, claimed) = ListenClaim::new();
+    let copy = claim.clone();
+    assert!(copy.claim(), "the first claim is heard");
+    assert!(!claim.claim(), "claimed once");
+    assert!(claimed.await.is_ok());
+
+    let (claim, unclaimed) = ListenClaim::new();
+    let copy = claim.clone();
+    drop(claim);
+    drop(copy);
+    assert!(unclaimed.await.is_err(), "dropped unclaimed");
+}
+
+/// Opening a listen admits it and builds its acknowledgment from what was admitted.
+#[tokio::test]
+async fn opening_a_listen_acknowledges_what_was_admitted() {
     let s = server(Limits::default()).await;
     let conn = ConnStreams::default();
-    let pending = PendingListen::new(
-        s.admit(&Caller::default(), &filter(&["memo://log"]), &conn)
-            .await
-            .unwrap(),
+    let asked = ListenFilter {
+        task_ids: Some(vec!["t".into()]),
+        ..filter(&["memo://notes", "memo://unknown"])
+    };
+    let (ack, listen) = s.open(&Caller::default(), &asked, &conn).await.unwrap();
+    assert_eq!(ack.uris, Some(vec!["memo://notes".to_string()]));
+    assert_eq!(
+        ack.task_ids,
+        Some(Vec::new()),
+        "a server without tasks echoes none"
     );
-    let copy = pending.clone();
-    assert_eq!(s.feed().listeners("memo://log"), 1);
-    drop(pending);
-    assert_eq!(conn.open(), 1, "a clone still holds it");
-    drop(copy);
-    assert_eq!(conn.open(), 0);
-    assert_eq!(s.feed().listeners("memo://log"), 0);
+    let id = rmcp::model::RequestId::Number(7);
+    assert_eq!(
+        ack.params(&id),
+        json!({"_meta": {"io.modelcontextprotocol/subscriptionId": 7},
+            "notifications": {"resourceSubscriptions": ["memo://notes"], "taskIds": []}})
+    );
+    drop(listen);
+    let (ack, _listen) = s
+        .open(&Caller::default(), &filter(&["memo://unknown"]), &conn)
+        .await
+        .unwrap();
+    assert_eq!(ack.uris, None, "nothing accepted: no resourceSubscriptions");
 }
 
 /// A source that counts its live guards, and whose admission of `slow://` URIs waits

@@ -3,7 +3,7 @@
 //! The accept loop exists for reasons rmcp's examples do not cover: `TCP_NODELAY` on every
 //! connection (notifications are small writes that Nagle would hold back), a per-client
 //! listen-stream count ([`ConnStreams`] in the request extensions, checked by [`listen_gate`]
-//! before rmcp acknowledges a listen), a cap on open connections (`--max-connections`,
+//! when it opens a listen), a cap on open connections (`--max-connections`,
 //! [`ConnCap`]), a connection's deadlines (idle, header, body: [`Timeouts`], see [`conn`]),
 //! and a graceful drain on shutdown. Origin validation and the Host check are on; SSE
 //! keep-alive comments go out on listen streams.
@@ -35,7 +35,7 @@ use self::conn::Activity;
 use crate::runtime::metrics::Metrics;
 use crate::transport::cap::{ConnCap, ConnMetrics};
 
-use crate::mcp::admission::{ConnStreams, ListenFilter, PendingListen};
+use crate::mcp::admission::{ConnStreams, ListenClaim, ListenFilter};
 use crate::mcp::caller::{Caller, PeerAddr};
 use crate::mcp::server::SourceServer;
 use crate::transport::origin::Allowlist;
@@ -46,9 +46,8 @@ mod first;
 mod params;
 mod plain;
 mod sse;
-use events::ack_lists;
 use plain::{modern_meta, param_headers_refused, plain_headers, plain_request};
-use sse::{echo_task_ids, sse_listen};
+use sse::sse_listen;
 
 pub use conn::{
     DEFAULT_BODY_TIMEOUT_MS, DEFAULT_HEADER_TIMEOUT_MS, DEFAULT_IDLE_TIMEOUT_MS, Timeouts,
@@ -410,20 +409,22 @@ struct MethodProbe<'a> {
     method: Option<std::borrow::Cow<'a, str>>,
 }
 
-/// Admits a `subscriptions/listen` before rmcp sees it: the HTTP end of the one admission
-/// path ([`SourceServer::admit`], see `crate::mcp::admission`).
+/// Opens a `subscriptions/listen` before rmcp sees it: the HTTP end of the one way a listen
+/// starts ([`SourceServer::open`], see `crate::mcp::admission`), and every admitted listen's
+/// answer is herald's own SSE stream ([`sse_listen`]), its acknowledgment the one admission
+/// built.
 ///
-/// Why a middleware: rmcp's HTTP service takes only a `ServerHandler`, and builds a listen's
-/// acknowledgment from the parsed request with a hook that has no request context, so the
-/// caller's admission has to happen, and the request be narrowed to what was admitted, before
-/// rmcp parses the body. This is the one place that reads a body ahead of rmcp. Since
-/// admission starts real work (watches, upstream subscriptions), nothing is admitted for a
-/// request rmcp will refuse anyway: a Host or Origin outside the endpoint's lists (a
-/// cross-site page, DNS rebinding) or a body that is not `application/json` goes on untouched
-/// and rmcp refuses it. The method is read with serde (so an escaped name is still seen), the
-/// caller comes from the headers, the stream slot from the client's address
-/// ([`PeerStreams`]), and the admitted listen rides in the request extensions, which rmcp
-/// keeps for as long as the listen runs.
+/// Why a middleware: rmcp's HTTP service takes only a `ServerHandler`, and acknowledges a
+/// listen before its handler runs, from a hook with no request context and no room for
+/// `taskIds`; so the caller's admission happens here, before rmcp parses the body. This is the
+/// one place that reads a body ahead of rmcp. Since admission starts real work (watches,
+/// upstream subscriptions), nothing is admitted for a request rmcp will refuse anyway: a Host
+/// or Origin outside the endpoint's lists (a cross-site page, DNS rebinding) or a body that is
+/// not `application/json` goes on untouched and rmcp refuses it. The method is read with serde
+/// (so an escaped name is still seen), the caller comes from the headers, the stream slot from
+/// the client's address ([`PeerStreams`]). A listen in the plain shape ([`plain_listen`]) is
+/// answered at once; one in another shape goes to rmcp untouched, to be checked as rmcp checks
+/// any request, and is answered here once rmcp's handler claims it ([`ListenClaim`]).
 ///
 /// A listen refused before its acknowledgment (its filter, its admission) is answered here
 /// with the status rmcp gives the error ([`listen_refused`]); a listen whose `_meta` rmcp
@@ -471,9 +472,8 @@ async fn listen_gate(State(gate): State<Gate>, req: Request, next: Next) -> Resp
     let is_listen = (contains(b"listen") || contains(b"\\u"))
         && serde_json::from_slice::<MethodProbe>(&bytes)
             .is_ok_and(|p| p.method.as_deref() == Some("subscriptions/listen"));
-    let mut body = Body::from(bytes.clone());
     if is_listen
-        && let Ok(mut v) = serde_json::from_slice::<Value>(&bytes)
+        && let Ok(v) = serde_json::from_slice::<Value>(&bytes)
         && !refused_by_rmcp(server, &v)
     {
         let id = v.get("id").cloned().unwrap_or(Value::Null);
@@ -487,45 +487,31 @@ async fn listen_gate(State(gate): State<Gate>, req: Request, next: Next) -> Resp
             .cloned()
             .unwrap_or_default();
         let caller = Caller::from_parts(&parts);
-        let listen = match server.admit(&caller, &filter, &conn).await {
-            Ok(l) => l,
+        let (ack, listen) = match server.open(&caller, &filter, &conn).await {
+            Ok(opened) => opened,
             Err(e) => return listen_refused(id, e),
         };
-        // rmcp acknowledges what the request names: narrow it to what was admitted (unless
-        // that is exactly what it names: then the body goes on untouched).
-        let accepted = listen.uris();
-        if filter
-            .resources
-            .as_ref()
-            .is_some_and(|asked| *asked != accepted)
-        {
-            v["params"]["notifications"]["resourceSubscriptions"] = json!(accepted);
-            body = Body::from(v.to_string());
-            parts.headers.remove(header::CONTENT_LENGTH);
-        }
-        if let Some(notifications) = v["params"]["notifications"].as_object_mut()
-            && listen.lists().narrow_json(notifications)
-        {
-            body = Body::from(v.to_string());
-            parts.headers.remove(header::CONTENT_LENGTH);
-        }
         if let Some(id) = plain_listen(&parts.headers, &bytes, server) {
-            let ack = ack_lists(&filter, &listen);
             return sse_listen(server.clone(), listen, id, ack);
         }
-        let echo = listen.task_ids();
-        parts.extensions.insert(PendingListen::new(listen));
+        // Another shape: rmcp checks the request as it checks any, untouched, and its
+        // handler claims the listen once rmcp has taken it ([`ListenClaim`]). The answer is
+        // then this gate's own stream, with the acknowledgment admission built; rmcp's
+        // response (whose acknowledgment has no room for `taskIds`) is dropped unread. A
+        // listen rmcp refuses keeps rmcp's answer, and its admission is dropped with it.
+        let (claim, claimed) = ListenClaim::new();
+        parts.extensions.insert(claim);
+        let body = Body::from(bytes.clone());
         let response = next.run(Request::from_parts(parts, body)).await;
-        let response = unparsed(response, &bytes);
-        // rmcp's acknowledgment has no `taskIds`: add the admitted ones as it goes out.
-        return match echo {
-            Some(ids) => {
-                let (parts, body) = response.into_parts();
-                Response::from_parts(parts, echo_task_ids(body, ids))
-            }
-            None => response,
-        };
+        if is_event_stream(&response)
+            && claimed.await.is_ok()
+            && let Ok(id) = serde_json::from_value::<rmcp::model::RequestId>(id)
+        {
+            return sse_listen(server.clone(), listen, id, ack);
+        }
+        return unparsed(response, &bytes);
     }
+    let body = Body::from(bytes.clone());
     unparsed(next.run(Request::from_parts(parts, body)).await, &bytes)
 }
 
@@ -562,12 +548,21 @@ fn refused_by_rmcp(server: &SourceServer, request: &Value) -> bool {
 /// `_meta` is whole gets here ([`refused_by_rmcp`]), so a `-32602` is about the filter, not
 /// the request's shape: `200`.
 fn listen_refused(id: Value, error: rmcp::model::ErrorData) -> Response {
-    rpc_error(error_status(error.code, false), id, json!(error))
+    let (status, body) = listen_refusal(id, error);
+    (status, [(header::CONTENT_TYPE, "application/json")], body).into_response()
+}
+
+/// [`listen_refused`]'s status and JSON body (also written by [`first`], ahead of hyper).
+fn listen_refusal(id: Value, error: rmcp::model::ErrorData) -> (StatusCode, String) {
+    (
+        error_status(error.code, false),
+        rpc_error_body(id, json!(error)),
+    )
 }
 
 /// The HTTP status of a JSON-RPC error answering a 2026-07-28 request, as rmcp's service maps
 /// it (`jsonrpc_http_status` in its `streamable_http_server/tower.rs`), so that every answer
-/// herald writes itself ([`Plain::answer`], the listen gate, the first listen read ahead of
+/// herald writes itself ([`plain::PlainRequest::answer`], the listen gate, the first listen read ahead of
 /// hyper, which hands a refused listen to the gate) has the status rmcp would give: `400` for
 /// the protocol's request errors (`-32020` header mismatch, `-32021` missing client
 /// capability, `-32022` unsupported version, and `-32602` when `meta_malformed`: the
@@ -700,14 +695,28 @@ fn plain_listen(
     .then_some(request.id)
 }
 
+/// Whether rmcp answered with a stream (it took the request) rather than one JSON body.
+fn is_event_stream(response: &Response) -> bool {
+    response
+        .headers()
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.starts_with("text/event-stream"))
+}
+
 /// A JSON-RPC error response with `status`.
 fn rpc_error(status: StatusCode, id: Value, error: Value) -> Response {
     (
         status,
         [(header::CONTENT_TYPE, "application/json")],
-        json!({"jsonrpc": "2.0", "id": id, "error": error}).to_string(),
+        rpc_error_body(id, error),
     )
         .into_response()
+}
+
+/// A JSON-RPC error message's text.
+fn rpc_error_body(id: Value, error: Value) -> String {
+    json!({"jsonrpc": "2.0", "id": id, "error": error}).to_string()
 }
 
 #[cfg(test)]

@@ -1,5 +1,5 @@
-use super::plain::PlainWhat;
 use super::*;
+use crate::mcp::server::dispatch::Plain as PlainWhat;
 
 fn headers(pairs: &[(&'static str, &'static str)]) -> axum::http::HeaderMap {
     pairs

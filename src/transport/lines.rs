@@ -20,6 +20,9 @@
 //! until one is answered: back-pressure, nothing dropped), and a response too big for the
 //! message limit goes out as an error saying so instead.
 //!
+//! [`serve`] runs one connection's server ([`ConnServer`]) on such a stream
+//! ([`LineTransport::server`]): stdio, each QUIC stream, the in-process pipes.
+//!
 //! The in-flight bookkeeping (and giving memory back when a burst ends) is `lines/in_flight.rs`;
 //! the tests are `lines_tests.rs`, the properties `lines_fuzz.rs`.
 
@@ -29,7 +32,10 @@ use std::sync::Arc;
 use rmcp::model::{JsonRpcMessage, RequestId};
 use rmcp::service::{RxJsonRpcMessage, ServiceRole, TxJsonRpcMessage};
 
-use crate::mcp::admission::{ListenAcks, TASK_IDS_META_KEY};
+use crate::mcp::admission::TASK_IDS_META_KEY;
+use crate::mcp::conn::ConnServer;
+use crate::mcp::server::Limits;
+use rmcp::service::RoleServer;
 use rmcp::transport::Transport;
 use serde_json::Value;
 use tokio::io::{AsyncBufReadExt, AsyncRead, AsyncWrite, AsyncWriteExt, BufReader};
@@ -54,9 +60,9 @@ pub struct LineTransport<Role: ServiceRole, R> {
     writer_done: Option<tokio::task::JoinHandle<()>>,
     /// Added to every outgoing request's `_meta` (a client's token on QUIC).
     meta_token: Option<(String, String)>,
-    /// Server side: a listen's `taskIds` are moved into its `_meta` on the way in (rmcp
-    /// drops the field), and echoed into its acknowledgment on the way out.
-    acks: Option<ListenAcks>,
+    /// Server side: a listen's `taskIds` are copied into its `_meta` on the way in (rmcp
+    /// drops the field; the server's acknowledgment echoes them).
+    carry_task_ids: bool,
     /// Server side: the peer's requests not answered yet, and how many may run at once.
     in_flight: Option<(Arc<InFlight>, InFlightLimit)>,
     /// Server side: requests read past the limit, oldest first (see [`PARKED_MAX`]).
@@ -101,7 +107,7 @@ where
             pending_error: None,
             writer_done: Some(writer_done),
             meta_token: None,
-            acks: None,
+            carry_task_ids: false,
             in_flight: None,
             parked: Default::default(),
             parked_bytes: 0,
@@ -127,9 +133,9 @@ where
         self.parked.len() >= PARKED_MAX || self.parked_bytes >= self.max_line
     }
 
-    /// Carries listens' `taskIds` past rmcp (server side): see the field.
-    pub fn with_listen_acks(mut self, acks: ListenAcks) -> Self {
-        self.acks = Some(acks);
+    /// Carries listens' `taskIds` past rmcp's parser (server side): see the field.
+    pub fn with_task_ids_carried(mut self) -> Self {
+        self.carry_task_ids = true;
         self
     }
 
@@ -195,6 +201,42 @@ where
     }
 }
 
+impl<R> LineTransport<RoleServer, R>
+where
+    R: AsyncRead + Send + Unpin + 'static,
+{
+    /// The server side of a line-framed connection for a server with `limits`: its message
+    /// limit, its listens' `taskIds` carried past rmcp's parser, and at most
+    /// [`max_in_flight`](Limits::max_in_flight) of the peer's requests (and
+    /// [`max_in_flight_bytes`](Limits::max_in_flight_bytes) of them) run at once.
+    pub fn server<W>(read: R, write: W, limits: &Limits) -> Self
+    where
+        W: AsyncWrite + Send + Unpin + 'static,
+    {
+        LineTransport::new(read, write, limits.max_message_bytes, true)
+            .with_task_ids_carried()
+            .with_in_flight_limit(limits.max_in_flight(), limits.max_in_flight_bytes())
+    }
+}
+
+/// Serves one connection's server (`service`: stdio's, a QUIC stream's, an in-process pipe's)
+/// on a line-framed byte stream until the session ends or `ct` is cancelled.
+pub async fn serve<R, W>(
+    service: ConnServer,
+    read: R,
+    write: W,
+    ct: tokio_util::sync::CancellationToken,
+) -> Result<(), rmcp::service::ServerInitializeError>
+where
+    R: AsyncRead + Send + Unpin + 'static,
+    W: AsyncWrite + Send + Unpin + 'static,
+{
+    let transport = LineTransport::server(read, write, service.limits());
+    let running = rmcp::ServiceExt::serve_with_ct(service, transport, ct).await?;
+    let _ = running.waiting().await;
+    Ok(())
+}
+
 /// Whether a message may be a listen naming `taskIds` (a byte scan spares other messages a
 /// second parse; `\u` catches an escaped key).
 fn may_name_task_ids(text: &[u8]) -> bool {
@@ -226,26 +268,6 @@ fn carry_task_ids(v: &mut Value) {
         .or_insert_with(|| Value::Object(Default::default()));
     if let Some(m) = meta.as_object_mut() {
         m.insert(TASK_IDS_META_KEY.into(), ids);
-    }
-}
-
-/// Adds `taskIds` to an outgoing listen acknowledgment that has them waiting in `acks`.
-fn echo_task_ids(v: &mut Value, acks: &ListenAcks) {
-    if v.get("method").and_then(Value::as_str) != Some("notifications/subscriptions/acknowledged") {
-        return;
-    }
-    let Some(sub) = v
-        .pointer("/params/_meta/io.modelcontextprotocol~1subscriptionId")
-        .cloned()
-    else {
-        return;
-    };
-    if let Some(ids) = acks.take(&sub)
-        && let Some(n) = v
-            .pointer_mut("/params/notifications")
-            .and_then(Value::as_object_mut)
-    {
-        n.insert("taskIds".into(), ids.into());
     }
 }
 
@@ -317,7 +339,6 @@ where
     ) -> impl Future<Output = Result<(), Self::Error>> + Send + 'static {
         let tx = self.tx.clone();
         let meta = self.meta_token.clone();
-        let acks = self.acks.clone().filter(|a| !a.is_empty());
         // An answer frees its request's place (before it is written: the write queue is
         // bounded on its own).
         let answered = match (&self.in_flight, &item) {
@@ -336,13 +357,6 @@ where
         let max = self.max_line;
         async move {
             let mut bytes = match meta {
-                None if acks.is_some() => {
-                    let mut v = serde_json::to_value(&item).map_err(std::io::Error::other)?;
-                    if let Some(acks) = acks {
-                        echo_task_ids(&mut v, &acks);
-                    }
-                    serde_json::to_vec(&v).map_err(std::io::Error::other)?
-                }
                 None => serde_json::to_vec(&item).map_err(std::io::Error::other)?,
                 Some((key, value)) => {
                     let mut v = serde_json::to_value(&item).map_err(std::io::Error::other)?;
@@ -454,8 +468,8 @@ where
                 self.line.clear();
                 continue;
             }
-            let parsed = match &self.acks {
-                Some(_) if may_name_task_ids(text) => match serde_json::from_slice::<Value>(text) {
+            let parsed = match self.carry_task_ids {
+                true if may_name_task_ids(text) => match serde_json::from_slice::<Value>(text) {
                     Ok(mut v) => {
                         carry_task_ids(&mut v);
                         serde_json::from_value::<RxJsonRpcMessage<Role>>(v)

@@ -23,7 +23,6 @@ use serde_json::Value;
 use tokio::io::{AsyncRead, AsyncReadExt, ReadBuf};
 
 use super::{LineTransport, carry_task_ids, may_name_task_ids};
-use crate::mcp::admission::ListenAcks;
 use crate::transport::jsonrpc::misshapen;
 
 /// A reader that hands out its input in the given chunk sizes (cycled), pending (and waking
@@ -184,7 +183,7 @@ async fn drive<Role: ServiceRole>(run: &Run<'_>) -> Got {
     let (out_w, mut out_r) = tokio::io::duplex(512);
     let mut t = LineTransport::<Role, _>::new(reader, out_w, run.max, run.server);
     if run.acks {
-        t = t.with_listen_acks(ListenAcks::default());
+        t = t.with_task_ids_carried();
     }
     let written = tokio::spawn(async move {
         let mut v = Vec::new();

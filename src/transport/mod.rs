@@ -13,7 +13,10 @@ pub mod origin;
 pub mod quic;
 pub mod tls;
 
-use rmcp::ServiceExt;
+#[cfg(test)]
+#[path = "lists_tests.rs"]
+mod lists_tests;
+
 use tokio_util::sync::CancellationToken;
 
 use crate::mcp::server::SourceServer;
@@ -22,12 +25,9 @@ use crate::mcp::server::SourceServer;
 /// Returns when the session ends.
 pub async fn serve_stdio(server: SourceServer, shutdown: CancellationToken) {
     let service = server.for_connection();
-    let transport = service.line_transport(tokio::io::stdin(), tokio::io::stdout());
-    match service.serve_with_ct(transport, shutdown).await {
-        Ok(running) => {
-            let _ = running.waiting().await;
-        }
-        Err(e) => tracing::warn!(error = %e, "stdio session did not start"),
+    let served = lines::serve(service, tokio::io::stdin(), tokio::io::stdout(), shutdown);
+    if let Err(e) = served.await {
+        tracing::warn!(error = %e, "stdio session did not start");
     }
 }
 

@@ -13,7 +13,6 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use quinn::crypto::rustls::{QuicClientConfig, QuicServerConfig};
-use rmcp::ServiceExt;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tracing::{Instrument, debug, info_span};
@@ -128,12 +127,8 @@ pub async fn serve(
                     let ct = sessions.child_token();
                     streams.spawn(
                         async move {
-                            let transport = service.line_transport(recv, send);
-                            match service.serve_with_ct(transport, ct).await {
-                                Ok(running) => {
-                                    let _ = running.waiting().await;
-                                }
-                                Err(e) => debug!(error = %e, "mcp session over quic did not start"),
+                            if let Err(e) = super::lines::serve(service, recv, send, ct).await {
+                                debug!(error = %e, "mcp session over quic did not start");
                             }
                         }
                         .instrument(info_span!("quic_stream")),

@@ -1,70 +1,107 @@
-//! `RmcpOut`: a listen's notifications written to rmcp's subscription (byte streams, and
-//! HTTP listens off herald's own SSE path), tagged with the stream's subscription id.
+//! A listen answered on an rmcp session (byte streams: stdio, QUIC, the in-process pipes):
+//! [`SourceServer::listen_on_peer`] writes its acknowledgment, then its notifications through
+//! `PeerOut` (each tagged with the stream's subscription id), then its result.
 
-use rmcp::service::{SubscriptionContext, SubscriptionSendError};
+use rmcp::model::{
+    DetailedTask, ErrorData as McpError, GetMeta as _, RequestId, ResourceUpdatedNotification,
+    ResourceUpdatedNotificationParam, ServerNotification,
+};
+use rmcp::service::{Peer, RequestContext, RoleServer};
+use tokio_util::sync::CancellationToken;
 
-use crate::mcp::listen::{ListenOut, Undelivered};
+use super::SourceServer;
+use crate::mcp::admission::AdmittedListen;
+use crate::mcp::listen::{Ack, ListenOut, Undelivered};
 use crate::mcp::lists::List;
-use rmcp::model::DetailedTask;
 
-/// A listen carried by rmcp's subscription: byte streams (stdio, QUIC, in-process pipes), and
-/// HTTP requests off herald's own SSE path.
-pub(super) struct RmcpOut<'a> {
-    pub(super) ctx: &'a SubscriptionContext,
+impl SourceServer {
+    /// A listen's graceful result, for request `id` (as rmcp writes it: with `serverInfo`).
+    pub fn listen_result(&self, id: rmcp::model::RequestId) -> rmcp::model::ServerResult {
+        let mut result = rmcp::model::SubscriptionsListenResult::complete(id);
+        result
+            .meta
+            .set_server_info(self.shared.config.server_info.clone());
+        rmcp::model::ServerResult::SubscriptionsListenResult(result)
+    }
+
+    /// Answers an opened listen on an rmcp session's peer (byte streams): its acknowledgment,
+    /// then its notifications until it ends, then its result.
+    pub async fn listen_on_peer(
+        &self,
+        ack: Ack,
+        listen: AdmittedListen,
+        context: &RequestContext<RoleServer>,
+    ) -> Result<rmcp::model::ServerResult, McpError> {
+        context
+            .peer
+            .send_notification(ack.notification(&context.id))
+            .await
+            .map_err(|e| {
+                McpError::internal_error(format!("failed to acknowledge subscription: {e}"), None)
+            })?;
+        let mut out = PeerOut::new(context);
+        self.deliver(listen, &mut out).await?;
+        Ok(self.listen_result(context.id.clone()))
+    }
 }
 
-impl ListenOut for RmcpOut<'_> {
-    async fn updated(&mut self, uri: &str) -> Result<(), Undelivered> {
-        sent(
-            self.ctx
-                .sink()
-                .notify_resource_updated(uri.to_owned())
-                .await,
-        )
+/// A listen answered on an rmcp session: the listen request's peer, id and cancellation
+/// (the client cancelling the listen, or going away).
+pub(super) struct PeerOut {
+    peer: Peer<RoleServer>,
+    id: RequestId,
+    ct: CancellationToken,
+}
+
+impl PeerOut {
+    pub(super) fn new(context: &RequestContext<RoleServer>) -> PeerOut {
+        PeerOut {
+            peer: context.peer.clone(),
+            id: context.id.clone(),
+            ct: context.ct.clone(),
+        }
     }
 
-    async fn list_changed(&mut self, list: List) -> Result<(), Undelivered> {
-        let sink = self.ctx.sink();
-        sent(match list {
-            List::Tools => sink.notify_tool_list_changed().await,
-            List::Prompts => sink.notify_prompt_list_changed().await,
-        })
-    }
-
-    /// `notifications/tasks`, tagged with the stream's subscription id: rmcp's sink refuses
-    /// this notification, so it goes to the peer directly.
-    async fn task(&mut self, task: DetailedTask) -> Result<(), Undelivered> {
-        use rmcp::model::GetMeta as _;
-        let mut n = rmcp::model::ServerNotification::TaskStatusNotification(
-            rmcp::model::TaskStatusNotification::new(task.into()),
-        );
-        n.get_meta_mut()
-            .set_subscription_id(self.ctx.sink().id().clone());
-        self.ctx
-            .request_context()
-            .peer
+    async fn send(&self, mut n: ServerNotification) -> Result<(), Undelivered> {
+        if self.ct.is_cancelled() {
+            return Err(Undelivered::Closed);
+        }
+        n.get_meta_mut().set_subscription_id(self.id.clone());
+        self.peer
             .send_notification(n)
             .await
             .map_err(|e| Undelivered::Failed(e.to_string()))
     }
+}
+
+impl ListenOut for PeerOut {
+    async fn updated(&mut self, uri: &str) -> Result<(), Undelivered> {
+        self.send(ServerNotification::ResourceUpdatedNotification(
+            ResourceUpdatedNotification::new(ResourceUpdatedNotificationParam::new(uri)),
+        ))
+        .await
+    }
+
+    async fn list_changed(&mut self, list: List) -> Result<(), Undelivered> {
+        self.send(match list {
+            List::Tools => ServerNotification::ToolListChangedNotification(Default::default()),
+            List::Prompts => ServerNotification::PromptListChangedNotification(Default::default()),
+        })
+        .await
+    }
+
+    async fn task(&mut self, task: DetailedTask) -> Result<(), Undelivered> {
+        self.send(ServerNotification::TaskStatusNotification(
+            rmcp::model::TaskStatusNotification::new(task.into()),
+        ))
+        .await
+    }
 
     fn closed(&self) -> impl std::future::Future<Output = ()> + Send + 'static {
-        self.ctx.request_context().ct.clone().cancelled_owned()
+        self.ct.clone().cancelled_owned()
     }
 
     fn is_closed(&self) -> bool {
-        self.ctx.request_context().ct.is_cancelled()
-    }
-}
-
-/// What became of a notification given to rmcp's subscription sink.
-fn sent(r: Result<(), SubscriptionSendError>) -> Result<(), Undelivered> {
-    match r {
-        Ok(()) => Ok(()),
-        Err(SubscriptionSendError::SubscriptionClosed) => Err(Undelivered::Closed),
-        Err(e @ SubscriptionSendError::NotificationNotAccepted(_)) => {
-            Err(Undelivered::NotAccepted(e.to_string()))
-        }
-        Err(e) => Err(Undelivered::Failed(e.to_string())),
+        self.ct.is_cancelled()
     }
 }

@@ -6,8 +6,6 @@
 
 use std::sync::Arc;
 
-use rmcp::ServiceExt;
-
 use super::{Dialer, Upstream, UpstreamConfig};
 use crate::mcp::server::SourceServer;
 use crate::runtime::context::RoleContext;
@@ -34,12 +32,9 @@ pub fn dialer(
             let (client, served) = tokio::io::duplex(PIPE);
             let (sr, sw) = tokio::io::split(served);
             let service = server.for_connection();
-            let transport = service.line_transport(sr, sw);
             let ct = ctx.shutdown().child_token();
             ctx.spawn("in-process connection", async move {
-                if let Ok(running) = service.serve_with_ct(transport, ct).await {
-                    let _ = running.waiting().await;
-                }
+                let _ = crate::transport::lines::serve(service, sr, sw, ct).await;
             });
             let (cr, cw) = tokio::io::split(client);
             connect_stream(Target::Stdio(name), cr, cw, relay, max_message_bytes).await

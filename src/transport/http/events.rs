@@ -5,7 +5,7 @@
 use axum::body::Bytes;
 use serde_json::{Value, json};
 
-use crate::mcp::admission::{AdmittedListen, ListenFilter};
+use crate::mcp::listen::{Ack, SUBSCRIPTION_ID};
 use crate::mcp::server::SourceServer;
 
 /// A listen stream's events as it writes them: its subscription id, and each URI's
@@ -53,23 +53,10 @@ fn sse_event(message: &impl serde::Serialize) -> Bytes {
     out.into()
 }
 
-/// The subscription-id key of a notification's `_meta`.
-const SUBSCRIPTION_ID: &str = "io.modelcontextprotocol/subscriptionId";
-
-/// A listen's acknowledgment for subscription `id`: what `ack` names.
-pub(super) fn ack_event(id: &Value, ack: Ack) -> Bytes {
-    let mut notifications = serde_json::Map::new();
-    ack.lists.echo(&mut notifications);
-    if let Some(uris) = ack.uris {
-        notifications.insert("resourceSubscriptions".into(), json!(uris));
-    }
-    if let Some(ids) = ack.task_ids {
-        notifications.insert("taskIds".into(), json!(ids));
-    }
-    sse_event(
-        &json!({"jsonrpc": "2.0", "method": "notifications/subscriptions/acknowledged",
-        "params": {"_meta": {SUBSCRIPTION_ID: id}, "notifications": notifications}}),
-    )
+/// A listen's acknowledgment ([`Ack`], built at admission) for the listen request `id`, as
+/// an SSE event.
+pub(super) fn ack_event(id: &rmcp::model::RequestId, ack: &Ack) -> Bytes {
+    sse_event(&ack.message(id))
 }
 
 /// `notifications/resources/updated` for `uri` on subscription `id`.
@@ -103,37 +90,10 @@ pub(super) fn final_event(
     ended: Result<(), rmcp::model::ErrorData>,
 ) -> Bytes {
     match ended {
-        Ok(()) => {
-            use rmcp::ServerHandler as _;
-            let mut result = rmcp::model::SubscriptionsListenResult::complete(id.clone());
-            result.meta.set_server_info(server.get_info().server_info);
-            sse_event(&rmcp::model::ServerJsonRpcMessage::response(
-                rmcp::model::ServerResult::SubscriptionsListenResult(result),
-                id,
-            ))
-        }
+        Ok(()) => sse_event(&rmcp::model::ServerJsonRpcMessage::response(
+            server.listen_result(id.clone()),
+            id,
+        )),
         Err(e) => sse_event(&rmcp::model::ServerJsonRpcMessage::error(e, Some(id))),
-    }
-}
-
-/// What a plain listen's acknowledgment names.
-pub(super) struct Ack {
-    /// `resourceSubscriptions`.
-    uris: Option<Vec<String>>,
-    /// `taskIds`.
-    task_ids: Option<Vec<String>>,
-    /// `toolsListChanged`, `promptsListChanged`.
-    lists: crate::mcp::lists::Lists,
-}
-
-/// What a plain listen's acknowledgment names, as rmcp would: the accepted URIs when the
-/// request named some and some were accepted, the accepted lists, and the admitted task ids.
-pub(super) fn ack_lists(filter: &ListenFilter, listen: &AdmittedListen) -> Ack {
-    let accepted = listen.uris();
-    let uris = (filter.resources.is_some() && !accepted.is_empty()).then_some(accepted);
-    Ack {
-        uris,
-        task_ids: listen.task_ids(),
-        lists: listen.lists(),
     }
 }

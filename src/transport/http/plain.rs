@@ -1,7 +1,8 @@
 //! The requests herald's HTTP gate answers itself, ahead of rmcp: a `tools/call` or
-//! `resources/read` in the plain shape every 2026-07-28 client sends ([`plain_request`],
-//! answered by the source's handler and one JSON body, as rmcp would answer it), and the
-//! `Mcp-Param-*` header check every `tools/call` gets first ([`param_headers_refused`]).
+//! `resources/read` in the plain shape every 2026-07-28 client sends ([`plain_request`]: the
+//! shape is this file's to judge, the answer is `SourceServer::answer`'s, written here as one
+//! JSON body), and the `Mcp-Param-*` header check every `tools/call` gets first
+//! ([`param_headers_refused`]).
 
 use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
@@ -10,6 +11,7 @@ use serde_json::{Value, json};
 use super::{error_status, params, rpc_error};
 use crate::mcp::caller::Caller;
 use crate::mcp::server::SourceServer;
+use crate::mcp::server::dispatch::Plain;
 
 /// A `tools/call` whose `Mcp-Param-*` headers disagree with its arguments, for the tool as
 /// this caller sees it (see [`params`]): `-32020` with `400`, as rmcp answers. `None` for
@@ -112,22 +114,9 @@ pub(super) fn modern_meta(meta: &rmcp::model::RequestMetaObject) -> bool {
 }
 
 /// A request herald answers itself, in place: see [`plain_request`].
-pub(super) struct Plain {
+pub(super) struct PlainRequest {
     id: rmcp::model::RequestId,
-    pub(super) what: PlainWhat,
-}
-
-pub(super) enum PlainWhat {
-    Call {
-        name: String,
-        args: rmcp::model::JsonObject,
-        call: Box<crate::mcp::source::Call>,
-    },
-    Read {
-        uri: String,
-        /// The reader's `io.herald/after` hint.
-        after: Option<u64>,
-    },
+    pub(super) what: Plain,
 }
 
 /// A `tools/call` or `resources/read` in the shape every 2026-07-28 client sends for a plain
@@ -136,7 +125,7 @@ pub(super) enum PlainWhat {
 /// `Mcp-Param-*` headers were checked before), which herald answers itself: the source's
 /// handler, then one JSON body. rmcp would build a whole service per request for it.
 /// Anything else goes on to rmcp.
-pub(super) fn plain_request(headers: &axum::http::HeaderMap, body: &[u8]) -> Option<Plain> {
+pub(super) fn plain_request(headers: &axum::http::HeaderMap, body: &[u8]) -> Option<PlainRequest> {
     use rmcp::model::{ClientJsonRpcMessage, ClientRequest, GetMeta as _};
     let method = headers.get("mcp-method")?.to_str().ok()?;
     if method != "tools/call" && method != "resources/read" {
@@ -174,7 +163,7 @@ pub(super) fn plain_request(headers: &axum::http::HeaderMap, body: &[u8]) -> Opt
                 responses: call.params.input_responses,
                 request_state: call.params.request_state,
             };
-            PlainWhat::Call {
+            Plain::Call {
                 name,
                 args: call.params.arguments.unwrap_or_default(),
                 call: Box::new(crate::mcp::server::plain_call(capabilities, input)),
@@ -184,7 +173,7 @@ pub(super) fn plain_request(headers: &axum::http::HeaderMap, body: &[u8]) -> Opt
             if name_header != read.params.uri {
                 return None;
             }
-            PlainWhat::Read {
+            Plain::Read {
                 after: crate::mcp::source::read_after_of(
                     read.extensions
                         .get::<rmcp::model::RequestMetaObject>()
@@ -195,55 +184,22 @@ pub(super) fn plain_request(headers: &axum::http::HeaderMap, body: &[u8]) -> Opt
         }
         _ => return None,
     };
-    Some(Plain {
+    Some(PlainRequest {
         id: request.id,
         what,
     })
 }
 
-impl Plain {
-    /// Runs the request for `caller` and answers it as rmcp would: one JSON body, an error
-    /// with rmcp's status for it ([`error_status`]: `400` for a tool that only runs as a
-    /// task, `-32021`), and an error answer logged as rmcp logs it. One
-    /// difference, on purpose: at shutdown the request gets the grace every plain call is
-    /// promised ([`SourceServer::call_in_process`]) where rmcp would cut it with a `500`.
+impl PlainRequest {
+    /// Runs the request for `caller` ([`SourceServer::answer`]) and writes its answer as
+    /// one JSON body, an error with the status rmcp gives it ([`error_status`]: `400` for a
+    /// tool that only runs as a task, `-32021`).
     pub(super) async fn answer(self, server: &SourceServer, caller: &Caller) -> Response {
-        use rmcp::model::{ErrorCode, ServerJsonRpcMessage, ServerResult};
-        let (result, what) = match self.what {
-            PlainWhat::Call { name, args, call } => {
-                let r = server.call_in_process(caller, &name, args, *call).await;
-                (r.map(ServerResult::from), name)
-            }
-            PlainWhat::Read { uri, after } => {
-                let r = server
-                    .read_in_process(caller, crate::mcp::source::Read::after(&uri, after))
-                    .await;
-                let r = r.map(|c| {
-                    let result = crate::mcp::server::read_result(uri.clone(), c);
-                    ServerResult::from(rmcp::model::ReadResourceResponse::from(result))
-                });
-                (r, uri)
-            }
-        };
-        let (message, status) = match result {
-            Ok(mut r) => {
-                server.stamp_result(&mut r);
-                // As rmcp's service does for a 2026-07-28 answer: a read is cacheable, private
-                // and for no time unless the source said otherwise.
-                r.fill_missing_cache_hints();
-                (ServerJsonRpcMessage::response(r, self.id), StatusCode::OK)
-            }
-            Err(e) => {
-                let mut e = crate::mcp::server::to_mcp_error(e);
-                // As rmcp answers a 2026-07-28 peer (every plain request is one).
-                if e.code == ErrorCode::RESOURCE_NOT_FOUND {
-                    e.code = ErrorCode::INVALID_PARAMS;
-                }
-                tracing::warn!(request = %what, code = e.code.0, "response error: {}", e.message);
-                // A plain request's `_meta` is whole ([`plain_request`]).
-                let status = error_status(e.code, false);
-                (ServerJsonRpcMessage::error(e, Some(self.id)), status)
-            }
+        let message = server.answer(caller, self.id, self.what).await;
+        let status = match &message {
+            // A plain request's `_meta` is whole ([`plain_request`]).
+            rmcp::model::ServerJsonRpcMessage::Error(e) => error_status(e.error.code, false),
+            _ => StatusCode::OK,
         };
         match serde_json::to_vec(&message) {
             Ok(body) => {

@@ -1,5 +1,5 @@
 //! Delivery of `notifications/tools/list_changed` and `notifications/prompts/list_changed`
-//! on every listen path: admission, a byte stream (rmcp's subscription), and HTTP both ways
+//! on every listen path: admission, a byte stream (the session's peer), and HTTP both ways
 //! herald answers a listen itself (first on its connection, straight to the socket; later,
 //! through hyper). No sleeps: every wait is for a message, under a timeout.
 
@@ -19,7 +19,7 @@ use crate::mcp::source::{
     TOOLS_CHANGED, WatchGuard,
 };
 
-use super::Lists;
+use crate::mcp::lists::Lists;
 
 const WAIT: Duration = Duration::from_secs(10);
 
@@ -101,9 +101,10 @@ async fn admission_accepts_a_list_only_where_the_lists_change() {
     .unwrap();
     let (changing, feed) = server(true, &shutdown);
     let l = changing
-        .admit(&Caller::default(), &asked, &ConnStreams::default())
+        .open(&Caller::default(), &asked, &ConnStreams::default())
         .await
-        .unwrap();
+        .unwrap()
+        .1;
     assert_eq!(
         l.lists(),
         Lists {
@@ -128,9 +129,10 @@ async fn admission_accepts_a_list_only_where_the_lists_change() {
 
     let (still, feed) = server(false, &shutdown);
     let l = still
-        .admit(&Caller::default(), &asked, &ConnStreams::default())
+        .open(&Caller::default(), &asked, &ConnStreams::default())
         .await
-        .unwrap();
+        .unwrap()
+        .1;
     assert_eq!(
         l.lists(),
         Lists::default(),
@@ -148,17 +150,10 @@ struct Lines {
 
 impl Lines {
     fn open(server: &SourceServer, shutdown: &CancellationToken) -> Lines {
-        use rmcp::ServiceExt as _;
         let (client, served) = tokio::io::duplex(1 << 16);
         let (sr, sw) = tokio::io::split(served);
         let service = server.for_connection();
-        let transport = service.line_transport(sr, sw);
-        let ct = shutdown.child_token();
-        tokio::spawn(async move {
-            if let Ok(running) = service.serve_with_ct(transport, ct).await {
-                let _ = running.waiting().await;
-            }
-        });
+        tokio::spawn(super::lines::serve(service, sr, sw, shutdown.child_token()));
         let (read, write) = tokio::io::split(client);
         Lines {
             write,
@@ -266,7 +261,7 @@ async fn a_byte_stream_ack_leaves_lists_out_where_they_never_change() {
 
 /// `server` on HTTP at a port-0 address.
 async fn http(server: SourceServer, shutdown: &CancellationToken) -> std::net::SocketAddr {
-    use crate::transport::http;
+    use super::http;
     let listener = http::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     let endpoint = http::router(
@@ -430,6 +425,35 @@ async fn an_http_listen_rmcp_answers_gets_list_changes_too() {
     .await;
     let text = String::from_utf8_lossy(&seen);
     assert!(!text.contains("prompts/list_changed"), "{text}");
+    shutdown.cancel();
+}
+
+/// A listen in a shape rmcp checks (a quoted `Accept` parameter) gets the acknowledgment
+/// admission built, as a plain one does: the lists the server never changes left out and the
+/// `taskIds` echoed (none of this caller's), where rmcp's own acknowledgment would name the
+/// request as sent and could not carry `taskIds`.
+#[tokio::test]
+async fn an_http_listen_rmcp_checks_gets_the_acknowledgment_admission_built() {
+    let shutdown = CancellationToken::new();
+    let (s, _feed) = server(false, &shutdown);
+    let addr = http(s, &shutdown).await;
+    let mut client = TcpStream::connect(addr).await.unwrap();
+    let mut body = listen("K", json!({"toolsListChanged": true, "taskIds": ["t1"]}));
+    body["params"]["_meta"]["io.modelcontextprotocol/clientCapabilities"] =
+        json!({"extensions": {"io.modelcontextprotocol/tasks": {}}});
+    client
+        .write_all(&post_as(
+            &body,
+            "application/json, text/event-stream;x=\"1\"",
+        ))
+        .await
+        .unwrap();
+    let mut seen = Vec::new();
+    let ack = event(&mut client, &mut seen, |v| {
+        is(v, "notifications/subscriptions/acknowledged", "K")
+    })
+    .await;
+    assert_eq!(ack["params"]["notifications"], json!({"taskIds": []}));
     shutdown.cancel();
 }
 
