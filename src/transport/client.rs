@@ -31,59 +31,7 @@ use crate::transport::lines::LineTransport;
 use crate::transport::quic;
 use crate::transport::tls::ClientTrust;
 
-/// Where a server is.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Target {
-    /// A command line, run with `sh -c`, speaking stdio.
-    Stdio(String),
-    /// A Streamable HTTP endpoint URL.
-    Http(String),
-    /// `HOST:PORT` of a QUIC endpoint.
-    Quic(String),
-}
-
-impl std::fmt::Display for Target {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            Target::Stdio(c) => write!(f, "stdio:{c}"),
-            Target::Http(u) => write!(f, "{u}"),
-            Target::Quic(a) => write!(f, "quic://{a}"),
-        }
-    }
-}
-
-impl Target {
-    /// The target as an unauthenticated report may show it (the admin address's `/status`):
-    /// an HTTP URL without userinfo or query, a command without its arguments (either may
-    /// carry a key).
-    pub fn redacted(&self) -> String {
-        match self {
-            Target::Stdio(c) => {
-                let mut words = c.split_whitespace();
-                let program = words.next().unwrap_or_default();
-                if words.next().is_some() {
-                    format!("stdio:{program} …")
-                } else {
-                    format!("stdio:{program}")
-                }
-            }
-            Target::Http(u) => {
-                let u = u.split(['?', '#']).next().unwrap_or_default();
-                match u.split_once("://") {
-                    Some((scheme, rest)) => {
-                        let host_end = rest.find('/').unwrap_or(rest.len());
-                        match rest[..host_end].rfind('@') {
-                            Some(at) => format!("{scheme}://{}", &rest[at + 1..]),
-                            None => u.to_owned(),
-                        }
-                    }
-                    None => u.to_owned(),
-                }
-            }
-            Target::Quic(a) => format!("quic://{a}"),
-        }
-    }
-}
+pub use crate::transport::target::Target;
 
 #[derive(Debug, thiserror::Error)]
 pub enum ConnectError {

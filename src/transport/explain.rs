@@ -17,8 +17,8 @@ use std::time::Duration;
 use rmcp::service::ClientInitializeError;
 use rmcp::transport::streamable_http_client::StreamableHttpError;
 
-use crate::transport::client::Target;
 use crate::transport::dns::DnsError;
+use crate::transport::target::Target;
 
 /// What went wrong, as found in an error's chain.
 #[derive(Debug, Clone, PartialEq, Eq)]

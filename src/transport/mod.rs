@@ -11,6 +11,7 @@ pub mod jsonrpc;
 pub mod lines;
 pub mod origin;
 pub mod quic;
+pub mod target;
 pub mod tls;
 
 #[cfg(test)]

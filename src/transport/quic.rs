@@ -20,9 +20,9 @@ use tracing::{Instrument, debug, info_span};
 use crate::mcp::server::SourceServer;
 use crate::runtime::metrics::Metrics;
 use crate::transport::cap::{ConnCap, ConnMetrics};
-use crate::transport::client::Target;
 use crate::transport::dns;
 use crate::transport::explain;
+use crate::transport::target::Target;
 use crate::transport::tls::{self, ClientTrust, Identity, TlsError};
 
 /// How often an idle QUIC connection sends a keep-alive.
