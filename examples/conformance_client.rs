@@ -26,7 +26,7 @@
 
 use std::sync::Arc;
 
-use herald::mcp::server::DEFAULT_MAX_MESSAGE_BYTES;
+use herald::mcp::limits::DEFAULT_MAX_MESSAGE_BYTES;
 use herald::mcp::upstream::{Live, Upstream, UpstreamConfig};
 use herald::transport::client::Target;
 use herald::transport::tls::ClientTrust;

@@ -10,7 +10,9 @@ use std::sync::{Arc, Mutex};
 use serde_json::Value;
 use tokio_util::sync::CancellationToken;
 
-use crate::mcp::server::{Limits, SourceServer};
+use crate::mcp::server::SourceServer;
+
+use crate::mcp::limits::Limits;
 use crate::mcp::upstream::{Dialer, Upstream, UpstreamConfig};
 use crate::source::memo::Memo;
 use crate::store::Store;

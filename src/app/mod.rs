@@ -36,7 +36,8 @@ use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
 use crate::app::systemd::{Inherited, Notify, Systemd};
-use crate::mcp::server::{Limits, SourceServer};
+use crate::mcp::limits::Limits;
+use crate::mcp::server::SourceServer;
 use crate::mcp::source::DynSource;
 use crate::runtime::context::RoleContext;
 use crate::store::Store;

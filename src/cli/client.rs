@@ -9,7 +9,7 @@ use serde_json::{Map, Value};
 
 use crate::app::console;
 use crate::cli::{Exit, usage};
-use crate::mcp::server::DEFAULT_MAX_MESSAGE_BYTES;
+use crate::mcp::limits::DEFAULT_MAX_MESSAGE_BYTES;
 use crate::transport::client::{
     Connection, DEFAULT_CONNECT_TIMEOUT, Target, client_config, connect_within,
 };

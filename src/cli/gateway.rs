@@ -82,7 +82,7 @@ pub async fn run(args: GatewayArgs, globals: &Globals) -> Result<(), Exit> {
 /// no role).
 pub fn upstreams(
     slugs: &[crate::gateway::config::Slug],
-    limits: &crate::mcp::server::Limits,
+    limits: &crate::mcp::limits::Limits,
     ctx: &RoleContext,
 ) -> Vec<std::sync::Arc<crate::mcp::upstream::Upstream>> {
     slugs

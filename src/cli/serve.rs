@@ -12,7 +12,7 @@ use std::sync::Arc;
 use crate::app::systemd::Notify;
 use crate::app::{self, Bound, ServeOptions};
 use crate::cli::{ANNOUNCE, Exit, Globals, LogFormat};
-use crate::mcp::server::{
+use crate::mcp::limits::{
     DEFAULT_LISTEN_STALL_MS, DEFAULT_MAX_CONNECTIONS, DEFAULT_MAX_LISTEN_STREAMS,
     DEFAULT_MAX_LISTEN_URIS, DEFAULT_MAX_MESSAGE_BYTES, Limits,
 };

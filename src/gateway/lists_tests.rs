@@ -8,7 +8,8 @@ use rmcp::model::{ServerNotification, SubscriptionFilter, Tool};
 
 use super::*;
 use crate::gateway::Gateway;
-use crate::mcp::server::{Limits, SourceServer};
+use crate::mcp::limits::Limits;
+use crate::mcp::server::SourceServer;
 use crate::mcp::source::{
     Admission, Caller, Contents, ListenFilter, Source, SourceError, SourceInfo,
 };

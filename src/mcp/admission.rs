@@ -34,8 +34,8 @@ use rmcp::model::{ErrorData as McpError, SubscriptionFilter};
 use serde_json::{Value, json};
 
 use crate::mcp::hub::Registration;
+use crate::mcp::limits::Limits;
 use crate::mcp::lists::Lists;
-use crate::mcp::server::Limits;
 use crate::mcp::source::{SourceError, WatchGuard};
 
 /// What a listen asks for: the `notifications` object of `subscriptions/listen`, parsed once.

@@ -43,7 +43,7 @@ impl ConnServer {
 
     /// This connection's server's limits (its transport takes its message and in-flight
     /// limits from them).
-    pub fn limits(&self) -> &crate::mcp::server::Limits {
+    pub fn limits(&self) -> &crate::mcp::limits::Limits {
         self.server.limits()
     }
 }

@@ -12,6 +12,7 @@ pub mod conn;
 pub mod events;
 pub mod hub;
 pub mod legacy;
+pub mod limits;
 pub mod listen;
 pub mod lists;
 pub mod ring;

@@ -34,6 +34,7 @@ use crate::mcp::caller::Caller;
 use crate::mcp::conn::ConnServer;
 use crate::mcp::hub::ChangeFeed;
 use crate::mcp::legacy::LegacySubscriptions;
+use crate::mcp::limits::Limits;
 use crate::mcp::listen::{Ack, ListenOut};
 use crate::mcp::source::{Body, DynSource, SourceError};
 use crate::mcp::tasks::relay::TaskRelay;
@@ -47,71 +48,8 @@ pub use crate::mcp::caller::TOKEN_META_KEY;
 /// Where a result names the server that answered it (2026-07-28: results SHOULD carry it).
 pub const SERVER_INFO_META_KEY: &str = "io.modelcontextprotocol/serverInfo";
 
-/// Default for [`Limits::max_streams_per_connection`] (`--max-listen-streams`).
-pub const DEFAULT_MAX_LISTEN_STREAMS: usize = 64;
-/// Default for [`Limits::max_uris_per_stream`] (`--max-listen-uris`).
-pub const DEFAULT_MAX_LISTEN_URIS: usize = 256;
-/// Default for [`Limits::max_message_bytes`] (`--max-message-bytes`); clients use it too.
-pub const DEFAULT_MAX_MESSAGE_BYTES: usize = 4 << 20;
 /// How long a plain tool call may go on once the server is shutting down.
 const CALL_GRACE: Duration = Duration::from_secs(2);
-
-/// Default for [`Limits::stall_timeout`] (`--listen-stall-ms`), in milliseconds.
-pub const DEFAULT_LISTEN_STALL_MS: u64 = 10_000;
-
-/// Default for [`Limits::max_connections`] (`--max-connections`): far more than one host's
-/// clients open (a pooling client holds one connection per call in flight plus one per
-/// listen stream), and with a file descriptor each well under the 65,536 open files the
-/// packaged units allow.
-pub const DEFAULT_MAX_CONNECTIONS: usize = 4096;
-
-/// Server-side limits. Every field has a default and a flag.
-#[derive(Debug, Clone)]
-pub struct Limits {
-    /// Open `subscriptions/listen` streams per connection.
-    pub max_streams_per_connection: usize,
-    /// URIs one listen stream may ask for.
-    pub max_uris_per_stream: usize,
-    /// Largest incoming message (stdio/QUIC line, HTTP body), in bytes.
-    pub max_message_bytes: usize,
-    /// A listen stream whose notification cannot be written within this is ended, so the
-    /// client resubscribes instead of holding a stalled stream.
-    pub stall_timeout: Duration,
-    /// Open connections per server (accepted TCP connections on HTTP, connections on QUIC);
-    /// at the cap the server stops accepting until one closes.
-    pub max_connections: usize,
-}
-
-/// Plain requests (calls, reads, polls) one connection may have running beside its listen
-/// streams; past that its transport stops reading until one is answered.
-pub const CALLS_IN_FLIGHT: usize = 128;
-
-impl Limits {
-    /// The requests one line-framed connection may have running at once: one per listen
-    /// stream it may open, plus [`CALLS_IN_FLIGHT`].
-    pub fn max_in_flight(&self) -> usize {
-        self.max_streams_per_connection
-            .saturating_add(CALLS_IN_FLIGHT)
-    }
-
-    /// The bytes of requests one line-framed connection may have running at once: four
-    /// messages at the limit (a request over it is refused as it is read).
-    pub fn max_in_flight_bytes(&self) -> usize {
-        self.max_message_bytes.saturating_mul(4)
-    }
-}
-
-impl Default for Limits {
-    fn default() -> Self {
-        Limits {
-            max_streams_per_connection: DEFAULT_MAX_LISTEN_STREAMS,
-            max_uris_per_stream: DEFAULT_MAX_LISTEN_URIS,
-            max_message_bytes: DEFAULT_MAX_MESSAGE_BYTES,
-            stall_timeout: Duration::from_millis(DEFAULT_LISTEN_STALL_MS),
-            max_connections: DEFAULT_MAX_CONNECTIONS,
-        }
-    }
-}
 
 struct Shared {
     source: DynSource,

@@ -1,5 +1,6 @@
 //! Unit tests of `server.rs`, kept beside it so the module itself stays readable.
 use super::*;
+use crate::mcp::limits::Limits;
 use crate::mcp::source::WatchGuard;
 use crate::source::memo::Memo;
 use crate::store::Store;

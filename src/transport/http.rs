@@ -120,7 +120,7 @@ impl Endpoint {
             router,
             gate: None,
             timeouts: Timeouts::default(),
-            max_connections: crate::mcp::server::DEFAULT_MAX_CONNECTIONS,
+            max_connections: crate::mcp::limits::DEFAULT_MAX_CONNECTIONS,
             conns: ConnMetrics::register(metrics),
         }
     }

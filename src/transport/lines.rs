@@ -34,7 +34,7 @@ use rmcp::service::{RxJsonRpcMessage, ServiceRole, TxJsonRpcMessage};
 
 use crate::mcp::admission::TASK_IDS_META_KEY;
 use crate::mcp::conn::ConnServer;
-use crate::mcp::server::Limits;
+use crate::mcp::limits::Limits;
 use rmcp::service::RoleServer;
 use rmcp::transport::Transport;
 use serde_json::Value;

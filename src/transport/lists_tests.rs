@@ -13,7 +13,8 @@ use tokio_util::sync::CancellationToken;
 
 use crate::mcp::admission::ConnStreams;
 use crate::mcp::hub::ChangeFeed;
-use crate::mcp::server::{Limits, SourceServer};
+use crate::mcp::limits::Limits;
+use crate::mcp::server::SourceServer;
 use crate::mcp::source::{
     Admission, Caller, Contents, ListenFilter, PROMPTS_CHANGED, Source, SourceError, SourceInfo,
     TOOLS_CHANGED, WatchGuard,

@@ -26,8 +26,8 @@ use serde_json::{Map, Value, json};
 
 use crate::mcp::events::{self, EventType, PollRequest};
 use crate::mcp::hub::ChangeFeed;
+use crate::mcp::limits::DEFAULT_MAX_MESSAGE_BYTES;
 use crate::mcp::ring::{EVENT_LOG_MIME, EventRing, Tap};
-use crate::mcp::server::DEFAULT_MAX_MESSAGE_BYTES;
 use crate::mcp::source::{
     Admission, Call, Caller, Contents, ListenFilter, Read, Source, SourceError, SourceInfo,
     WatchGuard,

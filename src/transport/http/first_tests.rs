@@ -103,7 +103,7 @@ async fn what_a_client_pipelines_behind_its_listen_goes_to_hyper_after_it() {
     let gate = Gate {
         server: crate::mcp::server::SourceServer::with_tasks(
             memo.memo.clone(),
-            crate::mcp::server::Limits::default(),
+            crate::mcp::limits::Limits::default(),
             stops.clone(),
             None,
         ),
