@@ -1,9 +1,10 @@
 //! herald: one binary carrying a push-driven MCP watch pipeline.
 //!
 //! Reading order: [`store`] (the one redb file), [`mcp`] (plumbing every role shares: the
-//! source trait, listen hub, event-log ring, rmcp handler; on the client side the shared
-//! upstream handle, the routing rule and the backoff), [`transport`] (stdio, HTTP and
-//! QUIC, server and client), [`source`] (the change sources), [`app`] (binding and running
+//! source trait, listen hub, event-log ring, rmcp handler, the routing templates and the
+//! backoff), [`transport`] (stdio, HTTP and QUIC, server and client), [`upstream`] (the one
+//! client of an upstream server, above `mcp` and `transport`: connection, catalog, the routing
+//! rule, calls, reads, listens, event logs), [`source`] (the change sources), [`app`] (binding and running
 //! roles, systemd's notify protocol and socket activation, the admin address), [`cli`] (the
 //! command line). `docs/ARCHITECTURE.md` has the map and the invariants.
 
@@ -26,4 +27,5 @@ pub mod sync;
 #[cfg(test)]
 mod testing;
 pub mod transport;
+pub mod upstream;
 pub mod watch;

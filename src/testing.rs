@@ -12,10 +12,10 @@ use serde_json::Value;
 use tokio_util::sync::CancellationToken;
 
 use crate::mcp::server::{Limits, SourceServer};
-use crate::mcp::upstream::{Dialer, Upstream, UpstreamConfig};
 use crate::source::memo::Memo;
 use crate::store::Store;
 use crate::transport::client::{ConnectError, Target, connect_stream};
+use crate::upstream::{Dialer, Upstream, UpstreamConfig};
 
 const MAX: usize = 4 << 20;
 

@@ -15,7 +15,7 @@ use tokio_util::sync::CancellationToken;
 use crate::agent::runtime::{Channel, Event, ReplyTo};
 use crate::filter::pool::Catalog as FilterHost;
 use crate::mcp::backoff::Backoff;
-use crate::mcp::upstream::{Upstream, pick};
+use crate::upstream::{Upstream, pick};
 use crate::watch::events::{LogCursor, extract_log};
 use crate::watch::task::{read, subscribe_and_read};
 

@@ -13,7 +13,7 @@ use rmcp::service::PeerRequestOptions;
 
 use super::source::Gateway;
 use crate::mcp::source::{Call, Caller, SourceError};
-use crate::mcp::upstream::{self, REQUEST_TIMEOUT, Upstream, upstream_error};
+use crate::upstream::{self, REQUEST_TIMEOUT, Upstream, upstream_error};
 
 impl Gateway {
     /// Relays the call of `tool` (its upstream name) to `up`.

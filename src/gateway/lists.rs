@@ -24,7 +24,7 @@ use crate::gateway::source::RESUBSCRIBE;
 use crate::mcp::hub::ChangeFeed;
 use crate::mcp::lists::{List, Lists};
 use crate::mcp::source::{PROMPTS_CHANGED, TOOLS_CHANGED};
-use crate::mcp::upstream::{Catalog, Heard, KeptListen, ListEvents, Live, Upstream, lists};
+use crate::upstream::{Catalog, Heard, KeptListen, ListEvents, Live, Upstream, lists};
 
 /// Follows `up`'s lists, publishing their changes on `feed`, until `stop`.
 pub(super) async fn follow(up: Arc<Upstream>, feed: ChangeFeed, stop: CancellationToken) {

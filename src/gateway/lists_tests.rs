@@ -13,8 +13,8 @@ use crate::mcp::server::{Limits, SourceServer};
 use crate::mcp::source::{
     Admission, Caller, Contents, ListenFilter, Source, SourceError, SourceInfo,
 };
-use crate::mcp::upstream::{UpstreamConfig, local};
 use crate::transport::client::Target;
+use crate::upstream::{UpstreamConfig, local};
 
 const WAIT: Duration = Duration::from_secs(10);
 

@@ -14,7 +14,7 @@ use rmcp::model::{
 
 use super::source::{Access, Gateway, Names};
 use crate::mcp::source::{Call, Caller, Input, SourceError};
-use crate::mcp::upstream::{REQUEST_TIMEOUT, Upstream};
+use crate::upstream::{REQUEST_TIMEOUT, Upstream};
 
 /// The `requestState` an upstream hands a caller goes out sealed to that caller and that slug
 /// (the upstream serves the gateway, one client for all its callers, so it cannot tell them

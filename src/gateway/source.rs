@@ -26,7 +26,7 @@ use crate::mcp::source::{
     Admission, Authentication, Call, Caller, Contents, ListenFilter, Source, SourceError,
     SourceInfo, WatchGuard,
 };
-use crate::mcp::upstream::{
+use crate::upstream::{
     self, Heard, KeptListen, REQUEST_TIMEOUT, Upstream, UpstreamConfig, upstream_error,
 };
 

@@ -27,7 +27,7 @@ use crate::mcp::server::to_mcp_error;
 use crate::mcp::source::{Call, Caller, SourceError};
 use crate::mcp::tasks::relay::{Relayed, RelayedListen, Started, TaskRelay, Watched};
 use crate::mcp::tasks::{MAX_TASKS, MAX_TASKS_PER_OWNER, unknown_task};
-use crate::mcp::upstream::{REQUEST_TIMEOUT, Upstream};
+use crate::upstream::{REQUEST_TIMEOUT, Upstream};
 
 /// How long past its ttl the gateway still knows who started a task.
 const OWNER_GRACE: Duration = Duration::from_secs(60);
@@ -306,7 +306,7 @@ impl GatewayTasks {
         let stop = following.stop.clone();
         self.ctx.spawn("gateway task follow", async move {
             let _slot = slot;
-            crate::mcp::upstream::follow_tasks(up, followed, stop).await;
+            crate::upstream::follow_tasks(up, followed, stop).await;
         });
         Some((following, states))
     }

@@ -1,10 +1,9 @@
 //! MCP plumbing shared by every role. Server side: the [`Source`](source::Source) trait, the
 //! request's [`Caller`](caller::Caller), listen [`admission`], the listen hub and change feed,
 //! the event-log ring, the Events extension over those rings, the rmcp handler that ties
-//! them together, and the process's [`status`] board (what the admin address reports). Client
-//! side: [`upstream`] (one handle per upstream server: connection, catalog, the routing rule,
-//! the contents mapping), with [`template`] (RFC 6570 matching for routing) and [`backoff`]
-//! (the one retry pacing every role uses).
+//! them together, and the process's [`status`] board (what the admin address reports). For the
+//! client side ([`crate::upstream`], above this module and [`crate::transport`]): [`template`]
+//! (RFC 6570 matching for routing) and [`backoff`] (the one retry pacing every role uses).
 
 pub mod admission;
 pub mod backoff;
@@ -24,4 +23,3 @@ pub mod source;
 pub mod status;
 pub mod tasks;
 pub mod template;
-pub mod upstream;

@@ -19,7 +19,12 @@ use std::time::Instant;
 use serde::{Deserialize, Serialize};
 use tokio_util::sync::CancellationToken;
 
-use crate::mcp::upstream::Upstream;
+/// An upstream server as the board sees it: asked for its row when a report is made. The
+/// client ([`crate::upstream::Upstream`]) implements it; the board, below that client, names
+/// only this.
+pub trait ReportsUpstream: Send + Sync {
+    fn report(&self) -> UpstreamReport;
+}
 
 /// A role's open listen streams, asked when a report is made.
 pub type ListenCount = Arc<dyn Fn() -> usize + Send + Sync>;
@@ -162,7 +167,7 @@ struct Role {
 struct Board {
     started: bool,
     roles: Vec<Role>,
-    upstreams: Vec<Weak<Upstream>>,
+    upstreams: Vec<Weak<dyn ReportsUpstream>>,
     backends: Vec<(String, String, Connected)>,
     watches: Option<WatchList>,
     store: Option<PathBuf>,
@@ -224,8 +229,9 @@ impl StatusBoard {
     }
 
     /// Enters a configured upstream: `/ready` waits until it has connected once.
-    pub fn add_upstream(&self, upstream: &Arc<Upstream>) {
-        self.lock().upstreams.push(Arc::downgrade(upstream));
+    pub fn add_upstream<U: ReportsUpstream + 'static>(&self, upstream: &Arc<U>) {
+        let weak: Weak<U> = Arc::downgrade(upstream);
+        self.lock().upstreams.push(weak);
     }
 
     /// Enters a role's NATS backend: `/ready` waits while it is not connected.
@@ -260,7 +266,7 @@ impl StatusBoard {
         self.lock().started = true;
     }
 
-    fn upstreams(&self) -> Vec<Arc<Upstream>> {
+    fn upstreams(&self) -> Vec<Arc<dyn ReportsUpstream>> {
         self.lock()
             .upstreams
             .iter()
@@ -358,9 +364,9 @@ impl StatusBoard {
 mod tests {
     use super::*;
 
-    use crate::mcp::upstream::UpstreamConfig;
     use crate::testing::MemoServer;
     use crate::transport::client::Target;
+    use crate::upstream::UpstreamConfig;
 
     #[tokio::test]
     async fn ready_once_started_with_every_role_serving_and_every_upstream_connected() {

@@ -10,7 +10,7 @@ use serde_json::{Map, Value, json};
 
 use crate::filter::engine::{HostError, PyExc};
 use crate::filter::pool::Catalog as FilterHost;
-use crate::mcp::upstream::{REQUEST_TIMEOUT, Upstream, pick};
+use crate::upstream::{REQUEST_TIMEOUT, Upstream, pick};
 use crate::watch::manager::WatchManager;
 use crate::watch::task::read;
 

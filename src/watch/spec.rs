@@ -5,7 +5,7 @@
 use std::time::Duration;
 
 use crate::mcp::backoff::Backoff;
-use crate::mcp::upstream::Unavailable;
+use crate::upstream::Unavailable;
 use crate::watch::notice::{DebounceConfig, notice_text};
 
 /// Watch client limits and timings. Every field has a default and a flag.

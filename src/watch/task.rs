@@ -20,7 +20,7 @@ use tokio_util::sync::CancellationToken;
 use crate::filter::engine::Outcome as FilterOutcome;
 use crate::filter::pool::FilterError;
 use crate::mcp::source::Body;
-use crate::mcp::upstream::{Live, REQUEST_TIMEOUT, Upstream, contents};
+use crate::upstream::{Live, REQUEST_TIMEOUT, Upstream, contents};
 use crate::watch::events::{Event, LogCursor, StateBase, diff_reads, extract_log_text};
 use crate::watch::manager::WatchManager;
 use crate::watch::notice::{Debounce, Dedupe, Line, default_line, object_key, sanitize_line};

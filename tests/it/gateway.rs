@@ -947,7 +947,7 @@ async fn an_event_log_read_after_a_seq_has_only_what_is_newer() {
         p
     };
     let seqs = |r: rmcp::model::ReadResourceResult| -> Vec<u64> {
-        let c = herald::mcp::upstream::contents(r).unwrap();
+        let c = herald::upstream::contents(r).unwrap();
         let herald::mcp::source::Body::Text(t) = c.body else {
             panic!("text")
         };

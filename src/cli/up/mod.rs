@@ -4,7 +4,7 @@
 //! `./herald-demo`, Slack inert until configured).
 //!
 //! Each in-process role is a gateway slug named after it, reached over an in-memory pipe
-//! (`mcp::upstream::local`), never a socket; the watch client reaches the gateway the same way.
+//! (`upstream::local`), never a socket; the watch client reaches the gateway the same way.
 
 pub mod config;
 
@@ -24,7 +24,6 @@ use crate::gateway::config::Slug;
 use crate::mcp::context::RoleContext;
 use crate::mcp::server::{Limits, SourceServer};
 use crate::mcp::source::DynSource;
-use crate::mcp::upstream::{Upstream, UpstreamConfig, local};
 use crate::source::file::FileSource;
 use crate::source::k8s::kubectl::KubectlConfig;
 use crate::source::k8s::{K8s, K8sConfig};
@@ -33,6 +32,7 @@ use crate::source::slack::Slack;
 use crate::store::Store;
 use crate::transport::client::Target;
 use crate::transport::http::HttpOptions;
+use crate::upstream::{Upstream, UpstreamConfig, local};
 use crate::watch::log::WatchLog;
 use crate::watch::manager::Settled;
 use crate::watch::sink::Sink;

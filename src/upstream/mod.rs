@@ -212,6 +212,12 @@ pub struct Upstream {
     pub relay: Relay,
 }
 
+impl crate::mcp::status::ReportsUpstream for Upstream {
+    fn report(&self) -> UpstreamReport {
+        Upstream::report(self)
+    }
+}
+
 /// Picks among `upstreams` by [`route`], over their last-known catalogs (one that has never
 /// connected has none and is skipped).
 pub fn pick<'a>(upstreams: &'a [Arc<Upstream>], uri: &str) -> Option<&'a Arc<Upstream>> {
