@@ -33,7 +33,6 @@
 //!   task is shown as `slug__<id>`; `tasks/*` route by that id, for the caller that started
 //!   it; a listen's `taskIds` are relayed over one shared upstream listen per task.
 
-mod calls;
 pub mod config;
 mod lists;
 mod names;

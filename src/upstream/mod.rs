@@ -10,10 +10,13 @@
 //! with the reason, and the role decides what its caller may learn.
 
 mod catalog;
+mod client;
+mod error;
 pub mod http;
 mod listen;
 pub mod lists;
 pub mod local;
+pub mod log;
 mod relay;
 
 use crate::sync::Recover;
@@ -25,12 +28,14 @@ use std::time::{Duration, Instant};
 
 use futures::FutureExt;
 use futures::future::{BoxFuture, Shared};
-use rmcp::model::{ClientRequest, CustomRequest, ErrorData, ServerResult};
+use rmcp::model::{ClientRequest, CustomRequest, ServerResult};
 use serde_json::Value;
 
 pub use catalog::{Catalog, ContentsError, contents, is_read_only, route};
+pub use error::UpstreamError;
 pub use listen::{FilterFor, Heard, KeptListen};
 pub use lists::{ListEvents, ListSignal};
+pub use log::{LogCursor, LogFollow};
 pub use relay::{Relay, Relaying};
 
 use crate::mcp::backoff::Backoff;
@@ -126,26 +131,7 @@ pub struct Unavailable {
 impl From<Unavailable> for SourceError {
     /// What a served caller (the gateway's) learns: that the server is down, not why.
     fn from(e: Unavailable) -> SourceError {
-        SourceError::Unavailable(format!(
-            "server {} is unavailable right now; the gateway is reconnecting to it, try again shortly",
-            e.name
-        ))
-    }
-}
-
-/// An upstream's JSON-RPC error, passed on unchanged; a transport failure is `None`.
-pub fn upstream_error(e: rmcp::ServiceError) -> Option<SourceError> {
-    match e {
-        rmcp::ServiceError::McpError(ErrorData {
-            code,
-            message,
-            data,
-        }) => Some(SourceError::Upstream {
-            code: code.0,
-            message: message.into_owned(),
-            data,
-        }),
-        _ => None,
+        UpstreamError::from(e).into()
     }
 }
 
@@ -550,29 +536,16 @@ impl Upstream {
     /// by `bound` (rmcp's timeout, which tells the upstream to cancel), for a caller whose
     /// declared `capabilities` it carries (a relayed call; else this client's own). An
     /// upstream's own error comes back unchanged; a broken connection is forgotten.
-    pub async fn request_declaring_tasks(
+    pub async fn tasks_request(
         self: &Arc<Self>,
         req: ClientRequest,
         bound: Duration,
         capabilities: Option<&rmcp::model::ClientCapabilities>,
-    ) -> Result<ServerResult, SourceError> {
+    ) -> Result<ServerResult, UpstreamError> {
         let live = self.live().await?;
         let mut options = rmcp::service::PeerRequestOptions::with_timeout(bound);
         options.meta = Some(crate::transport::client::tasks_meta(capabilities));
-        let failed = |e: rmcp::ServiceError| {
-            // One slow request is not a broken connection.
-            let timed_out = matches!(e, rmcp::ServiceError::Timeout { .. });
-            upstream_error(e).unwrap_or_else(|| {
-                if !timed_out {
-                    self.reset(&live);
-                }
-                SourceError::Unavailable(format!(
-                    "server {} is unavailable right now (or did not answer within {} s); try again shortly",
-                    self.name,
-                    bound.as_secs()
-                ))
-            })
-        };
+        let failed = |e: rmcp::ServiceError| self.failure(&live, bound, e);
         let handle = live
             .conn
             .send_cancellable_request(req, options)
@@ -581,12 +554,33 @@ impl Upstream {
         handle.await_response().await.map_err(failed)
     }
 
+    /// [`Upstream::tasks_request`] with its failure as a served caller learns it (the
+    /// watch manager's task lookup).
+    pub async fn request_declaring_tasks(
+        self: &Arc<Self>,
+        req: ClientRequest,
+        bound: Duration,
+        capabilities: Option<&rmcp::model::ClientCapabilities>,
+    ) -> Result<ServerResult, SourceError> {
+        Ok(self.tasks_request(req, bound, capabilities).await?)
+    }
+
+    /// The one reading of a failed rmcp request on `live`: by cause, and a broken connection
+    /// (not one slow or refused request) forgotten, so the next use reconnects.
+    fn failure(&self, live: &Arc<Live>, bound: Duration, e: rmcp::ServiceError) -> UpstreamError {
+        let e = UpstreamError::service(&self.name, &self.target, bound, e);
+        if e.is_broken() {
+            self.reset(live);
+        }
+        e
+    }
+
     /// Sends a custom request (`events/list`, `events/poll`) and returns its result object.
     pub async fn custom(
         self: &Arc<Self>,
         method: &str,
         params: Value,
-    ) -> Result<Value, SourceError> {
+    ) -> Result<Value, UpstreamError> {
         self.custom_within(method, params, REQUEST_TIMEOUT).await
     }
 
@@ -596,24 +590,17 @@ impl Upstream {
         method: &str,
         params: Value,
         bound: Duration,
-    ) -> Result<Value, SourceError> {
+    ) -> Result<Value, UpstreamError> {
         let live = self.live().await?;
         let req = ClientRequest::CustomRequest(CustomRequest::new(method, Some(params)));
         match tokio::time::timeout(bound, live.conn.send_request(req)).await {
-            Err(_) => Err(SourceError::Unavailable(format!(
-                "server {} did not answer {method} within {} s",
-                self.name,
-                bound.as_secs()
-            ))),
+            Err(_) => Err(UpstreamError::TimedOut {
+                server: self.name.clone(),
+                after: bound,
+            }),
             Ok(Ok(ServerResult::CustomResult(r))) => Ok(r.0),
             Ok(Ok(other)) => Ok(serde_json::to_value(other).unwrap_or(Value::Null)),
-            Ok(Err(e)) => match upstream_error(e) {
-                Some(e) => Err(e),
-                None => {
-                    self.reset(&live);
-                    Err(self.unavailable(String::new()).into())
-                }
-            },
+            Ok(Err(e)) => Err(self.failure(&live, bound, e)),
         }
     }
 }
@@ -681,7 +668,7 @@ pub async fn follow_tasks(
                         let get = ClientRequest::GetTaskRequest(rmcp::model::GetTaskRequest::new(
                             rmcp::model::GetTaskParams::new(id.clone()),
                         ));
-                        let got = up.request_declaring_tasks(get, REQUEST_TIMEOUT, None).await;
+                        let got = up.tasks_request(get, REQUEST_TIMEOUT, None).await;
                         (id, got)
                     }
                     .boxed()
@@ -694,12 +681,11 @@ pub async fn follow_tasks(
                     Ok(ServerResult::GetTaskResult(r)) => up.relay.offer_task(r.task),
                     // The server does not know it (any more): it will never push it, so it
                     // ends here, saying why.
-                    Err(SourceError::Upstream { code, data, .. })
-                        if code == ErrorData::invalid_params("", None).code.0
-                            && data
-                                .as_ref()
-                                .and_then(|d| d.get("taskId"))
-                                .is_some_and(|t| *t == *id) =>
+                    Err(UpstreamError::Rejected { data, .. })
+                        if data
+                            .as_ref()
+                            .and_then(|d| d.get("taskId"))
+                            .is_some_and(|t| *t == *id) =>
                     {
                         up.relay
                             .offer_task(crate::mcp::tasks::relay::unknown_upstream(&id));
