@@ -14,7 +14,7 @@ use tokio_util::sync::CancellationToken;
 use crate::mcp::server::{Limits, SourceServer};
 use crate::source::memo::Memo;
 use crate::store::Store;
-use crate::transport::client::{ConnectError, Target, connect_stream};
+use crate::transport::client::{ConnectError, Target};
 use crate::upstream::{Dialer, Upstream, UpstreamConfig};
 
 const MAX: usize = 4 << 20;
@@ -89,7 +89,18 @@ impl MemoServer {
                     }
                 });
                 let (cr, cw) = tokio::io::split(client);
-                connect_stream(Target::Stdio("in-process memo".into()), cr, cw, relay, MAX).await
+                {
+                    let tap: Arc<dyn crate::transport::client::Tap> = Arc::new(relay.clone());
+                    crate::transport::client::connect_stream_tapped(
+                        Target::Stdio("in-process memo".into()),
+                        cr,
+                        cw,
+                        relay,
+                        MAX,
+                        Some(tap),
+                    )
+                    .await
+                }
             })
         })
     }

@@ -16,7 +16,10 @@ use rmcp::model::{
 };
 use rmcp::service::{PeerRequestOptions, Subscription};
 
-use super::{CancelOnDrop, ContentsError, Live, REQUEST_TIMEOUT, Upstream, UpstreamError};
+use super::{
+    CancelOnDrop, ContentsError, Live, REQUEST_TIMEOUT, UPWARD_CAPACITY, Upstream, UpstreamError,
+    Upward,
+};
 use crate::mcp::source::{Call, Caller, Contents};
 
 impl Upstream {
@@ -84,35 +87,45 @@ impl Upstream {
         let failed = |e: rmcp::ServiceError| self.failure(&live, REQUEST_TIMEOUT, e);
         let mut options = PeerRequestOptions::with_timeout(REQUEST_TIMEOUT);
         options.meta = call.upstream_meta();
+        // The upstream's progress (under the token rmcp gave this request) and its log
+        // messages come to this call's channel, handed over in wire order by the connection's
+        // tap before the answer behind them is delivered ([`super::Relay`]). The log route is
+        // there before the request leaves (a log message names no request, so none is kept
+        // for later); progress that comes before its token is known waits for it.
+        let (tx, mut upward) = tokio::sync::mpsc::channel(UPWARD_CAPACITY);
+        let _logging = call.log.as_ref().map(|_| self.relay.route_log(tx.clone()));
         let handle = live
             .conn
             .send_cancellable_request(request, options)
             .await
             .map_err(failed)?;
-        // The upstream's progress (under the token rmcp gave this request) goes to this caller,
-        // under the caller's own token.
-        let relaying = call
-            .progress
-            .clone()
-            .map(|p| self.relay.register(handle.progress_token.clone(), p));
-        let logging = call.log.clone().map(|l| self.relay.route_log(l));
+        let _relaying = call.progress.as_ref().map(|_| {
+            self.relay
+                .register(handle.progress_token.clone(), tx.clone())
+        });
+        drop(tx);
         let mut cancel = CancelOnDrop::new(
             self,
             handle.peer.clone(),
             handle.id.clone(),
             "the caller cancelled the request",
         );
-        let answer = handle.await_response().await;
-        cancel.disarm();
-        let answer = answer.map_err(failed)?;
-        // The upstream sent its progress and log messages before its answer, but rmcp handles
-        // notifications in tasks of their own: let those just started forward theirs before the
-        // answer leaves.
-        if relaying.is_some() || logging.is_some() {
-            for _ in 0..4 {
-                tokio::task::yield_now().await;
+        let answer = handle.await_response();
+        tokio::pin!(answer);
+        let answer = loop {
+            tokio::select! {
+                biased;
+                Some(up) = upward.recv() => forward(call, up).await,
+                answer = &mut answer => break answer,
             }
+        };
+        cancel.disarm();
+        // Everything the upstream sent before its answer is in the channel now: it leaves
+        // before the answer does.
+        while let Ok(up) = upward.try_recv() {
+            forward(call, up).await;
         }
+        let answer = answer.map_err(failed)?;
         Ok(answer)
     }
 
@@ -254,6 +267,26 @@ impl Upstream {
         UpstreamError::Unusable {
             server: self.name.clone(),
             why: why.to_owned(),
+        }
+    }
+}
+
+/// Sends what the upstream sent for a call on to its caller: progress under the caller's own
+/// token, a log message through the caller's level filter.
+#[allow(deprecated)] // logging is deprecated by SEP-2577, still in 2026-07-28
+async fn forward(call: &Call, up: Upward) {
+    match up {
+        Upward::Progress(mut p) => {
+            if let Some(to) = &call.progress {
+                p.progress_token = to.token.clone();
+                let _ = to.peer.notify_progress(p).await;
+            }
+        }
+        Upward::Log(l) => {
+            if let Some(to) = &call.log {
+                to.send(l.level, l.logger.as_deref().unwrap_or(""), l.data)
+                    .await;
+            }
         }
     }
 }

@@ -36,14 +36,14 @@ pub use error::UpstreamError;
 pub use listen::{FilterFor, Heard, KeptListen};
 pub use lists::{ListEvents, ListSignal};
 pub use log::{LogCursor, LogFollow};
-pub use relay::{Relay, Relaying};
+pub use relay::{Relay, Relaying, UPWARD_CAPACITY, Upward};
 
 use crate::mcp::backoff::Backoff;
 use crate::mcp::context::RoleContext;
 use crate::mcp::source::SourceError;
 use crate::mcp::status::UpstreamReport;
 use crate::transport::client::{
-    ConnectError, Connection, DEFAULT_CONNECT_TIMEOUT, Target, connect_within,
+    ConnectError, Connection, DEFAULT_CONNECT_TIMEOUT, Target, connect_tapped,
 };
 use crate::transport::explain;
 use crate::transport::tls::ClientTrust;
@@ -150,7 +150,7 @@ impl std::ops::Deref for Live {
     }
 }
 
-/// Opens a connection some other way than [`connect_within`] (tests: an in-process server
+/// Opens a connection some other way than [`connect_tapped`] (tests: an in-process server
 /// over an in-memory pipe).
 pub type Dialer = Arc<
     dyn Fn(Relay) -> Pin<Box<dyn Future<Output = Result<Connection<Relay>, ConnectError>> + Send>>
@@ -240,7 +240,7 @@ impl Upstream {
                 );
                 cfg.supervise && cfg.context.is_some()
             },
-            relay: Relay::new(cfg.context.clone()),
+            relay: Relay::default(),
             ctx: cfg.context,
             dialer: None,
             in_process: None,
@@ -456,12 +456,16 @@ impl Upstream {
         let conn = match &self.dialer {
             Some(dial) => dial(relay).await,
             None => {
-                connect_within(
+                // The relay is the connection's tap too: it sees progress and log messages in
+                // wire order, ahead of the answers behind them.
+                let tap: Arc<dyn crate::transport::client::Tap> = Arc::new(relay.clone());
+                connect_tapped(
                     &self.target,
                     &self.trust,
                     relay,
                     self.max_message_bytes,
                     self.handshake_timeout,
+                    Some(tap),
                 )
                 .await
             }
