@@ -1,13 +1,19 @@
-//! The client side of upstream MCP servers, shared by every role that talks to servers: the
-//! watch client, the gateway, and later the agent. One [`Upstream`] per server keeps one
-//! connection (shared by everything that uses the server), re-made on demand after it breaks,
-//! at most one connect at a time and not before its [`Backoff`] allows; a stdio upstream can be
-//! a supervised child, started again when it exits. Each connect refreshes the server's
-//! [`Catalog`]; [`route`] is the one rule that picks the server for a URI, and [`contents`] the
-//! one mapping of a read's result into herald's [`Contents`](crate::mcp::source::Contents).
+//! The client of upstream MCP servers, shared by every role that talks to servers: the watch
+//! client, the gateway, the agent. It sits above [`crate::mcp`] and [`crate::transport`] and
+//! imports both. One [`Upstream`] per server keeps one connection (shared by everything that
+//! uses the server), re-made on demand after it breaks, at most one connect at a time and not
+//! before its [`Backoff`] allows; a stdio upstream can be a supervised child, started again
+//! when it exits. Each connect refreshes the server's [`Catalog`]; [`route`] is the one rule
+//! that picks the server for a URI, and [`contents`] the one mapping of a read's result into
+//! herald's [`Contents`](crate::mcp::source::Contents).
 //!
-//! What each role does with a failure stays the role's: this module returns [`Unavailable`]
-//! with the reason, and the role decides what its caller may learn.
+//! What a role asks of a server are the operations in `client.rs` (`call_tool`, `get_prompt`,
+//! `complete`, `request`, `read`, `listen`), `log.rs` (`follow_log`: an event log followed by
+//! cursor, with `GAP`) and here (`custom`, `tasks_request`, [`follow_tasks`]); each picks
+//! in-process, direct HTTP or rmcp itself. They fail with an [`UpstreamError`] by cause
+//! (`error.rs`), and what each role does with a failure stays the role's: a served caller
+//! learns that a server is down (`From<UpstreamError> for SourceError`), `herald watch`'s
+//! user learns why.
 
 mod catalog;
 mod client;
