@@ -276,12 +276,14 @@ impl Upstream {
     /// The server, when it runs in this process: a plain tool call or a read may go to it
     /// directly ([`SourceServer::call_in_process`](crate::mcp::server::SourceServer::call_in_process)),
     /// with no serialization; listens and tasks still go over the connection.
-    pub fn in_process(&self) -> Option<&crate::mcp::server::SourceServer> {
+    fn in_process(&self) -> Option<&crate::mcp::server::SourceServer> {
         self.in_process.as_ref()
     }
 
     /// Direct calls to this upstream's HTTP endpoint, when it is one (and not dialled
     /// otherwise) and its last catalog allows them for `tool` ([`Catalog::direct_call`]).
+    /// Roles call through [`Upstream::call_tool`], which picks this way itself; it is public
+    /// for the conformance client (`examples/conformance_client.rs`), which tries both ways.
     pub fn http_calls(&self, tool: &str) -> Option<&http::HttpCalls> {
         if self.dialer.is_some() {
             return None;
