@@ -674,10 +674,11 @@ impl Source for Gateway {
         let live = match tokio::time::timeout(EVENTS_PROBE, up.live()).await {
             Ok(r) => r?,
             Err(_) => {
-                return Err(SourceError::Unavailable(format!(
-                    "server {slug} did not answer within {} s; try again shortly",
-                    EVENTS_PROBE.as_secs()
-                )));
+                return Err(crate::upstream::UpstreamError::TimedOut {
+                    server: slug.to_owned(),
+                    after: EVENTS_PROBE,
+                }
+                .into());
             }
         };
         if !live.events {
