@@ -11,7 +11,7 @@
 //!   was offered, with the context's arguments for it or sample arguments made from its
 //!   schema, all at once (so an input round's `requestState` could leak into a neighbour if
 //!   anything kept it beyond its call). A plain call takes the gateway's way: posted directly
-//!   ([`herald::mcp::upstream::http::HttpCalls`]) when the upstream allows it, else over the
+//!   ([`herald::upstream::http::HttpCalls`]) when the upstream allows it, else over the
 //!   connection. In `sep-2322-client-request-state` every call goes over the connection, whose
 //!   `Connection::call_tool` follows `input_required` rounds (the gateway does not relay input
 //!   requests yet); elicitations are declined, as the gateway's connections decline them;
@@ -27,9 +27,9 @@
 use std::sync::Arc;
 
 use herald::mcp::limits::DEFAULT_MAX_MESSAGE_BYTES;
-use herald::mcp::upstream::{Live, Upstream, UpstreamConfig};
 use herald::transport::client::Target;
 use herald::transport::tls::ClientTrust;
+use herald::upstream::{Live, Upstream, UpstreamConfig};
 use rmcp::model::{
     CallToolRequestParams, GetPromptRequestParams, JsonObject, ReadResourceRequestParams, Tool,
 };

@@ -2,12 +2,13 @@
 //!
 //! Reading order: [`store`] (the one redb file), [`runtime`] (what every role shares at run
 //! time: its context, the status board, the metrics registry, backoff, secrets), [`mcp`]
-//! (plumbing every role shares: the source trait, listen hub, event-log ring, rmcp handler;
-//! on the client side the shared upstream handle and the routing rule), [`transport`]
-//! (stdio, HTTP and QUIC, server and client), [`source`] (the change sources), [`app`]
-//! (binding and running roles, systemd's notify protocol and socket activation, the admin
-//! address), [`cli`] (the command line). `docs/ARCHITECTURE.md` has the map and the
-//! invariants.
+//! (the server plumbing every role shares: the source trait, listen hub, event-log ring, rmcp
+//! handler, the routing templates), [`transport`] (stdio, HTTP and QUIC, server and client),
+//! [`upstream`] (the one client of an upstream server, above `mcp` and `transport`:
+//! connection, catalog, the routing rule, calls, reads, listens, event logs), [`source`] (the
+//! change sources), [`app`] (binding and running roles, systemd's notify protocol and socket
+//! activation, the admin address), [`cli`] (the command line). `docs/ARCHITECTURE.md` has the
+//! map and the invariants.
 
 // stdout is written through `app::console` only: `println!` panics on a closed pipe (`herald ls
 // | head`), where herald must end quietly with status 0.
@@ -29,4 +30,5 @@ pub mod sync;
 #[cfg(test)]
 mod testing;
 pub mod transport;
+pub mod upstream;
 pub mod watch;

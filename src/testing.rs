@@ -10,13 +10,12 @@ use std::sync::{Arc, Mutex};
 use serde_json::Value;
 use tokio_util::sync::CancellationToken;
 
-use crate::mcp::server::SourceServer;
-
 use crate::mcp::limits::Limits;
-use crate::mcp::upstream::{Dialer, Upstream, UpstreamConfig};
+use crate::mcp::server::SourceServer;
 use crate::source::memo::Memo;
 use crate::store::Store;
-use crate::transport::client::{ConnectError, Target, connect_stream};
+use crate::transport::client::{ConnectError, Target};
+use crate::upstream::{Dialer, Upstream, UpstreamConfig};
 
 const MAX: usize = 4 << 20;
 
@@ -89,7 +88,18 @@ impl MemoServer {
                 let service = server.for_connection();
                 tokio::spawn(crate::transport::lines::serve(service, sr, sw, ct));
                 let (cr, cw) = tokio::io::split(client);
-                connect_stream(Target::Stdio("in-process memo".into()), cr, cw, relay, MAX).await
+                {
+                    let tap: Arc<dyn crate::transport::client::Tap> = Arc::new(relay.clone());
+                    crate::transport::client::connect_stream_tapped(
+                        Target::Stdio("in-process memo".into()),
+                        cr,
+                        cw,
+                        relay,
+                        MAX,
+                        Some(tap),
+                    )
+                    .await
+                }
             })
         })
     }

@@ -8,7 +8,7 @@ use serde_json::Value;
 
 use crate::agent::runtime::CodeRunner;
 use crate::filter::pool::{Catalog as FilterHost, FilterError, FilterPool};
-use crate::mcp::upstream::Upstream;
+use crate::upstream::Upstream;
 
 /// The most of a result the model reads back.
 const MAX_RESULT: usize = 16 * 1024;

@@ -1,6 +1,7 @@
 //! Slack for the agent, through herald's Slack source (no Slack client of its own): the inbox
 //! is the source's event log `slack-events://message_posted?addressed_to_bot=true`, followed
-//! by push (a listen, then a read of the events past the cursor on each update), each message
+//! by push ([`Upstream::follow_log`]: a listen, then a read of the events past the cursor on
+//! each update), each message
 //! an input whose reply goes to its thread; replies and notices are posted with the source's
 //! `slack_post_message` tool (`slug__slack_post_message` through a gateway). The source never
 //! offers the bot's own posts, so the bot never answers itself.
@@ -14,10 +15,8 @@ use tokio_util::sync::CancellationToken;
 
 use crate::agent::runtime::{Channel, Event, ReplyTo};
 use crate::filter::pool::Catalog as FilterHost;
-use crate::mcp::upstream::{Upstream, pick};
 use crate::runtime::backoff::Backoff;
-use crate::watch::events::{LogCursor, extract_log};
-use crate::watch::task::{read, subscribe_and_read};
+use crate::upstream::{LogCursor, Upstream, pick};
 
 /// The event log of messages addressed to the bot.
 pub const INBOX: &str = "slack-events://message_posted?addressed_to_bot=true";
@@ -53,8 +52,8 @@ pub fn input_of(event: &Map<String, Value>) -> Option<Event> {
 }
 
 /// Follows the inbox on whichever of `servers` serves it, sending each new message to `tx`,
-/// until `stop`. Messages from before the start are not answered; a gap while resubscribing is
-/// read on the next read (the cursor stays).
+/// until `stop`. Messages from before the start are not answered; what was posted while
+/// resubscribing is read on the next follow (the cursor stays), and a gap is logged.
 pub async fn follow_inbox(
     servers: Vec<Arc<Upstream>>,
     tx: mpsc::Sender<Event>,
@@ -75,73 +74,40 @@ pub async fn follow_inbox(
             let server = pick(&servers, INBOX)
                 .cloned()
                 .ok_or_else(|| format!("no server serves {INBOX}; is herald slack (or herald up with [slack]) among --mcp-*?"))?;
-            let (conn, mut sub, first) = subscribe_and_read(&server, INBOX)
+            let (mut follow, first) = server
+                .follow_log(INBOX, cursor)
                 .await
-                .map_err(|e| e.to_string())?;
-            let take = |text: &str, cur: &mut Option<LogCursor>| -> Vec<Event> {
-                let Ok(body) = serde_json::from_str::<Value>(text) else {
-                    return Vec::new();
-                };
-                match extract_log(cur.unwrap_or_default(), &body) {
-                    Ok((events, next)) => {
-                        let first_read = cur.is_none();
-                        *cur = Some(next);
-                        if first_read {
-                            return Vec::new();
-                        }
-                        events
-                            .iter()
-                            .filter(|e| {
-                                e.get("type").and_then(Value::as_str) == Some("message_posted")
-                            })
-                            .filter_map(input_of)
-                            .collect()
-                    }
-                    Err(_) => Vec::new(),
-                }
-            };
+                .map_err(|e| format!("following {INBOX} on {}: {e}", server.name))?;
             tracing::info!(server = %server.name, uri = INBOX, "following the Slack inbox");
-            // The first read sets the cursor; of what it holds, what was posted since the
-            // start is answered.
-            let mut cur = cursor;
-            let fresh = if cur.is_none() {
-                let body: Value = serde_json::from_str(&first.text).unwrap_or_default();
-                let newer: Vec<Event> = body["events"]
-                    .as_array()
-                    .into_iter()
-                    .flatten()
-                    .filter(|e| e["type"] == "message_posted")
+            // The first follow's read is the baseline: of what it holds, what was posted
+            // since the start is answered. A later one starts past the cursor.
+            let fresh: Vec<&Map<String, Value>> = if cursor.is_none() {
+                first
+                    .iter()
                     .filter(|e| {
-                        e["ts"]
-                            .as_str()
+                        e.get("ts")
+                            .and_then(Value::as_str)
                             .and_then(|t| t.parse::<f64>().ok())
                             .is_some_and(|t| t >= started)
                     })
-                    .filter_map(|e| e.as_object().and_then(input_of))
-                    .collect();
-                let _ = take(&first.text, &mut cur);
-                newer
+                    .collect()
             } else {
-                take(&first.text, &mut cur)
+                first.iter().collect()
             };
-            for ev in fresh {
+            for ev in inputs(fresh) {
                 if tx.send(ev).await.is_err() {
                     return Ok(());
                 }
             }
-            cursor = cur;
+            cursor = Some(follow.cursor());
             let since = std::time::Instant::now();
-            while let Ok(Some(_)) = sub.next().await {
-                let Ok(r) = read(&conn, &server, INBOX).await else {
-                    break;
-                };
-                let mut cur = cursor;
-                for ev in take(&r.text, &mut cur) {
+            while let Some(Ok(events)) = follow.next().await {
+                for ev in inputs(events.iter()) {
                     if tx.send(ev).await.is_err() {
                         return Ok(());
                     }
                 }
-                cursor = cur;
+                cursor = Some(follow.cursor());
             }
             backoff.ran_for(since.elapsed());
             Err("the subscription ended".to_owned())
@@ -159,6 +125,24 @@ pub async fn follow_inbox(
             _ = tokio::time::sleep(backoff.next_delay()) => {}
         }
     }
+}
+
+/// The inputs among a read's events: each message posted; a `GAP` (messages missed while the
+/// inbox was not followed, or a restarted log) is logged.
+fn inputs<'a>(events: impl IntoIterator<Item = &'a Map<String, Value>>) -> Vec<Event> {
+    events
+        .into_iter()
+        .filter(|e| match e.get("type").and_then(Value::as_str) {
+            Some("message_posted") => true,
+            Some("GAP") => {
+                let why = e.get("message").and_then(Value::as_str).unwrap_or_default();
+                tracing::warn!(uri = INBOX, "the Slack inbox missed messages: {why}");
+                false
+            }
+            _ => false,
+        })
+        .filter_map(input_of)
+        .collect()
 }
 
 /// Replies in Slack (with the source's `slack_post_message`) or on the terminal.

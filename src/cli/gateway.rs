@@ -84,7 +84,7 @@ pub fn upstreams(
     slugs: &[crate::gateway::config::Slug],
     limits: &crate::mcp::limits::Limits,
     ctx: &RoleContext,
-) -> Vec<std::sync::Arc<crate::mcp::upstream::Upstream>> {
+) -> Vec<std::sync::Arc<crate::upstream::Upstream>> {
     slugs
         .iter()
         .map(|s| match &s.nats {
@@ -101,11 +101,11 @@ pub fn upstreams(
                     limits.clone(),
                     ctx.shutdown().clone(),
                 );
-                std::sync::Arc::new(crate::mcp::upstream::local::upstream(
-                    crate::mcp::upstream::UpstreamConfig {
+                std::sync::Arc::new(crate::upstream::local::upstream(
+                    crate::upstream::UpstreamConfig {
                         name: s.name.clone(),
                         context: Some(ctx.clone()),
-                        ..crate::mcp::upstream::UpstreamConfig::new(
+                        ..crate::upstream::UpstreamConfig::new(
                             s.target.clone(),
                             Default::default(),
                             limits.max_message_bytes,

@@ -13,7 +13,7 @@ use sha2::Digest;
 
 use crate::gateway::config::Token;
 use crate::mcp::source::{Authentication, Caller, SourceError};
-use crate::mcp::upstream::Upstream;
+use crate::upstream::Upstream;
 
 /// Who may use which slug: the upstreams, the tokens and their entitlements.
 pub(crate) struct Access {

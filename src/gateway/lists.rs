@@ -23,8 +23,8 @@ use tokio_util::sync::CancellationToken;
 use crate::mcp::hub::ChangeFeed;
 use crate::mcp::lists::{List, Lists};
 use crate::mcp::source::{PROMPTS_CHANGED, TOOLS_CHANGED};
-use crate::mcp::upstream::{self, Catalog, Heard, KeptListen, ListEvents, Live, Upstream, lists};
 use crate::runtime::backoff::Backoff;
+use crate::upstream::{self, Catalog, Heard, KeptListen, ListEvents, Live, Upstream, lists};
 
 /// Resubscribe pacing of a kept upstream listen (a slug's list follower here, a shared URI
 /// subscription in `source.rs`): the connect's (250 ms doubling to 30 s, reset by a

@@ -13,9 +13,9 @@ use crate::mcp::server::SourceServer;
 use crate::mcp::source::{
     Admission, Caller, Contents, ListenFilter, Source, SourceError, SourceInfo,
 };
-use crate::mcp::upstream::{UpstreamConfig, local};
 use crate::runtime::context::RoleContext;
 use crate::transport::client::Target;
+use crate::upstream::{UpstreamConfig, local};
 
 const WAIT: Duration = Duration::from_secs(10);
 

@@ -20,9 +20,9 @@
 //!   upstream's `InputRequiredResult` comes back to the caller as it is.
 //! - **Resources**: the union; URIs are not rewritten unless two slugs list the same one, then
 //!   each is `slug+URI`. Routing is the rule every client role shares
-//!   ([`crate::mcp::upstream::route`]): exact, then template, then first subscribable.
+//!   ([`crate::upstream::route`]): exact, then template, then first subscribable.
 //!
-//! Each slug is a shared [`Upstream`](crate::mcp::upstream::Upstream): its connection, kept
+//! Each slug is a shared [`Upstream`](crate::upstream::Upstream): its connection, kept
 //! and re-made with backoff (a stdio slug is a supervised child, started again when it exits),
 //! and its catalog, refreshed on every connect.
 //! - **Listens**: one upstream subscription per watched URI, shared by every client watching
@@ -43,7 +43,6 @@
 //!   it; a listen's `taskIds` are relayed over one shared upstream listen per task.
 
 mod access;
-mod calls;
 pub mod config;
 mod lists;
 mod names;

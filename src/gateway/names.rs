@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use super::access::Access;
 use crate::mcp::source::{Caller, SourceError};
-use crate::mcp::upstream::Upstream;
+use crate::upstream::Upstream;
 
 /// Which of a slug's names a route looks up: its tools or its prompts.
 #[derive(Clone, Copy)]

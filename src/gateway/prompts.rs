@@ -8,15 +8,15 @@
 use std::sync::Arc;
 
 use rmcp::model::{
-    CallToolResponse, ClientRequest, CompleteRequestParams, CompleteResult, GetPromptRequestParams,
-    GetPromptResponse, InputRequiredResult, JsonObject, Prompt, Reference, ServerResult,
+    CallToolResponse, CompleteRequestParams, CompleteResult, GetPromptResponse,
+    InputRequiredResult, JsonObject, Prompt, Reference,
 };
 
 use super::access::Access;
 use super::names::Names;
 use super::source::Gateway;
 use crate::mcp::source::{Call, Caller, Input, SourceError};
-use crate::mcp::upstream::{REQUEST_TIMEOUT, Upstream};
+use crate::upstream::Upstream;
 
 /// The `requestState` an upstream hands a caller goes out sealed to that caller and that slug
 /// (the upstream serves the gateway, one client for all its callers, so it cannot tell them
@@ -108,48 +108,12 @@ impl Gateway {
         let (up, prompt) = route?;
         self.access()
             .open_state(caller, &up.name, &mut call.input)?;
-        Ok(match self.relay_prompt(&up, prompt, args, call).await? {
+        Ok(match up.get_prompt(prompt, args, call).await? {
             GetPromptResponse::InputRequired(r) => {
                 GetPromptResponse::InputRequired(self.access().seal_state(caller, &up.name, r))
             }
             r => r,
         })
-    }
-
-    /// Relays `prompts/get` of `prompt` (its upstream name) to `up`.
-    async fn relay_prompt(
-        &self,
-        up: &Arc<Upstream>,
-        prompt: String,
-        args: JsonObject,
-        call: Call,
-    ) -> Result<GetPromptResponse, SourceError> {
-        if let Some(local) = up.in_process() {
-            let me = Caller::local();
-            let get = local.prompt_in_process(&me, &prompt, args, call);
-            return tokio::time::timeout(REQUEST_TIMEOUT, get)
-                .await
-                .unwrap_or_else(|_| {
-                    Err(SourceError::Unavailable(format!(
-                        "server {} did not answer within {} s; try again shortly",
-                        up.name,
-                        REQUEST_TIMEOUT.as_secs()
-                    )))
-                });
-        }
-        let mut params = GetPromptRequestParams::new(prompt);
-        params.arguments = Some(args);
-        params.input_responses = call.input.responses.clone();
-        params.request_state = call.input.request_state.clone();
-        let request = ClientRequest::GetPromptRequest(rmcp::model::Request::new(params));
-        match super::calls::relay(up, request, &call).await? {
-            ServerResult::GetPromptResult(r) => Ok(GetPromptResponse::Complete(r)),
-            ServerResult::InputRequiredResult(r) => Ok(GetPromptResponse::InputRequired(r)),
-            _ => Err(SourceError::Unavailable(format!(
-                "server {} answered prompts/get with something other than a prompt",
-                up.name
-            ))),
-        }
     }
 
     /// The slug whose template (or resource) `uri` is, written as listed: `slug+…` names it,
@@ -205,29 +169,6 @@ impl Gateway {
                 ));
             }
         };
-        if let Some(local) = up.in_process() {
-            return local
-                .complete_in_process(&Caller::local(), request)
-                .await
-                .or_else(|e| match e {
-                    SourceError::Upstream { code, .. }
-                        if code == rmcp::model::ErrorCode::METHOD_NOT_FOUND.0 =>
-                    {
-                        Ok(CompleteResult::default())
-                    }
-                    e => Err(e),
-                });
-        }
-        if up.catalog().is_some_and(|c| !c.completions) {
-            return Ok(CompleteResult::default());
-        }
-        let request = ClientRequest::CompleteRequest(rmcp::model::Request::new(request));
-        match super::calls::relay(&up, request, &Call::default()).await? {
-            ServerResult::CompleteResult(r) => Ok(r),
-            _ => Err(SourceError::Unavailable(format!(
-                "server {} answered completion/complete with something other than completions",
-                up.name
-            ))),
-        }
+        Ok(up.complete(request).await?)
     }
 }

@@ -7,8 +7,8 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use rmcp::model::{
-    CallToolResponse, JsonObject, ReadResourceRequestParams, Resource, ResourceTemplate,
-    ServerNotification, SubscriptionFilter, Tool,
+    CallToolResponse, JsonObject, Resource, ResourceTemplate, ServerNotification,
+    SubscriptionFilter, Tool,
 };
 use serde_json::{Value, json};
 use tokio_util::sync::CancellationToken;
@@ -23,11 +23,9 @@ use crate::mcp::source::{
     Admission, Authentication, Call, Caller, Contents, ListenFilter, Read, Source, SourceError,
     SourceInfo, WatchGuard,
 };
-use crate::mcp::upstream::{
-    self, Heard, KeptListen, REQUEST_TIMEOUT, Upstream, UpstreamConfig, upstream_error,
-};
 use crate::runtime::context::RoleContext;
 use crate::runtime::metrics::{Counter, Metrics};
+use crate::upstream::{self, Heard, KeptListen, REQUEST_TIMEOUT, Upstream, UpstreamConfig};
 
 /// How long the handshake waits for one slug's answer on whether it serves Events.
 const EVENTS_PROBE: Duration = Duration::from_secs(3);
@@ -421,56 +419,8 @@ impl Source for Gateway {
 
     async fn read(&self, caller: &Caller, read: Read<'_>) -> Result<Contents, SourceError> {
         let (up, upstream_uri) = self.route(caller, read.uri)?;
-        if let Some(local) = up.in_process() {
-            let me = Caller::local();
-            let read = local.read_in_process(&me, Read::after(&upstream_uri, read.after));
-            return tokio::time::timeout(REQUEST_TIMEOUT, read)
-                .await
-                .unwrap_or_else(|_| {
-                    Err(SourceError::Unavailable(format!(
-                        "server {} did not answer within {} s",
-                        up.name,
-                        REQUEST_TIMEOUT.as_secs()
-                    )))
-                });
-        }
-        let live = up.live().await?;
-        let r = tokio::time::timeout(
-            REQUEST_TIMEOUT,
-            live.conn
-                .read_resource(read_params(&upstream_uri, read.after)),
-        )
-        .await
-        .map_err(|_| {
-            SourceError::Unavailable(format!(
-                "server {} did not answer within {} s",
-                up.name,
-                REQUEST_TIMEOUT.as_secs()
-            ))
-        })?;
-        let r = match r {
-            Ok(r) => r,
-            Err(e) => {
-                return Err(upstream_error(e).unwrap_or_else(|| {
-                    up.reset(&live);
-                    SourceError::Unavailable(format!(
-                        "server {} is unavailable right now; try again shortly",
-                        up.name
-                    ))
-                }));
-            }
-        };
-        upstream::contents(r).map_err(|e| {
-            SourceError::Unavailable(match e {
-                upstream::ContentsError::Empty => {
-                    format!("server {} returned no contents", up.name)
-                }
-                upstream::ContentsError::Unsupported => format!(
-                    "server {} returned contents of a kind the gateway does not relay",
-                    up.name
-                ),
-            })
-        })
+        // The reader's `io.herald/after` hint goes on upstream.
+        Ok(up.read(&upstream_uri, read.after).await?)
     }
 
     /// Each URI this caller may watch starts (or joins) its shared upstream subscription;
@@ -569,7 +519,7 @@ impl Source for Gateway {
         };
         let (up, tool) = route?;
         self.access.open_state(caller, &up.name, &mut call.input)?;
-        let r = self.relay_call(&up, &tool, args, call).await?;
+        let r = up.call_tool(&tool, args, call).await?;
         Ok(self.access.sealed_call(caller, &up.name, r))
     }
 
@@ -624,10 +574,11 @@ impl Source for Gateway {
         let live = match tokio::time::timeout(EVENTS_PROBE, up.live()).await {
             Ok(r) => r?,
             Err(_) => {
-                return Err(SourceError::Unavailable(format!(
-                    "server {slug} did not answer within {} s; try again shortly",
-                    EVENTS_PROBE.as_secs()
-                )));
+                return Err(crate::upstream::UpstreamError::TimedOut {
+                    server: slug.to_owned(),
+                    after: EVENTS_PROBE,
+                }
+                .into());
             }
         };
         if !live.events {
@@ -665,19 +616,6 @@ pub fn events_list_failed(metrics: &Metrics) -> Counter {
         "herald_events_list_failed_total",
         "events/list calls that failed after the handshake advertised events",
     )
-}
-
-/// A read of `uri` upstream, passing on the reader's `io.herald/after` hint.
-fn read_params(uri: &str, after: Option<u64>) -> ReadResourceRequestParams {
-    let mut p = ReadResourceRequestParams::new(uri.to_owned());
-    if let Some(n) = after {
-        let mut meta = rmcp::model::RequestMetaObject::new();
-        meta.0
-            .0
-            .insert(crate::mcp::source::READ_AFTER_META.into(), n.into());
-        p.meta = Some(meta);
-    }
-    p
 }
 
 #[cfg(test)]

@@ -1,8 +1,8 @@
 use super::*;
 use crate::mcp::source::{Body, Call};
-use crate::mcp::upstream::local;
 use crate::testing::MemoServer;
 use crate::transport::client::Target;
+use crate::upstream::local;
 
 fn set(key: &str, value: i64) -> JsonObject {
     json!({"key": key, "value": value})

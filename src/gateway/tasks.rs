@@ -27,8 +27,8 @@ use crate::mcp::server::to_mcp_error;
 use crate::mcp::source::{Call, Caller, SourceError};
 use crate::mcp::tasks::relay::{Relayed, RelayedListen, Started, TaskRelay, Watched};
 use crate::mcp::tasks::{MAX_TASKS, MAX_TASKS_PER_OWNER, unknown_task};
-use crate::mcp::upstream::{REQUEST_TIMEOUT, Upstream};
 use crate::runtime::context::RoleContext;
+use crate::upstream::{REQUEST_TIMEOUT, Upstream, UpstreamError};
 
 /// How long past its ttl the gateway still knows who started a task.
 const OWNER_GRACE: Duration = Duration::from_secs(60);
@@ -251,20 +251,19 @@ impl GatewayTasks {
         upstream_id: &str,
         req: ClientRequest,
     ) -> Result<ServerResult, McpError> {
-        match up.request_declaring_tasks(req, REQUEST_TIMEOUT, None).await {
+        match up.tasks_request(req, REQUEST_TIMEOUT, None).await {
             Ok(r) => Ok(r),
-            Err(SourceError::Upstream { code, data, .. })
-                if code == rmcp::model::ErrorCode::INVALID_PARAMS.0
-                    && data
-                        .as_ref()
-                        .and_then(|d| d.get("taskId"))
-                        .is_some_and(|t| t == upstream_id) =>
+            Err(UpstreamError::Rejected { data, .. })
+                if data
+                    .as_ref()
+                    .and_then(|d| d.get("taskId"))
+                    .is_some_and(|t| t == upstream_id) =>
             {
                 // The slug forgot it (its ttl passed there): so does the gateway.
                 self.owners().remove(id);
                 Err(unknown_task(id))
             }
-            Err(e) => Err(to_mcp_error(e)),
+            Err(e) => Err(to_mcp_error(e.into())),
         }
     }
 
@@ -307,7 +306,7 @@ impl GatewayTasks {
         let stop = following.stop.clone();
         self.ctx.spawn("gateway task follow", async move {
             let _slot = slot;
-            crate::mcp::upstream::follow_tasks(up, followed, stop).await;
+            crate::upstream::follow_tasks(up, followed, stop).await;
         });
         Some((following, states))
     }
@@ -346,13 +345,13 @@ impl TaskRelay for GatewayTasks {
         // The caller's own capabilities (an upstream's input rounds before its task ask only
         // for what the caller can give), with the extension.
         let answer = up
-            .request_declaring_tasks(
+            .tasks_request(
                 ClientRequest::CallToolRequest(rmcp::model::Request::new(params)),
                 REQUEST_TIMEOUT,
                 call.capabilities.as_ref(),
             )
             .await
-            .map_err(to_mcp_error)?;
+            .map_err(|e| to_mcp_error(e.into()))?;
         match answer {
             ServerResult::CreateTaskResult(t) => {
                 let mut task = t.task;

@@ -1,10 +1,10 @@
 //! MCP plumbing shared by every role. Server side: the [`Source`](source::Source) trait, the
 //! request's [`Caller`](caller::Caller), listen [`admission`], the listen hub and change feed,
 //! the event-log ring, the Events extension over those rings, the rmcp handler that ties
-//! them together. Client side: [`upstream`] (one handle per upstream server: connection,
-//! catalog, the routing rule, the contents mapping), with [`template`] (RFC 6570 matching for
-//! routing). What every role shares at run time (its context, the status board, metrics,
-//! backoff, secrets) is [`crate::runtime`], below this module.
+//! them together, with [`template`] (RFC 6570 matching, which the client side's routing uses
+//! too). The client side is [`crate::upstream`], above this module and [`crate::transport`];
+//! what every role shares at run time (its context, the status board, metrics, backoff,
+//! secrets) is [`crate::runtime`], below this module.
 
 pub mod admission;
 pub mod caller;
@@ -21,4 +21,3 @@ pub mod server;
 pub mod source;
 pub mod tasks;
 pub mod template;
-pub mod upstream;

@@ -1,5 +1,5 @@
 //! RFC 6570 URI template matching, for routing a URI to the upstream whose template covers it
-//! (the shared routing rule in [`crate::mcp::upstream`], used by the watch client and the gateway).
+//! (the shared routing rule in [`crate::upstream`], used by the watch client and the gateway).
 //!
 //! Covers the levels the reference URIs need: simple `{var}` (any characters but `/`, `?`,
 //! `#`; lenient, so `root:app` matches as a kcp workspace), reserved `{+var}` (anything but `?`

@@ -363,9 +363,9 @@ impl StatusBoard {
 mod tests {
     use super::*;
 
-    use crate::mcp::upstream::UpstreamConfig;
     use crate::testing::MemoServer;
     use crate::transport::client::Target;
+    use crate::upstream::UpstreamConfig;
 
     #[tokio::test]
     async fn ready_once_started_with_every_role_serving_and_every_upstream_connected() {

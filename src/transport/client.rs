@@ -202,6 +202,57 @@ pub async fn connect_within<H: ClientHandler>(
     max_message_bytes: usize,
     within: Duration,
 ) -> Result<Connection<H>, ConnectError> {
+    connect_tapped(target, trust, handler, max_message_bytes, within, None).await
+}
+
+/// What sees every message a server sends on a connection, in wire order, before rmcp
+/// handles it (rmcp handles each notification in a task of its own, so its handler sees them
+/// in no certain order, and maybe after the response that followed them on the wire). It
+/// runs in the connection's receive loop: it must not block.
+pub trait Tap: Send + Sync + 'static {
+    fn seen(&self, message: &rmcp::service::RxJsonRpcMessage<RoleClient>);
+}
+
+/// A client transport whose [`Tap`] sees each message as it is received.
+struct Tapped<T> {
+    inner: T,
+    tap: Option<std::sync::Arc<dyn Tap>>,
+}
+
+impl<T: rmcp::transport::Transport<RoleClient>> rmcp::transport::Transport<RoleClient>
+    for Tapped<T>
+{
+    type Error = T::Error;
+
+    fn send(
+        &mut self,
+        item: rmcp::service::TxJsonRpcMessage<RoleClient>,
+    ) -> impl std::future::Future<Output = Result<(), Self::Error>> + Send + 'static {
+        self.inner.send(item)
+    }
+
+    async fn receive(&mut self) -> Option<rmcp::service::RxJsonRpcMessage<RoleClient>> {
+        let message = self.inner.receive().await?;
+        if let Some(tap) = &self.tap {
+            tap.seen(&message);
+        }
+        Some(message)
+    }
+
+    fn close(&mut self) -> impl std::future::Future<Output = Result<(), Self::Error>> + Send {
+        self.inner.close()
+    }
+}
+
+/// [`connect_within`], with `tap` seeing every message the server sends, in wire order.
+pub async fn connect_tapped<H: ClientHandler>(
+    target: &Target,
+    trust: &ClientTrust,
+    handler: H,
+    max_message_bytes: usize,
+    within: Duration,
+    tap: Option<std::sync::Arc<dyn Tap>>,
+) -> Result<Connection<H>, ConnectError> {
     // reqwest (rmcp's HTTP client) uses the process-wide rustls provider; make sure it is ring
     // even when herald is used as a library. A second install is a harmless no-op.
     let _ = rustls::crypto::ring::default_provider().install_default();
@@ -237,8 +288,15 @@ pub async fn connect_within<H: ClientHandler>(
                 })?;
             let stdin = child.stdin.take().expect("piped");
             let stdout = child.stdout.take().expect("piped");
-            let mut conn =
-                connect_stream(target.clone(), stdout, stdin, handler, max_message_bytes).await?;
+            let mut conn = connect_stream_tapped(
+                target.clone(),
+                stdout,
+                stdin,
+                handler,
+                max_message_bytes,
+                tap,
+            )
+            .await?;
             conn._child = Some(child);
             Ok(conn)
         }
@@ -249,7 +307,10 @@ pub async fn connect_within<H: ClientHandler>(
                 config = config.auth_header(t.0.clone());
             }
             let client = mcp_http_client().map_err(|e| unreachable(e.to_string()))?;
-            let transport = StreamableHttpClientTransport::with_client(client, config);
+            let transport = Tapped {
+                inner: StreamableHttpClientTransport::with_client(client, config),
+                tap,
+            };
             let service =
                 tokio::time::timeout(within, handler.serve_with_lifecycle(transport, lifecycle()))
                     .await
@@ -272,6 +333,10 @@ pub async fn connect_within<H: ClientHandler>(
             if let Some(t) = &trust.token {
                 transport = transport.with_request_meta(TOKEN_META_KEY, t.0.clone());
             }
+            let transport = Tapped {
+                inner: transport,
+                tap,
+            };
             let service = tokio::time::timeout_at(
                 deadline,
                 handler.serve_with_lifecycle(transport, lifecycle()),
@@ -307,7 +372,27 @@ where
     R: tokio::io::AsyncRead + Send + Unpin + 'static,
     W: tokio::io::AsyncWrite + Send + Unpin + 'static,
 {
-    let transport = LineTransport::<RoleClient, _>::new(read, write, max_message_bytes, false);
+    connect_stream_tapped(target, read, write, handler, max_message_bytes, None).await
+}
+
+/// [`connect_stream`], with `tap` seeing every message the server sends, in wire order.
+pub async fn connect_stream_tapped<H, R, W>(
+    target: Target,
+    read: R,
+    write: W,
+    handler: H,
+    max_message_bytes: usize,
+    tap: Option<std::sync::Arc<dyn Tap>>,
+) -> Result<Connection<H>, ConnectError>
+where
+    H: ClientHandler,
+    R: tokio::io::AsyncRead + Send + Unpin + 'static,
+    W: tokio::io::AsyncWrite + Send + Unpin + 'static,
+{
+    let transport = Tapped {
+        inner: LineTransport::<RoleClient, _>::new(read, write, max_message_bytes, false),
+        tap,
+    };
     let service = handler
         .serve_with_lifecycle(transport, lifecycle())
         .await

@@ -1,28 +1,20 @@
 //! Turning reads into events: the state diff (lists by item key, objects by top-level key,
-//! anything else as whole text) and event-log delivery by `seq` with `GAP`.
+//! anything else as whole text). Event-log delivery by `seq` with `GAP` (and `changed`) lives
+//! with the client, in [`crate::upstream::log`], shared with the agent's inbox; it is
+//! re-exported here.
 //!
 //! Pure functions over JSON; the watch manager owns the previous read and the last seq.
 //! Events are JSON objects shaped as the filter's `event` dict (without `watch` / `uri`, which
 //! the manager adds).
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::HashMap;
 use std::ops::Range;
 
-use serde_json::{Map, Value};
+use serde_json::Value;
 
 use crate::watch::raw::{Layout, layout};
 
-/// Paths (from an item's root) never reported in `changed`.
-const IGNORED: [&str; 3] = [
-    "metadata.resourceVersion",
-    "metadata.generation",
-    "metadata.managedFields",
-];
-
-/// How deep `changed` paths go.
-const CHANGED_DEPTH: usize = 3;
-
-pub type Event = Map<String, Value>;
+pub use crate::upstream::log::{Event, LogCursor, changed_paths, extract_log, extract_log_text};
 
 /// A state read: JSON when it parses, else text.
 #[derive(Debug, Clone, PartialEq)]
@@ -77,43 +69,6 @@ fn item_key_ref(item: &Value) -> std::borrow::Cow<'_, str> {
         };
     }
     scalar(obj.get("name")).unwrap_or_else(|| Cow::Owned(item.to_string()))
-}
-
-/// Sorted dotted paths where `old` and `new` differ, at most three levels deep, ignoring
-/// the Kubernetes bookkeeping fields. Values that are not both objects differ at the root,
-/// reported as the empty path.
-pub fn changed_paths(old: &Value, new: &Value) -> Vec<String> {
-    let mut out = BTreeSet::new();
-    walk(old, new, "", 0, &mut out);
-    out.into_iter().collect()
-}
-
-fn walk(old: &Value, new: &Value, path: &str, depth: usize, out: &mut BTreeSet<String>) {
-    if IGNORED.contains(&path) || old == new {
-        return;
-    }
-    match (old, new) {
-        (Value::Object(a), Value::Object(b)) if depth < CHANGED_DEPTH => {
-            for k in a.keys().chain(b.keys()) {
-                let sub = if path.is_empty() {
-                    k.clone()
-                } else {
-                    format!("{path}.{k}")
-                };
-                let null = Value::Null;
-                walk(
-                    a.get(k).unwrap_or(&null),
-                    b.get(k).unwrap_or(&null),
-                    &sub,
-                    depth + 1,
-                    out,
-                );
-            }
-        }
-        _ => {
-            out.insert(path.to_owned());
-        }
-    }
 }
 
 /// Looks up a dotted path (`""` is the value itself).
@@ -336,136 +291,10 @@ fn diff_parsed(old: &StateBase, new: &StateBase) -> Vec<Event> {
     )
 }
 
-/// Where an event-log watch is: the highest seq delivered.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub struct LogCursor {
-    pub last: Option<u64>,
-}
-
-/// [`extract_log`] on a read's text, building in full only the events it can return: the
-/// others (those at or below the cursor, most of a busy ring) are only scanned for their
-/// `seq`. Same result as parsing the whole body and calling [`extract_log`].
-pub fn extract_log_text(cursor: LogCursor, text: &str) -> Result<(Vec<Event>, LogCursor), String> {
-    use serde_json::value::RawValue;
-    #[derive(serde::Deserialize)]
-    struct Log<'a> {
-        #[serde(borrow)]
-        events: Vec<&'a RawValue>,
-    }
-    #[derive(serde::Deserialize)]
-    struct Seq {
-        seq: Option<Value>,
-    }
-    const SHAPE: &str = "an event-log read must be {\"events\":[...]}";
-    let log: Log = serde_json::from_str(text).map_err(|_| SHAPE.to_owned())?;
-    let held: Vec<(u64, &RawValue)> = log
-        .events
-        .iter()
-        .filter_map(|r| {
-            let s = serde_json::from_str::<Seq>(r.get()).ok()?.seq?;
-            Some((s.as_u64()?, *r))
-        })
-        .collect();
-    let newest = held.iter().map(|(s, _)| *s).max();
-    let oldest = held.iter().map(|(s, _)| *s).min();
-    // What extract_log looks at: the oldest and newest seqs, and every event past the
-    // cursor (all of them when the log restarted below it).
-    let keep = |s: u64| match cursor.last {
-        None => Some(s) == newest,
-        Some(last) => {
-            newest.is_some_and(|n| n < last) || s > last || Some(s) == oldest || Some(s) == newest
-        }
-    };
-    let mut events = Vec::new();
-    for (s, r) in held {
-        if keep(s) {
-            events.push(serde_json::from_str::<Value>(r.get()).map_err(|e| e.to_string())?);
-        }
-    }
-    let mut body = Map::new();
-    body.insert("events".into(), Value::Array(events));
-    extract_log(cursor, &Value::Object(body))
-}
-
-/// Reads an event-log body (`{"events":[...]}`) against `cursor`: returns the events with seq
-/// greater than the last seen (a `GAP` first when the oldest held seq is beyond last + 1; a
-/// `GAP` with `reset` when the log restarted below the cursor) and the new cursor. The first
-/// read only sets the cursor (the baseline). A MODIFIED carrying `old` and `object` gets
-/// `changed`, and is dropped when nothing but bookkeeping changed.
-pub fn extract_log(cursor: LogCursor, body: &Value) -> Result<(Vec<Event>, LogCursor), String> {
-    let events = body
-        .get("events")
-        .and_then(Value::as_array)
-        .ok_or("an event-log read must be {\"events\":[...]}")?;
-    let mut held: Vec<(u64, &Value)> = events
-        .iter()
-        .filter_map(|e| e.get("seq").and_then(Value::as_u64).map(|s| (s, e)))
-        .collect();
-    held.sort_by_key(|(s, _)| *s);
-    let newest = held.last().map(|(s, _)| *s);
-    let Some(last) = cursor.last else {
-        return Ok((
-            Vec::new(),
-            LogCursor {
-                last: newest.or(Some(0)),
-            },
-        ));
-    };
-    let mut out = Vec::new();
-    let (from, reset) = match newest {
-        Some(n) if n < last => (0, true),
-        _ => (last, false),
-    };
-    let fresh: Vec<&(u64, &Value)> = held.iter().filter(|(s, _)| *s > from).collect();
-    // `last == 0` means the baseline read found an empty log: nothing was seen, so nothing
-    // can have been missed (seq numbers start at 1, often far above it).
-    let oldest_held = held.first().map(|(s, _)| *s);
-    if let (Some((first_new, _)), Some(oldest)) = (fresh.first(), oldest_held)
-        && (reset || (last > 0 && oldest > from + 1))
-    {
-        let mut gap = Event::new();
-        gap.insert("type".into(), "GAP".into());
-        gap.insert("after_seq".into(), last.into());
-        gap.insert("next_seq".into(), (*first_new).into());
-        if reset {
-            gap.insert("reset".into(), true.into());
-            gap.insert(
-                "message".into(),
-                "the event log restarted; events since the last one seen may be missing".into(),
-            );
-        } else {
-            gap.insert(
-                "message".into(),
-                format!("events {} to {} were missed", from + 1, first_new - 1).into(),
-            );
-        }
-        out.push(gap);
-    }
-    for (_, e) in &fresh {
-        let Some(obj) = e.as_object() else { continue };
-        let mut ev = obj.clone();
-        if ev.get("type").and_then(Value::as_str) == Some("MODIFIED")
-            && let (Some(old), Some(new)) = (obj.get("old"), obj.get("object"))
-        {
-            let changed = changed_paths(old, new);
-            if changed.is_empty() {
-                continue;
-            }
-            ev.insert(
-                "changed".into(),
-                changed.into_iter().map(Value::from).collect(),
-            );
-        }
-        ev.entry("old").or_insert(Value::Null);
-        out.push(ev);
-    }
-    let last = newest.map_or(last, |n| if reset { n } else { n.max(last) });
-    Ok((out, LogCursor { last: Some(last) }))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use serde_json::Map;
     use serde_json::json;
 
     fn types(evs: &[Event]) -> Vec<(String, String)> {

@@ -12,9 +12,8 @@ use serde_json::{Map, Value, json};
 
 use crate::filter::engine::{HostError, PyExc};
 use crate::filter::pool::Catalog as FilterHost;
-use crate::mcp::upstream::{REQUEST_TIMEOUT, Upstream, pick};
+use crate::upstream::{REQUEST_TIMEOUT, Upstream, pick};
 use crate::watch::spec::{WatchError, WatchInfo};
-use crate::watch::task::read;
 
 /// What filters may call: `read_resource`, `list_resources`, and the read-only tools of the
 /// connected servers. Mutating tools and the watch built-ins are named too, so that calling
@@ -187,7 +186,7 @@ impl FilterCatalog {
         }
         let params = rmcp::model::CallToolRequestParams::new(tool.to_owned()).with_arguments(args);
         let answer = server
-            .request_declaring_tasks(
+            .tasks_request(
                 rmcp::model::ClientRequest::CallToolRequest(rmcp::model::Request::new(params)),
                 REQUEST_TIMEOUT,
                 None,
@@ -377,14 +376,20 @@ impl FilterHost for FilterCatalog {
                         format!("no connected server serves {uri}"),
                     )
                 })?;
-                let conn = server
-                    .live()
-                    .await
-                    .map_err(|e| py_err(PyExc::RuntimeError, e.to_string()))?;
-                let r = read(&conn, &server, uri)
-                    .await
-                    .map_err(|e| py_err(PyExc::RuntimeError, e.to_string()))?;
-                Ok(serde_json::from_str(&r.text).unwrap_or(Value::String(r.text)))
+                let c = server.read(uri, None).await.map_err(|e| {
+                    py_err(
+                        PyExc::RuntimeError,
+                        format!("reading {uri} from {}: {e}", server.name),
+                    )
+                })?;
+                let text = match c.body {
+                    crate::mcp::source::Body::Text(t) => t,
+                    crate::mcp::source::Body::Blob(b) => {
+                        use base64::Engine as _;
+                        base64::engine::general_purpose::STANDARD.encode(b)
+                    }
+                };
+                Ok(serde_json::from_str(&text).unwrap_or(Value::String(text)))
             }
             "list_resources" => {
                 let mut all = Vec::new();

@@ -10,7 +10,7 @@ use rmcp::model::DetailedTask;
 use tokio_util::sync::CancellationToken;
 
 use crate::mcp::tasks::relay::{Relayed, RelayedListen, Watched};
-use crate::mcp::upstream::{Upstream, follow_tasks};
+use crate::upstream::{Upstream, follow_tasks};
 use crate::watch::handle::{Stats, WatchHandle};
 use crate::watch::spec::{Notice, WatchSpec};
 

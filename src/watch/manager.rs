@@ -1,6 +1,6 @@
 //! [`WatchManager`]: the watch client's front door. It starts, stops and lists watches (at
 //! most `max_watches` at once, names unique), routes each URI to a server by the shared rule
-//! ([`crate::mcp::upstream::route`]), dry-runs a watch's filter before subscribing, saves and
+//! ([`crate::upstream::route`]), dry-runs a watch's filter before subscribing, saves and
 //! restores specs (`--watch-state`), and hands every notice to one bounded channel. Each
 //! running watch is a `WatchTask` (`task.rs`), or for a task a follower (`follow.rs`), given
 //! only a `WatchHandle` (`handle.rs`): none of them knows the manager. Code mode's watch
@@ -28,9 +28,9 @@ use crate::filter::shape;
 use crate::mcp::ring::EVENT_LOG_MIME;
 use crate::mcp::source::SourceError;
 use crate::mcp::tasks::relay::Relayed;
-use crate::mcp::upstream::{REQUEST_TIMEOUT, Upstream, pick};
 use crate::runtime::status::{StatusBoard, WatchReport};
 use crate::store::{Store, Table};
+use crate::upstream::{REQUEST_TIMEOUT, Upstream, pick};
 use crate::watch::events::{LogCursor, StateBase, extract_log};
 use crate::watch::filter_catalog::{FilterCatalog, Watches};
 use crate::watch::follow::{self, task_id};

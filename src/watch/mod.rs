@@ -31,10 +31,10 @@ pub use manager::WatchManager;
 pub use spec::{Notice, Restart, Shape, WatchConfig, WatchError, WatchInfo, WatchSpec};
 
 use crate::filter::pool::{FilterPool, PoolConfig};
-use crate::mcp::upstream::{UNPACED, Upstream, UpstreamConfig};
 use crate::store::Store;
 use crate::transport::client::Target;
 use crate::transport::tls::ClientTrust;
+use crate::upstream::{UNPACED, Upstream, UpstreamConfig};
 use crate::watch::log::WatchLog;
 use crate::watch::manager::{Failed, Settled};
 use crate::watch::sink::Sink;

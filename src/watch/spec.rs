@@ -4,8 +4,8 @@
 
 use std::time::Duration;
 
-use crate::mcp::upstream::Unavailable;
 use crate::runtime::backoff::Backoff;
+use crate::upstream::Unavailable;
 use crate::watch::notice::{DebounceConfig, notice_text};
 
 /// Watch client limits and timings. Every field has a default and a flag.

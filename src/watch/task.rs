@@ -11,7 +11,7 @@ use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use base64::Engine as _;
-use rmcp::model::{ReadResourceRequestParams, ServerNotification, SubscriptionFilter};
+use rmcp::model::{ServerNotification, SubscriptionFilter};
 use rmcp::service::{Subscription, SubscriptionEnd};
 use serde_json::{Value, json};
 use tokio_util::sync::CancellationToken;
@@ -19,7 +19,7 @@ use tokio_util::sync::CancellationToken;
 use crate::filter::engine::Outcome as FilterOutcome;
 use crate::filter::pool::FilterError;
 use crate::mcp::source::Body;
-use crate::mcp::upstream::{Live, REQUEST_TIMEOUT, Upstream, contents};
+use crate::upstream::{Live, Upstream, UpstreamError};
 use crate::watch::events::{Event, LogCursor, StateBase, diff_reads, extract_log_text};
 use crate::watch::handle::{Stats, WatchHandle};
 use crate::watch::notice::{Debounce, Dedupe, Line, default_line, object_key, sanitize_line};
@@ -37,85 +37,26 @@ pub(crate) struct Read {
     pub(crate) text: String,
 }
 
-/// Reads `uri`, bounded by [`REQUEST_TIMEOUT`]. A blob is kept as its base64 text (the watch
-/// diffs text).
-pub(crate) async fn read(conn: &Live, server: &Upstream, uri: &str) -> Result<Read, WatchError> {
+/// Reads `uri`, bounded by [`crate::upstream::REQUEST_TIMEOUT`]. A blob is kept as its base64 text (the watch
+/// diffs text). `conn` is the connection the watch listens on (the read may go another way:
+/// the client picks).
+pub(crate) async fn read(
+    conn: &Live,
+    server: &Arc<Upstream>,
+    uri: &str,
+) -> Result<Read, WatchError> {
     read_after(conn, server, uri, None).await
 }
 
 /// [`read`], saying the highest `seq` of the event log the watch has (`after`), so a herald
 /// server answers only what is newer ([`crate::mcp::source::READ_AFTER_META`]).
 pub(crate) async fn read_after(
-    conn: &Live,
-    server: &Upstream,
+    _conn: &Live,
+    server: &Arc<Upstream>,
     uri: &str,
     after: Option<u64>,
 ) -> Result<Read, WatchError> {
-    if let Some(local) = server.in_process() {
-        // A server in this process (`herald up`'s gateway) is read directly.
-        let caller = crate::mcp::caller::Caller::local();
-        let read = local.read_in_process(&caller, crate::mcp::source::Read::after(uri, after));
-        return match tokio::time::timeout(REQUEST_TIMEOUT, read).await {
-            Ok(Ok(c)) => Ok(Read {
-                mime: c.mime_type,
-                text: match c.body {
-                    Body::Text(t) => t,
-                    Body::Blob(b) => base64::engine::general_purpose::STANDARD.encode(b),
-                },
-            }),
-            Ok(Err(crate::mcp::source::SourceError::Upstream {
-                code: -32602 | -32002 | -32601,
-                message,
-                ..
-            })) => Err(WatchError::Rejected {
-                server: server.name.clone(),
-                uri: uri.into(),
-                message,
-            }),
-            Ok(Err(e)) => Err(WatchError::Unavailable(format!(
-                "reading {uri} from {}: {e}",
-                server.name
-            ))),
-            Err(_) => Err(WatchError::Unavailable(format!(
-                "reading {uri} from {} took over {} s",
-                server.name,
-                REQUEST_TIMEOUT.as_secs()
-            ))),
-        };
-    }
-    let mut params = ReadResourceRequestParams::new(uri.to_owned());
-    if let Some(n) = after {
-        let mut meta = rmcp::model::RequestMetaObject::new();
-        meta.0
-            .0
-            .insert(crate::mcp::source::READ_AFTER_META.into(), n.into());
-        params.meta = Some(meta);
-    }
-    let result = tokio::time::timeout(REQUEST_TIMEOUT, conn.conn.read_resource(params))
-        .await
-        .map_err(|_| {
-            WatchError::Unavailable(format!(
-                "reading {uri} from {} took over {} s",
-                server.name,
-                REQUEST_TIMEOUT.as_secs()
-            ))
-        })?
-        .map_err(|e| match e {
-            // Bad params / not found are the server's verdict on the URI; anything else (an
-            // internal error, a source still starting) may pass.
-            rmcp::ServiceError::McpError(err) if matches!(err.code.0, -32602 | -32002 | -32601) => {
-                WatchError::Rejected {
-                    server: server.name.clone(),
-                    uri: uri.into(),
-                    message: err.message.to_string(),
-                }
-            }
-            other => WatchError::Unavailable(format!(
-                "reading {uri}: {}",
-                crate::transport::explain::request(&server.target, &other)
-            )),
-        })?;
-    match contents(result) {
+    match server.read(uri, after).await {
         Ok(c) => Ok(Read {
             mime: c.mime_type,
             text: match c.body {
@@ -123,12 +64,26 @@ pub(crate) async fn read_after(
                 Body::Blob(b) => base64::engine::general_purpose::STANDARD.encode(b),
             },
         }),
-        Err(e) => Err(WatchError::Rejected {
+        Err(e) => Err(watch_error(server, uri, "reading", e)),
+    }
+}
+
+/// What a watch makes of a failed request about `uri`: the server's verdict on the URI
+/// (bad params, not found, an answer herald cannot use) is a rejection; anything else (an
+/// internal error, a source still starting, a broken or slow connection) may pass. The
+/// watch client's user named the server: they get the reason.
+fn watch_error(server: &Upstream, uri: &str, doing: &str, e: UpstreamError) -> WatchError {
+    if e.is_verdict() {
+        return WatchError::Rejected {
             server: server.name.clone(),
             uri: uri.into(),
-            message: e.to_string(),
-        }),
+            message: match e {
+                UpstreamError::Unusable { why, .. } => why,
+                e => e.to_string(),
+            },
+        };
     }
+    WatchError::Unavailable(format!("{doing} {uri} from {}: {e}", server.name))
 }
 
 /// Listens first, then reads: a change between the two is then announced, never missed.
@@ -136,49 +91,24 @@ pub(crate) async fn subscribe_and_read(
     server: &Arc<Upstream>,
     uri: &str,
 ) -> Result<(Arc<Live>, Subscription, Read), WatchError> {
-    let conn = server.live().await?;
-    if !conn.conn.is_modern() {
-        server.reset(&conn);
-        return Err(WatchError::Invalid(format!(
-            "{} speaks MCP {}; watching needs protocol version 2026-07-28 (subscriptions/listen)",
-            server.name,
-            conn.conn
-                .protocol_version()
-                .unwrap_or_else(|| "of an unknown version".into())
-        )));
-    }
-    let listen = tokio::time::timeout(
-        REQUEST_TIMEOUT,
-        conn.conn.listen(
-            SubscriptionFilter::builder()
-                .resource_subscription(uri)
-                .build(),
-        ),
-    )
-    .await
-    .map_err(|_| {
-        WatchError::Unavailable(format!(
-            "{} did not acknowledge a subscription to {uri} within {} s",
-            server.name,
-            REQUEST_TIMEOUT.as_secs()
-        ))
-    })?;
-    let sub = match listen {
-        Ok(s) => s,
-        Err(rmcp::ServiceError::McpError(e)) => {
+    let filter = SubscriptionFilter::builder()
+        .resource_subscription(uri)
+        .build();
+    let (conn, sub) = match server.listen(filter).await {
+        Ok(l) => l,
+        // A server that speaks no 2026-07-28 can never be watched.
+        Err(UpstreamError::Unusable { server: name, why }) => {
+            return Err(WatchError::Invalid(format!("{name} {why}")));
+        }
+        // Any error the server answered is its verdict on the URI.
+        Err(e) if e.is_answered() => {
             return Err(WatchError::Rejected {
                 server: server.name.clone(),
                 uri: uri.into(),
-                message: e.message.to_string(),
+                message: e.to_string(),
             });
         }
-        Err(e) => {
-            server.reset(&conn);
-            return Err(WatchError::Unavailable(format!(
-                "subscribing to {uri}: {}",
-                crate::transport::explain::request(&server.target, &e)
-            )));
-        }
+        Err(e) => return Err(watch_error(server, uri, "subscribing to", e)),
     };
     let accepted = sub
         .acknowledged()

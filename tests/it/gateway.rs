@@ -714,6 +714,27 @@ impl rmcp::ClientHandler for Catcher {
     }
 }
 
+/// What the test client's connection received, in wire order: progress (by its number) and
+/// answers.
+#[derive(Default)]
+struct Wire(std::sync::Mutex<Vec<String>>);
+
+impl herald::transport::client::Tap for Wire {
+    fn seen(&self, message: &rmcp::service::RxJsonRpcMessage<rmcp::RoleClient>) {
+        let seen = match message {
+            rmcp::model::JsonRpcMessage::Notification(n) => match &n.notification {
+                rmcp::model::ServerNotification::ProgressNotification(p) => {
+                    format!("progress {}", p.params.progress)
+                }
+                _ => return,
+            },
+            rmcp::model::JsonRpcMessage::Response(_) => "answer".to_owned(),
+            _ => return,
+        };
+        self.0.lock().unwrap().push(seen);
+    }
+}
+
 #[tokio::test]
 async fn progress_of_upstream_calls_is_relayed() {
     let dir = TempDir::new("gateway-progress");
@@ -741,8 +762,7 @@ async fn progress_of_upstream_calls_is_relayed() {
         "127.0.0.1:0",
     ])
     .await;
-    // Over QUIC: progress may trail the result by a moment, and a byte-stream connection
-    // still carries it then (a stateless HTTP response would have closed).
+    // Over QUIC, a byte stream (as stdio is): the client's own tap sees the wire's order.
     let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
     let (log_tx, mut logs) = tokio::sync::mpsc::unbounded_channel();
     let trust = ClientTrust {
@@ -750,14 +770,18 @@ async fn progress_of_upstream_calls_is_relayed() {
         token: Some(Secret(ALL.to_owned())),
         ..ClientTrust::default()
     };
-    let c = connect(
+    let wire = std::sync::Arc::new(Wire::default());
+    let c = herald::transport::client::connect_tapped(
         &Target::Quic(gw.quic_addr()),
         &trust,
         Catcher(tx, log_tx),
         4 << 20,
+        herald::transport::client::DEFAULT_CONNECT_TIMEOUT,
+        Some(wire.clone()),
     )
     .await
     .unwrap();
+    wire.0.lock().unwrap().clear();
     let token = rmcp::model::ProgressToken(rmcp::model::NumberOrString::String("mine-1".into()));
     let mut params =
         CallToolRequestParams::new("old__echo").with_arguments(args(json!({"say": "hi"})));
@@ -766,7 +790,14 @@ async fn progress_of_upstream_calls_is_relayed() {
     ));
     let r = c.call_tool(params).await.unwrap();
     assert!(format!("{r:?}").contains("hi"), "{r:?}");
-    // rmcp handles notifications in tasks of their own, so the two may arrive in either order.
+    // The gateway relays the upstream's progress in order, and before its answer.
+    assert_eq!(
+        *wire.0.lock().unwrap(),
+        ["progress 1", "progress 2", "answer"],
+        "on the wire"
+    );
+    // This client's rmcp handles notifications in tasks of its own, so its handler may see
+    // the two in either order.
     let mut got = Vec::new();
     for _ in 0..2 {
         let p = tokio::time::timeout(WAIT, rx.recv())
@@ -947,7 +978,7 @@ async fn an_event_log_read_after_a_seq_has_only_what_is_newer() {
         p
     };
     let seqs = |r: rmcp::model::ReadResourceResult| -> Vec<u64> {
-        let c = herald::mcp::upstream::contents(r).unwrap();
+        let c = herald::upstream::contents(r).unwrap();
         let herald::mcp::source::Body::Text(t) = c.body else {
             panic!("text")
         };

@@ -4,7 +4,7 @@
 //! `./herald-demo`, Slack inert until configured).
 //!
 //! Each in-process role is a gateway slug named after it, reached over an in-memory pipe
-//! (`mcp::upstream::local`), never a socket; the watch client reaches the gateway the same way.
+//! (`upstream::local`), never a socket; the watch client reaches the gateway the same way.
 //! A pipe carries one listen stream per URI for every caller and watch sharing it, so the
 //! pipes take up to 65,536 streams each (the 64 meant for one outside client would cap the
 //! appliance); the gateway's own callers keep the usual limits.
@@ -33,7 +33,6 @@ use crate::gateway::config::Slug;
 use crate::mcp::limits::Limits;
 use crate::mcp::server::SourceServer;
 use crate::mcp::source::DynSource;
-use crate::mcp::upstream::{Upstream, UpstreamConfig, local};
 use crate::runtime::context::RoleContext;
 use crate::source::file::FileSource;
 use crate::source::k8s::kubectl::KubectlConfig;
@@ -43,6 +42,7 @@ use crate::source::slack::Slack;
 use crate::store::Store;
 use crate::transport::client::Target;
 use crate::transport::http::HttpOptions;
+use crate::upstream::{Upstream, UpstreamConfig, local};
 use crate::watch::log::WatchLog;
 use crate::watch::manager::Settled;
 use crate::watch::sink::Sink;

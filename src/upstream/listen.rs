@@ -11,7 +11,7 @@ use rmcp::model::{ServerNotification, SubscriptionFilter};
 use rmcp::service::Subscription;
 use tokio_util::sync::CancellationToken;
 
-use super::{Live, REQUEST_TIMEOUT, Upstream, upstream_error};
+use super::{Live, REQUEST_TIMEOUT, Upstream, UpstreamError};
 use crate::runtime::backoff::Backoff;
 
 /// What a listen asks of a connection; `None`: nothing on this one (an older server, or one
@@ -151,7 +151,7 @@ impl KeptListen {
             Ok(_) => Err("the upstream did not accept the subscription".to_owned()),
             Err(e) => {
                 let why = crate::transport::explain::request(&up.target, &e);
-                if upstream_error(e).is_none() {
+                if !UpstreamError::service(&up.name, &up.target, REQUEST_TIMEOUT, e).is_answered() {
                     up.reset(&live);
                 }
                 Err(format!("the upstream failed the subscription: {why}"))

@@ -1,6 +1,10 @@
-//! [`Relay`]: the rmcp client handler of every upstream connection. It forwards an upstream's
-//! progress notifications to the downstream caller waiting on that call (the gateway's tool
-//! calls), and an upstream's task pushes to the [`Relayed`] state of that task (the gateway's
+//! [`Relay`]: the rmcp client handler of every upstream connection, and its [`Tap`]. As the
+//! tap it sees each message in wire order, in the connection's receive loop, and hands an
+//! upstream's progress notifications and log messages to the channel of the call they are for
+//! ([`Upward`], bounded; one that does not fit is dropped and counted) before the response
+//! behind them is delivered: a call that drains its channel after its answer has forwarded
+//! everything the upstream sent before that answer, in order. As the handler it forwards an
+//! upstream's task pushes to the [`Relayed`] state of that task (the gateway's
 //! relayed tasks, the watch client's task watches), and counts an older server's list changes
 //! on the upstream's [`ListSignal`](super::ListSignal); a connection nobody registers on only
 //! ever buffers a few strays.
@@ -13,31 +17,42 @@
 
 use crate::sync::Recover;
 use std::collections::{HashMap, VecDeque};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
+
+use tokio::sync::mpsc;
 
 use rmcp::ClientHandler;
 #[allow(deprecated)]
 use rmcp::model::LoggingMessageNotificationParam;
 use rmcp::model::{
-    ClientConfig, NumberOrString, ProgressNotificationParam, ProgressToken,
-    TaskStatusNotificationParams,
+    ClientConfig, JsonRpcMessage, NumberOrString, ProgressNotificationParam, ProgressToken,
+    ServerNotification, TaskStatusNotificationParams,
 };
-use rmcp::service::{NotificationContext, RoleClient};
+use rmcp::service::{NotificationContext, RoleClient, RxJsonRpcMessage};
 
-use crate::mcp::source::{Log, Progress};
 use crate::mcp::tasks::relay::Relayed;
-use crate::runtime::context::RoleContext;
-use crate::transport::client::client_config;
+use crate::transport::client::{Tap, client_config};
+
+/// What an upstream sends for one call before its answer, in wire order.
+#[allow(deprecated)] // logging is deprecated by SEP-2577, still in 2026-07-28
+pub enum Upward {
+    Progress(ProgressNotificationParam),
+    Log(LoggingMessageNotificationParam),
+}
+
+/// How many of a call's [`Upward`] messages may wait for it to forward them.
+pub const UPWARD_CAPACITY: usize = 64;
 
 /// Relays an upstream's progress notifications to the downstream caller waiting on that call.
 #[derive(Clone, Default)]
 pub struct Relay {
-    waiting: Arc<Mutex<HashMap<String, Progress>>>,
+    waiting: Arc<Mutex<HashMap<String, mpsc::Sender<Upward>>>>,
     /// Progress that arrived before its call was registered (the request is on the wire before
     /// rmcp hands back its token); at most [`MAX_EARLY`], oldest dropped.
     early: Arc<Mutex<VecDeque<ProgressNotificationParam>>>,
-    /// Where the flush of early progress runs; `None`: a plain task (a client role).
-    ctx: Option<RoleContext>,
+    /// Progress and log messages dropped because their call's channel was full.
+    dropped: Arc<AtomicU64>,
     /// Task pushes, by the upstream's task id: the id to show them under, and where they go.
     tasks: TaskRoutes,
     /// An older server's list changes, and each connect (see [`super::lists`]).
@@ -49,7 +64,7 @@ pub struct Relay {
 #[derive(Default)]
 struct LogRoutes {
     next: u64,
-    live: Vec<(u64, Log)>,
+    live: Vec<(u64, mpsc::Sender<Upward>)>,
 }
 
 /// A registered log route; dropping it ends the route.
@@ -96,21 +111,12 @@ impl Drop for TaskRoute {
     }
 }
 
-impl Relay {
-    pub fn new(ctx: Option<RoleContext>) -> Relay {
-        Relay {
-            ctx,
-            ..Relay::default()
-        }
-    }
-}
-
 const MAX_EARLY: usize = 64;
 
 /// A registered progress relay; dropping it ends the relay.
 pub struct Relaying {
     key: String,
-    waiting: Arc<Mutex<HashMap<String, Progress>>>,
+    waiting: Arc<Mutex<HashMap<String, mpsc::Sender<Upward>>>>,
 }
 
 impl Drop for Relaying {
@@ -127,10 +133,11 @@ fn token_key(t: &ProgressToken) -> String {
 }
 
 impl Relay {
-    /// Sends the upstream's progress for `token` to `to` until the returned guard drops.
-    pub fn register(&self, token: ProgressToken, to: Progress) -> Relaying {
+    /// Sends the upstream's progress for `token` to `to` until the returned guard drops (what
+    /// came before this, early, first).
+    pub fn register(&self, token: ProgressToken, to: mpsc::Sender<Upward>) -> Relaying {
         let key = token_key(&token);
-        self.waiting.locked().insert(key.clone(), to.clone());
+        let mut waiting = self.waiting.locked();
         let early: Vec<ProgressNotificationParam> = {
             let mut q = self.early.locked();
             let (mine, rest): (Vec<_>, Vec<_>) = q
@@ -139,21 +146,67 @@ impl Relay {
             q.extend(rest);
             mine
         };
-        if !early.is_empty() {
-            let flush = async move {
-                for mut p in early {
-                    p.progress_token = to.token.clone();
-                    let _ = to.peer.notify_progress(p).await;
-                }
-            };
-            match &self.ctx {
-                Some(ctx) => drop(ctx.spawn_until_shutdown("early progress", flush)),
-                None => drop(tokio::spawn(flush)),
-            }
+        for p in early {
+            self.hand(&to, Upward::Progress(p));
         }
+        waiting.insert(key.clone(), to);
         Relaying {
             key,
             waiting: self.waiting.clone(),
+        }
+    }
+
+    /// Progress and log messages dropped so far because their call's channel was full.
+    pub fn dropped(&self) -> u64 {
+        self.dropped.load(Ordering::Relaxed)
+    }
+
+    /// Hands `up` to a call's channel, never waiting: a call that does not drain it in time
+    /// loses what does not fit (counted).
+    fn hand(&self, to: &mpsc::Sender<Upward>, up: Upward) {
+        if let Err(mpsc::error::TrySendError::Full(_)) = to.try_send(up) {
+            let n = self.dropped.fetch_add(1, Ordering::Relaxed) + 1;
+            tracing::debug!(
+                dropped = n,
+                "an upstream's progress or log message found its call's channel full"
+            );
+        }
+    }
+
+    fn progress(&self, params: ProgressNotificationParam) {
+        let waiting = self.waiting.locked();
+        match waiting.get(&token_key(&params.progress_token)) {
+            Some(to) => self.hand(to, Upward::Progress(params)),
+            None => {
+                let mut q = self.early.locked();
+                if q.len() == MAX_EARLY {
+                    q.pop_front();
+                }
+                q.push_back(params);
+            }
+        }
+    }
+
+    #[allow(deprecated)]
+    fn log(&self, params: LoggingMessageNotificationParam) {
+        let m = self.logs.locked();
+        match m.live.as_slice() {
+            [(_, only)] => self.hand(only, Upward::Log(params)),
+            _ => tracing::debug!("an upstream log message with no one call to go to"),
+        }
+    }
+}
+
+impl Tap for Relay {
+    fn seen(&self, message: &RxJsonRpcMessage<RoleClient>) {
+        let JsonRpcMessage::Notification(n) = message else {
+            return;
+        };
+        match &n.notification {
+            ServerNotification::ProgressNotification(p) => self.progress(p.params.clone()),
+            #[allow(deprecated)]
+            ServerNotification::LoggingMessageNotification(l) => self.log(l.params.clone()),
+            _ => {}
         }
     }
 }
@@ -199,7 +252,7 @@ impl Relay {
 impl Relay {
     /// Sends the upstream's log messages to `to` while the returned route is the only one
     /// (see the module's doc), until it drops.
-    pub fn route_log(&self, to: Log) -> LogRoute {
+    pub fn route_log(&self, to: mpsc::Sender<Upward>) -> LogRoute {
         let mut m = self.logs.locked();
         m.next += 1;
         let key = m.next;
@@ -230,52 +283,5 @@ impl ClientHandler for Relay {
 
     async fn on_prompt_list_changed(&self, _context: NotificationContext<RoleClient>) {
         self.lists.count(|e| e.prompts += 1);
-    }
-
-    #[allow(deprecated)] // logging is deprecated by SEP-2577, still in 2026-07-28
-    async fn on_logging_message(
-        &self,
-        params: LoggingMessageNotificationParam,
-        _context: NotificationContext<RoleClient>,
-    ) {
-        let to = {
-            let m = self.logs.locked();
-            match m.live.as_slice() {
-                [(_, only)] => Some(only.clone()),
-                _ => None,
-            }
-        };
-        match to {
-            Some(to) => {
-                let logger = params.logger.as_deref().unwrap_or("");
-                to.send(params.level, logger, params.data).await;
-            }
-            None => tracing::debug!("an upstream log message with no one call to go to"),
-        }
-    }
-
-    async fn on_progress(
-        &self,
-        mut params: ProgressNotificationParam,
-        _context: NotificationContext<RoleClient>,
-    ) {
-        let to = self
-            .waiting
-            .locked()
-            .get(&token_key(&params.progress_token))
-            .cloned();
-        match to {
-            Some(to) => {
-                params.progress_token = to.token.clone();
-                let _ = to.peer.notify_progress(params).await;
-            }
-            None => {
-                let mut q = self.early.locked();
-                if q.len() == MAX_EARLY {
-                    q.pop_front();
-                }
-                q.push_back(params);
-            }
-        }
     }
 }

@@ -1,19 +1,28 @@
-//! The client side of upstream MCP servers, shared by every role that talks to servers: the
-//! watch client, the gateway, and later the agent. One [`Upstream`] per server keeps one
-//! connection (shared by everything that uses the server), re-made on demand after it breaks,
-//! at most one connect at a time and not before its [`Backoff`] allows; a stdio upstream can be
-//! a supervised child, started again when it exits. Each connect refreshes the server's
-//! [`Catalog`]; [`route`] is the one rule that picks the server for a URI, and [`contents`] the
-//! one mapping of a read's result into herald's [`Contents`](crate::mcp::source::Contents).
+//! The client of upstream MCP servers, shared by every role that talks to servers: the watch
+//! client, the gateway, the agent. It sits above [`crate::mcp`] and [`crate::transport`] and
+//! imports both. One [`Upstream`] per server keeps one connection (shared by everything that
+//! uses the server), re-made on demand after it breaks, at most one connect at a time and not
+//! before its [`Backoff`] allows; a stdio upstream can be a supervised child, started again
+//! when it exits. Each connect refreshes the server's [`Catalog`]; [`route`] is the one rule
+//! that picks the server for a URI, and [`contents`] the one mapping of a read's result into
+//! herald's [`Contents`](crate::mcp::source::Contents).
 //!
-//! What each role does with a failure stays the role's: this module returns [`Unavailable`]
-//! with the reason, and the role decides what its caller may learn.
+//! What a role asks of a server are the operations in `client.rs` (`call_tool`, `get_prompt`,
+//! `complete`, `request`, `read`, `listen`), `log.rs` (`follow_log`: an event log followed by
+//! cursor, with `GAP`) and here (`custom`, `tasks_request`, [`follow_tasks`]); each picks
+//! in-process, direct HTTP or rmcp itself. They fail with an [`UpstreamError`] by cause
+//! (`error.rs`), and what each role does with a failure stays the role's: a served caller
+//! learns that a server is down (`From<UpstreamError> for SourceError`), `herald watch`'s
+//! user learns why.
 
 mod catalog;
+mod client;
+mod error;
 pub mod http;
 mod listen;
 pub mod lists;
 pub mod local;
+pub mod log;
 mod relay;
 
 use crate::sync::Recover;
@@ -25,20 +34,22 @@ use std::time::{Duration, Instant};
 
 use futures::FutureExt;
 use futures::future::{BoxFuture, Shared};
-use rmcp::model::{ClientRequest, CustomRequest, ErrorData, ServerResult};
+use rmcp::model::{ClientRequest, CustomRequest, ServerResult};
 use serde_json::Value;
 
 pub use catalog::{Catalog, ContentsError, contents, is_read_only, route};
+pub use error::UpstreamError;
 pub use listen::{FilterFor, Heard, KeptListen};
 pub use lists::{ListEvents, ListSignal};
-pub use relay::{Relay, Relaying};
+pub use log::{LogCursor, LogFollow};
+pub use relay::{Relay, Relaying, UPWARD_CAPACITY, Upward};
 
 use crate::mcp::source::SourceError;
 use crate::runtime::backoff::Backoff;
 use crate::runtime::context::RoleContext;
 use crate::runtime::status::UpstreamReport;
 use crate::transport::client::{
-    ConnectError, Connection, DEFAULT_CONNECT_TIMEOUT, Target, connect_within,
+    ConnectError, Connection, DEFAULT_CONNECT_TIMEOUT, Target, connect_tapped,
 };
 use crate::transport::explain;
 use crate::transport::tls::ClientTrust;
@@ -126,26 +137,7 @@ pub struct Unavailable {
 impl From<Unavailable> for SourceError {
     /// What a served caller (the gateway's) learns: that the server is down, not why.
     fn from(e: Unavailable) -> SourceError {
-        SourceError::Unavailable(format!(
-            "server {} is unavailable right now; the gateway is reconnecting to it, try again shortly",
-            e.name
-        ))
-    }
-}
-
-/// An upstream's JSON-RPC error, passed on unchanged; a transport failure is `None`.
-pub fn upstream_error(e: rmcp::ServiceError) -> Option<SourceError> {
-    match e {
-        rmcp::ServiceError::McpError(ErrorData {
-            code,
-            message,
-            data,
-        }) => Some(SourceError::Upstream {
-            code: code.0,
-            message: message.into_owned(),
-            data,
-        }),
-        _ => None,
+        UpstreamError::from(e).into()
     }
 }
 
@@ -164,7 +156,7 @@ impl std::ops::Deref for Live {
     }
 }
 
-/// Opens a connection some other way than [`connect_within`] (tests: an in-process server
+/// Opens a connection some other way than [`connect_tapped`] (tests: an in-process server
 /// over an in-memory pipe).
 pub type Dialer = Arc<
     dyn Fn(Relay) -> Pin<Box<dyn Future<Output = Result<Connection<Relay>, ConnectError>> + Send>>
@@ -212,6 +204,12 @@ pub struct Upstream {
     pub relay: Relay,
 }
 
+impl crate::runtime::status::UpstreamStatus for Upstream {
+    fn report(&self) -> UpstreamReport {
+        Upstream::report(self)
+    }
+}
+
 /// Picks among `upstreams` by [`route`], over their last-known catalogs (one that has never
 /// connected has none and is skipped).
 pub fn pick<'a>(upstreams: &'a [Arc<Upstream>], uri: &str) -> Option<&'a Arc<Upstream>> {
@@ -248,7 +246,7 @@ impl Upstream {
                 );
                 cfg.supervise && cfg.context.is_some()
             },
-            relay: Relay::new(cfg.context.clone()),
+            relay: Relay::default(),
             ctx: cfg.context,
             dialer: None,
             in_process: None,
@@ -278,12 +276,14 @@ impl Upstream {
     /// The server, when it runs in this process: a plain tool call or a read may go to it
     /// directly ([`SourceServer::call_in_process`](crate::mcp::server::SourceServer::call_in_process)),
     /// with no serialization; listens and tasks still go over the connection.
-    pub fn in_process(&self) -> Option<&crate::mcp::server::SourceServer> {
+    fn in_process(&self) -> Option<&crate::mcp::server::SourceServer> {
         self.in_process.as_ref()
     }
 
     /// Direct calls to this upstream's HTTP endpoint, when it is one (and not dialled
     /// otherwise) and its last catalog allows them for `tool` ([`Catalog::direct_call`]).
+    /// Roles call through [`Upstream::call_tool`], which picks this way itself; it is public
+    /// for the conformance client (`examples/conformance_client.rs`), which tries both ways.
     pub fn http_calls(&self, tool: &str) -> Option<&http::HttpCalls> {
         if self.dialer.is_some() {
             return None;
@@ -464,12 +464,16 @@ impl Upstream {
         let conn = match &self.dialer {
             Some(dial) => dial(relay).await,
             None => {
-                connect_within(
+                // The relay is the connection's tap too: it sees progress and log messages in
+                // wire order, ahead of the answers behind them.
+                let tap: Arc<dyn crate::transport::client::Tap> = Arc::new(relay.clone());
+                connect_tapped(
                     &self.target,
                     &self.trust,
                     relay,
                     self.max_message_bytes,
                     self.handshake_timeout,
+                    Some(tap),
                 )
                 .await
             }
@@ -544,29 +548,16 @@ impl Upstream {
     /// by `bound` (rmcp's timeout, which tells the upstream to cancel), for a caller whose
     /// declared `capabilities` it carries (a relayed call; else this client's own). An
     /// upstream's own error comes back unchanged; a broken connection is forgotten.
-    pub async fn request_declaring_tasks(
+    pub async fn tasks_request(
         self: &Arc<Self>,
         req: ClientRequest,
         bound: Duration,
         capabilities: Option<&rmcp::model::ClientCapabilities>,
-    ) -> Result<ServerResult, SourceError> {
+    ) -> Result<ServerResult, UpstreamError> {
         let live = self.live().await?;
         let mut options = rmcp::service::PeerRequestOptions::with_timeout(bound);
         options.meta = Some(crate::transport::client::tasks_meta(capabilities));
-        let failed = |e: rmcp::ServiceError| {
-            // One slow request is not a broken connection.
-            let timed_out = matches!(e, rmcp::ServiceError::Timeout { .. });
-            upstream_error(e).unwrap_or_else(|| {
-                if !timed_out {
-                    self.reset(&live);
-                }
-                SourceError::Unavailable(format!(
-                    "server {} is unavailable right now (or did not answer within {} s); try again shortly",
-                    self.name,
-                    bound.as_secs()
-                ))
-            })
-        };
+        let failed = |e: rmcp::ServiceError| self.failure(&live, bound, e);
         let handle = live
             .conn
             .send_cancellable_request(req, options)
@@ -575,12 +566,33 @@ impl Upstream {
         handle.await_response().await.map_err(failed)
     }
 
+    /// [`Upstream::tasks_request`] with its failure as a served caller learns it (the
+    /// watch manager's task lookup).
+    pub async fn request_declaring_tasks(
+        self: &Arc<Self>,
+        req: ClientRequest,
+        bound: Duration,
+        capabilities: Option<&rmcp::model::ClientCapabilities>,
+    ) -> Result<ServerResult, SourceError> {
+        Ok(self.tasks_request(req, bound, capabilities).await?)
+    }
+
+    /// The one reading of a failed rmcp request on `live`: by cause, and a broken connection
+    /// (not one slow or refused request) forgotten, so the next use reconnects.
+    fn failure(&self, live: &Arc<Live>, bound: Duration, e: rmcp::ServiceError) -> UpstreamError {
+        let e = UpstreamError::service(&self.name, &self.target, bound, e);
+        if e.is_broken() {
+            self.reset(live);
+        }
+        e
+    }
+
     /// Sends a custom request (`events/list`, `events/poll`) and returns its result object.
     pub async fn custom(
         self: &Arc<Self>,
         method: &str,
         params: Value,
-    ) -> Result<Value, SourceError> {
+    ) -> Result<Value, UpstreamError> {
         self.custom_within(method, params, REQUEST_TIMEOUT).await
     }
 
@@ -590,24 +602,17 @@ impl Upstream {
         method: &str,
         params: Value,
         bound: Duration,
-    ) -> Result<Value, SourceError> {
+    ) -> Result<Value, UpstreamError> {
         let live = self.live().await?;
         let req = ClientRequest::CustomRequest(CustomRequest::new(method, Some(params)));
         match tokio::time::timeout(bound, live.conn.send_request(req)).await {
-            Err(_) => Err(SourceError::Unavailable(format!(
-                "server {} did not answer {method} within {} s",
-                self.name,
-                bound.as_secs()
-            ))),
+            Err(_) => Err(UpstreamError::TimedOut {
+                server: self.name.clone(),
+                after: bound,
+            }),
             Ok(Ok(ServerResult::CustomResult(r))) => Ok(r.0),
             Ok(Ok(other)) => Ok(serde_json::to_value(other).unwrap_or(Value::Null)),
-            Ok(Err(e)) => match upstream_error(e) {
-                Some(e) => Err(e),
-                None => {
-                    self.reset(&live);
-                    Err(self.unavailable(String::new()).into())
-                }
-            },
+            Ok(Err(e)) => Err(self.failure(&live, bound, e)),
         }
     }
 }
@@ -675,7 +680,7 @@ pub async fn follow_tasks(
                         let get = ClientRequest::GetTaskRequest(rmcp::model::GetTaskRequest::new(
                             rmcp::model::GetTaskParams::new(id.clone()),
                         ));
-                        let got = up.request_declaring_tasks(get, REQUEST_TIMEOUT, None).await;
+                        let got = up.tasks_request(get, REQUEST_TIMEOUT, None).await;
                         (id, got)
                     }
                     .boxed()
@@ -688,12 +693,11 @@ pub async fn follow_tasks(
                     Ok(ServerResult::GetTaskResult(r)) => up.relay.offer_task(r.task),
                     // The server does not know it (any more): it will never push it, so it
                     // ends here, saying why.
-                    Err(SourceError::Upstream { code, data, .. })
-                        if code == ErrorData::invalid_params("", None).code.0
-                            && data
-                                .as_ref()
-                                .and_then(|d| d.get("taskId"))
-                                .is_some_and(|t| *t == *id) =>
+                    Err(UpstreamError::Rejected { data, .. })
+                        if data
+                            .as_ref()
+                            .and_then(|d| d.get("taskId"))
+                            .is_some_and(|t| *t == *id) =>
                     {
                         up.relay
                             .offer_task(crate::mcp::tasks::relay::unknown_upstream(&id));
@@ -798,12 +802,6 @@ impl Drop for CancelOnDrop {
                 }
             }
         }
-    }
-}
-
-impl crate::runtime::status::UpstreamStatus for Upstream {
-    fn report(&self) -> UpstreamReport {
-        Upstream::report(self)
     }
 }
 

@@ -9,7 +9,7 @@ use std::sync::Arc;
 use super::{Dialer, Upstream, UpstreamConfig};
 use crate::mcp::server::SourceServer;
 use crate::runtime::context::RoleContext;
-use crate::transport::client::{Target, connect_stream};
+use crate::transport::client::{Tap, Target, connect_stream_tapped};
 
 /// Bytes buffered in each direction of a pipe.
 const PIPE: usize = 1 << 16;
@@ -37,7 +37,18 @@ pub fn dialer(
                 let _ = crate::transport::lines::serve(service, sr, sw, ct).await;
             });
             let (cr, cw) = tokio::io::split(client);
-            connect_stream(Target::Stdio(name), cr, cw, relay, max_message_bytes).await
+            {
+                let tap: Arc<dyn Tap> = Arc::new(relay.clone());
+                connect_stream_tapped(
+                    Target::Stdio(name),
+                    cr,
+                    cw,
+                    relay,
+                    max_message_bytes,
+                    Some(tap),
+                )
+                .await
+            }
         })
     })
 }

@@ -129,3 +129,47 @@ async fn a_broken_connection_is_replaced_and_the_catalog_kept_meanwhile() {
     let third = up.live().await.unwrap();
     assert!(!Arc::ptr_eq(&second, &third));
 }
+
+#[tokio::test]
+async fn an_event_log_is_followed_by_cursor_from_where_the_last_follow_got_to() {
+    let memo = MemoServer::start().await;
+    memo.set("before", serde_json::json!(1)).await;
+    let up = memo.upstream();
+    // The first follow is the baseline: what the log holds, as read.
+    let (mut follow, held) = up.follow_log("memo://log", None).await.unwrap();
+    assert!(
+        held.iter()
+            .any(|e| e.get("key") == Some(&"before".into()) || format!("{e:?}").contains("before")),
+        "{held:?}"
+    );
+    let at = follow.cursor();
+    memo.set("after", serde_json::json!(2)).await;
+    let fresh = tokio::time::timeout(Duration::from_secs(10), follow.next())
+        .await
+        .expect("an update in time")
+        .expect("still subscribed")
+        .unwrap();
+    assert!(
+        !fresh.is_empty() && format!("{fresh:?}").contains("after"),
+        "{fresh:?}"
+    );
+    assert!(
+        !format!("{fresh:?}").contains("before"),
+        "only what is past the cursor: {fresh:?}"
+    );
+    assert!(follow.cursor().last > at.last);
+    // A new follow from that cursor starts past it: nothing again, then what comes next.
+    drop(follow);
+    let (mut again, first) = up.follow_log("memo://log", Some(at)).await.unwrap();
+    assert!(format!("{first:?}").contains("after"), "{first:?}");
+    memo.set("third", serde_json::json!(3)).await;
+    let next = tokio::time::timeout(Duration::from_secs(10), again.next())
+        .await
+        .expect("an update in time")
+        .expect("still subscribed")
+        .unwrap();
+    assert!(
+        format!("{next:?}").contains("third") && !format!("{next:?}").contains("after"),
+        "{next:?}"
+    );
+}

@@ -1,0 +1,297 @@
+//! Following an event log (`{"events":[...]}` read by `seq`, such as `memo://log` or the Slack
+//! source's `slack-events://…`): the cursor ([`LogCursor`], the highest `seq` delivered), the
+//! delivery of what is past it with `GAP` ([`extract_log`], [`extract_log_text`]), the
+//! `changed` paths of a MODIFIED ([`changed_paths`]), and [`LogFollow`], a listen on the log
+//! and the reads past the cursor on each update ([`Upstream::follow_log`]). Pure functions over
+//! JSON but for [`LogFollow`]; the watch client and the agent's Slack inbox both use them.
+
+use std::collections::BTreeSet;
+use std::sync::Arc;
+
+use rmcp::model::SubscriptionFilter;
+use rmcp::service::Subscription;
+use serde_json::{Map, Value};
+
+use super::{Live, Upstream, UpstreamError};
+
+/// An event as the filter's `event` dict shapes it (a JSON object).
+pub type Event = Map<String, Value>;
+
+/// Paths (from an item's root) never reported in `changed`.
+const IGNORED: [&str; 3] = [
+    "metadata.resourceVersion",
+    "metadata.generation",
+    "metadata.managedFields",
+];
+
+/// How deep `changed` paths go.
+const CHANGED_DEPTH: usize = 3;
+
+/// Sorted dotted paths where `old` and `new` differ, at most three levels deep, ignoring
+/// the Kubernetes bookkeeping fields. Values that are not both objects differ at the root,
+/// reported as the empty path.
+pub fn changed_paths(old: &Value, new: &Value) -> Vec<String> {
+    let mut out = BTreeSet::new();
+    walk(old, new, "", 0, &mut out);
+    out.into_iter().collect()
+}
+
+fn walk(old: &Value, new: &Value, path: &str, depth: usize, out: &mut BTreeSet<String>) {
+    if IGNORED.contains(&path) || old == new {
+        return;
+    }
+    match (old, new) {
+        (Value::Object(a), Value::Object(b)) if depth < CHANGED_DEPTH => {
+            for k in a.keys().chain(b.keys()) {
+                let sub = if path.is_empty() {
+                    k.clone()
+                } else {
+                    format!("{path}.{k}")
+                };
+                let null = Value::Null;
+                walk(
+                    a.get(k).unwrap_or(&null),
+                    b.get(k).unwrap_or(&null),
+                    &sub,
+                    depth + 1,
+                    out,
+                );
+            }
+        }
+        _ => {
+            out.insert(path.to_owned());
+        }
+    }
+}
+
+/// Where an event-log watch is: the highest seq delivered.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct LogCursor {
+    pub last: Option<u64>,
+}
+
+/// [`extract_log`] on a read's text, building in full only the events it can return: the
+/// others (those at or below the cursor, most of a busy ring) are only scanned for their
+/// `seq`. Same result as parsing the whole body and calling [`extract_log`].
+pub fn extract_log_text(cursor: LogCursor, text: &str) -> Result<(Vec<Event>, LogCursor), String> {
+    use serde_json::value::RawValue;
+    #[derive(serde::Deserialize)]
+    struct Log<'a> {
+        #[serde(borrow)]
+        events: Vec<&'a RawValue>,
+    }
+    #[derive(serde::Deserialize)]
+    struct Seq {
+        seq: Option<Value>,
+    }
+    const SHAPE: &str = "an event-log read must be {\"events\":[...]}";
+    let log: Log = serde_json::from_str(text).map_err(|_| SHAPE.to_owned())?;
+    let held: Vec<(u64, &RawValue)> = log
+        .events
+        .iter()
+        .filter_map(|r| {
+            let s = serde_json::from_str::<Seq>(r.get()).ok()?.seq?;
+            Some((s.as_u64()?, *r))
+        })
+        .collect();
+    let newest = held.iter().map(|(s, _)| *s).max();
+    let oldest = held.iter().map(|(s, _)| *s).min();
+    // What extract_log looks at: the oldest and newest seqs, and every event past the
+    // cursor (all of them when the log restarted below it).
+    let keep = |s: u64| match cursor.last {
+        None => Some(s) == newest,
+        Some(last) => {
+            newest.is_some_and(|n| n < last) || s > last || Some(s) == oldest || Some(s) == newest
+        }
+    };
+    let mut events = Vec::new();
+    for (s, r) in held {
+        if keep(s) {
+            events.push(serde_json::from_str::<Value>(r.get()).map_err(|e| e.to_string())?);
+        }
+    }
+    let mut body = Map::new();
+    body.insert("events".into(), Value::Array(events));
+    extract_log(cursor, &Value::Object(body))
+}
+
+/// Reads an event-log body (`{"events":[...]}`) against `cursor`: returns the events with seq
+/// greater than the last seen (a `GAP` first when the oldest held seq is beyond last + 1; a
+/// `GAP` with `reset` when the log restarted below the cursor) and the new cursor. The first
+/// read only sets the cursor (the baseline). A MODIFIED carrying `old` and `object` gets
+/// `changed`, and is dropped when nothing but bookkeeping changed.
+pub fn extract_log(cursor: LogCursor, body: &Value) -> Result<(Vec<Event>, LogCursor), String> {
+    let events = body
+        .get("events")
+        .and_then(Value::as_array)
+        .ok_or("an event-log read must be {\"events\":[...]}")?;
+    let mut held: Vec<(u64, &Value)> = events
+        .iter()
+        .filter_map(|e| e.get("seq").and_then(Value::as_u64).map(|s| (s, e)))
+        .collect();
+    held.sort_by_key(|(s, _)| *s);
+    let newest = held.last().map(|(s, _)| *s);
+    let Some(last) = cursor.last else {
+        return Ok((
+            Vec::new(),
+            LogCursor {
+                last: newest.or(Some(0)),
+            },
+        ));
+    };
+    let mut out = Vec::new();
+    let (from, reset) = match newest {
+        Some(n) if n < last => (0, true),
+        _ => (last, false),
+    };
+    let fresh: Vec<&(u64, &Value)> = held.iter().filter(|(s, _)| *s > from).collect();
+    // `last == 0` means the baseline read found an empty log: nothing was seen, so nothing
+    // can have been missed (seq numbers start at 1, often far above it).
+    let oldest_held = held.first().map(|(s, _)| *s);
+    if let (Some((first_new, _)), Some(oldest)) = (fresh.first(), oldest_held)
+        && (reset || (last > 0 && oldest > from + 1))
+    {
+        let mut gap = Event::new();
+        gap.insert("type".into(), "GAP".into());
+        gap.insert("after_seq".into(), last.into());
+        gap.insert("next_seq".into(), (*first_new).into());
+        if reset {
+            gap.insert("reset".into(), true.into());
+            gap.insert(
+                "message".into(),
+                "the event log restarted; events since the last one seen may be missing".into(),
+            );
+        } else {
+            gap.insert(
+                "message".into(),
+                format!("events {} to {} were missed", from + 1, first_new - 1).into(),
+            );
+        }
+        out.push(gap);
+    }
+    for (_, e) in &fresh {
+        let Some(obj) = e.as_object() else { continue };
+        let mut ev = obj.clone();
+        if ev.get("type").and_then(Value::as_str) == Some("MODIFIED")
+            && let (Some(old), Some(new)) = (obj.get("old"), obj.get("object"))
+        {
+            let changed = changed_paths(old, new);
+            if changed.is_empty() {
+                continue;
+            }
+            ev.insert(
+                "changed".into(),
+                changed.into_iter().map(Value::from).collect(),
+            );
+        }
+        ev.entry("old").or_insert(Value::Null);
+        out.push(ev);
+    }
+    let last = newest.map_or(last, |n| if reset { n } else { n.max(last) });
+    Ok((out, LogCursor { last: Some(last) }))
+}
+
+/// An event log followed on one upstream: see [`Upstream::follow_log`].
+pub struct LogFollow {
+    up: Arc<Upstream>,
+    live: Arc<Live>,
+    uri: String,
+    sub: Subscription,
+    cursor: LogCursor,
+}
+
+impl Upstream {
+    /// Follows the event log `uri`: listens, then reads (so a change between the two is seen,
+    /// never missed). From `cursor` (where an earlier follow got to) the first answer is what
+    /// is past it, a `GAP` first when some was missed; without one the read is the baseline:
+    /// the cursor is set at its newest event and the first answer is every event the log holds
+    /// now, as read, for a caller that picks from them itself. A server that refuses the
+    /// listen, or does not accept this URI, is [`UpstreamError::is_verdict`].
+    pub async fn follow_log(
+        self: &Arc<Self>,
+        uri: &str,
+        cursor: Option<LogCursor>,
+    ) -> Result<(LogFollow, Vec<Event>), UpstreamError> {
+        let (live, sub) = self
+            .listen(
+                SubscriptionFilter::builder()
+                    .resource_subscription(uri)
+                    .build(),
+            )
+            .await?;
+        let accepted = sub
+            .acknowledged()
+            .resource_subscriptions
+            .as_ref()
+            .is_some_and(|u| u.iter().any(|a| a == uri));
+        if !accepted {
+            return Err(self.unusable("does not accept subscriptions to this URI"));
+        }
+        let mut follow = LogFollow {
+            up: self.clone(),
+            live,
+            uri: uri.to_owned(),
+            sub,
+            cursor: cursor.unwrap_or_default(),
+        };
+        let first = match cursor {
+            Some(_) => follow.read().await?,
+            None => {
+                let text = follow.read_text().await?;
+                let body: Value = serde_json::from_str(&text)
+                    .map_err(|_| self.unusable("answered an event-log read that is not JSON"))?;
+                let (_, at) =
+                    extract_log(LogCursor::default(), &body).map_err(|e| self.unusable(&e))?;
+                follow.cursor = at;
+                body["events"]
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                    .filter_map(|e| e.as_object().cloned())
+                    .collect()
+            }
+        };
+        Ok((follow, first))
+    }
+}
+
+impl LogFollow {
+    /// Where the follow has got to: pass it to the next [`Upstream::follow_log`].
+    pub fn cursor(&self) -> LogCursor {
+        self.cursor
+    }
+
+    /// Waits for the log to change, then reads what is past the cursor (a `GAP` first when
+    /// some was missed). Updates already queued are folded into the one read. `None`: the
+    /// subscription ended; follow again from [`LogFollow::cursor`].
+    pub async fn next(&mut self) -> Option<Result<Vec<Event>, UpstreamError>> {
+        match self.sub.next().await {
+            Ok(Some(_)) => {}
+            _ => return None,
+        }
+        while let Some(Ok(Some(_))) = futures::FutureExt::now_or_never(self.sub.next()) {}
+        let r = self.read().await;
+        if r.as_ref().is_err_and(UpstreamError::is_broken) {
+            self.up.reset(&self.live);
+        }
+        Some(r)
+    }
+
+    async fn read_text(&self) -> Result<String, UpstreamError> {
+        let c = self.up.read(&self.uri, self.cursor.last).await?;
+        match c.body {
+            crate::mcp::source::Body::Text(t) => Ok(t),
+            crate::mcp::source::Body::Blob(_) => {
+                Err(self.up.unusable("answered an event-log read with a blob"))
+            }
+        }
+    }
+
+    async fn read(&mut self) -> Result<Vec<Event>, UpstreamError> {
+        let text = self.read_text().await?;
+        let (events, next) =
+            extract_log_text(self.cursor, &text).map_err(|e| self.up.unusable(&e))?;
+        self.cursor = next;
+        Ok(events)
+    }
+}
