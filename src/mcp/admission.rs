@@ -33,10 +33,10 @@ use std::sync::{Arc, Mutex};
 use rmcp::model::{ErrorData as McpError, SubscriptionFilter};
 use serde_json::{Value, json};
 
+use crate::mcp::error::SourceError;
 use crate::mcp::hub::Registration;
 use crate::mcp::limits::Limits;
 use crate::mcp::lists::Lists;
-use crate::mcp::source::{SourceError, WatchGuard};
 
 /// What a listen asks for: the `notifications` object of `subscriptions/listen`, parsed once.
 #[derive(Debug, Clone, Default, PartialEq)]
@@ -371,6 +371,21 @@ impl ListenClaim {
     /// Claims the listen; `false` when it was claimed before or its holder is gone.
     pub fn claim(&self) -> bool {
         self.0.locked().take().is_some_and(|tx| tx.send(()).is_ok())
+    }
+}
+
+/// Held while a listen stream (or a read, or a poll) watches a URI; dropping it tells the
+/// source one watcher left.
+/// Sources that start work per URI (a kubectl process, an inotify watch) refcount with it.
+pub struct WatchGuard(#[allow(dead_code)] Option<Box<dyn Send + Sync>>);
+
+impl WatchGuard {
+    pub fn none() -> WatchGuard {
+        WatchGuard(None)
+    }
+
+    pub fn new(inner: impl Send + Sync + 'static) -> WatchGuard {
+        WatchGuard(Some(Box::new(inner)))
     }
 }
 

@@ -20,6 +20,24 @@ use crate::mcp::admission::{ConnStreams, ListenFilter};
 use crate::mcp::caller::Caller;
 use crate::mcp::server::SourceServer;
 
+/// A server's byte-stream connections (here, beside [`ConnServer`], so the server's own
+/// file needs nothing of this one).
+impl SourceServer {
+    /// This server for stdio, with its own listen-stream count. The peer is the process that
+    /// started this one, so it is a local caller (no token needed).
+    pub fn for_connection(&self) -> ConnServer {
+        let conn = ConnStreams::default();
+        ConnServer::new(self.for_session_on(conn.clone()), conn, true, true)
+    }
+
+    /// This server for a byte-stream connection that shares its listen-stream budget with
+    /// others (the streams of one QUIC connection). Its callers present a token in `_meta`;
+    /// `loopback` says the peer is on a loopback address.
+    pub fn for_connection_sharing(&self, conn: ConnStreams, loopback: bool) -> ConnServer {
+        ConnServer::new(self.for_session_on(conn.clone()), conn, false, loopback)
+    }
+}
+
 /// [`SourceServer`] on one byte-stream connection; see the module docs.
 #[derive(Clone)]
 pub struct ConnServer {

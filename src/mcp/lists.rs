@@ -16,7 +16,11 @@
 use rmcp::model::{ErrorData as McpError, ServerCapabilities, SubscriptionFilter};
 use serde_json::{Map, Value, json};
 
-use crate::mcp::source::{PROMPTS_CHANGED, TOOLS_CHANGED};
+/// The feed key a source publishes when its tool list changed: listens that asked for
+/// `toolsListChanged` get `notifications/tools/list_changed`.
+pub const TOOLS_CHANGED: &str = "herald:list/tools";
+/// The feed key for a changed prompt list (`promptsListChanged`).
+pub const PROMPTS_CHANGED: &str = "herald:list/prompts";
 
 /// A list whose changes a listen may ask for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -7,8 +7,10 @@
 //! secrets) is [`crate::runtime`], below this module.
 
 pub mod admission;
+pub mod call;
 pub mod caller;
 pub mod conn;
+pub mod error;
 pub mod events;
 pub mod hub;
 pub mod legacy;

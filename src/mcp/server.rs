@@ -2,7 +2,7 @@
 //! with its limits, and error mapping, on rmcp.
 //!
 //! [`SourceServer`] is the rmcp handler, served as it is on HTTP (rmcp builds one per request)
-//! and wrapped per connection on byte streams ([`ConnServer`](crate::mcp::conn::ConnServer)).
+//! and wrapped per connection on byte streams ([`ConnServer`](crate::mcp::conn::ConnServer), made by `SourceServer::for_connection`).
 //! Every handler method works out its [`Caller`] from the request context ([`Caller::of`]) and
 //! hands it to the source. Every listen is opened by [`SourceServer::open`] (admission, see
 //! [`crate::mcp::admission`], and its acknowledgment, built once), whatever carries it: rmcp's
@@ -31,7 +31,6 @@ use tracing::{debug, warn};
 
 use crate::mcp::admission::{AdmittedListen, ConnStreams, ListenClaim, ListenFilter, check_listen};
 use crate::mcp::caller::Caller;
-use crate::mcp::conn::ConnServer;
 use crate::mcp::hub::ChangeFeed;
 use crate::mcp::legacy::LegacySubscriptions;
 use crate::mcp::limits::Limits;
@@ -183,20 +182,6 @@ impl SourceServer {
             shared: self.shared.clone(),
             legacy: Arc::new(LegacySubscriptions::on(conn)),
         }
-    }
-
-    /// This server for stdio, with its own listen-stream count. The peer is the process that
-    /// started this one, so it is a local caller (no token needed).
-    pub fn for_connection(&self) -> ConnServer {
-        let conn = ConnStreams::default();
-        ConnServer::new(self.for_session_on(conn.clone()), conn, true, true)
-    }
-
-    /// This server for a byte-stream connection that shares its listen-stream budget with
-    /// others (the streams of one QUIC connection). Its callers present a token in `_meta`;
-    /// `loopback` says the peer is on a loopback address.
-    pub fn for_connection_sharing(&self, conn: ConnStreams, loopback: bool) -> ConnServer {
-        ConnServer::new(self.for_session_on(conn.clone()), conn, false, loopback)
     }
 
     /// Stamps this server's `_meta["io.modelcontextprotocol/serverInfo"]` on a result's

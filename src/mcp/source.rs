@@ -11,8 +11,8 @@ use std::sync::Arc;
 
 use async_trait::async_trait;
 use rmcp::model::{
-    CallToolResponse, ClientCapabilities, CompleteRequestParams, CompleteResult, GetPromptResponse,
-    InputRequiredResult, InputResponses, JsonObject, Prompt, Resource, ResourceTemplate, Tool,
+    CallToolResponse, CompleteRequestParams, CompleteResult, GetPromptResponse,
+    InputRequiredResult, JsonObject, Prompt, Resource, ResourceTemplate, Tool,
 };
 use serde_json::Value;
 
@@ -27,9 +27,12 @@ pub fn read_after_of(meta: Option<&rmcp::model::RequestMetaObject>) -> Option<u6
     meta?.0.0.get(READ_AFTER_META)?.as_u64()
 }
 
-pub use crate::mcp::admission::{Admission, ListenFilter};
+pub use crate::mcp::admission::{Admission, ListenFilter, WatchGuard};
+pub use crate::mcp::call::{Call, Input, Log, Progress};
 pub use crate::mcp::caller::Caller;
+pub use crate::mcp::error::SourceError;
 use crate::mcp::hub::ChangeFeed;
+pub use crate::mcp::lists::{PROMPTS_CHANGED, TOOLS_CHANGED};
 use crate::mcp::ring::{EVENT_LOG_MIME, EventRing};
 
 /// One `resources/read` as a source gets it: the URI, and the reader's hint (`after`, from
@@ -102,171 +105,6 @@ impl Contents {
     }
 }
 
-/// Errors a source reports. The plumbing maps them to JSON-RPC errors.
-#[derive(Debug, Clone, thiserror::Error, PartialEq)]
-pub enum SourceError {
-    /// No such resource: `-32602` with `data.uri`.
-    #[error(
-        "unknown resource {uri}; resources/list and resources/templates/list name what this server serves"
-    )]
-    NotFound { uri: String },
-    /// Bad arguments or a malformed URI: `-32602`.
-    #[error("{0}")]
-    InvalidParams(String),
-    /// No such tool: `-32602`.
-    #[error("unknown tool {0}; tools/list names the tools this server offers")]
-    UnknownTool(String),
-    /// No such prompt: `-32602`.
-    #[error("unknown prompt {0}; prompts/list names the prompts this server offers")]
-    UnknownPrompt(String),
-    /// The request needs a client capability the client did not declare (the JSON of the
-    /// capabilities it needs): `-32021` with `data.requiredCapabilities`, HTTP `400`.
-    #[error("this request needs the client capabilities {0}; declare them in _meta")]
-    MissingCapability(Value),
-    /// The source cannot serve this right now (its upstream failed): `-32603` with the reason.
-    #[error("{0}")]
-    Unavailable(String),
-    /// The caller may not use this: `-32024`. The message is the same whatever was refused,
-    /// so a refusal never tells whether the thing exists.
-    #[error(
-        "forbidden: this token is not entitled to that server (or it was not selected with ?servers=)"
-    )]
-    Forbidden,
-    /// No such event type: `-32023` with `data.kind = "event"`.
-    #[error("{0}")]
-    EventNotFound(String),
-    /// An upstream's own JSON-RPC error, passed on unchanged.
-    #[error("{message}")]
-    Upstream {
-        code: i32,
-        message: String,
-        data: Option<Value>,
-    },
-}
-
-/// Where a tool call's progress goes: the caller's progress token, on its connection.
-#[derive(Clone)]
-pub struct Progress {
-    pub token: rmcp::model::ProgressToken,
-    pub peer: rmcp::Peer<rmcp::RoleServer>,
-}
-
-#[allow(deprecated)] // logging is deprecated by SEP-2577, still in 2026-07-28
-mod log_types {
-    pub use rmcp::model::{LoggingLevel, LoggingMessageNotificationParam};
-}
-#[allow(deprecated)]
-use log_types::{LoggingLevel, LoggingMessageNotificationParam};
-
-/// Where a request's log messages go: the caller's peer, from the level the caller asked for
-/// (`_meta["io.modelcontextprotocol/logLevel"]`) up. A request without that key gets none.
-#[derive(Clone)]
-#[allow(deprecated)]
-pub struct Log {
-    pub level: LoggingLevel,
-    pub peer: rmcp::Peer<rmcp::RoleServer>,
-}
-
-#[allow(deprecated)]
-impl Log {
-    /// Sends `data` at `level` when the caller asked for that level or a lower one; a peer
-    /// that is gone loses it (a log line is never worth failing a request for).
-    pub async fn send(&self, level: LoggingLevel, logger: &str, data: Value) {
-        if rank(level) < rank(self.level) {
-            return;
-        }
-        let param =
-            LoggingMessageNotificationParam::new(level, data).with_logger(logger.to_owned());
-        #[allow(deprecated)]
-        let _ = self.peer.notify_logging_message(param).await;
-    }
-}
-
-/// Severity order of a log level (rmcp's type has none): `debug` lowest.
-#[allow(deprecated)]
-fn rank(level: LoggingLevel) -> u8 {
-    level as u8
-}
-
-/// A multi-round-trip request's answers (SEP-2322): what the client sends back with a
-/// request after an `InputRequiredResult`. Both are untrusted client input: a source that lets
-/// `request_state` decide anything seals it ([`rmcp::model::RequestStateCodec`]).
-#[derive(Debug, Clone, Default, PartialEq)]
-pub struct Input {
-    pub responses: Option<InputResponses>,
-    pub request_state: Option<String>,
-}
-
-impl Input {
-    /// The answer the client gave under `key`, if any.
-    pub fn response(&self, key: &str) -> Option<&Value> {
-        self.responses.as_ref()?.get(key)
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.responses.is_none() && self.request_state.is_none()
-    }
-}
-
-/// What a request (a tool call, a prompt) carries besides its name and arguments.
-#[derive(Default)]
-pub struct Call {
-    /// Set when the caller asked for progress (`_meta.progressToken`) on a plain call.
-    pub progress: Option<Progress>,
-    /// Set when the call runs as a task (the tasks extension): the tool may set a status
-    /// message, ask the client for input, and see `tasks/cancel`.
-    pub task: Option<crate::mcp::tasks::TaskHandle>,
-    /// The answers to an earlier `InputRequiredResult` of this request (SEP-2322).
-    pub input: Input,
-    /// What the client declared it can do (`_meta["io.modelcontextprotocol/clientCapabilities"]`;
-    /// the handshake's on a byte stream). A source asks for input (elicitation, sampling,
-    /// roots) only of a client that declared it.
-    pub capabilities: Option<ClientCapabilities>,
-    /// Set when the caller asked for log messages (`_meta` `logLevel`).
-    pub log: Option<Log>,
-}
-
-impl Call {
-    /// The `_meta` a request relayed for this caller carries upstream (the gateway): the
-    /// caller's declared capabilities (an upstream asks only for input the caller can give)
-    /// and its log level, set over what the relaying connection would send. `None` when the
-    /// caller declared neither.
-    pub fn upstream_meta(&self) -> Option<rmcp::model::RequestMetaObject> {
-        if self.capabilities.is_none() && self.log.is_none() {
-            return None;
-        }
-        let mut meta = rmcp::model::RequestMetaObject::default();
-        if let Some(c) = &self.capabilities {
-            // Not the tasks extension: a relayed plain request must not be answered with a
-            // task the relay would have to refuse (task calls declare it themselves).
-            let mut c = c.clone();
-            if let Some(e) = c.extensions.as_mut() {
-                e.remove(crate::mcp::tasks::TASKS_EXTENSION);
-            }
-            meta.set_client_capabilities(c);
-        }
-        if let Some(log) = &self.log {
-            meta.set_log_level(log.level);
-        }
-        Some(meta)
-    }
-}
-
-/// Held while a listen stream (or a read, or a poll) watches a URI; dropping it tells the
-/// source one watcher left.
-/// Sources that start work per URI (a kubectl process, an inotify watch) refcount with it.
-pub struct WatchGuard(#[allow(dead_code)] Option<Box<dyn Send + Sync>>);
-
-impl WatchGuard {
-    pub fn none() -> WatchGuard {
-        WatchGuard(None)
-    }
-
-    pub fn new(inner: impl Send + Sync + 'static) -> WatchGuard {
-        WatchGuard(Some(Box::new(inner)))
-    }
-}
-
 /// Identity of a source as the server announces it.
 #[derive(Debug, Clone, Default)]
 pub struct SourceInfo {
@@ -279,12 +117,6 @@ pub struct SourceInfo {
     /// `prompts`; it then publishes [`TOOLS_CHANGED`] / [`PROMPTS_CHANGED`] on its feed).
     pub list_changed: bool,
 }
-
-/// The feed key a source publishes when its tool list changed: listens that asked for
-/// `toolsListChanged` get `notifications/tools/list_changed`.
-pub const TOOLS_CHANGED: &str = "herald:list/tools";
-/// The feed key for a changed prompt list (`promptsListChanged`).
-pub const PROMPTS_CHANGED: &str = "herald:list/prompts";
 
 /// What a source makes of a caller's credentials ([`Source::authenticates`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -20,7 +20,8 @@ use rmcp::model::{
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
-use crate::mcp::source::{Call, Caller};
+use crate::mcp::call::Call;
+use crate::mcp::caller::Caller;
 
 /// What a task-augmented call through a relay answered: a task, or (when the server that runs
 /// the tool answered in place) the tool's result.
