@@ -501,7 +501,7 @@ impl Source for Gateway {
         }
     }
 
-    fn task_relay(&self) -> Option<Arc<dyn crate::mcp::tasks::relay::TaskRelay>> {
+    fn task_relay(&self) -> Option<Arc<dyn crate::mcp::tasks::relaying::TaskRelay>> {
         Some(self.tasks.clone())
     }
 

@@ -25,9 +25,9 @@ use std::time::Duration;
 use rmcp::model::JsonObject;
 use serde_json::{Value, json};
 
+use crate::mcp::error::SourceError;
 use crate::mcp::hub::ChangeFeed;
 use crate::mcp::ring::{EventRing, now_ms};
-use crate::mcp::source::SourceError;
 use crate::runtime::context::RoleContext;
 
 /// `maxEvents` when the poll does not say.

@@ -36,7 +36,7 @@ use crate::mcp::legacy::LegacySubscriptions;
 use crate::mcp::limits::Limits;
 use crate::mcp::listen::{Ack, ListenOut};
 use crate::mcp::source::{Body, DynSource, SourceError};
-use crate::mcp::tasks::relay::TaskRelay;
+use crate::mcp::tasks::relaying::TaskRelay;
 use crate::mcp::tasks::{TaskFeed, TaskSupport, Tasks};
 
 /// The Events extension's capability key.

@@ -256,7 +256,7 @@ pub trait Source: Send + Sync + 'static {
     /// Tasks this source hands on to servers that run them (the gateway): when set, the
     /// server answers task-augmented calls, `tasks/*` and listen `taskIds` through it instead
     /// of running tasks itself.
-    fn task_relay(&self) -> Option<Arc<dyn crate::mcp::tasks::relay::TaskRelay>> {
+    fn task_relay(&self) -> Option<Arc<dyn crate::mcp::tasks::relaying::TaskRelay>> {
         None
     }
 

@@ -7,7 +7,9 @@
 //! trees, braces expanded, and inline), resolved to the file of the longest module prefix that
 //! exists. Test code (files named `*tests.rs`, `*_fuzz.rs`, `testing.rs`, `fuzzing.rs`, and
 //! inline `#[cfg(test)] mod … { … }` blocks) is left out. A folder's `mod.rs` (and `lib.rs`)
-//! is its face, mostly declarations and re-exports: it is no node of the file graph.
+//! that only declares and re-exports is its face, no node of the file graph; one with items
+//! of its own is a node like any file; a file naming its own folder's `mod.rs` items
+//! (`super::X`) is contained in it, not an arrow.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
@@ -245,8 +247,12 @@ fn graph(files: &[File]) -> BTreeMap<String, BTreeSet<String>> {
         let mut to = BTreeSet::new();
         for p in paths(&f.text) {
             let m = absolute(&p, &f.module, face);
+            // A child naming its own folder's items (`super::X` from a file to its
+            // `mod.rs`) is containment, not an import between rooms.
+            let parent = &f.module[..f.module.len().saturating_sub(1)];
             if let Some(target) = owner(&m, &by_module)
                 && *target != f.rel
+                && !(by_module.get(parent) == Some(target) && !face)
             {
                 to.insert(target.clone());
             }
@@ -256,8 +262,25 @@ fn graph(files: &[File]) -> BTreeMap<String, BTreeSet<String>> {
     g
 }
 
-fn is_face(rel: &str) -> bool {
-    rel.ends_with("mod.rs") || rel == "lib.rs" || rel == "main.rs"
+/// Whether a folder's `mod.rs` (or `lib.rs`, `main.rs`) is only its face: declarations and
+/// re-exports, no item of its own. One with code of its own is a node like any file.
+fn is_face(file: &File) -> bool {
+    let named = file.rel.ends_with("mod.rs") || file.rel == "lib.rs" || file.rel == "main.rs";
+    named
+        && !code(&file.text).lines().any(|l| {
+            let l = l.trim_start();
+            let l = l
+                .strip_prefix("pub(crate) ")
+                .or_else(|| l.strip_prefix("pub(super) "))
+                .or_else(|| l.strip_prefix("pub "))
+                .unwrap_or(l);
+            let l = l.strip_prefix("async ").unwrap_or(l);
+            [
+                "fn ", "struct ", "enum ", "trait ", "impl ", "impl<", "const ", "static ", "type ",
+            ]
+            .iter()
+            .any(|k| l.starts_with(k))
+        })
 }
 
 /// The strongly connected components of more than one node (Tarjan's, iterative enough for a
@@ -348,14 +371,17 @@ fn no_file_in_src_is_over_900_lines() {
 fn no_import_cycle_between_files_or_top_level_modules() {
     let files = files();
     let g = graph(&files);
+    let faces: BTreeSet<&str> = files
+        .iter()
+        .filter(|f| is_face(f))
+        .map(|f| f.rel.as_str())
+        .collect();
     let file_graph: BTreeMap<String, BTreeSet<String>> = g
         .iter()
-        .filter(|(k, _)| !is_face(k))
+        .filter(|(k, _)| !faces.contains(k.as_str()))
         .map(|(k, v)| {
-            (
-                k.clone(),
-                v.iter().filter(|t| !is_face(t)).cloned().collect(),
-            )
+            let to = v.iter().filter(|t| !faces.contains(t.as_str()));
+            (k.clone(), to.cloned().collect())
         })
         .collect();
     let found = cycles(&file_graph);

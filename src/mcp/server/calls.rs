@@ -15,7 +15,7 @@ use super::{CALL_GRACE, SourceServer, TaskBackend, as_answered, to_mcp_error};
 use crate::mcp::caller::Caller;
 use crate::mcp::source::{Call, Input, Log, Progress, SourceError};
 use crate::mcp::tasks::TaskSupport;
-use crate::mcp::tasks::relay::Started;
+use crate::mcp::tasks::relaying::Started;
 
 /// What a request over a connection carries besides its name and arguments: from its
 /// context (progress token, log level, declared capabilities) and its SEP-2322 answers.

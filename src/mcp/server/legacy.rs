@@ -12,8 +12,8 @@ use tracing::{Instrument as _, info};
 use super::{SourceServer, deliver_on, to_mcp_error};
 use crate::mcp::admission::{ConnStreams, ListenFilter};
 use crate::mcp::caller::Caller;
+use crate::mcp::error::SourceError;
 use crate::mcp::legacy::{Claimed, LegacyOut};
-use crate::mcp::source::SourceError;
 
 impl SourceServer {
     /// `resources/subscribe` from a legacy session (see [`crate::mcp::legacy`]): `uri` is

@@ -46,13 +46,14 @@ use tokio::sync::{Notify, mpsc, oneshot};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use crate::mcp::source::SourceError;
+use crate::mcp::error::SourceError;
 use crate::runtime::context::RoleContext;
 use crate::store::{Store, Table};
 
 mod expiry;
 mod listen;
 pub mod relay;
+pub mod relaying;
 #[cfg(test)]
 mod tests;
 

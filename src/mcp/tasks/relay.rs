@@ -1,5 +1,5 @@
 //! Tasks another server runs, served as this server's own: the gateway's side of the tasks
-//! extension. A [`TaskRelay`] answers a task-augmented `tools/call` and `tasks/*` by asking the
+//! extension. A [`TaskRelay`](super::relaying::TaskRelay) answers a task-augmented `tools/call` and `tasks/*` by asking the
 //! server that runs the task; the pushes of one relayed task land in one [`Relayed`] (its
 //! latest state, shared by every listen stream watching it) and reach each stream through a
 //! [`RelayedListen`].
@@ -13,48 +13,9 @@ use crate::sync::Recover;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, Weak};
 
-use async_trait::async_trait;
-use rmcp::model::{
-    CallToolResult, DetailedTask, ErrorData as McpError, InputRequiredResult, InputResponses, Task,
-};
+use rmcp::model::{DetailedTask, Task};
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
-
-use crate::mcp::call::Call;
-use crate::mcp::caller::Caller;
-
-/// What a task-augmented call through a relay answered: a task, or (when the server that runs
-/// the tool answered in place) the tool's result.
-pub enum Started {
-    Task(Task),
-    Done(CallToolResult),
-    /// The server asked for input before it makes the task (SEP-2322 rounds first).
-    InputRequired(InputRequiredResult),
-}
-
-/// Serves `tasks/*`, task-augmented calls and listen `taskIds` for tasks run elsewhere.
-#[async_trait]
-pub trait TaskRelay: Send + Sync {
-    /// A task-augmented `tools/call` of `name`, declared by `caller`.
-    async fn call(
-        &self,
-        caller: &Caller,
-        name: &str,
-        args: rmcp::model::JsonObject,
-        call: Call,
-    ) -> Result<Started, McpError>;
-    async fn get(&self, caller: &Caller, id: &str) -> Result<DetailedTask, McpError>;
-    async fn update(
-        &self,
-        caller: &Caller,
-        id: &str,
-        responses: InputResponses,
-    ) -> Result<(), McpError>;
-    async fn cancel(&self, caller: &Caller, id: &str) -> Result<(), McpError>;
-    /// Registers a listen stream of `caller` for `ids` (the ones it may see now; the others
-    /// left out without a word) and starts relaying their pushes.
-    fn listen(&self, caller: &Caller, ids: &[String]) -> RelayedListen;
-}
 
 /// One relayed task's latest state, shared by the streams watching it.
 #[derive(Default)]
