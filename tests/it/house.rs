@@ -252,7 +252,7 @@ fn graph(files: &[File]) -> BTreeMap<String, BTreeSet<String>> {
             let parent = &f.module[..f.module.len().saturating_sub(1)];
             if let Some(target) = owner(&m, &by_module)
                 && *target != f.rel
-                && !(by_module.get(parent) == Some(target) && !face)
+                && (by_module.get(parent) != Some(target) || face)
             {
                 to.insert(target.clone());
             }
