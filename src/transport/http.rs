@@ -8,6 +8,9 @@
 //! and a graceful drain on shutdown. Origin validation and the Host check are on; SSE
 //! keep-alive comments go out on listen streams.
 
+/// How long the gate waits for rmcp's handler to claim a listen rmcp took.
+const CLAIM_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
+
 use crate::sync::Recover;
 use std::collections::HashMap;
 use std::net::{IpAddr, SocketAddr};
@@ -503,8 +506,10 @@ async fn listen_gate(State(gate): State<Gate>, req: Request, next: Next) -> Resp
         parts.extensions.insert(claim);
         let body = Body::from(bytes.clone());
         let response = next.run(Request::from_parts(parts, body)).await;
+        // rmcp's handler claims a listen it takes at once; one it never claims must not hold
+        // the admitted stream's slot.
         if is_event_stream(&response)
-            && claimed.await.is_ok()
+            && matches!(tokio::time::timeout(CLAIM_WAIT, claimed).await, Ok(Ok(_)))
             && let Ok(id) = serde_json::from_value::<rmcp::model::RequestId>(id)
         {
             return sse_listen(server.clone(), listen, id, ack);

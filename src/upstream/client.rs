@@ -93,7 +93,11 @@ impl Upstream {
         // there before the request leaves (a log message names no request, so none is kept
         // for later); progress that comes before its token is known waits for it.
         let (tx, mut upward) = tokio::sync::mpsc::channel(UPWARD_CAPACITY);
-        let _logging = call.log.as_ref().map(|_| self.relay.route_log(tx.clone()));
+        // Log messages name no request: only a 2026-07-28 server sends them just for the
+        // request that asked (an older one logs for its whole session, any caller's calls).
+        let _logging = (call.log.as_ref())
+            .filter(|_| live.conn.is_modern())
+            .map(|_| self.relay.route_log(tx.clone()));
         let handle = live
             .conn
             .send_cancellable_request(request, options)
@@ -121,10 +125,16 @@ impl Upstream {
         };
         cancel.disarm();
         // Everything the upstream sent before its answer is in the channel now: it leaves
-        // before the answer does.
-        while let Ok(up) = upward.try_recv() {
-            forward(call, up).await;
-        }
+        // before the answer does, within the request's bound (a caller that does not read
+        // loses it, not its answer).
+        drop(_relaying);
+        drop(_logging);
+        let _ = tokio::time::timeout(REQUEST_TIMEOUT, async {
+            while let Ok(up) = upward.try_recv() {
+                forward(call, up).await;
+            }
+        })
+        .await;
         let answer = answer.map_err(failed)?;
         Ok(answer)
     }

@@ -400,6 +400,7 @@ impl Upstream {
                     *self.live.locked() = Some(live.clone());
                     *self.catalog.locked() =
                         Some(live.catalog.clone());
+                    self.relay.connected();
                     self.relay.lists.count(|e| e.connects += 1);
                     let mut p = self.pacing.locked();
                     p.next = None;

@@ -116,12 +116,21 @@ const MAX_EARLY: usize = 64;
 /// A registered progress relay; dropping it ends the relay.
 pub struct Relaying {
     key: String,
+    /// Its own sender: a later call under the same token (on a newer connection) is not
+    /// this relay's to end.
+    to: mpsc::Sender<Upward>,
     waiting: Arc<Mutex<HashMap<String, mpsc::Sender<Upward>>>>,
 }
 
 impl Drop for Relaying {
     fn drop(&mut self) {
-        self.waiting.locked().remove(&self.key);
+        let mut waiting = self.waiting.locked();
+        if waiting
+            .get(&self.key)
+            .is_some_and(|s| s.same_channel(&self.to))
+        {
+            waiting.remove(&self.key);
+        }
     }
 }
 
@@ -149,11 +158,18 @@ impl Relay {
         for p in early {
             self.hand(&to, Upward::Progress(p));
         }
-        waiting.insert(key.clone(), to);
+        waiting.insert(key.clone(), to.clone());
         Relaying {
             key,
+            to,
             waiting: self.waiting.clone(),
         }
+    }
+
+    /// Forgets progress no call has claimed: a new connection numbers its progress tokens
+    /// from the start again, so what an older one left must never reach a call of the new one.
+    pub(super) fn connected(&self) {
+        self.early.locked().clear();
     }
 
     /// Progress and log messages dropped so far because their call's channel was full.

@@ -747,7 +747,9 @@ async fn progress_of_upstream_calls_is_relayed() {
         &cfg,
         format!(
             "[[slug]]\nname = \"old\"\nstdio = \"python3 {fixture}\"\n\
+             [[slug]]\nname = \"fx\"\nstdio = \"{} --stdio\"\n\
              [[token]]\nsha256 = \"{}\"\nslugs = [\"*\"]\n",
+            conformance_fixture().display(),
             sha(ALL)
         ),
     )
@@ -815,20 +817,30 @@ async fn progress_of_upstream_calls_is_relayed() {
     got.sort();
     assert_eq!(got, [(1, "step 1".to_owned()), (2, "step 2".to_owned())]);
     // A call that asks for log messages gets the upstream's, over the shared stdio
-    // connection (a call that did not ask, above, got none: the first to come is this one's).
-    let mut params =
-        CallToolRequestParams::new("old__echo").with_arguments(args(json!({"say": "logged"})));
-    let mut meta = rmcp::model::RequestMetaObject::default();
+    // connection, when the upstream speaks 2026-07-28 (which logs only for a request that
+    // asked). An older server logs for its whole session, whoever's call it serves, so its
+    // log messages go to no caller: the legacy fixture's line for the first call here is
+    // never relayed, and the first log message this client gets is the second call's.
     #[allow(deprecated)]
-    meta.set_log_level(rmcp::model::LoggingLevel::Info);
-    params.meta = Some(meta);
-    c.call_tool(params).await.unwrap();
+    let logged = |name: &str, a: Value| {
+        let mut params = CallToolRequestParams::new(name.to_owned()).with_arguments(args(a));
+        let mut meta = rmcp::model::RequestMetaObject::default();
+        meta.set_log_level(rmcp::model::LoggingLevel::Info);
+        params.meta = Some(meta);
+        params
+    };
+    c.call_tool(logged("old__echo", json!({"say": "logged"})))
+        .await
+        .unwrap();
+    c.call_tool(logged("fx__test_logging_tool", json!({})))
+        .await
+        .unwrap();
     let log = tokio::time::timeout(WAIT, logs.recv())
         .await
         .expect("a log message in time")
         .unwrap();
-    assert_eq!(log["logger"], "echo", "{log}");
-    assert_eq!(log["data"]["echoing"]["say"], "logged", "{log}");
+    assert_eq!(log["logger"], "test_logging_tool", "{log}");
+    assert_eq!(log["data"], "Diagnostic trace logging activated", "{log}");
     // The fixture advertises Events but cannot list them: an empty union, and a fault
     // counted in /metrics (served on the gateway's HTTP endpoint).
     let (gw_http, h) = http_gateway(&cfg, ALL).await;
@@ -995,4 +1007,17 @@ async fn an_event_log_read_after_a_seq_has_only_what_is_newer() {
     let gw = client(&s, Some(ALL), None).await;
     let r = gw.read_resource(after("a+memo://log")).await.unwrap();
     assert_eq!(seqs(r), all[2..], "the hint reaches the upstream");
+}
+
+/// The conformance fixture (`examples/conformance_fixture`), built beside the `herald` binary
+/// by `cargo test`: a 2026-07-28 server on herald's own plumbing.
+fn conformance_fixture() -> std::path::PathBuf {
+    let bin = std::path::Path::new(env!("CARGO_BIN_EXE_herald"));
+    let fixture = bin.with_file_name("examples").join("conformance_fixture");
+    assert!(
+        fixture.exists(),
+        "{} is missing: `cargo test` builds the examples (or run `cargo build --example conformance_fixture`)",
+        fixture.display()
+    );
+    fixture
 }

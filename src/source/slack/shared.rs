@@ -193,6 +193,8 @@ struct Feed {
     /// events): the holder steps down after two thirds of the stale time of it.
     failing_since: std::sync::Mutex<Option<Instant>>,
     servers: String,
+    /// NATS's counters, registered once with the feed (publishing counts into them).
+    counts: crate::nats::NatsMetrics,
 }
 
 impl Feed {
@@ -383,5 +385,6 @@ async fn open(core: &Arc<Core>, shared: &Shared) -> Result<Feed, String> {
         failing_since: std::sync::Mutex::new(None),
         unacked: std::sync::Mutex::new(std::collections::HashSet::new()),
         servers,
+        counts: crate::nats::NatsMetrics::register(core.ctx.metrics()),
     })
 }

@@ -11,7 +11,6 @@ use std::time::Instant;
 use async_nats::jetstream;
 
 use super::{Feed, PUBLISH_TIMEOUT, RETRY, Sealed};
-use crate::nats::NatsMetrics;
 use crate::source::slack::core::Core;
 
 /// Publishes what this process ingests, at once, while it may write.
@@ -91,7 +90,7 @@ pub(super) async fn publish_pending(core: &Core, feed: &Feed) -> Result<(), Refu
         // forgotten when it is lost.
         return Ok(());
     };
-    let counts = NatsMetrics::register(core.ctx.metrics());
+    let counts = &feed.counts;
     let rows = core.buffer.take_unwritten();
     for (i, h) in rows.iter().enumerate() {
         let id = h.posted.event_id();
