@@ -49,6 +49,8 @@ const OPENING: usize = 100;
 /// How long one round, or opening the streams, may go without progress.
 const WAIT: Duration = Duration::from_secs(60);
 const TOKEN: &str = "herald-bench-fanout-token";
+/// Connections each server may hold: every stream of the 10,000 has its own.
+const MAX_CONNECTIONS: &str = "12000";
 const MAX_STREAMS: &str = "20000";
 const TARGET_RSS_MB: f64 = 200.0;
 
@@ -462,6 +464,9 @@ async fn memo(bin: &str) -> (Child, Value) {
             "127.0.0.1:0",
             "--max-listen-streams",
             MAX_STREAMS,
+            // One TCP connection per stream: past the default 4,096 connections.
+            "--max-connections",
+            MAX_CONNECTIONS,
         ],
     )
     .await
@@ -584,6 +589,8 @@ async fn main() {
                     "127.0.0.1:0",
                     "--max-listen-streams",
                     MAX_STREAMS,
+                    "--max-connections",
+                    MAX_CONNECTIONS,
                 ],
             )
             .await;
