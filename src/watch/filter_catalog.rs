@@ -423,21 +423,26 @@ impl FilterHost for FilterCatalog {
                         format!("call {tool} with keyword arguments, e.g. {tool}(name=...)"),
                     ));
                 }
-                let conn = server
-                    .live()
+                // Through the upstream client, as every call to a server goes: in-process,
+                // direct HTTP or its connection, bounded by its request timeout.
+                let r = server
+                    .call_tool(tool, kwargs, crate::mcp::source::Call::default())
                     .await
-                    .map_err(|e| py_err(PyExc::RuntimeError, e.to_string()))?;
-                let params =
-                    rmcp::model::CallToolRequestParams::new(tool.to_owned()).with_arguments(kwargs);
-                let r = tokio::time::timeout(REQUEST_TIMEOUT, conn.conn.call_tool(params))
-                    .await
-                    .map_err(|_| py_err(PyExc::TimeoutError, format!("{tool} took too long")))?
-                    .map_err(|e| {
-                        py_err(
-                            PyExc::RuntimeError,
-                            crate::transport::explain::request(&server.target, &e),
-                        )
+                    .map_err(|e| match e {
+                        crate::upstream::UpstreamError::TimedOut { .. } => {
+                            py_err(PyExc::TimeoutError, format!("{tool} took too long"))
+                        }
+                        e => py_err(PyExc::RuntimeError, e.to_string()),
                     })?;
+                let r = match r {
+                    rmcp::model::CallToolResponse::Complete(r) => r,
+                    _ => {
+                        return Err(py_err(
+                            PyExc::RuntimeError,
+                            format!("{tool} asks for input, which a filter cannot give"),
+                        ));
+                    }
+                };
                 let text: Vec<String> = r
                     .content
                     .iter()
