@@ -27,7 +27,7 @@
 use std::sync::Arc;
 
 use herald::mcp::limits::DEFAULT_MAX_MESSAGE_BYTES;
-use herald::transport::client::Target;
+use herald::transport::target::Target;
 use herald::transport::tls::ClientTrust;
 use herald::upstream::{Live, Upstream, UpstreamConfig};
 use rmcp::model::{

@@ -14,7 +14,8 @@ use crate::mcp::limits::Limits;
 use crate::mcp::server::SourceServer;
 use crate::source::memo::Memo;
 use crate::store::Store;
-use crate::transport::client::{ConnectError, Target};
+use crate::transport::client::ConnectError;
+use crate::transport::target::Target;
 use crate::upstream::{Dialer, Upstream, UpstreamConfig};
 
 const MAX: usize = 4 << 20;

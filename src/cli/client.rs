@@ -11,9 +11,10 @@ use crate::app::console;
 use crate::cli::{Exit, usage};
 use crate::mcp::limits::DEFAULT_MAX_MESSAGE_BYTES;
 use crate::transport::client::{
-    Connection, DEFAULT_CONNECT_TIMEOUT, Target, client_config, connect_within,
+    Connection, DEFAULT_CONNECT_TIMEOUT, client_config, connect_within,
 };
 use crate::transport::explain;
+use crate::transport::target::Target;
 use crate::transport::tls::ClientTrust;
 
 /// Which server to talk to (exactly one).

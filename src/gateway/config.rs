@@ -33,7 +33,9 @@ use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
-use crate::transport::client::{DEFAULT_CONNECT_TIMEOUT, Target};
+use crate::transport::client::DEFAULT_CONNECT_TIMEOUT;
+
+use crate::transport::target::Target;
 use crate::transport::tls::{ClientTrust, Secret, TlsError};
 
 /// What is wrong with a gateway config. Each message names the slug or token at fault and

@@ -14,7 +14,7 @@ use crate::mcp::source::{
     Admission, Caller, Contents, ListenFilter, Source, SourceError, SourceInfo,
 };
 use crate::runtime::context::RoleContext;
-use crate::transport::client::Target;
+use crate::transport::target::Target;
 use crate::upstream::{UpstreamConfig, local};
 
 const WAIT: Duration = Duration::from_secs(10);

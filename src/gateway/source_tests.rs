@@ -1,7 +1,7 @@
 use super::*;
 use crate::mcp::source::{Body, Call};
 use crate::testing::MemoServer;
-use crate::transport::client::Target;
+use crate::transport::target::Target;
 use crate::upstream::local;
 
 fn set(key: &str, value: i64) -> JsonObject {

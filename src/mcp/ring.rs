@@ -12,6 +12,7 @@
 //! has everything up to a `seq`: the events after it, led by the newest one at or before it as
 //! an anchor, so the reader's GAP rule reads it as it reads the whole ring.
 
+use crate::runtime::tap::{Tap, Tapped};
 use crate::sync::Recover;
 use std::collections::VecDeque;
 use std::sync::{Arc, Mutex};
@@ -40,8 +41,6 @@ pub struct EventRing {
     /// ([`EventRing::tapped`]).
     tap: Option<(Arc<str>, Tap)>,
 }
-
-pub use crate::runtime::tap::{Tap, Tapped};
 
 #[derive(Debug)]
 struct Inner {

@@ -41,7 +41,7 @@ use sha2::Digest;
 
 use crate::mcp::events::{self, PollRequest};
 use crate::mcp::hub::ChangeFeed;
-use crate::mcp::ring::{DEFAULT_RING_CAPACITY, EVENT_LOG_MIME, EventRing, Tap, Tapped};
+use crate::mcp::ring::{DEFAULT_RING_CAPACITY, EVENT_LOG_MIME, EventRing};
 use crate::mcp::source::{
     Admission, Caller, Contents, ListenFilter, Read, Source, SourceError, SourceInfo, WatchGuard,
 };
@@ -49,6 +49,7 @@ use crate::nats::NatsConfig;
 use crate::nats::ordered::Follow;
 use crate::runtime::backoff::Backoff;
 use crate::runtime::context::RoleContext;
+use crate::runtime::tap::{Tap, Tapped};
 
 /// The stream every published event log goes to.
 pub const STREAM: &str = "herald_events";

@@ -364,7 +364,7 @@ mod tests {
     use super::*;
 
     use crate::testing::MemoServer;
-    use crate::transport::client::Target;
+    use crate::transport::target::Target;
     use crate::upstream::UpstreamConfig;
 
     #[tokio::test]

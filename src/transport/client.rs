@@ -29,9 +29,8 @@ use crate::mcp::server::{EVENTS_EXTENSION, TOKEN_META_KEY};
 use crate::transport::explain;
 use crate::transport::lines::LineTransport;
 use crate::transport::quic;
+use crate::transport::target::Target;
 use crate::transport::tls::ClientTrust;
-
-pub use crate::transport::target::Target;
 
 #[derive(Debug, thiserror::Error)]
 pub enum ConnectError {

@@ -96,7 +96,7 @@ impl UpstreamError {
     /// timeout (`bound`), or a broken connection, explained for `target`.
     pub fn service(
         server: &str,
-        target: &crate::transport::client::Target,
+        target: &crate::transport::target::Target,
         bound: Duration,
         e: rmcp::ServiceError,
     ) -> UpstreamError {

@@ -249,7 +249,7 @@ impl HttpCalls {
 /// A transport failure as a sentence ([`explain`](crate::transport::explain)), naming the
 /// endpoint without its userinfo or query (which may carry a key).
 fn transport(url: &reqwest::Url, e: reqwest::Error) -> CallError {
-    let target = crate::transport::client::Target::Http(url.to_string());
+    let target = crate::transport::target::Target::Http(url.to_string());
     CallError::Transport(crate::transport::explain::failure(&target, false, &e))
 }
 

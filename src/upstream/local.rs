@@ -9,7 +9,8 @@ use std::sync::Arc;
 use super::{Dialer, Upstream, UpstreamConfig};
 use crate::mcp::server::SourceServer;
 use crate::runtime::context::RoleContext;
-use crate::transport::client::{Tap, Target, connect_stream_tapped};
+use crate::transport::client::{Tap, connect_stream_tapped};
+use crate::transport::target::Target;
 
 /// Bytes buffered in each direction of a pipe.
 const PIPE: usize = 1 << 16;

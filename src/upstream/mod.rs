@@ -48,10 +48,9 @@ use crate::mcp::source::SourceError;
 use crate::runtime::backoff::Backoff;
 use crate::runtime::context::RoleContext;
 use crate::runtime::status::UpstreamReport;
-use crate::transport::client::{
-    ConnectError, Connection, DEFAULT_CONNECT_TIMEOUT, Target, connect_tapped,
-};
+use crate::transport::client::{ConnectError, Connection, DEFAULT_CONNECT_TIMEOUT, connect_tapped};
 use crate::transport::explain;
+use crate::transport::target::Target;
 use crate::transport::tls::ClientTrust;
 
 /// Longest one request to an upstream may take (a read, a listen's acknowledgment, a tool

@@ -7,14 +7,13 @@
 //! Events are JSON objects shaped as the filter's `event` dict (without `watch` / `uri`, which
 //! the manager adds).
 
+use crate::upstream::log::{Event, changed_paths};
 use std::collections::HashMap;
 use std::ops::Range;
 
 use serde_json::Value;
 
 use crate::watch::raw::{Layout, layout};
-
-pub use crate::upstream::log::{Event, LogCursor, changed_paths, extract_log, extract_log_text};
 
 /// A state read: JSON when it parses, else text.
 #[derive(Debug, Clone, PartialEq)]
@@ -294,6 +293,7 @@ fn diff_parsed(old: &StateBase, new: &StateBase) -> Vec<Event> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::upstream::log::{LogCursor, extract_log, extract_log_text};
     use serde_json::Map;
     use serde_json::json;
 

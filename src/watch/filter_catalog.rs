@@ -491,7 +491,7 @@ mod tests {
         mpsc::Receiver<crate::watch::spec::Notice>,
     ) {
         let up = memo.upstream_with(crate::watch::upstream_config(
-            crate::transport::client::Target::Stdio("in-process memo".into()),
+            crate::transport::target::Target::Stdio("in-process memo".into()),
             Default::default(),
             1 << 20,
         ));

@@ -5,7 +5,7 @@
 use super::*;
 
 use crate::testing::MemoServer;
-use crate::transport::client::Target;
+use crate::transport::target::Target;
 
 fn fast() -> WatchConfig {
     let mut cfg = WatchConfig::default();

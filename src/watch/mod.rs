@@ -32,7 +32,7 @@ pub use spec::{Notice, Restart, Shape, WatchConfig, WatchError, WatchInfo, Watch
 
 use crate::filter::pool::{FilterPool, PoolConfig};
 use crate::store::Store;
-use crate::transport::client::Target;
+use crate::transport::target::Target;
 use crate::transport::tls::ClientTrust;
 use crate::upstream::{UNPACED, Upstream, UpstreamConfig};
 use crate::watch::log::WatchLog;

@@ -20,7 +20,9 @@ use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
-use crate::watch::events::{Event, at_path};
+use crate::watch::events::at_path;
+
+use crate::upstream::log::Event;
 
 /// Longest value a default line shows, in characters of its JSON; a longer one is cut there
 /// and ends with `…` (a cut string has no closing quote).

@@ -19,8 +19,9 @@ use tokio_util::sync::CancellationToken;
 use crate::filter::engine::Outcome as FilterOutcome;
 use crate::filter::pool::FilterError;
 use crate::mcp::source::Body;
+use crate::upstream::log::{Event, LogCursor, extract_log_text};
 use crate::upstream::{Live, Upstream, UpstreamError};
-use crate::watch::events::{Event, LogCursor, StateBase, diff_reads, extract_log_text};
+use crate::watch::events::{StateBase, diff_reads};
 use crate::watch::handle::{Stats, WatchHandle};
 use crate::watch::notice::{Debounce, Dedupe, Line, default_line, object_key, sanitize_line};
 use crate::watch::spec::{Notice, WatchError, WatchSpec};
@@ -632,7 +633,7 @@ mod tests {
     fn a_repeated_line_for_the_same_object_is_dropped() {
         let mut t = task(fast());
         let (_, cursor) =
-            crate::watch::events::extract_log(LogCursor::default(), &json!({"events": []}))
+            crate::upstream::log::extract_log(LogCursor::default(), &json!({"events": []}))
                 .unwrap();
         let mut base = Baseline::Log(cursor);
         let log = json!({"events": [
@@ -714,7 +715,7 @@ mod tests {
     /// The in-process memo server, reached the way the watch client reaches its servers.
     fn memo_upstream(memo: &MemoServer) -> Arc<Upstream> {
         memo.upstream_with(crate::watch::upstream_config(
-            crate::transport::client::Target::Stdio("in-process memo".into()),
+            crate::transport::target::Target::Stdio("in-process memo".into()),
             Default::default(),
             1 << 20,
         ))

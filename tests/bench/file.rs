@@ -17,7 +17,9 @@ use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::time::{Duration, Instant};
 
-use herald::transport::client::{Target, client_config, connect};
+use herald::transport::client::{client_config, connect};
+
+use herald::transport::target::Target;
 use herald::transport::tls::ClientTrust;
 use rmcp::model::{ReadResourceRequestParams, ServerNotification, SubscriptionFilter};
 

@@ -21,7 +21,9 @@ mod kube_fake;
 use std::process::Stdio;
 use std::time::{Duration, Instant};
 
-use herald::transport::client::{Target, client_config, connect};
+use herald::transport::client::{client_config, connect};
+
+use herald::transport::target::Target;
 use herald::watch::log::WatchLog;
 use herald::watch::{WatchConfig, WatchManager};
 use kube_fake::FakeApi;

@@ -27,7 +27,9 @@ mod common;
 use std::process::Stdio;
 use std::time::{Duration, Instant};
 
-use herald::transport::client::{Connection, Target, client_config, connect};
+use herald::transport::client::{Connection, client_config, connect};
+
+use herald::transport::target::Target;
 use herald::transport::tls::ClientTrust;
 use rmcp::model::{
     CallToolRequestParams, ClientRequest, CustomRequest, ServerResult, SubscriptionFilter,

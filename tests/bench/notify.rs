@@ -12,7 +12,9 @@
 
 use std::time::{Duration, Instant};
 
-use herald::transport::client::{Target, client_config, connect};
+use herald::transport::client::{client_config, connect};
+
+use herald::transport::target::Target;
 use herald::transport::tls::ClientTrust;
 use rmcp::model::{CallToolRequestParams, ServerNotification, SubscriptionFilter};
 use serde_json::{Value, json};

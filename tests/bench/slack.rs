@@ -37,7 +37,8 @@ use std::process::Stdio;
 use std::time::{Duration, Instant};
 
 use futures::FutureExt as _;
-use herald::transport::client::{Connection, Target, client_config, connect};
+use herald::transport::client::{Connection, client_config, connect};
+use herald::transport::target::Target;
 use herald::transport::tls::ClientTrust;
 use rmcp::model::{
     CallToolRequestParams, ClientRequest, CustomRequest, ReadResourceRequestParams,

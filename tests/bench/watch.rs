@@ -21,7 +21,9 @@ use std::process::Stdio;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
-use herald::transport::client::{Target, client_config, connect};
+use herald::transport::client::{client_config, connect};
+
+use herald::transport::target::Target;
 use herald::transport::tls::ClientTrust;
 use herald::watch::events::{StateBase, diff_reads};
 use rmcp::model::CallToolRequestParams;

@@ -41,7 +41,7 @@ async fn live_ready_metrics_and_status_on_the_admin_address() {
 
     // One open listen stream, proven running by a notification on it.
     let memo = Memo {
-        target: herald::transport::client::Target::Http(server.http_url()),
+        target: herald::transport::target::Target::Http(server.http_url()),
         trust: Default::default(),
         server: None,
     };

@@ -1055,7 +1055,7 @@ async fn run_http() -> usize {
     // The same server still serves: a set, the held listen hears of it, the read.
     let conn = Memo {
         server: None,
-        target: herald::transport::client::Target::Http(url.clone()),
+        target: herald::transport::target::Target::Http(url.clone()),
         trust: Default::default(),
     }
     .client()
@@ -1100,7 +1100,7 @@ async fn run_gateway() -> usize {
     }
     let conn = Memo {
         server: None,
-        target: herald::transport::client::Target::Http(gw.http_url()),
+        target: herald::transport::target::Target::Http(gw.http_url()),
         trust: herald::transport::tls::ClientTrust {
             token: Some(herald::transport::tls::Secret(token.to_owned())),
             ..Default::default()

@@ -142,7 +142,7 @@ async fn start(store: &str) -> Server {
 async fn check(server: &Server, known: &Known, after: &str) {
     let conn = Memo {
         server: None,
-        target: herald::transport::client::Target::Http(server.http_url()),
+        target: herald::transport::target::Target::Http(server.http_url()),
         trust: Default::default(),
     }
     .client()

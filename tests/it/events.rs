@@ -198,7 +198,7 @@ async fn a_file_change_is_polled() {
     ])
     .await;
     let memo = Memo {
-        target: herald::transport::client::Target::Http(server.http_url()),
+        target: herald::transport::target::Target::Http(server.http_url()),
         trust: Default::default(),
         server: None,
     };
@@ -277,7 +277,7 @@ async fn a_kcp_change_is_polled() {
     ])
     .await;
     let memo = Memo {
-        target: herald::transport::client::Target::Http(server.http_url()),
+        target: herald::transport::target::Target::Http(server.http_url()),
         trust: Default::default(),
         server: None,
     };

@@ -8,7 +8,8 @@ use serde_json::{Value, json};
 use sha2::Digest;
 
 use crate::support::*;
-use herald::transport::client::{Connection, Target, client_config, connect};
+use herald::transport::client::{Connection, client_config, connect};
+use herald::transport::target::Target;
 use herald::transport::tls::{ClientTrust, Secret};
 
 const ALL: &str = "token-all-7f3a";

@@ -9,7 +9,7 @@ use herald::app::{ServeOptions, serve_source};
 use herald::runtime::context::RoleContext;
 use herald::source::memo::Memo;
 use herald::store::{Store, Table};
-use herald::transport::client::Target;
+use herald::transport::target::Target;
 use herald::watch::log::WatchLog;
 use herald::watch::{Notice, WatchConfig, WatchError, WatchManager};
 use serde_json::json;

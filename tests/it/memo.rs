@@ -122,7 +122,7 @@ async fn notes_survive_a_restart_and_a_second_process_is_refused() {
     let store = store.to_str().unwrap();
     let first = Server::spawn(&["--store", store, "memo", "--http", "127.0.0.1:0"]).await;
     let memo = Memo {
-        target: herald::transport::client::Target::Http(first.http_url()),
+        target: herald::transport::target::Target::Http(first.http_url()),
         trust: Default::default(),
         server: None,
     };
@@ -141,7 +141,7 @@ async fn notes_survive_a_restart_and_a_second_process_is_refused() {
     assert!(first.terminate().await.success());
     let second = Server::spawn(&["--store", store, "memo", "--http", "127.0.0.1:0"]).await;
     let memo = Memo {
-        target: herald::transport::client::Target::Http(second.http_url()),
+        target: herald::transport::target::Target::Http(second.http_url()),
         trust: Default::default(),
         server: None,
     };
@@ -288,11 +288,11 @@ async fn herald_up_serves_the_demo_with_no_config() {
     .await;
     for (target, trust) in [
         (
-            herald::transport::client::Target::Http(up.http_url()),
+            herald::transport::target::Target::Http(up.http_url()),
             Default::default(),
         ),
         (
-            herald::transport::client::Target::Quic(up.quic_addr()),
+            herald::transport::target::Target::Quic(up.quic_addr()),
             herald::transport::tls::ClientTrust {
                 ca: None,
                 pin: Some(up.fingerprint()),

@@ -352,7 +352,7 @@ async fn gateway_on_nats(
         ..Default::default()
     };
     let c = herald::transport::client::connect(
-        &herald::transport::client::Target::Http(gw.http_url()),
+        &herald::transport::target::Target::Http(gw.http_url()),
         &trust,
         herald::transport::client::client_config(),
         4 << 20,

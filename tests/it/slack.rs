@@ -3,7 +3,9 @@
 
 use std::collections::BTreeSet;
 
-use herald::transport::client::{Connection, Target, client_config, connect};
+use herald::transport::client::{Connection, client_config, connect};
+
+use herald::transport::target::Target;
 use herald::transport::tls::{ClientTrust, Secret};
 use rmcp::model::{CallToolRequestParams, ServerNotification, SubscriptionFilter};
 use serde_json::{Value, json};

@@ -184,7 +184,7 @@ async fn a_store_held_by_a_running_herald_is_backed_up_by_that_herald() {
     ])
     .await;
     let memo = Memo {
-        target: herald::transport::client::Target::Http(server.http_url()),
+        target: herald::transport::target::Target::Http(server.http_url()),
         trust: Default::default(),
         server: None,
     };

@@ -5,7 +5,9 @@ use std::process::Stdio;
 use std::sync::{Arc, Mutex, Once};
 use std::time::Duration;
 
-use herald::transport::client::{Connection, Target, client_config, connect};
+use herald::transport::client::{Connection, client_config, connect};
+
+use herald::transport::target::Target;
 use herald::transport::tls::ClientTrust;
 use rmcp::model::{CallToolRequestParams, ReadResourceRequestParams, ResourceContents};
 use serde_json::{Map, Value, json};

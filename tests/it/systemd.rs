@@ -108,7 +108,7 @@ async fn ready_comes_once_the_listeners_answer_then_watchdog_pings_and_stopping(
     let conn = tokio::time::timeout(
         WAIT,
         herald::transport::client::connect(
-            &herald::transport::client::Target::Http(url),
+            &herald::transport::target::Target::Http(url),
             &Default::default(),
             herald::transport::client::client_config(),
             1 << 20,
@@ -202,7 +202,7 @@ async fn socket_activation_serves_mcp_on_the_inherited_listener() {
     );
     assert_eq!(server.listening["stdio"], false);
     let conn = Memo {
-        target: herald::transport::client::Target::Http(server.http_url()),
+        target: herald::transport::target::Target::Http(server.http_url()),
         trust: Default::default(),
         server: None,
     }

@@ -80,7 +80,7 @@ async fn roles_and_an_external_server_share_one_endpoint_and_the_watch_sees_each
 
     // One endpoint: the in-process roles' tools and resources, and the external server's.
     let conn = Memo {
-        target: herald::transport::client::Target::Http(up.url.clone()),
+        target: herald::transport::target::Target::Http(up.url.clone()),
         trust: Default::default(),
         server: None,
     }
@@ -353,7 +353,7 @@ async fn with_a_model_the_agent_takes_the_notices_as_turns() {
     let model = crate::fake_model::FakeModel::start(vec![]).await;
     let mut up = up(&cfg, &["--model-url", &model.url]).await;
     let conn = Memo {
-        target: herald::transport::client::Target::Http(up.url.clone()),
+        target: herald::transport::target::Target::Http(up.url.clone()),
         trust: Default::default(),
         server: None,
     }

@@ -107,7 +107,7 @@ impl Watch {
 
 pub async fn memo_client(url: &str) -> herald::transport::client::Connection {
     Memo {
-        target: herald::transport::client::Target::Http(url.to_owned()),
+        target: herald::transport::target::Target::Http(url.to_owned()),
         trust: Default::default(),
         server: None,
     }

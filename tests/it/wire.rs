@@ -459,7 +459,7 @@ async fn an_http_listen_whose_reader_stalls_is_ended() {
     // Changes, each a notification for the stalled stream, until it is ended.
     let c = std::sync::Arc::new(
         herald::transport::client::connect(
-            &herald::transport::client::Target::Http(url.clone()),
+            &herald::transport::target::Target::Http(url.clone()),
             &herald::transport::tls::ClientTrust::default(),
             herald::transport::client::client_config(),
             4 << 20,
@@ -732,7 +732,7 @@ async fn malformed_http_bodies_get_json_rpc_errors() {
     }
     // Nothing was lost: the server answers a good call as before.
     let c = herald::transport::client::connect(
-        &herald::transport::client::Target::Http(s.http_url()),
+        &herald::transport::target::Target::Http(s.http_url()),
         &herald::transport::tls::ClientTrust::default(),
         herald::transport::client::client_config(),
         4 << 20,

@@ -27,11 +27,12 @@ use serde_json::{Map, Value, json};
 use crate::mcp::events::{self, EventType, PollRequest};
 use crate::mcp::hub::ChangeFeed;
 use crate::mcp::limits::DEFAULT_MAX_MESSAGE_BYTES;
-use crate::mcp::ring::{EVENT_LOG_MIME, EventRing, Tap};
+use crate::mcp::ring::{EVENT_LOG_MIME, EventRing};
 use crate::mcp::source::{
     Admission, Call, Caller, Contents, ListenFilter, Read, Source, SourceError, SourceInfo,
     WatchGuard,
 };
+use crate::runtime::tap::Tap;
 use crate::store::{Store, StoreError, Table};
 
 pub mod nats;
