@@ -739,4 +739,4 @@ impl Inner {
 
 #[cfg(test)]
 #[path = "buffer_tests.rs"]
-mod tests;
+pub(super) mod tests;

@@ -5,7 +5,8 @@ use super::*;
 
 const DAY: Duration = Duration::from_secs(86_400);
 
-fn posted(channel: &str, ts_ms: u64, text: &str) -> Posted {
+/// A message in `channel` posted at `ts_ms` (its `channel:ts` is its identity).
+pub(in crate::source::slack) fn posted(channel: &str, ts_ms: u64, text: &str) -> Posted {
     Posted {
         channel_id: channel.into(),
         channel_type: "channel".into(),

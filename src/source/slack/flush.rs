@@ -116,21 +116,9 @@ mod tests {
     use crate::store::Store;
     use std::sync::atomic::{AtomicUsize, Ordering};
 
-    /// A message posted `ago_ms` ago (its `channel:ts` is its identity).
+    /// A message posted `ago_ms` ago.
     fn posted(text: &str, ago_ms: u64) -> Posted {
-        Posted {
-            channel_id: "C1".into(),
-            channel_type: "channel".into(),
-            ts: super::super::message::ms_ts(now_ms() - ago_ms),
-            thread_ts: None,
-            user_id: Some("U1".into()),
-            bot_id: None,
-            username: None,
-            is_dm: false,
-            mentions_bot: false,
-            permalink: String::new(),
-            text: text.into(),
-        }
+        super::super::buffer::tests::posted("C1", now_ms() - ago_ms, text)
     }
 
     /// A stored buffer with nothing left to write, and a flusher over it counting its flushes
