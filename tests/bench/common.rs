@@ -74,6 +74,23 @@ pub async fn serve(args: &[&str]) -> (Child, Value) {
     serve_with(BIN, args).await
 }
 
+/// A `herald memo` on a memory store serving HTTP and QUIC on any ports, from the herald at
+/// `bin`, with `extra` flags; what [`serve_with`] gives back.
+#[allow(dead_code)] // not every bench starts a memo
+pub async fn memo_with(bin: &str, extra: &[&str]) -> (Child, Value) {
+    let mut args = vec![
+        "--store",
+        ":memory:",
+        "memo",
+        "--http",
+        "127.0.0.1:0",
+        "--quic",
+        "127.0.0.1:0",
+    ];
+    args.extend_from_slice(extra);
+    serve_with(bin, &args).await
+}
+
 /// [`serve`] with the herald binary at `bin` (this build's or a baseline's).
 pub async fn serve_with(bin: &str, args: &[&str]) -> (Child, Value) {
     let mut child = tokio::process::Command::new(bin)

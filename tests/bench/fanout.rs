@@ -452,16 +452,9 @@ async fn run(
 }
 
 async fn memo(bin: &str) -> (Child, Value) {
-    common::serve_with(
+    common::memo_with(
         bin,
         &[
-            "--store",
-            ":memory:",
-            "memo",
-            "--http",
-            "127.0.0.1:0",
-            "--quic",
-            "127.0.0.1:0",
             "--max-listen-streams",
             MAX_STREAMS,
             // One TCP connection per stream: past the default 4,096 connections.

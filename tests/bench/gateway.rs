@@ -357,19 +357,7 @@ struct Memo {
 }
 
 async fn memo_server(bin: &str) -> Memo {
-    let (child, v) = common::serve_with(
-        bin,
-        &[
-            "--store",
-            ":memory:",
-            "memo",
-            "--http",
-            "127.0.0.1:0",
-            "--quic",
-            "127.0.0.1:0",
-        ],
-    )
-    .await;
+    let (child, v) = common::memo_with(bin, &[]).await;
     Memo {
         child,
         url: v["http_url"].as_str().unwrap().to_owned(),

@@ -79,19 +79,7 @@ async fn call_and_wait(
 
 /// A `herald memo` serving HTTP and QUIC, from the herald at `bin`.
 async fn memo_server(bin: &str) -> Spawned {
-    let (child, listening) = common::serve_with(
-        bin,
-        &[
-            "--store",
-            ":memory:",
-            "memo",
-            "--http",
-            "127.0.0.1:0",
-            "--quic",
-            "127.0.0.1:0",
-        ],
-    )
-    .await;
+    let (child, listening) = common::memo_with(bin, &[]).await;
     Spawned { child, listening }
 }
 
