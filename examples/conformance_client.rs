@@ -91,10 +91,8 @@ async fn run() -> Result<(), String> {
         browse(&live).await?;
     }
     // Close the connection before the runtime goes (rmcp logs its cut-off transport task).
-    up.reset(&live);
-    if let Ok(live) = Arc::try_unwrap(live) {
-        live.conn.close().await;
-    }
+    drop(live);
+    up.close().await;
     Ok(())
 }
 

@@ -131,7 +131,7 @@ mod tests {
     async fn the_prompt_names_each_server_its_tools_and_its_resources_with_their_examples() {
         let memo = crate::testing::MemoServer::start().await;
         let up = memo.upstream();
-        up.live().await.unwrap();
+        up.connect().await.unwrap();
         let p = system_prompt(&[up], Some("Answer in French."));
         assert!(
             p.contains("tools: memo_set, memo_delete, memo_wait, memo_ask"),

@@ -70,7 +70,7 @@ pub async fn follow_inbox(
     loop {
         let attempt = async {
             // Through a gateway the URI is the slug's; `pick` routes it like any other.
-            futures::future::join_all(servers.iter().map(|s| s.live())).await;
+            futures::future::join_all(servers.iter().map(|s| s.connect())).await;
             let server = pick(&servers, INBOX)
                 .cloned()
                 .ok_or_else(|| format!("no server serves {INBOX}; is herald slack (or herald up with [slack]) among --mcp-*?"))?;

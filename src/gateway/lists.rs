@@ -37,7 +37,7 @@ pub(super) async fn follow(up: Arc<Upstream>, feed: ChangeFeed, stop: Cancellati
     let mut last = *events.borrow_and_update();
     let mut seen = up.catalog();
     // Nothing to follow before something connects it (the warm-up, a caller, a supervisor).
-    if up.cached().is_none() && !next_connect(&mut events, &mut last, &stop).await {
+    if !up.is_connected() && !next_connect(&mut events, &mut last, &stop).await {
         return;
     }
     let mut kept = KeptListen::new(

@@ -176,7 +176,7 @@ impl Gateway {
     /// the first client. A slug that is not up by then connects on first use.
     pub async fn warm_up(&self, bound: Duration) {
         let all = self.upstreams().iter().map(|u| async move {
-            let _ = tokio::time::timeout(bound, u.live()).await;
+            let _ = tokio::time::timeout(bound, u.connect()).await;
         });
         futures::future::join_all(all).await;
     }
@@ -279,10 +279,10 @@ impl Gateway {
     /// Slugs selected for this request whose handshake advertises Events (3 s per slug).
     async fn event_slugs(&self, caller: &Caller) -> Vec<Arc<Upstream>> {
         let probes = self.selected(caller).into_iter().map(|u| async move {
-            match tokio::time::timeout(EVENTS_PROBE, u.live()).await {
-                Ok(Ok(l)) if l.events => Some(u),
-                _ => None,
-            }
+            u.offers_events(EVENTS_PROBE)
+                .await
+                .is_ok_and(|yes| yes)
+                .then_some(u)
         });
         futures::future::join_all(probes)
             .await
@@ -571,17 +571,7 @@ impl Source for Gateway {
             )));
         };
         let up = self.slug(caller, slug)?;
-        let live = match tokio::time::timeout(EVENTS_PROBE, up.live()).await {
-            Ok(r) => r?,
-            Err(_) => {
-                return Err(crate::upstream::UpstreamError::TimedOut {
-                    server: slug.to_owned(),
-                    after: EVENTS_PROBE,
-                }
-                .into());
-            }
-        };
-        if !live.events {
+        if !up.offers_events(EVENTS_PROBE).await? {
             return Err(SourceError::EventNotFound(format!(
                 "server {slug} serves no events; events/list names the events"
             )));

@@ -394,7 +394,7 @@ mod tests {
         let r = board.readiness();
         assert!(!r.ready, "{r:?}");
         assert_eq!(r.upstreams_never_connected[0].name, up.name);
-        up.live().await.expect("connects");
+        up.connect().await.expect("connects");
         assert!(board.readiness().ready);
 
         // A NATS backend: not ready while it is disconnected, whatever else is.

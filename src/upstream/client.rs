@@ -14,11 +14,11 @@ use rmcp::model::{
     GetPromptRequestParams, GetPromptResponse, JsonObject, ReadResourceRequestParams, ServerResult,
     SubscriptionFilter,
 };
-use rmcp::service::{PeerRequestOptions, Subscription};
+use rmcp::service::PeerRequestOptions;
 
 use super::{
-    CancelOnDrop, ContentsError, Live, REQUEST_TIMEOUT, UPWARD_CAPACITY, Upstream, UpstreamError,
-    Upward,
+    CancelOnDrop, ContentsError, Listening, REQUEST_TIMEOUT, UPWARD_CAPACITY, Upstream,
+    UpstreamError, Upward,
 };
 use crate::mcp::source::{Call, Caller, Contents};
 
@@ -243,12 +243,12 @@ impl Upstream {
     }
 
     /// Opens a `subscriptions/listen` for `filter` on the connection (made if need be), and
-    /// returns it with that connection once acknowledged. A server that speaks no 2026-07-28
+    /// returns it once acknowledged. A server that speaks no 2026-07-28
     /// cannot listen: that is its verdict ([`UpstreamError::Unusable`]).
     pub async fn listen(
         self: &Arc<Self>,
         filter: SubscriptionFilter,
-    ) -> Result<(Arc<Live>, Subscription), UpstreamError> {
+    ) -> Result<Listening, UpstreamError> {
         let live = self.live().await?;
         if !live.conn.is_modern() {
             self.reset(&live);
@@ -261,7 +261,7 @@ impl Upstream {
         }
         match tokio::time::timeout(REQUEST_TIMEOUT, live.conn.listen(filter)).await {
             Err(_) => Err(self.timed_out()),
-            Ok(Ok(sub)) => Ok((live, sub)),
+            Ok(Ok(sub)) => Ok(Listening { live, sub }),
             Ok(Err(e)) => Err(self.failure(&live, REQUEST_TIMEOUT, e)),
         }
     }

@@ -2,17 +2,56 @@
 //! again with backoff whenever it ends or fails, until stopped. The one machinery behind the
 //! gateway's shared listens: a watched URI's (`resourceSubscriptions`) and a slug's tool and
 //! prompt lists (`toolsListChanged`, `promptsListChanged`). Its user asks [`KeptListen::next`]
-//! for what it heard and decides what each thing means.
+//! for what it heard and decides what each thing means. Also here: [`Listening`], the one
+//! listen [`Upstream::listen`] opens for a watch.
 
 use std::sync::Arc;
 use std::time::Instant;
 
 use rmcp::model::{ServerNotification, SubscriptionFilter};
-use rmcp::service::Subscription;
+use rmcp::service::{Subscription, SubscriptionEnd};
 use tokio_util::sync::CancellationToken;
 
 use super::{Live, REQUEST_TIMEOUT, Upstream, UpstreamError};
 use crate::runtime::backoff::Backoff;
+
+/// One acknowledged `subscriptions/listen` on an upstream's connection ([`Upstream::listen`]).
+/// Dropping it ends the listen.
+pub struct Listening {
+    pub(super) live: Arc<Live>,
+    pub(super) sub: Subscription,
+}
+
+impl Listening {
+    /// What the upstream's acknowledgment accepted.
+    pub fn acknowledged(&self) -> &SubscriptionFilter {
+        self.sub.acknowledged()
+    }
+
+    /// The next notification; `Ok(None)` or an error once the listen ended ([`Listening::end`]
+    /// says how).
+    pub async fn next(&mut self) -> Result<Option<ServerNotification>, rmcp::ServiceError> {
+        self.sub.next().await
+    }
+
+    /// How the listen ended, once it has.
+    pub fn end(&self) -> Option<&SubscriptionEnd> {
+        self.sub.end()
+    }
+
+    /// Whether the connection under it is gone (not just this listen).
+    pub fn connection_lost(&self) -> bool {
+        self.live.conn.is_closed()
+    }
+}
+
+impl Upstream {
+    /// Forgets the connection `listening` was opened on (a read on it failed, or it closed),
+    /// so the next use reconnects. Other listens on it are unaffected until they end.
+    pub fn forget_connection_of(&self, listening: &Listening) {
+        self.reset(&listening.live);
+    }
+}
 
 /// What a listen asks of a connection; `None`: nothing on this one (an older server, or one
 /// that offers none of it).

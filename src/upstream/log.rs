@@ -9,10 +9,9 @@ use std::collections::BTreeSet;
 use std::sync::Arc;
 
 use rmcp::model::SubscriptionFilter;
-use rmcp::service::Subscription;
 use serde_json::{Map, Value};
 
-use super::{Live, Upstream, UpstreamError};
+use super::{Listening, Upstream, UpstreamError};
 
 /// An event as the filter's `event` dict shapes it (a JSON object).
 pub type Event = Map<String, Value>;
@@ -194,9 +193,8 @@ pub fn extract_log(cursor: LogCursor, body: &Value) -> Result<(Vec<Event>, LogCu
 /// An event log followed on one upstream: see [`Upstream::follow_log`].
 pub struct LogFollow {
     up: Arc<Upstream>,
-    live: Arc<Live>,
     uri: String,
-    sub: Subscription,
+    sub: Listening,
     cursor: LogCursor,
 }
 
@@ -212,7 +210,7 @@ impl Upstream {
         uri: &str,
         cursor: Option<LogCursor>,
     ) -> Result<(LogFollow, Vec<Event>), UpstreamError> {
-        let (live, sub) = self
+        let sub = self
             .listen(
                 SubscriptionFilter::builder()
                     .resource_subscription(uri)
@@ -229,7 +227,6 @@ impl Upstream {
         }
         let mut follow = LogFollow {
             up: self.clone(),
-            live,
             uri: uri.to_owned(),
             sub,
             cursor: cursor.unwrap_or_default(),
@@ -272,7 +269,7 @@ impl LogFollow {
         while let Some(Ok(Some(_))) = futures::FutureExt::now_or_never(self.sub.next()) {}
         let r = self.read().await;
         if r.as_ref().is_err_and(UpstreamError::is_broken) {
-            self.up.reset(&self.live);
+            self.up.forget_connection_of(&self.sub);
         }
         Some(r)
     }

@@ -39,7 +39,7 @@ use serde_json::Value;
 
 pub use catalog::{Catalog, ContentsError, contents, is_read_only, route};
 pub use error::UpstreamError;
-pub use listen::{FilterFor, Heard, KeptListen};
+pub use listen::{FilterFor, Heard, KeptListen, Listening};
 pub use lists::{ListEvents, ListSignal};
 pub use log::{LogCursor, LogFollow};
 pub use relay::{Relay, Relaying, UPWARD_CAPACITY, Upward};
@@ -292,7 +292,8 @@ impl Upstream {
             .then_some(calls)
     }
 
-    /// The current connection, if any (never waits, never connects).
+    /// The current connection, if any (never waits, never connects). Roles ask
+    /// [`Upstream::is_connected`]; the handle is for this module and the conformance client.
     pub fn cached(&self) -> Option<Arc<Live>> {
         self.live.locked().clone().filter(|l| !l.conn.is_closed())
     }
@@ -323,8 +324,33 @@ impl Upstream {
         self.attempt.locked().is_some()
     }
 
+    /// Whether it is connected now (never waits, never connects).
+    pub fn is_connected(&self) -> bool {
+        self.cached().is_some()
+    }
+
+    /// Connects now if it is not connected (a warm-up, a first routing), paced as every
+    /// connect is. The operations connect by themselves; this only starts sooner.
+    pub async fn connect(self: &Arc<Self>) -> Result<(), UpstreamError> {
+        self.live().await?;
+        Ok(())
+    }
+
+    /// Whether it serves the Events extension, connecting if need be, waiting at most
+    /// `within` (a connect that outlasts it goes on for the next caller).
+    pub async fn offers_events(self: &Arc<Self>, within: Duration) -> Result<bool, UpstreamError> {
+        match tokio::time::timeout(within, self.live()).await {
+            Ok(live) => Ok(live?.events),
+            Err(_) => Err(UpstreamError::TimedOut {
+                server: self.name.clone(),
+                after: within,
+            }),
+        }
+    }
+
     /// A live connection: the current one, or a new one (at most one connect at a time, and
-    /// not before the backoff after a failure has passed).
+    /// not before the backoff after a failure has passed). The operations' way in; roles
+    /// never hold a connection (the conformance client does, to try the connection's ways).
     ///
     /// Boxed: a supervisor started by a connect calls this again, and the future's type must
     /// not contain itself.
@@ -443,8 +469,17 @@ impl Upstream {
         })
     }
 
+    /// Forgets the current connection and closes it once nothing else holds it (before a
+    /// runtime that is about to go: rmcp logs a cut-off transport task).
+    pub async fn close(&self) {
+        let live = self.live.locked().take();
+        if let Some(live) = live.and_then(|l| Arc::try_unwrap(l).ok()) {
+            live.conn.close().await;
+        }
+    }
+
     /// Forgets `failed` (a connection that broke) so the next use reconnects.
-    pub fn reset(&self, failed: &Arc<Live>) {
+    pub(crate) fn reset(&self, failed: &Arc<Live>) {
         let mut live = self.live.locked();
         if live.as_ref().is_some_and(|l| Arc::ptr_eq(l, failed)) {
             *live = None;
@@ -564,17 +599,6 @@ impl Upstream {
             .await
             .map_err(failed)?;
         handle.await_response().await.map_err(failed)
-    }
-
-    /// [`Upstream::tasks_request`] with its failure as a served caller learns it (the
-    /// watch manager's task lookup).
-    pub async fn request_declaring_tasks(
-        self: &Arc<Self>,
-        req: ClientRequest,
-        bound: Duration,
-        capabilities: Option<&rmcp::model::ClientCapabilities>,
-    ) -> Result<ServerResult, SourceError> {
-        Ok(self.tasks_request(req, bound, capabilities).await?)
     }
 
     /// The one reading of a failed rmcp request on `live`: by cause, and a broken connection

@@ -495,7 +495,7 @@ mod tests {
             Default::default(),
             1 << 20,
         ));
-        up.live().await.unwrap();
+        up.connect().await.unwrap();
         let (tx, rx) = mpsc::channel(16);
         let mgr = WatchManager::new(
             WatchConfig::default(),

@@ -26,7 +26,6 @@ use tokio_util::task::TaskTracker;
 use crate::filter::pool::{Catalog as FilterHost, FilterError, FilterPool};
 use crate::filter::shape;
 use crate::mcp::ring::EVENT_LOG_MIME;
-use crate::mcp::source::SourceError;
 use crate::mcp::tasks::relay::Relayed;
 use crate::runtime::status::{StatusBoard, WatchReport};
 use crate::store::{Store, Table};
@@ -162,7 +161,7 @@ impl WatchManager {
     pub async fn connect_all(&self) -> Vec<(String, WatchError)> {
         let mut failed = Vec::new();
         for s in &self.inner.servers {
-            if let Err(e) = s.live().await {
+            if let Err(e) = s.connect().await {
                 failed.push((s.name.clone(), e.into()));
             }
         }
@@ -269,11 +268,11 @@ impl WatchManager {
         // Make sure every server has been asked what it lists before routing.
         for s in &inner.servers {
             let known = s.catalog().is_some_and(|c| c.subscribe)
-                || s.cached().is_some()
+                || s.is_connected()
                 // A connect under way elsewhere: do not queue behind it here.
                 || s.connecting();
             if !known {
-                let _ = s.live().await;
+                let _ = s.connect().await;
             }
         }
         let server = pick(&inner.servers, uri)
@@ -282,7 +281,7 @@ impl WatchManager {
         if let Some(code) = on_event {
             self.validate_filter(name, uri, code).await?;
         }
-        let (conn, sub, read) = subscribe_and_read(&server, uri).await?;
+        let (listening, read) = subscribe_and_read(&server, uri).await?;
         let shape = if read.mime == EVENT_LOG_MIME {
             Shape::EventLog
         } else {
@@ -335,7 +334,7 @@ impl WatchManager {
             cancel,
             scope,
         );
-        inner.tracker.spawn(task.run(conn, sub, baseline));
+        inner.tracker.spawn(task.run(listening, baseline));
         Ok(WatchInfo {
             name: spec.name,
             uri: spec.uri,
@@ -484,12 +483,12 @@ impl WatchManager {
             let get = ClientRequest::GetTaskRequest(rmcp::model::GetTaskRequest::new(
                 GetTaskParams::new(id.to_owned()),
             ));
-            match s.request_declaring_tasks(get, REQUEST_TIMEOUT, None).await {
+            match s.tasks_request(get, REQUEST_TIMEOUT, None).await {
                 Ok(ServerResult::GetTaskResult(r)) => return Ok((s.clone(), r.task)),
                 Ok(_) => {}
-                Err(SourceError::Unavailable(m)) => down = Some(m),
                 // Unknown there, or a server without tasks: ask the next.
-                Err(_) => {}
+                Err(e) if e.is_answered() => {}
+                Err(e) => down = Some(e.to_string()),
             }
         }
         Err(match down {

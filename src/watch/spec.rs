@@ -5,7 +5,7 @@
 use std::time::Duration;
 
 use crate::runtime::backoff::Backoff;
-use crate::upstream::Unavailable;
+use crate::upstream::UpstreamError;
 use crate::watch::notice::{DebounceConfig, notice_text};
 
 /// Watch client limits and timings. Every field has a default and a flag.
@@ -157,10 +157,11 @@ pub enum WatchError {
     Unavailable(String),
 }
 
-impl From<Unavailable> for WatchError {
-    /// The watch client's user is the one who named the server: they get the reason.
-    fn from(e: Unavailable) -> WatchError {
-        WatchError::Unavailable(e.detail)
+impl From<UpstreamError> for WatchError {
+    /// A connect that failed. The watch client's user is the one who named the server: they
+    /// get the reason.
+    fn from(e: UpstreamError) -> WatchError {
+        WatchError::Unavailable(e.to_string())
     }
 }
 

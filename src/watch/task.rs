@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use base64::Engine as _;
 use rmcp::model::{ServerNotification, SubscriptionFilter};
-use rmcp::service::{Subscription, SubscriptionEnd};
+use rmcp::service::SubscriptionEnd;
 use serde_json::{Value, json};
 use tokio_util::sync::CancellationToken;
 
@@ -20,7 +20,7 @@ use crate::filter::engine::Outcome as FilterOutcome;
 use crate::filter::pool::FilterError;
 use crate::mcp::source::Body;
 use crate::upstream::log::{Event, LogCursor, extract_log_text};
-use crate::upstream::{Live, Upstream, UpstreamError};
+use crate::upstream::{Listening, Upstream, UpstreamError};
 use crate::watch::events::{StateBase, diff_reads};
 use crate::watch::handle::{Stats, WatchHandle};
 use crate::watch::notice::{Debounce, Dedupe, Line, default_line, object_key, sanitize_line};
@@ -38,21 +38,11 @@ pub(crate) struct Read {
     pub(crate) text: String,
 }
 
-/// Reads `uri`, bounded by [`crate::upstream::REQUEST_TIMEOUT`]. A blob is kept as its base64 text (the watch
-/// diffs text). `conn` is the connection the watch listens on (the read may go another way:
-/// the client picks).
+/// Reads `uri`, bounded by [`crate::upstream::REQUEST_TIMEOUT`], saying the highest `seq` of
+/// the event log the watch has (`after`), so a herald server answers only what is newer
+/// ([`crate::mcp::source::READ_AFTER_META`]). A blob is kept as its base64 text (the watch
+/// diffs text).
 pub(crate) async fn read(
-    conn: &Live,
-    server: &Arc<Upstream>,
-    uri: &str,
-) -> Result<Read, WatchError> {
-    read_after(conn, server, uri, None).await
-}
-
-/// [`read`], saying the highest `seq` of the event log the watch has (`after`), so a herald
-/// server answers only what is newer ([`crate::mcp::source::READ_AFTER_META`]).
-pub(crate) async fn read_after(
-    _conn: &Live,
     server: &Arc<Upstream>,
     uri: &str,
     after: Option<u64>,
@@ -91,11 +81,11 @@ fn watch_error(server: &Upstream, uri: &str, doing: &str, e: UpstreamError) -> W
 pub(crate) async fn subscribe_and_read(
     server: &Arc<Upstream>,
     uri: &str,
-) -> Result<(Arc<Live>, Subscription, Read), WatchError> {
+) -> Result<(Listening, Read), WatchError> {
     let filter = SubscriptionFilter::builder()
         .resource_subscription(uri)
         .build();
-    let (conn, sub) = match server.listen(filter).await {
+    let listening = match server.listen(filter).await {
         Ok(l) => l,
         // A server that speaks no 2026-07-28 can never be watched.
         Err(UpstreamError::Unusable { server: name, why }) => {
@@ -111,14 +101,14 @@ pub(crate) async fn subscribe_and_read(
         }
         Err(e) => return Err(watch_error(server, uri, "subscribing to", e)),
     };
-    let accepted = sub
+    let accepted = listening
         .acknowledged()
         .resource_subscriptions
         .as_ref()
         .is_some_and(|u| u.iter().any(|a| a == uri));
-    let r = read(&conn, server, uri).await;
+    let r = read(server, uri, None).await;
     if let Err(WatchError::Unavailable(_)) = &r {
-        server.reset(&conn);
+        server.forget_connection_of(&listening);
     }
     let r = r?;
     if !accepted {
@@ -128,7 +118,7 @@ pub(crate) async fn subscribe_and_read(
             message: "the server does not accept subscriptions to this URI".into(),
         });
     }
-    Ok((conn, sub, r))
+    Ok((listening, r))
 }
 
 pub(super) struct WatchTask {
@@ -198,18 +188,18 @@ impl WatchTask {
         }
     }
 
-    pub(super) async fn run(self, conn: Arc<Live>, sub: Subscription, base: Baseline) {
+    pub(super) async fn run(self, listening: Listening, base: Baseline) {
         let handle = self.handle.clone();
         let scope = self.scope.clone();
         let filtered = self.spec.on_event.is_some();
-        self.watch(conn, sub, base).await;
+        self.watch(listening, base).await;
         // The watch is over: its filter's variables go with it.
         if filtered && let Some(pool) = handle.filters() {
             pool.drop_scope(&scope).await;
         }
     }
 
-    async fn watch(mut self, mut conn: Arc<Live>, mut sub: Subscription, mut base: Baseline) {
+    async fn watch(mut self, mut sub: Listening, mut base: Baseline) {
         // The filter runs beside intake: notifications are read and diffed while a batch is
         // in the worker, and queue in `backlog` for the next one.
         let mut running: Option<FilterRun> = None;
@@ -254,7 +244,7 @@ impl WatchTask {
                             Baseline::Log(c) => c.last.filter(|&n| n > 0),
                             Baseline::State(_) => None,
                         };
-                        match read_after(&conn, &self.server, &self.spec.uri, after).await {
+                        match read(&self.server, &self.spec.uri, after).await {
                             Ok(r) => self.update(&mut base, r, running.is_some()),
                             Err(e) => {
                                 // Treat it as a lost subscription: the resubscribe path re-reads
@@ -264,11 +254,9 @@ impl WatchTask {
                             }
                         }
                         if ended {
-                            drop(sub);
                             self.flush_all().await;
-                            match self.resubscribe(&conn, "a read after an update failed or the stream ended").await {
-                                Some((c, s, r)) => {
-                                    conn = c;
+                            match self.resubscribe(sub, "a read after an update failed or the stream ended").await {
+                                Some((s, r)) => {
                                     sub = s;
                                     self.update(&mut base, r, running.is_some());
                                 }
@@ -285,11 +273,9 @@ impl WatchTask {
                             (_, Some(SubscriptionEnd::Cancelled)) => "the subscription was cancelled".to_owned(),
                             _ => "the connection to the server was lost".to_owned(),
                         };
-                        drop(sub);
                         self.flush_all().await;
-                        match self.resubscribe(&conn, &why).await {
-                            Some((c, s, r)) => {
-                                conn = c;
+                        match self.resubscribe(sub, &why).await {
+                            Some((s, r)) => {
                                 sub = s;
                                 // The re-read is diffed against the last state (or cursor), so
                                 // changes made while unsubscribed are reported now.
@@ -303,20 +289,18 @@ impl WatchTask {
         }
     }
 
-    async fn resubscribe(
-        &mut self,
-        failed: &Arc<Live>,
-        why: &str,
-    ) -> Option<(Arc<Live>, Subscription, Read)> {
+    /// Listens again after `ended` ended (dropped here, which ends it upstream too).
+    async fn resubscribe(&mut self, ended: Listening, why: &str) -> Option<(Listening, Read)> {
         let cfg = &self.handle.cfg;
         let log = &self.handle.log;
         // Other watches may share this connection: drop it only when it is really gone. A
         // subscription that ended on a live connection (server-side end, lag) is re-listened
         // at once on the same connection.
-        let live = !failed.conn.is_closed();
+        let live = !ended.connection_lost();
         if !live {
-            self.server.reset(failed);
+            self.server.forget_connection_of(&ended);
         }
+        drop(ended);
         let mut last_error = String::from(why);
         let mut backoff = cfg.resubscribe_backoff();
         for attempt in 0..cfg.resubscribe_attempts {

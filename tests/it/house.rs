@@ -544,3 +544,26 @@ fn no_unbounded_channels_no_task_locals_and_locks_one_way() {
     }
     assert!(wrong.is_empty(), "{wrong:?}");
 }
+
+/// Roles reach an upstream only through its operations (`call_tool`, `read`, `listen`,
+/// `follow_log`, `request`, `connect`, …), which choose the way themselves: no role holds
+/// the connection handle or its rmcp peer.
+#[test]
+fn roles_reach_upstreams_only_through_the_client() {
+    let mut wrong = Vec::new();
+    for f in files().iter().filter(|f| !is_test_file(&f.rel)) {
+        if f.rel.starts_with("upstream/") {
+            continue;
+        }
+        let text = code(&f.text);
+        for pat in [".live().await", ".cached()", ".http_calls("] {
+            if text.contains(pat) {
+                wrong.push(format!("src/{}: {pat}", f.rel));
+            }
+        }
+    }
+    assert!(
+        wrong.is_empty(),
+        "an upstream's connection used outside src/upstream/ (use its operations): {wrong:?}"
+    );
+}
