@@ -45,14 +45,18 @@ pub struct ListenFilter {
     pub resources: Option<Vec<String>>,
     /// `taskIds` (the tasks extension). rmcp 3.11 drops this field when it parses a listen,
     /// so herald's transports take it out first: HTTP's listen gate reads the body, the line
-    /// transport copies it into the request's `_meta` under [`TASK_IDS_META_KEY`].
+    /// transport hands it beside the parsed request ([`ListenTaskIds`]).
     pub task_ids: Option<Vec<String>>,
     /// `toolsListChanged` / `promptsListChanged` (see [`crate::mcp::lists`]).
     pub lists: Lists,
 }
 
-/// Where the line transport carries a listen's `taskIds` past rmcp's parser.
-pub const TASK_IDS_META_KEY: &str = "io.herald/taskIds";
+/// A listen's `params.notifications.taskIds` as sent (whatever its shape: admission checks
+/// it), which the line transport puts in the parsed request's extensions, where rmcp hands
+/// it on to the request's context untouched. The body is not rewritten, and a client cannot
+/// put it there itself.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ListenTaskIds(pub serde_json::Value);
 
 /// The `-32021` of a listen naming `taskIds` from a client that did not declare the tasks
 /// extension: decided on the field's presence alone, before anything else is checked.
@@ -126,15 +130,15 @@ impl ListenFilter {
     }
 
     /// The filter of a listen on a byte stream: what rmcp parsed, and the `taskIds` the line
-    /// transport carried in `_meta` ([`TASK_IDS_META_KEY`]), gated on `declared` (the tasks
+    /// transport found beside it ([`ListenTaskIds`]), gated on `declared` (the tasks
     /// extension in the request's capabilities) before their shape is checked.
     pub fn from_conn(
         f: &SubscriptionFilter,
-        meta: &rmcp::model::RequestMetaObject,
+        task_ids: Option<&ListenTaskIds>,
         declared: bool,
     ) -> Result<ListenFilter, McpError> {
         let mut filter = ListenFilter::from_rmcp(f);
-        if let Some(ids) = meta.0.0.get(TASK_IDS_META_KEY) {
+        if let Some(ListenTaskIds(ids)) = task_ids {
             if !declared {
                 return Err(tasks_not_declared());
             }

@@ -192,17 +192,6 @@ impl SourceServer {
             .insert(SERVER_INFO_META_KEY.into(), self.shared.server_info.clone());
     }
 
-    /// [`stamp`](Self::stamp) on the result of a call or a read (herald's own HTTP answers;
-    /// the handler's methods stamp theirs).
-    pub fn stamp_result(&self, result: &mut rmcp::model::ServerResult) {
-        use rmcp::model::ServerResult as R;
-        match result {
-            R::CallToolResult(r) => self.stamp(&mut r.meta),
-            R::ReadResourceResult(r) => self.stamp(&mut r.meta),
-            _ => {}
-        }
-    }
-
     /// [`stamp`](Self::stamp) on a custom result's JSON object.
     fn stamp_json(&self, result: &mut serde_json::Value) {
         if let Some(o) = result.as_object_mut() {
@@ -296,17 +285,27 @@ impl SourceServer {
         caller: &Caller,
         read: crate::mcp::source::Read<'_>,
     ) -> Result<crate::mcp::source::Contents, SourceError> {
+        self.read_cut(caller, read).await.map_err(as_answered)
+    }
+
+    /// The one way every read runs, whatever asked: the source's read, cut 2 s into a
+    /// shutdown as a plain call is.
+    async fn read_cut(
+        &self,
+        caller: &Caller,
+        read: crate::mcp::source::Read<'_>,
+    ) -> Result<crate::mcp::source::Contents, McpError> {
         let shutdown = self.shared.shutdown.clone();
         let cut = async move {
             shutdown.cancelled().await;
             tokio::time::sleep(CALL_GRACE).await;
         };
         tokio::select! {
-            r = self.shared.source.read(caller, read) => r.map_err(|e| as_answered(to_mcp_error(e))),
-            _ = cut => Err(as_answered(McpError::internal_error(
+            r = self.shared.source.read(caller, read) => r.map_err(to_mcp_error),
+            _ = cut => Err(McpError::internal_error(
                 "the server is shutting down; read again once it is back",
                 None,
-            ))),
+            )),
         }
     }
 
@@ -629,22 +628,11 @@ impl ServerHandler for SourceServer {
         request: ReadResourceRequestParams,
         context: RequestContext<RoleServer>,
     ) -> Result<ReadResourceResponse, McpError> {
-        let uri = request.uri;
         // rmcp moves a request's `_meta` into its context.
         let after = crate::mcp::source::read_after_of(Some(&context.meta))
             .or_else(|| crate::mcp::source::read_after_of(request.meta.as_ref()));
-        let contents = self
-            .shared
-            .source
-            .read(
-                &Caller::of(&context),
-                crate::mcp::source::Read::after(&uri, after),
-            )
-            .await
-            .map_err(to_mcp_error)?;
-        let mut r = read_result(uri, contents);
-        self.stamp(&mut r.meta);
-        Ok(r.into())
+        let caller = Caller::of(&context);
+        Ok(self.read_plain(&caller, request.uri, after).await?.into())
     }
 
     fn accepted_subscription_filter(

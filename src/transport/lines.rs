@@ -32,7 +32,7 @@ use std::sync::Arc;
 use rmcp::model::{JsonRpcMessage, RequestId};
 use rmcp::service::{RxJsonRpcMessage, ServiceRole, TxJsonRpcMessage};
 
-use crate::mcp::admission::TASK_IDS_META_KEY;
+use crate::mcp::admission::ListenTaskIds;
 use crate::mcp::conn::ConnServer;
 use crate::mcp::limits::Limits;
 use rmcp::service::RoleServer;
@@ -60,8 +60,8 @@ pub struct LineTransport<Role: ServiceRole, R> {
     writer_done: Option<tokio::task::JoinHandle<()>>,
     /// Added to every outgoing request's `_meta` (a client's token on QUIC).
     meta_token: Option<(String, String)>,
-    /// Server side: a listen's `taskIds` are copied into its `_meta` on the way in (rmcp
-    /// drops the field; the server's acknowledgment echoes them).
+    /// Server side: a listen's `taskIds` go beside the parsed request ([`ListenTaskIds`]; rmcp
+    /// drops the field, the server's acknowledgment echoes them).
     carry_task_ids: bool,
     /// Server side: the peer's requests not answered yet, and how many may run at once.
     in_flight: Option<(Arc<InFlight>, InFlightLimit)>,
@@ -244,31 +244,15 @@ fn may_name_task_ids(text: &[u8]) -> bool {
     has(b"taskIds") || has(b"\\u")
 }
 
-/// Copies a listen's `params.notifications.taskIds` into `params._meta` (as is, whatever its
-/// shape: the server gates and checks it), where rmcp keeps it. The field stays where it was
-/// too (rmcp ignores it), so a listen rmcp cannot parse for another reason still shows it to
-/// the `-32021` gate of the misshapen-request path.
-fn carry_task_ids(v: &mut Value) {
+/// A listen's `params.notifications.taskIds`, as sent (the server gates and checks it).
+fn listen_task_ids(v: &Value) -> Option<Value> {
     if v.get("method").and_then(Value::as_str) != Some("subscriptions/listen") {
-        return;
+        return None;
     }
-    let Some(params) = v.get_mut("params").and_then(Value::as_object_mut) else {
-        return;
-    };
-    let Some(ids) = params
-        .get("notifications")
-        .and_then(Value::as_object)
-        .and_then(|n| n.get("taskIds"))
+    v.get("params")?
+        .get("notifications")?
+        .get("taskIds")
         .cloned()
-    else {
-        return;
-    };
-    let meta = params
-        .entry("_meta")
-        .or_insert_with(|| Value::Object(Default::default()));
-    if let Some(m) = meta.as_object_mut() {
-        m.insert(TASK_IDS_META_KEY.into(), ids);
-    }
 }
 
 /// The request a `notifications/cancelled` names (a byte scan spares other notifications the
@@ -470,9 +454,15 @@ where
             }
             let parsed = match self.carry_task_ids {
                 true if may_name_task_ids(text) => match serde_json::from_slice::<Value>(text) {
-                    Ok(mut v) => {
-                        carry_task_ids(&mut v);
-                        serde_json::from_value::<RxJsonRpcMessage<Role>>(v)
+                    Ok(v) => {
+                        let ids = listen_task_ids(&v);
+                        serde_json::from_value::<RxJsonRpcMessage<Role>>(v).map(|mut m| {
+                            if let (Some(ids), JsonRpcMessage::Request(r)) = (ids, &mut m) {
+                                rmcp::model::GetExtensions::extensions_mut(&mut r.request)
+                                    .insert(ListenTaskIds(ids));
+                            }
+                            m
+                        })
                     }
                     Err(e) => Err(e),
                 },

@@ -22,7 +22,7 @@ use rmcp::{RoleClient, RoleServer};
 use serde_json::Value;
 use tokio::io::{AsyncRead, AsyncReadExt, ReadBuf};
 
-use super::{LineTransport, carry_task_ids, may_name_task_ids};
+use super::LineTransport;
 use crate::transport::jsonrpc::misshapen;
 
 /// A reader that hands out its input in the given chunk sizes (cycled), pending (and waking
@@ -85,7 +85,7 @@ enum Want {
 }
 
 /// The model: the input cut at every `\n`, each line judged on its own.
-fn model<Role: ServiceRole>(input: &[u8], max: usize, acks: bool) -> Vec<Want> {
+fn model<Role: ServiceRole>(input: &[u8], max: usize) -> Vec<Want> {
     let mut want = Vec::new();
     let mut lines: Vec<&[u8]> = input.split(|b| *b == b'\n').collect();
     let tail = lines.pop().unwrap_or_default();
@@ -102,7 +102,7 @@ fn model<Role: ServiceRole>(input: &[u8], max: usize, acks: bool) -> Vec<Want> {
         if text.iter().all(u8::is_ascii_whitespace) {
             continue;
         }
-        want.extend(judge::<Role>(text, acks));
+        want.extend(judge::<Role>(text));
     }
     // An unterminated last line is dropped at EOF, unless it already broke the limit.
     if tail.len() > max + 1 {
@@ -119,15 +119,10 @@ fn oversized(len: usize) -> Want {
     }
 }
 
-fn judge<Role: ServiceRole>(text: &[u8], acks: bool) -> Option<Want> {
-    let parsed = if acks && may_name_task_ids(text) {
-        serde_json::from_slice::<Value>(text).and_then(|mut v| {
-            carry_task_ids(&mut v);
-            serde_json::from_value::<RxJsonRpcMessage<Role>>(v)
-        })
-    } else {
-        serde_json::from_slice::<RxJsonRpcMessage<Role>>(text)
-    };
+fn judge<Role: ServiceRole>(text: &[u8]) -> Option<Want> {
+    // The `taskIds` a listen names go beside the message (with `acks`), never into it: the
+    // message is what the bytes say.
+    let parsed = serde_json::from_slice::<RxJsonRpcMessage<Role>>(text);
     if let Ok(m) = parsed {
         return Some(Want::Message(serde_json::to_value(&m).unwrap()));
     }
@@ -231,7 +226,7 @@ fn check<Role: ServiceRole>(run: Run<'_>) -> Result<(), TestCaseError> {
             tokio::time::timeout(Duration::from_secs(20), drive::<Role>(&run)).await
         })
         .map_err(|_| TestCaseError::fail("the transport hung"))?;
-    let want = model::<Role>(run.input, run.max, run.acks);
+    let want = model::<Role>(run.input, run.max);
     let answers: Vec<Value> = got
         .written
         .split(|b| *b == b'\n')

@@ -6,6 +6,7 @@
 use super::in_flight::BURSTS_ENDED;
 use super::*;
 use rmcp::RoleServer;
+use serde_json::json;
 use tokio::io::AsyncReadExt;
 
 async fn run(input: &[u8], max: usize) -> (Vec<String>, String) {
@@ -295,4 +296,43 @@ async fn a_response_over_the_message_limit_goes_out_as_an_error() {
         next_frame(&mut cr).await["result"]["tools"],
         serde_json::json!([])
     );
+}
+
+/// A listen's `taskIds` go beside the parsed request, its body as sent; a client cannot put
+/// them there through `_meta`.
+#[tokio::test]
+async fn a_listens_task_ids_go_beside_the_request_and_cannot_be_forged() {
+    let (client, server) = tokio::io::duplex(1 << 20);
+    let (sr, sw) = tokio::io::split(server);
+    let (_cr, mut cw) = tokio::io::split(client);
+    let mut t = LineTransport::<RoleServer, _>::new(sr, sw, 1 << 20, true).with_task_ids_carried();
+    let listen = |id: u64, notifications: Value, meta: Value| {
+        json!({"jsonrpc": "2.0", "id": id, "method": "subscriptions/listen",
+               "params": {"notifications": notifications, "_meta": meta}})
+        .to_string()
+            + "\n"
+    };
+    let input = listen(1, json!({"taskIds": ["t1"]}), json!({}))
+        + &listen(
+            2,
+            json!({"toolsListChanged": true}),
+            json!({"io.herald/taskIds": ["t2"]}),
+        );
+    cw.write_all(input.as_bytes()).await.unwrap();
+    cw.shutdown().await.unwrap();
+    let mut seen = Vec::new();
+    while let Some(m) = t.receive().await {
+        let JsonRpcMessage::Request(r) = m else {
+            panic!("a request")
+        };
+        let ids = rmcp::model::GetExtensions::extensions(&r.request)
+            .get::<ListenTaskIds>()
+            .cloned();
+        let meta = serde_json::to_value(&r.request).unwrap()["params"]["_meta"].clone();
+        seen.push((ids, meta));
+    }
+    assert_eq!(seen.len(), 2);
+    assert_eq!(seen[0].0, Some(ListenTaskIds(json!(["t1"]))));
+    assert_eq!(seen[0].1, json!({}), "the body is as sent");
+    assert_eq!(seen[1].0, None, "`_meta` carries no taskIds");
 }

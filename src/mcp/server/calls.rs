@@ -209,14 +209,27 @@ impl SourceServer {
         args: JsonObject,
         call: Call,
     ) -> Result<CallToolResponse, SourceError> {
+        self.call_plain(caller, name, args, call)
+            .await
+            .map_err(as_answered)
+    }
+
+    /// A plain `tools/call` for `caller`, whatever carried it (a role in this process, the
+    /// HTTP gate): refused when the tool runs only as a task, else run in place as rmcp's
+    /// handler runs it ([`call`](Self::call)).
+    pub(super) async fn call_plain(
+        &self,
+        caller: &Caller,
+        name: &str,
+        args: JsonObject,
+        call: Call,
+    ) -> Result<CallToolResponse, McpError> {
         if self.shared.tasks.is_some()
             && self.shared.source.task_support(caller, name) == TaskSupport::Required
         {
-            return Err(as_answered(tasks_required()));
+            return Err(tasks_required());
         }
-        self.run_in_place(caller, name, args, call)
-            .await
-            .map_err(as_answered)
+        self.run_in_place(caller, name, args, call).await
     }
 
     /// `prompts/get` from a connection.
