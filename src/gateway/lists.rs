@@ -24,7 +24,7 @@ use crate::mcp::hub::ChangeFeed;
 use crate::mcp::lists::{List, Lists};
 use crate::mcp::source::{PROMPTS_CHANGED, TOOLS_CHANGED};
 use crate::runtime::backoff::Backoff;
-use crate::upstream::{self, Catalog, Heard, KeptListen, ListEvents, Live, Upstream, lists};
+use crate::upstream::{self, Catalog, Heard, HeardOn, KeptListen, ListEvents, Upstream, lists};
 
 /// Resubscribe pacing of a kept upstream listen (a slug's list follower here, a shared URI
 /// subscription in `source.rs`): the connect's (250 ms doubling to 30 s, reset by a
@@ -49,21 +49,21 @@ pub(super) async fn follow(up: Arc<Upstream>, feed: ChangeFeed, stop: Cancellati
     );
     while let Some(heard) = kept.next().await {
         match heard {
-            Heard::Acknowledged { live, accepted } => {
+            Heard::Acknowledged { on, accepted } => {
                 // What changed since the connect's catalog was fetched, or across a reconnect,
                 // shows in a fresh list.
-                refresh(&up, &live, Lists::from_rmcp(&accepted)).await;
+                refresh(&up, &on, Lists::from_rmcp(&accepted)).await;
                 announce_differences(&mut seen, up.catalog(), &feed);
             }
-            Heard::Notification(live, n) => {
+            Heard::Notification(on, n) => {
                 let list = match n {
                     ServerNotification::ToolListChangedNotification(_) => List::Tools,
                     ServerNotification::PromptListChangedNotification(_) => List::Prompts,
                     _ => continue,
                 };
-                changed(&up, &live, list, &mut seen, &feed).await;
+                changed(&up, &on, list, &mut seen, &feed).await;
             }
-            Heard::Nothing(live) => {
+            Heard::Nothing(on) => {
                 announce_differences(&mut seen, up.catalog(), &feed);
                 // An older server tells the handler; either kind waits here for its next
                 // connect, when the lists are looked at again.
@@ -80,7 +80,7 @@ pub(super) async fn follow(up: Arc<Upstream>, feed: ChangeFeed, stop: Cancellati
                         break;
                     }
                     for list in List::ALL.into_iter().filter(|l| asked.has(*l)) {
-                        changed(&up, &live, list, &mut seen, &feed).await;
+                        changed(&up, &on, list, &mut seen, &feed).await;
                     }
                 }
                 kept.now();
@@ -127,14 +127,14 @@ async fn next_connect(
 /// when it reads the same: the upstream knows better, and a listener lists once more).
 async fn changed(
     up: &Arc<Upstream>,
-    live: &Arc<Live>,
+    on: &HeardOn,
     list: List,
     seen: &mut Option<Arc<Catalog>>,
     feed: &ChangeFeed,
 ) {
     refresh(
         up,
-        live,
+        on,
         Lists {
             tools: list == List::Tools,
             prompts: list == List::Prompts,
@@ -145,9 +145,9 @@ async fn changed(
     *seen = up.catalog();
 }
 
-async fn refresh(up: &Upstream, live: &Arc<Live>, lists: Lists) {
+async fn refresh(up: &Upstream, on: &HeardOn, lists: Lists) {
     for list in List::ALL.into_iter().filter(|l| lists.has(*l)) {
-        if let Err(e) = up.refresh_list(live, list).await {
+        if let Err(e) = up.refresh_list(on, list).await {
             tracing::info!(slug = %up.name, list = list.field(), error = %e, "could not fetch the upstream's list again");
         }
     }

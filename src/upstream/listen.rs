@@ -17,6 +17,7 @@ use crate::runtime::backoff::Backoff;
 
 /// One acknowledged `subscriptions/listen` on an upstream's connection ([`Upstream::listen`]).
 /// Dropping it ends the listen.
+#[must_use = "dropping a Listening ends the listen"]
 pub struct Listening {
     pub(super) live: Arc<Live>,
     pub(super) sub: Subscription,
@@ -57,19 +58,24 @@ impl Upstream {
 /// that offers none of it).
 pub type FilterFor = Box<dyn Fn(&Live) -> Option<SubscriptionFilter> + Send + Sync>;
 
+/// Which connection something was heard on: opaque outside this module, handed back to
+/// operations that must run on that same connection ([`Upstream::refresh_list`]).
+#[derive(Clone)]
+pub struct HeardOn(pub(super) Arc<Live>);
+
 /// What [`KeptListen::next`] heard.
 pub enum Heard {
     /// A listen was acknowledged (the first, or one after the last ended), naming something
     /// the filter asked for. Whatever changed while none was open is for the caller to catch.
     Acknowledged {
-        live: Arc<Live>,
+        on: HeardOn,
         accepted: SubscriptionFilter,
     },
-    /// A notification on the open listen, on connection `live`.
-    Notification(Arc<Live>, ServerNotification),
-    /// Connection `live` offers nothing to listen for. Asked again, `next` looks again at
+    /// A notification on the open listen, on that connection.
+    Notification(HeardOn, ServerNotification),
+    /// That connection offers nothing to listen for. Asked again, `next` looks again at
     /// once: the caller waits for something to change first.
-    Nothing(Arc<Live>),
+    Nothing(HeardOn),
     /// No connection, or the listen failed or was refused; the next listen waits for the
     /// backoff (unless [`KeptListen::now`]).
     Failed(String),
@@ -128,7 +134,7 @@ impl KeptListen {
                     n = open.sub.next() => n,
                 };
                 match n {
-                    Ok(Some(n)) => return Some(Heard::Notification(open.live.clone(), n)),
+                    Ok(Some(n)) => return Some(Heard::Notification(HeardOn(open.live.clone()), n)),
                     Ok(None) | Err(_) => {
                         let open = self.open.take()?;
                         if open.live.conn.is_closed() {
@@ -155,13 +161,13 @@ impl KeptListen {
             return Some(match attempt {
                 Ok(Ok(open)) => {
                     let heard = Heard::Acknowledged {
-                        live: open.live.clone(),
+                        on: HeardOn(open.live.clone()),
                         accepted: open.sub.acknowledged().clone(),
                     };
                     self.open = Some(open);
                     heard
                 }
-                Ok(Err(live)) => Heard::Nothing(live),
+                Ok(Err(live)) => Heard::Nothing(HeardOn(live)),
                 Err(e) => {
                     self.pause = true;
                     Heard::Failed(e)

@@ -14,7 +14,7 @@ use std::sync::Arc;
 use rmcp::model::SubscriptionFilter;
 use tokio::sync::watch;
 
-use super::{Live, REQUEST_TIMEOUT, Upstream};
+use super::{HeardOn, Live, REQUEST_TIMEOUT, Upstream};
 use crate::mcp::lists::{List, Lists};
 
 /// Counts of what happened to an upstream, each only ever growing: a watcher compares them
@@ -82,9 +82,10 @@ impl Upstream {
         self.relay.lists.0.subscribe()
     }
 
-    /// Fetches `list` again on `live` and makes it the catalog's, unless a newer connection
-    /// has replaced `live` meanwhile (its catalog is newer).
-    pub async fn refresh_list(&self, live: &Arc<Live>, list: List) -> Result<(), String> {
+    /// Fetches `list` again on connection `on` and makes it the catalog's, unless a newer
+    /// connection has replaced it meanwhile (its catalog is newer).
+    pub async fn refresh_list(&self, on: &HeardOn, list: List) -> Result<(), String> {
+        let live = &on.0;
         let fetch = async {
             match list {
                 List::Tools => live.conn.list_all_tools().await.map(Fetched::Tools),

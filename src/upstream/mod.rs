@@ -39,7 +39,7 @@ use serde_json::Value;
 
 pub use catalog::{Catalog, ContentsError, contents, is_read_only, route};
 pub use error::UpstreamError;
-pub use listen::{FilterFor, Heard, KeptListen, Listening};
+pub use listen::{FilterFor, Heard, HeardOn, KeptListen, Listening};
 pub use lists::{ListEvents, ListSignal};
 pub use log::{LogCursor, LogFollow};
 pub use relay::{Relay, Relaying, UPWARD_CAPACITY, Upward};
@@ -469,8 +469,10 @@ impl Upstream {
         })
     }
 
-    /// Forgets the current connection and closes it once nothing else holds it (before a
-    /// runtime that is about to go: rmcp logs a cut-off transport task).
+    /// Forgets the current connection and, when nothing else holds it, closes it gracefully
+    /// (before a runtime that is about to go: rmcp logs a cut-off transport task). A connection
+    /// something still holds (a listen) closes when its last holder lets go; a connect already
+    /// under way may still set a new one.
     pub async fn close(&self) {
         let live = self.live.locked().take();
         if let Some(live) = live.and_then(|l| Arc::try_unwrap(l).ok()) {

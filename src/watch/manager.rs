@@ -162,7 +162,7 @@ impl WatchManager {
         let mut failed = Vec::new();
         for s in &self.inner.servers {
             if let Err(e) = s.connect().await {
-                failed.push((s.name.clone(), e.into()));
+                failed.push((s.name.clone(), WatchError::connect_failed(e)));
             }
         }
         failed

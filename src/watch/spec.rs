@@ -157,15 +157,14 @@ pub enum WatchError {
     Unavailable(String),
 }
 
-impl From<UpstreamError> for WatchError {
-    /// A connect that failed. The watch client's user is the one who named the server: they
-    /// get the reason.
-    fn from(e: UpstreamError) -> WatchError {
+impl WatchError {
+    /// A connect that failed: it may pass, so it is retried when a watch needs that server.
+    /// (Not a `From`: a read's or a listen's failure is judged by `task::watch_error`.) The
+    /// watch client's user is the one who named the server: they get the reason.
+    pub fn connect_failed(e: UpstreamError) -> WatchError {
         WatchError::Unavailable(e.to_string())
     }
-}
 
-impl WatchError {
     /// Whether a saved spec failing this way should be kept for a later start.
     pub fn is_transient(&self) -> bool {
         matches!(self, WatchError::Unavailable(_))

@@ -47,16 +47,24 @@ pub(crate) async fn read(
     uri: &str,
     after: Option<u64>,
 ) -> Result<Read, WatchError> {
-    match server.read(uri, after).await {
-        Ok(c) => Ok(Read {
-            mime: c.mime_type,
-            text: match c.body {
-                Body::Text(t) => t,
-                Body::Blob(b) => base64::engine::general_purpose::STANDARD.encode(b),
-            },
-        }),
-        Err(e) => Err(watch_error(server, uri, "reading", e)),
-    }
+    read_upstream(server, uri, after)
+        .await
+        .map_err(|e| watch_error(server, uri, "reading", e))
+}
+
+async fn read_upstream(
+    server: &Arc<Upstream>,
+    uri: &str,
+    after: Option<u64>,
+) -> Result<Read, UpstreamError> {
+    let c = server.read(uri, after).await?;
+    Ok(Read {
+        mime: c.mime_type,
+        text: match c.body {
+            Body::Text(t) => t,
+            Body::Blob(b) => base64::engine::general_purpose::STANDARD.encode(b),
+        },
+    })
 }
 
 /// What a watch makes of a failed request about `uri`: the server's verdict on the URI
@@ -106,11 +114,17 @@ pub(crate) async fn subscribe_and_read(
         .resource_subscriptions
         .as_ref()
         .is_some_and(|u| u.iter().any(|a| a == uri));
-    let r = read(server, uri, None).await;
-    if let Err(WatchError::Unavailable(_)) = &r {
-        server.forget_connection_of(&listening);
-    }
-    let r = r?;
+    // Only a broken connection is forgotten: a source still starting or one slow read says
+    // nothing about the connection other watches share.
+    let r = match read_upstream(server, uri, None).await {
+        Ok(r) => r,
+        Err(e) => {
+            if e.is_broken() {
+                server.forget_connection_of(&listening);
+            }
+            return Err(watch_error(server, uri, "reading", e));
+        }
+    };
     if !accepted {
         return Err(WatchError::Rejected {
             server: server.name.clone(),
@@ -254,7 +268,6 @@ impl WatchTask {
                             }
                         }
                         if ended {
-                            self.flush_all().await;
                             match self.resubscribe(sub, "a read after an update failed or the stream ended").await {
                                 Some((s, r)) => {
                                     sub = s;
@@ -273,7 +286,6 @@ impl WatchTask {
                             (_, Some(SubscriptionEnd::Cancelled)) => "the subscription was cancelled".to_owned(),
                             _ => "the connection to the server was lost".to_owned(),
                         };
-                        self.flush_all().await;
                         match self.resubscribe(sub, &why).await {
                             Some((s, r)) => {
                                 sub = s;
@@ -289,10 +301,10 @@ impl WatchTask {
         }
     }
 
-    /// Listens again after `ended` ended (dropped here, which ends it upstream too).
+    /// Listens again after `ended` ended (dropped here, which ends it upstream too), once
+    /// what is pending has been delivered (with the old listen already let go: a slow sink
+    /// does not hold its slot).
     async fn resubscribe(&mut self, ended: Listening, why: &str) -> Option<(Listening, Read)> {
-        let cfg = &self.handle.cfg;
-        let log = &self.handle.log;
         // Other watches may share this connection: drop it only when it is really gone. A
         // subscription that ended on a live connection (server-side end, lag) is re-listened
         // at once on the same connection.
@@ -301,6 +313,9 @@ impl WatchTask {
             self.server.forget_connection_of(&ended);
         }
         drop(ended);
+        self.flush_all().await;
+        let cfg = &self.handle.cfg;
+        let log = &self.handle.log;
         let mut last_error = String::from(why);
         let mut backoff = cfg.resubscribe_backoff();
         for attempt in 0..cfg.resubscribe_attempts {

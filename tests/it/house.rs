@@ -547,7 +547,7 @@ fn no_unbounded_channels_no_task_locals_and_locks_one_way() {
 
 /// Roles reach an upstream only through its operations (`call_tool`, `read`, `listen`,
 /// `follow_log`, `request`, `connect`, …), which choose the way themselves: no role holds
-/// the connection handle or its rmcp peer.
+/// the connection handle (`Live`) or its rmcp peer, or names it.
 #[test]
 fn roles_reach_upstreams_only_through_the_client() {
     let mut wrong = Vec::new();
@@ -556,9 +556,16 @@ fn roles_reach_upstreams_only_through_the_client() {
             continue;
         }
         let text = code(&f.text);
-        for pat in [".live().await", ".cached()", ".http_calls("] {
+        for pat in [".live()", ".cached()", ".http_calls("] {
             if text.contains(pat) {
                 wrong.push(format!("src/{}: {pat}", f.rel));
+            }
+        }
+        let word = |c: Option<char>| c.is_some_and(|c| c.is_alphanumeric() || c == '_');
+        for (i, _) in text.match_indices("Live") {
+            if !word(text[..i].chars().next_back()) && !word(text[i + 4..].chars().next()) {
+                wrong.push(format!("src/{}: the type Live", f.rel));
+                break;
             }
         }
     }
