@@ -167,7 +167,7 @@ pub async fn run(args: AgentArgs, globals: &Globals, verbose: bool) -> Result<()
         store: Some(store),
         filters: Some(PoolConfig::new(exe)),
         watches: Vec::new(),
-        require_watches: false,
+        configured: crate::watch::Configured::Kept,
         end_when_all_ended: false,
         state_prefix: crate::watch::manager::AGENT_STATE,
     };

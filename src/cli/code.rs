@@ -66,7 +66,7 @@ pub async fn run(args: CodeArgs, _globals: &Globals, verbose: bool) -> Result<()
         store: None,
         filters: Some(PoolConfig::new(exe)),
         watches: Vec::new(),
-        require_watches: false,
+        configured: crate::watch::Configured::Kept,
         end_when_all_ended: false,
         state_prefix: "",
     };
@@ -331,6 +331,7 @@ mod tests {
             notices: 0,
             restore_failed: false,
             failed: false,
+            starting: false,
         }
     }
 

@@ -1,14 +1,12 @@
-//! `herald gateway`: many servers behind one endpoint; `herald check`: validate a config.
+//! `herald gateway`: many servers behind one endpoint.
 
 use std::path::PathBuf;
 
 use crate::runtime::context::RoleContext;
 use clap::Args;
 
-use crate::app::console;
 use crate::cli::client::UpstreamConnectTimeout;
 use crate::cli::serve::{ServeArgs, begin, role_store, serve_until_stopped};
-use crate::cli::up::config::is_loopback;
 use crate::cli::{Exit, Globals};
 use crate::gateway::Gateway;
 use crate::gateway::config::GatewayConfig;
@@ -25,18 +23,6 @@ pub struct GatewayArgs {
     pub timeout: UpstreamConnectTimeout,
 }
 
-#[derive(Debug, Args)]
-pub struct CheckArgs {
-    /// A config to validate: `herald up`'s (any of [listen], [memo], [file], [k8s], [slack],
-    /// [[watch]], [notify]) or `herald gateway`'s.
-    pub config: PathBuf,
-}
-
-/// Tables only `herald up`'s config has.
-const UP_TABLES: [&str; 8] = [
-    "listen", "memo", "file", "k8s", "slack", "watch", "notify", "publish",
-];
-
 pub async fn run(args: GatewayArgs, globals: &Globals) -> Result<(), Exit> {
     let mut cfg = GatewayConfig::load(&args.config).map_err(|e| crate::cli::usage(e.into()))?;
     for slug in &mut cfg.slugs {
@@ -49,14 +35,6 @@ pub async fn run(args: GatewayArgs, globals: &Globals) -> Result<(), Exit> {
     if opts.quic.is_none() {
         opts.quic = cfg.quic.clone();
     }
-    if cfg.tokens.is_empty()
-        && !cfg.open_to_loopback
-        && (opts.http.is_some() || opts.quic.is_some())
-    {
-        tracing::warn!(
-            "no [[token]] in the config: HTTP and QUIC callers are refused every server; only stdio callers get them"
-        );
-    }
     if cfg.open_to_loopback {
         // The config's own addresses were checked when it was read; the flags' are here.
         crate::gateway::config::open_on_loopback_only(
@@ -64,8 +42,14 @@ pub async fn run(args: GatewayArgs, globals: &Globals) -> Result<(), Exit> {
                 .into_iter()
                 .flatten()
                 .map(String::as_str),
+            cfg.tokens.is_empty(),
         )
         .map_err(|e| crate::cli::usage(e.into()))?;
+    }
+    if cfg.tokens.is_empty() && (opts.http.is_some() || opts.quic.is_some()) {
+        tracing::info!(
+            "no [[token]] configured: callers on this host (loopback) may use every server without a token"
+        );
     }
     let store = role_store(&opts, globals).await?;
     let ctx = crate::cli::serve::role_context("gateway");
@@ -117,85 +101,4 @@ pub fn upstreams(
             }
         })
         .collect()
-}
-
-pub fn check(args: CheckArgs) -> Result<(), Exit> {
-    let text = std::fs::read_to_string(&args.config).map_err(|e| {
-        crate::cli::usage(anyhow::anyhow!(
-            "cannot read {}: {e}",
-            args.config.display()
-        ))
-    })?;
-    let is_up = toml::from_str::<toml::Table>(&text)
-        .is_ok_and(|t| t.keys().any(|k| UP_TABLES.contains(&k.as_str())));
-    if is_up {
-        let cfg = crate::cli::up::config::UpToml::load(&args.config)
-            .and_then(|t| t.check())
-            .map_err(crate::cli::usage)?;
-        console::println(&format!(
-            "{}: ok (herald up: roles {}; {}, {}, {})",
-            args.config.display(),
-            match cfg.file.roles() {
-                r if r.is_empty() => "none".to_owned(),
-                r => r.join(", "),
-            },
-            count(cfg.slugs.len(), "server"),
-            count(cfg.tokens.len(), "token"),
-            count(cfg.watches.len(), "watch")
-        ))?;
-        return Ok(());
-    }
-    let cfg = GatewayConfig::load(&args.config).map_err(|e| crate::cli::usage(e.into()))?;
-    if let Some(warning) = no_token_warning(&cfg) {
-        eprintln!("{}: {warning}", args.config.display());
-    }
-    console::println(&format!(
-        "{}: ok ({}, {})",
-        args.config.display(),
-        count(cfg.slugs.len(), "server"),
-        count(cfg.tokens.len(), "token")
-    ))?;
-    Ok(())
-}
-
-/// What `herald check` says about a gateway config with no `[[token]]` that listens on HTTP or
-/// QUIC: loudly, when an address is not loopback (the config is meant to be reached from other
-/// hosts, and every caller reaching it there would be refused every server). `herald up`'s
-/// config refuses that outright instead; a gateway's is valid, since its stdio callers need no
-/// token.
-fn no_token_warning(cfg: &GatewayConfig) -> Option<String> {
-    if !cfg.tokens.is_empty() {
-        return None;
-    }
-    let listens: Vec<(&str, &str)> = [("http", &cfg.http), ("quic", &cfg.quic)]
-        .into_iter()
-        .filter_map(|(k, a)| Some((k, a.as_deref().filter(|a| !a.trim().is_empty())?)))
-        .collect();
-    let remote: Vec<String> = listens
-        .iter()
-        .filter(|(_, a)| !is_loopback(a))
-        .map(|(k, a)| format!("{k} = {a:?}"))
-        .collect();
-    if !remote.is_empty() {
-        return Some(format!(
-            "WARNING: {} is not a loopback address, so this gateway is meant to be reached from \
-             other hosts, but it has no [[token]]: every HTTP and QUIC caller is refused every \
-             server. Add a [[token]] (sha256 = the output of `printf %s TOKEN | sha256sum`, \
-             slugs = [\"*\"]) for each caller, or listen on 127.0.0.1",
-            remote.join(" and ")
-        ));
-    }
-    (!listens.is_empty()).then(|| {
-        "note: no [[token]]: HTTP and QUIC callers are refused every server; only stdio callers get them"
-            .to_owned()
-    })
-}
-
-/// `1 token`, `2 tokens`, `1 watch`, `0 watches`.
-fn count(n: usize, noun: &str) -> String {
-    match (n, noun.ends_with("ch")) {
-        (1, _) => format!("1 {noun}"),
-        (_, true) => format!("{n} {noun}es"),
-        (_, false) => format!("{n} {noun}s"),
-    }
 }

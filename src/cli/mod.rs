@@ -1,6 +1,7 @@
 //! The command line: clap types, one file per subcommand. The only place that uses `anyhow`.
 
 mod agent;
+mod check;
 mod client;
 mod code;
 mod completions;
@@ -74,8 +75,9 @@ pub enum Command {
     /// Serve many MCP servers behind one endpoint: tools server__tool, resources and listens
     /// routed and shared, Events aggregated, per-token entitlements.
     Gateway(gateway::GatewayArgs),
-    /// Validate a herald up or gateway config and exit (for ExecStartPre=).
-    Check(gateway::CheckArgs),
+    /// Check a herald up, gateway or watch config as its start would, and exit (for
+    /// ExecStartPre=).
+    Check(check::CheckArgs),
     /// List a server's tools, resources and templates (the server: --mcp-http URL,
     /// --mcp-quic HOST:PORT or --mcp-stdio CMD).
     Ls(client::LsArgs),
@@ -183,7 +185,7 @@ pub fn run(cli: Cli, systemd: Systemd) -> Result<(), Exit> {
             Command::Slack(a) => slack::run(a, &globals).await,
             Command::Up(a) => up::run(a, &globals).await,
             Command::Gateway(a) => gateway::run(a, &globals).await,
-            Command::Check(a) => gateway::check(a),
+            Command::Check(a) => check::run(a).await,
             Command::Ls(a) => client::ls(a).await,
             Command::Read(a) => client::read(a).await,
             Command::Call(a) if a.task => task::call(a).await,

@@ -183,16 +183,17 @@ pub fn table(r: &StatusReport) -> String {
             .map(|w| {
                 vec![
                     w.name.clone(),
-                    if w.failed { "failed" } else { "running" }.into(),
+                    w.state.as_str().into(),
                     w.events.to_string(),
                     w.notices.to_string(),
                     w.uri.clone(),
+                    w.error.clone().unwrap_or_else(|| "-".into()),
                 ]
             })
             .collect();
         columns(
             &mut out,
-            &["WATCH", "STATE", "EVENTS", "NOTICES", "URI"],
+            &["WATCH", "STATE", "EVENTS", "NOTICES", "URI", "LAST ERROR"],
             &rows,
         );
     }
@@ -259,7 +260,7 @@ fn human_bytes(b: u64) -> String {
 mod tests {
     use super::*;
     use crate::runtime::status::{
-        BackendReport, RoleReport, StoreReport, UpstreamReport, WatchReport,
+        BackendReport, RoleReport, StoreReport, UpstreamReport, WatchReport, WatchState,
     };
 
     #[test]
@@ -298,13 +299,24 @@ mod tests {
                 connected: true,
             }],
             listens: 2,
-            watches: vec![WatchReport {
-                name: "notes".into(),
-                uri: "memo://notes".into(),
-                events: 3,
-                notices: 1,
-                failed: false,
-            }],
+            watches: vec![
+                WatchReport {
+                    name: "notes".into(),
+                    uri: "memo://notes".into(),
+                    events: 3,
+                    notices: 1,
+                    state: WatchState::Running,
+                    error: None,
+                },
+                WatchReport {
+                    name: "pods".into(),
+                    uri: "k8s://default/pods".into(),
+                    events: 0,
+                    notices: 0,
+                    state: WatchState::Starting,
+                    error: Some("k8s: the API server is not reachable".into()),
+                },
+            ],
             store: StoreReport {
                 path: Some("/var/lib/herald/herald.redb".into()),
                 bytes: Some(1_572_864),
@@ -325,8 +337,9 @@ prod      never      http://10.0.0.1/mcp  connection refused second line
 BACKEND    CONNECTED  SERVERS
 memo nats  yes        nats://10.0.0.2:4222
 
-WATCH  STATE    EVENTS  NOTICES  URI
-notes  running  3       1        memo://notes
+WATCH  STATE     EVENTS  NOTICES  URI                 LAST ERROR
+notes  running   3       1        memo://notes        -
+pods   starting  0       0        k8s://default/pods  k8s: the API server is not reachable
 ";
         assert_eq!(t, expected, "\n{t}");
     }

@@ -365,7 +365,7 @@ pub async fn run(args: WatchArgs, globals: &Globals, verbose: bool) -> Result<()
                 on_event,
             })
             .collect(),
-        require_watches: true,
+        configured: crate::watch::Configured::Required,
         end_when_all_ended: true,
         state_prefix: "",
     };
@@ -376,6 +376,35 @@ pub async fn run(args: WatchArgs, globals: &Globals, verbose: bool) -> Result<()
     crate::watch::run(opts, shutdown.clone(), async |_| true)
         .await
         .map_err(|e| anyhow!(e).into())
+}
+
+/// Every watch's filter, dry-run as its start would: refused ones fail the check, a call to
+/// a name only a server's tool could have is a warning.
+pub(crate) async fn check_filters(path: &std::path::Path, specs: &[WatchSpec]) -> Result<(), Exit> {
+    if specs.iter().all(|s| s.on_event.is_none()) {
+        return Ok(());
+    }
+    let exe = std::env::current_exe().map_err(|e| {
+        usage(anyhow!(
+            "cannot find the herald binary for filter workers: {e}"
+        ))
+    })?;
+    let mut refused = Vec::new();
+    for (name, verdict) in crate::watch::check::check_filters(exe, specs).await {
+        match verdict {
+            crate::watch::check::Verdict::Refused(why) => {
+                refused.push(format!("[[watch]] {name}: {why}"))
+            }
+            crate::watch::check::Verdict::MaybeATool(why) => eprintln!(
+                "{}: [[watch]] {name}: {why} (fine if a server offers a tool by that name: herald check connects to none)",
+                path.display()
+            ),
+        }
+    }
+    if refused.is_empty() {
+        return Ok(());
+    }
+    Err(usage(anyhow!("{}: {}", path.display(), refused.join("; "))))
 }
 
 #[cfg(test)]

@@ -108,6 +108,10 @@ pub enum ConfigError {
     )]
     OpenNotLoopback(String),
     #[error(
+        "{0} is not a loopback address and there is no [[token]]: anyone who can reach it could use every server. Add a [[token]] (sha256 = the output of `printf %s TOKEN | sha256sum`, slugs = [\"*\"]) or listen on 127.0.0.1"
+    )]
+    NoTokenNotLoopback(String),
+    #[error(
         "slugs {0} and {1} both have prefix = false: their names could collide, so at most one slug may show its names without the slug__ prefix"
     )]
     BareTwice(String, String),
@@ -373,14 +377,19 @@ pub fn bare_slug(slugs: &[Slug]) -> Option<&str> {
     slugs.iter().find(|s| !s.prefix).map(|s| s.name.as_str())
 }
 
-/// With `open_to_loopback`, every address the gateway listens on must be loopback.
+/// A gateway open to loopback (`open_to_loopback`, or no `[[token]]`: as `herald up`, callers
+/// on this host need none) listens on loopback addresses only: `tokenless` says which of the
+/// two it is, for the message.
 pub fn open_on_loopback_only<'a>(
     addrs: impl IntoIterator<Item = &'a str>,
+    tokenless: bool,
 ) -> Result<(), ConfigError> {
     match addrs
         .into_iter()
+        .filter(|a| !a.trim().is_empty())
         .find(|a| !crate::transport::is_loopback(a))
     {
+        Some(a) if tokenless => Err(ConfigError::NoTokenNotLoopback(a.to_owned())),
         Some(a) => Err(ConfigError::OpenNotLoopback(a.to_owned())),
         None => Ok(()),
     }
@@ -403,13 +412,18 @@ impl GatewayConfig {
             toml::from_str(text).map_err(|e| ConfigError::Toml(toml_message(text, &e)))?;
         let (http, quic) = (file.http.clone(), file.quic.clone());
         let (slugs, tokens) = GatewayConfig::validate(file.slugs, file.tokens, &[])?;
-        if file.open_to_loopback {
-            open_on_loopback_only([&http, &quic].into_iter().flatten().map(String::as_str))?;
+        // With no [[token]], callers on this host need none (as in `herald up`).
+        let open = file.open_to_loopback || tokens.is_empty();
+        if open {
+            open_on_loopback_only(
+                [&http, &quic].into_iter().flatten().map(String::as_str),
+                !file.open_to_loopback,
+            )?;
         }
         Ok(GatewayConfig {
             http,
             quic,
-            open_to_loopback: file.open_to_loopback,
+            open_to_loopback: open,
             slugs,
             tokens,
         })
@@ -584,10 +598,18 @@ mod tests {
         .unwrap();
         assert!(c.open_to_loopback);
         assert!(!c.slugs[0].prefix && c.slugs[1].prefix);
+        // No [[token]]: callers on this host need none, as in herald up; with one, they do.
         assert!(
-            !GatewayConfig::parse("[[slug]]\nname = \"a\"\nstdio = \"x\"\n")
+            GatewayConfig::parse("[[slug]]\nname = \"a\"\nstdio = \"x\"\n")
                 .unwrap()
                 .open_to_loopback
+        );
+        assert!(
+            !GatewayConfig::parse(&format!(
+                "[[slug]]\nname = \"a\"\nstdio = \"x\"\n[[token]]\nsha256 = \"{HASH}\"\nslugs = [\"*\"]\n"
+            ))
+            .unwrap()
+            .open_to_loopback
         );
         let e = GatewayConfig::parse(
             "[[slug]]\nname = \"a\"\nstdio = \"x\"\nprefix = false\n\
@@ -610,7 +632,17 @@ mod tests {
             )
             .is_ok()
         );
-        assert!(open_on_loopback_only(["localhost:1", "10.0.0.1:2"]).is_err());
+        assert!(open_on_loopback_only(["localhost:1", "10.0.0.1:2"], false).is_err());
+        // No [[token]] off loopback is refused, as herald up refuses it, saying what to add.
+        let e = GatewayConfig::parse("http = \"0.0.0.0:8770\"\n")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.starts_with("0.0.0.0:8770 is not a loopback address and there is no [[token]]")
+                && e.contains("printf %s TOKEN | sha256sum"),
+            "{e}"
+        );
+        assert!(GatewayConfig::parse("http = \"\"\nquic = \"127.0.0.1:1\"\n").is_ok());
     }
 
     #[test]

@@ -17,7 +17,7 @@ use std::fmt::Write as _;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, RwLock};
 
-use crate::runtime::status::StatusReport;
+use crate::runtime::status::{StatusReport, WatchState};
 
 /// A monotonically increasing count. Cheap to clone; clones count together.
 #[derive(Debug, Clone, Default)]
@@ -236,17 +236,18 @@ pub fn render_status(report: &StatusReport) -> String {
     );
     gauge(
         "herald_watches",
-        "watches of the watch client, and how many of them failed",
-        vec![
-            (
-                label("state", "running"),
-                report.watches.iter().filter(|w| !w.failed).count() as u64,
-            ),
-            (
-                label("state", "failed"),
-                report.watches.iter().filter(|w| w.failed).count() as u64,
-            ),
-        ],
+        "watches of the watch client by state (running, starting: configured and still trying, failed)",
+        [
+            WatchState::Running,
+            WatchState::Starting,
+            WatchState::Failed,
+        ]
+        .into_iter()
+        .map(|s| {
+            let n = report.watches.iter().filter(|w| w.state == s).count();
+            (label("state", s.as_str()), n as u64)
+        })
+        .collect(),
     );
     if let Some(bytes) = report.store.bytes {
         gauge(

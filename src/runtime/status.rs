@@ -80,8 +80,32 @@ pub struct WatchReport {
     pub events: u64,
     /// Notices delivered.
     pub notices: u64,
+    pub state: WatchState,
+    /// Why it does not run (with `starting`: the last try's error).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+}
+
+/// Where a watch is in its life.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum WatchState {
+    Running,
+    /// A configured watch that does not run yet (or lost its source): it keeps trying, and
+    /// `/ready` waits for it.
+    Starting,
     /// It gave up (or could not be restored): a `watch_start` may try again.
-    pub failed: bool,
+    Failed,
+}
+
+impl WatchState {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            WatchState::Running => "running",
+            WatchState::Starting => "starting",
+            WatchState::Failed => "failed",
+        }
+    }
 }
 
 /// A role's NATS backend in a [`StatusReport`].
@@ -153,6 +177,9 @@ pub struct Readiness {
     /// NATS backends not connected now (a role on NATS serves nothing new without it).
     #[serde(default)]
     pub backends_disconnected: Vec<String>,
+    /// Configured watches that do not run yet, each with its last error.
+    #[serde(default)]
+    pub watches_starting: Vec<UpstreamWaiting>,
 }
 
 struct Role {
@@ -249,6 +276,13 @@ impl StatusBoard {
             .collect()
     }
 
+    /// The watches now (asked under the board's lock, as [`StatusBoard::report`] does: the
+    /// watch client never takes the board's lock under its own).
+    fn watches(&self) -> Vec<WatchReport> {
+        let b = self.lock();
+        b.watches.as_ref().and_then(|f| f()).unwrap_or_default()
+    }
+
     /// Where the watches come from (a watch client's manager).
     pub fn set_watches(&self, watches: WatchList) {
         self.lock().watches = Some(watches);
@@ -301,18 +335,29 @@ impl StatusBoard {
             .filter(|b| !b.connected)
             .map(|b| b.name)
             .collect();
+        let watches_starting: Vec<UpstreamWaiting> = self
+            .watches()
+            .into_iter()
+            .filter(|w| w.state == WatchState::Starting)
+            .map(|w| UpstreamWaiting {
+                name: w.name,
+                last_error: w.error,
+            })
+            .collect();
         let draining = self.shutdown.is_cancelled();
         Readiness {
             ready: started
                 && !draining
                 && roles_starting.is_empty()
                 && upstreams_never_connected.is_empty()
-                && backends_disconnected.is_empty(),
+                && backends_disconnected.is_empty()
+                && watches_starting.is_empty(),
             starting: !started,
             draining,
             roles_starting,
             upstreams_never_connected,
             backends_disconnected,
+            watches_starting,
         }
     }
 
@@ -409,6 +454,35 @@ mod tests {
         assert!(!r.ready, "{r:?}");
         assert_eq!(r.backends_disconnected, vec!["memo nats".to_owned()]);
         nats_up.store(true, std::sync::atomic::Ordering::Relaxed);
+        assert!(board.readiness().ready);
+
+        // A configured watch still starting holds /ready, naming it and its last error; a
+        // failed one (nothing will start it by itself) does not.
+        let state = Arc::new(Mutex::new(WatchState::Starting));
+        let now = state.clone();
+        board.set_watches(Box::new(move || {
+            let state = *now.locked();
+            Some(vec![WatchReport {
+                name: "notes".into(),
+                uri: "memo://notes".into(),
+                events: 0,
+                notices: 0,
+                state,
+                error: (state != WatchState::Running).then(|| "memo: not reachable".into()),
+            }])
+        }));
+        let r = board.readiness();
+        assert!(!r.ready, "{r:?}");
+        assert_eq!(
+            r.watches_starting,
+            vec![UpstreamWaiting {
+                name: "notes".into(),
+                last_error: Some("memo: not reachable".into())
+            }]
+        );
+        *state.locked() = WatchState::Failed;
+        assert!(board.readiness().ready);
+        *state.locked() = WatchState::Running;
         assert!(board.readiness().ready);
 
         let report = board.report().await;

@@ -603,7 +603,7 @@ fn unauthenticated(server: &SourceServer, caller: &Caller) -> Option<Response> {
     let (message, challenge) = match server.authenticates(caller) {
         Authentication::Known => return None,
         Authentication::TokenRequired => (
-            "this server requires a token: send it as `Authorization: Bearer TOKEN` (herald's clients send HERALD_TOKEN)",
+            "this server requires a token: send it as `Authorization: Bearer TOKEN` (herald's clients send HERALD_TOKEN); the server's operator adds it as a [[token]] with sha256 = the output of `printf %s TOKEN | sha256sum`",
             r#"Bearer realm="herald""#,
         ),
         Authentication::NoTokens => (
@@ -611,7 +611,7 @@ fn unauthenticated(server: &SourceServer, caller: &Caller) -> Option<Response> {
             r#"Bearer realm="herald""#,
         ),
         Authentication::UnknownToken => (
-            "the token is not one this server knows: check the token (HERALD_TOKEN for herald's clients) against the server's configuration",
+            "the token is not one this server knows: check it (HERALD_TOKEN for herald's clients), or have the server's operator add a [[token]] with sha256 = the output of `printf %s TOKEN | sha256sum`",
             r#"Bearer realm="herald", error="invalid_token""#,
         ),
     };

@@ -84,7 +84,10 @@ pub(super) struct Stats {
     pub(super) events: AtomicU64,
     pub(super) notices: AtomicU64,
     pub(super) failed: AtomicBool,
-    /// Why the watch does not run (it failed, or its restore did).
+    /// A kept watch that does not run yet, or lost its source: it keeps trying.
+    pub(super) starting: AtomicBool,
+    /// Why the watch does not run (it failed, or its restore did, or with `starting` the
+    /// last try's error).
     pub(super) reason: Mutex<Option<String>>,
 }
 

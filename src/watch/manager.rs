@@ -23,11 +23,10 @@ use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-use crate::filter::pool::{Catalog as FilterHost, FilterError, FilterPool};
-use crate::filter::shape;
+use crate::filter::pool::{Catalog as FilterHost, FilterPool};
 use crate::mcp::ring::EVENT_LOG_MIME;
 use crate::mcp::tasks::relay::Relayed;
-use crate::runtime::status::{StatusBoard, WatchReport};
+use crate::runtime::status::{StatusBoard, WatchReport, WatchState};
 use crate::store::{Store, Table};
 use crate::upstream::log::{LogCursor, extract_log};
 use crate::upstream::{REQUEST_TIMEOUT, Upstream, pick};
@@ -39,6 +38,7 @@ use crate::watch::log::WatchLog;
 use crate::watch::spec::{Notice, Shape, WatchConfig, WatchError, WatchInfo, WatchSpec};
 use crate::watch::task::{Baseline, WatchTask, subscribe_and_read};
 
+mod kept;
 mod saved;
 
 struct Entry {
@@ -52,9 +52,22 @@ struct Entry {
 }
 
 impl Entry {
-    /// A watch that holds a slot: not a kept-but-failed restore, not a failed watch.
+    /// A watch that holds a slot: not a kept-but-failed restore, not a failed watch, not a
+    /// kept watch still trying to start.
     fn is_running(&self) -> bool {
-        !self.restore_failed && !self.stats.failed.load(Ordering::Relaxed)
+        !self.restore_failed
+            && !self.stats.failed.load(Ordering::Relaxed)
+            && !self.stats.starting.load(Ordering::Relaxed)
+    }
+
+    fn state(&self) -> WatchState {
+        if self.stats.starting.load(Ordering::Relaxed) {
+            WatchState::Starting
+        } else if self.is_running() {
+            WatchState::Running
+        } else {
+            WatchState::Failed
+        }
     }
 }
 
@@ -182,27 +195,9 @@ impl WatchManager {
         })
     }
 
-    /// Checks `on_event` before any subscription is made: it must be source text, it must
-    /// compile, a dry run on a sample event must not hit a NameError (missing keys in the
-    /// sample are fine), and when the sample gives nothing, the code must be able to give
-    /// something: code that ends in a statement (`if`, `for`, an assignment) has no value,
-    /// and unless it prints, it would drop every event.
+    /// Checks `on_event` before any subscription is made ([`crate::watch::check::dry_run`]).
     async fn validate_filter(&self, name: &str, uri: &str, code: &str) -> Result<(), WatchError> {
-        let trimmed = code.trim();
-        if trimmed.is_empty() {
-            return Err(WatchError::Invalid(
-                "on_event is empty; pass Python source text or no on_event".into(),
-            ));
-        }
-        if trimmed.starts_with("<function")
-            || trimmed.starts_with("<bound method")
-            || trimmed.starts_with("<lambda")
-        {
-            return Err(WatchError::Invalid(format!(
-                "on_event must be Python source text, not a function object ({}); pass the code itself as a string",
-                trimmed.lines().next().unwrap_or_default()
-            )));
-        }
+        crate::watch::check::text(code)?;
         let Some(pool) = self.inner.handle.filters() else {
             return Err(WatchError::Invalid(
                 "this watch client runs no Python filters".into(),
@@ -210,32 +205,8 @@ impl WatchManager {
         };
         let n = self.inner.validations.fetch_add(1, Ordering::Relaxed);
         let scope = format!("\u{0}validate:{name}:{n}");
-        let sample = json!({"watch": name, "uri": uri, "type": "ADDED", "seq": 1, "key": "sample",
-            "object": {"metadata": {"name": "sample", "namespace": "default", "uid": "sample"}},
-            "new": {}, "item": {}, "old": null, "changed": []});
-        let r = pool
-            .run(&scope, code, sample, self.inner.handle.filter_catalog())
-            .await;
-        pool.drop_scope(&scope).await;
-        match r {
-            Err(FilterError::Python(e))
-                if e.exc_type == "SyntaxError" || e.exc_type == "NameError" =>
-            {
-                Err(WatchError::Invalid(format!(
-                    "on_event failed its dry run on a sample event: {e}"
-                )))
-            }
-            Err(FilterError::Worker(e)) => Err(WatchError::Unavailable(format!(
-                "on_event could not be dry-run: {e}"
-            ))),
-            Ok(o) if !o.value.is_null() || !o.printed.trim().is_empty() => Ok(()),
-            // The sample gave nothing (or raised on a key it lacks): fine, unless nothing
-            // ever can.
-            _ => match shape::never_notices(code) {
-                Some(why) => Err(WatchError::Invalid(why)),
-                None => Ok(()),
-            },
-        }
+        let catalog = self.inner.handle.filter_catalog();
+        crate::watch::check::dry_run(&pool, catalog, &scope, name, uri, code).await
     }
 
     pub fn servers(&self) -> &[Arc<Upstream>] {
@@ -250,15 +221,18 @@ impl WatchManager {
         uri: &str,
         on_event: Option<&str>,
     ) -> Result<WatchInfo, WatchError> {
-        self.start(name, uri, on_event, true).await
+        self.start(name, uri, on_event, true, None).await
     }
 
+    /// Starts a watch: saved with `save`; `kept` (a kept watch's token, see `kept.rs`) makes
+    /// it resubscribe for as long as it is not stopped, and ends it with that token.
     async fn start(
         &self,
         name: &str,
         uri: &str,
         on_event: Option<&str>,
         save: bool,
+        kept: Option<&CancellationToken>,
     ) -> Result<WatchInfo, WatchError> {
         let inner = &self.inner;
         self.room_for(name, uri)?;
@@ -310,7 +284,7 @@ impl WatchManager {
             uri: uri.into(),
             on_event: on_event.map(str::to_owned),
         };
-        let (stats, cancel) = self.enter(&spec, shape, &server.name)?;
+        let (stats, cancel) = self.enter(&spec, shape, &server.name, kept)?;
         if save {
             self.save(&spec).await;
         }
@@ -333,6 +307,7 @@ impl WatchManager {
             stats.clone(),
             cancel,
             scope,
+            kept.is_some(),
         );
         inner.tracker.spawn(task.run(listening, baseline));
         Ok(WatchInfo {
@@ -343,6 +318,7 @@ impl WatchManager {
             notices: 0,
             restore_failed: false,
             failed: false,
+            starting: false,
         })
     }
 
@@ -372,21 +348,28 @@ impl WatchManager {
         Ok(())
     }
 
-    /// Enters a started watch in the list, its counters and its cancel token: the name and the
-    /// limit are checked again under the lock (another start may have raced this one while it
-    /// subscribed).
+    /// Enters a started watch in the list, its counters and its cancel token (`kept`'s, for
+    /// a kept watch): the name and the limit are checked again under the lock (another start
+    /// may have raced this one while it subscribed, or a stop the kept watch's start).
     fn enter(
         &self,
         spec: &WatchSpec,
         shape: Shape,
         server: &str,
+        kept: Option<&CancellationToken>,
     ) -> Result<(Arc<Stats>, CancellationToken), WatchError> {
         let inner = &self.inner;
         let name = spec.name.as_str();
         let stats = Arc::new(Stats::default());
-        let cancel = inner.shutdown.child_token();
+        let cancel = kept
+            .cloned()
+            .unwrap_or_else(|| inner.shutdown.child_token());
         {
             let mut watches = inner.watches.locked();
+            // `watch_stop` cancels under this lock: a stopped kept watch stays stopped.
+            if cancel.is_cancelled() {
+                return Err(WatchError::Invalid(format!("watch {name} was stopped")));
+            }
             if watches.get(name).is_some_and(Entry::is_running) {
                 return Err(WatchError::Invalid(format!(
                     "a watch named {name} already exists; stop it first or pick another name"
@@ -441,7 +424,7 @@ impl WatchManager {
             uri: uri.into(),
             on_event: None,
         };
-        let (stats, cancel) = self.enter(&spec, Shape::Task, &server.name)?;
+        let (stats, cancel) = self.enter(&spec, Shape::Task, &server.name, None)?;
         if save {
             self.save(&spec).await;
         }
@@ -473,6 +456,7 @@ impl WatchManager {
             notices: 0,
             restore_failed: false,
             failed: false,
+            starting: false,
         })
     }
 
@@ -539,7 +523,11 @@ impl WatchManager {
     /// left does not run (it failed for good, or its restore did).
     pub async fn none_running(&self) -> Settled {
         self.wait_until(|watches, started| {
-            if watches.values().any(Entry::is_running) {
+            // A kept watch still trying to start is not settled.
+            if watches
+                .values()
+                .any(|e| e.is_running() || e.state() == WatchState::Starting)
+            {
                 return None;
             }
             if watches.is_empty() {
@@ -593,11 +581,18 @@ impl WatchManager {
 
     /// Stops `name`. Returns whether it existed.
     pub async fn watch_stop(&self, name: &str) -> bool {
-        let removed = self.inner.watches.locked().remove(name);
+        let removed = {
+            let mut watches = self.inner.watches.locked();
+            let removed = watches.remove(name);
+            // Under the lock: a kept watch's start that enters after this sees it.
+            if let Some(e) = &removed {
+                e.cancel.cancel();
+            }
+            removed
+        };
         let Some(entry) = removed else {
             return false;
         };
-        entry.cancel.cancel();
         if let Some(store) = &self.inner.store
             && let Err(e) = store.delete(Table::Watches, &self.key(name)).await
         {
@@ -624,6 +619,7 @@ impl WatchManager {
                 notices: e.stats.notices.load(Ordering::Relaxed),
                 restore_failed: e.restore_failed,
                 failed: e.stats.failed.load(Ordering::Relaxed),
+                starting: e.stats.starting.load(Ordering::Relaxed),
             })
             .collect();
         out.sort_by(|a, b| a.name.cmp(&b.name));
@@ -636,18 +632,25 @@ impl WatchManager {
         let weak = Arc::downgrade(&self.inner);
         board.set_watches(Box::new(move || {
             let inner = weak.upgrade()?;
-            let list = WatchManager { inner }.watch_list();
-            Some(
-                list.into_iter()
-                    .map(|w| WatchReport {
-                        name: w.name,
-                        uri: w.uri,
-                        events: w.events,
-                        notices: w.notices,
-                        failed: w.failed || w.restore_failed,
-                    })
-                    .collect(),
-            )
+            let watches = inner.watches.locked();
+            let mut list: Vec<WatchReport> = watches
+                .values()
+                .map(|e| {
+                    let state = e.state();
+                    WatchReport {
+                        name: e.spec.name.clone(),
+                        uri: e.spec.uri.clone(),
+                        events: e.stats.events.load(Ordering::Relaxed),
+                        notices: e.stats.notices.load(Ordering::Relaxed),
+                        state,
+                        error: (state != WatchState::Running)
+                            .then(|| e.stats.reason())
+                            .flatten(),
+                    }
+                })
+                .collect();
+            list.sort_by(|a, b| a.name.cmp(&b.name));
+            Some(list)
         }));
     }
 

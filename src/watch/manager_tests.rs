@@ -4,6 +4,7 @@
 
 use super::*;
 
+use crate::runtime::status::WatchState;
 use crate::testing::MemoServer;
 use crate::transport::target::Target;
 
@@ -87,7 +88,7 @@ async fn watches_are_reported_on_the_status_board_while_the_manager_lives() {
         (watches[0].name.as_str(), watches[0].uri.as_str()),
         ("n", "memo://notes")
     );
-    assert!(!watches[0].failed);
+    assert_eq!(watches[0].state, WatchState::Running);
     m.shutdown().await;
     drop(m);
     assert!(
@@ -184,4 +185,117 @@ async fn a_saved_filter_the_start_check_now_refuses_is_kept_not_deleted() {
     );
     assert_eq!(store.scan(Table::Watches).await.unwrap().len(), 1);
     m.shutdown().await;
+}
+
+/// Waits until every watch listed is in `state`.
+async fn until(m: &WatchManager, state: WatchState) {
+    tokio::time::timeout(
+        Duration::from_secs(10),
+        m.wait_until(|w, _| w.values().all(|e| e.state() == state).then_some(())),
+    )
+    .await
+    .expect("the watch list changed in time")
+}
+
+fn kept_manager(memo: &MemoServer) -> (WatchManager, mpsc::Receiver<Notice>, StatusBoard) {
+    let up = memo.upstream_with(crate::watch::upstream_config(
+        Target::Stdio("in-process memo".into()),
+        Default::default(),
+        1 << 20,
+    ));
+    let (tx, rx) = mpsc::channel(16);
+    let mut cfg = fast();
+    cfg.resubscribe_base = Duration::from_millis(5);
+    cfg.resubscribe_attempts = 2;
+    let m = WatchManager::new(cfg, vec![up], tx, WatchLog::silent(), None);
+    let board = StatusBoard::new(CancellationToken::new());
+    board.set_started();
+    m.report_to(&board);
+    (m, rx, board)
+}
+
+/// `herald up` used to log one warning for a configured watch whose server was not up yet and
+/// never watch it: now it is listed as starting, holds /ready, and runs once the server is up.
+#[tokio::test]
+async fn a_kept_watch_starts_once_its_server_is_up_and_holds_ready_until_then() {
+    let memo = MemoServer::start().await;
+    memo.set_down(true);
+    let (m, mut rx, board) = kept_manager(&memo);
+    let spec = WatchSpec {
+        name: "notes".into(),
+        uri: "memo://notes".into(),
+        on_event: None,
+    };
+    m.watch_keep(spec).await.expect("kept, not refused");
+    let w = &m.watch_list()[0];
+    assert!(w.starting && !w.failed, "{w:?}");
+    let r = board.readiness();
+    assert!(!r.ready, "{r:?}");
+    assert_eq!(r.watches_starting[0].name, "notes");
+    assert!(r.watches_starting[0].last_error.is_some(), "{r:?}");
+    let report = board.report().await;
+    assert_eq!(report.watches[0].state, WatchState::Starting);
+
+    memo.set_down(false);
+    until(&m, WatchState::Running).await;
+    assert!(board.readiness().ready);
+    memo.set("todo", json!("milk")).await;
+    let n = next(&mut rx).await;
+    assert!(n.lines.iter().any(|l| l.contains("todo")), "{n:?}");
+    m.shutdown().await;
+}
+
+/// A kept watch that loses its server goes on trying past the usual attempts (listed as
+/// starting, its reader told once), and picks up what changed meanwhile once it is back.
+#[tokio::test]
+async fn a_kept_watch_that_loses_its_server_keeps_trying_and_catches_up() {
+    let memo = MemoServer::start().await;
+    let (m, mut rx, board) = kept_manager(&memo);
+    let spec = WatchSpec {
+        name: "notes".into(),
+        uri: "memo://notes".into(),
+        on_event: None,
+    };
+    m.watch_keep(spec).await.unwrap();
+    assert!(m.watch_list()[0].shape.is_some(), "it runs at once");
+    memo.set_down(true);
+    let lost = next(&mut rx).await;
+    assert!(
+        lost.lines[0].starts_with("watch lost its source"),
+        "{lost:?}"
+    );
+    until(&m, WatchState::Starting).await;
+    assert!(!board.readiness().ready);
+    memo.set("while-down", json!(1)).await;
+    memo.set_down(false);
+    let back = next(&mut rx).await;
+    assert!(
+        back.lines.iter().any(|l| l.contains("while-down")),
+        "{back:?}"
+    );
+    until(&m, WatchState::Running).await;
+    assert!(board.readiness().ready);
+    m.shutdown().await;
+}
+
+/// Stopping a kept watch that is still trying ends its tries: it never comes back.
+#[tokio::test]
+async fn a_kept_watch_stopped_while_it_tries_stays_stopped() {
+    let memo = MemoServer::start().await;
+    memo.set_down(true);
+    let (m, _rx, _board) = kept_manager(&memo);
+    let spec = WatchSpec {
+        name: "notes".into(),
+        uri: "memo://notes".into(),
+        on_event: None,
+    };
+    m.watch_keep(spec).await.unwrap();
+    assert!(m.watch_stop("notes").await);
+    memo.set_down(false);
+    // The tries end by themselves (nothing else is cancelled): the tracker empties.
+    m.inner.tracker.close();
+    tokio::time::timeout(Duration::from_secs(10), m.inner.tracker.wait())
+        .await
+        .expect("the tries ended");
+    assert!(m.watch_list().is_empty());
 }

@@ -9,6 +9,7 @@
 //! `herald up` and `herald code`. Servers are reached through the shared [`Upstream`].
 //! Independent of any sink, so the agent can reuse it.
 
+pub mod check;
 pub mod events;
 mod filter_catalog;
 mod follow;
@@ -81,9 +82,8 @@ pub struct WatchOptions {
     /// Watches to start (after the restore). One restored with the same name and URI is
     /// kept, unless this one brings a filter, which replaces it.
     pub watches: Vec<WatchSpec>,
-    /// Whether a watch in `watches` that cannot start ends the run with [`StartFailed`]
-    /// (`herald watch`); otherwise it is logged and the rest run (`herald up`'s demo).
-    pub require_watches: bool,
+    /// What a watch in `watches` that cannot start does.
+    pub configured: Configured,
     /// Whether the run ends once no watch runs (`herald watch`, where nothing can start
     /// another): with `Ok` when each has ended (task watches end by themselves), with
     /// [`RunError::AllFailed`] when those left failed for good. Otherwise it runs until
@@ -91,6 +91,16 @@ pub struct WatchOptions {
     pub end_when_all_ended: bool,
     /// The store key prefix of the saved watches (see [`manager::AGENT_STATE`]).
     pub state_prefix: &'static str,
+}
+
+/// What a watch of [`WatchOptions::watches`] that cannot start does.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Configured {
+    /// It ends the run with [`StartFailed`] (`herald watch`: its exit says so at once).
+    Required,
+    /// It is kept: listed as starting and tried again until it runs (`herald up`, `agent`,
+    /// `code`; see `manager/kept.rs`). Only one that can never start is logged and left out.
+    Kept,
 }
 
 /// A watch of [`WatchOptions::watches`] could not start.
@@ -164,7 +174,7 @@ where
             tracing::warn!(server = %target, error = %e, "server not reachable yet; retried when a watch needs it");
         }
         manager.restore().await;
-        start_all(&manager, opts.watches, opts.require_watches).await
+        start_all(&manager, opts.watches, opts.configured).await
     };
     let mut failure = tokio::select! {
         f = start => f.map(RunError::Start),
@@ -207,11 +217,11 @@ where
     failure.map_or(Ok(()), Err)
 }
 
-/// Starts `watches` in order; the first failure ends it when `required`.
+/// Starts `watches` in order; the first failure ends it when they are required.
 async fn start_all(
     manager: &WatchManager,
     watches: Vec<WatchSpec>,
-    required: bool,
+    configured: Configured,
 ) -> Option<StartFailed> {
     let restored: Vec<(String, String)> = manager
         .watch_list()
@@ -227,18 +237,22 @@ async fn start_all(
             // Restored, but this start brings its filter: run that one.
             manager.watch_stop(&w.name).await;
         }
+        if configured == Configured::Kept {
+            let (name, uri) = (w.name.clone(), w.uri.clone());
+            if let Err(error) = manager.watch_keep(w).await {
+                tracing::error!(watch = %name, %uri, %error, "watch cannot start");
+            }
+            continue;
+        }
         if let Err(error) = manager
             .watch_start(&w.name, &w.uri, w.on_event.as_deref())
             .await
         {
-            if required {
-                return Some(StartFailed {
-                    name: w.name,
-                    uri: w.uri,
-                    error,
-                });
-            }
-            tracing::warn!(watch = %w.name, %error, "watch did not start");
+            return Some(StartFailed {
+                name: w.name,
+                uri: w.uri,
+                error,
+            });
         }
     }
     None
@@ -283,7 +297,9 @@ mod tests {
             spec("x", "memo://nope"),
             spec("b", "memo://log"),
         ];
-        let failed = start_all(&m, watches, true).await.expect("x fails");
+        let failed = start_all(&m, watches, Configured::Required)
+            .await
+            .expect("x fails");
         let text = failed.to_string();
         assert!(
             text.starts_with("watch x (memo://nope) cannot start: "),
@@ -295,13 +311,22 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn an_optional_watch_that_cannot_start_is_skipped() {
+    async fn a_kept_watch_that_cannot_start_is_listed_starting_and_the_rest_run() {
         let memo = MemoServer::start().await;
         let m = manager(&memo).await;
-        let watches = vec![spec("x", "memo://nope"), spec("b", "memo://log")];
-        assert!(start_all(&m, watches, false).await.is_none());
-        let names: Vec<String> = m.watch_list().into_iter().map(|w| w.name).collect();
-        assert_eq!(names, ["b"]);
+        let watches = vec![
+            spec("x", "memo://nope"),
+            spec("", "memo://notes"),
+            spec("b", "memo://log"),
+        ];
+        assert!(start_all(&m, watches, Configured::Kept).await.is_none());
+        let list: Vec<(String, bool)> = m
+            .watch_list()
+            .into_iter()
+            .map(|w| (w.name, w.starting))
+            .collect();
+        // The nameless one can never start: left out.
+        assert_eq!(list, [("b".into(), false), ("x".into(), true)]);
         m.shutdown().await;
     }
 
@@ -329,7 +354,11 @@ mod tests {
             } else {
                 Vec::new()
             },
-            require_watches: herald_watch,
+            configured: if herald_watch {
+                Configured::Required
+            } else {
+                Configured::Kept
+            },
             end_when_all_ended: herald_watch,
             state_prefix: "",
         }
@@ -396,11 +425,11 @@ mod tests {
         m.watch_start("a", "memo://notes", None).await.unwrap();
         // The same name and URI (as a restore leaves it): kept. The same name elsewhere: refused.
         assert!(
-            start_all(&m, vec![spec("a", "memo://notes")], true)
+            start_all(&m, vec![spec("a", "memo://notes")], Configured::Required)
                 .await
                 .is_none()
         );
-        let moved = start_all(&m, vec![spec("a", "memo://log")], true).await;
+        let moved = start_all(&m, vec![spec("a", "memo://log")], Configured::Required).await;
         assert!(moved.is_some_and(|f| f.error.to_string().contains("already exists")));
         m.shutdown().await;
     }

@@ -8,6 +8,10 @@ use crate::runtime::backoff::Backoff;
 use crate::upstream::UpstreamError;
 use crate::watch::notice::{DebounceConfig, notice_text};
 
+/// The longest wait between two tries of a kept watch (one a config names: see
+/// `manager/kept.rs`).
+pub const KEEP_TRYING_MAX: Duration = Duration::from_secs(30);
+
 /// Watch client limits and timings. Every field has a default and a flag.
 #[derive(Debug, Clone)]
 pub struct WatchConfig {
@@ -138,6 +142,8 @@ pub struct WatchInfo {
     pub notices: u64,
     pub restore_failed: bool,
     pub failed: bool,
+    /// A configured watch that does not run yet (or lost its source) and keeps trying.
+    pub starting: bool,
 }
 
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]

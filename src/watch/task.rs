@@ -19,12 +19,13 @@ use tokio_util::sync::CancellationToken;
 use crate::filter::engine::Outcome as FilterOutcome;
 use crate::filter::pool::FilterError;
 use crate::mcp::source::Body;
+use crate::runtime::backoff::Backoff;
 use crate::upstream::log::{Event, LogCursor, extract_log_text};
 use crate::upstream::{Listening, Upstream, UpstreamError};
 use crate::watch::events::{StateBase, diff_reads};
 use crate::watch::handle::{Stats, WatchHandle};
 use crate::watch::notice::{Debounce, Dedupe, Line, default_line, object_key, sanitize_line};
-use crate::watch::spec::{Notice, WatchError, WatchSpec};
+use crate::watch::spec::{KEEP_TRYING_MAX, Notice, WatchError, WatchSpec};
 
 /// What a watch compares the next read against.
 pub(super) enum Baseline {
@@ -142,6 +143,8 @@ pub(super) struct WatchTask {
     spec: WatchSpec,
     stats: Arc<Stats>,
     cancel: CancellationToken,
+    /// A kept watch: it resubscribes for as long as it is not stopped.
+    kept: bool,
     debounce: Debounce,
     dedupe: Dedupe,
     /// The filter's scope was lost (its worker died); the next notice says so.
@@ -184,6 +187,7 @@ impl WatchTask {
         stats: Arc<Stats>,
         cancel: CancellationToken,
         scope: String,
+        kept: bool,
     ) -> WatchTask {
         let debounce = Debounce::new(handle.cfg.debounce);
         WatchTask {
@@ -192,6 +196,7 @@ impl WatchTask {
             spec,
             stats,
             cancel,
+            kept,
             debounce,
             dedupe: Dedupe::new(4096),
             scope_reset: false,
@@ -317,8 +322,19 @@ impl WatchTask {
         let cfg = &self.handle.cfg;
         let log = &self.handle.log;
         let mut last_error = String::from(why);
-        let mut backoff = cfg.resubscribe_backoff();
-        for attempt in 0..cfg.resubscribe_attempts {
+        // A kept watch (`manager/kept.rs`) tries for as long as it is not stopped, at most
+        // KEEP_TRYING_MAX apart, and is listed as starting once the usual attempts are spent.
+        let (mut backoff, attempts) = match self.kept {
+            false => (cfg.resubscribe_backoff(), cfg.resubscribe_attempts),
+            true => (
+                Backoff::new(cfg.resubscribe_base, KEEP_TRYING_MAX),
+                u32::MAX,
+            ),
+        };
+        for attempt in 0..attempts {
+            if self.kept && attempt == cfg.resubscribe_attempts {
+                self.lost_source(&last_error).await;
+            }
             let delay = backoff.next_delay();
             let delay = if live && attempt == 0 {
                 Duration::ZERO
@@ -341,7 +357,15 @@ impl WatchTask {
                         json!({"watch": self.spec.name, "uri": self.spec.uri,
                                "server": self.server.name.clone(), "attempt": attempt + 1}),
                     );
+                    if self.stats.starting.swap(false, Ordering::Relaxed) {
+                        tracing::info!(watch = %self.spec.name, uri = %self.spec.uri, tries = attempt + 1, "watch subscribed again");
+                        self.handle.changed();
+                    }
                     return Some(ok);
+                }
+                Err(e) if self.kept && self.stats.starting.load(Ordering::Relaxed) => {
+                    last_error = e.to_string();
+                    self.stats.set_reason(last_error.clone());
                 }
                 Err(e) => last_error = e.to_string(),
             }
@@ -365,6 +389,24 @@ impl WatchTask {
         // After the notice: a run that ends once none runs says it first.
         self.handle.changed();
         None
+    }
+
+    /// A kept watch spent the usual resubscribe attempts: it is listed as starting (holding
+    /// `/ready`), and its reader is told once, while it goes on trying.
+    async fn lost_source(&self, last_error: &str) {
+        self.stats.set_reason(last_error.to_owned());
+        self.stats.starting.store(true, Ordering::Relaxed);
+        tracing::warn!(watch = %self.spec.name, uri = %self.spec.uri, error = %last_error,
+            "watch lost its source; trying again (at most {} s apart) until it is back", KEEP_TRYING_MAX.as_secs());
+        let line = format!(
+            "watch lost its source ({last_error}); trying again, at most {} s apart, until it is back",
+            KEEP_TRYING_MAX.as_secs()
+        );
+        self.stats.notices.fetch_add(1, Ordering::Relaxed);
+        self.handle
+            .deliver(Notice::new(&self.spec.name, &self.spec.uri, vec![line]))
+            .await;
+        self.handle.changed();
     }
 
     /// Diffs one read against the baseline; `filtering` says a filter run is in progress.
@@ -599,6 +641,7 @@ mod tests {
             stats,
             CancellationToken::new(),
             "w#0".into(),
+            false,
         )
     }
 

@@ -596,7 +596,10 @@ async fn check_validates_configs() {
     .unwrap();
     let out = herald(["check", good.to_str().unwrap()]).await;
     assert!(out.status.success(), "{out:?}");
-    assert!(String::from_utf8_lossy(&out.stdout).contains("ok (1 server, 1 token)"));
+    assert!(
+        String::from_utf8_lossy(&out.stdout).contains("ok (herald gateway: 1 server, 1 token)"),
+        "{out:?}"
+    );
     let bad = dir.path().join("bad.toml");
     std::fs::write(
         &bad,
@@ -612,7 +615,7 @@ async fn check_validates_configs() {
 }
 
 #[tokio::test]
-async fn check_refuses_bad_slug_names_and_warns_for_a_remote_gateway_without_tokens() {
+async fn check_refuses_bad_slug_names_and_a_remote_gateway_without_tokens() {
     let dir = TempDir::new("gateway-check-names");
     let cfg = dir.path().join("gateway.toml");
     let long = "a".repeat(65);
@@ -643,23 +646,23 @@ async fn check_refuses_bad_slug_names_and_warns_for_a_remote_gateway_without_tok
         assert!(out.status.success(), "{name:?}: {out:?}");
     }
 
-    // Listening beyond loopback with no [[token]]: valid (stdio callers need none), but said
-    // loudly, naming the address.
+    // Listening beyond loopback with no [[token]]: refused as herald up refuses it (callers on
+    // this host need no token there), naming the address and the [[token]] to add.
     let slug = "[[slug]]\nname = \"memo\"\nstdio = \"herald memo\"\n";
     for (listen, addr) in [
-        ("http = \"0.0.0.0:8760\"\n", "http = \"0.0.0.0:8760\""),
-        ("quic = \"[::]:8761\"\n", "quic = \"[::]:8761\""),
+        ("http = \"0.0.0.0:8760\"\n", "0.0.0.0:8760"),
+        ("quic = \"[::]:8761\"\n", "[::]:8761"),
         (
             "http = \"127.0.0.1:8760\"\nquic = \"mcp.example.com:8761\"\n",
-            "quic = \"mcp.example.com:8761\"",
+            "mcp.example.com:8761",
         ),
     ] {
         std::fs::write(&cfg, format!("{listen}{slug}")).unwrap();
         let out = herald(["check", cfg.to_str().unwrap()]).await;
-        assert!(out.status.success(), "{listen}: {out:?}");
+        assert_eq!(out.status.code(), Some(64), "{listen}: {out:?}");
         let err = String::from_utf8_lossy(&out.stderr);
         assert!(
-            err.contains("WARNING") && err.contains(addr) && err.contains("no [[token]]"),
+            err.contains(addr) && err.contains("no [[token]]") && err.contains("sha256sum"),
             "{listen}: {err}"
         );
         assert!(
@@ -667,7 +670,7 @@ async fn check_refuses_bad_slug_names_and_warns_for_a_remote_gateway_without_tok
             "loopback is not named: {err}"
         );
     }
-    // On loopback, or with a token, there is nothing to warn about.
+    // On loopback, or with a token, the config is fine.
     for text in [
         format!("http = \"127.0.0.1:8760\"\nquic = \"[::1]:8761\"\n{slug}"),
         format!("http = \"localhost:8760\"\n{slug}"),
@@ -683,6 +686,34 @@ async fn check_refuses_bad_slug_names_and_warns_for_a_remote_gateway_without_tok
         let err = String::from_utf8_lossy(&out.stderr);
         assert!(!err.contains("WARNING"), "{text}: {err}");
     }
+}
+
+/// `herald gateway` with no `[[token]]` used to refuse every HTTP caller ("set HERALD_TOKEN to
+/// one the server knows", though it knew none) while `herald up` let loopback in: now both do.
+#[tokio::test]
+async fn a_gateway_without_tokens_serves_callers_on_this_host_without_one() {
+    let memo = Server::spawn(&["--store", ":memory:", "memo", "--http", "127.0.0.1:0"]).await;
+    let dir = TempDir::new("gateway-tokenless");
+    let cfg = dir.path().join("gateway.toml");
+    std::fs::write(
+        &cfg,
+        format!(
+            "[[slug]]\nname = \"memo\"\nhttp = \"{}\"\n",
+            memo.http_url()
+        ),
+    )
+    .unwrap();
+    let gw = http_gateway_server(&cfg).await;
+    let c = connect(
+        &Target::Http(gw.http_url()),
+        &ClientTrust::default(),
+        client_config(),
+        4 << 20,
+    )
+    .await
+    .expect("a loopback caller needs no token");
+    let names = tools(&c, 4).await;
+    assert_eq!(names[0], "memo__memo_ask", "{names:?}");
 }
 
 /// A client that keeps the progress notifications and log messages it receives.

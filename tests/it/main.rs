@@ -3,6 +3,7 @@
 mod admin;
 mod agent;
 mod badinput;
+mod boot;
 mod cli;
 mod code;
 mod connect;

@@ -475,6 +475,20 @@ impl UpToml {
     }
 }
 
+impl UpConfig {
+    /// The `[[watch]]`es as the watch client takes them.
+    pub fn watch_specs(&self) -> Vec<crate::watch::WatchSpec> {
+        self.watches
+            .iter()
+            .map(|(name, uri, on_event)| crate::watch::WatchSpec {
+                name: name.clone(),
+                uri: uri.clone(),
+                on_event: on_event.clone(),
+            })
+            .collect()
+    }
+}
+
 fn watch(name: &str, uri: &str) -> WatchToml {
     WatchToml {
         name: name.into(),

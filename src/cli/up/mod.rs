@@ -11,9 +11,10 @@
 //!
 //! The order is a runner's (`app`): the admin address first, each role on its own
 //! `RoleContext::for_role`, the gateway's `serve_source` (never falling back to stdio, whose
-//! stdout carries notices), `READY=1`, the `listening` line, then the watch client. Ready
-//! means the endpoint answers and every role started, not that every watch has subscribed
-//! (`/status` lists the watches once they have).
+//! stdout carries notices), `READY=1`, the `listening` line, then the watch client. `/ready`
+//! means the endpoint answers, every role started and every configured watch runs: a watch
+//! that cannot start yet (its slug or source not up) is kept, listed as `starting` with its
+//! last error, and tried again until it runs (`watch::manager`'s `kept.rs`).
 
 pub mod config;
 
@@ -149,6 +150,40 @@ fn kubeconfigs(k: &config::K8sToml) -> Result<Vec<(String, PathBuf)>, Exit> {
     Ok(out)
 }
 
+/// `[k8s]` as its source is built from it.
+fn k8s_source(k: &config::K8sToml, ctx: &RoleContext) -> Result<(K8s, Vec<String>), Exit> {
+    let kubeconfigs = kubeconfigs(k)?;
+    let names = kubeconfigs.iter().map(|(n, _)| n.clone()).collect();
+    let src = K8s::new(
+        KubectlConfig {
+            program: k.kubectl.clone().unwrap_or_else(|| "kubectl".into()),
+            kubeconfigs,
+            token_command: k.token_command.clone(),
+        },
+        K8sConfig {
+            read_write: k.read_write.unwrap_or(false),
+            ring_capacity: k.ring_capacity.unwrap_or_default().max(1),
+            linger: Duration::from_millis(k.linger_ms.unwrap_or_default()),
+            max_watchers: k.max_watchers.unwrap_or(1).max(1),
+            watch_via: k.via().map_err(usage)?,
+        },
+        ctx,
+    )
+    .map_err(|e| usage(anyhow::anyhow!("[k8s]: {e}")))?;
+    Ok((src, names))
+}
+
+/// What `herald k8s` checks of its kubeconfigs before it serves (each exists, and the API
+/// client can use it; credentials may come later), for `[k8s]`: at `herald up`'s start and
+/// in `herald check`.
+pub async fn check_kubeconfigs(k: &config::K8sToml) -> Result<(), Exit> {
+    let ctx = crate::cli::serve::role_context("check");
+    let (src, names) = k8s_source(k, &ctx)?;
+    src.check_kubeconfigs(&names)
+        .await
+        .map_err(|e| usage(anyhow::anyhow!("[k8s]: {e}")))
+}
+
 pub async fn run(args: UpArgs, globals: &Globals) -> Result<(), Exit> {
     let (mut toml, demo_dir) = match &args.config {
         Some(p) => (UpToml::load(p).map_err(usage)?, None),
@@ -177,6 +212,9 @@ pub async fn run(args: UpArgs, globals: &Globals) -> Result<(), Exit> {
         console::print(&cfg.to_toml())?;
         return Ok(());
     }
+    // What `herald check` refuses, `herald up` refuses before it starts anything.
+    let config_path = args.config.clone().unwrap_or_else(|| "herald up".into());
+    crate::cli::watch::check_filters(&config_path, &cfg.watch_specs()).await?;
     // The appliance serves its endpoint: a closed stdout only ends its notices there (said
     // once in the log), never the roles every client depends on.
     console::keep_running_when_stdout_closes();
@@ -251,22 +289,11 @@ pub async fn run(args: UpArgs, globals: &Globals) -> Result<(), Exit> {
     }
     if let Some(k) = &file.k8s {
         let kctx = ctx.for_role("k8s");
-        let src = K8s::new(
-            KubectlConfig {
-                program: k.kubectl.clone().unwrap_or_else(|| "kubectl".into()),
-                kubeconfigs: kubeconfigs(k)?,
-                token_command: k.token_command.clone(),
-            },
-            K8sConfig {
-                read_write: k.read_write.unwrap_or(false),
-                ring_capacity: k.ring_capacity.unwrap_or_default().max(1),
-                linger: Duration::from_millis(k.linger_ms.unwrap_or_default()),
-                max_watchers: k.max_watchers.unwrap_or(1).max(1),
-                watch_via: k.via().map_err(usage)?,
-            },
-            &kctx,
-        )
-        .map_err(|e| usage(anyhow::anyhow!("[k8s]: {e}")))?;
+        let (src, names) = k8s_source(k, &kctx)?;
+        // A kubeconfig the API client cannot use is refused now, as `herald k8s` does.
+        src.check_kubeconfigs(&names)
+            .await
+            .map_err(|e| usage(anyhow::anyhow!("[k8s]: {e}")))?;
         let src: DynSource = Arc::new(src);
         publishing.push(src.clone());
         upstreams.push(in_process("k8s", src, &local, &kctx, &store).await);
@@ -335,6 +362,9 @@ pub async fn run(args: UpArgs, globals: &Globals) -> Result<(), Exit> {
         }
     };
     bound.admin = admin;
+    // `/ready` waits for the watch client's start too: its configured watches are listed
+    // (running, or starting while they keep trying) before it says ready.
+    ctx.status().role_starting("watch");
     app::ready(&ctx, &globals.systemd, std::slice::from_ref(&bound)).await;
     announce(&bound, globals.log_format);
     if open {
@@ -361,15 +391,7 @@ pub async fn run(args: UpArgs, globals: &Globals) -> Result<(), Exit> {
         gw_server,
         &ctx.for_role("watch"),
     ))];
-    let mut watches: Vec<WatchSpec> = cfg
-        .watches
-        .iter()
-        .map(|(name, uri, on_event)| WatchSpec {
-            name: name.clone(),
-            uri: uri.clone(),
-            on_event: on_event.clone(),
-        })
-        .collect();
+    let mut watches = cfg.watch_specs();
     // (With the agent, addressed messages are its input, not notices.)
     if slack_live == Some(true) && demo_dir.is_some() && args.model_url.is_none() {
         watches.push(WatchSpec {
@@ -454,8 +476,8 @@ pub async fn run(args: UpArgs, globals: &Globals) -> Result<(), Exit> {
             None,
         ),
     };
-    // The config's watches all run: the watch client's cap (meant for watches an agent
-    // starts) is raised to their number. Only the agent starts a failed one again.
+    // The config's watches all run (kept: tried until they do): the watch client's cap (meant
+    // for watches an agent starts) is raised to their number.
     let mut config = WatchConfig {
         restart: if agent.is_some() {
             Restart::WatchStart
@@ -480,7 +502,7 @@ pub async fn run(args: UpArgs, globals: &Globals) -> Result<(), Exit> {
         filters,
         watches,
         // A watch that cannot start (a server not up yet) is logged; the rest run.
-        require_watches: false,
+        configured: crate::watch::Configured::Kept,
         end_when_all_ended: false,
         state_prefix: "",
     };
@@ -488,6 +510,7 @@ pub async fn run(args: UpArgs, globals: &Globals) -> Result<(), Exit> {
     let agent_stop = ctx.shutdown().clone();
     let watch = crate::watch::run(opts, ctx.shutdown().clone(), async |m| {
         m.report_to(&board);
+        board.role_serving("watch", Vec::new(), None);
         if let Some((nrx, settings)) = agent {
             super::agent::serve(m, settings, nrx, agent_stop).await;
         } else {

@@ -68,7 +68,7 @@ impl WatchManager {
                 }
             };
             let r = self
-                .start(&spec.name, &spec.uri, spec.on_event.as_deref(), false)
+                .start(&spec.name, &spec.uri, spec.on_event.as_deref(), false, None)
                 .await
                 .map(|_| ());
             // A filter saved before the start check refused what can never give a notice
