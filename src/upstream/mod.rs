@@ -188,9 +188,9 @@ pub struct Upstream {
     ctx: Option<RoleContext>,
     supervise: bool,
     dialer: Option<Dialer>,
-    /// The server itself, when it runs in this process ([`local::upstream`]): plain calls and
-    /// reads go to it directly.
-    in_process: Option<crate::mcp::server::SourceServer>,
+    /// The server itself, when it runs in this process ([`local::upstream`]; set once built,
+    /// for [`local::deferred`]): plain calls and reads go to it directly.
+    in_process: Arc<std::sync::OnceLock<crate::mcp::server::SourceServer>>,
     /// For an HTTP target: plain tool calls posted directly ([`http::HttpCalls`]).
     http_calls: Option<http::HttpCalls>,
     live: Mutex<Option<Arc<Live>>>,
@@ -248,7 +248,7 @@ impl Upstream {
             relay: Relay::default(),
             ctx: cfg.context,
             dialer: None,
-            in_process: None,
+            in_process: Arc::default(),
             http_calls,
             live: Mutex::new(None),
             catalog: Mutex::new(None),
@@ -276,7 +276,7 @@ impl Upstream {
     /// directly ([`SourceServer::call_in_process`](crate::mcp::server::SourceServer::call_in_process)),
     /// with no serialization; listens and tasks still go over the connection.
     fn in_process(&self) -> Option<&crate::mcp::server::SourceServer> {
-        self.in_process.as_ref()
+        self.in_process.get()
     }
 
     /// Direct calls to this upstream's HTTP endpoint, when it is one (and not dialled

@@ -192,3 +192,52 @@ async fn check_dry_runs_every_filter_as_the_start_would() {
     let out = herald(["check", "--kind", "gateway", watch.to_str().unwrap()]).await;
     assert_eq!(out.status.code(), Some(64), "{out:?}");
 }
+
+/// `herald up` with `[memo]` on a NATS server that is not up yet used to exit; now memo is a
+/// slug that starts once NATS answers (until then `/ready` names it), and its watch follows.
+#[tokio::test]
+async fn memo_on_a_nats_server_that_starts_later_starts_once_it_answers() {
+    let mut nats = crate::nats::NatsServer::start().await;
+    nats.kill().await;
+    let dir = TempDir::new("boot-nats");
+    let cfg = dir.path().join("up.toml");
+    std::fs::write(
+        &cfg,
+        format!(
+            "[listen]\nhttp = \"127.0.0.1:0\"\nquic = \"\"\n\n\
+             [memo]\nbackend = \"{}\"\nnats_bucket = \"later\"\n\n\
+             [[watch]]\nname = \"notes\"\nuri = \"memo://notes\"\n",
+            nats.url()
+        ),
+    )
+    .unwrap();
+    let mut up = up(&cfg, &[]).await;
+    let (code, ready) = admin(&up.admin, "/ready").await;
+    assert_eq!(code, 503, "{ready}");
+    let waiting = ready["upstreams_never_connected"].to_string();
+    assert!(
+        waiting.contains("memo") && waiting.contains("cannot start yet"),
+        "{ready}"
+    );
+
+    nats.start_again().await;
+    let other = crate::nats::memo_on(&nats, "later").await;
+    let c = crate::watch::memo_client(&other.http_url()).await;
+    let mut noticed = false;
+    for i in 0..20 {
+        // Each round waits for a notice a while, which paces the writes until memo and its
+        // watch have started.
+        call(&c, "memo_set", serde_json::json!({"key": "k", "value": i})).await;
+        if let Ok(n) = tokio::time::timeout(std::time::Duration::from_secs(2), up.notice()).await {
+            assert_eq!(n["watch"], "notes", "{n}");
+            noticed = true;
+            break;
+        }
+    }
+    assert!(
+        noticed,
+        "memo started once NATS answered, and its watch with it"
+    );
+    let (code, ready) = admin(&up.admin, "/ready").await;
+    assert_eq!(code, 200, "{ready}");
+}

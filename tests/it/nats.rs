@@ -87,7 +87,7 @@ impl NatsServer {
     }
 }
 
-async fn memo_on(nats: &NatsServer, bucket: &str) -> Server {
+pub(crate) async fn memo_on(nats: &NatsServer, bucket: &str) -> Server {
     memo_in(nats, bucket, None).await
 }
 

@@ -106,8 +106,35 @@ pub struct UpArgs {
     pub timeout: crate::cli::client::UpstreamConnectTimeout,
 }
 
-/// A role in this process as a gateway slug: its own server (its tasks kept in `store` under
-/// its name, as a role on its own keeps them), dialled over a pipe.
+/// A role's own server (its tasks kept in `store` under its name, as a role on its own keeps
+/// them).
+async fn server_for(
+    name: &str,
+    source: DynSource,
+    limits: &Limits,
+    ctx: &RoleContext,
+    store: &Store,
+) -> SourceServer {
+    let tasks = crate::mcp::tasks::Tasks::open(ctx, Some(store.clone()), name).await;
+    SourceServer::with_tasks(source, limits.clone(), ctx.shutdown().clone(), Some(tasks))
+}
+
+/// How the gateway reaches role `name` in this process.
+fn local_config(name: &str, ctx: &RoleContext, max_message_bytes: usize) -> UpstreamConfig {
+    UpstreamConfig {
+        name: name.to_owned(),
+        context: Some(ctx.clone()),
+        // The server is in this process, with the pipe's own limit.
+        max_listens: LOCAL_MAX_STREAMS,
+        ..UpstreamConfig::new(
+            Target::Stdio(format!("in-process {name}")),
+            Default::default(),
+            max_message_bytes,
+        )
+    }
+}
+
+/// A role in this process as a gateway slug: its own server, dialled over a pipe.
 async fn in_process(
     name: &str,
     source: DynSource,
@@ -115,25 +142,42 @@ async fn in_process(
     ctx: &RoleContext,
     store: &Store,
 ) -> Arc<Upstream> {
-    let tasks = crate::mcp::tasks::Tasks::open(ctx, Some(store.clone()), name).await;
-    let server =
-        SourceServer::with_tasks(source, limits.clone(), ctx.shutdown().clone(), Some(tasks));
-    let max = limits.max_message_bytes;
-    Arc::new(local::upstream(
-        UpstreamConfig {
-            name: name.to_owned(),
-            context: Some(ctx.clone()),
-            // The server is in this process, with the pipe's own limit.
-            max_listens: LOCAL_MAX_STREAMS,
-            ..UpstreamConfig::new(
-                Target::Stdio(format!("in-process {name}")),
-                Default::default(),
-                max,
-            )
-        },
-        server,
+    let server = server_for(name, source, limits, ctx, store).await;
+    let cfg = local_config(name, ctx, limits.max_message_bytes);
+    Arc::new(local::upstream(cfg, server, ctx))
+}
+
+/// A role that could not start (its NATS backend did not answer): a slug that tries `open`
+/// again until it gives the source (`upstream::local::deferred`), never connected until then,
+/// so `/ready` waits for it and `/status` says why.
+fn deferred<F>(
+    name: &'static str,
+    open: F,
+    limits: &Limits,
+    ctx: &RoleContext,
+    store: &Store,
+) -> Arc<Upstream>
+where
+    F: Fn() -> futures::future::BoxFuture<'static, Result<DynSource, String>>
+        + Send
+        + Sync
+        + 'static,
+{
+    let (limits2, ctx2, store2) = (limits.clone(), ctx.clone(), store.clone());
+    let open = Arc::new(open);
+    let build: local::Build = Arc::new(move || {
+        let (open, limits, ctx, store) =
+            (open.clone(), limits2.clone(), ctx2.clone(), store2.clone());
+        Box::pin(async move {
+            let source = open().await?;
+            Ok(server_for(name, source, &limits, &ctx, &store).await)
+        })
+    });
+    local::deferred(
+        local_config(name, ctx, limits.max_message_bytes),
+        build,
         ctx,
-    ))
+    )
 }
 
 fn kubeconfigs(k: &config::K8sToml) -> Result<Vec<(String, PathBuf)>, Exit> {
@@ -258,26 +302,35 @@ pub async fn run(args: UpArgs, globals: &Globals) -> Result<(), Exit> {
     let mut publishing: Vec<DynSource> = Vec::new();
     if let Some(m) = &file.memo {
         let mctx = ctx.for_role("memo");
+        let ring = m.ring_capacity.unwrap_or_default();
+        let max_notes = m
+            .max_notes_bytes
+            .unwrap_or_else(|| default_max_notes_bytes(max));
         let memo = match m.nats() {
-            None => {
-                Memo::open(
-                    store.clone(),
-                    m.ring_capacity.unwrap_or_default(),
-                    mctx.tap(),
-                )
-                .await?
+            None => Ok(Memo::open(store.clone(), ring, mctx.tap()).await?),
+            Some(n) => Memo::open_nats(&n, ring, &mctx).await.map_err(|e| (n, e)),
+        };
+        match memo {
+            Ok(memo) => {
+                let memo: DynSource = Arc::new(memo.with_max_notes_bytes(max_notes));
+                publishing.push(memo.clone());
+                upstreams.push(in_process("memo", memo, &local, &mctx, &store).await);
             }
-            Some(n) => Memo::open_nats(&n, m.ring_capacity.unwrap_or_default(), &mctx)
-                .await
-                .map_err(|e| anyhow::anyhow!("[memo]: {e}"))?,
+            // Its NATS backend is not up yet: memo starts once it is.
+            Err((n, e)) => {
+                tracing::warn!(role = "memo", error = %e, "memo cannot start yet; trying again until its NATS backend answers");
+                let c = mctx.clone();
+                let open =
+                    move || -> futures::future::BoxFuture<'static, Result<DynSource, String>> {
+                        let (n, c) = (n.clone(), c.clone());
+                        Box::pin(async move {
+                            let memo = Memo::open_nats(&n, ring, &c).await?;
+                            Ok(Arc::new(memo.with_max_notes_bytes(max_notes)) as DynSource)
+                        })
+                    };
+                upstreams.push(deferred("memo", open, &local, &mctx, &store));
+            }
         }
-        .with_max_notes_bytes(
-            m.max_notes_bytes
-                .unwrap_or_else(|| default_max_notes_bytes(max)),
-        );
-        let memo: DynSource = Arc::new(memo);
-        publishing.push(memo.clone());
-        upstreams.push(in_process("memo", memo, &local, &mctx, &store).await);
     }
     if let Some(f) = &file.file {
         let fctx = ctx.for_role("file");
@@ -303,9 +356,29 @@ pub async fn run(args: UpArgs, globals: &Globals) -> Result<(), Exit> {
         let mut scfg = s.to_config().map_err(usage)?;
         // The demo runs Slack inert until configured, and its banner says so.
         scfg.inert_expected = demo_dir.is_some();
-        let src = Slack::open(scfg, store.clone(), &sctx).await?;
-        slack_live = Some(src.configured());
-        upstreams.push(in_process("slack", Arc::new(src), &local, &sctx, &store).await);
+        match Slack::open(scfg.clone(), store.clone(), &sctx).await {
+            Ok(src) => {
+                slack_live = Some(src.configured());
+                upstreams.push(in_process("slack", Arc::new(src), &local, &sctx, &store).await);
+            }
+            // On NATS, a backend not up yet: Slack starts once it is.
+            Err(e) if s.backend.is_some() => {
+                tracing::warn!(role = "slack", error = %format!("{e:#}"), "slack cannot start yet; trying again until its NATS backend answers");
+                let (c, st) = (sctx.clone(), store.clone());
+                let open =
+                    move || -> futures::future::BoxFuture<'static, Result<DynSource, String>> {
+                        let (scfg, c, st) = (scfg.clone(), c.clone(), st.clone());
+                        Box::pin(async move {
+                            let src = Slack::open(scfg, st, &c)
+                                .await
+                                .map_err(|e| format!("{e:#}"))?;
+                            Ok(Arc::new(src) as DynSource)
+                        })
+                    };
+                upstreams.push(deferred("slack", open, &local, &sctx, &store));
+            }
+            Err(e) => return Err(e.into()),
+        }
     }
     if let Some(p) = &published {
         let all: Vec<&dyn crate::mcp::source::Source> =
