@@ -19,21 +19,13 @@ async fn admin(addr: &str, path: &str) -> (u16, Value) {
     (status, r.json().await.unwrap())
 }
 
-/// A port nothing listens on yet (bound and let go: the memo takes it later).
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
 /// The boot-order case of issue 30: `herald up` with a `[[slug]]` whose server starts later
 /// used to log one `watch did not start` and never watch it, while `/ready` said 200.
 #[tokio::test]
 async fn a_watch_on_a_slug_that_starts_later_runs_once_it_is_up_and_ready_waits_for_it() {
     let dir = TempDir::new("boot-later");
-    let port = free_port();
+    // Nothing listens there yet: the memo takes it later.
+    let port = closed_port();
     let cfg = dir.path().join("up.toml");
     std::fs::write(
         &cfg,

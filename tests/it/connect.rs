@@ -14,15 +14,6 @@ const GIVES_UP_WITHIN: Duration = Duration::from_secs(20);
 /// A pin of the right shape that no server has.
 const PIN: &str = "abababababababababababababababababababababababababababababababab";
 
-/// A TCP port nothing listens on (bound, then let go).
-fn closed_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
 fn stderr(out: &std::process::Output) -> String {
     String::from_utf8_lossy(&out.stderr).into_owned()
 }

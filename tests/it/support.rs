@@ -353,3 +353,12 @@ pub fn meta() -> Value {
         "io.modelcontextprotocol/clientInfo": {"name": "wire-test", "version": "1"}
     })
 }
+
+/// A TCP port nothing listens on (bound, then let go).
+pub fn closed_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}

@@ -23,16 +23,7 @@ impl WatchManager {
     /// ([`WatchError::Invalid`]: a name in use, no room, a filter refused).
     pub async fn watch_keep(&self, spec: WatchSpec) -> Result<(), WatchError> {
         let token = self.inner.shutdown.child_token();
-        let first = self
-            .start(
-                &spec.name,
-                &spec.uri,
-                spec.on_event.as_deref(),
-                true,
-                Some(&token),
-            )
-            .await;
-        match first {
+        match self.start_kept(&spec, &token).await {
             Ok(_) => Ok(()),
             Err(e @ WatchError::Invalid(_)) => Err(e),
             Err(e) => {
@@ -40,6 +31,18 @@ impl WatchManager {
                 Ok(())
             }
         }
+    }
+
+    /// One try to start `spec` (saved) as a kept watch ending with `token`.
+    async fn start_kept(
+        &self,
+        spec: &WatchSpec,
+        token: &CancellationToken,
+    ) -> Result<(), WatchError> {
+        let on_event = spec.on_event.as_deref();
+        self.start(&spec.name, &spec.uri, on_event, true, Some(token))
+            .await
+            .map(|_| ())
     }
 
     /// Lists `spec` as starting (with `first`, why it did not) and tries again in the
@@ -82,16 +85,7 @@ impl WatchManager {
                     _ = token.cancelled() => return,
                     _ = tokio::time::sleep(backoff.next_delay()) => {}
                 }
-                let r = manager
-                    .start(
-                        &spec.name,
-                        &spec.uri,
-                        spec.on_event.as_deref(),
-                        true,
-                        Some(&token),
-                    )
-                    .await;
-                match r {
+                match manager.start_kept(&spec, &token).await {
                     Ok(_) => {
                         tracing::info!(watch = %spec.name, uri = %spec.uri, tries, "watch started");
                         manager.inner.handle.changed();
