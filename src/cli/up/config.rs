@@ -24,13 +24,13 @@
 //!
 //! Every table is strict: an unknown key is an error that names its line.
 
-use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use anyhow::{Context, anyhow, bail};
 use serde::{Deserialize, Serialize};
 
 use crate::cli::file::FileToml;
+pub use crate::cli::k8s::K8sToml;
 use crate::cli::slack::SlackToml;
 use crate::gateway::config::{GatewayConfig, Slug, SlugFile, Token, TokenFile};
 use crate::mcp::ring::DEFAULT_RING_CAPACITY;
@@ -93,47 +93,6 @@ impl MemoToml {
                 .clone()
                 .unwrap_or_else(|| crate::source::memo::nats::DEFAULT_BUCKET.to_owned()),
         })
-    }
-}
-
-#[derive(Debug, Clone, Default, Deserialize, Serialize)]
-#[serde(deny_unknown_fields)]
-pub struct K8sToml {
-    /// Named kubeconfigs (`?kcp=NAME` picks one; the first in name order is the default).
-    /// None: kubectl's own default.
-    #[serde(default)]
-    pub kubeconfigs: BTreeMap<String, PathBuf>,
-    pub kubectl: Option<PathBuf>,
-    pub token_command: Option<String>,
-    pub read_write: Option<bool>,
-    pub ring_capacity: Option<usize>,
-    pub linger_ms: Option<u64>,
-    pub max_watchers: Option<usize>,
-    /// `api` (the default) or `kubectl`, as `herald k8s --watch-via`.
-    pub watch_via: Option<String>,
-}
-
-impl K8sToml {
-    /// `watch_via` as the source takes it; anything else is a config error naming the key.
-    pub fn via(&self) -> anyhow::Result<crate::source::k8s::WatchVia> {
-        use crate::source::k8s::WatchVia;
-        match self.watch_via.as_deref() {
-            None | Some("api") => Ok(WatchVia::Api),
-            Some("kubectl") => Ok(WatchVia::Kubectl),
-            Some(other) => anyhow::bail!(
-                "[k8s] watch_via = {other:?} is not a way to watch; use \"api\" (the default) or \"kubectl\""
-            ),
-        }
-    }
-
-    pub fn with_defaults(mut self) -> K8sToml {
-        self.kubectl.get_or_insert_with(|| "kubectl".into());
-        self.read_write.get_or_insert(false);
-        self.ring_capacity.get_or_insert(DEFAULT_RING_CAPACITY);
-        self.linger_ms.get_or_insert(10_000);
-        self.max_watchers.get_or_insert(256);
-        self.watch_via.get_or_insert_with(|| "api".into());
-        self
     }
 }
 

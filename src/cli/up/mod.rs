@@ -36,8 +36,6 @@ use crate::mcp::server::SourceServer;
 use crate::mcp::source::DynSource;
 use crate::runtime::context::RoleContext;
 use crate::source::file::FileSource;
-use crate::source::k8s::kubectl::KubectlConfig;
-use crate::source::k8s::{K8s, K8sConfig};
 use crate::source::memo::{Memo, default_max_notes_bytes};
 use crate::source::slack::Slack;
 use crate::store::Store;
@@ -180,52 +178,10 @@ where
     )
 }
 
-fn kubeconfigs(k: &config::K8sToml) -> Result<Vec<(String, PathBuf)>, Exit> {
-    let mut out = Vec::new();
-    for (name, path) in &k.kubeconfigs {
-        if !path.is_file() {
-            return Err(usage(anyhow::anyhow!(
-                "[k8s] kubeconfigs.{name} = {}: no such file",
-                path.display()
-            )));
-        }
-        out.push((name.clone(), path.clone()));
-    }
-    Ok(out)
-}
-
-/// `[k8s]` as its source is built from it.
-fn k8s_source(k: &config::K8sToml, ctx: &RoleContext) -> Result<(K8s, Vec<String>), Exit> {
-    let kubeconfigs = kubeconfigs(k)?;
-    let names = kubeconfigs.iter().map(|(n, _)| n.clone()).collect();
-    let src = K8s::new(
-        KubectlConfig {
-            program: k.kubectl.clone().unwrap_or_else(|| "kubectl".into()),
-            kubeconfigs,
-            token_command: k.token_command.clone(),
-        },
-        K8sConfig {
-            read_write: k.read_write.unwrap_or(false),
-            ring_capacity: k.ring_capacity.unwrap_or_default().max(1),
-            linger: Duration::from_millis(k.linger_ms.unwrap_or_default()),
-            max_watchers: k.max_watchers.unwrap_or(1).max(1),
-            watch_via: k.via().map_err(usage)?,
-        },
-        ctx,
-    )
-    .map_err(|e| usage(anyhow::anyhow!("[k8s]: {e}")))?;
-    Ok((src, names))
-}
-
-/// What `herald k8s` checks of its kubeconfigs before it serves (each exists, and the API
-/// client can use it; credentials may come later), for `[k8s]`: at `herald up`'s start and
-/// in `herald check`.
+/// What a start checks of `[k8s]` (`herald check` too): its source builds, kubeconfigs and all.
 pub async fn check_kubeconfigs(k: &config::K8sToml) -> Result<(), Exit> {
     let ctx = crate::cli::serve::role_context("check");
-    let (src, names) = k8s_source(k, &ctx)?;
-    src.check_kubeconfigs(&names)
-        .await
-        .map_err(|e| usage(anyhow::anyhow!("[k8s]: {e}")))
+    k.build(&ctx).await.map(drop)
 }
 
 pub async fn run(args: UpArgs, globals: &Globals) -> Result<(), Exit> {
@@ -342,12 +298,7 @@ pub async fn run(args: UpArgs, globals: &Globals) -> Result<(), Exit> {
     }
     if let Some(k) = &file.k8s {
         let kctx = ctx.for_role("k8s");
-        let (src, names) = k8s_source(k, &kctx)?;
-        // A kubeconfig the API client cannot use is refused now, as `herald k8s` does.
-        src.check_kubeconfigs(&names)
-            .await
-            .map_err(|e| usage(anyhow::anyhow!("[k8s]: {e}")))?;
-        let src: DynSource = Arc::new(src);
+        let src: DynSource = Arc::new(k.build(&kctx).await?);
         publishing.push(src.clone());
         upstreams.push(in_process("k8s", src, &local, &kctx, &store).await);
     }

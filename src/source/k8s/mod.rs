@@ -97,13 +97,18 @@ pub enum WatchVia {
     Kubectl,
 }
 
+/// How long a watcher outlives its last subscriber by default, in milliseconds.
+pub const DEFAULT_LINGER_MS: u64 = 10_000;
+/// Most URIs watched at once by default.
+pub const DEFAULT_MAX_WATCHERS: usize = 256;
+
 impl Default for K8sConfig {
     fn default() -> Self {
         K8sConfig {
             read_write: false,
             ring_capacity: crate::mcp::ring::DEFAULT_RING_CAPACITY,
-            linger: Duration::from_secs(10),
-            max_watchers: 256,
+            linger: Duration::from_millis(DEFAULT_LINGER_MS),
+            max_watchers: DEFAULT_MAX_WATCHERS,
             watch_via: WatchVia::Api,
         }
     }
