@@ -137,9 +137,16 @@ async fn open(
 /// Publishes this process's event logs.
 pub struct Publisher;
 
+/// The longest wait between two tries to reach NATS for publishing.
+const CONNECT_MAX: Duration = Duration::from_secs(30);
+
 impl Publisher {
-    /// Connects, installs the ring tap, writes `source`'s catalog as `name`, and publishes
-    /// from then on. Call it before the source makes its rings.
+    /// Installs the ring tap (call it before the source makes its rings) and publishes from
+    /// then on. NATS not answering yet is no reason to stop a start: the publisher keeps
+    /// trying with backoff (at most [`CONNECT_MAX`] apart) while `/ready` names it
+    /// (`events nats`), and what the rings push meanwhile waits in the tap's bounded queue (a
+    /// burst past it is dropped and counted; a mirror sees the GAP). The catalog is written
+    /// once both the sources and the connection are there ([`PublisherHandle::catalog_of`]).
     pub async fn start(
         cfg: &NatsConfig,
         name: &str,
@@ -150,34 +157,81 @@ impl Publisher {
                 "--publish-as {name:?}: use letters, digits, '_' and '-'"
             ));
         }
-        let servers = cfg.redacted();
-        let client = tokio::time::timeout(Duration::from_secs(20), cfg.connect(ctx.metrics()))
-            .await
-            .map_err(|_| format!("no NATS server answered at {servers} within 20 s"))??;
-        crate::nats::enter(ctx, "events", cfg, client.clone());
-        let js = jetstream::new(client);
-        let (_, kv) = open(&js, &servers).await?;
         let (tx, rx) = tokio::sync::mpsc::channel(QUEUE);
         let counts = crate::nats::NatsMetrics::register(ctx.metrics());
         let tap = Tap::new(tx, counts.events_publish_dropped.clone());
         if !ctx.install_tap(tap.clone()) {
             return Err("event logs are published once per process".into());
         }
-        ctx.spawn_until_shutdown(
-            "events nats publish",
-            publish(js, name.to_owned(), rx, tap, counts),
-        );
-        Ok(PublisherHandle {
-            kv,
+        let client = crate::nats::enter_later(ctx, "events", cfg);
+        let handle = PublisherHandle {
             name: name.to_owned(),
-        })
+            state: Arc::default(),
+        };
+        // The first try is inline, so a healthy start writes its catalog before it serves.
+        let first = reach(cfg, ctx.metrics(), &client).await;
+        let (cfg, name, state, metrics) = (
+            cfg.clone(),
+            name.to_owned(),
+            handle.state.clone(),
+            ctx.metrics().clone(),
+        );
+        if let Ok((_, kv)) = &first {
+            state.locked().kv = Some(kv.clone());
+        }
+        ctx.spawn_until_shutdown("events nats publish", async move {
+            let mut backoff =
+                crate::runtime::backoff::Backoff::new(Duration::from_secs(1), CONNECT_MAX);
+            let mut tried = first;
+            let (js, kv) = loop {
+                match tried {
+                    Ok(ok) => break ok,
+                    Err(e) => tracing::warn!(error = %e, "cannot publish event logs to NATS yet; trying again"),
+                }
+                tokio::time::sleep(backoff.next_delay()).await;
+                tried = reach(&cfg, &metrics, &client).await;
+            };
+            let pending = {
+                let mut st = state.locked();
+                st.kv = Some(kv.clone());
+                st.pending.take()
+            };
+            if let Some(v) = pending {
+                put_catalog(&kv, &name, v).await;
+            }
+            publish(js, name, rx, tap, counts).await
+        });
+        Ok(handle)
     }
+}
+
+/// One try to reach NATS for publishing: connect (within 20 s), then the stream and bucket.
+async fn reach(
+    cfg: &NatsConfig,
+    metrics: &crate::runtime::metrics::Metrics,
+    client: &std::sync::OnceLock<async_nats::Client>,
+) -> Result<(jetstream::Context, kv::Store), String> {
+    let servers = cfg.redacted();
+    let c = tokio::time::timeout(Duration::from_secs(20), cfg.connect(metrics))
+        .await
+        .map_err(|_| format!("no NATS server answered at {servers} within 20 s"))??;
+    let _ = client.set(c.clone());
+    let js = jetstream::new(c);
+    let (_, kv) = open(&js, &servers).await?;
+    Ok((js, kv))
+}
+
+/// Where the catalog goes: the bucket once connected, and until then the catalog to write.
+#[derive(Default)]
+struct CatalogState {
+    kv: Option<kv::Store>,
+    pending: Option<Value>,
 }
 
 /// Writes the catalog once the source exists.
 pub struct PublisherHandle {
-    kv: kv::Store,
     name: String,
+    state: Arc<Mutex<CatalogState>>,
 }
 
 impl PublisherHandle {
@@ -187,6 +241,7 @@ impl PublisherHandle {
     }
 
     /// The same for several roles publishing under one name (`herald up`'s `[publish]`).
+    /// Before the publisher has reached NATS, it is written as soon as it does.
     pub async fn catalog_of(&self, sources: &[&dyn Source]) {
         let caller = Caller::local();
         let mut events = Vec::new();
@@ -199,10 +254,28 @@ impl PublisherHandle {
         }
         let v =
             json!({"events": events, "name": self.name, "instructions": instructions.join(" ")});
-        let key = format!("{}.catalog", self.name);
-        if let Err(e) = self.kv.put(&key, v.to_string().into()).await {
-            tracing::warn!(error = %e, "cannot write the event-log catalog to NATS");
-        }
+        let kv = {
+            let mut st = self.state.locked();
+            match st.kv.clone() {
+                Some(kv) => kv,
+                None => {
+                    st.pending = Some(v);
+                    return;
+                }
+            }
+        };
+        put_catalog(&kv, &self.name, v).await;
+    }
+}
+
+async fn put_catalog(kv: &kv::Store, name: &str, v: Value) {
+    let key = format!("{name}.catalog");
+    match kv.put(&key, v.to_string().into()).await {
+        Ok(_) => tracing::info!(
+            publisher = name,
+            "event logs published to NATS, catalog written"
+        ),
+        Err(e) => tracing::warn!(error = %e, "cannot write the event-log catalog to NATS"),
     }
 }
 

@@ -188,6 +188,23 @@ pub fn enter(
     );
 }
 
+/// Enters a backend on the status board before its client exists (a connect that keeps
+/// trying): disconnected until the returned cell holds the client.
+pub fn enter_later(
+    ctx: &crate::runtime::context::RoleContext,
+    role: &str,
+    cfg: &NatsConfig,
+) -> std::sync::Arc<std::sync::OnceLock<async_nats::Client>> {
+    let cell: std::sync::Arc<std::sync::OnceLock<async_nats::Client>> = Default::default();
+    let seen = cell.clone();
+    ctx.status().add_backend(
+        format!("{role} nats"),
+        cfg.redacted(),
+        std::sync::Arc::new(move || seen.get().is_some_and(connected)),
+    );
+    cell
+}
+
 /// What this process counts of its NATS backends, registered by this module in the
 /// context's [`Metrics`] (the role runner registers it up front, so the series are there
 /// whether or not a role uses NATS).

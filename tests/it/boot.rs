@@ -8,7 +8,7 @@ use crate::support::*;
 use crate::up::up;
 
 /// GETs `path` of the admin address: `(status, body)`.
-async fn admin(addr: &str, path: &str) -> (u16, Value) {
+pub(crate) async fn admin(addr: &str, path: &str) -> (u16, Value) {
     let client = herald::transport::client::http_client(|b| b).unwrap();
     let r = client
         .get(format!("http://{addr}{path}"))
@@ -231,5 +231,64 @@ async fn memo_on_a_nats_server_that_starts_later_starts_once_it_answers() {
         "memo started once NATS answered, and its watch with it"
     );
     let (code, ready) = admin(&up.admin, "/ready").await;
+    assert_eq!(code, 200, "{ready}");
+}
+
+/// A role publishing its event logs (`--publish-events`) to a NATS server that is not up yet
+/// used to exit: now it serves, `/ready` names the publisher until NATS answers, and what it
+/// wrote meanwhile reaches a gateway elsewhere once it does.
+#[tokio::test]
+async fn a_publisher_whose_nats_starts_later_serves_and_publishes_once_it_answers() {
+    let mut nats = crate::nats::NatsServer::start().await;
+    nats.kill().await;
+    let url = nats.url();
+    let mut memo = Server::spawn(&[
+        "--store",
+        ":memory:",
+        "memo",
+        "--http",
+        "127.0.0.1:0",
+        "--admin",
+        "127.0.0.1:0",
+        "--publish-events",
+        &url,
+        "--publish-as",
+        "late",
+    ])
+    .await;
+    let admin = memo.admin_url();
+    let admin = admin.trim_start_matches("http://");
+    let (code, ready) = crate::boot::admin(admin, "/ready").await;
+    assert_eq!(code, 503, "{ready}");
+    assert_eq!(ready["backends_disconnected"][0], "events nats", "{ready}");
+    let cm = crate::watch::memo_client(&memo.http_url()).await;
+    call(
+        &cm,
+        "memo_set",
+        serde_json::json!({"key": "early", "value": 1}),
+    )
+    .await;
+
+    nats.start_again().await;
+    // The publisher reaches NATS on its own backoff and says so once its catalog is there.
+    memo.line_where("the catalog written", |v| {
+        v["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("catalog written"))
+    })
+    .await;
+    let dir = TempDir::new("boot-publish");
+    let (_gw, c) = crate::nats::gateway_on_nats(dir.path(), &url, "edge", "late").await;
+    // What was written while NATS was down reaches the gateway's mirror (cursor 0: from the
+    // start of what the stream holds).
+    let r = crate::events::request(
+        &c,
+        "events/poll",
+        serde_json::json!({"name": "edge__memo.changed", "cursor": "0", "timeoutMs": 10_000}),
+    )
+    .await
+    .unwrap();
+    assert_eq!(r["events"][0]["data"]["key"], "early", "{r}");
+    let (code, ready) = crate::boot::admin(admin, "/ready").await;
     assert_eq!(code, 200, "{ready}");
 }

@@ -329,7 +329,7 @@ async fn ready_and_status_follow_the_nats_connection() {
 
 /// A gateway with one `[[slug]]` named `slug` served from what `source` publishes at `url`,
 /// and a client of it (token `t`).
-async fn gateway_on_nats(
+pub(crate) async fn gateway_on_nats(
     dir: &std::path::Path,
     url: &str,
     slug: &str,
