@@ -306,6 +306,7 @@ mod tests {
                     events: 3,
                     notices: 1,
                     state: WatchState::Running,
+                    failed: false,
                     error: None,
                 },
                 WatchReport {
@@ -314,6 +315,7 @@ mod tests {
                     events: 0,
                     notices: 0,
                     state: WatchState::Starting,
+                    failed: false,
                     error: Some("k8s: the API server is not reachable".into()),
                 },
             ],

@@ -80,16 +80,23 @@ pub struct WatchReport {
     pub events: u64,
     /// Notices delivered.
     pub notices: u64,
+    /// Absent from an older herald's report: running, or `failed` says otherwise.
+    #[serde(default)]
     pub state: WatchState,
+    /// It does not run and nothing is trying to start it (`state` is `failed`): kept for
+    /// scripts written before `state`.
+    #[serde(default)]
+    pub failed: bool,
     /// Why it does not run (with `starting`: the last try's error).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub error: Option<String>,
 }
 
 /// Where a watch is in its life.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum WatchState {
+    #[default]
     Running,
     /// A configured watch that does not run yet (or lost its source): it keeps trying, and
     /// `/ready` waits for it.
@@ -468,6 +475,7 @@ mod tests {
                 events: 0,
                 notices: 0,
                 state,
+                failed: state == WatchState::Failed,
                 error: (state != WatchState::Running).then(|| "memo: not reachable".into()),
             }])
         }));

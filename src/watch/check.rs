@@ -116,7 +116,8 @@ pub async fn check_filters(
     out
 }
 
-/// Whether `error` is a NameError for a name `code` calls (`name(`): a tool's, perhaps.
+/// Whether `error` is a NameError for a name `code` calls (`name(`, spaces allowed before
+/// the parenthesis, not part of a longer name): a tool's, perhaps.
 fn called_unknown_name(error: &str, code: &str) -> bool {
     let Some(rest) = error.split("NameError: name '").nth(1) else {
         return false;
@@ -124,7 +125,13 @@ fn called_unknown_name(error: &str, code: &str) -> bool {
     let Some(name) = rest.split('\'').next() else {
         return false;
     };
-    !name.is_empty() && code.contains(&format!("{name}("))
+    let ident = |c: char| c.is_alphanumeric() || c == '_';
+    !name.is_empty()
+        && code.match_indices(name).any(|(i, _)| {
+            let before = code[..i].chars().next_back();
+            let after = code[i + name.len()..].trim_start().chars().next();
+            !before.is_some_and(|c| ident(c) || c == '.') && after == Some('(')
+        })
 }
 
 #[cfg(test)]
@@ -135,7 +142,10 @@ mod tests {
     fn only_a_called_unknown_name_may_be_a_tool() {
         let e = "on_event failed its dry run on a sample event: NameError: name 'memo_get' is not defined (line 1, column 1)";
         assert!(called_unknown_name(e, "memo_get(key='x')"));
+        assert!(called_unknown_name(e, "x = memo_get (key='x')"));
         assert!(!called_unknown_name(e, "memo_get + 1"));
+        let get = "NameError: name 'get' is not defined";
+        assert!(!called_unknown_name(get, "memo_get(key='x') and get"));
         assert!(!called_unknown_name("SyntaxError: x", "f("));
     }
 }

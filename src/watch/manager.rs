@@ -60,6 +60,15 @@ impl Entry {
             && !self.stats.starting.load(Ordering::Relaxed)
     }
 
+    /// Whether a start of `name` must leave this entry be: it runs, or it is a kept watch
+    /// still trying (other than `keeper`'s own placeholder, which its start replaces).
+    fn taken(&self, keeper: Option<&Keeper>) -> bool {
+        let mine = keeper
+            .and_then(|k| k.placeholder)
+            .is_some_and(|p| Arc::ptr_eq(p, &self.stats));
+        (self.is_running() || self.state() == WatchState::Starting) && !mine
+    }
+
     fn state(&self) -> WatchState {
         if self.stats.starting.load(Ordering::Relaxed) {
             WatchState::Starting
@@ -69,6 +78,13 @@ impl Entry {
             WatchState::Failed
         }
     }
+}
+
+/// A kept watch's start (`kept.rs`): the token it ends with, and the counters of its
+/// placeholder entry (listed as starting), which its start replaces.
+pub(super) struct Keeper<'a> {
+    pub(super) token: &'a CancellationToken,
+    pub(super) placeholder: Option<&'a Arc<Stats>>,
 }
 
 /// Running watches other than `name`.
@@ -224,18 +240,18 @@ impl WatchManager {
         self.start(name, uri, on_event, true, None).await
     }
 
-    /// Starts a watch: saved with `save`; `kept` (a kept watch's token, see `kept.rs`) makes
-    /// it resubscribe for as long as it is not stopped, and ends it with that token.
+    /// Starts a watch: saved with `save`; `kept` (a kept watch's, see `kept.rs`) makes it
+    /// resubscribe for as long as it is not stopped, and ends it with that token.
     async fn start(
         &self,
         name: &str,
         uri: &str,
         on_event: Option<&str>,
         save: bool,
-        kept: Option<&CancellationToken>,
+        kept: Option<&Keeper<'_>>,
     ) -> Result<WatchInfo, WatchError> {
         let inner = &self.inner;
-        self.room_for(name, uri)?;
+        self.room_for(name, uri, kept)?;
         if let Some(id) = task_id(uri) {
             return self.start_task(name, uri, id, on_event, save).await;
         }
@@ -323,7 +339,7 @@ impl WatchManager {
     }
 
     /// Whether a watch `name` on `uri` may start: a valid name not in use, and room.
-    fn room_for(&self, name: &str, uri: &str) -> Result<(), WatchError> {
+    fn room_for(&self, name: &str, uri: &str, kept: Option<&Keeper>) -> Result<(), WatchError> {
         let inner = &self.inner;
         if name.is_empty() || name.len() > 128 || name.chars().any(char::is_control) {
             return Err(WatchError::Invalid(
@@ -335,11 +351,16 @@ impl WatchManager {
         }
         let watches = inner.watches.locked();
         if let Some(e) = watches.get(name)
-            && e.is_running()
+            && e.taken(kept)
         {
             return Err(WatchError::Invalid(format!(
-                "a watch named {name} already exists (on {}); stop it first or pick another name",
-                e.spec.uri
+                "a watch named {name} already exists (on {}{}); stop it first or pick another name",
+                e.spec.uri,
+                if e.state() == WatchState::Starting {
+                    ", trying to start"
+                } else {
+                    ""
+                }
             )));
         }
         if running(&watches, name) >= inner.handle.cfg.max_watches {
@@ -356,13 +377,13 @@ impl WatchManager {
         spec: &WatchSpec,
         shape: Shape,
         server: &str,
-        kept: Option<&CancellationToken>,
+        kept: Option<&Keeper<'_>>,
     ) -> Result<(Arc<Stats>, CancellationToken), WatchError> {
         let inner = &self.inner;
         let name = spec.name.as_str();
         let stats = Arc::new(Stats::default());
         let cancel = kept
-            .cloned()
+            .map(|k| k.token.clone())
             .unwrap_or_else(|| inner.shutdown.child_token());
         {
             let mut watches = inner.watches.locked();
@@ -370,13 +391,22 @@ impl WatchManager {
             if cancel.is_cancelled() {
                 return Err(WatchError::Invalid(format!("watch {name} was stopped")));
             }
-            if watches.get(name).is_some_and(Entry::is_running) {
+            if watches.get(name).is_some_and(|e| e.taken(kept)) {
                 return Err(WatchError::Invalid(format!(
                     "a watch named {name} already exists; stop it first or pick another name"
                 )));
             }
             if running(&watches, name) >= inner.handle.cfg.max_watches {
                 return Err(over_limit(inner.handle.cfg.max_watches));
+            }
+            // What it replaces (a failed watch, a restore kept after failing) ends for good;
+            // a kept watch's own placeholder shares its token, which lives on.
+            if let Some(old) = watches.get(name)
+                && !kept
+                    .and_then(|k| k.placeholder)
+                    .is_some_and(|p| Arc::ptr_eq(p, &old.stats))
+            {
+                old.cancel.cancel();
             }
             watches.insert(
                 name.into(),
@@ -643,6 +673,7 @@ impl WatchManager {
                         events: e.stats.events.load(Ordering::Relaxed),
                         notices: e.stats.notices.load(Ordering::Relaxed),
                         state,
+                        failed: state == WatchState::Failed,
                         error: (state != WatchState::Running)
                             .then(|| e.stats.reason())
                             .flatten(),

@@ -299,3 +299,28 @@ async fn a_kept_watch_stopped_while_it_tries_stays_stopped() {
         .expect("the tries ended");
     assert!(m.watch_list().is_empty());
 }
+
+/// A kept watch still trying holds its name: another start of it is refused (it used to
+/// replace the entry while the tries went on, so two watches ran under one name).
+#[tokio::test]
+async fn a_kept_watch_still_trying_holds_its_name() {
+    let memo = MemoServer::start().await;
+    memo.set_down(true);
+    let (m, _rx, _board) = kept_manager(&memo);
+    let spec = WatchSpec {
+        name: "notes".into(),
+        uri: "memo://notes".into(),
+        on_event: None,
+    };
+    m.watch_keep(spec).await.unwrap();
+    memo.set_down(false);
+    let e = m
+        .watch_start("notes", "memo://log", None)
+        .await
+        .unwrap_err();
+    assert!(e.to_string().contains("trying to start"), "{e}");
+    // The kept one starts on its own, on its own URI.
+    until(&m, WatchState::Running).await;
+    assert_eq!(m.watch_list()[0].uri, "memo://notes");
+    m.shutdown().await;
+}

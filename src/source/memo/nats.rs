@@ -84,8 +84,7 @@ impl Notes {
                     START_TIMEOUT.as_secs()
                 )
             })??;
-        crate::nats::enter(ctx, "memo", cfg, client.clone());
-        let js = async_nats::jetstream::new(client);
+        let js = async_nats::jetstream::new(client.clone());
         let stream = format!("KV_{}", cfg.bucket);
         let kv =
             crate::nats::bucket(&js, &cfg.bucket, "herald memo notes", HISTORY, &servers).await?;
@@ -117,7 +116,15 @@ impl Notes {
             baseline: !empty,
             baseline_until: last,
         };
-        ctx.spawn_until_shutdown("memo nats watch", follower.run(watch));
+        // Ended if the open fails from here on (or is dropped: `herald up` tries again later).
+        let stop = tokio_util::sync::CancellationToken::new();
+        let opened = stop.clone().drop_guard();
+        ctx.spawn_until_shutdown("memo nats watch", async move {
+            tokio::select! {
+                _ = stop.cancelled() => {}
+                _ = follower.run(watch) => {}
+            }
+        });
         if !empty {
             tokio::time::timeout(START_TIMEOUT, ready_rx)
                 .await
@@ -132,6 +139,9 @@ impl Notes {
                     format!("the watch of the bucket {} ended while loading", cfg.bucket)
                 })?;
         }
+        opened.disarm();
+        // On the status board only once open: a try that failed leaves nothing behind.
+        crate::nats::enter(ctx, "memo", cfg, client);
         Ok(Notes {
             kv,
             js,

@@ -12,7 +12,7 @@ use std::sync::atomic::Ordering;
 use serde_json::json;
 use tokio_util::sync::CancellationToken;
 
-use super::{Entry, WatchManager};
+use super::{Entry, Keeper, WatchManager};
 use crate::runtime::backoff::Backoff;
 use crate::sync::Recover;
 use crate::watch::handle::Stats;
@@ -23,7 +23,7 @@ impl WatchManager {
     /// ([`WatchError::Invalid`]: a name in use, no room, a filter refused).
     pub async fn watch_keep(&self, spec: WatchSpec) -> Result<(), WatchError> {
         let token = self.inner.shutdown.child_token();
-        match self.start_kept(&spec, &token).await {
+        match self.start_kept(&spec, &token, None).await {
             Ok(_) => Ok(()),
             Err(e @ WatchError::Invalid(_)) => Err(e),
             Err(e) => {
@@ -33,14 +33,17 @@ impl WatchManager {
         }
     }
 
-    /// One try to start `spec` (saved) as a kept watch ending with `token`.
+    /// One try to start `spec` (saved) as a kept watch ending with `token`, replacing its
+    /// `placeholder` entry if it has one.
     async fn start_kept(
         &self,
         spec: &WatchSpec,
         token: &CancellationToken,
+        placeholder: Option<&Arc<Stats>>,
     ) -> Result<(), WatchError> {
         let on_event = spec.on_event.as_deref();
-        self.start(&spec.name, &spec.uri, on_event, true, Some(token))
+        let keeper = Keeper { token, placeholder };
+        self.start(&spec.name, &spec.uri, on_event, true, Some(&keeper))
             .await
             .map(|_| ())
     }
@@ -61,6 +64,13 @@ impl WatchManager {
         {
             let mut watches = inner.watches.locked();
             if token.is_cancelled() {
+                return;
+            }
+            // Another start took the name meanwhile: that one stands, this one is not kept.
+            if let Some(e) = watches.get(&spec.name)
+                && e.taken(None)
+            {
+                tracing::warn!(watch = %spec.name, "a watch of that name started meanwhile; the configured one is not kept");
                 return;
             }
             watches.insert(
@@ -85,7 +95,7 @@ impl WatchManager {
                     _ = token.cancelled() => return,
                     _ = tokio::time::sleep(backoff.next_delay()) => {}
                 }
-                match manager.start_kept(&spec, &token).await {
+                match manager.start_kept(&spec, &token, Some(&stats)).await {
                     Ok(_) => {
                         tracing::info!(watch = %spec.name, uri = %spec.uri, tries, "watch started");
                         manager.inner.handle.changed();
