@@ -151,6 +151,20 @@ impl K8sToml {
         }
     }
 
+    /// What can be checked without building anything: each kubeconfig is a file, and
+    /// `watch_via` names a way to watch.
+    pub fn check_files(&self) -> Result<(), Exit> {
+        for (name, path) in &self.kubeconfigs {
+            if !path.is_file() {
+                return Err(usage(anyhow::anyhow!(
+                    "kubeconfig {name} = {}: no such file (--kubeconfig, or [k8s] kubeconfigs)",
+                    path.display()
+                )));
+            }
+        }
+        self.via().map(drop).map_err(usage)
+    }
+
     /// Every unset field at its default (what `herald up --print-config` shows).
     pub fn with_defaults(mut self) -> K8sToml {
         self.kubectl.get_or_insert_with(|| "kubectl".into());
@@ -167,14 +181,7 @@ impl K8sToml {
     /// come later). `herald k8s`, `herald up` and `herald check` all build it here.
     pub async fn build(&self, ctx: &RoleContext) -> Result<K8s, Exit> {
         let t = self.clone().with_defaults();
-        for (name, path) in &t.kubeconfigs {
-            if !path.is_file() {
-                return Err(usage(anyhow::anyhow!(
-                    "kubeconfig {name} = {}: no such file (--kubeconfig, or [k8s] kubeconfigs)",
-                    path.display()
-                )));
-            }
-        }
+        t.check_files()?;
         let names: Vec<String> = t.kubeconfigs.iter().map(|(n, _)| n.clone()).collect();
         let source = K8s::new(
             KubectlConfig {
@@ -203,6 +210,8 @@ impl K8sToml {
 
 pub async fn run(args: K8sArgs, globals: &Globals) -> Result<(), Exit> {
     let settings = args.settings()?;
+    // Refused before anything binds, as before.
+    settings.check_files()?;
     let ctx = crate::cli::serve::role_context("k8s");
     let store = role_store(&args.serve.options(), globals).await?;
     let admin = begin(&args.serve, &ctx, globals, &store).await?;
