@@ -1,19 +1,26 @@
-//! `herald memo`: the memo source.
+//! `herald memo`: the memo source, and `[memo]` of `herald up`: one settings type
+//! ([`MemoToml`], its defaults the source's constants), `herald memo`'s flags laid over it, and
+//! one [`MemoToml::open`] both run.
+
+use std::path::PathBuf;
 
 use clap::Args;
+use serde::{Deserialize, Serialize};
 
 use crate::cli::serve::{ServeArgs, begin, role_store, serve_until_stopped};
 use crate::cli::{Exit, Globals};
 use crate::mcp::ring::DEFAULT_RING_CAPACITY;
-use crate::source::memo::{Memo, default_max_notes_bytes};
+use crate::runtime::context::RoleContext;
+use crate::source::memo::{DEFAULT_MAX_NOTES_BYTES, Memo, default_max_notes_bytes};
+use crate::store::Store;
 
 #[derive(Debug, Args)]
 pub struct MemoArgs {
     #[command(flatten)]
     pub serve: ServeArgs,
-    /// Events kept in memo://log.
-    #[arg(long, default_value_t = DEFAULT_RING_CAPACITY, value_name = "N")]
-    pub ring_capacity: usize,
+    /// Events kept in memo://log [default: 256].
+    #[arg(long, value_name = "N")]
+    pub ring_capacity: Option<usize>,
     /// Most bytes the notes may take in all (keys and values as stored); a memo_set past it is
     /// refused. Half of --max-message-bytes, so memo://notes, read whole as one message, still
     /// fits [default: 2097152 (2 MiB), half the default message limit].
@@ -50,12 +57,49 @@ pub struct NatsArgs {
     pub nats_tls_ca: Option<std::path::PathBuf>,
 }
 
-impl NatsArgs {
-    /// The NATS settings, when --backend names NATS.
-    pub fn config(&self) -> Option<crate::source::memo::nats::NatsConfig> {
-        let urls = self.backend.clone()?;
+/// The memo role's settings: `[memo]` of `herald up`, or `herald memo`'s flags. Every field
+/// is optional; [`MemoToml::with_defaults`] fills in the source's defaults.
+#[derive(Debug, Clone, Default, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct MemoToml {
+    pub ring_capacity: Option<usize>,
+    /// Most bytes the notes may take in all (keys and values as stored); a memo_set past it is
+    /// refused. Default: [`DEFAULT_MAX_NOTES_BYTES`] (2 MiB, half the message limit).
+    pub max_notes_bytes: Option<usize>,
+    /// `nats://HOST:PORT[,…]`: the notes in a NATS JetStream key-value bucket, as
+    /// `herald memo --backend` (none: the store).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub backend: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub nats_bucket: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub nats_creds: Option<PathBuf>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub nats_nkey: Option<PathBuf>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub nats_tls_ca: Option<PathBuf>,
+}
+
+/// Why memo did not open.
+pub enum MemoOpenError {
+    /// For good (the store).
+    Failed(Exit),
+    /// Its NATS backend did not answer, or its bucket could not be opened: it may later.
+    NotYet(String),
+}
+
+impl MemoToml {
+    /// Every unset field at its default (what `herald up --print-config` shows).
+    pub fn with_defaults(mut self) -> MemoToml {
+        self.ring_capacity.get_or_insert(DEFAULT_RING_CAPACITY);
+        self.max_notes_bytes.get_or_insert(DEFAULT_MAX_NOTES_BYTES);
+        self
+    }
+
+    /// The NATS settings, when `backend` names NATS.
+    pub fn nats(&self) -> Option<crate::source::memo::nats::NatsConfig> {
         Some(crate::source::memo::nats::NatsConfig {
-            urls,
+            urls: self.backend.clone()?,
             creds: self.nats_creds.clone(),
             nkey: self.nats_nkey.clone(),
             tls_ca: self.nats_tls_ca.clone(),
@@ -65,11 +109,54 @@ impl NatsArgs {
                 .unwrap_or_else(|| crate::source::memo::nats::DEFAULT_BUCKET.to_owned()),
         })
     }
+
+    /// Opens memo as these settings say, on `ctx`: its notes in `store`, or on NATS. Its
+    /// notes' bound defaults to half of `max_message_bytes`. `herald memo` and `herald up`
+    /// both open it here.
+    pub async fn open(
+        &self,
+        store: &Store,
+        ctx: &RoleContext,
+        max_message_bytes: usize,
+    ) -> Result<Memo, MemoOpenError> {
+        let ring = self.ring_capacity.unwrap_or(DEFAULT_RING_CAPACITY);
+        let max_notes = self
+            .max_notes_bytes
+            .unwrap_or_else(|| default_max_notes_bytes(max_message_bytes));
+        let memo = match self.nats() {
+            None => Memo::open(store.clone(), ring, ctx.tap())
+                .await
+                .map_err(|e| MemoOpenError::Failed(e.into()))?,
+            Some(n) => Memo::open_nats(&n, ring, ctx)
+                .await
+                .map_err(MemoOpenError::NotYet)?,
+        };
+        Ok(memo.with_max_notes_bytes(max_notes))
+    }
+}
+
+impl NatsArgs {
+    /// The flags laid over `t`'s NATS keys.
+    pub fn lay_over(&self, t: &mut MemoToml) {
+        if self.backend.is_some() {
+            t.backend = self.backend.clone();
+        }
+        t.nats_bucket = self.nats_bucket.clone().or(t.nats_bucket.take());
+        t.nats_creds = self.nats_creds.clone().or(t.nats_creds.take());
+        t.nats_nkey = self.nats_nkey.clone().or(t.nats_nkey.take());
+        t.nats_tls_ca = self.nats_tls_ca.clone().or(t.nats_tls_ca.take());
+    }
 }
 
 pub async fn run(args: MemoArgs, globals: &Globals) -> Result<(), Exit> {
     let ctx = crate::cli::serve::role_context("memo");
-    let nats = args.nats.config();
+    let mut settings = MemoToml {
+        ring_capacity: args.ring_capacity,
+        max_notes_bytes: args.max_notes_bytes,
+        ..MemoToml::default()
+    };
+    args.nats.lay_over(&mut settings);
+    let nats = settings.nats();
     if let Some(n) = &nats {
         n.check()
             .map_err(|e| crate::cli::usage(anyhow::anyhow!("{e}")))?;
@@ -82,18 +169,50 @@ pub async fn run(args: MemoArgs, globals: &Globals) -> Result<(), Exit> {
     };
     let admin = begin(&args.serve, &ctx, globals, &store).await?;
     let published = args.publish.start("memo", &ctx).await?;
-    let max_notes = args
-        .max_notes_bytes
-        .unwrap_or(default_max_notes_bytes(args.serve.max_message_bytes));
-    let memo = match &nats {
-        None => Memo::open(store.clone(), args.ring_capacity, ctx.tap()).await?,
-        Some(n) => Memo::open_nats(n, args.ring_capacity, &ctx)
-            .await
-            .map_err(|e| anyhow::anyhow!("{e}"))?,
-    }
-    .with_max_notes_bytes(max_notes);
+    let memo = match settings
+        .open(&store, &ctx, args.serve.max_message_bytes)
+        .await
+    {
+        Ok(m) => m,
+        Err(MemoOpenError::Failed(e)) => return Err(e),
+        Err(MemoOpenError::NotYet(e)) => return Err(anyhow::anyhow!("{e}").into()),
+    };
     if let Some(p) = &published {
         p.catalog(&memo).await;
     }
     serve_until_stopped(memo, &args.serve.options(), admin, &store, ctx, globals).await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    /// The flags and `[memo]` are one type with one set of defaults, the NATS keys included.
+    #[test]
+    fn flags_lay_over_the_settings_and_share_their_defaults() {
+        let table: MemoToml =
+            toml::from_str("backend = \"nats://a:1\"\nnats_bucket = \"t\"\n").unwrap();
+        let table = table.with_defaults();
+        assert_eq!(table.ring_capacity, Some(DEFAULT_RING_CAPACITY));
+        assert_eq!(table.max_notes_bytes, Some(DEFAULT_MAX_NOTES_BYTES));
+        let cli = crate::cli::Cli::try_parse_from([
+            "herald",
+            "memo",
+            "--backend",
+            "nats://b:2",
+            "--ring-capacity",
+            "9",
+        ])
+        .unwrap();
+        let crate::cli::Command::Memo(a) = cli.command else {
+            panic!("herald memo")
+        };
+        let mut t = table.clone();
+        a.nats.lay_over(&mut t);
+        let n = t.nats().unwrap();
+        assert_eq!((n.urls.as_str(), n.bucket.as_str()), ("nats://b:2", "t"));
+        assert_eq!(a.ring_capacity, Some(9));
+        assert!(MemoToml::default().nats().is_none());
+    }
 }

@@ -31,10 +31,9 @@ use serde::{Deserialize, Serialize};
 
 use crate::cli::file::FileToml;
 pub use crate::cli::k8s::K8sToml;
+pub use crate::cli::memo::MemoToml;
 use crate::cli::slack::SlackToml;
 use crate::gateway::config::{GatewayConfig, Slug, SlugFile, Token, TokenFile};
-use crate::mcp::ring::DEFAULT_RING_CAPACITY;
-use crate::source::memo::DEFAULT_MAX_NOTES_BYTES;
 
 /// Where the gateway serves HTTP by default.
 pub const DEFAULT_HTTP: &str = "127.0.0.1:8750";
@@ -57,43 +56,6 @@ pub struct ListenToml {
     pub allowed_hosts: Vec<String>,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub allowed_origins: Vec<String>,
-}
-
-#[derive(Debug, Clone, Default, Deserialize, Serialize)]
-#[serde(deny_unknown_fields)]
-pub struct MemoToml {
-    pub ring_capacity: Option<usize>,
-    /// Most bytes the notes may take in all (keys and values as stored); a memo_set past it is
-    /// refused. Default: [`DEFAULT_MAX_NOTES_BYTES`] (2 MiB, half the message limit).
-    pub max_notes_bytes: Option<usize>,
-    /// `nats://HOST:PORT[,…]`: the notes in a NATS JetStream key-value bucket, as
-    /// `herald memo --backend` (none: the store).
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub backend: Option<String>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub nats_bucket: Option<String>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub nats_creds: Option<PathBuf>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub nats_nkey: Option<PathBuf>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub nats_tls_ca: Option<PathBuf>,
-}
-
-impl MemoToml {
-    /// The NATS settings, when `backend` names NATS.
-    pub fn nats(&self) -> Option<crate::source::memo::nats::NatsConfig> {
-        Some(crate::source::memo::nats::NatsConfig {
-            urls: self.backend.clone()?,
-            creds: self.nats_creds.clone(),
-            nkey: self.nats_nkey.clone(),
-            tls_ca: self.nats_tls_ca.clone(),
-            bucket: self
-                .nats_bucket
-                .clone()
-                .unwrap_or_else(|| crate::source::memo::nats::DEFAULT_BUCKET.to_owned()),
-        })
-    }
 }
 
 #[derive(Debug, Clone, Deserialize, Serialize)]
@@ -416,11 +378,7 @@ impl UpToml {
         {
             bail!("[notify]: give exec or webhook, not both");
         }
-        t.memo = t.memo.map(|m| MemoToml {
-            ring_capacity: Some(m.ring_capacity.unwrap_or(DEFAULT_RING_CAPACITY)),
-            max_notes_bytes: Some(m.max_notes_bytes.unwrap_or(DEFAULT_MAX_NOTES_BYTES)),
-            ..m
-        });
+        t.memo = t.memo.map(MemoToml::with_defaults);
         t.file = t.file.map(FileToml::with_defaults);
         t.k8s = t.k8s.map(K8sToml::with_defaults);
         t.slack = t.slack.map(SlackToml::with_defaults);

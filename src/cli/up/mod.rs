@@ -26,6 +26,7 @@ use clap::Args;
 
 use self::config::UpToml;
 use crate::app::{self, Bound, ServeOptions, console};
+use crate::cli::memo::MemoOpenError;
 use crate::cli::serve::announce;
 use crate::cli::{Exit, Globals, LogFormat, usage};
 use crate::filter::pool::PoolConfig;
@@ -36,7 +37,6 @@ use crate::mcp::server::SourceServer;
 use crate::mcp::source::DynSource;
 use crate::runtime::context::RoleContext;
 use crate::source::file::FileSource;
-use crate::source::memo::{Memo, default_max_notes_bytes};
 use crate::source::slack::Slack;
 use crate::store::Store;
 use crate::transport::http::HttpOptions;
@@ -258,30 +258,26 @@ pub async fn run(args: UpArgs, globals: &Globals) -> Result<(), Exit> {
     let mut publishing: Vec<DynSource> = Vec::new();
     if let Some(m) = &file.memo {
         let mctx = ctx.for_role("memo");
-        let ring = m.ring_capacity.unwrap_or_default();
-        let max_notes = m
-            .max_notes_bytes
-            .unwrap_or_else(|| default_max_notes_bytes(max));
-        let memo = match m.nats() {
-            None => Ok(Memo::open(store.clone(), ring, mctx.tap()).await?),
-            Some(n) => Memo::open_nats(&n, ring, &mctx).await.map_err(|e| (n, e)),
-        };
-        match memo {
+        match m.open(&store, &mctx, max).await {
             Ok(memo) => {
-                let memo: DynSource = Arc::new(memo.with_max_notes_bytes(max_notes));
+                let memo: DynSource = Arc::new(memo);
                 publishing.push(memo.clone());
                 upstreams.push(in_process("memo", memo, &local, &mctx, &store).await);
             }
+            Err(MemoOpenError::Failed(e)) => return Err(e),
             // Its NATS backend is not up yet: memo starts once it is.
-            Err((n, e)) => {
+            Err(MemoOpenError::NotYet(e)) => {
                 tracing::warn!(role = "memo", error = %e, "memo cannot start yet; trying again until its NATS backend answers");
-                let c = mctx.clone();
+                let (m, c, st) = (m.clone(), mctx.clone(), store.clone());
                 let open =
                     move || -> futures::future::BoxFuture<'static, Result<DynSource, String>> {
-                        let (n, c) = (n.clone(), c.clone());
+                        let (m, c, st) = (m.clone(), c.clone(), st.clone());
                         Box::pin(async move {
-                            let memo = Memo::open_nats(&n, ring, &c).await?;
-                            Ok(Arc::new(memo.with_max_notes_bytes(max_notes)) as DynSource)
+                            match m.open(&st, &c, max).await {
+                                Ok(memo) => Ok(Arc::new(memo) as DynSource),
+                                Err(MemoOpenError::NotYet(e)) => Err(e),
+                                Err(MemoOpenError::Failed(e)) => Err(format!("{:#}", e.error)),
+                            }
                         })
                     };
                 upstreams.push(deferred("memo", open, &local, &mctx, &store));
