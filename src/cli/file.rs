@@ -57,7 +57,7 @@ pub struct FileToml {
 
 impl FileArgs {
     /// Merges the config file and the flags (flags win).
-    pub fn config(&self) -> anyhow::Result<FileConfig> {
+    pub fn settings(&self) -> anyhow::Result<FileToml> {
         let mut t = match &self.config {
             Some(p) => load(p)?,
             None => FileToml::default(),
@@ -67,7 +67,12 @@ impl FileArgs {
         t.debounce_ms = self.debounce_ms.or(t.debounce_ms);
         t.max_watches = self.max_watches.or(t.max_watches);
         t.ring_capacity = self.ring_capacity.or(t.ring_capacity);
-        t.to_config()
+        Ok(t)
+    }
+
+    /// The file source's configuration, from [`FileArgs::settings`].
+    pub fn config(&self) -> anyhow::Result<FileConfig> {
+        self.settings()?.to_config()
     }
 }
 
@@ -79,6 +84,13 @@ impl FileToml {
         self.max_watches.get_or_insert(DEFAULT_MAX_WATCHES);
         self.ring_capacity.get_or_insert(DEFAULT_RING_CAPACITY);
         self
+    }
+
+    /// The file source these settings describe, on `ctx`: `herald file` and `herald up` both
+    /// build it here.
+    pub fn build(&self, ctx: &crate::runtime::context::RoleContext) -> Result<FileSource, Exit> {
+        let cfg = self.to_config().map_err(usage)?;
+        FileSource::new(cfg, ctx).map_err(|e| usage(anyhow::anyhow!("file: {e}")))
     }
 
     /// The file source's configuration.
@@ -114,12 +126,14 @@ fn load(path: &Path) -> anyhow::Result<FileToml> {
 }
 
 pub async fn run(args: FileArgs, globals: &Globals) -> Result<(), Exit> {
-    let cfg = args.config().map_err(usage)?;
+    let settings = args.settings().map_err(usage)?;
+    // Refused before anything binds.
+    settings.to_config().map_err(usage)?;
     let ctx = crate::cli::serve::role_context("file");
     let store = role_store(&args.serve.options(), globals).await?;
     let admin = begin(&args.serve, &ctx, globals, &store).await?;
     let published = args.publish.start("file", &ctx).await?;
-    let source = FileSource::new(cfg, &ctx).map_err(|e| usage(e.into()))?;
+    let source = settings.build(&ctx)?;
     if let Some(p) = &published {
         p.catalog(&source).await;
     }

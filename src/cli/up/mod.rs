@@ -36,7 +36,6 @@ use crate::mcp::limits::Limits;
 use crate::mcp::server::SourceServer;
 use crate::mcp::source::DynSource;
 use crate::runtime::context::RoleContext;
-use crate::source::file::FileSource;
 use crate::source::slack::Slack;
 use crate::store::Store;
 use crate::transport::http::HttpOptions;
@@ -286,9 +285,7 @@ pub async fn run(args: UpArgs, globals: &Globals) -> Result<(), Exit> {
     }
     if let Some(f) = &file.file {
         let fctx = ctx.for_role("file");
-        let src = FileSource::new(f.to_config().map_err(usage)?, &fctx)
-            .map_err(|e| usage(anyhow::anyhow!("[file]: {e}")))?;
-        let src: DynSource = Arc::new(src);
+        let src: DynSource = Arc::new(f.build(&fctx)?);
         publishing.push(src.clone());
         upstreams.push(in_process("file", src, &local, &fctx, &store).await);
     }
