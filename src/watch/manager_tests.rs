@@ -197,6 +197,15 @@ async fn until(m: &WatchManager, state: WatchState) {
     .expect("the watch list changed in time")
 }
 
+/// A watch `notes` on `memo://notes`, no filter.
+fn notes() -> WatchSpec {
+    WatchSpec {
+        name: "notes".into(),
+        uri: "memo://notes".into(),
+        on_event: None,
+    }
+}
+
 fn kept_manager(memo: &MemoServer) -> (WatchManager, mpsc::Receiver<Notice>, StatusBoard) {
     let up = memo.upstream_with(crate::watch::upstream_config(
         Target::Stdio("in-process memo".into()),
@@ -221,12 +230,7 @@ async fn a_kept_watch_starts_once_its_server_is_up_and_holds_ready_until_then() 
     let memo = MemoServer::start().await;
     memo.set_down(true);
     let (m, mut rx, board) = kept_manager(&memo);
-    let spec = WatchSpec {
-        name: "notes".into(),
-        uri: "memo://notes".into(),
-        on_event: None,
-    };
-    m.watch_keep(spec).await.expect("kept, not refused");
+    m.watch_keep(notes()).await.expect("kept, not refused");
     let w = &m.watch_list()[0];
     assert!(w.starting && !w.failed, "{w:?}");
     let r = board.readiness();
@@ -251,12 +255,7 @@ async fn a_kept_watch_starts_once_its_server_is_up_and_holds_ready_until_then() 
 async fn a_kept_watch_that_loses_its_server_keeps_trying_and_catches_up() {
     let memo = MemoServer::start().await;
     let (m, mut rx, board) = kept_manager(&memo);
-    let spec = WatchSpec {
-        name: "notes".into(),
-        uri: "memo://notes".into(),
-        on_event: None,
-    };
-    m.watch_keep(spec).await.unwrap();
+    m.watch_keep(notes()).await.unwrap();
     assert!(m.watch_list()[0].shape.is_some(), "it runs at once");
     memo.set_down(true);
     let lost = next(&mut rx).await;
@@ -284,12 +283,7 @@ async fn a_kept_watch_stopped_while_it_tries_stays_stopped() {
     let memo = MemoServer::start().await;
     memo.set_down(true);
     let (m, _rx, _board) = kept_manager(&memo);
-    let spec = WatchSpec {
-        name: "notes".into(),
-        uri: "memo://notes".into(),
-        on_event: None,
-    };
-    m.watch_keep(spec).await.unwrap();
+    m.watch_keep(notes()).await.unwrap();
     assert!(m.watch_stop("notes").await);
     memo.set_down(false);
     // The tries end by themselves (nothing else is cancelled): the tracker empties.
@@ -307,12 +301,7 @@ async fn a_kept_watch_still_trying_holds_its_name() {
     let memo = MemoServer::start().await;
     memo.set_down(true);
     let (m, _rx, _board) = kept_manager(&memo);
-    let spec = WatchSpec {
-        name: "notes".into(),
-        uri: "memo://notes".into(),
-        on_event: None,
-    };
-    m.watch_keep(spec).await.unwrap();
+    m.watch_keep(notes()).await.unwrap();
     memo.set_down(false);
     let e = m
         .watch_start("notes", "memo://log", None)
