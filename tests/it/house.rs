@@ -574,3 +574,15 @@ fn roles_reach_upstreams_only_through_the_client() {
         "an upstream's connection used outside src/upstream/ (use its operations): {wrong:?}"
     );
 }
+
+/// `anyhow` is the command line's: everywhere else an error is typed or a sentence.
+#[test]
+fn anyhow_is_used_only_in_cli() {
+    let wrong: Vec<String> = files()
+        .iter()
+        .filter(|f| !is_test_file(&f.rel) && !f.rel.starts_with("cli/"))
+        .filter(|f| code(&f.text).contains("anyhow"))
+        .map(|f| format!("src/{}", f.rel))
+        .collect();
+    assert!(wrong.is_empty(), "anyhow outside src/cli/: {wrong:?}");
+}

@@ -306,22 +306,20 @@ pub async fn run(args: UpArgs, globals: &Globals) -> Result<(), Exit> {
                 upstreams.push(in_process("slack", Arc::new(src), &local, &sctx, &store).await);
             }
             // On NATS, a backend not up yet: Slack starts once it is.
-            Err(e) if s.backend.is_some() => {
-                tracing::warn!(role = "slack", error = %format!("{e:#}"), "slack cannot start yet; trying again until its NATS backend answers");
+            Err(crate::source::slack::OpenError::Nats(e)) => {
+                tracing::warn!(role = "slack", error = %e, "slack cannot start yet; trying again until its NATS backend answers");
                 let (c, st) = (sctx.clone(), store.clone());
                 let open =
                     move || -> futures::future::BoxFuture<'static, Result<DynSource, String>> {
                         let (scfg, c, st) = (scfg.clone(), c.clone(), st.clone());
                         Box::pin(async move {
-                            let src = Slack::open(scfg, st, &c)
-                                .await
-                                .map_err(|e| format!("{e:#}"))?;
+                            let src = Slack::open(scfg, st, &c).await.map_err(|e| e.to_string())?;
                             Ok(Arc::new(src) as DynSource)
                         })
                     };
                 upstreams.push(deferred("slack", open, &local, &sctx, &store));
             }
-            Err(e) => return Err(e.into()),
+            Err(e) => return Err(anyhow::anyhow!("{e}").into()),
         }
     }
     if let Some(p) = &published {

@@ -59,6 +59,18 @@ const READ_EVENTS: usize = 256;
 /// Longest a poll or read waits for a buffer on NATS to load.
 const LOAD_WAIT: Duration = Duration::from_secs(10);
 
+/// Why [`Slack::open`] failed.
+#[derive(Debug, thiserror::Error)]
+pub enum OpenError {
+    /// The sealed buffer could not be read from the store.
+    #[error("the Slack buffer: {0}")]
+    Store(#[from] crate::store::StoreError),
+    /// The shared feed's NATS backend did not answer, or its stream or bucket could not be
+    /// opened: it may later.
+    #[error("{0}")]
+    Nats(String),
+}
+
 /// How the role is set up.
 #[derive(Debug, Clone)]
 pub struct SlackConfig {
@@ -106,7 +118,11 @@ impl Slack {
     /// configured; otherwise an inert source that makes no Slack call. On NATS the buffer is
     /// the shared stream's, and the socket and backfill run only while this process holds
     /// the lease ([`shared`]); the connection is made here, so a bad address fails the start.
-    pub async fn open(cfg: SlackConfig, store: Store, ctx: &RoleContext) -> anyhow::Result<Slack> {
+    pub async fn open(
+        cfg: SlackConfig,
+        store: Store,
+        ctx: &RoleContext,
+    ) -> Result<Slack, OpenError> {
         // This process holds the Slack secrets from here on: its children never get them.
         for var in [
             settings::APP_TOKEN,
@@ -136,8 +152,9 @@ impl Slack {
             }
             Some(c) => match &cfg.shared {
                 None => {
-                    let (buffer, loaded) =
-                        Buffer::open(store, &c.key, c.retention, cfg.max_events).await?;
+                    let (buffer, loaded) = Buffer::open(store, &c.key, c.retention, cfg.max_events)
+                        .await
+                        .map_err(OpenError::Store)?;
                     tracing::info!(events = loaded.events, "slack buffer opened");
                     let mut core = Core::new(api.clone(), buffer, ctx.clone());
                     core.socket_idle = cfg.socket_idle;
@@ -151,7 +168,7 @@ impl Slack {
                 Some(sc) => {
                     let link = shared::Shared::connect(sc.clone(), ctx.metrics())
                         .await
-                        .map_err(|e| anyhow::anyhow!("{e}"))?;
+                        .map_err(OpenError::Nats)?;
                     let buffer = Buffer::memory(&c.key, c.retention, cfg.max_events);
                     let mut core = Core::new(api.clone(), buffer, ctx.clone()).loading();
                     core.socket_idle = cfg.socket_idle;
