@@ -124,10 +124,12 @@ pub fn deferred(cfg: UpstreamConfig, build: Build, ctx: &RoleContext) -> Arc<Ups
     let stop = ctx.shutdown().clone();
     ctx.spawn("role start", async move {
         let mut backoff = Backoff::new(Duration::from_secs(1), START_MAX);
+        // The first failure was said at start (and each connect's own failure is logged by
+        // the upstream): only the tries themselves go to the debug log.
         loop {
             match starter.connect().await {
                 Ok(()) => return,
-                Err(e) => tracing::warn!(role = %starter.name, error = %e, "role cannot start yet; trying again"),
+                Err(e) => tracing::debug!(role = %starter.name, error = %e, "role cannot start yet; trying again"),
             }
             tokio::select! {
                 _ = stop.cancelled() => return,
