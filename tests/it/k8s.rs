@@ -685,11 +685,15 @@ async fn a_delete_during_the_seed_arrives_without_a_reconnect() {
     let s = setup(&[]).await;
     s.api.put("", "default", "doomed", json!({}));
     // Deleted after the list was answered, before the watch starts: the watch from the
-    // list's resourceVersion carries it.
+    // list's resourceVersion carries it. The watch's first bytes wait until the watch client
+    // has its baseline (its first read awaits only the list): a client that reads after the
+    // delete arrived has it in its baseline, which a loaded machine used to make happen.
     s.api
         .after_next_list(|gap| gap.delete("", "default", "doomed"));
+    s.api.hold_watches();
     let mut w = watch(&s, "k8s-events://watch/configmaps?namespace=default");
     w.event("watch.subscribed", "cm").await;
+    s.api.release_watches();
     assert_eq!(
         lines_until(&mut w, "doomed").await,
         ["DELETED default/doomed"]

@@ -64,6 +64,8 @@ struct Watch {
 pub struct FakeApi {
     inner: Arc<Mutex<Inner>>,
     changed: Arc<Notify>,
+    /// While true, watch streams send nothing yet (what they would send waits, in order).
+    held: Arc<tokio::sync::watch::Sender<bool>>,
     pub url: String,
 }
 
@@ -294,9 +296,14 @@ fn collection(api: &FakeApi, m: Method, ws: &str, ns: Option<String>, query: &st
         api.changed.notify_waiters();
         // Waiters hear when the stream ends or its client goes away (the body is dropped).
         let guard = Closed(api.changed.clone());
-        let stream = futures::stream::unfold((rx, guard), |(mut rx, guard)| async move {
-            rx.recv().await.map(|item| (item, (rx, guard)))
-        });
+        let held = Some(api.held.subscribe());
+        let stream =
+            futures::stream::unfold((rx, guard, held), |(mut rx, guard, held)| async move {
+                if let Some(mut h) = held {
+                    let _ = h.wait_for(|held| !*held).await;
+                }
+                rx.recv().await.map(|item| (item, (rx, guard, None)))
+            });
         return Response::builder()
             .status(200)
             .header("content-type", "application/json")
@@ -424,6 +431,7 @@ impl FakeApi {
                 ..Inner::default()
             })),
             changed: Arc::new(Notify::new()),
+            held: Arc::new(tokio::sync::watch::channel(false).0),
             url,
         };
         let app = axum::Router::new().fallback(handle).with_state(api.clone());
@@ -519,6 +527,17 @@ impl FakeApi {
     /// resourceVersion was taken and before any watch from it can start.
     pub fn after_next_list(&self, gap: impl FnOnce(&mut Gap) + Send + 'static) {
         self.inner.lock().unwrap().after_list = Some(Box::new(gap));
+    }
+
+    /// Holds every watch stream's first bytes (a list still answers) until
+    /// [`release_watches`](Self::release_watches): a test orders what a client reads against
+    /// what a watch delivers.
+    pub fn hold_watches(&self) {
+        self.held.send_replace(true);
+    }
+
+    pub fn release_watches(&self) {
+        self.held.send_replace(false);
     }
 
     /// Sends a BOOKMARK at the current resourceVersion on every open watch stream.
