@@ -75,8 +75,9 @@ async fn up(path: &Path) -> Result<String, Exit> {
     let cfg = crate::cli::up::config::UpToml::load(path)
         .and_then(|t| t.check())
         .map_err(usage)?;
+    // What the start checks of [k8s]: its source builds, kubeconfigs and all.
     if let Some(k) = &cfg.file.k8s {
-        crate::cli::up::check_kubeconfigs(k).await?;
+        k.build(&crate::cli::serve::role_context("check")).await?;
     }
     crate::cli::watch::check_filters(path, &cfg.watch_specs()).await?;
     Ok(format!(

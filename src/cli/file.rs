@@ -69,11 +69,6 @@ impl FileArgs {
         t.ring_capacity = self.ring_capacity.or(t.ring_capacity);
         Ok(t)
     }
-
-    /// The file source's configuration, from [`FileArgs::settings`].
-    pub fn config(&self) -> anyhow::Result<FileConfig> {
-        self.settings()?.to_config()
-    }
 }
 
 impl FileToml {
@@ -181,13 +176,16 @@ mod tests {
             ring_capacity: None,
             publish: Default::default(),
         };
-        let c = args.config().unwrap();
+        let c = args.settings().and_then(|t| t.to_config()).unwrap();
         assert_eq!(c.roots, [dir.join("data"), PathBuf::from("/extra")]);
         assert_eq!(c.debounce, Duration::from_millis(10));
         assert_eq!(c.max_watches, 7, "the flag wins");
         assert_eq!(c.max_file_bytes, DEFAULT_MAX_FILE_BYTES);
         std::fs::write(&p, "roots = []\nwatches = 5\n").unwrap();
-        let e = format!("{:#}", args.config().unwrap_err());
+        let e = format!(
+            "{:#}",
+            args.settings().and_then(|t| t.to_config()).unwrap_err()
+        );
         assert!(e.contains("unknown field `watches`"), "{e}");
         let _ = std::fs::remove_dir_all(&dir);
     }

@@ -215,9 +215,10 @@ async fn reach(
     let c = tokio::time::timeout(Duration::from_secs(20), cfg.connect(metrics))
         .await
         .map_err(|_| format!("no NATS server answered at {servers} within 20 s"))??;
-    let _ = client.set(c.clone());
-    let js = jetstream::new(c);
+    let js = jetstream::new(c.clone());
     let (_, kv) = open(&js, &servers).await?;
+    // On the status board's entry only once usable: a try that failed leaves nothing.
+    let _ = client.set(c);
     Ok((js, kv))
 }
 

@@ -181,11 +181,7 @@ pub fn enter(
     cfg: &NatsConfig,
     client: async_nats::Client,
 ) {
-    ctx.status().add_backend(
-        format!("{role} nats"),
-        cfg.redacted(),
-        std::sync::Arc::new(move || connected(&client)),
-    );
+    let _ = enter_later(ctx, role, cfg).set(client);
 }
 
 /// Enters a backend on the status board before its client exists (a connect that keeps

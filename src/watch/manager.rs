@@ -63,10 +63,7 @@ impl Entry {
     /// Whether a start of `name` must leave this entry be: it runs, or it is a kept watch
     /// still trying (other than `keeper`'s own placeholder, which its start replaces).
     fn taken(&self, keeper: Option<&Keeper>) -> bool {
-        let mine = keeper
-            .and_then(|k| k.placeholder)
-            .is_some_and(|p| Arc::ptr_eq(p, &self.stats));
-        (self.is_running() || self.state() == WatchState::Starting) && !mine
+        self.state() != WatchState::Failed && !keeper.is_some_and(|k| k.owns(self))
     }
 
     fn state(&self) -> WatchState {
@@ -85,6 +82,13 @@ impl Entry {
 pub(super) struct Keeper<'a> {
     pub(super) token: &'a CancellationToken,
     pub(super) placeholder: Option<&'a Arc<Stats>>,
+}
+
+impl Keeper<'_> {
+    /// Whether `e` is this kept watch's own placeholder.
+    fn owns(&self, e: &Entry) -> bool {
+        self.placeholder.is_some_and(|p| Arc::ptr_eq(p, &e.stats))
+    }
 }
 
 /// Running watches other than `name`.
@@ -402,9 +406,7 @@ impl WatchManager {
             // What it replaces (a failed watch, a restore kept after failing) ends for good;
             // a kept watch's own placeholder shares its token, which lives on.
             if let Some(old) = watches.get(name)
-                && !kept
-                    .and_then(|k| k.placeholder)
-                    .is_some_and(|p| Arc::ptr_eq(p, &old.stats))
+                && !kept.is_some_and(|k| k.owns(old))
             {
                 old.cancel.cancel();
             }
@@ -554,10 +556,7 @@ impl WatchManager {
     pub async fn none_running(&self) -> Settled {
         self.wait_until(|watches, started| {
             // A kept watch still trying to start is not settled.
-            if watches
-                .values()
-                .any(|e| e.is_running() || e.state() == WatchState::Starting)
-            {
+            if watches.values().any(|e| e.state() != WatchState::Failed) {
                 return None;
             }
             if watches.is_empty() {

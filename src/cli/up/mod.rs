@@ -177,12 +177,6 @@ where
     )
 }
 
-/// What a start checks of `[k8s]` (`herald check` too): its source builds, kubeconfigs and all.
-pub async fn check_kubeconfigs(k: &config::K8sToml) -> Result<(), Exit> {
-    let ctx = crate::cli::serve::role_context("check");
-    k.build(&ctx).await.map(drop)
-}
-
 pub async fn run(args: UpArgs, globals: &Globals) -> Result<(), Exit> {
     let (mut toml, demo_dir) = match &args.config {
         Some(p) => (UpToml::load(p).map_err(usage)?, None),
