@@ -10,6 +10,8 @@
 //! - `/metrics`: Prometheus text: the counters every MCP endpoint serves, plus gauges from the
 //!   status board.
 //! - `/status`: a [`StatusReport`] as JSON.
+//! - `POST /reload`: reloads the config of `herald up` or `herald gateway --config` and
+//!   answers what changed, or why the new config was refused (the running one kept).
 //! - `POST /backup`: a consistent snapshot of the store, written by this process (which holds
 //!   the store's lock) into the store's own `backups/` directory, never a path the caller
 //!   names, keeping the newest [`KEEP_BACKUPS`]; answers a [`BackupReport`]. 409 for a store in
@@ -107,6 +109,7 @@ pub fn router(ctx: &RoleContext, store: Option<Store>) -> Router {
         .route("/metrics", axum::routing::get(metrics))
         .route("/status", axum::routing::get(status))
         .route("/backup", axum::routing::post(backup))
+        .route("/reload", axum::routing::post(reload))
         .layer(axum::middleware::from_fn(refuse_browsers))
         .with_state(Admin {
             board,
@@ -195,6 +198,31 @@ async fn backup(
             tracing::error!(error = %e, "store backup failed");
             refuse(StatusCode::INTERNAL_SERVER_ERROR, e.to_string())
         }
+    }
+}
+
+/// `POST /reload`: reloads the runner's config ([`crate::app::reload`]) and answers its
+/// [`ReloadOutcome`](crate::runtime::reload::ReloadOutcome): 200 when applied, 422 when
+/// refused (the running config is kept), 409 when this process has no config to reload.
+async fn reload(
+    State(admin): State<Admin>,
+    headers: axum::http::HeaderMap,
+) -> axum::response::Response {
+    if let Some(why) = from_a_browser(&headers) {
+        return json(StatusCode::FORBIDDEN, &AdminError { error: why });
+    }
+    let Some(reloads) = admin.ctx.reloads() else {
+        return json(
+            StatusCode::CONFLICT,
+            &AdminError {
+                error: "this herald has no config to reload: herald up and herald gateway --config reload theirs; a server role takes its settings at start (restart it)".into(),
+            },
+        );
+    };
+    match reloads.ask().await {
+        Ok(outcome) if outcome.applied => json(StatusCode::OK, &outcome),
+        Ok(outcome) => json(StatusCode::UNPROCESSABLE_ENTITY, &outcome),
+        Err(error) => json(StatusCode::SERVICE_UNAVAILABLE, &AdminError { error }),
     }
 }
 

@@ -26,6 +26,7 @@
 
 pub mod admin;
 pub mod console;
+pub mod reload;
 pub mod systemd;
 
 use std::net::SocketAddr;
@@ -348,7 +349,7 @@ pub async fn ready(ctx: &RoleContext, systemd: &Systemd, bound: &[Bound]) {
 }
 
 /// `serving memo on http://…/mcp, quic://…; file on …; admin on http://…`.
-fn serving_status(bound: &[Bound]) -> String {
+pub fn serving_status(bound: &[Bound]) -> String {
     let mut parts: Vec<String> = bound
         .iter()
         .map(|b| match b.endpoints() {

@@ -49,6 +49,9 @@ pub enum Notify<'a> {
     Watchdog,
     /// `STOPPING=1`: shutdown has begun.
     Stopping,
+    /// `RELOADING=1` with `MONOTONIC_USEC=` (now, on `CLOCK_MONOTONIC`): a reload has begun
+    /// (`Type=notify-reload`); `READY=1` says it ended.
+    Reloading,
     /// `EXTEND_TIMEOUT_USEC=…`: the current phase (here: the drain) needs this much longer
     /// before the next message; systemd only ever extends its own timeout with it.
     ExtendTimeout(Duration),
@@ -61,9 +64,21 @@ impl Notify<'_> {
             Notify::Status(s) => format!("STATUS={}\n", s.replace(['\n', '\r'], " ")),
             Notify::Watchdog => "WATCHDOG=1\n".into(),
             Notify::Stopping => "STOPPING=1\n".into(),
+            Notify::Reloading => format!("RELOADING=1\nMONOTONIC_USEC={}\n", monotonic_usec()),
             Notify::ExtendTimeout(d) => format!("EXTEND_TIMEOUT_USEC={}\n", d.as_micros()),
         }
     }
+}
+
+/// Microseconds on `CLOCK_MONOTONIC`, as systemd's `MONOTONIC_USEC=` wants them.
+fn monotonic_usec() -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: `ts` is a valid timespec to write into; CLOCK_MONOTONIC always exists on Linux.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    (ts.tv_sec as u64) * 1_000_000 + (ts.tv_nsec as u64) / 1_000
 }
 
 /// The message `states` make, as systemd reads it.

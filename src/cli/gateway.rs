@@ -1,6 +1,7 @@
 //! `herald gateway`: many servers behind one endpoint.
 
 use std::path::PathBuf;
+use std::sync::Arc;
 
 use crate::runtime::context::RoleContext;
 use clap::Args;
@@ -9,7 +10,10 @@ use crate::cli::client::UpstreamConnectTimeout;
 use crate::cli::serve::{ServeArgs, begin, role_store, serve_until_stopped};
 use crate::cli::{Exit, Globals};
 use crate::gateway::Gateway;
-use crate::gateway::config::GatewayConfig;
+use crate::gateway::config::{GatewayConfig, Slug, Token};
+use crate::gateway::source::Reconfigured;
+use crate::mcp::limits::Limits;
+use crate::upstream::Upstream;
 
 #[derive(Debug, Args)]
 pub struct GatewayArgs {
@@ -55,10 +59,172 @@ pub async fn run(args: GatewayArgs, globals: &Globals) -> Result<(), Exit> {
     let ctx = crate::cli::serve::role_context("gateway");
     // The slugs are on the status board before the admin address answers: /ready names
     // every one it waits for from its first answer. Nothing connects before the warm-up.
-    let gateway = Gateway::configured(upstreams(&cfg.slugs, &opts.limits, &ctx), &cfg, &ctx);
+    let gateway = Arc::new(Gateway::configured(
+        upstreams(&cfg.slugs, &opts.limits, &ctx),
+        &cfg,
+        &ctx,
+    ));
     let admin = begin(&args.serve, &ctx, globals, &store).await?;
     gateway.warm_up(std::time::Duration::from_secs(5)).await;
-    serve_until_stopped(gateway, &opts, admin, &store, ctx, globals).await
+    let reload = GatewayReload {
+        path: args.config.clone(),
+        handshake_timeout: args.timeout.duration(),
+        addrs: [opts.http.clone(), opts.quic.clone()],
+        flags_set_addrs: args.serve.http.is_some() || args.serve.quic.is_some(),
+        limits: opts.limits.clone(),
+        running: cfg,
+        gateway: gateway.clone(),
+        ctx: ctx.clone(),
+    };
+    serve_until_stopped(
+        gateway,
+        &opts,
+        admin,
+        &store,
+        ctx,
+        globals,
+        Some(Box::new(reload)),
+    )
+    .await
+}
+
+/// `herald gateway --config`'s reload: the file read and checked again, then its slugs and
+/// tokens applied ([`apply_slugs`]); the listen addresses cannot change live.
+struct GatewayReload {
+    path: PathBuf,
+    handshake_timeout: std::time::Duration,
+    /// The addresses served (flags over the config).
+    addrs: [Option<String>; 2],
+    /// Whether --http or --quic chose them (then the config's own are not used).
+    flags_set_addrs: bool,
+    limits: Limits,
+    running: GatewayConfig,
+    gateway: Arc<Gateway>,
+    ctx: RoleContext,
+}
+
+#[async_trait::async_trait]
+impl crate::app::reload::Reload for GatewayReload {
+    async fn reload(&mut self) -> Result<Vec<String>, String> {
+        let mut next = GatewayConfig::load(&self.path).map_err(|e| e.to_string())?;
+        for slug in &mut next.slugs {
+            slug.handshake_timeout = self.handshake_timeout;
+        }
+        if !self.flags_set_addrs {
+            restart_needed("[listen] http", &self.running.http, &next.http)?;
+            restart_needed("[listen] quic", &self.running.quic, &next.quic)?;
+        }
+        if next.open_to_loopback {
+            let addrs = self.addrs.iter().flatten().map(String::as_str);
+            crate::gateway::config::open_on_loopback_only(addrs, next.tokens.is_empty())
+                .map_err(|e| e.to_string())?;
+        }
+        let ups = apply_slugs(
+            &self.gateway,
+            &self.running.slugs,
+            &next.slugs,
+            &self.limits,
+            &self.ctx,
+        );
+        let done = self.gateway.apply(ups, &next);
+        let changes = describe(&self.running, &next, &done);
+        self.running = next;
+        Ok(changes)
+    }
+}
+
+/// Refuses a reload that moves what cannot move live, naming it.
+pub fn restart_needed(
+    what: &str,
+    running: &Option<String>,
+    next: &Option<String>,
+) -> Result<(), String> {
+    if running == next {
+        return Ok(());
+    }
+    let show = |a: &Option<String>| a.clone().unwrap_or_else(|| "off".into());
+    Err(format!(
+        "{what} changed ({} to {}): the listen addresses cannot change live, restart herald to move them",
+        show(running),
+        show(next)
+    ))
+}
+
+/// The upstream of each slug of `next`: the running one for a slug whose config did not
+/// change (its connection, subscriptions and clients' streams untouched), a new one for a
+/// slug added or changed.
+pub fn apply_slugs(
+    gateway: &Gateway,
+    running: &[Slug],
+    next: &[Slug],
+    limits: &Limits,
+    ctx: &RoleContext,
+) -> Vec<Arc<Upstream>> {
+    let live = gateway.upstreams();
+    next.iter()
+        .map(|s| {
+            let same = running.iter().any(|r| r.name == s.name && same_slug(r, s));
+            match live.iter().find(|u| u.name == s.name).filter(|_| same) {
+                Some(up) => up.clone(),
+                None => upstreams(std::slice::from_ref(s), limits, ctx).remove(0),
+            }
+        })
+        .collect()
+}
+
+/// Whether two slugs are configured alike (every field: target, trust, prefix, NATS).
+fn same_slug(a: &Slug, b: &Slug) -> bool {
+    format!("{a:?}") == format!("{b:?}")
+}
+
+/// One line per change a reload made to the slugs and tokens, and the streams it ended.
+pub fn describe(running: &GatewayConfig, next: &GatewayConfig, done: &Reconfigured) -> Vec<String> {
+    let mut out = Vec::new();
+    for name in &done.added {
+        if done.removed.contains(name) {
+            out.push(format!("slug {name} changed"));
+        } else {
+            out.push(format!("slug {name} added"));
+        }
+    }
+    for name in done.removed.iter().filter(|n| !done.added.contains(n)) {
+        out.push(format!("slug {name} removed"));
+    }
+    let key = |t: &Token| (t.sha256, t.slugs.clone());
+    for t in &next.tokens {
+        match running.tokens.iter().find(|r| r.label == t.label) {
+            None => out.push(format!("token {} added", t.label)),
+            Some(r) if key(r) != key(t) => out.push(format!("token {} changed", t.label)),
+            Some(_) => {}
+        }
+    }
+    for t in running
+        .tokens
+        .iter()
+        .filter(|r| !next.tokens.iter().any(|t| t.label == r.label))
+    {
+        out.push(format!("token {} revoked", t.label));
+    }
+    if running.open_to_loopback != next.open_to_loopback {
+        out.push(if next.open_to_loopback {
+            "loopback callers need no token now".into()
+        } else {
+            "loopback callers need a token now".into()
+        });
+    }
+    if crate::gateway::config::bare_slug(&running.slugs)
+        != crate::gateway::config::bare_slug(&next.slugs)
+    {
+        out.push("the bare slug (prefix = false) changed".into());
+    }
+    if done.ended_streams > 0 {
+        out.push(format!(
+            "{} listen stream{} ended (their callers lost access)",
+            done.ended_streams,
+            if done.ended_streams == 1 { "" } else { "s" }
+        ));
+    }
+    out
 }
 
 /// The upstream of each `[[slug]]`: its server, or for a `nats` slug the event logs its source

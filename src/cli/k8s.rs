@@ -220,7 +220,16 @@ pub async fn run(args: K8sArgs, globals: &Globals) -> Result<(), Exit> {
     if let Some(p) = &published {
         p.catalog(&source).await;
     }
-    serve_until_stopped(source, &args.serve.options(), admin, &store, ctx, globals).await
+    serve_until_stopped(
+        std::sync::Arc::new(source),
+        &args.serve.options(),
+        admin,
+        &store,
+        ctx,
+        globals,
+        None,
+    )
+    .await
 }
 
 #[cfg(test)]

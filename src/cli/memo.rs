@@ -180,7 +180,16 @@ pub async fn run(args: MemoArgs, globals: &Globals) -> Result<(), Exit> {
     if let Some(p) = &published {
         p.catalog(&memo).await;
     }
-    serve_until_stopped(memo, &args.serve.options(), admin, &store, ctx, globals).await
+    serve_until_stopped(
+        std::sync::Arc::new(memo),
+        &args.serve.options(),
+        admin,
+        &store,
+        ctx,
+        globals,
+        None,
+    )
+    .await
 }
 
 #[cfg(test)]

@@ -11,6 +11,7 @@ mod k8s;
 mod man;
 mod memo;
 mod poll;
+mod reload;
 mod serve;
 mod slack;
 mod status;
@@ -95,6 +96,10 @@ pub enum Command {
     /// Ask a running herald's admin address for its roles, upstreams, listens, watches and
     /// store, as a table or --json.
     Status(status::StatusArgs),
+    /// Ask a running herald up (or herald gateway --config) to read its config again and
+    /// apply what changed, keeping every unchanged slug, role and watch running (as SIGHUP
+    /// and systemctl reload do).
+    Reload(reload::ReloadArgs),
     /// Work on the store file: `herald store backup DEST` writes a consistent copy, also of a
     /// store a running herald holds.
     Store(store::StoreArgs),
@@ -193,6 +198,7 @@ pub fn run(cli: Cli, systemd: Systemd) -> Result<(), Exit> {
             Command::Task(a) => task::run(a).await,
             Command::Poll(a) => poll::run(a).await,
             Command::Status(a) => status::run(a).await,
+            Command::Reload(a) => reload::run(a).await,
             Command::Store(a) => store::run(a, &globals).await,
             Command::Watch(a) => watch::run(a, &globals, verbose).await,
             Command::Code(a) => code::run(a, &globals, verbose).await,

@@ -7,8 +7,6 @@ use std::time::Duration;
 
 use clap::Args;
 
-use std::sync::Arc;
-
 use crate::app::systemd::Notify;
 use crate::app::{self, Bound, ServeOptions};
 use crate::cli::{ANNOUNCE, Exit, Globals, LogFormat};
@@ -16,7 +14,6 @@ use crate::mcp::limits::{
     DEFAULT_LISTEN_STALL_MS, DEFAULT_MAX_CONNECTIONS, DEFAULT_MAX_LISTEN_STREAMS,
     DEFAULT_MAX_LISTEN_URIS, DEFAULT_MAX_MESSAGE_BYTES, Limits,
 };
-use crate::mcp::source::Source;
 use crate::runtime::context::RoleContext;
 use crate::store::Store;
 use crate::transport::http::{
@@ -295,19 +292,20 @@ pub async fn begin(
 /// bound (before the bound addresses are printed, so a reader of that line finds `/ready`
 /// answering 200 unless an upstream is still missing), and `STOPPING=1` when the drain begins.
 pub async fn serve_until_stopped(
-    source: impl Source,
+    source: crate::mcp::source::DynSource,
     opts: &ServeOptions,
     admin: Option<SocketAddr>,
     store: &Store,
     ctx: RoleContext,
     globals: &Globals,
+    reload: Option<Box<dyn crate::app::reload::Reload>>,
 ) -> Result<(), Exit> {
     let systemd = &globals.systemd;
     let mut opts = opts.clone();
     if opts.http_socket.is_none() {
         opts.http_socket = systemd.socket("http");
     }
-    let mut bound = match app::serve_source(Arc::new(source), &opts, store, &ctx).await {
+    let mut bound = match app::serve_source(source, &opts, store, &ctx).await {
         Ok(b) => b,
         Err(e) => {
             app::drain(&ctx).await;
@@ -315,6 +313,11 @@ pub async fn serve_until_stopped(
         }
     };
     bound.admin = admin;
+    if let Some(reload) = reload {
+        // SIGHUP is taken before systemd hears READY=1 (it may send one right after).
+        let status = app::serving_status(std::slice::from_ref(&bound));
+        app::reload::serve(&ctx, systemd, status, reload);
+    }
     app::ready(&ctx, systemd, std::slice::from_ref(&bound)).await;
     announce(&bound, globals.log_format);
     ctx.shutdown().cancelled().await;

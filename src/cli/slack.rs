@@ -239,7 +239,16 @@ pub async fn run(args: SlackArgs, globals: &Globals) -> Result<(), Exit> {
     let ctx = crate::cli::serve::role_context("slack");
     let admin = begin(&args.serve, &ctx, globals, &store).await?;
     let source = Slack::open(cfg, store.clone(), &ctx).await?;
-    serve_until_stopped(source, &args.serve.options(), admin, &store, ctx, globals).await
+    serve_until_stopped(
+        std::sync::Arc::new(source),
+        &args.serve.options(),
+        admin,
+        &store,
+        ctx,
+        globals,
+        None,
+    )
+    .await
 }
 
 #[cfg(test)]

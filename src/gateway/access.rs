@@ -4,46 +4,58 @@
 //! caller that needs no token), narrowed by `?servers=`. Anything else is `Forbidden`, one
 //! message whether the slug exists or not. Shared by the gateway and its tasks; `names.rs`
 //! routes shown names through it and `prompts.rs` seals `requestState` with it.
+//!
+//! What a reload changes (the upstreams, the tokens, the bare slug, the loopback rule) is one
+//! [`Entitled`] snapshot, swapped whole: a request sees the old one or the new one, never a
+//! mix. Each listen stream admitted through the gateway is [`held`](Access::hold) with its
+//! caller and the upstreams it watches; a swap ends (cancels) every held stream whose caller
+//! may no longer use one of them, or whose upstream was removed or replaced.
 
 use std::collections::BTreeSet;
-use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, RwLock};
 
 use sha2::Digest;
+use tokio_util::sync::CancellationToken;
 
 use crate::gateway::config::Token;
 use crate::mcp::source::{Authentication, Caller, SourceError};
+use crate::sync::{Recover, RecoverRw};
 use crate::upstream::Upstream;
 
-/// Who may use which slug: the upstreams, the tokens and their entitlements.
-pub(crate) struct Access {
+/// What one config entitles: the upstreams, the tokens and the rules over them.
+#[derive(Default, Clone)]
+pub(crate) struct Entitled {
     pub(super) upstreams: Vec<Arc<Upstream>>,
     tokens: Vec<Token>,
     /// Callers on a loopback address may use every slug without a token (set only for a
     /// gateway bound to loopback alone with no tokens configured).
-    open_to_loopback: AtomicBool,
+    open_to_loopback: bool,
     /// The one slug whose tools and prompts keep their upstream names (`prefix = false`).
-    pub(super) bare: std::sync::OnceLock<String>,
-    /// Seals the `requestState` an upstream hands a caller to this caller and slug.
-    pub(super) states: crate::mcp::sealed::Sealer,
+    pub(super) bare: Option<String>,
 }
 
-impl Access {
-    /// Access to `upstreams` for the holders of `tokens`; closed to loopback callers without
-    /// a token, no bare slug.
-    pub(super) fn new(upstreams: Vec<Arc<Upstream>>, tokens: Vec<Token>) -> Access {
-        Access {
+impl Entitled {
+    /// `upstreams` for the holders of `tokens`, closed to loopback callers without a token,
+    /// no bare slug.
+    pub(crate) fn new(upstreams: Vec<Arc<Upstream>>, tokens: Vec<Token>) -> Entitled {
+        Entitled {
             upstreams,
             tokens,
-            open_to_loopback: AtomicBool::new(false),
-            bare: std::sync::OnceLock::new(),
-            states: crate::mcp::sealed::Sealer::new(),
+            open_to_loopback: false,
+            bare: None,
         }
     }
 
     /// Lets callers on a loopback address in without a token.
-    pub(super) fn open_to_loopback(&self) {
-        self.open_to_loopback.store(true, Ordering::Release);
+    pub(crate) fn open_to_loopback(mut self, open: bool) -> Entitled {
+        self.open_to_loopback = open;
+        self
+    }
+
+    /// Shows slug `name`'s tools and prompts under their upstream names.
+    pub(crate) fn bare(mut self, name: Option<&str>) -> Entitled {
+        self.bare = name.map(str::to_owned);
+        self
     }
 
     /// The configured token `t` is, if any. Every hash is compared, so the time taken does
@@ -62,7 +74,7 @@ impl Access {
     /// A caller let in without a token: local (stdio), or on loopback when the gateway is
     /// open to loopback (whatever stale token it may carry).
     fn needs_no_token(&self, caller: &Caller) -> bool {
-        caller.local || (self.open_to_loopback.load(Ordering::Acquire) && caller.loopback)
+        caller.local || (self.open_to_loopback && caller.loopback)
     }
 
     /// The slugs `caller` may use: its token's entitlement, or every slug for a caller that
@@ -82,14 +94,116 @@ impl Access {
         set
     }
 
+    /// The upstreams `caller` may use.
+    pub(super) fn selected(&self, caller: &Caller) -> Vec<Arc<Upstream>> {
+        let allowed = self.allowed(caller);
+        self.upstreams
+            .iter()
+            .filter(|u| allowed.contains(&u.name))
+            .cloned()
+            .collect()
+    }
+}
+
+/// One listen stream admitted through the gateway: who asked, what it watches, how to end it.
+struct Held {
+    caller: Caller,
+    upstreams: Vec<std::sync::Weak<Upstream>>,
+    end: CancellationToken,
+}
+
+/// Who may use which slug, as the current config says.
+pub(crate) struct Access {
+    now: RwLock<Arc<Entitled>>,
+    /// The listen streams admitted through the gateway (pruned of ended ones as it grows).
+    held: Mutex<HeldStreams>,
+    /// Seals the `requestState` an upstream hands a caller to this caller and slug.
+    pub(super) states: crate::mcp::sealed::Sealer,
+}
+
+#[derive(Default)]
+struct HeldStreams {
+    streams: Vec<Held>,
+    /// Pruned of ended streams when it reaches this many.
+    prune_at: usize,
+}
+
+impl Access {
+    /// Access as `entitled` says.
+    pub(super) fn new(entitled: Entitled) -> Access {
+        Access {
+            now: RwLock::new(Arc::new(entitled)),
+            held: Mutex::default(),
+            states: crate::mcp::sealed::Sealer::new(),
+        }
+    }
+
+    /// What the config entitles now.
+    pub(super) fn now(&self) -> Arc<Entitled> {
+        self.now.read_locked().clone()
+    }
+
+    /// Puts `entitled` in place of what was, and ends every held stream its caller may no
+    /// longer keep (its token gone or narrowed, its upstream removed or replaced). Returns
+    /// what was, and how many streams it ended.
+    pub(super) fn swap(&self, entitled: Entitled) -> (Arc<Entitled>, usize) {
+        let entitled = Arc::new(entitled);
+        let old = std::mem::replace(&mut *self.now.write_locked(), entitled.clone());
+        let mut held = self.held.locked();
+        held.streams.retain(|h| !h.end.is_cancelled());
+        let mut ended = 0;
+        for h in &held.streams {
+            let selected = entitled.selected(&h.caller);
+            let keeps = h.upstreams.iter().all(|w| {
+                w.upgrade()
+                    .is_some_and(|u| selected.iter().any(|s| Arc::ptr_eq(s, &u)))
+            });
+            if !keeps {
+                h.end.cancel();
+                ended += 1;
+            }
+        }
+        held.streams.retain(|h| !h.end.is_cancelled());
+        held.prune_at = (held.streams.len() * 2).max(64);
+        (old, ended)
+    }
+
+    /// Holds a listen stream of `caller` watching `upstreams`: the token returned is
+    /// cancelled when a reload takes its access away (and should be when the stream ends).
+    pub(super) fn hold(&self, caller: &Caller, upstreams: &[Arc<Upstream>]) -> CancellationToken {
+        let end = CancellationToken::new();
+        let mut held = self.held.locked();
+        if held.streams.len() >= held.prune_at {
+            held.streams.retain(|h| !h.end.is_cancelled());
+            held.prune_at = (held.streams.len() * 2).max(64);
+        }
+        held.streams.push(Held {
+            caller: caller.clone(),
+            upstreams: upstreams.iter().map(Arc::downgrade).collect(),
+            end: end.clone(),
+        });
+        end
+    }
+
+    /// Streams held now (tests).
+    #[cfg(test)]
+    fn held(&self) -> usize {
+        let held = self.held.locked();
+        held.streams
+            .iter()
+            .filter(|h| !h.end.is_cancelled())
+            .count()
+    }
+
     /// Whether `caller` presented a token this gateway knows, or needs none.
     pub(super) fn authenticates(&self, caller: &Caller) -> Authentication {
-        if self.needs_no_token(caller) {
+        let now = self.now();
+        if now.needs_no_token(caller) {
             Authentication::Known
-        } else if self.tokens.is_empty() {
+        } else if now.tokens.is_empty() {
             Authentication::NoTokens
         } else {
-            match caller.token.as_deref().map(|t| self.token(t).is_some()) {
+            match caller.token.as_deref().map(|t| now.token(t).is_some()) {
                 Some(true) => Authentication::Known,
                 Some(false) => Authentication::UnknownToken,
                 None => Authentication::TokenRequired,
@@ -99,12 +213,7 @@ impl Access {
 
     /// The upstreams `caller` may use.
     pub(super) fn selected(&self, caller: &Caller) -> Vec<Arc<Upstream>> {
-        let allowed = self.allowed(caller);
-        self.upstreams
-            .iter()
-            .filter(|u| allowed.contains(&u.name))
-            .cloned()
-            .collect()
+        self.now().selected(caller)
     }
 
     /// The slug `name` if the caller may use it; Forbidden (one message) otherwise.
@@ -136,22 +245,21 @@ mod tests {
             token: Some(t.into()),
             ..Caller::default()
         };
-        let access = Access::new(
-            vec![up],
-            vec![Token {
-                label: "t".into(),
-                sha256: sha2::Sha256::digest(b"good").into(),
-                slugs: [name.clone()].into(),
-            }],
-        );
+        let good = Token {
+            label: "t".into(),
+            sha256: sha2::Sha256::digest(b"good").into(),
+            slugs: [name.clone()].into(),
+        };
+        let access = Access::new(Entitled::new(vec![up.clone()], vec![good.clone()]));
+        let allowed = |a: &Access, c: &Caller| a.now().allowed(c);
         let all: BTreeSet<String> = [name].into();
         assert_eq!(access.authenticates(&token("good")), Authentication::Known);
-        assert_eq!(access.allowed(&token("good")), all);
+        assert_eq!(allowed(&access, &token("good")), all);
         assert_eq!(
             access.authenticates(&token("bad")),
             Authentication::UnknownToken
         );
-        assert!(access.allowed(&token("bad")).is_empty());
+        assert!(allowed(&access, &token("bad")).is_empty());
         let anonymous = Caller {
             loopback: true,
             ..Caller::default()
@@ -165,14 +273,52 @@ mod tests {
             Authentication::Known
         );
 
-        let open = Access::new(access.upstreams.clone(), Vec::new());
-        open.open_to_loopback();
+        let open = Access::new(Entitled::new(vec![up.clone()], Vec::new()).open_to_loopback(true));
         let stale = Caller {
             loopback: true,
             ..token("stale")
         };
         assert_eq!(open.authenticates(&stale), Authentication::Known);
-        assert_eq!(open.allowed(&stale), all);
+        assert_eq!(allowed(&open, &stale), all);
         assert_eq!(open.authenticates(&token("x")), Authentication::NoTokens);
+    }
+
+    /// A swap ends the held streams it takes access from, and only those: a revoked token's,
+    /// a narrowed token's on the slug it lost, every stream on a replaced upstream; an
+    /// unchanged token's stream on an unchanged upstream is untouched.
+    #[test]
+    fn a_swap_ends_the_streams_it_takes_access_from() {
+        let a = crate::testing::down_upstream(Default::default());
+        let tok = |t: &[u8], slugs: &[&str]| Token {
+            label: "t".into(),
+            sha256: sha2::Sha256::digest(t).into(),
+            slugs: slugs.iter().map(|s| s.to_string()).collect(),
+        };
+        let caller = |t: &str| Caller {
+            token: Some(t.into()),
+            ..Caller::default()
+        };
+        let name = a.name.clone();
+        let access = Access::new(Entitled::new(
+            vec![a.clone()],
+            vec![tok(b"keep", &[&name]), tok(b"drop", &[&name])],
+        ));
+        let kept = access.hold(&caller("keep"), std::slice::from_ref(&a));
+        let dropped = access.hold(&caller("drop"), std::slice::from_ref(&a));
+        let local = access.hold(&Caller::local(), std::slice::from_ref(&a));
+        let (_, ended) = access.swap(Entitled::new(vec![a.clone()], vec![tok(b"keep", &[&name])]));
+        assert_eq!(ended, 1);
+        assert!(dropped.is_cancelled());
+        assert!(!kept.is_cancelled() && !local.is_cancelled());
+        assert_eq!(access.held(), 2);
+
+        // The same slug, another upstream (its config changed): every stream on the old one
+        // ends, whoever holds it.
+        let b = crate::testing::down_upstream(Default::default());
+        assert_eq!(b.name, name);
+        let (_, ended) = access.swap(Entitled::new(vec![b], vec![tok(b"keep", &[&name])]));
+        assert_eq!(ended, 2);
+        assert!(kept.is_cancelled() && local.is_cancelled());
+        assert_eq!(access.held(), 0);
     }
 }

@@ -19,7 +19,7 @@ impl Access {
     /// A tool's or prompt's name as the gateway shows it: `slug__name`, or `name` for the
     /// slug configured with `prefix = false`.
     pub(crate) fn shown(&self, slug: &str, name: &str) -> String {
-        if self.bare.get().is_some_and(|b| b == slug) {
+        if self.now().bare.as_deref() == Some(slug) {
             name.to_owned()
         } else {
             format!("{slug}__{name}")
@@ -36,14 +36,22 @@ impl Access {
         name: &str,
         names: Names,
     ) -> Option<Result<(Arc<Upstream>, String), SourceError>> {
+        // One snapshot for the whole route (a reload swaps it whole).
+        let now = self.now();
+        let slug_of = |slug: &str| {
+            now.selected(caller)
+                .into_iter()
+                .find(|u| u.name == slug)
+                .ok_or(SourceError::Forbidden)
+        };
         // A name whose prefix is a slug goes to that slug, whatever the bare slug lists.
         if let Some((slug, rest)) = name.split_once("__")
-            && self.upstreams.iter().any(|u| u.name == slug)
+            && now.upstreams.iter().any(|u| u.name == slug)
         {
-            return Some(self.slug(caller, slug).map(|up| (up, rest.to_owned())));
+            return Some(slug_of(slug).map(|up| (up, rest.to_owned())));
         }
-        if let Some(bare) = self.bare.get()
-            && let Ok(up) = self.slug(caller, bare)
+        if let Some(bare) = now.bare.as_deref()
+            && let Ok(up) = slug_of(bare)
         {
             // Until it has connected once, its names are not known: not "unknown" yet.
             let Some(c) = up.catalog() else {
@@ -60,6 +68,6 @@ impl Access {
             }
         }
         let (slug, rest) = name.split_once("__")?;
-        Some(self.slug(caller, slug).map(|up| (up, rest.to_owned())))
+        Some(slug_of(slug).map(|up| (up, rest.to_owned())))
     }
 }

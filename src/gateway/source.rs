@@ -13,15 +13,15 @@ use rmcp::model::{
 use serde_json::{Value, json};
 use tokio_util::sync::CancellationToken;
 
-use crate::gateway::access::Access;
+use crate::gateway::access::{Access, Entitled};
 use crate::gateway::config::{GatewayConfig, Slug, Token, valid_slug};
 use crate::gateway::lists::RESUBSCRIBE;
 use crate::gateway::names::Names;
 use crate::gateway::tasks::GatewayTasks;
 use crate::mcp::hub::ChangeFeed;
 use crate::mcp::source::{
-    Admission, Authentication, Call, Caller, Contents, ListenFilter, Read, Source, SourceError,
-    SourceInfo, WatchGuard,
+    Admission, Authentication, Call, Caller, Contents, ListenFilter, PROMPTS_CHANGED, Read, Source,
+    SourceError, SourceInfo, TOOLS_CHANGED, WatchGuard,
 };
 use crate::runtime::context::RoleContext;
 use crate::runtime::metrics::{Counter, Metrics};
@@ -44,12 +44,26 @@ pub struct Gateway {
     ctx: RoleContext,
     /// The tasks it relays (`Source::task_relay`).
     tasks: Arc<GatewayTasks>,
-    /// Stops each slug's list follower (`lists.rs`) when the gateway goes.
-    _lists: tokio_util::sync::DropGuard,
+    /// Each slug's list follower (`lists.rs`), stopped when its slug goes or the gateway does.
+    followers: Mutex<Vec<(Arc<Upstream>, tokio_util::sync::DropGuard)>>,
+}
+
+/// What [`Gateway::reconfigure`] changed.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct Reconfigured {
+    /// Slugs added (or replaced: their config changed), by name.
+    pub added: Vec<String>,
+    /// Slugs removed (or replaced), by name.
+    pub removed: Vec<String>,
+    /// Listen streams ended because their caller lost access (a revoked or narrowed token, a
+    /// removed or replaced slug).
+    pub ended_streams: usize,
 }
 
 /// One upstream subscription, shared by every client watching its URI.
 struct SharedListen {
+    /// The upstream it is on (a reload may replace the slug's upstream under the same name).
+    up: Arc<Upstream>,
     stop: CancellationToken,
     /// Whether the upstream acknowledged it (`None` until it answers).
     acked: tokio::sync::watch::Receiver<Option<bool>>,
@@ -95,12 +109,9 @@ impl Gateway {
         cfg: &GatewayConfig,
         ctx: &RoleContext,
     ) -> Gateway {
-        let gateway = Gateway::with_upstreams(upstreams, cfg.tokens.clone(), ctx)
-            .bare(crate::gateway::config::bare_slug(&cfg.slugs));
-        if cfg.open_to_loopback {
-            return gateway.open_to_loopback();
-        }
-        gateway
+        Gateway::with_upstreams(upstreams, cfg.tokens.clone(), ctx)
+            .bare(crate::gateway::config::bare_slug(&cfg.slugs))
+            .loopback(cfg.open_to_loopback)
     }
 
     /// The gateway over `upstreams` (each named by its slug: external servers, or roles in
@@ -111,10 +122,7 @@ impl Gateway {
         tokens: Vec<Token>,
         ctx: &RoleContext,
     ) -> Gateway {
-        for up in &upstreams {
-            ctx.status().add_upstream(up);
-        }
-        let access = Arc::new(Access::new(upstreams, tokens));
+        let access = Arc::new(Access::new(Entitled::new(Vec::new(), tokens.clone())));
         let shared: Arc<Mutex<HashMap<String, Weak<SharedListen>>>> = Arc::default();
         let uris = {
             let shared = Arc::downgrade(&shared);
@@ -130,41 +138,112 @@ impl Gateway {
                     .count()
             })
         };
-        let feed = ChangeFeed::new();
-        let lists = ctx.shutdown().child_token();
-        for up in &access.upstreams {
-            let follow = crate::gateway::lists::follow(up.clone(), feed.clone(), lists.clone());
-            ctx.spawn("gateway lists", follow);
-        }
-        Gateway {
+        let gateway = Gateway {
             tasks: Arc::new(GatewayTasks::new(access.clone(), ctx, uris)),
             access,
-            feed,
+            feed: ChangeFeed::new(),
             shared,
             ctx: ctx.clone(),
-            _lists: lists.drop_guard(),
-        }
+            followers: Mutex::default(),
+        };
+        gateway.reconfigure(Entitled::new(upstreams, tokens));
+        gateway
     }
 
-    /// Lets callers on a loopback address in without a token. For a gateway that listens on
-    /// loopback only and has no tokens: there, whoever can connect is on this host.
-    pub fn open_to_loopback(self) -> Gateway {
-        self.access.open_to_loopback();
+    /// Lets callers on a loopback address in without a token (`open`). For a gateway that
+    /// listens on loopback only and has no tokens: there, whoever can connect is on this host.
+    pub fn loopback(self, open: bool) -> Gateway {
+        let now = (*self.access.now()).clone().open_to_loopback(open);
+        self.access.swap(now);
         self
+    }
+
+    /// Lets callers on a loopback address in without a token.
+    pub fn open_to_loopback(self) -> Gateway {
+        self.loopback(true)
     }
 
     /// Shows slug `name`'s tools and prompts under the names its server gives them (a
     /// `[[slug]]` with `prefix = false`; the config allows one).
     pub fn bare(self, name: Option<&str>) -> Gateway {
-        if let Some(n) = name {
-            let _ = self.access.bare.set(n.to_owned());
-        }
+        let now = (*self.access.now()).clone().bare(name);
+        self.access.swap(now);
         self
     }
 
+    /// Puts a new config in place (a reload): `upstreams` (an unchanged slug passed as the
+    /// same `Arc` it was, so its connection, subscriptions and clients' streams are
+    /// untouched; a changed one as a new upstream under its name), `tokens`, the bare slug
+    /// and the loopback rule. New slugs are entered on the status board, their lists followed;
+    /// removed ones stop being followed and close once nothing holds them; every listen stream
+    /// whose caller lost access to what it watches ends (`Access::swap`); clients listening for
+    /// list changes hear of the new tool and prompt lists.
+    pub fn apply(&self, upstreams: Vec<Arc<Upstream>>, cfg: &GatewayConfig) -> Reconfigured {
+        let done = self.reconfigure(
+            Entitled::new(upstreams.clone(), cfg.tokens.clone())
+                .bare(crate::gateway::config::bare_slug(&cfg.slugs))
+                .open_to_loopback(cfg.open_to_loopback),
+        );
+        // The new slugs connect now, as the start's warm-up does, so their catalogs are
+        // ready for the next caller (one that does not answer connects on first use).
+        for up in upstreams
+            .into_iter()
+            .filter(|u| done.added.contains(&u.name))
+        {
+            self.ctx.spawn("gateway connect", async move {
+                let _ = tokio::time::timeout(CONNECT_TIMEOUT, up.connect()).await;
+            });
+        }
+        done
+    }
+
+    fn reconfigure(&self, entitled: Entitled) -> Reconfigured {
+        let new = entitled.upstreams.clone();
+        let (old, ended_streams) = self.access.swap(entitled);
+        let has = |set: &[Arc<Upstream>], u: &Arc<Upstream>| set.iter().any(|x| Arc::ptr_eq(x, u));
+        let added: Vec<Arc<Upstream>> = new
+            .iter()
+            .filter(|u| !has(&old.upstreams, u))
+            .cloned()
+            .collect();
+        let removed: Vec<Arc<Upstream>> = old
+            .upstreams
+            .iter()
+            .filter(|u| !has(&new, u))
+            .cloned()
+            .collect();
+        {
+            let mut followers = self.followers.locked();
+            followers.retain(|(u, _)| !has(&removed, u));
+            for up in &added {
+                self.ctx.status().add_upstream(up);
+                let stop = self.ctx.shutdown().child_token();
+                let follow =
+                    crate::gateway::lists::follow(up.clone(), self.feed.clone(), stop.clone());
+                self.ctx.spawn("gateway lists", follow);
+                followers.push((up.clone(), stop.drop_guard()));
+            }
+        }
+        for up in &removed {
+            let up = up.clone();
+            // It closes once the streams it still carries (ended above) let go of it.
+            self.ctx
+                .spawn("gateway close", async move { up.close().await });
+        }
+        if !added.is_empty() || !removed.is_empty() {
+            self.feed.publish(TOOLS_CHANGED);
+            self.feed.publish(PROMPTS_CHANGED);
+        }
+        Reconfigured {
+            added: added.iter().map(|u| u.name.clone()).collect(),
+            removed: removed.iter().map(|u| u.name.clone()).collect(),
+            ended_streams,
+        }
+    }
+
     /// The upstream shared handles, by slug (status and readiness).
-    pub fn upstreams(&self) -> &[Arc<Upstream>] {
-        &self.access.upstreams
+    pub fn upstreams(&self) -> Vec<Arc<Upstream>> {
+        self.access.now().upstreams.clone()
     }
 
     /// The shared upstream handle of a configured slug (an external server), supervised.
@@ -175,7 +254,8 @@ impl Gateway {
     /// Connects every upstream (in parallel, for at most `bound`), so catalogs are ready for
     /// the first client. A slug that is not up by then connects on first use.
     pub async fn warm_up(&self, bound: Duration) {
-        let all = self.upstreams().iter().map(|u| async move {
+        let upstreams = self.upstreams();
+        let all = upstreams.iter().map(|u| async move {
             let _ = tokio::time::timeout(bound, u.connect()).await;
         });
         futures::future::join_all(all).await;
@@ -230,7 +310,10 @@ impl Gateway {
         let following = self.tasks.following(&up.name);
         let mut shared = self.shared.locked();
         shared.retain(|_, w| w.strong_count() > 0);
-        if let Some(s) = shared.get(&key).and_then(Weak::upgrade) {
+        // (One on the upstream a reload replaced is left to the streams that hold it.)
+        if let Some(s) = shared.get(&key).and_then(Weak::upgrade)
+            && Arc::ptr_eq(&s.up, &up)
+        {
             return Ok((s, key));
         }
         let prefix = format!("{}+", up.name);
@@ -249,6 +332,7 @@ impl Gateway {
         }
         let (ack, acked) = tokio::sync::watch::channel(None);
         let s = Arc::new(SharedListen {
+            up: up.clone(),
             stop: self.ctx.shutdown().child_token(),
             acked,
         });
@@ -443,8 +527,12 @@ impl Source for Gateway {
                 Err(e) => admission.refuse(&uri, e),
             }
         }
+        let mut watched: Vec<Arc<Upstream>> = Vec::new();
         for (uri, key, ok, share) in futures::future::join_all(waits).await {
             if ok {
+                if !watched.iter().any(|u| Arc::ptr_eq(u, &share.up)) {
+                    watched.push(share.up.clone());
+                }
                 admission.accept(&uri, key, WatchGuard::new(share));
             } else {
                 admission.refuse(
@@ -452,6 +540,22 @@ impl Source for Gateway {
                     SourceError::Unavailable("the upstream did not accept the subscription".into()),
                 );
             }
+        }
+        if !watched.is_empty() {
+            // Held, then checked against the config now: a reload that swapped it in between
+            // either saw this stream or is seen here.
+            let revoked = self.access.hold(caller, &watched);
+            let selected = self.access.selected(caller);
+            if !watched
+                .iter()
+                .all(|u| selected.iter().any(|s| Arc::ptr_eq(s, u)))
+            {
+                revoked.cancel();
+            }
+            admission
+                .guards
+                .push(WatchGuard::new(revoked.clone().drop_guard()));
+            admission.revoked = Some(revoked);
         }
         admission
     }

@@ -199,6 +199,10 @@ pub struct Admission {
     pub refused: Vec<(String, SourceError)>,
     /// Held for as long as the listen runs; dropping them lets the source stop watching.
     pub guards: Vec<WatchGuard>,
+    /// Cancelled when the caller loses access to what the stream watches (a gateway's
+    /// reload revoked its token, or removed or replaced a server it watches): the stream
+    /// then ends with an error saying to listen again.
+    pub revoked: Option<tokio_util::sync::CancellationToken>,
 }
 
 impl Admission {
@@ -316,6 +320,11 @@ pub struct AdmittedListen {
 }
 
 impl AdmittedListen {
+    /// Cancelled when the source takes the caller's access away (never, for most sources).
+    pub(crate) fn revoked(&self) -> tokio_util::sync::CancellationToken {
+        self.admission.revoked.clone().unwrap_or_default()
+    }
+
     pub(crate) fn new(slot: StreamSlot, registration: Registration, admission: Admission) -> Self {
         let mut spelled: HashMap<String, Vec<String>> = HashMap::new();
         for a in &admission.accepted {

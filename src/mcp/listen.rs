@@ -132,6 +132,7 @@ pub async fn run(
 ) -> Result<(), McpError> {
     debug!(stream, uris = listen.spelled.len(), "listen stream opened");
     let mut tasks = listen.tasks.take();
+    let revoked = listen.revoked();
     let closed = out.closed();
     tokio::pin!(closed);
     // The tasks' states at registration come first, right after the acknowledgment, under
@@ -159,6 +160,14 @@ pub async fn run(
             _ = shutdown.cancelled() => {
                 debug!(stream, "listen stream closed for shutdown");
                 return Ok(());
+            }
+            _ = revoked.cancelled() => {
+                info!(stream, "listen stream ended: a reload took its caller's access to what it watches");
+                return Err(McpError::new(
+                    rmcp::model::ErrorCode(-32024),
+                    "this listen's access changed (its token was revoked or narrowed, or a server it watches was removed or changed by a reload); listen again",
+                    Some(json!({"reason": "revoked"})),
+                ));
             }
             Some(task) = async {
                 match tasks.as_mut() {

@@ -19,6 +19,7 @@ use tokio_util::task::TaskTracker;
 use tracing::Instrument;
 
 use crate::runtime::metrics::Metrics;
+use crate::runtime::reload::Reloads;
 use crate::runtime::status::StatusBoard;
 use crate::runtime::tap::Tap;
 
@@ -39,6 +40,8 @@ struct Shared {
     metrics: Metrics,
     /// Where the rings its roles make send their events, when they publish them.
     tap: OnceLock<Tap>,
+    /// Where reload requests go, when the runner can reload its config.
+    reloads: OnceLock<Reloads>,
 }
 
 impl std::fmt::Debug for RoleContext {
@@ -92,6 +95,7 @@ impl RoleContext {
                 running: Mutex::default(),
                 metrics: Metrics::default(),
                 tap: OnceLock::new(),
+                reloads: OnceLock::new(),
             }),
         }
     }
@@ -136,6 +140,17 @@ impl RoleContext {
     /// when it makes a ring, if its role publishes its event logs.
     pub fn tap(&self) -> Option<&Tap> {
         self.shared.tap.get()
+    }
+
+    /// Says where reload requests go (`herald up`, `herald gateway --config`); once per
+    /// context, `false` if set already.
+    pub fn install_reloads(&self, reloads: Reloads) -> bool {
+        self.shared.reloads.set(reloads).is_ok()
+    }
+
+    /// Where reload requests go, if this process can reload.
+    pub fn reloads(&self) -> Option<&Reloads> {
+        self.shared.reloads.get()
     }
 
     /// The tracker the runner's listeners are spawned on too.

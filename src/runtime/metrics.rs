@@ -193,7 +193,7 @@ impl Metrics {
 }
 
 /// Gauges from a status report: readiness, listen streams by role, upstream connections,
-/// watches, the store's size.
+/// watches, the store's size; and the reloads counted.
 pub fn render_status(report: &StatusReport) -> String {
     let mut out = String::new();
     let mut gauge = |name: &str, help: &str, rows: Vec<(String, u64)>| {
@@ -255,6 +255,16 @@ pub fn render_status(report: &StatusReport) -> String {
             "size of the store file",
             vec![(String::new(), bytes)],
         );
+    }
+    let _ = write!(
+        out,
+        "# HELP herald_reload_total config reloads, by result (applied; refused: the running config kept)\n# TYPE herald_reload_total counter\n"
+    );
+    for (result, n) in [
+        ("applied", report.reloads.applied),
+        ("refused", report.reloads.refused),
+    ] {
+        let _ = writeln!(out, "herald_reload_total{} {n}", label("result", result));
     }
     out
 }

@@ -9,6 +9,7 @@
 //!   `/metrics` renders them.
 //! - [`backoff`]: the one retry pacing every role uses.
 //! - [`tap`]: where event-log rings send their events when a role publishes them.
+//! - [`reload`]: how a reload request reaches the runner that can reload.
 //! - [`secrets`]: the environment variables kept from every child process.
 //!
 //! Nothing here names a role: each role registers what it counts.
@@ -16,6 +17,7 @@
 pub mod backoff;
 pub mod context;
 pub mod metrics;
+pub mod reload;
 pub mod secrets;
 pub mod status;
 pub mod tap;

@@ -159,6 +159,22 @@ pub struct StatusReport {
     pub listens: usize,
     pub watches: Vec<WatchReport>,
     pub store: StoreReport,
+    /// The config reloads since the start (absent from an older herald's report).
+    #[serde(default)]
+    pub reloads: ReloadReport,
+}
+
+/// The config reloads of a process: how many were applied and refused, and the last one.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ReloadReport {
+    pub applied: u64,
+    pub refused: u64,
+    /// The last reload's outcome.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last: Option<crate::runtime::reload::ReloadOutcome>,
+    /// When it ended, in seconds since the epoch.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_at: Option<u64>,
 }
 
 /// An upstream `/ready` waits for.
@@ -204,6 +220,7 @@ struct Board {
     backends: Vec<(String, String, Connected)>,
     watches: Option<WatchList>,
     store: Option<PathBuf>,
+    reloads: ReloadReport,
 }
 
 /// The process's status board. Cheap to clone; clones share it.
@@ -259,6 +276,26 @@ impl StatusBoard {
             Some(r) => *r = entry,
             None => b.roles.push(entry),
         }
+    }
+
+    /// Takes `role` off the board (a reload removed it).
+    pub fn role_gone(&self, role: &str) {
+        self.lock().roles.retain(|r| r.name != role);
+    }
+
+    /// Counts a reload and keeps its outcome as the last one.
+    pub fn reloaded(&self, outcome: &crate::runtime::reload::ReloadOutcome) {
+        let mut b = self.lock();
+        if outcome.applied {
+            b.reloads.applied += 1;
+        } else {
+            b.reloads.refused += 1;
+        }
+        b.reloads.last = Some(outcome.clone());
+        b.reloads.last_at = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .ok()
+            .map(|d| d.as_secs());
     }
 
     /// Enters a configured upstream: `/ready` waits until it has connected once.
@@ -372,7 +409,7 @@ impl StatusBoard {
     pub async fn report(&self) -> StatusReport {
         let ready = self.readiness().ready;
         let draining = self.shutdown.is_cancelled();
-        let (roles, watches, store) = {
+        let (roles, watches, store, reloads) = {
             let b = self.lock();
             let roles: Vec<RoleReport> = b
                 .roles
@@ -389,7 +426,7 @@ impl StatusBoard {
                 })
                 .collect();
             let watches = b.watches.as_ref().and_then(|f| f()).unwrap_or_default();
-            (roles, watches, b.store.clone())
+            (roles, watches, b.store.clone(), b.reloads.clone())
         };
         let bytes = match &store {
             Some(p) => tokio::fs::metadata(p).await.ok().map(|m| m.len()),
@@ -407,6 +444,7 @@ impl StatusBoard {
             backends: self.backends(),
             watches,
             store: StoreReport { path: store, bytes },
+            reloads,
         }
     }
 }
