@@ -104,6 +104,16 @@ pub fn table(r: &StatusReport) -> String {
     };
     out.push_str(&format!("store: {store}\n"));
     out.push_str(&format!("listen streams open: {}\n", r.listens));
+    if let Some(last) = &r.reloads.last {
+        let how = match &last.error {
+            None => format!("applied ({} changes)", last.changes.len()),
+            Some(e) => format!("refused: {e}"),
+        };
+        out.push_str(&format!(
+            "reloads: {} applied, {} refused; the last {how}\n",
+            r.reloads.applied, r.reloads.refused
+        ));
+    }
 
     out.push('\n');
     let rows: Vec<Vec<String>> = r
@@ -323,6 +333,7 @@ mod tests {
                 path: Some("/var/lib/herald/herald.redb".into()),
                 bytes: Some(1_572_864),
             },
+            reloads: Default::default(),
         };
         let t = table(&r);
         let expected = "\

@@ -27,6 +27,8 @@ use crate::runtime::tap::Tap;
 #[derive(Clone)]
 pub struct RoleContext {
     role: Arc<str>,
+    /// The process's token, or a child of it for a role a reload may stop alone.
+    shutdown: CancellationToken,
     shared: Arc<Shared>,
 }
 
@@ -48,7 +50,7 @@ impl std::fmt::Debug for RoleContext {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("RoleContext")
             .field("role", &self.role)
-            .field("shutting_down", &self.shared.shutdown.is_cancelled())
+            .field("shutting_down", &self.shutdown.is_cancelled())
             .finish_non_exhaustive()
     }
 }
@@ -88,6 +90,7 @@ impl RoleContext {
     pub fn with_shutdown(role: &str, shutdown: CancellationToken) -> RoleContext {
         RoleContext {
             role: role.into(),
+            shutdown: shutdown.clone(),
             shared: Arc::new(Shared {
                 tracker: TaskTracker::new(),
                 status: StatusBoard::new(shutdown.clone()),
@@ -105,6 +108,18 @@ impl RoleContext {
     pub fn for_role(&self, role: &str) -> RoleContext {
         RoleContext {
             role: role.into(),
+            shutdown: self.shutdown.clone(),
+            shared: self.shared.clone(),
+        }
+    }
+
+    /// The same tracker under another role's name, with a shutdown token of its own that the
+    /// process's cancels too: a role `herald up` may stop alone when a reload removes or
+    /// changes it. Its tasks end with its token; the process's drain still waits for them.
+    pub fn for_stoppable_role(&self, role: &str) -> RoleContext {
+        RoleContext {
+            role: role.into(),
+            shutdown: self.shutdown.child_token(),
             shared: self.shared.clone(),
         }
     }
@@ -115,7 +130,7 @@ impl RoleContext {
 
     /// Cancelled when the role shuts down.
     pub fn shutdown(&self) -> &CancellationToken {
-        &self.shared.shutdown
+        &self.shutdown
     }
 
     /// The process's status board (shared by every role of the context, like the tracker).
@@ -195,7 +210,7 @@ impl RoleContext {
         F: Future + Send + 'static,
         F::Output: Send + 'static,
     {
-        let shutdown = self.shared.shutdown.clone();
+        let shutdown = self.shutdown.clone();
         self.spawn(name, async move {
             tokio::select! {
                 biased;
@@ -214,7 +229,7 @@ impl RoleContext {
         let Ok(rt) = tokio::runtime::Handle::try_current() else {
             return false;
         };
-        let shutdown = self.shared.shutdown.clone();
+        let shutdown = self.shutdown.clone();
         let fut = self.wrap(name, async move {
             tokio::select! {
                 biased;
@@ -258,6 +273,7 @@ impl RoleContext {
     /// out, names what is still running (and logs it).
     pub async fn drain(&self, grace: Duration) -> Result<(), Vec<(String, usize)>> {
         self.shared.shutdown.cancel();
+        self.shutdown.cancel();
         self.shared.tracker.close();
         if tokio::time::timeout(grace, self.shared.tracker.wait())
             .await

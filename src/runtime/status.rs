@@ -580,6 +580,7 @@ mod tests {
                 path: Some("/tmp/x.redb".into()),
                 bytes: Some(4096),
             },
+            reloads: Default::default(),
         };
         let text = serde_json::to_string(&report).unwrap();
         assert_eq!(serde_json::from_str::<StatusReport>(&text).unwrap(), report);

@@ -206,6 +206,11 @@ impl WatchManager {
         self.inner.handle.set_filters(pool);
     }
 
+    /// Whether watches may run `on_event` filters (a pool is set).
+    pub fn has_filters(&self) -> bool {
+        self.inner.handle.filters().is_some()
+    }
+
     /// The catalog code mode sees: the filters' catalog plus mutating tools and the watch
     /// built-ins (`watch_start`, `watch_stop`, `watch_list`).
     pub fn code_catalog(&self) -> Arc<dyn FilterHost> {

@@ -17,6 +17,8 @@
 //! last error, and tried again until it runs (`watch::manager`'s `kept.rs`).
 
 pub mod config;
+mod reload;
+mod roles;
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -25,8 +27,9 @@ use std::time::Duration;
 use clap::Args;
 
 use self::config::UpToml;
+use self::reload::{ListenFlags, UpReload};
+use self::roles::Roles;
 use crate::app::{self, Bound, ServeOptions, console};
-use crate::cli::memo::MemoOpenError;
 use crate::cli::serve::announce;
 use crate::cli::{Exit, Globals, LogFormat, usage};
 use crate::filter::pool::PoolConfig;
@@ -35,9 +38,6 @@ use crate::gateway::config::Slug;
 use crate::mcp::limits::Limits;
 use crate::mcp::server::SourceServer;
 use crate::mcp::source::DynSource;
-use crate::runtime::context::RoleContext;
-use crate::source::slack::Slack;
-use crate::store::Store;
 use crate::transport::http::HttpOptions;
 use crate::transport::target::Target;
 use crate::upstream::{Upstream, UpstreamConfig, local};
@@ -48,6 +48,9 @@ use crate::watch::{Restart, WatchConfig, WatchOptions, WatchSpec, upstream_confi
 
 /// Listen streams on one in-process pipe (see `run`).
 const LOCAL_MAX_STREAMS: usize = 1 << 16;
+
+/// Watches `herald up` runs at most without the agent (the config's; a reload may add more).
+const CONFIGURED_WATCHES: usize = 4096;
 
 /// The directory the demo's file source serves (created if missing).
 pub const DEFAULT_DEMO_DIR: &str = "herald-demo";
@@ -103,80 +106,6 @@ pub struct UpArgs {
     pub timeout: crate::cli::client::UpstreamConnectTimeout,
 }
 
-/// A role's own server (its tasks kept in `store` under its name, as a role on its own keeps
-/// them).
-async fn server_for(
-    name: &str,
-    source: DynSource,
-    limits: &Limits,
-    ctx: &RoleContext,
-    store: &Store,
-) -> SourceServer {
-    let tasks = crate::mcp::tasks::Tasks::open(ctx, Some(store.clone()), name).await;
-    SourceServer::with_tasks(source, limits.clone(), ctx.shutdown().clone(), Some(tasks))
-}
-
-/// How the gateway reaches role `name` in this process.
-fn local_config(name: &str, ctx: &RoleContext, max_message_bytes: usize) -> UpstreamConfig {
-    UpstreamConfig {
-        name: name.to_owned(),
-        context: Some(ctx.clone()),
-        // The server is in this process, with the pipe's own limit.
-        max_listens: LOCAL_MAX_STREAMS,
-        ..UpstreamConfig::new(
-            Target::Stdio(format!("in-process {name}")),
-            Default::default(),
-            max_message_bytes,
-        )
-    }
-}
-
-/// A role in this process as a gateway slug: its own server, dialled over a pipe.
-async fn in_process(
-    name: &str,
-    source: DynSource,
-    limits: &Limits,
-    ctx: &RoleContext,
-    store: &Store,
-) -> Arc<Upstream> {
-    let server = server_for(name, source, limits, ctx, store).await;
-    let cfg = local_config(name, ctx, limits.max_message_bytes);
-    Arc::new(local::upstream(cfg, server, ctx))
-}
-
-/// A role that could not start (its NATS backend did not answer): a slug that tries `open`
-/// again until it gives the source (`upstream::local::deferred`), never connected until then,
-/// so `/ready` waits for it and `/status` says why.
-fn deferred<F>(
-    name: &'static str,
-    open: F,
-    limits: &Limits,
-    ctx: &RoleContext,
-    store: &Store,
-) -> Arc<Upstream>
-where
-    F: Fn() -> futures::future::BoxFuture<'static, Result<DynSource, String>>
-        + Send
-        + Sync
-        + 'static,
-{
-    let (limits2, ctx2, store2) = (limits.clone(), ctx.clone(), store.clone());
-    let open = Arc::new(open);
-    let build: local::Build = Arc::new(move || {
-        let (open, limits, ctx, store) =
-            (open.clone(), limits2.clone(), ctx2.clone(), store2.clone());
-        Box::pin(async move {
-            let source = open().await?;
-            Ok(server_for(name, source, &limits, &ctx, &store).await)
-        })
-    });
-    local::deferred(
-        local_config(name, ctx, limits.max_message_bytes),
-        build,
-        ctx,
-    )
-}
-
 pub async fn run(args: UpArgs, globals: &Globals) -> Result<(), Exit> {
     let (mut toml, demo_dir) = match &args.config {
         Some(p) => (UpToml::load(p).map_err(usage)?, None),
@@ -191,15 +120,12 @@ pub async fn run(args: UpArgs, globals: &Globals) -> Result<(), Exit> {
             (UpToml::demo(&dir), Some(dir))
         }
     };
-    if let Some(h) = &args.http {
-        toml.listen.http = Some(h.clone());
-    }
-    if let Some(q) = &args.quic {
-        toml.listen.quic = Some(q.clone());
-    }
-    if let Some(a) = &args.admin {
-        toml.listen.admin = Some(a.clone());
-    }
+    let flags = ListenFlags {
+        http: args.http.clone(),
+        quic: args.quic.clone(),
+        admin: args.admin.clone(),
+    };
+    flags.lay_over(&mut toml);
     let cfg = toml.check().map_err(usage)?;
     if args.print_config {
         console::print(&cfg.to_toml())?;
@@ -241,84 +167,23 @@ pub async fn run(args: UpArgs, globals: &Globals) -> Result<(), Exit> {
         ..limits.clone()
     };
 
-    let mut upstreams = Vec::new();
-    let mut slack_live = None;
     // [publish]: the tap goes in before the roles make their rings.
     let published = match &file.publish {
         Some(p) => p.args().start("up", &ctx).await?,
         None => None,
     };
-    let mut publishing: Vec<DynSource> = Vec::new();
-    if let Some(m) = &file.memo {
-        let mctx = ctx.for_role("memo");
-        match m.open(&store, &mctx, max).await {
-            Ok(memo) => {
-                let memo: DynSource = Arc::new(memo);
-                publishing.push(memo.clone());
-                upstreams.push(in_process("memo", memo, &local, &mctx, &store).await);
-            }
-            Err(MemoOpenError::Failed(e)) => return Err(e),
-            // Its NATS backend is not up yet: memo starts once it is.
-            Err(MemoOpenError::NotYet(e)) => {
-                tracing::warn!(role = "memo", error = %e, "memo cannot start yet; trying again until its NATS backend answers");
-                let (m, c, st) = (m.clone(), mctx.clone(), store.clone());
-                let open =
-                    move || -> futures::future::BoxFuture<'static, Result<DynSource, String>> {
-                        let (m, c, st) = (m.clone(), c.clone(), st.clone());
-                        Box::pin(async move {
-                            match m.open(&st, &c, max).await {
-                                Ok(memo) => Ok(Arc::new(memo) as DynSource),
-                                Err(MemoOpenError::NotYet(e)) => Err(e),
-                                Err(MemoOpenError::Failed(e)) => Err(format!("{:#}", e.error)),
-                            }
-                        })
-                    };
-                upstreams.push(deferred("memo", open, &local, &mctx, &store));
-            }
-        }
-    }
-    if let Some(f) = &file.file {
-        let fctx = ctx.for_role("file");
-        let src: DynSource = Arc::new(f.build(&fctx)?);
-        publishing.push(src.clone());
-        upstreams.push(in_process("file", src, &local, &fctx, &store).await);
-    }
-    if let Some(k) = &file.k8s {
-        let kctx = ctx.for_role("k8s");
-        let src: DynSource = Arc::new(k.build(&kctx).await?);
-        publishing.push(src.clone());
-        upstreams.push(in_process("k8s", src, &local, &kctx, &store).await);
-    }
-    if let Some(s) = &file.slack {
-        let sctx = ctx.for_role("slack");
-        let mut scfg = s.to_config().map_err(usage)?;
-        // The demo runs Slack inert until configured, and its banner says so.
-        scfg.inert_expected = demo_dir.is_some();
-        match Slack::open(scfg.clone(), store.clone(), &sctx).await {
-            Ok(src) => {
-                slack_live = Some(src.configured());
-                upstreams.push(in_process("slack", Arc::new(src), &local, &sctx, &store).await);
-            }
-            // On NATS, a backend not up yet: Slack starts once it is.
-            Err(crate::source::slack::OpenError::Nats(e)) => {
-                tracing::warn!(role = "slack", error = %e, "slack cannot start yet; trying again until its NATS backend answers");
-                let (c, st) = (sctx.clone(), store.clone());
-                let open =
-                    move || -> futures::future::BoxFuture<'static, Result<DynSource, String>> {
-                        let (scfg, c, st) = (scfg.clone(), c.clone(), st.clone());
-                        Box::pin(async move {
-                            let src = Slack::open(scfg, st, &c).await.map_err(|e| e.to_string())?;
-                            Ok(Arc::new(src) as DynSource)
-                        })
-                    };
-                upstreams.push(deferred("slack", open, &local, &sctx, &store));
-            }
-            Err(e) => return Err(anyhow::anyhow!("{e}").into()),
-        }
-    }
+    let builder = Roles {
+        local: local.clone(),
+        store: store.clone(),
+        ctx: ctx.clone(),
+        demo: demo_dir.is_some(),
+    };
+    let roles = builder.all(file).await?;
+    let slack_live = roles.iter().find_map(|r| r.slack_live);
+    let mut upstreams: Vec<Arc<Upstream>> = roles.iter().map(|r| r.up.clone()).collect();
     if let Some(p) = &published {
         let all: Vec<&dyn crate::mcp::source::Source> =
-            publishing.iter().map(|s| s.as_ref()).collect();
+            roles.iter().filter_map(|r| r.source.as_deref()).collect();
         p.catalog_of(&all).await;
     }
     let gctx = ctx.for_role("gateway");
@@ -335,15 +200,15 @@ pub async fn run(args: UpArgs, globals: &Globals) -> Result<(), Exit> {
         ..limits.clone()
     };
     upstreams.extend(crate::cli::gateway::upstreams(&slugs, &slug_limits, &gctx));
-    let mut gateway = Gateway::with_upstreams(upstreams, cfg.tokens.clone(), &gctx)
-        .bare(crate::gateway::config::bare_slug(&cfg.slugs));
     let open = cfg.tokens.is_empty();
-    if open {
-        // `check` refused a non-loopback address without tokens.
-        gateway = gateway.open_to_loopback();
-    }
+    // (`check` refused a non-loopback address without tokens.)
+    let gateway = Arc::new(
+        Gateway::with_upstreams(upstreams, cfg.tokens.clone(), &gctx)
+            .bare(crate::gateway::config::bare_slug(&cfg.slugs))
+            .loopback(open),
+    );
     gateway.warm_up(Duration::from_secs(5)).await;
-    let gateway: DynSource = Arc::new(gateway);
+    let gateway_source: DynSource = gateway.clone();
 
     let opts = ServeOptions {
         http: cfg.http().map(str::to_owned),
@@ -363,7 +228,7 @@ pub async fn run(args: UpArgs, globals: &Globals) -> Result<(), Exit> {
         http_socket: globals.systemd.socket("http"),
         ..ServeOptions::default()
     };
-    let mut bound = match app::serve_source(gateway.clone(), &opts, &store, &ctx).await {
+    let mut bound = match app::serve_source(gateway_source.clone(), &opts, &store, &ctx).await {
         Ok(b) => b,
         Err(e) => {
             app::drain(&ctx).await;
@@ -371,6 +236,39 @@ pub async fn run(args: UpArgs, globals: &Globals) -> Result<(), Exit> {
         }
     };
     bound.admin = admin;
+    // (With the agent, addressed messages are its input, not notices.)
+    let mut extra_watches = Vec::new();
+    if slack_live == Some(true) && demo_dir.is_some() && args.model_url.is_none() {
+        extra_watches.push(WatchSpec {
+            name: "slack".into(),
+            uri: format!(
+                "{}?addressed_to_bot=true",
+                crate::source::slack::filter::EVENTS_URI
+            ),
+            on_event: None,
+        });
+    }
+    // Reloads (SIGHUP, POST /reload) are taken before systemd hears READY=1.
+    let (watch_reloads, watch_reloads_rx) = tokio::sync::mpsc::channel(1);
+    let reloader = UpReload {
+        path: args.config.clone(),
+        flags,
+        running: cfg.clone(),
+        roles,
+        builder,
+        gateway: gateway.clone(),
+        slug_limits,
+        gctx,
+        handshake_timeout: args.timeout.duration(),
+        extra_watches: extra_watches.clone(),
+        watches: watch_reloads,
+    };
+    app::reload::serve(
+        &ctx,
+        &globals.systemd,
+        app::serving_status(std::slice::from_ref(&bound)),
+        Box::new(reloader),
+    );
     // `/ready` waits for the watch client's start too: its configured watches are listed
     // (running, or starting while they keep trying) before it says ready.
     ctx.status().role_starting("watch");
@@ -386,7 +284,7 @@ pub async fn run(args: UpArgs, globals: &Globals) -> Result<(), Exit> {
     }
 
     // The watch client, through the gateway, over a pipe.
-    let gw_server = SourceServer::new(gateway, local.clone(), ctx.shutdown().clone());
+    let gw_server = SourceServer::new(gateway_source, local.clone(), ctx.shutdown().clone());
     let servers = vec![Arc::new(local::upstream(
         UpstreamConfig {
             name: "gateway".into(),
@@ -401,17 +299,8 @@ pub async fn run(args: UpArgs, globals: &Globals) -> Result<(), Exit> {
         &ctx.for_role("watch"),
     ))];
     let mut watches = cfg.watch_specs();
-    // (With the agent, addressed messages are its input, not notices.)
-    if slack_live == Some(true) && demo_dir.is_some() && args.model_url.is_none() {
-        watches.push(WatchSpec {
-            name: "slack".into(),
-            uri: format!(
-                "{}?addressed_to_bot=true",
-                crate::source::slack::filter::EVENTS_URI
-            ),
-            on_event: None,
-        });
-    }
+    watches.extend(extra_watches);
+    let configured = watches.clone();
     let filters = if watches.iter().any(|w| w.on_event.is_some()) {
         let exe = std::env::current_exe().map_err(|e| {
             usage(anyhow::anyhow!(
@@ -499,7 +388,8 @@ pub async fn run(args: UpArgs, globals: &Globals) -> Result<(), Exit> {
     config.max_watches = if agent.is_some() {
         config.max_watches + watches.len()
     } else {
-        config.max_watches.max(watches.len())
+        // (A reload may add more.)
+        watches.len().max(CONFIGURED_WATCHES)
     };
     let opts = WatchOptions {
         config,
@@ -520,20 +410,32 @@ pub async fn run(args: UpArgs, globals: &Globals) -> Result<(), Exit> {
     let watch = crate::watch::run(opts, ctx.shutdown().clone(), async |m| {
         m.report_to(&board);
         board.role_serving("watch", Vec::new(), None);
+        // Reloads change the configured watches for as long as the watch client runs.
+        let reloads = reload::serve_watches(m, configured, watch_reloads_rx);
+        tokio::pin!(reloads);
         if let Some((nrx, settings)) = agent {
-            super::agent::serve(m, settings, nrx, agent_stop).await;
+            tokio::select! {
+                _ = super::agent::serve(m, settings, nrx, agent_stop.clone()) => {}
+                _ = &mut reloads => {}
+            }
         } else {
             // Nothing here starts a failed watch again; the servers are worth keeping, so the
             // appliance says so once, loudly, and goes on serving (/status lists them failed).
             tokio::select! {
                 _ = agent_stop.cancelled() => {}
+                _ = &mut reloads => {}
                 settled = m.none_running() => if let Settled::Failed(failed) = settled {
                     tracing::error!(
-                        "{}; herald up goes on serving its endpoint without notices: fix the cause and restart it",
+                        "{}; herald up goes on serving its endpoint without notices: fix the cause and reload or restart it",
                         crate::watch::RunError::AllFailed(failed)
                     );
                 },
             }
+        }
+        // (Until the shutdown, a reload may still start watches again.)
+        tokio::select! {
+            _ = agent_stop.cancelled() => {}
+            _ = &mut reloads => {}
         }
         true
     });

@@ -1,0 +1,266 @@
+//! `herald up`'s reload ([`crate::app::reload`]): the config file read again and checked as
+//! `herald check` (and the start) checks it, then the difference applied. Roles whose table
+//! changed are built anew before anything else changes (one that cannot be built refuses the
+//! whole reload), then the gateway takes the new slugs and tokens at once (`Gateway::apply`:
+//! unchanged slugs keep their connections and their clients' streams), the replaced roles
+//! stop, and the watch client stops, starts or restarts the watches that changed, leaving
+//! every unchanged one (and its baseline) alone. What cannot change live (`[listen]`,
+//! `[publish]`, `[notify]`) refuses the reload with a message saying a restart is needed.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use tokio::sync::{mpsc, oneshot};
+
+use super::config::{UpConfig, UpToml};
+use super::roles::{Role, Roles, table};
+use crate::cli::gateway::{apply_slugs, describe, restart_needed};
+use crate::filter::pool::{FilterPool, PoolConfig};
+use crate::gateway::Gateway;
+use crate::gateway::config::GatewayConfig;
+use crate::mcp::limits::Limits;
+use crate::runtime::context::RoleContext;
+use crate::watch::WatchSpec;
+use crate::watch::manager::WatchManager;
+
+/// The flags laid over the config's `[listen]` (they win on reload too).
+#[derive(Debug, Clone, Default)]
+pub(super) struct ListenFlags {
+    pub http: Option<String>,
+    pub quic: Option<String>,
+    pub admin: Option<String>,
+}
+
+impl ListenFlags {
+    pub fn lay_over(&self, toml: &mut UpToml) {
+        if let Some(h) = &self.http {
+            toml.listen.http = Some(h.clone());
+        }
+        if let Some(q) = &self.quic {
+            toml.listen.quic = Some(q.clone());
+        }
+        if let Some(a) = &self.admin {
+            toml.listen.admin = Some(a.clone());
+        }
+    }
+}
+
+/// The watches a reload asks the watch client to run (the config's, and any the start added).
+pub(super) struct WatchReload {
+    specs: Vec<WatchSpec>,
+    reply: oneshot::Sender<Vec<String>>,
+}
+
+pub(super) struct UpReload {
+    /// The config file (`None`: the demo, which has none to read again).
+    pub path: Option<PathBuf>,
+    pub flags: ListenFlags,
+    pub running: UpConfig,
+    pub roles: Vec<Role>,
+    pub builder: Roles,
+    pub gateway: Arc<Gateway>,
+    /// The `[[slug]]` servers' limits, context and connect timeout (as at the start).
+    pub slug_limits: Limits,
+    pub gctx: RoleContext,
+    pub handshake_timeout: std::time::Duration,
+    /// Watches the start added beside the config's (the demo's Slack watch).
+    pub extra_watches: Vec<WatchSpec>,
+    pub watches: mpsc::Sender<WatchReload>,
+}
+
+/// The gateway's part of an up config.
+fn gateway_config(cfg: &UpConfig) -> GatewayConfig {
+    GatewayConfig {
+        http: None,
+        quic: None,
+        open_to_loopback: cfg.tokens.is_empty(),
+        slugs: cfg.slugs.clone(),
+        tokens: cfg.tokens.clone(),
+    }
+}
+
+/// The error's whole chain on one line.
+fn said(e: crate::cli::Exit) -> String {
+    format!("{:#}", e.error)
+}
+
+impl UpReload {
+    /// The new config, checked; or why it cannot be applied.
+    async fn next(&self) -> Result<UpConfig, String> {
+        let Some(path) = &self.path else {
+            return Err(
+                "herald up runs the demo, which has no config file to read again; run herald up --config FILE to reload one".into(),
+            );
+        };
+        let mut toml = UpToml::load(path).map_err(|e| format!("{e:#}"))?;
+        self.flags.lay_over(&mut toml);
+        let mut next = toml.check().map_err(|e| format!("{e:#}"))?;
+        for slug in &mut next.slugs {
+            slug.handshake_timeout = self.handshake_timeout;
+        }
+        crate::cli::watch::check_filters(path, &next.watch_specs())
+            .await
+            .map_err(said)?;
+        let (now, new) = (&self.running, &next);
+        let opt = |s: Option<&str>| s.map(str::to_owned);
+        restart_needed("[listen] http", &opt(now.http()), &opt(new.http()))?;
+        restart_needed("[listen] quic", &opt(now.quic()), &opt(new.quic()))?;
+        restart_needed("[listen] admin", &opt(now.admin()), &opt(new.admin()))?;
+        let (a, b) = (&now.file, &new.file);
+        for (what, same) in [
+            (
+                "[listen] allowed_hosts",
+                a.listen.allowed_hosts == b.listen.allowed_hosts,
+            ),
+            (
+                "[listen] allowed_origins",
+                a.listen.allowed_origins == b.listen.allowed_origins,
+            ),
+            (
+                "[publish]",
+                format!("{:?}", a.publish) == format!("{:?}", b.publish),
+            ),
+            (
+                "[notify]",
+                format!("{:?}", a.notify) == format!("{:?}", b.notify),
+            ),
+        ] {
+            if !same {
+                return Err(format!(
+                    "{what} changed: it cannot change live, restart herald up to apply it"
+                ));
+            }
+        }
+        Ok(next)
+    }
+}
+
+#[async_trait::async_trait]
+impl crate::app::reload::Reload for UpReload {
+    async fn reload(&mut self) -> Result<Vec<String>, String> {
+        let next = self.next().await?;
+        let mut changes = Vec::new();
+        // The roles that change are built first: one that cannot be built refuses the reload
+        // before anything running is touched.
+        let mut built: Vec<Role> = Vec::new();
+        let mut gone: Vec<&'static str> = Vec::new();
+        for name in super::config::ROLES {
+            let old = self.roles.iter().find(|r| r.name == name);
+            let new = table(name, &next.file);
+            match (old, &new) {
+                (None, None) => {}
+                (Some(r), Some(t)) if &r.table == t => {}
+                (old, new) => {
+                    if new.is_some() {
+                        match self.builder.build(name, &next.file).await {
+                            Ok(Some(role)) => built.push(role),
+                            Ok(None) => {}
+                            Err(e) => {
+                                built.iter().for_each(Role::stop);
+                                return Err(format!("[{name}] cannot start: {}", said(e)));
+                            }
+                        }
+                    }
+                    if old.is_some() {
+                        gone.push(name);
+                    }
+                    changes.push(format!(
+                        "role {name} {}",
+                        match (old.is_some(), new.is_some()) {
+                            (true, true) => "changed",
+                            (true, false) => "removed",
+                            _ => "added",
+                        }
+                    ));
+                }
+            }
+        }
+        let (stopped, mut roles): (Vec<Role>, Vec<Role>) = std::mem::take(&mut self.roles)
+            .into_iter()
+            .partition(|r| gone.contains(&r.name));
+        roles.extend(built);
+        roles.sort_by_key(|r| super::config::ROLES.iter().position(|n| *n == r.name));
+        let mut ups: Vec<_> = roles.iter().map(|r| r.up.clone()).collect();
+        ups.extend(apply_slugs(
+            &self.gateway,
+            &self.running.slugs,
+            &next.slugs,
+            &self.slug_limits,
+            &self.gctx,
+        ));
+        let (was, will) = (gateway_config(&self.running), gateway_config(&next));
+        let done = self.gateway.apply(ups, &will);
+        // (Roles are slugs too: their lines above say more than "slug memo changed".)
+        changes.extend(describe(&was, &will, &done).into_iter().filter(|l| {
+            !super::config::ROLES
+                .iter()
+                .any(|r| l.starts_with(&format!("slug {r} ")))
+        }));
+        stopped.iter().for_each(Role::stop);
+        self.roles = roles;
+        let mut specs = next.watch_specs();
+        specs.extend(self.extra_watches.iter().cloned());
+        let (reply, heard) = oneshot::channel();
+        if self
+            .watches
+            .send(WatchReload { specs, reply })
+            .await
+            .is_ok()
+        {
+            changes.extend(heard.await.unwrap_or_default());
+        }
+        self.running = next;
+        Ok(changes)
+    }
+}
+
+/// Serves the watch client's side of reloads on `m` until the reloads end: each asks for
+/// the watches `current` should become; unchanged ones are left alone, removed ones stopped,
+/// changed ones stopped and kept anew, new ones kept (tried until they run). Never returns
+/// before `rx` closes.
+pub(super) async fn serve_watches(
+    m: &WatchManager,
+    mut current: Vec<WatchSpec>,
+    mut rx: mpsc::Receiver<WatchReload>,
+) {
+    while let Some(WatchReload { specs, reply }) = rx.recv().await {
+        let mut lines = Vec::new();
+        for old in &current {
+            match specs.iter().find(|s| s.name == old.name) {
+                Some(new) if new == old => {}
+                Some(_) => {}
+                None => {
+                    m.watch_stop(&old.name).await;
+                    lines.push(format!("watch {} removed", old.name));
+                }
+            }
+        }
+        if specs.iter().any(|s| s.on_event.is_some())
+            && !m.has_filters()
+            && let Ok(exe) = std::env::current_exe()
+        {
+            m.set_filters(FilterPool::new(PoolConfig::new(exe)));
+        }
+        let mut running = Vec::new();
+        for new in specs {
+            let old = current.iter().find(|s| s.name == new.name);
+            if old == Some(&new) {
+                running.push(new);
+                continue;
+            }
+            if old.is_some() {
+                m.watch_stop(&new.name).await;
+            }
+            let what = if old.is_some() { "changed" } else { "added" };
+            match m.watch_keep(new.clone()).await {
+                Ok(()) => {
+                    lines.push(format!("watch {} {what}", new.name));
+                    running.push(new);
+                }
+                Err(e) => lines.push(format!("watch {} not started: {e}", new.name)),
+            }
+        }
+        current = running;
+        let _ = reply.send(lines);
+    }
+}
