@@ -15,6 +15,10 @@ use crate::gateway::source::Reconfigured;
 use crate::mcp::limits::Limits;
 use crate::upstream::Upstream;
 
+/// How long the start (and a reload) waits for the slugs to connect before serving on: one
+/// that does not answer by then connects on first use.
+pub const WARM_UP: std::time::Duration = std::time::Duration::from_secs(5);
+
 #[derive(Debug, Args)]
 pub struct GatewayArgs {
     /// The gateway's TOML config: [[slug]] upstreams and [[token]] entitlements.
@@ -65,7 +69,7 @@ pub async fn run(args: GatewayArgs, globals: &Globals) -> Result<(), Exit> {
         &ctx,
     ));
     let admin = begin(&args.serve, &ctx, globals, &store).await?;
-    gateway.warm_up(std::time::Duration::from_secs(5)).await;
+    gateway.warm_up(WARM_UP).await;
     let reload = GatewayReload {
         path: args.config.clone(),
         handshake_timeout: args.timeout.duration(),
@@ -126,7 +130,7 @@ impl crate::app::reload::Reload for GatewayReload {
             &self.limits,
             &self.ctx,
         );
-        let done = self.gateway.apply(ups, &next);
+        let done = self.gateway.apply(ups, &next, WARM_UP).await;
         let changes = describe(&self.running, &next, &done);
         self.running = next;
         Ok(changes)

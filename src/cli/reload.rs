@@ -19,16 +19,46 @@ const RELOAD_TIMEOUT: Duration = Duration::from_secs(60);
 
 #[derive(Debug, Args)]
 pub struct ReloadArgs {
-    /// The admin address of the herald to reload: http://HOST:PORT, or HOST:PORT.
-    #[arg(long, value_name = "URL", default_value = DEFAULT_ADMIN)]
-    pub admin: String,
+    /// The admin address of the herald to reload: http://HOST:PORT, or HOST:PORT [default:
+    /// the --config file's [listen] admin, else 127.0.0.1:8759].
+    #[arg(long, value_name = "URL")]
+    pub admin: Option<String>,
+    /// The herald up config of the herald to reload: its [listen] admin is where to ask (the
+    /// packaged units' ExecReload= passes theirs).
+    #[arg(long, value_name = "FILE", conflicts_with = "admin")]
+    pub config: Option<std::path::PathBuf>,
     /// Print the outcome as JSON (the admin address's answer).
     #[arg(long)]
     pub json: bool,
 }
 
+/// Where to ask: `--admin`, else the `--config` file's `[listen] admin` (read leniently: a
+/// config the running herald will refuse still names its admin address), else the default.
+fn admin_of(args: &ReloadArgs) -> Result<String, Exit> {
+    if let Some(a) = &args.admin {
+        return Ok(a.clone());
+    }
+    let Some(path) = &args.config else {
+        return Ok(DEFAULT_ADMIN.into());
+    };
+    let text = std::fs::read_to_string(path)
+        .map_err(|e| crate::cli::usage(anyhow!("reading {}: {e}", path.display())))?;
+    let admin = text
+        .parse::<toml::Table>()
+        .ok()
+        .and_then(|t| t.get("listen")?.get("admin")?.as_str().map(str::to_owned));
+    match admin {
+        Some(a) if a.trim().is_empty() => Err(crate::cli::usage(anyhow!(
+            "{} turns the admin address off ([listen] admin = \"\"): send herald SIGHUP to reload it instead",
+            path.display()
+        ))),
+        Some(a) => Ok(a),
+        None => Ok(DEFAULT_ADMIN.into()),
+    }
+}
+
 pub async fn run(args: ReloadArgs) -> Result<(), Exit> {
-    let base = base_url(&args.admin);
+    let base = base_url(&admin_of(&args)?);
     let client = crate::transport::client::http_client(|b| b.timeout(RELOAD_TIMEOUT))?;
     let url = format!("{base}/reload");
     let response = client.post(&url).send().await.map_err(|e| {

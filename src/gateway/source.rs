@@ -178,22 +178,28 @@ impl Gateway {
     /// removed ones stop being followed and close once nothing holds them; every listen stream
     /// whose caller lost access to what it watches ends (`Access::swap`); clients listening for
     /// list changes hear of the new tool and prompt lists.
-    pub fn apply(&self, upstreams: Vec<Arc<Upstream>>, cfg: &GatewayConfig) -> Reconfigured {
+    ///
+    /// Returns once the new slugs have connected (in parallel, at most `warm` each, as the
+    /// start's warm-up), so a watch or a caller right after the reload finds their catalogs.
+    pub async fn apply(
+        &self,
+        upstreams: Vec<Arc<Upstream>>,
+        cfg: &GatewayConfig,
+        warm: Duration,
+    ) -> Reconfigured {
         let done = self.reconfigure(
             Entitled::new(upstreams.clone(), cfg.tokens.clone())
                 .bare(crate::gateway::config::bare_slug(&cfg.slugs))
                 .open_to_loopback(cfg.open_to_loopback),
         );
-        // The new slugs connect now, as the start's warm-up does, so their catalogs are
-        // ready for the next caller (one that does not answer connects on first use).
-        for up in upstreams
-            .into_iter()
+        // (One that does not answer in time connects on first use.)
+        let added = upstreams
+            .iter()
             .filter(|u| done.added.contains(&u.name))
-        {
-            self.ctx.spawn("gateway connect", async move {
-                let _ = tokio::time::timeout(CONNECT_TIMEOUT, up.connect()).await;
+            .map(|up| async move {
+                let _ = tokio::time::timeout(warm, up.connect()).await;
             });
-        }
+        futures::future::join_all(added).await;
         done
     }
 

@@ -23,6 +23,7 @@ mod manager;
 mod memo;
 mod nats;
 mod poll;
+mod reload;
 mod slack;
 mod slack_fake;
 mod slack_nats;

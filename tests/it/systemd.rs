@@ -313,3 +313,90 @@ async fn a_passed_socket_that_is_not_a_tcp_listener_is_refused_with_exit_64() {
     assert_eq!(out.status.code(), Some(64), "{stderr}");
     assert!(stderr.contains("is not a listening TCP socket"), "{stderr}");
 }
+
+/// `systemctl reload` of a `Type=notify-reload` unit: systemd sends SIGHUP and waits for
+/// `RELOADING=1` with `MONOTONIC_USEC=`, then `READY=1`. The reload is done (and on the
+/// board) when READY comes; a broken config is answered the same way, the running one kept.
+#[tokio::test]
+async fn sighup_reloads_with_reloading_then_ready() {
+    init();
+    let notify = NotifySocket::new();
+    let dir = TempDir::new("notify-reload");
+    let cfg = dir.path().join("gateway.toml");
+    let slug = |name: &str| {
+        format!(
+            "[[slug]]\nname = \"{name}\"\nhttp = \"http://127.0.0.1:{}/mcp\"\n\n",
+            closed_port()
+        )
+    };
+    let a = slug("a");
+    std::fs::write(&cfg, &a).unwrap();
+    let mut cmd = Command::new(bin());
+    cmd.env("NOTIFY_SOCKET", &notify.path)
+        .args(["--store", ":memory:", "gateway", "--config"])
+        .arg(&cfg)
+        .args(["--http", "127.0.0.1:0", "--admin", "127.0.0.1:0"])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .kill_on_drop(true);
+    let child = cmd.spawn().expect("spawn herald");
+    let ready = notify.until("READY=1").await;
+    let admin = status_of(ready.last().unwrap())
+        .rsplit("admin on ")
+        .next()
+        .expect("the admin address in STATUS")
+        .to_owned();
+    let hup = || {
+        let ok = std::process::Command::new("kill")
+            .arg("-HUP")
+            .arg(child.id().unwrap().to_string())
+            .status()
+            .unwrap();
+        assert!(ok.success());
+    };
+
+    std::fs::write(&cfg, format!("{a}{}", slug("b"))).unwrap();
+    hup();
+    let seen = notify.until("READY=1").await;
+    let reloading = seen
+        .iter()
+        .find(|m| m.lines().any(|l| l == "RELOADING=1"))
+        .unwrap_or_else(|| panic!("RELOADING=1 before READY=1: {seen:?}"));
+    let usec: u64 = reloading
+        .lines()
+        .find_map(|l| l.strip_prefix("MONOTONIC_USEC="))
+        .expect("MONOTONIC_USEC with RELOADING")
+        .parse()
+        .expect("a number");
+    assert!(usec > 0);
+    assert!(
+        status_of(seen.last().unwrap()).starts_with("serving gateway"),
+        "{seen:?}"
+    );
+    let status: serde_json::Value = reqwest::get(format!("{admin}/status"))
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(status["reloads"]["applied"], 1, "{status}");
+    assert_eq!(
+        status["reloads"]["last"]["changes"][0], "slug b added",
+        "{status}"
+    );
+
+    // A broken config: the same two messages, the reload counted as refused.
+    std::fs::write(&cfg, "[[slug]]\nname = 5\n").unwrap();
+    hup();
+    let seen = notify.until("READY=1").await;
+    assert!(seen.iter().any(|m| m.contains("RELOADING=1")), "{seen:?}");
+    let status: serde_json::Value = reqwest::get(format!("{admin}/status"))
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(status["reloads"]["refused"], 1, "{status}");
+    assert_eq!(status["upstreams"].as_array().unwrap().len(), 2, "{status}");
+}

@@ -22,7 +22,6 @@ mod roles;
 
 use std::path::PathBuf;
 use std::sync::Arc;
-use std::time::Duration;
 
 use clap::Args;
 
@@ -207,7 +206,7 @@ pub async fn run(args: UpArgs, globals: &Globals) -> Result<(), Exit> {
             .bare(crate::gateway::config::bare_slug(&cfg.slugs))
             .loopback(open),
     );
-    gateway.warm_up(Duration::from_secs(5)).await;
+    gateway.warm_up(crate::cli::gateway::WARM_UP).await;
     let gateway_source: DynSource = gateway.clone();
 
     let opts = ServeOptions {

@@ -189,7 +189,10 @@ impl crate::app::reload::Reload for UpReload {
             &self.gctx,
         ));
         let (was, will) = (gateway_config(&self.running), gateway_config(&next));
-        let done = self.gateway.apply(ups, &will);
+        let done = self
+            .gateway
+            .apply(ups, &will, crate::cli::gateway::WARM_UP)
+            .await;
         // (Roles are slugs too: their lines above say more than "slug memo changed".)
         changes.extend(describe(&was, &will, &done).into_iter().filter(|l| {
             !super::config::ROLES
