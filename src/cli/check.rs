@@ -75,11 +75,7 @@ async fn up(path: &Path) -> Result<String, Exit> {
     let cfg = crate::cli::up::config::UpToml::load(path)
         .and_then(|t| t.check())
         .map_err(usage)?;
-    // What the start checks of [k8s]: its source builds, kubeconfigs and all.
-    if let Some(k) = &cfg.file.k8s {
-        k.build(&crate::cli::serve::role_context("check")).await?;
-    }
-    crate::cli::watch::check_filters(path, &cfg.watch_specs()).await?;
+    up_parts(path, &cfg, true).await?;
     Ok(format!(
         "herald up: roles {}; {}, {}, {}",
         match cfg.file.roles() {
@@ -90,6 +86,23 @@ async fn up(path: &Path) -> Result<String, Exit> {
         count(cfg.tokens.len(), "token"),
         count(cfg.watches.len(), "watch")
     ))
+}
+
+/// What a start checks of an up config beyond its tables (which `UpToml::check` did): every
+/// watch's filter dry-run, and with `k8s`, that `[k8s]` builds (kubeconfigs and all). A
+/// reload runs it too, `k8s` only when that table changed.
+pub async fn up_parts(
+    path: &Path,
+    cfg: &crate::cli::up::config::UpConfig,
+    k8s: bool,
+) -> Result<(), Exit> {
+    if let Some(k) = cfg.file.k8s.as_ref().filter(|_| k8s) {
+        let ctx = crate::runtime::context::RoleContext::new("check");
+        let built = k.build(&ctx).await;
+        ctx.shutdown().cancel();
+        built?;
+    }
+    crate::cli::watch::check_filters(path, &cfg.watch_specs()).await
 }
 
 fn gateway(path: &Path) -> Result<String, Exit> {

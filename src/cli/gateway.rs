@@ -167,18 +167,13 @@ pub fn apply_slugs(
     let live = gateway.upstreams();
     next.iter()
         .map(|s| {
-            let same = running.iter().any(|r| r.name == s.name && same_slug(r, s));
+            let same = running.iter().any(|r| r == s);
             match live.iter().find(|u| u.name == s.name).filter(|_| same) {
                 Some(up) => up.clone(),
                 None => upstreams(std::slice::from_ref(s), limits, ctx).remove(0),
             }
         })
         .collect()
-}
-
-/// Whether two slugs are configured alike (every field: target, trust, prefix, NATS).
-fn same_slug(a: &Slug, b: &Slug) -> bool {
-    format!("{a:?}") == format!("{b:?}")
 }
 
 /// One line per change a reload made to the slugs and tokens, and the streams it ended.
@@ -241,14 +236,16 @@ pub fn upstreams(
 ) -> Vec<std::sync::Arc<crate::upstream::Upstream>> {
     slugs
         .iter()
-        .map(|s| match &s.nats {
-            None => Gateway::upstream_for(s, limits.max_message_bytes, ctx),
+        .map(|s| (s, ctx.for_stoppable_role(ctx.role())))
+        // Each on a context of its own: a reload that removes it stops its tasks.
+        .map(|(s, ctx)| match &s.nats {
+            None => Gateway::upstream_for(s, limits.max_message_bytes, &ctx),
             Some(n) => {
                 let mirror = crate::nats::events::Mirror::start(
                     n.config.clone(),
                     &n.source,
                     crate::source::poll_uri,
-                    ctx,
+                    &ctx,
                 );
                 let server = crate::mcp::server::SourceServer::new(
                     mirror,
@@ -266,7 +263,7 @@ pub fn upstreams(
                         )
                     },
                     server,
-                    ctx,
+                    &ctx,
                 ))
             }
         })

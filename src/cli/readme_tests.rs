@@ -1,11 +1,13 @@
 //! The README against the command line: every flag `--help` shows is in the README with its
-//! default, and every `herald …` command line in the README's `sh` blocks parses as written.
+//! default, and every `herald …` command line in the `sh` blocks of the README and of
+//! docs/operating.md parses as written (`tests/it/guide.rs` runs the guide's too).
 
 use clap::{Arg, Command, CommandFactory, Parser};
 
 use super::Cli;
 
 const README: &str = include_str!("../../README.md");
+const OPERATING: &str = include_str!("../../docs/operating.md");
 
 /// Every visible subcommand, with its path (`herald watch`), depth first.
 fn commands() -> Vec<(String, Command)> {
@@ -150,12 +152,12 @@ fn shell_words(line: &str) -> Vec<String> {
     words
 }
 
-/// The command lines of the README's `sh` blocks, continuation lines joined.
-fn sh_lines() -> Vec<(usize, String)> {
+/// The command lines of `doc`'s `sh` blocks, continuation lines joined.
+fn sh_lines(doc: &str) -> Vec<(usize, String)> {
     let mut out = Vec::new();
     let mut in_sh = false;
     let mut pending: Option<(usize, String)> = None;
-    for (n, line) in README.lines().enumerate() {
+    for (n, line) in doc.lines().enumerate() {
         if let Some(fence) = line.strip_prefix("```") {
             in_sh = !in_sh && fence.trim() == "sh";
             continue;
@@ -180,7 +182,7 @@ fn sh_lines() -> Vec<(usize, String)> {
 }
 
 /// The herald invocations of one shell line: each pipeline or list element whose command,
-/// after `VAR=value` assignments, is `herald` (or `cargo run … -- ARGS`).
+/// after `VAR=value` assignments and `sudo`, is `herald` (or `cargo run … -- ARGS`).
 fn invocations(line: &str) -> Vec<Vec<String>> {
     let words = shell_words(line);
     let mut out = Vec::new();
@@ -189,7 +191,7 @@ fn invocations(line: &str) -> Vec<Vec<String>> {
     let mut flush = |segment: &mut Vec<String>| {
         let words: Vec<String> = std::mem::take(segment)
             .into_iter()
-            .skip_while(|w| w.contains('=') && !w.starts_with('-'))
+            .skip_while(|w| (w.contains('=') && !w.starts_with('-')) || w == "sudo")
             .collect();
         match words.first().map(String::as_str) {
             Some("herald") => out.push(words),
@@ -244,11 +246,11 @@ fn the_shell_splitter_reads_the_readme_forms() {
     assert!(invocations("echo hello > herald-demo/hello.txt").is_empty());
 }
 
-#[test]
-fn every_herald_command_line_in_the_readme_parses() {
+/// The herald command lines of `doc`'s `sh` blocks that clap refuses, and how many there are.
+fn refused_lines(name: &str, doc: &str) -> (usize, Vec<String>) {
     let mut bad = Vec::new();
     let mut seen = 0;
-    for (n, line) in sh_lines() {
+    for (n, line) in sh_lines(doc) {
         for args in invocations(&line) {
             seen += 1;
             if let Err(e) = Cli::try_parse_from(&args) {
@@ -260,16 +262,30 @@ fn every_herald_command_line_in_the_readme_parses() {
                 }
                 let first = e.to_string();
                 let first = first.lines().next().unwrap_or_default().to_owned();
-                bad.push(format!("README.md:{n}: {}\n    {first}", args.join(" ")));
+                bad.push(format!("{name}:{n}: {}\n    {first}", args.join(" ")));
             }
         }
     }
-    assert!(seen >= 30, "only {seen} herald command lines found");
-    assert!(
-        bad.is_empty(),
-        "README command lines clap refuses:\n{}",
-        bad.join("\n")
-    );
+    (seen, bad)
+}
+
+#[test]
+fn every_herald_command_line_in_the_readme_and_the_guide_parses() {
+    for (name, doc, least) in [
+        ("README.md", README, 30),
+        ("docs/operating.md", OPERATING, 10),
+    ] {
+        let (seen, bad) = refused_lines(name, doc);
+        assert!(
+            seen >= least,
+            "only {seen} herald command lines found in {name}"
+        );
+        assert!(
+            bad.is_empty(),
+            "{name} command lines clap refuses:\n{}",
+            bad.join("\n")
+        );
+    }
 }
 
 /// The README's filter examples are the files the filter tests run (`tests/it/filter.rs`), so

@@ -94,6 +94,45 @@ impl Entitled {
         set
     }
 
+    /// Whether `caller` presented a token this config knows, or needs none.
+    fn authenticates(&self, caller: &Caller) -> Authentication {
+        if self.needs_no_token(caller) {
+            Authentication::Known
+        } else if self.tokens.is_empty() {
+            Authentication::NoTokens
+        } else {
+            match caller.token.as_deref().map(|t| self.token(t).is_some()) {
+                Some(true) => Authentication::Known,
+                Some(false) => Authentication::UnknownToken,
+                None => Authentication::TokenRequired,
+            }
+        }
+    }
+
+    /// Whether `other` entitles exactly what this does (the same upstreams, tokens and rules).
+    pub(super) fn same_as(&self, other: &Entitled) -> bool {
+        let key = |t: &Token| (t.label.clone(), t.sha256, t.slugs.clone());
+        self.upstreams.len() == other.upstreams.len()
+            && self
+                .upstreams
+                .iter()
+                .zip(&other.upstreams)
+                .all(|(a, b)| Arc::ptr_eq(a, b))
+            && self.tokens.iter().map(key).eq(other.tokens.iter().map(key))
+            && self.open_to_loopback == other.open_to_loopback
+            && self.bare == other.bare
+    }
+
+    /// A tool's or prompt's name as the gateway shows it: `slug__name`, or `name` for the
+    /// slug configured with `prefix = false`.
+    pub(crate) fn shown(&self, slug: &str, name: &str) -> String {
+        if self.bare.as_deref() == Some(slug) {
+            name.to_owned()
+        } else {
+            format!("{slug}__{name}")
+        }
+    }
+
     /// The upstreams `caller` may use.
     pub(super) fn selected(&self, caller: &Caller) -> Vec<Arc<Upstream>> {
         let allowed = self.allowed(caller);
@@ -154,10 +193,11 @@ impl Access {
         let mut ended = 0;
         for h in &held.streams {
             let selected = entitled.selected(&h.caller);
-            let keeps = h.upstreams.iter().all(|w| {
-                w.upgrade()
-                    .is_some_and(|u| selected.iter().any(|s| Arc::ptr_eq(s, &u)))
-            });
+            let keeps = entitled.authenticates(&h.caller) == Authentication::Known
+                && h.upstreams.iter().all(|w| {
+                    w.upgrade()
+                        .is_some_and(|u| selected.iter().any(|s| Arc::ptr_eq(s, &u)))
+                });
             if !keeps {
                 h.end.cancel();
                 ended += 1;
@@ -197,18 +237,17 @@ impl Access {
 
     /// Whether `caller` presented a token this gateway knows, or needs none.
     pub(super) fn authenticates(&self, caller: &Caller) -> Authentication {
+        self.now().authenticates(caller)
+    }
+
+    /// Whether `caller`, held watching `upstreams`, may keep them under the config now.
+    pub(super) fn keeps(&self, caller: &Caller, upstreams: &[Arc<Upstream>]) -> bool {
         let now = self.now();
-        if now.needs_no_token(caller) {
-            Authentication::Known
-        } else if now.tokens.is_empty() {
-            Authentication::NoTokens
-        } else {
-            match caller.token.as_deref().map(|t| now.token(t).is_some()) {
-                Some(true) => Authentication::Known,
-                Some(false) => Authentication::UnknownToken,
-                None => Authentication::TokenRequired,
-            }
-        }
+        let selected = now.selected(caller);
+        now.authenticates(caller) == Authentication::Known
+            && upstreams
+                .iter()
+                .all(|u| selected.iter().any(|s| Arc::ptr_eq(s, u)))
     }
 
     /// The upstreams `caller` may use.

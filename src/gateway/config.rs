@@ -164,7 +164,7 @@ pub struct SlugFile {
 }
 
 /// A slug served from event logs published on NATS.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct NatsSlug {
     pub config: crate::nats::NatsConfig,
     /// The publisher's name.
@@ -179,8 +179,9 @@ pub struct TokenFile {
     pub slugs: Vec<String>,
 }
 
-/// One upstream, validated.
-#[derive(Debug, Clone)]
+/// One upstream, validated. Two are equal when every field is (the token too, compared but
+/// never shown): a reload keeps a slug's connection only then.
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Slug {
     pub name: String,
     pub target: Target,

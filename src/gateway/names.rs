@@ -16,16 +16,6 @@ pub(crate) enum Names {
 }
 
 impl Access {
-    /// A tool's or prompt's name as the gateway shows it: `slug__name`, or `name` for the
-    /// slug configured with `prefix = false`.
-    pub(crate) fn shown(&self, slug: &str, name: &str) -> String {
-        if self.now().bare.as_deref() == Some(slug) {
-            name.to_owned()
-        } else {
-            format!("{slug}__{name}")
-        }
-    }
-
     /// The slug and upstream name behind a shown tool or prompt name: the bare slug's own
     /// name when it lists one (and this caller may use it), else `slug__name`. `None` when
     /// the name has neither shape (the caller learns it is unknown, never whether a slug

@@ -81,11 +81,13 @@ impl Gateway {
     /// Every prompt this caller may use, under its shown name.
     pub(super) fn prompt_list(&self, caller: &Caller) -> Vec<Prompt> {
         let mut out = Vec::new();
-        for u in self.selected(caller) {
+        // One snapshot for the whole list (a reload swaps it whole).
+        let now = self.access().now();
+        for u in now.selected(caller) {
             let Some(c) = u.catalog() else { continue };
             for p in &c.prompts {
                 let mut p = p.clone();
-                p.name = self.access().shown(&u.name, &p.name);
+                p.name = now.shown(&u.name, &p.name);
                 out.push(p);
             }
         }

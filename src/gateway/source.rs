@@ -179,28 +179,29 @@ impl Gateway {
     /// whose caller lost access to what it watches ends (`Access::swap`); clients listening for
     /// list changes hear of the new tool and prompt lists.
     ///
-    /// Returns once the new slugs have connected (in parallel, at most `warm` each, as the
-    /// start's warm-up), so a watch or a caller right after the reload finds their catalogs.
+    /// The new slugs connect first (in parallel, at most `warm` each, as the start's warm-up),
+    /// before anything changes: a client whose stream a change ends, or a watch a reload
+    /// starts, finds their catalogs when it comes back. One that does not answer in time
+    /// connects on first use.
     pub async fn apply(
         &self,
         upstreams: Vec<Arc<Upstream>>,
         cfg: &GatewayConfig,
         warm: Duration,
     ) -> Reconfigured {
-        let done = self.reconfigure(
-            Entitled::new(upstreams.clone(), cfg.tokens.clone())
-                .bare(crate::gateway::config::bare_slug(&cfg.slugs))
-                .open_to_loopback(cfg.open_to_loopback),
-        );
-        // (One that does not answer in time connects on first use.)
+        let running = self.access.now();
         let added = upstreams
             .iter()
-            .filter(|u| done.added.contains(&u.name))
+            .filter(|u| !running.upstreams.iter().any(|r| Arc::ptr_eq(r, u)))
             .map(|up| async move {
                 let _ = tokio::time::timeout(warm, up.connect()).await;
             });
         futures::future::join_all(added).await;
-        done
+        self.reconfigure(
+            Entitled::new(upstreams, cfg.tokens.clone())
+                .bare(crate::gateway::config::bare_slug(&cfg.slugs))
+                .open_to_loopback(cfg.open_to_loopback),
+        )
     }
 
     fn reconfigure(&self, entitled: Entitled) -> Reconfigured {
@@ -218,25 +219,38 @@ impl Gateway {
             .filter(|u| !has(&new, u))
             .cloned()
             .collect();
-        {
+        // Decided under the lock, done after it (no lock is held while taking another).
+        let mut started = Vec::new();
+        let stopped: Vec<_> = {
             let mut followers = self.followers.locked();
-            followers.retain(|(u, _)| !has(&removed, u));
+            let (gone, kept): (Vec<_>, Vec<_>) = std::mem::take(&mut *followers)
+                .into_iter()
+                .partition(|(u, _)| has(&removed, u));
+            *followers = kept;
             for up in &added {
-                self.ctx.status().add_upstream(up);
                 let stop = self.ctx.shutdown().child_token();
-                let follow =
-                    crate::gateway::lists::follow(up.clone(), self.feed.clone(), stop.clone());
-                self.ctx.spawn("gateway lists", follow);
+                started.push((up.clone(), stop.clone()));
                 followers.push((up.clone(), stop.drop_guard()));
             }
+            gone
+        };
+        drop(stopped);
+        for (up, stop) in started {
+            self.ctx.status().add_upstream(&up);
+            let follow = crate::gateway::lists::follow(up, self.feed.clone(), stop);
+            self.ctx.spawn("gateway lists", follow);
         }
         for up in &removed {
+            // Its own tasks (a supervised child, a NATS mirror) end now; its connection
+            // closes once the streams it still carries (ended above) let go of it.
+            up.stop();
             let up = up.clone();
-            // It closes once the streams it still carries (ended above) let go of it.
             self.ctx
                 .spawn("gateway close", async move { up.close().await });
         }
-        if !added.is_empty() || !removed.is_empty() {
+        // What a caller may list changed (slugs, or a token's entitlement, or the bare slug's
+        // names): listens that asked hear of it and list again.
+        if !old.same_as(&self.access.now()) {
             self.feed.publish(TOOLS_CHANGED);
             self.feed.publish(PROMPTS_CHANGED);
         }
@@ -547,22 +561,17 @@ impl Source for Gateway {
                 );
             }
         }
-        if !watched.is_empty() {
-            // Held, then checked against the config now: a reload that swapped it in between
-            // either saw this stream or is seen here.
-            let revoked = self.access.hold(caller, &watched);
-            let selected = self.access.selected(caller);
-            if !watched
-                .iter()
-                .all(|u| selected.iter().any(|s| Arc::ptr_eq(s, u)))
-            {
-                revoked.cancel();
-            }
-            admission
-                .guards
-                .push(WatchGuard::new(revoked.clone().drop_guard()));
-            admission.revoked = Some(revoked);
+        // Every stream is held (one that follows only lists or tasks too: a revoked token
+        // ends it), then checked against the config now: a reload that swapped it in between
+        // either saw this stream or is seen here.
+        let revoked = self.access.hold(caller, &watched);
+        if !self.access.keeps(caller, &watched) {
+            revoked.cancel();
         }
+        admission
+            .guards
+            .push(WatchGuard::new(revoked.clone().drop_guard()));
+        admission.revoked = Some(revoked);
         admission
     }
 
@@ -572,11 +581,13 @@ impl Source for Gateway {
 
     fn tools(&self, caller: &Caller) -> Vec<Tool> {
         let mut out = Vec::new();
-        for u in self.selected(caller) {
+        // One snapshot for the whole list (a reload swaps it whole).
+        let now = self.access.now();
+        for u in now.selected(caller) {
             let Some(l) = u.catalog() else { continue };
             for t in &l.tools {
                 let mut t = t.clone();
-                t.name = self.access.shown(&u.name, &t.name).into();
+                t.name = now.shown(&u.name, &t.name).into();
                 out.push(t);
             }
         }

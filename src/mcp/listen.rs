@@ -151,6 +151,10 @@ pub async fn run(
             debug!(stream, "listen stream ended (cancelled, or shutdown)");
             return Ok(());
         }
+        // Checked before every batch and note too: nothing more goes out once revoked.
+        if revoked.is_cancelled() {
+            return Err(revoked_error(stream));
+        }
         // Not biased: neither resource updates nor task states can starve the other.
         tokio::select! {
             _ = &mut closed => {
@@ -161,14 +165,7 @@ pub async fn run(
                 debug!(stream, "listen stream closed for shutdown");
                 return Ok(());
             }
-            _ = revoked.cancelled() => {
-                info!(stream, "listen stream ended: a reload took its caller's access to what it watches");
-                return Err(McpError::new(
-                    rmcp::model::ErrorCode(-32024),
-                    "this listen's access changed (its token was revoked or narrowed, or a server it watches was removed or changed by a reload); listen again",
-                    Some(json!({"reason": "revoked"})),
-                ));
-            }
+            _ = revoked.cancelled() => return Err(revoked_error(stream)),
             Some(task) = async {
                 match tasks.as_mut() {
                     Some(t) => t.next().await,
@@ -196,6 +193,9 @@ pub async fn run(
                         // A cancel that came with the batch wins: nothing goes out after it.
                         if out.is_closed() {
                             return Ok(());
+                        }
+                        if revoked.is_cancelled() {
+                            return Err(revoked_error(stream));
                         }
                         let sent = tokio::select! {
                             _ = shutdown.cancelled() => return Ok(()),
@@ -236,6 +236,20 @@ pub async fn run(
             }
         }
     }
+}
+
+/// The error a stream ends with when the source took its caller's access away (a reload
+/// revoked or narrowed its token, or removed or replaced a server it watches).
+fn revoked_error(stream: u64) -> McpError {
+    info!(
+        stream,
+        "listen stream ended: a reload took its caller's access to what it watches"
+    );
+    McpError::new(
+        rmcp::model::ErrorCode(-32024),
+        "this listen's access changed (its token was revoked or narrowed, or a server it watches was removed or changed by a reload); listen again",
+        Some(json!({"reason": "revoked"})),
+    )
 }
 
 /// One notification of a batch.

@@ -387,6 +387,7 @@ impl Mirror {
             format!("{name} events nats"),
             cfg.redacted(),
             Arc::new(move || seen.get().is_some_and(crate::nats::connected)),
+            ctx.shutdown().clone(),
         );
         ctx.spawn_until_shutdown(
             "events nats mirror",

@@ -13,7 +13,7 @@ pub mod events;
 pub mod ordered;
 
 /// How to reach NATS.
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct NatsConfig {
     /// `nats://host:port[,nats://host:port…]` (or `tls://…`).
     pub urls: String,
@@ -197,6 +197,7 @@ pub fn enter_later(
         format!("{role} nats"),
         cfg.redacted(),
         std::sync::Arc::new(move || seen.get().is_some_and(connected)),
+        ctx.shutdown().clone(),
     );
     cell
 }

@@ -29,6 +29,8 @@ pub struct RoleContext {
     role: Arc<str>,
     /// The process's token, or a child of it for a role a reload may stop alone.
     shutdown: CancellationToken,
+    /// Made by [`RoleContext::for_stoppable_role`]: [`RoleContext::stop_alone`] may cancel it.
+    stoppable: bool,
     shared: Arc<Shared>,
 }
 
@@ -91,6 +93,7 @@ impl RoleContext {
         RoleContext {
             role: role.into(),
             shutdown: shutdown.clone(),
+            stoppable: false,
             shared: Arc::new(Shared {
                 tracker: TaskTracker::new(),
                 status: StatusBoard::new(shutdown.clone()),
@@ -109,6 +112,7 @@ impl RoleContext {
         RoleContext {
             role: role.into(),
             shutdown: self.shutdown.clone(),
+            stoppable: self.stoppable,
             shared: self.shared.clone(),
         }
     }
@@ -120,8 +124,19 @@ impl RoleContext {
         RoleContext {
             role: role.into(),
             shutdown: self.shutdown.child_token(),
+            stoppable: true,
             shared: self.shared.clone(),
         }
+    }
+
+    /// Stops this context's tasks alone, when it is one a reload may stop
+    /// ([`for_stoppable_role`](Self::for_stoppable_role)); `false` (and nothing done) for the
+    /// process's own.
+    pub fn stop_alone(&self) -> bool {
+        if self.stoppable {
+            self.shutdown.cancel();
+        }
+        self.stoppable
     }
 
     pub fn role(&self) -> &str {

@@ -217,7 +217,7 @@ struct Board {
     started: bool,
     roles: Vec<Role>,
     upstreams: Vec<Weak<dyn UpstreamStatus>>,
-    backends: Vec<(String, String, Connected)>,
+    backends: Vec<(String, String, Connected, CancellationToken)>,
     watches: Option<WatchList>,
     store: Option<PathBuf>,
     reloads: ReloadReport,
@@ -304,15 +304,29 @@ impl StatusBoard {
         self.lock().upstreams.push(weak);
     }
 
-    /// Enters a role's NATS backend: `/ready` waits while it is not connected.
-    pub fn add_backend(&self, name: String, target: String, connected: Connected) {
-        self.lock().backends.push((name, target, connected));
+    /// Enters a role's NATS backend: `/ready` waits while it is not connected. Its row goes
+    /// (and with it what `connected` holds) once `until` is cancelled: the role that owns it
+    /// stopped (a reload removed it) or the process is shutting down.
+    pub fn add_backend(
+        &self,
+        name: String,
+        target: String,
+        connected: Connected,
+        until: CancellationToken,
+    ) {
+        let mut b = self.lock();
+        b.backends.retain(|r| !r.3.is_cancelled());
+        b.backends.push((name, target, connected, until));
     }
 
     fn backends(&self) -> Vec<BackendReport> {
-        let rows: Vec<(String, String, Connected)> = self.lock().backends.clone();
+        let rows: Vec<(String, String, Connected, CancellationToken)> = {
+            let mut b = self.lock();
+            b.backends.retain(|r| !r.3.is_cancelled());
+            b.backends.clone()
+        };
         rows.into_iter()
-            .map(|(name, target, f)| BackendReport {
+            .map(|(name, target, f, _)| BackendReport {
                 name,
                 target,
                 connected: f(),
@@ -494,6 +508,7 @@ mod tests {
             "memo nats".into(),
             "nats://h:4222".into(),
             Arc::new(move || flag.load(std::sync::atomic::Ordering::Relaxed)),
+            CancellationToken::new(),
         );
         let r = board.readiness();
         assert!(!r.ready, "{r:?}");

@@ -161,7 +161,7 @@ pub fn server_config(identity: Identity) -> Result<rustls::ServerConfig, TlsErro
 }
 
 /// How a client trusts a server, and proves itself to it.
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct ClientTrust {
     /// PEM file of CA certificates.
     pub ca: Option<PathBuf>,

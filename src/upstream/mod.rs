@@ -469,6 +469,14 @@ impl Upstream {
         })
     }
 
+    /// Stops what runs for it alone (a supervised child's restarts, a NATS mirror), when it
+    /// runs on a context of its own (a slug a reload may remove: `RoleContext::stop_alone`).
+    pub fn stop(&self) {
+        if let Some(ctx) = &self.ctx {
+            ctx.stop_alone();
+        }
+    }
+
     /// Forgets the current connection and, when nothing else holds it, closes it gracefully
     /// (before a runtime that is about to go: rmcp logs a cut-off transport task). A connection
     /// something still holds (a listen) closes when its last holder lets go; a connect already

@@ -41,7 +41,9 @@ fn config(dir: &Path, memo_url: &str, round: Option<usize>) -> PathBuf {
         "[listen]\nhttp = \"127.0.0.1:0\"\nquic = \"127.0.0.1:0\"\nadmin = \"127.0.0.1:0\"\n",
     );
     for s in 0..SLUGS {
-        t.push_str(&format!("\n[[slug]]\nname = \"s{s}\"\nhttp = {memo_url:?}\n"));
+        t.push_str(&format!(
+            "\n[[slug]]\nname = \"s{s}\"\nhttp = {memo_url:?}\n"
+        ));
     }
     for w in 0..WATCHES {
         let uri = ["notes", "log"][w % 2];
@@ -51,7 +53,9 @@ fn config(dir: &Path, memo_url: &str, round: Option<usize>) -> PathBuf {
         ));
     }
     if let Some(r) = round {
-        t.push_str(&format!("\n[[slug]]\nname = \"extra{r}\"\nhttp = {memo_url:?}\n"));
+        t.push_str(&format!(
+            "\n[[slug]]\nname = \"extra{r}\"\nhttp = {memo_url:?}\n"
+        ));
         for j in 0..10 {
             t.push_str(&format!(
                 "\n[[watch]]\nname = \"e{r}-{j}\"\nuri = \"extra{r}+memo://notes\"\n"
@@ -77,7 +81,14 @@ struct Up {
 async fn start(cfg: &Path, watches: usize) -> Up {
     let t0 = Instant::now();
     let mut child = tokio::process::Command::new(BIN)
-        .args(["--log-format", "json", "--store", ":memory:", "up", "--config"])
+        .args([
+            "--log-format",
+            "json",
+            "--store",
+            ":memory:",
+            "up",
+            "--config",
+        ])
         .arg(cfg)
         .stdin(Stdio::null())
         .stdout(Stdio::null())
@@ -237,13 +248,23 @@ async fn main() {
         took.push(t0.elapsed());
         assert_eq!(answer["applied"], true, "{answer}");
         let changes = answer["changes"].to_string();
-        assert!(changes.contains(&format!("slug extra{r} added")), "{answer}");
+        assert!(
+            changes.contains(&format!("slug extra{r} added")),
+            "{answer}"
+        );
         assert!(!changes.contains("ended"), "a stream lost access: {answer}");
         said.push(Duration::from_millis(answer["millis"].as_u64().unwrap()));
     }
     // Every outside stream is still there: one change reaches all of them.
     let set = tokio::process::Command::new(BIN)
-        .args(["call", "memo_set", "key=k", "value=1", "--mcp-http", &memo_url])
+        .args([
+            "call",
+            "memo_set",
+            "key=k",
+            "value=1",
+            "--mcp-http",
+            &memo_url,
+        ])
         .output()
         .await
         .unwrap();

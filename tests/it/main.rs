@@ -15,6 +15,7 @@ mod file;
 mod filter;
 mod flood;
 mod gateway;
+mod guide;
 mod house;
 mod k8s;
 mod kube_fake;

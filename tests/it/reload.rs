@@ -295,11 +295,20 @@ async fn herald_up_reloads_roles_and_watches_one_by_one() {
     let data = dir.path().join("data");
     std::fs::create_dir_all(&data).unwrap();
     let cfg = dir.path().join("up.toml");
-    let head = "[listen]\nhttp = \"127.0.0.1:0\"\nquic = \"\"\n\n[memo]\n\n\
-                [[watch]]\nname = \"notes\"\nuri = \"memo://notes\"\n";
+    // An outside server too, unchanged by the reload: its watch must not notice the reload.
+    let ext = Memo::start(Via::Http).await;
+    let herald::transport::target::Target::Http(ext_url) = &ext.target else {
+        unreachable!()
+    };
+    let head = format!(
+        "[listen]\nhttp = \"127.0.0.1:0\"\nquic = \"\"\n\n[memo]\n\n\
+         [[slug]]\nname = \"ext\"\nhttp = \"{ext_url}\"\n\n\
+         [[watch]]\nname = \"notes\"\nuri = \"memo+memo://notes\"\n\n\
+         [[watch]]\nname = \"ext-notes\"\nuri = \"ext+memo://notes\"\n"
+    );
     std::fs::write(
         &cfg,
-        format!("{head}\n[[watch]]\nname = \"log\"\nuri = \"memo://log\"\n"),
+        format!("{head}\n[[watch]]\nname = \"log\"\nuri = \"memo+memo://log\"\n"),
     )
     .unwrap();
     let mut up = crate::up::up(&cfg, &[]).await;
@@ -319,9 +328,10 @@ async fn herald_up_reloads_roles_and_watches_one_by_one() {
     assert!(out.contains("watch log removed"), "{out}");
     assert!(out.contains("watch hello added"), "{out}");
     assert!(
-        !out.contains("memo") && !out.contains("notes"),
-        "memo and its watch are unchanged: {out}"
+        !out.contains("memo") && !out.contains("notes") && !out.contains("ext"),
+        "memo, the outside server and their watches are unchanged: {out}"
     );
+    assert!(!out.contains("ended"), "no stream lost access: {out}");
 
     // The new watch notices its file; the old one still notices memo.
     std::fs::write(data.join("hello.txt"), "two").unwrap();
@@ -333,6 +343,15 @@ async fn herald_up_reloads_roles_and_watches_one_by_one() {
     c.call_tool(set).await.unwrap();
     let n = up.notice().await;
     assert_eq!(n["watch"], "notes", "{n}");
+    // The outside server's watch runs on as it was.
+    call(
+        &ext.client().await,
+        "memo_set",
+        json!({"key": "e", "value": 1}),
+    )
+    .await;
+    let n = up.notice().await;
+    assert_eq!(n["watch"], "ext-notes", "{n}");
 
     // [listen] cannot move live.
     let text = std::fs::read_to_string(&cfg).unwrap();

@@ -15,6 +15,10 @@
 //! means the endpoint answers, every role started and every configured watch runs: a watch
 //! that cannot start yet (its slug or source not up) is kept, listed as `starting` with its
 //! last error, and tried again until it runs (`watch::manager`'s `kept.rs`).
+//!
+//! The roles are built in `roles.rs`, each on a context it can be stopped on alone; a reload
+//! (SIGHUP, `herald reload`) is `reload.rs`: the config checked again, then only what changed
+//! applied (roles, slugs, tokens, watches), what cannot change live refused.
 
 pub mod config;
 mod reload;
@@ -168,7 +172,7 @@ pub async fn run(args: UpArgs, globals: &Globals) -> Result<(), Exit> {
 
     // [publish]: the tap goes in before the roles make their rings.
     let published = match &file.publish {
-        Some(p) => p.args().start("up", &ctx).await?,
+        Some(p) => p.args().start("up", &ctx).await?.map(Arc::new),
         None => None,
     };
     let builder = Roles {
@@ -252,7 +256,11 @@ pub async fn run(args: UpArgs, globals: &Globals) -> Result<(), Exit> {
     let reloader = UpReload {
         path: args.config.clone(),
         flags,
-        running: cfg.clone(),
+        // (With the connect timeout the slugs were built with, which a reload sets again.)
+        running: config::UpConfig {
+            slugs: slugs.clone(),
+            ..cfg.clone()
+        },
         roles,
         builder,
         gateway: gateway.clone(),
@@ -260,6 +268,7 @@ pub async fn run(args: UpArgs, globals: &Globals) -> Result<(), Exit> {
         gctx,
         handshake_timeout: args.timeout.duration(),
         extra_watches: extra_watches.clone(),
+        published,
         watches: watch_reloads,
     };
     app::reload::serve(

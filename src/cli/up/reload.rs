@@ -65,6 +65,8 @@ pub(super) struct UpReload {
     pub handshake_timeout: std::time::Duration,
     /// Watches the start added beside the config's (the demo's Slack watch).
     pub extra_watches: Vec<WatchSpec>,
+    /// `[publish]`: its catalog is written again when roles change.
+    pub published: Option<Arc<crate::nats::events::PublisherHandle>>,
     pub watches: mpsc::Sender<WatchReload>,
 }
 
@@ -98,7 +100,8 @@ impl UpReload {
         for slug in &mut next.slugs {
             slug.handshake_timeout = self.handshake_timeout;
         }
-        crate::cli::watch::check_filters(path, &next.watch_specs())
+        let k8s_changed = format!("{:?}", self.running.file.k8s) != format!("{:?}", next.file.k8s);
+        crate::cli::check::up_parts(path, &next, k8s_changed)
             .await
             .map_err(said)?;
         let (now, new) = (&self.running, &next);
@@ -135,71 +138,119 @@ impl UpReload {
     }
 }
 
+/// What a reload does to one role.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Change {
+    Added,
+    Changed,
+    Removed,
+}
+
+impl UpReload {
+    /// Builds `names` as `file` configures them; on the first that cannot start, stops the
+    /// ones built and says which and why.
+    async fn build(&self, names: &[&'static str], file: &UpToml) -> Result<Vec<Role>, String> {
+        let mut built = Vec::new();
+        for &name in names {
+            match self.builder.build(name, file).await {
+                Ok(Some(role)) => built.push(role),
+                Ok(None) => {}
+                Err(e) => {
+                    built.iter().for_each(Role::stop);
+                    return Err(format!("[{name}] cannot start: {}", said(e)));
+                }
+            }
+        }
+        Ok(built)
+    }
+
+    /// The gateway takes `roles` and `slugs` with `cfg`'s tokens.
+    async fn apply(&self, roles: &[Role], cfg: &UpConfig) -> crate::gateway::source::Reconfigured {
+        let mut ups: Vec<_> = roles.iter().map(|r| r.up.clone()).collect();
+        ups.extend(apply_slugs(
+            &self.gateway,
+            &self.running.slugs,
+            &cfg.slugs,
+            &self.slug_limits,
+            &self.gctx,
+        ));
+        self.gateway
+            .apply(ups, &gateway_config(cfg), crate::cli::gateway::WARM_UP)
+            .await
+    }
+}
+
 #[async_trait::async_trait]
 impl crate::app::reload::Reload for UpReload {
     async fn reload(&mut self) -> Result<Vec<String>, String> {
         let next = self.next().await?;
         let mut changes = Vec::new();
-        // The roles that change are built first: one that cannot be built refuses the reload
-        // before anything running is touched.
-        let mut built: Vec<Role> = Vec::new();
-        let mut gone: Vec<&'static str> = Vec::new();
+        let mut changed: Vec<(&'static str, Change)> = Vec::new();
         for name in super::config::ROLES {
             let old = self.roles.iter().find(|r| r.name == name);
-            let new = table(name, &next.file);
-            match (old, &new) {
+            match (old, table(name, &next.file)) {
                 (None, None) => {}
-                (Some(r), Some(t)) if &r.table == t => {}
-                (old, new) => {
-                    if new.is_some() {
-                        match self.builder.build(name, &next.file).await {
-                            Ok(Some(role)) => built.push(role),
-                            Ok(None) => {}
-                            Err(e) => {
-                                built.iter().for_each(Role::stop);
-                                return Err(format!("[{name}] cannot start: {}", said(e)));
-                            }
-                        }
-                    }
-                    if old.is_some() {
-                        gone.push(name);
-                    }
-                    changes.push(format!(
-                        "role {name} {}",
-                        match (old.is_some(), new.is_some()) {
-                            (true, true) => "changed",
-                            (true, false) => "removed",
-                            _ => "added",
-                        }
-                    ));
-                }
+                (Some(r), Some(t)) if r.table == t => {}
+                (Some(_), Some(_)) => changed.push((name, Change::Changed)),
+                (Some(_), None) => changed.push((name, Change::Removed)),
+                (None, Some(_)) => changed.push((name, Change::Added)),
             }
         }
+        // A role that changes stops before its new self starts (they share the store, and
+        // Slack one socket); should the new one fail to start, the old one is started again
+        // and the reload refused with nothing else applied.
         let (stopped, mut roles): (Vec<Role>, Vec<Role>) = std::mem::take(&mut self.roles)
             .into_iter()
-            .partition(|r| gone.contains(&r.name));
-        roles.extend(built);
+            .partition(|r| changed.iter().any(|(n, _)| *n == r.name));
+        stopped.iter().for_each(Role::stop);
+        let starting: Vec<&'static str> = changed
+            .iter()
+            .filter(|(_, c)| *c != Change::Removed)
+            .map(|(n, _)| *n)
+            .collect();
+        match self.build(&starting, &next.file).await {
+            Ok(built) => roles.extend(built),
+            Err(why) => {
+                let again: Vec<&'static str> = stopped.iter().map(|r| r.name).collect();
+                match self.build(&again, &self.running.file).await {
+                    Ok(old) => roles.extend(old),
+                    Err(e) => tracing::error!(
+                        "after a refused reload, a role could not start again as it was: {e}; reload a config that starts or restart herald up"
+                    ),
+                }
+                roles.sort_by_key(|r| super::config::ROLES.iter().position(|n| *n == r.name));
+                let running = self.running.clone();
+                self.apply(&roles, &running).await;
+                self.roles = roles;
+                return Err(why);
+            }
+        }
         roles.sort_by_key(|r| super::config::ROLES.iter().position(|n| *n == r.name));
-        let mut ups: Vec<_> = roles.iter().map(|r| r.up.clone()).collect();
-        ups.extend(apply_slugs(
-            &self.gateway,
-            &self.running.slugs,
-            &next.slugs,
-            &self.slug_limits,
-            &self.gctx,
-        ));
+        for (name, change) in &changed {
+            changes.push(format!(
+                "role {name} {}",
+                match change {
+                    Change::Added => "added",
+                    Change::Changed => "changed",
+                    Change::Removed => "removed",
+                }
+            ));
+        }
+        let done = self.apply(&roles, &next).await;
         let (was, will) = (gateway_config(&self.running), gateway_config(&next));
-        let done = self
-            .gateway
-            .apply(ups, &will, crate::cli::gateway::WARM_UP)
-            .await;
         // (Roles are slugs too: their lines above say more than "slug memo changed".)
         changes.extend(describe(&was, &will, &done).into_iter().filter(|l| {
             !super::config::ROLES
                 .iter()
                 .any(|r| l.starts_with(&format!("slug {r} ")))
         }));
-        stopped.iter().for_each(Role::stop);
+        if !changed.is_empty()
+            && let Some(p) = &self.published
+        {
+            let all: Vec<&dyn crate::mcp::source::Source> =
+                roles.iter().filter_map(|r| r.source.as_deref()).collect();
+            p.catalog_of(&all).await;
+        }
         self.roles = roles;
         let mut specs = next.watch_specs();
         specs.extend(self.extra_watches.iter().cloned());
@@ -260,7 +311,16 @@ pub(super) async fn serve_watches(
                     lines.push(format!("watch {} {what}", new.name));
                     running.push(new);
                 }
-                Err(e) => lines.push(format!("watch {} not started: {e}", new.name)),
+                Err(e) => {
+                    lines.push(format!("watch {} not started: {e}", new.name));
+                    // A changed one that cannot start goes on as it was.
+                    if let Some(old) = old.cloned()
+                        && m.watch_keep(old.clone()).await.is_ok()
+                    {
+                        lines.push(format!("watch {} kept as it was", old.name));
+                        running.push(old);
+                    }
+                }
             }
         }
         current = running;

@@ -183,6 +183,7 @@ impl Slack {
                             crate::nats::connected(&client)
                                 && weak.upgrade().is_some_and(|c| c.is_loaded())
                         }),
+                        ctx.shutdown().clone(),
                     );
                     ctx.spawn("slack nats", shared::run(core.clone(), link));
                     ctx.spawn("slack flush", flush::run(core.clone()));
