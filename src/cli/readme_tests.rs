@@ -115,6 +115,21 @@ fn shell_words(line: &str) -> Vec<String> {
                 in_word = true;
                 word.extend(chars.next());
             }
+            // A command substitution is part of its word: `herald-$(date +%F).redb`.
+            '$' if chars.peek() == Some(&'(') => {
+                in_word = true;
+                word.push(c);
+                let mut depth = 0;
+                for c in chars.by_ref() {
+                    word.push(c);
+                    match c {
+                        '(' => depth += 1,
+                        ')' if depth == 1 => break,
+                        ')' => depth -= 1,
+                        _ => {}
+                    }
+                }
+            }
             '#' if !in_word => break,
             c if c.is_whitespace() => {
                 if in_word {
@@ -243,6 +258,10 @@ fn the_shell_splitter_reads_the_readme_forms() {
         [["herald", "ls", "--json"]]
     );
     assert_eq!(invocations("cargo run --release -- up"), [["herald", "up"]]);
+    assert_eq!(
+        invocations("sudo herald store backup /root/h-$(date +%F).redb"),
+        [["herald", "store", "backup", "/root/h-$(date +%F).redb"]]
+    );
     assert!(invocations("echo hello > herald-demo/hello.txt").is_empty());
 }
 
