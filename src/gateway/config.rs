@@ -179,9 +179,10 @@ pub struct TokenFile {
     pub slugs: Vec<String>,
 }
 
-/// One upstream, validated. Two are equal when every field is (the token too, compared but
-/// never shown): a reload keeps a slug's connection only then.
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// One upstream, validated. Two are equal when they reach the same server the same way
+/// (every field but `prefix`, which only names its tools; the token too, compared but never
+/// shown): a reload keeps a slug's connection only then.
+#[derive(Debug, Clone)]
 pub struct Slug {
     pub name: String,
     pub target: Target,
@@ -194,6 +195,16 @@ pub struct Slug {
     /// Whether its tools and prompts are named `slug__name` (else as the upstream names
     /// them; at most one slug).
     pub prefix: bool,
+}
+
+impl PartialEq for Slug {
+    fn eq(&self, other: &Slug) -> bool {
+        self.name == other.name
+            && self.target == other.target
+            && self.trust == other.trust
+            && self.handshake_timeout == other.handshake_timeout
+            && self.nats == other.nats
+    }
 }
 
 /// One token, validated: its SHA-256 and what it may use.

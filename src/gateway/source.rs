@@ -561,6 +561,11 @@ impl Source for Gateway {
                 );
             }
         }
+        // A caller this gateway does not know was let in by no gate (QUIC has none): it was
+        // given nothing, and has no access a reload could take.
+        if self.access.authenticates(caller) != Authentication::Known {
+            return admission;
+        }
         // Every stream is held (one that follows only lists or tasks too: a revoked token
         // ends it), then checked against the config now: a reload that swapped it in between
         // either saw this stream or is seen here.

@@ -138,6 +138,9 @@ pub async fn run(
     // The tasks' states at registration come first, right after the acknowledgment, under
     // one deadline.
     let first = tasks.as_mut().map(|t| t.initial()).unwrap_or_default();
+    if revoked.is_cancelled() {
+        return Err(revoked_error(stream));
+    }
     if !first.is_empty() {
         let deadline = tokio::time::Instant::now() + stall;
         for task in first {
@@ -172,6 +175,9 @@ pub async fn run(
                     None => std::future::pending().await,
                 }
             } => {
+                if revoked.is_cancelled() {
+                    return Err(revoked_error(stream));
+                }
                 let deadline = tokio::time::Instant::now() + stall;
                 if !push_task(out, &mut closed, shutdown, task, deadline, stall, stream).await? {
                     return Ok(());

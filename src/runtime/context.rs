@@ -39,6 +39,8 @@ struct Shared {
     shutdown: CancellationToken,
     /// Tasks running now, by (role, name).
     running: Mutex<BTreeMap<(Arc<str>, &'static str), usize>>,
+    /// Woken whenever a task ends ([`RoleContext::wait_stopped`]).
+    ended: tokio::sync::Notify,
     status: StatusBoard,
     /// The metrics registry its roles register their counters in.
     metrics: Metrics,
@@ -72,13 +74,16 @@ impl Running {
 
 impl Drop for Running {
     fn drop(&mut self) {
-        let mut running = self.shared.running.locked();
-        if let Some(n) = running.get_mut(&self.key) {
-            *n -= 1;
-            if *n == 0 {
-                running.remove(&self.key);
+        {
+            let mut running = self.shared.running.locked();
+            if let Some(n) = running.get_mut(&self.key) {
+                *n -= 1;
+                if *n == 0 {
+                    running.remove(&self.key);
+                }
             }
         }
+        self.shared.ended.notify_waiters();
     }
 }
 
@@ -99,6 +104,7 @@ impl RoleContext {
                 status: StatusBoard::new(shutdown.clone()),
                 shutdown,
                 running: Mutex::default(),
+                ended: tokio::sync::Notify::new(),
                 metrics: Metrics::default(),
                 tap: OnceLock::new(),
                 reloads: OnceLock::new(),
@@ -271,6 +277,26 @@ impl RoleContext {
         });
         self.shared.tracker.spawn_on(fut, &rt);
         true
+    }
+
+    /// Waits (at most `bound`) until no task of this context's role name runs: a role a
+    /// reload stopped ([`stop_alone`](Self::stop_alone)) has let go of the store and its
+    /// sockets before its new self starts. `false` when some still ran at the bound.
+    pub async fn wait_stopped(&self, bound: Duration) -> bool {
+        let role = self.role.clone();
+        let idle = async {
+            loop {
+                let ended = self.shared.ended.notified();
+                tokio::pin!(ended);
+                // Registered before looking, so an end between the look and the wait wakes it.
+                ended.as_mut().enable();
+                if !self.shared.running.locked().keys().any(|(r, _)| *r == role) {
+                    return;
+                }
+                ended.await;
+            }
+        };
+        tokio::time::timeout(bound, idle).await.is_ok()
     }
 
     /// The tasks running now, as `role/name` with a count, sorted.

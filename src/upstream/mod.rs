@@ -187,6 +187,9 @@ pub struct Upstream {
     handshake_timeout: Duration,
     ctx: Option<RoleContext>,
     supervise: bool,
+    /// Removed by a reload ([`Upstream::stop`]): a supervised child that exits is not started
+    /// again.
+    stopped: std::sync::atomic::AtomicBool,
     dialer: Option<Dialer>,
     /// The server itself, when it runs in this process ([`local::upstream`]; set once built,
     /// for [`local::deferred`]): plain calls and reads go to it directly.
@@ -246,6 +249,7 @@ impl Upstream {
                 cfg.supervise && cfg.context.is_some()
             },
             relay: Relay::default(),
+            stopped: Default::default(),
             ctx: cfg.context,
             dialer: None,
             in_process: Arc::default(),
@@ -413,7 +417,10 @@ impl Upstream {
             let opened = match &self.ctx {
                 Some(ctx) => tokio::select! {
                     _ = ctx.shutdown().cancelled() => {
-                        return Err(self.unavailable("the gateway is shutting down".into()));
+                        return Err(self.unavailable(format!(
+                            "server {} is stopping (herald is shutting down, or a reload removed or changed it)",
+                            self.name
+                        )));
                     }
                     r = opening => r,
                 },
@@ -469,10 +476,13 @@ impl Upstream {
         })
     }
 
-    /// Stops what runs for it alone (a supervised child's restarts, a NATS mirror), when it
-    /// runs on a context of its own (a slug a reload may remove: `RoleContext::stop_alone`).
+    /// Stops what runs for it alone, for a slug a reload removed: a supervised child is not
+    /// started again once it exits (it does when its connection closes, after the calls
+    /// still on it: nothing is cut off); anything else on a context of its own (a NATS
+    /// mirror) ends now (`RoleContext::stop_alone`).
     pub fn stop(&self) {
-        if let Some(ctx) = &self.ctx {
+        self.stopped.store(true, Ordering::Release);
+        if let Some(ctx) = self.ctx.as_ref().filter(|_| !self.supervise) {
             ctx.stop_alone();
         }
     }
@@ -554,12 +564,20 @@ impl Upstream {
                 status = child.wait() => {
                     if let Some(up) = weak.upgrade() {
                         up.forget(generation);
+                        if up.stopped.load(Ordering::Acquire) {
+                            return;
+                        }
                         up.failed(format!("the process exited ({status:?}); restarting it"));
                     }
                 }
             }
             loop {
-                let Some(up) = weak.upgrade() else { return };
+                let Some(up) = weak
+                    .upgrade()
+                    .filter(|u| !u.stopped.load(Ordering::Acquire))
+                else {
+                    return;
+                };
                 let delay = up.retry_in();
                 drop(up);
                 tokio::select! {

@@ -164,6 +164,15 @@ impl UpReload {
         Ok(built)
     }
 
+    /// `[publish]`'s catalog, written again for `roles`.
+    async fn catalog(&self, roles: &[Role]) {
+        if let Some(p) = &self.published {
+            let all: Vec<&dyn crate::mcp::source::Source> =
+                roles.iter().filter_map(|r| r.source.as_deref()).collect();
+            p.catalog_of(&all).await;
+        }
+    }
+
     /// The gateway takes `roles` and `slugs` with `cfg`'s tokens.
     async fn apply(&self, roles: &[Role], cfg: &UpConfig) -> crate::gateway::source::Reconfigured {
         let mut ups: Vec<_> = roles.iter().map(|r| r.up.clone()).collect();
@@ -203,6 +212,9 @@ impl crate::app::reload::Reload for UpReload {
             .into_iter()
             .partition(|r| changed.iter().any(|(n, _)| *n == r.name));
         stopped.iter().for_each(Role::stop);
+        for r in &stopped {
+            r.stopped(crate::app::GRACE).await;
+        }
         let starting: Vec<&'static str> = changed
             .iter()
             .filter(|(_, c)| *c != Change::Removed)
@@ -211,16 +223,20 @@ impl crate::app::reload::Reload for UpReload {
         match self.build(&starting, &next.file).await {
             Ok(built) => roles.extend(built),
             Err(why) => {
-                let again: Vec<&'static str> = stopped.iter().map(|r| r.name).collect();
-                match self.build(&again, &self.running.file).await {
-                    Ok(old) => roles.extend(old),
-                    Err(e) => tracing::error!(
-                        "after a refused reload, a role could not start again as it was: {e}; reload a config that starts or restart herald up"
-                    ),
+                // Each stopped role again as it was, one by one (one that fails leaves the
+                // others running).
+                for r in &stopped {
+                    match self.build(&[r.name], &self.running.file).await {
+                        Ok(old) => roles.extend(old),
+                        Err(e) => tracing::error!(
+                            "after a refused reload, a role could not start again as it was: {e}; reload a config that starts or restart herald up"
+                        ),
+                    }
                 }
                 roles.sort_by_key(|r| super::config::ROLES.iter().position(|n| *n == r.name));
                 let running = self.running.clone();
                 self.apply(&roles, &running).await;
+                self.catalog(&roles).await;
                 self.roles = roles;
                 return Err(why);
             }
@@ -244,12 +260,8 @@ impl crate::app::reload::Reload for UpReload {
                 .iter()
                 .any(|r| l.starts_with(&format!("slug {r} ")))
         }));
-        if !changed.is_empty()
-            && let Some(p) = &self.published
-        {
-            let all: Vec<&dyn crate::mcp::source::Source> =
-                roles.iter().filter_map(|r| r.source.as_deref()).collect();
-            p.catalog_of(&all).await;
+        if !changed.is_empty() {
+            self.catalog(&roles).await;
         }
         self.roles = roles;
         let mut specs = next.watch_specs();

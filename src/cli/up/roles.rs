@@ -35,7 +35,21 @@ impl Role {
     /// Stops it: its server ends its listens, its tasks end, its slug closes once the gateway
     /// lets go of it.
     pub fn stop(&self) {
-        self.ctx.shutdown().cancel();
+        self.ctx.stop_alone();
+    }
+
+    /// Waits (at most `bound`) until its tasks have ended (its last writes to the store, its
+    /// sockets closed); `false`, logged, when some still ran.
+    pub async fn stopped(&self, bound: std::time::Duration) -> bool {
+        let done = self.ctx.wait_stopped(bound).await;
+        if !done {
+            tracing::warn!(
+                role = self.name,
+                "the stopped role's tasks did not all end within {} s; its new self starts anyway",
+                bound.as_secs()
+            );
+        }
+        done
     }
 }
 
