@@ -45,8 +45,12 @@ impl ListenFlags {
     }
 }
 
-/// The watches a reload asks the watch client to run (the config's, and any the start added).
+/// What a reload asks of the watch client, in two steps around the gateway's change: first
+/// stop the watches that go or change (before their slug may go: they end quietly, never as
+/// streams a reload cut), then start the ones that come or changed. `specs` is every watch the
+/// config runs (and any the start added); the answer is one line per change.
 pub(super) struct WatchReload {
+    start: bool,
     specs: Vec<WatchSpec>,
     reply: oneshot::Sender<Vec<String>>,
 }
@@ -164,6 +168,20 @@ impl UpReload {
         Ok(built)
     }
 
+    /// Asks the watch client for one step of the watches' change ([`WatchReload`]).
+    async fn watches(&self, start: bool, specs: &[WatchSpec]) -> Vec<String> {
+        let (reply, heard) = oneshot::channel();
+        let ask = WatchReload {
+            start,
+            specs: specs.to_vec(),
+            reply,
+        };
+        match self.watches.send(ask).await {
+            Ok(()) => heard.await.unwrap_or_default(),
+            Err(_) => Vec::new(),
+        }
+    }
+
     /// `[publish]`'s catalog, written again for `roles`.
     async fn catalog(&self, roles: &[Role]) {
         if let Some(p) = &self.published {
@@ -252,6 +270,9 @@ impl crate::app::reload::Reload for UpReload {
                 }
             ));
         }
+        let mut specs = next.watch_specs();
+        specs.extend(self.extra_watches.iter().cloned());
+        changes.extend(self.watches(false, &specs).await);
         let done = self.apply(&roles, &next).await;
         let (was, will) = (gateway_config(&self.running), gateway_config(&next));
         // (Roles are slugs too: their lines above say more than "slug memo changed".)
@@ -264,42 +285,48 @@ impl crate::app::reload::Reload for UpReload {
             self.catalog(&roles).await;
         }
         self.roles = roles;
-        let mut specs = next.watch_specs();
-        specs.extend(self.extra_watches.iter().cloned());
-        let (reply, heard) = oneshot::channel();
-        if self
-            .watches
-            .send(WatchReload { specs, reply })
-            .await
-            .is_ok()
-        {
-            changes.extend(heard.await.unwrap_or_default());
-        }
+        changes.extend(self.watches(true, &specs).await);
         self.running = next;
         Ok(changes)
     }
 }
 
-/// Serves the watch client's side of reloads on `m` until the reloads end: each asks for
-/// the watches `current` should become; unchanged ones are left alone, removed ones stopped,
-/// changed ones stopped and kept anew, new ones kept (tried until they run). Never returns
-/// before `rx` closes.
+/// Serves the watch client's side of reloads on `m` until the reloads end ([`WatchReload`]):
+/// unchanged watches are left alone; removed ones stopped; changed ones stopped, then kept
+/// anew (one whose new self can never start goes on as it was); new ones kept (tried until
+/// they run). Never returns before `rx` closes.
 pub(super) async fn serve_watches(
     m: &WatchManager,
     mut current: Vec<WatchSpec>,
     mut rx: mpsc::Receiver<WatchReload>,
 ) {
-    while let Some(WatchReload { specs, reply }) = rx.recv().await {
+    // The changed watches between the two steps: their old specs.
+    let mut changing: Vec<WatchSpec> = Vec::new();
+    while let Some(WatchReload {
+        start,
+        specs,
+        reply,
+    }) = rx.recv().await
+    {
         let mut lines = Vec::new();
-        for old in &current {
-            match specs.iter().find(|s| s.name == old.name) {
-                Some(new) if new == old => {}
-                Some(_) => {}
-                None => {
-                    m.watch_stop(&old.name).await;
-                    lines.push(format!("watch {} removed", old.name));
+        if !start {
+            let mut kept = Vec::new();
+            for old in current.drain(..) {
+                match specs.iter().find(|s| s.name == old.name) {
+                    Some(new) if *new == old => kept.push(old),
+                    Some(_) => {
+                        m.watch_stop(&old.name).await;
+                        changing.push(old);
+                    }
+                    None => {
+                        m.watch_stop(&old.name).await;
+                        lines.push(format!("watch {} removed", old.name));
+                    }
                 }
             }
+            current = kept;
+            let _ = reply.send(lines);
+            continue;
         }
         if specs.iter().any(|s| s.on_event.is_some())
             && !m.has_filters()
@@ -307,35 +334,30 @@ pub(super) async fn serve_watches(
         {
             m.set_filters(FilterPool::new(PoolConfig::new(exe)));
         }
-        let mut running = Vec::new();
+        let was = std::mem::take(&mut changing);
         for new in specs {
-            let old = current.iter().find(|s| s.name == new.name);
-            if old == Some(&new) {
-                running.push(new);
+            if current.iter().any(|c| c.name == new.name) {
                 continue;
             }
-            if old.is_some() {
-                m.watch_stop(&new.name).await;
-            }
+            let old = was.iter().find(|s| s.name == new.name);
             let what = if old.is_some() { "changed" } else { "added" };
             match m.watch_keep(new.clone()).await {
                 Ok(()) => {
                     lines.push(format!("watch {} {what}", new.name));
-                    running.push(new);
+                    current.push(new);
                 }
                 Err(e) => {
                     lines.push(format!("watch {} not started: {e}", new.name));
-                    // A changed one that cannot start goes on as it was.
+                    // A changed one that can never start goes on as it was.
                     if let Some(old) = old.cloned()
                         && m.watch_keep(old.clone()).await.is_ok()
                     {
                         lines.push(format!("watch {} kept as it was", old.name));
-                        running.push(old);
+                        current.push(old);
                     }
                 }
             }
         }
-        current = running;
         let _ = reply.send(lines);
     }
 }
