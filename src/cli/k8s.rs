@@ -220,16 +220,8 @@ pub async fn run(args: K8sArgs, globals: &Globals) -> Result<(), Exit> {
     if let Some(p) = &published {
         p.catalog(&source).await;
     }
-    serve_until_stopped(
-        std::sync::Arc::new(source),
-        &args.serve.options(),
-        admin,
-        &store,
-        ctx,
-        globals,
-        None,
-    )
-    .await
+    let (source, opts) = (std::sync::Arc::new(source), args.serve.options());
+    serve_until_stopped(source, &opts, admin, &store, ctx, globals, None).await
 }
 
 #[cfg(test)]

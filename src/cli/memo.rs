@@ -180,16 +180,8 @@ pub async fn run(args: MemoArgs, globals: &Globals) -> Result<(), Exit> {
     if let Some(p) = &published {
         p.catalog(&memo).await;
     }
-    serve_until_stopped(
-        std::sync::Arc::new(memo),
-        &args.serve.options(),
-        admin,
-        &store,
-        ctx,
-        globals,
-        None,
-    )
-    .await
+    let (source, opts) = (std::sync::Arc::new(memo), args.serve.options());
+    serve_until_stopped(source, &opts, admin, &store, ctx, globals, None).await
 }
 
 #[cfg(test)]

@@ -239,16 +239,8 @@ pub async fn run(args: SlackArgs, globals: &Globals) -> Result<(), Exit> {
     let ctx = crate::cli::serve::role_context("slack");
     let admin = begin(&args.serve, &ctx, globals, &store).await?;
     let source = Slack::open(cfg, store.clone(), &ctx).await?;
-    serve_until_stopped(
-        std::sync::Arc::new(source),
-        &args.serve.options(),
-        admin,
-        &store,
-        ctx,
-        globals,
-        None,
-    )
-    .await
+    let (source, opts) = (std::sync::Arc::new(source), args.serve.options());
+    serve_until_stopped(source, &opts, admin, &store, ctx, globals, None).await
 }
 
 #[cfg(test)]

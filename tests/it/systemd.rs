@@ -314,6 +314,16 @@ async fn a_passed_socket_that_is_not_a_tcp_listener_is_refused_with_exit_64() {
     assert!(stderr.contains("is not a listening TCP socket"), "{stderr}");
 }
 
+/// The admin address's `/status`.
+async fn status_json(admin: &str) -> serde_json::Value {
+    reqwest::get(format!("{admin}/status"))
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap()
+}
+
 /// `systemctl reload` of a `Type=notify-reload` unit: systemd sends SIGHUP and waits for
 /// `RELOADING=1` with `MONOTONIC_USEC=`, then `READY=1`. The reload is done (and on the
 /// board) when READY comes; a broken config is answered the same way, the running one kept.
@@ -374,12 +384,7 @@ async fn sighup_reloads_with_reloading_then_ready() {
         status_of(seen.last().unwrap()).starts_with("serving gateway"),
         "{seen:?}"
     );
-    let status: serde_json::Value = reqwest::get(format!("{admin}/status"))
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let status = status_json(&admin).await;
     assert_eq!(status["reloads"]["applied"], 1, "{status}");
     assert_eq!(
         status["reloads"]["last"]["changes"][0], "slug b added",
@@ -391,12 +396,7 @@ async fn sighup_reloads_with_reloading_then_ready() {
     hup();
     let seen = notify.until("READY=1").await;
     assert!(seen.iter().any(|m| m.contains("RELOADING=1")), "{seen:?}");
-    let status: serde_json::Value = reqwest::get(format!("{admin}/status"))
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let status = status_json(&admin).await;
     assert_eq!(status["reloads"]["refused"], 1, "{status}");
     assert_eq!(status["upstreams"].as_array().unwrap().len(), 2, "{status}");
 }
