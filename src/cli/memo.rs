@@ -2,11 +2,10 @@
 //! ([`MemoToml`], its defaults the source's constants), `herald memo`'s flags laid over it, and
 //! one [`MemoToml::open`] both run.
 
-use std::path::PathBuf;
-
 use clap::Args;
 use serde::{Deserialize, Serialize};
 
+use crate::cli::nats::NatsToml;
 use crate::cli::serve::{ServeArgs, begin, role_store, serve_until_stopped};
 use crate::cli::{Exit, Globals};
 use crate::mcp::ring::DEFAULT_RING_CAPACITY;
@@ -27,34 +26,9 @@ pub struct MemoArgs {
     #[arg(long, value_name = "BYTES")]
     pub max_notes_bytes: Option<usize>,
     #[command(flatten)]
-    pub nats: NatsArgs,
+    pub nats: crate::cli::nats::NatsArgs,
     #[command(flatten)]
     pub publish: crate::cli::serve::PublishArgs,
-}
-
-/// Where a role keeps its state: the embedded store (the default) or NATS JetStream.
-#[derive(Debug, Args)]
-#[command(next_help_heading = "Backend")]
-pub struct NatsArgs {
-    /// Keep this role's state on NATS JetStream, shared with other hosts, instead of the
-    /// store: nats://HOST:PORT (comma-separated for a cluster; tls://… for TLS)
-    /// [default: the embedded store].
-    #[arg(long, value_name = "URL")]
-    pub backend: Option<String>,
-    /// The key-value bucket (with --backend) [default: herald_memo for memo, herald_slack for
-    /// slack].
-    #[arg(long, value_name = "NAME")]
-    pub nats_bucket: Option<String>,
-    /// A NATS credentials file (.creds: JWT and nkey seed) [default: none].
-    #[arg(long, value_name = "FILE")]
-    pub nats_creds: Option<std::path::PathBuf>,
-    /// A file holding an nkey seed [default: none].
-    #[arg(long, value_name = "FILE")]
-    pub nats_nkey: Option<std::path::PathBuf>,
-    /// A CA certificate (PEM) to verify the NATS servers with; TLS is then required
-    /// [default: none].
-    #[arg(long, value_name = "FILE")]
-    pub nats_tls_ca: Option<std::path::PathBuf>,
 }
 
 /// The memo role's settings: `[memo]` of `herald up`, or `herald memo`'s flags. Every field
@@ -66,18 +40,10 @@ pub struct MemoToml {
     /// Most bytes the notes may take in all (keys and values as stored); a memo_set past it is
     /// refused. Default: [`DEFAULT_MAX_NOTES_BYTES`] (2 MiB, half the message limit).
     pub max_notes_bytes: Option<usize>,
-    /// `nats://HOST:PORT[,…]`: the notes in a NATS JetStream key-value bucket, as
+    /// The notes in a NATS JetStream key-value bucket (`backend`, `nats_*`), as
     /// `herald memo --backend` (none: the store).
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub backend: Option<String>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub nats_bucket: Option<String>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub nats_creds: Option<PathBuf>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub nats_nkey: Option<PathBuf>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub nats_tls_ca: Option<PathBuf>,
+    #[serde(flatten)]
+    pub nats: NatsToml,
 }
 
 /// Why memo did not open.
@@ -98,16 +64,7 @@ impl MemoToml {
 
     /// The NATS settings, when `backend` names NATS.
     pub fn nats(&self) -> Option<crate::source::memo::nats::NatsConfig> {
-        Some(crate::source::memo::nats::NatsConfig {
-            urls: self.backend.clone()?,
-            creds: self.nats_creds.clone(),
-            nkey: self.nats_nkey.clone(),
-            tls_ca: self.nats_tls_ca.clone(),
-            bucket: self
-                .nats_bucket
-                .clone()
-                .unwrap_or_else(|| crate::source::memo::nats::DEFAULT_BUCKET.to_owned()),
-        })
+        self.nats.config(crate::source::memo::nats::DEFAULT_BUCKET)
     }
 
     /// Opens memo as these settings say, on `ctx`: its notes in `store`, or on NATS. Its
@@ -135,19 +92,6 @@ impl MemoToml {
     }
 }
 
-impl NatsArgs {
-    /// The flags laid over `t`'s NATS keys.
-    pub fn lay_over(&self, t: &mut MemoToml) {
-        if self.backend.is_some() {
-            t.backend = self.backend.clone();
-        }
-        t.nats_bucket = self.nats_bucket.clone().or(t.nats_bucket.take());
-        t.nats_creds = self.nats_creds.clone().or(t.nats_creds.take());
-        t.nats_nkey = self.nats_nkey.clone().or(t.nats_nkey.take());
-        t.nats_tls_ca = self.nats_tls_ca.clone().or(t.nats_tls_ca.take());
-    }
-}
-
 pub async fn run(args: MemoArgs, globals: &Globals) -> Result<(), Exit> {
     let ctx = crate::cli::serve::role_context("memo");
     let mut settings = MemoToml {
@@ -155,7 +99,7 @@ pub async fn run(args: MemoArgs, globals: &Globals) -> Result<(), Exit> {
         max_notes_bytes: args.max_notes_bytes,
         ..MemoToml::default()
     };
-    args.nats.lay_over(&mut settings);
+    args.nats.lay_over(&mut settings.nats);
     let nats = settings.nats();
     if let Some(n) = &nats {
         n.check()
@@ -210,7 +154,7 @@ mod tests {
             panic!("herald memo")
         };
         let mut t = table.clone();
-        a.nats.lay_over(&mut t);
+        a.nats.lay_over(&mut t.nats);
         let n = t.nats().unwrap();
         assert_eq!((n.urls.as_str(), n.bucket.as_str()), ("nats://b:2", "t"));
         assert_eq!(a.ring_capacity, Some(9));

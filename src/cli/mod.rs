@@ -10,6 +10,7 @@ mod gateway;
 mod k8s;
 mod man;
 mod memo;
+pub mod nats;
 mod poll;
 mod reload;
 mod serve;

@@ -7,12 +7,11 @@ use anyhow::Context;
 use clap::Args;
 use serde::{Deserialize, Serialize};
 
-use crate::cli::memo::NatsArgs;
+use crate::cli::nats::{NatsArgs, NatsToml};
 use crate::cli::serve::{ServeArgs, begin, role_store, serve_until_stopped};
 use crate::cli::{Exit, Globals, usage};
 use std::time::Duration;
 
-use crate::nats::NatsConfig;
 use crate::source::slack::api::DEFAULT_API_URL;
 use crate::source::slack::buffer::MAX_EVENTS;
 use crate::source::slack::settings::Settings;
@@ -76,17 +75,9 @@ pub struct SlackToml {
     pub credentials: Option<PathBuf>,
     pub max_events: Option<usize>,
     pub socket_idle_ms: Option<u64>,
-    /// `nats://HOST:PORT[,…]`: the feed shared on NATS JetStream, as `--backend`.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub backend: Option<String>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub nats_bucket: Option<String>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub nats_creds: Option<PathBuf>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub nats_nkey: Option<PathBuf>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub nats_tls_ca: Option<PathBuf>,
+    /// The feed shared on NATS JetStream (`backend`, `nats_*`), as `--backend`.
+    #[serde(flatten)]
+    pub nats: NatsToml,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub lease_heartbeat_ms: Option<u64>,
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -126,12 +117,7 @@ impl SlackArgs {
         t.api_url = self.slack_api_url.clone().or(t.api_url);
         t.max_events = self.max_events.or(t.max_events);
         t.socket_idle_ms = Some(self.socket_idle_ms);
-        let n = &self.nats;
-        t.backend = n.backend.clone().or(t.backend);
-        t.nats_bucket = n.nats_bucket.clone().or(t.nats_bucket);
-        t.nats_creds = n.nats_creds.clone().or(t.nats_creds);
-        t.nats_nkey = n.nats_nkey.clone().or(t.nats_nkey);
-        t.nats_tls_ca = n.nats_tls_ca.clone().or(t.nats_tls_ca);
+        self.nats.lay_over(&mut t.nats);
         t.lease_heartbeat_ms = Some(self.lease_heartbeat_ms);
         t.lease_stale_ms = Some(self.lease_stale_ms);
         t.to_config()
@@ -141,35 +127,18 @@ impl SlackArgs {
 impl SlackToml {
     /// Paths relative to the config file's directory `base`.
     pub fn resolve(&mut self, base: &Path) {
-        for p in [
-            &mut self.credentials,
-            &mut self.nats_creds,
-            &mut self.nats_nkey,
-            &mut self.nats_tls_ca,
-        ]
-        .into_iter()
-        .flatten()
+        if let Some(p) = &mut self.credentials
+            && p.is_relative()
         {
-            if p.is_relative() {
-                *p = base.join(&*p);
-            }
+            *p = base.join(&*p);
         }
+        self.nats.resolve(base);
     }
 
     /// The NATS settings, when `backend` names NATS (checked: what can be without connecting).
     pub fn shared(&self) -> anyhow::Result<Option<SharedConfig>> {
-        let Some(urls) = self.backend.clone() else {
+        let Some(nats) = self.nats.config(shared::DEFAULT_BUCKET) else {
             return Ok(None);
-        };
-        let nats = NatsConfig {
-            urls,
-            creds: self.nats_creds.clone(),
-            nkey: self.nats_nkey.clone(),
-            tls_ca: self.nats_tls_ca.clone(),
-            bucket: self
-                .nats_bucket
-                .clone()
-                .unwrap_or_else(|| shared::DEFAULT_BUCKET.to_owned()),
         };
         nats.check().map_err(|e| anyhow::anyhow!("{e}"))?;
         let heartbeat = Duration::from_millis(self.lease_heartbeat_ms.unwrap_or(30_000).max(10));

@@ -234,9 +234,18 @@ pub struct GatewayConfig {
 /// like one (lowercase letters and `_`, as all of herald's are).
 pub fn toml_message(text: &str, e: &toml::de::Error) -> String {
     let message = without_values(e.message());
-    let Some(span) = e.span() else {
+    let Some(mut span) = e.span() else {
         return message;
     };
+    // A table with keys flattened into it (`[memo]`'s NATS keys) has an unknown key refused
+    // at the table's header: point at the key's own line instead.
+    if let Some(key) = message
+        .strip_prefix("unknown field `")
+        .and_then(|r| r.split('`').next())
+        && let Some(at) = key_line_after(text, span.start, key)
+    {
+        span = at..at;
+    }
     // Bytes, not a str slice: a span need not fall on a char boundary of mangled text.
     let before = &text.as_bytes()[..span.start.min(text.len())];
     let line = before.iter().filter(|b| **b == b'\n').count() + 1;
@@ -255,6 +264,29 @@ pub fn toml_message(text: &str, e: &toml::de::Error) -> String {
         Some(key) => format!("line {line}: {key}: {message}"),
         None => format!("line {line}: {message}"),
     }
+}
+
+/// Where `key = …` starts in the table whose header is at `header`, if it does.
+fn key_line_after(text: &str, header: usize, key: &str) -> Option<usize> {
+    // `get`: a span need not fall on a char boundary of mangled text.
+    let rest = text.get(header..)?;
+    if !rest.starts_with('[') {
+        return None;
+    }
+    let mut at = header + rest.find('\n')? + 1;
+    for line in text[at..].split_inclusive('\n') {
+        let t = line.trim_start();
+        if t.starts_with('[') {
+            return None;
+        }
+        if t.strip_prefix(key)
+            .is_some_and(|r| r.trim_start().starts_with('='))
+        {
+            return Some(at + (line.len() - t.len()));
+        }
+        at += line.len();
+    }
+    None
 }
 
 /// Whether `key` could be one of herald's config keys (all are lowercase letters and `_`),
@@ -303,7 +335,7 @@ fn without_values(message: &str) -> String {
                 rest.strip_suffix("`, there are no fields")
                     .map(|f| (f, ": this table takes no keys".to_owned()))
             })
-            .unwrap_or((rest, String::new()));
+            .unwrap_or((rest.trim_end_matches('`'), String::new()));
         return if herald_like_key(field) {
             format!("unknown field `{field}`{tail}")
         } else {

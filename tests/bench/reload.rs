@@ -7,7 +7,7 @@
 //! streams would all have to be opened again too, and are not counted).
 //!
 //! Streams kept: after the reloads one change reaches every one of the 1,000 outside streams,
-//! and none ended.
+//! and none ended (a stream ending is an error on it, which fails the bench).
 //!
 //! Target: a reload under 100 ms (p99 of the 20) with every stream kept.
 //!
@@ -252,7 +252,6 @@ async fn main() {
             changes.contains(&format!("slug extra{r} added")),
             "{answer}"
         );
-        assert!(!changes.contains("ended"), "a stream lost access: {answer}");
         said.push(Duration::from_millis(answer["millis"].as_u64().unwrap()));
     }
     // Every outside stream is still there: one change reaches all of them.

@@ -221,14 +221,7 @@ impl UpToml {
             }
         }
         if let Some(m) = &mut t.memo {
-            for p in [&mut m.nats_creds, &mut m.nats_nkey, &mut m.nats_tls_ca]
-                .into_iter()
-                .flatten()
-            {
-                if p.is_relative() {
-                    *p = base.join(&*p);
-                }
-            }
+            m.nats.resolve(base);
         }
         for w in &mut t.watches {
             if let Some(p) = &mut w.on_event_file
