@@ -24,7 +24,7 @@ pub struct ReloadArgs {
     #[arg(long, value_name = "URL")]
     pub admin: Option<String>,
     /// The herald up config of the herald to reload: its [listen] admin is where to ask (the
-    /// packaged units' ExecReload= passes theirs).
+    /// packaged units' ExecReload= passes theirs) [default: none].
     #[arg(long, value_name = "FILE", conflicts_with = "admin")]
     pub config: Option<std::path::PathBuf>,
     /// Print the outcome as JSON (the admin address's answer).
