@@ -353,6 +353,34 @@ async fn herald_up_reloads_roles_and_watches_one_by_one() {
     let n = up.notice().await;
     assert_eq!(n["watch"], "ext-notes", "{n}");
 
+    // A role whose table changes is started anew on the same store: its notes are still
+    // there, and its watch, ended with it, resubscribes and notices the next change.
+    let text = std::fs::read_to_string(&cfg).unwrap();
+    std::fs::write(
+        &cfg,
+        text.replace("[memo]\n", "[memo]\nring_capacity = 512\n"),
+    )
+    .unwrap();
+    let (code, out, err) = reload(&up.admin).await;
+    assert_eq!(code, 0, "{out}{err}");
+    assert!(out.contains("role memo changed"), "{out}");
+    assert!(
+        !out.contains("ext"),
+        "the outside server is unchanged: {out}"
+    );
+    let c = crate::watch::memo_client(&up.url).await;
+    let (notes, _) = read_json(&c, "memo+memo://notes").await;
+    assert_eq!(
+        notes["k"], 1,
+        "the notes outlive the role's restart: {notes}"
+    );
+    let set = rmcp::model::CallToolRequestParams::new("memo__memo_set")
+        .with_arguments(args(json!({"key": "k2", "value": 2})));
+    c.call_tool(set).await.unwrap();
+    let n = up.notice().await;
+    assert_eq!(n["watch"], "notes", "{n}");
+    assert!(n["text"].as_str().unwrap().contains("k2"), "{n}");
+
     // [listen] cannot move live.
     let text = std::fs::read_to_string(&cfg).unwrap();
     std::fs::write(&cfg, text.replace("127.0.0.1:0", "127.0.0.1:1")).unwrap();
