@@ -49,5 +49,6 @@ mod names;
 mod prompts;
 pub mod source;
 mod tasks;
+mod toml_errors;
 
 pub use source::Gateway;

@@ -561,6 +561,16 @@ impl Source for Gateway {
                 );
             }
         }
+        // The slugs of the tasks it follows are watched too: a reload that takes one away
+        // ends the stream as it does for a URI.
+        for id in filter.task_ids.iter().flatten() {
+            if let Some((slug, _)) = crate::gateway::tasks::split(id)
+                && let Ok(up) = self.access.slug(caller, slug)
+                && !watched.iter().any(|u| Arc::ptr_eq(u, &up))
+            {
+                watched.push(up);
+            }
+        }
         // A caller this gateway does not know was let in by no gate (QUIC has none): it was
         // given nothing, and has no access a reload could take.
         if self.access.authenticates(caller) != Authentication::Known {

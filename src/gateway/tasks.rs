@@ -113,7 +113,7 @@ impl Drop for Slot {
 type IdPair = (String, String);
 
 /// `slug__id` → (`slug`, `id`).
-fn split(id: &str) -> Option<(&str, &str)> {
+pub(super) fn split(id: &str) -> Option<(&str, &str)> {
     id.split_once("__")
         .filter(|(slug, rest)| valid_slug(slug) && !rest.is_empty())
 }
