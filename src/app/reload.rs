@@ -97,3 +97,27 @@ pub fn serve(ctx: &RoleContext, systemd: &Systemd, status: String, mut reload: B
         }
     });
 }
+
+/// For a runner with nothing to reload (a server role: its settings are flags): SIGHUP, whose
+/// default action would end the process, is taken and answered in the log instead.
+pub fn hangup_says_nothing_to_reload(ctx: &RoleContext) {
+    #[cfg(unix)]
+    {
+        let Ok(mut hup) = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup())
+        else {
+            return;
+        };
+        let (role, shutdown) = (ctx.role().to_owned(), ctx.shutdown().clone());
+        ctx.spawn("sighup", async move {
+            loop {
+                tokio::select! {
+                    _ = shutdown.cancelled() => return,
+                    r = hup.recv() => if r.is_none() { return },
+                }
+                tracing::warn!(
+                    "SIGHUP: herald {role} has no config to reload (its settings are its flags); restart it to change them"
+                );
+            }
+        });
+    }
+}

@@ -313,10 +313,13 @@ pub async fn serve_until_stopped(
         }
     };
     bound.admin = admin;
-    if let Some(reload) = reload {
-        // SIGHUP is taken before systemd hears READY=1 (it may send one right after).
-        let status = app::serving_status(std::slice::from_ref(&bound));
-        app::reload::serve(&ctx, systemd, status, reload);
+    // SIGHUP is taken before systemd hears READY=1 (it may send one right after).
+    match reload {
+        Some(reload) => {
+            let status = app::serving_status(std::slice::from_ref(&bound));
+            app::reload::serve(&ctx, systemd, status, reload);
+        }
+        None => app::reload::hangup_says_nothing_to_reload(&ctx),
     }
     app::ready(&ctx, systemd, std::slice::from_ref(&bound)).await;
     announce(&bound, globals.log_format);

@@ -391,3 +391,31 @@ async fn herald_up_reloads_roles_and_watches_one_by_one() {
         "{err}"
     );
 }
+
+/// A server role has no config to reload: SIGHUP (whose default action would end it) is
+/// answered in the log, and the role serves on.
+#[tokio::test]
+async fn sighup_to_a_role_without_a_config_is_answered_and_ends_nothing() {
+    init();
+    let mut memo = Server::spawn(&["--store", ":memory:", "memo", "--http", "127.0.0.1:0"]).await;
+    let hup = std::process::Command::new("kill")
+        .args(["-HUP", &memo.pid().to_string()])
+        .status()
+        .unwrap();
+    assert!(hup.success());
+    memo.line_where("that it has nothing to reload", |v| {
+        v["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("no config to reload"))
+    })
+    .await;
+    let conn = herald::transport::client::connect(
+        &herald::transport::target::Target::Http(memo.http_url()),
+        &Default::default(),
+        herald::transport::client::client_config(),
+        1 << 20,
+    )
+    .await
+    .expect("memo still serves");
+    call(&conn, "memo_set", json!({"key": "k", "value": 1})).await;
+}
