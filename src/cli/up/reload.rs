@@ -1,11 +1,18 @@
 //! `herald up`'s reload ([`crate::app::reload`]): the config file read again and checked as
-//! `herald check` (and the start) checks it, then the difference applied. Roles whose table
-//! changed are built anew before anything else changes (one that cannot be built refuses the
-//! whole reload), then the gateway takes the new slugs and tokens at once (`Gateway::apply`:
-//! unchanged slugs keep their connections and their clients' streams), the replaced roles
-//! stop, and the watch client stops, starts or restarts the watches that changed, leaving
-//! every unchanged one (and its baseline) alone. What cannot change live (`[listen]`,
-//! `[publish]`, `[notify]`) refuses the reload with a message saying a restart is needed.
+//! `herald check` (and the start) checks it, then the difference applied, in this order:
+//!
+//! 1. A role whose table changed (or that goes) stops, and its tasks are waited for (it
+//!    shares the store, and Slack one socket, with its new self); the changed and new ones are
+//!    built. One that cannot start brings every stopped role back as it was and refuses the
+//!    reload, nothing else applied.
+//! 2. The watch client stops the watches that go or change (quietly, before their slug goes).
+//! 3. The gateway takes the new roles, slugs and tokens at once (`Gateway::apply`: unchanged
+//!    slugs keep their connections and their clients' streams; streams that lost access end).
+//! 4. The watch client keeps the new and changed watches; every unchanged one, and its
+//!    baseline, is left alone.
+//!
+//! What cannot change live (`[listen]`, `[publish]`, `[notify]`) refuses the reload with a
+//! message saying a restart is needed.
 
 use std::path::PathBuf;
 use std::sync::Arc;
