@@ -66,7 +66,13 @@ pub fn serve(ctx: &RoleContext, systemd: &Systemd, status: String, mut reload: B
                 .notify(&[Notify::Reloading, Notify::Status("reloading the config")])
                 .await;
             let start = Instant::now();
-            let mut outcome = match reload.reload().await {
+            // A shutdown during a reload ends it where it is (the process goes anyway); it
+            // never holds up the drain.
+            let done = tokio::select! {
+                r = reload.reload() => r,
+                _ = ctx.shutdown().cancelled() => return,
+            };
+            let mut outcome = match done {
                 Ok(changes) => ReloadOutcome::applied(changes),
                 Err(e) => ReloadOutcome::refused(e),
             };

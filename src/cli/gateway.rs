@@ -10,7 +10,7 @@ use crate::cli::client::UpstreamConnectTimeout;
 use crate::cli::serve::{ServeArgs, begin, role_store, serve_until_stopped};
 use crate::cli::{Exit, Globals};
 use crate::gateway::Gateway;
-use crate::gateway::config::{GatewayConfig, Slug, Token};
+use crate::gateway::config::{GatewayConfig, Slug};
 use crate::gateway::source::Reconfigured;
 use crate::mcp::limits::Limits;
 use crate::upstream::Upstream;
@@ -32,10 +32,8 @@ pub struct GatewayArgs {
 }
 
 pub async fn run(args: GatewayArgs, globals: &Globals) -> Result<(), Exit> {
-    let mut cfg = GatewayConfig::load(&args.config).map_err(|e| crate::cli::usage(e.into()))?;
-    for slug in &mut cfg.slugs {
-        slug.handshake_timeout = args.timeout.duration();
-    }
+    let cfg =
+        load(&args.config, args.timeout.duration()).map_err(|e| crate::cli::usage(e.into()))?;
     let mut opts = args.serve.options();
     if opts.http.is_none() {
         opts.http = cfg.http.clone();
@@ -43,17 +41,8 @@ pub async fn run(args: GatewayArgs, globals: &Globals) -> Result<(), Exit> {
     if opts.quic.is_none() {
         opts.quic = cfg.quic.clone();
     }
-    if cfg.open_to_loopback {
-        // The config's own addresses were checked when it was read; the flags' are here.
-        crate::gateway::config::open_on_loopback_only(
-            [&opts.http, &opts.quic]
-                .into_iter()
-                .flatten()
-                .map(String::as_str),
-            cfg.tokens.is_empty(),
-        )
+    loopback_only(&cfg, &[opts.http.clone(), opts.quic.clone()])
         .map_err(|e| crate::cli::usage(e.into()))?;
-    }
     if cfg.tokens.is_empty() && (opts.http.is_some() || opts.quic.is_some()) {
         tracing::info!(
             "no [[token]] configured: callers on this host (loopback) may use every server without a token"
@@ -110,19 +99,12 @@ struct GatewayReload {
 #[async_trait::async_trait]
 impl crate::app::reload::Reload for GatewayReload {
     async fn reload(&mut self) -> Result<Vec<String>, String> {
-        let mut next = GatewayConfig::load(&self.path).map_err(|e| e.to_string())?;
-        for slug in &mut next.slugs {
-            slug.handshake_timeout = self.handshake_timeout;
-        }
+        let next = load(&self.path, self.handshake_timeout).map_err(|e| e.to_string())?;
         if !self.flags_set_addrs {
-            restart_needed("[listen] http", &self.running.http, &next.http)?;
-            restart_needed("[listen] quic", &self.running.quic, &next.quic)?;
+            restart_needed("http", &self.running.http, &next.http)?;
+            restart_needed("quic", &self.running.quic, &next.quic)?;
         }
-        if next.open_to_loopback {
-            let addrs = self.addrs.iter().flatten().map(String::as_str);
-            crate::gateway::config::open_on_loopback_only(addrs, next.tokens.is_empty())
-                .map_err(|e| e.to_string())?;
-        }
+        loopback_only(&next, &self.addrs).map_err(|e| e.to_string())?;
         let ups = apply_slugs(
             &self.gateway,
             &self.running.slugs,
@@ -135,6 +117,32 @@ impl crate::app::reload::Reload for GatewayReload {
         self.running = next;
         Ok(changes)
     }
+}
+
+/// The config at `path`, each slug given `handshake_timeout` (`--connect-timeout-ms`): what
+/// the start and a reload read alike.
+fn load(
+    path: &std::path::Path,
+    handshake_timeout: std::time::Duration,
+) -> Result<GatewayConfig, crate::gateway::config::ConfigError> {
+    let mut cfg = GatewayConfig::load(path)?;
+    for slug in &mut cfg.slugs {
+        slug.handshake_timeout = handshake_timeout;
+    }
+    Ok(cfg)
+}
+
+/// A gateway open to loopback serves on loopback only: the config's own addresses were
+/// checked when it was read, `served` (the flags over them) here.
+fn loopback_only(
+    cfg: &GatewayConfig,
+    served: &[Option<String>; 2],
+) -> Result<(), crate::gateway::config::ConfigError> {
+    if !cfg.open_to_loopback {
+        return Ok(());
+    }
+    let addrs = served.iter().flatten().map(String::as_str);
+    crate::gateway::config::open_on_loopback_only(addrs, cfg.tokens.is_empty())
 }
 
 /// Refuses a reload that moves what cannot move live, naming it.
@@ -189,11 +197,10 @@ pub fn describe(running: &GatewayConfig, next: &GatewayConfig, done: &Reconfigur
     for name in done.removed.iter().filter(|n| !done.added.contains(n)) {
         out.push(format!("slug {name} removed"));
     }
-    let key = |t: &Token| (t.sha256, t.slugs.clone());
     for t in &next.tokens {
         match running.tokens.iter().find(|r| r.label == t.label) {
             None => out.push(format!("token {} added", t.label)),
-            Some(r) if key(r) != key(t) => out.push(format!("token {} changed", t.label)),
+            Some(r) if r != t => out.push(format!("token {} changed", t.label)),
             Some(_) => {}
         }
     }

@@ -111,14 +111,13 @@ impl Entitled {
 
     /// Whether `other` entitles exactly what this does (the same upstreams, tokens and rules).
     pub(super) fn same_as(&self, other: &Entitled) -> bool {
-        let key = |t: &Token| (t.label.clone(), t.sha256, t.slugs.clone());
         self.upstreams.len() == other.upstreams.len()
             && self
                 .upstreams
                 .iter()
                 .zip(&other.upstreams)
                 .all(|(a, b)| Arc::ptr_eq(a, b))
-            && self.tokens.iter().map(key).eq(other.tokens.iter().map(key))
+            && self.tokens == other.tokens
             && self.open_to_loopback == other.open_to_loopback
             && self.bare == other.bare
     }
@@ -131,6 +130,16 @@ impl Entitled {
         } else {
             format!("{slug}__{name}")
         }
+    }
+
+    /// Whether `caller` is known and may use every one of `upstreams` (a held stream keeps
+    /// what it watches).
+    fn keeps(&self, caller: &Caller, upstreams: &[Arc<Upstream>]) -> bool {
+        let selected = self.selected(caller);
+        self.authenticates(caller) == Authentication::Known
+            && upstreams
+                .iter()
+                .all(|u| selected.iter().any(|s| Arc::ptr_eq(s, u)))
     }
 
     /// The upstreams `caller` may use.
@@ -192,13 +201,10 @@ impl Access {
         held.streams.retain(|h| !h.end.is_cancelled());
         let mut ended = 0;
         for h in &held.streams {
-            let selected = entitled.selected(&h.caller);
-            let keeps = entitled.authenticates(&h.caller) == Authentication::Known
-                && h.upstreams.iter().all(|w| {
-                    w.upgrade()
-                        .is_some_and(|u| selected.iter().any(|s| Arc::ptr_eq(s, &u)))
-                });
-            if !keeps {
+            // An upstream gone from memory was removed: it is not kept.
+            let watched: Option<Vec<Arc<Upstream>>> =
+                h.upstreams.iter().map(std::sync::Weak::upgrade).collect();
+            if !watched.is_some_and(|w| entitled.keeps(&h.caller, &w)) {
                 h.end.cancel();
                 ended += 1;
             }
@@ -242,12 +248,7 @@ impl Access {
 
     /// Whether `caller`, held watching `upstreams`, may keep them under the config now.
     pub(super) fn keeps(&self, caller: &Caller, upstreams: &[Arc<Upstream>]) -> bool {
-        let now = self.now();
-        let selected = now.selected(caller);
-        now.authenticates(caller) == Authentication::Known
-            && upstreams
-                .iter()
-                .all(|u| selected.iter().any(|s| Arc::ptr_eq(s, u)))
+        self.now().keeps(caller, upstreams)
     }
 
     /// The upstreams `caller` may use.

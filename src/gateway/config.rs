@@ -208,7 +208,7 @@ impl PartialEq for Slug {
 }
 
 /// One token, validated: its SHA-256 and what it may use.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Token {
     pub label: String,
     pub sha256: [u8; 32],

@@ -92,16 +92,6 @@ fn upstream_of(slug: &Slug, max_message_bytes: usize, ctx: &RoleContext) -> Upst
 }
 
 impl Gateway {
-    /// The gateway over `cfg`'s slugs; its helper tasks run on `ctx`.
-    pub fn new(cfg: &GatewayConfig, max_message_bytes: usize, ctx: &RoleContext) -> Gateway {
-        let upstreams = cfg
-            .slugs
-            .iter()
-            .map(|s| Arc::new(upstream_of(s, max_message_bytes, ctx)))
-            .collect();
-        Gateway::configured(upstreams, cfg, ctx)
-    }
-
     /// The gateway over `upstreams` (one per `cfg`'s slug) as `cfg` says: its tokens, its
     /// bare slug (`prefix = false`) and `open_to_loopback`.
     pub fn configured(
@@ -122,7 +112,7 @@ impl Gateway {
         tokens: Vec<Token>,
         ctx: &RoleContext,
     ) -> Gateway {
-        let access = Arc::new(Access::new(Entitled::new(Vec::new(), tokens.clone())));
+        let access = Arc::new(Access::new(Entitled::default()));
         let shared: Arc<Mutex<HashMap<String, Weak<SharedListen>>>> = Arc::default();
         let uris = {
             let shared = Arc::downgrade(&shared);
@@ -156,11 +146,6 @@ impl Gateway {
         let now = (*self.access.now()).clone().open_to_loopback(open);
         self.access.swap(now);
         self
-    }
-
-    /// Lets callers on a loopback address in without a token.
-    pub fn open_to_loopback(self) -> Gateway {
-        self.loopback(true)
     }
 
     /// Shows slug `name`'s tools and prompts under the names its server gives them (a

@@ -278,11 +278,6 @@ impl StatusBoard {
         }
     }
 
-    /// Takes `role` off the board (a reload removed it).
-    pub fn role_gone(&self, role: &str) {
-        self.lock().roles.retain(|r| r.name != role);
-    }
-
     /// Counts a reload and keeps its outcome as the last one.
     pub fn reloaded(&self, outcome: &crate::runtime::reload::ReloadOutcome) {
         let mut b = self.lock();

@@ -11,7 +11,6 @@
 use std::process::Stdio;
 
 use serde_json::{Value, json};
-use sha2::Digest;
 use tokio::io::{AsyncBufReadExt, AsyncRead, AsyncWrite, AsyncWriteExt, BufReader};
 
 use crate::support::*;
@@ -1069,10 +1068,6 @@ async fn run_http() -> usize {
     drop(held);
     assert!(server.terminate().await.success());
     cases.len()
-}
-
-fn sha(t: &str) -> String {
-    hex::encode(sha2::Sha256::digest(t.as_bytes()))
 }
 
 /// Runs the gateway's token cases on one `herald gateway --http` requiring tokens, then an

@@ -5,7 +5,6 @@ use rmcp::model::{
     CallToolRequestParams, ClientRequest, CustomRequest, ServerNotification, SubscriptionFilter,
 };
 use serde_json::{Value, json};
-use sha2::Digest;
 
 use crate::support::*;
 use herald::transport::client::{Connection, client_config, connect};
@@ -20,10 +19,6 @@ struct Setup {
     _b: Server,
     gw: Server,
     _dir: TempDir,
-}
-
-fn sha(t: &str) -> String {
-    hex::encode(sha2::Sha256::digest(t.as_bytes()))
 }
 
 async fn setup() -> Setup {

@@ -124,15 +124,6 @@ async fn reload(admin: &str) -> (i32, String, String) {
     )
 }
 
-fn sha(token: &str) -> String {
-    use sha2::Digest as _;
-    hex(&sha2::Sha256::digest(token.as_bytes()))
-}
-
-fn hex(b: &[u8]) -> String {
-    b.iter().map(|x| format!("{x:02x}")).collect()
-}
-
 /// The measure: 1,000 listen streams on a slug that does not change, held across 10
 /// reloads that add and remove other slugs and tokens; none dropped, and a change afterwards
 /// reaches every one. A reload with a broken config in the middle is refused, names its line,

@@ -362,3 +362,9 @@ pub fn closed_port() -> u16 {
         .unwrap()
         .port()
 }
+
+/// A token's SHA-256 in hex, as a `[[token]]`'s `sha256` takes it.
+pub fn sha(t: &str) -> String {
+    use sha2::Digest as _;
+    hex::encode(sha2::Sha256::digest(t.as_bytes()))
+}
