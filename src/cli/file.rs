@@ -43,7 +43,7 @@ pub struct FileArgs {
 }
 
 /// The config file. Every field is optional; flags win.
-#[derive(Debug, Clone, Default, Deserialize, Serialize)]
+#[derive(Debug, Clone, Default, PartialEq, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct FileToml {
     /// Directories to serve; relative paths are relative to the config file.

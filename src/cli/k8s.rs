@@ -60,7 +60,7 @@ pub struct K8sArgs {
 
 /// The k8s role's settings: `[k8s]` of `herald up`, or `herald k8s`'s flags. Every field is
 /// optional; [`K8sToml::with_defaults`] fills in the source's defaults, the one place they are.
-#[derive(Debug, Clone, Default, Deserialize, Serialize)]
+#[derive(Debug, Clone, Default, PartialEq, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct K8sToml {
     /// Named kubeconfigs (`?kcp=NAME` picks one; the first is the default: in the TOML, the

@@ -33,7 +33,7 @@ pub struct MemoArgs {
 
 /// The memo role's settings: `[memo]` of `herald up`, or `herald memo`'s flags. Every field
 /// is optional; [`MemoToml::with_defaults`] fills in the source's defaults.
-#[derive(Debug, Clone, Default, Deserialize, Serialize)]
+#[derive(Debug, Clone, Default, PartialEq, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct MemoToml {
     pub ring_capacity: Option<usize>,

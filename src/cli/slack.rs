@@ -67,7 +67,7 @@ pub struct SlackArgs {
 }
 
 /// The `[slack]` table.
-#[derive(Debug, Clone, Default, Deserialize, Serialize)]
+#[derive(Debug, Clone, Default, PartialEq, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct SlackToml {
     pub api_url: Option<String>,

@@ -71,7 +71,7 @@ pub struct WatchToml {
     pub on_event_file: Option<PathBuf>,
 }
 
-#[derive(Debug, Clone, Default, Deserialize, Serialize)]
+#[derive(Debug, Clone, Default, PartialEq, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct NotifyToml {
     /// Run this (with `sh -c`) per notice, the notice on its stdin.
@@ -108,7 +108,7 @@ pub struct UpToml {
 
 /// `[publish]`: every event log of the roles here, published to NATS for gateways elsewhere
 /// (as a role's `--publish-events`).
-#[derive(Debug, Clone, Default, Deserialize, Serialize)]
+#[derive(Debug, Clone, Default, PartialEq, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct PublishToml {
     /// `nats://HOST:PORT[,…]`.

@@ -20,7 +20,7 @@ use std::sync::Arc;
 use tokio::sync::{mpsc, oneshot};
 
 use super::config::{UpConfig, UpToml};
-use super::roles::{Role, Roles, table};
+use super::roles::{Role, Roles, same_table};
 use crate::cli::gateway::{apply_slugs, describe, restart_needed};
 use crate::filter::pool::{FilterPool, PoolConfig};
 use crate::gateway::Gateway;
@@ -111,7 +111,7 @@ impl UpReload {
         for slug in &mut next.slugs {
             slug.handshake_timeout = self.handshake_timeout;
         }
-        let k8s_changed = format!("{:?}", self.running.file.k8s) != format!("{:?}", next.file.k8s);
+        let k8s_changed = self.running.file.k8s != next.file.k8s;
         crate::cli::check::up_parts(path, &next, k8s_changed)
             .await
             .map_err(said)?;
@@ -130,14 +130,8 @@ impl UpReload {
                 "[listen] allowed_origins",
                 a.listen.allowed_origins == b.listen.allowed_origins,
             ),
-            (
-                "[publish]",
-                format!("{:?}", a.publish) == format!("{:?}", b.publish),
-            ),
-            (
-                "[notify]",
-                format!("{:?}", a.notify) == format!("{:?}", b.notify),
-            ),
+            ("[publish]", a.publish == b.publish),
+            ("[notify]", a.notify == b.notify),
         ] {
             if !same {
                 return Err(format!(
@@ -220,15 +214,17 @@ impl crate::app::reload::Reload for UpReload {
         let next = self.next().await?;
         let mut changes = Vec::new();
         let mut changed: Vec<(&'static str, Change)> = Vec::new();
+        let (was, will) = (&self.running.file, &next.file);
         for name in super::config::ROLES {
-            let old = self.roles.iter().find(|r| r.name == name);
-            match (old, table(name, &next.file)) {
-                (None, None) => {}
-                (Some(r), Some(t)) if r.table == t => {}
-                (Some(_), Some(_)) => changed.push((name, Change::Changed)),
-                (Some(_), None) => changed.push((name, Change::Removed)),
-                (None, Some(_)) => changed.push((name, Change::Added)),
+            if same_table(name, was, will) {
+                continue;
             }
+            let on = |f: &UpToml| f.roles().contains(&name);
+            changed.push(match (on(was), on(will)) {
+                (true, true) => (name, Change::Changed),
+                (true, false) => (name, Change::Removed),
+                _ => (name, Change::Added),
+            });
         }
         // A role that changes stops before its new self starts (they share the store, and
         // Slack one socket); should the new one fail to start, the old one is started again

@@ -22,8 +22,6 @@ pub(super) struct Role {
     pub name: &'static str,
     /// Its slug.
     pub up: Arc<Upstream>,
-    /// Its table as configured, compared on reload.
-    pub table: String,
     /// The source, for `[publish]`'s catalog (`None` while it waits for its backend).
     pub source: Option<DynSource>,
     /// Slack only: whether it is live (configured) rather than inert.
@@ -63,14 +61,14 @@ pub(super) struct Roles {
     pub demo: bool,
 }
 
-/// Role `name`'s table in `file`, as compared on reload; `None` when it is not configured.
-pub(super) fn table(name: &str, file: &UpToml) -> Option<String> {
+/// Whether role `name`'s table is the same in `a` and `b` (both absent counts).
+pub(super) fn same_table(name: &str, a: &UpToml, b: &UpToml) -> bool {
     match name {
-        "memo" => file.memo.as_ref().map(|t| format!("{t:?}")),
-        "file" => file.file.as_ref().map(|t| format!("{t:?}")),
-        "k8s" => file.k8s.as_ref().map(|t| format!("{t:?}")),
-        "slack" => file.slack.as_ref().map(|t| format!("{t:?}")),
-        _ => None,
+        "memo" => a.memo == b.memo,
+        "file" => a.file == b.file,
+        "k8s" => a.k8s == b.k8s,
+        "slack" => a.slack == b.slack,
+        _ => true,
     }
 }
 
@@ -78,25 +76,22 @@ impl Roles {
     /// Every role `file` configures, in the order of [`super::config::ROLES`].
     pub async fn all(&self, file: &UpToml) -> Result<Vec<Role>, Exit> {
         let mut out = Vec::new();
-        for name in super::config::ROLES {
-            if let Some(role) = self.build(name, file).await? {
-                out.push(role);
-            }
+        for name in file.roles() {
+            out.extend(self.build(name, file).await?);
         }
         Ok(out)
     }
 
     /// Role `name` as `file` configures it (`None` when it does not).
     pub async fn build(&self, name: &'static str, file: &UpToml) -> Result<Option<Role>, Exit> {
-        let Some(table) = table(name, file) else {
+        if !file.roles().contains(&name) {
             return Ok(None);
-        };
+        }
         let ctx = self.ctx.for_stoppable_role(name);
         let max = self.local.max_message_bytes;
         let role = |up, source: Option<DynSource>, slack_live| Role {
             name,
             up,
-            table: table.clone(),
             source,
             slack_live,
             ctx: ctx.clone(),
