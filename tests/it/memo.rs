@@ -314,7 +314,13 @@ async fn herald_up_serves_the_demo_with_no_config() {
         .await;
         assert_eq!(read_json(&conn, "memo://notes").await.0["todo"], "buy milk");
     }
-    assert!(up.terminate().await.success());
+    let log = up.stderr.clone();
+    let status = up.terminate().await;
+    assert!(
+        status.success(),
+        "{status}; stderr:\n{}",
+        log.lock().unwrap()
+    );
 }
 
 /// `--max-notes-bytes` over stdio (raw lines) and HTTP (herald's client): a `memo_set` that

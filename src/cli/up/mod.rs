@@ -419,7 +419,10 @@ pub async fn run(args: UpArgs, globals: &Globals) -> Result<(), Exit> {
         m.report_to(&board);
         board.role_serving("watch", Vec::new(), None);
         // Reloads change the configured watches for as long as the watch client runs.
-        let reloads = reload::serve_watches(m, configured, watch_reloads_rx);
+        // Fused: it ends when the reloads end (no config file, or the shutdown), and the
+        // selects below may meet it again after that.
+        let reloads =
+            futures::FutureExt::fuse(reload::serve_watches(m, configured, watch_reloads_rx));
         tokio::pin!(reloads);
         if let Some((nrx, settings)) = agent {
             tokio::select! {
