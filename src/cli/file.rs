@@ -161,6 +161,7 @@ mod tests {
                 allowed_hosts: vec![],
                 allowed_origins: vec![],
                 max_listen_streams: 1,
+                max_event_streams: 1,
                 max_listen_uris: 1,
                 max_message_bytes: 1,
                 listen_stall_ms: 1,

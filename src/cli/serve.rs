@@ -11,8 +11,8 @@ use crate::app::systemd::Notify;
 use crate::app::{self, Bound, ServeOptions};
 use crate::cli::{ANNOUNCE, Exit, Globals, LogFormat};
 use crate::mcp::limits::{
-    DEFAULT_LISTEN_STALL_MS, DEFAULT_MAX_CONNECTIONS, DEFAULT_MAX_LISTEN_STREAMS,
-    DEFAULT_MAX_LISTEN_URIS, DEFAULT_MAX_MESSAGE_BYTES, Limits,
+    DEFAULT_LISTEN_STALL_MS, DEFAULT_MAX_CONNECTIONS, DEFAULT_MAX_EVENT_STREAMS,
+    DEFAULT_MAX_LISTEN_STREAMS, DEFAULT_MAX_LISTEN_URIS, DEFAULT_MAX_MESSAGE_BYTES, Limits,
 };
 use crate::runtime::context::RoleContext;
 use crate::store::Store;
@@ -131,6 +131,10 @@ pub struct ServeArgs {
     /// Most open subscriptions/listen streams per connection.
     #[arg(long, default_value_t = DEFAULT_MAX_LISTEN_STREAMS, value_name = "N")]
     pub max_listen_streams: usize,
+    /// Most open events/stream streams per connection (on HTTP: per client IP address); they
+    /// count against neither --max-listen-streams nor the requests in flight.
+    #[arg(long, default_value_t = DEFAULT_MAX_EVENT_STREAMS, value_name = "N")]
+    pub max_event_streams: usize,
     /// Most resource URIs one listen stream may ask for.
     #[arg(long, default_value_t = DEFAULT_MAX_LISTEN_URIS, value_name = "N")]
     pub max_listen_uris: usize,
@@ -187,6 +191,7 @@ impl ServeArgs {
             tls_key: self.tls_key.clone(),
             limits: Limits {
                 max_streams_per_connection: self.max_listen_streams,
+                max_event_streams_per_connection: self.max_event_streams,
                 max_uris_per_stream: self.max_listen_uris,
                 max_message_bytes: self.max_message_bytes,
                 stall_timeout: Duration::from_millis(self.listen_stall_ms),

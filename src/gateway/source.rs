@@ -661,6 +661,14 @@ impl Source for Gateway {
                         if let Some(n) = e["name"].as_str() {
                             e["name"] = prefixed(&u.name, n).into();
                         }
+                        // The gateway streams whatever it can poll (events/stream is served
+                        // here, from long polls on the slug).
+                        if let Some(modes) = e.get_mut("delivery").and_then(Value::as_array_mut)
+                            && modes.iter().any(|m| m == "poll")
+                            && !modes.iter().any(|m| m == "push")
+                        {
+                            modes.push("push".into());
+                        }
                         out.push(e);
                     }
                 }

@@ -226,42 +226,73 @@ impl Admission {
     }
 }
 
-/// Open listen streams on one connection (a stdio process, a QUIC connection, an HTTP
-/// client address).
+/// Open streams on one connection (a stdio process, a QUIC connection, an HTTP client
+/// address): `subscriptions/listen` streams and `events/stream` streams, each kind counted
+/// against its own cap.
 #[derive(Debug, Clone, Default)]
-pub struct ConnStreams(Arc<AtomicUsize>);
+pub struct ConnStreams(Arc<StreamCounts>);
+
+/// The two counts behind [`ConnStreams`].
+#[derive(Debug, Default)]
+pub struct StreamCounts {
+    listens: AtomicUsize,
+    events: AtomicUsize,
+}
 
 impl ConnStreams {
+    /// A listen stream's slot, if fewer than `max` are open.
     pub fn try_acquire(&self, max: usize) -> Option<StreamSlot> {
-        let prev = self.0.fetch_add(1, Ordering::AcqRel);
-        if prev >= max {
-            self.0.fetch_sub(1, Ordering::AcqRel);
-            return None;
-        }
-        Some(StreamSlot(Arc::new(SlotInner(self.0.clone()))))
+        self.acquire(max, false)
     }
 
-    /// A counter shared with other holders of `shared`.
-    pub fn from_shared(shared: Arc<AtomicUsize>) -> ConnStreams {
+    /// An `events/stream` stream's slot, if fewer than `max` are open.
+    pub fn try_acquire_events(&self, max: usize) -> Option<StreamSlot> {
+        self.acquire(max, true)
+    }
+
+    fn acquire(&self, max: usize, events: bool) -> Option<StreamSlot> {
+        let count = self.0.count(events);
+        let prev = count.fetch_add(1, Ordering::AcqRel);
+        if prev >= max {
+            count.fetch_sub(1, Ordering::AcqRel);
+            return None;
+        }
+        Some(StreamSlot(Arc::new(SlotInner(self.0.clone(), events))))
+    }
+
+    /// Counts shared with other holders of `shared`.
+    pub fn from_shared(shared: Arc<StreamCounts>) -> ConnStreams {
         ConnStreams(shared)
     }
 
-    pub fn downgrade(&self) -> std::sync::Weak<AtomicUsize> {
+    pub fn downgrade(&self) -> std::sync::Weak<StreamCounts> {
         Arc::downgrade(&self.0)
     }
 
+    /// Listen streams open now.
     pub fn open(&self) -> usize {
-        self.0.load(Ordering::Acquire)
+        self.0.listens.load(Ordering::Acquire)
+    }
+
+    /// `events/stream` streams open now.
+    pub fn open_events(&self) -> usize {
+        self.0.events.load(Ordering::Acquire)
     }
 }
 
-/// A reserved listen slot, released when the admitted listen is dropped.
+impl StreamCounts {
+    fn count(&self, events: bool) -> &AtomicUsize {
+        if events { &self.events } else { &self.listens }
+    }
+}
+
+/// A reserved stream slot, released when the stream that holds it is dropped.
 #[derive(Clone)]
 pub struct StreamSlot(#[allow(dead_code)] Arc<SlotInner>);
-struct SlotInner(Arc<AtomicUsize>);
+struct SlotInner(Arc<StreamCounts>, bool);
 impl Drop for SlotInner {
     fn drop(&mut self) {
-        self.0.fetch_sub(1, Ordering::AcqRel);
+        self.0.count(self.1).fetch_sub(1, Ordering::AcqRel);
     }
 }
 

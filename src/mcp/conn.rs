@@ -97,6 +97,8 @@ impl Service<RoleServer> for ConnServer {
             return self.server.listen_on_peer(ack, listen, &context).await;
         }
         context.extensions.insert(caller);
+        // (An `events/stream` counts against this connection's budget.)
+        context.extensions.insert(self.conn.clone());
         self.server.handle_request(request, context).await
     }
 

@@ -190,7 +190,7 @@ impl EventType {
         json!({
             "name": self.name,
             "description": self.description,
-            "delivery": ["poll"],
+            "delivery": ["poll", "push"],
             "inputSchema": self.input_schema,
             "payloadSchema": self.payload_schema,
         })
@@ -304,6 +304,8 @@ pub fn poll_result(ring: &EventRing, uri: &str, req: &PollRequest, now_ms: u64) 
                 "name": req.name,
                 "timestamp": rfc3339(e.ts_ms as i64 * 1_000_000),
                 "data": e.event,
+                // Its own resume point, which a stream gives each event it pushes.
+                "_meta": {crate::mcp::server::stream::EVENT_CURSOR_META: encode_cursor(e.seq)},
             })
         })
         .collect();

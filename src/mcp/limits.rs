@@ -5,6 +5,8 @@ use std::time::Duration;
 
 /// Default for [`Limits::max_streams_per_connection`] (`--max-listen-streams`).
 pub const DEFAULT_MAX_LISTEN_STREAMS: usize = 64;
+/// Default for [`Limits::max_event_streams_per_connection`] (`--max-event-streams`).
+pub const DEFAULT_MAX_EVENT_STREAMS: usize = 64;
 /// Default for [`Limits::max_uris_per_stream`] (`--max-listen-uris`).
 pub const DEFAULT_MAX_LISTEN_URIS: usize = 256;
 /// Default for [`Limits::max_message_bytes`] (`--max-message-bytes`); clients use it too.
@@ -23,6 +25,9 @@ pub const DEFAULT_MAX_CONNECTIONS: usize = 4096;
 pub struct Limits {
     /// Open `subscriptions/listen` streams per connection.
     pub max_streams_per_connection: usize,
+    /// Open `events/stream` streams per connection (a budget of their own: they count
+    /// against neither the listen streams nor the requests in flight).
+    pub max_event_streams_per_connection: usize,
     /// URIs one listen stream may ask for.
     pub max_uris_per_stream: usize,
     /// Largest incoming message (stdio/QUIC line, HTTP body), in bytes.
@@ -58,6 +63,7 @@ impl Default for Limits {
     fn default() -> Self {
         Limits {
             max_streams_per_connection: DEFAULT_MAX_LISTEN_STREAMS,
+            max_event_streams_per_connection: DEFAULT_MAX_EVENT_STREAMS,
             max_uris_per_stream: DEFAULT_MAX_LISTEN_URIS,
             max_message_bytes: DEFAULT_MAX_MESSAGE_BYTES,
             stall_timeout: Duration::from_millis(DEFAULT_LISTEN_STALL_MS),

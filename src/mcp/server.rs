@@ -580,6 +580,26 @@ impl ServerHandler for SourceServer {
                 self.stamp_json(&mut result);
                 Ok(CustomResult::new(result))
             }
+            "events/stream" => {
+                // The connection's budget: a byte stream's own (`ConnServer` puts it in the
+                // context), an HTTP client address's (in the request's parts).
+                let budget = context
+                    .extensions
+                    .get::<ConnStreams>()
+                    .or_else(|| {
+                        context
+                            .extensions
+                            .get::<http::request::Parts>()
+                            .and_then(|p| p.extensions.get::<ConnStreams>())
+                    })
+                    .cloned()
+                    .unwrap_or_default();
+                let mut out = stream::PeerEvents::new(&context);
+                let result = self
+                    .event_stream(&caller, params, &budget, &mut out)
+                    .await?;
+                Ok(CustomResult::new(result))
+            }
             other => Err(McpError::new(
                 ErrorCode::METHOD_NOT_FOUND,
                 format!("unknown method {other}"),
@@ -793,6 +813,7 @@ mod calls;
 pub mod dispatch;
 mod legacy;
 mod out;
+pub mod stream;
 pub use calls::plain_call;
 
 #[cfg(test)]

@@ -15,7 +15,6 @@ use crate::sync::Recover;
 use std::collections::HashMap;
 use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
-use std::sync::atomic::AtomicUsize;
 use std::time::Duration;
 
 use axum::Router;
@@ -38,7 +37,7 @@ use self::conn::Activity;
 use crate::runtime::metrics::Metrics;
 use crate::transport::cap::{ConnCap, ConnMetrics};
 
-use crate::mcp::admission::{ConnStreams, ListenClaim, ListenFilter};
+use crate::mcp::admission::{ConnStreams, ListenClaim, ListenFilter, StreamCounts};
 use crate::mcp::caller::{Caller, PeerAddr};
 use crate::mcp::server::SourceServer;
 use crate::transport::origin::Allowlist;
@@ -380,7 +379,7 @@ fn within_open_files(max: usize) -> usize {
 /// address. Entries are weak: an address with no open connection and no open stream is pruned.
 #[derive(Default)]
 struct PeerStreams {
-    map: std::sync::Mutex<HashMap<IpAddr, std::sync::Weak<AtomicUsize>>>,
+    map: std::sync::Mutex<HashMap<IpAddr, std::sync::Weak<StreamCounts>>>,
 }
 
 impl PeerStreams {

@@ -244,6 +244,21 @@ fn may_name_task_ids(text: &[u8]) -> bool {
     has(b"taskIds") || has(b"\\u")
 }
 
+/// Whether a request is an `events/stream`: a long-lived stream with a budget of its own
+/// (the server's), which takes no place among the requests in flight. A byte scan first
+/// spares every other request the parse.
+fn is_event_stream(text: &[u8]) -> bool {
+    #[derive(serde::Deserialize)]
+    struct Probe<'a> {
+        #[serde(borrow, default)]
+        method: Option<std::borrow::Cow<'a, str>>,
+    }
+    let has = |needle: &[u8]| text.windows(needle.len()).any(|w| w == needle);
+    (has(b"events/stream") || has(b"\\u"))
+        && serde_json::from_slice::<Probe>(text)
+            .is_ok_and(|p| p.method.as_deref() == Some("events/stream"))
+}
+
 /// A listen's `params.notifications.taskIds`, as sent (the server gates and checks it).
 fn listen_task_ids(v: &Value) -> Option<Value> {
     if v.get("method").and_then(Value::as_str) != Some("subscriptions/listen") {
@@ -487,6 +502,11 @@ where
                                     ),
                                 );
                                 continue;
+                            }
+                            JsonRpcMessage::Request(r) if is_event_stream(text) => {
+                                flight.insert_stream(r.id.clone());
+                                self.line.clear();
+                                return Some(msg);
                             }
                             JsonRpcMessage::Request(r) => {
                                 let (id, size) = (r.id.clone(), self.line.len());

@@ -72,7 +72,7 @@ async fn memo_events(via: Via) {
     let types = list["events"].as_array().unwrap();
     assert_eq!(types.len(), 1);
     assert_eq!(types[0]["name"], "memo.changed");
-    assert_eq!(types[0]["delivery"], json!(["poll"]));
+    assert_eq!(types[0]["delivery"], json!(["poll", "push"]));
     assert_eq!(types[0]["inputSchema"]["type"], "object");
     assert_eq!(types[0]["inputSchema"]["additionalProperties"], false);
     assert!(

@@ -29,6 +29,7 @@ mod slack;
 mod slack_fake;
 mod slack_nats;
 mod store;
+mod stream;
 mod support;
 mod systemd;
 mod tasks;

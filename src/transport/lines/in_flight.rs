@@ -22,6 +22,8 @@ pub(super) struct InFlight {
 pub(super) struct Running {
     ids: std::collections::HashMap<RequestId, usize>,
     bytes: usize,
+    /// `events/stream` requests: in flight (their ids are taken), but outside the limit.
+    streams: std::collections::HashSet<RequestId>,
     /// The connection reached its limit since it last had nothing in flight: a burst, whose
     /// memory is given back to the system when it ends ([`give_back_memory`]).
     pub(super) burst: bool,
@@ -45,7 +47,14 @@ impl InFlight {
     }
 
     pub(super) fn contains(&self, id: &RequestId) -> bool {
-        self.running().ids.contains_key(id)
+        let r = self.running();
+        r.ids.contains_key(id) || r.streams.contains(id)
+    }
+
+    /// An `events/stream` request: its id is taken until it is answered, and it takes no
+    /// place under the limit.
+    pub(super) fn insert_stream(&self, id: RequestId) {
+        self.running().streams.insert(id);
     }
 
     pub(super) fn insert(&self, id: RequestId, size: usize) {
@@ -58,6 +67,9 @@ impl InFlight {
 
     pub(super) fn remove(&self, id: &RequestId) {
         let mut r = self.running();
+        if r.streams.remove(id) {
+            return;
+        }
         if let Some(size) = r.ids.remove(id) {
             r.bytes -= size;
             let burst_ended = r.burst && r.ids.is_empty();

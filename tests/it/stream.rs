@@ -1,0 +1,281 @@
+//! `events/stream` (MCP Events push delivery) end to end: against a real `herald memo` over
+//! stdio, HTTP and QUIC, and through `herald up`'s gateway, by herald's own client with a tap
+//! that sees the stream's notifications in wire order.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use herald::transport::client::{Connection, Tap, client_config, connect_tapped};
+use rmcp::model::{ClientRequest, CustomRequest, ServerJsonRpcMessage};
+use rmcp::service::{RequestHandle, RoleClient, RxJsonRpcMessage};
+use serde_json::{Value, json};
+use tokio::sync::mpsc;
+
+use crate::support::*;
+
+/// Every `notifications/events/*` a server sends, as JSON, in wire order.
+struct EventsTap(mpsc::UnboundedSender<Value>);
+
+impl Tap for EventsTap {
+    fn seen(&self, message: &RxJsonRpcMessage<RoleClient>) {
+        if let ServerJsonRpcMessage::Notification(_) = message {
+            let v = serde_json::to_value(message).unwrap();
+            if v["method"]
+                .as_str()
+                .is_some_and(|m| m.starts_with("notifications/events/"))
+            {
+                let _ = self.0.send(v);
+            }
+        }
+    }
+}
+
+/// A connection whose stream notifications come out of the receiver.
+async fn tapped(memo: &Memo) -> (Connection, mpsc::UnboundedReceiver<Value>) {
+    let (tx, rx) = mpsc::unbounded_channel();
+    let conn = tokio::time::timeout(
+        WAIT,
+        connect_tapped(
+            &memo.target,
+            &memo.trust,
+            client_config(),
+            4 << 20,
+            WAIT,
+            Some(Arc::new(EventsTap(tx))),
+        ),
+    )
+    .await
+    .unwrap()
+    .expect("connect");
+    (conn, rx)
+}
+
+async fn open(conn: &Connection, params: Value) -> RequestHandle<RoleClient> {
+    tokio::time::timeout(
+        WAIT,
+        conn.send_cancellable_request(
+            ClientRequest::CustomRequest(CustomRequest::new("events/stream", Some(params))),
+            Default::default(),
+        ),
+    )
+    .await
+    .expect("the request is sent in time")
+    .expect("the request is sent")
+}
+
+async fn cancel(stream: RequestHandle<RoleClient>) {
+    tokio::time::timeout(WAIT, stream.cancel(None))
+        .await
+        .expect("the cancel is sent in time")
+        .unwrap();
+}
+
+/// The next message of subscription `id` (heartbeats skipped unless asked for; other
+/// subscriptions' messages dropped).
+async fn next(rx: &mut mpsc::UnboundedReceiver<Value>, id: &Value, beats: bool) -> Value {
+    let deadline = tokio::time::Instant::now() + WAIT;
+    loop {
+        let v = tokio::time::timeout_at(deadline, rx.recv())
+            .await
+            .expect("a stream message in time")
+            .expect("the connection is open");
+        if &v["params"]["_meta"]["io.modelcontextprotocol/subscriptionId"] != id {
+            continue;
+        }
+        if !beats && v["method"] == "notifications/events/heartbeat" {
+            continue;
+        }
+        return v;
+    }
+}
+
+fn id_of(handle: &RequestHandle<RoleClient>) -> Value {
+    serde_json::to_value(&handle.id).unwrap()
+}
+
+async fn streams_over(via: Via) {
+    let memo = Memo::start(via).await;
+    let (conn, mut rx) = tapped(&memo).await;
+    let list = crate::events::request(&conn, "events/list", json!({}))
+        .await
+        .unwrap();
+    assert_eq!(list["events"][0]["delivery"], json!(["poll", "push"]));
+
+    let stream = open(&conn, json!({"name": "memo.changed"})).await;
+    let id = id_of(&stream);
+    let active = next(&mut rx, &id, false).await;
+    assert_eq!(active["method"], "notifications/events/active", "{active}");
+    assert_eq!(active["params"]["truncated"], false);
+    for key in ["a", "b", "c"] {
+        call(&conn, "memo_set", json!({"key": key, "value": "v"})).await;
+    }
+    let mut cursors = Vec::new();
+    for key in ["a", "b", "c"] {
+        let e = next(&mut rx, &id, false).await;
+        assert_eq!(e["method"], "notifications/events/event", "{e}");
+        assert_eq!(e["params"]["name"], "memo.changed");
+        assert_eq!(e["params"]["data"]["key"], key);
+        assert!(
+            e["params"]["eventId"]
+                .as_str()
+                .unwrap()
+                .starts_with("memo://log#")
+        );
+        cursors.push(e["params"]["cursor"].as_str().unwrap().to_owned());
+    }
+
+    // A second stream from the first event's cursor replays the two after it.
+    let replay = open(&conn, json!({"name": "memo.changed", "cursor": cursors[0]})).await;
+    let rid = id_of(&replay);
+    assert_ne!(rid, id);
+    let active = next(&mut rx, &rid, false).await;
+    assert_eq!(active["params"]["cursor"], cursors[0].as_str());
+    for key in ["b", "c"] {
+        let e = next(&mut rx, &rid, false).await;
+        assert_eq!(e["params"]["data"]["key"], key, "{e}");
+    }
+    // Both streams are open beside a call (neither holds the connection).
+    call(&conn, "memo_set", json!({"key": "d", "value": "v"})).await;
+    let mut got = Vec::new();
+    while got.len() < 2 {
+        let e = tokio::time::timeout(WAIT, rx.recv())
+            .await
+            .unwrap()
+            .unwrap();
+        if e["method"] == "notifications/events/event" {
+            assert_eq!(e["params"]["data"]["key"], "d", "{e}");
+            got.push(e["params"]["_meta"]["io.modelcontextprotocol/subscriptionId"].clone());
+        }
+    }
+    got.sort_by_key(Value::to_string);
+    let mut both = vec![id.clone(), rid.clone()];
+    both.sort_by_key(Value::to_string);
+    assert_eq!(got, both, "each stream got the change once");
+    cancel(replay).await;
+    cancel(stream).await;
+    // Cancelled streams write nothing more: a fresh one sees the next change alone.
+    let third = open(&conn, json!({"name": "memo.changed"})).await;
+    let tid = id_of(&third);
+    next(&mut rx, &tid, false).await;
+    call(&conn, "memo_set", json!({"key": "e", "value": "v"})).await;
+    let e = next(&mut rx, &tid, false).await;
+    assert_eq!(e["params"]["data"]["key"], "e");
+    while let Ok(v) = rx.try_recv() {
+        let sub = &v["params"]["_meta"]["io.modelcontextprotocol/subscriptionId"];
+        assert!(sub != &id && sub != &rid, "a cancelled stream wrote {v}");
+    }
+}
+
+#[tokio::test]
+async fn events_stream_over_stdio() {
+    streams_over(Via::Stdio).await;
+}
+
+#[tokio::test]
+async fn events_stream_over_http() {
+    streams_over(Via::Http).await;
+}
+
+#[tokio::test]
+async fn events_stream_over_quic() {
+    streams_over(Via::Quic).await;
+}
+
+/// Streams have a budget of their own: past `--max-event-streams` one is refused with
+/// -32025, and while 150 are open (more than the 129 requests a connection with one listen
+/// stream may have in flight) calls and a listen still go through.
+#[tokio::test]
+async fn streams_take_no_place_among_requests_and_have_their_own_cap() {
+    let memo = Memo::start_with(
+        Via::Quic,
+        &["--max-event-streams", "150", "--max-listen-streams", "1"],
+    )
+    .await;
+    let (conn, mut rx) = tapped(&memo).await;
+    let mut open_streams = Vec::new();
+    for _ in 0..150 {
+        let s = open(&conn, json!({"name": "memo.changed"})).await;
+        let id = id_of(&s);
+        let active = next(&mut rx, &id, false).await;
+        assert_eq!(active["method"], "notifications/events/active");
+        open_streams.push(s);
+    }
+    call(&conn, "memo_set", json!({"key": "a", "value": "v"})).await;
+    let refused = open(&conn, json!({"name": "memo.changed"})).await;
+    match tokio::time::timeout(WAIT, refused.await_response())
+        .await
+        .unwrap()
+    {
+        Err(rmcp::ServiceError::McpError(e)) => {
+            assert_eq!(e.code.0, -32025, "{e:?}");
+            assert!(e.message.contains("--max-event-streams"), "{e:?}");
+        }
+        other => panic!("the 151st stream should be refused, got {other:?}"),
+    }
+    let last = open_streams.pop().unwrap();
+    cancel(last).await;
+    // Its place is free again (the server hears the cancel after it was sent).
+    let mut again = None;
+    for _ in 0..50 {
+        let s = open(&conn, json!({"name": "memo.changed"})).await;
+        let id = id_of(&s);
+        tokio::select! {
+            r = s.rx => {
+                assert!(matches!(r, Ok(Err(_))), "refused while the cancel is on its way");
+                tokio::task::yield_now().await;
+            }
+            v = next(&mut rx, &id, false) => {
+                assert_eq!(v["method"], "notifications/events/active");
+                again = Some(());
+                break;
+            }
+        }
+    }
+    assert!(again.is_some(), "a cancelled stream frees its place");
+}
+
+/// Through `herald up`'s gateway: the slug-prefixed event type streams from the memo role.
+#[tokio::test]
+async fn events_stream_through_the_gateway() {
+    let demo = TempDir::new("stream-up");
+    let up = Server::spawn(&[
+        "--store",
+        ":memory:",
+        "up",
+        "--http",
+        "127.0.0.1:0",
+        "--quic",
+        "127.0.0.1:0",
+        "--admin",
+        "127.0.0.1:0",
+        "--demo-dir",
+        demo.path().join("d").to_str().unwrap(),
+    ])
+    .await;
+    let memo = Memo {
+        target: herald::transport::target::Target::Http(up.http_url()),
+        trust: Default::default(),
+        server: None,
+    };
+    let (conn, mut rx) = tapped(&memo).await;
+    let stream = open(&conn, json!({"name": "memo__memo.changed"})).await;
+    let id = id_of(&stream);
+    let active = next(&mut rx, &id, false).await;
+    assert_eq!(active["method"], "notifications/events/active");
+    call(&conn, "memo__memo_set", json!({"key": "k", "value": "v"})).await;
+    let e = next(&mut rx, &id, false).await;
+    assert_eq!(e["params"]["name"], "memo__memo.changed");
+    assert_eq!(e["params"]["data"]["key"], "k");
+    assert!(e["params"]["cursor"].is_string(), "{e}");
+    let unknown = open(&conn, json!({"name": "nosuch__x"})).await;
+    match tokio::time::timeout(WAIT, unknown.await_response())
+        .await
+        .unwrap()
+    {
+        Err(rmcp::ServiceError::McpError(e)) => assert_eq!(e.code.0, -32024, "{e:?}"),
+        other => panic!("an unknown slug is refused, got {other:?}"),
+    }
+    cancel(stream).await;
+    let _ = Duration::ZERO;
+    assert!(up.terminate().await.success());
+}
