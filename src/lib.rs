@@ -21,6 +21,7 @@ pub mod filter;
 #[cfg(test)]
 mod fuzzing;
 pub mod gateway;
+pub mod hooks;
 pub mod mcp;
 pub mod nats;
 pub mod runtime;

@@ -77,6 +77,8 @@ pub struct ServeOptions {
     pub tls_cert: Option<PathBuf>,
     pub tls_key: Option<PathBuf>,
     pub limits: Limits,
+    /// Webhook subscriptions (`events/subscribe`): on when `HERALD_EVENTS_KEY` is set.
+    pub events: crate::hooks::EventsOptions,
 }
 
 /// What a role actually bound.
@@ -119,6 +121,8 @@ pub enum AppError {
     Bind { addr: String, message: String },
     #[error(transparent)]
     Tls(#[from] tls::TlsError),
+    #[error("{0}")]
+    Config(String),
 }
 
 /// Why a bind failed, with what to do about a busy port.
@@ -160,6 +164,12 @@ pub async fn serve_source(
         None => Some(crate::mcp::tasks::Tasks::open(ctx, Some(store.clone()), &role).await),
     };
     let server = SourceServer::with_tasks(source, opts.limits.clone(), shutdown.clone(), tasks);
+    if let Some(settings) = opts.events.settings(&role).map_err(AppError::Config)? {
+        let hooks = crate::hooks::Hooks::start(&server, settings, store.clone(), ctx.clone())
+            .await
+            .map_err(AppError::Config)?;
+        server.serve_webhooks(std::sync::Arc::new(hooks));
+    }
     let listens = server.listen_count();
     // Sessions outlive `shutdown` a little: listens answer the shutdown with their final
     // result, and the sessions carrying them close only once those results are out.

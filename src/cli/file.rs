@@ -162,6 +162,8 @@ mod tests {
                 allowed_origins: vec![],
                 max_listen_streams: 1,
                 max_event_streams: 1,
+                callback_allow: vec![],
+                events_profile: Default::default(),
                 max_listen_uris: 1,
                 max_message_bytes: 1,
                 listen_stall_ms: 1,

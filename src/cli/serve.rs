@@ -97,6 +97,7 @@ pub fn role_context(role: &str) -> RoleContext {
     crate::transport::ConnMetrics::register(metrics);
     crate::nats::NatsMetrics::register(metrics);
     crate::source::slack::shared::LeaseMetrics::register(metrics);
+    crate::hooks::HookMetrics::register(metrics);
     ctx
 }
 
@@ -135,6 +136,15 @@ pub struct ServeArgs {
     /// count against neither --max-listen-streams nor the requests in flight.
     #[arg(long, default_value_t = DEFAULT_MAX_EVENT_STREAMS, value_name = "N")]
     pub max_event_streams: usize,
+    /// Let webhook callbacks whose URL starts with PREFIX reach a private address or plain
+    /// http (repeatable), e.g. http://127.0.0.1: or https://hooks.internal:8443/. Webhook
+    /// subscriptions are on when HERALD_EVENTS_KEY is set.
+    #[arg(long = "callback-allow", value_name = "PREFIX")]
+    pub callback_allow: Vec<String>,
+    /// The error codes of the Events extension: the draft's (-32023…-32027) or the earlier
+    /// ones ChatGPT uses (-32011…-32015).
+    #[arg(long, value_enum, default_value_t = crate::hooks::Profile::Draft, value_name = "CODES")]
+    pub events_profile: crate::hooks::Profile,
     /// Most resource URIs one listen stream may ask for.
     #[arg(long, default_value_t = DEFAULT_MAX_LISTEN_URIS, value_name = "N")]
     pub max_listen_uris: usize,
@@ -189,6 +199,10 @@ impl ServeArgs {
             },
             tls_cert: self.tls_cert.clone(),
             tls_key: self.tls_key.clone(),
+            events: crate::hooks::EventsOptions {
+                callback_allow: self.callback_allow.clone(),
+                profile: self.events_profile,
+            },
             limits: Limits {
                 max_streams_per_connection: self.max_listen_streams,
                 max_event_streams_per_connection: self.max_event_streams,

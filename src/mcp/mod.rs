@@ -23,3 +23,4 @@ pub mod server;
 pub mod source;
 pub mod tasks;
 pub mod template;
+pub mod webhooks;

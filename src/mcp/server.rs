@@ -65,6 +65,8 @@ struct Shared {
     /// Listen streams running now, and a wake-up for when that reaches zero.
     active_listens: AtomicUsize,
     drained: tokio::sync::Notify,
+    /// Webhook subscriptions, when this server takes them (`events/subscribe`).
+    webhooks: std::sync::OnceLock<Arc<dyn crate::mcp::webhooks::Webhooks>>,
 }
 
 /// Where a server's tasks are: run here, or relayed to the servers that run them.
@@ -162,9 +164,30 @@ impl SourceServer {
                 tasks,
                 active_listens: AtomicUsize::new(0),
                 drained: tokio::sync::Notify::new(),
+                webhooks: std::sync::OnceLock::new(),
             }),
             legacy: Arc::default(),
         }
+    }
+
+    /// `events/poll` on this server's source for a caller in this process (a webhook
+    /// subscription checking its event type), its refusal as a client would get it.
+    pub async fn poll_in_process(
+        &self,
+        caller: &Caller,
+        params: serde_json::Map<String, serde_json::Value>,
+    ) -> Result<serde_json::Value, McpError> {
+        self.shared
+            .source
+            .events_poll(caller, params)
+            .await
+            .map_err(to_mcp_error)
+    }
+
+    /// Takes `events/subscribe` and `events/unsubscribe` through `hooks` from now on (once;
+    /// a second is ignored), and says `webhook` among every event type's delivery modes.
+    pub fn serve_webhooks(&self, hooks: Arc<dyn crate::mcp::webhooks::Webhooks>) {
+        let _ = self.shared.webhooks.set(hooks);
     }
 
     /// This server for one session (a byte-stream connection, an HTTP session or request):
@@ -565,7 +588,16 @@ impl ServerHandler for SourceServer {
                         None,
                     ));
                 }
-                let events = source.events_list(&caller).await.map_err(to_mcp_error)?;
+                let mut events = source.events_list(&caller).await.map_err(to_mcp_error)?;
+                if self.shared.webhooks.get().is_some() {
+                    for e in &mut events {
+                        if let Some(modes) = e.get_mut("delivery").and_then(|d| d.as_array_mut())
+                            && !modes.iter().any(|m| m == "webhook")
+                        {
+                            modes.push("webhook".into());
+                        }
+                    }
+                }
                 let mut result = json!({"resultType": "complete", "events": events});
                 self.stamp_json(&mut result);
                 Ok(CustomResult::new(result))
@@ -577,6 +609,22 @@ impl ServerHandler for SourceServer {
                 if let Some(o) = result.as_object_mut() {
                     o.entry("resultType").or_insert_with(|| "complete".into());
                 }
+                self.stamp_json(&mut result);
+                Ok(CustomResult::new(result))
+            }
+            "events/subscribe" | "events/unsubscribe" => {
+                let Some(hooks) = self.shared.webhooks.get() else {
+                    return Err(McpError::new(
+                        ErrorCode(-32026),
+                        "this server takes no webhook subscriptions (its operator sets HERALD_EVENTS_KEY to turn them on); use events/stream or events/poll",
+                        Some(json!({"feature": "deliveryMode", "value": "webhook"})),
+                    ));
+                };
+                let mut result = if request.method == "events/subscribe" {
+                    hooks.subscribe(self, &caller, params).await?
+                } else {
+                    hooks.unsubscribe(&caller, params).await?
+                };
                 self.stamp_json(&mut result);
                 Ok(CustomResult::new(result))
             }

@@ -17,6 +17,7 @@
 //! transaction; see `backup.rs`).
 
 mod backup;
+pub mod seal;
 
 use crate::sync::Recover;
 use std::path::{Path, PathBuf};
@@ -42,6 +43,7 @@ const IDENTITY: TableDefinition<&str, &[u8]> = TableDefinition::new("identity");
 const WATCHES: TableDefinition<&str, &[u8]> = TableDefinition::new("watch_specs");
 const SLACK_BUFFER: TableDefinition<&str, &[u8]> = TableDefinition::new("slack_buffer");
 const TASKS: TableDefinition<&str, &[u8]> = TableDefinition::new("tasks");
+const WEBHOOKS: TableDefinition<&str, &[u8]> = TableDefinition::new("webhook_subscriptions");
 
 /// The tables herald keeps. Each maps string keys to opaque bytes (JSON by convention).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -58,6 +60,10 @@ pub enum Table {
     /// The tasks extension's tasks: `<role>/<task id>` → who made it, when, and its state
     /// (kept when made and when it ends).
     Tasks,
+    /// Webhook subscriptions to event types (`events/subscribe`): `<role>/<id>` → a sealed
+    /// subscription (its callback URL, secrets, subscriber and delivery cursor are
+    /// credentials).
+    Webhooks,
 }
 
 impl Table {
@@ -68,6 +74,7 @@ impl Table {
             Table::Watches => WATCHES,
             Table::SlackBuffer => SLACK_BUFFER,
             Table::Tasks => TASKS,
+            Table::Webhooks => WEBHOOKS,
         }
     }
 }

@@ -153,6 +153,10 @@ pub trait EventsOut: Send {
     ) -> impl Future<Output = Result<(), Undelivered>> + Send;
     /// Resolves when the client cancelled the stream or went away.
     fn closed(&self) -> impl Future<Output = ()> + Send + 'static;
+    /// Whether a write may take as long as it takes (a webhook's retries): no stall timeout.
+    fn patient(&self) -> bool {
+        false
+    }
 }
 
 /// An `events/stream` answered on an rmcp session's peer.
@@ -264,6 +268,18 @@ impl SourceServer {
                 Some(json!({"limit": "eventStreams", "max": max})),
             )
         })?;
+        self.follow(caller, &req, out).await
+    }
+
+    /// Follows `req` for `caller` into `out` (a stream's, a webhook subscription's): `active`,
+    /// then the events as they come. Returns the result the server ends it with, or the error
+    /// that refused it before `active`.
+    pub async fn follow(
+        &self,
+        caller: &Caller,
+        req: &StreamRequest,
+        out: &mut impl EventsOut,
+    ) -> Result<Value, McpError> {
         let source = &self.shared.source;
         let first = source
             .events_poll(
@@ -287,7 +303,7 @@ impl SourceServer {
         let active = json!({"cursor": start, "truncated": first.truncated});
         let ended = match self.send(out, "active", active).await {
             Err(e) => Ended::Gone(e),
-            Ok(()) => self.stream_on(caller, &req, first, out).await,
+            Ok(()) => self.stream_on(caller, req, first, out).await,
         };
         match ended {
             Ended::Gone(e) => Err(e),
@@ -307,7 +323,12 @@ impl SourceServer {
         params: Value,
     ) -> Result<(), McpError> {
         let stall = self.shared.limits.stall_timeout;
-        match tokio::time::timeout(stall, out.send(kind, params)).await {
+        let sent = if out.patient() {
+            Ok(out.send(kind, params).await)
+        } else {
+            tokio::time::timeout(stall, out.send(kind, params)).await
+        };
+        match sent {
             Ok(Ok(())) => Ok(()),
             Ok(Err(Undelivered::Closed)) => Err(McpError::invalid_request(
                 "the events/stream was cancelled",

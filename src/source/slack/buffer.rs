@@ -178,7 +178,7 @@ impl Buffer {
         retention: Duration,
         cap: usize,
     ) -> Result<(Buffer, Loaded), StoreError> {
-        let sealer = Sealer::new(key);
+        let sealer = Sealer::new(&key.0);
         let rows = store.scan(Table::SlackBuffer).await?;
         let mut loaded = Loaded::default();
         let mut rows_max = 0;
@@ -245,7 +245,7 @@ impl Buffer {
             // (never this host's clock, which may run ahead of the holder's and would let a
             // cursor skip what is still to be applied).
             inner: Mutex::new(Inner::default()),
-            sealer: Sealer::new(key),
+            sealer: Sealer::new(&key.0),
             store: None,
             retention,
             cap: cap.max(1),

@@ -24,7 +24,7 @@ pub mod core;
 pub mod filter;
 pub mod flush;
 pub mod message;
-pub mod seal;
+pub use crate::store::seal;
 pub mod settings;
 pub mod shared;
 pub mod socket;

@@ -1,12 +1,10 @@
-//! Sealing buffer rows: AES-256-GCM (ring's, the AEAD rustls already links) under the
-//! configured key, with the row's key as authenticated data, so the store holds no readable
+//! Sealing rows that hold credentials or private text (the Slack buffer, webhook
+//! subscriptions): AES-256-GCM (ring's, the AEAD rustls already links) under the configured key, with the row's key as authenticated data, so the store holds no readable
 //! message text and a row copied under another key does not open. A sealed row is
 //! `version (1 byte) | nonce (12) | ciphertext | tag (16)`; the nonce is random per write.
 
 use ring::aead::{AES_256_GCM, Aad, LessSafeKey, NONCE_LEN, Nonce, UnboundKey};
 use ring::rand::{SecureRandom, SystemRandom};
-
-use super::settings::Key;
 
 const VERSION: u8 = 1;
 
@@ -23,8 +21,8 @@ pub struct Sealer {
 pub struct Unsealable;
 
 impl Sealer {
-    pub fn new(key: &Key) -> Sealer {
-        let unbound = UnboundKey::new(&AES_256_GCM, &key.0).expect("a 32-byte key fits AES-256");
+    pub fn new(key: &[u8; 32]) -> Sealer {
+        let unbound = UnboundKey::new(&AES_256_GCM, key).expect("a 32-byte key fits AES-256");
         Sealer {
             key: LessSafeKey::new(unbound),
             rng: SystemRandom::new(),
@@ -79,7 +77,7 @@ mod tests {
 
     #[test]
     fn a_row_opens_only_under_its_key_and_row() {
-        let s = Sealer::new(&Key([7; 32]));
+        let s = Sealer::new(&[7; 32]);
         let sealed = s.seal("m:C1:1.000100", b"hello world");
         assert!(
             !sealed.windows(5).any(|w| w == b"hello"),
@@ -91,7 +89,7 @@ mod tests {
             Err(Unsealable),
             "moved row"
         );
-        let other = Sealer::new(&Key([8; 32]));
+        let other = Sealer::new(&[8; 32]);
         assert_eq!(other.open("m:C1:1.000100", &sealed), Err(Unsealable));
         let mut flipped = sealed.clone();
         *flipped.last_mut().unwrap() ^= 1;

@@ -1,0 +1,713 @@
+//! Webhook subscriptions to event types (MCP Events, `events/subscribe` /
+//! `events/unsubscribe`), as the Events draft and OpenAI's "MCP Events" guide ask.
+//!
+//! A subscription is keyed by (caller, callback URL, event type, arguments); its `id` is
+//! derived from that key (argument key order ignored), so subscribing again is idempotent: it
+//! refreshes the TTL and replaces the secret (the old one still signs beside the new for
+//! [`ROTATION`]). Before anything is made, the event type and arguments are checked by the
+//! source itself (a poll), the callback URL against the policy ([`deliver::CallbackPolicy`]),
+//! and the callback answers a signed, single-use challenge (`{"type":"verification",
+//! "challenge":…}`, echoed back in a 2xx answer). Each subscription is followed by the same
+//! core that serves `events/stream` ([`SourceServer::follow`]), entitlements checked at every
+//! poll, and delivered one event per POST, in order ([`follow`]).
+//!
+//! Subscriptions, their secrets, subscriber, callback and delivery cursor are kept in the
+//! store, sealed under `HERALD_EVENTS_KEY` (without a key the server takes no webhook
+//! subscriptions): a restart, even `kill -9`, resumes each from the last event its receiver
+//! took, so nothing is lost and an event sent again keeps its `webhook-id` (its event id).
+//! TTL: `ttlMs` asks, [`DEFAULT_TTL`] when it does not (null too: never forever), at least
+//! [`MIN_TTL`], at most [`MAX_TTL`].
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use rmcp::model::{ErrorCode, ErrorData as McpError, JsonObject};
+use serde_json::{Value, json};
+use tokio_util::sync::CancellationToken;
+
+use crate::mcp::caller::Caller;
+use crate::mcp::server::SourceServer;
+use crate::mcp::webhooks::Webhooks;
+use crate::runtime::context::RoleContext;
+use crate::runtime::metrics::{Counter, Gauge, Metrics};
+use crate::store::seal::Sealer;
+use crate::store::{Store, Table};
+use crate::sync::Recover;
+
+pub mod deliver;
+mod follow;
+
+use deliver::{CallbackPolicy, Posted, Poster, Secret};
+
+/// The variable (or credentials file) holding the key webhook subscriptions are sealed under.
+pub const KEY_VAR: &str = "HERALD_EVENTS_KEY";
+/// A subscription's life when `ttlMs` does not say.
+pub const DEFAULT_TTL: Duration = Duration::from_secs(7 * 24 * 3600);
+/// The shortest life granted.
+pub const MIN_TTL: Duration = Duration::from_secs(3600);
+/// The longest life granted.
+pub const MAX_TTL: Duration = Duration::from_secs(30 * 24 * 3600);
+/// How long a replaced secret still signs beside the new one.
+pub const ROTATION: Duration = Duration::from_secs(24 * 3600);
+/// Most subscriptions one server keeps.
+pub const MAX_SUBSCRIPTIONS: usize = 1000;
+/// Most subscriptions one subscriber keeps.
+pub const MAX_PER_SUBSCRIBER: usize = 100;
+/// POSTs in flight at once, over all subscriptions (each subscription sends one at a time).
+pub const MAX_POSTS: usize = 64;
+
+const SUBSCRIBE_PARAMS: [&str; 7] = [
+    "name",
+    "arguments",
+    "delivery",
+    "cursor",
+    "maxAgeMs",
+    "ttlMs",
+    "_meta",
+];
+
+/// Which error codes the Events errors carry: the draft's (SEP-3415, -32023…-32027) or the
+/// earlier sketch's that ChatGPT-facing servers use (-32011…-32015).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
+pub enum Profile {
+    #[default]
+    Draft,
+    Chatgpt,
+}
+
+impl Profile {
+    fn code(self, draft: i32) -> ErrorCode {
+        match self {
+            Profile::Draft => ErrorCode(draft),
+            Profile::Chatgpt => ErrorCode(draft + 12),
+        }
+    }
+}
+
+/// What a server's webhook subscriptions are configured with.
+#[derive(Debug, Clone)]
+pub struct HookSettings {
+    /// The sealing key (32 bytes).
+    pub key: [u8; 32],
+    pub policy: CallbackPolicy,
+    pub profile: Profile,
+    /// The store key prefix (the role's name).
+    pub role: String,
+}
+
+/// What the flags and config say of webhook subscriptions; the key comes from the
+/// environment ([`EventsOptions::settings`]).
+#[derive(Debug, Clone, Default)]
+pub struct EventsOptions {
+    /// URL prefixes a callback may start with to reach a private address or plain http.
+    pub callback_allow: Vec<String>,
+    pub profile: Profile,
+}
+
+impl EventsOptions {
+    /// The settings of `role`'s webhook subscriptions: `None` without a key (they are off),
+    /// an error naming the variable when the key is malformed.
+    pub fn settings(&self, role: &str) -> Result<Option<HookSettings>, String> {
+        let key = key_from(
+            &|n| std::env::var(n).ok(),
+            std::env::var_os("CREDENTIALS_DIRECTORY").map(std::path::PathBuf::from),
+        )?;
+        Ok(key.map(|key| HookSettings {
+            key,
+            policy: CallbackPolicy {
+                allow: self.callback_allow.clone(),
+            },
+            profile: self.profile,
+            role: role.to_owned(),
+        }))
+    }
+}
+
+/// `HERALD_EVENTS_KEY` from the environment, or the file of that name in `dir` (systemd's
+/// credentials): 32 bytes, base64 or hex. Never shown in an error.
+fn key_from(
+    lookup: &dyn Fn(&str) -> Option<String>,
+    dir: Option<std::path::PathBuf>,
+) -> Result<Option<[u8; 32]>, String> {
+    let raw = match lookup(KEY_VAR)
+        .map(|v| v.trim().to_owned())
+        .filter(|v| !v.is_empty())
+    {
+        Some(v) => v,
+        None => match dir.map(|d| d.join(KEY_VAR)) {
+            Some(path) => match std::fs::read_to_string(&path) {
+                Ok(v) if !v.trim().is_empty() => v.trim().to_owned(),
+                Ok(_) => return Ok(None),
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+                Err(e) => {
+                    return Err(format!(
+                        "cannot read {KEY_VAR} from {}: {}",
+                        path.display(),
+                        e.kind()
+                    ));
+                }
+            },
+            None => return Ok(None),
+        },
+    };
+    let bytes = hex::decode(&raw)
+        .ok()
+        .or_else(|| base64::Engine::decode(&base64::engine::general_purpose::STANDARD, &raw).ok());
+    match bytes.map(<[u8; 32]>::try_from) {
+        Some(Ok(k)) => Ok(Some(k)),
+        _ => Err(format!(
+            "{KEY_VAR} must be 32 bytes, base64 or hex (make one with `openssl rand -base64 32`)"
+        )),
+    }
+}
+
+/// A subscription as it is kept (sealed).
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
+struct Sub {
+    id: String,
+    principal: String,
+    token: Option<String>,
+    servers: Option<Vec<String>>,
+    local: bool,
+    loopback: bool,
+    url: String,
+    name: String,
+    arguments: JsonObject,
+    secret: Secret,
+    /// The secret it replaced, and until when (ms since the epoch) it still signs.
+    old_secret: Option<(Secret, u64)>,
+    /// The last event's cursor the receiver took (or where the subscription started).
+    cursor: Option<String>,
+    expires_ms: u64,
+    last_delivery_ms: Option<u64>,
+    last_error: Option<String>,
+    /// A message whose POST failed and is being tried again: `(webhook-id, body, the cursor
+    /// it moves to)`, kept so a restart sends it first, under the same id.
+    #[serde(default)]
+    pending: Option<(String, String, Option<String>)>,
+}
+
+impl Sub {
+    fn caller(&self) -> Caller {
+        Caller {
+            token: self.token.clone(),
+            servers: self.servers.clone(),
+            local: self.local,
+            loopback: self.loopback,
+        }
+    }
+
+    fn secrets(&self, now: u64) -> Vec<&Secret> {
+        let mut s = vec![&self.secret];
+        if let Some((old, until)) = &self.old_secret
+            && *until > now
+        {
+            s.push(old);
+        }
+        s
+    }
+}
+
+/// A running subscription: its kept state and what stops its follower.
+struct Running {
+    sub: Arc<Mutex<Sub>>,
+    stop: CancellationToken,
+}
+
+struct Inner {
+    settings: HookSettings,
+    store: Store,
+    sealer: Sealer,
+    poster: Poster,
+    subs: Mutex<HashMap<String, Running>>,
+    posts: tokio::sync::Semaphore,
+    ctx: RoleContext,
+    metrics: HookMetrics,
+}
+
+/// The webhook counters, registered up front in every role's metrics.
+#[derive(Clone)]
+pub struct HookMetrics {
+    delivered: Counter,
+    failed: Counter,
+    dropped: Counter,
+    subscriptions: Gauge,
+}
+
+impl HookMetrics {
+    pub fn register(m: &Metrics) -> HookMetrics {
+        HookMetrics {
+            delivered: m.counter(
+                "herald_webhook_delivered_total",
+                "webhook POSTs a receiver took (2xx), events and control messages",
+            ),
+            failed: m.counter(
+                "herald_webhook_failed_total",
+                "webhook POSTs that failed and will be tried again (no connection, timeout, 5xx, 4xx but 410 and 413)",
+            ),
+            dropped: m.counter(
+                "herald_webhook_dropped_total",
+                "webhook messages given up: 413, too big to send, or retries spent",
+            ),
+            subscriptions: m.gauge(
+                "herald_webhook_subscriptions",
+                "webhook subscriptions kept now",
+            ),
+        }
+    }
+}
+
+/// A server's webhook subscriptions; see the module docs.
+#[derive(Clone)]
+pub struct Hooks {
+    inner: Arc<Inner>,
+}
+
+fn now_ms() -> u64 {
+    crate::mcp::ring::now_ms()
+}
+
+fn invalid(m: impl Into<String>) -> McpError {
+    McpError::invalid_params(m.into(), None)
+}
+
+/// `v` as JSON with every object's keys sorted: arguments that differ only in key order
+/// make one subscription.
+fn canonical(v: &Value) -> String {
+    fn sorted(v: &Value) -> Value {
+        match v {
+            Value::Object(o) => {
+                let mut keys: Vec<&String> = o.keys().collect();
+                keys.sort();
+                let mut out = serde_json::Map::new();
+                for k in keys {
+                    out.insert(k.clone(), sorted(&o[k]));
+                }
+                Value::Object(out)
+            }
+            Value::Array(a) => Value::Array(a.iter().map(sorted).collect()),
+            other => other.clone(),
+        }
+    }
+    // (Inserting in sorted order sorts the keys whether or not serde_json keeps insertion order.)
+    sorted(v).to_string()
+}
+
+/// The subscription id of a key: `sub_` and 32 hex digits of its SHA-256.
+fn derive_id(principal: &str, url: &str, name: &str, arguments: &JsonObject) -> String {
+    use sha2::Digest as _;
+    let mut h = sha2::Sha256::new();
+    for part in [
+        principal,
+        url,
+        name,
+        &canonical(&Value::Object(arguments.clone())),
+    ] {
+        h.update(part.as_bytes());
+        h.update([0]);
+    }
+    format!("sub_{}", &hex::encode(h.finalize())[..32])
+}
+
+impl Hooks {
+    /// Webhook subscriptions for `server`'s role, restoring those kept in `store` (each
+    /// followed again from its cursor).
+    pub async fn start(
+        server: &SourceServer,
+        settings: HookSettings,
+        store: Store,
+        ctx: RoleContext,
+    ) -> Result<Hooks, String> {
+        let poster = Poster::new(settings.policy.clone())?;
+        let metrics = HookMetrics::register(ctx.metrics());
+        let hooks = Hooks {
+            inner: Arc::new(Inner {
+                sealer: Sealer::new(&settings.key),
+                settings,
+                store,
+                poster,
+                subs: Mutex::default(),
+                posts: tokio::sync::Semaphore::new(MAX_POSTS),
+                ctx,
+                metrics,
+            }),
+        };
+        hooks.restore(server).await;
+        Ok(hooks)
+    }
+
+    fn row(&self, id: &str) -> String {
+        format!("{}/{id}", self.inner.settings.role)
+    }
+
+    async fn restore(&self, server: &SourceServer) {
+        let rows = match self.inner.store.scan(Table::Webhooks).await {
+            Ok(r) => r,
+            Err(e) => {
+                tracing::error!(error = %e, "cannot read the webhook subscriptions from the store; none resumed");
+                return;
+            }
+        };
+        let prefix = format!("{}/", self.inner.settings.role);
+        let now = now_ms();
+        for (key, bytes) in rows {
+            if !key.starts_with(&prefix) {
+                continue;
+            }
+            let sub = self
+                .inner
+                .sealer
+                .open(&key, &bytes)
+                .ok()
+                .and_then(|plain| serde_json::from_slice::<Sub>(&plain).ok());
+            let Some(sub) = sub else {
+                tracing::warn!(row = %key, "a webhook subscription does not open with this HERALD_EVENTS_KEY; it is left out (and kept)");
+                continue;
+            };
+            if sub.expires_ms <= now {
+                let _ = self.inner.store.delete(Table::Webhooks, &key).await;
+                continue;
+            }
+            tracing::info!(subscription = %sub.id, event = %sub.name, "resuming a webhook subscription");
+            self.run(server, sub);
+        }
+    }
+
+    /// Keeps `sub` (sealed) in the store.
+    async fn keep(&self, sub: &Sub) {
+        let row = self.row(&sub.id);
+        let plain = serde_json::to_vec(sub).expect("a subscription serializes");
+        let sealed = self.inner.sealer.seal(&row, &plain);
+        if let Err(e) = self.inner.store.put(Table::Webhooks, &row, sealed).await {
+            tracing::error!(subscription = %sub.id, error = %e, "cannot keep a webhook subscription in the store");
+        }
+    }
+
+    /// Forgets subscription `id`: stops its follower, deletes its row.
+    async fn forget(&self, id: &str) -> bool {
+        let gone = self.inner.subs.locked().remove(id);
+        let Some(gone) = gone else { return false };
+        gone.stop.cancel();
+        self.inner
+            .metrics
+            .subscriptions
+            .set(self.inner.subs.locked().len() as u64);
+        let _ = self
+            .inner
+            .store
+            .delete(Table::Webhooks, &self.row(id))
+            .await;
+        true
+    }
+
+    /// Starts following `sub` (its follower runs until the subscription is dropped, expires
+    /// or the server shuts down).
+    fn run(&self, server: &SourceServer, sub: Sub) {
+        let id = sub.id.clone();
+        let stop = CancellationToken::new();
+        let sub = Arc::new(Mutex::new(sub));
+        let replaced = self.inner.subs.locked().insert(
+            id.clone(),
+            Running {
+                sub: sub.clone(),
+                stop: stop.clone(),
+            },
+        );
+        if let Some(old) = replaced {
+            old.stop.cancel();
+        }
+        self.inner
+            .metrics
+            .subscriptions
+            .set(self.inner.subs.locked().len() as u64);
+        let follower = follow::Follower {
+            hooks: self.clone(),
+            sub,
+            stop,
+        };
+        let server = server.clone();
+        self.inner
+            .ctx
+            .spawn_until_shutdown("webhook", async move { follower.run(server).await });
+    }
+
+    /// Sends the signed challenge to `url` and checks the answer echoes it.
+    async fn verify(&self, url: &str, id: &str, secret: &Secret) -> Result<(), String> {
+        use ring::rand::SecureRandom as _;
+        let mut raw = [0u8; 24];
+        ring::rand::SystemRandom::new()
+            .fill(&mut raw)
+            .map_err(|_| "no randomness for the challenge".to_owned())?;
+        let challenge = hex::encode(raw);
+        let body = json!({"type": "verification", "challenge": challenge, "subscriptionId": id})
+            .to_string();
+        let msg = format!("verify_{challenge}");
+        let answer = match self
+            .inner
+            .poster
+            .post(url, id, &msg, &[secret], body.as_bytes())
+            .await
+        {
+            Posted::Delivered(answer) => answer,
+            Posted::Gone => return Err("the callback answered 410 Gone to the challenge".into()),
+            Posted::TooLarge => return Err("the callback answered 413 to the challenge".into()),
+            Posted::Failed(e) => return Err(format!("the challenge was not taken: {e}")),
+        };
+        let echoed = serde_json::from_slice::<Value>(&answer)
+            .ok()
+            .and_then(|v| v["challenge"].as_str().map(str::to_owned))
+            .or_else(|| String::from_utf8(answer).ok().map(|s| s.trim().to_owned()));
+        if echoed.as_deref() == Some(challenge.as_str()) {
+            Ok(())
+        } else {
+            Err("the callback answered the challenge without echoing it (answer {\"challenge\": …} with the value sent)".into())
+        }
+    }
+
+    fn code(&self, draft: i32) -> ErrorCode {
+        self.inner.settings.profile.code(draft)
+    }
+
+    /// A source's refusal of the event type or its arguments, in the configured profile.
+    fn profiled(&self, mut e: McpError) -> McpError {
+        if matches!(e.code.0, -32027..=-32023) {
+            e.code = self.code(e.code.0);
+        }
+        e
+    }
+}
+
+/// The `delivery` object of a request: its URL and (for subscribe) its secret.
+fn delivery(params: &JsonObject, secret: bool) -> Result<(String, Option<Secret>), McpError> {
+    let Some(Value::Object(d)) = params.get("delivery") else {
+        return Err(invalid(
+            "missing parameter delivery; it is {\"mode\":\"webhook\",\"url\":…,\"secret\":\"whsec_…\"}",
+        ));
+    };
+    if let Some(mode) = d.get("mode")
+        && mode != "webhook"
+    {
+        return Err(invalid(format!(
+            "delivery.mode {mode} is not offered here; webhook is (events/stream is push)"
+        )));
+    }
+    let url = d
+        .get("url")
+        .and_then(Value::as_str)
+        .ok_or_else(|| invalid("missing delivery.url, the callback's https URL"))?
+        .to_owned();
+    let secret = if secret {
+        let s = d.get("secret").and_then(Value::as_str).ok_or_else(|| {
+            invalid("missing delivery.secret (whsec_ and the base64 of 24 to 64 random bytes)")
+        })?;
+        Some(Secret::parse(s).map_err(invalid)?)
+    } else {
+        None
+    };
+    Ok((url, secret))
+}
+
+fn name_and_arguments(params: &JsonObject) -> Result<(String, JsonObject), McpError> {
+    let name = params
+        .get("name")
+        .and_then(Value::as_str)
+        .filter(|n| !n.is_empty())
+        .ok_or_else(|| invalid("missing parameter name; events/list names the event types"))?
+        .to_owned();
+    let arguments = match params.get("arguments") {
+        None | Some(Value::Null) => JsonObject::new(),
+        Some(Value::Object(o)) => o.clone(),
+        Some(other) => return Err(invalid(format!("arguments must be an object, got {other}"))),
+    };
+    Ok((name, arguments))
+}
+
+#[async_trait]
+impl Webhooks for Hooks {
+    async fn subscribe(
+        &self,
+        server: &SourceServer,
+        caller: &Caller,
+        params: JsonObject,
+    ) -> Result<Value, McpError> {
+        if let Some(k) = params
+            .keys()
+            .find(|k| !SUBSCRIBE_PARAMS.contains(&k.as_str()))
+        {
+            return Err(invalid(format!(
+                "unknown parameter {k}; events/subscribe takes name, arguments, delivery, cursor, maxAgeMs and ttlMs"
+            )));
+        }
+        let (name, arguments) = name_and_arguments(&params)?;
+        let (url, secret) = delivery(&params, true)?;
+        let secret = secret.expect("asked for");
+        let callback = self.code(-32027);
+        self.inner.poster.policy().check(&url).map_err(|why| {
+            McpError::new(callback, why, Some(json!({"reason": "callbackRefused"})))
+        })?;
+        let ttl = match params.get("ttlMs") {
+            None | Some(Value::Null) => DEFAULT_TTL,
+            Some(v) => Duration::from_millis(v.as_u64().ok_or_else(|| {
+                invalid(format!("ttlMs must be a non-negative integer, got {v}"))
+            })?),
+        }
+        .clamp(MIN_TTL, MAX_TTL);
+        let cursor = match params.get("cursor") {
+            None | Some(Value::Null) => None,
+            Some(Value::String(s)) => Some(s.clone()),
+            Some(other) => {
+                return Err(invalid(format!(
+                    "cursor must be a string or null, got {other}"
+                )));
+            }
+        };
+        // The source checks the event type, its arguments and the caller's entitlement, and
+        // says where "now" is (or whether the cursor's replay has a gap).
+        let mut probe = JsonObject::new();
+        probe.insert("name".into(), name.clone().into());
+        probe.insert("arguments".into(), Value::Object(arguments.clone()));
+        probe.insert(
+            "cursor".into(),
+            cursor.clone().map_or(Value::Null, Into::into),
+        );
+        probe.insert("maxEvents".into(), 1.into());
+        if let Some(age) = params.get("maxAgeMs") {
+            probe.insert("maxAgeMs".into(), age.clone());
+        }
+        let polled = server
+            .poll_in_process(caller, probe)
+            .await
+            .map_err(|e| self.profiled(e))?;
+        let truncated = polled["truncated"].as_bool().unwrap_or(false);
+        let start = cursor.or_else(|| polled["cursor"].as_str().map(str::to_owned));
+        let principal = caller.principal();
+        let id = derive_id(&principal, &url, &name, &arguments);
+        self.verify(&url, &id, &secret).await.map_err(|why| {
+            McpError::new(callback, why, Some(json!({"reason": "verificationFailed"})))
+        })?;
+        let now = now_ms();
+        let expires_ms = now + ttl.as_millis() as u64;
+        let existing = self.inner.subs.locked().get(&id).map(|r| r.sub.clone());
+        let kept = match existing {
+            Some(sub) => {
+                // The same key again: a new TTL and secret; the follower goes on.
+                let snapshot = {
+                    let mut s = sub.locked();
+                    if s.secret != secret {
+                        s.old_secret = Some((s.secret.clone(), now + ROTATION.as_millis() as u64));
+                        s.secret = secret;
+                    }
+                    s.expires_ms = expires_ms;
+                    s.clone()
+                };
+                self.keep(&snapshot).await;
+                snapshot
+            }
+            None => {
+                let (all, mine) = {
+                    let subs = self.inner.subs.locked();
+                    let mine = subs
+                        .values()
+                        .filter(|r| r.sub.locked().principal == principal)
+                        .count();
+                    (subs.len(), mine)
+                };
+                if all >= MAX_SUBSCRIPTIONS || mine >= MAX_PER_SUBSCRIBER {
+                    let (limit, max) = if mine >= MAX_PER_SUBSCRIBER {
+                        ("subscriptionsPerSubscriber", MAX_PER_SUBSCRIBER)
+                    } else {
+                        ("subscriptions", MAX_SUBSCRIPTIONS)
+                    };
+                    return Err(McpError::new(
+                        self.code(-32025),
+                        format!(
+                            "this server keeps at most {max} webhook subscriptions ({limit}); unsubscribe one first"
+                        ),
+                        Some(json!({"limit": limit, "max": max})),
+                    ));
+                }
+                let sub = Sub {
+                    id: id.clone(),
+                    principal,
+                    token: caller.token.clone(),
+                    servers: caller.servers.clone(),
+                    local: caller.local,
+                    loopback: caller.loopback,
+                    url,
+                    name,
+                    arguments,
+                    secret,
+                    old_secret: None,
+                    cursor: start,
+                    expires_ms,
+                    last_delivery_ms: None,
+                    last_error: None,
+                    pending: None,
+                };
+                self.keep(&sub).await;
+                self.run(server, sub.clone());
+                sub
+            }
+        };
+        Ok(json!({
+            "resultType": "complete",
+            "id": kept.id,
+            "refreshBefore": crate::mcp::events::rfc3339(kept.expires_ms as i64 * 1_000_000),
+            "cursor": kept.cursor,
+            "truncated": truncated,
+            "deliveryStatus": {
+                "active": true,
+                "lastDeliveryAt": kept.last_delivery_ms.map(|ms| crate::mcp::events::rfc3339(ms as i64 * 1_000_000)),
+                "lastError": kept.last_error,
+            },
+        }))
+    }
+
+    async fn unsubscribe(&self, caller: &Caller, params: JsonObject) -> Result<Value, McpError> {
+        if let Some(k) = params
+            .keys()
+            .find(|k| !["name", "arguments", "delivery", "_meta"].contains(&k.as_str()))
+        {
+            return Err(invalid(format!(
+                "unknown parameter {k}; events/unsubscribe takes name, arguments and delivery (its url)"
+            )));
+        }
+        let (name, arguments) = name_and_arguments(&params)?;
+        let (url, _) = delivery(&params, false)?;
+        let id = derive_id(&caller.principal(), &url, &name, &arguments);
+        if !self.forget(&id).await {
+            return Err(McpError::new(
+                self.code(-32023),
+                "no such subscription: none of this caller's has that name, arguments and delivery url",
+                Some(json!({"kind": "subscription"})),
+            ));
+        }
+        Ok(json!({"resultType": "complete"}))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ids_are_derived_from_the_key_with_argument_order_ignored() {
+        let a: JsonObject = serde_json::from_str(r#"{"x":1,"y":{"b":2,"a":1}}"#).unwrap();
+        let b: JsonObject = serde_json::from_str(r#"{"y":{"a":1,"b":2},"x":1}"#).unwrap();
+        let id = derive_id("token:ab", "https://h/x", "memo.changed", &a);
+        assert_eq!(id, derive_id("token:ab", "https://h/x", "memo.changed", &b));
+        assert!(id.starts_with("sub_") && id.len() == 36, "{id}");
+        assert_ne!(id, derive_id("token:cd", "https://h/x", "memo.changed", &a));
+        assert_ne!(id, derive_id("token:ab", "https://h/y", "memo.changed", &a));
+        assert_ne!(id, derive_id("token:ab", "https://h/x", "other", &a));
+    }
+
+    #[test]
+    fn profiles_number_the_errors() {
+        assert_eq!(Profile::Draft.code(-32027), ErrorCode(-32027));
+        assert_eq!(Profile::Chatgpt.code(-32027), ErrorCode(-32015));
+        assert_eq!(Profile::Chatgpt.code(-32023), ErrorCode(-32011));
+    }
+}

@@ -1,0 +1,27 @@
+//! The seam between a server and its webhook subscriptions (`events/subscribe`,
+//! `events/unsubscribe`): the server answers the requests through a [`Webhooks`] it was given
+//! ([`SourceServer::serve_webhooks`](crate::mcp::server::SourceServer::serve_webhooks)); what
+//! keeps, verifies and delivers them lives above `mcp` (`crate::hooks`), since it needs an
+//! HTTP client.
+
+use async_trait::async_trait;
+use rmcp::model::{ErrorData as McpError, JsonObject};
+use serde_json::Value;
+
+use crate::mcp::caller::Caller;
+use crate::mcp::server::SourceServer;
+
+/// A server's webhook subscriptions.
+#[async_trait]
+pub trait Webhooks: Send + Sync + 'static {
+    /// `events/subscribe` from `caller` on `server`: the result, or the refusal.
+    async fn subscribe(
+        &self,
+        server: &SourceServer,
+        caller: &Caller,
+        params: JsonObject,
+    ) -> Result<Value, McpError>;
+
+    /// `events/unsubscribe` from `caller`.
+    async fn unsubscribe(&self, caller: &Caller, params: JsonObject) -> Result<Value, McpError>;
+}
