@@ -28,6 +28,9 @@ pub(crate) async fn request(
     .unwrap_or_else(|_| panic!("{method} answered in time"));
     match sent {
         Ok(ServerResult::CustomResult(r)) => Ok(r.0),
+        // rmcp decodes a result of only `resultType` and `_meta` (an unsubscribe's) as a task
+        // acknowledgment; its fields are all there.
+        Ok(other @ ServerResult::TaskAckResult(_)) => Ok(serde_json::to_value(other).unwrap()),
         Ok(other) => panic!("{method}: unexpected result {other:?}"),
         Err(ServiceError::McpError(e)) => Err(e),
         Err(e) => panic!("{method}: {e}"),

@@ -33,6 +33,7 @@ mod stream;
 mod support;
 mod systemd;
 mod tasks;
+mod webhooks;
 mod timeouts;
 mod up;
 mod watch;

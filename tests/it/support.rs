@@ -78,6 +78,7 @@ impl Server {
             "SLACK_EVENTS_ENCRYPTION_KEY",
             "SLACK_EVENTS_RETENTION_DAYS",
             "CREDENTIALS_DIRECTORY",
+            "HERALD_EVENTS_KEY",
         ] {
             cmd.env_remove(v);
         }
