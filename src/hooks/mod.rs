@@ -70,7 +70,18 @@ const SUBSCRIBE_PARAMS: [&str; 7] = [
 
 /// Which error codes the Events errors carry: the draft's (SEP-3415, -32023…-32027) or the
 /// earlier sketch's that ChatGPT-facing servers use (-32011…-32015).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
+#[derive(
+    Debug,
+    Clone,
+    Copy,
+    PartialEq,
+    Eq,
+    Default,
+    clap::ValueEnum,
+    serde::Serialize,
+    serde::Deserialize,
+)]
+#[serde(rename_all = "lowercase")]
 pub enum Profile {
     #[default]
     Draft,
@@ -97,9 +108,10 @@ pub struct HookSettings {
     pub role: String,
 }
 
-/// What the flags and config say of webhook subscriptions; the key comes from the
-/// environment ([`EventsOptions::settings`]).
-#[derive(Debug, Clone, Default)]
+/// What the flags and config (`[events]`) say of webhook subscriptions; the key comes from
+/// the environment ([`EventsOptions::settings`]).
+#[derive(Debug, Clone, Default, PartialEq, serde::Serialize, serde::Deserialize)]
+#[serde(deny_unknown_fields, default)]
 pub struct EventsOptions {
     /// URL prefixes a callback may start with to reach a private address or plain http.
     pub callback_allow: Vec<String>,

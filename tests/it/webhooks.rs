@@ -33,7 +33,10 @@ struct Receiver {
 
 impl Receiver {
     async fn start(secrets: &[&str]) -> Receiver {
-        let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/it/py/webhook_receiver.py");
+        let script = concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/tests/it/py/webhook_receiver.py"
+        );
         let mut child = Command::new(python())
             .arg(script)
             .args(secrets)
@@ -128,9 +131,13 @@ async fn a_subscription_is_verified_signed_and_delivered_in_order() {
         json!(["poll", "push", "webhook"])
     );
     let url = rx.url("hooks/a");
-    let sub = request(&conn, "events/subscribe", subscribe_params(&url, SECRET, json!({})))
-        .await
-        .unwrap();
+    let sub = request(
+        &conn,
+        "events/subscribe",
+        subscribe_params(&url, SECRET, json!({})),
+    )
+    .await
+    .unwrap();
     let id = sub["id"].as_str().unwrap().to_owned();
     assert!(id.starts_with("sub_"), "{sub}");
     assert!(sub["refreshBefore"].as_str().unwrap().ends_with('Z'));
@@ -155,12 +162,20 @@ async fn a_subscription_is_verified_signed_and_delivered_in_order() {
 
     // The same key again (arguments in another order would be the same too) with a new
     // secret: the same id, and both secrets sign while the old one is replaced.
-    let again = request(&conn, "events/subscribe", subscribe_params(&url, SECRET2, json!({})))
-        .await
-        .unwrap();
+    let again = request(
+        &conn,
+        "events/subscribe",
+        subscribe_params(&url, SECRET2, json!({})),
+    )
+    .await
+    .unwrap();
     assert_eq!(again["id"], id.as_str(), "idempotent");
     let challenge = rx.delivered().await;
-    assert_eq!(challenge["secrets"], json!([1]), "the challenge proves the new secret");
+    assert_eq!(
+        challenge["secrets"],
+        json!([1]),
+        "the challenge proves the new secret"
+    );
     call(&conn, "memo_set", json!({"key": "c", "value": "v"})).await;
     let d = rx.delivered().await;
     assert_eq!(d["body"]["data"]["key"], "c");
@@ -171,7 +186,9 @@ async fn a_subscription_is_verified_signed_and_delivered_in_order() {
     request(&conn, "events/unsubscribe", params.clone())
         .await
         .unwrap();
-    let e = request(&conn, "events/unsubscribe", params).await.unwrap_err();
+    let e = request(&conn, "events/unsubscribe", params)
+        .await
+        .unwrap_err();
     assert_eq!(e.code.0, -32023, "{e:?}");
     assert_eq!(e.data.unwrap()["kind"], "subscription");
 }
@@ -242,9 +259,13 @@ async fn failures_are_retried_413_is_skipped_and_410_ends_it() {
     let mut rx = Receiver::start(&[SECRET]).await;
     let (_s, conn) = memo(&["--callback-allow", "http://127.0.0.1:"]).await;
     let url = rx.url("f");
-    let sub = request(&conn, "events/subscribe", subscribe_params(&url, SECRET, json!({})))
-        .await
-        .unwrap();
+    let sub = request(
+        &conn,
+        "events/subscribe",
+        subscribe_params(&url, SECRET, json!({})),
+    )
+    .await
+    .unwrap();
     rx.delivered().await;
     let id = sub["id"].clone();
 
@@ -261,7 +282,10 @@ async fn failures_are_retried_413_is_skipped_and_410_ends_it() {
     rx.answer(413, 1).await;
     call(&conn, "memo_set", json!({"key": "b", "value": "v"})).await;
     let refused = rx.next().await;
-    assert_eq!((refused["status"].as_u64(), &refused["body"]["data"]["key"]), (Some(413), &json!("b")));
+    assert_eq!(
+        (refused["status"].as_u64(), &refused["body"]["data"]["key"]),
+        (Some(413), &json!("b"))
+    );
     call(&conn, "memo_set", json!({"key": "c", "value": "v"})).await;
     let d = rx.delivered().await;
     assert_eq!(d["body"]["data"]["key"], "c", "b was not sent again: {d}");
@@ -274,14 +298,21 @@ async fn failures_are_retried_413_is_skipped_and_410_ends_it() {
     let params = json!({"name": "memo.changed", "delivery": {"url": url}});
     let mut dropped = false;
     for _ in 0..1000 {
-        if request(&conn, "events/unsubscribe", params.clone()).await.is_err() {
+        if request(&conn, "events/unsubscribe", params.clone())
+            .await
+            .is_err()
+        {
             dropped = true;
             break;
         }
         // Unsubscribed before the 410 was heard: subscribe again, wait for its answer.
-        request(&conn, "events/subscribe", subscribe_params(&url, SECRET, json!({})))
-            .await
-            .unwrap();
+        request(
+            &conn,
+            "events/subscribe",
+            subscribe_params(&url, SECRET, json!({})),
+        )
+        .await
+        .unwrap();
         rx.delivered().await;
         rx.answer(410, 1).await;
         call(&conn, "memo_set", json!({"key": "d", "value": "v"})).await;
@@ -315,9 +346,13 @@ async fn a_retry_pending_at_kill_9_is_delivered_after_the_restart() {
     }
     .client()
     .await;
-    request(&conn, "events/subscribe", subscribe_params(&rx.url("k"), SECRET, json!({})))
-        .await
-        .unwrap();
+    request(
+        &conn,
+        "events/subscribe",
+        subscribe_params(&rx.url("k"), SECRET, json!({})),
+    )
+    .await
+    .unwrap();
     rx.delivered().await;
     rx.answer(503, 1000).await;
     call(&conn, "memo_set", json!({"key": "a", "value": "v"})).await;
@@ -334,7 +369,10 @@ async fn a_retry_pending_at_kill_9_is_delivered_after_the_restart() {
     rx.order(json!({"clear": true})).await;
     let s = Server::spawn_env(&args, &[("HERALD_EVENTS_KEY", KEY)]).await;
     let d = rx.delivered().await;
-    assert_eq!(d["id"], first["id"], "the same webhook-id after the restart");
+    assert_eq!(
+        d["id"], first["id"],
+        "the same webhook-id after the restart"
+    );
     assert_eq!(d["body"]["data"]["key"], "a");
     let conn = Memo {
         target: herald::transport::target::Target::Http(s.http_url()),
@@ -352,4 +390,65 @@ async fn a_retry_pending_at_kill_9_is_delivered_after_the_restart() {
         assert_eq!(d["body"]["data"]["key"], "b", "{d}");
         break;
     }
+}
+
+/// Through `herald up`'s gateway: a subscription to `memo__memo.changed` is checked, verified
+/// and delivered as one to the memo role itself.
+#[tokio::test]
+async fn a_subscription_through_the_gateway_is_delivered() {
+    let demo = TempDir::new("hooks-up");
+    let mut rx = Receiver::start(&[SECRET]).await;
+    let s = Server::spawn_env(
+        &[
+            "--store",
+            ":memory:",
+            "up",
+            "--http",
+            "127.0.0.1:0",
+            "--quic",
+            "",
+            "--admin",
+            "",
+            "--demo-dir",
+            demo.path().join("d").to_str().unwrap(),
+            "--callback-allow",
+            "http://127.0.0.1:",
+        ],
+        &[("HERALD_EVENTS_KEY", KEY)],
+    )
+    .await;
+    let conn = Memo {
+        target: herald::transport::target::Target::Http(s.http_url()),
+        trust: Default::default(),
+        server: None,
+    }
+    .client()
+    .await;
+    let list = request(&conn, "events/list", json!({})).await.unwrap();
+    let memo = list["events"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|e| e["name"] == "memo__memo.changed")
+        .cloned()
+        .unwrap();
+    assert_eq!(memo["delivery"], json!(["poll", "push", "webhook"]));
+    let mut params = subscribe_params(&rx.url("gw"), SECRET, json!({}));
+    params["name"] = "memo__memo.changed".into();
+    let sub = request(&conn, "events/subscribe", params).await.unwrap();
+    assert!(sub["id"].as_str().unwrap().starts_with("sub_"));
+    assert_eq!(rx.delivered().await["body"]["type"], "verification");
+    call(&conn, "memo__memo_set", json!({"key": "g", "value": "v"})).await;
+    let d = rx.delivered().await;
+    assert_eq!(d["body"]["name"], "memo__memo.changed");
+    assert_eq!(d["body"]["data"]["key"], "g");
+    let mut params = subscribe_params(&rx.url("gw"), SECRET, json!({}));
+    params["name"] = "nosuch__x".into();
+    let e = request(&conn, "events/subscribe", params)
+        .await
+        .unwrap_err();
+    assert_eq!(
+        e.code.0, -32024,
+        "an unknown slug is refused as any refusal is: {e:?}"
+    );
 }

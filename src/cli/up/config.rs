@@ -104,6 +104,9 @@ pub struct UpToml {
     pub notify: Option<NotifyToml>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub publish: Option<PublishToml>,
+    /// `[events]`: webhook subscriptions' callback allowlist and error codes.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub events: Option<crate::hooks::EventsOptions>,
 }
 
 /// `[publish]`: every event log of the roles here, published to NATS for gateways elsewhere

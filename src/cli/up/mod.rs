@@ -104,6 +104,15 @@ pub struct UpArgs {
     /// addressed the bot (a conversation id; repeatable, the first is used) [default: stdout].
     #[arg(long, value_name = "ID")]
     pub channel: Vec<String>,
+    /// Let webhook callbacks whose URL starts with PREFIX reach a private address or plain
+    /// http (repeatable), added to [events] callback_allow. Webhook subscriptions are on when
+    /// HERALD_EVENTS_KEY is set.
+    #[arg(long = "callback-allow", value_name = "PREFIX")]
+    pub callback_allow: Vec<String>,
+    /// The Events error codes, over [events] profile: the draft's (-32023…-32027) or the ones
+    /// ChatGPT uses (-32011…-32015) [default: draft].
+    #[arg(long, value_enum, value_name = "CODES")]
+    pub events_profile: Option<crate::hooks::Profile>,
     // --connect-timeout-ms: the config's [[slug]] servers'.
     #[command(flatten)]
     pub timeout: crate::cli::client::UpstreamConnectTimeout,
@@ -229,6 +238,14 @@ pub async fn run(args: UpArgs, globals: &Globals) -> Result<(), Exit> {
         },
         limits: limits.clone(),
         http_socket: globals.systemd.socket("http"),
+        events: {
+            let mut e = file.events.clone().unwrap_or_default();
+            e.callback_allow.extend(args.callback_allow.iter().cloned());
+            if let Some(p) = args.events_profile {
+                e.profile = p;
+            }
+            e
+        },
         ..ServeOptions::default()
     };
     let mut bound = match app::serve_source(gateway_source.clone(), &opts, &store, &ctx).await {

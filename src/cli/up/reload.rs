@@ -131,6 +131,7 @@ impl UpReload {
                 a.listen.allowed_origins == b.listen.allowed_origins,
             ),
             ("[publish]", a.publish == b.publish),
+            ("[events]", a.events == b.events),
             ("[notify]", a.notify == b.notify),
         ] {
             if !same {
