@@ -290,6 +290,10 @@ mod tests {
         ),
         ("quic", "where to listen: not given, not served"),
         (
+            "callback-allow",
+            "repeatable: none given, no webhook callback reaches a private address or plain http",
+        ),
+        (
             "admin",
             "the admin address of a server: not given, not served",
         ),

@@ -29,7 +29,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::mcp::caller::Caller;
 use crate::mcp::server::SourceServer;
-use crate::mcp::webhooks::Webhooks;
+use crate::mcp::server::webhooks::Webhooks;
 use crate::runtime::context::RoleContext;
 use crate::runtime::metrics::{Counter, Gauge, Metrics};
 use crate::store::seal::Sealer;

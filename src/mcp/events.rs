@@ -44,6 +44,10 @@ pub const POLL_LEASE: Duration = Duration::from_secs(300);
 /// arguments are distinct URIs).
 pub const MAX_POLL_LEASES: usize = 1024;
 
+/// Where a herald source puts an event's own cursor in its `events/poll` results
+/// (`_meta`), so a stream can give every event its resume point.
+pub const EVENT_CURSOR_META: &str = "io.herald/cursor";
+
 const POLL_PARAMS: [&str; 7] = [
     "name",
     "arguments",
@@ -305,7 +309,7 @@ pub fn poll_result(ring: &EventRing, uri: &str, req: &PollRequest, now_ms: u64) 
                 "timestamp": rfc3339(e.ts_ms as i64 * 1_000_000),
                 "data": e.event,
                 // Its own resume point, which a stream gives each event it pushes.
-                "_meta": {crate::mcp::server::stream::EVENT_CURSOR_META: encode_cursor(e.seq)},
+                "_meta": {EVENT_CURSOR_META: encode_cursor(e.seq)},
             })
         })
         .collect();

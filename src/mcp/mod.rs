@@ -23,4 +23,3 @@ pub mod server;
 pub mod source;
 pub mod tasks;
 pub mod template;
-pub mod webhooks;

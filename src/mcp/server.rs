@@ -66,7 +66,7 @@ struct Shared {
     active_listens: AtomicUsize,
     drained: tokio::sync::Notify,
     /// Webhook subscriptions, when this server takes them (`events/subscribe`).
-    webhooks: std::sync::OnceLock<Arc<dyn crate::mcp::webhooks::Webhooks>>,
+    webhooks: std::sync::OnceLock<Arc<dyn crate::mcp::server::webhooks::Webhooks>>,
 }
 
 /// Where a server's tasks are: run here, or relayed to the servers that run them.
@@ -186,7 +186,7 @@ impl SourceServer {
 
     /// Takes `events/subscribe` and `events/unsubscribe` through `hooks` from now on (once;
     /// a second is ignored), and says `webhook` among every event type's delivery modes.
-    pub fn serve_webhooks(&self, hooks: Arc<dyn crate::mcp::webhooks::Webhooks>) {
+    pub fn serve_webhooks(&self, hooks: Arc<dyn crate::mcp::server::webhooks::Webhooks>) {
         let _ = self.shared.webhooks.set(hooks);
     }
 
@@ -862,6 +862,7 @@ pub mod dispatch;
 mod legacy;
 mod out;
 pub mod stream;
+pub mod webhooks;
 pub use calls::plain_call;
 
 #[cfg(test)]

@@ -41,15 +41,13 @@ use tokio_util::sync::CancellationToken;
 use super::{SourceServer, to_mcp_error};
 use crate::mcp::admission::ConnStreams;
 use crate::mcp::caller::Caller;
+use crate::mcp::events::EVENT_CURSOR_META;
 use crate::mcp::listen::{SUBSCRIPTION_ID, Undelivered};
 use crate::runtime::backoff::Backoff;
 
 /// The longest a stream stays silent: a heartbeat goes out when nothing else did for this
 /// long (the draft asks for one at least every 30 s).
 pub const HEARTBEAT: Duration = Duration::from_secs(25);
-/// Where a herald source puts an event's own cursor in its `events/poll` results
-/// (`_meta`), so a stream can give every event its resume point.
-pub const EVENT_CURSOR_META: &str = "io.herald/cursor";
 /// Events asked for per poll.
 const BATCH: u64 = crate::mcp::events::MAX_EVENTS as u64;
 /// A source that answers a long poll early and empty is asked again no sooner than this (the

@@ -8,8 +8,8 @@ use async_trait::async_trait;
 use rmcp::model::{ErrorData as McpError, JsonObject};
 use serde_json::Value;
 
+use super::SourceServer;
 use crate::mcp::caller::Caller;
-use crate::mcp::server::SourceServer;
 
 /// A server's webhook subscriptions.
 #[async_trait]
