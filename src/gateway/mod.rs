@@ -46,6 +46,7 @@ mod access;
 pub mod config;
 mod lists;
 mod names;
+pub mod polls;
 mod prompts;
 pub mod source;
 mod tasks;

@@ -46,6 +46,9 @@ pub struct Gateway {
     tasks: Arc<GatewayTasks>,
     /// Each slug's list follower (`lists.rs`), stopped when its slug goes or the gateway does.
     followers: Mutex<Vec<(Arc<Upstream>, tokio_util::sync::DropGuard)>>,
+    /// Long polls of a slug's events, one upstream call per key ([`crate::gateway::polls`]).
+    polls: crate::gateway::polls::SharedPolls,
+    poll_metrics: crate::gateway::polls::PollMetrics,
 }
 
 /// What [`Gateway::reconfigure`] changed.
@@ -135,6 +138,8 @@ impl Gateway {
             shared,
             ctx: ctx.clone(),
             followers: Mutex::default(),
+            polls: Default::default(),
+            poll_metrics: crate::gateway::polls::PollMetrics::register(ctx.metrics()),
         };
         gateway.reconfigure(Entitled::new(upstreams, tokens));
         gateway
@@ -713,9 +718,16 @@ impl Source for Gateway {
                 Duration::from_millis(ms.min(MAX_LONG_POLL.as_millis() as u64))
             });
         params.insert("name".into(), event.into());
-        let mut v = up
-            .custom_within("events/poll", Value::Object(params), REQUEST_TIMEOUT + wait)
-            .await?;
+        let mut v = if wait.is_zero() {
+            up.custom_within("events/poll", Value::Object(params), REQUEST_TIMEOUT)
+                .await?
+        } else {
+            // Every stream, webhook and long poll of this event type at this cursor shares
+            // one upstream call.
+            self.polls
+                .poll(slug, &up, params, wait, &self.ctx, &self.poll_metrics)
+                .await?
+        };
         if let Some(evs) = v.get_mut("events").and_then(Value::as_array_mut) {
             for e in evs {
                 if let Some(n) = e["name"].as_str() {

@@ -279,3 +279,90 @@ async fn events_stream_through_the_gateway() {
     let _ = Duration::ZERO;
     assert!(up.terminate().await.success());
 }
+
+fn counter(metrics: &str, name: &str) -> u64 {
+    metrics
+        .lines()
+        .find_map(|l| l.strip_prefix(&format!("{name} ")))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or_else(|| panic!("{name} in /metrics:\n{metrics}"))
+}
+
+/// Twenty streams of one event type through the gateway share one upstream long poll: an
+/// event reaches every stream, and the slug sees a handful of polls for it, not twenty.
+#[tokio::test]
+async fn streams_through_the_gateway_share_one_upstream_poll() {
+    let demo = TempDir::new("stream-share");
+    let up = Server::spawn(&[
+        "--store",
+        ":memory:",
+        "up",
+        "--http",
+        "127.0.0.1:0",
+        "--quic",
+        "",
+        "--admin",
+        "",
+        "--demo-dir",
+        demo.path().join("d").to_str().unwrap(),
+    ])
+    .await;
+    let metrics_url = up.http_url().replace("/mcp", "/metrics");
+    let metrics = || async {
+        reqwest::get(&metrics_url)
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap()
+    };
+    let memo = Memo {
+        target: herald::transport::target::Target::Http(up.http_url()),
+        trust: Default::default(),
+        server: None,
+    };
+    let (conn, mut rx) = tapped(&memo).await;
+    let mut streams = Vec::new();
+    for _ in 0..20 {
+        let s = open(&conn, json!({"name": "memo__memo.changed"})).await;
+        let id = id_of(&s);
+        next(&mut rx, &id, false).await;
+        streams.push((s, id));
+    }
+    let before = metrics().await;
+    call(&conn, "memo__memo_set", json!({"key": "k", "value": "v"})).await;
+    let mut got = std::collections::HashSet::new();
+    while got.len() < streams.len() {
+        let v = tokio::time::timeout(WAIT, rx.recv())
+            .await
+            .unwrap()
+            .unwrap();
+        if v["method"] == "notifications/events/event" {
+            assert_eq!(v["params"]["data"]["key"], "k");
+            got.insert(v["params"]["_meta"]["io.modelcontextprotocol/subscriptionId"].to_string());
+        }
+    }
+    // Every stream polls again after the event; let them all be in before counting.
+    call(&conn, "memo__memo_set", json!({"key": "k2", "value": "v"})).await;
+    let mut again = 0;
+    while again < streams.len() {
+        let v = tokio::time::timeout(WAIT, rx.recv())
+            .await
+            .unwrap()
+            .unwrap();
+        if v["method"] == "notifications/events/event" {
+            again += 1;
+        }
+    }
+    let after = metrics().await;
+    let upstream = counter(&after, "herald_gateway_event_polls_upstream_total")
+        - counter(&before, "herald_gateway_event_polls_upstream_total");
+    let joined = counter(&after, "herald_gateway_event_polls_joined_total")
+        - counter(&before, "herald_gateway_event_polls_joined_total");
+    eprintln!("shared polls: {upstream} upstream, {joined} joined");
+    assert!(
+        upstream <= 6,
+        "two events for 20 streams took {upstream} upstream polls ({joined} joined)"
+    );
+    assert!(joined >= 30, "{joined} joined, {upstream} upstream");
+}

@@ -413,6 +413,8 @@ impl SourceServer {
                 _ = shutdown.cancelled() => return Ended::Closed(cursor),
                 _ = &mut closed => return Ended::Gone(McpError::invalid_request("the events/stream was cancelled", None)),
                 r = self.shared.source.events_poll(caller, req.poll(cursor.as_deref(), wait, false)) => r.map_err(to_mcp_error),
+                // A source that holds a poll past its timeoutMs does not hold up the heartbeat.
+                _ = tokio::time::sleep_until(due + EARLY_FLOOR) => Ok(json!({"events": [], "cursor": cursor})),
             };
             match polled {
                 Ok(v) => {
