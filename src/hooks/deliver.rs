@@ -31,9 +31,25 @@ pub struct CallbackPolicy {
 }
 
 impl CallbackPolicy {
-    /// Whether an allowlist entry lets `url` through (to any address, over http too).
+    /// Whether an allowlist entry lets `url` through (to any address, over http too). An
+    /// entry is a URL prefix read by its parts: the scheme and host must be the entry's (not
+    /// merely start with it: `https://hooks.internal` does not let
+    /// `https://hooks.internal.evil.com` through), its port too unless the entry ends at the
+    /// colon (`http://127.0.0.1:`: any port), and the path must start with the entry's.
     pub fn allowed(&self, url: &str) -> bool {
-        self.allow.iter().any(|p| url.starts_with(p.as_str()))
+        let Ok(u) = Url::parse(url) else { return false };
+        self.allow.iter().any(|entry| {
+            let any_port = entry.ends_with(':');
+            let e = match Url::parse(entry.trim_end_matches(':')) {
+                Ok(e) => e,
+                Err(_) => return false,
+            };
+            u.scheme() == e.scheme()
+                && u.host_str() == e.host_str()
+                && (any_port || u.port_or_known_default() == e.port_or_known_default())
+                && u.path().starts_with(e.path())
+                && u.username().is_empty()
+        })
     }
 
     /// Checks a callback URL as it is written; the addresses its name resolves to are checked
@@ -210,7 +226,10 @@ impl Poster {
     pub fn new(policy: CallbackPolicy) -> Result<Poster, String> {
         let build = |public: bool| {
             crate::transport::client::http_client(|b| {
+                // No proxy from the environment: a proxy would resolve the callback's name
+                // itself, past the address check.
                 let b = b
+                    .no_proxy()
                     .redirect(reqwest::redirect::Policy::none())
                     .timeout(POST_TIMEOUT)
                     .connect_timeout(POST_TIMEOUT)
@@ -348,6 +367,15 @@ mod tests {
         };
         assert!(p.check("http://127.0.0.1:9000/hook").is_ok());
         assert!(p.check("http://127.0.0.2:9000/hook").is_err());
+        assert!(p.check("http://127.0.0.1.evil.com:9000/hook").is_err());
+        let p = CallbackPolicy {
+            allow: vec!["https://hooks.internal:8443/mcp/".into()],
+        };
+        assert!(p.allowed("https://hooks.internal:8443/mcp/a"));
+        assert!(!p.allowed("https://hooks.internal.evil.com:8443/mcp/a"));
+        assert!(!p.allowed("https://hooks.internal:8444/mcp/a"));
+        assert!(!p.allowed("https://hooks.internal:8443/other"));
+        assert!(!p.allowed("http://hooks.internal:8443/mcp/a"));
     }
 
     #[test]

@@ -81,7 +81,7 @@ impl Follower {
                         name: s.name.clone(),
                         arguments: s.arguments.clone(),
                         cursor: s.cursor.clone(),
-                        max_age_ms: None,
+                        max_age_ms: s.max_age_ms,
                     },
                 )
             };
@@ -96,12 +96,9 @@ impl Follower {
             }
             match ended {
                 None => {
-                    let id = self.id();
-                    tracing::info!(subscription = %id, "a webhook subscription expired");
+                    tracing::info!(subscription = %self.id(), "a webhook subscription expired");
                     let e = json!({"code": -32023, "message": "the subscription expired; subscribe again to go on"});
-                    self.control("terminated", json!({"error": e}), &format!("term_{id}"))
-                        .await;
-                    self.hooks.forget(&id).await;
+                    self.end(e).await;
                     return;
                 }
                 // The server ended it: shutting down (the subscription is kept), or it was
@@ -110,10 +107,8 @@ impl Follower {
                 Some(Err(e)) if final_refusal(e.code.0) => {
                     let id = self.id();
                     tracing::warn!(subscription = %id, error = %e.message, "a webhook subscription cannot go on; it is dropped");
-                    let err = json!({"code": e.code.0, "message": e.message});
-                    self.control("terminated", json!({"error": err}), &format!("term_{id}"))
+                    self.end(json!({"code": e.code.0, "message": e.message}))
                         .await;
-                    self.hooks.forget(&id).await;
                     return;
                 }
                 Some(Err(e)) => {
@@ -126,6 +121,37 @@ impl Follower {
                     }
                 }
             }
+        }
+    }
+
+    /// Ends the subscription (if it is still this follower's: a newer one of the same id is
+    /// left alone), then tells the receiver once with a `terminated` message.
+    async fn end(&self, error: Value) {
+        let id = self.id();
+        if !self.hooks.forget_if(&id, &self.sub).await {
+            return;
+        }
+        let body = json!({"type": "terminated", "subscriptionId": id, "error": error});
+        let (url, secrets) = {
+            let s = self.sub.locked();
+            let secrets: Vec<_> = s.secrets(now_ms()).into_iter().cloned().collect();
+            (s.url.clone(), secrets)
+        };
+        let refs: Vec<&_> = secrets.iter().collect();
+        let posted = self
+            .hooks
+            .inner
+            .poster
+            .post(
+                &url,
+                &id,
+                &format!("term_{id}"),
+                &refs,
+                body.to_string().as_bytes(),
+            )
+            .await;
+        if let Posted::Failed(why) = posted {
+            tracing::debug!(subscription = %id, error = %why, "the receiver did not take the terminated message");
         }
     }
 
@@ -169,32 +195,35 @@ impl Follower {
             match posted {
                 Posted::Delivered(_) => {
                     hooks.metrics.delivered.inc();
-                    let (was_pending, snapshot) = {
+                    let was_pending = {
                         let mut s = self.sub.locked();
                         s.last_delivery_ms = Some(now_ms());
                         s.last_error = None;
-                        (s.pending.take().is_some(), s.clone())
+                        s.pending.take().is_some()
                     };
                     if was_pending && !self.stop.is_cancelled() {
-                        self.hooks.keep(&snapshot).await;
+                        self.hooks.keep(&self.sub).await;
                     }
                     return Sent::Taken;
                 }
                 Posted::TooLarge => {
                     hooks.metrics.dropped.inc();
-                    self.sub.locked().pending = None;
+                    let was_pending = self.sub.locked().pending.take().is_some();
+                    if was_pending && !self.stop.is_cancelled() {
+                        self.hooks.keep(&self.sub).await;
+                    }
                     tracing::warn!(subscription = %id, message = %msg_id, "the receiver refused a message as too large (413); it is skipped");
                     return Sent::Skipped;
                 }
                 Posted::Gone => {
                     tracing::info!(subscription = %id, "the receiver answered 410 Gone; the subscription is dropped");
-                    self.hooks.forget(&id).await;
+                    self.hooks.forget_if(&id, &self.sub).await;
                     return Sent::Over;
                 }
                 Posted::Failed(why) => {
                     hooks.metrics.failed.inc();
                     let first = attempt == 0;
-                    let snapshot = {
+                    {
                         let mut s = self.sub.locked();
                         s.last_error = Some(why.clone());
                         if first {
@@ -204,15 +233,14 @@ impl Follower {
                                 cursor.map(str::to_owned),
                             ));
                         }
-                        s.clone()
-                    };
+                    }
                     if first && !self.stop.is_cancelled() {
-                        self.hooks.keep(&snapshot).await;
+                        self.hooks.keep(&self.sub).await;
                     }
                     let Some(pause) = RETRIES.get(attempt) else {
                         hooks.metrics.dropped.inc();
                         tracing::error!(subscription = %id, error = %why, "a webhook message was not taken after a day of retries; the subscription is dropped");
-                        self.hooks.forget(&id).await;
+                        self.hooks.forget_if(&id, &self.sub).await;
                         return Sent::Over;
                     };
                     tracing::debug!(subscription = %id, error = %why, retry_ms = pause.as_millis() as u64, "a webhook POST failed; trying again");
@@ -240,16 +268,16 @@ impl Follower {
     /// Moves the kept cursor to `cursor` (and keeps it in the store when it moved).
     async fn advance(&self, cursor: Option<&str>) {
         let Some(cursor) = cursor else { return };
-        let snapshot = {
+        {
             let mut s = self.sub.locked();
             if s.cursor.as_deref() == Some(cursor) {
                 return;
             }
             s.cursor = Some(cursor.to_owned());
-            s.clone()
-        };
+            s.max_age_ms = None;
+        }
         if !self.stop.is_cancelled() {
-            self.hooks.keep(&snapshot).await;
+            self.hooks.keep(&self.sub).await;
         }
     }
 }
@@ -317,6 +345,13 @@ impl EventsOut for HookOut<'_> {
                 Ok(())
             }
             "heartbeat" => {
+                if params["truncated"] == true {
+                    let at = params["cursor"].as_str().unwrap_or_default().to_owned();
+                    let id = format!("gap_{}_{at}", f.id());
+                    if let Sent::Over = f.control("gap", json!({"cursor": at}), &id).await {
+                        return over();
+                    }
+                }
                 f.advance(params["cursor"].as_str()).await;
                 Ok(())
             }
@@ -328,14 +363,7 @@ impl EventsOut for HookOut<'_> {
                 Ok(())
             }
             "terminated" => {
-                let id = f.id();
-                f.control(
-                    "terminated",
-                    json!({"error": params["error"]}),
-                    &format!("term_{id}"),
-                )
-                .await;
-                f.hooks.forget(&id).await;
+                f.end(params["error"].clone()).await;
                 over()
             }
             _ => Ok(()),

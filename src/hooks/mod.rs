@@ -97,8 +97,9 @@ impl Profile {
     }
 }
 
-/// What a server's webhook subscriptions are configured with.
-#[derive(Debug, Clone)]
+/// What a server's webhook subscriptions are configured with (its `Debug` leaves the key
+/// out).
+#[derive(Clone)]
 pub struct HookSettings {
     /// The sealing key (32 bytes).
     pub key: [u8; 32],
@@ -175,8 +176,18 @@ fn key_from(
     }
 }
 
-/// A subscription as it is kept (sealed).
-#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
+impl std::fmt::Debug for HookSettings {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("HookSettings")
+            .field("policy", &self.policy)
+            .field("profile", &self.profile)
+            .field("role", &self.role)
+            .finish_non_exhaustive()
+    }
+}
+
+/// A subscription as it is kept (sealed). Its `Debug` shows only its id and event type.
+#[derive(Clone, serde::Serialize, serde::Deserialize)]
 struct Sub {
     id: String,
     principal: String,
@@ -195,10 +206,22 @@ struct Sub {
     expires_ms: u64,
     last_delivery_ms: Option<u64>,
     last_error: Option<String>,
+    /// `maxAgeMs` of the subscribe, for the replay from its cursor (then none).
+    #[serde(default)]
+    max_age_ms: Option<u64>,
     /// A message whose POST failed and is being tried again: `(webhook-id, body, the cursor
     /// it moves to)`, kept so a restart sends it first, under the same id.
     #[serde(default)]
     pending: Option<(String, String, Option<String>)>,
+}
+
+impl std::fmt::Debug for Sub {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Sub")
+            .field("id", &self.id)
+            .field("name", &self.name)
+            .finish_non_exhaustive()
+    }
 }
 
 impl Sub {
@@ -387,19 +410,48 @@ impl Hooks {
         }
     }
 
-    /// Keeps `sub` (sealed) in the store.
-    async fn keep(&self, sub: &Sub) {
-        let row = self.row(&sub.id);
-        let plain = serde_json::to_vec(sub).expect("a subscription serializes");
+    /// Keeps `sub` (sealed) in the store, while it is the running subscription of its id: a
+    /// forget (or a replacement) that ran meanwhile is not undone.
+    async fn keep(&self, sub: &Arc<Mutex<Sub>>) {
+        let snapshot = sub.locked().clone();
+        let row = self.row(&snapshot.id);
+        let plain = serde_json::to_vec(&snapshot).expect("a subscription serializes");
         let sealed = self.inner.sealer.seal(&row, &plain);
         if let Err(e) = self.inner.store.put(Table::Webhooks, &row, sealed).await {
-            tracing::error!(subscription = %sub.id, error = %e, "cannot keep a webhook subscription in the store");
+            tracing::error!(subscription = %snapshot.id, error = %e, "cannot keep a webhook subscription in the store");
         }
+        if !self.is_current(&snapshot.id, sub) {
+            let _ = self.inner.store.delete(Table::Webhooks, &row).await;
+        }
+    }
+
+    fn is_current(&self, id: &str, sub: &Arc<Mutex<Sub>>) -> bool {
+        self.inner
+            .subs
+            .locked()
+            .get(id)
+            .is_some_and(|r| Arc::ptr_eq(&r.sub, sub))
     }
 
     /// Forgets subscription `id`: stops its follower, deletes its row.
     async fn forget(&self, id: &str) -> bool {
-        let gone = self.inner.subs.locked().remove(id);
+        self.forget_where(id, |_| true).await
+    }
+
+    /// Forgets `sub` if it is still the running subscription of `id` (a follower ending its
+    /// own subscription never ends a newer one of the same id).
+    async fn forget_if(&self, id: &str, sub: &Arc<Mutex<Sub>>) -> bool {
+        self.forget_where(id, |r| Arc::ptr_eq(&r.sub, sub)).await
+    }
+
+    async fn forget_where(&self, id: &str, which: impl FnOnce(&Running) -> bool) -> bool {
+        let gone = {
+            let mut subs = self.inner.subs.locked();
+            match subs.get(id) {
+                Some(r) if which(r) => subs.remove(id),
+                _ => None,
+            }
+        };
         let Some(gone) = gone else { return false };
         gone.stop.cancel();
         self.inner
@@ -416,7 +468,7 @@ impl Hooks {
 
     /// Starts following `sub` (its follower runs until the subscription is dropped, expires
     /// or the server shuts down).
-    fn run(&self, server: &SourceServer, sub: Sub) {
+    fn run(&self, server: &SourceServer, sub: Sub) -> Arc<Mutex<Sub>> {
         let id = sub.id.clone();
         let stop = CancellationToken::new();
         let sub = Arc::new(Mutex::new(sub));
@@ -436,13 +488,14 @@ impl Hooks {
             .set(self.inner.subs.locked().len() as u64);
         let follower = follow::Follower {
             hooks: self.clone(),
-            sub,
+            sub: sub.clone(),
             stop,
         };
         let server = server.clone();
         self.inner
             .ctx
             .spawn_until_shutdown("webhook", async move { follower.run(server).await });
+        sub
     }
 
     /// Sends the signed challenge to `url` and checks the answer echoes it.
@@ -614,7 +667,7 @@ impl Webhooks for Hooks {
                     s.expires_ms = expires_ms;
                     s.clone()
                 };
-                self.keep(&snapshot).await;
+                self.keep(&sub).await;
                 snapshot
             }
             None => {
@@ -656,10 +709,11 @@ impl Webhooks for Hooks {
                     expires_ms,
                     last_delivery_ms: None,
                     last_error: None,
+                    max_age_ms: params.get("maxAgeMs").and_then(Value::as_u64),
                     pending: None,
                 };
-                self.keep(&sub).await;
-                self.run(server, sub.clone());
+                let running = self.run(server, sub.clone());
+                self.keep(&running).await;
                 sub
             }
         };

@@ -65,6 +65,8 @@ struct Shared {
     /// Listen streams running now, and a wake-up for when that reaches zero.
     active_listens: AtomicUsize,
     drained: tokio::sync::Notify,
+    /// The stream budget of requests that came with none (no transport of herald's).
+    unplaced_streams: ConnStreams,
     /// Webhook subscriptions, when this server takes them (`events/subscribe`).
     webhooks: std::sync::OnceLock<Arc<dyn crate::mcp::server::webhooks::Webhooks>>,
 }
@@ -165,6 +167,7 @@ impl SourceServer {
                 active_listens: AtomicUsize::new(0),
                 drained: tokio::sync::Notify::new(),
                 webhooks: std::sync::OnceLock::new(),
+                unplaced_streams: ConnStreams::default(),
             }),
             legacy: Arc::default(),
         }
@@ -589,11 +592,13 @@ impl ServerHandler for SourceServer {
                     ));
                 }
                 let mut events = source.events_list(&caller).await.map_err(to_mcp_error)?;
-                if self.shared.webhooks.get().is_some() {
-                    for e in &mut events {
-                        if let Some(modes) = e.get_mut("delivery").and_then(|d| d.as_array_mut())
-                            && !modes.iter().any(|m| m == "webhook")
-                        {
+                // Webhooks are this server's own (whatever a slug says), for every type it
+                // can poll.
+                let hooks = self.shared.webhooks.get().is_some();
+                for e in &mut events {
+                    if let Some(modes) = e.get_mut("delivery").and_then(|d| d.as_array_mut()) {
+                        modes.retain(|m| m != "webhook");
+                        if hooks && modes.iter().any(|m| m == "poll") {
                             modes.push("webhook".into());
                         }
                     }
@@ -629,19 +634,27 @@ impl ServerHandler for SourceServer {
                 Ok(CustomResult::new(result))
             }
             "events/stream" => {
+                // In an HTTP session of the `initialize` era rmcp sends a request's
+                // notifications to the session's GET stream, not to its own answer.
+                let parts = context.extensions.get::<http::request::Parts>();
+                let legacy = context.protocol_version().is_some_and(|v| {
+                    v.as_str() < rmcp::model::ProtocolVersion::V_2026_07_28.as_str()
+                });
+                if parts.is_some() && legacy {
+                    return Err(McpError::invalid_request(
+                        "events/stream needs MCP 2026-07-28 on HTTP (this is an initialize-era session); use events/poll, or send 2026-07-28 requests",
+                        None,
+                    ));
+                }
                 // The connection's budget: a byte stream's own (`ConnServer` puts it in the
-                // context), an HTTP client address's (in the request's parts).
+                // context), an HTTP client address's (in the request's parts); else the
+                // server's own, never none.
                 let budget = context
                     .extensions
                     .get::<ConnStreams>()
-                    .or_else(|| {
-                        context
-                            .extensions
-                            .get::<http::request::Parts>()
-                            .and_then(|p| p.extensions.get::<ConnStreams>())
-                    })
+                    .or_else(|| parts.and_then(|p| p.extensions.get::<ConnStreams>()))
                     .cloned()
-                    .unwrap_or_default();
+                    .unwrap_or_else(|| self.shared.unplaced_streams.clone());
                 let mut out = stream::PeerEvents::new(&context);
                 let result = self
                     .event_stream(&caller, params, &budget, &mut out)

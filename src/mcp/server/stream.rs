@@ -53,8 +53,9 @@ const BATCH: u64 = crate::mcp::events::MAX_EVENTS as u64;
 /// A source that answers a long poll early and empty is asked again no sooner than this (the
 /// draft's floor for `nextPollMs`), so one that cannot wait is not asked in a loop.
 const EARLY_FLOOR: Duration = Duration::from_secs(1);
-/// Retries after a failed poll: from 1 s, doubling, at most 30 s apart.
-const RETRY: Backoff = Backoff::new(Duration::from_secs(1), Duration::from_secs(30));
+/// Retries after a failed poll: from 1 s, doubling, at most 20 s apart (each failure is an
+/// `error` message, so the stream is never silent for a heartbeat's time).
+const RETRY: Backoff = Backoff::new(Duration::from_secs(1), Duration::from_secs(20));
 
 const STREAM_PARAMS: [&str; 5] = ["name", "arguments", "cursor", "maxAgeMs", "_meta"];
 
@@ -420,6 +421,10 @@ impl SourceServer {
                 Ok(v) => {
                     retry.reset();
                     batch = Batch::of(v);
+                    // "More" with nothing in it is not asked again at once (no spin).
+                    if batch.events.is_empty() {
+                        batch.has_more = false;
+                    }
                     if batch.truncated {
                         gap = true;
                     }
