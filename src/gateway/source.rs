@@ -724,9 +724,14 @@ impl Source for Gateway {
         } else {
             // Every stream, webhook and long poll of this event type at this cursor shares
             // one upstream call.
-            self.polls
+            let v = self
+                .polls
                 .poll(slug, &up, params, wait, &self.ctx, &self.poll_metrics)
-                .await?
+                .await?;
+            // The caller's entitlement is asked again for what the wait brought: a token
+            // revoked meanwhile gets nothing of it.
+            self.slug(caller, slug)?;
+            v
         };
         if let Some(evs) = v.get_mut("events").and_then(Value::as_array_mut) {
             for e in evs {

@@ -71,6 +71,17 @@ impl QuicListens {
         self.send.write_all(&batch).await.expect("QUIC write");
     }
 
+    /// Sends an `events/stream` of `name` with id `id`, presenting `token`.
+    async fn stream(&mut self, id: u64, name: &str, token: &str) {
+        let mut meta = meta();
+        meta["io.herald/token"] = token.into();
+        let rq = json!({"jsonrpc": "2.0", "id": id, "method": "events/stream",
+            "params": {"_meta": meta, "name": name}});
+        let mut line = rq.to_string().into_bytes();
+        line.push(b'\n');
+        self.send.write_all(&line).await.expect("QUIC write");
+    }
+
     /// The next message, within [`WAIT`].
     async fn next(&mut self) -> Value {
         tokio::time::timeout(WAIT, self.lines.recv())
@@ -274,6 +285,65 @@ async fn a_reload_that_revokes_a_token_ends_its_streams_and_only_those() {
     let conn = memo.client().await;
     call(&conn, "memo_set", json!({"key": "k", "value": 1})).await;
     alice.count("notifications/resources/updated", 1).await;
+}
+
+/// Event streams through the gateway are checked at every delivery: after a reload revokes
+/// bob's token, the next event reaches alice's stream and ends bob's with `terminated`
+/// (-32024), though both waited on the same upstream poll.
+#[tokio::test]
+async fn a_revoked_token_gets_no_more_events_and_its_stream_is_terminated() {
+    init();
+    let memo = Memo::start(Via::Http).await;
+    let herald::transport::target::Target::Http(memo_url) = &memo.target else {
+        unreachable!()
+    };
+    let dir = TempDir::new("reload-revoke-events");
+    let cfg = dir.path().join("gateway.toml");
+    let token = |name: &str| {
+        format!(
+            "\n[[token]]\nname = \"{name}\"\nsha256 = \"{}\"\nslugs = [\"m\"]\n",
+            sha(name)
+        )
+    };
+    let slug = format!("[[slug]]\nname = \"m\"\nhttp = \"{memo_url}\"\n");
+    std::fs::write(&cfg, format!("{slug}{}{}", token("alice"), token("bob"))).unwrap();
+    let gw = gateway(&cfg, 64).await;
+    let admin = gw.listening["admin"].as_str().unwrap().to_owned();
+    let mut alice = QuicListens::connect(&gw.quic_addr(), &gw.fingerprint()).await;
+    let mut bob = QuicListens::connect(&gw.quic_addr(), &gw.fingerprint()).await;
+    alice.stream(1, "m__memo.changed", "alice").await;
+    bob.stream(1, "m__memo.changed", "bob").await;
+    alice.count("notifications/events/active", 1).await;
+    bob.count("notifications/events/active", 1).await;
+    std::fs::write(&cfg, format!("{slug}{}", token("alice"))).unwrap();
+    let (code, out, err) = reload(&admin).await;
+    assert_eq!(code, 0, "{out}{err}");
+    let conn = memo.client().await;
+    call(&conn, "memo_set", json!({"key": "k", "value": 1})).await;
+    let e = loop {
+        let m = alice.next().await;
+        if m["method"] == "notifications/events/event" {
+            break m;
+        }
+    };
+    assert_eq!(e["params"]["data"]["key"], "k");
+    let ended = loop {
+        let m = bob.next().await;
+        assert_ne!(
+            m["method"], "notifications/events/event",
+            "bob got an event: {m}"
+        );
+        if m["method"] == "notifications/events/terminated" {
+            break m;
+        }
+    };
+    assert_eq!(ended["params"]["error"]["code"], -32024, "{ended}");
+    let result = bob.next().await;
+    assert_eq!(
+        result["id"], 1,
+        "the server ends the stream with its result: {result}"
+    );
+    assert_eq!(result["result"]["resultType"], "complete");
 }
 
 /// `herald up` reloads: a role added (file), a watch added and a watch removed,
