@@ -1,0 +1,299 @@
+//! Events push and webhook delivery: the time from a `memo_set` to each subscription's
+//! `notifications/events/event` (`events/stream` over QUIC) and to each webhook POST at a
+//! receiver on loopback, with 1, 100 and 1,000 streams (1 and 100 webhook subscriptions: one
+//! subscriber keeps at most 100), straight from `herald memo` and through `herald gateway` in
+//! front of it, side by side in one run. Through the gateway every stream of the event type
+//! shares one upstream long poll (`herald_gateway_event_polls_*` say how many).
+//!
+//! `cargo bench --bench events` (HERALD_BENCH_N overrides the 20 changes per case).
+
+#[path = "common.rs"]
+mod common;
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use serde_json::{Value, json};
+use tokio::sync::mpsc;
+
+use common::{BIN, RawHttp, ms, pct, serve_with};
+
+const KEY: &str = "MDEyMzQ1Njc4OWFiY2RlZjAxMjM0NTY3ODlhYmNkZWY=";
+const SECRET: &str = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw";
+const WAIT: Duration = Duration::from_secs(60);
+
+fn meta() -> Value {
+    json!({"io.modelcontextprotocol/protocolVersion": "2026-07-28",
+           "io.modelcontextprotocol/clientCapabilities": {}})
+}
+
+/// One QUIC connection of raw lines, its lines on a channel.
+struct Lines {
+    _endpoint: quinn::Endpoint,
+    _conn: quinn::Connection,
+    send: quinn::SendStream,
+    rx: mpsc::Receiver<(Instant, Value)>,
+}
+
+async fn lines(addr: &str, pin: &str) -> Lines {
+    let trust = herald::transport::tls::ClientTrust {
+        pin: Some(pin.to_owned()),
+        ..Default::default()
+    };
+    let (endpoint, conn, send, mut recv) =
+        herald::transport::quic::connect(addr, &trust, Duration::from_secs(10))
+            .await
+            .expect("QUIC connect");
+    let (tx, rx) = mpsc::channel(1 << 16);
+    tokio::spawn(async move {
+        let mut buf: Vec<u8> = Vec::new();
+        let mut chunk = vec![0u8; 1 << 16];
+        while let Ok(Some(n)) = recv.read(&mut chunk).await {
+            let at = Instant::now();
+            buf.extend_from_slice(&chunk[..n]);
+            while let Some(nl) = buf.iter().position(|&b| b == b'\n') {
+                let line: Vec<u8> = buf.drain(..=nl).collect();
+                if let Ok(v) = serde_json::from_slice::<Value>(&line)
+                    && tx.send((at, v)).await.is_err()
+                {
+                    return;
+                }
+            }
+        }
+    });
+    Lines {
+        _endpoint: endpoint,
+        _conn: conn,
+        send,
+        rx,
+    }
+}
+
+async fn next(rx: &mut mpsc::Receiver<(Instant, Value)>, method: &str) -> Instant {
+    loop {
+        let (at, v) = tokio::time::timeout(WAIT, rx.recv())
+            .await
+            .expect("a message in time")
+            .expect("open");
+        assert!(v.get("error").is_none(), "{v}");
+        if v["method"] == method {
+            return at;
+        }
+    }
+}
+
+/// One change through `memo` (a keep-alive connection), timed from just before it is sent.
+async fn change(memo: &mut RawHttp, i: usize) -> Instant {
+    let body = json!({"jsonrpc": "2.0", "id": i, "method": "tools/call",
+        "params": {"name": "memo_set", "arguments": {"key": "k", "value": i}, "_meta": meta()}})
+    .to_string();
+    let t0 = Instant::now();
+    memo.rpc(&body, "tools/call", Some("memo_set"))
+        .await
+        .expect("memo_set");
+    t0
+}
+
+fn report(what: &str, mut lat: Vec<Duration>) {
+    lat.sort();
+    println!(
+        "{what:<44} p50 {:>10}  p99 {:>10}  ({} deliveries)",
+        ms(pct(&lat, 0.5)),
+        ms(pct(&lat, 0.99)),
+        lat.len()
+    );
+}
+
+async fn streams(
+    label: &str,
+    quic: &str,
+    pin: &str,
+    name: &str,
+    n: usize,
+    memo: &mut RawHttp,
+    rounds: usize,
+) {
+    let mut l = lines(quic, pin).await;
+    let mut batch = Vec::new();
+    for id in 0..n {
+        let rq = json!({"jsonrpc": "2.0", "id": id, "method": "events/stream",
+            "params": {"_meta": meta(), "name": name}});
+        batch.extend_from_slice(rq.to_string().as_bytes());
+        batch.push(b'\n');
+    }
+    l.send.write_all(&batch).await.unwrap();
+    for _ in 0..n {
+        next(&mut l.rx, "notifications/events/active").await;
+    }
+    let mut lat = Vec::with_capacity(n * rounds);
+    for r in 0..rounds {
+        let t0 = change(memo, r).await;
+        for _ in 0..n {
+            lat.push(next(&mut l.rx, "notifications/events/event").await - t0);
+        }
+    }
+    report(&format!("stream {label}, {n} streams"), lat);
+}
+
+/// A receiver: every POST's arrival, by path; the challenge echoed.
+#[derive(Clone, Default)]
+struct Received(Arc<Mutex<HashMap<String, mpsc::UnboundedSender<Instant>>>>);
+
+async fn receiver() -> (u16, Received) {
+    let got = Received::default();
+    let g = got.clone();
+    let app = axum::Router::new().fallback(axum::routing::post(
+        move |uri: axum::http::Uri, body: axum::body::Bytes| {
+            let g = g.clone();
+            async move {
+                let at = Instant::now();
+                let v: Value = serde_json::from_slice(&body).unwrap_or_default();
+                if v["type"] == "verification" {
+                    return axum::Json(json!({"challenge": v["challenge"]}));
+                }
+                if let Some(tx) = g.0.lock().unwrap().get(uri.path()) {
+                    let _ = tx.send(at);
+                }
+                axum::Json(json!({}))
+            }
+        },
+    ));
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    tokio::spawn(async move { axum::serve(listener, app).await });
+    (port, got)
+}
+
+#[allow(clippy::too_many_arguments)]
+async fn webhooks(
+    label: &str,
+    http: &str,
+    name: &str,
+    n: usize,
+    memo: &mut RawHttp,
+    rounds: usize,
+    port: u16,
+    got: &Received,
+) {
+    let mut c = RawHttp::connect(http, None).await.unwrap();
+    let (tx, mut rx) = mpsc::unbounded_channel();
+    let mut urls = Vec::new();
+    for i in 0..n {
+        let path = format!("/h/{}/{n}/{i}", label.replace(' ', "-"));
+        got.0.lock().unwrap().insert(path.clone(), tx.clone());
+        let url = format!("http://127.0.0.1:{port}{path}");
+        let body = json!({"jsonrpc": "2.0", "id": i, "method": "events/subscribe",
+            "params": {"_meta": meta(), "name": name, "delivery": {"url": url, "secret": SECRET}}})
+        .to_string();
+        let (_, v) = c.rpc(&body, "events/subscribe", None).await.unwrap();
+        assert!(v.get("error").is_none(), "subscribe: {v}");
+        urls.push(url);
+    }
+    let mut lat = Vec::with_capacity(n * rounds);
+    for r in 0..rounds {
+        let t0 = change(memo, 1000 + r).await;
+        for _ in 0..n {
+            let at = tokio::time::timeout(WAIT, rx.recv())
+                .await
+                .unwrap()
+                .unwrap();
+            lat.push(at - t0);
+        }
+    }
+    report(&format!("webhook {label}, {n} subscriptions"), lat);
+    for (i, url) in urls.iter().enumerate() {
+        let body = json!({"jsonrpc": "2.0", "id": i, "method": "events/unsubscribe",
+            "params": {"_meta": meta(), "name": name, "delivery": {"url": url}}})
+        .to_string();
+        c.rpc(&body, "events/unsubscribe", None).await.unwrap();
+    }
+}
+
+#[tokio::main]
+async fn main() {
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let rounds: usize = std::env::var("HERALD_BENCH_N")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(20);
+    let dir = std::env::temp_dir().join(format!("herald-bench-events-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    // SAFETY: set before any thread of this process reads the environment (the children
+    // inherit it).
+    unsafe { std::env::set_var("HERALD_EVENTS_KEY", KEY) };
+    let common = [
+        "--max-event-streams",
+        "1100",
+        "--callback-allow",
+        "http://127.0.0.1:",
+    ];
+    let mut args = vec![
+        "--store",
+        ":memory:",
+        "memo",
+        "--http",
+        "127.0.0.1:0",
+        "--quic",
+        "127.0.0.1:0",
+    ];
+    args.extend_from_slice(&common);
+    let (_memo, m) = serve_with(BIN, &args).await;
+    let memo_http = m["http_url"].as_str().unwrap().to_owned();
+    let cfg = dir.join("gateway.toml");
+    std::fs::write(
+        &cfg,
+        format!("[[slug]]\nname = \"m\"\nhttp = \"{memo_http}\"\n"),
+    )
+    .unwrap();
+    let mut args = vec![
+        "--store",
+        ":memory:",
+        "gateway",
+        "--config",
+        cfg.to_str().unwrap(),
+        "--http",
+        "127.0.0.1:0",
+        "--quic",
+        "127.0.0.1:0",
+    ];
+    args.extend_from_slice(&common);
+    let (_gw, g) = serve_with(BIN, &args).await;
+    let mut writer = RawHttp::connect(&memo_http, None).await.unwrap();
+    let (port, got) = receiver().await;
+    println!("events: {rounds} changes per case; latency from the memo_set to each delivery");
+    for n in [1, 100, 1000] {
+        for (label, v, name) in [
+            ("direct", &m, "memo.changed"),
+            ("through the gateway", &g, "m__memo.changed"),
+        ] {
+            let (quic, pin) = (
+                v["quic"].as_str().unwrap(),
+                v["quic_fingerprint"].as_str().unwrap(),
+            );
+            streams(label, quic, pin, name, n, &mut writer, rounds).await;
+        }
+    }
+    for n in [1, 100] {
+        for (label, v, name) in [
+            ("direct", &m, "memo.changed"),
+            ("through the gateway", &g, "m__memo.changed"),
+        ] {
+            let http = v["http_url"].as_str().unwrap();
+            webhooks(label, http, name, n, &mut writer, rounds, port, &got).await;
+        }
+    }
+    let metrics = reqwest::get(g["http_url"].as_str().unwrap().replace("/mcp", "/metrics"))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    for l in metrics
+        .lines()
+        .filter(|l| l.starts_with("herald_gateway_event_polls"))
+    {
+        println!("gateway {l}");
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
