@@ -727,11 +727,11 @@ impl Source for Gateway {
             let v = self
                 .polls
                 .poll(slug, &up, params, wait, &self.ctx, &self.poll_metrics)
-                .await?;
-            // The caller's entitlement is asked again for what the wait brought: a token
-            // revoked meanwhile gets nothing of it.
+                .await;
+            // The caller's entitlement is asked again for what the wait brought (an answer or
+            // an error): a token revoked meanwhile gets nothing of it.
             self.slug(caller, slug)?;
-            v
+            v?
         };
         if let Some(evs) = v.get_mut("events").and_then(Value::as_array_mut) {
             for e in evs {

@@ -47,7 +47,7 @@ impl CallbackPolicy {
             u.scheme() == e.scheme()
                 && u.host_str() == e.host_str()
                 && (any_port || u.port_or_known_default() == e.port_or_known_default())
-                && u.path().starts_with(e.path())
+                && path_under(u.path(), e.path())
                 && u.username().is_empty()
         })
     }
@@ -88,6 +88,16 @@ impl CallbackPolicy {
         }
         Ok(parsed)
     }
+}
+
+/// Whether `path` is `prefix` or under it, segment by segment (`/mcp` lets `/mcp` and
+/// `/mcp/x` through, never `/mcp-admin`).
+fn path_under(path: &str, prefix: &str) -> bool {
+    (prefix.ends_with('/') && path.starts_with(prefix))
+        || path == prefix
+        || path
+            .strip_prefix(prefix)
+            .is_some_and(|rest| rest.starts_with('/'))
 }
 
 /// Whether `ip` is an address on the public internet (not loopback, private, link-local,
@@ -376,6 +386,11 @@ mod tests {
         assert!(!p.allowed("https://hooks.internal:8444/mcp/a"));
         assert!(!p.allowed("https://hooks.internal:8443/other"));
         assert!(!p.allowed("http://hooks.internal:8443/mcp/a"));
+        let p = CallbackPolicy {
+            allow: vec!["https://hooks.internal/mcp".into()],
+        };
+        assert!(p.allowed("https://hooks.internal/mcp/x"));
+        assert!(!p.allowed("https://hooks.internal/mcp-admin"));
     }
 
     #[test]

@@ -257,6 +257,9 @@ struct Inner {
     sealer: Sealer,
     poster: Poster,
     subs: Mutex<HashMap<String, Running>>,
+    /// One writer at a time per subscription id (its row): each write takes the latest state,
+    /// and a forget's delete is ordered with them.
+    writes: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
     posts: tokio::sync::Semaphore,
     ctx: RoleContext,
     metrics: HookMetrics,
@@ -364,6 +367,7 @@ impl Hooks {
                 store,
                 poster,
                 subs: Mutex::default(),
+                writes: Mutex::default(),
                 posts: tokio::sync::Semaphore::new(MAX_POSTS),
                 ctx,
                 metrics,
@@ -410,18 +414,31 @@ impl Hooks {
         }
     }
 
-    /// Keeps `sub` (sealed) in the store, while it is the running subscription of its id: a
-    /// forget (or a replacement) that ran meanwhile is not undone.
+    fn write_lock(&self, id: &str) -> Arc<tokio::sync::Mutex<()>> {
+        self.inner
+            .writes
+            .locked()
+            .entry(id.to_owned())
+            .or_default()
+            .clone()
+    }
+
+    /// Keeps `sub` (sealed) in the store, as it is when its turn to write comes, while it is
+    /// the running subscription of its id: a forget (or a replacement) is never undone, and
+    /// an older state never lands after a newer one.
     async fn keep(&self, sub: &Arc<Mutex<Sub>>) {
+        let id = sub.locked().id.clone();
+        let lock = self.write_lock(&id);
+        let _turn = lock.lock().await;
+        if !self.is_current(&id, sub) {
+            return;
+        }
         let snapshot = sub.locked().clone();
-        let row = self.row(&snapshot.id);
+        let row = self.row(&id);
         let plain = serde_json::to_vec(&snapshot).expect("a subscription serializes");
         let sealed = self.inner.sealer.seal(&row, &plain);
         if let Err(e) = self.inner.store.put(Table::Webhooks, &row, sealed).await {
-            tracing::error!(subscription = %snapshot.id, error = %e, "cannot keep a webhook subscription in the store");
-        }
-        if !self.is_current(&snapshot.id, sub) {
-            let _ = self.inner.store.delete(Table::Webhooks, &row).await;
+            tracing::error!(subscription = %id, error = %e, "cannot keep a webhook subscription in the store");
         }
     }
 
@@ -458,11 +475,20 @@ impl Hooks {
             .metrics
             .subscriptions
             .set(self.inner.subs.locked().len() as u64);
-        let _ = self
-            .inner
-            .store
-            .delete(Table::Webhooks, &self.row(id))
-            .await;
+        let lock = self.write_lock(id);
+        let _turn = lock.lock().await;
+        // A subscription made again meanwhile under this id owns the row now.
+        if !self.inner.subs.locked().contains_key(id) {
+            let _ = self
+                .inner
+                .store
+                .delete(Table::Webhooks, &self.row(id))
+                .await;
+            let mut writes = self.inner.writes.locked();
+            if writes.get(id).is_some_and(|l| Arc::strong_count(l) <= 2) {
+                writes.remove(id);
+            }
+        }
         true
     }
 

@@ -637,10 +637,9 @@ impl ServerHandler for SourceServer {
                 // In an HTTP session of the `initialize` era rmcp sends a request's
                 // notifications to the session's GET stream, not to its own answer.
                 let parts = context.extensions.get::<http::request::Parts>();
-                let legacy = context.protocol_version().is_some_and(|v| {
-                    v.as_str() < rmcp::model::ProtocolVersion::V_2026_07_28.as_str()
-                });
-                if parts.is_some() && legacy {
+                // (A session is what decides it, whatever version its requests name.)
+                let legacy = parts.is_some_and(|p| p.headers.contains_key("mcp-session-id"));
+                if legacy {
                     return Err(McpError::invalid_request(
                         "events/stream needs MCP 2026-07-28 on HTTP (this is an initialize-era session); use events/poll, or send 2026-07-28 requests",
                         None,

@@ -366,3 +366,59 @@ async fn streams_through_the_gateway_share_one_upstream_poll() {
     );
     assert!(joined >= 30, "{joined} joined, {upstream} upstream");
 }
+
+/// rmcp's decode trap (rust-sdk #1197): an extension result is read into one of rmcp's own
+/// shapes when it fits one. What the gateway receives from a slug as a client and passes on
+/// keeps every field: a poll result through `herald up` has the slug's cursor, truncated,
+/// hasMore, nextPollMs and each event whole (its `_meta` too).
+#[tokio::test]
+async fn an_events_result_through_the_gateway_keeps_every_field() {
+    let demo = TempDir::new("stream-trap");
+    let up = Server::spawn(&[
+        "--store",
+        ":memory:",
+        "up",
+        "--http",
+        "127.0.0.1:0",
+        "--quic",
+        "",
+        "--admin",
+        "",
+        "--demo-dir",
+        demo.path().join("d").to_str().unwrap(),
+    ])
+    .await;
+    let memo = Memo {
+        target: herald::transport::target::Target::Http(up.http_url()),
+        trust: Default::default(),
+        server: None,
+    };
+    let conn = memo.client().await;
+    let start = crate::events::request(&conn, "events/poll", json!({"name": "memo__memo.changed"}))
+        .await
+        .unwrap();
+    call(&conn, "memo__memo_set", json!({"key": "t", "value": 1})).await;
+    let r = crate::events::request(
+        &conn,
+        "events/poll",
+        json!({"name": "memo__memo.changed", "cursor": start["cursor"], "timeoutMs": 20000}),
+    )
+    .await
+    .unwrap();
+    for key in [
+        "cursor",
+        "truncated",
+        "hasMore",
+        "nextPollMs",
+        "resultType",
+        "_meta",
+    ] {
+        assert!(r.get(key).is_some(), "{key} kept: {r}");
+    }
+    let e = &r["events"][0];
+    for key in ["eventId", "name", "timestamp", "data", "_meta"] {
+        assert!(e.get(key).is_some(), "the event's {key} kept: {e}");
+    }
+    assert_eq!(e["_meta"]["io.herald/cursor"], r["cursor"]);
+    assert_eq!(e["data"]["key"], "t");
+}
