@@ -601,18 +601,8 @@ fn delivery(params: &JsonObject, secret: bool) -> Result<(String, Option<Secret>
 }
 
 fn name_and_arguments(params: &JsonObject) -> Result<(String, JsonObject), McpError> {
-    let name = params
-        .get("name")
-        .and_then(Value::as_str)
-        .filter(|n| !n.is_empty())
-        .ok_or_else(|| invalid("missing parameter name; events/list names the event types"))?
-        .to_owned();
-    let arguments = match params.get("arguments") {
-        None | Some(Value::Null) => JsonObject::new(),
-        Some(Value::Object(o)) => o.clone(),
-        Some(other) => return Err(invalid(format!("arguments must be an object, got {other}"))),
-    };
-    Ok((name, arguments))
+    crate::mcp::events::name_and_arguments(params, "events/subscribe")
+        .map_err(crate::mcp::server::to_mcp_error)
 }
 
 #[async_trait]

@@ -98,23 +98,7 @@ impl PollRequest {
                 "unknown parameter {k}; events/poll takes name, arguments, cursor, maxEvents, maxAgeMs and timeoutMs"
             )));
         }
-        let name = match params.get("name") {
-            Some(Value::String(s)) if !s.is_empty() => s.clone(),
-            Some(Value::String(_)) | None | Some(Value::Null) => {
-                return Err(invalid(
-                    "missing parameter name; events/poll needs the event type's name (events/list names them)"
-                        .into(),
-                ));
-            }
-            Some(other) => return Err(invalid(format!("name must be a string, got {other}"))),
-        };
-        let arguments = match params.get("arguments") {
-            None | Some(Value::Null) => JsonObject::new(),
-            Some(Value::Object(o)) => o.clone(),
-            Some(other) => {
-                return Err(invalid(format!("arguments must be an object, got {other}")));
-            }
-        };
+        let (name, arguments) = name_and_arguments(params, "events/poll")?;
         let cursor = match params.get("cursor") {
             None | Some(Value::Null) => None,
             Some(Value::String(s)) => Some(decode_cursor(s)?),
@@ -149,6 +133,29 @@ impl PollRequest {
             timeout,
         })
     }
+}
+
+/// The `name` (required) and `arguments` (an object, `{}` when absent) of an `events/*`
+/// request to `method`.
+pub fn name_and_arguments(
+    params: &JsonObject,
+    method: &str,
+) -> Result<(String, JsonObject), SourceError> {
+    let name = match params.get("name") {
+        Some(Value::String(s)) if !s.is_empty() => s.clone(),
+        Some(Value::String(_)) | None | Some(Value::Null) => {
+            return Err(invalid(format!(
+                "missing parameter name; {method} needs the event type's name (events/list names them)"
+            )));
+        }
+        Some(other) => return Err(invalid(format!("name must be a string, got {other}"))),
+    };
+    let arguments = match params.get("arguments") {
+        None | Some(Value::Null) => JsonObject::new(),
+        Some(Value::Object(o)) => o.clone(),
+        Some(other) => return Err(invalid(format!("arguments must be an object, got {other}"))),
+    };
+    Ok((name, arguments))
 }
 
 /// A cursor as the client sees it: the ring's seq in decimal.

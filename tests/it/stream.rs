@@ -238,25 +238,7 @@ async fn streams_take_no_place_among_requests_and_have_their_own_cap() {
 #[tokio::test]
 async fn events_stream_through_the_gateway() {
     let demo = TempDir::new("stream-up");
-    let up = Server::spawn(&[
-        "--store",
-        ":memory:",
-        "up",
-        "--http",
-        "127.0.0.1:0",
-        "--quic",
-        "127.0.0.1:0",
-        "--admin",
-        "127.0.0.1:0",
-        "--demo-dir",
-        demo.path().join("d").to_str().unwrap(),
-    ])
-    .await;
-    let memo = Memo {
-        target: herald::transport::target::Target::Http(up.http_url()),
-        trust: Default::default(),
-        server: None,
-    };
+    let (up, memo) = up_demo_http(&demo, &[], &[]).await;
     let (conn, mut rx) = tapped(&memo).await;
     let stream = open(&conn, json!({"name": "memo__memo.changed"})).await;
     let id = id_of(&stream);
@@ -293,20 +275,7 @@ fn counter(metrics: &str, name: &str) -> u64 {
 #[tokio::test]
 async fn streams_through_the_gateway_share_one_upstream_poll() {
     let demo = TempDir::new("stream-share");
-    let up = Server::spawn(&[
-        "--store",
-        ":memory:",
-        "up",
-        "--http",
-        "127.0.0.1:0",
-        "--quic",
-        "",
-        "--admin",
-        "",
-        "--demo-dir",
-        demo.path().join("d").to_str().unwrap(),
-    ])
-    .await;
+    let (up, memo) = up_demo_http(&demo, &[], &[]).await;
     let metrics_url = up.http_url().replace("/mcp", "/metrics");
     let metrics = || async {
         reqwest::get(&metrics_url)
@@ -315,11 +284,6 @@ async fn streams_through_the_gateway_share_one_upstream_poll() {
             .text()
             .await
             .unwrap()
-    };
-    let memo = Memo {
-        target: herald::transport::target::Target::Http(up.http_url()),
-        trust: Default::default(),
-        server: None,
     };
     let (conn, mut rx) = tapped(&memo).await;
     let mut streams = Vec::new();
@@ -374,25 +338,7 @@ async fn streams_through_the_gateway_share_one_upstream_poll() {
 #[tokio::test]
 async fn an_events_result_through_the_gateway_keeps_every_field() {
     let demo = TempDir::new("stream-trap");
-    let up = Server::spawn(&[
-        "--store",
-        ":memory:",
-        "up",
-        "--http",
-        "127.0.0.1:0",
-        "--quic",
-        "",
-        "--admin",
-        "",
-        "--demo-dir",
-        demo.path().join("d").to_str().unwrap(),
-    ])
-    .await;
-    let memo = Memo {
-        target: herald::transport::target::Target::Http(up.http_url()),
-        trust: Default::default(),
-        server: None,
-    };
+    let (_up, memo) = up_demo_http(&demo, &[], &[]).await;
     let conn = memo.client().await;
     let start = crate::events::request(&conn, "events/poll", json!({"name": "memo__memo.changed"}))
         .await

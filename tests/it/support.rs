@@ -369,3 +369,31 @@ pub fn sha(t: &str) -> String {
     use sha2::Digest as _;
     hex::encode(sha2::Sha256::digest(t.as_bytes()))
 }
+
+/// `herald up`'s demo on an in-memory store, HTTP only (no QUIC, no admin address), with
+/// `extra` flags and `env`; its demo directory under `demo`. Returns the server and a way to
+/// make clients of its gateway.
+pub async fn up_demo_http(demo: &TempDir, extra: &[&str], env: &[(&str, &str)]) -> (Server, Memo) {
+    let dir = demo.path().join("d");
+    let mut args = vec![
+        "--store",
+        ":memory:",
+        "up",
+        "--http",
+        "127.0.0.1:0",
+        "--quic",
+        "",
+        "--admin",
+        "",
+        "--demo-dir",
+        dir.to_str().unwrap(),
+    ];
+    args.extend_from_slice(extra);
+    let up = Server::spawn_env(&args, env).await;
+    let memo = Memo {
+        target: Target::Http(up.http_url()),
+        trust: ClientTrust::default(),
+        server: None,
+    };
+    (up, memo)
+}

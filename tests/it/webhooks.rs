@@ -106,14 +106,19 @@ async fn memo(extra: &[&str]) -> (Server, Connection) {
     let mut args = vec!["--store", ":memory:", "memo", "--http", "127.0.0.1:0"];
     args.extend_from_slice(extra);
     let s = Server::spawn_env(&args, &[("HERALD_EVENTS_KEY", KEY)]).await;
-    let conn = Memo {
+    let conn = http_client(&s).await;
+    (s, conn)
+}
+
+/// A client of `s`'s HTTP endpoint.
+async fn http_client(s: &Server) -> Connection {
+    Memo {
         target: herald::transport::target::Target::Http(s.http_url()),
         trust: Default::default(),
         server: None,
     }
     .client()
-    .await;
-    (s, conn)
+    .await
 }
 
 fn subscribe_params(url: &str, secret: &str, arguments: Value) -> Value {
@@ -339,13 +344,7 @@ async fn a_retry_pending_at_kill_9_is_delivered_after_the_restart() {
         "http://127.0.0.1:",
     ];
     let s = Server::spawn_env(&args, &[("HERALD_EVENTS_KEY", KEY)]).await;
-    let conn = Memo {
-        target: herald::transport::target::Target::Http(s.http_url()),
-        trust: Default::default(),
-        server: None,
-    }
-    .client()
-    .await;
+    let conn = http_client(&s).await;
     request(
         &conn,
         "events/subscribe",
@@ -374,13 +373,7 @@ async fn a_retry_pending_at_kill_9_is_delivered_after_the_restart() {
         "the same webhook-id after the restart"
     );
     assert_eq!(d["body"]["data"]["key"], "a");
-    let conn = Memo {
-        target: herald::transport::target::Target::Http(s.http_url()),
-        trust: Default::default(),
-        server: None,
-    }
-    .client()
-    .await;
+    let conn = http_client(&s).await;
     call(&conn, "memo_set", json!({"key": "b", "value": "v"})).await;
     loop {
         let d = rx.delivered().await;
@@ -398,32 +391,13 @@ async fn a_retry_pending_at_kill_9_is_delivered_after_the_restart() {
 async fn a_subscription_through_the_gateway_is_delivered() {
     let demo = TempDir::new("hooks-up");
     let mut rx = Receiver::start(&[SECRET]).await;
-    let s = Server::spawn_env(
-        &[
-            "--store",
-            ":memory:",
-            "up",
-            "--http",
-            "127.0.0.1:0",
-            "--quic",
-            "",
-            "--admin",
-            "",
-            "--demo-dir",
-            demo.path().join("d").to_str().unwrap(),
-            "--callback-allow",
-            "http://127.0.0.1:",
-        ],
+    let (_up, memo) = up_demo_http(
+        &demo,
+        &["--callback-allow", "http://127.0.0.1:"],
         &[("HERALD_EVENTS_KEY", KEY)],
     )
     .await;
-    let conn = Memo {
-        target: herald::transport::target::Target::Http(s.http_url()),
-        trust: Default::default(),
-        server: None,
-    }
-    .client()
-    .await;
+    let conn = memo.client().await;
     let list = request(&conn, "events/list", json!({})).await.unwrap();
     let memo = list["events"]
         .as_array()

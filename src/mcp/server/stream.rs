@@ -82,23 +82,8 @@ impl StreamRequest {
                 "unknown parameter {k}; events/stream takes name, arguments, cursor and maxAgeMs"
             )));
         }
-        let name = match params.get("name") {
-            Some(Value::String(s)) if !s.is_empty() => s.clone(),
-            Some(Value::String(_)) | None | Some(Value::Null) => {
-                return Err(invalid(
-                    "missing parameter name; events/stream needs the event type's name (events/list names them)"
-                        .into(),
-                ));
-            }
-            Some(other) => return Err(invalid(format!("name must be a string, got {other}"))),
-        };
-        let arguments = match params.get("arguments") {
-            None | Some(Value::Null) => JsonObject::new(),
-            Some(Value::Object(o)) => o.clone(),
-            Some(other) => {
-                return Err(invalid(format!("arguments must be an object, got {other}")));
-            }
-        };
+        let (name, arguments) = crate::mcp::events::name_and_arguments(params, "events/stream")
+            .map_err(to_mcp_error)?;
         let cursor = match params.get("cursor") {
             None | Some(Value::Null) => None,
             Some(Value::String(s)) => Some(s.clone()),
