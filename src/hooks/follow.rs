@@ -63,10 +63,16 @@ impl Follower {
         // goes first, under its own id.
         let pending = self.sub.locked().pending.clone();
         if let Some((msg_id, body, cursor)) = pending {
-            match self
-                .deliver(&msg_id, body.as_bytes(), cursor.as_deref())
-                .await
-            {
+            // (Its subscription may run out meanwhile.)
+            let sent = tokio::select! {
+                s = self.deliver(&msg_id, body.as_bytes(), cursor.as_deref()) => s,
+                _ = self.expired() => {
+                    let e = json!({"code": -32023, "message": "the subscription expired; subscribe again to go on"});
+                    self.end(e).await;
+                    return;
+                }
+            };
+            match sent {
                 Sent::Over => return,
                 Sent::Taken | Sent::Skipped => self.advance(cursor.as_deref()).await,
             }

@@ -410,7 +410,7 @@ impl Hooks {
                 continue;
             }
             tracing::info!(subscription = %sub.id, event = %sub.name, "resuming a webhook subscription");
-            self.run(server, sub);
+            let _ = self.run(server, sub, false);
         }
     }
 
@@ -494,17 +494,40 @@ impl Hooks {
 
     /// Starts following `sub` (its follower runs until the subscription is dropped, expires
     /// or the server shuts down).
-    fn run(&self, server: &SourceServer, sub: Sub) -> Arc<Mutex<Sub>> {
+    /// With `capped`, refused (by the limit it would pass and its max) when the server or
+    /// the subscriber already keeps the most allowed: checked and taken under one lock.
+    fn run(
+        &self,
+        server: &SourceServer,
+        sub: Sub,
+        capped: bool,
+    ) -> Result<Arc<Mutex<Sub>>, (&'static str, usize)> {
         let id = sub.id.clone();
+        let principal = sub.principal.clone();
         let stop = CancellationToken::new();
         let sub = Arc::new(Mutex::new(sub));
-        let replaced = self.inner.subs.locked().insert(
-            id.clone(),
-            Running {
-                sub: sub.clone(),
-                stop: stop.clone(),
-            },
-        );
+        let replaced = {
+            let mut subs = self.inner.subs.locked();
+            if capped && !subs.contains_key(&id) {
+                let mine = subs
+                    .values()
+                    .filter(|r| r.sub.locked().principal == principal)
+                    .count();
+                if mine >= MAX_PER_SUBSCRIBER {
+                    return Err(("subscriptionsPerSubscriber", MAX_PER_SUBSCRIBER));
+                }
+                if subs.len() >= MAX_SUBSCRIPTIONS {
+                    return Err(("subscriptions", MAX_SUBSCRIPTIONS));
+                }
+            }
+            subs.insert(
+                id.clone(),
+                Running {
+                    sub: sub.clone(),
+                    stop: stop.clone(),
+                },
+            )
+        };
         if let Some(old) = replaced {
             old.stop.cancel();
         }
@@ -521,7 +544,7 @@ impl Hooks {
         self.inner
             .ctx
             .spawn_until_shutdown("webhook", async move { follower.run(server).await });
-        sub
+        Ok(sub)
     }
 
     /// Sends the signed challenge to `url` and checks the answer echoes it.
@@ -687,28 +710,6 @@ impl Webhooks for Hooks {
                 snapshot
             }
             None => {
-                let (all, mine) = {
-                    let subs = self.inner.subs.locked();
-                    let mine = subs
-                        .values()
-                        .filter(|r| r.sub.locked().principal == principal)
-                        .count();
-                    (subs.len(), mine)
-                };
-                if all >= MAX_SUBSCRIPTIONS || mine >= MAX_PER_SUBSCRIBER {
-                    let (limit, max) = if mine >= MAX_PER_SUBSCRIBER {
-                        ("subscriptionsPerSubscriber", MAX_PER_SUBSCRIBER)
-                    } else {
-                        ("subscriptions", MAX_SUBSCRIPTIONS)
-                    };
-                    return Err(McpError::new(
-                        self.code(-32025),
-                        format!(
-                            "this server keeps at most {max} webhook subscriptions ({limit}); unsubscribe one first"
-                        ),
-                        Some(json!({"limit": limit, "max": max})),
-                    ));
-                }
                 let sub = Sub {
                     id: id.clone(),
                     principal,
@@ -728,7 +729,15 @@ impl Webhooks for Hooks {
                     max_age_ms: params.get("maxAgeMs").and_then(Value::as_u64),
                     pending: None,
                 };
-                let running = self.run(server, sub.clone());
+                let running = self.run(server, sub.clone(), true).map_err(|(limit, max)| {
+                    McpError::new(
+                        self.code(-32025),
+                        format!(
+                            "this server keeps at most {max} webhook subscriptions ({limit}); unsubscribe one first"
+                        ),
+                        Some(json!({"limit": limit, "max": max})),
+                    )
+                })?;
                 self.keep(&running).await;
                 sub
             }
