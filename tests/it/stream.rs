@@ -216,7 +216,7 @@ async fn streams_take_no_place_among_requests_and_have_their_own_cap() {
     cancel(last).await;
     // Its place is free again (the server hears the cancel after it was sent).
     let mut again = None;
-    for _ in 0..50 {
+    for _ in 0..500 {
         let s = open(&conn, json!({"name": "memo.changed"})).await;
         let id = id_of(&s);
         tokio::select! {
