@@ -41,6 +41,13 @@ pub async fn run(args: GatewayArgs, globals: &Globals) -> Result<(), Exit> {
     if opts.quic.is_none() {
         opts.quic = cfg.quic.clone();
     }
+    // [events], with the flags' callback prefixes added and their profile over it.
+    let flags = opts.events.clone();
+    opts.events = cfg.events.clone();
+    opts.events.callback_allow.extend(flags.callback_allow);
+    if args.serve.events_profile != crate::hooks::Profile::Draft {
+        opts.events.profile = flags.profile;
+    }
     loopback_only(&cfg, &[opts.http.clone(), opts.quic.clone()])
         .map_err(|e| crate::cli::usage(e.into()))?;
     if cfg.tokens.is_empty() && (opts.http.is_some() || opts.quic.is_some()) {
@@ -103,6 +110,11 @@ impl crate::app::reload::Reload for GatewayReload {
         if !self.flags_set_addrs {
             restart_needed("http", &self.running.http, &next.http)?;
             restart_needed("quic", &self.running.quic, &next.quic)?;
+            if self.running.events != next.events {
+                return Err(
+                    "[events] changed: it cannot change live, restart herald to apply it".into(),
+                );
+            }
         }
         loopback_only(&next, &self.addrs).map_err(|e| e.to_string())?;
         let ups = apply_slugs(

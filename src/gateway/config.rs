@@ -129,6 +129,9 @@ pub struct GatewayFile {
     pub slugs: Vec<SlugFile>,
     #[serde(default, rename = "token")]
     pub tokens: Vec<TokenFile>,
+    /// `[events]`: webhook subscriptions' callback allowlist and error codes.
+    #[serde(default)]
+    pub events: Option<crate::hooks::EventsOptions>,
 }
 
 #[derive(Debug, Clone, Deserialize, Serialize)]
@@ -223,6 +226,8 @@ pub struct GatewayConfig {
     pub open_to_loopback: bool,
     pub slugs: Vec<Slug>,
     pub tokens: Vec<Token>,
+    /// `[events]` (webhook callbacks, error codes).
+    pub events: crate::hooks::EventsOptions,
 }
 
 pub use super::toml_errors::toml_message;
@@ -309,6 +314,7 @@ impl GatewayConfig {
         let file: GatewayFile =
             toml::from_str(text).map_err(|e| ConfigError::Toml(toml_message(text, &e)))?;
         let (http, quic) = (file.http.clone(), file.quic.clone());
+        let events = file.events.clone().unwrap_or_default();
         let (slugs, tokens) = GatewayConfig::validate(file.slugs, file.tokens, &[])?;
         // With no [[token]], callers on this host need none (as in `herald up`).
         let open = file.open_to_loopback || tokens.is_empty();
@@ -324,6 +330,7 @@ impl GatewayConfig {
             open_to_loopback: open,
             slugs,
             tokens,
+            events,
         })
     }
 
@@ -486,6 +493,23 @@ mod tests {
     use super::*;
 
     const HASH: &str = "9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08";
+
+    #[test]
+    fn events_are_read_and_checked() {
+        let c = GatewayConfig::parse(
+            "[events]\ncallback_allow = [\"http://127.0.0.1:\"]\nprofile = \"chatgpt\"\n\
+             [[slug]]\nname = \"a\"\nstdio = \"x\"\n",
+        )
+        .unwrap();
+        assert_eq!(c.events.callback_allow, ["http://127.0.0.1:"]);
+        assert_eq!(c.events.profile, crate::hooks::Profile::Chatgpt);
+        let e = GatewayConfig::parse("[events]\nallow = []\n").unwrap_err();
+        assert!(e.to_string().contains("allow"), "{e}");
+        assert_eq!(
+            GatewayConfig::parse("").unwrap().events,
+            crate::hooks::EventsOptions::default()
+        );
+    }
 
     #[test]
     fn one_slug_may_keep_its_names_bare_and_open_to_loopback_is_read() {

@@ -89,6 +89,8 @@ fn gateway_config(cfg: &UpConfig) -> GatewayConfig {
         open_to_loopback: cfg.tokens.is_empty(),
         slugs: cfg.slugs.clone(),
         tokens: cfg.tokens.clone(),
+        // (herald up compares its [events] itself: a change needs a restart.)
+        events: Default::default(),
     }
 }
 
