@@ -182,6 +182,8 @@ impl Follower {
             return Sent::Skipped;
         }
         let mut attempt = 0;
+        // Counted as retrying from its first failure until it is done with, however.
+        let mut retrying: Option<super::Held> = None;
         loop {
             let (url, id, secrets) = {
                 let s = self.sub.locked();
@@ -193,6 +195,7 @@ impl Follower {
                     return Sent::Over;
                 };
                 let refs: Vec<&_> = secrets.iter().collect();
+                let _posting = super::Held::of(&hooks.metrics.posting);
                 tokio::select! {
                     p = hooks.poster.post(&url, &id, msg_id, &refs, body) => p,
                     _ = self.stop.cancelled() => return Sent::Over,
@@ -229,6 +232,9 @@ impl Follower {
                 Posted::Failed(why) => {
                     hooks.metrics.failed.inc();
                     let first = attempt == 0;
+                    if retrying.is_none() {
+                        retrying = Some(super::Held::of(&hooks.metrics.retrying));
+                    }
                     {
                         let mut s = self.sub.locked();
                         s.last_error = Some(why.clone());

@@ -272,6 +272,24 @@ pub struct HookMetrics {
     failed: Counter,
     dropped: Counter,
     subscriptions: Gauge,
+    posting: Gauge,
+    retrying: Gauge,
+}
+
+/// One unit of a gauge, given back when dropped.
+pub(crate) struct Held(Gauge);
+
+impl Held {
+    pub(crate) fn of(g: &Gauge) -> Held {
+        g.add(1);
+        Held(g.clone())
+    }
+}
+
+impl Drop for Held {
+    fn drop(&mut self) {
+        self.0.sub(1);
+    }
 }
 
 impl HookMetrics {
@@ -292,6 +310,14 @@ impl HookMetrics {
             subscriptions: m.gauge(
                 "herald_webhook_subscriptions",
                 "webhook subscriptions kept now",
+            ),
+            posting: m.gauge(
+                "herald_webhook_posts_in_flight",
+                "webhook POSTs under way now (at most 64)",
+            ),
+            retrying: m.gauge(
+                "herald_webhook_retrying",
+                "webhook messages waiting to be tried again now (each holds its subscription's delivery)",
             ),
         }
     }

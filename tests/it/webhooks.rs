@@ -262,7 +262,7 @@ async fn callbacks_outside_the_policy_are_refused() {
 #[tokio::test]
 async fn failures_are_retried_413_is_skipped_and_410_ends_it() {
     let mut rx = Receiver::start(&[SECRET]).await;
-    let (_s, conn) = memo(&["--callback-allow", "http://127.0.0.1:"]).await;
+    let (s, conn) = memo(&["--callback-allow", "http://127.0.0.1:"]).await;
     let url = rx.url("f");
     let sub = request(
         &conn,
@@ -282,6 +282,26 @@ async fn failures_are_retried_413_is_skipped_and_410_ends_it() {
     let d = rx.delivered().await;
     assert_eq!(d["id"], failed["id"], "a retry keeps its webhook-id");
     assert_eq!(d["body"]["data"]["key"], "a");
+    let metrics = reqwest::get(s.http_url().replace("/mcp", "/metrics"))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    let value = |name: &str| -> u64 {
+        metrics
+            .lines()
+            .find_map(|l| l.strip_prefix(&format!("{name} ")))
+            .and_then(|v| v.trim().parse().ok())
+            .unwrap_or_else(|| panic!("{name} in {metrics}"))
+    };
+    // (Counted before the retry that the receiver just took was sent.)
+    assert_eq!(value("herald_webhook_failed_total"), 1);
+    assert!(
+        value("herald_webhook_delivered_total") >= 1,
+        "the challenge at least"
+    );
+    assert_eq!(value("herald_webhook_subscriptions"), 1);
 
     // 413: that event is skipped, never sent again; the next one comes.
     rx.answer(413, 1).await;
