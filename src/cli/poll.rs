@@ -16,11 +16,12 @@ use std::time::Duration;
 use anyhow::anyhow;
 use clap::Args;
 use rmcp::model::{ClientRequest, CustomRequest, ServerResult};
-use serde_json::{Map, Value, json};
+use serde_json::{Value, json};
 
 use crate::cli::client::{ConnectArgs, parse_kv};
 use crate::cli::{Exit, usage};
-use crate::mcp::events::{MAX_TIMEOUT, NEXT_POLL_MS};
+use crate::mcp::events::MAX_TIMEOUT;
+use crate::mcp::events::PollAnswer as Batch;
 use crate::runtime::backoff::Backoff;
 use crate::transport::client::Connection;
 
@@ -81,56 +82,16 @@ impl<W: Write> Out<W> {
     }
 }
 
-/// One poll's answer, the parts herald reads.
-#[derive(Debug, PartialEq)]
-struct Batch {
-    events: Vec<Value>,
-    cursor: Option<String>,
-    truncated: bool,
-    has_more: bool,
-    next_poll: Duration,
-}
-
-impl Batch {
-    fn parse(v: Value) -> Result<Batch, String> {
-        let Value::Object(mut o) = v else {
-            return Err(format!("the answer is not an object: {v}"));
-        };
-        let events = match o.remove("events") {
-            Some(Value::Array(a)) => a,
-            other => return Err(format!("the answer has no events list (events: {other:?})")),
-        };
-        let cursor = match o.remove("cursor") {
-            Some(Value::String(s)) => Some(s),
-            Some(Value::Null) | None => None,
-            Some(other) => return Err(format!("the answer's cursor is not a string: {other}")),
-        };
-        let flag =
-            |o: &Map<String, Value>, k: &str| o.get(k).and_then(Value::as_bool) == Some(true);
-        Ok(Batch {
-            events,
-            truncated: flag(&o, "truncated"),
-            has_more: flag(&o, "hasMore"),
-            next_poll: Duration::from_millis(
-                o.get("nextPollMs")
-                    .and_then(Value::as_u64)
-                    .unwrap_or(NEXT_POLL_MS),
-            ),
-            cursor,
-        })
+/// The cursor line of a poll's answer.
+fn cursor_line(batch: &Batch) -> Value {
+    let mut v = json!({"cursor": batch.cursor});
+    if batch.truncated {
+        v["truncated"] = true.into();
     }
-
-    /// The cursor line.
-    fn cursor_line(&self) -> Value {
-        let mut v = json!({"cursor": self.cursor});
-        if self.truncated {
-            v["truncated"] = true.into();
-        }
-        if self.has_more {
-            v["hasMore"] = true.into();
-        }
-        v
+    if batch.has_more {
+        v["hasMore"] = true.into();
     }
+    v
 }
 
 pub async fn run(args: PollArgs) -> Result<(), Exit> {
@@ -213,7 +174,7 @@ pub async fn run(args: PollArgs) -> Result<(), Exit> {
             reader_there = reader_there && out.line(e)?;
         }
         if reader_there && (moved || !args.follow) {
-            reader_there = out.line(&batch.cursor_line())?;
+            reader_there = out.line(&cursor_line(&batch))?;
         }
         if !reader_there {
             // `| head`: the reader has what it wanted.
@@ -295,7 +256,7 @@ mod tests {
         assert_eq!(b.cursor.as_deref(), Some("2"));
         assert!(b.truncated && !b.has_more);
         assert_eq!(b.next_poll, Duration::from_millis(500));
-        assert_eq!(b.cursor_line(), json!({"cursor": "2", "truncated": true}));
+        assert_eq!(cursor_line(&b), json!({"cursor": "2", "truncated": true}));
         assert!(Batch::parse(json!({"cursor": "1"})).is_err());
         assert!(Batch::parse(json!({"events": [], "cursor": 1})).is_err());
     }

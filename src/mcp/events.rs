@@ -184,6 +184,49 @@ pub fn unknown_event(name: &str) -> SourceError {
     ))
 }
 
+/// A poll's answer, the parts a client of it reads (`herald poll`, an `events/stream`
+/// following a source's polls).
+#[derive(Debug, Clone, PartialEq)]
+pub struct PollAnswer {
+    pub events: Vec<Value>,
+    pub cursor: Option<String>,
+    pub truncated: bool,
+    pub has_more: bool,
+    /// `nextPollMs` ([`NEXT_POLL_MS`] when it does not say).
+    pub next_poll: Duration,
+}
+
+impl PollAnswer {
+    /// Reads an `events/poll` result: an object with an `events` list and a string (or null)
+    /// `cursor`; anything else is said.
+    pub fn parse(v: Value) -> Result<PollAnswer, String> {
+        let Value::Object(mut o) = v else {
+            return Err(format!("the answer is not an object: {v}"));
+        };
+        let events = match o.remove("events") {
+            Some(Value::Array(a)) => a,
+            other => return Err(format!("the answer has no events list (events: {other:?})")),
+        };
+        let cursor = match o.remove("cursor") {
+            Some(Value::String(s)) => Some(s),
+            Some(Value::Null) | None => None,
+            Some(other) => return Err(format!("the answer's cursor is not a string: {other}")),
+        };
+        let flag = |k: &str| o.get(k).and_then(Value::as_bool) == Some(true);
+        Ok(PollAnswer {
+            events,
+            truncated: flag("truncated"),
+            has_more: flag("hasMore"),
+            next_poll: Duration::from_millis(
+                o.get("nextPollMs")
+                    .and_then(Value::as_u64)
+                    .unwrap_or(NEXT_POLL_MS),
+            ),
+            cursor,
+        })
+    }
+}
+
 /// One event type, as `events/list` shows it.
 #[derive(Debug, Clone)]
 pub struct EventType {

@@ -41,7 +41,7 @@ use tokio_util::sync::CancellationToken;
 use super::{SourceServer, to_mcp_error};
 use crate::mcp::admission::ConnStreams;
 use crate::mcp::caller::Caller;
-use crate::mcp::events::EVENT_CURSOR_META;
+use crate::mcp::events::{EVENT_CURSOR_META, PollAnswer as Batch};
 use crate::mcp::listen::{SUBSCRIPTION_ID, Undelivered};
 use crate::runtime::backoff::Backoff;
 
@@ -201,27 +201,6 @@ fn error_json(e: &McpError) -> Value {
     v
 }
 
-/// One poll's answer, as the stream uses it.
-struct Batch {
-    events: Vec<Value>,
-    cursor: Option<String>,
-    truncated: bool,
-    has_more: bool,
-    next_poll: Duration,
-}
-
-impl Batch {
-    fn of(v: Value) -> Batch {
-        Batch {
-            events: v["events"].as_array().cloned().unwrap_or_default(),
-            cursor: v["cursor"].as_str().map(str::to_owned),
-            truncated: v["truncated"].as_bool().unwrap_or(false),
-            has_more: v["hasMore"].as_bool().unwrap_or(false),
-            next_poll: Duration::from_millis(v["nextPollMs"].as_u64().unwrap_or(0)),
-        }
-    }
-}
-
 /// How a stream ended, for its request's answer.
 enum Ended {
     /// The server ended it (terminated, shutdown): the result, with the cursor to resume from.
@@ -272,7 +251,7 @@ impl SourceServer {
             )
             .await
             .map_err(to_mcp_error)?;
-        let first = Batch::of(first);
+        let first = Batch::parse(first).map_err(|e| McpError::internal_error(e, None))?;
         let Some(head) = first.cursor.clone() else {
             return Err(McpError::new(
                 ErrorCode(-32026),
@@ -405,7 +384,22 @@ impl SourceServer {
             match polled {
                 Ok(v) => {
                     retry.reset();
-                    batch = Batch::of(v);
+                    batch = match Batch::parse(v) {
+                        Ok(b) => b,
+                        // A malformed answer is a failed poll (said, and asked again).
+                        Err(e) => {
+                            let e = McpError::internal_error(e, None);
+                            if let Err(gone) = self
+                                .send(out, "error", json!({"error": error_json(&e)}))
+                                .await
+                            {
+                                return Ended::Gone(gone);
+                            }
+                            last_sent = Instant::now();
+                            Batch::parse(json!({"events": [], "cursor": cursor}))
+                                .expect("well formed")
+                        }
+                    };
                     // "More" with nothing in it is not asked again at once (no spin).
                     if batch.events.is_empty() {
                         batch.has_more = false;
