@@ -42,11 +42,11 @@ pub async fn run(args: GatewayArgs, globals: &Globals) -> Result<(), Exit> {
         opts.quic = cfg.quic.clone();
     }
     // [events], with the flags' callback prefixes added and their profile over it.
-    let flags = opts.events.clone();
+    let allow = std::mem::take(&mut opts.events.callback_allow);
     opts.events = cfg.events.clone();
-    opts.events.callback_allow.extend(flags.callback_allow);
-    if args.serve.events_profile != crate::hooks::Profile::Draft {
-        opts.events.profile = flags.profile;
+    opts.events.callback_allow.extend(allow);
+    if let Some(p) = args.serve.events_profile {
+        opts.events.profile = p;
     }
     loopback_only(&cfg, &[opts.http.clone(), opts.quic.clone()])
         .map_err(|e| crate::cli::usage(e.into()))?;

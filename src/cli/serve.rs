@@ -143,9 +143,9 @@ pub struct ServeArgs {
     #[arg(long = "callback-allow", value_name = "PREFIX")]
     pub callback_allow: Vec<String>,
     /// The error codes of the Events extension: the draft's (-32023…-32027) or the earlier
-    /// ones ChatGPT uses (-32011…-32015).
-    #[arg(long, value_enum, default_value_t = crate::hooks::Profile::Draft, value_name = "CODES")]
-    pub events_profile: crate::hooks::Profile,
+    /// ones ChatGPT uses (-32011…-32015); over a config's [events] profile [default: draft].
+    #[arg(long, value_enum, value_name = "CODES")]
+    pub events_profile: Option<crate::hooks::Profile>,
     /// Most resource URIs one listen stream may ask for.
     #[arg(long, default_value_t = DEFAULT_MAX_LISTEN_URIS, value_name = "N")]
     pub max_listen_uris: usize,
@@ -202,7 +202,7 @@ impl ServeArgs {
             tls_key: self.tls_key.clone(),
             events: crate::hooks::EventsOptions {
                 callback_allow: self.callback_allow.clone(),
-                profile: self.events_profile,
+                profile: self.events_profile.unwrap_or_default(),
             },
             limits: Limits {
                 max_streams_per_connection: self.max_listen_streams,

@@ -110,29 +110,12 @@ fn key(slug: &str, up: &Arc<Upstream>, params: &JsonObject) -> String {
         slug,
         Arc::as_ptr(up) as usize,
         pick("name"),
-        sorted(&pick("arguments")),
+        crate::mcp::events::sorted_keys(&pick("arguments")),
         pick("cursor"),
         pick("maxEvents"),
         pick("maxAgeMs"),
     ])
     .to_string()
-}
-
-/// `v` with every object's keys in order (arguments that differ in key order are one poll).
-fn sorted(v: &Value) -> Value {
-    match v {
-        Value::Object(o) => {
-            let mut keys: Vec<&String> = o.keys().collect();
-            keys.sort();
-            Value::Object(
-                keys.into_iter()
-                    .map(|k| (k.clone(), sorted(&o[k])))
-                    .collect(),
-            )
-        }
-        Value::Array(a) => Value::Array(a.iter().map(sorted).collect()),
-        other => other.clone(),
-    }
 }
 
 impl SharedPolls {

@@ -110,7 +110,7 @@ impl Follower {
                 // The server ended it: shutting down (the subscription is kept), or it was
                 // terminated (and dropped by `HookOut`).
                 Some(Ok(_)) => return,
-                Some(Err(e)) if final_refusal(e.code.0) => {
+                Some(Err(e)) if crate::mcp::server::stream::is_final(e.code.0) => {
                     let id = self.id();
                     tracing::warn!(subscription = %id, error = %e.message, "a webhook subscription cannot go on; it is dropped");
                     self.end(json!({"code": e.code.0, "message": e.message}))
@@ -292,15 +292,6 @@ impl Follower {
             self.hooks.keep(&self.sub).await;
         }
     }
-}
-
-/// Whether a refusal before `active` ends the subscription (its event type or entitlement is
-/// gone) rather than being tried again.
-fn final_refusal(code: i32) -> bool {
-    matches!(
-        code,
-        -32602 | -32601 | -32023 | -32024 | -32026 | -32011 | -32012 | -32014
-    )
 }
 
 /// The follower's side of [`SourceServer::follow`].

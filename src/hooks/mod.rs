@@ -123,6 +123,8 @@ impl EventsOptions {
     /// The settings of `role`'s webhook subscriptions: `None` without a key (they are off),
     /// an error naming the variable when the key is malformed.
     pub fn settings(&self, role: &str) -> Result<Option<HookSettings>, String> {
+        // Never passed on to a child (a stdio upstream, a helper command).
+        crate::runtime::secrets::register(KEY_VAR);
         let key = key_from(
             &|n| std::env::var(n).ok(),
             std::env::var_os("CREDENTIALS_DIRECTORY").map(std::path::PathBuf::from),
@@ -165,15 +167,13 @@ fn key_from(
             None => return Ok(None),
         },
     };
-    let bytes = hex::decode(&raw)
-        .ok()
-        .or_else(|| base64::Engine::decode(&base64::engine::general_purpose::STANDARD, &raw).ok());
-    match bytes.map(<[u8; 32]>::try_from) {
-        Some(Ok(k)) => Ok(Some(k)),
-        _ => Err(format!(
-            "{KEY_VAR} must be 32 bytes, base64 or hex (make one with `openssl rand -base64 32`)"
-        )),
-    }
+    crate::store::seal::decode_key(&raw)
+        .map(Some)
+        .map_err(|why| {
+            format!(
+                "{KEY_VAR} must be 32 bytes, base64 or hex (make one with `openssl rand -base64 32`); {why}"
+            )
+        })
 }
 
 impl std::fmt::Debug for HookSettings {
@@ -337,28 +337,6 @@ fn invalid(m: impl Into<String>) -> McpError {
     McpError::invalid_params(m.into(), None)
 }
 
-/// `v` as JSON with every object's keys sorted: arguments that differ only in key order
-/// make one subscription.
-fn canonical(v: &Value) -> String {
-    fn sorted(v: &Value) -> Value {
-        match v {
-            Value::Object(o) => {
-                let mut keys: Vec<&String> = o.keys().collect();
-                keys.sort();
-                let mut out = serde_json::Map::new();
-                for k in keys {
-                    out.insert(k.clone(), sorted(&o[k]));
-                }
-                Value::Object(out)
-            }
-            Value::Array(a) => Value::Array(a.iter().map(sorted).collect()),
-            other => other.clone(),
-        }
-    }
-    // (Inserting in sorted order sorts the keys whether or not serde_json keeps insertion order.)
-    sorted(v).to_string()
-}
-
 /// The subscription id of a key: `sub_` and 32 hex digits of its SHA-256.
 fn derive_id(principal: &str, url: &str, name: &str, arguments: &JsonObject) -> String {
     use sha2::Digest as _;
@@ -367,7 +345,7 @@ fn derive_id(principal: &str, url: &str, name: &str, arguments: &JsonObject) -> 
         principal,
         url,
         name,
-        &canonical(&Value::Object(arguments.clone())),
+        &crate::mcp::events::sorted_keys(&Value::Object(arguments.clone())).to_string(),
     ] {
         h.update(part.as_bytes());
         h.update([0]);
@@ -819,6 +797,19 @@ mod tests {
         assert_ne!(id, derive_id("token:cd", "https://h/x", "memo.changed", &a));
         assert_ne!(id, derive_id("token:ab", "https://h/y", "memo.changed", &a));
         assert_ne!(id, derive_id("token:ab", "https://h/x", "other", &a));
+    }
+
+    #[tokio::test]
+    async fn the_key_never_reaches_a_child() {
+        let _ = EventsOptions::default().settings("test");
+        let mut cmd = tokio::process::Command::new("sh");
+        cmd.args(["-c", "printf %s \"${HERALD_EVENTS_KEY-unset}\""])
+            .env(KEY_VAR, "k");
+        let out = crate::runtime::secrets::scrub(&mut cmd)
+            .output()
+            .await
+            .unwrap();
+        assert_eq!(String::from_utf8_lossy(&out.stdout), "unset");
     }
 
     #[test]

@@ -184,6 +184,24 @@ pub fn unknown_event(name: &str) -> SourceError {
     ))
 }
 
+/// `v` with every object's keys in order: event-type arguments that differ only in key order
+/// are the same selection (one webhook subscription, one shared upstream poll).
+pub fn sorted_keys(v: &Value) -> Value {
+    match v {
+        Value::Object(o) => {
+            let mut keys: Vec<&String> = o.keys().collect();
+            keys.sort();
+            Value::Object(
+                keys.into_iter()
+                    .map(|k| (k.clone(), sorted_keys(&o[k])))
+                    .collect(),
+            )
+        }
+        Value::Array(a) => Value::Array(a.iter().map(sorted_keys).collect()),
+        other => other.clone(),
+    }
+}
+
 /// A poll's answer, the parts a client of it reads (`herald poll`, an `events/stream`
 /// following a source's polls).
 #[derive(Debug, Clone, PartialEq)]

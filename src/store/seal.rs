@@ -8,6 +8,31 @@ use ring::rand::{SecureRandom, SystemRandom};
 
 const VERSION: u8 = 1;
 
+/// Decodes a 32-byte sealing key from hex (64 digits) or base64 (standard or URL-safe,
+/// padded or not); the error says why, never the text.
+pub fn decode_key(text: &str) -> Result<[u8; 32], String> {
+    use base64::Engine as _;
+    let text = text.trim();
+    let bytes = if text.len() == 64 && text.bytes().all(|b| b.is_ascii_hexdigit()) {
+        hex::decode(text).map_err(|_| "it is not valid hex".to_owned())?
+    } else {
+        let engines = [
+            base64::engine::general_purpose::STANDARD,
+            base64::engine::general_purpose::STANDARD_NO_PAD,
+            base64::engine::general_purpose::URL_SAFE,
+            base64::engine::general_purpose::URL_SAFE_NO_PAD,
+        ];
+        engines
+            .iter()
+            .find_map(|e| e.decode(text).ok())
+            .ok_or_else(|| "it is neither 64 hex digits nor base64".to_owned())?
+    };
+    bytes
+        .as_slice()
+        .try_into()
+        .map_err(|_| format!("it decodes to {} bytes", bytes.len()))
+}
+
 /// Seals and opens rows under one key.
 pub struct Sealer {
     key: LessSafeKey,

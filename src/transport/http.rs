@@ -404,12 +404,7 @@ struct Gate {
     allow: Arc<Allowlist>,
 }
 
-/// Just the `method` of a JSON-RPC message (escapes decoded, nothing else kept).
-#[derive(serde::Deserialize)]
-struct MethodProbe<'a> {
-    #[serde(borrow, default)]
-    method: Option<std::borrow::Cow<'a, str>>,
-}
+use super::jsonrpc::MethodProbe;
 
 /// Opens a `subscriptions/listen` before rmcp sees it: the HTTP end of the one way a listen
 /// starts ([`SourceServer::open`], see `crate::mcp::admission`), and every admitted listen's

@@ -102,6 +102,13 @@ pub fn misshapen(v: &Value) -> Option<Misshapen> {
     None
 }
 
+/// Just the `method` of a JSON-RPC message (escapes decoded, nothing else kept).
+#[derive(serde::Deserialize)]
+pub(crate) struct MethodProbe<'a> {
+    #[serde(borrow, default)]
+    pub(crate) method: Option<std::borrow::Cow<'a, str>>,
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

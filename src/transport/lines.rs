@@ -248,14 +248,9 @@ fn may_name_task_ids(text: &[u8]) -> bool {
 /// (the server's), which takes no place among the requests in flight. A byte scan first
 /// spares every other request the parse.
 fn is_event_stream(text: &[u8]) -> bool {
-    #[derive(serde::Deserialize)]
-    struct Probe<'a> {
-        #[serde(borrow, default)]
-        method: Option<std::borrow::Cow<'a, str>>,
-    }
     let has = |needle: &[u8]| text.windows(needle.len()).any(|w| w == needle);
     (has(b"events/stream") || has(b"\\u"))
-        && serde_json::from_slice::<Probe>(text)
+        && serde_json::from_slice::<super::jsonrpc::MethodProbe>(text)
             .is_ok_and(|p| p.method.as_deref() == Some("events/stream"))
 }
 

@@ -185,10 +185,11 @@ impl EventsOut for PeerEvents {
 }
 
 /// Whether a poll's failure ends the stream (`terminated`) rather than being tried again
-/// (`error`): the event type is unknown, the params are wrong, the caller may not have it.
-fn is_final(e: &McpError) -> bool {
+/// (`error`): the event type is unknown, the params are wrong, the caller may not have it
+/// (a webhook subscription's follower asks the same of a refusal before `active`).
+pub fn is_final(code: i32) -> bool {
     matches!(
-        e.code.0,
+        code,
         -32602 | -32601 | -32023 | -32024 | -32026 | -32011 | -32012 | -32014
     )
 }
@@ -428,7 +429,7 @@ impl SourceServer {
                         }
                     }
                 }
-                Err(e) if is_final(&e) => {
+                Err(e) if is_final(e.code.0) => {
                     let _ = self
                         .send(out, "terminated", json!({"error": error_json(&e)}))
                         .await;

@@ -6,8 +6,6 @@
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use base64::Engine;
-
 use crate::transport::tls::Secret;
 
 /// The app-level token (`xapp-…`, scope `connections:write`): opens Socket Mode connections.
@@ -124,32 +122,9 @@ fn token(
 /// Decodes a 32-byte key from hex (64 digits) or base64 (standard or URL-safe, padded or
 /// not).
 pub fn parse_key(text: &str) -> Result<Key, SettingsError> {
-    let text = text.trim();
-    let bytes = if text.len() == 64 && text.bytes().all(|b| b.is_ascii_hexdigit()) {
-        hex::decode(text).map_err(|_| SettingsError::Key {
-            why: "it is not valid hex".into(),
-        })?
-    } else {
-        let engines = [
-            base64::engine::general_purpose::STANDARD,
-            base64::engine::general_purpose::STANDARD_NO_PAD,
-            base64::engine::general_purpose::URL_SAFE,
-            base64::engine::general_purpose::URL_SAFE_NO_PAD,
-        ];
-        engines
-            .iter()
-            .find_map(|e| e.decode(text).ok())
-            .ok_or_else(|| SettingsError::Key {
-                why: "it is neither 64 hex digits nor base64".into(),
-            })?
-    };
-    let key: [u8; 32] = bytes
-        .as_slice()
-        .try_into()
-        .map_err(|_| SettingsError::Key {
-            why: format!("it decodes to {} bytes", bytes.len()),
-        })?;
-    Ok(Key(key))
+    crate::store::seal::decode_key(text)
+        .map(Key)
+        .map_err(|why| SettingsError::Key { why })
 }
 
 impl Settings {
@@ -223,6 +198,7 @@ impl Settings {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use base64::Engine;
     use std::collections::HashMap;
 
     fn env(pairs: &[(&str, &str)]) -> impl Fn(&str) -> Option<String> {
