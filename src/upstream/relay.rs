@@ -23,6 +23,7 @@ use std::sync::{Arc, Mutex};
 use tokio::sync::mpsc;
 
 use rmcp::ClientHandler;
+use rmcp::model::GetMeta as _;
 #[allow(deprecated)]
 use rmcp::model::LoggingMessageNotificationParam;
 use rmcp::model::{
@@ -59,6 +60,57 @@ pub struct Relay {
     pub(super) lists: super::ListSignal,
     /// The calls in flight that asked for log messages, by key.
     logs: Arc<Mutex<LogRoutes>>,
+    /// Open `events/stream` requests' messages, by subscription id (see [`super::events`]).
+    streams: Arc<Mutex<StreamRoutes>>,
+}
+
+/// One message of an `events/stream`: its kind (`active`, `event`, `heartbeat`, `error`,
+/// `terminated`) and its params.
+#[derive(Debug, Clone)]
+pub struct StreamMessage {
+    pub kind: String,
+    pub params: serde_json::Value,
+}
+
+/// How many messages an open stream's channel holds; one that does not fit ends that route
+/// (its follower resumes from the last cursor it took, so nothing is lost).
+pub const STREAM_CAPACITY: usize = 256;
+/// Stream messages kept for a subscription id no route has claimed yet (a stream's first
+/// messages can arrive before its request's id is known), oldest dropped.
+const MAX_EARLY_STREAM: usize = 256;
+
+#[derive(Default)]
+struct StreamRoutes {
+    next: u64,
+    /// The route's key and its channel's only sender (so a route closed for falling behind
+    /// is seen closed by its reader).
+    by_id: HashMap<String, (u64, mpsc::Sender<StreamMessage>)>,
+    early: VecDeque<(String, StreamMessage)>,
+}
+
+/// A registered stream route; dropping it ends the route.
+pub struct StreamRoute {
+    id: String,
+    key: u64,
+    streams: Arc<Mutex<StreamRoutes>>,
+}
+
+impl Drop for StreamRoute {
+    fn drop(&mut self) {
+        let mut m = self.streams.locked();
+        if m.by_id.get(&self.id).is_some_and(|(k, _)| *k == self.key) {
+            m.by_id.remove(&self.id);
+        }
+    }
+}
+
+/// A request id as a route key (`n:1`, `s:abc`), from its JSON.
+pub(super) fn id_key(id: &serde_json::Value) -> Option<String> {
+    match id {
+        serde_json::Value::Number(n) => Some(format!("n:{n}")),
+        serde_json::Value::String(s) => Some(format!("s:{s}")),
+        _ => None,
+    }
 }
 
 #[derive(Default)]
@@ -222,6 +274,7 @@ impl Tap for Relay {
             ServerNotification::ProgressNotification(p) => self.progress(p.params.clone()),
             #[allow(deprecated)]
             ServerNotification::LoggingMessageNotification(l) => self.log(l.params.clone()),
+            ServerNotification::CustomNotification(c) => self.stream_message(c),
             _ => {}
         }
     }
@@ -276,6 +329,85 @@ impl Relay {
         LogRoute {
             key,
             logs: self.logs.clone(),
+        }
+    }
+}
+
+impl Relay {
+    /// Sends the messages of the `events/stream` whose request id is `id` to a new channel
+    /// (those that came before this, early, first) until the returned route drops.
+    pub fn route_stream(
+        &self,
+        id: &rmcp::model::RequestId,
+    ) -> (StreamRoute, mpsc::Receiver<StreamMessage>) {
+        let key = match id {
+            NumberOrString::Number(n) => format!("n:{n}"),
+            NumberOrString::String(s) => format!("s:{s}"),
+        };
+        let (tx, rx) = mpsc::channel(STREAM_CAPACITY);
+        let mut m = self.streams.locked();
+        let (mine, rest): (VecDeque<_>, VecDeque<_>) =
+            m.early.drain(..).partition(|(k, _)| *k == key);
+        m.early = rest;
+        for (_, msg) in mine {
+            // A fresh channel as large as the early queue: it fits.
+            let _ = tx.try_send(msg);
+        }
+        m.next += 1;
+        let route = m.next;
+        m.by_id.insert(key.clone(), (route, tx));
+        (
+            StreamRoute {
+                id: key,
+                key: route,
+                streams: self.streams.clone(),
+            },
+            rx,
+        )
+    }
+
+    /// Hands a `notifications/events/*` message to its stream's route, never waiting: a
+    /// route whose reader fell [`STREAM_CAPACITY`] behind is closed (its follower sees the
+    /// channel end and resumes from its cursor).
+    fn stream_message(&self, c: &rmcp::model::CustomNotification) {
+        let Some(kind) = c.method.strip_prefix("notifications/events/") else {
+            return;
+        };
+        let Some(params) = c.params.clone() else {
+            return;
+        };
+        let id = c
+            .get_meta()
+            .0
+            .0
+            .get(crate::mcp::listen::SUBSCRIPTION_ID)
+            .cloned()
+            .or_else(|| {
+                params
+                    .pointer("/_meta")
+                    .and_then(|m| m.get(crate::mcp::listen::SUBSCRIPTION_ID))
+                    .cloned()
+            });
+        let Some(key) = id.as_ref().and_then(id_key) else {
+            return;
+        };
+        let msg = StreamMessage {
+            kind: kind.to_owned(),
+            params,
+        };
+        let mut m = self.streams.locked();
+        match m.by_id.get(&key) {
+            Some((_, to)) => {
+                if to.try_send(msg).is_err() {
+                    m.by_id.remove(&key);
+                }
+            }
+            None => {
+                if m.early.len() == MAX_EARLY_STREAM {
+                    m.early.pop_front();
+                }
+                m.early.push_back((key, msg));
+            }
         }
     }
 }

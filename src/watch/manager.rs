@@ -36,8 +36,9 @@ use crate::watch::follow::{self, task_id};
 use crate::watch::handle::{Stats, WatchHandle};
 use crate::watch::log::WatchLog;
 use crate::watch::spec::{Notice, Shape, WatchConfig, WatchError, WatchInfo, WatchSpec};
-use crate::watch::task::{Baseline, WatchTask, subscribe_and_read};
+use crate::watch::task::{Baseline, WatchTask, events_uri, subscribe_and_read};
 
+mod events;
 mod kept;
 mod saved;
 
@@ -264,6 +265,12 @@ impl WatchManager {
         if let Some(id) = task_id(uri) {
             return self.start_task(name, uri, id, on_event, save).await;
         }
+        if let Some(parsed) = events_uri(uri) {
+            let (event, arguments) = parsed?;
+            return self
+                .start_events(name, uri, event, arguments, on_event, save, kept)
+                .await;
+        }
         // Make sure every server has been asked what it lists before routing.
         for s in &inner.servers {
             let known = s.catalog().is_some_and(|c| c.subscribe)
@@ -287,7 +294,9 @@ impl WatchManager {
             Shape::State
         };
         let baseline = match shape {
-            Shape::State | Shape::Task => Baseline::State(StateBase::new(read.text)),
+            Shape::State | Shape::Task | Shape::Events => {
+                Baseline::State(StateBase::new(read.text))
+            }
             Shape::EventLog => {
                 let body: Value =
                     serde_json::from_str(&read.text).map_err(|e| WatchError::Rejected {

@@ -313,3 +313,64 @@ async fn a_kept_watch_still_trying_holds_its_name() {
     assert_eq!(m.watch_list()[0].uri, "memo://notes");
     m.shutdown().await;
 }
+
+/// Every line of the notices that come until `want` lines are in.
+async fn lines(rx: &mut mpsc::Receiver<Notice>, want: usize) -> Vec<String> {
+    let mut got = Vec::new();
+    while got.len() < want {
+        got.extend(next(rx).await.lines);
+    }
+    got
+}
+
+#[tokio::test]
+async fn an_events_watch_gets_each_event_pushed_and_resumes_from_its_cursor() {
+    let memo = MemoServer::start().await;
+    let (m, mut rx) = manager(&memo, None);
+    let info = m
+        .watch_start("e", "events:memo.changed", None)
+        .await
+        .unwrap();
+    assert_eq!(info.shape, Some(Shape::Events));
+    memo.set("a", json!(1)).await;
+    assert_eq!(next(&mut rx).await.lines, ["ADDED a = 1"]);
+    // A burst, read as it comes (a sink does): every event, in order, none reported lost.
+    let reader = tokio::spawn(async move {
+        let got = lines(&mut rx, 1000).await;
+        (got, rx)
+    });
+    for i in 0..1000 {
+        memo.set(&format!("k{i}"), json!(i)).await;
+    }
+    let (got, mut rx) = reader.await.unwrap();
+    let want: Vec<String> = (0..1000).map(|i| format!("ADDED k{i} = {i}")).collect();
+    assert_eq!(got, want);
+    // The server goes away; what changes meanwhile comes once it is back, from the cursor.
+    memo.set_down(true);
+    memo.set("b", json!(2)).await;
+    memo.set_down(false);
+    assert_eq!(next(&mut rx).await.lines, ["ADDED b = 2"]);
+    assert!(!m.watch_list()[0].failed);
+    m.shutdown().await;
+}
+
+#[tokio::test]
+async fn an_events_watch_is_refused_for_an_unknown_type_or_bad_arguments() {
+    let memo = MemoServer::start().await;
+    let (m, _rx) = manager(&memo, None);
+    let e = m.watch_start("e", "events:nosuch", None).await.unwrap_err();
+    assert!(
+        matches!(&e, WatchError::Invalid(m) if m.contains("offered: memo.changed")),
+        "{e:?}"
+    );
+    let e = m
+        .watch_start("e", "events:memo.changed?x=1", None)
+        .await
+        .unwrap_err();
+    assert!(matches!(e, WatchError::Rejected { .. }), "{e:?}");
+    assert!(e.to_string().contains('x'), "{e}");
+    let e = m.watch_start("e", "events:", None).await.unwrap_err();
+    assert!(matches!(e, WatchError::Invalid(_)), "{e:?}");
+    assert!(m.watch_list().is_empty());
+    m.shutdown().await;
+}

@@ -166,7 +166,7 @@ pub fn watched_root(uri: &str) -> Option<String> {
 }
 
 /// `%XX` escapes decoded; `None` when one is malformed or the result is not UTF-8.
-fn percent_decode(s: &str) -> Option<String> {
+pub(crate) fn percent_decode(s: &str) -> Option<String> {
     let b = s.as_bytes();
     let mut out = Vec::with_capacity(b.len());
     let mut i = 0;

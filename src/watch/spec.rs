@@ -120,6 +120,8 @@ pub enum Shape {
     EventLog,
     /// A task (`task://ID`): its status changes, until it ends.
     Task,
+    /// An event type (`events:NAME?arg=value`): its events, pushed.
+    Events,
 }
 
 /// A saved watch spec (`--watch-state`).

@@ -136,6 +136,9 @@ pub(crate) async fn subscribe_and_read(
     Ok((listening, r))
 }
 
+mod stream;
+pub(crate) use stream::events_uri;
+
 pub(super) struct WatchTask {
     /// What it shares with the manager that started it.
     handle: Arc<WatchHandle>,
@@ -370,6 +373,15 @@ impl WatchTask {
                 Err(e) => last_error = e.to_string(),
             }
         }
+        self.fail(&last_error).await;
+        None
+    }
+
+    /// The watch failed for good after its resubscribe attempts (the last with
+    /// `last_error`): marked failed, logged, and its reader told what to do.
+    async fn fail(&mut self, last_error: &str) {
+        let cfg = &self.handle.cfg;
+        let log = &self.handle.log;
         let reason = format!(
             "the subscription ended and {} resubscribe attempts failed (last error: {last_error})",
             cfg.resubscribe_attempts
@@ -388,7 +400,6 @@ impl WatchTask {
             .await;
         // After the notice: a run that ends once none runs says it first.
         self.handle.changed();
-        None
     }
 
     /// A kept watch spent the usual resubscribe attempts: it is listed as starting (holding
@@ -429,6 +440,12 @@ impl WatchTask {
                 }
             },
         };
+        self.take_in(events, filtering, default_line);
+    }
+
+    /// Takes in one update's events (at most `max_events_per_update`; the rest counted in one
+    /// line): to the filter's backlog when the watch has a filter, else each as its `line`.
+    fn take_in(&mut self, events: Vec<Event>, filtering: bool, line: fn(&Event) -> Line) {
         let max = self.handle.cfg.max_events_per_update;
         let total = events.len();
         let t = now();
@@ -464,8 +481,8 @@ impl WatchTask {
             return;
         }
         for ev in evs {
-            let line = default_line(&ev);
-            self.admit(&ev, Some(line), t);
+            let text = line(&ev);
+            self.admit(&ev, Some(text), t);
         }
     }
 
