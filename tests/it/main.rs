@@ -36,5 +36,6 @@ mod tasks;
 mod timeouts;
 mod up;
 mod watch;
+mod watch_events;
 mod webhooks;
 mod wire;
