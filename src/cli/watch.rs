@@ -31,6 +31,7 @@ pub struct WatchArgs {
     /// A watch to start (repeatable). A watch that cannot start makes herald exit non-zero.
     /// `NAME=task:ID` (or `task://ID`) watches a task: a notice per status change, and the
     /// watch ends with the task (herald exits once every watch has ended).
+    /// `NAME=events:TYPE?ARG=VALUE` follows an event type: its events pushed by events/stream.
     #[arg(long = "watch", value_name = "NAME=URI")]
     pub watches: Vec<String>,
     /// Python source file run once per event (`FILE.py` when there is one watch, else
