@@ -202,6 +202,7 @@ impl ServeArgs {
             tls_key: self.tls_key.clone(),
             events: crate::hooks::EventsOptions {
                 callback_allow: self.callback_allow.clone(),
+                receiver_url: None,
                 profile: self.events_profile.unwrap_or_default(),
             },
             limits: Limits {

@@ -37,13 +37,17 @@
 //!   change refreshes the slug's catalog and reaches the gateway's own listens that asked, as
 //!   does a reconnect whose fresh catalog lists other tools or prompts.
 //! - **Events**: advertised when a selected slug's handshake does (3 s bound per slug);
-//!   `events/list` and `events/poll` forwarded with `slug__` prefixes; no event state here.
+//!   `events/list` and `events/poll` forwarded with `slug__` prefixes. Long polls (and so the
+//!   gateway's streams and webhooks) of one event type read one shared upstream subscription
+//!   (`feeds.rs`: by stream, poll, or webhook to the gateway itself), or share one upstream
+//!   long poll (`polls.rs`) when the feed cannot answer.
 //! - **Tasks** (`tasks.rs`): a task-augmented `slug__tool` call goes to the slug as one; its
 //!   task is shown as `slug__<id>`; `tasks/*` route by that id, for the caller that started
 //!   it; a listen's `taskIds` are relayed over one shared upstream listen per task.
 
 mod access;
 pub mod config;
+pub mod feeds;
 mod lists;
 mod names;
 pub mod polls;

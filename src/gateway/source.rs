@@ -49,6 +49,9 @@ pub struct Gateway {
     /// Long polls of a slug's events, one upstream call per key ([`crate::gateway::polls`]).
     polls: crate::gateway::polls::SharedPolls,
     poll_metrics: crate::gateway::polls::PollMetrics,
+    /// One upstream subscription per slug, event type and arguments
+    /// ([`crate::gateway::feeds`]).
+    feeds: Arc<crate::gateway::feeds::Feeds>,
 }
 
 /// What [`Gateway::reconfigure`] changed.
@@ -102,9 +105,18 @@ impl Gateway {
         cfg: &GatewayConfig,
         ctx: &RoleContext,
     ) -> Gateway {
-        Gateway::with_upstreams(upstreams, cfg.tokens.clone(), ctx)
+        let g = Gateway::with_upstreams(upstreams, cfg.tokens.clone(), ctx)
             .bare(crate::gateway::config::bare_slug(&cfg.slugs))
-            .loopback(cfg.open_to_loopback)
+            .loopback(cfg.open_to_loopback);
+        g.feeds.set_receiver(cfg.events.receiver_url.clone());
+        g
+    }
+
+    /// Slugs that deliver events only by webhook POST them to `base` (`[events]
+    /// receiver_url`) instead of the gateway's own HTTP address.
+    pub fn receive_webhooks_at(self, base: Option<String>) -> Gateway {
+        self.feeds.set_receiver(base);
+        self
     }
 
     /// The gateway over `upstreams` (each named by its slug: external servers, or roles in
@@ -140,6 +152,7 @@ impl Gateway {
             followers: Mutex::default(),
             polls: Default::default(),
             poll_metrics: crate::gateway::polls::PollMetrics::register(ctx.metrics()),
+            feeds: Arc::new(crate::gateway::feeds::Feeds::new(ctx)),
         };
         gateway.reconfigure(Entitled::new(upstreams, tokens));
         gateway
@@ -631,6 +644,10 @@ impl Source for Gateway {
         Some(self.tasks.clone())
     }
 
+    fn webhook_receiver(&self) -> Option<Arc<dyn crate::mcp::server::webhooks::Receiver>> {
+        Some(self.feeds.clone())
+    }
+
     async fn call_tool(
         &self,
         caller: &Caller,
@@ -666,14 +683,9 @@ impl Source for Gateway {
                         if let Some(n) = e["name"].as_str() {
                             e["name"] = prefixed(&u.name, n).into();
                         }
-                        // The gateway streams whatever it can poll (events/stream is served
-                        // here, from long polls on the slug).
-                        if let Some(modes) = e.get_mut("delivery").and_then(Value::as_array_mut)
-                            && modes.iter().any(|m| m == "poll")
-                            && !modes.iter().any(|m| m == "push")
-                        {
-                            modes.push("push".into());
-                        }
+                        // The gateway polls and streams every event type, from its feed
+                        // (`feeds.rs`) whatever the slug delivers by; webhooks are its own.
+                        e["delivery"] = json!(["poll", "push"]);
                         out.push(e);
                     }
                 }
@@ -718,21 +730,23 @@ impl Source for Gateway {
                 Duration::from_millis(ms.min(MAX_LONG_POLL.as_millis() as u64))
             });
         params.insert("name".into(), event.into());
-        let mut v = if wait.is_zero() {
-            up.custom_within("events/poll", Value::Object(params), REQUEST_TIMEOUT)
-                .await?
-        } else {
-            // Every stream, webhook and long poll of this event type at this cursor shares
-            // one upstream call.
-            let v = self
+        // Every poll of this event type (and so every stream and webhook of it) reads one
+        // upstream subscription; one its feed cannot answer goes to the slug, a long one
+        // sharing one upstream call per cursor.
+        let mut v = match self.feeds.poll(slug, &up, &params, wait).await {
+            Some(v) => v?,
+            None if wait.is_zero() => {
+                up.custom_within("events/poll", Value::Object(params), REQUEST_TIMEOUT)
+                    .await?
+            }
+            None => self
                 .polls
                 .poll(slug, &up, params, wait, &self.ctx, &self.poll_metrics)
-                .await;
-            // The caller's entitlement is asked again for what the wait brought (an answer or
-            // an error): a token revoked meanwhile gets nothing of it.
-            self.slug(caller, slug)?;
-            v?
+                .await?,
         };
+        // The caller's entitlement is asked again for what the wait brought: a token revoked
+        // meanwhile gets nothing of it.
+        self.slug(caller, slug)?;
         if let Some(evs) = v.get_mut("events").and_then(Value::as_array_mut) {
             for e in evs {
                 if let Some(n) = e["name"].as_str() {

@@ -187,6 +187,12 @@ impl Secret {
         Ok(Secret(s.to_owned()))
     }
 
+    /// The secret itself, for the one place that must send it (an upstream subscription the
+    /// gateway makes with a secret of its own).
+    pub fn expose(&self) -> &str {
+        &self.0
+    }
+
     fn key(&self) -> Vec<u8> {
         let b64 = self.0.strip_prefix("whsec_").unwrap_or(&self.0);
         base64::engine::general_purpose::STANDARD

@@ -117,6 +117,10 @@ pub struct EventsOptions {
     /// URL prefixes a callback may start with to reach a private address or plain http.
     pub callback_allow: Vec<String>,
     pub profile: Profile,
+    /// Where slugs that deliver events only by webhook POST them to the gateway
+    /// (`{receiver_url}/{id}`); the gateway's own `--http` address when unset.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub receiver_url: Option<String>,
 }
 
 impl EventsOptions {

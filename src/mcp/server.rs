@@ -193,6 +193,11 @@ impl SourceServer {
         let _ = self.shared.webhooks.set(hooks);
     }
 
+    /// The webhooks its source receives, if any ([`Source::webhook_receiver`]).
+    pub fn webhook_receiver(&self) -> Option<Arc<dyn crate::mcp::server::webhooks::Receiver>> {
+        self.shared.source.webhook_receiver()
+    }
+
     /// This server for one session (a byte-stream connection, an HTTP session or request):
     /// the same server, with its own `resources/subscribe` subscriptions, which end when the
     /// session's handler is dropped.

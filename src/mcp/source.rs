@@ -260,6 +260,12 @@ pub trait Source: Send + Sync + 'static {
         None
     }
 
+    /// Webhooks this source receives (the gateway's, from webhook-only slugs), served at
+    /// `/events/hooks/{id}` on its HTTP address.
+    fn webhook_receiver(&self) -> Option<Arc<dyn crate::mcp::server::webhooks::Receiver>> {
+        None
+    }
+
     /// Whether this source serves MCP Events (`io.modelcontextprotocol/events`) to the caller;
     /// advertised in the handshake when true.
     async fn events_advertised(&self, caller: &Caller) -> bool {

@@ -138,6 +138,10 @@ pub fn router(
     metrics: &Metrics,
 ) -> Endpoint {
     let limits = server.limits().clone();
+    let receiver = server.webhook_receiver();
+    if let Some(r) = &receiver {
+        r.serving_http(bound);
+    }
     let mut hosts: Vec<String> = vec!["localhost".into(), "127.0.0.1".into(), "::1".into()];
     if !bound.ip().is_unspecified() {
         hosts.push(bound.ip().to_string());
@@ -175,6 +179,10 @@ pub fn router(
             listen_gate,
         ))
         .route("/live", axum::routing::get(|| async { "ok\n" }))
+        .route(
+            "/events/hooks/{id}",
+            axum::routing::post(receive_webhook).with_state(receiver),
+        )
         .route("/metrics", {
             let metrics = metrics.clone();
             axum::routing::get(move || async move {
@@ -191,6 +199,35 @@ pub fn router(
         max_connections: limits.max_connections,
         conns: ConnMetrics::register(metrics),
     }
+}
+
+/// A webhook POSTed to `/events/hooks/{id}`: to the server's receiver, or 404 when it has
+/// none. Its body is read up to the largest message the endpoint takes.
+async fn receive_webhook(
+    axum::extract::State(receiver): axum::extract::State<
+        Option<Arc<dyn crate::mcp::server::webhooks::Receiver>>,
+    >,
+    axum::extract::Path(id): axum::extract::Path<String>,
+    headers: axum::http::HeaderMap,
+    body: axum::body::Bytes,
+) -> axum::response::Response {
+    use axum::response::IntoResponse as _;
+    let Some(receiver) = receiver else {
+        return (axum::http::StatusCode::NOT_FOUND, "no webhooks are received here\n").into_response();
+    };
+    let header = |name: &str| {
+        headers
+            .get(name)
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_owned)
+    };
+    let (status, answer) = receiver.receive(&id, &header, &body);
+    (
+        axum::http::StatusCode::from_u16(status).unwrap_or(axum::http::StatusCode::OK),
+        [(header::CONTENT_TYPE, "application/json")],
+        answer.to_string(),
+    )
+        .into_response()
 }
 
 /// Serves `endpoint` on `listener` until `shutdown`, then drains open connections for up to

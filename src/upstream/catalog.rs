@@ -82,6 +82,21 @@ fn example(description: Option<&str>) -> Value {
         .unwrap_or(Value::Null)
 }
 
+/// Whether a 2026-07-28 server answers `events/list` (within a short bound): servers written
+/// for ChatGPT advertise Events as a top-level `capabilities.events`, which rmcp's types do
+/// not keep, so such a server is asked instead.
+async fn answers_events_list<H: ClientHandler>(conn: &Connection<H>) -> bool {
+    use rmcp::model::{ClientRequest, CustomRequest, ServerResult};
+    let ask = conn.send_request(ClientRequest::CustomRequest(CustomRequest::new(
+        "events/list",
+        Some(serde_json::json!({})),
+    )));
+    matches!(
+        tokio::time::timeout(std::time::Duration::from_secs(3), ask).await,
+        Ok(Ok(ServerResult::CustomResult(r))) if r.0.get("events").is_some_and(Value::is_array)
+    )
+}
+
 impl Catalog {
     /// Asks a freshly connected upstream what it offers: tools when it advertises tools,
     /// resources and templates when it advertises resources. A list that fails is empty (the
@@ -110,7 +125,7 @@ impl Catalog {
             c.extensions
                 .as_ref()
                 .is_some_and(|e| e.contains_key(EVENTS_EXTENSION))
-        });
+        }) || (conn.is_modern() && answers_events_list(conn).await);
         let mut catalog = Catalog::new(
             server,
             tools,

@@ -186,31 +186,42 @@ impl EventFollow {
     /// The open stream's next news.
     async fn heard(&mut self) -> Result<Fed, UpstreamError> {
         let server = self.up.name.clone();
-        // Taken out while it is read: a failure drops it, which cancels it upstream.
-        let mut open = self.open.take().expect("guarded");
         loop {
+            // Cancel-safe: nothing changes before a message is in hand.
             let m = match self.pending.take() {
                 Some(m) => m,
                 None => {
+                    let open = self.open.as_mut().expect("guarded");
                     let m = tokio::select! {
                         m = open.rx.recv() => m,
                         a = &mut open.answer => {
                             open.cancel.disarm();
-                            return Err(self.ended(true, &open.live, a));
+                            let live = open.live.clone();
+                            self.open = None;
+                            return Err(self.ended(true, &live, a));
                         }
                         _ = tokio::time::sleep(DEAD_AFTER) => {
+                            // Dropped: cancelled upstream.
+                            self.open = None;
                             return Err(UpstreamError::Unavailable { server,
                                 why: format!("its event stream was silent for {} s", DEAD_AFTER.as_secs()) });
                         }
                     };
                     // None: the route was closed because this follow fell behind its channel.
-                    m.ok_or_else(|| UpstreamError::Unavailable {
-                        server: server.clone(),
-                        why: "events came faster than the watch took them; resuming from its cursor"
-                            .into(),
-                    })?
+                    match m {
+                        Some(m) => m,
+                        None => {
+                            self.open = None;
+                            return Err(UpstreamError::Unavailable {
+                                server,
+                                why: "events came faster than they were taken; resuming from the cursor"
+                                    .into(),
+                            });
+                        }
+                    }
                 }
             };
+            let open = self.open.as_mut().expect("guarded");
             match m.kind.as_str() {
                 "event" => {
                     let mut first = m.params;
@@ -230,7 +241,6 @@ impl EventFollow {
                     if let Some(c) = event_cursor(&events) {
                         self.cursor = Some(c);
                     }
-                    self.open = Some(open);
                     return Ok(Fed::Events { events, truncated });
                 }
                 "heartbeat" => {
@@ -244,7 +254,6 @@ impl EventFollow {
                         .pointer("/error/message")
                         .and_then(Value::as_str)
                         .unwrap_or("no reason given");
-                    self.open = Some(open);
                     return Ok(Fed::Trouble(why.to_owned()));
                 }
                 "terminated" => {
@@ -255,6 +264,7 @@ impl EventFollow {
                         .and_then(Value::as_str)
                         .unwrap_or("the server ended the event stream")
                         .to_owned();
+                    self.open = None;
                     return Err(UpstreamError::answered(code, message, e.get("data").cloned()));
                 }
                 _ => {}

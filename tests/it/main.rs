@@ -14,6 +14,7 @@ mod fake_model;
 mod file;
 mod filter;
 mod flood;
+mod foreign_events;
 mod gateway;
 mod guide;
 mod house;

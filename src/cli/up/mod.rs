@@ -217,7 +217,8 @@ pub async fn run(args: UpArgs, globals: &Globals) -> Result<(), Exit> {
     let gateway = Arc::new(
         Gateway::with_upstreams(upstreams, cfg.tokens.clone(), &gctx)
             .bare(crate::gateway::config::bare_slug(&cfg.slugs))
-            .loopback(open),
+            .loopback(open)
+            .receive_webhooks_at(file.events.as_ref().and_then(|e| e.receiver_url.clone())),
     );
     gateway.warm_up(crate::cli::gateway::WARM_UP).await;
     let gateway_source: DynSource = gateway.clone();

@@ -25,3 +25,15 @@ pub trait Webhooks: Send + Sync + 'static {
     /// `events/unsubscribe` from `caller`.
     async fn unsubscribe(&self, caller: &Caller, params: JsonObject) -> Result<Value, McpError>;
 }
+
+/// Webhooks a server receives: the gateway's, from slugs that deliver their events only by
+/// webhook (`POST /events/hooks/{id}` on its HTTP address).
+pub trait Receiver: Send + Sync + 'static {
+    /// One POST to the subscription `id`: the status and JSON body to answer. `header` reads
+    /// a request header by name.
+    fn receive(&self, id: &str, header: &dyn Fn(&str) -> Option<String>, body: &[u8])
+    -> (u16, Value);
+
+    /// The server serves HTTP at `addr` (where webhooks come unless configured otherwise).
+    fn serving_http(&self, addr: std::net::SocketAddr);
+}

@@ -1,0 +1,796 @@
+//! One upstream subscription per (slug, event type, arguments), its events fanned out to every
+//! downstream follower: the gateway's `events/stream` streams, its webhook subscriptions and
+//! plain long polls of `slug__event` all read the same [`Feed`].
+//!
+//! A feed takes the slug's events by the best mode the slug has: `events/stream` (push), else
+//! `events/poll` long polls (both by [`EventFollow`], which resumes from its cursor when it
+//! breaks), else, for a slug that delivers only by webhook (servers built for ChatGPT), an
+//! upstream `events/subscribe` with the gateway itself as the receiver: the slug POSTs each
+//! event to `{receiver}/{feed id}`, where the gateway checks its Standard Webhooks signature
+//! (the secret is the feed's own, made for that subscription; a timestamp more than five
+//! minutes off is refused), answers the challenge, and drops a message it already took.
+//!
+//! A feed keeps the last [`FEED_EVENTS`] events with their cursors (the slug's own; for a
+//! webhook feed, the gateway's, `gw<n>`, since a webhook carries none). A long poll whose
+//! cursor the feed holds is answered from it, and waits on it for what comes next; any other
+//! (an older cursor to replay from, `maxAgeMs`, a feed not started yet, more than
+//! [`MAX_FEEDS`] feeds) goes to the slug as before ([`crate::gateway::polls`]), except on a
+//! webhook feed, which has nothing to replay from: it answers from the oldest event it holds,
+//! `truncated`. A feed nobody asked for [`IDLE`] ends (its webhook subscription is ended
+//! upstream too).
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::{Arc, Mutex, Weak};
+use std::time::{Duration, Instant};
+
+use base64::Engine as _;
+use rmcp::model::JsonObject;
+use serde_json::{Value, json};
+use tokio::sync::watch;
+
+use crate::hooks::deliver::Secret;
+use crate::mcp::error::SourceError;
+use crate::mcp::events::EVENT_CURSOR_META;
+use crate::runtime::backoff::Backoff;
+use crate::runtime::context::RoleContext;
+use crate::runtime::metrics::{Counter, Gauge, Metrics};
+use crate::sync::Recover;
+use crate::upstream::events::{EventFollow, Fed};
+use crate::upstream::{Upstream, UpstreamError};
+
+/// Events a feed keeps for its followers.
+pub const FEED_EVENTS: usize = 1000;
+/// Feeds at once; past it a long poll goes to its slug on its own.
+pub const MAX_FEEDS: usize = 256;
+/// A feed nobody asked for this long ends.
+pub const IDLE: Duration = Duration::from_secs(300);
+/// How long a first poll waits for its feed to start before it goes to the slug itself.
+const START_WAIT: Duration = Duration::from_secs(5);
+/// A webhook is refused when its timestamp is further than this from now (Standard Webhooks).
+const TOLERANCE_SECS: u64 = 300;
+/// How often a webhook feed renews its upstream subscription (under the one-hour floor any
+/// server grants).
+const RENEW: Duration = Duration::from_secs(30 * 60);
+/// Webhook message ids remembered per feed, to drop a message sent again.
+const SEEN: usize = 1024;
+/// Retries of a feed whose slug failed.
+const RETRY: Backoff = Backoff::new(Duration::from_secs(1), Duration::from_secs(30));
+
+/// The path webhooks come to, below the receiver's base (`{base}/{feed id}`).
+pub const RECEIVER_PATH: &str = "/events/hooks";
+
+/// How a feed takes its slug's events.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Mode {
+    Follow,
+    Webhook,
+}
+
+struct Entry {
+    cursor: Option<String>,
+    event: Value,
+    /// Events were lost just before this one.
+    gap_before: bool,
+}
+
+#[derive(Default)]
+struct State {
+    ring: VecDeque<Entry>,
+    /// The cursor just before the oldest entry: a poll from it gets every entry.
+    base: Option<String>,
+    started: bool,
+    webhook: bool,
+    /// The next event comes after a gap.
+    gap_next: bool,
+    next_local: u64,
+    /// Webhook message ids taken, newest last.
+    seen: VecDeque<String>,
+}
+
+/// One upstream subscription and what it brought; see the module docs.
+pub struct Feed {
+    id: String,
+    secret: Secret,
+    state: Mutex<State>,
+    version: watch::Sender<u64>,
+    used: Mutex<Instant>,
+}
+
+/// What a poll read from a feed.
+enum Read {
+    /// Events after the cursor (maybe none yet), the cursor to go on from, a gap before them.
+    Known {
+        events: Vec<Value>,
+        cursor: Option<String>,
+        truncated: bool,
+    },
+    /// The feed does not hold the cursor.
+    Unknown,
+}
+
+impl Feed {
+    fn touch(&self) {
+        *self.used.locked() = Instant::now();
+    }
+
+    fn bump(&self) {
+        self.version.send_modify(|v| *v += 1);
+    }
+
+    /// Events after `cursor`, at most `max`.
+    fn read(&self, cursor: Option<&str>, max: usize) -> Read {
+        let s = self.state.locked();
+        let Some(cursor) = cursor else {
+            // From now: the newest cursor.
+            let head = s
+                .ring
+                .iter()
+                .rev()
+                .find_map(|e| e.cursor.clone())
+                .or_else(|| s.base.clone());
+            return Read::Known {
+                events: Vec::new(),
+                cursor: head,
+                truncated: false,
+            };
+        };
+        let from = if s.base.as_deref() == Some(cursor) {
+            Some(0)
+        } else {
+            s.ring
+                .iter()
+                .rposition(|e| e.cursor.as_deref() == Some(cursor))
+                .map(|i| i + 1)
+        };
+        let (from, lost) = match from {
+            Some(i) => (i, false),
+            // A webhook feed has no slug to replay from: its oldest event, with the gap said.
+            None if s.webhook => (0, true),
+            None => return Read::Unknown,
+        };
+        let mut events = Vec::new();
+        let mut truncated = lost;
+        let mut last = Some(cursor.to_owned());
+        for (n, e) in s.ring.iter().skip(from).enumerate() {
+            // A batch ends at an event with a cursor, so it can be resumed from.
+            if events.len() >= max && e.cursor.is_some() && n > 0 {
+                break;
+            }
+            if e.gap_before {
+                if !events.is_empty() {
+                    break;
+                }
+                truncated = true;
+            }
+            events.push(e.event.clone());
+            if e.cursor.is_some() {
+                last = e.cursor.clone();
+            }
+        }
+        Read::Known {
+            events,
+            cursor: last,
+            truncated,
+        }
+    }
+
+    /// Takes in events (the slug's occurrences), the first after a gap when `truncated`.
+    fn take(&self, events: Vec<Value>, truncated: bool, batch_cursor: Option<&str>) {
+        let n = events.len();
+        {
+            let mut s = self.state.locked();
+            let mut gap = truncated || std::mem::take(&mut s.gap_next);
+            for (i, mut event) in events.into_iter().enumerate() {
+                let mut cursor = own_cursor(&mut event);
+                if cursor.is_none() && s.webhook {
+                    s.next_local += 1;
+                    cursor = Some(format!("gw{}", s.next_local));
+                }
+                if cursor.is_none() && i + 1 == n {
+                    cursor = batch_cursor.map(str::to_owned);
+                }
+                s.ring.push_back(Entry {
+                    cursor,
+                    event,
+                    gap_before: std::mem::take(&mut gap),
+                });
+            }
+            while s.ring.len() > FEED_EVENTS {
+                if let Some(old) = s.ring.pop_front()
+                    && old.cursor.is_some()
+                {
+                    s.base = old.cursor;
+                }
+            }
+        }
+        if n > 0 {
+            self.bump();
+        }
+    }
+
+    fn started(&self, cursor: Option<&str>, truncated: bool) {
+        {
+            let mut s = self.state.locked();
+            if !s.started {
+                s.started = true;
+                s.base = cursor.map(str::to_owned);
+            } else if truncated {
+                s.gap_next = true;
+            }
+        }
+        self.bump();
+    }
+}
+
+/// The cursor an occurrence carries (`cursor`, or a herald poll's `_meta` one), taken off it
+/// (a poll's answer gives its own).
+fn own_cursor(event: &mut Value) -> Option<String> {
+    let o = event.as_object_mut()?;
+    let top = o.remove("cursor").and_then(|c| c.as_str().map(str::to_owned));
+    top.or_else(|| {
+        o.get("_meta")
+            .and_then(|m| m.get(EVENT_CURSOR_META))
+            .and_then(Value::as_str)
+            .map(str::to_owned)
+    })
+}
+
+/// The feeds' counters.
+#[derive(Clone)]
+pub struct FeedMetrics {
+    pub open: Gauge,
+    pub received: Counter,
+    pub refused: Counter,
+}
+
+impl FeedMetrics {
+    pub fn register(m: &Metrics) -> FeedMetrics {
+        FeedMetrics {
+            open: m.gauge(
+                "herald_gateway_event_feeds",
+                "upstream event subscriptions the gateway holds (one per slug, event type and arguments), each shared by every downstream follower",
+            ),
+            received: m.counter(
+                "herald_gateway_webhooks_received_total",
+                "webhook messages from slugs the gateway took (events, gaps, challenges)",
+            ),
+            refused: m.counter(
+                "herald_gateway_webhooks_refused_total",
+                "webhook messages the gateway refused: an unknown feed, a bad or stale signature, a body it cannot read",
+            ),
+        }
+    }
+}
+
+/// The gateway's feeds, by key.
+pub struct Feeds {
+    feeds: Mutex<HashMap<String, Arc<Feed>>>,
+    /// Where slugs POST webhooks: `[events] receiver_url`, else the gateway's own HTTP address.
+    receiver: Mutex<Option<String>>,
+    ctx: RoleContext,
+    metrics: FeedMetrics,
+}
+
+fn key(slug: &str, up: &Arc<Upstream>, name: &str, arguments: &Value) -> String {
+    json!([
+        slug,
+        Arc::as_ptr(up) as usize,
+        name,
+        crate::mcp::events::sorted_keys(arguments)
+    ])
+    .to_string()
+}
+
+fn random(n: usize) -> Vec<u8> {
+    use ring::rand::SecureRandom as _;
+    let mut raw = vec![0u8; n];
+    // The system's randomness never fails on Linux once booted.
+    let _ = ring::rand::SystemRandom::new().fill(&mut raw);
+    raw
+}
+
+impl Feeds {
+    pub fn new(ctx: &RoleContext) -> Feeds {
+        Feeds {
+            feeds: Mutex::default(),
+            receiver: Mutex::default(),
+            ctx: ctx.clone(),
+            metrics: FeedMetrics::register(ctx.metrics()),
+        }
+    }
+
+    /// Webhooks come to `base` (`[events] receiver_url`), not to the gateway's own HTTP
+    /// address.
+    pub fn set_receiver(&self, base: Option<String>) {
+        if let Some(b) = base {
+            *self.receiver.locked() = Some(b.trim_end_matches('/').to_owned());
+        }
+    }
+
+    /// A long poll of `slug`'s event `params["name"]` (the slug's own name) answered from its
+    /// feed, waiting at most `wait`; `None` when the feed cannot answer it (see the module
+    /// docs), and the caller asks the slug.
+    pub async fn poll(
+        self: &Arc<Self>,
+        slug: &str,
+        up: &Arc<Upstream>,
+        params: &JsonObject,
+        wait: Duration,
+    ) -> Option<Result<Value, SourceError>> {
+        if params.contains_key("maxAgeMs") {
+            return None;
+        }
+        let name = params.get("name")?.as_str()?.to_owned();
+        let arguments = params.get("arguments").cloned().unwrap_or(json!({}));
+        let Value::Object(args) = arguments.clone() else {
+            return None;
+        };
+        let cursor = match params.get("cursor") {
+            Some(Value::String(c)) => Some(c.clone()),
+            Some(Value::Null) | None => None,
+            Some(_) => return None,
+        };
+        let max = params
+            .get("maxEvents")
+            .and_then(Value::as_u64)
+            .map_or(crate::mcp::events::DEFAULT_MAX_EVENTS, |m| m as usize)
+            .clamp(1, crate::mcp::events::MAX_EVENTS);
+        let feed = self.feed(slug, up, &name, args)?;
+        feed.touch();
+        let deadline = tokio::time::Instant::now() + wait;
+        let mut changed = feed.version.subscribe();
+        // A new feed starts first (or the slug is asked after all).
+        if !feed.state.locked().started {
+            let started = tokio::time::timeout(
+                START_WAIT,
+                changed.wait_for(|_| feed.state.locked().started),
+            )
+            .await;
+            if !matches!(started, Ok(Ok(_))) {
+                return None;
+            }
+        }
+        loop {
+            changed.borrow_and_update();
+            match feed.read(cursor.as_deref(), max) {
+                Read::Unknown => return None,
+                Read::Known {
+                    events,
+                    cursor: next,
+                    truncated,
+                } if !events.is_empty() || truncated || cursor.is_none() => {
+                    return Some(Ok(answer(events, next, truncated)));
+                }
+                Read::Known { .. } => {}
+            }
+            match tokio::time::timeout_at(deadline, changed.changed()).await {
+                Ok(Ok(())) => continue,
+                // Its own timeout, or the feed ended: no events, its cursor as it was.
+                _ => return Some(Ok(answer(Vec::new(), cursor, false))),
+            }
+        }
+    }
+
+    /// The feed of (`slug` on `up`, `name`, `arguments`), started if need be; `None` past
+    /// [`MAX_FEEDS`].
+    fn feed(
+        self: &Arc<Self>,
+        slug: &str,
+        up: &Arc<Upstream>,
+        name: &str,
+        arguments: JsonObject,
+    ) -> Option<Arc<Feed>> {
+        let k = key(slug, up, name, &Value::Object(arguments.clone()));
+        let mut feeds = self.feeds.locked();
+        if let Some(f) = feeds.get(&k) {
+            return Some(f.clone());
+        }
+        if feeds.len() >= MAX_FEEDS {
+            return None;
+        }
+        let secret = format!(
+            "whsec_{}",
+            base64::engine::general_purpose::STANDARD.encode(random(32))
+        );
+        let feed = Arc::new(Feed {
+            id: hex::encode(random(16)),
+            secret: Secret::parse(&secret).expect("32 random bytes make a secret"),
+            state: Mutex::default(),
+            version: watch::channel(0).0,
+            used: Mutex::new(Instant::now()),
+        });
+        feeds.insert(k.clone(), feed.clone());
+        self.metrics.open.add(1);
+        let run = Run {
+            feeds: Arc::downgrade(self),
+            feed: feed.clone(),
+            up: up.clone(),
+            slug: slug.to_owned(),
+            name: name.to_owned(),
+            arguments,
+            key: k,
+        };
+        self.ctx
+            .spawn_until_shutdown("gateway event feed", run.run());
+        Some(feed)
+    }
+
+}
+
+impl crate::mcp::server::webhooks::Receiver for Feeds {
+    /// The gateway serves HTTP at `addr`: webhooks come there unless the config named another
+    /// base.
+    fn serving_http(&self, addr: std::net::SocketAddr) {
+        let mut r = self.receiver.locked();
+        if r.is_none() {
+            let host = match addr.ip() {
+                ip if ip.is_unspecified() => "127.0.0.1".to_owned(),
+                std::net::IpAddr::V6(ip) => format!("[{ip}]"),
+                ip => ip.to_string(),
+            };
+            *r = Some(format!("http://{host}:{}{RECEIVER_PATH}", addr.port()));
+        }
+    }
+
+    /// One webhook POST to `{receiver}/{id}`: the status and JSON body to answer.
+    fn receive(
+        &self,
+        id: &str,
+        header: &dyn Fn(&str) -> Option<String>,
+        body: &[u8],
+    ) -> (u16, Value) {
+        let feed = self.feeds.locked().values().find(|f| f.id == id).cloned();
+        let refused = |status: u16, why: &str| {
+            self.metrics.refused.inc();
+            tracing::warn!(status, reason = why, "refused a webhook from a slug");
+            (status, json!({"error": why}))
+        };
+        // 410: the sender drops a subscription nobody here follows any more.
+        let Some(feed) = feed else {
+            return refused(410, "no such subscription here");
+        };
+        if let Err(why) = verify(&feed.secret, header, body) {
+            return refused(401, why);
+        }
+        let Ok(msg) = serde_json::from_slice::<Value>(body) else {
+            return refused(400, "the body is not JSON");
+        };
+        self.metrics.received.inc();
+        let webhook_id = header("webhook-id").unwrap_or_default();
+        match msg.get("type").and_then(Value::as_str) {
+            Some("verification") => {
+                let challenge = msg.get("challenge").cloned().unwrap_or(Value::Null);
+                return (200, json!({"challenge": challenge}));
+            }
+            Some("gap") => feed.state.locked().gap_next = true,
+            Some("terminated") => {
+                tracing::warn!(feed = %feed.id, "a slug ended the gateway's webhook subscription; subscribing again");
+                feed.state.locked().gap_next = true;
+            }
+            _ => {
+                {
+                    let mut s = feed.state.locked();
+                    if s.seen.contains(&webhook_id) {
+                        return (200, json!({}));
+                    }
+                    if s.seen.len() == SEEN {
+                        s.seen.pop_front();
+                    }
+                    s.seen.push_back(webhook_id);
+                }
+                let mut event = msg;
+                if let Some(o) = event.as_object_mut() {
+                    o.remove("cursor");
+                }
+                feed.take(vec![event], false, None);
+            }
+        }
+        (200, json!({}))
+    }
+}
+
+/// A Standard Webhooks signature check: one of the `v1,` signatures over
+/// `{webhook-id}.{webhook-timestamp}.{body}` matches, and the timestamp is within
+/// [`TOLERANCE_SECS`] of now.
+fn verify(
+    secret: &Secret,
+    header: &dyn Fn(&str) -> Option<String>,
+    body: &[u8],
+) -> Result<(), &'static str> {
+    let (Some(id), Some(ts), Some(sigs)) = (
+        header("webhook-id"),
+        header("webhook-timestamp"),
+        header("webhook-signature"),
+    ) else {
+        return Err("webhook-id, webhook-timestamp and webhook-signature are required");
+    };
+    let ts: u64 = ts.trim().parse().map_err(|_| "webhook-timestamp is not a number")?;
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs());
+    if now.abs_diff(ts) > TOLERANCE_SECS {
+        return Err("webhook-timestamp is more than five minutes off");
+    }
+    let want = secret.sign(&id, ts, body);
+    let ok = sigs
+        .split_whitespace()
+        .any(|s| equal(s.as_bytes(), want.as_bytes()));
+    if ok {
+        Ok(())
+    } else {
+        Err("no webhook-signature matches")
+    }
+}
+
+/// Compares in time that depends on the length only.
+fn equal(a: &[u8], b: &[u8]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
+fn answer(events: Vec<Value>, cursor: Option<String>, truncated: bool) -> Value {
+    json!({
+        "events": events,
+        "cursor": cursor,
+        "truncated": truncated,
+        "hasMore": false,
+        "nextPollMs": crate::mcp::events::NEXT_POLL_MS,
+    })
+}
+
+/// A feed's task: it follows the slug until nobody asked for [`IDLE`], then leaves the map.
+struct Run {
+    feeds: Weak<Feeds>,
+    feed: Arc<Feed>,
+    up: Arc<Upstream>,
+    slug: String,
+    name: String,
+    arguments: JsonObject,
+    key: String,
+}
+
+/// What woke a feed's task.
+enum Wake {
+    /// Nobody asked for it in a while (maybe).
+    Idle,
+    /// A webhook feed's subscription is due for renewal.
+    Renew,
+    Got(Result<Fed, UpstreamError>),
+}
+
+impl Run {
+    async fn run(self) {
+        let mut follow = EventFollow::new(self.up.clone(), self.name.clone(), self.arguments.clone());
+        let mut mode = Mode::Follow;
+        let mut retry = RETRY;
+        let mut renew_at = tokio::time::Instant::now() + RENEW;
+        loop {
+            let idle_at = *self.feed.used.locked() + IDLE;
+            // `next` is cancel-safe on an open stream: the idle timer may cut it short.
+            let wake = match mode {
+                Mode::Follow => tokio::select! {
+                    _ = tokio::time::sleep_until(idle_at.into()) => Wake::Idle,
+                    got = follow.next() => Wake::Got(got),
+                },
+                Mode::Webhook => tokio::select! {
+                    _ = tokio::time::sleep_until(idle_at.into()) => Wake::Idle,
+                    _ = tokio::time::sleep_until(renew_at) => Wake::Renew,
+                },
+            };
+            match wake {
+                Wake::Idle if self.feed.used.locked().elapsed() >= IDLE => break,
+                Wake::Idle => {}
+                Wake::Renew => {
+                    renew_at = tokio::time::Instant::now() + RENEW;
+                    if let Err(e) = self.subscribe().await {
+                        tracing::warn!(slug = %self.slug, event = %self.name, error = %e,
+                            "could not renew the gateway's webhook subscription; trying again in a minute");
+                        renew_at = tokio::time::Instant::now() + Duration::from_secs(60);
+                    }
+                }
+                Wake::Got(Ok(Fed::Started { truncated, .. })) => {
+                    retry = RETRY;
+                    // A slug with nothing yet may start at no cursor: the gateway's own then.
+                    let at = follow.cursor().unwrap_or("gw0").to_owned();
+                    self.feed.started(Some(&at), truncated);
+                }
+                Wake::Got(Ok(Fed::Events { events, truncated })) => {
+                    self.feed.take(events, truncated, follow.cursor());
+                }
+                Wake::Got(Ok(Fed::Trouble(_))) => {}
+                // The slug has neither stream nor poll: by webhook, to the gateway.
+                Wake::Got(Err(UpstreamError::NotFound { code: -32601, .. })) => {
+                    self.feed.state.locked().webhook = true;
+                    match self.subscribe().await {
+                        Ok(()) => {
+                            mode = Mode::Webhook;
+                            renew_at = tokio::time::Instant::now() + RENEW;
+                            self.feed.started(Some("gw0"), false);
+                        }
+                        Err(e) => {
+                            tracing::warn!(slug = %self.slug, event = %self.name, error = %e,
+                                "the slug delivers this event type only by webhook, and the gateway could not subscribe");
+                            self.pause(&mut retry).await;
+                        }
+                    }
+                }
+                Wake::Got(Err(e)) => {
+                    tracing::debug!(slug = %self.slug, event = %self.name, error = %e,
+                        "the gateway's event feed failed; trying again");
+                    self.pause(&mut retry).await;
+                }
+            }
+        }
+        self.end(mode).await;
+    }
+
+    async fn pause(&self, retry: &mut Backoff) {
+        tokio::time::sleep(retry.next_delay()).await;
+    }
+
+    /// The feed's upstream webhook subscription, made or renewed.
+    async fn subscribe(&self) -> Result<(), String> {
+        let Some(feeds) = self.feeds.upgrade() else {
+            return Err("the gateway is stopping".into());
+        };
+        let base = feeds.receiver.locked().clone();
+        let Some(base) = base else {
+            return Err("the gateway serves no HTTP to receive webhooks at; set [events] receiver_url or --http".into());
+        };
+        let url = format!("{base}/{}", self.feed.id);
+        let params = json!({
+            "name": self.name,
+            "arguments": self.arguments,
+            "delivery": {"mode": "webhook", "url": url, "secret": self.feed.secret.expose()},
+        });
+        self.up
+            .custom("events/subscribe", params)
+            .await
+            .map(|_| ())
+            .map_err(|e| e.to_string())
+    }
+
+    /// Leaves the map (only this feed under its key) and ends a webhook subscription.
+    async fn end(self, mode: Mode) {
+        if let Some(feeds) = self.feeds.upgrade() {
+            {
+                let mut map = feeds.feeds.locked();
+                if map.get(&self.key).is_some_and(|f| Arc::ptr_eq(f, &self.feed)) {
+                    map.remove(&self.key);
+                    feeds.metrics.open.sub(1);
+                }
+            }
+            let base = feeds.receiver.locked().clone();
+            if mode == Mode::Webhook
+                && let Some(base) = base
+            {
+                let params = json!({
+                    "name": self.name,
+                    "arguments": self.arguments,
+                    "delivery": {"mode": "webhook", "url": format!("{base}/{}", self.feed.id)},
+                });
+                let _ = self.up.custom("events/unsubscribe", params).await;
+            }
+        }
+        self.feed.bump();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn feed(webhook: bool) -> Feed {
+        let f = Feed {
+            id: "f".into(),
+            secret: Secret::parse(&format!(
+                "whsec_{}",
+                base64::engine::general_purpose::STANDARD.encode([7u8; 32])
+            ))
+            .unwrap(),
+            state: Mutex::default(),
+            version: watch::channel(0).0,
+            used: Mutex::new(Instant::now()),
+        };
+        f.state.locked().webhook = webhook;
+        f
+    }
+
+    fn ev(c: &str) -> Value {
+        json!({"eventId": format!("e{c}"), "name": "n", "data": {}, "cursor": c})
+    }
+
+    fn known(r: Read) -> (Vec<String>, Option<String>, bool) {
+        match r {
+            Read::Known {
+                events,
+                cursor,
+                truncated,
+            } => (
+                events
+                    .iter()
+                    .map(|e| e["eventId"].as_str().unwrap().to_owned())
+                    .collect(),
+                cursor,
+                truncated,
+            ),
+            Read::Unknown => panic!("unknown"),
+        }
+    }
+
+    #[test]
+    fn a_feed_answers_from_any_cursor_it_holds_and_sends_others_upstream() {
+        let f = feed(false);
+        f.started(Some("10"), false);
+        f.take(vec![ev("11"), ev("12"), ev("13")], false, Some("13"));
+        assert_eq!(known(f.read(None, 10)), (vec![], Some("13".into()), false));
+        assert_eq!(
+            known(f.read(Some("10"), 10)),
+            (vec!["e11".into(), "e12".into(), "e13".into()], Some("13".into()), false)
+        );
+        assert_eq!(
+            known(f.read(Some("11"), 1)),
+            (vec!["e12".into()], Some("12".into()), false)
+        );
+        assert_eq!(known(f.read(Some("13"), 10)), (vec![], Some("13".into()), false));
+        assert!(matches!(f.read(Some("9"), 10), Read::Unknown));
+        // A gap is said once, on the first event after it, and a batch stops before it.
+        f.take(vec![ev("20")], true, Some("20"));
+        assert_eq!(
+            known(f.read(Some("12"), 10)),
+            (vec!["e13".into()], Some("13".into()), false)
+        );
+        assert_eq!(known(f.read(Some("13"), 10)), (vec!["e20".into()], Some("20".into()), true));
+    }
+
+    #[test]
+    fn the_oldest_events_go_and_the_base_moves_with_them() {
+        let f = feed(false);
+        f.started(Some("0"), false);
+        let evs: Vec<Value> = (1..=FEED_EVENTS + 5).map(|i| ev(&i.to_string())).collect();
+        f.take(evs, false, None);
+        assert!(matches!(f.read(Some("0"), 10), Read::Unknown));
+        let (got, _, _) = known(f.read(Some("5"), 1));
+        assert_eq!(got, ["e6"]);
+    }
+
+    #[test]
+    fn a_webhook_feed_numbers_its_events_and_answers_an_unknown_cursor_with_a_gap() {
+        let f = feed(true);
+        f.started(None, false);
+        f.take(
+            vec![json!({"eventId": "a", "data": {}}), json!({"eventId": "b", "data": {}})],
+            false,
+            None,
+        );
+        assert_eq!(known(f.read(None, 10)), (vec![], Some("gw2".into()), false));
+        assert_eq!(known(f.read(Some("gw1"), 10)), (vec!["b".into()], Some("gw2".into()), false));
+        assert_eq!(
+            known(f.read(Some("gw-from-before-a-restart"), 10)),
+            (vec!["a".into(), "b".into()], Some("gw2".into()), true)
+        );
+    }
+
+    #[test]
+    fn a_signature_is_checked_against_the_feeds_secret_and_the_clock() {
+        let f = feed(true);
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_secs();
+        let body = br#"{"type":"verification","challenge":"c"}"#;
+        let sig = f.secret.sign("m1", now, body);
+        let headers = |ts: u64, sig: String| {
+            move |h: &str| match h {
+                "webhook-id" => Some("m1".to_owned()),
+                "webhook-timestamp" => Some(ts.to_string()),
+                "webhook-signature" => Some(sig.clone()),
+                _ => None,
+            }
+        };
+        assert!(verify(&f.secret, &headers(now, format!("v1,x {sig}")), body).is_ok());
+        assert!(verify(&f.secret, &headers(now, sig.clone()), b"{}").is_err());
+        let old = f.secret.sign("m1", now - 600, body);
+        assert!(verify(&f.secret, &headers(now - 600, old), body).is_err());
+        assert!(verify(&f.secret, &|_| None, body).is_err());
+    }
+}
