@@ -95,6 +95,7 @@ pub fn role_context(role: &str) -> RoleContext {
     let metrics = ctx.metrics();
     crate::gateway::source::events_list_failed(metrics);
     crate::gateway::polls::PollMetrics::register(metrics);
+    crate::gateway::feeds::FeedMetrics::register(metrics);
     crate::transport::ConnMetrics::register(metrics);
     crate::nats::NatsMetrics::register(metrics);
     crate::source::slack::shared::LeaseMetrics::register(metrics);

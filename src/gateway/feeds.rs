@@ -189,6 +189,7 @@ impl Feed {
                 if cursor.is_none() && i + 1 == n {
                     cursor = batch_cursor.map(str::to_owned);
                 }
+                as_polled(&mut event, cursor.as_deref());
                 s.ring.push_back(Entry {
                     cursor,
                     event,
@@ -219,6 +220,26 @@ impl Feed {
             }
         }
         self.bump();
+    }
+}
+
+/// An occurrence as a poll answers it: the stream's own fields (`truncated`, the upstream's
+/// subscription id) off, and its cursor in `_meta` as herald's polls give it, so a stream
+/// downstream gives every event its own.
+fn as_polled(event: &mut Value, cursor: Option<&str>) {
+    let Some(o) = event.as_object_mut() else {
+        return;
+    };
+    o.remove("truncated");
+    let meta = o.entry("_meta").or_insert_with(|| json!({}));
+    if let Some(m) = meta.as_object_mut() {
+        m.remove(crate::mcp::listen::SUBSCRIPTION_ID);
+        if let Some(c) = cursor {
+            m.insert(EVENT_CURSOR_META.into(), c.into());
+        }
+        if m.is_empty() {
+            o.remove("_meta");
+        }
     }
 }
 

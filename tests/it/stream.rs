@@ -291,10 +291,11 @@ async fn joined(metrics_url: &str, n: u64) {
     }
 }
 
-/// Twenty streams of one event type through the gateway share one upstream long poll: an
-/// event reaches every stream, and the slug sees a handful of polls for it, not twenty.
+/// Twenty streams of one event type through the gateway share one upstream subscription:
+/// an event reaches every stream, and the slug is followed once for all of them (one feed,
+/// no upstream poll).
 #[tokio::test]
-async fn streams_through_the_gateway_share_one_upstream_poll() {
+async fn streams_through_the_gateway_share_one_upstream_subscription() {
     let demo = TempDir::new("stream-share");
     let (up, memo) = up_demo_http(&demo, &[], &[]).await;
     let metrics_url = up.http_url().replace("/mcp", "/metrics");
@@ -306,6 +307,7 @@ async fn streams_through_the_gateway_share_one_upstream_poll() {
             .await
             .unwrap()
     };
+    let before = metrics().await;
     let (conn, mut rx) = tapped(&memo).await;
     let mut streams = Vec::new();
     for _ in 0..20 {
@@ -314,45 +316,78 @@ async fn streams_through_the_gateway_share_one_upstream_poll() {
         next(&mut rx, &id, false).await;
         streams.push((s, id));
     }
-    // All 20 in the first shared call before counting.
-    joined(&metrics_url, streams.len() as u64 - 1).await;
-    let before = metrics().await;
-    call(&conn, "memo__memo_set", json!({"key": "k", "value": "v"})).await;
-    let mut got = std::collections::HashSet::new();
-    while got.len() < streams.len() {
-        let v = tokio::time::timeout(WAIT, rx.recv())
-            .await
-            .unwrap()
-            .unwrap();
-        if v["method"] == "notifications/events/event" {
-            assert_eq!(v["params"]["data"]["key"], "k");
-            got.insert(v["params"]["_meta"]["io.modelcontextprotocol/subscriptionId"].to_string());
-        }
-    }
-    // Every stream polls again after the event: wait until all are in the shared call (all
-    // but the one that made it joined), so the second event finds them there.
-    let joined_before = counter(&before, "herald_gateway_event_polls_joined_total");
-    joined(&metrics_url, joined_before + streams.len() as u64 - 1).await;
-    call(&conn, "memo__memo_set", json!({"key": "k2", "value": "v"})).await;
-    let mut again = 0;
-    while again < streams.len() {
-        let v = tokio::time::timeout(WAIT, rx.recv())
-            .await
-            .unwrap()
-            .unwrap();
-        if v["method"] == "notifications/events/event" {
-            again += 1;
+    for (n, key) in ["k", "k2"].into_iter().enumerate() {
+        call(&conn, "memo__memo_set", json!({"key": key, "value": "v"})).await;
+        let mut got = std::collections::HashSet::new();
+        while got.len() < streams.len() {
+            let v = tokio::time::timeout(WAIT, rx.recv())
+                .await
+                .unwrap()
+                .unwrap();
+            if v["method"] == "notifications/events/event" {
+                assert_eq!(v["params"]["data"]["key"], key, "event {n}: {v}");
+                assert!(v["params"]["cursor"].is_string(), "{v}");
+                got.insert(
+                    v["params"]["_meta"]["io.modelcontextprotocol/subscriptionId"].to_string(),
+                );
+            }
         }
     }
     let after = metrics().await;
-    let upstream = counter(&after, "herald_gateway_event_polls_upstream_total")
-        - counter(&before, "herald_gateway_event_polls_upstream_total");
-    let joined = counter(&after, "herald_gateway_event_polls_joined_total")
-        - counter(&before, "herald_gateway_event_polls_joined_total");
+    assert_eq!(counter(&after, "herald_gateway_event_feeds"), 1, "{after}");
     assert_eq!(
-        (upstream, joined),
-        (2, 38),
-        "two events for 20 streams: one upstream poll each, the other 19 streams joined"
+        counter(&after, "herald_gateway_event_polls_upstream_total"),
+        counter(&before, "herald_gateway_event_polls_upstream_total"),
+        "no upstream poll: the feed answers every stream"
+    );
+}
+
+/// Long polls the gateway's feed cannot answer (a replay bounded by `maxAgeMs`) share one
+/// upstream long poll per cursor: five at once make one upstream call, four join it.
+#[tokio::test]
+async fn long_polls_the_feed_cannot_answer_share_one_upstream_poll() {
+    let demo = TempDir::new("poll-share");
+    let (up, memo) = up_demo_http(&demo, &[], &[]).await;
+    let metrics_url = up.http_url().replace("/mcp", "/metrics");
+    let conn = memo.client().await;
+    let start = crate::events::request(&conn, "events/poll", json!({"name": "memo__memo.changed"}))
+        .await
+        .unwrap();
+    let before = reqwest::get(&metrics_url).await.unwrap().text().await.unwrap();
+    let polls: Vec<_> = (0..5)
+        .map(|_| {
+            let conn = &conn;
+            let cursor = start["cursor"].clone();
+            async move {
+                crate::events::request(
+                    conn,
+                    "events/poll",
+                    json!({"name": "memo__memo.changed", "cursor": cursor,
+                           "maxAgeMs": 60000, "timeoutMs": 20000}),
+                )
+                .await
+                .unwrap()
+            }
+        })
+        .collect();
+    let all = futures::future::join_all(polls);
+    let set = async {
+        joined(
+            &metrics_url,
+            counter(&before, "herald_gateway_event_polls_joined_total") + 4,
+        )
+        .await;
+        call(&conn, "memo__memo_set", json!({"key": "m", "value": 1})).await;
+    };
+    let (answers, ()) = tokio::join!(all, set);
+    for a in &answers {
+        assert_eq!(a["events"][0]["data"]["key"], "m", "{a}");
+    }
+    let after = reqwest::get(&metrics_url).await.unwrap().text().await.unwrap();
+    assert_eq!(
+        counter(&after, "herald_gateway_event_polls_upstream_total")
+            - counter(&before, "herald_gateway_event_polls_upstream_total"),
+        1
     );
 }
 

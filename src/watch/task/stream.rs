@@ -318,7 +318,7 @@ mod tests {
     #[test]
     fn an_occurrence_becomes_its_data_with_its_name_beside_it() {
         let herald = watch_event(json!({"eventId": "memo://log#3", "name": "memo_changed",
-            "timestamp": "t", "data": {"seq": 3, "type": "ADDED", "key": "a", "value": 1}}));
+            "timestamp": "t", "data": {"seq": 3, "type": "ADDED", "key": "a", "object": 1}}));
         assert_eq!(herald["event"], "memo_changed");
         assert_eq!(herald["eventId"], "memo://log#3");
         assert_eq!(event_line(&herald).text(), "ADDED a = 1");
