@@ -3,7 +3,11 @@
 //! receiver on loopback, with 1, 100 and 1,000 streams (1 and 100 webhook subscriptions: one
 //! subscriber keeps at most 100), straight from `herald memo` and through `herald gateway` in
 //! front of it, side by side in one run. Through the gateway every stream of the event type
-//! shares one upstream long poll (`herald_gateway_event_polls_*` say how many).
+//! shares one upstream subscription (`herald_gateway_event_feeds`). Beside them, with a Python
+//! that has `mcp` and `mcp-webhook-events` (`HERALD_TEST_PYTHON`, as the tests use): the same
+//! receiver fed by a server on the official Python SDK with that package (its `publish` tool
+//! publishes and delivers at once), straight and through the gateway (which takes it as a
+//! webhook receiver and delivers by its own webhooks).
 //!
 //! `cargo bench --bench events` (HERALD_BENCH_N overrides the 20 changes per case).
 
@@ -83,15 +87,34 @@ async fn next(rx: &mut mpsc::Receiver<(Instant, Value)>, method: &str) -> Instan
     }
 }
 
-/// One change through `memo` (a keep-alive connection), timed from just before it is sent.
-async fn change(memo: &mut RawHttp, i: usize) -> Instant {
+/// What makes an event: a tool on a server (a keep-alive connection) and its arguments.
+struct Source<'a> {
+    conn: &'a mut RawHttp,
+    tool: &'static str,
+    args: fn(usize) -> Value,
+}
+
+/// One change through `memo`'s `memo_set`.
+fn memo_source(conn: &mut RawHttp) -> Source<'_> {
+    Source {
+        conn,
+        tool: "memo_set",
+        args: |i| json!({"key": "k", "value": i}),
+    }
+}
+
+/// One change, timed from just before it is sent.
+async fn change(src: &mut Source<'_>, i: usize) -> Instant {
     let body = json!({"jsonrpc": "2.0", "id": i, "method": "tools/call",
-        "params": {"name": "memo_set", "arguments": {"key": "k", "value": i}, "_meta": meta()}})
+        "params": {"name": src.tool, "arguments": (src.args)(i), "_meta": meta()}})
     .to_string();
     let t0 = Instant::now();
-    memo.rpc(&body, "tools/call", Some("memo_set"))
+    let (_, v) = src
+        .conn
+        .rpc(&body, "tools/call", Some(src.tool))
         .await
-        .expect("memo_set");
+        .expect("the change");
+    assert!(v.get("error").is_none(), "{}: {v}", src.tool);
     t0
 }
 
@@ -114,6 +137,7 @@ async fn streams(
     memo: &mut RawHttp,
     rounds: usize,
 ) {
+    let mut memo = memo_source(memo);
     let mut l = lines(quic, pin).await;
     let mut batch = Vec::new();
     for id in 0..n {
@@ -128,7 +152,7 @@ async fn streams(
     }
     let mut lat = Vec::with_capacity(n * rounds);
     for r in 0..rounds {
-        let t0 = change(memo, r).await;
+        let t0 = change(&mut memo, r).await;
         for _ in 0..n {
             lat.push(next(&mut l.rx, "notifications/events/event").await - t0);
         }
@@ -170,8 +194,9 @@ async fn webhooks(
     label: &str,
     http: &str,
     name: &str,
+    arguments: Value,
     n: usize,
-    memo: &mut RawHttp,
+    src: &mut Source<'_>,
     rounds: usize,
     port: u16,
     got: &Received,
@@ -184,7 +209,8 @@ async fn webhooks(
         got.0.lock().unwrap().insert(path.clone(), tx.clone());
         let url = format!("http://127.0.0.1:{port}{path}");
         let body = json!({"jsonrpc": "2.0", "id": i, "method": "events/subscribe",
-            "params": {"_meta": meta(), "name": name, "delivery": {"url": url, "secret": SECRET}}})
+            "params": {"_meta": meta(), "name": name, "arguments": arguments,
+                       "delivery": {"mode": "webhook", "url": url, "secret": SECRET}}})
         .to_string();
         let (_, v) = c.rpc(&body, "events/subscribe", None).await.unwrap();
         assert!(v.get("error").is_none(), "subscribe: {v}");
@@ -192,7 +218,7 @@ async fn webhooks(
     }
     let mut lat = Vec::with_capacity(n * rounds);
     for r in 0..rounds {
-        let t0 = change(memo, 1000 + r).await;
+        let t0 = change(src, 1000 + r).await;
         for _ in 0..n {
             let at = tokio::time::timeout(WAIT, rx.recv())
                 .await
@@ -204,10 +230,33 @@ async fn webhooks(
     report(&format!("webhook {label}, {n} subscriptions"), lat);
     for (i, url) in urls.iter().enumerate() {
         let body = json!({"jsonrpc": "2.0", "id": i, "method": "events/unsubscribe",
-            "params": {"_meta": meta(), "name": name, "delivery": {"url": url}}})
+            "params": {"_meta": meta(), "name": name, "arguments": arguments,
+                       "delivery": {"mode": "webhook", "url": url}}})
         .to_string();
         c.rpc(&body, "events/unsubscribe", None).await.unwrap();
     }
+}
+
+/// The Python SDK server of the tests (`tests/it/py/sdk_events_server.py`) on a port of its
+/// own, with its MCP URL; `None` when `HERALD_TEST_PYTHON` (else `python3`) cannot run it.
+async fn python_server(dir: &std::path::Path) -> Option<(tokio::process::Child, String)> {
+    use tokio::io::AsyncBufReadExt as _;
+    let python = std::env::var("HERALD_TEST_PYTHON").unwrap_or_else(|_| "python3".into());
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/it/py/sdk_events_server.py");
+    let mut child = tokio::process::Command::new(python)
+        .arg(script)
+        .arg("0")
+        .arg(dir.join("events.sqlite3"))
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
+        .ok()?;
+    let mut out = tokio::io::BufReader::new(child.stdout.take()?).lines();
+    let line = tokio::time::timeout(WAIT, out.next_line()).await.ok()?.ok()??;
+    let port: u16 = line.strip_prefix("listening ")?.trim().parse().ok()?;
+    tokio::spawn(async move { while let Ok(Some(_)) = out.next_line().await {} });
+    Some((child, format!("http://127.0.0.1:{port}/mcp")))
 }
 
 #[tokio::main]
@@ -240,12 +289,15 @@ async fn main() {
     args.extend_from_slice(&common);
     let (_memo, m) = serve_with(BIN, &args).await;
     let memo_http = m["http_url"].as_str().unwrap().to_owned();
+    // The tool a user would pick instead for webhooks: a server on the official Python SDK
+    // with mcp-webhook-events, when that Python is there.
+    let foreign = python_server(&dir).await;
     let cfg = dir.join("gateway.toml");
-    std::fs::write(
-        &cfg,
-        format!("[[slug]]\nname = \"m\"\nhttp = \"{memo_http}\"\n"),
-    )
-    .unwrap();
+    let mut slugs = format!("[[slug]]\nname = \"m\"\nhttp = \"{memo_http}\"\n");
+    if let Some((_, url)) = &foreign {
+        slugs.push_str(&format!("[[slug]]\nname = \"t\"\nhttp = \"{url}\"\n"));
+    }
+    std::fs::write(&cfg, slugs).unwrap();
     let mut args = vec![
         "--store",
         ":memory:",
@@ -274,13 +326,36 @@ async fn main() {
             streams(label, quic, pin, name, n, &mut writer, rounds).await;
         }
     }
+    let mut py = match &foreign {
+        Some((_, url)) => Some(RawHttp::connect(url, None).await.unwrap()),
+        None => {
+            println!("(no Python with mcp and mcp-webhook-events: HERALD_TEST_PYTHON names one; the Python SDK rows are left out)");
+            None
+        }
+    };
     for n in [1, 100] {
         for (label, v, name) in [
             ("direct", &m, "memo.changed"),
             ("through the gateway", &g, "m__memo.changed"),
         ] {
             let http = v["http_url"].as_str().unwrap();
-            webhooks(label, http, name, n, &mut writer, rounds, port, &got).await;
+            let mut src = memo_source(&mut writer);
+            webhooks(label, http, name, json!({}), n, &mut src, rounds, port, &got).await;
+        }
+        if let (Some((_, url)), Some(conn)) = (&foreign, py.as_mut()) {
+            let ticket = json!({"ticket_id": "T"});
+            let gw = g["http_url"].as_str().unwrap();
+            for (label, http, name) in [
+                ("Python SDK + mcp-webhook-events", url.as_str(), "ticket.updated"),
+                ("Python SDK through the gateway", gw, "t__ticket.updated"),
+            ] {
+                let mut src = Source {
+                    conn: &mut *conn,
+                    tool: "publish",
+                    args: |i| json!({"ticket_id": "T", "summary": format!("s{i}")}),
+                };
+                webhooks(label, http, name, ticket.clone(), n, &mut src, rounds, port, &got).await;
+            }
         }
     }
     let metrics = reqwest::get(g["http_url"].as_str().unwrap().replace("/mcp", "/metrics"))
@@ -291,7 +366,7 @@ async fn main() {
         .unwrap();
     for l in metrics
         .lines()
-        .filter(|l| l.starts_with("herald_gateway_event_polls"))
+        .filter(|l| l.starts_with("herald_gateway_event_") || l.starts_with("herald_gateway_webhooks"))
     {
         println!("gateway {l}");
     }
