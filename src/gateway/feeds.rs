@@ -52,7 +52,7 @@ const TOLERANCE_SECS: u64 = 300;
 /// server grants).
 const RENEW: Duration = Duration::from_secs(30 * 60);
 /// Webhook message ids remembered per feed, to drop a message sent again.
-const SEEN: usize = 1024;
+const SEEN: usize = 4096;
 /// Retries of a feed whose slug failed.
 const RETRY: Backoff = Backoff::new(Duration::from_secs(1), Duration::from_secs(30));
 
@@ -67,7 +67,9 @@ enum Mode {
 }
 
 struct Entry {
-    cursor: Option<String>,
+    /// Its own cursor, the batch's for a batch's last, else one of the gateway's: every
+    /// entry can be resumed after.
+    cursor: String,
     event: Value,
     /// Events were lost just before this one.
     gap_before: bool,
@@ -79,6 +81,8 @@ struct State {
     /// The cursor just before the oldest entry: a poll from it gets every entry.
     base: Option<String>,
     started: bool,
+    /// The slug refused the subscription (its verdict): polls go to the slug, which says why.
+    refused: bool,
     webhook: bool,
     /// The next event comes after a gap.
     gap_next: bool,
@@ -91,6 +95,8 @@ struct State {
 pub struct Feed {
     id: String,
     secret: Secret,
+    /// Woken when a webhook feed must subscribe again at once (the slug ended it).
+    resubscribe: tokio::sync::Notify,
     state: Mutex<State>,
     version: watch::Sender<u64>,
     used: Mutex<Instant>,
@@ -124,9 +130,8 @@ impl Feed {
             // From now: the newest cursor.
             let head = s
                 .ring
-                .iter()
-                .rev()
-                .find_map(|e| e.cursor.clone())
+                .back()
+                .map(|e| e.cursor.clone())
                 .or_else(|| s.base.clone());
             return Read::Known {
                 events: Vec::new(),
@@ -139,7 +144,7 @@ impl Feed {
         } else {
             s.ring
                 .iter()
-                .rposition(|e| e.cursor.as_deref() == Some(cursor))
+                .rposition(|e| e.cursor == cursor)
                 .map(|i| i + 1)
         };
         let (from, lost) = match from {
@@ -150,63 +155,72 @@ impl Feed {
         };
         let mut events = Vec::new();
         let mut truncated = lost;
-        let mut last = Some(cursor.to_owned());
-        for (n, e) in s.ring.iter().skip(from).enumerate() {
-            // A batch ends at an event with a cursor, so it can be resumed from.
-            if events.len() >= max && e.cursor.is_some() && n > 0 {
+        let mut last = cursor.to_owned();
+        for e in s.ring.iter().skip(from) {
+            if events.len() >= max {
                 break;
             }
             if e.gap_before {
+                // A gap is said on the first event after it: a batch stops before one.
                 if !events.is_empty() {
                     break;
                 }
                 truncated = true;
             }
             events.push(e.event.clone());
-            if e.cursor.is_some() {
-                last = e.cursor.clone();
-            }
+            last = e.cursor.clone();
         }
         Read::Known {
             events,
-            cursor: last,
+            cursor: Some(last),
             truncated,
         }
     }
 
-    /// Takes in events (the slug's occurrences), the first after a gap when `truncated`.
+    /// Takes in events (the slug's occurrences), the first after a gap when `truncated`;
+    /// `batch_cursor` is where the batch ends.
     fn take(&self, events: Vec<Value>, truncated: bool, batch_cursor: Option<&str>) {
         let n = events.len();
         {
             let mut s = self.state.locked();
             let mut gap = truncated || std::mem::take(&mut s.gap_next);
             for (i, mut event) in events.into_iter().enumerate() {
-                let mut cursor = own_cursor(&mut event);
-                if cursor.is_none() && s.webhook {
-                    s.next_local += 1;
-                    cursor = Some(format!("gw{}", s.next_local));
-                }
-                if cursor.is_none() && i + 1 == n {
-                    cursor = batch_cursor.map(str::to_owned);
-                }
-                as_polled(&mut event, cursor.as_deref());
+                let own = own_cursor(&mut event).or_else(|| {
+                    (i + 1 == n)
+                        .then(|| batch_cursor.map(str::to_owned))
+                        .flatten()
+                });
+                let cursor = match own {
+                    Some(c) => c,
+                    None => {
+                        s.next_local += 1;
+                        local_cursor(&self.id, s.next_local)
+                    }
+                };
+                as_polled(&mut event, Some(&cursor));
                 s.ring.push_back(Entry {
                     cursor,
                     event,
                     gap_before: std::mem::take(&mut gap),
                 });
             }
+            // An empty batch that says a gap: the next event says it.
+            s.gap_next |= gap;
             while s.ring.len() > FEED_EVENTS {
-                if let Some(old) = s.ring.pop_front()
-                    && old.cursor.is_some()
-                {
-                    s.base = old.cursor;
+                if let Some(old) = s.ring.pop_front() {
+                    s.base = Some(old.cursor);
                 }
             }
         }
         if n > 0 {
             self.bump();
         }
+    }
+
+    /// The slug refused the subscription: polls go to it (and hear why), and the feed ends.
+    fn refuse(&self) {
+        self.state.locked().refused = true;
+        self.bump();
     }
 
     fn started(&self, cursor: Option<&str>, truncated: bool) {
@@ -243,11 +257,20 @@ fn as_polled(event: &mut Value, cursor: Option<&str>) {
     }
 }
 
+/// One of the gateway's own cursors, for an event that came with none (a webhook's, or a
+/// stream's that gives cursors per batch): unique to its feed, so a cursor from an older feed
+/// of the same event type is not taken for one of this.
+fn local_cursor(feed: &str, n: u64) -> String {
+    format!("gw{}.{n}", &feed[..feed.len().min(12)])
+}
+
 /// The cursor an occurrence carries (`cursor`, or a herald poll's `_meta` one), taken off it
 /// (a poll's answer gives its own).
 fn own_cursor(event: &mut Value) -> Option<String> {
     let o = event.as_object_mut()?;
-    let top = o.remove("cursor").and_then(|c| c.as_str().map(str::to_owned));
+    let top = o
+        .remove("cursor")
+        .and_then(|c| c.as_str().map(str::to_owned));
     top.or_else(|| {
         o.get("_meta")
             .and_then(|m| m.get(EVENT_CURSOR_META))
@@ -361,15 +384,19 @@ impl Feeds {
         let deadline = tokio::time::Instant::now() + wait;
         let mut changed = feed.version.subscribe();
         // A new feed starts first (or the slug is asked after all).
-        if !feed.state.locked().started {
-            let started = tokio::time::timeout(
+        let ready = |s: &State| s.started || s.refused;
+        if !ready(&feed.state.locked()) {
+            let waited = tokio::time::timeout(
                 START_WAIT,
-                changed.wait_for(|_| feed.state.locked().started),
+                changed.wait_for(|_| ready(&feed.state.locked())),
             )
             .await;
-            if !matches!(started, Ok(Ok(_))) {
+            if !matches!(waited, Ok(Ok(_))) {
                 return None;
             }
+        }
+        if feed.state.locked().refused {
+            return None;
         }
         loop {
             changed.borrow_and_update();
@@ -416,6 +443,7 @@ impl Feeds {
         let feed = Arc::new(Feed {
             id: hex::encode(random(16)),
             secret: Secret::parse(&secret).expect("32 random bytes make a secret"),
+            resubscribe: tokio::sync::Notify::new(),
             state: Mutex::default(),
             version: watch::channel(0).0,
             used: Mutex::new(Instant::now()),
@@ -435,7 +463,6 @@ impl Feeds {
             .spawn_until_shutdown("gateway event feed", run.run());
         Some(feed)
     }
-
 }
 
 impl crate::mcp::server::webhooks::Receiver for Feeds {
@@ -445,7 +472,10 @@ impl crate::mcp::server::webhooks::Receiver for Feeds {
         let mut r = self.receiver.locked();
         if r.is_none() {
             let host = match addr.ip() {
-                ip if ip.is_unspecified() => "127.0.0.1".to_owned(),
+                ip if ip.is_unspecified() => {
+                    tracing::info!(%addr, "the gateway listens on every address: slugs that deliver events only by webhook are told to POST to 127.0.0.1, which only slugs on this host reach; set [events] receiver_url for others");
+                    "127.0.0.1".to_owned()
+                }
                 std::net::IpAddr::V6(ip) => format!("[{ip}]"),
                 ip => ip.to_string(),
             };
@@ -463,7 +493,8 @@ impl crate::mcp::server::webhooks::Receiver for Feeds {
         let feed = self.feeds.locked().values().find(|f| f.id == id).cloned();
         let refused = |status: u16, why: &str| {
             self.metrics.refused.inc();
-            tracing::warn!(status, reason = why, "refused a webhook from a slug");
+            // Counted; logged at debug only (anyone who reaches the address can send these).
+            tracing::debug!(status, reason = why, "refused a webhook");
             (status, json!({"error": why}))
         };
         // 410: the sender drops a subscription nobody here follows any more.
@@ -487,6 +518,7 @@ impl crate::mcp::server::webhooks::Receiver for Feeds {
             Some("terminated") => {
                 tracing::warn!(feed = %feed.id, "a slug ended the gateway's webhook subscription; subscribing again");
                 feed.state.locked().gap_next = true;
+                feed.resubscribe.notify_one();
             }
             _ => {
                 {
@@ -525,7 +557,10 @@ fn verify(
     ) else {
         return Err("webhook-id, webhook-timestamp and webhook-signature are required");
     };
-    let ts: u64 = ts.trim().parse().map_err(|_| "webhook-timestamp is not a number")?;
+    let ts: u64 = ts
+        .trim()
+        .parse()
+        .map_err(|_| "webhook-timestamp is not a number")?;
     let now = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_secs());
@@ -580,7 +615,8 @@ enum Wake {
 
 impl Run {
     async fn run(self) {
-        let mut follow = EventFollow::new(self.up.clone(), self.name.clone(), self.arguments.clone());
+        let mut follow =
+            EventFollow::new(self.up.clone(), self.name.clone(), self.arguments.clone());
         let mut mode = Mode::Follow;
         let mut retry = RETRY;
         let mut renew_at = tokio::time::Instant::now() + RENEW;
@@ -595,6 +631,7 @@ impl Run {
                 Mode::Webhook => tokio::select! {
                     _ = tokio::time::sleep_until(idle_at.into()) => Wake::Idle,
                     _ = tokio::time::sleep_until(renew_at) => Wake::Renew,
+                    _ = self.feed.resubscribe.notified() => Wake::Renew,
                 },
             };
             match wake {
@@ -605,27 +642,47 @@ impl Run {
                     if let Err(e) = self.subscribe().await {
                         tracing::warn!(slug = %self.slug, event = %self.name, error = %e,
                             "could not renew the gateway's webhook subscription; trying again in a minute");
+                        // Events may be lost until it is back: the next one says so.
+                        self.feed.state.locked().gap_next = true;
                         renew_at = tokio::time::Instant::now() + Duration::from_secs(60);
                     }
                 }
                 Wake::Got(Ok(Fed::Started { truncated, .. })) => {
                     retry = RETRY;
                     // A slug with nothing yet may start at no cursor: the gateway's own then.
-                    let at = follow.cursor().unwrap_or("gw0").to_owned();
+                    let at = follow
+                        .cursor()
+                        .map_or_else(|| local_cursor(&self.feed.id, 0), str::to_owned);
                     self.feed.started(Some(&at), truncated);
                 }
-                Wake::Got(Ok(Fed::Events { events, truncated })) => {
-                    self.feed.take(events, truncated, follow.cursor());
+                Wake::Got(Ok(Fed::Events {
+                    events,
+                    truncated,
+                    cursor,
+                })) => {
+                    self.feed.take(events, truncated, cursor.as_deref());
                 }
                 Wake::Got(Ok(Fed::Trouble(_))) => {}
-                // The slug has neither stream nor poll: by webhook, to the gateway.
-                Wake::Got(Err(UpstreamError::NotFound { code: -32601, .. })) => {
+                // Neither stream nor poll (the follow fell back to polls, and the slug has
+                // none either): by webhook, to the gateway.
+                Wake::Got(Err(UpstreamError::NotFound { code: -32601, .. }))
+                    if !follow.pushed() =>
+                {
                     self.feed.state.locked().webhook = true;
                     match self.subscribe().await {
                         Ok(()) => {
                             mode = Mode::Webhook;
                             renew_at = tokio::time::Instant::now() + RENEW;
-                            self.feed.started(Some("gw0"), false);
+                            self.feed
+                                .started(Some(&local_cursor(&self.feed.id, 0)), false);
+                        }
+                        Err(e)
+                            if e.is_verdict() || matches!(e, UpstreamError::Forbidden { .. }) =>
+                        {
+                            tracing::info!(slug = %self.slug, event = %self.name, error = %e,
+                                "the slug refused the gateway's webhook subscription");
+                            self.feed.refuse();
+                            break;
                         }
                         Err(e) => {
                             tracing::warn!(slug = %self.slug, event = %self.name, error = %e,
@@ -633,6 +690,16 @@ impl Run {
                             self.pause(&mut retry).await;
                         }
                     }
+                }
+                // The slug's verdict (an unknown event type, bad arguments, no entitlement):
+                // the feed ends, and polls hear it from the slug.
+                Wake::Got(Err(e))
+                    if e.is_verdict() || matches!(e, UpstreamError::Forbidden { .. }) =>
+                {
+                    tracing::debug!(slug = %self.slug, event = %self.name, error = %e,
+                        "the slug refused the gateway's event feed");
+                    self.feed.refuse();
+                    break;
                 }
                 Wake::Got(Err(e)) => {
                     tracing::debug!(slug = %self.slug, event = %self.name, error = %e,
@@ -649,13 +716,19 @@ impl Run {
     }
 
     /// The feed's upstream webhook subscription, made or renewed.
-    async fn subscribe(&self) -> Result<(), String> {
+    async fn subscribe(&self) -> Result<(), UpstreamError> {
+        let unavailable = |why: &str| UpstreamError::Unavailable {
+            server: self.slug.clone(),
+            why: why.to_owned(),
+        };
         let Some(feeds) = self.feeds.upgrade() else {
-            return Err("the gateway is stopping".into());
+            return Err(unavailable("the gateway is stopping"));
         };
         let base = feeds.receiver.locked().clone();
         let Some(base) = base else {
-            return Err("the gateway serves no HTTP to receive webhooks at; set [events] receiver_url or --http".into());
+            return Err(unavailable(
+                "the gateway serves no HTTP to receive webhooks at; set [events] receiver_url or --http",
+            ));
         };
         let url = format!("{base}/{}", self.feed.id);
         let params = json!({
@@ -663,11 +736,7 @@ impl Run {
             "arguments": self.arguments,
             "delivery": {"mode": "webhook", "url": url, "secret": self.feed.secret.expose()},
         });
-        self.up
-            .custom("events/subscribe", params)
-            .await
-            .map(|_| ())
-            .map_err(|e| e.to_string())
+        self.up.custom("events/subscribe", params).await.map(|_| ())
     }
 
     /// Leaves the map (only this feed under its key) and ends a webhook subscription.
@@ -675,7 +744,10 @@ impl Run {
         if let Some(feeds) = self.feeds.upgrade() {
             {
                 let mut map = feeds.feeds.locked();
-                if map.get(&self.key).is_some_and(|f| Arc::ptr_eq(f, &self.feed)) {
+                if map
+                    .get(&self.key)
+                    .is_some_and(|f| Arc::ptr_eq(f, &self.feed))
+                {
                     map.remove(&self.key);
                     feeds.metrics.open.sub(1);
                 }
@@ -708,6 +780,7 @@ mod tests {
                 base64::engine::general_purpose::STANDARD.encode([7u8; 32])
             ))
             .unwrap(),
+            resubscribe: tokio::sync::Notify::new(),
             state: Mutex::default(),
             version: watch::channel(0).0,
             used: Mutex::new(Instant::now()),
@@ -746,13 +819,20 @@ mod tests {
         assert_eq!(known(f.read(None, 10)), (vec![], Some("13".into()), false));
         assert_eq!(
             known(f.read(Some("10"), 10)),
-            (vec!["e11".into(), "e12".into(), "e13".into()], Some("13".into()), false)
+            (
+                vec!["e11".into(), "e12".into(), "e13".into()],
+                Some("13".into()),
+                false
+            )
         );
         assert_eq!(
             known(f.read(Some("11"), 1)),
             (vec!["e12".into()], Some("12".into()), false)
         );
-        assert_eq!(known(f.read(Some("13"), 10)), (vec![], Some("13".into()), false));
+        assert_eq!(
+            known(f.read(Some("13"), 10)),
+            (vec![], Some("13".into()), false)
+        );
         assert!(matches!(f.read(Some("9"), 10), Read::Unknown));
         // A gap is said once, on the first event after it, and a batch stops before it.
         f.take(vec![ev("20")], true, Some("20"));
@@ -760,7 +840,10 @@ mod tests {
             known(f.read(Some("12"), 10)),
             (vec!["e13".into()], Some("13".into()), false)
         );
-        assert_eq!(known(f.read(Some("13"), 10)), (vec!["e20".into()], Some("20".into()), true));
+        assert_eq!(
+            known(f.read(Some("13"), 10)),
+            (vec!["e20".into()], Some("20".into()), true)
+        );
     }
 
     #[test]
@@ -777,17 +860,63 @@ mod tests {
     #[test]
     fn a_webhook_feed_numbers_its_events_and_answers_an_unknown_cursor_with_a_gap() {
         let f = feed(true);
-        f.started(None, false);
+        f.started(Some(&local_cursor(&f.id, 0)), false);
         f.take(
-            vec![json!({"eventId": "a", "data": {}}), json!({"eventId": "b", "data": {}})],
+            vec![
+                json!({"eventId": "a", "data": {}}),
+                json!({"eventId": "b", "data": {}}),
+            ],
             false,
             None,
         );
-        assert_eq!(known(f.read(None, 10)), (vec![], Some("gw2".into()), false));
-        assert_eq!(known(f.read(Some("gw1"), 10)), (vec!["b".into()], Some("gw2".into()), false));
+        let (c1, c2) = (local_cursor(&f.id, 1), local_cursor(&f.id, 2));
+        assert_eq!(known(f.read(None, 10)), (vec![], Some(c2.clone()), false));
         assert_eq!(
-            known(f.read(Some("gw-from-before-a-restart"), 10)),
-            (vec!["a".into(), "b".into()], Some("gw2".into()), true)
+            known(f.read(Some(&c1), 10)),
+            (vec!["b".into()], Some(c2.clone()), false)
+        );
+        // Another feed's cursor (an older one of the same type, before a restart) is not
+        // taken for this one's.
+        let other = local_cursor("0123456789abcdef", 1);
+        assert_ne!(other, c1);
+        assert_eq!(
+            known(f.read(Some(&other), 10)),
+            (vec!["a".into(), "b".into()], Some(c2), true)
+        );
+    }
+
+    #[test]
+    fn events_without_cursors_get_the_batchs_or_the_gateways_and_nothing_repeats() {
+        let f = feed(false);
+        f.started(Some("10"), false);
+        let bare = |id: &str| json!({"eventId": id, "name": "n", "data": {}});
+        // A stream's batch with no cursors at all, then a poll's with only the batch's.
+        f.take(vec![bare("a"), bare("b")], false, None);
+        f.take(vec![bare("c"), bare("d")], false, Some("20"));
+        let mut at = Some("10".to_owned());
+        let mut seen = Vec::new();
+        for _ in 0..10 {
+            let (evs, next, _) = known(f.read(at.as_deref(), 1));
+            if evs.is_empty() {
+                break;
+            }
+            seen.extend(evs);
+            at = next;
+        }
+        assert_eq!(seen, ["a", "b", "c", "d"]);
+        assert_eq!(at.as_deref(), Some("20"));
+        // Each event carries its cursor as herald's polls give it.
+        let Read::Known { events, .. } = f.read(Some("10"), 10) else {
+            panic!("known");
+        };
+        assert_eq!(events[3]["_meta"][EVENT_CURSOR_META], "20");
+        assert!(events[0]["_meta"][EVENT_CURSOR_META].is_string());
+        // An empty batch that reports a gap: the next event says it.
+        f.take(Vec::new(), true, None);
+        f.take(vec![ev("30")], false, Some("30"));
+        assert_eq!(
+            known(f.read(Some("20"), 10)),
+            (vec!["e30".into()], Some("30".into()), true)
         );
     }
 

@@ -739,10 +739,11 @@ impl Source for Gateway {
                 up.custom_within("events/poll", Value::Object(params), REQUEST_TIMEOUT)
                     .await?
             }
-            None => self
-                .polls
-                .poll(slug, &up, params, wait, &self.ctx, &self.poll_metrics)
-                .await?,
+            None => {
+                self.polls
+                    .poll(slug, &up, params, wait, &self.ctx, &self.poll_metrics)
+                    .await?
+            }
         };
         // The caller's entitlement is asked again for what the wait brought: a token revoked
         // meanwhile gets nothing of it.

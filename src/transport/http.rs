@@ -181,7 +181,9 @@ pub fn router(
         .route("/live", axum::routing::get(|| async { "ok\n" }))
         .route(
             "/events/hooks/{id}",
-            axum::routing::post(receive_webhook).with_state(receiver),
+            axum::routing::post(receive_webhook)
+                .layer(axum::extract::DefaultBodyLimit::max(WEBHOOK_BODY_LIMIT))
+                .with_state(receiver),
         )
         .route("/metrics", {
             let metrics = metrics.clone();
@@ -201,8 +203,12 @@ pub fn router(
     }
 }
 
+/// The largest webhook body taken: one event is at most 256 KiB (the Events draft), with room
+/// for its envelope.
+const WEBHOOK_BODY_LIMIT: usize = 320 * 1024;
+
 /// A webhook POSTed to `/events/hooks/{id}`: to the server's receiver, or 404 when it has
-/// none. Its body is read up to the largest message the endpoint takes.
+/// none. A body over [`WEBHOOK_BODY_LIMIT`] is refused with 413.
 async fn receive_webhook(
     axum::extract::State(receiver): axum::extract::State<
         Option<Arc<dyn crate::mcp::server::webhooks::Receiver>>,
@@ -213,7 +219,11 @@ async fn receive_webhook(
 ) -> axum::response::Response {
     use axum::response::IntoResponse as _;
     let Some(receiver) = receiver else {
-        return (axum::http::StatusCode::NOT_FOUND, "no webhooks are received here\n").into_response();
+        return (
+            axum::http::StatusCode::NOT_FOUND,
+            "no webhooks are received here\n",
+        )
+            .into_response();
     };
     let header = |name: &str| {
         headers

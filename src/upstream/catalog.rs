@@ -82,18 +82,26 @@ fn example(description: Option<&str>) -> Value {
         .unwrap_or(Value::Null)
 }
 
-/// Whether a 2026-07-28 server answers `events/list` (within a short bound): servers written
-/// for ChatGPT advertise Events as a top-level `capabilities.events`, which rmcp's types do
-/// not keep, so such a server is asked instead.
+/// How long a server has to answer the `events/list` probe.
+const EVENTS_PROBE: std::time::Duration = std::time::Duration::from_secs(1);
+
+/// Whether a 2026-07-28 server answers `events/list` (within [`EVENTS_PROBE`], cancelled
+/// upstream past it): servers written for ChatGPT advertise Events as a top-level
+/// `capabilities.events`, which rmcp's types do not keep, so such a server is asked instead.
+/// One that does not know the method says so at once.
 async fn answers_events_list<H: ClientHandler>(conn: &Connection<H>) -> bool {
     use rmcp::model::{ClientRequest, CustomRequest, ServerResult};
-    let ask = conn.send_request(ClientRequest::CustomRequest(CustomRequest::new(
+    let req = ClientRequest::CustomRequest(CustomRequest::new(
         "events/list",
         Some(serde_json::json!({})),
-    )));
+    ));
+    let options = rmcp::service::PeerRequestOptions::with_timeout(EVENTS_PROBE);
+    let Ok(handle) = conn.send_cancellable_request(req, options).await else {
+        return false;
+    };
     matches!(
-        tokio::time::timeout(std::time::Duration::from_secs(3), ask).await,
-        Ok(Ok(ServerResult::CustomResult(r))) if r.0.get("events").is_some_and(Value::is_array)
+        handle.await_response().await,
+        Ok(ServerResult::CustomResult(r)) if r.0.get("events").is_some_and(Value::is_array)
     )
 }
 

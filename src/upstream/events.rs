@@ -15,9 +15,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use rmcp::model::{
-    ClientRequest, CustomRequest, JsonObject, ServerResult,
-};
+use rmcp::model::{ClientRequest, CustomRequest, JsonObject, ServerResult};
 use serde_json::Value;
 use tokio::sync::{mpsc, oneshot};
 
@@ -38,9 +36,14 @@ pub enum Fed {
     /// The follow (re)started. `truncated`: events after the cursor it resumed from were
     /// dropped upstream before it could take them.
     Started { truncated: bool, push: bool },
-    /// Events in order (each as the upstream sent it: `eventId`, `name`, `timestamp`, `data`);
-    /// `truncated`: events were dropped just before the first.
-    Events { events: Vec<Value>, truncated: bool },
+    /// Events in order (each as the upstream sent it: `eventId`, `name`, `timestamp`, `data`,
+    /// its own cursor if it has one); `truncated`: events were dropped just before the first;
+    /// `cursor`: the batch's, to resume after its last event (`None`: the upstream gave none).
+    Events {
+        events: Vec<Value>,
+        truncated: bool,
+        cursor: Option<String>,
+    },
     /// The upstream said its stream is in trouble (`notifications/events/error`); it goes on.
     Trouble(String),
 }
@@ -153,6 +156,7 @@ impl EventFollow {
             live,
         };
         let first = tokio::select! {
+            biased;
             m = open.rx.recv() => m,
             a = &mut open.answer => {
                 open.cancel.disarm();
@@ -192,7 +196,9 @@ impl EventFollow {
                 Some(m) => m,
                 None => {
                     let open = self.open.as_mut().expect("guarded");
+                    // Messages before the answer: what came ahead of it is taken first.
                     let m = tokio::select! {
+                        biased;
                         m = open.rx.recv() => m,
                         a = &mut open.answer => {
                             open.cancel.disarm();
@@ -238,10 +244,15 @@ impl EventFollow {
                         }
                         events.push(more.params);
                     }
-                    if let Some(c) = event_cursor(&events) {
-                        self.cursor = Some(c);
+                    let cursor = event_cursor(&events);
+                    if let Some(c) = &cursor {
+                        self.cursor = Some(c.clone());
                     }
-                    return Ok(Fed::Events { events, truncated });
+                    return Ok(Fed::Events {
+                        events,
+                        truncated,
+                        cursor,
+                    });
                 }
                 "heartbeat" => {
                     if let Some(c) = m.params.get("cursor").and_then(Value::as_str) {
@@ -265,7 +276,11 @@ impl EventFollow {
                         .unwrap_or("the server ended the event stream")
                         .to_owned();
                     self.open = None;
-                    return Err(UpstreamError::answered(code, message, e.get("data").cloned()));
+                    return Err(UpstreamError::answered(
+                        code,
+                        message,
+                        e.get("data").cloned(),
+                    ));
                 }
                 _ => {}
             }
@@ -315,14 +330,20 @@ impl EventFollow {
         loop {
             let v = self
                 .up
-                .custom_within("events/poll", Value::Object(params.clone()), MAX_TIMEOUT + POLL_SLACK)
+                .custom_within(
+                    "events/poll",
+                    Value::Object(params.clone()),
+                    MAX_TIMEOUT + POLL_SLACK,
+                )
                 .await?;
             let a = PollAnswer::parse(v).map_err(|why| UpstreamError::Unusable {
                 server: self.up.name.clone(),
                 why: format!("answered events/poll with something unusable: {why}"),
             })?;
-            if a.cursor.is_some() {
-                self.cursor = a.cursor;
+            // The answer's cursor, else the last event's own: where the next poll goes on.
+            let batch = a.cursor.clone().or_else(|| event_cursor(&a.events));
+            if batch.is_some() {
+                self.cursor = batch.clone();
             }
             if first {
                 return Ok(Fed::Started {
@@ -334,12 +355,12 @@ impl EventFollow {
                 return Ok(Fed::Events {
                     events: a.events,
                     truncated: a.truncated,
+                    cursor: batch,
                 });
             }
             if !a.has_more {
                 // An upstream that cannot hold a poll is not asked in a loop.
-                tokio::time::sleep(a.next_poll.max(Duration::from_secs(1)).min(MAX_TIMEOUT))
-                    .await;
+                tokio::time::sleep(a.next_poll.max(Duration::from_secs(1)).min(MAX_TIMEOUT)).await;
             }
             params.insert(
                 "cursor".into(),

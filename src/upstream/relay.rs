@@ -86,6 +86,20 @@ struct StreamRoutes {
     /// is seen closed by its reader).
     by_id: HashMap<String, (u64, mpsc::Sender<StreamMessage>)>,
     early: VecDeque<(String, StreamMessage)>,
+    /// Ids whose route ended (dropped, or closed for falling behind): what still comes for
+    /// them until the server hears the cancel is dropped, not kept as early; at most
+    /// [`MAX_EARLY_STREAM`], oldest forgotten.
+    closed: VecDeque<String>,
+}
+
+impl StreamRoutes {
+    fn close(&mut self, key: &str) {
+        self.by_id.remove(key);
+        if self.closed.len() == MAX_EARLY_STREAM {
+            self.closed.pop_front();
+        }
+        self.closed.push_back(key.to_owned());
+    }
 }
 
 /// A registered stream route; dropping it ends the route.
@@ -99,7 +113,7 @@ impl Drop for StreamRoute {
     fn drop(&mut self) {
         let mut m = self.streams.locked();
         if m.by_id.get(&self.id).is_some_and(|(k, _)| *k == self.key) {
-            m.by_id.remove(&self.id);
+            m.close(&self.id);
         }
     }
 }
@@ -222,6 +236,11 @@ impl Relay {
     /// from the start again, so what an older one left must never reach a call of the new one.
     pub(super) fn connected(&self) {
         self.early.locked().clear();
+        // A new connection numbers its requests from the start again: nothing an older one
+        // left may reach a stream of the new one.
+        let mut s = self.streams.locked();
+        s.early.clear();
+        s.closed.clear();
     }
 
     /// Progress and log messages dropped so far because their call's channel was full.
@@ -349,6 +368,7 @@ impl Relay {
         let (mine, rest): (VecDeque<_>, VecDeque<_>) =
             m.early.drain(..).partition(|(k, _)| *k == key);
         m.early = rest;
+        m.closed.retain(|k| *k != key);
         for (_, msg) in mine {
             // A fresh channel as large as the early queue: it fits.
             let _ = tx.try_send(msg);
@@ -399,9 +419,10 @@ impl Relay {
         match m.by_id.get(&key) {
             Some((_, to)) => {
                 if to.try_send(msg).is_err() {
-                    m.by_id.remove(&key);
+                    m.close(&key);
                 }
             }
+            None if m.closed.contains(&key) => {}
             None => {
                 if m.early.len() == MAX_EARLY_STREAM {
                     m.early.pop_front();

@@ -286,7 +286,13 @@ pub fn object_key(event: &Event) -> String {
             return s.to_owned();
         }
     }
-    String::new()
+    // An event of an event type with nothing else naming its object is its own: two equal
+    // events are two events.
+    event
+        .get("eventId")
+        .and_then(Value::as_str)
+        .unwrap_or_default()
+        .to_owned()
 }
 
 /// Drops a line equal to the last line for the same object. Bounded: when more than

@@ -242,7 +242,10 @@ async fn webhooks(
 async fn python_server(dir: &std::path::Path) -> Option<(tokio::process::Child, String)> {
     use tokio::io::AsyncBufReadExt as _;
     let python = std::env::var("HERALD_TEST_PYTHON").unwrap_or_else(|_| "python3".into());
-    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/it/py/sdk_events_server.py");
+    let script = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/tests/it/py/sdk_events_server.py"
+    );
     let mut child = tokio::process::Command::new(python)
         .arg(script)
         .arg("0")
@@ -253,7 +256,10 @@ async fn python_server(dir: &std::path::Path) -> Option<(tokio::process::Child, 
         .spawn()
         .ok()?;
     let mut out = tokio::io::BufReader::new(child.stdout.take()?).lines();
-    let line = tokio::time::timeout(WAIT, out.next_line()).await.ok()?.ok()??;
+    let line = tokio::time::timeout(WAIT, out.next_line())
+        .await
+        .ok()?
+        .ok()??;
     let port: u16 = line.strip_prefix("listening ")?.trim().parse().ok()?;
     tokio::spawn(async move { while let Ok(Some(_)) = out.next_line().await {} });
     Some((child, format!("http://127.0.0.1:{port}/mcp")))
@@ -329,7 +335,9 @@ async fn main() {
     let mut py = match &foreign {
         Some((_, url)) => Some(RawHttp::connect(url, None).await.unwrap()),
         None => {
-            println!("(no Python with mcp and mcp-webhook-events: HERALD_TEST_PYTHON names one; the Python SDK rows are left out)");
+            println!(
+                "(no Python with mcp and mcp-webhook-events: HERALD_TEST_PYTHON names one; the Python SDK rows are left out)"
+            );
             None
         }
     };
@@ -340,13 +348,28 @@ async fn main() {
         ] {
             let http = v["http_url"].as_str().unwrap();
             let mut src = memo_source(&mut writer);
-            webhooks(label, http, name, json!({}), n, &mut src, rounds, port, &got).await;
+            webhooks(
+                label,
+                http,
+                name,
+                json!({}),
+                n,
+                &mut src,
+                rounds,
+                port,
+                &got,
+            )
+            .await;
         }
         if let (Some((_, url)), Some(conn)) = (&foreign, py.as_mut()) {
             let ticket = json!({"ticket_id": "T"});
             let gw = g["http_url"].as_str().unwrap();
             for (label, http, name) in [
-                ("Python SDK + mcp-webhook-events", url.as_str(), "ticket.updated"),
+                (
+                    "Python SDK + mcp-webhook-events",
+                    url.as_str(),
+                    "ticket.updated",
+                ),
                 ("Python SDK through the gateway", gw, "t__ticket.updated"),
             ] {
                 let mut src = Source {
@@ -354,7 +377,18 @@ async fn main() {
                     tool: "publish",
                     args: |i| json!({"ticket_id": "T", "summary": format!("s{i}")}),
                 };
-                webhooks(label, http, name, ticket.clone(), n, &mut src, rounds, port, &got).await;
+                webhooks(
+                    label,
+                    http,
+                    name,
+                    ticket.clone(),
+                    n,
+                    &mut src,
+                    rounds,
+                    port,
+                    &got,
+                )
+                .await;
             }
         }
     }
@@ -364,10 +398,9 @@ async fn main() {
         .text()
         .await
         .unwrap();
-    for l in metrics
-        .lines()
-        .filter(|l| l.starts_with("herald_gateway_event_") || l.starts_with("herald_gateway_webhooks"))
-    {
+    for l in metrics.lines().filter(|l| {
+        l.starts_with("herald_gateway_event_") || l.starts_with("herald_gateway_webhooks")
+    }) {
         println!("gateway {l}");
     }
     let _ = std::fs::remove_dir_all(&dir);

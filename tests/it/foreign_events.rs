@@ -60,7 +60,9 @@ async fn a_webhook_only_upstream_is_followed_through_the_gateway_as_its_receiver
     let gw = http_gateway_server(&cfg).await;
     let c = crate::watch::memo_client(&gw.http_url()).await;
     // The gateway offers the slug's webhook-only event type by poll and push.
-    let list = crate::events::request(&c, "events/list", json!({})).await.unwrap();
+    let list = crate::events::request(&c, "events/list", json!({}))
+        .await
+        .unwrap();
     let e = &list["events"][0];
     assert_eq!(e["name"], "tickets__ticket.updated", "{list}");
     assert_eq!(e["delivery"], json!(["poll", "push"]), "{list}");
@@ -83,7 +85,10 @@ async fn a_webhook_only_upstream_is_followed_through_the_gateway_as_its_receiver
     assert_eq!(subs.len(), 1, "{subs:?}");
     let hook = subs[0]["url"].as_str().unwrap().to_owned();
     assert!(
-        hook.starts_with(&format!("{}/events/hooks/", gw.http_url().trim_end_matches("/mcp"))),
+        hook.starts_with(&format!(
+            "{}/events/hooks/",
+            gw.http_url().trim_end_matches("/mcp")
+        )),
         "{hook}"
     );
 
@@ -135,7 +140,12 @@ async fn a_webhook_only_upstream_is_followed_through_the_gateway_as_its_receiver
             .body(r#"{"eventId":"evt_forged","name":"ticket.updated","data":{"ticket_id":"T-1","summary":"forged"}}"#)
             .send()
     };
-    let forged = post(hook.clone(), "v1,AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA=").await.unwrap();
+    let forged = post(
+        hook.clone(),
+        "v1,AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA=",
+    )
+    .await
+    .unwrap();
     assert_eq!(forged.status().as_u16(), 401);
     let unknown = post(format!("{hook}x"), "v1,AAAA").await.unwrap();
     assert_eq!(unknown.status().as_u16(), 410);
@@ -170,15 +180,16 @@ async fn a_webhook_only_upstream_is_followed_through_the_gateway_as_its_receiver
 /// A tool's structured result (or its text parsed as JSON).
 async fn call_json(c: &herald::transport::client::Connection, tool: &str, a: Value) -> Value {
     let r = c
-        .call_tool(
-            rmcp::model::CallToolRequestParams::new(tool.to_owned()).with_arguments(args(a)),
-        )
+        .call_tool(rmcp::model::CallToolRequestParams::new(tool.to_owned()).with_arguments(args(a)))
         .await
         .unwrap_or_else(|e| panic!("{tool}: {e}"));
     assert_ne!(r.is_error, Some(true), "{tool}: {r:?}");
     if let Some(v) = r.structured_content {
         return v;
     }
-    let text = r.content[0].as_text().map(|t| t.text.clone()).unwrap_or_default();
+    let text = r.content[0]
+        .as_text()
+        .map(|t| t.text.clone())
+        .unwrap_or_default();
     serde_json::from_str(&text).unwrap_or(Value::String(text))
 }

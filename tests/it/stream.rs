@@ -353,7 +353,12 @@ async fn long_polls_the_feed_cannot_answer_share_one_upstream_poll() {
     let start = crate::events::request(&conn, "events/poll", json!({"name": "memo__memo.changed"}))
         .await
         .unwrap();
-    let before = reqwest::get(&metrics_url).await.unwrap().text().await.unwrap();
+    let before = reqwest::get(&metrics_url)
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
     let polls: Vec<_> = (0..5)
         .map(|_| {
             let conn = &conn;
@@ -383,7 +388,12 @@ async fn long_polls_the_feed_cannot_answer_share_one_upstream_poll() {
     for a in &answers {
         assert_eq!(a["events"][0]["data"]["key"], "m", "{a}");
     }
-    let after = reqwest::get(&metrics_url).await.unwrap().text().await.unwrap();
+    let after = reqwest::get(&metrics_url)
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
     assert_eq!(
         counter(&after, "herald_gateway_event_polls_upstream_total")
             - counter(&before, "herald_gateway_event_polls_upstream_total"),

@@ -102,7 +102,10 @@ async fn an_events_watch_through_the_gateway_runs_its_filter() {
         ]
     );
     // An event type no server offers: the start fails, naming what is offered.
-    let bad = Watch::spawn(":memory:", &["--mcp-http", &url, "--watch", "x=events:nosuch"]);
+    let bad = Watch::spawn(
+        ":memory:",
+        &["--mcp-http", &url, "--watch", "x=events:nosuch"],
+    );
     let out = bad.exited().await;
     assert_eq!(out.code(), Some(1), "{out}");
     w.terminate().await;

@@ -31,8 +31,12 @@ pub trait Webhooks: Send + Sync + 'static {
 pub trait Receiver: Send + Sync + 'static {
     /// One POST to the subscription `id`: the status and JSON body to answer. `header` reads
     /// a request header by name.
-    fn receive(&self, id: &str, header: &dyn Fn(&str) -> Option<String>, body: &[u8])
-    -> (u16, Value);
+    fn receive(
+        &self,
+        id: &str,
+        header: &dyn Fn(&str) -> Option<String>,
+        body: &[u8],
+    ) -> (u16, Value);
 
     /// The server serves HTTP at `addr` (where webhooks come unless configured otherwise).
     fn serving_http(&self, addr: std::net::SocketAddr);

@@ -161,8 +161,5 @@ fn refused(server: &Upstream, uri: &str, e: UpstreamError) -> WatchError {
             message: e.to_string(),
         };
     }
-    WatchError::Unavailable(format!(
-        "following {uri} on {}: {e}",
-        server.name
-    ))
+    WatchError::Unavailable(format!("following {uri} on {}: {e}", server.name))
 }

@@ -59,7 +59,10 @@ fn decode(s: &str) -> Option<String> {
 enum Step {
     Fed(Fed),
     /// The follow failed for the `attempt`-th time in a row; it tries again after a backoff.
-    Failed { attempt: u32, error: UpstreamError },
+    Failed {
+        attempt: u32,
+        error: UpstreamError,
+    },
 }
 
 /// Runs `follow` and hands what it gets to `to`, pacing retries with `backoff`, until the
@@ -111,7 +114,11 @@ fn watch_event(occurrence: Value) -> Event {
         Some(other) => Event::from_iter([("data".to_owned(), other)]),
         None => Event::new(),
     };
-    for (from, to) in [("name", "event"), ("eventId", "eventId"), ("timestamp", "timestamp")] {
+    for (from, to) in [
+        ("name", "event"),
+        ("eventId", "eventId"),
+        ("timestamp", "timestamp"),
+    ] {
         if let Some(v) = o.remove(from) {
             ev.entry(to).or_insert(v);
         }
@@ -182,13 +189,20 @@ impl WatchTask {
                     }
                 }
                 step = rx.recv() => match step {
-                    Some(Step::Fed(Fed::Events { events, truncated })) => {
+                    Some(Step::Fed(Fed::Events { events, truncated, .. })) => {
                         let mut evs = Vec::with_capacity(events.len() + 1);
                         if truncated {
                             evs.push(gap());
                         }
                         evs.extend(events.into_iter().map(watch_event));
-                        self.take_in(evs, running.is_some(), event_line);
+                        // Every event is taken: a batch is split at the per-update limit
+                        // (which bounds what one read of a log may bring, not a stream).
+                        let max = self.handle.cfg.max_events_per_update.max(1);
+                        let mut evs = evs.into_iter().peekable();
+                        while evs.peek().is_some() {
+                            let chunk: Vec<Event> = evs.by_ref().take(max).collect();
+                            self.take_in(chunk, running.is_some(), event_line);
+                        }
                     }
                     Some(Step::Fed(Fed::Started { truncated, push })) => {
                         self.handle.log.emit(
@@ -309,7 +323,13 @@ mod tests {
         assert!(events_uri("memo://notes").is_none());
         let (name, args) = events_uri("events:plain").unwrap().unwrap();
         assert_eq!((name.as_str(), args.len()), ("plain", 0));
-        for bad in ["events:", "events:?a=1", "events:x?a", "events:x?=1", "events:x?a=%zz"] {
+        for bad in [
+            "events:",
+            "events:?a=1",
+            "events:x?a",
+            "events:x?=1",
+            "events:x?a=%zz",
+        ] {
             let e = events_uri(bad).unwrap().unwrap_err();
             assert!(matches!(e, WatchError::Invalid(_)), "{bad}: {e:?}");
         }
