@@ -91,7 +91,7 @@ async fn the_guides_config_checks_runs_and_reloads_as_written() {
     assert!(err.contains("the running config is kept"), "{err}");
     let status = herald(["status", "--admin", &up.admin]).await;
     let table = String::from_utf8_lossy(&status.stdout);
-    for watch in ["notes", "deploys", "reports"] {
+    for watch in ["notes", "memo-events", "deploys", "reports"] {
         assert!(table.contains(watch), "{table}");
     }
     assert!(table.contains("1 applied, 1 refused"), "{table}");
