@@ -165,7 +165,10 @@ async fn streams(
 
 /// A receiver: every POST's arrival, by path; the challenge echoed.
 #[derive(Clone, Default)]
-struct Received(Arc<Mutex<HashMap<String, mpsc::UnboundedSender<(Instant, Value)>>>>);
+struct Received(Arc<Mutex<HashMap<String, Arrivals>>>);
+
+/// Where one path's POSTs go: when each came, and its body.
+type Arrivals = mpsc::UnboundedSender<(Instant, Value)>;
 
 async fn receiver() -> (u16, Received) {
     let got = Received::default();
