@@ -163,6 +163,16 @@ pub(super) struct WatchTask {
     backlog_dropped: usize,
 }
 
+/// What one turn of a watch's loop came to ([`WatchTask::turn`]).
+enum Turn<T> {
+    /// The watch was cancelled.
+    Stop,
+    /// Something of its own (a notice, a filter's results): turn again.
+    Idle,
+    /// What its intake brought.
+    Got(T),
+}
+
 /// Events a watch holds for its filter while a run is in progress (ten full updates).
 const FILTER_BACKLOG: usize = 1000;
 
@@ -221,90 +231,119 @@ impl WatchTask {
         }
     }
 
+    /// One turn of a watch's loop, whatever its intake: a filter run started when events wait
+    /// for one, a due notice sent, a finished run's results taken, or what `intake` brought.
+    /// `Stop` once the watch is cancelled (what is pending flushed first).
+    async fn turn<T>(
+        &mut self,
+        running: &mut Option<FilterRun>,
+        intake: impl std::future::Future<Output = T>,
+    ) -> Turn<T> {
+        if running.is_none() {
+            *running = self.next_filter_run();
+        }
+        // A notice already due (with `--debounce-ms 0`, every one) goes out now: a timer
+        // would add a tick of the timer wheel (a millisecond or more) to each.
+        if let Some(lines) = self.debounce.take_due(now()) {
+            self.emit(lines).await;
+            return Turn::Idle;
+        }
+        let due = self.debounce.due();
+        tokio::select! {
+            _ = self.cancel.cancelled() => {
+                self.flush_all().await;
+                Turn::Stop
+            }
+            (evs, results) = async { running.as_mut().expect("guarded").await }, if running.is_some() => {
+                *running = None;
+                self.filtered(evs, results);
+                Turn::Idle
+            }
+            _ = sleep_until(due), if due.is_some() => {
+                if let Some(lines) = self.debounce.take_due(now()) {
+                    self.emit(lines).await;
+                }
+                Turn::Idle
+            }
+            got = intake => Turn::Got(got),
+        }
+    }
+
     async fn watch(mut self, mut sub: Listening, mut base: Baseline) {
         // The filter runs beside intake: notifications are read and diffed while a batch is
         // in the worker, and queue in `backlog` for the next one.
         let mut running: Option<FilterRun> = None;
         loop {
-            if running.is_none() {
-                running = self.next_filter_run();
-            }
-            // A notice already due (with `--debounce-ms 0`, every one) goes out now: a timer
-            // would add a tick of the timer wheel (a millisecond or more) to each.
-            if let Some(lines) = self.debounce.take_due(now()) {
-                self.emit(lines).await;
-                continue;
-            }
-            let due = self.debounce.due();
-            tokio::select! {
-                _ = self.cancel.cancelled() => {
-                    self.flush_all().await;
-                    return;
-                }
-                (evs, results) = async { running.as_mut().expect("guarded").await }, if running.is_some() => {
-                    running = None;
-                    self.filtered(evs, results);
-                }
-                _ = sleep_until(due), if due.is_some() => {
-                    if let Some(lines) = self.debounce.take_due(now()) {
-                        self.emit(lines).await;
-                    }
-                }
-                n = sub.next() => match n {
-                    Ok(Some(ServerNotification::ResourceUpdatedNotification(u))) if u.params.uri == self.spec.uri => {
-                        // Notifications are idempotent: one read covers every one already
-                        // queued, so a slow moment never turns into a backlog of reads.
-                        let mut ended = false;
-                        while let Some(more) = futures::FutureExt::now_or_never(sub.next()) {
-                            if !matches!(more, Ok(Some(_))) {
-                                ended = true;
-                                break;
-                            }
-                        }
-                        // 0: the baseline found an empty log; a hint would change nothing.
-                        let after = match &base {
-                            Baseline::Log(c) => c.last.filter(|&n| n > 0),
-                            Baseline::State(_) => None,
-                        };
-                        match read(&self.server, &self.spec.uri, after).await {
-                            Ok(r) => self.update(&mut base, r, running.is_some()),
-                            Err(e) => {
-                                // Treat it as a lost subscription: the resubscribe path re-reads
-                                // and diffs, so the change is not lost.
-                                tracing::warn!(watch = %self.spec.name, error = %e, "read after an update failed; resubscribing");
-                                ended = true;
-                            }
-                        }
-                        if ended {
-                            match self.resubscribe(sub, "a read after an update failed or the stream ended").await {
-                                Some((s, r)) => {
-                                    sub = s;
-                                    self.update(&mut base, r, running.is_some());
-                                }
-                                None => return,
-                            }
+            let n = match self.turn(&mut running, sub.next()).await {
+                Turn::Stop => return,
+                Turn::Idle => continue,
+                Turn::Got(n) => n,
+            };
+            match n {
+                Ok(Some(ServerNotification::ResourceUpdatedNotification(u)))
+                    if u.params.uri == self.spec.uri =>
+                {
+                    // Notifications are idempotent: one read covers every one already
+                    // queued, so a slow moment never turns into a backlog of reads.
+                    let mut ended = false;
+                    while let Some(more) = futures::FutureExt::now_or_never(sub.next()) {
+                        if !matches!(more, Ok(Some(_))) {
+                            ended = true;
+                            break;
                         }
                     }
-                    Ok(Some(_)) => {}
-                    Ok(None) | Err(_) => {
-                        let why = match (&n, sub.end()) {
-                            (Err(e), _) => format!("the subscription failed: {e}"),
-                            (_, Some(SubscriptionEnd::Graceful(_))) => "the server ended the subscription".to_owned(),
-                            (_, Some(SubscriptionEnd::Lagged { .. })) => "notifications were not read in time".to_owned(),
-                            (_, Some(SubscriptionEnd::Cancelled)) => "the subscription was cancelled".to_owned(),
-                            _ => "the connection to the server was lost".to_owned(),
-                        };
-                        match self.resubscribe(sub, &why).await {
+                    // 0: the baseline found an empty log; a hint would change nothing.
+                    let after = match &base {
+                        Baseline::Log(c) => c.last.filter(|&n| n > 0),
+                        Baseline::State(_) => None,
+                    };
+                    match read(&self.server, &self.spec.uri, after).await {
+                        Ok(r) => self.update(&mut base, r, running.is_some()),
+                        Err(e) => {
+                            // Treat it as a lost subscription: the resubscribe path re-reads
+                            // and diffs, so the change is not lost.
+                            tracing::warn!(watch = %self.spec.name, error = %e, "read after an update failed; resubscribing");
+                            ended = true;
+                        }
+                    }
+                    if ended {
+                        match self
+                            .resubscribe(sub, "a read after an update failed or the stream ended")
+                            .await
+                        {
                             Some((s, r)) => {
                                 sub = s;
-                                // The re-read is diffed against the last state (or cursor), so
-                                // changes made while unsubscribed are reported now.
                                 self.update(&mut base, r, running.is_some());
                             }
                             None => return,
                         }
                     }
-                },
+                }
+                Ok(Some(_)) => {}
+                Ok(None) | Err(_) => {
+                    let why = match (&n, sub.end()) {
+                        (Err(e), _) => format!("the subscription failed: {e}"),
+                        (_, Some(SubscriptionEnd::Graceful(_))) => {
+                            "the server ended the subscription".to_owned()
+                        }
+                        (_, Some(SubscriptionEnd::Lagged { .. })) => {
+                            "notifications were not read in time".to_owned()
+                        }
+                        (_, Some(SubscriptionEnd::Cancelled)) => {
+                            "the subscription was cancelled".to_owned()
+                        }
+                        _ => "the connection to the server was lost".to_owned(),
+                    };
+                    match self.resubscribe(sub, &why).await {
+                        Some((s, r)) => {
+                            sub = s;
+                            // The re-read is diffed against the last state (or cursor), so
+                            // changes made while unsubscribed are reported now.
+                            self.update(&mut base, r, running.is_some());
+                        }
+                        None => return,
+                    }
+                }
             }
         }
     }

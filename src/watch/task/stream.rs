@@ -12,7 +12,7 @@ use rmcp::model::JsonObject;
 use serde_json::{Value, json};
 use tokio::sync::mpsc;
 
-use super::{WatchTask, now, sleep_until};
+use super::{Turn, WatchTask};
 use crate::runtime::backoff::Backoff;
 use crate::upstream::UpstreamError;
 use crate::upstream::events::{EventFollow, Fed};
@@ -166,73 +166,57 @@ impl WatchTask {
         let _stop = AbortOnDrop(feeder);
         let mut running = None;
         loop {
-            if running.is_none() {
-                running = self.next_filter_run();
-            }
-            if let Some(lines) = self.debounce.take_due(now()) {
-                self.emit(lines).await;
-                continue;
-            }
-            let due = self.debounce.due();
-            tokio::select! {
-                _ = self.cancel.cancelled() => {
-                    self.flush_all().await;
-                    return;
-                }
-                (evs, results) = async { running.as_mut().expect("guarded").await }, if running.is_some() => {
-                    running = None;
-                    self.filtered(evs, results);
-                }
-                _ = sleep_until(due), if due.is_some() => {
-                    if let Some(lines) = self.debounce.take_due(now()) {
-                        self.emit(lines).await;
+            let step = match self.turn(&mut running, rx.recv()).await {
+                Turn::Stop => return,
+                Turn::Idle => continue,
+                Turn::Got(step) => step,
+            };
+            match step {
+                Some(Step::Fed(Fed::Events {
+                    events, truncated, ..
+                })) => {
+                    let mut evs = Vec::with_capacity(events.len() + 1);
+                    if truncated {
+                        evs.push(gap());
+                    }
+                    evs.extend(events.into_iter().map(watch_event));
+                    // Every event is taken: a batch is split at the per-update limit
+                    // (which bounds what one read of a log may bring, not a stream).
+                    let max = self.handle.cfg.max_events_per_update.max(1);
+                    let mut evs = evs.into_iter().peekable();
+                    while evs.peek().is_some() {
+                        let chunk: Vec<Event> = evs.by_ref().take(max).collect();
+                        self.take_in(chunk, running.is_some(), event_line);
                     }
                 }
-                step = rx.recv() => match step {
-                    Some(Step::Fed(Fed::Events { events, truncated, .. })) => {
-                        let mut evs = Vec::with_capacity(events.len() + 1);
-                        if truncated {
-                            evs.push(gap());
-                        }
-                        evs.extend(events.into_iter().map(watch_event));
-                        // Every event is taken: a batch is split at the per-update limit
-                        // (which bounds what one read of a log may bring, not a stream).
-                        let max = self.handle.cfg.max_events_per_update.max(1);
-                        let mut evs = evs.into_iter().peekable();
-                        while evs.peek().is_some() {
-                            let chunk: Vec<Event> = evs.by_ref().take(max).collect();
-                            self.take_in(chunk, running.is_some(), event_line);
-                        }
+                Some(Step::Fed(Fed::Started { truncated, push })) => {
+                    self.handle.log.emit(
+                        "watch.subscribed",
+                        json!({"watch": self.spec.name, "uri": self.spec.uri,
+                               "server": self.server.name.clone(), "push": push}),
+                    );
+                    if self.stats.starting.swap(false, Ordering::Relaxed) {
+                        tracing::info!(watch = %self.spec.name, uri = %self.spec.uri, "watch following its events again");
+                        self.handle.changed();
                     }
-                    Some(Step::Fed(Fed::Started { truncated, push })) => {
-                        self.handle.log.emit(
-                            "watch.subscribed",
-                            json!({"watch": self.spec.name, "uri": self.spec.uri,
-                                   "server": self.server.name.clone(), "push": push}),
-                        );
-                        if self.stats.starting.swap(false, Ordering::Relaxed) {
-                            tracing::info!(watch = %self.spec.name, uri = %self.spec.uri, "watch following its events again");
-                            self.handle.changed();
-                        }
-                        if truncated {
-                            self.take_in(vec![gap()], running.is_some(), event_line);
-                        }
+                    if truncated {
+                        self.take_in(vec![gap()], running.is_some(), event_line);
                     }
-                    Some(Step::Fed(Fed::Trouble(why))) => {
-                        tracing::warn!(watch = %self.spec.name, server = %self.server.name, reason = %why,
-                            "the server reports trouble on the event stream; it goes on");
-                    }
-                    Some(Step::Failed { attempt, error }) => {
-                        if !self.failed(attempt, error).await {
-                            return;
-                        }
-                    }
-                    // The follow's task ended on its own: it panicked.
-                    None => {
-                        self.fail("the event follow stopped").await;
+                }
+                Some(Step::Fed(Fed::Trouble(why))) => {
+                    tracing::warn!(watch = %self.spec.name, server = %self.server.name, reason = %why,
+                        "the server reports trouble on the event stream; it goes on");
+                }
+                Some(Step::Failed { attempt, error }) => {
+                    if !self.failed(attempt, error).await {
                         return;
                     }
-                },
+                }
+                // The follow's task ended on its own: it panicked.
+                None => {
+                    self.fail("the event follow stopped").await;
+                    return;
+                }
             }
         }
     }
