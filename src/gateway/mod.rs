@@ -10,7 +10,8 @@
 //!   slug exists or not. A caller is known when it is local (stdio, `herald up`'s pipes), let
 //!   in by `open_to_loopback`, or presents a configured token (its SHA-256 checked against
 //!   every hash in constant time); over HTTP any other caller gets `401` before its request is
-//!   read.
+//!   read, over QUIC `-32024` (`data.kind: "unauthenticated"`) for every request, the
+//!   handshake first (`mcp/conn.rs`).
 //! - **Tools** `slug__tool`, forwarded with the prefix stripped; results and errors unchanged.
 //!   A `[[slug]]` with `prefix = false` (at most one) keeps its names bare: a name it lists
 //!   routes to it first (`Access::route_name`).

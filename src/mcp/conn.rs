@@ -73,6 +73,20 @@ impl Service<RoleServer> for ConnServer {
         mut context: RequestContext<RoleServer>,
     ) -> Result<ServerResult, McpError> {
         let caller = Caller::from_meta(&context.meta, self.local, self.loopback);
+        // A caller the source does not know (a missing or unknown token over QUIC) is refused
+        // every request, the handshake first, as HTTP refuses it with 401: never served as a
+        // caller entitled to nothing.
+        let auth = self.server.authenticates(&caller);
+        if let Some(message) = auth.refusal() {
+            return Err(McpError::new(
+                rmcp::model::ErrorCode(-32024),
+                message,
+                Some(serde_json::json!({
+                    "kind": crate::mcp::source::UNAUTHENTICATED,
+                    "reason": auth.reason(),
+                })),
+            ));
+        }
         // A legacy session's listen is refused by rmcp (-32601): admit nothing for it.
         let legacy = context
             .protocol_version()

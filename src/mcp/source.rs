@@ -131,6 +131,39 @@ pub enum Authentication {
     UnknownToken,
 }
 
+impl Authentication {
+    /// What a refused caller is told, the same words on every transport (HTTP answers them
+    /// with `401`, a byte stream as the request's `-32024` error); `None` for a known caller.
+    pub fn refusal(self) -> Option<&'static str> {
+        match self {
+            Authentication::Known => None,
+            Authentication::TokenRequired => Some(
+                "this server requires a token: send it as `Authorization: Bearer TOKEN` (herald's clients send HERALD_TOKEN); the server's operator adds it as a [[token]] with sha256 = the output of `printf %s TOKEN | sha256sum`",
+            ),
+            Authentication::NoTokens => Some(
+                "this server has no tokens configured, so it serves no caller over the network: add [[token]] entries to its config (or reach it on loopback when it is bound to loopback alone)",
+            ),
+            Authentication::UnknownToken => Some(
+                "the token is not one this server knows: check it (HERALD_TOKEN for herald's clients), or have the server's operator add a [[token]] with sha256 = the output of `printf %s TOKEN | sha256sum`",
+            ),
+        }
+    }
+
+    /// `data.reason` of a refusal on a byte stream, for a client to match on.
+    pub fn reason(self) -> &'static str {
+        match self {
+            Authentication::Known => "known",
+            Authentication::TokenRequired => "token_required",
+            Authentication::NoTokens => "no_tokens",
+            Authentication::UnknownToken => "unknown_token",
+        }
+    }
+}
+
+/// `data.kind` of a request refused because its caller is not known (a missing or unknown
+/// token over QUIC): a client says it as HTTP's `401` is said.
+pub const UNAUTHENTICATED: &str = "unauthenticated";
+
 /// A change source. See the module docs.
 #[async_trait]
 pub trait Source: Send + Sync + 'static {

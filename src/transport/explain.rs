@@ -45,6 +45,9 @@ enum Cause {
     NotMcp(String),
     /// The server refused the MCP handshake with this JSON-RPC error message.
     Refusal(String),
+    /// The server does not know this client's credentials (a QUIC handshake refused as HTTP
+    /// refuses with 401).
+    Unauthenticated,
     /// Nothing herald knows: the innermost error's own text.
     Other(String),
 }
@@ -277,7 +280,25 @@ fn sentence(target: &Target, token: bool, cause: Cause) -> String {
             format!("{at} is not an MCP endpoint: {what} — check the URL (herald serves /mcp)")
         }
         Cause::Refusal(message) => format!("{at} refused the MCP handshake: {message}"),
+        Cause::Unauthenticated => token_refused(&at, token, None),
         Cause::Other(message) => format!("{at}: {message}"),
+    }
+}
+
+/// A server that does not know this client's token (or wants one): the same words whatever
+/// carried the refusal (`how`, e.g. `HTTP 401`).
+fn token_refused(at: &str, token: bool, how: Option<&str>) -> String {
+    let how = how.map(|h| format!(" ({h})")).unwrap_or_default();
+    if token {
+        format!(
+            "{at} refused the token{how} — check HERALD_TOKEN (a gateway slug: its token_env or \
+             token_credential) against the server's [[token]] entries"
+        )
+    } else {
+        format!(
+            "{at} needs a token{how} — set HERALD_TOKEN to one the server knows (a gateway slug: \
+             token_env or token_credential)"
+        )
     }
 }
 
@@ -289,14 +310,7 @@ fn status(target: &Target, token: bool, code: u16, body: &str) -> String {
         b => format!(": {b}"),
     };
     match code {
-        401 if token => format!(
-            "{at} refused the token (HTTP 401) — check HERALD_TOKEN (a gateway slug: its \
-             token_env or token_credential) against the server's [[token]] entries"
-        ),
-        401 => format!(
-            "{at} needs a token (HTTP 401) — set HERALD_TOKEN to one the server knows (a gateway \
-             slug: token_env or token_credential)"
-        ),
+        401 => token_refused(&at, token, Some("HTTP 401")),
         403 => format!(
             "{at} refused this client (HTTP 403{said}) — a token not entitled to this server \
              (HERALD_TOKEN), or a Host the server does not allow (herald's --allowed-host)"
@@ -355,6 +369,15 @@ fn init_cause(e: &ClientInitializeError) -> Cause {
             }
         }
         ClientInitializeError::ConnectionClosed(_) => Cause::Closed,
+        ClientInitializeError::JsonRpcError(d)
+            if d.data
+                .as_ref()
+                .and_then(|v| v.get("kind"))
+                .and_then(|k| k.as_str())
+                == Some(crate::mcp::source::UNAUTHENTICATED) =>
+        {
+            Cause::Unauthenticated
+        }
         ClientInitializeError::JsonRpcError(d) => Cause::Refusal(d.message.to_string()),
         other => Cause::Other(other.to_string()),
     }

@@ -641,20 +641,11 @@ fn json_content(headers: &axum::http::HeaderMap) -> bool {
 /// unknown token is refused outright, never taken as a token with no entitlements.
 fn unauthenticated(server: &SourceServer, caller: &Caller) -> Option<Response> {
     use crate::mcp::source::Authentication;
-    let (message, challenge) = match server.authenticates(caller) {
-        Authentication::Known => return None,
-        Authentication::TokenRequired => (
-            "this server requires a token: send it as `Authorization: Bearer TOKEN` (herald's clients send HERALD_TOKEN); the server's operator adds it as a [[token]] with sha256 = the output of `printf %s TOKEN | sha256sum`",
-            r#"Bearer realm="herald""#,
-        ),
-        Authentication::NoTokens => (
-            "this server has no tokens configured, so it serves no caller over the network: add [[token]] entries to its config (or reach it on loopback when it is bound to loopback alone)",
-            r#"Bearer realm="herald""#,
-        ),
-        Authentication::UnknownToken => (
-            "the token is not one this server knows: check it (HERALD_TOKEN for herald's clients), or have the server's operator add a [[token]] with sha256 = the output of `printf %s TOKEN | sha256sum`",
-            r#"Bearer realm="herald", error="invalid_token""#,
-        ),
+    let auth = server.authenticates(caller);
+    let message = auth.refusal()?;
+    let challenge = match auth {
+        Authentication::UnknownToken => r#"Bearer realm="herald", error="invalid_token""#,
+        _ => r#"Bearer realm="herald""#,
     };
     let mut response = rpc_error(
         StatusCode::UNAUTHORIZED,

@@ -562,19 +562,47 @@ async fn events_and_quic_tokens() {
         Some(vec!["a+memo://notes".to_owned()])
     );
     drop(sub);
-    let anon = ClientTrust {
-        pin: Some(s.gw.fingerprint()),
-        ..ClientTrust::default()
-    };
-    let q = connect(
-        &Target::Quic(s.gw.quic_addr()),
-        &anon,
-        client_config(),
-        4 << 20,
-    )
-    .await
-    .unwrap();
-    assert!(q.list_all_tools().await.unwrap().is_empty());
+    // No token, or one the gateway does not know, is refused at the handshake (as HTTP
+    // answers 401), never served as a caller entitled to nothing; herald's clients say what
+    // to do and exit 1.
+    for token in [None, Some("wrong")] {
+        let anon = ClientTrust {
+            pin: Some(s.gw.fingerprint()),
+            token: token.map(|t| Secret(t.to_owned())),
+            ..ClientTrust::default()
+        };
+        let refused = connect(
+            &Target::Quic(s.gw.quic_addr()),
+            &anon,
+            client_config(),
+            4 << 20,
+        )
+        .await
+        .err()
+        .expect("refused");
+        assert!(refused.to_string().contains("HERALD_TOKEN"), "{refused}");
+        let mut cmd = vec!["ls", "--mcp-quic"];
+        let addr = s.gw.quic_addr();
+        let pin = s.gw.fingerprint();
+        cmd.extend([addr.as_str(), "--tls-pin", pin.as_str()]);
+        let out = tokio::process::Command::new(bin())
+            .args(&cmd)
+            .env_remove("HERALD_TOKEN")
+            .envs(token.map(|t| ("HERALD_TOKEN", t)))
+            .output()
+            .await
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{err}");
+        assert!(err.contains("HERALD_TOKEN"), "{err}");
+        let want = if token.is_some() {
+            "refused the token"
+        } else {
+            "needs a token"
+        };
+        assert!(err.contains(want), "{err}");
+        assert!(out.stdout.is_empty(), "nothing listed: {:?}", out.stdout);
+    }
 }
 
 #[tokio::test]
