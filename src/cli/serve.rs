@@ -235,6 +235,13 @@ pub async fn role_store(opts: &ServeOptions, globals: &Globals) -> Result<Store,
 /// object like every other: `timestamp`, `level`, `"event":"listening"`, `role`, `http`,
 /// `http_url`, `quic`, `quic_fingerprint`, `stdio`, `admin`), else one human line per
 /// listener. Scripts and tests read this instead of guessing ports.
+/// What a server role serving only stdio says when a person started it at a terminal.
+fn stdio_at_a_terminal(role: &str) -> String {
+    format!(
+        "herald {role}: speaking MCP on stdin/stdout, for a client that starts it (as herald's --mcp-stdio does); to serve over the network add --http 127.0.0.1:8750 (or --quic ADDR). Ctrl-D ends it"
+    )
+}
+
 pub fn announce(bound: &Bound, format: LogFormat) {
     // (Not `display`: tracing's macros bring their own into scope.)
     let addr = tracing::field::display::<SocketAddr>;
@@ -262,8 +269,12 @@ pub fn announce(bound: &Bound, format: LogFormat) {
                 );
             }
             if bound.stdio && bound.http.is_none() && bound.quic.is_none() {
-                // stdout carries the protocol; say nothing there.
+                // stdout carries the protocol; say nothing there. A person at a terminal is
+                // told on stderr what this is and how to serve over the network instead.
                 tracing::debug!(role = %bound.role, "serving stdio");
+                if std::io::IsTerminal::is_terminal(&std::io::stdin()) {
+                    eprintln!("{}", stdio_at_a_terminal(&bound.role));
+                }
             }
         }
     }

@@ -445,3 +445,42 @@ async fn watch_state_with_nothing_saved_says_there_is_nothing_to_watch() {
         "{err}"
     );
 }
+
+/// A server role started bare at a terminal says on stderr what it is doing and how to serve
+/// over the network; started by a client (stdin a pipe) it says nothing.
+#[tokio::test]
+async fn a_bare_server_role_at_a_terminal_says_it_speaks_mcp_on_stdio() {
+    init();
+    let (_master, slave) = crate::watch::pty();
+    let mut child = tokio::process::Command::new(bin())
+        .args(["--store", ":memory:", "memo"])
+        .stdin(std::process::Stdio::from(slave))
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let mut err = tokio::io::BufReader::new(child.stderr.take().unwrap()).lines();
+    let line = tokio::time::timeout(WAIT, async {
+        while let Some(l) = err.next_line().await.unwrap() {
+            if l.contains("stdin/stdout") {
+                return l;
+            }
+        }
+        panic!("herald memo ended without saying it speaks MCP on stdio");
+    })
+    .await
+    .expect("the line in time");
+    assert!(line.contains("--http 127.0.0.1:8750"), "{line}");
+    child.kill().await.unwrap();
+
+    // Piped (a client started it): nothing on stderr about it.
+    let out = tokio::process::Command::new(bin())
+        .args(["--store", ":memory:", "memo"])
+        .stdin(std::process::Stdio::null())
+        .output()
+        .await
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!err.contains("stdin/stdout"), "{err}");
+}

@@ -674,7 +674,7 @@ async fn herald_up_prints_one_notice_per_change_in_the_demo() {
 
 /// A pseudo-terminal: `(master, slave)`. What a child writes to the slave is read from the
 /// master (with `\r\n` for each newline).
-fn pty() -> (std::fs::File, std::fs::File) {
+pub(crate) fn pty() -> (std::fs::File, std::fs::File) {
     use std::os::fd::FromRawFd;
     let (mut master, mut slave) = (0, 0);
     // SAFETY: openpty writes two descriptors it opened into the two ints; each is then owned
