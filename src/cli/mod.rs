@@ -61,7 +61,7 @@ pub enum LogFormat {
 pub enum Command {
     /// Serve the memo source: memo://notes and memo://log, with memo_set / memo_delete.
     Memo(memo::MemoArgs),
-    /// Serve Kubernetes / kcp objects as event logs over the real kubectl.
+    /// Serve Kubernetes / kcp objects as event logs (over the API; tools run kubectl).
     K8s(k8s::K8sArgs),
     /// Serve files and directories under --root DIRs: file:///PATH (content or listing) and
     /// file-events://watch/PATH (event log), changes pushed from inotify.

@@ -51,7 +51,8 @@ const TOLERANCE_SECS: u64 = 300;
 /// How often a webhook feed renews its upstream subscription (under the one-hour floor any
 /// server grants).
 const RENEW: Duration = Duration::from_secs(30 * 60);
-/// Webhook message ids remembered per feed, to drop a message sent again.
+/// Event ids remembered per feed, to drop an event sent again (a stream's replay, a webhook
+/// retried).
 const SEEN: usize = 4096;
 /// Retries of a feed whose slug failed.
 const RETRY: Backoff = Backoff::new(Duration::from_secs(1), Duration::from_secs(30));
@@ -85,12 +86,16 @@ struct State {
     started: bool,
     /// The slug refused the subscription (its verdict): polls go to the slug, which says why.
     refused: bool,
+    /// The feed's task ended (nobody asked for it, or refused): a poll waiting on it asks
+    /// again, of a new feed or the slug.
+    ended: bool,
     webhook: bool,
     /// The next event comes after a gap.
     gap_next: bool,
     next_local: u64,
-    /// Webhook message ids taken, newest last.
-    seen: VecDeque<String>,
+    /// Event ids taken (at most [`SEEN`], oldest forgotten first): one sent again is dropped.
+    seen: std::collections::HashSet<String>,
+    seen_order: VecDeque<String>,
 }
 
 /// One upstream subscription and what it brought; see the module docs.
@@ -151,13 +156,19 @@ impl Feed {
         };
         let (from, lost) = match from {
             Some(i) => (i, false),
-            // A webhook feed has no slug to replay from: its oldest event, with the gap said.
-            None if s.webhook => (0, true),
+            // A webhook feed has no slug to replay from, and a cursor of the gateway's own
+            // (from an older feed) means nothing to the slug: the oldest event held, with the
+            // gap said.
+            None if s.webhook || cursor.starts_with(LOCAL_CURSOR) => (0, true),
             None => return Read::Unknown,
         };
         let mut events = Vec::new();
         let mut truncated = lost;
-        let mut last = cursor.to_owned();
+        // A lost cursor is never handed back: the base (where the oldest event follows) is.
+        let mut last = match lost {
+            true => s.base.clone().unwrap_or_else(|| cursor.to_owned()),
+            false => cursor.to_owned(),
+        };
         for e in s.ring.iter().skip(from) {
             if events.len() >= max {
                 break;
@@ -187,6 +198,19 @@ impl Feed {
             let mut s = self.state.locked();
             let mut gap = truncated || std::mem::take(&mut s.gap_next);
             for (i, mut event) in events.into_iter().enumerate() {
+                // An event taken already (a stream that replayed it, a webhook sent again)
+                // is not taken twice.
+                if let Some(id) = event.get("eventId").and_then(Value::as_str) {
+                    if !s.seen.insert(id.to_owned()) {
+                        continue;
+                    }
+                    s.seen_order.push_back(id.to_owned());
+                    if s.seen_order.len() > SEEN
+                        && let Some(old) = s.seen_order.pop_front()
+                    {
+                        s.seen.remove(&old);
+                    }
+                }
                 let own = own_cursor(&mut event).or_else(|| {
                     (i + 1 == n)
                         .then(|| batch_cursor.map(str::to_owned))
@@ -263,8 +287,11 @@ fn as_polled(event: &mut Value, cursor: Option<&str>) {
 /// stream's that gives cursors per batch): unique to its feed, so a cursor from an older feed
 /// of the same event type is not taken for one of this.
 fn local_cursor(feed: &str, n: u64) -> String {
-    format!("gw{}.{n}", &feed[..feed.len().min(12)])
+    format!("{LOCAL_CURSOR}{}.{n}", &feed[..feed.len().min(12)])
 }
+
+/// How the gateway's own cursors begin.
+const LOCAL_CURSOR: &str = "gw";
 
 /// The cursor an occurrence carries (`cursor`, or a herald poll's `_meta` one), taken off it
 /// (a poll's answer gives its own).
@@ -397,10 +424,13 @@ impl Feeds {
                 return None;
             }
         }
-        if feed.state.locked().refused {
-            return None;
-        }
         loop {
+            {
+                let s = feed.state.locked();
+                if s.refused || s.ended {
+                    return None;
+                }
+            }
             changed.borrow_and_update();
             match feed.read(cursor.as_deref(), max) {
                 Read::Unknown => return None,
@@ -494,6 +524,8 @@ enum Wake {
     Idle,
     /// A webhook feed's subscription is due for renewal.
     Renew,
+    /// The slug ended it: subscribe again (after the retry pause).
+    Resubscribe,
     Got(Result<Fed, UpstreamError>),
 }
 
@@ -515,20 +547,36 @@ impl Run {
                 Mode::Webhook => tokio::select! {
                     _ = tokio::time::sleep_until(idle_at.into()) => Wake::Idle,
                     _ = tokio::time::sleep_until(renew_at) => Wake::Renew,
-                    _ = self.feed.resubscribe.notified() => Wake::Renew,
+                    _ = self.feed.resubscribe.notified() => Wake::Resubscribe,
                 },
             };
             match wake {
                 Wake::Idle if self.feed.used.locked().elapsed() >= IDLE => break,
                 Wake::Idle => {}
-                Wake::Renew => {
+                Wake::Renew | Wake::Resubscribe => {
+                    if matches!(wake, Wake::Resubscribe) {
+                        // A slug that ends the subscription again and again is not asked in
+                        // a loop.
+                        self.pause(&mut retry).await;
+                    }
                     renew_at = tokio::time::Instant::now() + RENEW;
-                    if let Err(e) = self.subscribe().await {
-                        tracing::warn!(slug = %self.slug, event = %self.name, error = %e,
-                            "could not renew the gateway's webhook subscription; trying again in a minute");
-                        // Events may be lost until it is back: the next one says so.
-                        self.feed.state.locked().gap_next = true;
-                        renew_at = tokio::time::Instant::now() + Duration::from_secs(60);
+                    match self.subscribe().await {
+                        Ok(()) => retry = RETRY,
+                        Err(e)
+                            if e.is_verdict() || matches!(e, UpstreamError::Forbidden { .. }) =>
+                        {
+                            tracing::info!(slug = %self.slug, event = %self.name, error = %e,
+                                "the slug refused the gateway's webhook subscription");
+                            self.feed.refuse();
+                            break;
+                        }
+                        // The subscription made before still holds (its TTL is far longer
+                        // than a renewal's period): try again soon, nothing lost yet.
+                        Err(e) => {
+                            tracing::warn!(slug = %self.slug, event = %self.name, error = %e,
+                                "could not renew the gateway's webhook subscription; trying again in a minute");
+                            renew_at = tokio::time::Instant::now() + Duration::from_secs(60);
+                        }
                     }
                 }
                 Wake::Got(Ok(Fed::Started { truncated, .. })) => {
@@ -648,6 +696,7 @@ impl Run {
                 let _ = self.up.custom("events/unsubscribe", params).await;
             }
         }
+        self.feed.state.locked().ended = true;
         self.feed.bump();
     }
 }

@@ -430,10 +430,11 @@ impl Upstream {
             match opened {
                 Ok(Ok(live)) => {
                     let live = Arc::new(live);
+                    // Before it is published: nothing sent on the new connection is cleared.
+                    self.relay.connected();
                     *self.live.locked() = Some(live.clone());
                     *self.catalog.locked() =
                         Some(live.catalog.clone());
-                    self.relay.connected();
                     self.relay.lists.count(|e| e.connects += 1);
                     let mut p = self.pacing.locked();
                     p.next = None;

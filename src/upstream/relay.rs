@@ -241,6 +241,9 @@ impl Relay {
         let mut s = self.streams.locked();
         s.early.clear();
         s.closed.clear();
+        // The older connection's streams are gone with it: their followers see their channel
+        // end and open again (ids start over, so a route kept could take a new stream's).
+        s.by_id.clear();
     }
 
     /// Progress and log messages dropped so far because their call's channel was full.

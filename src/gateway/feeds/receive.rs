@@ -3,7 +3,7 @@
 
 use serde_json::{Value, json};
 
-use super::{Feeds, RECEIVER_PATH, SEEN, TOLERANCE_SECS};
+use super::{Feeds, RECEIVER_PATH, TOLERANCE_SECS};
 use crate::hooks::deliver::Secret;
 use crate::sync::Recover;
 
@@ -50,7 +50,6 @@ impl crate::mcp::server::webhooks::Receiver for Feeds {
             return refused(400, "the body is not JSON");
         };
         self.metrics.received.inc();
-        let webhook_id = header("webhook-id").unwrap_or_default();
         match msg.get("type").and_then(Value::as_str) {
             Some("verification") => {
                 let challenge = msg.get("challenge").cloned().unwrap_or(Value::Null);
@@ -62,17 +61,8 @@ impl crate::mcp::server::webhooks::Receiver for Feeds {
                 feed.state.locked().gap_next = true;
                 feed.resubscribe.notify_one();
             }
+            // An event (one the feed took already, sent again, is dropped by its eventId).
             _ => {
-                {
-                    let mut s = feed.state.locked();
-                    if s.seen.contains(&webhook_id) {
-                        return (200, json!({}));
-                    }
-                    if s.seen.len() == SEEN {
-                        s.seen.pop_front();
-                    }
-                    s.seen.push_back(webhook_id);
-                }
                 let mut event = msg;
                 if let Some(o) = event.as_object_mut() {
                     o.remove("cursor");

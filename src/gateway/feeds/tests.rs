@@ -174,3 +174,37 @@ fn a_signature_is_checked_against_the_feeds_secret_and_the_clock() {
     assert!(verify(&f.secret, &headers(now - 600, old), body).is_err());
     assert!(verify(&f.secret, &|_| None, body).is_err());
 }
+
+#[test]
+fn a_lost_cursor_is_answered_from_the_base_never_handed_back_or_sent_upstream() {
+    // A webhook feed with nothing yet: the base, not the caller's unknown cursor.
+    let f = feed(true);
+    let base = local_cursor(&f.id, 0);
+    f.started(Some(&base), false);
+    assert_eq!(
+        known(f.read(Some("gwolderfeed.7"), 10)),
+        (vec![], Some(base), true)
+    );
+    // A stream feed: a cursor of the gateway's own it no longer holds is not the slug's to
+    // answer; one of the slug's it does not hold goes to the slug.
+    let f = feed(false);
+    f.started(Some("10"), false);
+    f.take(vec![ev("11")], false, Some("11"));
+    assert_eq!(
+        known(f.read(Some("gwolderfeed.7"), 10)),
+        (vec!["e11".into()], Some("11".into()), true)
+    );
+    assert!(matches!(f.read(Some("5"), 10), Read::Unknown));
+}
+
+#[test]
+fn an_event_sent_again_is_taken_once() {
+    let f = feed(false);
+    f.started(Some("10"), false);
+    f.take(vec![ev("11"), ev("12")], false, Some("12"));
+    // A stream that reopened from an older cursor replays them.
+    f.take(vec![ev("11"), ev("12"), ev("13")], false, Some("13"));
+    let (got, cursor, _) = known(f.read(Some("10"), 10));
+    assert_eq!(got, ["e11", "e12", "e13"]);
+    assert_eq!(cursor.as_deref(), Some("13"));
+}

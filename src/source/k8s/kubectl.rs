@@ -92,6 +92,22 @@ fn unavailable(msg: String) -> SourceError {
 /// The tail of kubectl's stderr, trimmed, for an error message.
 fn stderr_text(bytes: &[u8]) -> String {
     let text = String::from_utf8_lossy(bytes);
+    // klog's lines (`E1205 08:25:26.633515 2182 memcache.go:265] …`) repeat what kubectl's
+    // own last line says: that line alone, unless klog is all there is.
+    let said: Vec<&str> = text
+        .lines()
+        .map(str::trim)
+        .filter(|l| !l.is_empty() && !is_klog(l))
+        .collect();
+    let text = if said.is_empty() {
+        text.trim().to_owned()
+    } else {
+        said.join("\n")
+    };
+    // With no kubeconfig kubectl falls back to localhost:8080; say it as the watches do.
+    if text.contains("localhost:8080") && text.contains("refused") {
+        return "no kubeconfig found and not running in a cluster (kubectl fell back to localhost:8080, where nothing answers); pass --kubeconfig PATH".to_owned();
+    }
     let text = text.trim();
     if text.len() <= MAX_ERROR_BYTES {
         return text.to_owned();
@@ -101,6 +117,20 @@ fn stderr_text(bytes: &[u8]) -> String {
         start += 1;
     }
     format!("...{}", &text[start..])
+}
+
+/// Whether `line` is one of klog's (`E1205 08:25:26.633515    2182 file.go:265] …`): a
+/// severity letter, four digits, a time, then `file:line]`.
+fn is_klog(line: &str) -> bool {
+    let b = line.as_bytes();
+    b.len() > 22
+        && matches!(b[0], b'I' | b'W' | b'E' | b'F')
+        && b[1..5].iter().all(u8::is_ascii_digit)
+        && b[5] == b' '
+        && line
+            .split_whitespace()
+            .nth(3)
+            .is_some_and(|f| f.ends_with(']'))
 }
 
 impl Kubectl {
@@ -730,6 +760,26 @@ fn distance(a: &str, b: &str) -> usize {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn klog_noise_is_dropped_and_a_missing_kubeconfig_said_in_one_line() {
+        let noise = "E1205 08:25:26.633515    2182 memcache.go:265] \"Unhandled Error\" err=\"couldn't get current server API group list: Get \\\"http://localhost:8080/api?timeout=32s\\\": dial tcp 127.0.0.1:8080: connect: connection refused\"\n";
+        let last = "The connection to the server localhost:8080 was refused - did you specify the right host or port?\n";
+        let said = stderr_text(format!("{noise}{noise}{last}").as_bytes());
+        assert!(said.starts_with("no kubeconfig found"), "{said}");
+        assert!(said.contains("--kubeconfig"), "{said}");
+        assert!(!said.contains("memcache"), "{said}");
+        // Another failure keeps kubectl's own words, without klog's lines.
+        let other = "W1205 08:25:26.633515    2182 warnings.go:70] deprecated\nError from server (NotFound): configmaps \"x\" not found\n";
+        assert_eq!(
+            stderr_text(other.as_bytes()),
+            "Error from server (NotFound): configmaps \"x\" not found"
+        );
+        // Only klog: kept as it is.
+        let only = "E1205 08:25:26.633515    2182 round_trippers.go:1] something odd\n";
+        assert!(stderr_text(only.as_bytes()).contains("round_trippers"));
+        assert!(!is_klog("Error from server (NotFound): x"));
+    }
 
     const WIDE: &str = "\
 NAME          SHORTNAMES   APIVERSION   NAMESPACED   KIND        VERBS                                         CATEGORIES
