@@ -130,12 +130,32 @@ impl ConnectArgs {
             token: crate::transport::tls::Secret::from_env(),
         };
         let target = self.target();
-        if let Target::Http(url) = &target {
-            explain::check_http_url(url).map_err(|e| usage(anyhow!("--mcp-http {e}")))?;
-        }
+        check_target(&target, self.tls_pin.as_deref())?;
         let within = self.timeout.duration();
         Ok(connect_within(&target, &trust, handler, DEFAULT_MAX_MESSAGE_BYTES, within).await?)
     }
+}
+
+/// What is malformed in a server as given (`--mcp-http`, `--mcp-quic`, `--tls-pin`) is bad
+/// usage (64), said before any connect.
+pub fn check_target(target: &Target, pin: Option<&str>) -> Result<(), Exit> {
+    match target {
+        Target::Http(url) => {
+            explain::check_http_url(url).map_err(|e| usage(anyhow!("--mcp-http {e}")))?
+        }
+        Target::Quic(addr) => {
+            crate::transport::dns::split_host_port(addr).map_err(|e| {
+                usage(anyhow!(
+                    "--mcp-quic {e} (a QUIC server is HOST:PORT; an http:// URL goes to --mcp-http)"
+                ))
+            })?;
+        }
+        Target::Stdio(_) => {}
+    }
+    if let Some(pin) = pin {
+        crate::transport::tls::parse_pin(pin).map_err(|e| usage(anyhow!("{e}")))?;
+    }
+    Ok(())
 }
 
 #[derive(Debug, Args)]

@@ -10,7 +10,6 @@ use crate::app;
 use crate::cli::client::ConnectTimeout;
 use crate::cli::{Exit, Globals, usage};
 use crate::filter::pool::PoolConfig;
-use crate::transport::explain;
 use crate::transport::target::Target;
 use crate::transport::tls::ClientTrust;
 use crate::upstream::{Upstream, UpstreamConfig};
@@ -211,9 +210,7 @@ impl ServerFlags {
         trust: ClientTrust,
         max_message_bytes: usize,
     ) -> Result<Arc<Upstream>, Exit> {
-        if let Target::Http(url) = &target {
-            explain::check_http_url(url).map_err(|e| usage(anyhow!("{e}")))?;
-        }
+        crate::cli::client::check_target(&target, trust.pin.as_deref())?;
         Ok(Arc::new(Upstream::new(UpstreamConfig {
             handshake_timeout: self.timeout.duration(),
             ..upstream_config(target, trust, max_message_bytes)

@@ -484,3 +484,48 @@ async fn a_bare_server_role_at_a_terminal_says_it_speaks_mcp_on_stdio() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(!err.contains("stdin/stdout"), "{err}");
 }
+
+/// A server given malformed (an http:// URL to --mcp-quic, a pin that is not a fingerprint)
+/// is bad usage: exit 64 and what to write instead, before any connect, in every client.
+#[tokio::test]
+async fn a_malformed_server_or_pin_is_bad_usage() {
+    init();
+    let pin = "ab".repeat(32);
+    for args in [
+        vec!["ls", "--mcp-quic", "http://127.0.0.1:1/mcp"],
+        vec!["ls", "--mcp-quic", "127.0.0.1:1", "--tls-pin", "zz"],
+        vec!["call", "memo_set", "--mcp-http", "127.0.0.1:1"],
+        vec![
+            "watch",
+            "--mcp-quic",
+            "http://x/mcp",
+            "--watch",
+            "n=memo://notes",
+        ],
+        vec![
+            "watch",
+            "--mcp-quic",
+            "127.0.0.1:1",
+            "--tls-pin",
+            "nope",
+            "--watch",
+            "n=memo://notes",
+        ],
+        vec![
+            "poll",
+            "x",
+            "--mcp-quic",
+            "127.0.0.1:1",
+            "--tls-pin",
+            &pin[..10],
+        ],
+    ] {
+        let out = Command::new(bin()).args(&args).output().await.unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(64), "{args:?}: {err}");
+        assert!(
+            err.contains("--mcp-quic") || err.contains("--tls-pin") || err.contains("--mcp-http"),
+            "{args:?}: {err}"
+        );
+    }
+}
