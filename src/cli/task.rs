@@ -119,6 +119,19 @@ fn summary(v: &Value) -> String {
     }
 }
 
+/// What a person typed for a field of JSON type `kind`, read as `herald call` reads
+/// `KEY=VALUE`: JSON when it parses, else the text. For a string field a JSON string is its
+/// content (`"ana"` is ana) and anything else the text as typed (`5` is "5").
+fn field_value(kind: Option<&str>, text: &str) -> Value {
+    let parsed = serde_json::from_str::<Value>(text).ok();
+    match (kind, parsed) {
+        (Some("string") | None, Some(Value::String(s))) => Value::String(s),
+        (Some("string") | None, _) => Value::String(text.to_owned()),
+        (_, Some(v)) => v,
+        (_, None) => Value::String(text.to_owned()),
+    }
+}
+
 /// Asks the person at the terminal for each elicitation's string fields; `None` when there
 /// is no terminal to ask at.
 fn answer_on_terminal(requests: &JsonObject) -> anyhow::Result<Option<JsonObject>> {
@@ -136,16 +149,12 @@ fn answer_on_terminal(requests: &JsonObject) -> anyhow::Result<Option<JsonObject
             .unwrap_or_default();
         for (name, schema) in props {
             let about = schema["description"].as_str().unwrap_or(&name).to_owned();
-            eprint!("  {about}: ");
+            eprint!("  {about} (JSON or text): ");
             std::io::stderr().flush()?;
             let mut line = String::new();
             std::io::stdin().read_line(&mut line)?;
-            let text = line.trim_end_matches(['\n', '\r']).to_owned();
-            let value = match schema["type"].as_str() {
-                Some("string") | None => Value::String(text),
-                _ => serde_json::from_str(&text).unwrap_or(Value::String(text)),
-            };
-            content.insert(name, value);
+            let text = line.trim_end_matches(['\n', '\r']);
+            content.insert(name, field_value(schema["type"].as_str(), text));
         }
         answers.insert(key.clone(), json!({"action": "accept", "content": content}));
     }
@@ -292,5 +301,21 @@ pub async fn call(args: CallArgs) -> Result<(), Exit> {
         )
         .into()),
         _ => Err(anyhow!("task {id} was cancelled").into()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_typed_answer_reads_as_herald_call_reads_it() {
+        assert_eq!(field_value(Some("string"), "ana"), json!("ana"));
+        assert_eq!(field_value(Some("string"), "\"ana\""), json!("ana"));
+        assert_eq!(field_value(Some("string"), "5"), json!("5"));
+        assert_eq!(field_value(None, "\"a b\""), json!("a b"));
+        assert_eq!(field_value(Some("integer"), "5"), json!(5));
+        assert_eq!(field_value(Some("boolean"), "true"), json!(true));
+        assert_eq!(field_value(Some("integer"), "five"), json!("five"));
     }
 }
