@@ -528,6 +528,8 @@ mod tests {
                 "stdio:npx …",
             ),
             (Target::Stdio("herald".into()), "stdio:herald"),
+            // herald up's own roles: shown whole, no "…".
+            (Target::Stdio("in-process memo".into()), "in-process memo"),
             (Target::Quic("h:1".into()), "quic://h:1"),
         ] {
             assert_eq!(t.redacted(), want);

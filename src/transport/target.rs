@@ -22,12 +22,18 @@ impl std::fmt::Display for Target {
     }
 }
 
+/// How the target of a role in this process (`herald up`'s, over in-memory pipes) begins:
+/// `in-process memo`.
+pub const IN_PROCESS: &str = "in-process ";
+
 impl Target {
     /// The target as an unauthenticated report may show it (the admin address's `/status`):
     /// an HTTP URL without userinfo or query, a command without its arguments (either may
     /// carry a key).
     pub fn redacted(&self) -> String {
         match self {
+            // A role of this process (`herald up`'s): nothing to hide, nothing left out.
+            Target::Stdio(c) if c.starts_with(IN_PROCESS) => c.clone(),
             Target::Stdio(c) => {
                 let mut words = c.split_whitespace();
                 let program = words.next().unwrap_or_default();

@@ -311,14 +311,17 @@ impl Upstream {
     /// How it is doing, for the admin address's `/status` and `/ready`: connected now, ever
     /// connected (it has a catalog), and the last failed connect's reason.
     pub fn report(&self) -> UpstreamReport {
+        let connected = self.cached().is_some();
+        // What failed last, while it is not connected: a connected upstream has no error to
+        // show.
         let last_error = {
             let p = self.pacing.locked();
-            Some(p.last_error.clone()).filter(|e| !e.is_empty())
+            Some(p.last_error.clone()).filter(|e| !e.is_empty() && !connected)
         };
         UpstreamReport {
             name: self.name.clone(),
             target: self.target.redacted(),
-            connected: self.cached().is_some(),
+            connected,
             ever_connected: self.catalog().is_some(),
             last_error,
         }
@@ -569,7 +572,10 @@ impl Upstream {
                         if up.stopped.load(Ordering::Acquire) {
                             return;
                         }
-                        up.failed(format!("the process exited ({status:?}); restarting it"));
+                        up.failed(match status {
+                            Ok(st) => format!("the process exited ({st}); restarting it"),
+                            Err(e) => format!("waiting for the process failed ({e}); restarting it"),
+                        });
                     }
                 }
             }

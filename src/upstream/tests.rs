@@ -173,3 +173,24 @@ async fn an_event_log_is_followed_by_cursor_from_where_the_last_follow_got_to() 
         "{next:?}"
     );
 }
+
+#[tokio::test]
+async fn the_last_error_is_reported_only_while_not_connected() {
+    let memo = MemoServer::start().await;
+    let up = memo.upstream();
+    let live = up.live().await.unwrap();
+    // A failure seen while the connection is up (a stdio child that exited, say) is not shown
+    // beside CONNECTED...
+    let _ = up.failed("the process exited (exit status: 1); restarting it".into());
+    let r = up.report();
+    assert!(r.connected);
+    assert_eq!(r.last_error, None);
+    // ...and is, once the connection is gone.
+    up.reset(&live);
+    let r = up.report();
+    assert!(!r.connected);
+    assert_eq!(
+        r.last_error.as_deref(),
+        Some("the process exited (exit status: 1); restarting it")
+    );
+}

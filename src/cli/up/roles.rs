@@ -235,7 +235,7 @@ fn local_config(name: &str, ctx: &RoleContext, max_message_bytes: usize) -> Upst
         // The server is in this process, with the pipe's own limit.
         max_listens: super::LOCAL_MAX_STREAMS,
         ..UpstreamConfig::new(
-            Target::Stdio(format!("in-process {name}")),
+            Target::Stdio(format!("{}{name}", crate::transport::target::IN_PROCESS)),
             Default::default(),
             max_message_bytes,
         )
