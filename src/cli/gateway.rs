@@ -21,7 +21,7 @@ pub const WARM_UP: std::time::Duration = std::time::Duration::from_secs(5);
 
 #[derive(Debug, Args)]
 pub struct GatewayArgs {
-    /// The gateway's TOML config: [[slug]] upstreams and [[token]] entitlements.
+    /// The gateway's TOML config: [[slug]] upstreams and [[token]] entitlements (required).
     #[arg(long, value_name = "FILE")]
     pub config: PathBuf,
     #[command(flatten)]

@@ -105,24 +105,27 @@ pub fn role_context(role: &str) -> RoleContext {
 
 #[derive(Debug, Clone, Args)]
 pub struct ServeArgs {
-    /// Serve Streamable HTTP on ADDR (e.g. 127.0.0.1:8750; port 0 picks one). The endpoint is /mcp.
+    /// Serve Streamable HTTP on ADDR (e.g. 127.0.0.1:8750; port 0 picks one). The endpoint is /mcp
+    /// [default: off; herald gateway: its config's `http`].
     #[arg(long, value_name = "ADDR")]
     pub http: Option<String>,
-    /// Serve MCP over QUIC on ADDR (ALPN `mcp`, one bidirectional stream per connection).
+    /// Serve MCP over QUIC on ADDR (ALPN `mcp`, one bidirectional stream per connection)
+    /// [default: off; herald gateway: its config's `quic`].
     #[arg(long, value_name = "ADDR")]
     pub quic: Option<String>,
-    /// Also serve stdin/stdout (the default when neither --http nor --quic is given).
+    /// Also serve stdin/stdout (the default when neither --http nor --quic is given) [default:
+    /// off].
     #[arg(long)]
     pub stdio: bool,
     /// Serve /live, /ready, /metrics and /status on ADDR, apart from the MCP endpoints (e.g.
-    /// 127.0.0.1:8759; port 0 picks one). No authentication: keep it on loopback.
+    /// 127.0.0.1:8759; port 0 picks one). No authentication: keep it on loopback [default: off].
     #[arg(long, value_name = "ADDR")]
     pub admin: Option<String>,
     /// PEM certificate chain for QUIC. Without it a self-signed identity is made on first start,
-    /// kept in the store, and its fingerprint printed.
+    /// kept in the store, and its fingerprint printed [default: none].
     #[arg(long, value_name = "FILE", requires = "tls_key")]
     pub tls_cert: Option<PathBuf>,
-    /// PEM private key for --tls-cert.
+    /// PEM private key for --tls-cert [default: none].
     #[arg(long, value_name = "FILE", requires = "tls_cert")]
     pub tls_key: Option<PathBuf>,
     /// Accept this Host header on HTTP besides loopback names and the bound address (repeatable).

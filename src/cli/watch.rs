@@ -24,7 +24,8 @@ use serde::Deserialize;
 pub struct WatchArgs {
     #[command(flatten)]
     pub servers: ServerFlags,
-    /// TOML config with [[server]], [[watch]] and [limits]; flags add to it and override limits.
+    /// TOML config with [[server]], [[watch]] and [limits]; flags add to it and override limits
+    /// [default: none].
     #[arg(long, value_name = "FILE")]
     pub config: Option<PathBuf>,
     /// A watch to start (repeatable). A watch that cannot start makes herald exit non-zero.

@@ -61,7 +61,7 @@ pub const DEFAULT_DEMO_DIR: &str = "herald-demo";
 #[derive(Debug, Args)]
 pub struct UpArgs {
     /// The appliance's config (TOML): [listen], [memo], [file], [k8s], [slack], [[slug]],
-    /// [[token]], [[watch]], [notify]. Without it, the demo.
+    /// [[token]], [[watch]], [notify] [default: none: the embedded demo].
     #[arg(long, value_name = "FILE")]
     pub config: Option<PathBuf>,
     /// The gateway's HTTP address, over [listen] http ("" turns HTTP off) [default:
