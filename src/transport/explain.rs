@@ -315,14 +315,18 @@ fn status(target: &Target, token: bool, code: u16, body: &str) -> String {
             "{at} refused this client (HTTP 403{said}) — a token not entitled to this server \
              (HERALD_TOKEN), or a Host the server does not allow (herald's --allowed-host)"
         ),
-        404 => {
-            let mut s =
-                format!("nothing at {at} (HTTP 404) — wrong path? herald serves MCP at /mcp");
-            if let Some(u) = with_path(target, "/mcp") {
-                s.push_str(&format!(": try {u}"));
-            }
-            s
-        }
+        404 => match with_path(target, "/mcp") {
+            Some(u) => format!(
+                "nothing at {at} (HTTP 404) — wrong path? herald serves MCP at /mcp: try {u}"
+            ),
+            // The path was /mcp already: another port (an admin address serves /live, /ready,
+            // /metrics and /status only), or not herald.
+            None => format!(
+                "nothing at {at} (HTTP 404) — is that port a herald MCP address? (an admin \
+                 address, --admin, serves /live, /ready, /metrics and /status, not MCP; herald \
+                 up's MCP is on 8750, its admin on 8759)"
+            ),
+        },
         429 => format!("{at} is rate-limiting this client (HTTP 429); try again later"),
         500..=599 => format!("{at} failed with HTTP {code}{said} — see the server's log"),
         _ => {
@@ -707,6 +711,10 @@ mod tests {
                  /mcp: try http://{addr}/mcp"
             )
         );
+        // The path was /mcp already (an admin address, say): no "try" of the same URL.
+        let e = connect_error(&format!("http://{addr}/mcp"), false).await;
+        assert!(e.contains("is that port a herald MCP address?"), "{e}");
+        assert!(!e.contains("try http"), "{e}");
     }
 
     #[tokio::test]
