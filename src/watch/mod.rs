@@ -170,8 +170,10 @@ where
     }
     // A shutdown during the start (a signal while a server is slow to answer) ends it there.
     let start = async {
+        // The upstream itself warned of a connect that failed, and a watch that cannot start
+        // says why: once each is enough.
         for (target, e) in manager.connect_all().await {
-            tracing::warn!(server = %target, error = %e, "server not reachable yet; retried when a watch needs it");
+            tracing::debug!(server = %target, error = %e, "server not reachable yet; retried when a watch needs it");
         }
         manager.restore().await;
         start_all(&manager, opts.watches, opts.configured).await
