@@ -72,6 +72,7 @@ pub async fn run(args: CodeArgs, _globals: &Globals, verbose: bool) -> Result<()
     };
     let shutdown = tokio_util::sync::CancellationToken::new();
     let mut outcome = Ok(true);
+    let mut watches_failed = false;
     let code = async |manager: &WatchManager| {
         outcome = session(args.file.as_deref(), manager, &code_pool).await;
         // Watches started here keep the command alive until a signal: say so, or it looks
@@ -91,12 +92,27 @@ pub async fn run(args: CodeArgs, _globals: &Globals, verbose: bool) -> Result<()
             // reading it stops in order.
             app::cancel_on_signals(shutdown.clone());
             eprintln!("{}", still_running(&input, &running));
+            // Until a signal, or until no watch runs (each ended, or failed for good).
+            tokio::select! {
+                _ = shutdown.cancelled() => {}
+                settled = manager.none_running() => {
+                    if let crate::watch::manager::Settled::Failed(f) = settled {
+                        let names: Vec<String> = f
+                            .iter()
+                            .map(|w| format!("{} ({}): {}", w.name, w.uri, w.reason))
+                            .collect();
+                        eprintln!("herald code: no watch runs any more; failed: {}", names.join("; "));
+                        watches_failed = true;
+                    }
+                }
+            }
         }
-        keep
+        false
     };
     // No watches to start, so this never fails.
     let _ = crate::watch::run(opts, shutdown.clone(), code).await;
     match outcome? {
+        true if watches_failed => Err(anyhow!("every watch started here failed (above)").into()),
         true => Ok(()),
         false => Err(anyhow!("the code raised an exception (above)").into()),
     }
@@ -116,7 +132,7 @@ fn still_running(input: &str, watches: &[WatchInfo]) -> String {
     }
     let n = watches.len();
     format!(
-        "herald code: {input} ended with {n} watch{} still running ({}); printing their notices until Ctrl-C or SIGTERM",
+        "herald code: {input} ended with {n} watch{} still running ({}); printing their notices until Ctrl-C or SIGTERM, or until none runs",
         if n == 1 { "" } else { "es" },
         named.join(", ")
     )
@@ -339,7 +355,7 @@ mod tests {
     fn the_end_of_input_says_which_watches_it_waits_for_and_how_to_stop() {
         assert_eq!(
             still_running("stdin", &[info("notes", "memo://notes")]),
-            "herald code: stdin ended with 1 watch still running (notes: memo://notes); printing their notices until Ctrl-C or SIGTERM"
+            "herald code: stdin ended with 1 watch still running (notes: memo://notes); printing their notices until Ctrl-C or SIGTERM, or until none runs"
         );
         let many: Vec<WatchInfo> = (1..=5)
             .map(|i| info(&format!("w{i}"), "memo://log"))

@@ -164,7 +164,7 @@ async fn the_end_of_input_says_which_watches_keep_it_running() {
     let err = Collected::follow(child.stderr.take().unwrap());
     let _out = Collected::follow(child.stdout.take().unwrap());
     err.until("the watches it waits for", |t| {
-        t.contains("herald code: stdin ended with 1 watch still running (n: memo://notes); printing their notices until Ctrl-C or SIGTERM")
+        t.contains("herald code: stdin ended with 1 watch still running (n: memo://notes); printing their notices until Ctrl-C or SIGTERM, or until none runs")
     })
     .await;
     signal(child.id().unwrap(), libc::SIGTERM);
@@ -262,7 +262,7 @@ async fn at_a_terminal_ctrl_c_cancels_the_line_or_the_running_statement_and_ctrl
     // Ctrl-D: what it waits for, and how to stop it.
     typed("\u{4}");
     err.until("the watches it waits for", |t| {
-        t.contains("herald code: stdin ended with 1 watch still running (n: memo://notes); printing their notices until Ctrl-C or SIGTERM")
+        t.contains("herald code: stdin ended with 1 watch still running (n: memo://notes); printing their notices until Ctrl-C or SIGTERM, or until none runs")
     })
     .await;
     signal(pid, libc::SIGINT);
@@ -316,4 +316,45 @@ async fn a_ctrl_c_at_the_terminal_leaves_a_stdio_server_running() {
         !e.contains("shutting down") && !e.contains("closed its output"),
         "the server got the Ctrl-C: {e}"
     );
+}
+
+/// With its input ended, herald code runs while a watch it started runs, and no longer: a
+/// task watch that ends (the task cancelled from outside) lets it exit 0.
+#[tokio::test]
+async fn the_end_of_input_waits_only_while_a_watch_runs() {
+    let memo = Server::spawn(&["--store", ":memory:", "memo", "--http", "127.0.0.1:0"]).await;
+    let mut child = code_command(&memo.http_url())
+        .stdin(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut stdin = child.stdin.take().unwrap();
+    tokio::io::AsyncWriteExt::write_all(
+        &mut stdin,
+        b"id = call_tool_as_task('memo_ask', {'key': 'k', 'message': 'who?'})\nid\nwatch_start(name='t', uri='task://' + id)\n",
+    )
+    .await
+    .unwrap();
+    drop(stdin);
+    let err = Collected::follow(child.stderr.take().unwrap());
+    let out = Collected::follow(child.stdout.take().unwrap());
+    err.until("the watch it waits for", |t| {
+        t.contains("or until none runs")
+    })
+    .await;
+    let text = out.text();
+    let id = text
+        .lines()
+        .find_map(|l| serde_json::from_str::<String>(l).ok())
+        .unwrap_or_else(|| panic!("the task's id printed: {text}"));
+    let cancel = tokio::process::Command::new(bin())
+        .args(["task", "cancel", &id, "--mcp-http", &memo.http_url()])
+        .output()
+        .await
+        .unwrap();
+    assert!(cancel.status.success(), "{cancel:?}");
+    let st = tokio::time::timeout(WAIT, child.wait())
+        .await
+        .expect("herald code exits once its watch has ended")
+        .unwrap();
+    assert!(st.success(), "{st}: {}", err.text());
 }
