@@ -142,6 +142,34 @@ impl Entitled {
                 .all(|u| selected.iter().any(|s| Arc::ptr_eq(s, u)))
     }
 
+    /// The slug `name` if `caller` may use it; Forbidden otherwise, with one message whether
+    /// it exists or not. A caller entitled to every slug learns nothing from being told that
+    /// none is named so, and which are: it is.
+    pub(super) fn slug(&self, caller: &Caller, name: &str) -> Result<Arc<Upstream>, SourceError> {
+        if let Some(u) = self.selected(caller).into_iter().find(|u| u.name == name) {
+            return Ok(u);
+        }
+        if !self.upstreams.iter().any(|u| u.name == name) && self.entitled_to_all(caller) {
+            let names: Vec<&str> = self.upstreams.iter().map(|u| u.name.as_str()).collect();
+            return Err(SourceError::InvalidParams(format!(
+                "no server named {name}; servers: {}",
+                names.join(", ")
+            )));
+        }
+        Err(SourceError::Forbidden)
+    }
+
+    /// Whether `caller`'s token (or its needing none) entitles it to every slug, whatever
+    /// `?servers=` narrows.
+    fn entitled_to_all(&self, caller: &Caller) -> bool {
+        let all: BTreeSet<String> = match caller.token.as_deref().and_then(|t| self.token(t)) {
+            Some(tok) => tok.slugs.clone(),
+            None if self.needs_no_token(caller) => return true,
+            None => return false,
+        };
+        self.upstreams.iter().all(|u| all.contains(&u.name))
+    }
+
     /// The upstreams `caller` may use.
     pub(super) fn selected(&self, caller: &Caller) -> Vec<Arc<Upstream>> {
         let allowed = self.allowed(caller);
@@ -256,12 +284,9 @@ impl Access {
         self.now().selected(caller)
     }
 
-    /// The slug `name` if the caller may use it; Forbidden (one message) otherwise.
+    /// The slug `name` if the caller may use it (see [`Entitled::slug`]).
     pub(crate) fn slug(&self, caller: &Caller, name: &str) -> Result<Arc<Upstream>, SourceError> {
-        self.selected(caller)
-            .into_iter()
-            .find(|u| u.name == name)
-            .ok_or(SourceError::Forbidden)
+        self.now().slug(caller, name)
     }
 }
 
@@ -360,5 +385,78 @@ mod tests {
         assert_eq!(ended, 2);
         assert!(kept.is_cancelled() && local.is_cancelled());
         assert_eq!(access.held(), 0);
+    }
+
+    /// A slug that does not exist is named so to a caller entitled to every slug, and is the
+    /// one Forbidden to any other (which must not learn what exists).
+    #[test]
+    fn only_a_caller_entitled_to_every_slug_is_told_a_slug_does_not_exist() {
+        let a = crate::testing::down_upstream(Default::default());
+        let b = crate::testing::down_upstream(Default::default());
+        let (an, bn) = (a.name.clone(), "other".to_owned());
+        let b = Arc::new(Upstream::dialing(
+            crate::upstream::UpstreamConfig {
+                name: bn.clone(),
+                ..crate::upstream::UpstreamConfig::new(
+                    b.target.clone(),
+                    Default::default(),
+                    1 << 20,
+                )
+            },
+            Arc::new(|_| Box::pin(std::future::pending())),
+        ));
+        let tok = |t: &[u8], slugs: &[&str]| Token {
+            label: "t".into(),
+            sha256: sha2::Sha256::digest(t).into(),
+            slugs: slugs.iter().map(|s| s.to_string()).collect(),
+        };
+        let caller = |t: &str| Caller {
+            token: Some(t.into()),
+            ..Caller::default()
+        };
+        let access = Access::new(Entitled::new(
+            vec![a, b],
+            vec![tok(b"all", &[&an, &bn]), tok(b"one", &[&an])],
+        ));
+        let e = access
+            .slug(&caller("all"), "nosuch")
+            .err()
+            .expect("refused");
+        assert_eq!(
+            e.to_string(),
+            SourceError::InvalidParams(format!("no server named nosuch; servers: {an}, other"))
+                .to_string()
+        );
+        // Narrowed by ?servers=, it is still entitled to all: told the same.
+        let narrowed = Caller {
+            servers: Some(vec![an.clone()]),
+            ..caller("all")
+        };
+        assert!(
+            access
+                .slug(&narrowed, "nosuch")
+                .err()
+                .expect("refused")
+                .to_string()
+                .contains("no server named")
+        );
+        // A token with one slug: the same Forbidden for a slug that exists and one that does not.
+        let one = caller("one");
+        assert_eq!(
+            access.slug(&one, "nosuch").err().expect("refused"),
+            SourceError::Forbidden
+        );
+        assert_eq!(
+            access.slug(&one, "other").err().expect("refused"),
+            SourceError::Forbidden
+        );
+        assert!(
+            access
+                .slug(&Caller::local(), "nosuch")
+                .err()
+                .expect("refused")
+                .to_string()
+                .contains("servers:")
+        );
     }
 }

@@ -28,12 +28,7 @@ impl Access {
     ) -> Option<Result<(Arc<Upstream>, String), SourceError>> {
         // One snapshot for the whole route (a reload swaps it whole).
         let now = self.now();
-        let slug_of = |slug: &str| {
-            now.selected(caller)
-                .into_iter()
-                .find(|u| u.name == slug)
-                .ok_or(SourceError::Forbidden)
-        };
+        let slug_of = |slug: &str| now.slug(caller, slug);
         // A name whose prefix is a slug goes to that slug, whatever the bare slug lists.
         if let Some((slug, rest)) = name.split_once("__")
             && now.upstreams.iter().any(|u| u.name == slug)

@@ -306,6 +306,21 @@ impl Gateway {
             return Ok((self.slug(caller, slug)?, rest.to_owned()));
         }
         let selected = self.selected(caller);
+        // A URI two of them list is theirs to tell apart: never quietly the first's.
+        let listing: Vec<&str> = selected
+            .iter()
+            .filter(|u| u.catalog().is_some_and(|c| c.lists(uri)))
+            .map(|u| u.name.as_str())
+            .collect();
+        if listing.len() > 1 {
+            let forms: Vec<String> = listing.iter().map(|s| format!("{s}+{uri}")).collect();
+            let (last, rest) = listing.split_last().expect("two or more");
+            return Err(SourceError::InvalidParams(format!(
+                "{uri} is served by {} and {last}: name which, as {}",
+                rest.join(", "),
+                forms.join(" or ")
+            )));
+        }
         // The last-known catalogs: a slug that is reconnecting keeps its URIs meanwhile.
         match upstream::pick(&selected, uri) {
             Some(u) => Ok((u.clone(), uri.to_owned())),

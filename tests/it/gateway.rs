@@ -258,6 +258,18 @@ async fn resources_are_merged_and_same_uris_prefixed() {
     let (notes, mime) = read_json(&all, "b+memo://notes").await;
     assert_eq!(notes, json!({"on-b": true}));
     assert_eq!(mime, "application/json");
+    // The bare URI three slugs serve is refused, naming the forms that say which.
+    let err = all
+        .read_resource(rmcp::model::ReadResourceRequestParams::new(
+            "memo://notes".to_owned(),
+        ))
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("memo://notes is served by a, b and c: name which, as a+memo://notes or b+memo://notes or c+memo://notes"),
+        "{err}"
+    );
     // A token limited to a sees a's resources under their own URIs (no collision for it).
     let a_only = client(&s, Some(ONLY_A), None).await;
     tools(&a_only, 4).await;

@@ -254,7 +254,15 @@ async fn events_stream_through_the_gateway() {
         .await
         .unwrap()
     {
-        Err(rmcp::ServiceError::McpError(e)) => assert_eq!(e.code.0, -32024, "{e:?}"),
+        // A caller entitled to every slug (herald up on loopback) is told there is none so
+        // named, and which there are.
+        Err(rmcp::ServiceError::McpError(e)) => {
+            assert_eq!(e.code.0, -32602, "{e:?}");
+            assert!(
+                e.message.contains("no server named nosuch; servers: "),
+                "{e:?}"
+            );
+        }
         other => panic!("an unknown slug is refused, got {other:?}"),
     }
     cancel(stream).await;
