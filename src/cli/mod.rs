@@ -285,23 +285,9 @@ mod tests {
     /// at all" or "none of these", which its help says in its own words.
     const NO_DEFAULT: &[(&str, &str)] = &[
         (
-            "http",
-            "where to listen: not given, not served (stdio is the fallback, see --stdio)",
-        ),
-        ("quic", "where to listen: not given, not served"),
-        (
             "callback-allow",
             "repeatable: none given, no webhook callback reaches a private address or plain http",
         ),
-        (
-            "admin",
-            "the admin address of a server: not given, not served",
-        ),
-        (
-            "tls-cert",
-            "not given: a self-signed identity, as its help says",
-        ),
-        ("tls-key", "goes with --tls-cert"),
         (
             "allowed-host",
             "repeatable: extra Host names, none unless given",
