@@ -109,9 +109,9 @@ async fn backup(args: BackupArgs, globals: &Globals) -> Result<(), Exit> {
             })?;
             (snapshot, None)
         }
-        Err(StoreError::Locked { .. }) => {
+        Err(StoreError::Locked { holder, .. }) => {
             let base = base_url(&args.admin);
-            let snapshot = from_running(&base, &store, &dest, args.force).await?;
+            let snapshot = from_running(&base, &store, holder, &dest, args.force).await?;
             (snapshot, Some(base))
         }
         Err(e) => return Err(e.into()),
@@ -158,6 +158,7 @@ fn same_file(a: &Path, b: &Path) -> bool {
 async fn from_running(
     base: &str,
     store: &Path,
+    holder: Option<u32>,
     dest: &Path,
     force: bool,
 ) -> Result<Snapshot, Exit> {
@@ -168,8 +169,9 @@ async fn from_running(
         } else {
             root_cause(&e)
         };
+        let by = holder.map_or("another process".to_owned(), |pid| format!("process {pid}"));
         anyhow!(
-            "store {} is held by another process, and no herald answered at {base} ({why}); stop it or pass --admin",
+            "store {} is held by {by}, and no herald answered at {base} ({why}); stop it, or pass --admin with the admin address it serves (a herald started without --admin serves none: restart it with one)",
             store.display()
         )
     };

@@ -94,8 +94,21 @@ impl Entitled {
         set
     }
 
-    /// Whether `caller` presented a token this config knows, or needs none.
+    /// Whether `caller` presented a token this config knows, or needs none, and (when it
+    /// narrows with `?servers=`) kept any server to use.
     fn authenticates(&self, caller: &Caller) -> Authentication {
+        let known = self.known(caller);
+        if known == Authentication::Known
+            && caller.servers.is_some()
+            && self.allowed(caller).is_empty()
+        {
+            return Authentication::NothingSelected;
+        }
+        known
+    }
+
+    /// Whether `caller` presented a token this config knows, or needs none.
+    fn known(&self, caller: &Caller) -> Authentication {
         if self.needs_no_token(caller) {
             Authentication::Known
         } else if self.tokens.is_empty() {

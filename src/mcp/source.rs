@@ -129,6 +129,9 @@ pub enum Authentication {
     NoTokens,
     /// A token that matches none this source knows.
     UnknownToken,
+    /// A known caller whose `?servers=` names none it may use (or none that exists: it is
+    /// not told which).
+    NothingSelected,
 }
 
 impl Authentication {
@@ -146,6 +149,9 @@ impl Authentication {
             Authentication::UnknownToken => Some(
                 "the token is not one this server knows: check it (HERALD_TOKEN for herald's clients), or have the server's operator add a [[token]] with sha256 = the output of `printf %s TOKEN | sha256sum`",
             ),
+            Authentication::NothingSelected => Some(
+                "?servers= names no server this caller may use (or none that exists): check the names; without ?servers= the listings show every server it may use",
+            ),
         }
     }
 
@@ -156,6 +162,7 @@ impl Authentication {
             Authentication::TokenRequired => "token_required",
             Authentication::NoTokens => "no_tokens",
             Authentication::UnknownToken => "unknown_token",
+            Authentication::NothingSelected => "nothing_selected",
         }
     }
 }

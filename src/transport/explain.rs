@@ -337,6 +337,12 @@ fn status(target: &Target, token: bool, code: u16, body: &str) -> String {
 
 /// The first line of `s`, at most 200 characters.
 fn one_line(s: &str) -> String {
+    // A JSON-RPC error body (herald's refusals): its message, not its JSON.
+    if let Ok(v) = serde_json::from_str::<serde_json::Value>(s.trim())
+        && let Some(m) = v.pointer("/error/message").and_then(|m| m.as_str())
+    {
+        return one_line(m);
+    }
     let line = s.trim().lines().next().unwrap_or_default().trim();
     match line.char_indices().nth(200) {
         Some((i, _)) => format!("{}…", &line[..i]),

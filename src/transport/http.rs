@@ -644,6 +644,14 @@ fn unauthenticated(server: &SourceServer, caller: &Caller) -> Option<Response> {
     let auth = server.authenticates(caller);
     let message = auth.refusal()?;
     let challenge = match auth {
+        // Known, but `?servers=` kept nothing: 403, no credentials to ask for.
+        Authentication::NothingSelected => {
+            return Some(rpc_error(
+                StatusCode::FORBIDDEN,
+                Value::Null,
+                json!({"code": -32024, "message": message}),
+            ));
+        }
         Authentication::UnknownToken => r#"Bearer realm="herald", error="invalid_token""#,
         _ => r#"Bearer realm="herald""#,
     };

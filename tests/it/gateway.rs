@@ -177,6 +177,27 @@ async fn tools_are_prefixed_forwarded_and_entitled() {
         tools(&a_only, 4).await,
         MEMO_TOOLS.map(|t| format!("a__{t}"))
     );
+    // ?servers= naming only what the token may not use (or what does not exist) is refused
+    // (403, the same either way), never an empty listing; herald's clients exit 1 saying so.
+    for q in ["b", "zz"] {
+        let out = tokio::process::Command::new(bin())
+            .args([
+                "ls",
+                "--mcp-http",
+                &format!("{}?servers={q}", s.gw.http_url()),
+            ])
+            .env("HERALD_TOKEN", ONLY_A)
+            .output()
+            .await
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{err}");
+        assert!(
+            err.contains("HTTP 403") && err.contains("?servers= names no server"),
+            "{err}"
+        );
+        assert!(out.stdout.is_empty(), "{:?}", out.stdout);
+    }
     // Outside the set: Forbidden, the same whether the slug exists or not.
     let exists = call_err(&a_only, "b__memo_set", json!({"key": "x", "value": 1})).await;
     let missing = call_err(&a_only, "zz__memo_set", json!({"key": "x", "value": 1})).await;
