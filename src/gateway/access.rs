@@ -312,6 +312,23 @@ fn same(a: &[u8; 32], b: &[u8; 32]) -> bool {
 mod tests {
     use super::*;
 
+    /// A token entitled to `slugs`, its secret `t`.
+    fn tok(t: &[u8], slugs: &[&str]) -> Token {
+        Token {
+            label: "t".into(),
+            sha256: sha2::Sha256::digest(t).into(),
+            slugs: slugs.iter().map(|s| s.to_string()).collect(),
+        }
+    }
+
+    /// A caller presenting token `t`.
+    fn caller(t: &str) -> Caller {
+        Caller {
+            token: Some(t.into()),
+            ..Caller::default()
+        }
+    }
+
     /// Who gets in and what they may use: a configured token its slugs, an unknown token
     /// nothing and a refusal (never an empty entitlement), a loopback caller of a gateway
     /// open to loopback every slug whatever stale token it carries.
@@ -367,15 +384,6 @@ mod tests {
     #[test]
     fn a_swap_ends_the_streams_it_takes_access_from() {
         let a = crate::testing::down_upstream(Default::default());
-        let tok = |t: &[u8], slugs: &[&str]| Token {
-            label: "t".into(),
-            sha256: sha2::Sha256::digest(t).into(),
-            slugs: slugs.iter().map(|s| s.to_string()).collect(),
-        };
-        let caller = |t: &str| Caller {
-            token: Some(t.into()),
-            ..Caller::default()
-        };
         let name = a.name.clone();
         let access = Access::new(Entitled::new(
             vec![a.clone()],
@@ -418,15 +426,6 @@ mod tests {
             },
             Arc::new(|_| Box::pin(std::future::pending())),
         ));
-        let tok = |t: &[u8], slugs: &[&str]| Token {
-            label: "t".into(),
-            sha256: sha2::Sha256::digest(t).into(),
-            slugs: slugs.iter().map(|s| s.to_string()).collect(),
-        };
-        let caller = |t: &str| Caller {
-            token: Some(t.into()),
-            ..Caller::default()
-        };
         let access = Access::new(Entitled::new(
             vec![a, b],
             vec![tok(b"all", &[&an, &bn]), tok(b"one", &[&an])],

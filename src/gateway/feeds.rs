@@ -518,6 +518,11 @@ struct Run {
     key: String,
 }
 
+/// Whether `e` is the slug's refusal, not a failure that may pass: asking again gets the same.
+fn refusal(e: &UpstreamError) -> bool {
+    e.is_verdict() || matches!(e, UpstreamError::Forbidden { .. })
+}
+
 /// What woke a feed's task.
 enum Wake {
     /// Nobody asked for it in a while (maybe).
@@ -562,12 +567,8 @@ impl Run {
                     renew_at = tokio::time::Instant::now() + RENEW;
                     match self.subscribe().await {
                         Ok(()) => retry = RETRY,
-                        Err(e)
-                            if e.is_verdict() || matches!(e, UpstreamError::Forbidden { .. }) =>
-                        {
-                            tracing::info!(slug = %self.slug, event = %self.name, error = %e,
-                                "the slug refused the gateway's webhook subscription");
-                            self.feed.refuse();
+                        Err(e) if refusal(&e) => {
+                            self.give_up(&e);
                             break;
                         }
                         // The subscription made before still holds (its TTL is far longer
@@ -608,12 +609,8 @@ impl Run {
                             self.feed
                                 .started(Some(&local_cursor(&self.feed.id, 0)), false);
                         }
-                        Err(e)
-                            if e.is_verdict() || matches!(e, UpstreamError::Forbidden { .. }) =>
-                        {
-                            tracing::info!(slug = %self.slug, event = %self.name, error = %e,
-                                "the slug refused the gateway's webhook subscription");
-                            self.feed.refuse();
+                        Err(e) if refusal(&e) => {
+                            self.give_up(&e);
                             break;
                         }
                         Err(e) => {
@@ -625,12 +622,8 @@ impl Run {
                 }
                 // The slug's verdict (an unknown event type, bad arguments, no entitlement):
                 // the feed ends, and polls hear it from the slug.
-                Wake::Got(Err(e))
-                    if e.is_verdict() || matches!(e, UpstreamError::Forbidden { .. }) =>
-                {
-                    tracing::debug!(slug = %self.slug, event = %self.name, error = %e,
-                        "the slug refused the gateway's event feed");
-                    self.feed.refuse();
+                Wake::Got(Err(e)) if refusal(&e) => {
+                    self.give_up(&e);
                     break;
                 }
                 Wake::Got(Err(e)) => {
@@ -641,6 +634,13 @@ impl Run {
             }
         }
         self.end(mode).await;
+    }
+
+    /// The slug refused the feed (its verdict): polls go to it and hear why.
+    fn give_up(&self, e: &UpstreamError) {
+        tracing::info!(slug = %self.slug, event = %self.name, error = %e,
+            "the slug refused the gateway's subscription to this event type");
+        self.feed.refuse();
     }
 
     async fn pause(&self, retry: &mut Backoff) {
