@@ -79,6 +79,37 @@ impl ChatClient {
         &self.endpoint
     }
 
+    /// Whether something answers HTTP at the endpoint (any status: a GET of a chat
+    /// endpoint is often refused), within a few seconds: a model that is not there is said at
+    /// start, not at the first question.
+    pub async fn probe(&self) -> Result<(), ModelError> {
+        match self
+            .http
+            .get(&self.endpoint)
+            .timeout(Duration::from_secs(5))
+            .send()
+            .await
+        {
+            Ok(_) => Ok(()),
+            Err(e) => {
+                let reason = if e.is_timeout() {
+                    "no answer within 5 s".to_owned()
+                } else {
+                    // The innermost cause says it best (`Connection refused`, a DNS failure).
+                    let mut cause: &dyn std::error::Error = &e;
+                    while let Some(next) = cause.source() {
+                        cause = next;
+                    }
+                    cause.to_string()
+                };
+                Err(ModelError::Unreachable {
+                    url: self.endpoint.clone(),
+                    reason,
+                })
+            }
+        }
+    }
+
     fn body(&self, messages: &[Message], tools: &[ToolSpec]) -> Value {
         let mut b = json!({
             "model": self.cfg.model,

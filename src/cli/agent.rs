@@ -40,7 +40,7 @@ pub struct AgentArgs {
     /// http://127.0.0.1:8080/v1) or its …/chat/completions URL. The key, if it needs one,
     /// comes from HERALD_MODEL_KEY or $CREDENTIALS_DIRECTORY/HERALD_MODEL_KEY.
     #[arg(long, env = "HERALD_MODEL_URL", value_name = "URL")]
-    pub model_url: String,
+    pub model_url: Option<String>,
     /// The model name sent with each request.
     #[arg(long, default_value = "default", value_name = "NAME")]
     pub model: String,
@@ -99,12 +99,14 @@ pub async fn run(args: AgentArgs, globals: &Globals, verbose: bool) -> Result<()
             "the agent needs a server to act on: pass --mcp-stdio, --mcp-http or --mcp-quic (herald up serves one at http://127.0.0.1:8750/mcp)"
         )));
     }
-    let model = chat_client(
-        &args.model_url,
-        &args.model,
-        args.max_tokens,
-        args.model_timeout,
-    )?;
+    let Some(model_url) = &args.model_url else {
+        return Err(usage(anyhow!(
+            "the agent needs a model: pass --model-url URL or set HERALD_MODEL_URL to an OpenAI-compatible chat API (llama.cpp's llama-server, vLLM, Ollama: http://127.0.0.1:8080/v1; OpenAI: https://api.openai.com/v1 with HERALD_MODEL_KEY)"
+        )));
+    };
+    let model = chat_client(model_url, &args.model, args.max_tokens, args.model_timeout)?;
+    // A model that is not there is said now, not after the first question's retries.
+    model.probe().await.map_err(|e| anyhow!("{e}"))?;
     let operator = match &args.prompt {
         Some(p) => Some(
             std::fs::read_to_string(p)

@@ -413,3 +413,46 @@ async fn in_slack_a_message_to_the_bot_is_answered_in_its_thread() {
     );
     let _ = child.start_kill();
 }
+
+/// A model that is not there is said at start, with what to do, and the agent exits 1; no
+/// model at all is bad usage naming HERALD_MODEL_URL.
+#[tokio::test]
+async fn a_missing_model_is_said_at_start() {
+    init();
+    let memo = Server::spawn(&["--store", ":memory:", "memo", "--http", "127.0.0.1:0"]).await;
+    let port = closed_port();
+    let out = tokio::process::Command::new(bin())
+        .args([
+            "--store",
+            ":memory:",
+            "agent",
+            "--mcp-http",
+            &memo.http_url(),
+        ])
+        .args(["--model-url", &format!("http://127.0.0.1:{port}/v1")])
+        .stdin(Stdio::null())
+        .env_remove("HERALD_MODEL_URL")
+        .output()
+        .await
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(err.contains("no model answered at"), "{err}");
+    assert!(err.contains("--model-url"), "{err}");
+    let out = tokio::process::Command::new(bin())
+        .args([
+            "--store",
+            ":memory:",
+            "agent",
+            "--mcp-http",
+            &memo.http_url(),
+        ])
+        .stdin(Stdio::null())
+        .env_remove("HERALD_MODEL_URL")
+        .output()
+        .await
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(64), "{err}");
+    assert!(err.contains("HERALD_MODEL_URL"), "{err}");
+}
