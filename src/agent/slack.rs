@@ -54,6 +54,22 @@ pub fn input_of(event: &Map<String, Value>) -> Option<Event> {
 /// Follows the inbox on whichever of `servers` serves it, sending each new message to `tx`,
 /// until `stop`. Messages from before the start are not answered; what was posted while
 /// resubscribing is read on the next follow (the cursor stays), and a gap is logged.
+/// Whether `servers` can serve the inbox: `Some(false)` when every one has connected and none
+/// lists it or a template matching it (`--slack` then has nothing to follow), `None` while
+/// one has not connected yet (it may serve it once it does).
+pub async fn inbox_served(servers: &[Arc<Upstream>]) -> Option<bool> {
+    futures::future::join_all(servers.iter().map(|s| s.connect())).await;
+    let mut any_unknown = false;
+    for s in servers {
+        match s.catalog() {
+            Some(c) if c.lists(INBOX) || c.template_matches(INBOX) => return Some(true),
+            Some(_) => {}
+            None => any_unknown = true,
+        }
+    }
+    (!any_unknown).then_some(false)
+}
+
 pub async fn follow_inbox(
     servers: Vec<Arc<Upstream>>,
     tx: mpsc::Sender<Event>,

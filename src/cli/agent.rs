@@ -99,6 +99,12 @@ pub async fn run(args: AgentArgs, globals: &Globals, verbose: bool) -> Result<()
             "the agent needs a server to act on: pass --mcp-stdio, --mcp-http or --mcp-quic (herald up serves one at http://127.0.0.1:8750/mcp)"
         )));
     }
+    if args.slack && crate::agent::slack::inbox_served(&servers).await == Some(false) {
+        return Err(usage(anyhow!(
+            "--slack takes input from a Slack source, and none of the servers has one (none lists {}): add herald slack (or herald up with [slack]) among --mcp-*, or leave --slack out",
+            crate::agent::slack::INBOX
+        )));
+    }
     let Some(model_url) = &args.model_url else {
         return Err(usage(anyhow!(
             "the agent needs a model: pass --model-url URL or set HERALD_MODEL_URL to an OpenAI-compatible chat API (llama.cpp's llama-server, vLLM, Ollama: http://127.0.0.1:8080/v1; OpenAI: https://api.openai.com/v1 with HERALD_MODEL_KEY)"

@@ -456,3 +456,31 @@ async fn a_missing_model_is_said_at_start() {
     assert_eq!(out.status.code(), Some(64), "{err}");
     assert!(err.contains("HERALD_MODEL_URL"), "{err}");
 }
+
+/// `--slack` with no server that has a Slack source is refused at start, saying what to add,
+/// instead of retrying an unknown resource forever.
+#[tokio::test]
+async fn slack_input_without_a_slack_source_is_refused() {
+    init();
+    let memo = Server::spawn(&["--store", ":memory:", "memo", "--http", "127.0.0.1:0"]).await;
+    let out = tokio::process::Command::new(bin())
+        .args([
+            "--store",
+            ":memory:",
+            "agent",
+            "--slack",
+            "--mcp-http",
+            &memo.http_url(),
+        ])
+        .args(["--model-url", "http://127.0.0.1:1/v1"])
+        .stdin(Stdio::null())
+        .output()
+        .await
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(64), "{err}");
+    assert!(
+        err.contains("--slack") && err.contains("herald slack"),
+        "{err}"
+    );
+}
