@@ -73,6 +73,8 @@ pub trait Channel: Send + Sync {
     fn tool_used(&self, _call: &str, _result: &str) {}
     /// A reply was suppressed (`NO_REPLY`).
     fn suppressed(&self) {}
+    /// A person's question got no answer (the model failed; what happened was published).
+    fn unanswered(&self) {}
 }
 
 /// Runs the model's code: `run_code`'s backend (herald's code mode).
@@ -380,6 +382,7 @@ async fn one_run(parts: RunParts, mut thread: Vec<Message>, to: ReplyTo, claimed
                 // that is down must not post every notice's failure to a channel).
                 if claimed {
                     channel.publish(&to, &format!("herald agent: {e}")).await;
+                    channel.unanswered();
                 } else {
                     tracing::warn!(error = %e, "the model failed on a notice; it stays in the thread for the next run");
                 }

@@ -23,6 +23,8 @@ pub struct Terminal {
     /// That text.
     shown: Mutex<String>,
     spinner: Mutex<Option<tokio::task::JoinHandle<()>>>,
+    /// Set when a question got no answer (piped, `herald agent` then exits 1).
+    unanswered: std::sync::Arc<AtomicBool>,
 }
 
 impl Default for Terminal {
@@ -39,6 +41,15 @@ impl Terminal {
             streamed: AtomicBool::new(false),
             shown: Mutex::new(String::new()),
             spinner: Mutex::new(None),
+            unanswered: Default::default(),
+        }
+    }
+
+    /// A terminal that sets `flag` when a question got no answer.
+    pub fn counting(flag: std::sync::Arc<AtomicBool>) -> Terminal {
+        Terminal {
+            unanswered: flag,
+            ..Terminal::new()
         }
     }
 
@@ -86,6 +97,10 @@ impl Terminal {
 
 #[async_trait]
 impl Channel for Terminal {
+    fn unanswered(&self) {
+        self.unanswered.store(true, Ordering::Release);
+    }
+
     async fn publish(&self, _to: &ReplyTo, text: &str) {
         self.stop_spinner();
         let shown = std::mem::take(&mut *self.shown.locked());

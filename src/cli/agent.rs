@@ -181,6 +181,7 @@ pub async fn run(args: AgentArgs, globals: &Globals, verbose: bool) -> Result<()
     };
     let shutdown = tokio_util::sync::CancellationToken::new();
     app::cancel_on_signals(shutdown.clone());
+    let unanswered: Arc<std::sync::atomic::AtomicBool> = Default::default();
     let settings = Settings {
         model: Arc::new(model),
         operator,
@@ -191,6 +192,7 @@ pub async fn run(args: AgentArgs, globals: &Globals, verbose: bool) -> Result<()
         code_pool,
         // Input over and nothing watched: nothing more will come (Slack always may).
         end_when_idle: !args.slack,
+        unanswered: unanswered.clone(),
     };
     let session = async |manager: &WatchManager| {
         serve(manager, settings, nrx, shutdown.clone()).await;
@@ -198,6 +200,12 @@ pub async fn run(args: AgentArgs, globals: &Globals, verbose: bool) -> Result<()
     };
     let _ = crate::watch::run(opts, shutdown.clone(), session).await;
     log.record("session.ended", json!({}));
+    // Piped (a script asked), a question with no answer is a failure it must see.
+    if unanswered.load(std::sync::atomic::Ordering::Acquire)
+        && !std::io::IsTerminal::is_terminal(&std::io::stdin())
+    {
+        return Err(anyhow!("a question got no answer (the model failed: see above)").into());
+    }
     Ok(())
 }
 
@@ -212,6 +220,8 @@ pub(crate) struct Settings {
     pub code_pool: FilterPool,
     /// End once stdin has ended and no watch runs.
     pub end_when_idle: bool,
+    /// Set when a person's question got no answer.
+    pub unanswered: Arc<std::sync::atomic::AtomicBool>,
 }
 
 /// Runs the agent on `manager` (its servers, its watches) with the notices of `nrx` until
@@ -265,10 +275,10 @@ pub(crate) async fn serve(
         channel: if s.slack {
             Arc::new(crate::agent::slack::SlackReplies {
                 catalog: manager.code_catalog(),
-                terminal: Terminal::new(),
+                terminal: Terminal::counting(s.unanswered.clone()),
             })
         } else {
-            Arc::new(Terminal::new())
+            Arc::new(Terminal::counting(s.unanswered.clone()))
         },
         log: s.log,
         default_reply: match s.channel.first() {

@@ -484,3 +484,43 @@ async fn slack_input_without_a_slack_source_is_refused() {
         "{err}"
     );
 }
+
+/// Piped, a question the model failed to answer makes herald agent exit 1 (a script must see
+/// it), after saying why; one that was answered exits 0.
+#[tokio::test]
+async fn a_piped_question_with_no_answer_exits_1() {
+    init();
+    let memo = Server::spawn(&["--store", ":memory:", "memo", "--http", "127.0.0.1:0"]).await;
+    for (step, code) in [(Step::Status(400), 1), (Step::Text("Hello.".into()), 0)] {
+        let model = FakeModel::start(vec![step]).await;
+        let mut child = tokio::process::Command::new(bin())
+            .args([
+                "--store",
+                ":memory:",
+                "agent",
+                "--mcp-http",
+                &memo.http_url(),
+            ])
+            .args(["--model-url", &model.url])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .kill_on_drop(true)
+            .spawn()
+            .unwrap();
+        let mut stdin = child.stdin.take().unwrap();
+        tokio::io::AsyncWriteExt::write_all(&mut stdin, b"hello\n")
+            .await
+            .unwrap();
+        drop(stdin);
+        let out = tokio::time::timeout(WAIT, child.wait_with_output())
+            .await
+            .expect("it ends with its input")
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(code), "{err}");
+        if code == 1 {
+            assert!(err.contains("a question got no answer"), "{err}");
+        }
+    }
+}

@@ -377,6 +377,7 @@ pub async fn run(args: UpArgs, globals: &Globals) -> Result<(), Exit> {
                     channel: args.channel.clone(),
                     code_pool: crate::filter::pool::FilterPool::new(code),
                     end_when_idle: false,
+                    unanswered: Default::default(),
                 },
             ))
         }
