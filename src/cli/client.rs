@@ -207,9 +207,29 @@ pub async fn ls(args: LsArgs) -> Result<(), Exit> {
         console::println(&serde_json::to_string_pretty(&v)?)?;
     } else {
         console::print(&listing(&tools, &resources, &templates))?;
+        // Nothing at all through a gateway's ?servers=: the likeliest cause is a server that
+        // is not up, which the listing cannot say.
+        if tools.is_empty() && resources.is_empty() && templates.is_empty() {
+            if let Some(hint) = empty_hint(&args.client.conn) {
+                eprintln!("{hint}");
+            }
+        }
     }
     conn.close().await;
     Ok(())
+}
+
+/// What an empty listing through `?servers=` may mean, said on stderr for a person.
+fn empty_hint(conn: &ConnectArgs) -> Option<String> {
+    let url = conn.server.mcp_http.as_deref()?;
+    let servers = reqwest::Url::parse(url)
+        .ok()?
+        .query_pairs()
+        .find(|(k, _)| k == "servers")
+        .map(|(_, v)| v.into_owned())?;
+    Some(format!(
+        "herald: nothing is listed for ?servers={servers}: the server may not be up yet; `herald status --admin ADDR` on the gateway's admin address says whether it is connected, and why not"
+    ))
 }
 
 /// `herald ls` as text: a section per kind, each entry on its own line; a kind the server

@@ -772,6 +772,39 @@ async fn a_gateway_without_tokens_serves_callers_on_this_host_without_one() {
     assert_eq!(names[0], "memo__memo_ask", "{names:?}");
 }
 
+/// `herald ls` through `?servers=` naming a slug that is not up lists nothing, and says on
+/// stderr what that may mean and where to look.
+#[tokio::test]
+async fn an_empty_listing_through_servers_says_the_server_may_not_be_up() {
+    let dir = TempDir::new("gateway-down-slug");
+    let cfg = dir.path().join("gateway.toml");
+    std::fs::write(
+        &cfg,
+        format!(
+            "[[slug]]\nname = \"down\"\nhttp = \"http://127.0.0.1:{}/mcp\"\n",
+            closed_port()
+        ),
+    )
+    .unwrap();
+    let gw = http_gateway_server(&cfg).await;
+    let out = tokio::process::Command::new(bin())
+        .args([
+            "ls",
+            "--mcp-http",
+            &format!("{}?servers=down", gw.http_url()),
+        ])
+        .env_remove("HERALD_TOKEN")
+        .output()
+        .await
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{err}");
+    assert!(
+        err.contains("nothing is listed for ?servers=down") && err.contains("herald status"),
+        "{err}"
+    );
+}
+
 /// A client that keeps the progress notifications and log messages it receives.
 #[derive(Clone)]
 struct Catcher(
