@@ -209,10 +209,12 @@ pub async fn ls(args: LsArgs) -> Result<(), Exit> {
         console::print(&listing(&tools, &resources, &templates))?;
         // Nothing at all through a gateway's ?servers=: the likeliest cause is a server that
         // is not up, which the listing cannot say.
-        if tools.is_empty() && resources.is_empty() && templates.is_empty() {
-            if let Some(hint) = empty_hint(&args.client.conn) {
-                eprintln!("{hint}");
-            }
+        if tools.is_empty()
+            && resources.is_empty()
+            && templates.is_empty()
+            && let Some(hint) = empty_hint(&args.client.conn)
+        {
+            eprintln!("{hint}");
         }
     }
     conn.close().await;
