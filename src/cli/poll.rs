@@ -24,12 +24,10 @@ use crate::mcp::events::MAX_TIMEOUT;
 use crate::mcp::events::PollAnswer as Batch;
 use crate::runtime::backoff::Backoff;
 use crate::transport::client::Connection;
+use crate::upstream::events::POLL_SLACK;
 
 /// Reconnect pacing in `--follow` after a lost connection.
 const RECONNECT: Backoff = Backoff::new(Duration::from_secs(1), Duration::from_secs(30));
-
-/// How much longer than its `timeoutMs` a poll may take before it counts as lost.
-const POLL_SLACK: Duration = Duration::from_secs(30);
 
 #[derive(Debug, Args)]
 pub struct PollArgs {

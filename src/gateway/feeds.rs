@@ -8,16 +8,17 @@
 //! upstream `events/subscribe` with the gateway itself as the receiver: the slug POSTs each
 //! event to `{receiver}/{feed id}`, where the gateway checks its Standard Webhooks signature
 //! (the secret is the feed's own, made for that subscription; a timestamp more than five
-//! minutes off is refused), answers the challenge, and drops a message it already took.
+//! minutes off is refused) and answers the challenge.
 //!
-//! A feed keeps the last [`FEED_EVENTS`] events with their cursors (the slug's own; for a
-//! webhook feed, the gateway's, `gw<n>`, since a webhook carries none). A long poll whose
-//! cursor the feed holds is answered from it, and waits on it for what comes next; any other
-//! (an older cursor to replay from, `maxAgeMs`, a feed not started yet, more than
-//! [`MAX_FEEDS`] feeds) goes to the slug as before ([`crate::gateway::polls`]), except on a
-//! webhook feed, which has nothing to replay from: it answers from the oldest event it holds,
-//! `truncated`. A feed nobody asked for [`IDLE`] ends (its webhook subscription is ended
-//! upstream too).
+//! A feed keeps the last [`FEED_EVENTS`] events, each with a cursor: the slug's own, the
+//! batch's for a batch's last, else one of the gateway's (`gw<feed id>.<n>`, unique to the
+//! feed: a webhook carries none). A long poll whose cursor the feed holds is answered from it,
+//! and waits on it for what comes next. Any other (an older cursor to replay from, `maxAgeMs`,
+//! a feed not started yet, more than [`MAX_FEEDS`] feeds) goes to the slug as before
+//! ([`crate::gateway::polls`]), except where the slug cannot replay it (a webhook feed, a
+//! cursor of the gateway's own): that is answered from the oldest event held, `truncated`.
+//! An event already taken (by its `eventId`) is not taken again. A feed nobody asked for
+//! [`IDLE`] ends (its webhook subscription is ended upstream too).
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex, Weak};
@@ -296,16 +297,9 @@ const LOCAL_CURSOR: &str = "gw";
 /// The cursor an occurrence carries (`cursor`, or a herald poll's `_meta` one), taken off it
 /// (a poll's answer gives its own).
 fn own_cursor(event: &mut Value) -> Option<String> {
-    let o = event.as_object_mut()?;
-    let top = o
-        .remove("cursor")
-        .and_then(|c| c.as_str().map(str::to_owned));
-    top.or_else(|| {
-        o.get("_meta")
-            .and_then(|m| m.get(EVENT_CURSOR_META))
-            .and_then(Value::as_str)
-            .map(str::to_owned)
-    })
+    let cursor = crate::upstream::events::cursor_of(event);
+    event.as_object_mut()?.remove("cursor");
+    cursor
 }
 
 /// The feeds' counters.
@@ -394,9 +388,10 @@ impl Feeds {
             return None;
         }
         let name = params.get("name")?.as_str()?.to_owned();
-        let arguments = params.get("arguments").cloned().unwrap_or(json!({}));
-        let Value::Object(args) = arguments.clone() else {
-            return None;
+        let args = match params.get("arguments") {
+            Some(Value::Object(a)) => a.clone(),
+            None | Some(Value::Null) => JsonObject::new(),
+            Some(_) => return None,
         };
         let cursor = match params.get("cursor") {
             Some(Value::String(c)) => Some(c.clone()),

@@ -1,4 +1,5 @@
-//! [`EventFollow`]: one event type of an upstream followed as a client, for the watch client.
+//! [`EventFollow`]: one event type of an upstream followed as a client (the watch client's
+//! `events:` watches, the gateway's feeds).
 //!
 //! It asks `events/stream` (push: one long request, its messages routed to it by subscription
 //! id through the connection's [`Relay`](super::Relay)) and falls back to `events/poll` long
@@ -28,7 +29,7 @@ pub const DEAD_AFTER: Duration = Duration::from_secs(60);
 /// Events asked for per poll in poll mode.
 const POLL_BATCH: u64 = crate::mcp::events::MAX_EVENTS as u64;
 /// How much longer than its `timeoutMs` a poll may take before it counts as lost.
-const POLL_SLACK: Duration = Duration::from_secs(30);
+pub const POLL_SLACK: Duration = Duration::from_secs(30);
 
 /// What [`EventFollow::next`] got.
 #[derive(Debug, Clone, PartialEq)]
@@ -75,6 +76,9 @@ pub struct EventFollow {
     open: Option<Open>,
     /// A message read past the end of the last batch, handled first next time.
     pending: Option<StreamMessage>,
+    /// In poll mode, whether the first poll (the start) was made: a server that answers with
+    /// no cursor must not be started again and again.
+    polled: bool,
 }
 
 impl EventFollow {
@@ -89,6 +93,7 @@ impl EventFollow {
             mode: Mode::Stream,
             open: None,
             pending: None,
+            polled: false,
         }
     }
 
@@ -152,7 +157,7 @@ impl EventFollow {
             _route: route,
             rx,
             answer: handle.rx,
-            cancel: CancelOnDrop::new(up, handle.peer, handle.id, "the watch stopped following"),
+            cancel: CancelOnDrop::new(up, handle.peer, handle.id, "the follower stopped"),
             live,
         };
         let first = tokio::select! {
@@ -319,9 +324,10 @@ impl EventFollow {
         }
     }
 
-    /// One long poll (the first asks with no cursor: it answers where the log is).
+    /// One long poll (the first asks from the cursor it has, or from now: it answers where
+    /// the log is).
     async fn poll(&mut self) -> Result<Fed, UpstreamError> {
-        let first = self.cursor.is_none();
+        let first = !self.polled;
         let mut params = self.params();
         if !first {
             params.insert("maxEvents".into(), POLL_BATCH.into());
@@ -346,6 +352,7 @@ impl EventFollow {
                 self.cursor = batch.clone();
             }
             if first {
+                self.polled = true;
                 return Ok(Fed::Started {
                     truncated: a.truncated,
                     push: false,
@@ -370,15 +377,23 @@ impl EventFollow {
     }
 }
 
-/// The cursor of the last event in `events` that carries one (`cursor`, or a herald poll's
-/// `_meta` one).
+/// The cursor of the last event in `events` that carries one.
 fn event_cursor(events: &[Value]) -> Option<String> {
-    events.iter().rev().find_map(|e| {
-        e.get("cursor")
-            .or_else(|| e.pointer("/_meta").and_then(|m| m.get(EVENT_CURSOR_META)))
-            .and_then(Value::as_str)
-            .map(str::to_owned)
-    })
+    events.iter().rev().find_map(cursor_of)
+}
+
+/// The cursor an event occurrence carries: a stream's `cursor`, or a herald poll's in
+/// `_meta["io.herald/cursor"]`.
+pub fn cursor_of(event: &Value) -> Option<String> {
+    event
+        .get("cursor")
+        .or_else(|| {
+            event
+                .pointer("/_meta")
+                .and_then(|m| m.get(EVENT_CURSOR_META))
+        })
+        .and_then(Value::as_str)
+        .map(str::to_owned)
 }
 
 /// Whether the event says a gap came just before it (`truncated: true`); the flag is taken

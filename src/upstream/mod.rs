@@ -43,7 +43,7 @@ pub use error::UpstreamError;
 pub use listen::{FilterFor, Heard, HeardOn, KeptListen, Listening};
 pub use lists::{ListEvents, ListSignal};
 pub use log::{LogCursor, LogFollow};
-pub use relay::{Relay, Relaying, StreamMessage, StreamRoute, UPWARD_CAPACITY, Upward};
+pub use relay::{Relay, Relaying, UPWARD_CAPACITY, Upward};
 
 use crate::mcp::source::SourceError;
 use crate::runtime::backoff::Backoff;

@@ -118,13 +118,11 @@ impl Drop for StreamRoute {
     }
 }
 
-/// A request id as a route key (`n:1`, `s:abc`), from its JSON.
-pub(super) fn id_key(id: &serde_json::Value) -> Option<String> {
-    match id {
-        serde_json::Value::Number(n) => Some(format!("n:{n}")),
-        serde_json::Value::String(s) => Some(format!("s:{s}")),
-        _ => None,
-    }
+/// A request id (a subscription id) in JSON as a route key, as [`id_key`] makes them.
+fn json_key(id: &serde_json::Value) -> Option<String> {
+    serde_json::from_value::<NumberOrString>(id.clone())
+        .ok()
+        .map(|n| id_key(&n))
 }
 
 #[derive(Default)]
@@ -201,7 +199,13 @@ impl Drop for Relaying {
 }
 
 fn token_key(t: &ProgressToken) -> String {
-    match &t.0 {
+    id_key(&t.0)
+}
+
+/// A progress token's or a request id's key (`n:1`, `s:abc`): a number and the string of its
+/// digits are different ids.
+fn id_key(id: &NumberOrString) -> String {
+    match id {
         NumberOrString::Number(n) => format!("n:{n}"),
         NumberOrString::String(s) => format!("s:{s}"),
     }
@@ -362,10 +366,7 @@ impl Relay {
         &self,
         id: &rmcp::model::RequestId,
     ) -> (StreamRoute, mpsc::Receiver<StreamMessage>) {
-        let key = match id {
-            NumberOrString::Number(n) => format!("n:{n}"),
-            NumberOrString::String(s) => format!("s:{s}"),
-        };
+        let key = id_key(id);
         let (tx, rx) = mpsc::channel(STREAM_CAPACITY);
         let mut m = self.streams.locked();
         let (mine, rest): (VecDeque<_>, VecDeque<_>) =
@@ -411,7 +412,7 @@ impl Relay {
                     .and_then(|m| m.get(crate::mcp::listen::SUBSCRIPTION_ID))
                     .cloned()
             });
-        let Some(key) = id.as_ref().and_then(id_key) else {
+        let Some(key) = id.as_ref().and_then(json_key) else {
             return;
         };
         let msg = StreamMessage {

@@ -162,8 +162,9 @@ impl WatchTask {
         // A few batches: the follow's own channel holds the rest, and one that overflows
         // resumes from its cursor.
         let (tx, mut rx) = mpsc::channel(4);
-        let feeder = tokio::spawn(feed(follow, tx, backoff));
-        let _stop = AbortOnDrop(feeder);
+        // Ends with the watch (a panic in the watch included).
+        let _feeder =
+            tokio_util::task::AbortOnDropHandle::new(tokio::spawn(feed(follow, tx, backoff)));
         let mut running = None;
         loop {
             let step = match self.turn(&mut running, rx.recv()).await {
@@ -279,15 +280,6 @@ fn gap() -> Event {
         "events were dropped before the next one (the server no longer held them)".into(),
     );
     g
-}
-
-/// Ends the follow's task with the watch (a panic in the watch included).
-struct AbortOnDrop(tokio::task::JoinHandle<()>);
-
-impl Drop for AbortOnDrop {
-    fn drop(&mut self) {
-        self.0.abort();
-    }
 }
 
 #[cfg(test)]
