@@ -20,6 +20,11 @@ fn python() -> String {
 
 /// The Python SDK server, on a port of its own.
 async fn sdk_server(dir: &TempDir) -> (Child, u16) {
+    sdk_server_with(dir, &[]).await
+}
+
+/// [`sdk_server`], with `extra` arguments (`poll`: it answers `events/poll` too).
+async fn sdk_server_with(dir: &TempDir, extra: &[&str]) -> (Child, u16) {
     let script = concat!(
         env!("CARGO_MANIFEST_DIR"),
         "/tests/it/py/sdk_events_server.py"
@@ -29,6 +34,7 @@ async fn sdk_server(dir: &TempDir) -> (Child, u16) {
         .arg(script)
         .arg("0")
         .arg(&store)
+        .args(extra)
         .stdout(Stdio::piped())
         .kill_on_drop(true)
         .spawn()
@@ -192,4 +198,44 @@ async fn call_json(c: &herald::transport::client::Connection, tool: &str, a: Val
         .map(|t| t.text.clone())
         .unwrap_or_default();
     serde_json::from_str(&text).unwrap_or(Value::String(text))
+}
+
+/// A foreign server with `events/poll` but no `events/stream`: `herald watch` on its event type
+/// falls back to long polls, and each published event becomes a notice.
+#[tokio::test]
+async fn a_watch_on_a_server_without_streams_follows_it_by_polls() {
+    let dir = TempDir::new("foreign-poll");
+    let (_sdk, port) = sdk_server_with(&dir, &["poll"]).await;
+    let url = format!("http://127.0.0.1:{port}/mcp");
+    let mut w = Watch::spawn(
+        ":memory:",
+        &[
+            "--debounce-ms",
+            "0",
+            "--mcp-http",
+            &url,
+            "--watch",
+            "t=events:ticket.updated?ticket_id=T-1",
+        ],
+    );
+    let s = w.event("watch.subscribed", "t").await;
+    assert_eq!(s["push"], false, "followed by polls: {s}");
+    let c = crate::watch::memo_client(&url).await;
+    call_json(
+        &c,
+        "publish",
+        json!({"ticket_id": "T-2", "summary": "not watched"}),
+    )
+    .await;
+    call_json(
+        &c,
+        "publish",
+        json!({"ticket_id": "T-1", "summary": "Replied"}),
+    )
+    .await;
+    assert_eq!(
+        w.notice().await["lines"],
+        json!([r#"ticket.updated {"summary":"Replied","ticket_id":"T-1"}"#])
+    );
+    w.terminate().await;
 }

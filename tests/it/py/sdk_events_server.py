@@ -3,8 +3,8 @@ package `mcp-webhook-events` giving it MCP Events by webhook (no poll, no stream
 built for ChatGPT have them. Its tool `publish` publishes one `ticket.updated` event and
 delivers what is due at once.
 
-Usage: python sdk_events_server.py PORT STORE_FILE (PORT 0: any; prints "listening PORT" once
-bound).
+Usage: python sdk_events_server.py PORT STORE_FILE [poll] (PORT 0: any; prints "listening PORT"
+once bound).
 Callbacks to http://127.0.0.1 are allowed (`allow_insecure_for_tests`): the test's gateway
 receives on loopback."""
 
@@ -39,12 +39,38 @@ events = McpEvents(
 )
 events.install()
 
+# With a third argument `poll`, it also answers `events/poll` from an in-memory log of what
+# `publish` published (no long poll: it answers at once), the way a server with poll delivery
+# but no push does.
+LOG: list[dict] = []
+if len(sys.argv) > 3 and sys.argv[3] == "poll":
+    from mcp_types import RequestParams
+    from pydantic import ConfigDict
+
+    class AnyParams(RequestParams):
+        model_config = ConfigDict(extra="allow")
+
+    async def poll(ctx, params):
+        raw = params.model_dump(by_alias=True, exclude_none=False) if params is not None else {}
+        wanted = (raw.get("arguments") or {}).get("ticket_id")
+        cursor = raw.get("cursor")
+        start = int(cursor) if cursor else len(LOG)
+        mine = [e for e in LOG[start:] if wanted in (None, e["data"]["ticket_id"])]
+        return {"events": mine, "cursor": str(len(LOG)), "truncated": False,
+                "hasMore": False, "nextPollMs": 200}
+
+    low = getattr(mcp, "_lowlevel_server", None) or getattr(mcp, "_mcp_server", mcp)
+    low.add_request_handler("events/poll", AnyParams, poll)
+
 
 @mcp.tool()
 async def publish(ticket_id: str, summary: str) -> dict:
     """Publishes ticket.updated for ticket_id and delivers it now."""
     def go():
-        queued = events.publish("ticket.updated", {"ticket_id": ticket_id, "summary": summary})
+        data = {"ticket_id": ticket_id, "summary": summary}
+        LOG.append({"eventId": f"evt_log_{len(LOG)}", "name": "ticket.updated",
+                    "timestamp": "2026-12-05T00:00:00Z", "data": data})
+        queued = events.publish("ticket.updated", data)
         return {"queued": queued, **events.deliver_pending()}
     return await anyio.to_thread.run_sync(go)
 
