@@ -8,7 +8,8 @@
 //! A network server has a bounded time from the first packet to the end of the handshake
 //! ([`connect_within`], [`DEFAULT_CONNECT_TIMEOUT`]); a command is not bounded here. A stdio
 //! server runs in a process group of its own (a terminal's Ctrl-C is herald's), without
-//! herald's secrets in its environment, and is killed when its connection is dropped.
+//! herald's secrets in its environment, and is killed when its connection is dropped; its
+//! stderr is said in herald's log, a line at a time, naming it (`child_log`).
 //! [`Connection::call_tool`] follows a server's `input_required` rounds to the final result.
 //! [`http_client`] builds every reqwest client herald uses (resolving in Rust, and trusting no
 //! CA rather than failing where the system has none); MCP upstreams share one pooled HTTP/1.1
@@ -270,7 +271,7 @@ pub async fn connect_tapped<H: ClientHandler>(
                 .arg(format!("exec {command}"))
                 .stdin(Stdio::piped())
                 .stdout(Stdio::piped())
-                .stderr(Stdio::inherit())
+                .stderr(Stdio::piped())
                 .kill_on_drop(true)
                 // A group of its own: a terminal's Ctrl-C (sent to the whole foreground group)
                 // is herald's to handle (code mode cancels a line with it), not a signal that
@@ -287,6 +288,8 @@ pub async fn connect_tapped<H: ClientHandler>(
                 })?;
             let stdin = child.stdin.take().expect("piped");
             let stdout = child.stdout.take().expect("piped");
+            let stderr = child.stderr.take().expect("piped");
+            crate::transport::child_log::relay(stderr, target.to_string());
             let mut conn = connect_stream_tapped(
                 target.clone(),
                 stdout,

@@ -3,6 +3,7 @@
 
 mod cap;
 pub use cap::{ConnMetrics, Conns};
+mod child_log;
 pub mod client;
 pub mod dns;
 pub mod explain;

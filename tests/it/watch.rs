@@ -201,20 +201,34 @@ async fn notices_over_quic() {
 #[tokio::test]
 async fn notices_over_stdio() {
     // The watch runs the memo server as its child over stdio; the child also serves HTTP, so
-    // the test can change notes, and its stderr (with the bound address) is the watch's.
+    // the test can change notes, and its stderr (with the bound address) is in the watch's log.
     let cmd = format!(
         "{} --log-format json --store :memory: memo --stdio --http 127.0.0.1:0",
         bin()
     );
     let mut w = Watch::spawn(
         ":memory:",
-        &["--mcp-stdio", &cmd, "--watch", "notes=memo://notes"],
+        &[
+            "--log-format",
+            "json",
+            "--mcp-stdio",
+            &cmd,
+            "--watch",
+            "notes=memo://notes",
+        ],
     );
-    let listening = w.log_line(|l| l.contains("\"event\":\"listening\"")).await;
-    let url = serde_json::from_str::<Value>(&listening).unwrap()["http_url"]
-        .as_str()
-        .unwrap()
-        .to_owned();
+    // The child's lines are said in the watch's own log, each naming the command it ran.
+    let relayed = w
+        .log_line(|l| l.contains("upstream.stderr") && l.contains("listening"))
+        .await;
+    let relayed: Value = serde_json::from_str(&relayed).unwrap();
+    assert_eq!(
+        relayed["upstream"],
+        json!(format!("stdio:{cmd}")),
+        "{relayed}"
+    );
+    let listening: Value = serde_json::from_str(relayed["message"].as_str().unwrap()).unwrap();
+    let url = listening["http_url"].as_str().unwrap().to_owned();
     w.event("watch.subscribed", "notes").await;
     let c = memo_client(&url).await;
     call(&c, "memo_set", json!({"key": "todo", "value": "milk"})).await;
