@@ -179,14 +179,40 @@ pub enum ModelError {
     Timeout { url: String, secs: u64 },
 }
 
-/// A chat model. `on_text` gets the reply's text as it streams.
+/// What a model call says while it works.
+#[derive(Debug)]
+pub enum Progress<'a> {
+    /// Text of the reply, as it streams.
+    Text(&'a str),
+    /// Attempt `attempt` of `of` failed with `error`; the next starts `after` from now.
+    Retrying {
+        error: &'a ModelError,
+        attempt: u32,
+        of: u32,
+        after: std::time::Duration,
+    },
+}
+
+impl ModelError {
+    /// What went wrong, without the URL or what to do: for a line that says a retry.
+    pub fn brief(&self) -> String {
+        match self {
+            ModelError::Unreachable { reason, .. } => format!("no answer ({reason})"),
+            ModelError::Status { status, .. } => format!("HTTP {status}"),
+            ModelError::NotChat { what, .. } => what.clone(),
+            ModelError::Timeout { secs, .. } => format!("no answer within {secs} s"),
+        }
+    }
+}
+
+/// A chat model. `progress` hears the reply's text as it streams, and each retry.
 #[async_trait]
 pub trait Model: Send + Sync {
     async fn complete(
         &self,
         messages: &[Message],
         tools: &[ToolSpec],
-        on_text: &mut (dyn for<'s> FnMut(&'s str) + Send),
+        progress: &mut (dyn for<'s> FnMut(Progress<'s>) + Send),
     ) -> Result<Reply, ModelError>;
 }
 

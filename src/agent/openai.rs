@@ -10,7 +10,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use serde_json::{Value, json};
 
-use crate::agent::model::{Message, Model, ModelError, Reply, ToolCall, ToolSpec};
+use crate::agent::model::{Message, Model, ModelError, Progress, Reply, ToolCall, ToolSpec};
 use crate::runtime::backoff::Backoff;
 use crate::transport::tls::Secret;
 
@@ -433,23 +433,25 @@ impl Model for ChatClient {
         &self,
         messages: &[Message],
         tools: &[ToolSpec],
-        on_text: &mut (dyn for<'s> FnMut(&'s str) + Send),
+        progress: &mut (dyn for<'s> FnMut(Progress<'s>) + Send),
     ) -> Result<Reply, ModelError> {
         let body = self.body(messages, tools);
         let mut backoff = RETRY;
         let mut tries = 0;
         // Once text has been shown, a retry would show it twice: the error stands then.
         let shown = std::sync::atomic::AtomicBool::new(false);
-        let mut watched = |t: &str| {
-            if !t.is_empty() {
-                shown.store(true, std::sync::atomic::Ordering::Relaxed);
-            }
-            on_text(t);
-        };
         loop {
             tries += 1;
-            let attempt = tokio::time::timeout(self.cfg.timeout, self.attempt(&body, &mut watched));
-            let err = match attempt.await {
+            let outcome = {
+                let mut watched = |t: &str| {
+                    if !t.is_empty() {
+                        shown.store(true, std::sync::atomic::Ordering::Relaxed);
+                    }
+                    progress(Progress::Text(t));
+                };
+                tokio::time::timeout(self.cfg.timeout, self.attempt(&body, &mut watched)).await
+            };
+            let err = match outcome {
                 Ok(Ok(r)) => return Ok(r),
                 Err(_) => {
                     return Err(ModelError::Timeout {
@@ -464,7 +466,12 @@ impl Model for ChatClient {
                 return Err(err.0);
             }
             let delay = err.1.unwrap_or_else(|| backoff.next_delay());
-            tracing::info!(url = %self.endpoint, error = %err.0, retry_in_ms = delay.as_millis() as u64, "model request failed; retrying");
+            progress(Progress::Retrying {
+                error: &err.0,
+                attempt: tries,
+                of: self.cfg.retries + 1,
+                after: delay,
+            });
             tokio::time::sleep(delay).await;
         }
     }

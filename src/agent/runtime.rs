@@ -26,7 +26,7 @@ use serde_json::{Value, json};
 use tokio::sync::mpsc;
 
 use crate::agent::model::{
-    Message, Model, NOTICE_INSTRUCTION, Reply, Role, ToolCall, ToolSpec, notice_message,
+    Message, Model, NOTICE_INSTRUCTION, Progress, Reply, Role, ToolCall, ToolSpec, notice_message,
 };
 use crate::agent::session::SessionLog;
 
@@ -69,6 +69,11 @@ pub trait Channel: Send + Sync {
     fn thinking(&self, _on: bool) {}
     /// Streamed text of the model's answer, as it comes.
     fn streamed(&self, _text: &str) {}
+    /// The model's request failed and is tried again; `what` says so in a line. A terminal
+    /// shows it beside its spinner; elsewhere it is logged.
+    fn retrying(&self, what: &str) {
+        tracing::info!("{what}");
+    }
     /// A tool call and the first line of its result, for the transcript.
     fn tool_used(&self, _call: &str, _result: &str) {}
     /// A reply was suppressed (`NO_REPLY`).
@@ -366,8 +371,20 @@ async fn one_run(parts: RunParts, mut thread: Vec<Message>, to: ReplyTo, claimed
     } = parts;
     for _ in 0..MAX_STEPS {
         channel.thinking(true);
-        let mut stream = |t: &str| channel.streamed(t);
-        let reply = model.complete(&thread, &tools, &mut stream).await;
+        let mut progress = |p: Progress<'_>| match p {
+            Progress::Text(t) => channel.streamed(t),
+            Progress::Retrying {
+                error,
+                attempt,
+                of,
+                after,
+            } => channel.retrying(&format!(
+                "the model failed ({}), attempt {attempt} of {of}; again in {:.1} s",
+                error.brief(),
+                after.as_secs_f64()
+            )),
+        };
+        let reply = model.complete(&thread, &tools, &mut progress).await;
         channel.thinking(false);
         let Reply {
             content,

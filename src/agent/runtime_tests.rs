@@ -5,7 +5,7 @@ use std::time::Duration;
 use tokio::sync::{Notify, mpsc};
 
 use super::*;
-use crate::agent::model::{ModelError, Reply, ToolCall};
+use crate::agent::model::{ModelError, Progress, Reply, ToolCall};
 
 const WAIT: Duration = Duration::from_secs(10);
 
@@ -57,7 +57,7 @@ impl Model for Scripted {
         &self,
         messages: &[Message],
         _tools: &[ToolSpec],
-        on_text: &mut (dyn for<'s> FnMut(&'s str) + Send),
+        progress: &mut (dyn for<'s> FnMut(Progress<'s>) + Send),
     ) -> Result<Reply, ModelError> {
         self.seen.lock().unwrap().push(messages.to_vec());
         self.asked.notify_waiters();
@@ -71,7 +71,7 @@ impl Model for Scripted {
             .pop_front()
             .unwrap_or_else(|| text("(script ended)"));
         if let Ok(r) = &a {
-            on_text(&r.content);
+            progress(Progress::Text(&r.content));
         }
         a
     }

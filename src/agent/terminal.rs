@@ -23,6 +23,8 @@ pub struct Terminal {
     /// That text.
     shown: Mutex<String>,
     spinner: Mutex<Option<tokio::task::JoinHandle<()>>>,
+    /// What the spinner says beside `thinking…` (a retry), while it runs.
+    status: std::sync::Arc<Mutex<String>>,
     /// Set when a question got no answer (piped, `herald agent` then exits 1).
     unanswered: std::sync::Arc<AtomicBool>,
 }
@@ -41,6 +43,7 @@ impl Terminal {
             streamed: AtomicBool::new(false),
             shown: Mutex::new(String::new()),
             spinner: Mutex::new(None),
+            status: Default::default(),
             unanswered: Default::default(),
         }
     }
@@ -129,17 +132,32 @@ impl Channel for Terminal {
             h.abort();
             eprint!("\r\x1b[2K");
         }
+        self.status.locked().clear();
         if on && tokio::runtime::Handle::try_current().is_ok() {
-            *s = Some(tokio::spawn(async {
+            let status = self.status.clone();
+            *s = Some(tokio::spawn(async move {
                 let frames = ['⠋', '⠙', '⠹', '⠸', '⠼', '⠴', '⠦', '⠧', '⠇', '⠏'];
                 let mut i = 0;
                 loop {
-                    eprint!("\r{} thinking…", frames[i % frames.len()]);
+                    // One line, redrawn in place: a retry is said on it, not under it.
+                    let said = status.locked().clone();
+                    eprint!("\r\x1b[2K{}", spinner_line(frames[i % frames.len()], &said));
                     i += 1;
                     tokio::time::sleep(std::time::Duration::from_millis(100)).await;
                 }
             }));
         }
+    }
+
+    fn retrying(&self, what: &str) {
+        if !self.tty {
+            tracing::info!("{what}");
+            return;
+        }
+        // Cut to what a line holds, and drawn now (the spinner redraws it in place).
+        let said: String = what.chars().take(100).collect();
+        eprint!("\r\x1b[2K{}", spinner_line('⠿', &said));
+        *self.status.locked() = said;
     }
 
     fn streamed(&self, text: &str) {
@@ -176,6 +194,15 @@ impl Channel for Terminal {
             eprintln!("{}", self.dim("(nothing to say: NO_REPLY)"));
             eprint!("> ");
         }
+    }
+}
+
+/// The spinner's line: its frame, `thinking…`, and what it says beside (a retry), if anything.
+fn spinner_line(frame: char, said: &str) -> String {
+    if said.is_empty() {
+        format!("{frame} thinking…")
+    } else {
+        format!("{frame} thinking… ({said})")
     }
 }
 

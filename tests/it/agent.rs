@@ -11,7 +11,7 @@ use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 use crate::fake_model::{FakeModel, Step};
 use crate::support::*;
 use herald::agent::model::NOTICE_INSTRUCTION;
-use herald::agent::model::{Message, Model, ModelError};
+use herald::agent::model::{Message, Model, ModelError, Progress};
 use herald::agent::openai::{ChatClient, ChatConfig};
 
 #[tokio::test]
@@ -175,13 +175,17 @@ async fn the_chat_client_retries_a_5xx_and_names_the_url_when_nothing_answers() 
         })
         .unwrap()
     };
-    let mut text = String::new();
+    let (mut text, mut retries) = (String::new(), Vec::new());
     let r = client(&model.url, 3)
-        .complete(&[Message::user("hi")], &[], &mut |t| text.push_str(t))
+        .complete(&[Message::user("hi")], &[], &mut |p| match p {
+            Progress::Text(t) => text.push_str(t),
+            Progress::Retrying { attempt, of, .. } => retries.push((attempt, of)),
+        })
         .await
         .unwrap();
     assert_eq!(r.content, "hello");
     assert_eq!(text, "hello", "streamed as it came");
+    assert_eq!(retries, [(1, 4), (2, 4)], "each retry said");
     assert_eq!(model.bodies().len(), 3);
     assert_eq!(model.bodies()[2]["max_tokens"], 64);
 
@@ -523,4 +527,73 @@ async fn a_piped_question_with_no_answer_exits_1() {
             assert!(err.contains("a question got no answer"), "{err}");
         }
     }
+}
+
+/// On a terminal, a failing model's retries are said on the spinner's line, redrawn in place,
+/// not as log lines written through it; the answer follows once the model answers.
+#[tokio::test]
+async fn on_a_terminal_retries_are_said_on_the_spinner_line() {
+    init();
+    let memo = Server::spawn(&["--store", ":memory:", "memo", "--http", "127.0.0.1:0"]).await;
+    let model = FakeModel::start(vec![
+        Step::Status(503),
+        Step::Status(503),
+        Step::Text("Hello.".into()),
+    ])
+    .await;
+    let (master, slave) = crate::watch::pty();
+    let mut child = tokio::process::Command::new(bin())
+        .args([
+            "--store",
+            ":memory:",
+            "agent",
+            "--mcp-http",
+            &memo.http_url(),
+        ])
+        .args(["--model-url", &model.url])
+        .env_remove("NO_COLOR")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::from(slave.try_clone().unwrap()))
+        .stderr(Stdio::from(slave))
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    // The screen, read raw on a thread of its own until the answer is on it.
+    let (tx, rx) = tokio::sync::oneshot::channel::<String>();
+    std::thread::spawn(move || {
+        use std::io::Read as _;
+        let (mut master, mut screen, mut buf) = (master, Vec::new(), [0u8; 4096]);
+        while let Ok(n) = master.read(&mut buf) {
+            if n == 0 {
+                break;
+            }
+            screen.extend_from_slice(&buf[..n]);
+            if String::from_utf8_lossy(&screen).contains("Hello.") {
+                break;
+            }
+        }
+        let _ = tx.send(String::from_utf8_lossy(&screen).into_owned());
+    });
+    let mut stdin = child.stdin.take().unwrap();
+    stdin.write_all(b"hi\n").await.unwrap();
+    let screen = tokio::time::timeout(WAIT, rx)
+        .await
+        .expect("the answer in time")
+        .unwrap();
+    drop(stdin);
+    assert!(screen.contains("Hello."), "{screen:?}");
+    for attempt in ["attempt 1 of", "attempt 2 of"] {
+        assert!(
+            screen.contains(&format!(
+                "\r\x1b[2K⠿ thinking… (the model failed (HTTP 503), {attempt}"
+            )),
+            "the retry is said on the spinner's line: {screen:?}"
+        );
+    }
+    let spinning = &screen[screen.find("thinking…").expect("a spinner")..];
+    assert!(
+        !spinning.contains("INFO") && !spinning.contains("retrying"),
+        "no log line is written through the spinner: {screen:?}"
+    );
+    let _ = tokio::time::timeout(WAIT, child.wait()).await;
 }
