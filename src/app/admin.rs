@@ -10,6 +10,7 @@
 //! - `/metrics`: Prometheus text: the counters every MCP endpoint serves, plus gauges from the
 //!   status board.
 //! - `/status`: a [`StatusReport`] as JSON.
+//! - `/status/stream`: that report pushed as a JSON line whenever it changes (`status_stream`).
 //! - `POST /reload`: reloads the config of `herald up` or `herald gateway --config` and
 //!   answers what changed, or why the new config was refused (the running one kept).
 //! - `POST /backup`: a consistent snapshot of the store, written by this process (which holds
@@ -62,6 +63,8 @@ struct Admin {
     /// backup runs as a task of its own holding this, so a caller that hangs up neither stops
     /// it nor lets another start beside it.
     backups: Arc<tokio::sync::Mutex<()>>,
+    /// The places for followers of `/status/stream`.
+    followers: Arc<tokio::sync::Semaphore>,
     ctx: RoleContext,
 }
 
@@ -108,6 +111,7 @@ pub fn router(ctx: &RoleContext, store: Option<Store>) -> Router {
         .route("/ready", axum::routing::get(ready))
         .route("/metrics", axum::routing::get(metrics))
         .route("/status", axum::routing::get(status))
+        .route("/status/stream", axum::routing::get(status_stream))
         .route("/backup", axum::routing::post(backup))
         .route("/reload", axum::routing::post(reload))
         .layer(axum::middleware::from_fn(refuse_browsers))
@@ -115,6 +119,9 @@ pub fn router(ctx: &RoleContext, store: Option<Store>) -> Router {
             board,
             store,
             backups: Arc::default(),
+            followers: Arc::new(tokio::sync::Semaphore::new(
+                super::status_stream::MAX_FOLLOWERS,
+            )),
             ctx: ctx.clone(),
         })
 }
@@ -140,6 +147,16 @@ async fn metrics(State(admin): State<Admin>) -> impl IntoResponse {
 async fn status(State(admin): State<Admin>) -> impl IntoResponse {
     let r: StatusReport = admin.board.report().await;
     json(StatusCode::OK, &r)
+}
+
+async fn status_stream(
+    State(admin): State<Admin>,
+    uri: axum::http::Uri,
+) -> axum::response::Response {
+    match super::status_stream::interval(uri.query()) {
+        Ok(every) => super::status_stream::follow(admin.board.clone(), &admin.followers, every),
+        Err(e) => error(StatusCode::BAD_REQUEST, e),
+    }
 }
 
 async fn backup(
@@ -237,6 +254,11 @@ fn stamp(secs: u64) -> String {
         .collect();
     s.push('Z');
     s
+}
+
+/// An [`AdminError`] answer.
+pub(super) fn error(code: StatusCode, error: String) -> axum::response::Response {
+    json(code, &AdminError { error })
 }
 
 fn json(code: StatusCode, body: &impl serde::Serialize) -> axum::response::Response {

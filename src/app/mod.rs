@@ -27,6 +27,7 @@
 pub mod admin;
 pub mod console;
 pub mod reload;
+mod status_stream;
 pub mod systemd;
 
 use std::net::SocketAddr;

@@ -18,6 +18,7 @@ mod slack;
 mod status;
 mod store;
 mod task;
+mod top;
 mod up;
 pub(crate) mod watch;
 
@@ -97,6 +98,9 @@ pub enum Command {
     /// Ask a running herald's admin address for its roles, upstreams, listens, watches and
     /// store, as a table or --json.
     Status(status::StatusArgs),
+    /// A live view of a running herald from its admin address: roles, upstreams, watches and
+    /// their events per second, listen streams, the errors seen; pushed by herald, q quits.
+    Top(top::TopArgs),
     /// Ask a running herald up (or herald gateway --config) to read its config again and
     /// apply what changed, keeping every unchanged slug, role and watch running (as SIGHUP
     /// and systemctl reload do).
@@ -199,6 +203,7 @@ pub fn run(cli: Cli, systemd: Systemd) -> Result<(), Exit> {
             Command::Task(a) => task::run(a).await,
             Command::Poll(a) => poll::run(a).await,
             Command::Status(a) => status::run(a).await,
+            Command::Top(a) => top::run(a).await,
             Command::Reload(a) => reload::run(a).await,
             Command::Store(a) => store::run(a, &globals).await,
             Command::Watch(a) => watch::run(a, &globals, verbose).await,

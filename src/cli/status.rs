@@ -40,7 +40,7 @@ pub async fn run(args: StatusArgs) -> Result<(), Exit> {
     if args.json {
         console::println(&serde_json::to_string_pretty(&report)?)?;
     } else {
-        console::print(&table(&report))?;
+        console::print(&table(&report, None))?;
     }
     Ok(())
 }
@@ -48,16 +48,11 @@ pub async fn run(args: StatusArgs) -> Result<(), Exit> {
 async fn ask(base: &str) -> anyhow::Result<StatusReport> {
     let client = crate::transport::client::http_client(|b| b.timeout(ASK_TIMEOUT))?;
     let url = format!("{base}/status");
-    let response = client.get(&url).send().await.map_err(|e| {
-        let why = if e.is_timeout() {
-            "no answer within 5 s".to_owned()
-        } else {
-            root_cause(&e)
-        };
-        anyhow!(
-            "no herald answered at {base} ({why}); is `herald up` running? pass --admin URL (a server role serves one with --admin ADDR)"
-        )
-    })?;
+    let response = client
+        .get(&url)
+        .send()
+        .await
+        .map_err(|e| unreachable(base, &e))?;
     if !response.status().is_success() {
         return Err(anyhow!(
             "{url} answered {}; is {base} a herald admin address? pass --admin URL",
@@ -72,6 +67,18 @@ async fn ask(base: &str) -> anyhow::Result<StatusReport> {
     })
 }
 
+/// Nothing (that speaks HTTP) answered at the admin address `base`.
+pub(crate) fn unreachable(base: &str, e: &reqwest::Error) -> anyhow::Error {
+    let why = if e.is_timeout() {
+        "no answer within 5 s".to_owned()
+    } else {
+        root_cause(e)
+    };
+    anyhow!(
+        "no herald answered at {base} ({why}); is `herald up` running? pass --admin URL (a server role serves one with --admin ADDR)"
+    )
+}
+
 /// The innermost error's message (reqwest's outer one is only "error sending request").
 pub(crate) fn root_cause(e: &(dyn std::error::Error + 'static)) -> String {
     let mut cur = e;
@@ -81,8 +88,11 @@ pub(crate) fn root_cause(e: &(dyn std::error::Error + 'static)) -> String {
     cur.to_string()
 }
 
-/// The report as aligned text.
-pub fn table(r: &StatusReport) -> String {
+/// Events per second by watch name (`herald top` has them; one report alone does not).
+pub type Rates = std::collections::HashMap<String, f64>;
+
+/// The report as aligned text; with `rates`, the watches have an `EVENTS/S` column.
+pub fn table(r: &StatusReport, rates: Option<&Rates>) -> String {
     let mut out = String::new();
     let state = if r.draining {
         "draining"
@@ -191,21 +201,35 @@ pub fn table(r: &StatusReport) -> String {
             .watches
             .iter()
             .map(|w| {
-                vec![
+                let mut row = vec![
                     w.name.clone(),
                     w.state.as_str().into(),
                     w.events.to_string(),
                     w.notices.to_string(),
                     w.uri.clone(),
                     w.error.clone().unwrap_or_else(|| "-".into()),
-                ]
+                ];
+                if let Some(rates) = rates {
+                    let rate = rates.get(&w.name).copied().unwrap_or(0.0);
+                    row.insert(3, format!("{rate:.1}"));
+                }
+                row
             })
             .collect();
-        columns(
-            &mut out,
-            &["WATCH", "STATE", "EVENTS", "NOTICES", "URI", "LAST ERROR"],
-            &rows,
-        );
+        let head: &[&str] = if rates.is_some() {
+            &[
+                "WATCH",
+                "STATE",
+                "EVENTS",
+                "EVENTS/S",
+                "NOTICES",
+                "URI",
+                "LAST ERROR",
+            ]
+        } else {
+            &["WATCH", "STATE", "EVENTS", "NOTICES", "URI", "LAST ERROR"]
+        };
+        columns(&mut out, head, &rows);
     }
     out
 }
@@ -243,7 +267,7 @@ fn columns(out: &mut String, head: &[&str], rows: &[Vec<String>]) {
     }
 }
 
-fn human_duration(secs: u64) -> String {
+pub(crate) fn human_duration(secs: u64) -> String {
     match secs {
         s if s < 60 => format!("{s}s"),
         s if s < 3600 => format!("{}m{}s", s / 60, s % 60),
@@ -335,7 +359,7 @@ mod tests {
             },
             reloads: Default::default(),
         };
-        let t = table(&r);
+        let t = table(&r, None);
         let expected = "\
 herald 0.1.0 (pid 42), up 1h2m, not ready
 store: /var/lib/herald/herald.redb (1.5 MiB)

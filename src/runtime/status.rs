@@ -229,6 +229,10 @@ pub struct StatusBoard {
     shutdown: CancellationToken,
     since: Instant,
     board: Arc<Mutex<Board>>,
+    /// Marked on every change the board records itself (roles, upstreams and backends
+    /// entered, watches, reloads, the start done), so a follower of `/status/stream` says it
+    /// at once rather than at its next interval.
+    changes: Arc<tokio::sync::watch::Sender<()>>,
 }
 
 impl std::fmt::Debug for StatusBoard {
@@ -244,11 +248,28 @@ impl StatusBoard {
             shutdown,
             since: Instant::now(),
             board: Arc::default(),
+            changes: Arc::new(tokio::sync::watch::Sender::new(())),
         }
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Board> {
         self.board.locked()
+    }
+
+    /// Says that the board changed to whoever follows [`StatusBoard::changes`].
+    fn touch(&self) {
+        self.changes.send_replace(());
+    }
+
+    /// A receiver that sees each change the board records from now on (changes between two
+    /// looks count once; none is lost).
+    pub fn changes(&self) -> tokio::sync::watch::Receiver<()> {
+        self.changes.subscribe()
+    }
+
+    /// Cancelled when the process starts shutting down.
+    pub fn shutdown(&self) -> &CancellationToken {
+        &self.shutdown
     }
 
     /// Enters `role` as starting (again, if it was there).
@@ -261,6 +282,7 @@ impl StatusBoard {
             endpoints: Vec::new(),
             listens: None,
         });
+        self.touch();
     }
 
     /// Marks `role` as serving on `endpoints`, its open listens counted by `listens`.
@@ -276,6 +298,7 @@ impl StatusBoard {
             Some(r) => *r = entry,
             None => b.roles.push(entry),
         }
+        self.touch();
     }
 
     /// Counts a reload and keeps its outcome as the last one.
@@ -291,12 +314,14 @@ impl StatusBoard {
             .duration_since(std::time::UNIX_EPOCH)
             .ok()
             .map(|d| d.as_secs());
+        self.touch();
     }
 
     /// Enters a configured upstream: `/ready` waits until it has connected once.
     pub fn add_upstream<U: UpstreamStatus + 'static>(&self, upstream: &Arc<U>) {
         let weak: Weak<dyn UpstreamStatus> = Arc::downgrade(upstream) as Weak<U>;
         self.lock().upstreams.push(weak);
+        self.touch();
     }
 
     /// Enters a role's NATS backend: `/ready` waits while it is not connected. Its row goes
@@ -312,6 +337,7 @@ impl StatusBoard {
         let mut b = self.lock();
         b.backends.retain(|r| !r.3.is_cancelled());
         b.backends.push((name, target, connected, until));
+        self.touch();
     }
 
     fn backends(&self) -> Vec<BackendReport> {
@@ -339,6 +365,7 @@ impl StatusBoard {
     /// Where the watches come from (a watch client's manager).
     pub fn set_watches(&self, watches: WatchList) {
         self.lock().watches = Some(watches);
+        self.touch();
     }
 
     /// The store file (`None` for a store in memory).
@@ -350,6 +377,7 @@ impl StatusBoard {
     /// upstreams.
     pub fn set_started(&self) {
         self.lock().started = true;
+        self.touch();
     }
 
     fn upstreams(&self) -> Vec<Arc<dyn UpstreamStatus>> {

@@ -35,6 +35,7 @@ mod support;
 mod systemd;
 mod tasks;
 mod timeouts;
+mod top;
 mod up;
 mod watch;
 mod watch_events;
