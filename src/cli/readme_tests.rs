@@ -1,6 +1,8 @@
-//! The README against the command line: every flag `--help` shows is in the README with its
-//! default, and every `herald …` command line in the `sh` blocks of the README and of
-//! docs/operating.md parses as written (`tests/it/guide.rs` runs the guide's too).
+//! The documentation against the command line and itself: every flag `--help` shows is in the
+//! README or a reference page under docs/ with its default; every `herald …` command line in
+//! their `sh` blocks and in docs/operating.md parses as written (`tests/it/guide.rs` runs the
+//! guide's too); every reference page is linked from the README; every relative link in the
+//! docs reaches a file and, with `#anchor`, a heading of it.
 
 use clap::{Arg, Command, CommandFactory, Parser};
 
@@ -8,6 +10,39 @@ use super::Cli;
 
 const README: &str = include_str!("../../README.md");
 const OPERATING: &str = include_str!("../../docs/operating.md");
+
+/// The README and the reference pages it links, by path.
+const DOCS: &[(&str, &str)] = &[
+    ("README.md", README),
+    ("docs/agent.md", include_str!("../../docs/agent.md")),
+    ("docs/benchmarks.md", include_str!("../../docs/benchmarks.md")),
+    ("docs/conformance.md", include_str!("../../docs/conformance.md")),
+    ("docs/events.md", include_str!("../../docs/events.md")),
+    ("docs/file.md", include_str!("../../docs/file.md")),
+    ("docs/gateway.md", include_str!("../../docs/gateway.md")),
+    ("docs/k8s.md", include_str!("../../docs/k8s.md")),
+    ("docs/memo.md", include_str!("../../docs/memo.md")),
+    ("docs/protocol.md", include_str!("../../docs/protocol.md")),
+    ("docs/running.md", include_str!("../../docs/running.md")),
+    ("docs/slack.md", include_str!("../../docs/slack.md")),
+    ("docs/tasks.md", include_str!("../../docs/tasks.md")),
+    ("docs/up.md", include_str!("../../docs/up.md")),
+    ("docs/watch.md", include_str!("../../docs/watch.md")),
+];
+
+/// The pages under docs/ that are not reference pages.
+const NOT_REFERENCE: &[&str] = &[
+    "docs/ARCHITECTURE.md",
+    "docs/DESIGN.md",
+    "docs/STYLE.md",
+    "docs/mcp-2026-07-28.md",
+    "docs/operating.md",
+];
+
+/// The README and the reference pages as one text.
+fn reference() -> String {
+    DOCS.iter().map(|(_, text)| *text).collect::<Vec<_>>().join("\n")
+}
 
 /// Every visible subcommand, with its path (`herald watch`), depth first.
 fn commands() -> Vec<(String, Command)> {
@@ -44,16 +79,19 @@ fn mentions(text: &str, flag: &str) -> bool {
 }
 
 #[test]
-fn every_flag_is_in_the_readme_with_its_default() {
+fn every_flag_is_documented_with_its_default() {
+    let docs = reference();
     let mut missing = Vec::new();
     for (path, cmd) in commands() {
         for arg in visible_flags(&cmd, path == "herald") {
             let flag = format!("--{}", arg.get_long().unwrap());
-            if !mentions(README, &flag) {
-                missing.push(format!("{path}: {flag} is not in the README"));
+            if !mentions(&docs, &flag) {
+                missing.push(format!(
+                    "{path}: {flag} is in neither the README nor a reference page"
+                ));
                 continue;
             }
-            // A default clap shows is written on one of the README lines naming the flag.
+            // A default clap shows is written on one of the lines naming the flag.
             let defaults: Vec<String> = arg
                 .get_default_values()
                 .iter()
@@ -64,13 +102,13 @@ fn every_flag_is_in_the_readme_with_its_default() {
             if defaults.is_empty() || matches!(arg.get_action(), clap::ArgAction::Count) {
                 continue;
             }
-            let documented = README
+            let documented = docs
                 .lines()
                 .filter(|l| mentions(l, &flag))
                 .any(|l| defaults.iter().all(|d| l.contains(d.as_str())));
             if !documented {
                 missing.push(format!(
-                    "{path}: {flag}'s default {} is on no README line naming it",
+                    "{path}: {flag}'s default {} is on no line of the docs naming it",
                     defaults.join(",")
                 ));
             }
@@ -78,7 +116,7 @@ fn every_flag_is_in_the_readme_with_its_default() {
     }
     assert!(
         missing.is_empty(),
-        "README vs --help:\n{}",
+        "the docs vs --help:\n{}",
         missing.join("\n")
     );
 }
@@ -289,28 +327,127 @@ fn refused_lines(name: &str, doc: &str) -> (usize, Vec<String>) {
 }
 
 #[test]
-fn every_herald_command_line_in_the_readme_and_the_guide_parses() {
-    for (name, doc, least) in [
-        ("README.md", README, 30),
-        ("docs/operating.md", OPERATING, 10),
-    ] {
+fn every_herald_command_line_in_the_docs_parses() {
+    let mut total = 0;
+    for (name, doc) in DOCS
+        .iter()
+        .copied()
+        .chain([("docs/operating.md", OPERATING)])
+    {
         let (seen, bad) = refused_lines(name, doc);
-        assert!(
-            seen >= least,
-            "only {seen} herald command lines found in {name}"
-        );
+        total += seen;
         assert!(
             bad.is_empty(),
             "{name} command lines clap refuses:\n{}",
             bad.join("\n")
         );
     }
+    assert!(total >= 60, "only {total} herald command lines found in the docs");
+    assert!(refused_lines("docs/operating.md", OPERATING).0 >= 10);
 }
 
-/// The README's filter examples are the files the filter tests run (`tests/it/filter.rs`), so
-/// what a reader copies is what was tested.
+/// Every page under docs/ is a reference page (linked from the README, and checked above) or
+/// one of the others, named.
 #[test]
-fn the_readme_shows_the_tested_filters_as_they_are() {
+fn every_reference_page_is_linked_from_the_readme() {
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("docs");
+    for entry in std::fs::read_dir(&dir).unwrap() {
+        let name = format!("docs/{}", entry.unwrap().file_name().to_string_lossy());
+        if !name.ends_with(".md") || NOT_REFERENCE.contains(&name.as_str()) {
+            continue;
+        }
+        assert!(
+            DOCS.iter().any(|(n, _)| *n == name),
+            "{name} is not in DOCS: add it there (or to NOT_REFERENCE)"
+        );
+        assert!(
+            README.contains(&format!("]({name})")),
+            "the README does not link {name}"
+        );
+    }
+}
+
+/// GitHub's anchor for a heading: lower case, punctuation dropped, spaces as hyphens.
+fn anchor(heading: &str) -> String {
+    heading
+        .trim()
+        .to_lowercase()
+        .chars()
+        .filter(|c| c.is_alphanumeric() || matches!(c, '-' | '_' | ' '))
+        .map(|c| if c == ' ' { '-' } else { c })
+        .collect()
+}
+
+/// The anchors of `text`'s headings (not of `#` lines inside fenced blocks).
+fn anchors(text: &str) -> Vec<String> {
+    let mut fenced = false;
+    let mut out = Vec::new();
+    for line in text.lines() {
+        if line.starts_with("```") {
+            fenced = !fenced;
+        } else if !fenced && line.starts_with('#') {
+            let heading = line.trim_start_matches('#');
+            if heading.starts_with(' ') {
+                out.push(anchor(heading));
+            }
+        }
+    }
+    out
+}
+
+#[test]
+fn every_relative_link_in_the_docs_reaches_its_file_and_heading() {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+    let mut pages: Vec<String> = vec!["README.md".into(), "packaging/README.md".into()];
+    for entry in std::fs::read_dir(root.join("docs")).unwrap() {
+        let name = entry.unwrap().file_name().to_string_lossy().into_owned();
+        if name.ends_with(".md") {
+            pages.push(format!("docs/{name}"));
+        }
+    }
+    let mut broken = Vec::new();
+    let mut checked = 0;
+    for page in &pages {
+        let text = std::fs::read_to_string(root.join(page)).unwrap();
+        let dir = root.join(page).parent().unwrap().to_owned();
+        for (i, _) in text.match_indices("](") {
+            let rest = &text[i + 2..];
+            let Some(end) = rest.find(')') else { continue };
+            let target = &rest[..end];
+            if target.contains("://") || target.starts_with("mailto:") || target.contains(' ') {
+                continue;
+            }
+            checked += 1;
+            let (file, hash) = match target.split_once('#') {
+                Some((f, h)) => (f, Some(h)),
+                None => (target, None),
+            };
+            let path = if file.is_empty() {
+                root.join(page)
+            } else {
+                dir.join(file)
+            };
+            if !path.exists() {
+                broken.push(format!("{page}: {target}: no such file"));
+                continue;
+            }
+            if let Some(hash) = hash
+                && path.extension().is_some_and(|e| e == "md")
+                && !anchors(&std::fs::read_to_string(&path).unwrap()).contains(&hash.to_owned())
+            {
+                broken.push(format!("{page}: {target}: no such heading"));
+            }
+        }
+    }
+    assert!(checked >= 50, "only {checked} links checked");
+    assert!(broken.is_empty(), "broken links:\n{}", broken.join("\n"));
+}
+
+/// The filter examples of docs/watch.md are the files the filter tests run
+/// (`tests/it/filter.rs`), so what a reader copies is what was tested.
+#[test]
+fn the_docs_show_the_tested_filters_as_they_are() {
+    let watch = DOCS.iter().find(|(n, _)| *n == "docs/watch.md").unwrap().1;
     let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/filters");
     let mut seen = 0;
     for entry in std::fs::read_dir(&dir).unwrap() {
@@ -318,8 +455,8 @@ fn the_readme_shows_the_tested_filters_as_they_are() {
         if path.extension().is_some_and(|e| e == "py") {
             let text = std::fs::read_to_string(&path).unwrap();
             assert!(
-                README.contains(&format!("```python\n{text}```")),
-                "the README does not show {} as it is",
+                watch.contains(&format!("```python\n{text}```")),
+                "docs/watch.md does not show {} as it is",
                 path.display()
             );
             seen += 1;
