@@ -15,8 +15,14 @@ const OPERATING: &str = include_str!("../../docs/operating.md");
 const DOCS: &[(&str, &str)] = &[
     ("README.md", README),
     ("docs/agent.md", include_str!("../../docs/agent.md")),
-    ("docs/benchmarks.md", include_str!("../../docs/benchmarks.md")),
-    ("docs/conformance.md", include_str!("../../docs/conformance.md")),
+    (
+        "docs/benchmarks.md",
+        include_str!("../../docs/benchmarks.md"),
+    ),
+    (
+        "docs/conformance.md",
+        include_str!("../../docs/conformance.md"),
+    ),
     ("docs/events.md", include_str!("../../docs/events.md")),
     ("docs/file.md", include_str!("../../docs/file.md")),
     ("docs/gateway.md", include_str!("../../docs/gateway.md")),
@@ -41,7 +47,10 @@ const NOT_REFERENCE: &[&str] = &[
 
 /// The README and the reference pages as one text.
 fn reference() -> String {
-    DOCS.iter().map(|(_, text)| *text).collect::<Vec<_>>().join("\n")
+    DOCS.iter()
+        .map(|(_, text)| *text)
+        .collect::<Vec<_>>()
+        .join("\n")
 }
 
 /// Every visible subcommand, with its path (`herald watch`), depth first.
@@ -342,7 +351,10 @@ fn every_herald_command_line_in_the_docs_parses() {
             bad.join("\n")
         );
     }
-    assert!(total >= 60, "only {total} herald command lines found in the docs");
+    assert!(
+        total >= 60,
+        "only {total} herald command lines found in the docs"
+    );
     assert!(refused_lines("docs/operating.md", OPERATING).0 >= 10);
 }
 

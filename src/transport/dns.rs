@@ -2,7 +2,7 @@
 //! (hickory-resolver), never glibc's `getaddrinfo`.
 //!
 //! Why: the release binary is statically linked against glibc (`cargo static`, see the
-//! README), and a static glibc resolves names through NSS, which may `dlopen` the host's
+//! README's Install), and a static glibc resolves names through NSS, which may `dlopen` the host's
 //! `libnss_*.so` modules (`resolve`, `mdns4_minimal`, `myhostname`, LDAP...) built for whatever
 //! glibc the host has; the linker says so ("Using 'getaddrinfo' in statically linked
 //! applications requires at runtime the shared libraries from the glibc version used for

@@ -22,7 +22,7 @@
 //! rounds each, the streams opened anew for each run), in the same run, and prints
 //! `N streams, PATH, time to last stream: this build / baseline: p50 X.XXx, p99 Y.YYx`; the
 //! targets are checked on this build's runs together (RSS: the larger of its two). Build the
-//! baseline with the bench profile, as `cargo bench` builds this one (README, "Benchmarks").
+//! baseline with the bench profile, as `cargo bench` builds this one (docs/benchmarks.md).
 
 #[path = "common.rs"]
 mod common;

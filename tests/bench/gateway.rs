@@ -24,7 +24,7 @@
 //! same run, and prints `NAME, 1 client: this build / baseline: p50 X.XXx, p99 Y.YYx` and
 //! `NAME, 64 clients: this build / baseline: calls/s Z.ZZx`; the ratios to direct and the
 //! targets are this build's runs together. Build the baseline with the bench profile, as
-//! `cargo bench` builds this one (README, "Benchmarks").
+//! `cargo bench` builds this one (docs/benchmarks.md).
 
 #[path = "common.rs"]
 mod common;

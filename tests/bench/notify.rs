@@ -7,7 +7,7 @@
 //! (the memo server) and this build's in turn (A-B-B-A, half the calls each), in the same run,
 //! and prints `NAME: this build / baseline: p50 X.XXx, p99 Y.YYx`; the targets are checked on
 //! this build's runs, the idle RSS on this build alone. Build the baseline with the bench
-//! profile, as `cargo bench` builds this one (README, "Benchmarks").
+//! profile, as `cargo bench` builds this one (docs/benchmarks.md).
 //! Targets on a 2-core machine: p99 < 2 ms on stdio and QUIC, < 5 ms on HTTP; idle RSS < 15 MB.
 
 use std::time::{Duration, Instant};

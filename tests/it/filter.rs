@@ -417,10 +417,10 @@ f"ok {k}"
     s.w.terminate().await;
 }
 
-// === the README's examples, run as written ===
+// === the examples of docs/watch.md, run as written ===
 
-/// The README's filter for a file source, and its memo one: these files are the README's
-/// code blocks.
+/// The documented filter for a file source, and its memo one: these files are the code
+/// blocks of docs/watch.md.
 fn readme_filter(name: &str) -> String {
     let path = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/filters/");
     std::fs::read_to_string(format!("{path}{name}")).unwrap()

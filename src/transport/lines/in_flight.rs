@@ -118,7 +118,7 @@ impl Drop for InFlight {
 /// each heap on its own; `malloc_trim` also hands back the free pages inside them (after a
 /// 100,000-call flood without the in-flight bound, 1.09 GB went down to 33 MB; with the bound,
 /// the release binary's heap after 100,000 small calls is about 4 MB instead of 9, after 2,000
-/// of 256 KiB about 24 MB instead of 28-46: the README's Benchmarks). Settings at start were
+/// of 256 KiB about 24 MB instead of 28-46: docs/benchmarks.md). Settings at start were
 /// no better: `M_ARENA_MAX=2` gave back little, and a fixed `M_MMAP_THRESHOLD` (or
 /// `M_TRIM_THRESHOLD`, which fixes it too) gave back more after big messages but made a flood
 /// of them half again slower. Run on the blocking pool, since it walks every arena; one at a
