@@ -16,23 +16,31 @@ pub(crate) struct Up {
     pub(crate) url: String,
     /// The admin address, `HOST:PORT`.
     pub(crate) admin: String,
+    /// The whole `listening` line.
+    pub(crate) listening: Value,
     notices: tokio::io::Lines<BufReader<tokio::process::ChildStdout>>,
 }
 
 /// Starts `herald up --config CFG EXTRA` (admin on a free port) and waits for its gateway's
 /// listening line.
 pub(crate) async fn up(cfg: &std::path::Path, extra: &[&str]) -> Up {
+    up_on(":memory:", cfg, extra).await
+}
+
+/// [`up`] on the store `store`.
+pub(crate) async fn up_on(store: &str, cfg: &std::path::Path, extra: &[&str]) -> Up {
     let args: Vec<&str> = ["--admin", "127.0.0.1:0"]
         .into_iter()
         .chain(extra.iter().copied())
         .collect();
-    let (mut child, outcome) = up_until_listening(cfg, &args).await;
+    let (mut child, outcome) = up_until_listening_on(store, cfg, &args).await;
     let (listening, _) = outcome.expect("herald up says where it listens");
     let notices = BufReader::new(child.stdout.take().unwrap()).lines();
     Up {
         child,
         url: listening["http_url"].as_str().unwrap().to_owned(),
         admin: listening["admin"].as_str().unwrap_or_default().to_owned(),
+        listening,
         notices,
     }
 }
@@ -211,16 +219,17 @@ async fn up_until_listening(
     cfg: &std::path::Path,
     args: &[&str],
 ) -> (tokio::process::Child, Result<(Value, Vec<String>), String>) {
+    up_until_listening_on(":memory:", cfg, args).await
+}
+
+async fn up_until_listening_on(
+    store: &str,
+    cfg: &std::path::Path,
+    args: &[&str],
+) -> (tokio::process::Child, Result<(Value, Vec<String>), String>) {
     init();
     let mut child = tokio::process::Command::new(bin())
-        .args([
-            "--log-format",
-            "json",
-            "--store",
-            ":memory:",
-            "up",
-            "--config",
-        ])
+        .args(["--log-format", "json", "--store", store, "up", "--config"])
         .arg(cfg)
         .args(args)
         .stdin(Stdio::null())
