@@ -153,10 +153,12 @@ async fn status_stream(
     State(admin): State<Admin>,
     uri: axum::http::Uri,
 ) -> axum::response::Response {
-    match super::status_stream::interval(uri.query()) {
-        Ok(every) => super::status_stream::follow(admin.board.clone(), &admin.followers, every),
-        Err(e) => error(StatusCode::BAD_REQUEST, e),
-    }
+    let every = match super::status_stream::interval(uri.query()) {
+        Ok(every) => every,
+        Err(e) => return error(StatusCode::BAD_REQUEST, e),
+    };
+    super::status_stream::follow(admin.board.clone(), &admin.followers, every)
+        .unwrap_or_else(|e| error(StatusCode::SERVICE_UNAVAILABLE, e))
 }
 
 async fn backup(
@@ -257,7 +259,7 @@ fn stamp(secs: u64) -> String {
 }
 
 /// An [`AdminError`] answer.
-pub(super) fn error(code: StatusCode, error: String) -> axum::response::Response {
+fn error(code: StatusCode, error: String) -> axum::response::Response {
     json(code, &AdminError { error })
 }
 

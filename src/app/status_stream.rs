@@ -13,7 +13,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use axum::body::Body;
-use axum::http::{StatusCode, header};
+use axum::http::header;
 use axum::response::{IntoResponse, Response};
 use tokio::sync::{Semaphore, mpsc};
 
@@ -45,15 +45,17 @@ pub fn interval(query: Option<&str>) -> Result<Duration, String> {
     }
 }
 
-/// The streamed answer for one follower, or 503 when [`MAX_FOLLOWERS`] follow already.
-pub fn follow(board: StatusBoard, followers: &Arc<Semaphore>, every: Duration) -> Response {
+/// The streamed answer for one follower, or why there is none (for a 503): [`MAX_FOLLOWERS`]
+/// follow already.
+pub fn follow(
+    board: StatusBoard,
+    followers: &Arc<Semaphore>,
+    every: Duration,
+) -> Result<Response, String> {
     let Ok(permit) = followers.clone().try_acquire_owned() else {
-        return super::admin::error(
-            StatusCode::SERVICE_UNAVAILABLE,
-            format!(
-                "{MAX_FOLLOWERS} followers of /status/stream are open already; close one, or ask /status"
-            ),
-        );
+        return Err(format!(
+            "{MAX_FOLLOWERS} followers of /status/stream are open already; close one, or ask /status"
+        ));
     };
     let (tx, rx) = mpsc::channel::<Vec<u8>>(1);
     tokio::spawn(async move {
@@ -96,14 +98,14 @@ pub fn follow(board: StatusBoard, followers: &Arc<Semaphore>, every: Duration) -
         let line = rx.recv().await?;
         Some((Ok::<_, std::convert::Infallible>(line), rx))
     });
-    (
+    Ok((
         [
             (header::CONTENT_TYPE, "application/x-ndjson"),
             (header::CACHE_CONTROL, "no-cache"),
         ],
         Body::from_stream(body),
     )
-        .into_response()
+        .into_response())
 }
 
 #[cfg(test)]
@@ -133,7 +135,7 @@ mod tests {
         let board = StatusBoard::new(shutdown.clone());
         let followers = Arc::new(Semaphore::new(MAX_FOLLOWERS));
         // An hour's interval: whatever comes next comes from the board's changes.
-        let response = follow(board.clone(), &followers, Duration::from_secs(3600));
+        let response = follow(board.clone(), &followers, Duration::from_secs(3600)).unwrap();
         let mut body = response.into_body().into_data_stream();
         let mut next = async || -> serde_json::Value {
             let chunk = tokio::time::timeout(Duration::from_secs(10), body.next())
@@ -153,7 +155,7 @@ mod tests {
             .map(|_| follow(board.clone(), &followers, Duration::from_secs(3600)))
             .collect();
         let refused = follow(board.clone(), &followers, Duration::from_secs(3600));
-        assert_eq!(refused.status(), StatusCode::SERVICE_UNAVAILABLE);
+        assert!(refused.unwrap_err().contains("close one"));
         drop(held);
         shutdown.cancel();
         assert_eq!(next().await["draining"], true);
