@@ -378,11 +378,14 @@ async fn one_run(parts: RunParts, mut thread: Vec<Message>, to: ReplyTo, claimed
                 attempt,
                 of,
                 after,
-            } => channel.retrying(&format!(
-                "the model failed ({}), attempt {attempt} of {of}; again in {:.1} s",
-                error.brief(),
-                after.as_secs_f64()
-            )),
+            } => {
+                tracing::debug!(error = %error, retry_in_ms = after.as_millis() as u64, "model request failed; retrying");
+                channel.retrying(&format!(
+                    "the model failed ({}); trying again, attempt {} of {of}",
+                    error.brief(),
+                    attempt + 1
+                ))
+            }
         };
         let reply = model.complete(&thread, &tools, &mut progress).await;
         channel.thinking(false);

@@ -23,8 +23,9 @@ pub struct Terminal {
     /// That text.
     shown: Mutex<String>,
     spinner: Mutex<Option<tokio::task::JoinHandle<()>>>,
-    /// What the spinner says beside `thinking…` (a retry), while it runs.
-    status: std::sync::Arc<Mutex<String>>,
+    /// Whether the spinner's line is up, and what it says beside `thinking…` (a retry). Its
+    /// line is drawn and cleared only under this lock, so no frame lands after the clear.
+    spin: std::sync::Arc<Mutex<Spin>>,
     /// Set when a question got no answer (piped, `herald agent` then exits 1).
     unanswered: std::sync::Arc<AtomicBool>,
 }
@@ -43,7 +44,7 @@ impl Terminal {
             streamed: AtomicBool::new(false),
             shown: Mutex::new(String::new()),
             spinner: Mutex::new(None),
-            status: Default::default(),
+            spin: Default::default(),
             unanswered: Default::default(),
         }
     }
@@ -93,8 +94,13 @@ impl Terminal {
     fn stop_spinner(&self) {
         if let Some(h) = self.spinner.locked().take() {
             h.abort();
+        }
+        let mut spin = self.spin.locked();
+        if spin.up {
+            spin.up = false;
             eprint!("\r\x1b[2K");
         }
+        spin.said.clear();
     }
 }
 
@@ -127,21 +133,25 @@ impl Channel for Terminal {
         if !self.tty {
             return;
         }
-        let mut s = self.spinner.locked();
-        if let Some(h) = s.take() {
-            h.abort();
-            eprint!("\r\x1b[2K");
-        }
-        self.status.locked().clear();
+        self.stop_spinner();
         if on && tokio::runtime::Handle::try_current().is_ok() {
-            let status = self.status.clone();
-            *s = Some(tokio::spawn(async move {
+            self.spin.locked().up = true;
+            let spin = self.spin.clone();
+            *self.spinner.locked() = Some(tokio::spawn(async move {
                 let frames = ['⠋', '⠙', '⠹', '⠸', '⠼', '⠴', '⠦', '⠧', '⠇', '⠏'];
                 let mut i = 0;
                 loop {
                     // One line, redrawn in place: a retry is said on it, not under it.
-                    let said = status.locked().clone();
-                    eprint!("\r\x1b[2K{}", spinner_line(frames[i % frames.len()], &said));
+                    {
+                        let spin = spin.locked();
+                        if !spin.up {
+                            return;
+                        }
+                        eprint!(
+                            "\r\x1b[2K{}",
+                            spinner_line(frames[i % frames.len()], &spin.said)
+                        );
+                    }
                     i += 1;
                     tokio::time::sleep(std::time::Duration::from_millis(100)).await;
                 }
@@ -154,10 +164,12 @@ impl Channel for Terminal {
             tracing::info!("{what}");
             return;
         }
-        // Cut to what a line holds, and drawn now (the spinner redraws it in place).
-        let said: String = what.chars().take(100).collect();
-        eprint!("\r\x1b[2K{}", spinner_line('⠿', &said));
-        *self.status.locked() = said;
+        // Said on the spinner's line now, and on each frame until the run ends.
+        let mut spin = self.spin.locked();
+        spin.said = what.to_owned();
+        if spin.up {
+            eprint!("\r\x1b[2K{}", spinner_line('⠿', &spin.said));
+        }
     }
 
     fn streamed(&self, text: &str) {
@@ -197,12 +209,41 @@ impl Channel for Terminal {
     }
 }
 
-/// The spinner's line: its frame, `thinking…`, and what it says beside (a retry), if anything.
+/// The spinner's state: whether its line is up, and what it says beside `thinking…`.
+#[derive(Default)]
+struct Spin {
+    up: bool,
+    said: String,
+}
+
+/// The spinner's line: its frame, `thinking…`, and what it says beside (a retry), if anything,
+/// cut to the terminal's width (a line that wraps could not be redrawn in place).
 fn spinner_line(frame: char, said: &str) -> String {
-    if said.is_empty() {
+    let line = if said.is_empty() {
         format!("{frame} thinking…")
     } else {
         format!("{frame} thinking… ({said})")
+    };
+    let width = stderr_columns().saturating_sub(1).max(16);
+    if line.chars().count() <= width {
+        line
+    } else {
+        let mut cut: String = line.chars().take(width - 1).collect();
+        cut.push('…');
+        cut
+    }
+}
+
+/// The columns of the terminal on stderr (80 when it does not say).
+fn stderr_columns() -> usize {
+    // SAFETY: winsize is plain data, for which all zeroes is a valid value.
+    let mut w: libc::winsize = unsafe { std::mem::zeroed() };
+    // SAFETY: TIOCGWINSZ fills the winsize it is given.
+    let ok = unsafe { libc::ioctl(2, libc::TIOCGWINSZ, &mut w) } == 0;
+    if ok && w.ws_col > 0 {
+        usize::from(w.ws_col)
+    } else {
+        80
     }
 }
 

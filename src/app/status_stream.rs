@@ -66,19 +66,22 @@ pub fn follow(
         tick.tick().await;
         let mut last = Vec::new();
         loop {
-            let draining = board.shutdown().is_cancelled();
-            let mut line = serde_json::to_vec(&board.report().await).expect("a report serializes");
+            let report = board.report().await;
+            // What the report says, not a second look: the last one sent says draining.
+            let draining = report.draining;
+            let mut line = serde_json::to_vec(&report).expect("a report serializes");
             line.push(b'\n');
             if line != last {
-                last.clone_from(&line);
                 // Draining, the last report waits a moment for a reader, not for ever.
                 let patience = if draining { LAST_WORD } else { Duration::MAX };
                 tokio::select! {
-                    sent = tokio::time::timeout(patience, tx.send(line)) => {
+                    sent = tokio::time::timeout(patience, tx.send(line.clone())) => {
                         if !matches!(sent, Ok(Ok(()))) {
                             return;
                         }
+                        last = line;
                     }
+                    // Not sent: the next pass makes the report that says draining.
                     () = board.shutdown().cancelled(), if !draining => {}
                 }
             }
@@ -90,7 +93,7 @@ pub fn follow(
                 changed = changes.changed() => if changed.is_err() { return },
                 () = tx.closed() => return,
                 // One more report, which says draining, and the stream ends.
-                () = board.shutdown().cancelled(), if !draining => {}
+                () = board.shutdown().cancelled() => {}
             }
         }
     });

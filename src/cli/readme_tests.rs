@@ -19,6 +19,7 @@ const DOCS: &[(&str, &str)] = &[
         "docs/benchmarks.md",
         include_str!("../../docs/benchmarks.md"),
     ),
+    ("docs/client.md", include_str!("../../docs/client.md")),
     (
         "docs/conformance.md",
         include_str!("../../docs/conformance.md"),

@@ -210,8 +210,9 @@ pub fn table(r: &StatusReport, rates: Option<&Rates>) -> String {
                     w.error.clone().unwrap_or_else(|| "-".into()),
                 ];
                 if let Some(rates) = rates {
-                    let rate = rates.get(&w.name).copied().unwrap_or(0.0);
-                    row.insert(3, format!("{rate:.1}"));
+                    // `-` until there are two reports to tell a rate from.
+                    let rate = rates.get(&w.name).map_or("-".into(), |r| format!("{r:.1}"));
+                    row.insert(3, rate);
                 }
                 row
             })

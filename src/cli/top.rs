@@ -76,25 +76,44 @@ async fn screen(
     url: &str,
     mut view: View,
 ) -> Result<(), Exit> {
+    use tokio::signal::unix::{SignalKind, signal};
+    // Made before the terminal changes: a signal between two draws is not missed.
+    let (mut interrupt, mut terminate) = (
+        signal(SignalKind::interrupt())?,
+        signal(SignalKind::terminate())?,
+    );
+    let mut resized = signal(SignalKind::window_change())?;
     let _terminal = Terminal::enter();
-    let mut keys = keys();
-    let mut resized =
-        tokio::signal::unix::signal(tokio::signal::unix::SignalKind::window_change())?;
+    let (mut keys, mut typing) = (keys(), true);
+    // herald sends at least once a second (its uptime changes) or once an interval: a stream
+    // silent for three of those is lost, whatever its socket says.
+    let silence = 3 * view.every.max(Duration::from_secs(1));
+    let mut heard = tokio::time::Instant::now();
     let mut reports = Some(first);
     let mut opening: Option<Opening> = None;
     let mut retry = Backoff::new(Duration::from_millis(500), Duration::from_secs(5));
     loop {
         draw(&view.render(Terminal::size()))?;
         tokio::select! {
-            key = keys.recv() => match key {
+            key = keys.recv(), if typing => match key {
                 Some(b'q' | b'Q') => return Ok(()),
                 Some(_) => {}
-                // stdin closed: only Ctrl-C quits now.
-                None => keys = mpsc::channel(1).1,
+                // stdin ended: Ctrl-C (or SIGTERM) quits now.
+                None => typing = false,
             },
-            _ = tokio::signal::ctrl_c() => return Ok(()),
+            _ = interrupt.recv() => return Ok(()),
+            _ = terminate.recv() => return Ok(()),
             _ = resized.recv() => {}
+            () = tokio::time::sleep_until(heard + silence), if reports.is_some() => {
+                view.lost(format!(
+                    "no report for {} s: herald does not answer",
+                    silence.as_secs()
+                ));
+                reports = None;
+                opening = Some(reopen(client, url, view.base.clone(), retry.next_delay()));
+            }
             next = async { reports.as_mut().expect("guarded").next().await }, if reports.is_some() => {
+                heard = tokio::time::Instant::now();
                 match next {
                     Ok(Some(r)) => view.update(r, Instant::now()),
                     Ok(None) => {
@@ -115,6 +134,7 @@ async fn screen(
                 match opened {
                     Ok(r) => {
                         retry.reset();
+                        heard = tokio::time::Instant::now();
                         reports = Some(r);
                     }
                     Err(e) => {
@@ -197,8 +217,9 @@ struct View {
     base: String,
     every: Duration,
     report: Option<StatusReport>,
-    /// Events by watch at the last report, and when it came.
-    last: Option<(Instant, HashMap<String, u64>)>,
+    /// Events by watch at each recent report, and when it came, the oldest first: a rate is
+    /// taken over about three intervals, not from two reports a moment apart.
+    samples: VecDeque<(Instant, HashMap<String, u64>)>,
     rates: Rates,
     /// `(when, what)`, the newest last.
     errors: VecDeque<(String, String)>,
@@ -214,7 +235,7 @@ impl View {
             base: base.to_owned(),
             every,
             report: None,
-            last: None,
+            samples: VecDeque::new(),
             rates: Rates::new(),
             errors: VecDeque::new(),
             current: HashSet::new(),
@@ -228,17 +249,29 @@ impl View {
             .iter()
             .map(|w| (w.name.clone(), w.events))
             .collect();
-        if let Some((then, before)) = &self.last {
-            let secs = at.duration_since(*then).as_secs_f64().max(1e-3);
-            self.rates = events
-                .iter()
-                .map(|(name, n)| {
-                    let d = n.saturating_sub(before.get(name).copied().unwrap_or(*n));
-                    (name.clone(), d as f64 / secs)
-                })
-                .collect();
+        let window = 3 * self.every.max(Duration::from_secs(1));
+        while self
+            .samples
+            .get(1)
+            .is_some_and(|(t, _)| at.duration_since(*t) >= window)
+        {
+            self.samples.pop_front();
         }
-        self.last = Some((at, events));
+        if let Some((then, before)) = self.samples.front() {
+            let span = at.duration_since(*then);
+            // Too short a span says nothing: the rates stand until it is long enough.
+            if span >= self.every / 2 {
+                let secs = span.as_secs_f64();
+                self.rates = events
+                    .iter()
+                    .map(|(name, n)| {
+                        let d = n.saturating_sub(before.get(name).copied().unwrap_or(*n));
+                        (name.clone(), d as f64 / secs)
+                    })
+                    .collect();
+            }
+        }
+        self.samples.push_back((at, events));
         let now = errors_of(&r);
         for e in &now {
             if !self.current.contains(e) {
@@ -256,7 +289,7 @@ impl View {
         }
         self.lost = Some(why);
         // Rates across a gap would mislead.
-        self.last = None;
+        self.samples.clear();
         self.rates.clear();
     }
 
@@ -465,7 +498,8 @@ mod tests {
         v.update(report(10, true), t0);
         v.update(report(30, false), t0 + Duration::from_secs(2));
         v.update(report(30, false), t0 + Duration::from_secs(3));
-        assert_eq!(v.rates["notes"], 0.0);
+        // Over the window (three intervals), not the last two reports.
+        assert_eq!(v.rates["notes"], 20.0 / 3.0);
         let screen = v.render((200, 30));
         assert_eq!(screen.len(), 30, "the screen is filled");
         assert!(screen[0].starts_with("herald top · http://127.0.0.1:8759"));
@@ -487,6 +521,14 @@ mod tests {
 
         let mut v = View::new("b", Duration::from_secs(1));
         v.update(report(10, true), t0);
+        // A report a moment after another tells no rate.
+        v.update(report(11, true), t0 + Duration::from_millis(20));
+        assert!(v.rates.is_empty());
+        let row = v
+            .render((200, 30))
+            .into_iter()
+            .find(|l| l.starts_with("notes"));
+        assert!(row.unwrap().contains(" - "), "no rate yet");
         v.update(report(30, true), t0 + Duration::from_secs(2));
         assert_eq!(v.rates["notes"], 10.0);
         let row = v

@@ -1,5 +1,5 @@
 //! A stdio server's stderr, said in herald's own log: each line it writes becomes one
-//! `upstream.stderr` event naming the command, so a child's lines (its `listening`, its
+//! `upstream.stderr` event naming the command (its program: arguments are where secrets go), so a child's lines (its `listening`, its
 //! `shutting down`) read as whose they are, in the log format herald was asked for. A line is
 //! kept to [`MAX_LINE`] bytes (the rest of it is dropped and the line marked), and the relay ends
 //! when the child (and whatever inherited its stderr) closes it.
@@ -45,6 +45,8 @@ impl<R: AsyncRead + Unpin> Lines<R> {
                 return (!line.is_empty() || cut).then(|| finish(line, cut));
             }
             let (take, end) = match buf.iter().position(|&b| b == b'\n') {
+                // A CRLF line's CR is not part of it.
+                Some(i) if i > 0 && buf[i - 1] == b'\r' => (i - 1, Some(i + 1)),
                 Some(i) => (i, Some(i + 1)),
                 None => (buf.len(), None),
             };
@@ -60,7 +62,14 @@ impl<R: AsyncRead + Unpin> Lines<R> {
     }
 }
 
-fn finish(line: Vec<u8>, cut: bool) -> String {
+fn finish(mut line: Vec<u8>, cut: bool) -> String {
+    if cut
+        && let Err(e) = std::str::from_utf8(&line)
+        && e.error_len().is_none()
+    {
+        // The cut split a character: end before it.
+        line.truncate(e.valid_up_to());
+    }
     let mut text = String::from_utf8_lossy(&line)
         .trim_end_matches('\r')
         .to_owned();
@@ -101,5 +110,19 @@ mod tests {
         assert_eq!(out[0].len(), MAX_LINE + '…'.len_utf8());
         assert!(out[0].ends_with('…'));
         assert_eq!(out[1], "next");
+    }
+
+    #[tokio::test]
+    async fn a_cut_ends_on_a_character_and_a_crlf_line_of_the_limit_is_whole() {
+        let mut input = vec![b'x'; MAX_LINE - 1];
+        input.extend_from_slice("é and more\n".as_bytes());
+        let out = all(&input).await;
+        assert!(out[0].ends_with("x…"), "no broken character before the cut");
+        let mut exact = vec![b'y'; MAX_LINE];
+        exact.extend_from_slice(b"\r\n");
+        assert_eq!(
+            all(&exact).await,
+            [String::from_utf8(vec![b'y'; MAX_LINE]).unwrap()]
+        );
     }
 }

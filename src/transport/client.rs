@@ -289,7 +289,7 @@ pub async fn connect_tapped<H: ClientHandler>(
             let stdin = child.stdin.take().expect("piped");
             let stdout = child.stdout.take().expect("piped");
             let stderr = child.stderr.take().expect("piped");
-            crate::transport::child_log::relay(stderr, target.to_string());
+            crate::transport::child_log::relay(stderr, target.redacted());
             let mut conn = connect_stream_tapped(
                 target.clone(),
                 stdout,

@@ -582,10 +582,10 @@ async fn on_a_terminal_retries_are_said_on_the_spinner_line() {
         .unwrap();
     drop(stdin);
     assert!(screen.contains("Hello."), "{screen:?}");
-    for attempt in ["attempt 1 of", "attempt 2 of"] {
+    for attempt in ["attempt 2 of", "attempt 3 of"] {
         assert!(
             screen.contains(&format!(
-                "\r\x1b[2K⠿ thinking… (the model failed (HTTP 503), {attempt}"
+                "\r\x1b[2K⠿ thinking… (the model failed (HTTP 503); trying again, {attempt}"
             )),
             "the retry is said on the spinner's line: {screen:?}"
         );

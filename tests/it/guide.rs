@@ -257,11 +257,17 @@ async fn every_command_line_of_the_guide_runs_as_written() {
             continue;
         }
         let run = here(&line);
-        let mut cmd = command(&run);
+        let long_running = line.starts_with("herald watch") || line.starts_with("herald top");
+        // One that runs until stopped is the shell's own process, so stopping it stops it.
+        let mut cmd = command(&if long_running {
+            format!("exec {run}")
+        } else {
+            run.clone()
+        });
         if token_set {
             cmd.env("HERALD_TOKEN", &token);
         }
-        if line.starts_with("herald watch") || line.starts_with("herald top") {
+        if long_running {
             // They run until stopped: each shows it works by what it prints.
             follow(cmd, &line, &up.url, &token).await;
         } else {
@@ -348,5 +354,6 @@ async fn follow(mut cmd: tokio::process::Command, line: &str, url: &str, token: 
             "the notice of the change: {v}"
         );
     }
-    let _ = child.start_kill();
+    child.start_kill().unwrap();
+    let _ = tokio::time::timeout(WAIT, child.wait()).await;
 }

@@ -129,7 +129,7 @@ async fn on_a_terminal_top_shows_the_roles_counts_events_lists_errors_and_quits_
     let dir = TempDir::new("top");
     let up = crate::up::up(&config(&dir), &[]).await;
     let mut tmux = Tmux::start(&format!(
-        "{} top --admin {} --interval-ms 200; echo \"top exited $?\"; read x",
+        "{} top --admin {} --interval-ms 200; echo \"top exited $?\"; stty -a; read x",
         bin(),
         up.admin
     ));
@@ -173,6 +173,16 @@ async fn on_a_terminal_top_shows_the_roles_counts_events_lists_errors_and_quits_
         .until("top's exit", |s| s.contains("top exited "))
         .await;
     assert!(screen.contains("top exited 0"), "{screen}");
+    // The terminal is as it was: line editing and echo back on.
+    let settings = tmux
+        .until("the terminal's settings", |s| s.contains("icanon"))
+        .await;
+    for mode in ["icanon", "echo"] {
+        assert!(
+            settings.split_whitespace().any(|w| w == mode),
+            "{mode} is back on: {settings}"
+        );
+    }
     assert!(
         !screen.contains("herald top ·"),
         "the screen it drew is gone (the alternate screen left): {screen}"

@@ -222,9 +222,10 @@ async fn notices_over_stdio() {
         .log_line(|l| l.contains("upstream.stderr") && l.contains("listening"))
         .await;
     let relayed: Value = serde_json::from_str(&relayed).unwrap();
+    // The program, not its arguments (where secrets go).
     assert_eq!(
         relayed["upstream"],
-        json!(format!("stdio:{cmd}")),
+        json!(format!("stdio:{} …", bin())),
         "{relayed}"
     );
     let listening: Value = serde_json::from_str(relayed["message"].as_str().unwrap()).unwrap();
