@@ -11,8 +11,9 @@ use crate::app::systemd::Notify;
 use crate::app::{self, Bound, ServeOptions};
 use crate::cli::{ANNOUNCE, Exit, Globals, LogFormat};
 use crate::mcp::limits::{
-    DEFAULT_LISTEN_STALL_MS, DEFAULT_MAX_CONNECTIONS, DEFAULT_MAX_EVENT_STREAMS,
-    DEFAULT_MAX_LISTEN_STREAMS, DEFAULT_MAX_LISTEN_URIS, DEFAULT_MAX_MESSAGE_BYTES, Limits,
+    DEFAULT_LISTEN_STALL_MS, DEFAULT_MAX_CALLER_LISTEN_STREAMS, DEFAULT_MAX_CONNECTIONS,
+    DEFAULT_MAX_EVENT_STREAMS, DEFAULT_MAX_LISTEN_STREAMS, DEFAULT_MAX_LISTEN_URIS,
+    DEFAULT_MAX_MESSAGE_BYTES, DEFAULT_MAX_TOTAL_LISTEN_STREAMS, Limits,
 };
 use crate::runtime::context::RoleContext;
 use crate::store::Store;
@@ -134,9 +135,22 @@ pub struct ServeArgs {
     /// Accept this browser Origin on HTTP besides loopback origins (repeatable), e.g. https://app.example.com:443.
     #[arg(long = "allowed-origin", value_name = "ORIGIN")]
     pub allowed_origins: Vec<String>,
-    /// Most open subscriptions/listen streams per connection.
+    /// Most open subscriptions/listen streams per connection (stdio, QUIC); on HTTP, per client
+    /// address of callers without a token (behind a --trusted-proxy, the client's own).
     #[arg(long, default_value_t = DEFAULT_MAX_LISTEN_STREAMS, value_name = "N")]
     pub max_listen_streams: usize,
+    /// Most open listen streams per caller known by its token (a gateway's [[token]]), over
+    /// HTTP, however many addresses it comes from.
+    #[arg(long, default_value_t = DEFAULT_MAX_CALLER_LISTEN_STREAMS, value_name = "N")]
+    pub max_caller_listen_streams: usize,
+    /// Most open listen streams of the whole server.
+    #[arg(long, default_value_t = DEFAULT_MAX_TOTAL_LISTEN_STREAMS, value_name = "N")]
+    pub max_total_listen_streams: usize,
+    /// A reverse proxy whose Forwarded / X-Forwarded-For headers name the client's address
+    /// on HTTP, as ADDR/BITS or one address (repeatable); from any other peer those headers
+    /// are ignored [default: 127.0.0.0/8 and ::1, a proxy on this host].
+    #[arg(long = "trusted-proxy", value_name = "CIDR")]
+    pub trusted_proxies: Vec<crate::transport::http::budget::Cidr>,
     /// Most open events/stream streams per connection (on HTTP: per client IP address); they
     /// count against neither --max-listen-streams nor the requests in flight.
     #[arg(long, default_value_t = DEFAULT_MAX_EVENT_STREAMS, value_name = "N")]
@@ -201,6 +215,8 @@ impl ServeArgs {
                     header: Duration::from_millis(self.http_header_timeout_ms),
                     body: Duration::from_millis(self.http_body_timeout_ms),
                 },
+                trusted_proxies: (!self.trusted_proxies.is_empty())
+                    .then(|| self.trusted_proxies.clone()),
             },
             tls_cert: self.tls_cert.clone(),
             tls_key: self.tls_key.clone(),
@@ -211,6 +227,8 @@ impl ServeArgs {
             },
             limits: Limits {
                 max_streams_per_connection: self.max_listen_streams,
+                max_listen_streams_per_caller: self.max_caller_listen_streams,
+                max_listen_streams_total: self.max_total_listen_streams,
                 max_event_streams_per_connection: self.max_event_streams,
                 max_uris_per_stream: self.max_listen_uris,
                 max_message_bytes: self.max_message_bytes,

@@ -107,6 +107,12 @@ impl Entitled {
         known
     }
 
+    /// The name of the `[[token]]` `caller` presented, when this config knows it.
+    fn identity(&self, caller: &Caller) -> Option<String> {
+        let token = self.token(caller.token.as_deref()?)?;
+        Some(token.label.clone())
+    }
+
     /// Whether `caller` presented a token this config knows, or needs none.
     fn known(&self, caller: &Caller) -> Authentication {
         if self.needs_no_token(caller) {
@@ -285,6 +291,11 @@ impl Access {
     /// Whether `caller` presented a token this gateway knows, or needs none.
     pub(super) fn authenticates(&self, caller: &Caller) -> Authentication {
         self.now().authenticates(caller)
+    }
+
+    /// The name of the `[[token]]` `caller` presented, when the config knows it.
+    pub(super) fn identity(&self, caller: &Caller) -> Option<String> {
+        self.now().identity(caller)
     }
 
     /// Whether `caller`, held watching `upstreams`, may keep them under the config now.

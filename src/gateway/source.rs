@@ -467,6 +467,10 @@ impl Source for Gateway {
         self.access.authenticates(caller)
     }
 
+    fn identity(&self, caller: &Caller) -> Option<String> {
+        self.access.identity(caller)
+    }
+
     fn info(&self) -> SourceInfo {
         SourceInfo {
             name: "gateway".into(),

@@ -226,11 +226,73 @@ impl Admission {
     }
 }
 
-/// Open streams on one connection (a stdio process, a QUIC connection, an HTTP client
-/// address): `subscriptions/listen` streams and `events/stream` streams, each kind counted
-/// against its own cap.
+/// Open streams against one budget (a stdio process, a QUIC connection; on HTTP a caller or a
+/// client address; a whole server): `subscriptions/listen` streams and `events/stream`
+/// streams, each kind counted against its own cap.
 #[derive(Debug, Clone, Default)]
-pub struct ConnStreams(Arc<StreamCounts>);
+pub struct ConnStreams {
+    counts: Arc<StreamCounts>,
+    budget: Budget,
+}
+
+/// Whose streams a [`ConnStreams`] counts, which says which limit applies and what a refusal
+/// names.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Hash)]
+pub enum Budget {
+    /// One connection (stdio, QUIC): `--max-listen-streams`.
+    #[default]
+    Connection,
+    /// HTTP callers with no identity, by client address (a trusted proxy's forwarded one):
+    /// `--max-listen-streams`.
+    Address(std::net::IpAddr),
+    /// A caller the server knows by its token (its `[[token]]` name):
+    /// `--max-caller-listen-streams`.
+    Caller(String),
+    /// Every stream of a server: `--max-total-listen-streams`.
+    Server,
+}
+
+impl Budget {
+    /// The most listen streams this budget holds under `limits`.
+    pub fn listen_limit(&self, limits: &Limits) -> usize {
+        match self {
+            Budget::Connection | Budget::Address(_) => limits.max_streams_per_connection,
+            Budget::Caller(_) => limits.max_listen_streams_per_caller,
+            Budget::Server => limits.max_listen_streams_total,
+        }
+    }
+
+    /// The refusal of a listen past this budget's `limit`, naming the budget and what to do.
+    fn refusal(&self, limit: usize) -> McpError {
+        let (kind, message) = match self {
+            Budget::Connection => (
+                "connection",
+                format!(
+                    "this connection already has {limit} open listen streams, the most allowed (--max-listen-streams); cancel one first or open another connection"
+                ),
+            ),
+            Budget::Address(ip) => (
+                "address",
+                format!(
+                    "the client address {ip} already has {limit} open listen streams, the most one address may hold without a token (--max-listen-streams); cancel one first; callers with tokens have budgets of their own, and behind a proxy, name it with --trusted-proxy so each client's own address counts"
+                ),
+            ),
+            Budget::Caller(name) => (
+                "caller",
+                format!(
+                    "the caller {name:?} already has {limit} open listen streams, the most one token may hold (--max-caller-listen-streams); cancel one first"
+                ),
+            ),
+            Budget::Server => (
+                "server",
+                format!(
+                    "this server already has {limit} open listen streams, all it takes (--max-total-listen-streams); cancel one first, or ask the operator to raise it"
+                ),
+            ),
+        };
+        McpError::invalid_request(message, Some(json!({"limit": limit, "budget": kind})))
+    }
+}
 
 /// The two counts behind [`ConnStreams`].
 #[derive(Debug, Default)]
@@ -251,32 +313,48 @@ impl ConnStreams {
     }
 
     fn acquire(&self, max: usize, events: bool) -> Option<StreamSlot> {
-        let count = self.0.count(events);
+        let count = self.counts.count(events);
         let prev = count.fetch_add(1, Ordering::AcqRel);
         if prev >= max {
             count.fetch_sub(1, Ordering::AcqRel);
             return None;
         }
-        Some(StreamSlot(Arc::new(SlotInner(self.0.clone(), events))))
+        Some(StreamSlot(Arc::new(SlotInner(self.counts.clone(), events))))
     }
 
-    /// Counts shared with other holders of `shared`.
-    pub fn from_shared(shared: Arc<StreamCounts>) -> ConnStreams {
-        ConnStreams(shared)
+    /// A fresh budget of `budget`'s kind.
+    pub fn of(budget: Budget) -> ConnStreams {
+        ConnStreams {
+            counts: Arc::default(),
+            budget,
+        }
+    }
+
+    /// Counts shared with other holders of `shared`, under `budget`.
+    pub fn from_shared(shared: Arc<StreamCounts>, budget: Budget) -> ConnStreams {
+        ConnStreams {
+            counts: shared,
+            budget,
+        }
     }
 
     pub fn downgrade(&self) -> std::sync::Weak<StreamCounts> {
-        Arc::downgrade(&self.0)
+        Arc::downgrade(&self.counts)
+    }
+
+    /// Whose streams these are.
+    pub fn budget(&self) -> &Budget {
+        &self.budget
     }
 
     /// Listen streams open now.
     pub fn open(&self) -> usize {
-        self.0.listens.load(Ordering::Acquire)
+        self.counts.listens.load(Ordering::Acquire)
     }
 
     /// `events/stream` streams open now.
     pub fn open_events(&self) -> usize {
-        self.0.events.load(Ordering::Acquire)
+        self.counts.events.load(Ordering::Acquire)
     }
 }
 
@@ -289,6 +367,12 @@ impl StreamCounts {
 /// A reserved stream slot, released when the stream that holds it is dropped.
 #[derive(Clone)]
 pub struct StreamSlot(#[allow(dead_code)] Arc<SlotInner>);
+
+/// A listen's slots: on its own budget and on the server's total.
+pub struct ListenSlots {
+    _own: StreamSlot,
+    _total: StreamSlot,
+}
 struct SlotInner(Arc<StreamCounts>, bool);
 impl Drop for SlotInner {
     fn drop(&mut self) {
@@ -296,13 +380,15 @@ impl Drop for SlotInner {
     }
 }
 
-/// Checks a listen against the limits and reserves a stream slot on `conn`. Runs before rmcp
-/// acknowledges the listen, so a refusal is a plain JSON-RPC error.
+/// Checks a listen against the limits and reserves a stream slot on `conn` (under its
+/// budget's limit) and on the server's `total`. Runs before rmcp acknowledges the listen, so a
+/// refusal is a plain JSON-RPC error naming the budget that was full.
 pub fn check_listen(
     limits: &Limits,
     filter: &ListenFilter,
     conn: &ConnStreams,
-) -> Result<StreamSlot, McpError> {
+    total: &ConnStreams,
+) -> Result<ListenSlots, McpError> {
     let tasks = filter.task_ids.as_ref().map_or(0, Vec::len);
     if tasks > crate::mcp::tasks::MAX_LISTEN_TASK_IDS {
         return Err(McpError::invalid_params(
@@ -323,21 +409,23 @@ pub fn check_listen(
             Some(json!({"limit": limits.max_uris_per_stream, "requested": requested})),
         ));
     }
-    conn.try_acquire(limits.max_streams_per_connection)
-        .ok_or_else(|| {
-            McpError::invalid_request(
-                format!(
-                    "this connection already has {} open listen streams, the most allowed; cancel one first or open another connection",
-                    limits.max_streams_per_connection
-                ),
-                Some(json!({"limit": limits.max_streams_per_connection})),
-            )
-        })
+    let slot = |streams: &ConnStreams| {
+        let limit = streams.budget.listen_limit(limits);
+        streams
+            .try_acquire(limit)
+            .ok_or_else(|| streams.budget.refusal(limit))
+    };
+    let own = slot(conn)?;
+    let total = slot(total)?;
+    Ok(ListenSlots {
+        _own: own,
+        _total: total,
+    })
 }
 
 /// A listen that passed admission: everything its stream needs, made before the ack.
 pub struct AdmittedListen {
-    _slot: StreamSlot,
+    _slots: ListenSlots,
     pub(crate) registration: Registration,
     /// Each feed key, back to the URIs this stream wrote for it.
     pub(crate) spelled: HashMap<String, Vec<String>>,
@@ -356,7 +444,11 @@ impl AdmittedListen {
         self.admission.revoked.clone().unwrap_or_default()
     }
 
-    pub(crate) fn new(slot: StreamSlot, registration: Registration, admission: Admission) -> Self {
+    pub(crate) fn new(
+        slots: ListenSlots,
+        registration: Registration,
+        admission: Admission,
+    ) -> Self {
         let mut spelled: HashMap<String, Vec<String>> = HashMap::new();
         for a in &admission.accepted {
             spelled
@@ -365,7 +457,7 @@ impl AdmittedListen {
                 .push(a.uri.clone());
         }
         AdmittedListen {
-            _slot: slot,
+            _slots: slots,
             registration,
             spelled,
             admission,

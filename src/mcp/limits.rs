@@ -5,6 +5,12 @@ use std::time::Duration;
 
 /// Default for [`Limits::max_streams_per_connection`] (`--max-listen-streams`).
 pub const DEFAULT_MAX_LISTEN_STREAMS: usize = 64;
+/// Default for [`Limits::max_listen_streams_per_caller`] (`--max-caller-listen-streams`): a
+/// token is often shared by a whole team's clients.
+pub const DEFAULT_MAX_CALLER_LISTEN_STREAMS: usize = 4096;
+/// Default for [`Limits::max_listen_streams_total`] (`--max-total-listen-streams`): 10,000
+/// clients' streams, and room.
+pub const DEFAULT_MAX_TOTAL_LISTEN_STREAMS: usize = 16_384;
 /// Default for [`Limits::max_event_streams_per_connection`] (`--max-event-streams`).
 pub const DEFAULT_MAX_EVENT_STREAMS: usize = 64;
 /// Default for [`Limits::max_uris_per_stream`] (`--max-listen-uris`).
@@ -14,17 +20,22 @@ pub const DEFAULT_MAX_MESSAGE_BYTES: usize = 4 << 20;
 /// Default for [`Limits::stall_timeout`] (`--listen-stall-ms`), in milliseconds.
 pub const DEFAULT_LISTEN_STALL_MS: u64 = 10_000;
 
-/// Default for [`Limits::max_connections`] (`--max-connections`): far more than one host's
-/// clients open (a pooling client holds one connection per call in flight plus one per
-/// listen stream), and with a file descriptor each well under the 65,536 open files the
-/// packaged units allow.
-pub const DEFAULT_MAX_CONNECTIONS: usize = 4096;
+/// Default for [`Limits::max_connections`] (`--max-connections`): every stream of
+/// [`DEFAULT_MAX_TOTAL_LISTEN_STREAMS`] on a connection of its own (HTTP/1.1 SSE) with room for
+/// calls, and with a file descriptor each well under the 65,536 open files the packaged units
+/// allow (a lower open-file limit caps it further, logged at start).
+pub const DEFAULT_MAX_CONNECTIONS: usize = 20_000;
 
 /// Server-side limits. Every field has a default and a flag.
 #[derive(Debug, Clone)]
 pub struct Limits {
-    /// Open `subscriptions/listen` streams per connection.
+    /// Open `subscriptions/listen` streams per connection (stdio, QUIC), and on HTTP per
+    /// client address of callers without a token.
     pub max_streams_per_connection: usize,
+    /// Open listen streams per caller known by its token (on every transport).
+    pub max_listen_streams_per_caller: usize,
+    /// Open listen streams of the whole server.
+    pub max_listen_streams_total: usize,
     /// Open `events/stream` streams per connection (a budget of their own: they count
     /// against neither the listen streams nor the requests in flight).
     pub max_event_streams_per_connection: usize,
@@ -63,6 +74,8 @@ impl Default for Limits {
     fn default() -> Self {
         Limits {
             max_streams_per_connection: DEFAULT_MAX_LISTEN_STREAMS,
+            max_listen_streams_per_caller: DEFAULT_MAX_CALLER_LISTEN_STREAMS,
+            max_listen_streams_total: DEFAULT_MAX_TOTAL_LISTEN_STREAMS,
             max_event_streams_per_connection: DEFAULT_MAX_EVENT_STREAMS,
             max_uris_per_stream: DEFAULT_MAX_LISTEN_URIS,
             max_message_bytes: DEFAULT_MAX_MESSAGE_BYTES,

@@ -29,7 +29,9 @@ use serde_json::json;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, warn};
 
-use crate::mcp::admission::{AdmittedListen, ConnStreams, ListenClaim, ListenFilter, check_listen};
+use crate::mcp::admission::{
+    AdmittedListen, Budget, ConnStreams, ListenClaim, ListenFilter, check_listen,
+};
 use crate::mcp::caller::Caller;
 use crate::mcp::hub::ChangeFeed;
 use crate::mcp::legacy::LegacySubscriptions;
@@ -67,6 +69,8 @@ struct Shared {
     drained: tokio::sync::Notify,
     /// The stream budget of requests that came with none (no transport of herald's).
     unplaced_streams: ConnStreams,
+    /// Every listen stream of this server (`Limits::max_listen_streams_total`).
+    all_streams: ConnStreams,
     /// Webhook subscriptions, when this server takes them (`events/subscribe`).
     webhooks: std::sync::OnceLock<Arc<dyn crate::mcp::server::webhooks::Webhooks>>,
 }
@@ -168,6 +172,7 @@ impl SourceServer {
                 drained: tokio::sync::Notify::new(),
                 webhooks: std::sync::OnceLock::new(),
                 unplaced_streams: ConnStreams::default(),
+                all_streams: ConnStreams::of(Budget::Server),
             }),
             legacy: Arc::default(),
         }
@@ -253,6 +258,11 @@ impl SourceServer {
     /// [`Source::authenticates`](crate::mcp::source::Source::authenticates)).
     pub fn authenticates(&self, caller: &Caller) -> crate::mcp::source::Authentication {
         self.shared.source.authenticates(caller)
+    }
+
+    /// The name this server knows `caller` by (see [`Source::identity`]).
+    pub fn identity(&self, caller: &Caller) -> Option<String> {
+        self.shared.source.identity(caller)
     }
 
     pub fn feed(&self) -> &ChangeFeed {
@@ -364,7 +374,7 @@ impl SourceServer {
         filter: &ListenFilter,
         conn: &ConnStreams,
     ) -> Result<AdmittedListen, McpError> {
-        let slot = check_listen(&self.shared.limits, filter, conn)?;
+        let slot = check_listen(&self.shared.limits, filter, conn, &self.shared.all_streams)?;
         let admission = self.shared.source.admit(caller, filter).await;
         for (uri, why) in &admission.refused {
             debug!(%uri, reason = %why, "listen: URI left out of the acknowledgment");

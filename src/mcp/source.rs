@@ -193,6 +193,14 @@ pub trait Source: Send + Sync + 'static {
         Authentication::Known
     }
 
+    /// The name this source knows `caller` by, when it knows callers by their tokens (the
+    /// gateway: the `[[token]]`'s name): listen streams are then budgeted per caller rather
+    /// than per client address. `None` for a caller it does not tell apart.
+    fn identity(&self, caller: &Caller) -> Option<String> {
+        let _ = caller;
+        None
+    }
+
     /// Reads `read.uri` (an event log with the reader's hint, `read.after`). Unknown URIs are
     /// [`SourceError::NotFound`], never empty contents.
     async fn read(&self, caller: &Caller, read: Read<'_>) -> Result<Contents, SourceError>;

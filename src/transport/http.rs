@@ -11,9 +11,7 @@
 /// How long the gate waits for rmcp's handler to claim a listen rmcp took.
 const CLAIM_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
 
-use crate::sync::Recover;
-use std::collections::HashMap;
-use std::net::{IpAddr, SocketAddr};
+use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -37,11 +35,12 @@ use self::conn::Activity;
 use crate::runtime::metrics::Metrics;
 use crate::transport::cap::{ConnCap, ConnMetrics};
 
-use crate::mcp::admission::{ConnStreams, ListenClaim, ListenFilter, StreamCounts};
+use crate::mcp::admission::{Budget, ConnStreams, ListenClaim, ListenFilter};
 use crate::mcp::caller::{Caller, PeerAddr};
 use crate::mcp::server::SourceServer;
 use crate::transport::origin::Allowlist;
 
+pub mod budget;
 mod conn;
 mod events;
 mod first;
@@ -67,6 +66,9 @@ pub struct HttpOptions {
     pub allowed_origins: Vec<String>,
     /// A connection's idle, header and body deadlines.
     pub timeouts: Timeouts,
+    /// The proxies whose `Forwarded` / `X-Forwarded-For` name the client's address (see
+    /// [`budget`]); `None`: [`budget::DEFAULT_TRUSTED_PROXIES`].
+    pub trusted_proxies: Option<Vec<budget::Cidr>>,
 }
 
 /// Connections the kernel queues for `accept` (capped by `net.core.somaxconn`): a burst of
@@ -153,9 +155,16 @@ pub fn router(
         "http://[::1]:*".into(),
     ];
     origins.extend(opts.allowed_origins.iter().cloned());
+    let trusted = opts.trusted_proxies.clone().unwrap_or_else(|| {
+        budget::DEFAULT_TRUSTED_PROXIES
+            .iter()
+            .map(|c| c.parse().expect("a valid block"))
+            .collect()
+    });
     let gate = Gate {
         server: server.clone(),
         allow: Arc::new(Allowlist::new(&hosts, &origins)),
+        budgets: Arc::new(budget::Budgets::new(trusted)),
     };
     // A call's answer as one JSON body (falling back to SSE only when the handler sends
     // progress first): cheaper to write and to parse than a one-event SSE stream.
@@ -258,7 +267,6 @@ pub async fn serve(
         conns,
     } = endpoint;
     let tracker = TaskTracker::new();
-    let peers = PeerStreams::default();
     let cap = ConnCap::new(
         within_open_files(max_connections),
         "HTTP",
@@ -283,7 +291,11 @@ pub async fn serve(
         };
         let _ = stream.set_nodelay(true);
         conns.http.accepted.inc();
-        let conn = peers.for_peer(peer.ip());
+        // The connection's budget for events/stream (a listen's is chosen per request).
+        let conn = match &gate {
+            Some(g) => g.budgets.get(Budget::Address(peer.ip())),
+            None => ConnStreams::default(),
+        };
         let router = router.clone();
         let gate = gate.clone();
         let shutdown = shutdown.clone();
@@ -294,8 +306,7 @@ pub async fn serve(
                 let prefix = match &gate {
                     None => Vec::new(),
                     Some(gate) => {
-                        let first =
-                            first::serve_first(&stream, gate, peer, &conn, timeouts, &shutdown);
+                        let first = first::serve_first(&stream, gate, peer, timeouts, &shutdown);
                         match first.await {
                             first::First::Gone | first::First::Done => return,
                             first::First::Hyper(bytes) | first::First::Answered(bytes) => bytes,
@@ -421,34 +432,13 @@ fn within_open_files(max: usize) -> usize {
     room
 }
 
-/// Listen-stream counts per client address. HTTP/1.1 gives every open SSE response its own
-/// TCP connection, so on HTTP the "connection" the stream limit counts is the client's IP
-/// address. Entries are weak: an address with no open connection and no open stream is pruned.
-#[derive(Default)]
-struct PeerStreams {
-    map: std::sync::Mutex<HashMap<IpAddr, std::sync::Weak<StreamCounts>>>,
-}
-
-impl PeerStreams {
-    fn for_peer(&self, ip: IpAddr) -> ConnStreams {
-        let mut map = self.map.locked();
-        if let Some(live) = map.get(&ip).and_then(std::sync::Weak::upgrade) {
-            return ConnStreams::from_shared(live);
-        }
-        if map.len() >= 1024 {
-            map.retain(|_, w| w.strong_count() > 0);
-        }
-        let fresh = ConnStreams::default();
-        map.insert(ip, fresh.downgrade());
-        fresh
-    }
-}
-
 /// What the listen gate needs: the server to admit with, and the endpoint's allowlists.
 #[derive(Clone)]
 struct Gate {
     server: SourceServer,
     allow: Arc<Allowlist>,
+    /// Whose listen streams count where ([`budget`]).
+    budgets: Arc<budget::Budgets>,
 }
 
 use super::jsonrpc::MethodProbe;
@@ -525,12 +515,17 @@ async fn listen_gate(State(gate): State<Gate>, req: Request, next: Next) -> Resp
             Ok(f) => f,
             Err(e) => return listen_refused(id, e),
         };
-        let conn = parts
-            .extensions
-            .get::<ConnStreams>()
-            .cloned()
-            .unwrap_or_default();
         let caller = Caller::from_parts(&parts);
+        let conn = match parts.extensions.get::<PeerAddr>() {
+            Some(peer) => gate
+                .budgets
+                .for_listen(server, &caller, &parts.headers, peer.0.ip()),
+            None => parts
+                .extensions
+                .get::<ConnStreams>()
+                .cloned()
+                .unwrap_or_default(),
+        };
         let (ack, listen) = match server.open(&caller, &filter, &conn).await {
             Ok(opened) => opened,
             Err(e) => return listen_refused(id, e),

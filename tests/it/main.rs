@@ -4,6 +4,7 @@ mod admin;
 mod agent;
 mod badinput;
 mod boot;
+mod budgets;
 mod cli;
 mod code;
 mod connect;

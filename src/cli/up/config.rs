@@ -56,6 +56,9 @@ pub struct ListenToml {
     pub allowed_hosts: Vec<String>,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub allowed_origins: Vec<String>,
+    /// Reverse proxies whose forwarded client address counts (`--trusted-proxy`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub trusted_proxies: Vec<String>,
 }
 
 #[derive(Debug, Clone, Deserialize, Serialize)]
@@ -321,6 +324,11 @@ impl UpToml {
         t.listen
             .admin
             .get_or_insert_with(|| crate::app::admin::DEFAULT_ADMIN.to_owned());
+        for proxy in &t.listen.trusted_proxies {
+            proxy
+                .parse::<crate::transport::http::budget::Cidr>()
+                .map_err(|e| anyhow::anyhow!("[listen] trusted_proxies: {e}"))?;
+        }
         if tokens.is_empty()
             && (!t.listen.allowed_hosts.is_empty() || !t.listen.allowed_origins.is_empty())
         {
@@ -415,6 +423,12 @@ impl UpConfig {
     /// Where the gateway serves HTTP, if it does.
     pub fn http(&self) -> Option<&str> {
         enabled(&self.file.listen.http)
+    }
+
+    /// The trusted proxies (`None`: the default, this host), checked at load.
+    pub fn trusted_proxies(&self) -> Option<Vec<crate::transport::http::budget::Cidr>> {
+        let listed = &self.file.listen.trusted_proxies;
+        (!listed.is_empty()).then(|| listed.iter().filter_map(|c| c.parse().ok()).collect())
     }
 
     /// Where the gateway serves QUIC, if it does.

@@ -176,6 +176,7 @@ pub async fn run(args: UpArgs, globals: &Globals) -> Result<(), Exit> {
     // gateway's own callers keep the usual limits.
     let local = Limits {
         max_streams_per_connection: LOCAL_MAX_STREAMS,
+        max_listen_streams_total: LOCAL_MAX_STREAMS,
         ..limits.clone()
     };
 
@@ -235,6 +236,7 @@ pub async fn run(args: UpArgs, globals: &Globals) -> Result<(), Exit> {
         http_options: HttpOptions {
             allowed_hosts: file.listen.allowed_hosts.clone(),
             allowed_origins: file.listen.allowed_origins.clone(),
+            trusted_proxies: cfg.trusted_proxies(),
             ..HttpOptions::default()
         },
         limits: limits.clone(),

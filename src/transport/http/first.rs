@@ -38,7 +38,7 @@ use tracing::debug;
 
 use super::conn::{Activity, Timeouts, body_timeout_bytes};
 use super::{Gate, MCP_PATH};
-use crate::mcp::admission::{ConnStreams, ListenFilter};
+use crate::mcp::admission::ListenFilter;
 use crate::mcp::caller::{Caller, PeerAddr};
 use crate::mcp::listen::Undelivered;
 
@@ -68,7 +68,6 @@ pub(super) async fn serve_first(
     stream: &TcpStream,
     gate: &Gate,
     peer: std::net::SocketAddr,
-    conn: &ConnStreams,
     timeouts: Timeouts,
     shutdown: &CancellationToken,
 ) -> First {
@@ -101,7 +100,7 @@ pub(super) async fn serve_first(
         // More sent behind the listen than a stream keeps: hyper's to serve, in order.
         return First::Hyper(buf);
     }
-    let admitted = match admit(gate, peer, conn, &buf, head).await {
+    let admitted = match admit(gate, peer, &buf, head).await {
         None => return First::Hyper(buf),
         Some(Ok(admitted)) => admitted,
         Some(Err(refused)) => {
@@ -279,7 +278,6 @@ struct Refused {
 async fn admit(
     gate: &Gate,
     peer: std::net::SocketAddr,
-    conn: &ConnStreams,
     buf: &[u8],
     head: Head,
 ) -> Option<Result<Admitted, Refused>> {
@@ -316,7 +314,10 @@ async fn admit(
         Ok(f) => f,
         Err(e) => return refused(e),
     };
-    match gate.server.open(&caller, &filter, conn).await {
+    let conn = gate
+        .budgets
+        .for_listen(&gate.server, &caller, &parts.headers, peer.ip());
+    match gate.server.open(&caller, &filter, &conn).await {
         Ok((ack, listen)) => Some(Ok(Admitted { listen, id, ack })),
         Err(e) => refused(e),
     }

@@ -20,6 +20,7 @@ async fn setup() -> (MemoServer, Gate, TcpStream, TcpStream, std::net::SocketAdd
     let gate = Gate {
         server: memo.server(),
         allow: Arc::new(Allowlist::new(&["127.0.0.1".into()], &[])),
+        budgets: Arc::default(),
     };
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let client = TcpStream::connect(listener.local_addr().unwrap())
@@ -69,8 +70,7 @@ async fn a_plain_listen_first_on_a_connection_is_answered_on_the_socket() {
     let (memo, gate, mut client, server_side, peer) = setup().await;
     let shutdown = CancellationToken::new();
     let served = tokio::spawn(async move {
-        let conn = ConnStreams::default();
-        let first = serve_first(&server_side, &gate, peer, &conn, T, &shutdown).await;
+        let first = serve_first(&server_side, &gate, peer, T, &shutdown).await;
         matches!(first, First::Done)
     });
     let listen = serde_json::json!({"jsonrpc": "2.0", "id": "L", "method": "subscriptions/listen",
@@ -108,18 +108,10 @@ async fn what_a_client_pipelines_behind_its_listen_goes_to_hyper_after_it() {
             None,
         ),
         allow: Arc::new(Allowlist::new(&["127.0.0.1".into()], &[])),
+        budgets: Arc::default(),
     };
     let served = tokio::spawn(async move {
-        let conn = ConnStreams::default();
-        serve_first(
-            &server_side,
-            &gate,
-            peer,
-            &conn,
-            T,
-            &CancellationToken::new(),
-        )
-        .await
+        serve_first(&server_side, &gate, peer, T, &CancellationToken::new()).await
     });
     let listen = serde_json::json!({"jsonrpc": "2.0", "id": 1, "method": "subscriptions/listen",
         "params": {"_meta": meta(), "notifications": {"resourceSubscriptions": ["memo://notes"]}}});
@@ -167,17 +159,9 @@ async fn any_other_first_request_goes_to_hyper_with_the_bytes_read() {
     ] {
         let (_memo, gate, mut client, server_side, peer) = setup().await;
         client.write_all(&sent).await.unwrap();
-        let conn = ConnStreams::default();
         let first = tokio::time::timeout(
             WAIT,
-            serve_first(
-                &server_side,
-                &gate,
-                peer,
-                &conn,
-                T,
-                &CancellationToken::new(),
-            ),
+            serve_first(&server_side, &gate, peer, T, &CancellationToken::new()),
         )
         .await
         .unwrap();
@@ -216,9 +200,8 @@ async fn the_first_request_is_read_by_its_deadlines() {
     ] {
         let (_memo, gate, mut client, server_side, peer) = setup().await;
         client.write_all(sent).await.unwrap();
-        let conn = ConnStreams::default();
         let shutdown = CancellationToken::new();
-        let first = serve_first(&server_side, &gate, peer, &conn, short, &shutdown);
+        let first = serve_first(&server_side, &gate, peer, short, &shutdown);
         let first = tokio::time::timeout(WAIT, first).await.expect(what);
         let late = what == "all but the body's end";
         assert!(
@@ -288,12 +271,14 @@ async fn a_refused_first_listen_is_answered_here_and_the_connection_goes_on() {
     sent.extend_from_slice(b"GET /live HTTP/1.1\r\nhost: 127.0.0.1\r\n\r\n");
     client.write_all(&sent).await.unwrap();
     let shutdown = CancellationToken::new();
-    let conn = ConnStreams::default();
-    let first = serve_first(&server_side, &gate, peer, &conn, T, &shutdown).await;
+    let first = serve_first(&server_side, &gate, peer, T, &shutdown).await;
     let First::Answered(rest) = first else {
         panic!("the refusal is answered here");
     };
     assert!(rest.starts_with(b"GET /live"), "the rest is hyper's");
+    let conn = gate
+        .budgets
+        .get(crate::mcp::admission::Budget::Address(peer.ip()));
     assert_eq!(conn.open(), 0, "nothing held for a refused listen");
     let mut seen = Vec::new();
     read_until(&mut client, &mut seen, "\r\n\r\n").await;

@@ -1,0 +1,230 @@
+//! Listen budgets on HTTP as deployments meet them: callers behind a reverse proxy on this host
+//! counted by their own forwarded addresses (a proxy elsewhere only when named with
+//! `--trusted-proxy`), callers known by their token counted per token whatever their address,
+//! and the server's total; each refusal names the budget that was full and its flag.
+
+use serde_json::{Value, json};
+
+use crate::support::*;
+
+/// Opens a plain HTTP listen on `memo://notes` at `url` with `headers`: the open stream (held:
+/// dropping it ends the stream) or the JSON-RPC error it was refused with.
+async fn listen(url: &str, headers: &[(&str, &str)]) -> Result<reqwest::Response, Value> {
+    let body = json!({"jsonrpc":"2.0","id":"L","method":"subscriptions/listen",
+        "params":{"_meta":meta(),"notifications":{"resourceSubscriptions":["memo://notes"]}}});
+    let mut req = reqwest::Client::new()
+        .post(url)
+        .header("content-type", "application/json")
+        .header("accept", "application/json, text/event-stream")
+        .header("mcp-protocol-version", "2026-07-28")
+        .header("mcp-method", "subscriptions/listen")
+        .body(body.to_string());
+    for (k, v) in headers {
+        req = req.header(*k, *v);
+    }
+    let mut response = tokio::time::timeout(WAIT, req.send())
+        .await
+        .expect("an answer in time")
+        .expect("the server answers");
+    let stream = response
+        .headers()
+        .get("content-type")
+        .is_some_and(|t| t.to_str().unwrap_or("").starts_with("text/event-stream"));
+    if stream {
+        // The acknowledgment comes first: the stream is admitted.
+        let first = tokio::time::timeout(WAIT, response.chunk())
+            .await
+            .expect("the ack in time")
+            .unwrap()
+            .expect("a first chunk");
+        assert!(
+            String::from_utf8_lossy(&first).contains("subscriptions/acknowledged"),
+            "{first:?}"
+        );
+        return Ok(response);
+    }
+    let answer: Value = response.json().await.expect("a JSON answer");
+    Err(answer["error"].clone())
+}
+
+fn from(ip: &str) -> [(&'static str, String); 1] {
+    [("x-forwarded-for", ip.to_owned())]
+}
+
+fn headers<'a>(h: &'a [(&'static str, String)]) -> Vec<(&'static str, &'a str)> {
+    h.iter().map(|(k, v)| (*k, v.as_str())).collect()
+}
+
+#[tokio::test]
+async fn clients_behind_a_proxy_on_this_host_have_budgets_of_their_own_and_the_server_a_total() {
+    let s = Server::spawn(&[
+        "--store",
+        ":memory:",
+        "memo",
+        "--http",
+        "127.0.0.1:0",
+        "--max-listen-streams",
+        "2",
+        "--max-total-listen-streams",
+        "5",
+    ])
+    .await;
+    let url = s.http_url();
+    let one = from("203.0.113.1");
+    let mut held = Vec::new();
+    for _ in 0..2 {
+        held.push(listen(&url, &headers(&one)).await.expect("admitted"));
+    }
+    let refused = listen(&url, &headers(&one)).await.unwrap_err();
+    assert_eq!(refused["data"]["budget"], "address", "{refused}");
+    let message = refused["message"].as_str().unwrap();
+    assert!(
+        message.contains("203.0.113.1") && message.contains("--max-listen-streams"),
+        "{message}"
+    );
+
+    // Another client behind the same proxy: its own budget.
+    let two = from("203.0.113.2");
+    for _ in 0..2 {
+        held.push(listen(&url, &headers(&two)).await.expect("admitted"));
+    }
+    held.push(
+        listen(&url, &headers(&from("203.0.113.3")))
+            .await
+            .expect("admitted"),
+    );
+    // Five open: the server's total is full, whoever asks.
+    let refused = listen(&url, &headers(&from("203.0.113.4")))
+        .await
+        .unwrap_err();
+    assert_eq!(refused["data"]["budget"], "server", "{refused}");
+    assert!(
+        refused["message"]
+            .as_str()
+            .unwrap()
+            .contains("--max-total-listen-streams"),
+        "{refused}"
+    );
+    // A stream that ends gives its places back.
+    drop(held.pop());
+    let again = tokio::time::timeout(WAIT, async {
+        loop {
+            match listen(&url, &headers(&from("203.0.113.4"))).await {
+                Ok(r) => return r,
+                // The server sees the hang-up as its connection closes; until then the place
+                // is held. Each refused try is a round trip, not a sleep.
+                Err(e) => assert_eq!(e["data"]["budget"], "server", "{e}"),
+            }
+        }
+    })
+    .await;
+    assert!(again.is_ok(), "the place came back");
+}
+
+#[tokio::test]
+async fn forwarded_addresses_from_an_untrusted_peer_are_ignored() {
+    // Only 10.0.0.0/8 is a trusted proxy: this test's loopback peer is not.
+    let s = Server::spawn(&[
+        "--store",
+        ":memory:",
+        "memo",
+        "--http",
+        "127.0.0.1:0",
+        "--max-listen-streams",
+        "1",
+        "--trusted-proxy",
+        "10.0.0.0/8",
+    ])
+    .await;
+    let url = s.http_url();
+    let _held = listen(&url, &headers(&from("203.0.113.1")))
+        .await
+        .expect("admitted");
+    let refused = listen(&url, &headers(&from("203.0.113.2")))
+        .await
+        .unwrap_err();
+    assert_eq!(refused["data"]["budget"], "address", "{refused}");
+    assert!(
+        refused["message"].as_str().unwrap().contains("127.0.0.1"),
+        "the peer's own address counts: {refused}"
+    );
+}
+
+#[tokio::test]
+async fn a_caller_known_by_its_token_has_its_budget_wherever_it_comes_from() {
+    const OPS: &str = "ops-token-0123456789";
+    const DEV: &str = "dev-token-0123456789";
+    let dir = TempDir::new("budgets");
+    let cfg = dir.path().join("gateway.toml");
+    std::fs::write(
+        &cfg,
+        format!(
+            "[[slug]]\nname = \"memo\"\nstdio = \"{} --store :memory: memo\"\n\
+             [[token]]\nname = \"ops\"\nsha256 = \"{}\"\nslugs = [\"*\"]\n\
+             [[token]]\nname = \"dev\"\nsha256 = \"{}\"\nslugs = [\"*\"]\n",
+            bin(),
+            sha(OPS),
+            sha(DEV)
+        ),
+    )
+    .unwrap();
+    let gw = Server::spawn(&[
+        "--store",
+        ":memory:",
+        "gateway",
+        "--config",
+        cfg.to_str().unwrap(),
+        "--http",
+        "127.0.0.1:0",
+        "--max-caller-listen-streams",
+        "2",
+        "--max-listen-streams",
+        "1",
+    ])
+    .await;
+    let url = gw.http_url();
+    let bearer = |t: &str| format!("Bearer {t}");
+    let (ops, dev) = (bearer(OPS), bearer(DEV));
+    // Two of ops' streams from two addresses, past the per-address 1: its token's budget.
+    let mut held = Vec::new();
+    for ip in ["203.0.113.1", "203.0.113.2"] {
+        let h = [("authorization", ops.as_str()), ("x-forwarded-for", ip)];
+        held.push(listen(&url, &h).await.expect("admitted"));
+    }
+    let h = [
+        ("authorization", ops.as_str()),
+        ("x-forwarded-for", "203.0.113.3"),
+    ];
+    let refused = listen(&url, &h).await.unwrap_err();
+    assert_eq!(refused["data"]["budget"], "caller", "{refused}");
+    let message = refused["message"].as_str().unwrap();
+    assert!(
+        message.contains("\"ops\"") && message.contains("--max-caller-listen-streams"),
+        "the token's name, never the token: {message}"
+    );
+    assert!(!message.contains(OPS), "{message}");
+    // Another token, from the same address: its own budget.
+    let h = [
+        ("authorization", dev.as_str()),
+        ("x-forwarded-for", "203.0.113.1"),
+    ];
+    held.push(listen(&url, &h).await.expect("admitted"));
+}
+
+/// The issue's case: 70 clients on one host, each on its own connections, through a proxy on
+/// this host; with no flag at all every stream is admitted (each client's own 64 count).
+#[tokio::test]
+async fn seventy_clients_behind_a_local_proxy_need_no_flag() {
+    let s = Server::spawn(&["--store", ":memory:", "memo", "--http", "127.0.0.1:0"]).await;
+    let url = s.http_url();
+    let opened = futures::future::join_all((0..70).map(|i| {
+        let url = url.clone();
+        async move {
+            let client = [("x-forwarded-for", format!("198.51.100.{i}"))];
+            listen(&url, &headers(&client)).await
+        }
+    }))
+    .await;
+    let refused: Vec<&Value> = opened.iter().filter_map(|r| r.as_ref().err()).collect();
+    assert!(refused.is_empty(), "{refused:?}");
+}
