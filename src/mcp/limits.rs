@@ -5,9 +5,10 @@ use std::time::Duration;
 
 /// Default for [`Limits::max_streams_per_connection`] (`--max-listen-streams`).
 pub const DEFAULT_MAX_LISTEN_STREAMS: usize = 64;
-/// Default for [`Limits::max_listen_streams_per_caller`] (`--max-caller-listen-streams`): a
-/// token is often shared by a whole team's clients.
-pub const DEFAULT_MAX_CALLER_LISTEN_STREAMS: usize = 4096;
+/// Default for [`Limits::max_listen_streams_per_caller`] (`--max-caller-listen-streams`): as
+/// many as the server's total, since a token is often shared by a whole fleet's clients; an
+/// operator lowers it to keep one token from taking them all.
+pub const DEFAULT_MAX_CALLER_LISTEN_STREAMS: usize = 16_384;
 /// Default for [`Limits::max_listen_streams_total`] (`--max-total-listen-streams`): 10,000
 /// clients' streams, and room.
 pub const DEFAULT_MAX_TOTAL_LISTEN_STREAMS: usize = 16_384;

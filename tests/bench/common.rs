@@ -445,6 +445,8 @@ pub struct RawHttp {
     host: String,
     path: String,
     auth: Option<String>,
+    /// Sent as `X-Forwarded-For`: this connection as a client behind a proxy on this host.
+    pub forwarded_for: Option<String>,
     req: Vec<u8>,
 }
 
@@ -461,6 +463,7 @@ impl RawHttp {
             host: addr.to_string(),
             path,
             auth: token.map(str::to_owned),
+            forwarded_for: None,
             req: Vec::with_capacity(1024),
         })
     }
@@ -489,6 +492,9 @@ impl RawHttp {
         }
         if let Some(t) = &self.auth {
             write!(r, "Authorization: Bearer {t}\r\n")?;
+        }
+        if let Some(ip) = &self.forwarded_for {
+            write!(r, "X-Forwarded-For: {ip}\r\n")?;
         }
         r.extend_from_slice(b"\r\n");
         r.extend_from_slice(body.as_bytes());
