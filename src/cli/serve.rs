@@ -146,11 +146,12 @@ pub struct ServeArgs {
     /// Most open listen streams of the whole server.
     #[arg(long, default_value_t = DEFAULT_MAX_TOTAL_LISTEN_STREAMS, value_name = "N")]
     pub max_total_listen_streams: usize,
-    /// A reverse proxy whose Forwarded / X-Forwarded-For headers name the client's address
-    /// on HTTP, as ADDR/BITS or one address (repeatable); from any other peer those headers
-    /// are ignored [default: 127.0.0.0/8 and ::1, a proxy on this host].
-    #[arg(long = "trusted-proxy", value_name = "CIDR")]
-    pub trusted_proxies: Vec<crate::transport::http::budget::Cidr>,
+    /// A reverse proxy whose X-Forwarded-For names the client's address on HTTP, as
+    /// ADDR/BITS or one address (repeatable; `none` trusts no proxy); from any other peer the
+    /// header is ignored [default: 127.0.0.0/8 and ::1, a proxy on this host].
+    #[arg(long = "trusted-proxy", value_name = "CIDR",
+        value_parser = crate::transport::http::budget::trusted_proxy)]
+    pub trusted_proxies: Vec<Option<crate::transport::http::budget::Cidr>>,
     /// Most open events/stream streams per connection (on HTTP: per client IP address); they
     /// count against neither --max-listen-streams nor the requests in flight.
     #[arg(long, default_value_t = DEFAULT_MAX_EVENT_STREAMS, value_name = "N")]
@@ -215,8 +216,9 @@ impl ServeArgs {
                     header: Duration::from_millis(self.http_header_timeout_ms),
                     body: Duration::from_millis(self.http_body_timeout_ms),
                 },
-                trusted_proxies: (!self.trusted_proxies.is_empty())
-                    .then(|| self.trusted_proxies.clone()),
+                trusted_proxies: crate::transport::http::budget::trusted_proxies(
+                    &self.trusted_proxies,
+                ),
             },
             tls_cert: self.tls_cert.clone(),
             tls_key: self.tls_key.clone(),

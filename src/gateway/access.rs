@@ -107,10 +107,11 @@ impl Entitled {
         known
     }
 
-    /// The name of the `[[token]]` `caller` presented, when this config knows it.
-    fn identity(&self, caller: &Caller) -> Option<String> {
+    /// The `[[token]]` `caller` presented, when this config knows it: its digest's start as
+    /// the key (two tokens of one name stay apart), its name to say.
+    fn identity(&self, caller: &Caller) -> Option<(String, String)> {
         let token = self.token(caller.token.as_deref()?)?;
-        Some(token.label.clone())
+        Some((hex::encode(&token.sha256[..16]), token.label.clone()))
     }
 
     /// Whether `caller` presented a token this config knows, or needs none.
@@ -293,8 +294,8 @@ impl Access {
         self.now().authenticates(caller)
     }
 
-    /// The name of the `[[token]]` `caller` presented, when the config knows it.
-    pub(super) fn identity(&self, caller: &Caller) -> Option<String> {
+    /// The `[[token]]` `caller` presented, when the config knows it (see `Entitled::identity`).
+    pub(super) fn identity(&self, caller: &Caller) -> Option<(String, String)> {
         self.now().identity(caller)
     }
 

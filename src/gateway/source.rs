@@ -467,7 +467,7 @@ impl Source for Gateway {
         self.access.authenticates(caller)
     }
 
-    fn identity(&self, caller: &Caller) -> Option<String> {
+    fn identity(&self, caller: &Caller) -> Option<(String, String)> {
         self.access.identity(caller)
     }
 

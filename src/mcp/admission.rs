@@ -245,9 +245,9 @@ pub enum Budget {
     /// HTTP callers with no identity, by client address (a trusted proxy's forwarded one):
     /// `--max-listen-streams`.
     Address(std::net::IpAddr),
-    /// A caller the server knows by its token (its `[[token]]` name):
-    /// `--max-caller-listen-streams`.
-    Caller(String),
+    /// A caller the server knows by its token: `key` tells tokens apart (a digest, never the
+    /// token), `name` is its `[[token]]` name, for the refusal: `--max-caller-listen-streams`.
+    Caller { key: String, name: String },
     /// Every stream of a server: `--max-total-listen-streams`.
     Server,
 }
@@ -257,7 +257,7 @@ impl Budget {
     pub fn listen_limit(&self, limits: &Limits) -> usize {
         match self {
             Budget::Connection | Budget::Address(_) => limits.max_streams_per_connection,
-            Budget::Caller(_) => limits.max_listen_streams_per_caller,
+            Budget::Caller { .. } => limits.max_listen_streams_per_caller,
             Budget::Server => limits.max_listen_streams_total,
         }
     }
@@ -277,7 +277,7 @@ impl Budget {
                     "the client address {ip} already has {limit} open listen streams, the most one address may hold without a token (--max-listen-streams); cancel one first; callers with tokens have budgets of their own, and behind a proxy, name it with --trusted-proxy so each client's own address counts"
                 ),
             ),
-            Budget::Caller(name) => (
+            Budget::Caller { name, .. } => (
                 "caller",
                 format!(
                     "the caller {name:?} already has {limit} open listen streams, the most one token may hold (--max-caller-listen-streams); cancel one first"

@@ -261,7 +261,7 @@ impl SourceServer {
     }
 
     /// The name this server knows `caller` by (see [`Source::identity`]).
-    pub fn identity(&self, caller: &Caller) -> Option<String> {
+    pub fn identity(&self, caller: &Caller) -> Option<(String, String)> {
         self.shared.source.identity(caller)
     }
 

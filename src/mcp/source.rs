@@ -193,10 +193,11 @@ pub trait Source: Send + Sync + 'static {
         Authentication::Known
     }
 
-    /// The name this source knows `caller` by, when it knows callers by their tokens (the
-    /// gateway: the `[[token]]`'s name): listen streams are then budgeted per caller rather
-    /// than per client address. `None` for a caller it does not tell apart.
-    fn identity(&self, caller: &Caller) -> Option<String> {
+    /// Who `caller` is, when this source knows callers by their tokens (the gateway): a key
+    /// that tells tokens apart (never the token itself) and the name to say (the
+    /// `[[token]]`'s); listen streams are then budgeted per caller rather than per client
+    /// address. `None` for a caller it does not tell apart.
+    fn identity(&self, caller: &Caller) -> Option<(String, String)> {
         let _ = caller;
         None
     }

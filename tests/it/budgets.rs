@@ -7,12 +7,22 @@ use serde_json::{Value, json};
 
 use crate::support::*;
 
-/// Opens a plain HTTP listen on `memo://notes` at `url` with `headers`: the open stream (held:
-/// dropping it ends the stream) or the JSON-RPC error it was refused with.
+/// Opens a plain HTTP listen on `memo://notes` at `url` with `headers`, on a connection of
+/// its own: the open stream (held: dropping it ends the stream) or the JSON-RPC error it was
+/// refused with.
 async fn listen(url: &str, headers: &[(&str, &str)]) -> Result<reqwest::Response, Value> {
+    listen_on(&reqwest::Client::new(), url, headers).await
+}
+
+/// [`listen`] with `client`, on a connection it keeps alive if it has one.
+async fn listen_on(
+    client: &reqwest::Client,
+    url: &str,
+    headers: &[(&str, &str)],
+) -> Result<reqwest::Response, Value> {
     let body = json!({"jsonrpc":"2.0","id":"L","method":"subscriptions/listen",
         "params":{"_meta":meta(),"notifications":{"resourceSubscriptions":["memo://notes"]}}});
-    let mut req = reqwest::Client::new()
+    let mut req = client
         .post(url)
         .header("content-type", "application/json")
         .header("accept", "application/json, text/event-stream")
@@ -185,10 +195,13 @@ async fn a_caller_known_by_its_token_has_its_budget_wherever_it_comes_from() {
     let url = gw.http_url();
     let bearer = |t: &str| format!("Bearer {t}");
     let (ops, dev) = (bearer(OPS), bearer(DEV));
-    // Two of ops' streams from two addresses, past the per-address 1: its token's budget.
+    // Two of ops' streams from one address, past the per-address 1: its token's budget.
     let mut held = Vec::new();
-    for ip in ["203.0.113.1", "203.0.113.2"] {
-        let h = [("authorization", ops.as_str()), ("x-forwarded-for", ip)];
+    for _ in 0..2 {
+        let h = [
+            ("authorization", ops.as_str()),
+            ("x-forwarded-for", "203.0.113.1"),
+        ];
         held.push(listen(&url, &h).await.expect("admitted"));
     }
     let h = [
@@ -227,4 +240,43 @@ async fn seventy_clients_behind_a_local_proxy_need_no_flag() {
     .await;
     let refused: Vec<&Value> = opened.iter().filter_map(|r| r.as_ref().err()).collect();
     assert!(refused.is_empty(), "{refused:?}");
+}
+
+/// A listen that comes after a call on a kept-alive connection (the gate behind hyper, not the
+/// first-request path) counts against the same budget as one that opens its connection.
+#[tokio::test]
+async fn a_listen_on_a_kept_alive_connection_counts_against_the_same_budget() {
+    let s = Server::spawn(&[
+        "--store",
+        ":memory:",
+        "memo",
+        "--http",
+        "127.0.0.1:0",
+        "--max-listen-streams",
+        "1",
+    ])
+    .await;
+    let url = s.http_url();
+    let client = reqwest::Client::new();
+    let read = json!({"jsonrpc":"2.0","id":"r","method":"resources/read",
+        "params":{"_meta":meta(),"uri":"memo://notes"}});
+    let answer = client
+        .post(&url)
+        .header("content-type", "application/json")
+        .header("accept", "application/json, text/event-stream")
+        .header("mcp-protocol-version", "2026-07-28")
+        .header("mcp-method", "resources/read")
+        .header("mcp-name", "memo://notes")
+        .body(read.to_string())
+        .send()
+        .await
+        .unwrap();
+    assert!(answer.status().is_success(), "{answer:?}");
+    answer.bytes().await.unwrap();
+    let client_at = [("x-forwarded-for", "203.0.113.7")];
+    let _held = listen_on(&client, &url, &client_at)
+        .await
+        .expect("admitted");
+    let refused = listen(&url, &client_at).await.unwrap_err();
+    assert_eq!(refused["data"]["budget"], "address", "{refused}");
 }

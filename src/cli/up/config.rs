@@ -325,8 +325,7 @@ impl UpToml {
             .admin
             .get_or_insert_with(|| crate::app::admin::DEFAULT_ADMIN.to_owned());
         for proxy in &t.listen.trusted_proxies {
-            proxy
-                .parse::<crate::transport::http::budget::Cidr>()
+            crate::transport::http::budget::trusted_proxy(proxy)
                 .map_err(|e| anyhow::anyhow!("[listen] trusted_proxies: {e}"))?;
         }
         if tokens.is_empty()
@@ -427,8 +426,10 @@ impl UpConfig {
 
     /// The trusted proxies (`None`: the default, this host), checked at load.
     pub fn trusted_proxies(&self) -> Option<Vec<crate::transport::http::budget::Cidr>> {
-        let listed = &self.file.listen.trusted_proxies;
-        (!listed.is_empty()).then(|| listed.iter().filter_map(|c| c.parse().ok()).collect())
+        let listed: Vec<_> = (self.file.listen.trusted_proxies.iter())
+            .filter_map(|c| crate::transport::http::budget::trusted_proxy(c).ok())
+            .collect();
+        crate::transport::http::budget::trusted_proxies(&listed)
     }
 
     /// Where the gateway serves QUIC, if it does.

@@ -38,7 +38,8 @@ impl SourceServer {
             ..ListenFilter::default()
         };
         // A subscription costs what a listen stream costs, from the same budget: the
-        // connection's (stdio, QUIC), or on HTTP the client address's.
+        // connection's (stdio, QUIC), or on HTTP the peer address's (a proxy's own: legacy
+        // subscriptions and events/stream are not budgeted per caller).
         let conn = context
             .extensions
             .get::<http::request::Parts>()

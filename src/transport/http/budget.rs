@@ -1,14 +1,16 @@
 //! Whose budget an HTTP listen stream counts against. HTTP/1.1 gives every open SSE response a
 //! TCP connection of its own, so "one connection" means nothing there: a caller the server
 //! knows by its token counts against its own budget (`--max-caller-listen-streams`), one with
-//! no identity against its client address's (`--max-listen-streams`). Behind a reverse proxy
-//! every client's connections come from the proxy, so the client's own address is taken from
-//! `Forwarded` or `X-Forwarded-For`, but only when the peer is a trusted proxy
-//! (`--trusted-proxy`, loopback by default: a proxy on the same host); from anyone else those
-//! headers are ignored, since a client could write any address there.
+//! no identity against its client address's (`--max-listen-streams`; an IPv6 client by its
+//! /64, which one host may rotate through). Behind a reverse proxy every client's connections
+//! come from the proxy, so the client's own address is taken from `X-Forwarded-For`, the one
+//! header the common proxies write, read from the right past the trusted proxies, and only
+//! when the peer is a trusted proxy (`--trusted-proxy`, loopback by default: a proxy on the
+//! same host); from anyone else it is ignored, since a client could write any address there.
+//! A hop that does not parse ends the walk at the peer: nothing left of it is believed.
 //!
 //! Budgets are kept weakly: one with no open stream (and no open connection holding it) is
-//! pruned.
+//! pruned, when the map has doubled since the last pruning.
 
 use crate::sync::Recover;
 use std::collections::HashMap;
@@ -59,6 +61,19 @@ impl std::str::FromStr for Cidr {
     }
 }
 
+/// A `--trusted-proxy` value: a block, or `none` (no proxy is trusted, loopback included).
+pub fn trusted_proxy(s: &str) -> Result<Option<Cidr>, String> {
+    if s.trim().eq_ignore_ascii_case("none") {
+        return Ok(None);
+    }
+    s.parse().map(Some)
+}
+
+/// The trusted proxies `values` name (`None`: none named, so the default).
+pub fn trusted_proxies(values: &[Option<Cidr>]) -> Option<Vec<Cidr>> {
+    (!values.is_empty()).then(|| values.iter().flatten().copied().collect())
+}
+
 impl Cidr {
     /// Whether `ip` is in the block (an IPv4-mapped IPv6 address as its IPv4 one).
     pub fn contains(&self, ip: IpAddr) -> bool {
@@ -83,50 +98,46 @@ fn prefix(a: &[u8], b: &[u8], bits: u8) -> bool {
     rest == 0 || (a[whole] ^ b[whole]) >> (8 - rest) == 0
 }
 
-/// The client's address: `peer`, or, when `peer` is a trusted proxy, the nearest address the
-/// proxies forwarded that is not one of them (`Forwarded: for=` first, else
-/// `X-Forwarded-For`), read from the right as each proxy appends.
+/// The client's address: `peer`, or, when `peer` is a trusted proxy, the nearest address in
+/// `X-Forwarded-For` that is not one of them, read from the right as each proxy appends. A hop
+/// that does not parse (`unknown`, a name) stops the walk: the peer counts.
 pub fn client(peer: IpAddr, headers: &HeaderMap, trusted: &[Cidr]) -> IpAddr {
     let is_trusted = |ip: IpAddr| trusted.iter().any(|c| c.contains(ip));
     if !is_trusted(peer) {
         return peer;
     }
-    let values = |name: &str| -> Vec<String> {
-        headers
-            .get_all(name)
-            .iter()
-            .filter_map(|v| v.to_str().ok())
-            .flat_map(|v| v.split(','))
-            .map(|v| v.trim().to_owned())
-            .collect()
-    };
-    let forwarded: Vec<IpAddr> = values("forwarded")
+    let hops: Vec<&str> = headers
+        .get_all("x-forwarded-for")
         .iter()
-        .filter_map(|element| {
-            element.split(';').find_map(|pair| {
-                let (k, v) = pair.trim().split_once('=')?;
-                k.trim().eq_ignore_ascii_case("for").then(|| node(v))?
-            })
-        })
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .map(str::trim)
         .collect();
-    let hops = if forwarded.is_empty() {
-        values("x-forwarded-for")
-            .iter()
-            .filter_map(|v| node(v))
-            .collect()
-    } else {
-        forwarded
-    };
-    // From the right: the first hop no trusted proxy vouches for is the client.
-    hops.into_iter()
-        .rev()
-        .find(|ip| !is_trusted(*ip))
-        .unwrap_or(peer)
+    for hop in hops.into_iter().rev() {
+        match node(hop) {
+            Some(ip) if is_trusted(ip) => continue,
+            Some(ip) => return ip,
+            None => return peer,
+        }
+    }
+    peer
 }
 
-/// An address as a `for=` node or an `X-Forwarded-For` entry writes it: `1.2.3.4`,
-/// `1.2.3.4:5678`, `"[2001:db8::1]:80"`, `2001:db8::1`; `None` for `unknown` or an
-/// obfuscated name.
+/// The address a budget is kept for: an IPv4-mapped address as its IPv4 one, any other IPv6
+/// address as its /64 (what one host, or one customer of a provider, holds).
+pub fn budget_address(ip: IpAddr) -> IpAddr {
+    match ip.to_canonical() {
+        IpAddr::V6(v6) => {
+            let mut o = v6.octets();
+            o[8..].fill(0);
+            IpAddr::V6(o.into())
+        }
+        v4 => v4,
+    }
+}
+
+/// An address as an `X-Forwarded-For` entry writes it: `1.2.3.4`, `1.2.3.4:5678`,
+/// `[2001:db8::1]:80`, `2001:db8::1`; `None` for `unknown` or a name.
 fn node(v: &str) -> Option<IpAddr> {
     let v = v.trim().trim_matches('"');
     if let Ok(ip) = v.parse() {
@@ -143,8 +154,15 @@ fn node(v: &str) -> Option<IpAddr> {
 /// The listen-stream budgets of one HTTP endpoint.
 #[derive(Default)]
 pub struct Budgets {
-    map: Mutex<HashMap<Budget, Weak<StreamCounts>>>,
+    map: Mutex<Kept>,
     trusted: Vec<Cidr>,
+}
+
+/// The budgets, and the size at which the dead ones are pruned next.
+#[derive(Default)]
+struct Kept {
+    budgets: HashMap<Budget, Weak<StreamCounts>>,
+    prune_at: usize,
 }
 
 impl Budgets {
@@ -157,15 +175,17 @@ impl Budgets {
 
     /// The streams of `budget`, shared with every other holder of it.
     pub fn get(&self, budget: Budget) -> ConnStreams {
-        let mut map = self.map.locked();
-        if let Some(live) = map.get(&budget).and_then(Weak::upgrade) {
+        let mut kept = self.map.locked();
+        if let Some(live) = kept.budgets.get(&budget).and_then(Weak::upgrade) {
             return ConnStreams::from_shared(live, budget);
         }
-        if map.len() >= 1024 {
-            map.retain(|_, w| w.strong_count() > 0);
+        // Pruned when the map has doubled since the last time: amortised constant work.
+        if kept.budgets.len() >= kept.prune_at.max(1024) {
+            kept.budgets.retain(|_, w| w.strong_count() > 0);
+            kept.prune_at = kept.budgets.len() * 2;
         }
         let fresh = ConnStreams::of(budget.clone());
-        map.insert(budget, fresh.downgrade());
+        kept.budgets.insert(budget, fresh.downgrade());
         fresh
     }
 
@@ -178,8 +198,8 @@ impl Budgets {
         peer: IpAddr,
     ) -> ConnStreams {
         self.get(match server.identity(caller) {
-            Some(name) => Budget::Caller(name),
-            None => Budget::Address(client(peer, headers, &self.trusted)),
+            Some((key, name)) => Budget::Caller { key, name },
+            None => Budget::Address(budget_address(client(peer, headers, &self.trusted))),
         })
     }
 }
@@ -244,17 +264,18 @@ mod tests {
             client(ip("127.0.0.1"), &forged, &trusted),
             ip("203.0.113.9")
         );
-        // Forwarded (RFC 7239) first, with ports, brackets and quotes.
-        let fwd = headers(&[
-            (
-                "forwarded",
-                "for=\"[2001:db8::7]:4711\";proto=https, for=127.0.0.1",
-            ),
-            ("x-forwarded-for", "192.0.2.1"),
+        // Ports and brackets, and several header lines in order.
+        let ported = headers(&[
+            ("x-forwarded-for", "[2001:db8::7]:4711"),
+            ("x-forwarded-for", "127.0.0.1:80"),
         ]);
-        assert_eq!(client(ip("::1"), &fwd, &trusted), ip("2001:db8::7"));
-        // Nothing forwarded, or only unknowns: the peer.
-        let unknown = headers(&[("forwarded", "for=unknown")]);
+        assert_eq!(client(ip("::1"), &ported, &trusted), ip("2001:db8::7"));
+        // RFC 7239's header is not read: the common proxies write X-Forwarded-For, and a
+        // client behind them could write any Forwarded it likes.
+        let spoof = headers(&[("forwarded", "for=192.0.2.99")]);
+        assert_eq!(client(ip("127.0.0.1"), &spoof, &trusted), ip("127.0.0.1"));
+        // A hop that does not parse stops the walk: what is left of it is not believed.
+        let unknown = headers(&[("x-forwarded-for", "192.0.2.5, unknown")]);
         assert_eq!(client(ip("127.0.0.1"), &unknown, &trusted), ip("127.0.0.1"));
         assert_eq!(
             client(ip("127.0.0.1"), &HeaderMap::new(), &trusted),
@@ -265,14 +286,41 @@ mod tests {
     }
 
     #[test]
+    fn an_address_is_budgeted_canonically_and_ipv6_by_its_64() {
+        assert_eq!(budget_address(ip("::ffff:192.0.2.1")), ip("192.0.2.1"));
+        assert_eq!(budget_address(ip("192.0.2.1")), ip("192.0.2.1"));
+        assert_eq!(
+            budget_address(ip("2001:db8:1:2:aaaa::1")),
+            budget_address(ip("2001:db8:1:2:bbbb::9"))
+        );
+        assert_ne!(
+            budget_address(ip("2001:db8:1:2::1")),
+            budget_address(ip("2001:db8:1:3::1"))
+        );
+    }
+
+    #[test]
     fn a_budget_is_shared_while_held_and_pruned_after() {
+        let ops = || Budget::Caller {
+            key: "k1".into(),
+            name: "ops".into(),
+        };
         let b = Budgets::default();
-        let one = b.get(Budget::Caller("ops".into()));
+        let one = b.get(ops());
         let slot = one.try_acquire(2).unwrap();
-        let again = b.get(Budget::Caller("ops".into()));
+        let again = b.get(ops());
         assert_eq!(again.open(), 1, "the same budget");
-        assert_eq!(b.get(Budget::Caller("dev".into())).open(), 0);
+        let dev = Budget::Caller {
+            key: "k2".into(),
+            name: "dev".into(),
+        };
+        assert_eq!(b.get(dev).open(), 0);
         drop((slot, one, again));
-        assert_eq!(b.get(Budget::Caller("ops".into())).open(), 0);
+        assert_eq!(b.get(ops()).open(), 0);
+        // Many budgets come and go: the map is pruned, not grown for ever.
+        for i in 0..5000u32 {
+            drop(b.get(Budget::Address(IpAddr::from(i.to_be_bytes()))));
+        }
+        assert!(b.map.locked().budgets.len() <= 2048, "pruned");
     }
 }
