@@ -11,8 +11,12 @@
 //!    and with `--watch-via kubectl` (100 kubectl processes). Targets: 60 MiB, 1 s, one
 //!    connection per cluster with h2.
 //!
+//! 3. 10,000 objects of about 2 KiB each, one watch of all of them: herald's RSS once the
+//!    watch is seeded and the time to seed it (list, decode, keep), whole objects against
+//!    `?metadata=true` (PartialObjectMetadata), each in a fresh `herald k8s`, in the same run.
+//!
 //! `cargo bench --bench k8s` (HERALD_BENCH_N overrides the 20,000 events;
-//! HERALD_BENCH_ONLY=events runs part 1 alone).
+//! HERALD_BENCH_ONLY=events runs part 1 alone, HERALD_BENCH_ONLY=metadata part 3 alone).
 
 #[allow(dead_code)]
 #[path = "../it/kube_fake.rs"]
@@ -209,6 +213,70 @@ async fn memory(api: &FakeApi, kubeconfig: &str, via: &str) -> (u64, u64, f64, u
     (rss_kib(pid), kubectl, took, api.connections())
 }
 
+/// One watch of every configmap, whole or `metadata` alone, in a fresh `herald k8s`: its RSS
+/// (KiB) once seeded, and the seconds the first read (which waits for the seed) took.
+async fn seeded(kubeconfig: &str, metadata: bool) -> (u64, f64) {
+    let (url, child) = herald_k8s(kubeconfig, 256, "api").await;
+    let conn = connect(
+        &Target::Http(url),
+        &Default::default(),
+        client_config(),
+        64 << 20,
+    )
+    .await
+    .unwrap();
+    let uri = if metadata {
+        "k8s-events://watch/configmaps?namespace=*&metadata=true"
+    } else {
+        "k8s-events://watch/configmaps?namespace=*"
+    };
+    let t0 = Instant::now();
+    conn.read_resource(rmcp::model::ReadResourceRequestParams::new(uri.to_owned()))
+        .await
+        .expect("the seeded watch is read");
+    let took = t0.elapsed().as_secs_f64();
+    let rss = rss_kib(child.id().unwrap());
+    drop(conn);
+    drop(child);
+    (rss, took)
+}
+
+/// Part 3: whole objects against metadata alone, for 10,000 objects.
+async fn metadata_against_whole(dir: &std::path::Path) {
+    let api = FakeApi::start().await;
+    let kc = api.kubeconfig(dir);
+    let kc = kc.to_str().unwrap();
+    let filler = "x".repeat(2000);
+    for i in 0..10_000 {
+        api.put_labeled(
+            "",
+            &format!("ns-{:02}", i % 50),
+            &format!("obj-{i:05}"),
+            json!({"i": i, "payload": filler}),
+            json!({"app": format!("app-{}", i % 7)}),
+        );
+    }
+    // Alternating, twice each, the better of each pair kept.
+    let mut whole = (u64::MAX, f64::MAX);
+    let mut meta = (u64::MAX, f64::MAX);
+    for _ in 0..2 {
+        for (m, best) in [(false, &mut whole), (true, &mut meta)] {
+            let (rss, took) = seeded(kc, m).await;
+            *best = (best.0.min(rss), best.1.min(took));
+        }
+    }
+    println!(
+        "10,000 objects of ~2 KiB, one watch: whole objects {:.1} MiB, seeded in {:.2} s; \
+         metadata=true {:.1} MiB, seeded in {:.2} s; metadata / whole: memory {:.2}x, time {:.2}x",
+        whole.0 as f64 / 1024.0,
+        whole.1,
+        meta.0 as f64 / 1024.0,
+        meta.1,
+        meta.0 as f64 / whole.0 as f64,
+        meta.1 / whole.1
+    );
+}
+
 #[tokio::main]
 async fn main() {
     rustls::crypto::ring::default_provider()
@@ -220,6 +288,11 @@ async fn main() {
         .unwrap_or(20_000);
     let dir = std::env::temp_dir().join(format!("herald-k8s-bench-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
+    if std::env::var("HERALD_BENCH_ONLY").is_ok_and(|v| v == "metadata") {
+        metadata_against_whole(&dir).await;
+        let _ = std::fs::remove_dir_all(&dir);
+        return;
+    }
     let api = FakeApi::start().await;
     let kc = api.kubeconfig(&dir);
     let kc = kc.to_str().unwrap();
@@ -276,5 +349,6 @@ async fn main() {
             if took <= 1.0 { "met" } else { "MISSED" },
         );
     }
+    metadata_against_whole(&dir).await;
     let _ = std::fs::remove_dir_all(&dir);
 }

@@ -43,6 +43,8 @@ struct Inner {
     gone_next: bool,
     /// Every request's method and path (with query), in order.
     requests: Vec<String>,
+    /// Each request's Accept header, in the order of `requests`.
+    accepts: Vec<String>,
     /// Changes made right after the next list is answered (before any watch can start).
     after_list: Option<AfterList>,
     /// The bearer token every request must carry (None: any or none).
@@ -57,7 +59,24 @@ struct Watch {
     ws: String,
     ns: Option<String>,
     labels: Option<(String, String)>,
+    /// Asked for PartialObjectMetadata: each object's metadata alone.
+    metadata: bool,
     tx: mpsc::UnboundedSender<Result<Vec<u8>, std::io::Error>>,
+}
+
+/// An object as PartialObjectMetadata (what a client asking `as=PartialObjectMetadata` gets).
+fn partial(obj: &Value) -> Value {
+    json!({"apiVersion": "meta.k8s.io/v1", "kind": "PartialObjectMetadata", "metadata": obj["metadata"]})
+}
+
+/// A watch event's line for `w`.
+fn line_for(w: &Watch, ev: &Value) -> Vec<u8> {
+    if w.metadata {
+        let ev = json!({"type": ev["type"], "object": partial(&ev["object"])});
+        format!("{ev}\n").into_bytes()
+    } else {
+        format!("{ev}\n").into_bytes()
+    }
 }
 
 #[derive(Clone)]
@@ -90,9 +109,8 @@ impl Inner {
     fn emit(&mut self, ws: &str, kind: &str, obj: &Value) {
         let ev = json!({"type": kind, "object": obj});
         self.history.push((ws.to_owned(), self.rv, ev.clone()));
-        let line = format!("{ev}\n").into_bytes();
         self.watches
-            .retain(|w| !matches(w, ws, obj) || w.tx.send(Ok(line.clone())).is_ok());
+            .retain(|w| !matches(w, ws, obj) || w.tx.send(Ok(line_for(w, &ev))).is_ok());
     }
 
     fn put(&mut self, ws: &str, ns: &str, name: &str, data: Value, labels: Value) -> Value {
@@ -178,9 +196,16 @@ async fn handle(State(api): State<FakeApi>, req: Request) -> Response {
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.strip_prefix("Bearer "))
         .map(str::to_owned);
+    let accept = req
+        .headers()
+        .get("accept")
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("")
+        .to_owned();
     {
         let mut inner = api.inner.lock().unwrap();
         inner.requests.push(format!("{method} {path}?{query}"));
+        inner.accepts.push(accept.clone());
         if let Some(t) = &bearer {
             inner.tokens.push(t.clone());
         }
@@ -229,9 +254,9 @@ async fn handle(State(api): State<FakeApi>, req: Request) -> Response {
                 ]}),
             )
         }
-        (m, ["api", "v1", "configmaps"]) => collection(&api, m, &ws, None, &query),
+        (m, ["api", "v1", "configmaps"]) => collection(&api, m, &ws, None, &query, &accept),
         (m, ["api", "v1", "namespaces", ns, "configmaps"]) => {
-            collection(&api, m, &ws, Some(ns.to_string()), &query)
+            collection(&api, m, &ws, Some(ns.to_string()), &query, &accept)
         }
         (Method::GET, ["api", "v1", "namespaces", ns, "configmaps", name]) => {
             let inner = api.inner.lock().unwrap();
@@ -263,7 +288,16 @@ async fn handle(State(api): State<FakeApi>, req: Request) -> Response {
     }
 }
 
-fn collection(api: &FakeApi, m: Method, ws: &str, ns: Option<String>, query: &str) -> Response {
+fn collection(
+    api: &FakeApi,
+    m: Method,
+    ws: &str,
+    ns: Option<String>,
+    query: &str,
+    accept: &str,
+) -> Response {
+    // `as=PartialObjectMetadata` (a watch) or `as=PartialObjectMetadataList` (a list).
+    let metadata = accept.contains("as=PartialObjectMetadata");
     if m != Method::GET {
         return status(405, "MethodNotAllowed", "not supported by the fake");
     }
@@ -280,6 +314,7 @@ fn collection(api: &FakeApi, m: Method, ws: &str, ns: Option<String>, query: &st
             ws: ws.to_owned(),
             ns,
             labels,
+            metadata,
             tx,
         };
         // Replay what happened after the client's resourceVersion.
@@ -288,7 +323,7 @@ fn collection(api: &FakeApi, m: Method, ws: &str, ns: Option<String>, query: &st
             .unwrap_or(inner.rv);
         for (hws, rv, ev) in &inner.history {
             if *rv > from && matches(&w, hws, &ev["object"]) {
-                let _ = w.tx.send(Ok(format!("{ev}\n").into_bytes()));
+                let _ = w.tx.send(Ok(line_for(&w, ev)));
             }
         }
         inner.watches.push(w);
@@ -321,6 +356,9 @@ fn collection(api: &FakeApi, m: Method, ws: &str, ns: Option<String>, query: &st
                     .is_none_or(|(k, v)| o["metadata"]["labels"][k] == v.as_str())
         })
         .map(|(_, o)| {
+            if metadata {
+                return partial(o);
+            }
             // A list's items carry no kind or apiVersion, as a real API server's.
             let mut o = o.clone();
             if let Some(m) = o.as_object_mut() {
@@ -336,9 +374,14 @@ fn collection(api: &FakeApi, m: Method, ws: &str, ns: Option<String>, query: &st
         drop(inner);
         api.changed.notify_waiters();
     }
+    let (kind, api_version) = if metadata {
+        ("PartialObjectMetadataList", "meta.k8s.io/v1")
+    } else {
+        ("ConfigMapList", "v1")
+    };
     json_response(
         StatusCode::OK,
-        json!({"kind": "ConfigMapList", "apiVersion": "v1",
+        json!({"kind": kind, "apiVersion": api_version,
                "metadata": {"resourceVersion": rv}, "items": items}),
     )
 }
@@ -617,6 +660,11 @@ impl FakeApi {
         let mut inner = self.inner.lock().unwrap();
         inner.watches.retain(|w| !w.tx.is_closed());
         inner.watches.len()
+    }
+
+    /// Each request's Accept header, in order.
+    pub fn accepts(&self) -> Vec<String> {
+        self.inner.lock().unwrap().accepts.clone()
     }
 
     pub fn requests(&self) -> Vec<String> {

@@ -85,6 +85,16 @@ const REDISCOVER: Duration = Duration::from_secs(30);
 /// The most of an error body quoted.
 const MAX_ERROR_BYTES: usize = 64 * 1024;
 
+/// What a metadata watch asks a list for: PartialObjectMetadataList, plain JSON from a server
+/// that does not do it.
+static METADATA_LIST: http::HeaderValue = http::HeaderValue::from_static(
+    "application/json;as=PartialObjectMetadataList;g=meta.k8s.io;v=v1,application/json",
+);
+/// What it asks a watch for: each object as PartialObjectMetadata.
+static METADATA_OBJECT: http::HeaderValue = http::HeaderValue::from_static(
+    "application/json;as=PartialObjectMetadata;g=meta.k8s.io;v=v1,application/json",
+);
+
 fn unavailable(msg: String) -> SourceError {
     SourceError::Unavailable(msg)
 }
@@ -207,10 +217,10 @@ impl ClusterClient {
             value.set_sensitive(true);
             parts.headers.insert(http::header::AUTHORIZATION, value);
         }
-        parts.headers.insert(
-            http::header::ACCEPT,
-            http::HeaderValue::from_static("application/json"),
-        );
+        parts
+            .headers
+            .entry(http::header::ACCEPT)
+            .or_insert(http::HeaderValue::from_static("application/json"));
         let path = parts.uri.path().to_owned();
         let req = http::Request::from_parts(parts, kube::client::Body::from(body));
         let res = tokio::time::timeout(REQUEST_TIMEOUT, lane.client.send(req))
@@ -333,9 +343,13 @@ impl ClusterClient {
                 continue_token: cont.take(),
                 ..Default::default()
             };
-            let req = request
+            let mut req = request
                 .list(&params)
                 .map_err(|e| SourceError::InvalidParams(format!("bad selection: {e}")))?;
+            if sel.metadata {
+                req.headers_mut()
+                    .insert(http::header::ACCEPT, METADATA_LIST.clone());
+            }
             let token = self.token().await?;
             let res = self.send(&lane, req, token.as_deref()).await?;
             let body = self.body(res, "the list").await?;
@@ -349,7 +363,10 @@ impl ClusterClient {
                 for mut o in list {
                     strip(&mut o);
                     // A list's items carry no kind (the list has it): add it as a watch's have.
-                    if let Some(m) = o.as_object_mut() {
+                    // Metadata alone comes as PartialObjectMetadata: named as its type.
+                    if sel.metadata {
+                        t.name(&mut o);
+                    } else if let Some(m) = o.as_object_mut() {
                         m.entry("apiVersion")
                             .or_insert_with(|| t.api_version().into());
                         m.entry("kind").or_insert_with(|| t.kind.clone().into());
@@ -384,6 +401,10 @@ impl ClusterClient {
             http::header::ACCEPT_ENCODING,
             http::HeaderValue::from_static("identity"),
         );
+        if sel.metadata {
+            req.headers_mut()
+                .insert(http::header::ACCEPT, METADATA_OBJECT.clone());
+        }
         let (lane, permit) = self.watch_lane().await?;
         let token = self.token().await?;
         let res = self.send(&lane, req, token.as_deref()).await?;

@@ -77,6 +77,7 @@ pub(crate) fn poll_uri(event: &str, args: &JsonObject) -> Result<(String, Select
                 "labelSelector",
                 "fieldSelector",
                 "kcp",
+                "metadata",
             ],
         )?;
         let ws = uri::workspace(
@@ -98,6 +99,7 @@ pub(crate) fn poll_uri(event: &str, args: &JsonObject) -> Result<(String, Select
                 "labelSelector",
                 "fieldSelector",
                 "context",
+                "metadata",
             ],
         )?;
         let resource = uri::resource_name(
@@ -114,6 +116,15 @@ pub(crate) fn poll_uri(event: &str, args: &JsonObject) -> Result<(String, Select
     for key in selectors.into_iter().chain([cluster_key]) {
         push_query(&mut uri, key, events::str_argument(args, key)?);
     }
+    match args.get("metadata") {
+        None | Some(Value::Bool(false)) => {}
+        Some(Value::Bool(true)) => push_query(&mut uri, "metadata", Some("true".into())),
+        Some(other) => {
+            return Err(SourceError::InvalidParams(format!(
+                "the metadata argument of {event} is a boolean (true: each object's metadata alone), not {other}"
+            )));
+        }
+    }
     match uri::parse(&uri)? {
         K8sUri::Watch(sel) => Ok((uri, sel)),
         K8sUri::ApiResources(_) => unreachable!("a watch URI was built"),
@@ -126,7 +137,8 @@ pub(super) fn event_types() -> Vec<EventType> {
         "resource": {"type": "string", "description": "resource type, e.g. configmaps or deployments.apps"},
         "namespace": {"type": "string", "description": "a namespace, or * for all (default: the kubeconfig's)"},
         "labelSelector": {"type": "string"},
-        "fieldSelector": {"type": "string"}
+        "fieldSelector": {"type": "string"},
+        "metadata": {"type": "boolean", "description": "each object's metadata alone (apiVersion, kind, metadata), no spec or status: lighter for watches that need names, labels and versions"}
     });
     let mut k8s = selection.clone();
     k8s["context"] = json!({"type": "string", "description": "kubeconfig context"});

@@ -29,6 +29,13 @@ pub fn strip(object: &mut Value) {
     }
 }
 
+/// Keeps of an object only what a metadata watch carries: `apiVersion`, `kind`, `metadata`.
+pub fn metadata_only(object: &mut Value) {
+    if let Some(m) = object.as_object_mut() {
+        m.retain(|k, _| matches!(k.as_str(), "apiVersion" | "kind" | "metadata"));
+    }
+}
+
 /// An object's identity: its uid, or namespace/name when a (fake or odd) server gives none.
 fn key(object: &Value) -> String {
     let m = &object["metadata"];

@@ -826,6 +826,7 @@ deployments   deploy       apps/v1      true         Deployment  [get list watch
             namespace: Some("*".into()),
             label_selector: Some("app=web".into()),
             field_selector: None,
+            metadata: false,
         };
         assert_eq!(
             selection_args(&sel),

@@ -221,6 +221,7 @@ impl K8s {
                     namespace: str_arg(&args, "namespace")?,
                     label_selector: str_arg(&args, "labelSelector")?,
                     field_selector: str_arg(&args, "fieldSelector")?,
+                    metadata: false,
                 };
                 let items = match str_arg(&args, "name")? {
                     None => self.kubectl.list(&sel).await?,

@@ -30,6 +30,9 @@ pub struct Selection {
     pub namespace: Option<String>,
     pub label_selector: Option<String>,
     pub field_selector: Option<String>,
+    /// `?metadata=true`: each object's metadata alone (apiVersion, kind, metadata), asked of the
+    /// API as PartialObjectMetadata, so neither herald nor the wire carries specs and status.
+    pub metadata: bool,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -38,10 +41,9 @@ pub enum K8sUri {
     ApiResources(Cluster),
 }
 
-pub const KCP_WATCH_TEMPLATE: &str =
-    "kcp-events://watch/{workspace}/{resource}{?namespace,labelSelector,fieldSelector,kcp}";
+pub const KCP_WATCH_TEMPLATE: &str = "kcp-events://watch/{workspace}/{resource}{?namespace,labelSelector,fieldSelector,kcp,metadata}";
 pub const K8S_WATCH_TEMPLATE: &str =
-    "k8s-events://watch/{resource}{?namespace,labelSelector,fieldSelector,context}";
+    "k8s-events://watch/{resource}{?namespace,labelSelector,fieldSelector,context,metadata}";
 pub const KCP_API_TEMPLATE: &str = "kcp-api://{workspace}/resources{?kcp}";
 pub const K8S_API_TEMPLATE: &str = "k8s-api://resources{?context}";
 
@@ -75,7 +77,13 @@ pub fn parse(uri: &str) -> Result<K8sUri, SourceError> {
         Ok(())
     };
     if let Some(rest) = head.strip_prefix("kcp-events://watch/") {
-        allow(&["namespace", "labelSelector", "fieldSelector", "kcp"])?;
+        allow(&[
+            "namespace",
+            "labelSelector",
+            "fieldSelector",
+            "kcp",
+            "metadata",
+        ])?;
         let (ws, resource) = rest.split_once('/').ok_or_else(|| {
             invalid(format!(
                 "{uri} has no resource; the form is kcp-events://watch/{{workspace}}/{{resource}}, e.g. kcp-events://watch/root:app/configmaps?namespace=*"
@@ -91,10 +99,17 @@ pub fn parse(uri: &str) -> Result<K8sUri, SourceError> {
             namespace: namespace(get("namespace"), uri)?,
             label_selector: get("labelSelector"),
             field_selector: get("fieldSelector"),
+            metadata: metadata(get("metadata"), uri)?,
         }));
     }
     if let Some(resource) = head.strip_prefix("k8s-events://watch/") {
-        allow(&["namespace", "labelSelector", "fieldSelector", "context"])?;
+        allow(&[
+            "namespace",
+            "labelSelector",
+            "fieldSelector",
+            "context",
+            "metadata",
+        ])?;
         return Ok(K8sUri::Watch(Selection {
             cluster: Cluster {
                 kubeconfig: None,
@@ -105,6 +120,7 @@ pub fn parse(uri: &str) -> Result<K8sUri, SourceError> {
             namespace: namespace(get("namespace"), uri)?,
             label_selector: get("labelSelector"),
             field_selector: get("fieldSelector"),
+            metadata: metadata(get("metadata"), uri)?,
         }));
     }
     if let Some(rest) = head.strip_prefix("kcp-api://") {
@@ -161,6 +177,17 @@ pub fn resource_name(r: &str, uri: &str) -> Result<String, SourceError> {
         )));
     }
     Ok(r.to_ascii_lowercase())
+}
+
+/// `metadata=true` / `metadata=false` (absent: false).
+fn metadata(v: Option<String>, uri: &str) -> Result<bool, SourceError> {
+    match v.as_deref() {
+        None | Some("false") => Ok(false),
+        Some("true") => Ok(true),
+        Some(v) => Err(invalid(format!(
+            "bad metadata={v} in {uri}; metadata=true watches each object's metadata alone, metadata=false (the default) whole objects"
+        ))),
+    }
 }
 
 fn namespace(ns: Option<String>, uri: &str) -> Result<Option<String>, SourceError> {

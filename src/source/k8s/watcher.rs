@@ -30,7 +30,7 @@ use crate::mcp::ring::EventRing;
 use crate::mcp::source::{Contents, SourceError};
 use crate::runtime::backoff::Backoff;
 use crate::source::k8s::api::{Api, ApiError, ApiType};
-use crate::source::k8s::known::{Change, Known};
+use crate::source::k8s::known::{Change, Known, metadata_only};
 use crate::source::k8s::kubectl::Kubectl;
 use crate::source::k8s::stream::{Item, JsonStream};
 use crate::source::k8s::uri::Selection;
@@ -233,7 +233,10 @@ impl Task {
     }
 
     /// Takes a list: the seed the first time, else the synthetic events for the gap.
-    fn listed(&mut self, items: Vec<Value>) {
+    fn listed(&mut self, mut items: Vec<Value>) {
+        if self.sel.metadata {
+            items.iter_mut().for_each(metadata_only);
+        }
         match &mut self.known {
             None => {
                 self.known = Some(Known::seed(items));
@@ -412,6 +415,11 @@ impl Task {
                         {
                             r.clone_into(rv);
                         }
+                        let mut object = object;
+                        if self.sel.metadata {
+                            t.name(&mut object);
+                            metadata_only(&mut object);
+                        }
                         let change = self.known.as_mut().and_then(|k| k.apply(kind, object));
                         if let Some(c) = change {
                             self.push(c);
@@ -514,6 +522,10 @@ impl Task {
                             let code = object["code"].as_u64().unwrap_or(0);
                             failure = Some(format!("the watch stream reported {code}: {msg}"));
                             continue;
+                        }
+                        let mut object = object;
+                        if self.sel.metadata {
+                            metadata_only(&mut object);
                         }
                         let change = self.known.as_mut().and_then(|k| k.apply(&kind, object));
                         if let Some(c) = change {

@@ -38,6 +38,15 @@ impl ApiType {
         }
     }
 
+    /// Names `object` as one of this type (`apiVersion`, `kind`): a PartialObjectMetadata
+    /// of a metadata watch reads as the object it describes.
+    pub fn name(&self, object: &mut Value) {
+        if let Some(m) = object.as_object_mut() {
+            m.insert("apiVersion".into(), self.api_version().into());
+            m.insert("kind".into(), self.kind.clone().into());
+        }
+    }
+
     /// The collection's path for `namespace` (`None`: all namespaces, or cluster-scoped).
     pub(super) fn path(&self, namespace: Option<&str>) -> String {
         let base = if self.group.is_empty() {
