@@ -900,56 +900,82 @@ async fn a_context_in_the_uri_picks_its_namespace() {
     w.terminate().await;
 }
 
-/// `?metadata=true`: the list and the watch ask the API for PartialObjectMetadata, and the
-/// ring keeps each object's metadata alone, named as its type; the changes still come.
+/// `?metadata=true`: the list and the watch ask the API for PartialObjectMetadata (each the
+/// form that fits it), and the ring keeps each object's metadata alone, named as its type;
+/// whole objects (a server that ignores the request, `--watch-via kubectl`) are cut down.
 #[tokio::test]
 async fn a_metadata_watch_asks_for_metadata_and_keeps_no_more() {
-    let s = setup(&[]).await;
-    s.api
-        .put("root:app", "default", "old", json!({"secret": "x"}));
-    let uri = "kcp-events://watch/root:app/configmaps?namespace=*&metadata=true";
-    let mut w = watch(&s, uri);
-    w.event("watch.subscribed", "cm").await;
-    s.api.wait("a watch", |a| a.watches() == 1).await;
-    s.api.put("root:app", "default", "cm1", json!({"a": "1"}));
-    assert_eq!(lines_until(&mut w, "cm1").await, ["ADDED default/cm1"]);
-    s.api.delete("root:app", "default", "cm1");
-    assert_eq!(lines_until(&mut w, "cm1").await, ["DELETED default/cm1"]);
-    let asked: Vec<String> = s
-        .api
-        .requests()
-        .into_iter()
-        .zip(s.api.accepts())
-        .filter(|(r, _)| r.contains("/configmaps?"))
-        .map(|(_, a)| a)
-        .collect();
-    assert!(
-        asked
-            .iter()
-            .any(|a| a.contains("as=PartialObjectMetadataList"))
-            && asked
-                .iter()
-                .any(|a| a.contains("as=PartialObjectMetadata;")),
-        "the list and the watch asked for metadata: {asked:?}"
-    );
-    let c = crate::watch::memo_client(&s.k8s.http_url()).await;
-    let (ring, _) = read_json(&c, uri).await;
-    let events = ring["events"].as_array().unwrap();
-    assert_eq!(events.len(), 2, "{ring}");
-    for e in events {
-        let o = &e["object"];
-        assert_eq!(o["kind"], "ConfigMap", "named as its type: {o}");
-        assert_eq!(o["apiVersion"], "v1", "{o}");
-        assert!(o.get("data").is_none(), "metadata alone: {o}");
-        assert_eq!(o["metadata"]["name"], "cm1");
+    for (case, extra, whole_only) in [
+        ("the API, metadata forms", &[][..], false),
+        ("the API, a server that sends whole objects", &[][..], true),
+        (
+            "--watch-via kubectl",
+            &["--watch-via", "kubectl"][..],
+            false,
+        ),
+    ] {
+        let s = setup(extra).await;
+        if whole_only {
+            s.api.whole_objects_only();
+        }
+        s.api
+            .put("root:app", "default", "old", json!({"secret": "x"}));
+        let uri = "kcp-events://watch/root:app/configmaps?namespace=*&metadata=true";
+        let mut w = watch(&s, uri);
+        w.event("watch.subscribed", "cm").await;
+        s.api.wait("a watch", |a| a.watches() == 1).await;
+        s.api.put("root:app", "default", "cm1", json!({"a": "1"}));
+        assert_eq!(
+            lines_until(&mut w, "cm1").await,
+            ["ADDED default/cm1"],
+            "{case}"
+        );
+        s.api.delete("root:app", "default", "cm1");
+        assert_eq!(
+            lines_until(&mut w, "cm1").await,
+            ["DELETED default/cm1"],
+            "{case}"
+        );
+        if extra.is_empty() {
+            // Each request asked the form that fits it.
+            let asked: Vec<(String, String)> = s
+                .api
+                .requests()
+                .into_iter()
+                .zip(s.api.accepts())
+                .filter(|(r, _)| r.contains("/configmaps?"))
+                .collect();
+            assert!(asked.len() >= 2, "{case}: {asked:?}");
+            for (r, accept) in &asked {
+                let want = if r.contains("watch=true") {
+                    "as=PartialObjectMetadata;"
+                } else {
+                    "as=PartialObjectMetadataList;"
+                };
+                assert!(accept.contains(want), "{case}: {r} asked {accept}");
+            }
+        }
+        let c = crate::watch::memo_client(&s.k8s.http_url()).await;
+        let (ring, _) = read_json(&c, uri).await;
+        let events = ring["events"].as_array().unwrap();
+        assert_eq!(events.len(), 2, "{case}: {ring}");
+        for e in events {
+            let o = &e["object"];
+            assert_eq!(o["kind"], "ConfigMap", "{case}: named as its type: {o}");
+            assert_eq!(o["apiVersion"], "v1", "{case}: {o}");
+            assert!(o.get("data").is_none(), "{case}: metadata alone: {o}");
+            assert_eq!(o["metadata"]["name"], "cm1", "{case}");
+        }
+        if !whole_only && extra.is_empty() {
+            // A bad value says what it takes.
+            let err = c
+                .read_resource(rmcp::model::ReadResourceRequestParams::new(
+                    "kcp-events://watch/root:app/configmaps?metadata=yes".to_owned(),
+                ))
+                .await
+                .unwrap_err();
+            assert!(err.to_string().contains("metadata=true"), "{err}");
+        }
+        w.terminate().await;
     }
-    // A bad value says what it takes.
-    let err = c
-        .read_resource(rmcp::model::ReadResourceRequestParams::new(
-            "kcp-events://watch/root:app/configmaps?metadata=yes".to_owned(),
-        ))
-        .await
-        .unwrap_err();
-    assert!(err.to_string().contains("metadata=true"), "{err}");
-    w.terminate().await;
 }

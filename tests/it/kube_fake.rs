@@ -49,6 +49,8 @@ struct Inner {
     after_list: Option<AfterList>,
     /// The bearer token every request must carry (None: any or none).
     token: Option<String>,
+    /// Answer whole objects whatever `as=` asks, as a server without the metadata forms.
+    whole_only: bool,
     /// Bearer tokens seen, in order (for tests of minted credentials).
     tokens: Vec<String>,
     /// TCP connections accepted.
@@ -296,8 +298,20 @@ fn collection(
     query: &str,
     accept: &str,
 ) -> Response {
-    // `as=PartialObjectMetadata` (a watch) or `as=PartialObjectMetadataList` (a list).
-    let metadata = accept.contains("as=PartialObjectMetadata");
+    // `as=PartialObjectMetadataList` for a list, `as=PartialObjectMetadata` for a watch; the
+    // one asked of the other is refused as a real API server refuses it.
+    let as_list = accept.contains("as=PartialObjectMetadataList");
+    let as_object = accept.contains("as=PartialObjectMetadata;")
+        || accept.ends_with("as=PartialObjectMetadata");
+    let watching = query_param(query, "watch").is_some_and(|v| v == "true" || v == "1");
+    if (watching && as_list) || (!watching && as_object && !as_list) {
+        return status(
+            406,
+            "NotAcceptable",
+            "the requested as= does not fit this request",
+        );
+    }
+    let metadata = (as_list || as_object) && !api.inner.lock().unwrap().whole_only;
     if m != Method::GET {
         return status(405, "MethodNotAllowed", "not supported by the fake");
     }
@@ -552,6 +566,12 @@ impl FakeApi {
     }
 
     /// Answers 401 to every request that does not carry `Bearer <token>`.
+    /// From now on, answers whole objects to a request for PartialObjectMetadata, as a server
+    /// (or an aggregated API) that does not do it.
+    pub fn whole_objects_only(&self) {
+        self.inner.lock().unwrap().whole_only = true;
+    }
+
     pub fn require_token(&self, token: &str) {
         self.inner.lock().unwrap().token = Some(token.to_owned());
     }

@@ -365,7 +365,10 @@ impl ClusterClient {
                     // A list's items carry no kind (the list has it): add it as a watch's have.
                     // Metadata alone comes as PartialObjectMetadata: named as its type.
                     if sel.metadata {
+                        // Cut here too: a server that ignores `as=` sends whole objects, and
+                        // the pages are held until the last.
                         t.name(&mut o);
+                        crate::source::k8s::known::metadata_only(&mut o);
                     } else if let Some(m) = o.as_object_mut() {
                         m.entry("apiVersion")
                             .or_insert_with(|| t.api_version().into());

@@ -116,14 +116,8 @@ pub(crate) fn poll_uri(event: &str, args: &JsonObject) -> Result<(String, Select
     for key in selectors.into_iter().chain([cluster_key]) {
         push_query(&mut uri, key, events::str_argument(args, key)?);
     }
-    match args.get("metadata") {
-        None | Some(Value::Bool(false)) => {}
-        Some(Value::Bool(true)) => push_query(&mut uri, "metadata", Some("true".into())),
-        Some(other) => {
-            return Err(SourceError::InvalidParams(format!(
-                "the metadata argument of {event} is a boolean (true: each object's metadata alone), not {other}"
-            )));
-        }
+    if events::bool_argument(args, "metadata")? {
+        push_query(&mut uri, "metadata", Some("true".into()));
     }
     match uri::parse(&uri)? {
         K8sUri::Watch(sel) => Ok((uri, sel)),

@@ -2,8 +2,9 @@
 //! (`api`: kube's configuration and credentials, HTTP/2 when the server offers it), or over
 //! `kubectl get -w` with `--watch-via kubectl`.
 //!
-//! - `kcp-events://watch/{workspace}/{resource}{?namespace,labelSelector,fieldSelector,kcp}`
-//!   and `k8s-events://watch/{resource}{?namespace,labelSelector,fieldSelector,context}`: one
+//! - `kcp-events://watch/{workspace}/{resource}{?namespace,labelSelector,fieldSelector,kcp,metadata}`
+//!   and `k8s-events://watch/{resource}{?namespace,labelSelector,fieldSelector,context,metadata}`
+//!   (`metadata=true`: each object's metadata alone, asked of the API as PartialObjectMetadata): one
 //!   [`watcher::Watcher`] per URI, shared by every holder (each listen stream's
 //!   [`WatchGuard`], each read, each poll lease) and stopped, with its watch stream, when the
 //!   last one leaves and the linger time (`--linger-ms`, 10 s) has passed, so a client that

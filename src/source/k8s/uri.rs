@@ -1,7 +1,7 @@
 //! The URIs of the Kubernetes / kcp source:
 //!
-//! - `kcp-events://watch/{workspace}/{resource}{?namespace,labelSelector,fieldSelector,kcp}`
-//! - `k8s-events://watch/{resource}{?namespace,labelSelector,fieldSelector,context}`
+//! - `kcp-events://watch/{workspace}/{resource}{?namespace,labelSelector,fieldSelector,kcp,metadata}`
+//! - `k8s-events://watch/{resource}{?namespace,labelSelector,fieldSelector,context,metadata}`
 //! - `kcp-api://{workspace}/resources{?kcp}` and `k8s-api://resources{?context}`
 //!
 //! `namespace=*` means all namespaces; no namespace means the kubeconfig's default. `kcp`
