@@ -139,8 +139,8 @@ pub struct ServeArgs {
     /// address of callers without a token (behind a --trusted-proxy, the client's own).
     #[arg(long, default_value_t = DEFAULT_MAX_LISTEN_STREAMS, value_name = "N")]
     pub max_listen_streams: usize,
-    /// Most open listen streams per caller known by its token (a gateway's [[token]]), over
-    /// HTTP, however many addresses it comes from.
+    /// Most open listen streams per caller known by its token (a gateway's [[token]]), across
+    /// its connections, addresses and transports.
     #[arg(long, default_value_t = DEFAULT_MAX_CALLER_LISTEN_STREAMS, value_name = "N")]
     pub max_caller_listen_streams: usize,
     /// Most open listen streams of the whole server.

@@ -245,8 +245,9 @@ pub enum Budget {
     /// HTTP callers with no identity, by client address (a trusted proxy's forwarded one):
     /// `--max-listen-streams`.
     Address(std::net::IpAddr),
-    /// A caller the server knows by its token: `key` tells tokens apart (a digest, never the
-    /// token), `name` is its `[[token]]` name, for the refusal: `--max-caller-listen-streams`.
+    /// A caller the server knows by its token, on every transport: `key` tells tokens apart (a
+    /// digest, never the token), `name` is its `[[token]]` name, for the refusal:
+    /// `--max-caller-listen-streams`.
     Caller { key: String, name: String },
     /// Every stream of a server: `--max-total-listen-streams`.
     Server,
@@ -368,10 +369,78 @@ impl StreamCounts {
 #[derive(Clone)]
 pub struct StreamSlot(#[allow(dead_code)] Arc<SlotInner>);
 
-/// A listen's slots: on its own budget and on the server's total.
+/// A listen's slots: on its own budget, on its caller's (when the server knows the caller by
+/// its token) and on the server's total.
 pub struct ListenSlots {
     _own: StreamSlot,
+    _caller: Option<StreamSlot>,
     _total: StreamSlot,
+}
+
+/// Budgets by whose they are, each shared while anything holds it and pruned after (when the
+/// map has doubled since it last was: amortised constant work).
+#[derive(Default)]
+pub struct Budgets {
+    map: Mutex<KeptBudgets>,
+}
+
+#[derive(Default)]
+struct KeptBudgets {
+    budgets: HashMap<Budget, std::sync::Weak<StreamCounts>>,
+    prune_at: usize,
+}
+
+impl Budgets {
+    /// The streams of `budget`, shared with every other holder of it.
+    pub fn get(&self, budget: Budget) -> ConnStreams {
+        let mut kept = self.map.locked();
+        if let Some(live) = kept.budgets.get(&budget).and_then(std::sync::Weak::upgrade) {
+            return ConnStreams::from_shared(live, budget);
+        }
+        if kept.budgets.len() >= kept.prune_at.max(1024) {
+            kept.budgets.retain(|_, w| w.strong_count() > 0);
+            kept.prune_at = kept.budgets.len() * 2;
+        }
+        let fresh = ConnStreams::of(budget.clone());
+        kept.budgets.insert(budget, fresh.downgrade());
+        fresh
+    }
+
+    /// Budgets kept now, live or not yet pruned (tests).
+    #[cfg(test)]
+    pub fn kept(&self) -> usize {
+        self.map.locked().budgets.len()
+    }
+}
+
+/// A server's own listen budgets, on every transport: its total, and one per caller it knows
+/// by its token ([`Source::identity`](crate::mcp::source::Source::identity)).
+pub struct ServerBudgets {
+    total: ConnStreams,
+    callers: Budgets,
+}
+
+impl Default for ServerBudgets {
+    fn default() -> Self {
+        ServerBudgets {
+            total: ConnStreams::of(Budget::Server),
+            callers: Budgets::default(),
+        }
+    }
+}
+
+impl ServerBudgets {
+    /// [`check_listen`] with the caller's budget (for `identity`) and the total.
+    pub fn check(
+        &self,
+        limits: &Limits,
+        filter: &ListenFilter,
+        own: &ConnStreams,
+        identity: Option<(String, String)>,
+    ) -> Result<ListenSlots, McpError> {
+        let caller = identity.map(|(key, name)| self.callers.get(Budget::Caller { key, name }));
+        check_listen(limits, filter, own, caller.as_ref(), &self.total)
+    }
 }
 struct SlotInner(Arc<StreamCounts>, bool);
 impl Drop for SlotInner {
@@ -381,12 +450,14 @@ impl Drop for SlotInner {
 }
 
 /// Checks a listen against the limits and reserves a stream slot on `conn` (under its
-/// budget's limit) and on the server's `total`. Runs before rmcp acknowledges the listen, so a
-/// refusal is a plain JSON-RPC error naming the budget that was full.
+/// budget's limit), on its `caller`'s budget when there is one, and on the server's `total`.
+/// Runs before rmcp acknowledges the listen, so a refusal is a plain JSON-RPC error naming the
+/// budget that was full; a slot taken before it is given back.
 pub fn check_listen(
     limits: &Limits,
     filter: &ListenFilter,
     conn: &ConnStreams,
+    caller: Option<&ConnStreams>,
     total: &ConnStreams,
 ) -> Result<ListenSlots, McpError> {
     let tasks = filter.task_ids.as_ref().map_or(0, Vec::len);
@@ -416,9 +487,11 @@ pub fn check_listen(
             .ok_or_else(|| streams.budget.refusal(limit))
     };
     let own = slot(conn)?;
+    let caller = caller.map(slot).transpose()?;
     let total = slot(total)?;
     Ok(ListenSlots {
         _own: own,
+        _caller: caller,
         _total: total,
     })
 }

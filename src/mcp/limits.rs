@@ -33,8 +33,8 @@ pub struct Limits {
     /// Open `subscriptions/listen` streams per connection (stdio, QUIC), and on HTTP per
     /// client address of callers without a token.
     pub max_streams_per_connection: usize,
-    /// Open listen streams per caller known by its token, over HTTP (stdio and QUIC count
-    /// per connection).
+    /// Open listen streams per caller known by its token, across its connections and
+    /// transports.
     pub max_listen_streams_per_caller: usize,
     /// Open listen streams of the whole server.
     pub max_listen_streams_total: usize,

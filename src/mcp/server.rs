@@ -30,7 +30,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::{debug, warn};
 
 use crate::mcp::admission::{
-    AdmittedListen, Budget, ConnStreams, ListenClaim, ListenFilter, check_listen,
+    AdmittedListen, ConnStreams, ListenClaim, ListenFilter, ServerBudgets,
 };
 use crate::mcp::caller::Caller;
 use crate::mcp::hub::ChangeFeed;
@@ -69,8 +69,8 @@ struct Shared {
     drained: tokio::sync::Notify,
     /// The stream budget of requests that came with none (no transport of herald's).
     unplaced_streams: ConnStreams,
-    /// Every listen stream of this server (`Limits::max_listen_streams_total`).
-    all_streams: ConnStreams,
+    /// The total and the per-caller listen budgets, on every transport.
+    budgets: ServerBudgets,
     /// Webhook subscriptions, when this server takes them (`events/subscribe`).
     webhooks: std::sync::OnceLock<Arc<dyn crate::mcp::server::webhooks::Webhooks>>,
 }
@@ -172,7 +172,7 @@ impl SourceServer {
                 drained: tokio::sync::Notify::new(),
                 webhooks: std::sync::OnceLock::new(),
                 unplaced_streams: ConnStreams::default(),
-                all_streams: ConnStreams::of(Budget::Server),
+                budgets: ServerBudgets::default(),
             }),
             legacy: Arc::default(),
         }
@@ -374,7 +374,12 @@ impl SourceServer {
         filter: &ListenFilter,
         conn: &ConnStreams,
     ) -> Result<AdmittedListen, McpError> {
-        let slot = check_listen(&self.shared.limits, filter, conn, &self.shared.all_streams)?;
+        let slot = (self.shared.budgets).check(
+            &self.shared.limits,
+            filter,
+            conn,
+            self.identity(caller),
+        )?;
         let admission = self.shared.source.admit(caller, filter).await;
         for (uri, why) in &admission.refused {
             debug!(%uri, reason = %why, "listen: URI left out of the acknowledgment");

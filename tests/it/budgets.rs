@@ -160,11 +160,12 @@ async fn forwarded_addresses_from_an_untrusted_peer_are_ignored() {
     );
 }
 
-#[tokio::test]
-async fn a_caller_known_by_its_token_has_its_budget_wherever_it_comes_from() {
-    const OPS: &str = "ops-token-0123456789";
-    const DEV: &str = "dev-token-0123456789";
-    let dir = TempDir::new("budgets");
+const OPS: &str = "ops-token-0123456789";
+const DEV: &str = "dev-token-0123456789";
+
+/// `herald gateway` with tokens `ops` and `dev` over a memo slug, on HTTP and QUIC, with
+/// `flags`.
+async fn gateway(dir: &TempDir, flags: &[&str]) -> Server {
     let cfg = dir.path().join("gateway.toml");
     std::fs::write(
         &cfg,
@@ -178,7 +179,7 @@ async fn a_caller_known_by_its_token_has_its_budget_wherever_it_comes_from() {
         ),
     )
     .unwrap();
-    let gw = Server::spawn(&[
+    let mut args = vec![
         "--store",
         ":memory:",
         "gateway",
@@ -186,11 +187,25 @@ async fn a_caller_known_by_its_token_has_its_budget_wherever_it_comes_from() {
         cfg.to_str().unwrap(),
         "--http",
         "127.0.0.1:0",
-        "--max-caller-listen-streams",
-        "2",
-        "--max-listen-streams",
-        "1",
-    ])
+        "--quic",
+        "127.0.0.1:0",
+    ];
+    args.extend_from_slice(flags);
+    Server::spawn(&args).await
+}
+
+#[tokio::test]
+async fn a_caller_known_by_its_token_has_its_budget_wherever_it_comes_from() {
+    let dir = TempDir::new("budgets");
+    let gw = gateway(
+        &dir,
+        &[
+            "--max-caller-listen-streams",
+            "2",
+            "--max-listen-streams",
+            "1",
+        ],
+    )
     .await;
     let url = gw.http_url();
     let bearer = |t: &str| format!("Bearer {t}");
@@ -279,4 +294,49 @@ async fn a_listen_on_a_kept_alive_connection_counts_against_the_same_budget() {
         .expect("admitted");
     let refused = listen(&url, &client_at).await.unwrap_err();
     assert_eq!(refused["data"]["budget"], "address", "{refused}");
+}
+
+/// On QUIC too a token's streams count together, across its connections: a connection's own
+/// budget (64) is not the caller's.
+#[tokio::test]
+async fn a_tokens_budget_spans_its_quic_connections() {
+    use herald::transport::client::{client_config, connect};
+    use herald::transport::target::Target;
+    use herald::transport::tls::{ClientTrust, Secret};
+    let dir = TempDir::new("budgets-quic");
+    let gw = gateway(&dir, &["--max-caller-listen-streams", "2"]).await;
+    let client = |token: &str| {
+        let trust = ClientTrust {
+            pin: Some(gw.fingerprint()),
+            token: Some(Secret(token.to_owned())),
+            ..ClientTrust::default()
+        };
+        let target = Target::Quic(gw.quic_addr());
+        async move {
+            connect(&target, &trust, client_config(), 4 << 20)
+                .await
+                .expect("a QUIC connection")
+        }
+    };
+    let filter = || {
+        rmcp::model::SubscriptionFilter::builder()
+            .resource_subscription("memo://notes")
+            .build()
+    };
+    let (one, two, three) = (client(OPS).await, client(OPS).await, client(OPS).await);
+    let _a = one.listen(filter()).await.expect("admitted");
+    let _b = two.listen(filter()).await.expect("admitted");
+    let refused = three
+        .listen(filter())
+        .await
+        .err()
+        .expect("refused")
+        .to_string();
+    assert!(
+        refused.contains("\"ops\"") && refused.contains("--max-caller-listen-streams"),
+        "{refused}"
+    );
+    // Another token, its own budget.
+    let other = client(DEV).await;
+    let _c = other.listen(filter()).await.expect("admitted");
 }

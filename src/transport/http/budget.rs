@@ -1,7 +1,7 @@
 //! Whose budget an HTTP listen stream counts against. HTTP/1.1 gives every open SSE response a
 //! TCP connection of its own, so "one connection" means nothing there: a caller the server
-//! knows by its token counts against its own budget (`--max-caller-listen-streams`), one with
-//! no identity against its client address's (`--max-listen-streams`; an IPv6 client by its
+//! knows by its token counts against its own budget (`--max-caller-listen-streams`, kept by
+//! the server on every transport), one with no identity against its client address's (`--max-listen-streams`; an IPv6 client by its
 //! /64, which one host may rotate through). Behind a reverse proxy every client's connections
 //! come from the proxy, so the client's own address is taken from `X-Forwarded-For`, the one
 //! header the common proxies write, read from the right past the trusted proxies, and only
@@ -9,17 +9,14 @@
 //! same host); from anyone else it is ignored, since a client could write any address there.
 //! A hop that does not parse ends the walk at the peer: nothing left of it is believed.
 //!
-//! Budgets are kept weakly: one with no open stream (and no open connection holding it) is
-//! pruned, when the map has doubled since the last pruning.
+//! Budgets are kept weakly (`mcp::admission::Budgets`): one with no open stream (and no open
+//! connection holding it) is pruned.
 
-use crate::sync::Recover;
-use std::collections::HashMap;
 use std::net::IpAddr;
-use std::sync::{Mutex, Weak};
 
 use axum::http::HeaderMap;
 
-use crate::mcp::admission::{Budget, ConnStreams, StreamCounts};
+use crate::mcp::admission::{Budget, ConnStreams};
 use crate::mcp::caller::Caller;
 use crate::mcp::server::SourceServer;
 
@@ -151,45 +148,30 @@ fn node(v: &str) -> Option<IpAddr> {
     host.parse().ok()
 }
 
-/// The listen-stream budgets of one HTTP endpoint.
+/// The listen-stream budgets of one HTTP endpoint: by client address, for callers with no
+/// identity (a caller known by its token is budgeted by the server, on every transport).
 #[derive(Default)]
 pub struct Budgets {
-    map: Mutex<Kept>,
+    addresses: crate::mcp::admission::Budgets,
     trusted: Vec<Cidr>,
-}
-
-/// The budgets, and the size at which the dead ones are pruned next.
-#[derive(Default)]
-struct Kept {
-    budgets: HashMap<Budget, Weak<StreamCounts>>,
-    prune_at: usize,
 }
 
 impl Budgets {
     pub fn new(trusted: Vec<Cidr>) -> Budgets {
         Budgets {
-            map: Mutex::default(),
+            addresses: Default::default(),
             trusted,
         }
     }
 
     /// The streams of `budget`, shared with every other holder of it.
     pub fn get(&self, budget: Budget) -> ConnStreams {
-        let mut kept = self.map.locked();
-        if let Some(live) = kept.budgets.get(&budget).and_then(Weak::upgrade) {
-            return ConnStreams::from_shared(live, budget);
-        }
-        // Pruned when the map has doubled since the last time: amortised constant work.
-        if kept.budgets.len() >= kept.prune_at.max(1024) {
-            kept.budgets.retain(|_, w| w.strong_count() > 0);
-            kept.prune_at = kept.budgets.len() * 2;
-        }
-        let fresh = ConnStreams::of(budget.clone());
-        kept.budgets.insert(budget, fresh.downgrade());
-        fresh
+        self.addresses.get(budget)
     }
 
-    /// The budget a listen from `caller`, at `peer` with `headers`, counts against.
+    /// The budget of its own a listen from `caller`, at `peer` with `headers`, counts against:
+    /// for a caller the server knows by its token, its TCP connection's (one stream: the
+    /// server counts the caller's), else its client address's.
     pub fn for_listen(
         &self,
         server: &SourceServer,
@@ -197,10 +179,14 @@ impl Budgets {
         headers: &HeaderMap,
         peer: IpAddr,
     ) -> ConnStreams {
-        self.get(match server.identity(caller) {
-            Some((key, name)) => Budget::Caller { key, name },
-            None => Budget::Address(budget_address(client(peer, headers, &self.trusted))),
-        })
+        match server.identity(caller) {
+            Some(_) => ConnStreams::default(),
+            None => self.get(Budget::Address(budget_address(client(
+                peer,
+                headers,
+                &self.trusted,
+            )))),
+        }
     }
 }
 
@@ -321,6 +307,6 @@ mod tests {
         for i in 0..5000u32 {
             drop(b.get(Budget::Address(IpAddr::from(i.to_be_bytes()))));
         }
-        assert!(b.map.locked().budgets.len() <= 2048, "pruned");
+        assert!(b.addresses.kept() <= 2048, "pruned");
     }
 }
