@@ -374,12 +374,10 @@ impl SourceServer {
         filter: &ListenFilter,
         conn: &ConnStreams,
     ) -> Result<AdmittedListen, McpError> {
-        let slot = (self.shared.budgets).check(
-            &self.shared.limits,
-            filter,
-            conn,
-            self.identity(caller),
-        )?;
+        let s = &self.shared;
+        let slot = s
+            .budgets
+            .check(&s.limits, filter, conn, self.identity(caller))?;
         let admission = self.shared.source.admit(caller, filter).await;
         for (uri, why) in &admission.refused {
             debug!(%uri, reason = %why, "listen: URI left out of the acknowledgment");
