@@ -368,6 +368,12 @@ impl StreamCounts {
 /// A reserved stream slot, released when the stream that holds it is dropped.
 #[derive(Clone)]
 pub struct StreamSlot(#[allow(dead_code)] Arc<SlotInner>);
+struct SlotInner(Arc<StreamCounts>, bool);
+impl Drop for SlotInner {
+    fn drop(&mut self) {
+        self.0.count(self.1).fetch_sub(1, Ordering::AcqRel);
+    }
+}
 
 /// A listen's slots: on its own budget, on its caller's (when the server knows the caller by
 /// its token) and on the server's total.
@@ -440,12 +446,6 @@ impl ServerBudgets {
     ) -> Result<ListenSlots, McpError> {
         let caller = identity.map(|(key, name)| self.callers.get(Budget::Caller { key, name }));
         check_listen(limits, filter, own, caller.as_ref(), &self.total)
-    }
-}
-struct SlotInner(Arc<StreamCounts>, bool);
-impl Drop for SlotInner {
-    fn drop(&mut self) {
-        self.0.count(self.1).fetch_sub(1, Ordering::AcqRel);
     }
 }
 
