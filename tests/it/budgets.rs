@@ -57,6 +57,13 @@ async fn listen_on(
     Err(answer["error"].clone())
 }
 
+/// `herald memo` on HTTP with `flags`.
+async fn memo(flags: &[&str]) -> Server {
+    let mut args = vec!["--store", ":memory:", "memo", "--http", "127.0.0.1:0"];
+    args.extend_from_slice(flags);
+    Server::spawn(&args).await
+}
+
 fn from(ip: &str) -> [(&'static str, String); 1] {
     [("x-forwarded-for", ip.to_owned())]
 }
@@ -67,12 +74,7 @@ fn headers<'a>(h: &'a [(&'static str, String)]) -> Vec<(&'static str, &'a str)> 
 
 #[tokio::test]
 async fn clients_behind_a_proxy_on_this_host_have_budgets_of_their_own_and_the_server_a_total() {
-    let s = Server::spawn(&[
-        "--store",
-        ":memory:",
-        "memo",
-        "--http",
-        "127.0.0.1:0",
+    let s = memo(&[
         "--max-listen-streams",
         "2",
         "--max-total-listen-streams",
@@ -134,18 +136,7 @@ async fn clients_behind_a_proxy_on_this_host_have_budgets_of_their_own_and_the_s
 #[tokio::test]
 async fn forwarded_addresses_from_an_untrusted_peer_are_ignored() {
     // Only 10.0.0.0/8 is a trusted proxy: this test's loopback peer is not.
-    let s = Server::spawn(&[
-        "--store",
-        ":memory:",
-        "memo",
-        "--http",
-        "127.0.0.1:0",
-        "--max-listen-streams",
-        "1",
-        "--trusted-proxy",
-        "10.0.0.0/8",
-    ])
-    .await;
+    let s = memo(&["--max-listen-streams", "1", "--trusted-proxy", "10.0.0.0/8"]).await;
     let url = s.http_url();
     let _held = listen(&url, &headers(&from("203.0.113.1")))
         .await
@@ -243,7 +234,7 @@ async fn a_caller_known_by_its_token_has_its_budget_wherever_it_comes_from() {
 /// this host; with no flag at all every stream is admitted (each client's own 64 count).
 #[tokio::test]
 async fn seventy_clients_behind_a_local_proxy_need_no_flag() {
-    let s = Server::spawn(&["--store", ":memory:", "memo", "--http", "127.0.0.1:0"]).await;
+    let s = memo(&[]).await;
     let url = s.http_url();
     let opened = futures::future::join_all((0..70).map(|i| {
         let url = url.clone();
@@ -261,16 +252,7 @@ async fn seventy_clients_behind_a_local_proxy_need_no_flag() {
 /// first-request path) counts against the same budget as one that opens its connection.
 #[tokio::test]
 async fn a_listen_on_a_kept_alive_connection_counts_against_the_same_budget() {
-    let s = Server::spawn(&[
-        "--store",
-        ":memory:",
-        "memo",
-        "--http",
-        "127.0.0.1:0",
-        "--max-listen-streams",
-        "1",
-    ])
-    .await;
+    let s = memo(&["--max-listen-streams", "1"]).await;
     let url = s.http_url();
     let client = reqwest::Client::new();
     let read = json!({"jsonrpc":"2.0","id":"r","method":"resources/read",
