@@ -339,6 +339,15 @@ async fn every_configured_watch_runs_past_the_watch_clients_own_cap() {
     assert_eq!(watches.len(), WATCHES);
     let failed: Vec<&Value> = watches.iter().filter(|w| w["state"] != "running").collect();
     assert!(failed.is_empty(), "{failed:?}");
+    // The watch client's streams are counted, on its row and in all.
+    let row = status["roles"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|r| r["name"] == "watch")
+        .expect("the watch client's row");
+    assert!(row["listens"].as_u64().unwrap() > 0, "{status}");
+    assert!(status["listens"].as_u64().unwrap() >= row["listens"].as_u64().unwrap());
     // And a change reaches them.
     let c = crate::watch::memo_client(&up.url).await;
     call(&c, "memo__memo_set", json!({"key": "k", "value": 1})).await;

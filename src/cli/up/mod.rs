@@ -313,6 +313,8 @@ pub async fn run(args: UpArgs, globals: &Globals) -> Result<(), Exit> {
 
     // The watch client, through the gateway, over a pipe.
     let gw_server = SourceServer::new(gateway_source, local.clone(), ctx.shutdown().clone());
+    // The watch client's listens are streams on this pipe's server: its row counts them.
+    let watch_listens = gw_server.listen_count();
     let servers = vec![Arc::new(local::upstream(
         UpstreamConfig {
             name: "gateway".into(),
@@ -438,7 +440,7 @@ pub async fn run(args: UpArgs, globals: &Globals) -> Result<(), Exit> {
     let agent_stop = ctx.shutdown().clone();
     let watch = crate::watch::run(opts, ctx.shutdown().clone(), async |m| {
         m.report_to(&board);
-        board.role_serving("watch", Vec::new(), None);
+        board.role_serving("watch", Vec::new(), Some(watch_listens.clone()));
         // Reloads change the configured watches for as long as the watch client runs.
         // Fused: it ends when the reloads end (no config file, or the shutdown), and the
         // selects below may meet it again after that.
