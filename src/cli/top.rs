@@ -3,6 +3,7 @@
 //! never asked for in a loop) and draws, on a terminal, the status table with each watch's
 //! events per second and the errors seen since it started; `q` or Ctrl-C quits. A stream that
 //! ends (herald restarting) is said on the screen and followed again once herald answers.
+//! Ctrl-Z gives the terminal back before it stops, and takes it again on `fg`.
 //! Piped, it prints each report as one JSON line and exits 1 when the stream ends.
 
 use std::collections::{HashMap, HashSet, VecDeque};
@@ -83,7 +84,8 @@ async fn screen(
         signal(SignalKind::terminate())?,
     );
     let mut resized = signal(SignalKind::window_change())?;
-    let _terminal = Terminal::enter();
+    let mut suspended = signal(SignalKind::from_raw(libc::SIGTSTP))?;
+    let terminal = Terminal::enter();
     let (mut keys, mut typing) = (keys(), true);
     // herald sends at least once a second (its uptime changes) or once an interval: a stream
     // silent for three of those is lost, whatever its socket says.
@@ -104,6 +106,7 @@ async fn screen(
             _ = interrupt.recv() => return Ok(()),
             _ = terminate.recv() => return Ok(()),
             _ = resized.recv() => {}
+            _ = suspended.recv() => terminal.suspend(),
             () = tokio::time::sleep_until(heard + silence), if reports.is_some() => {
                 view.lost(format!(
                     "no report for {} s: herald does not answer",
@@ -418,8 +421,16 @@ impl Terminal {
             let got = unsafe { libc::tcgetattr(0, &mut t) };
             (got == 0).then_some(t)
         });
-        let saved = saved.flatten();
-        if let Some(t) = saved {
+        let t = Terminal {
+            saved: saved.flatten(),
+        };
+        t.take();
+        t
+    }
+
+    /// Raw keys, the alternate screen, no cursor.
+    fn take(&self) {
+        if let Some(t) = self.saved {
             let mut raw = t;
             raw.c_lflag &= !(libc::ICANON | libc::ECHO);
             raw.c_cc[libc::VMIN] = 1;
@@ -428,7 +439,25 @@ impl Terminal {
             unsafe { libc::tcsetattr(0, libc::TCSANOW, &raw) };
         }
         let _ = console::print("\x1b[?1049h\x1b[?25l");
-        Terminal { saved }
+    }
+
+    /// The terminal as it was.
+    fn give_back(&self) {
+        let _ = console::print("\x1b[?25h\x1b[?1049l");
+        if let Some(t) = self.saved {
+            // SAFETY: the termios tcgetattr returned for fd 0.
+            unsafe { libc::tcsetattr(0, libc::TCSANOW, &t) };
+        }
+    }
+
+    /// Ctrl-Z: the terminal given back, the process stopped as the shell expects; taken again
+    /// when the shell continues it.
+    fn suspend(&self) {
+        self.give_back();
+        // SAFETY: raise(2) with a standard signal; SIGSTOP cannot be caught, so this returns
+        // once the process is continued.
+        unsafe { libc::raise(libc::SIGSTOP) };
+        self.take();
     }
 
     /// `(columns, rows)` of the terminal on stdout (80×24 when it does not say).
@@ -447,11 +476,7 @@ impl Terminal {
 
 impl Drop for Terminal {
     fn drop(&mut self) {
-        let _ = console::print("\x1b[?25h\x1b[?1049l");
-        if let Some(t) = self.saved {
-            // SAFETY: the termios tcgetattr returned for fd 0.
-            unsafe { libc::tcsetattr(0, libc::TCSANOW, &t) };
-        }
+        self.give_back();
     }
 }
 

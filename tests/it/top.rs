@@ -89,6 +89,25 @@ impl Drop for Tmux {
     }
 }
 
+/// The pids of the processes whose command line contains `needle`.
+fn pids_running(needle: &str) -> Vec<String> {
+    let mut out = Vec::new();
+    for e in std::fs::read_dir("/proc").unwrap().flatten() {
+        let name = e.file_name().to_string_lossy().into_owned();
+        if !name.bytes().all(|b| b.is_ascii_digit()) {
+            continue;
+        }
+        let cmd = std::fs::read(e.path().join("cmdline")).unwrap_or_default();
+        if String::from_utf8_lossy(&cmd)
+            .replace('\0', " ")
+            .contains(needle)
+        {
+            out.push(name);
+        }
+    }
+    out
+}
+
 fn rand_suffix() -> u64 {
     use std::hash::{BuildHasher, Hasher};
     let mut h = std::collections::hash_map::RandomState::new().build_hasher();
@@ -167,6 +186,22 @@ async fn on_a_terminal_top_shows_the_roles_counts_events_lists_errors_and_quits_
         row(s, "notes").is_some_and(|r| r[2] == "1")
     })
     .await;
+
+    // Ctrl-Z gives the terminal back before top stops; continued, it takes it again.
+    tmux.tmux(&["send-keys", "C-z"]);
+    tmux.until("the screen given back", |s| !s.contains("herald top ·"))
+        .await;
+    // herald top, and the pane's shell whose command names it: both continued.
+    let pids = pids_running(&format!("top --admin {}", up.admin));
+    assert!(!pids.is_empty(), "herald top's pid");
+    let cont = std::process::Command::new("kill")
+        .arg("-CONT")
+        .args(&pids)
+        .status()
+        .unwrap();
+    assert!(cont.success());
+    tmux.until("the view again", |s| s.contains("herald top ·"))
+        .await;
 
     tmux.tmux(&["send-keys", "q"]);
     let screen = tmux
