@@ -66,8 +66,8 @@ pub struct HttpOptions {
     pub allowed_origins: Vec<String>,
     /// A connection's idle, header and body deadlines.
     pub timeouts: Timeouts,
-    /// The proxies whose `Forwarded` / `X-Forwarded-For` name the client's address (see
-    /// [`budget`]); `None`: [`budget::DEFAULT_TRUSTED_PROXIES`].
+    /// The proxies whose `X-Forwarded-For` names the client's address (see [`budget`]);
+    /// `None`: [`budget::DEFAULT_TRUSTED_PROXIES`].
     pub trusted_proxies: Option<Vec<budget::Cidr>>,
 }
 
@@ -291,9 +291,12 @@ pub async fn serve(
         };
         let _ = stream.set_nodelay(true);
         conns.http.accepted.inc();
-        // The connection's budget for events/stream (a listen's is chosen per request).
+        // The connection's budget for events/stream and legacy subscriptions, by its peer's
+        // address (a listen's is chosen per request).
         let conn = match &gate {
-            Some(g) => g.budgets.get(Budget::Address(peer.ip())),
+            Some(g) => g
+                .budgets
+                .get(Budget::Address(budget::budget_address(peer.ip()))),
             None => ConnStreams::default(),
         };
         let router = router.clone();
