@@ -106,7 +106,11 @@ async fn screen(
             _ = interrupt.recv() => return Ok(()),
             _ = terminate.recv() => return Ok(()),
             _ = resized.recv() => {}
-            _ = suspended.recv() => terminal.suspend(),
+            _ = suspended.recv() => {
+                terminal.suspend();
+                // The time stopped is not silence of the stream's.
+                heard = tokio::time::Instant::now();
+            }
             () = tokio::time::sleep_until(heard + silence), if reports.is_some() => {
                 view.lost(format!(
                     "no report for {} s: herald does not answer",
