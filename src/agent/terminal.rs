@@ -224,26 +224,14 @@ fn spinner_line(frame: char, said: &str) -> String {
     } else {
         format!("{frame} thinking… ({said})")
     };
-    let width = stderr_columns().saturating_sub(1).max(16);
+    let columns = crate::app::console::terminal_size(2).map_or(80, |(c, _)| c);
+    let width = columns.saturating_sub(1).max(16);
     if line.chars().count() <= width {
         line
     } else {
         let mut cut: String = line.chars().take(width - 1).collect();
         cut.push('…');
         cut
-    }
-}
-
-/// The columns of the terminal on stderr (80 when it does not say).
-fn stderr_columns() -> usize {
-    // SAFETY: winsize is plain data, for which all zeroes is a valid value.
-    let mut w: libc::winsize = unsafe { std::mem::zeroed() };
-    // SAFETY: TIOCGWINSZ fills the winsize it is given.
-    let ok = unsafe { libc::ioctl(2, libc::TIOCGWINSZ, &mut w) } == 0;
-    if ok && w.ws_col > 0 {
-        usize::from(w.ws_col)
-    } else {
-        80
     }
 }
 

@@ -73,6 +73,16 @@ pub fn stderr_colour() -> bool {
     )
 }
 
+/// `(columns, rows)` of the terminal on descriptor `fd` (1 stdout, 2 stderr); `None` when it
+/// is not a terminal or does not say.
+pub fn terminal_size(fd: i32) -> Option<(usize, usize)> {
+    // SAFETY: winsize is plain data, for which all zeroes is a valid value.
+    let mut w: libc::winsize = unsafe { std::mem::zeroed() };
+    // SAFETY: TIOCGWINSZ fills the winsize it is given; a bad descriptor is an error return.
+    let ok = unsafe { libc::ioctl(fd, libc::TIOCGWINSZ, &mut w) } == 0;
+    (ok && w.ws_col > 0 && w.ws_row > 0).then(|| (usize::from(w.ws_col), usize::from(w.ws_row)))
+}
+
 /// The rule of [`stderr_colour`], for a stream that is or is not a terminal.
 fn colour(terminal: bool, no_colour: Option<&std::ffi::OsStr>) -> bool {
     terminal && no_colour.is_none_or(|v| v.is_empty())

@@ -268,7 +268,7 @@ fn columns(out: &mut String, head: &[&str], rows: &[Vec<String>]) {
     }
 }
 
-pub(crate) fn human_duration(secs: u64) -> String {
+fn human_duration(secs: u64) -> String {
     match secs {
         s if s < 60 => format!("{s}s"),
         s if s < 3600 => format!("{}m{}s", s / 60, s % 60),

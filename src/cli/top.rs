@@ -373,12 +373,9 @@ fn errors_of(r: &StatusReport) -> Vec<String> {
 
 /// The time of day, UTC, as `HH:MM:SSZ`.
 fn clock() -> String {
-    let secs = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_secs())
-        .unwrap_or(0)
-        % 86_400;
-    format!("{:02}:{:02}:{:02}Z", secs / 3600, secs / 60 % 60, secs % 60)
+    let now = crate::mcp::ring::now_ms() as i64 * 1_000_000;
+    // 2026-01-02T03:04:05.000Z
+    format!("{}Z", &crate::mcp::events::rfc3339(now)[11..19])
 }
 
 /// Draws `lines` from the top left, each ending with the rest of its row cleared.
@@ -466,15 +463,7 @@ impl Terminal {
 
     /// `(columns, rows)` of the terminal on stdout (80×24 when it does not say).
     fn size() -> (usize, usize) {
-        // SAFETY: winsize is plain data, for which all zeroes is a valid value.
-        let mut w: libc::winsize = unsafe { std::mem::zeroed() };
-        // SAFETY: TIOCGWINSZ fills the winsize it is given.
-        let ok = unsafe { libc::ioctl(1, libc::TIOCGWINSZ, &mut w) } == 0;
-        if ok && w.ws_col > 0 && w.ws_row > 0 {
-            (usize::from(w.ws_col), usize::from(w.ws_row))
-        } else {
-            (80, 24)
-        }
+        console::terminal_size(1).unwrap_or((80, 24))
     }
 }
 

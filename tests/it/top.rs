@@ -23,7 +23,9 @@ struct Tmux {
 
 impl Tmux {
     fn start(command: &str) -> Tmux {
-        let socket = format!("herald-top-{}-{}", std::process::id(), rand_suffix());
+        static N: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+        let n = N.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let socket = format!("herald-top-{}-{n}", std::process::id());
         let mut client = tokio::process::Command::new("tmux")
             .args(["-L", &socket, "-f", "/dev/null", "-C", "new-session"])
             .args(["-x", "120", "-y", "40", command])
@@ -106,13 +108,6 @@ fn pids_running(needle: &str) -> Vec<String> {
         }
     }
     out
-}
-
-fn rand_suffix() -> u64 {
-    use std::hash::{BuildHasher, Hasher};
-    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
-    h.write_u8(0);
-    h.finish() % 1_000_000
 }
 
 /// The cells of the screen's line that starts with `name` and a space.
