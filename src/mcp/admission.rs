@@ -49,6 +49,28 @@ pub struct ListenFilter {
     pub task_ids: Option<Vec<String>>,
     /// `toolsListChanged` / `promptsListChanged` (see [`crate::mcp::lists`]).
     pub lists: Lists,
+    /// `_meta["io.herald/contents"]: true`: each update carries its URI's read ([`CONTENTS`]).
+    pub contents: bool,
+}
+
+/// The `_meta` key of a listen asking that its updates carry what a read would answer (a
+/// herald extension, declared in the server's capabilities), and of each update's read:
+/// `{"mimeType", "text"}` (`"blob"`, base64, for bytes) or `{"error": {"code", "message"}}`.
+/// The stream sends each URI's read once right after its acknowledgment, then one with every
+/// update; an event log's reads after the first hold only what is past the previous one.
+pub const CONTENTS: &str = "io.herald/contents";
+
+/// Reads a URI for a listen that carries contents: the `_meta` value to carry, and for an
+/// event log the newest `seq` it holds (the next read's `after`).
+pub type ReadForUpdate = Arc<
+    dyn Fn(String, Option<u64>) -> futures::future::BoxFuture<'static, (Value, Option<u64>)>
+        + Send
+        + Sync,
+>;
+
+/// Whether a request's `_meta` asks for carried contents ([`CONTENTS`]).
+pub fn asks_contents(meta: Option<&Value>) -> bool {
+    meta.and_then(|m| m.get(CONTENTS)) == Some(&Value::Bool(true))
 }
 
 /// A listen's `params.notifications.taskIds` as sent (whatever its shape: admission checks
@@ -117,6 +139,7 @@ impl ListenFilter {
             resources: string_list(n.get("resourceSubscriptions"), "resourceSubscriptions")?,
             task_ids: string_list(n.get("taskIds"), "taskIds")?,
             lists: Lists::from_notifications(n)?,
+            contents: asks_contents(params.and_then(|p| p.get("_meta"))),
         })
     }
 
@@ -126,18 +149,22 @@ impl ListenFilter {
             resources: f.resource_subscriptions.clone(),
             task_ids: None,
             lists: Lists::from_rmcp(f),
+            contents: false,
         }
     }
 
     /// The filter of a listen on a byte stream: what rmcp parsed, and the `taskIds` the line
     /// transport found beside it ([`ListenTaskIds`]), gated on `declared` (the tasks
-    /// extension in the request's capabilities) before their shape is checked.
+    /// extension in the request's capabilities) before their shape is checked; `contents`
+    /// from the request's `_meta` ([`asks_contents`]).
     pub fn from_conn(
         f: &SubscriptionFilter,
         task_ids: Option<&ListenTaskIds>,
         declared: bool,
+        contents: bool,
     ) -> Result<ListenFilter, McpError> {
         let mut filter = ListenFilter::from_rmcp(f);
+        filter.contents = contents;
         if let Some(ListenTaskIds(ids)) = task_ids {
             if !declared {
                 return Err(tasks_not_declared());
@@ -509,6 +536,8 @@ pub struct AdmittedListen {
     pub(crate) task_echo: Option<Vec<String>>,
     /// The lists whose changes this stream accepted (registered under their feed keys).
     pub(crate) lists: Lists,
+    /// The reads its updates carry, when the listen asked for them ([`CONTENTS`]).
+    pub(crate) reads: Option<ReadForUpdate>,
 }
 
 impl AdmittedListen {
@@ -537,6 +566,7 @@ impl AdmittedListen {
             tasks: None,
             task_echo: None,
             lists: Lists::default(),
+            reads: None,
         }
     }
 

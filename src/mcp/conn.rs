@@ -16,7 +16,7 @@ use rmcp::model::{
 };
 use rmcp::service::{NotificationContext, RequestContext, RoleServer, Service};
 
-use crate::mcp::admission::{ConnStreams, ListenFilter, ListenTaskIds};
+use crate::mcp::admission::{CONTENTS, ConnStreams, ListenFilter, ListenTaskIds};
 use crate::mcp::caller::Caller;
 use crate::mcp::server::SourceServer;
 
@@ -98,7 +98,8 @@ impl Service<RoleServer> for ConnServer {
                 .client_capabilities()
                 .is_some_and(|c| c.supports_tasks());
             let ids = context.extensions.get::<ListenTaskIds>();
-            let filter = ListenFilter::from_conn(&r.params.notifications, ids, declared)?;
+            let contents = context.meta.get(CONTENTS) == Some(&serde_json::Value::Bool(true));
+            let filter = ListenFilter::from_conn(&r.params.notifications, ids, declared, contents)?;
             // rmcp runs each request in a task of its own and only cancels `ct` when the
             // client cancels it or goes away: stop admitting then (the gateway may be waiting
             // on upstream acks), which drops whatever admission had taken.

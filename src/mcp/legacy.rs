@@ -112,7 +112,11 @@ pub(crate) struct LegacyOut {
 }
 
 impl ListenOut for LegacyOut {
-    async fn updated(&mut self, uri: &str) -> Result<(), Undelivered> {
+    async fn updated(
+        &mut self,
+        uri: &str,
+        _carried: Option<serde_json::Value>,
+    ) -> Result<(), Undelivered> {
         self.peer
             .notify_resource_updated(ResourceUpdatedNotificationParam::new(uri.to_owned()))
             .await

@@ -25,12 +25,14 @@
 use std::future::Future;
 use std::time::Duration;
 
+use std::collections::HashMap;
+
 use rmcp::model::{DetailedTask, ErrorData as McpError};
-use serde_json::json;
+use serde_json::{Value, json};
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info};
 
-use crate::mcp::admission::{AdmittedListen, ListenFilter};
+use crate::mcp::admission::{AdmittedListen, ListenFilter, ReadForUpdate};
 use crate::mcp::lists::{List, Lists};
 
 /// The subscription-id key of a listen stream's notifications' `_meta`.
@@ -105,9 +107,16 @@ pub enum Undelivered {
 
 /// Where a listen's notifications go.
 pub trait ListenOut: Send {
-    /// Writes `notifications/resources/updated` for `uri`; resolves once the transport took it
-    /// (a reader that takes nothing keeps it pending: the stall deadline ends the stream).
-    fn updated(&mut self, uri: &str) -> impl Future<Output = Result<(), Undelivered>> + Send;
+    /// Writes `notifications/resources/updated` for `uri`, with `carried` as its
+    /// `_meta["io.herald/contents"]` when the listen asked for contents
+    /// ([`CONTENTS`](crate::mcp::admission::CONTENTS));
+    /// resolves once the transport took it (a reader that takes nothing keeps it pending: the
+    /// stall deadline ends the stream).
+    fn updated(
+        &mut self,
+        uri: &str,
+        carried: Option<Value>,
+    ) -> impl Future<Output = Result<(), Undelivered>> + Send;
     /// Writes `notifications/tools/list_changed` or `notifications/prompts/list_changed`
     /// (only for a list the stream accepted), the same way.
     fn list_changed(&mut self, list: List) -> impl Future<Output = Result<(), Undelivered>> + Send;
@@ -149,6 +158,29 @@ pub async fn run(
             }
         }
     }
+    // A listen that carries contents: each URI's read first, the baseline its client diffs
+    // against; every read of the stream then comes from this loop, one after another, so
+    // the client never sees an older state after a newer one.
+    let reads = listen.reads.take();
+    let mut carry = Carry {
+        reads,
+        after: HashMap::new(),
+    };
+    if carry.reads.is_some() {
+        let mut uris: Vec<&String> = listen.spelled.values().flatten().collect();
+        uris.sort();
+        uris.dedup();
+        for uri in uris {
+            let Some(carried) = carry.read(uri, shutdown).await else {
+                return Ok(());
+            };
+            let deadline = tokio::time::Instant::now() + stall;
+            let note = Note::Updated(uri, Some(carried));
+            if !send(out, note, shutdown, deadline, stall, stream).await? {
+                return Ok(());
+            }
+        }
+    }
     loop {
         if out.is_closed() || shutdown.is_cancelled() {
             debug!(stream, "listen stream ended (cancelled, or shutdown)");
@@ -185,17 +217,17 @@ pub async fn run(
             }
             batch = listen.registration.queue().next_batch() => {
                 // One deadline for the whole batch: a reader that takes nothing for
-                // `stall` ends the stream.
-                let deadline = tokio::time::Instant::now() + stall;
+                // `stall` ends the stream. (A read an update carries comes first, and
+                // its update gets a deadline of its own.)
+                let mut deadline = tokio::time::Instant::now() + stall;
                 for key in batch {
                     // A list's key, when this stream accepted that list; then the URIs this
                     // stream wrote for the key.
                     let list = List::ALL
                         .into_iter()
                         .find(|l| l.key() == key && listen.lists.has(*l));
-                    let uris = listen.spelled.get(&key).into_iter().flatten();
-                    let notes = list.map(Note::List).into_iter().chain(uris.map(|u| Note::Updated(u)));
-                    for note in notes {
+                    let uris: Vec<&String> = listen.spelled.get(&key).into_iter().flatten().collect();
+                    if let Some(list) = list {
                         // A cancel that came with the batch wins: nothing goes out after it.
                         if out.is_closed() {
                             return Ok(());
@@ -203,43 +235,116 @@ pub async fn run(
                         if revoked.is_cancelled() {
                             return Err(revoked_error(stream));
                         }
-                        let sent = tokio::select! {
-                            _ = shutdown.cancelled() => return Ok(()),
-                            r = tokio::time::timeout_at(deadline, note.write(out)) => r,
+                        if !send(out, Note::List(list), shutdown, deadline, stall, stream).await? {
+                            return Ok(());
+                        }
+                    }
+                    for uri in uris {
+                        // A cancel that came with the batch wins: nothing goes out after it.
+                        if out.is_closed() {
+                            return Ok(());
+                        }
+                        if revoked.is_cancelled() {
+                            return Err(revoked_error(stream));
+                        }
+                        let carried = match carry.reads.is_some() {
+                            false => None,
+                            true => {
+                                let Some(c) = carry.read(uri, shutdown).await else {
+                                    return Ok(());
+                                };
+                                deadline = tokio::time::Instant::now() + stall;
+                                Some(c)
+                            }
                         };
-                        match sent {
-                            Ok(Ok(())) => {}
-                            Ok(Err(Undelivered::Closed)) => return Ok(()),
-                            Ok(Err(Undelivered::NotAccepted(e))) => {
-                                debug!(stream, error = %e, "notification not accepted");
-                            }
-                            Ok(Err(Undelivered::Failed(e))) => {
-                                info!(stream, error = %e, "listen stream could not deliver; ending it");
-                                return Err(McpError::internal_error(
-                                    format!("listen stream failed to deliver a notification ({e}); listen again"),
-                                    None,
-                                ));
-                            }
-                            Err(_) => {
-                                info!(
-                                    stream,
-                                    stall_ms = stall.as_millis() as u64,
-                                    "listen stream stalled: its reader took no notification; ending it so the client resubscribes"
-                                );
-                                // An error, not the graceful result: the client must listen
-                                // again and re-read, since notifications were dropped.
-                                return Err(McpError::internal_error(
-                                    format!(
-                                        "listen stream stalled: no notification could be delivered for {} ms; listen again and re-read",
-                                        stall.as_millis()
-                                    ),
-                                    Some(json!({"reason": "stalled"})),
-                                ));
-                            }
+                        // Checked again after the read: nothing more goes out once revoked.
+                        if revoked.is_cancelled() {
+                            return Err(revoked_error(stream));
+                        }
+                        let note = Note::Updated(uri, carried);
+                        if !send(out, note, shutdown, deadline, stall, stream).await? {
+                            return Ok(());
                         }
                     }
                 }
             }
+        }
+    }
+}
+
+/// How long the read an update carries may take; past it the update carries an error (the
+/// client reads again itself).
+const CARRY_READ_LIMIT: Duration = Duration::from_secs(30);
+
+/// The reads a stream's updates carry, and where each event log's last one got to.
+struct Carry {
+    reads: Option<ReadForUpdate>,
+    /// Each event log's newest `seq` carried so far: the next read's `after`.
+    after: HashMap<String, u64>,
+}
+
+impl Carry {
+    /// `uri`'s read to carry; `None` at shutdown.
+    async fn read(&mut self, uri: &str, shutdown: &CancellationToken) -> Option<Value> {
+        let reads = self.reads.as_ref()?;
+        let read = reads(uri.to_owned(), self.after.get(uri).copied());
+        let (carried, newest) = tokio::select! {
+            _ = shutdown.cancelled() => return None,
+            r = tokio::time::timeout(CARRY_READ_LIMIT, read) => r.unwrap_or_else(|_| {
+                (json!({"error": {"code": -32603, "message": format!(
+                    "the read took longer than {} s; read it again", CARRY_READ_LIMIT.as_secs())}}), None)
+            }),
+        };
+        if let Some(n) = newest {
+            self.after.insert(uri.to_owned(), n);
+        }
+        Some(carried)
+    }
+}
+
+/// Writes `note` by `deadline`. `Ok(false)`: the client went away or the server is shutting
+/// down (end gracefully); an error when the transport failed or the reader stalled.
+async fn send(
+    out: &mut impl ListenOut,
+    note: Note<'_>,
+    shutdown: &CancellationToken,
+    deadline: tokio::time::Instant,
+    stall: Duration,
+    stream: u64,
+) -> Result<bool, McpError> {
+    let sent = tokio::select! {
+        _ = shutdown.cancelled() => return Ok(false),
+        r = tokio::time::timeout_at(deadline, note.write(out)) => r,
+    };
+    match sent {
+        Ok(Ok(())) => Ok(true),
+        Ok(Err(Undelivered::Closed)) => Ok(false),
+        Ok(Err(Undelivered::NotAccepted(e))) => {
+            debug!(stream, error = %e, "notification not accepted");
+            Ok(true)
+        }
+        Ok(Err(Undelivered::Failed(e))) => {
+            info!(stream, error = %e, "listen stream could not deliver; ending it");
+            Err(McpError::internal_error(
+                format!("listen stream failed to deliver a notification ({e}); listen again"),
+                None,
+            ))
+        }
+        Err(_) => {
+            info!(
+                stream,
+                stall_ms = stall.as_millis() as u64,
+                "listen stream stalled: its reader took no notification; ending it so the client resubscribes"
+            );
+            // An error, not the graceful result: the client must listen again and re-read,
+            // since notifications were dropped.
+            Err(McpError::internal_error(
+                format!(
+                    "listen stream stalled: no notification could be delivered for {} ms; listen again and re-read",
+                    stall.as_millis()
+                ),
+                Some(json!({"reason": "stalled"})),
+            ))
         }
     }
 }
@@ -258,16 +363,16 @@ fn revoked_error(stream: u64) -> McpError {
     )
 }
 
-/// One notification of a batch.
+/// One notification of a batch: an update (with the read it carries), or a list's change.
 enum Note<'a> {
-    Updated(&'a str),
+    Updated(&'a str, Option<Value>),
     List(List),
 }
 
 impl Note<'_> {
     async fn write(self, out: &mut impl ListenOut) -> Result<(), Undelivered> {
         match self {
-            Note::Updated(uri) => out.updated(uri).await,
+            Note::Updated(uri, carried) => out.updated(uri, carried).await,
             Note::List(list) => out.list_changed(list).await,
         }
     }

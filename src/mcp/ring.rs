@@ -94,6 +94,25 @@ pub struct Since {
     pub has_more: bool,
 }
 
+/// The `seq` of the last event of an event-log read (`{"events":[...]}`, oldest first, as a
+/// ring reads), without building the events.
+pub fn newest_seq(text: &str) -> Option<u64> {
+    use serde_json::value::RawValue;
+    #[derive(serde::Deserialize)]
+    struct Log<'a> {
+        #[serde(borrow)]
+        events: Vec<&'a RawValue>,
+    }
+    #[derive(serde::Deserialize)]
+    struct Seq {
+        seq: Option<u64>,
+    }
+    let log: Log = serde_json::from_str(text).ok()?;
+    serde_json::from_str::<Seq>(log.events.last()?.get())
+        .ok()?
+        .seq
+}
+
 /// Milliseconds since the epoch, now.
 pub fn now_ms() -> u64 {
     std::time::SystemTime::now()

@@ -27,19 +27,16 @@ use rmcp::model::{
 use rmcp::service::{RequestContext, RoleServer, SubscriptionContext};
 use serde_json::json;
 use tokio_util::sync::CancellationToken;
-use tracing::{debug, warn};
+use tracing::warn;
 
-use crate::mcp::admission::{
-    AdmittedListen, ConnStreams, ListenClaim, ListenFilter, ServerBudgets,
-};
+use crate::mcp::admission::{ConnStreams, ListenClaim, ListenFilter, ServerBudgets};
 use crate::mcp::caller::Caller;
 use crate::mcp::hub::ChangeFeed;
 use crate::mcp::legacy::LegacySubscriptions;
 use crate::mcp::limits::Limits;
-use crate::mcp::listen::{Ack, ListenOut};
 use crate::mcp::source::{Body, DynSource, SourceError};
 use crate::mcp::tasks::relaying::TaskRelay;
-use crate::mcp::tasks::{TaskFeed, TaskSupport, Tasks};
+use crate::mcp::tasks::{TaskSupport, Tasks};
 
 /// The Events extension's capability key.
 pub const EVENTS_EXTENSION: &str = "io.modelcontextprotocol/events";
@@ -142,6 +139,10 @@ impl SourceServer {
         if info.completions {
             caps.completions = Some(Default::default());
         }
+        // Listens may ask for their updates to carry reads (see `listens.rs`).
+        caps.extensions
+            .get_or_insert_with(Default::default)
+            .insert(crate::mcp::admission::CONTENTS.into(), Default::default());
         if info.list_changed {
             if let Some(t) = caps.tools.as_mut() {
                 t.list_changed = Some(true);
@@ -308,17 +309,6 @@ impl SourceServer {
 }
 
 impl SourceServer {
-    /// Delivers an admitted listen to `out` until it ends (see [`crate::mcp::listen::run`]),
-    /// counted among this server's running listens. `Ok`: the listen's graceful result goes
-    /// out next.
-    pub async fn deliver(
-        &self,
-        listen: AdmittedListen,
-        out: &mut impl ListenOut,
-    ) -> Result<(), McpError> {
-        deliver_on(&self.shared, listen, out, self.shared.limits.stall_timeout).await
-    }
-
     /// A read from a role in this process, with no JSON-RPC in between (see
     /// [`call_in_process`](Self::call_in_process)).
     pub async fn read_in_process(
@@ -349,71 +339,6 @@ impl SourceServer {
             )),
         }
     }
-
-    /// Opens a listen from `caller` asking for `filter` on the connection whose stream budget
-    /// is `budget`: admits it ([`admit`](Self::admit)) and builds its acknowledgment, once.
-    /// The one way a listen starts: every transport calls it and writes the [`Ack`] before
-    /// anything else of the stream, then hands the listen to [`deliver`](Self::deliver).
-    pub async fn open(
-        &self,
-        caller: &Caller,
-        filter: &ListenFilter,
-        budget: &ConnStreams,
-    ) -> Result<(Ack, AdmittedListen), McpError> {
-        let listen = self.admit(caller, filter, budget).await?;
-        Ok((Ack::of(filter, &listen), listen))
-    }
-
-    /// Admits a listen from `caller` asking for `filter` on `conn`: checks the limits,
-    /// reserves a stream slot, asks the source what it accepts (which starts the watches) and
-    /// registers the accepted feed keys with the hub, all before the ack. Called by
-    /// [`open`](Self::open) for a listen, and by a legacy `resources/subscribe`.
-    async fn admit(
-        &self,
-        caller: &Caller,
-        filter: &ListenFilter,
-        conn: &ConnStreams,
-    ) -> Result<AdmittedListen, McpError> {
-        let s = &self.shared;
-        let slot = s
-            .budgets
-            .check(&s.limits, filter, conn, self.identity(caller))?;
-        let admission = self.shared.source.admit(caller, filter).await;
-        for (uri, why) in &admission.refused {
-            debug!(%uri, reason = %why, "listen: URI left out of the acknowledgment");
-        }
-        // The lists it asked for that this server announces ride the same feed and queue.
-        let lists = filter.lists.accepted(&self.shared.config.capabilities);
-        let keys: Vec<String> = (admission.accepted.iter().map(|a| a.key.clone()))
-            .chain(lists.keys().map(str::to_owned))
-            .collect();
-        let registration = self.shared.feed.register(&keys);
-        let mut listen = AdmittedListen::new(slot, registration, admission);
-        listen.lists = lists;
-        if let Some(ids) = &filter.task_ids {
-            // Only the ids this caller could tasks/get now; unknown and foreign ones are left
-            // out without a word, so a listen tells nothing a poll would not.
-            let tasks = self.shared.tasks.as_ref().map(|t| match t {
-                TaskBackend::Local(t) => TaskFeed::Local(t.listen(&caller.principal(), ids)),
-                TaskBackend::Relayed(r) => TaskFeed::Relayed(r.listen(caller, ids)),
-            });
-            listen.task_echo = Some(tasks.as_ref().map(|t| t.ids().to_vec()).unwrap_or_default());
-            listen.tasks = tasks;
-        }
-        Ok(listen)
-    }
-}
-
-/// Delivers `listen` to `out` on `shared`'s server, counted among its running listens.
-async fn deliver_on(
-    shared: &Shared,
-    listen: AdmittedListen,
-    out: &mut impl ListenOut,
-    stall: Duration,
-) -> Result<(), McpError> {
-    let _active = ActiveListen::new(shared);
-    let stream = shared.streams_total.fetch_add(1, Ordering::Relaxed);
-    crate::mcp::listen::run(listen, out, &shared.shutdown, stall, stream).await
 }
 
 /// rmcp takes a standard method whose params it cannot parse for a custom request; answer it
@@ -890,6 +815,7 @@ impl SourceServer {
 mod calls;
 pub mod dispatch;
 mod legacy;
+mod listens;
 mod out;
 pub mod stream;
 pub mod webhooks;

@@ -211,6 +211,8 @@ pub async fn connect_within<H: ClientHandler>(
 /// runs in the connection's receive loop: it must not block.
 pub trait Tap: Send + Sync + 'static {
     fn seen(&self, message: &rmcp::service::RxJsonRpcMessage<RoleClient>);
+    /// Sees each message the client sends, before it is written, and may add to its `_meta`.
+    fn outgoing(&self, _message: &mut rmcp::service::TxJsonRpcMessage<RoleClient>) {}
 }
 
 /// A client transport whose [`Tap`] sees each message as it is received.
@@ -226,8 +228,11 @@ impl<T: rmcp::transport::Transport<RoleClient>> rmcp::transport::Transport<RoleC
 
     fn send(
         &mut self,
-        item: rmcp::service::TxJsonRpcMessage<RoleClient>,
+        mut item: rmcp::service::TxJsonRpcMessage<RoleClient>,
     ) -> impl std::future::Future<Output = Result<(), Self::Error>> + Send + 'static {
+        if let Some(tap) = &self.tap {
+            tap.outgoing(&mut item);
+        }
         self.inner.send(item)
     }
 

@@ -44,6 +44,8 @@ pub struct Catalog {
     /// client's handler).
     pub tools_list_changed: bool,
     pub prompts_list_changed: bool,
+    /// Whether its listens' updates can carry reads (`io.herald/contents`: a herald server).
+    pub contents: bool,
 }
 
 impl AsRef<Catalog> for Catalog {
@@ -155,6 +157,11 @@ impl Catalog {
             .as_ref()
             .and_then(|c| c.prompts.as_ref())
             .is_some_and(|p| p.list_changed == Some(true));
+        catalog.contents = caps.as_ref().is_some_and(|c| {
+            c.extensions
+                .as_ref()
+                .is_some_and(|e| e.contains_key(crate::mcp::admission::CONTENTS))
+        });
         catalog
     }
 
@@ -203,6 +210,7 @@ impl Catalog {
             completions: false,
             tools_list_changed: false,
             prompts_list_changed: false,
+            contents: false,
         }
     }
 

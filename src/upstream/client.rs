@@ -261,7 +261,11 @@ impl Upstream {
         }
         match tokio::time::timeout(REQUEST_TIMEOUT, live.conn.listen(filter)).await {
             Err(_) => Err(self.timed_out()),
-            Ok(Ok(sub)) => Ok(Listening { live, sub }),
+            Ok(Ok(sub)) => Ok(Listening {
+                carries: self.relay.contents && live.catalog.contents,
+                live,
+                sub,
+            }),
             Ok(Err(e)) => Err(self.failure(&live, REQUEST_TIMEOUT, e)),
         }
     }

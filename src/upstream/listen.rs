@@ -21,9 +21,18 @@ use crate::runtime::backoff::Backoff;
 pub struct Listening {
     pub(super) live: Arc<Live>,
     pub(super) sub: Subscription,
+    /// Its updates carry their reads, the first one right after the acknowledgment.
+    pub(super) carries: bool,
 }
 
 impl Listening {
+    /// Whether its updates carry their reads (`io.herald/contents`): the stream starts with
+    /// one update per URI carrying its read, and each later update carries the read after it
+    /// (see [`carried`]).
+    pub fn carries(&self) -> bool {
+        self.carries
+    }
+
     /// What the upstream's acknowledgment accepted.
     pub fn acknowledged(&self) -> &SubscriptionFilter {
         self.sub.acknowledged()
@@ -43,6 +52,39 @@ impl Listening {
     /// Whether the connection under it is gone (not just this listen).
     pub fn connection_lost(&self) -> bool {
         self.live.conn.is_closed()
+    }
+}
+
+/// What an update of a listen that [carries](Listening::carries) reads brought, taken out of
+/// it: the read (text, or a blob as its base64), or why the server could not read (the client
+/// reads itself). `None`: it carries nothing.
+pub fn carried(
+    update: &mut rmcp::model::ResourceUpdatedNotification,
+) -> Option<Result<crate::mcp::source::Contents, String>> {
+    use crate::mcp::admission::CONTENTS;
+    use crate::mcp::source::Contents;
+    use serde_json::Value;
+    let taken = update
+        .extensions
+        .get_mut::<rmcp::model::NotificationMetaObject>()
+        .and_then(|m| m.remove(CONTENTS))
+        .or_else(|| update.params.meta.as_mut()?.remove(CONTENTS))?;
+    let Value::Object(mut c) = taken else {
+        return Some(Err("the update carried no read".into()));
+    };
+    let mime = match c.remove("mimeType") {
+        Some(Value::String(m)) => m,
+        _ => String::new(),
+    };
+    // A blob is kept as its base64, as the watch diffs a blob.
+    match c.remove("text").or_else(|| c.remove("blob")) {
+        Some(Value::String(text)) => Some(Ok(Contents::text(mime, text))),
+        _ => Some(Err(c
+            .get("error")
+            .and_then(|e| e.get("message"))
+            .and_then(Value::as_str)
+            .unwrap_or("the update carried no read")
+            .to_owned())),
     }
 }
 
@@ -216,4 +258,96 @@ fn names_something(f: &SubscriptionFilter) -> bool {
         || f.resource_subscriptions
             .as_ref()
             .is_some_and(|u| !u.is_empty())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::mcp::source::{Body, Contents};
+    use crate::testing::MemoServer;
+    use crate::transport::target::Target;
+    use rmcp::model::ResourceUpdatedNotification;
+    use serde_json::{Value, json};
+    use std::time::Duration;
+
+    fn upstream(memo: &MemoServer, contents: bool) -> Arc<Upstream> {
+        memo.upstream_with(super::super::UpstreamConfig {
+            contents,
+            ..super::super::UpstreamConfig::new(
+                Target::Stdio("in-process memo".into()),
+                Default::default(),
+                1 << 20,
+            )
+        })
+    }
+
+    async fn update(l: &mut Listening) -> ResourceUpdatedNotification {
+        loop {
+            let n = tokio::time::timeout(Duration::from_secs(10), l.next())
+                .await
+                .expect("an update in time")
+                .unwrap()
+                .expect("the listen is open");
+            if let ServerNotification::ResourceUpdatedNotification(u) = n {
+                return u;
+            }
+        }
+    }
+
+    fn text(c: Contents) -> Value {
+        match c.body {
+            Body::Text(t) => serde_json::from_str(&t).unwrap(),
+            Body::Blob(_) => panic!("a blob"),
+        }
+    }
+
+    fn keys(log: &Value) -> Vec<&str> {
+        log["events"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|e| e["key"].as_str().unwrap())
+            .collect()
+    }
+
+    fn listen_to(uri: &str) -> SubscriptionFilter {
+        SubscriptionFilter::builder()
+            .resource_subscription(uri)
+            .build()
+    }
+
+    #[tokio::test]
+    async fn updates_carry_their_reads_the_baseline_first_then_only_what_is_new() {
+        let memo = MemoServer::start().await;
+        memo.set("a", json!(1)).await;
+        let up = upstream(&memo, true);
+        let mut l = up.listen(listen_to("memo://log")).await.unwrap();
+        assert!(l.carries());
+        // The baseline: the whole log, right after the acknowledgment.
+        let base = text(carried(&mut update(&mut l).await).unwrap().unwrap());
+        assert_eq!(keys(&base), ["a"]);
+        memo.set("b", json!(2)).await;
+        let next = text(carried(&mut update(&mut l).await).unwrap().unwrap());
+        // What is past the last read, led by its newest event (the anchor a reader's gap
+        // rule needs).
+        assert_eq!(keys(&next), ["a", "b"]);
+        memo.set("c", json!(3)).await;
+        let next = text(carried(&mut update(&mut l).await).unwrap().unwrap());
+        assert_eq!(keys(&next), ["b", "c"]);
+        // A state resource's update carries the whole state.
+        let mut s = up.listen(listen_to("memo://notes")).await.unwrap();
+        let notes = text(carried(&mut update(&mut s).await).unwrap().unwrap());
+        assert_eq!(notes, json!({"a": 1, "b": 2, "c": 3}));
+    }
+
+    #[tokio::test]
+    async fn a_listen_that_did_not_ask_gets_plain_updates() {
+        let memo = MemoServer::start().await;
+        let up = upstream(&memo, false);
+        let mut l = up.listen(listen_to("memo://notes")).await.unwrap();
+        assert!(!l.carries());
+        memo.set("a", json!(1)).await;
+        let mut u = update(&mut l).await;
+        assert!(carried(&mut u).is_none());
+    }
 }

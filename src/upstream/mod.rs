@@ -40,7 +40,7 @@ use serde_json::Value;
 
 pub use catalog::{Catalog, ContentsError, contents, is_read_only, route};
 pub use error::UpstreamError;
-pub use listen::{FilterFor, Heard, HeardOn, KeptListen, Listening};
+pub use listen::{FilterFor, Heard, HeardOn, KeptListen, Listening, carried};
 pub use lists::{ListEvents, ListSignal};
 pub use log::{LogCursor, LogFollow};
 pub use relay::{Relay, Relaying, UPWARD_CAPACITY, Upward};
@@ -99,6 +99,9 @@ pub struct UpstreamConfig {
     /// subscriptions): [`DEFAULT_MAX_LISTENS`], under the 64 a herald server allows per
     /// connection; more for a server in this process, which allows more.
     pub max_listens: usize,
+    /// Every listen asks that its updates carry their reads (`io.herald/contents`, where the
+    /// server offers it): the watch client, which would read after each update anyway.
+    pub contents: bool,
 }
 
 /// Default for [`UpstreamConfig::max_listens`].
@@ -120,6 +123,7 @@ impl UpstreamConfig {
             context: None,
             supervise: false,
             max_listens: DEFAULT_MAX_LISTENS,
+            contents: false,
         }
     }
 }
@@ -249,7 +253,7 @@ impl Upstream {
                 );
                 cfg.supervise && cfg.context.is_some()
             },
-            relay: Relay::default(),
+            relay: Relay::new(cfg.contents),
             stopped: Default::default(),
             ctx: cfg.context,
             dialer: None,

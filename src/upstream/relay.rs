@@ -62,6 +62,10 @@ pub struct Relay {
     logs: Arc<Mutex<LogRoutes>>,
     /// Open `events/stream` requests' messages, by subscription id (see [`super::events`]).
     streams: Arc<Mutex<StreamRoutes>>,
+    /// Every listen asks that its updates carry reads ([`UpstreamConfig::contents`]).
+    ///
+    /// [`UpstreamConfig::contents`]: super::UpstreamConfig::contents
+    pub(super) contents: bool,
 }
 
 /// One message of an `events/stream`: its kind (`active`, `event`, `heartbeat`, `error`,
@@ -212,6 +216,13 @@ fn id_key(id: &NumberOrString) -> String {
 }
 
 impl Relay {
+    /// A connection's handler; `contents`: its listens ask for carried reads.
+    pub(super) fn new(contents: bool) -> Relay {
+        Relay {
+            contents,
+            ..Relay::default()
+        }
+    }
     /// Sends the upstream's progress for `token` to `to` until the returned guard drops (what
     /// came before this, early, first).
     pub fn register(&self, token: ProgressToken, to: mpsc::Sender<Upward>) -> Relaying {
@@ -292,6 +303,18 @@ impl Relay {
 }
 
 impl Tap for Relay {
+    fn outgoing(&self, message: &mut rmcp::service::TxJsonRpcMessage<RoleClient>) {
+        if let JsonRpcMessage::Request(r) = message
+            && self.contents
+            && let rmcp::model::ClientRequest::SubscriptionsListenRequest(l) = &mut r.request
+        {
+            l.params
+                .meta
+                .get_or_insert_with(Default::default)
+                .insert(crate::mcp::admission::CONTENTS.into(), true.into());
+        }
+    }
+
     fn seen(&self, message: &RxJsonRpcMessage<RoleClient>) {
         let JsonRpcMessage::Notification(n) = message else {
             return;

@@ -55,6 +55,7 @@ pub fn upstream_config(
 ) -> UpstreamConfig {
     UpstreamConfig {
         backoff: UNPACED,
+        contents: true,
         ..UpstreamConfig::new(target, trust, max_message_bytes)
     }
 }

@@ -10,22 +10,20 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
-use base64::Engine as _;
-use rmcp::model::{ServerNotification, SubscriptionFilter};
+use rmcp::model::ServerNotification;
 use rmcp::service::SubscriptionEnd;
 use serde_json::{Value, json};
 use tokio_util::sync::CancellationToken;
 
 use crate::filter::engine::Outcome as FilterOutcome;
 use crate::filter::pool::FilterError;
-use crate::mcp::source::Body;
 use crate::runtime::backoff::Backoff;
 use crate::upstream::log::{Event, LogCursor, extract_log_text};
-use crate::upstream::{Listening, Upstream, UpstreamError};
+use crate::upstream::{Listening, Upstream};
 use crate::watch::events::{StateBase, diff_reads};
 use crate::watch::handle::{Stats, WatchHandle};
 use crate::watch::notice::{Debounce, Dedupe, Line, default_line, object_key, sanitize_line};
-use crate::watch::spec::{KEEP_TRYING_MAX, Notice, WatchError, WatchSpec};
+use crate::watch::spec::{KEEP_TRYING_MAX, Notice, WatchSpec};
 
 /// What a watch compares the next read against.
 pub(super) enum Baseline {
@@ -33,110 +31,10 @@ pub(super) enum Baseline {
     Log(LogCursor),
 }
 
-/// One read of a watched resource.
-pub(crate) struct Read {
-    pub(crate) mime: String,
-    pub(crate) text: String,
-}
-
-/// Reads `uri`, bounded by [`crate::upstream::REQUEST_TIMEOUT`], saying the highest `seq` of
-/// the event log the watch has (`after`), so a herald server answers only what is newer
-/// ([`crate::mcp::source::READ_AFTER_META`]). A blob is kept as its base64 text (the watch
-/// diffs text).
-pub(crate) async fn read(
-    server: &Arc<Upstream>,
-    uri: &str,
-    after: Option<u64>,
-) -> Result<Read, WatchError> {
-    read_upstream(server, uri, after)
-        .await
-        .map_err(|e| watch_error(server, uri, "reading", e))
-}
-
-async fn read_upstream(
-    server: &Arc<Upstream>,
-    uri: &str,
-    after: Option<u64>,
-) -> Result<Read, UpstreamError> {
-    let c = server.read(uri, after).await?;
-    Ok(Read {
-        mime: c.mime_type,
-        text: match c.body {
-            Body::Text(t) => t,
-            Body::Blob(b) => base64::engine::general_purpose::STANDARD.encode(b),
-        },
-    })
-}
-
-/// What a watch makes of a failed request about `uri`: the server's verdict on the URI
-/// (bad params, not found, an answer herald cannot use) is a rejection; anything else (an
-/// internal error, a source still starting, a broken or slow connection) may pass. The
-/// watch client's user named the server: they get the reason.
-fn watch_error(server: &Upstream, uri: &str, doing: &str, e: UpstreamError) -> WatchError {
-    if e.is_verdict() {
-        return WatchError::Rejected {
-            server: server.name.clone(),
-            uri: uri.into(),
-            message: match e {
-                UpstreamError::Unusable { why, .. } => why,
-                e => e.to_string(),
-            },
-        };
-    }
-    WatchError::Unavailable(format!("{doing} {uri} from {}: {e}", server.name))
-}
-
-/// Listens first, then reads: a change between the two is then announced, never missed.
-pub(crate) async fn subscribe_and_read(
-    server: &Arc<Upstream>,
-    uri: &str,
-) -> Result<(Listening, Read), WatchError> {
-    let filter = SubscriptionFilter::builder()
-        .resource_subscription(uri)
-        .build();
-    let listening = match server.listen(filter).await {
-        Ok(l) => l,
-        // A server that speaks no 2026-07-28 can never be watched.
-        Err(UpstreamError::Unusable { server: name, why }) => {
-            return Err(WatchError::Invalid(format!("{name} {why}")));
-        }
-        // Any error the server answered is its verdict on the URI.
-        Err(e) if e.is_answered() => {
-            return Err(WatchError::Rejected {
-                server: server.name.clone(),
-                uri: uri.into(),
-                message: e.to_string(),
-            });
-        }
-        Err(e) => return Err(watch_error(server, uri, "subscribing to", e)),
-    };
-    let accepted = listening
-        .acknowledged()
-        .resource_subscriptions
-        .as_ref()
-        .is_some_and(|u| u.iter().any(|a| a == uri));
-    // Only a broken connection is forgotten: a source still starting or one slow read says
-    // nothing about the connection other watches share.
-    let r = match read_upstream(server, uri, None).await {
-        Ok(r) => r,
-        Err(e) => {
-            if e.is_broken() {
-                server.forget_connection_of(&listening);
-            }
-            return Err(watch_error(server, uri, "reading", e));
-        }
-    };
-    if !accepted {
-        return Err(WatchError::Rejected {
-            server: server.name.clone(),
-            uri: uri.into(),
-            message: "the server does not accept subscriptions to this URI".into(),
-        });
-    }
-    Ok((listening, r))
-}
-
+mod read;
 mod stream;
+use read::carried_reads;
+pub(crate) use read::{Read, read, subscribe_and_read};
 pub(crate) use stream::events_uri;
 
 pub(super) struct WatchTask {
@@ -284,26 +182,46 @@ impl WatchTask {
                     if u.params.uri == self.spec.uri =>
                 {
                     // Notifications are idempotent: one read covers every one already
-                    // queued, so a slow moment never turns into a backlog of reads.
+                    // queued, so a slow moment never turns into a backlog of reads. Updates
+                    // that carry their reads are taken in order instead (a state's last).
+                    let mut updates = vec![u];
                     let mut ended = false;
                     while let Some(more) = futures::FutureExt::now_or_never(sub.next()) {
-                        if !matches!(more, Ok(Some(_))) {
-                            ended = true;
-                            break;
+                        match more {
+                            Ok(Some(ServerNotification::ResourceUpdatedNotification(m)))
+                                if m.params.uri == self.spec.uri =>
+                            {
+                                updates.push(m);
+                            }
+                            Ok(Some(_)) => {}
+                            _ => {
+                                ended = true;
+                                break;
+                            }
                         }
                     }
-                    // 0: the baseline found an empty log; a hint would change nothing.
-                    let after = match &base {
-                        Baseline::Log(c) => c.last.filter(|&n| n > 0),
-                        Baseline::State(_) => None,
-                    };
-                    match read(&self.server, &self.spec.uri, after).await {
-                        Ok(r) => self.update(&mut base, r, running.is_some()),
-                        Err(e) => {
-                            // Treat it as a lost subscription: the resubscribe path re-reads
-                            // and diffs, so the change is not lost.
-                            tracing::warn!(watch = %self.spec.name, error = %e, "read after an update failed; resubscribing");
-                            ended = true;
+                    let carried = sub.carries().then(|| carried_reads(updates)).flatten();
+                    if let Some(mut reads) = carried {
+                        if matches!(base, Baseline::State(_)) {
+                            reads.drain(..reads.len().saturating_sub(1));
+                        }
+                        for r in reads {
+                            self.update(&mut base, r, running.is_some());
+                        }
+                    } else {
+                        // 0: the baseline found an empty log; a hint would change nothing.
+                        let after = match &base {
+                            Baseline::Log(c) => c.last.filter(|&n| n > 0),
+                            Baseline::State(_) => None,
+                        };
+                        match read(&self.server, &self.spec.uri, after).await {
+                            Ok(r) => self.update(&mut base, r, running.is_some()),
+                            Err(e) => {
+                                // Treat it as a lost subscription: the resubscribe path re-reads
+                                // and diffs, so the change is not lost.
+                                tracing::warn!(watch = %self.spec.name, error = %e, "read after an update failed; resubscribing");
+                                ended = true;
+                            }
                         }
                     }
                     if ended {

@@ -9,7 +9,8 @@ use rmcp::service::{RequestContext, RoleServer};
 use serde_json::json;
 use tracing::{Instrument as _, info};
 
-use super::{SourceServer, deliver_on, to_mcp_error};
+use super::listens::deliver_on;
+use super::{SourceServer, to_mcp_error};
 use crate::mcp::admission::{ConnStreams, ListenFilter};
 use crate::mcp::caller::Caller;
 use crate::mcp::error::SourceError;

@@ -10,7 +10,7 @@ use rmcp::service::{Peer, RequestContext, RoleServer};
 use tokio_util::sync::CancellationToken;
 
 use super::SourceServer;
-use crate::mcp::admission::AdmittedListen;
+use crate::mcp::admission::{AdmittedListen, CONTENTS};
 use crate::mcp::listen::{Ack, ListenOut, Undelivered};
 use crate::mcp::lists::List;
 
@@ -75,11 +75,18 @@ impl PeerOut {
 }
 
 impl ListenOut for PeerOut {
-    async fn updated(&mut self, uri: &str) -> Result<(), Undelivered> {
-        self.send(ServerNotification::ResourceUpdatedNotification(
+    async fn updated(
+        &mut self,
+        uri: &str,
+        carried: Option<serde_json::Value>,
+    ) -> Result<(), Undelivered> {
+        let mut n = ServerNotification::ResourceUpdatedNotification(
             ResourceUpdatedNotification::new(ResourceUpdatedNotificationParam::new(uri)),
-        ))
-        .await
+        );
+        if let Some(c) = carried {
+            n.get_meta_mut().insert(CONTENTS.into(), c);
+        }
+        self.send(n).await
     }
 
     async fn list_changed(&mut self, list: List) -> Result<(), Undelivered> {

@@ -5,6 +5,7 @@
 use axum::body::Bytes;
 use serde_json::{Value, json};
 
+use crate::mcp::admission::CONTENTS;
 use crate::mcp::listen::{Ack, SUBSCRIPTION_ID};
 use crate::mcp::server::SourceServer;
 
@@ -24,8 +25,19 @@ impl StreamEvents {
         }
     }
 
-    /// `uri`'s notification, framed by `frame` (for the transport) the first time.
-    pub(super) fn updated(&mut self, uri: &str, frame: impl FnOnce(Bytes) -> Bytes) -> Bytes {
+    /// `uri`'s notification, framed by `frame` (for the transport) the first time; one that
+    /// carries a read (`carried`) is made each time.
+    pub(super) fn updated(
+        &mut self,
+        uri: &str,
+        carried: Option<Value>,
+        frame: impl FnOnce(Bytes) -> Bytes,
+    ) -> Bytes {
+        if let Some(c) = carried {
+            return frame(sse_event(&json!({"jsonrpc": "2.0",
+                "method": "notifications/resources/updated",
+                "params": {"_meta": {SUBSCRIPTION_ID: self.id, CONTENTS: c}, "uri": uri}})));
+        }
         if let Some((_, e)) = self.updated.iter().find(|(u, _)| u == uri) {
             return e.clone();
         }

@@ -441,8 +441,12 @@ impl RawOut<'_, '_> {
 }
 
 impl crate::mcp::listen::ListenOut for RawOut<'_, '_> {
-    async fn updated(&mut self, uri: &str) -> Result<(), Undelivered> {
-        let event = self.events.updated(uri, |e| chunk(&e).into());
+    async fn updated(
+        &mut self,
+        uri: &str,
+        carried: Option<serde_json::Value>,
+    ) -> Result<(), Undelivered> {
+        let event = self.events.updated(uri, carried, |e| chunk(&e).into());
         self.send(event).await
     }
 

@@ -21,8 +21,12 @@ struct SseOut {
 }
 
 impl crate::mcp::listen::ListenOut for SseOut {
-    async fn updated(&mut self, uri: &str) -> Result<(), crate::mcp::listen::Undelivered> {
-        let event = self.events.updated(uri, |e| e);
+    async fn updated(
+        &mut self,
+        uri: &str,
+        carried: Option<serde_json::Value>,
+    ) -> Result<(), crate::mcp::listen::Undelivered> {
+        let event = self.events.updated(uri, carried, |e| e);
         self.tx
             .send(event)
             .await

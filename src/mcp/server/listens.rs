@@ -1,0 +1,130 @@
+//! The start of every listen: [`SourceServer::open`] (admission and its acknowledgment) and
+//! [`SourceServer::deliver`] (the stream until it ends), and the reads a listen's updates carry
+//! when it asked for them ([`CONTENTS`](crate::mcp::admission::CONTENTS)): the same read a
+//! `resources/read` runs for its caller.
+
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use base64::Engine as _;
+use rmcp::model::ErrorData as McpError;
+use serde_json::{Value, json};
+use tracing::debug;
+
+use super::{ActiveListen, Shared, SourceServer, TaskBackend};
+use crate::mcp::admission::{AdmittedListen, ConnStreams, ListenFilter, ReadForUpdate};
+use crate::mcp::caller::Caller;
+use crate::mcp::listen::{Ack, ListenOut};
+use crate::mcp::ring::{EVENT_LOG_MIME, newest_seq};
+use crate::mcp::source::{Body, Read};
+use crate::mcp::tasks::TaskFeed;
+
+impl SourceServer {
+    /// Delivers an admitted listen to `out` until it ends (see [`crate::mcp::listen::run`]),
+    /// counted among this server's running listens. `Ok`: the listen's graceful result goes
+    /// out next.
+    pub async fn deliver(
+        &self,
+        listen: AdmittedListen,
+        out: &mut impl ListenOut,
+    ) -> Result<(), McpError> {
+        deliver_on(&self.shared, listen, out, self.shared.limits.stall_timeout).await
+    }
+
+    /// Opens a listen from `caller` asking for `filter` on the connection whose stream budget
+    /// is `budget`: admits it ([`admit`](Self::admit)) and builds its acknowledgment, once.
+    /// The one way a listen starts: every transport calls it and writes the [`Ack`] before
+    /// anything else of the stream, then hands the listen to [`deliver`](Self::deliver).
+    pub async fn open(
+        &self,
+        caller: &Caller,
+        filter: &ListenFilter,
+        budget: &ConnStreams,
+    ) -> Result<(Ack, AdmittedListen), McpError> {
+        let listen = self.admit(caller, filter, budget).await?;
+        Ok((Ack::of(filter, &listen), listen))
+    }
+
+    /// Admits a listen from `caller` asking for `filter` on `conn`: checks the limits,
+    /// reserves a stream slot, asks the source what it accepts (which starts the watches) and
+    /// registers the accepted feed keys with the hub, all before the ack. Called by
+    /// [`open`](Self::open) for a listen, and by a legacy `resources/subscribe`.
+    pub(super) async fn admit(
+        &self,
+        caller: &Caller,
+        filter: &ListenFilter,
+        conn: &ConnStreams,
+    ) -> Result<AdmittedListen, McpError> {
+        let s = &self.shared;
+        let slot = s
+            .budgets
+            .check(&s.limits, filter, conn, self.identity(caller))?;
+        let admission = self.shared.source.admit(caller, filter).await;
+        for (uri, why) in &admission.refused {
+            debug!(%uri, reason = %why, "listen: URI left out of the acknowledgment");
+        }
+        // The lists it asked for that this server announces ride the same feed and queue.
+        let lists = filter.lists.accepted(&self.shared.config.capabilities);
+        let keys: Vec<String> = (admission.accepted.iter().map(|a| a.key.clone()))
+            .chain(lists.keys().map(str::to_owned))
+            .collect();
+        let registration = self.shared.feed.register(&keys);
+        let mut listen = AdmittedListen::new(slot, registration, admission);
+        listen.lists = lists;
+        if filter.contents {
+            listen.reads = Some(self.reads_for(caller));
+        }
+        if let Some(ids) = &filter.task_ids {
+            // Only the ids this caller could tasks/get now; unknown and foreign ones are left
+            // out without a word, so a listen tells nothing a poll would not.
+            let tasks = self.shared.tasks.as_ref().map(|t| match t {
+                TaskBackend::Local(t) => TaskFeed::Local(t.listen(&caller.principal(), ids)),
+                TaskBackend::Relayed(r) => TaskFeed::Relayed(r.listen(caller, ids)),
+            });
+            listen.task_echo = Some(tasks.as_ref().map(|t| t.ids().to_vec()).unwrap_or_default());
+            listen.tasks = tasks;
+        }
+        Ok(listen)
+    }
+
+    /// What reads a listen's updates for `caller`: [`read_cut`](Self::read_cut), each answer
+    /// as the update's `_meta` value, with an event log's newest `seq`.
+    fn reads_for(&self, caller: &Caller) -> ReadForUpdate {
+        let (server, caller) = (self.clone(), caller.clone());
+        std::sync::Arc::new(move |uri: String, after: Option<u64>| {
+            let (server, caller) = (server.clone(), caller.clone());
+            Box::pin(async move {
+                match server.read_cut(&caller, Read::after(&uri, after)).await {
+                    Ok(c) => {
+                        let newest = match &c.body {
+                            Body::Text(t) if c.mime_type == EVENT_LOG_MIME => newest_seq(t),
+                            _ => None,
+                        };
+                        let carried = match c.body {
+                            Body::Text(text) => json!({"mimeType": c.mime_type, "text": text}),
+                            Body::Blob(b) => json!({"mimeType": c.mime_type,
+                                "blob": base64::engine::general_purpose::STANDARD.encode(b)}),
+                        };
+                        (carried, newest)
+                    }
+                    Err(e) => (
+                        json!({"error": {"code": e.code.0, "message": e.message}}),
+                        None::<u64>,
+                    ),
+                }
+            }) as futures::future::BoxFuture<'static, (Value, Option<u64>)>
+        })
+    }
+}
+
+/// Delivers `listen` to `out` on `shared`'s server, counted among its running listens.
+pub(super) async fn deliver_on(
+    shared: &Shared,
+    listen: AdmittedListen,
+    out: &mut impl ListenOut,
+    stall: Duration,
+) -> Result<(), McpError> {
+    let _active = ActiveListen::new(shared);
+    let stream = shared.streams_total.fetch_add(1, Ordering::Relaxed);
+    crate::mcp::listen::run(listen, out, &shared.shutdown, stall, stream).await
+}

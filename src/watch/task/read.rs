@@ -1,0 +1,171 @@
+//! The reads a watch makes: the listen-then-read that starts (and restarts) a watch, the read
+//! after an update, and the reads a listen's updates carry when the server offers them
+//! (`io.herald/contents`: a herald server reads for its stream, one read after another, so
+//! the watch gets its baseline and every change in order without a round trip of its own).
+
+use std::sync::Arc;
+
+use base64::Engine as _;
+use rmcp::model::{ResourceUpdatedNotification, ServerNotification, SubscriptionFilter};
+
+use crate::mcp::source::{Body, Contents};
+use crate::upstream::{Listening, Upstream, UpstreamError, carried};
+use crate::watch::spec::WatchError;
+
+/// One read of a watched resource.
+pub(crate) struct Read {
+    pub(crate) mime: String,
+    pub(crate) text: String,
+}
+
+/// Reads `uri`, bounded by [`crate::upstream::REQUEST_TIMEOUT`], saying the highest `seq` of
+/// the event log the watch has (`after`), so a herald server answers only what is newer
+/// ([`crate::mcp::source::READ_AFTER_META`]). A blob is kept as its base64 text (the watch
+/// diffs text).
+pub(crate) async fn read(
+    server: &Arc<Upstream>,
+    uri: &str,
+    after: Option<u64>,
+) -> Result<Read, WatchError> {
+    read_upstream(server, uri, after)
+        .await
+        .map_err(|e| watch_error(server, uri, "reading", e))
+}
+
+async fn read_upstream(
+    server: &Arc<Upstream>,
+    uri: &str,
+    after: Option<u64>,
+) -> Result<Read, UpstreamError> {
+    Ok(Read::of(server.read(uri, after).await?))
+}
+
+impl Read {
+    fn of(c: Contents) -> Read {
+        Read {
+            mime: c.mime_type,
+            text: match c.body {
+                Body::Text(t) => t,
+                Body::Blob(b) => base64::engine::general_purpose::STANDARD.encode(b),
+            },
+        }
+    }
+}
+
+/// The reads a run of `updates` (of a listen that carries them) brought, oldest first; `None`
+/// when one carried none (the server could not read, or sent a plain update): the watch
+/// then reads itself, which covers them all.
+pub(crate) fn carried_reads(updates: Vec<ResourceUpdatedNotification>) -> Option<Vec<Read>> {
+    let mut reads = Vec::with_capacity(updates.len());
+    for mut u in updates {
+        match carried(&mut u) {
+            Some(Ok(c)) => reads.push(Read::of(c)),
+            Some(Err(why)) => {
+                tracing::debug!(uri = %u.params.uri, reason = %why, "an update carried no read; reading");
+                return None;
+            }
+            None => return None,
+        }
+    }
+    Some(reads)
+}
+
+/// The first read a listen that carries them sends for `uri` (the one right after its
+/// acknowledgment), within [`crate::upstream::REQUEST_TIMEOUT`]; `None` when it carried none or
+/// did not come in time (the watch reads itself; the listen is dropped if it ended).
+async fn first_carried(listening: &mut Listening, uri: &str) -> Option<Read> {
+    let first = async {
+        loop {
+            match listening.next().await {
+                Ok(Some(ServerNotification::ResourceUpdatedNotification(u)))
+                    if u.params.uri == uri =>
+                {
+                    return carried_reads(vec![u])?.pop();
+                }
+                Ok(Some(_)) => {}
+                _ => return None,
+            }
+        }
+    };
+    tokio::time::timeout(crate::upstream::REQUEST_TIMEOUT, first)
+        .await
+        .ok()
+        .flatten()
+}
+
+/// What a watch makes of a failed request about `uri`: the server's verdict on the URI
+/// (bad params, not found, an answer herald cannot use) is a rejection; anything else (an
+/// internal error, a source still starting, a broken or slow connection) may pass. The
+/// watch client's user named the server: they get the reason.
+fn watch_error(server: &Upstream, uri: &str, doing: &str, e: UpstreamError) -> WatchError {
+    if e.is_verdict() {
+        return WatchError::Rejected {
+            server: server.name.clone(),
+            uri: uri.into(),
+            message: match e {
+                UpstreamError::Unusable { why, .. } => why,
+                e => e.to_string(),
+            },
+        };
+    }
+    WatchError::Unavailable(format!("{doing} {uri} from {}: {e}", server.name))
+}
+
+/// Listens first, then reads: a change between the two is then announced, never missed.
+pub(crate) async fn subscribe_and_read(
+    server: &Arc<Upstream>,
+    uri: &str,
+) -> Result<(Listening, Read), WatchError> {
+    let filter = SubscriptionFilter::builder()
+        .resource_subscription(uri)
+        .build();
+    let listening = match server.listen(filter).await {
+        Ok(l) => l,
+        // A server that speaks no 2026-07-28 can never be watched.
+        Err(UpstreamError::Unusable { server: name, why }) => {
+            return Err(WatchError::Invalid(format!("{name} {why}")));
+        }
+        // Any error the server answered is its verdict on the URI.
+        Err(e) if e.is_answered() => {
+            return Err(WatchError::Rejected {
+                server: server.name.clone(),
+                uri: uri.into(),
+                message: e.to_string(),
+            });
+        }
+        Err(e) => return Err(watch_error(server, uri, "subscribing to", e)),
+    };
+    let accepted = listening
+        .acknowledged()
+        .resource_subscriptions
+        .as_ref()
+        .is_some_and(|u| u.iter().any(|a| a == uri));
+    // A listen that carries reads starts with this URI's: the baseline, in order with every
+    // read after it.
+    let mut listening = listening;
+    if accepted
+        && listening.carries()
+        && let Some(r) = first_carried(&mut listening, uri).await
+    {
+        return Ok((listening, r));
+    }
+    // Only a broken connection is forgotten: a source still starting or one slow read says
+    // nothing about the connection other watches share.
+    let r = match read_upstream(server, uri, None).await {
+        Ok(r) => r,
+        Err(e) => {
+            if e.is_broken() {
+                server.forget_connection_of(&listening);
+            }
+            return Err(watch_error(server, uri, "reading", e));
+        }
+    };
+    if !accepted {
+        return Err(WatchError::Rejected {
+            server: server.name.clone(),
+            uri: uri.into(),
+            message: "the server does not accept subscriptions to this URI".into(),
+        });
+    }
+    Ok((listening, r))
+}
