@@ -41,20 +41,21 @@ fn walk(old: &Value, new: &Value, path: &str, depth: usize, out: &mut BTreeSet<S
     }
     match (old, new) {
         (Value::Object(a), Value::Object(b)) if depth < CHANGED_DEPTH => {
-            for k in a.keys().chain(b.keys()) {
+            let null = Value::Null;
+            // Each key of either side once (a key of both is walked from `a`).
+            let keys = a.keys().chain(b.keys().filter(|k| !a.contains_key(*k)));
+            for k in keys {
+                let (x, y) = (a.get(k).unwrap_or(&null), b.get(k).unwrap_or(&null));
+                if x == y {
+                    // Nothing under it differs: no path to make.
+                    continue;
+                }
                 let sub = if path.is_empty() {
                     k.clone()
                 } else {
                     format!("{path}.{k}")
                 };
-                let null = Value::Null;
-                walk(
-                    a.get(k).unwrap_or(&null),
-                    b.get(k).unwrap_or(&null),
-                    &sub,
-                    depth + 1,
-                    out,
-                );
+                walk(x, y, &sub, depth + 1, out);
             }
         }
         _ => {
@@ -103,15 +104,16 @@ pub fn extract_log_text(cursor: LogCursor, text: &str) -> Result<(Vec<Event>, Lo
             newest.is_some_and(|n| n < last) || s > last || Some(s) == oldest || Some(s) == newest
         }
     };
-    let mut events = Vec::new();
+    let mut kept = Vec::new();
     for (s, r) in held {
         if keep(s) {
-            events.push(serde_json::from_str::<Value>(r.get()).map_err(|e| e.to_string())?);
+            kept.push((
+                s,
+                serde_json::from_str::<Value>(r.get()).map_err(|e| e.to_string())?,
+            ));
         }
     }
-    let mut body = Map::new();
-    body.insert("events".into(), Value::Array(events));
-    extract_log(cursor, &Value::Object(body))
+    Ok(extract_held(cursor, kept))
 }
 
 /// Reads an event-log body (`{"events":[...]}`) against `cursor`: returns the events with seq
@@ -124,36 +126,42 @@ pub fn extract_log(cursor: LogCursor, body: &Value) -> Result<(Vec<Event>, LogCu
         .get("events")
         .and_then(Value::as_array)
         .ok_or("an event-log read must be {\"events\":[...]}")?;
-    let mut held: Vec<(u64, &Value)> = events
+    let held: Vec<(u64, Value)> = events
         .iter()
-        .filter_map(|e| e.get("seq").and_then(Value::as_u64).map(|s| (s, e)))
+        .filter_map(|e| e.get("seq").and_then(Value::as_u64).map(|s| (s, e.clone())))
         .collect();
+    Ok(extract_held(cursor, held))
+}
+
+/// [`extract_log`] over the events held, each with its seq, taken (not copied) into what it
+/// returns.
+fn extract_held(cursor: LogCursor, mut held: Vec<(u64, Value)>) -> (Vec<Event>, LogCursor) {
     held.sort_by_key(|(s, _)| *s);
     let newest = held.last().map(|(s, _)| *s);
     let Some(last) = cursor.last else {
-        return Ok((
+        return (
             Vec::new(),
             LogCursor {
                 last: newest.or(Some(0)),
             },
-        ));
+        );
     };
     let mut out = Vec::new();
     let (from, reset) = match newest {
         Some(n) if n < last => (0, true),
         _ => (last, false),
     };
-    let fresh: Vec<&(u64, &Value)> = held.iter().filter(|(s, _)| *s > from).collect();
+    let first_new = held.iter().map(|(s, _)| *s).find(|s| *s > from);
     // `last == 0` means the baseline read found an empty log: nothing was seen, so nothing
     // can have been missed (seq numbers start at 1, often far above it).
     let oldest_held = held.first().map(|(s, _)| *s);
-    if let (Some((first_new, _)), Some(oldest)) = (fresh.first(), oldest_held)
+    if let (Some(first_new), Some(oldest)) = (first_new, oldest_held)
         && (reset || (last > 0 && oldest > from + 1))
     {
         let mut gap = Event::new();
         gap.insert("type".into(), "GAP".into());
         gap.insert("after_seq".into(), last.into());
-        gap.insert("next_seq".into(), (*first_new).into());
+        gap.insert("next_seq".into(), first_new.into());
         if reset {
             gap.insert("reset".into(), true.into());
             gap.insert(
@@ -168,11 +176,13 @@ pub fn extract_log(cursor: LogCursor, body: &Value) -> Result<(Vec<Event>, LogCu
         }
         out.push(gap);
     }
-    for (_, e) in &fresh {
-        let Some(obj) = e.as_object() else { continue };
-        let mut ev = obj.clone();
+    for (s, e) in held {
+        let Value::Object(mut ev) = e else { continue };
+        if s <= from {
+            continue;
+        }
         if ev.get("type").and_then(Value::as_str) == Some("MODIFIED")
-            && let (Some(old), Some(new)) = (obj.get("old"), obj.get("object"))
+            && let (Some(old), Some(new)) = (ev.get("old"), ev.get("object"))
         {
             let changed = changed_paths(old, new);
             if changed.is_empty() {
@@ -187,7 +197,7 @@ pub fn extract_log(cursor: LogCursor, body: &Value) -> Result<(Vec<Event>, LogCu
         out.push(ev);
     }
     let last = newest.map_or(last, |n| if reset { n } else { n.max(last) });
-    Ok((out, LogCursor { last: Some(last) }))
+    (out, LogCursor { last: Some(last) })
 }
 
 /// An event log followed on one upstream: see [`Upstream::follow_log`].

@@ -35,6 +35,14 @@ impl WatchLog {
     }
 
     /// Writes `event` with `fields` (a JSON object) as one line.
+    /// [`emit`](Self::emit) with the fields made only when they are written (for what runs
+    /// once per event).
+    pub fn emit_with(&self, event: &str, fields: impl FnOnce() -> Value) {
+        if self.verbose {
+            self.emit(event, fields());
+        }
+    }
+
     pub fn emit(&self, event: &str, fields: Value) {
         if !self.verbose {
             return;

@@ -521,10 +521,9 @@ impl WatchTask {
     fn admit(&mut self, ev: &Event, line: Option<Line>, t: std::time::Instant) {
         let log = &self.handle.log;
         let Some(line) = line else {
-            log.emit(
-                "watch.event",
-                json!({"watch": self.spec.name, "type": ev.get("type"), "kept": false, "reason": "filter"}),
-            );
+            log.emit_with("watch.event", || {
+                json!({"watch": self.spec.name, "type": ev.get("type"), "kept": false, "reason": "filter"})
+            });
             return;
         };
         let line = match line {
@@ -539,11 +538,10 @@ impl WatchTask {
         };
         let object = object_key(ev);
         let fresh = self.dedupe.admit(&object, &sanitize_line(&line.text()));
-        log.emit(
-            "watch.event",
+        log.emit_with("watch.event", || {
             json!({"watch": self.spec.name, "type": ev.get("type"), "kept": fresh,
-                   "reason": if fresh { Value::Null } else { "duplicate".into() }}),
-        );
+                   "reason": if fresh { Value::Null } else { "duplicate".into() }})
+        });
         if fresh {
             self.debounce.push_event(&object, line, ev, t);
         }
