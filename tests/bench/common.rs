@@ -58,9 +58,16 @@ pub async fn listening(child: &mut Child) -> Value {
             .await
             .unwrap()
             .expect("herald printed its addresses");
-        if let Ok(v) = serde_json::from_str::<Value>(&l)
-            && v["event"] == "listening"
+        let Ok(mut v) = serde_json::from_str::<Value>(&l) else {
+            continue;
+        };
+        // A stdio server's own line, relayed in the client's log.
+        if v["event"] == "upstream.stderr"
+            && let Some(Ok(inner)) = v["message"].as_str().map(serde_json::from_str::<Value>)
         {
+            v = inner;
+        }
+        if v["event"] == "listening" {
             break v;
         }
     };

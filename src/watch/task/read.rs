@@ -169,3 +169,39 @@ pub(crate) async fn subscribe_and_read(
     }
     Ok((listening, r))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rmcp::model::{NotificationMetaObject, ResourceUpdatedNotificationParam};
+    use serde_json::json;
+
+    fn update(carried: Option<serde_json::Value>) -> ResourceUpdatedNotification {
+        let mut u =
+            ResourceUpdatedNotification::new(ResourceUpdatedNotificationParam::new("memo://notes"));
+        if let Some(c) = carried {
+            let mut meta = NotificationMetaObject::default();
+            meta.insert(crate::mcp::admission::CONTENTS.into(), c);
+            u.extensions.insert(meta);
+        }
+        u
+    }
+
+    #[test]
+    fn carried_reads_are_taken_in_order_and_one_without_makes_the_watch_read() {
+        let text = |t: &str| json!({"mimeType": "application/json", "text": t});
+        let reads = carried_reads(vec![update(Some(text("1"))), update(Some(text("2")))]).unwrap();
+        let texts: Vec<&str> = reads.iter().map(|r| r.text.as_str()).collect();
+        assert_eq!(texts, ["1", "2"]);
+        // A blob is kept as its base64.
+        let blob = json!({"mimeType": "image/png", "blob": "AAEC"});
+        assert_eq!(
+            carried_reads(vec![update(Some(blob))]).unwrap()[0].text,
+            "AAEC"
+        );
+        // The server's read failed, or the update carries nothing: the watch reads itself.
+        let failed = json!({"error": {"code": -32603, "message": "boom"}});
+        assert!(carried_reads(vec![update(Some(text("1"))), update(Some(failed))]).is_none());
+        assert!(carried_reads(vec![update(None)]).is_none());
+    }
+}
