@@ -15,9 +15,21 @@ use super::{ActiveListen, Shared, SourceServer, TaskBackend};
 use crate::mcp::admission::{AdmittedListen, ConnStreams, ListenFilter, ReadForUpdate};
 use crate::mcp::caller::Caller;
 use crate::mcp::listen::{Ack, ListenOut};
-use crate::mcp::ring::{EVENT_LOG_MIME, newest_seq};
+use crate::mcp::ring::{EVENT_LOG_MIME, RING_BYTES, newest_seq};
 use crate::mcp::source::{Body, Read};
 use crate::mcp::tasks::TaskFeed;
+
+/// The largest read an update carries (a bigger one is carried as an error, and its client
+/// reads it): an event log's whole ring fits ([`RING_BYTES`]), and so does a message at the
+/// default limit when every character needs escaping.
+const CARRY_MAX: usize = RING_BYTES + 4096;
+
+fn body_len(body: &Body) -> usize {
+    match body {
+        Body::Text(t) => t.len(),
+        Body::Blob(b) => b.len() * 4 / 3,
+    }
+}
 
 impl SourceServer {
     /// Delivers an admitted listen to `out` until it ends (see [`crate::mcp::listen::run`]),
@@ -95,6 +107,11 @@ impl SourceServer {
             let (server, caller) = (server.clone(), caller.clone());
             Box::pin(async move {
                 match server.read_cut(&caller, Read::after(&uri, after)).await {
+                    Ok(c) if body_len(&c.body) > CARRY_MAX => (
+                        json!({"error": {"code": -32603, "message": format!(
+                            "the read is too big to carry ({} bytes); read it", body_len(&c.body))}}),
+                        None,
+                    ),
                     Ok(c) => {
                         let newest = match &c.body {
                             Body::Text(t) if c.mime_type == EVENT_LOG_MIME => newest_seq(t),
