@@ -171,9 +171,18 @@ pub async fn run(
         uris.sort();
         uris.dedup();
         for uri in uris {
-            let Some(carried) = carry.read(uri, shutdown).await else {
+            if out.is_closed() {
+                return Ok(());
+            }
+            if revoked.is_cancelled() {
+                return Err(revoked_error(stream));
+            }
+            let Some(carried) = carry.read(uri, shutdown, &revoked, out.closed()).await else {
                 return Ok(());
             };
+            if revoked.is_cancelled() {
+                return Err(revoked_error(stream));
+            }
             let deadline = tokio::time::Instant::now() + stall;
             let note = Note::Updated(uri, Some(carried));
             if !send(out, note, shutdown, deadline, stall, stream).await? {
@@ -250,7 +259,7 @@ pub async fn run(
                         let carried = match carry.reads.is_some() {
                             false => None,
                             true => {
-                                let Some(c) = carry.read(uri, shutdown).await else {
+                                let Some(c) = carry.read(uri, shutdown, &revoked, out.closed()).await else {
                                     return Ok(());
                                 };
                                 deadline = tokio::time::Instant::now() + stall;
@@ -284,12 +293,21 @@ struct Carry {
 }
 
 impl Carry {
-    /// `uri`'s read to carry; `None` at shutdown.
-    async fn read(&mut self, uri: &str, shutdown: &CancellationToken) -> Option<Value> {
+    /// `uri`'s read to carry; `None` at shutdown, or when the client went away or its access
+    /// was taken (the loop then ends the stream as it would).
+    async fn read(
+        &mut self,
+        uri: &str,
+        shutdown: &CancellationToken,
+        revoked: &CancellationToken,
+        closed: impl Future<Output = ()>,
+    ) -> Option<Value> {
         let reads = self.reads.as_ref()?;
         let read = reads(uri.to_owned(), self.after.get(uri).copied());
         let (carried, newest) = tokio::select! {
             _ = shutdown.cancelled() => return None,
+            _ = revoked.cancelled() => return None,
+            _ = closed => return None,
             r = tokio::time::timeout(CARRY_READ_LIMIT, read) => r.unwrap_or_else(|_| {
                 (json!({"error": {"code": -32603, "message": format!(
                     "the read took longer than {} s; read it again", CARRY_READ_LIMIT.as_secs())}}), None)

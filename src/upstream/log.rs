@@ -126,10 +126,21 @@ pub fn extract_log(cursor: LogCursor, body: &Value) -> Result<(Vec<Event>, LogCu
         .get("events")
         .and_then(Value::as_array)
         .ok_or("an event-log read must be {\"events\":[...]}")?;
-    let held: Vec<(u64, Value)> = events
-        .iter()
-        .filter_map(|e| e.get("seq").and_then(Value::as_u64).map(|s| (s, e.clone())))
-        .collect();
+    let seq = |e: &Value| e.get("seq").and_then(Value::as_u64);
+    // The baseline keeps nothing but the newest seq: copy no event for it.
+    let held: Vec<(u64, Value)> = match cursor.last {
+        None => events
+            .iter()
+            .filter_map(seq)
+            .max()
+            .map(|s| (s, Value::Null))
+            .into_iter()
+            .collect(),
+        Some(_) => events
+            .iter()
+            .filter_map(|e| seq(e).map(|s| (s, e.clone())))
+            .collect(),
+    };
     Ok(extract_held(cursor, held))
 }
 
@@ -272,16 +283,44 @@ impl LogFollow {
     /// some was missed). Updates already queued are folded into the one read. `None`: the
     /// subscription ended; follow again from [`LogFollow::cursor`].
     pub async fn next(&mut self) -> Option<Result<Vec<Event>, UpstreamError>> {
-        match self.sub.next().await {
-            Ok(Some(_)) => {}
+        let mut heard = match self.sub.next().await {
+            Ok(Some(n)) => vec![n],
             _ => return None,
+        };
+        while let Some(Ok(Some(n))) = futures::FutureExt::now_or_never(self.sub.next()) {
+            heard.push(n);
         }
-        while let Some(Ok(Some(_))) = futures::FutureExt::now_or_never(self.sub.next()) {}
+        // Updates that carry their reads are taken in order, with no read of its own.
+        if self.sub.carries()
+            && let Some(events) = self.take_carried(heard)
+        {
+            return Some(Ok(events));
+        }
         let r = self.read().await;
         if r.as_ref().is_err_and(UpstreamError::is_broken) {
             self.up.forget_connection_of(&self.sub);
         }
         Some(r)
+    }
+
+    /// The events the updates among `heard` carried, past the cursor; `None` when one of
+    /// them carried none (the follow reads instead).
+    fn take_carried(&mut self, heard: Vec<rmcp::model::ServerNotification>) -> Option<Vec<Event>> {
+        let mut cursor = self.cursor;
+        let mut events = Vec::new();
+        for n in heard {
+            let rmcp::model::ServerNotification::ResourceUpdatedNotification(mut u) = n else {
+                continue;
+            };
+            let crate::mcp::source::Body::Text(text) = super::carried(&mut u)?.ok()?.body else {
+                return None;
+            };
+            let (more, next) = extract_log_text(cursor, &text).ok()?;
+            events.extend(more);
+            cursor = next;
+        }
+        self.cursor = cursor;
+        Some(events)
     }
 
     async fn read_text(&self) -> Result<String, UpstreamError> {

@@ -20,9 +20,9 @@ use crate::mcp::source::{Body, Read};
 use crate::mcp::tasks::TaskFeed;
 
 /// The largest read an update carries (a bigger one is carried as an error, and its client
-/// reads it): an event log's whole ring fits ([`RING_BYTES`]), and so does a message at the
-/// default limit when every character needs escaping.
-const CARRY_MAX: usize = RING_BYTES + 4096;
+/// reads it): a quarter of a ring ([`RING_BYTES`]), so the update fits a message at the
+/// default limit (4 MiB) even when every character is escaped as `\u00XX`.
+const CARRY_MAX: usize = RING_BYTES / 4;
 
 fn body_len(body: &Body) -> usize {
     match body {
