@@ -61,9 +61,10 @@ pub struct ListenFilter {
 pub const CONTENTS: &str = "io.herald/contents";
 
 /// Reads a URI for a listen that carries contents: the `_meta` value to carry, and for an
-/// event log the newest `seq` it holds (the next read's `after`).
+/// event log the newest `seq` it holds (the next read's `after`); `None` when the read is too
+/// big to carry (the stream then sends that URI's updates plain, and its client reads).
 pub type ReadForUpdate = Arc<
-    dyn Fn(String, Option<u64>) -> futures::future::BoxFuture<'static, (Value, Option<u64>)>
+    dyn Fn(String, Option<u64>) -> futures::future::BoxFuture<'static, Option<(Value, Option<u64>)>>
         + Send
         + Sync,
 >;

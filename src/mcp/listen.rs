@@ -25,7 +25,7 @@
 use std::future::Future;
 use std::time::Duration;
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 
 use rmcp::model::{DetailedTask, ErrorData as McpError};
 use serde_json::{Value, json};
@@ -153,7 +153,17 @@ pub async fn run(
     if !first.is_empty() {
         let deadline = tokio::time::Instant::now() + stall;
         for task in first {
-            if !push_task(out, &mut closed, shutdown, task, deadline, stall, stream).await? {
+            if !send(
+                out,
+                Note::Task(task),
+                &mut closed,
+                shutdown,
+                deadline,
+                stall,
+                stream,
+            )
+            .await?
+            {
                 return Ok(());
             }
         }
@@ -165,6 +175,7 @@ pub async fn run(
     let mut carry = Carry {
         reads,
         after: HashMap::new(),
+        plain: HashSet::new(),
     };
     if carry.reads.is_some() {
         let mut uris: Vec<&String> = listen.spelled.values().flatten().collect();
@@ -177,15 +188,15 @@ pub async fn run(
             if revoked.is_cancelled() {
                 return Err(revoked_error(stream));
             }
-            let Some(carried) = carry.read(uri, shutdown, &revoked, out.closed()).await else {
+            let Some(carried) = carry.read(uri, shutdown, &revoked, &mut closed).await else {
                 return Ok(());
             };
             if revoked.is_cancelled() {
                 return Err(revoked_error(stream));
             }
             let deadline = tokio::time::Instant::now() + stall;
-            let note = Note::Updated(uri, Some(carried));
-            if !send(out, note, shutdown, deadline, stall, stream).await? {
+            let note = Note::Updated(uri, carried);
+            if !send(out, note, &mut closed, shutdown, deadline, stall, stream).await? {
                 return Ok(());
             }
         }
@@ -220,7 +231,7 @@ pub async fn run(
                     return Err(revoked_error(stream));
                 }
                 let deadline = tokio::time::Instant::now() + stall;
-                if !push_task(out, &mut closed, shutdown, task, deadline, stall, stream).await? {
+                if !send(out, Note::Task(task), &mut closed, shutdown, deadline, stall, stream).await? {
                     return Ok(());
                 }
             }
@@ -244,7 +255,7 @@ pub async fn run(
                         if revoked.is_cancelled() {
                             return Err(revoked_error(stream));
                         }
-                        if !send(out, Note::List(list), shutdown, deadline, stall, stream).await? {
+                        if !send(out, Note::List(list), &mut closed, shutdown, deadline, stall, stream).await? {
                             return Ok(());
                         }
                     }
@@ -259,11 +270,11 @@ pub async fn run(
                         let carried = match carry.reads.is_some() {
                             false => None,
                             true => {
-                                let Some(c) = carry.read(uri, shutdown, &revoked, out.closed()).await else {
+                                let Some(c) = carry.read(uri, shutdown, &revoked, &mut closed).await else {
                                     return Ok(());
                                 };
                                 deadline = tokio::time::Instant::now() + stall;
-                                Some(c)
+                                c
                             }
                         };
                         // Checked again after the read: nothing more goes out once revoked.
@@ -271,7 +282,7 @@ pub async fn run(
                             return Err(revoked_error(stream));
                         }
                         let note = Note::Updated(uri, carried);
-                        if !send(out, note, shutdown, deadline, stall, stream).await? {
+                        if !send(out, note, &mut closed, shutdown, deadline, stall, stream).await? {
                             return Ok(());
                         }
                     }
@@ -290,48 +301,64 @@ struct Carry {
     reads: Option<ReadForUpdate>,
     /// Each event log's newest `seq` carried so far: the next read's `after`.
     after: HashMap<String, u64>,
+    /// URIs once too big to carry: their updates go plain (their client reads), with no read
+    /// here that would be thrown away.
+    plain: HashSet<String>,
 }
 
 impl Carry {
-    /// `uri`'s read to carry; `None` at shutdown, or when the client went away or its access
-    /// was taken (the loop then ends the stream as it would).
+    /// `uri`'s read to carry (`Some(None)`: its update goes plain); `None` at shutdown, or when
+    /// the client went away or its access was taken (the loop then ends the stream as it
+    /// would).
     async fn read(
         &mut self,
         uri: &str,
         shutdown: &CancellationToken,
         revoked: &CancellationToken,
-        closed: impl Future<Output = ()>,
-    ) -> Option<Value> {
+        closed: &mut (impl Future<Output = ()> + Unpin),
+    ) -> Option<Option<Value>> {
         let reads = self.reads.as_ref()?;
+        if self.plain.contains(uri) {
+            return Some(None);
+        }
         let read = reads(uri.to_owned(), self.after.get(uri).copied());
-        let (carried, newest) = tokio::select! {
+        let carried = tokio::select! {
             _ = shutdown.cancelled() => return None,
             _ = revoked.cancelled() => return None,
             _ = closed => return None,
             r = tokio::time::timeout(CARRY_READ_LIMIT, read) => r.unwrap_or_else(|_| {
-                (json!({"error": {"code": -32603, "message": format!(
-                    "the read took longer than {} s; read it again", CARRY_READ_LIMIT.as_secs())}}), None)
+                Some((json!({"error": {"code": -32603, "message": format!(
+                    "the read took longer than {} s; read it again", CARRY_READ_LIMIT.as_secs())}}), None))
             }),
+        };
+        let Some((carried, newest)) = carried else {
+            self.plain.insert(uri.to_owned());
+            return Some(None);
         };
         if let Some(n) = newest {
             self.after.insert(uri.to_owned(), n);
         }
-        Some(carried)
+        Some(Some(carried))
     }
 }
 
 /// Writes `note` by `deadline`. `Ok(false)`: the client went away or the server is shutting
-/// down (end gracefully); an error when the transport failed or the reader stalled.
+/// down (end gracefully); an error when the transport failed or the reader took nothing by
+/// the deadline (`data.reason: "stalled"`: notifications were lost, so the client must listen
+/// again and re-read).
 async fn send(
     out: &mut impl ListenOut,
     note: Note<'_>,
+    closed: &mut (impl Future<Output = ()> + Unpin),
     shutdown: &CancellationToken,
     deadline: tokio::time::Instant,
     stall: Duration,
     stream: u64,
 ) -> Result<bool, McpError> {
+    let then = note.then();
     let sent = tokio::select! {
         _ = shutdown.cancelled() => return Ok(false),
+        _ = closed => return Ok(false),
         r = tokio::time::timeout_at(deadline, note.write(out)) => r,
     };
     match sent {
@@ -354,11 +381,9 @@ async fn send(
                 stall_ms = stall.as_millis() as u64,
                 "listen stream stalled: its reader took no notification; ending it so the client resubscribes"
             );
-            // An error, not the graceful result: the client must listen again and re-read,
-            // since notifications were dropped.
             Err(McpError::internal_error(
                 format!(
-                    "listen stream stalled: no notification could be delivered for {} ms; listen again and re-read",
+                    "listen stream stalled: no notification could be delivered for {} ms; listen again and {then}",
                     stall.as_millis()
                 ),
                 Some(json!({"reason": "stalled"})),
@@ -381,10 +406,11 @@ fn revoked_error(stream: u64) -> McpError {
     )
 }
 
-/// One notification of a batch: an update (with the read it carries), or a list's change.
+/// One notification: an update (with the read it carries), a list's change, a task's state.
 enum Note<'a> {
     Updated(&'a str, Option<Value>),
     List(List),
+    Task(DetailedTask),
 }
 
 impl Note<'_> {
@@ -392,46 +418,15 @@ impl Note<'_> {
         match self {
             Note::Updated(uri, carried) => out.updated(uri, carried).await,
             Note::List(list) => out.list_changed(list).await,
+            Note::Task(task) => out.task(task).await,
         }
     }
-}
 
-/// Pushes a task's state on the stream. A reader that takes nothing until `deadline` ends the
-/// stream, as for resource updates. `Ok(false)`: the client went away or the server is
-/// shutting down (end it gracefully).
-async fn push_task(
-    out: &mut impl ListenOut,
-    closed: &mut (impl Future<Output = ()> + Unpin),
-    shutdown: &CancellationToken,
-    task: DetailedTask,
-    deadline: tokio::time::Instant,
-    stall: Duration,
-    stream: u64,
-) -> Result<bool, McpError> {
-    let sent = tokio::select! {
-        _ = shutdown.cancelled() => return Ok(false),
-        _ = closed => return Ok(false),
-        r = tokio::time::timeout_at(deadline, out.task(task)) => r,
-    };
-    match sent {
-        Ok(Ok(())) | Ok(Err(Undelivered::NotAccepted(_))) => Ok(true),
-        Ok(Err(Undelivered::Closed)) => Ok(false),
-        Ok(Err(Undelivered::Failed(e))) => {
-            info!(stream, error = %e, "listen stream could not deliver a task's state; ending it");
-            Err(McpError::internal_error(
-                format!("listen stream failed to deliver a notification ({e}); listen again"),
-                None,
-            ))
-        }
-        Err(_) => {
-            info!(stream, "listen stream stalled on a task's state; ending it");
-            Err(McpError::internal_error(
-                format!(
-                    "listen stream stalled: no notification could be delivered for {} ms; listen again and tasks/get",
-                    stall.as_millis()
-                ),
-                Some(json!({"reason": "stalled"})),
-            ))
+    /// What a client whose stream stalled on this note does after listening again.
+    fn then(&self) -> &'static str {
+        match self {
+            Note::Task(_) => "tasks/get",
+            _ => "re-read",
         }
     }
 }

@@ -94,23 +94,30 @@ pub struct Since {
     pub has_more: bool,
 }
 
-/// The `seq` of the last event of an event-log read (`{"events":[...]}`, oldest first, as a
-/// ring reads), without building the events.
-pub fn newest_seq(text: &str) -> Option<u64> {
-    use serde_json::value::RawValue;
+/// The events of an event-log read (`{"events":[...]}`), each still text; `None` when the
+/// text is not that shape.
+pub fn raw_events(text: &str) -> Option<Vec<&serde_json::value::RawValue>> {
     #[derive(serde::Deserialize)]
     struct Log<'a> {
         #[serde(borrow)]
-        events: Vec<&'a RawValue>,
+        events: Vec<&'a serde_json::value::RawValue>,
     }
+    serde_json::from_str::<Log>(text).ok().map(|l| l.events)
+}
+
+/// An event's `seq` ([`raw_events`]), when it has a whole number there.
+pub fn seq_of(event: &serde_json::value::RawValue) -> Option<u64> {
     #[derive(serde::Deserialize)]
     struct Seq {
-        seq: Option<u64>,
+        seq: Option<Value>,
     }
-    let log: Log = serde_json::from_str(text).ok()?;
-    serde_json::from_str::<Seq>(log.events.last()?.get())
-        .ok()?
-        .seq
+    serde_json::from_str::<Seq>(event.get()).ok()?.seq?.as_u64()
+}
+
+/// The `seq` of the last event of an event-log read (oldest first, as a ring reads), without
+/// building the events.
+pub fn newest_seq(text: &str) -> Option<u64> {
+    seq_of(raw_events(text)?.last()?)
 }
 
 /// Milliseconds since the epoch, now.

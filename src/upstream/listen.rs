@@ -341,6 +341,24 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn a_uri_too_big_to_carry_gets_plain_updates_and_its_client_reads() {
+        let memo = MemoServer::start().await;
+        memo.set("big", json!("x".repeat(300 << 10))).await;
+        let up = upstream(&memo, true);
+        let mut l = up.listen(listen_to("memo://notes")).await.unwrap();
+        assert!(l.carries());
+        // The baseline is over 256 KiB: a plain update, read by the client.
+        assert!(carried(&mut update(&mut l).await).is_none());
+        memo.set("a", json!(1)).await;
+        assert!(carried(&mut update(&mut l).await).is_none());
+        // Small again: still plain (it stays so on this stream), never wrong.
+        memo.set("big", json!(0)).await;
+        assert!(carried(&mut update(&mut l).await).is_none());
+        let read = up.read("memo://notes", None).await.unwrap();
+        assert_eq!(text(read), json!({"a": 1, "big": 0}));
+    }
+
+    #[tokio::test]
     async fn a_listen_that_did_not_ask_gets_plain_updates() {
         let memo = MemoServer::start().await;
         let up = upstream(&memo, false);

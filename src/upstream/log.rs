@@ -74,25 +74,12 @@ pub struct LogCursor {
 /// others (those at or below the cursor, most of a busy ring) are only scanned for their
 /// `seq`. Same result as parsing the whole body and calling [`extract_log`].
 pub fn extract_log_text(cursor: LogCursor, text: &str) -> Result<(Vec<Event>, LogCursor), String> {
-    use serde_json::value::RawValue;
-    #[derive(serde::Deserialize)]
-    struct Log<'a> {
-        #[serde(borrow)]
-        events: Vec<&'a RawValue>,
-    }
-    #[derive(serde::Deserialize)]
-    struct Seq {
-        seq: Option<Value>,
-    }
+    use crate::mcp::ring::{raw_events, seq_of};
     const SHAPE: &str = "an event-log read must be {\"events\":[...]}";
-    let log: Log = serde_json::from_str(text).map_err(|_| SHAPE.to_owned())?;
-    let held: Vec<(u64, &RawValue)> = log
-        .events
-        .iter()
-        .filter_map(|r| {
-            let s = serde_json::from_str::<Seq>(r.get()).ok()?.seq?;
-            Some((s.as_u64()?, *r))
-        })
+    let events = raw_events(text).ok_or(SHAPE)?;
+    let held: Vec<(u64, &serde_json::value::RawValue)> = events
+        .into_iter()
+        .filter_map(|r| Some((seq_of(r)?, r)))
         .collect();
     let newest = held.iter().map(|(s, _)| *s).max();
     let oldest = held.iter().map(|(s, _)| *s).min();

@@ -19,8 +19,8 @@ use crate::mcp::ring::{EVENT_LOG_MIME, RING_BYTES, newest_seq};
 use crate::mcp::source::{Body, Read};
 use crate::mcp::tasks::TaskFeed;
 
-/// The largest read an update carries (a bigger one is carried as an error, and its client
-/// reads it): a quarter of a ring ([`RING_BYTES`]), so the update fits a message at the
+/// The largest read an update carries (past it, the URI's updates go plain and its client
+/// reads): a quarter of a ring ([`RING_BYTES`]), so the update fits a message at the
 /// default limit (4 MiB) even when every character is escaped as `\u00XX`.
 const CARRY_MAX: usize = RING_BYTES / 4;
 
@@ -107,11 +107,7 @@ impl SourceServer {
             let (server, caller) = (server.clone(), caller.clone());
             Box::pin(async move {
                 match server.read_cut(&caller, Read::after(&uri, after)).await {
-                    Ok(c) if body_len(&c.body) > CARRY_MAX => (
-                        json!({"error": {"code": -32603, "message": format!(
-                            "the read is too big to carry ({} bytes); read it", body_len(&c.body))}}),
-                        None,
-                    ),
+                    Ok(c) if body_len(&c.body) > CARRY_MAX => None,
                     Ok(c) => {
                         let newest = match &c.body {
                             Body::Text(t) if c.mime_type == EVENT_LOG_MIME => newest_seq(t),
@@ -122,14 +118,14 @@ impl SourceServer {
                             Body::Blob(b) => json!({"mimeType": c.mime_type,
                                 "blob": base64::engine::general_purpose::STANDARD.encode(b)}),
                         };
-                        (carried, newest)
+                        Some((carried, newest))
                     }
-                    Err(e) => (
+                    Err(e) => Some((
                         json!({"error": {"code": e.code.0, "message": e.message}}),
                         None::<u64>,
-                    ),
+                    )),
                 }
-            }) as futures::future::BoxFuture<'static, (Value, Option<u64>)>
+            }) as futures::future::BoxFuture<'static, Option<(Value, Option<u64>)>>
         })
     }
 }
