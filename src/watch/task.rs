@@ -33,7 +33,7 @@ pub(super) enum Baseline {
 
 mod read;
 mod stream;
-use read::carried_reads;
+use read::{Carried, carried_reads};
 pub(crate) use read::{Read, read, subscribe_and_read};
 pub(crate) use stream::events_uri;
 
@@ -200,8 +200,18 @@ impl WatchTask {
                             }
                         }
                     }
-                    let carried = sub.carries().then(|| carried_reads(updates)).flatten();
-                    if let Some(mut reads) = carried {
+                    let carried = match sub.carries() {
+                        true => carried_reads(updates),
+                        false => Carried::Plain,
+                    };
+                    if let Carried::Failed(why) = &carried
+                        && matches!(base, Baseline::State(_))
+                    {
+                        // A read of its own could be newer than one the server made before
+                        // it and carries next: listen again for a baseline in order.
+                        tracing::warn!(watch = %self.spec.name, error = %why, "an update carried a failed read; resubscribing");
+                        ended = true;
+                    } else if let Carried::Reads(mut reads) = carried {
                         if matches!(base, Baseline::State(_)) {
                             reads.drain(..reads.len().saturating_sub(1));
                         }

@@ -52,45 +52,70 @@ impl Read {
     }
 }
 
-/// The reads a run of `updates` (of a listen that carries them) brought, oldest first; `None`
-/// when one carried none (the server could not read, or sent a plain update): the watch
-/// then reads itself, which covers them all.
-pub(crate) fn carried_reads(updates: Vec<ResourceUpdatedNotification>) -> Option<Vec<Read>> {
+/// What a run of updates of a listen that carries reads brought ([`carried_reads`]).
+pub(crate) enum Carried {
+    /// Every one carried its read: these, oldest first.
+    Reads(Vec<Read>),
+    /// One was plain (a URI too big to carry): the watch reads, which covers them all.
+    Plain,
+    /// One carried the server's failed read. The watch reads an event log itself (seqs keep
+    /// order); a state it listens to again, since a read of its own could be newer than a
+    /// read the server made before it and carries next.
+    Failed(String),
+}
+
+/// What a run of `updates` (of a listen that carries them) brought.
+pub(crate) fn carried_reads(updates: Vec<ResourceUpdatedNotification>) -> Carried {
     let mut reads = Vec::with_capacity(updates.len());
+    let mut plain = false;
     for mut u in updates {
         match carried(&mut u) {
             Some(Ok(c)) => reads.push(Read::of(c)),
-            Some(Err(why)) => {
-                tracing::debug!(uri = %u.params.uri, reason = %why, "an update carried no read; reading");
-                return None;
-            }
-            None => return None,
+            Some(Err(why)) => return Carried::Failed(why),
+            None => plain = true,
         }
     }
-    Some(reads)
+    if plain {
+        return Carried::Plain;
+    }
+    Carried::Reads(reads)
 }
 
+/// How long a watch waits for its baseline update: longer than the server may take to read
+/// it (30 s, then it carries the failure), so a late baseline never follows a read of the
+/// watch's own.
+const BASELINE_WAIT: std::time::Duration = std::time::Duration::from_secs(40);
+
 /// The first read a listen that carries them sends for `uri` (the one right after its
-/// acknowledgment), within [`crate::upstream::REQUEST_TIMEOUT`]; `None` when it carried none or
-/// did not come in time (the watch reads itself; the listen is dropped if it ended).
-async fn first_carried(listening: &mut Listening, uri: &str) -> Option<Read> {
+/// acknowledgment): `Ok(None)` when it was plain (the watch reads itself); an error when the
+/// server's read failed (as the watch's own read would have), or the listen ended or sent no
+/// baseline in time.
+async fn first_carried(listening: &mut Listening, uri: &str) -> Result<Option<Read>, String> {
     let first = async {
         loop {
             match listening.next().await {
                 Ok(Some(ServerNotification::ResourceUpdatedNotification(u)))
                     if u.params.uri == uri =>
                 {
-                    return carried_reads(vec![u])?.pop();
+                    return match carried_reads(vec![u]) {
+                        Carried::Reads(mut r) => Ok(r.pop()),
+                        Carried::Plain => Ok(None),
+                        Carried::Failed(why) => Err(why),
+                    };
                 }
                 Ok(Some(_)) => {}
-                _ => return None,
+                _ => return Err("the listen ended before its first update".to_owned()),
             }
         }
     };
-    tokio::time::timeout(crate::upstream::REQUEST_TIMEOUT, first)
+    tokio::time::timeout(BASELINE_WAIT, first)
         .await
-        .ok()
-        .flatten()
+        .unwrap_or_else(|_| {
+            Err(format!(
+                "the listen sent no first update within {} s",
+                BASELINE_WAIT.as_secs()
+            ))
+        })
 }
 
 /// What a watch makes of a failed request about `uri`: the server's verdict on the URI
@@ -143,11 +168,17 @@ pub(crate) async fn subscribe_and_read(
     // A listen that carries reads starts with this URI's: the baseline, in order with every
     // read after it.
     let mut listening = listening;
-    if accepted
-        && listening.carries()
-        && let Some(r) = first_carried(&mut listening, uri).await
-    {
-        return Ok((listening, r));
+    if accepted && listening.carries() {
+        match first_carried(&mut listening, uri).await {
+            Ok(Some(r)) => return Ok((listening, r)),
+            Ok(None) => {}
+            Err(why) => {
+                return Err(WatchError::Unavailable(format!(
+                    "reading {uri} from {}: {why}",
+                    server.name
+                )));
+            }
+        }
     }
     // Only a broken connection is forgotten: a source still starting or one slow read says
     // nothing about the connection other watches share.
@@ -190,18 +221,31 @@ mod tests {
     #[test]
     fn carried_reads_are_taken_in_order_and_one_without_makes_the_watch_read() {
         let text = |t: &str| json!({"mimeType": "application/json", "text": t});
-        let reads = carried_reads(vec![update(Some(text("1"))), update(Some(text("2")))]).unwrap();
+        let Carried::Reads(reads) =
+            carried_reads(vec![update(Some(text("1"))), update(Some(text("2")))])
+        else {
+            panic!("both carried their reads");
+        };
         let texts: Vec<&str> = reads.iter().map(|r| r.text.as_str()).collect();
         assert_eq!(texts, ["1", "2"]);
         // A blob is kept as its base64.
         let blob = json!({"mimeType": "image/png", "blob": "AAEC"});
-        assert_eq!(
-            carried_reads(vec![update(Some(blob))]).unwrap()[0].text,
-            "AAEC"
-        );
-        // The server's read failed, or the update carries nothing: the watch reads itself.
+        let Carried::Reads(reads) = carried_reads(vec![update(Some(blob))]) else {
+            panic!("a blob is a read");
+        };
+        assert_eq!(reads[0].text, "AAEC");
+        // The server's read failed: said, whatever else came with it.
         let failed = json!({"error": {"code": -32603, "message": "boom"}});
-        assert!(carried_reads(vec![update(Some(text("1"))), update(Some(failed))]).is_none());
-        assert!(carried_reads(vec![update(None)]).is_none());
+        let got = carried_reads(vec![
+            update(Some(text("1"))),
+            update(None),
+            update(Some(failed)),
+        ]);
+        assert!(matches!(got, Carried::Failed(ref why) if why == "boom"));
+        // A plain update: the watch reads itself.
+        assert!(matches!(
+            carried_reads(vec![update(Some(text("1"))), update(None)]),
+            Carried::Plain
+        ));
     }
 }
