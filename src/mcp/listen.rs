@@ -194,7 +194,7 @@ pub async fn run(
             if revoked.is_cancelled() {
                 return Err(revoked_error(stream));
             }
-            let deadline = tokio::time::Instant::now() + stall;
+            let deadline = tokio::time::Instant::now() + stall + sending(carried.as_ref());
             let note = Note::Updated(uri, carried);
             if !send(out, note, &mut closed, shutdown, deadline, stall, stream).await? {
                 return Ok(());
@@ -273,7 +273,7 @@ pub async fn run(
                                 let Some(c) = carry.read(uri, shutdown, &revoked, &mut closed).await else {
                                     return Ok(());
                                 };
-                                deadline = tokio::time::Instant::now() + stall;
+                                deadline = tokio::time::Instant::now() + stall + sending(c.as_ref());
                                 c
                             }
                         };
@@ -290,6 +290,20 @@ pub async fn run(
             }
         }
     }
+}
+
+/// The slowest reader a stream keeps while it takes a carried read, in bytes a second: the
+/// stall deadline of an update that carries one grows by its size at this rate, so a live
+/// reader on a slow link is not taken for a stalled one.
+const SLOWEST_READER: usize = 32 << 10;
+
+/// The time a carried read adds to its update's deadline ([`SLOWEST_READER`]).
+fn sending(carried: Option<&Value>) -> Duration {
+    let bytes = carried
+        .and_then(|c| c.get("text").or_else(|| c.get("blob")))
+        .and_then(Value::as_str)
+        .map_or(0, str::len);
+    Duration::from_millis((bytes * 1000 / SLOWEST_READER) as u64)
 }
 
 /// How long the read an update carries may take; past it the update carries an error (the
@@ -428,5 +442,22 @@ impl Note<'_> {
             Note::Task(_) => "tasks/get",
             _ => "re-read",
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_carried_read_gives_its_update_time_to_be_sent() {
+        assert_eq!(sending(None), Duration::ZERO);
+        let read = json!({"mimeType": "text/plain", "text": "x".repeat(64 << 10)});
+        assert_eq!(sending(Some(&read)), Duration::from_secs(2));
+        let blob = json!({"mimeType": "image/png", "blob": "A".repeat(16 << 10)});
+        assert_eq!(sending(Some(&blob)), Duration::from_millis(500));
+        // An error carried is small: no time added.
+        let failed = json!({"error": {"code": -32603, "message": "boom"}});
+        assert_eq!(sending(Some(&failed)), Duration::ZERO);
     }
 }
