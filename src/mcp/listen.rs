@@ -189,7 +189,7 @@ pub async fn run(
                 return Err(revoked_error(stream));
             }
             let Some(carried) = carry.read(uri, shutdown, &revoked, &mut closed).await else {
-                return Ok(());
+                return ended(&revoked, stream);
             };
             if revoked.is_cancelled() {
                 return Err(revoked_error(stream));
@@ -271,7 +271,7 @@ pub async fn run(
                             false => None,
                             true => {
                                 let Some(c) = carry.read(uri, shutdown, &revoked, &mut closed).await else {
-                                    return Ok(());
+                                    return ended(&revoked, stream);
                                 };
                                 deadline = tokio::time::Instant::now() + stall + sending(c.as_ref());
                                 c
@@ -403,6 +403,15 @@ async fn send(
                 Some(json!({"reason": "stalled"})),
             ))
         }
+    }
+}
+
+/// How a stream ends when a read it carries gave way: with the revocation's error when that
+/// was why, else gracefully (the client left, or the server is shutting down).
+fn ended(revoked: &CancellationToken, stream: u64) -> Result<(), McpError> {
+    match revoked.is_cancelled() {
+        true => Err(revoked_error(stream)),
+        false => Ok(()),
     }
 }
 
