@@ -60,14 +60,25 @@ pub struct ListenFilter {
 /// update; an event log's reads after the first hold only what is past the previous one.
 pub const CONTENTS: &str = "io.herald/contents";
 
-/// Reads a URI for a listen that carries contents: the `_meta` value to carry, and for an
-/// event log the newest `seq` it holds (the next read's `after`); `None` when the read is too
-/// big to carry (the stream then sends that URI's updates plain, and its client reads).
+/// Reads a URI for a listen that carries contents ([`CarriedRead`]); `None` when the read is
+/// too big to carry (the stream then sends that URI's updates plain, and its client reads).
 pub type ReadForUpdate = Arc<
-    dyn Fn(String, Option<u64>) -> futures::future::BoxFuture<'static, Option<(Value, Option<u64>)>>
+    dyn Fn(String, Option<u64>) -> futures::future::BoxFuture<'static, Option<CarriedRead>>
         + Send
         + Sync,
 >;
+
+/// One read an update carries.
+#[derive(Debug, Clone, PartialEq)]
+pub struct CarriedRead {
+    /// The `_meta` value to carry: the contents, or the read's error.
+    pub value: Value,
+    /// An event log's newest `seq` in it: the next read's `after`.
+    pub newest: Option<u64>,
+    /// An event log's page with more after it ([`crate::mcp::ring::more_waiting`]): the
+    /// stream reads the next page at once.
+    pub more: bool,
+}
 
 /// Whether a request's `_meta` asks for carried contents ([`CONTENTS`]).
 pub fn asks_contents(meta: Option<&Value>) -> bool {

@@ -32,7 +32,7 @@ use serde_json::{Value, json};
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info};
 
-use crate::mcp::admission::{AdmittedListen, ListenFilter, ReadForUpdate};
+use crate::mcp::admission::{AdmittedListen, CarriedRead, ListenFilter, ReadForUpdate};
 use crate::mcp::lists::{List, Lists};
 
 /// The subscription-id key of a listen stream's notifications' `_meta`.
@@ -177,26 +177,19 @@ pub async fn run(
         after: HashMap::new(),
         plain: HashSet::new(),
     };
+    let ends = Ends {
+        shutdown,
+        revoked: &revoked,
+        stall,
+        stream,
+    };
     if carry.reads.is_some() {
         let mut uris: Vec<&String> = listen.spelled.values().flatten().collect();
         uris.sort();
         uris.dedup();
         for uri in uris {
-            if out.is_closed() {
-                return Ok(());
-            }
-            if revoked.is_cancelled() {
-                return Err(revoked_error(stream));
-            }
-            let Some(carried) = carry.read(uri, shutdown, &revoked, &mut closed).await else {
-                return ended(&revoked, stream);
-            };
-            if revoked.is_cancelled() {
-                return Err(revoked_error(stream));
-            }
-            let deadline = tokio::time::Instant::now() + stall + sending(carried.as_ref());
-            let note = Note::Updated(uri, carried);
-            if !send(out, note, &mut closed, shutdown, deadline, stall, stream).await? {
+            let mut deadline = tokio::time::Instant::now() + stall;
+            if !update(out, uri, &mut carry, &mut deadline, &mut closed, &ends).await? {
                 return Ok(());
             }
         }
@@ -260,34 +253,68 @@ pub async fn run(
                         }
                     }
                     for uri in uris {
-                        // A cancel that came with the batch wins: nothing goes out after it.
-                        if out.is_closed() {
-                            return Ok(());
-                        }
-                        if revoked.is_cancelled() {
-                            return Err(revoked_error(stream));
-                        }
-                        let carried = match carry.reads.is_some() {
-                            false => None,
-                            true => {
-                                let Some(c) = carry.read(uri, shutdown, &revoked, &mut closed).await else {
-                                    return ended(&revoked, stream);
-                                };
-                                deadline = tokio::time::Instant::now() + stall + sending(c.as_ref());
-                                c
-                            }
-                        };
-                        // Checked again after the read: nothing more goes out once revoked.
-                        if revoked.is_cancelled() {
-                            return Err(revoked_error(stream));
-                        }
-                        let note = Note::Updated(uri, carried);
-                        if !send(out, note, &mut closed, shutdown, deadline, stall, stream).await? {
+                        if !update(out, uri, &mut carry, &mut deadline, &mut closed, &ends).await? {
                             return Ok(());
                         }
                     }
                 }
             }
+        }
+    }
+}
+
+/// What ends a stream besides its client leaving, and how it is named in the log.
+struct Ends<'a> {
+    shutdown: &'a CancellationToken,
+    revoked: &'a CancellationToken,
+    stall: Duration,
+    stream: u64,
+}
+
+/// Sends `uri`'s update: plain by `deadline` (the batch's), or when the stream carries reads,
+/// with its read by a deadline of its own grown by its size, and for an event log one update
+/// per page while more of it waits, so a reader that fell behind in a burst gets every event
+/// pushed. `Ok(false)`: the stream ends gracefully.
+async fn update(
+    out: &mut impl ListenOut,
+    uri: &str,
+    carry: &mut Carry,
+    deadline: &mut tokio::time::Instant,
+    closed: &mut (impl Future<Output = ()> + Unpin),
+    ends: &Ends<'_>,
+) -> Result<bool, McpError> {
+    let (shutdown, revoked, stall, stream) = (ends.shutdown, ends.revoked, ends.stall, ends.stream);
+    loop {
+        // A cancel that came with the batch wins: nothing goes out after it.
+        if out.is_closed() {
+            return Ok(false);
+        }
+        if revoked.is_cancelled() {
+            return Err(revoked_error(stream));
+        }
+        let mut more = false;
+        let carried = match carry.reads.is_some() {
+            false => None,
+            true => {
+                let Some(c) = carry.read(uri, shutdown, revoked, closed).await else {
+                    return ended(revoked, stream).map(|()| false);
+                };
+                more = c.as_ref().is_some_and(|c| c.more);
+                let value = c.map(|c| c.value);
+                *deadline = tokio::time::Instant::now() + stall + sending(value.as_ref());
+                value
+            }
+        };
+        // Checked again after the read: nothing more goes out once revoked.
+        if revoked.is_cancelled() {
+            return Err(revoked_error(stream));
+        }
+        let note = Note::Updated(uri, carried);
+        if !send(out, note, closed, shutdown, *deadline, stall, stream).await? {
+            return Ok(false);
+        }
+        if !more {
+            return Ok(true);
         }
     }
 }
@@ -330,7 +357,7 @@ impl Carry {
         shutdown: &CancellationToken,
         revoked: &CancellationToken,
         closed: &mut (impl Future<Output = ()> + Unpin),
-    ) -> Option<Option<Value>> {
+    ) -> Option<Option<CarriedRead>> {
         let reads = self.reads.as_ref()?;
         if self.plain.contains(uri) {
             return Some(None);
@@ -341,15 +368,22 @@ impl Carry {
             _ = revoked.cancelled() => return None,
             _ = closed => return None,
             r = tokio::time::timeout(CARRY_READ_LIMIT, read) => r.unwrap_or_else(|_| {
-                Some((json!({"error": {"code": -32603, "message": format!(
-                    "the read took longer than {} s; read it again", CARRY_READ_LIMIT.as_secs())}}), None))
+                Some(CarriedRead {
+                    value: json!({"error": {"code": -32603, "message": format!(
+                        "the read took longer than {} s; read it again", CARRY_READ_LIMIT.as_secs())}}),
+                    newest: None,
+                    more: false,
+                })
             }),
         };
-        let Some((carried, newest)) = carried else {
+        let Some(mut carried) = carried else {
             self.plain.insert(uri.to_owned());
             return Some(None);
         };
-        if let Some(n) = newest {
+        // A next page only after one that moved on (never a loop on a page read again).
+        let moved = (carried.newest).is_some_and(|n| self.after.get(uri).is_none_or(|&a| n > a));
+        carried.more &= moved;
+        if let Some(n) = carried.newest {
             self.after.insert(uri.to_owned(), n);
         }
         Some(Some(carried))

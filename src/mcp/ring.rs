@@ -6,11 +6,16 @@
 //! a client that watched the previous process sees a GAP instead of silently skipping events.
 //!
 //! Each event is serialized once, when pushed, and a read is the concatenation of those texts.
-//! A ring is bounded in events (`--ring-capacity`) and in bytes ([`RING_BYTES`]): when full, the
-//! oldest event goes, and a reader past it sees a GAP. Each event's push time is kept beside it
-//! (not in the read shape) for `events/poll`. [`EventRing::read_json_after`] serves a reader that
-//! has everything up to a `seq`: the events after it, led by the newest one at or before it as
-//! an anchor, so the reader's GAP rule reads it as it reads the whole ring.
+//! A ring is bounded in events (`--ring-capacity`) and in bytes ([`ring_bytes`], which grows
+//! with the capacity): when full, the oldest event goes, and a reader past it sees a GAP. Each
+//! event's push time is kept beside it (not in the read shape) for `events/poll`.
+//!
+//! Reads are bounded so each fits a message: a whole read is the newest [`RING_BYTES`] of
+//! events. [`EventRing::read_json_after`] serves a reader that has everything up to a `seq`:
+//! the events after it, led by the newest one at or before it as an anchor, so the reader's GAP
+//! rule reads it as it reads the whole ring; oldest first, one page ([`PAGE_BYTES`]) at a time,
+//! a page that stops short of the newest saying so (`"more": true`, [`more_waiting`]) so the
+//! reader reads on from its last event at once.
 
 use crate::runtime::tap::{Tap, Tapped};
 use crate::sync::Recover;
@@ -25,13 +30,38 @@ pub const EVENT_LOG_MIME: &str = "application/vnd.asyncai.events+json";
 /// Default number of events a ring keeps.
 pub const DEFAULT_RING_CAPACITY: usize = 256;
 
-/// The most bytes of events a ring keeps, whatever its capacity in events: a read of the ring
-/// fits a message at the default limit (4 MiB) even when every character needs escaping.
+/// The most bytes of events a whole read holds (the newest ones): it fits a message at the
+/// default limit (4 MiB) even when every character needs escaping. Also the least a ring keeps
+/// ([`ring_bytes`]).
 pub const RING_BYTES: usize = 1 << 20;
+
+/// The bytes a ring keeps per event of its capacity, past [`RING_BYTES`] ([`ring_bytes`]).
+pub const BYTES_PER_EVENT: usize = 4 << 10;
+
+/// The most bytes of events a ring of `capacity` events keeps: [`BYTES_PER_EVENT`] for each,
+/// and at least [`RING_BYTES`]. A bigger `--ring-capacity` is then a longer history in bytes
+/// too, so a reader that falls behind in a burst catches up page by page instead of seeing a
+/// GAP.
+pub fn ring_bytes(capacity: usize) -> usize {
+    capacity.saturating_mul(BYTES_PER_EVENT).max(RING_BYTES)
+}
+
+/// The bytes of events a read after a `seq` holds past its first two events (the anchor and
+/// the first new one): a page ([`EventRing::read_json_after`]).
+pub const PAGE_BYTES: usize = RING_BYTES / 4;
 
 /// The largest event a ring keeps whole; a bigger one is kept with its biggest fields replaced
 /// by a marker (`{"truncated": true, "bytes": N}`) and `"truncated": true` on the event.
 pub const MAX_EVENT_BYTES: usize = RING_BYTES / 4;
+
+/// How a page that stops short of the newest event ends ([`more_waiting`]).
+const MORE: &str = ",\"more\":true}";
+
+/// Whether an event-log read is a page with more events after it
+/// ([`EventRing::read_json_after`]): the reader reads again from the page's newest `seq`.
+pub fn more_waiting(text: &str) -> bool {
+    text.trim_end().ends_with(MORE)
+}
 
 /// A bounded ring of events with monotonically increasing `seq`.
 #[derive(Debug)]
@@ -45,9 +75,11 @@ pub struct EventRing {
 #[derive(Debug)]
 struct Inner {
     capacity: usize,
+    /// The most bytes of events held ([`ring_bytes`]).
+    max_bytes: usize,
     next_seq: u64,
     events: VecDeque<Entry>,
-    /// The bytes of `events`' texts, at most [`RING_BYTES`].
+    /// The bytes of `events`' texts, at most `max_bytes`.
     bytes: usize,
     /// A mirror of a ring kept elsewhere ([`EventRing::mirror_of`]).
     mirrored: bool,
@@ -143,6 +175,7 @@ impl EventRing {
         EventRing {
             inner: Mutex::new(Inner {
                 capacity: capacity.max(1),
+                max_bytes: ring_bytes(capacity.max(1)),
                 next_seq: first_seq.max(1),
                 events: VecDeque::new(),
                 bytes: 0,
@@ -207,7 +240,7 @@ impl EventRing {
         }
         inner.next_seq = seq + 1;
         while inner.events.len() >= inner.capacity
-            || (inner.bytes + text.len() > RING_BYTES && !inner.events.is_empty())
+            || (inner.bytes + text.len() > inner.max_bytes && !inner.events.is_empty())
         {
             if let Some(old) = inner.events.pop_front() {
                 inner.bytes -= old.text.len();
@@ -246,7 +279,7 @@ impl EventRing {
             text = truncated(event, text.len());
         }
         while inner.events.len() >= inner.capacity
-            || (inner.bytes + text.len() > RING_BYTES && !inner.events.is_empty())
+            || (inner.bytes + text.len() > inner.max_bytes && !inner.events.is_empty())
         {
             if let Some(old) = inner.events.pop_front() {
                 inner.bytes -= old.text.len();
@@ -278,27 +311,61 @@ impl EventRing {
         self.push("ERROR", f)
     }
 
-    /// The read body: `{"events":[...]}`, oldest first.
+    /// The read body: `{"events":[...]}`, oldest first: the newest [`RING_BYTES`] of events
+    /// (at least the newest one), so a read fits a message whatever the ring holds.
     pub fn read_json(&self) -> String {
         let inner = self.inner.locked();
-        let mut out = String::with_capacity(
-            16 + inner.events.iter().map(|e| e.text.len() + 1).sum::<usize>(),
-        );
+        let mut start = inner.events.len();
+        let mut bytes = 0;
+        for e in inner.events.iter().rev() {
+            if start < inner.events.len() && bytes + e.text.len() + 1 > RING_BYTES {
+                break;
+            }
+            bytes += e.text.len() + 1;
+            start -= 1;
+        }
+        Self::page(&inner, start, usize::MAX)
+    }
+
+    /// `{"events":[...]}` of the events from `start`, as many as `budget` bytes hold past the
+    /// first two (at least those); `"more": true` when it stops short of the newest.
+    fn page(inner: &Inner, start: usize, budget: usize) -> String {
+        let mut end = start;
+        let mut bytes = 0usize;
+        for (i, e) in inner.events.range(start..).enumerate() {
+            if i >= 2 && bytes.saturating_add(e.text.len() + 1) > budget {
+                break;
+            }
+            if i >= 2 {
+                bytes += e.text.len() + 1;
+            }
+            end += 1;
+        }
+        let held = inner.events.range(start..end);
+        let mut out =
+            String::with_capacity(24 + held.clone().map(|e| e.text.len() + 1).sum::<usize>());
         out.push_str("{\"events\":[");
-        for (i, e) in inner.events.iter().enumerate() {
+        for (i, e) in held.enumerate() {
             if i > 0 {
                 out.push(',');
             }
             out.push_str(&e.text);
         }
-        out.push_str("]}");
+        out.push(']');
+        if end < inner.events.len() {
+            out.push_str(MORE);
+        } else {
+            out.push('}');
+        }
         out
     }
 
     /// The read body for a reader that has everything up to `after`: the events after it, led
     /// by the newest one at or before it (an anchor, so a reader whose log is sparse sees no
-    /// gap that is not there, and one the ring moved past sees the gap). A ring that
-    /// restarted below `after` is read whole, so the reader sees the reset.
+    /// gap that is not there, and one the ring moved past sees the gap), oldest first, one
+    /// page: [`PAGE_BYTES`] past the anchor and the first new event, ending `"more": true`
+    /// when newer events wait ([`more_waiting`]). A ring that restarted below `after` is read
+    /// from its oldest, so the reader sees the reset.
     pub fn read_json_after(&self, after: u64) -> String {
         let inner = self.inner.locked();
         let newest = inner.events.back().map_or(0, |e| e.seq);
@@ -323,22 +390,7 @@ impl EventRing {
                 .partition_point(|e| e.seq <= after)
                 .saturating_sub(1)
         };
-        let mut out = String::with_capacity(
-            16 + inner
-                .events
-                .range(start..)
-                .map(|e| e.text.len() + 1)
-                .sum::<usize>(),
-        );
-        out.push_str("{\"events\":[");
-        for (i, e) in inner.events.range(start..).enumerate() {
-            if i > 0 {
-                out.push(',');
-            }
-            out.push_str(&e.text);
-        }
-        out.push_str("]}");
-        out
+        Self::page(&inner, start, PAGE_BYTES)
     }
 
     /// The seq the next event will get; a cursor meaning "from now".
@@ -587,6 +639,71 @@ mod tests {
         assert!(r.bytes() <= RING_BYTES);
         let s = r.since(r.head() - 1, 10, 0);
         assert_eq!(s.events[0].event["object"]["bytes"], RING_BYTES * 2 + 2);
+    }
+
+    #[test]
+    fn the_byte_bound_follows_the_capacity() {
+        assert_eq!(ring_bytes(16), RING_BYTES);
+        assert_eq!(ring_bytes(4096), 4096 * BYTES_PER_EVENT);
+        let kib = "x".repeat(1000);
+        let (small, large) = (EventRing::new(64), EventRing::new(4096));
+        for i in 0..3000 {
+            small.push("ADDED", fields(json!({"key": i, "object": kib})));
+            large.push("ADDED", fields(json!({"key": i, "object": kib})));
+        }
+        assert_eq!(small.len(), 64, "bounded in events");
+        assert_eq!(
+            large.len(),
+            3000,
+            "3 MB held: the bound grew with the capacity"
+        );
+        // A whole read stays one message: the newest RING_BYTES.
+        let whole = large.read_json();
+        assert!(whole.len() <= RING_BYTES + 64, "{} bytes", whole.len());
+        assert!(!more_waiting(&whole));
+        assert_eq!(*seqs(&whole).last().unwrap(), large.head());
+    }
+
+    #[test]
+    fn a_read_after_a_seq_comes_in_pages_each_saying_whether_more_waits() {
+        let r = EventRing::with_start(4096, 1);
+        let kib = "x".repeat(2000);
+        for i in 0..1000 {
+            r.push("ADDED", fields(json!({"key": i, "object": kib})));
+        }
+        let (mut after, mut got, mut pages) = (0, Vec::new(), 0);
+        loop {
+            let text = r.read_json_after(after);
+            pages += 1;
+            assert!(
+                text.len() <= PAGE_BYTES + 3 * 2100,
+                "a page of {} bytes",
+                text.len()
+            );
+            let page = seqs(&text);
+            assert!(page[0] <= after.max(1), "led by the anchor");
+            got.extend(page.iter().copied().filter(|&s| s > after));
+            after = *page.last().unwrap();
+            if !more_waiting(&text) {
+                break;
+            }
+        }
+        assert_eq!(
+            got,
+            (1..=1000).collect::<Vec<u64>>(),
+            "every event once, in order"
+        );
+        assert!(pages >= 8, "{pages} pages");
+        assert_eq!(
+            seqs(&r.read_json_after(1000)),
+            [1000],
+            "caught up: the anchor alone"
+        );
+        assert!(!more_waiting(&r.read_json_after(1000)));
+        // A page still reads as an event log.
+        let page = r.read_json_after(10);
+        assert_eq!(newest_seq(&page), seqs(&page).last().copied());
+        assert_eq!(raw_events(&page).map(|e| e.len()), Some(seqs(&page).len()));
     }
 
     fn fields(v: Value) -> Map<String, Value> {

@@ -340,6 +340,86 @@ mod tests {
         assert_eq!(notes, json!({"a": 1, "b": 2, "c": 3}));
     }
 
+    /// The keys of events in `reads` past the first read's, each once (pages overlap by their
+    /// anchor), in order.
+    fn new_keys(reads: &[Value]) -> Vec<String> {
+        let mut last = newest(&reads[0]);
+        let mut keys = Vec::new();
+        for r in &reads[1..] {
+            for e in r["events"].as_array().unwrap() {
+                if e["seq"].as_u64().unwrap() > last {
+                    last = e["seq"].as_u64().unwrap();
+                    keys.push(e["key"].as_str().unwrap().to_owned());
+                }
+            }
+        }
+        keys
+    }
+
+    fn newest(log: &Value) -> u64 {
+        log["events"]
+            .as_array()
+            .unwrap()
+            .last()
+            .map_or(0, |e| e["seq"].as_u64().unwrap())
+    }
+
+    /// A burst of 12 events of 60 KiB each: 720 KiB, three pages.
+    fn burst(memo: &MemoServer) -> Vec<String> {
+        let keys: Vec<String> = (0..12).map(|i| format!("k{i:02}")).collect();
+        let big = json!("x".repeat(60 << 10));
+        memo.memo
+            .apply_burst(keys.iter().map(|k| (k.clone(), big.clone())).collect());
+        keys
+    }
+
+    #[tokio::test]
+    async fn a_burst_past_a_page_is_carried_page_by_page_every_event_once() {
+        let memo = MemoServer::start().await;
+        memo.set("a", json!(1)).await;
+        let up = upstream(&memo, true);
+        let mut l = up.listen(listen_to("memo://log")).await.unwrap();
+        let mut reads = vec![text(carried(&mut update(&mut l).await).unwrap().unwrap())];
+        let keys = burst(&memo);
+        let mut pages_with_more = 0;
+        while new_keys(&reads).len() < keys.len() {
+            let mut u = update(&mut l).await;
+            let c = carried(&mut u)
+                .expect("an event log is paged, never sent plain")
+                .unwrap();
+            let Body::Text(t) = &c.body else {
+                panic!("a blob")
+            };
+            pages_with_more += usize::from(crate::mcp::ring::more_waiting(t));
+            assert!(t.len() < 600 << 10, "a page of {} bytes", t.len());
+            reads.push(text(c));
+        }
+        assert_eq!(new_keys(&reads), keys, "every event once, in order");
+        assert!(
+            pages_with_more >= 2,
+            "{pages_with_more} pages said more was waiting"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_follow_that_reads_for_itself_reads_page_by_page() {
+        let memo = MemoServer::start().await;
+        memo.set("a", json!(1)).await;
+        let up = upstream(&memo, false);
+        let (mut follow, _) = up.follow_log("memo://log", None).await.unwrap();
+        let keys = burst(&memo);
+        let mut got = Vec::new();
+        while got.len() < keys.len() {
+            let events = tokio::time::timeout(Duration::from_secs(10), follow.next())
+                .await
+                .expect("events in time")
+                .expect("the follow is open")
+                .unwrap();
+            got.extend(events.iter().map(|e| e["key"].as_str().unwrap().to_owned()));
+        }
+        assert_eq!(got, keys, "every event once, in order, no GAP");
+    }
+
     #[tokio::test]
     async fn a_uri_too_big_to_carry_gets_plain_updates_and_its_client_reads() {
         let memo = MemoServer::start().await;

@@ -320,11 +320,19 @@ impl LogFollow {
         }
     }
 
+    /// What is past the cursor, page by page until the log's newest event.
     async fn read(&mut self) -> Result<Vec<Event>, UpstreamError> {
-        let text = self.read_text().await?;
-        let (events, next) =
-            extract_log_text(self.cursor, &text).map_err(|e| self.up.unusable(&e))?;
-        self.cursor = next;
-        Ok(events)
+        let mut events = Vec::new();
+        loop {
+            let before = self.cursor.last;
+            let text = self.read_text().await?;
+            let (page, next) =
+                extract_log_text(self.cursor, &text).map_err(|e| self.up.unusable(&e))?;
+            events.extend(page);
+            self.cursor = next;
+            if !(before.is_some() && crate::mcp::ring::more_waiting(&text) && next.last > before) {
+                return Ok(events);
+            }
+        }
     }
 }

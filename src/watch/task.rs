@@ -17,6 +17,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::filter::engine::Outcome as FilterOutcome;
 use crate::filter::pool::FilterError;
+use crate::mcp::ring::more_waiting;
 use crate::runtime::backoff::Backoff;
 use crate::upstream::log::{Event, LogCursor, extract_log_text};
 use crate::upstream::{Listening, Upstream};
@@ -219,18 +220,29 @@ impl WatchTask {
                             self.update(&mut base, r, running.is_some());
                         }
                     } else {
-                        // 0: the baseline found an empty log; a hint would change nothing.
-                        let after = match &base {
-                            Baseline::Log(c) => c.last.filter(|&n| n > 0),
-                            Baseline::State(_) => None,
-                        };
-                        match read(&self.server, &self.spec.uri, after).await {
-                            Ok(r) => self.update(&mut base, r, running.is_some()),
-                            Err(e) => {
-                                // Treat it as a lost subscription: the resubscribe path re-reads
-                                // and diffs, so the change is not lost.
-                                tracing::warn!(watch = %self.spec.name, error = %e, "read after an update failed; resubscribing");
-                                ended = true;
+                        // An event log is read page by page until its newest event.
+                        loop {
+                            // 0: the baseline found an empty log; a hint would change nothing.
+                            let after = match &base {
+                                Baseline::Log(c) => c.last.filter(|&n| n > 0),
+                                Baseline::State(_) => None,
+                            };
+                            match read(&self.server, &self.spec.uri, after).await {
+                                Ok(r) => {
+                                    let more = after.is_some() && more_waiting(&r.text);
+                                    self.update(&mut base, r, running.is_some());
+                                    let moved = matches!(&base, Baseline::Log(c) if c.last > after);
+                                    if !(more && moved) {
+                                        break;
+                                    }
+                                }
+                                Err(e) => {
+                                    // Treat it as a lost subscription: the resubscribe path
+                                    // re-reads and diffs, so the change is not lost.
+                                    tracing::warn!(watch = %self.spec.name, error = %e, "read after an update failed; resubscribing");
+                                    ended = true;
+                                    break;
+                                }
                             }
                         }
                     }
@@ -750,6 +762,44 @@ mod tests {
             .await
             .expect("a notice in time")
             .expect("the channel is open")
+    }
+
+    #[tokio::test]
+    async fn a_burst_past_a_page_reaches_the_watch_whole_carried_or_read() {
+        for contents in [true, false] {
+            let memo = MemoServer::start().await;
+            memo.set("a", json!(1)).await;
+            let (tx, mut rx) = mpsc::channel(64);
+            let mut up = crate::watch::upstream_config(
+                crate::transport::target::Target::Stdio("in-process memo".into()),
+                Default::default(),
+                1 << 20,
+            );
+            up.contents = contents;
+            let mgr = WatchManager::new(
+                fast(),
+                vec![memo.upstream_with(up)],
+                tx,
+                WatchLog::silent(),
+                None,
+            );
+            mgr.watch_start("log", "memo://log", None).await.unwrap();
+            // 12 events of 60 KiB, taken with no await between them: three pages.
+            let keys: Vec<String> = (0..12).map(|i| format!("k{i:02}")).collect();
+            let big = json!("x".repeat(60 << 10));
+            memo.memo
+                .apply_burst(keys.iter().map(|k| (k.clone(), big.clone())).collect());
+            let mut lines = Vec::new();
+            while lines.len() < keys.len() {
+                lines.extend(next(&mut rx).await.lines);
+            }
+            let got: Vec<&str> = lines.iter().map(|l| l.split(' ').nth(1).unwrap()).collect();
+            assert_eq!(
+                got, keys,
+                "contents {contents}: every event once, in order: {lines:?}"
+            );
+            mgr.shutdown().await;
+        }
     }
 
     #[tokio::test]

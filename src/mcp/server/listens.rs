@@ -8,21 +8,30 @@ use std::time::Duration;
 
 use base64::Engine as _;
 use rmcp::model::ErrorData as McpError;
-use serde_json::{Value, json};
+use serde_json::json;
 use tracing::debug;
 
 use super::{ActiveListen, Shared, SourceServer, TaskBackend};
-use crate::mcp::admission::{AdmittedListen, ConnStreams, ListenFilter, ReadForUpdate};
+use crate::mcp::admission::{
+    AdmittedListen, CarriedRead, ConnStreams, ListenFilter, ReadForUpdate,
+};
 use crate::mcp::caller::Caller;
 use crate::mcp::listen::{Ack, ListenOut};
-use crate::mcp::ring::{EVENT_LOG_MIME, RING_BYTES, newest_seq};
+use crate::mcp::ring::{
+    EVENT_LOG_MIME, MAX_EVENT_BYTES, PAGE_BYTES, RING_BYTES, more_waiting, newest_seq,
+};
 use crate::mcp::source::{Body, Read};
 use crate::mcp::tasks::TaskFeed;
 
-/// The largest read an update carries (past it, the URI's updates go plain and its client
-/// reads): a quarter of a ring ([`RING_BYTES`]), so the update fits a message at the
-/// default limit (4 MiB) even when every character is escaped as `\u00XX`.
+/// The largest state read an update carries (past it, the URI's updates go plain and its
+/// client reads): a quarter of [`RING_BYTES`], so the update fits a message at the default
+/// limit (4 MiB) even when every character is escaped as `\u00XX`.
 const CARRY_MAX: usize = RING_BYTES / 4;
+
+/// The largest event-log read an update carries: a page of a herald ring (its anchor and first
+/// new event, each at most [`MAX_EVENT_BYTES`], and [`PAGE_BYTES`] more) fits; a bigger one
+/// comes from a server that does not page its reads.
+const CARRY_LOG_MAX: usize = 2 * MAX_EVENT_BYTES + PAGE_BYTES + 64;
 
 fn body_len(body: &Body) -> usize {
     match body {
@@ -100,32 +109,41 @@ impl SourceServer {
     }
 
     /// What reads a listen's updates for `caller`: [`read_cut`](Self::read_cut), each answer
-    /// as the update's `_meta` value, with an event log's newest `seq`.
+    /// as the update's `_meta` value, with an event log's newest `seq` and whether more of it
+    /// waits.
     fn reads_for(&self, caller: &Caller) -> ReadForUpdate {
         let (server, caller) = (self.clone(), caller.clone());
         std::sync::Arc::new(move |uri: String, after: Option<u64>| {
             let (server, caller) = (server.clone(), caller.clone());
             Box::pin(async move {
                 match server.read_cut(&caller, Read::after(&uri, after)).await {
-                    Ok(c) if body_len(&c.body) > CARRY_MAX => None,
                     Ok(c) => {
-                        let newest = match &c.body {
-                            Body::Text(t) if c.mime_type == EVENT_LOG_MIME => newest_seq(t),
-                            _ => None,
+                        let log = c.mime_type == EVENT_LOG_MIME;
+                        if body_len(&c.body) > if log { CARRY_LOG_MAX } else { CARRY_MAX } {
+                            return None;
+                        }
+                        let (newest, more) = match &c.body {
+                            Body::Text(t) if log => (newest_seq(t), more_waiting(t)),
+                            _ => (None, false),
                         };
-                        let carried = match c.body {
+                        let value = match c.body {
                             Body::Text(text) => json!({"mimeType": c.mime_type, "text": text}),
                             Body::Blob(b) => json!({"mimeType": c.mime_type,
                                 "blob": base64::engine::general_purpose::STANDARD.encode(b)}),
                         };
-                        Some((carried, newest))
+                        Some(CarriedRead {
+                            value,
+                            newest,
+                            more,
+                        })
                     }
-                    Err(e) => Some((
-                        json!({"error": {"code": e.code.0, "message": e.message}}),
-                        None::<u64>,
-                    )),
+                    Err(e) => Some(CarriedRead {
+                        value: json!({"error": {"code": e.code.0, "message": e.message}}),
+                        newest: None,
+                        more: false,
+                    }),
                 }
-            }) as futures::future::BoxFuture<'static, Option<(Value, Option<u64>)>>
+            }) as futures::future::BoxFuture<'static, Option<CarriedRead>>
         })
     }
 }

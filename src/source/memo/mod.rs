@@ -91,6 +91,18 @@ impl std::ops::Deref for Memo {
     }
 }
 
+#[cfg(test)]
+impl State {
+    /// Takes `changes` as a NATS watch takes a burst: into memory, logged and announced, with
+    /// no await between them (and not written to a store), so no reader sees part of it.
+    pub(crate) fn apply_burst(&self, changes: Vec<(String, Value)>) {
+        for (key, value) in changes {
+            let old = self.notes.read_locked().get(&key).cloned();
+            self.applied(&key, Some(value), old);
+        }
+    }
+}
+
 impl State {
     fn new(
         notes: BTreeMap<String, Value>,
