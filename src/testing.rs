@@ -39,8 +39,13 @@ impl Drop for MemoServer {
 
 impl MemoServer {
     pub async fn start() -> MemoServer {
+        MemoServer::with_ring(16).await
+    }
+
+    /// A memo whose log keeps `ring_capacity` events.
+    pub async fn with_ring(ring_capacity: usize) -> MemoServer {
         let memo = Arc::new(
-            Memo::open(Store::memory(), 16, None)
+            Memo::open(Store::memory(), ring_capacity, None)
                 .await
                 .expect("memo opens"),
         );

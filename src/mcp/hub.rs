@@ -43,7 +43,8 @@ struct Pending {
 }
 
 impl StreamQueue {
-    fn push(&self, uri: &str) {
+    /// Marks `uri` pending (once, however often).
+    pub(crate) fn push(&self, uri: &str) {
         let mut p = self.pending.locked();
         if !p.set.contains(uri) {
             p.set.insert(uri.to_owned());

@@ -188,8 +188,10 @@ pub async fn run(
         uris.sort();
         uris.dedup();
         for uri in uris {
+            // A first read is whole (never paged): one update each.
             let mut deadline = tokio::time::Instant::now() + stall;
-            if !update(out, uri, &mut carry, &mut deadline, &mut closed, &ends).await? {
+            if update(out, uri, &mut carry, &mut deadline, &mut closed, &ends).await? == Sent::Ended
+            {
                 return Ok(());
             }
         }
@@ -253,8 +255,11 @@ pub async fn run(
                         }
                     }
                     for uri in uris {
-                        if !update(out, uri, &mut carry, &mut deadline, &mut closed, &ends).await? {
-                            return Ok(());
+                        match update(out, uri, &mut carry, &mut deadline, &mut closed, &ends).await? {
+                            Sent::Ended => return Ok(()),
+                            // Its turn is over: the rest after what else is pending.
+                            Sent::MoreWaiting => listen.registration.queue().push(&key),
+                            Sent::Done => {}
                         }
                     }
                 }
@@ -271,10 +276,24 @@ struct Ends<'a> {
     stream: u64,
 }
 
+/// The most pages of one event log a stream sends in a turn (1 MiB): then the URI waits
+/// behind what else is pending, so a log that never stops growing cannot starve the others.
+const PAGES_PER_TURN: usize = 4;
+
+/// How far [`update`] got.
+#[derive(Debug, PartialEq, Eq)]
+enum Sent {
+    /// The stream ends gracefully.
+    Ended,
+    Done,
+    /// An event log's turn ended with more of it waiting.
+    MoreWaiting,
+}
+
 /// Sends `uri`'s update: plain by `deadline` (the batch's), or when the stream carries reads,
 /// with its read by a deadline of its own grown by its size, and for an event log one update
-/// per page while more of it waits, so a reader that fell behind in a burst gets every event
-/// pushed. `Ok(false)`: the stream ends gracefully.
+/// per page while more of it waits (up to [`PAGES_PER_TURN`]), so a reader that fell behind
+/// in a burst gets every event pushed.
 async fn update(
     out: &mut impl ListenOut,
     uri: &str,
@@ -282,12 +301,12 @@ async fn update(
     deadline: &mut tokio::time::Instant,
     closed: &mut (impl Future<Output = ()> + Unpin),
     ends: &Ends<'_>,
-) -> Result<bool, McpError> {
+) -> Result<Sent, McpError> {
     let (shutdown, revoked, stall, stream) = (ends.shutdown, ends.revoked, ends.stall, ends.stream);
-    loop {
+    for _ in 0..PAGES_PER_TURN {
         // A cancel that came with the batch wins: nothing goes out after it.
         if out.is_closed() {
-            return Ok(false);
+            return Ok(Sent::Ended);
         }
         if revoked.is_cancelled() {
             return Err(revoked_error(stream));
@@ -297,7 +316,7 @@ async fn update(
             false => None,
             true => {
                 let Some(c) = carry.read(uri, shutdown, revoked, closed).await else {
-                    return ended(revoked, stream).map(|()| false);
+                    return ended(revoked, stream).map(|()| Sent::Ended);
                 };
                 more = c.as_ref().is_some_and(|c| c.more);
                 let value = c.map(|c| c.value);
@@ -311,12 +330,13 @@ async fn update(
         }
         let note = Note::Updated(uri, carried);
         if !send(out, note, closed, shutdown, *deadline, stall, stream).await? {
-            return Ok(false);
+            return Ok(Sent::Ended);
         }
         if !more {
-            return Ok(true);
+            return Ok(Sent::Done);
         }
     }
+    Ok(Sent::MoreWaiting)
 }
 
 /// The slowest reader a stream keeps while it takes a carried read, in bytes a second: the
