@@ -400,8 +400,9 @@ impl Carry {
             self.plain.insert(uri.to_owned());
             return Some(None);
         };
-        // A next page only after one that moved on (never a loop on a page read again).
-        let moved = (carried.newest).is_some_and(|n| self.after.get(uri).is_none_or(|&a| n > a));
+        // A next page only after one that moved (never a loop on a page read again); a page of
+        // a log that restarted below the last one moves back.
+        let moved = (carried.newest).is_some_and(|n| self.after.get(uri).is_none_or(|&a| n != a));
         carried.more &= moved;
         if let Some(n) = carried.newest {
             self.after.insert(uri.to_owned(), n);

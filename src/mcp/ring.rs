@@ -39,12 +39,17 @@ pub const RING_BYTES: usize = 1 << 20;
 pub const BYTES_PER_EVENT: usize = 4 << 10;
 
 /// The most bytes of events a ring of `capacity` events keeps: [`BYTES_PER_EVENT`] for each,
-/// and at least [`RING_BYTES`]. A bigger `--ring-capacity` is then a longer history in bytes
+/// at least [`RING_BYTES`] and at most [`MAX_RING_BYTES`]. A bigger `--ring-capacity` is then a longer history in bytes
 /// too, so a reader that falls behind in a burst catches up page by page instead of seeing a
 /// GAP.
 pub fn ring_bytes(capacity: usize) -> usize {
-    capacity.saturating_mul(BYTES_PER_EVENT).max(RING_BYTES)
+    capacity
+        .saturating_mul(BYTES_PER_EVENT)
+        .clamp(RING_BYTES, MAX_RING_BYTES)
 }
+
+/// The most bytes any ring keeps, whatever its capacity ([`ring_bytes`]).
+pub const MAX_RING_BYTES: usize = 64 << 20;
 
 /// The bytes of events a read after a `seq` holds past its first two events (the anchor and
 /// the first new one): a page ([`EventRing::read_json_after`]).
@@ -150,6 +155,23 @@ pub fn seq_of(event: &serde_json::value::RawValue) -> Option<u64> {
 /// building the events.
 pub fn newest_seq(text: &str) -> Option<u64> {
     seq_of(raw_events(text)?.last()?)
+}
+
+/// An event-log read cut to its newest events within `bytes` (at least the newest one), still
+/// an event-log read; `None` when the text is not one.
+pub fn newest_within(text: &str, bytes: usize) -> Option<String> {
+    let events = raw_events(text)?;
+    let mut start = events.len();
+    let mut held = 0;
+    for e in events.iter().rev() {
+        if start < events.len() && held + e.get().len() + 1 > bytes {
+            break;
+        }
+        held += e.get().len() + 1;
+        start -= 1;
+    }
+    let kept: Vec<&str> = events[start..].iter().map(|e| e.get()).collect();
+    Some(format!("{{\"events\":[{}]}}", kept.join(",")))
 }
 
 /// Milliseconds since the epoch, now.
@@ -324,15 +346,16 @@ impl EventRing {
             bytes += e.text.len() + 1;
             start -= 1;
         }
-        Self::page(&inner, start, usize::MAX)
+        Self::page(&inner, start, inner.events.len(), usize::MAX)
     }
 
-    /// `{"events":[...]}` of the events from `start`, as many as `budget` bytes hold past the
-    /// first two (at least those); `"more": true` when it stops short of the newest.
-    fn page(inner: &Inner, start: usize, budget: usize) -> String {
+    /// `{"events":[...]}` of the events from `start` (before `stop`), as many as `budget` bytes
+    /// hold past the first two (at least those); `"more": true` when it stops short of the
+    /// newest.
+    fn page(inner: &Inner, start: usize, stop: usize, budget: usize) -> String {
         let mut end = start;
         let mut bytes = 0usize;
-        for (i, e) in inner.events.range(start..).enumerate() {
+        for (i, e) in inner.events.range(start..stop).enumerate() {
             if i >= 2 && bytes.saturating_add(e.text.len() + 1) > budget {
                 break;
             }
@@ -374,23 +397,32 @@ impl EventRing {
             .iter()
             .find(|&&g| g > after.saturating_add(1))
             .copied();
+        // The last event at or before `after`, else the first.
+        let anchor = inner
+            .events
+            .partition_point(|e| e.seq <= after)
+            .saturating_sub(1);
+        let mut stop = inner.events.len();
         let start = if inner.mirrored && newest < after && after > inner.reset_from {
             // A mirror behind the reader: nothing new yet (never a replay).
             inner.events.len()
         } else if let Some(g) = hole.filter(|_| inner.mirrored) {
-            // A hole after the reader's seq: from past it, with no anchor, so the reader sees
-            // the gap.
-            inner.events.partition_point(|e| e.seq < g)
+            // A hole after the reader's seq: what is held before it first (a page that stops
+            // there, saying more), then from past it with no anchor, so the reader sees the gap.
+            let at = inner.events.partition_point(|e| e.seq < g);
+            match inner.events.range(anchor..at).any(|e| e.seq > after) {
+                true => {
+                    stop = at;
+                    anchor
+                }
+                false => at,
+            }
         } else if newest < after {
             0
         } else {
-            // The last event at or before `after`, else the first.
-            inner
-                .events
-                .partition_point(|e| e.seq <= after)
-                .saturating_sub(1)
+            anchor
         };
-        Self::page(&inner, start, PAGE_BYTES)
+        Self::page(&inner, start, stop, PAGE_BYTES)
     }
 
     /// The seq the next event will get; a cursor meaning "from now".
@@ -543,6 +575,14 @@ mod tests {
             m.read_json_after(1001),
             format!("{{\"events\":[{}]}}", ev(1005))
         );
+        // A reader further back gets what is held before the hole first, saying more; then
+        // from past the hole, where it sees the gap.
+        let page = m.read_json_after(1000);
+        assert_eq!(
+            page,
+            format!("{{\"events\":[{},{}],\"more\":true}}", ev(1000), ev(1001))
+        );
+        assert!(more_waiting(&page));
         // Once the mirror's first event is evicted, a cursor 0 learns what it missed.
         let small = EventRing::mirror_of(2);
         for seq in [10, 11, 12] {
@@ -642,9 +682,33 @@ mod tests {
     }
 
     #[test]
+    fn a_read_cut_to_its_newest_events_is_still_a_read() {
+        let r = EventRing::with_start(16, 1);
+        for i in 0..10 {
+            r.push(
+                "ADDED",
+                fields(json!({"key": i, "object": "x".repeat(100)})),
+            );
+        }
+        let cut = newest_within(&r.read_json(), 400).unwrap();
+        assert_eq!(seqs(&cut), [8, 9, 10]);
+        assert_eq!(
+            seqs(&newest_within(&r.read_json(), 1).unwrap()),
+            [10],
+            "at least one"
+        );
+        assert_eq!(
+            newest_within("{\"events\":[]}", 10).as_deref(),
+            Some("{\"events\":[]}")
+        );
+        assert!(newest_within("[1]", 10).is_none());
+    }
+
+    #[test]
     fn the_byte_bound_follows_the_capacity() {
         assert_eq!(ring_bytes(16), RING_BYTES);
         assert_eq!(ring_bytes(4096), 4096 * BYTES_PER_EVENT);
+        assert_eq!(ring_bytes(1 << 20), MAX_RING_BYTES);
         let kib = "x".repeat(1000);
         let (small, large) = (EventRing::new(64), EventRing::new(4096));
         for i in 0..3000 {

@@ -18,8 +18,9 @@ use serde_json::Value;
 
 /// The `resources/read` `_meta` key by which a reader of an event log says the highest `seq`
 /// it has: herald's watch client sends it, and every event-log read on herald's servers then
-/// returns only the events after it (with the one before as an anchor), not the whole ring.
-/// Other servers ignore it and answer the whole log, which reads the same.
+/// returns one page of the events after it (with the one before as an anchor), not the whole
+/// ring, saying when more waits ([`crate::mcp::ring::more_waiting`]). Other servers ignore it
+/// and answer the whole log, which reads the same.
 pub const READ_AFTER_META: &str = "io.herald/after";
 
 /// The hint in a request's `_meta`.

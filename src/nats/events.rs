@@ -14,7 +14,8 @@
 //! - **Serving** ([`Mirror`], a [`Source`]): follows `herald.events.<name>.>` from the start
 //!   ([`Follow`], resuming after the last message applied when its consumer is made again)
 //!   and keeps a ring per URI under the publisher's own seqs ([`EventRing::mirror`]), so
-//!   cursors, reads, `read_json_after` anchors and long polls behave as at the source. A listen
+//!   cursors, reads, `read_json_after` anchors and pages and long polls behave as at the
+//!   source (over the last [`PER_URI`] events, whatever the source's capacity). A listen
 //!   to an event-log URI is admitted whether or not it has events yet (they come when the
 //!   source publishes them); `events/poll` maps its arguments to the URI as the source would
 //!   (the mapping is handed in: roles never import each other). The source's tools are not

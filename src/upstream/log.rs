@@ -198,6 +198,9 @@ fn extract_held(cursor: LogCursor, mut held: Vec<(u64, Value)>) -> (Vec<Event>, 
     (out, LogCursor { last: Some(last) })
 }
 
+/// The most pages of an event log one [`LogFollow::next`] reads.
+const PAGES_PER_READ: usize = 64;
+
 /// An event log followed on one upstream: see [`Upstream::follow_log`].
 pub struct LogFollow {
     up: Arc<Upstream>,
@@ -210,8 +213,8 @@ impl Upstream {
     /// Follows the event log `uri`: listens, then reads (so a change between the two is seen,
     /// never missed). From `cursor` (where an earlier follow got to) the first answer is what
     /// is past it, a `GAP` first when some was missed; without one the read is the baseline:
-    /// the cursor is set at its newest event and the first answer is every event the log holds
-    /// now, as read, for a caller that picks from them itself. A server that refuses the
+    /// the cursor is set at its newest event and the first answer is every event a whole read
+    /// holds now (the newest 1 MiB of a herald log), for a caller that picks from them itself. A server that refuses the
     /// listen, or does not accept this URI, is [`UpstreamError::is_verdict`].
     pub async fn follow_log(
         self: &Arc<Self>,
@@ -320,19 +323,31 @@ impl LogFollow {
         }
     }
 
-    /// What is past the cursor, page by page until the log's newest event.
+    /// What is past the cursor, page by page until the log's newest event (at most
+    /// [`PAGES_PER_READ`]; the next change reads on). A page that fails after others were
+    /// read leaves them taken: they are returned, the cursor past them.
     async fn read(&mut self) -> Result<Vec<Event>, UpstreamError> {
         let mut events = Vec::new();
-        loop {
+        for _ in 0..PAGES_PER_READ {
             let before = self.cursor.last;
-            let text = self.read_text().await?;
-            let (page, next) =
-                extract_log_text(self.cursor, &text).map_err(|e| self.up.unusable(&e))?;
+            let page = match self.read_text().await {
+                Ok(text) => extract_log_text(self.cursor, &text)
+                    .map(|p| (p, crate::mcp::ring::more_waiting(&text)))
+                    .map_err(|e| self.up.unusable(&e)),
+                Err(e) => Err(e),
+            };
+            let ((page, next), more) = match page {
+                Ok(p) => p,
+                Err(e) if events.is_empty() => return Err(e),
+                Err(_) => break,
+            };
             events.extend(page);
             self.cursor = next;
-            if !(before.is_some() && crate::mcp::ring::more_waiting(&text) && next.last > before) {
-                return Ok(events);
+            // A log that restarted below the cursor moves back.
+            if !(before.is_some() && more && next.last != before) {
+                break;
             }
         }
+        Ok(events)
     }
 }

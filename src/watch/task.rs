@@ -24,7 +24,7 @@ use crate::upstream::{Listening, Upstream};
 use crate::watch::events::{StateBase, diff_reads};
 use crate::watch::handle::{Stats, WatchHandle};
 use crate::watch::notice::{Debounce, Dedupe, Line, default_line, object_key, sanitize_line};
-use crate::watch::spec::{KEEP_TRYING_MAX, Notice, WatchSpec};
+use crate::watch::spec::{KEEP_TRYING_MAX, Notice, WatchError, WatchSpec};
 
 /// What a watch compares the next read against.
 pub(super) enum Baseline {
@@ -86,6 +86,10 @@ type FilterRun = std::pin::Pin<
             > + Send,
     >,
 >;
+
+/// The most pages of an event log one update's read takes: a whole ring of the default
+/// capacity many times over, and a bound on what one turn holds up.
+const PAGES_PER_READ: usize = 64;
 
 fn now() -> std::time::Instant {
     tokio::time::Instant::now().into_std()
@@ -220,30 +224,11 @@ impl WatchTask {
                             self.update(&mut base, r, running.is_some());
                         }
                     } else {
-                        // An event log is read page by page until its newest event.
-                        loop {
-                            // 0: the baseline found an empty log; a hint would change nothing.
-                            let after = match &base {
-                                Baseline::Log(c) => c.last.filter(|&n| n > 0),
-                                Baseline::State(_) => None,
-                            };
-                            match read(&self.server, &self.spec.uri, after).await {
-                                Ok(r) => {
-                                    let more = after.is_some() && more_waiting(&r.text);
-                                    self.update(&mut base, r, running.is_some());
-                                    let moved = matches!(&base, Baseline::Log(c) if c.last > after);
-                                    if !(more && moved) {
-                                        break;
-                                    }
-                                }
-                                Err(e) => {
-                                    // Treat it as a lost subscription: the resubscribe path
-                                    // re-reads and diffs, so the change is not lost.
-                                    tracing::warn!(watch = %self.spec.name, error = %e, "read after an update failed; resubscribing");
-                                    ended = true;
-                                    break;
-                                }
-                            }
+                        if let Err(e) = self.read_pages(&mut base, running.is_some()).await {
+                            // Treat it as a lost subscription: the resubscribe path re-reads
+                            // and diffs, so the change is not lost.
+                            tracing::warn!(watch = %self.spec.name, error = %e, "read after an update failed; resubscribing");
+                            ended = true;
                         }
                     }
                     if ended {
@@ -253,7 +238,7 @@ impl WatchTask {
                         {
                             Some((s, r)) => {
                                 sub = s;
-                                self.update(&mut base, r, running.is_some());
+                                self.catch_up(&mut base, r, running.is_some()).await;
                             }
                             None => return,
                         }
@@ -279,13 +264,47 @@ impl WatchTask {
                             sub = s;
                             // The re-read is diffed against the last state (or cursor), so
                             // changes made while unsubscribed are reported now.
-                            self.update(&mut base, r, running.is_some());
+                            self.catch_up(&mut base, r, running.is_some()).await;
                         }
                         None => return,
                     }
                 }
             }
         }
+    }
+
+    /// Reads what changed: a state whole; an event log past its cursor, page by page until
+    /// its newest event (a whole ring at most, [`PAGES_PER_READ`]: past that, the reads to
+    /// come go on).
+    async fn read_pages(&mut self, base: &mut Baseline, filtering: bool) -> Result<(), WatchError> {
+        for _ in 0..PAGES_PER_READ {
+            let after = match &*base {
+                Baseline::Log(c) => c.last,
+                Baseline::State(_) => None,
+            };
+            let r = read(&self.server, &self.spec.uri, after).await?;
+            let more = after.is_some() && more_waiting(&r.text);
+            self.update(base, r, filtering);
+            // A log that restarted below the cursor moves back.
+            let moved = matches!(&*base, Baseline::Log(c) if c.last != after);
+            if !(more && moved) || self.cancel.is_cancelled() {
+                break;
+            }
+        }
+        Ok(())
+    }
+
+    /// Takes the read made on listening again: a state's is diffed against the last; an event
+    /// log that has a cursor reads on from it instead, page by page (the listen is open, so
+    /// nothing is missed), so a watch that fell behind by more than one read holds catches up
+    /// without a GAP; that read, if it fails, stands in.
+    async fn catch_up(&mut self, base: &mut Baseline, r: Read, filtering: bool) {
+        if let Baseline::Log(LogCursor { last: Some(_) }) = base
+            && self.read_pages(base, filtering).await.is_ok()
+        {
+            return;
+        }
+        self.update(base, r, filtering);
     }
 
     /// Listens again after `ended` ended (dropped here, which ends it upstream too), once
@@ -766,8 +785,8 @@ mod tests {
 
     #[tokio::test]
     async fn a_burst_past_a_page_reaches_the_watch_whole_carried_or_read() {
-        for contents in [true, false] {
-            let memo = MemoServer::start().await;
+        for (contents, away) in [(true, false), (false, false), (true, true), (false, true)] {
+            let memo = MemoServer::with_ring(512).await;
             memo.set("a", json!(1)).await;
             let (tx, mut rx) = mpsc::channel(64);
             let mut up = crate::watch::upstream_config(
@@ -776,19 +795,27 @@ mod tests {
                 1 << 20,
             );
             up.contents = contents;
+            // Every event its own line, in notices of any size.
+            let mut cfg = fast();
+            cfg.max_events_per_update = usize::MAX;
+            cfg.debounce.max_lines = usize::MAX;
             let mgr = WatchManager::new(
-                fast(),
+                cfg,
                 vec![memo.upstream_with(up)],
                 tx,
                 WatchLog::silent(),
                 None,
             );
             mgr.watch_start("log", "memo://log", None).await.unwrap();
-            // 12 events of 60 KiB, taken with no await between them: three pages.
-            let keys: Vec<String> = (0..12).map(|i| format!("k{i:02}")).collect();
-            let big = json!("x".repeat(60 << 10));
+            // 200 events of 8 KiB (seven pages, more than a whole read holds), taken with no
+            // await between them; `away`: while the watch's connection is lost, so it catches
+            // up on listening again.
+            let keys: Vec<String> = (0..200).map(|i| format!("k{i:03}")).collect();
+            let big = json!("x".repeat(8 << 10));
+            memo.set_down(away);
             memo.memo
                 .apply_burst(keys.iter().map(|k| (k.clone(), big.clone())).collect());
+            memo.set_down(false);
             let mut lines = Vec::new();
             while lines.len() < keys.len() {
                 lines.extend(next(&mut rx).await.lines);
@@ -796,7 +823,7 @@ mod tests {
             let got: Vec<&str> = lines.iter().map(|l| l.split(' ').nth(1).unwrap()).collect();
             assert_eq!(
                 got, keys,
-                "contents {contents}: every event once, in order: {lines:?}"
+                "contents {contents}, away {away}: every event once, in order"
             );
             mgr.shutdown().await;
         }

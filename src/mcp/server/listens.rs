@@ -19,6 +19,7 @@ use crate::mcp::caller::Caller;
 use crate::mcp::listen::{Ack, ListenOut};
 use crate::mcp::ring::{
     EVENT_LOG_MIME, MAX_EVENT_BYTES, PAGE_BYTES, RING_BYTES, more_waiting, newest_seq,
+    newest_within,
 };
 use crate::mcp::source::{Body, Read};
 use crate::mcp::tasks::TaskFeed;
@@ -117,13 +118,25 @@ impl SourceServer {
             let (server, caller) = (server.clone(), caller.clone());
             Box::pin(async move {
                 match server.read_cut(&caller, Read::after(&uri, after)).await {
-                    Ok(c) => {
+                    Ok(mut c) => {
                         let log = c.mime_type == EVENT_LOG_MIME;
+                        // A log's first read (whole) that is too big: its newest page, which
+                        // is all a baseline needs (the next read starts past its newest).
+                        if let (true, None, Body::Text(t)) = (log, after, &c.body)
+                            && t.len() > CARRY_LOG_MAX
+                            && let Some(cut) = newest_within(t, PAGE_BYTES)
+                        {
+                            c.body = Body::Text(cut);
+                        }
                         if body_len(&c.body) > if log { CARRY_LOG_MAX } else { CARRY_MAX } {
                             return None;
                         }
+                        // A log read with no events (or none numbered): the next starts at 0,
+                        // from the oldest, a page at a time.
                         let (newest, more) = match &c.body {
-                            Body::Text(t) if log => (newest_seq(t), more_waiting(t)),
+                            Body::Text(t) if log => {
+                                (Some(newest_seq(t).unwrap_or(0)), more_waiting(t))
+                            }
                             _ => (None, false),
                         };
                         let value = match c.body {
