@@ -17,7 +17,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::filter::engine::Outcome as FilterOutcome;
 use crate::filter::pool::FilterError;
-use crate::mcp::ring::more_waiting;
+use crate::mcp::ring::{more_waiting, newest_seq};
 use crate::runtime::backoff::Backoff;
 use crate::upstream::log::{Event, LogCursor, extract_log_text};
 use crate::upstream::{Listening, Upstream};
@@ -60,6 +60,10 @@ pub(super) struct WatchTask {
     backlog: VecDeque<(Event, std::time::Instant)>,
     /// Events dropped from a full backlog since the last notice said so.
     backlog_dropped: usize,
+    /// An event log's `seq` this watch read up to itself, past what its stream had carried:
+    /// a carried read whose newest is at or below it was made before and holds nothing new
+    /// (taken, it would read as a log that restarted). Cleared by the first newer one.
+    read_ahead: Option<u64>,
 }
 
 /// What one turn of a watch's loop came to ([`WatchTask::turn`]).
@@ -120,6 +124,7 @@ impl WatchTask {
             scope,
             backlog: VecDeque::new(),
             backlog_dropped: 0,
+            read_ahead: None,
         }
     }
 
@@ -221,6 +226,12 @@ impl WatchTask {
                             reads.drain(..reads.len().saturating_sub(1));
                         }
                         for r in reads {
+                            if let (Baseline::Log(_), Some(floor)) = (&base, self.read_ahead) {
+                                if newest_seq(&r.text).is_some_and(|n| n <= floor) {
+                                    continue;
+                                }
+                                self.read_ahead = None;
+                            }
                             self.update(&mut base, r, running.is_some());
                         }
                     } else {
@@ -285,6 +296,9 @@ impl WatchTask {
             let r = read(&self.server, &self.spec.uri, after).await?;
             let more = after.is_some() && more_waiting(&r.text);
             self.update(base, r, filtering);
+            if let Baseline::Log(c) = &*base {
+                self.read_ahead = c.last;
+            }
             // A log that restarted below the cursor moves back.
             let moved = matches!(&*base, Baseline::Log(c) if c.last != after);
             if !(more && moved) || self.cancel.is_cancelled() {
