@@ -16,7 +16,10 @@
 //!    `?metadata=true` (PartialObjectMetadata), each in a fresh `herald k8s`, in the same run.
 //!
 //! `cargo bench --bench k8s` (HERALD_BENCH_N overrides the 20,000 events;
-//! HERALD_BENCH_ONLY=events runs part 1 alone, HERALD_BENCH_ONLY=metadata part 3 alone).
+//! HERALD_BENCH_ONLY=events runs part 1 alone, HERALD_BENCH_ONLY=metadata part 3 alone;
+//! HERALD_BENCH_RING the `--ring-capacity` of part 1, 16,384 by default: room for the watch
+//! client to fall a few thousand events behind on two busy cores; HERALD_BENCH_LOG=1 prints
+//! the watch client's log).
 
 #[allow(dead_code)]
 #[path = "../it/kube_fake.rs"]
@@ -131,7 +134,11 @@ async fn through_herald(
     via: &str,
     round: usize,
 ) -> (f64, u64) {
-    let (url, _child) = herald_k8s(kubeconfig, 4096, via).await;
+    let ring = std::env::var("HERALD_BENCH_RING")
+        .ok()
+        .and_then(|r| r.parse().ok())
+        .unwrap_or(16384);
+    let (url, _child) = herald_k8s(kubeconfig, ring, via).await;
     let (tx, mut rx) = tokio::sync::mpsc::channel(1024);
     let mut cfg = WatchConfig::default();
     cfg.debounce.quiet = Duration::ZERO;
@@ -145,7 +152,11 @@ async fn through_herald(
             64 << 20,
         )],
         tx,
-        WatchLog::silent(),
+        if std::env::var_os("HERALD_BENCH_LOG").is_some() {
+            WatchLog::stderr(false)
+        } else {
+            WatchLog::silent()
+        },
         None,
     );
     mgr.watch_start("cm", "k8s-events://watch/configmaps?namespace=*", None)
