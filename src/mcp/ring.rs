@@ -690,7 +690,7 @@ mod tests {
                 fields(json!({"key": i, "object": "x".repeat(100)})),
             );
         }
-        let cut = newest_within(&r.read_json(), 400).unwrap();
+        let cut = newest_within(&r.read_json(), 500).unwrap();
         assert_eq!(seqs(&cut), [8, 9, 10]);
         assert_eq!(
             seqs(&newest_within(&r.read_json(), 1).unwrap()),
