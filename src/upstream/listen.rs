@@ -374,6 +374,36 @@ mod tests {
         keys
     }
 
+    #[test]
+    fn carried_reads_made_before_the_readers_own_are_passed_over_but_a_restart_is_not() {
+        use crate::upstream::log::ReadAhead;
+        let mut a = ReadAhead::default();
+        // Nothing read ahead: every carried read is taken.
+        assert!(!a.passed(Some(10)));
+        // The stream's baseline was 80; the reader then read up to 100 itself.
+        a.carried(Some(80));
+        a.read_to(Some(100));
+        assert!(a.passed(Some(90)), "made before: nothing new");
+        assert!(a.passed(Some(100)));
+        assert!(
+            !a.passed(Some(120)),
+            "past it: taken, and the floor is gone"
+        );
+        assert!(
+            !a.passed(Some(110)),
+            "no floor: taken (a restart below the last)"
+        );
+        // A restart while the floor stands: below the last one carried, taken.
+        a.carried(Some(80));
+        a.read_to(Some(100));
+        assert!(a.passed(Some(85)));
+        assert!(
+            !a.passed(Some(5)),
+            "the log restarted below the stream's own reads"
+        );
+        assert!(!a.passed(None));
+    }
+
     #[tokio::test]
     async fn a_burst_past_a_page_is_carried_page_by_page_every_event_once() {
         let memo = MemoServer::with_ring(512).await;

@@ -64,6 +64,50 @@ fn walk(old: &Value, new: &Value, path: &str, depth: usize, out: &mut BTreeSet<S
     }
 }
 
+/// What a reader of an event log whose listen carries reads has read for itself past what its
+/// stream carried (after listening again, or after a carried read that failed): the stream's
+/// reads made before that hold nothing new, and taken, one ending below the cursor would read
+/// as a log that restarted. A carried read is passed over when it continues the stream (its
+/// newest at or past the last one carried) and ends at or below what the reader read itself;
+/// one below the last carried is a log that really restarted, and is taken.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct ReadAhead {
+    /// The seq the reader read up to itself, until the stream carries past it.
+    floor: Option<u64>,
+    /// The newest seq of the last read the stream carried.
+    carried: Option<u64>,
+}
+
+impl ReadAhead {
+    /// The reader read (for itself) up to `seq`.
+    pub fn read_to(&mut self, seq: Option<u64>) {
+        self.floor = seq;
+    }
+
+    /// The stream carried a read whose newest seq is `newest` (its baseline, say).
+    pub fn carried(&mut self, newest: Option<u64>) {
+        if newest.is_some() {
+            self.carried = newest;
+        }
+    }
+
+    /// Whether a carried read whose newest seq is `newest` is one to pass over.
+    pub fn passed(&mut self, newest: Option<u64>) -> bool {
+        let Some(n) = newest else { return false };
+        let stale = self.floor.is_some_and(|f| n <= f) && self.carried.is_none_or(|c| n >= c);
+        self.carried = Some(n);
+        if !stale {
+            self.floor = None;
+        }
+        stale
+    }
+}
+
+/// The most pages of an event log one read after a change takes: a whole ring of the largest
+/// size ([`crate::mcp::ring::MAX_RING_BYTES`]), so a reader that fell behind catches up whole.
+pub const PAGES_PER_READ: usize =
+    crate::mcp::ring::MAX_RING_BYTES / crate::mcp::ring::PAGE_BYTES + 1;
+
 /// Where an event-log watch is: the highest seq delivered.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct LogCursor {
@@ -198,15 +242,13 @@ fn extract_held(cursor: LogCursor, mut held: Vec<(u64, Value)>) -> (Vec<Event>, 
     (out, LogCursor { last: Some(last) })
 }
 
-/// The most pages of an event log one [`LogFollow::next`] reads.
-const PAGES_PER_READ: usize = 64;
-
 /// An event log followed on one upstream: see [`Upstream::follow_log`].
 pub struct LogFollow {
     up: Arc<Upstream>,
     uri: String,
     sub: Listening,
     cursor: LogCursor,
+    ahead: ReadAhead,
 }
 
 impl Upstream {
@@ -241,6 +283,7 @@ impl Upstream {
             uri: uri.to_owned(),
             sub,
             cursor: cursor.unwrap_or_default(),
+            ahead: ReadAhead::default(),
         };
         let first = match cursor {
             Some(_) => follow.read().await?,
@@ -259,6 +302,8 @@ impl Upstream {
                     .collect()
             }
         };
+        // The stream's first carried read (its baseline) was made before this one, or after.
+        follow.ahead.read_to(follow.cursor.last);
         Ok((follow, first))
     }
 }
@@ -305,6 +350,9 @@ impl LogFollow {
             let crate::mcp::source::Body::Text(text) = super::carried(&mut u)?.ok()?.body else {
                 return None;
             };
+            if self.ahead.passed(crate::mcp::ring::newest_seq(&text)) {
+                continue;
+            }
             let (more, next) = extract_log_text(cursor, &text).ok()?;
             events.extend(more);
             cursor = next;
@@ -324,8 +372,8 @@ impl LogFollow {
     }
 
     /// What is past the cursor, page by page until the log's newest event (at most
-    /// [`PAGES_PER_READ`]; the next change reads on). A page that fails after others were
-    /// read leaves them taken: they are returned, the cursor past them.
+    /// [`PAGES_PER_READ`]). A page that fails after others were read leaves them taken: they
+    /// are returned, the cursor past them.
     async fn read(&mut self) -> Result<Vec<Event>, UpstreamError> {
         let mut events = Vec::new();
         for _ in 0..PAGES_PER_READ {
@@ -343,6 +391,7 @@ impl LogFollow {
             };
             events.extend(page);
             self.cursor = next;
+            self.ahead.read_to(next.last);
             // A log that restarted below the cursor moves back.
             if !(before.is_some() && more && next.last != before) {
                 break;

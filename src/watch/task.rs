@@ -17,14 +17,14 @@ use tokio_util::sync::CancellationToken;
 
 use crate::filter::engine::Outcome as FilterOutcome;
 use crate::filter::pool::FilterError;
-use crate::mcp::ring::{more_waiting, newest_seq};
+use crate::mcp::ring::newest_seq;
 use crate::runtime::backoff::Backoff;
-use crate::upstream::log::{Event, LogCursor, extract_log_text};
+use crate::upstream::log::{Event, LogCursor, ReadAhead, extract_log_text};
 use crate::upstream::{Listening, Upstream};
 use crate::watch::events::{StateBase, diff_reads};
 use crate::watch::handle::{Stats, WatchHandle};
 use crate::watch::notice::{Debounce, Dedupe, Line, default_line, object_key, sanitize_line};
-use crate::watch::spec::{KEEP_TRYING_MAX, Notice, WatchError, WatchSpec};
+use crate::watch::spec::{KEEP_TRYING_MAX, Notice, WatchSpec};
 
 /// What a watch compares the next read against.
 pub(super) enum Baseline {
@@ -35,7 +35,7 @@ pub(super) enum Baseline {
 mod read;
 mod stream;
 use read::{Carried, carried_reads};
-pub(crate) use read::{Read, read, subscribe_and_read};
+pub(crate) use read::{Read, subscribe_and_read};
 pub(crate) use stream::events_uri;
 
 pub(super) struct WatchTask {
@@ -60,10 +60,8 @@ pub(super) struct WatchTask {
     backlog: VecDeque<(Event, std::time::Instant)>,
     /// Events dropped from a full backlog since the last notice said so.
     backlog_dropped: usize,
-    /// An event log's `seq` this watch read up to itself, past what its stream had carried:
-    /// a carried read whose newest is at or below it was made before and holds nothing new
-    /// (taken, it would read as a log that restarted). Cleared by the first newer one.
-    read_ahead: Option<u64>,
+    /// What an event-log watch read for itself past what its stream carried.
+    ahead: ReadAhead,
 }
 
 /// What one turn of a watch's loop came to ([`WatchTask::turn`]).
@@ -90,10 +88,6 @@ type FilterRun = std::pin::Pin<
             > + Send,
     >,
 >;
-
-/// The most pages of an event log one update's read takes: a whole ring of the default
-/// capacity many times over, and a bound on what one turn holds up.
-const PAGES_PER_READ: usize = 64;
 
 fn now() -> std::time::Instant {
     tokio::time::Instant::now().into_std()
@@ -124,7 +118,7 @@ impl WatchTask {
             scope,
             backlog: VecDeque::new(),
             backlog_dropped: 0,
-            read_ahead: None,
+            ahead: ReadAhead::default(),
         }
     }
 
@@ -226,16 +220,15 @@ impl WatchTask {
                             reads.drain(..reads.len().saturating_sub(1));
                         }
                         for r in reads {
-                            if let (Baseline::Log(_), Some(floor)) = (&base, self.read_ahead) {
-                                if newest_seq(&r.text).is_some_and(|n| n <= floor) {
-                                    continue;
-                                }
-                                self.read_ahead = None;
+                            if matches!(base, Baseline::Log(_))
+                                && self.ahead.passed(newest_seq(&r.text))
+                            {
+                                continue;
                             }
                             self.update(&mut base, r, running.is_some());
                         }
                     } else {
-                        if let Err(e) = self.read_pages(&mut base, running.is_some()).await {
+                        if let Err((_, e)) = self.read_pages(&mut base, running.is_some()).await {
                             // Treat it as a lost subscription: the resubscribe path re-reads
                             // and diffs, so the change is not lost.
                             tracing::warn!(watch = %self.spec.name, error = %e, "read after an update failed; resubscribing");
@@ -282,43 +275,6 @@ impl WatchTask {
                 }
             }
         }
-    }
-
-    /// Reads what changed: a state whole; an event log past its cursor, page by page until
-    /// its newest event (a whole ring at most, [`PAGES_PER_READ`]: past that, the reads to
-    /// come go on).
-    async fn read_pages(&mut self, base: &mut Baseline, filtering: bool) -> Result<(), WatchError> {
-        for _ in 0..PAGES_PER_READ {
-            let after = match &*base {
-                Baseline::Log(c) => c.last,
-                Baseline::State(_) => None,
-            };
-            let r = read(&self.server, &self.spec.uri, after).await?;
-            let more = after.is_some() && more_waiting(&r.text);
-            self.update(base, r, filtering);
-            if let Baseline::Log(c) = &*base {
-                self.read_ahead = c.last;
-            }
-            // A log that restarted below the cursor moves back.
-            let moved = matches!(&*base, Baseline::Log(c) if c.last != after);
-            if !(more && moved) || self.cancel.is_cancelled() {
-                break;
-            }
-        }
-        Ok(())
-    }
-
-    /// Takes the read made on listening again: a state's is diffed against the last; an event
-    /// log that has a cursor reads on from it instead, page by page (the listen is open, so
-    /// nothing is missed), so a watch that fell behind by more than one read holds catches up
-    /// without a GAP; that read, if it fails, stands in.
-    async fn catch_up(&mut self, base: &mut Baseline, r: Read, filtering: bool) {
-        if let Baseline::Log(LogCursor { last: Some(_) }) = base
-            && self.read_pages(base, filtering).await.is_ok()
-        {
-            return;
-        }
-        self.update(base, r, filtering);
     }
 
     /// Listens again after `ended` ended (dropped here, which ends it upstream too), once

@@ -131,12 +131,14 @@ impl SourceServer {
                         if body_len(&c.body) > if log { CARRY_LOG_MAX } else { CARRY_MAX } {
                             return None;
                         }
-                        // A log read with no events (or none numbered): the next starts at 0,
-                        // from the oldest, a page at a time.
+                        // A first read of a log with no events (or none numbered): the next
+                        // starts at 0, from the oldest, a page at a time. (A later empty one
+                        // leaves where the stream got to as it was.)
                         let (newest, more) = match &c.body {
-                            Body::Text(t) if log => {
-                                (Some(newest_seq(t).unwrap_or(0)), more_waiting(t))
-                            }
+                            Body::Text(t) if log => (
+                                newest_seq(t).or(after.is_none().then_some(0)),
+                                more_waiting(t),
+                            ),
                             _ => (None, false),
                         };
                         let value = match c.body {

@@ -8,7 +8,10 @@ use std::sync::Arc;
 use base64::Engine as _;
 use rmcp::model::{ResourceUpdatedNotification, ServerNotification, SubscriptionFilter};
 
+use super::Baseline;
+use crate::mcp::ring::{more_waiting, newest_seq};
 use crate::mcp::source::{Body, Contents};
+use crate::upstream::log::{LogCursor, PAGES_PER_READ};
 use crate::upstream::{Listening, Upstream, UpstreamError, carried};
 use crate::watch::spec::WatchError;
 
@@ -199,6 +202,57 @@ pub(crate) async fn subscribe_and_read(
         });
     }
     Ok((listening, r))
+}
+
+impl super::WatchTask {
+    /// Reads what changed: a state whole; an event log past its cursor, page by page until
+    /// its newest event (a whole ring at most, [`PAGES_PER_READ`]). An error says whether
+    /// some pages were taken before it.
+    pub(super) async fn read_pages(
+        &mut self,
+        base: &mut Baseline,
+        filtering: bool,
+    ) -> Result<(), (bool, WatchError)> {
+        for page in 0..PAGES_PER_READ {
+            let after = match &*base {
+                Baseline::Log(c) => c.last,
+                Baseline::State(_) => None,
+            };
+            let r = (read(&self.server, &self.spec.uri, after).await).map_err(|e| (page > 0, e))?;
+            let more = after.is_some() && more_waiting(&r.text);
+            self.update(base, r, filtering);
+            if let Baseline::Log(c) = &*base {
+                self.ahead.read_to(c.last);
+            }
+            // A log that restarted below the cursor moves back.
+            let moved = matches!(&*base, Baseline::Log(c) if c.last != after);
+            if !(more && moved) || self.cancel.is_cancelled() {
+                break;
+            }
+        }
+        Ok(())
+    }
+
+    /// Takes the read made on listening again: a state's is diffed against the last; an event
+    /// log that has a cursor reads on from it instead, page by page (the listen is open, so
+    /// nothing is missed), so a watch that fell behind by more than one read holds catches up
+    /// without a GAP. That read stands in when the first page fails; after a later page fails,
+    /// what was taken stands (the stream's next reads say any GAP).
+    pub(super) async fn catch_up(&mut self, base: &mut Baseline, r: Read, filtering: bool) {
+        if let Baseline::Log(LogCursor { last: Some(_) }) = base {
+            // The stream's baseline: its later reads continue from it.
+            self.ahead.carried(newest_seq(&r.text));
+            match self.read_pages(base, filtering).await {
+                Ok(()) => return,
+                Err((true, e)) => {
+                    tracing::warn!(watch = %self.spec.name, error = %e, "a read while catching up failed");
+                    return;
+                }
+                Err((false, _)) => {}
+            }
+        }
+        self.update(base, r, filtering);
+    }
 }
 
 #[cfg(test)]
