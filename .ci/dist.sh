@@ -44,6 +44,11 @@ case "$out" in
   *"static-pie linked"* | *"statically linked"*) ok "file says the binary is statically linked" ;;
   *) fail "file says: $out" ;;
 esac
+# Shipped without its symbol table (a per-package profile override once dropped `strip`).
+case "$out" in
+  *", stripped"*) ok "file says the binary is stripped" ;;
+  *) fail "the binary is not stripped (strip = true in its profile, and in herald's own override): $out" ;;
+esac
 out=$(ldd "$bin" 2>&1 || true)
 echo "ldd: $out"
 case "$out" in
