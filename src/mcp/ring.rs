@@ -39,9 +39,9 @@ pub const RING_BYTES: usize = 1 << 20;
 pub const BYTES_PER_EVENT: usize = 4 << 10;
 
 /// The most bytes of events a ring of `capacity` events keeps: [`BYTES_PER_EVENT`] for each,
-/// at least [`RING_BYTES`] and at most [`MAX_RING_BYTES`]. A bigger `--ring-capacity` is then a longer history in bytes
-/// too, so a reader that falls behind in a burst catches up page by page instead of seeing a
-/// GAP.
+/// at least [`RING_BYTES`] and at most [`MAX_RING_BYTES`]. A bigger `--ring-capacity` is then
+/// a longer history in bytes too, so a reader that falls behind in a burst catches up page by
+/// page instead of seeing a GAP.
 pub fn ring_bytes(capacity: usize) -> usize {
     capacity
         .saturating_mul(BYTES_PER_EVENT)

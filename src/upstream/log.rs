@@ -91,10 +91,12 @@ impl ReadAhead {
         }
     }
 
-    /// Whether a carried read whose newest seq is `newest` is one to pass over.
-    pub fn passed(&mut self, newest: Option<u64>) -> bool {
-        let Some(n) = newest else { return false };
-        let stale = self.floor.is_some_and(|f| n <= f) && self.carried.is_none_or(|c| n >= c);
+    /// Whether a carried read whose newest seq is `newest` is one to pass over (`newest` is
+    /// only looked for while the reader is ahead: a scan of the read saved on every other).
+    pub fn passed(&mut self, newest: impl FnOnce() -> Option<u64>) -> bool {
+        let Some(f) = self.floor else { return false };
+        let Some(n) = newest() else { return false };
+        let stale = n <= f && self.carried.is_none_or(|c| n >= c);
         self.carried = Some(n);
         if !stale {
             self.floor = None;
@@ -256,7 +258,8 @@ impl Upstream {
     /// never missed). From `cursor` (where an earlier follow got to) the first answer is what
     /// is past it, a `GAP` first when some was missed; without one the read is the baseline:
     /// the cursor is set at its newest event and the first answer is every event a whole read
-    /// holds now (the newest 1 MiB of a herald log), for a caller that picks from them itself. A server that refuses the
+    /// holds now (the newest 1 MiB of a herald log), for a caller that picks from them itself.
+    /// A server that refuses the
     /// listen, or does not accept this URI, is [`UpstreamError::is_verdict`].
     pub async fn follow_log(
         self: &Arc<Self>,
@@ -331,6 +334,8 @@ impl LogFollow {
         {
             return Some(Ok(events));
         }
+        // Where the stream got to: its reads below that continue from it.
+        self.ahead.carried(self.cursor.last);
         let r = self.read().await;
         if r.as_ref().is_err_and(UpstreamError::is_broken) {
             self.up.forget_connection_of(&self.sub);
@@ -350,7 +355,7 @@ impl LogFollow {
             let crate::mcp::source::Body::Text(text) = super::carried(&mut u)?.ok()?.body else {
                 return None;
             };
-            if self.ahead.passed(crate::mcp::ring::newest_seq(&text)) {
+            if self.ahead.passed(|| crate::mcp::ring::newest_seq(&text)) {
                 continue;
             }
             let (more, next) = extract_log_text(cursor, &text).ok()?;

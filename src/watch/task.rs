@@ -221,13 +221,17 @@ impl WatchTask {
                         }
                         for r in reads {
                             if matches!(base, Baseline::Log(_))
-                                && self.ahead.passed(newest_seq(&r.text))
+                                && self.ahead.passed(|| newest_seq(&r.text))
                             {
                                 continue;
                             }
                             self.update(&mut base, r, running.is_some());
                         }
                     } else {
+                        // Where the stream got to: its reads below that continue from it.
+                        if let Baseline::Log(c) = &base {
+                            self.ahead.carried(c.last);
+                        }
                         if let Err((_, e)) = self.read_pages(&mut base, running.is_some()).await {
                             // Treat it as a lost subscription: the resubscribe path re-reads
                             // and diffs, so the change is not lost.
