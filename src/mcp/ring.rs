@@ -161,17 +161,27 @@ pub fn newest_seq(text: &str) -> Option<u64> {
 /// an event-log read; `None` when the text is not one.
 pub fn newest_within(text: &str, bytes: usize) -> Option<String> {
     let events = raw_events(text)?;
-    let mut start = events.len();
-    let mut held = 0;
-    for e in events.iter().rev() {
-        if start < events.len() && held + e.get().len() + 1 > bytes {
-            break;
-        }
-        held += e.get().len() + 1;
-        start -= 1;
-    }
+    let start = newest_start(events.iter().map(|e| e.get().len()), bytes);
     let kept: Vec<&str> = events[start..].iter().map(|e| e.get()).collect();
     Some(format!("{{\"events\":[{}]}}", kept.join(",")))
+}
+
+/// Where the newest of the items `lens` (their sizes, oldest first) that fit `budget` bytes
+/// (with a comma each) start: at least the newest one.
+fn newest_start(
+    lens: impl DoubleEndedIterator<Item = usize> + ExactSizeIterator,
+    budget: usize,
+) -> usize {
+    let mut start = lens.len();
+    let mut held = 0;
+    for len in lens.rev() {
+        if held > 0 && held + len + 1 > budget {
+            break;
+        }
+        held += len + 1;
+        start -= 1;
+    }
+    start
 }
 
 /// Milliseconds since the epoch, now.
@@ -337,15 +347,7 @@ impl EventRing {
     /// (at least the newest one), so a read fits a message whatever the ring holds.
     pub fn read_json(&self) -> String {
         let inner = self.inner.locked();
-        let mut start = inner.events.len();
-        let mut bytes = 0;
-        for e in inner.events.iter().rev() {
-            if start < inner.events.len() && bytes + e.text.len() + 1 > RING_BYTES {
-                break;
-            }
-            bytes += e.text.len() + 1;
-            start -= 1;
-        }
+        let start = newest_start(inner.events.iter().map(|e| e.text.len()), RING_BYTES);
         Self::page(&inner, start, inner.events.len(), usize::MAX)
     }
 
