@@ -71,7 +71,15 @@ pub async fn listening(child: &mut Child) -> Value {
             break v;
         }
     };
-    tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
+    // HERALD_BENCH_SERVER_LOG=1: the servers' own log lines on this bench's stderr.
+    let show = std::env::var_os("HERALD_BENCH_SERVER_LOG").is_some();
+    tokio::spawn(async move {
+        while let Ok(Some(l)) = lines.next_line().await {
+            if show {
+                eprintln!("server: {l}");
+            }
+        }
+    });
     v
 }
 

@@ -13,11 +13,13 @@
 //!    connections opens at most 64).
 //! 4. The gateway's RSS after its runs.
 //!
-//! Targets: p50 at one client within 1.3x of direct through the in-process, HTTP and QUIC
-//! upstreams; at 64 clients at least 0.8x direct's calls/s and at least 10,000 calls/s through
-//! the gateway.
+//! Targets: p50 at one client within 1.8x of direct through the HTTP slug, 1.05x through
+//! `herald up`, 1.3x through the QUIC slug; at 64 clients at least 0.5x direct's calls/s
+//! through the HTTP slug, 0.8x and 10,000 calls/s through the others; the stdio slug adds at
+//! most a pipe round trip and 0.05 ms to direct.
 //!
-//! `cargo bench --bench gateway` (HERALD_BENCH_N overrides the 2,000 sequential calls).
+//! `cargo bench --bench gateway` (HERALD_BENCH_N overrides the 2,000 sequential calls;
+//! HERALD_BENCH_ONLY=stdio, http, quic or up runs direct and that case alone).
 //! With `HERALD_BENCH_BASELINE=/path/to/an/older/herald`, each case (direct, each slug kind,
 //! `herald up`) runs with that binary (the memo server, the gateway and its stdio child, or
 //! `herald up`) and this build's in turn (A-B-B-A, half the calls of both loads each), in the
@@ -51,6 +53,20 @@ const TOTAL: usize = 10_000;
 const TARGET_P50_RATIO: f64 = 1.3;
 const TARGET_RATE_RATIO: f64 = 0.8;
 const TARGET_RATE: f64 = 10_000.0;
+
+/// A case's targets: p50 at one client (ratio to direct), calls/s at 64 clients (ratio to
+/// direct, and an absolute floor, 0 for none). The HTTP slug's and `herald up`'s are issue
+/// 33's (the hop is a second HTTP exchange and a second process on the same two cores); the
+/// QUIC slug's the older ones.
+fn targets(label: &str) -> (f64, f64, f64) {
+    if label.contains("HTTP") {
+        (1.8, 0.5, 0.0)
+    } else if label.contains("herald up") {
+        (1.05, TARGET_RATE_RATIO, TARGET_RATE)
+    } else {
+        (TARGET_P50_RATIO, TARGET_RATE_RATIO, TARGET_RATE)
+    }
+}
 
 /// Where to call and what.
 #[derive(Clone)]
@@ -434,11 +450,15 @@ async fn main() {
     })
     .await;
 
+    // HERALD_BENCH_ONLY=http (stdio, quic, up): direct and that case alone, to profile it.
+    let only = std::env::var("HERALD_BENCH_ONLY").ok();
+    let wanted = |name: &str| only.as_deref().is_none_or(|o| o == name);
     let slugs = [
         ("gateway, stdio slug", "stdio"),
         ("gateway, HTTP slug", "http"),
         ("gateway, QUIC slug", "quic"),
     ];
+    let slugs = slugs.into_iter().filter(|(_, name)| wanted(name));
     let mut results: Vec<(&str, Figures, u64)> = Vec::new();
     for (label, name) in slugs {
         let (f, rss) = case(label, baseline, async |b: Build| {
@@ -507,31 +527,33 @@ async fn main() {
     )
     .unwrap();
     let label = "herald up, in-process";
-    let (f, rss) = case(label, baseline, async |b: Build| {
-        let (up, v) = common::serve_with(
-            b.bin,
-            &[
-                "--store",
-                ":memory:",
-                "up",
-                "--config",
-                up_cfg.to_str().unwrap(),
-            ],
-        )
+    if wanted("up") {
+        let (f, rss) = case(label, baseline, async |b: Build| {
+            let (up, v) = common::serve_with(
+                b.bin,
+                &[
+                    "--store",
+                    ":memory:",
+                    "up",
+                    "--config",
+                    up_cfg.to_str().unwrap(),
+                ],
+            )
+            .await;
+            let ep = Endpoint {
+                url: v["http_url"].as_str().unwrap().to_owned(),
+                token: None,
+                tool: "memo__memo_set",
+            };
+            let procs = [("herald up", up.id().unwrap())];
+            let f = measure(&b.label(label), &ep, b.part(n), b.part(TOTAL), None, &procs).await;
+            let rss = rss_kib(up.id().unwrap());
+            stop(up).await;
+            (f, rss)
+        })
         .await;
-        let ep = Endpoint {
-            url: v["http_url"].as_str().unwrap().to_owned(),
-            token: None,
-            tool: "memo__memo_set",
-        };
-        let procs = [("herald up", up.id().unwrap())];
-        let f = measure(&b.label(label), &ep, b.part(n), b.part(TOTAL), None, &procs).await;
-        let rss = rss_kib(up.id().unwrap());
-        stop(up).await;
-        (f, rss)
-    })
-    .await;
-    results.push((label, f, rss));
+        results.push((label, f, rss));
+    }
     let memo_rss = rss_kib(memos[0].child.id().unwrap());
     for m in memos {
         stop(m.child).await;
@@ -577,17 +599,24 @@ async fn main() {
                 ms(floor),
                 verdict(added <= floor)
             );
-        } else {
+        }
+        let (p50_target, rate_target, min_rate) = targets(label);
+        if !label.contains("stdio") {
             println!(
-                "target {label}: p50 at 1 client {p50_ratio:.2}x direct vs <= {TARGET_P50_RATIO}x -> {}",
-                verdict(p50_ratio <= TARGET_P50_RATIO)
+                "target {label}: p50 at 1 client {p50_ratio:.2}x direct vs <= {p50_target}x -> {}",
+                verdict(p50_ratio <= p50_target)
             );
         }
         let rate_ratio = f.rate / direct.rate;
         println!(
-            "target {label}: {:.0} calls/s at {CLIENTS} clients = {rate_ratio:.2}x direct vs >= {TARGET_RATE_RATIO}x and >= {TARGET_RATE:.0} calls/s -> {}",
+            "target {label}: {:.0} calls/s at {CLIENTS} clients = {rate_ratio:.2}x direct vs >= {rate_target}x{} -> {}",
             f.rate,
-            verdict(rate_ratio >= TARGET_RATE_RATIO && f.rate >= TARGET_RATE && f.errors == 0)
+            if min_rate > 0.0 {
+                format!(" and >= {min_rate:.0} calls/s")
+            } else {
+                String::new()
+            },
+            verdict(rate_ratio >= rate_target && f.rate >= min_rate && f.errors == 0)
         );
     }
     let _ = std::fs::remove_dir_all(&scratch);

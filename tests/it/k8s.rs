@@ -428,6 +428,8 @@ async fn the_token_command_mints_credentials_for_every_request() {
 #[tokio::test]
 async fn the_token_command_mints_credentials_for_every_kubectl_connect() {
     let dir = TempDir::new("k8s-token");
+    // A directory a killed run of an earlier process with this pid left is older than this.
+    let started = std::time::SystemTime::now() - std::time::Duration::from_secs(1);
     let counter = dir.path().join("n");
     // Each run prints a new token: minted-1, minted-2, ...
     let cmd = format!(
@@ -466,6 +468,9 @@ async fn the_token_command_mints_credentials_for_every_kubectl_connect() {
             p.file_name()
                 .and_then(|n| n.to_str())
                 .is_some_and(|n| n.starts_with(&format!("herald-k8s-{pid}-")))
+                && std::fs::metadata(p)
+                    .and_then(|m| m.modified())
+                    .is_ok_and(|t| t >= started)
         })
         .collect();
     assert_eq!(private.len(), 1, "{private:?}");
