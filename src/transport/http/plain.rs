@@ -126,7 +126,7 @@ pub(super) struct PlainRequest {
 /// handler, then one JSON body. rmcp would build a whole service per request for it.
 /// Anything else goes on to rmcp.
 pub(super) fn plain_request(headers: &axum::http::HeaderMap, body: &[u8]) -> Option<PlainRequest> {
-    use rmcp::model::{ClientJsonRpcMessage, ClientRequest, GetMeta as _};
+    use rmcp::model::{CallToolRequestParams, ReadResourceRequestParams, RequestMetaObject};
     let method = headers.get("mcp-method")?.to_str().ok()?;
     if method != "tools/call" && method != "resources/read" {
         return None;
@@ -136,58 +136,59 @@ pub(super) fn plain_request(headers: &axum::http::HeaderMap, body: &[u8]) -> Opt
     if name_header.starts_with("=?") {
         return None;
     }
-    let ClientJsonRpcMessage::Request(request) =
-        serde_json::from_slice::<ClientJsonRpcMessage>(body).ok()?
-    else {
-        return None;
+    // The header names the method, so the body is parsed once into that request's params
+    // (rmcp's message type would try each request kind in turn, buffering the body for each).
+    // What does not parse, or names another method, goes on to rmcp, which says what is wrong.
+    let plain_meta = |meta: Option<RequestMetaObject>| {
+        let meta = meta?;
+        let capabilities = meta.client_capabilities();
+        (modern_meta(&meta)
+            && meta.get_progress_token().is_none()
+            && meta.log_level().is_none()
+            && !capabilities.as_ref().is_some_and(|c| c.supports_tasks()))
+        .then_some(capabilities)
     };
-    let meta = request.request.get_meta();
-    if !modern_meta(meta)
-        || meta.get_progress_token().is_some()
-        || meta.log_level().is_some()
-        || meta
-            .client_capabilities()
-            .is_some_and(|c| c.supports_tasks())
-    {
-        return None;
-    }
-    let capabilities = meta.client_capabilities();
-    let what = match request.request {
-        ClientRequest::CallToolRequest(call) if method == "tools/call" => {
-            let name = call.params.name.to_string();
-            // (`Mcp-Param-*` headers were checked before: `param_headers_refused`.)
-            if name_header != name {
-                return None;
-            }
-            let input = crate::mcp::source::Input {
-                responses: call.params.input_responses,
-                request_state: call.params.request_state,
-            };
-            Plain::Call {
-                name,
-                args: call.params.arguments.unwrap_or_default(),
-                call: Box::new(crate::mcp::server::plain_call(capabilities, input)),
-            }
+    let (id, what) = if method == "tools/call" {
+        let r = serde_json::from_slice::<Envelope<CallToolRequestParams>>(body).ok()?;
+        let capabilities = plain_meta(r.params.meta)?;
+        // (`Mcp-Param-*` headers were checked before: `param_headers_refused`.)
+        if r.method != method || name_header != r.params.name {
+            return None;
         }
-        ClientRequest::ReadResourceRequest(read) if method == "resources/read" => {
-            if name_header != read.params.uri {
-                return None;
-            }
-            Plain::Read {
-                after: crate::mcp::source::read_after_of(
-                    read.extensions
-                        .get::<rmcp::model::RequestMetaObject>()
-                        .or(read.params.meta.as_ref()),
-                ),
-                uri: read.params.uri,
-            }
+        let input = crate::mcp::source::Input {
+            responses: r.params.input_responses,
+            request_state: r.params.request_state,
+        };
+        let what = Plain::Call {
+            name: r.params.name.into_owned(),
+            args: r.params.arguments.unwrap_or_default(),
+            call: Box::new(crate::mcp::server::plain_call(capabilities, input)),
+        };
+        (r.id, what)
+    } else {
+        let r = serde_json::from_slice::<Envelope<ReadResourceRequestParams>>(body).ok()?;
+        let after = crate::mcp::source::read_after_of(r.params.meta.as_ref());
+        plain_meta(r.params.meta)?;
+        if r.method != method || name_header != r.params.uri {
+            return None;
         }
-        _ => return None,
+        let what = Plain::Read {
+            after,
+            uri: r.params.uri,
+        };
+        (r.id, what)
     };
-    Some(PlainRequest {
-        id: request.id,
-        what,
-    })
+    Some(PlainRequest { id, what })
+}
+
+/// A JSON-RPC request whose params are `P`.
+#[derive(serde::Deserialize)]
+struct Envelope<P> {
+    #[serde(rename = "jsonrpc")]
+    _version: rmcp::model::JsonRpcVersion2_0,
+    id: rmcp::model::RequestId,
+    method: String,
+    params: P,
 }
 
 impl PlainRequest {
