@@ -62,7 +62,7 @@ fn targets(label: &str) -> (f64, f64, f64) {
     if label.contains("HTTP") {
         (1.8, 0.5, 0.0)
     } else if label.contains("herald up") {
-        (1.05, TARGET_RATE_RATIO, TARGET_RATE)
+        (1.05, TARGET_RATE_RATIO, 0.0)
     } else {
         (TARGET_P50_RATIO, TARGET_RATE_RATIO, TARGET_RATE)
     }
