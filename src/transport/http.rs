@@ -47,7 +47,7 @@ mod first;
 mod params;
 mod plain;
 mod sse;
-use plain::{modern_meta, param_headers_refused, plain_headers, plain_request};
+use plain::{ParamCheck, modern_meta, param_headers_refused, plain_headers, plain_request};
 use sse::sse_listen;
 
 pub use conn::{
@@ -499,11 +499,15 @@ async fn listen_gate(State(gate): State<Gate>, req: Request, next: Next) -> Resp
     let contains = |needle: &[u8]| bytes.windows(needle.len()).any(|w| w == needle);
     if contains(b"tools/call") || contains(b"resources/read") {
         let caller = Caller::from_parts(&parts);
-        if let Some(refused) = param_headers_refused(&parts.headers, &bytes, server, &caller) {
-            return refused;
-        }
-        if let Some(plain) = plain_request(&parts.headers, &bytes) {
-            return plain.answer(server, &caller).await;
+        match param_headers_refused(&parts.headers, &bytes, server, &caller) {
+            ParamCheck::Refused(refused) => return refused,
+            ParamCheck::Passed => {
+                if let Some(plain) = plain_request(&parts.headers, &bytes) {
+                    return plain.answer(server, &caller).await;
+                }
+            }
+            // Not read here: rmcp's to answer.
+            ParamCheck::Unread => {}
         }
     }
     let is_listen = (contains(b"listen") || contains(b"\\u"))

@@ -66,6 +66,45 @@ fn a_plain_call_is_recognised_and_anything_else_left_to_rmcp() {
     assert!(plain_request(&old, &call_body("memo_set", meta)).is_none());
 }
 
+/// The plain parse is strict, so no body that a full parse (the `Mcp-Param-*` check's, or
+/// rmcp's) would read otherwise or refuse is answered in place: an array for the request or
+/// its params (a derived struct takes its fields in order), a field it does not know (junk
+/// a full parse refuses, a stray `result`, a `task`), each left to rmcp.
+#[test]
+fn only_a_plain_object_of_known_fields_is_answered_in_place() {
+    let meta = json!({"io.modelcontextprotocol/protocolVersion": "2026-07-28",
+        "io.modelcontextprotocol/clientCapabilities": {}});
+    let plain = headers(&[
+        ("content-type", "application/json"),
+        ("accept", "application/json, text/event-stream"),
+        ("mcp-protocol-version", "2026-07-28"),
+        ("mcp-method", "tools/call"),
+        ("mcp-name", "deploy"),
+    ]);
+    let params = json!({"_meta": meta, "name": "deploy", "arguments": {"region": "eu-west"}});
+    let good = json!({"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": params});
+    assert!(plain_request(&plain, good.to_string().as_bytes()).is_some());
+    let m = meta.to_string();
+    let args = r#"{"region":"eu-west"}"#;
+    let head = r#"{"jsonrpc":"2.0","id":1,"method":"tools/call","params":"#;
+    for body in [
+        // Junk that a full parse refuses (a number out of range, a lone surrogate).
+        format!(r#"{head}{{"_meta":{m},"name":"deploy","arguments":{args}}},"x":1e400}}"#),
+        format!(r#"{head}{{"_meta":{m},"name":"deploy","arguments":{args},"x":"\udc00"}}}}"#),
+        // The request, or its params, as an array of fields in order.
+        format!(r#"["2.0",1,"tools/call",{{"_meta":{m},"name":"deploy","arguments":{args}}}]"#),
+        format!(r#"{head}[{m},"deploy",{args},null,null]}}"#),
+        // A stray result, and a task (the tasks extension is rmcp's to judge).
+        format!(r#"{head}{{"_meta":{m},"name":"deploy"}},"result":{{}}}}"#),
+        format!(r#"{head}{{"_meta":{m},"name":"deploy","task":{{}}}}}}"#),
+    ] {
+        assert!(
+            plain_request(&plain, body.as_bytes()).is_none(),
+            "answered in place: {body}"
+        );
+    }
+}
+
 /// rmcp's table (`jsonrpc_http_status` and its tests in rmcp 3.11's
 /// `streamable_http_server/tower.rs`), code by code: the protocol's request errors are
 /// `400`, an unknown method `404`, `-32602` `400` only for a malformed `_meta`, and every

@@ -23,7 +23,6 @@
 //! `cargo bench --bench burst` (HERALD_BENCH_N overrides the 20,000 events; HERALD_BENCH_ONLY=memo
 //! or file runs one part; HERALD_BENCH_LOG=1 prints the watch client's log).
 
-use std::process::Stdio;
 use std::time::{Duration, Instant};
 
 use herald::transport::client::{client_config, connect};
@@ -33,7 +32,6 @@ use herald::watch::log::WatchLog;
 use herald::watch::{Notice, WatchConfig, WatchManager};
 use rmcp::model::ReadResourceRequestParams;
 use serde_json::json;
-use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::sync::mpsc;
 
 #[path = "common.rs"]
@@ -255,21 +253,8 @@ async fn file_storm(n: usize) -> (Outcome, f64) {
     std::fs::write(dir.join("warm"), "0").unwrap();
     until(&mut rx, "warm").await;
 
-    let mut iw = tokio::process::Command::new("inotifywait")
-        .args(["-m", "-e", "close_write", "--format", "%f", &d])
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .kill_on_drop(true)
-        .spawn()
-        .expect("inotifywait is installed (apt-get install inotify-tools)");
-    let mut err = BufReader::new(iw.stderr.take().unwrap()).lines();
-    while let Some(l) = err.next_line().await.unwrap() {
-        if l.contains("Watches established") {
-            break;
-        }
-    }
-    let mut lines = BufReader::new(iw.stdout.take().unwrap()).lines();
+    let (mut iw, mut lines, _) =
+        common::inotifywait(&["-m", "-e", "close_write", "--format", "%f", &d]).await;
     let counted = tokio::spawn(async move {
         let mut seen = 0u64;
         while let Ok(Some(l)) = lines.next_line().await {

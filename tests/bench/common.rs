@@ -772,3 +772,39 @@ pub fn cpu_time(pid: u32) -> Duration {
     let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as u64;
     Duration::from_secs_f64(ticks as f64 / hz as f64)
 }
+
+/// Starts `inotifywait ARGS` and waits for "Watches established."; returns the child, its
+/// stdout lines, and how long establishing took.
+#[allow(dead_code)] // the file and burst benches
+pub async fn inotifywait(
+    args: &[&str],
+) -> (
+    tokio::process::Child,
+    tokio::io::Lines<BufReader<tokio::process::ChildStdout>>,
+    Duration,
+) {
+    let started = std::time::Instant::now();
+    let mut child = tokio::process::Command::new("inotifywait")
+        .args(args)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("inotifywait is installed (apt-get install inotify-tools)");
+    let mut err = BufReader::new(child.stderr.take().unwrap()).lines();
+    loop {
+        let l = err
+            .next_line()
+            .await
+            .unwrap()
+            .expect("inotifywait says when its watches are established");
+        if l.contains("Watches established") {
+            break;
+        }
+    }
+    let took = started.elapsed();
+    tokio::spawn(async move { while let Ok(Some(_)) = err.next_line().await {} });
+    let out = BufReader::new(child.stdout.take().unwrap()).lines();
+    (child, out, took)
+}

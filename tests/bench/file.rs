@@ -14,7 +14,6 @@
 //! `cargo bench --bench file` (HERALD_BENCH_N overrides the 10,000 writes).
 
 use std::path::{Path, PathBuf};
-use std::process::Stdio;
 use std::time::{Duration, Instant};
 
 use herald::transport::client::{client_config, connect};
@@ -23,12 +22,10 @@ use herald::transport::target::Target;
 use herald::transport::tls::ClientTrust;
 use rmcp::model::{ReadResourceRequestParams, ServerNotification, SubscriptionFilter};
 
-use tokio::io::{AsyncBufReadExt, BufReader};
-
 #[path = "common.rs"]
 mod common;
 
-use common::{BIN, ms, pct, rss_kib};
+use common::{BIN, inotifywait, ms, pct, rss_kib};
 
 struct Tmp(PathBuf);
 
@@ -45,41 +42,6 @@ impl Drop for Tmp {
     fn drop(&mut self) {
         let _ = std::fs::remove_dir_all(&self.0);
     }
-}
-
-/// Starts `inotifywait ARGS` and waits for "Watches established."; returns the child, its
-/// stdout lines, and how long establishing took.
-async fn inotifywait(
-    args: &[&str],
-) -> (
-    tokio::process::Child,
-    tokio::io::Lines<BufReader<tokio::process::ChildStdout>>,
-    Duration,
-) {
-    let started = Instant::now();
-    let mut child = tokio::process::Command::new("inotifywait")
-        .args(args)
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .kill_on_drop(true)
-        .spawn()
-        .expect("inotifywait is installed (apt-get install inotify-tools)");
-    let mut err = BufReader::new(child.stderr.take().unwrap()).lines();
-    loop {
-        let l = err
-            .next_line()
-            .await
-            .unwrap()
-            .expect("inotifywait says when its watches are established");
-        if l.contains("Watches established") {
-            break;
-        }
-    }
-    let took = started.elapsed();
-    tokio::spawn(async move { while let Ok(Some(_)) = err.next_line().await {} });
-    let out = BufReader::new(child.stdout.take().unwrap()).lines();
-    (child, out, took)
 }
 
 /// Latencies of herald and inotifywait, measured from the start of each write and from its

@@ -13,33 +13,53 @@ use crate::mcp::caller::Caller;
 use crate::mcp::server::SourceServer;
 use crate::mcp::server::dispatch::Plain;
 
-/// A `tools/call` whose `Mcp-Param-*` headers disagree with its arguments, for the tool as
-/// this caller sees it (see [`params`]): `-32020` with `400`, as rmcp answers. `None` for
-/// everything else, which goes on (the tool is read from the `Mcp-Name` header, so the body is
-/// parsed only for a tool that promotes an argument).
+/// What the `Mcp-Param-*` check made of a request ([`param_headers_refused`]).
+pub(super) enum ParamCheck {
+    /// The headers disagree with the arguments: `-32020` with `400`, as rmcp answers.
+    Refused(Response),
+    /// They agree, or there is nothing to check.
+    Passed,
+    /// A tool that promotes an argument, whose body could not be read here: it must not be
+    /// answered as a plain request either (rmcp says what is wrong with it).
+    Unread,
+}
+
+/// The `Mcp-Param-*` check of a `tools/call`, for the tool as this caller sees it (see
+/// [`params`]). The tool is read from the `Mcp-Name` header, so the body is parsed only for a
+/// tool that promotes an argument.
 pub(super) fn param_headers_refused(
     headers: &axum::http::HeaderMap,
     body: &[u8],
     server: &SourceServer,
     caller: &Caller,
-) -> Option<Response> {
+) -> ParamCheck {
     if headers.get("mcp-method").is_none_or(|m| m != "tools/call") {
-        return None;
+        return ParamCheck::Passed;
     }
-    let name = params::name(headers)?;
-    let tool = server.tool(caller, &name)?;
+    let Some(name) = params::name(headers) else {
+        return ParamCheck::Passed;
+    };
+    let Some(tool) = server.tool(caller, &name) else {
+        return ParamCheck::Passed;
+    };
     if !params::promotes(&tool.input_schema) {
-        return None;
+        return ParamCheck::Passed;
     }
-    let request: Value = serde_json::from_slice(body).ok()?;
-    if request.get("method").and_then(Value::as_str) != Some("tools/call") {
-        return None;
+    let Ok(request) = serde_json::from_slice::<Value>(body) else {
+        return ParamCheck::Unread;
+    };
+    if request.get("method").and_then(Value::as_str) != Some("tools/call")
+        || !request.get("params").is_some_and(Value::is_object)
+    {
+        return ParamCheck::Unread;
     }
     let arguments = request.get("params").and_then(|p| p.get("arguments"));
-    let why = params::check(headers, arguments, &tool.input_schema).err()?;
+    let Err(why) = params::check(headers, arguments, &tool.input_schema) else {
+        return ParamCheck::Passed;
+    };
     let id = request.get("id").cloned().unwrap_or(Value::Null);
     let error = json!({"code": rmcp::model::ErrorCode::HEADER_MISMATCH.0, "message": why});
-    Some(rpc_error(StatusCode::BAD_REQUEST, id, error))
+    ParamCheck::Refused(rpc_error(StatusCode::BAD_REQUEST, id, error))
 }
 
 /// The headers, `Accept` and `_meta` every plain request must carry, as rmcp checks them:
@@ -126,7 +146,7 @@ pub(super) struct PlainRequest {
 /// handler, then one JSON body. rmcp would build a whole service per request for it.
 /// Anything else goes on to rmcp.
 pub(super) fn plain_request(headers: &axum::http::HeaderMap, body: &[u8]) -> Option<PlainRequest> {
-    use rmcp::model::{CallToolRequestParams, ReadResourceRequestParams, RequestMetaObject};
+    use rmcp::model::RequestMetaObject;
     let method = headers.get("mcp-method")?.to_str().ok()?;
     if method != "tools/call" && method != "resources/read" {
         return None;
@@ -137,8 +157,9 @@ pub(super) fn plain_request(headers: &axum::http::HeaderMap, body: &[u8]) -> Opt
         return None;
     }
     // The header names the method, so the body is parsed once into that request's params
-    // (rmcp's message type would try each request kind in turn, buffering the body for each).
-    // What does not parse, or names another method, goes on to rmcp, which says what is wrong.
+    // (rmcp's message type would try each request kind in turn, buffering the body for each),
+    // and strictly: objects only, no field it does not know (a `task`, a stray `result`, junk
+    // whose numbers or escapes a full parse would refuse). Anything else goes on to rmcp.
     let plain_meta = |meta: Option<RequestMetaObject>| {
         let meta = meta?;
         let capabilities = meta.client_capabilities();
@@ -149,32 +170,34 @@ pub(super) fn plain_request(headers: &axum::http::HeaderMap, body: &[u8]) -> Opt
         .then_some(capabilities)
     };
     let (id, what) = if method == "tools/call" {
-        let r = serde_json::from_slice::<Envelope<CallToolRequestParams>>(body).ok()?;
-        let capabilities = plain_meta(r.params.meta)?;
+        let Object(r) = serde_json::from_slice::<Object<Envelope<CallParams>>>(body).ok()?;
+        let Object(params) = r.params;
+        let capabilities = plain_meta(params.meta)?;
         // (`Mcp-Param-*` headers were checked before: `param_headers_refused`.)
-        if r.method != method || name_header != r.params.name {
+        if r.method != method || name_header != params.name {
             return None;
         }
         let input = crate::mcp::source::Input {
-            responses: r.params.input_responses,
-            request_state: r.params.request_state,
+            responses: params.input_responses,
+            request_state: params.request_state,
         };
         let what = Plain::Call {
-            name: r.params.name.into_owned(),
-            args: r.params.arguments.unwrap_or_default(),
+            name: params.name,
+            args: params.arguments.unwrap_or_default(),
             call: Box::new(crate::mcp::server::plain_call(capabilities, input)),
         };
         (r.id, what)
     } else {
-        let r = serde_json::from_slice::<Envelope<ReadResourceRequestParams>>(body).ok()?;
-        let after = crate::mcp::source::read_after_of(r.params.meta.as_ref());
-        plain_meta(r.params.meta)?;
-        if r.method != method || name_header != r.params.uri {
+        let Object(r) = serde_json::from_slice::<Object<Envelope<ReadParams>>>(body).ok()?;
+        let Object(params) = r.params;
+        let after = crate::mcp::source::read_after_of(params.meta.as_ref());
+        plain_meta(params.meta)?;
+        if r.method != method || name_header != params.uri {
             return None;
         }
         let what = Plain::Read {
             after,
-            uri: r.params.uri,
+            uri: params.uri,
         };
         (r.id, what)
     };
@@ -183,12 +206,58 @@ pub(super) fn plain_request(headers: &axum::http::HeaderMap, body: &[u8]) -> Opt
 
 /// A JSON-RPC request whose params are `P`.
 #[derive(serde::Deserialize)]
+#[serde(deny_unknown_fields)]
 struct Envelope<P> {
     #[serde(rename = "jsonrpc")]
     _version: rmcp::model::JsonRpcVersion2_0,
     id: rmcp::model::RequestId,
     method: String,
-    params: P,
+    params: Object<P>,
+}
+
+/// A plain `tools/call`'s params: rmcp's `CallToolRequestParams`, strictly.
+#[derive(serde::Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+struct CallParams {
+    #[serde(rename = "_meta")]
+    meta: Option<rmcp::model::RequestMetaObject>,
+    name: String,
+    arguments: Option<rmcp::model::JsonObject>,
+    input_responses: Option<rmcp::model::InputResponses>,
+    request_state: Option<String>,
+}
+
+/// A plain `resources/read`'s params: rmcp's `ReadResourceRequestParams`, strictly.
+#[derive(serde::Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+struct ReadParams {
+    #[serde(rename = "_meta")]
+    meta: Option<rmcp::model::RequestMetaObject>,
+    uri: String,
+    #[serde(rename = "inputResponses")]
+    _input_responses: Option<rmcp::model::InputResponses>,
+    #[serde(rename = "requestState")]
+    _request_state: Option<String>,
+}
+
+/// `T` from a JSON object only (a derived struct takes an array of its fields in order too).
+struct Object<T>(T);
+
+impl<'de, T: serde::Deserialize<'de>> serde::Deserialize<'de> for Object<T> {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct Visit<T>(std::marker::PhantomData<T>);
+        impl<'de, T: serde::Deserialize<'de>> serde::de::Visitor<'de> for Visit<T> {
+            type Value = T;
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str("a JSON object")
+            }
+            fn visit_map<A: serde::de::MapAccess<'de>>(self, map: A) -> Result<T, A::Error> {
+                T::deserialize(serde::de::value::MapAccessDeserializer::new(map))
+            }
+        }
+        d.deserialize_map(Visit(std::marker::PhantomData))
+            .map(Object)
+    }
 }
 
 impl PlainRequest {
