@@ -47,7 +47,9 @@ mod first;
 mod params;
 mod plain;
 mod sse;
-use plain::{ParamCheck, modern_meta, param_headers_refused, plain_headers, plain_request};
+#[cfg(test)]
+use plain::checked_arguments;
+use plain::{modern_meta, param_headers_refused, plain_headers, plain_request};
 use sse::sse_listen;
 
 pub use conn::{
@@ -497,17 +499,22 @@ async fn listen_gate(State(gate): State<Gate>, req: Request, next: Next) -> Resp
     // read) are not parsed twice: a listen's method name contains `listen` unless its letters
     // are written as `\u` escapes, and then the body contains `\u`.
     let contains = |needle: &[u8]| bytes.windows(needle.len()).any(|w| w == needle);
+    // The `Mcp-Param-*` check of every tools/call, whatever path answers it (rmcp does not
+    // check the headers of herald's tools), then the plain shapes herald answers itself.
+    if parts
+        .headers
+        .get("mcp-method")
+        .is_some_and(|m| m == "tools/call")
+    {
+        let caller = Caller::from_parts(&parts);
+        if let Some(refused) = param_headers_refused(&parts.headers, &bytes, server, &caller) {
+            return refused;
+        }
+    }
     if contains(b"tools/call") || contains(b"resources/read") {
         let caller = Caller::from_parts(&parts);
-        match param_headers_refused(&parts.headers, &bytes, server, &caller) {
-            ParamCheck::Refused(refused) => return refused,
-            ParamCheck::Passed => {
-                if let Some(plain) = plain_request(&parts.headers, &bytes) {
-                    return plain.answer(server, &caller).await;
-                }
-            }
-            // Not read here: rmcp's to answer.
-            ParamCheck::Unread => {}
+        if let Some(plain) = plain_request(&parts.headers, &bytes) {
+            return plain.answer(server, &caller).await;
         }
     }
     let is_listen = (contains(b"listen") || contains(b"\\u"))

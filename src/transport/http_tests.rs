@@ -105,6 +105,47 @@ fn only_a_plain_object_of_known_fields_is_answered_in_place() {
     }
 }
 
+/// The `Mcp-Param-*` check reads the arguments the tool gets: a map of values at the top (the
+/// `raw_value` marker key is an ordinary key there, as rmcp reads it, not JSON text to
+/// parse), and refuses (None) what is not a request object with object params.
+#[test]
+fn the_header_check_reads_the_arguments_the_tool_gets() {
+    let (id, args) = checked_arguments(
+        br#"{"jsonrpc":"2.0","id":3,"method":"tools/call","params":{"name":"t","arguments":{"region":"eu"}}}"#,
+    )
+    .unwrap();
+    assert_eq!(id, json!(3));
+    assert_eq!(args, Some(json!({"region": "eu"})));
+    let marker = br#"{"jsonrpc":"2.0","id":3,"method":"tools/call","params":{"name":"t","arguments":{"$serde_json::private::RawValue":"{\"region\":\"eu\"}"}}}"#;
+    let (_, args) = checked_arguments(marker).unwrap();
+    assert!(
+        args.as_ref().and_then(|a| a.get("region")).is_none(),
+        "the marker's text is not taken as the arguments: {args:?}"
+    );
+    // rmcp reads the same arguments from the same bytes.
+    let rmcp::model::ClientJsonRpcMessage::Request(r) =
+        serde_json::from_slice::<rmcp::model::ClientJsonRpcMessage>(marker).unwrap()
+    else {
+        panic!("a request")
+    };
+    let rmcp::model::ClientRequest::CallToolRequest(call) = r.request else {
+        panic!("a call")
+    };
+    assert_eq!(call.params.arguments.map(Value::Object), args);
+    for bad in [
+        &br#"["2.0",3,"tools/call",{"name":"t","arguments":{"region":"eu"}}]"#[..],
+        br#"{"jsonrpc":"2.0","id":3,"method":"tools/call","params":[null,"t",{"region":"eu"}]}"#,
+        br#"{"jsonrpc":"2.0","id":3,"method":"tools/call"}"#,
+        br#"not json"#,
+    ] {
+        assert!(
+            checked_arguments(bad).is_none(),
+            "{}",
+            String::from_utf8_lossy(bad)
+        );
+    }
+}
+
 /// rmcp's table (`jsonrpc_http_status` and its tests in rmcp 3.11's
 /// `streamable_http_server/tower.rs`), code by code: the protocol's request errors are
 /// `400`, an unknown method `404`, `-32602` `400` only for a malformed `_meta`, and every

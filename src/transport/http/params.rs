@@ -7,8 +7,10 @@
 //! hook returns, which cannot know who asks: the gateway shows each caller its own tools. So
 //! herald checks them here, for every `tools/call` on every path (answered in the gate or by
 //! rmcp), against the tool as this caller sees it
-//! ([`SourceServer::header_tool`](crate::mcp::server::SourceServer::header_tool)), and
-//! `get_tool` answers nothing. The rules are rmcp 3.11's (`validate_request_headers`), which
+//! ([`SourceServer::tool`](crate::mcp::server::SourceServer::tool)): the gate runs the check
+//! on every request whose `Mcp-Method` is `tools/call`, whatever its body spells, reads the
+//! arguments as the tool gets them, and refuses a body it cannot read; `get_tool` answers
+//! nothing. The rules are rmcp 3.11's (`validate_request_headers`), which
 //! it does not export.
 
 use axum::http::HeaderMap;

@@ -1,7 +1,7 @@
 //! The requests herald's HTTP gate answers itself, ahead of rmcp: a `tools/call` or
 //! `resources/read` in the plain shape every 2026-07-28 client sends ([`plain_request`]: the
 //! shape is this file's to judge, the answer is `SourceServer::answer`'s, written here as one
-//! JSON body), and the `Mcp-Param-*` header check every `tools/call` gets first
+//! JSON body), and the `Mcp-Param-*` header check every `tools/call` gets first, on every path
 //! ([`param_headers_refused`]).
 
 use axum::http::{StatusCode, header};
@@ -13,59 +13,65 @@ use crate::mcp::caller::Caller;
 use crate::mcp::server::SourceServer;
 use crate::mcp::server::dispatch::Plain;
 
-/// What the `Mcp-Param-*` check made of a request ([`param_headers_refused`]).
-pub(super) enum ParamCheck {
-    /// The headers disagree with the arguments: `-32020` with `400`, as rmcp answers.
-    Refused(Response),
-    /// They agree, or there is nothing to check.
-    Passed,
-    /// A tool that promotes an argument, whose body could not be read here: it must not be
-    /// answered as a plain request either (rmcp says what is wrong with it).
-    Unread,
-}
-
-/// The `Mcp-Param-*` check of a `tools/call`, for the tool as this caller sees it (see
-/// [`params`]). The tool is read from the `Mcp-Name` header, so the body is parsed only for a
-/// tool that promotes an argument.
+/// The `Mcp-Param-*` check of a `tools/call` (by its `Mcp-Method` header, however its body
+/// spells the method), for the tool as this caller sees it (see [`params`]): `-32020` with
+/// `400`, as rmcp answers, when the headers disagree with the arguments; `-32600` with `400`
+/// when such a tool's body cannot be read for the check (rmcp, which would run the tool, does
+/// not check the headers of herald's tools). `None` for everything else, which goes on. The
+/// tool is read from the `Mcp-Name` header, so the body is parsed only for a tool that
+/// promotes an argument, and into the types rmcp and [`plain_request`] read it with (the
+/// arguments a map of values), so the check sees the arguments the tool gets.
 pub(super) fn param_headers_refused(
     headers: &axum::http::HeaderMap,
     body: &[u8],
     server: &SourceServer,
     caller: &Caller,
-) -> ParamCheck {
+) -> Option<Response> {
     if headers.get("mcp-method").is_none_or(|m| m != "tools/call") {
-        return ParamCheck::Passed;
+        return None;
     }
-    let Some(name) = params::name(headers) else {
-        return ParamCheck::Passed;
-    };
-    let Some(tool) = server.tool(caller, &name) else {
-        return ParamCheck::Passed;
-    };
+    let name = params::name(headers)?;
+    let tool = server.tool(caller, &name)?;
     if !params::promotes(&tool.input_schema) {
-        return ParamCheck::Passed;
+        return None;
     }
-    let Ok(request) = serde_json::from_slice::<Value>(body) else {
-        return ParamCheck::Unread;
+    let Some((id, arguments)) = checked_arguments(body) else {
+        let error = json!({"code": -32600, "message": format!(
+            "cannot check the Mcp-Param-* headers of {name} against this body; send a JSON-RPC \
+             request object whose params are an object with the arguments")});
+        return Some(rpc_error(StatusCode::BAD_REQUEST, Value::Null, error));
     };
-    if request.get("method").and_then(Value::as_str) != Some("tools/call")
-        || !request.get("params").is_some_and(Value::is_object)
-    {
-        return ParamCheck::Unread;
-    }
-    let arguments = request.get("params").and_then(|p| p.get("arguments"));
-    let Err(why) = params::check(headers, arguments, &tool.input_schema) else {
-        return ParamCheck::Passed;
-    };
-    let id = request.get("id").cloned().unwrap_or(Value::Null);
+    let why = params::check(headers, arguments.as_ref(), &tool.input_schema).err()?;
     let error = json!({"code": rmcp::model::ErrorCode::HEADER_MISMATCH.0, "message": why});
-    ParamCheck::Refused(rpc_error(StatusCode::BAD_REQUEST, id, error))
+    Some(rpc_error(StatusCode::BAD_REQUEST, id, error))
+}
+
+/// A `tools/call` body's id and arguments as the tool gets them (a map of values, as rmcp and
+/// [`plain_request`] read them); `None` when it is not a request object with object params.
+pub(super) fn checked_arguments(body: &[u8]) -> Option<(Value, Option<Value>)> {
+    let Object(request) = serde_json::from_slice::<Object<CheckedCall>>(body).ok()?;
+    let Object(params) = request.params;
+    Some((request.id, params.arguments.map(Value::Object)))
+}
+
+/// What the `Mcp-Param-*` check reads of a `tools/call`.
+#[derive(serde::Deserialize)]
+struct CheckedCall {
+    #[serde(default)]
+    id: Value,
+    params: Object<CheckedParams>,
+}
+
+/// Its params: the arguments alone.
+#[derive(serde::Deserialize)]
+struct CheckedParams {
+    arguments: Option<rmcp::model::JsonObject>,
 }
 
 /// The headers, `Accept` and `_meta` every plain request must carry, as rmcp checks them:
 /// `MCP-Protocol-Version` 2026-07-28 and `Mcp-Method` `method` once each, an exact
 /// `application/json` body, both media types accepted (none weighted zero, no quoted
-/// parameters), no session or parameter headers, and a `_meta` naming the version and the
+/// parameters), no session header, and a `_meta` naming the version and the
 /// client's capabilities. `Some(Mcp-Name)` when all hold (`Some(None)` when there is none).
 pub(super) fn plain_headers<'h>(
     headers: &'h axum::http::HeaderMap,
