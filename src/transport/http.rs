@@ -501,19 +501,16 @@ async fn listen_gate(State(gate): State<Gate>, req: Request, next: Next) -> Resp
     let contains = |needle: &[u8]| bytes.windows(needle.len()).any(|w| w == needle);
     // The `Mcp-Param-*` check of every tools/call, whatever path answers it (rmcp does not
     // check the headers of herald's tools), then the plain shapes herald answers itself.
-    if parts
-        .headers
-        .get("mcp-method")
-        .is_some_and(|m| m == "tools/call")
-    {
+    let call = (parts.headers.get("mcp-method")).is_some_and(|m| m == "tools/call");
+    let plain = contains(b"tools/call") || contains(b"resources/read");
+    if call || plain {
         let caller = Caller::from_parts(&parts);
-        if let Some(refused) = param_headers_refused(&parts.headers, &bytes, server, &caller) {
+        if call
+            && let Some(refused) = param_headers_refused(&parts.headers, &bytes, server, &caller)
+        {
             return refused;
         }
-    }
-    if contains(b"tools/call") || contains(b"resources/read") {
-        let caller = Caller::from_parts(&parts);
-        if let Some(plain) = plain_request(&parts.headers, &bytes) {
+        if plain && let Some(plain) = plain_request(&parts.headers, &bytes) {
             return plain.answer(server, &caller).await;
         }
     }
