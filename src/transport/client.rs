@@ -215,37 +215,54 @@ pub trait Tap: Send + Sync + 'static {
     fn outgoing(&self, _message: &mut rmcp::service::TxJsonRpcMessage<RoleClient>) {}
 }
 
-/// A client transport whose [`Tap`] sees each message as it is received.
-struct Tapped<T> {
-    inner: T,
+/// Every client connection's transport, whatever it runs on: line-framed (a child's pipes,
+/// a QUIC stream, an in-process pipe) or streamable HTTP, with a [`Tap`] seeing each message.
+/// One type, so rmcp's client loop is compiled once per handler rather than once per kind
+/// of stream.
+struct ClientTransport {
+    wire: Wire,
     tap: Option<std::sync::Arc<dyn Tap>>,
 }
 
-impl<T: rmcp::transport::Transport<RoleClient>> rmcp::transport::Transport<RoleClient>
-    for Tapped<T>
-{
-    type Error = T::Error;
+enum Wire {
+    Lines(LineTransport<RoleClient>),
+    Http(StreamableHttpClientTransport<reqwest::Client>),
+}
+
+impl rmcp::transport::Transport<RoleClient> for ClientTransport {
+    type Error = std::io::Error;
 
     fn send(
         &mut self,
         mut item: rmcp::service::TxJsonRpcMessage<RoleClient>,
     ) -> impl std::future::Future<Output = Result<(), Self::Error>> + Send + 'static {
+        use futures::TryFutureExt;
+        use futures::future::Either;
         if let Some(tap) = &self.tap {
             tap.outgoing(&mut item);
         }
-        self.inner.send(item)
+        match &mut self.wire {
+            Wire::Lines(t) => Either::Left(t.send(item)),
+            Wire::Http(t) => Either::Right(t.send(item).map_err(std::io::Error::other)),
+        }
     }
 
     async fn receive(&mut self) -> Option<rmcp::service::RxJsonRpcMessage<RoleClient>> {
-        let message = self.inner.receive().await?;
+        let message = match &mut self.wire {
+            Wire::Lines(t) => t.receive().await,
+            Wire::Http(t) => t.receive().await,
+        }?;
         if let Some(tap) = &self.tap {
             tap.seen(&message);
         }
         Some(message)
     }
 
-    fn close(&mut self) -> impl std::future::Future<Output = Result<(), Self::Error>> + Send {
-        self.inner.close()
+    async fn close(&mut self) -> Result<(), Self::Error> {
+        match &mut self.wire {
+            Wire::Lines(t) => t.close().await,
+            Wire::Http(t) => t.close().await.map_err(std::io::Error::other),
+        }
     }
 }
 
@@ -314,8 +331,8 @@ pub async fn connect_tapped<H: ClientHandler>(
                 config = config.auth_header(t.0.clone());
             }
             let client = mcp_http_client().map_err(|e| unreachable(e.to_string()))?;
-            let transport = Tapped {
-                inner: StreamableHttpClientTransport::with_client(client, config),
+            let transport = ClientTransport {
+                wire: Wire::Http(StreamableHttpClientTransport::with_client(client, config)),
                 tap,
             };
             let service =
@@ -336,12 +353,12 @@ pub async fn connect_tapped<H: ClientHandler>(
                 .await
                 .map_err(unreachable)?;
             let mut transport =
-                LineTransport::<RoleClient, _>::new(recv, send, max_message_bytes, false);
+                LineTransport::<RoleClient>::new(recv, send, max_message_bytes, false);
             if let Some(t) = &trust.token {
                 transport = transport.with_request_meta(TOKEN_META_KEY, t.0.clone());
             }
-            let transport = Tapped {
-                inner: transport,
+            let transport = ClientTransport {
+                wire: Wire::Lines(transport),
                 tap,
             };
             let service = tokio::time::timeout_at(
@@ -367,39 +384,48 @@ pub async fn connect_tapped<H: ClientHandler>(
 /// Connects over an already-open byte stream in the stdio framing (newline-delimited
 /// JSON-RPC): a child's pipes, or an in-memory pipe to an in-process server. `target` only
 /// names the connection.
-pub async fn connect_stream<H, R, W>(
+pub fn connect_stream<H, R, W>(
     target: Target,
     read: R,
     write: W,
     handler: H,
     max_message_bytes: usize,
-) -> Result<Connection<H>, ConnectError>
+) -> impl std::future::Future<Output = Result<Connection<H>, ConnectError>>
 where
     H: ClientHandler,
     R: tokio::io::AsyncRead + Send + Unpin + 'static,
     W: tokio::io::AsyncWrite + Send + Unpin + 'static,
 {
-    connect_stream_tapped(target, read, write, handler, max_message_bytes, None).await
+    connect_stream_tapped(target, read, write, handler, max_message_bytes, None)
 }
 
 /// [`connect_stream`], with `tap` seeing every message the server sends, in wire order.
-pub async fn connect_stream_tapped<H, R, W>(
+pub fn connect_stream_tapped<H, R, W>(
     target: Target,
     read: R,
     write: W,
     handler: H,
     max_message_bytes: usize,
     tap: Option<std::sync::Arc<dyn Tap>>,
-) -> Result<Connection<H>, ConnectError>
+) -> impl std::future::Future<Output = Result<Connection<H>, ConnectError>>
 where
     H: ClientHandler,
     R: tokio::io::AsyncRead + Send + Unpin + 'static,
     W: tokio::io::AsyncWrite + Send + Unpin + 'static,
 {
-    let transport = Tapped {
-        inner: LineTransport::<RoleClient, _>::new(read, write, max_message_bytes, false),
+    let transport = ClientTransport {
+        wire: Wire::Lines(LineTransport::new(read, write, max_message_bytes, false)),
         tap,
     };
+    handshake_stream(target, transport, handler)
+}
+
+/// The handshake on a byte stream (not generic in the stream: see [`ClientTransport`]).
+async fn handshake_stream<H: ClientHandler>(
+    target: Target,
+    transport: ClientTransport,
+    handler: H,
+) -> Result<Connection<H>, ConnectError> {
     let service = handler
         .serve_with_lifecycle(transport, lifecycle())
         .await

@@ -45,12 +45,18 @@ mod in_flight;
 
 use in_flight::{InFlight, InFlightLimit};
 
+/// The byte streams a [`LineTransport`] reads and writes, boxed: the transport and the
+/// service loop rmcp runs on it are compiled once for every kind of stream (stdio, QUIC,
+/// pipes), not once per stream type.
+type Reader = Box<dyn AsyncRead + Send + Unpin>;
+type Writer = Box<dyn AsyncWrite + Send + Unpin>;
+
 /// Frames queued for the writer task.
 const WRITE_QUEUE: usize = 256;
 
 /// JSON-RPC transport over a line-framed byte stream. See the module docs.
-pub struct LineTransport<Role: ServiceRole, R> {
-    reader: BufReader<R>,
+pub struct LineTransport<Role: ServiceRole> {
+    reader: BufReader<Reader>,
     line: Vec<u8>,
     discarding: bool,
     max_line: usize,
@@ -84,21 +90,18 @@ struct Parked<M> {
     size: usize,
 }
 
-impl<Role, R> LineTransport<Role, R>
-where
-    Role: ServiceRole,
-    R: AsyncRead + Send + Unpin + 'static,
-{
+impl<Role: ServiceRole> LineTransport<Role> {
     /// `max_line` bounds one incoming message in bytes. `reply_errors` is true on the server
     /// side, where bad input is answered with a JSON-RPC error.
-    pub fn new<W>(read: R, write: W, max_line: usize, reply_errors: bool) -> Self
+    pub fn new<R, W>(read: R, write: W, max_line: usize, reply_errors: bool) -> Self
     where
+        R: AsyncRead + Send + Unpin + 'static,
         W: AsyncWrite + Send + Unpin + 'static,
     {
         let (tx, rx) = mpsc::channel(WRITE_QUEUE);
-        let writer_done = tokio::spawn(write_loop(write, rx));
+        let writer_done = tokio::spawn(write_loop(Box::new(write), rx));
         LineTransport {
-            reader: BufReader::with_capacity(64 * 1024, read),
+            reader: BufReader::with_capacity(64 * 1024, Box::new(read) as Reader),
             line: Vec::new(),
             discarding: false,
             max_line,
@@ -201,16 +204,14 @@ where
     }
 }
 
-impl<R> LineTransport<RoleServer, R>
-where
-    R: AsyncRead + Send + Unpin + 'static,
-{
+impl LineTransport<RoleServer> {
     /// The server side of a line-framed connection for a server with `limits`: its message
     /// limit, its listens' `taskIds` carried past rmcp's parser, and at most
     /// [`max_in_flight`](Limits::max_in_flight) of the peer's requests (and
     /// [`max_in_flight_bytes`](Limits::max_in_flight_bytes) of them) run at once.
-    pub fn server<W>(read: R, write: W, limits: &Limits) -> Self
+    pub fn server<R, W>(read: R, write: W, limits: &Limits) -> Self
     where
+        R: AsyncRead + Send + Unpin + 'static,
         W: AsyncWrite + Send + Unpin + 'static,
     {
         LineTransport::new(read, write, limits.max_message_bytes, true)
@@ -221,17 +222,27 @@ where
 
 /// Serves one connection's server (`service`: stdio's, a QUIC stream's, an in-process pipe's)
 /// on a line-framed byte stream until the session ends or `ct` is cancelled.
-pub async fn serve<R, W>(
+/// Must be called within the runtime (the transport's writer task starts here).
+pub fn serve<R, W>(
     service: ConnServer,
     read: R,
     write: W,
     ct: tokio_util::sync::CancellationToken,
-) -> Result<(), rmcp::service::ServerInitializeError>
+) -> impl Future<Output = Result<(), rmcp::service::ServerInitializeError>> + Send + 'static
 where
     R: AsyncRead + Send + Unpin + 'static,
     W: AsyncWrite + Send + Unpin + 'static,
 {
     let transport = LineTransport::server(read, write, service.limits());
+    serve_transport(service, transport, ct)
+}
+
+/// [`serve`] on its transport (not generic in the stream: see [`Reader`]).
+async fn serve_transport(
+    service: ConnServer,
+    transport: LineTransport<RoleServer>,
+    ct: tokio_util::sync::CancellationToken,
+) -> Result<(), rmcp::service::ServerInitializeError> {
     let running = rmcp::ServiceExt::serve_with_ct(service, transport, ct).await?;
     let _ = running.waiting().await;
     Ok(())
@@ -301,7 +312,7 @@ enum LineRead {
     Eof,
 }
 
-async fn write_loop<W: AsyncWrite + Unpin>(write: W, mut rx: mpsc::Receiver<Vec<u8>>) {
+async fn write_loop(write: Writer, mut rx: mpsc::Receiver<Vec<u8>>) {
     let mut w = tokio::io::BufWriter::with_capacity(64 * 1024, write);
     while let Some(frame) = rx.recv().await {
         if w.write_all(&frame).await.is_err() {
@@ -320,11 +331,7 @@ async fn write_loop<W: AsyncWrite + Unpin>(write: W, mut rx: mpsc::Receiver<Vec<
     let _ = w.shutdown().await;
 }
 
-impl<Role, R> Transport<Role> for LineTransport<Role, R>
-where
-    Role: ServiceRole,
-    R: AsyncRead + Send + Unpin + 'static,
-{
+impl<Role: ServiceRole> Transport<Role> for LineTransport<Role> {
     type Error = std::io::Error;
 
     fn send(

@@ -176,7 +176,7 @@ async fn drive<Role: ServiceRole>(run: &Run<'_>) -> Got {
     let reader = Chunked::new(run.input, run.cuts);
     // A small pipe, so a burst of error answers meets backpressure.
     let (out_w, mut out_r) = tokio::io::duplex(512);
-    let mut t = LineTransport::<Role, _>::new(reader, out_w, run.max, run.server);
+    let mut t = LineTransport::<Role>::new(reader, out_w, run.max, run.server);
     if run.acks {
         t = t.with_task_ids_carried();
     }

@@ -13,7 +13,7 @@ async fn run(input: &[u8], max: usize) -> (Vec<String>, String) {
     let (client, server) = tokio::io::duplex(1 << 20);
     let (sr, sw) = tokio::io::split(server);
     let (mut cr, mut cw) = tokio::io::split(client);
-    let mut t = LineTransport::<RoleServer, _>::new(sr, sw, max, true);
+    let mut t = LineTransport::<RoleServer>::new(sr, sw, max, true);
     cw.write_all(input).await.unwrap();
     cw.shutdown().await.unwrap();
     let mut methods = Vec::new();
@@ -94,14 +94,14 @@ fn server_with_limit(
     max_line: usize,
     in_flight: usize,
 ) -> (
-    LineTransport<RoleServer, tokio::io::ReadHalf<tokio::io::DuplexStream>>,
+    LineTransport<RoleServer>,
     tokio::io::ReadHalf<tokio::io::DuplexStream>,
     tokio::io::WriteHalf<tokio::io::DuplexStream>,
 ) {
     let (client, server) = tokio::io::duplex(1 << 20);
     let (sr, sw) = tokio::io::split(server);
     let (cr, cw) = tokio::io::split(client);
-    let t = LineTransport::<RoleServer, _>::new(sr, sw, max_line, true)
+    let t = LineTransport::<RoleServer>::new(sr, sw, max_line, true)
         .with_in_flight_limit(in_flight, 1 << 30);
     (t, cr, cw)
 }
@@ -184,7 +184,7 @@ async fn reading_stops_once_the_parked_requests_fill_their_allowance() {
 async fn memory_is_given_back_when_a_burst_ends() {
     use std::sync::atomic::Ordering;
     let (mut t, _cr, mut cw) = server_with_limit(1024, 2);
-    let burst = |t: &LineTransport<RoleServer, _>| t.in_flight.as_ref().unwrap().0.running().burst;
+    let burst = |t: &LineTransport<RoleServer>| t.in_flight.as_ref().unwrap().0.running().burst;
     for id in 1..=2 {
         cw.write_all(request(id, "tools/list").as_bytes())
             .await
@@ -305,7 +305,7 @@ async fn a_listens_task_ids_go_beside_the_request_and_cannot_be_forged() {
     let (client, server) = tokio::io::duplex(1 << 20);
     let (sr, sw) = tokio::io::split(server);
     let (_cr, mut cw) = tokio::io::split(client);
-    let mut t = LineTransport::<RoleServer, _>::new(sr, sw, 1 << 20, true).with_task_ids_carried();
+    let mut t = LineTransport::<RoleServer>::new(sr, sw, 1 << 20, true).with_task_ids_carried();
     let listen = |id: u64, notifications: Value, meta: Value| {
         json!({"jsonrpc": "2.0", "id": id, "method": "subscriptions/listen",
                "params": {"notifications": notifications, "_meta": meta}})
