@@ -16,6 +16,7 @@
 
 pub mod agent;
 pub mod app;
+pub mod auth;
 pub mod cli;
 pub mod filter;
 #[cfg(test)]
