@@ -2,5 +2,6 @@
 //! for herald's endpoints, verified without asking the provider ([`jwt`]), against its
 //! published keys ([`jwks`]).
 
+pub mod issuer;
 pub mod jwks;
 pub mod jwt;

@@ -11,12 +11,13 @@
 //! caller and the upstreams it watches; a swap ends (cancels) every held stream whose caller
 //! may no longer use one of them, or whose upstream was removed or replaced.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex, RwLock};
 
 use sha2::Digest;
 use tokio_util::sync::CancellationToken;
 
+use crate::auth::issuer::{Grant, Issuers};
 use crate::gateway::config::Token;
 use crate::mcp::source::{Authentication, Caller, SourceError};
 use crate::sync::{Recover, RecoverRw};
@@ -32,6 +33,9 @@ pub(crate) struct Entitled {
     open_to_loopback: bool,
     /// The one slug whose tools and prompts keep their upstream names (`prefix = false`).
     pub(super) bare: Option<String>,
+    /// `[[issuer]]`s: identity providers whose access tokens (JWTs) are taken beside the
+    /// tokens, their scopes entitling (`herald:SLUG`, `herald:SLUG:read`, `herald:*`).
+    issuers: Option<Arc<Issuers>>,
 }
 
 impl Entitled {
@@ -43,7 +47,66 @@ impl Entitled {
             tokens,
             open_to_loopback: false,
             bare: None,
+            issuers: None,
         }
+    }
+
+    /// Takes the access tokens `issuers` issue (none when empty).
+    pub(crate) fn issuers(mut self, issuers: Option<Arc<Issuers>>) -> Entitled {
+        self.issuers = issuers.filter(|i| !i.is_empty());
+        self
+    }
+
+    /// The issuers taken now, if any (a reload keeps them when its `[[issuer]]`s are the same).
+    pub(crate) fn issuers_now(&self) -> Option<&Arc<Issuers>> {
+        self.issuers.as_ref()
+    }
+
+    /// What `caller`'s access token grants: a JWT (not a `[[token]]`) an issuer's keys
+    /// verify, with the keys held now.
+    fn grant(&self, caller: &Caller) -> Option<Grant> {
+        let t = caller.token.as_deref()?;
+        let issuers = self.issuers.as_ref()?;
+        if !crate::auth::jwt::looks_like_jwt(t) || self.token(t).is_some() {
+            return None;
+        }
+        issuers.verify(t).ok()
+    }
+
+    /// The slugs a grant's scopes entitle, each `true` when only for reading:
+    /// `herald:SLUG` and `herald:*` for everything, `herald:SLUG:read` and `herald:*:read`
+    /// for reads and read-only tools alone. Other scopes are not herald's and entitle nothing.
+    fn granted(&self, grant: &Grant) -> BTreeMap<String, bool> {
+        let mut out: BTreeMap<String, bool> = BTreeMap::new();
+        let mut give = |slug: &str, read_only: bool| {
+            let e = out.entry(slug.to_owned()).or_insert(read_only);
+            *e = *e && read_only;
+        };
+        for scope in &grant.scopes {
+            let Some(rest) = scope.strip_prefix("herald:") else {
+                continue;
+            };
+            let (slug, read_only) = match rest.strip_suffix(":read") {
+                Some(slug) => (slug, true),
+                None => (rest, false),
+            };
+            if slug == "*" {
+                for u in &self.upstreams {
+                    give(&u.name, read_only);
+                }
+            } else if self.upstreams.iter().any(|u| u.name == slug) {
+                give(slug, read_only);
+            }
+        }
+        out
+    }
+
+    /// Whether `caller` may use slug `slug` only for reading (an access token with
+    /// `herald:SLUG:read` and no wider scope for it): its tools that do not say they only
+    /// read are neither listed nor called.
+    pub(crate) fn read_only(&self, caller: &Caller, slug: &str) -> bool {
+        self.grant(caller)
+            .is_some_and(|g| self.granted(&g).get(slug) == Some(&true))
     }
 
     /// Lets callers on a loopback address in without a token.
@@ -86,7 +149,10 @@ impl Entitled {
             None if self.needs_no_token(caller) => {
                 self.upstreams.iter().map(|u| u.name.clone()).collect()
             }
-            None => BTreeSet::new(),
+            None => match self.grant(caller) {
+                Some(g) => self.granted(&g).into_keys().collect(),
+                None => BTreeSet::new(),
+            },
         };
         if let Some(only) = &caller.servers {
             set.retain(|s| only.iter().any(|o| o == s));
@@ -110,20 +176,28 @@ impl Entitled {
     /// The `[[token]]` `caller` presented, when this config knows it: its digest's start as
     /// the key (two tokens of one name stay apart), its name to say.
     fn identity(&self, caller: &Caller) -> Option<(String, String)> {
-        let token = self.token(caller.token.as_deref()?)?;
-        Some((hex::encode(&token.sha256[..16]), token.label.clone()))
+        match self.token(caller.token.as_deref()?) {
+            Some(token) => Some((hex::encode(&token.sha256[..16]), token.label.clone())),
+            // The principal across its tokens (a refreshed token is the same caller); named
+            // by its issuer, never by a claim's value.
+            None => self
+                .grant(caller)
+                .map(|g| (g.principal, format!("a token from {}", g.issuer))),
+        }
     }
 
     /// Whether `caller` presented a token this config knows, or needs none.
     fn known(&self, caller: &Caller) -> Authentication {
         if self.needs_no_token(caller) {
             Authentication::Known
-        } else if self.tokens.is_empty() {
+        } else if self.tokens.is_empty() && self.issuers.is_none() {
             Authentication::NoTokens
         } else {
-            match caller.token.as_deref().map(|t| self.token(t).is_some()) {
-                Some(true) => Authentication::Known,
-                Some(false) => Authentication::UnknownToken,
+            match caller.token.as_deref() {
+                Some(t) if self.token(t).is_some() || self.grant(caller).is_some() => {
+                    Authentication::Known
+                }
+                Some(_) => Authentication::UnknownToken,
                 None => Authentication::TokenRequired,
             }
         }
@@ -138,6 +212,11 @@ impl Entitled {
                 .zip(&other.upstreams)
                 .all(|(a, b)| Arc::ptr_eq(a, b))
             && self.tokens == other.tokens
+            && match (&self.issuers, &other.issuers) {
+                (None, None) => true,
+                (Some(a), Some(b)) => Arc::ptr_eq(a, b),
+                _ => false,
+            }
             && self.open_to_loopback == other.open_to_loopback
             && self.bare == other.bare
     }
@@ -185,7 +264,10 @@ impl Entitled {
         let all: BTreeSet<String> = match caller.token.as_deref().and_then(|t| self.token(t)) {
             Some(tok) => tok.slugs.clone(),
             None if self.needs_no_token(caller) => return true,
-            None => return false,
+            None => match self.grant(caller) {
+                Some(g) => self.granted(&g).into_keys().collect(),
+                None => return false,
+            },
         };
         self.upstreams.iter().all(|u| all.contains(&u.name))
     }
@@ -292,6 +374,46 @@ impl Access {
     /// Whether `caller` presented a token this gateway knows, or needs none.
     pub(super) fn authenticates(&self, caller: &Caller) -> Authentication {
         self.now().authenticates(caller)
+    }
+
+    /// [`authenticates`](Self::authenticates), first fetching an issuer's keys again when
+    /// `caller`'s access token names a key its set lacks (a rotation). Each request's first
+    /// check, where it may wait.
+    pub(super) async fn authenticates_fresh(&self, caller: &Caller) -> Authentication {
+        let now = self.now();
+        if let (Some(t), Some(issuers)) = (caller.token.as_deref(), &now.issuers)
+            && crate::auth::jwt::looks_like_jwt(t)
+            && now.token(t).is_none()
+        {
+            let _ = issuers.verify_fresh(t).await;
+        }
+        now.authenticates(caller)
+    }
+
+    /// Whether `caller` may use slug `slug` only for reading (see [`Entitled::read_only`]).
+    pub(crate) fn read_only(&self, caller: &Caller, slug: &str) -> bool {
+        self.now().read_only(caller, slug)
+    }
+
+    /// Whether `caller` may call `up`'s tool `tool`: any of it, or (with a read-only grant)
+    /// one its catalog says only reads. A tool not in the catalog (not connected yet) is not
+    /// taken as read-only.
+    pub(crate) fn may_call(
+        &self,
+        caller: &Caller,
+        up: &Upstream,
+        tool: &str,
+    ) -> Result<(), SourceError> {
+        if !self.read_only(caller, &up.name)
+            || up.catalog().and_then(|c| c.read_only(tool)) == Some(true)
+        {
+            return Ok(());
+        }
+        Err(SourceError::InsufficientScope {
+            slug: up.name.clone(),
+            tool: tool.to_owned(),
+            scope: format!("herald:{}", up.name),
+        })
     }
 
     /// The `[[token]]` `caller` presented, when the config knows it (see `Entitled::identity`).

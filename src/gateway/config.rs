@@ -115,6 +115,9 @@ pub enum ConfigError {
         "slugs {0} and {1} both have prefix = false: their names could collide, so at most one slug may show its names without the slug__ prefix"
     )]
     BareTwice(String, String),
+    /// An `[[issuer]]` at fault; the message names it.
+    #[error("{0}")]
+    Issuer(String),
 }
 
 #[derive(Debug, Deserialize)]
@@ -129,6 +132,9 @@ pub struct GatewayFile {
     pub slugs: Vec<SlugFile>,
     #[serde(default, rename = "token")]
     pub tokens: Vec<TokenFile>,
+    /// Identity providers whose access tokens (JWTs) are taken beside the `[[token]]`s.
+    #[serde(default, rename = "issuer")]
+    pub issuers: Vec<crate::auth::issuer::IssuerFile>,
     /// `[events]`: webhook subscriptions' callback allowlist and error codes.
     #[serde(default)]
     pub events: Option<crate::hooks::EventsOptions>,
@@ -226,6 +232,8 @@ pub struct GatewayConfig {
     pub open_to_loopback: bool,
     pub slugs: Vec<Slug>,
     pub tokens: Vec<Token>,
+    /// `[[issuer]]`s: identity providers whose access tokens are taken.
+    pub issuers: Vec<crate::auth::issuer::IssuerConfig>,
     /// `[events]` (webhook callbacks, error codes).
     pub events: crate::hooks::EventsOptions,
 }
@@ -316,8 +324,9 @@ impl GatewayConfig {
         let (http, quic) = (file.http.clone(), file.quic.clone());
         let events = file.events.clone().unwrap_or_default();
         let (slugs, tokens) = GatewayConfig::validate(file.slugs, file.tokens, &[])?;
-        // With no [[token]], callers on this host need none (as in `herald up`).
-        let open = file.open_to_loopback || tokens.is_empty();
+        let issuers = validate_issuers(file.issuers)?;
+        // With no [[token]] nor [[issuer]], callers on this host need none (as in `herald up`).
+        let open = file.open_to_loopback || (tokens.is_empty() && issuers.is_empty());
         if open {
             open_on_loopback_only(
                 [&http, &quic].into_iter().flatten().map(String::as_str),
@@ -330,6 +339,7 @@ impl GatewayConfig {
             open_to_loopback: open,
             slugs,
             tokens,
+            issuers,
             events,
         })
     }
@@ -789,3 +799,21 @@ mod tests {
 #[cfg(test)]
 #[path = "config_fuzz.rs"]
 pub(crate) mod fuzz;
+
+/// Checks the `[[issuer]]`s: each valid, no issuer twice.
+pub fn validate_issuers(
+    files: Vec<crate::auth::issuer::IssuerFile>,
+) -> Result<Vec<crate::auth::issuer::IssuerConfig>, ConfigError> {
+    let mut out: Vec<crate::auth::issuer::IssuerConfig> = Vec::new();
+    for f in files {
+        let c = f.validate().map_err(ConfigError::Issuer)?;
+        if out.iter().any(|o| o.url == c.url) {
+            return Err(ConfigError::Issuer(format!(
+                "[[issuer]] {}: named twice; give each issuer once",
+                c.url
+            )));
+        }
+        out.push(c);
+    }
+    Ok(out)
+}

@@ -13,6 +13,7 @@ use rmcp::model::{
 use serde_json::{Value, json};
 use tokio_util::sync::CancellationToken;
 
+use crate::auth::issuer::{IssuerConfig, Issuers};
 use crate::gateway::access::{Access, Entitled};
 use crate::gateway::config::{GatewayConfig, Slug, Token, valid_slug};
 use crate::gateway::lists::RESUBSCRIBE;
@@ -107,7 +108,8 @@ impl Gateway {
     ) -> Gateway {
         let g = Gateway::with_upstreams(upstreams, cfg.tokens.clone(), ctx)
             .bare(crate::gateway::config::bare_slug(&cfg.slugs))
-            .loopback(cfg.open_to_loopback);
+            .loopback(cfg.open_to_loopback)
+            .issuers(&cfg.issuers);
         g.feeds.set_receiver(cfg.events.receiver_url.clone());
         g
     }
@@ -166,6 +168,15 @@ impl Gateway {
         self
     }
 
+    /// Takes the access tokens of `[[issuer]]`s `configs` (keys fetched and kept fresh from
+    /// now on). Must be called within the runtime.
+    pub fn issuers(self, configs: &[IssuerConfig]) -> Gateway {
+        let now = (*self.access.now()).clone();
+        let issuers = issuers_for(now.issuers_now(), configs);
+        self.access.swap(now.issuers(issuers));
+        self
+    }
+
     /// Shows slug `name`'s tools and prompts under the names its server gives them (a
     /// `[[slug]]` with `prefix = false`; the config allows one).
     pub fn bare(self, name: Option<&str>) -> Gateway {
@@ -200,10 +211,12 @@ impl Gateway {
                 let _ = tokio::time::timeout(warm, up.connect()).await;
             });
         futures::future::join_all(added).await;
+        let issuers = issuers_for(running.issuers_now(), &cfg.issuers);
         self.reconfigure(
             Entitled::new(upstreams, cfg.tokens.clone())
                 .bare(crate::gateway::config::bare_slug(&cfg.slugs))
-                .open_to_loopback(cfg.open_to_loopback),
+                .open_to_loopback(cfg.open_to_loopback)
+                .issuers(issuers),
         )
     }
 
@@ -457,18 +470,54 @@ async fn relay(
     }
 }
 
+/// The issuers of `configs`: the `running` ones when they are the same (their keys and the
+/// tokens they verified kept), else new ones, their keys fetched anew (a `jwks_file` is read
+/// again on every reload: that is how an air-gapped site rotates). An issuer that cannot be
+/// set up is logged and left out (its tokens are refused).
+fn issuers_for(running: Option<&Arc<Issuers>>, configs: &[IssuerConfig]) -> Option<Arc<Issuers>> {
+    if configs.is_empty() {
+        return None;
+    }
+    if let Some(r) = running
+        && r.same(configs)
+        && configs.iter().all(|c| c.jwks_file.is_none())
+    {
+        return Some(r.clone());
+    }
+    match Issuers::new(configs.to_vec()) {
+        Ok(i) => {
+            let i = Arc::new(i);
+            i.start();
+            Some(i)
+        }
+        Err(e) => {
+            tracing::error!("[[issuer]]: {e}; access tokens are refused until a reload mends it");
+            None
+        }
+    }
+}
+
 fn prefixed(slug: &str, name: &str) -> String {
     format!("{slug}__{name}")
 }
 
 #[async_trait]
 impl Source for Gateway {
-    fn authenticates(&self, caller: &Caller) -> Authentication {
-        self.access.authenticates(caller)
+    async fn authenticates(&self, caller: &Caller) -> Authentication {
+        self.access.authenticates_fresh(caller).await
     }
 
     fn identity(&self, caller: &Caller) -> Option<(String, String)> {
         self.access.identity(caller)
+    }
+
+    fn protected_resource(&self) -> Option<crate::mcp::source::ProtectedResource> {
+        let now = self.access.now();
+        let issuers = now.issuers_now()?;
+        Some(crate::mcp::source::ProtectedResource {
+            resource: issuers.resource()?.to_owned(),
+            authorization_servers: issuers.urls(),
+        })
     }
 
     fn info(&self) -> SourceInfo {
@@ -622,7 +671,11 @@ impl Source for Gateway {
         let now = self.access.now();
         for u in now.selected(caller) {
             let Some(l) = u.catalog() else { continue };
+            let read_only = now.read_only(caller, &u.name);
             for t in &l.tools {
+                if read_only && !crate::upstream::is_read_only(t) {
+                    continue;
+                }
                 let mut t = t.clone();
                 t.name = now.shown(&u.name, &t.name).into();
                 out.push(t);
@@ -635,6 +688,9 @@ impl Source for Gateway {
     fn tool(&self, caller: &Caller, name: &str) -> Option<Tool> {
         let (up, tool) = self.access.route_name(caller, name, Names::Tools)?.ok()?;
         let mut t = up.catalog()?.tools.iter().find(|t| t.name == tool)?.clone();
+        if self.access.read_only(caller, &up.name) && !crate::upstream::is_read_only(&t) {
+            return None;
+        }
         t.name = name.to_owned().into();
         Some(t)
     }
@@ -680,6 +736,7 @@ impl Source for Gateway {
             )));
         };
         let (up, tool) = route?;
+        self.access.may_call(caller, &up, &tool)?;
         self.access.open_state(caller, &up.name, &mut call.input)?;
         let r = up.call_tool(&tool, args, call).await?;
         Ok(self.access.sealed_call(caller, &up.name, r))

@@ -334,6 +334,9 @@ impl TaskRelay for GatewayTasks {
             ))));
         };
         let (up, tool) = route.map_err(to_mcp_error)?;
+        self.access
+            .may_call(caller, &up, &tool)
+            .map_err(to_mcp_error)?;
         let slug = up.name.as_str();
         self.access
             .open_state(caller, slug, &mut call.input)

@@ -76,7 +76,7 @@ impl Service<RoleServer> for ConnServer {
         // A caller the source does not know (a missing or unknown token over QUIC) is refused
         // every request, the handshake first, as HTTP refuses it with 401: never served as a
         // caller entitled to nothing.
-        let auth = self.server.authenticates(&caller);
+        let auth = self.server.authenticates(&caller).await;
         if let Some(message) = auth.refusal() {
             return Err(McpError::new(
                 rmcp::model::ErrorCode(-32024),

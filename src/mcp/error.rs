@@ -33,6 +33,18 @@ pub enum SourceError {
         "forbidden: this token is not entitled to that server (or it was not selected with ?servers=)"
     )]
     Forbidden,
+    /// The caller may use the server, but not this way: its access token grants `scope`'s
+    /// reads alone (`herald:SLUG:read`) and the tool changes things: `-32024` with
+    /// `data.reason = "insufficient_scope"` and the scope that would do, HTTP `403` with
+    /// `WWW-Authenticate: Bearer error="insufficient_scope"` (step-up).
+    #[error(
+        "insufficient scope: this access token may only read {slug}, and {tool} is not a read-only tool; ask the identity provider for a token with scope {scope}"
+    )]
+    InsufficientScope {
+        slug: String,
+        tool: String,
+        scope: String,
+    },
     /// No such event type: `-32023` with `data.kind = "event"`.
     #[error("{0}")]
     EventNotFound(String),

@@ -199,6 +199,12 @@ impl SourceServer {
         let _ = self.shared.webhooks.set(hooks);
     }
 
+    /// Its source as an OAuth protected resource, if it is one
+    /// ([`Source::protected_resource`]).
+    pub fn protected_resource(&self) -> Option<crate::mcp::source::ProtectedResource> {
+        self.shared.source.protected_resource()
+    }
+
     /// The webhooks its source receives, if any ([`Source::webhook_receiver`]).
     pub fn webhook_receiver(&self) -> Option<Arc<dyn crate::mcp::server::webhooks::Receiver>> {
         self.shared.source.webhook_receiver()
@@ -257,8 +263,8 @@ impl SourceServer {
 
     /// What the source makes of `caller`'s credentials (see
     /// [`Source::authenticates`](crate::mcp::source::Source::authenticates)).
-    pub fn authenticates(&self, caller: &Caller) -> crate::mcp::source::Authentication {
-        self.shared.source.authenticates(caller)
+    pub async fn authenticates(&self, caller: &Caller) -> crate::mcp::source::Authentication {
+        self.shared.source.authenticates(caller).await
     }
 
     /// The name this server knows `caller` by (see [`Source::identity`]).
@@ -427,6 +433,11 @@ pub fn to_mcp_error(e: SourceError) -> McpError {
         ),
         SourceError::Unavailable(_) => McpError::internal_error(e.to_string(), None),
         SourceError::Forbidden => McpError::new(ErrorCode(-32024), e.to_string(), None),
+        SourceError::InsufficientScope { scope, .. } => McpError::new(
+            ErrorCode(-32024),
+            e.to_string(),
+            Some(json!({"reason": "insufficient_scope", "scope": scope})),
+        ),
         SourceError::EventNotFound(_) => McpError::new(
             ErrorCode(-32023),
             e.to_string(),

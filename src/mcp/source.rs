@@ -168,6 +168,14 @@ impl Authentication {
     }
 }
 
+/// A server as an OAuth 2.1 protected resource: its identifier (the `aud` its access tokens
+/// carry) and the authorization servers that issue them.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ProtectedResource {
+    pub resource: String,
+    pub authorization_servers: Vec<String>,
+}
+
 /// `data.kind` of a request refused because its caller is not known (a missing or unknown
 /// token over QUIC): a client says it as HTTP's `401` is said.
 pub const UNAUTHENTICATED: &str = "unauthenticated";
@@ -189,9 +197,15 @@ pub trait Source: Send + Sync + 'static {
     /// Whether `caller`'s credentials are ones this source knows: `Refused` turns a request
     /// away before it is read (HTTP `401`). Sources that serve everyone know every caller;
     /// the gateway knows its configured tokens, and no token only where one is not needed.
-    fn authenticates(&self, caller: &Caller) -> Authentication {
+    async fn authenticates(&self, caller: &Caller) -> Authentication {
         let _ = caller;
         Authentication::Known
+    }
+
+    /// What this source says of itself as an OAuth 2.1 protected resource (RFC 9728), when
+    /// it takes identity providers' access tokens (a gateway with `[[issuer]]`s).
+    fn protected_resource(&self) -> Option<ProtectedResource> {
+        None
     }
 
     /// Who `caller` is, when this source knows callers by their tokens (the gateway): a key

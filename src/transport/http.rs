@@ -44,6 +44,7 @@ pub mod budget;
 mod conn;
 mod events;
 mod first;
+pub mod oauth;
 mod params;
 mod plain;
 mod sse;
@@ -183,12 +184,15 @@ pub fn router(
         Arc::new(LocalSessionManager::default()),
         config,
     );
-    let router = Router::new()
-        .nest_service(MCP_PATH, service)
-        .layer(axum::middleware::from_fn_with_state(
-            gate.clone(),
-            listen_gate,
-        ))
+    let router =
+        Router::new()
+            .nest_service(MCP_PATH, service)
+            .layer(axum::middleware::from_fn_with_state(
+                gate.clone(),
+                listen_gate,
+            ));
+    // (After the gate's layer: the metadata is for callers with no token yet.)
+    let router = oauth::routes(router, gate.server.clone())
         .route("/live", axum::routing::get(|| async { "ok\n" }))
         .route(
             "/events/hooks/{id}",
@@ -481,7 +485,7 @@ async fn listen_gate(State(gate): State<Gate>, req: Request, next: Next) -> Resp
     // Every request to the endpoint, whatever its method or type (a page from another origin
     // is refused by rmcp whoever it claims to be).
     let allowed = gate.allow.admits(&parts.uri, &parts.headers);
-    if allowed && let Some(refused) = unauthenticated(server, &Caller::from_parts(&parts)) {
+    if allowed && let Some(refused) = unauthenticated(server, &Caller::from_parts(&parts)).await {
         return refused;
     }
     if parts.method != Method::POST || !json_content(&parts.headers) || !allowed {
@@ -645,9 +649,9 @@ fn json_content(headers: &axum::http::HeaderMap) -> bool {
 /// `401` with `WWW-Authenticate: Bearer` for a caller whose credentials the source does not
 /// know (a gateway's missing or unknown token), before anything of the request is read: an
 /// unknown token is refused outright, never taken as a token with no entitlements.
-fn unauthenticated(server: &SourceServer, caller: &Caller) -> Option<Response> {
+async fn unauthenticated(server: &SourceServer, caller: &Caller) -> Option<Response> {
     use crate::mcp::source::Authentication;
-    let auth = server.authenticates(caller);
+    let auth = server.authenticates(caller).await;
     let message = auth.refusal()?;
     let challenge = match auth {
         // Known, but `?servers=` kept nothing: 403, no credentials to ask for.
@@ -658,18 +662,17 @@ fn unauthenticated(server: &SourceServer, caller: &Caller) -> Option<Response> {
                 json!({"code": -32024, "message": message}),
             ));
         }
-        Authentication::UnknownToken => r#"Bearer realm="herald", error="invalid_token""#,
-        _ => r#"Bearer realm="herald""#,
+        Authentication::UnknownToken => oauth::challenge(server, Some("invalid_token")),
+        _ => oauth::challenge(server, None),
     };
     let mut response = rpc_error(
         StatusCode::UNAUTHORIZED,
         Value::Null,
         json!({"code": -32024, "message": message}),
     );
-    response.headers_mut().insert(
-        header::WWW_AUTHENTICATE,
-        header::HeaderValue::from_static(challenge),
-    );
+    response
+        .headers_mut()
+        .insert(header::WWW_AUTHENTICATE, challenge);
     Some(response)
 }
 

@@ -25,6 +25,7 @@ mod legacy;
 mod manager;
 mod memo;
 mod nats;
+mod oauth;
 mod poll;
 mod reload;
 mod slack;

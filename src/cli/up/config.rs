@@ -101,6 +101,8 @@ pub struct UpToml {
     pub slugs: Vec<SlugFile>,
     #[serde(default, rename = "token", skip_serializing_if = "Vec::is_empty")]
     pub tokens: Vec<TokenFile>,
+    #[serde(default, rename = "issuer", skip_serializing_if = "Vec::is_empty")]
+    pub issuers: Vec<crate::auth::issuer::IssuerFile>,
     #[serde(default, rename = "watch", skip_serializing_if = "Vec::is_empty")]
     pub watches: Vec<WatchToml>,
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -163,6 +165,8 @@ pub struct UpConfig {
     pub file: UpToml,
     pub slugs: Vec<Slug>,
     pub tokens: Vec<Token>,
+    /// `[[issuer]]`s: identity providers whose access tokens are taken.
+    pub issuers: Vec<crate::auth::issuer::IssuerConfig>,
     /// `(name, uri, python)` per watch.
     pub watches: Vec<(String, String, Option<String>)>,
     /// The admin address is the default, not one the config or a flag chose: when it is
@@ -269,6 +273,8 @@ impl UpToml {
         let (slugs, tokens) =
             GatewayConfig::validate(self.slugs.clone(), self.tokens.clone(), &roles)
                 .map_err(|e| anyhow!("{e}"))?;
+        let issuers = crate::gateway::config::validate_issuers(self.issuers.clone())
+            .map_err(|e| anyhow!("{e}"))?;
         if roles.is_empty() && slugs.is_empty() {
             bail!("nothing to serve: add a role ([memo], [file], [k8s], [slack]) or a [[slug]]");
         }
@@ -328,15 +334,15 @@ impl UpToml {
             crate::transport::http::budget::trusted_proxy(proxy)
                 .map_err(|e| anyhow::anyhow!("[listen] trusted_proxies: {e}"))?;
         }
-        if tokens.is_empty()
-            && (!t.listen.allowed_hosts.is_empty() || !t.listen.allowed_origins.is_empty())
+        let tokenless = tokens.is_empty() && issuers.is_empty();
+        if tokenless && (!t.listen.allowed_hosts.is_empty() || !t.listen.allowed_origins.is_empty())
         {
             bail!(
                 "[listen] allowed_hosts or allowed_origins with no [[token]]: they exist for callers through a proxy or another name, who would then use every role without a token. \
                  Add a [[token]] (sha256 = the output of `printf %s TOKEN | sha256sum`, slugs = [\"*\"])"
             );
         }
-        if tokens.is_empty() {
+        if tokenless {
             for addr in [&t.listen.http, &t.listen.quic]
                 .into_iter()
                 .filter_map(enabled)
@@ -389,6 +395,7 @@ impl UpToml {
             file: t,
             slugs,
             tokens,
+            issuers,
             watches,
             admin_defaulted,
         })
@@ -396,6 +403,12 @@ impl UpToml {
 }
 
 impl UpConfig {
+    /// No `[[token]]` nor `[[issuer]]`: callers on this host need no token (and the
+    /// appliance listens on loopback only).
+    pub fn tokenless(&self) -> bool {
+        self.tokens.is_empty() && self.issuers.is_empty()
+    }
+
     /// The `[[watch]]`es as the watch client takes them.
     pub fn watch_specs(&self) -> Vec<crate::watch::WatchSpec> {
         self.watches

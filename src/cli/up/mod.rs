@@ -213,12 +213,13 @@ pub async fn run(args: UpArgs, globals: &Globals) -> Result<(), Exit> {
         ..limits.clone()
     };
     upstreams.extend(crate::cli::gateway::upstreams(&slugs, &slug_limits, &gctx));
-    let open = cfg.tokens.is_empty();
+    let open = cfg.tokenless();
     // (`check` refused a non-loopback address without tokens.)
     let gateway = Arc::new(
         Gateway::with_upstreams(upstreams, cfg.tokens.clone(), &gctx)
             .bare(crate::gateway::config::bare_slug(&cfg.slugs))
             .loopback(open)
+            .issuers(&cfg.issuers)
             .receive_webhooks_at(file.events.as_ref().and_then(|e| e.receiver_url.clone())),
     );
     gateway.warm_up(crate::cli::gateway::WARM_UP).await;
@@ -546,7 +547,7 @@ fn banner(
         ),
         None => {}
     }
-    if cfg.tokens.is_empty() {
+    if cfg.tokenless() {
         out.push_str("\nNo [[token]]: callers on this host may use every role without one.");
     }
     out.push_str("\nStop with Ctrl-C.\n");

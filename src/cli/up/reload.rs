@@ -86,9 +86,10 @@ fn gateway_config(cfg: &UpConfig) -> GatewayConfig {
     GatewayConfig {
         http: None,
         quic: None,
-        open_to_loopback: cfg.tokens.is_empty(),
+        open_to_loopback: cfg.tokenless(),
         slugs: cfg.slugs.clone(),
         tokens: cfg.tokens.clone(),
+        issuers: cfg.issuers.clone(),
         // (herald up compares its [events] itself: a change needs a restart.)
         events: Default::default(),
     }

@@ -295,7 +295,7 @@ async fn admit(
     }
     let id = super::plain_listen(&parts.headers, body, &gate.server)?;
     let caller = Caller::from_parts(&parts);
-    if gate.server.authenticates(&caller) != crate::mcp::source::Authentication::Known {
+    if gate.server.authenticates(&caller).await != crate::mcp::source::Authentication::Known {
         return None; // the gate answers it: 401
     }
     let v: Value = serde_json::from_slice(body).ok()?;

@@ -277,10 +277,39 @@ impl PlainRequest {
             rmcp::model::ServerJsonRpcMessage::Error(e) => error_status(e.error.code, false),
             _ => StatusCode::OK,
         };
-        match serde_json::to_vec(&message) {
-            Ok(body) => {
-                (status, [(header::CONTENT_TYPE, "application/json")], body).into_response()
+        // A read-only grant calling a tool that changes things: 403 and the scope that would
+        // do, so an OAuth client can step up.
+        let step_up = match &message {
+            rmcp::model::ServerJsonRpcMessage::Error(e)
+                if e.error.data.as_ref().and_then(|d| d.get("reason"))
+                    == Some(&serde_json::Value::from("insufficient_scope")) =>
+            {
+                e.error
+                    .data
+                    .as_ref()
+                    .and_then(|d| d["scope"].as_str())
+                    .map(super::oauth::insufficient_scope)
             }
+            _ => None,
+        };
+        match serde_json::to_vec(&message) {
+            Ok(body) => match step_up {
+                Some(challenge) => (
+                    StatusCode::FORBIDDEN,
+                    [
+                        (
+                            header::CONTENT_TYPE,
+                            header::HeaderValue::from_static("application/json"),
+                        ),
+                        (header::WWW_AUTHENTICATE, challenge),
+                    ],
+                    body,
+                )
+                    .into_response(),
+                None => {
+                    (status, [(header::CONTENT_TYPE, "application/json")], body).into_response()
+                }
+            },
             Err(_) => StatusCode::INTERNAL_SERVER_ERROR.into_response(),
         }
     }

@@ -1,0 +1,490 @@
+//! The identity providers a resource server trusts (`[[issuer]]`), their signing keys kept
+//! fresh, and the access tokens they issue turned into [`Grant`]s.
+//!
+//! An issuer's keys come from `jwks_file` (air-gapped sites: read at start and on reload) or
+//! from the issuer's own metadata: RFC 8414 (`/.well-known/oauth-authorization-server`) or
+//! OpenID discovery (`/.well-known/openid-configuration`) names its `jwks_uri`. They are
+//! fetched at start (retried with backoff while the provider cannot be reached: a host boots
+//! in any order), refreshed every [`REFRESH`], and fetched again at once when a token names a
+//! key the set lacks (a rotation): once per key id in [`REFETCH_GAP`], and at most
+//! [`REFETCHES`] such fetches in it, so a flood of made-up key ids cannot turn into a flood of
+//! fetches.
+//!
+//! A verified token is remembered (by its SHA-256, never the token) until it expires, so the
+//! several checks one request makes, and the next requests with the same token, cost a hash
+//! lookup rather than a signature check.
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex, RwLock};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use sha2::Digest as _;
+use tokio_util::sync::CancellationToken;
+
+use super::jwks::KeySet;
+use super::jwt::{Expect, Refusal, SKEW_SECS, Unverified, scopes};
+use crate::runtime::backoff::Backoff;
+use crate::sync::{Recover, RecoverRw};
+
+/// How often an issuer's keys are fetched again when nothing asks sooner.
+pub const REFRESH: Duration = Duration::from_secs(3600);
+/// The window in which one key id asks for at most one fetch, and all of them for at most
+/// [`REFETCHES`].
+pub const REFETCH_GAP: Duration = Duration::from_secs(10);
+/// Fetches that unknown key ids may ask for in one [`REFETCH_GAP`].
+pub const REFETCHES: usize = 3;
+/// Verified tokens remembered at most (the memory is cleared when it is full).
+const REMEMBERED: usize = 16_384;
+/// The largest metadata or key set document read.
+const DOCUMENT_LIMIT: usize = 1 << 20;
+
+/// One `[[issuer]]`, validated.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct IssuerConfig {
+    /// The issuer identifier: `iss` of its tokens, and where its metadata is.
+    pub url: String,
+    /// This resource as the issuer names it in `aud`.
+    pub audience: String,
+    /// The key set, from a file instead of the issuer's metadata.
+    pub jwks_file: Option<PathBuf>,
+    /// The claim holding the scopes (`scope` by default).
+    pub scope_claim: String,
+}
+
+/// One `[[issuer]]` as written.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Deserialize, serde::Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct IssuerFile {
+    pub url: String,
+    pub audience: String,
+    #[serde(default)]
+    pub jwks_file: Option<PathBuf>,
+    #[serde(default)]
+    pub scope_claim: Option<String>,
+}
+
+impl IssuerFile {
+    /// Checks the entry: an `https://` issuer (`http://` only on loopback), an audience, a
+    /// `jwks_file` that holds a key set. Errors name the issuer and say what to change.
+    pub fn validate(self) -> Result<IssuerConfig, String> {
+        let url = self.url.trim_end_matches('/').to_owned();
+        let host = url
+            .strip_prefix("https://")
+            .or_else(|| url.strip_prefix("http://").filter(|h| loopback_host(h)))
+            .ok_or_else(|| {
+                format!(
+                    "[[issuer]] {url}: the url must be the issuer's https:// identifier (http:// only on loopback)"
+                )
+            })?;
+        if host.is_empty() || url.contains(['?', '#']) {
+            return Err(format!(
+                "[[issuer]] {url}: the url must be the issuer's identifier, with no query or fragment"
+            ));
+        }
+        if self.audience.trim().is_empty() {
+            return Err(format!(
+                "[[issuer]] {url}: audience must name this server as the issuer puts it in aud (usually its MCP endpoint's URL)"
+            ));
+        }
+        if let Some(path) = &self.jwks_file {
+            read_file(path).map_err(|e| format!("[[issuer]] {url}: {e}"))?;
+        }
+        Ok(IssuerConfig {
+            url: self.url,
+            audience: self.audience,
+            jwks_file: self.jwks_file,
+            scope_claim: self.scope_claim.unwrap_or_else(|| "scope".into()),
+        })
+    }
+}
+
+/// Whether the host part of `rest` (after the scheme) is a loopback name or address.
+fn loopback_host(rest: &str) -> bool {
+    let authority = rest.split('/').next().unwrap_or("");
+    let host = match authority.rsplit_once(':') {
+        Some((h, port)) if port.bytes().all(|b| b.is_ascii_digit()) => h,
+        _ => authority,
+    };
+    host == "localhost" || host == "127.0.0.1" || host == "[::1]"
+}
+
+/// What a verified token grants.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Grant {
+    /// The issuer's URL.
+    pub issuer: String,
+    /// A key for the principal (issuer and `sub`, or `client_id`, hashed): the same across
+    /// the principal's tokens, never a claim's value.
+    pub principal: String,
+    /// The granted scopes.
+    pub scopes: Vec<String>,
+    /// `exp`, seconds since the Unix epoch.
+    pub expires: u64,
+}
+
+struct Issuer {
+    config: IssuerConfig,
+    keys: RwLock<Arc<KeySet>>,
+    /// The fetches unknown key ids asked for lately (one such fetch at a time).
+    refetches: tokio::sync::Mutex<Refetches>,
+}
+
+#[derive(Default)]
+struct Refetches {
+    /// When, within the last [`REFETCH_GAP`].
+    at: std::collections::VecDeque<Instant>,
+    /// For which key ids (`""` for none), within it.
+    kids: HashMap<String, Instant>,
+}
+
+/// Every trusted issuer, and the tokens verified lately.
+pub struct Issuers {
+    issuers: Vec<Issuer>,
+    remembered: Mutex<HashMap<[u8; 32], Grant>>,
+    http: reqwest::Client,
+    /// Ends the task keeping the keys fresh ([`start`](Issuers::start)) when these are
+    /// dropped (a reload that changed the issuers).
+    stop: CancellationToken,
+}
+
+impl Drop for Issuers {
+    fn drop(&mut self) {
+        self.stop.cancel();
+    }
+}
+
+impl std::fmt::Debug for Issuers {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let urls: Vec<&str> = self.issuers.iter().map(|i| i.config.url.as_str()).collect();
+        f.debug_struct("Issuers").field("urls", &urls).finish()
+    }
+}
+
+/// Seconds since the Unix epoch.
+fn now() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
+}
+
+impl Issuers {
+    /// The issuers of `configs`; a `jwks_file` is read now (an error names the file and
+    /// what is wrong with it).
+    pub fn new(configs: Vec<IssuerConfig>) -> Result<Issuers, String> {
+        let http = crate::transport::client::http_client(|b| {
+            b.timeout(Duration::from_secs(10))
+                .redirect(reqwest::redirect::Policy::limited(3))
+        })
+        .map_err(|e| format!("cannot build the HTTP client for [[issuer]] keys: {e}"))?;
+        let mut issuers = Vec::with_capacity(configs.len());
+        for config in configs {
+            let keys = match &config.jwks_file {
+                Some(path) => read_file(path)?,
+                None => KeySet::default(),
+            };
+            issuers.push(Issuer {
+                config,
+                keys: RwLock::new(Arc::new(keys)),
+                refetches: tokio::sync::Mutex::default(),
+            });
+        }
+        Ok(Issuers {
+            issuers,
+            remembered: Mutex::default(),
+            http,
+            stop: CancellationToken::new(),
+        })
+    }
+
+    /// Whether these are the issuers `configs` configure.
+    pub fn same(&self, configs: &[IssuerConfig]) -> bool {
+        self.issuers.len() == configs.len()
+            && self
+                .issuers
+                .iter()
+                .zip(configs)
+                .all(|(i, c)| i.config == *c)
+    }
+
+    /// Whether any issuer is configured.
+    pub fn is_empty(&self) -> bool {
+        self.issuers.is_empty()
+    }
+
+    /// The issuers' URLs, in config order.
+    pub fn urls(&self) -> Vec<String> {
+        self.issuers.iter().map(|i| i.config.url.clone()).collect()
+    }
+
+    /// The first issuer's audience: the resource these issuers grant access to.
+    pub fn resource(&self) -> Option<&str> {
+        self.issuers.first().map(|i| i.config.audience.as_str())
+    }
+
+    /// The grant `token` carries, with the keys held now (no fetch). Remembered tokens cost a
+    /// hash lookup.
+    pub fn verify(&self, token: &str) -> Result<Grant, Refusal> {
+        let digest: [u8; 32] = sha2::Sha256::digest(token.as_bytes()).into();
+        let now = now();
+        if let Some(g) = self.remembered.locked().get(&digest)
+            && g.expires + SKEW_SECS > now
+        {
+            return Ok(g.clone());
+        }
+        let unverified = Unverified::parse(token)?;
+        let issuer = self.issuer_of(&unverified)?;
+        let keys = issuer.keys.read_locked().clone();
+        let claims = unverified.verify(
+            &keys,
+            &Expect {
+                issuer: &issuer.config.url,
+                audience: &issuer.config.audience,
+                now,
+            },
+        )?;
+        let subject = ["sub", "client_id"]
+            .iter()
+            .find_map(|c| claims.get(*c).and_then(|v| v.as_str()))
+            .unwrap_or("");
+        let principal: [u8; 32] =
+            sha2::Sha256::digest(format!("{}\u{0}{subject}", issuer.config.url).as_bytes()).into();
+        let grant = Grant {
+            issuer: issuer.config.url.clone(),
+            principal: hex::encode(&principal[..16]),
+            scopes: scopes(&claims, &issuer.config.scope_claim),
+            expires: claims
+                .get("exp")
+                .and_then(|v| v.as_f64())
+                .map_or(0, |e| e as u64),
+        };
+        let mut remembered = self.remembered.locked();
+        if remembered.len() >= REMEMBERED {
+            remembered.clear();
+        }
+        remembered.insert(digest, grant.clone());
+        Ok(grant)
+    }
+
+    /// [`verify`](Self::verify), first fetching the issuer's keys again when the token names
+    /// one its set lacks (a rotation; within the limits of the module docs); then, if the key
+    /// is still unknown, refused.
+    pub async fn verify_fresh(&self, token: &str) -> Result<Grant, Refusal> {
+        match self.verify(token) {
+            Err(Refusal::UnknownKey) => {}
+            other => return other,
+        }
+        let Ok(unverified) = Unverified::parse(token) else {
+            return Err(Refusal::Malformed);
+        };
+        let issuer = self.issuer_of(&unverified)?;
+        if issuer.config.jwks_file.is_none()
+            && let Err(e) = self
+                .refetch_for(issuer, unverified.header.kid.as_deref())
+                .await
+        {
+            tracing::warn!(issuer = %issuer.config.url, "cannot fetch the issuer's signing keys ({e})");
+        }
+        self.verify(token)
+    }
+
+    /// The configured issuer a token names in `iss`.
+    fn issuer_of(&self, token: &Unverified) -> Result<&Issuer, Refusal> {
+        let iss = token.issuer().ok_or(Refusal::Issuer)?;
+        self.issuers
+            .iter()
+            .find(|i| i.config.url == iss)
+            .ok_or(Refusal::Issuer)
+    }
+
+    /// Fetches `issuer`'s keys for a token naming `kid`, which its set lacks: unless that
+    /// key id asked within [`REFETCH_GAP`], or [`REFETCHES`] fetches did, or the fetch of a
+    /// request this one waited on brought it.
+    async fn refetch_for(&self, issuer: &Issuer, kid: Option<&str>) -> Result<(), String> {
+        let mut lately = issuer.refetches.lock().await;
+        if issuer.keys.read_locked().find(kid).is_some() {
+            return Ok(());
+        }
+        let now = Instant::now();
+        lately.at.retain(|t| now.duration_since(*t) < REFETCH_GAP);
+        lately
+            .kids
+            .retain(|_, t| now.duration_since(*t) < REFETCH_GAP);
+        let kid = kid.unwrap_or("").to_owned();
+        if lately.kids.contains_key(&kid) || lately.at.len() >= REFETCHES {
+            return Ok(());
+        }
+        lately.kids.insert(kid, now);
+        lately.at.push_back(now);
+        self.fetch(issuer).await
+    }
+
+    /// Fetches `issuer`'s keys and puts them in place. When they changed, the tokens
+    /// remembered are forgotten: a key dropped from the set (revoked) lets nothing in after.
+    async fn fetch(&self, issuer: &Issuer) -> Result<(), String> {
+        let keys = fetch_keys(&self.http, &issuer.config.url).await?;
+        let old = std::mem::replace(&mut *issuer.keys.write_locked(), Arc::new(keys.clone()));
+        if *old != keys {
+            self.remembered.locked().clear();
+        }
+        Ok(())
+    }
+
+    /// Starts keeping every issuer's keys fresh, until these issuers are dropped: the
+    /// metadata's fetched at once (retried with backoff while it fails), then every
+    /// [`REFRESH`]. Must be called within the runtime.
+    pub fn start(self: &Arc<Self>) {
+        for i in 0..self.issuers.len() {
+            if self.issuers[i].config.jwks_file.is_some() {
+                continue;
+            }
+            let this = Arc::downgrade(self);
+            let stop = self.stop.clone();
+            tokio::spawn(async move {
+                let mut backoff = Backoff::new(Duration::from_secs(1), Duration::from_secs(60));
+                loop {
+                    let wait = {
+                        let Some(this) = this.upgrade() else { return };
+                        let issuer = &this.issuers[i];
+                        match this.fetch(issuer).await {
+                            Ok(()) => {
+                                backoff.reset();
+                                REFRESH
+                            }
+                            Err(e) => {
+                                let wait = backoff.next_delay();
+                                tracing::warn!(
+                                    issuer = %issuer.config.url,
+                                    "cannot fetch the issuer's signing keys ({e}); its tokens are refused until they come, retrying in {} s",
+                                    wait.as_secs()
+                                );
+                                wait
+                            }
+                        }
+                    };
+                    tokio::select! {
+                        _ = stop.cancelled() => return,
+                        _ = tokio::time::sleep(wait) => {}
+                    }
+                }
+            });
+        }
+    }
+}
+
+/// The key set in `path`.
+fn read_file(path: &std::path::Path) -> Result<KeySet, String> {
+    let bytes = std::fs::read(path)
+        .map_err(|e| format!("jwks_file {}: cannot read it: {e}", path.display()))?;
+    KeySet::parse(&bytes).map_err(|e| format!("jwks_file {}: {e}", path.display()))
+}
+
+/// Where an issuer's metadata may be, in the order tried: RFC 8414's (the well-known path
+/// before the issuer's path), then OpenID's (after it).
+pub fn metadata_urls(issuer: &str) -> Vec<String> {
+    let trimmed = issuer.trim_end_matches('/');
+    let (origin, path) = match trimmed.find("://").map(|i| i + 3) {
+        Some(start) => match trimmed[start..].find('/') {
+            Some(p) => trimmed.split_at(start + p),
+            None => (trimmed, ""),
+        },
+        None => (trimmed, ""),
+    };
+    let mut urls = vec![format!(
+        "{origin}/.well-known/oauth-authorization-server{path}"
+    )];
+    urls.push(format!("{trimmed}/.well-known/openid-configuration"));
+    if !path.is_empty() {
+        urls.push(format!("{origin}/.well-known/openid-configuration{path}"));
+    }
+    urls
+}
+
+/// The issuer's key set, by way of its metadata's `jwks_uri`. The metadata must name the
+/// issuer itself (RFC 8414 section 3.3).
+async fn fetch_keys(http: &reqwest::Client, issuer: &str) -> Result<KeySet, String> {
+    let mut last = String::new();
+    for url in metadata_urls(issuer) {
+        let body = match get(http, &url).await {
+            Ok(Some(b)) => b,
+            Ok(None) => continue,
+            Err(e) => {
+                last = e;
+                continue;
+            }
+        };
+        let meta: serde_json::Value = serde_json::from_slice(&body)
+            .map_err(|e| format!("{url} is not JSON metadata: {e}"))?;
+        if meta["issuer"].as_str() != Some(issuer) {
+            return Err(format!(
+                "{url} names another issuer ({}): the configured url must be the issuer's identifier exactly",
+                meta["issuer"]
+            ));
+        }
+        let jwks = meta["jwks_uri"]
+            .as_str()
+            .ok_or_else(|| format!("{url} names no jwks_uri: set jwks_file instead"))?;
+        let keys = get(http, jwks)
+            .await?
+            .ok_or_else(|| format!("{jwks} (the jwks_uri) is not found"))?;
+        return KeySet::parse(&keys).map_err(|e| format!("{jwks}: {e}"));
+    }
+    Err(if last.is_empty() {
+        format!("no metadata at {}", metadata_urls(issuer).join(" nor "))
+    } else {
+        last
+    })
+}
+
+/// The body at `url` (at most [`DOCUMENT_LIMIT`] bytes), `None` for a 404.
+async fn get(http: &reqwest::Client, url: &str) -> Result<Option<Vec<u8>>, String> {
+    let mut response = http
+        .get(url)
+        .header(reqwest::header::ACCEPT, "application/json")
+        .send()
+        .await
+        .map_err(|e| format!("cannot reach {url}: {}", e.without_url()))?;
+    let status = response.status();
+    if status == reqwest::StatusCode::NOT_FOUND {
+        return Ok(None);
+    }
+    if !status.is_success() {
+        return Err(format!("{url} answered {status}"));
+    }
+    let mut body = Vec::new();
+    while let Some(chunk) = response
+        .chunk()
+        .await
+        .map_err(|e| format!("reading {url}: {}", e.without_url()))?
+    {
+        body.extend_from_slice(&chunk);
+        if body.len() > DOCUMENT_LIMIT {
+            return Err(format!("{url} is over {DOCUMENT_LIMIT} bytes"));
+        }
+    }
+    Ok(Some(body))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn metadata_is_looked_for_where_both_specs_put_it() {
+        assert_eq!(
+            metadata_urls("https://id.example"),
+            [
+                "https://id.example/.well-known/oauth-authorization-server",
+                "https://id.example/.well-known/openid-configuration"
+            ]
+        );
+        assert_eq!(
+            metadata_urls("https://id.example/realms/edge/"),
+            [
+                "https://id.example/.well-known/oauth-authorization-server/realms/edge",
+                "https://id.example/realms/edge/.well-known/openid-configuration",
+                "https://id.example/.well-known/openid-configuration/realms/edge"
+            ]
+        );
+    }
+}
