@@ -390,6 +390,14 @@ impl Access {
         now.authenticates(caller)
     }
 
+    /// Who an access token's caller is across its tokens: `oauth:` and the hash of its
+    /// issuer and subject. `None` for every other caller (known by its token).
+    pub(super) fn known_as(&self, caller: &Caller) -> Option<String> {
+        self.now()
+            .grant(caller)
+            .map(|g| format!("oauth:{}", g.principal))
+    }
+
     /// Whether `caller` may use slug `slug` only for reading (see [`Entitled::read_only`]).
     pub(crate) fn read_only(&self, caller: &Caller, slug: &str) -> bool {
         self.now().read_only(caller, slug)

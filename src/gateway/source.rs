@@ -511,6 +511,10 @@ impl Source for Gateway {
         self.access.identity(caller)
     }
 
+    fn known_as(&self, caller: &Caller) -> Option<String> {
+        self.access.known_as(caller)
+    }
+
     fn protected_resource(&self) -> Option<crate::mcp::source::ProtectedResource> {
         let now = self.access.now();
         let issuers = now.issuers_now()?;

@@ -235,6 +235,8 @@ impl Sub {
             servers: self.servers.clone(),
             local: self.local,
             loopback: self.loopback,
+            // The principal it was made by: what owns it, whichever token that caller holds.
+            known_as: Some(self.principal.clone()),
         }
     }
 

@@ -35,7 +35,16 @@ pub struct Caller {
     /// The peer connected from a loopback address (HTTP, QUIC). A gateway bound only to
     /// loopback with no tokens configured lets such callers in.
     pub loopback: bool,
+    /// Who the source knows the caller as, when it said so once the caller was let in (an
+    /// access token's issuer and subject: the same across the principal's tokens). See
+    /// [`Caller::principal`].
+    pub known_as: Option<String>,
 }
+
+/// A known caller's principal, put in an HTTP request's extensions by the transport once the
+/// source let the caller in ([`Caller::from_parts`] reads it back).
+#[derive(Debug, Clone)]
+pub struct KnownAs(pub String);
 
 /// The peer address of an HTTP request, put in its extensions by the transport.
 #[derive(Debug, Clone, Copy)]
@@ -49,15 +58,20 @@ impl std::fmt::Debug for Caller {
             .field("servers", &self.servers)
             .field("local", &self.local)
             .field("loopback", &self.loopback)
+            .field("known_as", &self.known_as)
             .finish()
     }
 }
 
 impl Caller {
-    /// Who owns what this caller makes (a task): the SHA-256 of its token, or `anonymous`.
-    /// Never the token itself.
+    /// Who owns what this caller makes (a task): who the source knows it as (an access
+    /// token's principal, so a refreshed token still owns its tasks), else the SHA-256 of its
+    /// token, or `anonymous`. Never the token itself.
     pub fn principal(&self) -> String {
         use sha2::Digest as _;
+        if let Some(p) = &self.known_as {
+            return p.clone();
+        }
         match &self.token {
             Some(t) => format!("token:{}", hex::encode(sha2::Sha256::digest(t.as_bytes()))),
             None => "anonymous".into(),
@@ -86,6 +100,7 @@ impl Caller {
             servers: None,
             local,
             loopback,
+            known_as: None,
         }
     }
 
@@ -115,6 +130,7 @@ impl Caller {
             servers,
             local: false,
             loopback: false,
+            known_as: None,
         }
     }
 
@@ -131,6 +147,7 @@ impl Caller {
                     .extensions
                     .get::<PeerAddr>()
                     .is_some_and(|p| p.0.ip().to_canonical().is_loopback()),
+            known_as: parts.extensions.get::<KnownAs>().map(|k| k.0.clone()),
             ..Caller::from_http(&parts.headers, &parts.uri)
         }
     }

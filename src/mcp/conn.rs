@@ -72,11 +72,11 @@ impl Service<RoleServer> for ConnServer {
         request: ClientRequest,
         mut context: RequestContext<RoleServer>,
     ) -> Result<ServerResult, McpError> {
-        let caller = Caller::from_meta(&context.meta, self.local, self.loopback);
+        let mut caller = Caller::from_meta(&context.meta, self.local, self.loopback);
         // A caller the source does not know (a missing or unknown token over QUIC) is refused
         // every request, the handshake first, as HTTP refuses it with 401: never served as a
         // caller entitled to nothing.
-        let auth = self.server.authenticates(&caller).await;
+        let auth = self.server.authenticates(&mut caller).await;
         if let Some(message) = auth.refusal() {
             return Err(McpError::new(
                 rmcp::model::ErrorCode(-32024),

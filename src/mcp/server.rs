@@ -262,9 +262,14 @@ impl SourceServer {
     }
 
     /// What the source makes of `caller`'s credentials (see
-    /// [`Source::authenticates`](crate::mcp::source::Source::authenticates)).
-    pub async fn authenticates(&self, caller: &Caller) -> crate::mcp::source::Authentication {
-        self.shared.source.authenticates(caller).await
+    /// [`Source::authenticates`](crate::mcp::source::Source::authenticates)); a caller let
+    /// in is given the principal the source knows it as ([`Source::known_as`]).
+    pub async fn authenticates(&self, caller: &mut Caller) -> crate::mcp::source::Authentication {
+        let auth = self.shared.source.authenticates(caller).await;
+        if auth == crate::mcp::source::Authentication::Known {
+            caller.known_as = self.shared.source.known_as(caller);
+        }
+        auth
     }
 
     /// The name this server knows `caller` by (see [`Source::identity`]).

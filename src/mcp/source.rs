@@ -202,6 +202,14 @@ pub trait Source: Send + Sync + 'static {
         Authentication::Known
     }
 
+    /// Who `caller` (let in) is across its credentials, when this source tells (a gateway's
+    /// access token: `oauth:` and its issuer's and subject's hash); owners of tasks and
+    /// subscriptions. `None`: known by its token ([`Caller::principal`]).
+    fn known_as(&self, caller: &Caller) -> Option<String> {
+        let _ = caller;
+        None
+    }
+
     /// What this source says of itself as an OAuth 2.1 protected resource (RFC 9728), when
     /// it takes identity providers' access tokens (a gateway with `[[issuer]]`s).
     fn protected_resource(&self) -> Option<ProtectedResource> {

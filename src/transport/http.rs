@@ -485,8 +485,14 @@ async fn listen_gate(State(gate): State<Gate>, req: Request, next: Next) -> Resp
     // Every request to the endpoint, whatever its method or type (a page from another origin
     // is refused by rmcp whoever it claims to be).
     let allowed = gate.allow.admits(&parts.uri, &parts.headers);
-    if allowed && let Some(refused) = unauthenticated(server, &Caller::from_parts(&parts)).await {
-        return refused;
+    if allowed {
+        let mut caller = Caller::from_parts(&parts);
+        if let Some(refused) = unauthenticated(server, &mut caller).await {
+            return refused;
+        }
+        if let Some(p) = caller.known_as {
+            parts.extensions.insert(crate::mcp::caller::KnownAs(p));
+        }
     }
     if parts.method != Method::POST || !json_content(&parts.headers) || !allowed {
         return next.run(Request::from_parts(parts, body)).await;
@@ -649,7 +655,7 @@ fn json_content(headers: &axum::http::HeaderMap) -> bool {
 /// `401` with `WWW-Authenticate: Bearer` for a caller whose credentials the source does not
 /// know (a gateway's missing or unknown token), before anything of the request is read: an
 /// unknown token is refused outright, never taken as a token with no entitlements.
-async fn unauthenticated(server: &SourceServer, caller: &Caller) -> Option<Response> {
+async fn unauthenticated(server: &SourceServer, caller: &mut Caller) -> Option<Response> {
     use crate::mcp::source::Authentication;
     let auth = server.authenticates(caller).await;
     let message = auth.refusal()?;

@@ -184,6 +184,9 @@ async fn post(s: &Setup, token: Option<&str>, body: Value) -> (u16, String, Valu
     if let Some(name) = body["params"]["name"].as_str() {
         req = req.header("mcp-name", name);
     }
+    if let Some(id) = body["params"]["taskId"].as_str() {
+        req = req.header("mcp-name", id);
+    }
     if let Some(t) = token {
         req = req.bearer_auth(t);
     }
@@ -438,4 +441,49 @@ async fn a_key_rotation_is_fetched_once_and_an_unknown_key_refused() {
     .await
     .unwrap();
     assert_eq!(tool_names(&q).await.len(), 4);
+}
+
+#[tokio::test]
+async fn a_task_belongs_to_the_principal_not_to_one_of_its_tokens() {
+    let mut s = setup().await;
+    let mut tmeta = meta();
+    tmeta["io.modelcontextprotocol/clientCapabilities"] =
+        json!({"extensions": {"io.modelcontextprotocol/tasks": {}}});
+    let first = s
+        .provider
+        .mint("rsa1", "RS256", json!({"scope": "herald:memo"}))
+        .await;
+    let started = json!({"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": {
+        "name": "memo__memo_wait", "arguments": {"key": "k"}, "_meta": tmeta}});
+    let (status, _, t) = post(&s, Some(&first), started).await;
+    assert_eq!(status, 200, "{t}");
+    let id = t["result"]["taskId"].as_str().expect("a task").to_owned();
+    let get = |n: u64| {
+        json!({"jsonrpc": "2.0", "id": n, "method": "tasks/get",
+               "params": {"taskId": id, "_meta": tmeta}})
+    };
+    // A later token of the same subject (refreshed: another iat and exp) owns it still.
+    let refreshed = s
+        .provider
+        .mint(
+            "ec1",
+            "ES256",
+            json!({"scope": "herald:memo", "exp": now() + 7200}),
+        )
+        .await;
+    assert_ne!(refreshed, first);
+    let (_, _, got) = post(&s, Some(&refreshed), get(2)).await;
+    assert_eq!(got["result"]["status"], "working", "{got}");
+    // Another subject of the same provider, entitled to the slug: as if there were no task.
+    let stranger = s
+        .provider
+        .mint(
+            "rsa1",
+            "RS256",
+            json!({"scope": "herald:memo", "sub": "someone-else"}),
+        )
+        .await;
+    let (_, _, theirs) = post(&s, Some(&stranger), get(3)).await;
+    assert!(theirs["error"].is_object(), "{theirs}");
+    assert!(theirs["result"].is_null(), "{theirs}");
 }

@@ -294,8 +294,8 @@ async fn admit(
         return None;
     }
     let id = super::plain_listen(&parts.headers, body, &gate.server)?;
-    let caller = Caller::from_parts(&parts);
-    if gate.server.authenticates(&caller).await != crate::mcp::source::Authentication::Known {
+    let mut caller = Caller::from_parts(&parts);
+    if gate.server.authenticates(&mut caller).await != crate::mcp::source::Authentication::Known {
         return None; // the gate answers it: 401
     }
     let v: Value = serde_json::from_slice(body).ok()?;
