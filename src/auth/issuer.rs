@@ -469,6 +469,39 @@ async fn get(http: &reqwest::Client, url: &str) -> Result<Option<Vec<u8>>, Strin
 mod tests {
     use super::*;
 
+    fn file(url: &str, audience: &str) -> IssuerFile {
+        IssuerFile {
+            url: url.into(),
+            audience: audience.into(),
+            jwks_file: None,
+            scope_claim: None,
+        }
+    }
+
+    #[test]
+    fn an_issuer_is_https_or_loopback_with_an_audience() {
+        let ok = file("https://id.example/realms/edge", "https://h/mcp")
+            .validate()
+            .unwrap();
+        assert_eq!(ok.scope_claim, "scope");
+        assert!(file("http://127.0.0.1:8080", "a").validate().is_ok());
+        assert!(file("http://localhost", "a").validate().is_ok());
+        for (url, aud, says) in [
+            ("http://id.example", "a", "https://"),
+            ("http://127.0.0.1.evil.example", "a", "https://"),
+            ("id.example", "a", "https://"),
+            ("https://id.example?x=1", "a", "no query"),
+            ("https://id.example", " ", "audience"),
+        ] {
+            let e = file(url, aud).validate().unwrap_err();
+            assert!(e.contains(says) && e.contains("[[issuer]]"), "{url}: {e}");
+        }
+        let mut missing = file("https://id.example", "a");
+        missing.jwks_file = Some("/nonexistent/keys.json".into());
+        let e = missing.validate().unwrap_err();
+        assert!(e.contains("jwks_file /nonexistent/keys.json"), "{e}");
+    }
+
     #[test]
     fn metadata_is_looked_for_where_both_specs_put_it() {
         assert_eq!(

@@ -108,10 +108,15 @@ pub async fn up_parts(
 fn gateway(path: &Path) -> Result<String, Exit> {
     let cfg = GatewayConfig::load(path).map_err(|e| usage(e.into()))?;
     Ok(format!(
-        "herald gateway: {}, {}{}",
+        "herald gateway: {}, {}{}{}",
         count(cfg.slugs.len(), "server"),
         count(cfg.tokens.len(), "token"),
-        if cfg.tokens.is_empty() {
+        if cfg.issuers.is_empty() {
+            String::new()
+        } else {
+            format!(", {}", count(cfg.issuers.len(), "issuer"))
+        },
+        if cfg.tokenless() {
             "; callers on this host need none"
         } else {
             ""

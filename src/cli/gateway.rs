@@ -50,7 +50,7 @@ pub async fn run(args: GatewayArgs, globals: &Globals) -> Result<(), Exit> {
     }
     loopback_only(&cfg, &[opts.http.clone(), opts.quic.clone()])
         .map_err(|e| crate::cli::usage(e.into()))?;
-    if cfg.tokens.is_empty() && (opts.http.is_some() || opts.quic.is_some()) {
+    if cfg.tokenless() && (opts.http.is_some() || opts.quic.is_some()) {
         tracing::info!(
             "no [[token]] configured: callers on this host (loopback) may use every server without a token"
         );
@@ -154,7 +154,7 @@ fn loopback_only(
         return Ok(());
     }
     let addrs = served.iter().flatten().map(String::as_str);
-    crate::gateway::config::open_on_loopback_only(addrs, cfg.tokens.is_empty())
+    crate::gateway::config::open_on_loopback_only(addrs, cfg.tokenless())
 }
 
 /// Refuses a reload that moves what cannot move live, naming it.

@@ -18,6 +18,10 @@
 //! name = "ops"                      # a label for logs; never the token
 //! sha256 = "9f86d081884c7d65..."    # printf %s TOKEN | sha256sum
 //! slugs = ["memo", "cluster"]       # or ["*"]
+//!
+//! [[issuer]]                        # OAuth access tokens of an identity provider
+//! url = "https://id.example.com"
+//! audience = "https://edge-1.example.com/mcp"
 //! ```
 //!
 //! Validation makes a [`GatewayConfig`] or an error naming the slug or token at fault: a slug
@@ -307,6 +311,11 @@ pub fn open_on_loopback_only<'a>(
 }
 
 impl GatewayConfig {
+    /// No `[[token]]` nor `[[issuer]]`: callers on this host need no token.
+    pub fn tokenless(&self) -> bool {
+        self.tokens.is_empty() && self.issuers.is_empty()
+    }
+
     pub fn load(path: &Path) -> Result<GatewayConfig, ConfigError> {
         let text = std::fs::read_to_string(path).map_err(|error| ConfigError::Read {
             path: path.to_owned(),
