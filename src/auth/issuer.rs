@@ -16,6 +16,7 @@
 
 use std::collections::HashMap;
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
@@ -114,9 +115,11 @@ fn loopback_host(rest: &str) -> bool {
 pub struct Grant {
     /// The issuer's URL.
     pub issuer: String,
-    /// A key for the principal (issuer and `sub`, or `client_id`, hashed): the same across
-    /// the principal's tokens, never a claim's value.
-    pub principal: String,
+    /// A key for the principal (issuer and `sub`, else `client_id`, hashed): the same across
+    /// the principal's tokens, never a claim's value. `None` for a token naming neither: it
+    /// is then known by itself alone (a principal shared by every such token would let them
+    /// see each other's tasks).
+    pub principal: Option<String>,
     /// The granted scopes.
     pub scopes: Vec<String>,
     /// `exp`, seconds since the Unix epoch.
@@ -128,6 +131,9 @@ struct Issuer {
     keys: RwLock<Arc<KeySet>>,
     /// The fetches unknown key ids asked for lately (one such fetch at a time).
     refetches: tokio::sync::Mutex<Refetches>,
+    /// Held through every fetch of this issuer's keys, so they are put in place in the order
+    /// they were fetched (an older set never replaces a newer one).
+    fetching: tokio::sync::Mutex<()>,
 }
 
 #[derive(Default)]
@@ -142,6 +148,8 @@ struct Refetches {
 pub struct Issuers {
     issuers: Vec<Issuer>,
     remembered: Mutex<HashMap<[u8; 32], Grant>>,
+    /// Counts the key sets put in place that changed anything (see `verify`).
+    generation: AtomicU64,
     http: reqwest::Client,
     /// Ends the task keeping the keys fresh ([`start`](Issuers::start)) when these are
     /// dropped (a reload that changed the issuers).
@@ -174,7 +182,15 @@ impl Issuers {
     pub fn new(configs: Vec<IssuerConfig>) -> Result<Issuers, String> {
         let http = crate::transport::client::http_client(|b| {
             b.timeout(Duration::from_secs(10))
-                .redirect(reqwest::redirect::Policy::limited(3))
+                .redirect(reqwest::redirect::Policy::custom(|attempt| {
+                    if attempt.previous().len() >= 3 {
+                        attempt.error("more than 3 redirects")
+                    } else if !secure(attempt.url().as_str()) {
+                        attempt.error("a redirect away from https")
+                    } else {
+                        attempt.follow()
+                    }
+                }))
         })
         .map_err(|e| format!("cannot build the HTTP client for [[issuer]] keys: {e}"))?;
         let mut issuers = Vec::with_capacity(configs.len());
@@ -187,11 +203,13 @@ impl Issuers {
                 config,
                 keys: RwLock::new(Arc::new(keys)),
                 refetches: tokio::sync::Mutex::default(),
+                fetching: tokio::sync::Mutex::new(()),
             });
         }
         Ok(Issuers {
             issuers,
             remembered: Mutex::default(),
+            generation: AtomicU64::new(0),
             http,
             stop: CancellationToken::new(),
         })
@@ -228,12 +246,15 @@ impl Issuers {
         let digest: [u8; 32] = sha2::Sha256::digest(token.as_bytes()).into();
         let now = now();
         if let Some(g) = self.remembered.locked().get(&digest)
-            && g.expires + SKEW_SECS > now
+            && g.expires.saturating_add(SKEW_SECS) > now
         {
             return Ok(g.clone());
         }
         let unverified = Unverified::parse(token)?;
         let issuer = self.issuer_of(&unverified)?;
+        // Read before the keys: a fetch that changes them after this forgets what is
+        // remembered, and this token is then not remembered either (see `fetch`).
+        let generation = self.generation.load(Ordering::Acquire);
         let keys = issuer.keys.read_locked().clone();
         let claims = unverified.verify(
             &keys,
@@ -243,15 +264,18 @@ impl Issuers {
                 now,
             },
         )?;
-        let subject = ["sub", "client_id"]
-            .iter()
-            .find_map(|c| claims.get(*c).and_then(|v| v.as_str()))
-            .unwrap_or("");
-        let principal: [u8; 32] =
-            sha2::Sha256::digest(format!("{}\u{0}{subject}", issuer.config.url).as_bytes()).into();
+        let subject = ["sub", "client_id"].iter().find_map(|c| {
+            let v = claims.get(*c)?.as_str().filter(|v| !v.is_empty())?;
+            Some(format!("{c}:{v}"))
+        });
+        let principal = subject.map(|s| {
+            let h: [u8; 32] =
+                sha2::Sha256::digest(format!("{}\u{0}{s}", issuer.config.url).as_bytes()).into();
+            hex::encode(&h[..16])
+        });
         let grant = Grant {
             issuer: issuer.config.url.clone(),
-            principal: hex::encode(&principal[..16]),
+            principal,
             scopes: scopes(&claims, &issuer.config.scope_claim),
             expires: claims
                 .get("exp")
@@ -259,10 +283,12 @@ impl Issuers {
                 .map_or(0, |e| e as u64),
         };
         let mut remembered = self.remembered.locked();
-        if remembered.len() >= REMEMBERED {
-            remembered.clear();
+        if self.generation.load(Ordering::Acquire) == generation {
+            if remembered.len() >= REMEMBERED {
+                remembered.clear();
+            }
+            remembered.insert(digest, grant.clone());
         }
-        remembered.insert(digest, grant.clone());
         Ok(grant)
     }
 
@@ -322,12 +348,31 @@ impl Issuers {
     /// Fetches `issuer`'s keys and puts them in place. When they changed, the tokens
     /// remembered are forgotten: a key dropped from the set (revoked) lets nothing in after.
     async fn fetch(&self, issuer: &Issuer) -> Result<(), String> {
+        let _one = issuer.fetching.lock().await;
         let keys = fetch_keys(&self.http, &issuer.config.url).await?;
+        // Under the memory's lock: a `verify` that read the old keys cannot remember its
+        // token after this.
+        let mut remembered = self.remembered.locked();
         let old = std::mem::replace(&mut *issuer.keys.write_locked(), Arc::new(keys.clone()));
         if *old != keys {
-            self.remembered.locked().clear();
+            self.generation.fetch_add(1, Ordering::AcqRel);
+            remembered.clear();
         }
         Ok(())
+    }
+
+    /// Takes the keys of `running`'s issuers that these configure the same way (fetched ones:
+    /// a file's are read anew), so a reload does not leave tokens unverifiable until the
+    /// first fetch.
+    pub fn inherit(&self, running: &Issuers) {
+        for i in &self.issuers {
+            if i.config.jwks_file.is_some() {
+                continue;
+            }
+            if let Some(old) = running.issuers.iter().find(|o| o.config == i.config) {
+                *i.keys.write_locked() = old.keys.read_locked().clone();
+            }
+        }
     }
 
     /// Starts keeping every issuer's keys fresh, until these issuers are dropped: the
@@ -413,8 +458,13 @@ async fn fetch_keys(http: &reqwest::Client, issuer: &str) -> Result<KeySet, Stri
                 continue;
             }
         };
-        let meta: serde_json::Value = serde_json::from_slice(&body)
-            .map_err(|e| format!("{url} is not JSON metadata: {e}"))?;
+        let meta: serde_json::Value = match serde_json::from_slice(&body) {
+            Ok(m) => m,
+            Err(e) => {
+                last = format!("{url} is not JSON metadata: {e}");
+                continue;
+            }
+        };
         if meta["issuer"].as_str() != Some(issuer) {
             return Err(format!(
                 "{url} names another issuer ({}): the configured url must be the issuer's identifier exactly",
@@ -436,8 +486,19 @@ async fn fetch_keys(http: &reqwest::Client, issuer: &str) -> Result<KeySet, Stri
     })
 }
 
+/// Whether keys may be fetched from `url`: `https://`, or `http://` on loopback (a test's
+/// provider). Keys that came over plain HTTP from elsewhere could be anyone's.
+fn secure(url: &str) -> bool {
+    url.starts_with("https://") || url.strip_prefix("http://").is_some_and(loopback_host)
+}
+
 /// The body at `url` (at most [`DOCUMENT_LIMIT`] bytes), `None` for a 404.
 async fn get(http: &reqwest::Client, url: &str) -> Result<Option<Vec<u8>>, String> {
+    if !secure(url) {
+        return Err(format!(
+            "{url}: keys are fetched over https only (http only on loopback)"
+        ));
+    }
     let mut response = http
         .get(url)
         .header(reqwest::header::ACCEPT, "application/json")

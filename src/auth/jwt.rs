@@ -53,6 +53,10 @@ pub struct Header {
     pub alg: String,
     #[serde(default)]
     pub kid: Option<String>,
+    /// Extensions the signer says must be understood (RFC 7515 section 4.1.11): herald
+    /// understands none, so a token naming any is refused.
+    #[serde(default)]
+    pub crit: Option<Value>,
 }
 
 /// A token split and decoded, not verified yet.
@@ -76,6 +80,9 @@ impl Unverified {
         };
         let decode = |part: &str| URL_SAFE_NO_PAD.decode(part).map_err(|_| Refusal::Malformed);
         let header: Header = serde_json::from_slice(&decode(h)?).map_err(|_| Refusal::Malformed)?;
+        if header.crit.is_some() {
+            return Err(Refusal::Malformed);
+        }
         let claims: Map<String, Value> =
             serde_json::from_slice(&decode(p)?).map_err(|_| Refusal::Malformed)?;
         Ok(Unverified {

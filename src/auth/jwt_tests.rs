@@ -163,6 +163,11 @@ fn tampering_and_unknown_keys_are_refused() {
         Refusal::UnknownKey,
         "no kid and two keys: no guess"
     );
+    let crit = s.token(
+        json!({"alg": "EdDSA", "kid": "ed", "crit": ["exp"]}),
+        claims(),
+    );
+    assert_eq!(check(&s, &crit).unwrap_err(), Refusal::Malformed, "crit");
     for junk in ["", "a.b", "a.b.c.d", "eyJ.eyJ.x", "not a token"] {
         assert_eq!(check(&s, junk).unwrap_err(), Refusal::Malformed, "{junk}");
     }

@@ -109,6 +109,34 @@ impl Entitled {
             .is_some_and(|g| self.granted(&g).get(slug) == Some(&true))
     }
 
+    /// Whether `caller` may call `up`'s tool `tool`, from this one snapshot: any tool of a
+    /// slug it is entitled to wholly, and with a read-only grant one its catalog says only
+    /// reads (a tool not in the catalog, not connected yet, is not taken as read-only). An
+    /// access token that no longer verifies (expired since its route was found, keys changed)
+    /// may call nothing.
+    fn may_call(&self, caller: &Caller, up: &Upstream, tool: &str) -> Result<(), SourceError> {
+        let t = caller.token.as_deref();
+        let by_token = t.is_some_and(|t| self.token(t).is_some());
+        if self.needs_no_token(caller) || by_token {
+            return Ok(());
+        }
+        let read_only = match self.grant(caller) {
+            Some(g) => match self.granted(&g).get(&up.name) {
+                Some(read_only) => *read_only,
+                None => return Err(SourceError::Forbidden),
+            },
+            None => return Err(SourceError::Forbidden),
+        };
+        if !read_only || up.catalog().and_then(|c| c.read_only(tool)) == Some(true) {
+            return Ok(());
+        }
+        Err(SourceError::InsufficientScope {
+            slug: up.name.clone(),
+            tool: tool.to_owned(),
+            scope: format!("herald:{}", up.name),
+        })
+    }
+
     /// Lets callers on a loopback address in without a token.
     pub(crate) fn open_to_loopback(mut self, open: bool) -> Entitled {
         self.open_to_loopback = open;
@@ -180,9 +208,13 @@ impl Entitled {
             Some(token) => Some((hex::encode(&token.sha256[..16]), token.label.clone())),
             // The principal across its tokens (a refreshed token is the same caller); named
             // by its issuer, never by a claim's value.
-            None => self
-                .grant(caller)
-                .map(|g| (g.principal, format!("a token from {}", g.issuer))),
+            None => self.grant(caller).map(|g| {
+                let key = g.principal.unwrap_or_else(|| {
+                    let t = caller.token.as_deref().unwrap_or("");
+                    hex::encode(&sha2::Sha256::digest(t.as_bytes())[..16])
+                });
+                (key, format!("a token from {}", g.issuer))
+            }),
         }
     }
 
@@ -395,7 +427,20 @@ impl Access {
     pub(super) fn known_as(&self, caller: &Caller) -> Option<String> {
         self.now()
             .grant(caller)
-            .map(|g| format!("oauth:{}", g.principal))
+            .and_then(|g| g.principal)
+            .map(|p| format!("oauth:{p}"))
+    }
+
+    /// How long `caller`'s access token has left (with the clock skew allowed); `None` for a
+    /// caller known otherwise.
+    pub(super) fn expires_in(&self, caller: &Caller) -> Option<std::time::Duration> {
+        let g = self.now().grant(caller)?;
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .ok()?
+            .as_secs();
+        let end = g.expires.saturating_add(crate::auth::jwt::SKEW_SECS);
+        Some(std::time::Duration::from_secs(end.saturating_sub(now)))
     }
 
     /// Whether `caller` may use slug `slug` only for reading (see [`Entitled::read_only`]).
@@ -403,25 +448,14 @@ impl Access {
         self.now().read_only(caller, slug)
     }
 
-    /// Whether `caller` may call `up`'s tool `tool`: any of it, or (with a read-only grant)
-    /// one its catalog says only reads. A tool not in the catalog (not connected yet) is not
-    /// taken as read-only.
+    /// Whether `caller` may call `up`'s tool `tool` (see [`Entitled::may_call`]).
     pub(crate) fn may_call(
         &self,
         caller: &Caller,
         up: &Upstream,
         tool: &str,
     ) -> Result<(), SourceError> {
-        if !self.read_only(caller, &up.name)
-            || up.catalog().and_then(|c| c.read_only(tool)) == Some(true)
-        {
-            return Ok(());
-        }
-        Err(SourceError::InsufficientScope {
-            slug: up.name.clone(),
-            tool: tool.to_owned(),
-            scope: format!("herald:{}", up.name),
-        })
+        self.now().may_call(caller, up, tool)
     }
 
     /// The `[[token]]` `caller` presented, when the config knows it (see `Entitled::identity`).

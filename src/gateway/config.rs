@@ -816,7 +816,8 @@ pub fn validate_issuers(
     let mut out: Vec<crate::auth::issuer::IssuerConfig> = Vec::new();
     for f in files {
         let c = f.validate().map_err(ConfigError::Issuer)?;
-        if out.iter().any(|o| o.url == c.url) {
+        let same = |a: &str, b: &str| a.trim_end_matches('/') == b.trim_end_matches('/');
+        if out.iter().any(|o| same(&o.url, &c.url)) {
             return Err(ConfigError::Issuer(format!(
                 "[[issuer]] {}: named twice; give each issuer once",
                 c.url

@@ -486,6 +486,9 @@ fn issuers_for(running: Option<&Arc<Issuers>>, configs: &[IssuerConfig]) -> Opti
     }
     match Issuers::new(configs.to_vec()) {
         Ok(i) => {
+            if let Some(r) = running {
+                i.inherit(r);
+            }
             let i = Arc::new(i);
             i.start();
             Some(i)
@@ -657,6 +660,17 @@ impl Source for Gateway {
         let revoked = self.access.hold(caller, &watched);
         if !self.access.keeps(caller, &watched) {
             revoked.cancel();
+        }
+        // An access token's stream ends when the token does (its caller listens again with
+        // a fresh one), as a reload ends one whose token it revokes.
+        if let Some(left) = self.access.expires_in(caller) {
+            let end = revoked.clone();
+            self.ctx.spawn("gateway token expiry", async move {
+                tokio::select! {
+                    _ = end.cancelled() => {}
+                    _ = tokio::time::sleep(left) => end.cancel(),
+                }
+            });
         }
         admission
             .guards

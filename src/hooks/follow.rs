@@ -110,6 +110,9 @@ impl Follower {
                 // The server ended it: shutting down (the subscription is kept), or it was
                 // terminated (and dropped by `HookOut`).
                 Some(Ok(_)) => return,
+                // Ended for its token (expired, revoked) when a renewal has brought another:
+                // follow again with that one.
+                Some(Err(_)) if self.sub.locked().token != caller.token => continue,
                 Some(Err(e)) if crate::mcp::server::stream::is_final(e.code.0) => {
                     let id = self.id();
                     tracing::warn!(subscription = %id, error = %e.message, "a webhook subscription cannot go on; it is dropped");

@@ -714,6 +714,10 @@ impl Webhooks for Hooks {
                         s.secret = secret;
                     }
                     s.expires_ms = expires_ms;
+                    // The same principal, perhaps with a fresh access token: the follower's
+                    // next stream presents it.
+                    s.token = caller.token.clone();
+                    s.servers = caller.servers.clone();
                     s.clone()
                 };
                 self.keep(&sub).await;

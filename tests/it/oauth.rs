@@ -487,3 +487,45 @@ async fn a_task_belongs_to_the_principal_not_to_one_of_its_tokens() {
     assert!(theirs["error"].is_object(), "{theirs}");
     assert!(theirs["result"].is_null(), "{theirs}");
 }
+
+#[tokio::test]
+async fn a_listen_stream_ends_when_its_access_token_does() {
+    let mut s = setup().await;
+    // Valid for a few seconds more (its exp is past, within the allowed clock skew).
+    let short = s
+        .provider
+        .mint(
+            "rsa1",
+            "RS256",
+            json!({"scope": "herald:memo", "exp": now() - 55}),
+        )
+        .await;
+    let listen = json!({"jsonrpc": "2.0", "id": 1, "method": "subscriptions/listen", "params": {
+        "_meta": meta(),
+        "notifications": {"resourceSubscriptions": ["memo+memo://notes"]}}});
+    let mut resp = reqwest::Client::new()
+        .post(s.gw.http_url())
+        .header("content-type", "application/json")
+        .header("accept", "application/json, text/event-stream")
+        .header("mcp-protocol-version", "2026-07-28")
+        .header("mcp-method", "subscriptions/listen")
+        .bearer_auth(&short)
+        .body(listen.to_string())
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 200);
+    let mut seen = String::new();
+    let ended = tokio::time::timeout(WAIT, async {
+        while let Ok(Some(chunk)) = resp.chunk().await {
+            seen.push_str(&String::from_utf8_lossy(&chunk));
+        }
+    })
+    .await;
+    assert!(ended.is_ok(), "the stream outlived its token: {seen}");
+    assert!(
+        seen.contains("acknowledged") || seen.contains("\"result\""),
+        "{seen}"
+    );
+    assert!(seen.contains("-32024"), "the end says why: {seen}");
+}

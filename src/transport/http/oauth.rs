@@ -28,9 +28,14 @@ pub fn routes(router: Router, server: SourceServer) -> Router {
         let server = server.clone();
         async move { document(server.protected_resource()) }
     };
+    // With any path after it: a resource behind a proxy's prefix (`/prefix/mcp`) has its
+    // metadata there (see [`metadata_url`]).
     router
         .route(METADATA_PATH, axum::routing::get(doc.clone()))
-        .route(&format!("{METADATA_PATH}/mcp"), axum::routing::get(doc))
+        .route(
+            &format!("{METADATA_PATH}/{{*resource}}"),
+            axum::routing::get(doc),
+        )
 }
 
 fn document(pr: Option<ProtectedResource>) -> Response {
@@ -83,17 +88,40 @@ pub fn challenge(server: &SourceServer, error: Option<&str>) -> HeaderValue {
         .unwrap_or_else(|_| HeaderValue::from_static(r#"Bearer realm="herald""#))
 }
 
-/// The `WWW-Authenticate` value of a `403` for a step-up: `scope` would do.
-pub fn insufficient_scope(scope: &str) -> HeaderValue {
-    HeaderValue::from_str(&format!(
-        r#"Bearer realm="herald", error="insufficient_scope", scope="{scope}""#
-    ))
-    .unwrap_or_else(|_| HeaderValue::from_static(r#"Bearer error="insufficient_scope""#))
+/// The `WWW-Authenticate` value of a `403` for a step-up: `scope` would do. Only a scope of
+/// herald's own form (`herald:` and a slug name) is said: an error's data may come from an
+/// upstream, and must not put its words in a header.
+pub fn insufficient_scope(scope: &str) -> Option<HeaderValue> {
+    let slug = scope.strip_prefix("herald:")?;
+    let ok = !slug.is_empty()
+        && slug
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-');
+    ok.then(|| {
+        HeaderValue::from_str(&format!(
+            r#"Bearer realm="herald", error="insufficient_scope", scope="{scope}""#
+        ))
+        .ok()
+    })
+    .flatten()
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_step_up_names_only_a_scope_of_herald_s_form() {
+        assert!(insufficient_scope("herald:memo-2").is_some());
+        for bad in [
+            "herald:",
+            "openid",
+            r#"herald:x", resource_metadata="https://evil"#,
+            "herald:A",
+        ] {
+            assert!(insufficient_scope(bad).is_none(), "{bad}");
+        }
+    }
 
     #[test]
     fn the_metadata_url_puts_the_well_known_path_before_the_resource_path() {

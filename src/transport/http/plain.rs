@@ -288,7 +288,7 @@ impl PlainRequest {
                     .data
                     .as_ref()
                     .and_then(|d| d["scope"].as_str())
-                    .map(super::oauth::insufficient_scope)
+                    .and_then(super::oauth::insufficient_scope)
             }
             _ => None,
         };
