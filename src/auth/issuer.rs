@@ -243,7 +243,12 @@ impl Issuers {
     /// The grant `token` carries, with the keys held now (no fetch). Remembered tokens cost a
     /// hash lookup.
     pub fn verify(&self, token: &str) -> Result<Grant, Refusal> {
-        let digest: [u8; 32] = sha2::Sha256::digest(token.as_bytes()).into();
+        self.verify_digest(token, &sha2::Sha256::digest(token.as_bytes()).into())
+    }
+
+    /// [`verify`](Self::verify), given the token's SHA-256 (a caller hashes its token once).
+    pub fn verify_digest(&self, token: &str, digest: &[u8; 32]) -> Result<Grant, Refusal> {
+        let digest = *digest;
         let now = now();
         if let Some(g) = self.remembered.locked().get(&digest)
             && g.expires.saturating_add(SKEW_SECS) > now

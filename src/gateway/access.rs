@@ -67,10 +67,10 @@ impl Entitled {
     fn grant(&self, caller: &Caller) -> Option<Grant> {
         let t = caller.token.as_deref()?;
         let issuers = self.issuers.as_ref()?;
-        if !crate::auth::jwt::looks_like_jwt(t) || self.token(t).is_some() {
+        if !crate::auth::jwt::looks_like_jwt(t) || self.token(caller).is_some() {
             return None;
         }
-        issuers.verify(t).ok()
+        issuers.verify_digest(t, caller.token_sha256()?).ok()
     }
 
     /// The slugs a grant's scopes entitle, each `true` when only for reading:
@@ -116,7 +116,7 @@ impl Entitled {
     /// may call nothing.
     fn may_call(&self, caller: &Caller, up: &Upstream, tool: &str) -> Result<(), SourceError> {
         let t = caller.token.as_deref();
-        let by_token = t.is_some_and(|t| self.token(t).is_some());
+        let by_token = t.is_some() && self.token(caller).is_some();
         if self.needs_no_token(caller) || by_token {
             return Ok(());
         }
@@ -149,13 +149,13 @@ impl Entitled {
         self
     }
 
-    /// The configured token `t` is, if any. Every hash is compared, so the time taken does
-    /// not say which one matched.
-    fn token(&self, t: &str) -> Option<&Token> {
-        let digest: [u8; 32] = sha2::Sha256::digest(t.as_bytes()).into();
+    /// The configured token `caller` presented, if any. Every hash is compared, so the time
+    /// taken does not say which one matched.
+    fn token(&self, caller: &Caller) -> Option<&Token> {
+        let digest = caller.token_sha256()?;
         let mut found = None;
         for tok in &self.tokens {
-            if same(&tok.sha256, &digest) && found.is_none() {
+            if same(&tok.sha256, digest) && found.is_none() {
                 found = Some(tok);
             }
         }
@@ -171,7 +171,7 @@ impl Entitled {
     /// The slugs `caller` may use: its token's entitlement, or every slug for a caller that
     /// needs no token, narrowed by `?servers=`.
     fn allowed(&self, caller: &Caller) -> BTreeSet<String> {
-        let token = caller.token.as_deref().and_then(|t| self.token(t));
+        let token = self.token(caller);
         let mut set: BTreeSet<String> = match token {
             Some(tok) => tok.slugs.clone(),
             None if self.needs_no_token(caller) => {
@@ -204,7 +204,7 @@ impl Entitled {
     /// The `[[token]]` `caller` presented, when this config knows it: its digest's start as
     /// the key (two tokens of one name stay apart), its name to say.
     fn identity(&self, caller: &Caller) -> Option<(String, String)> {
-        match self.token(caller.token.as_deref()?) {
+        match self.token(caller) {
             Some(token) => Some((hex::encode(&token.sha256[..16]), token.label.clone())),
             // The principal across its tokens (a refreshed token is the same caller); named
             // by its issuer, never by a claim's value.
@@ -226,7 +226,7 @@ impl Entitled {
             Authentication::NoTokens
         } else {
             match caller.token.as_deref() {
-                Some(t) if self.token(t).is_some() || self.grant(caller).is_some() => {
+                Some(_) if self.token(caller).is_some() || self.grant(caller).is_some() => {
                     Authentication::Known
                 }
                 Some(_) => Authentication::UnknownToken,
@@ -293,7 +293,7 @@ impl Entitled {
     /// Whether `caller`'s token (or its needing none) entitles it to every slug, whatever
     /// `?servers=` narrows.
     fn entitled_to_all(&self, caller: &Caller) -> bool {
-        let all: BTreeSet<String> = match caller.token.as_deref().and_then(|t| self.token(t)) {
+        let all: BTreeSet<String> = match self.token(caller) {
             Some(tok) => tok.slugs.clone(),
             None if self.needs_no_token(caller) => return true,
             None => match self.grant(caller) {
@@ -415,7 +415,7 @@ impl Access {
         let now = self.now();
         if let (Some(t), Some(issuers)) = (caller.token.as_deref(), &now.issuers)
             && crate::auth::jwt::looks_like_jwt(t)
-            && now.token(t).is_none()
+            && now.token(caller).is_none()
         {
             let _ = issuers.verify_fresh(t).await;
         }

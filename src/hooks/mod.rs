@@ -237,6 +237,7 @@ impl Sub {
             loopback: self.loopback,
             // The principal it was made by: what owns it, whichever token that caller holds.
             known_as: Some(self.principal.clone()),
+            token_digest: Default::default(),
         }
     }
 

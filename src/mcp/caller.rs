@@ -39,6 +39,8 @@ pub struct Caller {
     /// access token's issuer and subject: the same across the principal's tokens). See
     /// [`Caller::principal`].
     pub known_as: Option<String>,
+    /// The token's SHA-256, worked out once ([`Caller::token_sha256`]).
+    pub token_digest: std::sync::OnceLock<[u8; 32]>,
 }
 
 /// A known caller's principal, put in an HTTP request's extensions by the transport once the
@@ -68,14 +70,24 @@ impl Caller {
     /// token's principal, so a refreshed token still owns its tasks), else the SHA-256 of its
     /// token, or `anonymous`. Never the token itself.
     pub fn principal(&self) -> String {
-        use sha2::Digest as _;
         if let Some(p) = &self.known_as {
             return p.clone();
         }
-        match &self.token {
-            Some(t) => format!("token:{}", hex::encode(sha2::Sha256::digest(t.as_bytes()))),
+        match self.token_sha256() {
+            Some(d) => format!("token:{}", hex::encode(d)),
             None => "anonymous".into(),
         }
+    }
+
+    /// The SHA-256 of the token, worked out on first use (a request's checks compare it
+    /// several times; an access token is long). Set `token` before asking.
+    pub fn token_sha256(&self) -> Option<&[u8; 32]> {
+        use sha2::Digest as _;
+        let t = self.token.as_deref()?;
+        Some(
+            self.token_digest
+                .get_or_init(|| sha2::Sha256::digest(t.as_bytes()).into()),
+        )
     }
 
     /// The process that started this one (stdio): may use everything, needs no token.
@@ -101,6 +113,7 @@ impl Caller {
             local,
             loopback,
             known_as: None,
+            token_digest: Default::default(),
         }
     }
 
@@ -131,6 +144,7 @@ impl Caller {
             local: false,
             loopback: false,
             known_as: None,
+            token_digest: Default::default(),
         }
     }
 

@@ -40,27 +40,37 @@ struct Keys {
 
 impl Keys {
     fn new(dir: &std::path::Path) -> Keys {
+        // PKCS#1 DER (ring's `from_der`): `genrsa -traditional`, then DER.
+        let pem = dir.join("rsa.pem");
         let der = dir.join("rsa.der");
-        let ok = std::process::Command::new("openssl")
-            .args([
-                "genpkey",
-                "-algorithm",
-                "RSA",
-                "-pkeyopt",
-                "rsa_keygen_bits:2048",
-            ])
-            .args(["-outform", "DER", "-out"])
-            .arg(&der)
-            .status()
-            .expect("openssl runs")
-            .success();
-        assert!(ok, "openssl genpkey");
+        let (pem_s, der_s) = (pem.to_str().unwrap(), der.to_str().unwrap());
+        for args in [
+            vec!["genrsa", "-traditional", "-out", pem_s, "2048"],
+            vec![
+                "rsa",
+                "-traditional",
+                "-in",
+                pem_s,
+                "-outform",
+                "DER",
+                "-out",
+                der_s,
+            ],
+        ] {
+            let ok = std::process::Command::new("openssl")
+                .args(&args)
+                .stderr(std::process::Stdio::null())
+                .status()
+                .expect("openssl runs")
+                .success();
+            assert!(ok, "openssl {args:?}");
+        }
         let rng = SystemRandom::new();
         let ec = EcdsaKeyPair::generate_pkcs8(&signature::ECDSA_P256_SHA256_FIXED_SIGNING, &rng)
             .unwrap();
         let ed = Ed25519KeyPair::generate_pkcs8(&rng).unwrap();
         Keys {
-            rsa: RsaKeyPair::from_pkcs8(&std::fs::read(&der).unwrap()).unwrap(),
+            rsa: RsaKeyPair::from_der(&std::fs::read(&der).unwrap()).unwrap(),
             ec: EcdsaKeyPair::from_pkcs8(
                 &signature::ECDSA_P256_SHA256_FIXED_SIGNING,
                 ec.as_ref(),
