@@ -183,7 +183,7 @@ impl Issuers {
         let http = crate::transport::client::http_client(|b| {
             b.timeout(Duration::from_secs(10))
                 .redirect(reqwest::redirect::Policy::custom(|attempt| {
-                    if attempt.previous().len() >= 3 {
+                    if attempt.previous().len() > 3 {
                         attempt.error("more than 3 redirects")
                     } else if !secure(attempt.url().as_str()) {
                         attempt.error("a redirect away from https")
@@ -309,10 +309,15 @@ impl Issuers {
             return Err(Refusal::Malformed);
         };
         let issuer = self.issuer_of(&unverified)?;
+        // Bounded: a request waits at most this long for a provider that is slow to answer.
+        let refetch = tokio::time::timeout(
+            Duration::from_secs(5),
+            self.refetch_for(issuer, unverified.header.kid.as_deref()),
+        );
         if issuer.config.jwks_file.is_none()
-            && let Err(e) = self
-                .refetch_for(issuer, unverified.header.kid.as_deref())
+            && let Err(e) = refetch
                 .await
+                .unwrap_or_else(|_| Err("no answer within 5 s".into()))
         {
             tracing::warn!(issuer = %issuer.config.url, "cannot fetch the issuer's signing keys ({e})");
         }
@@ -333,6 +338,8 @@ impl Issuers {
     /// request this one waited on brought it.
     async fn refetch_for(&self, issuer: &Issuer, kid: Option<&str>) -> Result<(), String> {
         let mut lately = issuer.refetches.lock().await;
+        // (After any fetch under way: it may bring the key.)
+        let _one = issuer.fetching.lock().await;
         if issuer.keys.read_locked().find(kid).is_some() {
             return Ok(());
         }
@@ -347,13 +354,18 @@ impl Issuers {
         }
         lately.kids.insert(kid, now);
         lately.at.push_back(now);
-        self.fetch(issuer).await
+        self.fetch_held(issuer).await
     }
 
     /// Fetches `issuer`'s keys and puts them in place. When they changed, the tokens
     /// remembered are forgotten: a key dropped from the set (revoked) lets nothing in after.
     async fn fetch(&self, issuer: &Issuer) -> Result<(), String> {
         let _one = issuer.fetching.lock().await;
+        self.fetch_held(issuer).await
+    }
+
+    /// [`fetch`](Self::fetch), with `issuer.fetching` held by the caller.
+    async fn fetch_held(&self, issuer: &Issuer) -> Result<(), String> {
         let keys = fetch_keys(&self.http, &issuer.config.url).await?;
         // Under the memory's lock: a `verify` that read the old keys cannot remember its
         // token after this.

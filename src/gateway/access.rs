@@ -111,23 +111,16 @@ impl Entitled {
 
     /// Whether `caller` may call `up`'s tool `tool`, from this one snapshot: any tool of a
     /// slug it is entitled to wholly, and with a read-only grant one its catalog says only
-    /// reads (a tool not in the catalog, not connected yet, is not taken as read-only). An
-    /// access token that no longer verifies (expired since its route was found, keys changed)
-    /// may call nothing.
+    /// reads (a tool not in the catalog, not connected yet, is not taken as read-only). A
+    /// caller no longer entitled to the slug (a reload since its route was found, an access
+    /// token expired or its key dropped) may call nothing.
     fn may_call(&self, caller: &Caller, up: &Upstream, tool: &str) -> Result<(), SourceError> {
-        let t = caller.token.as_deref();
-        let by_token = t.is_some() && self.token(caller).is_some();
-        if self.needs_no_token(caller) || by_token {
-            return Ok(());
+        if !self.allowed(caller).contains(&up.name) {
+            return Err(SourceError::Forbidden);
         }
-        let read_only = match self.grant(caller) {
-            Some(g) => match self.granted(&g).get(&up.name) {
-                Some(read_only) => *read_only,
-                None => return Err(SourceError::Forbidden),
-            },
-            None => return Err(SourceError::Forbidden),
-        };
-        if !read_only || up.catalog().and_then(|c| c.read_only(tool)) == Some(true) {
+        if !self.read_only(caller, &up.name)
+            || up.catalog().and_then(|c| c.read_only(tool)) == Some(true)
+        {
             return Ok(());
         }
         Err(SourceError::InsufficientScope {
@@ -431,10 +424,21 @@ impl Access {
             .map(|p| format!("oauth:{p}"))
     }
 
-    /// How long `caller`'s access token has left (with the clock skew allowed); `None` for a
-    /// caller known otherwise.
+    /// How long `caller`'s access token has left (with the clock skew allowed): nothing for
+    /// one that no longer verifies (expired since it was let in, its key dropped); `None` for
+    /// a caller known otherwise.
     pub(super) fn expires_in(&self, caller: &Caller) -> Option<std::time::Duration> {
-        let g = self.now().grant(caller)?;
+        let now = self.now();
+        let t = caller.token.as_deref()?;
+        if now.issuers.is_none()
+            || !crate::auth::jwt::looks_like_jwt(t)
+            || now.token(caller).is_some()
+        {
+            return None;
+        }
+        let Some(g) = now.grant(caller) else {
+            return Some(std::time::Duration::ZERO);
+        };
         let now = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .ok()?

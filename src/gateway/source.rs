@@ -665,12 +665,13 @@ impl Source for Gateway {
         // a fresh one), as a reload ends one whose token it revokes.
         if let Some(left) = self.access.expires_in(caller) {
             let end = revoked.clone();
-            self.ctx.spawn("gateway token expiry", async move {
-                tokio::select! {
-                    _ = end.cancelled() => {}
-                    _ = tokio::time::sleep(left) => end.cancel(),
-                }
-            });
+            self.ctx
+                .spawn_until_shutdown("gateway token expiry", async move {
+                    tokio::select! {
+                        _ = end.cancelled() => {}
+                        _ = tokio::time::sleep(left) => end.cancel(),
+                    }
+                });
         }
         admission
             .guards

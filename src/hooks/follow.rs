@@ -92,7 +92,10 @@ impl Follower {
                 )
             };
             let expired = self.expired();
-            let mut out = HookOut { f: &self };
+            let mut out = HookOut {
+                f: &self,
+                token: caller.token.clone(),
+            };
             let ended = tokio::select! {
                 r = server.follow(&caller, &req, &mut out) => Some(r),
                 _ = expired => None,
@@ -107,12 +110,13 @@ impl Follower {
                     self.end(e).await;
                     return;
                 }
+                // Ended for its token (expired, revoked) when a renewal has brought another
+                // (before the stream began, or after: `HookOut` then did not end it): follow
+                // again with that one.
+                Some(_) if self.sub.locked().token != caller.token => continue,
                 // The server ended it: shutting down (the subscription is kept), or it was
                 // terminated (and dropped by `HookOut`).
                 Some(Ok(_)) => return,
-                // Ended for its token (expired, revoked) when a renewal has brought another:
-                // follow again with that one.
-                Some(Err(_)) if self.sub.locked().token != caller.token => continue,
                 Some(Err(e)) if crate::mcp::server::stream::is_final(e.code.0) => {
                     let id = self.id();
                     tracing::warn!(subscription = %id, error = %e.message, "a webhook subscription cannot go on; it is dropped");
@@ -300,6 +304,9 @@ impl Follower {
 /// The follower's side of [`SourceServer::follow`].
 struct HookOut<'a> {
     f: &'a Follower,
+    /// The token the stream was followed with: a stream ended for it (expired, revoked)
+    /// after a renewal brought another does not end the subscription.
+    token: Option<String>,
 }
 
 impl EventsOut for HookOut<'_> {
@@ -369,7 +376,9 @@ impl EventsOut for HookOut<'_> {
                 Ok(())
             }
             "terminated" => {
-                f.end(params["error"].clone()).await;
+                if f.sub.locked().token == self.token {
+                    f.end(params["error"].clone()).await;
+                }
                 over()
             }
             _ => Ok(()),

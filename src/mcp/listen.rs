@@ -471,15 +471,16 @@ fn ended(revoked: &CancellationToken, stream: u64) -> Result<(), McpError> {
 }
 
 /// The error a stream ends with when the source took its caller's access away (a reload
-/// revoked or narrowed its token, or removed or replaced a server it watches).
+/// revoked or narrowed its token, or removed or replaced a server it watches; its access
+/// token expired).
 fn revoked_error(stream: u64) -> McpError {
     info!(
         stream,
-        "listen stream ended: a reload took its caller's access to what it watches"
+        "listen stream ended: its caller's access to what it watches ended (a reload, or an access token's expiry)"
     );
     McpError::new(
         rmcp::model::ErrorCode(-32024),
-        "this listen's access changed (its token was revoked or narrowed, or a server it watches was removed or changed by a reload); listen again",
+        "this listen's access changed (its token expired, was revoked or narrowed, or a server it watches was removed or changed by a reload); listen again, with a fresh token if it expired",
         Some(json!({"reason": "revoked"})),
     )
 }
