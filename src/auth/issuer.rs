@@ -126,6 +126,14 @@ pub struct Grant {
     pub expires: u64,
 }
 
+impl Grant {
+    /// How long the token has left, with the clock skew allowed.
+    pub fn left(&self) -> Duration {
+        let end = self.expires.saturating_add(SKEW_SECS);
+        Duration::from_secs(end.saturating_sub(now()))
+    }
+}
+
 struct Issuer {
     config: IssuerConfig,
     keys: RwLock<Arc<KeySet>>,

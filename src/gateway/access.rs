@@ -14,7 +14,6 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex, RwLock};
 
-use sha2::Digest;
 use tokio_util::sync::CancellationToken;
 
 use crate::auth::issuer::{Grant, Issuers};
@@ -62,14 +61,19 @@ impl Entitled {
         self.issuers.as_ref()
     }
 
-    /// What `caller`'s access token grants: a JWT (not a `[[token]]`) an issuer's keys
-    /// verify, with the keys held now.
-    fn grant(&self, caller: &Caller) -> Option<Grant> {
+    /// `caller`'s token when it is to be checked as an access token (a JWT, not a
+    /// `[[token]]`, with issuers configured), and the issuers to check it with.
+    fn access_token<'a>(&'a self, caller: &'a Caller) -> Option<(&'a str, &'a Arc<Issuers>)> {
         let t = caller.token.as_deref()?;
         let issuers = self.issuers.as_ref()?;
-        if !crate::auth::jwt::looks_like_jwt(t) || self.token(caller).is_some() {
-            return None;
-        }
+        (crate::auth::jwt::looks_like_jwt(t) && self.token(caller).is_none())
+            .then_some((t, issuers))
+    }
+
+    /// What `caller`'s access token grants: one an issuer's keys verify, with the keys held
+    /// now.
+    fn grant(&self, caller: &Caller) -> Option<Grant> {
+        let (t, issuers) = self.access_token(caller)?;
         issuers.verify_digest(t, caller.token_sha256()?).ok()
     }
 
@@ -203,8 +207,7 @@ impl Entitled {
             // by its issuer, never by a claim's value.
             None => self.grant(caller).map(|g| {
                 let key = g.principal.unwrap_or_else(|| {
-                    let t = caller.token.as_deref().unwrap_or("");
-                    hex::encode(&sha2::Sha256::digest(t.as_bytes())[..16])
+                    hex::encode(&caller.token_sha256().unwrap_or(&[0; 32])[..16])
                 });
                 (key, format!("a token from {}", g.issuer))
             }),
@@ -406,10 +409,7 @@ impl Access {
     /// check, where it may wait.
     pub(super) async fn authenticates_fresh(&self, caller: &Caller) -> Authentication {
         let now = self.now();
-        if let (Some(t), Some(issuers)) = (caller.token.as_deref(), &now.issuers)
-            && crate::auth::jwt::looks_like_jwt(t)
-            && now.token(caller).is_none()
-        {
+        if let Some((t, issuers)) = now.access_token(caller) {
             let _ = issuers.verify_fresh(t).await;
         }
         now.authenticates(caller)
@@ -429,22 +429,11 @@ impl Access {
     /// a caller known otherwise.
     pub(super) fn expires_in(&self, caller: &Caller) -> Option<std::time::Duration> {
         let now = self.now();
-        let t = caller.token.as_deref()?;
-        if now.issuers.is_none()
-            || !crate::auth::jwt::looks_like_jwt(t)
-            || now.token(caller).is_some()
-        {
-            return None;
-        }
-        let Some(g) = now.grant(caller) else {
-            return Some(std::time::Duration::ZERO);
-        };
-        let now = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .ok()?
-            .as_secs();
-        let end = g.expires.saturating_add(crate::auth::jwt::SKEW_SECS);
-        Some(std::time::Duration::from_secs(end.saturating_sub(now)))
+        now.access_token(caller)?;
+        Some(
+            now.grant(caller)
+                .map_or(std::time::Duration::ZERO, |g| g.left()),
+        )
     }
 
     /// Whether `caller` may use slug `slug` only for reading (see [`Entitled::read_only`]).
@@ -491,6 +480,7 @@ fn same(a: &[u8; 32], b: &[u8; 32]) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use sha2::Digest as _;
 
     /// A token entitled to `slugs`, its secret `t`.
     fn tok(t: &[u8], slugs: &[&str]) -> Token {
