@@ -16,11 +16,11 @@
 #
 # Scored scenarios run here, all on the 2026-07-28 wire (--spec-version 2026-07-28).
 # Not run yet:
-#   - auth/* (auth/metadata-default, -var1..3, basic-cimd, scope-*, token-endpoint-auth-*,
-#     pre-registration, resource-mismatch, offline-access-*, authorization-server-migration,
-#     iss-*, metadata-issuer-mismatch; the extension ones client-credentials-*, dpop*,
-#     enterprise-managed-authorization, wif-jwt-bearer): herald's client has no OAuth yet
-#     (a bearer token from HERALD_TOKEN only); they come with the OAuth work.
+#   - the auth extension scenarios (auth/client-credentials-jwt, -basic, dpop, dpop-nonce,
+#     enterprise-managed-authorization, wif-jwt-bearer): not scored for 2026-07-28; herald's
+#     client speaks client credentials with a secret, but not JWT client assertions, DPoP,
+#     or token exchange.
+#   - auth/2025-03-26-*: the 2025-03-26 wire (no resource metadata).
 #   - initialize, sse-retry, elicitation-sep1034-client-defaults: the initialize-era wire
 #     (2025-11-25), not 2026-07-28.
 #   - json-schema-2020-12-preservation, sep-2640-*: not in the scored 2026-07-28 set asked for
@@ -39,6 +39,32 @@ SCENARIOS=(
   http-custom-headers
   http-invalid-tool-headers
   json-schema-ref-no-deref
+  # OAuth 2.1 (issue 34): the 25 scored auth scenarios of 2026-07-28.
+  auth/metadata-default
+  auth/metadata-var1
+  auth/metadata-var2
+  auth/metadata-var3
+  auth/basic-cimd
+  auth/scope-from-www-authenticate
+  auth/scope-from-scopes-supported
+  auth/scope-omitted-when-undefined
+  auth/scope-step-up
+  auth/scope-retry-limit
+  auth/token-endpoint-auth-basic
+  auth/token-endpoint-auth-post
+  auth/token-endpoint-auth-none
+  auth/pre-registration
+  auth/resource-mismatch
+  auth/offline-access-scope
+  auth/offline-access-not-supported
+  auth/authorization-server-migration
+  auth/iss-supported
+  auth/iss-not-advertised
+  auth/iss-supported-missing
+  auth/iss-wrong-issuer
+  auth/iss-unexpected
+  auth/iss-normalized
+  auth/metadata-issuer-mismatch
 )
 SCENARIO_TIMEOUT_MS=30000   # the suite's per-client-run timeout (its default)
 RUN_TIMEOUT_S=120           # hard cap per scenario run
@@ -77,7 +103,7 @@ pass=0
 fail=0
 declare -a summary=()
 for s in "${SCENARIOS[@]}"; do
-  sdir=$out/$s
+  sdir=$out/${s//\//-}
   mkdir -p "$sdir"
   st=$SECONDS
   rc=0

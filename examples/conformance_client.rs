@@ -27,6 +27,8 @@
 use std::sync::Arc;
 
 use herald::mcp::limits::DEFAULT_MAX_MESSAGE_BYTES;
+use herald::transport::oauth::consent::Follow;
+use herald::transport::oauth::{OAuth, OAuthSettings};
 use herald::transport::target::Target;
 use herald::transport::tls::ClientTrust;
 use herald::upstream::{Live, Upstream, UpstreamConfig};
@@ -34,6 +36,9 @@ use rmcp::model::{
     CallToolRequestParams, GetPromptRequestParams, JsonObject, ReadResourceRequestParams, Tool,
 };
 use serde_json::{Value, json};
+
+/// The Client ID Metadata Document URL the suite expects of a client (auth/basic-cimd).
+const CLIENT_METADATA_URL: &str = "https://conformance-test.local/client-metadata.json";
 
 /// The scenario whose calls must follow input rounds (over the connection).
 const INPUT_ROUNDS: &str = "sep-2322-client-request-state";
@@ -63,9 +68,28 @@ async fn run() -> Result<(), String> {
             .map_err(|e| format!("MCP_CONFORMANCE_CONTEXT is not JSON ({e}): {c}"))?,
         Err(_) => Value::Null,
     };
+    // The auth/* scenarios: herald's OAuth client, with the suite's authorization server
+    // approving at once (`Follow` carries its redirect to the loopback listener), a Client ID
+    // Metadata Document URL for servers that take one, and the context's pre-registered
+    // client when it gives one.
+    let oauth = scenario.starts_with("auth/").then(|| {
+        let settings = OAuthSettings {
+            client_id: context["client_id"].as_str().map(str::to_owned),
+            client_secret: context["client_secret"]
+                .as_str()
+                .map(|s| herald::transport::tls::Secret(s.to_owned())),
+            client_metadata_url: Some(CLIENT_METADATA_URL.to_owned()),
+            ..Default::default()
+        };
+        OAuth::new(&url, settings, Some(Arc::new(Follow)))
+    });
+    let trust = ClientTrust {
+        oauth: oauth.transpose()?,
+        ..Default::default()
+    };
     let up = Arc::new(Upstream::new(UpstreamConfig::new(
         Target::Http(url),
-        ClientTrust::default(),
+        trust,
         DEFAULT_MAX_MESSAGE_BYTES,
     )));
     let live = up.live().await.map_err(|e| e.to_string())?;

@@ -46,6 +46,9 @@ pub struct ConnectArgs {
     pub tls_pin: Option<String>,
     #[command(flatten)]
     pub timeout: ConnectTimeout,
+    /// The global `--store`: where an HTTP server's OAuth tokens are kept (`herald login`).
+    #[arg(skip)]
+    pub store: Option<String>,
 }
 
 /// How long a server has to answer a connect (every command that connects takes it).
@@ -124,16 +127,42 @@ impl ConnectArgs {
         &self,
         handler: H,
     ) -> Result<Connection<H>, Exit> {
+        let target = self.target();
         let trust = ClientTrust {
             ca: self.tls_ca.clone(),
             pin: self.tls_pin.clone(),
             token: crate::transport::tls::Secret::from_env(),
+            oauth: oauth_for(&target, self.store.as_deref()),
         };
-        let target = self.target();
         check_target(&target, self.tls_pin.as_deref())?;
         let within = self.timeout.duration();
         Ok(connect_within(&target, &trust, handler, DEFAULT_MAX_MESSAGE_BYTES, within).await?)
     }
+}
+
+/// The OAuth session of a command's HTTP server: the tokens `herald login` kept for it in the
+/// store (opened only if the server asks for authorization). A command asks no person; its
+/// error then says to log in. `None` for other transports, or with `HERALD_TOKEN` set (a
+/// static token is what the caller chose).
+pub fn oauth_for(
+    target: &Target,
+    store: Option<&str>,
+) -> Option<std::sync::Arc<crate::transport::oauth::OAuth>> {
+    let Target::Http(url) = target else {
+        return None;
+    };
+    if crate::transport::tls::Secret::from_env().is_some() {
+        return None;
+    }
+    let location = match store {
+        Some(s) => crate::store::Location::parse(s),
+        None => crate::store::Location::default_path().ok()?,
+    };
+    let oauth = crate::transport::oauth::OAuth::new(url, Default::default(), None).ok()?;
+    oauth.keep_in(std::sync::Arc::new(
+        crate::transport::oauth::keep::Lazy::new(location),
+    ));
+    Some(oauth)
 }
 
 /// What is malformed in a server as given (`--mcp-http`, `--mcp-quic`, `--tls-pin`) is bad

@@ -55,12 +55,17 @@ pub async fn run(args: GatewayArgs, globals: &Globals) -> Result<(), Exit> {
             "no [[token]] configured: callers on this host (loopback) may use every server without a token"
         );
     }
-    let store = role_store(&opts, globals).await?;
+    // An OAuth slug keeps its tokens in the store on disk (where `herald login` put them).
+    let store = if cfg.slugs.iter().any(|s| s.trust.oauth.is_some()) {
+        globals.open_store().await?
+    } else {
+        role_store(&opts, globals).await?
+    };
     let ctx = crate::cli::serve::role_context("gateway");
     // The slugs are on the status board before the admin address answers: /ready names
     // every one it waits for from its first answer. Nothing connects before the warm-up.
     let gateway = Arc::new(Gateway::configured(
-        upstreams(&cfg.slugs, &opts.limits, &ctx),
+        upstreams(&cfg.slugs, &opts.limits, &ctx, &store),
         &cfg,
         &ctx,
     ));
@@ -75,6 +80,7 @@ pub async fn run(args: GatewayArgs, globals: &Globals) -> Result<(), Exit> {
         running: cfg,
         gateway: gateway.clone(),
         ctx: ctx.clone(),
+        store: store.clone(),
     };
     serve_until_stopped(
         gateway,
@@ -101,6 +107,8 @@ struct GatewayReload {
     running: GatewayConfig,
     gateway: Arc<Gateway>,
     ctx: RoleContext,
+    /// Where OAuth slugs keep their tokens.
+    store: crate::store::Store,
 }
 
 #[async_trait::async_trait]
@@ -123,6 +131,7 @@ impl crate::app::reload::Reload for GatewayReload {
             &next.slugs,
             &self.limits,
             &self.ctx,
+            &self.store,
         );
         let done = self.gateway.apply(ups, &next, WARM_UP).await;
         let changes = describe(&self.running, &next, &done);
@@ -183,6 +192,7 @@ pub fn apply_slugs(
     next: &[Slug],
     limits: &Limits,
     ctx: &RoleContext,
+    store: &crate::store::Store,
 ) -> Vec<Arc<Upstream>> {
     let live = gateway.upstreams();
     next.iter()
@@ -190,7 +200,7 @@ pub fn apply_slugs(
             let same = running.iter().any(|r| r == s);
             match live.iter().find(|u| u.name == s.name).filter(|_| same) {
                 Some(up) => up.clone(),
-                None => upstreams(std::slice::from_ref(s), limits, ctx).remove(0),
+                None => upstreams(std::slice::from_ref(s), limits, ctx, store).remove(0),
             }
         })
         .collect()
@@ -252,7 +262,17 @@ pub fn upstreams(
     slugs: &[crate::gateway::config::Slug],
     limits: &crate::mcp::limits::Limits,
     ctx: &RoleContext,
+    store: &crate::store::Store,
 ) -> Vec<std::sync::Arc<crate::upstream::Upstream>> {
+    // An OAuth slug's tokens are kept, sealed, in this process's store.
+    for oauth in slugs.iter().filter_map(|s| s.trust.oauth.as_ref()) {
+        match crate::transport::oauth::keep::StoreKeep::new(store.clone()) {
+            Ok(k) => oauth.keep_in(std::sync::Arc::new(k)),
+            Err(e) => {
+                tracing::warn!(server = %oauth.server(), error = %e, "OAuth tokens cannot be kept")
+            }
+        }
+    }
     slugs
         .iter()
         .map(|s| (s, ctx.for_stoppable_role(ctx.role())))

@@ -187,8 +187,10 @@ pub fn run(cli: Cli, systemd: Systemd) -> Result<(), Exit> {
         store: cli.store,
         systemd,
     };
+    let mut command = cli.command;
+    command.store_in(&globals.store);
     let result = runtime.block_on(async move {
-        match cli.command {
+        match command {
             Command::Memo(a) => memo::run(a, &globals).await,
             Command::File(a) => file::run(a, &globals).await,
             Command::K8s(a) => k8s::run(a, &globals).await,
@@ -217,6 +219,27 @@ pub fn run(cli: Cli, systemd: Systemd) -> Result<(), Exit> {
     // A blocked stdin read cannot be cancelled; do not wait for it after the roles drained.
     runtime.shutdown_timeout(std::time::Duration::from_secs(1));
     result
+}
+
+impl Command {
+    /// Hands the global `--store` to the commands that connect to servers: it keeps an HTTP
+    /// server's OAuth tokens (`herald login`).
+    fn store_in(&mut self, store: &Option<String>) {
+        let conn = match self {
+            Command::Ls(a) => &mut a.client.conn,
+            Command::Read(a) => &mut a.client.conn,
+            Command::Call(a) => &mut a.client.conn,
+            Command::Poll(a) => &mut a.conn,
+            Command::Task(a) => match &mut a.command {
+                task::TaskCommand::Get(t) | task::TaskCommand::Cancel(t) => &mut t.client.conn,
+            },
+            Command::Watch(a) => return a.servers.store.clone_from(store),
+            Command::Code(a) => return a.servers.store.clone_from(store),
+            Command::Agent(a) => return a.servers.store.clone_from(store),
+            _ => return,
+        };
+        conn.store.clone_from(store);
+    }
 }
 
 /// Options every subcommand sees.

@@ -182,6 +182,9 @@ pub struct ServerFlags {
     pub tls_pin: Option<String>,
     #[command(flatten)]
     pub timeout: ConnectTimeout,
+    /// The global `--store`: where an HTTP server's OAuth tokens are kept (`herald login`).
+    #[arg(skip)]
+    pub store: Option<String>,
 }
 
 impl ServerFlags {
@@ -192,6 +195,7 @@ impl ServerFlags {
             ca: self.tls_ca.clone(),
             pin: self.tls_pin.clone(),
             token: crate::transport::tls::Secret::from_env(),
+            oauth: None,
         };
         let targets = self
             .mcp_stdio
@@ -200,7 +204,13 @@ impl ServerFlags {
             .chain(self.mcp_http.iter().map(|u| Target::Http(u.clone())))
             .chain(self.mcp_quic.iter().map(|q| Target::Quic(q.clone())));
         targets
-            .map(|t| self.upstream(t, trust.clone(), max_message_bytes))
+            .map(|t| {
+                let trust = ClientTrust {
+                    oauth: crate::cli::client::oauth_for(&t, self.store.as_deref()),
+                    ..trust.clone()
+                };
+                self.upstream(t, trust, max_message_bytes)
+            })
             .collect()
     }
 
@@ -284,6 +294,7 @@ pub async fn run(args: WatchArgs, globals: &Globals, verbose: bool) -> Result<()
             ca: s.tls_ca.clone(),
             pin: s.tls_pin.clone(),
             token: crate::transport::tls::Secret::from_env(),
+            oauth: crate::cli::client::oauth_for(&target, args.servers.store.as_deref()),
         };
         servers.push(
             args.servers

@@ -119,6 +119,8 @@ pub enum ConfigError {
         "slugs {0} and {1} both have prefix = false: their names could collide, so at most one slug may show its names without the slug__ prefix"
     )]
     BareTwice(String, String),
+    #[error("slug {slug}: [slug.oauth]: {message}")]
+    SlugOAuth { slug: String, message: String },
     /// An `[[issuer]]` at fault; the message names it.
     #[error("{0}")]
     Issuer(String),
@@ -174,6 +176,9 @@ pub struct SlugFile {
     pub nats_nkey: Option<PathBuf>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub nats_tls_ca: Option<PathBuf>,
+    /// `[slug.oauth]`: the upstream takes OAuth (`gateway::slug_oauth`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub oauth: Option<super::slug_oauth::SlugOAuth>,
 }
 
 /// A slug served from event logs published on NATS.
@@ -461,6 +466,10 @@ impl GatewayConfig {
                     }
                 })?;
             }
+            let oauth = match &s.oauth {
+                Some(o) => Some(super::slug_oauth::session(&s.name, o, &target)?),
+                None => None,
+            };
             slugs.push(Slug {
                 name: s.name,
                 target,
@@ -468,6 +477,7 @@ impl GatewayConfig {
                     ca: s.tls_ca,
                     pin: s.tls_pin,
                     token,
+                    oauth,
                 },
                 handshake_timeout: DEFAULT_CONNECT_TIMEOUT,
                 nats,

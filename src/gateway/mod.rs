@@ -53,6 +53,7 @@ mod lists;
 mod names;
 pub mod polls;
 mod prompts;
+mod slug_oauth;
 pub mod source;
 mod tasks;
 mod toml_errors;

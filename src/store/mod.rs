@@ -44,6 +44,7 @@ const WATCHES: TableDefinition<&str, &[u8]> = TableDefinition::new("watch_specs"
 const SLACK_BUFFER: TableDefinition<&str, &[u8]> = TableDefinition::new("slack_buffer");
 const TASKS: TableDefinition<&str, &[u8]> = TableDefinition::new("tasks");
 const WEBHOOKS: TableDefinition<&str, &[u8]> = TableDefinition::new("webhook_subscriptions");
+const OAUTH: TableDefinition<&str, &[u8]> = TableDefinition::new("oauth");
 
 /// The tables herald keeps. Each maps string keys to opaque bytes (JSON by convention).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -64,6 +65,9 @@ pub enum Table {
     /// subscription (its callback URL, secrets, subscriber and delivery cursor are
     /// credentials).
     Webhooks,
+    /// herald's OAuth client: `<server URL>` → its sealed tokens and registrations
+    /// (`transport::oauth::keep`).
+    OAuth,
 }
 
 impl Table {
@@ -75,6 +79,7 @@ impl Table {
             Table::SlackBuffer => SLACK_BUFFER,
             Table::Tasks => TASKS,
             Table::Webhooks => WEBHOOKS,
+            Table::OAuth => OAUTH,
         }
     }
 }

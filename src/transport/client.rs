@@ -226,7 +226,7 @@ struct ClientTransport {
 
 enum Wire {
     Lines(LineTransport<RoleClient>),
-    Http(StreamableHttpClientTransport<reqwest::Client>),
+    Http(StreamableHttpClientTransport<crate::transport::oauth::wire::McpHttp>),
 }
 
 impl rmcp::transport::Transport<RoleClient> for ClientTransport {
@@ -330,7 +330,10 @@ pub async fn connect_tapped<H: ClientHandler>(
             if let Some(t) = &trust.token {
                 config = config.auth_header(t.0.clone());
             }
-            let client = mcp_http_client().map_err(|e| unreachable(e.to_string()))?;
+            let client = crate::transport::oauth::wire::McpHttp {
+                client: mcp_http_client().map_err(|e| unreachable(e.to_string()))?,
+                oauth: trust.oauth.clone(),
+            };
             let transport = ClientTransport {
                 wire: Wire::Http(StreamableHttpClientTransport::with_client(client, config)),
                 tap,

@@ -10,6 +10,7 @@ pub mod explain;
 pub mod http;
 pub mod jsonrpc;
 pub mod lines;
+pub mod oauth;
 pub mod origin;
 pub mod quic;
 pub mod target;

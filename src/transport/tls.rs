@@ -161,7 +161,7 @@ pub fn server_config(identity: Identity) -> Result<rustls::ServerConfig, TlsErro
 }
 
 /// How a client trusts a server, and proves itself to it.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq)]
 pub struct ClientTrust {
     /// PEM file of CA certificates.
     pub ca: Option<PathBuf>,
@@ -170,6 +170,9 @@ pub struct ClientTrust {
     /// A bearer token for the server (a gateway): the `Authorization` header on HTTP,
     /// `_meta["io.herald/token"]` on every request over QUIC.
     pub token: Option<Secret>,
+    /// OAuth for an HTTP server that takes it: the session that gets and keeps its tokens
+    /// (over `token`, which it replaces once it has one).
+    pub oauth: Option<std::sync::Arc<crate::transport::oauth::OAuth>>,
 }
 
 /// A secret string: its `Debug` never shows it.

@@ -212,7 +212,12 @@ pub async fn run(args: UpArgs, globals: &Globals) -> Result<(), Exit> {
         max_message_bytes: max,
         ..limits.clone()
     };
-    upstreams.extend(crate::cli::gateway::upstreams(&slugs, &slug_limits, &gctx));
+    upstreams.extend(crate::cli::gateway::upstreams(
+        &slugs,
+        &slug_limits,
+        &gctx,
+        &store,
+    ));
     let open = cfg.tokenless();
     // (`check` refused a non-loopback address without tokens.)
     let gateway = Arc::new(

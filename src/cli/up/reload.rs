@@ -205,6 +205,7 @@ impl UpReload {
             &cfg.slugs,
             &self.slug_limits,
             &self.gctx,
+            &self.builder.store,
         ));
         self.gateway
             .apply(ups, &gateway_config(cfg), crate::cli::gateway::WARM_UP)
