@@ -8,6 +8,7 @@ mod completions;
 mod file;
 mod gateway;
 mod k8s;
+mod login;
 mod man;
 mod memo;
 pub mod nats;
@@ -90,6 +91,10 @@ pub enum Command {
     /// `herald call memo_set key=todo value='"buy milk"' --mcp-http URL`; with --task, as a
     /// task followed until it ends.
     Call(client::CallArgs),
+    /// Log in to a server that takes OAuth (--mcp-http URL): herald prints the address to
+    /// approve it at, and keeps the tokens, sealed, in the store for every later command and
+    /// a gateway's [slug.oauth].
+    Login(login::LoginArgs),
     /// Ask about a task: `herald task get ID`, `herald task cancel ID`.
     Task(task::TaskArgs),
     /// Poll an event type (the MCP Events extension) and print its events as NDJSON: one
@@ -203,6 +208,7 @@ pub fn run(cli: Cli, systemd: Systemd) -> Result<(), Exit> {
             Command::Call(a) if a.task => task::call(a).await,
             Command::Call(a) => client::call(a).await,
             Command::Task(a) => task::run(a).await,
+            Command::Login(a) => login::run(a, &globals).await,
             Command::Poll(a) => poll::run(a).await,
             Command::Status(a) => status::run(a).await,
             Command::Top(a) => top::run(a).await,

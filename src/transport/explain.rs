@@ -523,9 +523,13 @@ fn http(e: &StreamableHttpError<reqwest::Error>) -> Option<Cause> {
             code: 401,
             body: String::new(),
         }),
-        StreamableHttpError::InsufficientScope(_) => Some(Cause::Status {
+        // (An OAuth session asked for that scope once already: the server still refuses.)
+        StreamableHttpError::InsufficientScope(c) => Some(Cause::Status {
             code: 403,
-            body: String::new(),
+            body: match &c.required_scope {
+                Some(s) => format!("insufficient_scope, it asks for scope \"{s}\""),
+                None => "insufficient_scope".into(),
+            },
         }),
         StreamableHttpError::HttpStatus(s) => Some(Cause::Status {
             code: s.status,

@@ -917,6 +917,7 @@ async fn quic_conn(server: &Server) -> LineConn {
         ca: None,
         pin: Some(server.fingerprint()),
         token: None,
+        oauth: None,
     };
     let (endpoint, conn, send, recv) = tokio::time::timeout(
         WAIT,

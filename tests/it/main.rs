@@ -26,6 +26,7 @@ mod manager;
 mod memo;
 mod nats;
 mod oauth;
+mod oauth_client;
 mod poll;
 mod reload;
 mod slack;

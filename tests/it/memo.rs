@@ -204,6 +204,7 @@ async fn quic_client_with_the_wrong_pin_is_refused() {
         ca: None,
         pin: Some("00".repeat(32)),
         token: None,
+        oauth: None,
     };
     let res = herald::transport::client::connect(
         &memo.target,
@@ -297,6 +298,7 @@ async fn herald_up_serves_the_demo_with_no_config() {
                 ca: None,
                 pin: Some(up.fingerprint()),
                 token: None,
+                oauth: None,
             },
         ),
     ] {

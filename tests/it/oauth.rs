@@ -20,18 +20,24 @@ use crate::support::*;
 const AUDIENCE: &str = "https://herald.test/mcp";
 const STATIC: &str = "static-token-5e1d";
 
-/// The identity provider (`oauth_issuer.py`), ordered on its stdin.
-struct Provider {
+/// The identity provider (`oauth_issuer.py`, or `oauth_server.py` for the client's tests),
+/// ordered on its stdin.
+pub struct Provider {
     _child: Child,
     stdin: ChildStdin,
     out: Lines<BufReader<ChildStdout>>,
-    url: String,
+    pub url: String,
 }
 
 impl Provider {
     async fn start() -> Provider {
+        Provider::start_script("oauth_issuer.py").await
+    }
+
+    /// The provider `tests/it/py/SCRIPT`.
+    pub async fn start_script(script: &str) -> Provider {
         let python = std::env::var("HERALD_TEST_PYTHON").unwrap_or_else(|_| "python3".into());
-        let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/it/py/oauth_issuer.py");
+        let script = format!("{}/tests/it/py/{script}", env!("CARGO_MANIFEST_DIR"));
         let mut child = Command::new(python)
             .arg(script)
             .stdin(Stdio::piped())
@@ -55,7 +61,7 @@ impl Provider {
         }
     }
 
-    async fn order(&mut self, order: Value) -> Value {
+    pub async fn order(&mut self, order: Value) -> Value {
         self.stdin
             .write_all(format!("{order}\n").as_bytes())
             .await

@@ -265,6 +265,7 @@ impl Memo {
                         ca: None,
                         pin: Some(s.fingerprint()),
                         token: None,
+                        oauth: None,
                     },
                     server: Some(s),
                 }

@@ -1,0 +1,285 @@
+//! herald's OAuth client (issue 34, item 2) end to end: an authorization server on PyJWT
+//! (`tests/it/py/oauth_server.py`), herald's own gateway as the protected resource
+//! (`[[issuer]]` naming that server), and herald's client on the other side:
+//!
+//! - `herald login` prints the address to approve; the test is the browser (it GETs the
+//!   address and carries the redirect to herald's loopback listener); the tokens are kept
+//!   sealed in the store: neither the access nor the refresh token is in the store file.
+//! - `herald call` with the same store uses them, and refreshes a token about to expire.
+//! - A gateway slug with `[slug.oauth]` uses the kept tokens; another with the client
+//!   credentials grant gets its own; without a login a command says to log in.
+
+use std::process::Stdio;
+
+use serde_json::{Value, json};
+use tokio::io::{AsyncBufReadExt, BufReader};
+use tokio::process::Command;
+
+use crate::oauth::Provider;
+use crate::support::*;
+
+/// A memo behind a gateway that takes the provider's tokens, at a port chosen before it
+/// starts (the audience, and so the resource its metadata names, is its URL).
+async fn protected(provider: &Provider, dir: &TempDir) -> (Server, Server, String) {
+    let memo = Server::spawn(&["--store", ":memory:", "memo", "--http", "127.0.0.1:0"]).await;
+    let port = closed_port();
+    let url = format!("http://127.0.0.1:{port}/mcp");
+    let cfg = dir.path().join("rs.toml");
+    std::fs::write(
+        &cfg,
+        format!(
+            "[[slug]]\nname = \"memo\"\nhttp = \"{}\"\n\
+             [[issuer]]\nurl = \"{}\"\naudience = \"{url}\"\n",
+            memo.http_url(),
+            provider.url,
+        ),
+    )
+    .unwrap();
+    let gw = Server::spawn(&[
+        "--store",
+        ":memory:",
+        "gateway",
+        "--config",
+        cfg.to_str().unwrap(),
+        "--http",
+        &format!("127.0.0.1:{port}"),
+    ])
+    .await;
+    (memo, gw, url)
+}
+
+/// `herald login`, approved by the test as a browser would: the printed address fetched,
+/// its redirect carried to herald's listener.
+async fn login(store: &str, url: &str) -> String {
+    let mut child = Command::new(bin())
+        .args(["--store", store, "login", "--mcp-http", url])
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let mut err = BufReader::new(child.stderr.take().unwrap()).lines();
+    let address = tokio::time::timeout(WAIT, async {
+        while let Some(line) = err.next_line().await.unwrap() {
+            if let Some(a) = line
+                .trim()
+                .strip_prefix("http")
+                .filter(|a| a.contains("/authorize?"))
+            {
+                return format!("http{a}");
+            }
+        }
+        panic!("herald login printed no address to approve");
+    })
+    .await
+    .expect("herald login prints the address");
+    let browser = reqwest::Client::builder()
+        .redirect(reqwest::redirect::Policy::none())
+        .build()
+        .unwrap();
+    let approved = browser.get(&address).send().await.unwrap();
+    assert_eq!(approved.status(), 302, "the server approves at once");
+    let back = approved.headers()["location"].to_str().unwrap().to_owned();
+    assert!(back.starts_with("http://127.0.0.1:"), "{back}");
+    let page = browser.get(&back).send().await.unwrap();
+    assert_eq!(page.status(), 200);
+    assert!(
+        page.text()
+            .await
+            .unwrap()
+            .contains("You can close this tab")
+    );
+    let out = tokio::time::timeout(WAIT, child.wait_with_output())
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout).unwrap()
+}
+
+async fn set_note(store: &str, url: &str, key: &str) -> std::process::Output {
+    herald([
+        "--store",
+        store,
+        "call",
+        "--mcp-http",
+        url,
+        "memo__memo_set",
+        &format!("key={key}"),
+        "value=1",
+    ])
+    .await
+}
+
+async fn issued(provider: &mut Provider) -> Value {
+    provider.order(json!({"issued": true})).await
+}
+
+#[tokio::test]
+async fn a_login_serves_every_command_refreshed_and_sealed_in_the_store() {
+    let mut provider = Provider::start_script("oauth_server.py").await;
+    let dir = TempDir::new("oauth-client");
+    let (_memo, _gw, url) = protected(&provider, &dir).await;
+    let store = dir.path().join("herald.redb");
+    let store = store.to_str().unwrap();
+
+    // Before any login: refused, and told what to do.
+    let before = set_note(store, &url, "a").await;
+    assert!(!before.status.success());
+    let err = String::from_utf8_lossy(&before.stderr);
+    assert!(err.contains("herald login --mcp-http"), "{err}");
+
+    // Tokens that are about to expire from the start: every later use refreshes.
+    provider.order(json!({"ttl": 20})).await;
+    let said = login(store, &url).await;
+    assert!(said.contains("Logged in to"), "{said}");
+    assert!(said.contains(&provider.url), "{said}");
+    let after_login = issued(&mut provider).await;
+    assert_eq!(
+        after_login["grants"]["authorization_code"], 1,
+        "{after_login}"
+    );
+
+    let ok = set_note(store, &url, "b").await;
+    assert!(
+        ok.status.success(),
+        "{}",
+        String::from_utf8_lossy(&ok.stderr)
+    );
+    let now = issued(&mut provider).await;
+    assert!(
+        now["grants"]["refresh_token"].as_u64().unwrap_or(0) >= 1,
+        "{now}"
+    );
+    assert_eq!(
+        now["grants"]["authorization_code"], 1,
+        "no second login: {now}"
+    );
+
+    // Nothing the server issued is readable in the store file.
+    let bytes = std::fs::read(store).unwrap();
+    for t in now["tokens"].as_array().unwrap() {
+        let t = t.as_str().unwrap().as_bytes();
+        assert!(
+            !bytes.windows(t.len()).any(|w| w == t),
+            "a token is in the store in the clear"
+        );
+    }
+
+    // A second login keeps what it has.
+    let again = login_or_kept(store, &url).await;
+    assert!(again.contains("Already logged in"), "{again}");
+
+    // A gateway fronting the protected one takes the kept tokens ([slug.oauth]).
+    let cfg = dir.path().join("front.toml");
+    std::fs::write(
+        &cfg,
+        format!("[[slug]]\nname = \"far\"\nhttp = \"{url}\"\n[slug.oauth]\n"),
+    )
+    .unwrap();
+    let front = Server::spawn(&[
+        "--store",
+        store,
+        "gateway",
+        "--config",
+        cfg.to_str().unwrap(),
+        "--http",
+        "127.0.0.1:0",
+    ])
+    .await;
+    let via = herald([
+        "--store",
+        ":memory:",
+        "call",
+        "--mcp-http",
+        &front.http_url(),
+        "far__memo__memo_set",
+        "key=c",
+        "value=1",
+    ])
+    .await;
+    assert!(
+        via.status.success(),
+        "{}",
+        String::from_utf8_lossy(&via.stderr)
+    );
+
+    // --logout forgets them.
+    drop(front);
+    let out = herald(["--store", store, "login", "--mcp-http", &url, "--logout"]).await;
+    assert!(
+        String::from_utf8_lossy(&out.stdout).contains("Forgot"),
+        "{out:?}"
+    );
+    let gone = set_note(store, &url, "d").await;
+    assert!(!gone.status.success());
+}
+
+/// `herald login` when the store already holds a token: it answers without an address.
+async fn login_or_kept(store: &str, url: &str) -> String {
+    let out = herald(["--store", store, "login", "--mcp-http", url]).await;
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout).unwrap()
+}
+
+#[tokio::test]
+async fn a_slug_gets_its_own_tokens_by_client_credentials() {
+    let mut provider = Provider::start_script("oauth_server.py").await;
+    let dir = TempDir::new("oauth-cc");
+    let (_memo, _gw, url) = protected(&provider, &dir).await;
+    let cfg = dir.path().join("edge.toml");
+    std::fs::write(
+        &cfg,
+        format!(
+            "[[slug]]\nname = \"far\"\nhttp = \"{url}\"\n[slug.oauth]\ngrant = \"client_credentials\"\n\
+             client_id = \"edge\"\nclient_secret_env = \"EDGE_SECRET\"\n"
+        ),
+    )
+    .unwrap();
+    let store = dir.path().join("edge.redb");
+    let edge = Server::spawn_env(
+        &[
+            "--store",
+            store.to_str().unwrap(),
+            "gateway",
+            "--config",
+            cfg.to_str().unwrap(),
+            "--http",
+            "127.0.0.1:0",
+        ],
+        &[("EDGE_SECRET", "edge-secret")],
+    )
+    .await;
+    let via = herald([
+        "--store",
+        ":memory:",
+        "call",
+        "--mcp-http",
+        &edge.http_url(),
+        "far__memo__memo_set",
+        "key=e",
+        "value=1",
+    ])
+    .await;
+    assert!(
+        via.status.success(),
+        "{}",
+        String::from_utf8_lossy(&via.stderr)
+    );
+    let got = issued(&mut provider).await;
+    assert_eq!(got["grants"]["client_credentials"], 1, "{got}");
+    assert!(got["grants"].get("authorization_code").is_none(), "{got}");
+    assert!(
+        !edge.stderr().contains("edge-secret"),
+        "the secret is in the log"
+    );
+}
