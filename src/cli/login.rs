@@ -9,6 +9,7 @@ use std::sync::Arc;
 use anyhow::anyhow;
 use clap::Args;
 
+use crate::app::console;
 use crate::cli::client::ConnectTimeout;
 use crate::cli::{Exit, Globals, usage};
 use crate::mcp::limits::DEFAULT_MAX_MESSAGE_BYTES;
@@ -54,14 +55,11 @@ pub async fn run(args: LoginArgs, globals: &Globals) -> Result<(), Exit> {
     let store = globals.open_store().await?;
     if args.logout {
         let gone = store.delete(Table::OAuth, &url).await?;
-        println!(
-            "{}",
-            if gone {
-                format!("Forgot the tokens kept for {url}.")
-            } else {
-                format!("No tokens were kept for {url}.")
-            }
-        );
+        console::println(&if gone {
+            format!("Forgot the tokens kept for {url}.")
+        } else {
+            format!("No tokens were kept for {url}.")
+        })?;
         return Ok(());
     }
     let client_secret = match &args.oauth_client_secret_env {
@@ -103,14 +101,16 @@ pub async fn run(args: LoginArgs, globals: &Globals) -> Result<(), Exit> {
     drop(conn);
     let now = oauth.held().await;
     match (&had, &now) {
-        (_, None) => println!("{url} asked for no authorization: nothing to log in to."),
+        (_, None) => console::println(&format!(
+            "{url} asked for no authorization: nothing to log in to."
+        ))?,
         (Some(a), Some(b)) if a.0 == b.0 && a.1 == b.1 && a.2 == b.2 => {
-            println!(
+            console::println(&format!(
                 "Already logged in to {url}: {} (--logout first to log in again).",
                 held(b)
-            );
+            ))?;
         }
-        (_, Some(b)) => println!("Logged in to {url}: {}.", held(b)),
+        (_, Some(b)) => console::println(&format!("Logged in to {url}: {}.", held(b)))?,
     }
     store.close().await;
     Ok(())

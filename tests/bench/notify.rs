@@ -109,6 +109,7 @@ async fn transport(
                     ca: None,
                     pin: Some(server(b)["quic_fingerprint"].as_str().unwrap().to_owned()),
                     token: None,
+                    oauth: None,
                 },
             ),
         };

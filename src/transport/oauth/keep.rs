@@ -66,10 +66,10 @@ fn key_for(store: &Path) -> Result<[u8; 32], String> {
     if let Some(text) = std::env::var(KEY_VAR).ok().filter(|v| !v.trim().is_empty()) {
         return crate::store::seal::decode_key(&text).map_err(|e| format!("{KEY_VAR}: {e}"));
     }
-    if let Some(dir) = std::env::var_os("CREDENTIALS_DIRECTORY") {
-        if let Ok(text) = std::fs::read_to_string(PathBuf::from(dir).join(KEY_VAR)) {
-            return crate::store::seal::decode_key(&text).map_err(|e| format!("{KEY_VAR}: {e}"));
-        }
+    if let Some(dir) = std::env::var_os("CREDENTIALS_DIRECTORY")
+        && let Ok(text) = std::fs::read_to_string(PathBuf::from(dir).join(KEY_VAR))
+    {
+        return crate::store::seal::decode_key(&text).map_err(|e| format!("{KEY_VAR}: {e}"));
     }
     let mut path = store.as_os_str().to_owned();
     path.push(".key");

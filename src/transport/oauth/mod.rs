@@ -133,10 +133,10 @@ impl OAuth {
     /// about to expire. `None` before any authorization.
     pub async fn bearer(&self) -> Option<Arc<str>> {
         let now = flow::now_unix();
-        if let Some((t, exp)) = &*self.current.read_locked() {
-            if exp.is_none_or(|e| e > now + 30) {
-                return Some(t.clone());
-            }
+        if let Some((t, exp)) = &*self.current.read_locked()
+            && exp.is_none_or(|e| e > now + 30)
+        {
+            return Some(t.clone());
         }
         let mut st = self.state.lock().await;
         self.load(&mut st).await;
