@@ -75,9 +75,7 @@ async fn run() -> Result<(), String> {
     let oauth = scenario.starts_with("auth/").then(|| {
         let settings = OAuthSettings {
             client_id: context["client_id"].as_str().map(str::to_owned),
-            client_secret: context["client_secret"]
-                .as_str()
-                .map(|s| herald::transport::tls::Secret(s.to_owned())),
+            client_secret: context["client_secret"].as_str().map(str::to_owned),
             client_metadata_url: Some(CLIENT_METADATA_URL.to_owned()),
             ..Default::default()
         };

@@ -60,7 +60,7 @@ impl ChatClient {
                 what: "not an http:// or https:// URL".into(),
             });
         }
-        let http = crate::transport::client::http_client(|b| {
+        let http = crate::transport::web::http_client(|b| {
             b.tcp_nodelay(true).connect_timeout(Duration::from_secs(10))
         })
         .map_err(|e| ModelError::Unreachable {

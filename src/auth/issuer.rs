@@ -188,7 +188,7 @@ impl Issuers {
     /// The issuers of `configs`; a `jwks_file` is read now (an error names the file and
     /// what is wrong with it).
     pub fn new(configs: Vec<IssuerConfig>) -> Result<Issuers, String> {
-        let http = crate::transport::client::http_client(|b| {
+        let http = crate::transport::web::http_client(|b| {
             b.timeout(Duration::from_secs(10))
                 .redirect(reqwest::redirect::Policy::custom(|attempt| {
                     if attempt.previous().len() > 3 {

@@ -132,7 +132,7 @@ impl ConnectArgs {
             ca: self.tls_ca.clone(),
             pin: self.tls_pin.clone(),
             token: crate::transport::tls::Secret::from_env(),
-            oauth: oauth_for(&target, self.store.as_deref()),
+            oauth: oauth_for(&target, &kept_tokens(self.store.as_deref())),
         };
         check_target(&target, self.tls_pin.as_deref())?;
         let within = self.timeout.duration();
@@ -146,23 +146,31 @@ impl ConnectArgs {
 /// static token is what the caller chose).
 pub fn oauth_for(
     target: &Target,
-    store: Option<&str>,
+    kept: &Option<std::sync::Arc<crate::transport::oauth::keep::Lazy>>,
 ) -> Option<std::sync::Arc<crate::transport::oauth::OAuth>> {
-    let Target::Http(url) = target else {
+    let (Target::Http(url), Some(kept)) = (target, kept) else {
         return None;
     };
     if crate::transport::tls::Secret::from_env().is_some() {
         return None;
     }
+    let oauth = crate::transport::oauth::OAuth::new(url, Default::default(), None).ok()?;
+    oauth.keep_in(kept.clone());
+    Some(oauth)
+}
+
+/// Where a command's OAuth sessions find the kept tokens: the store of `--store` (or the
+/// default), opened only when a server asks. One per command: its sessions take turns.
+pub fn kept_tokens(
+    store: Option<&str>,
+) -> Option<std::sync::Arc<crate::transport::oauth::keep::Lazy>> {
     let location = match store {
         Some(s) => crate::store::Location::parse(s),
         None => crate::store::Location::default_path().ok()?,
     };
-    let oauth = crate::transport::oauth::OAuth::new(url, Default::default(), None).ok()?;
-    oauth.keep_in(std::sync::Arc::new(
+    Some(std::sync::Arc::new(
         crate::transport::oauth::keep::Lazy::new(location),
-    ));
-    Some(oauth)
+    ))
 }
 
 /// What is malformed in a server as given (`--mcp-http`, `--mcp-quic`, `--tls-pin`) is bad

@@ -125,6 +125,15 @@ impl crate::app::reload::Reload for GatewayReload {
             }
         }
         loopback_only(&next, &self.addrs).map_err(|e| e.to_string())?;
+        if matches!(self.store.location(), crate::store::Location::Memory)
+            && next.slugs.iter().any(|s| s.trust.oauth.is_some())
+        {
+            return Err(
+                "a [slug.oauth] keeps its tokens in the store on disk, which this gateway did not \
+                 open: restart herald gateway to apply it"
+                    .into(),
+            );
+        }
         let ups = apply_slugs(
             &self.gateway,
             &self.running.slugs,

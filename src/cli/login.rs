@@ -15,10 +15,11 @@ use crate::cli::{Exit, Globals, usage};
 use crate::mcp::limits::DEFAULT_MAX_MESSAGE_BYTES;
 use crate::store::Table;
 use crate::transport::client::{client_config, connect_within};
+use crate::transport::oauth::consent::{Consent as _, Print};
 use crate::transport::oauth::keep::StoreKeep;
-use crate::transport::oauth::{OAuth, OAuthSettings, consent::Print};
+use crate::transport::oauth::{OAuth, OAuthSettings};
 use crate::transport::target::Target;
-use crate::transport::tls::{ClientTrust, Secret};
+use crate::transport::tls::ClientTrust;
 
 #[derive(Debug, Args)]
 pub struct LoginArgs {
@@ -65,26 +66,29 @@ pub async fn run(args: LoginArgs, globals: &Globals) -> Result<(), Exit> {
     let client_secret = match &args.oauth_client_secret_env {
         Some(var) => {
             crate::runtime::secrets::register(var);
-            Some(Secret(std::env::var(var).map_err(|_| {
+            Some(std::env::var(var).map_err(|_| {
                 usage(anyhow!(
                     "--oauth-client-secret-env names {var}, which is not set"
                 ))
-            })?))
+            })?)
         }
         None => None,
     };
     let settings = OAuthSettings {
         client_id: args.oauth_client_id.clone(),
         client_secret,
+        issuer: None,
         client_metadata_url: args.oauth_client_metadata_url.clone(),
         client_credentials: false,
         scope: args.oauth_scope.clone(),
     };
-    let oauth = OAuth::new(&url, settings, Some(Arc::new(Print))).map_err(|e| anyhow!(e))?;
+    let consent = Arc::new(Print);
+    // The connect waits for the person too.
+    let within = args.timeout.duration() + consent.patience();
+    let oauth = OAuth::new(&url, settings, Some(consent)).map_err(|e| anyhow!(e))?;
     oauth.keep_in(Arc::new(
         StoreKeep::new(store.clone()).map_err(|e| anyhow!(e))?,
     ));
-    let had = oauth.held().await;
     let trust = ClientTrust {
         oauth: Some(oauth.clone()),
         ..Default::default()
@@ -95,22 +99,22 @@ pub async fn run(args: LoginArgs, globals: &Globals) -> Result<(), Exit> {
         &trust,
         client_config(),
         DEFAULT_MAX_MESSAGE_BYTES,
-        args.timeout.duration(),
+        within,
     )
     .await?;
     drop(conn);
     let now = oauth.held().await;
-    match (&had, &now) {
-        (_, None) => console::println(&format!(
+    match &now {
+        None => console::println(&format!(
             "{url} asked for no authorization: nothing to log in to."
         ))?,
-        (Some(a), Some(b)) if a.0 == b.0 && a.1 == b.1 && a.2 == b.2 => {
+        Some(b) if oauth.authorizations() == 0 => {
             console::println(&format!(
                 "Already logged in to {url}: {} (--logout first to log in again).",
                 held(b)
             ))?;
         }
-        (_, Some(b)) => console::println(&format!("Logged in to {url}: {}.", held(b)))?,
+        Some(b) => console::println(&format!("Logged in to {url}: {}.", held(b)))?,
     }
     store.close().await;
     Ok(())

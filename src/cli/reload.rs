@@ -59,7 +59,7 @@ fn admin_of(args: &ReloadArgs) -> Result<String, Exit> {
 
 pub async fn run(args: ReloadArgs) -> Result<(), Exit> {
     let base = base_url(&admin_of(&args)?);
-    let client = crate::transport::client::http_client(|b| b.timeout(RELOAD_TIMEOUT))?;
+    let client = crate::transport::web::http_client(|b| b.timeout(RELOAD_TIMEOUT))?;
     let url = format!("{base}/reload");
     let response = client.post(&url).send().await.map_err(|e| {
         let why = if e.is_timeout() {

@@ -46,7 +46,7 @@ pub async fn run(args: StatusArgs) -> Result<(), Exit> {
 }
 
 async fn ask(base: &str) -> anyhow::Result<StatusReport> {
-    let client = crate::transport::client::http_client(|b| b.timeout(ASK_TIMEOUT))?;
+    let client = crate::transport::web::http_client(|b| b.timeout(ASK_TIMEOUT))?;
     let url = format!("{base}/status");
     let response = client
         .get(&url)

@@ -162,7 +162,7 @@ async fn from_running(
     dest: &Path,
     force: bool,
 ) -> Result<Snapshot, Exit> {
-    let client = crate::transport::client::http_client(|b| b.timeout(BACKUP_TIMEOUT))?;
+    let client = crate::transport::web::http_client(|b| b.timeout(BACKUP_TIMEOUT))?;
     let unreachable = |e: reqwest::Error| {
         let why = if e.is_timeout() {
             format!("no answer within {} s", BACKUP_TIMEOUT.as_secs())

@@ -45,7 +45,7 @@ pub struct TopArgs {
 pub async fn run(args: TopArgs) -> Result<(), Exit> {
     let base = status::base_url(&args.admin);
     let url = format!("{base}/status/stream?interval_ms={}", args.interval_ms);
-    let client = crate::transport::client::http_client(|b| b.connect_timeout(CONNECT))?;
+    let client = crate::transport::web::http_client(|b| b.connect_timeout(CONNECT))?;
     let first = Reports::open(&client, &url, &base).await?;
     if !std::io::stdout().is_terminal() {
         return pipe(first, &base).await;

@@ -203,10 +203,11 @@ impl ServerFlags {
             .map(|c| Target::Stdio(c.clone()))
             .chain(self.mcp_http.iter().map(|u| Target::Http(u.clone())))
             .chain(self.mcp_quic.iter().map(|q| Target::Quic(q.clone())));
+        let kept = crate::cli::client::kept_tokens(self.store.as_deref());
         targets
             .map(|t| {
                 let trust = ClientTrust {
-                    oauth: crate::cli::client::oauth_for(&t, self.store.as_deref()),
+                    oauth: crate::cli::client::oauth_for(&t, &kept),
                     ..trust.clone()
                 };
                 self.upstream(t, trust, max_message_bytes)
@@ -282,6 +283,7 @@ pub async fn run(args: WatchArgs, globals: &Globals, verbose: bool) -> Result<()
         None => WatchFile::default(),
     };
     let cfg = config(&args, &file.limits);
+    let kept = crate::cli::client::kept_tokens(args.servers.store.as_deref());
     let mut servers = Vec::new();
     for s in &file.server {
         let target = match (&s.stdio, &s.http, &s.quic) {
@@ -294,7 +296,7 @@ pub async fn run(args: WatchArgs, globals: &Globals, verbose: bool) -> Result<()
             ca: s.tls_ca.clone(),
             pin: s.tls_pin.clone(),
             token: crate::transport::tls::Secret::from_env(),
-            oauth: crate::cli::client::oauth_for(&target, args.servers.store.as_deref()),
+            oauth: crate::cli::client::oauth_for(&target, &kept),
         };
         servers.push(
             args.servers

@@ -467,7 +467,12 @@ impl GatewayConfig {
                 })?;
             }
             let oauth = match &s.oauth {
-                Some(o) => Some(super::slug_oauth::session(&s.name, o, &target)?),
+                Some(o) => Some(super::slug_oauth::session(o, &target).map_err(|message| {
+                    ConfigError::SlugOAuth {
+                        slug: s.name.clone(),
+                        message,
+                    }
+                })?),
                 None => None,
             };
             slugs.push(Slug {

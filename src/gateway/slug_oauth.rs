@@ -8,6 +8,7 @@
 //! # grant = "client_credentials"    # machine to machine (no person), with:
 //! # client_id = "herald-edge"
 //! # client_secret_env = "LINEAR_SECRET"          # or client_secret_credential = "linear"
+//! # issuer = "https://id.example.com"             # where that secret may go (required with it)
 //! # client_metadata_url = "https://example.com/herald.json"   # a Client ID Metadata Document
 //! # scope = "read"
 //! ```
@@ -19,10 +20,8 @@ use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 
-use super::config::ConfigError;
 use crate::transport::oauth::{OAuth, OAuthSettings};
 use crate::transport::target::Target;
-use crate::transport::tls::Secret;
 
 #[derive(Debug, Clone, Default, Deserialize, Serialize, PartialEq, Eq)]
 #[serde(deny_unknown_fields)]
@@ -36,18 +35,18 @@ pub struct SlugOAuth {
     pub client_secret_env: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub client_secret_credential: Option<String>,
+    /// The authorization server a client secret is for (required with one).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub issuer: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub client_metadata_url: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub scope: Option<String>,
 }
 
-/// The session of slug `slug`'s `[slug.oauth]`, checked.
-pub fn session(slug: &str, o: &SlugOAuth, target: &Target) -> Result<Arc<OAuth>, ConfigError> {
-    let bad = |message: String| ConfigError::SlugOAuth {
-        slug: slug.to_owned(),
-        message,
-    };
+/// The session of a slug's `[slug.oauth]`, checked; the error says what to write instead.
+pub fn session(o: &SlugOAuth, target: &Target) -> Result<Arc<OAuth>, String> {
+    let bad = |message: String| message;
     let Target::Http(url) = target else {
         return Err(bad("[slug.oauth] is for an http = \"URL\" server".into()));
     };
@@ -68,11 +67,11 @@ pub fn session(slug: &str, o: &SlugOAuth, target: &Target) -> Result<Arc<OAuth>,
         }
         (Some(var), None) => {
             crate::runtime::secrets::register(var);
-            Some(Secret(std::env::var(var).map_err(|_| {
+            Some(std::env::var(var).map_err(|_| {
                 bad(format!(
                     "client_secret_env names {var}, which is not set in the environment"
                 ))
-            })?))
+            })?)
         }
         (None, Some(name)) => {
             let dir = std::env::var_os("CREDENTIALS_DIRECTORY").ok_or_else(|| {
@@ -88,7 +87,7 @@ pub fn session(slug: &str, o: &SlugOAuth, target: &Target) -> Result<Arc<OAuth>,
             let path = std::path::PathBuf::from(dir).join(name);
             let text = std::fs::read_to_string(&path)
                 .map_err(|e| bad(format!("cannot read {}: {}", path.display(), e.kind())))?;
-            Some(Secret(text.trim_end_matches(['\r', '\n']).to_owned()))
+            Some(text.trim_end_matches(['\r', '\n']).to_owned())
         }
         (None, None) => None,
     };
@@ -100,12 +99,23 @@ pub fn session(slug: &str, o: &SlugOAuth, target: &Target) -> Result<Arc<OAuth>,
     if secret.is_some() && o.client_id.is_none() {
         return Err(bad("a client secret needs its client_id".into()));
     }
+    if secret.is_some() && o.issuer.is_none() {
+        return Err(bad(
+            "a client secret needs issuer = \"URL\", the authorization server it is for: \
+             herald sends it to no other, whatever the upstream names"
+                .into(),
+        ));
+    }
+    if let Some(i) = &o.issuer {
+        crate::transport::oauth::discover::endpoint(i, "issuer").map_err(bad)?;
+    }
     if let Some(u) = &o.client_metadata_url {
         crate::transport::oauth::discover::endpoint(u, "client_metadata_url").map_err(bad)?;
     }
     let settings = OAuthSettings {
         client_id: o.client_id.clone(),
         client_secret: secret,
+        issuer: o.issuer.clone(),
         client_metadata_url: o.client_metadata_url.clone(),
         client_credentials,
         scope: o.scope.clone(),

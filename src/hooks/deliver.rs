@@ -241,7 +241,7 @@ pub struct Poster {
 impl Poster {
     pub fn new(policy: CallbackPolicy) -> Result<Poster, String> {
         let build = |public: bool| {
-            crate::transport::client::http_client(|b| {
+            crate::transport::web::http_client(|b| {
                 // No proxy from the environment: a proxy would resolve the callback's name
                 // itself, past the address check.
                 let b = b

@@ -11,7 +11,7 @@
 //! herald's secrets in its environment, and is killed when its connection is dropped; its
 //! stderr is said in herald's log, a line at a time, naming it (`child_log`).
 //! [`Connection::call_tool`] follows a server's `input_required` rounds to the final result.
-//! [`http_client`] builds every reqwest client herald uses (resolving in Rust, and trusting no
+//! [`http_client`](super::web::http_client) builds every reqwest client herald uses (resolving in Rust, and trusting no
 //! CA rather than failing where the system has none); MCP upstreams share one pooled HTTP/1.1
 //! client per process.
 
@@ -32,6 +32,7 @@ use crate::transport::lines::LineTransport;
 use crate::transport::quic;
 use crate::transport::target::Target;
 use crate::transport::tls::ClientTrust;
+use crate::transport::web::http_client;
 
 #[derive(Debug, thiserror::Error)]
 pub enum ConnectError {
@@ -442,35 +443,6 @@ async fn handshake_stream<H: ClientHandler>(
         _child: None,
         _quic: None,
     })
-}
-
-/// A reqwest client for herald's outgoing HTTP (MCP upstreams, webhooks, Slack's Web API):
-/// `configure` applied to a fresh builder, built. Host names resolve in Rust (reqwest's
-/// `hickory-dns`, see [`dns`](super::dns)); HTTPS trusts the system's CA store.
-///
-/// With no CA certificate on the system (a distroless container, a chroot, an empty
-/// `SSL_CERT_FILE`), reqwest refuses to build a client at all, and `Client::new()` panics. So
-/// the client is then built trusting no CA: plain HTTP works and HTTPS fails per request with
-/// an unknown-issuer error, which names the problem where it matters.
-pub fn http_client(
-    configure: impl Fn(reqwest::ClientBuilder) -> reqwest::ClientBuilder,
-) -> Result<reqwest::Client, reqwest::Error> {
-    // reqwest takes the process-wide rustls provider: ring, also when herald is a library (a
-    // second install is a harmless no-op).
-    let _ = rustls::crypto::ring::default_provider().install_default();
-    let builder = || {
-        reqwest::Client::builder()
-            .dns_resolver(std::sync::Arc::new(crate::transport::dns::ReqwestResolver))
-    };
-    match configure(builder()).build() {
-        Ok(client) => Ok(client),
-        Err(e) => {
-            tracing::debug!(error = %e, "no usable CA store: HTTPS will trust no server");
-            configure(builder())
-                .tls_certs_only(std::iter::empty())
-                .build()
-        }
-    }
 }
 
 /// The client for a Streamable HTTP upstream, built by [`http_client`] rather than by rmcp,

@@ -14,7 +14,7 @@
 //! ([`quic::connect`](super::quic::connect)) and Slack's Socket Mode WebSocket
 //! ([`connect_tcp`]). HTTP clients (rmcp's Streamable HTTP client, the webhook sink, Slack's
 //! Web API, the admin client) are reqwest clients made by
-//! [`http_client`](super::client::http_client), which gives each [`ReqwestResolver`]: this
+//! [`http_client`](super::web::http_client), which gives each [`ReqwestResolver`]: this
 //! resolver, files read per lookup (reqwest's own hickory resolver would fall back to public
 //! name servers when `/etc/resolv.conf` is missing, sending internal names, and then tokens,
 //! out). Bind addresses are not resolved here.

@@ -15,6 +15,7 @@ pub mod origin;
 pub mod quic;
 pub mod target;
 pub mod tls;
+pub mod web;
 
 #[cfg(test)]
 #[path = "lists_tests.rs"]

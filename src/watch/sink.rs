@@ -123,7 +123,7 @@ pub async fn run(sink: Sink, mut rx: mpsc::Receiver<Notice>) {
             tracker.wait().await;
         }
         Sink::Webhook(url) => {
-            let client = match crate::transport::client::http_client(|b| {
+            let client = match crate::transport::web::http_client(|b| {
                 b.timeout(Duration::from_secs(10))
             }) {
                 Ok(c) => c,

@@ -174,7 +174,7 @@ async fn main() {
         .unwrap()
         .unwrap();
     assert_eq!(reply.as_deref(), Some("watching"));
-    let http = herald::transport::client::http_client(|b| b).unwrap();
+    let http = herald::transport::web::http_client(|b| b).unwrap();
 
     // 1. memo_set -> the notice's message at the model.
     let mut lat = Vec::with_capacity(n);

@@ -111,7 +111,7 @@ async fn start(cfg: &Path, watches: usize) -> Up {
     .expect("the listening line");
     tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
     let admin = listening["admin"].as_str().unwrap().to_owned();
-    let client = herald::transport::client::http_client(|b| b).unwrap();
+    let client = herald::transport::web::http_client(|b| b).unwrap();
     let url = format!("http://{admin}/status");
     // The bench's clock: ask every 5 ms.
     let watching = tokio::time::timeout(WAIT, async {
@@ -231,7 +231,7 @@ async fn main() {
     }
     expect(&mut rx, "notifications/subscriptions/acknowledged", STREAMS).await;
 
-    let client = herald::transport::client::http_client(|b| b).unwrap();
+    let client = herald::transport::web::http_client(|b| b).unwrap();
     let reload_url = format!("http://{}/reload", up.admin);
     let (mut took, mut said) = (Vec::new(), Vec::new());
     for r in 0..rounds {

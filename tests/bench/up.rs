@@ -121,7 +121,7 @@ async fn start(cfg: &Path, store: &Path, watches: usize, scratch: &Path) -> Up {
     .await
     .expect("the listening line");
     tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
-    let client = herald::transport::client::http_client(|b| b).unwrap();
+    let client = herald::transport::web::http_client(|b| b).unwrap();
     let url = format!("http://{admin}/status");
     // Measuring when the last watch is up: ask every 2 ms (this is the bench's clock, not a
     // test's wait).
@@ -289,7 +289,7 @@ async fn main() {
 
     let idle = idle.unwrap();
     // Settle: one more /status round trip so every start-up allocation has happened.
-    let _ = herald::transport::client::http_client(|b| b)
+    let _ = herald::transport::web::http_client(|b| b)
         .unwrap()
         .get(format!("http://{}/status", idle.admin))
         .send()
@@ -320,7 +320,7 @@ async fn main() {
     }
     let cfg100 = config(&scratch, &root, &kubeconfig, &hundred);
     let up = start(&cfg100, &store, hundred.len(), &scratch).await;
-    let _ = herald::transport::client::http_client(|b| b)
+    let _ = herald::transport::web::http_client(|b| b)
         .unwrap()
         .get(format!("http://{}/status", up.admin))
         .send()

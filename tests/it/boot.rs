@@ -9,7 +9,7 @@ use crate::up::up;
 
 /// GETs `path` of the admin address: `(status, body)`.
 pub(crate) async fn admin(addr: &str, path: &str) -> (u16, Value) {
-    let client = herald::transport::client::http_client(|b| b).unwrap();
+    let client = herald::transport::web::http_client(|b| b).unwrap();
     let r = client
         .get(format!("http://{addr}{path}"))
         .send()
@@ -85,7 +85,7 @@ async fn a_watch_on_a_slug_that_starts_later_runs_once_it_is_up_and_ready_waits_
 
 /// GETs `/metrics` as text.
 async fn metrics(addr: &str) -> (u16, String) {
-    let client = herald::transport::client::http_client(|b| b).unwrap();
+    let client = herald::transport::web::http_client(|b| b).unwrap();
     let r = client
         .get(format!("http://{addr}/metrics"))
         .send()

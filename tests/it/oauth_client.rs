@@ -61,7 +61,10 @@ async fn login(store: &str, url: &str) -> String {
         .unwrap();
     let mut err = BufReader::new(child.stderr.take().unwrap()).lines();
     let address = tokio::time::timeout(WAIT, async {
+        let mut said = String::new();
         while let Some(line) = err.next_line().await.unwrap() {
+            said.push_str(&line);
+            said.push('\n');
             if let Some(a) = line
                 .trim()
                 .strip_prefix("http")
@@ -70,7 +73,7 @@ async fn login(store: &str, url: &str) -> String {
                 return format!("http{a}");
             }
         }
-        panic!("herald login printed no address to approve");
+        panic!("herald login printed no address to approve: {said}");
     })
     .await
     .expect("herald login prints the address");
@@ -134,8 +137,9 @@ async fn a_login_serves_every_command_refreshed_and_sealed_in_the_store() {
     let err = String::from_utf8_lossy(&before.stderr);
     assert!(err.contains("herald login --mcp-http"), "{err}");
 
-    // Tokens that are about to expire from the start: every later use refreshes.
-    provider.order(json!({"ttl": 20})).await;
+    // Tokens that expire at once (the gateway's 60 s of skew still takes them): every later
+    // use refreshes.
+    provider.order(json!({"ttl": 0})).await;
     let said = login(store, &url).await;
     assert!(said.contains("Logged in to"), "{said}");
     assert!(said.contains(&provider.url), "{said}");
@@ -170,6 +174,31 @@ async fn a_login_serves_every_command_refreshed_and_sealed_in_the_store() {
             "a token is in the store in the clear"
         );
     }
+
+    // A refresh that cannot be asked (the server is down a moment) keeps the tokens: the
+    // command still gets through (the gateway's skew takes the old token) and the next one
+    // refreshes. One the server refuses (invalid_grant) drops them: log in again.
+    provider.order(json!({"fail_next": 503})).await;
+    let blip = set_note(store, &url, "b2").await;
+    assert!(
+        blip.status.success(),
+        "{}",
+        String::from_utf8_lossy(&blip.stderr)
+    );
+    let refreshes = issued(&mut provider).await["grants"]["refresh_token"]
+        .as_u64()
+        .unwrap();
+    let ok = set_note(store, &url, "b3").await;
+    assert!(
+        ok.status.success(),
+        "{}",
+        String::from_utf8_lossy(&ok.stderr)
+    );
+    let after = issued(&mut provider).await;
+    assert!(
+        after["grants"]["refresh_token"].as_u64().unwrap() > refreshes,
+        "{after}"
+    );
 
     // A second login keeps what it has.
     let again = login_or_kept(store, &url).await;
@@ -209,8 +238,19 @@ async fn a_login_serves_every_command_refreshed_and_sealed_in_the_store() {
         String::from_utf8_lossy(&via.stderr)
     );
 
+    // (The front gateway holds the store; stopped, it lets it go.)
+    front.terminate().await;
+
+    // A refresh token the server refuses is dropped: the command says to log in again.
+    provider.order(json!({"fail_next": 400})).await;
+    let refused = set_note(store, &url, "b4").await;
+    assert!(!refused.status.success());
+    let err = String::from_utf8_lossy(&refused.stderr);
+    assert!(err.contains("herald login --mcp-http"), "{err}");
+    let again = login(store, &url).await;
+    assert!(again.contains("Logged in to"), "{again}");
+
     // --logout forgets them.
-    drop(front);
     let out = herald(["--store", store, "login", "--mcp-http", &url, "--logout"]).await;
     assert!(
         String::from_utf8_lossy(&out.stdout).contains("Forgot"),
@@ -241,7 +281,8 @@ async fn a_slug_gets_its_own_tokens_by_client_credentials() {
         &cfg,
         format!(
             "[[slug]]\nname = \"far\"\nhttp = \"{url}\"\n[slug.oauth]\ngrant = \"client_credentials\"\n\
-             client_id = \"edge\"\nclient_secret_env = \"EDGE_SECRET\"\n"
+             client_id = \"edge\"\nclient_secret_env = \"EDGE_SECRET\"\nissuer = \"{}\"\n",
+            provider.url
         ),
     )
     .unwrap();
@@ -282,4 +323,48 @@ async fn a_slug_gets_its_own_tokens_by_client_credentials() {
         !edge.stderr().contains("edge-secret"),
         "the secret is in the log"
     );
+
+    // A secret bound to another issuer goes nowhere: the slug stays down, saying why, and
+    // the provider sees no token request from it.
+    let cfg = dir.path().join("pinned.toml");
+    std::fs::write(
+        &cfg,
+        format!(
+            "[[slug]]\nname = \"far\"\nhttp = \"{url}\"\n[slug.oauth]\ngrant = \"client_credentials\"\n\
+             client_id = \"edge\"\nclient_secret_env = \"EDGE_SECRET\"\nissuer = \"https://id.elsewhere.example\"\n"
+        ),
+    )
+    .unwrap();
+    let pinned = Server::spawn_env(
+        &[
+            "--store",
+            ":memory:",
+            "gateway",
+            "--config",
+            cfg.to_str().unwrap(),
+            "--http",
+            "127.0.0.1:0",
+            "--admin",
+            "127.0.0.1:0",
+        ],
+        &[("EDGE_SECRET", "edge-secret")],
+    )
+    .await;
+    let via = herald([
+        "--store",
+        ":memory:",
+        "call",
+        "--mcp-http",
+        &pinned.http_url(),
+        "far__memo__memo_set",
+        "key=f",
+        "value=1",
+    ])
+    .await;
+    assert!(!via.status.success());
+    let status = herald(["status", "--admin", &pinned.admin_url(), "--json"]).await;
+    let status = String::from_utf8_lossy(&status.stdout);
+    assert!(status.contains("not the configured issuer"), "{status}");
+    let got = issued(&mut provider).await;
+    assert_eq!(got["grants"]["client_credentials"], 1, "{got}");
 }

@@ -318,7 +318,7 @@ async fn every_configured_watch_runs_past_the_watch_clients_own_cap() {
     std::fs::write(&cfg, text).unwrap();
     let mut up = up(&cfg, &[]).await;
     // The admin address lists the watches once every one has started (or failed).
-    let client = herald::transport::client::http_client(|b| b).unwrap();
+    let client = herald::transport::web::http_client(|b| b).unwrap();
     let status = tokio::time::timeout(WAIT, async {
         loop {
             if let Ok(r) = client

@@ -108,10 +108,10 @@ impl WebApi {
         WebApi {
             // Without a system CA store this is a client trusting no CA, so the missing store
             // shows as a failed call (and in slack_events_status), not a panic.
-            http: crate::transport::client::http_client(|b| {
-                b.timeout(CALL_TIMEOUT).tcp_nodelay(true)
-            })
-            .expect("a client with a timeout and TCP_NODELAY builds, with or without a CA store"),
+            http: crate::transport::web::http_client(|b| b.timeout(CALL_TIMEOUT).tcp_nodelay(true))
+                .expect(
+                    "a client with a timeout and TCP_NODELAY builds, with or without a CA store",
+                ),
             base,
             shown,
             app,

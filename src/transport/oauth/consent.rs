@@ -46,8 +46,9 @@ pub struct Follow;
 impl Consent for Follow {
     fn open<'a>(&'a self, url: &'a str) -> BoxFuture<'a, Result<(), String>> {
         Box::pin(async move {
-            let http = crate::transport::client::http_client(|b| {
+            let http = crate::transport::web::http_client(|b| {
                 b.redirect(reqwest::redirect::Policy::none())
+                    .timeout(Duration::from_secs(10))
             })
             .map_err(|e| e.to_string())?;
             let resp = http
@@ -66,6 +67,12 @@ impl Consent for Follow {
                     )
                 })?
                 .to_owned();
+            // Only to herald's own listener (where else the server points is not followed).
+            if !location.starts_with("http://127.0.0.1:") {
+                return Err(format!(
+                    "the authorization server redirected to {location}, not to herald's listener"
+                ));
+            }
             http.get(&location)
                 .send()
                 .await
@@ -219,7 +226,7 @@ mod tests {
     async fn the_listener_takes_only_its_own_state() {
         let lb = Loopback::bind().await.unwrap();
         let base = lb.redirect_uri();
-        let http = crate::transport::client::http_client(|b| b).unwrap();
+        let http = crate::transport::web::http_client(|b| b).unwrap();
         let hits = async {
             let stale = http
                 .get(format!("{base}?code=old&state=other"))

@@ -46,12 +46,32 @@ impl Challenge {
     }
 }
 
-/// What follows `Bearer ` in a header that may list several challenges.
+/// What follows `Bearer ` in a header that may list several challenges: the scheme at the
+/// start or after a comma, outside quoted strings.
 fn bearer_params(header: &str) -> Option<&str> {
-    let lower = header.to_ascii_lowercase();
-    let at = lower.find("bearer")?;
-    let after = &header[at + "bearer".len()..];
-    (after.is_empty() || after.starts_with(' ')).then_some(after)
+    let bytes = header.as_bytes();
+    let mut quoted = false;
+    let mut start_of_item = true;
+    for (i, &b) in bytes.iter().enumerate() {
+        match b {
+            b'"' => quoted = !quoted,
+            b'\\' if quoted => {}
+            b',' if !quoted => start_of_item = true,
+            b' ' | b'\t' => {}
+            _ if !quoted && start_of_item => {
+                start_of_item = false;
+                let rest = &header[i..];
+                if rest.len() >= 6 && rest[..6].eq_ignore_ascii_case("bearer") {
+                    let after = &rest[6..];
+                    if after.is_empty() || after.starts_with(' ') {
+                        return Some(after);
+                    }
+                }
+            }
+            _ => start_of_item = false,
+        }
+    }
+    None
 }
 
 /// `k=v` and `k="v \" w"` pairs, comma separated.
@@ -98,7 +118,7 @@ pub struct ResourceMetadata {
 }
 
 /// Authorization-server metadata (RFC 8414), the parts used.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Default, Deserialize)]
 pub struct ServerMetadata {
     pub issuer: String,
     pub authorization_endpoint: Option<String>,
@@ -149,11 +169,8 @@ async fn get_json<T: for<'de> Deserialize<'de>>(
     if !resp.status().is_success() {
         return Ok(None);
     }
-    let body = resp
-        .bytes()
-        .await
-        .map_err(|e| format!("cannot read {url}: {e}"))?;
-    serde_json::from_slice(&body)
+    let body = json_body(resp).await?;
+    serde_json::from_value(body)
         .map(Some)
         .map_err(|e| format!("{url} is not the metadata document expected ({e})"))
 }
@@ -171,6 +188,29 @@ pub fn why(e: &(dyn std::error::Error + 'static)) -> String {
         cause = c.source();
     }
     s
+}
+
+/// The most of a metadata, registration or token answer herald reads.
+pub const MAX_ANSWER_BYTES: usize = 256 * 1024;
+
+/// An answer's body as JSON (`Null` when it is not JSON), read up to [`MAX_ANSWER_BYTES`].
+pub async fn json_body(mut resp: reqwest::Response) -> Result<serde_json::Value, String> {
+    let mut body = Vec::new();
+    while let Some(chunk) = resp
+        .chunk()
+        .await
+        .map_err(|e| format!("reading an answer from {}: {}", resp.url(), why(&e)))?
+    {
+        if body.len() + chunk.len() > MAX_ANSWER_BYTES {
+            return Err(format!(
+                "{} answered more than {} KiB; not read",
+                resp.url(),
+                MAX_ANSWER_BYTES / 1024
+            ));
+        }
+        body.extend_from_slice(&chunk);
+    }
+    Ok(serde_json::from_slice(&body).unwrap_or_default())
 }
 
 /// The protected-resource metadata of the MCP server at `server`.
@@ -305,6 +345,8 @@ mod tests {
         assert_eq!(c.error_description.as_deref(), Some("say \"no\""));
         let bare = Challenge::parse("Basic realm=x, Bearer scope=read,error=invalid_token");
         assert_eq!(bare.scope.as_deref(), Some("read"));
+        let decoy = Challenge::parse(r#"Basic realm="bearer api", Bearer scope="s1""#);
+        assert_eq!(decoy.scope.as_deref(), Some("s1"));
         assert_eq!(bare.error.as_deref(), Some("invalid_token"));
         assert_eq!(Challenge::parse("Basic realm=x"), Challenge::default());
     }

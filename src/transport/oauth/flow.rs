@@ -1,26 +1,40 @@
 //! The requests to an authorization server: registration (RFC 7591, `application_type`
 //! native), the authorization code with PKCE S256 and its exchange, refresh, and client
 //! credentials; each token request names the resource (RFC 8707) and authenticates the client
-//! the way the server takes (`client_secret_basic`, `client_secret_post`, or `none`).
+//! the way the server takes (`client_secret_basic`, `client_secret_post`, or `none`). Every
+//! answer is read up to [`MAX_ANSWER_BYTES`](super::discover::MAX_ANSWER_BYTES).
 
 use base64::Engine as _;
 use serde::{Deserialize, Serialize};
 
 use super::consent::{Consent, Loopback};
-use super::discover::{ServerMetadata, why};
+use super::discover::{ServerMetadata, json_body, why};
 
 /// A client known to one authorization server.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Registered {
     pub id: String,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub secret: Option<String>,
     /// `client_secret_basic`, `client_secret_post` or `none`.
     pub method: String,
+    /// The redirect URI a registration was made for (a loopback port of one login).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub redirect_uri: Option<String>,
 }
 
-/// Tokens from one authorization server for one resource.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+impl std::fmt::Debug for Registered {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Registered")
+            .field("id", &self.id)
+            .field("method", &self.method)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Tokens from one authorization server for one resource, and the client they were issued
+/// to (the one that refreshes them).
+#[derive(Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Tokens {
     pub access: String,
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -33,6 +47,35 @@ pub struct Tokens {
     pub issuer: String,
     pub token_endpoint: String,
     pub resource: String,
+    pub client: Registered,
+}
+
+impl std::fmt::Debug for Tokens {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Tokens")
+            .field("issuer", &self.issuer)
+            .field("scope", &self.scope)
+            .field("expires_at", &self.expires_at)
+            .finish_non_exhaustive()
+    }
+}
+
+/// A token request that failed: `refused` when the server answered with an OAuth error (the
+/// grant or the client is no good); otherwise it could not be asked (the network, a 5xx),
+/// and another try later may do.
+#[derive(Debug)]
+pub struct TokenError {
+    pub refused: bool,
+    pub message: String,
+}
+
+impl From<String> for TokenError {
+    fn from(message: String) -> TokenError {
+        TokenError {
+            refused: false,
+            message,
+        }
+    }
 }
 
 pub fn now_unix() -> u64 {
@@ -50,17 +93,21 @@ fn random_b64(bytes: usize) -> String {
     base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(buf)
 }
 
-/// The client authentication method for a client with (or without) a secret at `meta`'s
-/// server: the server's first choice of those herald speaks (`client_secret_basic` when it
-/// lists none, as RFC 8414 says it then means).
-pub fn method_for(meta: &ServerMetadata, has_secret: bool) -> String {
-    let listed = meta
-        .token_endpoint_auth_methods_supported
+/// The methods `meta`'s server lists (`client_secret_basic` when it lists none, as RFC 8414
+/// says that means).
+fn methods(meta: &ServerMetadata) -> Vec<String> {
+    meta.token_endpoint_auth_methods_supported
         .clone()
-        .unwrap_or_else(|| vec!["client_secret_basic".into()]);
+        .unwrap_or_else(|| vec!["client_secret_basic".into()])
+}
+
+/// How a client with (or without) a secret authenticates at `meta`'s server: the server's
+/// first choice of those herald speaks.
+pub fn method_for(meta: &ServerMetadata, has_secret: bool) -> String {
     if !has_secret {
         return "none".into();
     }
+    let listed = methods(meta);
     ["client_secret_basic", "client_secret_post"]
         .into_iter()
         .find(|m| listed.iter().any(|l| l == m))
@@ -75,10 +122,7 @@ pub async fn register(
     endpoint: &str,
     redirect_uri: &str,
 ) -> Result<Registered, String> {
-    let listed = meta
-        .token_endpoint_auth_methods_supported
-        .clone()
-        .unwrap_or_else(|| vec!["client_secret_basic".into()]);
+    let listed = methods(meta);
     let asked = ["none", "client_secret_basic", "client_secret_post"]
         .into_iter()
         .find(|m| listed.iter().any(|l| l == m))
@@ -98,7 +142,7 @@ pub async fn register(
         .await
         .map_err(|e| format!("registering with {}: {}", meta.issuer, why(&e)))?;
     let status = resp.status();
-    let v: serde_json::Value = resp.json().await.unwrap_or_default();
+    let v = json_body(resp).await?;
     if !status.is_success() {
         return Err(format!(
             "the authorization server {} refused to register herald ({status}{})",
@@ -117,10 +161,15 @@ pub async fn register(
         None if secret.is_some() => asked.into(),
         None => "none".into(),
     };
-    Ok(Registered { id, secret, method })
+    Ok(Registered {
+        id,
+        secret,
+        method,
+        redirect_uri: Some(redirect_uri.to_owned()),
+    })
 }
 
-/// `: error — description` from an OAuth error body, when there is one.
+/// `: error: description` from an OAuth error body, when there is one.
 fn oauth_error(v: &serde_json::Value) -> String {
     match (v["error"].as_str(), v["error_description"].as_str()) {
         (Some(e), Some(d)) => format!(": {e}: {d}"),
@@ -144,7 +193,7 @@ pub async fn authorize(
     ask: &Ask<'_>,
     loopback: &Loopback,
     consent: &dyn Consent,
-) -> Result<Tokens, String> {
+) -> Result<Tokens, TokenError> {
     let meta = ask.meta;
     let endpoint = meta.authorization_endpoint.as_deref().ok_or_else(|| {
         format!(
@@ -152,15 +201,18 @@ pub async fn authorize(
             meta.issuer
         )
     })?;
-    match &meta.code_challenge_methods_supported {
-        Some(m) if m.iter().any(|m| m == "S256") => {}
-        _ => {
-            return Err(format!(
-                "the authorization server {} does not say it supports PKCE with S256; \
-                 herald does not authorize without it",
-                meta.issuer
-            ));
-        }
+    if !meta
+        .code_challenge_methods_supported
+        .iter()
+        .flatten()
+        .any(|m| m == "S256")
+    {
+        return Err(format!(
+            "the authorization server {} does not say it supports PKCE with S256; \
+             herald does not authorize without it",
+            meta.issuer
+        )
+        .into());
     }
     let verifier = random_b64(32);
     let challenge = base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(ring::digest::digest(
@@ -183,21 +235,23 @@ pub async fn authorize(
             q.append_pair("scope", s);
         }
     }
-    let (answer, opened) = tokio::join!(
+    // (A consent that fails ends the wait at once.)
+    let (answer, ()) = tokio::try_join!(
         loopback.answer(&state, consent.patience()),
         consent.open(url.as_str())
-    );
-    opened?;
-    let answer = answer?;
+    )?;
     if let Some(e) = &answer.error {
-        return Err(format!(
-            "the authorization server refused: {e}{}",
-            answer
-                .error_description
-                .as_deref()
-                .map(|d| format!(" ({d})"))
-                .unwrap_or_default()
-        ));
+        let said = answer
+            .error_description
+            .as_deref()
+            .map(|d| format!(" ({d})"));
+        return Err(TokenError {
+            refused: true,
+            message: format!(
+                "the authorization server refused: {e}{}",
+                said.unwrap_or_default()
+            ),
+        });
     }
     match (
         &answer.iss,
@@ -207,17 +261,21 @@ pub async fn authorize(
             return Err(format!(
                 "the authorization answer came from issuer `{iss}`, not `{}`; refusing it (RFC 9207)",
                 meta.issuer
-            ));
+            )
+            .into());
         }
         (None, Some(true)) => {
             return Err(format!(
                 "the authorization answer has no `iss` though {} says it sends one; refusing it (RFC 9207)",
                 meta.issuer
-            ));
+            )
+            .into());
         }
         _ => {}
     }
-    let code = answer.code.ok_or("the authorization answer has no code")?;
+    let code = answer
+        .code
+        .ok_or_else(|| "the authorization answer has no code".to_owned())?;
     let form = vec![
         ("grant_type", "authorization_code".to_owned()),
         ("code", code),
@@ -229,7 +287,10 @@ pub async fn authorize(
 }
 
 /// The client credentials grant (no person; a client with a secret).
-pub async fn client_credentials(http: &reqwest::Client, ask: &Ask<'_>) -> Result<Tokens, String> {
+pub async fn client_credentials(
+    http: &reqwest::Client,
+    ask: &Ask<'_>,
+) -> Result<Tokens, TokenError> {
     let mut form = vec![
         ("grant_type", "client_credentials".to_owned()),
         ("resource", ask.resource.to_owned()),
@@ -240,12 +301,12 @@ pub async fn client_credentials(http: &reqwest::Client, ask: &Ask<'_>) -> Result
     token_request(http, ask, form).await
 }
 
-/// A refresh of `tokens` (which keep their refresh token when the answer has none).
+/// A refresh (the tokens keep their refresh token when the answer has none).
 pub async fn refresh(
     http: &reqwest::Client,
     ask: &Ask<'_>,
     refresh_token: &str,
-) -> Result<Tokens, String> {
+) -> Result<Tokens, TokenError> {
     let form = vec![
         ("grant_type", "refresh_token".to_owned()),
         ("refresh_token", refresh_token.to_owned()),
@@ -261,11 +322,12 @@ async fn token_request(
     http: &reqwest::Client,
     ask: &Ask<'_>,
     mut form: Vec<(&'static str, String)>,
-) -> Result<Tokens, String> {
+) -> Result<Tokens, TokenError> {
     let c = ask.client;
     let mut req = http.post(&ask.meta.token_endpoint);
     match (c.method.as_str(), &c.secret) {
         ("client_secret_basic", Some(secret)) => {
+            // RFC 6749 §2.3.1: each form-encoded, then joined.
             let enc =
                 |s: &str| url::form_urlencoded::byte_serialize(s.as_bytes()).collect::<String>();
             let pair = format!("{}:{}", enc(&c.id), enc(secret));
@@ -290,15 +352,22 @@ async fn token_request(
         .body(body)
         .send()
         .await
-        .map_err(|e| format!("token request to {}: {}", ask.meta.token_endpoint, why(&e)))?;
+        .map_err(|e| {
+            // (reqwest's error names the URL; a token endpoint's URL holds no secret.)
+            format!("token request to {}: {}", ask.meta.token_endpoint, why(&e))
+        })?;
     let status = resp.status();
-    let v: serde_json::Value = resp.json().await.unwrap_or_default();
+    let v = json_body(resp).await?;
     if !status.is_success() {
-        return Err(format!(
-            "the authorization server {} refused the token request ({status}{})",
-            ask.meta.issuer,
-            oauth_error(&v)
-        ));
+        return Err(TokenError {
+            // An OAuth error answer (RFC 6749 §5.2): this grant or this client is no good.
+            refused: matches!(status.as_u16(), 400 | 401) && v["error"].is_string(),
+            message: format!(
+                "the authorization server {} refused the token request ({status}{})",
+                ask.meta.issuer,
+                oauth_error(&v)
+            ),
+        });
     }
     let access = v["access_token"]
         .as_str()
@@ -308,7 +377,8 @@ async fn token_request(
         return Err(format!(
             "the authorization server {} issued a `{kind}` token; herald presents bearer tokens only",
             ask.meta.issuer
-        ));
+        )
+        .into());
     }
     Ok(Tokens {
         access: access.to_owned(),
@@ -321,5 +391,6 @@ async fn token_request(
         issuer: ask.meta.issuer.clone(),
         token_endpoint: ask.meta.token_endpoint.clone(),
         resource: ask.resource.to_owned(),
+        client: ask.client.clone(),
     })
 }

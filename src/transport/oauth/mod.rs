@@ -6,8 +6,10 @@
 //! its token for every request and hands it every `401` and `403 insufficient_scope`
 //! ([`OAuth::challenged`]); the request is then sent once more. What a challenge leads to:
 //!
-//! 1. A token the server refused, from the authorization server the server still names,
-//!    with a refresh token: a refresh.
+//! 1. A token the server refused (`401`), from the authorization server the server still
+//!    names, with a refresh token: a refresh, with the client the tokens were issued to. A
+//!    refresh the server refuses drops the tokens; one that could not be asked (the network, a
+//!    5xx) keeps them for the next try.
 //! 2. Otherwise an authorization, from discovery on ([`discover`]): the server's resource
 //!    metadata, its first authorization server's metadata, then a client for that server
 //!    (one registered by configuration, a Client ID Metadata Document URL when the server
@@ -16,8 +18,14 @@
 //!    else every scope the resource lists, else none; `offline_access` too when the
 //!    authorization server lists it (for a refresh token). Then the client credentials grant
 //!    (`client_credentials`), or the authorization code with PKCE through a [`Consent`].
-//! 3. At most [`MAX_AUTHORIZATIONS`] authorizations until a request gets through: a server
-//!    that refuses every token is not asked forever.
+//! 3. A `403` is a step-up only with `error="insufficient_scope"`, and only for a scope the
+//!    token was not asked with (a server that refuses the scope it granted is not asked
+//!    again); at most [`MAX_AUTHORIZATIONS`] authorizations in a row until a request gets
+//!    through. A client secret goes only to the issuer configured for it (`issuer`).
+//!
+//! One lock orders the session: a challenge is answered by one authorization, and the
+//! requests that wait for it then take its token (or, for a step-up, ask for what they still
+//! lack). A request with no token to send takes no lock.
 //!
 //! Tokens and registrations are kept ([`keep`]) sealed in the store, per server, so a login
 //! (`herald login`) serves every later command and a gateway's slug across restarts. A
@@ -31,11 +39,10 @@ pub mod keep;
 pub mod wire;
 
 use std::collections::{BTreeSet, HashMap};
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::{Arc, OnceLock, RwLock};
 
 use crate::sync::RecoverRw;
-use crate::transport::tls::Secret;
 use consent::Consent;
 use discover::Challenge;
 use flow::{Ask, Registered, Tokens};
@@ -45,11 +52,15 @@ use keep::{Keep, Kept};
 pub const MAX_AUTHORIZATIONS: u32 = 3;
 
 /// How herald's client is known to authorization servers, from flags or a slug's config.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[derive(Clone, Default, PartialEq, Eq)]
 pub struct OAuthSettings {
-    /// A client registered beforehand (used with every authorization server).
+    /// A client registered beforehand.
     pub client_id: Option<String>,
-    pub client_secret: Option<Secret>,
+    /// Its secret (never in `Debug`).
+    pub client_secret: Option<String>,
+    /// The only authorization server (issuer) to authorize with: a configured client secret
+    /// is sent to no other, whatever the resource's metadata names.
+    pub issuer: Option<String>,
     /// The URL of a Client ID Metadata Document naming herald's client, for servers that
     /// take one in place of a registration.
     pub client_metadata_url: Option<String>,
@@ -59,6 +70,22 @@ pub struct OAuthSettings {
     pub scope: Option<String>,
 }
 
+impl std::fmt::Debug for OAuthSettings {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("OAuthSettings")
+            .field("client_id", &self.client_id)
+            .field(
+                "client_secret",
+                &self.client_secret.as_ref().map(|_| "<redacted>"),
+            )
+            .field("issuer", &self.issuer)
+            .field("client_metadata_url", &self.client_metadata_url)
+            .field("client_credentials", &self.client_credentials)
+            .field("scope", &self.scope)
+            .finish()
+    }
+}
+
 /// The OAuth state of one server: its current token, and how to get the next.
 pub struct OAuth {
     server: String,
@@ -66,17 +93,22 @@ pub struct OAuth {
     http: reqwest::Client,
     consent: Option<Arc<dyn Consent>>,
     keep: OnceLock<Arc<dyn Keep>>,
-    /// The token requests carry, and when it expires (unix s); read on every request.
+    /// The token requests carry, and when to refresh it (unix s); read on every request.
     current: RwLock<Option<(Arc<str>, Option<u64>)>>,
     state: tokio::sync::Mutex<State>,
     attempts: AtomicU32,
+    /// Authorizations made (code or client credentials), for `herald login`'s report.
+    authorized: AtomicU32,
+    /// Whether the keep was read (set under `state`'s lock).
+    loaded: AtomicBool,
 }
 
 #[derive(Default)]
 struct State {
-    loaded: bool,
     tokens: Option<Tokens>,
+    /// Registrations, per issuer.
     clients: HashMap<String, Registered>,
+    /// The scopes the current token was asked with.
     asked: BTreeSet<String>,
 }
 
@@ -96,6 +128,19 @@ impl PartialEq for OAuth {
     }
 }
 
+fn words(s: Option<&str>) -> BTreeSet<String> {
+    s.into_iter()
+        .flat_map(str::split_whitespace)
+        .map(str::to_owned)
+        .collect()
+}
+
+/// When to refresh a token that expires at `exp`: 30 s before, or halfway for a shorter one.
+fn refresh_at(exp: Option<u64>) -> Option<u64> {
+    let now = flow::now_unix();
+    exp.map(|e| e - (e.saturating_sub(now) / 2).min(30))
+}
+
 impl OAuth {
     /// The session for the server at `server`. Without `consent` it cannot ask a person.
     pub fn new(
@@ -103,7 +148,7 @@ impl OAuth {
         settings: OAuthSettings,
         consent: Option<Arc<dyn Consent>>,
     ) -> Result<Arc<OAuth>, String> {
-        let http = crate::transport::client::http_client(|b| {
+        let http = crate::transport::web::http_client(|b| {
             b.redirect(reqwest::redirect::Policy::none())
                 .timeout(std::time::Duration::from_secs(30))
         })
@@ -117,6 +162,8 @@ impl OAuth {
             current: RwLock::new(None),
             state: tokio::sync::Mutex::new(State::default()),
             attempts: AtomicU32::new(0),
+            authorized: AtomicU32::new(0),
+            loaded: AtomicBool::new(false),
         }))
     }
 
@@ -129,21 +176,31 @@ impl OAuth {
         &self.server
     }
 
-    /// The token for the next request: the kept one on first use, refreshed when it is
-    /// about to expire. `None` before any authorization.
+    /// How many authorizations this session made.
+    pub fn authorizations(&self) -> u32 {
+        self.authorized.load(Ordering::Relaxed)
+    }
+
+    /// The token for the next request: the kept one on first use (from an eager keep; a lazy
+    /// one is read at the server's first challenge), refreshed when it nears expiry. `None`
+    /// before any authorization: the request goes without, and a server that wants one says
+    /// so.
     pub async fn bearer(&self) -> Option<Arc<str>> {
         let now = flow::now_unix();
-        if let Some((t, exp)) = &*self.current.read_locked()
-            && exp.is_none_or(|e| e > now + 30)
-        {
-            return Some(t.clone());
+        let held = match &*self.current.read_locked() {
+            Some((t, at)) if at.is_none_or(|a| a > now) => return Some(t.clone()),
+            held => held.is_some(),
+        };
+        let unread =
+            !self.loaded.load(Ordering::Acquire) && self.keep.get().is_some_and(|k| k.eager());
+        if !held && !unread {
+            return None;
         }
         let mut st = self.state.lock().await;
         self.load(&mut st).await;
-        let stale = st
-            .tokens
-            .as_ref()
-            .is_some_and(|t| t.expires_at.is_some_and(|e| e <= now + 30) && t.refresh.is_some());
+        let stale = st.tokens.as_ref().is_some_and(|t| {
+            t.refresh.is_some() && refresh_at(t.expires_at).is_some_and(|a| a <= now)
+        });
         if stale && let Err(e) = self.refresh(&mut st).await {
             tracing::info!(server = %self.server, error = %e, "refreshing the access token failed");
         }
@@ -155,22 +212,56 @@ impl OAuth {
         self.attempts.store(0, Ordering::Relaxed);
     }
 
-    /// The server refused the token `sent` (`forbidden`: 403 `insufficient_scope`, else
-    /// 401) with `header` (its `WWW-Authenticate`). `Ok` when there is a new token to send.
+    /// The server refused the token `sent` (`forbidden`: a `403`, else a `401`) with `header`
+    /// (its `WWW-Authenticate`). `Ok` when there is a new token to send.
     pub async fn challenged(
         &self,
         forbidden: bool,
         header: &str,
         sent: Option<&str>,
     ) -> Result<(), String> {
+        let ch = Challenge::parse(header);
+        if forbidden && ch.error.as_deref() != Some("insufficient_scope") {
+            return Err(format!(
+                "{} refused the request (HTTP 403{})",
+                self.server,
+                describe(&ch)
+            ));
+        }
+        let wanted = words(ch.scope.as_deref());
         let mut st = self.state.lock().await;
         self.load(&mut st).await;
-        let now = st.tokens.as_ref().map(|t| t.access.as_str());
-        if now.is_some() && now != sent {
-            // Another request's challenge already brought a new token.
-            return Ok(());
+        let covered = wanted.is_subset(&st.asked);
+        let other = st
+            .tokens
+            .as_ref()
+            .is_some_and(|t| Some(t.access.as_str()) != sent);
+        if other && (!forbidden || covered) {
+            // A token the request did not carry (kept, or another request's challenge
+            // brought it) should do, refreshed first when it is due.
+            let due = st.tokens.as_ref().is_some_and(|t| {
+                t.refresh.is_some()
+                    && refresh_at(t.expires_at).is_some_and(|a| a <= flow::now_unix())
+            });
+            if !due {
+                return Ok(());
+            }
+            match self.refresh(&mut st).await {
+                Ok(()) => return Ok(()),
+                // Not asked (the network): the token held is sent as it is.
+                Err(_) if st.tokens.is_some() => return Ok(()),
+                // Refused: authorize afresh.
+                Err(e) => tracing::info!(server = %self.server, error = %e, "refresh refused"),
+            }
         }
-        let ch = Challenge::parse(header);
+        let now = st.tokens.as_ref().map(|t| t.access.as_str());
+        if forbidden && now.is_some() && covered && !wanted.is_empty() {
+            return Err(format!(
+                "{} refuses the token though it was granted the scope asked for{}; not asking again",
+                self.server,
+                describe(&ch)
+            ));
+        }
         if self.attempts.load(Ordering::Relaxed) >= MAX_AUTHORIZATIONS {
             return Err(format!(
                 "{} refused {MAX_AUTHORIZATIONS} fresh authorizations in a row{}; giving up",
@@ -181,39 +272,51 @@ impl OAuth {
         let prm =
             discover::resource(&self.http, &self.server, ch.resource_metadata.as_deref()).await?;
         let issuer = prm.authorization_servers[0].clone();
+        if let Some(pinned) = &self.settings.issuer
+            && *pinned != issuer
+        {
+            return Err(format!(
+                "{} names the authorization server {issuer}, not the configured issuer {pinned}; \
+                 refusing to authorize there",
+                self.server
+            ));
+        }
         let same_issuer = st.tokens.as_ref().is_some_and(|t| t.issuer == issuer);
-        if !forbidden && same_issuer && self.refresh(&mut st).await.is_ok() {
-            return Ok(());
+        if !forbidden && same_issuer && st.tokens.as_ref().is_some_and(|t| t.refresh.is_some()) {
+            match self.refresh(&mut st).await {
+                Ok(()) => return Ok(()),
+                Err(e) => {
+                    tracing::info!(server = %self.server, error = %e, "refresh failed; authorizing again")
+                }
+            }
         }
         let meta = discover::authorization_server(&self.http, &issuer).await?;
-        // What to ask for.
-        let mut scopes: BTreeSet<String> = BTreeSet::new();
-        match &ch.scope {
-            Some(s) => {
-                scopes.extend(s.split_whitespace().map(str::to_owned));
-                scopes.extend(st.asked.iter().cloned());
-            }
-            None => scopes.extend(prm.scopes_supported.iter().flatten().cloned()),
-        }
-        scopes.extend(
-            self.settings
-                .scope
+        // What to ask for: the challenge's scope with what was asked before (a step-up keeps
+        // what it had), else every scope the resource lists; the configured ones; and
+        // offline_access where the server offers it, for a refresh token.
+        let mut scopes = if ch.scope.is_some() {
+            wanted.union(&st.asked).cloned().collect()
+        } else {
+            prm.scopes_supported
                 .iter()
-                .flat_map(|s| s.split_whitespace().map(str::to_owned)),
-        );
+                .flatten()
+                .cloned()
+                .collect::<BTreeSet<_>>()
+        };
+        scopes.extend(words(self.settings.scope.as_deref()));
         let offline = meta
             .scopes_supported
-            .as_ref()
-            .is_some_and(|s| s.iter().any(|s| s == "offline_access"));
+            .iter()
+            .flatten()
+            .any(|s| s == "offline_access");
         if offline && !self.settings.client_credentials {
             scopes.insert("offline_access".into());
         }
         let scope =
             (!scopes.is_empty()).then(|| scopes.iter().cloned().collect::<Vec<_>>().join(" "));
-        self.attempts.fetch_add(1, Ordering::Relaxed);
         let tokens = if self.settings.client_credentials {
             let client = self.configured_client(&meta).ok_or_else(|| {
-                "the client credentials grant needs a client id and secret (oauth_client_id, oauth_client_secret_*)".to_owned()
+                "the client credentials grant needs a client id and secret".to_owned()
             })?;
             let ask = Ask {
                 meta: &meta,
@@ -221,7 +324,9 @@ impl OAuth {
                 resource: &prm.resource,
                 scope: scope.as_deref(),
             };
-            flow::client_credentials(&self.http, &ask).await?
+            flow::client_credentials(&self.http, &ask)
+                .await
+                .map_err(|e| e.message)?
         } else {
             let Some(consent) = &self.consent else {
                 return Err(format!(
@@ -241,8 +346,12 @@ impl OAuth {
                 resource: &prm.resource,
                 scope: scope.as_deref(),
             };
-            flow::authorize(&self.http, &ask, &loopback, consent.as_ref()).await?
+            flow::authorize(&self.http, &ask, &loopback, consent.as_ref())
+                .await
+                .map_err(|e| e.message)?
         };
+        self.attempts.fetch_add(1, Ordering::Relaxed);
+        self.authorized.fetch_add(1, Ordering::Relaxed);
         st.asked = scopes;
         self.set_tokens(&mut st, Some(tokens)).await;
         Ok(())
@@ -251,13 +360,19 @@ impl OAuth {
     /// The configured client, when there is one.
     fn configured_client(&self, meta: &discover::ServerMetadata) -> Option<Registered> {
         let id = self.settings.client_id.clone()?;
-        let secret = self.settings.client_secret.as_ref().map(|s| s.0.clone());
+        let secret = self.settings.client_secret.clone();
         let method = flow::method_for(meta, secret.is_some());
-        Some(Registered { id, secret, method })
+        Some(Registered {
+            id,
+            secret,
+            method,
+            redirect_uri: None,
+        })
     }
 
-    /// The client to authorize with at `meta`'s server: configured, kept for that issuer,
-    /// a metadata document's URL, or a new registration.
+    /// The client to authorize with at `meta`'s server for `redirect_uri`: configured, kept
+    /// for that issuer (a registration for another redirect URI is made again: servers may
+    /// match it exactly), a metadata document's URL, or a new registration (kept at once).
     async fn client_for(
         &self,
         st: &mut State,
@@ -267,7 +382,9 @@ impl OAuth {
         if let Some(c) = self.configured_client(meta) {
             return Ok(c);
         }
-        if let Some(c) = st.clients.get(&meta.issuer) {
+        if let Some(c) = st.clients.get(&meta.issuer)
+            && c.redirect_uri.as_deref().is_none_or(|r| r == redirect_uri)
+        {
             return Ok(c.clone());
         }
         if let (Some(url), Some(true)) = (
@@ -278,36 +395,35 @@ impl OAuth {
                 id: url.clone(),
                 secret: None,
                 method: "none".into(),
+                redirect_uri: None,
             });
         }
         let Some(endpoint) = &meta.registration_endpoint else {
             return Err(format!(
                 "the authorization server {} takes neither registrations nor client metadata documents: \
-                 register herald there and pass its client id (--oauth-client-id, or oauth_client_id in a slug)",
+                 register herald there and pass its client id (--oauth-client-id, or client_id in [slug.oauth])",
                 meta.issuer
             ));
         };
         let c = flow::register(&self.http, meta, endpoint, redirect_uri).await?;
         st.clients.insert(meta.issuer.clone(), c.clone());
+        self.save(st).await;
         Ok(c)
     }
 
-    /// Refreshes the kept token at the server that issued it.
+    /// Refreshes the kept token at its token endpoint, with the client it was issued to.
+    /// A refusal drops the tokens; a failure to ask keeps them.
     async fn refresh(&self, st: &mut State) -> Result<(), String> {
         let t = st.tokens.clone().ok_or("no token to refresh")?;
         let rt = t.refresh.clone().ok_or("no refresh token")?;
-        let meta = discover::authorization_server(&self.http, &t.issuer).await?;
-        let client = match self.configured_client(&meta) {
-            Some(c) => c,
-            None => st
-                .clients
-                .get(&t.issuer)
-                .cloned()
-                .ok_or("no client for the issuer")?,
+        let meta = discover::ServerMetadata {
+            issuer: t.issuer.clone(),
+            token_endpoint: t.token_endpoint.clone(),
+            ..Default::default()
         };
         let ask = Ask {
             meta: &meta,
-            client: &client,
+            client: &t.client,
             resource: &t.resource,
             scope: None,
         };
@@ -318,29 +434,27 @@ impl OAuth {
                 Ok(())
             }
             Err(e) => {
-                self.set_tokens(st, None).await;
-                Err(e)
+                if e.refused {
+                    self.set_tokens(st, None).await;
+                }
+                Err(e.message)
             }
         }
     }
 
     /// Takes what the keep holds, once.
     async fn load(&self, st: &mut State) {
-        if st.loaded {
+        if self.loaded.swap(true, Ordering::AcqRel) {
             return;
         }
-        st.loaded = true;
         let Some(keep) = self.keep.get() else { return };
         match keep.load(&self.server).await {
             Ok(Some(k)) => {
                 st.clients = k.clients;
                 if let Some(t) = k.tokens {
-                    st.asked = t
-                        .scope
-                        .iter()
-                        .flat_map(|s| s.split_whitespace().map(str::to_owned))
-                        .collect();
-                    *self.current.write_locked() = Some((t.access.as_str().into(), t.expires_at));
+                    st.asked = words(t.scope.as_deref());
+                    *self.current.write_locked() =
+                        Some((t.access.as_str().into(), refresh_at(t.expires_at)));
                     st.tokens = Some(t);
                 }
             }
@@ -354,8 +468,12 @@ impl OAuth {
     async fn set_tokens(&self, st: &mut State, tokens: Option<Tokens>) {
         *self.current.write_locked() = tokens
             .as_ref()
-            .map(|t| (t.access.as_str().into(), t.expires_at));
+            .map(|t| (t.access.as_str().into(), refresh_at(t.expires_at)));
         st.tokens = tokens;
+        self.save(st).await;
+    }
+
+    async fn save(&self, st: &State) {
         if let Some(keep) = self.keep.get() {
             let kept = Kept {
                 tokens: st.tokens.clone(),
@@ -367,8 +485,9 @@ impl OAuth {
         }
     }
 
-    /// What it holds, for `herald login`'s report: the issuer, the scope, and when the access
-    /// token expires (unix s), or `None` before any authorization.
+    /// What it holds, for `herald login`'s report: the issuer, the scope, when the access
+    /// token expires (unix s) and whether it can be refreshed; `None` before any
+    /// authorization.
     pub async fn held(&self) -> Option<(String, Option<String>, Option<u64>, bool)> {
         let mut st = self.state.lock().await;
         self.load(&mut st).await;
@@ -383,11 +502,34 @@ impl OAuth {
     }
 }
 
-/// ` (error: description)` from a challenge, when it says.
+/// ` (error: description; scope "s")` from a challenge, when it says.
 fn describe(ch: &Challenge) -> String {
+    let mut parts = Vec::new();
     match (&ch.error, &ch.error_description) {
-        (Some(e), Some(d)) => format!(" ({e}: {d})"),
-        (Some(e), None) => format!(" ({e})"),
-        _ => String::new(),
+        (Some(e), Some(d)) => parts.push(format!("{e}: {d}")),
+        (Some(e), None) => parts.push(e.clone()),
+        _ => {}
+    }
+    if let Some(s) = &ch.scope {
+        parts.push(format!("it asks for scope \"{s}\""));
+    }
+    if parts.is_empty() {
+        String::new()
+    } else {
+        format!(": {}", parts.join("; "))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_short_lived_token_is_refreshed_halfway_a_long_one_30_s_before() {
+        let now = flow::now_unix();
+        assert_eq!(refresh_at(Some(now + 3600)), Some(now + 3570));
+        assert_eq!(refresh_at(Some(now + 20)), Some(now + 10));
+        assert_eq!(refresh_at(Some(now)), Some(now));
+        assert_eq!(refresh_at(None), None);
     }
 }

@@ -13,6 +13,7 @@ Usage: oauth_server.py   (the first line printed is {"port": N, "issuer": URL})
 Orders on stdin, one JSON line each, answered with one JSON line:
   {"ttl": N}        -> {"ttl": N}   access tokens issued from now on live N seconds
   {"issued": true}  -> {"grants": {TYPE: COUNT}, "tokens": [every access and refresh token]}
+  {"fail_next": 503 or 400} -> the next token request answers 503, or 400 invalid_grant
 """
 
 import base64
@@ -38,6 +39,7 @@ CODES = {}  # code -> the authorization request
 REFRESH = {}  # refresh token -> (client id, sub, scope, resource)
 GRANTS = {}
 TOKENS = []
+FAIL_NEXT = []  # statuses the next token requests answer with instead
 
 
 def b64url(raw):
@@ -123,6 +125,12 @@ class Handler(BaseHTTPRequestHandler):
                                      "redirect_uris": f.get("redirect_uris", [])})
         if url.path != "/token":
             return self.answer(404, {"error": "not_found"})
+        with LOCK:
+            fail = FAIL_NEXT.pop(0) if FAIL_NEXT else None
+        if fail == 503:
+            return self.answer(503, {})
+        if fail == 400:
+            return self.answer(400, {"error": "invalid_grant"})
         cid = self.client(f)
         if cid is None:
             return self.answer(401, {"error": "invalid_client"})
@@ -166,6 +174,10 @@ def handle(order):
     if "ttl" in order:
         TTL = int(order["ttl"])
         return {"ttl": TTL}
+    if "fail_next" in order:
+        with LOCK:
+            FAIL_NEXT.append(int(order["fail_next"]))
+        return {"fail_next": FAIL_NEXT}
     if "issued" in order:
         with LOCK:
             return {"grants": dict(GRANTS), "tokens": list(TOKENS)}
