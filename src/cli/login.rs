@@ -32,9 +32,13 @@ pub struct LoginArgs {
     #[arg(long, value_name = "ID")]
     pub oauth_client_id: Option<String>,
     /// The environment variable holding that client's secret [default: none, a public
-    /// client].
-    #[arg(long, value_name = "VAR", requires = "oauth_client_id")]
+    /// client]; it needs --oauth-issuer.
+    #[arg(long, value_name = "VAR", requires_all = ["oauth_client_id", "oauth_issuer"])]
     pub oauth_client_secret_env: Option<String>,
+    /// The authorization server (issuer) to log in with; herald refuses another the server
+    /// names [default: the one the server names].
+    #[arg(long, value_name = "URL")]
+    pub oauth_issuer: Option<String>,
     /// The https URL of a Client ID Metadata Document naming herald's client [default: none].
     #[arg(long, value_name = "URL")]
     pub oauth_client_metadata_url: Option<String>,
@@ -77,7 +81,7 @@ pub async fn run(args: LoginArgs, globals: &Globals) -> Result<(), Exit> {
     let settings = OAuthSettings {
         client_id: args.oauth_client_id.clone(),
         client_secret,
-        issuer: None,
+        issuer: args.oauth_issuer.clone(),
         client_metadata_url: args.oauth_client_metadata_url.clone(),
         client_credentials: false,
         scope: args.oauth_scope.clone(),

@@ -68,10 +68,18 @@ impl Consent for Follow {
                 })?
                 .to_owned();
             // Only to herald's own listener (where else the server points is not followed).
-            if !location.starts_with("http://127.0.0.1:") {
-                return Err(format!(
-                    "the authorization server redirected to {location}, not to herald's listener"
-                ));
+            let to = Url::parse(&location).ok();
+            let ours = to.as_ref().is_some_and(|u| {
+                u.scheme() == "http"
+                    && u.host_str() == Some("127.0.0.1")
+                    && u.username().is_empty()
+                    && u.password().is_none()
+                    && u.path() == "/callback"
+            });
+            if !ours {
+                return Err(
+                    "the authorization server redirected elsewhere than herald's listener".into(),
+                );
             }
             http.get(&location)
                 .send()

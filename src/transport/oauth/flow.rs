@@ -42,6 +42,10 @@ pub struct Tokens {
     /// Unix seconds.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub expires_at: Option<u64>,
+    /// When to refresh it (unix s), fixed when it was issued: 30 s before it expires, or
+    /// halfway through a shorter life.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub refresh_at: Option<u64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub scope: Option<String>,
     pub issuer: String,
@@ -383,7 +387,12 @@ async fn token_request(
     Ok(Tokens {
         access: access.to_owned(),
         refresh: v["refresh_token"].as_str().map(str::to_owned),
-        expires_at: v["expires_in"].as_u64().map(|s| now_unix() + s),
+        expires_at: v["expires_in"]
+            .as_u64()
+            .map(|s| now_unix().saturating_add(s)),
+        refresh_at: v["expires_in"]
+            .as_u64()
+            .map(|s| now_unix().saturating_add(s - (s / 2).min(30))),
         scope: v["scope"]
             .as_str()
             .map(str::to_owned)

@@ -39,7 +39,7 @@ pub mod keep;
 pub mod wire;
 
 use std::collections::{BTreeSet, HashMap};
-use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock, RwLock};
 
 use crate::sync::RecoverRw;
@@ -101,6 +101,10 @@ pub struct OAuth {
     authorized: AtomicU32,
     /// Whether the keep was read (set under `state`'s lock).
     loaded: AtomicBool,
+    /// No refresh is tried before this (unix s): one could not be asked lately.
+    pause_until: AtomicU64,
+    /// When the last authorization was made (unix s).
+    last_attempt: AtomicU64,
 }
 
 #[derive(Default)]
@@ -135,11 +139,17 @@ fn words(s: Option<&str>) -> BTreeSet<String> {
         .collect()
 }
 
-/// When to refresh a token that expires at `exp`: 30 s before, or halfway for a shorter one.
-fn refresh_at(exp: Option<u64>) -> Option<u64> {
-    let now = flow::now_unix();
-    exp.map(|e| e - (e.saturating_sub(now) / 2).min(30))
+/// Whether `t` is due for a refresh (and can have one).
+fn due(t: &Tokens, now: u64) -> bool {
+    t.refresh.is_some() && t.refresh_at.or(t.expires_at).is_some_and(|a| a <= now)
 }
+
+/// How long a refresh that could not be asked holds off the next try, meanwhile the token
+/// held is sent while it has not expired.
+const REFRESH_PAUSE_S: u64 = 10;
+
+/// How long after its last authorization a session's count of them starts again.
+const ATTEMPTS_FORGOTTEN_S: u64 = 60;
 
 impl OAuth {
     /// The session for the server at `server`. Without `consent` it cannot ask a person.
@@ -164,6 +174,8 @@ impl OAuth {
             attempts: AtomicU32::new(0),
             authorized: AtomicU32::new(0),
             loaded: AtomicBool::new(false),
+            pause_until: AtomicU64::new(0),
+            last_attempt: AtomicU64::new(0),
         }))
     }
 
@@ -198,10 +210,12 @@ impl OAuth {
         }
         let mut st = self.state.lock().await;
         self.load(&mut st).await;
-        let stale = st.tokens.as_ref().is_some_and(|t| {
-            t.refresh.is_some() && refresh_at(t.expires_at).is_some_and(|a| a <= now)
-        });
-        if stale && let Err(e) = self.refresh(&mut st).await {
+        let stale = st.tokens.as_ref().is_some_and(|t| due(t, now));
+        let paused = now < self.pause_until.load(Ordering::Relaxed);
+        if stale
+            && !paused
+            && let Err(e) = self.refresh(&mut st).await
+        {
             tracing::info!(server = %self.server, error = %e, "refreshing the access token failed");
         }
         self.current.read_locked().as_ref().map(|(t, _)| t.clone())
@@ -239,11 +253,8 @@ impl OAuth {
         if other && (!forbidden || covered) {
             // A token the request did not carry (kept, or another request's challenge
             // brought it) should do, refreshed first when it is due.
-            let due = st.tokens.as_ref().is_some_and(|t| {
-                t.refresh.is_some()
-                    && refresh_at(t.expires_at).is_some_and(|a| a <= flow::now_unix())
-            });
-            if !due {
+            let is_due = st.tokens.as_ref().is_some_and(|t| due(t, flow::now_unix()));
+            if !is_due {
                 return Ok(());
             }
             match self.refresh(&mut st).await {
@@ -261,6 +272,10 @@ impl OAuth {
                 self.server,
                 describe(&ch)
             ));
+        }
+        let since = flow::now_unix().saturating_sub(self.last_attempt.load(Ordering::Relaxed));
+        if since > ATTEMPTS_FORGOTTEN_S {
+            self.attempts.store(0, Ordering::Relaxed);
         }
         if self.attempts.load(Ordering::Relaxed) >= MAX_AUTHORIZATIONS {
             return Err(format!(
@@ -351,6 +366,7 @@ impl OAuth {
                 .map_err(|e| e.message)?
         };
         self.attempts.fetch_add(1, Ordering::Relaxed);
+        self.last_attempt.store(flow::now_unix(), Ordering::Relaxed);
         self.authorized.fetch_add(1, Ordering::Relaxed);
         st.asked = scopes;
         self.set_tokens(&mut st, Some(tokens)).await;
@@ -433,10 +449,29 @@ impl OAuth {
                 self.set_tokens(st, Some(fresh)).await;
                 Ok(())
             }
-            Err(e) => {
-                if e.refused {
-                    self.set_tokens(st, None).await;
+            Err(e) if e.refused => {
+                // Another process may have refreshed (or logged in) since this one read the
+                // keep: its tokens are taken rather than dropped.
+                if let Some(keep) = self.keep.get()
+                    && let Ok(Some(kept)) = keep.load(&self.server).await
+                    && let Some(newer) = kept
+                        .tokens
+                        .filter(|n| n.refresh.as_deref() != Some(rt.as_str()))
+                {
+                    st.asked = words(newer.scope.as_deref());
+                    *self.current.write_locked() = Some((
+                        newer.access.as_str().into(),
+                        newer.refresh_at.or(newer.expires_at),
+                    ));
+                    st.tokens = Some(newer);
+                    return Ok(());
                 }
+                self.set_tokens(st, None).await;
+                Err(e.message)
+            }
+            Err(e) => {
+                self.pause_until
+                    .store(flow::now_unix() + REFRESH_PAUSE_S, Ordering::Relaxed);
                 Err(e.message)
             }
         }
@@ -444,17 +479,23 @@ impl OAuth {
 
     /// Takes what the keep holds, once.
     async fn load(&self, st: &mut State) {
-        if self.loaded.swap(true, Ordering::AcqRel) {
+        if self.loaded.load(Ordering::Acquire) {
             return;
         }
-        let Some(keep) = self.keep.get() else { return };
-        match keep.load(&self.server).await {
+        let Some(keep) = self.keep.get() else {
+            self.loaded.store(true, Ordering::Release);
+            return;
+        };
+        let read = keep.load(&self.server).await;
+        // (One that failed is read again next time: the store may be free then.)
+        self.loaded.store(read.is_ok(), Ordering::Release);
+        match read {
             Ok(Some(k)) => {
                 st.clients = k.clients;
                 if let Some(t) = k.tokens {
                     st.asked = words(t.scope.as_deref());
                     *self.current.write_locked() =
-                        Some((t.access.as_str().into(), refresh_at(t.expires_at)));
+                        Some((t.access.as_str().into(), t.refresh_at.or(t.expires_at)));
                     st.tokens = Some(t);
                 }
             }
@@ -468,7 +509,7 @@ impl OAuth {
     async fn set_tokens(&self, st: &mut State, tokens: Option<Tokens>) {
         *self.current.write_locked() = tokens
             .as_ref()
-            .map(|t| (t.access.as_str().into(), refresh_at(t.expires_at)));
+            .map(|t| (t.access.as_str().into(), t.refresh_at.or(t.expires_at)));
         st.tokens = tokens;
         self.save(st).await;
     }
@@ -525,11 +566,27 @@ mod tests {
     use super::*;
 
     #[test]
-    fn a_short_lived_token_is_refreshed_halfway_a_long_one_30_s_before() {
-        let now = flow::now_unix();
-        assert_eq!(refresh_at(Some(now + 3600)), Some(now + 3570));
-        assert_eq!(refresh_at(Some(now + 20)), Some(now + 10));
-        assert_eq!(refresh_at(Some(now)), Some(now));
-        assert_eq!(refresh_at(None), None);
+    fn a_token_is_due_at_its_refresh_time_and_only_with_a_refresh_token() {
+        let t = |refresh: Option<&str>, refresh_at, expires_at| Tokens {
+            access: "a".into(),
+            refresh: refresh.map(str::to_owned),
+            expires_at,
+            refresh_at,
+            scope: None,
+            issuer: "i".into(),
+            token_endpoint: "e".into(),
+            resource: "r".into(),
+            client: Registered {
+                id: "c".into(),
+                secret: None,
+                method: "none".into(),
+                redirect_uri: None,
+            },
+        };
+        assert!(!due(&t(Some("r"), Some(100), Some(130)), 99));
+        assert!(due(&t(Some("r"), Some(100), Some(130)), 100));
+        assert!(!due(&t(None, Some(100), Some(130)), 200));
+        assert!(due(&t(Some("r"), None, Some(130)), 130));
+        assert!(!due(&t(Some("r"), None, None), u64::MAX));
     }
 }
