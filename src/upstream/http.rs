@@ -9,7 +9,9 @@
 //! the caller's token as it arrives. Dropping the call closes its request, and the upstream
 //! cancels the handler (a stateless request ends with its connection). Anything else (listens,
 //! reads, tasks, an upstream that does not speak 2026-07-28, a tool whose schema promotes
-//! arguments to `Mcp-Param-*` headers) still goes through rmcp.
+//! arguments to `Mcp-Param-*` headers) still goes through rmcp. An upstream that takes OAuth
+//! gets its session's token on each call, and a call it refuses (`401`, `403` with a
+//! challenge) is sent once more when the session brings a new one, as on rmcp's wire.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -41,6 +43,8 @@ pub struct HttpCalls {
     next_id: AtomicU64,
     /// Largest answer taken (the upstream's `max_message_bytes`).
     max_bytes: usize,
+    /// The upstream's OAuth session, whose token each call carries.
+    oauth: Option<std::sync::Arc<crate::transport::oauth::OAuth>>,
 }
 
 #[derive(Serialize)]
@@ -71,13 +75,30 @@ struct Meta<'a> {
     progress_token: Option<&'a Value>,
 }
 
+/// A refusal an OAuth session answers: `(forbidden, WWW-Authenticate)` of a `401`, or of a
+/// `403` that carries a challenge.
+fn challenge(response: &reqwest::Response) -> Option<(bool, String)> {
+    let forbidden = match response.status().as_u16() {
+        401 => false,
+        403 => true,
+        _ => return None,
+    };
+    let header = response.headers().get(reqwest::header::WWW_AUTHENTICATE)?;
+    Some((forbidden, header.to_str().ok()?.to_owned()))
+}
+
 /// The MIME type of an SSE response.
 const EVENT_STREAM: &str = "text/event-stream";
 
 impl HttpCalls {
     /// Direct calls to the endpoint at `url`, with `token` as the bearer token. `None` when
     /// the URL or the token cannot be used as they are (rmcp's path is taken then).
-    pub fn new(url: &str, token: Option<&str>, max_bytes: usize) -> Option<HttpCalls> {
+    pub fn new(
+        url: &str,
+        token: Option<&str>,
+        max_bytes: usize,
+        oauth: Option<std::sync::Arc<crate::transport::oauth::OAuth>>,
+    ) -> Option<HttpCalls> {
         let client = crate::transport::client::mcp_http_client().ok()?;
         let url = reqwest::Url::parse(url).ok()?;
         let mut headers = HeaderMap::new();
@@ -94,7 +115,8 @@ impl HttpCalls {
             HeaderName::from_static("mcp-method"),
             HeaderValue::from_static("tools/call"),
         );
-        if let Some(t) = token {
+        // (An OAuth session's token is set per call instead.)
+        if let Some(t) = token.filter(|_| oauth.is_none()) {
             let mut v = HeaderValue::from_str(&format!("Bearer {t}")).ok()?;
             v.set_sensitive(true);
             headers.insert(AUTHORIZATION, v);
@@ -120,6 +142,7 @@ impl HttpCalls {
             meta,
             next_id: AtomicU64::new(1),
             max_bytes,
+            oauth,
         })
     }
 
@@ -164,15 +187,45 @@ impl HttpCalls {
                 "{tool} (not a name an HTTP header can carry)"
             )))
         })?;
-        let response = self
-            .client
-            .post(self.url.clone())
-            .headers(self.headers.clone())
-            .header(HeaderName::from_static("mcp-name"), name)
-            .body(body)
-            .send()
-            .await
-            .map_err(|e| transport(&self.url, e))?;
+        let send = |body: Vec<u8>, bearer: Option<std::sync::Arc<str>>| {
+            let mut req = self
+                .client
+                .post(self.url.clone())
+                .headers(self.headers.clone())
+                .header(HeaderName::from_static("mcp-name"), name.clone());
+            if let Some(t) = bearer {
+                req = req.bearer_auth(t);
+            }
+            req.body(body).send()
+        };
+        let response = match &self.oauth {
+            None => send(body, None)
+                .await
+                .map_err(|e| transport(&self.url, e))?,
+            Some(oauth) => {
+                let bearer = oauth.bearer().await;
+                let first = send(body.clone(), bearer.clone())
+                    .await
+                    .map_err(|e| transport(&self.url, e))?;
+                match challenge(&first) {
+                    None => first,
+                    Some((forbidden, header)) => {
+                        oauth
+                            .challenged(forbidden, &header, bearer.as_deref())
+                            .await
+                            .map_err(CallError::Transport)?;
+                        send(body, oauth.bearer().await)
+                            .await
+                            .map_err(|e| transport(&self.url, e))?
+                    }
+                }
+            }
+        };
+        if let Some(oauth) = &self.oauth
+            && response.status().is_success()
+        {
+            oauth.succeeded();
+        }
         let status = response.status();
         let sse = response
             .headers()

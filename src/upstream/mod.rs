@@ -230,13 +230,12 @@ pub fn pick<'a>(upstreams: &'a [Arc<Upstream>], uri: &str) -> Option<&'a Arc<Ups
 
 impl Upstream {
     pub fn new(cfg: UpstreamConfig) -> Upstream {
-        // (An OAuth upstream's token changes: its calls go over the connection, whose wire
-        // takes the current token and answers challenges.)
         let http_calls = match &cfg.target {
-            Target::Http(url) if cfg.trust.oauth.is_none() => http::HttpCalls::new(
+            Target::Http(url) => http::HttpCalls::new(
                 url,
                 cfg.trust.token.as_ref().map(|t| t.0.as_str()),
                 cfg.max_message_bytes,
+                cfg.trust.oauth.clone(),
             ),
             _ => None,
         };
