@@ -119,6 +119,21 @@ async fn set_note(store: &str, url: &str, key: &str) -> std::process::Output {
     .await
 }
 
+/// `far__memo__memo_set KEY value=1` through the gateway at `url` (a store of its own).
+async fn call_far(url: &str, key: &str) -> std::process::Output {
+    herald([
+        "--store",
+        ":memory:",
+        "call",
+        "--mcp-http",
+        url,
+        "far__memo__memo_set",
+        key,
+        "value=1",
+    ])
+    .await
+}
+
 async fn issued(provider: &mut Provider) -> Value {
     provider.order(json!({"issued": true})).await
 }
@@ -221,17 +236,7 @@ async fn a_login_serves_every_command_refreshed_and_sealed_in_the_store() {
         "127.0.0.1:0",
     ])
     .await;
-    let via = herald([
-        "--store",
-        ":memory:",
-        "call",
-        "--mcp-http",
-        &front.http_url(),
-        "far__memo__memo_set",
-        "key=c",
-        "value=1",
-    ])
-    .await;
+    let via = call_far(&front.http_url(), "key=c").await;
     assert!(
         via.status.success(),
         "{}",
@@ -300,17 +305,7 @@ async fn a_slug_gets_its_own_tokens_by_client_credentials() {
         &[("EDGE_SECRET", "edge-secret")],
     )
     .await;
-    let via = herald([
-        "--store",
-        ":memory:",
-        "call",
-        "--mcp-http",
-        &edge.http_url(),
-        "far__memo__memo_set",
-        "key=e",
-        "value=1",
-    ])
-    .await;
+    let via = call_far(&edge.http_url(), "key=e").await;
     assert!(
         via.status.success(),
         "{}",
@@ -350,17 +345,7 @@ async fn a_slug_gets_its_own_tokens_by_client_credentials() {
         &[("EDGE_SECRET", "edge-secret")],
     )
     .await;
-    let via = herald([
-        "--store",
-        ":memory:",
-        "call",
-        "--mcp-http",
-        &pinned.http_url(),
-        "far__memo__memo_set",
-        "key=f",
-        "value=1",
-    ])
-    .await;
+    let via = call_far(&pinned.http_url(), "key=f").await;
     assert!(!via.status.success());
     let status = herald(["status", "--admin", &pinned.admin_url(), "--json"]).await;
     let status = String::from_utf8_lossy(&status.stdout);
