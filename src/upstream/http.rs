@@ -187,7 +187,7 @@ impl HttpCalls {
                 "{tool} (not a name an HTTP header can carry)"
             )))
         })?;
-        let send = |body: Vec<u8>, bearer: Option<std::sync::Arc<str>>| {
+        let send = |body: Vec<u8>, bearer: Option<String>| {
             let mut req = self
                 .client
                 .post(self.url.clone())
@@ -199,33 +199,17 @@ impl HttpCalls {
             req.body(body).send()
         };
         let response = match &self.oauth {
-            None => send(body, None)
+            None => send(body, None).await,
+            Some(oauth) => oauth
+                .send(
+                    None,
+                    |bearer| send(body.clone(), bearer),
+                    |r| r.as_ref().ok().and_then(challenge),
+                )
                 .await
-                .map_err(|e| transport(&self.url, e))?,
-            Some(oauth) => {
-                let bearer = oauth.bearer().await;
-                let first = send(body.clone(), bearer.clone())
-                    .await
-                    .map_err(|e| transport(&self.url, e))?;
-                match challenge(&first) {
-                    None => first,
-                    Some((forbidden, header)) => {
-                        oauth
-                            .challenged(forbidden, &header, bearer.as_deref())
-                            .await
-                            .map_err(CallError::Transport)?;
-                        send(body, oauth.bearer().await)
-                            .await
-                            .map_err(|e| transport(&self.url, e))?
-                    }
-                }
-            }
-        };
-        if let Some(oauth) = &self.oauth
-            && response.status().is_success()
-        {
-            oauth.succeeded();
+                .map_err(CallError::Transport)?,
         }
+        .map_err(|e| transport(&self.url, e))?;
         let status = response.status();
         let sse = response
             .headers()

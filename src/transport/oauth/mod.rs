@@ -221,9 +221,35 @@ impl OAuth {
         self.current.read_locked().as_ref().map(|(t, _)| t.clone())
     }
 
-    /// A request got through: the count of authorizations in a row starts again.
-    pub fn succeeded(&self) {
-        self.attempts.store(0, Ordering::Relaxed);
+    /// The one way a request carries the session's token (the connection's wire and the
+    /// direct calls alike): `send` with it (or `fallback`, a static token, before there is
+    /// one); when `refusal` finds a challenge in the answer (`(forbidden, WWW-Authenticate)`),
+    /// the session answers it and `send` goes once more with the new token. An answer that is
+    /// not a refusal starts the count of authorizations in a row again. `Err`: the session's
+    /// reason it has no token to send.
+    pub async fn send<R, F, Fut>(
+        &self,
+        fallback: Option<String>,
+        send: F,
+        refusal: impl Fn(&R) -> Option<(bool, String)>,
+    ) -> Result<R, String>
+    where
+        F: Fn(Option<String>) -> Fut,
+        Fut: Future<Output = R>,
+    {
+        let token = self.bearer().await.map(|t| t.to_string()).or(fallback);
+        let first = send(token.clone()).await;
+        let Some((forbidden, header)) = refusal(&first) else {
+            self.attempts.store(0, Ordering::Relaxed);
+            return Ok(first);
+        };
+        self.challenged(forbidden, &header, token.as_deref())
+            .await?;
+        let again = send(self.bearer().await.map(|t| t.to_string())).await;
+        if refusal(&again).is_none() {
+            self.attempts.store(0, Ordering::Relaxed);
+        }
+        Ok(again)
     }
 
     /// The server refused the token `sent` (`forbidden`: a `403`, else a `401`) with `header`
@@ -458,12 +484,7 @@ impl OAuth {
                         .tokens
                         .filter(|n| n.refresh.as_deref() != Some(rt.as_str()))
                 {
-                    st.asked = words(newer.scope.as_deref());
-                    *self.current.write_locked() = Some((
-                        newer.access.as_str().into(),
-                        newer.refresh_at.or(newer.expires_at),
-                    ));
-                    st.tokens = Some(newer);
+                    self.adopt(st, newer);
                     return Ok(());
                 }
                 self.set_tokens(st, None).await;
@@ -493,10 +514,7 @@ impl OAuth {
             Ok(Some(k)) => {
                 st.clients = k.clients;
                 if let Some(t) = k.tokens {
-                    st.asked = words(t.scope.as_deref());
-                    *self.current.write_locked() =
-                        Some((t.access.as_str().into(), t.refresh_at.or(t.expires_at)));
-                    st.tokens = Some(t);
+                    self.adopt(st, t);
                 }
             }
             Ok(None) => {}
@@ -506,11 +524,23 @@ impl OAuth {
         }
     }
 
-    async fn set_tokens(&self, st: &mut State, tokens: Option<Tokens>) {
+    /// Takes kept tokens (read, not made here): the scopes they were asked with too.
+    fn adopt(&self, st: &mut State, t: Tokens) {
+        st.asked = words(t.scope.as_deref());
+        self.hold(st, Some(t));
+    }
+
+    /// `tokens` become the ones requests carry.
+    fn hold(&self, st: &mut State, tokens: Option<Tokens>) {
         *self.current.write_locked() = tokens
             .as_ref()
             .map(|t| (t.access.as_str().into(), t.refresh_at.or(t.expires_at)));
         st.tokens = tokens;
+    }
+
+    /// [`hold`](Self::hold), and kept.
+    async fn set_tokens(&self, st: &mut State, tokens: Option<Tokens>) {
+        self.hold(st, tokens);
         self.save(st).await;
     }
 

@@ -29,8 +29,7 @@ pub struct McpHttp {
 }
 
 impl McpHttp {
-    /// Runs `send` with the session's token, and once more after a challenge that brought a
-    /// new one.
+    /// Runs `send` with the session's token ([`OAuth::send`]), or with the static one.
     async fn authorized<T, F, Fut>(&self, static_token: Option<String>, send: F) -> Result<T, Error>
     where
         F: Fn(Option<String>) -> Fut,
@@ -39,27 +38,19 @@ impl McpHttp {
         let Some(oauth) = &self.oauth else {
             return send(static_token).await;
         };
-        let token = oauth.bearer().await.map(|t| t.to_string()).or(static_token);
-        let (forbidden, header) = match send(token.clone()).await {
-            Err(StreamableHttpError::AuthRequired(c)) => (false, c.www_authenticate_header),
-            Err(StreamableHttpError::InsufficientScope(c)) => (true, c.www_authenticate_header),
-            other => {
-                if other.is_ok() {
-                    oauth.succeeded();
-                }
-                return other;
+        let refusal = |r: &Result<T, Error>| match r {
+            Err(StreamableHttpError::AuthRequired(c)) => {
+                Some((false, c.www_authenticate_header.clone()))
             }
+            Err(StreamableHttpError::InsufficientScope(c)) => {
+                Some((true, c.www_authenticate_header.clone()))
+            }
+            _ => None,
         };
         oauth
-            .challenged(forbidden, &header, token.as_deref())
+            .send(static_token, send, refusal)
             .await
-            .map_err(|e| StreamableHttpError::UnexpectedServerResponse(Cow::Owned(e)))?;
-        let token = oauth.bearer().await.map(|t| t.to_string());
-        let again = send(token).await;
-        if again.is_ok() {
-            oauth.succeeded();
-        }
-        again
+            .unwrap_or_else(|e| Err(StreamableHttpError::UnexpectedServerResponse(Cow::Owned(e))))
     }
 }
 
