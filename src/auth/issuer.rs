@@ -142,6 +142,8 @@ struct Issuer {
     /// Held through every fetch of this issuer's keys, so they are put in place in the order
     /// they were fetched (an older set never replaces a newer one).
     fetching: tokio::sync::Mutex<()>,
+    /// How the last fetch went, for the status board: when the keys came, why not.
+    fetched: Mutex<(Option<Instant>, Option<String>)>,
 }
 
 #[derive(Default)]
@@ -212,6 +214,7 @@ impl Issuers {
                 keys: RwLock::new(Arc::new(keys)),
                 refetches: tokio::sync::Mutex::default(),
                 fetching: tokio::sync::Mutex::new(()),
+                fetched: Mutex::default(),
             });
         }
         Ok(Issuers {
@@ -374,7 +377,14 @@ impl Issuers {
 
     /// [`fetch`](Self::fetch), with `issuer.fetching` held by the caller.
     async fn fetch_held(&self, issuer: &Issuer) -> Result<(), String> {
-        let keys = fetch_keys(&self.http, &issuer.config.url).await?;
+        let keys = match fetch_keys(&self.http, &issuer.config.url).await {
+            Ok(k) => k,
+            Err(e) => {
+                issuer.fetched.locked().1 = Some(e.clone());
+                return Err(e);
+            }
+        };
+        *issuer.fetched.locked() = (Some(Instant::now()), None);
         // Under the memory's lock: a `verify` that read the old keys cannot remember its
         // token after this.
         let mut remembered = self.remembered.locked();
@@ -439,6 +449,27 @@ impl Issuers {
                 }
             });
         }
+    }
+}
+
+impl crate::runtime::status::IssuerStatus for Issuers {
+    fn report(&self) -> Vec<crate::runtime::status::IssuerReport> {
+        self.issuers
+            .iter()
+            .map(|i| {
+                let (at, error) = i.fetched.locked().clone();
+                crate::runtime::status::IssuerReport {
+                    url: i.config.url.clone(),
+                    keys: i.keys.read_locked().keys.len(),
+                    source: match i.config.jwks_file {
+                        Some(_) => "file".into(),
+                        None => "metadata".into(),
+                    },
+                    fetched_secs_ago: at.map(|t| t.elapsed().as_secs()),
+                    error,
+                }
+            })
+            .collect()
     }
 }
 

@@ -19,6 +19,8 @@ pub struct FileArgs {
     #[command(flatten)]
     pub serve: ServeArgs,
     #[command(flatten)]
+    pub access: crate::cli::serve::AccessArgs,
+    #[command(flatten)]
     pub publish: crate::cli::serve::PublishArgs,
     /// A directory to serve (repeatable). Only paths under a root are served; added to the
     /// config file's roots.
@@ -126,6 +128,7 @@ pub async fn run(args: FileArgs, globals: &Globals) -> Result<(), Exit> {
     settings.to_config().map_err(usage)?;
     let ctx = crate::cli::serve::role_context("file");
     let store = role_store(&args.serve.options(), globals).await?;
+    let access = args.access.load("file", &args.serve.options())?;
     let admin = begin(&args.serve, &ctx, globals, &store).await?;
     let published = args.publish.start("file", &ctx).await?;
     let source = settings.build(&ctx)?;
@@ -133,6 +136,7 @@ pub async fn run(args: FileArgs, globals: &Globals) -> Result<(), Exit> {
         p.catalog(&source).await;
     }
     let (source, opts) = (std::sync::Arc::new(source), args.serve.options());
+    let source = crate::cli::serve::guarded(access, source, &ctx);
     serve_until_stopped(source, &opts, admin, &store, ctx, globals, None).await
 }
 
@@ -151,6 +155,7 @@ mod tests {
         )
         .unwrap();
         let args = FileArgs {
+            access: Default::default(),
             serve: ServeArgs {
                 http: None,
                 quic: None,

@@ -20,6 +20,8 @@ pub struct K8sArgs {
     #[command(flatten)]
     pub serve: ServeArgs,
     #[command(flatten)]
+    pub access: crate::cli::serve::AccessArgs,
+    #[command(flatten)]
     pub publish: crate::cli::serve::PublishArgs,
     /// A kubeconfig, as PATH or NAME=PATH (repeatable; `?kcp=NAME` in a URI picks one, the
     /// first is the default) [default: kubectl's own].
@@ -214,6 +216,7 @@ pub async fn run(args: K8sArgs, globals: &Globals) -> Result<(), Exit> {
     settings.check_files()?;
     let ctx = crate::cli::serve::role_context("k8s");
     let store = role_store(&args.serve.options(), globals).await?;
+    let access = args.access.load("k8s", &args.serve.options())?;
     let admin = begin(&args.serve, &ctx, globals, &store).await?;
     let published = args.publish.start("k8s", &ctx).await?;
     let source = settings.build(&ctx).await?;
@@ -221,6 +224,7 @@ pub async fn run(args: K8sArgs, globals: &Globals) -> Result<(), Exit> {
         p.catalog(&source).await;
     }
     let (source, opts) = (std::sync::Arc::new(source), args.serve.options());
+    let source = crate::cli::serve::guarded(access, source, &ctx);
     serve_until_stopped(source, &opts, admin, &store, ctx, globals, None).await
 }
 

@@ -17,6 +17,8 @@ use crate::store::Store;
 pub struct MemoArgs {
     #[command(flatten)]
     pub serve: ServeArgs,
+    #[command(flatten)]
+    pub access: crate::cli::serve::AccessArgs,
     /// Events kept in memo://log [default: 256].
     #[arg(long, value_name = "N")]
     pub ring_capacity: Option<usize>,
@@ -111,6 +113,7 @@ pub async fn run(args: MemoArgs, globals: &Globals) -> Result<(), Exit> {
         None => globals.open_store().await?,
         Some(_) => role_store(&args.serve.options(), globals).await?,
     };
+    let access = args.access.load("memo", &args.serve.options())?;
     let admin = begin(&args.serve, &ctx, globals, &store).await?;
     let published = args.publish.start("memo", &ctx).await?;
     let memo = match settings
@@ -125,6 +128,7 @@ pub async fn run(args: MemoArgs, globals: &Globals) -> Result<(), Exit> {
         p.catalog(&memo).await;
     }
     let (source, opts) = (std::sync::Arc::new(memo), args.serve.options());
+    let source = crate::cli::serve::guarded(access, source, &ctx);
     serve_until_stopped(source, &opts, admin, &store, ctx, globals, None).await
 }
 

@@ -87,6 +87,67 @@ impl PublishArgs {
     }
 }
 
+/// Who may use a role served on its own (`herald memo`, `file`, `k8s`, `slack`); a gateway
+/// and `herald up` take theirs from their config's `[[token]]` and `[[issuer]]`.
+#[derive(Debug, Clone, Default, Args)]
+#[command(next_help_heading = "Access")]
+pub struct AccessArgs {
+    /// A TOML file of [[token]] and [[issuer]] entries, as in a gateway's config, naming the
+    /// callers this role's HTTP and QUIC endpoints let in: a token whose slugs name the role
+    /// (or "*"), an access token with scope herald:ROLE, herald:* or (for reading alone)
+    /// herald:ROLE:read. stdio needs none. Read at start [default: none: whoever reaches the
+    /// endpoints may use the role].
+    #[arg(long, value_name = "FILE")]
+    pub access: Option<PathBuf>,
+}
+
+impl AccessArgs {
+    /// The access `--access` gives `role`, read and checked (a usage error names what to
+    /// change). Without it, a role listening beyond loopback is warned about.
+    pub fn load(
+        &self,
+        role: &str,
+        opts: &ServeOptions,
+    ) -> Result<Option<crate::auth::guard::RoleAccess>, Exit> {
+        let Some(path) = &self.access else {
+            let open = [opts.http.as_deref(), opts.quic.as_deref()]
+                .into_iter()
+                .flatten()
+                .filter(|a| !crate::transport::is_loopback(a))
+                .collect::<Vec<_>>();
+            if !open.is_empty() {
+                tracing::warn!(
+                    "herald {role} listens on {} with no --access: whoever reaches it may use it; give --access FILE with a [[token]] (or an [[issuer]]), or listen on 127.0.0.1",
+                    open.join(" and ")
+                );
+            }
+            return Ok(None);
+        };
+        crate::auth::guard::RoleAccess::load(path, role)
+            .map(Some)
+            .map_err(|e| crate::cli::usage(anyhow::anyhow!("{e}")))
+    }
+}
+
+/// `source` behind `access` when there is one (its issuers' keys then fetched and kept
+/// fresh on the runtime, and shown on `ctx`'s status board).
+pub fn guarded(
+    access: Option<crate::auth::guard::RoleAccess>,
+    source: crate::mcp::source::DynSource,
+    ctx: &RoleContext,
+) -> crate::mcp::source::DynSource {
+    match access {
+        None => source,
+        Some(a) => {
+            a.start();
+            if let Some(i) = a.issuers() {
+                ctx.status().add_issuers(i);
+            }
+            std::sync::Arc::new(crate::auth::guard::Guarded::new(a, source))
+        }
+    }
+}
+
 /// A role runner's context, with every part's metrics registered up front (the gateway's,
 /// the transport's, NATS's, the Slack lease's, in the order `/metrics` has always named
 /// them), so every process renders the same series whichever roles it runs. Each part

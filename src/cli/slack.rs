@@ -23,6 +23,8 @@ use crate::source::slack::{Slack, SlackConfig};
 pub struct SlackArgs {
     #[command(flatten)]
     pub serve: ServeArgs,
+    #[command(flatten)]
+    pub access: crate::cli::serve::AccessArgs,
     /// A directory holding one file per variable (SLACK_APP_TOKEN, SLACK_BOT_TOKEN,
     /// SLACK_EVENTS_ENCRYPTION_KEY, SLACK_EVENTS_RETENTION_DAYS), read for each one the
     /// environment does not set [default: $CREDENTIALS_DIRECTORY, set by systemd's
@@ -206,9 +208,11 @@ pub async fn run(args: SlackArgs, globals: &Globals) -> Result<(), Exit> {
         Some(_) => role_store(&args.serve.options(), globals).await?,
     };
     let ctx = crate::cli::serve::role_context("slack");
+    let access = args.access.load("slack", &args.serve.options())?;
     let admin = begin(&args.serve, &ctx, globals, &store).await?;
     let source = Slack::open(cfg, store.clone(), &ctx).await?;
     let (source, opts) = (std::sync::Arc::new(source), args.serve.options());
+    let source = crate::cli::serve::guarded(access, source, &ctx);
     serve_until_stopped(source, &opts, admin, &store, ctx, globals, None).await
 }
 

@@ -193,6 +193,27 @@ pub fn table(r: &StatusReport, rates: Option<&Rates>) -> String {
         columns(&mut out, &["BACKEND", "CONNECTED", "SERVERS"], &rows);
     }
 
+    if !r.issuers.is_empty() {
+        out.push('\n');
+        let rows: Vec<Vec<String>> = r
+            .issuers
+            .iter()
+            .map(|i| {
+                vec![
+                    i.url.clone(),
+                    i.keys.to_string(),
+                    match (i.source.as_str(), i.fetched_secs_ago) {
+                        ("file", _) => "file".into(),
+                        (_, Some(s)) => format!("{} ago", human_duration(s)),
+                        (_, None) => "not yet".into(),
+                    },
+                    i.error.clone().unwrap_or_else(|| "-".into()),
+                ]
+            })
+            .collect();
+        columns(&mut out, &["ISSUER", "KEYS", "FETCHED", "LAST ERROR"], &rows);
+    }
+
     out.push('\n');
     if r.watches.is_empty() {
         out.push_str("no watches\n");
@@ -333,6 +354,7 @@ mod tests {
                 target: "nats://10.0.0.2:4222".into(),
                 connected: true,
             }],
+            issuers: vec![],
             listens: 2,
             watches: vec![
                 WatchReport {

@@ -494,6 +494,7 @@ mod tests {
                 last_error: (!upstream_up).then(|| "connection refused".into()),
             }],
             backends: vec![],
+            issuers: vec![],
             listens: 3,
             watches: vec![WatchReport {
                 name: "notes".into(),

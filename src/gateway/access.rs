@@ -152,7 +152,7 @@ impl Entitled {
         let digest = caller.token_sha256()?;
         let mut found = None;
         for tok in &self.tokens {
-            if same(&tok.sha256, digest) && found.is_none() {
+            if crate::auth::same_digest(&tok.sha256, digest) && found.is_none() {
                 found = Some(tok);
             }
         }
@@ -473,9 +473,6 @@ impl Access {
 }
 
 /// Compares in constant time.
-fn same(a: &[u8; 32], b: &[u8; 32]) -> bool {
-    a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
-}
 
 #[cfg(test)]
 mod tests {

@@ -172,7 +172,7 @@ impl Gateway {
     /// now on). Must be called within the runtime.
     pub fn issuers(self, configs: &[IssuerConfig]) -> Gateway {
         let now = (*self.access.now()).clone();
-        let issuers = issuers_for(now.issuers_now(), configs);
+        let issuers = issuers_for(now.issuers_now(), configs, &self.ctx);
         self.access.swap(now.issuers(issuers));
         self
     }
@@ -211,7 +211,7 @@ impl Gateway {
                 let _ = tokio::time::timeout(warm, up.connect()).await;
             });
         futures::future::join_all(added).await;
-        let issuers = issuers_for(running.issuers_now(), &cfg.issuers);
+        let issuers = issuers_for(running.issuers_now(), &cfg.issuers, &self.ctx);
         self.reconfigure(
             Entitled::new(upstreams, cfg.tokens.clone())
                 .bare(crate::gateway::config::bare_slug(&cfg.slugs))
@@ -473,8 +473,13 @@ async fn relay(
 /// The issuers of `configs`: the `running` ones when they are the same (their keys and the
 /// tokens they verified kept), else new ones, their keys fetched anew (a `jwks_file` is read
 /// again on every reload: that is how an air-gapped site rotates). An issuer that cannot be
-/// set up is logged and left out (its tokens are refused).
-fn issuers_for(running: Option<&Arc<Issuers>>, configs: &[IssuerConfig]) -> Option<Arc<Issuers>> {
+/// set up is logged and left out (its tokens are refused). New ones are entered on the
+/// status board.
+fn issuers_for(
+    running: Option<&Arc<Issuers>>,
+    configs: &[IssuerConfig],
+    ctx: &RoleContext,
+) -> Option<Arc<Issuers>> {
     if configs.is_empty() {
         return None;
     }
@@ -491,6 +496,7 @@ fn issuers_for(running: Option<&Arc<Issuers>>, configs: &[IssuerConfig]) -> Opti
             }
             let i = Arc::new(i);
             i.start();
+            ctx.status().add_issuers(&i);
             Some(i)
         }
         Err(e) => {
@@ -516,6 +522,10 @@ impl Source for Gateway {
 
     fn known_as(&self, caller: &Caller) -> Option<String> {
         self.access.known_as(caller)
+    }
+
+    fn expires_in(&self, caller: &Caller) -> Option<std::time::Duration> {
+        self.access.expires_in(caller)
     }
 
     fn protected_resource(&self) -> Option<crate::mcp::source::ProtectedResource> {
@@ -660,18 +670,6 @@ impl Source for Gateway {
         let revoked = self.access.hold(caller, &watched);
         if !self.access.keeps(caller, &watched) {
             revoked.cancel();
-        }
-        // An access token's stream ends when the token does (its caller listens again with
-        // a fresh one), as a reload ends one whose token it revokes.
-        if let Some(left) = self.access.expires_in(caller) {
-            let end = revoked.clone();
-            self.ctx
-                .spawn_until_shutdown("gateway token expiry", async move {
-                    tokio::select! {
-                        _ = end.cancelled() => {}
-                        _ = tokio::time::sleep(left) => end.cancel(),
-                    }
-                });
         }
         admission
             .guards

@@ -168,6 +168,14 @@ impl Authentication {
     }
 }
 
+/// Whether `tool` says it only reads (`readOnlyHint` and not `destructiveHint`): what a
+/// caller entitled to read alone may call.
+pub fn is_read_only(tool: &Tool) -> bool {
+    let a = tool.annotations.as_ref();
+    a.and_then(|a| a.read_only_hint) == Some(true)
+        && a.and_then(|a| a.destructive_hint) != Some(true)
+}
+
 /// A server as an OAuth 2.1 protected resource: its identifier (the `aud` its access tokens
 /// carry) and the authorization servers that issue them.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -206,6 +214,15 @@ pub trait Source: Send + Sync + 'static {
     /// access token: `oauth:` and its issuer's and subject's hash); owners of tasks and
     /// subscriptions. `None`: known by its token ([`Caller::principal`]).
     fn known_as(&self, caller: &Caller) -> Option<String> {
+        let _ = caller;
+        None
+    }
+
+    /// How long `caller`'s credentials have left, when they end (an access token's `exp`,
+    /// with the clock skew allowed; nothing left once it no longer verifies): its listen and
+    /// events streams end then, and the client opens them again with a fresh token. `None`
+    /// for credentials that do not expire.
+    fn expires_in(&self, caller: &Caller) -> Option<std::time::Duration> {
         let _ = caller;
         None
     }

@@ -25,6 +25,29 @@ pub trait UpstreamStatus: Send + Sync {
     fn report(&self) -> UpstreamReport;
 }
 
+/// Identity providers whose access tokens a role takes (`auth`'s `[[issuer]]`s): how their
+/// signing keys are doing.
+pub trait IssuerStatus: Send + Sync {
+    fn report(&self) -> Vec<IssuerReport>;
+}
+
+/// One `[[issuer]]` in a [`StatusReport`].
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct IssuerReport {
+    /// The issuer identifier.
+    pub url: String,
+    /// The signing keys held now (its tokens are refused while there are none).
+    pub keys: usize,
+    /// Where they come from: `metadata` (fetched) or `file` (`jwks_file`).
+    pub source: String,
+    /// Seconds since they were last fetched (or read); `None` before the first.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fetched_secs_ago: Option<u64>,
+    /// Why the last fetch failed, when it did (cleared by the next that works).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+}
+
 /// A role's open listen streams, asked when a report is made.
 pub type ListenCount = Arc<dyn Fn() -> usize + Send + Sync>;
 
@@ -155,6 +178,9 @@ pub struct StatusReport {
     /// The roles' NATS backends.
     #[serde(default)]
     pub backends: Vec<BackendReport>,
+    /// The identity providers whose access tokens are taken, and their keys.
+    #[serde(default)]
+    pub issuers: Vec<IssuerReport>,
     /// Open `subscriptions/listen` streams, all roles together.
     pub listens: usize,
     pub watches: Vec<WatchReport>,
@@ -217,6 +243,7 @@ struct Board {
     started: bool,
     roles: Vec<Role>,
     upstreams: Vec<Weak<dyn UpstreamStatus>>,
+    issuers: Vec<Weak<dyn IssuerStatus>>,
     backends: Vec<(String, String, Connected, CancellationToken)>,
     watches: Option<WatchList>,
     store: Option<PathBuf>,
@@ -380,6 +407,23 @@ impl StatusBoard {
         self.touch();
     }
 
+    /// Enters a role's issuers; their rows go when they are dropped (a reload that changed
+    /// them, the role stopped).
+    pub fn add_issuers<I: IssuerStatus + 'static>(&self, issuers: &Arc<I>) {
+        let weak: Weak<dyn IssuerStatus> = Arc::downgrade(issuers) as Weak<dyn IssuerStatus>;
+        let mut b = self.lock();
+        b.issuers.retain(|w| w.strong_count() > 0);
+        b.issuers.push(weak);
+        drop(b);
+        self.touch();
+    }
+
+    fn issuers(&self) -> Vec<IssuerReport> {
+        let live: Vec<Arc<dyn IssuerStatus>> =
+            self.lock().issuers.iter().filter_map(Weak::upgrade).collect();
+        live.iter().flat_map(|i| i.report()).collect()
+    }
+
     fn upstreams(&self) -> Vec<Arc<dyn UpstreamStatus>> {
         self.lock()
             .upstreams
@@ -479,6 +523,7 @@ impl StatusBoard {
             roles,
             upstreams: self.upstreams().iter().map(|u| u.report()).collect(),
             backends: self.backends(),
+            issuers: self.issuers(),
             watches,
             store: StoreReport { path: store, bytes },
             reloads,
@@ -605,6 +650,7 @@ mod tests {
                 target: "nats://a:4222".into(),
                 connected: false,
             }],
+            issuers: vec![],
             upstreams: vec![UpstreamReport {
                 name: "a".into(),
                 target: "stdio:x".into(),

@@ -65,12 +65,7 @@ fn header_tools(tools: &[Tool]) -> Vec<String> {
         .collect()
 }
 
-/// Whether a tool says it only reads: `readOnlyHint` true and `destructiveHint` not true.
-pub fn is_read_only(tool: &Tool) -> bool {
-    let a = tool.annotations.as_ref();
-    a.and_then(|a| a.read_only_hint) == Some(true)
-        && a.and_then(|a| a.destructive_hint) != Some(true)
-}
+pub use crate::mcp::source::is_read_only;
 
 /// The `Example:` line of a description (its last one), for `list_resources()`.
 fn example(description: Option<&str>) -> Value {

@@ -27,6 +27,7 @@ mod memo;
 mod nats;
 mod oauth;
 mod oauth_client;
+mod role_access;
 mod poll;
 mod reload;
 mod slack;

@@ -17,8 +17,8 @@ use tokio::process::{Child, ChildStdin, ChildStdout, Command};
 
 use crate::support::*;
 
-const AUDIENCE: &str = "https://herald.test/mcp";
-const STATIC: &str = "static-token-5e1d";
+pub const AUDIENCE: &str = "https://herald.test/mcp";
+pub const STATIC: &str = "static-token-5e1d";
 
 /// The identity provider (`oauth_issuer.py`, or `oauth_server.py` for the client's tests),
 /// ordered on its stdin.
@@ -78,7 +78,7 @@ impl Provider {
 
     /// A token signed with key `kid` by `alg`, with `claims` over the defaults (this
     /// provider's `iss`, the gateway's audience, an hour to live).
-    async fn mint(&mut self, kid: &str, alg: &str, claims: Value) -> String {
+    pub async fn mint(&mut self, kid: &str, alg: &str, claims: Value) -> String {
         let mut c = json!({"aud": AUDIENCE, "exp": now() + 3600, "sub": "agent-7"});
         for (k, v) in claims.as_object().unwrap() {
             c[k] = v.clone();
@@ -94,7 +94,7 @@ impl Provider {
     }
 }
 
-fn now() -> u64 {
+pub fn now() -> u64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .unwrap()
@@ -180,15 +180,23 @@ async fn tool_names(c: &Connection) -> Vec<String> {
 /// A plain POST of `body` to the gateway with `token`: the status, `WWW-Authenticate`, and
 /// the body.
 async fn post(s: &Setup, token: Option<&str>, body: Value) -> (u16, String, Value) {
+    post_at(&s.gw.http_url(), token, body).await
+}
+
+/// [`post`] to the MCP endpoint `url`.
+pub async fn post_at(url: &str, token: Option<&str>, body: Value) -> (u16, String, Value) {
     let method = body["method"].as_str().unwrap_or("").to_owned();
     let mut req = reqwest::Client::new()
-        .post(s.gw.http_url())
+        .post(url)
         .header("content-type", "application/json")
         .header("accept", "application/json, text/event-stream")
         .header("mcp-protocol-version", "2026-07-28")
         .header("mcp-method", &method);
     if let Some(name) = body["params"]["name"].as_str() {
         req = req.header("mcp-name", name);
+    }
+    if let Some(uri) = body["params"]["uri"].as_str() {
+        req = req.header("mcp-name", uri);
     }
     if let Some(id) = body["params"]["taskId"].as_str() {
         req = req.header("mcp-name", id);
@@ -494,6 +502,37 @@ async fn a_task_belongs_to_the_principal_not_to_one_of_its_tokens() {
     assert!(theirs["result"].is_null(), "{theirs}");
 }
 
+/// A long request (`subscriptions/listen`, `events/stream`) with `token`, read until the
+/// server ends it (within [`WAIT`]): what it wrote.
+pub async fn until_it_ends(url: &str, token: &str, body: Value) -> String {
+    let method = body["method"].as_str().unwrap().to_owned();
+    let mut req = reqwest::Client::new()
+        .post(url)
+        .header("content-type", "application/json")
+        .header("accept", "application/json, text/event-stream")
+        .header("mcp-protocol-version", "2026-07-28")
+        .header("mcp-method", &method);
+    if let Some(name) = body["params"]["name"].as_str() {
+        req = req.header("mcp-name", name);
+    }
+    let mut resp = req
+        .bearer_auth(token)
+        .body(body.to_string())
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 200);
+    let mut seen = String::new();
+    let ended = tokio::time::timeout(WAIT, async {
+        while let Ok(Some(chunk)) = resp.chunk().await {
+            seen.push_str(&String::from_utf8_lossy(&chunk));
+        }
+    })
+    .await;
+    assert!(ended.is_ok(), "the stream outlived its token: {seen}");
+    seen
+}
+
 #[tokio::test]
 async fn a_listen_stream_ends_when_its_access_token_does() {
     let mut s = setup().await;
@@ -509,29 +548,28 @@ async fn a_listen_stream_ends_when_its_access_token_does() {
     let listen = json!({"jsonrpc": "2.0", "id": 1, "method": "subscriptions/listen", "params": {
         "_meta": meta(),
         "notifications": {"resourceSubscriptions": ["memo+memo://notes"]}}});
-    let mut resp = reqwest::Client::new()
-        .post(s.gw.http_url())
-        .header("content-type", "application/json")
-        .header("accept", "application/json, text/event-stream")
-        .header("mcp-protocol-version", "2026-07-28")
-        .header("mcp-method", "subscriptions/listen")
-        .bearer_auth(&short)
-        .body(listen.to_string())
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(resp.status(), 200);
-    let mut seen = String::new();
-    let ended = tokio::time::timeout(WAIT, async {
-        while let Ok(Some(chunk)) = resp.chunk().await {
-            seen.push_str(&String::from_utf8_lossy(&chunk));
-        }
-    })
-    .await;
-    assert!(ended.is_ok(), "the stream outlived its token: {seen}");
+    let seen = until_it_ends(&s.gw.http_url(), &short, listen).await;
     assert!(
         seen.contains("acknowledged") || seen.contains("\"result\""),
         "{seen}"
     );
     assert!(seen.contains("-32024"), "the end says why: {seen}");
+
+    // An events/stream too: `terminated`, saying the token expired, then the result with
+    // the cursor to resume from.
+    let short = s
+        .provider
+        .mint(
+            "rsa1",
+            "RS256",
+            json!({"scope": "herald:memo", "exp": now() - 55}),
+        )
+        .await;
+    let stream = json!({"jsonrpc": "2.0", "id": 2, "method": "events/stream", "params": {
+        "_meta": meta(), "name": "memo__memo.changed"}});
+    let seen = until_it_ends(&s.gw.http_url(), &short, stream).await;
+    assert!(seen.contains("notifications/events/active"), "{seen}");
+    assert!(seen.contains("notifications/events/terminated"), "{seen}");
+    assert!(seen.contains("\"expired\""), "{seen}");
+    assert!(seen.contains("\"resultType\":\"complete\""), "{seen}");
 }

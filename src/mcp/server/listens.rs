@@ -81,7 +81,21 @@ impl SourceServer {
         let slot = s
             .budgets
             .check(&s.limits, filter, conn, self.identity(caller))?;
-        let admission = self.shared.source.admit(caller, filter).await;
+        let mut admission = self.shared.source.admit(caller, filter).await;
+        // A caller whose credentials expire (an access token) has its stream ended then, as
+        // a revoked one's is: it listens again with a fresh token.
+        if let Some(left) = self.shared.source.expires_in(caller) {
+            let end = admission.revoked.get_or_insert_with(Default::default).clone();
+            admission
+                .guards
+                .push(crate::mcp::source::WatchGuard::new(end.clone().drop_guard()));
+            tokio::spawn(async move {
+                tokio::select! {
+                    _ = end.cancelled() => {}
+                    _ = tokio::time::sleep(left) => end.cancel(),
+                }
+            });
+        }
         for (uri, why) in &admission.refused {
             debug!(%uri, reason = %why, "listen: URI left out of the acknowledgment");
         }

@@ -232,7 +232,10 @@ impl SourceServer {
                 Some(json!({"limit": "eventStreams", "max": max})),
             )
         })?;
-        self.follow(caller, &req, out).await
+        // A stream whose caller's access token expires ends then (`terminated`): the client
+        // opens it again, from its cursor, with a fresh token.
+        let ends = (self.shared.source.expires_in(caller)).map(|left| Instant::now() + left);
+        self.follow_until(caller, &req, out, ends).await
     }
 
     /// Follows `req` for `caller` into `out` (a stream's, a webhook subscription's): `active`,
@@ -243,6 +246,18 @@ impl SourceServer {
         caller: &Caller,
         req: &StreamRequest,
         out: &mut impl EventsOut,
+    ) -> Result<Value, McpError> {
+        self.follow_until(caller, req, out, None).await
+    }
+
+    /// [`follow`](Self::follow), ended with `terminated` at `ends` (the caller's access
+    /// token's expiry).
+    async fn follow_until(
+        &self,
+        caller: &Caller,
+        req: &StreamRequest,
+        out: &mut impl EventsOut,
+        ends: Option<Instant>,
     ) -> Result<Value, McpError> {
         let source = &self.shared.source;
         let first = source
@@ -267,7 +282,7 @@ impl SourceServer {
         let active = json!({"cursor": start, "truncated": first.truncated});
         let ended = match self.send(out, "active", active).await {
             Err(e) => Ended::Gone(e),
-            Ok(()) => self.stream_on(caller, req, first, out).await,
+            Ok(()) => self.stream_on(caller, req, first, out, ends).await,
         };
         match ended {
             Ended::Gone(e) => Err(e),
@@ -277,6 +292,20 @@ impl SourceServer {
                 Ok(result)
             }
         }
+    }
+
+    /// Ends a stream whose caller's access token expired: `terminated` with the error a
+    /// poll with that token would now get, then the result with the cursor to resume from.
+    async fn expired(&self, out: &mut impl EventsOut, cursor: Option<String>) -> Ended {
+        let e = McpError::new(
+            ErrorCode(-32024),
+            "the access token this stream was opened with expired; open it again from its cursor with a fresh token",
+            Some(json!({"reason": "expired"})),
+        );
+        let _ = self
+            .send(out, "terminated", json!({"error": error_json(&e)}))
+            .await;
+        Ended::Closed(cursor)
     }
 
     /// Writes one message, within the stall timeout.
@@ -321,10 +350,18 @@ impl SourceServer {
         req: &StreamRequest,
         mut batch: Batch,
         out: &mut impl EventsOut,
+        ends: Option<Instant>,
     ) -> Ended {
         let shutdown = self.shared.shutdown.clone();
         let closed = out.closed();
         tokio::pin!(closed);
+        let expiry = async move {
+            match ends {
+                Some(t) => tokio::time::sleep_until(t).await,
+                None => std::future::pending().await,
+            }
+        };
+        tokio::pin!(expiry);
         let mut cursor = batch.cursor.clone();
         // The first batch's gap was told by `active`.
         let mut gap = false;
@@ -377,6 +414,7 @@ impl SourceServer {
             let polled = tokio::select! {
                 biased;
                 _ = shutdown.cancelled() => return Ended::Closed(cursor),
+                _ = &mut expiry => return self.expired(out, cursor).await,
                 _ = &mut closed => return Ended::Gone(McpError::invalid_request("the events/stream was cancelled", None)),
                 r = self.shared.source.events_poll(caller, req.poll(cursor.as_deref(), wait, false)) => r.map_err(to_mcp_error),
                 // A source that holds a poll past its timeoutMs does not hold up the heartbeat.
@@ -424,6 +462,7 @@ impl SourceServer {
                         let until = (Instant::now() + pause).min(due);
                         tokio::select! {
                             _ = shutdown.cancelled() => return Ended::Closed(cursor),
+                _ = &mut expiry => return self.expired(out, cursor).await,
                             _ = &mut closed => return Ended::Gone(McpError::invalid_request("the events/stream was cancelled", None)),
                             _ = tokio::time::sleep_until(until) => {}
                         }
@@ -454,6 +493,7 @@ impl SourceServer {
                     let pause = retry.next_delay();
                     tokio::select! {
                         _ = shutdown.cancelled() => return Ended::Closed(cursor),
+                _ = &mut expiry => return self.expired(out, cursor).await,
                         _ = &mut closed => return Ended::Gone(McpError::invalid_request("the events/stream was cancelled", None)),
                         _ = tokio::time::sleep(pause) => {}
                     }
