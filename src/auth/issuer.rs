@@ -51,6 +51,9 @@ pub struct IssuerConfig {
     pub jwks_file: Option<PathBuf>,
     /// The claim holding the scopes (`scope` by default).
     pub scope_claim: String,
+    /// Only tokens typed as access tokens (`typ: at+jwt`, RFC 9068) are taken; else also
+    /// untyped ones and `typ: JWT`, as many providers issue them.
+    pub require_at_jwt: bool,
 }
 
 /// One `[[issuer]]` as written.
@@ -63,6 +66,8 @@ pub struct IssuerFile {
     pub jwks_file: Option<PathBuf>,
     #[serde(default)]
     pub scope_claim: Option<String>,
+    #[serde(default)]
+    pub require_at_jwt: bool,
 }
 
 impl IssuerFile {
@@ -96,6 +101,7 @@ impl IssuerFile {
             audience: self.audience,
             jwks_file: self.jwks_file,
             scope_claim: self.scope_claim.unwrap_or_else(|| "scope".into()),
+            require_at_jwt: self.require_at_jwt,
         })
     }
 }
@@ -278,6 +284,7 @@ impl Issuers {
                 issuer: &issuer.config.url,
                 audience: &issuer.config.audience,
                 now,
+                at_jwt_only: issuer.config.require_at_jwt,
             },
         )?;
         let subject = ["sub", "client_id"].iter().find_map(|c| {
@@ -592,6 +599,7 @@ mod tests {
             audience: audience.into(),
             jwks_file: None,
             scope_claim: None,
+            require_at_jwt: false,
         }
     }
 

@@ -45,6 +45,8 @@ pub enum Refusal {
     Issuer,
     #[error("the token is for another resource (aud)")]
     Audience,
+    #[error("the token's type (typ) is not an access token's")]
+    Type,
 }
 
 /// A token's header, read before its signature is checked (to choose the key).
@@ -53,6 +55,10 @@ pub struct Header {
     pub alg: String,
     #[serde(default)]
     pub kid: Option<String>,
+    /// The token's media type: `at+jwt` for an access token (RFC 9068), `JWT` or none as
+    /// many providers issue them.
+    #[serde(default)]
+    pub typ: Option<String>,
     /// Extensions the signer says must be understood (RFC 7515 section 4.1.11): herald
     /// understands none, so a token naming any is refused.
     #[serde(default)]
@@ -127,6 +133,7 @@ impl Unverified {
             _ => return Err(Refusal::Signature),
         };
         verified.map_err(|_| Refusal::Signature)?;
+        expect.typed(self.header.typ.as_deref())?;
         expect.check(&self.claims)?;
         Ok(self.claims)
     }
@@ -176,9 +183,24 @@ pub struct Expect<'a> {
     pub audience: &'a str,
     /// Seconds since the Unix epoch.
     pub now: u64,
+    /// Only `typ: at+jwt` (the issuer's `require_at_jwt`); else also none and `JWT`.
+    pub at_jwt_only: bool,
 }
 
 impl Expect<'_> {
+    /// Whether a token of type `typ` (RFC 7515: case-insensitive, `application/` implied)
+    /// may be an access token: `at+jwt` always; untyped and `JWT` unless only `at+jwt` is
+    /// taken; any other type (a logout token, a security event, a DPoP proof) never.
+    fn typed(&self, typ: Option<&str>) -> Result<(), Refusal> {
+        let t = typ.map(|t| t.to_ascii_lowercase());
+        let t = t.as_deref().map(|t| t.strip_prefix("application/").unwrap_or(t));
+        match t {
+            Some("at+jwt") => Ok(()),
+            None | Some("jwt") if !self.at_jwt_only => Ok(()),
+            _ => Err(Refusal::Type),
+        }
+    }
+
     fn check(&self, claims: &Map<String, Value>) -> Result<(), Refusal> {
         if claims.get("iss").and_then(Value::as_str) != Some(self.issuer) {
             return Err(Refusal::Issuer);

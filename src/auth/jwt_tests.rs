@@ -83,6 +83,7 @@ fn expect() -> Expect<'static> {
         issuer: "https://id.example",
         audience: "https://herald.example/mcp",
         now: NOW,
+        at_jwt_only: false,
     }
 }
 
@@ -222,4 +223,38 @@ fn only_jwt_shaped_tokens_are_read_as_jwts() {
     assert!(!looks_like_jwt("eyJhbGciOiJub25lIn0.e30"));
     assert!(!looks_like_jwt("eyJ a.b.c"));
     assert!(looks_like_jwt("eyJhbGciOiJub25lIn0.e30.sig"));
+}
+
+#[test]
+fn an_access_token_is_typed_as_one_or_untyped_and_nothing_else() {
+    let s = Signer::new();
+    let typed = |typ: Option<&str>| {
+        let mut h = json!({"alg": "EdDSA", "kid": "ed"});
+        if let Some(t) = typ {
+            h["typ"] = t.into();
+        }
+        s.token(h, claims())
+    };
+    let strict = Expect {
+        at_jwt_only: true,
+        ..expect()
+    };
+    for (typ, taken, taken_strict) in [
+        (Some("at+jwt"), true, true),
+        (Some("application/at+JWT"), true, true),
+        (Some("JWT"), true, false),
+        (None, true, false),
+        (Some("logout+jwt"), false, false),
+        (Some("secevent+jwt"), false, false),
+        (Some("dpop+jwt"), false, false),
+    ] {
+        let t = typed(typ);
+        let got = check(&s, &t);
+        assert_eq!(got.is_ok(), taken, "{typ:?}: {got:?}");
+        if !taken {
+            assert_eq!(got.unwrap_err(), Refusal::Type, "{typ:?}");
+        }
+        let got = Unverified::parse(&t).unwrap().verify(&s.keys(), &strict);
+        assert_eq!(got.is_ok(), taken_strict, "strict, {typ:?}: {got:?}");
+    }
 }

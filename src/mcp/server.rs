@@ -422,6 +422,19 @@ pub fn read_result(uri: String, contents: crate::mcp::source::Contents) -> ReadR
     ReadResourceResult::new(vec![rc])
 }
 
+/// An upstream's error `data` as relayed: an upstream's own step-up (`reason:
+/// "insufficient_scope"`, the scope its authorization server grants) is said as
+/// `"upstream_insufficient_scope"`, so it is never taken for this server's (an HTTP `403`
+/// challenge naming a scope this server's issuers do not grant: the caller cannot mend it).
+fn relayed(mut data: Option<serde_json::Value>) -> Option<serde_json::Value> {
+    if let Some(reason) = data.as_mut().and_then(|d| d.get_mut("reason"))
+        && reason == "insufficient_scope"
+    {
+        *reason = serde_json::Value::from("upstream_insufficient_scope");
+    }
+    data
+}
+
 /// Maps a source error to JSON-RPC. `uri` is attached as `data.uri` where it applies.
 pub fn to_mcp_error(e: SourceError) -> McpError {
     match &e {
@@ -452,7 +465,7 @@ pub fn to_mcp_error(e: SourceError) -> McpError {
             code,
             message,
             data,
-        } => McpError::new(ErrorCode(*code), message.clone(), data.clone()),
+        } => McpError::new(ErrorCode(*code), message.clone(), relayed(data.clone())),
     }
 }
 

@@ -302,3 +302,33 @@ async fn admission_enforces_both_limits() {
         err.message
     );
 }
+
+/// Only this server's own step-up says `insufficient_scope` (the HTTP gate answers it with a
+/// `403` challenge): an upstream's, relayed, is said as the upstream's.
+#[test]
+fn an_upstreams_step_up_is_not_taken_for_this_servers() {
+    let own = to_mcp_error(SourceError::InsufficientScope {
+        slug: "memo".into(),
+        tool: "memo_set".into(),
+        scope: "herald:memo".into(),
+    });
+    assert_eq!(
+        own.data,
+        Some(json!({"reason": "insufficient_scope", "scope": "herald:memo"}))
+    );
+    let relayed = to_mcp_error(SourceError::Upstream {
+        code: -32024,
+        message: "no".into(),
+        data: Some(json!({"reason": "insufficient_scope", "scope": "repo:write", "x": 1})),
+    });
+    assert_eq!(
+        relayed.data,
+        Some(json!({"reason": "upstream_insufficient_scope", "scope": "repo:write", "x": 1}))
+    );
+    let other = to_mcp_error(SourceError::Upstream {
+        code: -32024,
+        message: "no".into(),
+        data: Some(json!({"reason": "revoked"})),
+    });
+    assert_eq!(other.data, Some(json!({"reason": "revoked"})));
+}

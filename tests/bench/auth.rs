@@ -143,6 +143,7 @@ fn verification(keys: &Keys, jwks: &std::path::Path, n: usize) -> f64 {
         audience: AUDIENCE.into(),
         jwks_file: Some(jwks.to_owned()),
         scope_claim: "scope".into(),
+        require_at_jwt: false,
     }])
     .unwrap();
     let mut warm_worst: f64 = 0.0;
