@@ -33,8 +33,8 @@ use serde_json::Value;
 use crate::auth::issuer::{Grant, IssuerFile, Issuers};
 use crate::mcp::hub::ChangeFeed;
 use crate::mcp::source::{
-    Admission, Authentication, Call, Caller, Contents, ListenFilter,
-    ProtectedResource, Read, Source, SourceError, SourceInfo, is_read_only,
+    Admission, Authentication, Call, Caller, Contents, ListenFilter, ProtectedResource, Read,
+    Source, SourceError, SourceInfo, is_read_only,
 };
 
 /// One `[[token]]` as written (the gateway's shape).
@@ -192,7 +192,11 @@ impl RoleAccess {
         match caller.token.as_deref() {
             None => Authentication::TokenRequired,
             Some(_) if self.token(caller).is_some() => Authentication::Known,
-            Some(_) if self.grant(caller).is_some_and(|g| self.entitles(&g).is_some()) => {
+            Some(_)
+                if self
+                    .grant(caller)
+                    .is_some_and(|g| self.entitles(&g).is_some()) =>
+            {
                 Authentication::Known
             }
             Some(_) => Authentication::UnknownToken,
@@ -212,7 +216,12 @@ impl RoleAccess {
 
     /// Refuses a tool that changes things to a read-only caller, with the scope that would
     /// do.
-    fn may_call(&self, caller: &Caller, tool: Option<&Tool>, name: &str) -> Result<(), SourceError> {
+    fn may_call(
+        &self,
+        caller: &Caller,
+        tool: Option<&Tool>,
+        name: &str,
+    ) -> Result<(), SourceError> {
         if !self.read_only(caller) || tool.is_some_and(is_read_only) {
             return Ok(());
         }
@@ -264,7 +273,11 @@ impl<S: Source + ?Sized> Source for Guarded<S> {
 
     fn expires_in(&self, caller: &Caller) -> Option<Duration> {
         self.access.access_token(caller)?;
-        Some(self.access.grant(caller).map_or(Duration::ZERO, |g| g.left()))
+        Some(
+            self.access
+                .grant(caller)
+                .map_or(Duration::ZERO, |g| g.left()),
+        )
     }
 
     fn protected_resource(&self) -> Option<ProtectedResource> {

@@ -31,14 +31,20 @@ fn a_token_naming_the_role_or_every_role_lets_its_holder_in_and_no_one_else() {
             "memo",
         )
         .unwrap();
-        assert_eq!(a.authenticates(&caller(Some("test"))), Authentication::Known);
+        assert_eq!(
+            a.authenticates(&caller(Some("test"))),
+            Authentication::Known
+        );
         assert!(!a.read_only(&caller(Some("test"))));
         assert_eq!(
             a.authenticates(&caller(Some("tesT"))),
             Authentication::UnknownToken
         );
         // Loopback is no exemption once there is a file; stdio is.
-        assert_eq!(a.authenticates(&caller(None)), Authentication::TokenRequired);
+        assert_eq!(
+            a.authenticates(&caller(None)),
+            Authentication::TokenRequired
+        );
         assert_eq!(a.authenticates(&Caller::local()), Authentication::Known);
     }
     assert_eq!(
@@ -63,7 +69,10 @@ fn scopes_entitle_the_role_whole_or_for_reading() {
         (&["herald:memo:read", "herald:memo"], Some(false)),
         (&["herald:*:read", "herald:memo"], Some(false)),
         (&["herald:file"], None),
-        (&["herald:memo2", "herald:mem", "memo", "herald:memo:write"], None),
+        (
+            &["herald:memo2", "herald:mem", "memo", "herald:memo:write"],
+            None,
+        ),
         (&[], None),
     ] {
         assert_eq!(a.entitles(&grant(scopes)), expect, "{scopes:?}");
@@ -78,7 +87,10 @@ fn a_file_that_lets_no_one_in_or_is_not_an_access_file_is_refused() {
             &*format!("[[token]]\nsha256 = \"{HASH}\"\nslugs = [\"file\"]\n"),
             "slugs must name memo",
         ),
-        ("[[token]]\nsha256 = \"abc\"\nslugs = [\"*\"]\n", "64 hex digits"),
+        (
+            "[[token]]\nsha256 = \"abc\"\nslugs = [\"*\"]\n",
+            "64 hex digits",
+        ),
         (&*format!("[[token]]\nsha256 = \"{HASH}\"\n"), "slugs"),
         ("http = \"127.0.0.1:1\"\n", "unknown field"),
         ("[[issuer]]\nurl = \"https://id.example.com\"\n", "audience"),

@@ -193,7 +193,9 @@ impl Expect<'_> {
     /// taken; any other type (a logout token, a security event, a DPoP proof) never.
     fn typed(&self, typ: Option<&str>) -> Result<(), Refusal> {
         let t = typ.map(|t| t.to_ascii_lowercase());
-        let t = t.as_deref().map(|t| t.strip_prefix("application/").unwrap_or(t));
+        let t = t
+            .as_deref()
+            .map(|t| t.strip_prefix("application/").unwrap_or(t));
         match t {
             Some("at+jwt") => Ok(()),
             None | Some("jwt") if !self.at_jwt_only => Ok(()),

@@ -211,7 +211,11 @@ pub fn table(r: &StatusReport, rates: Option<&Rates>) -> String {
                 ]
             })
             .collect();
-        columns(&mut out, &["ISSUER", "KEYS", "FETCHED", "LAST ERROR"], &rows);
+        columns(
+            &mut out,
+            &["ISSUER", "KEYS", "FETCHED", "LAST ERROR"],
+            &rows,
+        );
     }
 
     out.push('\n');

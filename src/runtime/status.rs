@@ -419,8 +419,12 @@ impl StatusBoard {
     }
 
     fn issuers(&self) -> Vec<IssuerReport> {
-        let live: Vec<Arc<dyn IssuerStatus>> =
-            self.lock().issuers.iter().filter_map(Weak::upgrade).collect();
+        let live: Vec<Arc<dyn IssuerStatus>> = self
+            .lock()
+            .issuers
+            .iter()
+            .filter_map(Weak::upgrade)
+            .collect();
         live.iter().flat_map(|i| i.report()).collect()
     }
 

@@ -353,3 +353,87 @@ async fn a_slug_gets_its_own_tokens_by_client_credentials() {
     let got = issued(&mut provider).await;
     assert_eq!(got["grants"]["client_credentials"], 1, "{got}");
 }
+
+/// A refresh whose request is dropped midway (a cancelled call, a client gone) still takes
+/// its answer: the server has retired the old refresh token by then, so losing the new one
+/// would cost a login. The session's later requests carry the refreshed token, and the
+/// refresh token after it still works.
+#[tokio::test]
+async fn a_refresh_dropped_midway_still_takes_the_rotated_token() {
+    use herald::transport::client::{client_config, connect};
+    use herald::transport::oauth::consent::Follow;
+    use herald::transport::oauth::keep::StoreKeep;
+    use herald::transport::oauth::{OAuth, OAuthSettings};
+    use herald::transport::target::Target;
+    use herald::transport::tls::ClientTrust;
+    use std::sync::Arc;
+
+    let mut provider = Provider::start_script("oauth_server.py").await;
+    let dir = TempDir::new("oauth-dropped");
+    let (_memo, _gw, url) = protected(&provider, &dir).await;
+    let oauth = OAuth::new(&url, OAuthSettings::default(), Some(Arc::new(Follow))).unwrap();
+    oauth.keep_in(Arc::new(
+        StoreKeep::new(herald::store::Store::memory()).unwrap(),
+    ));
+    // Tokens due for a refresh at once (the gateway's skew still takes them).
+    provider.order(json!({"ttl": 0})).await;
+    let trust = ClientTrust {
+        oauth: Some(oauth.clone()),
+        ..ClientTrust::default()
+    };
+    let conn = connect(&Target::Http(url.clone()), &trust, client_config(), 4 << 20)
+        .await
+        .expect("authorized by the consent");
+    drop(conn);
+    let first = issued(&mut provider).await;
+    assert_eq!(first["grants"]["authorization_code"], 1, "{first}");
+    // (Its requests after the authorization may have refreshed already: ttl 0.)
+    let refreshes = first["grants"]["refresh_token"].as_u64().unwrap_or(0);
+
+    // The next refresh is held at the server, after it retired the old refresh token; the
+    // request that asked for it is dropped meanwhile.
+    provider.order(json!({"ttl": 3600})).await;
+    provider.order(json!({"hold_next": true})).await;
+    let asking = tokio::spawn({
+        let oauth = oauth.clone();
+        async move { oauth.bearer().await }
+    });
+    assert_eq!(
+        provider.order(json!({"wait_held": true})).await["held"],
+        true
+    );
+    asking.abort();
+    assert!(asking.await.unwrap_err().is_cancelled());
+    provider.order(json!({"release": true})).await;
+
+    // The refreshed token is the session's: the latest the server issued, taken by the
+    // resource server, with no second refresh nor a new authorization.
+    let held = tokio::time::timeout(WAIT, async {
+        loop {
+            let t = oauth.bearer().await.expect("a token");
+            let now = issued(&mut provider).await;
+            if now["grants"]["refresh_token"] == refreshes + 1
+                && now["tokens"].as_array().unwrap().iter().any(|x| x == &*t)
+            {
+                return (t, now);
+            }
+            tokio::task::yield_now().await;
+        }
+    })
+    .await;
+    let (token, now) = held.expect("the dropped refresh's token is taken");
+    assert_eq!(now["grants"]["authorization_code"], 1, "{now}");
+    let tokens = now["tokens"].as_array().unwrap();
+    // (JWTs have two dots; refresh tokens are url-safe base64, none.)
+    let access: Vec<&Value> = tokens
+        .iter()
+        .filter(|t| t.as_str().unwrap().matches('.').count() == 2)
+        .collect();
+    assert_eq!(
+        access.last().unwrap().as_str(),
+        Some(&*token),
+        "the newest access token"
+    );
+    let again = connect(&Target::Http(url.clone()), &trust, client_config(), 4 << 20).await;
+    assert!(again.is_ok(), "{:?}", again.err());
+}

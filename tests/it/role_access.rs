@@ -90,10 +90,18 @@ async fn a_role_on_its_own_lets_in_its_tokens_and_scopes_alone() {
     let every = names(&all);
     assert!(every.contains(&"memo_set".to_owned()), "{every:?}");
     let (status, _, done) = post_at(&url, Some(STATIC), set(4)).await;
-    assert_eq!((status, &done["result"]["isError"]), (200, &json!(false)), "{done}");
+    assert_eq!(
+        (status, &done["result"]["isError"]),
+        (200, &json!(false)),
+        "{done}"
+    );
 
     // Scopes: herald:memo and herald:* let in whole, herald:memo:read to read alone.
-    for scope in ["herald:memo", "herald:*", "openid herald:memo:read herald:memo"] {
+    for scope in [
+        "herald:memo",
+        "herald:*",
+        "openid herald:memo:read herald:memo",
+    ] {
         let t = provider
             .mint("rsa1", "RS256", json!({"scope": scope}))
             .await;
@@ -109,7 +117,9 @@ async fn a_role_on_its_own_lets_in_its_tokens_and_scopes_alone() {
     assert_eq!(status, 200);
     let readable = names(&listed);
     assert!(
-        !readable.is_empty() && readable.len() < every.len() && !readable.contains(&"memo_set".into()),
+        !readable.is_empty()
+            && readable.len() < every.len()
+            && !readable.contains(&"memo_set".into()),
         "{readable:?}"
     );
     let (status, challenge, refused) = post_at(&url, Some(&read), set(8)).await;
@@ -133,7 +143,10 @@ async fn a_role_on_its_own_lets_in_its_tokens_and_scopes_alone() {
         .find(|l| l.starts_with(&provider.url))
         .unwrap_or_else(|| panic!("an issuer row: {text}"));
     let cells: Vec<&str> = row.split_whitespace().collect();
-    assert_eq!(cells[1], "3", "its three keys (RSA, P-256, Ed25519): {text}");
+    assert_eq!(
+        cells[1], "3",
+        "its three keys (RSA, P-256, Ed25519): {text}"
+    );
     assert!(cells[2].ends_with('s') && cells[3] == "ago", "{text}");
     assert_eq!(cells[4], "-", "no error: {text}");
 
@@ -189,10 +202,16 @@ async fn an_access_file_that_lets_no_one_in_or_names_another_role_is_refused() {
     let cases = [
         ("", "no [[token]] and no [[issuer]]"),
         (
-            &*format!("[[token]]\nsha256 = \"{}\"\nslugs = [\"file\"]\n", sha(STATIC)),
+            &*format!(
+                "[[token]]\nsha256 = \"{}\"\nslugs = [\"file\"]\n",
+                sha(STATIC)
+            ),
             "slugs must name memo",
         ),
-        ("[[token]]\nsha256 = \"abc\"\nslugs = [\"*\"]\n", "64 hex digits"),
+        (
+            "[[token]]\nsha256 = \"abc\"\nslugs = [\"*\"]\n",
+            "64 hex digits",
+        ),
         ("[[slug]]\nname = \"x\"\n", "unknown field"),
         (
             "[[issuer]]\nurl = \"http://id.example.com\"\naudience = \"a\"\n",
@@ -214,7 +233,10 @@ async fn an_access_file_that_lets_no_one_in_or_names_another_role_is_refused() {
         .await;
         let err = String::from_utf8_lossy(&out.stderr);
         assert_eq!(out.status.code(), Some(64), "{text}: {err}");
-        assert!(err.contains("--access") && err.contains(says), "{text}: {err}");
+        assert!(
+            err.contains("--access") && err.contains(says),
+            "{text}: {err}"
+        );
         assert!(!err.contains(STATIC), "{err}");
     }
 }

@@ -85,10 +85,13 @@ impl SourceServer {
         // A caller whose credentials expire (an access token) has its stream ended then, as
         // a revoked one's is: it listens again with a fresh token.
         if let Some(left) = self.shared.source.expires_in(caller) {
-            let end = admission.revoked.get_or_insert_with(Default::default).clone();
-            admission
-                .guards
-                .push(crate::mcp::source::WatchGuard::new(end.clone().drop_guard()));
+            let end = admission
+                .revoked
+                .get_or_insert_with(Default::default)
+                .clone();
+            admission.guards.push(crate::mcp::source::WatchGuard::new(
+                end.clone().drop_guard(),
+            ));
             tokio::spawn(async move {
                 tokio::select! {
                     _ = end.cancelled() => {}

@@ -461,11 +461,11 @@ impl SourceServer {
                         let pause = batch.next_poll.max(EARLY_FLOOR);
                         let until = (Instant::now() + pause).min(due);
                         tokio::select! {
-                            _ = shutdown.cancelled() => return Ended::Closed(cursor),
-                _ = &mut expiry => return self.expired(out, cursor).await,
-                            _ = &mut closed => return Ended::Gone(McpError::invalid_request("the events/stream was cancelled", None)),
-                            _ = tokio::time::sleep_until(until) => {}
-                        }
+                                    _ = shutdown.cancelled() => return Ended::Closed(cursor),
+                        _ = &mut expiry => return self.expired(out, cursor).await,
+                                    _ = &mut closed => return Ended::Gone(McpError::invalid_request("the events/stream was cancelled", None)),
+                                    _ = tokio::time::sleep_until(until) => {}
+                                }
                     }
                 }
                 Err(e) if is_final(e.code.0) => {
@@ -492,11 +492,11 @@ impl SourceServer {
                     };
                     let pause = retry.next_delay();
                     tokio::select! {
-                        _ = shutdown.cancelled() => return Ended::Closed(cursor),
-                _ = &mut expiry => return self.expired(out, cursor).await,
-                        _ = &mut closed => return Ended::Gone(McpError::invalid_request("the events/stream was cancelled", None)),
-                        _ = tokio::time::sleep(pause) => {}
-                    }
+                            _ = shutdown.cancelled() => return Ended::Closed(cursor),
+                    _ = &mut expiry => return self.expired(out, cursor).await,
+                            _ = &mut closed => return Ended::Gone(McpError::invalid_request("the events/stream was cancelled", None)),
+                            _ = tokio::time::sleep(pause) => {}
+                        }
                 }
             }
         }

@@ -25,7 +25,11 @@
 //!
 //! One lock orders the session: a challenge is answered by one authorization, and the
 //! requests that wait for it then take its token (or, for a step-up, ask for what they still
-//! lack). A request with no token to send takes no lock.
+//! lack). A request with no token to send takes no lock. A refresh runs to its end on a task
+//! of its own, holding that lock, even when the request that asked is dropped (the server has
+//! retired the old refresh token by the time it answers); and before asking it takes the
+//! keep's tokens when another session refreshed since (the old refresh token is then never
+//! sent again).
 //!
 //! Tokens and registrations are kept ([`keep`]) sealed in the store, per server, so a login
 //! (`herald login`) serves every later command and a gateway's slug across restarts. A
@@ -95,7 +99,7 @@ pub struct OAuth {
     keep: OnceLock<Arc<dyn Keep>>,
     /// The token requests carry, and when to refresh it (unix s); read on every request.
     current: RwLock<Option<(Arc<str>, Option<u64>)>>,
-    state: tokio::sync::Mutex<State>,
+    state: Arc<tokio::sync::Mutex<State>>,
     attempts: AtomicU32,
     /// Authorizations made (code or client credentials), for `herald login`'s report.
     authorized: AtomicU32,
@@ -106,6 +110,10 @@ pub struct OAuth {
     /// When the last authorization was made (unix s).
     last_attempt: AtomicU64,
 }
+
+/// The session's state, locked (owned, so a refresh can carry it to its end: see
+/// [`OAuth::refreshed`]).
+type Held = tokio::sync::OwnedMutexGuard<State>;
 
 #[derive(Default)]
 struct State {
@@ -170,7 +178,7 @@ impl OAuth {
             consent,
             keep: OnceLock::new(),
             current: RwLock::new(None),
-            state: tokio::sync::Mutex::new(State::default()),
+            state: Arc::default(),
             attempts: AtomicU32::new(0),
             authorized: AtomicU32::new(0),
             loaded: AtomicBool::new(false),
@@ -197,7 +205,7 @@ impl OAuth {
     /// one is read at the server's first challenge), refreshed when it nears expiry. `None`
     /// before any authorization: the request goes without, and a server that wants one says
     /// so.
-    pub async fn bearer(&self) -> Option<Arc<str>> {
+    pub async fn bearer(self: &Arc<Self>) -> Option<Arc<str>> {
         let now = flow::now_unix();
         let held = match &*self.current.read_locked() {
             Some((t, at)) if at.is_none_or(|a| a > now) => return Some(t.clone()),
@@ -208,15 +216,15 @@ impl OAuth {
         if !held && !unread {
             return None;
         }
-        let mut st = self.state.lock().await;
+        let mut st = self.lock().await;
         self.load(&mut st).await;
         let stale = st.tokens.as_ref().is_some_and(|t| due(t, now));
         let paused = now < self.pause_until.load(Ordering::Relaxed);
-        if stale
-            && !paused
-            && let Err(e) = self.refresh(&mut st).await
-        {
-            tracing::info!(server = %self.server, error = %e, "refreshing the access token failed");
+        if stale && !paused {
+            let (_, r) = self.refreshed(st).await;
+            if let Err(e) = r {
+                tracing::info!(server = %self.server, error = %e, "refreshing the access token failed");
+            }
         }
         self.current.read_locked().as_ref().map(|(t, _)| t.clone())
     }
@@ -228,7 +236,7 @@ impl OAuth {
     /// not a refusal starts the count of authorizations in a row again. `Err`: the session's
     /// reason it has no token to send.
     pub async fn send<R, F, Fut>(
-        &self,
+        self: &Arc<Self>,
         fallback: Option<String>,
         send: F,
         refusal: impl Fn(&R) -> Option<(bool, String)>,
@@ -255,7 +263,7 @@ impl OAuth {
     /// The server refused the token `sent` (`forbidden`: a `403`, else a `401`) with `header`
     /// (its `WWW-Authenticate`). `Ok` when there is a new token to send.
     pub async fn challenged(
-        &self,
+        self: &Arc<Self>,
         forbidden: bool,
         header: &str,
         sent: Option<&str>,
@@ -269,7 +277,7 @@ impl OAuth {
             ));
         }
         let wanted = words(ch.scope.as_deref());
-        let mut st = self.state.lock().await;
+        let mut st = self.lock().await;
         self.load(&mut st).await;
         let covered = wanted.is_subset(&st.asked);
         let other = st
@@ -283,7 +291,9 @@ impl OAuth {
             if !is_due {
                 return Ok(());
             }
-            match self.refresh(&mut st).await {
+            let (held, refreshed) = self.refreshed(st).await;
+            st = held;
+            match refreshed {
                 Ok(()) => return Ok(()),
                 // Not asked (the network): the token held is sent as it is.
                 Err(_) if st.tokens.is_some() => return Ok(()),
@@ -324,7 +334,9 @@ impl OAuth {
         }
         let same_issuer = st.tokens.as_ref().is_some_and(|t| t.issuer == issuer);
         if !forbidden && same_issuer && st.tokens.as_ref().is_some_and(|t| t.refresh.is_some()) {
-            match self.refresh(&mut st).await {
+            let (held, refreshed) = self.refreshed(st).await;
+            st = held;
+            match refreshed {
                 Ok(()) => return Ok(()),
                 Err(e) => {
                     tracing::info!(server = %self.server, error = %e, "refresh failed; authorizing again")
@@ -453,11 +465,44 @@ impl OAuth {
         Ok(c)
     }
 
+    /// The session's state, locked.
+    async fn lock(&self) -> Held {
+        self.state.clone().lock_owned().await
+    }
+
+    /// [`refresh`](Self::refresh), carried to its end on a task of its own with the lock
+    /// held: a request dropped while its refresh is out (a cancelled call, a client gone)
+    /// would otherwise lose the answer, and with it a rotated refresh token the server has
+    /// already retired the old one for. The lock comes back with the outcome.
+    async fn refreshed(self: &Arc<Self>, mut st: Held) -> (Held, Result<(), String>) {
+        let this = self.clone();
+        let task = tokio::spawn(async move {
+            let r = this.refresh(&mut st).await;
+            (st, r)
+        });
+        match task.await {
+            Ok(done) => done,
+            Err(e) => (
+                self.lock().await,
+                Err(format!("the token refresh did not finish: {e}")),
+            ),
+        }
+    }
+
     /// Refreshes the kept token at its token endpoint, with the client it was issued to.
     /// A refusal drops the tokens; a failure to ask keeps them.
     async fn refresh(&self, st: &mut State) -> Result<(), String> {
         let t = st.tokens.clone().ok_or("no token to refresh")?;
         let rt = t.refresh.clone().ok_or("no refresh token")?;
+        // Another session on this server (in this process or another on the store) may have
+        // refreshed since this one read the keep: its tokens are taken, and the refresh token
+        // it retired is not sent again (a server that rotates them may take a reuse as theft).
+        if let Some(newer) = self.kept_newer(&rt).await
+            && !due(&newer, flow::now_unix())
+        {
+            self.adopt(st, newer);
+            return Ok(());
+        }
         let meta = discover::ServerMetadata {
             issuer: t.issuer.clone(),
             token_endpoint: t.token_endpoint.clone(),
@@ -476,14 +521,9 @@ impl OAuth {
                 Ok(())
             }
             Err(e) if e.refused => {
-                // Another process may have refreshed (or logged in) since this one read the
-                // keep: its tokens are taken rather than dropped.
-                if let Some(keep) = self.keep.get()
-                    && let Ok(Some(kept)) = keep.load(&self.server).await
-                    && let Some(newer) = kept
-                        .tokens
-                        .filter(|n| n.refresh.as_deref() != Some(rt.as_str()))
-                {
+                // Another process may have refreshed (or logged in) meanwhile: its tokens are
+                // taken rather than dropped.
+                if let Some(newer) = self.kept_newer(&rt).await {
                     self.adopt(st, newer);
                     return Ok(());
                 }
@@ -496,6 +536,13 @@ impl OAuth {
                 Err(e.message)
             }
         }
+    }
+
+    /// The tokens kept now when they are not the ones refresh token `rt` belongs to (another
+    /// session's, since).
+    async fn kept_newer(&self, rt: &str) -> Option<Tokens> {
+        let kept = self.keep.get()?.load(&self.server).await.ok()??;
+        kept.tokens.filter(|n| n.refresh.as_deref() != Some(rt))
     }
 
     /// Takes what the keep holds, once.
@@ -560,7 +607,7 @@ impl OAuth {
     /// token expires (unix s) and whether it can be refreshed; `None` before any
     /// authorization.
     pub async fn held(&self) -> Option<(String, Option<String>, Option<u64>, bool)> {
-        let mut st = self.state.lock().await;
+        let mut st = self.lock().await;
         self.load(&mut st).await;
         st.tokens.as_ref().map(|t| {
             (

@@ -14,6 +14,10 @@ Orders on stdin, one JSON line each, answered with one JSON line:
   {"ttl": N}        -> {"ttl": N}   access tokens issued from now on live N seconds
   {"issued": true}  -> {"grants": {TYPE: COUNT}, "tokens": [every access and refresh token]}
   {"fail_next": 503 or 400} -> the next token request answers 503, or 400 invalid_grant
+  {"hold_next": true} -> the next refresh is made (its refresh token retired, the new one
+                         issued) and its answer held back until {"release": true}
+  {"wait_held": true} -> {"held": true} once that refresh is held
+  {"release": true}   -> the held answer goes out
 """
 
 import base64
@@ -166,7 +170,14 @@ class Handler(BaseHTTPRequestHandler):
                 REFRESH[rt] = (cid, sub, scope, resource)
                 TOKENS.append(rt)
                 doc["refresh_token"] = rt
+        if grant == "refresh_token" and HOLD["armed"]:
+            HOLD["armed"] = False
+            HOLD["held"].set()
+            HOLD["release"].wait(60)
         return self.answer(200, doc)
+
+
+HOLD = {"armed": False, "held": threading.Event(), "release": threading.Event()}
 
 
 def handle(order):
@@ -178,6 +189,16 @@ def handle(order):
         with LOCK:
             FAIL_NEXT.append(int(order["fail_next"]))
         return {"fail_next": FAIL_NEXT}
+    if "hold_next" in order:
+        HOLD["held"].clear()
+        HOLD["release"].clear()
+        HOLD["armed"] = True
+        return {"armed": True}
+    if "wait_held" in order:
+        return {"held": HOLD["held"].wait(60)}
+    if "release" in order:
+        HOLD["release"].set()
+        return {"released": True}
     if "issued" in order:
         with LOCK:
             return {"grants": dict(GRANTS), "tokens": list(TOKENS)}
