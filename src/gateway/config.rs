@@ -434,7 +434,12 @@ impl GatewayConfig {
                 (Some(c), None, None, None) => Target::Stdio(c),
                 (None, Some(u), None, None) => Target::Http(u),
                 (None, None, Some(a), None) => Target::Quic(a),
-                (None, None, None, Some(n)) => Target::Stdio(format!("nats:{}", n.source)),
+                (None, None, None, Some(n)) => Target::Stdio(format!(
+                    "{}{} on {}",
+                    crate::transport::target::NATS_MIRROR,
+                    n.source,
+                    n.config.redacted()
+                )),
                 _ => return Err(ConfigError::SlugTarget(s.name)),
             };
             let token = match (&s.token_env, &s.token_credential) {
@@ -625,6 +630,11 @@ mod tests {
         let n = c.slugs[0].nats.as_ref().unwrap();
         assert_eq!(n.source, "edge1-files");
         assert_eq!(n.config.urls, "nats://n1:4222,nats://n2:4222");
+        // `/status` names it as what it is: the event logs of a source on NATS.
+        assert_eq!(
+            c.slugs[0].target.redacted(),
+            "nats: the event logs of edge1-files on nats://n1:4222,nats://n2:4222"
+        );
         let c =
             GatewayConfig::parse("[[slug]]\nname = \"edge\"\nnats = \"nats://n1:4222\"\n").unwrap();
         assert_eq!(

@@ -15,6 +15,7 @@ pub enum Target {
 impl std::fmt::Display for Target {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
+            Target::Stdio(c) if c.starts_with(NATS_MIRROR) => write!(f, "{c}"),
             Target::Stdio(c) => write!(f, "stdio:{c}"),
             Target::Http(u) => write!(f, "{u}"),
             Target::Quic(a) => write!(f, "quic://{a}"),
@@ -26,14 +27,21 @@ impl std::fmt::Display for Target {
 /// `in-process memo`.
 pub const IN_PROCESS: &str = "in-process ";
 
+/// How the target of a gateway's `nats` slug begins (served in this process from the event
+/// logs a source publishes): `nats: the event logs of edge1 on nats://n1:4222`.
+pub const NATS_MIRROR: &str = "nats: the event logs of ";
+
 impl Target {
     /// The target as an unauthenticated report may show it (the admin address's `/status`):
     /// an HTTP URL without userinfo or query, a command without its arguments (either may
     /// carry a key).
     pub fn redacted(&self) -> String {
         match self {
-            // A role of this process (`herald up`'s): nothing to hide, nothing left out.
-            Target::Stdio(c) if c.starts_with(IN_PROCESS) => c.clone(),
+            // A role of this process (`herald up`'s), a NATS mirror (its servers without
+            // userinfo): nothing to hide, nothing left out.
+            Target::Stdio(c) if c.starts_with(IN_PROCESS) || c.starts_with(NATS_MIRROR) => {
+                c.clone()
+            }
             Target::Stdio(c) => {
                 let mut words = c.split_whitespace();
                 let program = words.next().unwrap_or_default();
