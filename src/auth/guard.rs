@@ -16,8 +16,12 @@
 //!
 //! stdio needs no token (its caller started the process). Every network caller needs one:
 //! there is no loopback exemption once a file is given. [`Guarded`] puts the gate in front
-//! of a source by answering [`Source::authenticates`] and the methods a read-only grant
-//! narrows, and hands every other method to the source as it is.
+//! of a source by answering [`Source::authenticates`], checking the caller again in every
+//! operation (a webhook subscription polls long after its request, with the token it was
+//! made with; a token may expire while its request's body is read), and narrowing what a
+//! caller that may not write lists and calls; the rest is the source's own. What a role
+//! publishes on NATS (`--publish-events`) is another channel, guarded by NATS and the
+//! deployment's key, not by this file.
 
 use std::path::Path;
 use std::sync::Arc;
@@ -203,26 +207,37 @@ impl RoleAccess {
         }
     }
 
-    /// Whether `caller` may only read: an access token whose scopes for this role are all
-    /// `:read` ones.
-    pub fn read_only(&self, caller: &Caller) -> bool {
-        !caller.local
-            && self.token(caller).is_none()
-            && self
-                .grant(caller)
-                .and_then(|g| self.entitles(&g))
-                .unwrap_or(false)
+    /// Whether `caller` may change things: local, a `[[token]]`'s holder, or an access token
+    /// that verifies now with a scope for all of this role. Anything else (a read-only grant,
+    /// and a token that no longer verifies: expired while its request's body was read, its
+    /// key dropped) may not.
+    pub fn may_write(&self, caller: &Caller) -> bool {
+        caller.local
+            || self.token(caller).is_some()
+            || self.grant(caller).and_then(|g| self.entitles(&g)) == Some(false)
     }
 
-    /// Refuses a tool that changes things to a read-only caller, with the scope that would
-    /// do.
+    /// `Ok` while `caller` is let in now (checked again by every operation, not only when
+    /// its request arrived: a webhook subscription's polls run long after, with the token it
+    /// was made with); else one refusal, whatever was asked.
+    fn still_known(&self, caller: &Caller) -> Result<(), SourceError> {
+        match self.authenticates(caller) {
+            Authentication::Known => Ok(()),
+            _ => Err(SourceError::Forbidden),
+        }
+    }
+
+    /// Refuses a tool that changes things to a caller that may not write: the scope that
+    /// would do when it is let in (a read-only grant, so an OAuth client can step up), else
+    /// the one refusal.
     fn may_call(
         &self,
         caller: &Caller,
         tool: Option<&Tool>,
         name: &str,
     ) -> Result<(), SourceError> {
-        if !self.read_only(caller) || tool.is_some_and(is_read_only) {
+        self.still_known(caller)?;
+        if self.may_write(caller) || tool.is_some_and(is_read_only) {
             return Ok(());
         }
         Err(SourceError::InsufficientScope {
@@ -272,6 +287,9 @@ impl<S: Source + ?Sized> Source for Guarded<S> {
     }
 
     fn expires_in(&self, caller: &Caller) -> Option<Duration> {
+        if caller.local {
+            return None;
+        }
         self.access.access_token(caller)?;
         Some(
             self.access
@@ -290,7 +308,7 @@ impl<S: Source + ?Sized> Source for Guarded<S> {
 
     fn tools(&self, caller: &Caller) -> Vec<Tool> {
         let mut tools = self.inner.tools(caller);
-        if self.access.read_only(caller) {
+        if !self.access.may_write(caller) {
             tools.retain(is_read_only);
         }
         tools
@@ -298,7 +316,7 @@ impl<S: Source + ?Sized> Source for Guarded<S> {
 
     fn tool(&self, caller: &Caller, name: &str) -> Option<Tool> {
         let t = self.inner.tool(caller, name)?;
-        (!self.access.read_only(caller) || is_read_only(&t)).then_some(t)
+        (self.access.may_write(caller) || is_read_only(&t)).then_some(t)
     }
 
     async fn call_tool(
@@ -340,10 +358,18 @@ impl<S: Source + ?Sized> Source for Guarded<S> {
     }
 
     async fn read(&self, caller: &Caller, read: Read<'_>) -> Result<Contents, SourceError> {
+        self.access.still_known(caller)?;
         self.inner.read(caller, read).await
     }
 
     async fn admit(&self, caller: &Caller, filter: &ListenFilter) -> Admission {
+        if let Err(e) = self.access.still_known(caller) {
+            let mut refused = Admission::default();
+            for uri in filter.uris() {
+                refused.refuse(&uri, e.clone());
+            }
+            return refused;
+        }
         self.inner.admit(caller, filter).await
     }
 
@@ -362,6 +388,7 @@ impl<S: Source + ?Sized> Source for Guarded<S> {
         args: JsonObject,
         call: Call,
     ) -> Result<GetPromptResponse, SourceError> {
+        self.access.still_known(caller)?;
         self.inner.get_prompt(caller, name, args, call).await
     }
 
@@ -370,6 +397,7 @@ impl<S: Source + ?Sized> Source for Guarded<S> {
         caller: &Caller,
         request: CompleteRequestParams,
     ) -> Result<CompleteResult, SourceError> {
+        self.access.still_known(caller)?;
         self.inner.complete(caller, request).await
     }
 
@@ -390,10 +418,12 @@ impl<S: Source + ?Sized> Source for Guarded<S> {
     }
 
     async fn events_list(&self, caller: &Caller) -> Result<Vec<Value>, SourceError> {
+        self.access.still_known(caller)?;
         self.inner.events_list(caller).await
     }
 
     async fn events_poll(&self, caller: &Caller, params: JsonObject) -> Result<Value, SourceError> {
+        self.access.still_known(caller)?;
         self.inner.events_poll(caller, params).await
     }
 }

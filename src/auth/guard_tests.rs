@@ -35,7 +35,11 @@ fn a_token_naming_the_role_or_every_role_lets_its_holder_in_and_no_one_else() {
             a.authenticates(&caller(Some("test"))),
             Authentication::Known
         );
-        assert!(!a.read_only(&caller(Some("test"))));
+        assert!(a.may_write(&caller(Some("test"))));
+        // A token that is no longer known may not write (fails closed).
+        assert!(!a.may_write(&caller(Some("tesT"))));
+        assert!(!a.may_write(&caller(None)));
+        assert!(a.may_write(&Caller::local()));
         assert_eq!(
             a.authenticates(&caller(Some("tesT"))),
             Authentication::UnknownToken
@@ -98,4 +102,57 @@ fn a_file_that_lets_no_one_in_or_is_not_an_access_file_is_refused() {
         let e = RoleAccess::parse(text, "memo").unwrap_err();
         assert!(e.contains(says), "{text}: {e}");
     }
+}
+
+/// Every operation checks its caller again (a webhook subscription polls with the token it
+/// was made with, long after), and one that may not write lists and calls only what reads.
+#[tokio::test]
+async fn every_operation_checks_its_caller_and_writes_fail_closed() {
+    let a = RoleAccess::parse(
+        &format!("[[token]]\nsha256 = \"{HASH}\"\nslugs = [\"memo\"]\n"),
+        "memo",
+    )
+    .unwrap();
+    let memo = crate::source::memo::Memo::open(crate::store::Store::memory(), 16, None)
+        .await
+        .unwrap();
+    let g = Guarded::new(a, Arc::new(memo));
+    let (good, gone) = (caller(Some("test")), caller(Some("revoked")));
+    let poll = |name: &str| {
+        serde_json::json!({"name": name, "cursor": null})
+            .as_object()
+            .unwrap()
+            .clone()
+    };
+    assert!(g.events_poll(&good, poll("memo.changed")).await.is_ok());
+    assert_eq!(
+        g.events_poll(&gone, poll("memo.changed")).await.unwrap_err(),
+        SourceError::Forbidden
+    );
+    assert_eq!(
+        g.read(&gone, Read::after("memo://notes", None))
+            .await
+            .unwrap_err(),
+        SourceError::Forbidden
+    );
+    assert!(g.events_list(&gone).await.is_err());
+    let all: Vec<String> = g.tools(&good).iter().map(|t| t.name.to_string()).collect();
+    let reads: Vec<String> = g.tools(&gone).iter().map(|t| t.name.to_string()).collect();
+    assert!(all.contains(&"memo_set".into()), "{all:?}");
+    assert!(!reads.contains(&"memo_set".into()) && reads.len() < all.len());
+    assert!(g.tool(&gone, "memo_set").is_none());
+    let args = serde_json::json!({"key": "k", "value": 1})
+        .as_object()
+        .unwrap()
+        .clone();
+    let refused = g
+        .call_tool(&gone, "memo_set", args.clone(), Call::default())
+        .await
+        .unwrap_err();
+    assert_eq!(refused, SourceError::Forbidden);
+    assert!(
+        g.call_tool(&good, "memo_set", args, Call::default())
+            .await
+            .is_ok()
+    );
 }

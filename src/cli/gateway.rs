@@ -282,6 +282,12 @@ pub fn upstreams(
             }
         }
     }
+    // The deployment's key opens the event logs published sealed (a malformed one was
+    // refused at start by the webhooks' check of the same variable).
+    let seal = crate::hooks::events_key()
+        .ok()
+        .flatten()
+        .map(|k| crate::nats::events::Seal::new(&k));
     slugs
         .iter()
         .map(|s| (s, ctx.for_stoppable_role(ctx.role())))
@@ -292,6 +298,7 @@ pub fn upstreams(
                 let mirror = crate::nats::events::Mirror::start(
                     n.config.clone(),
                     &n.source,
+                    seal.clone(),
                     crate::source::poll_uri,
                     &ctx,
                 );

@@ -43,6 +43,12 @@ pub struct PublishArgs {
     /// then required [default: none].
     #[arg(long, value_name = "FILE")]
     pub publish_tls_ca: Option<std::path::PathBuf>,
+    /// Publish in the clear: without it, --publish-events seals every event with the
+    /// deployment's HERALD_EVENTS_KEY (or $CREDENTIALS_DIRECTORY/HERALD_EVENTS_KEY), which
+    /// every gateway mirroring them holds too, and will not start without that key
+    /// [default: off].
+    #[arg(long)]
+    pub publish_plaintext: bool,
 }
 
 impl PublishArgs {
@@ -56,9 +62,10 @@ impl PublishArgs {
             if self.publish_as.is_some()
                 || self.publish_creds.is_some()
                 || self.publish_tls_ca.is_some()
+                || self.publish_plaintext
             {
                 return Err(crate::cli::usage(anyhow::anyhow!(
-                    "--publish-as, --publish-creds and --publish-tls-ca go with --publish-events nats://HOST:PORT"
+                    "--publish-as, --publish-creds, --publish-tls-ca and --publish-plaintext go with --publish-events nats://HOST:PORT"
                 )));
             }
             return Ok(None);
@@ -79,8 +86,18 @@ impl PublishArgs {
             ))
         };
         cfg.check().map_err(bad)?;
+        let seal = match (self.publish_plaintext, crate::hooks::events_key()) {
+            (true, _) => None,
+            (false, Ok(Some(key))) => Some(crate::nats::events::Seal::new(&key)),
+            (false, Ok(None)) => {
+                return Err(crate::cli::usage(anyhow::anyhow!(
+                    "--publish-events seals what it publishes with the deployment's HERALD_EVENTS_KEY (32 bytes, base64: make one with `openssl rand -base64 32`), which every gateway mirroring it holds too: set it (or $CREDENTIALS_DIRECTORY/HERALD_EVENTS_KEY), or publish in the clear with --publish-plaintext"
+                )));
+            }
+            (false, Err(e)) => return Err(crate::cli::usage(anyhow::anyhow!("{e}"))),
+        };
         let name = self.publish_as.clone().unwrap_or_else(|| role.to_owned());
-        crate::nats::events::Publisher::start(&cfg, &name, ctx)
+        crate::nats::events::Publisher::start(&cfg, &name, seal, ctx)
             .await
             .map(Some)
             .map_err(bad)

@@ -472,8 +472,6 @@ impl Access {
     }
 }
 
-/// Compares in constant time.
-
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -127,13 +127,7 @@ impl EventsOptions {
     /// The settings of `role`'s webhook subscriptions: `None` without a key (they are off),
     /// an error naming the variable when the key is malformed.
     pub fn settings(&self, role: &str) -> Result<Option<HookSettings>, String> {
-        // Never passed on to a child (a stdio upstream, a helper command).
-        crate::runtime::secrets::register(KEY_VAR);
-        let key = key_from(
-            &|n| std::env::var(n).ok(),
-            std::env::var_os("CREDENTIALS_DIRECTORY").map(std::path::PathBuf::from),
-        )?;
-        Ok(key.map(|key| HookSettings {
+        Ok(events_key()?.map(|key| HookSettings {
             key,
             policy: CallbackPolicy {
                 allow: self.callback_allow.clone(),
@@ -142,6 +136,18 @@ impl EventsOptions {
             role: role.to_owned(),
         }))
     }
+}
+
+/// The deployment's events key, `HERALD_EVENTS_KEY` (or `$CREDENTIALS_DIRECTORY/
+/// HERALD_EVENTS_KEY`): what seals webhook subscriptions and the event logs published on
+/// NATS. `None` when unset; an error naming the variable when malformed. The variable is
+/// never passed on to a child (a stdio upstream, a helper command).
+pub fn events_key() -> Result<Option<[u8; 32]>, String> {
+    crate::runtime::secrets::register(KEY_VAR);
+    key_from(
+        &|n| std::env::var(n).ok(),
+        std::env::var_os("CREDENTIALS_DIRECTORY").map(std::path::PathBuf::from),
+    )
 }
 
 /// `HERALD_EVENTS_KEY` from the environment, or the file of that name in `dir` (systemd's

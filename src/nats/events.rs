@@ -76,6 +76,72 @@ const SEQ_HEADER: &str = "Herald-Seq";
 const TS_HEADER: &str = "Herald-Ts";
 /// Which process published an event (`host:pid:random`).
 const PUBLISHER_HEADER: &str = "Herald-Publisher";
+/// Marks a sealed event: its URI and text are in the payload, sealed ([`Seal`]).
+const SEALED_HEADER: &str = "Herald-Sealed";
+
+/// How a deployment's published event logs are sealed: the key every publisher and every
+/// gateway mirroring them holds (`HERALD_EVENTS_KEY`). An event's URI and text go in its
+/// payload under AES-256-GCM with its subject and seq as associated data (a payload moved to
+/// another subject or seq does not open); its subject names the URI by a keyed hash, so no
+/// note value, file name or watched URI is in any NATS file.
+#[derive(Clone)]
+pub struct Seal {
+    sealer: Arc<crate::store::seal::Sealer>,
+    names: ring::hmac::Key,
+}
+
+impl std::fmt::Debug for Seal {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Seal(<key>)")
+    }
+}
+
+impl Seal {
+    pub fn new(key: &[u8; 32]) -> Seal {
+        // The subjects' key is derived, never the sealing key itself.
+        let mut h = sha2::Sha256::new();
+        h.update(b"herald published event-log subjects\n");
+        h.update(key);
+        Seal {
+            sealer: Arc::new(crate::store::seal::Sealer::new(key)),
+            names: ring::hmac::Key::new(ring::hmac::HMAC_SHA256, &h.finalize()),
+        }
+    }
+
+    /// The subject of `uri`'s events published as `name`, its URI hashed under the key.
+    fn subject(&self, name: &str, uri: &str) -> String {
+        let tag = ring::hmac::sign(&self.names, uri.as_bytes());
+        format!("herald.events.{name}.{}", hex::encode(&tag.as_ref()[..8]))
+    }
+
+    fn aad(subject: &str, seq: u64) -> String {
+        format!("{subject} {seq}")
+    }
+
+    fn seal(&self, subject: &str, seq: u64, uri: &str, text: &str) -> Vec<u8> {
+        let plain = json!({"uri": uri, "event": text}).to_string();
+        self.sealer.seal(&Self::aad(subject, seq), plain.as_bytes())
+    }
+
+    /// A catalog as kept at `key` of the bucket (its instructions may name roots).
+    fn seal_catalog(&self, key: &str, v: &Value) -> Vec<u8> {
+        self.sealer.seal(key, v.to_string().as_bytes())
+    }
+
+    fn open_catalog(&self, key: &str, bytes: &[u8]) -> Option<Value> {
+        serde_json::from_slice(&self.sealer.open(key, bytes).ok()?).ok()
+    }
+
+    /// The URI and text of a sealed event; `None` when it does not open with this key.
+    fn open(&self, subject: &str, seq: u64, payload: &[u8]) -> Option<(String, String)> {
+        let plain = self.sealer.open(&Self::aad(subject, seq), payload).ok()?;
+        let v: Value = serde_json::from_slice(&plain).ok()?;
+        Some((
+            v["uri"].as_str()?.to_owned(),
+            v["event"].as_str()?.to_owned(),
+        ))
+    }
+}
 
 /// This process, as a publisher.
 fn publisher_id() -> String {
@@ -151,6 +217,7 @@ impl Publisher {
     pub async fn start(
         cfg: &NatsConfig,
         name: &str,
+        seal: Option<Seal>,
         ctx: &RoleContext,
     ) -> Result<PublisherHandle, String> {
         if !valid_name(name) {
@@ -168,6 +235,7 @@ impl Publisher {
         let handle = PublisherHandle {
             name: name.to_owned(),
             state: Arc::default(),
+            seal: seal.clone(),
         };
         // The first try is inline, so a healthy start writes its catalog before it serves.
         let first = reach(cfg, ctx.metrics(), &client).await;
@@ -198,9 +266,9 @@ impl Publisher {
                 st.pending.take()
             };
             if let Some(v) = pending {
-                put_catalog(&kv, &name, v).await;
+                put_catalog(&kv, &name, v, seal.as_ref()).await;
             }
-            publish(js, name, rx, tap, counts).await
+            publish(js, name, seal, rx, tap, counts).await
         });
         Ok(handle)
     }
@@ -234,6 +302,7 @@ struct CatalogState {
 pub struct PublisherHandle {
     name: String,
     state: Arc<Mutex<CatalogState>>,
+    seal: Option<Seal>,
 }
 
 impl PublisherHandle {
@@ -266,13 +335,17 @@ impl PublisherHandle {
                 }
             }
         };
-        put_catalog(&kv, &self.name, v).await;
+        put_catalog(&kv, &self.name, v, self.seal.as_ref()).await;
     }
 }
 
-async fn put_catalog(kv: &kv::Store, name: &str, v: Value) {
+async fn put_catalog(kv: &kv::Store, name: &str, v: Value, seal: Option<&Seal>) {
     let key = format!("{name}.catalog");
-    match kv.put(&key, v.to_string().into()).await {
+    let value = match seal {
+        Some(seal) => seal.seal_catalog(&key, &v),
+        None => v.to_string().into_bytes(),
+    };
+    match kv.put(&key, value.into()).await {
         Ok(_) => tracing::info!(
             publisher = name,
             "event logs published to NATS, catalog written"
@@ -284,6 +357,7 @@ async fn put_catalog(kv: &kv::Store, name: &str, v: Value) {
 async fn publish(
     js: jetstream::Context,
     name: String,
+    seal: Option<Seal>,
     mut rx: tokio::sync::mpsc::Receiver<Tapped>,
     tap: Tap,
     counts: crate::nats::NatsMetrics,
@@ -291,19 +365,29 @@ async fn publish(
     let me = publisher_id();
     let mut backoff = RETRY;
     while let Some(t) = rx.recv().await {
-        let subject = subject(&name, &t.uri);
+        let (subject, payload) = match &seal {
+            Some(seal) => {
+                let subject = seal.subject(&name, &t.uri);
+                let sealed = seal.seal(&subject, t.seq, &t.uri, &t.text);
+                (subject, bytes::Bytes::from(sealed))
+            }
+            None => (subject(&name, &t.uri), bytes::Bytes::from(t.text.clone())),
+        };
         // A retry after a lost acknowledgement is dropped by the stream, not stored twice.
         let id = format!("{subject}:{}", t.seq);
         let mut tries = 0;
         loop {
             tries += 1;
-            let msg = jetstream::message::PublishMessage::build()
-                .payload(t.text.clone().into())
+            let mut msg = jetstream::message::PublishMessage::build()
+                .payload(payload.clone())
                 .message_id(&id)
                 .header(PUBLISHER_HEADER, me.as_str())
-                .header(URI_HEADER, &*t.uri)
                 .header(SEQ_HEADER, t.seq.to_string().as_str())
                 .header(TS_HEADER, t.ts_ms.to_string().as_str());
+            msg = match seal {
+                Some(_) => msg.header(SEALED_HEADER, "1"),
+                None => msg.header(URI_HEADER, &*t.uri),
+            };
             let clock = std::time::Instant::now();
             let r = tokio::time::timeout(PUBLISH_TIMEOUT, async {
                 js.send_publish(subject.clone(), msg).await?.await
@@ -336,7 +420,7 @@ async fn publish(
                     };
                     if tries >= PUBLISH_TRIES {
                         tap.dropped();
-                        tracing::warn!(error = %why, uri = %t.uri, seq = t.seq, "cannot publish an event log's event to NATS; giving it up (mirrors report the hole as truncated)");
+                        tracing::warn!(error = %why, seq = t.seq, "cannot publish an event log's event to NATS; giving it up (mirrors report the hole as truncated)");
                         break;
                     }
                     tracing::warn!(error = %why, "cannot publish an event log's event to NATS; retrying");
@@ -365,12 +449,24 @@ pub struct Mirror {
     /// Set once the catalog is read and the stream applied through where it was at the start:
     /// requests wait for it (a while), so a gateway that just started answers as it will.
     ready: tokio::sync::watch::Sender<bool>,
+    /// The deployment's key: only events sealed with it are taken. Without one, only events
+    /// in the clear (`--publish-plaintext`).
+    seal: Option<Seal>,
+    /// Events left out (sealed with another key, or not as this mirror takes them), said in
+    /// the log once.
+    refused: std::sync::atomic::AtomicU64,
 }
 
 impl Mirror {
     /// The mirror of `name`'s event logs at `cfg`'s servers; it connects and follows on `ctx`
     /// (retrying until it can), so a gateway starts whether or not NATS is up.
-    pub fn start(cfg: NatsConfig, name: &str, poll_uri: PollUri, ctx: &RoleContext) -> Arc<Mirror> {
+    pub fn start(
+        cfg: NatsConfig,
+        name: &str,
+        seal: Option<Seal>,
+        poll_uri: PollUri,
+        ctx: &RoleContext,
+    ) -> Arc<Mirror> {
         let mirror = Arc::new(Mirror {
             name: name.to_owned(),
             servers: cfg.redacted(),
@@ -380,6 +476,8 @@ impl Mirror {
             catalog: RwLock::new(json!({})),
             poll_uri,
             ready: tokio::sync::watch::channel(false).0,
+            seal,
+            refused: Default::default(),
         });
         // On the board from the start: /ready waits while NATS is not reached.
         let client: Arc<std::sync::OnceLock<async_nats::Client>> = Arc::default();
@@ -443,22 +541,66 @@ impl Mirror {
                 .is_some_and(|(scheme, _)| scheme.ends_with("-events"))
     }
 
+    /// The catalog kept at `key`: opened with the key when this mirror has one (only a
+    /// sealed one is taken then), as written otherwise.
+    fn catalog_from(&self, key: &str, bytes: &[u8]) -> Option<Value> {
+        match &self.seal {
+            Some(seal) => seal.open_catalog(key, bytes),
+            None => serde_json::from_slice(bytes).ok(),
+        }
+    }
+
+    /// Says once that events are left out, and why.
+    fn refuse(&self, why: &str) {
+        use std::sync::atomic::Ordering;
+        if self.refused.fetch_add(1, Ordering::Relaxed) == 0 {
+            tracing::warn!(source = %self.name, "published events are left out: {why}");
+        }
+    }
+
+    /// The URI and text of `m`: opened with the key when sealed (then only), as sent when
+    /// in the clear (then only without a key).
+    fn event_of(&self, m: &async_nats::Message, seq: u64) -> Option<(String, String)> {
+        let h = m.headers.as_ref()?;
+        match (h.get(SEALED_HEADER).is_some(), &self.seal) {
+            (true, Some(seal)) => {
+                let opened = seal.open(m.subject.as_str(), seq, &m.payload);
+                if opened.is_none() {
+                    self.refuse("they do not open with this HERALD_EVENTS_KEY (the publisher has another: every publisher and gateway of a deployment holds the same)");
+                }
+                opened
+            }
+            (true, None) => {
+                self.refuse("they are sealed and this gateway has no HERALD_EVENTS_KEY: set the deployment's key");
+                None
+            }
+            (false, Some(_)) => {
+                self.refuse("they are in the clear and this gateway takes only events sealed with its HERALD_EVENTS_KEY (publish with the key, not --publish-plaintext)");
+                None
+            }
+            (false, None) => Some((
+                h.get(URI_HEADER)?.as_str().to_owned(),
+                std::str::from_utf8(&m.payload).ok()?.to_owned(),
+            )),
+        }
+    }
+
     fn apply(&self, m: &async_nats::Message) {
         let Some(h) = m.headers.as_ref() else { return };
-        let (Some(uri), Some(seq)) = (
-            h.get(URI_HEADER).map(|v| v.as_str().to_owned()),
-            h.get(SEQ_HEADER)
-                .and_then(|v| v.as_str().parse::<u64>().ok()),
-        ) else {
+        let Some(seq) = h
+            .get(SEQ_HEADER)
+            .and_then(|v| v.as_str().parse::<u64>().ok())
+        else {
             return;
         };
         let ts = h
             .get(TS_HEADER)
             .and_then(|v| v.as_str().parse::<u64>().ok())
             .unwrap_or_else(crate::mcp::ring::now_ms);
-        let Ok(text) = std::str::from_utf8(&m.payload) else {
+        let Some((uri, text)) = self.event_of(m, seq) else {
             return;
         };
+        let text = text.as_str();
         let publisher = h
             .get(PUBLISHER_HEADER)
             .map(|v| v.as_str().to_owned())
@@ -515,7 +657,7 @@ async fn follow(
     let _ = on_board.set(client.clone());
     let catalog_key = format!("{}.catalog", mirror.name);
     if let Ok(Some(v)) = kv.get(&catalog_key).await
-        && let Ok(v) = serde_json::from_slice::<Value>(&v)
+        && let Some(v) = mirror.catalog_from(&catalog_key, &v)
     {
         *mirror.catalog.write_locked() = v;
     }
@@ -524,7 +666,7 @@ async fn follow(
         loop {
             if let Ok(mut w) = kv.watch_with_history(&catalog_key).await {
                 while let Some(Ok(e)) = w.next().await {
-                    if let Ok(v) = serde_json::from_slice::<Value>(&e.value) {
+                    if let Some(v) = m2.catalog_from(&catalog_key, &e.value) {
                         *m2.catalog.write_locked() = v;
                     }
                 }

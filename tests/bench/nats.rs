@@ -109,14 +109,24 @@ struct Herald {
 
 impl Herald {
     async fn start(args: &[&str], slack: bool) -> Herald {
+        Herald::start_with(args, slack, false).await
+    }
+
+    /// [`Herald::start`], with the deployment's `HERALD_EVENTS_KEY` when `keyed` (what
+    /// seals published event logs and opens them at a gateway).
+    async fn start_with(args: &[&str], slack: bool, keyed: bool) -> Herald {
         let mut cmd = Command::new(BIN);
         for v in [
             "SLACK_APP_TOKEN",
             "SLACK_BOT_TOKEN",
             "SLACK_EVENTS_ENCRYPTION_KEY",
             "CREDENTIALS_DIRECTORY",
+            "HERALD_EVENTS_KEY",
         ] {
             cmd.env_remove(v);
+        }
+        if keyed {
+            cmd.env("HERALD_EVENTS_KEY", KEY);
         }
         if slack {
             cmd.env("SLACK_APP_TOKEN", APP_TOKEN)
@@ -422,76 +432,117 @@ async fn main() {
         "  ratio NATS other process / store: {}",
         ratio(&across, &local)
     );
-    println!("4. memo write -> notification of memo://log through a gateway, {n} writes each");
+    println!(
+        "4. memo write -> notification of memo://log through a gateway, {n} writes each: over HTTP to the role, and from NATS in the clear and sealed (A-B-B-A)"
+    );
     let dir = std::env::temp_dir().join(format!("herald-bench-gw-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
-    let role = Herald::start(
-        &[
-            "--store",
-            ":memory:",
-            "memo",
-            "--http",
-            "127.0.0.1:0",
-            "--publish-events",
-            &nats.url,
-            "--publish-as",
-            "edge",
-        ],
-        false,
-    )
-    .await;
-    let cfg = dir.join("gateway.toml");
-    std::fs::write(
-        &cfg,
-        format!(
-            "[[slug]]\nname = \"direct\"\nhttp = \"{}\"\n[[slug]]\nname = \"edge\"\nnats = \"{}\"\n",
-            role.url, nats.url
-        ),
-    )
-    .unwrap();
-    // The gateway lets HTTP callers in by token: one, for every slug.
+    let publisher = |name: &'static str, keyed: bool| {
+        let url = nats.url.clone();
+        async move {
+            let mut args = vec![
+                "--store",
+                ":memory:",
+                "memo",
+                "--http",
+                "127.0.0.1:0",
+                "--publish-events",
+                &url,
+                "--publish-as",
+                name,
+            ];
+            if !keyed {
+                args.push("--publish-plaintext");
+            }
+            Herald::start_with(&args, false, keyed).await
+        }
+    };
+    let clear_role = publisher("edge-clear", false).await;
+    let sealed_role = publisher("edge", true).await;
+    // The gateways let HTTP callers in by token: one, for every slug.
     let token = "bench-token";
     let sha = {
         use sha2::Digest;
         hex::encode(sha2::Sha256::digest(token.as_bytes()))
     };
-    let mut text = std::fs::read_to_string(&cfg).unwrap();
-    text.push_str(&format!("[[token]]\nsha256 = \"{sha}\"\nslugs = [\"*\"]\n"));
-    std::fs::write(&cfg, text).unwrap();
-    let gw = Herald::start(
-        &[
-            "--store",
-            ":memory:",
-            "gateway",
-            "--config",
-            cfg.to_str().unwrap(),
-            "--http",
-            "127.0.0.1:0",
-        ],
+    let gateway = |slugs: String, keyed: bool, file: &'static str| {
+        let cfg = dir.join(file);
+        std::fs::write(
+            &cfg,
+            format!("{slugs}[[token]]\nsha256 = \"{sha}\"\nslugs = [\"*\"]\n"),
+        )
+        .unwrap();
+        async move {
+            Herald::start_with(
+                &[
+                    "--store",
+                    ":memory:",
+                    "gateway",
+                    "--config",
+                    cfg.to_str().unwrap(),
+                    "--http",
+                    "127.0.0.1:0",
+                ],
+                false,
+                keyed,
+            )
+            .await
+        }
+    };
+    let clear_gw = gateway(
+        format!(
+            "[[slug]]\nname = \"direct\"\nhttp = \"{}\"\n[[slug]]\nname = \"clear\"\nnats = \"{}\"\nnats_source = \"edge-clear\"\n",
+            clear_role.url, nats.url
+        ),
         false,
+        "clear.toml",
+    )
+    .await;
+    let sealed_gw = gateway(
+        format!(
+            "[[slug]]\nname = \"sealed\"\nnats = \"{}\"\nnats_source = \"edge\"\n",
+            nats.url
+        ),
+        true,
+        "sealed.toml",
     )
     .await;
     let trust = ClientTrust {
         token: Some(herald::transport::tls::Secret(token.into())),
         ..ClientTrust::default()
     };
-    let gconn = within(
-        "connect to the gateway",
-        connect(
-            &Target::Http(gw.url.clone()),
-            &trust,
-            client_config(),
-            16 << 20,
-        ),
-    )
-    .await
-    .expect("connect");
-    let w = role.client().await;
-    let direct = write_to_notice_on(&w, &gconn, "direct+memo://log", n).await;
-    let published = write_to_notice_on(&w, &gconn, "edge+memo://log", n).await;
+    let to = |gw: &Herald| {
+        let (url, trust) = (gw.url.clone(), trust.clone());
+        async move {
+            within(
+                "connect to the gateway",
+                connect(&Target::Http(url), &trust, client_config(), 16 << 20),
+            )
+            .await
+            .expect("connect")
+        }
+    };
+    let (clear_conn, sealed_conn) = (to(&clear_gw).await, to(&sealed_gw).await);
+    let (wc, ws) = (clear_role.client().await, sealed_role.client().await);
+    let direct = write_to_notice_on(&wc, &clear_conn, "direct+memo://log", n).await;
+    let clear_a = write_to_notice_on(&wc, &clear_conn, "clear+memo://log", n).await;
+    let sealed_a = write_to_notice_on(&ws, &sealed_conn, "sealed+memo://log", n).await;
+    let sealed_b = write_to_notice_on(&ws, &sealed_conn, "sealed+memo://log", n).await;
+    let clear_b = write_to_notice_on(&wc, &clear_conn, "clear+memo://log", n).await;
     println!("{}", line("gateway slug over HTTP to the role", &direct));
-    println!("{}", line("gateway slug from NATS (published)", &published));
-    println!("  ratio published / direct: {}", ratio(&published, &direct));
+    println!("{}", line("from NATS, in the clear (A)", &clear_a));
+    println!("{}", line("from NATS, sealed (B)", &sealed_a));
+    println!("{}", line("from NATS, sealed (B)", &sealed_b));
+    println!("{}", line("from NATS, in the clear (A)", &clear_b));
+    println!(
+        "  ratio published in the clear / direct: {}",
+        ratio(&clear_a, &direct)
+    );
+    println!(
+        "  ratio sealed / in the clear: {} and {} (target under 1.10)",
+        ratio(&sealed_a, &clear_a),
+        ratio(&sealed_b, &clear_b)
+    );
     let _ = std::fs::remove_dir_all(&dir);
     println!(
         "nats bench took {:.1} s; load average {}",

@@ -242,19 +242,22 @@ async fn a_publisher_whose_nats_starts_later_serves_and_publishes_once_it_answer
     let mut nats = crate::nats::NatsServer::start().await;
     nats.kill().await;
     let url = nats.url();
-    let mut memo = Server::spawn(&[
-        "--store",
-        ":memory:",
-        "memo",
-        "--http",
-        "127.0.0.1:0",
-        "--admin",
-        "127.0.0.1:0",
-        "--publish-events",
-        &url,
-        "--publish-as",
-        "late",
-    ])
+    let mut memo = Server::spawn_env(
+        &[
+            "--store",
+            ":memory:",
+            "memo",
+            "--http",
+            "127.0.0.1:0",
+            "--admin",
+            "127.0.0.1:0",
+            "--publish-events",
+            &url,
+            "--publish-as",
+            "late",
+        ],
+        &[("HERALD_EVENTS_KEY", crate::nats::EVENTS_KEY)],
+    )
     .await;
     let admin = memo.admin_url();
     let admin = admin.trim_start_matches("http://");

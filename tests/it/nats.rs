@@ -66,6 +66,32 @@ impl NatsServer {
         self.dir.path()
     }
 
+    /// Which of `needles` are in a file under its storage directory: `(needle, file)`.
+    pub(crate) fn files_holding(&self, needles: &[&str]) -> Vec<(String, String)> {
+        fn walk(dir: &std::path::Path, out: &mut Vec<std::path::PathBuf>) {
+            for e in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+                let p = e.path();
+                if p.is_dir() {
+                    walk(&p, out);
+                } else {
+                    out.push(p);
+                }
+            }
+        }
+        let mut files = Vec::new();
+        walk(self.dir.path(), &mut files);
+        let mut found = Vec::new();
+        for f in files {
+            let bytes = std::fs::read(&f).unwrap_or_default();
+            for n in needles {
+                if bytes.windows(n.len()).any(|w| w == n.as_bytes()) {
+                    found.push((n.to_string(), f.display().to_string()));
+                }
+            }
+        }
+        found
+    }
+
     pub(crate) fn url(&self) -> String {
         format!("nats://127.0.0.1:{}", self.port)
     }
@@ -329,11 +355,25 @@ async fn ready_and_status_follow_the_nats_connection() {
 
 /// A gateway with one `[[slug]]` named `slug` served from what `source` publishes at `url`,
 /// and a client of it (token `t`).
+/// The deployment's `HERALD_EVENTS_KEY` in the tests that publish sealed.
+pub(crate) const EVENTS_KEY: &str = "AAECAwQFBgcICQoLDA0ODxAREhMUFRYXGBkaGxwdHh8=";
+
 pub(crate) async fn gateway_on_nats(
     dir: &std::path::Path,
     url: &str,
     slug: &str,
     source: &str,
+) -> (Server, herald::transport::client::Connection) {
+    gateway_on_nats_with(dir, url, slug, source, &[("HERALD_EVENTS_KEY", EVENTS_KEY)]).await
+}
+
+/// [`gateway_on_nats`] with `env` (its events key, or none).
+pub(crate) async fn gateway_on_nats_with(
+    dir: &std::path::Path,
+    url: &str,
+    slug: &str,
+    source: &str,
+    env: &[(&str, &str)],
 ) -> (Server, herald::transport::client::Connection) {
     use sha2::Digest;
     let cfg = dir.join("gateway.toml");
@@ -346,7 +386,19 @@ pub(crate) async fn gateway_on_nats(
         ),
     )
     .unwrap();
-    let gw = http_gateway_server(&cfg).await;
+    let gw = Server::spawn_env(
+        &[
+            "--store",
+            ":memory:",
+            "gateway",
+            "--config",
+            cfg.to_str().unwrap(),
+            "--http",
+            "127.0.0.1:0",
+        ],
+        env,
+    )
+    .await;
     let trust = herald::transport::tls::ClientTrust {
         token: Some(herald::transport::tls::Secret("t".into())),
         ..Default::default()
@@ -382,7 +434,9 @@ async fn a_gateway_serves_event_logs_published_on_nats_with_no_connection_to_the
     let nats = NatsServer::start().await;
     let url = nats.url();
     let dir = TempDir::new("published");
-    let memo = Server::spawn(&[
+    // Without the deployment's key a publisher does not start (unless told to publish in
+    // the clear).
+    let refused = herald([
         "--store",
         ":memory:",
         "memo",
@@ -390,13 +444,37 @@ async fn a_gateway_serves_event_logs_published_on_nats_with_no_connection_to_the
         "127.0.0.1:0",
         "--publish-events",
         &url,
-        "--publish-as",
-        "edge1",
     ])
+    .await;
+    assert_eq!(refused.status.code(), Some(64));
+    let err = String::from_utf8_lossy(&refused.stderr);
+    assert!(
+        err.contains("HERALD_EVENTS_KEY") && err.contains("--publish-plaintext"),
+        "{err}"
+    );
+    let memo = Server::spawn_env(
+        &[
+            "--store",
+            ":memory:",
+            "memo",
+            "--http",
+            "127.0.0.1:0",
+            "--publish-events",
+            &url,
+            "--publish-as",
+            "edge1",
+        ],
+        &[("HERALD_EVENTS_KEY", EVENTS_KEY)],
+    )
     .await;
     let cm = crate::watch::memo_client(&memo.http_url()).await;
     // Written before the gateway exists: the stream keeps it.
-    call(&cm, "memo_set", json!({"key": "a", "value": 1})).await;
+    call(
+        &cm,
+        "memo_set",
+        json!({"key": "a", "value": "sealed-note-one"}),
+    )
+    .await;
     let (_gw, c) = gateway_on_nats(dir.path(), &url, "edge", "edge1").await;
 
     let list = crate::events::request(&c, "events/list", json!({}))
@@ -426,7 +504,12 @@ async fn a_gateway_serves_event_logs_published_on_nats_with_no_connection_to_the
     .await
     .unwrap()["cursor"]
         .clone();
-    call(&cm, "memo_set", json!({"key": "b", "value": 2})).await;
+    call(
+        &cm,
+        "memo_set",
+        json!({"key": "b", "value": "sealed-note-two"}),
+    )
+    .await;
     assert_eq!(next_updated(&mut sub).await, "edge+memo://log");
     let (log, mime) = read_json(&c, "edge+memo://log").await;
     assert_eq!(mime, "application/vnd.asyncai.events+json");
@@ -448,11 +531,26 @@ async fn a_gateway_serves_event_logs_published_on_nats_with_no_connection_to_the
         at_role["events"], log["events"],
         "the same events, the same seqs"
     );
+    assert!(log.to_string().contains("sealed-note-two"), "{log}");
     // The role goes away: the gateway still serves what it published.
     drop(cm);
     assert!(memo.terminate().await.success());
     let (log, _) = read_json(&c, "edge+memo://log").await;
     assert_eq!(kinds(&log), ["ADDED a", "ADDED b"]);
+    // Sealed: neither a note's value nor the log's URI is in any file NATS keeps.
+    for (what, found) in nats.files_holding(&["sealed-note", "memo://log"]) {
+        panic!("{what} is in the NATS file {found}");
+    }
+    // A gateway without the key serves none of it, and says why.
+    let bare = TempDir::new("published-bare");
+    let (gw_bare, c_bare) = gateway_on_nats_with(bare.path(), &url, "edge", "edge1", &[]).await;
+    let (log, _) = read_json(&c_bare, "edge+memo://log").await;
+    assert_eq!(log["events"], json!([]), "{log}");
+    assert!(
+        gw_bare.stderr().contains("no HERALD_EVENTS_KEY"),
+        "{}",
+        gw_bare.stderr()
+    );
     // Arguments a role would refuse are refused here too, and other URIs are not served.
     let bad = crate::events::request(
         &c,
@@ -479,7 +577,7 @@ async fn herald_up_publishes_its_file_watch_for_a_gateway_elsewhere() {
         format!(
             "[listen]\nhttp = \"127.0.0.1:0\"\nquic = \"\"\n\n\
              [file]\nroots = [\"data\"]\n\n\
-             [publish]\nnats = \"{url}\"\nname = \"site-a\"\n\n\
+             [publish]\nnats = \"{url}\"\nname = \"site-a\"\nplaintext = true\n\n\
              [[watch]]\nname = \"files\"\nuri = \"{files}\"\n"
         ),
     )
@@ -499,7 +597,8 @@ async fn herald_up_publishes_its_file_watch_for_a_gateway_elsewhere() {
         }
     }
     let gdir = TempDir::new("publish-gw");
-    let (_gw, c) = gateway_on_nats(gdir.path(), &url, "site", "site-a").await;
+    // Published in the clear: a gateway without a key serves it.
+    let (_gw, c) = gateway_on_nats_with(gdir.path(), &url, "site", "site-a", &[]).await;
     let list = crate::events::request(&c, "events/list", json!({}))
         .await
         .unwrap();
@@ -532,6 +631,11 @@ async fn herald_up_publishes_its_file_watch_for_a_gateway_elsewhere() {
     }
     assert!(log.to_string().contains(&last), "{log}");
     assert_eq!(log["events"][0]["type"], "CREATED", "{log}");
+    // In the clear, as asked: the file names are in NATS's files (what sealing prevents).
+    assert!(
+        !nats.files_holding(&[&last]).is_empty(),
+        "a plaintext event is in the stream's files"
+    );
 }
 
 #[tokio::test]

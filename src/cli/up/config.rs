@@ -129,6 +129,9 @@ pub struct PublishToml {
     pub nats_creds: Option<PathBuf>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub nats_tls_ca: Option<PathBuf>,
+    /// In the clear (as `--publish-plaintext`); else sealed with `HERALD_EVENTS_KEY`.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub plaintext: bool,
 }
 
 impl PublishToml {
@@ -139,6 +142,7 @@ impl PublishToml {
             publish_as: Some(self.name.clone().unwrap_or_else(host_name)),
             publish_creds: self.nats_creds.clone(),
             publish_tls_ca: self.nats_tls_ca.clone(),
+            publish_plaintext: self.plaintext,
         }
     }
 }

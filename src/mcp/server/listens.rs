@@ -84,7 +84,10 @@ impl SourceServer {
         let mut admission = self.shared.source.admit(caller, filter).await;
         // A caller whose credentials expire (an access token) has its stream ended then, as
         // a revoked one's is: it listens again with a fresh token.
-        if let Some(left) = self.shared.source.expires_in(caller) {
+        if let Some(left) = (!caller.local)
+            .then(|| self.shared.source.expires_in(caller))
+            .flatten()
+        {
             let end = admission
                 .revoked
                 .get_or_insert_with(Default::default)

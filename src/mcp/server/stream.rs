@@ -234,7 +234,12 @@ impl SourceServer {
         })?;
         // A stream whose caller's access token expires ends then (`terminated`): the client
         // opens it again, from its cursor, with a fresh token.
-        let ends = (self.shared.source.expires_in(caller)).map(|left| Instant::now() + left);
+        // (stdio needs no token: a stale one it carries ends nothing. An absurd `exp` is
+        // no deadline.)
+        let ends = (!caller.local)
+            .then(|| self.shared.source.expires_in(caller))
+            .flatten()
+            .and_then(|left| Instant::now().checked_add(left));
         self.follow_until(caller, &req, out, ends).await
     }
 

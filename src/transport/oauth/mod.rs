@@ -28,8 +28,9 @@
 //! lack). A request with no token to send takes no lock. A refresh runs to its end on a task
 //! of its own, holding that lock, even when the request that asked is dropped (the server has
 //! retired the old refresh token by the time it answers); and before asking it takes the
-//! keep's tokens when another session refreshed since (the old refresh token is then never
-//! sent again).
+//! keep's tokens when another session's refresh is kept there since, so this one does not
+//! send the refresh token that one retired. (Two sessions on one server due at the same
+//! moment may still both ask: nothing locks across sessions.)
 //!
 //! Tokens and registrations are kept ([`keep`]) sealed in the store, per server, so a login
 //! (`herald login`) serves every later command and a gateway's slug across restarts. A
@@ -538,11 +539,17 @@ impl OAuth {
         }
     }
 
-    /// The tokens kept now when they are not the ones refresh token `rt` belongs to (another
-    /// session's, since).
+    /// The tokens kept now when they are another session's since (not the ones refresh
+    /// token `rt` belongs to), still good for a while, and refreshable as these are: never an
+    /// expired token, nor one without a refresh token in place of one with.
     async fn kept_newer(&self, rt: &str) -> Option<Tokens> {
         let kept = self.keep.get()?.load(&self.server).await.ok()??;
-        kept.tokens.filter(|n| n.refresh.as_deref() != Some(rt))
+        let now = flow::now_unix();
+        kept.tokens.filter(|n| {
+            n.refresh.is_some()
+                && n.refresh.as_deref() != Some(rt)
+                && n.expires_at.is_none_or(|e| e > now + REFRESH_PAUSE_S)
+        })
     }
 
     /// Takes what the keep holds, once.
