@@ -126,7 +126,9 @@ async fn every_operation_checks_its_caller_and_writes_fail_closed() {
     };
     assert!(g.events_poll(&good, poll("memo.changed")).await.is_ok());
     assert_eq!(
-        g.events_poll(&gone, poll("memo.changed")).await.unwrap_err(),
+        g.events_poll(&gone, poll("memo.changed"))
+            .await
+            .unwrap_err(),
         SourceError::Forbidden
     );
     assert_eq!(

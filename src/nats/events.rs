@@ -237,29 +237,46 @@ impl Publisher {
             state: Arc::default(),
             seal: seal.clone(),
         };
-        // The first try is inline, so a healthy start writes its catalog before it serves.
-        let first = reach(cfg, ctx.metrics(), &client).await;
+        // The first try is inline, so a healthy start writes its catalog before it serves,
+        // and a name another process holds is refused before it serves.
+        let me = publisher_id();
+        let first = match reach(cfg, ctx.metrics(), &client).await {
+            Ok((js, kv)) => {
+                let revision = super::claim::claim(&kv, name, &me).await?;
+                Ok((js, kv, revision))
+            }
+            Err(e) => Err(e),
+        };
         let (cfg, name, state, metrics) = (
             cfg.clone(),
             name.to_owned(),
             handle.state.clone(),
             ctx.metrics().clone(),
         );
-        if let Ok((_, kv)) = &first {
+        if let Ok((_, kv, _)) = &first {
             state.locked().kv = Some(kv.clone());
         }
+        let ctx2 = ctx.clone();
         ctx.spawn_until_shutdown("events nats publish", async move {
             let mut backoff =
                 crate::runtime::backoff::Backoff::new(Duration::from_secs(1), CONNECT_MAX);
             let mut tried = first;
-            let (js, kv) = loop {
+            let (js, kv, revision) = loop {
                 match tried {
                     Ok(ok) => break ok,
                     Err(e) => tracing::warn!(error = %e, "cannot publish event logs to NATS yet; trying again"),
                 }
                 tokio::time::sleep(backoff.next_delay()).await;
-                tried = reach(&cfg, &metrics, &client).await;
+                tried = match reach(&cfg, &metrics, &client).await {
+                    // (Another process holding the name: asked again until its claim is
+                    // stale.)
+                    Ok((js, kv)) => super::claim::claim(&kv, &name, &me)
+                        .await
+                        .map(|revision| (js, kv, revision)),
+                    Err(e) => Err(e),
+                };
             };
+            let lost = super::claim::keep(kv.clone(), &name, &me, revision, &ctx2);
             let pending = {
                 let mut st = state.locked();
                 st.kv = Some(kv.clone());
@@ -268,7 +285,7 @@ impl Publisher {
             if let Some(v) = pending {
                 put_catalog(&kv, &name, v, seal.as_ref()).await;
             }
-            publish(js, name, seal, rx, tap, counts).await
+            publish(js, name, me, seal, lost, rx, tap, counts).await
         });
         Ok(handle)
     }
@@ -354,17 +371,24 @@ async fn put_catalog(kv: &kv::Store, name: &str, v: Value, seal: Option<&Seal>) 
     }
 }
 
+#[allow(clippy::too_many_arguments)]
 async fn publish(
     js: jetstream::Context,
     name: String,
+    me: String,
     seal: Option<Seal>,
+    lost: Arc<std::sync::atomic::AtomicBool>,
     mut rx: tokio::sync::mpsc::Receiver<Tapped>,
     tap: Tap,
     counts: crate::nats::NatsMetrics,
 ) {
-    let me = publisher_id();
     let mut backoff = RETRY;
     while let Some(t) = rx.recv().await {
+        // The name was taken over: nothing more goes out under it (counted as dropped).
+        if lost.load(std::sync::atomic::Ordering::Acquire) {
+            tap.dropped();
+            continue;
+        }
         let (subject, payload) = match &seal {
             Some(seal) => {
                 let subject = seal.subject(&name, &t.uri);

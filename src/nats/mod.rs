@@ -9,6 +9,7 @@ use std::time::Duration;
 
 use crate::runtime::metrics::{Counter, Metrics, Summary};
 
+pub mod claim;
 pub mod events;
 pub mod ordered;
 

@@ -733,3 +733,46 @@ async fn the_ordered_follow_resumes_from_a_sequence_and_across_a_nats_restart() 
     assert!(tokio::time::timeout(WAIT, waiting).await.unwrap().unwrap());
     assert!(g.next().await.is_none());
 }
+
+/// One process at a time publishes under a name: a second is refused at start, naming the
+/// holder; a clean stop frees the name at once, and so does a holder of this host that died
+/// (`kill -9`).
+#[tokio::test]
+async fn a_publisher_name_is_claimed_by_one_process_at_a_time() {
+    let nats = NatsServer::start().await;
+    let url = nats.url();
+    let args = [
+        "--store",
+        ":memory:",
+        "memo",
+        "--http",
+        "127.0.0.1:0",
+        "--publish-events",
+        url.as_str(),
+        "--publish-as",
+        "twin",
+        "--publish-plaintext",
+    ];
+    let first = Server::spawn(&args).await;
+    let second = herald(args).await;
+    assert_eq!(second.status.code(), Some(64));
+    let err = String::from_utf8_lossy(&second.stderr);
+    assert!(
+        err.contains("another process publishes event logs as twin")
+            && err.contains(&format!("pid {}", first.pid()))
+            && err.contains("--publish-as"),
+        "{err}"
+    );
+    // A clean stop deletes the claim: the next one starts at once.
+    assert!(first.terminate().await.success());
+    let third = Server::spawn(&args).await;
+    // A holder of this host that is gone is taken over at once, too.
+    let mut third = third;
+    third.child.start_kill().unwrap();
+    tokio::time::timeout(WAIT, third.child.wait())
+        .await
+        .expect("killed")
+        .unwrap();
+    let fourth = Server::spawn(&args).await;
+    assert!(fourth.terminate().await.success());
+}
