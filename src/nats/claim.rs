@@ -136,6 +136,16 @@ pub fn keep(
             }
             match kv.update(&key, Holder::me(&id).bytes(), revision).await {
                 Ok(r) => revision = r,
+                // Gone (NATS lost the bucket, made again since): claimed afresh.
+                Err(e)
+                    if e.kind() == kv::UpdateErrorKind::WrongLastRevision
+                        && matches!(kv.entry(&key).await, Ok(None)) =>
+                {
+                    match kv.create(&key, Holder::me(&id).bytes()).await {
+                        Ok(r) => revision = r,
+                        Err(e) => tracing::warn!(publisher = %name, error = %e, "cannot claim the publisher name again"),
+                    }
+                }
                 Err(e) if e.kind() == kv::UpdateErrorKind::WrongLastRevision => {
                     flag.store(true, Ordering::Release);
                     tracing::error!(

@@ -170,22 +170,27 @@ pub fn valid_name(name: &str) -> bool {
             .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
 }
 
+/// The stream's configuration.
+fn stream_config() -> stream::Config {
+    stream::Config {
+        name: STREAM.into(),
+        description: Some("herald event logs, published by role processes".into()),
+        subjects: vec!["herald.events.>".into()],
+        max_messages_per_subject: PER_URI,
+        max_age: MAX_AGE,
+        discard: stream::DiscardPolicy::Old,
+        storage: stream::StorageType::File,
+        ..Default::default()
+    }
+}
+
 /// Makes (or opens) the stream and the bucket.
 async fn open(
     js: &jetstream::Context,
     servers: &str,
 ) -> Result<(stream::Stream, kv::Store), String> {
     let stream = js
-        .get_or_create_stream(stream::Config {
-            name: STREAM.into(),
-            description: Some("herald event logs, published by role processes".into()),
-            subjects: vec!["herald.events.>".into()],
-            max_messages_per_subject: PER_URI,
-            max_age: MAX_AGE,
-            discard: stream::DiscardPolicy::Old,
-            storage: stream::StorageType::File,
-            ..Default::default()
-        })
+        .get_or_create_stream(stream_config())
         .await
         .map_err(|e| {
             format!("cannot open or make the stream {STREAM} at {servers} ({e}); JetStream must be on (nats-server -js)")
@@ -285,7 +290,7 @@ impl Publisher {
             if let Some(v) = pending {
                 put_catalog(&kv, &name, v, seal.as_ref()).await;
             }
-            publish(js, name, me, seal, lost, rx, tap, counts).await
+            publish(js, name, me, seal, lost, state, rx, tap, counts).await
         });
         Ok(handle)
     }
@@ -313,6 +318,8 @@ async fn reach(
 struct CatalogState {
     kv: Option<kv::Store>,
     pending: Option<Value>,
+    /// The catalog last written, put back when the bucket is made again.
+    last: Option<Value>,
 }
 
 /// Writes the catalog once the source exists.
@@ -344,6 +351,7 @@ impl PublisherHandle {
             json!({"events": events, "name": self.name, "instructions": instructions.join(" ")});
         let kv = {
             let mut st = self.state.locked();
+            st.last = Some(v.clone());
             match st.kv.clone() {
                 Some(kv) => kv,
                 None => {
@@ -371,6 +379,34 @@ async fn put_catalog(kv: &kv::Store, name: &str, v: Value, seal: Option<&Seal>) 
     }
 }
 
+/// Makes the stream and the bucket again after NATS lost them, and puts the catalog back:
+/// `true` when they are there again.
+async fn remake(
+    js: &jetstream::Context,
+    name: &str,
+    catalog: &Mutex<CatalogState>,
+    seal: Option<&Seal>,
+    counts: &crate::nats::NatsMetrics,
+) -> bool {
+    let Ok((_, kv)) = open(js, name).await else {
+        return false;
+    };
+    counts.remade.inc();
+    tracing::warn!(
+        publisher = name,
+        "the event-log stream was gone (NATS lost its data); made it again: mirrors see the events from here on, readers of what was lost see truncated"
+    );
+    let last = {
+        let mut st = catalog.locked();
+        st.kv = Some(kv.clone());
+        st.last.clone()
+    };
+    if let Some(v) = last {
+        put_catalog(&kv, name, v, seal).await;
+    }
+    true
+}
+
 #[allow(clippy::too_many_arguments)]
 async fn publish(
     js: jetstream::Context,
@@ -378,6 +414,7 @@ async fn publish(
     me: String,
     seal: Option<Seal>,
     lost: Arc<std::sync::atomic::AtomicBool>,
+    catalog: Arc<Mutex<CatalogState>>,
     mut rx: tokio::sync::mpsc::Receiver<Tapped>,
     tap: Tap,
     counts: crate::nats::NatsMetrics,
@@ -429,6 +466,14 @@ async fn publish(
             };
             if transient {
                 tries -= 1;
+            }
+            // The stream is gone (NATS lost its data): made again, with the bucket, the
+            // catalog and the claim, and the event sent again.
+            if let Ok(Err(e)) = &r
+                && e.kind() == jetstream::context::PublishErrorKind::StreamNotFound
+                && remake(&js, &name, &catalog, seal.as_ref(), &counts).await
+            {
+                continue;
             }
             match r {
                 Ok(Ok(_)) => {
@@ -662,12 +707,12 @@ async fn follow(
     ctx: RoleContext,
 ) {
     let mut backoff = RETRY;
-    let (stream, kv, client) = loop {
+    let (stream, kv, client, js) = loop {
         let r = async {
             let client = cfg.connect(ctx.metrics()).await?;
             let js = jetstream::new(client.clone());
             let (stream, kv) = open(&js, &mirror.servers).await?;
-            Ok::<_, String>((stream, kv, client))
+            Ok::<_, String>((stream, kv, client, js))
         }
         .await;
         match r {
@@ -716,7 +761,14 @@ async fn follow(
     }
     // Each event is kept once (a mirror keeps only seqs past its head), and a consumer made
     // again resumes after the last message applied: nothing is lost or repeated.
-    let mut follow = Follow::new(client, stream, filter, 0, ctx.shutdown().clone());
+    // A stream NATS lost is made again here too (the publishers make it on their next
+    // event): what was published since is followed from its start.
+    let remade = crate::nats::NatsMetrics::register(ctx.metrics()).remade;
+    let mut follow = Follow::new(client, stream, filter, 0, ctx.shutdown().clone()).remaking(
+        js,
+        stream_config(),
+        remade,
+    );
     tracing::info!(source = %mirror.name, "following published event logs");
     while let Some(d) = follow.next().await {
         mirror.apply(&d.message);

@@ -217,6 +217,8 @@ pub struct NatsMetrics {
     pub events_publish_dropped: Counter,
     /// Publish-to-acknowledgement times of the JetStream publishes that succeeded.
     pub publish_seconds: Summary,
+    /// Streams and buckets made again by a running process because they were gone.
+    pub remade: Counter,
 }
 
 impl NatsMetrics {
@@ -242,6 +244,10 @@ impl NatsMetrics {
             publish_seconds: metrics.summary(
                 "herald_nats_publish_seconds",
                 "time from a JetStream publish to its acknowledgement",
+            ),
+            remade: metrics.counter(
+                "herald_nats_streams_remade_total",
+                "JetStream streams and buckets a running process made again because they were gone (NATS lost its data)",
             ),
         }
     }

@@ -10,6 +10,14 @@
 //! sequences). A message's stream sequence comes with it, and so does what the server said
 //! was still pending after it (0: caught up, as of its sending).
 //!
+//! A stream that starts over (NATS lost its data, and it was made again: another stream
+//! under the same name, its creation time another) is followed again from its start. That is
+//! checked before each consumer is made, and after [`SILENCE`] with no message (async-nats
+//! re-creates a consumer across a reconnect by itself, from where it was: on a stream made
+//! again that may be past all it has). A follower told how to make the stream
+//! ([`Follow::remaking`]) makes it again when it is gone, with a warning and a count
+//! (`herald_nats_streams_remade_total`).
+//!
 //! It adds no queue: a message is read from the consumer's subscription (async-nats's bounded
 //! channel) only when [`Follow::next`] is called, so a slow follower slows the consumer's
 //! flow control, never grows memory. It stops when its cancellation token is cancelled.
@@ -25,6 +33,10 @@ use crate::runtime::backoff::Backoff;
 /// The pause before re-creating a consumer that failed: 200 ms doubling to 10 s, started over
 /// by the next message delivered.
 pub const RETRY: Backoff = Backoff::new(Duration::from_millis(200), Duration::from_secs(10));
+
+/// A follower that received nothing for this long checks that its stream is still the one it
+/// follows (one request; nothing when messages come).
+pub const SILENCE: Duration = Duration::from_secs(5);
 
 /// One message of the stream, in order.
 #[derive(Debug)]
@@ -48,6 +60,16 @@ pub struct Follow {
     messages: Option<consumer::push::Ordered>,
     backoff: Backoff,
     shutdown: CancellationToken,
+    remake: Option<Remake>,
+    /// When the followed stream was made: another time is another stream.
+    created: i128,
+}
+
+/// How a follower makes its stream again when it is gone.
+struct Remake {
+    js: jetstream::Context,
+    config: stream::Config,
+    remade: crate::runtime::metrics::Counter,
 }
 
 impl Follow {
@@ -61,14 +83,71 @@ impl Follow {
         from: u64,
         shutdown: CancellationToken,
     ) -> Follow {
+        let created = stream.cached_info().created.unix_timestamp_nanos();
         Follow {
             client,
+            created,
             stream,
             subject: subject.into(),
             next: from,
             messages: None,
             backoff: RETRY,
             shutdown,
+            remake: None,
+        }
+    }
+
+    /// Makes the stream again with `config` (counted in `remade`) when it is gone.
+    pub fn remaking(
+        mut self,
+        js: jetstream::Context,
+        config: stream::Config,
+        remade: crate::runtime::metrics::Counter,
+    ) -> Follow {
+        self.remake = Some(Remake { js, config, remade });
+        self
+    }
+
+    /// Whether the stream is another than the one followed (lost and made again: made at
+    /// another time, or its sequences went back below where this follower was); it is then
+    /// followed from its start (`true`).
+    async fn check_reset(&mut self) -> bool {
+        let Ok(info) = self.stream.get_info().await else {
+            return false;
+        };
+        let made = info.created.unix_timestamp_nanos();
+        let other = made != self.created;
+        self.created = made;
+        if other || (self.next > 1 && info.state.last_sequence + 1 < self.next) {
+            tracing::warn!(
+                stream = %self.name(),
+                was_at = self.next,
+                "the stream starts over (NATS lost it and it was made again); following it from its start"
+            );
+            self.next = 0;
+            return true;
+        }
+        false
+    }
+
+    /// Makes the stream again when it is gone and this follower knows how: `true` when it
+    /// did (followed from its start).
+    async fn remade(&mut self) -> bool {
+        let Some(r) = &self.remake else { return false };
+        let name = self.name().to_owned();
+        if r.js.get_stream(&name).await.is_ok() {
+            return false;
+        }
+        match r.js.create_stream(r.config.clone()).await {
+            Ok(s) => {
+                r.remade.inc();
+                tracing::warn!(stream = %name, "the stream was gone (NATS lost its data); made it again, and following it from its start");
+                self.created = s.cached_info().created.unix_timestamp_nanos();
+                self.stream = s;
+                self.next = 0;
+                true
+            }
+            Err(_) => false,
         }
     }
 
@@ -105,12 +184,14 @@ impl Follow {
                 return None;
             }
             let Some(messages) = self.messages.as_mut() else {
+                self.check_reset().await;
                 let made = tokio::select! {
                     _ = self.shutdown.cancelled() => return None,
                     m = consumer(&self.client, &self.stream, &self.subject, self.next) => m,
                 };
                 match made {
                     Ok(m) => self.messages = Some(m),
+                    Err(_) if self.remade().await => {}
                     Err(e) => {
                         tracing::warn!(stream = %self.name(), error = %e, "cannot follow the stream; retrying");
                         if !self.pause().await {
@@ -123,6 +204,12 @@ impl Follow {
             let got = tokio::select! {
                 _ = self.shutdown.cancelled() => return None,
                 m = messages.next() => m,
+                _ = tokio::time::sleep(SILENCE) => {
+                    if self.check_reset().await {
+                        self.messages = None;
+                    }
+                    continue;
+                }
             };
             match got {
                 Some(Ok(message)) => {

@@ -776,3 +776,69 @@ async fn a_publisher_name_is_claimed_by_one_process_at_a_time() {
     let fourth = Server::spawn(&args).await;
     assert!(fourth.terminate().await.success());
 }
+
+/// NATS loses its data (stopped, its storage wiped, started again): the publishing role makes
+/// the stream and the bucket again at its next event (with its catalog and claim), the
+/// gateway's mirror follows the new stream from its start, and a reader sees the next event
+/// with the role's own numbering, after what it had.
+#[tokio::test]
+async fn a_stream_nats_lost_is_made_again_by_the_running_roles() {
+    let mut nats = NatsServer::start().await;
+    let url = nats.url();
+    let dir = TempDir::new("remade");
+    let memo = Server::spawn_env(
+        &[
+            "--store",
+            ":memory:",
+            "memo",
+            "--http",
+            "127.0.0.1:0",
+            "--publish-events",
+            &url,
+            "--publish-as",
+            "phoenix",
+        ],
+        &[("HERALD_EVENTS_KEY", EVENTS_KEY)],
+    )
+    .await;
+    let cm = crate::watch::memo_client(&memo.http_url()).await;
+    call(&cm, "memo_set", json!({"key": "before", "value": 1})).await;
+    let (gw, c) = gateway_on_nats(dir.path(), &url, "edge", "phoenix").await;
+    let (log, _) = read_json(&c, "edge+memo://log").await;
+    assert_eq!(kinds(&log), ["ADDED before"], "{log}");
+
+    nats.kill().await;
+    std::fs::remove_dir_all(nats.dir.path().join("jetstream")).unwrap();
+    nats.start_again().await;
+    // Written once NATS is back, empty: the role makes the stream again to publish it.
+    call(&cm, "memo_set", json!({"key": "after", "value": 2})).await;
+    let seen = tokio::time::timeout(WAIT, async {
+        loop {
+            let (log, _) = read_json(&c, "edge+memo://log").await;
+            if kinds(&log).len() == 2 {
+                return log;
+            }
+            let _ = crate::events::request(
+                &c,
+                "events/poll",
+                json!({"name": "edge__memo.changed", "cursor": log["events"][0]["seq"].to_string(), "timeoutMs": 2_000}),
+            )
+            .await;
+        }
+    })
+    .await
+    .unwrap_or_else(|_| {
+        panic!(
+            "the gateway serves what was published after NATS lost its data\nrole: {}\ngateway: {}",
+            memo.stderr(),
+            gw.stderr()
+        )
+    });
+    assert_eq!(kinds(&seen), ["ADDED before", "ADDED after"], "{seen}");
+    assert!(memo.stderr().contains("made it again"), "{}", memo.stderr());
+    // The catalog was put back: the gateway still lists the event type.
+    let list = crate::events::request(&c, "events/list", json!({}))
+        .await
+        .unwrap();
+    assert_eq!(list["events"][0]["name"], "edge__memo.changed", "{list}");
+}
