@@ -48,6 +48,7 @@ use crate::mcp::source::{
 };
 use crate::nats::NatsConfig;
 use crate::nats::ordered::Follow;
+pub use crate::nats::seal::Seal;
 use crate::runtime::backoff::Backoff;
 use crate::runtime::context::RoleContext;
 use crate::runtime::tap::{Tap, Tapped};
@@ -78,70 +79,6 @@ const TS_HEADER: &str = "Herald-Ts";
 const PUBLISHER_HEADER: &str = "Herald-Publisher";
 /// Marks a sealed event: its URI and text are in the payload, sealed ([`Seal`]).
 const SEALED_HEADER: &str = "Herald-Sealed";
-
-/// How a deployment's published event logs are sealed: the key every publisher and every
-/// gateway mirroring them holds (`HERALD_EVENTS_KEY`). An event's URI and text go in its
-/// payload under AES-256-GCM with its subject and seq as associated data (a payload moved to
-/// another subject or seq does not open); its subject names the URI by a keyed hash, so no
-/// note value, file name or watched URI is in any NATS file.
-#[derive(Clone)]
-pub struct Seal {
-    sealer: Arc<crate::store::seal::Sealer>,
-    names: ring::hmac::Key,
-}
-
-impl std::fmt::Debug for Seal {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("Seal(<key>)")
-    }
-}
-
-impl Seal {
-    pub fn new(key: &[u8; 32]) -> Seal {
-        // The subjects' key is derived, never the sealing key itself.
-        let mut h = sha2::Sha256::new();
-        h.update(b"herald published event-log subjects\n");
-        h.update(key);
-        Seal {
-            sealer: Arc::new(crate::store::seal::Sealer::new(key)),
-            names: ring::hmac::Key::new(ring::hmac::HMAC_SHA256, &h.finalize()),
-        }
-    }
-
-    /// The subject of `uri`'s events published as `name`, its URI hashed under the key.
-    fn subject(&self, name: &str, uri: &str) -> String {
-        let tag = ring::hmac::sign(&self.names, uri.as_bytes());
-        format!("herald.events.{name}.{}", hex::encode(&tag.as_ref()[..8]))
-    }
-
-    fn aad(subject: &str, seq: u64) -> String {
-        format!("{subject} {seq}")
-    }
-
-    fn seal(&self, subject: &str, seq: u64, uri: &str, text: &str) -> Vec<u8> {
-        let plain = json!({"uri": uri, "event": text}).to_string();
-        self.sealer.seal(&Self::aad(subject, seq), plain.as_bytes())
-    }
-
-    /// A catalog as kept at `key` of the bucket (its instructions may name roots).
-    fn seal_catalog(&self, key: &str, v: &Value) -> Vec<u8> {
-        self.sealer.seal(key, v.to_string().as_bytes())
-    }
-
-    fn open_catalog(&self, key: &str, bytes: &[u8]) -> Option<Value> {
-        serde_json::from_slice(&self.sealer.open(key, bytes).ok()?).ok()
-    }
-
-    /// The URI and text of a sealed event; `None` when it does not open with this key.
-    fn open(&self, subject: &str, seq: u64, payload: &[u8]) -> Option<(String, String)> {
-        let plain = self.sealer.open(&Self::aad(subject, seq), payload).ok()?;
-        let v: Value = serde_json::from_slice(&plain).ok()?;
-        Some((
-            v["uri"].as_str()?.to_owned(),
-            v["event"].as_str()?.to_owned(),
-        ))
-    }
-}
 
 /// This process, as a publisher.
 fn publisher_id() -> String {

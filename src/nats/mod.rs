@@ -12,6 +12,7 @@ use crate::runtime::metrics::{Counter, Metrics, Summary};
 pub mod claim;
 pub mod events;
 pub mod ordered;
+mod seal;
 
 /// How to reach NATS.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
