@@ -282,12 +282,18 @@ pub fn upstreams(
             }
         }
     }
-    // The deployment's key opens the event logs published sealed (a malformed one was
-    // refused at start by the webhooks' check of the same variable).
-    let seal = crate::hooks::events_key()
-        .ok()
-        .flatten()
-        .map(|k| crate::nats::events::Seal::new(&k));
+    // The deployment's key opens the event logs published sealed. One that cannot be read
+    // (refused at start by the webhooks' check of the same variable; on a reload, said here)
+    // lets nothing in, rather than taking events in the clear.
+    let seal = match crate::hooks::events_key() {
+        Ok(k) => k.map(|k| crate::nats::events::Seal::new(&k)),
+        Err(e) => {
+            if slugs.iter().any(|s| s.nats.is_some()) {
+                tracing::error!("{e}; nats slugs take no events until it is mended");
+            }
+            Some(crate::nats::events::Seal::nothing())
+        }
+    };
     slugs
         .iter()
         .map(|s| (s, ctx.for_stoppable_role(ctx.role())))

@@ -5,12 +5,16 @@
 //! - **Publishing.** [`Publisher::start`] installs the role context's ring tap
 //!   ([`RoleContext::install_tap`]): every ring made with `tapped(uri, ctx.tap())` (memo's log, each
 //!   file and k8s watch) sends each event, in push order, to one task that publishes it on
-//!   `herald.events.<name>.<h>` (`h`: 16 hex digits of SHA-256 of the URI) of the stream
-//!   `herald_events`, with the URI, seq and push time in headers and the event's JSON as the
-//!   body. The stream keeps the last [`PER_URI`] events of each URI for [`MAX_AGE`]. The
-//!   source's `events/list` goes to the key `<name>.catalog` of the bucket `herald_events`, so
-//!   the other side can list the event types. A full queue drops (counted), never blocks a
-//!   push; an event NATS refuses is retried in order.
+//!   `herald.events.<name>.<h>` of the stream `herald_events`. Sealed ([`Seal`], the
+//!   deployment's key): `h` is a keyed hash of the URI, and the URI, the event, its publisher
+//!   and push time are the sealed body, the seq a header; in the clear
+//!   (`--publish-plaintext`): `h` is 16 hex digits of SHA-256 of the URI, the URI, seq,
+//!   publisher and push time are headers, the event's JSON the body. The stream keeps the
+//!   last [`PER_URI`] events of each URI for [`MAX_AGE`]. The source's `events/list` goes to
+//!   the key `<name>.catalog` of the bucket `herald_events` (sealed too), so the other side
+//!   can list the event types. The name is claimed first (`claim.rs`). A full queue drops
+//!   (counted), never blocks a push; an event NATS refuses is retried in order; a stream NATS
+//!   lost is made again once ([`remake`]).
 //! - **Serving** ([`Mirror`], a [`Source`]): follows `herald.events.<name>.>` from the start
 //!   ([`Follow`], resuming after the last message applied when its consumer is made again)
 //!   and keeps a ring per URI under the publisher's own seqs ([`EventRing::mirror`]), so
@@ -25,8 +29,8 @@
 //! received) stays a hole that readers see as a GAP or `truncated`, and a reader whose cursor
 //! is past the mirror's head waits rather than being sent events again. Each event names its
 //! publisher; events of another publisher below a ring's head (a restart whose clock is
-//! behind, or two processes publishing under one name) start that ring over, which readers of
-//! the old numbering see. A mirror keeps at most 4,096 rings; past that, the stalest goes.
+//! behind) start that ring over, which readers of the old numbering see. A mirror keeps at
+//! most 4,096 rings; past that, the stalest goes.
 
 use crate::sync::{Recover, RecoverRw};
 use std::collections::BTreeMap;
@@ -79,19 +83,6 @@ const TS_HEADER: &str = "Herald-Ts";
 const PUBLISHER_HEADER: &str = "Herald-Publisher";
 /// Marks a sealed event: its URI and text are in the payload, sealed ([`Seal`]).
 const SEALED_HEADER: &str = "Herald-Sealed";
-
-/// This process, as a publisher.
-fn publisher_id() -> String {
-    use ring::rand::{SecureRandom, SystemRandom};
-    let mut b = [0u8; 4];
-    let _ = SystemRandom::new().fill(&mut b);
-    format!(
-        "{}:{}:{:08x}",
-        crate::nats::hostname(),
-        std::process::id(),
-        u32::from_le_bytes(b)
-    )
-}
 
 /// The subject of `uri`'s events published as `name`.
 pub fn subject(name: &str, uri: &str) -> String {
@@ -181,7 +172,7 @@ impl Publisher {
         };
         // The first try is inline, so a healthy start writes its catalog before it serves,
         // and a name another process holds is refused before it serves.
-        let me = publisher_id();
+        let me = super::holder::identity();
         let first = match reach(cfg, ctx.metrics(), &client).await {
             Ok((js, kv)) => {
                 let revision = super::claim::claim(&kv, name, &me).await?;
@@ -218,7 +209,20 @@ impl Publisher {
                     Err(e) => Err(e),
                 };
             };
-            let lost = super::claim::keep(kv.clone(), &name, &me, revision, &ctx2);
+            // A claim made again after NATS lost the bucket puts the catalog back too.
+            let reclaimed: super::claim::Reclaimed = {
+                let (kv, name, state, seal) = (kv.clone(), name.clone(), state.clone(), seal.clone());
+                Box::new(move || {
+                    let (kv, name, seal) = (kv.clone(), name.clone(), seal.clone());
+                    let last = state.locked().last.clone();
+                    Box::pin(async move {
+                        if let Some(v) = last {
+                            put_catalog(&kv, &name, v, seal.as_ref()).await;
+                        }
+                    })
+                })
+            };
+            let lost = super::claim::keep(kv.clone(), &name, &me, revision, reclaimed, &ctx2);
             let pending = {
                 let mut st = state.locked();
                 st.kv = Some(kv.clone());
@@ -325,6 +329,10 @@ async fn remake(
     seal: Option<&Seal>,
     counts: &crate::nats::NatsMetrics,
 ) -> bool {
+    // Only a stream that is gone: "no stream" also answers a stream between leaders.
+    if js.get_stream(STREAM).await.is_ok() {
+        return false;
+    }
     let Ok((_, kv)) = open(js, name).await else {
         return false;
     };
@@ -366,7 +374,7 @@ async fn publish(
         let (subject, payload) = match &seal {
             Some(seal) => {
                 let subject = seal.subject(&name, &t.uri);
-                let sealed = seal.seal(&subject, t.seq, &t.uri, &t.text);
+                let sealed = seal.seal(&subject, t.seq, &t.uri, &t.text, &me, t.ts_ms);
                 (subject, bytes::Bytes::from(sealed))
             }
             None => (subject(&name, &t.uri), bytes::Bytes::from(t.text.clone())),
@@ -374,17 +382,19 @@ async fn publish(
         // A retry after a lost acknowledgement is dropped by the stream, not stored twice.
         let id = format!("{subject}:{}", t.seq);
         let mut tries = 0;
+        let mut remade = false;
         loop {
             tries += 1;
             let mut msg = jetstream::message::PublishMessage::build()
                 .payload(payload.clone())
                 .message_id(&id)
-                .header(PUBLISHER_HEADER, me.as_str())
-                .header(SEQ_HEADER, t.seq.to_string().as_str())
-                .header(TS_HEADER, t.ts_ms.to_string().as_str());
+                .header(SEQ_HEADER, t.seq.to_string().as_str());
             msg = match seal {
                 Some(_) => msg.header(SEALED_HEADER, "1"),
-                None => msg.header(URI_HEADER, &*t.uri),
+                None => msg
+                    .header(URI_HEADER, &*t.uri)
+                    .header(PUBLISHER_HEADER, me.as_str())
+                    .header(TS_HEADER, t.ts_ms.to_string().as_str()),
             };
             let clock = std::time::Instant::now();
             let r = tokio::time::timeout(PUBLISH_TIMEOUT, async {
@@ -404,13 +414,16 @@ async fn publish(
             if transient {
                 tries -= 1;
             }
-            // The stream is gone (NATS lost its data): made again, with the bucket, the
-            // catalog and the claim, and the event sent again.
+            // The stream is gone (NATS lost its data): made again (once per event), with
+            // the bucket and the catalog, and the event sent again at once.
             if let Ok(Err(e)) = &r
                 && e.kind() == jetstream::context::PublishErrorKind::StreamNotFound
-                && remake(&js, &name, &catalog, seal.as_ref(), &counts).await
+                && !remade
             {
-                continue;
+                remade = true;
+                if remake(&js, &name, &catalog, seal.as_ref(), &counts).await {
+                    continue;
+                }
             }
             match r {
                 Ok(Ok(_)) => {
@@ -435,6 +448,14 @@ async fn publish(
             }
         }
     }
+}
+
+/// One event as a mirror takes it.
+struct Opened {
+    uri: String,
+    text: String,
+    publisher: String,
+    ts_ms: u64,
 }
 
 /// Maps an `events/poll`'s event type and arguments to the event-log URI the source would
@@ -564,13 +585,21 @@ impl Mirror {
         }
     }
 
-    /// The URI and text of `m`: opened with the key when sealed (then only), as sent when
-    /// in the clear (then only without a key).
-    fn event_of(&self, m: &async_nats::Message, seq: u64) -> Option<(String, String)> {
+    /// The URI, text, publisher and push time of `m`: opened with the key when sealed (then
+    /// only: what it says of itself is in the sealed body, so a message sent again under
+    /// other headers changes nothing), as sent when in the clear (then only without a key).
+    fn event_of(&self, m: &async_nats::Message, seq: u64) -> Option<Opened> {
         let h = m.headers.as_ref()?;
         match (h.get(SEALED_HEADER).is_some(), &self.seal) {
             (true, Some(seal)) => {
-                let opened = seal.open(m.subject.as_str(), seq, &m.payload);
+                let opened = seal.open(m.subject.as_str(), seq, &m.payload).map(
+                    |(uri, text, publisher, ts_ms)| Opened {
+                        uri,
+                        text,
+                        publisher,
+                        ts_ms,
+                    },
+                );
                 if opened.is_none() {
                     self.refuse("they do not open with this HERALD_EVENTS_KEY (the publisher has another: every publisher and gateway of a deployment holds the same)");
                 }
@@ -584,10 +613,18 @@ impl Mirror {
                 self.refuse("they are in the clear and this gateway takes only events sealed with its HERALD_EVENTS_KEY (publish with the key, not --publish-plaintext)");
                 None
             }
-            (false, None) => Some((
-                h.get(URI_HEADER)?.as_str().to_owned(),
-                std::str::from_utf8(&m.payload).ok()?.to_owned(),
-            )),
+            (false, None) => Some(Opened {
+                uri: h.get(URI_HEADER)?.as_str().to_owned(),
+                text: std::str::from_utf8(&m.payload).ok()?.to_owned(),
+                publisher: h
+                    .get(PUBLISHER_HEADER)
+                    .map(|v| v.as_str().to_owned())
+                    .unwrap_or_default(),
+                ts_ms: h
+                    .get(TS_HEADER)
+                    .and_then(|v| v.as_str().parse::<u64>().ok())
+                    .unwrap_or_else(crate::mcp::ring::now_ms),
+            }),
         }
     }
 
@@ -599,18 +636,16 @@ impl Mirror {
         else {
             return;
         };
-        let ts = h
-            .get(TS_HEADER)
-            .and_then(|v| v.as_str().parse::<u64>().ok())
-            .unwrap_or_else(crate::mcp::ring::now_ms);
-        let Some((uri, text)) = self.event_of(m, seq) else {
+        let Some(Opened {
+            uri,
+            text,
+            publisher,
+            ts_ms: ts,
+        }) = self.event_of(m, seq)
+        else {
             return;
         };
         let text = text.as_str();
-        let publisher = h
-            .get(PUBLISHER_HEADER)
-            .map(|v| v.as_str().to_owned())
-            .unwrap_or_default();
         let previous = self
             .publishers
             .locked()

@@ -11,6 +11,7 @@ use crate::runtime::metrics::{Counter, Metrics, Summary};
 
 pub mod claim;
 pub mod events;
+pub mod holder;
 pub mod ordered;
 mod seal;
 

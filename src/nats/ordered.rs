@@ -12,9 +12,11 @@
 //!
 //! A stream that starts over (NATS lost its data, and it was made again: another stream
 //! under the same name, its creation time another) is followed again from its start. That is
-//! checked before each consumer is made, and after [`SILENCE`] with no message (async-nats
-//! re-creates a consumer across a reconnect by itself, from where it was: on a stream made
-//! again that may be past all it has). A follower told how to make the stream
+//! checked before each consumer is made, before the first message after a reconnect
+//! (async-nats re-creates a consumer across a reconnect by itself, from where it was: on a
+//! stream made again that may be past all it holds), and after [`SILENCE`] with no message
+//! (a stream deleted and made again with no reconnect). Messages read twice so are passed on
+//! twice: followers keep what they applied by its own numbering. A follower told how to make the stream
 //! ([`Follow::remaking`]) makes it again when it is gone, with a warning and a count
 //! (`herald_nats_streams_remade_total`).
 //!
@@ -22,6 +24,7 @@
 //! channel) only when [`Follow::next`] is called, so a slow follower slows the consumer's
 //! flow control, never grows memory. It stops when its cancellation token is cancelled.
 
+use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use async_nats::jetstream::{self, consumer, stream};
@@ -63,6 +66,9 @@ pub struct Follow {
     remake: Option<Remake>,
     /// When the followed stream was made: another time is another stream.
     created: i128,
+    /// The client's connects when the stream was last checked: a reconnect is when NATS may
+    /// have come back without its data.
+    connects: u64,
 }
 
 /// How a follower makes its stream again when it is gone.
@@ -84,9 +90,11 @@ impl Follow {
         shutdown: CancellationToken,
     ) -> Follow {
         let created = stream.cached_info().created.unix_timestamp_nanos();
+        let connects = client.statistics().connects.load(Ordering::Relaxed);
         Follow {
             client,
             created,
+            connects,
             stream,
             subject: subject.into(),
             next: from,
@@ -112,8 +120,11 @@ impl Follow {
     /// another time, or its sequences went back below where this follower was); it is then
     /// followed from its start (`true`).
     async fn check_reset(&mut self) -> bool {
-        let Ok(info) = self.stream.get_info().await else {
-            return false;
+        self.connects = self.client.statistics().connects.load(Ordering::Relaxed);
+        let info = match self.stream.get_info().await {
+            Ok(info) => info,
+            // Gone: made again when this follower knows how.
+            Err(_) => return self.remade().await,
         };
         let made = info.created.unix_timestamp_nanos();
         let other = made != self.created;
@@ -182,6 +193,14 @@ impl Follow {
         loop {
             if self.shutdown.is_cancelled() {
                 return None;
+            }
+            // After a reconnect async-nats makes the consumer again by itself, from where it
+            // was: on a stream made again that may be past all it holds. Checked first.
+            if self.messages.is_some()
+                && self.client.statistics().connects.load(Ordering::Relaxed) != self.connects
+                && self.check_reset().await
+            {
+                self.messages = None;
             }
             let Some(messages) = self.messages.as_mut() else {
                 self.check_reset().await;

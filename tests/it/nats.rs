@@ -836,8 +836,10 @@ async fn a_stream_nats_lost_is_made_again_by_the_running_roles() {
     });
     assert_eq!(kinds(&seen), ["ADDED before", "ADDED after"], "{seen}");
     assert!(memo.stderr().contains("made it again"), "{}", memo.stderr());
-    // The catalog was put back: the gateway still lists the event type.
-    let list = crate::events::request(&c, "events/list", json!({}))
+    // The catalog was put back: a gateway started now lists the event type.
+    let later = TempDir::new("remade-later");
+    let (_gw2, c2) = gateway_on_nats(later.path(), &url, "edge", "phoenix").await;
+    let list = crate::events::request(&c2, "events/list", json!({}))
         .await
         .unwrap();
     assert_eq!(list["events"][0]["name"], "edge__memo.changed", "{list}");

@@ -44,7 +44,7 @@
 //! This file holds the limits, the configuration, the message and lease formats, the
 //! workspace's [`Feed`] and [`run`], which opens it; `shared/follow.rs` applies the stream
 //! (read with [`crate::nats::ordered::Follow`]), `shared/publish.rs` publishes to it,
-//! `shared/lease.rs` takes, holds and releases the lease, and `shared/holder.rs` says who a
+//! `shared/lease.rs` takes, holds and releases the lease, and `nats::holder` says who a
 //! holder is.
 
 use std::sync::Arc;
@@ -95,12 +95,11 @@ impl LeaseMetrics {
 use crate::nats::ordered::Follow;
 
 mod follow;
-mod holder;
 mod lease;
 mod publish;
 
+use crate::nats::holder::identity;
 use follow::{Follower, follow_state};
-use holder::identity;
 use lease::lease;
 use publish::publisher;
 

@@ -21,13 +21,13 @@ use futures::StreamExt;
 use tokio_util::sync::CancellationToken;
 
 use super::LeaseMetrics;
-use super::holder::dead_here;
 use super::publish::{failing, publish_pending};
 use super::{
     CATCH_UP_TIMEOUT, Feed, LeaseValue, MARKER_HEADER, PUBLISH_TIMEOUT, RELEASE_STEP, RETRY,
     SharedConfig, lease_status,
 };
 use crate::mcp::ring::now_ms;
+use crate::nats::holder::dead_here;
 use crate::source::slack::buffer::{SharedState, now_us};
 use crate::source::slack::core::{Core, SocketState, at};
 use crate::source::slack::flush::FLUSH_WINDOW;

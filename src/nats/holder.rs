@@ -1,13 +1,14 @@
-//! Who holds a lease: this process's identity (`host:boot:pidns:pid:random`, written into
-//! the lease key's value) and [`dead_here`], which judges a holder of this very host, boot
-//! and pid namespace whose pid is gone (its lease is taken at once; a holder anywhere else is
-//! only ever judged by the stale time).
+//! Who holds something on NATS (a Slack socket lease, a publisher name): this process's
+//! identity (`host:boot:pidns:pid:random`, written into the key's value) and [`dead_here`],
+//! which judges a holder of this very host, boot and pid namespace whose pid is gone, or is
+//! this pid in an earlier life (a container restarted: pid 1 again); its hold is taken at
+//! once. A holder anywhere else is only ever judged by the stale time.
 
-use crate::nats::hostname;
+use super::hostname;
 
 /// Who this process is: `host:boot:pidns:pid:random`. The boot id and pid namespace say
 /// whether `pid` can be looked up here (containers may share a host name).
-pub(super) fn identity() -> String {
+pub fn identity() -> String {
     use ring::rand::{SecureRandom, SystemRandom};
     let mut b = [0u8; 4];
     let _ = SystemRandom::new().fill(&mut b);
@@ -39,9 +40,21 @@ fn pid_ns() -> String {
         .unwrap_or_default()
 }
 
+/// Whether `holder` (not `me`) names this very pid of this host, boot and pid namespace: an
+/// earlier life of this process's pid (a container restarted), gone.
+pub fn earlier_life(holder: &str, me: &str) -> bool {
+    let (h, m): (Vec<&str>, Vec<&str>) = (holder.split(':').collect(), me.split(':').collect());
+    holder != me
+        && h.len() == 5
+        && m.len() == 5
+        && !h[1].is_empty()
+        && !h[2].is_empty()
+        && h[..4] == m[..4]
+}
+
 /// Whether `holder` names a process of this host, this boot and this pid namespace that is
-/// gone (its lease can be taken at once: it can no longer hold a socket).
-pub(super) fn dead_here(holder: &str) -> bool {
+/// gone (its hold can be taken at once: it can no longer hold anything).
+pub fn dead_here(holder: &str) -> bool {
     let parts: Vec<&str> = holder.split(':').collect();
     let [host, boot, ns, pid, _] = parts[..] else {
         return false;
