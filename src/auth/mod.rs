@@ -12,3 +12,26 @@ pub mod jwt;
 pub fn same_digest(a: &[u8; 32], b: &[u8; 32]) -> bool {
     a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
 }
+
+/// `caller`'s token when it is to be checked as an access token: a JWT that is no static
+/// token (`is_static`), with issuers configured; and the issuers to check it with. The one
+/// rule for the gateway and a role's own gate alike.
+pub fn access_token<'a>(
+    caller: &'a crate::mcp::source::Caller,
+    issuers: Option<&'a std::sync::Arc<issuer::Issuers>>,
+    is_static: bool,
+) -> Option<(&'a str, &'a std::sync::Arc<issuer::Issuers>)> {
+    let t = caller.token.as_deref()?;
+    let issuers = issuers?;
+    (jwt::looks_like_jwt(t) && !is_static).then_some((t, issuers))
+}
+
+/// What `caller`'s access token grants ([`access_token`]), with the keys held now.
+pub fn grant(
+    caller: &crate::mcp::source::Caller,
+    issuers: Option<&std::sync::Arc<issuer::Issuers>>,
+    is_static: bool,
+) -> Option<issuer::Grant> {
+    let (t, issuers) = access_token(caller, issuers, is_static)?;
+    issuers.verify_digest(t, caller.token_sha256()?).ok()
+}

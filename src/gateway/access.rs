@@ -64,17 +64,13 @@ impl Entitled {
     /// `caller`'s token when it is to be checked as an access token (a JWT, not a
     /// `[[token]]`, with issuers configured), and the issuers to check it with.
     fn access_token<'a>(&'a self, caller: &'a Caller) -> Option<(&'a str, &'a Arc<Issuers>)> {
-        let t = caller.token.as_deref()?;
-        let issuers = self.issuers.as_ref()?;
-        (crate::auth::jwt::looks_like_jwt(t) && self.token(caller).is_none())
-            .then_some((t, issuers))
+        crate::auth::access_token(caller, self.issuers.as_ref(), self.token(caller).is_some())
     }
 
     /// What `caller`'s access token grants: one an issuer's keys verify, with the keys held
     /// now.
     fn grant(&self, caller: &Caller) -> Option<Grant> {
-        let (t, issuers) = self.access_token(caller)?;
-        issuers.verify_digest(t, caller.token_sha256()?).ok()
+        crate::auth::grant(caller, self.issuers.as_ref(), self.token(caller).is_some())
     }
 
     /// The slugs a grant's scopes entitle, each `true` when only for reading:

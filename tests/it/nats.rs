@@ -355,6 +355,25 @@ async fn ready_and_status_follow_the_nats_connection() {
 
 /// A gateway with one `[[slug]]` named `slug` served from what `source` publishes at `url`,
 /// and a client of it (token `t`).
+/// `herald memo` publishing its log to NATS at `url` as `name`, sealed with [`EVENTS_KEY`].
+pub(crate) async fn sealed_publisher(url: &str, name: &str) -> Server {
+    Server::spawn_env(
+        &[
+            "--store",
+            ":memory:",
+            "memo",
+            "--http",
+            "127.0.0.1:0",
+            "--publish-events",
+            url,
+            "--publish-as",
+            name,
+        ],
+        &[("HERALD_EVENTS_KEY", EVENTS_KEY)],
+    )
+    .await
+}
+
 /// The deployment's `HERALD_EVENTS_KEY` in the tests that publish sealed.
 pub(crate) const EVENTS_KEY: &str = "AAECAwQFBgcICQoLDA0ODxAREhMUFRYXGBkaGxwdHh8=";
 
@@ -452,21 +471,7 @@ async fn a_gateway_serves_event_logs_published_on_nats_with_no_connection_to_the
         err.contains("HERALD_EVENTS_KEY") && err.contains("--publish-plaintext"),
         "{err}"
     );
-    let memo = Server::spawn_env(
-        &[
-            "--store",
-            ":memory:",
-            "memo",
-            "--http",
-            "127.0.0.1:0",
-            "--publish-events",
-            &url,
-            "--publish-as",
-            "edge1",
-        ],
-        &[("HERALD_EVENTS_KEY", EVENTS_KEY)],
-    )
-    .await;
+    let memo = sealed_publisher(&url, "edge1").await;
     let cm = crate::watch::memo_client(&memo.http_url()).await;
     // Written before the gateway exists: the stream keeps it.
     call(
@@ -785,21 +790,7 @@ async fn a_stream_nats_lost_is_made_again_by_the_running_roles() {
     let mut nats = NatsServer::start().await;
     let url = nats.url();
     let dir = TempDir::new("remade");
-    let memo = Server::spawn_env(
-        &[
-            "--store",
-            ":memory:",
-            "memo",
-            "--http",
-            "127.0.0.1:0",
-            "--publish-events",
-            &url,
-            "--publish-as",
-            "phoenix",
-        ],
-        &[("HERALD_EVENTS_KEY", EVENTS_KEY)],
-    )
-    .await;
+    let memo = sealed_publisher(&url, "phoenix").await;
     let cm = crate::watch::memo_client(&memo.http_url()).await;
     call(&cm, "memo_set", json!({"key": "before", "value": 1})).await;
     let (gw, c) = gateway_on_nats(dir.path(), &url, "edge", "phoenix").await;
