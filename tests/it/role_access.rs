@@ -240,3 +240,65 @@ async fn an_access_file_that_lets_no_one_in_or_names_another_role_is_refused() {
         assert!(!err.contains(STATIC), "{err}");
     }
 }
+
+/// A role with static tokens alone takes no OAuth: herald's client, sent without a token,
+/// says to set HERALD_TOKEN (not that the endpoint is not MCP), and with it gets through.
+#[tokio::test]
+async fn a_static_token_role_tells_the_client_to_set_herald_token() {
+    let dir = TempDir::new("role-access-static");
+    let file = dir.path().join("access.toml");
+    std::fs::write(
+        &file,
+        format!("[[token]]\nsha256 = \"{}\"\nslugs = [\"*\"]\n", sha(STATIC)),
+    )
+    .unwrap();
+    let memo = Server::spawn(&[
+        "--store",
+        ":memory:",
+        "memo",
+        "--http",
+        "127.0.0.1:0",
+        "--access",
+        file.to_str().unwrap(),
+    ])
+    .await;
+    let call = |token: Option<&str>| {
+        let mut cmd = tokio::process::Command::new(bin());
+        cmd.args([
+            "--store",
+            ":memory:",
+            "call",
+            "--mcp-http",
+            &memo.http_url(),
+            "memo_set",
+            "key=a",
+            "value=1",
+        ])
+        .env_remove("HERALD_TOKEN")
+        .stdin(std::process::Stdio::null());
+        if let Some(t) = token {
+            cmd.env("HERALD_TOKEN", t);
+        }
+        async move {
+            tokio::time::timeout(WAIT, cmd.output())
+                .await
+                .unwrap()
+                .unwrap()
+        }
+    };
+    let without = call(None).await;
+    let err = String::from_utf8_lossy(&without.stderr);
+    assert!(!without.status.success());
+    assert!(
+        err.contains("needs a token")
+            && err.contains("HERALD_TOKEN")
+            && !err.contains("not an MCP"),
+        "{err}"
+    );
+    let with = call(Some(STATIC)).await;
+    assert!(
+        with.status.success(),
+        "{}",
+        String::from_utf8_lossy(&with.stderr)
+    );
+}

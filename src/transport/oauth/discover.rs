@@ -213,12 +213,14 @@ pub async fn json_body(mut resp: reqwest::Response) -> Result<serde_json::Value,
     Ok(serde_json::from_slice(&body).unwrap_or_default())
 }
 
-/// The protected-resource metadata of the MCP server at `server`.
+/// The protected-resource metadata of the MCP server at `server`; `None` when its challenge
+/// named none and there is none at the well-known addresses (a server that takes no OAuth,
+/// only tokens of its own).
 pub async fn resource(
     http: &reqwest::Client,
     server: &str,
     from_challenge: Option<&str>,
-) -> Result<ResourceMetadata, String> {
+) -> Result<Option<ResourceMetadata>, String> {
     let server_url = endpoint(server, "the server")?;
     let candidates: Vec<Url> = match from_challenge {
         Some(u) => vec![endpoint(u, "the server's resource_metadata")?],
@@ -240,8 +242,11 @@ pub async fn resource(
                     "{url} names no authorization server; the server cannot be authorized with"
                 ));
             }
-            return Ok(m);
+            return Ok(Some(m));
         }
+    }
+    if from_challenge.is_none() {
+        return Ok(None);
     }
     Err(format!(
         "{server} asks for authorization but publishes no protected-resource metadata (tried {})",

@@ -252,8 +252,12 @@ impl OAuth {
             self.attempts.store(0, Ordering::Relaxed);
             return Ok(first);
         };
-        self.challenged(forbidden, &header, token.as_deref())
-            .await?;
+        if !self
+            .challenged(forbidden, &header, token.as_deref())
+            .await?
+        {
+            return Ok(first);
+        }
         let again = send(self.bearer().await.map(|t| t.to_string())).await;
         if refusal(&again).is_none() {
             self.attempts.store(0, Ordering::Relaxed);
@@ -262,13 +266,15 @@ impl OAuth {
     }
 
     /// The server refused the token `sent` (`forbidden`: a `403`, else a `401`) with `header`
-    /// (its `WWW-Authenticate`). `Ok` when there is a new token to send.
+    /// (its `WWW-Authenticate`). `Ok(true)` when there is a new token to send; `Ok(false)`
+    /// when the server takes no OAuth (a `401` naming no metadata, and none where it would
+    /// be): its refusal stands as it is (a static token it wants).
     pub async fn challenged(
         self: &Arc<Self>,
         forbidden: bool,
         header: &str,
         sent: Option<&str>,
-    ) -> Result<(), String> {
+    ) -> Result<bool, String> {
         let ch = Challenge::parse(header);
         if forbidden && ch.error.as_deref() != Some("insufficient_scope") {
             return Err(format!(
@@ -290,14 +296,14 @@ impl OAuth {
             // brought it) should do, refreshed first when it is due.
             let is_due = st.tokens.as_ref().is_some_and(|t| due(t, flow::now_unix()));
             if !is_due {
-                return Ok(());
+                return Ok(true);
             }
             let (held, refreshed) = self.refreshed(st).await;
             st = held;
             match refreshed {
-                Ok(()) => return Ok(()),
+                Ok(()) => return Ok(true),
                 // Not asked (the network): the token held is sent as it is.
-                Err(_) if st.tokens.is_some() => return Ok(()),
+                Err(_) if st.tokens.is_some() => return Ok(true),
                 // Refused: authorize afresh.
                 Err(e) => tracing::info!(server = %self.server, error = %e, "refresh refused"),
             }
@@ -321,8 +327,11 @@ impl OAuth {
                 describe(&ch)
             ));
         }
-        let prm =
-            discover::resource(&self.http, &self.server, ch.resource_metadata.as_deref()).await?;
+        let Some(prm) =
+            discover::resource(&self.http, &self.server, ch.resource_metadata.as_deref()).await?
+        else {
+            return Ok(false);
+        };
         let issuer = prm.authorization_servers[0].clone();
         if let Some(pinned) = &self.settings.issuer
             && *pinned != issuer
@@ -338,7 +347,7 @@ impl OAuth {
             let (held, refreshed) = self.refreshed(st).await;
             st = held;
             match refreshed {
-                Ok(()) => return Ok(()),
+                Ok(()) => return Ok(true),
                 Err(e) => {
                     tracing::info!(server = %self.server, error = %e, "refresh failed; authorizing again")
                 }
@@ -409,7 +418,7 @@ impl OAuth {
         self.authorized.fetch_add(1, Ordering::Relaxed);
         st.asked = scopes;
         self.set_tokens(&mut st, Some(tokens)).await;
-        Ok(())
+        Ok(true)
     }
 
     /// The configured client, when there is one.
