@@ -270,36 +270,20 @@ impl<S: Source + ?Sized> Source for Guarded<S> {
         if let Some((sha256, label)) = self.access.token(caller) {
             return Some((hex::encode(&sha256[..16]), label.clone()));
         }
-        let g = self.access.grant(caller)?;
-        let key = g
-            .principal
-            .unwrap_or_else(|| hex::encode(&caller.token_sha256().unwrap_or(&[0; 32])[..16]));
-        Some((key, format!("a token from {}", g.issuer)))
+        Some(self.access.grant(caller)?.identity(caller))
     }
 
     fn known_as(&self, caller: &Caller) -> Option<String> {
-        let p = self.access.grant(caller)?.principal?;
-        Some(format!("oauth:{p}"))
+        self.access.grant(caller)?.known_as()
     }
 
     fn expires_in(&self, caller: &Caller) -> Option<Duration> {
-        if caller.local {
-            return None;
-        }
-        self.access.access_token(caller)?;
-        Some(
-            self.access
-                .grant(caller)
-                .map_or(Duration::ZERO, |g| g.left()),
-        )
+        let is_static = self.access.token(caller).is_some();
+        crate::auth::expires_in(caller, self.access.issuers.as_ref(), is_static)
     }
 
     fn protected_resource(&self) -> Option<ProtectedResource> {
-        let issuers = self.access.issuers.as_ref()?;
-        Some(ProtectedResource {
-            resource: issuers.resource()?.to_owned(),
-            authorization_servers: issuers.urls(),
-        })
+        self.access.issuers.as_ref()?.protected_resource()
     }
 
     fn tools(&self, caller: &Caller) -> Vec<Tool> {

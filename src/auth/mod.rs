@@ -35,3 +35,42 @@ pub fn grant(
     let (t, issuers) = access_token(caller, issuers, is_static)?;
     issuers.verify_digest(t, caller.token_sha256()?).ok()
 }
+
+/// How long `caller`'s access token ([`access_token`]) has left, with the clock skew
+/// allowed: nothing for one that no longer verifies (expired since it was let in, its key
+/// dropped); `None` for a caller known otherwise.
+pub fn expires_in(
+    caller: &crate::mcp::source::Caller,
+    issuers: Option<&std::sync::Arc<issuer::Issuers>>,
+    is_static: bool,
+) -> Option<std::time::Duration> {
+    access_token(caller, issuers, is_static)?;
+    Some(grant(caller, issuers, is_static).map_or(std::time::Duration::ZERO, |g| g.left()))
+}
+
+impl issuer::Grant {
+    /// Who its caller is for listen budgets: the principal across its tokens (a refreshed
+    /// token is the same caller), else the token's digest; named by its issuer, never by a
+    /// claim's value.
+    pub fn identity(self, caller: &crate::mcp::source::Caller) -> (String, String) {
+        let key = self
+            .principal
+            .unwrap_or_else(|| hex::encode(&caller.token_sha256().unwrap_or(&[0; 32])[..16]));
+        (key, format!("a token from {}", self.issuer))
+    }
+
+    /// Who owns what its caller makes: `oauth:` and the principal, when the token names one.
+    pub fn known_as(self) -> Option<String> {
+        self.principal.map(|p| format!("oauth:{p}"))
+    }
+}
+
+impl issuer::Issuers {
+    /// These issuers' resource as RFC 9728 metadata says it.
+    pub fn protected_resource(&self) -> Option<crate::mcp::source::ProtectedResource> {
+        Some(crate::mcp::source::ProtectedResource {
+            resource: self.resource()?.to_owned(),
+            authorization_servers: self.urls(),
+        })
+    }
+}

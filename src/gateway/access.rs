@@ -199,14 +199,7 @@ impl Entitled {
     fn identity(&self, caller: &Caller) -> Option<(String, String)> {
         match self.token(caller) {
             Some(token) => Some((hex::encode(&token.sha256[..16]), token.label.clone())),
-            // The principal across its tokens (a refreshed token is the same caller); named
-            // by its issuer, never by a claim's value.
-            None => self.grant(caller).map(|g| {
-                let key = g.principal.unwrap_or_else(|| {
-                    hex::encode(&caller.token_sha256().unwrap_or(&[0; 32])[..16])
-                });
-                (key, format!("a token from {}", g.issuer))
-            }),
+            None => self.grant(caller).map(|g| g.identity(caller)),
         }
     }
 
@@ -414,10 +407,7 @@ impl Access {
     /// Who an access token's caller is across its tokens: `oauth:` and the hash of its
     /// issuer and subject. `None` for every other caller (known by its token).
     pub(super) fn known_as(&self, caller: &Caller) -> Option<String> {
-        self.now()
-            .grant(caller)
-            .and_then(|g| g.principal)
-            .map(|p| format!("oauth:{p}"))
+        self.now().grant(caller)?.known_as()
     }
 
     /// How long `caller`'s access token has left (with the clock skew allowed): nothing for
@@ -425,11 +415,7 @@ impl Access {
     /// a caller known otherwise.
     pub(super) fn expires_in(&self, caller: &Caller) -> Option<std::time::Duration> {
         let now = self.now();
-        now.access_token(caller)?;
-        Some(
-            now.grant(caller)
-                .map_or(std::time::Duration::ZERO, |g| g.left()),
-        )
+        crate::auth::expires_in(caller, now.issuers.as_ref(), now.token(caller).is_some())
     }
 
     /// Whether `caller` may use slug `slug` only for reading (see [`Entitled::read_only`]).

@@ -529,12 +529,7 @@ impl Source for Gateway {
     }
 
     fn protected_resource(&self) -> Option<crate::mcp::source::ProtectedResource> {
-        let now = self.access.now();
-        let issuers = now.issuers_now()?;
-        Some(crate::mcp::source::ProtectedResource {
-            resource: issuers.resource()?.to_owned(),
-            authorization_servers: issuers.urls(),
-        })
+        self.access.now().issuers_now()?.protected_resource()
     }
 
     fn info(&self) -> SourceInfo {
