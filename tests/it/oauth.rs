@@ -87,6 +87,13 @@ impl Provider {
         v["token"].as_str().unwrap().to_owned()
     }
 
+    /// An RS256 token with `scope` valid for a few seconds more (its exp is past, within
+    /// the allowed clock skew).
+    pub async fn expiring(&mut self, scope: &str) -> String {
+        self.mint("rsa1", "RS256", json!({"scope": scope, "exp": now() - 55}))
+            .await
+    }
+
     async fn fetches(&mut self) -> u64 {
         self.order(json!({"fetches": true})).await["fetches"]
             .as_u64()
@@ -94,7 +101,7 @@ impl Provider {
     }
 }
 
-pub fn now() -> u64 {
+fn now() -> u64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .unwrap()
@@ -537,14 +544,7 @@ pub async fn until_it_ends(url: &str, token: &str, body: Value) -> String {
 async fn a_listen_stream_ends_when_its_access_token_does() {
     let mut s = setup().await;
     // Valid for a few seconds more (its exp is past, within the allowed clock skew).
-    let short = s
-        .provider
-        .mint(
-            "rsa1",
-            "RS256",
-            json!({"scope": "herald:memo", "exp": now() - 55}),
-        )
-        .await;
+    let short = s.provider.expiring("herald:memo").await;
     let listen = json!({"jsonrpc": "2.0", "id": 1, "method": "subscriptions/listen", "params": {
         "_meta": meta(),
         "notifications": {"resourceSubscriptions": ["memo+memo://notes"]}}});
@@ -557,14 +557,7 @@ async fn a_listen_stream_ends_when_its_access_token_does() {
 
     // An events/stream too: `terminated`, saying the token expired, then the result with
     // the cursor to resume from.
-    let short = s
-        .provider
-        .mint(
-            "rsa1",
-            "RS256",
-            json!({"scope": "herald:memo", "exp": now() - 55}),
-        )
-        .await;
+    let short = s.provider.expiring("herald:memo").await;
     let stream = json!({"jsonrpc": "2.0", "id": 2, "method": "events/stream", "params": {
         "_meta": meta(), "name": "memo__memo.changed"}});
     let seen = until_it_ends(&s.gw.http_url(), &short, stream).await;

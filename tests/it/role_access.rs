@@ -9,7 +9,7 @@ use herald::transport::target::Target;
 use herald::transport::tls::{ClientTrust, Secret};
 use serde_json::{Value, json};
 
-use crate::oauth::{AUDIENCE, Provider, STATIC, now, post_at, until_it_ends};
+use crate::oauth::{AUDIENCE, Provider, STATIC, post_at, until_it_ends};
 use crate::support::*;
 
 fn list(id: u64) -> Value {
@@ -182,13 +182,7 @@ async fn a_role_on_its_own_lets_in_its_tokens_and_scopes_alone() {
     assert!(refused.contains("token"), "{refused}");
 
     // An events/stream opened with a token about to expire ends when it does.
-    let short = provider
-        .mint(
-            "rsa1",
-            "RS256",
-            json!({"scope": "herald:memo", "exp": now() - 55}),
-        )
-        .await;
+    let short = provider.expiring("herald:memo").await;
     let stream = json!({"jsonrpc": "2.0", "id": 11, "method": "events/stream", "params": {
         "_meta": meta(), "name": "memo.changed"}});
     let seen = until_it_ends(&url, &short, stream).await;
