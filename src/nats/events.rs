@@ -479,9 +479,9 @@ pub struct Mirror {
     /// The deployment's key: only events sealed with it are taken. Without one, only events
     /// in the clear (`--publish-plaintext`).
     seal: Option<Seal>,
-    /// Events left out (sealed with another key, or not as this mirror takes them), said in
-    /// the log once.
-    refused: std::sync::atomic::AtomicU64,
+    /// Whether the log said that events are left out (sealed with another key, or not as
+    /// this mirror takes them): it says so once.
+    refused: std::sync::atomic::AtomicBool,
 }
 
 impl Mirror {
@@ -580,7 +580,7 @@ impl Mirror {
     /// Says once that events are left out, and why.
     fn refuse(&self, why: &str) {
         use std::sync::atomic::Ordering;
-        if self.refused.fetch_add(1, Ordering::Relaxed) == 0 {
+        if !self.refused.swap(true, Ordering::Relaxed) {
             tracing::warn!(source = %self.name, "published events are left out: {why}");
         }
     }
