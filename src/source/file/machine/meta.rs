@@ -29,6 +29,10 @@ pub struct Meta {
     pub size: u64,
     /// Nanoseconds since the epoch.
     pub mtime_ns: i64,
+    /// The inode of what is not a directory (0 for one): a file replaced by a rename is a
+    /// change even when its size and mtime match, as they do for two writes within one tick
+    /// of the file system's coarse clock.
+    pub ino: u64,
 }
 
 impl Meta {
@@ -48,6 +52,7 @@ impl Meta {
             kind,
             size: if kind == Kind::Dir { 0 } else { m.len() },
             mtime_ns: mtime_ns(m.mtime(), m.mtime_nsec()),
+            ino: if kind == Kind::Dir { 0 } else { m.ino() },
         }
     }
 
@@ -67,6 +72,7 @@ impl Meta {
                 st.st_size.max(0) as u64
             },
             mtime_ns: mtime_ns(st.st_mtime, st.st_mtime_nsec),
+            ino: if kind == Kind::Dir { 0 } else { st.st_ino },
         }
     }
 

@@ -137,6 +137,7 @@ impl Machine {
                 kind: Kind::Dir,
                 size: 0,
                 mtime_ns: 0,
+                ino: 0,
             });
         }
         let now = disk.stat(&path);

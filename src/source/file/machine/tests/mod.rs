@@ -30,6 +30,7 @@ fn file(size: u64, t: i64) -> Meta {
         kind: Kind::File,
         size,
         mtime_ns: t,
+        ino: 0,
     }
 }
 
@@ -38,6 +39,7 @@ fn dir() -> Meta {
         kind: Kind::Dir,
         size: 0,
         mtime_ns: 0,
+        ino: 0,
     }
 }
 

@@ -36,6 +36,18 @@ fn write_to_temp_then_rename_is_one_modified_of_the_target() {
 }
 
 #[test]
+fn a_file_renamed_over_its_target_within_one_clock_tick_is_modified() {
+    // A second write through a temp file outside the watched tree, landing in the same tick
+    // of the file system's coarse clock: same size, same mtime, another inode.
+    let mut t = T::new();
+    let ring = t.events("e", "/r/d", false);
+    t.disk.put("/r/d/a.txt", Meta { ino: 2, ..file(1, 10) });
+    t.feed("/r/d", EventMask::MOVED_TO, "a.txt", 9, 0);
+    t.flush(100);
+    assert_eq!(summary(&ring), ["MODIFIED /r/d/a.txt"]);
+}
+
+#[test]
 fn renames_within_and_across_directories_are_moved() {
     let mut t = T::new();
     let d = t.events("d", "/r/d", false);
