@@ -44,8 +44,9 @@
 //! This file holds the limits, the configuration, the message and lease formats, the
 //! workspace's [`Feed`] and [`run`], which opens it; `shared/follow.rs` applies the stream
 //! (read with [`crate::nats::ordered::Follow`]), `shared/publish.rs` publishes to it,
-//! `shared/lease.rs` takes, holds and releases the lease, and `nats::holder` says who a
-//! holder is.
+//! `shared/machine.rs` decides how the lease is taken, held and given up (no I/O, no clock),
+//! `shared/lease.rs` runs that machine against NATS and the socket, and `nats::holder` says
+//! who a holder is.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -96,6 +97,7 @@ use crate::nats::ordered::Follow;
 
 mod follow;
 mod lease;
+mod machine;
 mod publish;
 
 use crate::nats::holder::identity;
@@ -190,7 +192,7 @@ struct Feed {
     unacked: std::sync::Mutex<std::collections::HashSet<String>>,
     /// Since when publishing has failed (NATS up enough to renew the lease, not to take
     /// events): the holder steps down after two thirds of the stale time of it.
-    failing_since: std::sync::Mutex<Option<Instant>>,
+    failing_since: tokio::sync::watch::Sender<Option<Instant>>,
     servers: String,
     /// NATS's counters, registered once with the feed (publishing counts into them).
     counts: crate::nats::NatsMetrics,
@@ -381,7 +383,7 @@ async fn open(core: &Arc<Core>, shared: &Shared) -> Result<Feed, String> {
         applied,
         writer: tokio::sync::Mutex::new(None),
         superseded: tokio::sync::watch::channel(0).0,
-        failing_since: std::sync::Mutex::new(None),
+        failing_since: tokio::sync::watch::channel(None).0,
         unacked: std::sync::Mutex::new(std::collections::HashSet::new()),
         servers,
         counts: crate::nats::NatsMetrics::register(core.ctx.metrics()),

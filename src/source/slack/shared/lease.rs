@@ -1,30 +1,30 @@
-//! The socket lease: [`lease`] waits for it ([`acquire`]: compare-and-set on the key of the
-//! bucket, taken after the stale time by this host's clock, at once from a dead holder of
-//! this host) and [`hold`]s it: catch up with the stream, publish a fence, run the socket and
-//! the backfill, renew every heartbeat, step down when a renewal is two thirds of the stale
-//! time old, publishing has failed that long or a write was refused, and at shutdown close
-//! the socket, publish what is left and release the key. The holder writes the shared state
-//! row ([`write_state`]) a short window after the buffer says it changed.
+//! The socket lease's shell: [`lease`] runs the [`Lease`] machine (`shared/machine.rs`, where
+//! the rules are) against NATS and the socket. It turns each [`Action`] into a key read,
+//! watch, create, compare-and-set or delete, a catch-up with the stream, a fence, the socket
+//! and backfill tasks, and feeds their answers back as [`Input`]s, with the time. While the
+//! lease is held it also writes the shared state row ([`write_state`]) a short window after
+//! the buffer says it changed.
 //!
-//! The timers here are deadlines, not polling: a lease held is renewed before it goes stale,
-//! so the holder sleeps until its next renewal is due (a heartbeat after the last attempt) or
-//! until its last successful renewal is two thirds of the stale time old (it steps down); a
-//! standby sleeps until the lease it watches would be stale (any change to it wakes it
-//! earlier). Nothing wakes to look for work: the state row waits for the buffer's changes.
+//! Nothing here polls: the shell sleeps until an answer, a change of the key, a refused or
+//! failing publish, shutdown, the state row's window or the machine's next deadline.
 
 use crate::sync::Recover;
+use std::collections::VecDeque;
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use async_nats::jetstream::{self, kv};
 use futures::StreamExt;
+use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
-use super::LeaseMetrics;
+use super::machine::{Action, Input, Key, Lease, Timing, WriteError};
 use super::publish::{failing, publish_pending};
 use super::{
-    CATCH_UP_TIMEOUT, Feed, LeaseValue, MARKER_HEADER, PUBLISH_TIMEOUT, RELEASE_STEP, RETRY,
-    SharedConfig, lease_status,
+    CATCH_UP_TIMEOUT, Feed, LeaseMetrics, LeaseValue, MARKER_HEADER, PUBLISH_TIMEOUT, RELEASE_STEP,
+    RETRY, SharedConfig, lease_status,
 };
 use crate::mcp::ring::now_ms;
 use crate::nats::holder::dead_here;
@@ -33,259 +33,371 @@ use crate::source::slack::core::{Core, SocketState, at};
 use crate::source::slack::flush::FLUSH_WINDOW;
 use crate::source::slack::{backfill, socket};
 
-/// How a holding spell ended.
-enum Ended {
-    Shutdown,
-    Lost(String),
-}
-
 /// Waits for the lease, holds it (socket and backfill running) until lost, and again, until
 /// shutdown.
 pub(super) async fn lease(core: Arc<Core>, feed: Arc<Feed>, cfg: SharedConfig) {
-    let shutdown = core.ctx.shutdown().clone();
-    let mut backoff = RETRY;
+    let timing = Timing {
+        heartbeat: cfg.heartbeat,
+        stale: cfg.stale,
+        retry: RETRY,
+    };
+    let mut machine = Lease::new(feed.me.clone(), timing);
+    let mut shell = Shell::new(core, feed, timing);
+    let mut actions = machine.start();
     loop {
-        core.status().state = SocketState::Standby;
-        let Some(taken) = acquire(&core, &feed, &cfg, &shutdown).await else {
-            return;
-        };
-        if let Some(seen) = taken.previous_seen_ms
+        for a in actions {
+            if a == Action::Done {
+                shell.done().await;
+                return;
+            }
+            shell.act(a).await;
+        }
+        let input = shell.next(machine.deadline()).await;
+        actions = machine.handle(Instant::now(), input);
+    }
+}
+
+type Answer = Pin<Box<dyn Future<Output = Input> + Send>>;
+
+struct Shell {
+    core: Arc<Core>,
+    feed: Arc<Feed>,
+    timing: Timing,
+    counts: LeaseMetrics,
+    shutdown: CancellationToken,
+    shutdown_fed: bool,
+    /// Inputs the actions themselves produced (a watch that could not start).
+    queued: VecDeque<Input>,
+    /// The one outstanding answered action.
+    answer: Option<Answer>,
+    watch: Option<kv::Watch>,
+    superseded: tokio::sync::watch::Receiver<u64>,
+    failing: tokio::sync::watch::Receiver<Option<Instant>>,
+    /// The spell's socket and backfill, and what stops them.
+    stop: CancellationToken,
+    running: Vec<JoinHandle<()>>,
+    /// While the socket is open: the buffer's changes, and when the state row is due.
+    state: Option<(
+        tokio::sync::watch::Receiver<()>,
+        Option<tokio::time::Instant>,
+    )>,
+    /// A spell was held and the key given back (for the last word at shutdown).
+    held: bool,
+    released: bool,
+}
+
+impl Shell {
+    fn new(core: Arc<Core>, feed: Arc<Feed>, timing: Timing) -> Shell {
+        Shell {
+            counts: LeaseMetrics::register(core.ctx.metrics()),
+            shutdown: core.ctx.shutdown().clone(),
+            shutdown_fed: false,
+            queued: VecDeque::new(),
+            answer: None,
+            watch: None,
+            superseded: feed.superseded.subscribe(),
+            failing: feed.failing_since.subscribe(),
+            stop: CancellationToken::new(),
+            running: Vec::new(),
+            state: None,
+            held: false,
+            released: false,
+            core,
+            feed,
+            timing,
+        }
+    }
+
+    /// The next input: an answer, a change of the key, a refused or failing publish,
+    /// shutdown, or the machine's `deadline` passed. Writes the state row on the way.
+    async fn next(&mut self, deadline: Option<Instant>) -> Input {
+        if let Some(i) = self.queued.pop_front() {
+            return i;
+        }
+        let deadline = deadline.map(tokio::time::Instant::from_std);
+        let Shell {
+            core,
+            feed,
+            timing,
+            shutdown,
+            shutdown_fed,
+            answer,
+            watch,
+            superseded,
+            failing,
+            state,
+            ..
+        } = self;
+        loop {
+            let state_due = state.as_ref().and_then(|(_, at)| *at);
+            let changes_open = state.as_ref().is_some_and(|(_, at)| at.is_none());
+            tokio::select! {
+                _ = shutdown.cancelled(), if !*shutdown_fed => {
+                    *shutdown_fed = true;
+                    return Input::Shutdown;
+                }
+                i = async { answer.as_mut().expect("guarded").await }, if answer.is_some() => {
+                    *answer = None;
+                    return i;
+                }
+                e = async { watch.as_mut().expect("guarded").next().await }, if watch.is_some() => {
+                    return match e {
+                        Some(Ok(entry)) => Input::Key(Some(key_of(&entry))),
+                        Some(Err(e)) => {
+                            *watch = None;
+                            Input::KeyFailed(e.to_string())
+                        }
+                        None => {
+                            *watch = None;
+                            Input::KeyFailed("the watch of the lease ended".into())
+                        }
+                    };
+                }
+                Ok(()) = superseded.changed() => return Input::Superseded,
+                Ok(()) = failing.changed() => {
+                    return Input::Publishing(*failing.borrow_and_update());
+                }
+                Ok(()) = async { state.as_mut().expect("guarded").0.changed().await }, if changes_open => {
+                    // The window gathers a backfill's inserts and its new `live_through`
+                    // into one write.
+                    let window = FLUSH_WINDOW.min(timing.heartbeat);
+                    if let Some((_, at)) = state.as_mut() {
+                        *at = Some(tokio::time::Instant::now() + window);
+                    }
+                }
+                _ = tokio::time::sleep_until(state_due.unwrap_or_else(tokio::time::Instant::now)), if state_due.is_some() => {
+                    if let Some((changes, at)) = state.as_mut() {
+                        *at = None;
+                        changes.borrow_and_update();
+                    }
+                    // Where the backfill may start from, for whoever holds next.
+                    let (shared, changed) = core.buffer.take_shared();
+                    if changed {
+                        write_state(feed, shared).await;
+                    }
+                }
+                _ = tokio::time::sleep_until(deadline.unwrap_or_else(tokio::time::Instant::now)), if deadline.is_some() => {
+                    return Input::Tick;
+                }
+            }
+        }
+    }
+
+    fn answer(&mut self, f: impl Future<Output = Input> + Send + 'static) {
+        self.answer = Some(Box::pin(f));
+    }
+
+    async fn act(&mut self, a: Action) {
+        let feed = self.feed.clone();
+        let core = self.core.clone();
+        // A write of the key answers in milliseconds; one that has not in a third of a
+        // heartbeat is tried again (the machine decides when).
+        let step = self.timing.heartbeat / 3;
+        match a {
+            Action::Read => self.answer(async move {
+                match tokio::time::timeout(step, feed.kv.entry(&feed.lease_key)).await {
+                    Ok(Ok(e)) => Input::Key(e.as_ref().map(key_of)),
+                    Ok(Err(e)) => {
+                        tracing::debug!(error = %e, "cannot read the slack lease; retrying");
+                        Input::KeyFailed(e.to_string())
+                    }
+                    Err(_) => Input::KeyFailed("no answer in time".into()),
+                }
+            }),
+            // With its history: the key as it is now comes first, so no change between the
+            // read and the watch is missed.
+            Action::Watch => match feed.kv.watch_with_history(&feed.lease_key).await {
+                Ok(w) => self.watch = Some(w),
+                Err(e) => {
+                    tracing::debug!(error = %e, "cannot watch the slack lease; retrying");
+                    self.queued.push_back(Input::KeyFailed(e.to_string()));
+                }
+            },
+            Action::Unwatch => self.watch = None,
+            Action::Create { beat } => self.answer(async move {
+                let r = tokio::time::timeout(
+                    step,
+                    feed.kv
+                        .create(&feed.lease_key, feed.lease_value(beat).into()),
+                )
+                .await;
+                Input::Written(match r {
+                    Ok(Ok(rev)) => Ok(rev),
+                    Ok(Err(e)) if e.kind() == kv::CreateErrorKind::AlreadyExists => {
+                        Err(WriteError::Conflict)
+                    }
+                    Ok(Err(e)) => Err(WriteError::Failed(e.to_string())),
+                    Err(_) => Err(WriteError::Failed("no answer in time".into())),
+                })
+            }),
+            Action::Update { revision, beat } => self.answer(async move {
+                let r = tokio::time::timeout(
+                    step,
+                    feed.kv
+                        .update(&feed.lease_key, feed.lease_value(beat).into(), revision),
+                )
+                .await;
+                Input::Written(match r {
+                    Ok(Ok(rev)) => Ok(rev),
+                    Ok(Err(e)) if e.kind() == kv::UpdateErrorKind::WrongLastRevision => {
+                        Err(WriteError::Conflict)
+                    }
+                    Ok(Err(e)) => {
+                        tracing::warn!(error = %e, "cannot write the slack lease");
+                        Err(WriteError::Failed(e.to_string()))
+                    }
+                    Err(_) => {
+                        tracing::warn!("cannot write the slack lease: no answer in time");
+                        Err(WriteError::Failed("no answer in time".into()))
+                    }
+                })
+            }),
+            Action::CatchUp => {
+                // The key is this process's: a new spell starts clean. Ids left
+                // unacknowledged, a refusal or failures of an earlier spell mean nothing in
+                // this one, and anything ingested outside a spell (a reader that outlived
+                // its socket's close) is not published under stale seqs: the backfill reads
+                // it again.
+                feed.unacked.locked().clear();
+                self.superseded.borrow_and_update();
+                let stranded = core.buffer.take_unwritten();
+                core.buffer.forget(&stranded);
+                self.answer(async move {
+                    Input::CaughtUp(
+                        tokio::time::timeout(CATCH_UP_TIMEOUT, caught_up(&feed))
+                            .await
+                            .unwrap_or_else(|_| Err("not in time".into())),
+                    )
+                });
+            }
+            Action::Fence { last } => self.answer(async move {
+                // A message that says the stream's last sequence is `last`: it fails if
+                // another process wrote since; once it is in, a publish of a previous holder
+                // (which expects an older sequence) is refused.
+                let marker = jetstream::message::PublishMessage::build()
+                    .header(MARKER_HEADER, feed.me.as_str())
+                    .expected_last_sequence(last);
+                let r = tokio::time::timeout(PUBLISH_TIMEOUT, async {
+                    feed.js
+                        .send_publish(feed.subject.clone(), marker)
+                        .await?
+                        .await
+                })
+                .await;
+                Input::Fenced(match r {
+                    Ok(Ok(ack)) => Ok(ack.sequence),
+                    Ok(Err(e)) => Err(e.to_string()),
+                    Err(_) => Err("not in time".into()),
+                })
+            }),
+            Action::Writer(w) => {
+                *feed.writer.lock().await = w;
+                if w.is_some() {
+                    failing(&feed, false);
+                }
+            }
+            Action::OpenSocket { previous_seen } => self.open(previous_seen).await,
+            Action::CloseSocket => {
+                // The socket closes (and its reader ends) before anything else happens.
+                self.stop.cancel();
+                self.state = None;
+                self.counts.held.set(0);
+                let running = std::mem::take(&mut self.running);
+                self.answer(async move {
+                    let mut running = running;
+                    let clean = tokio::time::timeout(RELEASE_STEP * 3, async {
+                        for r in &mut running {
+                            let _ = r.await;
+                        }
+                    })
+                    .await
+                    .is_ok();
+                    if !clean {
+                        for r in &running {
+                            r.abort();
+                        }
+                    }
+                    Input::SocketClosed { clean }
+                });
+            }
+            Action::PublishPending => {
+                // A row cut off mid-publish stays counted as in flight, so the state written
+                // at the end does not pass it.
+                let _ = tokio::time::timeout(RELEASE_STEP, publish_pending(&core, &feed)).await;
+            }
+            Action::ForgetUnpublished => {
+                let unpublished = core.buffer.take_unwritten();
+                core.buffer.forget(&unpublished);
+            }
+            Action::Release { revision } => {
+                self.released = matches!(
+                    tokio::time::timeout(
+                        RELEASE_STEP,
+                        feed.kv
+                            .delete_expect_revision(&feed.lease_key, Some(revision)),
+                    )
+                    .await,
+                    Ok(Ok(()))
+                );
+            }
+            Action::TakeOver { from, stale } => {
+                if stale {
+                    tracing::warn!(holder = %from, stale_s = self.timing.stale.as_secs_f64(), "the slack lease's holder is silent: taking the socket over");
+                } else {
+                    tracing::info!(holder = %from, "the slack lease's holder was a process of this host that is gone: taking it");
+                }
+            }
+            Action::Holder(h) => {
+                if let Some(h) = &h
+                    && *h != feed.me
+                {
+                    tracing::info!(holder = %h, "another process holds the slack socket lease: standing by");
+                }
+                lease_status(&core, |l| l.holder = h);
+            }
+            Action::Lost(why) => {
+                self.counts.lost.inc();
+                tracing::warn!(reason = %why, "lost the slack socket lease: socket closed; what was not published is left to the next holder's backfill");
+                lease_status(&core, |l| {
+                    l.held = false;
+                    l.lost += 1;
+                });
+                let mut s = core.status();
+                s.last_socket_error = Some(format!("lease lost: {why}"));
+                s.state = SocketState::Standby;
+            }
+            Action::Done => {}
+        }
+    }
+
+    /// The spell begins: the shared state row is read (or made), the socket and the backfill
+    /// start.
+    async fn open(&mut self, previous_seen: Option<Instant>) {
+        // Counted as held from here: what closes the spell closes its socket too.
+        let (core, feed) = (self.core.clone(), self.feed.clone());
+        tracing::info!(holder = %feed.me, "this process holds the slack socket lease");
+        self.counts.held.set(1);
+        self.counts.acquired.inc();
+        self.held = true;
+        lease_status(&core, |l| {
+            l.held = true;
+            l.holder = Some(feed.me.clone());
+            l.acquired_at = Some(at(now_ms()));
+            l.takeovers += 1;
+        });
+        if let Some(seen) = previous_seen
             && core.buffer.live_through().is_none()
         {
             // The previous holder's state never reached the bucket: it was live (and
             // publishing) until it was last seen renewing, so the backfill reads from there.
             // (No start is known: the retention is the only floor.)
+            let ago = u64::try_from(seen.elapsed().as_millis()).unwrap_or(u64::MAX);
             core.buffer.merge_shared(SharedState {
                 first_seq: 0,
                 born_ms: Some(0),
-                live_through_ms: Some(seen),
+                live_through_ms: Some(now_ms().saturating_sub(ago)),
             });
         }
-        let began = Instant::now();
-        let ended = hold(&core, &feed, &cfg, taken.revision, &shutdown).await;
-        if let Ended::Shutdown = ended {
-            return;
-        }
-        core.status().state = SocketState::Standby;
-        // A spell that ended at once (the stream gone, no permission) is not tried again in
-        // a tight loop.
-        if began.elapsed() > cfg.stale {
-            backoff = RETRY;
-        }
-        tokio::select! {
-            _ = shutdown.cancelled() => return,
-            _ = tokio::time::sleep(backoff.next_delay()) => {}
-        }
-    }
-}
-
-/// What taking the lease found.
-struct Taken {
-    revision: u64,
-    /// When (this host's clock) another holder was last seen renewing it.
-    previous_seen_ms: Option<u64>,
-}
-
-/// Waits until this process holds the lease, or `None` at shutdown.
-async fn acquire(
-    core: &Core,
-    feed: &Feed,
-    cfg: &SharedConfig,
-    shutdown: &CancellationToken,
-) -> Option<Taken> {
-    let value = |beat| feed.lease_value(beat);
-    let mut backoff = RETRY;
-    let mut previous_seen_ms = None;
-    'fresh: loop {
-        // What the key holds now, and from when (by this process's clock) it is unchanged.
-        let current = tokio::select! {
-            _ = shutdown.cancelled() => return None,
-            e = feed.kv.entry(&feed.lease_key) => e,
-        };
-        let current = match current {
-            Ok(c) => c,
-            Err(e) => {
-                tracing::debug!(error = %e, "cannot read the slack lease; retrying");
-                tokio::select! {
-                    _ = shutdown.cancelled() => return None,
-                    _ = tokio::time::sleep(backoff.next_delay()) => continue 'fresh,
-                }
-            }
-        };
-        let free = current
-            .as_ref()
-            .is_none_or(|e| e.operation != kv::Operation::Put);
-        let holder = current
-            .as_ref()
-            .filter(|_| !free)
-            .and_then(|e| serde_json::from_slice::<LeaseValue>(&e.value).ok())
-            .map(|v| v.holder);
-        let changed_hands = core
-            .status()
-            .lease
-            .as_ref()
-            .is_none_or(|l| l.holder != holder);
-        lease_status(core, |l| l.holder = holder.clone());
-        if let Some(h) = &holder {
-            previous_seen_ms = Some(now_ms());
-            if changed_hands && h != &feed.me {
-                tracing::info!(holder = %h, "another process holds the slack socket lease: standing by");
-            }
-        }
-        let revision = current.as_ref().map_or(0, |e| e.revision);
-        let mine = holder.as_deref() == Some(feed.me.as_str());
-        let taken = if free {
-            match current {
-                None => feed.kv.create(&feed.lease_key, value(0).into()).await,
-                Some(_) => feed
-                    .kv
-                    .update(&feed.lease_key, value(0).into(), revision)
-                    .await
-                    .map_err(Into::into),
-            }
-        } else if mine || holder.as_deref().is_some_and(dead_here) {
-            tracing::info!(holder = ?holder, "the slack lease's holder was a process of this host that is gone: taking it");
-            feed.kv
-                .update(&feed.lease_key, value(0).into(), revision)
-                .await
-                .map_err(Into::into)
-        } else {
-            // Held: wait for a change, or for the stale time with none.
-            let mut watch = match feed.kv.watch(&feed.lease_key).await {
-                Ok(w) => w,
-                Err(e) => {
-                    tracing::debug!(error = %e, "cannot watch the slack lease; retrying");
-                    tokio::select! {
-                        _ = shutdown.cancelled() => return None,
-                        _ = tokio::time::sleep(backoff.next_delay()) => continue 'fresh,
-                    }
-                }
-            };
-            let stale_at = tokio::time::Instant::now() + cfg.stale;
-            tokio::select! {
-                _ = shutdown.cancelled() => return None,
-                // Changed (a heartbeat, a release): read it again.
-                _ = watch.next() => continue 'fresh,
-                _ = tokio::time::sleep_until(stale_at) => {}
-            }
-            tracing::warn!(holder = ?holder, stale_s = cfg.stale.as_secs_f64(), "the slack lease's holder is silent: taking the socket over");
-            feed.kv
-                .update(&feed.lease_key, value(0).into(), revision)
-                .await
-                .map_err(Into::into)
-        };
-        match taken {
-            Ok(revision) => {
-                return Some(Taken {
-                    revision,
-                    previous_seen_ms,
-                });
-            }
-            Err::<u64, kv::CreateError>(e) => {
-                // Someone else was quicker (or NATS is away, or refuses): look again, paced.
-                tracing::debug!(error = %e, "the slack lease was not taken");
-                tokio::select! {
-                    _ = shutdown.cancelled() => return None,
-                    _ = tokio::time::sleep(backoff.next_delay()) => {}
-                }
-            }
-        }
-    }
-}
-
-/// Holds the lease from `revision`: catches up with the stream, fences it, runs the socket
-/// and the backfill, renews; ends at shutdown (releasing it) or when it is lost.
-///
-/// The socket runs only while the last renewal is younger than two thirds of the stale time
-/// (each renewal's wait is cut at that deadline), so a standby that takes over after the
-/// stale time never overlaps it.
-async fn hold(
-    core: &Arc<Core>,
-    feed: &Feed,
-    cfg: &SharedConfig,
-    mut revision: u64,
-    shutdown: &CancellationToken,
-) -> Ended {
-    tracing::info!(holder = %feed.me, "this process holds the slack socket lease");
-    let counts = LeaseMetrics::register(core.ctx.metrics());
-    counts.held.set(1);
-    counts.acquired.inc();
-    lease_status(core, |l| {
-        l.held = true;
-        l.holder = Some(feed.me.clone());
-        l.acquired_at = Some(at(now_ms()));
-        l.takeovers += 1;
-    });
-    let stop = shutdown.child_token();
-    let mut running: Vec<tokio::task::JoinHandle<()>> = Vec::new();
-    let mut beat = 0u64;
-    let lease_value = |beat| feed.lease_value(beat);
-    // Ids left unacknowledged by an earlier spell mean nothing in this one.
-    feed.unacked.locked().clear();
-    let keep_for = cfg.stale * 2 / 3;
-    // Anything ingested outside a spell (a reader that outlived its socket's close) is not
-    // published under stale seqs: the backfill reads it again.
-    let stranded = core.buffer.take_unwritten();
-    core.buffer.forget(&stranded);
-    let mut superseded = feed.superseded.subscribe();
-    let ended = 'held: {
-        // Everything published before this moment is applied first: new seqs stay above it.
-        let caught_up = tokio::time::timeout(CATCH_UP_TIMEOUT, async {
-            let mut s = feed
-                .js
-                .get_stream(&feed.stream)
-                .await
-                .map_err(|e| e.to_string())?;
-            let st = s.info().await.map_err(|e| e.to_string())?.state.clone();
-            if st.messages > 0 {
-                let mut rx = feed.applied.clone();
-                let last = st.last_sequence;
-                rx.wait_for(|&a| a >= last)
-                    .await
-                    .map_err(|e| e.to_string())?;
-            }
-            Ok::<u64, String>(st.last_sequence)
-        })
-        .await;
-        let last = match caught_up {
-            Ok(Ok(last)) => last,
-            Ok(Err(e)) => break 'held Ended::Lost(format!("cannot catch up with the stream: {e}")),
-            Err(_) => break 'held Ended::Lost("cannot catch up with the stream in time".into()),
-        };
-        // The fence: a message that says the stream's last sequence is `last`. It fails if
-        // another process wrote since; once it is in, a publish of a previous holder (which
-        // expects an older sequence) is refused.
-        let marker = jetstream::message::PublishMessage::build()
-            .header(MARKER_HEADER, feed.me.as_str())
-            .expected_last_sequence(last);
-        let fenced = tokio::time::timeout(PUBLISH_TIMEOUT, async {
-            feed.js
-                .send_publish(feed.subject.clone(), marker)
-                .await?
-                .await
-        })
-        .await;
-        let expected = match fenced {
-            Ok(Ok(ack)) => ack.sequence,
-            Ok(Err(e)) => break 'held Ended::Lost(format!("cannot fence the stream: {e}")),
-            Err(_) => break 'held Ended::Lost("cannot fence the stream in time".into()),
-        };
-        // Renewed now: the catch-up may have taken a while of the stale time.
-        match tokio::time::timeout(
-            keep_for,
-            feed.kv
-                .update(&feed.lease_key, lease_value(0).into(), revision),
-        )
-        .await
-        {
-            Ok(Ok(r)) => revision = r,
-            _ => {
-                break 'held Ended::Lost("the lease could not be renewed after catching up".into());
-            }
-        }
-        let mut last_ok = Instant::now();
-        *feed.writer.lock().await = Some(expected);
-        failing(feed, false);
         let (mut shared, _) = core.buffer.take_shared();
         match feed.kv.get(&feed.state_key).await {
             Ok(Some(v)) => {
@@ -293,7 +405,7 @@ async fn hold(
                     core.buffer.merge_shared(s);
                 }
                 shared = core.buffer.take_shared().0;
-                write_state(feed, shared).await;
+                write_state(&feed, shared).await;
             }
             Ok(None) => {
                 // A new feed begins now: a cursor from before it learns `truncated`. Made
@@ -312,153 +424,76 @@ async fn hold(
                 }
             }
             Err(e) => {
-                break 'held Ended::Lost(format!("cannot read the feed's shared state: {e}"));
+                self.queued.push_back(Input::Broken(format!(
+                    "cannot read the feed's shared state: {e}"
+                )));
+                return;
             }
         }
-        running.push(
-            core.ctx
-                .spawn("slack socket mode", socket::run(core.clone(), stop.clone())),
-        );
-        running.push(
-            core.ctx
-                .spawn("slack backfill", backfill::run(core.clone(), stop.clone())),
-        );
-        // The next renewal is due a heartbeat after the last attempt.
-        let mut renew_at = tokio::time::Instant::now() + cfg.heartbeat;
-        // The shared state is written a window after the buffer says it changed (the
-        // window gathers a backfill's inserts and its new `live_through` into one write).
-        let mut changes = core.buffer.changes();
-        let state_window = FLUSH_WINDOW.min(cfg.heartbeat);
+        self.stop = self.shutdown.child_token();
+        self.running = vec![
+            core.ctx.spawn(
+                "slack socket mode",
+                socket::run(core.clone(), self.stop.clone()),
+            ),
+            core.ctx.spawn(
+                "slack backfill",
+                backfill::run(core.clone(), self.stop.clone()),
+            ),
+        ];
         // Due at once: what changed before this spell's first write is not left out.
-        let mut state_at = Some(tokio::time::Instant::now());
-        loop {
-            let deadline = tokio::time::Instant::from_std(last_ok + keep_for);
-            tokio::select! {
-                _ = shutdown.cancelled() => break 'held Ended::Shutdown,
-                _ = superseded.changed() => break 'held Ended::Lost("another process wrote to the stream".into()),
-                _ = tokio::time::sleep_until(deadline) => {
-                    break 'held Ended::Lost("the lease could not be renewed for 2/3 of the stale time".into());
-                }
-                Ok(()) = changes.changed(), if state_at.is_none() => {
-                    state_at = Some(tokio::time::Instant::now() + state_window);
-                    continue;
-                }
-                _ = tokio::time::sleep_until(state_at.unwrap_or(deadline)), if state_at.is_some() => {
-                    state_at = None;
-                    changes.borrow_and_update();
-                    // Where the backfill may start from, for whoever holds next.
-                    let (shared, changed) = core.buffer.take_shared();
-                    if changed {
-                        write_state(feed, shared).await;
-                    }
-                    continue;
-                }
-                _ = tokio::time::sleep_until(renew_at) => {}
-            }
-            let stuck = feed
-                .failing_since
-                .locked()
-                .is_some_and(|t| t.elapsed() >= keep_for);
-            if stuck {
-                break 'held Ended::Lost(
-                    "publishing to the stream failed for 2/3 of the stale time".into(),
-                );
-            }
-            beat += 1;
-            renew_at = tokio::time::Instant::now() + cfg.heartbeat;
-            let remaining = deadline.saturating_duration_since(tokio::time::Instant::now());
-            match tokio::time::timeout(
-                remaining.min(cfg.heartbeat),
-                feed.kv
-                    .update(&feed.lease_key, lease_value(beat).into(), revision),
-            )
+        self.state = Some((core.buffer.changes(), Some(tokio::time::Instant::now())));
+    }
+
+    /// The machine stopped (shutdown): the last word on the key, and the state row.
+    async fn done(&mut self) {
+        self.watch = None;
+        if !self.held {
+            return;
+        }
+        if self.released {
+            tracing::info!("slack socket lease released");
+        } else {
+            tracing::warn!(
+                "could not release the slack socket lease; another process takes it once it is stale"
+            );
+        }
+        let shared = self.core.buffer.take_shared().0;
+        let _ = tokio::time::timeout(RELEASE_STEP / 2, write_state(&self.feed, shared)).await;
+        lease_status(&self.core, |l| l.held = false);
+    }
+}
+
+/// The key as the machine sees it.
+fn key_of(e: &kv::Entry) -> Key {
+    let holder = (e.operation == kv::Operation::Put)
+        .then(|| serde_json::from_slice::<LeaseValue>(&e.value).ok())
+        .flatten()
+        .map(|v| v.holder);
+    Key {
+        revision: e.revision,
+        holder_gone: holder.as_deref().is_some_and(dead_here),
+        holder,
+    }
+}
+
+/// Applies everything published before now: new seqs stay above it. Returns the stream's
+/// last sequence.
+async fn caught_up(feed: &Feed) -> Result<u64, String> {
+    let mut s = feed
+        .js
+        .get_stream(&feed.stream)
+        .await
+        .map_err(|e| e.to_string())?;
+    let st = s.info().await.map_err(|e| e.to_string())?.state.clone();
+    if st.messages > 0 {
+        let mut rx = feed.applied.clone();
+        let last = st.last_sequence;
+        rx.wait_for(|&a| a >= last)
             .await
-            {
-                Ok(Ok(r)) => {
-                    revision = r;
-                    last_ok = Instant::now();
-                }
-                Ok(Err(e)) if e.kind() == kv::UpdateErrorKind::WrongLastRevision => {
-                    break 'held Ended::Lost("another process took the lease".into());
-                }
-                Ok(Err(e)) => tracing::warn!(error = %e, "cannot renew the slack lease"),
-                Err(_) => tracing::warn!("cannot renew the slack lease: no answer in time"),
-            }
-        }
-    };
-    // The socket closes (and its reader ends) before anything else happens.
-    stop.cancel();
-    let stopped = tokio::time::timeout(RELEASE_STEP * 3, async {
-        for r in &mut running {
-            let _ = r.await;
-        }
-    })
-    .await
-    .is_ok();
-    if !stopped {
-        for r in &running {
-            r.abort();
-        }
+            .map_err(|e| e.to_string())?;
     }
-    counts.held.set(0);
-    match ended {
-        Ended::Shutdown => {
-            // What the socket brought in last is published, then the lease is given back
-            // (only once the socket is known closed), then the state written: all within the
-            // process's drain time. A row cut off mid-publish stays counted as in flight, so
-            // the state written does not pass it.
-            let _ = tokio::time::timeout(RELEASE_STEP, publish_pending(core, feed)).await;
-            if let Ok(mut w) = tokio::time::timeout(RELEASE_STEP / 2, feed.writer.lock()).await {
-                *w = None;
-            }
-            let released = stopped
-                && matches!(
-                    tokio::time::timeout(
-                        RELEASE_STEP,
-                        feed.kv
-                            .delete_expect_revision(&feed.lease_key, Some(revision)),
-                    )
-                    .await,
-                    Ok(Ok(()))
-                );
-            if released {
-                tracing::info!("slack socket lease released");
-            } else {
-                tracing::warn!(
-                    "could not release the slack socket lease; another process takes it once it is stale"
-                );
-            }
-            let shared = core.buffer.take_shared().0;
-            let _ = tokio::time::timeout(RELEASE_STEP / 2, write_state(feed, shared)).await;
-            lease_status(core, |l| l.held = false);
-            Ended::Shutdown
-        }
-        Ended::Lost(why) => {
-            counts.lost.inc();
-            // Writing stops before the lease is given up.
-            *feed.writer.lock().await = None;
-            let unpublished = core.buffer.take_unwritten();
-            core.buffer.forget(&unpublished);
-            // Given back if it is still this process's (a catch-up that failed, NATS back)
-            // and its socket is known closed: anyone may take it at once. Refused when
-            // another process has it already.
-            if stopped {
-                let _ = tokio::time::timeout(
-                    Duration::from_secs(5),
-                    feed.kv
-                        .delete_expect_revision(&feed.lease_key, Some(revision)),
-                )
-                .await;
-            }
-            tracing::warn!(reason = %why, "lost the slack socket lease: socket closed; what was not published is left to the next holder's backfill");
-            lease_status(core, |l| {
-                l.held = false;
-                l.lost += 1;
-            });
-            core.status().last_socket_error = Some(format!("lease lost: {why}"));
-            Ended::Lost(why)
-        }
-    }
+    Ok(st.last_sequence)
 }
 
 /// Writes the shared state (the holder's), best effort: a lost write only widens the next

@@ -43,13 +43,20 @@ pub(super) async fn publisher(core: Arc<Core>, feed: Arc<Feed>) {
     }
 }
 
+/// Records whether publishing fails now (the lease's shell hears of it when that changes).
 pub(super) fn failing(feed: &Feed, now_failing: bool) {
-    let mut f = feed.failing_since.locked();
-    match (now_failing, f.is_some()) {
-        (true, false) => *f = Some(Instant::now()),
-        (false, true) => *f = None,
-        _ => {}
-    }
+    feed.failing_since
+        .send_if_modified(|f| match (now_failing, f.is_some()) {
+            (true, false) => {
+                *f = Some(Instant::now());
+                true
+            }
+            (false, true) => {
+                *f = None;
+                true
+            }
+            _ => false,
+        });
 }
 
 /// The stream's last sequence, when its last message is one this process sent without an

@@ -41,7 +41,13 @@ fn a_file_renamed_over_its_target_within_one_clock_tick_is_modified() {
     // of the file system's coarse clock: same size, same mtime, another inode.
     let mut t = T::new();
     let ring = t.events("e", "/r/d", false);
-    t.disk.put("/r/d/a.txt", Meta { ino: 2, ..file(1, 10) });
+    t.disk.put(
+        "/r/d/a.txt",
+        Meta {
+            ino: 2,
+            ..file(1, 10)
+        },
+    );
     t.feed("/r/d", EventMask::MOVED_TO, "a.txt", 9, 0);
     t.flush(100);
     assert_eq!(summary(&ring), ["MODIFIED /r/d/a.txt"]);
