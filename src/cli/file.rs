@@ -179,6 +179,7 @@ mod tests {
                 http_idle_timeout_ms: 1,
                 http_header_timeout_ms: 1,
                 http_body_timeout_ms: 1,
+                session_idle_timeout_ms: 1,
             },
             roots: vec!["/extra".into()],
             config: Some(p.clone()),

@@ -276,6 +276,12 @@ pub struct ServeArgs {
     #[arg(long, default_value_t = DEFAULT_BODY_TIMEOUT_MS, value_name = "MS",
         value_parser = clap::value_parser!(u64).range(1..))]
     pub http_body_timeout_ms: u64,
+    /// A legacy (2025-11-25) HTTP session is closed, and its watches with it, this long after
+    /// its client's last request or its last response stream closing. An open GET stream
+    /// keeps it; the server's own notifications do not.
+    #[arg(long, default_value_t = crate::transport::http::sessions::DEFAULT_SESSION_IDLE_MS,
+        value_name = "MS", value_parser = clap::value_parser!(u64).range(1..))]
+    pub session_idle_timeout_ms: u64,
 }
 
 impl ServeArgs {
@@ -297,6 +303,7 @@ impl ServeArgs {
                 trusted_proxies: crate::transport::http::budget::trusted_proxies(
                     &self.trusted_proxies,
                 ),
+                session_idle: Some(Duration::from_millis(self.session_idle_timeout_ms)),
             },
             tls_cert: self.tls_cert.clone(),
             tls_key: self.tls_key.clone(),

@@ -23,7 +23,6 @@ use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use hyper_util::service::TowerToHyperService;
-use rmcp::transport::streamable_http_server::session::local::LocalSessionManager;
 use rmcp::transport::streamable_http_server::{StreamableHttpServerConfig, StreamableHttpService};
 use serde_json::{Value, json};
 use tokio::net::TcpListener;
@@ -47,6 +46,7 @@ mod first;
 pub mod oauth;
 mod params;
 mod plain;
+pub mod sessions;
 mod sse;
 #[cfg(test)]
 use plain::checked_arguments;
@@ -72,6 +72,9 @@ pub struct HttpOptions {
     /// The proxies whose `X-Forwarded-For` names the client's address (see [`budget`]);
     /// `None`: [`budget::DEFAULT_TRUSTED_PROXIES`].
     pub trusted_proxies: Option<Vec<budget::Cidr>>,
+    /// A legacy session is closed this long after its client's last request or stream
+    /// ([`sessions`]); `None`: [`sessions::DEFAULT_SESSION_IDLE_MS`].
+    pub session_idle: Option<Duration>,
 }
 
 /// Connections the kernel queues for `accept` (capped by `net.core.somaxconn`): a burst of
@@ -179,18 +182,25 @@ pub fn router(
         .with_sse_keep_alive(Some(Duration::from_secs(15)))
         .with_max_request_body_bytes(limits.max_message_bytes)
         .with_cancellation_token(sessions.child_token());
-    let service = StreamableHttpService::new(
-        move || Ok(server.for_session()),
-        Arc::new(LocalSessionManager::default()),
-        config,
+    let legacy = sessions::Sessions::start(
+        opts.session_idle
+            .unwrap_or(Duration::from_millis(sessions::DEFAULT_SESSION_IDLE_MS)),
+        sessions.child_token(),
+        metrics,
     );
-    let router =
-        Router::new()
-            .nest_service(MCP_PATH, service)
-            .layer(axum::middleware::from_fn_with_state(
-                gate.clone(),
-                listen_gate,
-            ));
+    let service =
+        StreamableHttpService::new(move || Ok(server.for_session()), legacy.manager(), config);
+    // The session layer runs inside the listen gate: it sees the caller the gate let in.
+    let router = Router::new()
+        .nest_service(MCP_PATH, service)
+        .layer(axum::middleware::from_fn_with_state(
+            legacy,
+            sessions::session_gate,
+        ))
+        .layer(axum::middleware::from_fn_with_state(
+            gate.clone(),
+            listen_gate,
+        ));
     // (After the gate's layer: the metadata is for callers with no token yet.)
     let router = oauth::routes(router, gate.server.clone())
         .route("/live", axum::routing::get(|| async { "ok\n" }))

@@ -328,3 +328,114 @@ async fn legacy_subscriptions_share_the_connections_stream_budget() {
     let (_, mut seen) = s.call(memo_set(5, "memo_set", "k", "v")).await;
     s.until_updated(&mut seen, "memo://log").await;
 }
+
+/// A legacy session is its opener's: another token, or none, naming it gets rmcp's own answer
+/// for an unknown session. And a client that vanished loses its session after
+/// `--session-idle-timeout-ms` though what it subscribed to keeps changing (the server's
+/// notifications are not the client's traffic), while a client that keeps talking keeps its.
+#[tokio::test]
+async fn a_legacy_session_is_its_openers_and_ends_when_its_client_is_gone() {
+    let server = Server::spawn(&[
+        "--store",
+        ":memory:",
+        "memo",
+        "--http",
+        "127.0.0.1:0",
+        "--session-idle-timeout-ms",
+        "400",
+    ])
+    .await;
+    let url = server.http_url();
+    let metrics_url = url.replace("/mcp", "/metrics");
+    let http = reqwest::Client::new();
+    let post = |body: Value, session: Option<&str>, token: Option<&str>| {
+        let mut r = http
+            .post(&url)
+            .header("content-type", "application/json")
+            .header("accept", "application/json, text/event-stream")
+            .json(&body);
+        if let Some(s) = session {
+            r = r
+                .header("mcp-session-id", s)
+                .header("mcp-protocol-version", VERSION);
+        }
+        if let Some(t) = token {
+            r = r.bearer_auth(t);
+        }
+        r.send()
+    };
+    let open = |token: &'static str| {
+        let post = &post;
+        async move {
+            let init = post(initialize(), None, Some(token)).await.unwrap();
+            assert_eq!(init.status(), 200);
+            let session = init.headers()["mcp-session-id"]
+                .to_str()
+                .unwrap()
+                .to_owned();
+            let r = post(
+                json!({"jsonrpc": "2.0", "method": "notifications/initialized"}),
+                Some(&session),
+                Some(token),
+            )
+            .await
+            .unwrap();
+            assert_eq!(r.status(), 202);
+            session
+        }
+    };
+    let sessions = || async {
+        let text = http
+            .get(&metrics_url)
+            .send()
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap();
+        text.lines()
+            .find_map(|l| l.strip_prefix("herald_http_sessions "))
+            .expect("the sessions gauge")
+            .parse::<u64>()
+            .unwrap()
+    };
+    let alice = open("alice-token").await;
+    let subscribe = request(1, "resources/subscribe", json!({"uri": "memo://notes"}));
+    for token in [Some("mallory-token"), None] {
+        let r = post(subscribe.clone(), Some(&alice), token).await.unwrap();
+        assert_eq!(r.status(), 404, "{token:?}");
+        assert_eq!(r.text().await.unwrap(), "Not Found: Session not found");
+    }
+    let r = post(subscribe.clone(), Some(&alice), Some("alice-token"))
+        .await
+        .unwrap();
+    let body = r.text().await.unwrap();
+    assert_eq!(sse_or_json(&body, 1)["result"], json!({}), "{body}");
+
+    // Alice goes away. Bob keeps writing what she subscribed to, in his own session.
+    let bob = open("bob-token").await;
+    assert_eq!(sessions().await, 2);
+    let mut n = 0;
+    tokio::time::timeout(WAIT, async {
+        loop {
+            n += 1;
+            let r = post(
+                memo_set(10 + n, "memo_set", "k", &format!("v{n}")),
+                Some(&bob),
+                Some("bob-token"),
+            )
+            .await
+            .unwrap();
+            assert_eq!(r.status(), 200, "bob's session stays: he talks");
+            if sessions().await == 1 {
+                return;
+            }
+        }
+    })
+    .await
+    .expect("alice's session closes once she has been gone the idle time");
+    let r = post(subscribe, Some(&alice), Some("alice-token"))
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 404, "closed");
+}
