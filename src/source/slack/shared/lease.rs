@@ -70,6 +70,8 @@ struct Shell {
     queued: VecDeque<Input>,
     /// The one outstanding answered action.
     answer: Option<Answer>,
+    /// The socket closing (its own slot: a write of the key outstanding still answers).
+    closing: Option<Answer>,
     watch: Option<kv::Watch>,
     superseded: tokio::sync::watch::Receiver<u64>,
     failing: tokio::sync::watch::Receiver<Option<Instant>>,
@@ -94,6 +96,7 @@ impl Shell {
             shutdown_fed: false,
             queued: VecDeque::new(),
             answer: None,
+            closing: None,
             watch: None,
             superseded: feed.superseded.subscribe(),
             failing: feed.failing_since.subscribe(),
@@ -122,6 +125,7 @@ impl Shell {
             shutdown,
             shutdown_fed,
             answer,
+            closing,
             watch,
             superseded,
             failing,
@@ -132,9 +136,18 @@ impl Shell {
             let state_due = state.as_ref().and_then(|(_, at)| *at);
             let changes_open = state.as_ref().is_some_and(|(_, at)| at.is_none());
             tokio::select! {
+                // Shutdown and the machine's deadlines before anything else.
+                biased;
                 _ = shutdown.cancelled(), if !*shutdown_fed => {
                     *shutdown_fed = true;
                     return Input::Shutdown;
+                }
+                _ = tokio::time::sleep_until(deadline.unwrap_or_else(tokio::time::Instant::now)), if deadline.is_some() => {
+                    return Input::Tick;
+                }
+                i = async { closing.as_mut().expect("guarded").await }, if closing.is_some() => {
+                    *closing = None;
+                    return i;
                 }
                 i = async { answer.as_mut().expect("guarded").await }, if answer.is_some() => {
                     *answer = None;
@@ -173,11 +186,8 @@ impl Shell {
                     // Where the backfill may start from, for whoever holds next.
                     let (shared, changed) = core.buffer.take_shared();
                     if changed {
-                        write_state(feed, shared).await;
+                        let _ = tokio::time::timeout(RELEASE_STEP, write_state(feed, shared)).await;
                     }
-                }
-                _ = tokio::time::sleep_until(deadline.unwrap_or_else(tokio::time::Instant::now)), if deadline.is_some() => {
-                    return Input::Tick;
                 }
             }
         }
@@ -291,7 +301,18 @@ impl Shell {
                 })
             }),
             Action::Writer(w) => {
-                *feed.writer.lock().await = w;
+                if self.shutdown_fed {
+                    // Within the process's drain time: a publish stuck on NATS does not hold
+                    // the release up.
+                    if let Ok(mut g) =
+                        tokio::time::timeout(RELEASE_STEP / 2, feed.writer.lock()).await
+                    {
+                        *g = w;
+                    }
+                } else {
+                    // A spell lost waits for the publish in flight: nothing is written after.
+                    *feed.writer.lock().await = w;
+                }
                 if w.is_some() {
                     failing(&feed, false);
                 }
@@ -303,7 +324,7 @@ impl Shell {
                 self.state = None;
                 self.counts.held.set(0);
                 let running = std::mem::take(&mut self.running);
-                self.answer(async move {
+                self.closing = Some(Box::pin(async move {
                     let mut running = running;
                     let clean = tokio::time::timeout(RELEASE_STEP * 3, async {
                         for r in &mut running {
@@ -318,7 +339,7 @@ impl Shell {
                         }
                     }
                     Input::SocketClosed { clean }
-                });
+                }));
             }
             Action::PublishPending => {
                 // A row cut off mid-publish stays counted as in flight, so the state written
@@ -356,6 +377,7 @@ impl Shell {
                 lease_status(&core, |l| l.holder = h);
             }
             Action::Lost(why) => {
+                self.held = false;
                 self.counts.lost.inc();
                 tracing::warn!(reason = %why, "lost the slack socket lease: socket closed; what was not published is left to the next holder's backfill");
                 lease_status(&core, |l| {
@@ -379,6 +401,7 @@ impl Shell {
         self.counts.held.set(1);
         self.counts.acquired.inc();
         self.held = true;
+        self.released = false;
         lease_status(&core, |l| {
             l.held = true;
             l.holder = Some(feed.me.clone());
@@ -399,23 +422,31 @@ impl Shell {
             });
         }
         let (mut shared, _) = core.buffer.take_shared();
-        match feed.kv.get(&feed.state_key).await {
+        let row = match tokio::time::timeout(RELEASE_STEP * 5, feed.kv.get(&feed.state_key)).await {
+            Ok(r) => r.map_err(|e| e.to_string()),
+            Err(_) => Err("no answer in time".to_owned()),
+        };
+        match row {
             Ok(Some(v)) => {
                 if let Ok(s) = serde_json::from_slice::<SharedState>(&v) {
                     core.buffer.merge_shared(s);
                 }
                 shared = core.buffer.take_shared().0;
-                write_state(&feed, shared).await;
+                let _ = tokio::time::timeout(RELEASE_STEP, write_state(&feed, shared)).await;
             }
             Ok(None) => {
                 // A new feed begins now: a cursor from before it learns `truncated`. Made
                 // only if absent (and taken in only once made), so a feed's start never moves.
                 shared.first_seq = core.buffer.head().max(now_us());
                 let bytes = serde_json::to_vec(&shared).expect("the state serializes");
-                match feed.kv.create(&feed.state_key, bytes.into()).await {
-                    Ok(_) => core.buffer.merge_shared(shared),
-                    Err(_) => {
-                        if let Ok(Some(v)) = feed.kv.get(&feed.state_key).await
+                let step = RELEASE_STEP * 5;
+                match tokio::time::timeout(step, feed.kv.create(&feed.state_key, bytes.into()))
+                    .await
+                {
+                    Ok(Ok(_)) => core.buffer.merge_shared(shared),
+                    _ => {
+                        if let Ok(Ok(Some(v))) =
+                            tokio::time::timeout(step, feed.kv.get(&feed.state_key)).await
                             && let Ok(s) = serde_json::from_slice::<SharedState>(&v)
                         {
                             core.buffer.merge_shared(s);
@@ -466,10 +497,13 @@ impl Shell {
 
 /// The key as the machine sees it.
 fn key_of(e: &kv::Entry) -> Key {
-    let holder = (e.operation == kv::Operation::Put)
-        .then(|| serde_json::from_slice::<LeaseValue>(&e.value).ok())
-        .flatten()
-        .map(|v| v.holder);
+    // A value that is not a lease (another version's, one put by hand) is held by someone
+    // all the same: taken only once it stands still for the stale time.
+    let holder = (e.operation == kv::Operation::Put).then(|| {
+        serde_json::from_slice::<LeaseValue>(&e.value)
+            .map(|v| v.holder)
+            .unwrap_or_else(|_| "(a lease value this version cannot read)".into())
+    });
     Key {
         revision: e.revision,
         holder_gone: holder.as_deref().is_some_and(dead_here),

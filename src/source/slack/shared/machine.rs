@@ -182,10 +182,15 @@ enum Phase {
         /// process's own renewal whose answer was lost.
         checking: bool,
     },
-    /// The socket is closing; `why` is `None` at shutdown.
+    /// The spell is ending; `why` is `None` at shutdown. It ends once the socket is closed
+    /// (`closed`: whether cleanly) and the write of the key that was outstanding (`writing`)
+    /// has answered: the key is then released at the revision that write made, if it
+    /// landed, so a stop never leaves the key naming a process that is gone.
     Closing {
-        revision: u64,
+        revision: Option<u64>,
         why: Option<String>,
+        writing: bool,
+        closed: Option<bool>,
     },
     Done,
 }
@@ -314,7 +319,11 @@ impl Lease {
                     self.phase = Phase::Fencing { revision };
                     vec![Action::Fence { last }]
                 }
-                Err(e) => self.lose(revision, format!("cannot catch up with the stream: {e}")),
+                Err(e) => self.lose(
+                    revision,
+                    format!("cannot catch up with the stream: {e}"),
+                    false,
+                ),
             },
             (Phase::Fencing { revision }, Input::Fenced(r)) => match r {
                 Ok(expected) => {
@@ -325,7 +334,7 @@ impl Lease {
                     };
                     vec![Action::Update { revision, beat: 0 }]
                 }
-                Err(e) => self.lose(revision, format!("cannot fence the stream: {e}")),
+                Err(e) => self.lose(revision, format!("cannot fence the stream: {e}"), false),
             },
             (
                 Phase::Confirming {
@@ -335,6 +344,12 @@ impl Lease {
                 },
                 i,
             ) => match i {
+                // Renewed, but too late to open the socket safely.
+                Input::Written(Ok(r)) if now >= sent + self.timing.keep_for() => self.lose(
+                    r,
+                    "the lease could not be renewed after catching up".into(),
+                    false,
+                ),
                 Input::Written(Ok(r)) => {
                     self.backoff.reset();
                     self.phase = Phase::Holding {
@@ -355,17 +370,48 @@ impl Lease {
                 Input::Written(Err(_)) => self.lose(
                     revision,
                     "the lease could not be renewed after catching up".into(),
+                    false,
                 ),
                 Input::Tick if now >= sent + self.timing.keep_for() => self.lose(
                     revision,
                     "the lease could not be renewed after catching up".into(),
+                    true,
                 ),
                 Input::Superseded => self.superseded(),
                 _ => Vec::new(),
             },
             (Phase::Holding { .. }, i) => self.hold(now, i),
-            (Phase::Closing { revision, why }, Input::SocketClosed { clean }) => {
-                self.closed(now, revision, why, clean)
+            (
+                Phase::Closing {
+                    revision,
+                    why,
+                    writing,
+                    closed,
+                },
+                i,
+            ) => {
+                let (revision, writing, closed) = match i {
+                    Input::SocketClosed { clean } => (revision, writing, Some(clean)),
+                    Input::Written(Ok(r)) if writing => (Some(r), false, closed),
+                    // Someone else's now: nothing to give back.
+                    Input::Written(Err(WriteError::Conflict)) if writing => (None, false, closed),
+                    Input::Written(Err(WriteError::Failed(_))) if writing => {
+                        (revision, false, closed)
+                    }
+                    _ => return Vec::new(),
+                };
+                match closed {
+                    Some(clean) if !writing => self.closed(now, revision, why, clean),
+                    _ => {
+                        self.phase = Phase::Closing {
+                            revision,
+                            why,
+                            writing,
+                            closed,
+                        };
+                        Vec::new()
+                    }
+                }
             }
             // Answers no longer awaited, and ticks before their time.
             _ => Vec::new(),
@@ -477,14 +523,14 @@ impl Lease {
                     };
                     self.check(now)
                 }
-                _ => self.lose(revision, "another process took the lease".into()),
+                _ => self.lose(revision, "another process took the lease".into(), false),
             },
             (Input::KeyFailed(_), None) if checking => {
                 self.phase = holding(revision, last_ok, None, false);
                 self.check(now)
             }
             (Input::Superseded, _) => self.superseded(),
-            (Input::Broken(why), _) => self.lose(revision, why),
+            (Input::Broken(why), _) => self.lose(revision, why, in_flight.is_some()),
             (Input::Publishing(since), _) => {
                 self.failing_since = since;
                 self.check(now)
@@ -496,10 +542,14 @@ impl Lease {
     }
 
     fn superseded(&mut self) -> Vec<Action> {
+        let why = "another process wrote to the stream".to_owned();
         match self.phase {
-            Phase::Holding { revision, .. } | Phase::Confirming { revision, .. } => {
-                self.lose(revision, "another process wrote to the stream".into())
-            }
+            Phase::Holding {
+                revision,
+                in_flight,
+                ..
+            } => self.lose(revision, why, in_flight.is_some()),
+            Phase::Confirming { revision, .. } => self.lose(revision, why, true),
             _ => Vec::new(),
         }
     }
@@ -522,12 +572,14 @@ impl Lease {
             return self.lose(
                 revision,
                 "the lease could not be renewed for 2/3 of the stale time".into(),
+                in_flight.is_some(),
             );
         }
         if self.failing_since.is_some_and(|f| now >= f + keep) {
             return self.lose(
                 revision,
                 "publishing to the stream failed for 2/3 of the stale time".into(),
+                in_flight.is_some(),
             );
         }
         if in_flight.is_none() && !checking && now >= renew_at {
@@ -547,32 +599,64 @@ impl Lease {
         Vec::new()
     }
 
-    /// The spell ends: writing stops, the socket closes.
-    fn lose(&mut self, revision: u64, why: String) -> Vec<Action> {
+    /// The spell ends: writing stops, the socket closes; `writing` when a write of the key
+    /// is outstanding (its answer is awaited before the key is given back).
+    fn lose(&mut self, revision: u64, why: String, writing: bool) -> Vec<Action> {
         self.phase = Phase::Closing {
-            revision,
+            revision: Some(revision),
             why: Some(why),
+            writing,
+            closed: None,
         };
         vec![Action::CloseSocket, Action::Writer(None)]
     }
 
     fn shutdown(&mut self) -> Vec<Action> {
+        let closing = |revision, writing| Phase::Closing {
+            revision,
+            why: None,
+            writing,
+            closed: None,
+        };
         match self.phase.clone() {
-            Phase::CatchingUp { revision }
-            | Phase::Fencing { revision }
-            | Phase::Confirming { revision, .. }
-            | Phase::Holding { revision, .. } => {
-                self.phase = Phase::Closing {
-                    revision,
-                    why: None,
-                };
+            Phase::CatchingUp { revision } | Phase::Fencing { revision } => {
+                self.phase = closing(Some(revision), false);
                 vec![Action::CloseSocket]
             }
-            // Already closing: it ends as a shutdown once the socket is closed.
-            Phase::Closing { revision, .. } => {
+            Phase::Confirming { revision, .. } => {
+                self.phase = closing(Some(revision), true);
+                vec![Action::CloseSocket]
+            }
+            Phase::Holding {
+                revision,
+                in_flight,
+                ..
+            } => {
+                self.phase = closing(Some(revision), in_flight.is_some());
+                vec![Action::CloseSocket]
+            }
+            // A take in flight: if it lands, the key is given back at once.
+            Phase::Taking => {
+                self.phase = Phase::Closing {
+                    revision: None,
+                    why: None,
+                    writing: true,
+                    closed: Some(true),
+                };
+                Vec::new()
+            }
+            // Already closing: it ends as a shutdown.
+            Phase::Closing {
+                revision,
+                writing,
+                closed,
+                ..
+            } => {
                 self.phase = Phase::Closing {
                     revision,
                     why: None,
+                    writing,
+                    closed,
                 };
                 Vec::new()
             }
@@ -591,11 +675,13 @@ impl Lease {
     fn closed(
         &mut self,
         now: Instant,
-        revision: u64,
+        revision: Option<u64>,
         why: Option<String>,
         clean: bool,
     ) -> Vec<Action> {
-        let release = clean.then_some(Action::Release { revision });
+        let release = revision
+            .filter(|_| clean)
+            .map(|revision| Action::Release { revision });
         match why {
             None => {
                 self.phase = Phase::Done;
