@@ -29,6 +29,9 @@ pub struct GatewayArgs {
     // --connect-timeout-ms: each [[slug]]'s.
     #[command(flatten)]
     pub timeout: UpstreamConnectTimeout,
+    /// --backend: who started each task kept on NATS, shared by the gateway's replicas.
+    #[command(flatten)]
+    pub nats: crate::cli::nats::NatsArgs,
 }
 
 pub async fn run(args: GatewayArgs, globals: &Globals) -> Result<(), Exit> {
@@ -69,6 +72,7 @@ pub async fn run(args: GatewayArgs, globals: &Globals) -> Result<(), Exit> {
         &cfg,
         &ctx,
     ));
+    gateway.keep_tasks_in(task_keep(&args.nats, &store, &ctx).await?);
     let admin = begin(&args.serve, &ctx, globals, &store).await?;
     gateway.warm_up(WARM_UP).await;
     let reload = GatewayReload {
@@ -92,6 +96,47 @@ pub async fn run(args: GatewayArgs, globals: &Globals) -> Result<(), Exit> {
         Some(Box::new(reload)),
     )
     .await
+}
+
+/// Where the gateway keeps who started each task: on NATS with `--backend` (shared by every
+/// replica behind a load balancer), else in its store (kept across restarts).
+async fn task_keep(
+    nats: &crate::cli::nats::NatsArgs,
+    store: &crate::store::Store,
+    ctx: &RoleContext,
+) -> Result<crate::gateway::owners::Keep, Exit> {
+    use crate::gateway::owners::Keep;
+    let mut t = crate::cli::nats::NatsToml::default();
+    nats.lay_over(&mut t);
+    let Some(cfg) = t.config("herald_gateway") else {
+        if t.nats_bucket.is_some() || t.nats_creds.is_some() || t.nats_nkey.is_some() {
+            return Err(crate::cli::usage(anyhow::anyhow!(
+                "--nats-bucket, --nats-creds and --nats-nkey go with --backend nats://HOST:PORT"
+            )));
+        }
+        return Ok(Keep::Store(store.clone()));
+    };
+    let servers = cfg.redacted();
+    let client = tokio::time::timeout(
+        std::time::Duration::from_secs(20),
+        cfg.connect(ctx.metrics()),
+    )
+    .await
+    .map_err(|_| format!("no NATS server answered at {servers} within 20 s"))
+    .and_then(|r| r)
+    .map_err(|e| crate::cli::usage(anyhow::anyhow!("--backend: {e}")))?;
+    let js = async_nats::jetstream::new(client);
+    let kv = crate::nats::bucket(
+        &js,
+        &cfg.bucket,
+        "herald gateway: who started each task (digests only)",
+        1,
+        &servers,
+    )
+    .await
+    .map_err(|e| crate::cli::usage(anyhow::anyhow!("--backend: {e}")))?;
+    tracing::info!(bucket = %cfg.bucket, %servers, "task owners kept on NATS, shared by this gateway's replicas");
+    Ok(Keep::Nats(Box::new(kv)))
 }
 
 /// `herald gateway --config`'s reload: the file read and checked again, then its slugs and

@@ -20,7 +20,7 @@ pub struct NatsArgs {
     #[arg(long, value_name = "URL")]
     pub backend: Option<String>,
     /// The key-value bucket (with --backend) [default: herald_memo for memo, herald_slack for
-    /// slack].
+    /// slack, herald_gateway for gateway].
     #[arg(long, value_name = "NAME")]
     pub nats_bucket: Option<String>,
     /// A NATS credentials file (.creds: JWT and nkey seed) [default: none].

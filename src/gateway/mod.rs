@@ -51,6 +51,7 @@ pub mod config;
 pub mod feeds;
 mod lists;
 mod names;
+pub(crate) mod owners;
 pub mod polls;
 mod prompts;
 mod slug_oauth;

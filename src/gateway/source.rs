@@ -99,6 +99,12 @@ fn upstream_of(slug: &Slug, max_message_bytes: usize, ctx: &RoleContext) -> Upst
 }
 
 impl Gateway {
+    /// Keeps who started each task in `keep` too (the store, or NATS for replicas); set
+    /// before serving.
+    pub(crate) fn keep_tasks_in(&self, keep: crate::gateway::owners::Keep) {
+        self.tasks.keep_in(keep);
+    }
+
     /// The gateway over `upstreams` (one per `cfg`'s slug) as `cfg` says: its tokens, its
     /// bare slug (`prefix = false`) and `open_to_loopback`.
     pub fn configured(

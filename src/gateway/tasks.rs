@@ -23,6 +23,8 @@ use tokio_util::sync::CancellationToken;
 use crate::gateway::access::Access;
 use crate::gateway::config::valid_slug;
 use crate::gateway::names::Names;
+use crate::gateway::owners::{Keep, Row};
+use crate::mcp::ring::now_ms;
 use crate::mcp::server::to_mcp_error;
 use crate::mcp::source::{Call, Caller, SourceError};
 use crate::mcp::tasks::relay::{Relayed, RelayedListen, Watched};
@@ -49,6 +51,8 @@ pub(crate) struct GatewayTasks {
     following: Arc<Mutex<HashMap<String, usize>>>,
     /// The gateway's watched URIs on a slug: they share its listen budget with the tasks.
     uris: Arc<dyn Fn(&str) -> usize + Send + Sync>,
+    /// Where the owners are kept beyond memory (the store, or NATS for replicas).
+    keep: std::sync::OnceLock<Keep>,
 }
 
 type Owners = Arc<Mutex<HashMap<String, Owner>>>;
@@ -131,7 +135,17 @@ impl GatewayTasks {
             states: Mutex::new(HashMap::new()),
             following: Arc::default(),
             uris,
+            keep: std::sync::OnceLock::new(),
         }
+    }
+
+    /// Keeps the owners in `keep` too (set once, before serving).
+    pub(crate) fn keep_in(&self, keep: Keep) {
+        let _ = self.keep.set(keep);
+    }
+
+    fn keep(&self) -> &Keep {
+        self.keep.get().unwrap_or(&Keep::Memory)
     }
 
     /// Upstream task listens on `slug` now.
@@ -210,11 +224,11 @@ impl GatewayTasks {
     }
 
     /// Keeps `id` as `principal`'s until its ttl, and a grace after it (the slug's last push,
-    /// the failure at its ttl, still reaches the caller).
-    fn own(&self, principal: &str, id: &str, ttl: Duration) {
+    /// the failure at its ttl, still reaches the caller): in memory, and where the owners are
+    /// kept, before the caller learns the id (so another replica knows it at once).
+    async fn own(&self, principal: &str, id: &str, ttl: Duration) {
         let now = Instant::now();
-        let mut o = self.owners();
-        o.insert(
+        self.owners().insert(
             id.to_owned(),
             Owner {
                 principal: principal.to_owned(),
@@ -223,12 +237,44 @@ impl GatewayTasks {
                 ended: false,
             },
         );
+        self.keep()
+            .put(id, &Row::new(principal, ttl + OWNER_GRACE))
+            .await;
+    }
+
+    /// Whether `principal` started task `id`: known here, or kept by another replica (or by
+    /// this one before a restart), and then known here from now on.
+    async fn owned(&self, principal: &str, id: &str) -> bool {
+        if owns(&self.owners, principal, id) {
+            return true;
+        }
+        if !self.keep().shared() {
+            return false;
+        }
+        let Some(row) = self.keep().get(id).await else {
+            return false;
+        };
+        if !row.owned_by(principal) {
+            return false;
+        }
+        let left = row.expires_ms.saturating_sub(now_ms());
+        let now = Instant::now();
+        self.owners().insert(
+            id.to_owned(),
+            Owner {
+                principal: principal.to_owned(),
+                expires: now + Duration::from_millis(left),
+                started: now,
+                ended: row.ended,
+            },
+        );
+        true
     }
 
     /// The slug and the slug's own id of task `id`, for `caller`: `-32024` when the caller
     /// may not use the slug (the same whether it exists or not), `-32602` when the task is not
     /// one this caller started here.
-    fn resolve<'a>(
+    async fn resolve<'a>(
         &self,
         caller: &Caller,
         id: &'a str,
@@ -237,7 +283,7 @@ impl GatewayTasks {
             return Err(unknown_task(id));
         };
         let up = self.access.slug(caller, slug).map_err(to_mcp_error)?;
-        if !owns(&self.owners, &caller.principal(), id) {
+        if !self.owned(&caller.principal(), id).await {
             return Err(unknown_task(id));
         }
         Ok((up, upstream_id))
@@ -262,6 +308,7 @@ impl GatewayTasks {
             {
                 // The slug forgot it (its ttl passed there): so does the gateway.
                 self.owners().remove(id);
+                self.keep().delete(id).await;
                 Err(unknown_task(id))
             }
             Err(e) => Err(to_mcp_error(e.into())),
@@ -365,7 +412,7 @@ impl TaskRelay for GatewayTasks {
                     .ttl_ms
                     .map_or(MAX_OWNED_FOR, Duration::from_millis)
                     .min(MAX_OWNED_FOR);
-                self.own(&caller.principal(), &id, ttl);
+                self.own(&caller.principal(), &id, ttl).await;
                 task.task_id = id;
                 Ok(Started::Task(task))
             }
@@ -383,7 +430,7 @@ impl TaskRelay for GatewayTasks {
     }
 
     async fn get(&self, caller: &Caller, id: &str) -> Result<DetailedTask, McpError> {
-        let (up, upstream_id) = self.resolve(caller, id)?;
+        let (up, upstream_id) = self.resolve(caller, id).await?;
         let req = ClientRequest::GetTaskRequest(rmcp::model::GetTaskRequest::new(
             GetTaskParams::new(upstream_id.to_owned()),
         ));
@@ -407,7 +454,7 @@ impl TaskRelay for GatewayTasks {
         id: &str,
         responses: InputResponses,
     ) -> Result<(), McpError> {
-        let (up, upstream_id) = self.resolve(caller, id)?;
+        let (up, upstream_id) = self.resolve(caller, id).await?;
         let req = ClientRequest::UpdateTaskRequest(rmcp::model::UpdateTaskRequest::new(
             UpdateTaskParams::new(upstream_id.to_owned(), responses),
         ));
@@ -415,14 +462,14 @@ impl TaskRelay for GatewayTasks {
     }
 
     async fn cancel(&self, caller: &Caller, id: &str) -> Result<(), McpError> {
-        let (up, upstream_id) = self.resolve(caller, id)?;
+        let (up, upstream_id) = self.resolve(caller, id).await?;
         let req = ClientRequest::CancelTaskRequest(rmcp::model::CancelTaskRequest::new(
             CancelTaskParams::new(upstream_id.to_owned()),
         ));
         self.ask(&up, id, upstream_id, req).await.map(|_| ())
     }
 
-    fn listen(&self, caller: &Caller, ids: &[String]) -> RelayedListen {
+    async fn listen(&self, caller: &Caller, ids: &[String]) -> RelayedListen {
         let principal = caller.principal();
         let mut seen = std::collections::BTreeSet::new();
         // Only what this caller could tasks/get now, by slug; the rest left out without a word.
@@ -431,7 +478,7 @@ impl TaskRelay for GatewayTasks {
             if !seen.insert(id.as_str()) {
                 continue;
             }
-            let Ok((up, upstream_id)) = self.resolve(caller, id) else {
+            let Ok((up, upstream_id)) = self.resolve(caller, id).await else {
                 continue;
             };
             let pair = (id.clone(), upstream_id.to_owned());

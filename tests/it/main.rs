@@ -29,6 +29,7 @@ mod oauth;
 mod oauth_client;
 mod poll;
 mod reload;
+mod replicas;
 mod role_access;
 mod slack;
 mod slack_fake;

@@ -11,7 +11,7 @@ use crate::support::*;
 use crate::wire::{Raw, sub_id};
 
 /// `_meta` declaring the tasks extension.
-fn tmeta() -> Value {
+pub(crate) fn tmeta() -> Value {
     let mut m = meta();
     m["io.modelcontextprotocol/clientCapabilities"] =
         json!({"extensions": {"io.modelcontextprotocol/tasks": {}}});
@@ -67,7 +67,7 @@ impl Raw {
     }
 }
 
-fn code(v: &Value) -> i64 {
+pub(crate) fn code(v: &Value) -> i64 {
     v["error"]["code"]
         .as_i64()
         .unwrap_or_else(|| panic!("an error: {v}"))
@@ -389,7 +389,12 @@ async fn post(url: &str, method: &str, body: Value) -> reqwest::Response {
 }
 
 /// [`post`] with a bearer token.
-async fn post_as(url: &str, token: Option<&str>, method: &str, body: Value) -> reqwest::Response {
+pub(crate) async fn post_as(
+    url: &str,
+    token: Option<&str>,
+    method: &str,
+    body: Value,
+) -> reqwest::Response {
     let mut req = reqwest::Client::new().post(url);
     if let Some(t) = token {
         req = req.bearer_auth(t);
@@ -412,7 +417,7 @@ async fn post_as(url: &str, token: Option<&str>, method: &str, body: Value) -> r
 }
 
 /// The JSON-RPC messages of an SSE or JSON body, read until `until` holds for one.
-async fn messages_until(
+pub(crate) async fn messages_until(
     resp: &mut reqwest::Response,
     buf: &mut String,
     until: impl Fn(&Value) -> bool,
@@ -455,7 +460,13 @@ async fn answer(url: &str, method: &str, id: u64, params: Value) -> Value {
     answer_as(url, None, method, id, params).await
 }
 
-async fn answer_as(url: &str, token: Option<&str>, method: &str, id: u64, params: Value) -> Value {
+pub(crate) async fn answer_as(
+    url: &str,
+    token: Option<&str>,
+    method: &str,
+    id: u64,
+    params: Value,
+) -> Value {
     let mut resp = post_as(
         url,
         token,

@@ -19,8 +19,14 @@ pub struct Watch {
 
 impl Watch {
     pub fn spawn(store: &str, args: &[&str]) -> Watch {
+        Watch::spawn_env(store, args, &[])
+    }
+
+    /// [`Watch::spawn`] with `env` set (`HERALD_TOKEN`, say).
+    pub fn spawn_env(store: &str, args: &[&str], env: &[(&str, &str)]) -> Watch {
         init();
         let mut cmd = tokio::process::Command::new(bin());
+        cmd.envs(env.iter().copied());
         cmd.args(["-v", "--store", store, "watch"]);
         if !args.contains(&"--debounce-ms") {
             cmd.args(["--debounce-ms", "200"]);

@@ -119,10 +119,15 @@ impl SourceServer {
         if let Some(ids) = &filter.task_ids {
             // Only the ids this caller could tasks/get now; unknown and foreign ones are left
             // out without a word, so a listen tells nothing a poll would not.
-            let tasks = self.shared.tasks.as_ref().map(|t| match t {
-                TaskBackend::Local(t) => TaskFeed::Local(t.listen(&caller.principal(), ids)),
-                TaskBackend::Relayed(r) => TaskFeed::Relayed(r.listen(caller, ids)),
-            });
+            let tasks = match self.shared.tasks.as_ref() {
+                None => None,
+                Some(TaskBackend::Local(t)) => {
+                    Some(TaskFeed::Local(t.listen(&caller.principal(), ids)))
+                }
+                Some(TaskBackend::Relayed(r)) => {
+                    Some(TaskFeed::Relayed(r.listen(caller, ids).await))
+                }
+            };
             listen.task_echo = Some(tasks.as_ref().map(|t| t.ids().to_vec()).unwrap_or_default());
             listen.tasks = tasks;
         }

@@ -41,5 +41,5 @@ pub trait TaskRelay: Send + Sync {
     async fn cancel(&self, caller: &Caller, id: &str) -> Result<(), McpError>;
     /// Registers a listen stream of `caller` for `ids` (the ones it may see now; the others
     /// left out without a word) and starts relaying their pushes.
-    fn listen(&self, caller: &Caller, ids: &[String]) -> RelayedListen;
+    async fn listen(&self, caller: &Caller, ids: &[String]) -> RelayedListen;
 }

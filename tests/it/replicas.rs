@@ -1,0 +1,312 @@
+//! Gateways as replicas (issue 35): who started each task is kept where every replica reads
+//! it (a NATS key-value bucket with `--backend`, the store otherwise), so a task started
+//! through one gateway is read, updated, cancelled and followed through another, and through
+//! the same one after a restart; and replicas behind a real HAProxy serve calls, tasks and
+//! listens through any of them, a killed one's clients carrying on through the rest.
+
+use serde_json::{Value, json};
+
+use crate::nats::NatsServer;
+use crate::support::*;
+use crate::tasks::{answer_as, code, tmeta};
+
+const TOKEN: &str = "tok-replicas-3f1c";
+const OTHER: &str = "tok-replicas-9a2e";
+
+/// A gateway config with slug `a` on `upstream` and two tokens for it.
+fn config(dir: &TempDir, upstream: &str) -> std::path::PathBuf {
+    use sha2::Digest;
+    let sha = |t: &str| hex::encode(sha2::Sha256::digest(t.as_bytes()));
+    let cfg = dir.path().join("gateway.toml");
+    std::fs::write(
+        &cfg,
+        format!(
+            "[[slug]]\nname = \"a\"\nhttp = \"{upstream}\"\n\
+             [[token]]\nname = \"one\"\nsha256 = \"{}\"\nslugs = [\"a\"]\n\
+             [[token]]\nname = \"two\"\nsha256 = \"{}\"\nslugs = [\"a\"]\n",
+            sha(TOKEN),
+            sha(OTHER),
+        ),
+    )
+    .unwrap();
+    cfg
+}
+
+async fn gateway(cfg: &std::path::Path, store: &str, extra: &[&str]) -> Server {
+    let mut args = vec![
+        "--store",
+        store,
+        "gateway",
+        "--config",
+        cfg.to_str().unwrap(),
+        "--http",
+        "127.0.0.1:0",
+    ];
+    args.extend_from_slice(extra);
+    Server::spawn(&args).await
+}
+
+async fn ask(url: &str, token: &str, method: &str, id: u64, params: Value) -> Value {
+    answer_as(url, Some(token), method, id, params).await
+}
+
+/// Starts `memo_wait` on `k` as a task through `url`; its gateway id.
+async fn start_task(url: &str, id: u64) -> String {
+    let t = ask(
+        url,
+        TOKEN,
+        "tools/call",
+        id,
+        json!({"_meta": tmeta(), "name": "a__memo_wait", "arguments": {"key": "k"}}),
+    )
+    .await;
+    assert_eq!(t["result"]["resultType"], "task", "{t}");
+    t["result"]["taskId"].as_str().unwrap().to_owned()
+}
+
+async fn status(url: &str, token: &str, task: &str, id: u64) -> Value {
+    ask(
+        url,
+        token,
+        "tasks/get",
+        id,
+        json!({"_meta": tmeta(), "taskId": task}),
+    )
+    .await
+}
+
+#[tokio::test]
+async fn a_task_started_through_one_replica_is_read_and_cancelled_through_another() {
+    let nats = NatsServer::start().await;
+    let memo = Server::spawn(&["--store", ":memory:", "memo", "--http", "127.0.0.1:0"]).await;
+    let dir = TempDir::new("replicas-tasks");
+    let cfg = config(&dir, &memo.http_url());
+    let backend = format!("nats://127.0.0.1:{}", nats.port);
+    let one = gateway(&cfg, ":memory:", &["--backend", &backend]).await;
+    let two = gateway(&cfg, ":memory:", &["--backend", &backend]).await;
+    let (url1, url2) = (one.http_url(), two.http_url());
+
+    let task = start_task(&url1, 1).await;
+    let got = status(&url2, TOKEN, &task, 2).await;
+    assert_eq!(got["result"]["status"], "working", "{got}");
+    assert_eq!(got["result"]["taskId"], task.as_str());
+    // Another caller of the same slug: as unknown there as here.
+    let theirs = status(&url2, OTHER, &task, 3).await;
+    assert_eq!(code(&theirs), -32602, "{theirs}");
+    let nowhere = status(&url2, OTHER, "a__no-such-task", 4).await;
+    assert_eq!(
+        theirs["error"]["message"]
+            .as_str()
+            .map(|m| m.replace(&task, "ID")),
+        nowhere["error"]["message"]
+            .as_str()
+            .map(|m| m.replace("a__no-such-task", "ID"))
+    );
+    // Cancelled through the other replica; the first sees it.
+    let c = ask(
+        &url2,
+        TOKEN,
+        "tasks/cancel",
+        5,
+        json!({"_meta": tmeta(), "taskId": task}),
+    )
+    .await;
+    assert!(c.get("error").is_none(), "{c}");
+    let got = status(&url1, TOKEN, &task, 6).await;
+    assert_eq!(got["result"]["status"], "cancelled", "{got}");
+    // Nothing in NATS names the task or the caller.
+    let held = nats.files_holding(&[&task, TOKEN, "a__"]);
+    assert!(held.is_empty(), "{held:?}");
+}
+
+#[tokio::test]
+async fn a_task_outlives_its_gateways_restart_with_the_store() {
+    let memo = Server::spawn(&["--store", ":memory:", "memo", "--http", "127.0.0.1:0"]).await;
+    let dir = TempDir::new("replicas-restart");
+    let cfg = config(&dir, &memo.http_url());
+    let store = dir.path().join("gateway.redb");
+    let store = store.to_str().unwrap();
+    let gw = gateway(&cfg, store, &[]).await;
+    let task = start_task(&gw.http_url(), 1).await;
+    gw.terminate().await;
+    let gw = gateway(&cfg, store, &[]).await;
+    let got = status(&gw.http_url(), TOKEN, &task, 2).await;
+    assert_eq!(got["result"]["status"], "working", "{got}");
+    let theirs = status(&gw.http_url(), OTHER, &task, 3).await;
+    assert_eq!(code(&theirs), -32602, "{theirs}");
+}
+
+/// HAProxy (Debian's package; `.ci/run` installs it) on a listening socket this test made,
+/// balancing round robin over `servers` with a health check on `/live`.
+struct Haproxy {
+    _child: tokio::process::Child,
+    url: String,
+    _dir: TempDir,
+}
+
+impl Haproxy {
+    fn start(servers: &[&str]) -> Haproxy {
+        use std::os::fd::AsRawFd;
+        use std::os::unix::process::CommandExt;
+        let dir = TempDir::new("haproxy");
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let url = format!("http://{}/mcp", listener.local_addr().unwrap());
+        let backends: String = servers
+            .iter()
+            .enumerate()
+            .map(|(i, s)| format!("    server g{i} {s} check\n"))
+            .collect();
+        let cfg = dir.path().join("haproxy.cfg");
+        std::fs::write(
+            &cfg,
+            format!(
+                "global\n    maxconn 512\n\
+                 defaults\n    mode http\n    timeout connect 1s\n    timeout client 1h\n    \
+                 timeout server 1h\n    option forwardfor\n    retries 3\n    option redispatch\n\
+                 frontend mcp\n    bind fd@3\n    default_backend gateways\n\
+                 backend gateways\n    balance roundrobin\n    option httpchk GET /live\n    \
+                 default-server inter 100ms fall 1 rise 1\n{backends}"
+            ),
+        )
+        .unwrap();
+        let bin = std::env::var("HERALD_HAPROXY").unwrap_or_else(|_| {
+            if std::path::Path::new("/usr/sbin/haproxy").exists() {
+                "/usr/sbin/haproxy".into()
+            } else {
+                "haproxy".into()
+            }
+        });
+        let fd = listener.as_raw_fd();
+        let mut cmd = std::process::Command::new(&bin);
+        cmd.args(["-db", "-f"])
+            .arg(&cfg)
+            .stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null());
+        // SAFETY: between fork and exec only dup2(2) runs, on a descriptor this process
+        // owns; the copy at 3 has no close-on-exec flag, so haproxy inherits the listening
+        // socket (connections made before it accepts wait in the backlog).
+        unsafe {
+            cmd.pre_exec(move || {
+                if libc::dup2(fd, 3) < 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                Ok(())
+            });
+        }
+        let child = tokio::process::Command::from(cmd)
+            .kill_on_drop(true)
+            .spawn()
+            .unwrap_or_else(|e| {
+                panic!("cannot run {bin} ({e}): install it with `apt-get install haproxy` (what .ci/run does) or point HERALD_HAPROXY at it")
+            });
+        drop(listener);
+        Haproxy {
+            _child: child,
+            url,
+            _dir: dir,
+        }
+    }
+}
+
+/// Open listen streams of a gateway, from its admin address's `/metrics`.
+async fn listens(server: &Server) -> u64 {
+    let text = reqwest::get(format!("{}/metrics", server.admin_url()))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    text.lines()
+        .find_map(|l| l.strip_prefix("herald_listen_streams{role=\"gateway\"} "))
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0)
+}
+
+#[tokio::test]
+async fn replicas_behind_haproxy_serve_any_client_and_a_killed_ones_carry_on() {
+    let nats = NatsServer::start().await;
+    let memo = Server::spawn(&["--store", ":memory:", "memo", "--http", "127.0.0.1:0"]).await;
+    let dir = TempDir::new("replicas-haproxy");
+    let cfg = config(&dir, &memo.http_url());
+    let backend = format!("nats://127.0.0.1:{}", nats.port);
+    let extra = ["--backend", backend.as_str(), "--admin", "127.0.0.1:0"];
+    let g = [
+        gateway(&cfg, ":memory:", &extra).await,
+        gateway(&cfg, ":memory:", &extra).await,
+    ];
+    let addrs: Vec<String> = g
+        .iter()
+        .map(|s| s.listening["http"].as_str().unwrap().to_owned())
+        .collect();
+    let lb = Haproxy::start(&[&addrs[0], &addrs[1]]);
+    let set = |id: u64, key: &'static str, value: u64| {
+        let url = lb.url.clone();
+        async move {
+            let r = ask(
+                &url,
+                TOKEN,
+                "tools/call",
+                id,
+                json!({"_meta": meta(), "name": "a__memo_set", "arguments": {"key": key, "value": value}}),
+            )
+            .await;
+            assert!(r.get("result").is_some(), "{r}");
+        }
+    };
+    // Calls, round robin over both.
+    set(1, "first", 1).await;
+    set(2, "second", 2).await;
+    // A task started through one replica, read through whichever the balancer picks.
+    let task = start_task(&lb.url, 3).await;
+    for id in 4..8 {
+        let got = status(&lb.url, TOKEN, &task, id).await;
+        assert_eq!(got["result"]["status"], "working", "{got}");
+    }
+
+    // A watch through the balancer; the replica holding its stream is killed.
+    let mut w = crate::watch::Watch::spawn_env(
+        ":memory:",
+        &[
+            "--mcp-http",
+            &lb.url,
+            "--watch",
+            "notes=a+memo://notes",
+            "--resubscribe-base-ms",
+            "100",
+            "--resubscribe-attempts",
+            "20",
+        ],
+        &[("HERALD_TOKEN", TOKEN)],
+    );
+    w.event("watch.subscribed", "notes").await;
+    let holding = if listens(&g[0]).await > 0 { 0 } else { 1 };
+    assert!(
+        listens(&g[holding]).await > 0,
+        "one replica holds the stream"
+    );
+    let pid = g[holding].pid() as libc::pid_t;
+    // SAFETY: kill(2) on a pid this test spawned and still owns; no memory is involved.
+    let killed = unsafe { libc::kill(pid, libc::SIGKILL) };
+    assert_eq!(killed, 0);
+    w.event("watch.resubscribing", "notes").await;
+    // A write while the watch has no stream: not lost.
+    set(10, "during", 3).await;
+    w.event("watch.subscribed", "notes").await;
+    set(11, "after", 4).await;
+    let mut lines = Vec::new();
+    while lines.len() < 2 {
+        let n = w.notice().await;
+        for l in n["lines"].as_array().unwrap() {
+            lines.push(l.as_str().unwrap().to_owned());
+        }
+    }
+    lines.sort();
+    // Exactly these: nothing spurious from the new replica's first state.
+    assert_eq!(lines, ["ADDED after = 4", "ADDED during = 3"]);
+    assert!(
+        listens(&g[1 - holding]).await > 0,
+        "the other replica holds it now"
+    );
+    w.terminate().await;
+}
