@@ -252,3 +252,33 @@ async fn a_holder_frozen_past_the_stale_time_steps_down_when_it_wakes() {
     assert_eq!(got_a, got);
     assert_eq!(status(&ca).await["state"], "standby");
 }
+
+/// NATS loses its data (stopped, its storage wiped, started again) under a running holder and
+/// a standby: the stream and the lease bucket are made again by the running processes (no
+/// restart), the holder fences the new stream, and a message posted after the loss reaches
+/// the standby's readers.
+#[tokio::test]
+async fn a_stream_and_bucket_nats_lost_are_made_again_by_the_running_processes() {
+    let mut nats = NatsServer::start().await;
+    let fake = fake().await;
+    let mut a = slack_on(&fake, &nats, ":memory:").await;
+    a.line_where("A holds the lease", holds).await;
+    connected(&fake).await;
+    let mut b = slack_on(&fake, &nats, ":memory:").await;
+    b.line_where("B stands by", stands_by).await;
+    let cb = client(&b).await;
+    let from = now_cursor(&cb).await;
+    fake.post("C1", "U1", "before the loss");
+    let (got, cursor) = collect(&cb, json!({}), &from, 1).await;
+    assert_eq!(texts(&got), ["before the loss"]);
+
+    nats.kill().await;
+    std::fs::remove_dir_all(nats.dir().join("jetstream")).unwrap();
+    nats.start_again().await;
+    fake.post("C1", "U1", "after the loss");
+    let (got, _) = collect(&cb, json!({}), &cursor, 1).await;
+    assert_eq!(texts(&got), ["after the loss"]);
+    let said = format!("{}{}", a.stderr(), b.stderr());
+    assert!(said.contains("made it again"), "{said}");
+    assert!(fake.most_sockets_open() <= 1, "never two sockets at once");
+}

@@ -105,6 +105,7 @@ use follow::{Follower, follow_state};
 use lease::lease;
 use publish::publisher;
 
+const BUCKET_DESCRIPTION: &str = "herald slack socket leases and shared state";
 /// The key-value bucket holding the leases and shared state when none is named.
 pub const DEFAULT_BUCKET: &str = "herald_slack";
 /// Streams are named `<this>_<team_id>`.
@@ -175,6 +176,9 @@ impl Shared {
 struct Feed {
     js: jetstream::Context,
     kv: kv::Store,
+    /// The bucket's name, and the stream's settings: both are made again if NATS loses them.
+    bucket: String,
+    stream_config: stream::Config,
     stream: String,
     subject: String,
     lease_key: String,
@@ -199,6 +203,46 @@ struct Feed {
 }
 
 impl Feed {
+    /// Makes the stream again when NATS lost it (a warning, and
+    /// `herald_nats_streams_remade_total`): `true` when it was gone and is there again.
+    async fn remake_stream(&self) -> bool {
+        if self.js.get_stream(&self.stream).await.is_ok() {
+            return false;
+        }
+        match self.js.get_or_create_stream(self.stream_config.clone()).await {
+            Ok(_) => {
+                self.counts.remade.inc();
+                tracing::warn!(stream = %self.stream, "the slack stream was gone (NATS lost its data); made it again: the holder fences it anew and backfills from Slack's history");
+                true
+            }
+            Err(e) => {
+                tracing::debug!(error = %e, "cannot make the slack stream again yet");
+                false
+            }
+        }
+    }
+
+    /// Makes the lease bucket again when NATS lost it: `true` when it was gone and is there
+    /// again (the key handles name it, so they work again).
+    async fn remake_bucket(&self) -> bool {
+        if self.js.get_key_value(&self.bucket).await.is_ok() {
+            return false;
+        }
+        match crate::nats::bucket(&self.js, &self.bucket, BUCKET_DESCRIPTION, 1, &self.servers)
+            .await
+        {
+            Ok(_) => {
+                self.counts.remade.inc();
+                tracing::warn!(bucket = %self.bucket, "the slack lease bucket was gone (NATS lost its data); made it again");
+                true
+            }
+            Err(e) => {
+                tracing::debug!(error = %e, "cannot make the slack lease bucket again yet");
+                false
+            }
+        }
+    }
+
     /// The lease key's value for this process at heartbeat `beat`.
     fn lease_value(&self, beat: u64) -> Vec<u8> {
         serde_json::to_vec(&LeaseValue {
@@ -299,14 +343,7 @@ async fn open(core: &Arc<Core>, shared: &Shared) -> Result<Feed, String> {
         }
     }
     let bucket = &shared.cfg.nats.bucket;
-    let kv = crate::nats::bucket(
-        &js,
-        bucket,
-        "herald slack socket leases and shared state",
-        1,
-        &servers,
-    )
-    .await?;
+    let kv = crate::nats::bucket(&js, bucket, BUCKET_DESCRIPTION, 1, &servers).await?;
     let state_key = format!("{team}.state");
     if let Ok(Some(v)) = kv.get(&state_key).await
         && let Ok(s) = serde_json::from_slice::<SharedState>(&v)
@@ -330,6 +367,7 @@ async fn open(core: &Arc<Core>, shared: &Shared) -> Result<Feed, String> {
         // Everything it ever held has aged out: nothing from before now can be served.
         core.buffer.evicted_through(core.buffer.head());
     }
+    let counts = crate::nats::NatsMetrics::register(core.ctx.metrics());
     let follow = Follow::start(
         shared.client.clone(),
         stream.clone(),
@@ -338,7 +376,8 @@ async fn open(core: &Arc<Core>, shared: &Shared) -> Result<Feed, String> {
         core.ctx.shutdown().clone(),
     )
     .await
-    .map_err(|e| format!("cannot follow the stream {name} at {servers}: {e}"))?;
+    .map_err(|e| format!("cannot follow the stream {name} at {servers}: {e}"))?
+    .remaking(js.clone(), config.clone(), counts.remade.clone());
     let follower = Follower {
         core: core.clone(),
         applied: applied_tx,
@@ -375,6 +414,8 @@ async fn open(core: &Arc<Core>, shared: &Shared) -> Result<Feed, String> {
     Ok(Feed {
         js,
         kv,
+        bucket: bucket.clone(),
+        stream_config: config,
         stream: name,
         subject,
         lease_key: format!("{team}.lease"),
@@ -386,6 +427,6 @@ async fn open(core: &Arc<Core>, shared: &Shared) -> Result<Feed, String> {
         failing_since: tokio::sync::watch::channel(None).0,
         unacked: std::sync::Mutex::new(std::collections::HashSet::new()),
         servers,
-        counts: crate::nats::NatsMetrics::register(core.ctx.metrics()),
+        counts,
     })
 }

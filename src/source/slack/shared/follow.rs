@@ -36,8 +36,10 @@ impl Follower {
 
     fn apply(&mut self, m: jetstream::Message, sequence: u64) {
         let late = *self.started_late.get_or_insert(sequence > 1);
+        // The stream's own order (a lower sequence is a stream made again after NATS lost
+        // it: applied from its start).
         if is_marker(&m) {
-            self.applied.send_modify(|a| *a = (*a).max(sequence));
+            self.applied.send_replace(sequence);
             return;
         }
         match decode(&self.core, &m) {
@@ -54,7 +56,7 @@ impl Follower {
                 "a message in the slack stream does not open with this SLACK_EVENTS_ENCRYPTION_KEY (was the key changed?); skipping it"
             ),
         }
-        self.applied.send_modify(|a| *a = (*a).max(sequence));
+        self.applied.send_replace(sequence);
         lease_status(&self.core, |l| l.applied_sequence = sequence);
     }
 }

@@ -209,6 +209,8 @@ impl Shell {
                     Ok(Ok(e)) => Input::Key(e.as_ref().map(key_of)),
                     Ok(Err(e)) => {
                         tracing::debug!(error = %e, "cannot read the slack lease; retrying");
+                        // NATS lost the bucket: made again, and read again at the next try.
+                        feed.remake_bucket().await;
                         Input::KeyFailed(e.to_string())
                     }
                     Err(_) => Input::KeyFailed("no answer in time".into()),
@@ -254,6 +256,7 @@ impl Shell {
                     }
                     Ok(Err(e)) => {
                         tracing::warn!(error = %e, "cannot write the slack lease");
+                        feed.remake_bucket().await;
                         Err(WriteError::Failed(e.to_string()))
                     }
                     Err(_) => {
@@ -514,11 +517,16 @@ fn key_of(e: &kv::Entry) -> Key {
 /// Applies everything published before now: new seqs stay above it. Returns the stream's
 /// last sequence.
 async fn caught_up(feed: &Feed) -> Result<u64, String> {
-    let mut s = feed
-        .js
-        .get_stream(&feed.stream)
-        .await
-        .map_err(|e| e.to_string())?;
+    let mut s = match feed.js.get_stream(&feed.stream).await {
+        Ok(s) => s,
+        // NATS lost it: made again (empty), and fenced from its start.
+        Err(_) if feed.remake_stream().await => feed
+            .js
+            .get_stream(&feed.stream)
+            .await
+            .map_err(|e| e.to_string())?,
+        Err(e) => return Err(e.to_string()),
+    };
     let st = s.info().await.map_err(|e| e.to_string())?.state.clone();
     if st.messages > 0 {
         let mut rx = feed.applied.clone();

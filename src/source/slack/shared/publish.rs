@@ -163,6 +163,9 @@ pub(super) async fn publish_pending(core: &Core, feed: &Feed) -> Result<(), Refu
                 failing(feed, true);
                 feed.unacked.locked().insert(id.clone());
                 tracing::warn!(error = %e, "cannot publish to the slack stream; retrying");
+                // NATS lost the stream: made again, the next try meets its new last sequence
+                // and this holder steps down to fence it anew.
+                feed.remake_stream().await;
                 core.buffer.restore_unwritten(&rows[i..]);
                 return Err(Refused::Failed);
             }
