@@ -114,7 +114,9 @@ async fn task_keep(
                 "--nats-bucket, --nats-creds and --nats-nkey go with --backend nats://HOST:PORT"
             )));
         }
-        return Ok(Keep::Store(store.clone()));
+        let keep = Keep::Store(store.clone());
+        keep.sweep().await;
+        return Ok(keep);
     };
     let servers = cfg.redacted();
     let client = tokio::time::timeout(
@@ -126,15 +128,25 @@ async fn task_keep(
     .and_then(|r| r)
     .map_err(|e| crate::cli::usage(anyhow::anyhow!("--backend: {e}")))?;
     let js = async_nats::jetstream::new(client);
-    let kv = crate::nats::bucket(
-        &js,
-        &cfg.bucket,
-        "herald gateway: who started each task (digests only)",
-        1,
-        &servers,
-    )
-    .await
-    .map_err(|e| crate::cli::usage(anyhow::anyhow!("--backend: {e}")))?;
+    // Rows expire with the longest a task is kept (a day) and its grace.
+    let kv = match js.get_key_value(&cfg.bucket).await {
+        Ok(kv) => kv,
+        Err(_) => js
+            .create_key_value(async_nats::jetstream::kv::Config {
+                bucket: cfg.bucket.clone(),
+                description: "herald gateway: who started each task (digests only)".into(),
+                history: 1,
+                max_age: crate::gateway::owners::MAX_AGE,
+                ..Default::default()
+            })
+            .await
+            .map_err(|e| {
+                crate::cli::usage(anyhow::anyhow!(
+                    "--backend: cannot open or make the key-value bucket {} at {servers} ({e}); JetStream must be on (nats-server -js)",
+                    cfg.bucket
+                ))
+            })?,
+    };
     tracing::info!(bucket = %cfg.bucket, %servers, "task owners kept on NATS, shared by this gateway's replicas");
     Ok(Keep::Nats(Box::new(kv)))
 }

@@ -23,7 +23,7 @@ use tokio_util::sync::CancellationToken;
 use crate::gateway::access::Access;
 use crate::gateway::config::valid_slug;
 use crate::gateway::names::Names;
-use crate::gateway::owners::{Keep, Row};
+use crate::gateway::owners::{Keep, MAX_OWNED_FOR, OWNER_GRACE, Row};
 use crate::mcp::ring::now_ms;
 use crate::mcp::server::to_mcp_error;
 use crate::mcp::source::{Call, Caller, SourceError};
@@ -32,11 +32,6 @@ use crate::mcp::tasks::relaying::{Started, TaskRelay};
 use crate::mcp::tasks::{MAX_TASKS, MAX_TASKS_PER_OWNER, unknown_task};
 use crate::runtime::context::RoleContext;
 use crate::upstream::{REQUEST_TIMEOUT, Upstream, UpstreamError};
-
-/// How long past its ttl the gateway still knows who started a task.
-const OWNER_GRACE: Duration = Duration::from_secs(60);
-/// The longest the gateway keeps a task's owner (a task without a ttl included).
-const MAX_OWNED_FOR: Duration = Duration::from_secs(24 * 3600);
 
 /// The gateway's relayed tasks.
 pub(crate) struct GatewayTasks {
@@ -245,8 +240,9 @@ impl GatewayTasks {
     /// Whether `principal` started task `id`: known here, or kept by another replica (or by
     /// this one before a restart), and then known here from now on.
     async fn owned(&self, principal: &str, id: &str) -> bool {
-        if owns(&self.owners, principal, id) {
-            return true;
+        // Known here (whoever's): what this replica knows stands.
+        if self.owners().contains_key(id) {
+            return owns(&self.owners, principal, id);
         }
         if !self.keep().shared() {
             return false;
@@ -472,13 +468,14 @@ impl TaskRelay for GatewayTasks {
     async fn listen(&self, caller: &Caller, ids: &[String]) -> RelayedListen {
         let principal = caller.principal();
         let mut seen = std::collections::BTreeSet::new();
+        let unique: Vec<&String> = ids.iter().filter(|id| seen.insert(id.as_str())).collect();
+        // Resolved together (a keep read each, at most, for ids this replica has not seen).
+        let resolved =
+            futures::future::join_all(unique.iter().map(|id| self.resolve(caller, id))).await;
         // Only what this caller could tasks/get now, by slug; the rest left out without a word.
         let mut by_slug: Vec<(Arc<Upstream>, Vec<IdPair>)> = Vec::new();
-        for id in ids {
-            if !seen.insert(id.as_str()) {
-                continue;
-            }
-            let Ok((up, upstream_id)) = self.resolve(caller, id).await else {
+        for (id, r) in unique.into_iter().zip(resolved) {
+            let Ok((up, upstream_id)) = r else {
                 continue;
             };
             let pair = (id.clone(), upstream_id.to_owned());

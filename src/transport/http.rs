@@ -170,7 +170,7 @@ pub fn router(
     let gate = Gate {
         server: server.clone(),
         allow: Arc::new(Allowlist::new(&hosts, &origins)),
-        budgets: Arc::new(budget::Budgets::new(trusted)),
+        budgets: Arc::new(budget::Budgets::new(trusted.clone())),
     };
     // A call's answer as one JSON body (falling back to SSE only when the handler sends
     // progress first): cheaper to write and to parse than a one-event SSE stream.
@@ -185,6 +185,7 @@ pub fn router(
     let legacy = sessions::Sessions::start(
         opts.session_idle
             .unwrap_or(Duration::from_millis(sessions::DEFAULT_SESSION_IDLE_MS)),
+        trusted.clone(),
         sessions.child_token(),
         metrics,
     );

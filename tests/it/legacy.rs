@@ -401,10 +401,32 @@ async fn a_legacy_session_is_its_openers_and_ends_when_its_client_is_gone() {
     };
     let alice = open("alice-token").await;
     let subscribe = request(1, "resources/subscribe", json!({"uri": "memo://notes"}));
+    // Answered exactly as a session that does not exist: status, headers, body.
+    let seen = |r: reqwest::Response| async move {
+        let status = r.status();
+        let kind = r.headers().get("content-type").cloned();
+        (status, kind, r.text().await.unwrap())
+    };
     for token in [Some("mallory-token"), None] {
-        let r = post(subscribe.clone(), Some(&alice), token).await.unwrap();
-        assert_eq!(r.status(), 404, "{token:?}");
-        assert_eq!(r.text().await.unwrap(), "Not Found: Session not found");
+        let theirs = seen(post(subscribe.clone(), Some(&alice), token).await.unwrap()).await;
+        let nobodys = seen(
+            post(subscribe.clone(), Some("no-such-session"), token)
+                .await
+                .unwrap(),
+        )
+        .await;
+        assert_eq!(theirs.0, 404, "{token:?}");
+        assert_eq!(theirs, nobodys, "{token:?}");
+        let delete = |session: &str| {
+            http.delete(&url)
+                .header("mcp-session-id", session)
+                .header("mcp-protocol-version", VERSION)
+                .bearer_auth(token.unwrap_or("none"))
+                .send()
+        };
+        let theirs = seen(delete(&alice).await.unwrap()).await;
+        let nobodys = seen(delete("no-such-session").await.unwrap()).await;
+        assert_eq!(theirs, nobodys, "{token:?}");
     }
     let r = post(subscribe.clone(), Some(&alice), Some("alice-token"))
         .await

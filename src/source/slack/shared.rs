@@ -209,7 +209,11 @@ impl Feed {
         if self.js.get_stream(&self.stream).await.is_ok() {
             return false;
         }
-        match self.js.get_or_create_stream(self.stream_config.clone()).await {
+        match self
+            .js
+            .get_or_create_stream(self.stream_config.clone())
+            .await
+        {
             Ok(_) => {
                 self.counts.remade.inc();
                 tracing::warn!(stream = %self.stream, "the slack stream was gone (NATS lost its data); made it again: the holder fences it anew and backfills from Slack's history");

@@ -21,21 +21,24 @@ use std::time::Duration;
 
 use axum::body::Body;
 use axum::extract::{Request, State};
-use axum::http::{Method, StatusCode, header};
+use axum::http::{HeaderValue, Method, header};
 use axum::middleware::Next;
-use axum::response::{IntoResponse, Response};
+use axum::response::Response;
 use rmcp::transport::streamable_http_server::SessionManager as _;
 use rmcp::transport::streamable_http_server::session::local::LocalSessionManager;
 use tokio::sync::Notify;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
+use super::budget::{self, Cidr};
 use crate::mcp::caller::{Caller, PeerAddr};
 use crate::runtime::metrics::{Gauge, Metrics};
 use crate::sync::Recover;
 
 /// Default of `--session-idle-timeout-ms`: rmcp's own keep-alive, counted from the client.
 pub const DEFAULT_SESSION_IDLE_MS: u64 = 300_000;
+/// Most sessions one owner keeps: a new one past it closes that owner's longest idle one.
+pub const MAX_SESSIONS_PER_OWNER: usize = 64;
 
 const SESSION_HEADER: &str = "mcp-session-id";
 
@@ -51,6 +54,8 @@ struct Entry {
 pub struct Sessions {
     manager: Arc<LocalSessionManager>,
     idle: Duration,
+    /// The proxies whose `X-Forwarded-For` names a token-less caller's address.
+    trusted: Vec<Cidr>,
     /// `herald_http_sessions`: the sessions open now.
     open: Gauge,
     table: Mutex<HashMap<String, Entry>>,
@@ -70,12 +75,18 @@ enum Known {
 
 impl Sessions {
     /// Sessions closed after `idle` without their client; the reaper runs until `stop`.
-    pub fn start(idle: Duration, stop: CancellationToken, metrics: &Metrics) -> Arc<Sessions> {
+    pub fn start(
+        idle: Duration,
+        trusted: Vec<Cidr>,
+        stop: CancellationToken,
+        metrics: &Metrics,
+    ) -> Arc<Sessions> {
         let mut manager = LocalSessionManager::default();
         manager.session_config.keep_alive = None;
         let s = Arc::new(Sessions {
             manager: Arc::new(manager),
             idle,
+            trusted,
             open: metrics.gauge(
                 "herald_http_sessions",
                 "legacy (2025-11-25) HTTP sessions open on this process's endpoints",
@@ -92,22 +103,46 @@ impl Sessions {
     }
 
     fn opened(&self, id: &str, owner: String) {
-        let new = self
-            .table
-            .locked()
-            .insert(
-                id.to_owned(),
-                Entry {
-                    owner,
-                    seen: Instant::now(),
-                    streams: 0,
-                },
-            )
-            .is_none();
-        if new {
-            self.open.add(1);
+        let evicted = {
+            let mut t = self.table.locked();
+            // Past the cap, the owner's longest idle session makes way (one with a stream
+            // open only when every one has).
+            let mut evicted = None;
+            let theirs = t.values().filter(|e| e.owner == owner).count();
+            if theirs >= MAX_SESSIONS_PER_OWNER {
+                evicted = t
+                    .iter()
+                    .filter(|(_, e)| e.owner == owner)
+                    .min_by_key(|(_, e)| (e.streams > 0, e.seen))
+                    .map(|(k, _)| k.clone());
+                if let Some(k) = &evicted {
+                    t.remove(k);
+                    self.open.sub(1);
+                }
+            }
+            let fresh = Entry {
+                owner,
+                seen: Instant::now(),
+                streams: 0,
+            };
+            if t.insert(id.to_owned(), fresh).is_none() {
+                self.open.add(1);
+            }
+            evicted
+        };
+        if let Some(id) = evicted {
+            self.close(id);
         }
         self.wake.notify_one();
+    }
+
+    /// Closes session `id` in rmcp, on a task of its own (a worker slow to stop holds up
+    /// nothing else).
+    fn close(&self, id: String) {
+        let manager = self.manager.clone();
+        tokio::spawn(async move {
+            let _ = manager.close_session(&id.as_str().into()).await;
+        });
     }
 
     /// A request of `owner` naming session `id`: counted as its client's traffic if it is
@@ -171,7 +206,7 @@ impl Sessions {
             };
             for id in expired {
                 tracing::debug!(session = %id, idle_s = self.idle.as_secs_f64(), "closing a session its client left");
-                let _ = self.manager.close_session(&id.as_str().into()).await;
+                self.close(id);
             }
         }
     }
@@ -194,16 +229,29 @@ impl Drop for StreamGuard {
 }
 
 /// Who a session belongs to: the caller's principal, or for a caller with no token its
-/// address.
-fn owner(parts: &axum::http::request::Parts) -> String {
+/// address (behind a trusted proxy, the client's, as listen budgets count it).
+fn owner(parts: &axum::http::request::Parts, trusted: &[Cidr]) -> String {
     let caller = Caller::from_parts(parts);
     match caller.token {
         Some(_) => caller.principal(),
         None => match parts.extensions.get::<PeerAddr>() {
-            Some(p) => format!("anonymous@{}", p.0.ip().to_canonical()),
+            Some(p) => {
+                let ip = budget::client(p.0.ip(), &parts.headers, trusted);
+                format!("anonymous@{}", ip.to_canonical())
+            }
             None => "anonymous".into(),
         },
     }
+}
+
+/// A session id no session has: what a foreign caller's request is handed to rmcp with, so
+/// every answer (a 404, a 202 to a DELETE, a 406 or 415 first) is the one an unknown session
+/// gets.
+fn unknown_id() -> HeaderValue {
+    use ring::rand::SecureRandom as _;
+    let mut raw = [0u8; 16];
+    let _ = ring::rand::SystemRandom::new().fill(&mut raw);
+    HeaderValue::from_str(&format!("unknown-{}", hex::encode(raw))).expect("hex is a header")
 }
 
 /// The layer in front of rmcp's service: binds each new session to its opener, refuses
@@ -215,8 +263,8 @@ pub async fn session_gate(
     next: Next,
 ) -> Response {
     let (parts, body) = req.into_parts();
-    let owner = owner(&parts);
-    let req = Request::from_parts(parts, body);
+    let owner = owner(&parts, &sessions.trusted);
+    let mut req = Request::from_parts(parts, body);
     let id = req
         .headers()
         .get(SESSION_HEADER)
@@ -235,8 +283,10 @@ pub async fn session_gate(
     };
     match sessions.touch(&id, &owner) {
         Known::Unknown => next.run(req).await,
-        // rmcp's own words for a session it does not have.
-        Known::Foreign => (StatusCode::NOT_FOUND, "Not Found: Session not found").into_response(),
+        Known::Foreign => {
+            req.headers_mut().insert(SESSION_HEADER, unknown_id());
+            next.run(req).await
+        }
         Known::Mine => {
             let delete = req.method() == Method::DELETE;
             let response = next.run(req).await;
@@ -286,6 +336,7 @@ mod tests {
     fn sessions(idle_ms: u64) -> Arc<Sessions> {
         Sessions::start(
             Duration::from_millis(idle_ms),
+            Vec::new(),
             CancellationToken::new(),
             &Metrics::default(),
         )
