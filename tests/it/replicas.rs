@@ -264,6 +264,35 @@ async fn replicas_behind_haproxy_serve_any_client_and_a_killed_ones_carry_on() {
         assert_eq!(got["result"]["status"], "working", "{got}");
     }
 
+    // Events: a poll's cursor from whichever replica answered is good on the other.
+    let poll = |id: u64, cursor: Value| {
+        let url = lb.url.clone();
+        async move {
+            let p = ask(
+                &url,
+                TOKEN,
+                "events/poll",
+                id,
+                json!({"_meta": meta(), "name": "a__memo.changed", "arguments": {}, "cursor": cursor}),
+            )
+            .await;
+            assert!(p.get("result").is_some(), "{p}");
+            p["result"].clone()
+        }
+    };
+    let cursor = poll(20, Value::Null).await["cursor"].clone();
+    set(21, "polled", 5).await;
+    for id in [22, 23] {
+        let got = poll(id, cursor.clone()).await;
+        let keys: Vec<&str> = got["events"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter_map(|e| e["data"]["key"].as_str())
+            .collect();
+        assert_eq!(keys, ["polled"], "{got}");
+    }
+
     // A watch through the balancer; the replica holding its stream is killed.
     let mut w = crate::watch::Watch::spawn_env(
         ":memory:",
