@@ -834,3 +834,52 @@ async fn a_stream_nats_lost_is_made_again_by_the_running_roles() {
         .unwrap();
     assert_eq!(list["events"][0]["name"], "edge__memo.changed", "{list}");
 }
+
+/// NATS loses the memo bucket (stopped, its storage wiped, started again) under two running
+/// hosts: the next write makes the bucket again and puts the writer's notes back, and the
+/// other host hears the new write, with no restart.
+#[tokio::test]
+async fn a_memo_bucket_nats_lost_is_made_again_with_the_notes_put_back() {
+    let mut nats = NatsServer::start().await;
+    let a = memo_on(&nats, "lost").await;
+    let b = memo_on(&nats, "lost").await;
+    let ca = crate::watch::memo_client(&a.http_url()).await;
+    let cb = crate::watch::memo_client(&b.http_url()).await;
+    call(&ca, "memo_set", json!({"key": "kept", "value": 1})).await;
+    // Revisions well past what the bucket made anew will hold: a watch that went on from
+    // where it was would miss the new ones.
+    for i in 0..10 {
+        call(&ca, "memo_set", json!({"key": "churn", "value": i})).await;
+        call(&ca, "memo_delete", json!({"key": "churn"})).await;
+    }
+    let mut sub_b = cb
+        .listen(
+            SubscriptionFilter::builder()
+                .resource_subscription("memo://notes")
+                .build(),
+        )
+        .await
+        .unwrap();
+
+    nats.kill().await;
+    std::fs::remove_dir_all(nats.dir().join("jetstream")).unwrap();
+    nats.start_again().await;
+    call(&ca, "memo_set", json!({"key": "after", "value": 2})).await;
+    let (notes, _) = read_json(&ca, "memo://notes").await;
+    assert_eq!(notes, json!({"kept": 1, "after": 2}));
+    assert!(a.stderr().contains("made it again"), "{}", a.stderr());
+    let deadline = tokio::time::Instant::now() + WAIT;
+    let mut notes = read_json(&cb, "memo://notes").await.0;
+    while notes.get("after").is_none() && tokio::time::Instant::now() < deadline {
+        next_updated(&mut sub_b).await;
+        notes = read_json(&cb, "memo://notes").await.0;
+    }
+    assert_eq!(notes, json!({"kept": 1, "after": 2}), "{}", b.stderr());
+    // A third host started now reads the notes put back.
+    let c = memo_on(&nats, "lost").await;
+    let cc = crate::watch::memo_client(&c.http_url()).await;
+    assert_eq!(
+        read_json(&cc, "memo://notes").await.0,
+        json!({"kept": 1, "after": 2})
+    );
+}

@@ -15,6 +15,10 @@
 //! - **Connection.** async-nats reconnects by itself; the watch is an ordered consumer that
 //!   resumes where it was. A watch that ends is opened again from the last revision applied.
 //!   Nothing of the notes is kept locally.
+//! - **A bucket NATS lost** (its storage wiped) is made again by the first write that finds it
+//!   gone, which puts this host's notes back into it (each only if no host put it first), with
+//!   a warning and `herald_nats_streams_remade_total`; every host's watch, on finding the
+//!   bucket made anew, follows it from its start (what it already holds changes nothing).
 
 use crate::sync::RecoverRw;
 use std::sync::Arc;
@@ -59,9 +63,16 @@ pub use crate::nats::NatsConfig;
 pub struct Notes {
     kv: kv::Store,
     js: async_nats::jetstream::Context,
+    bucket: String,
     /// The bucket's stream (`KV_<bucket>`).
     stream: String,
+    state: Arc<State>,
+    remade: crate::runtime::metrics::Counter,
     applied: tokio::sync::watch::Receiver<u64>,
+    /// Tells this host's watch that this host made the bucket anew; `heard` counts the times
+    /// the watch took such news in.
+    anew: Arc<tokio::sync::Notify>,
+    heard: tokio::sync::watch::Receiver<u64>,
     servers: String,
     /// This host's writes, one at a time through put and apply: the size check of the next
     /// sees the total with the last one in it.
@@ -91,13 +102,13 @@ impl Notes {
         // The first pass ends with the entry at the bucket's last revision now (each key's
         // last entry comes, and the newest is some key's last); a bucket with no messages
         // (new, or compacted) has none to wait for.
-        let info = js
+        let opened = js
             .get_stream(&stream)
             .await
             .map_err(|e| format!("cannot read the bucket {} at {servers}: {e}", cfg.bucket))?
             .cached_info()
-            .state
             .clone();
+        let info = opened.state.clone();
         let last = info.last_sequence;
         let empty = info.messages == 0;
         tracing::debug!(bucket = %cfg.bucket, last, "NATS bucket opened");
@@ -107,11 +118,23 @@ impl Notes {
             .await
             .map_err(|e| format!("cannot watch the bucket {} at {servers}: {e}", cfg.bucket))?;
         let (applied_tx, applied) = tokio::sync::watch::channel(0u64);
+        let anew = Arc::new(tokio::sync::Notify::new());
+        let (heard_tx, heard) = tokio::sync::watch::channel(0u64);
         let (ready_tx, ready_rx) = tokio::sync::oneshot::channel();
         let follower = Follower {
             kv: kv.clone(),
-            state,
+            js: js.clone(),
+            stream: stream.clone(),
+            created: opened.created.unix_timestamp_nanos(),
+            state: state.clone(),
             applied: applied_tx,
+            anew: anew.clone(),
+            heard: heard_tx,
+            client: client.clone(),
+            connects: client
+                .statistics()
+                .connects
+                .load(std::sync::atomic::Ordering::Relaxed),
             ready: Some(ready_tx),
             baseline: !empty,
             baseline_until: last,
@@ -145,7 +168,12 @@ impl Notes {
         Ok(Notes {
             kv,
             js,
+            anew,
+            heard,
+            bucket: cfg.bucket.clone(),
             stream,
+            state,
+            remade: crate::nats::NatsMetrics::register(ctx.metrics()).remade,
             applied,
             servers,
             serial: tokio::sync::Mutex::new(()),
@@ -159,20 +187,79 @@ impl Notes {
         ))
     }
 
+    /// Makes the bucket again when NATS lost it, and puts this host's notes back into it
+    /// (each only if no host put it first): `true` when it was gone and is there again.
+    async fn remake(&self) -> bool {
+        if self.js.get_key_value(&self.bucket).await.is_ok() {
+            return false;
+        }
+        let Ok(kv) = crate::nats::bucket(
+            &self.js,
+            &self.bucket,
+            "herald memo notes",
+            HISTORY,
+            &self.servers,
+        )
+        .await
+        else {
+            return false;
+        };
+        self.remade.inc();
+        // This host's watch follows the new bucket from its start: a write's revision is
+        // waited for there, not taken as applied by the old count.
+        let mut heard = self.heard.clone();
+        let before = *heard.borrow_and_update();
+        self.anew.notify_one();
+        let _ = tokio::time::timeout(WRITE_TIMEOUT, heard.wait_for(|&h| h > before)).await;
+        let notes: Vec<(String, Value)> = self
+            .state
+            .notes
+            .read_locked()
+            .iter()
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect();
+        tracing::warn!(bucket = %self.bucket, notes = notes.len(), "the memo bucket was gone (NATS lost its data); made it again and put this host's notes back");
+        for (k, v) in notes {
+            let bytes = serde_json::to_vec(&v).expect("a note serializes");
+            let _ = kv.create(encode(&k), bytes.into()).await;
+        }
+        true
+    }
+
     /// Puts `key`; its revision.
     pub async fn put(&self, key: &str, bytes: Vec<u8>) -> Result<u64, SourceError> {
-        tokio::time::timeout(WRITE_TIMEOUT, self.kv.put(encode(key), bytes.into()))
-            .await
-            .map_err(|_| self.failed("write", "no answer in time"))?
-            .map_err(|e| self.failed("write", e))
+        let put = || {
+            tokio::time::timeout(
+                WRITE_TIMEOUT,
+                self.kv.put(encode(key), bytes.clone().into()),
+            )
+        };
+        match put().await {
+            Ok(Ok(r)) => Ok(r),
+            Ok(Err(e)) if self.remake().await => {
+                tracing::debug!(error = %e, "writing again into the bucket made anew");
+                put()
+                    .await
+                    .map_err(|_| self.failed("write", "no answer in time"))?
+                    .map_err(|e| self.failed("write", e))
+            }
+            Ok(Err(e)) => Err(self.failed("write", e)),
+            Err(_) => Err(self.failed("write", "no answer in time")),
+        }
     }
 
     /// Deletes `key`; a revision at or past its delete marker.
     pub async fn delete(&self, key: &str) -> Result<u64, SourceError> {
-        tokio::time::timeout(WRITE_TIMEOUT, self.kv.delete(encode(key)))
-            .await
-            .map_err(|_| self.failed("delete", "no answer in time"))?
-            .map_err(|e| self.failed("delete", e))?;
+        let delete = || tokio::time::timeout(WRITE_TIMEOUT, self.kv.delete(encode(key)));
+        match delete().await {
+            Ok(Ok(())) => {}
+            Ok(Err(_)) if self.remake().await => delete()
+                .await
+                .map_err(|_| self.failed("delete", "no answer in time"))?
+                .map_err(|e| self.failed("delete", e))?,
+            Ok(Err(e)) => return Err(self.failed("delete", e)),
+            Err(_) => return Err(self.failed("delete", "no answer in time")),
+        }
         // The delete marker is at or below the stream's last sequence now (asked of the
         // server: the kv handle's own status is what it was at open).
         let stream = self
@@ -203,8 +290,20 @@ impl Notes {
 /// The task applying the bucket's changes.
 struct Follower {
     kv: kv::Store,
+    js: async_nats::jetstream::Context,
+    stream: String,
+    /// When the bucket's stream followed was made (another time: made anew).
+    created: i128,
     state: Arc<State>,
     applied: tokio::sync::watch::Sender<u64>,
+    /// This host made the bucket anew (`heard` counts the times that was taken in).
+    anew: Arc<tokio::sync::Notify>,
+    heard: tokio::sync::watch::Sender<u64>,
+    /// The connection, and how many times it had connected when last looked at: after a
+    /// reconnect and a silence the bucket is checked for being made anew by another host
+    /// (an ordered watch would go on past what the new bucket holds).
+    client: async_nats::Client,
+    connects: u64,
     ready: Option<tokio::sync::oneshot::Sender<()>>,
     /// Still replaying the history kept at the start.
     baseline: bool,
@@ -215,11 +314,41 @@ struct Follower {
 impl Follower {
     async fn run(mut self, mut watch: kv::Watch) {
         loop {
-            match watch.next().await {
+            let next = tokio::select! {
+                next = watch.next() => next,
+                _ = self.anew.notified() => {
+                    if self.made_anew().await {
+                        self.rewatch(&mut watch).await;
+                    }
+                    self.heard.send_modify(|h| *h += 1);
+                    continue;
+                }
+                _ = tokio::time::sleep(crate::nats::ordered::SILENCE) => {
+                    let connects = self
+                        .client
+                        .statistics()
+                        .connects
+                        .load(std::sync::atomic::Ordering::Relaxed);
+                    if connects != self.connects {
+                        self.connects = connects;
+                        if self.made_anew().await {
+                            self.rewatch(&mut watch).await;
+                        }
+                    }
+                    continue;
+                }
+            };
+            match next {
                 Some(Ok(entry)) => self.apply(entry).await,
-                Some(Err(e)) => tracing::warn!(error = %e, "NATS bucket watch"),
+                Some(Err(e)) => {
+                    tracing::warn!(error = %e, "NATS bucket watch");
+                    if self.made_anew().await {
+                        self.rewatch(&mut watch).await;
+                    }
+                }
                 None => {
-                    // Open it again from the next revision.
+                    // Open it again from the next revision (from its start if made anew).
+                    self.made_anew().await;
                     let from = *self.applied.borrow() + 1;
                     match self.kv.watch_all_from_revision(from).await {
                         Ok(w) => watch = w,
@@ -262,6 +391,30 @@ impl Follower {
             }
         }
         self.done(&entry);
+    }
+
+    /// Follows the bucket made anew from its start.
+    async fn rewatch(&mut self, watch: &mut kv::Watch) {
+        match self.kv.watch_all_from_revision(1).await {
+            Ok(w) => *watch = w,
+            Err(e) => tracing::warn!(error = %e, "cannot watch the bucket made anew yet"),
+        }
+    }
+
+    /// Whether the bucket is another than the one followed (NATS lost it and it was made
+    /// again): then it is followed from its start (`applied` back to 0).
+    async fn made_anew(&mut self) -> bool {
+        let Ok(s) = self.js.get_stream(&self.stream).await else {
+            return false;
+        };
+        let created = s.cached_info().created.unix_timestamp_nanos();
+        if created == self.created {
+            return false;
+        }
+        self.created = created;
+        tracing::warn!(stream = %self.stream, "the memo bucket was made anew (NATS lost its data); following it from its start");
+        self.applied.send_replace(0);
+        true
     }
 
     /// Marks `entry` applied (and the baseline done when it ends the first pass).
