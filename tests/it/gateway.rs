@@ -990,16 +990,12 @@ async fn progress_of_upstream_calls_is_relayed() {
 
 /// `herald_http_connections_accepted_total` from the `/metrics` of the server at `mcp_url`.
 async fn accepted_connections(mcp_url: &str) -> u64 {
-    let text = reqwest::get(mcp_url.replace("/mcp", "/metrics"))
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
-    text.lines()
-        .find_map(|l| l.strip_prefix("herald_http_connections_accepted_total "))
-        .and_then(|v| v.trim().parse().ok())
-        .unwrap_or_else(|| panic!("no connection counter in {text}"))
+    metric(
+        &mcp_url.replace("/mcp", "/metrics"),
+        "herald_http_connections_accepted_total",
+    )
+    .await
+    .expect("the connection counter")
 }
 
 #[tokio::test]

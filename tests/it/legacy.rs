@@ -385,19 +385,9 @@ async fn a_legacy_session_is_its_openers_and_ends_when_its_client_is_gone() {
         }
     };
     let sessions = || async {
-        let text = http
-            .get(&metrics_url)
-            .send()
+        metric(&metrics_url, "herald_http_sessions")
             .await
-            .unwrap()
-            .text()
-            .await
-            .unwrap();
-        text.lines()
-            .find_map(|l| l.strip_prefix("herald_http_sessions "))
             .expect("the sessions gauge")
-            .parse::<u64>()
-            .unwrap()
     };
     let alice = open("alice-token").await;
     let subscribe = request(1, "resources/subscribe", json!({"uri": "memo://notes"}));

@@ -33,17 +33,7 @@ fn config(dir: &TempDir, upstream: &str) -> std::path::PathBuf {
 }
 
 async fn gateway(cfg: &std::path::Path, store: &str, extra: &[&str]) -> Server {
-    let mut args = vec![
-        "--store",
-        store,
-        "gateway",
-        "--config",
-        cfg.to_str().unwrap(),
-        "--http",
-        "127.0.0.1:0",
-    ];
-    args.extend_from_slice(extra);
-    Server::spawn(&args).await
+    gateway_server(cfg, store, extra).await
 }
 
 async fn ask(url: &str, token: &str, method: &str, id: u64, params: Value) -> Value {
@@ -211,15 +201,9 @@ impl Haproxy {
 
 /// Open listen streams of a gateway, from its admin address's `/metrics`.
 async fn listens(server: &Server) -> u64 {
-    let text = reqwest::get(format!("{}/metrics", server.admin_url()))
+    let url = format!("{}/metrics", server.admin_url());
+    metric(&url, "herald_listen_streams{role=\"gateway\"}")
         .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
-    text.lines()
-        .find_map(|l| l.strip_prefix("herald_listen_streams{role=\"gateway\"} "))
-        .and_then(|v| v.parse().ok())
         .unwrap_or(0)
 }
 

@@ -288,16 +288,32 @@ impl Memo {
 
 /// `herald gateway --config CFG --http` on a free port (an in-memory store).
 pub async fn http_gateway_server(cfg: &Path) -> Server {
-    Server::spawn(&[
+    gateway_server(cfg, ":memory:", &[]).await
+}
+
+/// `herald --store STORE gateway --config CFG --http 127.0.0.1:0 EXTRA…`.
+pub async fn gateway_server(cfg: &Path, store: &str, extra: &[&str]) -> Server {
+    let mut args = vec![
         "--store",
-        ":memory:",
+        store,
         "gateway",
         "--config",
         cfg.to_str().unwrap(),
         "--http",
         "127.0.0.1:0",
-    ])
-    .await
+    ];
+    args.extend_from_slice(extra);
+    Server::spawn(&args).await
+}
+
+/// The value of the first line of the Prometheus text at `url` that starts with `series`
+/// and a space (`name` or `name{labels}`), if there is one.
+pub async fn metric(url: &str, series: &str) -> Option<u64> {
+    let text = reqwest::get(url).await.unwrap().text().await.unwrap();
+    let prefix = format!("{series} ");
+    text.lines()
+        .find_map(|l| l.strip_prefix(prefix.as_str()))
+        .and_then(|v| v.trim().parse().ok())
 }
 
 /// Runs `herald ARGS` to completion (stdin closed, bounded by [`WAIT`]) and returns its output.
