@@ -142,6 +142,21 @@ pub enum Action {
     Done,
 }
 
+/// The lease held, the socket open.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Held {
+    revision: u64,
+    beat: u64,
+    /// When the last renewal that went through was sent.
+    last_ok: Instant,
+    renew_at: Instant,
+    /// When the outstanding renewal was sent.
+    in_flight: Option<Instant>,
+    /// A renewal met another revision: the key is read to see whether it is this process's
+    /// own renewal whose answer was lost.
+    checking: bool,
+}
+
 #[derive(Debug, Clone, PartialEq, Eq)]
 enum Phase {
     /// A read of the key is outstanding.
@@ -170,18 +185,7 @@ enum Phase {
         expected: u64,
         sent: Instant,
     },
-    Holding {
-        revision: u64,
-        beat: u64,
-        /// When the last renewal that went through was sent.
-        last_ok: Instant,
-        renew_at: Instant,
-        /// When the outstanding renewal was sent.
-        in_flight: Option<Instant>,
-        /// A renewal met another revision: the key is read to see whether it is this
-        /// process's own renewal whose answer was lost.
-        checking: bool,
-    },
+    Holding(Held),
     /// The spell is ending; `why` is `None` at shutdown. It ends once the socket is closed
     /// (`closed`: whether cleanly) and the write of the key that was outstanding (`writing`)
     /// has answered: the key is then released at the revision that write made, if it
@@ -236,7 +240,7 @@ impl Lease {
     /// This process holds the lease (its socket may be open).
     #[cfg(test)]
     pub fn holding(&self) -> bool {
-        matches!(self.phase, Phase::Holding { .. })
+        matches!(self.phase, Phase::Holding(_))
     }
 
     /// When [`Input::Tick`] is due next, if ever.
@@ -246,16 +250,10 @@ impl Lease {
             Phase::Watching { since, .. } => Some(*since + self.timing.stale),
             Phase::Resting { until } => Some(*until),
             Phase::Confirming { sent, .. } => Some(*sent + keep),
-            Phase::Holding {
-                last_ok,
-                renew_at,
-                in_flight,
-                checking,
-                ..
-            } => {
-                let mut d = *last_ok + keep;
-                if in_flight.is_none() && !checking {
-                    d = d.min(*renew_at);
+            Phase::Holding(h) => {
+                let mut d = h.last_ok + keep;
+                if h.in_flight.is_none() && !h.checking {
+                    d = d.min(h.renew_at);
                 }
                 if let Some(f) = self.failing_since {
                     d = d.min(f + keep);
@@ -352,14 +350,14 @@ impl Lease {
                 ),
                 Input::Written(Ok(r)) => {
                     self.backoff.reset();
-                    self.phase = Phase::Holding {
+                    self.phase = Phase::Holding(Held {
                         revision: r,
                         beat: 0,
                         last_ok: sent,
                         renew_at: sent + self.timing.heartbeat,
                         in_flight: None,
                         checking: false,
-                    };
+                    });
                     let mut a = self.report(Some(self.me.clone()));
                     a.push(Action::Writer(Some(expected)));
                     a.push(Action::OpenSocket {
@@ -380,7 +378,7 @@ impl Lease {
                 Input::Superseded => self.superseded(),
                 _ => Vec::new(),
             },
-            (Phase::Holding { .. }, i) => self.hold(now, i),
+            (Phase::Holding(h), i) => self.hold(now, h, i),
             (
                 Phase::Closing {
                     revision,
@@ -466,135 +464,88 @@ impl Lease {
         a
     }
 
-    fn hold(&mut self, now: Instant, i: Input) -> Vec<Action> {
-        let Phase::Holding {
-            revision,
-            beat,
-            last_ok,
-            renew_at,
-            in_flight,
-            checking,
-        } = self.phase.clone()
-        else {
-            return Vec::new();
-        };
-        let holding = |revision, last_ok, in_flight, checking| Phase::Holding {
-            revision,
-            beat,
-            last_ok,
-            renew_at,
-            in_flight,
-            checking,
-        };
-        match (i, in_flight) {
+    fn hold(&mut self, now: Instant, mut h: Held, i: Input) -> Vec<Action> {
+        match (i, h.in_flight) {
             (Input::Written(Ok(r)), Some(sent)) => {
-                self.phase = holding(r, sent, None, false);
-                self.check(now)
+                h.revision = r;
+                h.last_ok = sent;
+                h.in_flight = None;
             }
             (Input::Written(Err(WriteError::Conflict)), Some(_)) => {
-                self.phase = holding(revision, last_ok, None, true);
-                vec![Action::Read]
+                h.in_flight = None;
+                h.checking = true;
+                self.phase = Phase::Holding(h);
+                return vec![Action::Read];
             }
             (Input::Written(Err(WriteError::Failed(_))), Some(_)) => {
                 // Tried again soon (a sixth of a heartbeat), so a lost answer or a NATS
                 // hiccup costs several tries, not the lease.
-                self.phase = Phase::Holding {
-                    revision,
-                    beat,
-                    last_ok,
-                    renew_at: renew_at.min(now + self.timing.heartbeat / 6),
-                    in_flight: None,
-                    checking: false,
-                };
-                self.check(now)
+                h.in_flight = None;
+                h.renew_at = h.renew_at.min(now + self.timing.heartbeat / 6);
             }
-            (Input::Key(k), None) if checking => match k {
+            (Input::Key(k), None) if h.checking => match k {
                 // This process's own renewal, whose answer was lost: held still, counted
                 // from the last renewal known to have gone through, and renewed at once on
                 // the revision found.
                 Some(k) if k.holder.as_deref() == Some(self.me.as_str()) => {
-                    self.phase = Phase::Holding {
-                        revision: k.revision,
-                        beat,
-                        last_ok,
-                        renew_at: now,
-                        in_flight: None,
-                        checking: false,
-                    };
-                    self.check(now)
+                    h.revision = k.revision;
+                    h.renew_at = now;
+                    h.checking = false;
                 }
-                _ => self.lose(revision, "another process took the lease".into(), false),
+                _ => return self.lose(h.revision, "another process took the lease".into(), false),
             },
-            (Input::KeyFailed(_), None) if checking => {
-                self.phase = holding(revision, last_ok, None, false);
-                self.check(now)
-            }
-            (Input::Superseded, _) => self.superseded(),
-            (Input::Broken(why), _) => self.lose(revision, why, in_flight.is_some()),
-            (Input::Publishing(since), _) => {
-                self.failing_since = since;
-                self.check(now)
-            }
-            (Input::Tick, _) => self.check(now),
+            (Input::KeyFailed(_), None) if h.checking => h.checking = false,
+            (Input::Superseded, _) => return self.superseded(),
+            (Input::Broken(why), _) => return self.lose(h.revision, why, h.in_flight.is_some()),
+            (Input::Publishing(since), _) => self.failing_since = since,
+            (Input::Tick, _) => {}
             // An answer no longer awaited.
-            _ => Vec::new(),
+            _ => return Vec::new(),
         }
+        self.phase = Phase::Holding(h);
+        self.check(now)
     }
 
     fn superseded(&mut self) -> Vec<Action> {
         let why = "another process wrote to the stream".to_owned();
-        match self.phase {
-            Phase::Holding {
-                revision,
-                in_flight,
-                ..
-            } => self.lose(revision, why, in_flight.is_some()),
-            Phase::Confirming { revision, .. } => self.lose(revision, why, true),
+        match &self.phase {
+            Phase::Holding(h) => self.lose(h.revision, why, h.in_flight.is_some()),
+            Phase::Confirming { revision, .. } => self.lose(*revision, why, true),
             _ => Vec::new(),
         }
     }
 
     /// The holder's deadlines at `now`: step down, or renew.
     fn check(&mut self, now: Instant) -> Vec<Action> {
-        let Phase::Holding {
-            revision,
-            beat,
-            last_ok,
-            renew_at,
-            in_flight,
-            checking,
-        } = self.phase.clone()
-        else {
+        let Phase::Holding(mut h) = self.phase.clone() else {
             return Vec::new();
         };
         let keep = self.timing.keep_for();
-        if now >= last_ok + keep {
+        let writing = h.in_flight.is_some();
+        if now >= h.last_ok + keep {
             return self.lose(
-                revision,
+                h.revision,
                 "the lease could not be renewed for 2/3 of the stale time".into(),
-                in_flight.is_some(),
+                writing,
             );
         }
         if self.failing_since.is_some_and(|f| now >= f + keep) {
             return self.lose(
-                revision,
+                h.revision,
                 "publishing to the stream failed for 2/3 of the stale time".into(),
-                in_flight.is_some(),
+                writing,
             );
         }
-        if in_flight.is_none() && !checking && now >= renew_at {
-            self.phase = Phase::Holding {
-                revision,
-                beat: beat + 1,
-                last_ok,
-                renew_at: now + self.timing.heartbeat,
-                in_flight: Some(now),
-                checking: false,
-            };
-            return vec![Action::Update {
-                revision,
-                beat: beat + 1,
+        if !writing && !h.checking && now >= h.renew_at {
+            h.beat += 1;
+            h.renew_at = now + self.timing.heartbeat;
+            h.in_flight = Some(now);
+            let a = vec![Action::Update {
+                revision: h.revision,
+                beat: h.beat,
             }];
+            self.phase = Phase::Holding(h);
+            return a;
         }
         Vec::new()
     }
@@ -627,12 +578,8 @@ impl Lease {
                 self.phase = closing(Some(revision), true);
                 vec![Action::CloseSocket]
             }
-            Phase::Holding {
-                revision,
-                in_flight,
-                ..
-            } => {
-                self.phase = closing(Some(revision), in_flight.is_some());
+            Phase::Holding(h) => {
+                self.phase = closing(Some(h.revision), h.in_flight.is_some());
                 vec![Action::CloseSocket]
             }
             // A take in flight: if it lands, the key is given back at once.
