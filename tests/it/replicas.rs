@@ -173,12 +173,18 @@ impl Haproxy {
             .stdin(std::process::Stdio::null())
             .stdout(std::process::Stdio::null())
             .stderr(std::process::Stdio::null());
-        // SAFETY: between fork and exec only dup2(2) runs, on a descriptor this process
-        // owns; the copy at 3 has no close-on-exec flag, so haproxy inherits the listening
-        // socket (connections made before it accepts wait in the backlog).
+        // SAFETY: between fork and exec only dup2(2) or fcntl(2) run, on a descriptor this
+        // process owns; at 3 it has no close-on-exec flag, so haproxy inherits the listening
+        // socket (connections made before it accepts wait in the backlog). A socket that is
+        // fd 3 already keeps its flag through dup2, so it is cleared instead.
         unsafe {
             cmd.pre_exec(move || {
-                if libc::dup2(fd, 3) < 0 {
+                let r = if fd == 3 {
+                    libc::fcntl(3, libc::F_SETFD, 0)
+                } else {
+                    libc::dup2(fd, 3)
+                };
+                if r < 0 {
                     return Err(std::io::Error::last_os_error());
                 }
                 Ok(())
