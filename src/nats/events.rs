@@ -330,7 +330,7 @@ async fn remake(
     counts: &crate::nats::NatsMetrics,
 ) -> bool {
     // Only a stream that is gone: "no stream" also answers a stream between leaders.
-    if js.get_stream(STREAM).await.is_ok() {
+    if !crate::nats::stream_gone(js, STREAM).await {
         return false;
     }
     let Ok((_, kv)) = open(js, name).await else {

@@ -161,6 +161,19 @@ pub async fn bucket(
     })
 }
 
+/// Whether stream `name` is gone for certain: JetStream answers "stream not found" (10059),
+/// not a timeout, a refusal or a stream between leaders. Only then is it made again.
+pub async fn stream_gone(js: &async_nats::jetstream::Context, name: &str) -> bool {
+    use async_nats::jetstream::ErrorCode;
+    use async_nats::jetstream::context::GetStreamErrorKind;
+    match js.get_stream(name).await {
+        Ok(_) => false,
+        Err(e) => {
+            matches!(e.kind(), GetStreamErrorKind::JetStream(j) if j.error_code() == ErrorCode::STREAM_NOT_FOUND)
+        }
+    }
+}
+
 /// This host's name (`localhost` when it cannot be read): what identifies a process of it
 /// to the others (a Slack lease holder, an event-log publisher).
 pub fn hostname() -> String {

@@ -146,7 +146,7 @@ impl Follow {
     async fn remade(&mut self) -> bool {
         let Some(r) = &self.remake else { return false };
         let name = self.name().to_owned();
-        if r.js.get_stream(&name).await.is_ok() {
+        if !crate::nats::stream_gone(&r.js, &name).await {
             return false;
         }
         match r.js.create_stream(r.config.clone()).await {

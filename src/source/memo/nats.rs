@@ -190,7 +190,7 @@ impl Notes {
     /// Makes the bucket again when NATS lost it, and puts this host's notes back into it
     /// (each only if no host put it first): `true` when it was gone and is there again.
     async fn remake(&self) -> bool {
-        if self.js.get_key_value(&self.bucket).await.is_ok() {
+        if !crate::nats::stream_gone(&self.js, &self.stream).await {
             return false;
         }
         let Ok(kv) = crate::nats::bucket(
@@ -219,15 +219,39 @@ impl Notes {
             .map(|(k, v)| (k.clone(), v.clone()))
             .collect();
         tracing::warn!(bucket = %self.bucket, notes = notes.len(), "the memo bucket was gone (NATS lost its data); made it again and put this host's notes back");
-        for (k, v) in notes {
-            let bytes = serde_json::to_vec(&v).expect("a note serializes");
-            let _ = kv.create(encode(&k), bytes.into()).await;
-        }
+        // Each only where the key has no entry at all (a delete marker of another host's
+        // included: `update` at revision 0), within one write's time.
+        let _ = tokio::time::timeout(WRITE_TIMEOUT, async {
+            for (k, v) in notes {
+                let bytes = serde_json::to_vec(&v).expect("a note serializes");
+                let _ = kv.update(encode(&k), bytes.into(), 0).await;
+            }
+        })
+        .await;
         true
+    }
+
+    /// A write answered with `revision` at or below what this host had applied before it
+    /// was sent went to a bucket made anew by another host: this host's watch is told, and
+    /// follows the new one before the write is waited for.
+    async fn check_revision(&self, before: u64, revision: u64) {
+        if revision <= before && before > 0 {
+            let mut heard = self.heard.clone();
+            let seen = *heard.borrow_and_update();
+            self.anew.notify_one();
+            let _ = tokio::time::timeout(WRITE_TIMEOUT, heard.wait_for(|&h| h > seen)).await;
+        }
     }
 
     /// Puts `key`; its revision.
     pub async fn put(&self, key: &str, bytes: Vec<u8>) -> Result<u64, SourceError> {
+        let before = *self.applied.borrow();
+        let r = self.put_once(key, bytes).await?;
+        self.check_revision(before, r).await;
+        Ok(r)
+    }
+
+    async fn put_once(&self, key: &str, bytes: Vec<u8>) -> Result<u64, SourceError> {
         let put = || {
             tokio::time::timeout(
                 WRITE_TIMEOUT,
@@ -250,6 +274,13 @@ impl Notes {
 
     /// Deletes `key`; a revision at or past its delete marker.
     pub async fn delete(&self, key: &str) -> Result<u64, SourceError> {
+        let before = *self.applied.borrow();
+        let r = self.delete_once(key).await?;
+        self.check_revision(before, r).await;
+        Ok(r)
+    }
+
+    async fn delete_once(&self, key: &str) -> Result<u64, SourceError> {
         let delete = || tokio::time::timeout(WRITE_TIMEOUT, self.kv.delete(encode(key)));
         match delete().await {
             Ok(Ok(())) => {}
@@ -329,9 +360,13 @@ impl Follower {
                         .statistics()
                         .connects
                         .load(std::sync::atomic::Ordering::Relaxed);
-                    if connects != self.connects {
+                    // Counted as looked at only once the server answered: a bucket made
+                    // anew later by another host is still found.
+                    if connects != self.connects
+                        && let Some(anew) = self.made_anew_checked().await
+                    {
                         self.connects = connects;
-                        if self.made_anew().await {
+                        if anew {
                             self.rewatch(&mut watch).await;
                         }
                     }
@@ -404,17 +439,21 @@ impl Follower {
     /// Whether the bucket is another than the one followed (NATS lost it and it was made
     /// again): then it is followed from its start (`applied` back to 0).
     async fn made_anew(&mut self) -> bool {
-        let Ok(s) = self.js.get_stream(&self.stream).await else {
-            return false;
-        };
+        self.made_anew_checked().await.unwrap_or(false)
+    }
+
+    /// [`Follower::made_anew`], `None` when the server could not say (the bucket gone, or
+    /// NATS away).
+    async fn made_anew_checked(&mut self) -> Option<bool> {
+        let s = self.js.get_stream(&self.stream).await.ok()?;
         let created = s.cached_info().created.unix_timestamp_nanos();
         if created == self.created {
-            return false;
+            return Some(false);
         }
         self.created = created;
         tracing::warn!(stream = %self.stream, "the memo bucket was made anew (NATS lost its data); following it from its start");
         self.applied.send_replace(0);
-        true
+        Some(true)
     }
 
     /// Marks `entry` applied (and the baseline done when it ends the first pass).

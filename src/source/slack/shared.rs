@@ -206,7 +206,7 @@ impl Feed {
     /// Makes the stream again when NATS lost it (a warning, and
     /// `herald_nats_streams_remade_total`): `true` when it was gone and is there again.
     async fn remake_stream(&self) -> bool {
-        if self.js.get_stream(&self.stream).await.is_ok() {
+        if !crate::nats::stream_gone(&self.js, &self.stream).await {
             return false;
         }
         match self
@@ -229,7 +229,7 @@ impl Feed {
     /// Makes the lease bucket again when NATS lost it: `true` when it was gone and is there
     /// again (the key handles name it, so they work again).
     async fn remake_bucket(&self) -> bool {
-        if self.js.get_key_value(&self.bucket).await.is_ok() {
+        if !crate::nats::stream_gone(&self.js, &format!("KV_{}", self.bucket)).await {
             return false;
         }
         match crate::nats::bucket(&self.js, &self.bucket, BUCKET_DESCRIPTION, 1, &self.servers)

@@ -210,7 +210,7 @@ impl Shell {
                     Ok(Err(e)) => {
                         tracing::debug!(error = %e, "cannot read the slack lease; retrying");
                         // NATS lost the bucket: made again, and read again at the next try.
-                        feed.remake_bucket().await;
+                        let _ = tokio::time::timeout(step, feed.remake_bucket()).await;
                         Input::KeyFailed(e.to_string())
                     }
                     Err(_) => Input::KeyFailed("no answer in time".into()),
@@ -256,7 +256,7 @@ impl Shell {
                     }
                     Ok(Err(e)) => {
                         tracing::warn!(error = %e, "cannot write the slack lease");
-                        feed.remake_bucket().await;
+                        let _ = tokio::time::timeout(step, feed.remake_bucket()).await;
                         Err(WriteError::Failed(e.to_string()))
                     }
                     Err(_) => {
