@@ -129,24 +129,19 @@ async fn task_keep(
     .map_err(|e| crate::cli::usage(anyhow::anyhow!("--backend: {e}")))?;
     let js = async_nats::jetstream::new(client);
     // Rows expire with the longest a task is kept (a day) and its grace.
-    let kv = match js.get_key_value(&cfg.bucket).await {
-        Ok(kv) => kv,
-        Err(_) => js
-            .create_key_value(async_nats::jetstream::kv::Config {
-                bucket: cfg.bucket.clone(),
-                description: "herald gateway: who started each task (digests only)".into(),
-                history: 1,
-                max_age: crate::gateway::owners::MAX_AGE,
-                ..Default::default()
-            })
-            .await
-            .map_err(|e| {
-                crate::cli::usage(anyhow::anyhow!(
-                    "--backend: cannot open or make the key-value bucket {} at {servers} ({e}); JetStream must be on (nats-server -js)",
-                    cfg.bucket
-                ))
-            })?,
-    };
+    let kv = crate::nats::open_bucket(
+        &js,
+        async_nats::jetstream::kv::Config {
+            bucket: cfg.bucket.clone(),
+            description: "herald gateway: who started each task (digests only)".into(),
+            history: 1,
+            max_age: crate::gateway::owners::MAX_AGE,
+            ..Default::default()
+        },
+        &servers,
+    )
+    .await
+    .map_err(|e| crate::cli::usage(anyhow::anyhow!("--backend: {e}")))?;
     tracing::info!(bucket = %cfg.bucket, %servers, "task owners kept on NATS, shared by this gateway's replicas");
     Ok(Keep::Nats(Box::new(kv)))
 }

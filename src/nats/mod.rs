@@ -144,17 +144,30 @@ pub async fn bucket(
     history: i64,
     servers: &str,
 ) -> Result<async_nats::jetstream::kv::Store, String> {
-    if let Ok(kv) = js.get_key_value(name).await {
+    open_bucket(
+        js,
+        async_nats::jetstream::kv::Config {
+            bucket: name.to_owned(),
+            description: description.to_owned(),
+            history,
+            ..Default::default()
+        },
+        servers,
+    )
+    .await
+}
+
+/// [`bucket`] with every setting of `config` (a `max_age`, say), made as it says if absent.
+pub async fn open_bucket(
+    js: &async_nats::jetstream::Context,
+    config: async_nats::jetstream::kv::Config,
+    servers: &str,
+) -> Result<async_nats::jetstream::kv::Store, String> {
+    let name = config.bucket.clone();
+    if let Ok(kv) = js.get_key_value(&name).await {
         return Ok(kv);
     }
-    js.create_key_value(async_nats::jetstream::kv::Config {
-        bucket: name.to_owned(),
-        description: description.to_owned(),
-        history,
-        ..Default::default()
-    })
-    .await
-    .map_err(|e| {
+    js.create_key_value(config).await.map_err(|e| {
         format!(
             "cannot open or make the key-value bucket {name} at {servers} ({e}); JetStream must be on (nats-server -js)"
         )

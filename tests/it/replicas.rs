@@ -32,10 +32,6 @@ fn config(dir: &TempDir, upstream: &str) -> std::path::PathBuf {
     cfg
 }
 
-async fn gateway(cfg: &std::path::Path, store: &str, extra: &[&str]) -> Server {
-    gateway_server(cfg, store, extra).await
-}
-
 async fn ask(url: &str, token: &str, method: &str, id: u64, params: Value) -> Value {
     answer_as(url, Some(token), method, id, params).await
 }
@@ -72,8 +68,8 @@ async fn a_task_started_through_one_replica_is_read_and_cancelled_through_anothe
     let dir = TempDir::new("replicas-tasks");
     let cfg = config(&dir, &memo.http_url());
     let backend = format!("nats://127.0.0.1:{}", nats.port);
-    let one = gateway(&cfg, ":memory:", &["--backend", &backend]).await;
-    let two = gateway(&cfg, ":memory:", &["--backend", &backend]).await;
+    let one = gateway_server(&cfg, ":memory:", &["--backend", &backend]).await;
+    let two = gateway_server(&cfg, ":memory:", &["--backend", &backend]).await;
     let (url1, url2) = (one.http_url(), two.http_url());
 
     let task = start_task(&url1, 1).await;
@@ -116,10 +112,10 @@ async fn a_task_outlives_its_gateways_restart_with_the_store() {
     let cfg = config(&dir, &memo.http_url());
     let store = dir.path().join("gateway.redb");
     let store = store.to_str().unwrap();
-    let gw = gateway(&cfg, store, &[]).await;
+    let gw = gateway_server(&cfg, store, &[]).await;
     let task = start_task(&gw.http_url(), 1).await;
     gw.terminate().await;
-    let gw = gateway(&cfg, store, &[]).await;
+    let gw = gateway_server(&cfg, store, &[]).await;
     let got = status(&gw.http_url(), TOKEN, &task, 2).await;
     assert_eq!(got["result"]["status"], "working", "{got}");
     let theirs = status(&gw.http_url(), OTHER, &task, 3).await;
@@ -222,8 +218,8 @@ async fn replicas_behind_haproxy_serve_any_client_and_a_killed_ones_carry_on() {
     let backend = format!("nats://127.0.0.1:{}", nats.port);
     let extra = ["--backend", backend.as_str(), "--admin", "127.0.0.1:0"];
     let g = [
-        gateway(&cfg, ":memory:", &extra).await,
-        gateway(&cfg, ":memory:", &extra).await,
+        gateway_server(&cfg, ":memory:", &extra).await,
+        gateway_server(&cfg, ":memory:", &extra).await,
     ];
     let addrs: Vec<String> = g
         .iter()
