@@ -80,6 +80,9 @@ pub struct ServeOptions {
     pub limits: Limits,
     /// Webhook subscriptions (`events/subscribe`): on when `HERALD_EVENTS_KEY` is set.
     pub events: crate::hooks::EventsOptions,
+    /// Keep the webhook subscriptions in this NATS bucket, shared by the processes on it (a
+    /// gateway's `--backend`), instead of the store.
+    pub hooks_bucket: Option<async_nats::jetstream::kv::Store>,
 }
 
 /// What a role actually bound.
@@ -166,9 +169,15 @@ pub async fn serve_source(
     };
     let server = SourceServer::with_tasks(source, opts.limits.clone(), shutdown.clone(), tasks);
     if let Some(settings) = opts.events.settings(&role).map_err(AppError::Config)? {
-        let hooks = crate::hooks::Hooks::start(&server, settings, store.clone(), ctx.clone())
-            .await
-            .map_err(AppError::Config)?;
+        let hooks = crate::hooks::Hooks::start(
+            &server,
+            settings,
+            store.clone(),
+            opts.hooks_bucket.clone(),
+            ctx.clone(),
+        )
+        .await
+        .map_err(AppError::Config)?;
         server.serve_webhooks(std::sync::Arc::new(hooks));
     }
     let listens = server.listen_count();

@@ -72,7 +72,9 @@ pub async fn run(args: GatewayArgs, globals: &Globals) -> Result<(), Exit> {
         &cfg,
         &ctx,
     ));
-    gateway.keep_tasks_in(task_keep(&args.nats, &store, &ctx).await?);
+    let (keep, hooks_bucket) = keeps(&args.nats, &store, &ctx).await?;
+    gateway.keep_tasks_in(keep);
+    opts.hooks_bucket = hooks_bucket;
     let admin = begin(&args.serve, &ctx, globals, &store).await?;
     gateway.warm_up(WARM_UP).await;
     let reload = GatewayReload {
@@ -98,13 +100,20 @@ pub async fn run(args: GatewayArgs, globals: &Globals) -> Result<(), Exit> {
     .await
 }
 
-/// Where the gateway keeps who started each task: on NATS with `--backend` (shared by every
-/// replica behind a load balancer), else in its store (kept across restarts).
-async fn task_keep(
+/// Where the gateway keeps who started each task, and its webhook subscriptions: on NATS
+/// with `--backend` (shared by every replica behind a load balancer: the bucket, and the
+/// bucket `<bucket>_hooks`), else in its store (kept across restarts).
+async fn keeps(
     nats: &crate::cli::nats::NatsArgs,
     store: &crate::store::Store,
     ctx: &RoleContext,
-) -> Result<crate::gateway::owners::Keep, Exit> {
+) -> Result<
+    (
+        crate::gateway::owners::Keep,
+        Option<async_nats::jetstream::kv::Store>,
+    ),
+    Exit,
+> {
     use crate::gateway::owners::Keep;
     let mut t = crate::cli::nats::NatsToml::default();
     nats.lay_over(&mut t);
@@ -116,7 +125,7 @@ async fn task_keep(
         }
         let keep = Keep::Store(store.clone());
         keep.sweep().await;
-        return Ok(keep);
+        return Ok((keep, None));
     };
     let servers = cfg.redacted();
     let client = tokio::time::timeout(
@@ -142,8 +151,23 @@ async fn task_keep(
     )
     .await
     .map_err(|e| crate::cli::usage(anyhow::anyhow!("--backend: {e}")))?;
-    tracing::info!(bucket = %cfg.bucket, %servers, "task owners kept on NATS, shared by this gateway's replicas");
-    Ok(Keep::Nats(Box::new(kv)))
+    // A subscription's row lives as long as its longest TTL past its last write.
+    let hooks = crate::nats::open_bucket(
+        &js,
+        async_nats::jetstream::kv::Config {
+            bucket: format!("{}_hooks", cfg.bucket),
+            description: "herald gateway: webhook subscriptions (sealed) and their deliverer"
+                .into(),
+            history: 1,
+            max_age: crate::hooks::MAX_TTL + crate::hooks::ROTATION,
+            ..Default::default()
+        },
+        &servers,
+    )
+    .await
+    .map_err(|e| crate::cli::usage(anyhow::anyhow!("--backend: {e}")))?;
+    tracing::info!(bucket = %cfg.bucket, %servers, "task owners and webhook subscriptions kept on NATS, shared by this gateway's replicas");
+    Ok((Keep::Nats(Box::new(kv)), Some(hooks)))
 }
 
 /// `herald gateway --config`'s reload: the file read and checked again, then its slugs and

@@ -312,6 +312,7 @@ impl ServeArgs {
                 receiver_url: None,
                 profile: self.events_profile.unwrap_or_default(),
             },
+            hooks_bucket: None,
             limits: Limits {
                 max_streams_per_connection: self.max_listen_streams,
                 max_listen_streams_per_caller: self.max_caller_listen_streams,

@@ -38,11 +38,13 @@ use crate::sync::Recover;
 
 pub mod deliver;
 mod follow;
+mod settings;
+mod shared;
 
-use deliver::{CallbackPolicy, Posted, Poster, Secret};
+pub use settings::{EventsOptions, HookSettings, KEY_VAR, Profile, events_key};
 
-/// The variable (or credentials file) holding the key webhook subscriptions are sealed under.
-pub const KEY_VAR: &str = "HERALD_EVENTS_KEY";
+use deliver::{Posted, Poster, Secret};
+
 /// A subscription's life when `ttlMs` does not say.
 pub const DEFAULT_TTL: Duration = Duration::from_secs(7 * 24 * 3600);
 /// The shortest life granted.
@@ -67,134 +69,6 @@ const SUBSCRIBE_PARAMS: [&str; 7] = [
     "ttlMs",
     "_meta",
 ];
-
-/// Which error codes the Events errors carry: the draft's (SEP-3415, -32023…-32027) or the
-/// earlier sketch's that ChatGPT-facing servers use (-32011…-32015).
-#[derive(
-    Debug,
-    Clone,
-    Copy,
-    PartialEq,
-    Eq,
-    Default,
-    clap::ValueEnum,
-    serde::Serialize,
-    serde::Deserialize,
-)]
-#[serde(rename_all = "lowercase")]
-pub enum Profile {
-    #[default]
-    Draft,
-    Chatgpt,
-}
-
-impl Profile {
-    fn code(self, draft: i32) -> ErrorCode {
-        match self {
-            Profile::Draft => ErrorCode(draft),
-            Profile::Chatgpt => ErrorCode(draft + 12),
-        }
-    }
-}
-
-/// What a server's webhook subscriptions are configured with (its `Debug` leaves the key
-/// out).
-#[derive(Clone)]
-pub struct HookSettings {
-    /// The sealing key (32 bytes).
-    pub key: [u8; 32],
-    pub policy: CallbackPolicy,
-    pub profile: Profile,
-    /// The store key prefix (the role's name).
-    pub role: String,
-}
-
-/// What the flags and config (`[events]`) say of webhook subscriptions; the key comes from
-/// the environment ([`EventsOptions::settings`]).
-#[derive(Debug, Clone, Default, PartialEq, serde::Serialize, serde::Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct EventsOptions {
-    /// URL prefixes a callback may start with to reach a private address or plain http.
-    pub callback_allow: Vec<String>,
-    pub profile: Profile,
-    /// Where slugs that deliver events only by webhook POST them to the gateway
-    /// (`{receiver_url}/{id}`); the gateway's own `--http` address when unset.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub receiver_url: Option<String>,
-}
-
-impl EventsOptions {
-    /// The settings of `role`'s webhook subscriptions: `None` without a key (they are off),
-    /// an error naming the variable when the key is malformed.
-    pub fn settings(&self, role: &str) -> Result<Option<HookSettings>, String> {
-        Ok(events_key()?.map(|key| HookSettings {
-            key,
-            policy: CallbackPolicy {
-                allow: self.callback_allow.clone(),
-            },
-            profile: self.profile,
-            role: role.to_owned(),
-        }))
-    }
-}
-
-/// The deployment's events key, `HERALD_EVENTS_KEY` (or `$CREDENTIALS_DIRECTORY/
-/// HERALD_EVENTS_KEY`): what seals webhook subscriptions and the event logs published on
-/// NATS. `None` when unset; an error naming the variable when malformed. The variable is
-/// never passed on to a child (a stdio upstream, a helper command).
-pub fn events_key() -> Result<Option<[u8; 32]>, String> {
-    crate::runtime::secrets::register(KEY_VAR);
-    key_from(
-        &|n| std::env::var(n).ok(),
-        std::env::var_os("CREDENTIALS_DIRECTORY").map(std::path::PathBuf::from),
-    )
-}
-
-/// `HERALD_EVENTS_KEY` from the environment, or the file of that name in `dir` (systemd's
-/// credentials): 32 bytes, base64 or hex. Never shown in an error.
-fn key_from(
-    lookup: &dyn Fn(&str) -> Option<String>,
-    dir: Option<std::path::PathBuf>,
-) -> Result<Option<[u8; 32]>, String> {
-    let raw = match lookup(KEY_VAR)
-        .map(|v| v.trim().to_owned())
-        .filter(|v| !v.is_empty())
-    {
-        Some(v) => v,
-        None => match dir.map(|d| d.join(KEY_VAR)) {
-            Some(path) => match std::fs::read_to_string(&path) {
-                Ok(v) if !v.trim().is_empty() => v.trim().to_owned(),
-                Ok(_) => return Ok(None),
-                Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
-                Err(e) => {
-                    return Err(format!(
-                        "cannot read {KEY_VAR} from {}: {}",
-                        path.display(),
-                        e.kind()
-                    ));
-                }
-            },
-            None => return Ok(None),
-        },
-    };
-    crate::store::seal::decode_key(&raw)
-        .map(Some)
-        .map_err(|why| {
-            format!(
-                "{KEY_VAR} must be 32 bytes, base64 or hex (make one with `openssl rand -base64 32`); {why}"
-            )
-        })
-}
-
-impl std::fmt::Debug for HookSettings {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("HookSettings")
-            .field("policy", &self.policy)
-            .field("profile", &self.profile)
-            .field("role", &self.role)
-            .finish_non_exhaustive()
-    }
-}
 
 /// A subscription as it is kept (sealed). Its `Debug` shows only its id and event type.
 #[derive(Clone, serde::Serialize, serde::Deserialize)]
@@ -247,6 +121,37 @@ impl Sub {
         }
     }
 
+    /// The same key subscribed again (`new`): its TTL and secret (the old one still signs
+    /// for [`ROTATION`]), and the caller's token, perhaps a fresh access token of the same
+    /// principal, which the follower's next stream presents.
+    fn refresh(&mut self, new: &Sub, now: u64) {
+        if self.secret != new.secret {
+            self.old_secret = Some((self.secret.clone(), now + ROTATION.as_millis() as u64));
+            self.secret = new.secret.clone();
+        }
+        self.expires_ms = new.expires_ms;
+        self.token = new.token.clone();
+        self.servers = new.servers.clone();
+    }
+
+    /// The subscriber's fields of `row` (what a subscribe writes).
+    fn take_subscriber(&mut self, row: &Sub) {
+        self.secret = row.secret.clone();
+        self.old_secret = row.old_secret.clone();
+        self.expires_ms = row.expires_ms;
+        self.token = row.token.clone();
+        self.servers = row.servers.clone();
+    }
+
+    /// The deliverer's fields of `from` (what delivering writes).
+    fn take_progress(&mut self, from: &Sub) {
+        self.cursor = from.cursor.clone();
+        self.max_age_ms = from.max_age_ms;
+        self.pending = from.pending.clone();
+        self.last_delivery_ms = from.last_delivery_ms;
+        self.last_error = from.last_error.clone();
+    }
+
     fn secrets(&self, now: u64) -> Vec<&Secret> {
         let mut s = vec![&self.secret];
         if let Some((old, until)) = &self.old_secret
@@ -276,6 +181,8 @@ struct Inner {
     posts: tokio::sync::Semaphore,
     ctx: RoleContext,
     metrics: HookMetrics,
+    /// Kept on NATS and shared by replicas (a gateway's `--backend`), instead of the store.
+    shared: Option<shared::Shared>,
 }
 
 /// The webhook counters, registered up front in every role's metrics.
@@ -285,6 +192,7 @@ pub struct HookMetrics {
     failed: Counter,
     dropped: Counter,
     subscriptions: Gauge,
+    deliverer: Gauge,
     posting: Gauge,
     retrying: Gauge,
 }
@@ -323,6 +231,10 @@ impl HookMetrics {
             subscriptions: m.gauge(
                 "herald_webhook_subscriptions",
                 "webhook subscriptions kept now",
+            ),
+            deliverer: m.gauge(
+                "herald_webhook_deliverer",
+                "1 while this process delivers the webhook subscriptions (of gateway replicas sharing them on NATS, one does)",
             ),
             posting: m.gauge(
                 "herald_webhook_posts_in_flight",
@@ -368,11 +280,13 @@ fn derive_id(principal: &str, url: &str, name: &str, arguments: &JsonObject) -> 
 
 impl Hooks {
     /// Webhook subscriptions for `server`'s role, restoring those kept in `store` (each
-    /// followed again from its cursor).
+    /// followed again from its cursor); with `bucket`, kept there instead and shared with
+    /// the other processes on it ([`shared`]).
     pub async fn start(
         server: &SourceServer,
         settings: HookSettings,
         store: Store,
+        bucket: Option<async_nats::jetstream::kv::Store>,
         ctx: RoleContext,
     ) -> Result<Hooks, String> {
         let poster = Poster::new(settings.policy.clone())?;
@@ -388,9 +302,18 @@ impl Hooks {
                 posts: tokio::sync::Semaphore::new(MAX_POSTS),
                 ctx,
                 metrics,
+                shared: bucket.map(shared::Shared::new),
             }),
         };
-        hooks.restore(server).await;
+        if hooks.inner.shared.is_some() {
+            let (h, server) = (hooks.clone(), server.clone());
+            hooks
+                .inner
+                .ctx
+                .spawn("webhooks on nats", async move { h.share(server).await });
+        } else {
+            hooks.restore(server).await;
+        }
         Ok(hooks)
     }
 
@@ -451,6 +374,21 @@ impl Hooks {
             return;
         }
         let snapshot = sub.locked().clone();
+        if self.inner.shared.is_some() {
+            // The progress, on the row as it is now (a refresh elsewhere keeps its fields).
+            let written = self
+                .write_row(&id, |row| {
+                    Ok(row.map(|mut r| {
+                        r.take_progress(&snapshot);
+                        r
+                    }))
+                })
+                .await;
+            if let Err(e) = written {
+                tracing::error!(subscription = %id, error = %e.message, "cannot keep a webhook subscription's progress");
+            }
+            return;
+        }
         let row = self.row(&id);
         let plain = serde_json::to_vec(&snapshot).expect("a subscription serializes");
         let sealed = self.inner.sealer.seal(&row, &plain);
@@ -479,6 +417,17 @@ impl Hooks {
     }
 
     async fn forget_where(&self, id: &str, which: impl FnOnce(&Running) -> bool) -> bool {
+        if self.inner.shared.is_some() {
+            // The row first: a watch that meets it later does not start it again here.
+            if !self.inner.subs.locked().get(id).is_some_and(which) {
+                return false;
+            }
+            if let Err(e) = self.write_row(id, |_| Ok(None)).await {
+                tracing::error!(subscription = %id, error = %e.message, "cannot delete an ended webhook subscription on NATS; the next deliverer starts it again");
+            }
+            self.stop_local(id);
+            return true;
+        }
         let gone = {
             let mut subs = self.inner.subs.locked();
             match subs.get(id) {
@@ -507,6 +456,14 @@ impl Hooks {
             }
         }
         true
+    }
+
+    /// Stops the follower of `id` here, leaving its row (this replica no longer delivers it).
+    fn stop_local(&self, id: &str) {
+        let gone = self.inner.subs.locked().remove(id);
+        if let Some(gone) = gone {
+            gone.stop.cancel();
+        }
     }
 
     /// Starts following `sub` (its follower runs until the subscription is dropped, expires
@@ -548,10 +505,13 @@ impl Hooks {
         if let Some(old) = replaced {
             old.stop.cancel();
         }
-        self.inner
-            .metrics
-            .subscriptions
-            .set(self.inner.subs.locked().len() as u64);
+        // (Shared: the gauge counts the rows every replica sees.)
+        if self.inner.shared.is_none() {
+            self.inner
+                .metrics
+                .subscriptions
+                .set(self.inner.subs.locked().len() as u64);
+        }
         let follower = follow::Follower {
             hooks: self.clone(),
             sub: sub.clone(),
@@ -710,57 +670,74 @@ impl Webhooks for Hooks {
         })?;
         let now = now_ms();
         let expires_ms = now + ttl.as_millis() as u64;
-        let existing = self.inner.subs.locked().get(&id).map(|r| r.sub.clone());
-        let kept = match existing {
-            Some(sub) => {
-                // The same key again: a new TTL and secret; the follower goes on.
-                let snapshot = {
-                    let mut s = sub.locked();
-                    if s.secret != secret {
-                        s.old_secret = Some((s.secret.clone(), now + ROTATION.as_millis() as u64));
-                        s.secret = secret;
+        let fresh = Sub {
+            id: id.clone(),
+            principal,
+            token: caller.token.clone(),
+            servers: caller.servers.clone(),
+            local: caller.local,
+            loopback: caller.loopback,
+            url,
+            name,
+            arguments,
+            secret,
+            old_secret: None,
+            cursor: start,
+            expires_ms,
+            last_delivery_ms: None,
+            last_error: None,
+            max_age_ms: params.get("maxAgeMs").and_then(Value::as_u64),
+            pending: None,
+        };
+        let limited = |limit: &str, max: usize| {
+            McpError::new(
+                self.code(-32025),
+                format!(
+                    "this server keeps at most {max} webhook subscriptions ({limit}); unsubscribe one first"
+                ),
+                Some(json!({"limit": limit, "max": max})),
+            )
+        };
+        let kept = if let Some(shared) = &self.inner.shared {
+            // On NATS: the row, made or refreshed; the deliverer follows it from there.
+            self.write_row(&id, |row| match row {
+                Some(mut s) => {
+                    s.refresh(&fresh, now);
+                    Ok(Some(s))
+                }
+                None => {
+                    let (all, mine) = shared.counts(&fresh.principal);
+                    if mine >= MAX_PER_SUBSCRIBER {
+                        return Err(limited("subscriptionsPerSubscriber", MAX_PER_SUBSCRIBER));
                     }
-                    s.expires_ms = expires_ms;
-                    // The same principal, perhaps with a fresh access token: the follower's
-                    // next stream presents it.
-                    s.token = caller.token.clone();
-                    s.servers = caller.servers.clone();
-                    s.clone()
-                };
-                self.keep(&sub).await;
-                snapshot
-            }
-            None => {
-                let sub = Sub {
-                    id: id.clone(),
-                    principal,
-                    token: caller.token.clone(),
-                    servers: caller.servers.clone(),
-                    local: caller.local,
-                    loopback: caller.loopback,
-                    url,
-                    name,
-                    arguments,
-                    secret,
-                    old_secret: None,
-                    cursor: start,
-                    expires_ms,
-                    last_delivery_ms: None,
-                    last_error: None,
-                    max_age_ms: params.get("maxAgeMs").and_then(Value::as_u64),
-                    pending: None,
-                };
-                let running = self.run(server, sub.clone(), true).map_err(|(limit, max)| {
-                    McpError::new(
-                        self.code(-32025),
-                        format!(
-                            "this server keeps at most {max} webhook subscriptions ({limit}); unsubscribe one first"
-                        ),
-                        Some(json!({"limit": limit, "max": max})),
-                    )
-                })?;
-                self.keep(&running).await;
-                sub
+                    if all >= MAX_SUBSCRIPTIONS {
+                        return Err(limited("subscriptions", MAX_SUBSCRIPTIONS));
+                    }
+                    Ok(Some(fresh.clone()))
+                }
+            })
+            .await?
+            .unwrap_or(fresh)
+        } else {
+            let existing = self.inner.subs.locked().get(&id).map(|r| r.sub.clone());
+            match existing {
+                Some(sub) => {
+                    // The same key again: a new TTL and secret; the follower goes on.
+                    let snapshot = {
+                        let mut s = sub.locked();
+                        s.refresh(&fresh, now);
+                        s.clone()
+                    };
+                    self.keep(&sub).await;
+                    snapshot
+                }
+                None => {
+                    let running = self
+                        .run(server, fresh.clone(), true)
+                        .map_err(|(limit, max)| limited(limit, max))?;
+                    self.keep(&running).await;
+                    fresh
+                }
             }
         };
         Ok(json!({
@@ -789,7 +766,18 @@ impl Webhooks for Hooks {
         let (name, arguments) = name_and_arguments(&params)?;
         let (url, _) = delivery(&params, false)?;
         let id = derive_id(&caller.principal(), &url, &name, &arguments);
-        if !self.forget(&id).await {
+        let found = if self.inner.shared.is_some() {
+            let mut had = false;
+            self.write_row(&id, |row| {
+                had = row.is_some();
+                Ok(None)
+            })
+            .await?;
+            had
+        } else {
+            self.forget(&id).await
+        };
+        if !found {
             return Err(McpError::new(
                 self.code(-32023),
                 "no such subscription: none of this caller's has that name, arguments and delivery url",
@@ -814,25 +802,5 @@ mod tests {
         assert_ne!(id, derive_id("token:cd", "https://h/x", "memo.changed", &a));
         assert_ne!(id, derive_id("token:ab", "https://h/y", "memo.changed", &a));
         assert_ne!(id, derive_id("token:ab", "https://h/x", "other", &a));
-    }
-
-    #[tokio::test]
-    async fn the_key_never_reaches_a_child() {
-        let _ = EventsOptions::default().settings("test");
-        let mut cmd = tokio::process::Command::new("sh");
-        cmd.args(["-c", "printf %s \"${HERALD_EVENTS_KEY-unset}\""])
-            .env(KEY_VAR, "k");
-        let out = crate::runtime::secrets::scrub(&mut cmd)
-            .output()
-            .await
-            .unwrap();
-        assert_eq!(String::from_utf8_lossy(&out.stdout), "unset");
-    }
-
-    #[test]
-    fn profiles_number_the_errors() {
-        assert_eq!(Profile::Draft.code(-32027), ErrorCode(-32027));
-        assert_eq!(Profile::Chatgpt.code(-32027), ErrorCode(-32015));
-        assert_eq!(Profile::Chatgpt.code(-32023), ErrorCode(-32011));
     }
 }

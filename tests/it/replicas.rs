@@ -325,3 +325,143 @@ async fn replicas_behind_haproxy_serve_any_client_and_a_killed_ones_carry_on() {
     );
     w.terminate().await;
 }
+
+/// Webhook subscriptions shared by replicas (`--backend`): taken through one replica and
+/// delivered by exactly one; carried on from the kept cursor by another when the deliverer is
+/// killed -9, a write made meanwhile not lost; refreshed and unsubscribed through a replica
+/// that never delivered them; nothing of them in the clear in NATS's files.
+#[tokio::test]
+async fn webhook_subscriptions_are_shared_by_replicas_and_outlive_their_deliverer() {
+    use crate::webhooks::{KEY, Receiver, SECRET, SECRET2, subscribe_params};
+    let nats = NatsServer::start().await;
+    let memo = Server::spawn(&["--store", ":memory:", "memo", "--http", "127.0.0.1:0"]).await;
+    let dir = TempDir::new("replicas-hooks");
+    let cfg = config(&dir, &memo.http_url());
+    let backend = format!("nats://127.0.0.1:{}", nats.port);
+    let gateway = || {
+        let (cfg, backend) = (cfg.clone(), backend.clone());
+        async move {
+            Server::spawn_env(
+                &[
+                    "--store",
+                    ":memory:",
+                    "gateway",
+                    "--config",
+                    cfg.to_str().unwrap(),
+                    "--http",
+                    "127.0.0.1:0",
+                    "--admin",
+                    "127.0.0.1:0",
+                    "--backend",
+                    &backend,
+                    "--callback-allow",
+                    "http://127.0.0.1:",
+                ],
+                &[("HERALD_EVENTS_KEY", KEY)],
+            )
+            .await
+        }
+    };
+    let delivering = |s: &Server| {
+        let url = format!("{}/metrics", s.admin_url());
+        async move { metric(&url, "herald_webhook_deliverer").await.unwrap_or(0) }
+    };
+    let memo_url = memo.http_url();
+    let set = |id: u64, key: &'static str| {
+        let url = memo_url.clone();
+        async move {
+            let r = answer_as(
+                &url,
+                None,
+                "tools/call",
+                id,
+                json!({"_meta": meta(), "name": "memo_set", "arguments": {"key": key, "value": id}}),
+            )
+            .await;
+            assert!(r.get("result").is_some(), "{r}");
+        }
+    };
+    let subscribe = |url: String, token: &'static str, id: u64, callback: String, secret| async move {
+        let mut p = subscribe_params(&callback, secret, json!({}));
+        p["name"] = "a__memo.changed".into();
+        p["_meta"] = meta();
+        ask(&url, token, "events/subscribe", id, p).await
+    };
+    let mut g = vec![gateway().await, gateway().await];
+    let mut rx = Receiver::start(&[SECRET, SECRET2]).await;
+    let hook = rx.url("gw");
+
+    let sub = subscribe(g[0].http_url(), TOKEN, 1, hook.clone(), SECRET).await;
+    let sub_id = sub["result"]["id"].as_str().expect("subscribed").to_owned();
+    assert_eq!(rx.delivered().await["body"]["type"], "verification");
+    set(2, "one").await;
+    let d = rx.delivered().await;
+    assert_eq!(d["body"]["data"]["key"], "one", "{d}");
+    let first_id = d["id"].clone();
+    let on = [delivering(&g[0]).await, delivering(&g[1]).await];
+    assert_eq!(
+        on.iter().sum::<u64>(),
+        1,
+        "exactly one replica delivers: {on:?}"
+    );
+    let deliverer = g.remove(if on[0] == 1 { 0 } else { 1 });
+
+    // The deliverer dies; a write while no one delivers is not lost.
+    // SAFETY: kill(2) on a pid this test spawned and still owns; no memory is involved.
+    let killed = unsafe { libc::kill(deliverer.pid() as libc::pid_t, libc::SIGKILL) };
+    assert_eq!(killed, 0);
+    deliverer.terminate().await;
+    set(3, "two").await;
+    loop {
+        let d = rx.delivered().await;
+        match d["body"]["data"]["key"].as_str() {
+            // Sent again by the new deliverer, under the same webhook-id.
+            Some("one") => assert_eq!(d["id"], first_id, "{d}"),
+            Some("two") => break,
+            _ => panic!("only the events written: {d}"),
+        }
+    }
+    assert_eq!(delivering(&g[0]).await, 1, "the survivor delivers now");
+
+    // A replica that never delivered refreshes it with a new secret, and unsubscribes it.
+    g.push(gateway().await);
+    let again = subscribe(g[1].http_url(), TOKEN, 4, hook.clone(), SECRET2).await;
+    assert_eq!(again["result"]["id"], sub_id.as_str(), "{again}");
+    assert_eq!(rx.delivered().await["body"]["type"], "verification");
+    set(5, "three").await;
+    let d = rx.delivered().await;
+    assert_eq!(d["body"]["data"]["key"], "three", "{d}");
+    assert_eq!(
+        d["secrets"],
+        json!([0, 1]),
+        "signed with the old and the new: {d}"
+    );
+    let mut un = json!({"_meta": meta(), "name": "a__memo.changed", "arguments": {},
+                        "delivery": {"url": hook}});
+    let theirs = ask(&g[1].http_url(), OTHER, "events/unsubscribe", 6, un.clone()).await;
+    assert_eq!(
+        code(&theirs),
+        -32023,
+        "another caller's is no subscription: {theirs}"
+    );
+    let gone = ask(&g[1].http_url(), TOKEN, "events/unsubscribe", 7, un.clone()).await;
+    assert!(gone.get("result").is_some(), "{gone}");
+    un["_meta"] = meta();
+    let twice = ask(&g[0].http_url(), TOKEN, "events/unsubscribe", 8, un).await;
+    assert_eq!(code(&twice), -32023, "gone on every replica: {twice}");
+
+    // Another subscription now: only it gets the next write.
+    let other = rx.url("second");
+    let s2 = subscribe(g[1].http_url(), TOKEN, 9, other.clone(), SECRET).await;
+    assert!(s2.get("result").is_some(), "{s2}");
+    assert_eq!(rx.delivered().await["body"]["type"], "verification");
+    set(10, "four").await;
+    let d = rx.delivered().await;
+    assert_eq!(
+        (d["path"].as_str(), d["body"]["data"]["key"].as_str()),
+        (Some("/second"), Some("four")),
+        "the unsubscribed one delivers nothing more: {d}"
+    );
+    let held = nats.files_holding(&[SECRET, SECRET2, TOKEN, &hook, &other, "memo.changed"]);
+    assert!(held.is_empty(), "{held:?}");
+}

@@ -15,16 +15,16 @@ use tokio::sync::mpsc;
 use crate::events::request;
 use crate::support::*;
 
-const KEY: &str = "MDEyMzQ1Njc4OWFiY2RlZjAxMjM0NTY3ODlhYmNkZWY=";
-const SECRET: &str = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw";
-const SECRET2: &str = "whsec_c2Vjb25kIHNlY3JldCBmb3IgdGhlIHJvdGF0aW9u";
+pub(crate) const KEY: &str = "MDEyMzQ1Njc4OWFiY2RlZjAxMjM0NTY3ODlhYmNkZWY=";
+pub(crate) const SECRET: &str = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw";
+pub(crate) const SECRET2: &str = "whsec_c2Vjb25kIHNlY3JldCBmb3IgdGhlIHJvdGF0aW9u";
 
 /// The Python that has `standardwebhooks` (`.ci/run` makes a venv and names it).
 fn python() -> String {
     std::env::var("HERALD_TEST_PYTHON").unwrap_or_else(|_| "python3".into())
 }
 
-struct Receiver {
+pub(crate) struct Receiver {
     _child: Child,
     stdin: ChildStdin,
     lines: mpsc::UnboundedReceiver<Value>,
@@ -32,7 +32,7 @@ struct Receiver {
 }
 
 impl Receiver {
-    async fn start(secrets: &[&str]) -> Receiver {
+    pub(crate) async fn start(secrets: &[&str]) -> Receiver {
         let script = concat!(
             env!("CARGO_MANIFEST_DIR"),
             "/tests/it/py/webhook_receiver.py"
@@ -68,7 +68,7 @@ impl Receiver {
         }
     }
 
-    fn url(&self, path: &str) -> String {
+    pub(crate) fn url(&self, path: &str) -> String {
         format!("http://127.0.0.1:{}/{path}", self.port)
     }
 
@@ -86,7 +86,7 @@ impl Receiver {
         assert_eq!(ack["event"], "scripted");
     }
 
-    async fn next(&mut self) -> Value {
+    pub(crate) async fn next(&mut self) -> Value {
         tokio::time::timeout(WAIT, self.lines.recv())
             .await
             .expect("the receiver hears something in time")
@@ -95,7 +95,7 @@ impl Receiver {
 
     /// The next delivered message (verified by the receiver), skipping nothing else: a
     /// refused signature fails the test.
-    async fn delivered(&mut self) -> Value {
+    pub(crate) async fn delivered(&mut self) -> Value {
         let v = self.next().await;
         assert_eq!(v["event"], "delivered", "{v}");
         v
@@ -121,7 +121,7 @@ async fn http_client(s: &Server) -> Connection {
     .await
 }
 
-fn subscribe_params(url: &str, secret: &str, arguments: Value) -> Value {
+pub(crate) fn subscribe_params(url: &str, secret: &str, arguments: Value) -> Value {
     json!({"name": "memo.changed", "arguments": arguments,
            "delivery": {"mode": "webhook", "url": url, "secret": secret}})
 }
