@@ -123,7 +123,8 @@ async fn a_task_outlives_its_gateways_restart_with_the_store() {
 }
 
 /// HAProxy (Debian's package; `.ci/run` installs it) on a listening socket this test made,
-/// balancing round robin over `servers` with a health check on `/live`.
+/// balancing over `servers` by `balance` (`roundrobin`; `first`: the first one up) with a
+/// health check on `/live`.
 struct Haproxy {
     _child: tokio::process::Child,
     url: String,
@@ -131,7 +132,7 @@ struct Haproxy {
 }
 
 impl Haproxy {
-    fn start(servers: &[&str]) -> Haproxy {
+    fn start(balance: &str, servers: &[&str]) -> Haproxy {
         use std::os::fd::AsRawFd;
         use std::os::unix::process::CommandExt;
         let dir = TempDir::new("haproxy");
@@ -150,7 +151,7 @@ impl Haproxy {
                  defaults\n    mode http\n    timeout connect 1s\n    timeout client 1h\n    \
                  timeout server 1h\n    option forwardfor\n    retries 3\n    option redispatch\n\
                  frontend mcp\n    bind fd@3\n    default_backend gateways\n\
-                 backend gateways\n    balance roundrobin\n    option httpchk GET /live\n    \
+                 backend gateways\n    balance {balance}\n    option httpchk GET /live\n    \
                  default-server inter 100ms fall 1 rise 1\n{backends}"
             ),
         )
@@ -225,7 +226,7 @@ async fn replicas_behind_haproxy_serve_any_client_and_a_killed_ones_carry_on() {
         .iter()
         .map(|s| s.listening["http"].as_str().unwrap().to_owned())
         .collect();
-    let lb = Haproxy::start(&[&addrs[0], &addrs[1]]);
+    let lb = Haproxy::start("roundrobin", &[&addrs[0], &addrs[1]]);
     let set = |id: u64, key: &'static str, value: u64| {
         let url = lb.url.clone();
         async move {
@@ -464,4 +465,80 @@ async fn webhook_subscriptions_are_shared_by_replicas_and_outlive_their_delivere
     );
     let held = nats.files_holding(&[SECRET, SECRET2, TOKEN, &hook, &other, "memo.changed"]);
     assert!(held.is_empty(), "{held:?}");
+}
+
+/// `events/stream` through the balancer: a watch of an event type whose replica is killed -9
+/// resubscribes through another from its cursor, and gets exactly the event written while it
+/// had no stream and the one after (none again, none lost).
+#[tokio::test]
+async fn an_events_stream_through_haproxy_resumes_on_another_replica() {
+    let nats = NatsServer::start().await;
+    let memo = Server::spawn(&["--store", ":memory:", "memo", "--http", "127.0.0.1:0"]).await;
+    let dir = TempDir::new("replicas-events");
+    let cfg = config(&dir, &memo.http_url());
+    let backend = format!("nats://127.0.0.1:{}", nats.port);
+    let extra = ["--backend", backend.as_str()];
+    let g = [
+        gateway_server(&cfg, ":memory:", &extra).await,
+        gateway_server(&cfg, ":memory:", &extra).await,
+    ];
+    let addrs: Vec<&str> = g
+        .iter()
+        .map(|s| s.listening["http"].as_str().unwrap())
+        .collect();
+    // Every connection to the first replica while it is up: the stream is there.
+    let lb = Haproxy::start("first", &addrs);
+    let memo_url = memo.http_url();
+    let set = |id: u64, key: &'static str| {
+        let url = memo_url.clone();
+        async move {
+            let r = answer_as(
+                &url,
+                None,
+                "tools/call",
+                id,
+                json!({"_meta": meta(), "name": "memo_set", "arguments": {"key": key, "value": id}}),
+            )
+            .await;
+            assert!(r.get("result").is_some(), "{r}");
+        }
+    };
+    let mut w = crate::watch::Watch::spawn_env(
+        ":memory:",
+        &[
+            "--mcp-http",
+            &lb.url,
+            "--watch",
+            "e=events:a__memo.changed",
+            "--resubscribe-base-ms",
+            "100",
+            "--resubscribe-attempts",
+            "20",
+        ],
+        &[("HERALD_TOKEN", TOKEN)],
+    );
+    let s = w.event("watch.subscribed", "e").await;
+    assert_eq!(s["push"], true, "followed by events/stream: {s}");
+    set(1, "before").await;
+    assert_eq!(w.notice().await["lines"], json!(["ADDED before = 1"]));
+    // SAFETY: kill(2) on a pid this test spawned and still owns; no memory is involved.
+    let killed = unsafe { libc::kill(g[0].pid() as libc::pid_t, libc::SIGKILL) };
+    assert_eq!(killed, 0);
+    w.event("watch.resubscribing", "e").await;
+    set(2, "during").await;
+    w.event("watch.subscribed", "e").await;
+    set(3, "after").await;
+    let mut lines = Vec::new();
+    while lines.len() < 2 {
+        let n = w.notice().await;
+        for l in n["lines"].as_array().unwrap() {
+            lines.push(l.as_str().unwrap().to_owned());
+        }
+    }
+    assert_eq!(
+        lines,
+        ["ADDED during = 2", "ADDED after = 3"],
+        "in order, once each"
+    );
+    w.terminate().await;
 }
