@@ -883,3 +883,71 @@ async fn a_memo_bucket_nats_lost_is_made_again_with_the_notes_put_back() {
         json!({"kept": 1, "after": 2})
     );
 }
+
+/// A TCP relay in front of a port, for cutting one process off from NATS: `hold` drops what
+/// the server sends from then on (the process hears nothing, its connection stays up), and
+/// `cut` closes every connection and lets new ones through again.
+pub(crate) struct Gate {
+    pub(crate) port: u16,
+    held: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    cut: tokio::sync::watch::Sender<u64>,
+}
+
+impl Gate {
+    pub(crate) async fn start(target: u16) -> Gate {
+        use std::sync::atomic::Ordering;
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let held = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let (cut, cuts) = tokio::sync::watch::channel(0u64);
+        let h = held.clone();
+        tokio::spawn(async move {
+            while let Ok((client, _)) = listener.accept().await {
+                let Ok(server) = tokio::net::TcpStream::connect(("127.0.0.1", target)).await else {
+                    continue;
+                };
+                let (held, mut cuts) = (h.clone(), cuts.clone());
+                cuts.borrow_and_update();
+                tokio::spawn(async move {
+                    let (mut cr, mut cw) = client.into_split();
+                    let (mut sr, mut sw) = server.into_split();
+                    let up = tokio::io::copy(&mut cr, &mut sw);
+                    let down = async {
+                        let mut buf = vec![0u8; 16 * 1024];
+                        loop {
+                            let n = sr.read(&mut buf).await?;
+                            if n == 0 {
+                                return Ok::<_, std::io::Error>(());
+                            }
+                            if !held.load(Ordering::SeqCst) {
+                                cw.write_all(&buf[..n]).await?;
+                            }
+                        }
+                    };
+                    tokio::select! {
+                        _ = up => {}
+                        _ = down => {}
+                        _ = cuts.changed() => {}
+                    }
+                });
+            }
+        });
+        Gate { port, held, cut }
+    }
+
+    pub(crate) fn url(&self) -> String {
+        format!("nats://127.0.0.1:{}", self.port)
+    }
+
+    /// What the server sends is dropped from now on.
+    pub(crate) fn hold(&self) {
+        self.held.store(true, std::sync::atomic::Ordering::SeqCst);
+    }
+
+    /// Every connection closed; new ones pass again.
+    pub(crate) fn cut(&self) {
+        self.held.store(false, std::sync::atomic::Ordering::SeqCst);
+        self.cut.send_modify(|n| *n += 1);
+    }
+}

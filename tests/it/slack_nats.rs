@@ -282,3 +282,72 @@ async fn a_stream_and_bucket_nats_lost_are_made_again_by_the_running_processes()
     assert!(said.contains("made it again"), "{said}");
     assert!(fake.most_sockets_open() <= 1, "never two sockets at once");
 }
+
+/// Events lost with the stream (published, then NATS lost its data before a standby cut off
+/// from it read them) are told to that standby's readers as `truncated`; a process that read
+/// them all tells its readers nothing of the kind.
+#[tokio::test]
+async fn events_lost_with_the_stream_are_told_as_truncated_to_readers_who_missed_them() {
+    let mut nats = NatsServer::start().await;
+    let fake = fake().await;
+    let mut a = slack_on(&fake, &nats, ":memory:").await;
+    a.line_where("A holds the lease", holds).await;
+    connected(&fake).await;
+    let gate = crate::nats::Gate::start(nats.port).await;
+    let mut extra = vec!["--backend".to_owned(), gate.url()];
+    extra.extend(LEASE.iter().map(|s| s.to_string()));
+    let extra: Vec<&str> = extra.iter().map(String::as_str).collect();
+    let mut b = start(&fake, ":memory:", &extra).await;
+    b.line_where("B stands by", stands_by).await;
+    let mut c = slack_on(&fake, &nats, ":memory:").await;
+    c.line_where("C stands by", stands_by).await;
+    let (cb, cc) = (client(&b).await, client(&c).await);
+    let from = now_cursor(&cb).await;
+    fake.post("C1", "U1", "before the loss");
+    let (_, cursor) = collect(&cb, json!({}), &from, 1).await;
+    let (_, at_c) = collect(&cc, json!({}), &from, 1).await;
+    assert_eq!(at_c, cursor, "one numbering");
+
+    // B hears nothing from NATS; the next event is in the stream (C read it) when NATS
+    // loses everything.
+    gate.hold();
+    fake.post("C1", "U1", "lost with the stream");
+    let (got, _) = collect(&cc, json!({}), &cursor, 1).await;
+    assert_eq!(texts(&got), ["lost with the stream"]);
+    nats.kill().await;
+    std::fs::remove_dir_all(nats.dir().join("jetstream")).unwrap();
+    gate.cut();
+    nats.start_again().await;
+    fake.post("C1", "U1", "after the loss");
+
+    let read = |conn, cursor: String| async move {
+        let mut truncated = false;
+        let mut texts = Vec::new();
+        let mut at = cursor;
+        while !texts.iter().any(|t| t == "after the loss") {
+            let r = crate::slack::poll(
+                conn,
+                json!({"name": "message_posted", "cursor": at, "timeoutMs": 10_000}),
+            )
+            .await;
+            truncated |= r["truncated"] == true;
+            for e in r["events"].as_array().unwrap() {
+                texts.push(e["data"]["text"].as_str().unwrap().to_owned());
+            }
+            at = r["cursor"].as_str().unwrap().to_owned();
+        }
+        (truncated, texts)
+    };
+    let (truncated, _) = tokio::time::timeout(WAIT, read(&cb, cursor.clone()))
+        .await
+        .expect("B serves the event after the loss");
+    assert!(
+        truncated,
+        "B never read an event that is gone: its readers are told"
+    );
+    let (truncated, texts) = tokio::time::timeout(WAIT, read(&cc, cursor))
+        .await
+        .expect("C serves the event after the loss");
+    assert!(!truncated, "C read every event: {texts:?}");
+    assert_eq!(texts, ["lost with the stream", "after the loss"]);
+}

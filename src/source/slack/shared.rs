@@ -147,6 +147,10 @@ struct LeaseValue {
 #[derive(Serialize, Deserialize)]
 struct Sealed {
     seq: u64,
+    /// The seq of the event its publisher last knew was in the stream before it (0: none):
+    /// a follower that never saw that one lost it with a stream NATS lost ([`follow`]).
+    #[serde(default)]
+    prev: u64,
     data: Posted,
 }
 
@@ -194,6 +198,9 @@ struct Feed {
     /// Ids this process sent without an acknowledgement (a timeout, a lost connection): a
     /// duplicate of one of them is its own earlier publish landing, not another writer.
     unacked: std::sync::Mutex<std::collections::HashSet<String>>,
+    /// The newest event seq this process knows is in the stream (its follower applied it,
+    /// or the stream acknowledged its publish): the next publish's `prev`.
+    through: std::sync::Arc<std::sync::atomic::AtomicU64>,
     /// Since when publishing has failed (NATS up enough to renew the lease, not to take
     /// events): the holder steps down after two thirds of the stale time of it.
     failing_since: tokio::sync::watch::Sender<Option<Instant>>,
@@ -382,11 +389,14 @@ async fn open(core: &Arc<Core>, shared: &Shared) -> Result<Feed, String> {
     .await
     .map_err(|e| format!("cannot follow the stream {name} at {servers}: {e}"))?
     .remaking(js.clone(), config.clone(), counts.remade.clone());
+    let through = std::sync::Arc::<std::sync::atomic::AtomicU64>::default();
     let follower = Follower {
         core: core.clone(),
         applied: applied_tx,
         first: true,
         started_late: None,
+        seen: core.buffer.head(),
+        through: through.clone(),
     };
     let following = core
         .ctx
@@ -430,6 +440,7 @@ async fn open(core: &Arc<Core>, shared: &Shared) -> Result<Feed, String> {
         superseded: tokio::sync::watch::channel(0).0,
         failing_since: tokio::sync::watch::channel(None).0,
         unacked: std::sync::Mutex::new(std::collections::HashSet::new()),
+        through,
         servers,
         counts,
     })

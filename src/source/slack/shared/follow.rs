@@ -4,6 +4,7 @@
 //! [`follow_state`] takes in the shared state row the holder writes.
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use async_nats::jetstream;
@@ -24,6 +25,10 @@ pub(super) struct Follower {
     /// Whether the very first message (of any kind) was past sequence 1: the stream dropped
     /// what came before.
     pub(super) started_late: Option<bool>,
+    /// The newest event seq read from the stream (or held at start).
+    pub(super) seen: u64,
+    /// The newest event seq known in the stream, shared with the publisher (its `prev`).
+    pub(super) through: Arc<AtomicU64>,
 }
 
 impl Follower {
@@ -43,12 +48,23 @@ impl Follower {
             return;
         }
         match decode(&self.core, &m) {
-            Some((seq, posted)) => {
+            Some((seq, prev, posted)) => {
                 let first = std::mem::replace(&mut self.first, false);
                 if first && late {
                     // What came before it was dropped by the stream's limits.
                     self.core.buffer.evicted_through(seq.saturating_sub(1));
+                } else if prev > self.seen && self.core.buffer.get(prev).is_none() {
+                    // Its publisher knew of an event this process never read: lost with a
+                    // stream NATS lost. Readers from before it are told `truncated`.
+                    tracing::warn!(
+                        after = self.seen,
+                        through = prev,
+                        "slack events published before NATS lost its data never reached this process; its readers from before them see truncated"
+                    );
+                    self.core.buffer.evicted_through(prev);
                 }
+                self.seen = self.seen.max(seq);
+                self.through.fetch_max(seq, Ordering::Relaxed);
                 self.core.apply(seq, posted);
             }
             None => tracing::warn!(
@@ -61,13 +77,13 @@ impl Follower {
     }
 }
 
-/// An event from a stream message: its seq and payload.
-fn decode(core: &Core, m: &async_nats::Message) -> Option<(u64, Posted)> {
+/// An event from a stream message: its seq, its publisher's `prev` and its payload.
+fn decode(core: &Core, m: &async_nats::Message) -> Option<(u64, u64, Posted)> {
     let headers = m.headers.as_ref()?;
     let id = headers.get(async_nats::header::NATS_MESSAGE_ID)?.as_str();
     let plain = core.buffer.sealer().open(id, &m.payload).ok()?;
     let sealed: Sealed = serde_json::from_slice(&plain).ok()?;
-    Some((sealed.seq, sealed.data))
+    Some((sealed.seq, sealed.prev, sealed.data))
 }
 
 /// A holder's fence message (see [`hold`]).

@@ -438,9 +438,14 @@ impl Shell {
                 let _ = tokio::time::timeout(RELEASE_STEP, write_state(&feed, shared)).await;
             }
             Ok(None) => {
-                // A new feed begins now: a cursor from before it learns `truncated`. Made
-                // only if absent (and taken in only once made), so a feed's start never moves.
-                shared.first_seq = core.buffer.head().max(now_us());
+                // No state yet: the feed begins where this process's buffer began (now, for a
+                // new one), so a cursor from before it learns `truncated`. A bucket NATS lost
+                // and made again keeps its feed's start: only the readers who missed events
+                // lost with the stream are told (`follow`). Made only if absent (and taken in
+                // only once made), so a feed's start never moves.
+                if shared.first_seq == 0 {
+                    shared.first_seq = core.buffer.head().max(now_us());
+                }
                 let bytes = serde_json::to_vec(&shared).expect("the state serializes");
                 let step = RELEASE_STEP * 5;
                 match tokio::time::timeout(step, feed.kv.create(&feed.state_key, bytes.into()))

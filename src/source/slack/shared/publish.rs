@@ -103,6 +103,7 @@ pub(super) async fn publish_pending(core: &Core, feed: &Feed) -> Result<(), Refu
         let id = h.posted.event_id();
         let plain = serde_json::to_vec(&Sealed {
             seq: h.seq,
+            prev: feed.through.load(std::sync::atomic::Ordering::Relaxed),
             data: (*h.posted).clone(),
         })
         .expect("a payload serializes");
@@ -138,6 +139,8 @@ pub(super) async fn publish_pending(core: &Core, feed: &Feed) -> Result<(), Refu
                 counts.publish_seconds.observe(clock.elapsed());
                 failing(feed, false);
                 feed.unacked.locked().remove(&id);
+                feed.through
+                    .fetch_max(h.seq, std::sync::atomic::Ordering::Relaxed);
                 if !ack.duplicate {
                     expected = ack.sequence;
                     *writer = Some(expected);
