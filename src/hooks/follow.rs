@@ -63,13 +63,17 @@ impl Follower {
         // goes first, under its own id.
         let pending = self.sub.locked().pending.clone();
         if let Some((msg_id, body, cursor)) = pending {
-            // (Its subscription may run out meanwhile.)
-            let sent = tokio::select! {
-                s = self.deliver(&msg_id, body.as_bytes(), cursor.as_deref()) => s,
-                _ = self.expired() => {
-                    let e = json!({"code": -32023, "message": "the subscription expired; subscribe again to go on"});
-                    self.end(e).await;
-                    return;
+            // (Its subscription may run out meanwhile, unless refreshed elsewhere.)
+            let sent = loop {
+                tokio::select! {
+                    s = self.deliver(&msg_id, body.as_bytes(), cursor.as_deref()) => break s,
+                    _ = self.expired() => {
+                        if self.hooks.expired_on_row(&self.sub).await {
+                            let e = json!({"code": -32023, "message": "the subscription expired; subscribe again to go on"});
+                            self.end(e).await;
+                            return;
+                        }
+                    }
                 }
             };
             match sent {
@@ -104,6 +108,8 @@ impl Follower {
                 return;
             }
             match ended {
+                // Refreshed through another replica (its watch not here yet): go on.
+                None if !self.hooks.expired_on_row(&self.sub).await => continue,
                 None => {
                     tracing::info!(subscription = %self.id(), "a webhook subscription expired");
                     let e = json!({"code": -32023, "message": "the subscription expired; subscribe again to go on"});
@@ -197,6 +203,11 @@ impl Follower {
                 let secrets: Vec<_> = s.secrets(now_ms()).into_iter().cloned().collect();
                 (s.url.clone(), s.id.clone(), secrets)
             };
+            // Only the deliverer, its claim renewed lately, sends (shared by replicas).
+            tokio::select! {
+                _ = self.hooks.deliverable() => {}
+                _ = self.stop.cancelled() => return Sent::Over,
+            }
             let posted = {
                 let Ok(_permit) = hooks.posts.acquire().await else {
                     return Sent::Over;

@@ -375,19 +375,7 @@ impl Hooks {
         }
         let snapshot = sub.locked().clone();
         if self.inner.shared.is_some() {
-            // The progress, on the row as it is now (a refresh elsewhere keeps its fields).
-            let written = self
-                .write_row(&id, |row| {
-                    Ok(row.map(|mut r| {
-                        r.take_progress(&snapshot);
-                        r
-                    }))
-                })
-                .await;
-            if let Err(e) = written {
-                tracing::error!(subscription = %id, error = %e.message, "cannot keep a webhook subscription's progress");
-            }
-            return;
+            return self.keep_shared(&id, sub, snapshot).await;
         }
         let row = self.row(&id);
         let plain = serde_json::to_vec(&snapshot).expect("a subscription serializes");
@@ -418,15 +406,20 @@ impl Hooks {
 
     async fn forget_where(&self, id: &str, which: impl FnOnce(&Running) -> bool) -> bool {
         if self.inner.shared.is_some() {
-            // The row first: a watch that meets it later does not start it again here.
-            if !self.inner.subs.locked().get(id).is_some_and(which) {
-                return false;
-            }
-            if let Err(e) = self.write_row(id, |_| Ok(None)).await {
-                tracing::error!(subscription = %id, error = %e.message, "cannot delete an ended webhook subscription on NATS; the next deliverer starts it again");
-            }
-            self.stop_local(id);
-            return true;
+            let running = self
+                .inner
+                .subs
+                .locked()
+                .get(id)
+                .filter(|r| which(r))
+                .map(|r| r.sub.clone());
+            return match running {
+                Some(sub) => {
+                    self.forget_shared(id, &sub).await;
+                    true
+                }
+                None => false,
+            };
         }
         let gone = {
             let mut subs = self.inner.subs.locked();
@@ -458,9 +451,16 @@ impl Hooks {
         true
     }
 
-    /// Stops the follower of `id` here, leaving its row (this replica no longer delivers it).
-    fn stop_local(&self, id: &str) {
-        let gone = self.inner.subs.locked().remove(id);
+    /// Stops the follower of `id` here (`which` one, if named), leaving its row (this
+    /// replica no longer delivers it).
+    fn stop_local(&self, id: &str, which: Option<&Arc<Mutex<Sub>>>) {
+        let gone = {
+            let mut subs = self.inner.subs.locked();
+            match subs.get(id) {
+                Some(r) if which.is_none_or(|w| Arc::ptr_eq(&r.sub, w)) => subs.remove(id),
+                _ => None,
+            }
+        };
         if let Some(gone) = gone {
             gone.stop.cancel();
         }

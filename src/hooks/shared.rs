@@ -8,19 +8,23 @@
 //!   deliverer writes its progress (cursor, pending message, last delivery) the same way.
 //!   Each side keeps the other's fields as the row holds them. An unsubscribe, or the
 //!   deliverer ending a subscription, deletes the row.
-//! - **The view.** Every replica watches the bucket, so it knows every subscription (for the
-//!   limits). The deliverer starts, refreshes and stops its followers from what it sees.
+//! - **The view.** Every replica watches the bucket and keeps every row it saw, by revision
+//!   (a row this replica deleted is remembered as deleted until the watch says so), so it
+//!   knows every subscription (for the limits), and the deliverer starts, refreshes and stops
+//!   its followers from it without reading NATS in its loop.
 //! - **The claim.** The key `deliver` names the deliverer ([`holder::identity`]), renewed every
-//!   [`HEARTBEAT`] by compare-and-set. A replica that stops deletes it, and another takes it at
-//!   once. A deliverer of this host that is gone is taken over after one missed beat; any other
-//!   once the claim's revision stood still for [`STALE`] by the taker's clock. A deliverer that
-//!   cannot renew for [`STEP_DOWN`] stops delivering before anyone may take over.
+//!   [`HEARTBEAT`] by compare-and-set; only a write of its own makes a replica the deliverer.
+//!   A replica that stops deletes it, and another takes it at once. A deliverer of this host
+//!   that is gone is taken over after one missed beat; any other once the claim's revision
+//!   stood still for [`STALE`] by the taker's clock. A deliverer stops delivering (no POST
+//!   leaves) once [`STEP_DOWN`] passed since its last renewal was sent, and stands down when
+//!   its watch of the bucket is down that long: before anyone may take over.
 //! - **At a takeover** the new deliverer resumes each subscription from its kept cursor and
 //!   pending message: nothing is lost. A message in flight may be sent twice, under the same
 //!   `webhook-id`, which receivers drop repeats by.
 
 use std::collections::HashMap;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use async_nats::jetstream::kv;
@@ -38,7 +42,7 @@ use crate::sync::Recover;
 pub const HEARTBEAT: Duration = Duration::from_secs(5);
 /// A claim whose revision stood still this long is taken over.
 pub const STALE: Duration = Duration::from_secs(20);
-/// A deliverer that could not renew its claim for this long stops delivering.
+/// A deliverer whose last renewal was sent this long ago sends nothing more.
 pub const STEP_DOWN: Duration = Duration::from_secs(10);
 /// How long one read or write of the bucket may take.
 const OP_TIMEOUT: Duration = Duration::from_secs(3);
@@ -53,8 +57,11 @@ fn key(id: &str) -> String {
 /// A replica's share of the subscriptions kept on NATS.
 pub(super) struct Shared {
     kv: kv::Store,
-    /// Every subscription as last seen: id → (revision, subscription).
-    view: Mutex<HashMap<String, (u64, Sub)>>,
+    /// Every row as last seen: id → (revision, the subscription; `None`: deleted here, the
+    /// watch not yet past it).
+    view: Mutex<HashMap<String, (u64, Option<Sub>)>>,
+    /// Until when this replica may deliver (`None`: it is not the deliverer).
+    until: tokio::sync::watch::Sender<Option<Instant>>,
 }
 
 impl Shared {
@@ -62,17 +69,23 @@ impl Shared {
         Shared {
             kv,
             view: Mutex::default(),
+            until: tokio::sync::watch::Sender::new(None),
         }
     }
 
-    /// How many subscriptions are kept, and how many of them `principal`'s.
+    /// How many live subscriptions are kept, and how many of them `principal`'s.
     pub(super) fn counts(&self, principal: &str) -> (usize, usize) {
+        let now = now_ms();
         let view = self.view.locked();
-        let mine = view
-            .values()
-            .filter(|(_, s)| s.principal == principal)
-            .count();
-        (view.len(), mine)
+        let live = || {
+            view.values()
+                .filter_map(|(_, s)| s.as_ref())
+                .filter(|s| s.expires_ms > now)
+        };
+        (
+            live().count(),
+            live().filter(|s| s.principal == principal).count(),
+        )
     }
 }
 
@@ -85,6 +98,13 @@ fn unavailable(e: impl std::fmt::Display) -> McpError {
     )
 }
 
+/// What a row holds, as [`Hooks::write_row`] read it.
+struct Row {
+    /// Its revision (a delete marker's too); `None`: never written.
+    revision: Option<u64>,
+    sub: Option<Sub>,
+}
+
 impl Hooks {
     fn shared(&self) -> &Shared {
         self.inner
@@ -93,20 +113,49 @@ impl Hooks {
             .expect("called with a NATS backend only")
     }
 
-    /// The subscription in row `id`: its revision (a delete marker's too) and what it holds.
-    async fn read_row(&self, id: &str) -> Result<(Option<u64>, Option<Sub>), McpError> {
+    /// Resolves when this process may POST: at once, unless it shares the subscriptions;
+    /// then while it holds the claim, renewed lately.
+    pub(super) async fn deliverable(&self) {
+        let Some(shared) = &self.inner.shared else {
+            return;
+        };
+        let mut until = shared.until.subscribe();
+        loop {
+            let now = Instant::now();
+            let at = *until.borrow_and_update();
+            match at {
+                Some(u) if now < u => return,
+                _ => {
+                    if until.changed().await.is_err() {
+                        std::future::pending::<()>().await;
+                    }
+                }
+            }
+        }
+    }
+
+    async fn read_row(&self, id: &str) -> Result<Row, McpError> {
         let entry = tokio::time::timeout(OP_TIMEOUT, self.shared().kv.entry(key(id)))
             .await
             .map_err(|_| unavailable("no answer in time"))?
             .map_err(unavailable)?;
         let Some(e) = entry else {
-            return Ok((None, None));
+            return Ok(Row {
+                revision: None,
+                sub: None,
+            });
         };
         if e.operation != kv::Operation::Put {
-            return Ok((Some(e.revision), None));
+            return Ok(Row {
+                revision: Some(e.revision),
+                sub: None,
+            });
         }
         match self.open(id, &e.value) {
-            Some(sub) => Ok((Some(e.revision), Some(sub))),
+            Some(sub) => Ok(Row {
+                revision: Some(e.revision),
+                sub: Some(sub),
+            }),
             None => Err(McpError::internal_error(
                 "a webhook subscription on NATS does not open with this HERALD_EVENTS_KEY; every gateway replica needs the same key",
                 None,
@@ -116,7 +165,7 @@ impl Hooks {
 
     /// Writes row `id` as `change` makes it from what it holds (`None`: deleted), by
     /// compare-and-set, reading again when another writer came first. Returns what it holds
-    /// now.
+    /// now; the view learns it at once.
     pub(super) async fn write_row(
         &self,
         id: &str,
@@ -124,47 +173,49 @@ impl Hooks {
     ) -> Result<Option<Sub>, McpError> {
         let kv = &self.shared().kv;
         for _ in 0..WRITE_TRIES {
-            let (revision, now) = self.read_row(id).await?;
-            let had = now.is_some();
-            let next = change(now)?;
+            let Row { revision, sub } = self.read_row(id).await?;
+            let had = sub.is_some();
+            let next = change(sub)?;
             let written = tokio::time::timeout(OP_TIMEOUT, async {
-                match (&next, revision, had) {
-                    (Some(sub), None, _) => kv
+                let conflict =
+                    |conflict: bool, e: &dyn std::fmt::Display| (conflict, e.to_string());
+                match (&next, revision) {
+                    (Some(sub), None) => kv
                         .create(key(id), self.seal(sub).into())
                         .await
-                        .map(|_| ())
-                        .map_err(|e| {
-                            (
-                                e.kind() == kv::CreateErrorKind::AlreadyExists,
-                                e.to_string(),
-                            )
-                        }),
-                    (Some(sub), Some(rev), _) => kv
+                        .map(Some)
+                        .map_err(|e| conflict(e.kind() == kv::CreateErrorKind::AlreadyExists, &e)),
+                    (Some(sub), Some(rev)) => kv
                         .update(key(id), self.seal(sub).into(), rev)
                         .await
-                        .map(|_| ())
+                        .map(Some)
                         .map_err(|e| {
-                            (
-                                e.kind() == kv::UpdateErrorKind::WrongLastRevision,
-                                e.to_string(),
-                            )
+                            conflict(e.kind() == kv::UpdateErrorKind::WrongLastRevision, &e)
                         }),
-                    (None, Some(rev), true) => kv
+                    (None, Some(rev)) if had => kv
                         .delete_expect_revision(key(id), Some(rev))
                         .await
+                        .map(|()| Some(rev))
                         .map_err(|e| {
-                            (
-                                e.kind() == kv::DeleteErrorKind::WrongLastRevision,
-                                e.to_string(),
-                            )
+                            conflict(e.kind() == kv::DeleteErrorKind::WrongLastRevision, &e)
                         }),
-                    (None, _, _) => Ok(()),
+                    (None, _) => Ok(None),
                 }
             })
             .await
             .map_err(|_| unavailable("no answer in time"))?;
             match written {
-                Ok(()) => return Ok(next),
+                Ok(at) => {
+                    if let (Some(at), None) = (at, &next) {
+                        // Deleted at `at`, ahead of the watch: a change of the row it brings
+                        // later that is no newer does not start it again.
+                        let mut view = self.shared().view.locked();
+                        if view.get(id).is_none_or(|(r, _)| *r <= at) {
+                            view.insert(id.to_owned(), (at, None));
+                        }
+                    }
+                    return Ok(next);
+                }
                 Err((true, _)) => continue,
                 Err((false, e)) => return Err(unavailable(e)),
             }
@@ -184,86 +235,135 @@ impl Hooks {
             .filter(|s| s.id == id)
     }
 
+    /// The deliverer's progress on the row as it is now (a refresh elsewhere keeps its
+    /// fields); a row gone meanwhile (unsubscribed elsewhere) stops the follower.
+    pub(super) async fn keep_shared(&self, id: &str, sub: &Arc<Mutex<Sub>>, snapshot: Sub) {
+        let written = self
+            .write_row(id, |row| {
+                Ok(row.map(|mut r| {
+                    r.take_progress(&snapshot);
+                    r
+                }))
+            })
+            .await;
+        match written {
+            Ok(Some(_)) => {}
+            Ok(None) => self.stop_local(id, Some(sub)),
+            Err(e) => {
+                tracing::error!(subscription = %id, error = %e.message, "cannot keep a webhook subscription's progress");
+            }
+        }
+    }
+
+    /// Ends `sub` (the deliverer's follower of `id`): its row deleted, then the follower.
+    pub(super) async fn forget_shared(&self, id: &str, sub: &Arc<Mutex<Sub>>) {
+        if let Err(e) = self.write_row(id, |_| Ok(None)).await {
+            tracing::error!(subscription = %id, error = %e.message, "cannot delete an ended webhook subscription on NATS; the next deliverer starts it again");
+        }
+        self.stop_local(id, Some(sub));
+        let mut writes = self.inner.writes.locked();
+        if writes.get(id).is_some_and(|l| Arc::strong_count(l) <= 2) {
+            writes.remove(id);
+        }
+    }
+
+    /// Whether `sub`'s TTL is out on its row too: a refresh through another replica that the
+    /// watch has not brought yet is taken in instead (`false`).
+    pub(super) async fn expired_on_row(&self, sub: &Arc<Mutex<Sub>>) -> bool {
+        if self.inner.shared.is_none() {
+            return true;
+        }
+        let id = sub.locked().id.clone();
+        match self.read_row(&id).await {
+            Ok(Row { sub: Some(row), .. }) if row.expires_ms > now_ms() => {
+                sub.locked().take_subscriber(&row);
+                false
+            }
+            _ => true,
+        }
+    }
+
     /// One change of a row, seen by the watch: the view follows it, and the deliverer
     /// starts, refreshes or stops the subscription's follower.
-    async fn apply(&self, server: &SourceServer, leading: bool, entry: kv::Entry) {
+    fn apply(&self, server: &SourceServer, leading: bool, entry: kv::Entry) {
         let Some(id) = entry.key.strip_prefix("sub.") else {
             return;
         };
-        let shared = self.shared();
-        if entry.operation != kv::Operation::Put {
-            shared.view.locked().remove(id);
-            self.set_count();
-            if leading {
-                self.stop_local(id);
-            }
-            return;
-        }
-        let Some(sub) = self.open(id, &entry.value) else {
-            tracing::warn!(subscription = %id, "a webhook subscription on NATS does not open with this HERALD_EVENTS_KEY; every gateway replica needs the same key");
-            return;
+        let sub = match entry.operation {
+            kv::Operation::Put => match self.open(id, &entry.value) {
+                Some(sub) => Some(sub),
+                None => {
+                    tracing::warn!(subscription = %id, "a webhook subscription on NATS does not open with this HERALD_EVENTS_KEY; every gateway replica needs the same key");
+                    return;
+                }
+            },
+            _ => None,
         };
         {
-            let mut view = shared.view.locked();
+            let mut view = self.shared().view.locked();
             if view.get(id).is_some_and(|(rev, _)| *rev >= entry.revision) {
                 return;
             }
-            view.insert(id.to_owned(), (entry.revision, sub.clone()));
+            match &sub {
+                Some(s) => view.insert(id.to_owned(), (entry.revision, Some(s.clone()))),
+                // The delete itself: nothing older can come after it.
+                None => view.remove(id),
+            };
         }
         self.set_count();
         if !leading {
             return;
         }
+        let Some(sub) = sub else {
+            self.stop_local(id, None);
+            return;
+        };
         let running = self.inner.subs.locked().get(id).map(|r| r.sub.clone());
         match running {
             // A refresh (or this deliverer's own progress coming back): the subscriber's
             // fields as the row holds them.
             Some(r) => r.locked().take_subscriber(&sub),
-            None => self.start_current(server, id).await,
+            None => self.deliver_from(server, sub),
         }
     }
 
-    /// Starts following subscription `id` as its row holds it now (not as a watch saw it
-    /// earlier: a row this deliverer just ended is not brought back).
-    async fn start_current(&self, server: &SourceServer, id: &str) {
-        match self.read_row(id).await {
-            Ok((_, Some(sub))) if sub.expires_ms > now_ms() => {
-                tracing::info!(subscription = %sub.id, event = %sub.name, "delivering a webhook subscription");
-                let _ = self.run(server, sub, false);
-            }
-            Ok((_, Some(_))) => {
-                let _ = self.write_row(id, |_| Ok(None)).await;
-            }
-            Ok((_, None)) => {}
-            Err(e) => {
-                tracing::warn!(subscription = %id, error = %e.message, "cannot read a webhook subscription from NATS; it is started at the next change of it or of the deliverer");
-            }
+    fn deliver_from(&self, server: &SourceServer, sub: Sub) {
+        if sub.expires_ms > now_ms() {
+            tracing::info!(subscription = %sub.id, event = %sub.name, "delivering a webhook subscription");
+            let _ = self.run(server, sub, false);
         }
     }
 
     /// This replica begins delivering: every subscription of the view.
-    async fn lead(&self, server: &SourceServer) {
+    fn lead(&self, server: &SourceServer) {
         tracing::info!("this gateway replica delivers the webhook subscriptions now");
         self.inner.metrics.deliverer.set(1);
-        let ids: Vec<String> = self.shared().view.locked().keys().cloned().collect();
-        for id in ids {
-            if !self.inner.subs.locked().contains_key(&id) {
-                self.start_current(server, &id).await;
+        let subs: Vec<Sub> = self
+            .shared()
+            .view
+            .locked()
+            .values()
+            .filter_map(|(_, s)| s.clone())
+            .collect();
+        for sub in subs {
+            if !self.inner.subs.locked().contains_key(&sub.id) {
+                self.deliver_from(server, sub);
             }
         }
     }
 
     /// This replica stops delivering (the rows stay, for the next deliverer).
     fn stand_down(&self) {
+        self.shared().until.send_replace(None);
         self.inner.metrics.deliverer.set(0);
         let ids: Vec<String> = self.inner.subs.locked().keys().cloned().collect();
         for id in ids {
-            self.stop_local(&id);
+            self.stop_local(&id, None);
         }
     }
 
     fn set_count(&self) {
-        let n = self.shared().view.locked().len();
+        let n = self.shared().counts("").0;
         self.inner.metrics.subscriptions.set(n as u64);
     }
 
@@ -275,50 +375,73 @@ impl Hooks {
         let mut watch: Option<kv::Watch> = None;
         let mut backoff = Backoff::new(Duration::from_secs(1), Duration::from_secs(30));
         let mut reopen_at = Instant::now();
+        // Since when the watch is down (a deliverer blind to unsubscribes stands down).
+        let mut blind: Option<Instant> = Some(Instant::now());
         loop {
             if watch.is_none() && Instant::now() >= reopen_at {
-                match tokio::time::timeout(OP_TIMEOUT, self.shared().kv.watch_with_history(">"))
-                    .await
-                {
+                let opened =
+                    tokio::time::timeout(OP_TIMEOUT, self.shared().kv.watch_with_history(">"))
+                        .await;
+                match opened {
                     Ok(Ok(w)) => {
-                        backoff.reset();
                         watch = Some(w);
+                        blind = None;
                     }
                     r => {
-                        let e = r.map_or_else(
-                            |_| "no answer in time".to_owned(),
-                            |r| r.err().map(|e| e.to_string()).unwrap_or_default(),
-                        );
+                        let e = match r {
+                            Ok(Err(e)) => e.to_string(),
+                            _ => "no answer in time".to_owned(),
+                        };
                         tracing::warn!(error = %e, "cannot watch the webhook subscriptions on NATS; trying again");
                         reopen_at = Instant::now() + backoff.next_delay();
                     }
                 }
             }
             let was = claim.leading();
-            let wake = if watch.is_none() {
-                claim.next.min(reopen_at)
+            // Renewals come first, however busy the watch is.
+            if Instant::now() >= claim.next {
+                claim.step(blind.is_none()).await;
             } else {
-                claim.next
-            };
-            tokio::select! {
-                biased;
-                _ = shutdown.cancelled() => break,
-                e = next_entry(&mut watch) => match e {
-                    Some(entry) if entry.key == CLAIM => claim.seen(&entry),
-                    Some(entry) => self.apply(&server, was, entry).await,
-                    None => {
-                        watch = None;
-                        reopen_at = Instant::now() + backoff.next_delay();
-                    }
-                },
-                _ = tokio::time::sleep_until(wake) => {
-                    if Instant::now() >= claim.next {
-                        claim.step().await;
-                    }
+                let wake = if watch.is_none() {
+                    claim.next.min(reopen_at)
+                } else {
+                    claim.next
+                };
+                tokio::select! {
+                    biased;
+                    _ = shutdown.cancelled() => break,
+                    e = next_entry(&mut watch) => match e {
+                        Some(entry) => {
+                            backoff.reset();
+                            if entry.key == CLAIM {
+                                claim.seen(&entry);
+                            } else {
+                                self.apply(&server, was, entry);
+                            }
+                        }
+                        None => {
+                            watch = None;
+                            blind.get_or_insert_with(Instant::now);
+                            reopen_at = Instant::now() + backoff.next_delay();
+                        }
+                    },
+                    _ = tokio::time::sleep_until(wake) => {}
                 }
             }
+            if claim.leading() && blind.is_some_and(|b| b.elapsed() >= STEP_DOWN) {
+                tracing::warn!(
+                    "the watch of the webhook subscriptions on NATS is down; this replica stops delivering them and lets another"
+                );
+                claim.release().await;
+            }
+            let until = claim.until();
+            self.shared().until.send_if_modified(|u| {
+                let changed = *u != until;
+                *u = until;
+                changed
+            });
             match (was, claim.leading()) {
-                (false, true) => self.lead(&server).await,
+                (false, true) => self.lead(&server),
                 (true, false) => {
                     tracing::warn!(
                         "this gateway replica no longer delivers the webhook subscriptions (another took over, or NATS did not answer)"
@@ -352,9 +475,10 @@ async fn next_entry(watch: &mut Option<kv::Watch>) -> Option<kv::Entry> {
 struct Claim {
     kv: kv::Store,
     me: String,
-    /// Held: its revision and when it was last written.
+    /// Held: its revision and when the write that made it was sent.
     held: Option<(u64, Instant)>,
-    /// Held by another: its revision, holder and when this replica saw that revision first.
+    /// Held by another (or by this process in a spell it lost): its revision, holder and
+    /// when this replica saw that revision first.
     seen: Option<(u64, String, Instant)>,
     /// When to step next (renew, or look whether it can be taken).
     next: Instant,
@@ -380,6 +504,11 @@ impl Claim {
 
     fn leading(&self) -> bool {
         self.held.is_some()
+    }
+
+    /// Until when this replica may deliver.
+    fn until(&self) -> Option<Instant> {
+        self.held.map(|(_, sent)| sent + STEP_DOWN)
     }
 
     fn value(&self) -> bytes::Bytes {
@@ -410,8 +539,7 @@ impl Claim {
 
     /// A change of the claim's key, seen by the watch.
     fn seen(&mut self, entry: &kv::Entry) {
-        let mine = self.held.is_some_and(|(rev, _)| entry.revision <= rev);
-        if mine {
+        if self.held.is_some_and(|(rev, _)| entry.revision <= rev) {
             return;
         }
         if entry.operation != kv::Operation::Put {
@@ -422,21 +550,19 @@ impl Claim {
             return;
         }
         let holder = holder_of(&entry.value);
-        if holder == self.me
-            && let Some((rev, _)) = &mut self.held
-        {
-            // A renewal whose answer was lost.
-            *rev = entry.revision;
+        if holder == self.me && self.held.is_some() {
+            // A renewal whose answer was lost: the next one meets its revision, reads it
+            // and takes it by compare-and-set.
             return;
         }
         self.held = None;
         self.saw(entry.revision, holder);
     }
 
-    /// Renews the claim, or takes it if it is free or its holder is gone.
-    async fn step(&mut self) {
+    /// Renews the claim, or takes it (with `may_take`) if it is free or its holder is gone.
+    async fn step(&mut self, may_take: bool) {
         let now = Instant::now();
-        if let Some((rev, ok)) = self.held {
+        if let Some((rev, sent)) = self.held {
             let r =
                 tokio::time::timeout(OP_TIMEOUT, self.kv.update(CLAIM, self.value(), rev)).await;
             match r {
@@ -449,9 +575,9 @@ impl Claim {
                     self.look().await;
                 }
                 _ => {
-                    if now.duration_since(ok) >= STEP_DOWN {
+                    if now.duration_since(sent) >= STEP_DOWN {
                         self.held = None;
-                        self.seen = Some((rev, self.me.clone(), ok));
+                        self.seen = Some((rev, self.me.clone(), sent));
                     }
                     self.next = now + Duration::from_secs(1);
                 }
@@ -459,6 +585,7 @@ impl Claim {
             return;
         }
         let take = match &self.seen {
+            _ if !may_take => None,
             None => Some(None),
             Some((rev, holder, at)) => (holder == &self.me
                 || holder.is_empty()
@@ -472,7 +599,9 @@ impl Claim {
                 self.next = self
                     .seen
                     .as_ref()
-                    .map_or(now, |(_, _, at)| Self::look_at(*at));
+                    .map_or(now + Duration::from_secs(1), |(_, _, at)| {
+                        Self::look_at(*at).max(now + Duration::from_millis(100))
+                    });
                 return;
             }
             Some(None) => tokio::time::timeout(OP_TIMEOUT, self.kv.create(CLAIM, self.value()))
@@ -486,26 +615,29 @@ impl Claim {
         };
         match taken {
             Ok(Ok(r)) => {
-                self.held = Some((r, Instant::now()));
+                self.held = Some((r, now));
                 self.seen = None;
-                self.next = Instant::now() + HEARTBEAT;
+                self.next = now + HEARTBEAT;
             }
             _ => self.look().await,
         }
     }
 
-    /// Reads who holds the claim now.
+    /// Reads who holds the claim now (never taking it: only a write of this process's own
+    /// does).
     async fn look(&mut self) {
         let now = Instant::now();
         match tokio::time::timeout(OP_TIMEOUT, self.kv.entry(CLAIM)).await {
             Ok(Ok(Some(e))) if e.operation == kv::Operation::Put => {
                 let holder = holder_of(&e.value);
-                if holder == self.me {
-                    self.held = Some((e.revision, now));
-                    self.next = now + HEARTBEAT;
+                // This process's own (a renewal whose answer was lost): taken back at once.
+                let mine = holder == self.me;
+                self.saw(e.revision, holder);
+                self.next = if mine {
+                    now
                 } else {
-                    self.saw(e.revision, holder);
-                }
+                    self.next.max(now + Duration::from_millis(100))
+                };
             }
             // Free, but taking it just failed: try again in a moment.
             Ok(Ok(_)) => {
@@ -516,12 +648,26 @@ impl Claim {
         }
     }
 
-    /// Deletes the claim if this replica holds it, so another takes it at once.
-    async fn release(&self) {
-        if let Some((rev, _)) = self.held {
-            let _ =
-                tokio::time::timeout(OP_TIMEOUT, self.kv.delete_expect_revision(CLAIM, Some(rev)))
-                    .await;
+    /// Deletes the claim if this replica holds it (at the revision read, should a renewal's
+    /// answer have been lost), so another takes it at once.
+    async fn release(&mut self) {
+        let Some((rev, _)) = self.held.take() else {
+            return;
+        };
+        let kv = &self.kv;
+        let gone = tokio::time::timeout(OP_TIMEOUT, kv.delete_expect_revision(CLAIM, Some(rev)))
+            .await
+            .is_ok_and(|r| r.is_ok());
+        if !gone
+            && let Ok(Ok(Some(e))) = tokio::time::timeout(OP_TIMEOUT, kv.entry(CLAIM)).await
+            && e.operation == kv::Operation::Put
+            && holder_of(&e.value) == self.me
+        {
+            let _ = tokio::time::timeout(
+                OP_TIMEOUT,
+                kv.delete_expect_revision(CLAIM, Some(e.revision)),
+            )
+            .await;
         }
     }
 }

@@ -542,3 +542,102 @@ async fn an_events_stream_through_haproxy_resumes_on_another_replica() {
     );
     w.terminate().await;
 }
+
+/// A deliverer cut off from NATS stops delivering before another replica takes over: an
+/// event written after it stood down is delivered once, by the other.
+#[tokio::test]
+async fn a_deliverer_cut_off_from_nats_stands_down_before_another_takes_over() {
+    use crate::webhooks::{KEY, Receiver, SECRET, subscribe_params};
+    let nats = NatsServer::start().await;
+    let gate = crate::nats::Gate::start(nats.port).await;
+    let memo = Server::spawn(&["--store", ":memory:", "memo", "--http", "127.0.0.1:0"]).await;
+    let dir = TempDir::new("replicas-cutoff");
+    let cfg = config(&dir, &memo.http_url());
+    let gateway = |backend: String| {
+        let cfg = cfg.clone();
+        async move {
+            Server::spawn_env(
+                &[
+                    "--store",
+                    ":memory:",
+                    "gateway",
+                    "--config",
+                    cfg.to_str().unwrap(),
+                    "--http",
+                    "127.0.0.1:0",
+                    "--backend",
+                    &backend,
+                    "--callback-allow",
+                    "http://127.0.0.1:",
+                ],
+                &[("HERALD_EVENTS_KEY", KEY)],
+            )
+            .await
+        }
+    };
+    let says = |what: &'static str| {
+        move |v: &Value| v["message"].as_str().is_some_and(|m| m.contains(what))
+    };
+    // The first replica, through the gate, delivers; the second waits.
+    let mut first = gateway(gate.url()).await;
+    first
+        .line_where(
+            "it delivers",
+            says("delivers the webhook subscriptions now"),
+        )
+        .await;
+    let mut second = gateway(format!("nats://127.0.0.1:{}", nats.port)).await;
+    let mut rx = Receiver::start(&[SECRET]).await;
+    let mut p = subscribe_params(&rx.url("gw"), SECRET, json!({}));
+    p["name"] = "a__memo.changed".into();
+    p["_meta"] = meta();
+    let sub = ask(&second.http_url(), TOKEN, "events/subscribe", 1, p).await;
+    assert!(sub.get("result").is_some(), "{sub}");
+    assert_eq!(rx.delivered().await["body"]["type"], "verification");
+    let set = |id: u64, key: &'static str| {
+        let url = memo.http_url();
+        async move {
+            let r = answer_as(
+                &url,
+                None,
+                "tools/call",
+                id,
+                json!({"_meta": meta(), "name": "memo_set", "arguments": {"key": key, "value": id}}),
+            )
+            .await;
+            assert!(r.get("result").is_some(), "{r}");
+        }
+    };
+    set(2, "one").await;
+    let d = rx.delivered().await;
+    assert_eq!(d["body"]["data"]["key"], "one", "{d}");
+
+    // The first hears nothing from NATS any more: it stops, then the second takes over.
+    gate.hold();
+    first
+        .line_where("it stood down", says("no longer delivers"))
+        .await;
+    set(3, "two").await;
+    second
+        .line_where(
+            "it delivers",
+            says("delivers the webhook subscriptions now"),
+        )
+        .await;
+    let mut got = Vec::new();
+    while !got.contains(&"two".to_owned()) {
+        let d = rx.delivered().await;
+        got.push(
+            d["body"]["data"]["key"]
+                .as_str()
+                .unwrap_or_default()
+                .to_owned(),
+        );
+    }
+    // "one" may come again (its progress may not have reached NATS); "two" only once, and
+    // nothing after it is pending from the first.
+    assert!(got.iter().all(|k| k == "one" || k == "two"), "{got:?}");
+    set(4, "three").await;
+    let d = rx.delivered().await;
+    assert_eq!(d["body"]["data"]["key"], "three", "two came once: {d}");
+}

@@ -385,6 +385,10 @@ async fn a_retry_pending_at_kill_9_is_delivered_after_the_restart() {
         .args(["-9", &s.pid().to_string()])
         .status();
     drop(conn);
+    // Reaped before the restart: a killed process not yet waited for still holds its pid,
+    // and the store's lock names it.
+    let mut s = s;
+    let _ = s.child.wait().await;
     drop(s);
     rx.order(json!({"clear": true})).await;
     let s = Server::spawn_env(&args, &[("HERALD_EVENTS_KEY", KEY)]).await;
