@@ -455,10 +455,12 @@ async fn relay(
     while let Some(heard) = kept.next().await {
         match heard {
             Heard::Acknowledged { .. } => {
-                ack.send_replace(Some(true));
-                // A resubscription (or a client that joined early): anything that changed
-                // in between (or while resubscribing) is caught by the re-read this prompts.
+                // A resubscription: anything that changed while the streams already on it
+                // had no upstream listen is caught by the re-read this prompts. Published
+                // before the ack, so a stream admitted by this ack (registered after it,
+                // reading after its own ack) is not told of a change it never missed.
                 feed.publish(&key);
+                ack.send_replace(Some(true));
             }
             Heard::Notification(_, ServerNotification::ResourceUpdatedNotification(u))
                 if u.params.uri == upstream_uri =>
