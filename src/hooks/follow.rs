@@ -156,6 +156,10 @@ impl Follower {
             let secrets: Vec<_> = s.secrets(now_ms()).into_iter().cloned().collect();
             (s.url.clone(), secrets)
         };
+        if self.hooks.deliver_until().is_none() {
+            // Not the deliverer now: the receiver hears it from none.
+            return;
+        }
         let refs: Vec<&_> = secrets.iter().collect();
         let posted = self
             .hooks
@@ -203,20 +207,32 @@ impl Follower {
                 let secrets: Vec<_> = s.secrets(now_ms()).into_iter().cloned().collect();
                 (s.url.clone(), s.id.clone(), secrets)
             };
-            // Only the deliverer, its claim renewed lately, sends (shared by replicas).
-            tokio::select! {
-                _ = self.hooks.deliverable() => {}
-                _ = self.stop.cancelled() => return Sent::Over,
-            }
             let posted = {
-                let Ok(_permit) = hooks.posts.acquire().await else {
-                    return Sent::Over;
+                let _permit = tokio::select! {
+                    p = hooks.posts.acquire() => match p {
+                        Ok(p) => p,
+                        Err(_) => return Sent::Over,
+                    },
+                    _ = self.stop.cancelled() => return Sent::Over,
                 };
+                // Only the deliverer, its claim renewed lately, sends (shared by replicas),
+                // and no POST outlives its claim.
+                tokio::select! {
+                    _ = self.hooks.deliverable() => {}
+                    _ = self.stop.cancelled() => return Sent::Over,
+                }
+                let until = self.hooks.deliver_until().flatten();
                 let refs: Vec<&_> = secrets.iter().collect();
                 let _posting = super::Held::of(&hooks.metrics.posting);
                 tokio::select! {
                     p = hooks.poster.post(&url, &id, msg_id, &refs, body) => p,
                     _ = self.stop.cancelled() => return Sent::Over,
+                    _ = async {
+                        match until {
+                            Some(u) => tokio::time::sleep_until(u).await,
+                            None => std::future::pending().await,
+                        }
+                    } => Posted::Failed("this replica stopped delivering mid-POST".into()),
                 }
             };
             match posted {

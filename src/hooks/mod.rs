@@ -464,6 +464,10 @@ impl Hooks {
         if let Some(gone) = gone {
             gone.stop.cancel();
         }
+        let mut writes = self.inner.writes.locked();
+        if writes.get(id).is_some_and(|l| Arc::strong_count(l) == 1) {
+            writes.remove(id);
+        }
     }
 
     /// Starts following `sub` (its follower runs until the subscription is dropped, expires

@@ -113,6 +113,16 @@ impl Hooks {
             .expect("called with a NATS backend only")
     }
 
+    /// Until when this process may POST: `Some(None)` (no end) unless it shares the
+    /// subscriptions; `None` when it does not hold the claim, renewed lately, now.
+    pub(super) fn deliver_until(&self) -> Option<Option<Instant>> {
+        let Some(shared) = &self.inner.shared else {
+            return Some(None);
+        };
+        let until = (*shared.until.borrow())?;
+        (Instant::now() < until).then_some(Some(until))
+    }
+
     /// Resolves when this process may POST: at once, unless it shares the subscriptions;
     /// then while it holds the claim, renewed lately.
     pub(super) async fn deliverable(&self) {
@@ -238,6 +248,10 @@ impl Hooks {
     /// The deliverer's progress on the row as it is now (a refresh elsewhere keeps its
     /// fields); a row gone meanwhile (unsubscribed elsewhere) stops the follower.
     pub(super) async fn keep_shared(&self, id: &str, sub: &Arc<Mutex<Sub>>, snapshot: Sub) {
+        if self.deliver_until().is_none() {
+            // Not the deliverer now: the next one keeps its own progress.
+            return;
+        }
         let written = self
             .write_row(id, |row| {
                 Ok(row.map(|mut r| {
@@ -261,10 +275,6 @@ impl Hooks {
             tracing::error!(subscription = %id, error = %e.message, "cannot delete an ended webhook subscription on NATS; the next deliverer starts it again");
         }
         self.stop_local(id, Some(sub));
-        let mut writes = self.inner.writes.locked();
-        if writes.get(id).is_some_and(|l| Arc::strong_count(l) <= 2) {
-            writes.remove(id);
-        }
     }
 
     /// Whether `sub`'s TTL is out on its row too: a refresh through another replica that the
@@ -279,7 +289,12 @@ impl Hooks {
                 sub.locked().take_subscriber(&row);
                 false
             }
-            _ => true,
+            Ok(_) => true,
+            Err(_) => {
+                // NATS cannot say now: asked again in a moment (never ended on a guess).
+                tokio::time::sleep(Duration::from_secs(1)).await;
+                false
+            }
         }
     }
 
@@ -377,7 +392,13 @@ impl Hooks {
         let mut reopen_at = Instant::now();
         // Since when the watch is down (a deliverer blind to unsubscribes stands down).
         let mut blind: Option<Instant> = Some(Instant::now());
+        // Whether the watch has replayed the bucket as it was when opened: only then may this
+        // replica take the claim (and lead from a whole view).
+        let mut current = false;
         loop {
+            if shutdown.is_cancelled() {
+                break;
+            }
             if watch.is_none() && Instant::now() >= reopen_at {
                 let opened =
                     tokio::time::timeout(OP_TIMEOUT, self.shared().kv.watch_with_history(">"))
@@ -386,6 +407,10 @@ impl Hooks {
                     Ok(Ok(w)) => {
                         watch = Some(w);
                         blind = None;
+                        // An empty bucket has nothing to replay.
+                        current = tokio::time::timeout(OP_TIMEOUT, self.shared().kv.status())
+                            .await
+                            .is_ok_and(|s| s.is_ok_and(|s| s.values() == 0));
                     }
                     r => {
                         let e = match r {
@@ -400,7 +425,7 @@ impl Hooks {
             let was = claim.leading();
             // Renewals come first, however busy the watch is.
             if Instant::now() >= claim.next {
-                claim.step(blind.is_none()).await;
+                claim.step(blind.is_none() && current).await;
             } else {
                 let wake = if watch.is_none() {
                     claim.next.min(reopen_at)
@@ -413,6 +438,7 @@ impl Hooks {
                     e = next_entry(&mut watch) => match e {
                         Some(entry) => {
                             backoff.reset();
+                            current |= entry.delta == 0;
                             if entry.key == CLAIM {
                                 claim.seen(&entry);
                             } else {
@@ -421,6 +447,7 @@ impl Hooks {
                         }
                         None => {
                             watch = None;
+                            current = false;
                             blind.get_or_insert_with(Instant::now);
                             reopen_at = Instant::now() + backoff.next_delay();
                         }
@@ -428,11 +455,21 @@ impl Hooks {
                     _ = tokio::time::sleep_until(wake) => {}
                 }
             }
-            if claim.leading() && blind.is_some_and(|b| b.elapsed() >= STEP_DOWN) {
+            // A watch that failed, or one that stopped bringing this replica's own renewals
+            // (async-nats keeps a consumer it cannot re-create pending): blind.
+            if claim.leading()
+                && (blind.is_some_and(|b| b.elapsed() >= STEP_DOWN)
+                    || claim.echoed.elapsed() >= STEP_DOWN + HEARTBEAT)
+            {
                 tracing::warn!(
                     "the watch of the webhook subscriptions on NATS is down; this replica stops delivering them and lets another"
                 );
+                // Stopped before the claim is let go: another takes it at once.
+                self.stand_down();
                 claim.release().await;
+                watch = None;
+                current = false;
+                blind.get_or_insert_with(Instant::now);
             }
             let until = claim.until();
             self.shared().until.send_if_modified(|u| {
@@ -482,6 +519,10 @@ struct Claim {
     seen: Option<(u64, String, Instant)>,
     /// When to step next (renew, or look whether it can be taken).
     next: Instant,
+    /// When the watch last brought this replica's own claim (or it took it).
+    echoed: Instant,
+    /// The revision of its own claim this replica last tried to take back at once.
+    retook: Option<u64>,
 }
 
 fn holder_of(value: &[u8]) -> String {
@@ -499,6 +540,8 @@ impl Claim {
             held: None,
             seen: None,
             next: Instant::now(),
+            echoed: Instant::now(),
+            retook: None,
         }
     }
 
@@ -540,6 +583,7 @@ impl Claim {
     /// A change of the claim's key, seen by the watch.
     fn seen(&mut self, entry: &kv::Entry) {
         if self.held.is_some_and(|(rev, _)| entry.revision <= rev) {
+            self.echoed = Instant::now();
             return;
         }
         if entry.operation != kv::Operation::Put {
@@ -552,7 +596,8 @@ impl Claim {
         let holder = holder_of(&entry.value);
         if holder == self.me && self.held.is_some() {
             // A renewal whose answer was lost: the next one meets its revision, reads it
-            // and takes it by compare-and-set.
+            // and renews at it.
+            self.echoed = Instant::now();
             return;
         }
         self.held = None;
@@ -563,6 +608,13 @@ impl Claim {
     async fn step(&mut self, may_take: bool) {
         let now = Instant::now();
         if let Some((rev, sent)) = self.held {
+            if now.duration_since(sent) >= STEP_DOWN {
+                // Too late to renew: no longer the deliverer (it may take the claim back).
+                self.held = None;
+                self.seen = Some((rev, self.me.clone(), sent));
+                self.next = now + Duration::from_secs(1);
+                return;
+            }
             let r =
                 tokio::time::timeout(OP_TIMEOUT, self.kv.update(CLAIM, self.value(), rev)).await;
             match r {
@@ -571,16 +623,23 @@ impl Claim {
                     self.next = now + HEARTBEAT;
                 }
                 Ok(Err(e)) if e.kind() == kv::UpdateErrorKind::WrongLastRevision => {
-                    self.held = None;
-                    self.look().await;
-                }
-                _ => {
-                    if now.duration_since(sent) >= STEP_DOWN {
-                        self.held = None;
-                        self.seen = Some((rev, self.me.clone(), sent));
+                    match tokio::time::timeout(OP_TIMEOUT, self.kv.entry(CLAIM)).await {
+                        // A renewal of its own whose answer was lost: renewed at it, the
+                        // deliverer all along (since the last renewal known sent).
+                        Ok(Ok(Some(e)))
+                            if e.operation == kv::Operation::Put
+                                && holder_of(&e.value) == self.me =>
+                        {
+                            self.held = Some((e.revision, sent));
+                            self.next = now;
+                        }
+                        _ => {
+                            self.held = None;
+                            self.look().await;
+                        }
                     }
-                    self.next = now + Duration::from_secs(1);
                 }
+                _ => self.next = now + Duration::from_secs(1),
             }
             return;
         }
@@ -618,6 +677,7 @@ impl Claim {
                 self.held = Some((r, now));
                 self.seen = None;
                 self.next = now + HEARTBEAT;
+                self.echoed = now;
             }
             _ => self.look().await,
         }
@@ -630,10 +690,14 @@ impl Claim {
         match tokio::time::timeout(OP_TIMEOUT, self.kv.entry(CLAIM)).await {
             Ok(Ok(Some(e))) if e.operation == kv::Operation::Put => {
                 let holder = holder_of(&e.value);
-                // This process's own (a renewal whose answer was lost): taken back at once.
-                let mine = holder == self.me;
+                // This process's own (a renewal whose answer was lost): taken back at once,
+                // once per revision (a write that keeps failing is tried each second).
+                let again = holder == self.me && self.retook != Some(e.revision);
+                if again {
+                    self.retook = Some(e.revision);
+                }
                 self.saw(e.revision, holder);
-                self.next = if mine {
+                self.next = if again {
                     now
                 } else {
                     self.next.max(now + Duration::from_millis(100))
