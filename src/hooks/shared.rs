@@ -324,6 +324,9 @@ impl Hooks {
                 // The delete itself: nothing older can come after it.
                 None => view.remove(id),
             };
+            // Rows whose time is out (the bucket's max_age drops them without a word).
+            let now = now_ms();
+            view.retain(|_, (_, s)| s.as_ref().is_none_or(|s| s.expires_ms > now));
         }
         self.set_count();
         if !leading {
