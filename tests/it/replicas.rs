@@ -61,6 +61,34 @@ async fn status(url: &str, token: &str, task: &str, id: u64) -> Value {
     .await
 }
 
+/// `memo_set` of `key` (to the number `id`) straight on the memo at `url`.
+async fn memo_set(url: &str, id: u64, key: &str) {
+    let r = answer_as(
+        url,
+        None,
+        "tools/call",
+        id,
+        json!({"_meta": meta(), "name": "memo_set", "arguments": {"key": key, "value": id}}),
+    )
+    .await;
+    assert!(r.get("result").is_some(), "{r}");
+}
+
+/// A gateway replica on `backend` that takes webhook subscriptions to loopback callbacks.
+async fn hooks_gateway(cfg: &std::path::Path, backend: &str, admin: bool) -> Server {
+    let mut extra = vec![
+        "--backend",
+        backend,
+        "--callback-allow",
+        "http://127.0.0.1:",
+    ];
+    if admin {
+        extra.extend(["--admin", "127.0.0.1:0"]);
+    }
+    let env = [("HERALD_EVENTS_KEY", crate::webhooks::KEY)];
+    gateway_server_env(cfg, ":memory:", &extra, &env).await
+}
+
 #[tokio::test]
 async fn a_task_started_through_one_replica_is_read_and_cancelled_through_another() {
     let nats = NatsServer::start().await;
@@ -333,62 +361,28 @@ async fn replicas_behind_haproxy_serve_any_client_and_a_killed_ones_carry_on() {
 /// that never delivered them; nothing of them in the clear in NATS's files.
 #[tokio::test]
 async fn webhook_subscriptions_are_shared_by_replicas_and_outlive_their_deliverer() {
-    use crate::webhooks::{KEY, Receiver, SECRET, SECRET2, subscribe_params};
+    use crate::webhooks::{Receiver, SECRET, SECRET2, subscribe_params};
     let nats = NatsServer::start().await;
     let memo = Server::spawn(&["--store", ":memory:", "memo", "--http", "127.0.0.1:0"]).await;
     let dir = TempDir::new("replicas-hooks");
     let cfg = config(&dir, &memo.http_url());
     let backend = format!("nats://127.0.0.1:{}", nats.port);
-    let gateway = || {
-        let (cfg, backend) = (cfg.clone(), backend.clone());
-        async move {
-            Server::spawn_env(
-                &[
-                    "--store",
-                    ":memory:",
-                    "gateway",
-                    "--config",
-                    cfg.to_str().unwrap(),
-                    "--http",
-                    "127.0.0.1:0",
-                    "--admin",
-                    "127.0.0.1:0",
-                    "--backend",
-                    &backend,
-                    "--callback-allow",
-                    "http://127.0.0.1:",
-                ],
-                &[("HERALD_EVENTS_KEY", KEY)],
-            )
-            .await
-        }
-    };
     let delivering = |s: &Server| {
         let url = format!("{}/metrics", s.admin_url());
         async move { metric(&url, "herald_webhook_deliverer").await.unwrap_or(0) }
     };
     let memo_url = memo.http_url();
-    let set = |id: u64, key: &'static str| {
-        let url = memo_url.clone();
-        async move {
-            let r = answer_as(
-                &url,
-                None,
-                "tools/call",
-                id,
-                json!({"_meta": meta(), "name": "memo_set", "arguments": {"key": key, "value": id}}),
-            )
-            .await;
-            assert!(r.get("result").is_some(), "{r}");
-        }
-    };
+    let set = |id: u64, key: &'static str| memo_set(&memo_url, id, key);
     let subscribe = |url: String, token: &'static str, id: u64, callback: String, secret| async move {
         let mut p = subscribe_params(&callback, secret, json!({}));
         p["name"] = "a__memo.changed".into();
         p["_meta"] = meta();
         ask(&url, token, "events/subscribe", id, p).await
     };
-    let mut g = vec![gateway().await, gateway().await];
+    let mut g = vec![
+        hooks_gateway(&cfg, &backend, true).await,
+        hooks_gateway(&cfg, &backend, true).await,
+    ];
     let mut rx = Receiver::start(&[SECRET, SECRET2]).await;
     let hook = rx.url("gw");
 
@@ -425,7 +419,7 @@ async fn webhook_subscriptions_are_shared_by_replicas_and_outlive_their_delivere
     assert_eq!(delivering(&g[0]).await, 1, "the survivor delivers now");
 
     // A replica that never delivered refreshes it with a new secret, and unsubscribes it.
-    g.push(gateway().await);
+    g.push(hooks_gateway(&cfg, &backend, true).await);
     let again = subscribe(g[1].http_url(), TOKEN, 4, hook.clone(), SECRET2).await;
     assert_eq!(again["result"]["id"], sub_id.as_str(), "{again}");
     assert_eq!(rx.delivered().await["body"]["type"], "verification");
@@ -489,20 +483,7 @@ async fn an_events_stream_through_haproxy_resumes_on_another_replica() {
     // Every connection to the first replica while it is up: the stream is there.
     let lb = Haproxy::start("first", &addrs);
     let memo_url = memo.http_url();
-    let set = |id: u64, key: &'static str| {
-        let url = memo_url.clone();
-        async move {
-            let r = answer_as(
-                &url,
-                None,
-                "tools/call",
-                id,
-                json!({"_meta": meta(), "name": "memo_set", "arguments": {"key": key, "value": id}}),
-            )
-            .await;
-            assert!(r.get("result").is_some(), "{r}");
-        }
-    };
+    let set = |id: u64, key: &'static str| memo_set(&memo_url, id, key);
     let mut w = crate::watch::Watch::spawn_env(
         ":memory:",
         &[
@@ -547,46 +528,31 @@ async fn an_events_stream_through_haproxy_resumes_on_another_replica() {
 /// event written after it stood down is delivered once, by the other.
 #[tokio::test]
 async fn a_deliverer_cut_off_from_nats_stands_down_before_another_takes_over() {
-    use crate::webhooks::{KEY, Receiver, SECRET, subscribe_params};
+    use crate::webhooks::{Receiver, SECRET, subscribe_params};
     let nats = NatsServer::start().await;
     let gate = crate::nats::Gate::start(nats.port).await;
     let memo = Server::spawn(&["--store", ":memory:", "memo", "--http", "127.0.0.1:0"]).await;
     let dir = TempDir::new("replicas-cutoff");
     let cfg = config(&dir, &memo.http_url());
-    let gateway = |backend: String| {
-        let cfg = cfg.clone();
-        async move {
-            Server::spawn_env(
-                &[
-                    "--store",
-                    ":memory:",
-                    "gateway",
-                    "--config",
-                    cfg.to_str().unwrap(),
-                    "--http",
-                    "127.0.0.1:0",
-                    "--backend",
-                    &backend,
-                    "--callback-allow",
-                    "http://127.0.0.1:",
-                ],
-                &[("HERALD_EVENTS_KEY", KEY)],
-            )
-            .await
-        }
-    };
     let says = |what: &'static str| {
         move |v: &Value| v["message"].as_str().is_some_and(|m| m.contains(what))
     };
     // The first replica, through the gate, delivers; the second waits.
-    let mut first = gateway(gate.url()).await;
-    first
-        .line_where(
-            "it delivers",
-            says("delivers the webhook subscriptions now"),
-        )
-        .await;
-    let mut second = gateway(format!("nats://127.0.0.1:{}", nats.port)).await;
+    let mut first = hooks_gateway(&cfg, &gate.url(), false).await;
+    // (It may have said so before it was listening: that line is in its stderr already.)
+    if !first
+        .stderr()
+        .contains("delivers the webhook subscriptions now")
+    {
+        first
+            .line_where(
+                "it delivers",
+                says("delivers the webhook subscriptions now"),
+            )
+            .await;
+    }
+    let backend = format!("nats://127.0.0.1:{}", nats.port);
+    let mut second = hooks_gateway(&cfg, &backend, false).await;
     let mut rx = Receiver::start(&[SECRET]).await;
     let mut p = subscribe_params(&rx.url("gw"), SECRET, json!({}));
     p["name"] = "a__memo.changed".into();
@@ -594,20 +560,8 @@ async fn a_deliverer_cut_off_from_nats_stands_down_before_another_takes_over() {
     let sub = ask(&second.http_url(), TOKEN, "events/subscribe", 1, p).await;
     assert!(sub.get("result").is_some(), "{sub}");
     assert_eq!(rx.delivered().await["body"]["type"], "verification");
-    let set = |id: u64, key: &'static str| {
-        let url = memo.http_url();
-        async move {
-            let r = answer_as(
-                &url,
-                None,
-                "tools/call",
-                id,
-                json!({"_meta": meta(), "name": "memo_set", "arguments": {"key": key, "value": id}}),
-            )
-            .await;
-            assert!(r.get("result").is_some(), "{r}");
-        }
-    };
+    let memo_url = memo.http_url();
+    let set = |id: u64, key: &'static str| memo_set(&memo_url, id, key);
     set(2, "one").await;
     let d = rx.delivered().await;
     assert_eq!(d["body"]["data"]["key"], "one", "{d}");

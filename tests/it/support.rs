@@ -293,6 +293,16 @@ pub async fn http_gateway_server(cfg: &Path) -> Server {
 
 /// `herald --store STORE gateway --config CFG --http 127.0.0.1:0 EXTRA…`.
 pub async fn gateway_server(cfg: &Path, store: &str, extra: &[&str]) -> Server {
+    gateway_server_env(cfg, store, extra, &[]).await
+}
+
+/// [`gateway_server`] with `env` set.
+pub async fn gateway_server_env(
+    cfg: &Path,
+    store: &str,
+    extra: &[&str],
+    env: &[(&str, &str)],
+) -> Server {
     let mut args = vec![
         "--store",
         store,
@@ -303,7 +313,7 @@ pub async fn gateway_server(cfg: &Path, store: &str, extra: &[&str]) -> Server {
         "127.0.0.1:0",
     ];
     args.extend_from_slice(extra);
-    Server::spawn(&args).await
+    Server::spawn_env(&args, env).await
 }
 
 /// The value of the first line of the Prometheus text at `url` that starts with `series`
