@@ -116,6 +116,30 @@ async fn a_task_started_through_one_replica_is_read_and_cancelled_through_anothe
             .as_str()
             .map(|m| m.replace("a__no-such-task", "ID"))
     );
+    // Followed through the other replica: its listen is acknowledged with the task and
+    // hears it end.
+    let mut listen = crate::tasks::post_as(
+        &url2,
+        Some(TOKEN),
+        "subscriptions/listen",
+        json!({"jsonrpc": "2.0", "id": 40, "method": "subscriptions/listen",
+            "params": {"_meta": tmeta(), "notifications": {"taskIds": [task]}}}),
+    )
+    .await;
+    let mut buf = String::new();
+    let seen = crate::tasks::messages_until(&mut listen, &mut buf, |v| {
+        v["method"] == "notifications/tasks"
+    })
+    .await;
+    let ack = seen
+        .iter()
+        .find(|v| v["method"] == "notifications/subscriptions/acknowledged")
+        .expect("an acknowledgment first");
+    assert_eq!(
+        ack["params"]["notifications"]["taskIds"],
+        json!([task]),
+        "{ack}"
+    );
     // Cancelled through the other replica; the first sees it.
     let c = ask(
         &url2,
@@ -128,6 +152,11 @@ async fn a_task_started_through_one_replica_is_read_and_cancelled_through_anothe
     assert!(c.get("error").is_none(), "{c}");
     let got = status(&url1, TOKEN, &task, 6).await;
     assert_eq!(got["result"]["status"], "cancelled", "{got}");
+    let pushes = crate::tasks::messages_until(&mut listen, &mut buf, |v| {
+        v["params"]["status"] == "cancelled"
+    })
+    .await;
+    assert_eq!(pushes.last().unwrap()["params"]["taskId"], task.as_str());
     // Nothing in NATS names the task or the caller.
     let held = nats.files_holding(&[&task, TOKEN, "a__"]);
     assert!(held.is_empty(), "{held:?}");
