@@ -217,11 +217,10 @@ impl Follower {
                 };
                 // Only the deliverer, its claim renewed lately, sends (shared by replicas),
                 // and no POST outlives its claim.
-                tokio::select! {
-                    _ = self.hooks.deliverable() => {}
+                let until = tokio::select! {
+                    u = self.hooks.deliverable() => u,
                     _ = self.stop.cancelled() => return Sent::Over,
-                }
-                let until = self.hooks.deliver_until().flatten();
+                };
                 let refs: Vec<&_> = secrets.iter().collect();
                 let _posting = super::Held::of(&hooks.metrics.posting);
                 tokio::select! {

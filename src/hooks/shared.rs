@@ -123,18 +123,16 @@ impl Hooks {
         (Instant::now() < until).then_some(Some(until))
     }
 
-    /// Resolves when this process may POST: at once, unless it shares the subscriptions;
-    /// then while it holds the claim, renewed lately.
-    pub(super) async fn deliverable(&self) {
-        let Some(shared) = &self.inner.shared else {
-            return;
-        };
+    /// Resolves when this process may POST, with until when (`None`: no end): at once
+    /// unless it shares the subscriptions; then while it holds the claim, renewed lately.
+    pub(super) async fn deliverable(&self) -> Option<Instant> {
+        let shared = self.inner.shared.as_ref()?;
         let mut until = shared.until.subscribe();
         loop {
             let now = Instant::now();
             let at = *until.borrow_and_update();
             match at {
-                Some(u) if now < u => return,
+                Some(u) if now < u => return Some(u),
                 _ => {
                     if until.changed().await.is_err() {
                         std::future::pending::<()>().await;
@@ -319,16 +317,23 @@ impl Hooks {
             if view.get(id).is_some_and(|(rev, _)| *rev >= entry.revision) {
                 return;
             }
-            match &sub {
-                Some(s) => view.insert(id.to_owned(), (entry.revision, Some(s.clone()))),
+            // Whether the set of rows stands (a refresh or the deliverer's progress of a row
+            // known, a delete of one not known): then the count and the rest of the view do.
+            let stands = match &sub {
+                Some(s) => view
+                    .insert(id.to_owned(), (entry.revision, Some(s.clone())))
+                    .is_some_and(|(_, s)| s.is_some()),
                 // The delete itself: nothing older can come after it.
-                None => view.remove(id),
+                None => view.remove(id).is_none(),
             };
-            // Rows whose time is out (the bucket's max_age drops them without a word).
-            let now = now_ms();
-            view.retain(|_, (_, s)| s.as_ref().is_none_or(|s| s.expires_ms > now));
+            if !stands {
+                // Rows whose time is out (the bucket's max_age drops them without a word).
+                let now = now_ms();
+                view.retain(|_, (_, s)| s.as_ref().is_none_or(|s| s.expires_ms > now));
+                drop(view);
+                self.set_count();
+            }
         }
-        self.set_count();
         if !leading {
             return;
         }
