@@ -118,23 +118,8 @@ async fn a_task_started_through_one_replica_is_read_and_cancelled_through_anothe
     );
     // Followed through the other replica: its listen is acknowledged with the task and
     // hears it end.
-    let mut listen = crate::tasks::post_as(
-        &url2,
-        Some(TOKEN),
-        "subscriptions/listen",
-        json!({"jsonrpc": "2.0", "id": 40, "method": "subscriptions/listen",
-            "params": {"_meta": tmeta(), "notifications": {"taskIds": [task]}}}),
-    )
-    .await;
-    let mut buf = String::new();
-    let seen = crate::tasks::messages_until(&mut listen, &mut buf, |v| {
-        v["method"] == "notifications/tasks"
-    })
-    .await;
-    let ack = seen
-        .iter()
-        .find(|v| v["method"] == "notifications/subscriptions/acknowledged")
-        .expect("an acknowledgment first");
+    let (mut listen, mut buf, ack, _) =
+        crate::tasks::listen_tasks(&url2, Some(TOKEN), 40, json!([task])).await;
     assert_eq!(
         ack["params"]["notifications"]["taskIds"],
         json!([task]),

@@ -416,6 +416,36 @@ pub(crate) async fn post_as(
         .unwrap()
 }
 
+/// A `subscriptions/listen` of `task_ids` over HTTP as `token` (request `id`), read up to its
+/// first task push: the response to read on, its buffer, the acknowledgment and that push.
+pub(crate) async fn listen_tasks(
+    url: &str,
+    token: Option<&str>,
+    id: u64,
+    task_ids: Value,
+) -> (reqwest::Response, String, Value, Value) {
+    let mut listen = post_as(
+        url,
+        token,
+        "subscriptions/listen",
+        json!({"jsonrpc": "2.0", "id": id, "method": "subscriptions/listen",
+            "params": {"_meta": tmeta(), "notifications": {"taskIds": task_ids}}}),
+    )
+    .await;
+    let mut buf = String::new();
+    let seen = messages_until(&mut listen, &mut buf, |v| {
+        v["method"] == "notifications/tasks"
+    })
+    .await;
+    let ack = seen
+        .iter()
+        .find(|v| v["method"] == "notifications/subscriptions/acknowledged")
+        .expect("an acknowledgment first")
+        .clone();
+    let first = seen.last().unwrap().clone();
+    (listen, buf, ack, first)
+}
+
 /// The JSON-RPC messages of an SSE or JSON body, read until `until` holds for one.
 pub(crate) async fn messages_until(
     resp: &mut reqwest::Response,
@@ -512,28 +542,12 @@ async fn over_http_the_gate_the_echo_and_the_pushes_hold_too() {
     .await;
     assert_eq!(got["result"]["status"], "working", "{got}");
 
-    let mut listen = post(
-        &url,
-        "subscriptions/listen",
-        json!({"jsonrpc": "2.0", "id": 4, "method": "subscriptions/listen",
-            "params": {"_meta": tmeta(), "notifications": {"taskIds": ["nope", id]}}}),
-    )
-    .await;
-    let mut buf = String::new();
-    let seen = messages_until(&mut listen, &mut buf, |v| {
-        v["method"] == "notifications/tasks"
-    })
-    .await;
-    let ack = seen
-        .iter()
-        .find(|v| v["method"] == "notifications/subscriptions/acknowledged")
-        .expect("an acknowledgment first");
+    let (mut listen, mut buf, ack, first) = listen_tasks(&url, None, 4, json!(["nope", id])).await;
     assert_eq!(
         ack["params"]["notifications"]["taskIds"],
         json!([id]),
         "{ack}"
     );
-    let first = seen.last().unwrap();
     assert_eq!(first["params"]["status"], "working");
     assert_eq!(
         first["params"]["_meta"]["io.modelcontextprotocol/subscriptionId"],
