@@ -45,11 +45,67 @@ pub fn println(line: &str) -> Result<(), StdoutError> {
 
 /// Writes `bytes` whole to `out` and flushes it; a broken pipe ends the process quietly.
 fn write_to(out: &mut impl io::Write, bytes: &[u8]) -> io::Result<()> {
-    match out.write_all(bytes).and_then(|()| out.flush()) {
+    gone_ends(write_whole(out, bytes).and_then(|()| retry_when_full(|| out.flush())))
+}
+
+/// A write's outcome, where a reader that went away ends the process (see the module doc).
+fn gone_ends(written: io::Result<()>) -> io::Result<()> {
+    match written {
         Err(e) if reader_gone(&e) && EXIT_WHEN_STDOUT_CLOSES.load(Ordering::Relaxed) => {
             std::process::exit(0)
         }
         other => other,
+    }
+}
+
+/// `write_all` that also waits out a full pipe: stdout is non-blocking while a
+/// [`PipedStdout`] (or the stdio transport) has it on the reactor, and a write made the
+/// ordinary way then says "would block" rather than waiting.
+fn write_whole(out: &mut impl io::Write, mut bytes: &[u8]) -> io::Result<()> {
+    while !bytes.is_empty() {
+        match retry_when_full(|| out.write(bytes))? {
+            0 => return Err(io::ErrorKind::WriteZero.into()),
+            n => bytes = &bytes[n..],
+        }
+    }
+    Ok(())
+}
+
+/// Runs `op` again each time it finds stdout full (or is interrupted), once stdout can take
+/// more.
+fn retry_when_full<T>(mut op: impl FnMut() -> io::Result<T>) -> io::Result<T> {
+    loop {
+        match op() {
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                let mut fd = libc::pollfd {
+                    fd: 1,
+                    events: libc::POLLOUT,
+                    revents: 0,
+                };
+                // SAFETY: one pollfd, owned here, for the length given.
+                unsafe { libc::poll(&mut fd, 1, -1) };
+            }
+            other => return other,
+        }
+    }
+}
+
+/// Stdout written by the runtime's reactor, for a task that prints as things come (the
+/// watch's notices) without a thread hop per write; only when stdout is a pipe.
+pub struct PipedStdout(crate::transport::stdio::Piped);
+
+impl PipedStdout {
+    /// Stdout on the reactor, or `None` when it is not a pipe (a terminal, a file): print
+    /// with [`print`] then. Must be called within the runtime.
+    pub fn open() -> Option<PipedStdout> {
+        crate::transport::stdio::piped_stdout().map(PipedStdout)
+    }
+
+    /// [`print`], waiting on the reactor while the pipe is full.
+    pub async fn print(&mut self, text: &str) -> Result<(), StdoutError> {
+        use tokio::io::AsyncWriteExt as _;
+        gone_ends(self.0.write_all(text.as_bytes()).await).map_err(StdoutError)
     }
 }
 
@@ -120,5 +176,39 @@ mod tests {
         let mut v = Vec::new();
         write_to(&mut v, b"all of it").unwrap();
         assert_eq!(v, b"all of it");
+    }
+
+    /// A non-blocking stdout that is full says "would block": the write waits and goes on
+    /// where it was, losing and repeating nothing.
+    #[test]
+    fn a_full_pipe_is_waited_out_not_failed() {
+        struct Slow {
+            got: Vec<u8>,
+            calls: usize,
+        }
+        impl io::Write for Slow {
+            fn write(&mut self, b: &[u8]) -> io::Result<usize> {
+                self.calls += 1;
+                if self.calls % 2 == 1 {
+                    return Err(io::ErrorKind::WouldBlock.into());
+                }
+                let n = b.len().min(3);
+                self.got.extend_from_slice(&b[..n]);
+                Ok(n)
+            }
+            fn flush(&mut self) -> io::Result<()> {
+                self.calls += 1;
+                if self.calls % 2 == 1 {
+                    return Err(io::ErrorKind::WouldBlock.into());
+                }
+                Ok(())
+            }
+        }
+        let mut out = Slow {
+            got: Vec::new(),
+            calls: 0,
+        };
+        write_to(&mut out, b"a notice line\n").unwrap();
+        assert_eq!(out.got, b"a notice line\n");
     }
 }

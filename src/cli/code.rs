@@ -61,7 +61,8 @@ pub async fn run(args: CodeArgs, _globals: &Globals, verbose: bool) -> Result<()
     let opts = WatchOptions {
         config: cfg,
         servers,
-        sink: Sink::stdout(false),
+        // Code mode prints its values on stdout too.
+        sink: Sink::stdout(false, false),
         log: WatchLog::stderr(verbose),
         store: None,
         filters: Some(PoolConfig::new(exe)),

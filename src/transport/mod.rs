@@ -13,6 +13,7 @@ pub mod lines;
 pub mod oauth;
 pub mod origin;
 pub mod quic;
+pub mod stdio;
 pub mod target;
 pub mod tls;
 pub mod web;
@@ -29,7 +30,7 @@ use crate::mcp::server::SourceServer;
 /// Returns when the session ends.
 pub async fn serve_stdio(server: SourceServer, shutdown: CancellationToken) {
     let service = server.for_connection();
-    let served = lines::serve(service, tokio::io::stdin(), tokio::io::stdout(), shutdown);
+    let served = lines::serve(service, stdio::stdin(), stdio::stdout(), shutdown);
     if let Err(e) = served.await {
         tracing::warn!(error = %e, "stdio session did not start");
     }
