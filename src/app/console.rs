@@ -58,9 +58,9 @@ fn gone_ends(written: io::Result<()>) -> io::Result<()> {
     }
 }
 
-/// `write_all` that also waits out a full pipe: stdout is non-blocking while a
-/// [`PipedStdout`] (or the stdio transport) has it on the reactor, and a write made the
-/// ordinary way then says "would block" rather than waiting.
+/// `write_all` that also waits out a full pipe: stdout is non-blocking while the stdio
+/// transport has it on the reactor (`transport::stdio`), or when whoever shares the pipe made
+/// it so, and a write made the ordinary way then says "would block" rather than waiting.
 fn write_whole(out: &mut impl io::Write, mut bytes: &[u8]) -> io::Result<()> {
     while !bytes.is_empty() {
         match retry_when_full(|| out.write(bytes))? {
@@ -84,28 +84,17 @@ fn retry_when_full<T>(mut op: impl FnMut() -> io::Result<T>) -> io::Result<T> {
                     revents: 0,
                 };
                 // SAFETY: one pollfd, owned here, for the length given.
-                unsafe { libc::poll(&mut fd, 1, -1) };
+                let polled = unsafe { libc::poll(&mut fd, 1, -1) };
+                // A poll that fails (other than by a signal) or finds no stdout would only
+                // spin: the write's own error is the answer.
+                if (polled < 0 && io::Error::last_os_error().kind() != io::ErrorKind::Interrupted)
+                    || fd.revents & libc::POLLNVAL != 0
+                {
+                    return Err(e);
+                }
             }
             other => return other,
         }
-    }
-}
-
-/// Stdout written by the runtime's reactor, for a task that prints as things come (the
-/// watch's notices) without a thread hop per write; only when stdout is a pipe.
-pub struct PipedStdout(crate::transport::stdio::Piped);
-
-impl PipedStdout {
-    /// Stdout on the reactor, or `None` when it is not a pipe (a terminal, a file): print
-    /// with [`print`] then. Must be called within the runtime.
-    pub fn open() -> Option<PipedStdout> {
-        crate::transport::stdio::piped_stdout().map(PipedStdout)
-    }
-
-    /// [`print`], waiting on the reactor while the pipe is full.
-    pub async fn print(&mut self, text: &str) -> Result<(), StdoutError> {
-        use tokio::io::AsyncWriteExt as _;
-        gone_ends(self.0.write_all(text.as_bytes()).await).map_err(StdoutError)
     }
 }
 

@@ -61,8 +61,7 @@ pub async fn run(args: CodeArgs, _globals: &Globals, verbose: bool) -> Result<()
     let opts = WatchOptions {
         config: cfg,
         servers,
-        // Code mode prints its values on stdout too.
-        sink: Sink::stdout(false, false),
+        sink: Sink::stdout(false),
         log: WatchLog::stderr(verbose),
         store: None,
         filters: Some(PoolConfig::new(exe)),

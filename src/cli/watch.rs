@@ -355,7 +355,7 @@ pub async fn run(args: WatchArgs, globals: &Globals, verbose: bool) -> Result<()
     let sink = match (&args.exec, &args.webhook) {
         (Some(c), _) => Sink::Exec(c.clone()),
         (_, Some(u)) => Sink::Webhook(u.clone()),
-        _ => Sink::stdout(args.json, true),
+        _ => Sink::stdout(args.json),
     };
     let exe = std::env::current_exe().context("finding the herald binary for filter workers")?;
     let mut pool = PoolConfig::new(exe);

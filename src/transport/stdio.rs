@@ -1,13 +1,15 @@
-//! This process's stdin and stdout as async streams, read and written by the runtime's reactor
-//! when they are pipes: what `--stdio` serves on, and what the watch's notices go to.
+//! This process's stdin and stdout as async streams for `--stdio`, read and written by the
+//! runtime's reactor when they are pipes.
 //!
 //! tokio's own `stdin()` and `stdout()` hand every read and write to the blocking pool and wait
-//! for it: two thread hops per message, which on a busy 2-core host was a tenth of a notice's
-//! whole latency. A pipe can be polled instead: [`stdin`] and [`stdout`] put a duplicate of the
+//! for it: two thread hops per message, about a tenth of a notice's whole latency on a busy
+//! 2-core host. A pipe can be polled instead: [`stdin`] and [`stdout`] put a duplicate of the
 //! descriptor on the reactor (`tokio::net::unix::pipe`), which sets `O_NONBLOCK` on the pipe.
-//! That flag belongs to the pipe, shared with whoever else holds the same end, so it is taken
-//! back when the stream is dropped. A terminal (shared with the shell that started herald) or a
-//! file is left alone and goes through tokio's blocking streams as before.
+//! That flag belongs to the pipe end, shared with whoever else holds it, so this is only for
+//! `--stdio`, whose pipes the MCP client made for herald alone, and the flags are put back
+//! when the stream is dropped. A terminal (shared with the shell that started herald), a file,
+//! a socket, a pipe that is stderr too (`2>&1`) or one end serving as both stdin and stdout is
+//! left alone and goes through tokio's blocking streams as before.
 
 use std::io;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, RawFd};
@@ -34,29 +36,20 @@ pub fn stdin() -> Reader {
 /// Stdout: on the reactor when it is a pipe, else tokio's blocking stdout. Must be called
 /// within the runtime.
 pub fn stdout() -> Writer {
-    match piped_stdout() {
+    match on_reactor(io::stdout().as_fd(), pipe::Sender::from_owned_fd) {
         Some(w) => Box::new(w),
         None => Box::new(tokio::io::stdout()),
     }
 }
 
-/// Stdout on the reactor.
-pub type Piped = OnReactor<pipe::Sender>;
-
-/// Stdout on the reactor when it is a pipe; `None` otherwise (a terminal, a file, closed).
-pub fn piped_stdout() -> Option<Piped> {
-    on_reactor(io::stdout().as_fd(), pipe::Sender::from_owned_fd)
-}
-
-/// A pipe end of this process's on the reactor; its descriptor's flags as they were are put
-/// back when it is dropped.
-pub struct OnReactor<T> {
+/// A pipe end of this process's on the reactor; the flags its descriptor had are put back
+/// when it is dropped.
+struct OnReactor<T: AsRawFd> {
     inner: T,
-    fd: RawFd,
     flags: libc::c_int,
 }
 
-fn on_reactor<T>(
+fn on_reactor<T: AsRawFd>(
     fd: BorrowedFd<'_>,
     make: fn(std::os::fd::OwnedFd) -> io::Result<T>,
 ) -> Option<OnReactor<T>> {
@@ -67,17 +60,33 @@ fn on_reactor<T>(
         return None;
     }
     // The same pipe as stderr (`2>&1 | …`): non-blocking, it would be stderr's too, and the
-    // log lines and a panic's message are written the ordinary way.
-    if same_file(fd, io::stderr().as_fd()) {
+    // log lines and a panic's message are written the ordinary way. One end serving as both
+    // stdin and stdout: the second stream would take the first's flag as the original.
+    let (stdin, stdout) = (io::stdin(), io::stdout());
+    let other = if raw == stdin.as_fd().as_raw_fd() {
+        stdout.as_fd()
+    } else {
+        stdin.as_fd()
+    };
+    if same_file(fd, io::stderr().as_fd()) || same_file(fd, other) {
         return None;
     }
-    // Not a pipe (a terminal, a file, a socket): the maker refuses it and sets no flag.
-    let inner = make(fd.try_clone_to_owned().ok()?).ok()?;
-    Some(OnReactor {
-        inner,
-        fd: raw,
-        flags,
-    })
+    // Not a pipe (a terminal, a file, a socket): the maker refuses it before setting any flag.
+    // One it took and then could not register (epoll full) has its flags put back here.
+    match make(fd.try_clone_to_owned().ok()?) {
+        Ok(inner) => Some(OnReactor { inner, flags }),
+        Err(_) => {
+            restore(raw, flags);
+            None
+        }
+    }
+}
+
+/// Puts `flags` back on `fd`.
+fn restore(fd: RawFd, flags: libc::c_int) {
+    // SAFETY: F_SETFL on a descriptor the caller holds open; it only puts back flags read
+    // from it before.
+    unsafe { libc::fcntl(fd, libc::F_SETFL, flags) };
 }
 
 /// Whether two descriptors are the same file (for a pipe: the same pipe).
@@ -91,15 +100,13 @@ fn same_file(a: BorrowedFd<'_>, b: BorrowedFd<'_>) -> bool {
     matches!((stat(a), stat(b)), (Some(x), Some(y)) if x == y)
 }
 
-impl<T> Drop for OnReactor<T> {
+impl<T: AsRawFd> Drop for OnReactor<T> {
     fn drop(&mut self) {
-        // SAFETY: F_SETFL on stdin or stdout, which stay open for the life of the process;
-        // it only puts back the flags read before the pipe was made non-blocking.
-        unsafe { libc::fcntl(self.fd, libc::F_SETFL, self.flags) };
+        restore(self.inner.as_raw_fd(), self.flags);
     }
 }
 
-impl<T: AsyncRead + Unpin> AsyncRead for OnReactor<T> {
+impl<T: AsyncRead + AsRawFd + Unpin> AsyncRead for OnReactor<T> {
     fn poll_read(
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,
@@ -109,7 +116,7 @@ impl<T: AsyncRead + Unpin> AsyncRead for OnReactor<T> {
     }
 }
 
-impl<T: AsyncWrite + Unpin> AsyncWrite for OnReactor<T> {
+impl<T: AsyncWrite + AsRawFd + Unpin> AsyncWrite for OnReactor<T> {
     fn poll_write(
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,

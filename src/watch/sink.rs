@@ -26,14 +26,10 @@ const EXEC_TIMEOUT: Duration = Duration::from_secs(60);
 
 #[derive(Debug, Clone)]
 pub enum Sink {
-    /// Stdout: NDJSON, a notice per line (`{"event":"watch.notice","watch","uri","lines",
-    /// "text"}`), or with `text` each notice's `<watch-event>` block, for a person at a
-    /// terminal. `alone`: nothing else in the process prints on stdout, so a pipe is written
-    /// by the reactor (else through the one stdout lock, from a thread).
-    Stdout {
-        text: bool,
-        alone: bool,
-    },
+    /// NDJSON, a notice per line: `{"event":"watch.notice","watch","uri","lines","text"}`.
+    Stdout,
+    /// Each notice's `<watch-event>` block, for a person at a terminal.
+    StdoutText,
     Exec(String),
     Webhook(String),
     /// Handed on to a channel (the agent's notice stream).
@@ -42,12 +38,13 @@ pub enum Sink {
 
 impl Sink {
     /// Stdout as `herald watch` and `herald up` print it: the blocks when stdout is a terminal,
-    /// NDJSON when it is not or when `json` (`--json`) asks. `alone`: see [`Sink::Stdout`].
-    pub fn stdout(json: bool, alone: bool) -> Sink {
+    /// NDJSON when it is not or when `json` (`--json`) asks.
+    pub fn stdout(json: bool) -> Sink {
         use std::io::IsTerminal as _;
-        Sink::Stdout {
-            text: !json && std::io::stdout().is_terminal(),
-            alone,
+        if json || !std::io::stdout().is_terminal() {
+            Sink::Stdout
+        } else {
+            Sink::StdoutText
         }
     }
 }
@@ -67,6 +64,7 @@ pub fn render(n: &Notice, text: bool) -> String {
 
 /// Drains `rx` into `sink` until the channel closes.
 pub async fn run(sink: Sink, mut rx: mpsc::Receiver<Notice>) {
+    let text = matches!(sink, Sink::StdoutText);
     match sink {
         Sink::Channel(tx) => {
             while let Some(n) = rx.recv().await {
@@ -75,18 +73,8 @@ pub async fn run(sink: Sink, mut rx: mpsc::Receiver<Notice>) {
                 }
             }
         }
-        Sink::Stdout { text, alone } => {
-            // A pipe of its own is written by the reactor, as notices come.
-            if let Some(mut out) = alone.then(crate::app::console::PipedStdout::open).flatten() {
-                while let Some(n) = rx.recv().await {
-                    if out.print(&render(&n, text)).await.is_err() {
-                        tracing::error!("stdout is closed; notices can no longer be printed");
-                        return;
-                    }
-                }
-                return;
-            }
-            // Otherwise one thread of its own writing stdout as notices come: tokio's stdout hands every
+        Sink::Stdout | Sink::StdoutText => {
+            // One thread of its own writing stdout as notices come: tokio's stdout hands every
             // write to the blocking pool and waits for it (two thread hops per notice); a
             // writer parked on the channel is one wake-up. A plain thread, not the runtime's
             // blocking pool, so a runtime shutting down never waits on it.

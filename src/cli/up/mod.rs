@@ -406,7 +406,7 @@ pub async fn run(args: UpArgs, globals: &Globals) -> Result<(), Exit> {
                 Some(n) if n.webhook.is_some() => {
                     Sink::Webhook(n.webhook.clone().unwrap_or_default())
                 }
-                _ => Sink::stdout(args.json, true),
+                _ => Sink::stdout(args.json),
             },
             None,
         ),
