@@ -69,8 +69,7 @@ impl Follower {
                     s = self.deliver(&msg_id, body.as_bytes(), cursor.as_deref()) => break s,
                     _ = self.expired() => {
                         if self.hooks.expired_on_row(&self.sub).await {
-                            let e = json!({"code": -32023, "message": "the subscription expired; subscribe again to go on"});
-                            self.end(e).await;
+                            self.expired_end().await;
                             return;
                         }
                     }
@@ -112,8 +111,7 @@ impl Follower {
                 None if !self.hooks.expired_on_row(&self.sub).await => continue,
                 None => {
                     tracing::info!(subscription = %self.id(), "a webhook subscription expired");
-                    let e = json!({"code": -32023, "message": "the subscription expired; subscribe again to go on"});
-                    self.end(e).await;
+                    self.expired_end().await;
                     return;
                 }
                 // Ended for its token (expired, revoked) when a renewal has brought another
@@ -126,7 +124,7 @@ impl Follower {
                 Some(Err(e)) if crate::mcp::server::stream::is_final(e.code.0) => {
                     let id = self.id();
                     tracing::warn!(subscription = %id, error = %e.message, "a webhook subscription cannot go on; it is dropped");
-                    self.end(json!({"code": e.code.0, "message": e.message}))
+                    self.end(json!({"code": e.code.0, "message": e.message}), false)
                         .await;
                     return;
                 }
@@ -143,11 +141,22 @@ impl Follower {
         }
     }
 
+    /// Ends the subscription whose TTL ran out ([`Hooks::expired_on_row`] said so). Shared
+    /// by replicas, its row is deleted already: a watch that brought the delete first, and
+    /// stopped this follower, does not keep the receiver from hearing it.
+    async fn expired_end(&self) {
+        let e = json!({"code": -32023, "message": "the subscription expired; subscribe again to go on"});
+        self.end(e, self.hooks.inner.shared.is_some()).await;
+    }
+
     /// Ends the subscription (if it is still this follower's: a newer one of the same id is
-    /// left alone), then tells the receiver once with a `terminated` message.
-    async fn end(&self, error: Value) {
+    /// left alone; one dropped already counts as this follower's when `deleted`, its row
+    /// deleted by this follower), then tells the receiver once with a `terminated` message.
+    async fn end(&self, error: Value, deleted: bool) {
         let id = self.id();
-        if !self.hooks.forget_if(&id, &self.sub).await {
+        let ours = self.hooks.forget_if(&id, &self.sub).await
+            || (deleted && !self.hooks.inner.subs.locked().contains_key(&id));
+        if !ours {
             return;
         }
         let body = json!({"type": "terminated", "subscriptionId": id, "error": error});
@@ -403,7 +412,7 @@ impl EventsOut for HookOut<'_> {
             }
             "terminated" => {
                 if f.sub.locked().token == self.token {
-                    f.end(params["error"].clone()).await;
+                    f.end(params["error"].clone(), false).await;
                 }
                 over()
             }

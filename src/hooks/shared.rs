@@ -172,8 +172,8 @@ impl Hooks {
     }
 
     /// Writes row `id` as `change` makes it from what it holds (`None`: deleted), by
-    /// compare-and-set, reading again when another writer came first. Returns what it holds
-    /// now; the view learns it at once.
+    /// compare-and-set, reading again when another writer came first; a row `change` leaves
+    /// as it was is not written. Returns what it holds now; the view learns it at once.
     pub(super) async fn write_row(
         &self,
         id: &str,
@@ -182,8 +182,16 @@ impl Hooks {
         let kv = &self.shared().kv;
         for _ in 0..WRITE_TRIES {
             let Row { revision, sub } = self.read_row(id).await?;
-            let had = sub.is_some();
+            let had = sub
+                .as_ref()
+                .map(|s| serde_json::to_vec(s).unwrap_or_default());
             let next = change(sub)?;
+            if let (Some(was), Some(next)) = (&had, &next)
+                && serde_json::to_vec(next).is_ok_and(|n| n == *was)
+            {
+                return Ok(Some(next.clone()));
+            }
+            let had = had.is_some();
             let written = tokio::time::timeout(OP_TIMEOUT, async {
                 let conflict =
                     |conflict: bool, e: &dyn std::fmt::Display| (conflict, e.to_string());
@@ -275,19 +283,23 @@ impl Hooks {
         self.stop_local(id, Some(sub));
     }
 
-    /// Whether `sub`'s TTL is out on its row too: a refresh through another replica that the
-    /// watch has not brought yet is taken in instead (`false`).
+    /// Whether `sub`'s TTL is out on its row too, and if so the row is deleted in the same
+    /// compare-and-set: a refresh through another replica, even one landing between the read
+    /// and the delete, is taken in instead (`false`), never deleted.
     pub(super) async fn expired_on_row(&self, sub: &Arc<Mutex<Sub>>) -> bool {
         if self.inner.shared.is_none() {
             return true;
         }
         let id = sub.locked().id.clone();
-        match self.read_row(&id).await {
-            Ok(Row { sub: Some(row), .. }) if row.expires_ms > now_ms() => {
+        let still = self
+            .write_row(&id, |row| Ok(row.filter(|r| r.expires_ms > now_ms())))
+            .await;
+        match still {
+            Ok(Some(row)) => {
                 sub.locked().take_subscriber(&row);
                 false
             }
-            Ok(_) => true,
+            Ok(None) => true,
             Err(_) => {
                 // NATS cannot say now: asked again in a moment (never ended on a guess).
                 tokio::time::sleep(Duration::from_secs(1)).await;
