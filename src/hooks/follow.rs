@@ -15,6 +15,7 @@ use serde_json::{Value, json};
 use tokio_util::sync::CancellationToken;
 
 use super::deliver::{MAX_BODY, Posted};
+use super::shared::Expiry;
 use super::{Hooks, Sub, now_ms};
 use crate::mcp::listen::Undelivered;
 use crate::mcp::server::SourceServer;
@@ -68,8 +69,7 @@ impl Follower {
                 tokio::select! {
                     s = self.deliver(&msg_id, body.as_bytes(), cursor.as_deref()) => break s,
                     _ = self.expired() => {
-                        if self.hooks.expired_on_row(&self.sub).await {
-                            self.expired_end().await;
+                        if self.expired_ended().await {
                             return;
                         }
                     }
@@ -107,13 +107,9 @@ impl Follower {
                 return;
             }
             match ended {
+                None if self.expired_ended().await => return,
                 // Refreshed through another replica (its watch not here yet): go on.
-                None if !self.hooks.expired_on_row(&self.sub).await => continue,
-                None => {
-                    tracing::info!(subscription = %self.id(), "a webhook subscription expired");
-                    self.expired_end().await;
-                    return;
-                }
+                None => continue,
                 // Ended for its token (expired, revoked) when a renewal has brought another
                 // (before the stream began, or after: `HookOut` then did not end it): follow
                 // again with that one.
@@ -124,7 +120,7 @@ impl Follower {
                 Some(Err(e)) if crate::mcp::server::stream::is_final(e.code.0) => {
                     let id = self.id();
                     tracing::warn!(subscription = %id, error = %e.message, "a webhook subscription cannot go on; it is dropped");
-                    self.end(json!({"code": e.code.0, "message": e.message}), false)
+                    self.end(json!({"code": e.code.0, "message": e.message}))
                         .await;
                     return;
                 }
@@ -141,24 +137,54 @@ impl Follower {
         }
     }
 
-    /// Ends the subscription whose TTL ran out ([`Hooks::expired_on_row`] said so). Shared
-    /// by replicas, its row is deleted already: a watch that brought the delete first, and
-    /// stopped this follower, does not keep the receiver from hearing it.
-    async fn expired_end(&self) {
+    /// The subscription's TTL is out here: whether it ended (its receiver told, unless a
+    /// newer one of the id runs), or goes on (refreshed through another replica; `false`).
+    async fn expired_ended(&self) -> bool {
         let e = json!({"code": -32023, "message": "the subscription expired; subscribe again to go on"});
-        self.end(e, self.hooks.inner.shared.is_some()).await;
+        let id = self.id();
+        match self.hooks.expired_on_row(&self.sub).await {
+            Expiry::Live => false,
+            // Unsubscribed elsewhere meanwhile: nothing to tell.
+            Expiry::Gone => {
+                self.hooks.stop_local(&id, Some(&self.sub));
+                true
+            }
+            Expiry::Out if self.hooks.inner.shared.is_none() => {
+                tracing::info!(subscription = %id, "a webhook subscription expired");
+                self.end(e).await;
+                true
+            }
+            // Its row is deleted already (a second delete could take a subscription made
+            // anew since): this follower stops, and tells, unless a newer one of the id runs.
+            Expiry::Out => {
+                tracing::info!(subscription = %id, "a webhook subscription expired");
+                let ours = self
+                    .hooks
+                    .inner
+                    .subs
+                    .locked()
+                    .get(&id)
+                    .is_none_or(|r| Arc::ptr_eq(&r.sub, &self.sub));
+                self.hooks.stop_local(&id, Some(&self.sub));
+                if ours {
+                    self.tell_ended(&id, e).await;
+                }
+                true
+            }
+        }
     }
 
     /// Ends the subscription (if it is still this follower's: a newer one of the same id is
-    /// left alone; one dropped already counts as this follower's when `deleted`, its row
-    /// deleted by this follower), then tells the receiver once with a `terminated` message.
-    async fn end(&self, error: Value, deleted: bool) {
+    /// left alone), then tells the receiver once with a `terminated` message.
+    async fn end(&self, error: Value) {
         let id = self.id();
-        let ours = self.hooks.forget_if(&id, &self.sub).await
-            || (deleted && !self.hooks.inner.subs.locked().contains_key(&id));
-        if !ours {
-            return;
+        if self.hooks.forget_if(&id, &self.sub).await {
+            self.tell_ended(&id, error).await;
         }
+    }
+
+    /// Tells the receiver, once, that subscription `id` ended with `error`.
+    async fn tell_ended(&self, id: &str, error: Value) {
         let body = json!({"type": "terminated", "subscriptionId": id, "error": error});
         let (url, secrets) = {
             let s = self.sub.locked();
@@ -176,7 +202,7 @@ impl Follower {
             .poster
             .post(
                 &url,
-                &id,
+                id,
                 &format!("term_{id}"),
                 &refs,
                 body.to_string().as_bytes(),
@@ -412,7 +438,7 @@ impl EventsOut for HookOut<'_> {
             }
             "terminated" => {
                 if f.sub.locked().token == self.token {
-                    f.end(params["error"].clone(), false).await;
+                    f.end(params["error"].clone()).await;
                 }
                 over()
             }

@@ -105,6 +105,16 @@ struct Row {
     sub: Option<Sub>,
 }
 
+/// What [`Hooks::expired_on_row`] found of a subscription whose TTL is out here.
+pub(super) enum Expiry {
+    /// Refreshed (through another replica): it goes on.
+    Live,
+    /// Out on its row too, which is deleted now (not shared: out).
+    Out,
+    /// Its row was gone already (unsubscribed elsewhere).
+    Gone,
+}
+
 impl Hooks {
     fn shared(&self) -> &Shared {
         self.inner
@@ -285,25 +295,30 @@ impl Hooks {
 
     /// Whether `sub`'s TTL is out on its row too, and if so the row is deleted in the same
     /// compare-and-set: a refresh through another replica, even one landing between the read
-    /// and the delete, is taken in instead (`false`), never deleted.
-    pub(super) async fn expired_on_row(&self, sub: &Arc<Mutex<Sub>>) -> bool {
+    /// and the delete, is taken in instead ([`Expiry::Live`]), never deleted.
+    pub(super) async fn expired_on_row(&self, sub: &Arc<Mutex<Sub>>) -> Expiry {
         if self.inner.shared.is_none() {
-            return true;
+            return Expiry::Out;
         }
         let id = sub.locked().id.clone();
+        let mut found = false;
         let still = self
-            .write_row(&id, |row| Ok(row.filter(|r| r.expires_ms > now_ms())))
+            .write_row(&id, |row| {
+                found = row.is_some();
+                Ok(row.filter(|r| r.expires_ms > now_ms()))
+            })
             .await;
         match still {
             Ok(Some(row)) => {
                 sub.locked().take_subscriber(&row);
-                false
+                Expiry::Live
             }
-            Ok(None) => true,
+            Ok(None) if found => Expiry::Out,
+            Ok(None) => Expiry::Gone,
             Err(_) => {
                 // NATS cannot say now: asked again in a moment (never ended on a guess).
                 tokio::time::sleep(Duration::from_secs(1)).await;
-                false
+                Expiry::Live
             }
         }
     }
@@ -324,6 +339,7 @@ impl Hooks {
             },
             _ => None,
         };
+        let stands;
         {
             let mut view = self.shared().view.locked();
             if view.get(id).is_some_and(|(rev, _)| *rev >= entry.revision) {
@@ -331,7 +347,7 @@ impl Hooks {
             }
             // Whether the set of rows stands (a refresh or the deliverer's progress of a row
             // known, a delete of one not known): then the count and the rest of the view do.
-            let stands = match &sub {
+            stands = match &sub {
                 Some(s) => view
                     .insert(id.to_owned(), (entry.revision, Some(s.clone())))
                     .is_some_and(|(_, s)| s.is_some()),
@@ -357,8 +373,10 @@ impl Hooks {
         match running {
             // A refresh (or this deliverer's own progress coming back): the subscriber's
             // fields as the row holds them.
-            Some(r) => r.locked().take_subscriber(&sub),
-            None => self.deliver_from(server, sub),
+            Some(r) if stands => r.locked().take_subscriber(&sub),
+            // A row made anew (after its expiry or an unsubscribe here, the old follower not
+            // stopped yet), or the first: a follower of its own, which replaces the old one.
+            _ => self.deliver_from(server, sub),
         }
     }
 
