@@ -143,7 +143,7 @@ impl Follower {
         let e = json!({"code": -32023, "message": "the subscription expired; subscribe again to go on"});
         let id = self.id();
         match self.hooks.expired_on_row(&self.sub).await {
-            Expiry::Live => false,
+            Expiry::Refreshed => false,
             // Unsubscribed elsewhere meanwhile: nothing to tell.
             Expiry::Gone => {
                 self.hooks.stop_local(&id, Some(&self.sub));

@@ -107,8 +107,9 @@ struct Row {
 
 /// What [`Hooks::expired_on_row`] found of a subscription whose TTL is out here.
 pub(super) enum Expiry {
-    /// Refreshed (through another replica): it goes on.
-    Live,
+    /// Refreshed through another replica, or NATS could not say now: it goes on (asked
+    /// again at the next expiry check).
+    Refreshed,
     /// Out on its row too, which is deleted now (not shared: out).
     Out,
     /// Its row was gone already (unsubscribed elsewhere).
@@ -295,7 +296,7 @@ impl Hooks {
 
     /// Whether `sub`'s TTL is out on its row too, and if so the row is deleted in the same
     /// compare-and-set: a refresh through another replica, even one landing between the read
-    /// and the delete, is taken in instead ([`Expiry::Live`]), never deleted.
+    /// and the delete, is taken in instead ([`Expiry::Refreshed`]), never deleted.
     pub(super) async fn expired_on_row(&self, sub: &Arc<Mutex<Sub>>) -> Expiry {
         if self.inner.shared.is_none() {
             return Expiry::Out;
@@ -311,14 +312,14 @@ impl Hooks {
         match still {
             Ok(Some(row)) => {
                 sub.locked().take_subscriber(&row);
-                Expiry::Live
+                Expiry::Refreshed
             }
             Ok(None) if found => Expiry::Out,
             Ok(None) => Expiry::Gone,
             Err(_) => {
                 // NATS cannot say now: asked again in a moment (never ended on a guess).
                 tokio::time::sleep(Duration::from_secs(1)).await;
-                Expiry::Live
+                Expiry::Refreshed
             }
         }
     }
