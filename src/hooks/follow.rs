@@ -158,15 +158,7 @@ impl Follower {
             // anew since): this follower stops, and tells, unless a newer one of the id runs.
             Expiry::Out => {
                 tracing::info!(subscription = %id, "a webhook subscription expired");
-                let ours = self
-                    .hooks
-                    .inner
-                    .subs
-                    .locked()
-                    .get(&id)
-                    .is_none_or(|r| Arc::ptr_eq(&r.sub, &self.sub));
-                self.hooks.stop_local(&id, Some(&self.sub));
-                if ours {
+                if self.hooks.stop_local(&id, Some(&self.sub)) {
                     self.tell_ended(&id, e).await;
                 }
                 true

@@ -452,13 +452,15 @@ impl Hooks {
     }
 
     /// Stops the follower of `id` here (`which` one, if named), leaving its row (this
-    /// replica no longer delivers it).
-    fn stop_local(&self, id: &str, which: Option<&Arc<Mutex<Sub>>>) {
-        let gone = {
+    /// replica no longer delivers it). Whether no other follower of `id` runs here now (taken
+    /// under the same lock as the stop: none ran, or it was the one stopped).
+    fn stop_local(&self, id: &str, which: Option<&Arc<Mutex<Sub>>>) -> bool {
+        let (gone, alone) = {
             let mut subs = self.inner.subs.locked();
             match subs.get(id) {
-                Some(r) if which.is_none_or(|w| Arc::ptr_eq(&r.sub, w)) => subs.remove(id),
-                _ => None,
+                Some(r) if which.is_none_or(|w| Arc::ptr_eq(&r.sub, w)) => (subs.remove(id), true),
+                Some(_) => (None, false),
+                None => (None, true),
             }
         };
         if let Some(gone) = gone {
@@ -468,6 +470,7 @@ impl Hooks {
         if writes.get(id).is_some_and(|l| Arc::strong_count(l) == 1) {
             writes.remove(id);
         }
+        alone
     }
 
     /// Starts following `sub` (its follower runs until the subscription is dropped, expires

@@ -279,7 +279,9 @@ impl Hooks {
             .await;
         match written {
             Ok(Some(_)) => {}
-            Ok(None) => self.stop_local(id, Some(sub)),
+            Ok(None) => {
+                self.stop_local(id, Some(sub));
+            }
             Err(e) => {
                 tracing::error!(subscription = %id, error = %e.message, "cannot keep a webhook subscription's progress");
             }

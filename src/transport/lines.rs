@@ -48,8 +48,8 @@ use in_flight::{InFlight, InFlightLimit};
 /// The byte streams a [`LineTransport`] reads and writes, boxed: the transport and the
 /// service loop rmcp runs on it are compiled once for every kind of stream (stdio, QUIC,
 /// pipes), not once per stream type.
-type Reader = Box<dyn AsyncRead + Send + Unpin>;
-type Writer = Box<dyn AsyncWrite + Send + Unpin>;
+pub(crate) type Reader = Box<dyn AsyncRead + Send + Unpin>;
+pub(crate) type Writer = Box<dyn AsyncWrite + Send + Unpin>;
 
 /// Frames queued for the writer task.
 const WRITE_QUEUE: usize = 256;

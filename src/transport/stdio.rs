@@ -19,10 +19,7 @@ use std::task::{Context, Poll};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::unix::pipe;
 
-/// A byte stream read by this process.
-pub type Reader = Box<dyn AsyncRead + Send + Unpin>;
-/// A byte stream written by this process.
-pub type Writer = Box<dyn AsyncWrite + Send + Unpin>;
+use super::lines::{Reader, Writer};
 
 /// Stdin: on the reactor when it is a pipe, else tokio's blocking stdin. Must be called within
 /// the runtime.

@@ -1000,29 +1000,14 @@ async fn the_gateway_relays_tasks_namespaced_per_slug_and_entitled() {
     assert_eq!(code(&cancel), -32602, "{cancel}");
 
     // A listen: the ack echoes only this caller's ids; the state comes first, then the end.
-    let mut listen = post_as(
-        &url,
-        Some(all),
-        "subscriptions/listen",
-        json!({"jsonrpc": "2.0", "id": 9, "method": "subscriptions/listen",
-            "params": {"_meta": tmeta(), "notifications": {"taskIds": [id, "a__nope", "c__x"]}}}),
-    )
-    .await;
-    let mut buf = String::new();
-    let seen = messages_until(&mut listen, &mut buf, |v| {
-        v["method"] == "notifications/tasks"
-    })
-    .await;
-    let ack = seen
-        .iter()
-        .find(|v| v["method"] == "notifications/subscriptions/acknowledged")
-        .expect("an acknowledgment first");
+    let (mut listen, mut buf, ack, first) =
+        listen_tasks(&url, Some(all), 9, json!([id, "a__nope", "c__x"])).await;
     assert_eq!(
         ack["params"]["notifications"]["taskIds"],
         json!([id]),
         "{ack}"
     );
-    let first = &seen.last().unwrap()["params"];
+    let first = &first["params"];
     assert_eq!(first["status"], "working", "{first}");
     assert_eq!(first["taskId"], id.as_str());
     assert_eq!(first["_meta"]["io.modelcontextprotocol/subscriptionId"], 9);
