@@ -178,10 +178,10 @@ impl Follower {
     /// Tells the receiver, once, that subscription `id` ended with `error`.
     async fn tell_ended(&self, id: &str, error: Value) {
         let body = json!({"type": "terminated", "subscriptionId": id, "error": error});
-        let (url, secrets) = {
+        let (url, secrets, born) = {
             let s = self.sub.locked();
             let secrets: Vec<_> = s.secrets(now_ms()).into_iter().cloned().collect();
-            (s.url.clone(), secrets)
+            (s.url.clone(), secrets, s.born)
         };
         if self.hooks.deliver_until().is_none() {
             // Not the deliverer now: the receiver hears it from none.
@@ -195,7 +195,8 @@ impl Follower {
             .post(
                 &url,
                 id,
-                &format!("term_{id}"),
+                // One per incarnation: a receiver dropping repeats by id hears each end.
+                &format!("term_{id}_{born:x}"),
                 &refs,
                 body.to_string().as_bytes(),
             )

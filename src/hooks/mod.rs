@@ -97,6 +97,11 @@ struct Sub {
     /// it moves to)`, kept so a restart sends it first, under the same id.
     #[serde(default)]
     pending: Option<(String, String, Option<String>)>,
+    /// This incarnation of the id: drawn when a subscribe makes the row (not when one
+    /// refreshes it), so a row made anew after an unsubscribe or expiry is told from the one
+    /// a follower holds (0: a row from before the field).
+    #[serde(default)]
+    born: u64,
 }
 
 impl std::fmt::Debug for Sub {
@@ -258,6 +263,15 @@ fn now_ms() -> u64 {
     crate::mcp::ring::now_ms()
 }
 
+/// A fresh incarnation marker ([`Sub::born`]): random (the clock, should randomness fail),
+/// never 0.
+fn incarnation() -> u64 {
+    use ring::rand::SecureRandom as _;
+    let mut raw = [0u8; 8];
+    let _ = ring::rand::SystemRandom::new().fill(&mut raw);
+    (u64::from_le_bytes(raw) ^ now_ms()).max(1)
+}
+
 fn invalid(m: impl Into<String>) -> McpError {
     McpError::invalid_params(m.into(), None)
 }
@@ -414,10 +428,7 @@ impl Hooks {
                 .filter(|r| which(r))
                 .map(|r| r.sub.clone());
             return match running {
-                Some(sub) => {
-                    self.forget_shared(id, &sub).await;
-                    true
-                }
+                Some(sub) => self.forget_shared(id, &sub).await,
                 None => false,
             };
         }
@@ -695,6 +706,7 @@ impl Webhooks for Hooks {
             last_error: None,
             max_age_ms: params.get("maxAgeMs").and_then(Value::as_u64),
             pending: None,
+            born: incarnation(),
         };
         let limited = |limit: &str, max: usize| {
             McpError::new(

@@ -7,7 +7,9 @@
 //!   row by compare-and-set, writing the subscriber's fields (secret, TTL, token); the
 //!   deliverer writes its progress (cursor, pending message, last delivery) the same way.
 //!   Each side keeps the other's fields as the row holds them. An unsubscribe, or the
-//!   deliverer ending a subscription, deletes the row.
+//!   deliverer ending a subscription, deletes the row. A row made anew carries a new
+//!   incarnation (`born`): a follower is replaced only for another incarnation, and deletes
+//!   only its own (never a row subscribed anew meanwhile).
 //! - **The view.** Every replica watches the bucket and keeps every row it saw, by revision
 //!   (a row this replica deleted is remembered as deleted until the watch says so), so it
 //!   knows every subscription (for the limits), and the deliverer starts, refreshes and stops
@@ -112,7 +114,8 @@ pub(super) enum Expiry {
     Refreshed,
     /// Out on its row too, which is deleted now (not shared: out).
     Out,
-    /// Its row was gone already (unsubscribed elsewhere).
+    /// Its row was gone already (unsubscribed elsewhere), or is another incarnation's (made
+    /// anew since), which its own follower runs.
     Gone,
 }
 
@@ -288,12 +291,23 @@ impl Hooks {
         }
     }
 
-    /// Ends `sub` (the deliverer's follower of `id`): its row deleted, then the follower.
-    pub(super) async fn forget_shared(&self, id: &str, sub: &Arc<Mutex<Sub>>) {
-        if let Err(e) = self.write_row(id, |_| Ok(None)).await {
+    /// Ends `sub` (the deliverer's follower of `id`): its row deleted if it is still the
+    /// incarnation the follower holds (one made anew meanwhile is left to its own follower),
+    /// then the follower. Whether it ended here: its row deleted now, and no newer follower
+    /// of `id` runs (then the receiver is told).
+    pub(super) async fn forget_shared(&self, id: &str, sub: &Arc<Mutex<Sub>>) -> bool {
+        let born = sub.locked().born;
+        let mut ours = false;
+        let deleted = self
+            .write_row(id, |row| {
+                ours = row.as_ref().is_some_and(|r| r.born == born);
+                Ok(row.filter(|r| r.born != born))
+            })
+            .await;
+        if let Err(e) = &deleted {
             tracing::error!(subscription = %id, error = %e.message, "cannot delete an ended webhook subscription on NATS; the next deliverer starts it again");
         }
-        self.stop_local(id, Some(sub));
+        self.stop_local(id, Some(sub)) && ours && deleted.is_ok()
     }
 
     /// Whether `sub`'s TTL is out on its row too, and if so the row is deleted in the same
@@ -303,15 +317,22 @@ impl Hooks {
         if self.inner.shared.is_none() {
             return Expiry::Out;
         }
-        let id = sub.locked().id.clone();
+        let (id, born) = {
+            let s = sub.locked();
+            (s.id.clone(), s.born)
+        };
         let mut found = false;
+        let mut other = false;
         let still = self
             .write_row(&id, |row| {
                 found = row.is_some();
-                Ok(row.filter(|r| r.expires_ms > now_ms()))
+                other = row.as_ref().is_some_and(|r| r.born != born);
+                Ok(row.filter(|r| other || r.expires_ms > now_ms()))
             })
             .await;
         match still {
+            // Made anew (after an unsubscribe): its own follower runs it.
+            Ok(Some(_)) if other => Expiry::Gone,
             Ok(Some(row)) => {
                 sub.locked().take_subscriber(&row);
                 Expiry::Refreshed
@@ -373,11 +394,14 @@ impl Hooks {
             return;
         };
         let running = self.inner.subs.locked().get(id).map(|r| r.sub.clone());
+        let same = running
+            .as_ref()
+            .is_some_and(|r| r.locked().born == sub.born);
         match running {
             // A refresh (or this deliverer's own progress coming back): the subscriber's
             // fields as the row holds them.
-            Some(r) if stands => r.locked().take_subscriber(&sub),
-            // A row made anew (after its expiry or an unsubscribe here, the old follower not
+            Some(r) if same => r.locked().take_subscriber(&sub),
+            // A row made anew (after its expiry or an unsubscribe, the old follower not
             // stopped yet), or the first: a follower of its own, which replaces the old one.
             _ => self.deliver_from(server, sub),
         }

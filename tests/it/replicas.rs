@@ -471,6 +471,33 @@ async fn webhook_subscriptions_are_shared_by_replicas_and_outlive_their_delivere
         (Some("/second"), Some("four")),
         "the unsubscribed one delivers nothing more: {d}"
     );
+
+    // The first subscribed anew through the replica it was unsubscribed on: a new row of the
+    // same id, followed from its own start (nothing of the old one's cursor repeated).
+    let anew = subscribe(g[1].http_url(), TOKEN, 11, hook.clone(), SECRET).await;
+    assert_eq!(anew["result"]["id"], sub_id.as_str(), "{anew}");
+    assert_eq!(rx.delivered().await["body"]["type"], "verification");
+    set(12, "five").await;
+    let mut got = vec![];
+    for _ in 0..2 {
+        let d = rx.delivered().await;
+        got.push((
+            d["path"].as_str().unwrap_or_default().to_owned(),
+            d["body"]["data"]["key"]
+                .as_str()
+                .unwrap_or_default()
+                .to_owned(),
+        ));
+    }
+    got.sort();
+    assert_eq!(
+        got,
+        [
+            ("/gw".into(), "five".into()),
+            ("/second".into(), "five".into())
+        ],
+        "each gets the next write once: {got:?}"
+    );
     let held = nats.files_holding(&[SECRET, SECRET2, TOKEN, &hook, &other, "memo.changed"]);
     assert!(held.is_empty(), "{held:?}");
 }
