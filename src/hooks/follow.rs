@@ -196,7 +196,11 @@ impl Follower {
                 &url,
                 id,
                 // One per incarnation: a receiver dropping repeats by id hears each end.
-                &format!("term_{id}_{born:x}"),
+                &if born == 0 {
+                    format!("term_{id}")
+                } else {
+                    format!("term_{id}_{born:x}")
+                },
                 &refs,
                 body.to_string().as_bytes(),
             )

@@ -157,6 +157,12 @@ impl Sub {
         self.last_error = from.last_error.clone();
     }
 
+    /// Whether this is incarnation `born` of its id ([`Sub::born`]); a row without one (from
+    /// before the field, or rewritten by an older replica) is taken as any.
+    fn of_incarnation(&self, born: u64) -> bool {
+        self.born == born || self.born == 0 || born == 0
+    }
+
     fn secrets(&self, now: u64) -> Vec<&Secret> {
         let mut s = vec![&self.secret];
         if let Some((old, until)) = &self.old_secret
@@ -786,13 +792,18 @@ impl Webhooks for Hooks {
         let (url, _) = delivery(&params, false)?;
         let id = derive_id(&caller.principal(), &url, &name, &arguments);
         let found = if self.inner.shared.is_some() {
-            let mut had = false;
+            let mut had = None;
             self.write_row(&id, |row| {
-                had = row.is_some();
+                had = row.map(|r| r.born);
                 Ok(None)
             })
             .await?;
-            had
+            // The watch brings the delete after the view learnt it: a follower of it here
+            // stops now.
+            if let Some(born) = had {
+                self.stop_incarnation(&id, born);
+            }
+            had.is_some()
         } else {
             self.forget(&id).await
         };

@@ -272,17 +272,23 @@ impl Hooks {
             // Not the deliverer now: the next one keeps its own progress.
             return;
         }
+        // Only onto its own incarnation: one made anew meanwhile starts from its own cursor.
+        let born = snapshot.born;
+        let mut other = false;
         let written = self
             .write_row(id, |row| {
+                other = row.as_ref().is_some_and(|r| !r.of_incarnation(born));
                 Ok(row.map(|mut r| {
-                    r.take_progress(&snapshot);
+                    if !other {
+                        r.take_progress(&snapshot);
+                    }
                     r
                 }))
             })
             .await;
         match written {
-            Ok(Some(_)) => {}
-            Ok(None) => {
+            Ok(Some(_)) if !other => {}
+            Ok(_) => {
                 self.stop_local(id, Some(sub));
             }
             Err(e) => {
@@ -300,14 +306,34 @@ impl Hooks {
         let mut ours = false;
         let deleted = self
             .write_row(id, |row| {
-                ours = row.as_ref().is_some_and(|r| r.born == born);
-                Ok(row.filter(|r| r.born != born))
+                ours = row.as_ref().is_some_and(|r| r.of_incarnation(born));
+                Ok(row.filter(|r| !r.of_incarnation(born)))
             })
             .await;
-        if let Err(e) = &deleted {
-            tracing::error!(subscription = %id, error = %e.message, "cannot delete an ended webhook subscription on NATS; the next deliverer starts it again");
+        let alone = self.stop_local(id, Some(sub));
+        match deleted {
+            Ok(_) => alone && ours,
+            Err(e) => {
+                // Perhaps deleted all the same (its answer lost): told now; a next deliverer
+                // ending it again tells under the same webhook-id, which receivers drop.
+                tracing::error!(subscription = %id, error = %e.message, "cannot delete an ended webhook subscription on NATS; the next deliverer starts it again");
+                alone
+            }
         }
-        self.stop_local(id, Some(sub)) && ours && deleted.is_ok()
+    }
+
+    /// Stops the follower of `id` here if it follows incarnation `born` (a newer one is left).
+    pub(super) fn stop_incarnation(&self, id: &str, born: u64) {
+        let running = self
+            .inner
+            .subs
+            .locked()
+            .get(id)
+            .filter(|r| r.sub.locked().of_incarnation(born))
+            .map(|r| r.sub.clone());
+        if let Some(sub) = running {
+            self.stop_local(id, Some(&sub));
+        }
     }
 
     /// Whether `sub`'s TTL is out on its row too, and if so the row is deleted in the same
@@ -326,7 +352,7 @@ impl Hooks {
         let still = self
             .write_row(&id, |row| {
                 found = row.is_some();
-                other = row.as_ref().is_some_and(|r| r.born != born);
+                other = row.as_ref().is_some_and(|r| !r.of_incarnation(born));
                 Ok(row.filter(|r| other || r.expires_ms > now_ms()))
             })
             .await;
@@ -396,7 +422,7 @@ impl Hooks {
         let running = self.inner.subs.locked().get(id).map(|r| r.sub.clone());
         let same = running
             .as_ref()
-            .is_some_and(|r| r.locked().born == sub.born);
+            .is_some_and(|r| r.locked().of_incarnation(sub.born));
         match running {
             // A refresh (or this deliverer's own progress coming back): the subscriber's
             // fields as the row holds them.
