@@ -1,8 +1,11 @@
 //! Watch client benchmarks.
 //!
-//! 1. End to end, debounce 0: time from a `memo_set` call (issued by this bench over HTTP) to
-//!    the notice line on `herald watch`'s stdout, with the watch talking to the memo server
-//!    over stdio, HTTP and QUIC.
+//! 1. End to end, debounce 0: time from a `memo_set` call (issued by this bench over HTTP,
+//!    through herald's own upstream client as the gateway and `herald code` call: a plain call
+//!    posted directly) to the notice line on `herald watch`'s stdout, with the watch talking to
+//!    the memo server over stdio, HTTP and QUIC, its notes in memory (`--store :memory:`);
+//!    then over stdio with the notes in a store file ("file": each write durable, fsync
+//!    included, before the call is answered). When the call answered is printed too.
 //! 2. The state diff of a 100,000-item JSON list with 1% of items changed: time, and extra
 //!    memory (peak heap above the two documents, from a counting allocator) against the
 //!    list's JSON size. Targets: under 50 ms and under 2x the JSON size.
@@ -21,12 +24,13 @@ use std::process::Stdio;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
-use herald::transport::client::{client_config, connect};
+use std::sync::Arc;
 
+use herald::mcp::call::Call;
 use herald::transport::target::Target;
 use herald::transport::tls::ClientTrust;
+use herald::upstream::{Upstream, UpstreamConfig};
 use herald::watch::events::{StateBase, diff_reads};
-use rmcp::model::CallToolRequestParams;
 use serde_json::{Value, json};
 use tokio::io::{AsyncBufReadExt, BufReader, Lines};
 use tokio::process::{Child, ChildStdout};
@@ -143,43 +147,57 @@ struct Proc {
 
 async fn watch_proc(bin: &str, server: &[&str]) -> (Proc, Child, Value) {
     // For stdio the watch's child is the memo server and its listening line comes through
-    // the watch's stderr; otherwise a separate memo server.
-    let (memo, info, args): (Option<Child>, Option<Value>, Vec<String>) = if server.is_empty() {
-        (None, None, vec![])
+    // the watch's stderr (its store in memory, or with "file" in a file of its own, each
+    // write made durable before the call is answered); otherwise a separate memo server.
+    static FILES: AtomicUsize = AtomicUsize::new(0);
+    let store = if server == ["file"] {
+        let n = FILES.fetch_add(1, Ordering::Relaxed);
+        let path = std::env::temp_dir().join(format!(
+            "herald-bench-watch-{}-{n}.redb",
+            std::process::id()
+        ));
+        let _ = std::fs::remove_file(&path);
+        path.display().to_string()
     } else {
-        let mut memo = tokio::process::Command::new(bin)
-            .args([
-                "--log-format",
-                "json",
-                "--store",
-                ":memory:",
-                "memo",
-                "--http",
-                "127.0.0.1:0",
-                "--quic",
-                "127.0.0.1:0",
-            ])
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .kill_on_drop(true)
-            .spawn()
-            .unwrap();
-        let info = listening(&mut memo).await;
-        let args = match server[0] {
-            "http" => vec![
-                "--mcp-http".into(),
-                info["http_url"].as_str().unwrap().into(),
-            ],
-            _ => vec![
-                "--mcp-quic".into(),
-                info["quic"].as_str().unwrap().into(),
-                "--tls-pin".into(),
-                info["quic_fingerprint"].as_str().unwrap().into(),
-            ],
-        };
-        (Some(memo), Some(info), args)
+        ":memory:".to_owned()
     };
+    let (memo, info, args): (Option<Child>, Option<Value>, Vec<String>) =
+        if server.is_empty() || server == ["file"] {
+            (None, None, vec![])
+        } else {
+            let mut memo = tokio::process::Command::new(bin)
+                .args([
+                    "--log-format",
+                    "json",
+                    "--store",
+                    ":memory:",
+                    "memo",
+                    "--http",
+                    "127.0.0.1:0",
+                    "--quic",
+                    "127.0.0.1:0",
+                ])
+                .stdin(Stdio::null())
+                .stdout(Stdio::null())
+                .stderr(Stdio::piped())
+                .kill_on_drop(true)
+                .spawn()
+                .unwrap();
+            let info = listening(&mut memo).await;
+            let args = match server[0] {
+                "http" => vec![
+                    "--mcp-http".into(),
+                    info["http_url"].as_str().unwrap().into(),
+                ],
+                _ => vec![
+                    "--mcp-quic".into(),
+                    info["quic"].as_str().unwrap().into(),
+                    "--tls-pin".into(),
+                    info["quic_fingerprint"].as_str().unwrap().into(),
+                ],
+            };
+            (Some(memo), Some(info), args)
+        };
     let mut cmd = tokio::process::Command::new(bin);
     cmd.args([
         "--log-format",
@@ -195,7 +213,7 @@ async fn watch_proc(bin: &str, server: &[&str]) -> (Proc, Child, Value) {
     if args.is_empty() {
         cmd.args([
             "--mcp-stdio",
-            &format!("{bin} --log-format json --store :memory: memo --stdio --http 127.0.0.1:0"),
+            &format!("{bin} --log-format json --store {store} memo --stdio --http 127.0.0.1:0"),
         ]);
     } else {
         cmd.args(&args);
@@ -226,22 +244,26 @@ async fn watch_proc(bin: &str, server: &[&str]) -> (Proc, Child, Value) {
 async fn latency(bin: &str, name: &str, server: &[&str], n: usize) -> Vec<Duration> {
     let (mut w, _memo, info) = watch_proc(bin, server).await;
     let url = info["http_url"].as_str().unwrap().to_owned();
-    let conn = connect(
-        &Target::Http(url),
-        &ClientTrust::default(),
-        client_config(),
+    let up = Arc::new(Upstream::new(UpstreamConfig::new(
+        Target::Http(url),
+        ClientTrust::default(),
         4 << 20,
-    )
-    .await
-    .unwrap();
-    let set = |i: i64| {
-        CallToolRequestParams::new("memo_set")
-            .with_arguments(json!({"key": "k", "value": i}).as_object().unwrap().clone())
+    )));
+    up.connect().await.unwrap();
+    let call = async |i: i64| {
+        let args = json!({"key": "k", "value": i});
+        up.call_tool(
+            "memo_set",
+            args.as_object().unwrap().clone(),
+            Call::default(),
+        )
+        .await
+        .unwrap();
     };
     // The watch subscribes shortly after start; wait for the first notice to know it is live.
     let mut i = -1_000_000i64;
     loop {
-        conn.call_tool(set(i)).await.unwrap();
+        call(i).await;
         i += 1;
         match tokio::time::timeout(Duration::from_millis(200), w.out.next_line()).await {
             Ok(Ok(Some(_))) => break,
@@ -254,7 +276,7 @@ async fn latency(bin: &str, name: &str, server: &[&str], n: usize) -> Vec<Durati
     let mut answered = Vec::with_capacity(n);
     for i in 0..n as i64 {
         let t = Instant::now();
-        conn.call_tool(set(i)).await.unwrap();
+        call(i).await;
         answered.push(t.elapsed());
         w.out.next_line().await.unwrap().expect("a notice");
         lat.push(t.elapsed());
@@ -286,6 +308,7 @@ async fn main() {
         ("stdio", &[][..]),
         ("http", &["http"][..]),
         ("quic", &["quic"][..]),
+        ("file", &["file"][..]),
     ] {
         let sides = compare(baseline, async |b: Build| {
             latency(b.bin, &b.label(name), server, b.part(n)).await
@@ -294,6 +317,17 @@ async fn main() {
         if baseline.is_some() {
             let (before, after) = sides.latencies();
             print_ratio(&format!("{name:>6}"), &before, &after);
+        }
+    }
+    // The "file" runs' stores (and the pid files beside them).
+    let mine = format!("herald-bench-watch-{}-", std::process::id());
+    for e in std::fs::read_dir(std::env::temp_dir())
+        .into_iter()
+        .flatten()
+        .flatten()
+    {
+        if e.file_name().to_string_lossy().starts_with(&mine) {
+            let _ = std::fs::remove_file(e.path());
         }
     }
 }
