@@ -6,16 +6,17 @@
 //! channel; the thread folds whatever is queued into one transaction, so a burst of writes
 //! costs one commit. Reads run on tokio's blocking pool. No file I/O blocks a runtime worker.
 //!
-//! A write's future resolves once the write is durable. When the writer is behind and the
-//! channel is full, the caller waits for room on the blocking pool, never on a runtime worker.
+//! A write's future resolves once the write is durable (in memory: committed). When the writer
+//! is behind and the channel is full, the caller waits for room on the blocking pool, never on
+//! a runtime worker. Opening checks the schema version and refuses a file a newer herald wrote.
 //!
-//! An in-memory store (`--store :memory:`) has no I/O to wait for: its writes commit in the
-//! caller's task, a few microseconds of work where the hop to a thread and back costs ten
-//! times more in wake-ups (measured in `cargo bench --bench watch`). They commit without
-//! redb's durability bookkeeping ([`redb::Durability::None`]), but for every
+//! An in-memory store (`--store :memory:`) has no I/O to wait for: a small write commits in the
+//! caller's task when no other write holds redb's lock, a few microseconds of work where the
+//! hop to a thread and back costs ten times more in wake-ups (measured in `cargo bench --bench
+//! watch`); a big batch, or one meeting another write, goes to the blocking pool. They commit
+//! without redb's durability bookkeeping ([`redb::Durability::None`]), but for every
 //! [`MEMORY_DURABLE_EVERY`]th, which settles what redb keeps in memory about the others (its
 //! list of commits not yet durable).
-//! Opening checks the schema version and refuses a file a newer herald wrote.
 //!
 //! redb holds an exclusive file lock, so a second process that opens the same file gets
 //! [`StoreError::Locked`], which names the file, the holder's pid (from the [`pid_file`] the
@@ -45,6 +46,8 @@ const WRITE_QUEUE: usize = 1024;
 const MAX_BATCH: usize = 512;
 /// One in this many commits of an in-memory store is made durable (see the module docs).
 const MEMORY_DURABLE_EVERY: u64 = 64;
+/// The most rows an in-memory store writes in the caller's task (more go to the blocking pool).
+const IN_PLACE_ROWS: usize = 64;
 
 const META: TableDefinition<&str, u64> = TableDefinition::new("meta");
 const NOTES: TableDefinition<&str, &[u8]> = TableDefinition::new("memo_notes");
@@ -279,6 +282,16 @@ enum WriteOp {
     },
 }
 
+impl WriteOp {
+    /// How many rows it writes.
+    fn rows(&self) -> usize {
+        match self {
+            WriteOp::Put { .. } | WriteOp::Delete { .. } => 1,
+            WriteOp::Batch { puts, deletes, .. } => puts.len() + deletes.len(),
+        }
+    }
+}
+
 struct Job {
     op: WriteOp,
     reply: oneshot::Sender<Result<bool, StoreError>>,
@@ -388,7 +401,8 @@ impl Store {
     /// Drops this handle; when it is the last one, waits until the writer thread has let go
     /// of the file, so it can be opened again at once (a restart within one process).
     pub async fn close(self) {
-        // The writer thread holds the other reference to the database.
+        // A file's writer thread holds the other reference to the database (a memory store
+        // has none, and nothing to let go of).
         let last = Arc::strong_count(&self.db) <= 2;
         let Store {
             db, writes, thread, ..
@@ -451,7 +465,28 @@ impl Store {
             Writes::InPlace(commits) => {
                 let n = commits.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                 let durable = n % MEMORY_DURABLE_EVERY == MEMORY_DURABLE_EVERY - 1;
-                return apply(&self.db, [&op], durable)
+                // Here only when it is small and the write lock is free: a worker never waits
+                // for another write, nor spends long on a big one.
+                let free = (op.rows() <= IN_PLACE_ROWS)
+                    .then(|| self.db.try_begin_write().ok())
+                    .flatten();
+                let done = match free {
+                    Some(tx) => {
+                        let done = apply_in(tx, [&op], durable);
+                        // A write is a point where other tasks run, as it was with the hop: a
+                        // loop of writes never holds a worker from what each write wakes.
+                        tokio::task::yield_now().await;
+                        done
+                    }
+                    None => {
+                        let db = self.db.clone();
+                        tokio::task::spawn_blocking(move || apply(&db, [&op], durable))
+                            .await
+                            .map_err(|e| e.to_string())
+                            .flatten()
+                    }
+                };
+                return done
                     .map(|r| r.first().copied().unwrap_or(true))
                     .map_err(|msg| {
                         tracing::error!(error = %msg, "store commit failed");
@@ -575,7 +610,15 @@ fn apply<'a>(
     ops: impl IntoIterator<Item = &'a WriteOp>,
     durable: bool,
 ) -> Result<Vec<bool>, String> {
-    let mut tx = db.begin_write().map_err(|e| e.to_string())?;
+    apply_in(db.begin_write().map_err(|e| e.to_string())?, ops, durable)
+}
+
+/// [`apply`] in the write transaction `tx`.
+fn apply_in<'a>(
+    mut tx: redb::WriteTransaction,
+    ops: impl IntoIterator<Item = &'a WriteOp>,
+    durable: bool,
+) -> Result<Vec<bool>, String> {
     if !durable {
         tx.set_durability(redb::Durability::None)
             .map_err(|e| e.to_string())?;
@@ -703,20 +746,31 @@ mod tests {
         assert_eq!(rows, vec![("a".into(), vec![1]), ("b".into(), vec![2])]);
     }
 
-    #[tokio::test]
-    async fn concurrent_writes_are_batched_and_all_land() {
-        let s = Store::memory();
-        let mut tasks = Vec::new();
-        for i in 0..2000 {
-            let s = s.clone();
-            tasks.push(tokio::spawn(async move {
-                s.put(Table::Notes, &format!("k{i:05}"), vec![1]).await
-            }));
+    /// 2,000 writes at once all land: a file's batched by its writer thread; in memory, each
+    /// in its task or, meeting another, on the blocking pool; a big batch there too.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn concurrent_writes_all_land_in_a_file_and_in_memory() {
+        let dir = std::env::temp_dir().join(format!("herald-store-burst-{}", std::process::id()));
+        let file = Store::open(&Location::File(dir.join("h.redb"))).unwrap();
+        for s in [file, Store::memory()] {
+            let mut tasks = Vec::new();
+            for i in 0..2000 {
+                let s = s.clone();
+                tasks.push(tokio::spawn(async move {
+                    s.put(Table::Notes, &format!("k{i:05}"), vec![1]).await
+                }));
+            }
+            for t in tasks {
+                t.await.unwrap().unwrap();
+            }
+            let big = (0..1000).map(|i| (format!("b{i:04}"), vec![2])).collect();
+            s.write_batch(Table::Notes, big, vec!["k00000".into()])
+                .await
+                .unwrap();
+            assert_eq!(s.scan(Table::Notes).await.unwrap().len(), 2999, "{s:?}");
+            s.close().await;
         }
-        for t in tasks {
-            t.await.unwrap().unwrap();
-        }
-        assert_eq!(s.scan(Table::Notes).await.unwrap().len(), 2000);
+        let _ = std::fs::remove_dir_all(&dir);
     }
 
     #[test]
