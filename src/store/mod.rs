@@ -2,9 +2,9 @@
 //!
 //! Every role that keeps state (memo notes, the QUIC identity, saved watch specs, the
 //! sealed Slack buffer, the tasks) keeps it here, as byte values under string keys in one of a
-//! fixed set of [`Table`]s. Writes to a file go to a single writer thread through a bounded
-//! channel; the thread folds whatever is queued into one transaction, so a burst of writes
-//! costs one commit. Reads run on tokio's blocking pool. No file I/O blocks a runtime worker.
+//! fixed set of [`Table`]s. Writes go to a single writer thread through a bounded channel; the
+//! thread folds whatever is queued into one transaction, so a burst of writes costs one commit.
+//! Reads run on tokio's blocking pool. No file I/O blocks a runtime worker.
 //!
 //! A write's future resolves once the write is durable (in memory: committed). When the writer
 //! is behind and the channel is full, the caller waits for room on the blocking pool, never on
@@ -13,8 +13,8 @@
 //! An in-memory store (`--store :memory:`) has no I/O to wait for: a small write commits in the
 //! caller's task when no other write holds redb's lock, a few microseconds of work where the
 //! hop to a thread and back costs ten times more in wake-ups (measured in `cargo bench --bench
-//! watch`); a big batch, or one meeting another write, goes to the blocking pool. They commit
-//! without redb's durability bookkeeping ([`redb::Durability::None`]), but for every
+//! watch`); a big one, or one meeting another write, joins the writer thread's next batch. They
+//! commit without redb's durability bookkeeping ([`redb::Durability::None`]), but for every
 //! [`MEMORY_DURABLE_EVERY`]th, which settles what redb keeps in memory about the others (its
 //! list of commits not yet durable).
 //!
@@ -30,6 +30,7 @@ pub mod seal;
 use crate::sync::Recover;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc as std_mpsc;
 
 use redb::{Database, ReadableDatabase, ReadableTable, TableDefinition};
@@ -46,7 +47,7 @@ const WRITE_QUEUE: usize = 1024;
 const MAX_BATCH: usize = 512;
 /// One in this many commits of an in-memory store is made durable (see the module docs).
 const MEMORY_DURABLE_EVERY: u64 = 64;
-/// The most rows an in-memory store writes in the caller's task (more go to the blocking pool).
+/// The most rows an in-memory store writes in the caller's task (more go to the writer thread).
 const IN_PLACE_ROWS: usize = 64;
 
 const META: TableDefinition<&str, u64> = TableDefinition::new("meta");
@@ -297,24 +298,24 @@ struct Job {
     reply: oneshot::Sender<Result<bool, StoreError>>,
 }
 
+/// How writes reach the database.
 #[derive(Clone)]
-enum Writes {
-    /// The file's writer thread.
-    Thread(std_mpsc::SyncSender<Job>),
-    /// In memory, in the caller's task: commits made so far, for the durable one in
-    /// [`MEMORY_DURABLE_EVERY`].
-    InPlace(Arc<std::sync::atomic::AtomicU64>),
+struct Writer {
+    /// The writer thread's queue.
+    queue: std_mpsc::SyncSender<Job>,
+    /// The writer thread, joined by [`Store::close`].
+    thread: Arc<std::sync::Mutex<Option<std::thread::JoinHandle<()>>>>,
+    /// In memory only: the commits made so far (for the durable one in
+    /// [`MEMORY_DURABLE_EVERY`]), and the leave to commit a small write in the caller's task.
+    memory: Option<Arc<AtomicU64>>,
 }
 
 /// A handle to the open store. Cheap to clone; the writer thread stops when the last clone drops.
 #[derive(Clone)]
 pub struct Store {
     db: Arc<Database>,
-    /// How writes reach the database: the writer thread of a file, or in place in memory.
-    writes: Writes,
+    writer: Writer,
     location: Arc<Location>,
-    /// The writer thread, joined by [`Store::close`].
-    thread: Arc<std::sync::Mutex<Option<std::thread::JoinHandle<()>>>>,
 }
 
 impl std::fmt::Debug for Store {
@@ -368,28 +369,29 @@ impl Store {
         };
         check_schema(&db, &display)?;
         let db = Arc::new(db);
-        let (writes, thread) = match location {
-            Location::Memory => (Writes::InPlace(Arc::default()), None),
-            Location::File(p) => {
-                let held = Held::take(p);
-                let (writer, rx) = std_mpsc::sync_channel::<Job>(WRITE_QUEUE);
-                let wdb = db.clone();
-                let thread = std::thread::Builder::new()
-                    .name("herald-store".into())
-                    .spawn(move || {
-                        writer_loop(&wdb, rx);
-                        // Every handle is gone: the file is let go of (with the last `wdb`) next.
-                        drop(held);
-                    })
-                    .map_err(io_err)?;
-                (Writes::Thread(writer), Some(thread))
-            }
+        let held = match location {
+            Location::File(p) => Some(Held::take(p)),
+            Location::Memory => None,
         };
+        let memory = matches!(location, Location::Memory).then(Arc::default);
+        let (queue, rx) = std_mpsc::sync_channel::<Job>(WRITE_QUEUE);
+        let (wdb, commits) = (db.clone(), memory.clone());
+        let thread = std::thread::Builder::new()
+            .name("herald-store".into())
+            .spawn(move || {
+                writer_loop(&wdb, rx, commits.as_deref());
+                // Every handle is gone: the file is let go of (with the last `wdb`) next.
+                drop(held);
+            })
+            .map_err(io_err)?;
         Ok(Store {
             db,
-            writes,
+            writer: Writer {
+                queue,
+                thread: Arc::new(std::sync::Mutex::new(Some(thread))),
+                memory,
+            },
             location: Arc::new(location.clone()),
-            thread: Arc::new(std::sync::Mutex::new(thread)),
         })
     }
 
@@ -401,14 +403,15 @@ impl Store {
     /// Drops this handle; when it is the last one, waits until the writer thread has let go
     /// of the file, so it can be opened again at once (a restart within one process).
     pub async fn close(self) {
-        // A file's writer thread holds the other reference to the database (a memory store
-        // has none, and nothing to let go of).
+        // The writer thread holds the other reference to the database.
         let last = Arc::strong_count(&self.db) <= 2;
-        let Store {
-            db, writes, thread, ..
-        } = self;
-        let thread = if last { thread.locked().take() } else { None };
-        drop(writes);
+        let Store { db, writer, .. } = self;
+        let thread = if last {
+            writer.thread.locked().take()
+        } else {
+            None
+        };
+        drop(writer);
         drop(db);
         if let Some(t) = thread {
             let _ = tokio::task::spawn_blocking(move || t.join()).await;
@@ -460,50 +463,30 @@ impl Store {
     }
 
     async fn submit(&self, op: WriteOp) -> Result<bool, StoreError> {
-        let writer = match &self.writes {
-            Writes::Thread(w) => w,
-            Writes::InPlace(commits) => {
-                let n = commits.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                let durable = n % MEMORY_DURABLE_EVERY == MEMORY_DURABLE_EVERY - 1;
-                // Here only when it is small and the write lock is free: a worker never waits
-                // for another write, nor spends long on a big one.
-                let free = (op.rows() <= IN_PLACE_ROWS)
-                    .then(|| self.db.try_begin_write().ok())
-                    .flatten();
-                let done = match free {
-                    Some(tx) => {
-                        let done = apply_in(tx, [&op], durable);
-                        // A write is a point where other tasks run, as it was with the hop: a
-                        // loop of writes never holds a worker from what each write wakes.
-                        tokio::task::yield_now().await;
-                        done
-                    }
-                    None => {
-                        let db = self.db.clone();
-                        tokio::task::spawn_blocking(move || apply(&db, [&op], durable))
-                            .await
-                            .map_err(|e| e.to_string())
-                            .flatten()
-                    }
-                };
-                return done
-                    .map(|r| r.first().copied().unwrap_or(true))
-                    .map_err(|msg| {
-                        tracing::error!(error = %msg, "store commit failed");
-                        StoreError::Io(msg)
-                    });
-            }
-        };
+        // In memory, a small write commits here when the write lock is free: a worker never
+        // waits for another write, nor spends long on a big one.
+        if let Some(commits) = &self.writer.memory
+            && op.rows() <= IN_PLACE_ROWS
+            && let Ok(tx) = self.db.try_begin_write()
+        {
+            let done = apply_in(tx, [&op], durable(Some(commits.as_ref())));
+            // A write is a point where other tasks run, as it is with the hop: a loop of
+            // writes never holds a worker from what each write wakes.
+            tokio::task::yield_now().await;
+            return done
+                .map(|r| r.first().copied().unwrap_or(true))
+                .map_err(|msg| StoreError::Io(commit_failed(msg, 1)));
+        }
         let (reply, rx) = oneshot::channel();
         let job = Job { op, reply };
         // The channel is bounded; when it is full the writer is behind, and we wait for room
         // on the blocking pool rather than on a runtime worker.
-        match writer.try_send(job) {
+        match self.writer.queue.try_send(job) {
             Ok(()) => {}
             Err(std_mpsc::TrySendError::Disconnected(_)) => return Err(StoreError::Closed),
             Err(std_mpsc::TrySendError::Full(job)) => {
-                let writer = writer.clone();
-                tokio::task::spawn_blocking(move || writer.send(job))
+                let queue = self.writer.queue.clone();
+                tokio::task::spawn_blocking(move || queue.send(job))
                     .await
                     .map_err(io_err)?
                     .map_err(|_| StoreError::Closed)?;
@@ -579,7 +562,9 @@ fn check_schema(db: &Database, path: &Path) -> Result<(), StoreError> {
     tx.commit().map_err(io_err)
 }
 
-fn writer_loop(db: &Database, rx: std_mpsc::Receiver<Job>) {
+/// The writer thread: each commit takes whatever is queued. `memory` is an in-memory store's
+/// commit count (its commits are durable only now and then), `None` for a file.
+fn writer_loop(db: &Database, rx: std_mpsc::Receiver<Job>, memory: Option<&AtomicU64>) {
     while let Ok(first) = rx.recv() {
         let mut batch = vec![first];
         while batch.len() < MAX_BATCH {
@@ -588,20 +573,34 @@ fn writer_loop(db: &Database, rx: std_mpsc::Receiver<Job>) {
                 Err(_) => break,
             }
         }
-        match apply(db, batch.iter().map(|j| &j.op), true) {
+        match apply(db, batch.iter().map(|j| &j.op), durable(memory)) {
             Ok(results) => {
                 for (job, r) in batch.into_iter().zip(results) {
                     let _ = job.reply.send(Ok(r));
                 }
             }
             Err(msg) => {
-                tracing::error!(error = %msg, writes = batch.len(), "store commit failed");
+                let msg = commit_failed(msg, batch.len());
                 for job in batch {
                     let _ = job.reply.send(Err(StoreError::Io(msg.clone())));
                 }
             }
         }
     }
+}
+
+/// Whether the next commit is made durable: a file's always; in memory (`commits` counts
+/// them) one in [`MEMORY_DURABLE_EVERY`].
+fn durable(commits: Option<&AtomicU64>) -> bool {
+    commits.is_none_or(|c| {
+        c.fetch_add(1, Ordering::Relaxed) % MEMORY_DURABLE_EVERY == MEMORY_DURABLE_EVERY - 1
+    })
+}
+
+/// Logs a failed commit of `writes` writes; returns its message, for each write's error.
+fn commit_failed(msg: String, writes: usize) -> String {
+    tracing::error!(error = %msg, writes, "store commit failed");
+    msg
 }
 
 /// Writes `ops` in one transaction, made durable (else see the module docs on memory).
@@ -667,7 +666,6 @@ mod tests {
     /// take no more room than the first 2,000, and the last value of each is read back.
     #[test]
     fn in_memory_commits_reuse_their_pages() {
-        use std::sync::atomic::{AtomicU64, Ordering};
         #[derive(Debug)]
         struct Measured(redb::backends::InMemoryBackend, Arc<AtomicU64>);
         impl redb::StorageBackend for Measured {
@@ -747,7 +745,7 @@ mod tests {
     }
 
     /// 2,000 writes at once all land: a file's batched by its writer thread; in memory, each
-    /// in its task or, meeting another, on the blocking pool; a big batch there too.
+    /// in its task or, meeting another, in the writer thread's batch; a big batch there too.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn concurrent_writes_all_land_in_a_file_and_in_memory() {
         let dir = std::env::temp_dir().join(format!("herald-store-burst-{}", std::process::id()));
