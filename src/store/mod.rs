@@ -30,7 +30,7 @@ pub mod seal;
 use crate::sync::Recover;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::mpsc as std_mpsc;
 
 use redb::{Database, ReadableDatabase, ReadableTable, TableDefinition};
@@ -308,9 +308,15 @@ struct Writer {
     /// In memory only: the commits made so far (for the durable one in
     /// [`MEMORY_DURABLE_EVERY`]), and the leave to commit a small write in the caller's task.
     memory: Option<Arc<AtomicU64>>,
+    /// Writes queued and not yet answered. In memory, no write commits in its caller's task
+    /// while any is: redb's lock goes to whoever asks first, and a steady run of small writes
+    /// could otherwise keep the thread from it (and a write could overtake one queued before
+    /// it, whose caller gave up waiting).
+    queued: Arc<AtomicUsize>,
 }
 
-/// A handle to the open store. Cheap to clone; the writer thread stops when the last clone drops.
+/// A handle to the open store. Cheap to clone; the writer thread stops when the last clone
+/// drops (a handle kept forever keeps its thread).
 #[derive(Clone)]
 pub struct Store {
     db: Arc<Database>,
@@ -375,11 +381,12 @@ impl Store {
         };
         let memory = matches!(location, Location::Memory).then(Arc::default);
         let (queue, rx) = std_mpsc::sync_channel::<Job>(WRITE_QUEUE);
-        let (wdb, commits) = (db.clone(), memory.clone());
+        let queued = Arc::new(AtomicUsize::new(0));
+        let (wdb, commits, left) = (db.clone(), memory.clone(), queued.clone());
         let thread = std::thread::Builder::new()
             .name("herald-store".into())
             .spawn(move || {
-                writer_loop(&wdb, rx, commits.as_deref());
+                writer_loop(&wdb, rx, commits.as_deref(), &left);
                 // Every handle is gone: the file is let go of (with the last `wdb`) next.
                 drop(held);
             })
@@ -390,6 +397,7 @@ impl Store {
                 queue,
                 thread: Arc::new(std::sync::Mutex::new(Some(thread))),
                 memory,
+                queued,
             },
             location: Arc::new(location.clone()),
         })
@@ -397,11 +405,13 @@ impl Store {
 
     /// An in-memory store, for tests and `--store :memory:`.
     pub fn memory() -> Store {
-        Store::open(&Location::Memory).expect("an in-memory store always opens")
+        Store::open(&Location::Memory)
+            .expect("an in-memory store opens unless no thread can be started")
     }
 
-    /// Drops this handle; when it is the last one, waits until the writer thread has let go
-    /// of the file, so it can be opened again at once (a restart within one process).
+    /// Drops this handle; when it is the last one (and no read or backup is in flight), waits
+    /// until the writer thread has let go of the file, so it can be opened again at once (a
+    /// restart within one process).
     pub async fn close(self) {
         // The writer thread holds the other reference to the database.
         let last = Arc::strong_count(&self.db) <= 2;
@@ -468,6 +478,7 @@ impl Store {
         if let Some(commits) = &self.writer.memory
             && op.rows() <= IN_PLACE_ROWS
             && let Ok(tx) = self.db.try_begin_write()
+            && self.writer.queued.load(Ordering::Acquire) == 0
         {
             let done = apply_in(tx, [&op], durable(Some(commits.as_ref())));
             // A write is a point where other tasks run, as it is with the hop: a loop of
@@ -481,15 +492,26 @@ impl Store {
         let job = Job { op, reply };
         // The channel is bounded; when it is full the writer is behind, and we wait for room
         // on the blocking pool rather than on a runtime worker.
+        let queued = self.writer.queued.clone();
+        queued.fetch_add(1, Ordering::AcqRel);
         match self.writer.queue.try_send(job) {
             Ok(()) => {}
-            Err(std_mpsc::TrySendError::Disconnected(_)) => return Err(StoreError::Closed),
+            Err(std_mpsc::TrySendError::Disconnected(_)) => {
+                queued.fetch_sub(1, Ordering::AcqRel);
+                return Err(StoreError::Closed);
+            }
             Err(std_mpsc::TrySendError::Full(job)) => {
                 let queue = self.writer.queue.clone();
-                tokio::task::spawn_blocking(move || queue.send(job))
-                    .await
-                    .map_err(io_err)?
-                    .map_err(|_| StoreError::Closed)?;
+                tokio::task::spawn_blocking(move || {
+                    let sent = queue.send(job);
+                    if sent.is_err() {
+                        queued.fetch_sub(1, Ordering::AcqRel);
+                    }
+                    sent
+                })
+                .await
+                .map_err(io_err)?
+                .map_err(|_| StoreError::Closed)?;
             }
         }
         rx.await.map_err(|_| StoreError::Closed)?
@@ -563,8 +585,14 @@ fn check_schema(db: &Database, path: &Path) -> Result<(), StoreError> {
 }
 
 /// The writer thread: each commit takes whatever is queued. `memory` is an in-memory store's
-/// commit count (its commits are durable only now and then), `None` for a file.
-fn writer_loop(db: &Database, rx: std_mpsc::Receiver<Job>, memory: Option<&AtomicU64>) {
+/// commit count (its commits are durable only now and then), `None` for a file; `queued`
+/// counts the writes sent and not yet answered.
+fn writer_loop(
+    db: &Database,
+    rx: std_mpsc::Receiver<Job>,
+    memory: Option<&AtomicU64>,
+    queued: &AtomicUsize,
+) {
     while let Ok(first) = rx.recv() {
         let mut batch = vec![first];
         while batch.len() < MAX_BATCH {
@@ -573,7 +601,9 @@ fn writer_loop(db: &Database, rx: std_mpsc::Receiver<Job>, memory: Option<&Atomi
                 Err(_) => break,
             }
         }
-        match apply(db, batch.iter().map(|j| &j.op), durable(memory)) {
+        let done = apply(db, batch.iter().map(|j| &j.op), durable(memory));
+        queued.fetch_sub(batch.len(), Ordering::AcqRel);
+        match done {
             Ok(results) => {
                 for (job, r) in batch.into_iter().zip(results) {
                     let _ = job.reply.send(Ok(r));
@@ -769,6 +799,30 @@ mod tests {
             s.close().await;
         }
         let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    /// In memory, a write queued to the thread (its lock was taken) is not overtaken by a
+    /// later one that finds the lock free, even when the first one's caller gave up: the
+    /// later value is the one kept.
+    #[tokio::test]
+    async fn a_write_never_overtakes_one_queued_before_it_in_memory() {
+        let s = Store::memory();
+        let held = s.db.begin_write().unwrap();
+        let early = tokio::spawn({
+            let s = s.clone();
+            async move { s.put(Table::Notes, "k", b"old".to_vec()).await }
+        });
+        tokio::time::timeout(std::time::Duration::from_secs(10), async {
+            while s.writer.queued.load(Ordering::Acquire) == 0 {
+                tokio::task::yield_now().await;
+            }
+        })
+        .await
+        .expect("the write is queued");
+        early.abort();
+        drop(held);
+        s.put(Table::Notes, "k", b"new".to_vec()).await.unwrap();
+        assert_eq!(s.get(Table::Notes, "k").await.unwrap(), Some(b"new".to_vec()));
     }
 
     #[test]
