@@ -822,7 +822,10 @@ mod tests {
         early.abort();
         drop(held);
         s.put(Table::Notes, "k", b"new".to_vec()).await.unwrap();
-        assert_eq!(s.get(Table::Notes, "k").await.unwrap(), Some(b"new".to_vec()));
+        assert_eq!(
+            s.get(Table::Notes, "k").await.unwrap(),
+            Some(b"new".to_vec())
+        );
     }
 
     #[test]

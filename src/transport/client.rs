@@ -477,17 +477,17 @@ pub(crate) fn mcp_http_client() -> Result<reqwest::Client, reqwest::Error> {
 /// How long a pooled upstream connection may sit idle before it is closed: under the idle
 /// limit of common servers (Node's 5 s), so a call never picks a connection the server is
 /// closing at that moment.
-const POOL_IDLE: Duration = Duration::from_secs(4);
+pub(crate) const POOL_IDLE: Duration = Duration::from_secs(4);
 
 /// TCP keep-alive probes on upstream connections, so a peer that vanished (a host crash, a
 /// dropped NAT entry) is noticed instead of costing a call its whole timeout.
-const TCP_KEEPALIVE: Duration = Duration::from_secs(30);
+pub(crate) const TCP_KEEPALIVE: Duration = Duration::from_secs(30);
 
 /// Longest a new upstream connection may take to open.
-const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+pub(crate) const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// Idle connections kept per upstream host (more may be open while calls are in flight).
-const POOL_MAX_IDLE: usize = 256;
+pub(crate) const POOL_MAX_IDLE: usize = 256;
 
 /// Most redirects one request follows.
 const MAX_REDIRECTS: usize = 10;

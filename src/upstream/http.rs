@@ -7,7 +7,10 @@
 //! from borrowed parts, and the answer (one JSON body, or an SSE stream when the upstream sends
 //! progress first) is read in the caller's own task, its progress relayed to the caller under
 //! the caller's token as it arrives. Dropping the call closes its request, and the upstream
-//! cancels the handler (a stateless request ends with its connection). Anything else (listens,
+//! cancels the handler (a stateless request ends with its connection). An `http://` upstream's
+//! calls go on connections of their own, each driven in its caller's task (`wire.rs`: a
+//! second task per call cost more than the rest of the client); an `https://` one's on
+//! reqwest's pooled client. Anything else (listens,
 //! reads, tasks, an upstream that does not speak 2026-07-28, a tool whose schema promotes
 //! arguments to `Mcp-Param-*` headers) still goes through rmcp. An upstream that takes OAuth
 //! gets its session's token on each call, and a call it refuses (`401`, `403` with a
@@ -15,7 +18,6 @@
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use futures::StreamExt as _;
 use reqwest::header::{ACCEPT, AUTHORIZATION, CONTENT_TYPE, HeaderMap, HeaderName, HeaderValue};
 use rmcp::model::{CallToolResponse, CallToolResult, JsonObject, ProgressNotificationParam};
 use serde::Serialize;
@@ -36,6 +38,9 @@ pub enum CallError {
 pub struct HttpCalls {
     client: reqwest::Client,
     url: reqwest::Url,
+    /// An `http://` upstream's own connections, and what each request carries for them: its
+    /// path (and query) and `Host`.
+    wire: Option<(super::wire::Wire, http::Uri, HeaderValue)>,
     /// Every call's headers but `Mcp-Name`.
     headers: HeaderMap,
     /// Every call's `_meta`: protocol version, client info and capabilities.
@@ -75,15 +80,39 @@ struct Meta<'a> {
     progress_token: Option<&'a Value>,
 }
 
+/// An answer: its head, and its body as it arrives.
+struct Reply<'a> {
+    status: http::StatusCode,
+    headers: HeaderMap,
+    body: ReplyBody<'a>,
+}
+
+enum ReplyBody<'a> {
+    /// On one of the `http://` upstream's own connections.
+    Wire(super::wire::Body<'a>),
+    /// On reqwest's.
+    Pooled(reqwest::Response),
+}
+
+impl ReplyBody<'_> {
+    /// The next piece of the body; `None` at its end.
+    async fn chunk(&mut self, url: &reqwest::Url) -> Result<Option<bytes::Bytes>, CallError> {
+        match self {
+            ReplyBody::Wire(b) => b.chunk().await.map_err(|e| transport(url, &e)),
+            ReplyBody::Pooled(r) => r.chunk().await.map_err(|e| transport(url, &e)),
+        }
+    }
+}
+
 /// A refusal an OAuth session answers: `(forbidden, WWW-Authenticate)` of a `401`, or of a
 /// `403` that carries a challenge.
-fn challenge(response: &reqwest::Response) -> Option<(bool, String)> {
-    let forbidden = match response.status().as_u16() {
+fn challenge(reply: &Reply) -> Option<(bool, String)> {
+    let forbidden = match reply.status.as_u16() {
         401 => false,
         403 => true,
         _ => return None,
     };
-    let header = response.headers().get(reqwest::header::WWW_AUTHENTICATE)?;
+    let header = reply.headers.get(reqwest::header::WWW_AUTHENTICATE)?;
     Some((forbidden, header.to_str().ok()?.to_owned()))
 }
 
@@ -101,6 +130,15 @@ impl HttpCalls {
     ) -> Option<HttpCalls> {
         let client = crate::transport::client::mcp_http_client().ok()?;
         let url = reqwest::Url::parse(url).ok()?;
+        let wire = super::wire::Wire::new(&url).and_then(|w| {
+            let path =
+                http::Uri::try_from(&url[url::Position::BeforePath..url::Position::AfterQuery])
+                    .ok()?;
+            let host =
+                HeaderValue::from_str(&url[url::Position::BeforeHost..url::Position::BeforePath])
+                    .ok()?;
+            Some((w, path, host))
+        });
         let mut headers = HeaderMap::new();
         headers.insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
         headers.insert(
@@ -138,11 +176,78 @@ impl HttpCalls {
         Some(HttpCalls {
             client,
             url,
+            wire,
             headers,
             meta,
             next_id: AtomicU64::new(1),
             max_bytes,
             oauth,
+        })
+    }
+
+    /// Posts `body` (a call of tool `name`), with `bearer` as the token when given: on the
+    /// upstream's own connections when it is `http://`, else on reqwest's.
+    async fn send(
+        &self,
+        body: bytes::Bytes,
+        name: &HeaderValue,
+        bearer: Option<String>,
+    ) -> Result<Reply<'_>, CallError> {
+        let bearer = match bearer {
+            Some(t) => {
+                let mut v = HeaderValue::from_str(&format!("Bearer {t}")).map_err(|_| {
+                    CallError::Transport("the upstream's token is not a header value".into())
+                })?;
+                v.set_sensitive(true);
+                Some(v)
+            }
+            None => None,
+        };
+        let mcp_name = HeaderName::from_static("mcp-name");
+        if let Some((wire, path, host)) = &self.wire {
+            let request = || {
+                let mut req = http::Request::post(path.clone())
+                    .body(http_body_util::Full::new(body.clone()))
+                    .expect("a request from parts already checked");
+                let headers = req.headers_mut();
+                headers.clone_from(&self.headers);
+                headers.insert(http::header::HOST, host.clone());
+                headers.insert(mcp_name.clone(), name.clone());
+                if let Some(b) = &bearer {
+                    headers.insert(AUTHORIZATION, b.clone());
+                }
+                req
+            };
+            let (head, body) = wire
+                .send(request)
+                .await
+                .map_err(|e| transport(&self.url, &e))?;
+            // A redirect goes through reqwest, which follows one to the same origin.
+            if !matches!(head.status.as_u16(), 307 | 308) {
+                return Ok(Reply {
+                    status: head.status,
+                    headers: head.headers,
+                    body: ReplyBody::Wire(body),
+                });
+            }
+        }
+        let mut req = self
+            .client
+            .post(self.url.clone())
+            .headers(self.headers.clone())
+            .header(mcp_name, name.clone());
+        if let Some(b) = bearer {
+            req = req.header(AUTHORIZATION, b);
+        }
+        let response = req
+            .body(body)
+            .send()
+            .await
+            .map_err(|e| transport(&self.url, &e))?;
+        Ok(Reply {
+            status: response.status(),
+            headers: response.headers().clone(),
+            body: ReplyBody::Pooled(response),
         })
     }
 
@@ -187,41 +292,25 @@ impl HttpCalls {
                 "{tool} (not a name an HTTP header can carry)"
             )))
         })?;
-        let send = |body: Vec<u8>, bearer: Option<String>| {
-            let mut req = self
-                .client
-                .post(self.url.clone())
-                .headers(self.headers.clone())
-                .header(HeaderName::from_static("mcp-name"), name.clone());
-            if let Some(t) = bearer {
-                req = req.bearer_auth(t);
-            }
-            req.body(body).send()
-        };
-        let response = match &self.oauth {
-            None => send(body, None).await,
+        let body = bytes::Bytes::from(body);
+        let send = |bearer: Option<String>| self.send(body.clone(), &name, bearer);
+        let mut reply = match &self.oauth {
+            None => send(None).await,
             Some(oauth) => oauth
-                .send(
-                    None,
-                    |bearer| send(body.clone(), bearer),
-                    |r| r.as_ref().ok().and_then(challenge),
-                )
+                .send(None, send, |r| r.as_ref().ok().and_then(challenge))
                 .await
                 .map_err(CallError::Transport)?,
-        }
-        .map_err(|e| transport(&self.url, e))?;
-        let status = response.status();
-        let sse = response
-            .headers()
+        }?;
+        let status = reply.status;
+        let sse = reply
+            .headers
             .get(CONTENT_TYPE)
             .and_then(|v| v.to_str().ok())
             .is_some_and(|v| v.trim_start().starts_with(EVENT_STREAM));
-        let mut stream = response.bytes_stream();
         let mut buf: Vec<u8> = Vec::new();
         // Where the search for the next event's end goes on (what is before has none).
         let mut scanned = 0;
-        while let Some(chunk) = stream.next().await {
-            let chunk = chunk.map_err(|e| transport(&self.url, e))?;
+        while let Some(chunk) = reply.body.chunk(&self.url).await? {
             buf.extend_from_slice(&chunk);
             if buf.len() > self.max_bytes {
                 return Err(CallError::Transport(format!(
@@ -256,7 +345,7 @@ impl HttpCalls {
                     // The stream ends right after its answer: read that end, so the
                     // connection goes back to the pool rather than being closed.
                     let _ = tokio::time::timeout(std::time::Duration::from_millis(50), async {
-                        while let Some(Ok(_)) = stream.next().await {}
+                        while let Ok(Some(_)) = reply.body.chunk(&self.url).await {}
                     })
                     .await;
                     return a;
@@ -285,9 +374,9 @@ impl HttpCalls {
 
 /// A transport failure as a sentence ([`explain`](crate::transport::explain)), naming the
 /// endpoint without its userinfo or query (which may carry a key).
-fn transport(url: &reqwest::Url, e: reqwest::Error) -> CallError {
+fn transport(url: &reqwest::Url, e: &(dyn std::error::Error + 'static)) -> CallError {
     let target = crate::transport::target::Target::Http(url.to_string());
-    CallError::Transport(crate::transport::explain::failure(&target, false, &e))
+    CallError::Transport(crate::transport::explain::failure(&target, false, e))
 }
 
 /// Whether `name` goes in an HTTP header as it is: visible ASCII with no surrounding space,

@@ -25,6 +25,7 @@ pub mod lists;
 pub mod local;
 pub mod log;
 mod relay;
+mod wire;
 
 use crate::sync::Recover;
 use std::future::Future;
