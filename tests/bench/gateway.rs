@@ -13,13 +13,19 @@
 //!    connections opens at most 64).
 //! 4. The gateway's RSS after its runs.
 //!
+//! For reference, the same calls through HAProxy in HTTP mode in front of the same memo (the
+//! reverse proxy a user would put there instead, with no tokens or slugs to check): the cost
+//! of a second HTTP exchange in the same setting, the floor of the HTTP slug's hop. Skipped,
+//! saying so, when HAProxy is not installed (`apt-get install haproxy`; `HERALD_HAPROXY`
+//! names another binary).
+//!
 //! Targets: p50 at one client within 1.8x of direct through the HTTP slug, 1.05x through
 //! `herald up`, 1.3x through the QUIC slug; at 64 clients at least 0.5x direct's calls/s
 //! through the HTTP slug, 0.8x and 10,000 calls/s through the others; the stdio slug adds at
 //! most a pipe round trip and 0.05 ms to direct.
 //!
 //! `cargo bench --bench gateway` (HERALD_BENCH_N overrides the 2,000 sequential calls;
-//! HERALD_BENCH_ONLY=stdio, http, quic or up runs direct and that case alone).
+//! HERALD_BENCH_ONLY=stdio, http, quic, up or haproxy runs direct and that case alone).
 //! With `HERALD_BENCH_BASELINE=/path/to/an/older/herald`, each case (direct, each slug kind,
 //! `herald up`) runs with that binary (the memo server, the gateway and its stdio child, or
 //! `herald up`) and this build's in turn (A-B-B-A, half the calls of both loads each), in the
@@ -363,6 +369,66 @@ async fn pipe_round_trip(n: usize) -> Duration {
     pct(&times, 0.5)
 }
 
+/// HAProxy in HTTP mode in front of `upstream` (an `http://host:port/path` URL): the child
+/// and the same path through it. `None` when HAProxy cannot run.
+fn haproxy(dir: &Path, upstream: &str) -> Option<(Child, String)> {
+    use std::os::fd::AsRawFd;
+    use std::os::unix::process::CommandExt;
+    let rest = upstream.strip_prefix("http://")?;
+    let (server, path) = rest.split_at(rest.find('/')?);
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").ok()?;
+    let url = format!("http://{}{path}", listener.local_addr().ok()?);
+    let cfg = dir.join("haproxy.cfg");
+    std::fs::write(
+        &cfg,
+        format!(
+            "global\n    maxconn 1024\n\
+             defaults\n    mode http\n    timeout connect 1s\n    timeout client 1h\n    \
+             timeout server 1h\n\
+             frontend mcp\n    bind fd@3\n    default_backend memo\n\
+             backend memo\n    server memo {server}\n"
+        ),
+    )
+    .ok()?;
+    let bin = std::env::var("HERALD_HAPROXY").unwrap_or_else(|_| {
+        if Path::new("/usr/sbin/haproxy").exists() {
+            "/usr/sbin/haproxy".into()
+        } else {
+            "haproxy".into()
+        }
+    });
+    let fd = listener.as_raw_fd();
+    let mut cmd = std::process::Command::new(&bin);
+    cmd.args(["-db", "-f"])
+        .arg(&cfg)
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null());
+    // SAFETY: between fork and exec only dup2(2) or fcntl(2) run, on a descriptor this
+    // process owns; at 3 it has no close-on-exec flag, so haproxy inherits the listening
+    // socket (connections made before it accepts wait in the backlog). A socket that is fd 3
+    // already keeps its flag through dup2, so it is cleared instead.
+    unsafe {
+        cmd.pre_exec(move || {
+            let r = if fd == 3 {
+                libc::fcntl(3, libc::F_SETFD, 0)
+            } else {
+                libc::dup2(fd, 3)
+            };
+            if r < 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+    let child = tokio::process::Command::from(cmd)
+        .kill_on_drop(true)
+        .spawn()
+        .map_err(|e| println!("HAProxy ({bin}) does not run: {e}; its reference case is skipped"))
+        .ok()?;
+    Some((child, url))
+}
+
 /// A `herald memo` serving HTTP and QUIC: the direct endpoint and every networked slug's
 /// upstream.
 struct Memo {
@@ -519,6 +585,30 @@ async fn main() {
         results.push((label, f, rss));
     }
 
+    // For reference: HAProxy in front of this build's memo, once (not herald: no baseline).
+    let mut reference: Option<(Figures, u64)> = None;
+    if wanted("haproxy") {
+        match haproxy(&scratch, &memos[0].url) {
+            Some((child, url)) => {
+                let ep = Endpoint {
+                    url,
+                    token: None,
+                    tool: "memo_set",
+                };
+                ready(&ep).await;
+                let procs = [
+                    ("haproxy", child.id().unwrap()),
+                    ("memo", memos[0].child.id().unwrap()),
+                ];
+                let f = measure("HAProxy", &ep, n, TOTAL, None, &procs).await;
+                let rss = rss_kib(child.id().unwrap());
+                stop(child).await;
+                reference = Some((f, rss));
+            }
+            None => println!("HAProxy: not installed, its reference case is skipped"),
+        }
+    }
+
     // herald up: the memo role in the gateway's own process (slug `memo`).
     let up_cfg = scratch.join("up.toml");
     std::fs::write(
@@ -573,11 +663,36 @@ async fn main() {
             *rss as f64 / 1024.0
         );
     }
+    if let Some((f, rss)) = &reference {
+        let p50_ratio = pct(&f.seq, 0.5).as_secs_f64() / pct(&direct.seq, 0.5).as_secs_f64();
+        let conc_ratio = pct(&f.conc, 0.5).as_secs_f64() / pct(&direct.conc, 0.5).as_secs_f64();
+        println!(
+            "{:<22} p50 ratio at 1 client {p50_ratio:.2}x | calls/s ratio at {CLIENTS} clients {:.2}x (p50 {conc_ratio:.2}x) | HAProxy RSS after the run {:.1} MB",
+            "HAProxy (reference)",
+            f.rate / direct.rate,
+            *rss as f64 / 1024.0
+        );
+        let hop = |f: &Figures| pct(&f.seq, 0.5).saturating_sub(pct(&direct.seq, 0.5));
+        if let Some((_, http, _)) = results.iter().find(|r| r.0.contains("HTTP")) {
+            println!(
+                "the hop over direct at 1 client (p50): HTTP slug {} | HAProxy {} -> herald's hop {:.2}x HAProxy's; at {CLIENTS} clients herald's gateway {:.2}x HAProxy's calls/s",
+                ms(hop(http)),
+                ms(hop(f)),
+                hop(http).as_secs_f64() / hop(f).as_secs_f64().max(1e-9),
+                http.rate / f.rate
+            );
+        }
+    }
     println!(
         "memo server (direct, and behind the HTTP and QUIC slugs) RSS: {:.1} MB",
         memo_rss as f64 / 1024.0
     );
-    for f in results.iter().map(|r| &r.1).chain([&direct]) {
+    for f in results
+        .iter()
+        .map(|r| &r.1)
+        .chain(reference.iter().map(|r| &r.0))
+        .chain([&direct])
+    {
         if let Some(e) = &f.first_error {
             println!("first failed call ({} in all): {e}", f.errors);
         }
