@@ -36,6 +36,8 @@
 
 #[path = "common.rs"]
 mod common;
+#[path = "../shared/fd3.rs"]
+mod fd3;
 
 use std::path::Path;
 use std::sync::Arc;
@@ -373,7 +375,6 @@ async fn pipe_round_trip(n: usize) -> Duration {
 /// and the same path through it. `None` when HAProxy cannot run.
 fn haproxy(dir: &Path, upstream: &str) -> Option<(Child, String)> {
     use std::os::fd::AsRawFd;
-    use std::os::unix::process::CommandExt;
     let rest = upstream.strip_prefix("http://")?;
     let (server, path) = rest.split_at(rest.find('/')?);
     let listener = std::net::TcpListener::bind("127.0.0.1:0").ok()?;
@@ -397,30 +398,13 @@ fn haproxy(dir: &Path, upstream: &str) -> Option<(Child, String)> {
             "haproxy".into()
         }
     });
-    let fd = listener.as_raw_fd();
     let mut cmd = std::process::Command::new(&bin);
     cmd.args(["-db", "-f"])
         .arg(&cfg)
         .stdin(std::process::Stdio::null())
         .stdout(std::process::Stdio::null())
         .stderr(std::process::Stdio::null());
-    // SAFETY: between fork and exec only dup2(2) or fcntl(2) run, on a descriptor this
-    // process owns; at 3 it has no close-on-exec flag, so haproxy inherits the listening
-    // socket (connections made before it accepts wait in the backlog). A socket that is fd 3
-    // already keeps its flag through dup2, so it is cleared instead.
-    unsafe {
-        cmd.pre_exec(move || {
-            let r = if fd == 3 {
-                libc::fcntl(3, libc::F_SETFD, 0)
-            } else {
-                libc::dup2(fd, 3)
-            };
-            if r < 0 {
-                return Err(std::io::Error::last_os_error());
-            }
-            Ok(())
-        });
-    }
+    fd3::pass_as_fd_3(&mut cmd, listener.as_raw_fd());
     let child = tokio::process::Command::from(cmd)
         .kill_on_drop(true)
         .spawn()

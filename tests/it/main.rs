@@ -12,6 +12,8 @@ mod dist;
 mod durability;
 mod events;
 mod fake_model;
+#[path = "../shared/fd3.rs"]
+mod fd3;
 mod file;
 mod filter;
 mod flood;

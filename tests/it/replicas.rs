@@ -176,7 +176,6 @@ struct Haproxy {
 impl Haproxy {
     fn start(balance: &str, servers: &[&str]) -> Haproxy {
         use std::os::fd::AsRawFd;
-        use std::os::unix::process::CommandExt;
         let dir = TempDir::new("haproxy");
         let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
         let url = format!("http://{}/mcp", listener.local_addr().unwrap());
@@ -205,30 +204,13 @@ impl Haproxy {
                 "haproxy".into()
             }
         });
-        let fd = listener.as_raw_fd();
         let mut cmd = std::process::Command::new(&bin);
         cmd.args(["-db", "-f"])
             .arg(&cfg)
             .stdin(std::process::Stdio::null())
             .stdout(std::process::Stdio::null())
             .stderr(std::process::Stdio::null());
-        // SAFETY: between fork and exec only dup2(2) or fcntl(2) run, on a descriptor this
-        // process owns; at 3 it has no close-on-exec flag, so haproxy inherits the listening
-        // socket (connections made before it accepts wait in the backlog). A socket that is
-        // fd 3 already keeps its flag through dup2, so it is cleared instead.
-        unsafe {
-            cmd.pre_exec(move || {
-                let r = if fd == 3 {
-                    libc::fcntl(3, libc::F_SETFD, 0)
-                } else {
-                    libc::dup2(fd, 3)
-                };
-                if r < 0 {
-                    return Err(std::io::Error::last_os_error());
-                }
-                Ok(())
-            });
-        }
+        crate::fd3::pass_as_fd_3(&mut cmd, listener.as_raw_fd());
         let child = tokio::process::Command::from(cmd)
             .kill_on_drop(true)
             .spawn()

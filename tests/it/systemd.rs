@@ -4,7 +4,6 @@
 //! passes as descriptor 3, and nothing of it leaking to the processes herald starts.
 
 use std::os::fd::{AsRawFd, RawFd};
-use std::os::unix::process::CommandExt;
 use std::process::Stdio;
 
 use serde_json::json;
@@ -147,26 +146,6 @@ async fn ready_comes_once_the_listeners_answer_then_watchdog_pings_and_stopping(
     assert!(status.success(), "{status:?}");
 }
 
-/// Makes `fd` the child's descriptor 3, open across exec, as systemd passes sockets.
-fn pass_as_fd_3(cmd: &mut std::process::Command, fd: RawFd) {
-    // SAFETY: between fork and exec only async-signal-safe calls (dup2, fcntl) on descriptors
-    // the child owns; no allocation, no locks.
-    unsafe {
-        cmd.pre_exec(move || {
-            let r = if fd == 3 {
-                // Already in place: only clear close-on-exec.
-                libc::fcntl(3, libc::F_SETFD, 0)
-            } else {
-                libc::dup2(fd, 3)
-            };
-            if r < 0 {
-                return Err(std::io::Error::last_os_error());
-            }
-            Ok(())
-        });
-    }
-}
-
 /// `herald ARGS` with `fd` as descriptor 3 named `names`, and `LISTEN_PID` set to the herald
 /// process's own pid (a shell sets it to `$$` and execs herald, which keeps the pid).
 fn activated(fd: RawFd, names: &str, args: &[&str]) -> std::process::Command {
@@ -177,7 +156,7 @@ fn activated(fd: RawFd, names: &str, args: &[&str]) -> std::process::Command {
         .args(args)
         .env("LISTEN_FDS", "1")
         .env("LISTEN_FDNAMES", names);
-    pass_as_fd_3(&mut cmd, fd);
+    crate::fd3::pass_as_fd_3(&mut cmd, fd);
     cmd
 }
 
