@@ -128,12 +128,7 @@ async fn sweep(idle: std::sync::Weak<Idle>, sweeping: Arc<AtomicBool>) {
     loop {
         tokio::time::sleep(POOL_IDLE).await;
         let Some(idle) = idle.upgrade() else { return };
-        let stale: Vec<_> = {
-            let mut idle = idle.locked();
-            let n = idle.partition_point(|(_, since)| since.elapsed() >= POOL_IDLE);
-            idle.drain(..n).collect()
-        };
-        drop(stale);
+        drop(stale(&idle));
         if idle.locked().is_empty() {
             sweeping.store(false, Ordering::Release);
             // A connection put back meanwhile started no sweep of its own: this one goes on.
@@ -142,6 +137,13 @@ async fn sweep(idle: std::sync::Weak<Idle>, sweeping: Arc<AtomicBool>) {
             }
         }
     }
+}
+
+/// Takes the connections idle past [`POOL_IDLE`] out of `idle` (to be closed outside its lock).
+fn stale(idle: &Idle) -> Vec<(Line, Instant)> {
+    let mut idle = idle.locked();
+    let n = idle.partition_point(|(_, since)| since.elapsed() >= POOL_IDLE);
+    idle.drain(..n).collect()
 }
 
 /// An answer's body, read on its connection; the connection goes back to the pool when the
@@ -270,8 +272,11 @@ impl Wire {
             }
             idle.push((line, Instant::now()));
         }
-        if !self.sweeping.swap(true, Ordering::AcqRel) {
-            tokio::spawn(sweep(Arc::downgrade(&self.idle), self.sweeping.clone()));
+        // (Outside a runtime, a body dropped at its end: no sweep, and the flag stays down.)
+        if let Ok(rt) = tokio::runtime::Handle::try_current()
+            && !self.sweeping.swap(true, Ordering::AcqRel)
+        {
+            rt.spawn(sweep(Arc::downgrade(&self.idle), self.sweeping.clone()));
         }
     }
 
@@ -462,6 +467,24 @@ mod tests {
         assert!(wire.idle.locked().is_empty());
         assert_eq!(call(&wire).await.unwrap(), ANSWER.as_bytes());
         assert_eq!(accepted.load(Ordering::SeqCst), 2);
+    }
+
+    /// Connections idle past the limit are taken out, the oldest first, the rest kept; and
+    /// after a call a sweep runs.
+    #[tokio::test]
+    async fn connections_idle_too_long_are_swept() {
+        let (url, accepted, _) = upstream(After::KeepAlive).await;
+        let wire = Wire::new(&url).unwrap();
+        let (a, b) = tokio::join!(call(&wire), call(&wire));
+        assert_eq!((a.unwrap(), b.unwrap()), (ANSWER.into(), ANSWER.into()));
+        assert_eq!(accepted.load(Ordering::SeqCst), 2);
+        assert!(wire.sweeping.load(Ordering::Acquire), "a sweep runs");
+        let long_ago = Instant::now() - POOL_IDLE * 2;
+        wire.idle.locked()[0].1 = long_ago;
+        let swept = stale(&wire.idle);
+        assert_eq!(swept.len(), 1);
+        assert_eq!(swept[0].1, long_ago, "the oldest");
+        assert_eq!(wire.idle.locked().len(), 1, "the other is kept");
     }
 
     /// Only `http://` URLs get a wire; the port defaults to 80.
