@@ -26,6 +26,20 @@ fn holds(v: &Value) -> bool {
         .is_some_and(|m| m.contains("holds the slack socket lease"))
 }
 
+/// The first JSON line of `s` that `matches`, whether logged before its `listening` line
+/// (which [`Server::spawn`] reads past: a lease can be taken or watched before it) or after.
+async fn said(s: &mut Server, what: &str, matches: impl Fn(&Value) -> bool) -> Value {
+    let early = s
+        .stderr()
+        .lines()
+        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+        .find(|v| matches(v));
+    match early {
+        Some(v) => v,
+        None => s.line_where(what, matches).await,
+    }
+}
+
 fn stands_by(v: &Value) -> bool {
     v["message"]
         .as_str()
@@ -64,10 +78,10 @@ async fn one_socket_between_two_processes_and_a_kill_9_of_the_holder_loses_nothi
     let nats = NatsServer::start().await;
     let fake = fake().await;
     let mut a = slack_on(&fake, &nats, ":memory:").await;
-    a.line_where("A holds the lease", holds).await;
+    said(&mut a, "A holds the lease", holds).await;
     connected(&fake).await;
     let mut b = slack_on(&fake, &nats, ":memory:").await;
-    b.line_where("B stands by", stands_by).await;
+    said(&mut b, "B stands by", stands_by).await;
     let (ca, cb) = (client(&a).await, client(&b).await);
     let sb = status(&cb).await;
     assert_eq!(sb["state"], "standby", "{sb}");
@@ -117,7 +131,7 @@ async fn a_deploy_overlap_loses_nothing_and_no_store_holds_message_text() {
     let dir = TempDir::new("slack-nats");
     let (store_a, store_b) = (dir.path().join("a.redb"), dir.path().join("b.redb"));
     let mut a = slack_on(&fake, &nats, store_a.to_str().unwrap()).await;
-    a.line_where("A holds the lease", holds).await;
+    said(&mut a, "A holds the lease", holds).await;
     connected(&fake).await;
     let ca = client(&a).await;
     let from = now_cursor(&ca).await;
@@ -126,7 +140,7 @@ async fn a_deploy_overlap_loses_nothing_and_no_store_holds_message_text() {
 
     // The new process starts while the old one holds the lease: it waits.
     let mut b = slack_on(&fake, &nats, store_b.to_str().unwrap()).await;
-    b.line_where("B stands by", stands_by).await;
+    said(&mut b, "B stands by", stands_by).await;
     let cb = client(&b).await;
     assert_eq!(status(&cb).await["state"], "standby");
     assert_eq!(fake.sockets_opened(), 1, "B opened no socket");
@@ -180,7 +194,7 @@ async fn a_nats_restart_loses_nothing_acknowledged() {
     let mut nats = NatsServer::start().await;
     let fake = fake().await;
     let mut a = slack_on(&fake, &nats, ":memory:").await;
-    a.line_where("A holds the lease", holds).await;
+    said(&mut a, "A holds the lease", holds).await;
     connected(&fake).await;
     let ca = client(&a).await;
     let from = now_cursor(&ca).await;
@@ -215,10 +229,10 @@ async fn a_holder_frozen_past_the_stale_time_steps_down_when_it_wakes() {
     let nats = NatsServer::start().await;
     let fake = fake().await;
     let mut a = slack_on(&fake, &nats, ":memory:").await;
-    a.line_where("A holds the lease", holds).await;
+    said(&mut a, "A holds the lease", holds).await;
     connected(&fake).await;
     let mut b = slack_on(&fake, &nats, ":memory:").await;
-    b.line_where("B stands by", stands_by).await;
+    said(&mut b, "B stands by", stands_by).await;
     let cb = client(&b).await;
     let from = now_cursor(&cb).await;
     // A stops renewing (as a host that hangs, or a long GC pause would): B takes over. A's
@@ -262,10 +276,10 @@ async fn a_stream_and_bucket_nats_lost_are_made_again_by_the_running_processes()
     let mut nats = NatsServer::start().await;
     let fake = fake().await;
     let mut a = slack_on(&fake, &nats, ":memory:").await;
-    a.line_where("A holds the lease", holds).await;
+    said(&mut a, "A holds the lease", holds).await;
     connected(&fake).await;
     let mut b = slack_on(&fake, &nats, ":memory:").await;
-    b.line_where("B stands by", stands_by).await;
+    said(&mut b, "B stands by", stands_by).await;
     let cb = client(&b).await;
     let from = now_cursor(&cb).await;
     fake.post("C1", "U1", "before the loss");
@@ -291,16 +305,16 @@ async fn events_lost_with_the_stream_are_told_as_truncated_to_readers_who_missed
     let mut nats = NatsServer::start().await;
     let fake = fake().await;
     let mut a = slack_on(&fake, &nats, ":memory:").await;
-    a.line_where("A holds the lease", holds).await;
+    said(&mut a, "A holds the lease", holds).await;
     connected(&fake).await;
     let gate = crate::nats::Gate::start(nats.port).await;
     let mut extra = vec!["--backend".to_owned(), gate.url()];
     extra.extend(LEASE.iter().map(|s| s.to_string()));
     let extra: Vec<&str> = extra.iter().map(String::as_str).collect();
     let mut b = start(&fake, ":memory:", &extra).await;
-    b.line_where("B stands by", stands_by).await;
+    said(&mut b, "B stands by", stands_by).await;
     let mut c = slack_on(&fake, &nats, ":memory:").await;
-    c.line_where("C stands by", stands_by).await;
+    said(&mut c, "C stands by", stands_by).await;
     let (cb, cc) = (client(&b).await, client(&c).await);
     let from = now_cursor(&cb).await;
     fake.post("C1", "U1", "before the loss");
