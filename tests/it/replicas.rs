@@ -197,20 +197,7 @@ impl Haproxy {
             ),
         )
         .unwrap();
-        let bin = std::env::var("HERALD_HAPROXY").unwrap_or_else(|_| {
-            if std::path::Path::new("/usr/sbin/haproxy").exists() {
-                "/usr/sbin/haproxy".into()
-            } else {
-                "haproxy".into()
-            }
-        });
-        let mut cmd = std::process::Command::new(&bin);
-        cmd.args(["-db", "-f"])
-            .arg(&cfg)
-            .stdin(std::process::Stdio::null())
-            .stdout(std::process::Stdio::null())
-            .stderr(std::process::Stdio::null());
-        crate::fd3::pass_as_fd_3(&mut cmd, listener.as_raw_fd());
+        let (bin, cmd) = crate::fd3::haproxy(&cfg, listener.as_raw_fd());
         let child = tokio::process::Command::from(cmd)
             .kill_on_drop(true)
             .spawn()

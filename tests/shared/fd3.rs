@@ -24,3 +24,23 @@ pub fn pass_as_fd_3(cmd: &mut std::process::Command, fd: RawFd) {
         });
     }
 }
+
+/// `haproxy -db -f CFG` (`HERALD_HAPROXY`, else `/usr/sbin/haproxy`, else `haproxy` on the
+/// PATH) with `listener` as its `fd@3` and no output, and the binary's name for messages.
+pub fn haproxy(cfg: &std::path::Path, listener: RawFd) -> (String, std::process::Command) {
+    let bin = std::env::var("HERALD_HAPROXY").unwrap_or_else(|_| {
+        if std::path::Path::new("/usr/sbin/haproxy").exists() {
+            "/usr/sbin/haproxy".into()
+        } else {
+            "haproxy".into()
+        }
+    });
+    let mut cmd = std::process::Command::new(&bin);
+    cmd.args(["-db", "-f"])
+        .arg(cfg)
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null());
+    pass_as_fd_3(&mut cmd, listener);
+    (bin, cmd)
+}
