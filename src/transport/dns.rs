@@ -11,8 +11,9 @@
 //! asks).
 //!
 //! Outgoing connections to a user-given host name go through here: QUIC upstreams
-//! ([`quic::connect`](super::quic::connect)) and Slack's Socket Mode WebSocket
-//! ([`connect_tcp`]). HTTP clients (rmcp's Streamable HTTP client, the webhook sink, Slack's
+//! ([`quic::connect`](super::quic::connect)), and Slack's Socket Mode WebSocket and the
+//! gateway's own connections to `http://` upstreams ([`connect_tcp`], which races the
+//! addresses). HTTP clients (rmcp's Streamable HTTP client, the webhook sink, Slack's
 //! Web API, the admin client) are reqwest clients made by
 //! [`http_client`](super::web::http_client), which gives each [`ReqwestResolver`]: this
 //! resolver, files read per lookup (reqwest's own hickory resolver would fall back to public
@@ -191,23 +192,86 @@ pub async fn lookup(target: &str) -> Result<(String, Vec<SocketAddr>), DnsError>
     Ok((host.to_owned(), addrs))
 }
 
-/// Opens a TCP connection to `host:port`, trying each address in turn, with `TCP_NODELAY`
-/// (the callers send small frames).
+/// How long a connection attempt has to itself before the next address is tried beside it
+/// (RFC 8305's "Connection Attempt Delay", the 250 ms it recommends; hyper-util, under
+/// reqwest, waits 300 ms).
+const ATTEMPT_DELAY: std::time::Duration = std::time::Duration::from_millis(250);
+
+/// Opens a TCP connection to `host:port`, with `TCP_NODELAY` (the callers send small frames).
+/// Its addresses are raced as RFC 8305 asks: the families taken in turn, the next attempt
+/// started when one fails or has had [`ATTEMPT_DELAY`] to itself, the first to connect kept
+/// and the others dropped. An address that swallows SYNs (an IPv6 route that goes nowhere)
+/// then costs 250 ms, not the caller's whole connect timeout.
 pub async fn connect_tcp(host: &str, port: u16) -> Result<TcpStream, std::io::Error> {
     let addrs = async { Resolver::system()?.lookup(host, port).await }
         .await
         .map_err(std::io::Error::other)?;
-    let mut last = None;
-    for addr in addrs {
-        match TcpStream::connect(addr).await {
-            Ok(stream) => {
-                stream.set_nodelay(true)?;
-                return Ok(stream);
-            }
-            Err(e) => last = Some(e),
+    let stream = race(interleave(addrs), ATTEMPT_DELAY, TcpStream::connect)
+        .await
+        .map_err(|e| e.unwrap_or_else(|| std::io::Error::other(format!("{host}: no address"))))?;
+    stream.set_nodelay(true)?;
+    Ok(stream)
+}
+
+/// `addrs` with their families taken in turn, each family in its own order (the first
+/// address first).
+fn interleave(addrs: Vec<SocketAddr>) -> Vec<SocketAddr> {
+    let first_v6 = addrs.first().is_some_and(SocketAddr::is_ipv6);
+    let (a, b): (Vec<_>, Vec<_>) = addrs.into_iter().partition(|x| x.is_ipv6() == first_v6);
+    let (mut a, mut b) = (a.into_iter(), b.into_iter());
+    let mut out = Vec::with_capacity(a.len() + b.len());
+    loop {
+        match (a.next(), b.next()) {
+            (None, None) => return out,
+            (x, y) => out.extend(x.into_iter().chain(y)),
         }
     }
-    Err(last.unwrap_or_else(|| std::io::Error::other(format!("{host}: no address"))))
+}
+
+/// The first of `addrs` that `connect` reaches, attempts staggered by `delay` (or started at
+/// once when the one before failed); `Err(None)` with no address, else the last error.
+async fn race<T, F, Fut>(
+    addrs: Vec<SocketAddr>,
+    delay: std::time::Duration,
+    connect: F,
+) -> Result<T, Option<std::io::Error>>
+where
+    F: Fn(SocketAddr) -> Fut,
+    Fut: Future<Output = std::io::Result<T>>,
+{
+    use futures::StreamExt;
+    let mut waiting = addrs.into_iter();
+    let mut running = futures::stream::FuturesUnordered::new();
+    let mut last = None;
+    loop {
+        if running.is_empty() {
+            let Some(next) = waiting.next() else {
+                return Err(last);
+            };
+            running.push(connect(next));
+        }
+        let more = waiting.len() > 0;
+        tokio::select! {
+            // An attempt done wins a tie with the delay: no attempt started for nothing.
+            biased;
+            done = running.next() => match done {
+                Some(Ok(stream)) => return Ok(stream),
+                Some(Err(e)) => {
+                    last = Some(e);
+                    if let Some(next) = waiting.next() {
+                        running.push(connect(next));
+                    }
+                }
+                // (Never: `running` was not empty.)
+                None => {}
+            },
+            () = tokio::time::sleep(delay), if more => {
+                if let Some(next) = waiting.next() {
+                    running.push(connect(next));
+                }
+            }
+        }
+    }
 }
 
 #[cfg(test)]
@@ -354,5 +418,96 @@ mod tests {
         let stream = connect_tcp("localhost", port).await.expect("connects");
         assert!(stream.nodelay().unwrap());
         accept.await.unwrap().unwrap();
+    }
+
+    fn addr(s: &str) -> SocketAddr {
+        s.parse().unwrap()
+    }
+
+    #[test]
+    fn the_families_are_taken_in_turn() {
+        let got = interleave(
+            ["1.0.0.1:1", "1.0.0.2:1", "1.0.0.3:1", "[::1]:1", "[::2]:1"]
+                .map(addr)
+                .to_vec(),
+        );
+        let want = ["1.0.0.1:1", "[::1]:1", "1.0.0.2:1", "[::2]:1", "1.0.0.3:1"].map(addr);
+        assert_eq!(got, want);
+        let got = interleave(["[::1]:1", "1.0.0.1:1"].map(addr).to_vec());
+        assert_eq!(got, ["[::1]:1", "1.0.0.1:1"].map(addr));
+    }
+
+    /// An address that never answers (a black-holed route) holds the race for one attempt
+    /// delay, not for ever, and keeps its chance beside the next; one that fails hands on at
+    /// once; the winner is the first to connect. tokio's clock is paused: the delays are
+    /// virtual.
+    #[tokio::test(start_paused = true)]
+    async fn a_silent_address_costs_one_attempt_delay() {
+        let delay = std::time::Duration::from_millis(250);
+        let tried = std::sync::Mutex::new(Vec::new());
+        let start = tokio::time::Instant::now();
+        // Port 1 never answers, 2 is refused, 3 connects at once, 4 connects after 300 ms.
+        let connect = |a: SocketAddr| {
+            tried
+                .lock()
+                .unwrap()
+                .push((a.port(), start.elapsed().as_millis()));
+            async move {
+                match a.port() {
+                    1 => std::future::pending().await,
+                    2 => Err(std::io::Error::other("refused")),
+                    4 => {
+                        tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+                        Ok(a)
+                    }
+                    _ => Ok(a),
+                }
+            }
+        };
+        let within = |f| tokio::time::timeout(std::time::Duration::from_secs(10), f);
+        let won = within(race(
+            ["10.0.0.1:1", "10.0.0.2:2", "10.0.0.3:3", "10.0.0.9:3"]
+                .map(addr)
+                .to_vec(),
+            delay,
+            connect,
+        ))
+        .await
+        .expect("not one at a time")
+        .expect("the third address connects");
+        assert_eq!(won, addr("10.0.0.3:3"));
+        // The silent first had 250 ms to itself; the refused second handed on at once; the
+        // last was never needed.
+        assert_eq!(*tried.lock().unwrap(), [(1, 0), (2, 250), (3, 250)]);
+        assert_eq!(start.elapsed(), delay);
+
+        // A slow address beside a silent one: the slow one wins, 300 ms after it began, and
+        // the silent one after it waits its turn.
+        tried.lock().unwrap().clear();
+        let start2 = tokio::time::Instant::now();
+        let won = within(race(
+            ["10.0.0.4:4", "10.0.0.1:1"].map(addr).to_vec(),
+            delay,
+            connect,
+        ))
+        .await
+        .expect("not one at a time")
+        .expect("the slow one connects");
+        assert_eq!(won, addr("10.0.0.4:4"));
+        assert_eq!(start2.elapsed(), std::time::Duration::from_millis(300));
+        let ports: Vec<_> = tried.lock().unwrap().iter().map(|(p, _)| *p).collect();
+        assert_eq!(ports, [4, 1], "the silent one started beside the slow one");
+
+        let err = within(race(["10.0.0.2:2"].map(addr).to_vec(), delay, connect))
+            .await
+            .expect("at once")
+            .expect_err("refused");
+        assert_eq!(err.expect("the refusal").to_string(), "refused");
+        assert!(
+            race(Vec::new(), delay, connect)
+                .await
+                .expect_err("none")
+                .is_none()
+        );
     }
 }
