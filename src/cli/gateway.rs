@@ -38,10 +38,11 @@ pub async fn run(args: GatewayArgs, globals: &Globals) -> Result<(), Exit> {
     let cfg =
         load(&args.config, args.timeout.duration()).map_err(|e| crate::cli::usage(e.into()))?;
     let mut opts = args.serve.options();
-    if opts.http.is_none() {
+    // A flag, even "" (off), wins over the config's address.
+    if args.serve.http.is_none() {
         opts.http = cfg.http.clone();
     }
-    if opts.quic.is_none() {
+    if args.serve.quic.is_none() {
         opts.quic = cfg.quic.clone();
     }
     // [events], with the flags' callback prefixes added and their profile over it.
@@ -81,7 +82,7 @@ pub async fn run(args: GatewayArgs, globals: &Globals) -> Result<(), Exit> {
         path: args.config.clone(),
         handshake_timeout: args.timeout.duration(),
         addrs: [opts.http.clone(), opts.quic.clone()],
-        flags_set_addrs: args.serve.http.is_some() || args.serve.quic.is_some(),
+        flags_set: [args.serve.http.is_some(), args.serve.quic.is_some()],
         limits: opts.limits.clone(),
         running: cfg,
         gateway: gateway.clone(),
@@ -177,8 +178,9 @@ struct GatewayReload {
     handshake_timeout: std::time::Duration,
     /// The addresses served (flags over the config).
     addrs: [Option<String>; 2],
-    /// Whether --http or --quic chose them (then the config's own are not used).
-    flags_set_addrs: bool,
+    /// Whether --http and --quic chose them (then the config's own are not used), each on
+    /// its own.
+    flags_set: [bool; 2],
     limits: Limits,
     running: GatewayConfig,
     gateway: Arc<Gateway>,
@@ -191,14 +193,18 @@ struct GatewayReload {
 impl crate::app::reload::Reload for GatewayReload {
     async fn reload(&mut self) -> Result<Vec<String>, String> {
         let next = load(&self.path, self.handshake_timeout).map_err(|e| e.to_string())?;
-        if !self.flags_set_addrs {
+        let [http_flag, quic_flag] = self.flags_set;
+        if !http_flag {
             restart_needed("http", &self.running.http, &next.http)?;
+        }
+        if !quic_flag {
             restart_needed("quic", &self.running.quic, &next.quic)?;
-            if self.running.events != next.events {
-                return Err(
-                    "[events] changed: it cannot change live, restart herald to apply it".into(),
-                );
-            }
+        }
+        // (The flags add to [events]; the config's own part is compared.)
+        if self.running.events != next.events {
+            return Err(
+                "[events] changed: it cannot change live, restart herald to apply it".into(),
+            );
         }
         loopback_only(&next, &self.addrs).map_err(|e| e.to_string())?;
         if matches!(self.store.location(), crate::store::Location::Memory)

@@ -164,4 +164,26 @@ mod tests {
         assert_eq!(a.ring_capacity, Some(9));
         assert!(MemoToml::default().nats().is_none());
     }
+
+    /// `--quic ""` (and `--http ""`) turn the endpoint off, as `""` does in `herald up`'s
+    /// `[listen]`, instead of failing to listen on an empty address.
+    #[test]
+    fn an_empty_address_flag_turns_the_endpoint_off() {
+        let cli = crate::cli::Cli::try_parse_from([
+            "herald", "memo", "--quic", "", "--http", " ", "--admin", "",
+        ])
+        .unwrap();
+        let crate::cli::Command::Memo(a) = cli.command else {
+            panic!("herald memo")
+        };
+        let o = a.serve.options();
+        assert_eq!((o.http, o.quic), (None, None));
+        assert_eq!(crate::cli::serve::off_if_empty(&a.serve.admin), None);
+        let cli =
+            crate::cli::Cli::try_parse_from(["herald", "memo", "--quic", "127.0.0.1:0"]).unwrap();
+        let crate::cli::Command::Memo(a) = cli.command else {
+            panic!("herald memo")
+        };
+        assert_eq!(a.serve.options().quic.as_deref(), Some("127.0.0.1:0"));
+    }
 }

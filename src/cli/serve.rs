@@ -184,12 +184,12 @@ pub fn role_context(role: &str) -> RoleContext {
 
 #[derive(Debug, Clone, Args)]
 pub struct ServeArgs {
-    /// Serve Streamable HTTP on ADDR (e.g. 127.0.0.1:8750; port 0 picks one). The endpoint is /mcp
-    /// [default: off; herald gateway: its config's `http`].
+    /// Serve Streamable HTTP on ADDR (e.g. 127.0.0.1:8750; port 0 picks one; "" turns it off).
+    /// The endpoint is /mcp [default: off; herald gateway: its config's `http`].
     #[arg(long, value_name = "ADDR")]
     pub http: Option<String>,
-    /// Serve MCP over QUIC on ADDR (ALPN `mcp`, one bidirectional stream per connection)
-    /// [default: off; herald gateway: its config's `quic`].
+    /// Serve MCP over QUIC on ADDR (ALPN `mcp`, one bidirectional stream per connection; ""
+    /// turns it off) [default: off; herald gateway: its config's `quic`].
     #[arg(long, value_name = "ADDR")]
     pub quic: Option<String>,
     /// Also serve stdin/stdout (the default when neither --http nor --quic is given) [default:
@@ -197,7 +197,8 @@ pub struct ServeArgs {
     #[arg(long)]
     pub stdio: bool,
     /// Serve /live, /ready, /metrics and /status on ADDR, apart from the MCP endpoints (e.g.
-    /// 127.0.0.1:8759; port 0 picks one). No authentication: keep it on loopback [default: off].
+    /// 127.0.0.1:8759; port 0 picks one; "" turns it off). No authentication: keep it on loopback
+    /// [default: off].
     #[arg(long, value_name = "ADDR")]
     pub admin: Option<String>,
     /// PEM certificate chain for QUIC. Without it a self-signed identity is made on first start,
@@ -284,12 +285,18 @@ pub struct ServeArgs {
     pub session_idle_timeout_ms: u64,
 }
 
+/// An address flag or setting, with "" (or blanks) meaning off, as in `herald up`'s
+/// `[listen]`.
+pub fn off_if_empty(addr: &Option<String>) -> Option<String> {
+    addr.clone().filter(|a| !a.trim().is_empty())
+}
+
 impl ServeArgs {
     pub fn options(&self) -> ServeOptions {
         ServeOptions {
-            http: self.http.clone(),
+            http: off_if_empty(&self.http),
             http_socket: None,
-            quic: self.quic.clone(),
+            quic: off_if_empty(&self.quic),
             stdio: self.stdio,
             no_stdio_fallback: false,
             http_options: HttpOptions {
@@ -406,9 +413,14 @@ pub async fn begin(
     systemd
         .notify(&[Notify::Status(&format!("starting {}", ctx.role()))])
         .await;
-    let admin = app::admin::serve_admin(args.admin.as_deref(), systemd, ctx, Some(store))
-        .await
-        .map_err(|e| crate::cli::usage(e.into()))?;
+    let admin = app::admin::serve_admin(
+        off_if_empty(&args.admin).as_deref(),
+        systemd,
+        ctx,
+        Some(store),
+    )
+    .await
+    .map_err(|e| crate::cli::usage(e.into()))?;
     if let Some(a) = admin {
         match globals.log_format {
             LogFormat::Json => tracing::info!(

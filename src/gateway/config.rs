@@ -335,7 +335,9 @@ impl GatewayConfig {
     pub fn parse(text: &str) -> Result<GatewayConfig, ConfigError> {
         let file: GatewayFile =
             toml::from_str(text).map_err(|e| ConfigError::Toml(toml_message(text, &e)))?;
-        let (http, quic) = (file.http.clone(), file.quic.clone());
+        // "" turns an endpoint off, as in `herald up`'s [listen].
+        let off_if_empty = |a: &Option<String>| a.clone().filter(|a| !a.trim().is_empty());
+        let (http, quic) = (off_if_empty(&file.http), off_if_empty(&file.quic));
         let events = file.events.clone().unwrap_or_default();
         let (slugs, tokens) = GatewayConfig::validate(file.slugs, file.tokens, &[])?;
         let issuers = validate_issuers(file.issuers)?;
@@ -579,6 +581,12 @@ mod tests {
         .unwrap_err()
         .to_string();
         assert!(e.contains("slugs a and b both have prefix = false"), "{e}");
+    }
+
+    #[test]
+    fn an_empty_address_is_off() {
+        let c = GatewayConfig::parse("http = \"127.0.0.1:0\"\nquic = \" \"\n").unwrap();
+        assert_eq!((c.http.as_deref(), c.quic), (Some("127.0.0.1:0"), None));
     }
 
     #[test]

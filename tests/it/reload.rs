@@ -287,6 +287,42 @@ async fn a_reload_that_revokes_a_token_ends_its_streams_and_only_those() {
     alice.count("notifications/resources/updated", 1).await;
 }
 
+/// `--quic` given, `http` from the config: a reload may change the config's `quic` (the flag
+/// wins and nothing moves), but a change of its `http` or `[events]` is refused, named, and
+/// the running gateway kept.
+#[tokio::test]
+async fn a_reload_refuses_the_configs_own_address_when_only_the_other_was_a_flag() {
+    init();
+    let dir = TempDir::new("reload-addrs");
+    let cfg = dir.path().join("gateway.toml");
+    let slug = format!(
+        "[[slug]]\nname = \"m\"\nhttp = \"http://127.0.0.1:{}/mcp\"\n",
+        closed_port()
+    );
+    // `http = ""`: off, as in herald up's [listen].
+    std::fs::write(&cfg, format!("http = \"\"\nquic = \"127.0.0.1:1\"\n{slug}")).unwrap();
+    let gw = gateway(&cfg, 8).await;
+    assert!(gw.listening["http"].is_null(), "{}", gw.listening);
+    let admin = gw.listening["admin"].as_str().unwrap().to_owned();
+
+    std::fs::write(&cfg, format!("http = \"\"\nquic = \"127.0.0.1:2\"\n{slug}")).unwrap();
+    let (code, out, err) = reload(&admin).await;
+    assert_eq!(
+        code, 0,
+        "the config's quic is not the one served: {out}{err}"
+    );
+
+    std::fs::write(&cfg, format!("http = \"127.0.0.1:0\"\n{slug}")).unwrap();
+    let (code, out, err) = reload(&admin).await;
+    assert_ne!(code, 0, "{out}{err}");
+    assert!(err.contains("http changed (off to 127.0.0.1:0)"), "{err}");
+
+    std::fs::write(&cfg, format!("[events]\nprofile = \"chatgpt\"\n{slug}")).unwrap();
+    let (code, out, err) = reload(&admin).await;
+    assert_ne!(code, 0, "{out}{err}");
+    assert!(err.contains("[events] changed"), "{err}");
+}
+
 /// Event streams through the gateway are checked at every delivery: after a reload revokes
 /// bob's token, the next event reaches alice's stream and ends bob's with `terminated`
 /// (-32024), though both waited on the same upstream poll.
