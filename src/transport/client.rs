@@ -474,6 +474,40 @@ pub(crate) fn mcp_http_client() -> Result<reqwest::Client, reqwest::Error> {
     Ok(CLIENT.get_or_init(|| c).clone())
 }
 
+/// The TLS of the gateway's own connections to `https://` upstreams (`upstream/wire.rs`):
+/// what [`mcp_http_client`]'s reqwest client trusts, built the way reqwest builds it (ring,
+/// TLS 1.2 and 1.3, the system's CA store through the platform verifier, which reads
+/// `SSL_CERT_FILE` too; with no store on the system, no CA: each connection then fails with
+/// an unknown issuer, which names the problem), offering HTTP/1.1 alone.
+pub(crate) fn mcp_tls_config() -> std::sync::Arc<rustls::ClientConfig> {
+    use std::sync::Arc;
+    static CONFIG: std::sync::OnceLock<Arc<rustls::ClientConfig>> = std::sync::OnceLock::new();
+    CONFIG
+        .get_or_init(|| {
+            let provider = Arc::new(rustls::crypto::ring::default_provider());
+            let builder = || {
+                rustls::ClientConfig::builder_with_provider(provider.clone())
+                    .with_protocol_versions(rustls::ALL_VERSIONS)
+                    .expect("ring does TLS 1.2 and 1.3")
+            };
+            let mut cfg = match rustls_platform_verifier::Verifier::new(provider.clone()) {
+                Ok(v) => builder()
+                    .dangerous()
+                    .with_custom_certificate_verifier(Arc::new(v))
+                    .with_no_client_auth(),
+                Err(e) => {
+                    tracing::debug!(error = %e, "no usable CA store: HTTPS upstreams will trust no server");
+                    builder()
+                        .with_root_certificates(rustls::RootCertStore::empty())
+                        .with_no_client_auth()
+                }
+            };
+            cfg.alpn_protocols = vec![b"http/1.1".to_vec()];
+            Arc::new(cfg)
+        })
+        .clone()
+}
+
 /// How long a pooled upstream connection may sit idle before it is closed: under the idle
 /// limit of common servers (Node's 5 s), so a call never picks a connection the server is
 /// closing at that moment.

@@ -7,10 +7,10 @@
 //! from borrowed parts, and the answer (one JSON body, or an SSE stream when the upstream sends
 //! progress first) is read in the caller's own task, its progress relayed to the caller under
 //! the caller's token as it arrives. Dropping the call closes its request, and the upstream
-//! cancels the handler (a stateless request ends with its connection). An `http://` upstream's
-//! calls go on connections of their own, each driven in its caller's task (`wire.rs`: a
-//! second task per call cost more than the rest of the client); an `https://` one's on
-//! reqwest's pooled client. Anything else (listens,
+//! cancels the handler (a stateless request ends with its connection). The calls go on
+//! connections of their own, plain or TLS, each driven in its caller's task (`wire.rs`: a
+//! second task per call cost more than the rest of the client); on reqwest's pooled client
+//! only through a proxy, with credentials in the URL, or after a 307/308. Anything else (listens,
 //! reads, tasks, an upstream that does not speak 2026-07-28, a tool whose schema promotes
 //! arguments to `Mcp-Param-*` headers) still goes through rmcp. An upstream that takes OAuth
 //! gets its session's token on each call, and a call it refuses (`401`, `403` with a

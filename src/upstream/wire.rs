@@ -1,5 +1,5 @@
-//! Plain HTTP/1.1 connections to one upstream, each driven in the task of the call that
-//! holds it: the wire of the gateway's direct calls to an `http://` upstream ([`HttpCalls`]).
+//! HTTP/1.1 connections to one upstream (plain, or TLS for `https://`), each driven in the
+//! task of the call that holds it: the wire of the gateway's direct calls ([`HttpCalls`]).
 //!
 //! hyper's client connection is a future that does the connection's I/O. reqwest, and
 //! hyper-util's pool under it, run it on a task of its own, so a call's request and its answer
@@ -13,7 +13,13 @@
 //! stream is already there, and one poll reads it), and the call takes another; a request
 //! that still finds it closed before a byte of it was written goes on a new connection. A
 //! call dropped midway drops its connection, closing it, which the upstream takes as a
-//! cancel. `https://` upstreams go through reqwest (its TLS).
+//! cancel.
+//!
+//! An `https://` upstream's connections are TLS over the same TCP (tokio-rustls), trusting
+//! what reqwest's client trusts ([`mcp_tls_config`]: the system's CA store through the
+//! platform verifier, none when the system has no store) and offering HTTP/1.1 alone by ALPN.
+//!
+//! [`mcp_tls_config`]: crate::transport::client::mcp_tls_config
 //!
 //! [`HttpCalls`]: super::http::HttpCalls
 
@@ -31,9 +37,82 @@ use http_body_util::{BodyExt as _, Full};
 use hyper::body::Incoming;
 use hyper::client::conn::http1;
 use hyper_util::rt::TokioIo;
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::TcpStream;
+use tokio_rustls::client::TlsStream;
 
-type Conn = http1::Connection<TokioIo<TcpStream>, Full<Bytes>>;
+type Conn = http1::Connection<TokioIo<Stream>, Full<Bytes>>;
+
+/// A connection's bytes: plain TCP, or TLS over it.
+enum Stream {
+    Plain(TcpStream),
+    Tls(Box<TlsStream<TcpStream>>),
+}
+
+impl AsyncRead for Stream {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        match self.get_mut() {
+            Stream::Plain(s) => Pin::new(s).poll_read(cx, buf),
+            Stream::Tls(s) => Pin::new(s.as_mut()).poll_read(cx, buf),
+        }
+    }
+}
+
+impl AsyncWrite for Stream {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<std::io::Result<usize>> {
+        match self.get_mut() {
+            Stream::Plain(s) => Pin::new(s).poll_write(cx, buf),
+            Stream::Tls(s) => Pin::new(s.as_mut()).poll_write(cx, buf),
+        }
+    }
+
+    fn poll_write_vectored(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[std::io::IoSlice<'_>],
+    ) -> Poll<std::io::Result<usize>> {
+        match self.get_mut() {
+            Stream::Plain(s) => Pin::new(s).poll_write_vectored(cx, bufs),
+            Stream::Tls(s) => Pin::new(s.as_mut()).poll_write_vectored(cx, bufs),
+        }
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        match self {
+            Stream::Plain(s) => s.is_write_vectored(),
+            Stream::Tls(s) => s.is_write_vectored(),
+        }
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        match self.get_mut() {
+            Stream::Plain(s) => Pin::new(s).poll_flush(cx),
+            Stream::Tls(s) => Pin::new(s.as_mut()).poll_flush(cx),
+        }
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        match self.get_mut() {
+            Stream::Plain(s) => Pin::new(s).poll_shutdown(cx),
+            Stream::Tls(s) => Pin::new(s.as_mut()).poll_shutdown(cx),
+        }
+    }
+}
+
+/// TLS for an `https://` upstream: the client config and the name the certificate must
+/// carry.
+struct Tls {
+    connector: tokio_rustls::TlsConnector,
+    name: rustls::pki_types::ServerName<'static>,
+}
 
 /// Why a request got no answer.
 #[derive(Debug)]
@@ -109,13 +188,15 @@ async fn drive<F: Future>(conn: &mut Option<Pin<Box<Conn>>>, f: F) -> Option<F::
     .await
 }
 
-/// The idle connections to one `http://` upstream, oldest first, each with when it went idle.
+/// The idle connections to one upstream, oldest first, each with when it went idle.
 type Idle = std::sync::Mutex<Vec<(Line, Instant)>>;
 
-/// The idle connections to one `http://` upstream.
+/// The idle connections to one upstream.
 pub struct Wire {
     host: String,
     port: u16,
+    /// For `https://`.
+    tls: Option<Tls>,
     idle: Arc<Idle>,
     /// Whether a sweep runs: it closes connections idle past [`POOL_IDLE`], every
     /// [`POOL_IDLE`], until none is left.
@@ -191,18 +272,45 @@ impl Drop for Body<'_> {
 }
 
 impl Wire {
-    /// The wire to `url`, when it is `http://` with no user name or password in it (reqwest
-    /// sends those as Basic credentials) and no proxy is set in the environment (reqwest goes
-    /// through it).
+    /// The wire to `url`, when it is `http://` or `https://` with no user name or password in
+    /// it (reqwest sends those as Basic credentials) and no proxy for its scheme is set in the
+    /// environment (reqwest goes through it).
     pub fn new(url: &reqwest::Url) -> Option<Wire> {
-        let proxied = ["http_proxy", "HTTP_PROXY", "all_proxy", "ALL_PROXY"]
+        Wire::trusting(url, crate::transport::client::mcp_tls_config)
+    }
+
+    /// [`Wire::new`], an `https://` upstream's TLS from `tls`.
+    fn trusting(
+        url: &reqwest::Url,
+        tls: impl FnOnce() -> Arc<rustls::ClientConfig>,
+    ) -> Option<Wire> {
+        let https = match url.scheme() {
+            "http" => false,
+            "https" => true,
+            _ => return None,
+        };
+        let proxy_vars: [&str; 4] = if https {
+            ["https_proxy", "HTTPS_PROXY", "all_proxy", "ALL_PROXY"]
+        } else {
+            ["http_proxy", "HTTP_PROXY", "all_proxy", "ALL_PROXY"]
+        };
+        let proxied = proxy_vars
             .iter()
             .any(|v| std::env::var_os(v).is_some_and(|v| !v.is_empty()));
-        let plain = url.scheme() == "http" && url.username().is_empty() && url.password().is_none();
+        let plain = url.username().is_empty() && url.password().is_none();
         (plain && !proxied).then_some(())?;
+        let host = url.host_str()?.trim_matches(['[', ']']).to_owned();
+        let tls = match https {
+            false => None,
+            true => Some(Tls {
+                name: rustls::pki_types::ServerName::try_from(host.clone()).ok()?,
+                connector: tokio_rustls::TlsConnector::from(tls()),
+            }),
+        };
         Some(Wire {
-            host: url.host_str()?.trim_matches(['[', ']']).to_owned(),
             port: url.port_or_known_default()?,
+            host,
+            tls,
             idle: Arc::default(),
             sweeping: Arc::default(),
         })
@@ -285,9 +393,14 @@ impl Wire {
             let tcp = crate::transport::dns::connect_tcp(&self.host, self.port).await?;
             let keepalive = socket2::TcpKeepalive::new().with_time(TCP_KEEPALIVE);
             socket2::SockRef::from(&tcp).set_tcp_keepalive(&keepalive)?;
-            Ok::<_, std::io::Error>(tcp)
+            Ok::<_, std::io::Error>(match &self.tls {
+                None => Stream::Plain(tcp),
+                // (A TLS failure is an io error around rustls' own, which names it.)
+                Some(t) => Stream::Tls(Box::new(t.connector.connect(t.name.clone(), tcp).await?)),
+            })
         };
-        let tcp = tokio::time::timeout(CONNECT_TIMEOUT, open)
+        // (The handshake counts in the connect's time, as in reqwest's.)
+        let stream = tokio::time::timeout(CONNECT_TIMEOUT, open)
             .await
             .map_err(|_| {
                 WireError::Connect(std::io::Error::new(
@@ -296,7 +409,7 @@ impl Wire {
                 ))
             })?
             .map_err(WireError::Connect)?;
-        let (send, conn) = http1::handshake(TokioIo::new(tcp))
+        let (send, conn) = http1::handshake(TokioIo::new(stream))
             .await
             .map_err(WireError::Http)?;
         Ok(Line {
@@ -327,6 +440,9 @@ mod tests {
         Silent,
     }
 
+    trait Io: AsyncRead + AsyncWrite + Unpin + Send {}
+    impl<T: AsyncRead + AsyncWrite + Unpin + Send> Io for T {}
+
     /// A plain HTTP/1.1 server: the connections it accepted, and a signal per connection it
     /// closed.
     async fn upstream(
@@ -336,18 +452,43 @@ mod tests {
         Arc<AtomicUsize>,
         tokio::sync::mpsc::Receiver<()>,
     ) {
+        upstream_on(after, None).await
+    }
+
+    /// [`upstream`], on TLS with `tls` (at `https://localhost:PORT/mcp`) when given.
+    async fn upstream_on(
+        after: After,
+        tls: Option<tokio_rustls::TlsAcceptor>,
+    ) -> (
+        reqwest::Url,
+        Arc<AtomicUsize>,
+        tokio::sync::mpsc::Receiver<()>,
+    ) {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let url =
-            reqwest::Url::parse(&format!("http://{}/mcp", listener.local_addr().unwrap())).unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let url = match tls {
+            None => format!("http://127.0.0.1:{port}/mcp"),
+            Some(_) => format!("https://localhost:{port}/mcp"),
+        };
+        let url = reqwest::Url::parse(&url).unwrap();
         let accepted = Arc::new(AtomicUsize::new(0));
         let (closed, closes) = tokio::sync::mpsc::channel(16);
         let count = accepted.clone();
         tokio::spawn(async move {
             loop {
-                let (mut s, _) = listener.accept().await.unwrap();
+                let (tcp, _) = listener.accept().await.unwrap();
                 let n = count.fetch_add(1, Ordering::SeqCst);
                 let closed = closed.clone();
+                let tls = tls.clone();
                 tokio::spawn(async move {
+                    let mut s: Box<dyn Io> = match tls {
+                        None => Box::new(tcp),
+                        Some(t) => match t.accept(tcp).await {
+                            Ok(s) => Box::new(s),
+                            // (A client that refused the certificate.)
+                            Err(_) => return,
+                        },
+                    };
                     let mut buf = Vec::new();
                     loop {
                         let mut chunk = [0u8; 4096];
@@ -487,11 +628,79 @@ mod tests {
         assert_eq!(wire.idle.locked().len(), 1, "the other is kept");
     }
 
-    /// Only `http://` URLs get a wire; the port defaults to 80.
+    /// `http://` and `https://` URLs get a wire, not with credentials in them; the ports
+    /// default to 80 and 443.
     #[test]
-    fn only_http_urls_get_a_wire() {
-        assert!(Wire::new(&reqwest::Url::parse("https://example.com/mcp").unwrap()).is_none());
-        let w = Wire::new(&reqwest::Url::parse("http://[::1]/mcp").unwrap()).unwrap();
-        assert_eq!((w.host.as_str(), w.port), ("::1", 80));
+    fn http_and_https_urls_get_a_wire() {
+        let url = |u: &str| reqwest::Url::parse(u).unwrap();
+        let w = Wire::new(&url("http://[::1]/mcp")).unwrap();
+        assert_eq!(
+            (w.host.as_str(), w.port, w.tls.is_some()),
+            ("::1", 80, false)
+        );
+        let w = Wire::new(&url("https://example.com/mcp")).unwrap();
+        assert_eq!(
+            (w.host.as_str(), w.port, w.tls.is_some()),
+            ("example.com", 443, true)
+        );
+        assert!(Wire::new(&url("https://u:p@example.com/mcp")).is_none());
+        assert!(Wire::new(&url("ftp://example.com/mcp")).is_none());
+    }
+
+    /// A certificate for `localhost`, and a client config trusting it alone.
+    fn tls_pair() -> (tokio_rustls::TlsAcceptor, Arc<rustls::ClientConfig>) {
+        let _ = rustls::crypto::ring::default_provider().install_default();
+        let cert = rcgen::generate_simple_self_signed(vec!["localhost".into()]).unwrap();
+        let der = cert.cert.der().clone();
+        let key =
+            rustls::pki_types::PrivateKeyDer::try_from(cert.signing_key.serialize_der()).unwrap();
+        let server = rustls::ServerConfig::builder()
+            .with_no_client_auth()
+            .with_single_cert(vec![der.clone()], key)
+            .unwrap();
+        let mut roots = rustls::RootCertStore::empty();
+        roots.add(der).unwrap();
+        let mut client = rustls::ClientConfig::builder()
+            .with_root_certificates(roots)
+            .with_no_client_auth();
+        client.alpn_protocols = vec![b"http/1.1".to_vec()];
+        (
+            tokio_rustls::TlsAcceptor::from(Arc::new(server)),
+            Arc::new(client),
+        )
+    }
+
+    /// An `https://` upstream: calls go over TLS, and share one connection as plain ones do.
+    #[tokio::test]
+    async fn an_https_upstream_is_called_over_one_kept_tls_connection() {
+        let (acceptor, client) = tls_pair();
+        let (url, accepted, _) = upstream_on(After::KeepAlive, Some(acceptor)).await;
+        let wire = Wire::trusting(&url, || client).unwrap();
+        for _ in 0..3 {
+            assert_eq!(call(&wire).await.unwrap(), ANSWER.as_bytes());
+        }
+        assert_eq!(accepted.load(Ordering::SeqCst), 1);
+        assert_eq!(wire.idle.locked().len(), 1);
+    }
+
+    /// A certificate the client does not trust fails the connect, and the failure says so in
+    /// herald's words (the system's CA store here, which does not hold this one).
+    #[tokio::test]
+    async fn an_untrusted_certificate_fails_the_connect_and_is_named() {
+        let (acceptor, _) = tls_pair();
+        let (url, _, _) = upstream_on(After::KeepAlive, Some(acceptor)).await;
+        let wire = Wire::new(&url).unwrap();
+        let e = call(&wire).await.expect_err("an unknown issuer");
+        assert!(matches!(e, WireError::Connect(_)), "{e}");
+        let said = crate::transport::explain::failure(
+            &crate::transport::target::Target::Http(url.to_string()),
+            false,
+            &e,
+        );
+        assert!(
+            said.contains("not signed by a CA this system trusts"),
+            "{said}"
+        );
+        assert!(wire.idle.locked().is_empty());
     }
 }

@@ -1138,3 +1138,96 @@ fn conformance_fixture() -> std::path::PathBuf {
     );
     fixture
 }
+
+/// An `https://` slug: the gateway's calls go over TLS (HAProxy, Debian's, terminating it in
+/// front of a memo) on its own kept connections, trusting the system's CA store, here
+/// `SSL_CERT_FILE` naming the memo's certificate.
+#[tokio::test]
+async fn an_https_slug_is_called_over_tls_trusting_the_systems_store() {
+    use std::os::fd::AsRawFd;
+    let memo = Server::spawn(&["--store", ":memory:", "memo", "--http", "127.0.0.1:0"]).await;
+    let dir = TempDir::new("gateway-https");
+    let made = rcgen::generate_simple_self_signed(vec!["localhost".into()]).unwrap();
+    let ca = dir.path().join("ca.pem");
+    std::fs::write(&ca, made.cert.pem()).unwrap();
+    let site = dir.path().join("site.pem");
+    std::fs::write(
+        &site,
+        format!("{}{}", made.cert.pem(), made.signing_key.serialize_pem()),
+    )
+    .unwrap();
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let memo_addr = memo
+        .http_url()
+        .trim_start_matches("http://")
+        .trim_end_matches("/mcp")
+        .to_owned();
+    let haproxy_cfg = dir.path().join("haproxy.cfg");
+    std::fs::write(
+        &haproxy_cfg,
+        format!(
+            "global\n    maxconn 64\n\
+             defaults\n    mode http\n    timeout connect 1s\n    timeout client 1h\n    \
+             timeout server 1h\n\
+             frontend tls\n    bind fd@3 ssl crt {} alpn http/1.1\n    default_backend memo\n\
+             backend memo\n    server m {memo_addr}\n",
+            site.display()
+        ),
+    )
+    .unwrap();
+    let (bin, cmd) = crate::fd3::haproxy(&haproxy_cfg, listener.as_raw_fd());
+    let _haproxy = tokio::process::Command::from(cmd)
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap_or_else(|e| {
+            panic!("cannot run {bin} ({e}): install it with `apt-get install haproxy` (what .ci/run does) or point HERALD_HAPROXY at it")
+        });
+    drop(listener);
+    let cfg = dir.path().join("gateway.toml");
+    std::fs::write(
+        &cfg,
+        format!(
+            "[[slug]]\nname = \"a\"\nhttp = \"https://localhost:{port}/mcp\"\n\
+             [[token]]\nname = \"all\"\nsha256 = \"{}\"\nslugs = [\"*\"]\n",
+            sha(ALL)
+        ),
+    )
+    .unwrap();
+    let gw = gateway_server_env(
+        &cfg,
+        ":memory:",
+        &[],
+        &[("SSL_CERT_FILE", ca.to_str().unwrap())],
+    )
+    .await;
+    let trust = ClientTrust {
+        token: Some(Secret(ALL.to_owned())),
+        ..ClientTrust::default()
+    };
+    let c = connect(
+        &Target::Http(gw.http_url()),
+        &trust,
+        client_config(),
+        4 << 20,
+    )
+    .await
+    .unwrap();
+    for i in 0..20 {
+        call(&c, "a__memo_set", json!({"key": "k", "value": i})).await;
+    }
+    let conn = connect(
+        &Target::Http(memo.http_url()),
+        &ClientTrust::default(),
+        client_config(),
+        4 << 20,
+    )
+    .await
+    .unwrap();
+    let (notes, _) = read_json(&conn, "memo://notes").await;
+    assert_eq!(
+        notes["k"],
+        json!(19),
+        "the calls reached the memo behind TLS: {notes}"
+    );
+}
