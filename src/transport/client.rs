@@ -455,15 +455,17 @@ async fn handshake_stream<H: ClientHandler>(
 /// ACK; rmcp turns pooling off for exactly that stall). Only same-origin 307/308 redirects are
 /// followed, as rmcp does.
 ///
-/// One client serves the whole process (it is a handle to one pool, kept per host), so the
-/// gateway's direct calls and rmcp's requests share connections, and the CA store is read once.
+/// One client serves the whole process (it is a handle to one pool, kept per host), so rmcp's
+/// requests share connections (the gateway's direct calls have their own, `upstream/wire.rs`),
+/// and its TLS is [`mcp_tls_config`]: the CA store is read once.
 pub(crate) fn mcp_http_client() -> Result<reqwest::Client, reqwest::Error> {
     static CLIENT: std::sync::OnceLock<reqwest::Client> = std::sync::OnceLock::new();
     if let Some(c) = CLIENT.get() {
         return Ok(c.clone());
     }
     let c = http_client(|b| {
-        b.http1_only()
+        b.tls_backend_preconfigured((*mcp_tls_config()).clone())
+            .http1_only()
             .tcp_nodelay(true)
             .tcp_keepalive(TCP_KEEPALIVE)
             .connect_timeout(CONNECT_TIMEOUT)
@@ -474,17 +476,21 @@ pub(crate) fn mcp_http_client() -> Result<reqwest::Client, reqwest::Error> {
     Ok(CLIENT.get_or_init(|| c).clone())
 }
 
-/// The TLS of the gateway's own connections to `https://` upstreams (`upstream/wire.rs`):
-/// what [`mcp_http_client`]'s reqwest client trusts, built the way reqwest builds it (ring,
-/// TLS 1.2 and 1.3, the system's CA store through the platform verifier, which reads
-/// `SSL_CERT_FILE` too; with no store on the system, no CA: each connection then fails with
-/// an unknown issuer, which names the problem), offering HTTP/1.1 alone.
+/// The TLS of connections to HTTPS upstreams, one config for both clients: the gateway's own
+/// connections (`upstream/wire.rs`) and [`mcp_http_client`]'s reqwest client, which is given
+/// it as built. Built the way reqwest builds its own: the process's crypto provider (ring,
+/// unless a program embedding herald installed another), TLS 1.2 and 1.3, the system's CA
+/// store through the platform verifier, which reads `SSL_CERT_FILE` too (with no store on the
+/// system, no CA: each connection then fails with an unknown issuer, which names the
+/// problem), HTTP/1.1 alone by ALPN. One session cache serves both.
 pub(crate) fn mcp_tls_config() -> std::sync::Arc<rustls::ClientConfig> {
     use std::sync::Arc;
     static CONFIG: std::sync::OnceLock<Arc<rustls::ClientConfig>> = std::sync::OnceLock::new();
     CONFIG
         .get_or_init(|| {
-            let provider = Arc::new(rustls::crypto::ring::default_provider());
+            let provider = rustls::crypto::CryptoProvider::get_default()
+                .cloned()
+                .unwrap_or_else(|| Arc::new(rustls::crypto::ring::default_provider()));
             let builder = || {
                 rustls::ClientConfig::builder_with_provider(provider.clone())
                     .with_protocol_versions(rustls::ALL_VERSIONS)

@@ -12,7 +12,7 @@
 //!
 //! Outgoing connections to a user-given host name go through here: QUIC upstreams
 //! ([`quic::connect`](super::quic::connect)), and Slack's Socket Mode WebSocket and the
-//! gateway's own connections to `http://` upstreams ([`connect_tcp`], which races the
+//! gateway's own connections to HTTP upstreams ([`connect_tcp`], which races the
 //! addresses). HTTP clients (rmcp's Streamable HTTP client, the webhook sink, Slack's
 //! Web API, the admin client) are reqwest clients made by
 //! [`http_client`](super::web::http_client), which gives each [`ReqwestResolver`]: this

@@ -38,8 +38,8 @@ pub enum CallError {
 pub struct HttpCalls {
     client: reqwest::Client,
     url: reqwest::Url,
-    /// An `http://` upstream's own connections, and what each request carries for them: its
-    /// path (and query) and `Host`.
+    /// The upstream's own connections (plain or TLS), and what each request carries for them:
+    /// its path (and query) and `Host`.
     wire: Option<(super::wire::Wire, http::Uri, HeaderValue)>,
     /// Every call's headers but `Mcp-Name`.
     headers: HeaderMap,
@@ -88,7 +88,7 @@ struct Reply<'a> {
 }
 
 enum ReplyBody<'a> {
-    /// On one of the `http://` upstream's own connections.
+    /// On one of the upstream's own connections.
     Wire(super::wire::Body<'a>),
     /// On reqwest's.
     Pooled(reqwest::Response),
@@ -186,7 +186,8 @@ impl HttpCalls {
     }
 
     /// Posts `body` (a call of tool `name`), with `bearer` as the token when given: on the
-    /// upstream's own connections when it is `http://`, else on reqwest's.
+    /// upstream's own connections when it has them ([`Wire::new`](super::wire::Wire::new)),
+    /// else on reqwest's.
     async fn send(
         &self,
         body: bytes::Bytes,

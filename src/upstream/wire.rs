@@ -276,10 +276,22 @@ impl Wire {
     /// it (reqwest sends those as Basic credentials) and no proxy for its scheme is set in the
     /// environment (reqwest goes through it).
     pub fn new(url: &reqwest::Url) -> Option<Wire> {
+        let proxy_vars: [&str; 4] = if url.scheme() == "https" {
+            ["https_proxy", "HTTPS_PROXY", "all_proxy", "ALL_PROXY"]
+        } else {
+            ["http_proxy", "HTTP_PROXY", "all_proxy", "ALL_PROXY"]
+        };
+        let proxied = proxy_vars
+            .iter()
+            .any(|v| std::env::var_os(v).is_some_and(|v| !v.is_empty()));
+        if proxied {
+            return None;
+        }
         Wire::trusting(url, crate::transport::client::mcp_tls_config)
     }
 
-    /// [`Wire::new`], an `https://` upstream's TLS from `tls`.
+    /// [`Wire::new`] but for the environment's proxies, an `https://` upstream's TLS from
+    /// `tls`.
     fn trusting(
         url: &reqwest::Url,
         tls: impl FnOnce() -> Arc<rustls::ClientConfig>,
@@ -289,16 +301,8 @@ impl Wire {
             "https" => true,
             _ => return None,
         };
-        let proxy_vars: [&str; 4] = if https {
-            ["https_proxy", "HTTPS_PROXY", "all_proxy", "ALL_PROXY"]
-        } else {
-            ["http_proxy", "HTTP_PROXY", "all_proxy", "ALL_PROXY"]
-        };
-        let proxied = proxy_vars
-            .iter()
-            .any(|v| std::env::var_os(v).is_some_and(|v| !v.is_empty()));
         let plain = url.username().is_empty() && url.password().is_none();
-        (plain && !proxied).then_some(())?;
+        plain.then_some(())?;
         let host = url.host_str()?.trim_matches(['[', ']']).to_owned();
         let tls = match https {
             false => None,
@@ -412,6 +416,7 @@ impl Wire {
         let (send, conn) = http1::handshake(TokioIo::new(stream))
             .await
             .map_err(WireError::Http)?;
+        tracing::debug!(upstream = %format_args!("{}:{}", self.host, self.port), tls = self.tls.is_some(), "upstream connection opened");
         Ok(Line {
             send,
             conn: Some(Box::pin(conn)),
@@ -440,6 +445,13 @@ mod tests {
         Silent,
     }
 
+    use crate::transport::client::mcp_tls_config;
+
+    /// The wire to `url`, whatever proxies the tests' environment names.
+    fn wire(url: &reqwest::Url) -> Wire {
+        Wire::trusting(url, mcp_tls_config).unwrap()
+    }
+
     trait Io: AsyncRead + AsyncWrite + Unpin + Send {}
     impl<T: AsyncRead + AsyncWrite + Unpin + Send> Io for T {}
 
@@ -455,10 +467,10 @@ mod tests {
         upstream_on(after, None).await
     }
 
-    /// [`upstream`], on TLS with `tls` (at `https://localhost:PORT/mcp`) when given.
+    /// [`upstream`], on TLS with `tls` (at `https://HOST:PORT/mcp`, HOST its name) when given.
     async fn upstream_on(
         after: After,
-        tls: Option<tokio_rustls::TlsAcceptor>,
+        tls: Option<(tokio_rustls::TlsAcceptor, &str)>,
     ) -> (
         reqwest::Url,
         Arc<AtomicUsize>,
@@ -466,9 +478,9 @@ mod tests {
     ) {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let port = listener.local_addr().unwrap().port();
-        let url = match tls {
-            None => format!("http://127.0.0.1:{port}/mcp"),
-            Some(_) => format!("https://localhost:{port}/mcp"),
+        let (url, tls) = match tls {
+            None => (format!("http://127.0.0.1:{port}/mcp"), None),
+            Some((t, host)) => (format!("https://{host}:{port}/mcp"), Some(t)),
         };
         let url = reqwest::Url::parse(&url).unwrap();
         let accepted = Arc::new(AtomicUsize::new(0));
@@ -525,7 +537,11 @@ mod tests {
                             ANSWER.len()
                         );
                         s.write_all(answer.as_bytes()).await.unwrap();
+                        // (TLS may hold the last records until flushed.)
+                        s.flush().await.unwrap();
                         if after == After::Close {
+                            // (TLS: its close_notify.)
+                            let _ = s.shutdown().await;
                             drop(s);
                             let _ = closed.send(()).await;
                             return;
@@ -561,7 +577,7 @@ mod tests {
     #[tokio::test]
     async fn calls_reuse_a_kept_alive_connection() {
         let (url, accepted, _) = upstream(After::KeepAlive).await;
-        let wire = Wire::new(&url).unwrap();
+        let wire = wire(&url);
         for _ in 0..3 {
             assert_eq!(call(&wire).await.unwrap(), ANSWER.as_bytes());
         }
@@ -574,7 +590,7 @@ mod tests {
     #[tokio::test]
     async fn a_connection_closed_while_idle_is_passed_over() {
         let (url, accepted, mut closes) = upstream(After::Close).await;
-        let wire = Wire::new(&url).unwrap();
+        let wire = wire(&url);
         assert_eq!(call(&wire).await.unwrap(), ANSWER.as_bytes());
         tokio::time::timeout(WAIT, closes.recv())
             .await
@@ -598,7 +614,7 @@ mod tests {
     #[tokio::test]
     async fn a_dropped_call_closes_its_connection() {
         let (url, accepted, mut closes) = upstream(After::Silent).await;
-        let wire = Wire::new(&url).unwrap();
+        let wire = wire(&url);
         let first = tokio::time::timeout(Duration::from_millis(100), call(&wire)).await;
         assert!(first.is_err(), "the silent upstream does not answer");
         tokio::time::timeout(WAIT, closes.recv())
@@ -615,7 +631,7 @@ mod tests {
     #[tokio::test]
     async fn connections_idle_too_long_are_swept() {
         let (url, accepted, _) = upstream(After::KeepAlive).await;
-        let wire = Wire::new(&url).unwrap();
+        let wire = wire(&url);
         let (a, b) = tokio::join!(call(&wire), call(&wire));
         assert_eq!((a.unwrap(), b.unwrap()), (ANSWER.into(), ANSWER.into()));
         assert_eq!(accepted.load(Ordering::SeqCst), 2);
@@ -633,24 +649,24 @@ mod tests {
     #[test]
     fn http_and_https_urls_get_a_wire() {
         let url = |u: &str| reqwest::Url::parse(u).unwrap();
-        let w = Wire::new(&url("http://[::1]/mcp")).unwrap();
+        let w = wire(&url("http://[::1]/mcp"));
         assert_eq!(
             (w.host.as_str(), w.port, w.tls.is_some()),
             ("::1", 80, false)
         );
-        let w = Wire::new(&url("https://example.com/mcp")).unwrap();
+        let w = wire(&url("https://example.com/mcp"));
         assert_eq!(
             (w.host.as_str(), w.port, w.tls.is_some()),
             ("example.com", 443, true)
         );
-        assert!(Wire::new(&url("https://u:p@example.com/mcp")).is_none());
-        assert!(Wire::new(&url("ftp://example.com/mcp")).is_none());
+        assert!(Wire::trusting(&url("https://u:p@example.com/mcp"), mcp_tls_config).is_none());
+        assert!(Wire::trusting(&url("ftp://example.com/mcp"), mcp_tls_config).is_none());
     }
 
-    /// A certificate for `localhost`, and a client config trusting it alone.
-    fn tls_pair() -> (tokio_rustls::TlsAcceptor, Arc<rustls::ClientConfig>) {
+    /// A certificate for `name`, and a client config trusting it alone.
+    fn tls_pair(name: &str) -> (tokio_rustls::TlsAcceptor, Arc<rustls::ClientConfig>) {
         let _ = rustls::crypto::ring::default_provider().install_default();
-        let cert = rcgen::generate_simple_self_signed(vec!["localhost".into()]).unwrap();
+        let cert = rcgen::generate_simple_self_signed(vec![name.into()]).unwrap();
         let der = cert.cert.der().clone();
         let key =
             rustls::pki_types::PrivateKeyDer::try_from(cert.signing_key.serialize_der()).unwrap();
@@ -670,26 +686,53 @@ mod tests {
         )
     }
 
-    /// An `https://` upstream: calls go over TLS, and share one connection as plain ones do.
+    /// An `https://` upstream, named or by its IP address (its certificate naming that
+    /// address): calls go over TLS, and share one connection as plain ones do.
     #[tokio::test]
     async fn an_https_upstream_is_called_over_one_kept_tls_connection() {
-        let (acceptor, client) = tls_pair();
-        let (url, accepted, _) = upstream_on(After::KeepAlive, Some(acceptor)).await;
-        let wire = Wire::trusting(&url, || client).unwrap();
-        for _ in 0..3 {
-            assert_eq!(call(&wire).await.unwrap(), ANSWER.as_bytes());
+        for name in ["localhost", "127.0.0.1"] {
+            let (acceptor, client) = tls_pair(name);
+            let (url, accepted, _) = upstream_on(After::KeepAlive, Some((acceptor, name))).await;
+            let wire = Wire::trusting(&url, || client).unwrap();
+            for _ in 0..3 {
+                assert_eq!(call(&wire).await.unwrap(), ANSWER.as_bytes(), "{name}");
+            }
+            assert_eq!(accepted.load(Ordering::SeqCst), 1, "{name}");
+            assert_eq!(wire.idle.locked().len(), 1, "{name}");
         }
-        assert_eq!(accepted.load(Ordering::SeqCst), 1);
-        assert_eq!(wire.idle.locked().len(), 1);
+    }
+
+    /// An `https://` upstream that closes each connection after its answer (with its
+    /// close_notify): the closed one is passed over and the next call gets a new one.
+    #[tokio::test]
+    async fn a_tls_connection_closed_while_idle_is_passed_over() {
+        let (acceptor, client) = tls_pair("localhost");
+        let (url, accepted, mut closes) =
+            upstream_on(After::Close, Some((acceptor, "localhost"))).await;
+        let wire = Wire::trusting(&url, || client).unwrap();
+        assert_eq!(call(&wire).await.unwrap(), ANSWER.as_bytes());
+        tokio::time::timeout(WAIT, closes.recv())
+            .await
+            .unwrap()
+            .unwrap();
+        tokio::time::timeout(WAIT, async {
+            while !wire.idle.locked().iter_mut().all(|(l, _)| l.closed()) {
+                tokio::task::yield_now().await;
+            }
+        })
+        .await
+        .unwrap();
+        assert_eq!(call(&wire).await.unwrap(), ANSWER.as_bytes());
+        assert_eq!(accepted.load(Ordering::SeqCst), 2);
     }
 
     /// A certificate the client does not trust fails the connect, and the failure says so in
     /// herald's words (the system's CA store here, which does not hold this one).
     #[tokio::test]
     async fn an_untrusted_certificate_fails_the_connect_and_is_named() {
-        let (acceptor, _) = tls_pair();
-        let (url, _, _) = upstream_on(After::KeepAlive, Some(acceptor)).await;
-        let wire = Wire::new(&url).unwrap();
+        let (acceptor, _) = tls_pair("localhost");
+        let (url, _, _) = upstream_on(After::KeepAlive, Some((acceptor, "localhost"))).await;
+        let wire = wire(&url);
         let e = call(&wire).await.expect_err("an unknown issuer");
         assert!(matches!(e, WireError::Connect(_)), "{e}");
         let said = crate::transport::explain::failure(

@@ -1140,7 +1140,7 @@ fn conformance_fixture() -> std::path::PathBuf {
 }
 
 /// An `https://` slug: the gateway's calls go over TLS (HAProxy, Debian's, terminating it in
-/// front of a memo) on its own kept connections, trusting the system's CA store, here
+/// front of a memo) on its own connections, trusting the system's CA store, here
 /// `SSL_CERT_FILE` naming the memo's certificate.
 #[tokio::test]
 async fn an_https_slug_is_called_over_tls_trusting_the_systems_store() {
@@ -1194,11 +1194,14 @@ async fn an_https_slug_is_called_over_tls_trusting_the_systems_store() {
         ),
     )
     .unwrap();
-    let gw = gateway_server_env(
+    let mut gw = gateway_server_env(
         &cfg,
         ":memory:",
         &[],
-        &[("SSL_CERT_FILE", ca.to_str().unwrap())],
+        &[
+            ("SSL_CERT_FILE", ca.to_str().unwrap()),
+            ("RUST_LOG", "herald=debug,rmcp=off,warn"),
+        ],
     )
     .await;
     let trust = ClientTrust {
@@ -1230,4 +1233,9 @@ async fn an_https_slug_is_called_over_tls_trusting_the_systems_store() {
         json!(19),
         "the calls reached the memo behind TLS: {notes}"
     );
+    // On the gateway's own connections (reqwest's would say nothing of the kind).
+    gw.line_where("its own TLS connection to the upstream", |v| {
+        v["message"] == "upstream connection opened" && v["tls"] == true
+    })
+    .await;
 }

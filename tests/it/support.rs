@@ -68,8 +68,8 @@ impl Server {
         Server::spawn_env(args, &[]).await
     }
 
-    /// [`spawn`](Self::spawn) with `env` set, and none of the Slack role's variables (or
-    /// systemd's credentials directory) inherited from the test's own environment.
+    /// [`spawn`](Self::spawn) with `env` set, and none of the Slack role's variables, systemd's
+    /// credentials directory or proxies inherited from the test's own environment.
     pub async fn spawn_env(args: &[&str], env: &[(&str, &str)]) -> Server {
         let mut cmd = Command::new(bin());
         for v in [
@@ -79,6 +79,13 @@ impl Server {
             "SLACK_EVENTS_RETENTION_DAYS",
             "CREDENTIALS_DIRECTORY",
             "HERALD_EVENTS_KEY",
+            // (Proxies of the test's environment would carry the servers' own calls.)
+            "HTTP_PROXY",
+            "http_proxy",
+            "HTTPS_PROXY",
+            "https_proxy",
+            "ALL_PROXY",
+            "all_proxy",
         ] {
             cmd.env_remove(v);
         }
