@@ -586,27 +586,31 @@ mod tests {
     }
 
     /// A pooled connection the upstream closed while it was idle is not used: the next call
-    /// goes on a new one and is answered.
+    /// goes on a new one and is answered. Plain, and TLS (closed with its close_notify).
     #[tokio::test]
     async fn a_connection_closed_while_idle_is_passed_over() {
-        let (url, accepted, mut closes) = upstream(After::Close).await;
-        let wire = wire(&url);
-        assert_eq!(call(&wire).await.unwrap(), ANSWER.as_bytes());
-        tokio::time::timeout(WAIT, closes.recv())
+        for tls in [false, true] {
+            let (acceptor, client) = tls_pair("localhost");
+            let (url, accepted, mut closes) =
+                upstream_on(After::Close, tls.then_some((acceptor, "localhost"))).await;
+            let wire = Wire::trusting(&url, || client).unwrap();
+            assert_eq!(call(&wire).await.unwrap(), ANSWER.as_bytes());
+            tokio::time::timeout(WAIT, closes.recv())
+                .await
+                .unwrap()
+                .unwrap();
+            // (Until the close reaches this end, as it would have long before a pooled
+            // connection's next call: a server closes idle connections after seconds.)
+            tokio::time::timeout(WAIT, async {
+                while !wire.idle.locked().iter_mut().all(|(l, _)| l.closed()) {
+                    tokio::task::yield_now().await;
+                }
+            })
             .await
-            .unwrap()
             .unwrap();
-        // (Until the close reaches this end, as it would have long before a pooled
-        // connection's next call: a server closes idle connections after seconds.)
-        tokio::time::timeout(WAIT, async {
-            while !wire.idle.locked().iter_mut().all(|(l, _)| l.closed()) {
-                tokio::task::yield_now().await;
-            }
-        })
-        .await
-        .unwrap();
-        assert_eq!(call(&wire).await.unwrap(), ANSWER.as_bytes());
-        assert_eq!(accepted.load(Ordering::SeqCst), 2);
+            assert_eq!(call(&wire).await.unwrap(), ANSWER.as_bytes());
+            assert_eq!(accepted.load(Ordering::SeqCst), 2, "tls: {tls}");
+        }
     }
 
     /// A call dropped before its answer drops its connection (the upstream sees it close: its
@@ -700,30 +704,6 @@ mod tests {
             assert_eq!(accepted.load(Ordering::SeqCst), 1, "{name}");
             assert_eq!(wire.idle.locked().len(), 1, "{name}");
         }
-    }
-
-    /// An `https://` upstream that closes each connection after its answer (with its
-    /// close_notify): the closed one is passed over and the next call gets a new one.
-    #[tokio::test]
-    async fn a_tls_connection_closed_while_idle_is_passed_over() {
-        let (acceptor, client) = tls_pair("localhost");
-        let (url, accepted, mut closes) =
-            upstream_on(After::Close, Some((acceptor, "localhost"))).await;
-        let wire = Wire::trusting(&url, || client).unwrap();
-        assert_eq!(call(&wire).await.unwrap(), ANSWER.as_bytes());
-        tokio::time::timeout(WAIT, closes.recv())
-            .await
-            .unwrap()
-            .unwrap();
-        tokio::time::timeout(WAIT, async {
-            while !wire.idle.locked().iter_mut().all(|(l, _)| l.closed()) {
-                tokio::task::yield_now().await;
-            }
-        })
-        .await
-        .unwrap();
-        assert_eq!(call(&wire).await.unwrap(), ANSWER.as_bytes());
-        assert_eq!(accepted.load(Ordering::SeqCst), 2);
     }
 
     /// A certificate the client does not trust fails the connect, and the failure says so in

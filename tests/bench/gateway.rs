@@ -391,11 +391,8 @@ fn haproxy(dir: &Path, upstream: &str) -> Option<(Child, String)> {
         ),
     )
     .ok()?;
-    let (bin, cmd) = fd3::haproxy(&cfg, listener.as_raw_fd());
-    let child = tokio::process::Command::from(cmd)
-        .kill_on_drop(true)
-        .spawn()
-        .map_err(|e| println!("HAProxy ({bin}) does not run: {e}; its reference case is skipped"))
+    let child = fd3::start_haproxy(&cfg, listener.as_raw_fd())
+        .map_err(|e| println!("{e}; HAProxy's reference case is skipped"))
         .ok()?;
     Some((child, url))
 }

@@ -80,19 +80,24 @@ async fn client(s: &Setup, token: Option<&str>, servers: Option<&str>) -> Connec
 /// `herald gateway --config CFG --http` on a free port, and a client of it with `token`.
 async fn http_gateway(cfg: &std::path::Path, token: &str) -> (Server, Connection) {
     let gw = http_gateway_server(cfg).await;
+    let c = token_client(&gw, token).await;
+    (gw, c)
+}
+
+/// A client of `gw`'s HTTP endpoint presenting `token`.
+async fn token_client(gw: &Server, token: &str) -> Connection {
     let trust = ClientTrust {
         token: Some(Secret(token.to_owned())),
         ..ClientTrust::default()
     };
-    let c = connect(
+    connect(
         &Target::Http(gw.http_url()),
         &trust,
         client_config(),
         4 << 20,
     )
     .await
-    .unwrap();
-    (gw, c)
+    .unwrap()
 }
 
 /// The tools `c` sees, sorted (the gateway connected its upstreams before it listened).
@@ -1176,13 +1181,8 @@ async fn an_https_slug_is_called_over_tls_trusting_the_systems_store() {
         ),
     )
     .unwrap();
-    let (bin, cmd) = crate::fd3::haproxy(&haproxy_cfg, listener.as_raw_fd());
-    let _haproxy = tokio::process::Command::from(cmd)
-        .kill_on_drop(true)
-        .spawn()
-        .unwrap_or_else(|e| {
-            panic!("cannot run {bin} ({e}): install it with `apt-get install haproxy` (what .ci/run does) or point HERALD_HAPROXY at it")
-        });
+    let _haproxy = crate::fd3::start_haproxy(&haproxy_cfg, listener.as_raw_fd())
+        .unwrap_or_else(|e| panic!("{e}"));
     drop(listener);
     let cfg = dir.path().join("gateway.toml");
     std::fs::write(
@@ -1204,18 +1204,7 @@ async fn an_https_slug_is_called_over_tls_trusting_the_systems_store() {
         ],
     )
     .await;
-    let trust = ClientTrust {
-        token: Some(Secret(ALL.to_owned())),
-        ..ClientTrust::default()
-    };
-    let c = connect(
-        &Target::Http(gw.http_url()),
-        &trust,
-        client_config(),
-        4 << 20,
-    )
-    .await
-    .unwrap();
+    let c = token_client(&gw, ALL).await;
     for i in 0..20 {
         call(&c, "a__memo_set", json!({"key": "k", "value": i})).await;
     }

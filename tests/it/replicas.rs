@@ -197,13 +197,8 @@ impl Haproxy {
             ),
         )
         .unwrap();
-        let (bin, cmd) = crate::fd3::haproxy(&cfg, listener.as_raw_fd());
-        let child = tokio::process::Command::from(cmd)
-            .kill_on_drop(true)
-            .spawn()
-            .unwrap_or_else(|e| {
-                panic!("cannot run {bin} ({e}): install it with `apt-get install haproxy` (what .ci/run does) or point HERALD_HAPROXY at it")
-            });
+        let child =
+            crate::fd3::start_haproxy(&cfg, listener.as_raw_fd()).unwrap_or_else(|e| panic!("{e}"));
         drop(listener);
         Haproxy {
             _child: child,

@@ -44,3 +44,17 @@ pub fn haproxy(cfg: &std::path::Path, listener: RawFd) -> (String, std::process:
     pass_as_fd_3(&mut cmd, listener);
     (bin, cmd)
 }
+
+/// [`haproxy`] started (killed when dropped), or why it cannot run, saying how to install it.
+pub fn start_haproxy(
+    cfg: &std::path::Path,
+    listener: RawFd,
+) -> Result<tokio::process::Child, String> {
+    let (bin, cmd) = haproxy(cfg, listener);
+    tokio::process::Command::from(cmd)
+        .kill_on_drop(true)
+        .spawn()
+        .map_err(|e| {
+            format!("cannot run {bin} ({e}): install it with `apt-get install haproxy` (what .ci/run does) or point HERALD_HAPROXY at it")
+        })
+}
