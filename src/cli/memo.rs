@@ -178,7 +178,7 @@ mod tests {
         };
         let o = a.serve.options();
         assert_eq!((o.http, o.quic), (None, None));
-        assert_eq!(crate::cli::serve::off_if_empty(&a.serve.admin), None);
+        assert_eq!(crate::transport::listen_addr(&a.serve.admin), None);
         let cli =
             crate::cli::Cli::try_parse_from(["herald", "memo", "--quic", "127.0.0.1:0"]).unwrap();
         let crate::cli::Command::Memo(a) = cli.command else {

@@ -21,6 +21,7 @@ use crate::transport::http::{
     DEFAULT_BODY_TIMEOUT_MS, DEFAULT_HEADER_TIMEOUT_MS, DEFAULT_IDLE_TIMEOUT_MS, HttpOptions,
     Timeouts,
 };
+use crate::transport::listen_addr;
 
 /// Publishing a role's event logs to NATS for gateways on other hosts.
 #[derive(Debug, Clone, Default, Args)]
@@ -285,18 +286,12 @@ pub struct ServeArgs {
     pub session_idle_timeout_ms: u64,
 }
 
-/// An address flag or setting, with "" (or blanks) meaning off, as in `herald up`'s
-/// `[listen]`.
-pub fn off_if_empty(addr: &Option<String>) -> Option<String> {
-    addr.clone().filter(|a| !a.trim().is_empty())
-}
-
 impl ServeArgs {
     pub fn options(&self) -> ServeOptions {
         ServeOptions {
-            http: off_if_empty(&self.http),
+            http: listen_addr(&self.http).map(str::to_owned),
             http_socket: None,
-            quic: off_if_empty(&self.quic),
+            quic: listen_addr(&self.quic).map(str::to_owned),
             stdio: self.stdio,
             no_stdio_fallback: false,
             http_options: HttpOptions {
@@ -413,14 +408,9 @@ pub async fn begin(
     systemd
         .notify(&[Notify::Status(&format!("starting {}", ctx.role()))])
         .await;
-    let admin = app::admin::serve_admin(
-        off_if_empty(&args.admin).as_deref(),
-        systemd,
-        ctx,
-        Some(store),
-    )
-    .await
-    .map_err(|e| crate::cli::usage(e.into()))?;
+    let admin = app::admin::serve_admin(listen_addr(&args.admin), systemd, ctx, Some(store))
+        .await
+        .map_err(|e| crate::cli::usage(e.into()))?;
     if let Some(a) = admin {
         match globals.log_format {
             LogFormat::Json => tracing::info!(

@@ -336,8 +336,8 @@ impl GatewayConfig {
         let file: GatewayFile =
             toml::from_str(text).map_err(|e| ConfigError::Toml(toml_message(text, &e)))?;
         // "" turns an endpoint off, as in `herald up`'s [listen].
-        let off_if_empty = |a: &Option<String>| a.clone().filter(|a| !a.trim().is_empty());
-        let (http, quic) = (off_if_empty(&file.http), off_if_empty(&file.quic));
+        let addr = |a| crate::transport::listen_addr(a).map(str::to_owned);
+        let (http, quic) = (addr(&file.http), addr(&file.quic));
         let events = file.events.clone().unwrap_or_default();
         let (slugs, tokens) = GatewayConfig::validate(file.slugs, file.tokens, &[])?;
         let issuers = validate_issuers(file.issuers)?;

@@ -36,6 +36,12 @@ pub async fn serve_stdio(server: SourceServer, shutdown: CancellationToken) {
     }
 }
 
+/// A listen address as configured, `None` when it is off: absent, or "" (or blanks), which
+/// every role's flags and config files take as off.
+pub fn listen_addr(addr: &Option<String>) -> Option<&str> {
+    addr.as_deref().filter(|a| !a.trim().is_empty())
+}
+
 /// Whether `addr` (`HOST:PORT`) is a loopback address; a host name only when it is
 /// `localhost`.
 pub fn is_loopback(addr: &str) -> bool {

@@ -180,11 +180,6 @@ pub struct UpConfig {
 
 pub use crate::transport::is_loopback;
 
-/// `Some(addr)`, or `None` for `""` (turned off).
-fn enabled(v: &Option<String>) -> Option<&str> {
-    v.as_deref().filter(|a| !a.trim().is_empty())
-}
-
 impl UpToml {
     /// The demo with no config: memo, the files of `demo_dir`, Slack (inert until its
     /// variables are set), and watches on them.
@@ -349,7 +344,7 @@ impl UpToml {
         if tokenless {
             for addr in [&t.listen.http, &t.listen.quic]
                 .into_iter()
-                .filter_map(enabled)
+                .filter_map(crate::transport::listen_addr)
             {
                 if !is_loopback(addr) {
                     bail!(
@@ -438,7 +433,7 @@ fn watch(name: &str, uri: &str) -> WatchToml {
 impl UpConfig {
     /// Where the gateway serves HTTP, if it does.
     pub fn http(&self) -> Option<&str> {
-        enabled(&self.file.listen.http)
+        crate::transport::listen_addr(&self.file.listen.http)
     }
 
     /// The trusted proxies (`None`: the default, this host), checked at load.
@@ -451,12 +446,12 @@ impl UpConfig {
 
     /// Where the gateway serves QUIC, if it does.
     pub fn quic(&self) -> Option<&str> {
-        enabled(&self.file.listen.quic)
+        crate::transport::listen_addr(&self.file.listen.quic)
     }
 
     /// Where the admin address is served, if it is.
     pub fn admin(&self) -> Option<&str> {
-        enabled(&self.file.listen.admin)
+        crate::transport::listen_addr(&self.file.listen.admin)
     }
 
     /// The effective config as TOML.
