@@ -379,19 +379,11 @@ fn haproxy(dir: &Path, upstream: &str) -> Option<(Child, String)> {
     let (server, path) = rest.split_at(rest.find('/')?);
     let listener = std::net::TcpListener::bind("127.0.0.1:0").ok()?;
     let url = format!("http://{}{path}", listener.local_addr().ok()?);
-    let cfg = dir.join("haproxy.cfg");
-    std::fs::write(
-        &cfg,
-        format!(
-            "global\n    maxconn 1024\n\
-             defaults\n    mode http\n    timeout connect 1s\n    timeout client 1h\n    \
-             timeout server 1h\n\
-             frontend mcp\n    bind fd@3\n    default_backend memo\n\
-             backend memo\n    server memo {server}\n"
-        ),
-    )
-    .ok()?;
-    let child = fd3::start_haproxy(&cfg, listener.as_raw_fd())
+    let rest = format!(
+        "frontend mcp\n    bind fd@3\n    default_backend memo\n\
+         backend memo\n    server memo {server}\n"
+    );
+    let child = fd3::start_haproxy(dir, 1024, &rest, listener.as_raw_fd())
         .map_err(|e| println!("{e}; HAProxy's reference case is skipped"))
         .ok()?;
     Some((child, url))

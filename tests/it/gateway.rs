@@ -1150,7 +1150,10 @@ fn conformance_fixture() -> std::path::PathBuf {
 #[tokio::test]
 async fn an_https_slug_is_called_over_tls_trusting_the_systems_store() {
     use std::os::fd::AsRawFd;
-    let memo = Server::spawn(&["--store", ":memory:", "memo", "--http", "127.0.0.1:0"]).await;
+    let memo = Memo::start(Via::Http).await;
+    let Target::Http(memo_url) = &memo.target else {
+        unreachable!()
+    };
     let dir = TempDir::new("gateway-https");
     let made = rcgen::generate_simple_self_signed(vec!["localhost".into()]).unwrap();
     let ca = dir.path().join("ca.pem");
@@ -1163,25 +1166,16 @@ async fn an_https_slug_is_called_over_tls_trusting_the_systems_store() {
     .unwrap();
     let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let port = listener.local_addr().unwrap().port();
-    let memo_addr = memo
-        .http_url()
+    let memo_addr = memo_url
         .trim_start_matches("http://")
         .trim_end_matches("/mcp")
         .to_owned();
-    let haproxy_cfg = dir.path().join("haproxy.cfg");
-    std::fs::write(
-        &haproxy_cfg,
-        format!(
-            "global\n    maxconn 64\n\
-             defaults\n    mode http\n    timeout connect 1s\n    timeout client 1h\n    \
-             timeout server 1h\n\
-             frontend tls\n    bind fd@3 ssl crt {} alpn http/1.1\n    default_backend memo\n\
-             backend memo\n    server m {memo_addr}\n",
-            site.display()
-        ),
-    )
-    .unwrap();
-    let _haproxy = crate::fd3::start_haproxy(&haproxy_cfg, listener.as_raw_fd())
+    let tls = format!(
+        "frontend tls\n    bind fd@3 ssl crt {} alpn http/1.1\n    default_backend memo\n\
+         backend memo\n    server m {memo_addr}\n",
+        site.display()
+    );
+    let _haproxy = crate::fd3::start_haproxy(dir.path(), 64, &tls, listener.as_raw_fd())
         .unwrap_or_else(|e| panic!("{e}"));
     drop(listener);
     let cfg = dir.path().join("gateway.toml");
@@ -1208,15 +1202,7 @@ async fn an_https_slug_is_called_over_tls_trusting_the_systems_store() {
     for i in 0..20 {
         call(&c, "a__memo_set", json!({"key": "k", "value": i})).await;
     }
-    let conn = connect(
-        &Target::Http(memo.http_url()),
-        &ClientTrust::default(),
-        client_config(),
-        4 << 20,
-    )
-    .await
-    .unwrap();
-    let (notes, _) = read_json(&conn, "memo://notes").await;
+    let (notes, _) = read_json(&memo.client().await, "memo://notes").await;
     assert_eq!(
         notes["k"],
         json!(19),

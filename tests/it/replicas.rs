@@ -184,21 +184,14 @@ impl Haproxy {
             .enumerate()
             .map(|(i, s)| format!("    server g{i} {s} check\n"))
             .collect();
-        let cfg = dir.path().join("haproxy.cfg");
-        std::fs::write(
-            &cfg,
-            format!(
-                "global\n    maxconn 512\n\
-                 defaults\n    mode http\n    timeout connect 1s\n    timeout client 1h\n    \
-                 timeout server 1h\n    option forwardfor\n    retries 3\n    option redispatch\n\
-                 frontend mcp\n    bind fd@3\n    default_backend gateways\n\
-                 backend gateways\n    balance {balance}\n    option httpchk GET /live\n    \
-                 default-server inter 100ms fall 1 rise 1\n{backends}"
-            ),
-        )
-        .unwrap();
-        let child =
-            crate::fd3::start_haproxy(&cfg, listener.as_raw_fd()).unwrap_or_else(|e| panic!("{e}"));
+        let rest = format!(
+            "    option forwardfor\n    retries 3\n    option redispatch\n\
+             frontend mcp\n    bind fd@3\n    default_backend gateways\n\
+             backend gateways\n    balance {balance}\n    option httpchk GET /live\n    \
+             default-server inter 100ms fall 1 rise 1\n{backends}"
+        );
+        let child = crate::fd3::start_haproxy(dir.path(), 512, &rest, listener.as_raw_fd())
+            .unwrap_or_else(|e| panic!("{e}"));
         drop(listener);
         Haproxy {
             _child: child,

@@ -45,12 +45,27 @@ pub fn haproxy(cfg: &std::path::Path, listener: RawFd) -> (String, std::process:
     (bin, cmd)
 }
 
-/// [`haproxy`] started (killed when dropped), or why it cannot run, saying how to install it.
+/// HAProxy in HTTP mode started on `listener` (killed when dropped), its config written in
+/// `dir`: the global and default settings every test shares (`maxconn`, the timeouts), then
+/// `rest` (more defaults, the frontend on `fd@3`, the backends). Or why it cannot run, saying
+/// how to install it.
 pub fn start_haproxy(
-    cfg: &std::path::Path,
+    dir: &std::path::Path,
+    maxconn: u32,
+    rest: &str,
     listener: RawFd,
 ) -> Result<tokio::process::Child, String> {
-    let (bin, cmd) = haproxy(cfg, listener);
+    let cfg = dir.join("haproxy.cfg");
+    std::fs::write(
+        &cfg,
+        format!(
+            "global\n    maxconn {maxconn}\n\
+             defaults\n    mode http\n    timeout connect 1s\n    timeout client 1h\n    \
+             timeout server 1h\n{rest}"
+        ),
+    )
+    .map_err(|e| format!("cannot write {}: {e}", cfg.display()))?;
+    let (bin, cmd) = haproxy(&cfg, listener);
     tokio::process::Command::from(cmd)
         .kill_on_drop(true)
         .spawn()
