@@ -8,6 +8,7 @@
 //! - [`metrics`]: the registry in which each part registers its own counters and gauges, and
 //!   `/metrics` renders them.
 //! - [`backoff`]: the one retry pacing every role uses.
+//! - [`in_place`]: a task's future polled again on the spot when it wakes itself.
 //! - [`tap`]: where event-log rings send their events when a role publishes them.
 //! - [`reload`]: how a reload request reaches the runner that can reload.
 //! - [`secrets`]: the environment variables kept from every child process.
@@ -16,6 +17,7 @@
 
 pub mod backoff;
 pub mod context;
+pub mod in_place;
 pub mod metrics;
 pub mod reload;
 pub mod secrets;

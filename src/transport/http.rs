@@ -319,8 +319,11 @@ pub async fn serve(
         let router = router.clone();
         let gate = gate.clone();
         let shutdown = shutdown.clone();
+        // In place (`runtime::in_place`): on HTTP/1.1, the timers' `Notify`, hyper's
+        // dispatch and an upstream call's own connection all wake this task from within it.
+        // (hyper runs each HTTP/2 stream in a task of its own, outside this.)
         tracker.spawn(
-            async move {
+            crate::runtime::in_place::in_place(async move {
                 // The connection's place under the cap, given back when it closes.
                 let _place = place.opened();
                 let prefix = match &gate {
@@ -367,7 +370,7 @@ pub async fn serve(
                 if let Err(e) = ended {
                     debug!(error = %e, "http connection ended with an error");
                 }
-            }
+            })
             .instrument(info_span!("http_conn", %peer)),
         );
     }
