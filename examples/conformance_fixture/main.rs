@@ -139,7 +139,7 @@ impl Source for Fixture {
         self.feed.clone()
     }
 
-    fn tools(&self, _caller: &Caller) -> Vec<Tool> {
+    fn tools(&self, _caller: &Caller) -> std::borrow::Cow<'_, [Tool]> {
         let mut out = suite::tools();
         out.extend([
             tool(
@@ -178,7 +178,7 @@ impl Source for Fixture {
                 json!({}),
             )),
         ]);
-        out
+        out.into()
     }
 
     async fn call_tool(

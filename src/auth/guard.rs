@@ -286,12 +286,14 @@ impl<S: Source + ?Sized> Source for Guarded<S> {
         self.access.issuers.as_ref()?.protected_resource()
     }
 
-    fn tools(&self, caller: &Caller) -> Vec<Tool> {
-        let mut tools = self.inner.tools(caller);
-        if !self.access.may_write(caller) {
-            tools.retain(is_read_only);
+    fn tools(&self, caller: &Caller) -> std::borrow::Cow<'_, [Tool]> {
+        let tools = self.inner.tools(caller);
+        if self.access.may_write(caller) {
+            return tools;
         }
-        tools
+        let mut tools = tools.into_owned();
+        tools.retain(is_read_only);
+        tools.into()
     }
 
     fn tool(&self, caller: &Caller, name: &str) -> Option<Tool> {

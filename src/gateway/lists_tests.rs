@@ -59,8 +59,8 @@ impl Source for Changing {
     fn changes(&self) -> ChangeFeed {
         self.feed.clone()
     }
-    fn tools(&self, _: &Caller) -> Vec<Tool> {
-        self.tools.lock().unwrap().clone()
+    fn tools(&self, _: &Caller) -> std::borrow::Cow<'_, [Tool]> {
+        self.tools.lock().unwrap().clone().into()
     }
 }
 

@@ -685,7 +685,7 @@ impl Source for Gateway {
         self.feed.clone()
     }
 
-    fn tools(&self, caller: &Caller) -> Vec<Tool> {
+    fn tools(&self, caller: &Caller) -> std::borrow::Cow<'_, [Tool]> {
         let mut out = Vec::new();
         // One snapshot for the whole list (a reload swaps it whole).
         let now = self.access.now();
@@ -701,7 +701,7 @@ impl Source for Gateway {
                 out.push(t);
             }
         }
-        out
+        out.into()
     }
 
     /// From the slug's catalog alone (never the whole listing).

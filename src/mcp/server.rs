@@ -740,7 +740,7 @@ impl ServerHandler for SourceServer {
         _request: Option<PaginatedRequestParams>,
         context: RequestContext<RoleServer>,
     ) -> Result<ListToolsResult, McpError> {
-        let mut tools = self.shared.source.tools(&Caller::of(&context));
+        let mut tools = self.shared.source.tools(&Caller::of(&context)).into_owned();
         if self.shared.tasks.is_none() {
             // A server without the extension runs every tool in place: no listing says a
             // tool may run as a task, and one that can only run as a task is left out.

@@ -7,6 +7,7 @@
 //! `server/discover`, `resources/*`, `tools/*`, `subscriptions/listen` and its notifications,
 //! limits and errors, the same way for every source.
 
+use std::borrow::Cow;
 use std::sync::Arc;
 
 use async_trait::async_trait;
@@ -256,16 +257,17 @@ pub trait Source: Send + Sync + 'static {
     /// The feed this source publishes changed URIs (feed keys) on.
     fn changes(&self) -> ChangeFeed;
 
-    /// The tools this caller may see.
-    fn tools(&self, caller: &Caller) -> Vec<Tool> {
+    /// The tools this caller may see: borrowed from the source where the listing is the same
+    /// for every caller (built once, not per call: every `tools/call` looks its tool up).
+    fn tools(&self, caller: &Caller) -> Cow<'_, [Tool]> {
         let _ = caller;
-        Vec::new()
+        Cow::Borrowed(&[])
     }
 
     /// Tool `name` as this caller sees it (its `Mcp-Param-*` headers are checked against
     /// it). A source whose listing is costly to build answers it directly.
     fn tool(&self, caller: &Caller, name: &str) -> Option<Tool> {
-        self.tools(caller).into_iter().find(|t| t.name == name)
+        self.tools(caller).iter().find(|t| t.name == name).cloned()
     }
 
     /// Calls tool `name`. `call.progress` is set when the caller asked for progress

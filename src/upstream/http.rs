@@ -326,23 +326,28 @@ impl HttpCalls {
             while let Some(end) = event_end(&buf, scanned) {
                 let event: Vec<u8> = buf.drain(..end).collect();
                 scanned = 0;
-                let Some(message) = event_data(&event) else {
+                let Some(data) = event_data(&event) else {
                     continue;
                 };
+                let method = serde_json::from_str::<Method>(&data).ok();
+                let method = method.as_ref().and_then(|m| m.method.as_deref());
                 if let Some(p) = progress
-                    && message.get("method").and_then(Value::as_str)
-                        == Some("notifications/progress")
+                    && method == Some("notifications/progress")
                 {
-                    relay_progress(p, message).await;
+                    if let Ok(message) = serde_json::from_str(&data) {
+                        relay_progress(p, message).await;
+                    }
                     continue;
                 }
-                if message.get("method").and_then(Value::as_str) == Some("notifications/message") {
-                    if let Some(log) = &call.log {
+                if method == Some("notifications/message") {
+                    if let Some(log) = &call.log
+                        && let Ok(message) = serde_json::from_str(&data)
+                    {
                         relay_log(log, message).await;
                     }
                     continue;
                 }
-                if let Some(a) = answer(&id, message) {
+                if let Some(a) = answer(&id, &data) {
                     // The stream ends right after its answer: read that end, so the
                     // connection goes back to the pool rather than being closed.
                     let _ = tokio::time::timeout(std::time::Duration::from_millis(50), async {
@@ -360,16 +365,16 @@ impl HttpCalls {
                 "the answer's event stream ended before the answer".into(),
             ));
         }
-        match serde_json::from_slice::<Value>(&buf) {
-            Ok(message) => answer(&id, message).unwrap_or_else(|| {
-                Err(CallError::Transport(format!(
-                    "HTTP {status} with no answer to the call"
-                )))
-            }),
-            Err(_) => Err(CallError::Transport(format!(
+        let Ok(text) = std::str::from_utf8(&buf) else {
+            return Err(CallError::Transport(format!(
                 "HTTP {status} with a body that is not JSON-RPC"
-            ))),
-        }
+            )));
+        };
+        answer(&id, text).unwrap_or_else(|| {
+            Err(CallError::Transport(format!(
+                "HTTP {status} with no answer to the call"
+            )))
+        })
     }
 }
 
@@ -391,12 +396,40 @@ pub fn plain_header_value(name: &str) -> bool {
         && !name.starts_with("=?")
 }
 
-/// The call's result or error, when `message` answers request `id`.
-fn answer(id: &str, mut message: Value) -> Option<Result<CallToolResponse, CallError>> {
-    if message.get("id").and_then(Value::as_str) != Some(id) {
+/// A JSON-RPC message's method, when it has one (an SSE event's message is told by it).
+#[derive(serde::Deserialize)]
+struct Method<'a> {
+    #[serde(default, borrow)]
+    method: Option<std::borrow::Cow<'a, str>>,
+}
+
+/// A JSON-RPC message as an answer is read: its result left as text, read once into its
+/// own type (not into a `Value` first).
+#[derive(serde::Deserialize)]
+struct Answer<'a> {
+    #[serde(default)]
+    id: Value,
+    #[serde(default, borrow)]
+    result: Option<&'a serde_json::value::RawValue>,
+    #[serde(default)]
+    error: Option<Value>,
+}
+
+/// What a result says it is (`resultType`, 2026-07-28).
+#[derive(serde::Deserialize)]
+struct Kind<'a> {
+    #[serde(rename = "resultType", default, borrow)]
+    kind: Option<std::borrow::Cow<'a, str>>,
+}
+
+/// The call's result or error, when the JSON-RPC message `text` answers request `id`. A
+/// body that is not JSON-RPC is no answer.
+fn answer(id: &str, text: &str) -> Option<Result<CallToolResponse, CallError>> {
+    let message = serde_json::from_str::<Answer>(text).ok()?;
+    if message.id.as_str() != Some(id) {
         return None;
     }
-    if let Some(error) = message.get_mut("error") {
+    if let Some(mut error) = message.error {
         let code = error.get("code").and_then(Value::as_i64).unwrap_or(-32603) as i32;
         let text = error
             .get("message")
@@ -410,17 +443,18 @@ fn answer(id: &str, mut message: Value) -> Option<Result<CallToolResponse, CallE
             data,
         })));
     }
-    let result = message.get_mut("result").map(Value::take)?;
-    match result.get("resultType").and_then(Value::as_str) {
+    let result = message.result?.get();
+    let kind = serde_json::from_str::<Kind>(result).ok()?.kind;
+    match kind.as_deref() {
         None | Some("complete") => Some(
-            serde_json::from_value::<CallToolResult>(result)
+            serde_json::from_str::<CallToolResult>(result)
                 .map(CallToolResponse::Complete)
                 .map_err(|e| {
                     CallError::Transport(format!("the server's result is not a tool result: {e}"))
                 }),
         ),
         Some("input_required") => Some(
-            serde_json::from_value::<rmcp::model::InputRequiredResult>(result)
+            serde_json::from_str::<rmcp::model::InputRequiredResult>(result)
                 .map(CallToolResponse::InputRequired)
                 .map_err(|e| {
                     CallError::Transport(format!("the server's input request is malformed: {e}"))
@@ -474,7 +508,7 @@ fn event_end(buf: &[u8], from: usize) -> Option<usize> {
 }
 
 /// The JSON of one SSE event's `data:` lines.
-fn event_data(event: &[u8]) -> Option<Value> {
+fn event_data(event: &[u8]) -> Option<String> {
     let text = std::str::from_utf8(event).ok()?;
     let mut data = String::new();
     for line in text.lines() {
@@ -485,10 +519,7 @@ fn event_data(event: &[u8]) -> Option<Value> {
             data.push_str(d.strip_prefix(' ').unwrap_or(d));
         }
     }
-    if data.is_empty() {
-        return None;
-    }
-    serde_json::from_str(&data).ok()
+    (!data.is_empty()).then_some(data)
 }
 
 #[cfg(test)]
@@ -499,15 +530,15 @@ mod tests {
     fn sse_events_split_and_decode() {
         let buf = b"data: {\"a\":1}\n\n: keep-alive\n\ndata: {\"b\"\r\n\r\n";
         let end = event_end(buf, 0).unwrap();
-        assert_eq!(event_data(&buf[..end]), Some(serde_json::json!({"a": 1})));
+        assert_eq!(event_data(&buf[..end]).as_deref(), Some("{\"a\":1}"));
         let rest = &buf[end..];
         let end2 = event_end(rest, 0).unwrap();
         assert_eq!(event_data(&rest[..end2]), None, "a comment has no data");
         let last = &rest[end2..];
         assert_eq!(
-            event_data(&last[..event_end(last, 0).unwrap()]),
-            None,
-            "not JSON"
+            event_data(&last[..event_end(last, 0).unwrap()]).as_deref(),
+            Some("{\"b\""),
+            "the data as it came (an answer is read from it, or nothing)"
         );
         assert_eq!(
             event_end(b"data: 1\n\n", 5),
@@ -530,14 +561,16 @@ mod tests {
     fn an_answer_is_matched_by_id() {
         let ok = serde_json::json!({"jsonrpc": "2.0", "id": "herald-1",
             "result": {"resultType": "complete", "content": [{"type": "text", "text": "hi"}]}});
-        assert!(answer("herald-2", ok.clone()).is_none());
-        let Ok(CallToolResponse::Complete(r)) = answer("herald-1", ok).unwrap() else {
+        let ok = ok.to_string();
+        assert!(answer("herald-2", &ok).is_none());
+        assert!(answer("herald-1", "not json").is_none());
+        let Ok(CallToolResponse::Complete(r)) = answer("herald-1", &ok).unwrap() else {
             panic!("a complete result")
         };
         assert_eq!(r.content.len(), 1);
         let err = serde_json::json!({"jsonrpc": "2.0", "id": "herald-1",
             "error": {"code": -32602, "message": "missing argument key", "data": {"x": 1}}});
-        match answer("herald-1", err) {
+        match answer("herald-1", &err.to_string()) {
             Some(Err(CallError::Answered(SourceError::Upstream {
                 code: -32602,
                 message,
@@ -548,7 +581,7 @@ mod tests {
         let task = serde_json::json!({"jsonrpc": "2.0", "id": "herald-1",
             "result": {"resultType": "task", "taskId": "t"}});
         assert!(matches!(
-            answer("herald-1", task),
+            answer("herald-1", &task.to_string()),
             Some(Err(CallError::Answered(SourceError::Unavailable(_))))
         ));
     }

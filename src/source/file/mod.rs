@@ -370,8 +370,9 @@ impl Source for FileSource {
         self.feed.clone()
     }
 
-    fn tools(&self, _caller: &Caller) -> Vec<rmcp::model::Tool> {
-        vec![crate::mcp::tasks::optional(
+    fn tools(&self, _caller: &Caller) -> std::borrow::Cow<'_, [rmcp::model::Tool]> {
+        static LIST: std::sync::LazyLock<Vec<rmcp::model::Tool>> = std::sync::LazyLock::new(|| {
+            vec![crate::mcp::tasks::optional(
             rmcp::model::Tool::new(
                 "file_checksum",
                 "SHA-256 of a file, or of a directory tree (the digest of its sha256sum listing, in byte order of the relative paths; symlinks are skipped), under the roots. May run as a task, with progress in its status message.",
@@ -388,6 +389,8 @@ impl Source for FileSource {
                     .open_world(false),
             ),
         )]
+        });
+        std::borrow::Cow::Borrowed(&LIST)
     }
 
     async fn call_tool(

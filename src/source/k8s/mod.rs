@@ -318,8 +318,8 @@ impl Source for K8s {
         self.poll(params).await
     }
 
-    fn tools(&self, _caller: &Caller) -> Vec<Tool> {
-        self.tool_list()
+    fn tools(&self, _caller: &Caller) -> std::borrow::Cow<'_, [Tool]> {
+        std::borrow::Cow::Borrowed(tools::list(self.config.read_write))
     }
 
     async fn call_tool(

@@ -72,17 +72,22 @@ fn json_result(v: Value) -> CallToolResult {
     r
 }
 
-impl K8s {
-    /// The tools this source offers: the read-write ones only with `--read-write`.
-    pub(super) fn tool_list(&self) -> Vec<Tool> {
-        let read_only = |title: &str| {
-            ToolAnnotations::with_title(title)
-                .read_only(true)
-                .destructive(false)
-                .idempotent(true)
-                .open_world(true)
-        };
-        let mut tools = vec![
+/// The tools this source offers: the read-write ones only with `--read-write`. Built once.
+pub(super) fn list(read_write: bool) -> &'static [Tool] {
+    static READ: std::sync::LazyLock<Vec<Tool>> = std::sync::LazyLock::new(|| build(false));
+    static WRITE: std::sync::LazyLock<Vec<Tool>> = std::sync::LazyLock::new(|| build(true));
+    if read_write { &WRITE } else { &READ }
+}
+
+fn build(read_write: bool) -> Vec<Tool> {
+    let read_only = |title: &str| {
+        ToolAnnotations::with_title(title)
+            .read_only(true)
+            .destructive(false)
+            .idempotent(true)
+            .open_world(true)
+    };
+    let mut tools = vec![
             Tool::new(
                 "kubectl_get",
                 "kubectl get: one object (name) or a list of a resource type, as JSON with managedFields stripped.",
@@ -111,14 +116,14 @@ impl K8s {
             )
             .with_annotations(read_only("List API resource types")),
         ];
-        let waiting = |title: &str| {
-            ToolAnnotations::with_title(title)
-                .read_only(true)
-                .destructive(false)
-                .idempotent(true)
-                .open_world(true)
-        };
-        tools.push(crate::mcp::tasks::optional(
+    let waiting = |title: &str| {
+        ToolAnnotations::with_title(title)
+            .read_only(true)
+            .destructive(false)
+            .idempotent(true)
+            .open_world(true)
+    };
+    tools.push(crate::mcp::tasks::optional(
             Tool::new(
                 "kubectl_wait",
                 "kubectl wait: until objects meet a condition (for=condition=Ready, for=delete, for=jsonpath=..., for=create), at most timeout_s (default 300). May run as a task; tasks/cancel stops kubectl.",
@@ -138,7 +143,7 @@ impl K8s {
             )
             .with_annotations(waiting("Wait for a condition")),
         ));
-        tools.push(crate::mcp::tasks::optional(
+    tools.push(crate::mcp::tasks::optional(
             Tool::new(
                 "rollout_status",
                 "kubectl rollout status: until a deployment, daemonset or statefulset has rolled out, at most timeout_s (default 300). May run as a task; tasks/cancel stops kubectl.",
@@ -156,15 +161,15 @@ impl K8s {
             )
             .with_annotations(waiting("Wait for a rollout")),
         ));
-        if self.config.read_write {
-            let destructive = |title: &str| {
-                ToolAnnotations::with_title(title)
-                    .read_only(false)
-                    .destructive(true)
-                    .idempotent(true)
-                    .open_world(true)
-            };
-            tools.push(
+    if read_write {
+        let destructive = |title: &str| {
+            ToolAnnotations::with_title(title)
+                .read_only(false)
+                .destructive(true)
+                .idempotent(true)
+                .open_world(true)
+        };
+        tools.push(
                 Tool::new(
                     "kubectl_apply",
                     "kubectl apply -f -: create or update objects from a manifest (YAML or JSON text, or a JSON object).",
@@ -180,27 +185,28 @@ impl K8s {
                 )
                 .with_annotations(destructive("Apply a manifest")),
             );
-            tools.push(
-                Tool::new(
-                    "kubectl_delete",
-                    "kubectl delete: delete one object by resource type and name.",
-                    schema(json!({
-                        "type": "object",
-                        "properties": with_cluster_props(json!({
-                            "resource": {"type": "string"},
-                            "name": {"type": "string"},
-                            "namespace": {"type": "string"}
-                        })),
-                        "required": ["resource", "name"],
-                        "additionalProperties": false
+        tools.push(
+            Tool::new(
+                "kubectl_delete",
+                "kubectl delete: delete one object by resource type and name.",
+                schema(json!({
+                    "type": "object",
+                    "properties": with_cluster_props(json!({
+                        "resource": {"type": "string"},
+                        "name": {"type": "string"},
+                        "namespace": {"type": "string"}
                     })),
-                )
-                .with_annotations(destructive("Delete an object")),
-            );
-        }
-        tools
+                    "required": ["resource", "name"],
+                    "additionalProperties": false
+                })),
+            )
+            .with_annotations(destructive("Delete an object")),
+        );
     }
+    tools
+}
 
+impl K8s {
     /// Runs the tool `name`; one this source does not offer (a read-write tool without
     /// `--read-write`) is `UnknownTool`.
     pub(super) async fn run_tool(

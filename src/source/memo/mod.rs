@@ -429,8 +429,8 @@ impl Source for Memo {
         self.feed.clone()
     }
 
-    fn tools(&self, _caller: &Caller) -> Vec<Tool> {
-        tools::list()
+    fn tools(&self, _caller: &Caller) -> std::borrow::Cow<'_, [Tool]> {
+        std::borrow::Cow::Borrowed(tools::list())
     }
 
     async fn call_tool(

@@ -16,8 +16,13 @@ const WAIT_DEFAULT_MS: u64 = 60_000;
 const WAIT_MAX_MS: u64 = 3_600_000;
 
 /// The memo's tools as listed: `memo_set`, `memo_delete`, `memo_wait` (may run as a task) and
-/// `memo_ask` (only as a task).
-pub(super) fn list() -> Vec<Tool> {
+/// `memo_ask` (only as a task). Built once.
+pub(super) fn list() -> &'static [Tool] {
+    static LIST: std::sync::LazyLock<Vec<Tool>> = std::sync::LazyLock::new(build);
+    &LIST
+}
+
+fn build() -> Vec<Tool> {
     vec![
         Tool::new(
             "memo_set",

@@ -519,8 +519,9 @@ impl Source for Slack {
         }
     }
 
-    fn tools(&self, _caller: &Caller) -> Vec<Tool> {
-        vec![
+    fn tools(&self, _caller: &Caller) -> std::borrow::Cow<'_, [Tool]> {
+        static LIST: std::sync::LazyLock<Vec<Tool>> = std::sync::LazyLock::new(|| {
+            vec![
             Tool::new(
                 "slack_events_status",
                 "How the Slack event feed is doing: state (not_configured, connecting, connected, \
@@ -553,6 +554,8 @@ impl Source for Slack {
             )
             .annotate(ToolAnnotations::new().read_only(true)),
         ]
+        });
+        std::borrow::Cow::Borrowed(&LIST)
     }
 
     async fn call_tool(
