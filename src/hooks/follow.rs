@@ -60,6 +60,11 @@ impl Follower {
 
     /// Follows until the subscription is dropped or expires, or the server shuts down.
     pub(super) async fn run(self, server: SourceServer) {
+        // Out of time already (expired while herald was down, or while no replica
+        // delivered): ended before anything is sent.
+        if self.sub.locked().expires_ms <= now_ms() && self.expired_ended().await {
+            return;
+        }
         // A message left pending by the last run (a restart while it was being retried)
         // goes first, under its own id.
         let pending = self.sub.locked().pending.clone();

@@ -350,7 +350,6 @@ impl Hooks {
             }
         };
         let prefix = format!("{}/", self.inner.settings.role);
-        let now = now_ms();
         for (key, bytes) in rows {
             if !key.starts_with(&prefix) {
                 continue;
@@ -365,10 +364,8 @@ impl Hooks {
                 tracing::warn!(row = %key, "a webhook subscription does not open with this HERALD_EVENTS_KEY; it is left out (and kept)");
                 continue;
             };
-            if sub.expires_ms <= now {
-                let _ = self.inner.store.delete(Table::Webhooks, &key).await;
-                continue;
-            }
+            // One that expired while herald was down is resumed too: its follower ends it at
+            // once, as any expiry, and its receiver hears `terminated`.
             tracing::info!(subscription = %sub.id, event = %sub.name, "resuming a webhook subscription");
             let _ = self.run(server, sub, false);
         }

@@ -405,9 +405,12 @@ impl Hooks {
                 None => view.remove(id).is_none(),
             };
             if !stands {
-                // Rows whose time is out (the bucket's max_age drops them without a word).
+                // Rows the bucket's max_age dropped without a word (at the earliest a day
+                // after their time ran out): a row whose time ran out lately stays, for the
+                // next deliverer to end and tell its receiver.
                 let now = now_ms();
-                view.retain(|_, (_, s)| s.as_ref().is_none_or(|s| s.expires_ms > now));
+                let kept = super::ROTATION.as_millis() as u64;
+                view.retain(|_, (_, s)| s.as_ref().is_none_or(|s| s.expires_ms + kept > now));
                 drop(view);
                 self.set_count();
             }
@@ -433,11 +436,11 @@ impl Hooks {
         }
     }
 
+    /// Follows `sub`: one whose time is out too (no deliverer ran when it expired), which its
+    /// follower ends at once, as any expiry, telling its receiver.
     fn deliver_from(&self, server: &SourceServer, sub: Sub) {
-        if sub.expires_ms > now_ms() {
-            tracing::info!(subscription = %sub.id, event = %sub.name, "delivering a webhook subscription");
-            let _ = self.run(server, sub, false);
-        }
+        tracing::info!(subscription = %sub.id, event = %sub.name, "delivering a webhook subscription");
+        let _ = self.run(server, sub, false);
     }
 
     /// This replica begins delivering: every subscription of the view.

@@ -462,6 +462,50 @@ async fn webhook_subscriptions_are_shared_by_replicas_and_outlive_their_delivere
 /// `events/stream` through the balancer: a watch of an event type whose replica is killed -9
 /// resubscribes through another from its cursor, and gets exactly the event written while it
 /// had no stream and the one after (none again, none lost).
+/// Behind replicas, a subscription whose time ran out while no replica delivered: the next
+/// deliverer ends it, and its receiver hears `terminated` (-32023).
+#[tokio::test]
+async fn a_subscription_that_expired_while_none_delivered_is_told_by_the_next_deliverer() {
+    use crate::webhooks::{Receiver, SECRET, subscribe_params, two_hours_on};
+    let nats = NatsServer::start().await;
+    let memo = Server::spawn(&["--store", ":memory:", "memo", "--http", "127.0.0.1:0"]).await;
+    let dir = TempDir::new("replicas-expired");
+    let cfg = config(&dir, &memo.http_url());
+    let backend = format!("nats://127.0.0.1:{}", nats.port);
+    let rx = Receiver::start(&[SECRET]).await;
+    let g = hooks_gateway(&cfg, &backend, false).await;
+    let mut p = subscribe_params(&rx.url("gw"), SECRET, json!({}));
+    p["name"] = "a__memo.changed".into();
+    p["ttlMs"] = 3_600_000.into();
+    p["_meta"] = meta();
+    let sub = ask(&g.http_url(), TOKEN, "events/subscribe", 1, p).await;
+    let id = sub["result"]["id"].as_str().expect("subscribed").to_owned();
+    let mut rx = rx;
+    assert_eq!(rx.delivered().await["body"]["type"], "verification");
+    // The only replica stops (giving up the claim); the next starts two hours on, past the
+    // subscription's hour, as does its receiver, on the same port.
+    g.terminate().await;
+    let port = rx.port.to_string();
+    drop(rx);
+    let later = two_hours_on();
+    let mut env = vec![("RECEIVER_PORT", port.as_str())];
+    env.extend(later);
+    let mut rx = Receiver::start_env(&[SECRET], &env).await;
+    let mut env = vec![("HERALD_EVENTS_KEY", crate::webhooks::KEY)];
+    env.extend(later);
+    let extra = [
+        "--backend",
+        backend.as_str(),
+        "--callback-allow",
+        "http://127.0.0.1:",
+    ];
+    let _g = gateway_server_env(&cfg, ":memory:", &extra, &env).await;
+    let d = rx.delivered().await;
+    assert_eq!(d["body"]["type"], "terminated", "{d}");
+    assert_eq!(d["sub"], id.as_str());
+    assert_eq!(d["body"]["error"]["code"], -32023, "{d}");
+}
+
 #[tokio::test]
 async fn an_events_stream_through_haproxy_resumes_on_another_replica() {
     let nats = NatsServer::start().await;

@@ -28,11 +28,16 @@ pub(crate) struct Receiver {
     _child: Child,
     stdin: ChildStdin,
     lines: mpsc::UnboundedReceiver<Value>,
-    port: u16,
+    pub(crate) port: u16,
 }
 
 impl Receiver {
     pub(crate) async fn start(secrets: &[&str]) -> Receiver {
+        Receiver::start_env(secrets, &[]).await
+    }
+
+    /// A receiver with `env` in its environment (`RECEIVER_PORT`, libfaketime's variables).
+    pub(crate) async fn start_env(secrets: &[&str], env: &[(&str, &str)]) -> Receiver {
         let script = concat!(
             env!("CARGO_MANIFEST_DIR"),
             "/tests/it/py/webhook_receiver.py"
@@ -40,6 +45,7 @@ impl Receiver {
         let mut child = Command::new(python())
             .arg(script)
             .args(secrets)
+            .envs(env.iter().copied())
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .kill_on_drop(true)
@@ -408,6 +414,66 @@ async fn a_retry_pending_at_kill_9_is_delivered_after_the_restart() {
         assert_eq!(d["body"]["data"]["key"], "b", "{d}");
         break;
     }
+}
+
+/// libfaketime's variables that put a process two hours ahead (past the shortest TTL, one
+/// hour) on the wall clock alone: `.ci/run` installs Debian's faketime.
+pub(crate) fn two_hours_on() -> [(&'static str, &'static str); 3] {
+    let lib = [
+        "/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1",
+        "/usr/lib/aarch64-linux-gnu/faketime/libfaketime.so.1",
+        "/usr/lib/faketime/libfaketime.so.1",
+    ]
+    .into_iter()
+    .find(|p| std::path::Path::new(p).exists())
+    .expect("libfaketime is installed (apt-get install faketime; .ci/run does)");
+    [
+        ("LD_PRELOAD", lib),
+        ("FAKETIME", "+2h"),
+        ("FAKETIME_DONT_FAKE_MONOTONIC", "1"),
+    ]
+}
+
+/// A subscription whose time ran out while herald was down: at the restart its receiver
+/// hears that it ended (`terminated`, -32023), as when it expires while herald runs.
+#[tokio::test]
+async fn a_subscription_that_expired_while_herald_was_down_is_told_at_the_restart() {
+    let dir = TempDir::new("hooks-expired");
+    let store = dir.path().join("h.redb");
+    let store = store.to_str().unwrap();
+    let mut rx = Receiver::start(&[SECRET]).await;
+    let args = [
+        "--store",
+        store,
+        "memo",
+        "--http",
+        "127.0.0.1:0",
+        "--callback-allow",
+        "http://127.0.0.1:",
+    ];
+    let s = Server::spawn_env(&args, &[("HERALD_EVENTS_KEY", KEY)]).await;
+    let conn = http_client(&s).await;
+    let params = json!({"name": "memo.changed", "arguments": {}, "ttlMs": 3_600_000,
+        "delivery": {"mode": "webhook", "url": rx.url("k"), "secret": SECRET}});
+    let sub = request(&conn, "events/subscribe", params).await.unwrap();
+    assert_eq!(rx.delivered().await["body"]["type"], "verification");
+    drop(conn);
+    s.terminate().await;
+    // Two hours on, for herald and for the receiver (which refuses a signature whose
+    // timestamp is five minutes off its own clock), on the same port.
+    let port = rx.port.to_string();
+    drop(rx);
+    let later = two_hours_on();
+    let mut env = vec![("RECEIVER_PORT", port.as_str())];
+    env.extend(later);
+    let mut rx = Receiver::start_env(&[SECRET], &env).await;
+    let mut env = vec![("HERALD_EVENTS_KEY", KEY)];
+    env.extend(later);
+    let _s = Server::spawn_env(&args, &env).await;
+    let d = rx.delivered().await;
+    assert_eq!(d["body"]["type"], "terminated", "{d}");
+    assert_eq!(d["sub"], sub["id"]);
+    assert_eq!(d["body"]["error"]["code"], -32023, "{d}");
 }
 
 /// Through `herald up`'s gateway: a subscription to `memo__memo.changed` is checked, verified

@@ -3,10 +3,12 @@ checks every POST with the official Standard Webhooks verifier (PyPI `standardwe
 prints one JSON line per message on stdout. Its answers are scripted on stdin: a line
 `{"status": 503, "times": 2}` makes the next two POSTs get 503 (410, 413, 307 the same way).
 
-Usage: webhook_receiver.py SECRET [SECRET...]   (the first line printed names the port)
+Usage: webhook_receiver.py SECRET [SECRET...]   (the first line printed names the port; the
+environment's RECEIVER_PORT chooses it)
 """
 
 import json
+import os
 import sys
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -91,7 +93,7 @@ def script():
             say(event="scripted")
 
 
-server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+server = ThreadingHTTPServer(("127.0.0.1", int(os.environ.get("RECEIVER_PORT", "0"))), Handler)
 say(event="listening", port=server.server_address[1])
 threading.Thread(target=script, daemon=True).start()
 server.serve_forever()
