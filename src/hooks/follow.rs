@@ -60,11 +60,6 @@ impl Follower {
 
     /// Follows until the subscription is dropped or expires, or the server shuts down.
     pub(super) async fn run(self, server: SourceServer) {
-        // Out of time already (expired while herald was down, or while no replica
-        // delivered): ended before anything is sent.
-        if self.sub.locked().expires_ms <= now_ms() && self.expired_ended().await {
-            return;
-        }
         // A message left pending by the last run (a restart while it was being retried)
         // goes first, under its own id.
         let pending = self.sub.locked().pending.clone();
@@ -145,6 +140,18 @@ impl Follower {
     /// The subscription's TTL is out here: whether it ended (its receiver told, unless a
     /// newer one of the id runs), or goes on (refreshed through another replica; `false`).
     async fn expired_ended(&self) -> bool {
+        // Only while this process delivers (a row deleted by another would be told to no
+        // one): a deliverer whose claim lapsed waits for it, or to be stopped, and a
+        // stopped follower leaves the row for the next deliverer.
+        if self.hooks.deliver_until().is_none() {
+            tokio::select! {
+                _ = self.hooks.deliverable() => {}
+                () = self.stop.cancelled() => {}
+            }
+        }
+        if self.stop.is_cancelled() {
+            return true;
+        }
         let e = json!({"code": -32023, "message": "the subscription expired; subscribe again to go on"});
         let id = self.id();
         match self.hooks.expired_on_row(&self.sub).await {
@@ -193,6 +200,11 @@ impl Follower {
             return;
         }
         let refs: Vec<&_> = secrets.iter().collect();
+        // Under the same bound as every POST (a start may end many at once).
+        let Ok(_permit) = self.hooks.inner.posts.acquire().await else {
+            return;
+        };
+        let _posting = super::Held::of(&self.hooks.inner.metrics.posting);
         let posted = self
             .hooks
             .inner

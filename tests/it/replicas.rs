@@ -459,9 +459,6 @@ async fn webhook_subscriptions_are_shared_by_replicas_and_outlive_their_delivere
     assert!(held.is_empty(), "{held:?}");
 }
 
-/// `events/stream` through the balancer: a watch of an event type whose replica is killed -9
-/// resubscribes through another from its cursor, and gets exactly the event written while it
-/// had no stream and the one after (none again, none lost).
 /// Behind replicas, a subscription whose time ran out while no replica delivered: the next
 /// deliverer ends it, and its receiver hears `terminated` (-32023).
 #[tokio::test]
@@ -486,7 +483,7 @@ async fn a_subscription_that_expired_while_none_delivered_is_told_by_the_next_de
     // subscription's hour, as does its receiver, on the same port.
     g.terminate().await;
     let port = rx.port.to_string();
-    drop(rx);
+    rx.stop().await;
     let later = two_hours_on();
     let mut env = vec![("RECEIVER_PORT", port.as_str())];
     env.extend(later);
@@ -506,6 +503,9 @@ async fn a_subscription_that_expired_while_none_delivered_is_told_by_the_next_de
     assert_eq!(d["body"]["error"]["code"], -32023, "{d}");
 }
 
+/// `events/stream` through the balancer: a watch of an event type whose replica is killed -9
+/// resubscribes through another from its cursor, and gets exactly the event written while it
+/// had no stream and the one after (none again, none lost).
 #[tokio::test]
 async fn an_events_stream_through_haproxy_resumes_on_another_replica() {
     let nats = NatsServer::start().await;

@@ -25,7 +25,7 @@ fn python() -> String {
 }
 
 pub(crate) struct Receiver {
-    _child: Child,
+    child: Child,
     stdin: ChildStdin,
     lines: mpsc::UnboundedReceiver<Value>,
     pub(crate) port: u16,
@@ -67,11 +67,16 @@ impl Receiver {
             .expect("the receiver says its port");
         let port = first["port"].as_u64().expect("a port") as u16;
         Receiver {
-            _child: child,
+            child,
             stdin,
             lines,
             port,
         }
+    }
+
+    /// Stops the receiver and waits for it to be gone (its port free).
+    pub(crate) async fn stop(mut self) {
+        let _ = self.child.kill().await;
     }
 
     pub(crate) fn url(&self, path: &str) -> String {
@@ -462,7 +467,7 @@ async fn a_subscription_that_expired_while_herald_was_down_is_told_at_the_restar
     // Two hours on, for herald and for the receiver (which refuses a signature whose
     // timestamp is five minutes off its own clock), on the same port.
     let port = rx.port.to_string();
-    drop(rx);
+    rx.stop().await;
     let later = two_hours_on();
     let mut env = vec![("RECEIVER_PORT", port.as_str())];
     env.extend(later);
