@@ -347,7 +347,9 @@ impl HttpCalls {
                     }
                     continue;
                 }
-                if let Some(a) = answer(&id, &data) {
+                if let Ok(message) = serde_json::from_str::<Answer>(&data)
+                    && let Some(a) = answer(&id, message)
+                {
                     // The stream ends right after its answer: read that end, so the
                     // connection goes back to the pool rather than being closed.
                     let _ = tokio::time::timeout(std::time::Duration::from_millis(50), async {
@@ -365,12 +367,15 @@ impl HttpCalls {
                 "the answer's event stream ended before the answer".into(),
             ));
         }
-        let Ok(text) = std::str::from_utf8(&buf) else {
+        let message = std::str::from_utf8(&buf)
+            .ok()
+            .and_then(|text| serde_json::from_str::<Answer>(text).ok());
+        let Some(message) = message else {
             return Err(CallError::Transport(format!(
                 "HTTP {status} with a body that is not JSON-RPC"
             )));
         };
-        answer(&id, text).unwrap_or_else(|| {
+        answer(&id, message).unwrap_or_else(|| {
             Err(CallError::Transport(format!(
                 "HTTP {status} with no answer to the call"
             )))
@@ -422,10 +427,8 @@ struct Kind<'a> {
     kind: Option<std::borrow::Cow<'a, str>>,
 }
 
-/// The call's result or error, when the JSON-RPC message `text` answers request `id`. A
-/// body that is not JSON-RPC is no answer.
-fn answer(id: &str, text: &str) -> Option<Result<CallToolResponse, CallError>> {
-    let message = serde_json::from_str::<Answer>(text).ok()?;
+/// The call's result or error, when `message` answers request `id`.
+fn answer(id: &str, message: Answer<'_>) -> Option<Result<CallToolResponse, CallError>> {
     if message.id.as_str() != Some(id) {
         return None;
     }
@@ -444,7 +447,10 @@ fn answer(id: &str, text: &str) -> Option<Result<CallToolResponse, CallError>> {
         })));
     }
     let result = message.result?.get();
-    let kind = serde_json::from_str::<Kind>(result).ok()?.kind;
+    // (A result that is not an object is no tool result, said below.)
+    let kind = serde_json::from_str::<Kind>(result)
+        .ok()
+        .and_then(|k| k.kind);
     match kind.as_deref() {
         None | Some("complete") => Some(
             serde_json::from_str::<CallToolResult>(result)
@@ -557,20 +563,23 @@ mod tests {
         }
     }
 
+    fn parse(text: &str) -> Answer<'_> {
+        serde_json::from_str(text).unwrap()
+    }
+
     #[test]
     fn an_answer_is_matched_by_id() {
         let ok = serde_json::json!({"jsonrpc": "2.0", "id": "herald-1",
             "result": {"resultType": "complete", "content": [{"type": "text", "text": "hi"}]}});
         let ok = ok.to_string();
-        assert!(answer("herald-2", &ok).is_none());
-        assert!(answer("herald-1", "not json").is_none());
-        let Ok(CallToolResponse::Complete(r)) = answer("herald-1", &ok).unwrap() else {
+        assert!(answer("herald-2", parse(&ok)).is_none());
+        let Ok(CallToolResponse::Complete(r)) = answer("herald-1", parse(&ok)).unwrap() else {
             panic!("a complete result")
         };
         assert_eq!(r.content.len(), 1);
         let err = serde_json::json!({"jsonrpc": "2.0", "id": "herald-1",
             "error": {"code": -32602, "message": "missing argument key", "data": {"x": 1}}});
-        match answer("herald-1", &err.to_string()) {
+        match answer("herald-1", parse(&err.to_string())) {
             Some(Err(CallError::Answered(SourceError::Upstream {
                 code: -32602,
                 message,
@@ -581,8 +590,13 @@ mod tests {
         let task = serde_json::json!({"jsonrpc": "2.0", "id": "herald-1",
             "result": {"resultType": "task", "taskId": "t"}});
         assert!(matches!(
-            answer("herald-1", &task.to_string()),
+            answer("herald-1", parse(&task.to_string())),
             Some(Err(CallError::Answered(SourceError::Unavailable(_))))
+        ));
+        let odd = serde_json::json!({"jsonrpc": "2.0", "id": "herald-1", "result": 5});
+        assert!(matches!(
+            answer("herald-1", parse(&odd.to_string())),
+            Some(Err(CallError::Transport(m))) if m.contains("not a tool result")
         ));
     }
 }
