@@ -76,6 +76,22 @@ async fn memo_set(url: &str, id: u64, key: &str) {
 
 /// A gateway replica on `backend` that takes webhook subscriptions to loopback callbacks.
 async fn hooks_gateway(cfg: &std::path::Path, backend: &str, admin: bool) -> Server {
+    hooks_gateway_env(
+        cfg,
+        backend,
+        admin,
+        &[("HERALD_EVENTS_KEY", crate::webhooks::KEY)],
+    )
+    .await
+}
+
+/// [`hooks_gateway`] with `env` (which names the events key).
+async fn hooks_gateway_env(
+    cfg: &std::path::Path,
+    backend: &str,
+    admin: bool,
+    env: &[(&str, &str)],
+) -> Server {
     let mut extra = vec![
         "--backend",
         backend,
@@ -85,8 +101,7 @@ async fn hooks_gateway(cfg: &std::path::Path, backend: &str, admin: bool) -> Ser
     if admin {
         extra.extend(["--admin", "127.0.0.1:0"]);
     }
-    let env = [("HERALD_EVENTS_KEY", crate::webhooks::KEY)];
-    gateway_server_env(cfg, ":memory:", &extra, &env).await
+    gateway_server_env(cfg, ":memory:", &extra, env).await
 }
 
 #[tokio::test]
@@ -469,7 +484,7 @@ async fn a_subscription_that_expired_while_none_delivered_is_told_by_the_next_de
     let dir = TempDir::new("replicas-expired");
     let cfg = config(&dir, &memo.http_url());
     let backend = format!("nats://127.0.0.1:{}", nats.port);
-    let rx = Receiver::start(&[SECRET]).await;
+    let mut rx = Receiver::start(&[SECRET]).await;
     let g = hooks_gateway(&cfg, &backend, false).await;
     let mut p = subscribe_params(&rx.url("gw"), SECRET, json!({}));
     p["name"] = "a__memo.changed".into();
@@ -477,26 +492,12 @@ async fn a_subscription_that_expired_while_none_delivered_is_told_by_the_next_de
     p["_meta"] = meta();
     let sub = ask(&g.http_url(), TOKEN, "events/subscribe", 1, p).await;
     let id = sub["result"]["id"].as_str().expect("subscribed").to_owned();
-    let mut rx = rx;
     assert_eq!(rx.delivered().await["body"]["type"], "verification");
     // The only replica stops (giving up the claim); the next starts two hours on, past the
     // subscription's hour, as does its receiver, on the same port.
     g.terminate().await;
-    let port = rx.port.to_string();
-    rx.stop().await;
-    let later = two_hours_on();
-    let mut env = vec![("RECEIVER_PORT", port.as_str())];
-    env.extend(later);
-    let mut rx = Receiver::start_env(&[SECRET], &env).await;
-    let mut env = vec![("HERALD_EVENTS_KEY", crate::webhooks::KEY)];
-    env.extend(later);
-    let extra = [
-        "--backend",
-        backend.as_str(),
-        "--callback-allow",
-        "http://127.0.0.1:",
-    ];
-    let _g = gateway_server_env(&cfg, ":memory:", &extra, &env).await;
+    let mut rx = rx.two_hours_on().await;
+    let _g = hooks_gateway_env(&cfg, &backend, false, &two_hours_on()).await;
     let d = rx.delivered().await;
     assert_eq!(d["body"]["type"], "terminated", "{d}");
     assert_eq!(d["sub"], id.as_str());

@@ -28,23 +28,28 @@ pub(crate) struct Receiver {
     child: Child,
     stdin: ChildStdin,
     lines: mpsc::UnboundedReceiver<Value>,
-    pub(crate) port: u16,
+    port: u16,
+    secrets: Vec<String>,
 }
 
 impl Receiver {
     pub(crate) async fn start(secrets: &[&str]) -> Receiver {
-        Receiver::start_env(secrets, &[]).await
+        Receiver::start_env(secrets.iter().copied(), &[]).await
     }
 
     /// A receiver with `env` in its environment (`RECEIVER_PORT`, libfaketime's variables).
-    pub(crate) async fn start_env(secrets: &[&str], env: &[(&str, &str)]) -> Receiver {
+    async fn start_env<'a>(
+        secrets: impl IntoIterator<Item = &'a str>,
+        env: &[(&str, &str)],
+    ) -> Receiver {
+        let secrets: Vec<String> = secrets.into_iter().map(str::to_owned).collect();
         let script = concat!(
             env!("CARGO_MANIFEST_DIR"),
             "/tests/it/py/webhook_receiver.py"
         );
         let mut child = Command::new(python())
             .arg(script)
-            .args(secrets)
+            .args(&secrets)
             .envs(env.iter().copied())
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
@@ -71,12 +76,19 @@ impl Receiver {
             stdin,
             lines,
             port,
+            secrets,
         }
     }
 
-    /// Stops the receiver and waits for it to be gone (its port free).
-    pub(crate) async fn stop(mut self) {
+    /// This receiver stopped (waited for, its port free) and another started on its port,
+    /// two hours on ([`two_hours_on`]: the verifier refuses a timestamp five minutes off its
+    /// own clock).
+    pub(crate) async fn two_hours_on(mut self) -> Receiver {
         let _ = self.child.kill().await;
+        let port = self.port.to_string();
+        let mut env = vec![("RECEIVER_PORT", port.as_str())];
+        env.extend(two_hours_on());
+        Receiver::start_env(self.secrets.iter().map(String::as_str), &env).await
     }
 
     pub(crate) fn url(&self, path: &str) -> String {
@@ -358,6 +370,19 @@ async fn failures_are_retried_413_is_skipped_and_410_ends_it() {
     assert!(dropped, "a 410 drops the subscription");
 }
 
+/// `herald memo` on the store file `store`, taking loopback callbacks.
+fn stored_memo(store: &str) -> [&str; 7] {
+    [
+        "--store",
+        store,
+        "memo",
+        "--http",
+        "127.0.0.1:0",
+        "--callback-allow",
+        "http://127.0.0.1:",
+    ]
+}
+
 /// `kill -9` while a message is being retried: after the restart (same store, same key) it
 /// is delivered under the same webhook-id, and the events after it follow.
 #[tokio::test]
@@ -366,15 +391,7 @@ async fn a_retry_pending_at_kill_9_is_delivered_after_the_restart() {
     let store = dir.path().join("h.redb");
     let store = store.to_str().unwrap();
     let mut rx = Receiver::start(&[SECRET]).await;
-    let args = [
-        "--store",
-        store,
-        "memo",
-        "--http",
-        "127.0.0.1:0",
-        "--callback-allow",
-        "http://127.0.0.1:",
-    ];
+    let args = stored_memo(store);
     let s = Server::spawn_env(&args, &[("HERALD_EVENTS_KEY", KEY)]).await;
     let conn = http_client(&s).await;
     request(
@@ -422,8 +439,9 @@ async fn a_retry_pending_at_kill_9_is_delivered_after_the_restart() {
 }
 
 /// libfaketime's variables that put a process two hours ahead (past the shortest TTL, one
-/// hour) on the wall clock alone: `.ci/run` installs Debian's faketime.
-pub(crate) fn two_hours_on() -> [(&'static str, &'static str); 3] {
+/// hour) on the wall clock alone, with the events key: herald's environment for a start
+/// "later". `.ci/run` installs Debian's faketime.
+pub(crate) fn two_hours_on() -> [(&'static str, &'static str); 4] {
     let lib = [
         "/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1",
         "/usr/lib/aarch64-linux-gnu/faketime/libfaketime.so.1",
@@ -436,6 +454,7 @@ pub(crate) fn two_hours_on() -> [(&'static str, &'static str); 3] {
         ("LD_PRELOAD", lib),
         ("FAKETIME", "+2h"),
         ("FAKETIME_DONT_FAKE_MONOTONIC", "1"),
+        ("HERALD_EVENTS_KEY", KEY),
     ]
 }
 
@@ -447,15 +466,7 @@ async fn a_subscription_that_expired_while_herald_was_down_is_told_at_the_restar
     let store = dir.path().join("h.redb");
     let store = store.to_str().unwrap();
     let mut rx = Receiver::start(&[SECRET]).await;
-    let args = [
-        "--store",
-        store,
-        "memo",
-        "--http",
-        "127.0.0.1:0",
-        "--callback-allow",
-        "http://127.0.0.1:",
-    ];
+    let args = stored_memo(store);
     let s = Server::spawn_env(&args, &[("HERALD_EVENTS_KEY", KEY)]).await;
     let conn = http_client(&s).await;
     let params = json!({"name": "memo.changed", "arguments": {}, "ttlMs": 3_600_000,
@@ -464,17 +475,9 @@ async fn a_subscription_that_expired_while_herald_was_down_is_told_at_the_restar
     assert_eq!(rx.delivered().await["body"]["type"], "verification");
     drop(conn);
     s.terminate().await;
-    // Two hours on, for herald and for the receiver (which refuses a signature whose
-    // timestamp is five minutes off its own clock), on the same port.
-    let port = rx.port.to_string();
-    rx.stop().await;
-    let later = two_hours_on();
-    let mut env = vec![("RECEIVER_PORT", port.as_str())];
-    env.extend(later);
-    let mut rx = Receiver::start_env(&[SECRET], &env).await;
-    let mut env = vec![("HERALD_EVENTS_KEY", KEY)];
-    env.extend(later);
-    let _s = Server::spawn_env(&args, &env).await;
+    // Two hours on, for herald and for the receiver.
+    let mut rx = rx.two_hours_on().await;
+    let _s = Server::spawn_env(&args, &two_hours_on()).await;
     let d = rx.delivered().await;
     assert_eq!(d["body"]["type"], "terminated", "{d}");
     assert_eq!(d["sub"], sub["id"]);
