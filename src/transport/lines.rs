@@ -9,9 +9,10 @@
 //! connection (a response it skipped would leave its request waiting forever), skipping only
 //! notifications it does not know.
 //!
-//! Writes go through one writer task fed by a bounded channel, so concurrent senders never
-//! interleave bytes, and a peer that stops reading makes senders wait (which the listen plumbing
-//! turns into a stall timeout) rather than growing a buffer.
+//! A message is written in the sender's own task when the stream takes it at once, and
+//! otherwise queued for one writer task through a bounded channel (`lines/out.rs`), so
+//! concurrent senders never interleave bytes, and a peer that stops reading makes senders wait
+//! (which the listen plumbing turns into a stall timeout) rather than growing a buffer.
 //!
 //! On the server side the transport also keeps the ids of the peer's requests not answered yet
 //! ([`with_in_flight_limit`](LineTransport::with_in_flight_limit)): a request reusing an id still
@@ -38,21 +39,19 @@ use crate::mcp::limits::Limits;
 use rmcp::service::RoleServer;
 use rmcp::transport::Transport;
 use serde_json::Value;
-use tokio::io::{AsyncBufReadExt, AsyncRead, AsyncWrite, AsyncWriteExt, BufReader};
-use tokio::sync::mpsc;
+use tokio::io::{AsyncBufReadExt, AsyncRead, AsyncWrite, BufReader};
 
 mod in_flight;
+mod out;
 
 use in_flight::{InFlight, InFlightLimit};
+use out::{Out, Sent};
 
 /// The byte streams a [`LineTransport`] reads and writes, boxed: the transport and the
 /// service loop rmcp runs on it are compiled once for every kind of stream (stdio, QUIC,
 /// pipes), not once per stream type.
 pub(crate) type Reader = Box<dyn AsyncRead + Send + Unpin>;
 pub(crate) type Writer = Box<dyn AsyncWrite + Send + Unpin>;
-
-/// Frames queued for the writer task.
-const WRITE_QUEUE: usize = 256;
 
 /// JSON-RPC transport over a line-framed byte stream. See the module docs.
 pub struct LineTransport<Role: ServiceRole> {
@@ -61,7 +60,8 @@ pub struct LineTransport<Role: ServiceRole> {
     discarding: bool,
     max_line: usize,
     reply_errors: bool,
-    tx: Option<mpsc::Sender<Vec<u8>>>,
+    /// The way out (`lines/out.rs`); `None` once closed.
+    out: Option<Out>,
     pending_error: Option<Vec<u8>>,
     writer_done: Option<tokio::task::JoinHandle<()>>,
     /// Added to every outgoing request's `_meta` (a client's token on QUIC).
@@ -98,15 +98,14 @@ impl<Role: ServiceRole> LineTransport<Role> {
         R: AsyncRead + Send + Unpin + 'static,
         W: AsyncWrite + Send + Unpin + 'static,
     {
-        let (tx, rx) = mpsc::channel(WRITE_QUEUE);
-        let writer_done = tokio::spawn(write_loop(Box::new(write), rx));
+        let (out, writer_done) = Out::new(Box::new(write));
         LineTransport {
             reader: BufReader::with_capacity(64 * 1024, Box::new(read) as Reader),
             line: Vec::new(),
             discarding: false,
             max_line,
             reply_errors,
-            tx: Some(tx),
+            out: Some(out),
             pending_error: None,
             writer_done: Some(writer_done),
             meta_token: None,
@@ -179,6 +178,44 @@ impl<Role: ServiceRole> LineTransport<Role> {
                 return Ok(o);
             }
         }
+    }
+
+    /// `item` as one line: with the client's token in a request's `_meta` when it presents
+    /// one, and, for the answer to `answered`, an error in its place when it is over the
+    /// message limit.
+    fn frame(
+        &self,
+        item: &TxJsonRpcMessage<Role>,
+        answered: Option<&RequestId>,
+    ) -> std::io::Result<Vec<u8>> {
+        let mut bytes = match &self.meta_token {
+            None => serde_json::to_vec(item).map_err(std::io::Error::other)?,
+            Some((key, value)) => {
+                let mut v = serde_json::to_value(item).map_err(std::io::Error::other)?;
+                if v.get("method").is_some() && v.get("id").is_some() {
+                    if !v.get("params").is_some_and(|p| p.is_object()) {
+                        v["params"] = serde_json::json!({});
+                    }
+                    if !v["params"].get("_meta").is_some_and(|m| m.is_object()) {
+                        v["params"]["_meta"] = serde_json::json!({});
+                    }
+                    v["params"]["_meta"][key.as_str()] = value.clone().into();
+                }
+                serde_json::to_vec(&v).map_err(std::io::Error::other)?
+            }
+        };
+        if let Some(id) = answered
+            && bytes.len() > self.max_line
+        {
+            tracing::warn!(
+                size = bytes.len(),
+                limit = self.max_line,
+                "refused to send a response over the message limit"
+            );
+            bytes = too_large(id, bytes.len(), self.max_line);
+        }
+        bytes.push(b'\n');
+        Ok(bytes)
     }
 
     /// Answers bad input with `code` (server side). Returns false on the client side, where
@@ -312,25 +349,6 @@ enum LineRead {
     Eof,
 }
 
-async fn write_loop(write: Writer, mut rx: mpsc::Receiver<Vec<u8>>) {
-    let mut w = tokio::io::BufWriter::with_capacity(64 * 1024, write);
-    while let Some(frame) = rx.recv().await {
-        if w.write_all(&frame).await.is_err() {
-            return;
-        }
-        // Batch whatever else is already queued into the same flush.
-        while let Ok(more) = rx.try_recv() {
-            if w.write_all(&more).await.is_err() {
-                return;
-            }
-        }
-        if w.flush().await.is_err() {
-            return;
-        }
-    }
-    let _ = w.shutdown().await;
-}
-
 impl<Role: ServiceRole> Transport<Role> for LineTransport<Role> {
     type Error = std::io::Error;
 
@@ -338,8 +356,6 @@ impl<Role: ServiceRole> Transport<Role> for LineTransport<Role> {
         &mut self,
         item: TxJsonRpcMessage<Role>,
     ) -> impl Future<Output = Result<(), Self::Error>> + Send + 'static {
-        let tx = self.tx.clone();
-        let meta = self.meta_token.clone();
         // An answer frees its request's place (before it is written: the write queue is
         // bounded on its own).
         let answered = match (&self.in_flight, &item) {
@@ -355,46 +371,23 @@ impl<Role: ServiceRole> Transport<Role> for LineTransport<Role> {
             }
             _ => None,
         };
-        let max = self.max_line;
-        async move {
-            let mut bytes = match meta {
-                None => serde_json::to_vec(&item).map_err(std::io::Error::other)?,
-                Some((key, value)) => {
-                    let mut v = serde_json::to_value(&item).map_err(std::io::Error::other)?;
-                    if v.get("method").is_some() && v.get("id").is_some() {
-                        if !v.get("params").is_some_and(|p| p.is_object()) {
-                            v["params"] = serde_json::json!({});
-                        }
-                        if !v["params"].get("_meta").is_some_and(|m| m.is_object()) {
-                            v["params"]["_meta"] = serde_json::json!({});
-                        }
-                        v["params"]["_meta"][key] = value.into();
-                    }
-                    serde_json::to_vec(&v).map_err(std::io::Error::other)?
-                }
-            };
-            if let Some(id) = answered
-                && bytes.len() > max
-            {
-                tracing::warn!(
-                    size = bytes.len(),
-                    limit = max,
-                    "refused to send a response over the message limit"
-                );
-                bytes = too_large(&id, bytes.len(), max);
-            }
-            bytes.push(b'\n');
-            match tx {
-                Some(tx) => tx.send(bytes).await.map_err(|_| {
-                    std::io::Error::new(
-                        std::io::ErrorKind::BrokenPipe,
-                        "the peer closed the stream",
-                    )
-                }),
-                None => Err(std::io::Error::new(
+        // Framed and written here, in the caller's task (rmcp's service loop), when the
+        // stream takes it at once: the future rmcp spawns is then already done (`out.rs`).
+        let sent = match self.frame(&item, answered.as_ref()) {
+            Err(e) => Sent::Failed(e),
+            Ok(frame) => match &self.out {
+                Some(out) => out.send(frame),
+                None => Sent::Failed(std::io::Error::new(
                     std::io::ErrorKind::NotConnected,
                     "transport is closed",
                 )),
+            },
+        };
+        async move {
+            match sent {
+                Sent::Done => Ok(()),
+                Sent::Waiting(waiting) => waiting.sent().await,
+                Sent::Failed(e) => Err(e),
             }
         }
     }
@@ -402,20 +395,17 @@ impl<Role: ServiceRole> Transport<Role> for LineTransport<Role> {
     async fn receive(&mut self) -> Option<RxJsonRpcMessage<Role>> {
         loop {
             if self.pending_error.is_some() {
-                let tx = self.tx.clone()?;
+                let out = self.out.clone()?;
                 // `reserve` is cancel-safe: if this future is dropped the error stays pending.
-                let permit = tx.reserve().await.ok()?;
+                let permit = out.reserve().await?;
                 if let Some(frame) = self.pending_error.take() {
                     permit.send(frame);
                 }
             }
             // Backpressure: while the peer is not taking our output, stop taking its input,
             // so responses to a pipelined flood of requests cannot pile up in memory.
-            if let Some(tx) = &self.tx
-                && tx.capacity() == 0
-            {
-                let tx = tx.clone();
-                drop(tx.reserve().await.ok()?);
+            if let Some(out) = self.out.clone() {
+                out.room().await?;
             }
             let read = match self.in_flight.clone() {
                 Some((flight, limit)) if !self.parked.is_empty() => {
@@ -582,7 +572,7 @@ impl<Role: ServiceRole> Transport<Role> for LineTransport<Role> {
     }
 
     async fn close(&mut self) -> Result<(), Self::Error> {
-        self.tx = None;
+        self.out = None;
         if let Some(done) = self.writer_done.take() {
             let _ = done.await;
         }

@@ -7,7 +7,7 @@ use super::in_flight::BURSTS_ENDED;
 use super::*;
 use rmcp::RoleServer;
 use serde_json::json;
-use tokio::io::AsyncReadExt;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 async fn run(input: &[u8], max: usize) -> (Vec<String>, String) {
     let (client, server) = tokio::io::duplex(1 << 20);

@@ -1,0 +1,409 @@
+//! The writing half of a line transport ([`Out`]): a frame is written in the sender's own
+//! task when the stream takes it at once and nothing is queued ahead of it, and otherwise
+//! queued for the writer task.
+//!
+//! Why: rmcp runs each `Transport::send` future as a task of its own, and a writer task fed by
+//! a channel wrote the bytes, so every message a connection sent (an answer, a listen's
+//! update, a request) crossed two tasks after the service loop before its write, each a wake
+//! that may land on another worker. Now the service loop's call to `send` writes it (a pipe
+//! or a socket takes a line at once nearly always) and the future rmcp spawns is already done.
+//!
+//! What stays true:
+//! - **One writer at a time, whole frames, in order.** The stream sits under one lock. A
+//!   sender writes only when it holds the lock, nothing is queued (`queued`) and nothing is
+//!   left over from an earlier frame (`carry`); everything else goes to the queue, which the
+//!   writer task empties in order after the carry, under the same lock.
+//! - **Bounded.** A frame the stream does not take whole is kept as the carry (one frame at
+//!   most: no frame is written past it until the writer task has written it), and the queue
+//!   is the bounded channel as before: a peer that stops reading makes senders wait.
+//! - **No lost wake.** A write that is not taken at once was tried with a no-op waker; the
+//!   writer task is then told (`queued` counts it) and polls the stream with its own, which
+//!   replaces the no-op one wherever the stream keeps it.
+
+use std::io;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::task::{Context, Poll, Waker};
+
+use tokio::io::{AsyncWrite, AsyncWriteExt};
+use tokio::sync::mpsc;
+
+use super::Writer;
+
+/// Frames queued for the writer task.
+pub(super) const WRITE_QUEUE: usize = 256;
+
+/// Bytes the writer task gathers from queued frames before it writes them in one go.
+const BATCH: usize = 64 * 1024;
+
+/// A line transport's way out: see the module documentation. Cheap to clone.
+#[derive(Clone)]
+pub(super) struct Out {
+    tx: mpsc::Sender<Vec<u8>>,
+    shared: Arc<Shared>,
+}
+
+struct Shared {
+    stream: tokio::sync::Mutex<Stream>,
+    /// Frames handed to the queue (or about to be) that the writer task has not written and
+    /// flushed yet, and a carry's call for it; while it is not zero no sender writes.
+    queued: AtomicUsize,
+}
+
+struct Stream {
+    w: Writer,
+    /// Bytes taken but not written yet: the rest of a frame the stream did not take at once,
+    /// then the writer task's batch.
+    carry: Vec<u8>,
+}
+
+/// What [`Out::send`] did with a frame.
+pub(super) enum Sent {
+    /// Written, or kept to be written next by the writer task.
+    Done,
+    /// Queued behind others once the queue has room: the caller awaits this.
+    Waiting(Waiting),
+    /// The stream failed or is closed.
+    Failed(io::Error),
+}
+
+/// A place in the queue ([`Out::reserve`]).
+pub(super) struct Permit<'a> {
+    permit: mpsc::Permit<'a, Vec<u8>>,
+    queued: &'a AtomicUsize,
+}
+
+impl Permit<'_> {
+    pub(super) fn send(self, frame: Vec<u8>) {
+        self.queued.fetch_add(1, Ordering::AcqRel);
+        self.permit.send(frame);
+    }
+}
+
+/// A frame waiting for room in the queue.
+pub(super) struct Waiting {
+    out: Out,
+    frame: Vec<u8>,
+}
+
+impl Waiting {
+    pub(super) async fn sent(self) -> io::Result<()> {
+        let Waiting { out, frame } = self;
+        match out.tx.send(frame).await {
+            Ok(()) => Ok(()),
+            Err(_) => {
+                out.shared.queued.fetch_sub(1, Ordering::AcqRel);
+                Err(closed())
+            }
+        }
+    }
+}
+
+fn closed() -> io::Error {
+    io::Error::new(io::ErrorKind::BrokenPipe, "the peer closed the stream")
+}
+
+impl Out {
+    /// The way out through `w`, and the writer task, which ends when every `Out` is dropped
+    /// (after writing what is queued and shutting the stream down).
+    pub(super) fn new(w: Writer) -> (Out, tokio::task::JoinHandle<()>) {
+        let (tx, rx) = mpsc::channel(WRITE_QUEUE);
+        let shared = Arc::new(Shared {
+            stream: tokio::sync::Mutex::new(Stream {
+                w,
+                carry: Vec::new(),
+            }),
+            queued: AtomicUsize::new(0),
+        });
+        let task = tokio::spawn(write_loop(shared.clone(), rx));
+        (Out { tx, shared }, task)
+    }
+
+    /// Sends one frame (a whole line): written now when it can be, else queued. Never waits.
+    pub(super) fn send(&self, frame: Vec<u8>) -> Sent {
+        let frame = match self.write_now(frame) {
+            Ok(None) => return Sent::Done,
+            Ok(Some(frame)) => frame,
+            Err(e) => return Sent::Failed(e),
+        };
+        self.shared.queued.fetch_add(1, Ordering::AcqRel);
+        match self.tx.try_send(frame) {
+            Ok(()) => Sent::Done,
+            Err(mpsc::error::TrySendError::Full(frame)) => Sent::Waiting(Waiting {
+                out: self.clone(),
+                frame,
+            }),
+            Err(mpsc::error::TrySendError::Closed(_)) => {
+                self.shared.queued.fetch_sub(1, Ordering::AcqRel);
+                Sent::Failed(closed())
+            }
+        }
+    }
+
+    /// A place in the queue once there is one, for a frame the reading side owes the peer (an
+    /// error answer). Cancel-safe. `None` once the queue is closed.
+    pub(super) async fn reserve(&self) -> Option<Permit<'_>> {
+        let permit = self.tx.reserve().await.ok()?;
+        Some(Permit {
+            permit,
+            queued: &self.shared.queued,
+        })
+    }
+
+    /// Waits until the queue has room (the reading side's back-pressure: while the peer does
+    /// not take what this side writes, this side stops reading). `None` once it is closed.
+    pub(super) async fn room(&self) -> Option<()> {
+        if self.tx.capacity() == 0 {
+            drop(self.reserve().await?);
+        }
+        Some(())
+    }
+
+    /// Writes `frame` in this task if the stream is free and nothing is queued ahead of it:
+    /// `Ok(None)` when it is written (or its rest kept as the carry, the writer task told);
+    /// `Ok(Some(frame))` to queue it.
+    fn write_now(&self, frame: Vec<u8>) -> io::Result<Option<Vec<u8>>> {
+        let shared = &*self.shared;
+        if shared.queued.load(Ordering::Acquire) != 0 {
+            return Ok(Some(frame));
+        }
+        let Ok(mut stream) = shared.stream.try_lock() else {
+            return Ok(Some(frame));
+        };
+        // Checked again under the lock: the writer task lowers `queued` only under it, after
+        // writing, so a frame queued before this one is either written or still counted.
+        if shared.queued.load(Ordering::Acquire) != 0 || !stream.carry.is_empty() {
+            return Ok(Some(frame));
+        }
+        let mut cx = Context::from_waker(Waker::noop());
+        let mut done = 0;
+        while done < frame.len() {
+            match Pin::new(&mut stream.w).poll_write(&mut cx, &frame[done..]) {
+                Poll::Ready(Ok(0)) => return Err(io::ErrorKind::WriteZero.into()),
+                Poll::Ready(Ok(n)) => done += n,
+                Poll::Ready(Err(e)) => return Err(e),
+                Poll::Pending => break,
+            }
+        }
+        if done == frame.len() {
+            match Pin::new(&mut stream.w).poll_flush(&mut cx) {
+                Poll::Ready(Ok(())) => return Ok(None),
+                Poll::Ready(Err(e)) => return Err(e),
+                Poll::Pending => {}
+            }
+        } else {
+            stream.carry.extend_from_slice(&frame[done..]);
+        }
+        // The rest (or the flush) is the writer task's: an empty frame calls it, counted so
+        // that no sender writes past the carry meanwhile. A full queue already calls it.
+        shared.queued.fetch_add(1, Ordering::AcqRel);
+        match self.tx.try_send(Vec::new()) {
+            Ok(()) => Ok(None),
+            Err(mpsc::error::TrySendError::Full(_)) => {
+                shared.queued.fetch_sub(1, Ordering::AcqRel);
+                Ok(None)
+            }
+            Err(mpsc::error::TrySendError::Closed(_)) => {
+                shared.queued.fetch_sub(1, Ordering::AcqRel);
+                Err(closed())
+            }
+        }
+    }
+}
+
+/// The writer task: each time frames are queued, takes the stream, writes the carry and the
+/// frames in order (gathered into batches), flushes, and only then lowers `queued`.
+async fn write_loop(shared: Arc<Shared>, mut rx: mpsc::Receiver<Vec<u8>>) {
+    while let Some(first) = rx.recv().await {
+        let mut stream = shared.stream.lock().await;
+        let mut frames = 1;
+        let mut next = Some(first);
+        while let Some(frame) = next.take() {
+            if stream.put(frame).await.is_err() {
+                return;
+            }
+            if let Ok(more) = rx.try_recv() {
+                frames += 1;
+                next = Some(more);
+            }
+        }
+        if stream.flush().await.is_err() {
+            return;
+        }
+        shared.queued.fetch_sub(frames, Ordering::AcqRel);
+    }
+    let mut stream = shared.stream.lock().await;
+    if stream.flush().await.is_ok() {
+        let _ = stream.w.shutdown().await;
+    }
+}
+
+impl Stream {
+    /// Adds `frame` to the batch, writing the batch first when it would grow past [`BATCH`]
+    /// (a frame that large on its own is written as it is).
+    async fn put(&mut self, frame: Vec<u8>) -> io::Result<()> {
+        if self.carry.len() + frame.len() > BATCH {
+            self.write_carry().await?;
+        }
+        if frame.len() >= BATCH {
+            return self.w.write_all(&frame).await;
+        }
+        self.carry.extend_from_slice(&frame);
+        Ok(())
+    }
+
+    async fn write_carry(&mut self) -> io::Result<()> {
+        if self.carry.is_empty() {
+            return Ok(());
+        }
+        let mut carry = std::mem::take(&mut self.carry);
+        self.w.write_all(&carry).await?;
+        // A small allocation is kept for the next batch; a batch's is given back (a quiet
+        // connection holds none).
+        if carry.capacity() <= 4096 {
+            carry.clear();
+            self.carry = carry;
+        }
+        Ok(())
+    }
+
+    async fn flush(&mut self) -> io::Result<()> {
+        self.write_carry().await?;
+        self.w.flush().await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use futures::FutureExt;
+    use tokio::io::{AsyncBufReadExt, AsyncReadExt, BufReader};
+
+    fn line(i: usize, len: usize) -> Vec<u8> {
+        let mut l = format!("{i:08}:").into_bytes();
+        l.resize(len - 1, b'x');
+        l.push(b'\n');
+        l
+    }
+
+    #[tokio::test(flavor = "current_thread")]
+    async fn a_frame_the_stream_takes_is_written_in_the_senders_task() {
+        let (w, mut r) = tokio::io::duplex(1 << 16);
+        let (out, _task) = Out::new(Box::new(w));
+        assert!(matches!(out.send(b"one\n".to_vec()), Sent::Done));
+        // No await since: the writer task has not run, so the bytes are the send's own.
+        let mut buf = [0u8; 16];
+        let n = r
+            .read(&mut buf)
+            .now_or_never()
+            .expect("written before any other task ran")
+            .unwrap();
+        assert_eq!(&buf[..n], b"one\n");
+        assert_eq!(out.shared.queued.load(Ordering::Acquire), 0);
+    }
+
+    #[tokio::test(flavor = "current_thread")]
+    async fn a_frame_taken_in_part_goes_whole_and_before_the_next() {
+        let (w, r) = tokio::io::duplex(64);
+        let (out, _task) = Out::new(Box::new(w));
+        let (a, b) = (line(1, 200), line(2, 50));
+        assert!(matches!(out.send(a.clone()), Sent::Done));
+        assert!(!out.shared.stream.try_lock().unwrap().carry.is_empty());
+        // Room again before the writer task runs: `b` must still not go past `a`'s rest.
+        let mut r = r;
+        let mut head = [0u8; 64];
+        r.read_exact(&mut head).now_or_never().unwrap().unwrap();
+        assert!(matches!(out.send(b.clone()), Sent::Done));
+        let mut lines = BufReader::new(head.chain(r)).lines();
+        let first = lines.next_line().await.unwrap().unwrap();
+        let second = lines.next_line().await.unwrap().unwrap();
+        assert_eq!(first.as_bytes(), &a[..a.len() - 1]);
+        assert_eq!(second.as_bytes(), &b[..b.len() - 1]);
+    }
+
+    #[tokio::test(flavor = "current_thread")]
+    async fn a_peer_that_does_not_read_makes_senders_wait() {
+        let (w, mut r) = tokio::io::duplex(64);
+        let (out, _task) = Out::new(Box::new(w));
+        let mut waiting = None;
+        for i in 0..WRITE_QUEUE + 8 {
+            if let Sent::Waiting(wait) = out.send(line(i, 100)) {
+                waiting = Some(wait);
+                break;
+            }
+            tokio::task::yield_now().await;
+        }
+        let waiting = waiting.expect("the queue filled up");
+        let mut sent = Box::pin(waiting.sent());
+        assert!((&mut sent).now_or_never().is_none());
+        // Reading frees the stream, then the queue, and the frame goes.
+        let reader = tokio::spawn(async move {
+            let mut all = Vec::new();
+            r.read_to_end(&mut all).await.unwrap();
+            all
+        });
+        sent.await.unwrap();
+        drop(out);
+        let all = reader.await.unwrap();
+        let lines: Vec<_> = all.split(|b| *b == b'\n').filter(|l| !l.is_empty()).collect();
+        for (i, l) in lines.iter().enumerate() {
+            assert_eq!(&l[..9], format!("{i:08}:").as_bytes(), "line {i} in order");
+        }
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn many_senders_never_interleave_and_each_keeps_its_order() {
+        const SENDERS: usize = 8;
+        const EACH: usize = 500;
+        let (w, r) = tokio::io::duplex(512);
+        let (out, task) = Out::new(Box::new(w));
+        let reader = tokio::spawn(async move {
+            let mut lines = BufReader::new(r).lines();
+            let mut next = [0usize; SENDERS];
+            let mut n = 0;
+            while let Some(l) = lines.next_line().await.unwrap() {
+                let (who, rest) = l.split_once(':').unwrap();
+                let (who, seq): (usize, usize) = (who.parse().unwrap(), rest[..6].parse().unwrap());
+                assert_eq!(seq, next[who], "sender {who}'s frames in order");
+                assert!(rest[6..].bytes().all(|b| b == b'y'), "a frame whole");
+                next[who] += 1;
+                n += 1;
+            }
+            n
+        });
+        let senders: Vec<_> = (0..SENDERS)
+            .map(|who| {
+                let out = out.clone();
+                tokio::spawn(async move {
+                    for seq in 0..EACH {
+                        let mut l = format!("{who}:{seq:06}").into_bytes();
+                        l.resize(20 + (seq * 37) % 300, b'y');
+                        l.push(b'\n');
+                        match out.send(l) {
+                            Sent::Done => {}
+                            Sent::Waiting(w) => w.sent().await.unwrap(),
+                            Sent::Failed(e) => panic!("{e}"),
+                        }
+                    }
+                })
+            })
+            .collect();
+        for s in senders {
+            s.await.unwrap();
+        }
+        drop(out);
+        task.await.unwrap();
+        assert_eq!(reader.await.unwrap(), SENDERS * EACH);
+    }
+
+    #[tokio::test(flavor = "current_thread")]
+    async fn a_closed_peer_fails_the_send() {
+        let (w, r) = tokio::io::duplex(64);
+        drop(r);
+        let (out, task) = Out::new(Box::new(w));
+        assert!(matches!(out.send(b"x\n".to_vec()), Sent::Failed(_)));
+        drop(out);
+        task.await.unwrap();
+    }
+}
