@@ -81,21 +81,27 @@ impl Permit<'_> {
     }
 }
 
-/// A frame waiting for room in the queue.
+/// A frame waiting for room in the queue. Counted in `queued` from [`Out::send`] on; dropped
+/// before it is queued, it is counted out again.
 pub(super) struct Waiting {
     out: Out,
-    frame: Vec<u8>,
+    frame: Option<Vec<u8>>,
 }
 
 impl Waiting {
-    pub(super) async fn sent(self) -> io::Result<()> {
-        let Waiting { out, frame } = self;
-        match out.tx.send(frame).await {
-            Ok(()) => Ok(()),
-            Err(_) => {
-                out.shared.queued.fetch_sub(1, Ordering::AcqRel);
-                Err(closed())
-            }
+    pub(super) async fn sent(mut self) -> io::Result<()> {
+        let permit = self.out.tx.reserve().await.map_err(|_| closed())?;
+        if let Some(frame) = self.frame.take() {
+            permit.send(frame);
+        }
+        Ok(())
+    }
+}
+
+impl Drop for Waiting {
+    fn drop(&mut self) {
+        if self.frame.is_some() {
+            self.out.shared.queued.fetch_sub(1, Ordering::AcqRel);
         }
     }
 }
@@ -132,7 +138,7 @@ impl Out {
             Ok(()) => Sent::Done,
             Err(mpsc::error::TrySendError::Full(frame)) => Sent::Waiting(Waiting {
                 out: self.clone(),
-                frame,
+                frame: Some(frame),
             }),
             Err(mpsc::error::TrySendError::Closed(_)) => {
                 self.shared.queued.fetch_sub(1, Ordering::AcqRel);
@@ -346,7 +352,10 @@ mod tests {
         sent.await.unwrap();
         drop(out);
         let all = reader.await.unwrap();
-        let lines: Vec<_> = all.split(|b| *b == b'\n').filter(|l| !l.is_empty()).collect();
+        let lines: Vec<_> = all
+            .split(|b| *b == b'\n')
+            .filter(|l| !l.is_empty())
+            .collect();
         for (i, l) in lines.iter().enumerate() {
             assert_eq!(&l[..9], format!("{i:08}:").as_bytes(), "line {i} in order");
         }
