@@ -396,10 +396,10 @@ impl<Role: ServiceRole> Transport<Role> for LineTransport<Role> {
         loop {
             if self.pending_error.is_some() {
                 let out = self.out.clone()?;
-                // `reserve` is cancel-safe: if this future is dropped the error stays pending.
-                let permit = out.reserve().await?;
+                // `room` is cancel-safe: if this future is dropped the error stays pending.
+                out.room().await?;
                 if let Some(frame) = self.pending_error.take() {
-                    permit.send(frame);
+                    out.enqueue(frame).ok()?;
                 }
             }
             // Backpressure: while the peer is not taking our output, stop taking its input,

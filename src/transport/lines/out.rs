@@ -9,30 +9,35 @@
 //! or a socket takes a line at once nearly always) and the future rmcp spawns is already done.
 //!
 //! What stays true:
-//! - **One writer at a time, whole frames, in order.** The stream sits under one lock. A
-//!   sender writes only when it holds the lock, nothing is queued (`queued`) and nothing is
-//!   left over from an earlier frame (`carry`); everything else goes to the queue, which the
-//!   writer task empties in order after the carry, under the same lock.
-//! - **Bounded.** A frame the stream does not take whole is kept as the carry (one frame at
-//!   most: no frame is written past it until the writer task has written it), and the queue
-//!   is the bounded channel as before: a peer that stops reading makes senders wait.
+//! - **One writer at a time, whole frames, in the order of the `send` calls.** The stream sits
+//!   under one lock. A sender writes only when it holds the lock, nothing is queued
+//!   (`issued == done`) and nothing is left over from an earlier frame (`carry`). Every other
+//!   frame is queued in `send` itself, so the queue's order is the calls' order; the writer
+//!   task writes the carry first, then the queue, under the same lock.
+//! - **Bounded.** A frame the stream does not take whole is kept as the carry (no frame is
+//!   written past it until the writer task has written it). A frame queued more than
+//!   [`WRITE_QUEUE`] frames behind the writer makes its sender wait ([`Waiting`]), and the
+//!   reading side stops reading while the queue is that long ([`Out::room`]): a peer that
+//!   stops reading makes senders wait.
 //! - **No lost wake.** A write that is not taken at once was tried with a no-op waker; the
-//!   writer task is then told (`queued` counts it) and polls the stream with its own, which
-//!   replaces the no-op one wherever the stream keeps it.
+//!   writer task is then called (an empty frame, counted) and polls the stream with its own,
+//!   which replaces the no-op one wherever the stream keeps it.
+//! - **A broken stream stays broken.** After a failed write (perhaps of half a line) every
+//!   send fails.
 
 use std::io;
 use std::pin::Pin;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::task::{Context, Poll, Waker};
 
 use tokio::io::{AsyncWrite, AsyncWriteExt};
-use tokio::sync::mpsc;
+use tokio::sync::{Notify, mpsc};
 
 use super::Writer;
 
-/// Frames queued for the writer task.
-pub(super) const WRITE_QUEUE: usize = 256;
+/// How many frames may wait in the queue before their senders wait too.
+pub(super) const WRITE_QUEUE: u64 = 256;
 
 /// Bytes the writer task gathers from queued frames before it writes them in one go.
 const BATCH: usize = 64 * 1024;
@@ -40,15 +45,21 @@ const BATCH: usize = 64 * 1024;
 /// A line transport's way out: see the module documentation. Cheap to clone.
 #[derive(Clone)]
 pub(super) struct Out {
-    tx: mpsc::Sender<Vec<u8>>,
+    tx: mpsc::UnboundedSender<Vec<u8>>,
     shared: Arc<Shared>,
 }
 
 struct Shared {
     stream: tokio::sync::Mutex<Stream>,
-    /// Frames handed to the queue (or about to be) that the writer task has not written and
-    /// flushed yet, and a carry's call for it; while it is not zero no sender writes.
-    queued: AtomicUsize,
+    /// Frames queued so far (and empty frames calling the writer task for a carry).
+    issued: AtomicU64,
+    /// Of those, how many the writer task has written and flushed; raised only under the
+    /// stream's lock, after the write. While it is behind `issued`, no sender writes.
+    done: AtomicU64,
+    /// Set when the writer task stopped on an error: every send fails.
+    broken: AtomicBool,
+    /// Told each time `done` moves, or the writer task stops.
+    progress: Notify,
 }
 
 struct Stream {
@@ -56,53 +67,29 @@ struct Stream {
     /// Bytes taken but not written yet: the rest of a frame the stream did not take at once,
     /// then the writer task's batch.
     carry: Vec<u8>,
+    /// A write failed, perhaps in the middle of a line.
+    broken: bool,
 }
 
 /// What [`Out::send`] did with a frame.
 pub(super) enum Sent {
-    /// Written, or kept to be written next by the writer task.
+    /// Written, or queued (or kept as the carry) with room to spare.
     Done,
-    /// Queued behind others once the queue has room: the caller awaits this.
+    /// Queued far behind the writer: the caller awaits this before it counts as sent.
     Waiting(Waiting),
     /// The stream failed or is closed.
     Failed(io::Error),
 }
 
-/// A place in the queue ([`Out::reserve`]).
-pub(super) struct Permit<'a> {
-    permit: mpsc::Permit<'a, Vec<u8>>,
-    queued: &'a AtomicUsize,
-}
-
-impl Permit<'_> {
-    pub(super) fn send(self, frame: Vec<u8>) {
-        self.queued.fetch_add(1, Ordering::AcqRel);
-        self.permit.send(frame);
-    }
-}
-
-/// A frame waiting for room in the queue. Counted in `queued` from [`Out::send`] on; dropped
-/// before it is queued, it is counted out again.
+/// A frame queued far behind the writer: done once the writer is near it.
 pub(super) struct Waiting {
     out: Out,
-    frame: Option<Vec<u8>>,
+    seq: u64,
 }
 
 impl Waiting {
-    pub(super) async fn sent(mut self) -> io::Result<()> {
-        let permit = self.out.tx.reserve().await.map_err(|_| closed())?;
-        if let Some(frame) = self.frame.take() {
-            permit.send(frame);
-        }
-        Ok(())
-    }
-}
-
-impl Drop for Waiting {
-    fn drop(&mut self) {
-        if self.frame.is_some() {
-            self.out.shared.queued.fetch_sub(1, Ordering::AcqRel);
-        }
+    pub(super) async fn sent(self) -> io::Result<()> {
+        self.out.until(|done| done + WRITE_QUEUE > self.seq).await
     }
 }
 
@@ -114,133 +101,166 @@ impl Out {
     /// The way out through `w`, and the writer task, which ends when every `Out` is dropped
     /// (after writing what is queued and shutting the stream down).
     pub(super) fn new(w: Writer) -> (Out, tokio::task::JoinHandle<()>) {
-        let (tx, rx) = mpsc::channel(WRITE_QUEUE);
+        let (tx, rx) = mpsc::unbounded_channel();
         let shared = Arc::new(Shared {
             stream: tokio::sync::Mutex::new(Stream {
                 w,
                 carry: Vec::new(),
+                broken: false,
             }),
-            queued: AtomicUsize::new(0),
+            issued: AtomicU64::new(0),
+            done: AtomicU64::new(0),
+            broken: AtomicBool::new(false),
+            progress: Notify::new(),
         });
         let task = tokio::spawn(write_loop(shared.clone(), rx));
         (Out { tx, shared }, task)
     }
 
-    /// Sends one frame (a whole line): written now when it can be, else queued. Never waits.
+    /// Sends one frame (a whole line): written now when it can be, else queued, in the order
+    /// of the calls. Never waits.
     pub(super) fn send(&self, frame: Vec<u8>) -> Sent {
         let frame = match self.write_now(frame) {
             Ok(None) => return Sent::Done,
             Ok(Some(frame)) => frame,
             Err(e) => return Sent::Failed(e),
         };
-        self.shared.queued.fetch_add(1, Ordering::AcqRel);
-        match self.tx.try_send(frame) {
-            Ok(()) => Sent::Done,
-            Err(mpsc::error::TrySendError::Full(frame)) => Sent::Waiting(Waiting {
-                out: self.clone(),
-                frame: Some(frame),
-            }),
-            Err(mpsc::error::TrySendError::Closed(_)) => {
-                self.shared.queued.fetch_sub(1, Ordering::AcqRel);
-                Sent::Failed(closed())
+        match self.enqueue(frame) {
+            Err(e) => Sent::Failed(e),
+            Ok(seq) if seq >= self.shared.done.load(Ordering::Acquire) + WRITE_QUEUE => {
+                Sent::Waiting(Waiting {
+                    out: self.clone(),
+                    seq,
+                })
             }
+            Ok(_) => Sent::Done,
         }
     }
 
-    /// A place in the queue once there is one, for a frame the reading side owes the peer (an
-    /// error answer). Cancel-safe. `None` once the queue is closed.
-    pub(super) async fn reserve(&self) -> Option<Permit<'_>> {
-        let permit = self.tx.reserve().await.ok()?;
-        Some(Permit {
-            permit,
-            queued: &self.shared.queued,
-        })
+    /// Queues `frame` (counted first, so no sender writes past it), returning its place.
+    pub(super) fn enqueue(&self, frame: Vec<u8>) -> io::Result<u64> {
+        if self.shared.broken.load(Ordering::Acquire) {
+            return Err(closed());
+        }
+        let seq = self.shared.issued.fetch_add(1, Ordering::AcqRel);
+        self.tx.send(frame).map_err(|_| closed())?;
+        Ok(seq)
     }
 
-    /// Waits until the queue has room (the reading side's back-pressure: while the peer does
-    /// not take what this side writes, this side stops reading). `None` once it is closed.
+    /// Waits until the queue is short again (the reading side's back-pressure: while the peer
+    /// does not take what this side writes, this side stops reading). `None` once the stream
+    /// is broken.
     pub(super) async fn room(&self) -> Option<()> {
-        if self.tx.capacity() == 0 {
-            drop(self.reserve().await?);
+        let issued = self.shared.issued.load(Ordering::Acquire);
+        self.until(|done| done + WRITE_QUEUE > issued).await.ok()
+    }
+
+    /// Waits until `ready` holds of `done`, or fails once the stream is broken.
+    async fn until(&self, ready: impl Fn(u64) -> bool) -> io::Result<()> {
+        let shared = &*self.shared;
+        loop {
+            let progress = shared.progress.notified();
+            tokio::pin!(progress);
+            progress.as_mut().enable();
+            if ready(shared.done.load(Ordering::Acquire)) {
+                return Ok(());
+            }
+            if shared.broken.load(Ordering::Acquire) {
+                return Err(closed());
+            }
+            progress.await;
         }
-        Some(())
     }
 
     /// Writes `frame` in this task if the stream is free and nothing is queued ahead of it:
-    /// `Ok(None)` when it is written (or its rest kept as the carry, the writer task told);
+    /// `Ok(None)` when it is written (or its rest kept as the carry, the writer task called);
     /// `Ok(Some(frame))` to queue it.
-    fn write_now(&self, frame: Vec<u8>) -> io::Result<Option<Vec<u8>>> {
+    fn write_now(&self, mut frame: Vec<u8>) -> io::Result<Option<Vec<u8>>> {
         let shared = &*self.shared;
-        if shared.queued.load(Ordering::Acquire) != 0 {
+        let idle = || shared.issued.load(Ordering::Acquire) == shared.done.load(Ordering::Acquire);
+        if !idle() {
             return Ok(Some(frame));
         }
         let Ok(mut stream) = shared.stream.try_lock() else {
             return Ok(Some(frame));
         };
-        // Checked again under the lock: the writer task lowers `queued` only under it, after
+        if stream.broken {
+            return Err(closed());
+        }
+        // Checked again under the lock: the writer task raises `done` only under it, after
         // writing, so a frame queued before this one is either written or still counted.
-        if shared.queued.load(Ordering::Acquire) != 0 || !stream.carry.is_empty() {
+        if !idle() || !stream.carry.is_empty() {
             return Ok(Some(frame));
         }
         let mut cx = Context::from_waker(Waker::noop());
-        let mut done = 0;
-        while done < frame.len() {
-            match Pin::new(&mut stream.w).poll_write(&mut cx, &frame[done..]) {
-                Poll::Ready(Ok(0)) => return Err(io::ErrorKind::WriteZero.into()),
-                Poll::Ready(Ok(n)) => done += n,
-                Poll::Ready(Err(e)) => return Err(e),
+        let mut written = 0;
+        while written < frame.len() {
+            match Pin::new(&mut stream.w).poll_write(&mut cx, &frame[written..]) {
+                Poll::Ready(Ok(n)) if n > 0 => written += n,
+                Poll::Ready(Ok(_)) => {
+                    stream.broken = true;
+                    return Err(io::ErrorKind::WriteZero.into());
+                }
+                Poll::Ready(Err(e)) => {
+                    stream.broken = true;
+                    return Err(e);
+                }
                 Poll::Pending => break,
             }
         }
-        if done == frame.len() {
+        if written == frame.len() {
             match Pin::new(&mut stream.w).poll_flush(&mut cx) {
                 Poll::Ready(Ok(())) => return Ok(None),
-                Poll::Ready(Err(e)) => return Err(e),
+                Poll::Ready(Err(e)) => {
+                    stream.broken = true;
+                    return Err(e);
+                }
                 Poll::Pending => {}
             }
         } else {
-            stream.carry.extend_from_slice(&frame[done..]);
+            frame.drain(..written);
+            stream.carry = frame;
         }
         // The rest (or the flush) is the writer task's: an empty frame calls it, counted so
-        // that no sender writes past the carry meanwhile. A full queue already calls it.
-        shared.queued.fetch_add(1, Ordering::AcqRel);
-        match self.tx.try_send(Vec::new()) {
-            Ok(()) => Ok(None),
-            Err(mpsc::error::TrySendError::Full(_)) => {
-                shared.queued.fetch_sub(1, Ordering::AcqRel);
-                Ok(None)
-            }
-            Err(mpsc::error::TrySendError::Closed(_)) => {
-                shared.queued.fetch_sub(1, Ordering::AcqRel);
-                Err(closed())
-            }
-        }
+        // that no sender writes past the carry meanwhile.
+        self.enqueue(Vec::new())?;
+        Ok(None)
     }
 }
 
 /// The writer task: each time frames are queued, takes the stream, writes the carry and the
-/// frames in order (gathered into batches), flushes, and only then lowers `queued`.
-async fn write_loop(shared: Arc<Shared>, mut rx: mpsc::Receiver<Vec<u8>>) {
+/// frames in order (gathered into batches), flushes, and only then counts them done.
+async fn write_loop(shared: Arc<Shared>, mut rx: mpsc::UnboundedReceiver<Vec<u8>>) {
     while let Some(first) = rx.recv().await {
         let mut stream = shared.stream.lock().await;
         let mut frames = 1;
         let mut next = Some(first);
+        let mut wrote = Ok(());
         while let Some(frame) = next.take() {
-            if stream.put(frame).await.is_err() {
-                return;
+            wrote = stream.put(frame).await;
+            if wrote.is_err() {
+                break;
             }
             if let Ok(more) = rx.try_recv() {
                 frames += 1;
                 next = Some(more);
             }
         }
-        if stream.flush().await.is_err() {
+        if wrote.is_ok() {
+            wrote = stream.flush().await;
+        }
+        if wrote.is_err() {
+            stream.broken = true;
+            shared.broken.store(true, Ordering::Release);
+            shared.progress.notify_waiters();
             return;
         }
-        shared.queued.fetch_sub(frames, Ordering::AcqRel);
+        shared.done.fetch_add(frames, Ordering::AcqRel);
+        drop(stream);
+        shared.progress.notify_waiters();
     }
     let mut stream = shared.stream.lock().await;
-    if stream.flush().await.is_ok() {
+    if !stream.broken && stream.flush().await.is_ok() {
         let _ = stream.w.shutdown().await;
     }
 }
@@ -284,13 +304,49 @@ impl Stream {
 mod tests {
     use super::*;
     use futures::FutureExt;
+    use std::time::Duration;
     use tokio::io::{AsyncBufReadExt, AsyncReadExt, BufReader};
+
+    const WAIT: Duration = Duration::from_secs(10);
 
     fn line(i: usize, len: usize) -> Vec<u8> {
         let mut l = format!("{i:08}:").into_bytes();
         l.resize(len - 1, b'x');
         l.push(b'\n');
         l
+    }
+
+    /// Where line `i` is among the lines of `all`.
+    fn pos(all: &[u8], i: usize) -> usize {
+        all.split(|b| *b == b'\n')
+            .position(|l| l.starts_with(format!("{i:08}:").as_bytes()))
+            .unwrap_or_else(|| panic!("line {i} missing"))
+    }
+
+    fn outstanding(out: &Out) -> u64 {
+        out.shared.issued.load(Ordering::Acquire) - out.shared.done.load(Ordering::Acquire)
+    }
+
+    /// Sends `frame` as `LineTransport::send` and the future rmcp spawns for it do.
+    async fn send(out: &Out, frame: Vec<u8>) -> io::Result<()> {
+        match out.send(frame) {
+            Sent::Done => Ok(()),
+            Sent::Waiting(w) => w.sent().await,
+            Sent::Failed(e) => Err(e),
+        }
+    }
+
+    /// Blocks the writer task on a full stream (`duplex(64)`, unread) and queues frames
+    /// until the next send must wait; returns the next line's number.
+    async fn fill(out: &Out) -> usize {
+        send(out, line(0, 100)).await.unwrap();
+        tokio::task::yield_now().await;
+        let mut i = 1;
+        while outstanding(out) < WRITE_QUEUE {
+            assert!(matches!(out.send(line(i, 100)), Sent::Done));
+            i += 1;
+        }
+        i
     }
 
     #[tokio::test(flavor = "current_thread")]
@@ -306,21 +362,90 @@ mod tests {
             .expect("written before any other task ran")
             .unwrap();
         assert_eq!(&buf[..n], b"one\n");
-        assert_eq!(out.shared.queued.load(Ordering::Acquire), 0);
+        assert_eq!(outstanding(&out), 0);
+    }
+
+    #[tokio::test(flavor = "current_thread")]
+    async fn a_carry_goes_out_on_its_own() {
+        let (w, mut r) = tokio::io::duplex(64);
+        let (out, _task) = Out::new(Box::new(w));
+        let a = line(1, 200);
+        send(&out, a.clone()).await.unwrap();
+        assert!(!out.shared.stream.try_lock().unwrap().carry.is_empty());
+        // Nothing else is sent: the writer task, called for the carry, writes it.
+        let mut got = vec![0u8; 200];
+        tokio::time::timeout(WAIT, r.read_exact(&mut got))
+            .await
+            .expect("the carry is written")
+            .unwrap();
+        assert_eq!(got, a);
+        tokio::time::timeout(WAIT, out.until(|_| outstanding(&out) == 0))
+            .await
+            .unwrap()
+            .unwrap();
+    }
+
+    /// A stream that takes every write but answers its first flush `Pending`.
+    struct SlowFlush {
+        inner: tokio::io::DuplexStream,
+        flushes: usize,
+    }
+
+    impl AsyncWrite for SlowFlush {
+        fn poll_write(
+            mut self: Pin<&mut Self>,
+            cx: &mut Context<'_>,
+            buf: &[u8],
+        ) -> Poll<io::Result<usize>> {
+            Pin::new(&mut self.inner).poll_write(cx, buf)
+        }
+        fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+            self.flushes += 1;
+            if self.flushes == 1 {
+                return Poll::Pending;
+            }
+            Pin::new(&mut self.inner).poll_flush(cx)
+        }
+        fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+            Pin::new(&mut self.inner).poll_shutdown(cx)
+        }
+    }
+
+    #[tokio::test(flavor = "current_thread")]
+    async fn a_flush_left_pending_is_finished_by_the_writer_task() {
+        let (w, mut r) = tokio::io::duplex(1 << 16);
+        let (out, task) = Out::new(Box::new(SlowFlush {
+            inner: w,
+            flushes: 0,
+        }));
+        assert!(matches!(out.send(b"one\n".to_vec()), Sent::Done));
+        assert_eq!(
+            outstanding(&out),
+            1,
+            "the writer task was called for the flush"
+        );
+        tokio::time::timeout(WAIT, out.until(|_| outstanding(&out) == 0))
+            .await
+            .expect("the writer task flushed")
+            .unwrap();
+        drop(out);
+        task.await.unwrap();
+        let mut all = Vec::new();
+        r.read_to_end(&mut all).await.unwrap();
+        assert_eq!(all, b"one\n");
     }
 
     #[tokio::test(flavor = "current_thread")]
     async fn a_frame_taken_in_part_goes_whole_and_before_the_next() {
-        let (w, r) = tokio::io::duplex(64);
+        let (w, mut r) = tokio::io::duplex(64);
         let (out, _task) = Out::new(Box::new(w));
         let (a, b) = (line(1, 200), line(2, 50));
-        assert!(matches!(out.send(a.clone()), Sent::Done));
+        send(&out, a.clone()).await.unwrap();
         assert!(!out.shared.stream.try_lock().unwrap().carry.is_empty());
         // Room again before the writer task runs: `b` must still not go past `a`'s rest.
-        let mut r = r;
         let mut head = [0u8; 64];
         r.read_exact(&mut head).now_or_never().unwrap().unwrap();
-        assert!(matches!(out.send(b.clone()), Sent::Done));
+        send(&out, b.clone()).await.unwrap();
         let mut lines = BufReader::new(head.chain(r)).lines();
         let first = lines.next_line().await.unwrap().unwrap();
         let second = lines.next_line().await.unwrap().unwrap();
@@ -329,36 +454,80 @@ mod tests {
     }
 
     #[tokio::test(flavor = "current_thread")]
+    async fn a_queued_frame_is_not_overtaken() {
+        let (w, mut r) = tokio::io::duplex(1 << 16);
+        let (out, task) = Out::new(Box::new(w));
+        let guard = out.shared.stream.try_lock().unwrap();
+        assert!(matches!(out.send(line(1, 50)), Sent::Done), "queued");
+        drop(guard);
+        tokio::task::yield_now().await;
+        assert!(matches!(out.send(line(2, 50)), Sent::Done));
+        drop(out);
+        task.await.unwrap();
+        let mut all = Vec::new();
+        r.read_to_end(&mut all).await.unwrap();
+        assert!(pos(&all, 1) < pos(&all, 2));
+    }
+
+    #[tokio::test(flavor = "current_thread")]
     async fn a_peer_that_does_not_read_makes_senders_wait() {
         let (w, mut r) = tokio::io::duplex(64);
-        let (out, _task) = Out::new(Box::new(w));
-        let mut waiting = None;
-        for i in 0..WRITE_QUEUE + 8 {
-            if let Sent::Waiting(wait) = out.send(line(i, 100)) {
-                waiting = Some(wait);
-                break;
-            }
-            tokio::task::yield_now().await;
-        }
-        let waiting = waiting.expect("the queue filled up");
+        let (out, task) = Out::new(Box::new(w));
+        let next = fill(&out).await;
+        let Sent::Waiting(waiting) = out.send(line(next, 100)) else {
+            panic!("the queue is full: the sender waits");
+        };
         let mut sent = Box::pin(waiting.sent());
         assert!((&mut sent).now_or_never().is_none());
-        // Reading frees the stream, then the queue, and the frame goes.
+        assert!(
+            out.room().now_or_never().is_none(),
+            "the reading side waits too"
+        );
+        // Reading frees the stream, then the queue, and the frame counts as sent.
         let reader = tokio::spawn(async move {
             let mut all = Vec::new();
             r.read_to_end(&mut all).await.unwrap();
             all
         });
-        sent.await.unwrap();
+        tokio::time::timeout(WAIT, sent).await.unwrap().unwrap();
         drop(out);
+        task.await.unwrap();
         let all = reader.await.unwrap();
         let lines: Vec<_> = all
             .split(|b| *b == b'\n')
             .filter(|l| !l.is_empty())
             .collect();
+        assert_eq!(lines.len(), next + 1, "every frame written once");
         for (i, l) in lines.iter().enumerate() {
             assert_eq!(&l[..9], format!("{i:08}:").as_bytes(), "line {i} in order");
         }
+    }
+
+    #[tokio::test(flavor = "current_thread")]
+    async fn a_later_frame_does_not_overtake_a_waiting_one() {
+        let (w, mut r) = tokio::io::duplex(64);
+        let (out, task) = Out::new(Box::new(w));
+        let a = fill(&out).await;
+        let Sent::Waiting(wait_a) = out.send(line(a, 100)) else {
+            panic!("full");
+        };
+        // The writer drains some of the queue before `a`'s sender is polled again.
+        let mut head = vec![0u8; 100];
+        r.read_exact(&mut head).await.unwrap();
+        for _ in 0..4 {
+            tokio::task::yield_now().await;
+        }
+        let _ = out.send(line(a + 1, 100));
+        let reader = tokio::spawn(async move {
+            let mut all = head;
+            r.read_to_end(&mut all).await.unwrap();
+            all
+        });
+        wait_a.sent().await.unwrap();
+        drop(out);
+        task.await.unwrap();
+        let all = reader.await.unwrap();
+        assert!(pos(&all, a) < pos(&all, a + 1), "{a} was sent first");
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -389,10 +558,16 @@ mod tests {
                         let mut l = format!("{who}:{seq:06}").into_bytes();
                         l.resize(20 + (seq * 37) % 300, b'y');
                         l.push(b'\n');
+                        // Not awaited at once, as rmcp spawns it: the order is the calls'.
                         match out.send(l) {
                             Sent::Done => {}
-                            Sent::Waiting(w) => w.sent().await.unwrap(),
+                            Sent::Waiting(w) => {
+                                tokio::spawn(w.sent());
+                            }
                             Sent::Failed(e) => panic!("{e}"),
+                        }
+                        if seq % 16 == 0 {
+                            tokio::task::yield_now().await;
                         }
                     }
                 })
@@ -407,11 +582,34 @@ mod tests {
     }
 
     #[tokio::test(flavor = "current_thread")]
-    async fn a_closed_peer_fails_the_send() {
+    async fn a_closed_peer_fails_the_send_and_every_one_after() {
         let (w, r) = tokio::io::duplex(64);
         drop(r);
         let (out, task) = Out::new(Box::new(w));
-        assert!(matches!(out.send(b"x\n".to_vec()), Sent::Failed(_)));
+        assert!(send(&out, b"x\n".to_vec()).await.is_err());
+        assert!(send(&out, b"y\n".to_vec()).await.is_err());
+        drop(out);
+        task.await.unwrap();
+    }
+
+    #[tokio::test(flavor = "current_thread")]
+    async fn after_the_writer_task_fails_sends_fail() {
+        let (w, r) = tokio::io::duplex(64);
+        let (out, task) = Out::new(Box::new(w));
+        let next = fill(&out).await;
+        drop(r);
+        // The writer task meets the closed peer and stops; the waiting sender is told.
+        let Sent::Waiting(waiting) = out.send(line(next, 100)) else {
+            panic!("full");
+        };
+        assert!(
+            tokio::time::timeout(WAIT, waiting.sent())
+                .await
+                .unwrap()
+                .is_err()
+        );
+        assert!(send(&out, line(next + 1, 100)).await.is_err());
+        assert!(out.room().await.is_none());
         drop(out);
         task.await.unwrap();
     }
