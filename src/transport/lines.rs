@@ -396,10 +396,10 @@ impl<Role: ServiceRole> Transport<Role> for LineTransport<Role> {
         loop {
             if self.pending_error.is_some() {
                 let out = self.out.clone()?;
-                // `room` is cancel-safe: if this future is dropped the error stays pending.
-                out.room().await?;
+                // `reserve` is cancel-safe: if this future is dropped the error stays pending.
+                let permit = out.reserve().await?;
                 if let Some(frame) = self.pending_error.take() {
-                    out.enqueue(frame).ok()?;
+                    permit.send(frame);
                 }
             }
             // Backpressure: while the peer is not taking our output, stop taking its input,

@@ -9,35 +9,36 @@
 //! or a socket takes a line at once nearly always) and the future rmcp spawns is already done.
 //!
 //! What stays true:
-//! - **One writer at a time, whole frames, in the order of the `send` calls.** The stream sits
-//!   under one lock. A sender writes only when it holds the lock, nothing is queued
-//!   (`issued == done`) and nothing is left over from an earlier frame (`carry`). Every other
-//!   frame is queued in `send` itself, so the queue's order is the calls' order; the writer
-//!   task writes the carry first, then the queue, under the same lock.
-//! - **Bounded.** A frame the stream does not take whole is kept as the carry (no frame is
-//!   written past it until the writer task has written it). A frame queued more than
-//!   [`WRITE_QUEUE`] frames behind the writer makes its sender wait ([`Waiting`]), and the
-//!   reading side stops reading while the queue is that long ([`Out::room`]): a peer that
-//!   stops reading makes senders wait.
+//! - **One writer at a time, whole frames, in order.** The stream sits under one lock. A
+//!   sender writes only when it holds the lock, nothing is queued (`queued`) and nothing is
+//!   left over from an earlier frame (`carry`); everything else goes to the queue in the
+//!   sender's call, which the writer task empties in order after the carry, under the same
+//!   lock. So frames go out in the order of the calls, but for one case: when the queue is
+//!   full, a frame waits for room in the future rmcp spawns for it, and frames waiting so
+//!   take the room in the order those futures are polled (as every frame did before the
+//!   queue was entered in the call; a queue that is never full would be unbounded).
+//! - **Bounded.** A frame the stream does not take whole is kept as the carry (one frame at
+//!   most: no frame is written past it until the writer task has written it), and the queue
+//!   is the bounded channel as before: a peer that stops reading makes senders wait.
 //! - **No lost wake.** A write that is not taken at once was tried with a no-op waker; the
-//!   writer task is then called (an empty frame, counted) and polls the stream with its own,
-//!   which replaces the no-op one wherever the stream keeps it.
-//! - **A broken stream stays broken.** After a failed write (perhaps of half a line) every
-//!   send fails.
+//!   writer task is then told (`queued` counts it) and polls the stream with its own, which
+//!   replaces the no-op one wherever the stream keeps it.
+//! - **A broken stream stays broken.** After a failed write (perhaps of half a line) nothing
+//!   more is written: every send fails, and the writer task stops.
 
 use std::io;
 use std::pin::Pin;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::task::{Context, Poll, Waker};
 
 use tokio::io::{AsyncWrite, AsyncWriteExt};
-use tokio::sync::{Notify, mpsc};
+use tokio::sync::mpsc;
 
 use super::Writer;
 
-/// How many frames may wait in the queue before their senders wait too.
-pub(super) const WRITE_QUEUE: u64 = 256;
+/// Frames queued for the writer task.
+pub(super) const WRITE_QUEUE: usize = 256;
 
 /// Bytes the writer task gathers from queued frames before it writes them in one go.
 const BATCH: usize = 64 * 1024;
@@ -45,21 +46,15 @@ const BATCH: usize = 64 * 1024;
 /// A line transport's way out: see the module documentation. Cheap to clone.
 #[derive(Clone)]
 pub(super) struct Out {
-    tx: mpsc::UnboundedSender<Vec<u8>>,
+    tx: mpsc::Sender<Vec<u8>>,
     shared: Arc<Shared>,
 }
 
 struct Shared {
     stream: tokio::sync::Mutex<Stream>,
-    /// Frames queued so far (and empty frames calling the writer task for a carry).
-    issued: AtomicU64,
-    /// Of those, how many the writer task has written and flushed; raised only under the
-    /// stream's lock, after the write. While it is behind `issued`, no sender writes.
-    done: AtomicU64,
-    /// Set when the writer task stopped on an error: every send fails.
-    broken: AtomicBool,
-    /// Told each time `done` moves, or the writer task stops.
-    progress: Notify,
+    /// Frames handed to the queue (or about to be) that the writer task has not written and
+    /// flushed yet, and a carry's call for it; while it is not zero no sender writes.
+    queued: AtomicUsize,
 }
 
 struct Stream {
@@ -73,23 +68,50 @@ struct Stream {
 
 /// What [`Out::send`] did with a frame.
 pub(super) enum Sent {
-    /// Written, or queued (or kept as the carry) with room to spare.
+    /// Written, kept to be written next by the writer task, or queued: not yet delivered
+    /// (a write failing later loses it, as the peer's end would).
     Done,
-    /// Queued far behind the writer: the caller awaits this before it counts as sent.
+    /// Queued behind others once the queue has room: the caller awaits this.
     Waiting(Waiting),
     /// The stream failed or is closed.
     Failed(io::Error),
 }
 
-/// A frame queued far behind the writer: done once the writer is near it.
+/// A place in the queue ([`Out::reserve`]).
+pub(super) struct Permit<'a> {
+    permit: mpsc::Permit<'a, Vec<u8>>,
+    queued: &'a AtomicUsize,
+}
+
+impl Permit<'_> {
+    pub(super) fn send(self, frame: Vec<u8>) {
+        self.queued.fetch_add(1, Ordering::AcqRel);
+        self.permit.send(frame);
+    }
+}
+
+/// A frame waiting for room in the queue. Counted in `queued` from [`Out::send`] on; dropped
+/// before it is queued, it is counted out again.
 pub(super) struct Waiting {
     out: Out,
-    seq: u64,
+    frame: Option<Vec<u8>>,
 }
 
 impl Waiting {
-    pub(super) async fn sent(self) -> io::Result<()> {
-        self.out.until(|done| done + WRITE_QUEUE > self.seq).await
+    pub(super) async fn sent(mut self) -> io::Result<()> {
+        let permit = self.out.tx.reserve().await.map_err(|_| closed())?;
+        if let Some(frame) = self.frame.take() {
+            permit.send(frame);
+        }
+        Ok(())
+    }
+}
+
+impl Drop for Waiting {
+    fn drop(&mut self) {
+        if self.frame.is_some() {
+            self.out.shared.queued.fetch_sub(1, Ordering::AcqRel);
+        }
     }
 }
 
@@ -101,84 +123,69 @@ impl Out {
     /// The way out through `w`, and the writer task, which ends when every `Out` is dropped
     /// (after writing what is queued and shutting the stream down).
     pub(super) fn new(w: Writer) -> (Out, tokio::task::JoinHandle<()>) {
-        let (tx, rx) = mpsc::unbounded_channel();
+        let (tx, rx) = mpsc::channel(WRITE_QUEUE);
         let shared = Arc::new(Shared {
             stream: tokio::sync::Mutex::new(Stream {
                 w,
                 carry: Vec::new(),
                 broken: false,
             }),
-            issued: AtomicU64::new(0),
-            done: AtomicU64::new(0),
-            broken: AtomicBool::new(false),
-            progress: Notify::new(),
+            queued: AtomicUsize::new(0),
         });
         let task = tokio::spawn(write_loop(shared.clone(), rx));
         (Out { tx, shared }, task)
     }
 
-    /// Sends one frame (a whole line): written now when it can be, else queued, in the order
-    /// of the calls. Never waits.
+    /// Sends one frame (a whole line): written now when it can be, else queued. Never waits.
     pub(super) fn send(&self, frame: Vec<u8>) -> Sent {
         let frame = match self.write_now(frame) {
             Ok(None) => return Sent::Done,
             Ok(Some(frame)) => frame,
             Err(e) => return Sent::Failed(e),
         };
-        match self.enqueue(frame) {
-            Err(e) => Sent::Failed(e),
-            Ok(seq) if seq >= self.shared.done.load(Ordering::Acquire) + WRITE_QUEUE => {
-                Sent::Waiting(Waiting {
-                    out: self.clone(),
-                    seq,
-                })
+        self.shared.queued.fetch_add(1, Ordering::AcqRel);
+        match self.tx.try_send(frame) {
+            Ok(()) => Sent::Done,
+            Err(mpsc::error::TrySendError::Full(frame)) => Sent::Waiting(Waiting {
+                out: self.clone(),
+                frame: Some(frame),
+            }),
+            Err(mpsc::error::TrySendError::Closed(_)) => {
+                self.shared.queued.fetch_sub(1, Ordering::AcqRel);
+                Sent::Failed(closed())
             }
-            Ok(_) => Sent::Done,
         }
     }
 
-    /// Queues `frame` (counted first, so no sender writes past it), returning its place.
-    pub(super) fn enqueue(&self, frame: Vec<u8>) -> io::Result<u64> {
-        if self.shared.broken.load(Ordering::Acquire) {
-            return Err(closed());
-        }
-        let seq = self.shared.issued.fetch_add(1, Ordering::AcqRel);
-        self.tx.send(frame).map_err(|_| closed())?;
-        Ok(seq)
+    /// A place in the queue once there is one, for a frame the reading side owes the peer (an
+    /// error answer). Cancel-safe. `None` once the queue is closed.
+    pub(super) async fn reserve(&self) -> Option<Permit<'_>> {
+        let permit = self.tx.reserve().await.ok()?;
+        Some(Permit {
+            permit,
+            queued: &self.shared.queued,
+        })
     }
 
-    /// Waits until the queue is short again (the reading side's back-pressure: while the peer
-    /// does not take what this side writes, this side stops reading). `None` once the stream
-    /// is broken.
+    /// Waits until the queue has room (the reading side's back-pressure: while the peer does
+    /// not take what this side writes, this side stops reading). `None` once it is closed
+    /// (the writer task stopped: nothing this side reads could be answered).
     pub(super) async fn room(&self) -> Option<()> {
-        let issued = self.shared.issued.load(Ordering::Acquire);
-        self.until(|done| done + WRITE_QUEUE > issued).await.ok()
-    }
-
-    /// Waits until `ready` holds of `done`, or fails once the stream is broken.
-    async fn until(&self, ready: impl Fn(u64) -> bool) -> io::Result<()> {
-        let shared = &*self.shared;
-        loop {
-            let progress = shared.progress.notified();
-            tokio::pin!(progress);
-            progress.as_mut().enable();
-            if ready(shared.done.load(Ordering::Acquire)) {
-                return Ok(());
-            }
-            if shared.broken.load(Ordering::Acquire) {
-                return Err(closed());
-            }
-            progress.await;
+        if self.tx.is_closed() {
+            return None;
         }
+        if self.tx.capacity() == 0 {
+            drop(self.reserve().await?);
+        }
+        Some(())
     }
 
     /// Writes `frame` in this task if the stream is free and nothing is queued ahead of it:
-    /// `Ok(None)` when it is written (or its rest kept as the carry, the writer task called);
+    /// `Ok(None)` when it is written (or its rest kept as the carry, the writer task told);
     /// `Ok(Some(frame))` to queue it.
     fn write_now(&self, mut frame: Vec<u8>) -> io::Result<Option<Vec<u8>>> {
         let shared = &*self.shared;
-        let idle = || shared.issued.load(Ordering::Acquire) == shared.done.load(Ordering::Acquire);
-        if !idle() {
+        if shared.queued.load(Ordering::Acquire) != 0 {
             return Ok(Some(frame));
         }
         let Ok(mut stream) = shared.stream.try_lock() else {
@@ -187,77 +194,73 @@ impl Out {
         if stream.broken {
             return Err(closed());
         }
-        // Checked again under the lock: the writer task raises `done` only under it, after
+        // Checked again under the lock: the writer task lowers `queued` only under it, after
         // writing, so a frame queued before this one is either written or still counted.
-        if !idle() || !stream.carry.is_empty() {
+        if shared.queued.load(Ordering::Acquire) != 0 || !stream.carry.is_empty() {
             return Ok(Some(frame));
         }
         let mut cx = Context::from_waker(Waker::noop());
-        let mut written = 0;
-        while written < frame.len() {
-            match Pin::new(&mut stream.w).poll_write(&mut cx, &frame[written..]) {
-                Poll::Ready(Ok(n)) if n > 0 => written += n,
-                Poll::Ready(Ok(_)) => {
-                    stream.broken = true;
-                    return Err(io::ErrorKind::WriteZero.into());
-                }
-                Poll::Ready(Err(e)) => {
-                    stream.broken = true;
-                    return Err(e);
-                }
+        let mut done = 0;
+        while done < frame.len() {
+            match Pin::new(&mut stream.w).poll_write(&mut cx, &frame[done..]) {
+                Poll::Ready(Ok(n)) if n > 0 => done += n,
+                Poll::Ready(Ok(_)) => return Err(stream.fail(io::ErrorKind::WriteZero.into())),
+                Poll::Ready(Err(e)) => return Err(stream.fail(e)),
                 Poll::Pending => break,
             }
         }
-        if written == frame.len() {
+        if done == frame.len() {
             match Pin::new(&mut stream.w).poll_flush(&mut cx) {
                 Poll::Ready(Ok(())) => return Ok(None),
-                Poll::Ready(Err(e)) => {
-                    stream.broken = true;
-                    return Err(e);
-                }
+                Poll::Ready(Err(e)) => return Err(stream.fail(e)),
                 Poll::Pending => {}
             }
         } else {
-            frame.drain(..written);
+            frame.drain(..done);
             stream.carry = frame;
         }
         // The rest (or the flush) is the writer task's: an empty frame calls it, counted so
-        // that no sender writes past the carry meanwhile.
-        self.enqueue(Vec::new())?;
-        Ok(None)
+        // that no sender writes past the carry meanwhile. A full queue already calls it.
+        shared.queued.fetch_add(1, Ordering::AcqRel);
+        match self.tx.try_send(Vec::new()) {
+            Ok(()) => Ok(None),
+            Err(mpsc::error::TrySendError::Full(_)) => {
+                shared.queued.fetch_sub(1, Ordering::AcqRel);
+                Ok(None)
+            }
+            Err(mpsc::error::TrySendError::Closed(_)) => {
+                shared.queued.fetch_sub(1, Ordering::AcqRel);
+                Err(closed())
+            }
+        }
     }
 }
 
 /// The writer task: each time frames are queued, takes the stream, writes the carry and the
-/// frames in order (gathered into batches), flushes, and only then counts them done.
-async fn write_loop(shared: Arc<Shared>, mut rx: mpsc::UnboundedReceiver<Vec<u8>>) {
+/// frames in order (gathered into batches), flushes, and only then lowers `queued`.
+async fn write_loop(shared: Arc<Shared>, mut rx: mpsc::Receiver<Vec<u8>>) {
     while let Some(first) = rx.recv().await {
         let mut stream = shared.stream.lock().await;
+        if stream.broken {
+            return;
+        }
         let mut frames = 1;
         let mut next = Some(first);
-        let mut wrote = Ok(());
         while let Some(frame) = next.take() {
-            wrote = stream.put(frame).await;
-            if wrote.is_err() {
-                break;
+            if let Err(e) = stream.put(frame).await {
+                stream.fail(e);
+                return;
             }
             if let Ok(more) = rx.try_recv() {
                 frames += 1;
                 next = Some(more);
             }
         }
-        if wrote.is_ok() {
-            wrote = stream.flush().await;
-        }
-        if wrote.is_err() {
-            stream.broken = true;
-            shared.broken.store(true, Ordering::Release);
-            shared.progress.notify_waiters();
+        if let Err(e) = stream.flush().await {
+            stream.fail(e);
             return;
         }
-        shared.done.fetch_add(frames, Ordering::AcqRel);
-        drop(stream);
-        shared.progress.notify_waiters();
+        shared.queued.fetch_sub(frames, Ordering::AcqRel);
     }
     let mut stream = shared.stream.lock().await;
     if !stream.broken && stream.flush().await.is_ok() {
@@ -266,6 +269,12 @@ async fn write_loop(shared: Arc<Shared>, mut rx: mpsc::UnboundedReceiver<Vec<u8>
 }
 
 impl Stream {
+    /// Marks the stream broken by `e` (nothing more is written to it) and returns `e`.
+    fn fail(&mut self, e: io::Error) -> io::Error {
+        self.broken = true;
+        e
+    }
+
     /// Adds `frame` to the batch, writing the batch first when it would grow past [`BATCH`]
     /// (a frame that large on its own is written as it is).
     async fn put(&mut self, frame: Vec<u8>) -> io::Result<()> {
@@ -323,8 +332,19 @@ mod tests {
             .unwrap_or_else(|| panic!("line {i} missing"))
     }
 
-    fn outstanding(out: &Out) -> u64 {
-        out.shared.issued.load(Ordering::Acquire) - out.shared.done.load(Ordering::Acquire)
+    fn outstanding(out: &Out) -> usize {
+        out.shared.queued.load(Ordering::Acquire)
+    }
+
+    /// Waits (with a deadline) until the writer task has written everything queued.
+    async fn drained(out: &Out) {
+        tokio::time::timeout(WAIT, async {
+            while outstanding(out) != 0 {
+                tokio::task::yield_now().await;
+            }
+        })
+        .await
+        .expect("the writer task wrote what was queued");
     }
 
     /// Sends `frame` as `LineTransport::send` and the future rmcp spawns for it do.
@@ -337,12 +357,12 @@ mod tests {
     }
 
     /// Blocks the writer task on a full stream (`duplex(64)`, unread) and queues frames
-    /// until the next send must wait; returns the next line's number.
+    /// until the queue is full; returns the next line's number.
     async fn fill(out: &Out) -> usize {
         send(out, line(0, 100)).await.unwrap();
         tokio::task::yield_now().await;
         let mut i = 1;
-        while outstanding(out) < WRITE_QUEUE {
+        while out.tx.capacity() > 0 {
             assert!(matches!(out.send(line(i, 100)), Sent::Done));
             i += 1;
         }
@@ -379,10 +399,7 @@ mod tests {
             .expect("the carry is written")
             .unwrap();
         assert_eq!(got, a);
-        tokio::time::timeout(WAIT, out.until(|_| outstanding(&out) == 0))
-            .await
-            .unwrap()
-            .unwrap();
+        drained(&out).await;
     }
 
     /// A stream that takes every write but answers its first flush `Pending`.
@@ -424,10 +441,7 @@ mod tests {
             1,
             "the writer task was called for the flush"
         );
-        tokio::time::timeout(WAIT, out.until(|_| outstanding(&out) == 0))
-            .await
-            .expect("the writer task flushed")
-            .unwrap();
+        drained(&out).await;
         drop(out);
         task.await.unwrap();
         let mut all = Vec::new();
@@ -460,7 +474,7 @@ mod tests {
         let guard = out.shared.stream.try_lock().unwrap();
         assert!(matches!(out.send(line(1, 50)), Sent::Done), "queued");
         drop(guard);
-        tokio::task::yield_now().await;
+        // The writer task has not run: line 2 must not go ahead of the queued line 1.
         assert!(matches!(out.send(line(2, 50)), Sent::Done));
         drop(out);
         task.await.unwrap();
@@ -503,33 +517,6 @@ mod tests {
         }
     }
 
-    #[tokio::test(flavor = "current_thread")]
-    async fn a_later_frame_does_not_overtake_a_waiting_one() {
-        let (w, mut r) = tokio::io::duplex(64);
-        let (out, task) = Out::new(Box::new(w));
-        let a = fill(&out).await;
-        let Sent::Waiting(wait_a) = out.send(line(a, 100)) else {
-            panic!("full");
-        };
-        // The writer drains some of the queue before `a`'s sender is polled again.
-        let mut head = vec![0u8; 100];
-        r.read_exact(&mut head).await.unwrap();
-        for _ in 0..4 {
-            tokio::task::yield_now().await;
-        }
-        let _ = out.send(line(a + 1, 100));
-        let reader = tokio::spawn(async move {
-            let mut all = head;
-            r.read_to_end(&mut all).await.unwrap();
-            all
-        });
-        wait_a.sent().await.unwrap();
-        drop(out);
-        task.await.unwrap();
-        let all = reader.await.unwrap();
-        assert!(pos(&all, a) < pos(&all, a + 1), "{a} was sent first");
-    }
-
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn many_senders_never_interleave_and_each_keeps_its_order() {
         const SENDERS: usize = 8;
@@ -558,14 +545,7 @@ mod tests {
                         let mut l = format!("{who}:{seq:06}").into_bytes();
                         l.resize(20 + (seq * 37) % 300, b'y');
                         l.push(b'\n');
-                        // Not awaited at once, as rmcp spawns it: the order is the calls'.
-                        match out.send(l) {
-                            Sent::Done => {}
-                            Sent::Waiting(w) => {
-                                tokio::spawn(w.sent());
-                            }
-                            Sent::Failed(e) => panic!("{e}"),
-                        }
+                        send(&out, l).await.unwrap();
                         if seq % 16 == 0 {
                             tokio::task::yield_now().await;
                         }
@@ -581,15 +561,52 @@ mod tests {
         assert_eq!(reader.await.unwrap(), SENDERS * EACH);
     }
 
+    /// A stream that takes three bytes, then fails once, then takes everything.
+    struct FailsOnce {
+        inner: tokio::io::DuplexStream,
+        writes: usize,
+    }
+
+    impl AsyncWrite for FailsOnce {
+        fn poll_write(
+            mut self: Pin<&mut Self>,
+            cx: &mut Context<'_>,
+            buf: &[u8],
+        ) -> Poll<io::Result<usize>> {
+            self.writes += 1;
+            match self.writes {
+                1 => Pin::new(&mut self.inner).poll_write(cx, &buf[..3.min(buf.len())]),
+                2 => Poll::Ready(Err(io::ErrorKind::ConnectionReset.into())),
+                _ => Pin::new(&mut self.inner).poll_write(cx, buf),
+            }
+        }
+        fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+            Pin::new(&mut self.inner).poll_flush(cx)
+        }
+        fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+            Pin::new(&mut self.inner).poll_shutdown(cx)
+        }
+    }
+
     #[tokio::test(flavor = "current_thread")]
-    async fn a_closed_peer_fails_the_send_and_every_one_after() {
-        let (w, r) = tokio::io::duplex(64);
-        drop(r);
-        let (out, task) = Out::new(Box::new(w));
-        assert!(send(&out, b"x\n".to_vec()).await.is_err());
-        assert!(send(&out, b"y\n".to_vec()).await.is_err());
+    async fn after_half_a_line_nothing_more_is_written() {
+        let (w, mut r) = tokio::io::duplex(1 << 16);
+        let (out, task) = Out::new(Box::new(FailsOnce {
+            inner: w,
+            writes: 0,
+        }));
+        assert!(send(&out, b"first\n".to_vec()).await.is_err());
+        // The stream would take these: they must not follow half a line.
+        assert!(send(&out, b"second\n".to_vec()).await.is_err());
+        let guard = out.shared.stream.try_lock().unwrap();
+        let queued = out.send(b"third\n".to_vec());
+        drop(guard);
+        assert!(matches!(queued, Sent::Done), "queued behind the lock");
         drop(out);
         task.await.unwrap();
+        let mut all = Vec::new();
+        r.read_to_end(&mut all).await.unwrap();
+        assert_eq!(all, b"fir");
     }
 
     #[tokio::test(flavor = "current_thread")]
