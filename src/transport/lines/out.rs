@@ -402,23 +402,45 @@ mod tests {
         drained(&out).await;
     }
 
-    /// A stream that takes every write but answers its first flush `Pending`.
-    struct SlowFlush {
+    /// A duplex end that misbehaves as told: its first flush answers `Pending`
+    /// (`slow_flush`), or its first write takes three bytes and its second fails
+    /// (`fails_once`).
+    struct Scripted {
         inner: tokio::io::DuplexStream,
+        slow_flush: bool,
+        fails_once: bool,
+        writes: usize,
         flushes: usize,
     }
 
-    impl AsyncWrite for SlowFlush {
+    impl Scripted {
+        fn writer(inner: tokio::io::DuplexStream, slow_flush: bool, fails_once: bool) -> Writer {
+            Box::new(Scripted {
+                inner,
+                slow_flush,
+                fails_once,
+                writes: 0,
+                flushes: 0,
+            })
+        }
+    }
+
+    impl AsyncWrite for Scripted {
         fn poll_write(
             mut self: Pin<&mut Self>,
             cx: &mut Context<'_>,
             buf: &[u8],
         ) -> Poll<io::Result<usize>> {
-            Pin::new(&mut self.inner).poll_write(cx, buf)
+            self.writes += 1;
+            match (self.fails_once, self.writes) {
+                (true, 1) => Pin::new(&mut self.inner).poll_write(cx, &buf[..3.min(buf.len())]),
+                (true, 2) => Poll::Ready(Err(io::ErrorKind::ConnectionReset.into())),
+                _ => Pin::new(&mut self.inner).poll_write(cx, buf),
+            }
         }
         fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
             self.flushes += 1;
-            if self.flushes == 1 {
+            if self.slow_flush && self.flushes == 1 {
                 return Poll::Pending;
             }
             Pin::new(&mut self.inner).poll_flush(cx)
@@ -431,10 +453,7 @@ mod tests {
     #[tokio::test(flavor = "current_thread")]
     async fn a_flush_left_pending_is_finished_by_the_writer_task() {
         let (w, mut r) = tokio::io::duplex(1 << 16);
-        let (out, task) = Out::new(Box::new(SlowFlush {
-            inner: w,
-            flushes: 0,
-        }));
+        let (out, task) = Out::new(Scripted::writer(w, true, false));
         assert!(matches!(out.send(b"one\n".to_vec()), Sent::Done));
         assert_eq!(
             outstanding(&out),
@@ -561,40 +580,10 @@ mod tests {
         assert_eq!(reader.await.unwrap(), SENDERS * EACH);
     }
 
-    /// A stream that takes three bytes, then fails once, then takes everything.
-    struct FailsOnce {
-        inner: tokio::io::DuplexStream,
-        writes: usize,
-    }
-
-    impl AsyncWrite for FailsOnce {
-        fn poll_write(
-            mut self: Pin<&mut Self>,
-            cx: &mut Context<'_>,
-            buf: &[u8],
-        ) -> Poll<io::Result<usize>> {
-            self.writes += 1;
-            match self.writes {
-                1 => Pin::new(&mut self.inner).poll_write(cx, &buf[..3.min(buf.len())]),
-                2 => Poll::Ready(Err(io::ErrorKind::ConnectionReset.into())),
-                _ => Pin::new(&mut self.inner).poll_write(cx, buf),
-            }
-        }
-        fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-            Pin::new(&mut self.inner).poll_flush(cx)
-        }
-        fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-            Pin::new(&mut self.inner).poll_shutdown(cx)
-        }
-    }
-
     #[tokio::test(flavor = "current_thread")]
     async fn after_half_a_line_nothing_more_is_written() {
         let (w, mut r) = tokio::io::duplex(1 << 16);
-        let (out, task) = Out::new(Box::new(FailsOnce {
-            inner: w,
-            writes: 0,
-        }));
+        let (out, task) = Out::new(Scripted::writer(w, false, true));
         assert!(send(&out, b"first\n".to_vec()).await.is_err());
         // The stream would take these: they must not follow half a line.
         assert!(send(&out, b"second\n".to_vec()).await.is_err());
