@@ -24,7 +24,8 @@
 //!   writer task is then told (`queued` counts it) and polls the stream with its own, which
 //!   replaces the no-op one wherever the stream keeps it.
 //! - **A broken stream stays broken.** After a failed write (perhaps of half a line) nothing
-//!   more is written: every send fails, and the writer task stops.
+//!   more is written: the writer task stops, dropping what was queued, and every send after
+//!   that fails.
 
 use std::io;
 use std::pin::Pin;
