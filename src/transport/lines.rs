@@ -404,7 +404,7 @@ impl<Role: ServiceRole> Transport<Role> for LineTransport<Role> {
             }
             // Backpressure: while the peer is not taking our output, stop taking its input,
             // so responses to a pipelined flood of requests cannot pile up in memory.
-            if let Some(out) = self.out.clone() {
+            if let Some(out) = &self.out {
                 out.room().await?;
             }
             let read = match self.in_flight.clone() {
