@@ -12,7 +12,9 @@
 //! A message is written in the sender's own task when the stream takes it at once, and
 //! otherwise queued for one writer task through a bounded channel (`lines/out.rs`), so
 //! concurrent senders never interleave bytes, and a peer that stops reading makes senders wait
-//! (which the listen plumbing turns into a stall timeout) rather than growing a buffer.
+//! (which the listen plumbing turns into a stall timeout) rather than growing a buffer. A
+//! server then stops reading too; a client reads on (its answers make no output), and closing
+//! gives up on what is queued after [`CLOSE_WAIT`].
 //!
 //! On the server side the transport also keeps the ids of the peer's requests not answered yet
 //! ([`with_in_flight_limit`](LineTransport::with_in_flight_limit)): a request reusing an id still
@@ -76,6 +78,10 @@ pub struct LineTransport<Role: ServiceRole> {
     parked_bytes: usize,
     _role: PhantomData<fn() -> Role>,
 }
+
+/// How long closing waits for the writer task to write what is queued before it gives up on
+/// a peer that does not read.
+const CLOSE_WAIT: std::time::Duration = std::time::Duration::from_secs(5);
 
 /// Requests read but not run yet, because the in-flight limit was reached: at most this many
 /// (and at most one message limit of bytes) before the transport stops reading. Reading on
@@ -402,9 +408,14 @@ impl<Role: ServiceRole> Transport<Role> for LineTransport<Role> {
                     permit.send(frame);
                 }
             }
-            // Backpressure: while the peer is not taking our output, stop taking its input,
-            // so responses to a pipelined flood of requests cannot pile up in memory.
-            if let Some(out) = &self.out {
+            // Backpressure (server side): while the peer is not taking our output, stop
+            // taking its input, so answers to a pipelined flood of requests cannot pile up in
+            // memory. A client reads on: what it reads (answers, notifications) makes no
+            // output, and a client waiting for room while its server waits for room too
+            // (each queue full of what the other has not read) would stall both for good.
+            if self.reply_errors
+                && let Some(out) = &self.out
+            {
                 out.room().await?;
             }
             let read = match self.in_flight.clone() {
@@ -573,8 +584,13 @@ impl<Role: ServiceRole> Transport<Role> for LineTransport<Role> {
 
     async fn close(&mut self) -> Result<(), Self::Error> {
         self.out = None;
-        if let Some(done) = self.writer_done.take() {
-            let _ = done.await;
+        // The writer task writes what is queued, then ends; a peer that has stopped reading
+        // would keep it (and this close) waiting forever, so it is given [`CLOSE_WAIT`].
+        if let Some(mut done) = self.writer_done.take()
+            && tokio::time::timeout(CLOSE_WAIT, &mut done).await.is_err()
+        {
+            tracing::debug!("the peer took no output for a while; closing without the rest");
+            done.abort();
         }
         Ok(())
     }

@@ -336,3 +336,69 @@ async fn a_listens_task_ids_go_beside_the_request_and_cannot_be_forged() {
     assert_eq!(seen[0].1, json!({}), "the body is as sent");
     assert_eq!(seen[1].0, None, "`_meta` carries no taskIds");
 }
+
+/// Sends requests on a client transport whose peer reads nothing until its way out is full:
+/// the stream's buffer, the writer task stuck writing, the queue full and more sends waiting
+/// for room (as rmcp's spawned sends would).
+async fn fill_client_output(t: &mut LineTransport<rmcp::RoleClient>) {
+    use futures::FutureExt as _;
+    let mut waiting = 0;
+    for id in 0.. {
+        let ping: TxJsonRpcMessage<rmcp::RoleClient> =
+            serde_json::from_value(json!({"jsonrpc":"2.0","id":id,"method":"ping"})).unwrap();
+        let mut sent = Box::pin(t.send(ping));
+        if (&mut sent).now_or_never().is_none() {
+            tokio::spawn(sent);
+            waiting += 1;
+            if waiting > 2 * out::WRITE_QUEUE {
+                break;
+            }
+        }
+    }
+    // The writer task and the waiting sends run until the queue stays full.
+    let out = t.out.as_ref().unwrap();
+    for _ in 0..10_000 {
+        if out.room().now_or_never().is_none() {
+            return;
+        }
+        tokio::task::yield_now().await;
+    }
+    panic!("the way out never filled");
+}
+
+#[tokio::test]
+async fn a_client_reads_its_answers_while_its_own_output_waits() {
+    // The server reads nothing (as a server at its own output's limit does): the client's
+    // queue fills. Its answers must still be read, or both sides would wait on each other.
+    let (client, server) = tokio::io::duplex(1024);
+    let (cr, cw) = tokio::io::split(client);
+    let (_sr, mut sw) = tokio::io::split(server);
+    let mut t = LineTransport::<rmcp::RoleClient>::new(cr, cw, 1 << 20, false);
+    fill_client_output(&mut t).await;
+    sw.write_all(b"{\"jsonrpc\":\"2.0\",\"id\":0,\"result\":{}}\n")
+        .await
+        .unwrap();
+    let read = tokio::time::timeout(std::time::Duration::from_secs(10), t.receive())
+        .await
+        .expect("the answer is read while the output waits")
+        .expect("a message");
+    assert_eq!(serde_json::to_value(&read).unwrap()["id"], 0);
+}
+
+#[tokio::test(start_paused = true)]
+async fn closing_gives_up_on_a_peer_that_does_not_read() {
+    let (client, server) = tokio::io::duplex(1024);
+    let (cr, cw) = tokio::io::split(client);
+    let (_sr, _sw) = tokio::io::split(server);
+    let mut t = LineTransport::<rmcp::RoleClient>::new(cr, cw, 1 << 20, false);
+    fill_client_output(&mut t).await;
+    let started = tokio::time::Instant::now();
+    tokio::time::timeout(CLOSE_WAIT * 2, t.close())
+        .await
+        .expect("close ends though the peer reads nothing")
+        .unwrap();
+    assert!(
+        started.elapsed() >= CLOSE_WAIT,
+        "it waited for the writer first"
+    );
+}
