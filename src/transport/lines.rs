@@ -13,8 +13,11 @@
 //! otherwise queued for one writer task through a bounded channel (`lines/out.rs`), so
 //! concurrent senders never interleave bytes, and a peer that stops reading makes senders wait
 //! (which the listen plumbing turns into a stall timeout) rather than growing a buffer. A
-//! server then stops reading too; a client reads on (its answers make no output), and closing
-//! gives up on what is queued after [`CLOSE_WAIT`].
+//! server then stops reading too. A client reads on (a client and a server each waiting for
+//! room would wait on each other for good), up to [`OWED_MAX`] answers to the server's own
+//! requests waiting for room, past which it closes the connection; it stops reading once its
+//! writer task has stopped. Closing gives up on what is queued after [`CLOSE_WAIT`] without
+//! progress.
 //!
 //! On the server side the transport also keeps the ids of the peer's requests not answered yet
 //! ([`with_in_flight_limit`](LineTransport::with_in_flight_limit)): a request reusing an id still
@@ -79,9 +82,14 @@ pub struct LineTransport<Role: ServiceRole> {
     _role: PhantomData<fn() -> Role>,
 }
 
-/// How long closing waits for the writer task to write what is queued before it gives up on
-/// a peer that does not read.
-const CLOSE_WAIT: std::time::Duration = std::time::Duration::from_secs(5);
+/// How long closing waits for the writer task to get on with what is queued before it gives
+/// up on a peer that no longer reads (any progress starts the wait again).
+const CLOSE_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// Client side: answers to the server's own requests (`ping`, `roots/list`, ...) waiting for
+/// room in the write queue, past which the server is taken to be flooding requests without
+/// reading their answers, and the connection is closed.
+const OWED_MAX: usize = out::WRITE_QUEUE;
 
 /// Requests read but not run yet, because the in-flight limit was reached: at most this many
 /// (and at most one message limit of bytes) before the transport stops reading. Reading on
@@ -377,6 +385,11 @@ impl<Role: ServiceRole> Transport<Role> for LineTransport<Role> {
             }
             _ => None,
         };
+        // A client's answer to a request of the server's is counted while it waits for room.
+        let owed = (!self.reply_errors
+            && matches!(item, JsonRpcMessage::Response(_) | JsonRpcMessage::Error(_)))
+        .then(|| self.out.as_ref().map(Out::owe))
+        .flatten();
         // Framed and written here, in the caller's task (rmcp's service loop), when the
         // stream takes it at once: the future rmcp spawns is then already done (`out.rs`).
         let sent = match self.frame(&item, answered.as_ref()) {
@@ -389,7 +402,12 @@ impl<Role: ServiceRole> Transport<Role> for LineTransport<Role> {
                 )),
             },
         };
+        let owed = match sent {
+            Sent::Waiting(_) => owed,
+            _ => None,
+        };
         async move {
+            let _owed = owed;
             match sent {
                 Sent::Done => Ok(()),
                 Sent::Waiting(waiting) => waiting.sent().await,
@@ -410,13 +428,23 @@ impl<Role: ServiceRole> Transport<Role> for LineTransport<Role> {
             }
             // Backpressure (server side): while the peer is not taking our output, stop
             // taking its input, so answers to a pipelined flood of requests cannot pile up in
-            // memory. A client reads on: what it reads (answers, notifications) makes no
-            // output, and a client waiting for room while its server waits for room too
-            // (each queue full of what the other has not read) would stall both for good.
+            // memory. A client reads on: a client waiting for room while its server waits for
+            // room too (each queue full of what the other has not read) would stall both for
+            // good. What a client owes for the server's own requests is bounded below.
             if self.reply_errors
                 && let Some(out) = &self.out
             {
                 out.room().await?;
+            }
+            if !self.reply_errors
+                && let Some(out) = &self.out
+                && out.owed() > OWED_MAX
+            {
+                tracing::warn!(
+                    owed = OWED_MAX,
+                    "the server sends requests without reading their answers; closing the connection"
+                );
+                return None;
             }
             let read = match self.in_flight.clone() {
                 Some((flight, limit)) if !self.parked.is_empty() => {
@@ -434,6 +462,15 @@ impl<Role: ServiceRole> Transport<Role> for LineTransport<Role> {
                     tokio::select! {
                         _ = flight.room(limit) => continue,
                         read = self.read_line() => read,
+                    }
+                }
+                // A client stops when its writer task has (nothing it sends gets out).
+                _ if !self.reply_errors => {
+                    let out = self.out.clone()?;
+                    tokio::select! {
+                        biased;
+                        read = self.read_line() => read,
+                        () = out.closed() => return None,
                     }
                 }
                 _ => self.read_line().await,
@@ -583,14 +620,23 @@ impl<Role: ServiceRole> Transport<Role> for LineTransport<Role> {
     }
 
     async fn close(&mut self) -> Result<(), Self::Error> {
-        self.out = None;
+        let progress = self.out.take().map(|o| o.progress());
         // The writer task writes what is queued, then ends; a peer that has stopped reading
-        // would keep it (and this close) waiting forever, so it is given [`CLOSE_WAIT`].
-        if let Some(mut done) = self.writer_done.take()
-            && tokio::time::timeout(CLOSE_WAIT, &mut done).await.is_err()
-        {
-            tracing::debug!("the peer took no output for a while; closing without the rest");
-            done.abort();
+        // would keep it (and this close) waiting forever, so it is given [`CLOSE_WAIT`] from
+        // its last progress. Aborted, it may leave half a line, which the peer's end of
+        // stream follows.
+        if let (Some(mut done), Some(progress)) = (self.writer_done.take(), progress) {
+            let mut seen = progress();
+            while tokio::time::timeout(CLOSE_WAIT, &mut done).await.is_err() {
+                if progress() == seen {
+                    tracing::warn!(
+                        "the peer has taken no output for 10 s; closing without the rest"
+                    );
+                    done.abort();
+                    break;
+                }
+                seen = progress();
+            }
         }
         Ok(())
     }

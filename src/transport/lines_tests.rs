@@ -340,10 +340,12 @@ async fn a_listens_task_ids_go_beside_the_request_and_cannot_be_forged() {
 /// Sends requests on a client transport whose peer reads nothing until its way out is full:
 /// the stream's buffer, the writer task stuck writing, the queue full and more sends waiting
 /// for room (as rmcp's spawned sends would).
-async fn fill_client_output(t: &mut LineTransport<rmcp::RoleClient>) {
+async fn fill_client_output(t: &mut LineTransport<rmcp::RoleClient>) -> usize {
     use futures::FutureExt as _;
     let mut waiting = 0;
+    let mut sent = 0;
     for id in 0.. {
+        sent += 1;
         let ping: TxJsonRpcMessage<rmcp::RoleClient> =
             serde_json::from_value(json!({"jsonrpc":"2.0","id":id,"method":"ping"})).unwrap();
         let mut sent = Box::pin(t.send(ping));
@@ -359,7 +361,7 @@ async fn fill_client_output(t: &mut LineTransport<rmcp::RoleClient>) {
     let out = t.out.as_ref().unwrap();
     for _ in 0..10_000 {
         if out.room().now_or_never().is_none() {
-            return;
+            return sent;
         }
         tokio::task::yield_now().await;
     }
@@ -401,4 +403,95 @@ async fn closing_gives_up_on_a_peer_that_does_not_read() {
         started.elapsed() >= CLOSE_WAIT,
         "it waited for the writer first"
     );
+}
+
+#[tokio::test(start_paused = true)]
+async fn closing_waits_for_a_slow_peer_that_still_reads() {
+    let (client, server) = tokio::io::duplex(1024);
+    let (cr, cw) = tokio::io::split(client);
+    let (mut sr, _sw) = tokio::io::split(server);
+    let mut t = LineTransport::<rmcp::RoleClient>::new(cr, cw, 1 << 20, false);
+    let sent = fill_client_output(&mut t).await;
+    // A kilobyte every 6 s: slower than the whole wait, never idle for all of it.
+    let reader = tokio::spawn(async move {
+        let mut all = Vec::new();
+        let mut buf = [0u8; 1024];
+        loop {
+            tokio::time::sleep(std::time::Duration::from_secs(6)).await;
+            match sr.read(&mut buf).await.unwrap() {
+                0 => return all,
+                n => all.extend_from_slice(&buf[..n]),
+            }
+        }
+    });
+    t.close().await.unwrap();
+    let all = tokio::time::timeout(std::time::Duration::from_secs(3600), reader)
+        .await
+        .expect("the stream ends once everything is written")
+        .unwrap();
+    let ids: Vec<u64> = String::from_utf8(all)
+        .unwrap()
+        .lines()
+        .map(|l| {
+            serde_json::from_str::<Value>(l).unwrap()["id"]
+                .as_u64()
+                .unwrap()
+        })
+        .collect();
+    assert_eq!(ids.len(), sent, "every frame sent reached the slow peer");
+}
+
+#[tokio::test]
+async fn a_client_closes_on_a_server_that_floods_requests_and_reads_no_answer() {
+    use futures::FutureExt as _;
+    let (client, server) = tokio::io::duplex(1024);
+    let (cr, cw) = tokio::io::split(client);
+    let (_sr, mut sw) = tokio::io::split(server);
+    let mut t = LineTransport::<rmcp::RoleClient>::new(cr, cw, 1 << 20, false);
+    tokio::spawn(async move {
+        for id in 0..4000 {
+            let ping = format!("{{\"jsonrpc\":\"2.0\",\"id\":{id},\"method\":\"ping\"}}\n");
+            if sw.write_all(ping.as_bytes()).await.is_err() {
+                return;
+            }
+        }
+        std::future::pending::<()>().await;
+    });
+    let mut pings = 0;
+    loop {
+        let read = tokio::time::timeout(std::time::Duration::from_secs(10), t.receive())
+            .await
+            .expect("the client reads on while its answers wait");
+        let Some(m) = read else { break };
+        let id = serde_json::to_value(&m).unwrap()["id"].clone();
+        pings += 1;
+        // Answered as rmcp would: the send's future spawned when it has to wait.
+        let pong: TxJsonRpcMessage<rmcp::RoleClient> =
+            serde_json::from_value(json!({"jsonrpc":"2.0","id":id,"result":{}})).unwrap();
+        let mut sent = Box::pin(t.send(pong));
+        if (&mut sent).now_or_never().is_none() {
+            tokio::spawn(sent);
+        }
+    }
+    assert!(
+        pings > OWED_MAX && pings < 2 * OWED_MAX + out::WRITE_QUEUE,
+        "closed after {pings} requests"
+    );
+}
+
+#[tokio::test]
+async fn a_client_stops_reading_once_nothing_it_sends_gets_out() {
+    // The way out is a pipe whose other end is gone; the way in stays open and quiet.
+    let (gone, dead) = tokio::io::duplex(1024);
+    drop(gone);
+    let (client, _server) = tokio::io::duplex(1024);
+    let (cr, _cw) = tokio::io::split(client);
+    let mut t = LineTransport::<rmcp::RoleClient>::new(cr, dead, 1 << 20, false);
+    let ping: TxJsonRpcMessage<rmcp::RoleClient> =
+        serde_json::from_value(json!({"jsonrpc":"2.0","id":1,"method":"ping"})).unwrap();
+    assert!(t.send(ping).await.is_err());
+    let read = tokio::time::timeout(std::time::Duration::from_secs(10), t.receive())
+        .await
+        .expect("reading ends with the writer");
+    assert!(read.is_none());
 }

@@ -56,10 +56,17 @@ struct Shared {
     /// Frames handed to the queue (or about to be) that the writer task has not written and
     /// flushed yet, and a carry's call for it; while it is not zero no sender writes.
     queued: AtomicUsize,
+    /// Bytes the writer task has written (the stream's own count): how closing tells a slow
+    /// peer, still reading, from one that stopped.
+    written: Arc<AtomicUsize>,
+    /// Answers to the peer's own requests waiting for room ([`Owed`]).
+    owed: AtomicUsize,
 }
 
 struct Stream {
     w: Writer,
+    /// Bytes the writer task has written ([`Shared::written`]).
+    written: Arc<AtomicUsize>,
     /// Bytes taken but not written yet: the rest of a frame the stream did not take at once,
     /// then the writer task's batch.
     carry: Vec<u8>,
@@ -116,6 +123,15 @@ impl Drop for Waiting {
     }
 }
 
+/// One answer owed to the peer ([`Out::owe`]).
+pub(super) struct Owed(Arc<Shared>);
+
+impl Drop for Owed {
+    fn drop(&mut self) {
+        self.0.owed.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
 fn closed() -> io::Error {
     io::Error::new(io::ErrorKind::BrokenPipe, "the peer closed the stream")
 }
@@ -125,13 +141,17 @@ impl Out {
     /// (after writing what is queued and shutting the stream down).
     pub(super) fn new(w: Writer) -> (Out, tokio::task::JoinHandle<()>) {
         let (tx, rx) = mpsc::channel(WRITE_QUEUE);
+        let written = Arc::new(AtomicUsize::new(0));
         let shared = Arc::new(Shared {
             stream: tokio::sync::Mutex::new(Stream {
                 w,
+                written: written.clone(),
                 carry: Vec::new(),
                 broken: false,
             }),
             queued: AtomicUsize::new(0),
+            written,
+            owed: AtomicUsize::new(0),
         });
         let task = tokio::spawn(write_loop(shared.clone(), rx));
         (Out { tx, shared }, task)
@@ -142,7 +162,11 @@ impl Out {
         let frame = match self.write_now(frame) {
             Ok(None) => return Sent::Done,
             Ok(Some(frame)) => frame,
-            Err(e) => return Sent::Failed(e),
+            Err(e) => {
+                // The writer task, idle, is told, so it stops (and the reading side sees it).
+                let _ = self.tx.try_send(Vec::new());
+                return Sent::Failed(e);
+            }
         };
         self.shared.queued.fetch_add(1, Ordering::AcqRel);
         match self.tx.try_send(frame) {
@@ -179,6 +203,29 @@ impl Out {
             drop(self.reserve().await?);
         }
         Some(())
+    }
+
+    /// Counts one answer owed to the peer until the guard is dropped (its send ended).
+    pub(super) fn owe(&self) -> Owed {
+        self.shared.owed.fetch_add(1, Ordering::Relaxed);
+        Owed(self.shared.clone())
+    }
+
+    /// Answers owed to the peer now ([`Out::owe`]).
+    pub(super) fn owed(&self) -> usize {
+        self.shared.owed.load(Ordering::Relaxed)
+    }
+
+    /// Resolves once the writer task has stopped (the stream failed, or every `Out` is gone).
+    pub(super) async fn closed(&self) {
+        self.tx.closed().await
+    }
+
+    /// How far the writer task has got, readable after every `Out` is dropped (see
+    /// [`Shared::written`]).
+    pub(super) fn progress(&self) -> impl Fn() -> usize + Send + use<> {
+        let shared = self.shared.clone();
+        move || shared.written.load(Ordering::Relaxed)
     }
 
     /// Writes `frame` in this task if the stream is free and nothing is queued ahead of it:
@@ -283,9 +330,22 @@ impl Stream {
             self.write_carry().await?;
         }
         if frame.len() >= BATCH {
-            return self.w.write_all(&frame).await;
+            return self.write_counted(&frame).await;
         }
         self.carry.extend_from_slice(&frame);
+        Ok(())
+    }
+
+    /// Writes all of `buf`, counting the bytes as the stream takes them.
+    async fn write_counted(&mut self, mut buf: &[u8]) -> io::Result<()> {
+        while !buf.is_empty() {
+            let n = self.w.write(buf).await?;
+            if n == 0 {
+                return Err(io::ErrorKind::WriteZero.into());
+            }
+            self.written.fetch_add(n, Ordering::Relaxed);
+            buf = &buf[n..];
+        }
         Ok(())
     }
 
@@ -294,7 +354,7 @@ impl Stream {
             return Ok(());
         }
         let mut carry = std::mem::take(&mut self.carry);
-        self.w.write_all(&carry).await?;
+        self.write_counted(&carry).await?;
         // A small allocation is kept for the next batch; a batch's is given back (a quiet
         // connection holds none).
         if carry.capacity() <= 4096 {
