@@ -385,11 +385,6 @@ impl<Role: ServiceRole> Transport<Role> for LineTransport<Role> {
             }
             _ => None,
         };
-        // A client's answer to a request of the server's is counted while it waits for room.
-        let owed = (!self.reply_errors
-            && matches!(item, JsonRpcMessage::Response(_) | JsonRpcMessage::Error(_)))
-        .then(|| self.out.as_ref().map(Out::owe))
-        .flatten();
         // Framed and written here, in the caller's task (rmcp's service loop), when the
         // stream takes it at once: the future rmcp spawns is then already done (`out.rs`).
         let sent = match self.frame(&item, answered.as_ref()) {
@@ -402,8 +397,14 @@ impl<Role: ServiceRole> Transport<Role> for LineTransport<Role> {
                 )),
             },
         };
-        let owed = match sent {
-            Sent::Waiting(_) => owed,
+        // A client's answer to a request of the server's is counted while it waits for room.
+        let owed = match (&sent, &self.out) {
+            (Sent::Waiting(_), Some(out))
+                if !self.reply_errors
+                    && matches!(item, JsonRpcMessage::Response(_) | JsonRpcMessage::Error(_)) =>
+            {
+                Some(out.owe())
+            }
             _ => None,
         };
         async move {
