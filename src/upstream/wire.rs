@@ -24,7 +24,7 @@
 //! [`HttpCalls`]: super::http::HttpCalls
 
 use std::future::Future;
-use std::pin::{Pin, pin};
+use std::pin::Pin;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::task::{Context, Poll, Waker};
@@ -166,26 +166,44 @@ impl Line {
 }
 
 /// Runs `f` while driving `conn`. `None` when the connection ended and left `f` unfinished.
-async fn drive<F: Future>(conn: &mut Option<Pin<Box<Conn>>>, f: F) -> Option<F::Output> {
-    let mut f = pin!(f);
-    std::future::poll_fn(|cx| {
+///
+/// A future of its own, not an `async fn`: an `async fn` keeps its argument in its state and
+/// the pinned copy beside it, so `f` would be held twice (as `runtime::in_place` once did).
+fn drive<F: Future>(conn: &mut Option<Pin<Box<Conn>>>, f: F) -> Drive<'_, F> {
+    Drive { conn, f }
+}
+
+pin_project_lite::pin_project! {
+    /// The future [`drive`] returns.
+    struct Drive<'c, F> {
+        conn: &'c mut Option<Pin<Box<Conn>>>,
+        #[pin]
+        f: F,
+    }
+}
+
+impl<F: Future> Future for Drive<'_, F> {
+    type Output = Option<F::Output>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let this = self.project();
+        let mut f = this.f;
         if let Poll::Ready(v) = f.as_mut().poll(cx) {
             return Poll::Ready(Some(v));
         }
-        let Some(c) = conn else {
+        let Some(c) = this.conn.as_mut() else {
             return Poll::Ready(None);
         };
         if c.as_mut().poll(cx).is_pending() {
             return Poll::Pending;
         }
-        *conn = None;
+        **this.conn = None;
         // What the connection did last may have finished `f` (or failed it).
-        Poll::Ready(match f.as_mut().poll(cx) {
+        Poll::Ready(match f.poll(cx) {
             Poll::Ready(v) => Some(v),
             Poll::Pending => None,
         })
-    })
-    .await
+    }
 }
 
 /// The idle connections to one upstream, oldest first, each with when it went idle.
@@ -443,6 +461,21 @@ mod tests {
         Close,
         /// Answers the first connection's request never.
         Silent,
+    }
+
+    #[test]
+    fn the_driven_future_is_held_once() {
+        // A call's task holds what it awaits: the driver must not hold it twice.
+        let big = async {
+            let buf = [7u8; 4096];
+            tokio::task::yield_now().await;
+            buf.iter().map(|b| *b as usize).sum::<usize>()
+        };
+        let inner = std::mem::size_of_val(&big);
+        let mut conn = None;
+        let driven = std::mem::size_of_val(&drive(&mut conn, big));
+        assert!(inner >= 4096, "{inner}");
+        assert!(driven <= inner + 16, "{driven} bytes to drive {inner}");
     }
 
     use crate::transport::client::mcp_tls_config;
