@@ -175,6 +175,7 @@ fn drive<F: Future>(conn: &mut Option<Pin<Box<Conn>>>, f: F) -> Drive<'_, F> {
 
 pin_project_lite::pin_project! {
     /// The future [`drive`] returns.
+    #[must_use = "futures do nothing unless polled"]
     struct Drive<'c, F> {
         conn: &'c mut Option<Pin<Box<Conn>>>,
         #[pin]
