@@ -117,7 +117,7 @@ mkdir -p "$idle/demo"
 await_line() {
   local pattern=$1 name=$2 pid=$3
   for _ in $(seq 300); do
-    grep -q "$pattern" "$idle/$name.log" && return 0
+    grep -qs "$pattern" "$idle/$name.log" && return 0
     kill -0 "$pid" 2>/dev/null || fail "herald $name ended: $(cat "$idle/$name.log")"
     sleep 0.1
   done
@@ -128,7 +128,7 @@ url_in() { sed -n 's|.*listening on \(http://127.0.0.1:[0-9]*/mcp\).*|\1|p' "$id
 role() {
   local name=$1
   shift
-  env -u RUST_LOG TOKIO_WORKER_THREADS=1 "$bin" "$@" >/dev/null 2>"$idle/$name.log" &
+  env -u RUST_LOG -u HERALD_MODEL_URL -u HERALD_EVENTS_KEY TOKIO_WORKER_THREADS=1 "$bin" "$@" >/dev/null 2>"$idle/$name.log" &
   pid=$!
   roles+=("$pid")
 }
@@ -141,7 +141,7 @@ rss_within() {
   [ -n "$kib" ] || fail "herald $name ended before its RSS was read: $(cat "$idle/$name.log")"
   echo "dist: idle RSS of herald $name: $kib KiB (code and other file pages $file, heap and stacks $anon)"
   [ "$kib" -le "$rss_limit_kib" ] ||
-    fail "herald $name idles at $kib KiB, over $rss_limit_kib (file pages $file KiB, anonymous $anon KiB). If the file pages grew, packaging/symbol-order.txt is stale (a dependency or toolchain update renames the functions it lists): run packaging/symbol-order, then cargo static"
+    fail "herald $name idles at $kib KiB, over $rss_limit_kib (file pages $file KiB, anonymous $anon KiB). If the file pages grew, packaging/symbol-order.txt is stale (a dependency or toolchain update renames the functions it lists): run packaging/symbol-order, then cargo static. (The limit was set on Linux 6.18, which maps code in large folios; this is $(uname -r).)"
 }
 role memo --store :memory: memo --http 127.0.0.1:0
 memo_pid=$pid
