@@ -4,7 +4,7 @@
 //! there: lld, Rust's linker on x86_64 Linux (glibc) since 1.90, takes the list; GNU ld and
 //! gold, the linkers elsewhere, refuse it, and a build that swaps in another linker for that
 //! target is not supported. Said here rather than in `cargo static`'s flags so that a new list
-//! relinks the binary and the path does not depend on where cargo runs the linker.
+//! rebuilds the static binary and the path does not depend on where cargo runs the linker.
 
 fn main() {
     println!("cargo:rerun-if-changed=build.rs");
