@@ -115,7 +115,7 @@ impl Entitled {
     /// caller no longer entitled to the slug (a reload since its route was found, an access
     /// token expired or its key dropped) may call nothing.
     fn may_call(&self, caller: &Caller, up: &Upstream, tool: &str) -> Result<(), SourceError> {
-        if !self.allowed(caller).contains(&up.name) {
+        if !self.may_use(caller, &up.name) {
             return Err(SourceError::Forbidden);
         }
         if !self.read_only(caller, &up.name)
@@ -179,6 +179,19 @@ impl Entitled {
             set.retain(|s| only.iter().any(|o| o == s));
         }
         set
+    }
+
+    /// Whether `slug` is among the slugs `caller` may use ([`Entitled::allowed`]), worked out
+    /// for that one slug without building the set: the check of every call.
+    fn may_use(&self, caller: &Caller, slug: &str) -> bool {
+        let entitled = match self.token(caller) {
+            Some(tok) => tok.slugs.contains(slug),
+            None if self.needs_no_token(caller) => self.upstreams.iter().any(|u| u.name == slug),
+            None => self
+                .grant(caller)
+                .is_some_and(|g| self.granted(&g).contains_key(slug)),
+        };
+        entitled && (caller.servers.as_ref()).is_none_or(|only| only.iter().any(|o| o == slug))
     }
 
     /// Whether `caller` presented a token this config knows, or needs none, and (when it
@@ -262,8 +275,10 @@ impl Entitled {
     /// it exists or not. A caller entitled to every slug learns nothing from being told that
     /// none is named so, and which are: it is.
     pub(super) fn slug(&self, caller: &Caller, name: &str) -> Result<Arc<Upstream>, SourceError> {
-        if let Some(u) = self.selected(caller).into_iter().find(|u| u.name == name) {
-            return Ok(u);
+        if let Some(u) = self.upstreams.iter().find(|u| u.name == name)
+            && self.may_use(caller, name)
+        {
+            return Ok(u.clone());
         }
         if !self.upstreams.iter().any(|u| u.name == name) && self.entitled_to_all(caller) {
             let names: Vec<&str> = self.upstreams.iter().map(|u| u.name.as_str()).collect();
@@ -523,6 +538,55 @@ mod tests {
         assert_eq!(open.authenticates(&stale), Authentication::Known);
         assert_eq!(allowed(&open, &stale), all);
         assert_eq!(open.authenticates(&token("x")), Authentication::NoTokens);
+    }
+
+    /// The check of one slug on every call says what the whole entitlement says, for every
+    /// kind of caller: a token's slugs, none for an unknown token, every slug for a caller
+    /// needing none, each narrowed by `?servers=`.
+    #[test]
+    fn one_slugs_check_agrees_with_the_whole_entitlement() {
+        let named = |n: &str| {
+            let mut up = crate::testing::down_upstream(Default::default());
+            Arc::get_mut(&mut up).unwrap().name = n.into();
+            up
+        };
+        let (a, b) = (named("a"), named("b"));
+        let tokens = vec![tok(b"ta", &["a"]), tok(b"tab", &["a", "b"])];
+        let closed = Entitled::new(vec![a.clone(), b.clone()], tokens);
+        let open = Entitled::new(vec![a, b], Vec::new()).open_to_loopback(true);
+        let narrowed = |c: Caller, only: &[&str]| Caller {
+            servers: Some(only.iter().map(|s| s.to_string()).collect()),
+            ..c
+        };
+        let loopback = Caller {
+            loopback: true,
+            ..Caller::default()
+        };
+        let callers = [
+            caller("ta"),
+            caller("tab"),
+            narrowed(caller("tab"), &["b"]),
+            narrowed(caller("ta"), &["b"]),
+            caller("unknown"),
+            Caller::local(),
+            narrowed(Caller::local(), &["a"]),
+            loopback.clone(),
+            narrowed(loopback, &["b", "c"]),
+        ];
+        let mut seen = 0;
+        for entitled in [&closed, &open] {
+            for c in &callers {
+                let allowed = entitled.allowed(c);
+                for slug in ["a", "b", "c"] {
+                    let may = entitled.may_use(c, slug);
+                    assert_eq!(may, allowed.contains(slug), "{c:?} on {slug}");
+                    assert_eq!(entitled.slug(c, slug).is_ok(), may, "{c:?} on {slug}");
+                    seen += usize::from(may);
+                }
+            }
+        }
+        // (Neither always nor never.)
+        assert!(seen > 0 && seen < 2 * 9 * 3, "{seen}");
     }
 
     /// A swap ends the held streams it takes access from, and only those: a revoked token's,

@@ -189,8 +189,11 @@ pub fn router(
         sessions.child_token(),
         metrics,
     );
-    let service =
-        StreamableHttpService::new(move || Ok(server.for_session()), legacy.manager(), config);
+    let service = Rmcp(Arc::new(StreamableHttpService::new(
+        move || Ok(server.for_session()),
+        legacy.manager(),
+        config,
+    )));
     // The session layer runs inside the listen gate: it sees the caller the gate let in.
     let router = Router::new()
         .nest_service(MCP_PATH, service)
@@ -226,6 +229,38 @@ pub fn router(
         timeouts: opts.timeouts,
         max_connections: limits.max_connections,
         conns: ConnMetrics::register(metrics),
+    }
+}
+
+/// rmcp's service behind the gates, shared: the layers clone the service they wrap for every
+/// request, and rmcp's own clone copies its whole config (hosts, origins) each time, even for
+/// the requests the gates answer themselves.
+#[derive(Clone)]
+struct Rmcp(
+    Arc<
+        StreamableHttpService<
+            SourceServer,
+            rmcp::transport::streamable_http_server::session::local::LocalSessionManager,
+        >,
+    >,
+);
+
+impl tower::Service<Request> for Rmcp {
+    type Response = Response;
+    type Error = std::convert::Infallible;
+    type Future =
+        std::pin::Pin<Box<dyn std::future::Future<Output = Result<Response, Self::Error>> + Send>>;
+
+    fn poll_ready(
+        &mut self,
+        _: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Result<(), Self::Error>> {
+        std::task::Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, req: Request) -> Self::Future {
+        let rmcp = self.0.clone();
+        Box::pin(async move { Ok(rmcp.handle(req).await.map(Body::new)) })
     }
 }
 
@@ -498,19 +533,27 @@ async fn listen_gate(State(gate): State<Gate>, req: Request, next: Next) -> Resp
     let (mut parts, body) = req.into_parts();
     // Every request to the endpoint, whatever its method or type (a page from another origin
     // is refused by rmcp whoever it claims to be).
-    let allowed = gate.allow.admits(&parts.uri, &parts.headers);
-    if allowed {
+    // The caller is worked out once (its token's digest with it) and kept for the checks
+    // below; rmcp's handler reads it again from the parts, with the principal found here.
+    let caller = if gate.allow.admits(&parts.uri, &parts.headers) {
         let mut caller = Caller::from_parts(&parts);
         if let Some(refused) = unauthenticated(server, &mut caller).await {
             return refused;
         }
-        if let Some(p) = caller.known_as {
-            parts.extensions.insert(crate::mcp::caller::KnownAs(p));
+        if let Some(p) = &caller.known_as {
+            parts
+                .extensions
+                .insert(crate::mcp::caller::KnownAs(p.clone()));
         }
-    }
-    if parts.method != Method::POST || !json_content(&parts.headers) || !allowed {
+        Some(caller)
+    } else {
+        None
+    };
+    let Some(caller) =
+        caller.filter(|_| parts.method == Method::POST && json_content(&parts.headers))
+    else {
         return next.run(Request::from_parts(parts, body)).await;
-    }
+    };
     let bytes = match axum::body::to_bytes(body, max).await {
         Ok(b) => b,
         Err(_) => {
@@ -528,7 +571,6 @@ async fn listen_gate(State(gate): State<Gate>, req: Request, next: Next) -> Resp
     let call = (parts.headers.get("mcp-method")).is_some_and(|m| m == "tools/call");
     let plain = contains(b"tools/call") || contains(b"resources/read");
     if call || plain {
-        let caller = Caller::from_parts(&parts);
         if call
             && let Some(refused) = param_headers_refused(&parts.headers, &bytes, server, &caller)
         {
@@ -550,7 +592,6 @@ async fn listen_gate(State(gate): State<Gate>, req: Request, next: Next) -> Resp
             Ok(f) => f,
             Err(e) => return listen_refused(id, e),
         };
-        let caller = Caller::from_parts(&parts);
         let conn = match parts.extensions.get::<PeerAddr>() {
             Some(peer) => gate
                 .budgets

@@ -66,7 +66,9 @@ impl Upstream {
         params.input_responses = call.input.responses.clone();
         params.request_state = call.input.request_state.clone();
         let request = ClientRequest::CallToolRequest(rmcp::model::Request::new(params));
-        match self.request(request, &call).await? {
+        // Boxed: rmcp's path would make every call's future (the direct one's too) more than
+        // twice as large, and a call's future is moved whole when it starts.
+        match Box::pin(self.request(request, &call)).await? {
             ServerResult::CallToolResult(r) => Ok(r.into()),
             ServerResult::InputRequiredResult(r) => Ok(CallToolResponse::InputRequired(r)),
             _ => Err(self.unusable("answered a plain call with a task, which it may not")),

@@ -75,9 +75,31 @@ struct Params<'a> {
 #[derive(Serialize)]
 struct Meta<'a> {
     #[serde(flatten)]
-    base: &'a Map<String, Value>,
+    base: Merged<'a>,
     #[serde(rename = "progressToken", skip_serializing_if = "Option::is_none")]
     progress_token: Option<&'a Value>,
+}
+
+/// This gateway's `_meta` with the caller's keys over it, written as one map without
+/// building it (the base is cloned for no call).
+struct Merged<'a> {
+    base: &'a Map<String, Value>,
+    over: Option<&'a Map<String, Value>>,
+}
+
+impl Serialize for Merged<'_> {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        use serde::ser::SerializeMap as _;
+        let mut map = s.serialize_map(None)?;
+        let over = self.over.into_iter().flatten();
+        for (k, v) in (self.base.iter())
+            .filter(|(k, _)| self.over.is_none_or(|o| !o.contains_key(*k)))
+            .chain(over)
+        {
+            map.serialize_entry(k, v)?;
+        }
+        map.end()
+    }
 }
 
 /// An answer: its head, and its body as it arrives.
@@ -267,11 +289,7 @@ impl HttpCalls {
         // The upstream's progress comes under a token of this call's own.
         let token = progress.map(|_| Value::String(id.clone()));
         // The caller's capabilities and log level over this gateway's own (a copy only then).
-        let forwarded = call.upstream_meta().map(|m| {
-            let mut base = self.meta.clone();
-            base.extend(m.0.0);
-            base
-        });
+        let forwarded = call.upstream_meta().map(|m| m.0.0);
         let body = serde_json::to_vec(&Request {
             jsonrpc: "2.0",
             id: id.clone(),
@@ -282,7 +300,10 @@ impl HttpCalls {
                 input_responses: call.input.responses.as_ref(),
                 request_state: call.input.request_state.as_deref(),
                 meta: Meta {
-                    base: forwarded.as_ref().unwrap_or(&self.meta),
+                    base: Merged {
+                        base: &self.meta,
+                        over: forwarded.as_ref(),
+                    },
                     progress_token: token.as_ref(),
                 },
             },
@@ -531,6 +552,20 @@ fn event_data(event: &[u8]) -> Option<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_callers_meta_keys_go_over_the_gateways_once_each() {
+        let map = |v: Value| v.as_object().unwrap().clone();
+        let base = map(serde_json::json!({"a": 1, "b": 2}));
+        let over = map(serde_json::json!({"b": 3, "c": 4}));
+        let text = |over| serde_json::to_string(&Merged { base: &base, over }).unwrap();
+        let merged = text(Some(&over));
+        assert_eq!(merged.matches("\"b\"").count(), 1, "{merged}");
+        let merged: Value = serde_json::from_str(&merged).unwrap();
+        assert_eq!(merged, serde_json::json!({"a": 1, "b": 3, "c": 4}));
+        let alone: Value = serde_json::from_str(&text(None)).unwrap();
+        assert_eq!(alone, serde_json::json!({"a": 1, "b": 2}));
+    }
 
     #[test]
     fn sse_events_split_and_decode() {

@@ -194,3 +194,16 @@ async fn the_last_error_is_reported_only_while_not_connected() {
         Some("the process exited (exit status: 1); restarting it")
     );
 }
+
+/// A call's future is moved whole when it starts (into the gateway's boxed handler): the
+/// rmcp path, boxed, does not make the direct HTTP path's future larger than its own (unboxed
+/// it was twice that size).
+#[test]
+fn a_calls_future_is_sized_by_the_direct_path() {
+    let up = down_upstream(Default::default());
+    let calls = http::HttpCalls::new("http://127.0.0.1:9/mcp", None, 1 << 20, None).unwrap();
+    let (args, call) = (rmcp::model::JsonObject::new(), crate::mcp::source::Call::default());
+    let direct = std::mem::size_of_val(&calls.call("t", &args, &call));
+    let whole = std::mem::size_of_val(&up.call_tool("t", args, call));
+    assert!(whole <= direct + 1536, "{whole} bytes for a call whose direct path is {direct}");
+}
