@@ -202,8 +202,14 @@ async fn the_last_error_is_reported_only_while_not_connected() {
 fn a_calls_future_is_sized_by_the_direct_path() {
     let up = down_upstream(Default::default());
     let calls = http::HttpCalls::new("http://127.0.0.1:9/mcp", None, 1 << 20, None).unwrap();
-    let (args, call) = (rmcp::model::JsonObject::new(), crate::mcp::source::Call::default());
+    let (args, call) = (
+        rmcp::model::JsonObject::new(),
+        crate::mcp::source::Call::default(),
+    );
     let direct = std::mem::size_of_val(&calls.call("t", &args, &call));
     let whole = std::mem::size_of_val(&up.call_tool("t", args, call));
-    assert!(whole <= direct + 1536, "{whole} bytes for a call whose direct path is {direct}");
+    assert!(
+        whole <= direct + 1536,
+        "{whole} bytes for a call whose direct path is {direct}"
+    );
 }
