@@ -540,9 +540,10 @@ mod tests {
         assert_eq!(open.authenticates(&token("x")), Authentication::NoTokens);
     }
 
-    /// The check of one slug on every call says what the whole entitlement says, for every
-    /// kind of caller: a token's slugs, none for an unknown token, every slug for a caller
-    /// needing none, each narrowed by `?servers=`.
+    /// The check of one slug on every call says what the whole entitlement says, for each
+    /// kind of caller here: a token's slugs, none for an unknown token, every slug for a
+    /// caller needing none, each narrowed by `?servers=`. (Access tokens' scopes, which need
+    /// an issuer's keys, are called through a gateway in tests/it/oauth.rs.)
     #[test]
     fn one_slugs_check_agrees_with_the_whole_entitlement() {
         let named = |n: &str| {

@@ -565,6 +565,18 @@ mod tests {
         assert_eq!(merged, serde_json::json!({"a": 1, "b": 3, "c": 4}));
         let alone: Value = serde_json::from_str(&text(None)).unwrap();
         assert_eq!(alone, serde_json::json!({"a": 1, "b": 2}));
+        // Flattened into the request's `_meta`, beside a progress token.
+        let token = Value::from("herald-7");
+        let meta = Meta {
+            base: Merged {
+                base: &base,
+                over: Some(&over),
+            },
+            progress_token: Some(&token),
+        };
+        let meta = serde_json::to_value(&meta).unwrap();
+        let want = serde_json::json!({"a": 1, "b": 3, "c": 4, "progressToken": "herald-7"});
+        assert_eq!(meta, want);
     }
 
     #[test]

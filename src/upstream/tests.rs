@@ -196,20 +196,18 @@ async fn the_last_error_is_reported_only_while_not_connected() {
 }
 
 /// A call's future is moved whole when it starts (into the gateway's boxed handler): the
-/// rmcp path, boxed, does not make the direct HTTP path's future larger than its own (unboxed
-/// it was twice that size).
+/// rmcp path is boxed, so it does not make every call's future, the direct HTTP path's too,
+/// larger than rmcp's own request (unboxed it was the two together).
 #[test]
-fn a_calls_future_is_sized_by_the_direct_path() {
+fn a_calls_future_is_smaller_than_the_rmcp_path_it_may_take() {
     let up = down_upstream(Default::default());
-    let calls = http::HttpCalls::new("http://127.0.0.1:9/mcp", None, 1 << 20, None).unwrap();
-    let (args, call) = (
-        rmcp::model::JsonObject::new(),
-        crate::mcp::source::Call::default(),
-    );
-    let direct = std::mem::size_of_val(&calls.call("t", &args, &call));
-    let whole = std::mem::size_of_val(&up.call_tool("t", args, call));
+    let call = crate::mcp::source::Call::default();
+    let params = rmcp::model::CallToolRequestParams::new("t");
+    let request = ClientRequest::CallToolRequest(rmcp::model::Request::new(params));
+    let rmcp = std::mem::size_of_val(&up.request(request, &call));
+    let whole = std::mem::size_of_val(&up.call_tool("t", rmcp::model::JsonObject::new(), call));
     assert!(
-        whole <= direct + 1536,
-        "{whole} bytes for a call whose direct path is {direct}"
+        whole < rmcp,
+        "{whole} bytes for a call; rmcp's request alone is {rmcp}"
     );
 }
