@@ -448,6 +448,22 @@ struct Kind<'a> {
     kind: Option<std::borrow::Cow<'a, str>>,
 }
 
+/// What `result` says it is. rmcp's servers (herald's among them) write `resultType` first: a
+/// result that starts with it complete is complete (the whole read would say so too, or fail on
+/// a second `resultType` and take it as complete), with no read of the rest for it.
+fn result_kind(result: &str) -> Option<std::borrow::Cow<'_, str>> {
+    const COMPLETE: &str = r#"{"resultType":"complete""#;
+    if let Some(after) = result.strip_prefix(COMPLETE)
+        && (after.starts_with(',') || after.starts_with('}'))
+    {
+        return Some("complete".into());
+    }
+    // (A result that is not an object is no tool result, said below.)
+    serde_json::from_str::<Kind>(result)
+        .ok()
+        .and_then(|k| k.kind)
+}
+
 /// The call's result or error, when `message` answers request `id`.
 fn answer(id: &str, message: Answer<'_>) -> Option<Result<CallToolResponse, CallError>> {
     if message.id.as_str() != Some(id) {
@@ -468,10 +484,7 @@ fn answer(id: &str, message: Answer<'_>) -> Option<Result<CallToolResponse, Call
         })));
     }
     let result = message.result?.get();
-    // (A result that is not an object is no tool result, said below.)
-    let kind = serde_json::from_str::<Kind>(result)
-        .ok()
-        .and_then(|k| k.kind);
+    let kind = result_kind(result);
     match kind.as_deref() {
         None | Some("complete") => Some(
             serde_json::from_str::<CallToolResult>(result)
@@ -552,6 +565,45 @@ fn event_data(event: &[u8]) -> Option<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_result_that_starts_complete_is_read_as_the_whole_read_would() {
+        fn full(r: &str) -> Option<std::borrow::Cow<'_, str>> {
+            serde_json::from_str::<Kind>(r).ok().and_then(|k| k.kind)
+        }
+        for (result, kind) in [
+            (
+                r#"{"resultType":"complete","content":[]}"#,
+                Some("complete"),
+            ),
+            (r#"{"resultType":"complete"}"#, Some("complete")),
+            (
+                r#"{"resultType":"completed","content":[]}"#,
+                Some("completed"),
+            ),
+            (
+                r#"{"resultType":"complete" ,"content":[]}"#,
+                Some("complete"),
+            ),
+            (
+                r#"{"content":[],"resultType":"input_required"}"#,
+                Some("input_required"),
+            ),
+            (
+                r#"{ "resultType": "input_required" }"#,
+                Some("input_required"),
+            ),
+            (r#"{"content":[]}"#, None),
+            ("[1]", None),
+        ] {
+            assert_eq!(result_kind(result).as_deref(), kind, "{result}");
+            assert_eq!(full(result).as_deref(), kind, "{result}");
+        }
+        // A second resultType: the whole read fails (taken as complete); the start says so.
+        let twice = r#"{"resultType":"complete","resultType":"input_required"}"#;
+        assert_eq!(full(twice), None);
+        assert_eq!(result_kind(twice).as_deref(), Some("complete"));
+    }
 
     #[test]
     fn the_callers_meta_keys_go_over_the_gateways_once_each() {
