@@ -288,7 +288,7 @@ impl HttpCalls {
         let id = format!("herald-{n}");
         // The upstream's progress comes under a token of this call's own.
         let token = progress.map(|_| Value::String(id.clone()));
-        // The caller's capabilities and log level over this gateway's own (a copy only then).
+        // The caller's capabilities and log level over this gateway's own ([`Merged`]).
         let forwarded = call.upstream_meta().map(|m| m.0.0);
         let body = serde_json::to_vec(&Request {
             jsonrpc: "2.0",
