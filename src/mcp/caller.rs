@@ -152,9 +152,16 @@ impl Caller {
     pub fn from_parts(parts: &http::request::Parts) -> Caller {
         // A request a proxy forwarded came from wherever the proxy's client is, not from this
         // host, whatever address the proxy connected from.
-        let forwarded = ["forwarded", "x-forwarded-for", "x-real-ip", "via"]
-            .iter()
-            .any(|h| parts.headers.contains_key(*h));
+        const X_FORWARDED_FOR: http::HeaderName = http::HeaderName::from_static("x-forwarded-for");
+        const X_REAL_IP: http::HeaderName = http::HeaderName::from_static("x-real-ip");
+        let forwarded = [
+            http::header::FORWARDED,
+            X_FORWARDED_FOR,
+            X_REAL_IP,
+            http::header::VIA,
+        ]
+        .iter()
+        .any(|h| parts.headers.contains_key(h));
         Caller {
             loopback: !forwarded
                 && parts

@@ -232,6 +232,14 @@ pub fn router(
     }
 }
 
+/// The 2026-07-28 headers the gates read on every request, named once: a name given as a string
+/// is parsed again at each lookup.
+const MCP_METHOD: header::HeaderName = header::HeaderName::from_static("mcp-method");
+const MCP_NAME: header::HeaderName = header::HeaderName::from_static("mcp-name");
+const MCP_PROTOCOL_VERSION: header::HeaderName =
+    header::HeaderName::from_static("mcp-protocol-version");
+const MCP_SESSION_ID: header::HeaderName = header::HeaderName::from_static("mcp-session-id");
+
 /// rmcp's service behind the gates, shared: the layers clone the service they wrap for every
 /// request, and rmcp's own clone copies its whole config (hosts, origins) each time, even for
 /// the requests the gates answer themselves.
@@ -568,7 +576,7 @@ async fn listen_gate(State(gate): State<Gate>, req: Request, next: Next) -> Resp
     let contains = |needle: &[u8]| bytes.windows(needle.len()).any(|w| w == needle);
     // The `Mcp-Param-*` check of every tools/call, whatever path answers it (rmcp does not
     // check the headers of herald's tools), then the plain shapes herald answers itself.
-    let call = (parts.headers.get("mcp-method")).is_some_and(|m| m == "tools/call");
+    let call = (parts.headers.get(MCP_METHOD)).is_some_and(|m| m == "tools/call");
     let plain = contains(b"tools/call") || contains(b"resources/read");
     if call || plain {
         if call

@@ -23,7 +23,7 @@ const SUFFIX: &str = "?=";
 
 /// The tool name a `tools/call` names in its `Mcp-Name` header, decoded.
 pub fn name(headers: &HeaderMap) -> Option<String> {
-    let raw = headers.get("mcp-name")?.to_str().ok()?;
+    let raw = headers.get(super::MCP_NAME)?.to_str().ok()?;
     decode(raw)
 }
 

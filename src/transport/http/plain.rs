@@ -8,6 +8,7 @@ use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use serde_json::{Value, json};
 
+use super::{MCP_METHOD, MCP_NAME, MCP_PROTOCOL_VERSION, MCP_SESSION_ID};
 use super::{error_status, params, rpc_error};
 use crate::mcp::caller::Caller;
 use crate::mcp::server::SourceServer;
@@ -27,7 +28,7 @@ pub(super) fn param_headers_refused(
     server: &SourceServer,
     caller: &Caller,
 ) -> Option<Response> {
-    if headers.get("mcp-method").is_none_or(|m| m != "tools/call") {
+    if headers.get(MCP_METHOD).is_none_or(|m| m != "tools/call") {
         return None;
     }
     let name = params::name(headers)?;
@@ -78,18 +79,18 @@ pub(super) fn plain_headers<'h>(
     method: &str,
 ) -> Option<Option<&'h str>> {
     use rmcp::model::ProtocolVersion;
-    let only = |name: &str| {
+    let only = |name: &header::HeaderName| {
         let mut values = headers.get_all(name).iter();
         let first = values.next()?.to_str().ok()?;
         values.next().is_none().then_some(first)
     };
-    if only("mcp-protocol-version")? != ProtocolVersion::V_2026_07_28.as_str()
-        || only("mcp-method")? != method
-        || headers.contains_key("mcp-session-id")
+    if only(&MCP_PROTOCOL_VERSION)? != ProtocolVersion::V_2026_07_28.as_str()
+        || only(&MCP_METHOD)? != method
+        || headers.contains_key(MCP_SESSION_ID)
     {
         return None;
     }
-    let essence = only("content-type")?
+    let essence = only(&header::CONTENT_TYPE)?
         .split(';')
         .next()
         .unwrap_or_default()
@@ -125,9 +126,9 @@ pub(super) fn plain_headers<'h>(
     if !json || !sse {
         return None;
     }
-    Some(match headers.get_all("mcp-name").iter().count() {
+    Some(match headers.get_all(MCP_NAME).iter().count() {
         0 => None,
-        1 => Some(headers.get("mcp-name")?.to_str().ok()?),
+        1 => Some(headers.get(MCP_NAME)?.to_str().ok()?),
         _ => return None,
     })
 }
@@ -153,7 +154,7 @@ pub(super) struct PlainRequest {
 /// Anything else goes on to rmcp.
 pub(super) fn plain_request(headers: &axum::http::HeaderMap, body: &[u8]) -> Option<PlainRequest> {
     use rmcp::model::RequestMetaObject;
-    let method = headers.get("mcp-method")?.to_str().ok()?;
+    let method = headers.get(MCP_METHOD)?.to_str().ok()?;
     if method != "tools/call" && method != "resources/read" {
         return None;
     }
