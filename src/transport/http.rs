@@ -232,13 +232,14 @@ pub fn router(
     }
 }
 
-/// The 2026-07-28 headers the gates read on every request, named once: a name given as a string
-/// is parsed again at each lookup.
-const MCP_METHOD: header::HeaderName = header::HeaderName::from_static("mcp-method");
-const MCP_NAME: header::HeaderName = header::HeaderName::from_static("mcp-name");
-const MCP_PROTOCOL_VERSION: header::HeaderName =
+/// The 2026-07-28 headers, named once for the gates that read them on every request and the
+/// upstream client that writes them: a name given as a string is parsed again at each use.
+pub(crate) const MCP_METHOD: header::HeaderName = header::HeaderName::from_static("mcp-method");
+pub(crate) const MCP_NAME: header::HeaderName = header::HeaderName::from_static("mcp-name");
+pub(crate) const MCP_PROTOCOL_VERSION: header::HeaderName =
     header::HeaderName::from_static("mcp-protocol-version");
-const MCP_SESSION_ID: header::HeaderName = header::HeaderName::from_static("mcp-session-id");
+pub(crate) const MCP_SESSION_ID: header::HeaderName =
+    header::HeaderName::from_static("mcp-session-id");
 
 /// rmcp's service behind the gates, shared: the layers clone the service they wrap for every
 /// request, and rmcp's own clone copies its whole config (hosts, origins) each time, even for

@@ -18,12 +18,13 @@
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use reqwest::header::{ACCEPT, AUTHORIZATION, CONTENT_TYPE, HeaderMap, HeaderName, HeaderValue};
+use reqwest::header::{ACCEPT, AUTHORIZATION, CONTENT_TYPE, HeaderMap, HeaderValue};
 use rmcp::model::{CallToolResponse, CallToolResult, JsonObject, ProgressNotificationParam};
 use serde::Serialize;
 use serde_json::{Map, Value};
 
 use crate::mcp::source::{Call, Progress, SourceError};
+use crate::transport::http::{MCP_METHOD, MCP_NAME, MCP_PROTOCOL_VERSION};
 
 /// Why a direct call did not produce an answer.
 #[derive(Debug)]
@@ -167,14 +168,8 @@ impl HttpCalls {
             ACCEPT,
             HeaderValue::from_static("application/json, text/event-stream"),
         );
-        headers.insert(
-            HeaderName::from_static("mcp-protocol-version"),
-            HeaderValue::from_static("2026-07-28"),
-        );
-        headers.insert(
-            HeaderName::from_static("mcp-method"),
-            HeaderValue::from_static("tools/call"),
-        );
+        headers.insert(MCP_PROTOCOL_VERSION, HeaderValue::from_static("2026-07-28"));
+        headers.insert(MCP_METHOD, HeaderValue::from_static("tools/call"));
         // (An OAuth session's token is set per call instead.)
         if let Some(t) = token.filter(|_| oauth.is_none()) {
             let mut v = HeaderValue::from_str(&format!("Bearer {t}")).ok()?;
@@ -226,7 +221,7 @@ impl HttpCalls {
             }
             None => None,
         };
-        let mcp_name = HeaderName::from_static("mcp-name");
+        let mcp_name = MCP_NAME;
         if let Some((wire, path, host)) = &self.wire {
             let request = || {
                 let mut req = http::Request::post(path.clone())

@@ -30,6 +30,7 @@ use tokio::sync::Notify;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
+use super::MCP_SESSION_ID;
 use super::budget::{self, Cidr};
 use crate::mcp::caller::{Caller, PeerAddr};
 use crate::runtime::metrics::{Gauge, Metrics};
@@ -39,8 +40,6 @@ use crate::sync::Recover;
 pub const DEFAULT_SESSION_IDLE_MS: u64 = 300_000;
 /// Most sessions one owner keeps: a new one past it closes that owner's longest idle one.
 pub const MAX_SESSIONS_PER_OWNER: usize = 64;
-
-const SESSION_HEADER: &str = "mcp-session-id";
 
 struct Entry {
     owner: String,
@@ -267,14 +266,14 @@ pub async fn session_gate(
     let mut req = Request::from_parts(parts, body);
     let id = req
         .headers()
-        .get(SESSION_HEADER)
+        .get(MCP_SESSION_ID)
         .and_then(|v| v.to_str().ok())
         .map(str::to_owned);
     let Some(id) = id else {
         let response = next.run(req).await;
         if let Some(id) = response
             .headers()
-            .get(SESSION_HEADER)
+            .get(MCP_SESSION_ID)
             .and_then(|v| v.to_str().ok())
         {
             sessions.opened(id, owner);
@@ -284,7 +283,7 @@ pub async fn session_gate(
     match sessions.touch(&id, &owner) {
         Known::Unknown => next.run(req).await,
         Known::Foreign => {
-            req.headers_mut().insert(SESSION_HEADER, unknown_id());
+            req.headers_mut().insert(MCP_SESSION_ID, unknown_id());
             next.run(req).await
         }
         Known::Mine => {
