@@ -161,37 +161,46 @@ impl Entitled {
         caller.local || (self.open_to_loopback && caller.loopback)
     }
 
+    /// What `caller`'s credentials entitle it to, before `?servers=` narrows it: the one place
+    /// the kinds of credential are told apart (the checks below all start here).
+    fn entitlement(&self, caller: &Caller) -> Entitlement<'_> {
+        match self.token(caller) {
+            Some(tok) => Entitlement::Slugs(&tok.slugs),
+            None if self.needs_no_token(caller) => Entitlement::Every,
+            None => match self.grant(caller) {
+                Some(g) => Entitlement::Granted(self.granted(&g)),
+                None => Entitlement::Nothing,
+            },
+        }
+    }
+
+    /// Whether `entitlement` includes slug `slug` of this config.
+    fn includes(&self, entitlement: &Entitlement, slug: &str) -> bool {
+        match entitlement {
+            Entitlement::Slugs(slugs) => slugs.contains(slug),
+            Entitlement::Every => self.upstreams.iter().any(|u| u.name == slug),
+            Entitlement::Granted(granted) => granted.contains_key(slug),
+            Entitlement::Nothing => false,
+        }
+    }
+
     /// The slugs `caller` may use: its token's entitlement, or every slug for a caller that
     /// needs no token, narrowed by `?servers=`.
     fn allowed(&self, caller: &Caller) -> BTreeSet<String> {
-        let token = self.token(caller);
-        let mut set: BTreeSet<String> = match token {
-            Some(tok) => tok.slugs.clone(),
-            None if self.needs_no_token(caller) => {
-                self.upstreams.iter().map(|u| u.name.clone()).collect()
-            }
-            None => match self.grant(caller) {
-                Some(g) => self.granted(&g).into_keys().collect(),
-                None => BTreeSet::new(),
-            },
+        let mut set: BTreeSet<String> = match self.entitlement(caller) {
+            Entitlement::Slugs(slugs) => slugs.clone(),
+            Entitlement::Every => self.upstreams.iter().map(|u| u.name.clone()).collect(),
+            Entitlement::Granted(granted) => granted.into_keys().collect(),
+            Entitlement::Nothing => BTreeSet::new(),
         };
-        if let Some(only) = &caller.servers {
-            set.retain(|s| only.iter().any(|o| o == s));
-        }
+        set.retain(|s| narrowed_to(caller, s));
         set
     }
 
     /// Whether `slug` is among the slugs `caller` may use ([`Entitled::allowed`]), worked out
     /// for that one slug without building the set: the check of every call.
     fn may_use(&self, caller: &Caller, slug: &str) -> bool {
-        let entitled = match self.token(caller) {
-            Some(tok) => tok.slugs.contains(slug),
-            None if self.needs_no_token(caller) => self.upstreams.iter().any(|u| u.name == slug),
-            None => self
-                .grant(caller)
-                .is_some_and(|g| self.granted(&g).contains_key(slug)),
-        };
-        entitled && (caller.servers.as_ref()).is_none_or(|only| only.iter().any(|o| o == slug))
+        self.includes(&self.entitlement(caller), slug) && narrowed_to(caller, slug)
     }
 
     /// Whether `caller` presented a token this config knows, or needs none, and (when it
@@ -293,15 +302,10 @@ impl Entitled {
     /// Whether `caller`'s token (or its needing none) entitles it to every slug, whatever
     /// `?servers=` narrows.
     fn entitled_to_all(&self, caller: &Caller) -> bool {
-        let all: BTreeSet<String> = match self.token(caller) {
-            Some(tok) => tok.slugs.clone(),
-            None if self.needs_no_token(caller) => return true,
-            None => match self.grant(caller) {
-                Some(g) => self.granted(&g).into_keys().collect(),
-                None => return false,
-            },
-        };
-        self.upstreams.iter().all(|u| all.contains(&u.name))
+        match self.entitlement(caller) {
+            Entitlement::Nothing => false,
+            e => self.upstreams.iter().all(|u| self.includes(&e, &u.name)),
+        }
     }
 
     /// The upstreams `caller` may use.
@@ -313,6 +317,22 @@ impl Entitled {
             .cloned()
             .collect()
     }
+}
+
+/// What a caller's credentials entitle it to ([`Entitled::entitlement`]).
+enum Entitlement<'a> {
+    /// A `[[token]]`'s slugs.
+    Slugs(&'a BTreeSet<String>),
+    /// Every slug: a caller that needs no token.
+    Every,
+    /// An access token's: the slugs its scopes name (each `true` when for reading only).
+    Granted(BTreeMap<String, bool>),
+    Nothing,
+}
+
+/// Whether `caller`'s `?servers=` (if any) keeps slug `slug`.
+fn narrowed_to(caller: &Caller, slug: &str) -> bool {
+    (caller.servers.as_ref()).is_none_or(|only| only.iter().any(|o| o == slug))
 }
 
 /// One listen stream admitted through the gateway: who asked, what it watches, how to end it.
