@@ -136,7 +136,8 @@ async fn keeps(
     .await
     .map_err(|_| format!("no NATS server answered at {servers} within 20 s"))
     .and_then(|r| r)
-    .map_err(|e| crate::cli::usage(anyhow::anyhow!("--backend: {e}")))?;
+    .map_err(|e| crate::cli::usage(anyhow::anyhow!("--backend: {e}")))?
+    .client;
     let js = async_nats::jetstream::new(client);
     // Rows expire with the longest a task is kept (a day) and its grace.
     let kv = crate::nats::open_bucket(

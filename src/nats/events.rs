@@ -246,7 +246,8 @@ async fn reach(
     let servers = cfg.redacted();
     let c = tokio::time::timeout(Duration::from_secs(20), cfg.connect(metrics))
         .await
-        .map_err(|_| format!("no NATS server answered at {servers} within 20 s"))??;
+        .map_err(|_| format!("no NATS server answered at {servers} within 20 s"))??
+        .client;
     let js = jetstream::new(c.clone());
     let (_, kv) = open(&js, &servers).await?;
     // On the status board's entry only once usable: a try that failed leaves nothing.
@@ -679,12 +680,12 @@ async fn follow(
     ctx: RoleContext,
 ) {
     let mut backoff = RETRY;
-    let (stream, kv, client, js) = loop {
+    let (stream, kv, conn) = loop {
         let r = async {
-            let client = cfg.connect(ctx.metrics()).await?;
-            let js = jetstream::new(client.clone());
+            let conn = cfg.connect(ctx.metrics()).await?;
+            let js = jetstream::new(conn.client.clone());
             let (stream, kv) = open(&js, &mirror.servers).await?;
-            Ok::<_, String>((stream, kv, client, js))
+            Ok::<_, String>((stream, kv, conn))
         }
         .await;
         match r {
@@ -695,7 +696,7 @@ async fn follow(
             }
         }
     };
-    let _ = on_board.set(client.clone());
+    let _ = on_board.set(conn.client.clone());
     let catalog_key = format!("{}.catalog", mirror.name);
     if let Ok(Some(v)) = kv.get(&catalog_key).await
         && let Some(v) = mirror.catalog_from(&catalog_key, &v)
@@ -733,14 +734,10 @@ async fn follow(
     }
     // Each event is kept once (a mirror keeps only seqs past its head), and a consumer made
     // again resumes after the last message applied: nothing is lost or repeated.
-    // A stream NATS lost is made again here too (the publishers make it on their next
-    // event): what was published since is followed from its start.
-    let remade = crate::nats::NatsMetrics::register(ctx.metrics()).remade;
-    let mut follow = Follow::new(client, stream, filter, 0, ctx.shutdown().clone()).remaking(
-        js,
-        stream_config(),
-        remade,
-    );
+    // A stream NATS lost is made again by the publishers, at their next event, with the
+    // bucket and their catalogs (a mirror that made the stream first would leave the bucket
+    // unmade); its making tells the follow, which follows it from its start.
+    let mut follow = Follow::new(&conn, stream, filter, 0, ctx.shutdown().clone());
     tracing::info!(source = %mirror.name, "following published event logs");
     while let Some(d) = follow.next().await {
         mirror.apply(&d.message);

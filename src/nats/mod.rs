@@ -2,7 +2,8 @@
 //! `herald check` can say of the settings without connecting, and the connection's health for
 //! `/ready` and `/metrics`. The roles keep their own state in it (memo: a key-value bucket,
 //! `source::memo::nats`; slack: a stream and a lease, `source::slack::shared`). Whoever
-//! follows a stream in order does it with [`ordered::Follow`].
+//! follows a stream in order does it with [`ordered::Follow`], and looks at it again when
+//! NATS says to with [`lookout::Lookout`].
 
 use std::path::PathBuf;
 use std::time::Duration;
@@ -12,6 +13,7 @@ use crate::runtime::metrics::{Counter, Metrics, Summary};
 pub mod claim;
 pub mod events;
 pub mod holder;
+pub mod lookout;
 pub mod ordered;
 mod seal;
 
@@ -85,14 +87,16 @@ impl NatsConfig {
 
     /// Connects (the reconnects after are async-nats's own), counting connects and
     /// disconnects in `metrics`.
-    pub async fn connect(&self, metrics: &Metrics) -> Result<async_nats::Client, String> {
+    pub async fn connect(&self, metrics: &Metrics) -> Result<Connection, String> {
         self.check()?;
         let counts = NatsMetrics::register(metrics);
+        let (connected, connects) = tokio::sync::watch::channel(());
         let mut opts = async_nats::ConnectOptions::new()
             .name("herald")
             .connection_timeout(Duration::from_secs(5))
             .event_callback(move |ev| {
                 let counts = counts.clone();
+                let connected = connected.clone();
                 async move {
                     match ev {
                         async_nats::Event::Disconnected => {
@@ -101,6 +105,7 @@ impl NatsConfig {
                         }
                         async_nats::Event::Connected => {
                             counts.connects.inc();
+                            connected.send_replace(());
                             tracing::info!("NATS connected")
                         }
                         other => tracing::debug!(event = %other, "NATS"),
@@ -127,13 +132,24 @@ impl NatsConfig {
             .map(|u| u.parse())
             .collect::<Result<_, _>>()
             .map_err(|e| format!("--backend {}: {e}", self.redacted()))?;
-        opts.connect(urls).await.map_err(|e| {
+        let client = opts.connect(urls).await.map_err(|e| {
             format!(
                 "no NATS server answered at {} ({e}); is nats-server running there with -js?",
                 self.redacted()
             )
-        })
+        })?;
+        Ok(Connection { client, connects })
     }
+}
+
+/// A connection to NATS: async-nats's client, which reconnects by itself, and its connects
+/// told as they happen (what a [`lookout::Lookout`] waits on).
+#[derive(Clone)]
+pub struct Connection {
+    pub client: async_nats::Client,
+    /// Changed at each connect async-nats makes, the first and every reconnect (after the
+    /// client's own count, `statistics().connects`, went up).
+    pub connects: tokio::sync::watch::Receiver<()>,
 }
 
 /// Opens the key-value bucket `name`, or makes it (keeping `history` revisions a key).

@@ -14,32 +14,29 @@
 //! under the same name, its creation time another) is followed again from its start. That is
 //! checked before each consumer is made, before the first message after a reconnect
 //! (async-nats re-creates a consumer across a reconnect by itself, from where it was: on a
-//! stream made again that may be past all it holds), and after [`SILENCE`] with no message
-//! (a stream deleted and made again with no reconnect). Messages read twice so are passed on
-//! twice: followers keep what they applied by its own numbering. A follower told how to make the stream
-//! ([`Follow::remaking`]) makes it again when it is gone, with a warning and a count
-//! (`herald_nats_streams_remade_total`).
+//! stream made again that may be past all it holds), and whenever the follower's
+//! [`Lookout`] says (a reconnect, the stream made, a check NATS did not answer): never on a
+//! clock. Messages read twice so are passed on twice: followers keep what they applied by
+//! its own numbering. A follower told how to make the stream ([`Follow::remaking`]) makes it
+//! again when it is gone, with a warning and a count (`herald_nats_streams_remade_total`).
 //!
 //! It adds no queue: a message is read from the consumer's subscription (async-nats's bounded
 //! channel) only when [`Follow::next`] is called, so a slow follower slows the consumer's
 //! flow control, never grows memory. It stops when its cancellation token is cancelled.
 
-use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use async_nats::jetstream::{self, consumer, stream};
 use futures::StreamExt;
 use tokio_util::sync::CancellationToken;
 
+use crate::nats::Connection;
+use crate::nats::lookout::Lookout;
 use crate::runtime::backoff::Backoff;
 
 /// The pause before re-creating a consumer that failed: 200 ms doubling to 10 s, started over
 /// by the next message delivered.
 pub const RETRY: Backoff = Backoff::new(Duration::from_millis(200), Duration::from_secs(10));
-
-/// A follower that received nothing for this long checks that its stream is still the one it
-/// follows (one request; nothing when messages come).
-pub const SILENCE: Duration = Duration::from_secs(5);
 
 /// One message of the stream, in order.
 #[derive(Debug)]
@@ -66,9 +63,8 @@ pub struct Follow {
     remake: Option<Remake>,
     /// When the followed stream was made: another time is another stream.
     created: i128,
-    /// The client's connects when the stream was last checked: a reconnect is when NATS may
-    /// have come back without its data.
-    connects: u64,
+    /// When to check the stream again.
+    lookout: Lookout,
 }
 
 /// How a follower makes its stream again when it is gone.
@@ -83,18 +79,17 @@ impl Follow {
     /// from the start) until `shutdown`; the consumer is made at the first
     /// [`next`](Self::next).
     pub fn new(
-        client: async_nats::Client,
+        conn: &Connection,
         stream: stream::Stream,
         subject: impl Into<String>,
         from: u64,
         shutdown: CancellationToken,
     ) -> Follow {
-        let created = stream.cached_info().created.unix_timestamp_nanos();
-        let connects = client.statistics().connects.load(Ordering::Relaxed);
+        let info = stream.cached_info();
         Follow {
-            client,
-            created,
-            connects,
+            client: conn.client.clone(),
+            created: info.created.unix_timestamp_nanos(),
+            lookout: Lookout::new(conn, &info.config.name),
             stream,
             subject: subject.into(),
             next: from,
@@ -120,12 +115,18 @@ impl Follow {
     /// another time, or its sequences went back below where this follower was); it is then
     /// followed from its start (`true`).
     async fn check_reset(&mut self) -> bool {
-        self.connects = self.client.statistics().connects.load(Ordering::Relaxed);
+        self.lookout.looking().await;
         let info = match self.stream.get_info().await {
             Ok(info) => info,
-            // Gone: made again when this follower knows how.
-            Err(_) => return self.remade().await,
+            // Gone for certain: made again when this follower knows how (else the lookout
+            // tells when another makes it). No answer: checked again after a pause.
+            Err(_) => {
+                let gone = self.gone().await;
+                self.lookout.answered(gone);
+                return gone && self.remake().await;
+            }
         };
+        self.lookout.answered(true);
         let made = info.created.unix_timestamp_nanos();
         let other = made != self.created;
         self.created = made;
@@ -144,11 +145,21 @@ impl Follow {
     /// Makes the stream again when it is gone and this follower knows how: `true` when it
     /// did (followed from its start).
     async fn remade(&mut self) -> bool {
+        self.remake.is_some() && self.gone().await && self.remake().await
+    }
+
+    /// Whether the stream is gone for certain (JetStream says it is not found). (No `&self`
+    /// across the await: the consumer held is not `Sync`.)
+    async fn gone(&mut self) -> bool {
+        let js = jetstream::new(self.client.clone());
+        let name = self.name().to_owned();
+        crate::nats::stream_gone(&js, &name).await
+    }
+
+    /// Makes the stream again, when this follower knows how: `true` when it did.
+    async fn remake(&mut self) -> bool {
         let Some(r) = &self.remake else { return false };
         let name = self.name().to_owned();
-        if !crate::nats::stream_gone(&r.js, &name).await {
-            return false;
-        }
         match r.js.create_stream(r.config.clone()).await {
             Ok(s) => {
                 r.remade.inc();
@@ -165,13 +176,14 @@ impl Follow {
     /// The same, with the consumer made now: an error (the stream missing, no permission,
     /// NATS away) is the caller's to report.
     pub async fn start(
-        client: async_nats::Client,
+        conn: &Connection,
         stream: stream::Stream,
         subject: impl Into<String>,
         from: u64,
         shutdown: CancellationToken,
     ) -> Result<Follow, String> {
-        let mut f = Follow::new(client, stream, subject, from, shutdown);
+        let mut f = Follow::new(conn, stream, subject, from, shutdown);
+        f.lookout.looking().await;
         f.messages = Some(consumer(&f.client, &f.stream, &f.subject, f.next).await?);
         Ok(f)
     }
@@ -196,10 +208,7 @@ impl Follow {
             }
             // After a reconnect async-nats makes the consumer again by itself, from where it
             // was: on a stream made again that may be past all it holds. Checked first.
-            if self.messages.is_some()
-                && self.client.statistics().connects.load(Ordering::Relaxed) != self.connects
-                && self.check_reset().await
-            {
+            if self.messages.is_some() && self.lookout.reconnected() && self.check_reset().await {
                 self.messages = None;
             }
             let Some(messages) = self.messages.as_mut() else {
@@ -223,7 +232,7 @@ impl Follow {
             let got = tokio::select! {
                 _ = self.shutdown.cancelled() => return None,
                 m = messages.next() => m,
-                _ = tokio::time::sleep(SILENCE) => {
+                () = self.lookout.due() => {
                     if self.check_reset().await {
                         self.messages = None;
                     }

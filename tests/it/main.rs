@@ -27,6 +27,7 @@ mod legacy;
 mod manager;
 mod memo;
 mod nats;
+mod nats_follow;
 mod oauth;
 mod oauth_client;
 mod poll;

@@ -19,6 +19,8 @@
 //!   gone, which puts this host's notes back into it (each only if no host put it first), with
 //!   a warning and `herald_nats_streams_remade_total`; every host's watch, on finding the
 //!   bucket made anew, follows it from its start (what it already holds changes nothing).
+//!   A watch looks when NATS tells it to ([`crate::nats::lookout`]: a reconnect, the bucket
+//!   made), never on a clock.
 
 use crate::sync::RecoverRw;
 use std::sync::Arc;
@@ -87,7 +89,7 @@ impl Notes {
         ctx: &RoleContext,
     ) -> Result<Notes, String> {
         let servers = cfg.redacted();
-        let client = tokio::time::timeout(START_TIMEOUT, cfg.connect(ctx.metrics()))
+        let conn = tokio::time::timeout(START_TIMEOUT, cfg.connect(ctx.metrics()))
             .await
             .map_err(|_| {
                 format!(
@@ -95,8 +97,12 @@ impl Notes {
                     START_TIMEOUT.as_secs()
                 )
             })??;
+        let client = conn.client.clone();
         let js = async_nats::jetstream::new(client.clone());
         let stream = format!("KV_{}", cfg.bucket);
+        // Watching for the bucket made anew from before it is opened.
+        let mut lookout = crate::nats::lookout::Lookout::new(&conn, &stream);
+        lookout.looking().await;
         let kv =
             crate::nats::bucket(&js, &cfg.bucket, "herald memo notes", HISTORY, &servers).await?;
         // The first pass ends with the entry at the bucket's last revision now (each key's
@@ -130,11 +136,7 @@ impl Notes {
             applied: applied_tx,
             anew: anew.clone(),
             heard: heard_tx,
-            client: client.clone(),
-            connects: client
-                .statistics()
-                .connects
-                .load(std::sync::atomic::Ordering::Relaxed),
+            lookout,
             ready: Some(ready_tx),
             baseline: !empty,
             baseline_until: last,
@@ -330,11 +332,10 @@ struct Follower {
     /// This host made the bucket anew (`heard` counts the times that was taken in).
     anew: Arc<tokio::sync::Notify>,
     heard: tokio::sync::watch::Sender<u64>,
-    /// The connection, and how many times it had connected when last looked at: after a
-    /// reconnect and a silence the bucket is checked for being made anew by another host
-    /// (an ordered watch would go on past what the new bucket holds).
-    client: async_nats::Client,
-    connects: u64,
+    /// When to check whether the bucket was made anew (a reconnect, the bucket's stream
+    /// made, a check NATS did not answer): an ordered watch would go on past what a new
+    /// bucket holds.
+    lookout: crate::nats::lookout::Lookout,
     ready: Option<tokio::sync::oneshot::Sender<()>>,
     /// Still replaying the history kept at the start.
     baseline: bool,
@@ -354,21 +355,9 @@ impl Follower {
                     self.heard.send_modify(|h| *h += 1);
                     continue;
                 }
-                _ = tokio::time::sleep(crate::nats::ordered::SILENCE) => {
-                    let connects = self
-                        .client
-                        .statistics()
-                        .connects
-                        .load(std::sync::atomic::Ordering::Relaxed);
-                    // Counted as looked at only once the server answered: a bucket made
-                    // anew later by another host is still found.
-                    if connects != self.connects
-                        && let Some(anew) = self.made_anew_checked().await
-                    {
-                        self.connects = connects;
-                        if anew {
-                            self.rewatch(&mut watch).await;
-                        }
+                () = self.lookout.due() => {
+                    if self.made_anew().await {
+                        self.rewatch(&mut watch).await;
                     }
                     continue;
                 }
@@ -438,22 +427,28 @@ impl Follower {
 
     /// Whether the bucket is another than the one followed (NATS lost it and it was made
     /// again): then it is followed from its start (`applied` back to 0).
+    /// A look of the lookout's: one NATS did not answer (NATS away; not the bucket gone,
+    /// which the next write makes again, and the lookout tells) is made again after a
+    /// pause.
     async fn made_anew(&mut self) -> bool {
-        self.made_anew_checked().await.unwrap_or(false)
-    }
-
-    /// [`Follower::made_anew`], `None` when the server could not say (the bucket gone, or
-    /// NATS away).
-    async fn made_anew_checked(&mut self) -> Option<bool> {
-        let s = self.js.get_stream(&self.stream).await.ok()?;
+        self.lookout.looking().await;
+        let s = match self.js.get_stream(&self.stream).await {
+            Ok(s) => s,
+            Err(_) => {
+                let gone = crate::nats::stream_gone(&self.js, &self.stream).await;
+                self.lookout.answered(gone);
+                return false;
+            }
+        };
+        self.lookout.answered(true);
         let created = s.cached_info().created.unix_timestamp_nanos();
         if created == self.created {
-            return Some(false);
+            return false;
         }
         self.created = created;
         tracing::warn!(stream = %self.stream, "the memo bucket was made anew (NATS lost its data); following it from its start");
         self.applied.send_replace(0);
-        Some(true)
+        true
     }
 
     /// Marks `entry` applied (and the baseline done when it ends the first pass).

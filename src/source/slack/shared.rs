@@ -157,7 +157,7 @@ struct Sealed {
 /// The connection to NATS, made at start (a bad address fails the start).
 pub struct Shared {
     cfg: SharedConfig,
-    client: async_nats::Client,
+    conn: crate::nats::Connection,
 }
 
 impl Shared {
@@ -165,14 +165,14 @@ impl Shared {
     /// known.
     pub async fn connect(cfg: SharedConfig, metrics: &Metrics) -> Result<Shared, String> {
         let servers = cfg.nats.redacted();
-        let client = tokio::time::timeout(Duration::from_secs(20), cfg.nats.connect(metrics))
+        let conn = tokio::time::timeout(Duration::from_secs(20), cfg.nats.connect(metrics))
             .await
             .map_err(|_| format!("no NATS server answered at {servers} within 20 s"))??;
-        Ok(Shared { cfg, client })
+        Ok(Shared { cfg, conn })
     }
 
     pub fn client(&self) -> &async_nats::Client {
-        &self.client
+        &self.conn.client
     }
 }
 
@@ -322,7 +322,7 @@ async fn open(core: &Arc<Core>, shared: &Shared) -> Result<Feed, String> {
             "Slack's auth.test gave the team id {team:?}, which cannot name a stream"
         ));
     }
-    let js = jetstream::new(shared.client.clone());
+    let js = jetstream::new(shared.conn.client.clone());
     let name = format!("{STREAM_PREFIX}_{team}");
     let subject = format!("herald.slack.{team}");
     let config = stream::Config {
@@ -380,7 +380,7 @@ async fn open(core: &Arc<Core>, shared: &Shared) -> Result<Feed, String> {
     }
     let counts = crate::nats::NatsMetrics::register(core.ctx.metrics());
     let follow = Follow::start(
-        shared.client.clone(),
+        &shared.conn,
         stream.clone(),
         subject.clone(),
         0,

@@ -1,0 +1,127 @@
+//! [`Lookout`]: when a follower of a JetStream stream looks at the stream again, as NATS
+//! tells it to, never on a clock.
+//!
+//! A follower's consumer (async-nats's ordered consumer, or a key-value watch, which is one)
+//! goes on by itself across a reconnect, from where it was. If NATS came back without its
+//! data and the stream was made again, that is past all the new stream holds, and the
+//! consumer waits in silence for what never comes. So a follower looks at its stream (one
+//! request) when
+//! - the client connected again (async-nats's `Connected` event, through
+//!   [`Connection::connects`]);
+//! - the stream was made: JetStream's advisory `$JS.EVENT.ADVISORY.STREAM.CREATED.<stream>`,
+//!   on a core subscription that async-nats renews across reconnects (another host made the
+//!   stream again after this one last looked, and found it gone);
+//! - a look went unanswered (NATS not back yet, or between leaders): again after a pause of
+//!   [`RETRY`], until one is answered.
+//!
+//! A stream deleted and made again with no reconnect needs none of them: its consumer went
+//! with it, and async-nats reports the missed heartbeats to the follower. An account without
+//! permission to subscribe to `$JS.EVENT.ADVISORY.STREAM.CREATED.>` loses only the second:
+//! it then finds a stream another host made again at its next reconnect or heartbeat error.
+
+use std::sync::atomic::Ordering;
+
+use futures::StreamExt;
+
+use super::Connection;
+use crate::nats::ordered::RETRY;
+use crate::runtime::backoff::Backoff;
+
+/// Tells a follower of one stream when to look at it again. See the module docs.
+pub struct Lookout {
+    client: async_nats::Client,
+    connects: tokio::sync::watch::Receiver<()>,
+    /// The client's count of connects when the last look started.
+    seen: u64,
+    /// The advisory subject of the stream's creation.
+    subject: String,
+    /// Its subscription, made at the first look (`None` until then, and after it ended).
+    made: Option<async_nats::Subscriber>,
+    /// Set while the last look went unanswered: the pauses before looking again, and when
+    /// the next look is due.
+    retry: Option<Backoff>,
+    again_at: Option<tokio::time::Instant>,
+}
+
+impl Lookout {
+    /// A lookout for `stream` on `conn`: nothing is due until something happens after the
+    /// first look ([`Lookout::looking`]).
+    pub fn new(conn: &Connection, stream: &str) -> Lookout {
+        let mut connects = conn.connects.clone();
+        connects.mark_unchanged();
+        Lookout {
+            seen: conn.client.statistics().connects.load(Ordering::Relaxed),
+            client: conn.client.clone(),
+            connects,
+            subject: format!("$JS.EVENT.ADVISORY.STREAM.CREATED.{stream}"),
+            made: None,
+            retry: None,
+            again_at: None,
+        }
+    }
+
+    /// Whether the client connected again since the last look started.
+    pub fn reconnected(&self) -> bool {
+        self.client.statistics().connects.load(Ordering::Relaxed) != self.seen
+    }
+
+    /// A look starts now. The first one subscribes to the stream's creation first, so that
+    /// a stream made after the look is told.
+    pub async fn looking(&mut self) {
+        if self.made.is_none() {
+            self.made = self.client.subscribe(self.subject.clone()).await.ok();
+        }
+        self.connects.mark_unchanged();
+        self.seen = self.client.statistics().connects.load(Ordering::Relaxed);
+    }
+
+    /// Whether NATS answered the look (the stream's state, or that it is gone for certain):
+    /// if not, another is due after a pause.
+    pub fn answered(&mut self, yes: bool) {
+        if yes {
+            self.retry = None;
+            self.again_at = None;
+        } else {
+            let pause = self.retry.get_or_insert(RETRY).next_delay();
+            self.again_at = Some(tokio::time::Instant::now() + pause);
+        }
+    }
+
+    /// Waits until a look is due: the client connected again, the stream was made, or a
+    /// look went unanswered and its pause is over. Cancel-safe.
+    pub async fn due(&mut self) {
+        loop {
+            tokio::select! {
+                changed = self.connects.changed() => match changed {
+                    Ok(()) if self.reconnected() => return,
+                    Ok(()) => {}
+                    // The client is closed: no connect comes any more.
+                    Err(_) => std::future::pending().await,
+                },
+                advisory = next_or_pending(&mut self.made) => match advisory {
+                    Some(_) => return,
+                    None => self.made = None,
+                },
+                () = sleep_or_pending(self.again_at) => {
+                    // Due once: the look's answer sets the next.
+                    self.again_at = None;
+                    return;
+                }
+            }
+        }
+    }
+}
+
+async fn next_or_pending(made: &mut Option<async_nats::Subscriber>) -> Option<async_nats::Message> {
+    match made {
+        Some(s) => s.next().await,
+        None => std::future::pending().await,
+    }
+}
+
+async fn sleep_or_pending(until: Option<tokio::time::Instant>) {
+    match until {
+        Some(t) => tokio::time::sleep_until(t).await,
+        None => std::future::pending().await,
+    }
+}
