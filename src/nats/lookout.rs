@@ -12,7 +12,7 @@
 //!   on a core subscription that async-nats renews across reconnects (another host made the
 //!   stream again after this one last looked, and found it gone);
 //! - a look went unanswered (NATS not back yet, or between leaders): again after a pause of
-//!   [`RETRY`], until one is answered.
+//!   [`AGAIN`], until one is answered.
 //!
 //! A stream deleted and made again with no reconnect needs none of them: its consumer went
 //! with it, and async-nats reports the missed heartbeats to the follower. An account without
@@ -20,12 +20,16 @@
 //! it then finds a stream another host made again at its next reconnect or heartbeat error.
 
 use std::sync::atomic::Ordering;
+use std::time::Duration;
 
 use futures::StreamExt;
 
 use super::Connection;
-use crate::nats::ordered::RETRY;
 use crate::runtime::backoff::Backoff;
+
+/// The pause before looking again after a look NATS did not answer: 200 ms doubling to 10 s,
+/// started over by one it answers.
+pub const AGAIN: Backoff = Backoff::new(Duration::from_millis(200), Duration::from_secs(10));
 
 /// Tells a follower of one stream when to look at it again. See the module docs.
 pub struct Lookout {
@@ -82,7 +86,7 @@ impl Lookout {
             self.retry = None;
             self.again_at = None;
         } else {
-            let pause = self.retry.get_or_insert(RETRY).next_delay();
+            let pause = self.retry.get_or_insert(AGAIN).next_delay();
             self.again_at = Some(tokio::time::Instant::now() + pause);
         }
     }
