@@ -1,23 +1,24 @@
 //! [`Lookout`]: when a follower of a JetStream stream looks at the stream again, as NATS
-//! tells it to, never on a clock.
+//! tells it to, never on a clock while the stream is there.
 //!
 //! A follower's consumer (async-nats's ordered consumer, or a key-value watch, which is one)
 //! goes on by itself across a reconnect, from where it was. If NATS came back without its
 //! data and the stream was made again, that is past all the new stream holds, and the
 //! consumer waits in silence for what never comes. So a follower looks at its stream (one
 //! request) when
-//! - the client connected again (async-nats's `Connected` event, through
-//!   [`Connection::connects`]);
+//! - the client connected again (async-nats's events, through [`Connection::connects`], and
+//!   the client's own count of connects);
 //! - the stream was made: JetStream's advisory `$JS.EVENT.ADVISORY.STREAM.CREATED.<stream>`,
 //!   on a core subscription that async-nats renews across reconnects (another host made the
-//!   stream again after this one last looked, and found it gone);
-//! - a look went unanswered (NATS not back yet, or between leaders): again after a pause of
-//!   [`AGAIN`], until one is answered.
+//!   stream again after this one last looked);
+//! - a look went unanswered (NATS not back yet, or between leaders), or found the stream
+//!   gone (the advisory can come before the stream can be looked up, and an account may not
+//!   be let subscribe to it): again after a pause of [`AGAIN`], until the stream is there.
 //!
-//! A stream deleted and made again with no reconnect needs none of them: its consumer went
-//! with it, and async-nats reports the missed heartbeats to the follower. An account without
-//! permission to subscribe to `$JS.EVENT.ADVISORY.STREAM.CREATED.>` loses only the second:
-//! it then finds a stream another host made again at its next reconnect or heartbeat error.
+//! A stream deleted and made again with no reconnect is found by [`Follow`] without any of
+//! them too: its consumer went with it, and async-nats reports the missed heartbeats.
+//!
+//! [`Follow`]: crate::nats::ordered::Follow
 
 use std::sync::atomic::Ordering;
 use std::time::Duration;
@@ -34,7 +35,8 @@ pub const AGAIN: Backoff = Backoff::new(Duration::from_millis(200), Duration::fr
 /// Tells a follower of one stream when to look at it again. See the module docs.
 pub struct Lookout {
     client: async_nats::Client,
-    connects: tokio::sync::watch::Receiver<()>,
+    /// The connection's events (`None` once the client is closed).
+    connects: Option<tokio::sync::watch::Receiver<()>>,
     /// The client's count of connects when the last look started.
     seen: u64,
     /// The advisory subject of the stream's creation.
@@ -49,14 +51,14 @@ pub struct Lookout {
 
 impl Lookout {
     /// A lookout for `stream` on `conn`: nothing is due until something happens after the
-    /// first look ([`Lookout::looking`]).
+    /// first look ([`Lookout::looking`]) ends ([`Lookout::found`]).
     pub fn new(conn: &Connection, stream: &str) -> Lookout {
         let mut connects = conn.connects.clone();
         connects.mark_unchanged();
         Lookout {
             seen: conn.client.statistics().connects.load(Ordering::Relaxed),
             client: conn.client.clone(),
-            connects,
+            connects: Some(connects),
             subject: format!("$JS.EVENT.ADVISORY.STREAM.CREATED.{stream}"),
             made: None,
             retry: None,
@@ -75,13 +77,15 @@ impl Lookout {
         if self.made.is_none() {
             self.made = self.client.subscribe(self.subject.clone()).await.ok();
         }
-        self.connects.mark_unchanged();
+        if let Some(c) = &mut self.connects {
+            c.mark_unchanged();
+        }
         self.seen = self.client.statistics().connects.load(Ordering::Relaxed);
     }
 
-    /// Whether NATS answered the look (the stream's state, or that it is gone for certain):
-    /// if not, another is due after a pause.
-    pub fn answered(&mut self, yes: bool) {
+    /// Whether the look found the stream: if not (no answer, or the stream gone), another
+    /// is due after a pause.
+    pub fn found(&mut self, yes: bool) {
         if yes {
             self.retry = None;
             self.again_at = None;
@@ -92,16 +96,19 @@ impl Lookout {
     }
 
     /// Waits until a look is due: the client connected again, the stream was made, or a
-    /// look went unanswered and its pause is over. Cancel-safe.
+    /// look did not find the stream and its pause is over. Cancel-safe.
     pub async fn due(&mut self) {
         loop {
+            if self.reconnected() {
+                return;
+            }
             tokio::select! {
-                changed = self.connects.changed() => match changed {
-                    Ok(()) if self.reconnected() => return,
-                    Ok(()) => {}
-                    // The client is closed: no connect comes any more.
-                    Err(_) => std::future::pending().await,
-                },
+                changed = changed_or_pending(&mut self.connects) => {
+                    if changed.is_err() {
+                        // The client is closed: no connect comes any more.
+                        self.connects = None;
+                    }
+                }
                 advisory = next_or_pending(&mut self.made) => match advisory {
                     Some(_) => return,
                     None => self.made = None,
@@ -113,6 +120,15 @@ impl Lookout {
                 }
             }
         }
+    }
+}
+
+async fn changed_or_pending(
+    connects: &mut Option<tokio::sync::watch::Receiver<()>>,
+) -> Result<(), tokio::sync::watch::error::RecvError> {
+    match connects {
+        Some(c) => c.changed().await,
+        None => std::future::pending().await,
     }
 }
 

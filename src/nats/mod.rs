@@ -98,18 +98,26 @@ impl NatsConfig {
                 let counts = counts.clone();
                 let connected = connected.clone();
                 async move {
-                    match ev {
+                    match &ev {
                         async_nats::Event::Disconnected => {
                             counts.disconnects.inc();
                             tracing::warn!("NATS connection lost; reconnecting")
                         }
                         async_nats::Event::Connected => {
                             counts.connects.inc();
-                            connected.send_replace(());
                             tracing::info!("NATS connected")
+                        }
+                        // A permission refused (the advisories a follower subscribes to,
+                        // say): what the operator must grant.
+                        async_nats::Event::ServerError(e) => {
+                            tracing::warn!(error = %e, "the NATS server refused something")
                         }
                         other => tracing::debug!(event = %other, "NATS"),
                     }
+                    // Every event, not only `Connected`: async-nats drops events when its
+                    // queue of them is full, and a lookout compares the client's own count
+                    // of connects at each.
+                    connected.send_replace(());
                 }
             });
         if let Some(c) = &self.creds {
@@ -147,8 +155,9 @@ impl NatsConfig {
 #[derive(Clone)]
 pub struct Connection {
     pub client: async_nats::Client,
-    /// Changed at each connect async-nats makes, the first and every reconnect (after the
-    /// client's own count, `statistics().connects`, went up).
+    /// Changed at each of the connection's events (a connect, the first and every
+    /// reconnect, among them, after the client's own count, `statistics().connects`, went
+    /// up).
     pub connects: tokio::sync::watch::Receiver<()>,
 }
 

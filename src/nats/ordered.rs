@@ -15,8 +15,8 @@
 //! checked before each consumer is made, before the first message after a reconnect
 //! (async-nats re-creates a consumer across a reconnect by itself, from where it was: on a
 //! stream made again that may be past all it holds), and whenever the follower's
-//! [`Lookout`] says (a reconnect, the stream made, a check NATS did not answer): never on a
-//! clock. Messages read twice so are passed on twice: followers keep what they applied by
+//! [`Lookout`] says (a reconnect, the stream made, a check that did not find it): never on
+//! a clock while the stream is there. A stream gone is looked for again with a backoff. Messages read twice so are passed on twice: followers keep what they applied by
 //! its own numbering. A follower told how to make the stream ([`Follow::remaking`]) makes it
 //! again when it is gone, with a warning and a count (`herald_nats_streams_remade_total`).
 //!
@@ -118,15 +118,26 @@ impl Follow {
         self.lookout.looking().await;
         let info = match self.stream.get_info().await {
             Ok(info) => info,
-            // Gone for certain: made again when this follower knows how (else the lookout
-            // tells when another makes it). No answer: checked again after a pause.
+            // No answer: looked at again after a pause.
+            Err(_) if !self.gone().await => {
+                self.lookout.found(false);
+                return false;
+            }
+            // Gone for certain: made again when this follower knows how. Otherwise whatever
+            // stream comes under the name is another, followed from its start once it is
+            // there (async-nats's consumer would resume in it from here), looked for after
+            // a pause and when the lookout says.
             Err(_) => {
-                let gone = self.gone().await;
-                self.lookout.answered(gone);
-                return gone && self.remake().await;
+                if self.remake().await {
+                    self.lookout.found(true);
+                } else {
+                    self.lookout.found(false);
+                    self.next = 0;
+                }
+                return true;
             }
         };
-        self.lookout.answered(true);
+        self.lookout.found(true);
         let made = info.created.unix_timestamp_nanos();
         let other = made != self.created;
         self.created = made;
@@ -206,11 +217,6 @@ impl Follow {
             if self.shutdown.is_cancelled() {
                 return None;
             }
-            // After a reconnect async-nats makes the consumer again by itself, from where it
-            // was: on a stream made again that may be past all it holds. Checked first.
-            if self.messages.is_some() && self.lookout.reconnected() && self.check_reset().await {
-                self.messages = None;
-            }
             let Some(messages) = self.messages.as_mut() else {
                 self.check_reset().await;
                 let made = tokio::select! {
@@ -241,6 +247,13 @@ impl Follow {
             };
             match got {
                 Some(Ok(message)) => {
+                    // After a reconnect async-nats makes the consumer again by itself, from
+                    // where it was: in a stream made again, that is not where this follower
+                    // is. Checked before its first message is passed on.
+                    if self.lookout.reconnected() && self.check_reset().await {
+                        self.messages = None;
+                        continue;
+                    }
                     let Ok(info) = message.info() else {
                         // Not a stream message (async-nats passes only those on): skipped.
                         continue;
@@ -280,12 +293,14 @@ impl Follow {
         &self.stream.cached_info().config.name
     }
 
-    /// Waits out the backoff; `false` if shut down meanwhile.
+    /// Waits out the backoff, or until the lookout says to look (the stream made, a
+    /// reconnect); `false` if shut down meanwhile.
     async fn pause(&mut self) -> bool {
         let delay = self.backoff.next_delay();
         tokio::select! {
             _ = self.shutdown.cancelled() => false,
             _ = tokio::time::sleep(delay) => true,
+            () = self.lookout.due() => true,
         }
     }
 }

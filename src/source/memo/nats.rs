@@ -427,20 +427,19 @@ impl Follower {
 
     /// Whether the bucket is another than the one followed (NATS lost it and it was made
     /// again): then it is followed from its start (`applied` back to 0).
-    /// A look of the lookout's: one NATS did not answer (NATS away; not the bucket gone,
-    /// which the next write makes again, and the lookout tells) is made again after a
-    /// pause.
+    /// A look of the lookout's: one that did not find the bucket (NATS away, or the bucket
+    /// gone, which the next write makes again) is made again after a pause, and when the
+    /// lookout says.
     async fn made_anew(&mut self) -> bool {
         self.lookout.looking().await;
         let s = match self.js.get_stream(&self.stream).await {
             Ok(s) => s,
             Err(_) => {
-                let gone = crate::nats::stream_gone(&self.js, &self.stream).await;
-                self.lookout.answered(gone);
+                self.lookout.found(false);
                 return false;
             }
         };
-        self.lookout.answered(true);
+        self.lookout.found(true);
         let created = s.cached_info().created.unix_timestamp_nanos();
         if created == self.created {
             return false;
