@@ -703,18 +703,14 @@ async fn follow(
     {
         *mirror.catalog.write_locked() = v;
     }
-    let m2 = mirror.clone();
+    let (m2, c2) = (mirror.clone(), conn.clone());
     ctx.spawn_until_shutdown("events nats catalog", async move {
-        loop {
-            if let Ok(mut w) = kv.watch_with_history(&catalog_key).await {
-                while let Some(Ok(e)) = w.next().await {
-                    if let Some(v) = m2.catalog_from(&catalog_key, &e.value) {
-                        *m2.catalog.write_locked() = v;
-                    }
-                }
+        crate::nats::lookout::follow_key(&c2, &kv, &catalog_key, |value| {
+            if let Some(v) = m2.catalog_from(&catalog_key, value) {
+                *m2.catalog.write_locked() = v;
             }
-            tokio::time::sleep(Duration::from_secs(1)).await;
-        }
+        })
+        .await
     });
     let filter = format!("herald.events.{}.>", mirror.name);
     // Nothing published yet: caught up at once; else when the replay has no more pending.

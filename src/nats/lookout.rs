@@ -123,6 +123,48 @@ impl Lookout {
     }
 }
 
+/// Applies each value `key` of `kv` takes, from the one it holds now, for as long as the
+/// caller awaits it (it does not end). The watch is opened again, and gives the value held
+/// once more, whenever the bucket's lookout is due (a reconnect, the bucket made: a watch
+/// async-nats made again across a reconnect goes on from where it was, past all a bucket
+/// made anew holds), and after a pause when it ends or cannot be opened.
+pub async fn follow_key(
+    conn: &Connection,
+    kv: &async_nats::jetstream::kv::Store,
+    key: &str,
+    mut apply: impl FnMut(&[u8]),
+) {
+    let mut lookout = Lookout::new(conn, &kv.stream_name);
+    loop {
+        lookout.looking().await;
+        match kv.watch_with_history(key).await {
+            Ok(mut watch) => {
+                lookout.found(true);
+                loop {
+                    tokio::select! {
+                        entry = watch.next() => match entry {
+                            Some(Ok(e)) => apply(&e.value),
+                            // async-nats makes its consumer again by itself.
+                            Some(Err(_)) => {}
+                            None => {
+                                lookout.found(false);
+                                lookout.due().await;
+                                break;
+                            }
+                        },
+                        () = lookout.due() => break,
+                    }
+                }
+            }
+            Err(e) => {
+                tracing::debug!(key, error = %e, "cannot watch the key yet; trying again");
+                lookout.found(false);
+                lookout.due().await;
+            }
+        }
+    }
+}
+
 async fn changed_or_pending(
     connects: &mut Option<tokio::sync::watch::Receiver<()>>,
 ) -> Result<(), tokio::sync::watch::error::RecvError> {

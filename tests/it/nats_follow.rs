@@ -229,3 +229,47 @@ async fn a_lookout_is_due_at_a_reconnect_its_stream_made_or_after_a_look_that_fa
     lookout.looking().await;
     assert!(!lookout.reconnected());
 }
+
+/// A key followed with `follow_key` is applied as it changes, and after NATS lost its data,
+/// with the bucket made again by another process, the value put back is applied too (a
+/// plain watch, re-made by async-nats from where it was, would never see it).
+#[tokio::test]
+async fn a_key_followed_is_applied_again_from_a_bucket_made_anew() {
+    let mut nats = NatsServer::start().await;
+    let conn = connection(&nats.url()).await;
+    let js = jetstream::new(conn.client.clone());
+    let bucket = jetstream::kv::Config {
+        bucket: "keys_it".into(),
+        history: 1,
+        ..Default::default()
+    };
+    let kv = js.create_key_value(bucket.clone()).await.unwrap();
+    kv.put("k", "1".into()).await.unwrap();
+    let (tx, mut seen) = tokio::sync::mpsc::channel::<String>(64);
+    let follower = tokio::spawn(async move {
+        herald::nats::lookout::follow_key(&conn, &kv, "k", |v| {
+            let _ = tx.try_send(String::from_utf8_lossy(v).into_owned());
+        })
+        .await
+    });
+    let mut next = async || {
+        tokio::time::timeout(WAIT, seen.recv())
+            .await
+            .expect("a value in time")
+            .unwrap()
+    };
+    assert_eq!(next().await, "1");
+
+    nats.kill().await;
+    std::fs::remove_dir_all(nats.dir().join("jetstream")).unwrap();
+    nats.start_again().await;
+    let other = async_nats::connect(nats.url()).await.unwrap();
+    let okv = jetstream::new(other)
+        .create_key_value(bucket)
+        .await
+        .unwrap();
+    okv.put("k", "2".into()).await.unwrap();
+    // Applied again on the way, maybe ("1" is gone with the bucket): at last "2".
+    while next().await != "2" {}
+    follower.abort();
+}

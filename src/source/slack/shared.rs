@@ -295,8 +295,10 @@ pub async fn run(core: Arc<Core>, shared: Shared) {
             }
         }
     };
-    core.ctx
-        .spawn_until_shutdown("slack nats state", follow_state(core.clone(), feed.clone()));
+    core.ctx.spawn_until_shutdown(
+        "slack nats state",
+        follow_state(core.clone(), feed.clone(), shared.conn.clone()),
+    );
     // Not dropped mid-publish at shutdown: it stops between publishes (the holding spell
     // publishes what is left).
     core.ctx

@@ -5,10 +5,8 @@
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::Duration;
 
 use async_nats::jetstream;
-use futures::StreamExt;
 
 use super::{Feed, MARKER_HEADER, Sealed, lease_status};
 use crate::nats::ordered::Follow;
@@ -94,21 +92,12 @@ fn is_marker(m: &async_nats::Message) -> bool {
 }
 
 /// Takes in the shared state the holder writes (a standby's status, and its backfill floor
-/// when it takes over).
-pub(super) async fn follow_state(core: Arc<Core>, feed: Arc<Feed>) {
-    loop {
-        match feed.kv.watch_with_history(&feed.state_key).await {
-            Ok(mut w) => {
-                while let Some(e) = w.next().await {
-                    if let Ok(e) = e
-                        && let Ok(s) = serde_json::from_slice::<SharedState>(&e.value)
-                    {
-                        core.buffer.merge_shared(s);
-                    }
-                }
-            }
-            Err(e) => tracing::debug!(error = %e, "cannot watch the slack state key; retrying"),
+/// when it takes over), looked at again when NATS says ([`crate::nats::lookout::follow_key`]).
+pub(super) async fn follow_state(core: Arc<Core>, feed: Arc<Feed>, conn: crate::nats::Connection) {
+    crate::nats::lookout::follow_key(&conn, &feed.kv, &feed.state_key, |value| {
+        if let Ok(s) = serde_json::from_slice::<SharedState>(value) {
+            core.buffer.merge_shared(s);
         }
-        tokio::time::sleep(Duration::from_secs(1)).await;
-    }
+    })
+    .await
 }
