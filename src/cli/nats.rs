@@ -15,8 +15,9 @@ use crate::nats::NatsConfig;
 #[command(next_help_heading = "Backend")]
 pub struct NatsArgs {
     /// Keep this role's state on NATS JetStream, shared with other hosts, instead of the
-    /// store: nats://HOST:PORT (comma-separated for a cluster; tls://… for TLS)
-    /// [default: the embedded store].
+    /// store: nats://HOST:PORT (comma-separated for a cluster; tls://… for TLS;
+    /// nats://USER:PASSWORD@HOST:PORT with a user and password) [default: the embedded
+    /// store].
     #[arg(long, value_name = "URL")]
     pub backend: Option<String>,
     /// The key-value bucket (with --backend) [default: herald_memo for memo, herald_slack for

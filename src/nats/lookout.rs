@@ -28,8 +28,8 @@ use futures::StreamExt;
 use super::Connection;
 use crate::runtime::backoff::Backoff;
 
-/// The pause before looking again after a look NATS did not answer: 200 ms doubling to 10 s,
-/// started over by one it answers.
+/// The pause before looking again after a look that did not find the stream (NATS did not
+/// answer, or the stream is gone): 200 ms doubling to 10 s, started over by one that finds it.
 pub const AGAIN: Backoff = Backoff::new(Duration::from_millis(200), Duration::from_secs(10));
 
 /// Tells a follower of one stream when to look at it again. See the module docs.
@@ -43,8 +43,8 @@ pub struct Lookout {
     subject: String,
     /// Its subscription, made at the first look (`None` until then, and after it ended).
     made: Option<async_nats::Subscriber>,
-    /// Set while the last look went unanswered: the pauses before looking again, and when
-    /// the next look is due.
+    /// Set while the last look did not find the stream: the pauses before looking again,
+    /// and when the next look is due.
     retry: Option<Backoff>,
     again_at: Option<tokio::time::Instant>,
 }
@@ -64,6 +64,11 @@ impl Lookout {
             retry: None,
             again_at: None,
         }
+    }
+
+    /// Whether the last look found the stream (or none has ended yet).
+    pub fn settled(&self) -> bool {
+        self.retry.is_none()
     }
 
     /// Whether the client connected again since the last look started.
@@ -144,9 +149,9 @@ pub async fn follow_key(
                     tokio::select! {
                         entry = watch.next() => match entry {
                             Some(Ok(e)) => apply(&e.value),
-                            // async-nats makes its consumer again by itself.
-                            Some(Err(_)) => {}
-                            None => {
+                            // async-nats would make its consumer again by itself, from
+                            // where it was: opened again instead, after a pause.
+                            Some(Err(_)) | None => {
                                 lookout.found(false);
                                 lookout.due().await;
                                 break;

@@ -140,11 +140,31 @@ impl NatsConfig {
             .map(|u| u.parse())
             .collect::<Result<_, _>>()
             .map_err(|e| format!("--backend {}: {e}", self.redacted()))?;
+        // async-nats reads no user and password from a URL: the first URL's that has them
+        // are given to it (decoded: `%40` for `@` in a password, say).
+        if let Some(a) = urls.iter().find(|a| a.has_user_pass()) {
+            let decoded = |part: Option<&str>| {
+                crate::runtime::percent::decode(part.unwrap_or("")).map_err(|_| {
+                    format!(
+                        "--backend {}: the user or password in the URL has a bad %-escape; write % as %25",
+                        self.redacted()
+                    )
+                })
+            };
+            opts = opts.user_and_password(decoded(a.username())?, decoded(a.password())?);
+        }
         let client = opts.connect(urls).await.map_err(|e| {
-            format!(
-                "no NATS server answered at {} ({e}); is nats-server running there with -js?",
-                self.redacted()
-            )
+            use async_nats::ConnectErrorKind::{Authentication, AuthorizationViolation};
+            match e.kind() {
+                Authentication | AuthorizationViolation => format!(
+                    "NATS at {} refused herald's credentials ({e}); check the user and password in the URL, or --nats-creds / --nats-nkey",
+                    self.redacted()
+                ),
+                _ => format!(
+                    "no NATS server answered at {} ({e}); is nats-server running there with -js?",
+                    self.redacted()
+                ),
+            }
         })?;
         Ok(Connection { client, connects })
     }

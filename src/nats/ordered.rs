@@ -16,9 +16,11 @@
 //! (async-nats re-creates a consumer across a reconnect by itself, from where it was: on a
 //! stream made again that may be past all it holds), and whenever the follower's
 //! [`Lookout`] says (a reconnect, the stream made, a check that did not find it): never on
-//! a clock while the stream is there. A stream gone is looked for again with a backoff. Messages read twice so are passed on twice: followers keep what they applied by
-//! its own numbering. A follower told how to make the stream ([`Follow::remaking`]) makes it
-//! again when it is gone, with a warning and a count (`herald_nats_streams_remade_total`).
+//! a clock while the stream is there. A stream gone, or a check NATS did not answer, is
+//! looked at again with a backoff, and no message is passed on until one finds the stream.
+//! Messages read twice so are passed on twice: followers keep what they applied by its own
+//! numbering. A follower told how to make the stream ([`Follow::remaking`]) makes it again
+//! when it is gone, with a warning and a count (`herald_nats_streams_remade_total`).
 //!
 //! It adds no queue: a message is read from the consumer's subscription (async-nats's bounded
 //! channel) only when [`Follow::next`] is called, so a slow follower slows the consumer's
@@ -67,6 +69,17 @@ pub struct Follow {
     lookout: Lookout,
 }
 
+/// What a look at the followed stream found.
+enum Look {
+    /// The stream followed.
+    Same,
+    /// Another (made again): followed from its start.
+    Reset,
+    /// Nothing sure: NATS did not answer, or the stream is gone and this follower cannot make
+    /// it. Looked at again after a pause; no consumer is made or read meanwhile.
+    Unsure,
+}
+
 /// How a follower makes its stream again when it is gone.
 struct Remake {
     js: jetstream::Context,
@@ -111,17 +124,17 @@ impl Follow {
         self
     }
 
-    /// Whether the stream is another than the one followed (lost and made again: made at
-    /// another time, or its sequences went back below where this follower was); it is then
-    /// followed from its start (`true`).
-    async fn check_reset(&mut self) -> bool {
+    /// Looks at the stream: is it the one followed, another (lost and made again: made at
+    /// another time, or its sequences went back below where this follower was; it is then
+    /// followed from its start), or not found (see [`Look`])?
+    async fn check_reset(&mut self) -> Look {
         self.lookout.looking().await;
         let info = match self.stream.get_info().await {
             Ok(info) => info,
             // No answer: looked at again after a pause.
             Err(_) if !self.gone().await => {
                 self.lookout.found(false);
-                return false;
+                return Look::Unsure;
             }
             // Gone for certain: made again when this follower knows how. Otherwise whatever
             // stream comes under the name is another, followed from its start once it is
@@ -130,11 +143,11 @@ impl Follow {
             Err(_) => {
                 if self.remake().await {
                     self.lookout.found(true);
-                } else {
-                    self.lookout.found(false);
-                    self.next = 0;
+                    return Look::Reset;
                 }
-                return true;
+                self.lookout.found(false);
+                self.next = 0;
+                return Look::Unsure;
             }
         };
         self.lookout.found(true);
@@ -148,9 +161,9 @@ impl Follow {
                 "the stream starts over (NATS lost it and it was made again); following it from its start"
             );
             self.next = 0;
-            return true;
+            return Look::Reset;
         }
-        false
+        Look::Same
     }
 
     /// Makes the stream again when it is gone and this follower knows how: `true` when it
@@ -218,7 +231,15 @@ impl Follow {
                 return None;
             }
             let Some(messages) = self.messages.as_mut() else {
-                self.check_reset().await;
+                // A consumer only in a stream that was found (one made from `next` in another
+                // would resume there).
+                if let Look::Unsure = self.check_reset().await {
+                    tracing::warn!(stream = %self.name(), "the stream is not there, or NATS does not answer; looking again");
+                    if !self.pause().await {
+                        return None;
+                    }
+                    continue;
+                }
                 let made = tokio::select! {
                     _ = self.shutdown.cancelled() => return None,
                     m = consumer(&self.client, &self.stream, &self.subject, self.next) => m,
@@ -239,7 +260,7 @@ impl Follow {
                 _ = self.shutdown.cancelled() => return None,
                 m = messages.next() => m,
                 () = self.lookout.due() => {
-                    if self.check_reset().await {
+                    if let Look::Reset = self.check_reset().await {
                         self.messages = None;
                     }
                     continue;
@@ -249,10 +270,23 @@ impl Follow {
                 Some(Ok(message)) => {
                     // After a reconnect async-nats makes the consumer again by itself, from
                     // where it was: in a stream made again, that is not where this follower
-                    // is. Checked before its first message is passed on.
-                    if self.lookout.reconnected() && self.check_reset().await {
-                        self.messages = None;
-                        continue;
+                    // is. Checked before its first message is passed on, and before each
+                    // while the last look did not find the stream.
+                    if self.lookout.reconnected() || !self.lookout.settled() {
+                        match self.check_reset().await {
+                            Look::Same => {}
+                            Look::Reset => {
+                                self.messages = None;
+                                continue;
+                            }
+                            Look::Unsure => {
+                                self.messages = None;
+                                if !self.pause().await {
+                                    return None;
+                                }
+                                continue;
+                            }
+                        }
                     }
                     let Ok(info) = message.info() else {
                         // Not a stream message (async-nats passes only those on): skipped.

@@ -12,6 +12,7 @@
 //! - [`tap`]: where event-log rings send their events when a role publishes them.
 //! - [`reload`]: how a reload request reaches the runner that can reload.
 //! - [`secrets`]: the environment variables kept from every child process.
+//! - [`percent`]: `%XX` decoding of a part of a URI.
 //!
 //! Nothing here names a role: each role registers what it counts.
 
@@ -19,6 +20,7 @@ pub mod backoff;
 pub mod context;
 pub mod in_place;
 pub mod metrics;
+pub mod percent;
 pub mod reload;
 pub mod secrets;
 pub mod status;

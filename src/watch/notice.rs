@@ -160,27 +160,9 @@ pub fn watched_root(uri: &str) -> Option<String> {
     if !path.starts_with('/') {
         return None;
     }
-    let decoded = percent_decode(path)?;
+    let decoded = crate::runtime::percent::decode(path).ok()?;
     let trimmed = decoded.trim_end_matches('/');
     Some(if trimmed.is_empty() { "/" } else { trimmed }.to_owned())
-}
-
-/// `%XX` escapes decoded; `None` when one is malformed or the result is not UTF-8.
-pub(crate) fn percent_decode(s: &str) -> Option<String> {
-    let b = s.as_bytes();
-    let mut out = Vec::with_capacity(b.len());
-    let mut i = 0;
-    while i < b.len() {
-        if b[i] == b'%' {
-            let hex = |c: Option<&u8>| c.and_then(|c| (*c as char).to_digit(16));
-            out.push((hex(b.get(i + 1))? * 16 + hex(b.get(i + 2))?) as u8);
-            i += 3;
-        } else {
-            out.push(b[i]);
-            i += 1;
-        }
-    }
-    String::from_utf8(out).ok()
 }
 
 /// `path` relative to `root`: the rest below it, the root's own name for the root itself, and

@@ -14,24 +14,53 @@ pub(crate) struct NatsServer {
     child: tokio::process::Child,
     pub(crate) port: u16,
     dir: TempDir,
+    /// A configuration file it reads (`-c`), if any.
+    config: Option<std::path::PathBuf>,
 }
 
 impl NatsServer {
     pub(crate) async fn start() -> NatsServer {
+        Self::start_with(None).await
+    }
+
+    /// One reading `config` (nats-server's configuration format) besides.
+    pub(crate) async fn start_configured(config: &str) -> NatsServer {
+        Self::start_with(Some(config)).await
+    }
+
+    async fn start_with(config: Option<&str>) -> NatsServer {
         let dir = TempDir::new("nats");
         let port = std::net::TcpListener::bind("127.0.0.1:0")
             .unwrap()
             .local_addr()
             .unwrap()
             .port();
-        let child = Self::spawn(port, &dir).await;
-        NatsServer { child, port, dir }
+        let config = config.map(|c| {
+            let path = dir.path().join("nats.conf");
+            std::fs::write(&path, c).unwrap();
+            path
+        });
+        let child = Self::spawn(port, &dir, config.as_deref()).await;
+        NatsServer {
+            child,
+            port,
+            dir,
+            config,
+        }
     }
 
     /// Starts nats-server and waits for its "Server is ready" line.
-    async fn spawn(port: u16, dir: &TempDir) -> tokio::process::Child {
+    async fn spawn(
+        port: u16,
+        dir: &TempDir,
+        config: Option<&std::path::Path>,
+    ) -> tokio::process::Child {
         let bin = std::env::var("HERALD_NATS_SERVER").unwrap_or_else(|_| "nats-server".into());
-        let mut child = tokio::process::Command::new(&bin)
+        let mut cmd = tokio::process::Command::new(&bin);
+        if let Some(c) = config {
+            cmd.arg("-c").arg(c);
+        }
+        let mut child = cmd
             .args(["-js", "-a", "127.0.0.1", "-p", &port.to_string(), "-sd"])
             .arg(dir.path())
             .stdin(std::process::Stdio::null())
@@ -103,13 +132,13 @@ impl NatsServer {
 
     /// Starts it again (after [`kill`](Self::kill)) on the same port and storage.
     pub(crate) async fn start_again(&mut self) {
-        self.child = Self::spawn(self.port, &self.dir).await;
+        self.child = Self::spawn(self.port, &self.dir, self.config.as_deref()).await;
     }
 
     /// Stops it (as a crash would) and starts it again on the same port and storage.
     pub(crate) async fn restart(&mut self) {
         self.child.kill().await.unwrap();
-        self.child = Self::spawn(self.port, &self.dir).await;
+        self.child = Self::spawn(self.port, &self.dir, self.config.as_deref()).await;
     }
 }
 

@@ -144,33 +144,104 @@ async fn an_idle_follow_asks_nothing_and_is_told_of_its_stream_made_again() {
         );
     }
 
+    let url = nats.url();
+    assert_eq!(
+        remade_by_another(&mut nats, &url, config, waiting).await,
+        (1, "b1".to_owned())
+    );
+}
+
+/// NATS loses its data; once the follower (waiting in `waiting`) has looked for its stream
+/// and found it gone, another process (at `url`) makes it again with `config` and publishes
+/// `b1` on `told.a`: what the follower passes on next, its sequence and body.
+async fn remade_by_another(
+    nats: &mut NatsServer,
+    url: &str,
+    config: jetstream::stream::Config,
+    waiting: tokio::task::JoinHandle<(Follow, Option<herald::nats::ordered::Delivered>)>,
+) -> (u64, String) {
     nats.kill().await;
     std::fs::remove_dir_all(nats.dir().join("jetstream")).unwrap();
     nats.start_again().await;
-    // The follower, back, finds its stream gone (it asks again, with a backoff, while it is)
-    // ...
-    let other = async_nats::connect(nats.url()).await.unwrap();
+    let other = connection(url).await.client;
     let mut asks = other
-        .subscribe("$JS.API.STREAM.INFO.told_it")
+        .subscribe(format!("$JS.API.STREAM.INFO.{}", config.name))
         .await
         .unwrap();
     tokio::time::timeout(WAIT, asks.next())
         .await
         .expect("the follower looks for its stream after NATS is back");
-    // ... and another process makes it again: the follower was not told how.
+    // The follower was not told how to make the stream.
     let ojs = jetstream::new(other);
-    ojs.create_stream(config.clone()).await.unwrap();
+    ojs.create_stream(config).await.unwrap();
     publish_seq(&ojs, "told.a", "b1").await;
     let (_f, d) = tokio::time::timeout(WAIT, waiting)
         .await
-        .expect("the follower is told of the stream made again")
+        .expect("the follower finds the stream made again")
         .unwrap();
     let d = d.expect("not stopped");
+    (
+        d.sequence,
+        String::from_utf8_lossy(&d.message.payload).into_owned(),
+    )
+}
+
+/// A follower whose NATS user may not subscribe to the streams' creation advisories still
+/// finds its stream made again by another process after NATS lost its data: it looks for
+/// it with a backoff while it is gone.
+#[tokio::test]
+async fn a_follow_refused_the_advisory_finds_its_stream_made_again() {
+    let mut nats = NatsServer::start_configured(
+        r#"
+        authorization {
+          users = [
+            { user: admin, password: admin }
+            { user: follower, password: follower, permissions: {
+                publish: { allow: [">"] }
+                subscribe: { allow: [">"], deny: ["$JS.EVENT.ADVISORY.>"] }
+            } }
+          ]
+        }
+        "#,
+    )
+    .await;
+    // A user and password in the URL are herald's credentials; wrong ones are told as such,
+    // without the password.
+    let wrong = herald::nats::NatsConfig {
+        urls: format!("nats://follower:wr%40ng@127.0.0.1:{}", nats.port),
+        bucket: "unused".into(),
+        ..Default::default()
+    }
+    .connect(&herald::runtime::metrics::Metrics::default())
+    .await
+    .err()
+    .expect("a wrong password is refused");
+    assert!(
+        wrong.contains("refused herald's credentials")
+            && !wrong.contains("wr%40ng")
+            && !wrong.contains("wr@ng"),
+        "{wrong}"
+    );
+    let admin = format!("nats://admin:admin@127.0.0.1:{}", nats.port);
+    let conn = connection(&format!("nats://follower:follower@127.0.0.1:{}", nats.port)).await;
+    let js = jetstream::new(conn.client.clone());
+    let config = jetstream::stream::Config {
+        name: "refused_it".into(),
+        subjects: vec!["told.>".into()],
+        storage: jetstream::stream::StorageType::File,
+        ..Default::default()
+    };
+    let stream = js.create_stream(config.clone()).await.unwrap();
+    publish_seq(&js, "told.a", "a1").await;
+    let stop = tokio_util::sync::CancellationToken::new();
+    let mut f = Follow::new(&conn, stream, "told.a", 0, stop.clone());
+    assert_eq!(next_of(&mut f).await, (1, "a1".into(), 0));
+    let waiting = tokio::spawn(async move {
+        let d = f.next().await;
+        (f, d)
+    });
     assert_eq!(
-        (
-            d.sequence,
-            String::from_utf8_lossy(&d.message.payload).into_owned()
-        ),
+        remade_by_another(&mut nats, &admin, config, waiting).await,
         (1, "b1".to_owned())
     );
 }

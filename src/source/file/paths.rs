@@ -156,29 +156,12 @@ impl Roots {
 
 /// Decodes `%XX` escapes; the result must be UTF-8.
 pub fn percent_decode(s: &str) -> Result<String, String> {
-    let b = s.as_bytes();
-    let mut out = Vec::with_capacity(b.len());
-    let mut i = 0;
-    while i < b.len() {
-        if b[i] == b'%' {
-            let hex = |c: u8| (c as char).to_digit(16);
-            match (
-                b.get(i + 1).copied().and_then(hex),
-                b.get(i + 2).copied().and_then(hex),
-            ) {
-                (Some(h), Some(l)) => {
-                    out.push((h * 16 + l) as u8);
-                    i += 3;
-                    continue;
-                }
-                _ => return Err(format!("bad percent-escape in {s:?}; write % as %25")),
-            }
-        }
-        out.push(b[i]);
-        i += 1;
-    }
-    String::from_utf8(out).map_err(|_| {
-        format!("{s:?} decodes to bytes that are not valid UTF-8; herald serves UTF-8 names only")
+    use crate::runtime::percent::{Undecodable, decode};
+    decode(s).map_err(|e| match e {
+        Undecodable::Escape => format!("bad percent-escape in {s:?}; write % as %25"),
+        Undecodable::Utf8 => format!(
+            "{s:?} decodes to bytes that are not valid UTF-8; herald serves UTF-8 names only"
+        ),
     })
 }
 

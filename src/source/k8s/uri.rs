@@ -224,30 +224,11 @@ fn parse_query(q: &str) -> Result<Vec<(String, String)>, SourceError> {
 
 /// `%XX` and `+` decoding of one query component.
 pub fn percent_decode(s: &str) -> Result<String, SourceError> {
-    let b = s.as_bytes();
-    let mut out = Vec::with_capacity(b.len());
-    let mut i = 0;
-    while i < b.len() {
-        match b[i] {
-            b'%' => {
-                let hex = s
-                    .get(i + 1..i + 3)
-                    .and_then(|h| u8::from_str_radix(h, 16).ok())
-                    .ok_or_else(|| invalid(format!("bad percent-escape in {s:?}")))?;
-                out.push(hex);
-                i += 3;
-            }
-            b'+' => {
-                out.push(b' ');
-                i += 1;
-            }
-            c => {
-                out.push(c);
-                i += 1;
-            }
-        }
-    }
-    String::from_utf8(out).map_err(|_| invalid(format!("{s:?} does not decode to UTF-8")))
+    use crate::runtime::percent::{Undecodable, decode};
+    decode(&s.replace('+', " ")).map_err(|e| match e {
+        Undecodable::Escape => invalid(format!("bad percent-escape in {s:?}")),
+        Undecodable::Utf8 => invalid(format!("{s:?} does not decode to UTF-8")),
+    })
 }
 
 #[cfg(test)]

@@ -333,7 +333,7 @@ struct Follower {
     anew: Arc<tokio::sync::Notify>,
     heard: tokio::sync::watch::Sender<u64>,
     /// When to check whether the bucket was made anew (a reconnect, the bucket's stream
-    /// made, a check NATS did not answer): an ordered watch would go on past what a new
+    /// made, a check that did not find it): an ordered watch would go on past what a new
     /// bucket holds.
     lookout: crate::nats::lookout::Lookout,
     ready: Option<tokio::sync::oneshot::Sender<()>>,

@@ -52,7 +52,7 @@ pub(crate) fn events_uri(uri: &str) -> Option<Result<(String, JsonObject), Watch
 }
 
 fn decode(s: &str) -> Option<String> {
-    crate::watch::notice::percent_decode(&s.replace('+', " "))
+    crate::runtime::percent::decode(&s.replace('+', " ")).ok()
 }
 
 /// What the follow's task hands the watch.
