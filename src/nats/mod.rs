@@ -33,16 +33,58 @@ pub struct NatsConfig {
 }
 
 impl NatsConfig {
-    /// The server list as given, without userinfo (for messages).
+    /// The server list as given, without userinfo (for messages, and what async-nats is
+    /// given: it would log a URL's password at debug).
     pub fn redacted(&self) -> String {
-        self.urls
-            .split(',')
-            .map(|u| match (u.find("://"), u.rfind('@')) {
-                (Some(s), Some(at)) if at > s => format!("{}{}", &u[..s + 3], &u[at + 1..]),
-                _ => u.to_owned(),
-            })
+        let pieces = || self.urls.split(',');
+        // A `,` inside a password (to be written `%2C`) splits it across two pieces: then
+        // only what follows each piece's `@` is shown.
+        if pieces().any(|u| !u.contains("://") && u.contains('@')) {
+            return pieces()
+                .map(|u| u.rfind('@').map_or("…", |at| &u[at + 1..]))
+                .collect::<Vec<_>>()
+                .join(",");
+        }
+        pieces()
+            .map(|u| without_userinfo(u).0)
             .collect::<Vec<_>>()
             .join(",")
+    }
+
+    /// The user and password (or token) the URLs carry, decoded: the same in every URL that
+    /// has one, and not besides a credentials or nkey file.
+    fn url_credentials(&self) -> Result<Option<UrlCredentials>, String> {
+        let mut infos = self.urls.split(',').filter_map(|u| without_userinfo(u).1);
+        let Some(info) = infos.next() else {
+            return Ok(None);
+        };
+        let shown = self.redacted();
+        if infos.any(|other| other != info) {
+            return Err(format!(
+                "--backend {shown}: its URLs give different users or passwords; give the same in each, or in the first only"
+            ));
+        }
+        if self.creds.is_some() || self.nkey.is_some() {
+            return Err(format!(
+                "--backend {shown} has a user and password, and --nats-creds or --nats-nkey too: give one of them"
+            ));
+        }
+        let decoded = |part: &str| {
+            crate::runtime::percent::decode(part).map_err(|_| {
+                format!(
+                    "--backend {shown}: the user or password in the URL has a bad %-escape; write % as %25"
+                )
+            })
+        };
+        Ok(Some(match info.split_once(':') {
+            Some(("", _)) => {
+                return Err(format!(
+                    "--backend {shown}: a password with no user; give nats://USER:PASSWORD@HOST:PORT"
+                ));
+            }
+            Some((user, pass)) => UrlCredentials::User(decoded(user)?, decoded(pass)?),
+            None => UrlCredentials::Token(decoded(info)?),
+        }))
     }
 
     /// Checks what can be checked without connecting.
@@ -50,13 +92,9 @@ impl NatsConfig {
         for u in self.urls.split(',') {
             let scheme_ok = ["nats://", "tls://"].iter().any(|s| u.starts_with(s));
             if !scheme_ok || u.len() <= "nats://".len() {
-                let shown = NatsConfig {
-                    urls: u.to_owned(),
-                    ..Default::default()
-                }
-                .redacted();
+                let shown = self.redacted();
                 return Err(format!(
-                    "--backend {shown:?} is not a NATS server; give nats://HOST:PORT (comma-separated for a cluster)"
+                    "--backend {shown:?} is not a list of NATS servers; give nats://HOST:PORT (comma-separated for a cluster; a `,` in a password written %2C)"
                 ));
             }
         }
@@ -71,6 +109,7 @@ impl NatsConfig {
                 return Err(format!("{flag} {}: no such file", p.display()));
             }
         }
+        self.url_credentials()?;
         if self.bucket.is_empty()
             || !self
                 .bucket
@@ -134,30 +173,24 @@ impl NatsConfig {
         if let Some(ca) = &self.tls_ca {
             opts = opts.add_root_certificates(ca.clone()).require_tls(true);
         }
+        // async-nats reads no user and password from a URL (and would log them): they are
+        // given to it apart.
+        match self.url_credentials()? {
+            Some(UrlCredentials::User(user, pass)) => opts = opts.user_and_password(user, pass),
+            Some(UrlCredentials::Token(token)) => opts = opts.token(token),
+            None => {}
+        }
         let urls: Vec<async_nats::ServerAddr> = self
-            .urls
+            .redacted()
             .split(',')
             .map(|u| u.parse())
             .collect::<Result<_, _>>()
             .map_err(|e| format!("--backend {}: {e}", self.redacted()))?;
-        // async-nats reads no user and password from a URL: the first URL's that has them
-        // are given to it (decoded: `%40` for `@` in a password, say).
-        if let Some(a) = urls.iter().find(|a| a.has_user_pass()) {
-            let decoded = |part: Option<&str>| {
-                crate::runtime::percent::decode(part.unwrap_or("")).map_err(|_| {
-                    format!(
-                        "--backend {}: the user or password in the URL has a bad %-escape; write % as %25",
-                        self.redacted()
-                    )
-                })
-            };
-            opts = opts.user_and_password(decoded(a.username())?, decoded(a.password())?);
-        }
         let client = opts.connect(urls).await.map_err(|e| {
             use async_nats::ConnectErrorKind::{Authentication, AuthorizationViolation};
             match e.kind() {
                 Authentication | AuthorizationViolation => format!(
-                    "NATS at {} refused herald's credentials ({e}); check the user and password in the URL, or --nats-creds / --nats-nkey",
+                    "NATS at {} refused herald's credentials ({e}); check the user and password (or token) in the URL, or --nats-creds / --nats-nkey",
                     self.redacted()
                 ),
                 _ => format!(
@@ -167,6 +200,23 @@ impl NatsConfig {
             }
         })?;
         Ok(Connection { client, connects })
+    }
+}
+
+/// What a URL's userinfo gives: `USER:PASSWORD`, or a token alone.
+enum UrlCredentials {
+    User(String, String),
+    Token(String),
+}
+
+/// `u` without its userinfo, and the userinfo (still %-escaped).
+fn without_userinfo(u: &str) -> (String, Option<&str>) {
+    match (u.find("://"), u.rfind('@')) {
+        (Some(s), Some(at)) if at > s => (
+            format!("{}{}", &u[..s + 3], &u[at + 1..]),
+            Some(&u[s + 3..at]),
+        ),
+        _ => (u.to_owned(), None),
     }
 }
 
@@ -322,6 +372,74 @@ impl NatsMetrics {
                 "herald_nats_streams_remade_total",
                 "JetStream streams and buckets a running process made again because they were gone (NATS lost its data)",
             ),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn config(urls: &str) -> NatsConfig {
+        NatsConfig {
+            urls: urls.into(),
+            bucket: "b".into(),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn a_urls_user_and_password_are_taken_apart_and_never_shown() {
+        let c = config("nats://me:p%40ss%2Cw@h1:4222,nats://me:p%40ss%2Cw@h2:4222");
+        assert_eq!(c.redacted(), "nats://h1:4222,nats://h2:4222");
+        assert!(matches!(
+            c.url_credentials(),
+            Ok(Some(UrlCredentials::User(u, p))) if u == "me" && p == "p@ss,w"
+        ));
+        assert!(c.check().is_ok());
+        // Only the first URL says: it counts for all.
+        let first = config("nats://me:pw@h1:4222,nats://h2:4222");
+        assert!(matches!(
+            first.url_credentials(),
+            Ok(Some(UrlCredentials::User(..)))
+        ));
+        assert_eq!(first.redacted(), "nats://h1:4222,nats://h2:4222");
+        assert!(matches!(
+            config("nats://s3cret@h:4222").url_credentials(),
+            Ok(Some(UrlCredentials::Token(t))) if t == "s3cret"
+        ));
+        assert!(matches!(
+            config("nats://h:4222").url_credentials(),
+            Ok(None)
+        ));
+        // A `,` left in a password: nothing of it is shown.
+        let split = config("nats://me:zq1,zq2@h:4222");
+        assert_eq!(split.redacted(), "…,h:4222");
+        let e = split.check().unwrap_err();
+        assert!(e.contains("%2C") && !e.contains("zq"), "{e}");
+    }
+
+    #[test]
+    fn credentials_given_twice_or_half_are_refused_without_the_secret() {
+        let cases = [
+            (
+                config("nats://me:zq1@h1:4222,nats://me:zq2@h2:4222"),
+                "different users",
+            ),
+            (config("nats://:zq3@h:4222"), "a password with no user"),
+            (config("nats://me:zq4%zz@h:4222"), "bad %-escape"),
+            (
+                NatsConfig {
+                    creds: Some(std::env::current_exe().unwrap()),
+                    ..config("nats://me:zq5@h:4222")
+                },
+                "--nats-creds or --nats-nkey too",
+            ),
+        ];
+        for (c, said) in cases {
+            let e = c.check().unwrap_err();
+            assert!(e.contains(said), "{e}");
+            assert!(!e.contains("zq"), "{e}");
         }
     }
 }

@@ -136,17 +136,16 @@ impl Follow {
                 self.lookout.found(false);
                 return Look::Unsure;
             }
-            // Gone for certain: made again when this follower knows how. Otherwise whatever
-            // stream comes under the name is another, followed from its start once it is
-            // there (async-nats's consumer would resume in it from here), looked for after
-            // a pause and when the lookout says.
+            // Gone for certain: made again when this follower knows how. Otherwise looked for
+            // after a pause and when the lookout says; a stream made again under the name has
+            // another creation time, and is followed from its start (async-nats's consumer
+            // would resume in it from here).
             Err(_) => {
                 if self.remake().await {
                     self.lookout.found(true);
                     return Look::Reset;
                 }
                 self.lookout.found(false);
-                self.next = 0;
                 return Look::Unsure;
             }
         };
