@@ -103,18 +103,7 @@ async fn the_ordered_follow_resumes_from_a_sequence_and_across_a_nats_restart() 
 async fn an_idle_follow_asks_nothing_and_is_told_of_its_stream_made_again() {
     let mut nats = NatsServer::start().await;
     let conn = connection(&nats.url()).await;
-    let js = jetstream::new(conn.client.clone());
-    let config = jetstream::stream::Config {
-        name: "told_it".into(),
-        subjects: vec!["told.>".into()],
-        storage: jetstream::stream::StorageType::File,
-        ..Default::default()
-    };
-    let stream = js.create_stream(config.clone()).await.unwrap();
-    publish_seq(&js, "told.a", "a1").await;
-    let stop = tokio_util::sync::CancellationToken::new();
-    let mut f = Follow::new(&conn, stream, "told.a", 0, stop.clone());
-    assert_eq!(next_of(&mut f).await, (1, "a1".into(), 0));
+    let (config, mut f) = past_a1(&conn, "told_it").await;
 
     // A spy on what is asked about the stream, and on the heartbeats to the follower's inbox.
     let spy = async_nats::connect(nats.url()).await.unwrap();
@@ -149,6 +138,27 @@ async fn an_idle_follow_asks_nothing_and_is_told_of_its_stream_made_again() {
         remade_by_another(&mut nats, &url, config, waiting).await,
         (1, "b1".to_owned())
     );
+}
+
+/// A stream `name` of `told.>` with `a1` on `told.a`, and a follower of `told.a` that has
+/// passed it on.
+async fn past_a1(
+    conn: &herald::nats::Connection,
+    name: &str,
+) -> (jetstream::stream::Config, Follow) {
+    let js = jetstream::new(conn.client.clone());
+    let config = jetstream::stream::Config {
+        name: name.into(),
+        subjects: vec!["told.>".into()],
+        storage: jetstream::stream::StorageType::File,
+        ..Default::default()
+    };
+    let stream = js.create_stream(config.clone()).await.unwrap();
+    publish_seq(&js, "told.a", "a1").await;
+    let shutdown = tokio_util::sync::CancellationToken::new();
+    let mut f = Follow::new(conn, stream, "told.a", 0, shutdown);
+    assert_eq!(next_of(&mut f).await, (1, "a1".into(), 0));
+    (config, f)
 }
 
 /// NATS loses its data; once the follower (waiting in `waiting`) has looked for its stream
@@ -224,18 +234,7 @@ async fn a_follow_refused_the_advisory_finds_its_stream_made_again() {
     );
     let admin = format!("nats://admin:admin@127.0.0.1:{}", nats.port);
     let conn = connection(&format!("nats://follower:follower@127.0.0.1:{}", nats.port)).await;
-    let js = jetstream::new(conn.client.clone());
-    let config = jetstream::stream::Config {
-        name: "refused_it".into(),
-        subjects: vec!["told.>".into()],
-        storage: jetstream::stream::StorageType::File,
-        ..Default::default()
-    };
-    let stream = js.create_stream(config.clone()).await.unwrap();
-    publish_seq(&js, "told.a", "a1").await;
-    let stop = tokio_util::sync::CancellationToken::new();
-    let mut f = Follow::new(&conn, stream, "told.a", 0, stop.clone());
-    assert_eq!(next_of(&mut f).await, (1, "a1".into(), 0));
+    let (config, mut f) = past_a1(&conn, "refused_it").await;
     let waiting = tokio::spawn(async move {
         let d = f.next().await;
         (f, d)
