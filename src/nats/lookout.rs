@@ -6,7 +6,7 @@
 //! data and the stream was made again, that is past all the new stream holds, and the
 //! consumer waits in silence for what never comes. So a follower looks at its stream (one
 //! request) when
-//! - the client connected again (async-nats's events, through [`Connection::connects`], and
+//! - the client connected again (async-nats's events, through [`Connection::events`], and
 //!   the client's own count of connects);
 //! - the stream was made: JetStream's advisory `$JS.EVENT.ADVISORY.STREAM.CREATED.<stream>`,
 //!   on a core subscription that async-nats renews across reconnects (another host made the
@@ -36,7 +36,7 @@ pub const AGAIN: Backoff = Backoff::new(Duration::from_millis(200), Duration::fr
 pub struct Lookout {
     client: async_nats::Client,
     /// The connection's events (`None` once the client is closed).
-    connects: Option<tokio::sync::watch::Receiver<()>>,
+    events: Option<tokio::sync::watch::Receiver<()>>,
     /// The client's count of connects when the last look started.
     seen: u64,
     /// The advisory subject of the stream's creation.
@@ -53,12 +53,12 @@ impl Lookout {
     /// A lookout for `stream` on `conn`: nothing is due until something happens after the
     /// first look ([`Lookout::looking`]) ends ([`Lookout::found`]).
     pub fn new(conn: &Connection, stream: &str) -> Lookout {
-        let mut connects = conn.connects.clone();
-        connects.mark_unchanged();
+        let mut events = conn.events.clone();
+        events.mark_unchanged();
         Lookout {
             seen: conn.client.statistics().connects.load(Ordering::Relaxed),
             client: conn.client.clone(),
-            connects: Some(connects),
+            events: Some(events),
             subject: format!("$JS.EVENT.ADVISORY.STREAM.CREATED.{stream}"),
             made: None,
             retry: None,
@@ -82,8 +82,8 @@ impl Lookout {
         if self.made.is_none() {
             self.made = self.client.subscribe(self.subject.clone()).await.ok();
         }
-        if let Some(c) = &mut self.connects {
-            c.mark_unchanged();
+        if let Some(e) = &mut self.events {
+            e.mark_unchanged();
         }
         self.seen = self.client.statistics().connects.load(Ordering::Relaxed);
     }
@@ -108,10 +108,10 @@ impl Lookout {
                 return;
             }
             tokio::select! {
-                changed = changed_or_pending(&mut self.connects) => {
+                changed = changed_or_pending(&mut self.events) => {
                     if changed.is_err() {
                         // The client is closed: no connect comes any more.
-                        self.connects = None;
+                        self.events = None;
                     }
                 }
                 advisory = next_or_pending(&mut self.made) => match advisory {
@@ -171,9 +171,9 @@ pub async fn follow_key(
 }
 
 async fn changed_or_pending(
-    connects: &mut Option<tokio::sync::watch::Receiver<()>>,
+    events: &mut Option<tokio::sync::watch::Receiver<()>>,
 ) -> Result<(), tokio::sync::watch::error::RecvError> {
-    match connects {
+    match events {
         Some(c) => c.changed().await,
         None => std::future::pending().await,
     }

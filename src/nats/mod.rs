@@ -129,13 +129,13 @@ impl NatsConfig {
     pub async fn connect(&self, metrics: &Metrics) -> Result<Connection, String> {
         self.check()?;
         let counts = NatsMetrics::register(metrics);
-        let (connected, connects) = tokio::sync::watch::channel(());
+        let (event, events) = tokio::sync::watch::channel(());
         let mut opts = async_nats::ConnectOptions::new()
             .name("herald")
             .connection_timeout(Duration::from_secs(5))
             .event_callback(move |ev| {
                 let counts = counts.clone();
-                let connected = connected.clone();
+                let event = event.clone();
                 async move {
                     match &ev {
                         async_nats::Event::Disconnected => {
@@ -156,7 +156,7 @@ impl NatsConfig {
                     // Every event, not only `Connected`: async-nats drops events when its
                     // queue of them is full, and a lookout compares the client's own count
                     // of connects at each.
-                    connected.send_replace(());
+                    event.send_replace(());
                 }
             });
         if let Some(c) = &self.creds {
@@ -199,7 +199,7 @@ impl NatsConfig {
                 ),
             }
         })?;
-        Ok(Connection { client, connects })
+        Ok(Connection { client, events })
     }
 }
 
@@ -220,15 +220,15 @@ fn without_userinfo(u: &str) -> (String, Option<&str>) {
     }
 }
 
-/// A connection to NATS: async-nats's client, which reconnects by itself, and its connects
-/// told as they happen (what a [`lookout::Lookout`] waits on).
+/// A connection to NATS: async-nats's client, which reconnects by itself, and its events
+/// told as they happen (what a [`lookout::Lookout`] waits on for a reconnect).
 #[derive(Clone)]
 pub struct Connection {
     pub client: async_nats::Client,
     /// Changed at each of the connection's events (a connect, the first and every
     /// reconnect, among them, after the client's own count, `statistics().connects`, went
     /// up).
-    pub connects: tokio::sync::watch::Receiver<()>,
+    pub events: tokio::sync::watch::Receiver<()>,
 }
 
 /// Opens the key-value bucket `name`, or makes it (keeping `history` revisions a key).

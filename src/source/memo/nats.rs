@@ -426,10 +426,9 @@ impl Follower {
     }
 
     /// Whether the bucket is another than the one followed (NATS lost it and it was made
-    /// again): then it is followed from its start (`applied` back to 0).
-    /// A look of the lookout's: one that did not find the bucket (NATS away, or the bucket
-    /// gone, which the next write makes again) is made again after a pause, and when the
-    /// lookout says.
+    /// again): then it is followed from its start (`applied` back to 0). A look that did not
+    /// find the bucket (NATS away, or the bucket gone, which the next write makes again) is
+    /// made again after a pause, and when the lookout says.
     async fn made_anew(&mut self) -> bool {
         self.lookout.looking().await;
         let s = match self.js.get_stream(&self.stream).await {
