@@ -39,7 +39,8 @@ pub struct Cli {
     #[arg(long, global = true, value_enum, default_value_t = LogFormat::Text,
         value_name = "FORMAT", help_heading = GLOBAL)]
     pub log_format: LogFormat,
-    /// More logging (repeat for more). `RUST_LOG` overrides.
+    /// More logging: -v debug for herald, -vv debug for everything. `RUST_LOG` overrides (a
+    /// release build logs debug at most: trace is compiled out).
     #[arg(short, long, global = true, action = clap::ArgAction::Count, help_heading = GLOBAL)]
     pub verbose: u8,
     /// The store file; `:memory:` keeps nothing on disk [default: $STATE_DIRECTORY/herald.redb,
