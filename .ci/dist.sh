@@ -59,7 +59,7 @@ size=$(stat -c %s "$bin")
 if [ "$size" -le "$budget" ]; then
   ok "the binary's size, $size bytes, is within its budget of $budget"
 else
-  fail "the binary is $size bytes, over its budget of $budget: see what grew (docs/benchmarks.md, \"The static binary's footprint\") and raise the budget in .ci/dist.sh only on purpose"
+  fail "the binary is $size bytes, over its budget of $budget: compare the symbol sizes of an unstripped build (cargo static --config 'profile.release.strip=false' --config 'profile.release.package.herald.strip=false', then nm -S --size-sort -C) with the last stop's, as docs/benchmarks.md does (\"2026-12-08 (stop 62)\"), and raise the budget here only on purpose"
 fi
 out=$(ldd "$bin" 2>&1 || true)
 echo "ldd: $out"
@@ -177,6 +177,21 @@ for p in "${roles[@]}"; do kill "$p" 2>/dev/null || true; done
 for p in "${roles[@]}"; do wait "$p" 2>/dev/null || true; done
 roles=()
 ok "idle RSS at most $rss_limit_kib KiB each: herald memo, gateway, watch and up"
+
+# RUST_LOG asking for trace, which the release binary has compiled out: JSON logs stay one JSON
+# object a line (the filter is capped at debug, so no plain-text warning slips in).
+RUST_LOG=trace,herald=trace TOKIO_WORKER_THREADS=1 "$bin" --log-format json --store :memory: \
+  memo --http 127.0.0.1:0 >/dev/null 2>"$idle/json.log" &
+pid=$!
+roles+=("$pid")
+await_line '"event":"listening"' json "$pid"
+kill "$pid"
+wait "$pid" 2>/dev/null || true
+roles=()
+if grep -qv '^{' "$idle/json.log"; then
+  fail "with RUST_LOG=trace and --log-format json, a log line is not JSON: $(grep -v '^{' "$idle/json.log" | head -n 3)"
+fi
+ok "RUST_LOG=trace on the release binary: every log line JSON"
 
 # --- the .deb -------------------------------------------------------------------------------
 deb=target/$triple/debian/herald_${version}-1_amd64.deb

@@ -39,8 +39,8 @@ pub struct Cli {
     #[arg(long, global = true, value_enum, default_value_t = LogFormat::Text,
         value_name = "FORMAT", help_heading = GLOBAL)]
     pub log_format: LogFormat,
-    /// More logging: -v debug for herald, -vv debug for everything. `RUST_LOG` overrides (a
-    /// release build logs debug at most: trace is compiled out).
+    /// More logging: -v debug for herald and info for the libraries, -vv debug for everything.
+    /// `RUST_LOG` overrides (a release build logs debug at most: trace is compiled out).
     #[arg(short, long, global = true, action = clap::ArgAction::Count, help_heading = GLOBAL)]
     pub verbose: u8,
     /// The store file; `:memory:` keeps nothing on disk [default: $STATE_DIRECTORY/herald.redb,
@@ -321,8 +321,14 @@ fn init_logging(format: LogFormat, verbose: u8) {
         1 => "herald=debug,rmcp=off,info",
         _ => "debug",
     };
-    let filter = EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| EnvFilter::new(default))
+    // RUST_LOG capped at the level compiled in (a release build has no trace level): a directive
+    // above it would only make the filter print a plain-text warning past the log format.
+    let max = tracing::level_filters::STATIC_MAX_LEVEL;
+    let filter = std::env::var("RUST_LOG")
+        .ok()
+        .filter(|v| !v.trim().is_empty())
+        .and_then(|v| EnvFilter::try_new(capped(&v, max)).ok())
+        .unwrap_or_else(|| EnvFilter::new(default))
         .add_directive(
             format!("{ANNOUNCE}=info")
                 .parse()
@@ -339,6 +345,29 @@ fn init_logging(format: LogFormat, verbose: u8) {
     };
 }
 
+/// `RUST_LOG`'s directives (`target[span{field}]=level`, a bare level, a bare target: every
+/// level of it) with every level above `max` lowered to `max`.
+fn capped(directives: &str, max: tracing::level_filters::LevelFilter) -> String {
+    use tracing::level_filters::LevelFilter;
+    let cap = |level: &str| match level.trim().parse::<LevelFilter>() {
+        Ok(l) if l > max => max.to_string(),
+        _ => level.to_owned(),
+    };
+    directives
+        .split(',')
+        .map(|d| {
+            let tail = d.rfind(']').map_or(0, |i| i + 1);
+            match d[tail..].rfind('=') {
+                Some(eq) => format!("{}={}", &d[..tail + eq], cap(&d[tail + eq + 1..])),
+                None if d.trim().is_empty() || d.trim().parse::<LevelFilter>().is_ok() => cap(d),
+                None if max < LevelFilter::TRACE => format!("{}={max}", d.trim()),
+                None => d.to_owned(),
+            }
+        })
+        .collect::<Vec<_>>()
+        .join(",")
+}
+
 #[cfg(test)]
 mod readme_tests;
 
@@ -346,6 +375,48 @@ mod readme_tests;
 mod tests {
     use super::*;
     use clap::CommandFactory;
+
+    #[test]
+    fn rust_log_is_capped_at_the_level_compiled_in() {
+        use tracing::level_filters::LevelFilter;
+        let debug = LevelFilter::DEBUG;
+        assert_eq!(capped("trace", debug), "debug");
+        assert_eq!(capped("TRACE", debug), "debug");
+        assert_eq!(capped("5", debug), "debug");
+        assert_eq!(capped("info", debug), "info");
+        assert_eq!(
+            capped("herald=trace,h2=info,warn", debug),
+            "herald=debug,h2=info,warn"
+        );
+        // A bare target asks for every level of it.
+        assert_eq!(capped("herald", debug), "herald=debug");
+        assert_eq!(capped("herald::watch", debug), "herald::watch=debug");
+        // A span's field filter may hold `=`; the level is what follows its `]`.
+        assert_eq!(
+            capped("herald[call{tool=memo_set}]=trace", debug),
+            "herald[call{tool=memo_set}]=debug"
+        );
+        assert_eq!(
+            capped("herald[call{tool=x}]", debug),
+            "herald[call{tool=x}]=debug"
+        );
+        // Left as written where trace is compiled in (debug builds), and what is not a level.
+        assert_eq!(
+            capped("herald,h2=trace", LevelFilter::TRACE),
+            "herald,h2=trace"
+        );
+        assert_eq!(capped("h2=loud", debug), "h2=loud");
+        assert_eq!(capped("", debug), "");
+        for d in [
+            "trace",
+            "herald",
+            "herald=trace,info",
+            "herald[call{tool=x}]=trace",
+        ] {
+            let f = tracing_subscriber::EnvFilter::try_new(capped(d, debug)).unwrap();
+            assert!(!f.to_string().to_lowercase().contains("trace"), "{d}: {f}");
+        }
+    }
 
     #[test]
     fn worker_threads_are_one_per_core_but_one_unless_set() {
