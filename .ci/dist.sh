@@ -178,20 +178,26 @@ for p in "${roles[@]}"; do wait "$p" 2>/dev/null || true; done
 roles=()
 ok "idle RSS at most $rss_limit_kib KiB each: herald memo, gateway, watch and up"
 
-# RUST_LOG asking for trace, which the release binary has compiled out: JSON logs stay one JSON
-# object a line (the filter is capped at debug, so no plain-text warning slips in).
-RUST_LOG=trace,herald=trace TOKIO_WORKER_THREADS=1 "$bin" --log-format json --store :memory: \
-  memo --http 127.0.0.1:0 >/dev/null 2>"$idle/json.log" &
-pid=$!
-roles+=("$pid")
-await_line '"event":"listening"' json "$pid"
-kill "$pid"
-wait "$pid" 2>/dev/null || true
-roles=()
-if grep -qv '^{' "$idle/json.log"; then
-  fail "with RUST_LOG=trace and --log-format json, a log line is not JSON: $(grep -v '^{' "$idle/json.log" | head -n 3)"
-fi
-ok "RUST_LOG=trace on the release binary: every log line JSON"
+# RUST_LOG asking for trace, which the release binary has compiled out, is taken as debug: a
+# stdio memo (it ends as its stdin closes) logs its debug line, no filter warning, and with
+# JSON logs every line is one JSON object.
+for v in 'trace,herald=trace' 'herald=' 'herald=debug, warn'; do
+  env -u HERALD_MODEL_URL -u HERALD_EVENTS_KEY RUST_LOG="$v" TOKIO_WORKER_THREADS=1 \
+    timeout 30 "$bin" --store :memory: memo </dev/null >/dev/null 2>"$idle/text.log" ||
+    fail "RUST_LOG='$v': a stdio memo did not end cleanly as its stdin closed: $(tail -n 3 "$idle/text.log")"
+  grep -q 'DEBUG serving stdio' "$idle/text.log" ||
+    fail "RUST_LOG='$v': no debug line (was RUST_LOG read?): $(head -n 5 "$idle/text.log")"
+  if grep -q 'statically' "$idle/text.log"; then
+    fail "RUST_LOG='$v': the filter warned of levels compiled out: $(head -n 5 "$idle/text.log")"
+  fi
+  env -u HERALD_MODEL_URL -u HERALD_EVENTS_KEY RUST_LOG="$v" TOKIO_WORKER_THREADS=1 \
+    timeout 30 "$bin" --log-format json --store :memory: memo </dev/null >/dev/null 2>"$idle/json.log" ||
+    fail "RUST_LOG='$v' --log-format json: a stdio memo did not end cleanly: $(tail -n 3 "$idle/json.log")"
+  if grep -qv '^{' "$idle/json.log"; then
+    fail "RUST_LOG='$v' --log-format json: a log line is not JSON: $(grep -v '^{' "$idle/json.log" | head -n 3)"
+  fi
+done
+ok "RUST_LOG asking for trace on the release binary: debug lines, no warning, every JSON log line JSON"
 
 # --- the .deb -------------------------------------------------------------------------------
 deb=target/$triple/debian/herald_${version}-1_amd64.deb

@@ -326,8 +326,9 @@ fn init_logging(format: LogFormat, verbose: u8) {
     let max = tracing::level_filters::STATIC_MAX_LEVEL;
     let filter = std::env::var("RUST_LOG")
         .ok()
-        .filter(|v| !v.trim().is_empty())
-        .and_then(|v| EnvFilter::try_new(capped(&v, max)).ok())
+        .map(|v| capped(&v, max))
+        .filter(|v| !v.is_empty())
+        .and_then(|v| EnvFilter::try_new(v).ok())
         .unwrap_or_else(|| EnvFilter::new(default))
         .add_directive(
             format!("{ANNOUNCE}=info")
@@ -345,22 +346,28 @@ fn init_logging(format: LogFormat, verbose: u8) {
     };
 }
 
-/// `RUST_LOG`'s directives (`target[span{field}]=level`, a bare level, a bare target: every
-/// level of it) with every level above `max` lowered to `max`.
+/// `RUST_LOG`'s directives (`target[span{field}]=level`, a bare level, a bare target or an
+/// empty level: every level of it), each trimmed and the empty ones left out, with every level
+/// above `max` lowered to `max`. Nothing left: herald's default.
 fn capped(directives: &str, max: tracing::level_filters::LevelFilter) -> String {
     use tracing::level_filters::LevelFilter;
-    let cap = |level: &str| match level.trim().parse::<LevelFilter>() {
-        Ok(l) if l > max => max.to_string(),
-        _ => level.to_owned(),
+    let cap = |level: &str| match level.trim() {
+        "" if max < LevelFilter::TRACE => max.to_string(),
+        level => match level.parse::<LevelFilter>() {
+            Ok(l) if l > max => max.to_string(),
+            _ => level.to_owned(),
+        },
     };
     directives
         .split(',')
+        .map(str::trim)
+        .filter(|d| !d.is_empty())
         .map(|d| {
             let tail = d.rfind(']').map_or(0, |i| i + 1);
             match d[tail..].rfind('=') {
-                Some(eq) => format!("{}={}", &d[..tail + eq], cap(&d[tail + eq + 1..])),
-                None if d.trim().is_empty() || d.trim().parse::<LevelFilter>().is_ok() => cap(d),
-                None if max < LevelFilter::TRACE => format!("{}={max}", d.trim()),
+                Some(eq) => format!("{}={}", d[..tail + eq].trim(), cap(&d[tail + eq + 1..])),
+                None if d.parse::<LevelFilter>().is_ok() => cap(d),
+                None if max < LevelFilter::TRACE => format!("{d}={max}"),
                 None => d.to_owned(),
             }
         })
@@ -406,12 +413,25 @@ mod tests {
             "herald,h2=trace"
         );
         assert_eq!(capped("h2=loud", debug), "h2=loud");
+        // An empty level is trace; spaces around a directive or a level are dropped (the filter
+        // would read " warn" as a target); nothing left is herald's default.
+        assert_eq!(capped("herald=", debug), "herald=debug");
+        assert_eq!(capped("[call]=", debug), "[call]=debug");
+        assert_eq!(capped("herald=", LevelFilter::TRACE), "herald=");
+        assert_eq!(capped("herald=debug, warn", debug), "herald=debug,warn");
+        assert_eq!(
+            capped(" herald = trace ,h2", debug),
+            "herald=debug,h2=debug"
+        );
         assert_eq!(capped("", debug), "");
+        assert_eq!(capped(" , ", debug), "");
         for d in [
             "trace",
             "herald",
             "herald=trace,info",
             "herald[call{tool=x}]=trace",
+            "herald=",
+            "herald=debug, warn,h2",
         ] {
             let f = tracing_subscriber::EnvFilter::try_new(capped(d, debug)).unwrap();
             assert!(!f.to_string().to_lowercase().contains("trace"), "{d}: {f}");
